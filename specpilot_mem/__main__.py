@@ -1,0 +1,3 @@
+from specpilot_mem.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,63 @@
+"""The ``specpilot-mem`` command line.
+
+Each verb is one module under ``specpilot_mem/commands/`` that defines
+
+    def register(subparsers, common) -> None   # adds its parser(s), parents=[common], set_defaults(func=...)
+
+and a ``func(args) -> int`` for each (sub)command. Modules are discovered, so adding a verb never
+edits this file. ``common`` carries ``--home`` and ``--json``, which every command accepts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from specpilot_mem import __version__
+from specpilot_mem.errors import SpecPilotError
+from specpilot_mem.output import print_error
+
+
+def common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--home", metavar="DIR", help="memory home (default: $SPECPILOT_HOME, else the nearest folder with entries/)")
+    common.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from specpilot_mem import commands
+
+    parser = argparse.ArgumentParser(
+        prog="specpilot-mem",
+        description="Memory and patch management for speculative decoding on an SGLang fork.",
+    )
+    parser.add_argument("--version", action="version", version=f"specpilot-mem {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    common = common_options()
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"specpilot_mem.commands.{info.name}")
+        module.register(sub, common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except SpecPilotError as err:
+        print_error(err, as_json=getattr(args, "json", False))
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
