@@ -1,0 +1,144 @@
+"""GDN tree verification kernels against the pure-torch definition (Triton interpreter on CPU)."""
+
+import pytest
+import torch
+
+from specpilot_kernels.gdn_tree import gdn_tree_commit, gdn_tree_path_verify, tree_schedule
+from specpilot_kernels.gdn_tree import reference as R
+
+
+def _random_tree(gen, n, chain_bias=0.5):
+    """Parents of a random tree in topological order; root has parent -1."""
+    parents = [-1]
+    for i in range(1, n):
+        if torch.rand((), generator=gen) < chain_bias:
+            parents.append(i - 1)
+        else:
+            parents.append(int(torch.randint(-1, i, (), generator=gen)))
+    return parents
+
+
+def _inputs(gen, B, T, H, HV, K, V, dtype=torch.bfloat16, slots=6):
+    def r(*shape, s=1.0):
+        return (torch.randn(*shape, generator=gen) * s).to(dtype)
+    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, HV, V)
+    a, b = r(B, T, HV), r(B, T, HV)
+    A_log, dt_bias = torch.randn(HV, generator=gen) * 0.5, torch.randn(HV, generator=gen) * 0.5
+    pool = torch.randn(slots, HV, V, K, generator=gen) * 0.3
+    slots_used = torch.randperm(slots, generator=gen)[:B]
+    return q, k, v, a, b, A_log, dt_bias, pool, slots_used
+
+
+def _root_path_padded(parents, node, T):
+    path = R.root_path(parents, node)
+    return path + [0] * (T - len(path)), len(path)
+
+
+def test_schedule_visits_every_node_once_and_replays_root_paths():
+    gen = torch.Generator().manual_seed(1)
+    T = 24
+    parents = torch.tensor([_random_tree(gen, T, 0.3) for _ in range(3)])
+    num_nodes = torch.tensor([24, 17, 1])
+    s = tree_schedule(parents, num_nodes)
+    for r in range(3):
+        n = int(num_nodes[r])
+        order = s.order[r, :n].tolist()
+        assert sorted(order) == list(range(n))
+        prev = -1  # the committed state
+        for j, node in enumerate(order):
+            p = int(parents[r, node])
+            if int(s.replay_len[r, j]) < 0:
+                assert p == prev  # continues from the node just visited
+            else:
+                want = R.root_path(parents[r].tolist(), p) if p >= 0 else []
+                assert s.replay[r, j, : int(s.replay_len[r, j])].tolist() == want
+            prev = node
+
+
+def test_schedule_of_a_chain_never_replays():
+    s = tree_schedule(torch.tensor([[-1] + list(range(15))]))
+    assert s.order[0].tolist() == list(range(16))
+    assert (s.replay_len[0] == -1).all()
+    assert int(s.replayed_steps()[0]) == 16
+
+
+@pytest.mark.parametrize("T,chain_bias", [(8, 0.5), (16, 0.2), (12, 1.0)])
+def test_path_verify_matches_reference(T, chain_bias):
+    gen = torch.Generator().manual_seed(T)
+    B, H, HV, K, V = 2, 2, 4, 32, 16
+    q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V)
+    parents = torch.tensor([_random_tree(gen, T, chain_bias) for _ in range(B)])
+    num_nodes = torch.tensor([T, T - 3])
+    o = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(parents, num_nodes),
+                             block_v=8, num_warps=1)
+    ref = R.path_verify_reference(q, k, v, a, b, A_log, dt_bias, pool, idx, parents, num_nodes)
+    assert o.dtype == torch.bfloat16
+    torch.testing.assert_close(o.float(), ref.float(), atol=2e-2, rtol=1e-2)
+    assert (o[1, T - 3:] == 0).all()
+
+
+def test_path_verify_fp32_is_tight_and_state_untouched():
+    gen = torch.Generator().manual_seed(5)
+    B, T, H, HV, K, V = 1, 10, 1, 2, 16, 16
+    q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V, dtype=torch.float32)
+    parents = torch.tensor([_random_tree(gen, T, 0.4)])
+    before = pool.clone()
+    o = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(parents), block_v=16)
+    ref = R.path_verify_reference(q, k, v, a, b, A_log, dt_bias, pool, idx, parents, torch.tensor([T]))
+    torch.testing.assert_close(o, ref, atol=1e-5, rtol=1e-5)
+    assert torch.equal(pool, before)
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+def test_commit_replays_the_accepted_path(pool_dtype):
+    gen = torch.Generator().manual_seed(7)
+    B, T, H, HV, K, V = 3, 8, 2, 4, 16, 16
+    q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V)
+    pool = pool.to(pool_dtype)
+    parents = [_random_tree(gen, T, 0.5) for _ in range(B)]
+    rows = [_root_path_padded(parents[0], 7, T), _root_path_padded(parents[1], 3, T), ([0] * T, 0)]
+    accepted = torch.tensor([r[0] for r in rows])
+    accept_len = torch.tensor([r[1] for r in rows])
+    want = R.commit_reference(k, v, a, b, A_log, dt_bias, pool, idx, accepted, accept_len)
+    got = pool.clone()
+    gdn_tree_commit(k, v, a, b, A_log, dt_bias, got, idx, accepted, accept_len, block_v=8)
+    tol = dict(atol=1e-5, rtol=1e-5) if pool_dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+    untouched = [s for s in range(pool.shape[0]) if s not in idx[:2].tolist()]
+    assert torch.equal(got[untouched], pool[untouched])  # rejected request and unused slots unchanged
+
+
+def test_commit_after_path_verify_continues_the_recurrence():
+    """Committing node p then verifying its child from the new state equals verifying the child directly."""
+    gen = torch.Generator().manual_seed(11)
+    B, T, H, HV, K, V = 1, 6, 1, 2, 16, 16
+    q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V, dtype=torch.float32)
+    chain = torch.tensor([[-1, 0, 1, 2, 3, 4]])
+    o_full = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(chain), block_v=16)
+    committed = pool.clone()
+    gdn_tree_commit(k, v, a, b, A_log, dt_bias, committed, idx, torch.tensor([[0, 1, 2, 0, 0, 0]]),
+                    torch.tensor([3]), block_v=16)
+    shifted = [t[:, 3:].contiguous() for t in (q, k, v, a, b)]
+    o_rest = gdn_tree_path_verify(*shifted, A_log, dt_bias, committed, idx, tree_schedule(chain[:, :3]), block_v=16)
+    torch.testing.assert_close(o_rest, o_full[:, 3:], atol=1e-6, rtol=1e-6)
+
+
+def test_wy_identity_equals_recurrence():
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, HV, K, V = 2, 12, 1, 2, 16, 8
+    q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V, dtype=torch.float32)
+    parents = torch.tensor([_random_tree(gen, T, 0.4) for _ in range(B)])
+    nn = torch.tensor([12, 9])
+    rec = R.path_verify_reference(q, k, v, a, b, A_log, dt_bias, pool, idx, parents, nn)
+    wy = R.wy_verify_reference(q, k, v, a, b, A_log, dt_bias, pool, idx, parents, nn)
+    torch.testing.assert_close(wy, rec, atol=1e-5, rtol=1e-5)
+
+
+def test_bad_shapes_are_rejected():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, 1, 4, 1, 2, 16, 16)
+    with pytest.raises(ValueError, match="state_pool"):
+        gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool[:, :1].contiguous(), idx,
+                             tree_schedule(torch.tensor([[-1, 0, 1, 2]])))
+    with pytest.raises(ValueError, match="64 nodes"):
+        tree_schedule(torch.full((1, 65), -1))
