@@ -1,0 +1,130 @@
+"""Exact replay: rerun tree selection and greedy verification on recorded lattices.
+
+A request starts at position 0; each step builds the tree from the lattice recorded at the current
+position, verifies it against the target's greedy tokens from there, and moves on by the accepted
+nodes plus the bonus token (never past the end of the output). Because lattices are recorded at
+every position, each builder follows its own trajectory. All requests in flight step together,
+so the builders see one large batch per round of steps.
+
+τ = tokens / steps, pooled over the requests of a benchmark label (and over all of them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specpilot_mem.replay.lattice import Lattice, LatticeError
+from specpilot_mem.replay.trees import get_builder, sequoia, shared
+from specpilot_mem.replay.trees.base import StepBatch
+from specpilot_mem.replay.verify import verify_against_greedy
+
+MAX_BATCH = 4096  # steps built at once; bounds memory (~32 KB of float32 scores per step)
+
+
+@dataclass
+class ReplayRun:
+    builder: str
+    nodes: int
+    positions: int
+    depth_cap: int | None
+    batch: int
+    synthetic: bool
+    sources: list[str]
+    steps: dict[str, int] = field(default_factory=dict)  # label -> steps
+    tokens: dict[str, int] = field(default_factory=dict)  # label -> tokens
+
+    @property
+    def tau(self) -> float:
+        steps = sum(self.steps.values())
+        return sum(self.tokens.values()) / steps if steps else float("nan")
+
+    def tau_by_label(self) -> dict[str, float]:
+        return {label: self.tokens[label] / self.steps[label] for label in sorted(self.steps) if self.steps[label]}
+
+    def to_dict(self) -> dict:
+        return {"builder": self.builder, "nodes": self.nodes, "positions": self.positions,
+                "depth_cap": self.depth_cap, "batch": self.batch, "synthetic": self.synthetic,
+                "tau": self.tau, "tau_by_label": self.tau_by_label(),
+                "steps": sum(self.steps.values()), "tokens": sum(self.tokens.values()), "sources": self.sources}
+
+
+def builder_options(name: str, lattices: Sequence[Lattice]) -> dict:
+    """Options a builder fits once on the whole lattice set (Sequoia's acceptance vector)."""
+    if name == "sequoia":
+        return {"acceptance": sequoia.fit_acceptance(lattices)}
+    return {}
+
+
+def replay(lat: Lattice, builder: str, nodes: int, depth_cap: int | None = None, batch: int = 1,
+           options: dict | None = None, progress=None) -> tuple[np.ndarray, np.ndarray]:
+    """Replay every request of one lattice file; returns (steps [R], tokens [R]).
+
+    batch > 1: requests are served ``batch`` at a time (consecutive requests form a group) and each
+    step of a group verifies at most ``nodes`` nodes in all (best-first shares, ``trees.shared``).
+    """
+    build = get_builder(builder)
+    options = options or {}
+    if batch > 1 and builder != "best-first":
+        raise LatticeError(f"a shared node budget is defined for best-first trees, not {builder!r}",
+                           where="--batch", fix="use --builders best-first with --batch, or --batch 1")
+    lengths = np.diff(lat.greedy_offsets)
+    lookup = lat.step_lookup()
+    position = np.zeros(lat.num_requests, dtype=np.int64)
+    steps = np.zeros(lat.num_requests, dtype=np.int64)
+    tokens = np.zeros(lat.num_requests, dtype=np.int64)
+    active = np.flatnonzero(lengths > 0)
+    while active.size:
+        flat = lat.greedy_offsets[active] + position[active]
+        step_ids = lookup[flat]
+        missing = np.flatnonzero(step_ids < 0)
+        if missing.size:
+            r = active[missing[0]]
+            raise LatticeError(
+                f"no lattice recorded for request {lat.request_ids[r]!r} at position {int(position[r])}",
+                where=lat.source, fix="record a teacher-forced step at every position of the greedy output")
+        for lo in range(0, active.size, MAX_BATCH):
+            part = slice(lo, lo + MAX_BATCH) if batch == 1 else slice(0, active.size)
+            reqs = active[part]
+            sb = StepBatch.from_lattice(lat, step_ids[part])
+            if batch > 1:
+                trees = shared.build(sb, reqs // batch, nodes, depth_cap)
+            else:
+                trees = build(sb, nodes, depth_cap, **options)
+            verdict = verify_against_greedy(trees, sb.greedy)
+            gained = np.minimum(verdict.accepted + 1, lengths[reqs] - position[reqs])
+            position[reqs] += gained
+            tokens[reqs] += gained
+            steps[reqs] += 1
+            if batch > 1:
+                break
+        if progress is not None:
+            progress.advance(int(active.size))
+        active = active[position[active] < lengths[active]]
+    return steps, tokens
+
+
+def replay_set(lattices: Sequence[Lattice], builders: Sequence[str], nodes: Sequence[int],
+               depth_cap: int | None = None, batch: int = 1, progress=None) -> list[ReplayRun]:
+    """τ for every (lattice group, builder, node budget); lattices group by their number of positions."""
+    groups: dict[int, list[Lattice]] = {}
+    for lat in lattices:
+        groups.setdefault(lat.positions, []).append(lat)
+    runs = []
+    for positions, members in sorted(groups.items()):
+        for name in builders:
+            get_builder(name)
+            options = builder_options(name, members)
+            for n in nodes:
+                run = ReplayRun(name, int(n), positions, depth_cap, batch, any(l.synthetic for l in members),
+                                [l.source for l in members])
+                for lat in members:
+                    steps, tokens = replay(lat, name, int(n), depth_cap, batch, options, progress)
+                    for label in np.unique(lat.labels):
+                        mine = lat.labels == label
+                        run.steps[str(label)] = run.steps.get(str(label), 0) + int(steps[mine].sum())
+                        run.tokens[str(label)] = run.tokens.get(str(label), 0) + int(tokens[mine].sum())
+                runs.append(run)
+    return runs
