@@ -1,0 +1,144 @@
+"""The teacher-forced scorer interface and the per-token numbers token forcing works from.
+
+A scorer runs the target on the stock engine with an FP32 LM head over prompt + output in one
+teacher-forced pass and reports, for every output position, the log-probability of the token the
+system emitted, the scorer's argmax there, that argmax's log-probability and the gap between the top
+two log-probabilities. ``prefill_len`` splits the pass: the first ``prefill_len`` tokens of
+prompt + output go through one prefill, the rest are fed one token per step, so the logits at a
+position come from a different kernel shape; the audit uses this to find near-ties that move with
+the prefill length. The pure-torch engine's scorer and the SGLang scorer client implement it; a
+scorer that also has ``encode(text) -> token ids`` lets request sets use text prompts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from specpilot_mem.controller.requests import Request
+from specpilot_mem.controller.system import RequestOutput
+from specpilot_mem.errors import SpecPilotError
+
+
+class ForcingError(SpecPilotError):
+    """Token forcing cannot run on the inputs it was given."""
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """Per output position (all arrays have shape (n,), n = number of output tokens)."""
+
+    token_logprob: np.ndarray  # float64: log p(emitted token)
+    argmax: np.ndarray  # int64: the scorer's argmax token
+    argmax_logprob: np.ndarray  # float64: log p(argmax token)
+    top2_margin: np.ndarray  # float64: log p(argmax) - log p(runner-up)
+
+    def __post_init__(self) -> None:
+        lengths = {len(self.token_logprob), len(self.argmax), len(self.argmax_logprob), len(self.top2_margin)}
+        if len(lengths) != 1:
+            raise ForcingError(f"scorer returned arrays of different lengths {sorted(lengths)}", where="Scorer.score",
+                               fix="return one value per output token in every array")
+
+    @classmethod
+    def from_logits(cls, logits: Any, output_ids: Sequence[int]) -> "TokenScores":
+        """From a torch tensor of logits, shape (n, vocab), row i predicting output token i (FP32 math)."""
+        import torch
+
+        logprobs = torch.log_softmax(logits.detach().to(torch.float32), dim=-1)
+        targets = torch.as_tensor(list(output_ids), dtype=torch.long, device=logprobs.device)
+        top = torch.topk(logprobs, k=2, dim=-1)
+        return cls(
+            token_logprob=logprobs.gather(1, targets[:, None])[:, 0].double().cpu().numpy(),
+            argmax=top.indices[:, 0].cpu().numpy().astype(np.int64),
+            argmax_logprob=top.values[:, 0].double().cpu().numpy(),
+            top2_margin=(top.values[:, 0] - top.values[:, 1]).double().cpu().numpy(),
+        )
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    def score(self, prompt_ids: Sequence[int], output_ids: Sequence[int], prefill_len: int | None = None) -> TokenScores:
+        """Teacher-forced scores of ``output_ids`` after ``prompt_ids`` (see the module docstring)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ScoredOutput:
+    """One request's output with the scorer's numbers."""
+
+    id: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    scores: TokenScores
+
+    @property
+    def mismatch(self) -> np.ndarray:
+        """(n,) bool: the emitted token is not the scorer's argmax."""
+        return np.asarray(self.output_ids, dtype=np.int64) != self.scores.argmax
+
+    @property
+    def margin(self) -> np.ndarray:
+        """(n,) float64: log-prob gap from the emitted token to the argmax (0 where they agree)."""
+        return np.where(self.mismatch, np.maximum(self.scores.argmax_logprob - self.scores.token_logprob, 0.0), 0.0)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.output_ids)
+
+
+def score_outputs(
+    scorer: Scorer,
+    requests: Sequence[Request],
+    outputs: Mapping[str, RequestOutput],
+    *,
+    encode: Callable[[str], Sequence[int]] | None = None,
+    on_request: Callable[[], None] | None = None,
+) -> dict[str, ScoredOutput]:
+    """Score every request's output; every request must have one, with at least one token.
+
+    Text prompts are encoded with ``encode``, else with the scorer's own ``encode`` method if it has one.
+    """
+    encode = encode or getattr(scorer, "encode", None)
+    missing = [r.id for r in requests if r.id not in outputs]
+    if missing:
+        raise ForcingError(f"{len(missing)} request(s) have no output, e.g. {missing[:5]}", where="outputs",
+                           fix="score the outputs of a run over this request set")
+    scored: dict[str, ScoredOutput] = {}
+    for request in requests:
+        output = outputs[request.id]
+        if not output.output_ids:
+            raise ForcingError(f"request {request.id!r} has an empty output", where=f"request {request.id}",
+                               fix="every request must produce at least one token")
+        prompt = request.token_ids(encode)
+        scores = scorer.score(prompt, list(output.output_ids))
+        if len(scores.argmax) != len(output.output_ids):
+            raise ForcingError(
+                f"scorer returned {len(scores.argmax)} positions for {len(output.output_ids)} tokens",
+                where=f"request {request.id}", fix="the scorer must return one score per output token",
+            )
+        scored[request.id] = ScoredOutput(request.id, tuple(prompt), output.output_ids, scores)
+        if on_request is not None:
+            on_request()
+    return scored
+
+
+def load_scorer(spec: str, options: Mapping[str, str] | None = None) -> Scorer:
+    """A scorer from ``module:factory``, called as ``factory(**options)`` (how the CLI picks a backend)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ForcingError(f"scorer {spec!r} is not of the form module:factory", where="--scorer",
+                           fix="e.g. --scorer specpilot_mem.engine.scorer:load --scorer-arg weights=model.safetensors")
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as err:
+        raise ForcingError(f"cannot load scorer {spec!r}: {err}", where="--scorer",
+                           fix="check the module path and that its dependencies are installed") from None
+    scorer = factory(**dict(options or {}))
+    if not isinstance(scorer, Scorer):
+        raise ForcingError(f"{spec} returned {type(scorer).__name__}, which has no score() method", where="--scorer",
+                           fix="the factory must return an object with score(prompt_ids, output_ids, prefill_len=None)")
+    return scorer
