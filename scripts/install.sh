@@ -5,3 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+# SGLang 0.5.23's pure-Python import dependencies, so its sources import on a CPU-only machine (tests of
+# the entries and exports). Pinned, and none pulls torch or torchvision; compressed-tensors lists torch
+# among its requirements, so it (and loguru, its one other missing dependency) comes in with --no-deps.
+python3 -m pip install --quiet --disable-pip-version-check "transformers==5.19.0" "msgspec==0.23.0" "psutil==7.2.2" \
+    "pyzmq==27.3.0" "pybase64==1.5.1" "setproctitle==1.3.8" "fastapi==0.165.0" "aiohttp==3.14.5" \
+    "apache-tvm-ffi==0.1.11" "dill==0.4.1" "sentencepiece==0.2.1" "einops==0.8.2" "gguf==0.19.0" "openai==2.8.0" \
+    "partial-json-parser==0.2.1.1.post7" "uvicorn==0.54.0"
+python3 -m pip install --quiet --disable-pip-version-check --no-deps "compressed-tensors==0.18.0" "loguru==0.7.3"

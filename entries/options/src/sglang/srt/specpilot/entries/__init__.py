@@ -1,0 +1,1 @@
+"""One module per SpecPilot entry (``<entry_id>.py`` with ``ENTRY = EntrySpec(...)``), found by discovery."""

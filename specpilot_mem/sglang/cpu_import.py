@@ -1,0 +1,96 @@
+"""Importing SGLang's sources on a machine without a GPU (CI, laptops).
+
+``sglang.srt.server_args`` imports with the pure-Python dependencies listed in
+``scripts/install.sh``; the modules that build layers (``layers.quantization``, ``layers.linear``,
+the speculative workers) also reach ``import torchvision.transforms`` through
+``srt/configs/__init__.py``. Installing torchvision would drag a CUDA torch along, so
+``write_torchvision_standin`` writes an import-only stand-in: the names SGLang imports at module
+level exist, and using any of them raises.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from specpilot_mem.errors import SpecPilotError
+
+STANDIN_MARKER = "specpilot import-only torchvision stand-in"
+
+_STANDIN_MODULES = {
+    "torchvision/__init__.py": "from torchvision import io, transforms\n__version__ = '0.0+standin'\n",
+    "torchvision/io.py": "",
+    "torchvision/transforms/__init__.py": (
+        "import enum\n\n\n"
+        "class InterpolationMode(enum.Enum):\n"
+        "    NEAREST = 'nearest'\n    NEAREST_EXACT = 'nearest-exact'\n    BILINEAR = 'bilinear'\n"
+        "    BICUBIC = 'bicubic'\n    BOX = 'box'\n    HAMMING = 'hamming'\n    LANCZOS = 'lanczos'\n\n\n"
+        "from torchvision.transforms import functional, v2  # noqa: E402  (after InterpolationMode)\n"
+    ),
+    "torchvision/transforms/functional.py": "from torchvision.transforms import InterpolationMode  # noqa: F401\n",
+    "torchvision/transforms/v2/__init__.py": "from torchvision.transforms.v2 import functional  # noqa: F401\n",
+    "torchvision/transforms/v2/functional.py": "",
+}
+
+# Other names (transformers imports a few when it sees torchvision) resolve to placeholders that
+# fail loudly when called, so the import succeeds and any real use names the stand-in.
+_GETATTR = (
+    "\n\nclass _Unavailable(type):\n"
+    "    def __getattr__(cls, name):\n"
+    "        if name.startswith('__'):\n"
+    "            raise AttributeError(name)\n"
+    "        return _Unavailable(f'{cls.__name__}.{name}', (), {})\n\n"
+    "    def __call__(cls, *args, **kwargs):\n"
+    f"        raise RuntimeError(f'{{cls.__name__}} is not available: this is the {STANDIN_MARKER}')\n\n\n"
+    "def __getattr__(name):\n"
+    "    if name.startswith('__'):\n"
+    "        raise AttributeError(name)\n"
+    "    return _Unavailable(f'{__name__}.{name}', (), {})\n"
+)
+
+
+def write_torchvision_standin(dest: Path) -> Path:
+    """Write the stand-in package under ``dest`` (put ``dest`` on sys.path) and return ``dest``."""
+    for relative, body in _STANDIN_MODULES.items():
+        path = dest / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f'"""{STANDIN_MARKER}."""\n' + body + _GETATTR)
+    return dest
+
+
+_PROBE = r"""
+import argparse, json, sys
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.specpilot import discover
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+fields = {f for f in ServerArgs._NS_BY_FIELD if ServerArgs._NS_BY_FIELD[f] == "specpilot"}
+flags = {}
+for action in parser._actions:
+    if action.dest in fields:
+        flags[action.option_strings[0]] = {"dest": action.dest, "default": action.default,
+                                           "help": action.help, "choices": action.choices}
+entries = {spec.id: [o.as_record() for o in spec.options] for spec in discover().values()}
+json.dump({"flags": flags, "entries": entries}, sys.stdout)
+"""
+
+
+def probe_flags(package_root: Path, extra_path: list[Path] | None = None, python: str = sys.executable) -> dict:
+    """Import ``sglang.srt.server_args`` from ``package_root`` in a fresh process; return its SpecPilot flags.
+
+    Returns ``{"flags": {flag: {dest, default, help, choices}}, "entries": {entry_id: [option records]}}``.
+    """
+    path = [str(package_root), *(str(p) for p in extra_path or [])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    done = subprocess.run([python, "-c", _PROBE], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SpecPilotError(
+            "importing sglang.srt.server_args failed",
+            where=str(package_root),
+            fix="install SGLang's import dependencies (scripts/install.sh, second pip line); the error was:\n"
+            + done.stderr.strip()[-2000:],
+        )
+    return json.loads(done.stdout)

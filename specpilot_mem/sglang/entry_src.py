@@ -1,0 +1,62 @@
+"""SGLang entries kept as reviewable files: ``entries/<id>/src/`` mirrors the fork's paths.
+
+Every file an SGLang-side entry adds or changes lives in full under ``entries/<id>/src/`` (e.g.
+``entries/options/src/sglang/srt/arg_groups/fields/specpilot.py``), so it can be read, tested and
+diffed against stock. ``build_entry`` lays those files over the entry's base (stock with its
+requirements applied), vendors the kernels it names from ``kernels/specpilot_kernels/`` and records
+the work tree through the memory store, which writes the delta and pins ``reproduces``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from specpilot_mem.errors import SpecPilotError
+from specpilot_mem.home import Home
+from specpilot_mem.models import EntryRecord
+
+
+def src_dir(home: Home, entry_id: str) -> Path:
+    return home.entry_dir(entry_id) / "src"
+
+
+def src_files(home: Home, entry_id: str) -> dict[str, Path]:
+    """Fork path -> file under ``entries/<id>/src/`` (caches left out)."""
+    root = src_dir(home, entry_id)
+    if not root.is_dir():
+        raise SpecPilotError(f"entry {entry_id} has no source files", where=str(root),
+                             fix="put the files the entry adds or changes there, at their fork paths")
+    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
+
+
+def build_entry(home: Home, entry_id: str, requires: Sequence[str], meta: str | Path | dict | None = None,
+                kernels: Sequence[str] = ()) -> EntryRecord:
+    """Record ``entry_id`` from its ``src/`` files (plus vendored ``kernels``) on top of ``requires``."""
+    from specpilot_mem.store.fork import open_fork
+    from specpilot_mem.store.kernels import vendor_kernels
+    from specpilot_mem.store.record import record_entry
+    from specpilot_mem.store.resolver import apply_entries
+
+    files = src_files(home, entry_id)
+    fork = open_fork(home)
+    home.state.mkdir(parents=True, exist_ok=True)
+    worktree = Path(tempfile.mkdtemp(prefix=f"build-{entry_id}-", dir=home.state)) / "tree"
+    try:
+        if requires:
+            apply_entries(home, list(requires), worktree=str(worktree))
+        else:
+            fork.repo.git("worktree", "add", "--quiet", "--detach", str(worktree), fork.stock_commit)
+        for path, source in files.items():
+            target = worktree / fork.package_prefix / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+        if kernels:
+            vendor_kernels(home, worktree, list(kernels), fork.package_prefix)
+        return record_entry(home, entry_id, str(worktree), list(requires), meta)
+    finally:
+        fork.repo.git("worktree", "remove", "--force", str(worktree), check=False)
+        shutil.rmtree(worktree.parent, ignore_errors=True)
