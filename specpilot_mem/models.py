@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 ENTRY_ID = r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$"
 DEPLOYMENT_NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
-ARCH = r"^sm_[0-9]{2,3}[a-z]?$"
+ARCH = r"^(sm_[0-9]{2,3}[a-z]?|cpu)$"  # "cpu": measured without a GPU (tests, the pure-torch engine)
 SHA1 = r"^[0-9a-f]{40}$"
 SHA256 = r"^[0-9a-f]{64}$"
 
@@ -149,6 +149,9 @@ class EntryRecord(Record):
     reproduces: str = Field(pattern=SHA1, description="tree id that applying the entry (with its requirements) to stock must give")
     kernels: dict[str, str] = Field(
         default_factory=dict, description="vendored file path in the fork -> sha256 of its content"
+    )
+    recorded: dt.date | None = Field(
+        default=None, description="when the delta was recorded; the entry's commits take their dates from it"
     )
 
     @field_validator("requires")

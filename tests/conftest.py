@@ -21,3 +21,37 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def stock_fork_home(tmp_path_factory):
+    """A memory home (``specpilot_mem.home.Home``) whose sglang-fork was built by ``init`` from the pinned
+    SGLang wheel (cached; downloaded once if the cache is empty), with an empty ``entries/``.
+
+    Shared by the whole session: do not record entries into it — use ``stock_home_copy`` for that.
+    """
+    from specpilot_mem.home import Home
+    from specpilot_mem.store import init_memory
+
+    root = tmp_path_factory.mktemp("stock-home")
+    (root / "entries").mkdir()
+    home = Home(root)
+    init_memory(home)
+    return home
+
+
+@pytest.fixture
+def stock_home_copy(stock_fork_home, tmp_path):
+    """A private memory home whose fork shares the session fork's objects (``git clone --shared``, no
+    checkout): cheap, and free to record entries into."""
+    from specpilot_mem.git import Repo, run_git
+    from specpilot_mem.home import Home
+
+    root = tmp_path / "home"
+    (root / "entries").mkdir(parents=True)
+    run_git(["clone", "--quiet", "--shared", "--no-checkout", str(stock_fork_home.fork), str(root / "sglang-fork")], root)
+    source, copy = Repo(stock_fork_home.fork), Repo(root / "sglang-fork")
+    copy.git("update-ref", "refs/heads/stock", source.rev_parse("refs/heads/stock"))
+    for key in ("specpilot.stock", "specpilot.packageprefix", "specpilot.pinned"):
+        copy.config_set(key, source.config_get(key) or "")
+    return Home(root)

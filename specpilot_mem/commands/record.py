@@ -1,0 +1,38 @@
+"""``specpilot-mem record ID --from REV_OR_WORKTREE``: turn a fork commit or work tree into an entry."""
+
+from __future__ import annotations
+
+from specpilot_mem.home import find_home
+from specpilot_mem.output import console, emit, table
+
+
+def register(subparsers, common) -> None:
+    parser = subparsers.add_parser("record", parents=[common], help="record an entry from a fork commit or work tree",
+                                   description=__doc__ + "\n\nThe source must be built on stock with its requirements "
+                                   "applied (e.g. `apply A B --worktree PATH`, then edit). Re-recording an existing "
+                                   "entry re-verifies every entry that requires it.")
+    parser.add_argument("id", metavar="ID")
+    parser.add_argument("--from", dest="source", required=True, metavar="REV_OR_WORKTREE",
+                        help="a fork revision, or a work tree of the fork (uncommitted changes included)")
+    parser.add_argument("--requires", metavar="A,B", help="comma-separated entry ids (default: the existing record's)")
+    parser.add_argument("--meta", metavar="draft.yaml",
+                        help="title, summary, contract, options, variants, evidence ... (needed for a new entry)")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from specpilot_mem.store import record_entry
+
+    home = find_home(args.home)
+    requires = None if args.requires is None else [r.strip() for r in args.requires.split(",") if r.strip()]
+    record = record_entry(home, args.id, args.source, requires=requires, meta=args.meta)
+
+    def render(data) -> None:
+        console.print(table(f"recorded {data['id']}", ["field", "value"], [
+            ("title", data["title"]), ("requires", ", ".join(data["requires"]) or "-"),
+            ("reproduces", data["reproduces"]), ("source", (data["source"] or {}).get("commit") or "work tree"),
+            ("kernels", len(data["kernels"])), ("files", f"entries/{data['id']}/entry.yaml, delta.patch"),
+        ]))
+
+    emit(args, record.model_dump(mode="json"), render)
+    return 0

@@ -1,0 +1,158 @@
+"""The SGLang fork at ``<home>/sglang-fork``: opening it, its stock, its lock, and building it (``init``).
+
+The fork's own git config remembers where stock came from (``specpilot.*`` keys): the pinned wheel,
+or a user's fork (``--fork-url``, ``--stock-rev``, ``--package-prefix``), whose stock is checked
+against what was recorded at init instead of the pin.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from specpilot_mem.errors import ForkError
+from specpilot_mem.git import Repo, init_repo, run_git
+from specpilot_mem.home import Home
+from specpilot_mem.store import stock as stock_import
+
+STOCK_REF = "refs/heads/stock"
+ENTRY_REF_PREFIX = "refs/heads/entry/"
+# Files a work tree grows when SGLang is imported from it; never part of an entry.
+IGNORED = "__pycache__/\n*.pyc\n*.pyo\n"
+
+
+@dataclass
+class Fork:
+    home: Home
+    repo: Repo
+    stock_commit: str
+    stock_tree: str
+    package_prefix: str  # "" for the wheel import, e.g. "python/" for an SGLang source checkout
+    pinned: bool  # stock is the pinned wheel import
+
+    @contextmanager
+    def lock(self):
+        """Exclusive use of the fork: a second specpilot-mem process on it fails at once, changing nothing."""
+        path = self.repo.common_dir / "specpilot.lock"
+        handle = open(path, "a+")
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                raise ForkError(
+                    f"another specpilot-mem process (pid {holder}) is working on this fork",
+                    where=str(path), fix="wait for it to finish, then run the command again",
+                ) from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(str(os.getpid()))
+            handle.flush()
+            yield self
+        finally:
+            handle.close()
+
+    def entry_ref(self, entry_id: str) -> str:
+        return ENTRY_REF_PREFIX + entry_id
+
+
+def open_fork(home: Home) -> Fork:
+    """The initialized fork of ``home``; a clear ``ForkError`` if it is missing or its stock moved."""
+    repo = Repo(home.fork)
+    if not repo.exists() or repo.config_get("specpilot.stock") is None:
+        raise ForkError(f"no SGLang fork at {home.fork}", where=str(home.fork),
+                        fix="run `specpilot-mem init` (it builds the fork from the pinned SGLang wheel)")
+    recorded = repo.config_get("specpilot.stock")
+    pinned = repo.config_get("specpilot.pinned") == "true"
+    current = repo.rev_parse(STOCK_REF)
+    expected = stock_import.STOCK_COMMIT if pinned else recorded
+    if current != expected or recorded != expected:
+        raise ForkError(
+            f"the fork's stock branch is at {current}, not the {'pinned' if pinned else 'recorded'} stock {expected}",
+            where=f"{home.fork} ({STOCK_REF})",
+            fix=f"restore it with `git -C {home.fork} update-ref {STOCK_REF} {expected}`, or rebuild the fork "
+                "(move sglang-fork away and run `specpilot-mem init`)",
+        )
+    tree = repo.rev_parse(f"{current}^{{tree}}")
+    if pinned and tree != stock_import.STOCK_TREE:
+        raise ForkError(f"the fork's stock tree is {tree}, not the pinned {stock_import.STOCK_TREE}",
+                        where=str(home.fork), fix="move sglang-fork away and run `specpilot-mem init`")
+    return Fork(home, repo, current, tree, repo.config_get("specpilot.packageprefix") or "", pinned)
+
+
+def _place(built: Path, target: Path) -> None:
+    """Move a freshly built fork into place; an empty folder (a cloned submodule path) is replaced."""
+    if target.exists():
+        if any(target.iterdir()):
+            raise ForkError(f"{target} exists and is not a SpecPilot fork", where=str(target),
+                            fix="move it away, then run `specpilot-mem init` again")
+        target.rmdir()
+    os.replace(built, target)
+
+
+def _scratch(home: Home) -> Path:
+    home.state.mkdir(parents=True, exist_ok=True)
+    path = home.state / f"fork-build-{os.getpid()}"
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+def _finish(repo: Repo, stock_commit: str, prefix: str, pinned: bool) -> None:
+    repo.config_set("specpilot.stock", stock_commit)
+    repo.config_set("specpilot.packageprefix", prefix)
+    repo.config_set("specpilot.pinned", "true" if pinned else "false")
+    exclude = repo.common_dir / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    exclude.write_text(IGNORED)
+
+
+def build_pinned_fork(home: Home, wheel: str | None) -> Fork:
+    """Import the pinned wheel into a new fork at ``home.fork`` (built aside, moved in when complete)."""
+    wheel_path = stock_import.fetch_wheel(wheel)
+    scratch = _scratch(home)
+    try:
+        repo = init_repo(scratch)
+        commit, _tree = stock_import.import_stock(repo, wheel_path)
+        repo.update_refs({STOCK_REF: (None, commit)}, "specpilot: stock from the pinned wheel")
+        repo.git("symbolic-ref", "HEAD", STOCK_REF)
+        repo.git("read-tree", "--reset", "-u", STOCK_REF)  # check out stock so the gitlink resolves
+        repo.config_set("specpilot.wheelsha256", stock_import.WHEEL_SHA256)
+        _finish(repo, commit, "", pinned=True)
+        _place(scratch, home.fork)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return open_fork(home)
+
+
+def build_user_fork(home: Home, url: str, stock_rev: str, package_prefix: str) -> Fork:
+    """Clone a user's own SGLang fork; its ``stock_rev`` becomes this fork's stock."""
+    prefix = package_prefix.strip("/")
+    prefix = f"{prefix}/" if prefix else ""
+    scratch = _scratch(home)
+    try:
+        proc = run_git(["clone", "--quiet", "--no-checkout", url, str(scratch)], home.root, check=False)
+        if proc.returncode != 0:
+            raise ForkError(f"could not clone {url}: {proc.stderr.decode().strip()}", where="--fork-url",
+                            fix="pass a git URL or a local path of your SGLang fork")
+        repo = Repo(scratch)
+        commit = repo.rev_parse(f"{stock_rev}^{{commit}}") or repo.rev_parse(f"origin/{stock_rev}^{{commit}}")
+        if commit is None:
+            raise ForkError(f"{url} has no revision {stock_rev!r}", where="--stock-rev",
+                            fix="name a branch, tag or commit of your fork")
+        if repo.rev_parse(f"{commit}:{prefix}sglang") is None:
+            raise ForkError(f"{stock_rev} has no {prefix}sglang/ package", where="--package-prefix",
+                            fix="pass the folder that holds sglang/ in your fork, e.g. --package-prefix python/")
+        old = repo.rev_parse(STOCK_REF)
+        repo.update_refs({STOCK_REF: (old, commit)}, "specpilot: stock from the user's fork")
+        repo.git("symbolic-ref", "HEAD", STOCK_REF)
+        repo.git("read-tree", "--reset", "-u", STOCK_REF)
+        _finish(repo, commit, prefix, pinned=False)
+        _place(scratch, home.fork)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return open_fork(home)

@@ -1,0 +1,64 @@
+"""``init``: build the fork (pinned wheel or a user's fork) if needed, then materialize every entry.
+
+Idempotent: an existing fork whose stock matches is kept, and branches already at their
+deterministic commits are left alone, so a second run changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specpilot_mem.errors import ForkError
+from specpilot_mem.git import Repo
+from specpilot_mem.home import Home
+from specpilot_mem.store.branches import BranchState, sync_branches
+from specpilot_mem.store.fork import Fork, build_pinned_fork, build_user_fork, open_fork
+from specpilot_mem.store.resolver import Resolver
+
+GITLINK_MODE = "160000"
+
+
+@dataclass
+class InitResult:
+    fork: Fork
+    built: bool
+    branches: list[BranchState] = field(default_factory=list)
+    gitlink: str = "absent"  # matches | differs | absent: the project's recorded sglang-fork commit
+
+    @property
+    def failed(self) -> list[BranchState]:
+        return [b for b in self.branches if b.change == "failed"]
+
+
+def project_gitlink(home: Home) -> str | None:
+    """The commit the project repository records for ``sglang-fork`` (None outside a git project)."""
+    project = Repo(home.root)
+    if not (home.root / ".git").exists():
+        return None
+    line = project.git("ls-files", "--stage", "--", home.fork.name, check=False).stdout.decode().strip()
+    if not line.startswith(GITLINK_MODE):
+        return None
+    return line.split()[1]
+
+
+def init_memory(home: Home, wheel: str | None = None, fork_url: str | None = None, stock_rev: str | None = None,
+                package_prefix: str = "") -> InitResult:
+    if fork_url and not stock_rev:
+        raise ForkError("--fork-url needs --stock-rev", where="--stock-rev",
+                        fix="name the branch, tag or commit of your fork that is its stock")
+    built = False
+    try:
+        fork = open_fork(home)
+    except ForkError:
+        if (home.fork / ".git").exists():
+            raise
+        fork = build_user_fork(home, fork_url, stock_rev, package_prefix) if fork_url else build_pinned_fork(home, wheel)
+        built = True
+    if fork_url and not built and fork.pinned:
+        raise ForkError(f"{home.fork} already holds another stock", where=str(home.fork),
+                            fix="move sglang-fork away to build a fork from --fork-url")
+    with fork.lock():
+        branches = sync_branches(Resolver(fork))
+    link = project_gitlink(home)
+    gitlink = "absent" if link is None else ("matches" if link == fork.stock_commit else "differs")
+    return InitResult(fork, built, branches, gitlink)

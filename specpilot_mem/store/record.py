@@ -1,0 +1,239 @@
+"""Recording and updating entries: what distillation after a round calls.
+
+``record_entry`` turns a fork commit or a work tree built on an entry's requirements into an entry:
+the delta (base -> source), the record (``reproduces`` = the source's tree) and the branch. Updating
+an entry (a variant, evidence, a re-recorded delta) re-verifies every entry that requires it. All
+checks run first; then the files are replaced atomically and the refs move in one transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specpilot_mem.errors import DeltaError, RecordError, ReproductionError, RequirementError, SpecPilotError
+from specpilot_mem.git import Repo
+from specpilot_mem.home import Home
+from specpilot_mem.models import ENTRY_ID, EntryRecord, Evidence, Variant
+from specpilot_mem.store.branches import sync_branches
+from specpilot_mem.store.delta import parse_delta
+from specpilot_mem.store.fork import Fork, open_fork
+from specpilot_mem.store.kernels import VENDOR_DIR
+from specpilot_mem.store.records import (delta_path, dump_record, entry_path, load_entries, load_record_file,
+                                         validate_data, write_atomic)
+from specpilot_mem.store.resolver import Resolver
+
+# Fields the store fills in; a draft may not set them.
+_STORE_FIELDS = ("id", "requires", "reproduces", "kernels", "recorded")
+
+
+def snapshot_tree(fork: Fork, source: str) -> tuple[str, str | None]:
+    """(tree id, commit id or None) of ``source``: a fork revision, or a work tree of the fork
+    (uncommitted and untracked files included, ignored files left out)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        target = Repo(path.resolve())
+        if not target.exists() or target.common_dir.resolve() != fork.repo.common_dir.resolve():
+            raise SpecPilotError(f"{path} is not a work tree of the fork", where="--from",
+                                 fix=f"pass a fork revision, or a worktree made with `git -C {fork.repo.path} worktree add`")
+        with target.temporary_index() as env:
+            real_index = target.git_dir / "index"
+            if real_index.exists():
+                shutil.copyfile(real_index, env["GIT_INDEX_FILE"])
+            else:
+                target.git("read-tree", "HEAD", env=env)
+            target.git("add", "--all", "--", ".", env=env)
+            return target.out("write-tree", env=env), None
+    commit = fork.repo.rev_parse(f"{source}^{{commit}}")
+    if commit is None:
+        raise SpecPilotError(f"the fork has no revision {source!r} and there is no such folder", where="--from",
+                             fix="pass a branch, tag or commit of sglang-fork, or a worktree path")
+    return fork.repo.rev_parse(f"{commit}^{{tree}}"), commit
+
+
+def _diff(fork: Fork, base_tree: str, source_tree: str) -> bytes:
+    prefix = fork.package_prefix
+    if prefix:
+        outside = fork.repo.out("diff-tree", "-r", "--name-only", "--no-renames", base_tree, source_tree)
+        stray = [p for p in outside.splitlines() if not p.startswith(prefix)]
+        if stray:
+            raise DeltaError(f"the source changes files outside {prefix}: {', '.join(stray[:5])}", where="--from",
+                             fix=f"entries change only the SGLang package under {prefix}; move those changes out")
+    args = ["diff-tree", "-r", "-p", "--binary", "--full-index", "--no-renames", "--no-color", "--no-ext-diff",
+            "--no-textconv", "--src-prefix=a/", "--dst-prefix=b/"]
+    if prefix:
+        args.append(f"--relative={prefix}")
+    return fork.repo.git(*args, base_tree, source_tree).stdout
+
+
+def _kernel_pins(fork: Fork, source_tree: str, delta) -> dict[str, str]:
+    """sha256 of every vendored kernel file the delta adds or changes."""
+    vendored = [c for c in delta.changes if c.path.startswith(VENDOR_DIR + "/") and not c.deleted
+                and not c.path.endswith("/__init__.py")]
+    blobs = fork.repo.read_blobs(c.new_oid for c in vendored if c.new_oid)
+    pins = {}
+    for change in vendored:
+        oid = change.new_oid or fork.repo.rev_parse(f"{source_tree}:{fork.package_prefix}{change.path}")
+        content = blobs.get(oid) if oid in blobs else fork.repo.read_blobs([oid])[oid]
+        pins[change.path] = hashlib.sha256(content).hexdigest()
+    return pins
+
+
+def _draft(meta: str | Path | dict | None) -> tuple[dict[str, Any], yaml.Node | None]:
+    """The draft's fields and its YAML node tree (for line numbers in validation errors)."""
+    if meta is None:
+        return {}, None
+    root = None
+    if isinstance(meta, dict):
+        data = dict(meta)
+    else:
+        path = Path(meta)
+        try:
+            text = path.read_text()
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+            data = yaml.safe_load(text) or {}
+        except FileNotFoundError:
+            raise RecordError(f"no draft record at {path}", where="--meta") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            raise RecordError(f"malformed YAML: {getattr(err, 'problem', err)}",
+                              where=f"{path}:{mark.line + 1 if mark else 1}", fix="fix the YAML syntax") from None
+        if not isinstance(data, dict):
+            raise RecordError("a draft record must be a YAML mapping", where=f"{path}:1")
+    bad = [k for k in _STORE_FIELDS if k in data and k != "id"]
+    if bad:
+        raise RecordError(f"the draft sets {', '.join(bad)}, which record fills in", where=str(meta),
+                          fix="leave them out (use --requires for requirements)")
+    return data, root
+
+
+def _dependents(resolver: Resolver, entry_id: str) -> list[str]:
+    return sorted(i for i in resolver.records if i != entry_id and entry_id in resolver.closure([i]))
+
+
+def _check_dependents(resolver: Resolver, entry_id: str) -> list[str]:
+    """Rebuild every entry that requires ``entry_id``; all must still reproduce."""
+    dependents = _dependents(resolver, entry_id)
+    failed = []
+    for dependent in dependents:
+        try:
+            if not resolver.reproduce(dependent).reproduced:
+                failed.append(f"{dependent} (no longer reproduces)")
+        except SpecPilotError as err:
+            failed.append(f"{dependent} ({err.what})")
+    if failed:
+        raise ReproductionError(
+            f"changing {entry_id} breaks entries that require it: " + "; ".join(failed),
+            where=", ".join(f"entries/{d.split()[0]}" for d in failed),
+            fix="nothing was changed; re-record those entries on the new version first, or keep the old delta",
+        )
+    return dependents
+
+
+def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | None = None,
+                 meta: str | Path | dict | None = None, today: dt.date | None = None) -> EntryRecord:
+    """Record (or re-record) ``entry_id`` from ``source`` (fork revision or fork work tree).
+
+    ``requires`` defaults to the existing record's; ``meta`` (a draft YAML path or dict) gives title,
+    summary, contract, options, variants, evidence ... and overrides the existing record's fields.
+    Returns the saved record; every entry that requires it is re-verified first.
+    """
+    if not re.match(ENTRY_ID, entry_id):
+        raise RecordError(f"{entry_id!r} is not a valid entry id", where="ID",
+                          fix="use lower-case words joined by '-', e.g. certified-head")
+    fork = open_fork(home)
+    with fork.lock():
+        records = load_entries(home)
+        existing = records.get(entry_id)
+        draft, draft_root = _draft(meta)
+        if draft.get("id", entry_id) != entry_id:
+            raise RecordError(f"the draft's id {draft['id']!r} is not {entry_id!r}", where=str(meta))
+        requires = list(existing.requires if existing and requires is None else (requires or []))
+        for req in requires:
+            if req not in records:
+                raise RequirementError(f"{entry_id} requires {req!r}, which the memory does not hold",
+                                       where="--requires", fix="record it first, or correct the id")
+        resolver = Resolver(fork, records)
+        for req in requires:
+            if entry_id in resolver.closure([req]):
+                raise RequirementError(f"requirement cycle: {entry_id} -> {req} -> ... -> {entry_id}",
+                                       where="--requires", fix=f"{req} already requires {entry_id}")
+        for req in resolver.chain(requires):
+            outcome = resolver.reproduce(req)
+            if not outcome.reproduced:
+                raise ReproductionError(f"requirement {req} does not reproduce its record", where=f"entries/{req}",
+                                        fix="run `specpilot-mem verify` and fix it first")
+        source_tree, source_commit = snapshot_tree(fork, source)
+        base_tree = resolver.tree_id(fork.stock_tree, resolver.walk(fork.stock_tree, resolver.chain(requires)),
+                                     write=True)
+        text = _diff(fork, base_tree, source_tree)
+        delta = parse_delta(text, entry_id, f"entries/{entry_id}/{delta_path(home, entry_id).name}")
+
+        fields = existing.model_dump(exclude_defaults=True) if existing else {}
+        fields.update(draft)
+        if source_commit:
+            fields["source"] = {**fields.get("source", {}), "commit": source_commit}
+        fields.update(id=entry_id, requires=requires, reproduces=source_tree,
+                      kernels=_kernel_pins(fork, source_tree, delta), recorded=today or dt.date.today())
+        if not existing and not draft:
+            raise RecordError(f"{entry_id} is a new entry and has no title, summary or contract yet",
+                              where="--meta", fix="pass --meta draft.yaml (see `specpilot-mem schema` for the fields)")
+        record = validate_data(fields, EntryRecord, str(meta or entry_path(home, entry_id)), draft_root)
+
+        # Prove it before writing anything: the new delta must rebuild the source, and dependents must hold.
+        trial = Resolver(fork, {**records, entry_id: record})
+        trial._deltas[entry_id] = delta
+        outcome = trial.reproduce(entry_id)
+        if not outcome.reproduced:
+            raise ReproductionError(f"the recorded delta gives {outcome.tree}, not the source tree {source_tree}",
+                                    where=str(source), fix="report this: the store could not reproduce its own diff")
+        _check_dependents(trial, entry_id)
+        write_atomic(delta_path(home, entry_id), text)
+        write_atomic(entry_path(home, entry_id), dump_record(record))
+        sync_branches(Resolver(fork, load_entries(home)))
+        return record
+
+
+def _update(home: Home, entry_id: str, change) -> EntryRecord:
+    fork = open_fork(home)
+    with fork.lock():
+        records = load_entries(home)
+        if entry_id not in records:
+            Resolver(fork, records).closure([entry_id])  # raises the unknown-entry error
+        record = change(records[entry_id].model_copy(deep=True))
+        record = EntryRecord.model_validate(record.model_dump())
+        resolver = Resolver(fork, {**records, entry_id: record})
+        _check_dependents(resolver, entry_id)
+        write_atomic(entry_path(home, entry_id), dump_record(record))
+        sync_branches(Resolver(fork, load_entries(home)))
+        return record
+
+
+def add_variant(home: Home, entry_id: str, variant: Variant | str | Path) -> EntryRecord:
+    """Add (or replace, by name) a variant of ``entry_id``."""
+    new = variant if isinstance(variant, Variant) else load_record_file(Path(variant), Variant)
+
+    def change(record: EntryRecord) -> EntryRecord:
+        record.variants = [v for v in record.variants if v.name != new.name] + [new]
+        return record
+
+    return _update(home, entry_id, change)
+
+
+def add_evidence(home: Home, entry_id: str, evidence: Evidence | str | Path) -> EntryRecord:
+    """Add evidence (e.g. the entry re-timed on a new deployment: never a new entry)."""
+    new = evidence if isinstance(evidence, Evidence) else load_record_file(Path(evidence), Evidence)
+
+    def change(record: EntryRecord) -> EntryRecord:
+        if new in record.evidence:
+            raise RecordError(f"{entry_id} already holds this evidence", where=f"entries/{entry_id}/entry.yaml")
+        record.evidence = record.evidence + [new]
+        return record
+
+    return _update(home, entry_id, change)

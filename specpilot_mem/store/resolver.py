@@ -1,0 +1,406 @@
+"""The resolver: requirement closure, deterministic order, 3-way application onto a tree, reproduction.
+
+Order: Kahn's algorithm taking the smallest available id first. For a requirement-closed set S its
+last entry has no dependents in S, and the order of S without it is exactly the prefix, so the tree
+of every prefix is memoized (key: base tree + ordered ids) and shared between chains — ``verify``
+resolves each entry's closure mostly from memo hits.
+
+Application, per file of an entry's delta, against the accumulating tree (never a work tree):
+current == post-image -> already there; current == pre-image -> take the post-image; otherwise a
+3-way merge of (pre, current, post) blobs with ``git merge-file``; anything else is a conflict.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specpilot_mem.errors import ConflictError, DeltaError, ForkError, ReproductionError, UnknownEntryError
+from specpilot_mem.git import Repo, Signature, commit_content
+from specpilot_mem.home import Home
+from specpilot_mem.models import EntryRecord
+from specpilot_mem.store.delta import Delta, FileChange, load_delta
+from specpilot_mem.store.fork import ENTRY_REF_PREFIX, Fork, open_fork
+from specpilot_mem.store.records import delta_path, load_entries
+from specpilot_mem.store.requirements import closure, order
+from specpilot_mem.store.stock import STOCK_TIMESTAMP
+from specpilot_mem.store.trees import BaseTree, Entry, overlay_tree_id
+
+APPLIED, PRESENT, EMPTY, CONFLICT = "applied", "already present", "empty", "conflict"
+
+
+@dataclass
+class EntryOutcome:
+    id: str
+    status: str
+    paths: list[str] = field(default_factory=list)  # files it changed, or the conflicting ones
+    conflicts_with: list[str] = field(default_factory=list)  # earlier entries that changed those files
+    reproduces: str | None = None  # the record's pinned tree
+    tree: str | None = None  # what its own chain gave onto stock (checked against reproduces)
+
+    @property
+    def reproduced(self) -> bool | None:
+        return None if self.tree is None else self.tree == self.reproduces
+
+
+@dataclass
+class Walk:
+    """The accumulating tree after applying some entries in order onto a base."""
+
+    overlay: dict[str, Entry | None] = field(default_factory=dict)
+    touched: dict[str, list[str]] = field(default_factory=dict)
+    outcomes: tuple[EntryOutcome, ...] = ()
+    tree: str | None = None
+
+
+@dataclass
+class ApplyResult:
+    requested: list[str]
+    order: list[str]
+    onto: str
+    onto_commit: str
+    tree: str
+    outcomes: list[EntryOutcome]
+    commit: str | None = None
+    branch: str | None = None
+    worktree: str | None = None
+    export: dict | None = None
+
+    @property
+    def conflicts(self) -> list[EntryOutcome]:
+        return [o for o in self.outcomes if o.status == CONFLICT]
+
+
+def commit_date(records: Iterable[EntryRecord]) -> Signature:
+    """Commit dates derived from the records (latest ``recorded``), never from the clock."""
+    dates = [r.recorded for r in records if r.recorded]
+    if not dates:
+        return Signature(STOCK_TIMESTAMP)
+    latest = max(dates)
+    return Signature(int(dt.datetime(latest.year, latest.month, latest.day, tzinfo=dt.timezone.utc).timestamp()))
+
+
+class Resolver:
+    """Resolves entry chains of one fork; memoizes parsed deltas, base trees and prefix walks."""
+
+    def __init__(self, fork: Fork, records: dict[str, EntryRecord] | None = None):
+        self.fork = fork
+        self.repo: Repo = fork.repo
+        self.records = load_entries(fork.home) if records is None else records
+        self._deltas: dict[str, Delta] = {}
+        self._bases: dict[str, BaseTree] = {}
+        self._walks: dict[tuple[str, tuple[str, ...]], Walk] = {}
+        self._ready: set[str] = set()
+        self._verified_file = self.repo.common_dir / "specpilot" / "verified-deltas"
+        self._verified = set(self._verified_file.read_text().split()) if self._verified_file.exists() else set()
+
+    # -- requirements ------------------------------------------------------------------------------
+    def closure(self, ids: Iterable[str]) -> set[str]:
+        return closure(self.records, ids, self.fork.home)
+
+    def order(self, ids: Iterable[str]) -> list[str]:
+        return order(self.records, ids)
+
+    def chain(self, ids: Iterable[str]) -> list[str]:
+        return self.order(self.closure(ids))
+
+    # -- deltas and trees ----------------------------------------------------------------------------
+    def delta(self, entry_id: str) -> Delta:
+        if entry_id not in self._deltas:
+            self._deltas[entry_id] = load_delta(delta_path(self.fork.home, entry_id), entry_id)
+        return self._deltas[entry_id]
+
+    def base(self, tree_id: str) -> BaseTree:
+        if tree_id not in self._bases:
+            self._bases[tree_id] = BaseTree(self.repo, tree_id)
+        return self._bases[tree_id]
+
+    def tree_id(self, base_tree: str, walk: Walk, write: bool = False) -> str:
+        if write:
+            return overlay_tree_id(self.base(base_tree), walk.overlay, lambda c: self.repo.write_object("tree", c))
+        if walk.tree is None:
+            walk.tree = overlay_tree_id(self.base(base_tree), walk.overlay)
+        return walk.tree
+
+    def walk(self, base_tree: str, order: list[str]) -> Walk:
+        """The memoized walk applying ``order`` onto ``base_tree``; conflicts are recorded, not raised."""
+        key = (base_tree, tuple(order))
+        if key in self._walks:
+            return self._walks[key]
+        start = len(order)
+        while start > 0 and (base_tree, tuple(order[:start])) not in self._walks:
+            start -= 1
+        walk = self._walks.get((base_tree, tuple(order[:start])), Walk())
+        for n in range(start, len(order)):
+            self.ensure_ready(order[n])
+            walk = self._step(base_tree, walk, order[n])
+            self._walks[(base_tree, tuple(order[:n + 1]))] = walk
+        return walk
+
+    def stock_tree(self, ids: Iterable[str]) -> str:
+        """The tree of ``ids`` with their requirements applied onto stock."""
+        return self.tree_id(self.fork.stock_tree, self.walk(self.fork.stock_tree, self.chain(ids)))
+
+    def _step(self, base_tree: str, walk: Walk, entry_id: str) -> Walk:
+        base = self.base(base_tree)
+        delta = self.delta(entry_id)
+        prefix = self.fork.package_prefix
+        overlay = dict(walk.overlay)
+        touched = dict(walk.touched)
+        changed, conflicts, against = [], [], set()
+
+        def current(path: str) -> Entry | None:
+            return overlay[path] if path in overlay else base.files.get(path)
+
+        for change in delta.changes:
+            path = prefix + change.path
+            now = current(path)
+            outcome = self._apply_file(change, now)
+            if outcome is _UNCHANGED:
+                continue
+            if outcome is _CONFLICT:
+                conflicts.append(change.path)
+                against.update(touched.get(path, []))
+                continue
+            overlay[path] = outcome
+            touched[path] = touched.get(path, []) + [entry_id]
+            changed.append(change.path)
+        if not delta.changes:
+            status, paths = EMPTY, []
+        elif conflicts:
+            status, paths = CONFLICT, conflicts
+        elif not changed:
+            status, paths = PRESENT, []
+        else:
+            status, paths = APPLIED, changed
+        outcome = EntryOutcome(entry_id, status, paths, sorted(against), self.records[entry_id].reproduces)
+        if status == CONFLICT:  # the conflicting entry leaves the tree as it was
+            overlay, touched = walk.overlay, walk.touched
+        return Walk(overlay, touched, walk.outcomes + (outcome,))
+
+    def _apply_file(self, change: FileChange, now: Entry | None):
+        if change.mode_only:
+            if now is None:
+                return _CONFLICT
+            if now[0] == change.new_mode:
+                return _UNCHANGED
+            return (change.new_mode, now[1]) if now[0] == change.old_mode else _CONFLICT
+        post = None if change.deleted else (change.new_mode, change.new_oid)
+        pre = None if change.added else (change.old_mode, change.old_oid)
+        if now == post:
+            return _UNCHANGED
+        if now == pre:
+            return post
+        if now is None or pre is None or post is None or change.binary:
+            return _CONFLICT
+        merged = self.repo.merge_blobs(pre[1], now[1], post[1])
+        if merged is None:
+            return _CONFLICT
+        mode = post[0] if now[0] == pre[0] else now[0]
+        return (mode, merged)
+
+    # -- proving deltas -------------------------------------------------------------------------------
+    def ensure_ready(self, entry_id: str) -> None:
+        """Make sure the delta's post-image blobs are in the fork and its text produces them.
+
+        Once per delta content per fork, ``git apply --cached`` runs it on a scratch index holding its
+        pre-images (from its own base: stock + its requirements); the result must carry exactly the
+        blob ids the delta declares, else the delta is corrupt.
+        """
+        if entry_id in self._ready:
+            return
+        delta = self.delta(entry_id)
+        posts = [c.new_oid for c in delta.changes if c.new_oid]
+        if not delta.changes or (delta.sha256 in self._verified and not self.repo.missing_objects(posts)):
+            self._ready.add(entry_id)
+            return
+        requirements = self.chain(self.records[entry_id].requires)
+        base_walk = self.walk(self.fork.stock_tree, requirements)
+        base = self.base(self.fork.stock_tree)
+        prefix = self.fork.package_prefix
+
+        def before(path: str) -> Entry | None:
+            return base_walk.overlay[path] if path in base_walk.overlay else base.files.get(path)
+
+        index_lines = []
+        for change in delta.changes:
+            if change.added:
+                continue
+            entry = before(prefix + change.path)
+            if entry is None or (change.old_oid and entry != (change.old_mode, change.old_oid)):
+                raise DeltaError(
+                    f"the delta of {entry_id} expects {change.path} at {change.old_oid}, but stock with its "
+                    f"requirements ({', '.join(requirements) or 'none'}) has {entry[1] if entry else 'no such file'}",
+                    where=str(delta_path(self.fork.home, entry_id)),
+                    fix=f"re-record {entry_id} from a commit built on its requirements",
+                )
+            index_lines.append(f"{entry[0]} {entry[1]}\t{prefix}{change.path}")
+        with self.repo.temporary_index() as env:
+            if index_lines:  # a delta that only adds files has no pre-images
+                self.repo.git("update-index", "--index-info", input=("\n".join(index_lines) + "\n").encode(), env=env)
+            args = ["apply", "--cached", "--whitespace=nowarn"] + ([f"--directory={prefix}"] if prefix else []) + ["-"]
+            proc = self.repo.git(*args, input=delta.text, env=env, check=False)
+            if proc.returncode != 0:
+                raise DeltaError(f"the delta of {entry_id} does not apply to its own base: "
+                                 f"{proc.stderr.decode(errors='replace').strip()[:500]}",
+                                 where=str(delta_path(self.fork.home, entry_id)),
+                                 fix=f"restore it from git, or re-record it with `specpilot-mem record {entry_id}`")
+            result = {}
+            for line in self.repo.git("ls-files", "-s", "-z", env=env).stdout.split(b"\0"):
+                if line:
+                    meta, path = line.decode().split("\t", 1)
+                    mode, oid, _stage = meta.split()
+                    result[path] = (mode, oid)
+        for change in delta.changes:
+            got = result.get(prefix + change.path)
+            want = None if change.deleted else (change.new_mode, change.new_oid or before(prefix + change.path)[1])
+            if got != want:
+                raise DeltaError(f"corrupted delta: {change.path} comes out as {got}, but the delta declares {want}",
+                                 where=str(delta_path(self.fork.home, entry_id)),
+                                 fix=f"restore it from git, or re-record it with `specpilot-mem record {entry_id}`")
+        self._verified.add(delta.sha256)
+        self._verified_file.parent.mkdir(exist_ok=True)
+        with open(self._verified_file, "a") as handle:
+            handle.write(delta.sha256 + "\n")
+        self._ready.add(entry_id)
+
+    # -- reproduction -------------------------------------------------------------------------------
+    def reproduce(self, entry_id: str) -> EntryOutcome:
+        """Rebuild ``entry_id``'s chain from stock and compare with its record's ``reproduces``."""
+        order = self.chain([entry_id])
+        walk = self.walk(self.fork.stock_tree, order)
+        outcome = walk.outcomes[-1]
+        outcome.tree = self.tree_id(self.fork.stock_tree, walk)
+        if any(o.status == CONFLICT for o in walk.outcomes):
+            bad = next(o for o in walk.outcomes if o.status == CONFLICT)
+            outcome.tree = None
+            raise ConflictError(
+                f"{bad.id} conflicts with {', '.join(bad.conflicts_with) or 'stock'} in the chain of {entry_id}",
+                where="files: " + ", ".join(bad.paths), fix=f"re-record {bad.id} on top of its requirements",
+            )
+        return outcome
+
+
+class _Marker:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_UNCHANGED = _Marker("unchanged")
+_CONFLICT = _Marker("conflict")
+
+
+def _onto(fork: Fork, onto: str) -> tuple[str, str]:
+    if onto == "stock":
+        return fork.stock_commit, fork.stock_tree
+    commit = fork.repo.rev_parse(f"{onto}^{{commit}}")
+    if commit is None:
+        raise ForkError(f"the fork has no revision {onto!r}", where="--onto",
+                        fix="pass `stock`, a branch, a tag or a commit of the fork")
+    return commit, fork.repo.rev_parse(f"{commit}^{{tree}}")
+
+
+def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str | None = None,
+                  worktree: str | None = None, export: str | None = None, force: bool = False,
+                  resolver: Resolver | None = None) -> ApplyResult:
+    """Apply ``ids`` with their requirements onto ``onto`` (``stock`` or a fork revision).
+
+    Onto stock every entry of the chain must reproduce its record (``ReproductionError``) and a
+    conflict is an error; onto another base conflicts are reported in the result. ``branch`` writes
+    ``refs/heads/<branch>``, ``worktree`` checks the result out there, ``export`` writes an SGLang
+    package (``specpilot_mem.sglang.export``). Refs change only after every check passed.
+    """
+    if not ids:
+        raise UnknownEntryError("no entries to apply", where="apply", fix="name at least one entry id")
+    fork = resolver.fork if resolver else open_fork(home)
+    with fork.lock():
+        resolver = resolver or Resolver(fork)
+        order = resolver.chain(ids)
+        onto_commit, onto_tree = _onto(fork, onto)
+        on_stock = onto_tree == fork.stock_tree
+        walk = resolver.walk(onto_tree, order)
+        outcomes = [EntryOutcome(**vars(o)) for o in walk.outcomes]
+        conflicts = [o for o in outcomes if o.status == CONFLICT]
+        if on_stock and conflicts:
+            raise ConflictError(
+                "; ".join(f"{o.id} conflicts with {', '.join(o.conflicts_with) or 'stock'}" for o in conflicts),
+                where="files: " + ", ".join(p for o in conflicts for p in o.paths),
+                fix="these entries change the same lines: record one on top of the other (requires)",
+            )
+        if on_stock:
+            failed = []
+            for outcome in outcomes:
+                outcome.tree = resolver.reproduce(outcome.id).tree
+                if not outcome.reproduced:
+                    failed.append(outcome)
+            if failed:
+                raise ReproductionError(
+                    "entries that do not reproduce their source tree: "
+                    + ", ".join(f"{o.id} (got {o.tree[:12]}, record says {o.reproduces[:12]})" for o in failed),
+                    where=", ".join(f"entries/{o.id}" for o in failed),
+                    fix="run `specpilot-mem verify` for details; re-record them with `specpilot-mem record`",
+                )
+        result = ApplyResult(list(ids), order, onto, onto_commit, resolver.tree_id(onto_tree, walk), outcomes)
+        if branch or worktree:
+            if conflicts:
+                raise ConflictError("the result has conflicts, so no branch or worktree was written",
+                                    where="files: " + ", ".join(p for o in conflicts for p in o.paths),
+                                    fix="apply without --branch/--worktree to see the report, or leave out the entries")
+            result.commit = _write_result(resolver, onto, onto_commit, onto_tree, walk, order)
+            if branch:
+                result.branch = _write_branch(fork, branch, result.commit, force)
+            if worktree:
+                result.worktree = _checkout(fork, Path(worktree), result.commit)
+        if export:
+            if conflicts:
+                raise ConflictError("the result has conflicts, so nothing was exported",
+                                    where="files: " + ", ".join(p for o in conflicts for p in o.paths))
+            from specpilot_mem.sglang.export import export_tree
+
+            resolver.tree_id(onto_tree, walk, write=True)
+            result.export = export_tree(home, result.tree, Path(export), order)
+        return result
+
+
+def _write_result(resolver: Resolver, onto: str, onto_commit: str, onto_tree: str, walk: Walk, order: list[str]) -> str:
+    tree = resolver.tree_id(onto_tree, walk, write=True)
+    lines = [f"apply {' '.join(order)} onto {onto}", ""]
+    lines += [f"{o.id}: {o.status}" for o in walk.outcomes]
+    content = commit_content(tree, [onto_commit], "\n".join(lines), commit_date(resolver.records[i] for i in order))
+    return resolver.repo.write_object("commit", content)
+
+
+def _write_branch(fork: Fork, branch: str, commit: str, force: bool) -> str:
+    ref = branch if branch.startswith("refs/") else f"refs/heads/{branch}"
+    if ref.startswith(ENTRY_REF_PREFIX) or ref == "refs/heads/stock":
+        raise ForkError(f"{branch} is managed by specpilot-mem", where="--branch", fix="use a name like deploy/NAME")
+    if fork.repo.git("check-ref-format", ref, check=False).returncode != 0:
+        raise ForkError(f"{branch!r} is not a valid branch name", where="--branch", fix="use a name like deploy/NAME")
+    old = fork.repo.rev_parse(ref)
+    if old and old != commit and not force:
+        raise ForkError(f"branch {branch} already exists at {old[:12]}", where="--branch",
+                        fix="choose another name, or pass --force to move it")
+    if old != commit:
+        fork.repo.update_refs({ref: (old, commit)}, f"specpilot apply: {branch}")
+    return ref
+
+
+def _checkout(fork: Fork, path: Path, commit: str) -> str:
+    path = path.expanduser().resolve()
+    if path.exists() and any(path.iterdir()):
+        target = Repo(path)
+        if not target.exists() or target.common_dir.resolve() != fork.repo.common_dir.resolve():
+            raise ForkError(f"{path} exists and is not a work tree of the fork", where="--worktree",
+                            fix="pass a new folder, or an existing worktree of sglang-fork")
+        if target.is_dirty():
+            raise ForkError(f"the work tree {path} has uncommitted changes", where="--worktree",
+                            fix="commit or discard them first (git -C PATH status)")
+        target.git("checkout", "--quiet", "--detach", commit)
+    else:
+        fork.repo.git("worktree", "add", "--quiet", "--detach", str(path), commit)
+    return str(path)
