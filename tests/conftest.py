@@ -36,7 +36,7 @@ def stock_fork_home(tmp_path_factory):
     root = tmp_path_factory.mktemp("stock-home")
     (root / "entries").mkdir()
     home = Home(root)
-    init_memory(home)
+    init_memory(home, checkout=False)  # the resolver never reads the work tree
     return home
 
 
@@ -44,14 +44,41 @@ def stock_fork_home(tmp_path_factory):
 def stock_home_copy(stock_fork_home, tmp_path):
     """A private memory home whose fork shares the session fork's objects (``git clone --shared``, no
     checkout): cheap, and free to record entries into."""
+    root = tmp_path / "home"
+    (root / "entries").mkdir(parents=True)
+    return _shared_fork_home(stock_fork_home, root)
+
+
+def _shared_fork_home(stock_fork_home, root):
+    """``root`` as a memory home whose fork is a ``git clone --shared`` of the session fork (no checkout)."""
     from specpilot_mem.git import Repo, run_git
     from specpilot_mem.home import Home
 
-    root = tmp_path / "home"
-    (root / "entries").mkdir(parents=True)
     run_git(["clone", "--quiet", "--shared", "--no-checkout", str(stock_fork_home.fork), str(root / "sglang-fork")], root)
     source, copy = Repo(stock_fork_home.fork), Repo(root / "sglang-fork")
     copy.git("update-ref", "refs/heads/stock", source.rev_parse("refs/heads/stock"))
     for key in ("specpilot.stock", "specpilot.packageprefix", "specpilot.pinned"):
         copy.config_set(key, source.config_get(key) or "")
     return Home(root)
+
+
+@pytest.fixture(scope="session")
+def project_entries_home(stock_fork_home, tmp_path_factory):
+    """A memory home holding a copy of this project's recorded entries (records, deltas, sources) and a
+    link to its kernel library, on a fork that shares the session fork's objects, with every entry
+    materialized by ``init``. Shared by the session: read it, never record into it."""
+    import shutil
+    from pathlib import Path
+
+    from specpilot_mem.store import init_memory
+
+    project = Path(__file__).resolve().parents[1]
+    root = tmp_path_factory.mktemp("project-entries-home")
+    (root / "entries").mkdir()
+    for record in sorted((project / "entries").glob("*/entry.yaml")):
+        shutil.copytree(record.parent, root / "entries" / record.parent.name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (root / "kernels").symlink_to(project / "kernels")
+    home = _shared_fork_home(stock_fork_home, root)
+    init_memory(home, checkout=False)  # the resolver never reads the work tree
+    return home

@@ -10,13 +10,8 @@ level exist, and using any of them raises.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
-
-from specpilot_mem.errors import SpecPilotError
 
 STANDIN_MARKER = "specpilot import-only torchvision stand-in"
 
@@ -61,36 +56,7 @@ def write_torchvision_standin(dest: Path) -> Path:
     return dest
 
 
-_PROBE = r"""
-import argparse, json, sys
-from sglang.srt.server_args import ServerArgs
-from sglang.srt.specpilot import discover
-parser = argparse.ArgumentParser()
-ServerArgs.add_cli_args(parser)
-fields = {f for f in ServerArgs._NS_BY_FIELD if ServerArgs._NS_BY_FIELD[f] == "specpilot"}
-flags = {}
-for action in parser._actions:
-    if action.dest in fields:
-        flags[action.option_strings[0]] = {"dest": action.dest, "default": action.default,
-                                           "help": action.help, "choices": action.choices}
-entries = {spec.id: [o.as_record() for o in spec.options] for spec in discover().values()}
-json.dump({"flags": flags, "entries": entries}, sys.stdout)
-"""
-
-
-def probe_flags(package_root: Path, extra_path: list[Path] | None = None, python: str = sys.executable) -> dict:
-    """Import ``sglang.srt.server_args`` from ``package_root`` in a fresh process; return its SpecPilot flags.
-
-    Returns ``{"flags": {flag: {dest, default, help, choices}}, "entries": {entry_id: [option records]}}``.
-    """
-    path = [str(package_root), *(str(p) for p in extra_path or [])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-    done = subprocess.run([python, "-c", _PROBE], env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SpecPilotError(
-            "importing sglang.srt.server_args failed",
-            where=str(package_root),
-            fix="install SGLang's import dependencies (scripts/install.sh, second pip line); the error was:\n"
-            + done.stderr.strip()[-2000:],
-        )
-    return json.loads(done.stdout)
+def import_environment(package_root: Path, standin: Path) -> dict[str, str]:
+    """Environment for a fresh process that imports SGLang from ``package_root`` (an export) on a CPU."""
+    path = os.pathsep.join([str(package_root), str(standin)])
+    return {**os.environ, "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}

@@ -1,0 +1,213 @@
+"""The SGLang-side entries (options, w12, ...), checked through the real store and real SGLang imports.
+
+One export of stock and one of every SGLang entry applied together are imported in fresh processes
+(SGLang's sources with the torchvision stand-in): the patched ``server_args`` must expose exactly the
+flags each record lists, parse a stock command line to the stock values, and the ``w12`` weight
+method must give the unquantized method's output bit for bit. Every pair of entries must apply onto
+stock, and each entry's ``src/`` files must be what its delta puts in the fork.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from specpilot_mem.sglang.cpu_import import import_environment, write_torchvision_standin
+from specpilot_mem.sglang.entry_src import src_files
+from specpilot_mem.store.records import load_entries
+from specpilot_mem.store.resolver import apply_entries
+
+pytestmark = pytest.mark.sglang
+
+# A stock command line with flags from several namespaces.
+STOCK_ARGV = ["--model-path", "/models/target", "--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens",
+              "16", "--tp-size", "1", "--mem-fraction-static", "0.8", "--quantization", "fp8", "--port", "31000"]
+
+PARSE = textwrap.dedent("""
+    import json, sys
+    import msgspec
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
+    argv = json.loads(sys.argv[1])
+    fields = msgspec.structs.asdict(prepare_server_args(argv))
+    print(json.dumps({"fields": fields, "namespaces": dict(ServerArgs._NS_BY_FIELD)}, default=repr))
+""")
+
+PROBE = textwrap.dedent("""
+    import argparse, json, sys
+    import msgspec
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
+    from sglang.srt.specpilot import all_options, discover
+    argv = json.loads(sys.argv[1])
+    out = {"fields": msgspec.structs.asdict(prepare_server_args(argv)), "namespaces": dict(ServerArgs._NS_BY_FIELD)}
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    mine = {f for f, ns in ServerArgs._NS_BY_FIELD.items() if ns == "specpilot"}
+    out["flags"] = {a.option_strings[0]: {"default": a.default, "choices": a.choices, "help": a.help}
+                    for a in parser._actions if a.dest in mine}
+    out["entries"] = {spec.id: [o.as_record() for o in spec.options] for spec in discover().values()}
+    # Every flag set to a value other than its default, all at once.
+    given, expected = [], {}
+    for option in all_options():
+        if option.type == "bool":
+            given.append(option.name); expected[option.field] = True
+        else:
+            value = {"int": 7, "float": 0.25, "str": "x"}.get(option.type)
+            if option.type == "choice":
+                value = next(c for c in option.choices if c != option.default)
+            given += [option.name, str(value)]; expected[option.field] = value
+    parsed = prepare_server_args(["--model-path", "m", *given])
+    out["non_default"] = {"expected": expected, "parsed": {f: getattr(parsed, f) for f in expected}}
+    if "w12" in discover():
+        import torch
+        from sglang.srt.layers.linear import LinearBase
+        from sglang.srt.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+        from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+        from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+        from sglang.srt.specpilot.w12_method import W12Config, W12LinearMethod
+        head = ParallelLMHead.__new__(ParallelLMHead)
+        w12 = {"registered": get_quantization_config("w12") is W12Config,
+               "cli": prepare_server_args(["--model-path", "m", "--quantization", "w12"]).quantization,
+               "linear": type(W12Config(lm_head=False).get_quant_method(LinearBase(8, 8), "p")).__name__,
+               "head_off": type(W12Config(lm_head=False).get_quant_method(head, "lm_head")).__name__,
+               "head_on": type(W12Config(lm_head=True).get_quant_method(head, "lm_head")).__name__}
+        torch.manual_seed(0)
+        weight = (torch.randn(300, 256) * 0.05).to(torch.bfloat16)
+        weight[0, :7] = 0.0                      # zeros and denormals take the escape list
+        weight[1, 3] = 1e-40
+        weight[2, 9] = 3.0e4                     # far outside its row's window
+        x = torch.randn(5, 256).to(torch.bfloat16)
+        bias = torch.randn(300).to(torch.bfloat16)
+        layers = {}
+        for name, method in (("unquantized", UnquantizedLinearMethod()), ("w12", W12LinearMethod("p"))):
+            layer = torch.nn.Module()
+            method.create_weights(layer, 256, [100, 200], 256, 300, torch.bfloat16, weight_loader=None)
+            layer.weight.data.copy_(weight)
+            method.process_weights_after_loading(layer)
+            layers[name] = (layer, method)
+        outputs = {n: m.apply(l, x, bias) for n, (l, m) in layers.items()}
+        w12["bit_equal"] = bool(torch.equal(outputs["w12"].view(torch.int16), outputs["unquantized"].view(torch.int16)))
+        w12["bf16_released"] = not hasattr(layers["w12"][0], "weight")
+        w12["fp32_equal"] = bool(torch.equal(layers["w12"][1].apply(layers["w12"][0], x.float()),
+                                             torch.nn.functional.linear(x.float(), weight.float())))
+        stored = W12LinearMethod.w12_tensor(layers["w12"][0])
+        from sglang.srt.specpilot.kernels.w12 import decode
+        w12["planes_exact"] = bool(torch.equal(decode(stored).view(torch.int16), weight.view(torch.int16)))
+        out["w12"] = w12
+    print(json.dumps(out, default=repr))
+""")
+
+
+def sglang_entry_ids(home) -> list[str]:
+    return sorted(i for i in load_entries(home) if (home.entry_dir(i) / "src").is_dir())
+
+
+@pytest.fixture(scope="module")
+def results(project_entries_home, tmp_path_factory):
+    """Import stock and every SGLang entry applied together, in two processes at once."""
+    home = project_entries_home
+    ids = sglang_entry_ids(home)
+    root = tmp_path_factory.mktemp("sglang-entries")
+    standin = write_torchvision_standin(root / "standin")
+    from specpilot_mem.sglang.export import export_tree
+    from specpilot_mem.store.fork import open_fork
+
+    export_tree(home, open_fork(home).stock_tree, root / "stock", [])
+    applied = apply_entries(home, ids, export=str(root / "applied"))
+    runs = {
+        "stock": subprocess.Popen([sys.executable, "-c", PARSE, json.dumps(STOCK_ARGV)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=import_environment(root / "stock", standin), text=True),
+        "applied": subprocess.Popen([sys.executable, "-c", PROBE, json.dumps(STOCK_ARGV)], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env=import_environment(root / "applied", standin), text=True),
+    }
+    out = {}
+    for name, proc in runs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{name} import failed:\n{stderr[-3000:]}"
+        out[name] = json.loads(stdout.strip().splitlines()[-1])
+    out["ids"] = ids
+    out["manifest"] = applied.export
+    return out
+
+
+def test_every_pair_of_entries_applies_onto_stock(project_entries_home):
+    ids = sorted(load_entries(project_entries_home))
+    assert "options" in ids
+    for pair in itertools.combinations(ids, 2):
+        result = apply_entries(project_entries_home, list(pair))
+        assert not result.conflicts, pair
+        assert all(o.reproduced for o in result.outcomes), pair
+
+
+def test_src_files_are_what_the_entry_puts_in_the_fork(project_entries_home):
+    from specpilot_mem.store.fork import open_fork
+
+    repo = open_fork(project_entries_home).repo
+    for entry_id in sglang_entry_ids(project_entries_home):
+        tree = apply_entries(project_entries_home, [entry_id]).tree
+        files = src_files(project_entries_home, entry_id)
+        oids = {path: repo.rev_parse(f"{tree}:{path}") for path in files}
+        assert None not in oids.values(), (entry_id, [p for p, o in oids.items() if o is None])
+        blobs = repo.read_blobs(oids.values())
+        for path, source in files.items():
+            assert blobs[oids[path]] == source.read_bytes(), f"{entry_id}: {path} differs from its recorded delta"
+
+
+def test_every_sglang_entry_requires_options(project_entries_home):
+    records = load_entries(project_entries_home)
+    for entry_id in sglang_entry_ids(project_entries_home):
+        if entry_id != "options":
+            assert "options" in records[entry_id].requires, entry_id
+
+
+def test_record_options_equal_the_flags_the_patched_server_args_exposes(results, project_entries_home):
+    records = load_entries(project_entries_home)
+    probe = results["applied"]
+    declared = probe["entries"]
+    for entry_id in results["ids"]:
+        recorded = [o.model_dump(mode="json", exclude_none=True) for o in records[entry_id].options]
+        assert declared.get(entry_id, []) == recorded, entry_id
+    every = {o["name"]: o for options in declared.values() for o in options}
+    assert set(probe["flags"]) == set(every)
+    for flag, seen in probe["flags"].items():
+        assert seen["default"] == every[flag]["default"], flag
+        assert seen["help"] == every[flag]["help"], flag
+    assert results["manifest"]["options"] == {name: o["default"] for name, o in every.items()}
+
+
+def test_a_stock_command_line_parses_exactly_as_on_stock(results):
+    stock, applied = results["stock"], results["applied"]
+    added = {f for f, ns in applied["namespaces"].items() if ns == "specpilot"}
+    assert set(applied["namespaces"]) - set(stock["namespaces"]) == added
+    assert {f: v for f, v in applied["fields"].items() if f not in added} == stock["fields"]
+    defaults = {o["name"][2:].replace("-", "_"): o["default"] for opts in applied["entries"].values() for o in opts}
+    assert {f: applied["fields"][f] for f in added} == defaults
+
+
+def test_every_flag_parses_to_a_non_default_value(results):
+    non_default = results["applied"]["non_default"]
+    assert non_default["parsed"] == non_default["expected"]
+
+
+def test_w12_is_a_registered_weight_method_for_every_decoder_linear(results):
+    if "w12" not in results["ids"]:
+        pytest.skip("the w12 entry is not recorded")
+    w12 = results["applied"]["w12"]
+    assert w12["registered"] and w12["cli"] == "w12"
+    assert w12["linear"] == "W12LinearMethod"
+    assert (w12["head_off"], w12["head_on"]) == ("NoneType", "W12LinearMethod")
+
+
+def test_w12_output_equals_the_unquantized_method_bit_for_bit(results):
+    if "w12" not in results["ids"]:
+        pytest.skip("the w12 entry is not recorded")
+    w12 = results["applied"]["w12"]
+    assert w12["bit_equal"]
+    assert w12["bf16_released"]
+    assert w12["fp32_equal"]
+    assert w12["planes_exact"]
