@@ -20,35 +20,45 @@ import numpy as np
 
 from specpilot_mem.errors import SpecPilotError
 
-_INDEX_BITS = 20  # room for 2^20 pool entries per row in a selection key
+_INDEX_BITS = 20  # low bits of a selection key: the tie-break
+_INDEX_MASK = (1 << _INDEX_BITS) - 1
 
 
 class TreeError(SpecPilotError):
     """A builder asked for something the lattice or the budget cannot give."""
 
 
-def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    top = np.max(x, axis=axis, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """float32 log_softmax over the last axis (contiguous rows reduce the same way whatever the
+    array's shape, so a row gathered alone and the same row in a full lattice give identical bits).
+    Results are <= 0 exactly (x - max <= 0 and log(sum) >= 0); a row with no finite score is -inf."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    top = np.max(x, axis=-1, keepdims=True)
+    top[~np.isfinite(top)] = 0.0
     shifted = x - top
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
-    return np.where(np.isnan(out), -np.inf, out).astype(np.float32)  # a row with no candidate: all -inf
+    total = np.exp(shifted).sum(axis=-1, keepdims=True)
+    np.maximum(total, np.float32(1.0), out=total)  # >= 1 whenever a score is finite; all -inf rows: log 1 = 0
+    shifted -= np.log(total)
+    return shifted
 
 
 @dataclass
 class StepBatch:
-    """B lattice steps for the builders.
+    """B lattice steps for the builders, read in place from [S, ...] arrays (no per-batch copy of the
+    K x K scores: builders gather only the rows they expand).
 
-    cand [B, m, K] int: candidate tokens; cond [B, m, K, K] float32: score of candidate j at position d
-    given candidate i at d-1 (rows of d = 0 are identical: the committed token is the only parent);
-    unary [B, m, K] float32; greedy [B, m] int64 (optional): the target's greedy tokens from the step's
-    position on, -1 past the end (only the oracle and Sequoia's fit read it).
+    source_cand [S, m, K] int; source_unary [S, m, K]; source_pair [S, m, K, K] (float16 or float32;
+    pair[s, d, i, j] scores candidate j at position d given candidate i at d-1, rows of d = 0 equal);
+    steps [B] indices into them; kind: "selector" (score = pair) or "markov" (score = unary + pair);
+    greedy [B, m] int64 (optional): the target's greedy tokens from each step's position on, -1 past
+    the end (read only by the oracle and Sequoia's fit).
     """
 
-    cand: np.ndarray
-    cond: np.ndarray
-    unary: np.ndarray
+    source_cand: np.ndarray
+    source_unary: np.ndarray
+    source_pair: np.ndarray
+    steps: np.ndarray
+    kind: str = "selector"
     greedy: np.ndarray | None = None
 
     @classmethod
@@ -58,42 +68,70 @@ class StepBatch:
         if with_greedy:
             greedy = lat.greedy_windows(lat.step_request[steps].astype(np.int64),
                                         lat.step_position[steps].astype(np.int64), lat.positions)
-        return cls(cand=lat.cand[steps], cond=lat.conditional_scores(steps),
-                   unary=lat.unary[steps].astype(np.float32), greedy=greedy)
+        return cls(lat.cand, lat.unary, lat.pair, steps, lat.kind, greedy)
 
     @classmethod
     def from_scores(cls, cand, unary, pair, kind: str = "selector", greedy=None) -> "StepBatch":
         """From an engine's tensors (numpy or torch): cand [B,m,K], unary [B,m,K], pair [B,m,K,K]."""
-        to_np = lambda t: t.detach().float().cpu().numpy() if hasattr(t, "detach") else np.asarray(t, dtype=np.float32)  # noqa: E731
-        unary_np = to_np(unary)
-        cond = to_np(pair) + (unary_np[:, :, None, :] if kind == "markov" else 0.0)
-        cand_np = cand.detach().cpu().numpy() if hasattr(cand, "detach") else np.asarray(cand)
-        return cls(cand=cand_np, cond=cond.astype(np.float32), unary=unary_np, greedy=greedy)
+        def to_np(t, dtype=None):
+            if hasattr(t, "detach"):
+                t = t.detach().cpu()
+                t = t.float() if t.is_floating_point() else t
+                t = t.numpy()
+            return np.asarray(t, dtype=dtype)
+        cand_np = to_np(cand, np.int64)
+        greedy_np = None if greedy is None else to_np(greedy, np.int64)
+        return cls(cand_np, to_np(unary, np.float32), to_np(pair, np.float32), np.arange(cand_np.shape[0]),
+                   kind, greedy_np)
 
     @property
     def size(self) -> int:
-        return int(self.cand.shape[0])
+        return int(self.steps.shape[0])
 
     @property
     def positions(self) -> int:
-        return int(self.cand.shape[1])
+        return int(self.source_cand.shape[1])
 
     @property
     def candidates(self) -> int:
-        return int(self.cand.shape[2])
+        return int(self.source_cand.shape[2])
+
+    @cached_property
+    def cand(self) -> np.ndarray:
+        """[B, m, K] candidate tokens."""
+        return self.source_cand[self.steps]
+
+    def edge_logp(self, d: int, parent_rank: np.ndarray) -> np.ndarray:
+        """[B, P, K] float32: log_softmax over position d's candidates given each parent's candidate
+        (parent_rank [B, P], candidate indices at d-1; any value at d = 0). The paper's edge score."""
+        b, p = parent_rank.shape
+        rows = np.broadcast_to(np.arange(b)[:, None], (b, p)).reshape(-1)
+        return self.edge_logp_flat(d, rows, parent_rank.reshape(-1)).reshape(b, p, -1)
+
+    def edge_logp_flat(self, d: int, rows: np.ndarray, parent_rank: np.ndarray) -> np.ndarray:
+        """[L, K]: ``edge_logp`` for L (batch row, parent candidate) pairs."""
+        scores = self.source_pair[self.steps[rows], d, parent_rank].astype(np.float32)
+        if self.kind == "markov":
+            scores += self.source_unary[self.steps[rows], d]
+        return log_softmax(scores)
+
+    def marginal_edge_logp(self, d: int) -> np.ndarray:
+        """[B, 1, K] float32: log_softmax of position d's unary scores (DDTree's per-depth marginals)."""
+        return log_softmax(self.source_unary[self.steps, d])[:, None, :]
 
     @cached_property
     def conditional_logp(self) -> np.ndarray:
-        """[B, m, K, K]: log_softmax over the K children of each parent (the paper's edge score)."""
-        return log_softmax(self.cond, axis=-1)
+        """[B, m, K, K]: ``edge_logp`` for every position and parent (bit-identical to it)."""
+        every = np.broadcast_to(np.arange(self.candidates), (self.size, self.candidates))
+        return np.stack([self.edge_logp(d, every) for d in range(self.positions)], axis=1)
 
     @cached_property
     def marginal_logp(self) -> np.ndarray:
-        """[B, m, 1, K]: log_softmax of the unary scores per position (DDTree's per-depth marginals)."""
-        return log_softmax(self.unary, axis=-1)[:, :, None, :]
+        """[B, m, 1, K]: ``marginal_edge_logp`` for every position."""
+        return np.stack([self.marginal_edge_logp(d) for d in range(self.positions)], axis=1)
 
     def subset(self, index: np.ndarray) -> "StepBatch":
-        return StepBatch(self.cand[index], self.cond[index], self.unary[index],
+        return StepBatch(self.source_cand, self.source_unary, self.source_pair, self.steps[index], self.kind,
                          None if self.greedy is None else self.greedy[index])
 
 
@@ -157,84 +195,232 @@ def verify_mask(trees: DraftTrees) -> np.ndarray:
     return full
 
 
-def descending_keys(scores: np.ndarray) -> np.ndarray:
-    """int64 keys that sort ascending as float32 scores sort descending, with room for a pool index
-    in the low bits (ties then break by that index)."""
+def descending_keys(scores: np.ndarray, tie: np.ndarray) -> np.ndarray:
+    """int64 keys that sort ascending as (float32 score descending, ``tie`` ascending); tie < 2**20.
+
+    A float's bits, with the non-sign bits of negative values flipped, sort like the float; score and
+    tie then form one unique key, so sorts are exact under ties.
+    """
     s = (np.asarray(scores, dtype=np.float32) + np.float32(0.0)).view(np.int32)  # +0.0 folds -0.0 into +0.0
     ascending = np.where(s >= 0, s, s ^ np.int32(0x7FFFFFFF)).astype(np.int64)
-    return (-ascending) << _INDEX_BITS
+    return ((-ascending) << _INDEX_BITS) | tie
+
+
+def select_columns(scores: np.ndarray, count: int) -> np.ndarray:
+    """[B, count] columns of the ``count`` best entries per row, in column order. Best = higher
+    score, then lower column (exact under ties). One float partition finds each row's cut value;
+    ties at the cut go to the lowest columns."""
+    b, width = scores.shape
+    if count >= width:
+        return np.broadcast_to(np.arange(width), (b, width))
+    if count == 0:
+        return np.zeros((b, 0), dtype=np.int64)
+    cut = np.partition(scores, width - count, axis=1)[:, width - count, None]  # the count-th largest
+    above = scores > cut
+    at = scores == cut
+    need = count - above.sum(axis=1, keepdims=True)
+    tied = np.flatnonzero(at.sum(axis=1, keepdims=True) != need)  # rows with more entries at the cut
+    if tied.size:
+        at[tied] &= np.cumsum(at[tied], axis=1) <= need[tied]
+    return np.nonzero(above | at)[1].reshape(b, count)
 
 
 def select_top(scores: np.ndarray, count: int) -> np.ndarray:
-    """[B, count] pool indices of the ``count`` best entries per row, best first.
-
-    Order: higher score, then lower pool index (so a pool laid out in tie-break order gives the
-    documented order). Exact under ties: scores and indices form one unique int64 key.
-    """
-    width = scores.shape[1]
-    if width >= 1 << _INDEX_BITS:
-        raise TreeError(f"selection pool of {width} entries is too large", where="replay.trees",
+    """[B, count] columns of the ``count`` best entries per row, best first: higher score, then lower
+    column (exact under ties)."""
+    if scores.shape[1] > _INDEX_MASK + 1:
+        raise TreeError(f"selection over {scores.shape[1]} entries is too large", where="replay.trees",
                         fix="use a smaller node budget or depth cap")
-    keys = descending_keys(scores) | np.arange(width, dtype=np.int64)[None, :]
-    if count < width:
-        keys = np.partition(keys, count - 1, axis=1)[:, :count]
-    return np.sort(keys, axis=1) & ((1 << _INDEX_BITS) - 1)
+    cols = select_columns(scores, min(count, scores.shape[1]))
+    keys = descending_keys(np.take_along_axis(scores, cols, axis=1), cols)
+    return np.sort(keys, axis=1) & _INDEX_MASK
 
 
-def level_search(logp: np.ndarray, cand: np.ndarray, nodes: int, depth_cap: int | None,
+def level_search(batch: StepBatch, nodes: int, depth_cap: int | None, marginal: bool = False,
                  expand: int | None = None, children: int | None = None) -> DraftTrees:
-    """The top-``nodes`` nodes by path score, level by level, for a batch of steps.
-
-    logp [B, m, P, K] float32: log-prob of candidate j at position d given candidate i at d-1
-    (P = K for parent-conditioned scores, P = 1 for marginals); cand [B, m, K].
+    """The top-``nodes`` nodes by path score for a batch of steps, depth by depth.
 
     Why it is exact: a node in the global top-N has fewer than N better nodes, so it is in the top-N
     of its own depth, and its parent (never worse, and shallower) is in the global top-N too. So
     keeping the top-N of each depth, expanding only those, and taking the top-N of the union gives
-    the global top-N. ``expand``/``children`` restrict the search (EAGLE-2: expand the top-k of each
-    depth, each with its top-k children); left ``None`` the search is the exact best-first tree.
-    Pools are kept in (depth, lexicographic) order, so ``select_top``'s index tie-break is the
-    documented one.
+    the global top-N. Pruning: once N nodes are pooled, a node scoring below the N-th best pooled
+    score cannot make the cut, nor can its descendants (edges are log-probabilities <= 0), so only
+    parents at or above that threshold are expanded.
+
+    Ties: parents are expanded in lexicographic order and children in candidate order, so a child's
+    column is its lexicographic place; each depth's pool is kept in that order and pools are
+    concatenated by depth, so ``select_top``'s column tie-break is the documented order.
+
+    ``marginal``: edges scored by per-depth marginals (DDTree). ``expand``/``children`` restrict the
+    search (EAGLE-2: expand the top-k of each depth, each with its top-k children).
     """
-    b, m, _, k = logp.shape
-    depth = m if depth_cap is None else max(0, min(depth_cap, m))
+    b, k = batch.size, batch.candidates
+    depth = batch.positions if depth_cap is None else max(0, min(depth_cap, batch.positions))
     expand = nodes if expand is None else expand
-    rows = np.arange(b)[:, None]
-    parent_rank = np.zeros((b, 1), dtype=np.int64)  # the root reads row 0 of logp[:, 0] (all rows equal)
+    parent_rank = np.zeros((b, 1), dtype=np.int64)  # the root: any row of position 0 (all are equal)
     parent_score = np.zeros((b, 1), dtype=np.float32)
     parent_pool = np.full((b, 1), -1, dtype=np.int64)
-    pools: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []
+    best = np.full((b, nodes), -np.inf, dtype=np.float32)  # the N best pooled scores (for pruning)
+    pools: list[tuple[np.ndarray, ...]] = []
     offset = 0
     for d in range(depth):
-        if parent_rank.shape[1] == 0 or nodes == 0:
+        p = parent_rank.shape[1]
+        if p == 0 or nodes == 0:
             break
-        level = logp[:, d]
-        edge = level[rows, np.minimum(parent_rank, level.shape[1] - 1)]  # [B, P, K]
+        edge = batch.marginal_edge_logp(d) if marginal else batch.edge_logp(d, parent_rank)
+        edge = np.broadcast_to(edge, (b, p, k))
         if children is not None and children < k:
-            child = np.sort(select_top(edge.reshape(-1, k), children), axis=1).reshape(b, -1, children)
-            edge = np.take_along_axis(edge, child, axis=-1)
+            child = select_columns(edge.reshape(-1, k), children).reshape(b, p, children)
+            edge = np.take_along_axis(edge, child, axis=2)
         else:
-            child = np.broadcast_to(np.arange(k), edge.shape)
-        c = edge.shape[-1]
-        score = (parent_score[:, :, None] + edge).reshape(b, -1)  # float32 sum, root to node
-        take = min(nodes, score.shape[1])
-        kept = np.sort(select_top(score, take), axis=1)  # lexicographic order inside the depth
-        kept_score = np.take_along_axis(score, kept, axis=1)
-        kept_rank = np.take_along_axis(child.reshape(b, -1), kept, axis=1)
-        kept_parent = np.take_along_axis(parent_pool, kept // c, axis=1)
-        pools.append((kept_score, kept_rank, kept_parent, d + 1))
-        cols = np.arange(take)[None, :].repeat(b, 0) if expand >= take else np.sort(select_top(kept_score, expand), axis=1)
-        parent_rank = np.take_along_axis(kept_rank, cols, axis=1)
-        parent_score = np.take_along_axis(kept_score, cols, axis=1)
-        parent_pool = offset + cols
+            child = np.broadcast_to(np.arange(k), (b, p, k))
+        c = child.shape[2]
+        score = (parent_score[:, :, None] + edge).reshape(b, p * c)  # float32 sum, root to node
+        take = min(nodes, p * c)
+        col = select_columns(score, take)  # kept in lexicographic order
+        kept_score = np.take_along_axis(score, col, axis=1)
+        kept_rank = np.take_along_axis(child.reshape(b, p * c), col, axis=1)
+        pools.append((kept_score, kept_rank, np.take_along_axis(parent_pool, col // c, axis=1), d + 1))
+        merged = np.concatenate([best, kept_score], axis=1)
+        best = np.partition(merged, merged.shape[1] - nodes, axis=1)[:, -nodes:]
+        live = kept_score >= best.min(axis=1, keepdims=True)
+        if expand < take:  # only the top ``expand`` of this depth grow children
+            rank_in_depth = np.empty_like(col)
+            np.put_along_axis(rank_in_depth, select_top(kept_score, take), np.arange(take)[None, :].repeat(b, 0), axis=1)
+            live &= rank_in_depth < expand
+        alive = int(live.sum(axis=1).max(initial=0))
+        pick = np.sort(np.argsort(~live, axis=1, kind="stable")[:, :alive], axis=1)  # live first, lexicographic
+        parent_rank = np.take_along_axis(kept_rank, pick, axis=1)
+        parent_score = np.take_along_axis(kept_score, pick, axis=1)
+        parent_pool = offset + pick
         offset += take
-    return assemble(pools, cand, nodes)
+    return assemble(pools, batch, nodes)
 
 
-def assemble(pools, cand: np.ndarray, nodes: int) -> DraftTrees:
-    """Top-``nodes`` of the union of per-depth pools [(score, rank, parent pool index, depth)], in
-    best-first order, as a ``DraftTrees`` batch."""
-    b = cand.shape[0]
+BOUND_BEAM = 2  # paths followed to find a lower bound of the N-th best path score
+
+
+def score_bound(batch: StepBatch, nodes: int, depth: int, marginal: bool = False) -> np.ndarray:
+    """[B] float32 lower bound of the N-th best path score: the N-th best of the nodes a beam of
+    ``BOUND_BEAM`` paths generates (all children of each beam node). Any N distinct nodes give
+    such a bound; following the best paths makes it tight."""
+    b, k = batch.size, batch.candidates
+    parent_rank = np.zeros((b, 1), dtype=np.int64)
+    parent_score = np.zeros((b, 1), dtype=np.float32)
+    seen = []
+    for d in range(depth):
+        edge = batch.marginal_edge_logp(d) if marginal else batch.edge_logp(d, parent_rank)
+        score = (parent_score[:, :, None] + edge).reshape(b, -1)
+        seen.append(score)
+        width = min(BOUND_BEAM, score.shape[1])
+        top = np.argpartition(score, score.shape[1] - width, axis=1)[:, -width:]  # any best ``width`` will do
+        parent_rank = top % k if marginal else np.take_along_axis(np.broadcast_to(np.arange(k), (b, parent_rank.shape[1], k)).reshape(b, -1), top, axis=1)
+        parent_score = np.take_along_axis(score, top, axis=1)
+    generated = np.concatenate(seen, axis=1)
+    if generated.shape[1] < nodes:
+        return np.full(b, -np.inf, dtype=np.float32)
+    return np.partition(generated, generated.shape[1] - nodes, axis=1)[:, generated.shape[1] - nodes]
+
+
+def best_first_search(batch: StepBatch, nodes: int, depth_cap: int | None, marginal: bool = False) -> DraftTrees:
+    """The exact top-``nodes`` nodes by path score (the best-first tree), for a batch of steps.
+
+    Works on flat lists of (step, node) pairs, depth by depth, expanding only nodes at or above a
+    lower bound of the N-th best path score (``score_bound``): a node below it has N better nodes,
+    and so do its descendants (edges are log-probabilities <= 0). A depth that still keeps more
+    than N nodes of one step keeps its top N (a node of the global top-N is in the top N of its
+    depth). The survivors hold the global top-N; one selection gives it, in best-first order.
+    Ties: lists stay in (step, lexicographic) order inside a depth and pools are concatenated by
+    depth, so the selection's column tie-break is the documented order.
+    """
+    b, k = batch.size, batch.candidates
+    depth = batch.positions if depth_cap is None else max(0, min(depth_cap, batch.positions))
+    if nodes == 0 or depth == 0 or b == 0:
+        return empty_trees(b, nodes)
+    bound = score_bound(batch, nodes, depth, marginal)
+    row = np.arange(b)
+    rank = np.zeros(b, dtype=np.int64)
+    score = np.zeros(b, dtype=np.float32)
+    ident = np.full(b, -1, dtype=np.int64)  # pool id of each parent (-1: the root)
+    levels = []
+    offset = 0
+    for d in range(depth):
+        if row.size == 0:
+            break
+        if marginal:
+            edge = batch.marginal_edge_logp(d)[:, 0][row]
+        else:
+            edge = batch.edge_logp_flat(d, row, rank)
+        child_score = score[:, None] + edge  # [L, K] float32 sum, root to node
+        li, ci = np.nonzero(child_score >= bound[row][:, None])
+        row, rank, score, parent = row[li], ci.astype(np.int64), child_score[li, ci], ident[li]
+        counts = np.bincount(row, minlength=b)
+        if counts.max(initial=0) > nodes:  # keep each step's top N of this depth
+            keep = _top_per_row(row, score, counts, nodes)
+            row, rank, score, parent = row[keep], rank[keep], score[keep], parent[keep]
+        levels.append((row, rank, score, parent, d + 1))
+        ident = offset + np.arange(row.size)
+        offset += row.size
+    return _assemble_flat(levels, batch, nodes)
+
+
+def _top_per_row(row: np.ndarray, score: np.ndarray, counts: np.ndarray, nodes: int) -> np.ndarray:
+    """Mask of each row's ``nodes`` best entries (flat lists grouped by row, in tie-break order)."""
+    start = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    over = np.flatnonzero(counts > nodes)
+    mine = np.isin(row, over)
+    index = np.flatnonzero(mine)
+    r = row[index]
+    slot = np.searchsorted(over, r)
+    col = index - start[r]
+    dense = np.full((over.size, int(counts[over].max())), -np.inf, dtype=np.float32)
+    dense[slot, col] = score[index]
+    chosen = np.zeros(dense.shape, dtype=bool)
+    np.put_along_axis(chosen, select_columns(dense, nodes), True, axis=1)
+    keep = ~mine
+    keep[index] = chosen[slot, col]
+    return keep
+
+
+def _assemble_flat(levels, batch: StepBatch, nodes: int) -> DraftTrees:
+    b = batch.size
+    row = np.concatenate([lv[0] for lv in levels])
+    rank = np.concatenate([lv[1] for lv in levels])
+    score = np.concatenate([lv[2] for lv in levels])
+    parent = np.concatenate([lv[3] for lv in levels])
+    depth = np.concatenate([np.full(lv[0].size, lv[4], dtype=np.int64) for lv in levels])
+    order = np.argsort(row, kind="stable")  # (step, depth, lexicographic)
+    counts = np.bincount(row, minlength=b)
+    start = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    width = int(counts.max(initial=0))
+    if width == 0:
+        return empty_trees(b, nodes)
+    col = np.arange(row.size) - start[row[order]]
+    dense = np.full((b, width), -np.inf, dtype=np.float32)
+    dense[row[order], col] = score[order]
+    n = min(nodes, width)
+    sel = select_top(dense, n)  # [B, n] best first
+    rows = np.arange(b)[:, None]
+    present = sel < counts[:, None]
+    ids = order[np.minimum(start[:, None] + sel, row.size - 1)]
+    sel_score = np.where(present, dense[rows, sel], -np.inf)
+    valid = present & (sel_score > -np.inf)
+    position = np.full(row.size, -1, dtype=np.int64)
+    position[ids[valid]] = np.broadcast_to(np.arange(n), (b, n))[valid]
+    par = parent[ids]
+    parents = np.where(valid & (par >= 0), position[np.maximum(par, 0)], -1)
+    sel_depth = np.where(valid, depth[ids], 0)
+    sel_rank = np.where(valid, rank[ids], -1)
+    tokens = np.where(valid, batch.cand[rows, np.maximum(sel_depth - 1, 0), np.maximum(sel_rank, 0)], -1)
+    trees = DraftTrees(parents, sel_depth, sel_rank, tokens.astype(np.int64),
+                       np.where(valid, sel_score, -np.inf).astype(np.float32), valid.sum(axis=1).astype(np.int64))
+    return pad_trees(trees, nodes)
+
+
+def assemble(pools, batch: StepBatch, nodes: int) -> DraftTrees:
+    """Top-``nodes`` of the union of per-depth pools [(score, rank, parent pool index, depth)], each
+    in lexicographic order, as a ``DraftTrees`` batch in best-first order."""
+    b = batch.size
     if not pools or nodes == 0:
         return empty_trees(b, nodes)
     scores = np.concatenate([p[0] for p in pools], axis=1)
@@ -252,7 +438,7 @@ def assemble(pools, cand: np.ndarray, nodes: int) -> DraftTrees:
     parents = np.where(valid & (sel_parent >= 0), position[rows, np.maximum(sel_parent, 0)], -1)
     sel_depth = np.where(valid, depths[rows, sel], 0)
     sel_rank = np.where(valid, ranks[rows, sel], -1)
-    tokens = np.where(valid, cand[rows, np.maximum(sel_depth - 1, 0), np.maximum(sel_rank, 0)], -1)
+    tokens = np.where(valid, batch.cand[rows, np.maximum(sel_depth - 1, 0), np.maximum(sel_rank, 0)], -1)
     trees = DraftTrees(parents, sel_depth, sel_rank, tokens.astype(np.int64),
                        np.where(valid, sel_score, -np.inf).astype(np.float32), valid.sum(axis=1).astype(np.int64))
     return pad_trees(trees, nodes)

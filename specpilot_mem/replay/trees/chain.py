@@ -14,14 +14,13 @@ from specpilot_mem.replay.trees.base import DraftTrees, StepBatch, chain_trees
 
 def build(batch: StepBatch, nodes: int, depth_cap: int | None = None) -> DraftTrees:
     length = min(nodes, batch.positions, batch.positions if depth_cap is None else depth_cap)
-    logp = batch.conditional_logp
     rows = np.arange(batch.size)
     ranks = np.zeros((batch.size, length), dtype=np.int64)
     scores = np.zeros((batch.size, length), dtype=np.float32)
     parent = np.zeros(batch.size, dtype=np.int64)
     total = np.zeros(batch.size, dtype=np.float32)
     for d in range(length):
-        row = logp[rows, d, parent]  # [B, K]
+        row = batch.edge_logp(d, parent[:, None])[:, 0]  # [B, K]
         parent = np.argmax(row, axis=1)
         total = total + row[rows, parent]
         ranks[:, d], scores[:, d] = parent, total

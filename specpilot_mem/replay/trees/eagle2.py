@@ -11,4 +11,4 @@ DEFAULT_TOP_K = 4
 
 
 def build(batch: StepBatch, nodes: int, depth_cap: int | None = None, top_k: int = DEFAULT_TOP_K) -> DraftTrees:
-    return level_search(batch.conditional_logp, batch.cand, nodes, depth_cap, expand=top_k, children=top_k)
+    return level_search(batch, nodes, depth_cap, expand=top_k, children=top_k)

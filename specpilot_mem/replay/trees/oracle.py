@@ -19,8 +19,8 @@ def build(batch: StepBatch, nodes: int, depth_cap: int | None = None) -> DraftTr
     present = hit.any(axis=2)
     ranks = np.argmax(hit, axis=2)
     run = np.cumprod(present, axis=1).sum(axis=1) if length else np.zeros(batch.size, dtype=np.int64)
-    rows = np.arange(batch.size)[:, None]
-    logp = batch.conditional_logp
     prev = np.concatenate([np.zeros((batch.size, 1), np.int64), ranks[:, :-1]], axis=1)
-    edge = logp[rows, np.arange(length)[None, :], prev, ranks] if length else np.zeros((batch.size, 0), np.float32)
+    edge = np.zeros((batch.size, length), dtype=np.float32)
+    for d in range(length):
+        edge[:, d] = np.take_along_axis(batch.edge_logp(d, prev[:, d:d + 1])[:, 0], ranks[:, d:d + 1], axis=1)[:, 0]
     return chain_trees(ranks, np.cumsum(edge, axis=1, dtype=np.float32), batch.cand, run, nodes)
