@@ -1,0 +1,287 @@
+"""W12 GEMM vs cuBLAS BF16 on the GPU: correctness, autotune and timing in one call.
+
+Prints one JSON document (device, date, command, figures). Weights are seeded random N(0, 0.02)
+BF16: the timings are synthetic-weight timings (speed does not depend on values except through the
+escape count, which is reported). Method: CUDA-graph replay over rotating weight copies (>= 4x L2 in
+total), median of >= 10 replays; W12 and cuBLAS (torch.matmul) timed the same way in one run.
+
+    PYTHONPATH=kernels:. python benchmarks/w12_gemm_bench.py [--quick] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+import triton
+
+from specpilot_kernels.w12 import encode, w12_gemm
+from specpilot_kernels.w12.configs import GemmConfig, select_config
+from specpilot_kernels.w12.gemm import launch
+from specpilot_kernels.w12.reference import gemm_reference
+
+SHAPES = {"qkv": (10240, 5120), "o_proj": (5120, 8192), "gate_up": (34816, 5120), "down": (5120, 17408),
+          "lm_head": (248320, 5120)}
+PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
+ROWS = (1, 2, 4, 8, 16, 32, 48, 64)
+L2_BYTES = 60 * 2**20
+REPLAYS = 15
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def read_bandwidth() -> float:
+    """Bytes/s of a read-only reduction over 4 GiB (the denominator of the byte floors)."""
+    buf = torch.randn(2**31 // 1, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        buf.sum(dtype=torch.float32)
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        buf.sum(dtype=torch.float32)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    bw = buf.numel() * 2 / statistics.median(times)
+    del buf
+    return bw
+
+
+def graph_time(fn_for_copy, copies: int) -> float:
+    """Median seconds per call over REPLAYS replays of a graph that calls fn on each copy in turn."""
+    calls = max(copies, 8)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(calls):
+            fn_for_copy(i % copies)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn_for_copy(i % copies)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def candidate_configs(n: int, k: int, sms: int, mma_sync_only: bool) -> list[GemmConfig]:
+    """Partitions worth trying: K split only while the row blocks alone give too few programs."""
+    out, seen = [], set()
+    kp = -(-k // 128) * 128
+    for block_n in ((16, 32) if mma_sync_only else (64, 128)):
+        programs = -(-n // block_n)
+        for splits in (1, 2, 4, 8, 16, 17):
+            splits = GemmConfig(splits=splits).effective_splits(kp)
+            if (block_n, splits) in seen or (splits > 1 and (programs >= 2 * sms or programs * splits > 8 * sms)):
+                continue
+            seen.add((block_n, splits))
+            for warps in ((4,) if mma_sync_only or block_n == 64 else (4, 8)):
+                for stages in (3,):
+                    out.append(GemmConfig(block_n=block_n, splits=splits, num_warps=warps, num_stages=stages))
+    return out
+
+
+def correctness(sms: int) -> dict:
+    """Exactness and determinism checks on this GPU (random weights with zeros, denormals, Inf)."""
+    torch.manual_seed(1)
+    report = {}
+    n, k = 1000, 1536
+    w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+    w[5, 7] = 0
+    w[9, 100] = 1e-39
+    w[300, 700] = 3.0e-8
+    w12 = encode(w)
+    for cfg in (GemmConfig(64, 2, 4, 3, True), GemmConfig(64, 2, 4, 3, False), GemmConfig(32, 1, 4, 3, True)):
+        key = f"bn{cfg.block_n}_s{cfg.splits}_w{cfg.num_warps}_asm{int(cfg.use_asm)}"
+        try:
+            # one-hot rows pick weight columns exactly: decode (escapes included) must be bit-exact
+            cols = torch.tensor([7, 100, 700, 0, 1535] + list(range(11, 40)), device="cuda")
+            x = torch.zeros(cols.numel(), k, device="cuda", dtype=torch.bfloat16)
+            x[torch.arange(cols.numel()), cols] = 1
+            y = w12_gemm(x, w12, config=cfg)
+            exact = torch.equal(y.view(torch.int16), w[:, cols].t().contiguous().view(torch.int16))
+            errs, same = {}, True
+            x_first = torch.randn(1, k, device="cuda").bfloat16()
+            first_bits = w12_gemm(x_first, w12, config=cfg).view(torch.int16)
+            for m in (1, 3, 16, 17, 32, 48, 64):
+                xm = torch.randn(m, k, device="cuda").bfloat16()
+                xm[0] = x_first[0]
+                ym = w12_gemm(xm, w12, config=cfg)
+                ref = gemm_reference(xm, w12).float()
+                errs[m] = ((ym.float() - ref).norm() / ref.norm()).item()
+                same = same and torch.equal(ym[:1].view(torch.int16), first_bits)
+            report[key] = {"onehot_bit_exact": exact, "rel_err": errs, "row_bits_same_across_M": same}
+        except Exception as exc:  # record the failure, keep benchmarking the others
+            report[key] = {"error": repr(exc)[:400]}
+    return report
+
+
+def bench_shape(name, n, k, sms, read_bw, quick, sm120_configs: bool) -> dict:
+    torch.manual_seed(0)
+    w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    w12 = encode(w, check=False)
+    torch.cuda.synchronize()
+    encode_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    stats = encode(w, check=True).stats()
+    torch.cuda.synchronize()
+    encode_checked_s = time.perf_counter() - t0
+    w12_bytes = w12.nbytes()
+    bf16_bytes = n * k * 2
+    copies = max(2, math.ceil(4 * L2_BYTES / w12_bytes))
+    w12s = [w12] + [encode(w, check=False) for _ in range(copies - 1)]
+    ws = [w] + [w.clone() for _ in range(max(2, math.ceil(4 * L2_BYTES / bf16_bytes)) - 1)]
+    wts = [t.t() for t in ws]
+    result = {"N": n, "K": k, "w12": stats, "encode_s": encode_s, "encode_checked_s": encode_checked_s,
+              "copies_w12": copies, "copies_bf16": len(ws)}
+
+    def time_w12(cfg, m, low_bits="exact"):
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        return graph_time(lambda i: w12_gemm(x, w12s[i], config=cfg, low_bits=low_bits, out=y), copies)
+
+    def time_cublas(m):
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        return graph_time(lambda i: torch.matmul(x, wts[i], out=y), len(ws))
+
+    # autotune at 1 and 16 rows; the chosen partition then serves every row count
+    tune = []
+    variants = {"sm90": candidate_configs(n, k, sms, False)}
+    if sm120_configs:
+        variants["sm120"] = candidate_configs(n, k, sms, True)
+    best = {}
+    for variant, configs in variants.items():
+        if quick:
+            configs = configs[:4]
+        for cfg in configs:
+            try:
+                x = torch.randn(16, k, device="cuda").bfloat16()
+                y = torch.empty(16, n, device="cuda", dtype=torch.bfloat16)
+                ws_buf = torch.empty(cfg.splits * 16 * n, device="cuda", dtype=torch.float32)
+                compiled = launch(x, w12, y, cfg, 0, ws_buf)
+                ptx = compiled.asm["ptx"]
+                entry = {"variant": variant, **cfg.to_dict(), "shared_bytes": compiled.metadata.shared,
+                         "wgmma": "wgmma" in ptx, "mma_sync": "mma.sync" in ptx,
+                         "t1_us": time_w12(cfg, 1) * 1e6, "t16_us": time_w12(cfg, 16) * 1e6}
+                entry["score"] = entry["t1_us"] + entry["t16_us"]
+                if variant == "sm120" and (entry["wgmma"] or entry["shared_bytes"] > 99 * 1024):
+                    entry["score"] = float("inf")  # not an sm_120 kernel
+                tune.append(entry)
+                if variant not in best or entry["score"] < best[variant][1]["score"]:
+                    best[variant] = (cfg, entry)
+            except Exception as exc:
+                tune.append({"variant": variant, **cfg.to_dict(), "error": repr(exc)[:300]})
+            log(name, tune[-1])
+    result["autotune"] = tune
+    result["default_config"] = select_config(n, k, torch.device("cuda")).to_dict()
+    rows = []
+    for m in ROWS:
+        cub = time_cublas(m)
+        row = {"M": m, "cublas_us": cub * 1e6, "cublas_TBps": bf16_bytes / cub / 1e12,
+               "cublas_frac_floor": bf16_bytes / read_bw / cub}
+        for variant, (cfg, _) in best.items():
+            t = time_w12(cfg, m)
+            row[f"{variant}_us"] = t * 1e6
+            row[f"{variant}_TBps"] = w12_bytes / t / 1e12
+            row[f"{variant}_frac_floor"] = w12_bytes / read_bw / t
+            row[f"{variant}_speedup"] = cub / t
+        if "sm90" in best and m in (1, 16):
+            for low_bits in ("midpoint",):
+                t = time_w12(best["sm90"][0], m, low_bits)
+                row[f"qpass_{low_bits}_us"] = t * 1e6
+        rows.append(row)
+        log(name, row)
+    result["best"] = {v: c.to_dict() for v, (c, _) in best.items()}
+    result["rows"] = rows
+    del w12s, ws, wts
+    torch.cuda.empty_cache()
+    return result
+
+
+def summarize(shapes: dict) -> dict:
+    def ratios(names, variant, ms=(1, 2, 4, 8, 16, 32)):
+        return [r[f"{variant}_speedup"] for nm in names for r in shapes[nm]["rows"]
+                if r["M"] in ms and f"{variant}_speedup" in r]
+
+    out = {}
+    for variant in ("sm90", "sm120"):
+        proj = ratios([p for p in PROJECTIONS if p in shapes], variant)
+        if proj:
+            out[f"{variant}_geomean_speedup_projections_1_32"] = math.exp(sum(map(math.log, proj)) / len(proj))
+            out[f"{variant}_min_speedup_projections_1_32"] = min(proj)
+        if "lm_head" in shapes:
+            head = ratios(["lm_head"], variant)
+            if head:
+                out[f"{variant}_lm_head_geomean_speedup_1_32"] = math.exp(sum(map(math.log, head)) / len(head))
+                out[f"{variant}_lm_head_min_speedup_1_32"] = min(head)
+        for nm in ("lm_head", "gate_up"):
+            if nm in shapes:
+                fr = [r[f"{variant}_frac_floor"] for r in shapes[nm]["rows"] if r["M"] <= 32 and f"{variant}_frac_floor" in r]
+                if fr:
+                    out[f"{variant}_{nm}_frac_floor_1_32_min"] = min(fr)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="few configs (smoke test)")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--no-sm120", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    doc = {"benchmark": "w12_gemm_bench", "device": props.name, "sms": props.multi_processor_count,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": "PYTHONPATH=kernels:. python benchmarks/w12_gemm_bench.py " + " ".join(sys.argv[1:]),
+           "torch": torch.__version__, "triton": triton.__version__, "weights": "synthetic: seeded N(0, 0.02) BF16",
+           "method": f"CUDA-graph replay over rotating copies >= 4x{L2_BYTES >> 20} MB, median of {REPLAYS}"}
+    doc["read_bw_Bps"] = read_bandwidth()
+    log("read bw", doc["read_bw_Bps"] / 1e12)
+    doc["correctness"] = correctness(props.multi_processor_count)
+    log(json.dumps(doc["correctness"], indent=1))
+    doc["shapes"] = {}
+    for name in args.shapes.split(","):
+        n, k = SHAPES[name]
+        doc["shapes"][name] = bench_shape(name, n, k, props.multi_processor_count, doc["read_bw_Bps"],
+                                          args.quick, not args.no_sm120)
+        doc["summary"] = summarize(doc["shapes"])
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(doc, fh, indent=1)
+    enc = [(s["N"] * s["K"], s["encode_s"]) for s in doc["shapes"].values()]
+    rate = sum(e for e, _ in enc) / sum(t for _, t in enc)
+    doc["encode"] = {"weights_per_s": rate, "extrapolated_27e9_weights_s": 27e9 / rate,
+                     "note": "extrapolated from the timed shapes' encode throughput (GPU, unchecked encode); "
+                             "the checked encode adds one decode + compare per tensor"}
+    doc["summary"] = summarize(doc["shapes"])
+    text = json.dumps(doc, indent=1)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

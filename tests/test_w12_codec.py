@@ -1,0 +1,154 @@
+"""W12 codec: every BF16 bit pattern round-trips, the view is FP8-readable, the on-disk form is stable."""
+
+import pytest
+import torch
+
+from specpilot_kernels.w12 import (
+    FORMAT_VERSION, W12Error, check_roundtrip, decode, encode, fp8_view, from_canonical, to_canonical,
+)
+from specpilot_kernels.w12.format import RECORD_BYTES, W12Tensor, escape_positions
+from specpilot_kernels.w12.reference import choose_base, qpass_weight_reference
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16)
+
+
+def all_patterns() -> torch.Tensor:
+    return torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+
+
+@pytest.mark.parametrize("shape", [(256, 256), (512, 128), (128, 512), (1, 65536)])
+def test_every_bf16_pattern_roundtrips(shape):
+    w = all_patterns().view(*shape)
+    w12 = encode(w)  # encode() itself checks bit for bit
+    assert torch.equal(bits(decode(w12)), bits(w))
+
+
+def test_specials_roundtrip_inside_ordinary_weights():
+    torch.manual_seed(0)
+    w = (torch.randn(300, 700) * 0.02).bfloat16()
+    specials = {
+        (0, 0): 0x0000, (0, 1): 0x8000,  # +-0
+        (1, 2): 0x0001, (1, 3): 0x807F, (2, 4): 0x0040,  # denormals
+        (3, 5): 0x7F80, (3, 6): 0xFF80,  # +-Inf
+        (4, 7): 0x7FC0, (4, 8): 0x7F81, (5, 9): 0xFFFF, (6, 10): 0x7FA5,  # NaNs with payloads
+        (7, 11): 0x7F7F, (8, 12): 0x0080,  # largest and smallest normals
+    }
+    raw = bits(w).clone()
+    for (r, c), pattern in specials.items():
+        raw[r, c] = torch.tensor(pattern, dtype=torch.int32).to(torch.int16)
+    w = raw.view(torch.bfloat16)
+    w12 = encode(w)
+    assert torch.equal(bits(decode(w12)), raw)
+    assert w12.num_escapes >= len(specials)
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-3, 1.0, 1e30])
+def test_odd_shapes_and_scales(scale):
+    torch.manual_seed(1)
+    w = (torch.randn(130, 77) * scale).bfloat16()
+    w12 = encode(w)
+    assert w12.padded_shape == (256, 128)
+    assert torch.equal(bits(decode(w12)), bits(w))
+    assert w12.stats()["escape_fraction"] < 1e-2
+
+
+def test_window_moves_up_when_the_top_binade_would_hit_the_nan_code():
+    # Row 0: many weights 1.875..1.99 (exponent E, mantissa 111: the excluded E4M3 NaN code at offset 15);
+    # shifting the window up by one binade costs only the one tiny weight.
+    row = torch.full((1, 256), 1.9).bfloat16()
+    row[0, 0] = 2.0 ** -14
+    base = choose_base(bits(row))
+    exponent_of_1_9 = 127
+    assert int(base[0]) == exponent_of_1_9 + 1 - 15
+    w12 = encode(row)
+    assert w12.num_escapes == 1
+
+
+def test_eight_bit_view_reads_as_fp8_times_row_scale():
+    torch.manual_seed(2)
+    w = (torch.randn(256, 256) * 0.05).bfloat16()
+    w[3, 3] = 0.0
+    w12 = encode(w)
+    fp8, scale = fp8_view(w12)
+    assert fp8.data_ptr() == w12.view.data_ptr()  # no copy
+    values = fp8.float()
+    assert not torch.isnan(values).any()
+    codes = w12.view[:256, :256].to(torch.int32)
+    offsets = (codes >> 3) & 0xF
+    assert bool(((offsets > 0) | ((codes & 0x7F) == 0)).all())  # no E4M3 subnormal codes, only +-0 escapes
+    truncated = qpass_weight_reference(w12, "truncated").float()
+    assert torch.equal(values * scale[:, None], truncated)
+    midpoint = qpass_weight_reference(w12, "midpoint").float()
+    exact = w.float()
+    stored = torch.ones_like(exact, dtype=torch.bool)
+    rows, cols = escape_positions(w12)
+    stored[rows, cols] = False
+    # dropped bits span [0, 16/128) of the leading binade: midpoint error <= 1/16, truncation error < 1/8
+    assert ((midpoint - exact).abs()[stored] <= exact.abs()[stored] / 16).all()
+    assert ((truncated - exact).abs()[stored] < exact.abs()[stored] / 8).all()
+    assert (midpoint - exact).abs().mean() < (truncated - exact).abs().mean()
+
+
+def test_canonical_records_roundtrip_and_are_12kb_per_tile():
+    torch.manual_seed(3)
+    w = (torch.randn(200, 300) * 0.02).bfloat16()
+    w[10, 20] = 0
+    w12 = encode(w)
+    disk = to_canonical(w12)
+    assert disk["records"].shape == (2 * 6, RECORD_BYTES)  # 200 -> 256 rows, 300 -> 384 columns and RECORD_BYTES == 12288
+    assert int(disk["header"][0]) == FORMAT_VERSION
+    # the first record's first 8 KB is tile (0, 0) of the 8-bit view, row-major
+    assert torch.equal(disk["records"][0, :8192].view(128, 64), w12.view[:128, :64])
+    back = from_canonical(disk)
+    for name in ("view", "nibbles", "base", "esc_ptr", "esc_loc", "esc_val"):
+        assert torch.equal(getattr(back, name), getattr(w12, name)), name
+    assert torch.equal(bits(decode(back)), bits(w))
+
+
+def test_canonical_rejects_wrong_version_and_truncation_without_changing_input():
+    w12 = encode((torch.randn(128, 128) * 0.02).bfloat16())
+    disk = to_canonical(w12)
+    bad = dict(disk, header=disk["header"].clone())
+    bad["header"][0] = FORMAT_VERSION + 1
+    with pytest.raises(W12Error, match="version"):
+        from_canonical(bad)
+    short = dict(disk, records=disk["records"][:-1])
+    with pytest.raises(W12Error, match="do not match"):
+        from_canonical(short)
+    assert int(disk["header"][0]) == FORMAT_VERSION
+
+
+def test_check_roundtrip_names_the_first_differing_weight():
+    torch.manual_seed(4)
+    w = (torch.randn(128, 256) * 0.02).bfloat16()
+    w12 = encode(w)
+    corrupt = W12Tensor(w12.shape, w12.view, w12.nibbles.clone(), w12.base, w12.esc_ptr, w12.esc_loc, w12.esc_val)
+    corrupt.nibbles[5, 9] ^= 0x01
+    with pytest.raises(W12Error) as err:
+        check_roundtrip(w, corrupt, name="layers.0.q_proj")
+    assert err.value.where == "layers.0.q_proj[5, 9]" and err.value.fix
+    assert check_roundtrip(w, w12)["escapes"] == w12.num_escapes
+
+
+def test_stats_count_every_byte():
+    w12 = encode((torch.randn(256, 1024) * 0.02).bfloat16())
+    s = w12.stats()
+    planes = 256 * 1024 * 1.5
+    assert s["bytes"] > planes and 12.0 < s["bits_per_weight"] < 12.2
+
+
+def test_encode_rejects_non_bf16():
+    with pytest.raises(W12Error, match="bfloat16"):
+        encode(torch.randn(4, 4))
+
+
+@pytest.mark.gpu
+def test_gpu_encode_equals_cpu_encode():
+    torch.manual_seed(5)
+    w = (torch.randn(1000, 3000) * 0.02).bfloat16()
+    cpu = encode(w)
+    gpu = encode(w.cuda()).to("cpu")
+    for name in ("view", "nibbles", "base", "esc_ptr", "esc_loc", "esc_val"):
+        assert torch.equal(getattr(cpu, name), getattr(gpu, name)), name
