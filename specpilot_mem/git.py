@@ -251,7 +251,8 @@ class Repo:
 
     def fast_import(self, stream: Iterable[bytes]) -> None:
         proc = subprocess.Popen(
-            ["git", *_CONFIG, "fast-import", "--quiet", "--date-format=raw", "--done"],
+            # zlib level 1: the object ids do not depend on it, and it halves the import's CPU time
+            ["git", *_CONFIG, "-c", "pack.compression=1", "fast-import", "--quiet", "--date-format=raw", "--done"],
             cwd=self.path, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=_environment(),
         )
         try:

@@ -6,7 +6,6 @@ import pytest
 from test_store_support import DRAFT, append_line, commit_files, source_on
 
 from specpilot_mem.errors import ConflictError, ForkError, ReproductionError
-from specpilot_mem.git import Repo
 from specpilot_mem.models import Evidence, Variant
 from specpilot_mem.store import add_evidence, add_variant, init_memory, load_entries, record_entry
 from specpilot_mem.store import stock as stock_import
@@ -83,19 +82,16 @@ def test_statuses_merges_and_conflicts(stock_home_copy):
     assert result.conflicts[0].paths == [SERVER_ARGS]
 
 
-def test_branch_and_worktree_outputs(stock_home_copy, tmp_path):
+def test_branch_output_is_deterministic(stock_home_copy):
     home = stock_home_copy
     record_entry(home, "alpha", source_on(home, [], {README: b"patched\n"}), requires=[], meta=DRAFT)
     fork = open_fork(home)
     first = apply_entries(home, ["alpha"], branch="deploy/one")
     assert fork.repo.rev_parse("deploy/one") == first.commit
-    assert apply_entries(home, ["alpha"], branch="deploy/one").commit == first.commit  # deterministic
-    wt = tmp_path / "wt"
-    apply_entries(home, ["alpha"], worktree=str(wt))
-    assert (wt / README).read_bytes() == b"patched\n"
-    (wt / README).write_text("dirty\n")
-    with pytest.raises(ForkError, match="uncommitted"):
-        apply_entries(home, ["alpha"], worktree=str(wt))
+    assert fork.repo.out("cat-file", "blob", f"deploy/one:{README}") == "patched"
+    assert apply_entries(home, ["alpha"], branch="deploy/one").commit == first.commit
+    with pytest.raises(ForkError, match="already exists"):
+        apply_entries(home, ["alpha"], onto=fork.repo.rev_parse("entry/alpha"), branch="deploy/one")
 
 
 def test_updates_reverify_dependents(stock_home_copy, tmp_path):

@@ -45,3 +45,54 @@ def append_line(home: Home, path: str, line: str, requires: list[str] | None = N
     walk = resolver.walk(fork.stock_tree, resolver.chain(requires or []))
     entry = walk.overlay.get(path) or resolver.base(fork.stock_tree).files[path]
     return fork.repo.read_blobs([entry[1]])[entry[1]] + line.encode() + b"\n"
+
+
+SLOTS = 12
+
+
+def slotted(name: str) -> bytes:
+    """A file with numbered slots far enough apart that edits to different slots merge cleanly."""
+    return "".join(f"{name} slot {k}\npad a\npad b\npad c\n" for k in range(SLOTS)).encode()
+
+
+def set_slot(content: bytes, name: str, slot: int, text: str) -> bytes:
+    return content.replace(f"{name} slot {slot}\n".encode(), f"{name} slot {slot}: {text}\n".encode())
+
+
+def make_user_fork(folder) -> str:
+    """A small SGLang-shaped git repository (package under python/) standing in for a user's fork."""
+    from specpilot_mem.git import init_repo
+
+    repo = init_repo(folder)
+    commit = commit_files(repo, "4b825dc642cb6eb9a060e54bf8d69288fbee4904", {
+        "README.md": b"my fork\n", "python/sglang/__init__.py": b"", "python/sglang/shared.py": slotted("shared"),
+        "python/sglang/srt/server_args.py": b"ARGS = []\n",
+    }, "stock")
+    repo.git("update-ref", "refs/heads/main", commit)
+    return commit
+
+
+def synthetic_home(tmp_path):
+    """A memory home on a small user fork (``init --fork-url ... --package-prefix python/``)."""
+    from specpilot_mem.store import init_memory
+
+    make_user_fork(tmp_path / "upstream")
+    (tmp_path / "home" / "entries").mkdir(parents=True)
+    home = Home(tmp_path / "home")
+    init_memory(home, fork_url=str(tmp_path / "upstream"), stock_rev="main", package_prefix="python/")
+    return home
+
+
+def fork_file(home: Home, requires: list[str], path: str) -> bytes:
+    """``path`` (relative to the package prefix) in stock + ``requires``."""
+    fork = open_fork(home)
+    resolver = Resolver(fork)
+    walk = resolver.walk(fork.stock_tree, resolver.chain(requires))
+    full = fork.package_prefix + path
+    entry = walk.overlay[full] if full in walk.overlay else resolver.base(fork.stock_tree).files[full]
+    return fork.repo.read_blobs([entry[1]])[entry[1]]
+
+
+def prefixed_source(home: Home, requires: list[str], files: dict[str, bytes | None]) -> str:
+    prefix = open_fork(home).package_prefix
+    return source_on(home, requires, {prefix + p: c for p, c in files.items()})

@@ -16,6 +16,8 @@ def register(subparsers, common) -> None:
     parser.add_argument("--stock-rev", metavar="REV", help="with --fork-url: the revision that is your stock")
     parser.add_argument("--package-prefix", metavar="DIR", default="",
                         help="with --fork-url: the folder holding sglang/ (e.g. python/)")
+    parser.add_argument("--no-checkout", action="store_true",
+                        help="leave the fork's work tree empty (faster; the resolver never needs it)")
     parser.set_defaults(func=run)
 
 
@@ -27,7 +29,7 @@ def run(args) -> int:
     if not args.json:
         console.print("[bold]building sglang-fork[/] (stock import + entry branches) ...")
     result = init_memory(home, wheel=args.wheel, fork_url=args.fork_url, stock_rev=args.stock_rev,
-                         package_prefix=args.package_prefix)
+                         package_prefix=args.package_prefix, checkout=not args.no_checkout)
     fork = result.fork
     payload = {
         "fork": str(fork.repo.path), "built": result.built, "stock_commit": fork.stock_commit,

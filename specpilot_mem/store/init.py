@@ -42,7 +42,7 @@ def project_gitlink(home: Home) -> str | None:
 
 
 def init_memory(home: Home, wheel: str | None = None, fork_url: str | None = None, stock_rev: str | None = None,
-                package_prefix: str = "") -> InitResult:
+                package_prefix: str = "", checkout: bool = True) -> InitResult:
     if fork_url and not stock_rev:
         raise ForkError("--fork-url needs --stock-rev", where="--stock-rev",
                         fix="name the branch, tag or commit of your fork that is its stock")
@@ -52,7 +52,7 @@ def init_memory(home: Home, wheel: str | None = None, fork_url: str | None = Non
     except ForkError:
         if (home.fork / ".git").exists():
             raise
-        fork = build_user_fork(home, fork_url, stock_rev, package_prefix) if fork_url else build_pinned_fork(home, wheel)
+        fork = build_user_fork(home, fork_url, stock_rev, package_prefix) if fork_url else build_pinned_fork(home, wheel, checkout)
         built = True
     if fork_url and not built and fork.pinned:
         raise ForkError(f"{home.fork} already holds another stock", where=str(home.fork),

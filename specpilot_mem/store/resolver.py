@@ -26,7 +26,7 @@ from specpilot_mem.store.fork import ENTRY_REF_PREFIX, Fork, open_fork
 from specpilot_mem.store.records import delta_path, load_entries
 from specpilot_mem.store.requirements import closure, order
 from specpilot_mem.store.stock import STOCK_TIMESTAMP
-from specpilot_mem.store.trees import BaseTree, Entry, overlay_tree_id
+from specpilot_mem.store.trees import Entry, base_tree, overlay_tree_id
 
 APPLIED, PRESENT, EMPTY, CONFLICT = "applied", "already present", "empty", "conflict"
 
@@ -90,7 +90,6 @@ class Resolver:
         self.repo: Repo = fork.repo
         self.records = load_entries(fork.home) if records is None else records
         self._deltas: dict[str, Delta] = {}
-        self._bases: dict[str, BaseTree] = {}
         self._walks: dict[tuple[str, tuple[str, ...]], Walk] = {}
         self._ready: set[str] = set()
         self._verified_file = self.repo.common_dir / "specpilot" / "verified-deltas"
@@ -113,9 +112,7 @@ class Resolver:
         return self._deltas[entry_id]
 
     def base(self, tree_id: str) -> BaseTree:
-        if tree_id not in self._bases:
-            self._bases[tree_id] = BaseTree(self.repo, tree_id)
-        return self._bases[tree_id]
+        return base_tree(self.repo, tree_id)
 
     def tree_id(self, base_tree: str, walk: Walk, write: bool = False) -> str:
         if write:

@@ -37,6 +37,18 @@ class BaseTree:
                 self.dirs.setdefault(parent, {})[name] = (mode, oid)
 
 
+_BASES: dict[str, BaseTree] = {}
+
+
+def base_tree(repo: Repo, tree_id: str) -> BaseTree:
+    """``BaseTree`` of ``tree_id``, kept for the process: a tree id names its content, in any repo."""
+    if tree_id not in _BASES:
+        if len(_BASES) >= 8:
+            _BASES.pop(next(iter(_BASES)))
+        _BASES[tree_id] = BaseTree(repo, tree_id)
+    return _BASES[tree_id]
+
+
 _SUBDIR = object()
 
 

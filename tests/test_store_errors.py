@@ -1,0 +1,122 @@
+"""Every failure is a clear error that changes nothing: refs, records and deltas stay as they were."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from test_store_support import DRAFT, append_line, source_on
+
+from specpilot_mem.errors import DeltaError, ForkError, RecordError, RequirementError, UnknownEntryError
+from specpilot_mem.store import record_entry
+from specpilot_mem.store.fork import open_fork
+from specpilot_mem.store.resolver import apply_entries
+
+SERVER_ARGS = "sglang/srt/server_args.py"
+
+
+@pytest.fixture
+def memory(stock_home_copy):
+    """alpha, and beta requiring it, recorded on the real stock."""
+    home = stock_home_copy
+    record_entry(home, "alpha", source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# alpha")}),
+                 requires=[], meta=DRAFT)
+    record_entry(home, "beta", source_on(home, ["alpha"], {"sglang/srt/specpilot/beta.py": b"B = 1\n"}),
+                 requires=["alpha"], meta=DRAFT)
+    return home
+
+
+def snapshot(home):
+    files = {p.relative_to(home.root): p.read_bytes() for p in sorted(home.entries.rglob("*")) if p.is_file()}
+    return files, open_fork(home).repo.refs("refs")
+
+
+def edit(home, entry_id, old, new, name="entry.yaml"):
+    path = home.entries / entry_id / name
+    path.write_bytes(path.read_bytes().replace(old, new))
+
+
+def test_unknown_id(memory):
+    before = snapshot(memory)
+    with pytest.raises(UnknownEntryError, match="unknown entry 'gamma'") as err:
+        apply_entries(memory, ["beta", "gamma"], branch="deploy/x")
+    assert "alpha, beta" in err.value.fix and snapshot(memory) == before
+
+
+def test_cycle_is_printed(memory):
+    edit(memory, "alpha", b"title:", b"requires:\n- beta\ntitle:")
+    before = snapshot(memory)
+    with pytest.raises(RequirementError, match=r"requirement cycle: (alpha -> beta -> alpha|beta -> alpha -> beta)"):
+        apply_entries(memory, ["beta"], branch="deploy/x")
+    assert snapshot(memory) == before
+
+
+def test_missing_requirement(memory):
+    edit(memory, "beta", b"- alpha", b"- ghost")
+    with pytest.raises(RequirementError, match="requires 'ghost', which the memory does not hold"):
+        apply_entries(memory, ["beta"])
+
+
+def test_malformed_record_names_the_line(memory):
+    edit(memory, "alpha", b"title: test entry", b"title: [broken")
+    with pytest.raises(RecordError, match="malformed YAML") as err:
+        apply_entries(memory, ["alpha"])
+    assert "entries/alpha/entry.yaml:" in err.value.where
+
+
+@pytest.mark.parametrize("old, new, message", [
+    (b"+# alpha\n", b"+# alphA\n", "comes out as"),  # a flipped byte in a hunk: caught by git apply's result
+    (b"+# alpha\n", b"", "cut short"),  # truncated
+    (b"a/sglang/srt/server_args.py b/sglang/srt/server_args.py", b"a/.git/config b/.git/config", "inside .git"),
+    (b"a/sglang/srt/server_args.py b/sglang/srt/server_args.py", b"a/../x.py b/../x.py", "outside the tree"),
+])
+def test_damaged_deltas(memory, old, new, message):
+    edit(memory, "alpha", old, new, name="delta.patch")
+    before = snapshot(memory)
+    with pytest.raises(DeltaError, match=message):
+        apply_entries(memory, ["beta"], branch="deploy/x")
+    assert snapshot(memory) == before
+
+
+def test_stock_that_moved_is_refused(memory):
+    fork = open_fork(memory)
+    fork.repo.git("update-ref", "refs/heads/stock", fork.repo.rev_parse("entry/alpha"))
+    with pytest.raises(ForkError, match="not the pinned stock"):
+        apply_entries(memory, ["alpha"])
+
+
+def test_missing_fork_says_to_run_init(tmp_path):
+    from specpilot_mem.home import Home
+
+    (tmp_path / "entries").mkdir()
+    with pytest.raises(ForkError) as err:
+        open_fork(Home(tmp_path))
+    assert "specpilot-mem init" in err.value.fix
+
+
+def test_second_process_is_locked_out(memory):
+    before = snapshot(memory)
+    with open_fork(memory).lock():
+        with pytest.raises(ForkError, match="another specpilot-mem process"):
+            apply_entries(memory, ["alpha"], branch="deploy/x")
+        proc = subprocess.run([sys.executable, "-m", "specpilot_mem", "apply", "alpha", "--branch", "deploy/y",
+                               "--home", str(memory.root), "--json"], capture_output=True, text=True)
+        assert proc.returncode == 2 and '"ForkError"' in proc.stdout and "another specpilot-mem process" in proc.stdout
+    assert snapshot(memory) == before
+
+
+def test_record_refuses_bad_input(memory):
+    before = snapshot(memory)
+    source = source_on(memory, [], {"sglang/x.py": b"x\n"})
+    with pytest.raises(RecordError, match="new entry"):
+        record_entry(memory, "gamma", source, requires=[])
+    with pytest.raises(RequirementError, match="ghost"):
+        record_entry(memory, "gamma", source, requires=["ghost"], meta=DRAFT)
+    with pytest.raises(RecordError, match="reproduces"):
+        record_entry(memory, "gamma", source, requires=[], meta={**DRAFT, "reproduces": "0" * 40})
+    with pytest.raises(RequirementError, match="cycle"):
+        record_entry(memory, "alpha", source, requires=["beta"])
+    with pytest.raises(RecordError, match="contract"):
+        record_entry(memory, "gamma", source, requires=[], meta={"title": "t", "summary": "s"})
+    assert snapshot(memory) == before
