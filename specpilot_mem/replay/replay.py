@@ -59,7 +59,7 @@ def builder_options(name: str, lattices: Sequence[Lattice]) -> dict:
 
 
 def replay(lat: Lattice, builder: str, nodes: int, depth_cap: int | None = None, batch: int = 1,
-           options: dict | None = None, progress=None) -> tuple[np.ndarray, np.ndarray]:
+           options: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Replay every request of one lattice file; returns (steps [R], tokens [R]).
 
     batch > 1: requests are served ``batch`` at a time (consecutive requests form a group) and each
@@ -100,15 +100,14 @@ def replay(lat: Lattice, builder: str, nodes: int, depth_cap: int | None = None,
             steps[reqs] += 1
             if batch > 1:
                 break
-        if progress is not None:
-            progress.advance(int(active.size))
         active = active[position[active] < lengths[active]]
     return steps, tokens
 
 
 def replay_set(lattices: Sequence[Lattice], builders: Sequence[str], nodes: Sequence[int],
                depth_cap: int | None = None, batch: int = 1, progress=None) -> list[ReplayRun]:
-    """τ for every (lattice group, builder, node budget); lattices group by their number of positions."""
+    """τ for every (lattice group, builder, node budget); lattices group by their number of positions.
+    ``progress`` (``output.progress``) advances once per run."""
     groups: dict[int, list[Lattice]] = {}
     for lat in lattices:
         groups.setdefault(lat.positions, []).append(lat)
@@ -121,10 +120,12 @@ def replay_set(lattices: Sequence[Lattice], builders: Sequence[str], nodes: Sequ
                 run = ReplayRun(name, int(n), positions, depth_cap, batch, any(l.synthetic for l in members),
                                 [l.source for l in members])
                 for lat in members:
-                    steps, tokens = replay(lat, name, int(n), depth_cap, batch, options, progress)
+                    steps, tokens = replay(lat, name, int(n), depth_cap, batch, options)
                     for label in np.unique(lat.labels):
                         mine = lat.labels == label
                         run.steps[str(label)] = run.steps.get(str(label), 0) + int(steps[mine].sum())
                         run.tokens[str(label)] = run.tokens.get(str(label), 0) + int(tokens[mine].sum())
                 runs.append(run)
+                if progress is not None:
+                    progress.advance(1)
     return runs

@@ -1,0 +1,72 @@
+"""``specpilot-mem ceiling PROFILE --lattices ...``: the ceiling of the system a round starts from
+(§3.1, Eq. 4), its factors and the leading one, and S(N) = τ(N)/c(N) per node budget."""
+
+from __future__ import annotations
+
+from specpilot_mem.errors import SpecPilotError
+from specpilot_mem.output import console, emit, progress, table
+
+
+def register(subparsers, common) -> None:
+    from specpilot_mem.costmodel.ceiling import SETTINGS
+
+    parser = subparsers.add_parser("ceiling", parents=[common], help="ceiling factorization from a profile and lattices",
+                                   description=__doc__)
+    parser.add_argument("profile", metavar="PROFILE", help="profile JSON (docs/profile-format.md)")
+    parser.add_argument("--lattices", nargs="+", required=True, help="lattice files of the same system")
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="section-3.1",
+                        help="section-3.1: best-first τ_best, floors at 60%%/90%% of peak; "
+                             "appendix-b: oracle τ, floors at full peak")
+    parser.add_argument("--nodes", default="8,16,32,64", help="node budgets for τ(N) and S(N)")
+    parser.add_argument("--depth-cap", type=int, default=None, help="deepest tree node (default: the lattice's positions)")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from specpilot_mem.commands.replay import int_list
+    from specpilot_mem.costmodel.ceiling import SETTINGS, factorize, speedups
+    from specpilot_mem.costmodel.profile import load_profile
+    from specpilot_mem.replay.lattice import load_lattices
+    from specpilot_mem.replay.replay import replay_set
+
+    profile = load_profile(args.profile)
+    setting = SETTINGS[args.setting]
+    nodes = int_list(args.nodes)
+    lattices = load_lattices(args.lattices)
+    if len({lat.positions for lat in lattices}) != 1:
+        raise SpecPilotError("the lattices mix drafter block sizes", where="--lattices",
+                             fix="pass the lattices recorded from the profiled system only (one number of positions)")
+    positions = lattices[0].positions
+    with progress("replay", len(nodes) + 1, enabled=not args.json) as bar:
+        best_first = replay_set(lattices, ["best-first"], nodes, args.depth_cap, progress=bar)
+        oracle = replay_set(lattices, ["oracle"], [positions], args.depth_cap, progress=bar)[0]
+    tau_by_nodes = {r.nodes: r.tau for r in best_first}
+    best_n = max(tau_by_nodes, key=tau_by_nodes.get)
+    tau_best = oracle.tau if setting.tau_from == "oracle" else tau_by_nodes[best_n]
+    result = factorize(profile, tau_best, setting)
+    payload = {
+        **result.to_dict(),
+        "tau_best_nodes": None if setting.tau_from == "oracle" else best_n,
+        "oracle_tau": oracle.tau,
+        "gpu": profile.gpu,
+        "synthetic": profile.synthetic or any(lat.synthetic for lat in lattices),
+        "speedup": speedups(profile, tau_by_nodes),
+    }
+    emit(args, payload, render)
+    return 0
+
+
+def render(p: dict) -> None:
+    note = " — SYNTHETIC inputs" if p["synthetic"] else ""
+    f = p["factors"]
+    console.print(table(f"ceiling {p['ceiling']:.2f}x on {p['gpu']} ({p['setting']}){note}",
+                        ["factor", "value", "from"],
+                        [["τ", f"{f['tau']:.2f}x", f"τ_best {p['tau_best']:.3f} ({p['tau_from']}) / τ {p['tau']:.3f}"],
+                         ["kernel", f"{f['kernel']:.2f}x", f"T_prof {p['T_prof_ms']:.3f} ms / T_floor {p['T_floor_ms']:.3f} ms"],
+                         ["overhead", f"{f['overhead']:.2f}x", f"T_step {p['T_step_ms']:.3f} ms / T_prof"]]))
+    console.print(f"leading factor: [bold]{p['leading']}[/]")
+    console.print(table("byte floors", ["kernel class", "floor ms"],
+                        [[k, f"{v:.4f}"] for k, v in p["floors_ms"].items()]))
+    console.print(table("S(N) = τ(N) / c(N)", ["N", "τ(N)", "T_step ms", "c(N)", "S(N)", "step time"],
+                        [[r["nodes"], f"{r['tau']:.3f}", f"{r['T_step_ms']:.3f}", f"{r['c']:.3f}", f"{r['S']:.2f}",
+                          r["step_time"]] for r in p["speedup"]]))
