@@ -1,0 +1,311 @@
+"""The engine: greedy AR and speculative decoding (chain or tree verify), a teacher-forced scorer,
+lattice recording and per-request timing, on CPU or CUDA (static shapes, CUDA graphs).
+
+Requests run one at a time (batch size 1): each gets the engine's cache, reset. Output ids are the
+target's greedy decode up to floating-point reduction order (the verify pass, the LM head mode and
+the GDN verify method change rounding only), unless the injected fault is switched on.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from specpilot_mem.engine.config import DrafterConfig, EngineOptions, TargetConfig
+from specpilot_mem.engine.drafter import BlockDrafter, Lattice
+from specpilot_mem.engine.model import Cache, HybridTarget, Rows, chain_rows, lm_head, make_rows
+from specpilot_mem.engine import weights
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    max_new_tokens: int = 128
+    id: str = ""
+
+
+@dataclass
+class Generation:
+    """One request's result. token_times[i]: seconds from the request's start to output token i."""
+
+    id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    token_times: list[float]
+    total_time: float
+    steps: int
+    accepted: list[int] = field(default_factory=list)  # tokens committed per target pass (tau per step)
+
+    @property
+    def output_rate(self) -> float:
+        """Output tokens per second over the whole request (prefill included)."""
+        return len(self.output_ids) / self.total_time if self.total_time > 0 else 0.0
+
+    @property
+    def tau(self) -> float:
+        return sum(self.accepted) / len(self.accepted) if self.accepted else 0.0
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(output_rate=self.output_rate, tau=self.tau)
+        return out
+
+
+@dataclass
+class Score:
+    """Teacher-forced scoring of output tokens, one entry per output token.
+
+    logprob: log-prob of the given token; argmax: the scorer's argmax; margin: log-prob gap from the
+    argmax to the given token (0 where they match); top2_margin: gap between the scorer's two best.
+    """
+
+    logprob: list[float]
+    argmax: list[int]
+    margin: list[float]
+    top2_margin: list[float]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _as_request(item, index: int, max_new_tokens: int) -> Request:
+    if isinstance(item, Request):
+        return item
+    if isinstance(item, dict):
+        return Request(prompt_ids=list(item["prompt_ids"]), max_new_tokens=int(item.get("max_new_tokens", max_new_tokens)),
+                       id=str(item.get("id", index)))
+    return Request(prompt_ids=list(item), max_new_tokens=max_new_tokens, id=str(index))
+
+
+class Engine:
+    def __init__(self, target: HybridTarget, drafter: BlockDrafter | None, options: EngineOptions | None = None,
+                 max_len: int = 2048, synthetic: bool = False):
+        self.target = target.eval()
+        self.drafter = drafter.eval() if drafter is not None else None
+        self.options = options or EngineOptions()
+        self.synthetic = synthetic
+        param = next(target.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.max_len = max_len
+        self.cache = Cache(target.cfg, max_len, self.device, self.dtype)
+        self._graphs: dict = {}
+
+    # -- construction ------------------------------------------------------------------------------------
+
+    @classmethod
+    def random(cls, seed: int = 0, target_cfg: TargetConfig | None = None, drafter_cfg: DrafterConfig | None = None,
+               device="cpu", dtype=torch.float32, options: EngineOptions | None = None, max_len: int = 2048) -> "Engine":
+        """Seeded random weights (synthetic: flat logits, no real acceptance or near-ties)."""
+        torch.manual_seed(seed)
+        target_cfg = target_cfg or TargetConfig()
+        target = HybridTarget(target_cfg).to(device=device, dtype=dtype)
+        drafter = BlockDrafter(drafter_cfg or DrafterConfig(d_model=target_cfg.d_model), target_cfg).to(device=device, dtype=dtype)
+        return cls(target, drafter, options, max_len=max_len, synthetic=True)
+
+    @classmethod
+    def load(cls, model_dir: Path, device="cpu", dtype=torch.float32, options: EngineOptions | None = None,
+             max_len: int = 2048) -> "Engine":
+        target = weights.load_target(Path(model_dir) / weights.TARGET_FILE, device, dtype)
+        drafter = weights.load_drafter(Path(model_dir) / weights.DRAFTER_FILE, target.cfg, device, dtype)
+        return cls(target, drafter, options, max_len=max_len, synthetic=False)
+
+    @classmethod
+    def load_default(cls, device="cpu", dtype=torch.float32, options: EngineOptions | None = None,
+                     max_len: int = 2048) -> "Engine":
+        """The committed trained pair under models/ when present, else seeded random weights (synthetic)."""
+        if weights.has_trained_pair():
+            return cls.load(weights.DEFAULT_MODEL_DIR, device, dtype, options, max_len)
+        return cls.random(0, device=device, dtype=dtype, options=options, max_len=max_len)
+
+    def with_options(self, **changes) -> "Engine":
+        """Another engine over the same weights with some options changed (e.g. fault_after=32)."""
+        return Engine(self.target, self.drafter, replace(self.options, **changes), self.max_len, self.synthetic)
+
+    # -- passes ------------------------------------------------------------------------------------------
+
+    def _use_graphs(self) -> bool:
+        return self.device.type == "cuda" and self.options.cuda_graphs and self.options.gdn_verify == "wy"
+
+    def _verify_eager(self, rows: Rows, window: int):
+        hidden, pending = self.target.forward_rows(rows, self.cache, self.options.gdn_verify, window)
+        logits = lm_head(hidden[0], self.target.lm_head_weight, self.options.lm_head, self.options.splitk_chunks)
+        return logits, pending
+
+    def _verify(self, rows: Rows):
+        """Logits [R, V] of rows against the cache, and their Pending; keys/values written."""
+        if not self._use_graphs():
+            return self._verify_eager(rows, self.cache.length + rows.count)
+        key = ("verify", rows.count)
+        if key not in self._graphs:
+            static = Rows(rows.tokens.clone(), rows.depth.clone(), rows.anc.clone(), rows.conv_idx.clone(), rows.parents)
+            self._graphs[key] = (static, *self._capture(lambda: self._verify_eager(static, self.max_len)))
+        static, graph, out = self._graphs[key]
+        static.tokens.copy_(rows.tokens)
+        static.depth.copy_(rows.depth)
+        static.anc.copy_(rows.anc)
+        static.conv_idx.copy_(rows.conv_idx)
+        graph.replay()
+        return out
+
+    def _capture(self, fn):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        return graph, out
+
+    def _draft_eager(self, anchor: torch.Tensor):
+        """anchor [1] token id at position cache.length -> (hidden [block, d], base logits [block, V])."""
+        W = self.drafter.cfg.context_window
+        idx = self.cache.length_t - W + torch.arange(W, device=self.device)
+        valid = idx >= 0
+        feats = self.cache.features[idx.clamp(min=0)][None]
+        hidden = self.drafter(self.target.embed, feats, valid[None], anchor, self.cache.length_t[None])[0]
+        return hidden, lm_head(hidden, self.target.lm_head_weight)
+
+    def _draft(self, anchor_token: int, positions: int) -> Lattice:
+        anchor = torch.tensor([anchor_token], device=self.device)
+        if self._use_graphs():
+            if "draft" not in self._graphs:
+                static = anchor.clone()
+                self._graphs["draft"] = (static, *self._capture(lambda: self._draft_eager(static)))
+            static, graph, (hidden, base) = self._graphs["draft"]
+            static.copy_(anchor)
+            graph.replay()
+        else:
+            hidden, base = self._draft_eager(anchor)
+        return self.drafter.lattice(hidden, base, anchor_token, positions)
+
+    def _fault(self, logits: torch.Tensor, predicted_index: torch.Tensor) -> torch.Tensor:
+        """The §6.2 fault: +bias on every fault_stride-th vocabulary id for output indices >= fault_after."""
+        opts = self.options
+        if opts.fault_after is None:
+            return logits
+        hit = (predicted_index >= opts.fault_after).to(logits.dtype)[:, None]
+        bias = torch.zeros(logits.shape[-1], device=logits.device, dtype=logits.dtype)
+        bias[:: opts.fault_stride] = opts.fault_bias
+        return logits + hit * bias
+
+    def _prefill(self, tokens: list[int], chunk_starts: list[int] | None = None) -> torch.Tensor:
+        """Commit ``tokens`` in chunks (default: chunk_size pieces from 0); returns hidden [T, d]."""
+        size = self.options.chunk_size
+        starts = chunk_starts if chunk_starts is not None else list(range(0, len(tokens), size))
+        bounds = starts + [len(tokens)]
+        hidden = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            for s in range(a, b, size):
+                piece = tokens[s:min(s + size, b)]
+                rows = chain_rows(piece, self.target.cfg.conv_size, self.device)
+                h, pending = self.target.forward_rows(rows, self.cache, "wy", self.cache.length + rows.count)
+                self.cache.commit(pending, list(range(len(piece))))
+                hidden.append(h[0])
+        return torch.cat(hidden, dim=0)
+
+    # -- public API --------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, requests, mode: str = "ar", max_new_tokens: int = 128) -> list[Generation]:
+        """Greedy decoding of each request. ``requests``: token-id lists, dicts with ``prompt_ids``
+        (and optional ``max_new_tokens``, ``id``) or Request objects. ``mode``: "ar" or "spec"."""
+        if mode not in ("ar", "spec"):
+            raise ValueError(f"unknown mode {mode!r}; use 'ar' or 'spec'")
+        if mode == "spec" and self.drafter is None:
+            raise ValueError("speculative decoding needs a drafter")
+        return [self._generate_one(_as_request(r, i, max_new_tokens), mode) for i, r in enumerate(requests)]
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _generate_one(self, request: Request, mode: str) -> Generation:
+        prompt = request.prompt_ids
+        if not prompt:
+            raise ValueError(f"request {request.id!r} has an empty prompt")
+        if len(prompt) + request.max_new_tokens + self.options.nodes + 2 > self.max_len:
+            raise ValueError(f"request {request.id!r}: prompt + output exceed the engine's max_len {self.max_len}")
+        self._sync()
+        start = time.perf_counter()
+        self.cache.reset()
+        hidden = self._prefill(prompt)
+        last = lm_head(hidden[-1:], self.target.lm_head_weight, self.options.lm_head, self.options.splitk_chunks)
+        first = int(self._fault(last, torch.zeros(1, device=self.device)).argmax(-1))
+        outputs, times, accepted = [first], [time.perf_counter() - start], []
+        while len(outputs) < request.max_new_tokens:
+            pending_token = outputs[-1]
+            if mode == "ar":
+                tokens, parents = [pending_token], [-1]
+            else:
+                tokens, parents = self._draft_tree(pending_token)
+            rows = make_rows(tokens, parents, self.target.cfg.conv_size, self.device)
+            logits, pending = self._verify(rows)
+            logits = self._fault(logits, len(outputs) + rows.depth)
+            best = logits.argmax(-1).tolist()
+            path = [0]
+            children: dict[int, list[int]] = {}
+            for i, p in enumerate(parents):
+                children.setdefault(p, []).append(i)
+            while True:
+                nxt = next((c for c in children.get(path[-1], []) if tokens[c] == best[path[-1]]), None)
+                if nxt is None:
+                    break
+                path.append(nxt)
+            self.cache.commit(pending, path)
+            new = [tokens[i] for i in path[1:]] + [best[path[-1]]]
+            now = time.perf_counter() - start
+            outputs.extend(new)
+            times.extend([now] * len(new))
+            accepted.append(len(new))
+        total = time.perf_counter() - start
+        n = request.max_new_tokens
+        return Generation(request.id, list(prompt), outputs[:n], times[:n], total, len(accepted), accepted)
+
+    def _draft_tree(self, anchor_token: int) -> tuple[list[int], list[int]]:
+        """Rows to verify: the anchor (root, row 0) and the drafted chain or tree below it."""
+        opts = self.options
+        lattice = self._draft(anchor_token, opts.positions).to("cpu")
+        if opts.tree == "chain":
+            chain = lattice.chain()
+            return [anchor_token] + chain, list(range(-1, len(chain)))
+        from specpilot_mem.engine.trees import build_tree
+
+        tokens, parents = build_tree(opts.tree, lattice, opts.nodes)
+        return [anchor_token] + tokens, [-1] + [p + 1 for p in parents]
+
+    @torch.no_grad()
+    def score(self, prompt_ids: list[int], output_ids: list[int], fp32_head: bool = True,
+              prefill_len: int | None = None) -> Score:
+        """Teacher-forced scorer (stock passes, FP32 LM head by default): feeds prompt + output through the
+        target and scores each output token. ``prefill_len`` moves the boundary of the first forward
+        (default: the prompt's length), which changes chunking and so rounding (the audit's check)."""
+        seq = list(prompt_ids) + list(output_ids)
+        if not prompt_ids or not output_ids:
+            raise ValueError("score needs a non-empty prompt and output")
+        if len(seq) > self.max_len:
+            raise ValueError(f"prompt + output ({len(seq)}) exceed the engine's max_len {self.max_len}")
+        split = len(prompt_ids) if prefill_len is None else prefill_len
+        if not 0 < split <= len(seq):
+            raise ValueError(f"prefill_len {prefill_len} outside 1..{len(seq)}")
+        self.cache.reset()
+        size = self.options.chunk_size
+        starts = list(range(0, split, size)) + list(range(split, len(seq), size))
+        hidden = self._prefill(seq, sorted(set(starts)))
+        predicting = hidden[len(prompt_ids) - 1: len(seq) - 1]
+        logits = lm_head(predicting, self.target.lm_head_weight, "dense", fp32=fp32_head)
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        given = torch.tensor(output_ids, device=logp.device)
+        top2 = logp.topk(2, dim=-1)
+        token_logp = logp.gather(1, given[:, None])[:, 0]
+        return Score(
+            logprob=token_logp.tolist(),
+            argmax=top2.indices[:, 0].tolist(),
+            margin=(top2.values[:, 0] - token_logp).tolist(),
+            top2_margin=(top2.values[:, 0] - top2.values[:, 1]).tolist(),
+        )
