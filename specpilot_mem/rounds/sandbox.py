@@ -1,0 +1,122 @@
+"""Running agents' commands as an unprivileged user that sees only its worktree.
+
+Where the machine allows it (root, ``useradd``, ``unshare``, ``setpriv``), every command an agent
+runs executes as the system user ``specpilot-agent`` in a private mount namespace whose hidden
+paths (the round records, which hold the unseen split and the measurements, and the request sets)
+are covered by empty tmpfs mounts; its worktree is the only place it owns. Elsewhere commands run as
+the current user and the round records say ``isolation: none``.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shlex
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specpilot_mem.errors import RoundError
+
+AGENT_USER = "specpilot-agent"
+# Variables an agent's shell never sees: credentials of the runner and of the agent backends.
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+
+
+def scrubbed_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    return {k: v for k, v in env.items() if not any(marker in k.upper() for marker in SECRET_MARKERS)}
+
+
+def secret_values(env: Mapping[str, str] | None = None) -> list[str]:
+    """Values that must never reach a transcript (long enough to be a credential)."""
+    env = os.environ if env is None else env
+    return [v for k, v in env.items() if any(m in k.upper() for m in SECRET_MARKERS) and len(v) >= 8]
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "[redacted]")
+    return text
+
+
+@dataclass
+class Sandbox:
+    """How agents' commands run: as ``user`` with ``hidden`` paths masked, or unconfined when user is None."""
+
+    user: str | None
+    hidden: list[Path] = field(default_factory=list)
+
+    @property
+    def isolation(self) -> str:
+        return f"user {self.user}, private mounts" if self.user else "none"
+
+    @classmethod
+    def for_machine(cls, hidden: Iterable[Path], *, create_user: bool = True) -> "Sandbox":
+        """The strongest isolation this machine allows."""
+        tools = all(shutil.which(t) for t in ("setpriv", "unshare", "mount"))
+        if os.geteuid() != 0 or not tools:
+            return cls(None)
+        try:
+            pwd.getpwnam(AGENT_USER)
+        except KeyError:
+            if not create_user or not shutil.which("useradd"):
+                return cls(None)
+            proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                                   AGENT_USER], capture_output=True, text=True)
+            if proc.returncode != 0 and "already exists" not in proc.stderr:
+                return cls(None)
+        return cls(AGENT_USER, [Path(p).resolve() for p in hidden])
+
+    def give(self, path: Path) -> None:
+        """Make the agent user own ``path`` and everything below it (its worktree, files written for it)."""
+        if self.user:
+            entry = pwd.getpwnam(self.user)
+            _chown_tree(path, entry.pw_uid, entry.pw_gid)
+
+    def take_back(self, path: Path) -> None:
+        """Return a worktree to the runner before the controller reads it."""
+        if self.user:
+            _chown_tree(path, os.geteuid(), os.getegid())
+
+    def command(self, command: str, cwd: Path) -> list[str]:
+        if not self.user:
+            return ["bash", "-c", command]
+        entry = pwd.getpwnam(self.user)
+        masks = "; ".join(f"mount -t tmpfs -o size=1m,mode=000 specpilot-hidden {shlex.quote(str(p))}"
+                          for p in self.hidden if p.exists())
+        drop = (f"exec setpriv --reuid={entry.pw_uid} --regid={entry.pw_gid} --clear-groups "
+                f"--inh-caps=-all --no-new-privs -- bash -c {shlex.quote(command)}")
+        inner = f"{masks}; cd {shlex.quote(str(cwd))} && {drop}" if masks else f"cd {shlex.quote(str(cwd))} && {drop}"
+        return ["unshare", "--mount", "--propagation", "private", "--", "bash", "-c", inner]
+
+    def run(self, command: str, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess:
+        """Run an agent's shell command in its worktree; a time-out kills it and says so."""
+        env = scrubbed_environment()
+        env["HOME"] = str(cwd)
+        try:
+            return subprocess.run(self.command(command, cwd), cwd=cwd, env=env, capture_output=True, text=True,
+                                  timeout=timeout_s, errors="replace")
+        except subprocess.TimeoutExpired as err:
+            out = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
+            return subprocess.CompletedProcess(err.cmd, 124, out, f"timed out after {timeout_s:.0f} s")
+
+
+def _chown_tree(path: Path, uid: int, gid: int) -> None:
+    os.lchown(path, uid, gid)
+    if path.is_dir() and not path.is_symlink():
+        for root, dirs, files in os.walk(path):
+            for name in (*dirs, *files):
+                os.lchown(os.path.join(root, name), uid, gid)
+
+
+def confine(root: Path, relative: str) -> Path:
+    """``relative`` resolved inside ``root``; anything that escapes it (``..``, absolute, symlinks) is refused."""
+    root = root.resolve()
+    path = (root / relative).resolve()
+    if path != root and root not in path.parents:
+        raise RoundError(f"path {relative!r} is outside the worktree", where=str(root),
+                         fix="agents may only read and write inside their own worktree")
+    return path
