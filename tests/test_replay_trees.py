@@ -229,3 +229,41 @@ def test_wide_tree_has_more_nodes_than_positions(name):
     assert trees.depths.max() <= 15
     if name not in ("chain", "oracle"):
         assert (trees.num_nodes == 32).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=batches(), nodes=st.integers(0, 4))
+def test_eagle2_with_full_width_equals_best_first_when_the_budget_fits_one_expansion(batch, nodes):
+    nodes = min(nodes, batch.candidates)  # expanding the top K of each depth covers the top N <= K
+    wide = BUILDERS["eagle2"](batch, nodes, None, top_k=batch.candidates)
+    best = best_first.build(batch, nodes)
+    for b in range(batch.size):
+        assert paths_of(wide, b) == paths_of(best, b)
+
+
+def brute_best_value(p, nodes, depth):
+    """Max over rank-prefix trees of Σ_nodes Π p[rank] along the path (exhaustive)."""
+    from functools import lru_cache
+
+    @lru_cache(maxsize=None)
+    def best(n, d, r):  # children of rank >= r, n nodes at most, depth budget d
+        if n == 0 or d == 0 or r >= len(p):
+            return 0.0
+        out = 0.0
+        for size in range(1, n + 1):
+            out = max(out, p[r] * (1 + best(size - 1, d - 1, 0)) + best(n - size, d, r + 1))
+        return out
+
+    return best(nodes, depth, 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4), nodes=st.integers(0, 7), depth=st.integers(1, 4))
+def test_sequoia_shape_is_optimal(p, nodes, depth):
+    parents, ranks, depths = sequoia.tree_shape(tuple(p), nodes, depth)
+    assert len(parents) <= nodes and all(d <= depth for d in depths)
+    value, acc = 0.0, []
+    for i, parent in enumerate(parents):
+        acc.append((acc[parent] if parent >= 0 else 1.0) * p[ranks[i]])
+        value += acc[-1]
+    assert value == pytest.approx(brute_best_value(tuple(p), nodes, depth), rel=1e-9, abs=1e-12)

@@ -29,6 +29,7 @@ FORMAT = "specpilot-lattice"
 VERSION = 1
 KINDS = ("selector", "markov")
 SCORE_DTYPE = np.float16  # bf16 engine scores convert exactly (fp16 has more mantissa bits) in range
+VALIDATE_CHUNK = 8192  # steps checked at once
 ARRAYS = ("request_ids", "labels", "greedy_offsets", "greedy_tokens", "step_request", "step_position",
           "cand", "unary", "pair")
 
@@ -150,12 +151,14 @@ def validate(lat: Lattice, where: str) -> None:
     if np.unique(flat).shape[0] != s:
         raise LatticeError("two steps recorded at the same (request, position)", where=where,
                            fix="record each position of the greedy output once")
-    if np.isnan(lat.unary).any() or np.isnan(lat.pair).any():
-        raise LatticeError("the lattice holds NaN scores", where=where,
-                           fix="record finite scores (-inf marks a candidate slot that holds no token)")
-    if s and not np.all(lat.pair[:, 0] == lat.pair[:, 0, :1]):
-        raise LatticeError("pair[:, 0] differs between rows", where=where,
-                           fix="position 0 has one parent (the committed token): repeat its scores in every row")
+    for lo in range(0, s, VALIDATE_CHUNK):  # chunked: a full-size boolean temporary would double memory
+        part = slice(lo, lo + VALIDATE_CHUNK)
+        if np.isnan(lat.unary[part]).any() or np.isnan(lat.pair[part]).any():
+            raise LatticeError("the lattice holds NaN scores", where=where,
+                               fix="record finite scores (-inf marks a candidate slot that holds no token)")
+        if not np.all(lat.pair[part, 0] == lat.pair[part, 0, :1]):
+            raise LatticeError("pair[:, 0] differs between rows", where=where,
+                               fix="position 0 has one parent (the committed token): repeat its scores in every row")
 
 
 def load_lattice(path: str | os.PathLike) -> Lattice:

@@ -62,8 +62,9 @@ def replay(lat: Lattice, builder: str, nodes: int, depth_cap: int | None = None,
            options: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Replay every request of one lattice file; returns (steps [R], tokens [R]).
 
-    batch > 1: requests are served ``batch`` at a time (consecutive requests form a group) and each
-    step of a group verifies at most ``nodes`` nodes in all (best-first shares, ``trees.shared``).
+    batch > 1: consecutive requests form groups of ``batch`` that step together, and each step of a
+    group verifies at most ``nodes`` nodes in all (best-first shares, ``trees.shared``); a request
+    that finishes leaves its group, and the others share the budget.
     """
     build = get_builder(builder)
     options = options or {}
@@ -85,10 +86,11 @@ def replay(lat: Lattice, builder: str, nodes: int, depth_cap: int | None = None,
             raise LatticeError(
                 f"no lattice recorded for request {lat.request_ids[r]!r} at position {int(position[r])}",
                 where=lat.source, fix="record a teacher-forced step at every position of the greedy output")
-        for lo in range(0, active.size, MAX_BATCH):
-            part = slice(lo, lo + MAX_BATCH) if batch == 1 else slice(0, active.size)
-            reqs = active[part]
-            sb = StepBatch.from_lattice(lat, step_ids[part])
+        # a shared budget needs every request of a group in one build; otherwise bound memory
+        chunk = active.size if batch > 1 else MAX_BATCH
+        for lo in range(0, active.size, chunk):
+            reqs = active[lo:lo + chunk]
+            sb = StepBatch.from_lattice(lat, step_ids[lo:lo + chunk])
             if batch > 1:
                 trees = shared.build(sb, reqs // batch, nodes, depth_cap)
             else:
@@ -98,8 +100,6 @@ def replay(lat: Lattice, builder: str, nodes: int, depth_cap: int | None = None,
             position[reqs] += gained
             tokens[reqs] += gained
             steps[reqs] += 1
-            if batch > 1:
-                break
         active = active[position[active] < lengths[active]]
     return steps, tokens
 
