@@ -8,6 +8,7 @@ import pytest
 from specpilot_mem.costmodel.ceiling import SETTINGS, factorize, speedups
 from specpilot_mem.costmodel.floors import byte_floor_ms
 from specpilot_mem.costmodel.profile import KernelClass, Profile, ProfileError, load_profile
+from specpilot_mem.errors import SpecPilotError
 from specpilot_mem.gpus import find_gpu
 from specpilot_mem.main import main
 from specpilot_mem.replay.lattice import save_lattice
@@ -102,3 +103,18 @@ def test_ceiling_command(tmp_path, capsys):
     assert oracle["tau_best"] == oracle["oracle_tau"] >= out["tau_best"]
     assert main(["ceiling", str(profile), "--lattices", str(lattice), "--nodes", "8"]) == 0
     assert "leading factor" in capsys.readouterr().out
+
+
+def test_ceiling_report_for_phase_0(tmp_path):
+    from specpilot_mem.costmodel import ceiling_report
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(APPENDIX_B_PROFILE))
+    mixed = [tmp_path / "a.npz", tmp_path / "b.npz"]
+    save_lattice(generate(SyntheticSpec(requests=2, length=30, positions=8, seed=1)), mixed[0])
+    save_lattice(generate(SyntheticSpec(requests=2, length=30, positions=4, seed=1)), mixed[1])
+    report = ceiling_report(profile, mixed[:1], nodes=(8, 16))
+    assert report["synthetic"] is True and report["tau_best_nodes"] in (8, 16)
+    json.dumps(report)  # JSON-ready for the round's records
+    with pytest.raises(SpecPilotError, match="mix drafter block sizes"):
+        ceiling_report(profile, mixed)

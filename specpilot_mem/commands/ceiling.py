@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from specpilot_mem.errors import SpecPilotError
 from specpilot_mem.output import console, emit, progress, table
 
 
@@ -24,34 +23,11 @@ def register(subparsers, common) -> None:
 
 def run(args) -> int:
     from specpilot_mem.commands.replay import int_list
-    from specpilot_mem.costmodel.ceiling import SETTINGS, factorize, speedups
-    from specpilot_mem.costmodel.profile import load_profile
-    from specpilot_mem.replay.lattice import load_lattices
-    from specpilot_mem.replay.replay import replay_set
+    from specpilot_mem.costmodel.ceiling import ceiling_report
 
-    profile = load_profile(args.profile)
-    setting = SETTINGS[args.setting]
     nodes = int_list(args.nodes)
-    lattices = load_lattices(args.lattices)
-    if len({lat.positions for lat in lattices}) != 1:
-        raise SpecPilotError("the lattices mix drafter block sizes", where="--lattices",
-                             fix="pass the lattices recorded from the profiled system only (one number of positions)")
-    positions = lattices[0].positions
     with progress("replay", len(nodes) + 1, enabled=not args.json) as bar:
-        best_first = replay_set(lattices, ["best-first"], nodes, args.depth_cap, progress=bar)
-        oracle = replay_set(lattices, ["oracle"], [positions], args.depth_cap, progress=bar)[0]
-    tau_by_nodes = {r.nodes: r.tau for r in best_first}
-    best_n = max(tau_by_nodes, key=tau_by_nodes.get)
-    tau_best = oracle.tau if setting.tau_from == "oracle" else tau_by_nodes[best_n]
-    result = factorize(profile, tau_best, setting)
-    payload = {
-        **result.to_dict(),
-        "tau_best_nodes": None if setting.tau_from == "oracle" else best_n,
-        "oracle_tau": oracle.tau,
-        "gpu": profile.gpu,
-        "synthetic": profile.synthetic or any(lat.synthetic for lat in lattices),
-        "speedup": speedups(profile, tau_by_nodes),
-    }
+        payload = ceiling_report(args.profile, args.lattices, args.setting, nodes, args.depth_cap, progress=bar)
     emit(args, payload, render)
     return 0
 

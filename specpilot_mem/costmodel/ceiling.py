@@ -11,11 +11,16 @@ The paper uses two settings, both available here:
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specpilot_mem.costmodel.floors import byte_floor_ms
-from specpilot_mem.costmodel.profile import Profile
+from specpilot_mem.costmodel.profile import Profile, load_profile
+from specpilot_mem.errors import SpecPilotError
 from specpilot_mem.gpus import find_gpu
+
+DEFAULT_NODES = (8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -83,3 +88,33 @@ def speedups(profile: Profile, tau_by_nodes: dict[int, float]) -> list[dict]:
         rows.append({"nodes": n, "tau": tau, "T_step_ms": step, "c": c, "S": tau / c,
                      "step_time": "measured" if measured is not None else "T_step"})
     return rows
+
+
+def ceiling_report(profile_path: str | os.PathLike, lattice_paths: Sequence[str | os.PathLike],
+                   setting: str = "section-3.1", nodes: Sequence[int] = DEFAULT_NODES,
+                   depth_cap: int | None = None, progress=None) -> dict:
+    """Phase 0's numbers from a profile and the lattices of the same system: the factors, the leading
+    one, τ_best (and where it came from), the oracle's τ and S(N) per node budget (JSON-ready)."""
+    from specpilot_mem.replay.lattice import load_lattices
+    from specpilot_mem.replay.replay import replay_set
+
+    profile = load_profile(profile_path)
+    chosen = SETTINGS[setting]
+    lattices = load_lattices(lattice_paths)
+    if len({lat.positions for lat in lattices}) != 1:
+        raise SpecPilotError("the lattices mix drafter block sizes", where="--lattices",
+                             fix="pass the lattices recorded from the profiled system only (one number of positions)")
+    positions = lattices[0].positions
+    best_first = replay_set(lattices, ["best-first"], list(nodes), depth_cap, progress=progress)
+    oracle = replay_set(lattices, ["oracle"], [positions], depth_cap, progress=progress)[0]
+    tau_by_nodes = {r.nodes: r.tau for r in best_first}
+    best_n = max(tau_by_nodes, key=tau_by_nodes.get)
+    tau_best = oracle.tau if chosen.tau_from == "oracle" else tau_by_nodes[best_n]
+    return {
+        **factorize(profile, tau_best, chosen).to_dict(),
+        "tau_best_nodes": None if chosen.tau_from == "oracle" else best_n,
+        "oracle_tau": oracle.tau,
+        "gpu": profile.gpu,
+        "synthetic": profile.synthetic or any(lat.synthetic for lat in lattices),
+        "speedup": speedups(profile, tau_by_nodes),
+    }
