@@ -1,0 +1,13 @@
+"""Certified LM head (the paper's §4.1): INT8 copy + per-row Cauchy–Schwarz bound + exact rescoring.
+
+- :func:`quantize_head` — the INT8 copy, per-row scales and radius coefficients (once per model).
+- :func:`certified_argmax` — the exact head's argmax; :func:`certified_argmax_graphable` without sync.
+- :func:`exact_head_logits` — the exact head whose argmax is certified (same arithmetic as rescoring).
+``reference.py`` defines the exact semantics.
+"""
+
+from .head import certified_argmax, certified_argmax_graphable, exact_head_logits
+from .reference import CertifiedHead, quantize_head
+
+__all__ = ["CertifiedHead", "certified_argmax", "certified_argmax_graphable", "exact_head_logits",
+           "quantize_head"]

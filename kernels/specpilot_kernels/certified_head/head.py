@@ -1,0 +1,106 @@
+"""Certified LM head: the exact head's argmax at the cost of streaming an INT8 copy.
+
+Five launches, all capturable in a CUDA graph: two resets, the INT8 pass with bounds and candidate rows (:mod:`.int8_bound`), the exact rescoring of the candidates that reach the final best
+lower bound, and the reduction to one token per row (:mod:`.rescore`). A row whose candidates overflow
+``max_survivors`` gets token -1 from the graphable part; :func:`certified_argmax` then recomputes those
+rows with the full exact head (the one host synchronisation, only to look at the flag).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from .int8_bound import _int8_bound_kernel
+from .reference import BOUND_SLACK, NORM_INFLATION, CertifiedHead
+from .rescore import (EXACT_BLOCK_K, EXACT_BLOCK_S, EXACT_NUM_WARPS, _exact_head_kernel, _finalize_kernel,
+                      _rescore_kernel)
+
+MAX_ROWS = 32
+
+
+def interpreting() -> bool:
+    """Under the Triton interpreter bf16 dots are broken: kernels then take their FP32 path."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, int]:
+    if x.dim() != 2 or x.dtype != torch.bfloat16 or not x.is_contiguous():
+        raise ValueError(f"x must be a contiguous [M, K] bf16 tensor, got {x.dtype} {tuple(x.shape)}")
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(f"x has K={x.shape[1]}, the head K={weight.shape[1]}")
+    if x.shape[1] % EXACT_BLOCK_K:
+        raise ValueError(f"K={x.shape[1]} must be a multiple of {EXACT_BLOCK_K}")
+    return x.shape[0], x.shape[1]
+
+
+def exact_head_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The exact head: logits [M, N] fp32 of x [M, K] bf16 against weight [N, K] bf16.
+
+    Every logit is computed by the same arithmetic as the certified head's rescoring (bitwise).
+    Reads the weight once per input row: the reference and fallback, not the fast path.
+    """
+    M, K = _check(x, weight)
+    N = weight.shape[0]
+    out = torch.empty((M, N), dtype=torch.float32, device=x.device)
+    _exact_head_kernel[(M, triton.cdiv(N, EXACT_BLOCK_S))](
+        x, weight, out, N, K=K, BS=EXACT_BLOCK_S, BLOCK_K=EXACT_BLOCK_K, DOT_FP32=interpreting(),
+        num_warps=EXACT_NUM_WARPS)
+    return out
+
+
+def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,
+                               block_n: int = 128, block_k: int = 256, num_warps: int = 4,
+                               num_stages: int = 4, rescore_programs: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """The certified argmax without host synchronisation (CUDA-graph capturable).
+
+    Args:
+        x: [M, K] bf16, M <= 32; head: :func:`.reference.quantize_head` of the [N, K] bf16 head.
+        max_survivors: candidate-list capacity per row; beyond it the row's token is -1.
+        block_n, block_k, num_warps, num_stages: INT8-pass tile; rescore_programs: programs per row sharing
+            its candidate list (a power of two). Tuning only: the tokens do not depend on them.
+    Returns:
+        tokens: [M] int64 (the exact head's argmax, lowest index on ties; -1 where the list overflowed);
+        candidates: [M] int32, rows appended to each candidate list (overflow when > max_survivors).
+    """
+    M, K = _check(x, head.weight)
+    if M > MAX_ROWS:
+        raise ValueError(f"at most {MAX_ROWS} rows per call, got {M}")
+    N = head.vocab
+    dev = x.device
+    best_lower = torch.full((M,), float("-inf"), dtype=torch.float32, device=dev)
+    count = torch.zeros(M, dtype=torch.int32, device=dev)
+    cand_idx = torch.empty((M, max_survivors), dtype=torch.int32, device=dev)
+    cand_upper = torch.empty((M, max_survivors), dtype=torch.float32, device=dev)
+    part_val = torch.empty((M, rescore_programs), dtype=torch.float32, device=dev)
+    part_idx = torch.empty((M, rescore_programs), dtype=torch.int32, device=dev)
+    tokens = torch.empty(M, dtype=torch.int64, device=dev)
+    dot_fp32 = interpreting()
+    block_m = max(16, triton.next_power_of_2(M))
+    _int8_bound_kernel[(triton.cdiv(N, block_n),)](
+        x, head.qweight, head.scale, head.radius_coef, best_lower, count, cand_idx, cand_upper, M, N,
+        K=K, CAP=max_survivors, SLACK=BOUND_SLACK, NORM_INFLATION=NORM_INFLATION, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_M=block_m, DOT_FP32=dot_fp32, num_warps=num_warps, num_stages=num_stages)
+    _rescore_kernel[(M, rescore_programs)](
+        x, head.weight, best_lower, count, cand_idx, cand_upper, part_val, part_idx, K=K, CAP=max_survivors,
+        G=rescore_programs, BS=EXACT_BLOCK_S, BLOCK_K=EXACT_BLOCK_K, DOT_FP32=dot_fp32, num_warps=EXACT_NUM_WARPS)
+    _finalize_kernel[(1,)](part_val, part_idx, count, tokens, M, CAP=max_survivors, G=rescore_programs,
+                           BLOCK_M=block_m)
+    return tokens, count
+
+
+def certified_argmax(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,
+                     **tile) -> tuple[torch.Tensor, torch.Tensor]:
+    """Argmax of the exact head ``x @ head.weight.T`` (lowest index on ties), certified from the INT8 copy.
+
+    x: [M, K] bf16 (M <= 32). Returns (tokens [M] int64, candidates [M] int32). Rows whose candidate
+    list overflowed are recomputed with the full exact head (:func:`exact_head_logits`).
+    """
+    tokens, count = certified_argmax_graphable(x, head, max_survivors=max_survivors, **tile)
+    overflow = count > max_survivors
+    if bool(overflow.any()):
+        rows = overflow.nonzero().squeeze(1)
+        tokens[rows] = exact_head_logits(x[rows].contiguous(), head.weight).argmax(1)
+    return tokens, count
