@@ -1,0 +1,70 @@
+"""Token forcing and the controller on the real pure-torch engine (a tiny random model, synthetic)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specpilot_mem.controller.engine_system import EngineSystem
+from specpilot_mem.controller.requests import Request
+from specpilot_mem.engine.config import DrafterConfig, TargetConfig
+from specpilot_mem.engine.engine import Engine
+from specpilot_mem.errors import RoundError
+from specpilot_mem.forcing.engine_adapter import EngineScorer, utf8_bytes
+from specpilot_mem.forcing.scorer import score_outputs
+from specpilot_mem.forcing.verdict import TokenForcing
+
+TARGET = TargetConfig(vocab_size=256, d_model=32, layer_types=("gdn", "attn"), ffn_dim=64, gdn_heads=2, gdn_head_dim=16,
+                      attn_heads=2, attn_kv_heads=1, attn_head_dim=16, feature_layers=(0, 1))
+DRAFTER = DrafterConfig(d_model=32, n_layers=1, heads=2, head_dim=16, ffn_dim=64, block_size=4, context_window=8,
+                        top_k=4, selector_rank=8)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine.random(3, TARGET, DRAFTER, options=None, max_len=256)
+
+
+@pytest.fixture(scope="module")
+def requests():
+    return [Request("code-1", "code", "dev", 12, prompt="def add(a, b):"),
+            Request("prose-1", "prose", "dev", 12, prompt_ids=tuple(utf8_bytes("The harbour at dawn")))]
+
+
+def test_engine_system_serves_with_timestamps(engine, requests):
+    system = EngineSystem("stock", engine, mode="ar", encode=utf8_bytes)
+    outputs = system.run(requests, batch_size=1, device=str(engine.device))
+    assert [o.id for o in outputs] == ["code-1", "prose-1"]
+    assert all(len(o.output_ids) == 12 and len(o.token_times) == 12 and o.rate > 0 for o in outputs)
+    with pytest.raises(RoundError, match="one request at a time"):
+        system.run(requests, batch_size=2, device=str(engine.device))
+    with pytest.raises(RoundError, match="no engine on"):
+        system.run(requests, batch_size=1, device="cuda:7")
+
+
+def test_engine_scorer_agrees_with_the_engines_greedy_decode(engine, requests):
+    ar = {o.id: o for o in EngineSystem("ar", engine, mode="ar", encode=utf8_bytes).run(requests, batch_size=1, device="cpu")}
+    scorer = EngineScorer(engine)
+    scored = score_outputs(scorer, requests, ar)
+    for output in scored.values():
+        assert output.scores.token_logprob.shape == (12,)
+        assert np.all(output.scores.argmax_logprob >= output.scores.token_logprob - 1e-9)
+        assert np.all(output.scores.top2_margin >= 0)
+    # AR is the target's greedy decode; with random weights there are no near-ties to flip
+    assert sum(int(o.mismatch.sum()) for o in scored.values()) == 0
+    prefill = scorer.score(scored["code-1"].prompt_ids, scored["code-1"].output_ids, prefill_len=len(scored["code-1"].prompt_ids) + 5)
+    assert prefill.argmax.shape == (12,)
+
+
+def test_the_injected_fault_shows_up_as_mismatches_after_its_position(engine, requests):
+    faulty = engine.with_options(fault_after=4, fault_bias=50.0)  # a large bias so the tiny model surely flips
+    outputs = {o.id: o for o in EngineSystem("fault", faulty, mode="ar", encode=utf8_bytes).run(requests, batch_size=1, device="cpu")}
+    stock = {o.id: o for o in EngineSystem("stock", engine, mode="ar", encode=utf8_bytes).run(requests, batch_size=1, device="cpu")}
+    scorer = EngineScorer(engine)
+    scored, stock_scored = score_outputs(scorer, requests, outputs), score_outputs(scorer, requests, stock)
+    for output in scored.values():
+        positions = np.nonzero(output.mismatch)[0]
+        assert len(positions) > 0 and positions.min() >= 4
+        assert all(output.output_ids[p] % 7 == 0 for p in positions)  # biased ids are multiples of the stride
+    verdict = TokenForcing(scorer, stock_scored, delta=0.125).judge("fault", scored, synthetic=True)
+    assert verdict.events.system_events > 0 and verdict.events.unexplained == verdict.events.audited
