@@ -1,0 +1,504 @@
+"""Keeping ``registry.duckdb`` in step with the record files.
+
+The records are the source of truth. A sync hashes every record file (sha256 of its content), compares
+with the hashes the registry stored, and re-indexes only what was added, changed or removed. It never
+writes the registry in place: under an exclusive lock it builds the new state in a temporary DuckDB file
+(a copy of the current one for an incremental sync, an empty one for a rebuild) and renames it over
+``registry.duckdb`` with ``os.replace``, so a reader that opens the file read-only sees either the old or
+the new index, never half of one. A registry that cannot be opened or has another schema version is
+rebuilt, not trusted. Every record is parsed before anything is written, so a bad record changes nothing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import yaml
+from pydantic import ValidationError
+
+from specpilot_mem.errors import RecordError, RegistryError, SpecPilotError
+from specpilot_mem.gpus import GPUS, find_gpu
+from specpilot_mem.gpus import _norm as name_key  # the GPU table's name matching, reused for models and drafters
+from specpilot_mem.home import Home
+from specpilot_mem.models import DeploymentRecord, EntryRecord
+from specpilot_mem.rounds.models import PromotionLog, RoundState
+from specpilot_mem.store.records import ENTRY_FILE, entry_path, load_entry, load_record_file
+from specpilot_mem.registry.schema import ENTRY_TABLES, SCHEMA_VERSION, TABLES
+
+DEPLOYMENT_FILE = "deployment.yaml"
+ROUND_DIR = re.compile(r"^round-([0-9]+)$")
+ROUND_FILE = "round.yaml"  # a folder is a round once it has this file (see specpilot_mem.rounds.files)
+PROMOTIONS_FILE = "promotions.yaml"
+LOCK_TIMEOUT_S = 60.0
+# Readers need no extensions (and loading them costs start-up time).
+READ_CONFIG = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
+
+
+@dataclass(frozen=True)
+class RecordFile:
+    """One indexed record: an entry file, a deployment file, or a round folder (hash over round.yaml and promotions.yaml)."""
+
+    path: str  # relative to the home, '/'-separated; a round folder's path ends with '/'
+    kind: str  # entry | deployment | round
+    key: str  # entry id, deployment name, or deployment/round-n
+    sha256: str
+
+
+@dataclass
+class SyncReport:
+    rebuilt: bool
+    reason: str
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    records: int = 0
+    seconds: float = 0.0
+
+    @property
+    def wrote(self) -> bool:
+        return self.rebuilt or bool(self.added or self.changed or self.removed)
+
+
+# ----------------------------------------------------------------------------------------------- scanning
+
+class _HashCache:
+    """sha256 of record files, reused while a file's (size, mtime, inode) is unchanged, as git's index does.
+
+    Kept in ``.specpilot/registry-hashes.json`` (machine-local). A file modified within ``RACY_S`` of the
+    cache being written is not cached, so an edit that keeps size and mtime tick is still rehashed.
+    """
+
+    RACY_S = 2.0
+
+    def __init__(self, home: Home):
+        self.path = home.state / "registry-hashes.json"
+        try:
+            self.known: dict[str, list] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.known = {}
+        self.seen: dict[str, list] = {}
+
+    def sha256(self, path: str) -> str:
+        st = os.stat(path)
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        cached = self.known.get(path)
+        if cached is not None and cached[:3] == stamp:
+            digest = cached[3]
+        else:
+            with open(path, "rb") as handle:
+                digest = hashlib.sha256(handle.read()).hexdigest()
+        self.seen[path] = [*stamp, digest]
+        return digest
+
+    def save(self) -> None:
+        settled_ns = time.time_ns() - int(self.RACY_S * 1e9)
+        keep = {p: v for p, v in self.seen.items() if v[1] < settled_ns}
+        if keep == self.known or not self.path.parent.is_dir():
+            return
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(keep))
+        os.replace(tmp, self.path)
+
+
+def _subdirs(folder: str) -> list[os.DirEntry]:
+    try:
+        return [d for d in os.scandir(folder) if d.is_dir() and not d.name.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+
+def scan_records(home: Home) -> dict[str, RecordFile]:
+    """Every record file under the home, keyed by its relative path, with the sha256 of its content."""
+    cache = _HashCache(home)
+    found: dict[str, RecordFile] = {}
+    for folder in _subdirs(str(home.entries)):
+        path = os.path.join(folder.path, ENTRY_FILE)
+        if os.path.isfile(path):
+            rel = f"entries/{folder.name}/{ENTRY_FILE}"
+            found[rel] = RecordFile(rel, "entry", folder.name, cache.sha256(path))
+    for deployment in _subdirs(str(home.rounds)):
+        path = os.path.join(deployment.path, DEPLOYMENT_FILE)
+        if os.path.isfile(path):
+            rel = f"rounds/{deployment.name}/{DEPLOYMENT_FILE}"
+            found[rel] = RecordFile(rel, "deployment", deployment.name, cache.sha256(path))
+        for round_dir in _subdirs(deployment.path):
+            if not ROUND_DIR.match(round_dir.name) or not os.path.isfile(os.path.join(round_dir.path, ROUND_FILE)):
+                continue
+            digest = hashlib.sha256()
+            for name in (ROUND_FILE, PROMOTIONS_FILE):
+                path = os.path.join(round_dir.path, name)
+                if os.path.isfile(path):
+                    digest.update(f"{name}\0{cache.sha256(path)}\n".encode())
+            rel = f"rounds/{deployment.name}/{round_dir.name}/"
+            found[rel] = RecordFile(rel, "round", f"{deployment.name}/{round_dir.name}", digest.hexdigest())
+    cache.save()
+    return found
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+
+def read_entry(home: Home, entry_id: str) -> EntryRecord:
+    """The store's ``load_entry``, with the YAML parsed by libyaml first.
+
+    The store's loader composes the YAML node tree in pure Python (~15 ms a record) to name the line of
+    every error; a rebuild of 1,000 entries cannot afford that, so it runs only for a record that fails.
+    """
+    try:
+        data = yaml.load(entry_path(home, entry_id).read_bytes(), Loader=yaml.CSafeLoader)
+        record = EntryRecord.model_validate(data)
+        if record.id == entry_id:
+            return record
+    except (OSError, yaml.YAMLError, ValidationError):
+        pass
+    return load_entry(home, entry_id)  # raises the error with file, line and field
+
+
+def read_deployment(home: Home, name: str) -> DeploymentRecord:
+    path = home.rounds / name / DEPLOYMENT_FILE
+    record = load_record_file(path, DeploymentRecord)
+    if record.name != name:
+        raise RecordError(
+            f"the deployment record's name {record.name!r} does not match its folder {name!r}", where=str(path),
+            fix=f"rename the folder to rounds/{record.name}/ or set name: {name}",
+        )
+    return record
+
+
+def read_round(home: Home, deployment: str, number: int) -> tuple[RoundState, PromotionLog]:
+    folder = home.rounds / deployment / f"round-{number}"
+    state = load_record_file(folder / ROUND_FILE, RoundState)
+    if (state.deployment, state.number) != (deployment, number):
+        raise RecordError(
+            f"the round record says {state.deployment}/round-{state.number} but lives in {deployment}/round-{number}",
+            where=str(folder / ROUND_FILE), fix="move the folder or correct deployment/number",
+        )
+    promotions = folder / PROMOTIONS_FILE
+    return state, (load_record_file(promotions, PromotionLog) if promotions.is_file() else PromotionLog())
+
+
+def is_validated(record: EntryRecord) -> bool:
+    """Validated: timed end to end on real weights (non-synthetic paired run) and never rejected."""
+    rejected = any((e.verdict or "").strip().lower().startswith("reject") for e in record.evidence)
+    return not rejected and any(e.kind == "paired-run" and not e.synthetic for e in record.evidence)
+
+
+def _canonical_gpu(name: str, arch: str, where: str) -> str | None:
+    """The GPU table's name for ``name``; None for a GPU the table does not know. A known GPU on the wrong arch is an error."""
+    known = {g.name for g in GPUS}
+    try:
+        gpu = find_gpu(name)
+    except SpecPilotError:  # a GPU newer than the table: index it under the name the record gives
+        return None
+    if gpu.arch != arch:
+        raise RecordError(
+            f"{name} is {gpu.arch}, but the record says {arch}", where=where,
+            fix=f"set arch: {gpu.arch} (known GPUs: {', '.join(sorted(known))})",
+        )
+    return gpu.name
+
+
+def drafter_family(drafter: str | None) -> str | None:
+    """The drafter's family: its leading letters, lower-cased (DFlash2 -> dflash, EAGLE-3 -> eagle)."""
+    match = re.match(r"[a-z]+", (drafter or "").lower())
+    return match[0] if match else None
+
+
+def _key(text: str | None) -> str | None:
+    return None if text is None else name_key(text)
+
+
+def _entry_rows(record: EntryRecord, where: str) -> dict[str, list[tuple]]:
+    rows: dict[str, list[tuple]] = {t: [] for t in ("entries", *ENTRY_TABLES)}
+    evidence_cards = []
+    for idx, ev in enumerate(record.evidence):
+        dep = ev.deployment
+        gpu_name = _canonical_gpu(dep.gpu, dep.arch, f"{where} field evidence.{idx}.deployment")
+        rows["evidence"].append((
+            record.id, idx, ev.kind, dep.gpu, gpu_name, dep.arch, dep.target, dep.drafter, _key(dep.target),
+            _key(dep.drafter), drafter_family(dep.drafter), dep.regime, dep.batch_sizes, ev.verdict, ev.command,
+            ev.date, ev.round, ev.results, ev.synthetic,
+        ))
+        for position, fig in enumerate(ev.figures):
+            rows["figures"].append((record.id, idx, position, fig.name, fig.value, fig.unit, fig.ci_low, fig.ci_high))
+        evidence_cards.append({
+            "idx": idx, "kind": ev.kind, "gpu": gpu_name or dep.gpu, "gpu_name": gpu_name, "arch": dep.arch,
+            "target": dep.target, "drafter": dep.drafter, "regime": dep.regime, "batch_sizes": dep.batch_sizes,
+            "verdict": ev.verdict, "synthetic": ev.synthetic, "date": ev.date.isoformat(),
+            "figure": ev.figures[0].model_dump(mode="json") if ev.figures else None,
+        })
+    card = {
+        "requires": record.requires,
+        "variants": [{"name": v.name, "hardware": v.hardware} for v in record.variants],
+        "evidence": evidence_cards,
+        "untested": [u.model_dump(mode="json") for u in record.untested],
+    }
+    search_text = "\n".join([record.title, record.summary, *record.limits]).lower()
+    rows["entries"].append((
+        record.id, record.title, record.summary, record.contract.level, record.contract.statement,
+        record.contract.commands, record.limits, record.reproduces, record.source.round, record.source.commit,
+        json.dumps(record.kernels, sort_keys=True), is_validated(record), search_text, json.dumps(card),
+    ))
+    for position, required in enumerate(record.requires):
+        rows["requirements"].append((record.id, required, position))
+    for option in record.options:
+        rows["options"].append((
+            record.id, option.name, option.type, json.dumps(option.default),
+            option.help, None if option.choices is None else json.dumps(option.choices),
+        ))
+    for variant in record.variants:
+        rows["variants"].append((record.id, variant.name, json.dumps(variant.options, sort_keys=True), variant.hardware, variant.notes))
+    for item in record.untested:
+        rows["untested"].append((record.id, item.note, item.regime, item.arch, item.gpu, item.drafter, item.model))
+    return rows
+
+
+def _deployment_row(record: DeploymentRecord) -> tuple:
+    return (
+        record.name, record.gpu, record.arch, record.model, record.drafter, record.regime, record.batch_sizes,
+        record.entries, json.dumps(record.suggested, sort_keys=True), record.base, record.branch, record.tree, record.created,
+    )
+
+
+def _round_rows(home: Home, rec: RecordFile) -> tuple[tuple, list[tuple]]:
+    deployment, folder = rec.key.split("/")
+    state, log = read_round(home, deployment, int(ROUND_DIR.match(folder)[1]))
+    round_row = (
+        deployment, state.number, rec.path.rstrip("/"), state.start, state.lineage, state.best, state.stock,
+        list(state.done), state.started, state.finished, None if state.sealed is None else json.dumps(state.sealed, default=str),
+        state.distilled,
+    )
+    promotion_rows = [
+        (deployment, state.number, p.order, p.direction, p.phase, p.candidate, p.merge, p.previous_best, p.gain,
+         p.ci_low, p.ci_high, p.noise, p.threshold, p.token_forcing, p.requests, p.devices, p.rate)
+        for p in log.promotions
+    ]
+    return round_row, promotion_rows
+
+
+def _parse(home: Home, records: list[RecordFile], advance: Callable[[], None]) -> dict[str, list[tuple]]:
+    """Rows for ``records``, per table; raises RecordError (before anything is written) on a bad record."""
+    rows: dict[str, list[tuple]] = {name: [] for name in TABLES if name != "meta"}
+    for rec in records:
+        if rec.kind == "entry":
+            for table, table_rows in _entry_rows(read_entry(home, rec.key), str(home.root / rec.path)).items():
+                rows[table].extend(table_rows)
+        elif rec.kind == "deployment":
+            rows["deployments"].append(_deployment_row(read_deployment(home, rec.key)))
+        else:
+            round_row, promotion_rows = _round_rows(home, rec)
+            rows["rounds"].append(round_row)
+            rows["promotions"].extend(promotion_rows)
+        rows["files"].append((rec.path, rec.kind, rec.key, rec.sha256))
+        advance()
+    return rows
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[tuple]) -> None:
+    """Column-wise insert (one statement per table): executemany costs ~1 ms a row in DuckDB."""
+    if not rows:
+        return
+    columns = list(zip(*rows))
+    placeholders = ", ".join("unnest(?)" for _ in columns)
+    con.execute(f"INSERT INTO {table} SELECT {placeholders}", [list(c) for c in columns])
+
+
+# --------------------------------------------------------------------------------------------- the file
+
+def stored_hashes(db: Path) -> dict[str, str] | None:
+    """Path -> sha256 as the registry stored them; None when the file is missing, unreadable or of another schema."""
+    con = _open_read_only(db)
+    if con is None:
+        return None
+    try:
+        return _hashes_if_current(con)
+    finally:
+        con.close()
+
+
+def _hashes_if_current(con: duckdb.DuckDBPyConnection) -> dict[str, str] | None:
+    try:
+        version = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if version is None or version[0] != str(SCHEMA_VERSION):
+            return None
+        return dict(con.execute("SELECT path, sha256 FROM files").fetchall())
+    except duckdb.Error:
+        return None
+
+
+def _diff(current: dict[str, RecordFile], stored: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
+    added = sorted(p for p in current if p not in stored)
+    changed = sorted(p for p, rec in current.items() if p in stored and stored[p] != rec.sha256)
+    removed = sorted(p for p in stored if p not in current)
+    return added, changed, removed
+
+
+@contextmanager
+def writer_lock(home: Home, timeout_s: float = LOCK_TIMEOUT_S):
+    """One registry writer at a time per home (an advisory flock on .specpilot/registry.lock)."""
+    home.state.mkdir(parents=True, exist_ok=True)
+    lock_path = home.state / "registry.lock"
+    with open(lock_path, "a+") as handle:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RegistryError(
+                        f"another process has been syncing the registry for over {timeout_s:.0f} s",
+                        where=str(lock_path), fix="wait for it to finish, or end it if it hung",
+                    ) from None
+                time.sleep(0.02)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _create_schema(con: duckdb.DuckDBPyConnection) -> None:
+    for ddl in TABLES.values():
+        con.execute(ddl)
+    con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+
+
+def _delete_records(con: duckdb.DuckDBPyConnection, records: list[tuple[str, str]]) -> None:
+    """Remove every row derived from the (kind, key) records."""
+    for kind, key in records:
+        if kind == "entry":
+            con.execute("DELETE FROM entries WHERE id = ?", [key])
+            for table in ENTRY_TABLES:
+                con.execute(f"DELETE FROM {table} WHERE entry_id = ?", [key])
+        elif kind == "deployment":
+            con.execute("DELETE FROM deployments WHERE name = ?", [key])
+        else:
+            deployment, folder = key.split("/")
+            for table in ("rounds", "promotions"):
+                con.execute(f"DELETE FROM {table} WHERE deployment = ? AND round = ?", [deployment, int(ROUND_DIR.match(folder)[1])])
+
+
+def sync(home: Home, *, rebuild: bool = False, show_progress: bool = False) -> SyncReport:
+    """Bring ``home.registry`` up to date with the records; ``rebuild`` starts from an empty database."""
+    started = time.perf_counter()
+    current = scan_records(home)
+    seen_file = _file_identity(home.registry)
+    stored = None if rebuild else stored_hashes(home.registry)
+    if stored is not None and not any(_diff(current, stored)):
+        return SyncReport(False, "up to date", records=len(current), seconds=time.perf_counter() - started)
+    with writer_lock(home):
+        if not rebuild and _file_identity(home.registry) != seen_file:
+            # Another writer replaced the registry while this one waited: diff against what is there now.
+            stored = stored_hashes(home.registry)
+        if stored is None:
+            reason = "rebuild requested" if rebuild else (
+                "no registry yet" if not home.registry.exists() else "registry unreadable or of another schema version"
+            )
+            report = SyncReport(True, reason, added=sorted(current))
+            _write(home, list(current.values()), stale=[], fresh=True, show_progress=show_progress)
+        else:
+            added, changed, removed = _diff(current, stored)
+            report = SyncReport(False, "records changed" if added or changed or removed else "up to date", added, changed, removed)
+            if report.wrote:
+                _write(home, [current[p] for p in added + changed], stale=changed + removed, fresh=False,
+                       show_progress=show_progress)
+    report.records = len(current)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _file_identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _write(home: Home, records: list[RecordFile], *, stale: list[str], fresh: bool, show_progress: bool) -> None:
+    """Index ``records`` (replacing the rows of the ``stale`` record paths) into a temp file, then rename it into place."""
+    from specpilot_mem.output import progress
+
+    with progress("indexing records", total=len(records), enabled=show_progress and len(records) > 50) as bar:
+        rows = _parse(home, records, bar.advance)  # raises on a bad record, before anything is written
+    home.state.mkdir(parents=True, exist_ok=True)
+    tmp = home.state / f"registry-build-{os.getpid()}.duckdb"
+    wal = tmp.with_name(tmp.name + ".wal")
+    for leftover in (tmp, wal):
+        leftover.unlink(missing_ok=True)
+    try:
+        if not fresh:
+            shutil.copyfile(home.registry, tmp)
+        con = duckdb.connect(":memory:", config=READ_CONFIG)  # ATTACH, not connect(path): see _open_read_only
+        try:
+            # Small blocks: the committed registry holds few rows, and DuckDB's default 256 KiB blocks
+            # would make even an empty registry megabytes of binary churn in git.
+            con.execute(f"ATTACH ? AS registry {'(BLOCK_SIZE 16384)' if fresh else ''}", [str(tmp)])
+            con.execute("USE registry")
+            con.execute("BEGIN TRANSACTION")
+            if fresh:
+                _create_schema(con)
+            else:
+                stale_keys = con.execute("SELECT kind, record_key FROM files WHERE list_contains(?, path)", [stale]).fetchall()
+                _delete_records(con, stale_keys)
+                con.execute("DELETE FROM files WHERE list_contains(?, path)", [stale])
+            for table, table_rows in rows.items():
+                _insert(con, table, table_rows)
+            con.execute("COMMIT")
+            con.execute("CHECKPOINT registry")
+            con.execute("USE memory")
+            con.execute("DETACH registry")
+        finally:
+            con.close()
+        os.replace(tmp, home.registry)
+    finally:
+        tmp.unlink(missing_ok=True)
+        wal.unlink(missing_ok=True)
+
+
+def connect(home: Home) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to an up-to-date registry, syncing it first when a record changed."""
+    current = {path: rec.sha256 for path, rec in scan_records(home).items()}
+    con = _open_read_only(home.registry)
+    if con is not None and _hashes_if_current(con) == current:
+        return con
+    if con is not None:
+        con.close()
+    sync(home)
+    con = _open_read_only(home.registry)
+    if con is None:
+        raise RegistryError("cannot open the registry after syncing it", where=str(home.registry),
+                            fix="run `specpilot-mem registry rebuild`")
+    return con
+
+
+def _open_read_only(db: Path) -> duckdb.DuckDBPyConnection | None:
+    """A read-only connection to ``db``, or None if it cannot be opened.
+
+    The file is ATTACHed to a fresh in-memory database instead of opened with ``duckdb.connect(path)``:
+    DuckDB caches databases by path within a process, so after a sync renamed a new file into place, a
+    process still holding a connection would otherwise be handed the old file again. File access is then
+    switched off and the configuration locked, so a statement can read the registry and nothing else.
+    """
+    if not db.is_file():
+        return None
+    con = duckdb.connect(":memory:", config=READ_CONFIG)
+    try:
+        con.execute("ATTACH ? AS registry (READ_ONLY)", [str(db)])
+        con.execute("USE registry")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except duckdb.Error:
+        con.close()
+        return None
+    return con

@@ -1,0 +1,181 @@
+"""Sync: incremental by content hash, rebuilt when unreadable or of another schema, atomic for readers, one
+writer at a time, bad records change nothing; deployments, rounds and promotions are indexed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+
+import duckdb
+import pytest
+from test_registry_support import entry, evidence, write_home
+
+from specpilot_mem.errors import RecordError
+from specpilot_mem.main import main
+from specpilot_mem.models import DeploymentRecord
+from specpilot_mem.registry.schema import SCHEMA_VERSION
+from specpilot_mem.registry.sync import connect, sync, writer_lock
+from specpilot_mem.rounds.models import PromotionLog, PromotionRecord, RoundConfig, RoundState
+from specpilot_mem.store.records import dump_record, save_entry, write_atomic
+
+SHA = "ab" * 20
+
+
+@pytest.fixture
+def home(tmp_path):
+    return write_home(tmp_path, [
+        entry("alpha", evidence_items=[evidence("H200")]),
+        entry("beta", requires=["alpha"], evidence_items=[evidence("H100", "batch", "DSpark")]),
+    ])
+
+
+def ids(home) -> list[str]:
+    con = connect(home)
+    try:
+        return [r[0] for r in con.execute("SELECT id FROM entries ORDER BY id").fetchall()]
+    finally:
+        con.close()
+
+
+def test_first_sync_builds_then_only_changes_are_reindexed(home):
+    first = sync(home)
+    assert first.rebuilt and first.reason == "no registry yet" and first.records == 2
+    assert sync(home).wrote is False
+
+    save_entry(home, entry("alpha", title="renamed", evidence_items=[evidence("H200")]))
+    save_entry(home, entry("gamma"))
+    changed = sync(home)
+    assert (changed.rebuilt, changed.added, changed.changed, changed.removed) == (
+        False, ["entries/gamma/entry.yaml"], ["entries/alpha/entry.yaml"], [])
+    (home.entry_dir("beta") / "entry.yaml").unlink()
+    assert sync(home).removed == ["entries/beta/entry.yaml"]
+
+    con = connect(home)
+    try:
+        assert con.execute("SELECT id, title FROM entries ORDER BY id").fetchall() == [("alpha", "renamed"), ("gamma", "mechanism gamma")]
+        assert con.execute("SELECT count(*) FROM evidence WHERE entry_id = 'beta'").fetchone() == (0,)
+        assert con.execute("SELECT count(*) FROM requirements").fetchone() == (0,)
+    finally:
+        con.close()
+
+
+def test_readers_sync_first_when_a_record_changed(home):
+    assert ids(home) == ["alpha", "beta"]
+    save_entry(home, entry("delta"))
+    assert ids(home) == ["alpha", "beta", "delta"]
+
+
+def test_corrupt_or_old_schema_registry_is_rebuilt(home):
+    sync(home)
+    home.registry.write_bytes(b"not a duckdb file" * 100)
+    assert sync(home).reason == "registry unreadable or of another schema version"
+    assert ids(home) == ["alpha", "beta"]
+
+    con = duckdb.connect(str(home.registry))
+    con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION - 1)])
+    con.execute("DELETE FROM entries")
+    con.close()
+    report = sync(home)
+    assert report.rebuilt and ids(home) == ["alpha", "beta"]
+
+
+def test_bad_record_changes_nothing(home):
+    sync(home)
+    before = (home.registry.read_bytes(), home.registry.stat().st_ino)
+    path = home.entry_dir("beta") / "entry.yaml"
+    path.write_text(path.read_text().replace("arch: sm_90", "arch: hopper"))
+    with pytest.raises(RecordError) as err:
+        sync(home)
+    assert f"{path}:" in err.value.where and "arch" in err.value.where  # file, line and field from the store's loader
+    path.write_text("id: [unclosed\n")
+    with pytest.raises(RecordError, match="malformed YAML"):
+        sync(home)
+    assert (home.registry.read_bytes(), home.registry.stat().st_ino) == before
+    assert not list(home.state.glob("registry-build-*"))
+
+
+def test_known_gpu_on_the_wrong_arch_is_refused(home):
+    bad = evidence("H200")
+    bad["deployment"]["arch"] = "sm_120"
+    save_entry(home, entry("wrong-arch", evidence_items=[bad]))
+    with pytest.raises(RecordError, match="H200 is sm_90, but the record says sm_120"):
+        sync(home)
+
+
+def test_readers_keep_a_consistent_snapshot_while_a_sync_replaces_the_file(home):
+    reader = connect(home)
+    try:
+        save_entry(home, entry("epsilon"))
+        sync(home)
+        # the open reader still sees the whole old index; new readers see the whole new one
+        assert reader.execute("SELECT count(*) FROM entries").fetchone() == (2,)
+        assert ids(home) == ["alpha", "beta", "epsilon"]
+    finally:
+        reader.close()
+
+
+def test_one_writer_at_a_time(home):
+    sync(home)
+    for n in range(6):
+        save_entry(home, entry(f"parallel-{n}"))
+    reports = []
+    with writer_lock(home):  # hold the lock: both syncs must wait for it, then agree on one result
+        threads = [threading.Thread(target=lambda: reports.append(sync(home))) for _ in range(2)]
+        for t in threads:
+            t.start()
+        threads[0].join(timeout=0.3)
+        assert not reports, "a sync wrote while another process held the writer lock"
+    for t in threads:
+        t.join()
+    assert sorted(len(r.added) for r in reports) == [0, 6]
+    assert len(ids(home)) == 8
+
+
+def test_deployments_rounds_and_promotions_are_indexed(home, capsys):
+    sync(home)
+    deployment = DeploymentRecord(
+        name="h200-qwen", gpu="H200", arch="sm_90", model="Qwen3.8-27B", drafter="DFlash2", regime="single",
+        batch_sizes=[1], entries=["alpha"], suggested={"alpha": "measured on H200"}, base=SHA, branch="deploy/h200-qwen",
+        tree=SHA, created=dt.date(2026, 11, 30),
+    )
+    write_atomic(home.rounds / "h200-qwen" / "deployment.yaml", dump_record(deployment))
+    round_dir = home.rounds / "h200-qwen" / "round-1"
+    state = RoundState(
+        deployment="h200-qwen", number=1,
+        config=RoundConfig(system_repo="sglang-fork", requests="requests/dev.jsonl", devices=["cuda:0", "cuda:1"]),
+        start=SHA, lineage="round/h200-qwen/1", best=SHA, stock=SHA, done=["cost-model", "explore"],
+        started=dt.datetime(2026, 11, 30, 9, 0, tzinfo=dt.timezone.utc), distilled=["alpha"],
+    )
+    write_atomic(round_dir / "round.yaml", dump_record(state))
+    promotion = PromotionRecord(order=1, direction="w12", phase="explore", candidate=SHA, merge=SHA, previous_best=SHA,
+                                gain=1.076, ci_low=1.05, ci_high=1.10, noise=0.001, threshold=1.012,
+                                token_forcing="accept", requests=64, devices=["cuda:0", "cuda:1"])
+    write_atomic(round_dir / "promotions.yaml", dump_record(PromotionLog(promotions=[promotion])))
+    (home.rounds / "h200-qwen" / "round-2").mkdir()  # no round.yaml yet: not a round
+
+    report = sync(home)
+    assert report.added == ["rounds/h200-qwen/deployment.yaml", "rounds/h200-qwen/round-1/"]
+    assert main(["sql", "--home", str(home.root), "--json",
+                 "SELECT d.name, r.round, p.direction, p.gain, r.distilled FROM deployments d "
+                 "JOIN rounds r ON r.deployment = d.name JOIN promotions p USING (deployment, round)"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == [["h200-qwen", 1, "w12", 1.076, ["alpha"]]]
+
+    promotion.gain = 1.08
+    write_atomic(round_dir / "promotions.yaml", dump_record(PromotionLog(promotions=[promotion])))
+    assert sync(home).changed == ["rounds/h200-qwen/round-1/"]
+    con = connect(home)
+    try:
+        assert con.execute("SELECT gain FROM promotions").fetchall() == [(1.08,)]
+    finally:
+        con.close()
+
+
+def test_registry_command(home, capsys):
+    assert main(["registry", "sync", "--home", str(home.root), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["rebuilt"] and data["records"] == 2 and data["wrote"]
+    assert main(["registry", "sync", "--home", str(home.root)]) == 0
+    assert "registry up to date" in capsys.readouterr().out
+    assert main(["registry", "rebuild", "--home", str(home.root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["reason"] == "rebuild requested"
