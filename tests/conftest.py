@@ -82,3 +82,16 @@ def project_entries_home(stock_fork_home, tmp_path_factory):
     home = _shared_fork_home(stock_fork_home, root)
     init_memory(home, checkout=False)  # the resolver never reads the work tree
     return home
+
+
+@pytest.fixture(scope="session")
+def sglang_entries_export(project_entries_home):
+    """Every SGLang entry of the project applied onto stock (branch ``deploy/sglang-entries`` of
+    ``project_entries_home``) and exported once per tree: (export folder, application order)."""
+    from specpilot_mem.sglang.entry_src import sglang_entry_ids
+    from specpilot_mem.sglang.export import cached_export
+    from specpilot_mem.store.resolver import apply_entries
+
+    home = project_entries_home
+    result = apply_entries(home, sglang_entry_ids(home), branch="deploy/sglang-entries", force=True)
+    return cached_export(home, "deploy/sglang-entries", result.order), result.order

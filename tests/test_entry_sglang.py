@@ -14,12 +14,11 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from specpilot_mem.sglang.cpu_import import import_environment, write_torchvision_standin
-from specpilot_mem.sglang.entry_src import src_files
+from specpilot_mem.sglang.entry_src import sglang_entry_ids, src_files
 from specpilot_mem.store.records import load_entries
 from specpilot_mem.store.resolver import apply_entries
 
@@ -103,35 +102,28 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def sglang_entry_ids(home) -> list[str]:
-    return sorted(i for i in load_entries(home) if (home.entry_dir(i) / "src").is_dir())
-
-
 @pytest.fixture(scope="module")
-def results(project_entries_home, tmp_path_factory):
+def results(project_entries_home, sglang_entries_export, tmp_path_factory):
     """Import stock and every SGLang entry applied together, in two processes at once."""
-    home = project_entries_home
-    ids = sglang_entry_ids(home)
-    root = tmp_path_factory.mktemp("sglang-entries")
-    standin = write_torchvision_standin(root / "standin")
-    from specpilot_mem.sglang.export import export_tree
-    from specpilot_mem.store.fork import open_fork
+    from specpilot_mem.sglang.export import cached_export, read_manifest
 
-    export_tree(home, open_fork(home).stock_tree, root / "stock", [])
-    applied = apply_entries(home, ids, export=str(root / "applied"))
+    home = project_entries_home
+    standin = write_torchvision_standin(tmp_path_factory.mktemp("standin"))
+    exports = {"stock": cached_export(home, "stock")}
+    exports["applied"], order = sglang_entries_export
     runs = {
-        "stock": subprocess.Popen([sys.executable, "-c", PARSE, json.dumps(STOCK_ARGV)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, env=import_environment(root / "stock", standin), text=True),
-        "applied": subprocess.Popen([sys.executable, "-c", PROBE, json.dumps(STOCK_ARGV)], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=import_environment(root / "applied", standin), text=True),
+        name: subprocess.Popen([sys.executable, "-c", script, json.dumps(STOCK_ARGV)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=import_environment(exports[name], standin), text=True)
+        for name, script in (("stock", PARSE), ("applied", PROBE))
     }
     out = {}
     for name, proc in runs.items():
         stdout, stderr = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"{name} import failed:\n{stderr[-3000:]}"
         out[name] = json.loads(stdout.strip().splitlines()[-1])
-    out["ids"] = ids
-    out["manifest"] = applied.export
+    out["ids"] = sglang_entry_ids(home)
+    out["order"] = order
+    out["manifest"] = read_manifest(exports["applied"])
     return out
 
 

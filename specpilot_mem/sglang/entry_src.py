@@ -19,6 +19,13 @@ from specpilot_mem.home import Home
 from specpilot_mem.models import EntryRecord
 
 
+def sglang_entry_ids(home: Home) -> list[str]:
+    """Recorded entries whose SGLang files live under ``entries/<id>/src/``."""
+    from specpilot_mem.store.records import load_entries
+
+    return sorted(i for i in load_entries(home) if src_dir(home, i).is_dir())
+
+
 def src_dir(home: Home, entry_id: str) -> Path:
     return home.entry_dir(entry_id) / "src"
 

@@ -127,10 +127,12 @@ class SGLangServer:
     def start(self) -> "SGLangServer":
         if self.process is not None:
             raise SGLangRuntimeError("this server is already running", where=self.url)
-        self._log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        # Without a log file the server writes to this process's terminal.
+        self._log = open(self.log_path, "ab") if self.log_path else None
         self.process = subprocess.Popen(
             launch_argv(self.python, self.server_args, self.host, self.port), env=self.environment(),
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            stdout=self._log, stderr=subprocess.STDOUT if self._log else None, stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         return self
 
@@ -171,8 +173,9 @@ class SGLangServer:
                 code = self.process.wait()
         # Workers the launcher spawned share its process group; none may outlive it.
         self._signal(signal.SIGKILL)
-        if self._log not in (None, subprocess.DEVNULL):
+        if self._log is not None:
             self._log.close()
+            self._log = None
         self.process = None
         return code
 

@@ -1,0 +1,117 @@
+"""The ``w12`` weight method: BF16 checkpoints converted to W12 at load time, bit for bit.
+
+``--quantization w12`` gives every decoder linear layer (``LinearBase``: fused QKV, gate/up, down,
+output and GDN projections) the ``W12LinearMethod``; ``--specpilot-w12-lm-head`` adds an untied LM
+head. Weights load as BF16 exactly as stock loads them; after loading, each is encoded to W12, the
+encoding is checked against the loaded tensor bit for bit (``encode`` raises on any differing bit),
+and the BF16 copy is released. The forward pass runs the vendored W12 GEMM on CUDA (decode in
+registers, reduction order fixed by (N, K, GPU)) and the exact decoded weight through ``F.linear``
+elsewhere, so on the CPU the output equals the unquantized method's bit for bit.
+
+Without ``--quantization w12`` nothing here runs: stock behaviour.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.layers.linear import LinearBase
+from sglang.srt.layers.quantization.base_config import (
+    LinearMethodBase,
+    QuantizationConfig,
+    QuantizeMethodBase,
+)
+from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+from sglang.srt.specpilot import option_value
+from sglang.srt.specpilot.kernels.w12 import W12Tensor, decode, encode, w12_linear
+
+logger = logging.getLogger(__name__)
+
+# W12Tensor fields stored as buffers on the layer (so they follow .to() and weight offload).
+_PLANES = ("view", "nibbles", "base", "esc_ptr", "esc_loc", "esc_val")
+
+
+class W12Config(QuantizationConfig):
+    """Online W12 conversion of a BF16 checkpoint (no quantization config file is read)."""
+
+    def __init__(self, lm_head: Optional[bool] = None):
+        super().__init__()
+        # None: the running server's --specpilot-w12-lm-head (SGLang builds this config without arguments).
+        self.lm_head = option_value("--specpilot-w12-lm-head") if lm_head is None else lm_head
+
+    def get_name(self) -> str:
+        return "w12"
+
+    def get_supported_act_dtypes(self) -> List[torch.dtype]:
+        return [torch.bfloat16]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 80  # BF16 tensor cores
+
+    @staticmethod
+    def get_config_filenames() -> List[str]:
+        return []
+
+    @classmethod
+    def from_config(cls, config: Dict[str, Any]) -> "W12Config":
+        return cls()
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Optional[QuantizeMethodBase]:
+        if isinstance(layer, LinearBase):
+            return W12LinearMethod(prefix)
+        if isinstance(layer, ParallelLMHead):
+            return W12LinearMethod(prefix) if self.lm_head else None
+        return None  # embeddings, MoE experts, norms: stock methods
+
+    def get_scaled_act_names(self) -> List[str]:
+        return []
+
+
+class W12LinearMethod(LinearMethodBase):
+    """BF16 weights at load, W12 planes after ``process_weights_after_loading``."""
+
+    def __init__(self, prefix: str = ""):
+        self.prefix = prefix
+        self._loading = UnquantizedLinearMethod()
+
+    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
+                       output_partition_sizes: List[int], input_size: int, output_size: int,
+                       params_dtype: torch.dtype, **extra_weight_attrs):
+        if params_dtype != torch.bfloat16:
+            raise ValueError(
+                f"--quantization w12 converts BF16 weights; {self.prefix or 'this layer'} loads as {params_dtype}. "
+                "Serve the model with --dtype bfloat16."
+            )
+        # Exactly stock's BF16 parameter, so every checkpoint and weight loader works unchanged.
+        self._loading.create_weights(layer, input_size_per_partition, output_partition_sizes, input_size,
+                                     output_size, params_dtype, **extra_weight_attrs)
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        weight = layer.weight.data
+        w12 = encode(weight, check=True, name=self.prefix or "weight")  # raises on any differing bit
+        stats = w12.stats()
+        logger.debug("W12 %s: %.3f bits/weight, escape fraction %.2e", self.prefix, stats["bits_per_weight"],
+                     stats["escape_fraction"])
+        del layer.weight  # the point of the format: the BF16 copy does not stay resident
+        for name in _PLANES:
+            layer.register_buffer(f"w12_{name}", getattr(w12, name), persistent=False)
+        layer.w12_shape = w12.shape
+        layer.w12_version = w12.version
+
+    @staticmethod
+    def w12_tensor(layer: torch.nn.Module) -> W12Tensor:
+        planes = {name: getattr(layer, f"w12_{name}") for name in _PLANES}
+        return W12Tensor(shape=layer.w12_shape, version=layer.w12_version, **planes)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        w12 = self.w12_tensor(layer)
+        if x.dtype != torch.bfloat16:
+            # e.g. --enable-fp32-lm-head: the exact weight, widened, in the activation's precision.
+            return F.linear(x, decode(w12).to(x.dtype), None if bias is None else bias.to(x.dtype))
+        return w12_linear(x, w12, bias)
