@@ -305,17 +305,22 @@ def score_bound(batch: StepBatch, nodes: int, depth: int, marginal: bool = False
     ``BOUND_BEAM`` paths generates (all children of each beam node). Any N distinct nodes give
     such a bound; following the best paths makes it tight."""
     b, k = batch.size, batch.candidates
+    rows = np.arange(b)
     parent_rank = np.zeros((b, 1), dtype=np.int64)
     parent_score = np.zeros((b, 1), dtype=np.float32)
     seen = []
     for d in range(depth):
-        edge = batch.marginal_edge_logp(d) if marginal else batch.edge_logp(d, parent_rank)
-        score = (parent_score[:, :, None] + edge).reshape(b, -1)
+        width = parent_rank.shape[1]
+        if marginal:
+            edge = batch.marginal_edge_logp(d)
+        else:
+            edge = batch.edge_logp_flat(d, np.repeat(rows, width), parent_rank.reshape(-1)).reshape(b, width, k)
+        score = (parent_score[:, :, None] + edge).reshape(b, width * k)
         seen.append(score)
-        width = min(BOUND_BEAM, score.shape[1])
-        top = np.argpartition(score, score.shape[1] - width, axis=1)[:, -width:]  # any best ``width`` will do
-        parent_rank = top % k if marginal else np.take_along_axis(np.broadcast_to(np.arange(k), (b, parent_rank.shape[1], k)).reshape(b, -1), top, axis=1)
-        parent_score = np.take_along_axis(score, top, axis=1)
+        keep = min(BOUND_BEAM, score.shape[1])
+        top = np.argpartition(score, score.shape[1] - keep, axis=1)[:, -keep:]  # any best ``keep`` will do
+        parent_rank = top % k
+        parent_score = score[rows[:, None], top]
     generated = np.concatenate(seen, axis=1)
     if generated.shape[1] < nodes:
         return np.full(b, -np.inf, dtype=np.float32)
