@@ -203,6 +203,10 @@ def test_masks_and_both_verification_forms_agree(batch, nodes):
     on_path = verify_against_greedy(trees, batch.greedy)
     engine, bonus = verify_against_argmax(trees, argmax)
     assert (engine.accepted == on_path.accepted).all()
+    for b in range(batch.size):
+        path = engine.path(trees, b)
+        assert len(path) == engine.accepted[b]
+        assert [int(trees.tokens[b, i]) for i in path] == list(batch.greedy[b, : len(path)])
     assert (bonus == greedy_ext[np.arange(batch.size), on_path.accepted]).all()
 
 

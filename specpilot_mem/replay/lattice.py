@@ -83,9 +83,6 @@ class Lattice:
     def num_requests(self) -> int:
         return int(self.request_ids.shape[0])
 
-    def greedy(self, request: int) -> np.ndarray:
-        return self.greedy_tokens[self.greedy_offsets[request]:self.greedy_offsets[request + 1]]
-
     def step_lookup(self) -> np.ndarray:
         """[T] int64: the step recorded at each (request, position) of the greedy output, -1 if none."""
         if self._lookup is None:

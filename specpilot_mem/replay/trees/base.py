@@ -1,5 +1,5 @@
 """What every builder shares: the batch of lattice steps it reads, the batch of trees it returns, and
-the batched top-N search over path scores.
+the batched best-first search over path scores.
 
 Conventions (``docs/lattice-format.md`` has the full text):
 
@@ -130,10 +130,6 @@ class StepBatch:
         """[B, m, 1, K]: ``marginal_edge_logp`` for every position."""
         return np.stack([self.marginal_edge_logp(d) for d in range(self.positions)], axis=1)
 
-    def subset(self, index: np.ndarray) -> "StepBatch":
-        return StepBatch(self.source_cand, self.source_unary, self.source_pair, self.steps[index], self.kind,
-                         None if self.greedy is None else self.greedy[index])
-
 
 @dataclass
 class DraftTrees:
@@ -236,67 +232,6 @@ def select_top(scores: np.ndarray, count: int) -> np.ndarray:
     return np.sort(keys, axis=1) & _INDEX_MASK
 
 
-def level_search(batch: StepBatch, nodes: int, depth_cap: int | None, marginal: bool = False,
-                 expand: int | None = None, children: int | None = None) -> DraftTrees:
-    """The top-``nodes`` nodes by path score for a batch of steps, depth by depth.
-
-    Why it is exact: a node in the global top-N has fewer than N better nodes, so it is in the top-N
-    of its own depth, and its parent (never worse, and shallower) is in the global top-N too. So
-    keeping the top-N of each depth, expanding only those, and taking the top-N of the union gives
-    the global top-N. Pruning: once N nodes are pooled, a node scoring below the N-th best pooled
-    score cannot make the cut, nor can its descendants (edges are log-probabilities <= 0), so only
-    parents at or above that threshold are expanded.
-
-    Ties: parents are expanded in lexicographic order and children in candidate order, so a child's
-    column is its lexicographic place; each depth's pool is kept in that order and pools are
-    concatenated by depth, so ``select_top``'s column tie-break is the documented order.
-
-    ``marginal``: edges scored by per-depth marginals (DDTree). ``expand``/``children`` restrict the
-    search (EAGLE-2: expand the top-k of each depth, each with its top-k children).
-    """
-    b, k = batch.size, batch.candidates
-    depth = batch.positions if depth_cap is None else max(0, min(depth_cap, batch.positions))
-    expand = nodes if expand is None else expand
-    parent_rank = np.zeros((b, 1), dtype=np.int64)  # the root: any row of position 0 (all are equal)
-    parent_score = np.zeros((b, 1), dtype=np.float32)
-    parent_pool = np.full((b, 1), -1, dtype=np.int64)
-    best = np.full((b, nodes), -np.inf, dtype=np.float32)  # the N best pooled scores (for pruning)
-    pools: list[tuple[np.ndarray, ...]] = []
-    offset = 0
-    for d in range(depth):
-        p = parent_rank.shape[1]
-        if p == 0 or nodes == 0:
-            break
-        edge = batch.marginal_edge_logp(d) if marginal else batch.edge_logp(d, parent_rank)
-        edge = np.broadcast_to(edge, (b, p, k))
-        if children is not None and children < k:
-            child = select_columns(edge.reshape(-1, k), children).reshape(b, p, children)
-            edge = np.take_along_axis(edge, child, axis=2)
-        else:
-            child = np.broadcast_to(np.arange(k), (b, p, k))
-        c = child.shape[2]
-        score = (parent_score[:, :, None] + edge).reshape(b, p * c)  # float32 sum, root to node
-        take = min(nodes, p * c)
-        col = select_columns(score, take)  # kept in lexicographic order
-        kept_score = np.take_along_axis(score, col, axis=1)
-        kept_rank = np.take_along_axis(child.reshape(b, p * c), col, axis=1)
-        pools.append((kept_score, kept_rank, np.take_along_axis(parent_pool, col // c, axis=1), d + 1))
-        merged = np.concatenate([best, kept_score], axis=1)
-        best = np.partition(merged, merged.shape[1] - nodes, axis=1)[:, -nodes:]
-        live = kept_score >= best.min(axis=1, keepdims=True)
-        if expand < take:  # only the top ``expand`` of this depth grow children
-            rank_in_depth = np.empty_like(col)
-            np.put_along_axis(rank_in_depth, select_top(kept_score, take), np.arange(take)[None, :].repeat(b, 0), axis=1)
-            live &= rank_in_depth < expand
-        alive = int(live.sum(axis=1).max(initial=0))
-        pick = np.sort(np.argsort(~live, axis=1, kind="stable")[:, :alive], axis=1)  # live first, lexicographic
-        parent_rank = np.take_along_axis(kept_rank, pick, axis=1)
-        parent_score = np.take_along_axis(kept_score, pick, axis=1)
-        parent_pool = offset + pick
-        offset += take
-    return assemble(pools, batch, nodes)
-
-
 BOUND_BEAM = 2  # paths followed to find a lower bound of the N-th best path score
 
 
@@ -366,7 +301,7 @@ def best_first_search(batch: StepBatch, nodes: int, depth_cap: int | None, margi
         levels.append((row, rank, score, parent, d + 1))
         ident = offset + np.arange(row.size)
         offset += row.size
-    return _assemble_flat(levels, batch, nodes)
+    return assemble_levels(levels, batch, nodes)
 
 
 def _top_per_row(row: np.ndarray, score: np.ndarray, counts: np.ndarray, nodes: int) -> np.ndarray:
@@ -387,7 +322,12 @@ def _top_per_row(row: np.ndarray, score: np.ndarray, counts: np.ndarray, nodes: 
     return keep
 
 
-def _assemble_flat(levels, batch: StepBatch, nodes: int) -> DraftTrees:
+def assemble_levels(levels, batch: StepBatch, nodes: int) -> DraftTrees:
+    """The top-``nodes`` of all levels' nodes, in best-first order, as a ``DraftTrees`` batch.
+
+    levels: per depth, flat arrays (batch row, candidate index, path score, parent id) in (row,
+    lexicographic) order, and the depth; a node's id is its index in the concatenation of all levels
+    (parent -1: the root)."""
     b = batch.size
     row = np.concatenate([lv[0] for lv in levels])
     rank = np.concatenate([lv[1] for lv in levels])
@@ -416,33 +356,6 @@ def _assemble_flat(levels, batch: StepBatch, nodes: int) -> DraftTrees:
     parents = np.where(valid & (par >= 0), position[np.maximum(par, 0)], -1)
     sel_depth = np.where(valid, depth[ids], 0)
     sel_rank = np.where(valid, rank[ids], -1)
-    tokens = np.where(valid, batch.cand[rows, np.maximum(sel_depth - 1, 0), np.maximum(sel_rank, 0)], -1)
-    trees = DraftTrees(parents, sel_depth, sel_rank, tokens.astype(np.int64),
-                       np.where(valid, sel_score, -np.inf).astype(np.float32), valid.sum(axis=1).astype(np.int64))
-    return pad_trees(trees, nodes)
-
-
-def assemble(pools, batch: StepBatch, nodes: int) -> DraftTrees:
-    """Top-``nodes`` of the union of per-depth pools [(score, rank, parent pool index, depth)], each
-    in lexicographic order, as a ``DraftTrees`` batch in best-first order."""
-    b = batch.size
-    if not pools or nodes == 0:
-        return empty_trees(b, nodes)
-    scores = np.concatenate([p[0] for p in pools], axis=1)
-    ranks = np.concatenate([p[1] for p in pools], axis=1)
-    parent_pool = np.concatenate([p[2] for p in pools], axis=1)
-    depths = np.concatenate([np.full(p[0].shape, p[3], dtype=np.int64) for p in pools], axis=1)
-    n = min(nodes, scores.shape[1])
-    sel = select_top(scores, n)
-    rows = np.arange(b)[:, None]
-    position = np.full(scores.shape, -1, dtype=np.int64)
-    position[rows, sel] = np.arange(n)[None, :]
-    sel_score = scores[rows, sel]
-    valid = sel_score > -np.inf
-    sel_parent = parent_pool[rows, sel]
-    parents = np.where(valid & (sel_parent >= 0), position[rows, np.maximum(sel_parent, 0)], -1)
-    sel_depth = np.where(valid, depths[rows, sel], 0)
-    sel_rank = np.where(valid, ranks[rows, sel], -1)
     tokens = np.where(valid, batch.cand[rows, np.maximum(sel_depth - 1, 0), np.maximum(sel_rank, 0)], -1)
     trees = DraftTrees(parents, sel_depth, sel_rank, tokens.astype(np.int64),
                        np.where(valid, sel_score, -np.inf).astype(np.float32), valid.sum(axis=1).astype(np.int64))
