@@ -19,13 +19,18 @@ from __future__ import annotations
 import torch
 
 
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """FP32, or FP64 when given FP64 (the reference then runs in double precision)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def gdn_gates(A_log, a, dt_bias, b, softplus_beta: float = 1.0, softplus_threshold: float = 20.0):
-    """Log-space decay ``g`` and write strength ``beta`` (FP32), both shaped like ``a`` / ``b``."""
-    x = a.float() + dt_bias.float()
+    """Log-space decay ``g`` and write strength ``beta`` (FP32 or FP64), both shaped like ``a`` / ``b``."""
+    x = _wide(a) + _wide(dt_bias)
     beta_x = softplus_beta * x
     softplus = torch.where(beta_x <= softplus_threshold, (1.0 / softplus_beta) * torch.log1p(torch.exp(beta_x)), x)
-    g = -torch.exp(A_log.float()) * softplus
-    beta = torch.sigmoid(b.float())
+    g = -torch.exp(_wide(A_log)) * softplus
+    beta = torch.sigmoid(_wide(b))
     return g, beta
 
 
@@ -36,7 +41,7 @@ def _normalise(x: torch.Tensor) -> torch.Tensor:
 def _prepare(q, k, v, a, b, A_log, dt_bias, scale, use_qk_l2norm, softplus_beta, softplus_threshold):
     """FP32 per-node inputs with value heads expanded: q, k ``[B, T, HV, K]``, v ``[B, T, HV, V]``."""
     H, HV = q.shape[2], v.shape[2]
-    qf, kf = q.float(), k.float()
+    qf, kf = _wide(q), _wide(k)
     if use_qk_l2norm:
         qf, kf = _normalise(qf), _normalise(kf)
     qf = qf * (scale if scale is not None else q.shape[-1] ** -0.5)
@@ -44,7 +49,7 @@ def _prepare(q, k, v, a, b, A_log, dt_bias, scale, use_qk_l2norm, softplus_beta,
     qf = qf.repeat_interleave(group, dim=2)
     kf = kf.repeat_interleave(group, dim=2)
     g, beta = gdn_gates(A_log, a, dt_bias, b, softplus_beta, softplus_threshold)
-    return qf, kf, v.float(), g, beta
+    return qf, kf, _wide(v), g, beta
 
 
 def gdn_step(h, k, v, g, beta):
@@ -74,9 +79,9 @@ def path_verify_reference(q, k, v, a, b, A_log, dt_bias, state_pool, state_indic
     qf, kf, vf, g, beta = _prepare(q, k, v, a, b, A_log, dt_bias, scale, use_qk_l2norm, softplus_beta,
                                    softplus_threshold)
     B, T = q.shape[:2]
-    out = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    out = torch.zeros(v.shape, dtype=qf.dtype, device=v.device)
     for r in range(B):
-        h0 = state_pool[int(state_indices[r])].float().transpose(-1, -2)  # [HV, K, V]
+        h0 = state_pool[int(state_indices[r])].to(qf.dtype).transpose(-1, -2)  # [HV, K, V]
         par = [int(p) for p in parents[r]]
         for node in range(int(num_nodes[r])):
             h = h0
@@ -93,16 +98,16 @@ def commit_reference(k, v, a, b, A_log, dt_bias, state_pool, state_indices, acce
     k: [B, T, H, K]; v: [B, T, HV, V]; a, b: [B, T, HV]; accepted: [B, T] node indices, root first;
     accept_len: [B] (0 keeps the committed state).
     """
-    kf = k.float()
+    kf = _wide(k)
     if use_qk_l2norm:
         kf = _normalise(kf)
     kf = kf.repeat_interleave(v.shape[2] // k.shape[2], dim=2)
     g, beta = gdn_gates(A_log, a, dt_bias, b, softplus_beta, softplus_threshold)
-    vf = v.float()
+    vf = _wide(v)
     new_pool = state_pool.clone()
     for r in range(k.shape[0]):
         slot = int(state_indices[r])
-        h = state_pool[slot].float().transpose(-1, -2)
+        h = state_pool[slot].to(kf.dtype).transpose(-1, -2)
         for step in [int(n) for n in accepted[r, : int(accept_len[r])]]:
             h = gdn_step(h, kf[r, step], vf[r, step], g[r, step], beta[r, step])
         new_pool[slot] = h.transpose(-1, -2).to(state_pool.dtype)

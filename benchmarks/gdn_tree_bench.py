@@ -1,0 +1,282 @@
+"""GDN tree verification on the H200: path-verify + commit vs SGLang 0.5.23's per-node-snapshot verify.
+
+    python benchmarks/gdn_tree_bench.py prepare-sglang .sglang_gdn      # here: vendor SGLang's kernel
+    PYTHONPATH=kernels:.:.sglang_gdn python benchmarks/gdn_tree_bench.py run [--out FILE]   # on the GPU
+
+``prepare-sglang`` copies ``fused_sigmoid_gating_recurrent.py`` unmodified out of the pinned wheel
+(sha256 checked) into DIR, with import shims for the five helpers it imports from SGLang's utils.
+``run`` prints one JSON document (device, date, command, figures; synthetic random inputs):
+- bit parity on chains: our commit vs SGLang's verify + snapshot copy (the committed state), and our
+  path-verify outputs vs SGLang's outputs, on chains and on trees (SGLang's tree mode);
+- accuracy against the FP64 recurrence (torch reference);
+- time of 48 GDN layers (Qwen3-Next/Qwen3.5 linear-attention heads: 16 key / 32 value heads,
+  K = V = 128, FP32 state) for a 32-node tree: path-verify + commit vs SGLang verify writing every
+  node's state + its commit copy, by CUDA-graph replay, with the snapshot memory each needs;
+- the WY kernel vs the path kernel at 32 and 64 nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import sys
+import zipfile
+
+import torch
+import triton
+
+WHEEL = os.path.expanduser("~/.cache/specpilot/wheels/sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl")
+WHEEL_SHA256 = "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"
+KERNEL = "sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py"
+SHIMS = {
+    # the five helpers the kernel module imports, with SGLang 0.5.23's semantics on an NVIDIA GPU
+    "sglang/srt/utils.py": '''import torch
+
+
+def is_hip():
+    return torch.version.hip is not None
+
+
+def is_cuda():
+    return torch.cuda.is_available() and torch.version.cuda is not None
+
+
+def get_device_sm():
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor
+
+
+def is_gfx95_supported():
+    return False
+
+
+def is_sm90_supported():
+    cuda = tuple(int(p) for p in (torch.version.cuda or "0.0").split(".")[:2])
+    return is_cuda() and torch.cuda.get_device_capability()[0] == 9 and cuda >= (12, 3)
+''',
+    "sglang/kernels/jit/utils.py": '''import torch
+
+
+def is_arch_support_pdl():
+    return torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9
+''',
+}
+
+
+def prepare_sglang(target: str) -> None:
+    with open(WHEEL, "rb") as fh:
+        digest = hashlib.sha256(fh.read()).hexdigest()
+    if digest != WHEEL_SHA256:
+        raise SystemExit(f"{WHEEL}: sha256 {digest}, expected {WHEEL_SHA256}")
+    with zipfile.ZipFile(WHEEL) as wheel:
+        source = wheel.read(KERNEL)
+    files = {KERNEL: source, **{path: text.encode() for path, text in SHIMS.items()}}
+    for path, data in files.items():
+        full = os.path.join(target, path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "wb") as fh:
+            fh.write(data)
+        package = os.path.dirname(path)
+        while package:
+            init = os.path.join(target, package, "__init__.py")
+            if not os.path.exists(init):
+                open(init, "w").close()
+            package = os.path.dirname(package)
+    print(json.dumps({"vendored": KERNEL, "from": WHEEL, "sha256": digest, "into": target}))
+
+
+H, HV, K, V = 16, 32, 128, 128  # Qwen3-Next / Qwen3.5 linear-attention heads (SGLang configs/qwen3_next.py)
+
+
+def random_tree(n: int, gen: torch.Generator, chain_bias: float = 0.6) -> list[int]:
+    """One root (parent -1); node i hangs under i-1 with probability chain_bias, else under a random earlier node."""
+    parents = [-1]
+    for i in range(1, n):
+        parents.append(i - 1 if torch.rand((), generator=gen) < chain_bias else int(torch.randint(0, i, (), generator=gen)))
+    return parents
+
+
+def make_inputs(B: int, T: int, gen: torch.Generator, state_dtype=torch.float32, layers: int = 1):
+    def r(*shape, s=1.0):
+        return (torch.randn(*shape, generator=gen) * s).to(torch.bfloat16).cuda()
+    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, HV, V)
+    a, b = r(B, T, HV), r(B, T, HV)
+    A_log = (torch.rand(HV, generator=gen) * 2 - 1).cuda()
+    dt_bias = (torch.randn(HV, generator=gen) * 0.5).cuda()
+    pools = [(torch.randn(B, HV, V, K, generator=gen) * 0.1).to(state_dtype).cuda() for _ in range(layers)]
+    idx = torch.arange(B, dtype=torch.int32, device="cuda")
+    return q, k, v, a, b, A_log, dt_bias, pools, idx
+
+
+def sglang_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, inter, parents=None):
+    """SGLang 0.5.23's target-verify call (as gdn_backend makes it): outputs [B, T, HV, V]; fills ``inter``."""
+    from sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent import (
+        fused_sigmoid_gating_delta_rule_update)
+    B, T = q.shape[:2]
+    o = fused_sigmoid_gating_delta_rule_update(
+        A_log=A_log, a=a.view(B * T, HV), dt_bias=dt_bias, softplus_beta=1.0, softplus_threshold=20.0,
+        q=q.view(1, B * T, H, K), k=k.view(1, B * T, H, K), v=v.view(1, B * T, HV, V), b=b.view(B * T, HV),
+        initial_state_source=pool, initial_state_indices=idx, use_qk_l2norm_in_kernel=True,
+        cu_seqlens=torch.arange(0, B * T + 1, T, dtype=torch.int32, device="cuda"), disable_state_update=True,
+        intermediate_states_buffer=inter, intermediate_state_indices=torch.arange(B, dtype=torch.int32, device="cuda"),
+        cache_steps=T, retrieve_parent_token=parents)
+    return o.view(B, T, HV, V)
+
+
+def graph_us(step, replays: int = 20) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def parity(gen) -> dict:
+    from specpilot_kernels.gdn_tree import gdn_tree_commit, gdn_tree_path_verify, tree_schedule
+    out = {}
+    for state_dtype in (torch.float32, torch.bfloat16):
+        B, T = 4, 16
+        q, k, v, a, b, A_log, dt_bias, (pool,), idx = make_inputs(B, T, gen, state_dtype)
+        inter = torch.empty((B, T, HV, V, K), dtype=state_dtype, device="cuda")
+        o_sglang = sglang_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, inter)
+        chain = torch.tensor([[-1] + list(range(T - 1))] * B, device="cuda")
+        o_ours = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(chain))
+        accept_len = torch.randint(1, T + 1, (B,), generator=gen).cuda()
+        committed_sglang = pool.clone()
+        committed_sglang[idx.long()] = inter[torch.arange(B, device="cuda"), accept_len - 1]
+        committed_ours = pool.clone()
+        gdn_tree_commit(k, v, a, b, A_log, dt_bias, committed_ours, idx,
+                        torch.arange(T, device="cuda").repeat(B, 1), accept_len)
+        name = str(state_dtype).split(".")[-1]
+        out[f"chain_commit_bit_identical_{name}"] = bool(torch.equal(committed_ours, committed_sglang))
+        out[f"chain_commit_max_abs_diff_{name}"] = (committed_ours.float() - committed_sglang.float()).abs().max().item()
+        out[f"chain_outputs_bit_identical_{name}"] = bool(torch.equal(o_ours, o_sglang))
+        # trees: SGLang's tree mode reloads each parent's snapshot; ours replays root paths
+        T = 32
+        q, k, v, a, b, A_log, dt_bias, (pool,), idx = make_inputs(B, T, gen, state_dtype)
+        parents = torch.tensor([random_tree(T, gen) for _ in range(B)], device="cuda")
+        inter = torch.empty((B, T, HV, V, K), dtype=state_dtype, device="cuda")
+        o_sglang = sglang_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, inter, parents=parents)
+        o_ours = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(parents))
+        out[f"tree_outputs_bit_identical_{name}"] = bool(torch.equal(o_ours, o_sglang))
+        out[f"tree_outputs_max_abs_diff_{name}"] = (o_ours.float() - o_sglang.float()).abs().max().item()
+    return out
+
+
+def accuracy(gen) -> dict:
+    from specpilot_kernels.gdn_tree import gdn_tree_path_verify, tree_schedule
+    from specpilot_kernels.gdn_tree import reference as R
+    B, T = 2, 24
+    q, k, v, a, b, A_log, dt_bias, (pool,), idx = make_inputs(B, T, gen)
+    parents = torch.tensor([random_tree(T, gen, 0.3) for _ in range(B)], device="cuda")
+    o = gdn_tree_path_verify(q.float(), k.float(), v.float(), a, b, A_log, dt_bias, pool, idx, tree_schedule(parents))
+    ref = R.path_verify_reference(q.double(), k.double(), v.double(), a.double(), b.double(), A_log.double(),
+                                  dt_bias.double(), pool.double(), idx, parents, torch.full((B,), T))
+    err = (o.double() - ref.double()).norm() / ref.double().norm()
+    return {"path_verify_fp32_inputs_rel_l2_vs_fp64_reference": err.item()}
+
+
+def timing(gen, layers: int) -> list[dict]:
+    from specpilot_kernels.gdn_tree import gdn_tree_commit, gdn_tree_path_verify, tree_schedule
+    rows = []
+    T = 32
+    for B in (1, 4, 16):
+        q, k, v, a, b, A_log, dt_bias, pools, idx = make_inputs(B, T, gen, layers=layers)
+        parents = torch.tensor([random_tree(T, gen) for _ in range(B)], device="cuda")
+        paths = [[] for _ in range(B)]
+        for r in range(B):  # accept the root path to the deepest node (an optimistic acceptance)
+            plist = parents[r].tolist()
+            depth = [0] * T
+            for i in range(1, T):
+                depth[i] = depth[plist[i]] + 1
+            node = max(range(T), key=lambda i: depth[i])
+            while node >= 0:
+                paths[r].append(node)
+                node = plist[node]
+            paths[r].reverse()
+        accept_len = torch.tensor([len(p) for p in paths], device="cuda")
+        accepted = torch.tensor([p + [0] * (T - len(p)) for p in paths], device="cuda")
+        inter = torch.empty((B, T, HV, V, K), dtype=torch.float32, device="cuda")
+        rows_b = torch.arange(B, device="cuda")
+
+        def ours():
+            schedule = tree_schedule(parents)
+            for pool in pools:
+                gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule)
+            for pool in pools:
+                gdn_tree_commit(k, v, a, b, A_log, dt_bias, pool, idx, accepted, accept_len)
+
+        def stock():
+            for pool in pools:
+                sglang_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, inter, parents=parents)
+                pool[idx.long()] = inter[rows_b, accept_len - 1, :, :, :]
+
+        ours_us, stock_us = graph_us(ours), graph_us(stock)
+        schedule = tree_schedule(parents)
+        rows.append({
+            "B": B, "T": T, "layers": layers, "ours_path_verify_plus_commit_us": ours_us,
+            "sglang_snapshot_verify_plus_commit_us": stock_us, "speedup": stock_us / ours_us,
+            "ours_per_node_state_bytes": 0,
+            "sglang_per_node_state_bytes": layers * B * T * HV * V * K * 4,
+            "steps_per_request_with_replays": schedule.replayed_steps().tolist(),
+            "accept_len": accept_len.tolist(),
+        })
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        del pools, inter
+    return rows
+
+
+def run_all(args) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    result = {"benchmark": "gdn_tree", "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "triton": triton.__version__, "synthetic": "random bf16 inputs, random FP32 states, random trees",
+              "shape": {"H": H, "HV": HV, "K": K, "V": V},
+              "timing": "CUDA-graph replay of one verify step over all layers, median of 20"}
+    result["parity_with_sglang_0_5_23"] = parity(gen)
+    print(json.dumps(result["parity_with_sglang_0_5_23"]), file=sys.stderr, flush=True)
+    result["accuracy"] = accuracy(gen)
+    result["verify_plus_commit"] = timing(gen, args.layers)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    prep = sub.add_parser("prepare-sglang")
+    prep.add_argument("target")
+    run = sub.add_parser("run")
+    run.add_argument("--out", default=None)
+    run.add_argument("--layers", type=int, default=48)
+    args = parser.parse_args()
+    if args.verb == "prepare-sglang":
+        prepare_sglang(args.target)
+    else:
+        result = run_all(args)
+        result["command"] = " ".join(["python"] + sys.argv)
+        result["date"] = datetime.datetime.now(datetime.UTC).isoformat()
+        text = json.dumps(result, indent=1)
+        print(text)
+        if args.out:
+            with open(args.out, "w") as fh:
+                fh.write(text)
+
+
+if __name__ == "__main__":
+    main()
