@@ -112,8 +112,8 @@ def make_home(root: Path) -> tuple[Home, RoundConfig]:
     rng = random.Random(0)
     requests = root / "requests" / "set.jsonl"
     requests.parent.mkdir()
-    rows = [{"id": f"{split}-{i}", "benchmark": "synthetic", "split": split, "max_new_tokens": 16,
-             "prompt_ids": [rng.randrange(512) for _ in range(8)]} for split, n in (("dev", 3), ("unseen", 2))
+    rows = [{"id": f"{split}-{i}", "benchmark": "synthetic", "split": split, "max_new_tokens": 12,
+             "prompt_ids": [rng.randrange(512) for _ in range(8)]} for split, n in (("dev", 4), ("unseen", 4))
             for i in range(n)]
     requests.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = RoundConfig(system_repo=str(home.fork), requests=str(requests), devices=["cpu"], repeats=2,
