@@ -17,13 +17,15 @@ import math
 import statistics
 import sys
 import time
+from dataclasses import asdict
 
 import torch
 import triton
 
 from specpilot_kernels.w12 import encode, w12_gemm
-from specpilot_kernels.w12.configs import GemmConfig, select_config
+from specpilot_kernels.w12.configs import GemmConfig
 from specpilot_kernels.w12.gemm import launch
+from specpilot_kernels.w12.mma import MmaConfig, default_mma_config, to_mma_layout, w12_mma_gemm
 from specpilot_kernels.w12.reference import gemm_reference
 
 SHAPES = {"qkv": (10240, 5120), "o_proj": (5120, 8192), "gate_up": (34816, 5120), "down": (5120, 17408),
@@ -83,21 +85,33 @@ def graph_time(fn_for_copy, copies: int) -> float:
     return statistics.median(times)
 
 
-def candidate_configs(n: int, k: int, sms: int, mma_sync_only: bool) -> list[GemmConfig]:
-    """Partitions worth trying: K split only while the row blocks alone give too few programs."""
+def candidate_configs(n: int, k: int, sms: int) -> list[GemmConfig]:
+    """Triton partitions worth trying: K split only while the row blocks alone give too few programs."""
     out, seen = [], set()
     kp = -(-k // 128) * 128
-    for block_n in ((16, 32) if mma_sync_only else (64, 128)):
+    for block_n in (64,):  # 128-row blocks lost everywhere in the first sweep (docs/w12-notes.md)
         programs = -(-n // block_n)
         for splits in (1, 2, 4, 8, 16, 17):
             splits = GemmConfig(splits=splits).effective_splits(kp)
             if (block_n, splits) in seen or (splits > 1 and (programs >= 2 * sms or programs * splits > 8 * sms)):
                 continue
             seen.add((block_n, splits))
-            for warps in ((4,) if mma_sync_only or block_n == 64 else (4, 8)):
-                for stages in (3,):
-                    out.append(GemmConfig(block_n=block_n, splits=splits, num_warps=warps, num_stages=stages))
+            out.append(GemmConfig(block_n=block_n, splits=splits, num_warps=4, num_stages=1))
     return out
+
+
+def mma_candidates(n: int, k: int, sms: int) -> list[MmaConfig]:
+    """mma.sync partitions with 4 to 64 warps of work per multiprocessor (runtime parameters: no rebuild)."""
+    tiles, chunks = -(-n // 16), -(-k // 128)
+    out = []
+    for warps_n, warps_k in ((8, 1), (4, 1), (4, 2), (2, 2), (2, 4), (1, 4), (1, 8), (2, 8)):
+        for splits in (1, 2, 4, 8):
+            warps = tiles * warps_k * splits
+            if chunks < warps_k * splits or not 4 * sms <= warps <= 64 * sms:
+                continue
+            out.append(MmaConfig(warps_n, warps_k, splits))
+    default = default_mma_config(n, k, sms)
+    return out if default in out else out + [default]
 
 
 def correctness(sms: int) -> dict:
@@ -110,22 +124,26 @@ def correctness(sms: int) -> dict:
     w[9, 100] = 1e-39
     w[300, 700] = 3.0e-8
     w12 = encode(w)
-    for cfg in (GemmConfig(64, 2, 4, 3, True), GemmConfig(64, 2, 4, 3, False), GemmConfig(32, 1, 4, 3, True)):
-        key = f"bn{cfg.block_n}_s{cfg.splits}_w{cfg.num_warps}_asm{int(cfg.use_asm)}"
+    mma = to_mma_layout(w12)
+    kernels = [(f"triton_bn{c.block_n}_s{c.splits}_asm{int(c.use_asm)}", lambda x, c=c: w12_gemm(x, w12, config=c))
+               for c in (GemmConfig(64, 2, 4, 3, True), GemmConfig(64, 2, 4, 3, False), GemmConfig(128, 1, 4, 3, True))]
+    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}", lambda x, c=c: w12_mma_gemm(x, mma, config=c))
+                for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2))]
+    for key, gemm in kernels:
         try:
             # one-hot rows pick weight columns exactly: decode (escapes included) must be bit-exact
             cols = torch.tensor([7, 100, 700, 0, 1535] + list(range(11, 40)), device="cuda")
             x = torch.zeros(cols.numel(), k, device="cuda", dtype=torch.bfloat16)
             x[torch.arange(cols.numel()), cols] = 1
-            y = w12_gemm(x, w12, config=cfg)
+            y = gemm(x)
             exact = torch.equal(y.view(torch.int16), w[:, cols].t().contiguous().view(torch.int16))
             errs, same = {}, True
             x_first = torch.randn(1, k, device="cuda").bfloat16()
-            first_bits = w12_gemm(x_first, w12, config=cfg).view(torch.int16)
+            first_bits = gemm(x_first).view(torch.int16)
             for m in (1, 3, 16, 17, 32, 48, 64):
                 xm = torch.randn(m, k, device="cuda").bfloat16()
                 xm[0] = x_first[0]
-                ym = w12_gemm(xm, w12, config=cfg)
+                ym = gemm(xm)
                 ref = gemm_reference(xm, w12).float()
                 errs[m] = ((ym.float() - ref).norm() / ref.norm()).item()
                 same = same and torch.equal(ym[:1].view(torch.int16), first_bits)
@@ -135,7 +153,7 @@ def correctness(sms: int) -> dict:
     return report
 
 
-def bench_shape(name, n, k, sms, read_bw, quick, sm120_configs: bool) -> dict:
+def bench_shape(name, n, k, sms, read_bw, quick) -> dict:
     torch.manual_seed(0)
     w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
     torch.cuda.synchronize()
@@ -151,15 +169,23 @@ def bench_shape(name, n, k, sms, read_bw, quick, sm120_configs: bool) -> dict:
     bf16_bytes = n * k * 2
     copies = max(2, math.ceil(4 * L2_BYTES / w12_bytes))
     w12s = [w12] + [encode(w, check=False) for _ in range(copies - 1)]
+    mmas = [to_mma_layout(t) for t in w12s]
     ws = [w] + [w.clone() for _ in range(max(2, math.ceil(4 * L2_BYTES / bf16_bytes)) - 1)]
     wts = [t.t() for t in ws]
     result = {"N": n, "K": k, "w12": stats, "encode_s": encode_s, "encode_checked_s": encode_checked_s,
               "copies_w12": copies, "copies_bf16": len(ws)}
+    gemms = {  # variant -> (configs, call on copy i); "triton": Triton (wgmma on sm_90), "mma": CUDA mma.sync (sm_120 variant)
+        "triton": (candidate_configs(n, k, sms),
+                   lambda cfg, x, y, i, lb: w12_gemm(x, w12s[i], config=cfg, low_bits=lb, out=y)),
+        "mma": (mma_candidates(n, k, sms),
+                lambda cfg, x, y, i, lb: w12_mma_gemm(x, mmas[i], config=cfg, low_bits=lb, out=y)),
+    }
 
-    def time_w12(cfg, m, low_bits="exact"):
+    def time_variant(variant, cfg, m, low_bits="exact"):
         x = torch.randn(m, k, device="cuda").bfloat16()
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        return graph_time(lambda i: w12_gemm(x, w12s[i], config=cfg, low_bits=low_bits, out=y), copies)
+        call = gemms[variant][1]
+        return graph_time(lambda i: call(cfg, x, y, i, low_bits), copies)
 
     def time_cublas(m):
         x = torch.randn(m, k, device="cuda").bfloat16()
@@ -167,55 +193,45 @@ def bench_shape(name, n, k, sms, read_bw, quick, sm120_configs: bool) -> dict:
         return graph_time(lambda i: torch.matmul(x, wts[i], out=y), len(ws))
 
     # autotune at 1 and 16 rows; the chosen partition then serves every row count
-    tune = []
-    variants = {"sm90": candidate_configs(n, k, sms, False)}
-    if sm120_configs:
-        variants["sm120"] = candidate_configs(n, k, sms, True)
-    best = {}
-    for variant, configs in variants.items():
-        if quick:
-            configs = configs[:4]
-        for cfg in configs:
+    tune, best = [], {}
+    for variant, (configs, _) in gemms.items():
+        for cfg in configs[:3] if quick else configs:
+            entry = {"variant": variant, **asdict(cfg)}
             try:
-                x = torch.randn(16, k, device="cuda").bfloat16()
-                y = torch.empty(16, n, device="cuda", dtype=torch.bfloat16)
-                ws_buf = torch.empty(cfg.splits * 16 * n, device="cuda", dtype=torch.float32)
-                compiled = launch(x, w12, y, cfg, 0, ws_buf)
-                ptx = compiled.asm["ptx"]
-                entry = {"variant": variant, **cfg.to_dict(), "shared_bytes": compiled.metadata.shared,
-                         "wgmma": "wgmma" in ptx, "mma_sync": "mma.sync" in ptx,
-                         "t1_us": time_w12(cfg, 1) * 1e6, "t16_us": time_w12(cfg, 16) * 1e6}
+                entry["t1_us"] = time_variant(variant, cfg, 1) * 1e6
+                entry["t16_us"] = time_variant(variant, cfg, 16) * 1e6
                 entry["score"] = entry["t1_us"] + entry["t16_us"]
-                if variant == "sm120" and (entry["wgmma"] or entry["shared_bytes"] > 99 * 1024):
-                    entry["score"] = float("inf")  # not an sm_120 kernel
-                tune.append(entry)
                 if variant not in best or entry["score"] < best[variant][1]["score"]:
                     best[variant] = (cfg, entry)
-            except Exception as exc:
-                tune.append({"variant": variant, **cfg.to_dict(), "error": repr(exc)[:300]})
-            log(name, tune[-1])
+            except Exception as exc:  # record the failure, keep tuning the others
+                entry["error"] = repr(exc)[:300]
+            tune.append(entry)
+            log(name, entry)
+    if "triton" in best:  # which MMA instruction the tuned Triton kernel uses
+        x = torch.randn(16, k, device="cuda").bfloat16()
+        y = torch.empty(16, n, device="cuda", dtype=torch.bfloat16)
+        cfg = best["triton"][0]
+        compiled = launch(x, w12, y, cfg, 0, torch.empty(cfg.splits * 16 * n, device="cuda"))
+        result["triton_ptx"] = {"wgmma": "wgmma" in compiled.asm["ptx"], "shared_bytes": compiled.metadata.shared}
     result["autotune"] = tune
-    result["default_config"] = select_config(n, k, torch.device("cuda")).to_dict()
     rows = []
     for m in ROWS:
         cub = time_cublas(m)
         row = {"M": m, "cublas_us": cub * 1e6, "cublas_TBps": bf16_bytes / cub / 1e12,
                "cublas_frac_floor": bf16_bytes / read_bw / cub}
         for variant, (cfg, _) in best.items():
-            t = time_w12(cfg, m)
+            t = time_variant(variant, cfg, m)
             row[f"{variant}_us"] = t * 1e6
             row[f"{variant}_TBps"] = w12_bytes / t / 1e12
             row[f"{variant}_frac_floor"] = w12_bytes / read_bw / t
             row[f"{variant}_speedup"] = cub / t
-        if "sm90" in best and m in (1, 16):
-            for low_bits in ("midpoint",):
-                t = time_w12(best["sm90"][0], m, low_bits)
-                row[f"qpass_{low_bits}_us"] = t * 1e6
+            if m in (1, 16):
+                row[f"{variant}_qpass_midpoint_us"] = time_variant(variant, cfg, m, "midpoint") * 1e6
         rows.append(row)
         log(name, row)
-    result["best"] = {v: c.to_dict() for v, (c, _) in best.items()}
+    result["best"] = {v: asdict(c) for v, (c, _) in best.items()}
     result["rows"] = rows
-    del w12s, ws, wts
+    del w12s, mmas, ws, wts
     torch.cuda.empty_cache()
     return result
 
@@ -225,17 +241,19 @@ def summarize(shapes: dict) -> dict:
         return [r[f"{variant}_speedup"] for nm in names for r in shapes[nm]["rows"]
                 if r["M"] in ms and f"{variant}_speedup" in r]
 
+    def geomean(values):
+        return math.exp(sum(map(math.log, values)) / len(values))
+
     out = {}
-    for variant in ("sm90", "sm120"):
+    for variant in ("triton", "mma"):
         proj = ratios([p for p in PROJECTIONS if p in shapes], variant)
         if proj:
-            out[f"{variant}_geomean_speedup_projections_1_32"] = math.exp(sum(map(math.log, proj)) / len(proj))
+            out[f"{variant}_geomean_speedup_projections_1_32"] = geomean(proj)
             out[f"{variant}_min_speedup_projections_1_32"] = min(proj)
-        if "lm_head" in shapes:
-            head = ratios(["lm_head"], variant)
-            if head:
-                out[f"{variant}_lm_head_geomean_speedup_1_32"] = math.exp(sum(map(math.log, head)) / len(head))
-                out[f"{variant}_lm_head_min_speedup_1_32"] = min(head)
+        head = ratios(["lm_head"], variant) if "lm_head" in shapes else []
+        if head:
+            out[f"{variant}_lm_head_geomean_speedup_1_32"] = geomean(head)
+            out[f"{variant}_lm_head_min_speedup_1_32"] = min(head)
         for nm in ("lm_head", "gate_up"):
             if nm in shapes:
                 fr = [r[f"{variant}_frac_floor"] for r in shapes[nm]["rows"] if r["M"] <= 32 and f"{variant}_frac_floor" in r]
@@ -248,7 +266,6 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="few configs (smoke test)")
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--no-sm120", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
@@ -264,8 +281,7 @@ def main() -> None:
     doc["shapes"] = {}
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
-        doc["shapes"][name] = bench_shape(name, n, k, props.multi_processor_count, doc["read_bw_Bps"],
-                                          args.quick, not args.no_sm120)
+        doc["shapes"][name] = bench_shape(name, n, k, props.multi_processor_count, doc["read_bw_Bps"], args.quick)
         doc["summary"] = summarize(doc["shapes"])
         if args.out:
             with open(args.out, "w") as fh:
@@ -280,7 +296,15 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as fh:
             fh.write(text)
-    print(text)
+        for name, shape in doc["shapes"].items():  # a short table last; the full document is in --out
+            log(name, shape["best"], shape["w12"])
+            for r in shape["rows"]:
+                log("  M=%-3d cublas %7.1f us" % (r["M"], r["cublas_us"]), " ".join(
+                    f"{v} {r[v + '_us']:7.1f} us x{r[v + '_speedup']:.2f} floor {r[v + '_frac_floor']:.2f}"
+                    for v in ("triton", "mma") if v + "_us" in r))
+        log(json.dumps({"summary": doc["summary"], "encode": doc["encode"], "read_bw": doc["read_bw_Bps"]}))
+    else:
+        print(text)
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ def test_interpreter_upcast_is_off_on_gpu():
     x = torch.randn(3, 300, device="cuda").bfloat16()
     y = torch.empty(3, 200, device="cuda", dtype=torch.bfloat16)
     compiled = launch(x, w12, y, GemmConfig(block_n=64, splits=1), 0, None)
-    assert compiled.src.constants[("DOT_FP32",)] is False
+    assert compiled.src.constants[(compiled.src.fn.arg_names.index("DOT_FP32"),)] is False
     ptx = compiled.asm["ptx"]
     assert "mma" in ptx and "lop3.b32" in ptx  # bf16 MMA fed by the PTX decode
 

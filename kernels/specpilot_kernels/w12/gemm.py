@@ -91,12 +91,39 @@ def _w12_gemm_kernel(
     # STEPS (128-column steps per split) is a compile-time constant: every split has the same length,
     # and the interpreter cannot take a run-time loop bound.
     k_begin = pid_s * (STEPS * 128)
+    k_last = k_begin + (STEPS - 1) * 128
+    lin_lo = local_rows * 128 + half[None, :]  # position of each lo-half weight inside its 128x128 bucket
+    # Software pipelining by hand: the escape loop nested in the K loop keeps Triton's pipeliner off, so
+    # each iteration issues the next step's loads (weights, escape pointers, activations) before it
+    # decodes the current step; the last iteration re-reads its own step, an L2 hit.
+    v_lo_next = tl.load(view_rows + k_begin, eviction_policy="evict_first")
+    v_hi_next = tl.load(view_rows + k_begin + 64, eviction_policy="evict_first")
+    if LOW_BITS == 0:
+        nib_next = tl.load(nib_rows + k_begin // 2, eviction_policy="evict_first")
+        e_next = tl.load(esc_ptr_ptr + bucket_row + k_begin // 128)
+        e_end_next = tl.load(esc_ptr_ptr + bucket_row + k_begin // 128 + 1)
+    k_x = k_begin + half[:, None]
+    x_lo_next = tl.load(x_cols + k_x, mask=m_mask & (k_x < K), other=0.0)
+    x_hi_next = tl.load(x_cols + k_x + 64, mask=m_mask & (k_x + 64 < K), other=0.0)
     for step in range(STEPS):
         k0 = k_begin + step * 128
-        v_lo = tl.load(view_rows + k0, eviction_policy="evict_first")
-        v_hi = tl.load(view_rows + k0 + 64, eviction_policy="evict_first")
+        k_next = tl.minimum(k0 + 128, k_last)
+        v_lo = v_lo_next
+        v_hi = v_hi_next
+        x_lo = x_lo_next
+        x_hi = x_hi_next
+        v_lo_next = tl.load(view_rows + k_next, eviction_policy="evict_first")
+        v_hi_next = tl.load(view_rows + k_next + 64, eviction_policy="evict_first")
+        k_x = k_next + half[:, None]
+        x_lo_next = tl.load(x_cols + k_x, mask=m_mask & (k_x < K), other=0.0)
+        x_hi_next = tl.load(x_cols + k_x + 64, mask=m_mask & (k_x + 64 < K), other=0.0)
         if LOW_BITS == 0:
-            nib = tl.load(nib_rows + k0 // 2, eviction_policy="evict_first")
+            nib = nib_next
+            e = e_next
+            e_end = e_end_next
+            nib_next = tl.load(nib_rows + k_next // 2, eviction_policy="evict_first")
+            e_next = tl.load(esc_ptr_ptr + bucket_row + k_next // 128)
+            e_end_next = tl.load(esc_ptr_ptr + bucket_row + k_next // 128 + 1)
         else:
             nib = tl.full((BLOCK_N, 64), 0x88 if LOW_BITS == 2 else 0, tl.uint8)
         if USE_ASM:
@@ -107,16 +134,13 @@ def _w12_gemm_kernel(
             w_lo = _decode_half(v_lo, nib & 0xF, base)
             w_hi = _decode_half(v_hi, nib >> 4, base)
         if LOW_BITS == 0:
-            bucket = bucket_row + k0 // 128
-            e = tl.load(esc_ptr_ptr + bucket)
-            e_end = tl.load(esc_ptr_ptr + bucket + 1)
             while e < e_end:  # a while loop: the interpreter cannot take a loaded range bound
                 loc = tl.load(esc_loc_ptr + e).to(tl.int32) & 0x3FFF
                 value = tl.load(esc_val_ptr + e).to(tl.bfloat16, bitcast=True)
-                in_row = local_rows == (loc >> 7)
-                col = loc & 127
-                w_lo = tl.where(in_row & (half[None, :] == col), value, w_lo)
-                w_hi = tl.where(in_row & (half[None, :] + 64 == col), value, w_hi)
+                if (loc & 127) < 64:
+                    w_lo = tl.where(lin_lo == loc, value, w_lo)
+                else:
+                    w_hi = tl.where(lin_lo == loc - 64, value, w_hi)
                 e += 1
         else:
             # View bytes s.0000.000 (escapes below the window) read as +-0, as E4M3 does.
@@ -124,9 +148,6 @@ def _w12_gemm_kernel(
             w_lo = tl.where(zero, (v_lo.to(tl.int32) << 8).to(tl.int16).to(tl.bfloat16, bitcast=True), w_lo)
             zero = (v_hi & 0x7F) == 0
             w_hi = tl.where(zero, (v_hi.to(tl.int32) << 8).to(tl.int16).to(tl.bfloat16, bitcast=True), w_hi)
-        k_lo = k0 + half[:, None]
-        x_lo = tl.load(x_cols + k_lo, mask=m_mask & (k_lo < K), other=0.0, eviction_policy="evict_last")
-        x_hi = tl.load(x_cols + k_lo + 64, mask=m_mask & (k_lo + 64 < K), other=0.0, eviction_policy="evict_last")
         if DOT_FP32:
             acc = tl.dot(w_lo.to(tl.float32), x_lo.to(tl.float32), acc, input_precision="ieee")
             acc = tl.dot(w_hi.to(tl.float32), x_hi.to(tl.float32), acc, input_precision="ieee")

@@ -1,0 +1,36 @@
+// torch binding of the W12 mma.sync GEMM (built on the GPU machine by torch.utils.cpp_extension.load).
+#include <ATen/cuda/CUDAContext.h>
+#include <torch/extension.h>
+
+#include "w12_mma.h"
+
+void w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, torch::Tensor base,
+                  torch::Tensor esc_ptr, torch::Tensor esc_loc, torch::Tensor esc_val, torch::Tensor out,
+                  int64_t n, int64_t n_padded, int64_t k_padded, int64_t warps_n, int64_t warps_k,
+                  int64_t chunks_per_split, int64_t low_bits, bool partial) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.stride(1) == 1 && x.size(0) <= 64,
+              "w12_mma_gemm: x must be CUDA bf16 [M <= 64, K] with unit column stride");
+  W12MmaArgs args{};
+  args.x = reinterpret_cast<const __nv_bfloat16*>(x.data_ptr());
+  args.view = view.data_ptr<uint8_t>();
+  args.nibbles = nibbles.data_ptr<uint8_t>();
+  args.base = base.data_ptr<uint8_t>();
+  args.esc_ptr = esc_ptr.data_ptr<int32_t>();
+  args.esc_loc = esc_loc.data_ptr<int32_t>();
+  args.esc_val = reinterpret_cast<const uint16_t*>(esc_val.data_ptr());
+  args.partial = partial ? out.data_ptr<float>() : nullptr;
+  args.y = partial ? nullptr : reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
+  args.m = x.size(0);
+  args.n = n;
+  args.k = x.size(1);
+  args.ldx = x.stride(0);
+  args.n_padded = n_padded;
+  args.k_padded = k_padded;
+  args.warps_n = warps_n;
+  args.warps_k = warps_k;
+  args.chunks_per_split = chunks_per_split;
+  const cudaError_t err = w12_mma_launch(args, low_bits, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "w12_mma_gemm launch failed: ", cudaGetErrorString(err));
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("w12_mma_gemm", &w12_mma_gemm, "W12 mma.sync GEMM"); }

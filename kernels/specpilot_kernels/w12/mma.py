@@ -1,0 +1,194 @@
+"""W12 GEMM in CUDA C++ with mma.sync (csrc/w12_mma.cu): the sm_120 variant, also run on the H200.
+
+mma.sync m16n8k16 exists on sm_80 and later, including sm_120 (no wgmma there); the kernel uses shared
+memory only for the in-block reduction (a few KB), far under sm_120's 99 KB per block. The weight planes
+are re-laid out once (:func:`to_mma_layout`) so each lane loads its own MMA fragments: per 16-row tile
+and 32-column block, lane l = 4g + t holds rows g and g+8 of both k16 steps: 16 view bytes (one 128-bit load) and 16 nibbles (one 64-bit load). Inside each 32-column
+block the MMA's k order is permuted so that lane t's activations are columns 8t .. 8t+7 (one 128-bit load).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+import triton
+
+from .format import STEP_K, W12Error, W12Tensor, escape_positions, nibbles_from_kernel_layout
+from .gemm import _split_reduce_kernel
+
+CSRC = Path(__file__).with_name("csrc")
+LOW_BITS_CODES = {"exact": 0, "truncated": 1, "midpoint": 2}
+
+
+def _fragment_index(device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, column) inside a 16x32 block of byte i (0..15) of lane l (0..31): two int64 [32, 16]."""
+    lane = torch.arange(32, device=device)[:, None]
+    i = torch.arange(16, device=device)[None, :]
+    g, t = lane // 4, lane % 4
+    step, reg, high = i // 8, (i % 8) // 2, i % 2
+    rows = g + 8 * (reg % 2)
+    # MMA k-slot 2t + high + 8 * (reg // 2) of this step is column 8t + 4 * step + 2 * (reg // 2) + high, so
+    # lane t's activations for both steps are the 8 consecutive columns 8t .. 8t + 7 (one 16-byte load)
+    cols = 8 * t + 4 * step + 2 * (reg // 2) + high
+    return rows.expand(32, 16), cols
+
+
+@dataclass
+class W12MmaTensor:
+    """A W12 weight in the mma.sync fragment layout (same bytes as :class:`W12Tensor`, reordered).
+
+    view     uint8 [Np/16, Kp/32, 32, 16]  8-bit view bytes, lane-major fragments
+    nibbles  uint8 [Np/16, Kp/32, 32, 8]   per lane and k16 step a 32-bit word: register r's low lane at
+                                           bits 4r, its high lane at bits 16+4r
+    base     uint8 [Np]
+    esc_ptr  int32 [Np/16 * Kp/128 + 1]    CSR over (16-row tile, 128-column chunk)
+    esc_loc  int32 [E]                     chunk << 11 | (row % 16) << 7 | (column % 128)
+    esc_val  int16 [E]                     exact BF16 bits
+    """
+
+    shape: tuple[int, int]
+    padded_shape: tuple[int, int]
+    view: torch.Tensor
+    nibbles: torch.Tensor
+    base: torch.Tensor
+    esc_ptr: torch.Tensor
+    esc_loc: torch.Tensor
+    esc_val: torch.Tensor
+
+    @property
+    def device(self) -> torch.device:
+        return self.view.device
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.view, self.nibbles, self.base, self.esc_ptr,
+                                                           self.esc_loc, self.esc_val))
+
+
+def to_mma_layout(w12: W12Tensor) -> W12MmaTensor:
+    """Re-lay a W12 tensor's planes and escapes for the mma.sync kernel (on the tensor's device)."""
+    np_, kp = w12.padded_shape
+    rows, cols = _fragment_index(w12.device)
+    blocks = (np_ // 16, 16, kp // 32, 32)
+
+    def fragments(plane: torch.Tensor) -> torch.Tensor:
+        tiles = plane.view(*blocks).permute(0, 2, 1, 3)  # [T, B, 16, 32]
+        return tiles[:, :, rows, cols]  # [T, B, 32, 16]
+
+    view = fragments(w12.view).contiguous()
+    nib = fragments(nibbles_from_kernel_layout(w12.nibbles)).to(torch.int64)
+    words = []
+    for step in range(2):
+        word = torch.zeros(nib.shape[:3], dtype=torch.int64, device=nib.device)
+        for reg in range(4):
+            word |= nib[..., 8 * step + 2 * reg] << (4 * reg)
+            word |= nib[..., 8 * step + 2 * reg + 1] << (16 + 4 * reg)
+        words.append(word)
+    packed = torch.stack(words, dim=-1).to(torch.int32)  # [T, B, 32, 2] little-endian words
+    nibbles = packed.contiguous().view(torch.uint8).view(np_ // 16, kp // 32, 32, 8)
+
+    e_rows, e_cols = escape_positions(w12)
+    chunks = kp // STEP_K
+    bucket = (e_rows // 16) * chunks + e_cols // STEP_K
+    loc = (e_cols // STEP_K) * 2048 + (e_rows % 16) * 128 + e_cols % STEP_K
+    order = torch.argsort((e_rows // 16) * (chunks * 2048) + loc)
+    counts = torch.bincount(bucket, minlength=(np_ // 16) * chunks)
+    esc_ptr = torch.zeros(counts.numel() + 1, dtype=torch.int32, device=w12.device)
+    esc_ptr[1:] = torch.cumsum(counts, 0).to(torch.int32)
+    return W12MmaTensor(w12.shape, (np_, kp), view, nibbles, w12.base, esc_ptr,
+                        loc[order].to(torch.int32), w12.esc_val[order].clone())
+
+
+def planes_from_mma_layout(mma: W12MmaTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of the fragment shuffle: (view uint8 [Np, Kp], one nibble per byte uint8 [Np, Kp])."""
+    np_, kp = mma.padded_shape
+    rows, cols = _fragment_index(mma.device)
+    words = mma.nibbles.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [T, B, 32, 2]
+    nib = torch.empty(*words.shape[:3], 16, dtype=torch.int64, device=mma.device)
+    for step in range(2):
+        for reg in range(4):
+            nib[..., 8 * step + 2 * reg] = (words[..., step] >> (4 * reg)) & 0xF
+            nib[..., 8 * step + 2 * reg + 1] = (words[..., step] >> (16 + 4 * reg)) & 0xF
+    view = torch.empty(np_ // 16, kp // 32, 16, 32, dtype=torch.uint8, device=mma.device)
+    low = torch.empty_like(view)
+    view[:, :, rows, cols] = mma.view
+    low[:, :, rows, cols] = nib.to(torch.uint8)
+    unblock = lambda t: t.permute(0, 2, 1, 3).reshape(np_, kp)  # noqa: E731
+    return unblock(view), unblock(low)
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    warps_n: int = 4  # 16-row tiles per block
+    warps_k: int = 1  # warps sharing one tile, reduced in warp order through shared memory
+    splits: int = 1  # K splits, reduced in split order through a workspace
+
+    def chunks_per_split(self, kp: int) -> int:
+        chunks = kp // STEP_K
+        return -(-chunks // min(self.splits, chunks))
+
+
+def default_mma_config(n: int, k: int, sms: int) -> MmaConfig:
+    """Enough warps in flight to cover memory latency (~16 per multiprocessor), from N, K, SMs only."""
+    tiles = -(-n // 16)
+    chunks = -(-k // STEP_K)
+    warps_k = 1
+    while tiles * warps_k < 16 * sms and warps_k < 8 and chunks // (2 * warps_k) >= 2:
+        warps_k *= 2
+    splits = 1
+    while tiles * warps_k * splits < 16 * sms and chunks // (warps_k * splits * 2) >= 2:
+        splits *= 2
+    return MmaConfig(warps_n=max(1, 8 // warps_k), warps_k=warps_k, splits=splits)
+
+
+@lru_cache(maxsize=None)
+def _extension():
+    from torch.utils.cpp_extension import load
+
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"{major}{minor}"
+    return load(
+        name=f"specpilot_w12_mma_sm{arch}",
+        sources=[str(CSRC / "binding.cpp"), str(CSRC / "w12_mma.cu")],
+        extra_cuda_cflags=["-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+        extra_include_paths=[str(CSRC)],
+        verbose=False,
+    )
+
+
+def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None = None,
+                 low_bits: str = "exact", out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W^T through the mma.sync kernel.
+
+    x bf16 [M, K] CUDA (M <= 64 per launch; longer inputs in chunks), unit column stride;
+    mma: :func:`to_mma_layout` of the weight; out: optional bf16 [M, N] contiguous. Returns y bf16 [M, N].
+    The partition comes from ``config`` or (N, K, multiprocessor count) — never from M.
+    """
+    n, k = mma.shape
+    if not x.is_cuda or x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
+        raise W12Error(f"w12_mma_gemm needs CUDA bf16 x [M, {k}], got {x.dtype} {tuple(x.shape)} on {x.device}",
+                       where="w12_mma_gemm(x)", fix="pass a contiguous CUDA bf16 2-D input")
+    np_, kp = mma.padded_shape
+    config = config or default_mma_config(n, k, torch.cuda.get_device_properties(x.device).multi_processor_count)
+    per_split = config.chunks_per_split(kp)
+    splits = -(-(kp // STEP_K) // per_split)
+    if k != kp or x.stride(0) % 8 or x.data_ptr() % 16:  # the kernel reads Kp columns in 16-byte rows
+        x = torch.nn.functional.pad(x, (0, kp - k))
+    m_total = x.shape[0]
+    y = out if out is not None else torch.empty(m_total, n, dtype=torch.bfloat16, device=x.device)
+    ext = _extension()
+    workspace = (torch.empty(splits * min(m_total, 64) * n, dtype=torch.float32, device=x.device)
+                 if splits > 1 else None)
+    for r0 in range(0, m_total, 64):
+        xm, ym = x[r0:r0 + 64], y[r0:r0 + 64]
+        m = xm.shape[0]
+        target = workspace[: splits * m * n] if splits > 1 else ym
+        ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, target,
+                         n, np_, kp, config.warps_n, config.warps_k, per_split, LOW_BITS_CODES[low_bits],
+                         splits > 1)
+        if splits > 1:
+            total = m * n
+            _split_reduce_kernel[(triton.cdiv(total, 1024),)](target, ym, total, SPLITS=splits, BLOCK=1024)
+    return y

@@ -1,0 +1,111 @@
+"""W12 mma.sync kernel (CUDA C++; the sm_120 variant): fragment layout on CPU, kernel on the GPU, sm_120 build."""
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from specpilot_kernels.w12 import encode
+from specpilot_kernels.w12.format import escape_positions, nibbles_from_kernel_layout
+from specpilot_kernels.w12.mma import (
+    CSRC, MmaConfig, default_mma_config, planes_from_mma_layout, to_mma_layout, w12_mma_gemm,
+)
+from specpilot_kernels.w12.reference import gemm_reference, qpass_weight_reference
+
+CONFIGS = [MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2)]
+
+
+def weight(n=200, k=300, seed=0, device="cpu"):
+    torch.manual_seed(seed)
+    w = (torch.randn(n, k) * 0.02).bfloat16()
+    w[3, 5] = 0.0
+    w[130, 200] = 4.0
+    w[131, 64] = 1e-9
+    w[17, 299] = -0.0
+    return w.to(device)
+
+
+def test_fragment_layout_is_a_permutation_of_the_planes():
+    w12 = encode(weight())
+    mma = to_mma_layout(w12)
+    view, low = planes_from_mma_layout(mma)
+    assert torch.equal(view, w12.view)
+    assert torch.equal(low, nibbles_from_kernel_layout(w12.nibbles))
+    # lane 5 = (g 1, t 1): its first byte is row 1, column 8 of the first 16x32 block
+    assert int(mma.view[0, 0, 5, 0]) == int(w12.view[1, 8])
+
+
+def test_escapes_are_bucketed_by_16_row_tile_and_128_column_chunk():
+    w12 = encode(weight())
+    mma = to_mma_layout(w12)
+    rows, cols = escape_positions(w12)
+    assert int(mma.esc_ptr[-1]) == w12.num_escapes
+    chunks = w12.padded_shape[1] // 128
+    bucket = (rows // 16) * chunks + cols // 128
+    for b in bucket.tolist():
+        lo, hi = int(mma.esc_ptr[b]), int(mma.esc_ptr[b + 1])
+        assert hi > lo
+    zero = ((rows == 3) & (cols == 5)).nonzero()[0, 0]
+    b = int(bucket[zero])
+    locs = mma.esc_loc[mma.esc_ptr[b]:mma.esc_ptr[b + 1]].tolist()
+    assert (0 << 11) | (3 << 7) | 5 in locs
+    b = (131 // 16) * chunks + 64 // 128  # the 1e-9 below its row's window: chunk 0, row 3, column 64
+    assert (0 << 11) | (3 << 7) | 64 in mma.esc_loc[mma.esc_ptr[b]:mma.esc_ptr[b + 1]].tolist()
+
+
+def test_partition_reads_n_k_and_multiprocessors_only():
+    config = default_mma_config(5120, 8192, sms=132)
+    assert config == default_mma_config(5120, 8192, sms=132)
+    assert -(-5120 // 16) * config.warps_k * config.splits >= 16 * 132
+    assert MmaConfig(splits=3).chunks_per_split(8192) == 22  # 64 chunks in 3 splits of 22, 22, 20
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA 12.8+ for sm_120)")
+def test_kernel_builds_for_sm_120(tmp_path):
+    out = tmp_path / "w12_mma_sm120.o"
+    result = subprocess.run(
+        ["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_120,code=sm_120", "-Xptxas", "-v",
+         "-c", str(CSRC / "w12_mma.cu"), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "spill stores" in result.stderr and "0 bytes spill stores" in result.stderr
+    assert out.stat().st_size > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"n{c.warps_n}_k{c.warps_k}_s{c.splits}")
+def test_mma_gemm_matches_reference_and_reads_weights_exactly(config):
+    w = weight(n=1000, k=1536, device="cuda")
+    w12 = encode(w)
+    mma = to_mma_layout(w12)
+    for rows in (1, 9, 33, 64, 70):
+        x = torch.randn(rows, 1536, device="cuda").bfloat16()
+        ref = gemm_reference(x, w12).float()
+        y = w12_mma_gemm(x, mma, config=config).float()
+        assert ((y - ref).norm() / ref.norm()).item() < 4e-3
+    cols = torch.tensor([5, 200, 64, 299, 0, 1535], device="cuda")
+    onehot = torch.zeros(cols.numel(), 1536, device="cuda", dtype=torch.bfloat16)
+    onehot[torch.arange(cols.numel()), cols] = 1.0
+    y = w12_mma_gemm(onehot, mma, config=config)
+    expected = (w[:, cols].t().float() + 0.0).bfloat16()  # -0 weights sum to +0 with the +0 products
+    assert torch.equal(y.view(torch.int16), expected.view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_mma_row_bits_do_not_depend_on_row_count():
+    mma = to_mma_layout(encode(weight(n=1000, k=1536, device="cuda")))
+    x = torch.randn(64, 1536, device="cuda").bfloat16()
+    config = MmaConfig(2, 4, 3)
+    alone = w12_mma_gemm(x[:1], mma, config=config).view(torch.int16)
+    for rows in (2, 8, 9, 16, 17, 32, 33, 64):
+        assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config)[:1].view(torch.int16), alone), rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("low_bits", ["truncated", "midpoint"])
+def test_mma_qpass(low_bits):
+    w12 = encode(weight(n=1000, k=1536, device="cuda"))
+    x = torch.randn(16, 1536, device="cuda").bfloat16()
+    ref = x.float() @ qpass_weight_reference(w12, low_bits).float().t()
+    y = w12_mma_gemm(x, to_mma_layout(w12), low_bits=low_bits).float()
+    assert ((y - ref).norm() / ref.norm()).item() < 4e-3
