@@ -101,6 +101,10 @@ class StepBatch:
         """[B, m, K] candidate tokens."""
         return self.source_cand[self.steps]
 
+    def tokens(self, rows: np.ndarray, position: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        """Candidate tokens at (batch row, drafted position, candidate index), any broadcastable shape."""
+        return self.source_cand[self.steps[rows], position, rank].astype(np.int64)
+
     def edge_logp(self, d: int, parent_rank: np.ndarray) -> np.ndarray:
         """[B, P, K] float32: log_softmax over position d's candidates given each parent's candidate
         (parent_rank [B, P], candidate indices at d-1; any value at d = 0). The paper's edge score."""
@@ -109,15 +113,38 @@ class StepBatch:
         return self.edge_logp_flat(d, rows, parent_rank.reshape(-1)).reshape(b, p, -1)
 
     def edge_logp_flat(self, d: int, rows: np.ndarray, parent_rank: np.ndarray) -> np.ndarray:
-        """[L, K]: ``edge_logp`` for L (batch row, parent candidate) pairs."""
-        scores = self.source_pair[self.steps[rows], d, parent_rank].astype(np.float32)
-        if self.kind == "markov":
-            scores += self.source_unary[self.steps[rows], d]
-        return log_softmax(scores)
+        """[L, K]: ``edge_logp`` for L (batch row, parent candidate) pairs.
+
+        A row depends only on (step, position, parent candidate), and a search reaches the same
+        parent candidate along many paths, so each row is computed once per batch: a per-position
+        table maps (row, candidate) to its slot in a store of computed rows."""
+        k = self.candidates
+        table, store, used = self._rows.get(d) or (np.full(self.size * k, -1, dtype=np.int64),
+                                                   np.empty((self.size * k, k), dtype=np.float32), 0)
+        key = rows * k + parent_rank
+        missing = key[table[key] < 0]
+        if missing.size:
+            slot = np.arange(missing.size)
+            table[missing] = slot  # duplicates: the last write wins, once per key
+            first = slot[table[missing] == slot]
+            fresh = missing[first]
+            r, c = fresh // k, fresh % k
+            scores = self.source_pair[self.steps[r], d, c].astype(np.float32)
+            if self.kind == "markov":
+                scores += self.source_unary[self.steps[r], d]
+            store[used:used + fresh.size] = log_softmax(scores)
+            table[fresh] = used + np.arange(fresh.size)
+            used += fresh.size
+        self._rows[d] = (table, store, used)
+        return store[table[key]]
+
+    @cached_property
+    def _rows(self) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
+        return {}
 
     def marginal_edge_logp(self, d: int) -> np.ndarray:
         """[B, 1, K] float32: log_softmax of position d's unary scores (DDTree's per-depth marginals)."""
-        return log_softmax(self.source_unary[self.steps, d])[:, None, :]
+        return self.marginal_logp[:, d]
 
     @cached_property
     def conditional_logp(self) -> np.ndarray:
@@ -127,8 +154,8 @@ class StepBatch:
 
     @cached_property
     def marginal_logp(self) -> np.ndarray:
-        """[B, m, 1, K]: ``marginal_edge_logp`` for every position."""
-        return np.stack([self.marginal_edge_logp(d) for d in range(self.positions)], axis=1)
+        """[B, m, 1, K]: log_softmax of each position's unary scores."""
+        return log_softmax(self.source_unary[self.steps])[:, :, None, :]
 
 
 @dataclass
@@ -252,14 +279,28 @@ def score_bound(batch: StepBatch, nodes: int, depth: int, marginal: bool = False
             edge = batch.edge_logp_flat(d, np.repeat(rows, width), parent_rank.reshape(-1)).reshape(b, width, k)
         score = (parent_score[:, :, None] + edge).reshape(b, width * k)
         seen.append(score)
-        keep = min(BOUND_BEAM, score.shape[1])
-        top = np.argpartition(score, score.shape[1] - keep, axis=1)[:, -keep:]  # any best ``keep`` will do
+        top, parent_score = _best_columns(score, min(BOUND_BEAM, score.shape[1]))
         parent_rank = top % k
-        parent_score = score[rows[:, None], top]
     generated = np.concatenate(seen, axis=1)
     if generated.shape[1] < nodes:
         return np.full(b, -np.inf, dtype=np.float32)
-    return np.partition(generated, generated.shape[1] - nodes, axis=1)[:, generated.shape[1] - nodes]
+    generated.partition(generated.shape[1] - nodes, axis=1)  # in place: no copy of the pool
+    return generated[:, generated.shape[1] - nodes]
+
+
+def _best_columns(score: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Columns and scores of ``count`` best entries per row, ties in any order (repeated argmax:
+    cheaper than a partition for a beam of 2). A pick past a row's finite entries scores -inf, so
+    a column picked twice never counts twice."""
+    rows = np.arange(score.shape[0])
+    work = score.copy()
+    cols = np.empty((score.shape[0], count), dtype=np.int64)
+    values = np.empty((score.shape[0], count), dtype=np.float32)
+    for i in range(count):
+        cols[:, i] = np.argmax(work, axis=1)
+        values[:, i] = work[rows, cols[:, i]]
+        work[rows, cols[:, i]] = -np.inf
+    return cols, values
 
 
 def best_first_search(batch: StepBatch, nodes: int, depth_cap: int | None, marginal: bool = False) -> DraftTrees:
@@ -356,7 +397,7 @@ def assemble_levels(levels, batch: StepBatch, nodes: int) -> DraftTrees:
     parents = np.where(valid & (par >= 0), position[np.maximum(par, 0)], -1)
     sel_depth = np.where(valid, depth[ids], 0)
     sel_rank = np.where(valid, rank[ids], -1)
-    tokens = np.where(valid, batch.cand[rows, np.maximum(sel_depth - 1, 0), np.maximum(sel_rank, 0)], -1)
+    tokens = np.where(valid, batch.tokens(rows, np.maximum(sel_depth - 1, 0), np.maximum(sel_rank, 0)), -1)
     trees = DraftTrees(parents, sel_depth, sel_rank, tokens.astype(np.int64),
                        np.where(valid, sel_score, -np.inf).astype(np.float32), valid.sum(axis=1).astype(np.int64))
     return pad_trees(trees, nodes)
@@ -378,14 +419,14 @@ def pad_trees(trees: DraftTrees, nodes: int) -> DraftTrees:
                       pad(trees.scores, -np.inf), trees.num_nodes)
 
 
-def chain_trees(ranks: np.ndarray, scores: np.ndarray, cand: np.ndarray, lengths: np.ndarray, nodes: int) -> DraftTrees:
+def chain_trees(ranks: np.ndarray, scores: np.ndarray, batch: StepBatch, lengths: np.ndarray, nodes: int) -> DraftTrees:
     """Chains as trees: ranks/scores [B, L] along the chain, lengths [B] nodes kept, padded to ``nodes``."""
     b, length = ranks.shape
     idx = np.arange(length)[None, :]
     valid = idx < lengths[:, None]
     rows = np.arange(b)[:, None]
     depth = np.broadcast_to(idx + 1, (b, length))
-    tokens = cand[rows, np.minimum(depth - 1, cand.shape[1] - 1), np.maximum(ranks, 0)] if length else ranks
+    tokens = batch.tokens(rows, np.minimum(depth - 1, batch.positions - 1), np.maximum(ranks, 0)) if length else ranks
     trees = DraftTrees(np.where(valid, idx - 1, -1), np.where(valid, depth, 0), np.where(valid, ranks, -1),
                        np.where(valid, tokens, -1).astype(np.int64),
                        np.where(valid, scores, -np.inf).astype(np.float32), lengths.astype(np.int64))

@@ -27,4 +27,4 @@ def build(batch: StepBatch, nodes: int, depth_cap: int | None = None) -> DraftTr
     lengths = np.full(batch.size, length, dtype=np.int64)
     if length:  # a chain stops before a position with no usable candidate
         lengths = np.where(np.isfinite(scores).all(axis=1), length, np.argmin(np.isfinite(scores), axis=1))
-    return chain_trees(ranks, scores, batch.cand, lengths, nodes)
+    return chain_trees(ranks, scores, batch, lengths, nodes)

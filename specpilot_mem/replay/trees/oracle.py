@@ -23,4 +23,4 @@ def build(batch: StepBatch, nodes: int, depth_cap: int | None = None) -> DraftTr
     edge = np.zeros((batch.size, length), dtype=np.float32)
     for d in range(length):
         edge[:, d] = np.take_along_axis(batch.edge_logp(d, prev[:, d:d + 1])[:, 0], ranks[:, d:d + 1], axis=1)[:, 0]
-    return chain_trees(ranks, np.cumsum(edge, axis=1, dtype=np.float32), batch.cand, run, nodes)
+    return chain_trees(ranks, np.cumsum(edge, axis=1, dtype=np.float32), batch, run, nodes)

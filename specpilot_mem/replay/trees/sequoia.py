@@ -138,7 +138,7 @@ def build(batch: StepBatch, nodes: int, depth_cap: int | None = None, acceptance
     np.put_along_axis(old_to_new, order, np.arange(n)[None, :].repeat(b, 0), axis=1)
     par = parents[order]
     new_par = np.where(par >= 0, np.take_along_axis(old_to_new, np.maximum(par, 0), axis=1), -1)
-    tokens = batch.cand[rows[:, None], depths[order] - 1, np.take_along_axis(cand_index, order, axis=1)]
+    tokens = batch.tokens(rows[:, None], depths[order] - 1, np.take_along_axis(cand_index, order, axis=1))
     return pad_trees(DraftTrees(
         parents=np.where(keep, new_par, -1), depths=np.where(keep, depths[order], 0),
         ranks=np.where(keep, np.take_along_axis(cand_index, order, axis=1), -1),
