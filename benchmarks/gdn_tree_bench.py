@@ -243,6 +243,42 @@ def timing(gen, layers: int) -> list[dict]:
     return rows
 
 
+def bf16_ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """|got - want| in units of want's bf16 ulp (2^(e-7) for |want| in [2^e, 2^(e+1)))."""
+    _, exponent = torch.frexp(want.float().abs().clamp_min(2.0 ** -120))
+    return (got.float() - want.float()).abs() / torch.ldexp(torch.ones_like(want.float()), exponent - 8)
+
+
+def wy_vs_path(gen, layers: int) -> list[dict]:
+    from specpilot_kernels.gdn_tree import gdn_tree_path_verify, gdn_tree_wy_verify, tree_ancestors, tree_schedule
+    rows = []
+    for T in (32, 64):
+        for B in (1, 8):
+            q, k, v, a, b, A_log, dt_bias, pools, idx = make_inputs(B, T, gen, layers=layers)
+            parents = torch.tensor([random_tree(T, gen) for _ in range(B)], device="cuda")
+            schedule, ancestors = tree_schedule(parents), tree_ancestors(parents)
+            o_path = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pools[0], idx, schedule)
+            o_wy = gdn_tree_wy_verify(q, k, v, a, b, A_log, dt_bias, pools[0], idx, ancestors)
+            ulps = bf16_ulps(o_wy, o_path)
+
+            def path_all():
+                for pool in pools:
+                    gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule)
+
+            def wy_all():
+                for pool in pools:
+                    gdn_tree_wy_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, ancestors)
+
+            path_us, wy_us = graph_us(path_all), graph_us(wy_all)
+            rows.append({"T": T, "B": B, "layers": layers, "path_verify_us": path_us, "wy_verify_us": wy_us,
+                         "wy_speedup": path_us / wy_us, "wy_vs_path_max_bf16_ulps": ulps.max().item(),
+                         "wy_vs_path_frac_within_1_ulp": (ulps <= 1).float().mean().item(),
+                         "path_steps_per_request": schedule.replayed_steps().tolist()})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            del pools
+    return rows
+
+
 def run_all(args) -> dict:
     gen = torch.Generator().manual_seed(0)
     result = {"benchmark": "gdn_tree", "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -253,6 +289,7 @@ def run_all(args) -> dict:
     print(json.dumps(result["parity_with_sglang_0_5_23"]), file=sys.stderr, flush=True)
     result["accuracy"] = accuracy(gen)
     result["verify_plus_commit"] = timing(gen, args.layers)
+    result["wy_vs_path"] = wy_vs_path(gen, args.layers)
     return result
 
 

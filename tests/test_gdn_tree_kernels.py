@@ -142,3 +142,32 @@ def test_bad_shapes_are_rejected():
                              tree_schedule(torch.tensor([[-1, 0, 1, 2]])))
     with pytest.raises(ValueError, match="64 nodes"):
         tree_schedule(torch.full((1, 65), -1))
+
+
+@pytest.mark.parametrize("T", [8, 20])
+def test_wy_verify_matches_path_verify(T):
+    from specpilot_kernels.gdn_tree import gdn_tree_wy_verify, tree_ancestors
+
+    gen = torch.Generator().manual_seed(100 + T)
+    B, H, HV, K, V = 2, 2, 4, 32, 16
+    q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V)
+    parents = torch.tensor([_random_tree(gen, T, 0.4) for _ in range(B)])
+    num_nodes = torch.tensor([T, T - 5])
+    wy = gdn_tree_wy_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_ancestors(parents, num_nodes), num_nodes,
+                            block_v=16, num_warps=4)
+    path = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(parents, num_nodes),
+                                block_v=16).double()
+    ulp = torch.ldexp(torch.ones_like(path), torch.frexp(path.abs().clamp_min(1e-30))[1] - 8)
+    # within one bf16 ulp of the path kernel (plus FP32-level slack where outputs cancel to near zero)
+    assert ((wy.double() - path).abs() <= ulp + 1e-6 * path.abs().max()).all()
+    assert (wy[1, T - 5:] == 0).all()
+
+
+def test_tree_ancestors_is_the_root_path_mask():
+    gen = torch.Generator().manual_seed(9)
+    from specpilot_kernels.gdn_tree import tree_ancestors
+
+    parents = torch.tensor([_random_tree(gen, 40, 0.3) for _ in range(2)])
+    anc = tree_ancestors(parents)
+    for r in range(2):
+        assert torch.equal(anc[r].bool(), R.ancestor_mask(parents[r]))
