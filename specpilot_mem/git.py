@@ -147,6 +147,20 @@ class Repo:
         proc = self.git("config", "--get", key, check=False)
         return proc.stdout.decode().strip() if proc.returncode == 0 else None
 
+    def config_section(self, section: str) -> dict[str, str]:
+        """Every ``section.*`` key of the repository's config in one call (keys lower-cased by git)."""
+        proc = self.git("config", "-z", "--get-regexp", f"^{section}\\.", check=False)
+        pairs = (item.split("\n", 1) for item in proc.stdout.decode().split("\0") if item)
+        return {key: (value[0] if value else "") for key, *value in pairs}
+
+    def rev_parse_many(self, revs: list[str]) -> list[str | None]:
+        """Several revisions in one call; None for any that does not resolve."""
+        proc = self.git("rev-parse", *revs, check=False)
+        lines = proc.stdout.decode().split()
+        if proc.returncode == 0 and len(lines) == len(revs):
+            return lines
+        return [self.rev_parse(rev) for rev in revs]
+
     def config_set(self, key: str, value: str) -> None:
         self.git("config", key, value)
 

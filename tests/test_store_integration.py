@@ -63,13 +63,19 @@ def test_statuses_merges_and_conflicts(stock_home_copy):
     top = b"# top\n" + stock_text
     record_entry(home, "top", source_on(home, [], {SERVER_ARGS: top}), requires=[], meta=DRAFT)
     record_entry(home, "bottom", source_on(home, [], {SERVER_ARGS: stock_text + b"# bottom\n"}), requires=[], meta=DRAFT)
-    record_entry(home, "clash", source_on(home, [], {SERVER_ARGS: b"# clash\n" + stock_text}), requires=[], meta=DRAFT)
+    # rewrites the first line, which top's hunk has as context: neither a plain apply nor a 3-way merge works
+    record_entry(home, "clash", source_on(home, [], {SERVER_ARGS: b"# clash\n" + stock_text.split(b"\n", 1)[1]}),
+                 requires=[], meta=DRAFT)
+    # inserts where top inserts: top's hunk still applies at an offset, as `git apply --3way` would
+    record_entry(home, "above", source_on(home, [], {SERVER_ARGS: b"# above\n" + stock_text}), requires=[], meta=DRAFT)
     record_entry(home, "same-as-top", source_on(home, [], {SERVER_ARGS: top}), requires=[], meta=DRAFT)
     result = apply_entries(home, ["bottom", "empty", "top"], branch="deploy/merged")
     assert {o.id: o.status for o in result.outcomes} == {"bottom": APPLIED, "empty": EMPTY, "top": APPLIED}
     text = fork.repo.git("cat-file", "blob", f"deploy/merged:{SERVER_ARGS}").stdout
     assert text == b"# top\n" + stock_text + b"# bottom\n"
     assert [o.status for o in apply_entries(home, ["same-as-top", "top"]).outcomes] == [APPLIED, PRESENT]
+    apply_entries(home, ["above", "top"], branch="deploy/offset")
+    assert fork.repo.git("cat-file", "blob", f"deploy/offset:{SERVER_ARGS}").stdout == b"# above\n# top\n" + stock_text
     refs = fork.repo.refs("refs")
     with pytest.raises(ConflictError) as err:
         apply_entries(home, ["clash", "top"], branch="deploy/x")

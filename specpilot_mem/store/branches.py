@@ -47,11 +47,13 @@ def entry_commits(resolver: Resolver, entry_id: str, tips: dict[str, str]) -> tu
     return base, tip
 
 
-def plan_branches(resolver: Resolver) -> tuple[dict[str, tuple[str | None, str | None]], list[BranchState]]:
+def plan_branches(resolver: Resolver, only: set[str] | None = None
+                  ) -> tuple[dict[str, tuple[str | None, str | None]], list[BranchState]]:
     """The ref updates that make ``entry/*`` match the memory, and what happens to each branch.
 
     An entry whose chain does not reproduce its record (or whose delta is damaged) gets no branch
-    update and is reported ``failed``; its dependents fail with it.
+    update and is reported ``failed``; its dependents fail with it. With ``only``, the other entries
+    keep their existing branches (rebuilt only where one is missing).
     """
     existing = resolver.repo.refs(ENTRY_REF_PREFIX.rstrip("/"))
     updates: dict[str, tuple[str | None, str | None]] = {}
@@ -61,6 +63,9 @@ def plan_branches(resolver: Resolver) -> tuple[dict[str, tuple[str | None, str |
         ref = ENTRY_REF_PREFIX + entry_id
         old = existing.get(ref)
         broken = [r for r in resolver.records[entry_id].requires if r not in tips]
+        if only is not None and entry_id not in only and old and not broken:
+            tips[entry_id] = old
+            continue
         if broken:
             states.append(BranchState(entry_id, ref, old, "failed", f"requires {', '.join(broken)}, which failed"))
             continue
@@ -79,13 +84,13 @@ def plan_branches(resolver: Resolver) -> tuple[dict[str, tuple[str | None, str |
         states.append(BranchState(entry_id, ref, tip, change))
     for ref, old in sorted(existing.items()):
         entry_id = ref[len(ENTRY_REF_PREFIX):]
-        if entry_id not in resolver.records:
+        if entry_id not in resolver.records and only is None:
             updates[ref] = (old, None)
             states.append(BranchState(entry_id, ref, None, "deleted"))
     return updates, states
 
 
-def sync_branches(resolver: Resolver) -> list[BranchState]:
-    updates, states = plan_branches(resolver)
+def sync_branches(resolver: Resolver, only: set[str] | None = None) -> list[BranchState]:
+    updates, states = plan_branches(resolver, only)
     resolver.repo.update_refs(updates, "specpilot: entry branches from entries/")
     return states

@@ -25,6 +25,15 @@ _ESCAPES = {"a": "\a", "b": "\b", "t": "\t", "n": "\n", "v": "\v", "f": "\f", "r
 
 
 @dataclass(frozen=True)
+class Hunk:
+    """One text hunk: the lines it expects (context and removed) and what replaces them, endings kept."""
+
+    old_start: int
+    before: tuple[bytes, ...]
+    after: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
 class FileChange:
     """One file in a delta. ``None`` modes/oids mean absent (added or deleted); ``old_oid == new_oid``
     with different modes is a mode-only change (git writes no index line, so both are ``None``)."""
@@ -35,6 +44,7 @@ class FileChange:
     old_oid: str | None
     new_oid: str | None
     binary: bool = False
+    hunks: tuple[Hunk, ...] = ()
 
     @property
     def added(self) -> bool:
@@ -156,7 +166,7 @@ def parse_delta(text: bytes, entry_id: str, where: str) -> Delta:
                 raise fail(f"{path}: a deleted file needs an index line <blob>..0000", i - 1)
         if not added and not deleted and old_oid is None and (old_mode is None or new_mode is None):
             raise fail(f"{path}: no index line (a full-index diff names both blobs)", i - 1)
-        binary = False
+        binary, hunks = False, []
         if i < len(lines) and lines[i].startswith(b"Binary files"):
             raise fail(f"{path}: binary change without data (the delta must be made with --binary)", i)
         if i < len(lines) and lines[i] == b"GIT binary patch":
@@ -165,11 +175,11 @@ def parse_delta(text: bytes, entry_id: str, where: str) -> Delta:
         elif i < len(lines) and lines[i].startswith(b"--- "):
             if i + 1 >= len(lines) or not lines[i + 1].startswith(b"+++ "):
                 raise fail(f"{path}: '---' without '+++'", i)
-            i = _check_hunks(lines, i + 2, fail)
+            i = _read_hunks(lines, i + 2, fail, hunks)
         elif (old_oid is not None or new_oid is not None) and old_oid != new_oid \
                 and _EMPTY_BLOB not in (old_oid if deleted else None, new_oid if added else None):
             raise fail(f"{path}: the content changes but the delta has no hunks", i)
-        changes.append(FileChange(path, old_mode, new_mode, old_oid, new_oid, binary))
+        changes.append(FileChange(path, old_mode, new_mode, old_oid, new_oid, binary, tuple(hunks)))
     seen = [c.path for c in changes]
     if len(set(seen)) != len(seen):
         raise DeltaError("the delta changes a path twice", where=where, fix=f"re-record the entry {entry_id}")
@@ -179,7 +189,8 @@ def parse_delta(text: bytes, entry_id: str, where: str) -> Delta:
 _EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
 
 
-def _check_hunks(lines: list[bytes], i: int, fail) -> int:
+def _read_hunks(lines: list[bytes], i: int, fail, hunks: list[Hunk]) -> int:
+    """Read the hunks of one file into ``hunks``, checking each against its header's line counts."""
     if i >= len(lines) or not lines[i].startswith(b"@@ "):
         raise fail("expected a hunk header '@@'", i)
     while i < len(lines) and lines[i].startswith(b"@@ "):
@@ -188,25 +199,75 @@ def _check_hunks(lines: list[bytes], i: int, fail) -> int:
             raise fail(f"bad hunk header {lines[i][:60]!r}", i)
         old_left = int(match.group(2) or b"1")
         new_left = int(match.group(4) or b"1")
+        before: list[bytes] = []
+        after: list[bytes] = []
+        last: list[list[bytes]] = []
         i += 1
-        while old_left > 0 or new_left > 0:
+        while old_left > 0 or new_left > 0 or (i < len(lines) and lines[i][:1] == b"\\"):
             if i >= len(lines):
                 raise fail("the last hunk is cut short (truncated delta)", i - 1)
-            tag = lines[i][:1]
+            tag, text = lines[i][:1], lines[i][1:] + b"\n"
             if tag == b" ":
                 old_left, new_left = old_left - 1, new_left - 1
+                before.append(text)
+                after.append(text)
+                last = [before, after]
             elif tag == b"-":
                 old_left -= 1
+                before.append(text)
+                last = [before]
             elif tag == b"+":
                 new_left -= 1
-            elif tag != b"\\":
+                after.append(text)
+                last = [after]
+            elif tag == b"\\":  # "\ No newline at end of file": the previous line has no newline
+                for side in last:
+                    side[-1] = side[-1][:-1]
+                last = []
+            else:
                 raise fail(f"hunk line starts with {tag!r}; the hunk is shorter than its header says", i)
             if old_left < 0 or new_left < 0:
                 raise fail("the hunk is longer than its header says", i)
             i += 1
-        if i < len(lines) and lines[i].startswith(b"\\"):
-            i += 1
+        hunks.append(Hunk(int(match.group(1)), tuple(before), tuple(after)))
     return i
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """Lines with their ``\\n`` kept (only ``\\n`` separates lines, as in git; ``\\r`` stays content)."""
+    parts = data.split(b"\n")
+    lines = [part + b"\n" for part in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def apply_hunks(content: bytes, hunks: tuple[Hunk, ...]) -> bytes | None:
+    """Apply hunks as ``git apply`` does without fuzz: each hunk's lines must match exactly, at its
+    position shifted by the offset so far, searching outward; None if one does not match."""
+    lines = split_lines(content)
+    out: list[bytes] = []
+    pos = offset = 0
+    for hunk in hunks:
+        size = len(hunk.before)
+        expected = max(hunk.old_start - 1, 0) + offset if size else max(hunk.old_start, 0) + offset
+        expected = min(max(expected, pos), len(lines))
+        found = None
+        for distance in range(len(lines) + 1):
+            for start in ((expected,) if distance == 0 else (expected - distance, expected + distance)):
+                if pos <= start <= len(lines) - size and tuple(lines[start:start + size]) == hunk.before:
+                    found = start
+                    break
+            if found is not None or (expected - distance < pos and expected + distance > len(lines) - size):
+                break
+        if found is None:
+            return None
+        out.extend(lines[pos:found])
+        out.extend(hunk.after)
+        pos = found + size
+        offset = found - (max(hunk.old_start - 1, 0) if size else max(hunk.old_start, 0))
+    out.extend(lines[pos:])
+    return b"".join(out)
 
 
 def _check_binary(lines: list[bytes], i: int, fail) -> int:

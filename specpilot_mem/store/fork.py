@@ -64,12 +64,13 @@ class Fork:
 def open_fork(home: Home) -> Fork:
     """The initialized fork of ``home``; a clear ``ForkError`` if it is missing or its stock moved."""
     repo = Repo(home.fork)
-    if not repo.exists() or repo.config_get("specpilot.stock") is None:
+    config = repo.config_section("specpilot") if repo.exists() else {}
+    if "specpilot.stock" not in config:
         raise ForkError(f"no SGLang fork at {home.fork}", where=str(home.fork),
                         fix="run `specpilot-mem init` (it builds the fork from the pinned SGLang wheel)")
-    recorded = repo.config_get("specpilot.stock")
-    pinned = repo.config_get("specpilot.pinned") == "true"
-    current = repo.rev_parse(STOCK_REF)
+    recorded = config["specpilot.stock"]
+    pinned = config.get("specpilot.pinned") == "true"
+    current, tree = repo.rev_parse_many([STOCK_REF, f"{STOCK_REF}^{{tree}}"])
     expected = stock_import.STOCK_COMMIT if pinned else recorded
     if current != expected or recorded != expected:
         raise ForkError(
@@ -78,11 +79,10 @@ def open_fork(home: Home) -> Fork:
             fix=f"restore it with `git -C {home.fork} update-ref {STOCK_REF} {expected}`, or rebuild the fork "
                 "(move sglang-fork away and run `specpilot-mem init`)",
         )
-    tree = repo.rev_parse(f"{current}^{{tree}}")
     if pinned and tree != stock_import.STOCK_TREE:
         raise ForkError(f"the fork's stock tree is {tree}, not the pinned {stock_import.STOCK_TREE}",
                         where=str(home.fork), fix="move sglang-fork away and run `specpilot-mem init`")
-    return Fork(home, repo, current, tree, repo.config_get("specpilot.packageprefix") or "", pinned)
+    return Fork(home, repo, current, tree, config.get("specpilot.packageprefix", ""), pinned)
 
 
 def _place(built: Path, target: Path) -> None:

@@ -85,18 +85,17 @@ def _kernel_pins(fork: Fork, source_tree: str, delta) -> dict[str, str]:
     return pins
 
 
-def _draft(meta: str | Path | dict | None) -> tuple[dict[str, Any], yaml.Node | None]:
-    """The draft's fields and its YAML node tree (for line numbers in validation errors)."""
+def _draft(meta: str | Path | dict | None) -> tuple[dict[str, Any], str | None]:
+    """The draft's fields and its YAML text (for line numbers in validation errors)."""
     if meta is None:
         return {}, None
-    root = None
+    text = None
     if isinstance(meta, dict):
         data = dict(meta)
     else:
         path = Path(meta)
         try:
             text = path.read_text()
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
             data = yaml.safe_load(text) or {}
         except FileNotFoundError:
             raise RecordError(f"no draft record at {path}", where="--meta") from None
@@ -110,7 +109,7 @@ def _draft(meta: str | Path | dict | None) -> tuple[dict[str, Any], yaml.Node | 
     if bad:
         raise RecordError(f"the draft sets {', '.join(bad)}, which record fills in", where=str(meta),
                           fix="leave them out (use --requires for requirements)")
-    return data, root
+    return data, text
 
 
 def _dependents(resolver: Resolver, entry_id: str) -> list[str]:
@@ -151,7 +150,7 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
     with fork.lock():
         records = load_entries(home)
         existing = records.get(entry_id)
-        draft, draft_root = _draft(meta)
+        draft, draft_text = _draft(meta)
         if draft.get("id", entry_id) != entry_id:
             raise RecordError(f"the draft's id {draft['id']!r} is not {entry_id!r}", where=str(meta))
         requires = list(existing.requires if existing and requires is None else (requires or []))
@@ -184,7 +183,7 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
         if not existing and not draft:
             raise RecordError(f"{entry_id} is a new entry and has no title, summary or contract yet",
                               where="--meta", fix="pass --meta draft.yaml (see `specpilot-mem schema` for the fields)")
-        record = validate_data(fields, EntryRecord, str(meta or entry_path(home, entry_id)), draft_root)
+        record = validate_data(fields, EntryRecord, str(meta or entry_path(home, entry_id)), draft_text)
 
         # Prove it before writing anything: the new delta must rebuild the source, and dependents must hold.
         trial = Resolver(fork, {**records, entry_id: record})
@@ -193,10 +192,10 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
         if not outcome.reproduced:
             raise ReproductionError(f"the recorded delta gives {outcome.tree}, not the source tree {source_tree}",
                                     where=str(source), fix="report this: the store could not reproduce its own diff")
-        _check_dependents(trial, entry_id)
+        dependents = _check_dependents(trial, entry_id)
         write_atomic(delta_path(home, entry_id), text)
         write_atomic(entry_path(home, entry_id), dump_record(record))
-        sync_branches(Resolver(fork, load_entries(home)))
+        sync_branches(trial, only={entry_id, *dependents})
         return record
 
 
@@ -209,9 +208,9 @@ def _update(home: Home, entry_id: str, change) -> EntryRecord:
         record = change(records[entry_id].model_copy(deep=True))
         record = EntryRecord.model_validate(record.model_dump())
         resolver = Resolver(fork, {**records, entry_id: record})
-        _check_dependents(resolver, entry_id)
+        dependents = _check_dependents(resolver, entry_id)
         write_atomic(entry_path(home, entry_id), dump_record(record))
-        sync_branches(Resolver(fork, load_entries(home)))
+        sync_branches(resolver, only={entry_id, *dependents})
         return record
 
 

@@ -24,6 +24,8 @@ ENTRY_FILE = "entry.yaml"
 DELTA_FILE = "delta.patch"
 
 Model = TypeVar("Model", bound=BaseModel)
+# libyaml when present (it is in PyYAML's wheels): loading 140 records must not cost seconds
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -66,8 +68,7 @@ def node_line(root: yaml.Node | None, loc: tuple) -> int | None:
 def parse_record(text: str, model: type[Model], where: str) -> Model:
     """Validate YAML ``text`` as ``model``; every failure names ``where``, the line and the field."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
@@ -75,14 +76,15 @@ def parse_record(text: str, model: type[Model], where: str) -> Model:
                           fix="fix the YAML syntax at that line") from None
     if not isinstance(data, dict):
         raise RecordError("the record must be a YAML mapping", where=f"{where}:1", fix="see `specpilot-mem schema`")
-    return validate_data(data, model, where, root)
+    return validate_data(data, model, where, text)
 
 
-def validate_data(data: dict, model: type[Model], where: str, root: yaml.Node | None = None) -> Model:
-    """Validate ``data`` as ``model``; ``root`` (the composed YAML it came from) gives line numbers."""
+def validate_data(data: dict, model: type[Model], where: str, text: str | None = None) -> Model:
+    """Validate ``data`` as ``model``; ``text`` (the YAML it came from) gives line numbers on errors."""
     try:
         return model.model_validate(data)
     except ValidationError as err:
+        root = yaml.compose(text, Loader=_LOADER) if text else None
         problems = []
         for item in err.errors():
             loc = tuple(item["loc"])
@@ -159,7 +161,7 @@ def load_entry(home: Home, entry_id: str) -> EntryRecord:
                                 fix="known entries: " + (", ".join(known) or "(none yet)"))
     record = load_record_file(path, EntryRecord)
     if record.id != entry_id:
-        line = node_line(yaml.compose(path.read_text(), Loader=yaml.SafeLoader), ("id",))
+        line = node_line(yaml.compose(path.read_text(), Loader=_LOADER), ("id",))
         raise RecordError(f"the record's id {record.id!r} does not match its folder {entry_id!r}",
                           where=f"{path}:{line}", fix="rename the folder or correct the id")
     return record

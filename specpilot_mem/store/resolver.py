@@ -21,7 +21,7 @@ from specpilot_mem.errors import ConflictError, DeltaError, ForkError, Reproduct
 from specpilot_mem.git import Repo, Signature, commit_content
 from specpilot_mem.home import Home
 from specpilot_mem.models import EntryRecord
-from specpilot_mem.store.delta import Delta, FileChange, load_delta
+from specpilot_mem.store.delta import Delta, FileChange, apply_hunks, load_delta
 from specpilot_mem.store.fork import ENTRY_REF_PREFIX, Fork, open_fork
 from specpilot_mem.store.records import delta_path, load_entries
 from specpilot_mem.store.requirements import closure, order
@@ -130,6 +130,7 @@ class Resolver:
         while start > 0 and (base_tree, tuple(order[:start])) not in self._walks:
             start -= 1
         walk = self._walks.get((base_tree, tuple(order[:start])), Walk())
+        self._check_posts(order[start:])
         for n in range(start, len(order)):
             self.ensure_ready(order[n])
             walk = self._step(base_tree, walk, order[n])
@@ -192,13 +193,48 @@ class Resolver:
             return post
         if now is None or pre is None or post is None or change.binary:
             return _CONFLICT
-        merged = self.repo.merge_blobs(pre[1], now[1], post[1])
+        merged = self._merge(change, pre[1], now[1], post[1])
         if merged is None:
             return _CONFLICT
         mode = post[0] if now[0] == pre[0] else now[0]
         return (mode, merged)
 
+    def _merge(self, change: FileChange, pre: str, now: str, post: str) -> str | None:
+        """The entry's hunks applied to the current text (as ``git apply`` would); where they do not
+        match, a real 3-way merge of (pre, current, post) with ``git merge-file``. Memoized by blob ids."""
+        key = (pre, now, post)
+        if key not in _MERGES:
+            content = apply_hunks(self._blob(now), change.hunks)
+            if content is None:
+                merged = self.repo.merge_blobs(pre, now, post)
+                content = None if merged is None else self.repo.read_blobs([merged])[merged]
+            _MERGES[key] = content
+        content = _MERGES[key]
+        return None if content is None else self.repo.write_blob(content)  # this fork may not have it yet
+
+    def _blob(self, oid: str) -> bytes:
+        """Blob content, cached for the process; a miss fetches every blob the loaded deltas and
+        memoized walks refer to in one ``cat-file --batch``, since merges come in runs."""
+        if oid not in _BLOBS:
+            wanted = {oid}
+            for entry_id in self._ready:
+                for change in self.delta(entry_id).changes:
+                    wanted.update(x for x in (change.old_oid, change.new_oid) if x and not change.binary)
+            for walk in self._walks.values():
+                wanted.update(entry[1] for entry in walk.overlay.values() if entry)
+            wanted -= _BLOBS.keys()
+            wanted -= self.repo.missing_objects(wanted)
+            _BLOBS.update(self.repo.read_blobs(wanted | {oid}))
+        return _BLOBS[oid]
+
     # -- proving deltas -------------------------------------------------------------------------------
+    def _check_posts(self, ids: list[str]) -> None:
+        """Mark proven deltas whose post-images are all in the fork as ready: one git call for many."""
+        proven = [i for i in ids if i not in self._ready and self.delta(i).sha256 in self._verified]
+        posts = {i: [c.new_oid for c in self.delta(i).changes if c.new_oid] for i in proven}
+        missing = self.repo.missing_objects(oid for oids in posts.values() for oid in oids)
+        self._ready.update(i for i, oids in posts.items() if not missing.intersection(oids))
+
     def ensure_ready(self, entry_id: str) -> None:
         """Make sure the delta's post-image blobs are in the fork and its text produces them.
 
@@ -278,6 +314,11 @@ class Resolver:
                 where="files: " + ", ".join(bad.paths), fix=f"re-record {bad.id} on top of its requirements",
             )
         return outcome
+
+
+# Content-addressed, so valid across resolvers and forks of this process.
+_MERGES: dict[tuple[str, str, str], bytes | None] = {}
+_BLOBS: dict[str, bytes] = {}
 
 
 class _Marker:
