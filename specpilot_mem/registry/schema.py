@@ -5,7 +5,9 @@ Every table is derived from a record file: entry tables from ``entries/<id>/entr
 from ``rounds/<name>/deployment.yaml``, ``rounds`` and ``promotions`` from a round's ``round.yaml`` and
 ``promotions.yaml`` (``specpilot_mem.rounds.models``).
 ``files`` maps every record file to the sha256 of its content, which drives incremental sync.
-Names are matched through their ``name_key`` (case and punctuation ignored: EAGLE-3 -> eagle3), stored
+Tables carry no PRIMARY KEY: sync writes one row per record key by construction, and DuckDB would
+load every key index whenever the file is opened for writing, which costs an incremental sync more
+than the sync itself. Names are matched through their ``name_key`` (case and punctuation ignored: EAGLE-3 -> eagle3), stored
 beside the name so that SQL filters and Python agree.
 """
 
@@ -15,16 +17,16 @@ SCHEMA_VERSION = 1
 
 TABLES: dict[str, str] = {
     "meta": """
-        CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)""",
+        CREATE TABLE meta (key VARCHAR NOT NULL, value VARCHAR NOT NULL)""",
     "files": """
         CREATE TABLE files (
-            path VARCHAR PRIMARY KEY,       -- relative to the memory home, '/'-separated
+            path VARCHAR NOT NULL,          -- relative to the memory home, '/'-separated
             kind VARCHAR NOT NULL,          -- entry | deployment | round
             record_key VARCHAR NOT NULL,    -- entry id, deployment name, or deployment/round-n
             sha256 VARCHAR NOT NULL)""",
     "entries": """
         CREATE TABLE entries (
-            id VARCHAR PRIMARY KEY,
+            id VARCHAR NOT NULL,
             title VARCHAR NOT NULL,
             summary VARCHAR NOT NULL,
             contract_level VARCHAR NOT NULL,
@@ -100,7 +102,7 @@ TABLES: dict[str, str] = {
             model VARCHAR)""",
     "deployments": """
         CREATE TABLE deployments (
-            name VARCHAR PRIMARY KEY,
+            name VARCHAR NOT NULL,
             gpu VARCHAR NOT NULL,
             arch VARCHAR NOT NULL,
             model VARCHAR NOT NULL,
@@ -126,8 +128,7 @@ TABLES: dict[str, str] = {
             started TIMESTAMPTZ NOT NULL,
             finished TIMESTAMPTZ,
             sealed JSON,                    -- the sealed final's verdict, once run
-            distilled VARCHAR[] NOT NULL,   -- entry ids recorded from the round
-            PRIMARY KEY (deployment, round))""",
+            distilled VARCHAR[] NOT NULL)   -- entry ids recorded from the round""",
     "promotions": """
         CREATE TABLE promotions (
             deployment VARCHAR NOT NULL,

@@ -89,8 +89,12 @@ class _HashCache:
             self.known = {}
         self.seen: dict[str, list] = {}
 
-    def sha256(self, path: str) -> str:
-        st = os.stat(path)
+    def sha256(self, path: str) -> str | None:
+        """The file's sha256, or None when there is no such file (one stat either way)."""
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
         stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
         cached = self.known.get(path)
         if cached is not None and cached[:3] == stamp:
@@ -123,25 +127,23 @@ def scan_records(home: Home) -> dict[str, RecordFile]:
     cache = _HashCache(home)
     found: dict[str, RecordFile] = {}
     for folder in _subdirs(str(home.entries)):
-        path = os.path.join(folder.path, ENTRY_FILE)
-        if os.path.isfile(path):
+        digest = cache.sha256(os.path.join(folder.path, ENTRY_FILE))
+        if digest is not None:
             rel = f"entries/{folder.name}/{ENTRY_FILE}"
-            found[rel] = RecordFile(rel, "entry", folder.name, cache.sha256(path))
+            found[rel] = RecordFile(rel, "entry", folder.name, digest)
     for deployment in _subdirs(str(home.rounds)):
-        path = os.path.join(deployment.path, DEPLOYMENT_FILE)
-        if os.path.isfile(path):
+        digest = cache.sha256(os.path.join(deployment.path, DEPLOYMENT_FILE))
+        if digest is not None:
             rel = f"rounds/{deployment.name}/{DEPLOYMENT_FILE}"
-            found[rel] = RecordFile(rel, "deployment", deployment.name, cache.sha256(path))
+            found[rel] = RecordFile(rel, "deployment", deployment.name, digest)
         for round_dir in _subdirs(deployment.path):
-            if not ROUND_DIR.match(round_dir.name) or not os.path.isfile(os.path.join(round_dir.path, ROUND_FILE)):
+            state = cache.sha256(os.path.join(round_dir.path, ROUND_FILE)) if ROUND_DIR.match(round_dir.name) else None
+            if state is None:
                 continue
-            digest = hashlib.sha256()
-            for name in (ROUND_FILE, PROMOTIONS_FILE):
-                path = os.path.join(round_dir.path, name)
-                if os.path.isfile(path):
-                    digest.update(f"{name}\0{cache.sha256(path)}\n".encode())
+            promotions = cache.sha256(os.path.join(round_dir.path, PROMOTIONS_FILE))
+            combined = hashlib.sha256(f"{ROUND_FILE}\0{state}\n{PROMOTIONS_FILE}\0{promotions}\n".encode()).hexdigest()
             rel = f"rounds/{deployment.name}/{round_dir.name}/"
-            found[rel] = RecordFile(rel, "round", f"{deployment.name}/{round_dir.name}", digest.hexdigest())
+            found[rel] = RecordFile(rel, "round", f"{deployment.name}/{round_dir.name}", combined)
     cache.save()
     return found
 
@@ -394,6 +396,12 @@ def sync(home: Home, *, rebuild: bool = False, show_progress: bool = False) -> S
     current = scan_records(home)
     seen_file = _file_identity(home.registry)
     stored = None if rebuild else stored_hashes(home.registry)
+    return _sync(home, current, stored, seen_file, rebuild=rebuild, show_progress=show_progress, started=started)
+
+
+def _sync(home: Home, current: dict[str, RecordFile], stored: dict[str, str] | None, seen_file, *, rebuild: bool,
+          show_progress: bool, started: float) -> SyncReport:
+    """Sync given the scanned records and the hashes read from the registry file whose identity was ``seen_file``."""
     if stored is not None and not any(_diff(current, stored)):
         return SyncReport(False, "up to date", records=len(current), seconds=time.perf_counter() - started)
     with writer_lock(home):
@@ -468,13 +476,16 @@ def _write(home: Home, records: list[RecordFile], *, stale: list[str], fresh: bo
 
 def connect(home: Home) -> duckdb.DuckDBPyConnection:
     """A read-only connection to an up-to-date registry, syncing it first when a record changed."""
-    current = {path: rec.sha256 for path, rec in scan_records(home).items()}
+    started = time.perf_counter()
+    current = scan_records(home)
+    seen_file = _file_identity(home.registry)
     con = _open_read_only(home.registry)
-    if con is not None and _hashes_if_current(con) == current:
+    stored = None if con is None else _hashes_if_current(con)
+    if stored is not None and not any(_diff(current, stored)):
         return con
     if con is not None:
         con.close()
-    sync(home)
+    _sync(home, current, stored, seen_file, rebuild=False, show_progress=False, started=started)
     con = _open_read_only(home.registry)
     if con is None:
         raise RegistryError("cannot open the registry after syncing it", where=str(home.registry),
