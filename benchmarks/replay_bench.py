@@ -73,7 +73,7 @@ def bench_replay(steps: int, builder: str, nodes: int, requests: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build-steps", type=int, default=16384)
-    ap.add_argument("--build-batch", type=int, default=4096)
+    ap.add_argument("--build-batch", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--replay-steps", type=int, default=100_000)
     ap.add_argument("--requests", type=int, default=200)
