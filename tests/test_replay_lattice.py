@@ -93,6 +93,10 @@ def test_wrong_shapes_and_files_are_clear_errors(tmp_path):
     with pytest.raises(LatticeError, match="cannot read"):
         load_lattice(tmp_path / "text.npz")
     lat = generate(SyntheticSpec(requests=1, length=4, positions=2, candidates=2))
+    lat.unary[0, 0, 0] = np.inf
+    with pytest.raises(LatticeError, match="NaN or \\+inf"):
+        save_lattice(lat, tmp_path / "inf.npz")
+    lat.unary[0, 0, 0] = 0.0
     lat.meta = {**lat.meta, "version": 99}
     with pytest.raises(LatticeError, match="version 99"):
         save_lattice(lat, tmp_path / "v.npz")

@@ -150,8 +150,9 @@ def validate(lat: Lattice, where: str) -> None:
                            fix="record each position of the greedy output once")
     for lo in range(0, s, VALIDATE_CHUNK):  # chunked: a full-size boolean temporary would double memory
         part = slice(lo, lo + VALIDATE_CHUNK)
-        if np.isnan(lat.unary[part]).any() or np.isnan(lat.pair[part]).any():
-            raise LatticeError("the lattice holds NaN scores", where=where,
+        unary, pair = lat.unary[part], lat.pair[part]
+        if np.isnan(unary).any() or np.isnan(pair).any() or (unary == np.inf).any() or (pair == np.inf).any():
+            raise LatticeError("the lattice holds NaN or +inf scores", where=where,
                                fix="record finite scores (-inf marks a candidate slot that holds no token)")
         if not np.all(lat.pair[part, 0] == lat.pair[part, 0, :1]):
             raise LatticeError("pair[:, 0] differs between rows", where=where,
