@@ -9,7 +9,8 @@ from specpilot_mem.output import console, emit, table
 def register(subparsers, common) -> None:
     parser = subparsers.add_parser("apply", parents=[common], help="apply entries (with requirements) onto a base",
                                    description=__doc__)
-    parser.add_argument("ids", nargs="+", metavar="ID", help="entry ids")
+    parser.add_argument("ids", nargs="*", metavar="ID", help="entry ids")
+    parser.add_argument("--all", action="store_true", help="every recorded entry")
     parser.add_argument("--onto", default="stock", metavar="stock|REV", help="base: stock (default) or a fork revision")
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--branch", metavar="deploy/NAME", help="write the result as this fork branch")
@@ -32,16 +33,19 @@ def payload_of(result) -> dict:
 def run(args) -> int:
     from specpilot_mem.store.resolver import apply_entries
 
+    from specpilot_mem.store import load_entries
+
     home = find_home(args.home)
-    result = apply_entries(home, args.ids, onto=args.onto, branch=args.branch, worktree=args.worktree,
+    ids = list(load_entries(home)) if args.all else args.ids
+    result = apply_entries(home, ids, onto=args.onto, branch=args.branch, worktree=args.worktree,
                            export=args.export, force=args.force)
 
     def render(data) -> None:
         rows = []
         for e in data["entries"]:
             check = {True: "yes", False: "NO", None: "-"}[e["reproduced"]]
-            rows.append((e["id"], e["status"], check, ", ".join(e["paths"][:4]) + (" ..." if len(e["paths"]) > 4 else ""),
-                         ", ".join(e["conflicts_with"])))
+            files = f"{len(e['paths'])}: {e['paths'][0]}" + (" ..." if len(e["paths"]) > 1 else "") if e["paths"] else "-"
+            rows.append((e["id"], e["status"], check, files, ", ".join(e["conflicts_with"])))
         console.print(table(f"apply onto {data['onto']} ({data['onto_commit'][:12]})",
                             ["entry", "status", "reproduces", "files", "conflicts with"], rows))
         console.print(f"result tree {data['tree']}")

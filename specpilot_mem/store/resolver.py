@@ -354,7 +354,7 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
     package (``specpilot_mem.sglang.export``). Refs change only after every check passed.
     """
     if not ids:
-        raise UnknownEntryError("no entries to apply", where="apply", fix="name at least one entry id")
+        raise UnknownEntryError("no entries to apply", where="apply", fix="name at least one entry id, or pass --all")
     fork = resolver.fork if resolver else open_fork(home)
     with fork.lock():
         resolver = resolver or Resolver(fork)
