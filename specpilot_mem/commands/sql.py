@@ -59,10 +59,10 @@ def run(args) -> int:
 
     from specpilot_mem.errors import RegistryError
     from specpilot_mem.home import find_home
-    from specpilot_mem.registry.sync import connect
+    from specpilot_mem.registry.sync import connect, seal
 
     statement = check_read_only(args.statement)
-    con = connect(find_home(args.home))
+    con = seal(connect(find_home(args.home)))
     try:
         cursor = con.execute(statement)
         columns = [d[0] for d in cursor.description]

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -316,16 +317,48 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[tuple]) -> No
 
 
 # --------------------------------------------------------------------------------------------- the file
+#
+# Every access goes through an in-memory DuckDB instance that ATTACHes the file, never through
+# ``duckdb.connect(path)``: DuckDB caches databases by path within a process, so after a sync renamed a
+# new file into place, a process still holding a connection would be handed the old file again. One
+# instance serves a whole call (reading the stored hashes, writing, reading again), because creating
+# an instance costs more CPU than a query.
 
-def stored_hashes(db: Path) -> dict[str, str] | None:
-    """Path -> sha256 as the registry stored them; None when the file is missing, unreadable or of another schema."""
-    con = _open_read_only(db)
-    if con is None:
-        return None
+def _instance() -> duckdb.DuckDBPyConnection:
+    return duckdb.connect(":memory:", config=READ_CONFIG)
+
+
+def _attach_read_only(con: duckdb.DuckDBPyConnection, db: Path) -> bool:
+    """ATTACH ``db`` read-only as the connection's default database; False if it cannot be opened."""
+    if not db.is_file():
+        return False
     try:
-        return _hashes_if_current(con)
+        con.execute("ATTACH ? AS registry (READ_ONLY)", [str(db)])
+    except duckdb.Error:
+        return False
+    con.execute("USE registry")
+    return True
+
+
+def _detach(con: duckdb.DuckDBPyConnection, alias: str = "registry") -> None:
+    con.execute("USE memory")
+    con.execute(f"DETACH {alias}")
+
+
+def stored_hashes(db: Path, con: duckdb.DuckDBPyConnection | None = None) -> dict[str, str] | None:
+    """Path -> sha256 as the registry stored them; None when the file is missing, unreadable or of another schema."""
+    own = con is None
+    con = _instance() if own else con
+    try:
+        if not _attach_read_only(con, db):
+            return None
+        try:
+            return _hashes_if_current(con)
+        finally:
+            _detach(con)
     finally:
-        con.close()
+        if own:
+            con.close()
 
 
 def _hashes_if_current(con: duckdb.DuckDBPyConnection) -> dict[str, str] | None:
@@ -390,41 +423,6 @@ def _delete_records(con: duckdb.DuckDBPyConnection, records: list[tuple[str, str
                 con.execute(f"DELETE FROM {table} WHERE deployment = ? AND round = ?", [deployment, int(ROUND_DIR.match(folder)[1])])
 
 
-def sync(home: Home, *, rebuild: bool = False, show_progress: bool = False) -> SyncReport:
-    """Bring ``home.registry`` up to date with the records; ``rebuild`` starts from an empty database."""
-    started = time.perf_counter()
-    current = scan_records(home)
-    seen_file = _file_identity(home.registry)
-    stored = None if rebuild else stored_hashes(home.registry)
-    return _sync(home, current, stored, seen_file, rebuild=rebuild, show_progress=show_progress, started=started)
-
-
-def _sync(home: Home, current: dict[str, RecordFile], stored: dict[str, str] | None, seen_file, *, rebuild: bool,
-          show_progress: bool, started: float) -> SyncReport:
-    """Sync given the scanned records and the hashes read from the registry file whose identity was ``seen_file``."""
-    if stored is not None and not any(_diff(current, stored)):
-        return SyncReport(False, "up to date", records=len(current), seconds=time.perf_counter() - started)
-    with writer_lock(home):
-        if not rebuild and _file_identity(home.registry) != seen_file:
-            # Another writer replaced the registry while this one waited: diff against what is there now.
-            stored = stored_hashes(home.registry)
-        if stored is None:
-            reason = "rebuild requested" if rebuild else (
-                "no registry yet" if not home.registry.exists() else "registry unreadable or of another schema version"
-            )
-            report = SyncReport(True, reason, added=sorted(current))
-            _write(home, list(current.values()), stale=[], fresh=True, show_progress=show_progress)
-        else:
-            added, changed, removed = _diff(current, stored)
-            report = SyncReport(False, "records changed" if added or changed or removed else "up to date", added, changed, removed)
-            if report.wrote:
-                _write(home, [current[p] for p in added + changed], stale=changed + removed, fresh=False,
-                       show_progress=show_progress)
-    report.records = len(current)
-    report.seconds = time.perf_counter() - started
-    return report
-
-
 def _file_identity(path: Path) -> tuple[int, int, int] | None:
     try:
         st = path.stat()
@@ -433,26 +431,65 @@ def _file_identity(path: Path) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _write(home: Home, records: list[RecordFile], *, stale: list[str], fresh: bool, show_progress: bool) -> None:
+def sync(home: Home, *, rebuild: bool = False, show_progress: bool = False) -> SyncReport:
+    """Bring ``home.registry`` up to date with the records; ``rebuild`` starts from an empty database."""
+    started = time.perf_counter()
+    current = scan_records(home)
+    seen_file = _file_identity(home.registry)
+    con = _instance()
+    try:
+        stored = None if rebuild else stored_hashes(home.registry, con)
+        return _sync(home, con, current, stored, seen_file, rebuild=rebuild, show_progress=show_progress, started=started)
+    finally:
+        con.close()
+
+
+def _sync(home: Home, con: duckdb.DuckDBPyConnection, current: dict[str, RecordFile], stored: dict[str, str] | None,
+          seen_file, *, rebuild: bool, show_progress: bool, started: float) -> SyncReport:
+    """Sync given the scanned records and the hashes read from the registry file whose identity was ``seen_file``."""
+    if stored is not None and not any(_diff(current, stored)):
+        return SyncReport(False, "up to date", records=len(current), seconds=time.perf_counter() - started)
+    with writer_lock(home):
+        if not rebuild and _file_identity(home.registry) != seen_file:
+            # Another writer replaced the registry while this one waited: diff against what is there now.
+            stored = stored_hashes(home.registry, con)
+        if stored is None:
+            reason = "rebuild requested" if rebuild else (
+                "no registry yet" if not home.registry.exists() else "registry unreadable or of another schema version"
+            )
+            report = SyncReport(True, reason, added=sorted(current))
+            _write(home, con, list(current.values()), stale=[], fresh=True, show_progress=show_progress)
+        else:
+            added, changed, removed = _diff(current, stored)
+            report = SyncReport(False, "records changed" if added or changed or removed else "up to date", added, changed, removed)
+            if report.wrote:
+                _write(home, con, [current[p] for p in added + changed], stale=changed + removed, fresh=False,
+                       show_progress=show_progress)
+    report.records = len(current)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _write(home: Home, con: duckdb.DuckDBPyConnection, records: list[RecordFile], *, stale: list[str], fresh: bool,
+           show_progress: bool) -> None:
     """Index ``records`` (replacing the rows of the ``stale`` record paths) into a temp file, then rename it into place."""
     from specpilot_mem.output import progress
 
     with progress("indexing records", total=len(records), enabled=show_progress and len(records) > 50) as bar:
         rows = _parse(home, records, bar.advance)  # raises on a bad record, before anything is written
     home.state.mkdir(parents=True, exist_ok=True)
-    tmp = home.state / f"registry-build-{os.getpid()}.duckdb"
+    tmp = home.state / f"registry-build-{os.getpid()}-{threading.get_ident()}.duckdb"
     wal = tmp.with_name(tmp.name + ".wal")
     for leftover in (tmp, wal):
         leftover.unlink(missing_ok=True)
     try:
         if not fresh:
             shutil.copyfile(home.registry, tmp)
-        con = duckdb.connect(":memory:", config=READ_CONFIG)  # ATTACH, not connect(path): see _open_read_only
+        # Small blocks: the committed registry holds few rows, and DuckDB's default 256 KiB blocks
+        # would make even an empty registry megabytes of binary churn in git.
+        con.execute(f"ATTACH ? AS build {'(BLOCK_SIZE 16384)' if fresh else ''}", [str(tmp)])
         try:
-            # Small blocks: the committed registry holds few rows, and DuckDB's default 256 KiB blocks
-            # would make even an empty registry megabytes of binary churn in git.
-            con.execute(f"ATTACH ? AS registry {'(BLOCK_SIZE 16384)' if fresh else ''}", [str(tmp)])
-            con.execute("USE registry")
+            con.execute("USE build")
             con.execute("BEGIN TRANSACTION")
             if fresh:
                 _create_schema(con)
@@ -463,11 +500,9 @@ def _write(home: Home, records: list[RecordFile], *, stale: list[str], fresh: bo
             for table, table_rows in rows.items():
                 _insert(con, table, table_rows)
             con.execute("COMMIT")
-            con.execute("CHECKPOINT registry")
-            con.execute("USE memory")
-            con.execute("DETACH registry")
+            con.execute("CHECKPOINT build")
         finally:
-            con.close()
+            _detach(con, "build")
         os.replace(tmp, home.registry)
     finally:
         tmp.unlink(missing_ok=True)
@@ -479,37 +514,26 @@ def connect(home: Home) -> duckdb.DuckDBPyConnection:
     started = time.perf_counter()
     current = scan_records(home)
     seen_file = _file_identity(home.registry)
-    con = _open_read_only(home.registry)
-    stored = None if con is None else _hashes_if_current(con)
-    if stored is not None and not any(_diff(current, stored)):
-        return con
-    if con is not None:
-        con.close()
-    _sync(home, current, stored, seen_file, rebuild=False, show_progress=False, started=started)
-    con = _open_read_only(home.registry)
-    if con is None:
-        raise RegistryError("cannot open the registry after syncing it", where=str(home.registry),
-                            fix="run `specpilot-mem registry rebuild`")
-    return con
-
-
-def _open_read_only(db: Path) -> duckdb.DuckDBPyConnection | None:
-    """A read-only connection to ``db``, or None if it cannot be opened.
-
-    The file is ATTACHed to a fresh in-memory database instead of opened with ``duckdb.connect(path)``:
-    DuckDB caches databases by path within a process, so after a sync renamed a new file into place, a
-    process still holding a connection would otherwise be handed the old file again. File access is then
-    switched off and the configuration locked, so a statement can read the registry and nothing else.
-    """
-    if not db.is_file():
-        return None
-    con = duckdb.connect(":memory:", config=READ_CONFIG)
+    con = _instance()
     try:
-        con.execute("ATTACH ? AS registry (READ_ONLY)", [str(db)])
-        con.execute("USE registry")
-        con.execute("SET enable_external_access = false")
-        con.execute("SET lock_configuration = true")
-    except duckdb.Error:
+        attached = _attach_read_only(con, home.registry)
+        stored = _hashes_if_current(con) if attached else None
+        if stored is not None and not any(_diff(current, stored)):
+            return con
+        if attached:
+            _detach(con)
+        _sync(home, con, current, stored, seen_file, rebuild=False, show_progress=False, started=started)
+        if not _attach_read_only(con, home.registry):
+            raise RegistryError("cannot open the registry after syncing it", where=str(home.registry),
+                                fix="run `specpilot-mem registry rebuild`")
+        return con
+    except BaseException:
         con.close()
-        return None
+        raise
+
+
+def seal(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """Switch off file access and lock the configuration: statements can read the registry and nothing else."""
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
     return con
