@@ -182,3 +182,29 @@ def test_tree_verification_reproduces_ar(engine, prompts, ar_outputs, builder):
     tree_engine = engine.with_options(tree=builder, nodes=12, positions=8)
     spec = tree_engine.generate(prompts[:1], "spec", max_new_tokens=24)
     assert spec[0].output_ids == ar_outputs[0].output_ids
+
+
+def test_recorded_lattices_match_live_drafts(engine, prompts, tmp_path):
+    """The step recorded at position p is what a live step drafts with p output tokens committed."""
+    import numpy as np
+
+    from specpilot_mem.replay.lattice import LatticeRecorder, load_lattice
+    from specpilot_mem.replay.replay import replay
+
+    recorder = LatticeRecorder(tmp_path / "lat.npz", kind="selector", positions=8, meta={"synthetic": True})
+    runs = engine.record_lattices(recorder, prompts, positions=8, max_new_tokens=24, labels=["a/dev", "b/unseen"])
+    recorder.close()
+    lat = load_lattice(tmp_path / "lat.npz")
+    assert lat.num_steps == 48 and list(lat.labels) == ["a/dev", "b/unseen"]
+    out = runs[1].output_ids
+    assert lat.greedy_tokens[lat.greedy_offsets[1]:lat.greedy_offsets[2]].tolist() == out
+    lookup = lat.step_lookup()
+    for p in (1, 9, 23):
+        engine.cache.reset()
+        engine.prefill(prompts[1] + out[:p - 1])
+        live = engine.draft(out[p - 1], 8)
+        step = lookup[lat.greedy_offsets[1] + p]
+        assert lat.cand[step].tolist() == live.cand.tolist()
+        assert np.allclose(lat.pair[step].astype(np.float32), live.pair.numpy(), atol=2e-2)
+    steps, tokens = replay(lat, "chain", 8)
+    assert list(tokens) == [24, 24] and all(steps <= tokens)

@@ -127,9 +127,19 @@ class BlockDrafter(nn.Module):
 
     def lattice(self, hidden, base_logits, anchor: int, positions: int) -> Lattice:
         """Lattice of one block. hidden [block_size, d]; base_logits [block_size, V]."""
+        anchors = torch.tensor([anchor], device=hidden.device)
+        cand, unary, pair = self.lattice_batch(hidden[None], base_logits[None], anchors, positions)
+        return Lattice(cand=cand[0], unary=unary[0], pair=pair[0])
+
+    def lattice_batch(self, hidden, base_logits, anchors, positions: int):
+        """Lattices of N blocks. hidden [N, S, d]; base_logits [N, S, V]; anchors [N].
+
+        Returns cand [N, m, K], unary [N, m, K] (log-softmax of the base logits), pair [N, m, K, K].
+        """
         K = self.cfg.top_k
-        logp = torch.log_softmax(base_logits[:positions].float(), dim=-1)
-        unary, cand = logp.topk(K, dim=-1)  # [m, K]
-        prev = torch.cat([torch.full((1, K), anchor, device=cand.device, dtype=cand.dtype), cand[:-1]], dim=0)
-        pair = unary[:, None, :] + self.pair_logits(hidden[:positions], prev, cand)
-        return Lattice(cand=cand, unary=unary, pair=pair)
+        logp = torch.log_softmax(base_logits[:, :positions].float(), dim=-1)
+        unary, cand = logp.topk(K, dim=-1)
+        first = anchors[:, None, None].expand(-1, 1, K).to(cand.dtype)
+        prev = torch.cat([first, cand[:, :-1]], dim=1)
+        pair = unary[:, :, None, :] + self.pair_logits(hidden[:, :positions], prev, cand)
+        return cand, unary, pair

@@ -134,8 +134,10 @@ class Engine:
         logits = lm_head(hidden[0], self.target.lm_head_weight, self.options.lm_head, self.options.splitk_chunks)
         return logits, pending
 
-    def _verify(self, rows: Rows):
-        """Logits [R, V] of rows against the cache, and their Pending; keys/values written."""
+    @torch.no_grad()
+    def verify(self, rows: Rows):
+        """Logits [R, V] of rows against the cache, and their Pending; keys/values written at slots
+        cache.length + i, nothing committed (so repeating it is idempotent: benchmarks time it)."""
         if not self._use_graphs():
             return self._verify_eager(rows, self.cache.length + rows.count)
         key = ("verify", rows.count)
@@ -171,7 +173,9 @@ class Engine:
         hidden = self.drafter(self.target.embed, feats, valid[None], anchor, self.cache.length_t[None])[0]
         return hidden, lm_head(hidden, self.target.lm_head_weight)
 
-    def _draft(self, anchor_token: int, positions: int) -> Lattice:
+    @torch.no_grad()
+    def draft(self, anchor_token: int, positions: int) -> Lattice:
+        """The drafter's lattice for ``positions`` positions after ``anchor_token`` at cache.length."""
         anchor = torch.tensor([anchor_token], device=self.device)
         if self._use_graphs():
             if "draft" not in self._graphs:
@@ -194,7 +198,8 @@ class Engine:
         bias[:: opts.fault_stride] = opts.fault_bias
         return logits + hit * bias
 
-    def _prefill(self, tokens: list[int], chunk_starts: list[int] | None = None) -> torch.Tensor:
+    @torch.no_grad()
+    def prefill(self, tokens: list[int], chunk_starts: list[int] | None = None) -> torch.Tensor:
         """Commit ``tokens`` in chunks (default: chunk_size pieces from 0); returns hidden [T, d]."""
         size = self.options.chunk_size
         starts = chunk_starts if chunk_starts is not None else list(range(0, len(tokens), size))
@@ -234,7 +239,7 @@ class Engine:
         self._sync()
         start = time.perf_counter()
         self.cache.reset()
-        hidden = self._prefill(prompt)
+        hidden = self.prefill(prompt)
         last = lm_head(hidden[-1:], self.target.lm_head_weight, self.options.lm_head, self.options.splitk_chunks)
         first = int(self._fault(last, torch.zeros(1, device=self.device)).argmax(-1))
         outputs, times, accepted = [first], [time.perf_counter() - start], []
@@ -245,7 +250,7 @@ class Engine:
             else:
                 tokens, parents = self._draft_tree(pending_token)
             rows = make_rows(tokens, parents, self.target.cfg.conv_size, self.device)
-            logits, pending = self._verify(rows)
+            logits, pending = self.verify(rows)
             logits = self._fault(logits, len(outputs) + rows.depth)
             best = logits.argmax(-1).tolist()
             path = [0]
@@ -270,7 +275,7 @@ class Engine:
     def _draft_tree(self, anchor_token: int) -> tuple[list[int], list[int]]:
         """Rows to verify: the anchor (root, row 0) and the drafted chain or tree below it."""
         opts = self.options
-        lattice = self._draft(anchor_token, opts.positions).to("cpu")
+        lattice = self.draft(anchor_token, opts.positions).to("cpu")
         if opts.tree == "chain":
             chain = lattice.chain()
             return [anchor_token] + chain, list(range(-1, len(chain)))
@@ -278,6 +283,37 @@ class Engine:
 
         tokens, parents = build_tree(opts.tree, lattice, opts.nodes)
         return [anchor_token] + tokens, [-1] + [p + 1 for p in parents]
+
+    @torch.no_grad()
+    def record_lattices(self, recorder, requests, positions: int = 16, max_new_tokens: int = 128,
+                        labels: list[str] | None = None, batch: int = 64) -> list[Generation]:
+        """Record teacher-forced lattices at EVERY position of each request's greedy output into a
+        ``specpilot_mem.replay.lattice.LatticeRecorder`` (kind "selector", ``positions`` positions).
+
+        The step at position p (p output tokens committed) drafts after the last committed token from
+        the target's features of everything before it, exactly as a live step would. Returns the AR
+        generations (the greedy outputs) so callers can reuse them.
+        """
+        if self.drafter is None:
+            raise ValueError("recording lattices needs a drafter")
+        runs = self.generate(requests, "ar", max_new_tokens)
+        W = self.drafter.cfg.context_window
+        for index, run in enumerate(runs):
+            seq = run.prompt_ids + run.output_ids
+            self.cache.reset()
+            self.prefill(seq)
+            P, n = len(run.prompt_ids), len(run.output_ids)
+            anchor_pos = torch.arange(P - 1, P - 1 + n, device=self.device)
+            for lo in range(0, n, batch):
+                pos = anchor_pos[lo:lo + batch]
+                ctx = pos[:, None] - W + torch.arange(W, device=self.device)
+                anchors = torch.tensor(seq, device=self.device)[pos]
+                hidden = self.drafter(self.target.embed, self.cache.features[ctx.clamp(min=0)], ctx >= 0, anchors, pos)
+                base = lm_head(hidden, self.target.lm_head_weight)
+                cand, unary, pair = self.drafter.lattice_batch(hidden, base, anchors, positions)
+                recorder.add_batch([run.id] * pos.numel(), (pos - (P - 1)).tolist(), cand, unary, pair)
+            recorder.set_greedy(run.id, run.output_ids, label=labels[index] if labels else "")
+        return runs
 
     @torch.no_grad()
     def score(self, prompt_ids: list[int], output_ids: list[int], fp32_head: bool = True,
@@ -296,7 +332,7 @@ class Engine:
         self.cache.reset()
         size = self.options.chunk_size
         starts = list(range(0, split, size)) + list(range(split, len(seq), size))
-        hidden = self._prefill(seq, sorted(set(starts)))
+        hidden = self.prefill(seq, sorted(set(starts)))
         predicting = hidden[len(prompt_ids) - 1: len(seq) - 1]
         logits = lm_head(predicting, self.target.lm_head_weight, "dense", fp32=fp32_head)
         logp = torch.log_softmax(logits.float(), dim=-1)

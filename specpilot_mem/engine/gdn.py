@@ -61,6 +61,11 @@ def masked_wy(q, k, v, log_decay, beta, state, anc, all_end_states: bool = True)
     each row's root path [B, H, R, K, V] (a verify pass commits the accepted row's), else only the
     last row's [B, H, K, V] (a prefill chunk, where the last row ends the chain).
     """
+    with torch.autocast(q.device.type, enabled=False):  # the WY algebra needs float32 matmuls
+        return _masked_wy(q, k, v, log_decay, beta, state, anc, all_end_states)
+
+
+def _masked_wy(q, k, v, log_decay, beta, state, anc, all_end_states):
     q, k, v, log_decay, beta, state = (x.float() for x in (q, k, v, log_decay, beta, state))
     ancf = anc.to(q.dtype)
     path_decay = torch.einsum("ij,bhj->bhi", ancf, log_decay)  # sum of log a along each root path

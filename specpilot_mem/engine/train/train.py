@@ -1,0 +1,237 @@
+"""Train the target, then the block drafter on the frozen target, in one seeded run (one H200 call).
+
+Imports only torch, numpy and safetensors (via the engine), so it runs on the bare H200 with
+``PYTHONPATH=kernels:.``; the corpus arrives pre-tokenized (``corpus.prepare``).
+
+    python3 -m specpilot_mem.engine.train.train --tokens .g1data/corpus.npz --out models \
+        --target-seconds 150 --drafter-seconds 90
+
+A time budget picks the step count after a few timed warm-up steps (logged, so ``--target-steps`` /
+``--drafter-steps`` reproduce a run exactly); the learning rate follows a cosine over those steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specpilot_mem.engine import weights
+from specpilot_mem.engine.config import DrafterConfig, TargetConfig
+from specpilot_mem.engine.drafter import BlockDrafter
+from specpilot_mem.engine.model import HybridTarget
+
+WARMUP_STEPS = 10  # timed to choose the step count from a time budget; also the LR warm-up
+TIMING_FROM = 3
+
+
+def batch_starts(stream_len: int, seq_len: int, batch: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, stream_len - seq_len - 1, (batch,), generator=generator)
+
+
+def take(stream: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Tensor:
+    return stream[starts[:, None] + torch.arange(length, device=stream.device)[None]]
+
+
+def lr_at(step: int, total: int, peak: float) -> float:
+    if step < WARMUP_STEPS:
+        return peak * (step + 1) / WARMUP_STEPS
+    progress = min(1.0, (step - WARMUP_STEPS) / max(1, total - WARMUP_STEPS))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def target_loss(model: HybridTarget, tokens: torch.Tensor) -> torch.Tensor:
+    hidden, _ = model.forward_train(tokens[:, :-1])
+    logits = hidden @ model.lm_head_weight.t()
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+def drafter_batch(target: HybridTarget, drafter: BlockDrafter, tokens: torch.Tensor, anchors_per_seq: int,
+                  generator: torch.Generator):
+    """Drafter inputs and labels from a batch of sequences: labels are the frozen target's argmax
+    (what verification will compare with). Returns (features, valid, anchors, anchor_pos, labels)."""
+    cfg = drafter.cfg
+    B, T = tokens.shape
+    with torch.no_grad():
+        hidden, feats = target.forward_train(tokens)
+        greedy = (hidden @ target.lm_head_weight.t()).argmax(-1)  # greedy[t] = target's next token after t
+    anchor_pos = torch.randint(1, T - cfg.block_size, (B, anchors_per_seq), generator=generator).to(tokens.device)
+    rows = torch.arange(B, device=tokens.device)[:, None].expand_as(anchor_pos)
+    ctx = anchor_pos[..., None] - cfg.context_window + torch.arange(cfg.context_window, device=tokens.device)
+    valid = ctx >= 0
+    features = feats[rows[..., None], ctx.clamp(min=0)]
+    # The slot j label: the target's argmax after (anchor + j - 1): greedy at anchor_pos + j - 1.
+    label_pos = anchor_pos[..., None] + torch.arange(cfg.block_size, device=tokens.device)
+    labels = greedy[rows[..., None], label_pos]
+    flat = lambda x: x.reshape(B * anchors_per_seq, *x.shape[2:])  # noqa: E731
+    return flat(features), flat(valid), flat(tokens[rows, anchor_pos]), flat(anchor_pos), flat(labels)
+
+
+def drafter_loss(target: HybridTarget, drafter: BlockDrafter, batch, slot_decay: float = 0.9):
+    """Block CE on the base logits plus CE of the selector-conditioned logits given the previous label.
+    Returns (loss, per-slot top-1 accuracy of the base logits [block])."""
+    features, valid, anchors, anchor_pos, labels = batch
+    hidden = drafter(target.embed, features, valid, anchors, anchor_pos)  # [N, S, d]
+    base = (hidden @ target.lm_head_weight.t()).float()
+    prev = torch.cat([anchors[:, None], labels[:, :-1]], dim=1)
+    conditioned = base + drafter.pair_logits_full(hidden, prev)
+    S = labels.shape[1]
+    weights_ = slot_decay ** torch.arange(S, device=base.device, dtype=torch.float32)
+    weights_ = weights_ / weights_.sum()
+    ce_base = F.cross_entropy(base.reshape(-1, base.shape[-1]), labels.reshape(-1), reduction="none").view(-1, S)
+    ce_cond = F.cross_entropy(conditioned.reshape(-1, base.shape[-1]), labels.reshape(-1), reduction="none").view(-1, S)
+    loss = ((ce_base + ce_cond).mean(0) * weights_).sum()
+    return loss, (base.argmax(-1) == labels).float().mean(0)
+
+
+@torch.no_grad()
+def evaluate_target(model: HybridTarget, stream: torch.Tensor, seq_len: int, max_tokens: int) -> float:
+    """Mean next-token loss (nats) over consecutive windows of the stream."""
+    windows = min((stream.numel() - 1) // seq_len, max(1, max_tokens // seq_len))
+    total, count = 0.0, 0
+    for start in range(0, windows, 16):
+        idx = torch.arange(start, min(start + 16, windows), device=stream.device) * seq_len
+        tokens = take(stream, idx, seq_len + 1)
+        with torch.autocast(stream.device.type, dtype=torch.bfloat16, enabled=stream.is_cuda):
+            loss = target_loss(model, tokens)
+        total += float(loss) * idx.numel()
+        count += idx.numel()
+    return total / count
+
+
+@torch.no_grad()
+def evaluate_drafter(target, drafter, stream, seq_len: int, batches: int, generator) -> dict:
+    """Per-slot top-1 accuracy against the target's argmax and the teacher-forced chain length proxy."""
+    accs, chains = [], []
+    for _ in range(batches):
+        tokens = take(stream, batch_starts(stream.numel(), seq_len, 8, generator).to(stream.device), seq_len)
+        with torch.autocast(stream.device.type, dtype=torch.bfloat16, enabled=stream.is_cuda):
+            batch = drafter_batch(target, drafter, tokens, 32, generator)
+            features, valid, anchors, anchor_pos, labels = batch
+            hidden = drafter(target.embed, features, valid, anchors, anchor_pos)
+            base = (hidden @ target.lm_head_weight.t()).float()
+        hit = base.argmax(-1) == labels
+        accs.append(hit.float().mean(0))
+        chains.append(1 + hit[:, :8].int().cumprod(1).sum(1).float().mean())
+    return {"slot_accuracy": torch.stack(accs).mean(0).tolist(), "chain8_tau_proxy": float(torch.stack(chains).mean())}
+
+
+def run_phase(name, params, step_fn, steps: int | None, seconds: float, lr: float, log: list, device) -> int:
+    """AdamW over ``params``; ``steps`` fixed, or chosen from ``seconds`` after the warm-up steps."""
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=device.type == "cuda")
+    total = steps if steps is not None else WARMUP_STEPS + 1
+    step, start = 0, time.perf_counter()
+    while step < total:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, total, lr)
+        loss, extra = step_fn()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        if steps is None and step in (TIMING_FROM, WARMUP_STEPS):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if step == TIMING_FROM:  # the first steps pay for CUDA initialisation: time the later ones
+                timing_start = time.perf_counter()
+                continue
+            per_step = (time.perf_counter() - timing_start) / (WARMUP_STEPS - TIMING_FROM)
+            total = max(WARMUP_STEPS + 1, int((seconds - (time.perf_counter() - start)) / per_step) + WARMUP_STEPS)
+            log.append({"phase": name, "event": "steps_chosen", "seconds_per_step": per_step, "steps": total})
+        if step % 50 == 0 or step == total:
+            entry = {"phase": name, "step": step, "loss": loss.item(), "elapsed_s": round(time.perf_counter() - start, 2)}
+            if extra is not None:
+                entry["slot_accuracy"] = [round(float(a), 4) for a in extra[:8]]
+            log.append(entry)
+            print(json.dumps(entry), flush=True)
+    return total
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=Path, required=True, help="corpus.npz from corpus.prepare")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--target-steps", type=int)
+    ap.add_argument("--target-seconds", type=float, default=150)
+    ap.add_argument("--target-lr", type=float, default=2e-3)
+    ap.add_argument("--drafter-steps", type=int)
+    ap.add_argument("--drafter-seconds", type=float, default=90)
+    ap.add_argument("--drafter-lr", type=float, default=2e-3)
+    ap.add_argument("--anchors", type=int, default=16, help="drafter blocks per training sequence")
+    ap.add_argument("--eval-tokens", type=int, default=400_000)
+    args = ap.parse_args(argv)
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    data = np.load(args.tokens)
+    streams = {s: torch.from_numpy(data[s].astype(np.int64)).to(device) for s in ("train", "dev", "unseen")}
+    target_cfg, drafter_cfg = TargetConfig(), DrafterConfig()
+    target = HybridTarget(target_cfg).to(device)
+    drafter = BlockDrafter(drafter_cfg, target_cfg).to(device)
+    log: list[dict] = [{"event": "start", "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                        "torch": torch.__version__, "args": {k: str(v) for k, v in vars(args).items()},
+                        "target_params": sum(p.numel() for p in target.parameters()),
+                        "drafter_params": sum(p.numel() for p in drafter.parameters()),
+                        "train_tokens": int(streams["train"].numel())}]
+    print(json.dumps(log[0]), flush=True)
+    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")  # noqa: E731
+
+    def target_step():
+        tokens = take(streams["train"], batch_starts(streams["train"].numel(), args.seq_len + 1, args.batch, gen).to(device),
+                      args.seq_len + 1)
+        with autocast():
+            return target_loss(target, tokens), None
+
+    t0 = time.perf_counter()
+    target.train()
+    target_steps = run_phase("target", list(target.parameters()), target_step, args.target_steps,
+                             args.target_seconds, args.target_lr, log, device)
+    target.eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+
+    def drafter_step():
+        tokens = take(streams["train"], batch_starts(streams["train"].numel(), args.seq_len, args.batch, gen).to(device),
+                      args.seq_len)
+        with autocast():
+            batch = drafter_batch(target, drafter, tokens, args.anchors, gen)
+            return drafter_loss(target, drafter, batch)
+
+    drafter.train()
+    drafter_steps = run_phase("drafter", list(drafter.parameters()), drafter_step, args.drafter_steps,
+                              args.drafter_seconds, args.drafter_lr, log, device)
+    drafter.eval()
+    train_seconds = time.perf_counter() - t0
+
+    # Evaluate what the saved (bf16) weights give, as the engine loads them.
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"seed": args.seed, "target_steps": target_steps, "drafter_steps": drafter_steps,
+            "seq_len": args.seq_len, "batch": args.batch, "label": "small models trained here"}
+    weights.save_module(target, args.out / weights.TARGET_FILE, target_cfg.to_json(), meta)
+    weights.save_module(drafter, args.out / weights.DRAFTER_FILE, drafter_cfg.to_json(), meta)
+    target = weights.load_target(args.out / weights.TARGET_FILE, device)
+    drafter = weights.load_drafter(args.out / weights.DRAFTER_FILE, target_cfg, device)
+    evals = {f"{s}_loss_nats": evaluate_target(target, streams[s], args.seq_len, args.eval_tokens) for s in ("train", "dev", "unseen")}
+    evals["unseen_drafter"] = evaluate_drafter(target, drafter, streams["unseen"], args.seq_len, 8,
+                                               torch.Generator().manual_seed(args.seed + 1))
+    summary = {"event": "done", "train_seconds": round(train_seconds, 1), "target_steps": target_steps,
+               "drafter_steps": drafter_steps, **evals}
+    log.append(summary)
+    print(json.dumps(summary), flush=True)
+    (args.out / "training-log.json").write_text(json.dumps(log, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""The committed trained pair: it loads on the CPU and its greedy tokens match those recorded on the
+H200 (models/gpu-greedy-reference.json), except at named near-ties, where CPU rounding may pick the
+other of two almost equal tokens and the continuation legitimately differs from there on."""
+
+import json
+
+import pytest
+import torch
+
+from specpilot_mem.engine import weights
+from specpilot_mem.engine.engine import Engine
+
+REFERENCE = weights.DEFAULT_MODEL_DIR / "gpu-greedy-reference.json"
+# Top-2 log-prob gap (nats) below which float32 rounding on another device may flip the argmax.
+NEAR_TIE_NATS = 0.01
+
+pytestmark = pytest.mark.skipif(not (weights.has_trained_pair() and REFERENCE.exists()),
+                                reason="the trained pair is not committed in models/")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_weights_fit_the_size_budget():
+    total = sum(p.stat().st_size for p in weights.DEFAULT_MODEL_DIR.iterdir() if p.is_file())
+    assert total <= 20 * 1024 * 1024
+
+
+@torch.no_grad()
+def test_cpu_greedy_tokens_match_gpu_recording():
+    ref = json.loads(REFERENCE.read_text())
+    engine = Engine.load_default()
+    assert not engine.synthetic
+    new_tokens = len(ref["greedy"][0])
+    runs = engine.generate(ref["prompts"], "ar", max_new_tokens=new_tokens)
+    compared, near_ties = 0, []
+    for r, (run, expected, margins) in enumerate(zip(runs, ref["greedy"], ref["top2_margin"])):
+        for i, (got, want) in enumerate(zip(run.output_ids, expected)):
+            if got != want:
+                # Only a near-tie on the GPU may differ; the sequences part there.
+                assert margins[i] < NEAR_TIE_NATS, f"prompt {r} token {i}: {got} != {want} (GPU top-2 gap {margins[i]:.4f})"
+                near_ties.append((r, i))
+                break
+            compared += 1
+    assert compared >= len(ref["prompts"]) * new_tokens // 2, f"too few tokens compared; near-ties at {near_ties}"
