@@ -33,9 +33,9 @@ from specpilot_mem.gpus import GPUS, find_gpu
 from specpilot_mem.gpus import _norm as name_key  # the GPU table's name matching, reused for models and drafters
 from specpilot_mem.home import Home
 from specpilot_mem.models import DeploymentRecord, EntryRecord
+from specpilot_mem.registry.schema import ENTRY_TABLES, SCHEMA_VERSION, TABLES
 from specpilot_mem.rounds.models import PromotionLog, RoundState
 from specpilot_mem.store.records import ENTRY_FILE, entry_path, load_entry, load_record_file
-from specpilot_mem.registry.schema import ENTRY_TABLES, SCHEMA_VERSION, TABLES
 
 DEPLOYMENT_FILE = "deployment.yaml"
 ROUND_DIR = re.compile(r"^round-([0-9]+)$")
