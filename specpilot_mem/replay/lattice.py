@@ -94,10 +94,7 @@ class Lattice:
 
     def conditional_scores(self, steps: np.ndarray) -> np.ndarray:
         """[B, m, K, K] float32: score of candidate j at position d given candidate i at d-1 (per ``kind``)."""
-        pair = self.pair[steps].astype(np.float32)
-        if self.kind == "markov":
-            pair += self.unary[steps].astype(np.float32)[:, :, None, :]
-        return pair
+        return conditional(self.kind, self.pair[steps], self.unary[steps][:, :, None, :])
 
     def greedy_windows(self, requests: np.ndarray, positions: np.ndarray, length: int) -> np.ndarray:
         """[B, length] int64: greedy[p : p+length] of each request, -1 past the end of its output."""
@@ -107,6 +104,15 @@ class Lattice:
         inside = idx < end[:, None]
         safe = np.minimum(idx, self.greedy_tokens.shape[0] - 1)
         return np.where(inside, self.greedy_tokens[safe].astype(np.int64), -1)
+
+
+def conditional(kind: str, pair: np.ndarray, unary: np.ndarray) -> np.ndarray:
+    """float32 score of a child given its parent from pair rows and the child's unary scores
+    (broadcastable): ``selector`` -> pair; ``markov`` -> unary + pair (Eq. 1)."""
+    scores = pair.astype(np.float32)
+    if kind == "markov":
+        scores += unary
+    return scores
 
 
 def _check_meta(meta: dict, where: str) -> None:

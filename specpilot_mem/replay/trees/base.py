@@ -19,6 +19,7 @@ from functools import cached_property
 import numpy as np
 
 from specpilot_mem.errors import SpecPilotError
+from specpilot_mem.replay.lattice import conditional
 
 _INDEX_BITS = 20  # low bits of a selection key: the tie-break
 _INDEX_MASK = (1 << _INDEX_BITS) - 1
@@ -129,9 +130,7 @@ class StepBatch:
             first = slot[table[missing] == slot]
             fresh = missing[first]
             r, c = fresh // k, fresh % k
-            scores = self.source_pair[self.steps[r], d, c].astype(np.float32)
-            if self.kind == "markov":
-                scores += self.source_unary[self.steps[r], d]
+            scores = conditional(self.kind, self.source_pair[self.steps[r], d, c], self.source_unary[self.steps[r], d])
             store[used:used + fresh.size] = log_softmax(scores)
             table[fresh] = used + np.arange(fresh.size)
             used += fresh.size
