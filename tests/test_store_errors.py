@@ -120,3 +120,28 @@ def test_record_refuses_bad_input(memory):
     with pytest.raises(RecordError, match="contract"):
         record_entry(memory, "gamma", source, requires=[], meta={"title": "t", "summary": "s"})
     assert snapshot(memory) == before
+
+
+def test_record_refuses_a_source_not_built_on_its_requirements(memory):
+    before = snapshot(memory)
+    on_stock = source_on(memory, [], {"sglang/srt/specpilot/gamma.py": b"G = 1\n"})
+    with pytest.raises(DeltaError, match="not built on its requirements") as err:
+        record_entry(memory, "gamma", on_stock, requires=["alpha"], meta=DRAFT)
+    assert "alpha" in err.value.what and SERVER_ARGS in err.value.what
+    assert snapshot(memory) == before
+
+
+def test_init_builds_what_reproduces_and_reports_the_rest(memory):
+    from specpilot_mem.store import init_memory
+
+    fork = open_fork(memory)
+    alpha_tip = fork.repo.rev_parse("entry/alpha")
+    fork.repo.git("update-ref", "-d", "refs/heads/entry/alpha")
+    fork.repo.git("update-ref", "-d", "refs/heads/entry/beta")
+    record = (memory.entries / "beta" / "entry.yaml").read_text()
+    (memory.entries / "beta" / "entry.yaml").write_text(
+        "\n".join("reproduces: " + "0a" * 20 if l.startswith("reproduces:") else l for l in record.splitlines()) + "\n")
+    result = init_memory(memory)
+    states = {b.id: b.change for b in result.branches}
+    assert states == {"alpha": "created", "beta": "failed"}
+    assert fork.repo.rev_parse("entry/alpha") == alpha_tip and fork.repo.rev_parse("entry/beta") is None

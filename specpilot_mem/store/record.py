@@ -85,6 +85,31 @@ def _kernel_pins(fork: Fork, source_tree: str, delta) -> dict[str, str]:
     return pins
 
 
+def _check_built_on_requirements(fork: Fork, resolver: Resolver, base_walk, source_tree: str, source: str) -> None:
+    """A source that has stock's version of a file its requirements changed was not built on them;
+    recording it would make the entry undo them."""
+    changed = sorted(base_walk.overlay)
+    if not changed:
+        return
+    stock = resolver.base(fork.stock_tree).files
+    raw = fork.repo.git("ls-tree", "-z", "--full-tree", source_tree, "--", *changed).stdout
+    in_source = {}
+    for item in raw.split(b"\0"):
+        if item:
+            meta, path = item.split(b"\t", 1)
+            mode, _kind, oid = meta.decode().split()
+            in_source[path.decode()] = (mode, oid)
+    undone = [p for p in changed if in_source.get(p) == stock.get(p) and in_source.get(p) != base_walk.overlay[p]]
+    if undone:
+        owners = sorted({e for p in undone for e in base_walk.touched.get(p, [])})
+        raise DeltaError(
+            f"{source} is not built on its requirements: it has stock's version of {', '.join(undone[:5])}, "
+            f"which {', '.join(owners)} changed",
+            where="--from",
+            fix="start the work from `specpilot-mem apply <requirements> --worktree PATH` (or the entry/<id> branch)",
+        )
+
+
 def _draft(meta: str | Path | dict | None) -> tuple[dict[str, Any], str | None]:
     """The draft's fields and its YAML text (for line numbers in validation errors)."""
     if meta is None:
@@ -169,8 +194,9 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
                 raise ReproductionError(f"requirement {req} does not reproduce its record", where=f"entries/{req}",
                                         fix="run `specpilot-mem verify` and fix it first")
         source_tree, source_commit = snapshot_tree(fork, source)
-        base_tree = resolver.tree_id(fork.stock_tree, resolver.walk(fork.stock_tree, resolver.chain(requires)),
-                                     write=True)
+        base_walk = resolver.walk(fork.stock_tree, resolver.chain(requires))
+        base_tree = resolver.tree_id(fork.stock_tree, base_walk, write=True)
+        _check_built_on_requirements(fork, resolver, base_walk, source_tree, source)
         text = _diff(fork, base_tree, source_tree)
         delta = parse_delta(text, entry_id, f"entries/{entry_id}/{delta_path(home, entry_id).name}")
 
