@@ -70,14 +70,20 @@ def test_suggest_gives_reasons_and_flags(home, capsys):
     reasons = {s["id"]: s for s in data["suggestions"]}
     assert set(reasons) == {"alpha", "beta"}  # top: other arch; clash: no evidence
     assert reasons["beta"]["reasons"][:2] == ["measured on H100 SXM", "measured in the batch regime"]
-    assert "never measured with a eagle drafter (measured with DSpark)" in reasons["beta"]["flags"]
+    assert "never measured with the eagle drafter family (measured with DSpark)" in reasons["beta"]["flags"]
     assert reasons["alpha"]["reasons"][0] == "measured on H200 (sm_90), not on H100 SXM"
     assert "never run with EAGLE-3" in reasons["alpha"]["flags"] and reasons["alpha"]["required_by"] == ["beta"]
     record = read_deployment(home, "suggested")
     assert record.entries == ["alpha", "beta"] and "measured on H100 SXM" in record.suggested["beta"]
 
 
-def test_dry_run_and_stock_only(home):
+def test_dry_run_and_stock_only(home, capsys, monkeypatch):
+    from specpilot_mem.output import console
+
+    monkeypatch.setattr(console, "width", 200)
+    assert main(["deploy", "new", "--home", str(home.root), "preview", *SETTING, "--suggest", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "suggested for H200 (sm_90)" in out and "alpha" in out and "dry run: would record" in out
     code, data = deploy(home, "preview", *SETTING, "--suggest", "--dry-run")
     assert code == 0 and data["dry_run"] and not (home.rounds / "preview").exists()
     assert open_fork(home).repo.rev_parse("refs/heads/deploy/preview") is None

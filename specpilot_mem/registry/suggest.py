@@ -59,7 +59,7 @@ def suggest_entries(con: duckdb.DuckDBPyConnection, *, gpu: GPU | None, arch: st
         if family in families:
             reasons.append(f"measured with the {family} drafter family")
         else:
-            flags.append(f"never measured with a {family} drafter (measured with {', '.join(match.drafters) or 'no drafter'})")
+            flags.append(f"never measured with the {family} drafter family (measured with {', '.join(match.drafters) or 'no drafter'})")
         if entry_id in same_model:
             reasons.append(f"measured on {model}")
         proposed[entry_id] = Suggestion(entry_id, match.title, reasons, flags)
