@@ -98,6 +98,50 @@ PROBE = textwrap.dedent("""
         from sglang.srt.specpilot.kernels.w12 import decode
         w12["planes_exact"] = bool(torch.equal(decode(stored).view(torch.int16), weight.view(torch.int16)))
         out["w12"] = w12
+    if "certified-head" in discover():
+        import types
+        import torch
+        from sglang.srt.layers.logits_processor import LogitsMetadata
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from sglang.srt.specpilot.certified_head import argmax_only, certified_argmax_logits, certified_copy
+
+        def batch(mode, greedy=True, logprob=False, spec=None, bias=None):
+            info = types.SimpleNamespace(is_all_greedy=greedy, logit_bias=bias, grammars=[None],
+                                         penalizer_orchestrator=None)
+            return types.SimpleNamespace(forward_mode=mode, spec_info=spec, sampling_info=info, return_logprob=logprob)
+
+        gate = {"decode": argmax_only(batch(ForwardMode.DECODE)),
+                "verify": argmax_only(batch(ForwardMode.TARGET_VERIFY)),
+                "sampling": argmax_only(batch(ForwardMode.DECODE, greedy=False)),
+                "logprob": argmax_only(batch(ForwardMode.DECODE, logprob=True)),
+                "draft": argmax_only(batch(ForwardMode.DECODE, spec=object())),
+                "prefill": argmax_only(batch(ForwardMode.EXTEND)),
+                "logit_bias": argmax_only(batch(ForwardMode.DECODE, bias=torch.zeros(1))),
+                "metadata_default": LogitsMetadata(forward_mode=ForwardMode.DECODE).specpilot_argmax_only}
+        torch.manual_seed(1)
+        vocab, padded, hidden = 1000, 1024, 256
+        weight = torch.zeros(padded, hidden, dtype=torch.bfloat16)
+        weight[:vocab] = (torch.randn(vocab, hidden) * 0.1).to(torch.bfloat16)
+        lm_head = torch.nn.Module()
+        lm_head.weight = torch.nn.Parameter(weight, requires_grad=False)
+        head = certified_copy(lm_head, vocab)
+        x = torch.randn(40, hidden).to(torch.bfloat16)  # more rows than one kernel call takes
+        logits = certified_argmax_logits(head, x, padded)
+        exact = x.double() @ weight[:vocab].double().T
+        # all real logits negative: a zero padding row would win a head that kept the padding
+        negative = x.abs()
+        lm_neg = torch.nn.Module()
+        lm_neg.weight = torch.nn.Parameter(torch.cat([-weight[:vocab].abs(), weight[vocab:]]), requires_grad=False)
+        neg_logits = certified_argmax_logits(certified_copy(lm_neg, vocab), negative, padded)
+        out["certified_head"] = {
+            "gate": gate,
+            "argmax_equal": bool(torch.equal(logits.argmax(1), exact.argmax(1))),
+            "one_hot": bool(((logits == 0).sum(1) == 1).all() and torch.isinf(logits).sum() == 40 * (padded - 1)),
+            "width": logits.shape[1],
+            "padding_never_wins": bool((neg_logits.argmax(1) < vocab).all()
+                                       and torch.equal(neg_logits.argmax(1), (negative.double() @ lm_neg.weight[:vocab].double().T).argmax(1))),
+            "cached": certified_copy(lm_head, vocab) is head,
+        }
     print(json.dumps(out, default=repr))
 """)
 
@@ -203,3 +247,20 @@ def test_w12_output_equals_the_unquantized_method_bit_for_bit(results):
     assert w12["bf16_released"]
     assert w12["fp32_equal"]
     assert w12["planes_exact"]
+
+
+def test_certified_head_runs_only_where_the_argmax_is_all_that_is_read(results):
+    if "certified-head" not in results["ids"]:
+        pytest.skip("the certified-head entry is not recorded")
+    gate = results["applied"]["certified_head"]["gate"]
+    assert gate == {"decode": True, "verify": True, "sampling": False, "logprob": False, "draft": False,
+                    "prefill": False, "logit_bias": False, "metadata_default": False}
+
+
+def test_certified_head_logits_carry_the_exact_heads_argmax(results):
+    if "certified-head" not in results["ids"]:
+        pytest.skip("the certified-head entry is not recorded")
+    head = results["applied"]["certified_head"]
+    assert head["argmax_equal"] and head["one_hot"] and head["width"] == 1024
+    assert head["padding_never_wins"]
+    assert head["cached"]

@@ -10,6 +10,7 @@ expected tokens and log-probs are computed here independently.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import textwrap
@@ -26,7 +27,7 @@ VOCAB = 50
 
 FAKE_LAUNCH_SERVER = textwrap.dedent('''
     """Stand-in for sglang.launch_server: /health and /generate of SGLang 0.5.23, on a toy model."""
-    import argparse, json, math, os, time
+    import argparse, json, math, os, sys, time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     VOCAB = 50
@@ -116,7 +117,7 @@ FAKE_LAUNCH_SERVER = textwrap.dedent('''
         parser.add_argument("--port", type=int)
         args, _ = parser.parse_known_args()
         with open(os.environ["FAKE_ARGV_LOG"], "w") as log:
-            json.dump({"cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}, log)
+            json.dump({"cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "argv": sys.argv[1:]}, log)
         ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
 ''')
 
@@ -241,3 +242,13 @@ def test_device_names():
     with pytest.raises(Exception, match="CUDA GPU"):
         gpu_index("cpu")
 
+
+
+def test_scorer_on_stock_starts_a_server_with_the_fp32_head(fake_export, toy, tmp_path, monkeypatch):
+    argv_log = tmp_path / "argv.json"
+    monkeypatch.setenv("FAKE_ARGV_LOG", str(argv_log))
+    with SGLangScorer.on_stock(fake_export, ["--model-path", "toy"], gpu=1, startup_timeout=60) as scorer:
+        scores = scorer.score([4, 9, 1], [7, 30])
+    logged = json.loads(argv_log.read_text())
+    assert logged["cuda"] == "1" and "--enable-fp32-lm-head" in logged["argv"]
+    assert scores.token_logprob[1] == pytest.approx(toy.logprobs([4, 9, 1, 7])[30])

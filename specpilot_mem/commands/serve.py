@@ -111,21 +111,18 @@ def check_flags(home: Home, name: str, argv: list[str], manifest: dict) -> None:
     )
 
 
-def deployment_export(home: Home, name: str) -> tuple[Path, dict]:
+def deployment_export(home: Home, name: str, show_progress: bool) -> tuple[Path, dict]:
     """The deployment's export (built once per tree) and its manifest."""
     from specpilot_mem.models import DeploymentRecord
     from specpilot_mem.sglang.export import cached_export, read_manifest
-    from specpilot_mem.store.fork import open_fork
     from specpilot_mem.store.records import load_record_file
-    from specpilot_mem.store.resolver import Resolver
 
     path = home.rounds / name / "deployment.yaml"
     if not path.is_file():
         raise SpecPilotError(f"no deployment {name!r}", where=str(path),
                              fix="create it with `specpilot-mem deploy new NAME ...`")
     record = load_record_file(path, DeploymentRecord)
-    chain = Resolver(open_fork(home)).chain(record.entries) if record.entries else []
-    export = cached_export(home, record.branch, chain, show_progress=True)
+    export = cached_export(home, record.branch, record.entries, show_progress=show_progress)
     return export, read_manifest(export)
 
 
@@ -134,7 +131,7 @@ def run(args) -> int:
 
     home = find_home(args.home)
     user_args = split_rest(args)
-    export, manifest = deployment_export(home, args.name)
+    export, manifest = deployment_export(home, args.name, show_progress=not args.json)
     argv = option_argv(tuned_options(home, args.name)) + list(user_args)
     check_flags(home, args.name, argv, manifest)
     runtime = check_runtime(args.python)

@@ -21,6 +21,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,6 +205,14 @@ class SGLangScorer:
 
     def __init__(self, client: SGLangClient):
         self.client = client
+
+    @classmethod
+    @contextmanager
+    def on_stock(cls, export_dir: str | Path, server_args: Sequence[str], *, gpu: int | None = None,
+                 **server_kwargs) -> Iterator["SGLangScorer"]:
+        """Start SGLang from a stock export with the FP32 LM head on ``gpu`` and yield its scorer."""
+        with SGLangServer(export_dir, [*server_args, *cls.SERVER_ARGS], gpu=gpu, **server_kwargs) as server:
+            yield cls(SGLangClient(server.url))
 
     def _forced(self, tokens: Sequence[int], start: int, expected: Sequence[int]) -> list[tuple[float, int, float, float]]:
         """(token logprob, argmax, argmax logprob, top-2 margin) of ``tokens[start:]``, one pass."""

@@ -42,10 +42,12 @@ def read_manifest(export_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def _entry_records(home: Home, entries: Sequence[EntryRecord | str]) -> list[EntryRecord]:
-    from specpilot_mem.store.records import load_entry
+def _entry_records(fork, entries: Sequence[EntryRecord | str]) -> list[EntryRecord]:
+    """The entries with their requirements, in the resolver's application order."""
+    from specpilot_mem.store.resolver import Resolver
 
-    return [e if isinstance(e, EntryRecord) else load_entry(home, e) for e in entries]
+    resolver = Resolver(fork)
+    return [resolver.records[i] for i in resolver.chain(e.id if isinstance(e, EntryRecord) else e for e in entries)]
 
 
 def _check_dest(dest: Path) -> None:
@@ -108,8 +110,9 @@ def export_tree(home: Home, tree_id: str, dest: str | os.PathLike, entries: Sequ
                 *, wheel: str | os.PathLike | None = None, show_progress: bool = False) -> dict[str, Any]:
     """Write ``tree_id`` of the fork as an importable ``sglang`` package under ``dest``; return the manifest.
 
-    ``entries`` are the entries applied in that tree (ids or records, in application order): the
-    manifest lists each with its options, so ``serve`` can tell which flags the export understands.
+    ``entries`` are the entries applied in that tree (ids or records); the manifest lists them with
+    their requirements, in application order, each with its options, so ``serve`` can tell which flags
+    the export understands.
     """
     from specpilot_mem.store.fork import open_fork
     from specpilot_mem.store.stock import SGLANG_VERSION, fetch_wheel
@@ -121,7 +124,7 @@ def export_tree(home: Home, tree_id: str, dest: str | os.PathLike, entries: Sequ
     if resolved is None:
         raise ForkError(f"{tree_id} is not a tree, commit or branch of the fork", where=str(fork.repo.path),
                         fix="pass the tree id that `specpilot-mem apply --json` printed, or a deployment branch")
-    records = _entry_records(home, entries)
+    records = _entry_records(fork, entries)
     wheel_path = fetch_wheel(wheel)
 
     dest.parent.mkdir(parents=True, exist_ok=True)
