@@ -115,11 +115,17 @@ def one_seed(seed: int, requests, args) -> dict:
 
 
 def rates(runs: list[dict]) -> dict:
+    """Rejection and false-rejection rates with their sample sizes. A fault that changed no output
+    token (its biased ids never overtook the argmax) leaves nothing to detect, so the fault's rate is
+    also given over the runs where it changed at least one request's output."""
     fault = [r["verdicts"]["fault"]["verdict"] == "reject" for r in runs]
+    effective = [r["verdicts"]["fault"]["verdict"] == "reject" for r in runs if r["fault_changed_requests"] > 0]
     lossless = {name: [r["verdicts"][name]["verdict"] == "reject" for r in runs] for name in LOSSLESS}
     pooled = [x for values in lossless.values() for x in values]
     return {
         "fault_rejection_rate": sum(fault) / len(fault), "fault_runs": len(fault), "fault_rejected": sum(fault),
+        "fault_effective_runs": len(effective), "fault_effective_rejected": sum(effective),
+        "fault_effective_rejection_rate": sum(effective) / len(effective) if effective else None,
         "lossless_false_rejection_rate": sum(pooled) / len(pooled), "lossless_runs": len(pooled),
         "lossless_rejected": sum(pooled),
         "per_variant": {name: {"runs": len(v), "rejected": sum(v)} for name, v in lossless.items()},
