@@ -39,7 +39,11 @@ def ids(home) -> list[str]:
 
 
 def test_first_sync_builds_then_only_changes_are_reindexed(home):
+    home.state.mkdir()
+    crashed = home.state / "registry-build-999999-1.duckdb"  # left by a writer that died mid-build
+    crashed.write_bytes(b"half a database")
     first = sync(home)
+    assert not crashed.exists()
     assert first.rebuilt and first.reason == "no registry yet" and first.records == 2
     assert sync(home).wrote is False
 

@@ -472,16 +472,19 @@ def _sync(home: Home, con: duckdb.DuckDBPyConnection, current: dict[str, RecordF
 
 def _write(home: Home, con: duckdb.DuckDBPyConnection, records: list[RecordFile], *, stale: list[str], fresh: bool,
            show_progress: bool) -> None:
-    """Index ``records`` (replacing the rows of the ``stale`` record paths) into a temp file, then rename it into place."""
+    """Index ``records`` (replacing the rows of the ``stale`` record paths) into a temp file, then rename it into place.
+
+    Runs under the writer lock.
+    """
     from specpilot_mem.output import progress
 
     with progress("indexing records", total=len(records), enabled=show_progress and len(records) > 50) as bar:
         rows = _parse(home, records, bar.advance)  # raises on a bad record, before anything is written
     home.state.mkdir(parents=True, exist_ok=True)
+    for leftover in home.state.glob("registry-build-*"):
+        leftover.unlink(missing_ok=True)  # a crashed writer's: this one holds the writer lock, so none is in use
     tmp = home.state / f"registry-build-{os.getpid()}-{threading.get_ident()}.duckdb"
     wal = tmp.with_name(tmp.name + ".wal")
-    for leftover in (tmp, wal):
-        leftover.unlink(missing_ok=True)
     try:
         if not fresh:
             shutil.copyfile(home.registry, tmp)
