@@ -8,6 +8,9 @@ owns its cache, so two devices can run at once.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+
+import torch
 
 from specpilot_mem.controller.requests import Request
 from specpilot_mem.controller.system import RequestOutput
@@ -30,6 +33,9 @@ class EngineSystem:
                              fix=f"use one of {sorted(self.engines)} or pass an engine per device")
         engine = self.engines[device]
         batch = [{"prompt_ids": r.token_ids(self.encode), "max_new_tokens": r.max_new_tokens, "id": r.id} for r in requests]
-        generations = engine.generate(batch, mode=self.mode)
+        # a worker thread starts on cuda:0; CUDA graph capture and streams must use the engine's device
+        on_device = torch.cuda.device(torch.device(device)) if device.startswith("cuda") else nullcontext()
+        with on_device:
+            generations = engine.generate(batch, mode=self.mode)
         # token_times are seconds from each request's own start
         return [RequestOutput(g.id, tuple(g.output_ids), 0.0, tuple(g.token_times)) for g in generations]
