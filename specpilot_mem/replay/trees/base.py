@@ -118,24 +118,35 @@ class StepBatch:
 
         A row depends only on (step, position, parent candidate), and a search reaches the same
         parent candidate along many paths, so each row is computed once per batch: a per-position
-        table maps (row, candidate) to its slot in a store of computed rows."""
-        k = self.candidates
+        table maps (row, candidate) to its slot in a store of computed rows. (Gathers use
+        ``np.take``, several times faster than fancy indexing here.)"""
+        k, m = self.candidates, self.positions
         table, store, used = self._rows.get(d) or (np.full(self.size * k, -1, dtype=np.int64),
                                                    np.empty((self.size * k, k), dtype=np.float32), 0)
         key = rows * k + parent_rank
-        missing = key[table[key] < 0]
+        missing = key[np.take(table, key) < 0]
         if missing.size:
             slot = np.arange(missing.size)
             table[missing] = slot  # duplicates: the last write wins, once per key
-            first = slot[table[missing] == slot]
-            fresh = missing[first]
-            r, c = fresh // k, fresh % k
-            scores = conditional(self.kind, self.source_pair[self.steps[r], d, c], self.source_unary[self.steps[r], d])
-            store[used:used + fresh.size] = log_softmax(scores)
+            fresh = missing[np.take(table, missing) == slot]
+            step = np.take(self.steps, fresh // k)
+            pair = np.take(self._pair_rows, (step * m + d) * k + fresh % k, axis=0)
+            unary = np.take(self._unary_rows, step * m + d, axis=0)
+            store[used:used + fresh.size] = log_softmax(conditional(self.kind, pair, unary))
             table[fresh] = used + np.arange(fresh.size)
             used += fresh.size
         self._rows[d] = (table, store, used)
-        return store[table[key]]
+        return np.take(store, np.take(table, key), axis=0)
+
+    @cached_property
+    def _pair_rows(self) -> np.ndarray:
+        """source_pair as [S * m * K, K] rows (a view)."""
+        return np.ascontiguousarray(self.source_pair).reshape(-1, self.candidates)
+
+    @cached_property
+    def _unary_rows(self) -> np.ndarray:
+        """source_unary as [S * m, K] rows (a view)."""
+        return np.ascontiguousarray(self.source_unary).reshape(-1, self.candidates)
 
     @cached_property
     def _rows(self) -> dict[int, tuple[np.ndarray, np.ndarray, int]]:
@@ -291,14 +302,15 @@ def _best_columns(score: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray
     """Columns and scores of ``count`` best entries per row, ties in any order (repeated argmax:
     cheaper than a partition for a beam of 2). A pick past a row's finite entries scores -inf, so
     a column picked twice never counts twice."""
-    rows = np.arange(score.shape[0])
+    base = np.arange(score.shape[0]) * score.shape[1]
     work = score.copy()
     cols = np.empty((score.shape[0], count), dtype=np.int64)
     values = np.empty((score.shape[0], count), dtype=np.float32)
     for i in range(count):
         cols[:, i] = np.argmax(work, axis=1)
-        values[:, i] = work[rows, cols[:, i]]
-        work[rows, cols[:, i]] = -np.inf
+        flat = base + cols[:, i]
+        values[:, i] = np.take(work, flat)
+        np.put(work, flat, -np.inf)
     return cols, values
 
 
@@ -332,8 +344,9 @@ def best_first_search(batch: StepBatch, nodes: int, depth_cap: int | None, margi
         else:
             edge = batch.edge_logp_flat(d, row, rank)
         child_score = score[:, None] + edge  # [L, K] float32 sum, root to node
-        li, ci = np.nonzero(child_score >= bound[row][:, None])
-        row, rank, score, parent = row[li], ci.astype(np.int64), child_score[li, ci], ident[li]
+        flat = np.flatnonzero(child_score >= np.take(bound, row)[:, None])
+        li = flat // k
+        row, rank, score, parent = np.take(row, li), flat % k, np.take(child_score, flat), np.take(ident, li)
         counts = np.bincount(row, minlength=b)
         if counts.max(initial=0) > nodes:  # keep each step's top N of this depth
             keep = _top_per_row(row, score, counts, nodes)
@@ -380,22 +393,22 @@ def assemble_levels(levels, batch: StepBatch, nodes: int) -> DraftTrees:
     width = int(counts.max(initial=0))
     if width == 0:
         return empty_trees(b, nodes)
-    col = np.arange(row.size) - start[row[order]]
+    sorted_row = np.take(row, order)
     dense = np.full((b, width), -np.inf, dtype=np.float32)
-    dense[row[order], col] = score[order]
+    np.put(dense, sorted_row * width + np.arange(row.size) - np.take(start, sorted_row), np.take(score, order))
     n = min(nodes, width)
     sel = select_top(dense, n)  # [B, n] best first
     rows = np.arange(b)[:, None]
     present = sel < counts[:, None]
-    ids = order[np.minimum(start[:, None] + sel, row.size - 1)]
-    sel_score = np.where(present, dense[rows, sel], -np.inf)
+    ids = np.take(order, np.minimum(start[:, None] + sel, row.size - 1))
+    sel_score = np.where(present, np.take(dense, rows * width + sel), -np.inf)
     valid = present & (sel_score > -np.inf)
     position = np.full(row.size, -1, dtype=np.int64)
     position[ids[valid]] = np.broadcast_to(np.arange(n), (b, n))[valid]
-    par = parent[ids]
-    parents = np.where(valid & (par >= 0), position[np.maximum(par, 0)], -1)
-    sel_depth = np.where(valid, depth[ids], 0)
-    sel_rank = np.where(valid, rank[ids], -1)
+    par = np.take(parent, ids)
+    parents = np.where(valid & (par >= 0), np.take(position, np.maximum(par, 0)), -1)
+    sel_depth = np.where(valid, np.take(depth, ids), 0)
+    sel_rank = np.where(valid, np.take(rank, ids), -1)
     tokens = np.where(valid, batch.tokens(rows, np.maximum(sel_depth - 1, 0), np.maximum(sel_rank, 0)), -1)
     trees = DraftTrees(parents, sel_depth, sel_rank, tokens.astype(np.int64),
                        np.where(valid, sel_score, -np.inf).astype(np.float32), valid.sum(axis=1).astype(np.int64))
