@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
 import threading
 
 import duckdb
 import pytest
 from test_registry_support import entry, evidence, write_home
 
-from specpilot_mem.errors import RecordError
+from specpilot_mem.errors import RecordError, RegistryError
 from specpilot_mem.main import main
 from specpilot_mem.models import DeploymentRecord
 from specpilot_mem.registry.schema import SCHEMA_VERSION
@@ -183,3 +184,16 @@ def test_registry_command(home, capsys):
     assert "registry up to date" in capsys.readouterr().out
     assert main(["registry", "rebuild", "--home", str(home.root), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["reason"] == "rebuild requested"
+
+
+def test_unwritable_registry_or_state_is_a_clear_error(home):
+    home.registry.mkdir()  # something that is not a file where the registry goes: the rename must fail
+    with pytest.raises(RegistryError, match="cannot write the registry"):
+        sync(home)
+    assert home.registry.is_dir() and not list(home.state.glob("registry-build-*"))
+    home.registry.rmdir()
+    shutil.rmtree(home.state)
+    home.state.write_text("not a folder")  # machine-local state (lock, hash cache) cannot be kept
+    with pytest.raises(RegistryError, match="cannot take the registry's writer lock"):
+        sync(home)
+    assert not home.registry.exists()

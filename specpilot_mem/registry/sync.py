@@ -381,9 +381,14 @@ def _diff(current: dict[str, RecordFile], stored: dict[str, str]) -> tuple[list[
 @contextmanager
 def writer_lock(home: Home, timeout_s: float = LOCK_TIMEOUT_S):
     """One registry writer at a time per home (an advisory flock on .specpilot/registry.lock)."""
-    home.state.mkdir(parents=True, exist_ok=True)
     lock_path = home.state / "registry.lock"
-    with open(lock_path, "a+") as handle:
+    try:
+        home.state.mkdir(parents=True, exist_ok=True)
+        handle = open(lock_path, "a+")
+    except OSError as err:
+        raise RegistryError(f"cannot take the registry's writer lock: {err}", where=str(lock_path),
+                            fix=f"make {home.state} a writable folder (it holds machine-local state)") from err
+    with handle:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -480,6 +485,15 @@ def _write(home: Home, con: duckdb.DuckDBPyConnection, records: list[RecordFile]
 
     with progress("indexing records", total=len(records), enabled=show_progress and len(records) > 50) as bar:
         rows = _parse(home, records, bar.advance)  # raises on a bad record, before anything is written
+    try:
+        _build_and_replace(home, con, rows, stale=stale, fresh=fresh)
+    except (OSError, duckdb.IOException) as err:
+        raise RegistryError(f"cannot write the registry: {err}", where=str(home.registry),
+                            fix=f"make {home.root} and {home.state} writable, or free disk space") from err
+
+
+def _build_and_replace(home: Home, con: duckdb.DuckDBPyConnection, rows: dict[str, list[tuple]], *, stale: list[str],
+                       fresh: bool) -> None:
     home.state.mkdir(parents=True, exist_ok=True)
     for leftover in home.state.glob("registry-build-*"):
         leftover.unlink(missing_ok=True)  # a crashed writer's: this one holds the writer lock, so none is in use
@@ -491,9 +505,11 @@ def _write(home: Home, con: duckdb.DuckDBPyConnection, records: list[RecordFile]
         # Small blocks: the committed registry holds few rows, and DuckDB's default 256 KiB blocks
         # would make even an empty registry megabytes of binary churn in git.
         con.execute(f"ATTACH ? AS build {'(BLOCK_SIZE 16384)' if fresh else ''}", [str(tmp)])
+        open_transaction = False
         try:
             con.execute("USE build")
             con.execute("BEGIN TRANSACTION")
+            open_transaction = True
             if fresh:
                 _create_schema(con)
             else:
@@ -503,8 +519,11 @@ def _write(home: Home, con: duckdb.DuckDBPyConnection, records: list[RecordFile]
             for table, table_rows in rows.items():
                 _insert(con, table, table_rows)
             con.execute("COMMIT")
+            open_transaction = False
             con.execute("CHECKPOINT build")
         finally:
+            if open_transaction:
+                con.execute("ROLLBACK")
             _detach(con, "build")
         os.replace(tmp, home.registry)
     finally:
