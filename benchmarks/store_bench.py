@@ -7,6 +7,8 @@ Figures (targets from issue 2, on a 2-core machine):
   ``specpilot-mem apply`` command, process start included (median of 5; target <= 1.5 s);
 - ``verify_s``: ``verify`` of a memory of 140 entries with up to 12 requirements each (target <= 10 s),
   in process with cold caches, and ``verify_cli_s`` for the whole command.
+``cli_startup_s`` is ``specpilot-mem schema`` (process start and importing every command module),
+the floor under every CLI figure.
 The entries are synthetic (generated edits of real SGLang files), labelled so in the output.
 
     python benchmarks/store_bench.py [--entries 140] [--max-requires 12] [--chain 12] [--seed 0]
@@ -31,6 +33,7 @@ from pathlib import Path
 from specpilot_mem.home import Home
 from specpilot_mem.output import progress
 from specpilot_mem.store import init_memory, record_entry
+from specpilot_mem.store import resolver as resolver_module
 from specpilot_mem.store import trees
 from specpilot_mem.store.fork import open_fork
 from specpilot_mem.store.resolver import Resolver, apply_entries
@@ -111,6 +114,13 @@ def record_memory(home: Home, count: int, max_requires: int, rng: random.Random,
     return ids
 
 
+def cold_caches() -> None:
+    """Forget what this process has read or merged, as a fresh process would."""
+    trees._BASES.clear()
+    resolver_module._MERGES.clear()
+    resolver_module._BLOBS.clear()
+
+
 def cli(home: Home, *args: str) -> float:
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "specpilot_mem", *args, "--home", str(home.root), "--json"],
@@ -133,9 +143,10 @@ def main() -> None:
     parser.add_argument("--chain", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--wheel", help="the pinned wheel (default: the cache)")
+    parser.add_argument("--keep", metavar="DIR", help="build the homes here and keep them (for profiling)")
     args = parser.parse_args()
     show = sys.stderr.isatty()
-    workdir = Path(tempfile.mkdtemp(prefix="specpilot-store-bench-"))
+    workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="specpilot-store-bench-"))
     try:
         home = fresh_home(workdir, "chain")
         started = time.perf_counter()
@@ -146,7 +157,7 @@ def main() -> None:
         reinit_s = time.perf_counter() - started
 
         chain = record_chain(home, args.chain)
-        trees._BASES.clear()  # a process that has never read stock
+        cold_caches()
         started = time.perf_counter()
         result = apply_entries(home, [chain[-1]])
         apply_cold_s = time.perf_counter() - started
@@ -162,14 +173,16 @@ def main() -> None:
         ids = record_memory(memory, args.entries, args.max_requires, random.Random(args.seed), show)
         record_s = time.perf_counter() - started
         closure_sizes = [len(Resolver(open_fork(memory)).closure([i])) for i in ids]
-        trees._BASES.clear()
+        cold_caches()
         started = time.perf_counter()
         checks = verify_memory(memory)
         verify_s = time.perf_counter() - started
         assert len(checks) == args.entries and all(c.ok for c in checks)
         verify_cli_s = cli(memory, "verify")
+        startup = [cli(home, "schema") for _ in range(5)]
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
 
     print(json.dumps({
         "benchmark": "store_bench",
@@ -186,6 +199,7 @@ def main() -> None:
             "verify_entries": args.entries, "verify_max_requires": args.max_requires,
             "verify_mean_closure": round(statistics.mean(closure_sizes), 1), "verify_max_closure": max(closure_sizes),
             "verify_s": round(verify_s, 2), "verify_cli_s": round(verify_cli_s, 2),
+            "cli_startup_s": round(statistics.median(startup), 3),
             "record_mean_s": round(record_s / args.entries, 3),
         },
         "targets": {"init_s": 30, "apply_chain_in_process_s": 0.5, "apply_chain_cli_s": 1.5, "verify_s": 10},

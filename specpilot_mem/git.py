@@ -171,7 +171,7 @@ class Repo:
         text = self.git("cat-file", "--batch-check", input=("\n".join(wanted) + "\n").encode()).stdout.decode()
         return {line.split()[0] for line in text.splitlines() if line.endswith(" missing")}
 
-    def read_blobs(self, oids: Iterable[str]) -> dict[str, bytes]:
+    def read_blobs(self, oids: Iterable[str], skip_missing: bool = False) -> dict[str, bytes]:
         wanted = list(dict.fromkeys(oids))
         if not wanted:
             return {}
@@ -182,6 +182,9 @@ class Repo:
             header_end = raw.index(b"\n", pos)
             header = raw[pos:header_end].split()
             if header[-1] == b"missing":
+                if skip_missing:
+                    pos = header_end + 1
+                    continue
                 raise GitError(f"object {oid} is missing from {self.path}")
             size = int(header[2])
             blobs[oid] = raw[header_end + 1:header_end + 1 + size]
@@ -250,6 +253,11 @@ class Repo:
     def refs(self, prefix: str) -> dict[str, str]:
         text = self.out("for-each-ref", "--format=%(refname) %(objectname)", prefix)
         return dict(line.split() for line in text.splitlines())
+
+    def ref_trees(self, prefix: str) -> dict[str, str]:
+        """ref -> the tree of the commit it points at, for every ref under ``prefix``, in one call."""
+        text = self.out("for-each-ref", "--format=%(refname) %(tree)", prefix)
+        return {ref: tree for ref, tree in (line.split() for line in text.splitlines()) if tree}
 
     @contextmanager
     def temporary_index(self):

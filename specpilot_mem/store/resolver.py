@@ -92,6 +92,7 @@ class Resolver:
         self._deltas: dict[str, Delta] = {}
         self._walks: dict[tuple[str, tuple[str, ...]], Walk] = {}
         self._ready: set[str] = set()
+        self._prefetched: set[str] = set()
         self._verified_file = self.repo.common_dir / "specpilot" / "verified-deltas"
         self._verified = set(self._verified_file.read_text().split()) if self._verified_file.exists() else set()
 
@@ -210,22 +211,27 @@ class Resolver:
                 content = None if merged is None else self.repo.read_blobs([merged])[merged]
             _MERGES[key] = content
         content = _MERGES[key]
-        return None if content is None else self.repo.write_blob(content)  # this fork may not have it yet
+        if content is None:
+            return None
+        oid = self.repo.write_blob(content)  # this fork may not have it yet
+        _BLOBS[oid] = content
+        return oid
 
     def _blob(self, oid: str) -> bytes:
         """Blob content, cached for the process; a miss fetches every blob the loaded deltas and
         memoized walks refer to in one ``cat-file --batch``, since merges come in runs."""
         if oid not in _BLOBS:
             wanted = {oid}
-            for entry_id in self._ready:
+            for entry_id in self._ready - self._prefetched:
                 for change in self.delta(entry_id).changes:
                     wanted.update(x for x in (change.old_oid, change.new_oid) if x and not change.binary)
-            for walk in self._walks.values():
-                wanted.update(entry[1] for entry in walk.overlay.values() if entry)
-            wanted -= _BLOBS.keys()
-            wanted -= self.repo.missing_objects(wanted)
-            _BLOBS.update(self.repo.read_blobs(wanted | {oid}))
+            self._prefetched |= self._ready
+            _BLOBS.update(self.repo.read_blobs(wanted - _BLOBS.keys(), skip_missing=True))
         return _BLOBS[oid]
+
+    def prepare(self, ids: Iterable[str]) -> None:
+        """Check many entries' post-images at once (``verify`` calls it with every entry)."""
+        self._check_posts(list(ids))
 
     # -- proving deltas -------------------------------------------------------------------------------
     def _check_posts(self, ids: list[str]) -> None:

@@ -35,11 +35,12 @@ def verify_memory(home: Home, on_progress=None) -> list[EntryCheck]:
     fork = open_fork(home)
     with fork.lock():
         resolver = Resolver(fork)
-        branches = fork.repo.refs("refs/heads/entry")
+        branch_trees = fork.repo.ref_trees("refs/heads/entry")
         try:
             ids = resolver.order(resolver.closure(resolver.records))
+            resolver.prepare(ids)
         except SpecPilotError:
-            ids = sorted(resolver.records)  # each entry then reports its own requirement error
+            ids = sorted(resolver.records)  # each entry then reports its own requirement or delta error
         checks = []
         for entry_id in ids:
             record = resolver.records[entry_id]
@@ -51,9 +52,9 @@ def verify_memory(home: Home, on_progress=None) -> list[EntryCheck]:
                     check.problem = "the chain from stock gives another tree"
             except SpecPilotError as err:
                 check.problem = f"{type(err).__name__}: {err.what}"
-            tip = branches.get(f"refs/heads/entry/{entry_id}")
-            if tip:
-                check.branch = "current" if fork.repo.rev_parse(f"{tip}^{{tree}}") == record.reproduces else "stale"
+            tree = branch_trees.get(f"refs/heads/entry/{entry_id}")
+            if tree:
+                check.branch = "current" if tree == record.reproduces else "stale"
             check.kernels = kernel_status(home, record)
             checks.append(check)
             if on_progress:
