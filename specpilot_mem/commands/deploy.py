@@ -103,7 +103,7 @@ def run_new(args) -> int:
     from specpilot_mem.models import DeploymentRecord
     from specpilot_mem.registry.query import require_known
     from specpilot_mem.registry.suggest import suggest_entries
-    from specpilot_mem.registry.sync import DEPLOYMENT_FILE, connect, sync
+    from specpilot_mem.registry.sync import DEPLOYMENT_FILE, connect
     from specpilot_mem.store.fork import open_fork
     from specpilot_mem.store.records import dump_record, write_atomic
 
@@ -149,7 +149,6 @@ def run_new(args) -> int:
         except BaseException:
             fork.repo.update_refs({f"refs/heads/{branch}": (commit, None)}, f"specpilot deploy new {args.name}: undo")
             raise
-        sync(home)
         payload.update(entries=order, base=base, tree=tree, commit=commit, record=str(path))
     emit(args, payload, _render_new)
     return 0
