@@ -104,17 +104,17 @@ def mma_candidates(n: int, k: int, sms: int) -> list[MmaConfig]:
     """mma.sync partitions with 4 to 64 warps of work per multiprocessor (runtime parameters: no rebuild)."""
     tiles, chunks = -(-n // 16), -(-k // 128)
     out = []
-    for warps_n, warps_k in ((8, 1), (4, 1), (4, 2), (2, 2), (2, 4), (1, 4), (1, 8), (2, 8)):
+    for warps_n, warps_k in ((8, 1), (4, 1), (4, 2), (2, 2), (2, 4), (1, 4), (1, 8), (2, 8), (1, 16)):
         for splits in (1, 2, 4, 8):
             warps = tiles * warps_k * splits
             if chunks < warps_k * splits or not 4 * sms <= warps <= 64 * sms:
                 continue
-            out.append(MmaConfig(warps_n, warps_k, splits))
+            out += [MmaConfig(warps_n, warps_k, splits, depth) for depth in (1, 2)]
     default = default_mma_config(n, k, sms)
     return out if default in out else out + [default]
 
 
-def correctness(sms: int) -> dict:
+def correctness(sms: int, variants) -> dict:
     """Exactness and determinism checks on this GPU (random weights with zeros, denormals, Inf)."""
     torch.manual_seed(1)
     report = {}
@@ -127,9 +127,11 @@ def correctness(sms: int) -> dict:
     mma = to_mma_layout(w12)
     kernels = [(f"triton_bn{c.block_n}_s{c.splits}_asm{int(c.use_asm)}", lambda x, c=c: w12_gemm(x, w12, config=c))
                for c in (GemmConfig(64, 2, 4, 3, True), GemmConfig(64, 2, 4, 3, False), GemmConfig(128, 1, 4, 3, True))]
-    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}", lambda x, c=c: w12_mma_gemm(x, mma, config=c))
-                for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2))]
+    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}_d{c.depth}", lambda x, c=c: w12_mma_gemm(x, mma, config=c))
+                for c in (MmaConfig(4, 1, 1, 1), MmaConfig(2, 4, 3, 2), MmaConfig(1, 8, 2, 2))]
     for key, gemm in kernels:
+        if key.split("_")[0] not in variants:
+            continue
         try:
             # one-hot rows pick weight columns exactly: decode (escapes included) must be bit-exact
             cols = torch.tensor([7, 100, 700, 0, 1535] + list(range(11, 40)), device="cuda")
@@ -153,7 +155,7 @@ def correctness(sms: int) -> dict:
     return report
 
 
-def bench_shape(name, n, k, sms, read_bw, quick) -> dict:
+def bench_shape(name, n, k, sms, read_bw, quick, variants) -> dict:
     torch.manual_seed(0)
     w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
     torch.cuda.synchronize()
@@ -192,15 +194,18 @@ def bench_shape(name, n, k, sms, read_bw, quick) -> dict:
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         return graph_time(lambda i: torch.matmul(x, wts[i], out=y), len(ws))
 
-    # autotune at 1 and 16 rows; the chosen partition then serves every row count
+    # autotune at 1, 16 and 32 rows; the chosen partition then serves every row count
     tune, best = [], {}
     for variant, (configs, _) in gemms.items():
+        if variant not in variants:
+            continue
         for cfg in configs[:3] if quick else configs:
             entry = {"variant": variant, **asdict(cfg)}
             try:
                 entry["t1_us"] = time_variant(variant, cfg, 1) * 1e6
                 entry["t16_us"] = time_variant(variant, cfg, 16) * 1e6
-                entry["score"] = entry["t1_us"] + entry["t16_us"]
+                entry["t32_us"] = time_variant(variant, cfg, 32) * 1e6
+                entry["score"] = entry["t1_us"] + entry["t16_us"] + entry["t32_us"]
                 if variant not in best or entry["score"] < best[variant][1]["score"]:
                     best[variant] = (cfg, entry)
             except Exception as exc:  # record the failure, keep tuning the others
@@ -267,6 +272,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few configs (smoke test)")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--out", default=None)
+    parser.add_argument("--variants", default="triton,mma", help="kernels to tune and time: triton, mma")
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
     doc = {"benchmark": "w12_gemm_bench", "device": props.name, "sms": props.multi_processor_count,
@@ -276,12 +282,13 @@ def main() -> None:
            "method": f"CUDA-graph replay over rotating copies >= 4x{L2_BYTES >> 20} MB, median of {REPLAYS}"}
     doc["read_bw_Bps"] = read_bandwidth()
     log("read bw", doc["read_bw_Bps"] / 1e12)
-    doc["correctness"] = correctness(props.multi_processor_count)
+    doc["correctness"] = correctness(props.multi_processor_count, args.variants.split(","))
     log(json.dumps(doc["correctness"], indent=1))
     doc["shapes"] = {}
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
-        doc["shapes"][name] = bench_shape(name, n, k, props.multi_processor_count, doc["read_bw_Bps"], args.quick)
+        doc["shapes"][name] = bench_shape(name, n, k, props.multi_processor_count, doc["read_bw_Bps"], args.quick,
+                                          args.variants.split(","))
         doc["summary"] = summarize(doc["shapes"])
         if args.out:
             with open(args.out, "w") as fh:

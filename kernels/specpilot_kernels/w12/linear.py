@@ -8,20 +8,23 @@ import torch.nn.functional as F
 from .codec import decode
 from .format import W12Tensor
 from .gemm import w12_gemm
+from .mma import W12MmaTensor, w12_mma_gemm
 
 
-def w12_linear(x: torch.Tensor, w12: W12Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def w12_linear(x: torch.Tensor, w12: W12Tensor | W12MmaTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W^T (+ bias) for x bf16 [..., K] -> bf16 [..., N].
 
-    On CUDA: the W12 GEMM (decode in registers, deterministic across row counts). On the CPU: the
-    exact decoded weight through F.linear, so the output equals the unquantized layer's bit for bit.
+    On CUDA: a :class:`W12MmaTensor` (``to_mma_layout(w12)``, the fast path) runs the mma.sync kernel, a
+    :class:`W12Tensor` the Triton kernel; both decode in registers and are deterministic across row
+    counts. On the CPU (a W12Tensor): the exact decoded weight through F.linear, so the output equals
+    the unquantized layer's bit for bit.
     """
     if not x.is_cuda:
         return F.linear(x, decode(w12), bias)
     flat = x.reshape(-1, x.shape[-1])
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
-    y = w12_gemm(flat, w12)
+    y = w12_mma_gemm(flat, w12) if isinstance(w12, W12MmaTensor) else w12_gemm(flat, w12)
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], w12.shape[0])

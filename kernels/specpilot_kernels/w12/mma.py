@@ -9,6 +9,7 @@ block the MMA's k order is permuted so that lane t's activations are columns 8t 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -124,6 +125,7 @@ class MmaConfig:
     warps_n: int = 4  # 16-row tiles per block
     warps_k: int = 1  # warps sharing one tile, reduced in warp order through shared memory
     splits: int = 1  # K splits, reduced in split order through a workspace
+    depth: int = 1  # 128-column chunks each warp loads ahead (1 or 2)
 
     def chunks_per_split(self, kp: int) -> int:
         chunks = kp // STEP_K
@@ -141,6 +143,21 @@ def default_mma_config(n: int, k: int, sms: int) -> MmaConfig:
     while tiles * warps_k * splits < 16 * sms and chunks // (warps_k * splits * 2) >= 2:
         splits *= 2
     return MmaConfig(warps_n=max(1, 8 // warps_k), warps_k=warps_k, splits=splits)
+
+
+TUNED_PATH = Path(__file__).with_name("mma_configs.json")
+
+
+@lru_cache(maxsize=None)
+def _tuned() -> dict:
+    return json.loads(TUNED_PATH.read_text()) if TUNED_PATH.exists() else {}
+
+
+def select_mma_config(n: int, k: int, device: torch.device) -> MmaConfig:
+    """The partition for (N, K) on this GPU: tuned (``mma_configs.json``, keyed by the GPU's name) or default."""
+    props = torch.cuda.get_device_properties(device)
+    tuned = _tuned().get(props.name, {}).get(f"{n},{k}")
+    return MmaConfig(**tuned) if tuned else default_mma_config(n, k, props.multi_processor_count)
 
 
 @lru_cache(maxsize=None)
@@ -171,7 +188,7 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
         raise W12Error(f"w12_mma_gemm needs CUDA bf16 x [M, {k}], got {x.dtype} {tuple(x.shape)} on {x.device}",
                        where="w12_mma_gemm(x)", fix="pass a contiguous CUDA bf16 2-D input")
     np_, kp = mma.padded_shape
-    config = config or default_mma_config(n, k, torch.cuda.get_device_properties(x.device).multi_processor_count)
+    config = config or select_mma_config(n, k, x.device)
     per_split = config.chunks_per_split(kp)
     splits = -(-(kp // STEP_K) // per_split)
     if k != kp or x.stride(0) % 8 or x.data_ptr() % 16:  # the kernel reads Kp columns in 16-byte rows
@@ -186,7 +203,7 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
         m = xm.shape[0]
         target = workspace[: splits * m * n] if splits > 1 else ym
         ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, target,
-                         n, np_, kp, config.warps_n, config.warps_k, per_split, LOW_BITS_CODES[low_bits],
+                         n, np_, kp, config.warps_n, config.warps_k, per_split, config.depth, LOW_BITS_CODES[low_bits],
                          splits > 1)
         if splits > 1:
             total = m * n

@@ -1,0 +1,64 @@
+"""W12 in Hugging Face Transformers: a config-built Llama converts and gives the same logits."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from specpilot_kernels.w12 import W12Error  # noqa: E402
+from specpilot_kernels.w12.hf import W12Linear, convert_model  # noqa: E402
+
+
+def tiny_llama(tie: bool):
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tie)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+
+@pytest.mark.parametrize("lm_head", [False, True])
+def test_converted_llama_gives_identical_logits(lm_head):
+    model = tiny_llama(tie=False)
+    ids = torch.randint(0, 96, (2, 7))
+    with torch.no_grad():
+        before = model(ids).logits
+        stats = convert_model(model, lm_head=lm_head)
+        after = model(ids).logits
+    assert torch.equal(before, after)
+    assert len(stats) == 2 * 7 + int(lm_head)  # q, k, v, o, gate, up, down per layer (+ head)
+    assert isinstance(model.model.layers[0].mlp.down_proj, W12Linear)
+    assert isinstance(model.lm_head, W12Linear) == lm_head
+    assert all(s["bits_per_weight"] > 12.0 and s["escape_fraction"] < 1e-2 for s in stats.values())
+
+
+def test_tied_head_stays_bf16():
+    model = tiny_llama(tie=True)
+    convert_model(model, lm_head=True)
+    assert isinstance(model.lm_head, torch.nn.Linear)
+
+
+def test_conversion_stops_at_a_bad_tensor_before_replacing_it(monkeypatch):
+    model = tiny_llama(tie=False)
+    import specpilot_kernels.w12.hf as hf
+
+    def broken_encode(weight, check=True, name="weight"):
+        raise W12Error("differs", where=name)
+
+    monkeypatch.setattr(hf, "encode", broken_encode)
+    with pytest.raises(W12Error):
+        convert_model(model)
+    assert isinstance(model.model.layers[0].self_attn.q_proj, torch.nn.Linear)
+
+
+@pytest.mark.gpu
+def test_converted_llama_on_gpu_uses_the_mma_layout_and_matches_bf16():
+    from specpilot_kernels.w12 import W12MmaTensor
+
+    model = tiny_llama(tie=False).cuda()
+    ids = torch.randint(0, 96, (2, 7), device="cuda")
+    with torch.no_grad():
+        before = model(ids).logits.float()
+        convert_model(model, lm_head=True)
+        after = model(ids).logits.float()
+    assert isinstance(model.model.layers[1].self_attn.o_proj.w12, W12MmaTensor)
+    assert ((after - before).norm() / before.norm()).item() < 1e-2  # same weights, other reduction order
