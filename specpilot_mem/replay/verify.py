@@ -35,10 +35,10 @@ def accept(trees: DraftTrees, matched: np.ndarray) -> Verdict:
         return Verdict(np.zeros(b, np.int64), np.full(b, -1, np.int64))
     matched = matched & trees.valid
     ok = matched.copy()
-    has_parent = trees.parents >= 0
-    safe_parent = np.maximum(trees.parents, 0)
+    no_parent = trees.parents < 0
+    parent_flat = np.arange(b)[:, None] * n + np.maximum(trees.parents, 0)
     for _ in range(int(trees.depths.max(initial=0)) - 1):  # one pass per depth settles every path
-        ok = matched & (~has_parent | np.take_along_axis(ok, safe_parent, axis=1))
+        ok = matched & (no_parent | ok.take(parent_flat))
     depth = np.where(ok, trees.depths, 0)
     deepest = np.argmax(depth, axis=1)
     accepted = depth[np.arange(b), deepest]

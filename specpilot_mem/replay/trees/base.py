@@ -124,19 +124,19 @@ class StepBatch:
         table, store, used = self._rows.get(d) or (np.full(self.size * k, -1, dtype=np.int64),
                                                    np.empty((self.size * k, k), dtype=np.float32), 0)
         key = rows * k + parent_rank
-        missing = key[np.take(table, key) < 0]
+        missing = key[table.take(key) < 0]
         if missing.size:
             slot = np.arange(missing.size)
             table[missing] = slot  # duplicates: the last write wins, once per key
-            fresh = missing[np.take(table, missing) == slot]
-            step = np.take(self.steps, fresh // k)
-            pair = np.take(self._pair_rows, (step * m + d) * k + fresh % k, axis=0)
-            unary = np.take(self._unary_rows, step * m + d, axis=0)
+            fresh = missing[table.take(missing) == slot]
+            step = self.steps.take(fresh // k)
+            pair = self._pair_rows.take((step * m + d) * k + fresh % k, axis=0)
+            unary = self._unary_rows.take(step * m + d, axis=0)
             store[used:used + fresh.size] = log_softmax(conditional(self.kind, pair, unary))
             table[fresh] = used + np.arange(fresh.size)
             used += fresh.size
         self._rows[d] = (table, store, used)
-        return np.take(store, np.take(table, key), axis=0)
+        return store.take(table.take(key), axis=0)
 
     @cached_property
     def _pair_rows(self) -> np.ndarray:
@@ -309,7 +309,7 @@ def _best_columns(score: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray
     for i in range(count):
         cols[:, i] = np.argmax(work, axis=1)
         flat = base + cols[:, i]
-        values[:, i] = np.take(work, flat)
+        values[:, i] = work.take(flat)
         np.put(work, flat, -np.inf)
     return cols, values
 
@@ -344,9 +344,9 @@ def best_first_search(batch: StepBatch, nodes: int, depth_cap: int | None, margi
         else:
             edge = batch.edge_logp_flat(d, row, rank)
         child_score = score[:, None] + edge  # [L, K] float32 sum, root to node
-        flat = np.flatnonzero(child_score >= np.take(bound, row)[:, None])
+        flat = np.flatnonzero(child_score >= bound.take(row)[:, None])
         li = flat // k
-        row, rank, score, parent = np.take(row, li), flat % k, np.take(child_score, flat), np.take(ident, li)
+        row, rank, score, parent = row.take(li), flat % k, child_score.take(flat), ident.take(li)
         counts = np.bincount(row, minlength=b)
         if counts.max(initial=0) > nodes:  # keep each step's top N of this depth
             keep = _top_per_row(row, score, counts, nodes)
@@ -393,22 +393,22 @@ def assemble_levels(levels, batch: StepBatch, nodes: int) -> DraftTrees:
     width = int(counts.max(initial=0))
     if width == 0:
         return empty_trees(b, nodes)
-    sorted_row = np.take(row, order)
+    sorted_row = row.take(order)
     dense = np.full((b, width), -np.inf, dtype=np.float32)
-    np.put(dense, sorted_row * width + np.arange(row.size) - np.take(start, sorted_row), np.take(score, order))
+    np.put(dense, sorted_row * width + np.arange(row.size) - start.take(sorted_row), score.take(order))
     n = min(nodes, width)
     sel = select_top(dense, n)  # [B, n] best first
     rows = np.arange(b)[:, None]
     present = sel < counts[:, None]
-    ids = np.take(order, np.minimum(start[:, None] + sel, row.size - 1))
-    sel_score = np.where(present, np.take(dense, rows * width + sel), -np.inf)
+    ids = order.take(np.minimum(start[:, None] + sel, row.size - 1))
+    sel_score = np.where(present, dense.take(rows * width + sel), -np.inf)
     valid = present & (sel_score > -np.inf)
     position = np.full(row.size, -1, dtype=np.int64)
     position[ids[valid]] = np.broadcast_to(np.arange(n), (b, n))[valid]
-    par = np.take(parent, ids)
-    parents = np.where(valid & (par >= 0), np.take(position, np.maximum(par, 0)), -1)
-    sel_depth = np.where(valid, np.take(depth, ids), 0)
-    sel_rank = np.where(valid, np.take(rank, ids), -1)
+    par = parent.take(ids)
+    parents = np.where(valid & (par >= 0), position.take(np.maximum(par, 0)), -1)
+    sel_depth = np.where(valid, depth.take(ids), 0)
+    sel_rank = np.where(valid, rank.take(ids), -1)
     tokens = np.where(valid, batch.tokens(rows, np.maximum(sel_depth - 1, 0), np.maximum(sel_rank, 0)), -1)
     trees = DraftTrees(parents, sel_depth, sel_rank, tokens.astype(np.int64),
                        np.where(valid, sel_score, -np.inf).astype(np.float32), valid.sum(axis=1).astype(np.int64))
