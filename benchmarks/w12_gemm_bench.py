@@ -104,12 +104,12 @@ def mma_candidates(n: int, k: int, sms: int) -> list[MmaConfig]:
     """mma.sync partitions with 4 to 64 warps of work per multiprocessor (runtime parameters: no rebuild)."""
     tiles, chunks = -(-n // 16), -(-k // 128)
     out = []
-    for warps_n, warps_k in ((8, 1), (4, 1), (4, 2), (2, 2), (2, 4), (1, 4), (1, 8), (2, 8), (1, 16)):
+    for warps_n, warps_k in ((8, 1), (4, 1), (4, 2), (2, 2), (2, 4), (1, 4), (1, 8), (2, 8)):
         for splits in (1, 2, 4, 8):
             warps = tiles * warps_k * splits
             if chunks < warps_k * splits or not 4 * sms <= warps <= 64 * sms:
                 continue
-            out += [MmaConfig(warps_n, warps_k, splits, depth) for depth in (1, 2)]
+            out.append(MmaConfig(warps_n, warps_k, splits))
     default = default_mma_config(n, k, sms)
     return out if default in out else out + [default]
 
@@ -127,8 +127,8 @@ def correctness(sms: int, variants) -> dict:
     mma = to_mma_layout(w12)
     kernels = [(f"triton_bn{c.block_n}_s{c.splits}_asm{int(c.use_asm)}", lambda x, c=c: w12_gemm(x, w12, config=c))
                for c in (GemmConfig(64, 2, 4, 3, True), GemmConfig(64, 2, 4, 3, False), GemmConfig(128, 1, 4, 3, True))]
-    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}_d{c.depth}", lambda x, c=c: w12_mma_gemm(x, mma, config=c))
-                for c in (MmaConfig(4, 1, 1, 1), MmaConfig(2, 4, 3, 2), MmaConfig(1, 8, 2, 2))]
+    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}", lambda x, c=c: w12_mma_gemm(x, mma, config=c))
+                for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2))]
     for key, gemm in kernels:
         if key.split("_")[0] not in variants:
             continue
@@ -194,7 +194,7 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants) -> dict:
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         return graph_time(lambda i: torch.matmul(x, wts[i], out=y), len(ws))
 
-    # autotune at 1, 16 and 32 rows; the chosen partition then serves every row count
+    # autotune at 1 and 16 rows; the chosen partition then serves every row count
     tune, best = [], {}
     for variant, (configs, _) in gemms.items():
         if variant not in variants:
@@ -204,8 +204,7 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants) -> dict:
             try:
                 entry["t1_us"] = time_variant(variant, cfg, 1) * 1e6
                 entry["t16_us"] = time_variant(variant, cfg, 16) * 1e6
-                entry["t32_us"] = time_variant(variant, cfg, 32) * 1e6
-                entry["score"] = entry["t1_us"] + entry["t16_us"] + entry["t32_us"]
+                entry["score"] = entry["t1_us"] + entry["t16_us"]
                 if variant not in best or entry["score"] < best[variant][1]["score"]:
                     best[variant] = (cfg, entry)
             except Exception as exc:  # record the failure, keep tuning the others

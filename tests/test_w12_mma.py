@@ -13,7 +13,7 @@ from specpilot_kernels.w12.mma import (
 )
 from specpilot_kernels.w12.reference import gemm_reference, qpass_weight_reference
 
-CONFIGS = [MmaConfig(4, 1, 1, 1), MmaConfig(2, 4, 3, 2), MmaConfig(1, 8, 2, 2)]
+CONFIGS = [MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2)]
 
 
 def weight(n=200, k=300, seed=0, device="cpu"):
@@ -95,7 +95,7 @@ def test_mma_gemm_matches_reference_and_reads_weights_exactly(config):
 def test_mma_row_bits_do_not_depend_on_row_count():
     mma = to_mma_layout(encode(weight(n=1000, k=1536, device="cuda")))
     x = torch.randn(64, 1536, device="cuda").bfloat16()
-    config = MmaConfig(2, 4, 3, 2)
+    config = MmaConfig(2, 4, 3)
     alone = w12_mma_gemm(x[:1], mma, config=config).view(torch.int16)
     for rows in (2, 8, 9, 16, 17, 32, 33, 64):
         assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config)[:1].view(torch.int16), alone), rows

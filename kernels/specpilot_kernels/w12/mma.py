@@ -125,7 +125,6 @@ class MmaConfig:
     warps_n: int = 4  # 16-row tiles per block
     warps_k: int = 1  # warps sharing one tile, reduced in warp order through shared memory
     splits: int = 1  # K splits, reduced in split order through a workspace
-    depth: int = 1  # 128-column chunks each warp loads ahead (1 or 2)
 
     def chunks_per_split(self, kp: int) -> int:
         chunks = kp // STEP_K
@@ -203,7 +202,7 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
         m = xm.shape[0]
         target = workspace[: splits * m * n] if splits > 1 else ym
         ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, target,
-                         n, np_, kp, config.warps_n, config.warps_k, per_split, config.depth, LOW_BITS_CODES[low_bits],
+                         n, np_, kp, config.warps_n, config.warps_k, per_split, LOW_BITS_CODES[low_bits],
                          splits > 1)
         if splits > 1:
             total = m * n

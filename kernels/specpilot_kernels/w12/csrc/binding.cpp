@@ -7,7 +7,7 @@
 void w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, torch::Tensor base,
                   torch::Tensor esc_ptr, torch::Tensor esc_loc, torch::Tensor esc_val, torch::Tensor out,
                   int64_t n, int64_t n_padded, int64_t k_padded, int64_t warps_n, int64_t warps_k,
-                  int64_t chunks_per_split, int64_t depth, int64_t low_bits, bool partial) {
+                  int64_t chunks_per_split, int64_t low_bits, bool partial) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.stride(1) == 1 && x.size(0) <= 64,
               "w12_mma_gemm: x must be CUDA bf16 [M <= 64, K] with unit column stride");
   W12MmaArgs args{};
@@ -29,7 +29,6 @@ void w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, to
   args.warps_n = warps_n;
   args.warps_k = warps_k;
   args.chunks_per_split = chunks_per_split;
-  args.depth = depth;
   const cudaError_t err = w12_mma_launch(args, low_bits, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "w12_mma_gemm launch failed: ", cudaGetErrorString(err));
 }

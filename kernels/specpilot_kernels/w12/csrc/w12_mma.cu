@@ -41,7 +41,7 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int MT, int LOW_BITS, int DEPTH>
+template <int MT, int LOW_BITS>
 __global__ void w12_mma_kernel(W12MmaArgs args) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -65,28 +65,6 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     const int first = blockIdx.y * args.chunks_per_split + warp_k;
     const int last = min((int)(blockIdx.y + 1) * args.chunks_per_split, chunks);
 
-    // DEPTH (1 or 2) chunks in flight ahead of the one being decoded, issued before anything that waits;
-    // depth 2 hides more latency per warp at the price of registers (fewer warps per multiprocessor).
-    uint4 v_a[kBlocksPerChunk], v_b[kBlocksPerChunk];
-    uint2 n_a[kBlocksPerChunk], n_b[kBlocksPerChunk];
-    auto load_chunk = [&](int chunk, uint4 (&vv)[kBlocksPerChunk], uint2 (&nn)[kBlocksPerChunk]) {
-#pragma unroll
-      for (int u = 0; u < kBlocksPerChunk; ++u) {
-        const size_t off = (size_t)(chunk * kBlocksPerChunk + u) * 32;
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(vv[u].x), "=r"(vv[u].y), "=r"(vv[u].z), "=r"(vv[u].w)
-                     : "l"(view + off));
-        if (LOW_BITS == 0) {
-          asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
-                       : "=r"(nn[u].x), "=r"(nn[u].y) : "l"(nibs + off));
-        } else {
-          nn[u] = make_uint2(LOW_BITS == 2 ? 0x88888888u : 0u, LOW_BITS == 2 ? 0x88888888u : 0u);
-        }
-      }
-    };
-    if (first < last) load_chunk(first, v_a, n_a);
-    if (DEPTH == 2 && first + args.warps_k < last) load_chunk(first + args.warps_k, v_b, n_b);
-
     // Escape window: lane i holds escape win + i of this tile's range (sorted by chunk, then position).
     const int e_lo = args.esc_ptr[tile * chunks + min(first, chunks)];
     const int e_hi = args.esc_ptr[tile * chunks + last];
@@ -99,22 +77,31 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     };
     if (LOW_BITS == 0) load_window();
 
+    uint4 v_next[kBlocksPerChunk];
+    uint2 n_next[kBlocksPerChunk];
+    auto load_chunk = [&](int chunk) {
+#pragma unroll
+      for (int u = 0; u < kBlocksPerChunk; ++u) {
+        const size_t off = (size_t)(chunk * kBlocksPerChunk + u) * 32;
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v_next[u].x), "=r"(v_next[u].y), "=r"(v_next[u].z), "=r"(v_next[u].w)
+                     : "l"(view + off));
+        if (LOW_BITS == 0) {
+          asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
+                       : "=r"(n_next[u].x), "=r"(n_next[u].y) : "l"(nibs + off));
+        }
+      }
+    };
+    if (first < last) load_chunk(first);
     for (int chunk = first; chunk < last; chunk += args.warps_k) {
       uint4 v[kBlocksPerChunk];
       uint2 nb[kBlocksPerChunk];
 #pragma unroll
       for (int u = 0; u < kBlocksPerChunk; ++u) {
-        v[u] = v_a[u];
-        nb[u] = n_a[u];
-        if constexpr (DEPTH == 2) {
-          v_a[u] = v_b[u];
-          n_a[u] = n_b[u];
-        }
+        v[u] = v_next[u];
+        nb[u] = LOW_BITS == 0 ? n_next[u] : make_uint2(LOW_BITS == 2 ? 0x88888888u : 0u, LOW_BITS == 2 ? 0x88888888u : 0u);
       }
-      if (chunk + DEPTH * args.warps_k < last) {
-        if constexpr (DEPTH == 2) load_chunk(chunk + 2 * args.warps_k, v_b, n_b);
-        else load_chunk(chunk + args.warps_k, v_a, n_a);
-      }
+      if (chunk + args.warps_k < last) load_chunk(chunk + args.warps_k);
       // activations of this chunk: one 16-byte load per token row and 32-column block
       uint4 xv[kBlocksPerChunk][MT];
 #pragma unroll
@@ -226,16 +213,14 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
   }
 }
 
-template <int MT, int DEPTH>
+template <int MT>
 cudaError_t launch_mt(const W12MmaArgs& args, int low_bits, cudaStream_t stream) {
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
   dim3 grid((tiles + args.warps_n - 1) / args.warps_n, (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
   dim3 block(32 * args.warps_n * args.warps_k);
   const size_t smem = args.warps_k > 1 ? (size_t)block.x * MT * 4 * sizeof(float) : 0;
-  auto kernel = low_bits == 0   ? w12_mma_kernel<MT, 0, DEPTH>
-                : low_bits == 1 ? w12_mma_kernel<MT, 1, DEPTH>
-                                : w12_mma_kernel<MT, 2, DEPTH>;
+  auto kernel = low_bits == 0 ? w12_mma_kernel<MT, 0> : low_bits == 1 ? w12_mma_kernel<MT, 1> : w12_mma_kernel<MT, 2>;
   if (smem > 48 * 1024) {  // the in-block reduction of 16 warps x 64 rows needs 64 KB (sm_120 allows 99 KB)
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
@@ -244,17 +229,12 @@ cudaError_t launch_mt(const W12MmaArgs& args, int low_bits, cudaStream_t stream)
   return cudaGetLastError();
 }
 
-template <int MT>
-cudaError_t launch_depth(const W12MmaArgs& args, int low_bits, cudaStream_t stream) {
-  return args.depth == 2 ? launch_mt<MT, 2>(args, low_bits, stream) : launch_mt<MT, 1>(args, low_bits, stream);
-}
-
 }  // namespace
 
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream) {
   // Token tiles of 8: 1, 2, 4 or 8 (up to 64 rows); each tile's MMA is independent of the others.
-  if (args.m <= 8) return launch_depth<1>(args, low_bits, stream);
-  if (args.m <= 16) return launch_depth<2>(args, low_bits, stream);
-  if (args.m <= 32) return launch_depth<4>(args, low_bits, stream);
-  return launch_depth<8>(args, low_bits, stream);
+  if (args.m <= 8) return launch_mt<1>(args, low_bits, stream);
+  if (args.m <= 16) return launch_mt<2>(args, low_bits, stream);
+  if (args.m <= 32) return launch_mt<4>(args, low_bits, stream);
+  return launch_mt<8>(args, low_bits, stream);
 }

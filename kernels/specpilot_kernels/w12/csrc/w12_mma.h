@@ -15,7 +15,7 @@ struct W12MmaArgs {
   float* partial;          // [splits][m][n] when K is split, else nullptr
   __nv_bfloat16* y;        // [m][n] when K is not split
   int m, n, k, ldx, n_padded, k_padded;
-  int warps_n, warps_k, chunks_per_split, depth;  // depth: chunks loaded ahead per warp (1 or 2)
+  int warps_n, warps_k, chunks_per_split;
 };
 
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream);
