@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from test_forcing_support import PlantedScorer, make_case, other_token
 
-from specpilot_mem.controller.system import RequestOutput, write_outputs
+from specpilot_mem.controller.system import RequestOutput, load_outputs, write_outputs
 from specpilot_mem.forcing.plot import plot_figure4
 from specpilot_mem.forcing.verdict import Verdict
 from specpilot_mem.main import main
@@ -100,3 +100,13 @@ def test_figure4_groups_systems_under_their_stock(files, tmp_path, capsys):
     image = matplotlib.image.imread(path)
     assert image.shape[0] > 100 and image.shape[1] > 100
     assert not list((tmp_path / "out").glob(".*"))  # the temporary file was renamed into place
+
+
+def test_tf_stock_paths_explain_events_stock_made_on_another_run(files, capsys):
+    """The faulty system's events, also present in a second stock run's outputs, are explained."""
+    write_outputs(files / "stock-run2.jsonl", load_outputs(files / "faulty.jsonl").values())
+    code = main(_args(files, "--delta", "0.25", "--json", "--stock-path", str(files / "stock-run2.jsonl")))
+    faulty = {v["system"]: v for v in json.loads(capsys.readouterr().out)["verdicts"]}["faulty"]
+    assert code == 1  # the rate rule still rejects: 3% mismatches against stock's 0.7%
+    assert faulty["explained_by"]["stock-path"] == faulty["events"]["audited"] == 30
+    assert not faulty["events"]["reject"] and faulty["rate"]["reject"]

@@ -118,14 +118,15 @@ def _render(payload: dict) -> None:
     for v in payload["verdicts"]:
         rate, events = v["rate"], v["events"]
         rows.append([
-            v["system"], v["verdict"].upper(),
-            f"{_pct(rate['system_rate'])} [{_pct(rate['system_low'])}, {_pct(rate['system_high'])}]",
-            f"{_pct(rate['stock_rate'])}", f"{100 * rate['difference_low']:+.2f} pt",
-            events["system_events"], f"{events['unexplained']}/{events['audited']}", events["stock_events"],
-            f"{events['p_value']:.2g}",
+            v["system"], v["verdict"].upper(), _pct(rate["system_rate"]),
+            f"{_pct(rate['system_low'])}-{_pct(rate['system_high'])}", _pct(rate["stock_rate"]),
+            f"{100 * rate['difference_low']:+.2f}", events["system_events"],
+            f"{events['unexplained']}/{events['audited']}", f"{events['p_value']:.2g}",
         ])
-    console.print(table("token forcing", ["system", "verdict", "mismatch [95% CI]", "stock", "diff low",
-                                          "events", "unexplained/audited", "stock events", "p"], rows))
+    limit = 100 * payload["verdicts"][0]["rate"]["limit"] if payload["verdicts"] else 0.0
+    console.print(table(f"token forcing (diff low: 95% lower bound of the rate difference, points; "
+                        f"limit +{limit:.2f})", ["system", "verdict", "mismatch", "95% CI", "stock", "diff low", "events",
+                                         "unexpl.", "p"], rows))
     for v in payload["verdicts"]:
         for reason in v["reasons"]:
             console.print(f"[bold]{v['system']}[/]: {reason}", highlight=False)
