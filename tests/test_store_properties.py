@@ -100,7 +100,10 @@ def test_worktree_output_and_dirty_target(tmp_path):
     (worktree / "python/sglang/e0.py").write_text("edited\n")
     with pytest.raises(SpecPilotError, match="uncommitted changes"):
         apply_entries(home, ["e0"], worktree=str(worktree))
-    # recording from the work tree takes its uncommitted edit
+    # recording from the work tree takes its uncommitted edit, but not what importing it left behind
+    (worktree / "python/sglang/__pycache__").mkdir()
+    (worktree / "python/sglang/__pycache__/e0.cpython-311.pyc").write_bytes(b"\0compiled")
     record = record_entry(home, "edited", str(worktree), requires=["e0"], meta=DRAFT)
     assert record.source.commit is None
     assert "edited" in open_fork(home).repo.out("cat-file", "blob", "entry/edited:python/sglang/e0.py")
+    assert "__pycache__" not in (home.entries / "edited" / "delta.patch").read_text()

@@ -61,4 +61,7 @@ def init_memory(home: Home, wheel: str | None = None, fork_url: str | None = Non
         branches = sync_branches(Resolver(fork))
     link = project_gitlink(home)
     gitlink = "absent" if link is None else ("matches" if link == fork.stock_commit else "differs")
+    if link is not None and (home.root / ".gitmodules").is_file():
+        # register the submodule in the project's config, so `git submodule status` sees it as checked out
+        Repo(home.root).git("submodule", "init", "--", home.fork.name, check=False)
     return InitResult(fork, built, branches, gitlink)
