@@ -111,9 +111,13 @@ class _HashCache:
         keep = {p: v for p, v in self.seen.items() if v[1] < settled_ns}
         if keep == self.known or not self.path.parent.is_dir():
             return
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(keep))
-        os.replace(tmp, self.path)
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_text(json.dumps(keep))
+            os.replace(tmp, self.path)
+        except OSError:
+            # Only a cache: a home this user may read but not write still answers queries, hashing every file.
+            tmp.unlink(missing_ok=True)
 
 
 def _subdirs(folder: str) -> list[os.DirEntry]:
