@@ -68,3 +68,12 @@ def test_the_injected_fault_shows_up_as_mismatches_after_its_position(engine, re
         assert all(output.output_ids[p] % 7 == 0 for p in positions)  # biased ids are multiples of the stride
     verdict = TokenForcing(scorer, stock_scored, delta=0.125).judge("fault", scored, synthetic=True)
     assert verdict.events.system_events > 0 and verdict.events.unexplained == verdict.events.audited
+
+
+def test_cli_factory_builds_an_engine_scorer():
+    from specpilot_mem.forcing.scorer import Scorer, load_scorer
+
+    scorer = load_scorer("specpilot_mem.forcing.engine_adapter:load_scorer", {"model": "random", "seed": "1"})
+    assert isinstance(scorer, Scorer) and isinstance(scorer, EngineScorer)
+    assert scorer.fp32_head and scorer.engine.synthetic
+    assert scorer.encode("ab") == [97, 98]

@@ -1,11 +1,11 @@
 """The teacher-forced scorer interface and the per-token numbers token forcing works from.
 
-A scorer runs the target on the stock engine with an FP32 LM head over prompt + output in one
-teacher-forced pass and reports, for every output position, the log-probability of the token the
+A scorer runs the target on the stock engine with an FP32 LM head over prompt + output, teacher-forced,
+and reports, for every output position, the log-probability of the token the
 system emitted, the scorer's argmax there, that argmax's log-probability and the gap between the top
-two log-probabilities. ``prefill_len`` splits the pass: the first ``prefill_len`` tokens of
-prompt + output go through one prefill, the rest are fed one token per step, so the logits at a
-position come from a different kernel shape; the audit uses this to find near-ties that move with
+two log-probabilities. ``prefill_len`` moves where the first forward pass of prompt + output ends
+(default: after the prompt); the rest follows in later passes, so the logits at a position come from
+a different kernel shape and chunking. The audit uses this to find near-ties that move with
 the prefill length. The pure-torch engine's scorer and the SGLang scorer client implement it; a
 scorer that also has ``encode(text) -> token ids`` lets request sets use text prompts.
 """
