@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import shutil
 
-import duckdb
 import pytest
+from test_registry_support import table_contents
 
 from specpilot_mem.gpus import find_gpu, resolve_gpu_or_arch
 from specpilot_mem.home import Home
@@ -88,15 +88,6 @@ def test_generated_memory_matches_reference(generated, filters):
     assert expected, "the filter should select something in the generated memory"
     query = {("gpu" if k == "gpu_text" else k): v for k, v in filters.items()}
     assert run_query(home, **query) == expected
-
-
-def table_contents(db) -> dict[str, list]:
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE table_name <> 'meta'").fetchall()]
-        return {t: sorted(map(repr, con.execute(f"SELECT * FROM {t}").fetchall())) for t in tables}
-    finally:
-        con.close()
 
 
 def test_incremental_sync_equals_rebuild(generated, tmp_path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import duckdb
+
 from specpilot_mem.gpus import find_gpu
 from specpilot_mem.home import Home
 from specpilot_mem.models import EntryRecord
@@ -50,3 +52,16 @@ def write_home(root: Path, records: list[EntryRecord]) -> Home:
     for record in records:
         save_entry(home, record)
     return home
+
+
+def table_contents(db: Path) -> dict[str, list]:
+    """Every table's rows (sorted, as text) except ``meta``: what an incremental sync and a rebuild must agree on."""
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("ATTACH ? AS registry (READ_ONLY)", [str(db)])
+        con.execute("USE registry")
+        tables = [r[0] for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'registry' AND table_name <> 'meta'").fetchall()]
+        return {t: sorted(map(repr, con.execute(f"SELECT * FROM {t}").fetchall())) for t in tables}
+    finally:
+        con.close()

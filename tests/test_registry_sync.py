@@ -10,7 +10,9 @@ import threading
 
 import duckdb
 import pytest
-from test_registry_support import entry, evidence, write_home
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_registry_support import entry, evidence, table_contents, write_home
 
 from specpilot_mem.errors import RecordError, RegistryError
 from specpilot_mem.main import main
@@ -197,3 +199,23 @@ def test_unwritable_registry_or_state_is_a_clear_error(home):
     with pytest.raises(RegistryError, match="cannot take the registry's writer lock"):
         sync(home)
     assert not home.registry.exists()
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.sampled_from(["add", "edit", "remove"]), st.integers(0, 4)), min_size=1, max_size=5))
+def test_incremental_sync_always_equals_a_rebuild(tmp_path_factory, steps):
+    home = write_home(tmp_path_factory.mktemp("steps"), [entry("e0", evidence_items=[evidence("H200")])])
+    sync(home)
+    for n, (action, k) in enumerate(steps):
+        path = home.entry_dir(f"e{k}")
+        if action == "remove":
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            gpu = ("H100", "H200", "RTX PRO 6000", "B200")[(k + n) % 4]
+            requires = ["e0"] if k and (home.entry_dir("e0") / "entry.yaml").exists() else []
+            save_entry(home, entry(f"e{k}", title=f"{action} {n}", requires=requires,
+                                   evidence_items=[evidence(gpu, ("single", "batch")[n % 2])]))
+        assert not sync(home).rebuilt
+        incremental = table_contents(home.registry)
+        assert sync(home, rebuild=True).rebuilt
+        assert table_contents(home.registry) == incremental
