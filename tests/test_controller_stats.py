@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from specpilot_mem.controller.stats import (
@@ -61,3 +63,26 @@ def test_paired_difference_cancels_shared_request_difficulty():
     unpaired_se = math.hypot(clustered_ratio(b, lengths).se, clustered_ratio(a, lengths).se)
     assert paired.se < 0.5 * unpaired_se
     assert paired.value == pytest.approx(b.sum() / lengths.sum() - a.sum() / lengths.sum())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20), st.integers(20, 400)), min_size=2, max_size=30))
+def test_paired_difference_is_antisymmetric_and_order_free(rows):
+    a, b, n = (list(column) for column in zip(*rows))
+    forward = clustered_ratio_difference(a, n, b, n)
+    backward = clustered_ratio_difference(b, n, a, n)
+    shuffled = clustered_ratio_difference(a[::-1], n[::-1], b[::-1], n[::-1])
+    assert forward.value == pytest.approx(-backward.value, abs=1e-12)
+    assert forward.se == pytest.approx(backward.se) and forward.se == pytest.approx(shuffled.se)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 40), st.integers(0, 40), st.integers(1000, 100_000))
+def test_event_p_value_falls_as_unexplained_events_rise(stock_events, unexplained, tokens):
+    from specpilot_mem.forcing.rules import event_rule
+
+    def p(count):
+        return event_rule(delta=0.25, system_events=40, system_tokens=tokens, audited=40, unexplained=count,
+                          stock_events=stock_events, stock_tokens=tokens).p_value
+
+    assert p(min(unexplained + 1, 40)) <= p(unexplained) + 1e-12
