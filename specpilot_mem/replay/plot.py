@@ -22,7 +22,7 @@ LINESTYLES = ("-", "--", "-.", ":")  # by lattice positions, most positions firs
 
 def plot_tau(runs: list[ReplayRun], path: str | os.PathLike) -> Path:
     path = Path(path)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=150)
+    fig, ax = plt.subplots(figsize=(8.0, 4.2), dpi=150)
     series: dict[tuple[int, str], list[ReplayRun]] = {}
     for run in runs:
         series.setdefault((run.positions, run.builder), []).append(run)
@@ -40,7 +40,7 @@ def plot_tau(runs: list[ReplayRun], path: str | os.PathLike) -> Path:
     synthetic = any(r.synthetic for r in runs)
     ax.set_title("Exact replay" + (" (SYNTHETIC lattices)" if synthetic else ""))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # outside: lines stay readable
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tau-", suffix=".png", dir=path.parent)
