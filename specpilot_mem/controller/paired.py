@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from specpilot_mem.controller.gains import GainEstimate, Run, divergent_requests, gain
 from specpilot_mem.controller.requests import Request
-from specpilot_mem.errors import RoundError
 from specpilot_mem.controller.system import RequestOutput, System
+from specpilot_mem.errors import RoundError
 
 Slot = tuple[str, str]  # ("a" or "b", device)
 
@@ -67,6 +67,12 @@ def _checked(system: System, requests: Sequence[Request], outputs: list[RequestO
     return tuple(outputs)
 
 
+def _serve(which: str, system: System, requests: Sequence[Request], batch_size: int, repeat: int,
+           device: str) -> tuple[str, Run]:
+    outputs = system.run(list(requests), batch_size=batch_size, device=device)
+    return which, Run(system.name, device, batch_size, repeat, _checked(system, requests, outputs, device))
+
+
 def paired_run(
     a: System,
     b: System,
@@ -80,8 +86,8 @@ def paired_run(
     """Time ``a`` and ``b`` on ``requests`` at every batch size, ``repeats`` times, per ``schedule``.
 
     With several devices both systems run at once from two threads, so ``System.run`` must be safe
-    to call concurrently for different devices (an SGLang adapter talks to two servers; pass two
-    engine instances for the pure-torch engine if it is not).
+    to call concurrently for different devices (an SGLang adapter talks to two servers; the engine's
+    ``EngineSystem`` takes one engine per device).
     """
     if not requests:
         raise RoundError("a paired run needs requests", where="requests", fix="load a request set")
@@ -94,17 +100,12 @@ def paired_run(
     for index, step in enumerate(steps):
         repeat = index // per_repeat
         for batch_size in batch_sizes:
-            def serve(slot: Slot, batch_size: int = batch_size, repeat: int = repeat) -> tuple[str, Run]:
-                which, device = slot
-                system = systems[which]
-                outputs = system.run(list(requests), batch_size=batch_size, device=device)
-                return which, Run(system.name, device, batch_size, repeat, _checked(system, requests, outputs, device))
-
-            if len(step) == 1:
-                finished = [serve(step[0])]
+            jobs = [(which, systems[which], requests, batch_size, repeat, device) for which, device in step]
+            if len(jobs) == 1:
+                finished = [_serve(*jobs[0])]
             else:
-                with ThreadPoolExecutor(max_workers=len(step)) as pool:
-                    finished = list(pool.map(serve, step))
+                with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+                    finished = list(pool.map(lambda job: _serve(*job), jobs))
             for which, run in finished:
                 runs[which].append(run)
                 if on_run is not None:
