@@ -130,3 +130,14 @@ def prepare(model_dir: Path, tokens_path: Path, rescan: bool = False) -> dict:
         "tokens": {s: int(streams[s].size) for s in SPLITS},
         "skipped_files": len(skipped),
     }
+
+
+def file_prompts(stream: np.ndarray, count: int, length: int, eot_id: int = 0) -> list[list[int]]:
+    """The first ``length`` tokens of the first ``count`` files (of at least ``length`` tokens) of a
+    split's stream: prompts that start where a real file starts."""
+    starts = np.concatenate([[0], np.flatnonzero(stream == eot_id) + 1])
+    prompts = []
+    for a, b in zip(starts[:-1], starts[1:]):
+        if b - a > length and len(prompts) < count:
+            prompts.append(stream[a:a + length].astype(np.int64).tolist())
+    return prompts

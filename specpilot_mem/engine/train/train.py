@@ -169,14 +169,20 @@ def main(argv=None) -> int:
     ap.add_argument("--drafter-lr", type=float, default=2e-3)
     ap.add_argument("--anchors", type=int, default=16, help="drafter blocks per training sequence")
     ap.add_argument("--eval-tokens", type=int, default=400_000)
+    ap.add_argument("--target-config", default="{}", help="JSON overrides of TargetConfig fields")
+    ap.add_argument("--drafter-config", default="{}", help="JSON overrides of DrafterConfig fields")
+    ap.add_argument("--threads", type=int, help="torch CPU threads")
     args = ap.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     data = np.load(args.tokens)
     streams = {s: torch.from_numpy(data[s].astype(np.int64)).to(device) for s in ("train", "dev", "unseen")}
-    target_cfg, drafter_cfg = TargetConfig(), DrafterConfig()
+    target_cfg = TargetConfig.from_json(json.dumps({**json.loads(TargetConfig().to_json()), **json.loads(args.target_config)}))
+    drafter_cfg = DrafterConfig.from_json(json.dumps({**json.loads(DrafterConfig().to_json()), **json.loads(args.drafter_config)}))
     target = HybridTarget(target_cfg).to(device)
     drafter = BlockDrafter(drafter_cfg, target_cfg).to(device)
     log: list[dict] = [{"event": "start", "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
