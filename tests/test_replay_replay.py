@@ -81,6 +81,11 @@ def test_shared_budget_replay(lattice):
         replay(lattice, "chain", 32, batch=3)
 
 
+def test_a_request_alone_in_the_server_gets_the_whole_budget(tmp_path):
+    lat = scripted_lattice(tmp_path / "s.npz", length=13, correct=2)
+    assert replay(lat, "best-first", 6, batch=4)[0].tolist() == replay(lat, "best-first", 6)[0].tolist()
+
+
 def test_replay_command_json_and_plot(tmp_path, capsys, lattice):
     path = tmp_path / "lat.npz"
     save_lattice(lattice, path)

@@ -27,7 +27,7 @@ def register(subparsers, common) -> None:
     parser.add_argument("--nodes", default="8,16,32,64", help="node budgets N (default 8,16,32,64)")
     parser.add_argument("--depth-cap", type=int, default=None, help="deepest node (default: the lattice's positions)")
     parser.add_argument("--batch", type=int, default=1,
-                        help="requests sharing one node budget per step (best-first only; default 1)")
+                        help="requests in flight sharing one node budget per step, closed loop (best-first only; default 1)")
     parser.add_argument("--plot", metavar="PNG", help="draw Figure 10 (τ against N) to this PNG")
     parser.set_defaults(func=run)
 

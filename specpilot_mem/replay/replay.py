@@ -62,46 +62,65 @@ def replay(lat: Lattice, builder: str, nodes: int, depth_cap: int | None = None,
            options: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Replay every request of one lattice file; returns (steps [R], tokens [R]).
 
-    batch > 1: consecutive requests form groups of ``batch`` that step together, and each step of a
-    group verifies at most ``nodes`` nodes in all (best-first shares, ``trees.shared``); a request
-    that finishes leaves its group, and the others share the budget.
+    batch = 1: every request on its own, all stepping together (one build per round of steps).
+    batch > 1: one server, closed loop, ``batch`` requests in flight (the next request in file order
+    takes a finished one's slot); each step verifies at most ``nodes`` nodes over all of them
+    (best-first shares, ``trees.shared``).
     """
     build = get_builder(builder)
     options = options or {}
     if batch > 1 and builder != "best-first":
         raise LatticeError(f"a shared node budget is defined for best-first trees, not {builder!r}",
                            where="--batch", fix="use --builders best-first with --batch, or --batch 1")
-    lengths = np.diff(lat.greedy_offsets)
-    lookup = lat.step_lookup()
-    position = np.zeros(lat.num_requests, dtype=np.int64)
-    steps = np.zeros(lat.num_requests, dtype=np.int64)
-    tokens = np.zeros(lat.num_requests, dtype=np.int64)
-    active = np.flatnonzero(lengths > 0)
-    while active.size:
-        flat = lat.greedy_offsets[active] + position[active]
-        step_ids = lookup[flat]
-        missing = np.flatnonzero(step_ids < 0)
+    state = _Progress(lat)
+    if batch == 1:
+        active = np.flatnonzero(state.lengths > 0)
+        while active.size:
+            for lo in range(0, active.size, MAX_BATCH):
+                reqs = active[lo:lo + MAX_BATCH]
+                sb = StepBatch.from_lattice(lat, state.step_ids(reqs))
+                state.advance(reqs, sb, build(sb, nodes, depth_cap, **options))
+            active = active[state.position[active] < state.lengths[active]]
+    else:
+        queue = [int(r) for r in np.flatnonzero(state.lengths > 0)]
+        slots, queue = queue[:batch], queue[batch:]
+        while slots:
+            reqs = np.array(slots)
+            sb = StepBatch.from_lattice(lat, state.step_ids(reqs))
+            state.advance(reqs, sb, shared.build(sb, np.zeros(reqs.size, dtype=np.int64), nodes, depth_cap))
+            slots = [r if state.position[r] < state.lengths[r] else (queue.pop(0) if queue else -1) for r in slots]
+            slots = [r for r in slots if r >= 0]
+    return state.steps, state.tokens
+
+
+class _Progress:
+    """Where each request of a lattice file stands during replay."""
+
+    def __init__(self, lat: Lattice):
+        self.lat = lat
+        self.lengths = np.diff(lat.greedy_offsets)
+        self.lookup = lat.step_lookup()
+        self.position = np.zeros(lat.num_requests, dtype=np.int64)
+        self.steps = np.zeros(lat.num_requests, dtype=np.int64)
+        self.tokens = np.zeros(lat.num_requests, dtype=np.int64)
+
+    def step_ids(self, reqs: np.ndarray) -> np.ndarray:
+        ids = self.lookup[self.lat.greedy_offsets[reqs] + self.position[reqs]]
+        missing = np.flatnonzero(ids < 0)
         if missing.size:
-            r = active[missing[0]]
+            r = reqs[missing[0]]
             raise LatticeError(
-                f"no lattice recorded for request {lat.request_ids[r]!r} at position {int(position[r])}",
-                where=lat.source, fix="record a teacher-forced step at every position of the greedy output")
-        # a shared budget needs every request of a group in one build; otherwise bound memory
-        chunk = active.size if batch > 1 else MAX_BATCH
-        for lo in range(0, active.size, chunk):
-            reqs = active[lo:lo + chunk]
-            sb = StepBatch.from_lattice(lat, step_ids[lo:lo + chunk])
-            if batch > 1:
-                trees = shared.build(sb, reqs // batch, nodes, depth_cap)
-            else:
-                trees = build(sb, nodes, depth_cap, **options)
-            verdict = verify_against_greedy(trees, sb.greedy)
-            gained = np.minimum(verdict.accepted + 1, lengths[reqs] - position[reqs])
-            position[reqs] += gained
-            tokens[reqs] += gained
-            steps[reqs] += 1
-        active = active[position[active] < lengths[active]]
-    return steps, tokens
+                f"no lattice recorded for request {self.lat.request_ids[r]!r} at position {int(self.position[r])}",
+                where=self.lat.source, fix="record a teacher-forced step at every position of the greedy output")
+        return ids
+
+    def advance(self, reqs: np.ndarray, sb: StepBatch, trees) -> None:
+        """Verify the step's trees; each request gains its accepted nodes + the bonus, within its output."""
+        verdict = verify_against_greedy(trees, sb.greedy)
+        gained = np.minimum(verdict.accepted + 1, self.lengths[reqs] - self.position[reqs])
+        self.position[reqs] += gained
+        self.tokens[reqs] += gained
+        self.steps[reqs] += 1
 
 
 def replay_set(lattices: Sequence[Lattice], builders: Sequence[str], nodes: Sequence[int],
