@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_store_support import DRAFT, append_line, source_on
+from test_store_support import append_line, source_on
 
 from specpilot_mem.main import main
 from specpilot_mem.store import record_entry, vendor_kernels

@@ -1,13 +1,14 @@
 """The resolver: requirement closure, deterministic order, 3-way application onto a tree, reproduction.
 
-Order: Kahn's algorithm taking the smallest available id first. For a requirement-closed set S its
-last entry has no dependents in S, and the order of S without it is exactly the prefix, so the tree
-of every prefix is memoized (key: base tree + ordered ids) and shared between chains — ``verify``
-resolves each entry's closure mostly from memo hits.
+Order (``requirements.order``): the order of a requirement-closed set without its last entry is
+exactly its prefix, so the tree of every prefix is memoized (key: base tree + ordered ids) and shared
+between chains — ``verify`` resolves each entry's closure mostly from memo hits.
 
-Application, per file of an entry's delta, against the accumulating tree (never a work tree):
-current == post-image -> already there; current == pre-image -> take the post-image; otherwise a
-3-way merge of (pre, current, post) blobs with ``git merge-file``; anything else is a conflict.
+Application, per file of an entry's delta, against the accumulating tree (never a work tree), with
+the semantics of ``git apply --3way``: current == post-image -> already there; current == pre-image
+-> take the post-image; otherwise the entry's hunks applied to the current text (exact lines, at an
+offset), and where they do not match, a 3-way merge of the (pre, current, post) blobs with
+``git merge-file``; anything else is a conflict.
 """
 
 from __future__ import annotations
@@ -310,15 +311,14 @@ class Resolver:
         """Rebuild ``entry_id``'s chain from stock and compare with its record's ``reproduces``."""
         order = self.chain([entry_id])
         walk = self.walk(self.fork.stock_tree, order)
-        outcome = walk.outcomes[-1]
-        outcome.tree = self.tree_id(self.fork.stock_tree, walk)
-        if any(o.status == CONFLICT for o in walk.outcomes):
-            bad = next(o for o in walk.outcomes if o.status == CONFLICT)
-            outcome.tree = None
+        bad = next((o for o in walk.outcomes if o.status == CONFLICT), None)
+        if bad is not None:
             raise ConflictError(
                 f"{bad.id} conflicts with {', '.join(bad.conflicts_with) or 'stock'} in the chain of {entry_id}",
                 where="files: " + ", ".join(bad.paths), fix=f"re-record {bad.id} on top of its requirements",
             )
+        outcome = walk.outcomes[-1]
+        outcome.tree = self.tree_id(self.fork.stock_tree, walk)
         return outcome
 
 
