@@ -1,5 +1,8 @@
 """W12 codec: every BF16 bit pattern round-trips, the view is FP8-readable, the on-disk form is stable."""
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -8,6 +11,12 @@ from specpilot_kernels.w12 import (
 )
 from specpilot_kernels.w12.format import RECORD_BYTES, W12Tensor, escape_positions
 from specpilot_kernels.w12.reference import choose_base, qpass_weight_reference
+
+_spec = importlib.util.spec_from_file_location(
+    "w12_checkpoint_stats", Path(__file__).resolve().parents[1] / "benchmarks" / "w12_checkpoint_stats.py")
+_stats_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_stats_module)
+checkpoint_stats = _stats_module.checkpoint_stats
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -132,6 +141,19 @@ def test_check_roundtrip_names_the_first_differing_weight():
     assert check_roundtrip(w, w12)["escapes"] == w12.num_escapes
 
 
+def test_checkpoint_stats_cover_every_matrix(tmp_path):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(6)
+    path = tmp_path / "tiny.safetensors"
+    save_file({"a.weight": (torch.randn(64, 96) * 0.02).bfloat16(), "b.weight": torch.randn(32, 128) * 0.1,
+               "norm.weight": torch.ones(64)}, str(path))
+    stats = checkpoint_stats(str(path))
+    assert set(stats["tensors"]) == {"a.weight", "b.weight"}  # 1-D tensors are not linear weights
+    assert stats["tensors"]["b.weight"]["source_dtype"] == "float32"
+    assert stats["weights"] == 64 * 96 + 32 * 128
+
+
 def test_stats_count_every_byte():
     w12 = encode((torch.randn(256, 1024) * 0.02).bfloat16())
     s = w12.stats()
@@ -152,3 +174,16 @@ def test_gpu_encode_equals_cpu_encode():
     gpu = encode(w.cuda()).to("cpu")
     for name in ("view", "nibbles", "base", "esc_ptr", "esc_loc", "esc_val"):
         assert torch.equal(getattr(cpu, name), getattr(gpu, name)), name
+
+
+TRAINED = [Path(__file__).resolve().parents[1] / "models" / name for name in ("target.safetensors", "drafter.safetensors")]
+
+
+@pytest.mark.parametrize("path", TRAINED, ids=lambda p: p.name)
+def test_trained_network_weights_roundtrip(path):
+    # The only trained networks available offline are the engine's pair in models/ (no pip package here
+    # ships trained weights); every 2-D tensor must decode bit for bit (encode() checks it).
+    if not path.exists():
+        pytest.skip(f"{path} not committed yet (the engine's trained pair)")
+    stats = checkpoint_stats(str(path))
+    assert stats["tensors"] and stats["bits_per_weight"] < 13.0
