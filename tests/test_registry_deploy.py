@@ -98,6 +98,7 @@ def test_dry_run_and_stock_only(home, capsys, monkeypatch):
     (("x", *SETTING, "--from", "alpha,alpha"), "more than once"),
     (("x", *SETTING, "--from", "top,clash"), "top conflicts with clash"),
     (("x", "--gpu", "H300", "--model", "m", "--drafter", "d", "--regime", "single"), "unknown GPU"),
+    (("x", "--gpu", "sm_90", "--model", "m", "--drafter", "d", "--regime", "single"), "sm_90 is an arch"),
     (("x", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "batch"), "needs --batch-sizes"),
     (("x", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "single", "--batch-sizes", "8"), "serves one request"),
     (("x", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "batch", "--batch-sizes", "8,x"), "not a comma-separated"),

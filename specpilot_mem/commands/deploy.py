@@ -24,7 +24,7 @@ def register(subparsers, common) -> None:
     new = verbs.add_parser("new", parents=[common], help="record a deployment and build its branch deploy/NAME",
                            description=__doc__)
     new.add_argument("name", metavar="NAME", help="deployment name: lower-case letters, digits, '.', '_', '-'")
-    new.add_argument("--gpu", required=True, metavar="NAME|ARCH", help='GPU name (H100, H200, "RTX PRO 6000", B200) or arch id')
+    new.add_argument("--gpu", required=True, metavar="NAME", help='the GPU it serves on: H100, H200, "RTX PRO 6000", B200, ...')
     new.add_argument("--model", required=True, metavar="NAME", help="target model, e.g. Qwen3.8-27B")
     new.add_argument("--drafter", required=True, metavar="NAME", help="drafter, e.g. DFlash2, DSpark, EAGLE-3")
     new.add_argument("--regime", required=True, choices=("single", "batch"), help="one request, or batched requests")
@@ -109,6 +109,14 @@ def run_new(args) -> int:
 
     home = find_home(args.home)
     gpu, arch = resolve_gpu_or_arch(args.gpu)
+    if gpu is None:
+        from specpilot_mem.errors import SpecPilotError
+        from specpilot_mem.gpus import GPUS
+
+        raise SpecPilotError(
+            f"a deployment runs on one GPU, and {args.gpu} is an arch", where="--gpu",
+            fix=f"name the GPU ({', '.join(g.name for g in GPUS if g.arch == arch)}): its evidence records the GPU, not only the arch",
+        )
     batch_sizes = _parse_batch_sizes(args.batch_sizes, args.regime)
     _check_name(home, args.name)
     ids = _parse_ids(args.from_ids) if args.from_ids else []
@@ -126,7 +134,7 @@ def run_new(args) -> int:
     branch = f"deploy/{args.name}"
 
     payload = {
-        "name": args.name, "gpu": gpu.name if gpu else arch, "arch": arch, "model": args.model, "drafter": args.drafter,
+        "name": args.name, "gpu": gpu.name, "arch": arch, "model": args.model, "drafter": args.drafter,
         "regime": args.regime, "batch_sizes": batch_sizes, "entries": ids, "branch": branch, "dry_run": args.dry_run,
         "suggestions": [{"id": s.id, "title": s.title, "reasons": s.reasons, "flags": s.flags, "required_by": s.required_by}
                         for s in suggestions],
@@ -138,7 +146,7 @@ def run_new(args) -> int:
                             fix="choose another deployment name (or delete the branch if it is left over)")
         order, base, tree, commit = _build_branch(home, fork, ids, branch)
         record = DeploymentRecord(
-            name=args.name, gpu=gpu.name if gpu else arch, arch=arch, model=args.model, drafter=args.drafter,
+            name=args.name, gpu=gpu.name, arch=arch, model=args.model, drafter=args.drafter,
             regime=args.regime, batch_sizes=batch_sizes, entries=order,
             suggested={s.id: s.reason for s in suggestions}, base=base, branch=branch, tree=tree,
             created=dt.date.today(),
