@@ -4,15 +4,17 @@
 output and GDN projections) the ``W12LinearMethod``; ``--specpilot-w12-lm-head`` adds an untied LM
 head. Weights load as BF16 exactly as stock loads them; after loading, each is encoded to W12, the
 encoding is checked against the loaded tensor bit for bit (``encode`` raises on any differing bit),
-and the BF16 copy is released. The forward pass runs the vendored W12 GEMM on CUDA (decode in
-registers, reduction order fixed by (N, K, GPU)) and the exact decoded weight through ``F.linear``
-elsewhere, so on the CPU the output equals the unquantized method's bit for bit.
+and the BF16 copy is released. On CUDA the planes are re-laid for the vendored mma.sync kernel (the
+fast path: decode in registers, reduction order fixed by (N, K, GPU), never by the row count); off
+the GPU the exact decoded weight goes through ``F.linear``, so the output equals the unquantized
+method's bit for bit.
 
 Without ``--quantization w12`` nothing here runs: stock behaviour.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Dict, List, Optional
 
@@ -28,12 +30,16 @@ from sglang.srt.layers.quantization.base_config import (
 from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
 from sglang.srt.specpilot import option_value
-from sglang.srt.specpilot.kernels.w12 import W12Tensor, decode, encode, w12_linear
+from sglang.srt.specpilot.kernels.w12 import (
+    W12MmaTensor,
+    W12Tensor,
+    decode,
+    encode,
+    to_mma_layout,
+    w12_linear,
+)
 
 logger = logging.getLogger(__name__)
-
-# W12Tensor fields stored as buffers on the layer (so they follow .to() and weight offload).
-_PLANES = ("view", "nibbles", "base", "esc_ptr", "esc_loc", "esc_val")
 
 
 class W12Config(QuantizationConfig):
@@ -66,7 +72,7 @@ class W12Config(QuantizationConfig):
         if isinstance(layer, LinearBase):
             return W12LinearMethod(prefix)
         if isinstance(layer, ParallelLMHead):
-            return W12LinearMethod(prefix) if self.lm_head else None
+            return W12LinearMethod(prefix, lm_head=True) if self.lm_head else None
         return None  # embeddings, MoE experts, norms: stock methods
 
     def get_scaled_act_names(self) -> List[str]:
@@ -74,10 +80,11 @@ class W12Config(QuantizationConfig):
 
 
 class W12LinearMethod(LinearMethodBase):
-    """BF16 weights at load, W12 planes after ``process_weights_after_loading``."""
+    """BF16 weights at load, W12 planes (as layer buffers) after ``process_weights_after_loading``."""
 
-    def __init__(self, prefix: str = ""):
+    def __init__(self, prefix: str = "", lm_head: bool = False):
         self.prefix = prefix
+        self.lm_head = lm_head
         self._loading = UnquantizedLinearMethod()
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
@@ -94,24 +101,41 @@ class W12LinearMethod(LinearMethodBase):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         weight = layer.weight.data
+        if self.lm_head and weight.is_cuda and _fp32_lm_head():
+            raise ValueError(
+                "--specpilot-w12-lm-head feeds the W12 GEMM BF16 activations; --enable-fp32-lm-head asks for "
+                "FP32 ones. Drop one of the two flags."
+            )
         w12 = encode(weight, check=True, name=self.prefix or "weight")  # raises on any differing bit
         stats = w12.stats()
         logger.debug("W12 %s: %.3f bits/weight, escape fraction %.2e", self.prefix, stats["bits_per_weight"],
                      stats["escape_fraction"])
+        stored = to_mma_layout(w12) if weight.is_cuda else w12
         del layer.weight  # the point of the format: the BF16 copy does not stay resident
-        for name in _PLANES:
-            layer.register_buffer(f"w12_{name}", getattr(w12, name), persistent=False)
-        layer.w12_shape = w12.shape
-        layer.w12_version = w12.version
+        meta = {}
+        for field in dataclasses.fields(stored):
+            value = getattr(stored, field.name)
+            if isinstance(value, torch.Tensor):
+                layer.register_buffer(f"w12_{field.name}", value, persistent=False)
+            else:
+                meta[field.name] = value
+        layer.w12_layout = (type(stored), meta)
 
     @staticmethod
-    def w12_tensor(layer: torch.nn.Module) -> W12Tensor:
-        planes = {name: getattr(layer, f"w12_{name}") for name in _PLANES}
-        return W12Tensor(shape=layer.w12_shape, version=layer.w12_version, **planes)
+    def w12_tensor(layer: torch.nn.Module) -> W12Tensor | W12MmaTensor:
+        layout, meta = layer.w12_layout
+        planes = {f.name: getattr(layer, f"w12_{f.name}") for f in dataclasses.fields(layout) if f.name not in meta}
+        return layout(**meta, **planes)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         w12 = self.w12_tensor(layer)
-        if x.dtype != torch.bfloat16:
-            # e.g. --enable-fp32-lm-head: the exact weight, widened, in the activation's precision.
+        if isinstance(w12, W12Tensor) and x.dtype != torch.bfloat16:
+            # Off the GPU an FP32 input (e.g. --enable-fp32-lm-head) meets the exact weight, widened.
             return F.linear(x, decode(w12).to(x.dtype), None if bias is None else bias.to(x.dtype))
         return w12_linear(x, w12, bias)
+
+
+def _fp32_lm_head() -> bool:
+    from sglang.srt.runtime_context import get_exec
+
+    return bool(get_exec().features.enable_fp32_lm_head)
