@@ -137,3 +137,73 @@ def test_malformed_tuned_options(project_entries_home, python_with_sglang):
     (project_entries_home.rounds / "serve-bad-options" / "options.yaml").write_text("- not a mapping\n")
     code, error = serve(project_entries_home, "serve-bad-options", "--python", python_with_sglang("0.5.23"), "--dry-run")
     assert code == 2 and "map flags to values" in error["what"]
+
+
+HEALTH_ONLY_SERVER = """
+import argparse, json, os
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--host")
+parser.add_argument("--port", type=int)
+args, rest = parser.parse_known_args()
+with open(os.environ["STANDIN_LOG"], "w") as log:
+    json.dump({"pid": os.getpid(), "argv": rest, "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}, log)
+ThreadingHTTPServer((args.host, args.port), Health).serve_forever()
+"""
+
+
+def test_serve_runs_until_sigterm_then_stops_the_server(project_entries_home, python_with_sglang, tmp_path,
+                                                         monkeypatch):
+    """The run loop end to end. SGLang's server cannot run here, so the deployment's export is replaced
+    by a package whose ``sglang.launch_server`` only answers /health; everything else is production."""
+    import os
+    import signal
+    import threading
+    import time
+    import urllib.request
+
+    from specpilot_mem.commands import serve as serve_command
+    from specpilot_mem.sglang.server import free_port
+
+    export = tmp_path / "export"
+    (export / "sglang").mkdir(parents=True)
+    (export / "sglang" / "__init__.py").write_text("")
+    (export / "sglang" / "launch_server.py").write_text(HEALTH_ONLY_SERVER)
+    manifest = {"tree": "0" * 40, "entries": [], "options": {}}
+    monkeypatch.setattr(serve_command, "deployment_export", lambda home, name, show_progress: (export, manifest))
+    monkeypatch.setenv("STANDIN_LOG", str(tmp_path / "standin.json"))
+    make_deployment(project_entries_home, "serve-options-only", ["options"])
+    port = free_port()
+
+    def stop_when_healthy() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    stopper = threading.Thread(target=stop_when_healthy)
+    stopper.start()
+    code, payload = serve(project_entries_home, "serve-options-only", "--gpu", "1", "--port", str(port),
+                          "--python", python_with_sglang("0.5.23"), "--", "--model-path", "/models/target")
+    stopper.join()
+    assert code == 0 and payload["url"] == f"http://127.0.0.1:{port}"
+    launched = json.loads((tmp_path / "standin.json").read_text())
+    assert launched["argv"] == ["--model-path", "/models/target"] and launched["cuda"] == "1"
+    with pytest.raises(ProcessLookupError):
+        os.kill(launched["pid"], 0)
+    assert signal.getsignal(signal.SIGTERM) is before

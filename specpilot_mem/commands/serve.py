@@ -152,14 +152,17 @@ def run(args) -> int:
         emit(args, payload, render)
         return 0
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    with server:
-        emit(args, payload, render)
-        err_console.print(f"serving {args.name} at {server.url}; Ctrl-C stops it")
-        while not stop.wait(1.0):
-            if server.process.poll() is not None:
-                raise SpecPilotError(f"the SGLang server exited with status {server.process.returncode}",
-                                     where=server.url, fix="read its log" + (f" at {args.log}" if args.log else ""))
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with server:
+            emit(args, payload, render)
+            err_console.print(f"serving {args.name} at {server.url}; Ctrl-C stops it")
+            while not stop.wait(0.5):
+                if server.process.poll() is not None:
+                    raise SpecPilotError(f"the SGLang server exited with status {server.process.returncode}",
+                                         where=server.url, fix="read its log" + (f" at {args.log}" if args.log else ""))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     err_console.print("stopped")
     return 0
