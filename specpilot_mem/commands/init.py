@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from specpilot_mem.home import find_home
-from specpilot_mem.output import console, emit, table
+from specpilot_mem.output import console, emit, progress, table
 
 
 def register(subparsers, common) -> None:
@@ -26,10 +26,10 @@ def run(args) -> int:
 
     home = find_home(args.home)
     started = time.perf_counter()
-    if not args.json:
-        console.print("[bold]building sglang-fork[/] (stock import + entry branches) ...")
-    result = init_memory(home, wheel=args.wheel, fork_url=args.fork_url, stock_rev=args.stock_rev,
-                         package_prefix=args.package_prefix, checkout=not args.no_checkout)
+    with progress("importing stock from the SGLang wheel", None, enabled=not args.json) as bar:
+        result = init_memory(home, wheel=args.wheel, fork_url=args.fork_url, stock_rev=args.stock_rev,
+                             package_prefix=args.package_prefix, checkout=not args.no_checkout,
+                             progress=lambda done, total: bar.update(completed=done, total=total))
     fork = result.fork
     payload = {
         "fork": str(fork.repo.path), "built": result.built, "stock_commit": fork.stock_commit,

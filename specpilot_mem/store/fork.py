@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +114,8 @@ def _finish(repo: Repo, stock_commit: str, prefix: str, pinned: bool) -> None:
     exclude.write_text(IGNORED)
 
 
-def build_pinned_fork(home: Home, wheel: str | None, checkout: bool = True) -> Fork:
+def build_pinned_fork(home: Home, wheel: str | None, checkout: bool = True,
+                      progress: Callable[[int, int], None] | None = None) -> Fork:
     """Import the pinned wheel into a new fork at ``home.fork`` (built aside, moved in when complete).
 
     ``checkout=False`` leaves the work tree empty: the resolver never needs it, and writing ~5,800
@@ -123,7 +125,7 @@ def build_pinned_fork(home: Home, wheel: str | None, checkout: bool = True) -> F
     scratch = _scratch(home)
     try:
         repo = init_repo(scratch)
-        commit, _tree = stock_import.import_stock(repo, wheel_path)
+        commit, _tree = stock_import.import_stock(repo, wheel_path, progress)
         repo.update_refs({STOCK_REF: (None, commit)}, "specpilot: stock from the pinned wheel")
         repo.git("symbolic-ref", "HEAD", STOCK_REF)
         if checkout:

@@ -6,6 +6,7 @@ deterministic commits are left alone, so a second run changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specpilot_mem.errors import ForkError
@@ -42,7 +43,9 @@ def project_gitlink(home: Home) -> str | None:
 
 
 def init_memory(home: Home, wheel: str | None = None, fork_url: str | None = None, stock_rev: str | None = None,
-                package_prefix: str = "", checkout: bool = True) -> InitResult:
+                package_prefix: str = "", checkout: bool = True,
+                progress: Callable[[int, int], None] | None = None) -> InitResult:
+    """Build the fork if needed, then the entry branches; ``progress(done, total)`` follows the import."""
     if fork_url and not stock_rev:
         raise ForkError("--fork-url needs --stock-rev", where="--stock-rev",
                         fix="name the branch, tag or commit of your fork that is its stock")
@@ -52,7 +55,7 @@ def init_memory(home: Home, wheel: str | None = None, fork_url: str | None = Non
     except ForkError:
         if (home.fork / ".git").exists():
             raise
-        fork = build_user_fork(home, fork_url, stock_rev, package_prefix) if fork_url else build_pinned_fork(home, wheel, checkout)
+        fork = build_user_fork(home, fork_url, stock_rev, package_prefix) if fork_url else build_pinned_fork(home, wheel, checkout, progress)
         built = True
     if fork_url and not built and fork.pinned:
         raise ForkError(f"{home.fork} already holds another stock", where=str(home.fork),

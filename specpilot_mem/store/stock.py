@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,8 +114,9 @@ def _data(payload: bytes) -> bytes:
     return b"data %d\n" % len(payload) + payload + b"\n"
 
 
-def import_stream(wheel_path: Path) -> Iterator[bytes]:
-    """``git fast-import`` commands for the stock commit, each file checked against RECORD on the way."""
+def import_stream(wheel_path: Path, progress: Callable[[int, int], None] | None = None) -> Iterator[bytes]:
+    """``git fast-import`` commands for the stock commit, each file checked against RECORD on the way;
+    ``progress(done, total)`` is called per wheel file."""
     with zipfile.ZipFile(wheel_path) as wheel:
         record = read_record(wheel)
         members = [info for info in wheel.infolist() if not info.is_dir()]
@@ -131,7 +132,9 @@ def import_stream(wheel_path: Path) -> Iterator[bytes]:
         yield (f"commit {IMPORT_REF}\nauthor {when}\ncommitter {when}\n").encode() + _data(STOCK_MESSAGE.encode())
         yield b"M 100644 inline .gitattributes\n" + _data(GITATTRIBUTES)
         excluded_lines = ["path\tsha256\tsize"]
-        for info in sorted(members, key=lambda i: i.filename):
+        for done, info in enumerate(sorted(members, key=lambda i: i.filename), 1):
+            if progress:
+                progress(done, len(members))
             row = record.get(info.filename)
             if _excluded(info.filename):
                 if row is not None:
@@ -147,9 +150,9 @@ def import_stream(wheel_path: Path) -> Iterator[bytes]:
         yield b"\ndone\n"
 
 
-def import_stock(repo: Repo, wheel_path: Path) -> tuple[str, str]:
+def import_stock(repo: Repo, wheel_path: Path, progress: Callable[[int, int], None] | None = None) -> tuple[str, str]:
     """Import the wheel into ``repo`` under a scratch ref; returns (commit, tree), checked against the pins."""
-    repo.fast_import(import_stream(wheel_path))
+    repo.fast_import(import_stream(wheel_path, progress))
     commit = repo.rev_parse(IMPORT_REF)
     tree = repo.rev_parse(f"{IMPORT_REF}^{{tree}}")
     repo.update_refs({IMPORT_REF: (commit, None)}, "specpilot: drop the import scratch ref")
