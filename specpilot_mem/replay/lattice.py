@@ -40,7 +40,7 @@ class LatticeError(SpecPilotError):
 
 @dataclass
 class Lattice:
-    """A loaded lattice set (one file, or several merged by ``concat``).
+    """A loaded lattice file (or one built in memory by the recorder or the synthetic generator).
 
     Shapes: ``S`` steps, ``R`` requests, ``T`` greedy tokens in all, ``m`` drafted positions,
     ``K`` candidates per position.
