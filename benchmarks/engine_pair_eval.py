@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         for run in replay_set(lattices, [builder], budgets):
             for label, tau in run.tau_by_label().items():
                 result["replay"].setdefault(label, {})[f"{builder}@{run.nodes}"] = round(tau, 4)
-    result["replay_steps"] = {label: int(sum(np.diff(l.greedy_offsets).sum() for l in lattices if label in l.labels))
+    result["replay_tokens"] = {label: int(sum(np.diff(l.greedy_offsets).sum() for l in lattices if label in l.labels))
                               for label in result["replay"]}
     print(json.dumps(result, indent=1))
     return 0

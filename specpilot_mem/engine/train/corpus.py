@@ -107,8 +107,6 @@ def prepare(model_dir: Path, tokens_path: Path, rescan: bool = False) -> dict:
     ``rescan`` pins a fresh manifest from this machine's stdlib (done once, when the pair was made).
     Returns a summary: files and tokens per split, skipped files.
     """
-    from tokenizers import Tokenizer
-
     manifest_path = model_dir / "corpus-manifest.json"
     tokenizer_path = model_dir / "tokenizer.json"
     if rescan or not manifest_path.exists():
@@ -120,7 +118,7 @@ def prepare(model_dir: Path, tokens_path: Path, rescan: bool = False) -> dict:
     texts, skipped = read_pinned(manifest["files"])
     if rescan or not tokenizer_path.exists():
         train_tokenizer(texts["train"]).save(str(tokenizer_path))
-    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    tokenizer = load_tokenizer(model_dir)
     streams = encode_splits(tokenizer, texts)
     tokens_path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(tokens_path, **streams)
@@ -141,3 +139,10 @@ def file_prompts(stream: np.ndarray, count: int, length: int, eot_id: int = 0) -
         if b - a > length and len(prompts) < count:
             prompts.append(stream[a:a + length].astype(np.int64).tolist())
     return prompts
+
+
+def load_tokenizer(model_dir: Path):
+    """The committed BPE tokenizer (``tokenizers``; not imported by the engine itself, which works on ids)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
