@@ -227,3 +227,10 @@ def test_cuda_graph_passes_match_eager_passes(prompts):
         assert [g.output_ids for g in a] == [g.output_ids for g in b]
     tree = graphs.with_options(tree="best-first", nodes=12)
     assert [g.output_ids for g in tree.generate(prompts, "spec", 24)] == [g.output_ids for g in b]
+
+
+def test_bad_options_are_rejected(engine):
+    with pytest.raises(ValueError, match="positions"):
+        engine.with_options(positions=9)
+    with pytest.raises(ValueError, match="lm_head"):
+        engine.with_options(lm_head="int8")

@@ -86,6 +86,10 @@ class Engine:
         self.target = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.options = options or EngineOptions()
+        if drafter is not None and not 1 <= self.options.positions <= drafter.cfg.block_size:
+            raise ValueError(f"positions={self.options.positions}: the drafter drafts 1..{drafter.cfg.block_size} positions")
+        if self.options.lm_head not in ("dense", "splitk") or self.options.gdn_verify not in ("wy", "path"):
+            raise ValueError(f"unknown lm_head {self.options.lm_head!r} or gdn_verify {self.options.gdn_verify!r}")
         self.synthetic = synthetic
         param = next(target.parameters())
         self.device, self.dtype = param.device, param.dtype
