@@ -122,6 +122,13 @@ def test_existing_deployment_or_branch_is_refused(home):
     assert not (home.rounds / "left-over").exists()
 
 
+def test_a_record_that_cannot_be_written_takes_the_branch_back(home):
+    home.rounds.write_text("not a folder")
+    code, data = deploy(home, "unwritable", *SETTING, "--from", "alpha")
+    assert code == 2 and "cannot write the deployment record" in data["what"]
+    assert open_fork(home).repo.rev_parse("refs/heads/deploy/unwritable") is None
+
+
 def test_from_and_suggest_exclude_each_other(home):
     with pytest.raises(SystemExit):
         main(["deploy", "new", "--home", str(home.root), "x", *SETTING, "--from", "alpha", "--suggest"])

@@ -97,8 +97,8 @@ def _parse_ids(text: str) -> list[str]:
 def run_new(args) -> int:
     import datetime as dt
 
-    from specpilot_mem.errors import ForkError
-    from specpilot_mem.gpus import resolve_gpu_or_arch
+    from specpilot_mem.errors import ForkError, SpecPilotError
+    from specpilot_mem.gpus import GPUS, resolve_gpu_or_arch
     from specpilot_mem.home import find_home
     from specpilot_mem.models import DeploymentRecord
     from specpilot_mem.registry.query import require_known
@@ -110,9 +110,6 @@ def run_new(args) -> int:
     home = find_home(args.home)
     gpu, arch = resolve_gpu_or_arch(args.gpu)
     if gpu is None:
-        from specpilot_mem.errors import SpecPilotError
-        from specpilot_mem.gpus import GPUS
-
         raise SpecPilotError(
             f"a deployment runs on one GPU, and {args.gpu} is an arch", where="--gpu",
             fix=f"name the GPU ({', '.join(g.name for g in GPUS if g.arch == arch)}): its evidence records the GPU, not only the arch",
@@ -145,17 +142,21 @@ def run_new(args) -> int:
             raise ForkError(f"the fork already has a branch {branch}", where=str(fork.repo.path),
                             fix="choose another deployment name (or delete the branch if it is left over)")
         order, base, tree, commit = _build_branch(home, fork, ids, branch)
-        record = DeploymentRecord(
-            name=args.name, gpu=gpu.name, arch=arch, model=args.model, drafter=args.drafter,
-            regime=args.regime, batch_sizes=batch_sizes, entries=order,
-            suggested={s.id: s.reason for s in suggestions}, base=base, branch=branch, tree=tree,
-            created=dt.date.today(),
-        )
         path = home.rounds / args.name / DEPLOYMENT_FILE
         try:
+            record = DeploymentRecord(
+                name=args.name, gpu=gpu.name, arch=arch, model=args.model, drafter=args.drafter,
+                regime=args.regime, batch_sizes=batch_sizes, entries=order,
+                suggested={s.id: s.reason for s in suggestions}, base=base, branch=branch, tree=tree,
+                created=dt.date.today(),
+            )
             write_atomic(path, dump_record(record))
-        except BaseException:
+        except BaseException as err:
+            # the branch was the first thing written: take it back so a failed command leaves nothing
             fork.repo.update_refs({f"refs/heads/{branch}": (commit, None)}, f"specpilot deploy new {args.name}: undo")
+            if isinstance(err, OSError):
+                raise SpecPilotError(f"cannot write the deployment record: {err}", where=str(path),
+                                     fix=f"make {home.rounds} a writable folder") from err
             raise
         payload.update(entries=order, base=base, tree=tree, commit=commit, record=str(path))
     emit(args, payload, _render_new)

@@ -123,7 +123,7 @@ class _HashCache:
 def _subdirs(folder: str) -> list[os.DirEntry]:
     try:
         return [d for d in os.scandir(folder) if d.is_dir() and not d.name.startswith(".")]
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no entries/ or rounds/ folder: no records there
         return []
 
 
