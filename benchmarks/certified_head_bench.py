@@ -23,6 +23,7 @@ import triton
 
 from specpilot_kernels.certified_head import certified_argmax_graphable, quantize_head
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
+from specpilot_kernels.certified_head.head import interpreting
 from specpilot_kernels.certified_head.reference import accumulation_gamma
 from specpilot_kernels.certified_head.rescore import (EXACT_BLOCK_K, EXACT_BLOCK_S, EXACT_NUM_WARPS,
                                                       _finalize_kernel, _rescore_kernel)
@@ -87,7 +88,8 @@ def exact_argmax_prefiltered(x: torch.Tensor, weight: torch.Tensor, row_norms: t
     part_idx = torch.empty((M, 1), dtype=torch.int32, device=x.device)
     tokens = torch.empty(M, dtype=torch.int64, device=x.device)
     _rescore_kernel[(M, 1)](x, weight, best_lower, counts, order, upper, part_val, part_idx, K=K, CAP=cap, G=1,
-                            BS=EXACT_BLOCK_S, BLOCK_K=EXACT_BLOCK_K, DOT_FP32=False, num_warps=EXACT_NUM_WARPS)
+                            BS=EXACT_BLOCK_S, BLOCK_K=EXACT_BLOCK_K, DOT_FP32=interpreting(),
+                            num_warps=EXACT_NUM_WARPS)
     _finalize_kernel[(1,)](part_val, part_idx, counts, tokens, M, CAP=cap, G=1,
                            BLOCK_M=triton.next_power_of_2(M))
     return tokens
