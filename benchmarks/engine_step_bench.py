@@ -113,17 +113,10 @@ def main(argv=None) -> int:
             out["draft_ms"] = round(timed(lambda: eng.draft(prompts[0][-1], 16), device, args.iters), 4)
         return out
 
-    graphs = device.type == "cuda"
-    try:
-        result["steps"] = step_times(engine)
-    except RuntimeError as err:  # a pass that cannot be captured: time it eagerly and say so
-        if not graphs:
-            raise
-        result["cuda_graph_error"] = str(err)[:300]
-        engine = engine.with_options(cuda_graphs=False)
-        graphs = False
-        result["steps"] = step_times(engine)
-    result["cuda_graphs"] = graphs
+    result["steps"] = step_times(engine)
+    result["cuda_graphs"] = device.type == "cuda" and engine.graph_error is None
+    if engine.graph_error:
+        result["cuda_graph_error"] = engine.graph_error
     print(json.dumps({"steps": result["steps"]}), file=sys.stderr, flush=True)
 
     runs = {}

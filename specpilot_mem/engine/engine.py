@@ -96,6 +96,7 @@ class Engine:
         self.max_len = max_len
         self.cache = Cache(target.cfg, max_len, self.device, self.dtype)
         self._graphs: dict = {}
+        self.graph_error: str | None = None  # why CUDA graphs were switched off, if a capture failed
 
     # -- construction ------------------------------------------------------------------------------------
 
@@ -131,7 +132,8 @@ class Engine:
     # -- passes ------------------------------------------------------------------------------------------
 
     def _use_graphs(self) -> bool:
-        return self.device.type == "cuda" and self.options.cuda_graphs and self.options.gdn_verify == "wy"
+        return (self.device.type == "cuda" and self.options.cuda_graphs and self.options.gdn_verify == "wy"
+                and self.graph_error is None)
 
     def _verify_eager(self, rows: Rows, window: int):
         hidden, pending = self.target.forward_rows(rows, self.cache, self.options.gdn_verify, window)
@@ -147,7 +149,10 @@ class Engine:
         key = ("verify", rows.count)
         if key not in self._graphs:
             static = Rows(rows.tokens.clone(), rows.depth.clone(), rows.anc.clone(), rows.conv_idx.clone(), rows.parents)
-            self._graphs[key] = (static, *self._capture(lambda: self._verify_eager(static, self.max_len)))
+            captured = self._capture(lambda: self._verify_eager(static, self.max_len))
+            if captured is None:
+                return self._verify_eager(rows, self.cache.length + rows.count)
+            self._graphs[key] = (static, *captured)
         static, graph, out = self._graphs[key]
         static.tokens.copy_(rows.tokens)
         static.depth.copy_(rows.depth)
@@ -157,6 +162,7 @@ class Engine:
         return out
 
     def _capture(self, fn):
+        """(graph, static outputs) of ``fn``; None (and graphs off for this engine) if it cannot be captured."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -164,8 +170,13 @@ class Engine:
                 fn()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn()
+        try:
+            with torch.cuda.graph(graph):
+                out = fn()
+        except RuntimeError as err:  # e.g. a library call that allocates host memory while capturing
+            self.graph_error = str(err)[:300]
+            self._graphs.clear()
+            return None
         return graph, out
 
     def _draft_eager(self, anchor: torch.Tensor):
@@ -184,7 +195,10 @@ class Engine:
         if self._use_graphs():
             if "draft" not in self._graphs:
                 static = anchor.clone()
-                self._graphs["draft"] = (static, *self._capture(lambda: self._draft_eager(static)))
+                captured = self._capture(lambda: self._draft_eager(static))
+                if captured is not None:
+                    self._graphs["draft"] = (static, *captured)
+        if "draft" in self._graphs:
             static, graph, (hidden, base) = self._graphs["draft"]
             static.copy_(anchor)
             graph.replay()
