@@ -16,6 +16,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from specpilot_mem.errors import ForkError, SpecPilotError
@@ -122,14 +123,14 @@ class Repo:
     def out(self, *args: str, input: bytes | None = None, env: Mapping[str, str] | None = None) -> str:
         return self.git(*args, input=input, env=env).stdout.decode().strip()
 
-    @property
+    @cached_property
     def git_dir(self) -> Path:
         dot = self.path / ".git"
         if dot.is_file():  # a linked worktree or a submodule with an absorbed git dir
             return (self.path / dot.read_text().split(":", 1)[1].strip()).resolve()
         return dot
 
-    @property
+    @cached_property
     def common_dir(self) -> Path:
         pointer = self.git_dir / "commondir"
         if pointer.exists():

@@ -188,6 +188,7 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
             if entry_id in resolver.closure([req]):
                 raise RequirementError(f"requirement cycle: {entry_id} -> {req} -> ... -> {entry_id}",
                                        where="--requires", fix=f"{req} already requires {entry_id}")
+        resolver.prepare(resolver.chain(requires))
         for req in resolver.chain(requires):
             outcome = resolver.reproduce(req)
             if not outcome.reproduced:
@@ -212,8 +213,7 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
         record = validate_data(fields, EntryRecord, str(meta or entry_path(home, entry_id)), draft_text)
 
         # Prove it before writing anything: the new delta must rebuild the source, and dependents must hold.
-        trial = Resolver(fork, {**records, entry_id: record})
-        trial._deltas[entry_id] = delta
+        trial = resolver.with_record(record, delta)
         outcome = trial.reproduce(entry_id)
         if not outcome.reproduced:
             raise ReproductionError(f"the recorded delta gives {outcome.tree}, not the source tree {source_tree}",

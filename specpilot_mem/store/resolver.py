@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specpilot_mem.errors import ConflictError, DeltaError, ForkError, ReproductionError, UnknownEntryError
-from specpilot_mem.git import Repo, Signature, commit_content
+from specpilot_mem.git import Repo, Signature, commit_content, object_id
 from specpilot_mem.home import Home
 from specpilot_mem.models import EntryRecord
 from specpilot_mem.store.delta import Delta, FileChange, apply_hunks, load_delta
@@ -94,8 +94,20 @@ class Resolver:
         self._walks: dict[tuple[str, tuple[str, ...]], Walk] = {}
         self._ready: set[str] = set()
         self._prefetched: set[str] = set()
+        self._written: set[str] = set()
         self._verified_file = self.repo.common_dir / "specpilot" / "verified-deltas"
         self._verified = set(self._verified_file.read_text().split()) if self._verified_file.exists() else set()
+
+    def with_record(self, record: EntryRecord, delta: Delta) -> Resolver:
+        """A resolver for this memory with ``record`` (and its ``delta``) added or replaced, keeping
+        every parsed delta and memoized walk that does not involve it."""
+        other = Resolver(self.fork, {**self.records, record.id: record})
+        other._deltas = {k: v for k, v in self._deltas.items() if k != record.id} | {record.id: delta}
+        other._walks = {k: v for k, v in self._walks.items() if record.id not in k[1]}
+        other._ready = self._ready - {record.id}
+        other._prefetched = self._prefetched - {record.id}
+        other._written = self._written
+        return other
 
     # -- requirements ------------------------------------------------------------------------------
     def closure(self, ids: Iterable[str]) -> set[str]:
@@ -210,12 +222,14 @@ class Resolver:
             if content is None:
                 merged = self.repo.merge_blobs(pre, now, post)
                 content = None if merged is None else self.repo.read_blobs([merged])[merged]
-            _MERGES[key] = content
-        content = _MERGES[key]
-        if content is None:
+            _MERGES[key] = None if content is None else (object_id("blob", content), content)
+        if _MERGES[key] is None:
             return None
-        oid = self.repo.write_blob(content)  # this fork may not have it yet
-        _BLOBS[oid] = content
+        oid, content = _MERGES[key]
+        if oid not in self._written:  # this fork may not have it yet
+            self.repo.write_blob(content)
+            self._written.add(oid)
+            _BLOBS[oid] = content
         return oid
 
     def _blob(self, oid: str) -> bytes:
@@ -323,7 +337,7 @@ class Resolver:
 
 
 # Content-addressed, so valid across resolvers and forks of this process.
-_MERGES: dict[tuple[str, str, str], bytes | None] = {}
+_MERGES: dict[tuple[str, str, str], tuple[str, bytes] | None] = {}
 _BLOBS: dict[str, bytes] = {}
 
 
