@@ -162,7 +162,7 @@ def parity(gen) -> dict:
         committed_sglang = pool.clone()
         committed_sglang[idx.long()] = inter[torch.arange(B, device="cuda"), accept_len - 1]
         committed_ours = pool.clone()
-        gdn_tree_commit(k, v, a, b, A_log, dt_bias, committed_ours, idx,
+        gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, committed_ours, idx,
                         torch.arange(T, device="cuda").repeat(B, 1), accept_len)
         name = str(state_dtype).split(".")[-1]
         out[f"chain_commit_bit_identical_{name}"] = bool(torch.equal(committed_ours, committed_sglang))
@@ -221,7 +221,7 @@ def timing(gen, layers: int) -> list[dict]:
             for pool in pools:
                 gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule)
             for pool in pools:
-                gdn_tree_commit(k, v, a, b, A_log, dt_bias, pool, idx, accepted, accept_len)
+                gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, pool, idx, accepted, accept_len)
 
         def stock():
             for pool in pools:

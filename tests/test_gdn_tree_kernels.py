@@ -101,7 +101,7 @@ def test_commit_replays_the_accepted_path(pool_dtype):
     accept_len = torch.tensor([r[1] for r in rows])
     want = R.commit_reference(k, v, a, b, A_log, dt_bias, pool, idx, accepted, accept_len)
     got = pool.clone()
-    gdn_tree_commit(k, v, a, b, A_log, dt_bias, got, idx, accepted, accept_len, block_v=8)
+    gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, got, idx, accepted, accept_len, block_v=8)
     tol = dict(atol=1e-5, rtol=1e-5) if pool_dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(got.float(), want.float(), **tol)
     untouched = [s for s in range(pool.shape[0]) if s not in idx[:2].tolist()]
@@ -116,7 +116,7 @@ def test_commit_after_path_verify_continues_the_recurrence():
     chain = torch.tensor([[-1, 0, 1, 2, 3, 4]])
     o_full = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(chain), block_v=16)
     committed = pool.clone()
-    gdn_tree_commit(k, v, a, b, A_log, dt_bias, committed, idx, torch.tensor([[0, 1, 2, 0, 0, 0]]),
+    gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, committed, idx, torch.tensor([[0, 1, 2, 0, 0, 0]]),
                     torch.tensor([3]), block_v=16)
     shifted = [t[:, 3:].contiguous() for t in (q, k, v, a, b)]
     o_rest = gdn_tree_path_verify(*shifted, A_log, dt_bias, committed, idx, tree_schedule(chain[:, :3]), block_v=16)

@@ -4,9 +4,10 @@ One program per (value block, request, value head) holds one FP32 state tile ``[
 Nodes are visited in a depth-first schedule (:func:`tree_schedule`): a node whose parent is the node
 just visited continues from the state in registers; otherwise the program restarts from the
 committed state and replays the new node's ancestors. On a chain that is exactly one step per node;
-no state is ever written to memory. The per-step arithmetic is SGLang 0.5.23's
-``fused_sigmoid_gating_delta_rule_update_kernel`` (GDN branch), operation for operation, so chain
-outputs and the committed state (``commit.py``) match SGLang's verify bit for bit at the same tile.
+no state is ever written to memory (the commit, ``commit.py``, runs this same kernel over the
+accepted path with ``write_state`` set). The per-step arithmetic is SGLang 0.5.23's
+``fused_sigmoid_gating_delta_rule_update_kernel`` (GDN branch), operation for operation; on the H200
+the chain outputs matched SGLang's verify bit for bit at the same tile (BV=4, one warp).
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def _load_state_tile(state_pool, state_indices, i_b, i_hv, o_k, o_v, mask_h, HV:
 
 @triton.jit
 def _path_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, order, replay_len, replay,
-                        num_nodes, o, softplus_beta, softplus_threshold, scale,
+                        num_nodes, o, write_state, softplus_beta, softplus_threshold, scale,
                         T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -179,6 +180,10 @@ def _path_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices
         tl.store(o + ((bos + j) * HV + i_hv) * V + o_v, tl.zeros([BV], dtype=tl.float32).to(o.dtype.element_ty),
                  mask=mask_v)
         j += 1
+    if write_state != 0:  # commit: the state after the last visited node goes back into the pool
+        slot = tl.load(state_indices + i_b).to(tl.int64)
+        p_h = state_pool + slot * (HV * K * V) + i_hv * K * V + o_v[None, :] * K + o_k[:, None]
+        tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
 
 
 def _check_inputs(q, k, v, a, b, state_pool, state_indices):
@@ -222,7 +227,7 @@ def gdn_tree_path_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
     grid = (triton.cdiv(V, block_v), B, HV)
     _path_verify_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, schedule.order, schedule.replay_len,
-        schedule.replay, schedule.num_nodes, o, softplus_beta, softplus_threshold,
+        schedule.replay, schedule.num_nodes, o, 0, softplus_beta, softplus_threshold,
         scale if scale is not None else K ** -0.5,
         T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, USE_QK_L2NORM=use_qk_l2norm,
         num_warps=num_warps, num_stages=3,
