@@ -31,7 +31,7 @@ def rel_err(y, ref):
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"bn{c.block_n}_s{c.splits}")
-@pytest.mark.parametrize("rows", [1, 17, 40])
+@pytest.mark.parametrize("rows", [1, 40])
 def test_gemm_matches_reference(config, rows):
     w = weight_with_escapes()
     w12 = encode(w)

@@ -1,20 +1,15 @@
-"""The W12 GEMM's partition, chosen from (N, K, GPU) only — never from the row count.
+"""The Triton W12 GEMM's partition, chosen from (N, K, GPU) only — never from the row count.
 
-``configs.json`` holds the tuned partitions (written from ``benchmarks/w12_gemm_bench.py`` runs, keyed by
-the GPU's name as torch reports it and "N,K"); other shapes get a rule of thumb that also reads only
-N, K and the GPU's multiprocessor count.
+A rule of thumb over N, K and the GPU's multiprocessor count (the mma.sync kernel, the fast path, has
+tuned partitions per GPU and shape in ``mma_configs.json``; see ``mma.py``).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
-from functools import lru_cache
-from pathlib import Path
 
 import torch
 
-TUNED_PATH = Path(__file__).with_name("configs.json")
 STEP = 128
 
 
@@ -35,16 +30,8 @@ class GemmConfig:
         return asdict(self)
 
 
-@lru_cache(maxsize=None)
-def _tuned() -> dict:
-    return json.loads(TUNED_PATH.read_text()) if TUNED_PATH.exists() else {}
-
-
-def _device_facts(device: torch.device) -> tuple[str, int]:
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return props.name, props.multi_processor_count
-    return "cpu-interpreter", 4
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def default_config(n: int, k: int, sms: int) -> GemmConfig:
@@ -57,6 +44,4 @@ def default_config(n: int, k: int, sms: int) -> GemmConfig:
 
 
 def select_config(n: int, k: int, device: torch.device) -> GemmConfig:
-    name, sms = _device_facts(device)
-    tuned = _tuned().get(name, {}).get(f"{n},{k}")
-    return GemmConfig(**tuned) if tuned else default_config(n, k, sms)
+    return default_config(n, k, _multiprocessors(device))
