@@ -22,8 +22,12 @@ from specpilot_mem.output import print_error
 
 def common_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--home", metavar="DIR", help="memory home (default: $SPECPILOT_HOME, else the nearest folder with entries/)")
-    common.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    # SUPPRESS: a nested verb (`registry sync`) has these at both levels, and a sub-parser's default would
+    # overwrite a value given at the outer level (`registry --json sync`); main() fills the defaults in.
+    common.add_argument("--home", metavar="DIR", default=argparse.SUPPRESS,
+                        help="memory home (default: $SPECPILOT_HOME, else the nearest folder with entries/)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print machine-readable JSON instead of tables")
     return common
 
 
@@ -46,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.home = getattr(args, "home", None)
+    args.json = getattr(args, "json", False)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

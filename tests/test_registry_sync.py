@@ -186,6 +186,9 @@ def test_registry_command(home, capsys):
     assert "registry up to date" in capsys.readouterr().out
     assert main(["registry", "rebuild", "--home", str(home.root), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["reason"] == "rebuild requested"
+    # options given before the nested verb count too
+    assert main(["registry", "--json", "--home", str(home.root), "sync"]) == 0
+    assert json.loads(capsys.readouterr().out)["reason"] == "up to date"
 
 
 def test_unwritable_registry_or_state_is_a_clear_error(home):
