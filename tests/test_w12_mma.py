@@ -57,7 +57,8 @@ def test_escapes_are_bucketed_by_16_row_tile_and_128_column_chunk():
 def test_partition_reads_n_k_and_multiprocessors_only():
     config = default_mma_config(5120, 8192, sms=132)
     assert config == default_mma_config(5120, 8192, sms=132)
-    assert -(-5120 // 16) * config.warps_k * config.splits >= 16 * 132
+    assert -(-5120 // 16) * config.warps_k * config.splits >= 32 * 132
+    assert default_mma_config(34816, 5120, sms=132) == MmaConfig(2, 2, 1)  # the H200 sweep's best
     assert MmaConfig(splits=3).chunks_per_split(8192) == 22  # 64 chunks in 3 splits of 22, 22, 20
 
 

@@ -132,16 +132,21 @@ class MmaConfig:
 
 
 def default_mma_config(n: int, k: int, sms: int) -> MmaConfig:
-    """Enough warps in flight to cover memory latency (~16 per multiprocessor), from N, K, SMs only."""
+    """A partition from N, K and the multiprocessor count alone, fitted to the H200 sweep (run 6 of
+    docs/w12-notes.md): about 32 warps of work per multiprocessor, reached by more warps per 16-row tile
+    (up to 8, reduced in shared memory) before K splits, each warp keeping at least 4 chunks; small
+    blocks (4 warps) once a tile has several warps. On the five swept shapes it picks the tuned
+    partition (qkv, gate_up, LM head) or one measured within 2% of it (o_proj, down)."""
     tiles = -(-n // 16)
     chunks = -(-k // STEP_K)
+    target = 32 * sms
     warps_k = 1
-    while tiles * warps_k < 16 * sms and warps_k < 8 and chunks // (2 * warps_k) >= 2:
+    while tiles * warps_k < target and warps_k < 8 and chunks // (2 * warps_k) >= 4:
         warps_k *= 2
     splits = 1
-    while tiles * warps_k * splits < 16 * sms and chunks // (warps_k * splits * 2) >= 2:
+    while tiles * warps_k * splits < target and chunks // (2 * warps_k * splits) >= 4:
         splits *= 2
-    return MmaConfig(warps_n=max(1, 8 // warps_k), warps_k=warps_k, splits=splits)
+    return MmaConfig(warps_n=8 if warps_k == 1 else max(1, 4 // warps_k), warps_k=warps_k, splits=splits)
 
 
 TUNED_PATH = Path(__file__).with_name("mma_configs.json")
