@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from .format import W12Tensor
 from .gemm import w12_gemm
+from .mma import W12MmaTensor, w12_mma_gemm
 from .reference import qpass_weight_reference
 
 
@@ -26,13 +27,16 @@ def fp8_view(w12: W12Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return w12.view.view(torch.float8_e4m3fn)[:n, :k], scale
 
 
-def qpass_linear(x: torch.Tensor, w12: W12Tensor, low_bits: str = "midpoint") -> torch.Tensor:
+def qpass_linear(x: torch.Tensor, w12: W12Tensor | W12MmaTensor, low_bits: str = "midpoint") -> torch.Tensor:
     """Q-pass product x [..., K] bf16 -> [..., N] bf16 from the 8-bit view alone.
 
-    On CUDA the W12 GEMM reads only the view plane (8 of 12 bits); on the CPU the reference weight.
+    On CUDA the W12 GEMM (mma.sync for a W12MmaTensor, Triton for a W12Tensor) reads only the view
+    plane (8 of 12 bits); on the CPU the reference weight of a W12Tensor.
     """
     flat = x.reshape(-1, x.shape[-1])
-    if flat.is_cuda:
+    if flat.is_cuda and isinstance(w12, W12MmaTensor):
+        y = w12_mma_gemm(flat.contiguous(), w12, low_bits=low_bits)
+    elif flat.is_cuda:
         y = w12_gemm(flat.contiguous(), w12, low_bits=low_bits)
     else:
         y = F.linear(flat, qpass_weight_reference(w12, low_bits))

@@ -2,7 +2,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/extension.h>
 
-#include "w12_mma.h"
+#include "w12_mma.cuh"
 
 void w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, torch::Tensor base,
                   torch::Tensor esc_ptr, torch::Tensor esc_loc, torch::Tensor esc_val, torch::Tensor out,

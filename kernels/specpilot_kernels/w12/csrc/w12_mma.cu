@@ -15,7 +15,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "w12_mma.h"
+#include "w12_mma.cuh"
 
 namespace {
 
