@@ -7,7 +7,7 @@ from specpilot_mem.output import console, emit, progress, table
 
 
 def register(subparsers, common) -> None:
-    from specpilot_mem.costmodel.ceiling import SETTINGS
+    from specpilot_mem.costmodel.settings import SETTINGS
 
     parser = subparsers.add_parser("ceiling", parents=[common], help="ceiling factorization from a profile and lattices",
                                    description=__doc__)

@@ -12,12 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specpilot_mem.controller.requests import load_requests
-from specpilot_mem.controller.system import load_outputs
-from specpilot_mem.forcing.audit import AUDIT_SAMPLE
-from specpilot_mem.forcing.calibrate import calibrate_delta
-from specpilot_mem.forcing.scorer import ForcingError, load_scorer, score_outputs
-from specpilot_mem.forcing.verdict import TokenForcing, Verdict
 from specpilot_mem.output import console, emit, progress, table
 
 
@@ -41,7 +35,7 @@ def register(subparsers, common) -> None:
     parser.add_argument("--scorer-arg", action="append", default=[], metavar="KEY=VALUE", help="argument for the scorer factory")
     parser.add_argument("--stock-engine", metavar="MODULE:FACTORY", help="scorer giving the stock engine's own logits (audit)")
     parser.add_argument("--stock-engine-arg", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--audit-sample", type=int, default=AUDIT_SAMPLE, help="events audited per system (default %(default)s)")
+    parser.add_argument("--audit-sample", type=int, help="events audited per system (default: 200, as in the paper)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the audit sample")
     parser.add_argument("--synthetic", action="store_true", help="label results synthetic (random weights, generated data)")
     parser.add_argument("--plot", metavar="PNG", help="write the paper's Figure 4 for these verdicts")
@@ -50,6 +44,8 @@ def register(subparsers, common) -> None:
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    from specpilot_mem.forcing.scorer import ForcingError
+
     pairs = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -62,6 +58,16 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
 
 
 def run(args) -> int:
+    # Imported here, not at module level: every CLI call discovers this module, few run it.
+    from specpilot_mem.controller.requests import load_requests
+    from specpilot_mem.controller.system import load_outputs
+    from specpilot_mem.forcing.audit import AUDIT_SAMPLE
+    from specpilot_mem.forcing.calibrate import calibrate_delta
+    from specpilot_mem.forcing.scorer import ForcingError, load_scorer, score_outputs
+    from specpilot_mem.forcing.verdict import TokenForcing, Verdict
+
+    if args.audit_sample is None:
+        args.audit_sample = AUDIT_SAMPLE
     if args.audit_sample < 1:
         raise ForcingError(f"--audit-sample must be positive, got {args.audit_sample}", where="--audit-sample", fix="e.g. 200")
     systems = _pairs(args.system, "--system")

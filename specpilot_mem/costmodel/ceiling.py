@@ -19,22 +19,9 @@ from specpilot_mem.costmodel.floors import byte_floor_ms
 from specpilot_mem.costmodel.profile import Profile, load_profile
 from specpilot_mem.errors import SpecPilotError
 from specpilot_mem.gpus import find_gpu
+from specpilot_mem.costmodel.settings import SETTINGS, Setting
 
 DEFAULT_NODES = (8, 16, 32, 64)
-
-
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    flop_fraction: float
-    byte_fraction: float
-    tau_from: str  # "best-first" or "oracle"
-
-
-SETTINGS = {
-    "section-3.1": Setting("section-3.1", 0.6, 0.9, "best-first"),
-    "appendix-b": Setting("appendix-b", 1.0, 1.0, "oracle"),
-}
 
 
 @dataclass(frozen=True)
