@@ -98,6 +98,17 @@ def test_entry_updates_through_the_cli(capsys, memory, tmp_path):
     assert code == 0 and out["source"]["commit"] == new and len(out["evidence"]) == 1
 
 
+def test_conflicts_onto_another_base_are_data(capsys, memory):
+    fork = open_fork(memory)
+    other = fork.repo.out("commit-tree", fork.repo.rev_parse("stock^{tree}"), "-p", "stock", "-m", "moved")
+    moved = source_on(memory, [], {SERVER_ARGS: b"# rewritten\n"})
+    code, out = run_json(capsys, memory, "apply", "options", "--onto", moved)
+    assert code == 1 and out["entries"][0]["status"] == "conflict" and out["entries"][0]["paths"] == [SERVER_ARGS]
+    assert out["entries"][0]["reproduced"] is None  # reproduction is only checked onto stock
+    code, out = run_json(capsys, memory, "apply", "options", "--onto", other)
+    assert code == 0 and out["entries"][0]["status"] == "applied"
+
+
 def test_errors_as_json_and_text(capsys, memory):
     code, out = run_json(capsys, memory, "apply", "nope")
     assert code == 2 and out["error"] == "UnknownEntryError" and "options" in out["fix"]

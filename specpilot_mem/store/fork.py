@@ -25,7 +25,7 @@ ENTRY_REF_PREFIX = "refs/heads/entry/"
 # Writing ~5,800 files is I/O-bound: parallel checkout overlaps it even on 2 cores.
 CHECKOUT_WORKERS = 4
 # Files a work tree grows when SGLang is imported from it; never part of an entry.
-IGNORED = "__pycache__/\n*.pyc\n*.pyo\n"
+IGNORED = "__pycache__/\n*.pyc\n*.pyo\n.pytest_cache/\n.hypothesis/\n"
 
 
 @dataclass
