@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specpilot_kernels.w12 import encode
+from specpilot_kernels.w12 import mma as mma_module
 from specpilot_kernels.w12.format import escape_positions, nibbles_from_kernel_layout
 from specpilot_kernels.w12.mma import (
     CSRC, MmaConfig, default_mma_config, planes_from_mma_layout, to_mma_layout, w12_mma_gemm,
@@ -110,3 +111,40 @@ def test_mma_qpass(low_bits):
     ref = x.float() @ qpass_weight_reference(w12, low_bits).float().t()
     y = w12_mma_gemm(x, to_mma_layout(w12), low_bits=low_bits).float()
     assert ((y - ref).norm() / ref.norm()).item() < 4e-3
+
+
+def emulate_kernel_decode(mma):
+    """The kernel's integer decode (prmt with sign replication, masks, base add, nibble merge) in torch,
+    register by register, placed through the fragment map: int64 BF16 bits [Np, Kp], escapes unpatched."""
+    words = mma.view.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [T, B, 32, 4]
+    nibs = mma.nibbles.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [T, B, 32, 2]
+    tiles, blocks = words.shape[:2]
+    lane = torch.arange(32)
+    base = mma.base.to(torch.int64).view(tiles, 1, 16)
+    regs = torch.empty(tiles, blocks, 32, 8, dtype=torch.int64)
+    for w in range(4):
+        n = nibs[..., w >> 1] >> (8 * (w & 1))
+        for p in range(2):
+            lo, hi = (words[..., w] >> (16 * p)) & 0xFF, (words[..., w] >> (16 * p + 8)) & 0xFF
+            x = lo | ((lo >> 7) * 0xFF) << 8 | hi << 16 | ((hi >> 7) * 0xFF) << 24  # prmt 0x9180 / 0xB3A2
+            row_base = base[..., lane // 4 + 8 * p].expand(tiles, blocks, 32) * 0x00800080
+            nib = n >> (4 * p)
+            regs[..., 2 * w + p] = ((((x & 0x007F007F) << 4) + row_base) | (x & 0x80008000) | (nib & 0x000F000F)) & 0xFFFFFFFF
+    halves = torch.stack((regs & 0xFFFF, regs >> 16), dim=-1).view(tiles, blocks, 32, 16)  # byte order i
+    rows, cols = mma_module._fragment_index("cpu")
+    out = torch.empty(tiles, blocks, 16, 32, dtype=torch.int64)
+    out[:, :, rows, cols] = halves
+    np_, kp = mma.padded_shape
+    return out.permute(0, 2, 1, 3).reshape(np_, kp)
+
+
+def test_kernel_decode_arithmetic_on_the_fragment_layout_reproduces_the_weights():
+    w = weight(n=256, k=384, seed=3)
+    w12 = encode(w)
+    bits = emulate_kernel_decode(to_mma_layout(w12))[:256, :384]
+    exact = w.view(torch.int16).to(torch.int64) & 0xFFFF
+    escaped = torch.zeros_like(exact, dtype=torch.bool)
+    rows, cols = escape_positions(w12)
+    inside = (rows < 256) & (cols < 384)
+    escaped[rows[inside], cols[inside]] = True
+    assert torch.equal(bits[~escaped], exact[~escaped])  # escapes are patched after this decode
