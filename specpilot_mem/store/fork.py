@@ -109,9 +109,15 @@ def _finish(repo: Repo, stock_commit: str, prefix: str, pinned: bool) -> None:
     repo.config_set("specpilot.stock", stock_commit)
     repo.config_set("specpilot.packageprefix", prefix)
     repo.config_set("specpilot.pinned", "true" if pinned else "false")
+    write_excludes(repo)
+
+
+def write_excludes(repo: Repo) -> None:
+    """What work trees of the fork never record (``info/exclude`` is shared by every worktree)."""
     exclude = repo.common_dir / "info" / "exclude"
     exclude.parent.mkdir(parents=True, exist_ok=True)
-    exclude.write_text(IGNORED)
+    if not exclude.exists() or exclude.read_text() != IGNORED:
+        exclude.write_text(IGNORED)
 
 
 def build_pinned_fork(home: Home, wheel: str | None, checkout: bool = True,

@@ -13,7 +13,7 @@ from specpilot_mem.errors import ForkError
 from specpilot_mem.git import Repo
 from specpilot_mem.home import Home
 from specpilot_mem.store.branches import BranchState, sync_branches
-from specpilot_mem.store.fork import Fork, build_pinned_fork, build_user_fork, open_fork
+from specpilot_mem.store.fork import Fork, build_pinned_fork, build_user_fork, open_fork, write_excludes
 from specpilot_mem.store.resolver import Resolver
 
 GITLINK_MODE = "160000"
@@ -61,6 +61,7 @@ def init_memory(home: Home, wheel: str | None = None, fork_url: str | None = Non
         raise ForkError(f"{home.fork} already holds another stock", where=str(home.fork),
                             fix="move sglang-fork away to build a fork from --fork-url")
     with fork.lock():
+        write_excludes(fork.repo)
         branches = sync_branches(Resolver(fork))
     link = project_gitlink(home)
     gitlink = "absent" if link is None else ("matches" if link == fork.stock_commit else "differs")
