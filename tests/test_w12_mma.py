@@ -148,3 +148,15 @@ def test_kernel_decode_arithmetic_on_the_fragment_layout_reproduces_the_weights(
     inside = (rows < 256) & (cols < 384)
     escaped[rows[inside], cols[inside]] = True
     assert torch.equal(bits[~escaped], exact[~escaped])  # escapes are patched after this decode
+
+
+def test_kernel_escape_owner_mapping_matches_the_fragment_layout():
+    # w12_mma.cu patches escape (row r, column c of a 128-column chunk) into lane (r % 8) * 4 + (c >> 3) % 4,
+    # register 4 s + 2 q + r // 8 (s, q: bits 2 and 1 of c), half c % 2, of block c >> 5; that register byte must hold (r, c % 32).
+    rows, cols = mma_module._fragment_index("cpu")
+    for r in range(16):
+        for c in range(128):
+            lane = (r & 7) * 4 + ((c >> 3) & 3)
+            reg = 4 * ((c >> 2) & 1) + 2 * ((c >> 1) & 1) + (r >> 3)
+            byte = 4 * (reg >> 1) + 2 * (reg & 1) + (c & 1)
+            assert (int(rows[lane, byte]), int(cols[lane, byte])) == (r, c & 31)
