@@ -152,7 +152,8 @@ def test_kernel_decode_arithmetic_on_the_fragment_layout_reproduces_the_weights(
 
 def test_kernel_escape_owner_mapping_matches_the_fragment_layout():
     # w12_mma.cu patches escape (row r, column c of a 128-column chunk) into lane (r % 8) * 4 + (c >> 3) % 4,
-    # register 4 s + 2 q + r // 8 (s, q: bits 2 and 1 of c), half c % 2, of block c >> 5; that register byte must hold (r, c % 32).
+    # register 4 s + 2 q + r // 8 (s, q: bits 2 and 1 of c), half c % 2, of block c >> 5; that byte of the
+    # fragment must hold (r, c % 32).
     rows, cols = mma_module._fragment_index("cpu")
     for r in range(16):
         for c in range(128):
