@@ -1,10 +1,11 @@
 """W12 GEMM in CUDA C++ with mma.sync (csrc/w12_mma.cu): the sm_120 variant, also run on the H200.
 
 mma.sync m16n8k16 exists on sm_80 and later, including sm_120 (no wgmma there); the kernel uses shared
-memory only for the in-block reduction (a few KB), far under sm_120's 99 KB per block. The weight planes
-are re-laid out once (:func:`to_mma_layout`) so each lane loads its own MMA fragments: per 16-row tile
-and 32-column block, lane l = 4g + t holds rows g and g+8 of both k16 steps: 16 view bytes (one 128-bit load) and 16 nibbles (one 64-bit load). Inside each 32-column
-block the MMA's k order is permuted so that lane t's activations are columns 8t .. 8t+7 (one 128-bit load).
+memory only for the in-block reduction (at most 64 KB: 16 warps x 64 rows), under sm_120's 99 KB per
+block. The weight planes are re-laid out once (:func:`to_mma_layout`) so each lane loads its own MMA
+fragments: per 16-row tile and 32-column block, lane l = 4g + t holds rows g and g+8 of both k16 steps,
+16 view bytes (one 128-bit load) and 16 nibbles (one 64-bit load). Inside each 32-column block the
+MMA's k order is permuted so that lane t's activations are columns 8t .. 8t+7 (one 128-bit load).
 """
 
 from __future__ import annotations
