@@ -82,8 +82,9 @@ FAKE_LAUNCH_SERVER = textwrap.dedent('''
                 meta = {"completion_tokens": len(out), "finish_reason": {"type": "length"}}
                 if req.get("return_logprob"):
                     start, k = req["logprob_start_len"], req.get("top_logprobs_num", 0)
-                    own, top = [], []
-                    for pos in range(start, len(ids)):
+                    # As SGLang 0.5.23: entries from input_ids[start] on, the first None (no logits before it).
+                    own, top = [[None, ids[start], None]], [None]
+                    for pos in range(start + 1, len(ids)):
                         row = logprobs(ids[:pos])
                         own.append([row[ids[pos]], ids[pos], None])
                         best = sorted(range(VOCAB), key=lambda v: -row[v])[:k]
@@ -95,6 +96,8 @@ FAKE_LAUNCH_SERVER = textwrap.dedent('''
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             incremental = os.environ.get("FAKE_INCREMENTAL") == "1"
+            # SGLang serializes its live output list: it may already hold the next decoded token.
+            ahead = 1 if os.environ.get("FAKE_AHEAD") == "1" else 0
             def send(data):
                 self.wfile.write(b"%x\\r\\n%s\\r\\n" % (len(data), data))
                 self.wfile.flush()
@@ -103,7 +106,7 @@ FAKE_LAUNCH_SERVER = textwrap.dedent('''
             while sent < len(out):
                 time.sleep(0.002)
                 new = out[sent:sent + step]
-                ids_field = new if incremental else out[:sent + len(new)]
+                ids_field = new if incremental else out[:sent + len(new) + ahead]
                 sent += len(new)
                 step = step % 3 + 1  # chunks of 1, 2, 3 tokens, like accepted speculative blocks
                 meta = {"completion_tokens": sent, "finish_reason": None if sent < len(out) else {"type": "length"}}
@@ -176,6 +179,15 @@ def test_incremental_streaming_output_gives_the_same_tokens(fake_export, toy, tm
     with SGLangServer(fake_export, [], startup_timeout=60) as running:
         (output,) = serve_closed_loop(SGLangClient(running.url), requests(1, 11), batch_size=1)
     assert list(output.output_ids) == toy.greedy([1, 2, 3], 11)
+
+
+def test_cumulative_chunks_ahead_of_their_count_give_the_same_tokens(fake_export, toy, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_ARGV_LOG", str(tmp_path / "argv.json"))
+    monkeypatch.setenv("FAKE_AHEAD", "1")
+    with SGLangServer(fake_export, [], startup_timeout=60) as running:
+        (output,) = serve_closed_loop(SGLangClient(running.url), requests(1, 11), batch_size=1)
+    assert list(output.output_ids) == toy.greedy([1, 2, 3], 11)
+    assert len(output.token_times) == 11
 
 
 def test_system_runs_a_server_per_run_on_the_requested_gpu(fake_export, toy, tmp_path, monkeypatch):
@@ -252,3 +264,8 @@ def test_scorer_on_stock_starts_a_server_with_the_fp32_head(fake_export, toy, tm
     logged = json.loads(argv_log.read_text())
     assert logged["cuda"] == "1" and "--enable-fp32-lm-head" in logged["argv"]
     assert scores.token_logprob[1] == pytest.approx(toy.logprobs([4, 9, 1, 7])[30])
+
+
+def test_scorer_needs_a_prompt(server):
+    with pytest.raises(SGLangRequestError, match="at least one token before it"):
+        SGLangScorer(SGLangClient(server.url)).score([], [3, 4])

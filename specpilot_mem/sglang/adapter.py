@@ -7,7 +7,7 @@ requests in flight (one thread per slot), records when every output token arrive
 
 ``SGLangScorer`` implements token forcing's ``Scorer`` against a stock SGLang server (launched with
 ``--enable-fp32-lm-head``, SGLang's FP32 LM head): one teacher-forced ``/generate`` call over
-prompt + output with ``return_logprob``, ``logprob_start_len`` at the first forced token and
+prompt + output with ``return_logprob``, ``logprob_start_len`` at the prompt's last token and
 ``top_logprobs_num=2``, which gives each forced token's log-probability, the argmax and the top-2 margin.
 
 Both speak SGLang's HTTP API through ``SGLangClient`` (standard library only).
@@ -93,11 +93,12 @@ class SGLangClient:
     def stream(self, body: dict) -> Iterator[StreamChunk]:
         """A streaming ``/generate`` call: one ``StreamChunk`` per server-sent event, timed on arrival.
 
-        SGLang sends cumulative ``output_ids`` by default and disjoint segments with
-        ``--incremental-streaming-output``; ``meta_info.completion_tokens`` tells which, so both work.
+        SGLang sends cumulative ``output_ids`` by default (a chunk may already hold tokens decoded after
+        its ``completion_tokens`` was counted) and disjoint segments with
+        ``--incremental-streaming-output``; both are read here.
         """
         connection, response = self._post("/generate", {**body, "stream": True})
-        seen = 0
+        received: list[int] = []
         try:
             for raw in response:
                 arrived = time.perf_counter()
@@ -110,16 +111,21 @@ class SGLangClient:
                 chunk = json.loads(payload)
                 if "error" in chunk:
                     raise SGLangRequestError(f"SGLang stopped the stream: {chunk['error']}", where=self.url)
-                ids = list(chunk.get("output_ids") or [])
-                total = chunk.get("meta_info", {}).get("completion_tokens", seen + len(ids))
-                new = ids[seen:] if len(ids) == total else ids  # cumulative vs incremental output
-                if len(new) != total - seen:
+                ids = [int(t) for t in chunk.get("output_ids") or []]
+                meta = chunk.get("meta_info", {})
+                total = meta.get("completion_tokens", len(received) + len(ids))
+                if received and len(ids) >= total and ids[:len(received)] == received:
+                    new = ids[len(received):]  # cumulative
+                elif not received or len(ids) == total - len(received):
+                    new = ids  # the first chunk, or a disjoint segment
+                else:
                     raise SGLangRequestError(
-                        f"a streamed chunk carried {len(new)} new tokens but completion_tokens went {seen} -> {total}",
+                        f"a streamed chunk of {len(ids)} tokens fits neither cumulative nor incremental output "
+                        f"after {len(received)} tokens (completion_tokens {total})",
                         where=self.url, fix="report this with the server's version and flags",
                     )
-                seen = total
-                yield StreamChunk(arrived, tuple(int(t) for t in new), chunk.get("meta_info", {}).get("finish_reason"))
+                received += new
+                yield StreamChunk(arrived, tuple(new), meta.get("finish_reason"))
         finally:
             connection.close()
 
@@ -215,17 +221,24 @@ class SGLangScorer:
             yield cls(SGLangClient(server.url))
 
     def _forced(self, tokens: Sequence[int], start: int, expected: Sequence[int]) -> list[tuple[float, int, float, float]]:
-        """(token logprob, argmax, argmax logprob, top-2 margin) of ``tokens[start:]``, one pass."""
+        """(token logprob, argmax, argmax logprob, top-2 margin) of ``tokens[start:]``, one pass.
+
+        SGLang returns input log-probs from ``input_ids[logprob_start_len]`` on, the first being None
+        (no logits precede it), so the request starts one token earlier and that entry is dropped.
+        """
+        if start < 1:
+            raise SGLangRequestError("a forced token needs at least one token before it", where="prompt_ids",
+                                     fix="give a non-empty prompt")
         answer = self.client.generate({
             "input_ids": list(tokens),
             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
             "return_logprob": True,
-            "logprob_start_len": start,
+            "logprob_start_len": start - 1,
             "top_logprobs_num": 2,
         })
         meta = answer.get("meta_info", {})
-        token_lp = meta.get("input_token_logprobs") or []
-        top_lp = meta.get("input_top_logprobs") or []
+        token_lp = (meta.get("input_token_logprobs") or [])[1:]
+        top_lp = (meta.get("input_top_logprobs") or [])[1:]
         if len(token_lp) != len(expected) or len(top_lp) != len(expected):
             raise SGLangRequestError(
                 f"the server returned {len(token_lp)} input log-probs for {len(expected)} forced tokens",
@@ -233,10 +246,10 @@ class SGLangScorer:
             )
         rows = []
         for position, (own, top, token) in enumerate(zip(token_lp, top_lp, expected)):
-            if own[1] != token or own[0] is None or len(top) < 2:
+            if own[1] != token or own[0] is None or top is None or len(top) < 2:
                 raise SGLangRequestError(
                     f"forced position {position}: the server scored token {own[1]} (expected {token}) "
-                    f"with {len(top)} top log-probs", where=self.client.url,
+                    f"with {0 if top is None else len(top)} top log-probs", where=self.client.url,
                     fix="the server must be SGLang 0.5.23 started without speculative decoding",
                 )
             rows.append((float(own[0]), int(top[0][1]), float(top[0][0]), float(top[0][0]) - float(top[1][0])))
