@@ -27,6 +27,7 @@ from specpilot_mem.store.fork import Fork, open_fork
 from specpilot_mem.store.kernels import VENDOR_DIR
 from specpilot_mem.store.records import (delta_path, dump_record, entry_path, load_entries, load_record_file,
                                          validate_data, write_atomic)
+from specpilot_mem.store.requirements import closure
 from specpilot_mem.store.resolver import Resolver
 
 # Fields the store fills in; a draft may not set them.
@@ -203,10 +204,12 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
 
         fields = existing.model_dump(exclude_defaults=True) if existing else {}
         fields.update(draft)
-        if source_commit:
-            fields["source"] = {**fields.get("source", {}), "commit": source_commit}
+        # the source commit is this recording's (a work tree has none, so an older one must not linger)
+        source_fields = {k: v for k, v in fields.get("source", {}).items() if k != "commit"}
+        fields["source"] = {**source_fields, "commit": source_commit} if source_commit else source_fields
         fields.update(id=entry_id, requires=requires, reproduces=source_tree,
-                      kernels=_kernel_pins(fork, source_tree, delta), recorded=today or dt.date.today())
+                      kernels=_kernel_pins(fork, source_tree, delta),
+                      recorded=today or dt.datetime.now(dt.timezone.utc).date())
         if not existing and not draft:
             raise RecordError(f"{entry_id} is a new entry and has no title, summary or contract yet",
                               where="--meta", fix="pass --meta draft.yaml (see `specpilot-mem schema` for the fields)")
@@ -229,8 +232,7 @@ def _update(home: Home, entry_id: str, change) -> EntryRecord:
     fork = open_fork(home)
     with fork.lock():
         records = load_entries(home)
-        if entry_id not in records:
-            Resolver(fork, records).closure([entry_id])  # raises the unknown-entry error
+        closure(records, [entry_id], home)  # an unknown id or a broken requirement stops here
         record = change(records[entry_id].model_copy(deep=True))
         record = EntryRecord.model_validate(record.model_dump())
         resolver = Resolver(fork, {**records, entry_id: record})
