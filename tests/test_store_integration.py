@@ -117,3 +117,19 @@ def test_updates_reverify_dependents(stock_home_copy, tmp_path):
         record_entry(home, "alpha", source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# other")}))
     assert ((home.entries / "alpha" / "delta.patch").read_bytes(), open_fork(home).repo.refs("refs")) == before
     assert load_entries(home)["alpha"].variants == [variant]
+
+
+def test_crlf_files_round_trip_and_merge(stock_home_copy):
+    """13 stock files have CRLF endings: deltas and in-process hunk application keep the \\r bytes."""
+    home = stock_home_copy
+    path = "sglang/multimodal_gen/configs/models/dits/hunyuan_image3.py"
+    fork = open_fork(home)
+    original = fork.repo.git("cat-file", "blob", f"stock:{path}").stdout
+    assert b"\r\n" in original
+    lines = original.split(b"\r\n")
+    top = b"\r\n".join([b"# top"] + lines)
+    bottom = original + b"# bottom\r\n"
+    record_entry(home, "crlf-top", source_on(home, [], {path: top}), requires=[], meta=DRAFT)
+    record_entry(home, "crlf-bottom", source_on(home, [], {path: bottom}), requires=[], meta=DRAFT)
+    apply_entries(home, ["crlf-top", "crlf-bottom"], branch="deploy/crlf")
+    assert fork.repo.git("cat-file", "blob", f"deploy/crlf:{path}").stdout == b"# top\r\n" + original + b"# bottom\r\n"
