@@ -78,3 +78,15 @@ def test_quoted_and_spaced_paths():
     assert parse_delta(spaced, "e", "d").changes[0].path == "sglang/a b.py"
     quoted = MODIFY.replace(b"diff --git a/sglang/x.py b/sglang/x.py", b'diff --git "a/sglang/t\\tab.py" "b/sglang/t\\tab.py"')
     assert parse_delta(quoted, "e", "d").changes[0].path == "sglang/t\tab.py"
+
+
+def test_hunks_apply_at_an_offset_and_refuse_changed_context():
+    from specpilot_mem.store.delta import apply_hunks
+
+    hunks = parse_delta(MODIFY, "e", "d").changes[0].hunks
+    assert apply_hunks(b"one\nthree\n", hunks) == b"one\ntwo\nthree\n"
+    assert apply_hunks(b"zero\nextra\none\nthree\ntail\n", hunks) == b"zero\nextra\none\ntwo\nthree\ntail\n"
+    assert apply_hunks(b"one\nTHREE\n", hunks) is None
+    no_newline = parse_delta(MODIFY.replace(b" three\n", b" three\n\\ No newline at end of file\n"), "e", "d")
+    assert apply_hunks(b"one\nthree", no_newline.changes[0].hunks) == b"one\ntwo\nthree"
+    assert apply_hunks(b"one\nthree\n", no_newline.changes[0].hunks) is None
