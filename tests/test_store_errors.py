@@ -145,3 +145,15 @@ def test_init_builds_what_reproduces_and_reports_the_rest(memory):
     states = {b.id: b.change for b in result.branches}
     assert states == {"alpha": "created", "beta": "failed"}
     assert fork.repo.rev_parse("entry/alpha") == alpha_tip and fork.repo.rev_parse("entry/beta") is None
+
+
+def test_init_refuses_a_foreign_repository_in_the_fork_path(tmp_path):
+    from specpilot_mem.git import init_repo
+    from specpilot_mem.home import Home
+    from specpilot_mem.store import init_memory
+
+    (tmp_path / "entries").mkdir()
+    init_repo(tmp_path / "sglang-fork")
+    with pytest.raises(ForkError, match="did not build") as err:
+        init_memory(Home(tmp_path))
+    assert "--fork-url" in err.value.fix

@@ -54,6 +54,10 @@ def init_memory(home: Home, wheel: str | None = None, fork_url: str | None = Non
         fork = open_fork(home)
     except ForkError:
         if (home.fork / ".git").exists():
+            if Repo(home.fork).config_get("specpilot.stock") is None:
+                raise ForkError(f"{home.fork} is a git repository that specpilot-mem did not build", where=str(home.fork),
+                                fix="move it away and run `specpilot-mem init`; for your own SGLang fork pass "
+                                    "--fork-url PATH --stock-rev REV") from None
             raise
         fork = build_user_fork(home, fork_url, stock_rev, package_prefix) if fork_url else build_pinned_fork(home, wheel, checkout, progress)
         built = True
