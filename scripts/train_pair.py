@@ -40,7 +40,7 @@ def main() -> int:
     train.main(["--tokens", str(args.tokens), "--out", str(args.models), "--seed", str(args.seed),
                 "--target-seconds", str(args.target_seconds), "--drafter-seconds", str(args.drafter_seconds)])
     return reference.main(["--model-dir", str(args.models), "--tokens", str(args.tokens),
-                           "--out", str(args.models / "gpu-greedy-reference.json")])
+                           "--out", str(args.models / "greedy-reference.json")])
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""Greedy tokens of the trained pair recorded on the GPU, which a CPU test replays (issue 11).
+"""Greedy tokens of the trained pair recorded where it was trained (the H200), which a CPU test replays.
 
     python3 -m specpilot_mem.engine.train.reference --model-dir models --tokens .g1data/corpus.npz \
-        --out models/gpu-greedy-reference.json
+        --out models/greedy-reference.json
 
 Prompts are slices of the unseen split, stored in the file with the greedy tokens and the scorer's
 top-2 margin at each position, so the test can name the near-ties where CPU rounding may pick the
