@@ -186,4 +186,8 @@ def test_trained_network_weights_roundtrip(path):
     if not path.exists():
         pytest.skip(f"{path} not committed yet (the engine's trained pair)")
     stats = checkpoint_stats(str(path))
-    assert stats["tensors"] and stats["bits_per_weight"] < 13.0
+    assert stats["tensors"]
+    # A tensor smaller than a 128x64 record pays for the padding of a whole one; tensors made of whole
+    # records must cost about 12 bits per weight, headers, bases and escapes included.
+    whole = {name: t for name, t in stats["tensors"].items() if t["shape"][0] % 128 == 0 and t["shape"][1] % 64 == 0}
+    assert whole and all(t["bits_per_weight"] < 12.2 for t in whole.values()), whole
