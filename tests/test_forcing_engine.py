@@ -7,7 +7,7 @@ import pytest
 
 from specpilot_mem.controller.engine_system import EngineSystem
 from specpilot_mem.controller.requests import Request
-from specpilot_mem.engine.config import DrafterConfig, TargetConfig
+from specpilot_mem.engine.config import DrafterConfig, EngineOptions, TargetConfig
 from specpilot_mem.engine.engine import Engine
 from specpilot_mem.errors import RoundError
 from specpilot_mem.forcing.engine_adapter import EngineScorer, utf8_bytes
@@ -22,7 +22,7 @@ DRAFTER = DrafterConfig(d_model=32, n_layers=1, heads=2, head_dim=16, ffn_dim=64
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine.random(3, TARGET, DRAFTER, options=None, max_len=256)
+    return Engine.random(3, TARGET, DRAFTER, options=EngineOptions(positions=DRAFTER.block_size), max_len=256)
 
 
 @pytest.fixture(scope="module")
