@@ -172,6 +172,7 @@ def main(argv=None) -> int:
     ap.add_argument("--target-config", default="{}", help="JSON overrides of TargetConfig fields")
     ap.add_argument("--drafter-config", default="{}", help="JSON overrides of DrafterConfig fields")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
+    ap.add_argument("--init-from", type=Path, help="continue from the pair in this folder (its configs win; its log is kept)")
     args = ap.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -183,14 +184,24 @@ def main(argv=None) -> int:
     streams = {s: torch.from_numpy(data[s].astype(np.int64)).to(device) for s in ("train", "dev", "unseen")}
     target_cfg = TargetConfig.from_json(json.dumps({**json.loads(TargetConfig().to_json()), **json.loads(args.target_config)}))
     drafter_cfg = DrafterConfig.from_json(json.dumps({**json.loads(DrafterConfig().to_json()), **json.loads(args.drafter_config)}))
-    target = HybridTarget(target_cfg).to(device)
-    drafter = BlockDrafter(drafter_cfg, target_cfg).to(device)
-    log: list[dict] = [{"event": "start", "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+    earlier: list[dict] = []
+    if args.init_from:
+        target = weights.load_target(args.init_from / weights.TARGET_FILE, device)
+        target_cfg = target.cfg
+        drafter = weights.load_drafter(args.init_from / weights.DRAFTER_FILE, target_cfg, device)
+        drafter_cfg = drafter.cfg
+        for p in (*target.parameters(), *drafter.parameters()):
+            p.requires_grad_(True)
+        earlier = json.loads((args.init_from / "training-log.json").read_text())
+    else:
+        target = HybridTarget(target_cfg).to(device)
+        drafter = BlockDrafter(drafter_cfg, target_cfg).to(device)
+    log: list[dict] = earlier + [{"event": "start", "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                         "torch": torch.__version__, "args": {k: str(v) for k, v in vars(args).items()},
                         "target_params": sum(p.numel() for p in target.parameters()),
                         "drafter_params": sum(p.numel() for p in drafter.parameters()),
                         "train_tokens": int(streams["train"].numel())}]
-    print(json.dumps(log[0]), flush=True)
+    print(json.dumps(log[len(earlier)]), flush=True)
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")  # noqa: E731
 
     def target_step():
@@ -222,6 +233,9 @@ def main(argv=None) -> int:
 
     # Evaluate what the saved (bf16) weights give, as the engine loads them.
     args.out.mkdir(parents=True, exist_ok=True)
+    before = next((e for e in reversed(earlier) if e.get("event") == "done"), {})
+    target_steps += before.get("target_steps", 0)
+    drafter_steps += before.get("drafter_steps", 0)
     meta = {"seed": args.seed, "target_steps": target_steps, "drafter_steps": drafter_steps,
             "seq_len": args.seq_len, "batch": args.batch, "label": "small models trained here"}
     weights.save_module(target, args.out / weights.TARGET_FILE, target_cfg.to_json(), meta)
