@@ -42,15 +42,16 @@ GPUS: tuple[GPU, ...] = (
 ARCHES: tuple[str, ...] = tuple(sorted({g.arch for g in GPUS}))
 
 
-def _norm(text: str) -> str:
+def name_key(text: str) -> str:
+    """A name as matching sees it: lower case, letters and digits only ("RTX-PRO 6000" ~ "rtxpro6000")."""
     return "".join(ch for ch in text.lower() if ch.isalnum())
 
 
 def find_gpu(name: str) -> GPU:
     """A GPU by name or alias, case and punctuation insensitive ("rtx-pro-6000" finds RTX PRO 6000)."""
-    wanted = _norm(name)
+    wanted = name_key(name)
     for gpu in GPUS:
-        if wanted in {_norm(gpu.name), *(_norm(a) for a in gpu.aliases)}:
+        if wanted in {name_key(gpu.name), *(name_key(a) for a in gpu.aliases)}:
             return gpu
     raise SpecPilotError(
         f"unknown GPU {name!r}",

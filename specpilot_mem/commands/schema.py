@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
-from specpilot_mem import models
-
-MODELS = {"entry": models.EntryRecord, "variant": models.Variant, "evidence": models.Evidence,
-          "deployment": models.DeploymentRecord}
+# Record name -> model class in specpilot_mem.models (imported when the command runs: pydantic is slow
+# to import and every CLI call discovers this module).
+MODELS = {"entry": "EntryRecord", "variant": "Variant", "evidence": "Evidence", "deployment": "DeploymentRecord"}
 
 
 def register(subparsers, common) -> None:
@@ -18,5 +17,8 @@ def register(subparsers, common) -> None:
 
 
 def run(args) -> int:
-    sys.stdout.write(json.dumps(MODELS[args.model].model_json_schema(), indent=2) + "\n")
+    from specpilot_mem import models
+
+    schema = getattr(models, MODELS[args.model]).model_json_schema()
+    sys.stdout.write(json.dumps(schema, indent=2) + "\n")
     return 0

@@ -19,7 +19,7 @@ import duckdb
 
 from specpilot_mem.errors import RegistryError, UnknownEntryError
 from specpilot_mem.gpus import GPU, resolve_gpu_or_arch
-from specpilot_mem.gpus import _norm as name_key  # the GPU table's name matching, reused for models and drafters
+from specpilot_mem.gpus import name_key  # the GPU table's name matching, reused for models and drafters
 from specpilot_mem.models import Regime
 
 HARDWARE_RANK = {"gpu": 0, "arch": 1, "variant": 2, None: 3}

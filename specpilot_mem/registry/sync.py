@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from specpilot_mem.errors import RecordError, RegistryError, SpecPilotError
 from specpilot_mem.gpus import GPUS, find_gpu
-from specpilot_mem.gpus import _norm as name_key  # the GPU table's name matching, reused for models and drafters
+from specpilot_mem.gpus import name_key  # the GPU table's name matching, reused for models and drafters
 from specpilot_mem.home import Home
 from specpilot_mem.models import DeploymentRecord, EntryRecord
 from specpilot_mem.registry.schema import ENTRY_TABLES, SCHEMA_VERSION, TABLES
