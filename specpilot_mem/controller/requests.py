@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -99,25 +99,31 @@ def parse_request(row: object, where: str) -> Request:
     return Request(rid, benchmark, split, max_new, prompt_ids=tuple(ids))
 
 
-def load_requests(path: str | Path, *, split: Split | None = None, benchmarks: Iterable[str] | None = None) -> list[Request]:
-    """Every request in ``path`` (in file order), optionally only one split and some benchmarks."""
+def jsonl_rows(path: str | Path, what: str) -> Iterator[tuple[str, int, object]]:
+    """(``file:line``, line number, decoded value) for every non-blank line of a JSONL file; a missing
+    file, bad encoding or bad JSON raises a ``RequestSetError`` naming the file (and line)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise _fail(f"request set {path} does not exist", str(path), "check the path (request sets live in requests/)") from None
+        raise _fail(f"{what} {path} does not exist", str(path), "check the path") from None
     except UnicodeDecodeError as err:
-        raise _fail(f"request set {path} is not UTF-8: {err}", str(path), "save the file as UTF-8 JSONL") from None
-    requests: list[Request] = []
-    seen: dict[str, int] = {}
+        raise _fail(f"{what} {path} is not UTF-8: {err}", str(path), "save the file as UTF-8 JSONL") from None
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}:{number}"
         try:
-            row = json.loads(line)
+            yield where, number, json.loads(line)
         except json.JSONDecodeError as err:
             raise _fail(f"not valid JSON: {err.msg} (column {err.colno})", where, "one JSON object per line") from None
+
+
+def load_requests(path: str | Path, *, split: Split | None = None, benchmarks: Iterable[str] | None = None) -> list[Request]:
+    """Every request in ``path`` (in file order), optionally only one split and some benchmarks."""
+    requests: list[Request] = []
+    seen: dict[str, int] = {}
+    for where, number, row in jsonl_rows(path, "request set"):
         request = parse_request(row, where)
         if request.id in seen:
             raise _fail(f"duplicate id {request.id!r} (first on line {seen[request.id]})", where, "give every request its own id")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from specpilot_mem.controller.requests import Request, RequestSetError
+from specpilot_mem.controller.requests import Request, RequestSetError, jsonl_rows
 
 
 @dataclass(frozen=True)
@@ -90,18 +90,8 @@ def write_outputs(path: str | Path, outputs: Iterable[RequestOutput]) -> Path:
 
 def load_outputs(path: str | Path) -> dict[str, RequestOutput]:
     """An outputs file as {request id: output}; errors name the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise RequestSetError(f"outputs file {path} does not exist", where=str(path), fix="check the path")
     outputs: dict[str, RequestOutput] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise RequestSetError(f"not valid JSON: {err.msg}", where=where, fix="one JSON object per line") from None
+    for where, _, row in jsonl_rows(path, "outputs file"):
         if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not isinstance(row.get("output_ids"), list):
             raise RequestSetError("each line needs 'id' (string) and 'output_ids' (list)", where=where,
                                   fix='e.g. {"id": "code-003", "output_ids": [11, 52, 7]}')
