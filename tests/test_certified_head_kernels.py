@@ -94,3 +94,13 @@ def test_rescored_logits_are_the_exact_heads_bits():
     assert torch.equal(shuffled, full[:, perm])
     tokens, _ = certified_argmax(x, head)
     assert torch.equal(tokens, full.argmax(1))
+
+
+def test_hidden_size_that_is_not_a_multiple_of_the_int8_tile():
+    """K = 384 with 256-wide INT8 tiles: the partial last tile must be masked, not read from the next row."""
+    gen = torch.Generator().manual_seed(7)
+    w, pairs = adversarial_head(320, 384, gen)
+    head = quantize_head(w.to(DEVICE))
+    x = adversarial_inputs(head.weight, pairs.to(DEVICE), 16, gen)
+    tokens, _ = certified_argmax(x, head, block_k=256, rescore_programs=1)
+    assert torch.equal(tokens, exact_head_logits(x, head.weight).argmax(1))

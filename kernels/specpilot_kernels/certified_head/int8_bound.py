@@ -30,9 +30,12 @@ def _int8_bound_kernel(x, qweight, scale, radius_coef, best_lower, count, cand_i
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     # ||x||^2 rides along with the activation tiles: every program computes the same value
     sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for _ in range(0, K, BLOCK_K):
-        w = tl.load(w_ptrs, mask=row_ok[:, None], other=0)
-        xt = tl.load(x_ptrs, mask=m_ok[None, :], other=0)
+    for k0 in range(0, K, BLOCK_K):
+        # the last tile may run past K (K a multiple of the exact head's 128, not of BLOCK_K): zero it,
+        # or it would read the next row's weights and activations and corrupt the bounds
+        k_ok = k0 + o_k < K
+        w = tl.load(w_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0)
+        xt = tl.load(x_ptrs, mask=m_ok[None, :] & k_ok[:, None], other=0)
         xf = xt.to(tl.float32)
         sum_sq += tl.sum(xf * xf, axis=0)
         if DOT_FP32:  # the interpreter's bf16 dot is broken; int8 and bf16 values are exact in fp32
