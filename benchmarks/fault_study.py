@@ -33,7 +33,7 @@ from specpilot_mem.controller.engine_system import EngineSystem  # noqa: E402
 from specpilot_mem.controller.requests import load_requests  # noqa: E402
 from specpilot_mem.engine.config import DrafterConfig, TargetConfig  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
-from specpilot_mem.engine.weights import has_trained_pair  # noqa: E402
+from specpilot_mem.engine.weights import DEFAULT_MODEL_DIR, has_trained_pair  # noqa: E402
 from specpilot_mem.forcing.calibrate import calibrate_delta  # noqa: E402
 from specpilot_mem.forcing.engine_adapter import EngineScorer, utf8_bytes  # noqa: E402
 from specpilot_mem.forcing.scorer import score_outputs  # noqa: E402
@@ -76,15 +76,26 @@ def summary(verdict: Verdict) -> dict:
     }
 
 
+def prompt_encoder(engine: Engine):
+    """The trained pair's tokenizer for text prompts; UTF-8 bytes for random weights (no tokenizer)."""
+    if engine.synthetic:
+        return utf8_bytes
+    from specpilot_mem.engine.train.corpus import load_tokenizer
+
+    tokenizer = load_tokenizer(DEFAULT_MODEL_DIR)
+    return lambda text: tokenizer.encode(text).ids
+
+
 def one_seed(seed: int, requests, args) -> dict:
     engine = engine_for(seed, args)
+    encode = prompt_encoder(engine)
     sample = sorted(random.Random(seed).sample(requests, min(args.requests_per_seed, len(requests))), key=lambda r: r.id)
     sample = [type(r)(r.id, r.benchmark, r.split, args.max_new_tokens, prompt=r.prompt, prompt_ids=r.prompt_ids) for r in sample]
     systems = {
-        "ar": EngineSystem("ar", engine, mode="ar", encode=utf8_bytes),
-        "stock": EngineSystem("stock", engine, mode="spec", encode=utf8_bytes),
-        **{name: EngineSystem(name, engine.with_options(**opts), mode="spec", encode=utf8_bytes) for name, opts in LOSSLESS.items()},
-        "fault": EngineSystem("fault", engine.with_options(fault_after=args.fault_after), mode="spec", encode=utf8_bytes),
+        "ar": EngineSystem("ar", engine, mode="ar", encode=encode),
+        "stock": EngineSystem("stock", engine, mode="spec", encode=encode),
+        **{name: EngineSystem(name, engine.with_options(**opts), mode="spec", encode=encode) for name, opts in LOSSLESS.items()},
+        "fault": EngineSystem("fault", engine.with_options(fault_after=args.fault_after), mode="spec", encode=encode),
     }
     device = str(engine.device)
     outputs, seconds = {}, {}
@@ -93,7 +104,7 @@ def one_seed(seed: int, requests, args) -> dict:
         outputs[name] = {o.id: o for o in system.run(sample, batch_size=1, device=device)}
         seconds[name] = time.perf_counter() - start
         log(f"seed {seed}: {name} served {len(sample)} requests in {seconds[name]:.1f} s")
-    scorer = EngineScorer(engine)
+    scorer = EngineScorer(engine, encode=encode)
     scored = {name: score_outputs(scorer, sample, outs) for name, outs in outputs.items()}
     calibration = calibrate_delta(scored["ar"], scored["stock"])
     forcing = TokenForcing(scorer, scored["stock"], calibration.delta, audit_sample=args.audit_sample, seed=seed)
@@ -171,8 +182,9 @@ def main() -> int:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join(sys.argv),
         "synthetic": any(r["synthetic"] for r in runs),
-        "model": "tiny random" if args.tiny else ("random weights" if any(r["synthetic"] for r in runs) else "trained pair"),
-        "prompt_encoding": "UTF-8 bytes",
+        "model": "tiny random" if args.tiny else ("random weights" if any(r["synthetic"] for r in runs) else
+                                                  "trained pair (small models trained here, not comparable to the paper's)"),
+        "prompt_encoding": "UTF-8 bytes" if any(r["synthetic"] for r in runs) else "the trained pair's tokenizer",
         "settings": {"max_new_tokens": args.max_new_tokens, "fault_after": args.fault_after, "fault_bias": 2.0,
                      "fault_stride": 7, "requests_per_seed": args.requests_per_seed, "audit_sample": args.audit_sample,
                      "lossless_variants": LOSSLESS},
