@@ -42,10 +42,10 @@ from specpilot_mem.rounds.models import (MAX_GPU_MINUTES_TO_CLOSE_UNMEASURED, MI
                                          DirectionKind, DirectionPlan, DirectionRecord, DirectionSpec,
                                          HeadroomCheck, Phase, PromotionRecord, RoundConfig, RoundState)
 from specpilot_mem.rounds.sandbox import Sandbox
+from specpilot_mem.store.fork import STOCK_REF
 from specpilot_mem.store.records import load_record_file, parse_record
 
 AGENT_FOLDER = ".specpilot-agent"  # brief, dev requests and the agent's notes; never part of a patch
-STOCK_REF = "refs/heads/stock"
 
 
 def deployment_record(home: Home, deployment: str) -> DeploymentRecord:
