@@ -2,7 +2,7 @@
 
     specpilot-mem tf --requests requests/specpilot-v1.jsonl --split unseen \\
         --ar ar.jsonl --stock stock.jsonl --system final=final.jsonl \\
-        --scorer specpilot_mem.engine.scorer:load --scorer-arg weights=target.safetensors --plot fig4.png
+        --scorer specpilot_mem.forcing.engine_adapter:load_scorer --scorer-arg model=default --plot fig4.png
 
 Outputs files are JSONL ``{"id": ..., "output_ids": [...]}`` (``specpilot_mem.controller.system``).
 δ is calibrated from the AR and stock outputs (``--ar``) or given (``--delta``).

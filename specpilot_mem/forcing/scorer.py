@@ -131,7 +131,7 @@ def load_scorer(spec: str, options: Mapping[str, str] | None = None) -> Scorer:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ForcingError(f"scorer {spec!r} is not of the form module:factory", where="--scorer",
-                           fix="e.g. --scorer specpilot_mem.engine.scorer:load --scorer-arg weights=model.safetensors")
+                           fix="e.g. --scorer specpilot_mem.forcing.engine_adapter:load_scorer --scorer-arg model=default")
     try:
         factory = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as err:
