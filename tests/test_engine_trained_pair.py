@@ -15,10 +15,6 @@ REFERENCE = weights.DEFAULT_MODEL_DIR / "greedy-reference.json"
 # Top-2 log-prob gap (nats) below which float32 rounding on another device may flip the argmax.
 NEAR_TIE_NATS = 0.01
 
-pytestmark = pytest.mark.skipif(not (weights.has_trained_pair() and REFERENCE.exists()),
-                                reason="the trained pair is not committed in models/")
-
-
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     before = torch.get_num_threads()

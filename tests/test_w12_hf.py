@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+import transformers  # installed by scripts/install.sh with SGLang's import dependencies
 
-from specpilot_kernels.w12 import W12Error  # noqa: E402
-from specpilot_kernels.w12.hf import W12Linear, convert_model  # noqa: E402
+from specpilot_kernels.w12 import W12Error
+from specpilot_kernels.w12.hf import W12Linear, convert_model
 
 
 def tiny_llama(tie: bool):

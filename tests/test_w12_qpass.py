@@ -3,12 +3,10 @@
 import importlib.util
 from pathlib import Path
 
-import pytest
 import torch
 
-pytest.importorskip("specpilot_mem.engine")
-from specpilot_mem.engine import TargetConfig  # noqa: E402
-from specpilot_mem.engine.model import HybridTarget  # noqa: E402
+from specpilot_mem.engine import TargetConfig
+from specpilot_mem.engine.model import HybridTarget
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "w12_qpass_agreement.py"
 spec = importlib.util.spec_from_file_location("w12_qpass_agreement", BENCH)
