@@ -1,160 +1,406 @@
 """Greedy decoding in Hugging Face Transformers, BF16 vs W12 linear layers (issue 9).
 
-Config-built models with seeded random weights (synthetic: weights from a hub cannot be downloaded on the
-GPU machine) of the Llama-3.1-8B and Qwen3-8B shapes, or a local checkpoint (``--checkpoint DIR``).
-Decoding: prefill, then one token per step with a static KV cache, each step replayed from a CUDA graph
-(argmax inside the graph). The same prompts run through the BF16 model, then through the same model
-after ``convert_model`` (every decoder linear layer to W12, checked bit for bit). Reports tokens/s,
-ms per output token, the weight memory of the linear layers, and token agreement with the first
-divergence per request (expected only at near-ties: the products differ by reduction order).
+Models: config-built Llama-3.1-8B and Qwen3-8B shapes with seeded random BF16 weights made on the GPU
+(synthetic: weights from a hub cannot be downloaded on the GPU machine), or any local checkpoint
+directory (``--model PATH``; its tokenizer, if it has one, turns a fixed English text into the prompts).
 
-    PYTHONPATH=kernels:. python benchmarks/w12_hf_decode.py [--models llama-3.1-8b,qwen3-8b] [--batches 1,32]
+Decoding: one prefill, then one token per step with a ``StaticCache``; the step (forward, top-2 of the
+last logits, writing the token into static buffers) is captured once in a ``torch.cuda.CUDAGraph`` and
+replayed, so the timed loop is graph replays only. The same prompts run through the BF16 model, the
+same model after ``convert_model`` (every decoder linear layer to W12, each checked bit for bit), and
+after converting the LM head too. Reported per batch: ms per step (= ms per output token of each
+request), tokens/s, speedup over BF16, token agreement with the first divergence per request and the
+BF16 top-1/top-2 logit margin there (divergences are expected only at near-ties: the kernels sum in
+another order than cuBLAS), and the step's make-up: the same step with every linear layer replaced by a
+no-op gives the time outside the linears. Weight memory: the linear layers' bytes and the allocator's
+bytes freed by the conversion.
+
+    PYTHONPATH=kernels:. python benchmarks/w12_hf_decode.py [--model llama-3.1-8b --model PATH ...]
+        [--batches 1,32] [--prompt-len 32] [--new-tokens 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import gc
+import hashlib
 import json
+import statistics
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from torch import nn
 
 from specpilot_kernels.w12.hf import W12Linear, convert_model
 
-SHAPES = {
-    "llama-3.1-8b": ("LlamaConfig", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                                        max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=False)),
-    "qwen3-8b": ("Qwen3Config", dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                                     max_position_embeddings=8192, tie_word_embeddings=False)),
-}
+LLAMA_31_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                   num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                   rms_norm_eps=1e-5, tie_word_embeddings=False,
+                   rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                        high_freq_factor=4.0, original_max_position_embeddings=8192))
+QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                rms_norm_eps=1e-6, tie_word_embeddings=False,
+                rope_parameters=dict(rope_type="default", rope_theta=1000000.0))
+SHAPES = {"llama-3.1-8b": ("LlamaConfig", LLAMA_31_8B), "qwen3-8b": ("Qwen3Config", QWEN3_8B)}
+
+# prompt i of a checkpoint with a tokenizer starts at word 3*i of this text (distinct natural prompts)
+PROMPT_TEXT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
+    "movable metal type, oil-based ink and a wooden screw press into a system that could produce books far "
+    "faster than any scribe. Within fifty years presses were running in more than two hundred cities across "
+    "Europe, and the price of a book fell so far that merchants, students and craftsmen could own them. "
+    "Scholars began to compare editions, correct errors and publish tables of data, which changed how "
+    "knowledge accumulated. Pamphlets spread political and religious arguments within weeks, newspapers "
+    "appeared in the seventeenth century, and by the industrial age steam-driven rotary presses printed "
+    "thousands of sheets an hour for a growing reading public that expected news every single morning."
+)
 
 
-def build(name: str, device: str, layers: int | None):
+STARTED = time.perf_counter()
+
+
+def log(*args) -> None:
+    print(f"[{time.perf_counter() - STARTED:6.1f} s]", *args, file=sys.stderr, flush=True)
+
+
+def kernel_sources() -> dict[str, str]:
+    """sha256 (first 16 hex digits) of each W12 library source: which kernel version was measured."""
+    import specpilot_kernels.w12 as w12
+
+    root = Path(w12.__file__).parent
+    files = sorted([*root.glob("*.py"), *root.glob("csrc/*")])
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in files}
+
+
+def synthetic_model(name: str, device: str, layers: int | None) -> nn.Module:
+    """A config-built model of a named shape, all weights seeded N(0, 0.02) BF16 made on ``device``."""
     import transformers
 
-    config_cls, kwargs = SHAPES[name]
+    config_name, kwargs = SHAPES[name]
     if layers:
         kwargs = dict(kwargs, num_hidden_layers=layers)
-    config = getattr(transformers, config_cls)(**kwargs)
-    torch.manual_seed(0)
+    config = getattr(transformers, config_name)(**kwargs)
     with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
-    with torch.no_grad():  # seeded N(0, 0.02) weights, unit norms: synthetic
-        for param_name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.02)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    with torch.no_grad():  # our own init, so the weights do not depend on the transformers version
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.02)
     return model.eval()
 
 
-def linear_weight_bytes(model) -> int:
-    total = 0
-    for module in model.modules():
-        if isinstance(module, W12Linear):
-            total += sum(b.numel() * b.element_size() for b in module.buffers(recurse=False))
-        elif isinstance(module, torch.nn.Linear):
-            total += module.weight.numel() * module.weight.element_size()
-    return total
+def checkpoint_model(path: Path, device: str):
+    """(model, tokenizer or None) of a local checkpoint directory, loaded in BF16 onto ``device``."""
+    import importlib.util
+
+    import transformers
+
+    if importlib.util.find_spec("accelerate"):  # transformers places weights on the device only through it
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map=device)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):  # a checkpoint without tokenizer files: random-token prompts
+        tokenizer = None
+    return model.eval(), tokenizer
+
+
+def make_prompts(vocab: int, tokenizer, batch: int, prompt_len: int, device: str) -> torch.Tensor:
+    """int64 [batch, L]: seeded random tokens, or slices of PROMPT_TEXT through ``tokenizer``, all cut to the
+    shortest (L <= prompt_len) so no request needs padding."""
+    if tokenizer is None:
+        generator = torch.Generator().manual_seed(1)
+        return torch.randint(0, vocab, (batch, prompt_len), generator=generator).to(device)
+    words = PROMPT_TEXT.split()
+    rows = [tokenizer(" ".join(words[(3 * i) % len(words):]), add_special_tokens=True)["input_ids"]
+            for i in range(batch)]
+    length = min(prompt_len, *(len(r) for r in rows))
+    return torch.tensor([r[:length] for r in rows], device=device)
+
+
+@dataclass
+class Decode:
+    tokens: torch.Tensor  # int64 [B, T] greedy tokens (the first from the prefill)
+    margins: torch.Tensor  # float32 [B, T] top-1 minus top-2 logit at each token
+    step_s: list[float]  # seconds of each timed decode step
+    cuda_graph: bool
+    graph_error: str | None = None
 
 
 @torch.no_grad()
-def greedy(model, prompts: torch.Tensor, new_tokens: int, graphs: bool) -> tuple[torch.Tensor, float, bool]:
-    """(generated ids [B, new_tokens], seconds per decode step, whether CUDA graphs were used)."""
+def greedy(model: nn.Module, prompts: torch.Tensor, new_tokens: int, graphs: bool) -> Decode:
+    """Prefill, one eager decode step (warm-up: kernels load and compile), then new_tokens - 2 timed steps,
+    replayed from one captured CUDA graph when ``graphs``.
+
+    The StaticCache keeps its write position on the device and advances it inside each step, so the
+    captured step needs no host-side inputs: the token it reads is the one the previous replay wrote.
+    """
     from transformers import StaticCache
 
     batch, prompt_len = prompts.shape
-    cache = StaticCache(config=model.config, max_cache_len=prompt_len + new_tokens + 1)
-    positions = torch.arange(prompt_len, device=prompts.device)
-    logits = model(input_ids=prompts, cache_position=positions, past_key_values=cache, use_cache=True).logits
-    token = logits[:, -1].argmax(-1, keepdim=True)
-    step_pos = torch.tensor([prompt_len], device=prompts.device)
+    device = prompts.device
+    cache = StaticCache(config=model.config, max_cache_len=prompt_len + new_tokens)
+    tokens = torch.zeros(batch, new_tokens, dtype=torch.long, device=device)
+    margins = torch.zeros(batch, new_tokens, dtype=torch.float32, device=device)
+    slot = torch.zeros(1, dtype=torch.long, device=device)
+    token = torch.zeros(batch, 1, dtype=torch.long, device=device)
 
-    def step():
-        out = model(input_ids=token, cache_position=step_pos, past_key_values=cache, use_cache=True).logits
-        return out[:, -1].argmax(-1, keepdim=True)
+    def emit(last_logits: torch.Tensor) -> None:
+        top = last_logits.float().topk(2, dim=-1)
+        token.copy_(top.indices[:, :1])
+        tokens.index_copy_(1, slot, token)
+        margins.index_copy_(1, slot, top.values[:, :1] - top.values[:, 1:])
+        slot.add_(1)
 
-    out = [token.clone()]
-    graph = None
+    def step() -> None:
+        emit(model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1])
+
+    emit(model(input_ids=prompts, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1])
+    graph, graph_error = None, None
     if graphs:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                step()  # warm-up (writes position prompt_len, rewritten by the first replay)
-            torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                next_token = step()
-        except RuntimeError as exc:  # a forward that syncs with the host cannot be captured: time eagerly
-            print(f"CUDA graph capture failed ({exc}); timing eager steps", file=sys.stderr)
-            graph = None
-    if prompts.is_cuda:
+                step()
+        except RuntimeError as exc:  # a forward that syncs with the host cannot be captured: time eager steps
+            log(f"CUDA graph capture failed ({exc}); timing eager steps")
+            graph, graph_error = None, str(exc)
+    else:
+        step()
+    run = graph.replay if graph is not None else step
+    step_s = []
+    if device.type == "cuda":
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(new_tokens - 1)]
+        events[0].record()
+        for event in events[1:]:
+            run()
+            event.record()
         torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(new_tokens - 1):
-        if graph is not None:
-            graph.replay()
-            token.copy_(next_token)
+        step_s = [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+    else:
+        for _ in range(new_tokens - 2):
+            start = time.perf_counter()
+            run()
+            step_s.append(time.perf_counter() - start)
+    del graph
+    return Decode(tokens.cpu(), margins.cpu(), step_s, graphs and graph_error is None, graph_error)
+
+
+@contextlib.contextmanager
+def linears_skipped(model: nn.Module):
+    """Every linear layer (BF16 or W12) returns a fixed zero tensor of its output shape: what remains of a
+    step is the time outside the linear layers (attention, norms, rotary, the cache, top-2)."""
+    zeros: dict[tuple, torch.Tensor] = {}
+
+    def no_op(module, x):
+        key = (id(module), tuple(x.shape))
+        if key not in zeros:  # allocated in the eager warm-up step, reused by the captured one
+            zeros[key] = x.new_zeros(*x.shape[:-1], module.out_features)
+        return zeros[key]
+
+    patched = [m for m in model.modules() if isinstance(m, (nn.Linear, W12Linear))]
+    for module in patched:
+        module.forward = lambda x, module=module: no_op(module, x)
+    try:
+        yield
+    finally:
+        for module in patched:
+            del module.forward
+
+
+def linear_bytes(model: nn.Module) -> dict[str, int]:
+    """Bytes of the linear layers' weights, BF16 and W12 (buffers of W12Linear), and of the LM head."""
+    head = model.get_output_embeddings()
+    counts = {"bf16": 0, "w12": 0, "lm_head": 0}
+    for module in model.modules():
+        if isinstance(module, W12Linear):
+            size = sum(b.numel() * b.element_size() for b in module.buffers(recurse=False))
+            counts["w12"] += size
+        elif isinstance(module, nn.Linear):
+            size = module.weight.numel() * module.weight.element_size()
+            counts["bf16"] += size
         else:
-            token = step()
-        out.append(token.clone())
-        step_pos += 1
-    if prompts.is_cuda:
+            continue
+        if module is head:
+            counts["lm_head"] = size
+    return counts
+
+
+def allocated_bytes(device: str) -> int | None:
+    if device != "cuda":
+        return None
+    gc.collect()
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated()
+
+
+def agreement(reference: Decode, other: Decode) -> dict:
+    """Greedy tokens equal position by position; per request the first divergence and the reference's
+    top-1/top-2 margin there (both runs saw the same prefix up to that token)."""
+    same = reference.tokens == other.tokens
+    first, margin_there = [], []
+    for row, equal in enumerate(same):
+        diverged = (~equal).nonzero()
+        first.append(int(diverged[0]) if len(diverged) else None)
+        margin_there.append(None if first[-1] is None else float(reference.margins[row, first[-1]]))
+    return {"tokens_agree": int(same.sum()), "tokens": same.numel(),
+            "requests_identical": sum(f is None for f in first), "first_divergence": first,
+            "bf16_margin_at_divergence": margin_there,
+            "bf16_median_margin": float(reference.margins.median())}
+
+
+def timing(decode: Decode, batch: int) -> dict:
+    mean = statistics.fmean(decode.step_s)
+    return {"ms_per_step_mean": mean * 1e3, "ms_per_step_median": statistics.median(decode.step_s) * 1e3,
+            "tokens_per_s": batch / mean, "steps_timed": len(decode.step_s), "cuda_graph": decode.cuda_graph,
+            **({"graph_error": decode.graph_error} if decode.graph_error else {})}
+
+
+def bench_model(label: str, model: nn.Module, prompts: dict[int, torch.Tensor], args, read_bw: float | None) -> dict:
+    graphs = args.device == "cuda"
+    decode = lambda p: greedy(model, p, args.new_tokens, graphs)  # noqa: E731
+    config = model.config
+    entry = {"config": {k: getattr(config, k, None) for k in (
+                 "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")},
+             "parameters": sum(p.numel() for p in model.parameters()),
+             "prompt_len": {b: p.shape[1] for b, p in prompts.items()}, "new_tokens": args.new_tokens}
+    bytes_bf16 = linear_bytes(model)
+    runs: dict[str, dict[int, Decode]] = {"bf16": {}, "w12": {}, "w12_lm_head": {}, "outside_linears": {}}
+    for b, p in prompts.items():
+        log(f"{label}: BF16, {b} request(s)")
+        runs["bf16"][b] = decode(p)
+        with linears_skipped(model):
+            runs["outside_linears"][b] = decode(p)
+
+    memory_before = allocated_bytes(args.device)
+    start = time.perf_counter()
+    stats = convert_model(model)
+    if graphs:
         torch.cuda.synchronize()
-    per_step = (time.perf_counter() - start) / max(new_tokens - 1, 1)
-    return torch.cat(out, dim=1), per_step, graph is not None
+    convert_s = time.perf_counter() - start
+    memory_after = allocated_bytes(args.device)
+    bytes_w12 = linear_bytes(model)
+    for b, p in prompts.items():
+        log(f"{label}: W12 decoder linears, {b} request(s)")
+        runs["w12"][b] = decode(p)
+    head_stats = convert_model(model, lm_head=True)  # only the head is still BF16; empty when tied
+    bytes_w12_head = linear_bytes(model)
+    if head_stats:
+        for b, p in prompts.items():
+            log(f"{label}: W12 with the LM head, {b} request(s)")
+            runs["w12_lm_head"][b] = decode(p)
+    memory_head = allocated_bytes(args.device)
 
+    bits = [s["bits_per_weight"] for s in stats.values()]
+    escapes = [s["escape_fraction"] for s in stats.values()]
+    entry["conversion"] = {
+        "layers": len(stats), "seconds": convert_s, "lm_head_layers": len(head_stats),
+        "bits_per_weight": [min(bits), max(bits)], "escape_fraction": [min(escapes), max(escapes)],
+        "checked_bit_for_bit": True}
+    entry["weight_memory"] = {
+        "bf16_linear_bytes": bytes_bf16["bf16"],
+        "w12_decoder_linear_bytes": bytes_w12["w12"], "bf16_lm_head_bytes": bytes_bf16["lm_head"],
+        "w12_lm_head_bytes": bytes_w12_head["lm_head"] if head_stats else None,
+        "linear_bytes_read_per_step": {"bf16": bytes_bf16["bf16"], "w12": bytes_w12["w12"] + bytes_w12["bf16"],
+                                       "w12_lm_head": bytes_w12_head["w12"] + bytes_w12_head["bf16"]},
+        "freed_bytes_decoder_linears": None if memory_before is None else memory_before - memory_after,
+        "freed_bytes_with_lm_head": None if memory_before is None else memory_before - memory_head}
 
-def compare(a: torch.Tensor, b: torch.Tensor) -> dict:
-    same = a == b
-    first = [int(row.logical_not().nonzero()[0]) if not row.all() else None for row in same]
-    return {"tokens_agree": int(same.sum()), "tokens": int(same.numel()),
-            "requests_identical": sum(f is None for f in first), "first_divergence": first}
+    entry["batches"] = {}
+    for b in prompts:
+        rest = statistics.fmean(runs["outside_linears"][b].step_s)
+        result = {"outside_linears_ms": rest * 1e3}
+        for variant in ("bf16", "w12", "w12_lm_head"):
+            if b not in runs[variant]:
+                continue
+            figures = timing(runs[variant][b], b)
+            step = figures["ms_per_step_mean"] / 1e3
+            read = entry["weight_memory"]["linear_bytes_read_per_step"][variant]
+            figures["linear_ms"] = (step - rest) * 1e3
+            figures["linear_share"] = (step - rest) / step
+            if read_bw:
+                figures["linear_floor_ms"] = read / read_bw * 1e3
+                figures["linear_fraction_of_floor"] = read / read_bw / (step - rest)
+            if variant != "bf16":
+                bf16_step = statistics.fmean(runs["bf16"][b].step_s)
+                figures["speedup"] = bf16_step / step
+                figures["agreement"] = agreement(runs["bf16"][b], runs[variant][b])
+                if read_bw:  # what the step would take if the W12 linears ran at their byte floor
+                    figures["speedup_at_linear_floor"] = bf16_step / (rest + read / read_bw)
+                    figures["linear_ms_needed_for_1.15x"] = (bf16_step / 1.15 - rest) * 1e3
+            result[variant] = figures
+        entry["batches"][b] = result
+        log(label, b, {v: round(f["ms_per_step_mean"], 3) for v, f in result.items() if isinstance(f, dict)})
+    return entry
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--models", default="llama-3.1-8b,qwen3-8b")
-    parser.add_argument("--batches", default="1,32")
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=None, help="fewer decoder layers (smoke tests)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", action="append", default=None,
+                        help=f"a shape ({', '.join(SHAPES)}) or a local checkpoint directory; repeatable "
+                             "(default: both shapes)")
+    parser.add_argument("--batches", default="1,32", help="requests decoded together, comma-separated")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64, help="greedy tokens per request (>= 3)")
+    parser.add_argument("--layers", type=int, default=None, help="fewer decoder layers of a shape (smoke tests)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    graphs = args.device == "cuda"
-    doc = {"benchmark": "w12_hf_decode", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    if args.new_tokens < 3:
+        parser.error("--new-tokens must be at least 3 (prefill token, warm-up step, timed steps)")
+    specs = args.model or list(SHAPES)
+    for spec in specs:
+        if spec not in SHAPES and not Path(spec).is_dir():
+            parser.error(f"--model {spec}: neither a shape ({', '.join(SHAPES)}) nor a checkpoint directory")
+    batches = [int(b) for b in args.batches.split(",")]
+    cuda = args.device == "cuda"
+    read_bw = None
+    if cuda:
+        from w12_gemm_bench import read_bandwidth  # the same byte-floor denominator as the GEMM benchmark
+
+        read_bw = read_bandwidth()
+    import transformers
+
+    doc = {"benchmark": "w12_hf_decode",
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": "PYTHONPATH=kernels:. python benchmarks/w12_hf_decode.py " + " ".join(sys.argv[1:]),
-           "device": torch.cuda.get_device_name() if graphs else "cpu",
-           "weights": "synthetic: config-built models with seeded N(0, 0.02) weights", "models": {}}
-    for name in args.models.split(","):
-        model = build(name, args.device, args.layers)
-        vocab = model.config.vocab_size
-        torch.manual_seed(1)
-        prompts = {b: torch.randint(0, vocab, (b, args.prompt_len), device=args.device)
-                   for b in map(int, args.batches.split(","))}
-        entry = {"bf16_linear_bytes": linear_weight_bytes(model)}
-        bf16 = {b: greedy(model, p, args.new_tokens, graphs) for b, p in prompts.items()}
-        t0 = time.perf_counter()
-        stats = convert_model(model)
-        entry["convert_s"] = time.perf_counter() - t0
-        entry["w12_linear_bytes"] = linear_weight_bytes(model)
-        entry["freed_bytes"] = entry["bf16_linear_bytes"] - entry["w12_linear_bytes"]
-        entry["converted_layers"] = len(stats)
-        w12 = {b: greedy(model, p, args.new_tokens, graphs) for b, p in prompts.items()}
-        entry["batches"] = {}
-        for b in prompts:
-            (ids_b, step_b, graph_b), (ids_w, step_w, graph_w) = bf16[b], w12[b]
-            entry["batches"][b] = {
-                "bf16_ms_per_token": step_b * 1e3, "w12_ms_per_token": step_w * 1e3,
-                "bf16_tokens_per_s": b / step_b, "w12_tokens_per_s": b / step_w,
-                "speedup": step_b / step_w, "cuda_graphs": graph_b and graph_w, **compare(ids_b, ids_w)}
-        doc["models"][name] = entry
-        print(json.dumps({name: entry["batches"]}, default=str), file=sys.stderr)
+           "device": torch.cuda.get_device_name() if cuda else "cpu",
+           "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+           "read_bandwidth_tb_s": None if read_bw is None else read_bw / 1e12,
+           "kernel_sources": kernel_sources(),
+           "decode": "greedy, StaticCache, " + ("each step replayed from a CUDA graph" if cuda else "eager steps"),
+           "models": {}}
+    for spec in specs:
+        if spec in SHAPES:
+            model, tokenizer = synthetic_model(spec, args.device, args.layers), None
+            weights = "synthetic: config-built, seeded N(0, 0.02) BF16 weights"
+        else:
+            model, tokenizer = checkpoint_model(Path(spec), args.device)
+            weights = f"checkpoint {spec}"
+        widest = make_prompts(model.config.vocab_size, tokenizer, max(batches), args.prompt_len, args.device)
+        prompts = {b: widest[:b] for b in batches}  # request 0 is the same in every batch
+        entry = bench_model(spec, model, prompts, args, read_bw)
+        entry["weights"] = weights
+        entry["prompts"] = "random token ids (seed 1)" if tokenizer is None else "slices of a fixed English text"
+        label = Path(spec).name if spec not in SHAPES else spec
+        doc["models"][label] = entry
+        log(json.dumps({label: entry}))  # each model's figures survive a later model's failure
         del model
-        if graphs:
+        gc.collect()
+        if cuda:
             torch.cuda.empty_cache()
     print(json.dumps(doc, indent=1))
 

@@ -71,12 +71,17 @@ def convert_model(model: nn.Module, *, lm_head: bool = False) -> dict[str, dict]
             continue
         if module is head and (not lm_head or tied):
             continue
-        targets.append((name, module))
+        targets.append(name)
+    del head, embed
     stats = {}
-    for name, module in targets:
+    # names, not modules, are kept so each BF16 weight is freed as soon as its layer is replaced: the peak
+    # stays one layer above the BF16 model instead of BF16 + W12 for the whole model
+    for name in targets:
+        module = model.get_submodule(name)
         w12 = encode(module.weight.data, check=True, name=name)
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, W12Linear(w12, module.bias))
         stats[name] = w12.stats()
+        del module, w12
     return stats

@@ -1,0 +1,101 @@
+"""The HF decode benchmark (benchmarks/w12_hf_decode.py) end to end on the CPU, with tiny models.
+
+On the CPU a W12 layer computes with its exact decoded weight, so BF16 and W12 greedy tokens must agree
+everywhere; the GPU run (CUDA graphs, the mma.sync kernel) is the benchmark itself on the H200.
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "w12_hf_decode.py"
+spec = importlib.util.spec_from_file_location("w12_hf_decode", BENCH)
+bench = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = bench  # its dataclass looks its module up
+spec.loader.exec_module(bench)
+
+SMALL = dict(vocab_size=200, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=32)
+
+
+def run_main(monkeypatch, capsys, *argv) -> dict:
+    monkeypatch.setattr(sys, "argv", ["w12_hf_decode.py", *argv])
+    bench.main()
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    config = transformers.LlamaConfig(tie_word_embeddings=False, **SMALL)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "ckpt")
+    return tmp_path / "ckpt"
+
+
+def test_checkpoint_decodes_the_same_tokens_in_bf16_and_w12(monkeypatch, capsys, checkpoint):
+    doc = run_main(monkeypatch, capsys, "--model", str(checkpoint), "--batches", "1,2", "--new-tokens", "4",
+                   "--prompt-len", "5")
+    entry = doc["models"]["ckpt"]
+    assert doc["device"] == "cpu" and entry["weights"] == f"checkpoint {checkpoint}"
+    assert entry["conversion"]["layers"] == 2 * 7 and entry["conversion"]["lm_head_layers"] == 1
+    memory = entry["weight_memory"]
+    # q, o: 128x128; k, v: 64x128; gate, up, down: 256x128 per layer, the head 200x128, two bytes a weight
+    assert memory["bf16_linear_bytes"] == 2 * (2 * (2 * 128 * 128 + 2 * 64 * 128 + 3 * 256 * 128) + 200 * 128)
+    assert memory["linear_bytes_read_per_step"]["w12"] == memory["w12_decoder_linear_bytes"] + 2 * 200 * 128
+    for batch in ("1", "2"):
+        result = entry["batches"][batch]
+        assert result["bf16"]["steps_timed"] == 2 and not result["bf16"]["cuda_graph"]
+        for variant in ("w12", "w12_lm_head"):
+            agree = result[variant]["agreement"]
+            assert agree["tokens_agree"] == agree["tokens"] == int(batch) * 4
+            assert agree["first_divergence"] == [None] * int(batch)
+
+
+def test_config_built_shapes_are_synthetic_and_agree(monkeypatch, capsys):
+    shrunk = {name: (cls, dict(kwargs, **SMALL)) for name, (cls, kwargs) in bench.SHAPES.items()}
+    monkeypatch.setattr(bench, "SHAPES", shrunk)
+    doc = run_main(monkeypatch, capsys, "--batches", "2", "--new-tokens", "3", "--prompt-len", "4")
+    assert set(doc["models"]) == {"llama-3.1-8b", "qwen3-8b"}
+    assert doc["models"]["qwen3-8b"]["config"]["model_type"] == "qwen3"
+    for entry in doc["models"].values():
+        assert entry["weights"].startswith("synthetic") and entry["prompts"].startswith("random")
+        agree = entry["batches"]["2"]["w12"]["agreement"]
+        assert agree["tokens_agree"] == agree["tokens"] == 6
+
+
+def test_greedy_continues_the_static_cache_like_a_full_forward():
+    config = transformers.LlamaConfig(tie_word_embeddings=False, **SMALL)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    prompts = torch.randint(0, 200, (2, 5))
+    decode = bench.greedy(model, prompts, new_tokens=4, graphs=False)
+    ids = prompts
+    with torch.no_grad():  # the same tokens without a cache: the whole sequence again at every step
+        for _ in range(4):
+            ids = torch.cat([ids, model(ids).logits[:, -1].float().argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(decode.tokens, ids[:, 5:])
+    assert (decode.margins >= 0).all() and len(decode.step_s) == 2
+
+
+def test_linears_skipped_returns_zeros_and_restores_the_layers():
+    config = transformers.LlamaConfig(tie_word_embeddings=False, **SMALL)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 200, (1, 3))
+    with torch.no_grad():
+        before = model(ids).logits
+        with bench.linears_skipped(model):
+            assert not model.model.layers[0].mlp.down_proj(torch.ones(1, 256, dtype=torch.bfloat16)).any()
+            assert not model(ids).logits.any()
+        assert torch.equal(model(ids).logits, before)
+
+
+def test_unknown_model_is_a_usage_error(monkeypatch, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        run_main(monkeypatch, capsys, "--model", str(tmp_path / "missing"))
+    assert "neither a shape" in capsys.readouterr().err
