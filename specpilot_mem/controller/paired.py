@@ -119,6 +119,7 @@ class Noise:
 
     noise: float
     estimate: GainEstimate
+    result: PairedResult  # the runs behind it (left out of to_dict: round records keep the numbers)
 
     def to_dict(self) -> dict:
         return {"noise": self.noise, "estimate": self.estimate.to_dict()}
@@ -136,4 +137,4 @@ def stock_noise(
     """
     result = paired_run(stock, stock_b or stock, requests, batch_sizes=batch_sizes, repeats=repeats, devices=devices, on_run=on_run)
     estimate = result.gain(requests)
-    return Noise(abs(estimate.gain - 1.0), estimate)
+    return Noise(abs(estimate.gain - 1.0), estimate, result)

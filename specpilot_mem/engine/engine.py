@@ -8,6 +8,8 @@ the GDN verify method change rounding only), unless the injected fault is switch
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -71,6 +73,26 @@ class Score:
         return asdict(self)
 
 
+# torch supports one CUDA graph capture at a time per process; engines on several GPUs driven from
+# several threads (a paired run over a device pool) take turns capturing.
+_CAPTURE_LOCK = threading.Lock()
+
+
+def _on_own_device(method):
+    """Run ``method`` with the engine's GPU as the current CUDA device: streams, synchronisation, graph
+    replay and Triton launches follow the current device, which is cuda:0 in a fresh thread whatever
+    device the engine's tensors are on."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self.device.type != "cuda":
+            return method(self, *args, **kwargs)
+        with torch.cuda.device(self.device):
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 def _as_request(item, index: int, max_new_tokens: int) -> Request:
     if isinstance(item, Request):
         return item
@@ -96,6 +118,7 @@ class Engine:
         self.max_len = max_len
         self.cache = Cache(target.cfg, max_len, self.device, self.dtype)
         self._graphs: dict = {}
+        self._capture_stream = None  # created on the engine's device at its first capture
         self.graph_error: str | None = None  # why CUDA graphs were switched off, if a capture failed
 
     # -- construction ------------------------------------------------------------------------------------
@@ -131,6 +154,11 @@ class Engine:
 
     # -- passes ------------------------------------------------------------------------------------------
 
+    @property
+    def captured_graphs(self) -> list[str]:
+        """The passes replayed as CUDA graphs so far: "draft", and "verify/R" per verify shape of R rows."""
+        return sorted(key if isinstance(key, str) else "/".join(map(str, key)) for key in self._graphs)
+
     def _use_graphs(self) -> bool:
         return (self.device.type == "cuda" and self.options.cuda_graphs and self.options.gdn_verify == "wy"
                 and self.graph_error is None)
@@ -141,6 +169,7 @@ class Engine:
         return logits, pending
 
     @torch.no_grad()
+    @_on_own_device
     def verify(self, rows: Rows):
         """Logits [R, V] of rows against the cache, and their Pending; keys/values written at slots
         cache.length + i, nothing committed (so repeating it is idempotent: benchmarks time it)."""
@@ -162,21 +191,30 @@ class Engine:
         return out
 
     def _capture(self, fn):
-        """(graph, static outputs) of ``fn``; None (and graphs off for this engine) if it cannot be captured."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                out = fn()
-        except RuntimeError as err:  # e.g. a library call that allocates host memory while capturing
-            self.graph_error = str(err)[:300]
-            self._graphs.clear()
-            return None
+        """(graph, static outputs) of ``fn``; None (and graphs off for this engine) if it cannot be captured.
+
+        Warm-up and capture run on one side stream of the engine's own device (torch's shared default
+        capture stream lives on whichever device captured first, so a second GPU could not use it),
+        and the warm-up on that very stream sets up its cuBLAS workspace before capture. The capture
+        is thread-local, so another thread may run eager passes on another GPU meanwhile.
+        """
+        with _CAPTURE_LOCK, torch.cuda.device(self.device):
+            if self._capture_stream is None:
+                self._capture_stream = torch.cuda.Stream(self.device)
+            side, main = self._capture_stream, torch.cuda.current_stream(self.device)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    fn()
+            main.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                    out = fn()
+            except RuntimeError as err:  # e.g. a library call that allocates host memory while capturing
+                self.graph_error = str(err)[:300]
+                self._graphs.clear()
+                return None
         return graph, out
 
     def _draft_eager(self, anchor: torch.Tensor):
@@ -189,6 +227,7 @@ class Engine:
         return hidden, lm_head(hidden, self.target.lm_head_weight)
 
     @torch.no_grad()
+    @_on_own_device
     def draft(self, anchor_token: int, positions: int) -> Lattice:
         """The drafter's lattice for ``positions`` positions after ``anchor_token`` at cache.length."""
         anchor = torch.tensor([anchor_token], device=self.device)
@@ -217,6 +256,7 @@ class Engine:
         return logits + hit * bias
 
     @torch.no_grad()
+    @_on_own_device
     def prefill(self, tokens: list[int], chunk_starts: list[int] | None = None) -> torch.Tensor:
         """Commit ``tokens`` in chunks (default: chunk_size pieces from 0); returns hidden [T, d]."""
         size = self.options.chunk_size
@@ -235,6 +275,7 @@ class Engine:
     # -- public API --------------------------------------------------------------------------------------
 
     @torch.no_grad()
+    @_on_own_device
     def generate(self, requests, mode: str = "ar", max_new_tokens: int = 128) -> list[Generation]:
         """Greedy decoding of each request. ``requests``: token-id lists, dicts with ``prompt_ids``
         (and optional ``max_new_tokens``, ``id``) or Request objects. ``mode``: "ar" or "spec"."""
@@ -246,7 +287,7 @@ class Engine:
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
 
     def _generate_one(self, request: Request, mode: str) -> Generation:
         prompt = request.prompt_ids
@@ -303,6 +344,7 @@ class Engine:
         return [anchor_token] + tokens, [-1] + [p + 1 for p in parents]
 
     @torch.no_grad()
+    @_on_own_device
     def record_lattices(self, recorder, requests, positions: int = 16, max_new_tokens: int = 128,
                         labels: list[str] | None = None, batch: int = 64) -> list[Generation]:
         """Record teacher-forced lattices at EVERY position of each request's greedy output into a
@@ -334,6 +376,7 @@ class Engine:
         return runs
 
     @torch.no_grad()
+    @_on_own_device
     def score(self, prompt_ids: list[int], output_ids: list[int], fp32_head: bool = True,
               prefill_len: int | None = None) -> Score:
         """Teacher-forced scorer (stock passes, FP32 LM head by default): feeds prompt + output through the
