@@ -34,25 +34,41 @@ def _root_path_padded(parents, node, T):
     return path + [0] * (T - len(path)), len(path)
 
 
-def test_schedule_visits_every_node_once_and_replays_root_paths():
+@pytest.mark.parametrize("max_saved", [0, 2, 8])
+def test_schedule_visits_every_node_once_and_starts_from_its_parents_state(max_saved):
+    """Simulate the schedule on root paths: every node starts from exactly its parent's root path."""
     gen = torch.Generator().manual_seed(1)
     T = 24
     parents = torch.tensor([_random_tree(gen, T, 0.3) for _ in range(3)])
     num_nodes = torch.tensor([24, 17, 1])
-    s = tree_schedule(parents, num_nodes)
+    s = tree_schedule(parents, num_nodes, max_saved=max_saved)
     for r in range(3):
         n = int(num_nodes[r])
         order = s.order[r, :n].tolist()
         assert sorted(order) == list(range(n))
-        prev = -1  # the committed state
+        path, kept = [], {}  # the state as the nodes applied to the committed state; kept slots
         for j, node in enumerate(order):
             p = int(parents[r, node])
-            if int(s.replay_len[r, j]) < 0:
-                assert p == prev  # continues from the node just visited
-            else:
-                want = R.root_path(parents[r].tolist(), p) if p >= 0 else []
-                assert s.replay[r, j, : int(s.replay_len[r, j])].tolist() == want
-            prev = node
+            n_replay = int(s.replay_len[r, j])
+            if n_replay >= 0:
+                slot = int(s.restore_slot[r, j])
+                path = (list(kept[slot]) if slot >= 0 else []) + s.replay[r, j, :n_replay].tolist()
+            assert path == (R.root_path(parents[r].tolist(), p) if p >= 0 else [])
+            path = path + [node]
+            slot = int(s.save_slot[r, j])
+            if slot >= 0:
+                assert slot < max_saved
+                kept[slot] = path
+        if max_saved == 0:
+            assert (s.save_slot[r] == -1).all()
+
+
+def test_kept_branch_states_remove_every_replay():
+    """With enough slots each node costs one step: restarts restore their parent's kept state."""
+    gen = torch.Generator().manual_seed(4)
+    parents = torch.tensor([_random_tree(gen, 32, 0.4) for _ in range(4)])
+    assert (tree_schedule(parents, max_saved=32).replayed_steps() == 32).all()
+    assert (tree_schedule(parents, max_saved=0).replayed_steps() > 32).all()
 
 
 def test_schedule_of_a_chain_never_replays():
@@ -62,15 +78,17 @@ def test_schedule_of_a_chain_never_replays():
     assert int(s.replayed_steps()[0]) == 16
 
 
-@pytest.mark.parametrize("T,chain_bias", [(8, 0.5), (16, 0.2), (12, 1.0)])
-def test_path_verify_matches_reference(T, chain_bias):
+@pytest.mark.parametrize("T,chain_bias,max_saved,prefetch", [(8, 0.5, 8, True), (16, 0.2, 2, True), (16, 0.2, 0, False),
+                                                          (12, 1.0, 8, True)])
+def test_path_verify_matches_reference(T, chain_bias, max_saved, prefetch):
     gen = torch.Generator().manual_seed(T)
     B, H, HV, K, V = 2, 2, 4, 32, 16
     q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V)
     parents = torch.tensor([_random_tree(gen, T, chain_bias) for _ in range(B)])
     num_nodes = torch.tensor([T, T - 3])
-    o = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(parents, num_nodes),
-                             block_v=8, num_warps=1)
+    o = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx,
+                             tree_schedule(parents, num_nodes, max_saved=max_saved), block_v=8, num_warps=1,
+                             prefetch=prefetch)
     ref = R.path_verify_reference(q, k, v, a, b, A_log, dt_bias, pool, idx, parents, num_nodes)
     assert o.dtype == torch.bfloat16
     torch.testing.assert_close(o.float(), ref.float(), atol=2e-2, rtol=1e-2)
@@ -89,8 +107,8 @@ def test_path_verify_fp32_is_tight_and_state_untouched():
     assert torch.equal(pool, before)
 
 
-@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
-def test_commit_replays_the_accepted_path(pool_dtype):
+@pytest.mark.parametrize("pool_dtype,prefetch", [(torch.float32, False), (torch.bfloat16, False), (torch.float32, True)])
+def test_commit_replays_the_accepted_path(pool_dtype, prefetch):
     gen = torch.Generator().manual_seed(7)
     B, T, H, HV, K, V = 3, 8, 2, 4, 16, 16
     q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V)
@@ -101,11 +119,21 @@ def test_commit_replays_the_accepted_path(pool_dtype):
     accept_len = torch.tensor([r[1] for r in rows])
     want = R.commit_reference(k, v, a, b, A_log, dt_bias, pool, idx, accepted, accept_len)
     got = pool.clone()
-    gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, got, idx, accepted, accept_len, block_v=8)
+    gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, got, idx, accepted, accept_len, block_v=8, prefetch=prefetch)
     tol = dict(atol=1e-5, rtol=1e-5) if pool_dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(got.float(), want.float(), **tol)
     untouched = [s for s in range(pool.shape[0]) if s not in idx[:2].tolist()]
     assert torch.equal(got[untouched], pool[untouched])  # rejected request and unused slots unchanged
+
+
+def test_kept_branch_states_give_the_same_bits_as_replaying():
+    gen = torch.Generator().manual_seed(6)
+    B, T, H, HV, K, V = 2, 14, 1, 2, 16, 16
+    q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V, dtype=torch.float32)
+    parents = torch.tensor([_random_tree(gen, T, 0.3) for _ in range(B)])
+    outs = [gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(parents, max_saved=m),
+                                 block_v=16, prefetch=m > 0) for m in (0, 1, 8)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 def test_commit_after_path_verify_continues_the_recurrence():

@@ -22,7 +22,7 @@ def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
                     A_log: torch.Tensor, dt_bias: torch.Tensor, state_pool: torch.Tensor, state_indices: torch.Tensor,
                     accepted: torch.Tensor, accept_len: torch.Tensor, *, scale: float | None = None,
                     use_qk_l2norm: bool = True, softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
-                    block_v: int = 4, num_warps: int = 1) -> None:
+                    block_v: int = 4, num_warps: int = 1, prefetch: bool = False) -> None:
     """Advance each request's committed state over its accepted root path, in place.
 
     Args:
@@ -31,6 +31,7 @@ def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
         accepted: [B, T] int, accepted node indices root first (a root path of the tree);
         accept_len: [B] int, how many of them (0 leaves the slot's values unchanged).
         block_v / num_warps: the value tile; (4, 1) is SGLang's Hopper verify tile (bit parity with it).
+        prefetch: load the next node's inputs during the current step (the path kernel's option).
     """
     B, T, H, HV, K, V = _check_inputs(q, k, v, a, b, state_pool, state_indices)
     if accepted.shape != (B, T) or accept_len.shape != (B,):
@@ -41,11 +42,13 @@ def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
                          replay_len=torch.full((B, T), -1, dtype=torch.int32, device=q.device),
                          replay=torch.empty(1, dtype=torch.int32, device=q.device),
                          num_nodes=accept_len.to(torch.int32).contiguous())
+    unused = chain.restore_slot  # no restarts, nothing kept: MAX_SAVED=0 compiles the verify's step code alone
     scratch = torch.empty(v.shape, dtype=q.dtype, device=q.device)  # the path's outputs, not needed here
     grid = (triton.cdiv(V, block_v), B, HV)
     _path_verify_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, chain.order, chain.replay_len, chain.replay,
-        chain.num_nodes, scratch, 1, softplus_beta, softplus_threshold, scale if scale is not None else K ** -0.5,
+        unused, unused, unused, chain.num_nodes, scratch, 1, softplus_beta, softplus_threshold,
+        scale if scale is not None else K ** -0.5,
         T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, USE_QK_L2NORM=use_qk_l2norm,
-        num_warps=num_warps, num_stages=3,
+        MAX_SAVED=0, PREFETCH=prefetch, num_warps=num_warps, num_stages=3,
     )

@@ -18,13 +18,18 @@ import triton.language as tl
 
 
 @triton.jit
-def _tree_schedule_kernel(parents, num_nodes, order, replay_len, replay, T: tl.constexpr, NP2_T: tl.constexpr):
-    """Depth-first visiting order of one request's tree, and what to replay before each visit.
+def _tree_schedule_kernel(parents, num_nodes, order, replay_len, replay, restore_slot, save_slot,
+                          T: tl.constexpr, NP2_T: tl.constexpr, MAX_SAVED: tl.constexpr, NP2_S: tl.constexpr):
+    """Depth-first visiting order of one request's tree, what to restore and replay before each visit.
 
-    Next node: the lowest-index unvisited child of the node just visited; if there is none, the
-    lowest-index unvisited node (its parent has a lower index, so it is visited already), which
-    restarts from the committed state: ``replay[j, :replay_len[j]]`` is its ancestors, root first.
-    ``replay_len[j] = -1`` means continue from the previous node's state.
+    Next node: the lowest-index unvisited child of the node just visited; after a leaf, the
+    lowest-index unvisited child of the deepest node on the current path that has one (``u``).
+    Such a restart begins from the deepest saved state on ``u``'s root path (``restore_slot[j]``;
+    -1: the committed state) and replays ``replay[j, :replay_len[j]]``, the nodes below it down to
+    ``u``, root first. ``replay_len[j] = -1`` means continue from the previous node's state.
+    ``save_slot[j] >= 0``: keep node j's state in that slot; a node is kept when it has two or more
+    children and fewer than ``MAX_SAVED`` states are live. Saved states form a stack along the
+    current path, so a restart below a kept node replays nothing.
     """
     i_b = tl.program_id(0)
     n = tl.load(num_nodes + i_b)
@@ -32,6 +37,22 @@ def _tree_schedule_kernel(parents, num_nodes, order, replay_len, replay, T: tl.c
     row = parents + i_b * T
     par = tl.load(row + idx, mask=idx < T, other=-2)
     valid = idx < n
+    # depth[i] = nodes on i's root path (parents come first in index order); the committed state has 0
+    depth = tl.zeros([NP2_T], dtype=tl.int32)
+    i = 0
+    while i < n:
+        p = tl.load(row + i)
+        d_parent = tl.sum(tl.where(idx == p, depth, 0))
+        depth = tl.where(idx == i, d_parent + 1, depth)
+        i += 1
+    children = tl.zeros([NP2_T], dtype=tl.int32)
+    i = 0
+    while i < n:
+        children = tl.where(idx == tl.load(row + i), children + 1, children)
+        i += 1
+    slots = tl.arange(0, NP2_S)
+    stack = tl.full([NP2_S], -1, dtype=tl.int32)  # kept node per live slot, shallowest first
+    live = 0
     visited = tl.zeros([NP2_T], dtype=tl.int32)
     cur = -1
     # while loops, not range(): the interpreter cannot take a loaded scalar as a range bound.
@@ -40,21 +61,46 @@ def _tree_schedule_kernel(parents, num_nodes, order, replay_len, replay, T: tl.c
         open_ = valid & (visited == 0)
         nxt = tl.min(tl.where(open_ & (par == cur), idx, NP2_T))
         if nxt == NP2_T:
-            nxt = tl.min(tl.where(open_, idx, NP2_T))
-            depth = 0
-            walk = tl.load(row + nxt)
-            while walk >= 0:
-                depth += 1
-                walk = tl.load(row + walk)
-            tl.store(replay_len + i_b * T + j, depth)
-            walk = tl.load(row + nxt)
-            slot = depth - 1
-            while walk >= 0:
+            u = tl.load(row + cur)
+            nxt = tl.min(tl.where(open_ & (par == u), idx, NP2_T))
+            while nxt == NP2_T:
+                u = tl.load(row + u)
+                nxt = tl.min(tl.where(open_ & (par == u), idx, NP2_T))
+            u_depth = tl.sum(tl.where(idx == u, depth, 0))
+            # drop kept states below u: their subtrees are finished
+            top = tl.sum(tl.where(slots == live - 1, stack, 0))
+            top_depth = tl.sum(tl.where(idx == top, depth, 0))
+            while (live > 0) & (top_depth > u_depth):
+                live -= 1
+                top = tl.sum(tl.where(slots == live - 1, stack, 0))
+                top_depth = tl.sum(tl.where(idx == top, depth, 0))
+            if live > 0:
+                tl.store(restore_slot + i_b * T + j, live - 1)
+            else:
+                top_depth = 0
+                tl.store(restore_slot + i_b * T + j, -1)
+            n_replay = u_depth - top_depth
+            tl.store(replay_len + i_b * T + j, n_replay)
+            walk = u
+            slot = n_replay - 1
+            while slot >= 0:
                 tl.store(replay + (i_b * T + j) * T + slot, walk)
                 slot -= 1
                 walk = tl.load(row + walk)
+            # u's last child: its kept state is not needed after this restore
+            others = tl.sum(tl.where(open_ & (par == u) & (idx != nxt), 1, 0))
+            if (live > 0) & (n_replay == 0) & (others == 0):
+                live -= 1
         else:
             tl.store(replay_len + i_b * T + j, -1)
+            tl.store(restore_slot + i_b * T + j, -1)
+        n_children = tl.sum(tl.where(idx == nxt, children, 0))
+        if (n_children >= 2) & (live < MAX_SAVED):
+            tl.store(save_slot + i_b * T + j, live)
+            stack = tl.where(slots == live, nxt, stack)
+            live += 1
+        else:
+            tl.store(save_slot + i_b * T + j, -1)
         tl.store(order + i_b * T + j, nxt)
         visited = tl.where(idx == nxt, 1, visited)
         cur = nxt
@@ -65,25 +111,34 @@ class TreeSchedule:
     """A batch of trees' visiting schedule; compute once per verify step, reuse in every GDN layer.
 
     order: [B, T] int32 node visited at step j; replay_len: [B, T] int32 (-1: continue);
-    replay: [B, T, T] int32 ancestors to replay before step j; num_nodes: [B] int32.
+    replay: [B, T, T] int32 nodes to replay before step j; restore_slot / save_slot: [B, T] int32
+    (-1: the committed state / keep nothing); num_nodes: [B] int32; max_saved: states kept at once.
     """
 
-    def __init__(self, order, replay_len, replay, num_nodes):
+    def __init__(self, order, replay_len, replay, num_nodes, restore_slot=None, save_slot=None, max_saved=0):
         self.order, self.replay_len, self.replay, self.num_nodes = order, replay_len, replay, num_nodes
+        no_slot = torch.full_like(order, -1)
+        self.restore_slot = no_slot if restore_slot is None else restore_slot
+        self.save_slot = no_slot if save_slot is None else save_slot
+        self.max_saved = max_saved
 
     def replayed_steps(self) -> torch.Tensor:
         """Recurrence steps each request costs, ancestors replayed included: [B] int64."""
         return self.num_nodes.long() + self.replay_len.clamp(min=0).sum(1)
 
 
-def tree_schedule(parents: torch.Tensor, num_nodes: torch.Tensor | None = None) -> TreeSchedule:
+def tree_schedule(parents: torch.Tensor, num_nodes: torch.Tensor | None = None, max_saved: int = 8) -> TreeSchedule:
     """Schedule for trees given by ``parents`` [B, T] int (-1: child of the committed state, else ``< i``).
 
-    num_nodes: [B] int (default: all T nodes valid). T is at most 64.
+    num_nodes: [B] int (default: all T nodes valid). T is at most 64. max_saved: branch states kept at
+    once per request (scratch of ``max_saved`` states per request and value head during the verify);
+    0 keeps none, every restart replays its root path from the committed state.
     """
     B, T = parents.shape
     if T > 64:
         raise ValueError(f"trees of up to 64 nodes are supported, got {T}")
+    if not 0 <= max_saved <= 64:
+        raise ValueError(f"max_saved must be in [0, 64], got {max_saved}")
     parents = parents.to(torch.int32).contiguous()
     if num_nodes is None:
         num_nodes = torch.full((B,), T, dtype=torch.int32, device=parents.device)
@@ -91,26 +146,34 @@ def tree_schedule(parents: torch.Tensor, num_nodes: torch.Tensor | None = None) 
     order = torch.full((B, T), -1, dtype=torch.int32, device=parents.device)
     replay_len = torch.full((B, T), -1, dtype=torch.int32, device=parents.device)
     replay = torch.full((B, T, T), -1, dtype=torch.int32, device=parents.device)
-    _tree_schedule_kernel[(B,)](parents, num_nodes, order, replay_len, replay, T=T,
-                                NP2_T=triton.next_power_of_2(T))
-    return TreeSchedule(order, replay_len, replay, num_nodes)
+    restore_slot = torch.full((B, T), -1, dtype=torch.int32, device=parents.device)
+    save_slot = torch.full((B, T), -1, dtype=torch.int32, device=parents.device)
+    _tree_schedule_kernel[(B,)](parents, num_nodes, order, replay_len, replay, restore_slot, save_slot, T=T,
+                                NP2_T=triton.next_power_of_2(T), MAX_SAVED=max_saved,
+                                NP2_S=triton.next_power_of_2(max(max_saved, 1)))
+    return TreeSchedule(order, replay_len, replay, num_nodes, restore_slot, save_slot, max_saved)
 
 
 @triton.jit
-def _gdn_node_update(b_h, node, q, k, v, a, b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold, scale,
-                     bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
-                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                     USE_QK_L2NORM: tl.constexpr):
-    """One GDN step on the state tile ``b_h [BK, BV]`` for token ``bos + node``; returns (state, scaled q).
-
-    Operation order is SGLang 0.5.23's (``fused_sigmoid_gating_delta_rule_update_kernel``, GDN).
-    """
+def _load_node(node, q, k, v, a, b, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v, H: tl.constexpr, HV: tl.constexpr,
+               K: tl.constexpr, V: tl.constexpr):
+    """The inputs of token ``bos + node`` in FP32: (q [BK], k [BK], v [BV], a, b)."""
     t = bos + node
     b_q = tl.load(q + (t * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
     b_k = tl.load(k + (t * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
     b_v = tl.load(v + (t * HV + i_hv) * V + o_v, mask=mask_v, other=0).to(tl.float32)
     b_b = tl.load(b + t * HV + i_hv).to(tl.float32)
     b_a = tl.load(a + t * HV + i_hv).to(tl.float32)
+    return b_q, b_k, b_v, b_a, b_b
+
+
+@triton.jit
+def _gdn_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold, scale,
+              USE_QK_L2NORM: tl.constexpr):
+    """One GDN step on the state tile ``b_h [BK, BV]`` from a token's inputs; returns (state, scaled q).
+
+    Operation order is SGLang 0.5.23's (``fused_sigmoid_gating_delta_rule_update_kernel``, GDN).
+    """
     x = b_a + b_dt_bias
     beta_x = softplus_beta * x
     softplus_x = tl.where(beta_x <= softplus_threshold, (1.0 / softplus_beta) * tl.log(1.0 + tl.exp(beta_x)), x)
@@ -132,6 +195,17 @@ def _gdn_node_update(b_h, node, q, k, v, a, b, b_A_log, b_dt_bias, softplus_beta
 
 
 @triton.jit
+def _gdn_node_update(b_h, node, q, k, v, a, b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold, scale,
+                     bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
+                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     USE_QK_L2NORM: tl.constexpr):
+    """One GDN step on the state tile ``b_h [BK, BV]`` for token ``bos + node``; returns (state, scaled q)."""
+    b_q, b_k, b_v, b_a, b_b = _load_node(node, q, k, v, a, b, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v, H, HV, K, V)
+    return _gdn_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold, scale,
+                     USE_QK_L2NORM)
+
+
+@triton.jit
 def _load_state_tile(state_pool, state_indices, i_b, i_hv, o_k, o_v, mask_h, HV: tl.constexpr, K: tl.constexpr,
                      V: tl.constexpr):
     slot = tl.load(state_indices + i_b).to(tl.int64)
@@ -140,10 +214,20 @@ def _load_state_tile(state_pool, state_indices, i_b, i_hv, o_k, o_v, mask_h, HV:
 
 
 @triton.jit
+def _saved_tile(saved, i_b, slot, i_hv, o_k, o_v, MAX_SAVED: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                V: tl.constexpr):
+    """Pointers to this program's tile of a kept branch state: ``saved`` is [B, MAX_SAVED, HV, V, K] FP32."""
+    base = ((i_b * MAX_SAVED + slot).to(tl.int64) * HV + i_hv) * (K * V)
+    return saved + base + o_v[None, :] * K + o_k[:, None]
+
+
+@triton.jit
 def _path_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, order, replay_len, replay,
-                        num_nodes, o, write_state, softplus_beta, softplus_threshold, scale,
+                        restore_slot, save_slot, saved, num_nodes, o, write_state, softplus_beta,
+                        softplus_threshold, scale,
                         T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                        BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+                        BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, MAX_SAVED: tl.constexpr,
+                        PREFETCH: tl.constexpr):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
@@ -157,12 +241,33 @@ def _path_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices
     h0 = _load_state_tile(state_pool, state_indices, i_b, i_hv, o_k, o_v, mask_h, HV, K, V)
     b_h = h0
     n = tl.load(num_nodes + i_b)
+    if PREFETCH:
+        # the next node's inputs load while the current step computes (they need no state), and the node
+        # after it is read from the schedule one step earlier still, so no load waits on another
+        next_node = tl.maximum(tl.load(order + bos), 0)
+        after_node = tl.load(order + bos + 1, mask=n > 1, other=next_node)
+        n_q, n_k, n_v, n_a, n_b = _load_node(next_node, q, k, v, a, b, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
+                                             H, HV, K, V)
     j = 0
     while j < n:
-        node = tl.load(order + bos + j)
+        if PREFETCH:
+            node = next_node
+            c_q, c_k, c_v, c_a, c_b = n_q, n_k, n_v, n_a, n_b
+            next_node = after_node
+            after_node = tl.load(order + bos + j + 2, mask=j + 2 < n, other=next_node)
+            n_q, n_k, n_v, n_a, n_b = _load_node(next_node, q, k, v, a, b, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
+                                                 H, HV, K, V)
+        else:
+            node = tl.load(order + bos + j)
         n_replay = tl.load(replay_len + bos + j)
         if n_replay >= 0:
             b_h = h0
+            if MAX_SAVED > 0:
+                src = tl.load(restore_slot + bos + j)
+                if src >= 0:
+                    tl.debug_barrier()  # the slot may have been written by other threads of this program
+                    b_h = tl.load(_saved_tile(saved, i_b, src, i_hv, o_k, o_v, MAX_SAVED, HV, K, V), mask=mask_h,
+                                  other=0)
             d = 0
             while d < n_replay:
                 ancestor = tl.load(replay + (bos + j) * T + d)
@@ -170,11 +275,20 @@ def _path_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices
                                           softplus_threshold, scale, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
                                           H, HV, K, V, USE_QK_L2NORM)
                 d += 1
-        b_h, b_q = _gdn_node_update(b_h, node, q, k, v, a, b, b_A_log, b_dt_bias, softplus_beta,
-                                    softplus_threshold, scale, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
-                                    H, HV, K, V, USE_QK_L2NORM)
+        if PREFETCH:
+            b_h, b_q = _gdn_step(b_h, c_q, c_k, c_v, c_a, c_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold,
+                                 scale, USE_QK_L2NORM)
+        else:
+            b_h, b_q = _gdn_node_update(b_h, node, q, k, v, a, b, b_A_log, b_dt_bias, softplus_beta,
+                                        softplus_threshold, scale, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
+                                        H, HV, K, V, USE_QK_L2NORM)
         b_o = tl.sum(b_h * b_q[:, None], 0)
         tl.store(o + ((bos + node) * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
+        if MAX_SAVED > 0:
+            dst = tl.load(save_slot + bos + j)
+            if dst >= 0:
+                tl.debug_barrier()  # a restore from this slot earlier in the step may still be reading it
+                tl.store(_saved_tile(saved, i_b, dst, i_hv, o_k, o_v, MAX_SAVED, HV, K, V), b_h, mask=mask_h)
         j += 1
     while j < T:
         tl.store(o + ((bos + j) * HV + i_hv) * V + o_v, tl.zeros([BV], dtype=tl.float32).to(o.dtype.element_ty),
@@ -207,7 +321,7 @@ def gdn_tree_path_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
                          A_log: torch.Tensor, dt_bias: torch.Tensor, state_pool: torch.Tensor,
                          state_indices: torch.Tensor, schedule: TreeSchedule, *, scale: float | None = None,
                          use_qk_l2norm: bool = True, softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
-                         block_v: int = 4, num_warps: int = 1) -> torch.Tensor:
+                         block_v: int = 4, num_warps: int = 1, prefetch: bool = True) -> torch.Tensor:
     """Gated-delta-rule output of every tree node along its root path; stores no per-node state.
 
     Args:
@@ -215,8 +329,11 @@ def gdn_tree_path_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
         v: [B, T, HV, V]; a, b: [B, T, HV] (raw gate inputs, as SGLang passes them); A_log, dt_bias: [HV].
         state_pool: [slots, HV, V, K] committed states (fp32 or bf16; SGLang's layout), read only.
         state_indices: [B] int, the slot of each request.
-        schedule: :func:`tree_schedule` of the batch's parents (shared by all layers of a step).
+        schedule: :func:`tree_schedule` of the batch's parents (shared by all layers of a step); with
+            ``max_saved`` > 0 the call keeps up to that many branch states per request in an FP32 scratch
+            [B, max_saved, HV, V, K] that lives for the call only.
         block_v / num_warps: the value tile; (4, 1) is SGLang's Hopper verify tile (bit parity with it).
+        prefetch: load the next node's inputs during the current step (same arithmetic, shorter step latency).
     Returns:
         o: [B, T, HV, V] in q's dtype; nodes past ``num_nodes[b]`` are zero.
     """
@@ -224,12 +341,15 @@ def gdn_tree_path_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
     if schedule.order.shape != (B, T):
         raise ValueError(f"schedule is for {tuple(schedule.order.shape)} trees, inputs are [{B}, {T}]")
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    # kept branch states live only during this call (shared by the layers through the allocator)
+    saved = torch.empty((B, schedule.max_saved, HV, V, K) if schedule.max_saved else (1,), dtype=torch.float32,
+                        device=q.device)
     grid = (triton.cdiv(V, block_v), B, HV)
     _path_verify_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, schedule.order, schedule.replay_len,
-        schedule.replay, schedule.num_nodes, o, 0, softplus_beta, softplus_threshold,
-        scale if scale is not None else K ** -0.5,
+        schedule.replay, schedule.restore_slot, schedule.save_slot, saved, schedule.num_nodes, o, 0,
+        softplus_beta, softplus_threshold, scale if scale is not None else K ** -0.5,
         T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, USE_QK_L2NORM=use_qk_l2norm,
-        num_warps=num_warps, num_stages=3,
+        MAX_SAVED=schedule.max_saved, PREFETCH=prefetch, num_warps=num_warps, num_stages=3,
     )
     return o
