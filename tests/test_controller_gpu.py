@@ -21,10 +21,10 @@ pytestmark = pytest.mark.gpu
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (runs on the 2-GPU machine)")
 
 REQUESTS = [
-    Request("code-1", "code", "dev", 48, prompt="def merge(intervals):"),
-    Request("code-2", "code", "dev", 48, prompt="class RingBuffer:"),
-    Request("prose-1", "prose", "dev", 48, prompt="The harbour at dawn was"),
-    Request("prose-2", "prose", "dev", 48, prompt="Dear colleague, thank you"),
+    Request("code-1", "code", "dev", 32, prompt="def merge(intervals):"),
+    Request("code-2", "code", "dev", 32, prompt="class RingBuffer:"),
+    Request("prose-1", "prose", "dev", 32, prompt="The harbour at dawn was"),
+    Request("prose-2", "prose", "dev", 32, prompt="Dear colleague, thank you"),
 ]
 PROMPTS = [list(utf8_bytes(r.prompt)) for r in REQUESTS]
 
