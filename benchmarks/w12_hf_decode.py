@@ -8,15 +8,18 @@ Decoding: one prefill, then one token per step with a ``StaticCache``; the step 
 last logits, writing the token into static buffers) is captured once in a ``torch.cuda.CUDAGraph`` and
 replayed, so the timed loop is graph replays only. The same prompts run through the BF16 model, the
 same model after ``convert_model`` (every decoder linear layer to W12, each checked bit for bit), and
-after converting the LM head too. Reported per batch: ms per step (= ms per output token of each
-request), tokens/s, speedup over BF16, token agreement with the first divergence per request and the
-BF16 top-1/top-2 logit margin there (divergences are expected only at near-ties: the kernels sum in
-another order than cuBLAS), and the step's make-up: the same step with every linear layer replaced by a
-no-op gives the time outside the linears. Weight memory: the linear layers' bytes and the allocator's
-bytes freed by the conversion.
+after converting the LM head too; all of it in two layouts: the HF layers as loaded, and with q/k/v and
+gate/up fused into one GEMM each (BF16 and W12 alike, as serving engines run them).
+
+Reported per batch: ms per step (= ms per output token of each request), tokens/s, speedup over BF16;
+the step's make-up (the same step with every linear layer a no-op gives the time outside the linears,
+the rest is the linears, compared with their byte floor at the measured read bandwidth); agreement
+with BF16, free-running (first divergence per request, the BF16 top-1/top-2 margin there) and on the
+same prefixes (every generated position re-predicted from the BF16 text: differences are expected only
+at near-ties, the kernels sum in another order than cuBLAS); weight memory and the bytes freed.
 
     PYTHONPATH=kernels:. python benchmarks/w12_hf_decode.py [--model llama-3.1-8b --model PATH ...]
-        [--batches 1,32] [--prompt-len 32] [--new-tokens 64]
+        [--batches 1,32] [--prompt-len 32] [--new-tokens 64] [--layouts per_layer,fused]
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specpilot_kernels.w12.hf import W12Linear, convert_model
+from specpilot_kernels.w12.hf import W12Linear, convert_model, fuse_shared_input_projections
 
 LLAMA_31_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
@@ -96,8 +99,8 @@ def synthetic_model(name: str, device: str, layers: int | None) -> nn.Module:
     return model.eval()
 
 
-def checkpoint_model(path: Path, device: str):
-    """(model, tokenizer or None) of a local checkpoint directory, loaded in BF16 onto ``device``."""
+def checkpoint_model(path: Path, device: str) -> nn.Module:
+    """A local checkpoint directory's causal LM, loaded in BF16 onto ``device``."""
     import importlib.util
 
     import transformers
@@ -106,11 +109,17 @@ def checkpoint_model(path: Path, device: str):
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map=device)
     else:
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device)
+    return model.eval()
+
+
+def checkpoint_tokenizer(path: Path):
+    """The checkpoint's tokenizer, or None when it has no tokenizer files (then: random-token prompts)."""
+    import transformers
+
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError):  # a checkpoint without tokenizer files: random-token prompts
-        tokenizer = None
-    return model.eval(), tokenizer
+        return transformers.AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        return None
 
 
 def make_prompts(vocab: int, tokenizer, batch: int, prompt_len: int, device: str) -> torch.Tensor:
@@ -248,8 +257,8 @@ def allocated_bytes(device: str) -> int | None:
 
 
 def agreement(reference: Decode, other: Decode) -> dict:
-    """Greedy tokens equal position by position; per request the first divergence and the reference's
-    top-1/top-2 margin there (both runs saw the same prefix up to that token)."""
+    """Free-running greedy tokens equal position by position; per request the first divergence and the
+    reference's top-1/top-2 margin there (both runs saw the same prefix up to that token)."""
     same = reference.tokens == other.tokens
     first, margin_there = [], []
     for row, equal in enumerate(same):
@@ -258,8 +267,31 @@ def agreement(reference: Decode, other: Decode) -> dict:
         margin_there.append(None if first[-1] is None else float(reference.margins[row, first[-1]]))
     return {"tokens_agree": int(same.sum()), "tokens": same.numel(),
             "requests_identical": sum(f is None for f in first), "first_divergence": first,
-            "bf16_margin_at_divergence": margin_there,
-            "bf16_median_margin": float(reference.margins.median())}
+            "bf16_margin_at_divergence": margin_there}
+
+
+@torch.no_grad()
+def forced_top2(model: nn.Module, prompts: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's top-1 ids and top-1 minus top-2 margins, int64 and float32 [B, T], at every generated
+    position of ``tokens`` [B, T] when it reads prompt + tokens in one causal forward (no cache): each
+    position's prediction from the same prefix, whatever an earlier position predicted."""
+    sequence = torch.cat([prompts, tokens[:, :-1].to(prompts.device)], dim=1)
+    logits = model(input_ids=sequence, use_cache=False, logits_to_keep=tokens.shape[1]).logits
+    top = logits.float().topk(2, dim=-1)
+    return top.indices[..., 0].cpu(), (top.values[..., 0] - top.values[..., 1]).cpu()
+
+
+def forced_agreement(reference: tuple[torch.Tensor, torch.Tensor], other: tuple[torch.Tensor, torch.Tensor]) -> dict:
+    """Position-wise top-1 agreement on the same prefixes; where they differ, the BF16 margin (a near-tie
+    is a margin of a few BF16 logit steps), and how many positions have a margin that small at all."""
+    ids, margins = reference
+    differ = ids != other[0]
+    result = {"positions": ids.numel(), "agree": int((~differ).sum()), "bf16_median_margin": float(margins.median())}
+    if differ.any():
+        worst = float(margins[differ].max())
+        result.update(max_bf16_margin_where_differ=worst,
+                      positions_with_bf16_margin_at_most_that=int((margins <= worst).sum()))
+    return result
 
 
 def timing(decode: Decode, batch: int) -> dict:
@@ -269,23 +301,28 @@ def timing(decode: Decode, batch: int) -> dict:
             **({"graph_error": decode.graph_error} if decode.graph_error else {})}
 
 
-def bench_model(label: str, model: nn.Module, prompts: dict[int, torch.Tensor], args, read_bw: float | None) -> dict:
+VARIANTS = ("bf16", "w12", "w12_lm_head")  # BF16; decoder linears in W12; the LM head too
+
+
+def measure_layout(model: nn.Module, prompts: dict[int, torch.Tensor], args, outside: dict | None) -> dict:
+    """Decode every batch with the BF16 model, then after converting its decoder linears, then its LM head
+    (the model is converted in place). Times the outside-linears step too when ``outside`` is a dict."""
     graphs = args.device == "cuda"
     decode = lambda p: greedy(model, p, args.new_tokens, graphs)  # noqa: E731
-    config = model.config
-    entry = {"config": {k: getattr(config, k, None) for k in (
-                 "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                 "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")},
-             "parameters": sum(p.numel() for p in model.parameters()),
-             "prompt_len": {b: p.shape[1] for b, p in prompts.items()}, "new_tokens": args.new_tokens}
-    bytes_bf16 = linear_bytes(model)
-    runs: dict[str, dict[int, Decode]] = {"bf16": {}, "w12": {}, "w12_lm_head": {}, "outside_linears": {}}
-    for b, p in prompts.items():
-        log(f"{label}: BF16, {b} request(s)")
-        runs["bf16"][b] = decode(p)
-        with linears_skipped(model):
-            runs["outside_linears"][b] = decode(p)
+    runs: dict[str, dict[int, Decode]] = {v: {} for v in VARIANTS}
+    forced: dict[str, dict[int, tuple]] = {v: {} for v in VARIANTS}
 
+    def measure(variant: str) -> None:
+        for b, p in prompts.items():
+            log(f"  {variant}, {b} request(s)")
+            runs[variant][b] = decode(p)
+            forced[variant][b] = forced_top2(model, p, runs["bf16"][b].tokens)
+            if outside is not None and variant == "bf16":
+                with linears_skipped(model):
+                    outside[b] = decode(p)
+
+    bytes_bf16 = linear_bytes(model)
+    measure("bf16")
     memory_before = allocated_bytes(args.device)
     start = time.perf_counter()
     stats = convert_model(model)
@@ -294,57 +331,90 @@ def bench_model(label: str, model: nn.Module, prompts: dict[int, torch.Tensor], 
     convert_s = time.perf_counter() - start
     memory_after = allocated_bytes(args.device)
     bytes_w12 = linear_bytes(model)
-    for b, p in prompts.items():
-        log(f"{label}: W12 decoder linears, {b} request(s)")
-        runs["w12"][b] = decode(p)
+    measure("w12")
     head_stats = convert_model(model, lm_head=True)  # only the head is still BF16; empty when tied
     bytes_w12_head = linear_bytes(model)
     if head_stats:
-        for b, p in prompts.items():
-            log(f"{label}: W12 with the LM head, {b} request(s)")
-            runs["w12_lm_head"][b] = decode(p)
+        measure("w12_lm_head")
     memory_head = allocated_bytes(args.device)
-
     bits = [s["bits_per_weight"] for s in stats.values()]
     escapes = [s["escape_fraction"] for s in stats.values()]
-    entry["conversion"] = {
-        "layers": len(stats), "seconds": convert_s, "lm_head_layers": len(head_stats),
-        "bits_per_weight": [min(bits), max(bits)], "escape_fraction": [min(escapes), max(escapes)],
-        "checked_bit_for_bit": True}
-    entry["weight_memory"] = {
-        "bf16_linear_bytes": bytes_bf16["bf16"],
-        "w12_decoder_linear_bytes": bytes_w12["w12"], "bf16_lm_head_bytes": bytes_bf16["lm_head"],
-        "w12_lm_head_bytes": bytes_w12_head["lm_head"] if head_stats else None,
-        "linear_bytes_read_per_step": {"bf16": bytes_bf16["bf16"], "w12": bytes_w12["w12"] + bytes_w12["bf16"],
-                                       "w12_lm_head": bytes_w12_head["w12"] + bytes_w12_head["bf16"]},
-        "freed_bytes_decoder_linears": None if memory_before is None else memory_before - memory_after,
-        "freed_bytes_with_lm_head": None if memory_before is None else memory_before - memory_head}
+    return {
+        "runs": runs, "forced": forced,
+        "conversion": {"layers": len(stats), "seconds": convert_s, "lm_head_layers": len(head_stats),
+                       "bits_per_weight": [min(bits), max(bits)], "escape_fraction": [min(escapes), max(escapes)],
+                       "checked_bit_for_bit": True},
+        "weight_memory": {
+            "bf16_linear_bytes": bytes_bf16["bf16"], "w12_decoder_linear_bytes": bytes_w12["w12"],
+            "bf16_lm_head_bytes": bytes_bf16["lm_head"], "w12_lm_head_bytes": bytes_w12_head["lm_head"] if head_stats else None,
+            "linear_bytes_read_per_step": {"bf16": bytes_bf16["bf16"], "w12": bytes_w12["w12"] + bytes_w12["bf16"],
+                                           "w12_lm_head": bytes_w12_head["w12"] + bytes_w12_head["bf16"]},
+            "freed_bytes_decoder_linears": None if memory_before is None else memory_before - memory_after,
+            "freed_bytes_with_lm_head": None if memory_before is None else memory_before - memory_head}}
 
+
+def summarize(layout: dict, batch: int, rest_s: float, read_bw: float | None) -> dict:
+    """Per variant: timing, the linear layers' share of the step and how close they run to their byte floor;
+    for W12, speedup over BF16 (what it would be at the W12 byte floor, and the linear time 1.15x needs)
+    and agreement, free-running and on the same prefixes."""
+    result = {}
+    bf16_step = statistics.fmean(layout["runs"]["bf16"][batch].step_s)
+    for variant in VARIANTS:
+        if batch not in layout["runs"][variant]:
+            continue
+        figures = timing(layout["runs"][variant][batch], batch)
+        step = figures["ms_per_step_mean"] / 1e3
+        read = layout["weight_memory"]["linear_bytes_read_per_step"][variant]
+        figures["linear_ms"] = (step - rest_s) * 1e3
+        figures["linear_share"] = (step - rest_s) / step
+        if read_bw:
+            figures["linear_floor_ms"] = read / read_bw * 1e3
+            figures["linear_fraction_of_floor"] = read / read_bw / (step - rest_s)
+        if variant != "bf16":
+            figures["speedup"] = bf16_step / step
+            if read_bw:
+                figures["speedup_at_linear_floor"] = bf16_step / (rest_s + read / read_bw)
+                figures["linear_ms_needed_for_1.15x"] = (bf16_step / 1.15 - rest_s) * 1e3
+            figures["agreement"] = agreement(layout["runs"]["bf16"][batch], layout["runs"][variant][batch])
+            figures["forced_agreement"] = forced_agreement(layout["forced"]["bf16"][batch],
+                                                           layout["forced"][variant][batch])
+        result[variant] = figures
+    return result
+
+
+LAYOUTS = {"per_layer": "one W12 layer per HF linear layer, as loaded",
+           "fused": "q/k/v and gate/up fused into one GEMM each (fuse_shared_input_projections), in BF16 and W12 alike"}
+
+
+def bench_model(label: str, load, prompts: dict[int, torch.Tensor], args, read_bw: float | None) -> dict:
+    """``load()`` builds the BF16 model afresh (the same weights every time): once per layout."""
+    entry: dict = {"new_tokens": args.new_tokens}
+    outside: dict[int, Decode] = {}
+    layouts = {}
+    for layout in args.layouts:
+        model = load()
+        if "config" not in entry:
+            entry["config"] = {k: getattr(model.config, k, None) for k in (
+                "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")}
+            entry["parameters"] = sum(p.numel() for p in model.parameters())
+        if layout == "fused":
+            entry["fused_groups"] = fuse_shared_input_projections(model)
+        log(f"{label}, {layout}")
+        layouts[layout] = measure_layout(model, prompts, args, outside if not outside else None)
+        del model
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    entry["layouts"] = {name: {"what": LAYOUTS[name], "conversion": data["conversion"],
+                               "weight_memory": data["weight_memory"]} for name, data in layouts.items()}
     entry["batches"] = {}
     for b in prompts:
-        rest = statistics.fmean(runs["outside_linears"][b].step_s)
-        result = {"outside_linears_ms": rest * 1e3}
-        for variant in ("bf16", "w12", "w12_lm_head"):
-            if b not in runs[variant]:
-                continue
-            figures = timing(runs[variant][b], b)
-            step = figures["ms_per_step_mean"] / 1e3
-            read = entry["weight_memory"]["linear_bytes_read_per_step"][variant]
-            figures["linear_ms"] = (step - rest) * 1e3
-            figures["linear_share"] = (step - rest) / step
-            if read_bw:
-                figures["linear_floor_ms"] = read / read_bw * 1e3
-                figures["linear_fraction_of_floor"] = read / read_bw / (step - rest)
-            if variant != "bf16":
-                bf16_step = statistics.fmean(runs["bf16"][b].step_s)
-                figures["speedup"] = bf16_step / step
-                figures["agreement"] = agreement(runs["bf16"][b], runs[variant][b])
-                if read_bw:  # what the step would take if the W12 linears ran at their byte floor
-                    figures["speedup_at_linear_floor"] = bf16_step / (rest + read / read_bw)
-                    figures["linear_ms_needed_for_1.15x"] = (bf16_step / 1.15 - rest) * 1e3
-            result[variant] = figures
-        entry["batches"][b] = result
-        log(label, b, {v: round(f["ms_per_step_mean"], 3) for v, f in result.items() if isinstance(f, dict)})
+        rest = statistics.fmean(outside[b].step_s)
+        entry["batches"][b] = {"prompt_len": prompts[b].shape[1], "outside_linears_ms": rest * 1e3,
+                               **{name: summarize(data, b, rest, read_bw) for name, data in layouts.items()}}
+        log(label, b, {name: {v: round(f["ms_per_step_mean"], 3) for v, f in entry["batches"][b][name].items()}
+                       for name in layouts})
     return entry
 
 
@@ -356,11 +426,15 @@ def main() -> None:
     parser.add_argument("--batches", default="1,32", help="requests decoded together, comma-separated")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64, help="greedy tokens per request (>= 3)")
+    parser.add_argument("--layouts", default="per_layer,fused", help=f"comma-separated: {', '.join(LAYOUTS)}")
     parser.add_argument("--layers", type=int, default=None, help="fewer decoder layers of a shape (smoke tests)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     if args.new_tokens < 3:
         parser.error("--new-tokens must be at least 3 (prefill token, warm-up step, timed steps)")
+    args.layouts = args.layouts.split(",")
+    if not set(args.layouts) <= set(LAYOUTS):
+        parser.error(f"--layouts {','.join(args.layouts)}: choose from {', '.join(LAYOUTS)}")
     specs = args.model or list(SHAPES)
     for spec in specs:
         if spec not in SHAPES and not Path(spec).is_dir():
@@ -385,23 +459,21 @@ def main() -> None:
            "models": {}}
     for spec in specs:
         if spec in SHAPES:
-            model, tokenizer = synthetic_model(spec, args.device, args.layers), None
-            weights = "synthetic: config-built, seeded N(0, 0.02) BF16 weights"
+            load = lambda spec=spec: synthetic_model(spec, args.device, args.layers)  # noqa: E731
+            tokenizer, weights = None, "synthetic: config-built, seeded N(0, 0.02) BF16 weights"
+            vocab = SHAPES[spec][1]["vocab_size"]
         else:
-            model, tokenizer = checkpoint_model(Path(spec), args.device)
-            weights = f"checkpoint {spec}"
-        widest = make_prompts(model.config.vocab_size, tokenizer, max(batches), args.prompt_len, args.device)
+            load = lambda spec=spec: checkpoint_model(Path(spec), args.device)  # noqa: E731
+            tokenizer, weights = checkpoint_tokenizer(Path(spec)), f"checkpoint {spec}"
+            vocab = transformers.AutoConfig.from_pretrained(spec).get_text_config().vocab_size
+        widest = make_prompts(vocab, tokenizer, max(batches), args.prompt_len, args.device)
         prompts = {b: widest[:b] for b in batches}  # request 0 is the same in every batch
-        entry = bench_model(spec, model, prompts, args, read_bw)
+        label = Path(spec).name if spec not in SHAPES else spec
+        entry = bench_model(label, load, prompts, args, read_bw)
         entry["weights"] = weights
         entry["prompts"] = "random token ids (seed 1)" if tokenizer is None else "slices of a fixed English text"
-        label = Path(spec).name if spec not in SHAPES else spec
         doc["models"][label] = entry
         log(json.dumps({label: entry}))  # each model's figures survive a later model's failure
-        del model
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
     print(json.dumps(doc, indent=1))
 
 

@@ -6,7 +6,7 @@ import torch
 import transformers  # installed by scripts/install.sh with SGLang's import dependencies
 
 from specpilot_kernels.w12 import W12Error
-from specpilot_kernels.w12.hf import W12Linear, convert_model
+from specpilot_kernels.w12.hf import ProjectionSlice, W12Linear, convert_model, fuse_shared_input_projections
 
 
 def tiny_llama(tie: bool):
@@ -62,3 +62,35 @@ def test_converted_llama_on_gpu_uses_the_mma_layout_and_matches_bf16():
         after = model(ids).logits.float()
     assert isinstance(model.model.layers[1].self_attn.o_proj.w12, W12MmaTensor)
     assert ((after - before).norm() / before.norm()).item() < 1e-2  # same weights, other reduction order
+
+
+def test_fused_projections_match_and_convert_exactly():
+    model = tiny_llama(tie=False)
+    ids = torch.randint(0, 96, (2, 7))
+    with torch.no_grad():
+        before = model(ids).logits
+        assert fuse_shared_input_projections(model) == 2 * 2
+        fused = model(ids).logits
+        stats = convert_model(model)
+        after = model(ids).logits
+    attention = model.model.layers[0].self_attn
+    assert isinstance(attention.k_proj, ProjectionSlice) and attention.k_proj.out_features == 32
+    assert isinstance(attention.fused_q_k_v.fused, W12Linear) and attention.fused_q_k_v.sizes == [64, 32, 32]
+    assert len(stats) == 2 * 4  # the q/k/v group, o, the gate/up group, down per layer
+    torch.testing.assert_close(fused, before, rtol=0, atol=1e-2)  # the same sums, maybe in another order
+    assert torch.equal(after, fused)
+
+
+def test_a_group_member_recomputes_for_another_or_modified_input():
+    model = tiny_llama(tie=False)
+    fuse_shared_input_projections(model)
+    mlp = model.model.layers[0].mlp
+    x, other = torch.randn(3, 64, dtype=torch.bfloat16), torch.randn(3, 64, dtype=torch.bfloat16)
+    weight = mlp.fused_gate_up.fused.weight
+    with torch.no_grad():
+        gate = mlp.gate_proj(x)
+        up_other = mlp.up_proj(other)  # not the gate's input: its own product, not the cached slice
+        assert torch.equal(up_other, torch.nn.functional.linear(other, weight[128:]))
+        x.mul_(2)  # modified in place since the gate read it
+        assert torch.equal(mlp.up_proj(x), torch.nn.functional.linear(x, weight[128:]))
+    assert torch.equal(gate, torch.nn.functional.linear(x / 2, weight[:128]))

@@ -42,29 +42,37 @@ def test_checkpoint_decodes_the_same_tokens_in_bf16_and_w12(monkeypatch, capsys,
                    "--prompt-len", "5")
     entry = doc["models"]["ckpt"]
     assert doc["device"] == "cpu" and entry["weights"] == f"checkpoint {checkpoint}"
-    assert entry["conversion"]["layers"] == 2 * 7 and entry["conversion"]["lm_head_layers"] == 1
-    memory = entry["weight_memory"]
+    assert entry["fused_groups"] == 2 * 2  # q/k/v and gate/up in each of the two layers
+    per_layer, fused = entry["layouts"]["per_layer"], entry["layouts"]["fused"]
+    assert per_layer["conversion"]["layers"] == 2 * 7 and fused["conversion"]["layers"] == 2 * 4
+    assert per_layer["conversion"]["lm_head_layers"] == fused["conversion"]["lm_head_layers"] == 1
+    memory = per_layer["weight_memory"]
     # q, o: 128x128; k, v: 64x128; gate, up, down: 256x128 per layer, the head 200x128, two bytes a weight
-    assert memory["bf16_linear_bytes"] == 2 * (2 * (2 * 128 * 128 + 2 * 64 * 128 + 3 * 256 * 128) + 200 * 128)
+    assert memory["bf16_linear_bytes"] == fused["weight_memory"]["bf16_linear_bytes"] == 2 * (
+        2 * (2 * 128 * 128 + 2 * 64 * 128 + 3 * 256 * 128) + 200 * 128)
     assert memory["linear_bytes_read_per_step"]["w12"] == memory["w12_decoder_linear_bytes"] + 2 * 200 * 128
     for batch in ("1", "2"):
-        result = entry["batches"][batch]
-        assert result["bf16"]["steps_timed"] == 2 and not result["bf16"]["cuda_graph"]
-        for variant in ("w12", "w12_lm_head"):
-            agree = result[variant]["agreement"]
-            assert agree["tokens_agree"] == agree["tokens"] == int(batch) * 4
-            assert agree["first_divergence"] == [None] * int(batch)
+        for layout in ("per_layer", "fused"):
+            result = entry["batches"][batch][layout]
+            assert result["bf16"]["steps_timed"] == 2 and not result["bf16"]["cuda_graph"]
+            for variant in ("w12", "w12_lm_head"):
+                agree, forced = result[variant]["agreement"], result[variant]["forced_agreement"]
+                assert agree["tokens_agree"] == agree["tokens"] == int(batch) * 4
+                assert agree["first_divergence"] == [None] * int(batch)
+                assert forced["agree"] == forced["positions"] == int(batch) * 4
 
 
 def test_config_built_shapes_are_synthetic_and_agree(monkeypatch, capsys):
     shrunk = {name: (cls, dict(kwargs, **SMALL)) for name, (cls, kwargs) in bench.SHAPES.items()}
     monkeypatch.setattr(bench, "SHAPES", shrunk)
-    doc = run_main(monkeypatch, capsys, "--batches", "2", "--new-tokens", "3", "--prompt-len", "4")
+    doc = run_main(monkeypatch, capsys, "--batches", "2", "--new-tokens", "3", "--prompt-len", "4",
+                   "--layouts", "per_layer")
     assert set(doc["models"]) == {"llama-3.1-8b", "qwen3-8b"}
     assert doc["models"]["qwen3-8b"]["config"]["model_type"] == "qwen3"
     for entry in doc["models"].values():
         assert entry["weights"].startswith("synthetic") and entry["prompts"].startswith("random")
-        agree = entry["batches"]["2"]["w12"]["agreement"]
+        assert set(entry["batches"]["2"]) == {"prompt_len", "outside_linears_ms", "per_layer"}
+        agree = entry["batches"]["2"]["per_layer"]["w12"]["agreement"]
         assert agree["tokens_agree"] == agree["tokens"] == 6
 
 
@@ -80,6 +88,8 @@ def test_greedy_continues_the_static_cache_like_a_full_forward():
             ids = torch.cat([ids, model(ids).logits[:, -1].float().argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(decode.tokens, ids[:, 5:])
     assert (decode.margins >= 0).all() and len(decode.step_s) == 2
+    forced_ids, forced_margins = bench.forced_top2(model, prompts, decode.tokens)
+    assert torch.equal(forced_ids, ids[:, 5:]) and forced_margins.shape == (2, 4)
 
 
 def test_linears_skipped_returns_zeros_and_restores_the_layers():
@@ -95,7 +105,9 @@ def test_linears_skipped_returns_zeros_and_restores_the_layers():
         assert torch.equal(model(ids).logits, before)
 
 
-def test_unknown_model_is_a_usage_error(monkeypatch, capsys, tmp_path):
+@pytest.mark.parametrize("argv, message", [(["--model", "missing-dir"], "neither a shape"),
+                                           (["--layouts", "per_layer,packed"], "choose from")])
+def test_bad_arguments_are_usage_errors(monkeypatch, capsys, argv, message):
     with pytest.raises(SystemExit):
-        run_main(monkeypatch, capsys, "--model", str(tmp_path / "missing"))
-    assert "neither a shape" in capsys.readouterr().err
+        run_main(monkeypatch, capsys, *argv)
+    assert message in capsys.readouterr().err
