@@ -19,7 +19,7 @@ same prefixes (every generated position re-predicted from the BF16 text: differe
 at near-ties, the kernels sum in another order than cuBLAS); weight memory and the bytes freed.
 
     PYTHONPATH=kernels:. python benchmarks/w12_hf_decode.py [--model llama-3.1-8b --model PATH ...]
-        [--batches 1,32] [--prompt-len 32] [--new-tokens 64] [--layouts per_layer,fused]
+        [--batches 1,32] [--prompt-len 32] [--new-tokens 64] [--layouts per_layer,fused] [--profile]
 """
 
 from __future__ import annotations
@@ -208,6 +208,29 @@ def greedy(model: nn.Module, prompts: torch.Tensor, new_tokens: int, graphs: boo
     return Decode(tokens.cpu(), margins.cpu(), step_s, graphs and graph_error is None, graph_error)
 
 
+@torch.no_grad()
+def step_profile(model: nn.Module, prompts: torch.Tensor, top: int = 12) -> dict:
+    """Device time of one eager decode step by kernel (torch profiler; on the CPU, by operator): the
+    kernels of the step, the largest first, beside the graph-timed split into linears and the rest."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import StaticCache
+
+    cuda = prompts.is_cuda
+    cache = StaticCache(config=model.config, max_cache_len=prompts.shape[1] + 1)
+    logits = model(input_ids=prompts, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    token = logits[:, -1].argmax(-1, keepdim=True)
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        model(input_ids=token, past_key_values=cache, use_cache=True)
+        if cuda:
+            torch.cuda.synchronize()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    kernels = sorted((e for e in prof.key_averages() if getattr(e, key) > 0), key=lambda e: -getattr(e, key))
+    return {"kernel_us_total": sum(getattr(e, key) for e in kernels), "launches": sum(e.count for e in kernels),
+            "top": [{"name": e.key[:120], "us": getattr(e, key), "count": e.count} for e in kernels[:top]]}
+
+
 @contextlib.contextmanager
 def linears_skipped(model: nn.Module):
     """Every linear layer (BF16 or W12) returns a fixed zero tensor of its output shape: what remains of a
@@ -311,6 +334,7 @@ def measure_layout(model: nn.Module, prompts: dict[int, torch.Tensor], args, out
     decode = lambda p: greedy(model, p, args.new_tokens, graphs)  # noqa: E731
     runs: dict[str, dict[int, Decode]] = {v: {} for v in VARIANTS}
     forced: dict[str, dict[int, tuple]] = {v: {} for v in VARIANTS}
+    profiles: dict[str, dict[int, dict]] = {}
 
     def measure(variant: str) -> None:
         for b, p in prompts.items():
@@ -320,6 +344,8 @@ def measure_layout(model: nn.Module, prompts: dict[int, torch.Tensor], args, out
             if outside is not None and variant == "bf16":
                 with linears_skipped(model):
                     outside[b] = decode(p)
+            if args.profile and outside is not None and variant != "w12_lm_head":
+                profiles.setdefault(variant, {})[b] = step_profile(model, p)
 
     bytes_bf16 = linear_bytes(model)
     measure("bf16")
@@ -340,7 +366,7 @@ def measure_layout(model: nn.Module, prompts: dict[int, torch.Tensor], args, out
     bits = [s["bits_per_weight"] for s in stats.values()]
     escapes = [s["escape_fraction"] for s in stats.values()]
     return {
-        "runs": runs, "forced": forced,
+        "runs": runs, "forced": forced, "profiles": profiles,
         "conversion": {"layers": len(stats), "seconds": convert_s, "lm_head_layers": len(head_stats),
                        "bits_per_weight": [min(bits), max(bits)], "escape_fraction": [min(escapes), max(escapes)],
                        "checked_bit_for_bit": True},
@@ -408,6 +434,7 @@ def bench_model(label: str, load, prompts: dict[int, torch.Tensor], args, read_b
             torch.cuda.empty_cache()
     entry["layouts"] = {name: {"what": LAYOUTS[name], "conversion": data["conversion"],
                                "weight_memory": data["weight_memory"]} for name, data in layouts.items()}
+    entry["eager_step_profiles"] = {name: data["profiles"] for name, data in layouts.items() if data["profiles"]}
     entry["batches"] = {}
     for b in prompts:
         rest = statistics.fmean(outside[b].step_s)
@@ -427,6 +454,8 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64, help="greedy tokens per request (>= 3)")
     parser.add_argument("--layouts", default="per_layer,fused", help=f"comma-separated: {', '.join(LAYOUTS)}")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one eager decode step per batch (BF16 and W12, first layout)")
     parser.add_argument("--layers", type=int, default=None, help="fewer decoder layers of a shape (smoke tests)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()

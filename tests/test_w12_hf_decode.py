@@ -39,7 +39,7 @@ def checkpoint(tmp_path):
 
 def test_checkpoint_decodes_the_same_tokens_in_bf16_and_w12(monkeypatch, capsys, checkpoint):
     doc = run_main(monkeypatch, capsys, "--model", str(checkpoint), "--batches", "1,2", "--new-tokens", "4",
-                   "--prompt-len", "5")
+                   "--prompt-len", "5", "--profile")
     entry = doc["models"]["ckpt"]
     assert doc["device"] == "cpu" and entry["weights"] == f"checkpoint {checkpoint}"
     assert entry["fused_groups"] == 2 * 2  # q/k/v and gate/up in each of the two layers
@@ -51,6 +51,9 @@ def test_checkpoint_decodes_the_same_tokens_in_bf16_and_w12(monkeypatch, capsys,
     assert memory["bf16_linear_bytes"] == fused["weight_memory"]["bf16_linear_bytes"] == 2 * (
         2 * (2 * 128 * 128 + 2 * 64 * 128 + 3 * 256 * 128) + 200 * 128)
     assert memory["linear_bytes_read_per_step"]["w12"] == memory["w12_decoder_linear_bytes"] + 2 * 200 * 128
+    profiles = entry["eager_step_profiles"]
+    assert set(profiles) == {"per_layer"} and set(profiles["per_layer"]) == {"bf16", "w12"}
+    assert all(p["launches"] > 0 and p["top"] for p in profiles["per_layer"]["w12"].values())
     for batch in ("1", "2"):
         for layout in ("per_layer", "fused"):
             result = entry["batches"][batch][layout]
