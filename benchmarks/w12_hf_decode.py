@@ -372,7 +372,8 @@ def measure_layout(model: nn.Module, prompts: dict[int, torch.Tensor], args, out
                        "checked_bit_for_bit": True},
         "weight_memory": {
             "bf16_linear_bytes": bytes_bf16["bf16"], "w12_decoder_linear_bytes": bytes_w12["w12"],
-            "bf16_lm_head_bytes": bytes_bf16["lm_head"], "w12_lm_head_bytes": bytes_w12_head["lm_head"] if head_stats else None,
+            "bf16_lm_head_bytes": bytes_bf16["lm_head"],
+            "w12_lm_head_bytes": bytes_w12_head["lm_head"] if head_stats else None,
             "linear_bytes_read_per_step": {"bf16": bytes_bf16["bf16"], "w12": bytes_w12["w12"] + bytes_w12["bf16"],
                                            "w12_lm_head": bytes_w12_head["w12"] + bytes_w12_head["bf16"]},
             "freed_bytes_decoder_linears": None if memory_before is None else memory_before - memory_after,
@@ -445,6 +446,40 @@ def bench_model(label: str, load, prompts: dict[int, torch.Tensor], args, read_b
     return entry
 
 
+def markdown_tables(doc: dict) -> str:
+    """The README tables of a result file: decode speed per model, layout and batch; weight memory."""
+    gb = lambda n: f"{n / 1e9:.2f}"  # noqa: E731
+    floor = lambda f: f"{100 * f['linear_fraction_of_floor']:.0f}" if "linear_fraction_of_floor" in f else "-"  # noqa: E731
+    lines = ["| model | layout | requests | BF16 ms/token | W12 ms/token (x BF16) | W12 + LM head (x BF16) | "
+             "tokens/s BF16 -> W12 | outside linears ms | BF16 / W12 linears, % of byte floor | "
+             "same-prefix top-1 agreement | free-running identical requests |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for model, entry in doc["models"].items():
+        for batch, result in entry["batches"].items():
+            for layout in entry["layouts"]:
+                bf16, w12, head = (result[layout].get(v) for v in VARIANTS)
+                forced = w12["forced_agreement"]
+                lines.append(
+                    f"| {model} | {layout} | {batch} | {bf16['ms_per_step_mean']:.2f} | "
+                    f"{w12['ms_per_step_mean']:.2f} ({w12['speedup']:.2f}x) | "
+                    + (f"{head['ms_per_step_mean']:.2f} ({head['speedup']:.2f}x) | " if head else "- | ")
+                    + f"{bf16['tokens_per_s']:.0f} -> {w12['tokens_per_s']:.0f} | {result['outside_linears_ms']:.2f} | "
+                    f"{floor(bf16)} / {floor(w12)} | {forced['agree']}/{forced['positions']} | "
+                    f"{w12['agreement']['requests_identical']}/{batch} |")
+    lines += ["", "| model | BF16 linear weights GB | W12 decoder linears GB (+ LM head) | allocator bytes freed GB "
+              "(+ LM head) | bits per weight |", "| --- | --- | --- | --- | --- |"]
+    for model, entry in doc["models"].items():
+        first = entry["layouts"].get("per_layer") or next(iter(entry["layouts"].values()))
+        memory, conversion = first["weight_memory"], first["conversion"]
+        freed = memory["freed_bytes_decoder_linears"]
+        lines.append(
+            f"| {model} | {gb(memory['bf16_linear_bytes'])} | {gb(memory['w12_decoder_linear_bytes'])} "
+            f"(+ {gb(memory['w12_lm_head_bytes'] or 0)}) | "
+            + (f"{gb(freed)} (+ {gb(memory['freed_bytes_with_lm_head'] - freed)}) | " if freed is not None else "- | ")
+            + f"{conversion['bits_per_weight'][0]:.3f}-{conversion['bits_per_weight'][1]:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", default=None,
@@ -456,9 +491,14 @@ def main() -> None:
     parser.add_argument("--layouts", default="per_layer,fused", help=f"comma-separated: {', '.join(LAYOUTS)}")
     parser.add_argument("--profile", action="store_true",
                         help="also profile one eager decode step per batch (BF16 and W12, first layout)")
+    parser.add_argument("--table", type=Path, default=None,
+                        help="print the markdown tables of a result file (no measuring) and exit")
     parser.add_argument("--layers", type=int, default=None, help="fewer decoder layers of a shape (smoke tests)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
+    if args.table:
+        print(markdown_tables(json.loads(args.table.read_text())))
+        return
     if args.new_tokens < 3:
         parser.error("--new-tokens must be at least 3 (prefill token, warm-up step, timed steps)")
     args.layouts = args.layouts.split(",")

@@ -37,9 +37,14 @@ def checkpoint(tmp_path):
     return tmp_path / "ckpt"
 
 
-def test_checkpoint_decodes_the_same_tokens_in_bf16_and_w12(monkeypatch, capsys, checkpoint):
+def test_checkpoint_decodes_the_same_tokens_in_bf16_and_w12(monkeypatch, capsys, checkpoint, tmp_path):
     doc = run_main(monkeypatch, capsys, "--model", str(checkpoint), "--batches", "1,2", "--new-tokens", "4",
                    "--prompt-len", "5", "--profile")
+    (tmp_path / "result.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(sys, "argv", ["w12_hf_decode.py", "--table", str(tmp_path / "result.json")])
+    bench.main()
+    table = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("| ckpt | ") for line in table) == 2 * 2 + 1  # 2 batches x 2 layouts, memory
     entry = doc["models"]["ckpt"]
     assert doc["device"] == "cpu" and entry["weights"] == f"checkpoint {checkpoint}"
     assert entry["fused_groups"] == 2 * 2  # q/k/v and gate/up in each of the two layers
