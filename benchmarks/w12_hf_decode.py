@@ -448,8 +448,12 @@ def bench_model(label: str, load, prompts: dict[int, torch.Tensor], args, read_b
 
 def markdown_tables(doc: dict) -> str:
     """The README tables of a result file: decode speed per model, layout and batch; weight memory."""
-    gb = lambda n: f"{n / 1e9:.2f}"  # noqa: E731
-    floor = lambda f: f"{100 * f['linear_fraction_of_floor']:.0f}" if "linear_fraction_of_floor" in f else "-"  # noqa: E731
+    def gb(count: int) -> str:
+        return f"{count / 1e9:.2f}"
+
+    def floor(figures: dict) -> str:
+        return f"{100 * figures['linear_fraction_of_floor']:.0f}" if "linear_fraction_of_floor" in figures else "-"
+
     lines = ["| model | layout | requests | BF16 ms/token | W12 ms/token (x BF16) | W12 + LM head (x BF16) | "
              "tokens/s BF16 -> W12 | outside linears ms | BF16 / W12 linears, % of byte floor | "
              "same-prefix top-1 agreement | free-running identical requests |",
