@@ -24,7 +24,7 @@ SMALL = dict(vocab_size=200, hidden_size=128, intermediate_size=256, num_hidden_
 
 
 def run_main(monkeypatch, capsys, *argv) -> dict:
-    monkeypatch.setattr(sys, "argv", ["w12_hf_decode.py", *argv])
+    monkeypatch.setattr(sys, "argv", ["w12_hf_decode.py", "--device", "cpu", *argv])
     bench.main()
     return json.loads(capsys.readouterr().out)
 
@@ -119,3 +119,21 @@ def test_bad_arguments_are_usage_errors(monkeypatch, capsys, argv, message):
     with pytest.raises(SystemExit):
         run_main(monkeypatch, capsys, *argv)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True])
+def test_graph_replayed_w12_decode_equals_eager_decode_on_gpu(fused):
+    from specpilot_kernels.w12.hf import convert_model, fuse_shared_input_projections
+
+    config = transformers.LlamaConfig(tie_word_embeddings=False, **SMALL)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
+    if fused:
+        fuse_shared_input_projections(model)
+    convert_model(model, lm_head=True)
+    prompts = torch.randint(0, 200, (3, 5), device="cuda")
+    replayed = bench.greedy(model, prompts, new_tokens=6, graphs=True)
+    eager = bench.greedy(model, prompts, new_tokens=6, graphs=False)
+    assert replayed.cuda_graph and torch.equal(replayed.tokens, eager.tokens)
+    assert torch.equal(replayed.margins, eager.margins)
