@@ -8,6 +8,7 @@ calibrated on AR vs stock, and each system is judged against stock. Prints JSON:
 and the fault's rejection rate and the lossless variants' false-rejection rate with sample sizes.
 
     python benchmarks/fault_study.py --device cuda --seeds 8 > benchmarks/results/fault_study-<date>.json
+    python benchmarks/fault_study.py --device cuda --dtype bfloat16 --seeds 12 --budget-seconds 60 > trained.json
     python benchmarks/fault_study.py --figure benchmarks/results/fault_study-<date>.json figure4.png
 
 Imports only torch, numpy and this package's engine/forcing/controller modules (no rich, pydantic or
@@ -58,11 +59,12 @@ def log(message: str) -> None:
 
 
 def engine_for(seed: int, args) -> Engine:
+    dtype = getattr(torch, args.dtype)
     if has_trained_pair() and not args.random_weights:
-        return Engine.load_default(device=args.device)
+        return Engine.load_default(device=args.device, dtype=dtype)
     if args.tiny:
-        return Engine.random(seed, TINY_TARGET, TINY_DRAFTER, device=args.device)
-    return Engine.random(seed, device=args.device)
+        return Engine.random(seed, TINY_TARGET, TINY_DRAFTER, device=args.device, dtype=dtype)
+    return Engine.random(seed, device=args.device, dtype=dtype)
 
 
 def summary(verdict: Verdict) -> dict:
@@ -149,13 +151,16 @@ def figure(results_path: str, png: str) -> None:
     results = json.loads(Path(results_path).read_text())
     first = results["runs"][0]
     verdicts = [Verdict.from_dict(v) for v in first["full_verdicts"].values()]
-    label = f"Fault study, seed {first['seed']} ({results['device']})"
+    model = "synthetic" if results["synthetic"] else "small models trained here"
+    label = f"Fault study, seed {first['seed']} ({results['device']}, {results.get('dtype', 'float32')}; {model})"
     print(plot_figure4(verdicts, png, title=label))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the served systems' and the scorer's passes (the scorer's LM head is float32 either way)")
     parser.add_argument("--seeds", type=int, default=4, help="repeated runs (weights seed and request sample)")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--requests", default=str(ROOT / "requests" / "specpilot-v1.jsonl"))
@@ -165,6 +170,8 @@ def main() -> int:
     parser.add_argument("--audit-sample", type=int, default=200)
     parser.add_argument("--tiny", action="store_true", help="a tiny random model (CPU smoke runs)")
     parser.add_argument("--random-weights", action="store_true", help="random weights even if the trained pair exists")
+    parser.add_argument("--budget-seconds", type=float,
+                        help="start no further seed after this many seconds (a device lease); the JSON counts the runs made")
     parser.add_argument("--figure", nargs=2, metavar=("RESULTS_JSON", "PNG"), help="draw Figure 4 from a results file and exit")
     args = parser.parse_args()
     if args.figure:
@@ -174,7 +181,12 @@ def main() -> int:
         args.device = str(torch.device(args.device if ":" in args.device else "cuda:0"))
     requests = load_requests(args.requests)
     started = time.perf_counter()
-    runs = [one_seed(seed, requests, args) for seed in range(args.first_seed, args.first_seed + args.seeds)]
+    runs = []
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        if runs and args.budget_seconds is not None and time.perf_counter() - started > args.budget_seconds:
+            log(f"budget of {args.budget_seconds:.0f} s spent: stopping after {len(runs)} of {args.seeds} seeds")
+            break
+        runs.append(one_seed(seed, requests, args))
     device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
     result = {
         "benchmark": "fault_study",
@@ -185,6 +197,8 @@ def main() -> int:
         "model": "tiny random" if args.tiny else ("random weights" if any(r["synthetic"] for r in runs) else
                                                   "trained pair (small models trained here, not comparable to the paper's)"),
         "prompt_encoding": "UTF-8 bytes" if any(r["synthetic"] for r in runs) else "the trained pair's tokenizer",
+        "dtype": args.dtype,
+        "seeds_planned": args.seeds,
         "settings": {"max_new_tokens": args.max_new_tokens, "fault_after": args.fault_after, "fault_bias": 2.0,
                      "fault_stride": 7, "requests_per_seed": args.requests_per_seed, "audit_sample": args.audit_sample,
                      "lossless_variants": LOSSLESS},

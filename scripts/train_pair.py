@@ -6,7 +6,8 @@
 
 Steps: (1) read the stdlib files pinned in models/corpus-manifest.json (skipping any whose bytes differ
 on this Python), encode them with models/tokenizer.json into --tokens; (2) train the target, then the
-drafter, seeded (specpilot_mem.engine.train.train); (3) record greedy tokens for the CPU test.
+drafter (distilled on the target's greedy rollouts), seeded (specpilot_mem.engine.train.train); (3) record
+greedy tokens for the CPU test.
 ``--rescan`` re-pins the manifest and retrains the tokenizer from this machine's stdlib.
 """
 
@@ -31,14 +32,16 @@ def main() -> int:
     ap.add_argument("--rescan", action="store_true")
     ap.add_argument("--prepare-only", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--target-seconds", type=float, default=115)
+    ap.add_argument("--target-seconds", type=float, default=80)
+    ap.add_argument("--rollout-seconds", type=float, default=20, help="greedy rollouts of the target to distil the drafter on")
     ap.add_argument("--drafter-seconds", type=float, default=60)
     args = ap.parse_args()
     print(json.dumps(prepare(args.models, args.tokens, rescan=args.rescan)), flush=True)
     if args.prepare_only:
         return 0
     train.main(["--tokens", str(args.tokens), "--out", str(args.models), "--seed", str(args.seed),
-                "--target-seconds", str(args.target_seconds), "--drafter-seconds", str(args.drafter_seconds)])
+                "--target-seconds", str(args.target_seconds), "--rollout-seconds", str(args.rollout_seconds),
+                "--drafter-seconds", str(args.drafter_seconds)])
     return reference.main(["--model-dir", str(args.models), "--tokens", str(args.tokens),
                            "--out", str(args.models / "greedy-reference.json")])
 

@@ -4,10 +4,17 @@ Imports only torch, numpy and safetensors (via the engine), so it runs on the ba
 ``PYTHONPATH=kernels:.``; the corpus arrives pre-tokenized (``corpus.prepare``).
 
     python3 -m specpilot_mem.engine.train.train --tokens .g1data/corpus.npz --out models \
-        --target-seconds 150 --drafter-seconds 90
+        --target-seconds 80 --rollout-seconds 20 --drafter-seconds 60
 
-A time budget picks the step count after a few timed warm-up steps (logged, so ``--target-steps`` /
-``--drafter-steps`` reproduce a run exactly); the learning rate follows a cosine over those steps.
+The drafter is distilled from the target's own greedy decoding: the frozen target continues random
+train-split prompts greedily (rollouts), and the drafter learns to predict the next ``block_size``
+tokens of those continuations from the target's features, which is exactly what verification accepts.
+(Labels taken from the target's argmax on corpus text would be right at the first drafted position
+only: later positions would follow corpus tokens the drafter never sees.)
+
+A time budget picks the step count after a few timed warm-up steps, and the number of rollout rounds
+(all logged, so ``--target-steps`` / ``--rollout-rounds`` / ``--drafter-steps`` reproduce a run
+exactly); the learning rate follows a cosine over the steps.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import argparse
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -52,25 +60,70 @@ def target_loss(model: HybridTarget, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 
-def drafter_batch(target: HybridTarget, drafter: BlockDrafter, tokens: torch.Tensor, anchors_per_seq: int,
-                  generator: torch.Generator):
-    """Drafter inputs and labels from a batch of sequences: labels are the frozen target's argmax
-    (what verification will compare with). Returns (features, valid, anchors, anchor_pos, labels)."""
-    cfg = drafter.cfg
-    B, T = tokens.shape
-    with torch.no_grad():
-        hidden, feats = target.forward_train(tokens)
-        greedy = (hidden @ target.lm_head_weight.t()).argmax(-1)  # greedy[t] = target's next token after t
-    anchor_pos = torch.randint(1, T - cfg.block_size, (B, anchors_per_seq), generator=generator).to(tokens.device)
-    rows = torch.arange(B, device=tokens.device)[:, None].expand_as(anchor_pos)
-    ctx = anchor_pos[..., None] - cfg.context_window + torch.arange(cfg.context_window, device=tokens.device)
+@dataclass
+class Rollouts:
+    """Greedy continuations of the frozen target. tokens [N, T]: a corpus prompt of ``prompt_len``
+    tokens, then the target's greedy tokens; features [N, T, feature_dim]: the target's drafter
+    features at every position (teacher-forced over the whole sequence)."""
+
+    tokens: torch.Tensor
+    features: torch.Tensor
+    prompt_len: int
+
+
+@torch.no_grad()
+def greedy_rollouts(target: HybridTarget, stream: torch.Tensor, count: int, prompt_len: int, new_tokens: int,
+                    generator: torch.Generator) -> Rollouts:
+    """``count`` prompts at random offsets of ``stream``, each continued by ``new_tokens`` greedy tokens.
+
+    Whole-sequence passes per token (no cache: forward_train is batched, the engine's cache is not)."""
+    device = stream.device
+    tokens = take(stream, batch_starts(stream.numel(), prompt_len, count, generator).to(device), prompt_len)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        for _ in range(new_tokens):
+            hidden, _ = target.forward_train(tokens)
+            nxt = (hidden[:, -1] @ target.lm_head_weight.t()).float().argmax(-1)
+            tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+        _, features = target.forward_train(tokens)
+    return Rollouts(tokens, features, prompt_len)
+
+
+def rollout_pool(target: HybridTarget, stream: torch.Tensor, round_size: int, prompt_len: int, new_tokens: int,
+                 rounds: int | None, seconds: float, generator: torch.Generator, log: list) -> Rollouts:
+    """Rounds of ``round_size`` rollouts: ``rounds`` of them, or as many as fit in ``seconds`` (at least one)."""
+    start = time.perf_counter()
+    parts: list[Rollouts] = []
+    while len(parts) < (rounds if rounds is not None else len(parts) + 1):
+        parts.append(greedy_rollouts(target, stream, round_size, prompt_len, new_tokens, generator))
+        if stream.is_cuda:
+            torch.cuda.synchronize()
+        if rounds is None and time.perf_counter() - start >= seconds:
+            break
+    pool = Rollouts(torch.cat([p.tokens for p in parts]), torch.cat([p.features for p in parts]), prompt_len)
+    entry = {"phase": "rollouts", "event": "rounds", "rounds": len(parts), "sequences": pool.tokens.shape[0],
+             "greedy_tokens": pool.tokens.shape[0] * new_tokens, "elapsed_s": round(time.perf_counter() - start, 2)}
+    log.append(entry)
+    print(json.dumps(entry), flush=True)
+    return pool
+
+
+def drafter_batch(pool: Rollouts, cfg: DrafterConfig, rows: int, anchors_per_seq: int, generator: torch.Generator):
+    """Drafter inputs and labels from ``rows`` rollouts of the pool, ``anchors_per_seq`` blocks each.
+
+    An anchor is a committed token at or after the prompt's last one, so each of its block's labels
+    (the next ``block_size`` tokens) is a greedy token of the target. Returns (features [N, W, F],
+    valid [N, W], anchors [N], anchor_pos [N], labels [N, block_size]) with N = rows * anchors_per_seq.
+    """
+    device = pool.tokens.device
+    N, T = pool.tokens.shape
+    seq = torch.randint(0, N, (rows, 1), generator=generator).to(device)
+    anchor_pos = torch.randint(pool.prompt_len - 1, T - cfg.block_size, (rows, anchors_per_seq), generator=generator).to(device)
+    ctx = anchor_pos[..., None] - cfg.context_window + torch.arange(cfg.context_window, device=device)
     valid = ctx >= 0
-    features = feats[rows[..., None], ctx.clamp(min=0)]
-    # The slot j label: the target's argmax after (anchor + j - 1): greedy at anchor_pos + j - 1.
-    label_pos = anchor_pos[..., None] + torch.arange(cfg.block_size, device=tokens.device)
-    labels = greedy[rows[..., None], label_pos]
-    flat = lambda x: x.reshape(B * anchors_per_seq, *x.shape[2:])  # noqa: E731
-    return flat(features), flat(valid), flat(tokens[rows, anchor_pos]), flat(anchor_pos), flat(labels)
+    features = pool.features[seq[..., None], ctx.clamp(min=0)]
+    labels = pool.tokens[seq[..., None], anchor_pos[..., None] + 1 + torch.arange(cfg.block_size, device=device)]
+    flat = lambda x: x.reshape(rows * anchors_per_seq, *x.shape[2:])  # noqa: E731
+    return flat(features), flat(valid), flat(pool.tokens[seq, anchor_pos]), flat(anchor_pos), flat(labels)
 
 
 def drafter_loss(target: HybridTarget, drafter: BlockDrafter, batch, slot_decay: float = 0.9):
@@ -106,14 +159,13 @@ def evaluate_target(model: HybridTarget, stream: torch.Tensor, seq_len: int, max
 
 
 @torch.no_grad()
-def evaluate_drafter(target, drafter, stream, seq_len: int, batches: int, generator) -> dict:
-    """Per-slot top-1 accuracy against the target's argmax and the teacher-forced chain length proxy."""
+def evaluate_drafter(target, drafter, pool: Rollouts, batches: int, generator) -> dict:
+    """Per-slot top-1 accuracy of the base logits against the target's greedy continuation, and the
+    chain-8 tau they give (accepted prefix + the target's own token) on held-out rollouts."""
     accs, chains = [], []
     for _ in range(batches):
-        tokens = take(stream, batch_starts(stream.numel(), seq_len, 8, generator).to(stream.device), seq_len)
-        with torch.autocast(stream.device.type, dtype=torch.bfloat16, enabled=stream.is_cuda):
-            batch = drafter_batch(target, drafter, tokens, 32, generator)
-            features, valid, anchors, anchor_pos, labels = batch
+        with torch.autocast(pool.tokens.device.type, dtype=torch.bfloat16, enabled=pool.tokens.is_cuda):
+            features, valid, anchors, anchor_pos, labels = drafter_batch(pool, drafter.cfg, 8, 32, generator)
             hidden = drafter(target.embed, features, valid, anchors, anchor_pos)
             base = (hidden @ target.lm_head_weight.t()).float()
         hit = base.argmax(-1) == labels
@@ -159,21 +211,29 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=Path, required=True, help="corpus.npz from corpus.prepare")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=64, help="sequences per target step, rollouts per drafter step")
     ap.add_argument("--target-steps", type=int)
-    ap.add_argument("--target-seconds", type=float, default=150)
+    ap.add_argument("--target-seconds", type=float, default=80)
     ap.add_argument("--target-lr", type=float, default=2e-3)
+    ap.add_argument("--prompt-len", type=int, default=64, help="corpus tokens before each greedy rollout")
+    ap.add_argument("--rollout-tokens", type=int, default=128, help="greedy tokens per rollout")
+    ap.add_argument("--rollout-batch", type=int, default=512, help="rollouts per round")
+    ap.add_argument("--rollout-rounds", type=int)
+    ap.add_argument("--rollout-seconds", type=float, default=20)
     ap.add_argument("--drafter-steps", type=int)
-    ap.add_argument("--drafter-seconds", type=float, default=90)
+    ap.add_argument("--drafter-seconds", type=float, default=60)
     ap.add_argument("--drafter-lr", type=float, default=2e-3)
-    ap.add_argument("--anchors", type=int, default=16, help="drafter blocks per training sequence")
+    ap.add_argument("--anchors", type=int, default=16, help="drafter blocks per rollout")
     ap.add_argument("--eval-tokens", type=int, default=400_000)
     ap.add_argument("--target-config", default="{}", help="JSON overrides of TargetConfig fields")
     ap.add_argument("--drafter-config", default="{}", help="JSON overrides of DrafterConfig fields")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--init-from", type=Path, help="continue from the pair in this folder (its configs win; its log is kept)")
     args = ap.parse_args(argv)
+    drafter_cfg = DrafterConfig.from_json(json.dumps({**json.loads(DrafterConfig().to_json()), **json.loads(args.drafter_config)}))
+    if args.rollout_tokens <= drafter_cfg.block_size:
+        ap.error(f"--rollout-tokens {args.rollout_tokens} must exceed the drafter's block ({drafter_cfg.block_size}) to label a block")
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.threads:
@@ -183,7 +243,6 @@ def main(argv=None) -> int:
     data = np.load(args.tokens)
     streams = {s: torch.from_numpy(data[s].astype(np.int64)).to(device) for s in ("train", "dev", "unseen")}
     target_cfg = TargetConfig.from_json(json.dumps({**json.loads(TargetConfig().to_json()), **json.loads(args.target_config)}))
-    drafter_cfg = DrafterConfig.from_json(json.dumps({**json.loads(DrafterConfig().to_json()), **json.loads(args.drafter_config)}))
     earlier: list[dict] = []
     if args.init_from:
         target = weights.load_target(args.init_from / weights.TARGET_FILE, device)
@@ -218,12 +277,12 @@ def main(argv=None) -> int:
     for p in target.parameters():
         p.requires_grad_(False)
 
+    pool = rollout_pool(target, streams["train"], args.rollout_batch, args.prompt_len, args.rollout_tokens,
+                        args.rollout_rounds, args.rollout_seconds, gen, log)
+
     def drafter_step():
-        tokens = take(streams["train"], batch_starts(streams["train"].numel(), args.seq_len, args.batch, gen).to(device),
-                      args.seq_len)
         with autocast():
-            batch = drafter_batch(target, drafter, tokens, args.anchors, gen)
-            return drafter_loss(target, drafter, batch)
+            return drafter_loss(target, drafter, drafter_batch(pool, drafter_cfg, args.batch, args.anchors, gen))
 
     drafter.train()
     drafter_steps = run_phase("drafter", list(drafter.parameters()), drafter_step, args.drafter_steps,
@@ -243,8 +302,9 @@ def main(argv=None) -> int:
     target = weights.load_target(args.out / weights.TARGET_FILE, device)
     drafter = weights.load_drafter(args.out / weights.DRAFTER_FILE, target_cfg, device)
     evals = {f"{s}_loss_nats": evaluate_target(target, streams[s], args.seq_len, args.eval_tokens) for s in ("train", "dev", "unseen")}
-    evals["unseen_drafter"] = evaluate_drafter(target, drafter, streams["unseen"], args.seq_len, 8,
-                                               torch.Generator().manual_seed(args.seed + 1))
+    eval_gen = torch.Generator().manual_seed(args.seed + 1)
+    held_out = greedy_rollouts(target, streams["unseen"], 64, args.prompt_len, args.rollout_tokens, eval_gen)
+    evals["unseen_drafter"] = evaluate_drafter(target, drafter, held_out, 8, eval_gen)
     summary = {"event": "done", "train_seconds": round(train_seconds, 1), "target_steps": target_steps,
                "drafter_steps": drafter_steps, **evals}
     log.append(summary)

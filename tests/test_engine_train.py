@@ -1,0 +1,90 @@
+"""Training the pair: greedy rollouts are the target's own greedy decode, the drafter's labels are the
+next tokens of those rollouts, and one tiny seeded run writes a pair the engine loads."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from specpilot_mem.engine import weights
+from specpilot_mem.engine.config import DrafterConfig, EngineOptions, TargetConfig
+from specpilot_mem.engine.engine import Engine
+from specpilot_mem.engine.model import HybridTarget
+from specpilot_mem.engine.train import train
+
+TINY_TARGET = TargetConfig(vocab_size=256, d_model=32, layer_types=("gdn", "attn"), ffn_dim=64, gdn_heads=2,
+                           gdn_head_dim=16, attn_heads=2, attn_kv_heads=1, attn_head_dim=16, feature_layers=(0, 1))
+TINY_DRAFTER = DrafterConfig(d_model=32, n_layers=1, heads=2, head_dim=16, ffn_dim=64, block_size=4,
+                             context_window=8, top_k=4, selector_rank=8)
+# Top-2 log-prob gap below which two float32 evaluation orders may pick different tokens.
+NEAR_TIE_NATS = 1e-4
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.manual_seed(0)
+    return HybridTarget(TINY_TARGET).eval()
+
+
+def test_rollouts_continue_each_prompt_as_the_engine_decodes_greedily(target):
+    stream = torch.randint(1, TINY_TARGET.vocab_size, (4000,), generator=torch.Generator().manual_seed(1))
+    pool = train.greedy_rollouts(target, stream, 3, 12, 10, torch.Generator().manual_seed(2))
+    assert pool.tokens.shape == (3, 22) and pool.features.shape == (3, 22, TINY_TARGET.feature_dim)
+    engine = Engine(target, None)
+    runs = engine.generate([row[:12].tolist() for row in pool.tokens], "ar", max_new_tokens=10)
+    for row, run in zip(pool.tokens, runs):
+        rolled = row[12:].tolist()
+        if rolled != run.output_ids:
+            first = next(i for i, (a, b) in enumerate(zip(rolled, run.output_ids)) if a != b)
+            gap = engine.score(row[:12].tolist(), run.output_ids).top2_margin[first]
+            assert gap < NEAR_TIE_NATS, f"rollout departs from greedy decoding at token {first} (top-2 gap {gap:.2e})"
+    _, features = target.forward_train(pool.tokens)
+    torch.testing.assert_close(pool.features, features)
+
+
+def test_drafter_blocks_are_labelled_with_the_rollout_tokens_after_the_anchor():
+    prompt_len, length = 6, 20
+    tokens = torch.arange(2 * length).view(2, length) + 1000  # every token names its row and position
+    positions = torch.arange(length, dtype=torch.float32)[None, :, None].expand(2, length, 3)
+    rows = torch.tensor([0.0, 100.0])[:, None, None]
+    pool = train.Rollouts(tokens, positions + rows, prompt_len)
+    features, valid, anchors, anchor_pos, labels = train.drafter_batch(pool, TINY_DRAFTER, 5, 7, torch.Generator().manual_seed(0))
+    assert labels.shape == (35, TINY_DRAFTER.block_size) and features.shape == (35, TINY_DRAFTER.context_window, 3)
+    assert bool((anchor_pos >= prompt_len - 1).all()) and bool((anchor_pos + TINY_DRAFTER.block_size < length).all())
+    row = (anchors - 1000) // length
+    assert torch.equal((anchors - 1000) % length, anchor_pos)
+    step = torch.arange(1, TINY_DRAFTER.block_size + 1)
+    assert torch.equal(labels, anchors[:, None] + step)  # the next block_size tokens of the same rollout
+    context = anchor_pos[:, None] - TINY_DRAFTER.context_window + torch.arange(TINY_DRAFTER.context_window)
+    assert torch.equal(valid, context >= 0)
+    # The features of the positions before the anchor, of the anchor's own rollout.
+    assert torch.equal(features[..., 0][valid], (context + 100 * row[:, None]).float()[valid])
+
+
+def test_seeded_tiny_run_writes_a_pair_the_engine_loads(tmp_path):
+    gen = np.random.default_rng(0)
+    tokens = tmp_path / "corpus.npz"
+    np.savez(tokens, **{s: gen.integers(1, TINY_TARGET.vocab_size, 3000).astype(np.uint16) for s in ("train", "dev", "unseen")})
+    out = tmp_path / "pair"
+    train.main(["--tokens", str(tokens), "--out", str(out), "--seq-len", "32", "--batch", "4", "--target-steps", "4",
+                "--prompt-len", "8", "--rollout-tokens", "8", "--rollout-batch", "4", "--rollout-rounds", "2",
+                "--drafter-steps", "4", "--anchors", "2", "--eval-tokens", "256",
+                "--target-config", TINY_TARGET.to_json(), "--drafter-config", TINY_DRAFTER.to_json()])
+    log = json.loads((out / "training-log.json").read_text())
+    rollouts = next(e for e in log if e.get("phase") == "rollouts")
+    assert rollouts["rounds"] == 2 and rollouts["greedy_tokens"] == 2 * 4 * 8
+    done = log[-1]
+    assert done["event"] == "done" and (done["target_steps"], done["drafter_steps"]) == (4, 4)
+    assert np.isfinite(done["unseen_loss_nats"]) and len(done["unseen_drafter"]["slot_accuracy"]) == TINY_DRAFTER.block_size
+    engine = Engine.load(out, options=EngineOptions(positions=TINY_DRAFTER.block_size))
+    assert engine.target.cfg == TINY_TARGET and engine.drafter.cfg == TINY_DRAFTER
+    run = engine.generate([[5, 6, 7, 8, 9]], "spec", max_new_tokens=6)[0]
+    assert len(run.output_ids) == 6 and run.output_ids == engine.generate([[5, 6, 7, 8, 9]], "ar", max_new_tokens=6)[0].output_ids
+
+
+def test_rollouts_must_be_longer_than_a_drafter_block(tmp_path):
+    with pytest.raises(SystemExit):
+        train.main(["--tokens", str(tmp_path / "none.npz"), "--out", str(tmp_path), "--rollout-tokens", "4",
+                    "--drafter-config", TINY_DRAFTER.to_json()])
+    assert not any(tmp_path.iterdir())
