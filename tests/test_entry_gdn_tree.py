@@ -178,6 +178,22 @@ PROBE = textwrap.dedent("""
                                           verifier.b[i, :B], *verifier.gates[layer_id], before[i], slots, chain,
                                           torch.full((B,), T)))
         for i, layer_id in enumerate(layers))
+
+    from sglang.srt.specpilot.gdn_tree import replaces_state_snapshots
+    refusals = []
+    try:
+        replaces_state_snapshots(types.SimpleNamespace(is_kda=True))
+    except ValueError as err:
+        refusals.append(str(err))
+    ring_pool = HybridReqToTokenPool(size=4, mamba_size=4, mamba_spec_state_size=4, max_context_len=64, device="cpu",
+                                     enable_memory_saver=False, cache_params=params, mamba_layer_ids=layers,
+                                     enable_mamba_extra_buffer=False, speculative_num_draft_tokens=T,
+                                     speculative_eagle_topk=2, enable_linear_replayssm_spec=True)
+    try:
+        GDNAttnBackend(types.SimpleNamespace(**{**vars(runner), "req_to_token_pool": ring_pool}))
+    except ValueError as err:
+        refusals.append(str(err))
+    out["refusals"] = refusals
     print(json.dumps(out))
 """)
 
@@ -233,6 +249,12 @@ def test_chain_drafts_verify_as_one_branch_trees(probes):
     on = probes["on"]
     assert on["chain_parents_from_sglang"] is None
     assert on["chain_verify_error"] < 1e-5
+
+
+def test_settings_it_does_not_cover_are_refused_at_start_up(probes):
+    kda, replay_rings = probes["on"]["refusals"]
+    assert "GDN layers only" in kda and "KDA" in kda
+    assert "--specpilot-gdn-tree-verify cannot run here" in replay_rings and "replayssm" in replay_rings
 
 
 def test_apply_reproduces_and_verify_is_clean(project_entries_home, capsys):
