@@ -101,7 +101,8 @@ class GDNTreeVerifier:
         problems = []
         if cache.intermediate_ssm is not None:
             problems.append(f"this mamba pool ({type(mamba_pool).__name__}) allocated intermediate_ssm anyway")
-        if getattr(mamba_pool, "enable_linear_replayssm", False) or getattr(mamba_pool, "enable_linear_replayssm_spec", False):
+        rings = ("enable_linear_replayssm", "enable_linear_replayssm_spec")
+        if any(getattr(mamba_pool, ring, False) for ring in rings):
             problems.append("--enable-linear-replayssm(-spec) keeps states in rings of its own")
         if not cache.temporal.is_contiguous():
             problems.append("the state pool is strided (envelope / unified memory layout)")
