@@ -2,10 +2,12 @@
 
     PYTHONPATH=kernels:. python benchmarks/certified_head_bench.py [--rows-checked 1048576] [--out FILE]
 
-Prints one JSON document: device, date, command, the measured read bandwidth, the property check
-(certified token vs the exact head's argmax over >= 1M synthetic adversarial rows, real head shape),
-and per row count 1..32: BF16 head (cuBLAS via F.linear) and certified head times, both by CUDA-graph
-replay over rotating weight copies larger than L2, with the INT8 pass's byte floor and fraction.
+Prints one JSON document: device, date, command, the measured read bandwidth, the INT8 tile tuning
+(every tile's time per row count), per row count 1..32: BF16 head (cuBLAS via F.linear) and certified
+head times with the fastest tile, both by CUDA-graph replay over rotating weight copies larger than L2,
+with the INT8 pass's byte floor and fraction, and the property check (certified token vs the exact
+head's argmax over >= 1M synthetic adversarial rows, real head shape). Each section is written to
+``--out`` as soon as it ends; a failing section records its error and the others still run.
 The exact argmax of the check comes from an independent prefilter: cuBLAS logits select every row
 within twice their error bound of the best, and those rows are scored with the exact head's arithmetic.
 """
@@ -31,14 +33,13 @@ from specpilot_kernels.certified_head.rescore import (EXACT_BLOCK_K, EXACT_BLOCK
 VOCAB, HIDDEN = 248320, 5120
 ROW_COUNTS = (1, 2, 4, 8, 16, 32)
 TILES = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
-         for bn, bk, w, s in ((128, 256, 4, 4), (64, 256, 4, 4), (256, 128, 8, 4))]
+         for bn, bk, w, s in ((128, 256, 4, 4), (256, 128, 8, 4), (128, 128, 4, 4), (128, 256, 8, 3))]
 
 
 def read_bandwidth() -> float:
     """Bytes/s of a 4 GiB read-only reduction (median of 10)."""
     buf = torch.ones(1 << 31, dtype=torch.bfloat16, device="cuda")
     ms = triton.testing.do_bench(lambda: buf.sum(dtype=torch.float32), warmup=25, rep=200, return_mode="median")
-    del buf
     return (1 << 32) / (ms * 1e-3)
 
 
@@ -115,6 +116,47 @@ def property_check(head, pairs, rows: int, gen: torch.Generator, chunk: int = 10
             "candidates_mean": counts.mean().item(), "candidates_max": int(counts.max()), "synthetic": True}
 
 
+def tune(heads, gen, no_tune: bool) -> tuple[dict, dict]:
+    """The fastest INT8 tile per row count (the certificate does not depend on it), and every timing."""
+    best_tiles, timings_out = {}, {}
+    probe = torch.randn(32, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
+    for m in ROW_COUNTS:
+        timings = []
+        for tile in TILES[:1] if no_tune else TILES:
+            try:
+                us = triton.testing.do_bench(lambda: certified_argmax_graphable(probe[:m], heads[0], **tile),
+                                             warmup=10, rep=60, return_mode="median") * 1e3
+            except Exception as exc:  # a tile that does not fit (shared memory) is skipped, and said so
+                print(f"tile {tile} failed at M={m}: {exc}", file=sys.stderr)
+                continue
+            timings.append((us, tile))
+        best_tiles[m] = min(timings, key=lambda t: t[0])[1]
+        timings_out[m] = [{"us": us, **tile} for us, tile in timings]
+        print(f"M={m}: " + ", ".join(f"{t['block_n']}x{t['block_k']}w{t['num_warps']}s{t['num_stages']} {us:.0f} us"
+                                      for us, t in timings), file=sys.stderr, flush=True)
+    return best_tiles, timings_out
+
+
+def timing(heads, gen, best_tiles: dict, copies: int, bandwidth: float) -> list[dict]:
+    rows_out = []
+    int8_bytes = VOCAB * HIDDEN + VOCAB * 8
+    for m in ROW_COUNTS:
+        xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+        bf16_us = graph_time_us(lambda i: F.linear(xs[i], heads[i].weight), copies)
+        cert_us = graph_time_us(lambda i: certified_argmax_graphable(xs[i], heads[i], **best_tiles[m]), copies)
+        floor_us = (int8_bytes + m * HIDDEN * 2) / bandwidth * 1e6
+        bf16_floor_us = (VOCAB * HIDDEN * 2 + m * VOCAB * 2) / bandwidth * 1e6
+        _, count = certified_argmax_graphable(xs[0], heads[0], **best_tiles[m])
+        rows_out.append({
+            "M": m, "bf16_head_us": bf16_us, "certified_us": cert_us, "speedup": bf16_us / cert_us,
+            "int8_floor_us": floor_us, "certified_frac_of_int8_floor": floor_us / cert_us,
+            "bf16_frac_of_floor": bf16_floor_us / bf16_us, "tile": best_tiles[m],
+            "candidates_per_row": count.float().mean().item(),
+        })
+        print(json.dumps(rows_out[-1]), file=sys.stderr, flush=True)
+    return rows_out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows-checked", type=int, default=1 << 20)
@@ -130,54 +172,35 @@ def main() -> None:
     for _ in range(args.copies - 1):
         heads.append(quantize_head(weight.clone()))
     print(f"heads ready; read bandwidth {bandwidth / 1e12:.2f} TB/s", file=sys.stderr, flush=True)
-
-    # pick the INT8 tile per row count (the certificate does not depend on it)
-    best_tiles = {}
-    probe = torch.randn(32, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
-    for m in ROW_COUNTS:
-        timings = []
-        for tile in TILES[:1] if args.no_tune else TILES:
-            try:
-                us = triton.testing.do_bench(lambda: certified_argmax_graphable(probe[:m], heads[0], **tile),
-                                             warmup=10, rep=60, return_mode="median") * 1e3
-            except Exception as exc:  # a tile that does not fit (shared memory) is skipped, and said so
-                print(f"tile {tile} failed at M={m}: {exc}", file=sys.stderr)
-                continue
-            timings.append((us, tile))
-        best_tiles[m] = min(timings, key=lambda t: t[0])[1]
-
-    check = property_check(heads[0], pairs, args.rows_checked, gen)
-    print(f"property check: {check}", file=sys.stderr, flush=True)
-
-    rows_out = []
-    int8_bytes = VOCAB * HIDDEN + VOCAB * 8
-    for m in ROW_COUNTS:
-        xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(args.copies)]
-        bf16_us = graph_time_us(lambda i: F.linear(xs[i], heads[i].weight), args.copies)
-        cert_us = graph_time_us(lambda i: certified_argmax_graphable(xs[i], heads[i], **best_tiles[m]), args.copies)
-        floor_us = (int8_bytes + m * HIDDEN * 2) / bandwidth * 1e6
-        bf16_floor_us = (VOCAB * HIDDEN * 2 + m * VOCAB * 2) / bandwidth * 1e6
-        _, count = certified_argmax_graphable(xs[0], heads[0], **best_tiles[m])
-        rows_out.append({
-            "M": m, "bf16_head_us": bf16_us, "certified_us": cert_us, "speedup": bf16_us / cert_us,
-            "int8_floor_us": floor_us, "certified_frac_of_int8_floor": floor_us / cert_us,
-            "bf16_frac_of_floor": bf16_floor_us / bf16_us, "tile": best_tiles[m],
-            "candidates_per_row": count.float().mean().item(),
-        })
-        print(json.dumps(rows_out[-1]), file=sys.stderr, flush=True)
     result = {
         "benchmark": "certified_head", "device": props.name, "date": datetime.datetime.now(datetime.UTC).isoformat(),
         "command": " ".join(["python"] + sys.argv), "torch": torch.__version__, "triton": triton.__version__,
         "synthetic": "random bf16 head (0.02 * N(0,1)) with duplicate, near-duplicate, outlier and rescaled rows",
         "shape": [VOCAB, HIDDEN], "read_bandwidth_TBps": bandwidth / 1e12, "copies": args.copies,
         "timing": "CUDA-graph replay over rotating weight copies (each copy >= 1.2 GB, L2 60 MB), median of 20",
-        "property_check": check, "rows": rows_out,
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
+
+    def record(name, run):
+        try:  # one failing section must not cost the others their figures (one device call holds them all)
+            result[name] = run()
+        except Exception as exc:
+            result[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(result, fh, indent=1)
+
+    best_tiles = {m: TILES[0] for m in ROW_COUNTS}
+
+    def run_tuning():
+        tuned, timings = tune(heads, gen, args.no_tune)
+        best_tiles.update(tuned)
+        return timings
+
+    record("tuning", run_tuning)
+    record("rows", lambda: timing(heads, gen, best_tiles, args.copies, bandwidth))
+    record("property_check", lambda: property_check(heads[0], pairs, args.rows_checked, gen))
+    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -6,13 +6,16 @@
 ``prepare-sglang`` copies ``fused_sigmoid_gating_recurrent.py`` unmodified out of the pinned wheel
 (sha256 checked) into DIR, with import shims for the five helpers it imports from SGLang's utils.
 ``run`` prints one JSON document (device, date, command, figures; synthetic random inputs):
-- bit parity on chains: our commit vs SGLang's verify + snapshot copy (the committed state), and our
-  path-verify outputs vs SGLang's outputs, on chains and on trees (SGLang's tree mode);
+- bit parity on chains: our commit (with and without prefetch) vs SGLang's verify + snapshot copy (the
+  committed state), and each path-verify variant's outputs vs SGLang's, on chains and on trees (SGLang's
+  tree mode);
 - accuracy against the FP64 recurrence (torch reference);
 - time of 48 GDN layers (Qwen3-Next/Qwen3.5 linear-attention heads: 16 key / 32 value heads,
-  K = V = 128, FP32 state) for a 32-node tree: path-verify + commit vs SGLang verify writing every
-  node's state + its commit copy, by CUDA-graph replay, with the snapshot memory each needs;
-- the WY kernel vs the path kernel at 32 and 64 nodes.
+  K = V = 128, FP32 state) for a 32-node tree: path-verify + commit (each of ``VERIFY_CONFIGS``) vs
+  SGLang verify writing every node's state + its commit copy, by CUDA-graph replay, with the state
+  memory each needs;
+- the WY kernel vs the path kernel (default options) at 32 and 64 nodes.
+Each section's figures are written to ``--out`` as soon as it ends; a failing section records its error.
 """
 
 from __future__ import annotations
@@ -89,6 +92,17 @@ def prepare_sglang(target: str) -> None:
 
 
 H, HV, K, V = 16, 32, 128, 128  # Qwen3-Next / Qwen3.5 linear-attention heads (SGLang configs/qwen3_next.py)
+# path-verify variants timed side by side: last session's (replays every restart from the committed state),
+# kept branch states + prefetch at SGLang's tile, and wider value tiles; commit_prefetch is the commit's option
+VERIFY_CONFIGS = [
+    dict(name="replay_bv4", max_saved=0, prefetch=False, block_v=4, num_warps=1, commit_prefetch=False),
+    dict(name="kept8_prefetch_bv4", max_saved=8, prefetch=True, block_v=4, num_warps=1, commit_prefetch=True),
+    dict(name="kept8_prefetch_bv8w2", max_saved=8, prefetch=True, block_v=8, num_warps=2, commit_prefetch=True),
+]
+
+
+def _tile(cfg: dict) -> dict:
+    return {key: cfg[key] for key in ("prefetch", "block_v", "num_warps")}
 
 
 def random_tree(n: int, gen: torch.Generator, chain_bias: float = 0.6) -> list[int]:
@@ -149,6 +163,7 @@ def graph_us(step, replays: int = 20) -> float:
 
 
 def parity(gen) -> dict:
+    """Bit parity with SGLang's kernel: committed states and outputs on chains, outputs on trees (each variant)."""
     from specpilot_kernels.gdn_tree import gdn_tree_commit, gdn_tree_path_verify, tree_schedule
     out = {}
     for state_dtype in (torch.float32, torch.bfloat16):
@@ -157,26 +172,32 @@ def parity(gen) -> dict:
         inter = torch.empty((B, T, HV, V, K), dtype=state_dtype, device="cuda")
         o_sglang = sglang_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, inter)
         chain = torch.tensor([[-1] + list(range(T - 1))] * B, device="cuda")
-        o_ours = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(chain))
         accept_len = torch.randint(1, T + 1, (B,), generator=gen).cuda()
         committed_sglang = pool.clone()
         committed_sglang[idx.long()] = inter[torch.arange(B, device="cuda"), accept_len - 1]
-        committed_ours = pool.clone()
-        gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, committed_ours, idx,
-                        torch.arange(T, device="cuda").repeat(B, 1), accept_len)
         name = str(state_dtype).split(".")[-1]
-        out[f"chain_commit_bit_identical_{name}"] = bool(torch.equal(committed_ours, committed_sglang))
-        out[f"chain_commit_max_abs_diff_{name}"] = (committed_ours.float() - committed_sglang.float()).abs().max().item()
-        out[f"chain_outputs_bit_identical_{name}"] = bool(torch.equal(o_ours, o_sglang))
-        # trees: SGLang's tree mode reloads each parent's snapshot; ours replays root paths
+        for prefetch in (False, True):
+            committed_ours = pool.clone()
+            gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, committed_ours, idx,
+                            torch.arange(T, device="cuda").repeat(B, 1), accept_len, prefetch=prefetch)
+            tag = f"{name}_prefetch{int(prefetch)}"
+            out[f"chain_commit_bit_identical_{tag}"] = bool(torch.equal(committed_ours, committed_sglang))
+            out[f"chain_commit_max_abs_diff_{tag}"] = (committed_ours.float() - committed_sglang.float()).abs().max().item()
+        for cfg in VERIFY_CONFIGS:
+            o_ours = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx,
+                                          tree_schedule(chain, max_saved=cfg["max_saved"]), **_tile(cfg))
+            out[f"chain_outputs_bit_identical_{name}_{cfg['name']}"] = bool(torch.equal(o_ours, o_sglang))
+        # trees: SGLang's tree mode reloads each parent's snapshot; ours replays root paths / restores kept states
         T = 32
         q, k, v, a, b, A_log, dt_bias, (pool,), idx = make_inputs(B, T, gen, state_dtype)
         parents = torch.tensor([random_tree(T, gen) for _ in range(B)], device="cuda")
         inter = torch.empty((B, T, HV, V, K), dtype=state_dtype, device="cuda")
         o_sglang = sglang_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, inter, parents=parents)
-        o_ours = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(parents))
-        out[f"tree_outputs_bit_identical_{name}"] = bool(torch.equal(o_ours, o_sglang))
-        out[f"tree_outputs_max_abs_diff_{name}"] = (o_ours.float() - o_sglang.float()).abs().max().item()
+        for cfg in VERIFY_CONFIGS:
+            o_ours = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx,
+                                          tree_schedule(parents, max_saved=cfg["max_saved"]), **_tile(cfg))
+            out[f"tree_outputs_bit_identical_{name}_{cfg['name']}"] = bool(torch.equal(o_ours, o_sglang))
+            out[f"tree_outputs_max_abs_diff_{name}_{cfg['name']}"] = (o_ours.float() - o_sglang.float()).abs().max().item()
     return out
 
 
@@ -216,30 +237,45 @@ def timing(gen, layers: int) -> list[dict]:
         inter = torch.empty((B, T, HV, V, K), dtype=torch.float32, device="cuda")
         rows_b = torch.arange(B, device="cuda")
 
-        def ours():
-            schedule = tree_schedule(parents)
-            for pool in pools:
-                gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule)
-            for pool in pools:
-                gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, pool, idx, accepted, accept_len)
-
         def stock():
             for pool in pools:
                 sglang_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, inter, parents=parents)
                 pool[idx.long()] = inter[rows_b, accept_len - 1, :, :, :]
 
-        ours_us, stock_us = graph_us(ours), graph_us(stock)
-        schedule = tree_schedule(parents)
-        rows.append({
-            "B": B, "T": T, "layers": layers, "ours_path_verify_plus_commit_us": ours_us,
-            "sglang_snapshot_verify_plus_commit_us": stock_us, "speedup": stock_us / ours_us,
-            "ours_per_node_state_bytes": 0,
-            "sglang_per_node_state_bytes": layers * B * T * HV * V * K * 4,
-            "steps_per_request_with_replays": schedule.replayed_steps().tolist(),
-            "accept_len": accept_len.tolist(),
-        })
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-        del pools, inter
+        stock_us = graph_us(stock)
+        row = {"B": B, "T": T, "layers": layers, "sglang_snapshot_verify_plus_commit_us": stock_us,
+               "sglang_per_node_state_bytes": layers * B * T * HV * V * K * 4, "accept_len": accept_len.tolist(),
+               "variants": []}
+        for cfg in VERIFY_CONFIGS:
+            def ours(cfg=cfg):
+                schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
+                for pool in pools:
+                    gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, **_tile(cfg))
+                for pool in pools:
+                    # the commit keeps SGLang's tile (4 columns, one warp): its bit parity is the contract
+                    gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, pool, idx, accepted, accept_len,
+                                    prefetch=cfg["commit_prefetch"])
+
+            def verify_only(cfg=cfg):
+                schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
+                for pool in pools:
+                    gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, **_tile(cfg))
+
+            ours_us, verify_us = graph_us(ours), graph_us(verify_only)
+            schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
+            row["variants"].append({
+                **cfg, "ours_path_verify_plus_commit_us": ours_us, "ours_verify_only_us": verify_us,
+                "speedup": stock_us / ours_us, "ours_per_node_state_bytes": 0,
+                # kept branch states: a scratch of max_saved states per request, live during one layer's call
+                "ours_branch_state_scratch_bytes": B * cfg["max_saved"] * HV * V * K * 4,
+                "steps_per_request_with_replays": schedule.replayed_steps().tolist(),
+                "states_kept_per_request": (schedule.save_slot >= 0).sum(1).tolist(),
+            })
+            print(json.dumps({"B": B, **row["variants"][-1]}), file=sys.stderr, flush=True)
+        best = max(row["variants"], key=lambda r: r["speedup"])
+        row["best_variant"], row["best_speedup"] = best["name"], best["speedup"]
+        rows.append(row)
+        pools = inter = None  # free this batch's layers before the next one
     return rows
 
 
@@ -275,7 +311,7 @@ def wy_vs_path(gen, layers: int) -> list[dict]:
                          "wy_vs_path_frac_within_1_ulp": (ulps <= 1).float().mean().item(),
                          "path_steps_per_request": schedule.replayed_steps().tolist()})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-            del pools
+            pools = None  # free this batch's layers before the next one
     return rows
 
 
@@ -285,11 +321,18 @@ def run_all(args) -> dict:
               "triton": triton.__version__, "synthetic": "random bf16 inputs, random FP32 states, random trees",
               "shape": {"H": H, "HV": HV, "K": K, "V": V},
               "timing": "CUDA-graph replay of one verify step over all layers, median of 20"}
-    result["parity_with_sglang_0_5_23"] = parity(gen)
-    print(json.dumps(result["parity_with_sglang_0_5_23"]), file=sys.stderr, flush=True)
-    result["accuracy"] = accuracy(gen)
-    result["verify_plus_commit"] = timing(gen, args.layers)
-    result["wy_vs_path"] = wy_vs_path(gen, args.layers)
+    sections = [("parity_with_sglang_0_5_23", lambda: parity(gen)), ("accuracy", lambda: accuracy(gen)),
+                ("verify_plus_commit", lambda: timing(gen, args.layers)),
+                ("wy_vs_path", lambda: wy_vs_path(gen, args.layers))]
+    for name, run in sections:
+        try:  # one failing section must not cost the others their figures (one device call holds them all)
+            result[name] = run()
+        except Exception as exc:
+            result[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(result, fh, indent=1)
     return result
 
 

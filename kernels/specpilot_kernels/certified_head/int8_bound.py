@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compiled kernel per tile for every row count (M=1 included)
 def _int8_bound_kernel(x, qweight, scale, radius_coef, best_lower, count, cand_idx, cand_upper, M, N,
                        K: tl.constexpr, CAP: tl.constexpr, SLACK: tl.constexpr, NORM_INFLATION: tl.constexpr,
                        BLOCK_N: tl.constexpr,

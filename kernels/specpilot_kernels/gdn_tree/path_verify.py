@@ -150,7 +150,7 @@ def tree_schedule(parents: torch.Tensor, num_nodes: torch.Tensor | None = None, 
     save_slot = torch.full((B, T), -1, dtype=torch.int32, device=parents.device)
     _tree_schedule_kernel[(B,)](parents, num_nodes, order, replay_len, replay, restore_slot, save_slot, T=T,
                                 NP2_T=triton.next_power_of_2(T), MAX_SAVED=max_saved,
-                                NP2_S=triton.next_power_of_2(max(max_saved, 1)))
+                                NP2_S=triton.next_power_of_2(max(max_saved, 1)), num_warps=1)  # serial: one warp
     return TreeSchedule(order, replay_len, replay, num_nodes, restore_slot, save_slot, max_saved)
 
 
