@@ -102,16 +102,21 @@ PROBE = textwrap.dedent("""
             spec_info=types.SimpleNamespace(draft_token_num=T, ragged_verify_layout=None,
                                             retrieve_next_token=first_child, retrieve_next_sibling=next_sibling))
         backend.init_forward_metadata(batch)
-        outputs = {}
+        outputs, inputs = {}, {}
         for layer_id in layers:
             dim = 2 * H * K + HV * V
+            if layer_id == layers[0]:  # an identity conv (last tap 1, no activation): q, k, v are the input
+                conv_weights, activation = torch.zeros(dim, W), None
+                conv_weights[:, -1] = 1.0
+            else:
+                conv_weights, activation = torch.randn(dim, W) * 0.3, "silu"
             layer = types.SimpleNamespace(
-                layer_id=layer_id, conv_weights=torch.randn(dim, W) * 0.3, bias=None, activation="silu",
+                layer_id=layer_id, conv_weights=conv_weights, bias=None, activation=activation,
                 A_log=torch.randn(HV) * 0.5, dt_bias=torch.randn(HV) * 0.5, q_dim=H * K, k_dim=H * K, v_dim=HV * V,
                 num_q_heads=H, num_k_heads=H, num_v_heads=HV, head_q_dim=K, head_k_dim=K, head_v_dim=V)
-            outputs[layer_id] = backend.forward_extend(layer, batch, torch.randn(B * T, dim), torch.randn(B * T, HV),
-                                                       torch.randn(B * T, HV))
-        return outputs
+            inputs[layer_id] = (torch.randn(B * T, dim), torch.randn(B * T, HV), torch.randn(B * T, HV))
+            outputs[layer_id] = backend.forward_extend(layer, batch, *inputs[layer_id])
+        return outputs, inputs
 
     def worst_error(result, expected):
         return float((result - expected).abs().max() / expected.abs().max())
@@ -141,7 +146,15 @@ PROBE = textwrap.dedent("""
         raise SystemExit(0)
 
     before = cache.temporal.clone()
-    outputs = verify_step()
+    outputs, inputs = verify_step()
+    mixed, a, b = inputs[layers[0]]
+    q, k, v = mixed.split([H * K, H * K, HV * V], dim=1)
+    out["inputs_kept_exactly"] = (
+        torch.equal(verifier.q[0, :B], q.reshape(B, T, H, K)) and torch.equal(verifier.k[0, :B], k.reshape(B, T, H, K))
+        and torch.equal(verifier.v[0, :B], v.reshape(B, T, HV, V))
+        and all(torch.equal(verifier.a[i, :B], inputs[layer_id][1].reshape(B, T, HV))
+                and torch.equal(verifier.b[i, :B], inputs[layer_id][2].reshape(B, T, HV))
+                for i, layer_id in enumerate(layers)))
     out["parents_from_sglang"] = backend.forward_metadata.retrieve_parent_token[:, 1:].tolist()
     out["verify_error"] = max(
         worst_error(outputs[layer_id].reshape(B, T, HV, V),
@@ -169,7 +182,7 @@ PROBE = textwrap.dedent("""
 
     backend.topk = 1  # a chain draft: SGLang builds no parent links, the verifier uses a one-branch tree
     before = cache.temporal.clone()
-    outputs = verify_step()
+    outputs, _ = verify_step()
     chain = torch.arange(T).expand(B, T) - 1
     out["chain_parents_from_sglang"] = backend.forward_metadata.retrieve_parent_token
     out["chain_verify_error"] = max(
@@ -233,6 +246,7 @@ def test_flag_on_allocates_no_per_token_states(probes):
 
 def test_tree_verify_runs_the_vendored_path_kernel_on_sglangs_parent_links(probes):
     on = probes["on"]
+    assert on["inputs_kept_exactly"]
     assert on["parents_from_sglang"] == [[0, 0, 1, 1, 2], [0, 1, 1, 3, 4]]
     assert on["verify_error"] < 1e-5  # FP32 under the interpreter: reduction order only
 
