@@ -1,11 +1,13 @@
 """W12 GEMM in CUDA C++ with mma.sync (csrc/w12_mma.cu): the sm_120 variant, also run on the H200.
 
-mma.sync m16n8k16 exists on sm_80 and later, including sm_120 (no wgmma there); the kernel uses shared
-memory only for the in-block reduction (at most 64 KB: 16 warps x 64 rows), under sm_120's 99 KB per
-block. The weight planes are re-laid out once (:func:`to_mma_layout`) so each lane loads its own MMA
-fragments: per 16-row tile and 32-column block, lane l = 4g + t holds rows g and g+8 of both k16 steps,
-16 view bytes (one 128-bit load) and 16 nibbles (one 64-bit load). Inside each 32-column block the
-MMA's k order is permuted so that lane t's activations are columns 8t .. 8t+7 (one 128-bit load).
+mma.sync m16n8k16 exists on sm_80 and later, including sm_120 (no wgmma there). Each warp streams its
+weight chunks (view, nibbles, and the tile's row bases and escape offsets) through a private
+shared-memory ring filled by cp.async, 3 KB per slot; the depth is picked at launch from the block's
+occupancy, and two slots for 16 warps fit sm_120's 99 KB per block. The weight planes are re-laid out
+once (:func:`to_mma_layout`) so each lane reads its own MMA fragments: per 16-row tile and 32-column
+block, lane l = 4g + t holds rows g and g+8 of both k16 steps, 16 view bytes and 16 nibbles. Inside each
+32-column block the MMA's k order is permuted so that lane t's activations are columns 8t .. 8t+7 (one
+16-byte load).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .gemm import _split_reduce_kernel
 
 CSRC = Path(__file__).with_name("csrc")
 LOW_BITS_CODES = {"exact": 0, "truncated": 1, "midpoint": 2}
+MAX_ROWS_PER_LAUNCH = 32  # four token tiles of 8 (csrc/w12_mma.cu)
 
 
 def _fragment_index(device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,9 +126,21 @@ def planes_from_mma_layout(mma: W12MmaTensor) -> tuple[torch.Tensor, torch.Tenso
 
 @dataclass(frozen=True)
 class MmaConfig:
-    warps_n: int = 4  # 16-row tiles per block
-    warps_k: int = 1  # warps sharing one tile, reduced in warp order through shared memory
-    splits: int = 1  # K splits, reduced in split order through a workspace
+    """A partition of the (16-row tile, 128-column chunk) work, fixed per (N, K, GPU).
+
+    Tiles (``workers == 0``): ``warps_n`` tiles per block, ``warps_k`` warps per tile (reduced in warp
+    order through shared memory), ``splits`` K splits (reduced in split order through a workspace).
+    Stream (``workers > 0``): the units, tile-major, cut into ``workers`` equal contiguous ranges, one per
+    warp; pieces of tiles shared by several warps are summed in warp order by a second kernel; ``warps_n``
+    is then the warps per block and ``warps_k``/``splits`` are unused. ``stages`` (shared-memory ring
+    slots per warp, 0 = chosen at launch) and, in stream mode, ``warps_n`` never change the result.
+    """
+
+    warps_n: int = 4
+    warps_k: int = 1
+    splits: int = 1
+    stages: int = 0
+    workers: int = 0
 
     def chunks_per_split(self, kp: int) -> int:
         chunks = kp // STEP_K
@@ -184,7 +199,7 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
                  low_bits: str = "exact", out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W^T through the mma.sync kernel.
 
-    x bf16 [M, K] CUDA (M <= 64 per launch; longer inputs in chunks), unit column stride;
+    x bf16 [M, K] CUDA (up to 32 rows per launch; longer inputs in chunks), unit column stride;
     mma: :func:`to_mma_layout` of the weight; out: optional bf16 [M, N] contiguous. Returns y bf16 [M, N].
     The partition comes from ``config`` or (N, K, multiprocessor count) — never from M.
     """
@@ -201,16 +216,22 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
     m_total = x.shape[0]
     y = out if out is not None else torch.empty(m_total, n, dtype=torch.bfloat16, device=x.device)
     ext = _extension()
-    workspace = (torch.empty(splits * min(m_total, 64) * n, dtype=torch.float32, device=x.device)
-                 if splits > 1 else None)
-    for r0 in range(0, m_total, 64):
-        xm, ym = x[r0:r0 + 64], y[r0:r0 + 64]
+    code = LOW_BITS_CODES[low_bits]
+    stream = config.workers > 0
+    rows = MAX_ROWS_PER_LAUNCH
+    if stream:  # two 32-row x 16 pieces per warp (its range's first and last tile)
+        workspace = torch.empty(config.workers * 2 * 32 * 16, dtype=torch.float32, device=x.device)
+    elif splits > 1:
+        workspace = torch.empty(splits * min(m_total, rows) * n, dtype=torch.float32, device=x.device)
+    else:
+        workspace = torch.empty(0, dtype=torch.float32, device=x.device)
+    for r0 in range(0, m_total, rows):
+        xm, ym = x[r0:r0 + rows], y[r0:r0 + rows]
         m = xm.shape[0]
-        target = workspace[: splits * m * n] if splits > 1 else ym
-        ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, target,
-                         n, np_, kp, config.warps_n, config.warps_k, per_split, LOW_BITS_CODES[low_bits],
-                         splits > 1)
-        if splits > 1:
+        partial = workspace[: splits * m * n] if splits > 1 and not stream else workspace
+        ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, ym, partial,
+                         n, np_, kp, config.warps_n, config.warps_k, per_split, config.workers, config.stages, code)
+        if splits > 1 and not stream:
             total = m * n
-            _split_reduce_kernel[(triton.cdiv(total, 1024),)](target, ym, total, SPLITS=splits, BLOCK=1024)
+            _split_reduce_kernel[(triton.cdiv(total, 1024),)](partial, ym, total, SPLITS=splits, BLOCK=1024)
     return y
