@@ -191,6 +191,15 @@ PROBE = textwrap.dedent("""
                                           verifier.b[i, :B], *verifier.gates[layer_id], before[i], slots, chain,
                                           torch.full((B,), T)))
         for i, layer_id in enumerate(layers))
+    hybrid.update_mamba_state_after_mtp_verify(last_correct_step_indices=torch.tensor([2, -1]),
+                                               mamba_track_indices=None, mamba_steps_to_track=None, model=None)
+    out["chain_commit_error"] = max(
+        worst_error(cache.temporal[i][slots[0]],
+                    commit_reference(verifier.k[i, :1], verifier.v[i, :1], verifier.a[i, :1], verifier.b[i, :1],
+                                     *verifier.gates[layer_id], before[i], slots[:1], torch.arange(T)[None],
+                                     torch.tensor([3]))[slots[0]])
+        for i, layer_id in enumerate(layers))
+    out["chain_row_left_alone"] = torch.equal(cache.temporal[:, slots[1]], before[:, slots[1]])
 
     from sglang.srt.specpilot.gdn_tree import replaces_state_snapshots
     refusals = []
@@ -263,6 +272,8 @@ def test_chain_drafts_verify_as_one_branch_trees(probes):
     on = probes["on"]
     assert on["chain_parents_from_sglang"] is None
     assert on["chain_verify_error"] < 1e-5
+    assert on["chain_commit_error"] < 1e-5  # accepted [0, 1, 2] of the first request
+    assert on["chain_row_left_alone"]  # last step -1: the second request's state is not touched
 
 
 def test_settings_it_does_not_cover_are_refused_at_start_up(probes):
