@@ -34,7 +34,7 @@ PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
 ROWS = (1, 2, 4, 8, 16, 32, 48, 64)
 L2_BYTES = 60 * 2**20
 REPLAYS = 15
-TUNE_ROWS = {1: 4, 16: 1, 32: 1}  # rows timed while tuning, with their weight in the score
+TUNE_ROWS = {1: 3, 8: 1, 16: 1, 32: 1}  # rows timed while tuning (1 stands for the ring kernel's 1-4), weights
 
 
 def log(*args):
@@ -102,18 +102,16 @@ def candidate_configs(n: int, k: int, sms: int) -> list[GemmConfig]:
 
 
 def mma_candidates(n: int, k: int, sms: int) -> list[MmaConfig]:
-    """mma.sync partitions with 2 to 64 warps of work per multiprocessor (runtime parameters: no rebuild)."""
+    """mma.sync partitions with at least 2 warps of work per multiprocessor (runtime parameters: no rebuild)."""
     tiles, chunks = -(-n // 16), -(-k // 128)
     out = []
-    for warps_n, warps_k in ((8, 1), (4, 1), (2, 1), (8, 2), (4, 2), (2, 2), (4, 4), (2, 4), (1, 4), (1, 8), (2, 8)):
+    for warps_n, warps_k in ((8, 1), (4, 1), (2, 1), (4, 2), (2, 2), (2, 4), (1, 4), (1, 8)):  # <= 8 warps per block
         for splits in (1, 2, 4, 8):
             warps = tiles * warps_k * splits
-            too_many = warps > 64 * sms and (warps_k > 1 or splits > 1)  # one warp per tile is always a candidate
-            if chunks < 2 * warps_k * splits or warps < 2 * sms or too_many:
+            needless_split = splits > 1 and tiles * warps_k >= 16 * sms  # the tiles alone fill the GPU
+            if chunks < 2 * warps_k * splits or warps < 2 * sms or needless_split:
                 continue
             out.append(MmaConfig(warps_n, warps_k, splits))
-    units = tiles * chunks
-    out += [MmaConfig(4, workers=sms * per_sm) for per_sm in (8, 16, 24, 32) if sms * per_sm <= units]
     default = default_mma_config(n, k, sms)
     return out if default in out else out + [default]
 
@@ -134,11 +132,10 @@ def correctness(sms: int, variants) -> dict:
     mma = to_mma_layout(w12)
     kernels = [(f"triton_bn{c.block_n}_s{c.splits}_asm{int(c.use_asm)}", lambda x, c=c: w12_gemm(x, w12, config=c))
                for c in (GemmConfig(64, 2, 4, 3, True), GemmConfig(64, 2, 4, 3, False), GemmConfig(128, 1, 4, 3, True))]
-    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}_st{c.stages}_w{c.workers}",
+    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}_st{c.stages}",
                  lambda x, c=c: w12_mma_gemm(x, mma, config=c))
                 for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(2, 4, 3, stages=2),
-                          MmaConfig(1, 8, 2, stages=6), MmaConfig(4, workers=37), MmaConfig(4, workers=300, stages=3),
-                          MmaConfig(8, workers=2000))]
+                          MmaConfig(1, 8, 2, stages=6))]
     for key, gemm in kernels:
         if key.split("_")[0] not in variants:
             continue
@@ -152,7 +149,7 @@ def correctness(sms: int, variants) -> dict:
             errs, same = {}, True
             x_first = torch.randn(1, k, device="cuda").bfloat16()
             first_bits = gemm(x_first).view(torch.int16)
-            for m in (1, 3, 8, 9, 16, 17, 32, 33, 48, 64):
+            for m in (1, 3, 4, 5, 8, 9, 16, 17, 32, 33, 48, 64):
                 xm = torch.randn(m, k, device="cuda").bfloat16()
                 xm[0] = x_first[0]
                 ym = gemm(xm)
@@ -204,8 +201,8 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants) -> dict:
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         return graph_time(lambda i: torch.matmul(x, wts[i], out=y), len(ws))
 
-    # autotune at 1, 16 and 32 rows (1 row standing for 1-8, as in the 1-32 geometric mean); the chosen
-    # partition then serves every row count
+    # autotune at 1, 8, 16 and 32 rows, weighted as the rows of the 1-32 geometric mean; the chosen partition
+    # then serves every row count
     tune, best = [], {}
 
     def try_config(variant, cfg):
@@ -227,13 +224,10 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants) -> dict:
             continue
         for cfg in configs[:3] if quick else configs:
             try_config(variant, cfg)
-    if "mma" in best:  # ring depth (occupancy's choice is stages=0) and stream block size on the best partition
+    if "mma" in best:  # ring depth on the best partition (occupancy's choice is stages=0)
         partition = best["mma"][0]
-        for stages in (2, 3, 4, 6):
+        for stages in (2, 3, 4):
             try_config("mma", replace(partition, stages=stages))
-        if partition.workers:
-            for warps in (2, 8):
-                try_config("mma", replace(partition, warps_n=warps))
     if "triton" in best:  # which MMA instruction the tuned Triton kernel uses
         x = torch.randn(16, k, device="cuda").bfloat16()
         y = torch.empty(16, n, device="cuda", dtype=torch.bfloat16)

@@ -14,8 +14,7 @@ from specpilot_kernels.w12.mma import (
 )
 from specpilot_kernels.w12.reference import gemm_reference, qpass_weight_reference
 
-CONFIGS = [MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(4, workers=37),
-           MmaConfig(8, workers=2000)]  # 2000 warps for 63 x 12 units: empty ranges
+CONFIGS = [MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2)]
 
 
 def weight(n=200, k=300, seed=0, device="cpu"):
@@ -76,7 +75,7 @@ def test_kernel_builds_for_sm_120(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"n{c.warps_n}_k{c.warps_k}_s{c.splits}_w{c.workers}")
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"n{c.warps_n}_k{c.warps_k}_s{c.splits}")
 def test_mma_gemm_matches_reference_and_reads_weights_exactly(config):
     w = weight(n=1000, k=1536, device="cuda")
     w12 = encode(w)
@@ -95,20 +94,19 @@ def test_mma_gemm_matches_reference_and_reads_weights_exactly(config):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [MmaConfig(2, 4, 3), MmaConfig(4, workers=300)], ids=["tiles", "stream"])
-def test_mma_row_bits_do_not_depend_on_row_count(config):
+def test_mma_row_bits_do_not_depend_on_row_count():
+    # 1-4 rows run the ring kernel, 5-64 the register kernel: one partition, one order of sums
     mma = to_mma_layout(encode(weight(n=1000, k=1536, device="cuda")))
     x = torch.randn(64, 1536, device="cuda").bfloat16()
+    config = MmaConfig(2, 4, 3)
     alone = w12_mma_gemm(x[:1], mma, config=config).view(torch.int16)
-    for rows in (2, 8, 9, 16, 17, 32, 33, 64):
+    for rows in (2, 4, 5, 8, 9, 16, 17, 32, 33, 64):
         assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config)[:1].view(torch.int16), alone), rows
-    # the stream partition's block size is no part of the sums
-    other = MmaConfig(8, workers=config.workers) if config.workers else MmaConfig(2, 4, 3, stages=2)
-    assert torch.equal(w12_mma_gemm(x[:17], mma, config=other)[:1].view(torch.int16), alone)
+    assert torch.equal(w12_mma_gemm(x[:3], mma, config=MmaConfig(2, 4, 3, stages=2))[:1].view(torch.int16), alone)
 
 
 @pytest.mark.gpu
-def test_mma_chunks_with_more_escapes_than_a_window_and_any_ring_depth():
+def test_mma_chunks_with_more_escapes_than_a_window_in_both_kernels():
     w = weight(n=1000, k=1536, device="cuda")
     w[480:496, 256:900] = 0.0  # one 16-row tile of zeros: hundreds of escapes per 128-column chunk
     w[700] = (torch.randn(1536, device="cuda") * 1e-39).bfloat16()  # a row of denormals
@@ -117,11 +115,14 @@ def test_mma_chunks_with_more_escapes_than_a_window_and_any_ring_depth():
     onehot = torch.eye(1536, device="cuda", dtype=torch.bfloat16)[cols]
     expected = (w[:, cols].t().float() + 0.0).bfloat16()
     x = torch.randn(20, 1536, device="cuda").bfloat16()
-    ref = w12_mma_gemm(x, mma, config=MmaConfig(2, 4, 3)).view(torch.int16)
-    for stages in (0, 2, 3, 5, 8):
+    ref = w12_mma_gemm(x, mma, config=MmaConfig(2, 4, 3)).view(torch.int16)  # the register kernel (5-64 rows)
+    assert torch.equal(w12_mma_gemm(onehot, mma, config=MmaConfig(2, 4, 3)).view(torch.int16), expected.view(torch.int16))
+    for stages in (0, 2, 3, 5, 8):  # the ring kernel (1-4 rows) at any depth
         config = MmaConfig(2, 4, 3, stages=stages)
-        assert torch.equal(w12_mma_gemm(onehot, mma, config=config).view(torch.int16), expected.view(torch.int16))
-        assert torch.equal(w12_mma_gemm(x, mma, config=config).view(torch.int16), ref), stages
+        for r0 in range(0, 32, 4):
+            y = w12_mma_gemm(onehot[r0:r0 + 4], mma, config=config).view(torch.int16)
+            assert torch.equal(y, expected[r0:r0 + 4].view(torch.int16)), (stages, r0)
+        assert torch.equal(w12_mma_gemm(x[:3], mma, config=config).view(torch.int16), ref[:3]), stages
 
 
 @pytest.mark.gpu

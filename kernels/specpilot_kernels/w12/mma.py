@@ -1,13 +1,14 @@
 """W12 GEMM in CUDA C++ with mma.sync (csrc/w12_mma.cu): the sm_120 variant, also run on the H200.
 
-mma.sync m16n8k16 exists on sm_80 and later, including sm_120 (no wgmma there). Each warp streams its
-weight chunks (view, nibbles, and the tile's row bases and escape offsets) through a private
-shared-memory ring filled by cp.async, 3 KB per slot; the depth is picked at launch from the block's
-occupancy, and two slots for 16 warps fit sm_120's 99 KB per block. The weight planes are re-laid out
-once (:func:`to_mma_layout`) so each lane reads its own MMA fragments: per 16-row tile and 32-column
-block, lane l = 4g + t holds rows g and g+8 of both k16 steps, 16 view bytes and 16 nibbles. Inside each
-32-column block the MMA's k order is permuted so that lane t's activations are columns 8t .. 8t+7 (one
-16-byte load).
+mma.sync m16n8k16 exists on sm_80 and later, including sm_120 (no wgmma there). Two kernels share one
+partition and one order of sums, so a row's bits do not depend on which runs: at 1-4 rows each warp
+streams its weight chunks (view, nibbles, the tile's row bases and escape offsets) through a private
+shared-memory ring filled by cp.async, 3 KB per slot (two slots for 16 warps fit sm_120's 99 KB per
+block); at 5-64 rows each warp holds its next chunk in registers and leaves shared memory to L1, which
+holds the activations. The weight planes are re-laid out once (:func:`to_mma_layout`) so each lane reads
+its own MMA fragments: per 16-row tile and 32-column block, lane l = 4g + t holds rows g and g+8 of both
+k16 steps, 16 view bytes and 16 nibbles. Inside each 32-column block the MMA's k order is permuted so
+that lane t's activations are columns 8t .. 8t+7 (one 16-byte load).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .gemm import _split_reduce_kernel
 
 CSRC = Path(__file__).with_name("csrc")
 LOW_BITS_CODES = {"exact": 0, "truncated": 1, "midpoint": 2}
-MAX_ROWS_PER_LAUNCH = 32  # four token tiles of 8 (csrc/w12_mma.cu)
+MAX_ROWS_PER_LAUNCH = 64  # eight token tiles of 8 (csrc/w12_mma.cu)
 
 
 def _fragment_index(device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,21 +127,12 @@ def planes_from_mma_layout(mma: W12MmaTensor) -> tuple[torch.Tensor, torch.Tenso
 
 @dataclass(frozen=True)
 class MmaConfig:
-    """A partition of the (16-row tile, 128-column chunk) work, fixed per (N, K, GPU).
+    """A partition of the (16-row tile, 128-column chunk) work, fixed per (N, K, GPU), never by M."""
 
-    Tiles (``workers == 0``): ``warps_n`` tiles per block, ``warps_k`` warps per tile (reduced in warp
-    order through shared memory), ``splits`` K splits (reduced in split order through a workspace).
-    Stream (``workers > 0``): the units, tile-major, cut into ``workers`` equal contiguous ranges, one per
-    warp; pieces of tiles shared by several warps are summed in warp order by a second kernel; ``warps_n``
-    is then the warps per block and ``warps_k``/``splits`` are unused. ``stages`` (shared-memory ring
-    slots per warp, 0 = chosen at launch) and, in stream mode, ``warps_n`` never change the result.
-    """
-
-    warps_n: int = 4
-    warps_k: int = 1
-    splits: int = 1
-    stages: int = 0
-    workers: int = 0
+    warps_n: int = 4  # 16-row tiles per block
+    warps_k: int = 1  # warps sharing one tile, reduced in warp order through shared memory
+    splits: int = 1  # K splits, reduced in split order through a workspace
+    stages: int = 0  # ring kernel (1-4 rows): shared-memory slots per warp, 0 = from occupancy; never changes results
 
     def chunks_per_split(self, kp: int) -> int:
         chunks = kp // STEP_K
@@ -199,7 +191,7 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
                  low_bits: str = "exact", out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W^T through the mma.sync kernel.
 
-    x bf16 [M, K] CUDA (up to 32 rows per launch; longer inputs in chunks), unit column stride;
+    x bf16 [M, K] CUDA (up to 64 rows per launch; longer inputs in chunks), unit column stride;
     mma: :func:`to_mma_layout` of the weight; out: optional bf16 [M, N] contiguous. Returns y bf16 [M, N].
     The partition comes from ``config`` or (N, K, multiprocessor count) — never from M.
     """
@@ -217,21 +209,15 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
     y = out if out is not None else torch.empty(m_total, n, dtype=torch.bfloat16, device=x.device)
     ext = _extension()
     code = LOW_BITS_CODES[low_bits]
-    stream = config.workers > 0
     rows = MAX_ROWS_PER_LAUNCH
-    if stream:  # two 32-row x 16 pieces per warp (its range's first and last tile)
-        workspace = torch.empty(config.workers * 2 * 32 * 16, dtype=torch.float32, device=x.device)
-    elif splits > 1:
-        workspace = torch.empty(splits * min(m_total, rows) * n, dtype=torch.float32, device=x.device)
-    else:
-        workspace = torch.empty(0, dtype=torch.float32, device=x.device)
+    workspace = (torch.empty(splits * min(m_total, rows) * n, dtype=torch.float32, device=x.device)
+                 if splits > 1 else torch.empty(0, dtype=torch.float32, device=x.device))
     for r0 in range(0, m_total, rows):
         xm, ym = x[r0:r0 + rows], y[r0:r0 + rows]
         m = xm.shape[0]
-        partial = workspace[: splits * m * n] if splits > 1 and not stream else workspace
+        partial = workspace[: splits * m * n]
         ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, ym, partial,
-                         n, np_, kp, config.warps_n, config.warps_k, per_split, config.workers, config.stages, code)
-        if splits > 1 and not stream:
-            total = m * n
-            _split_reduce_kernel[(triton.cdiv(total, 1024),)](partial, ym, total, SPLITS=splits, BLOCK=1024)
+                         n, np_, kp, config.warps_n, config.warps_k, per_split, config.stages, code)
+        if splits > 1:
+            _split_reduce_kernel[(triton.cdiv(m * n, 1024),)](partial, ym, m * n, SPLITS=splits, BLOCK=1024)
     return y

@@ -9,20 +9,15 @@
 // 128-column) chunk are patched into the owning lane's register before the MMA; a warp keeps a window
 // of 32 of its tile's escapes in registers (one per lane) and finds each block's by ballot.
 //
-// Streaming (v4): each warp owns a ring of `stages` shared-memory slots; a slot holds one chunk's view
-// (2 KB), nibbles (1 KB) and, up to 8 rows, the chunk's activation rows (M x 256 bytes, rows 320 bytes
-// apart so the 16-byte fragment reads of rows g and g+1 fall in different bank halves). cp.async keeps
-// stages - 1 chunks in flight per warp while the warp decodes and multiplies the oldest; the launcher
-// picks the depth from the occupancy of the block's shared memory. The ring is private to the warp.
-//
-// Two partitions, both fixed by (N, K, GPU) and neither depending on M or on the ring depth:
-// - tiles (workers == 0): a warp owns one 16-row tile and an interleaved set of its chunks; warps of one
-//   tile reduce through shared memory in warp order, K splits through a workspace summed in split order;
-// - stream (workers > 0): the (tile, chunk) units, tile-major, are cut into `workers` contiguous ranges
-//   of equal length, one per warp, so every multiprocessor streams the same number of bytes whatever
-//   the tile count. A warp writes the tiles it covers whole; the pieces of a tile shared by several warps
-//   go to a workspace and a second kernel sums them in warp order.
-// No atomics anywhere.
+// Two kernels, one partition and one order of sums (so a row's bits do not depend on which runs):
+// - ring (1-4 rows): each warp owns a ring of `stages` shared-memory slots holding one chunk's view
+//   (2 KB), nibbles (1 KB) and its tile's row bases and escape offsets; cp.async keeps stages - 1 chunks
+//   in flight per warp while the warp decodes and multiplies the oldest (the launcher picks the depth
+//   from occupancy). The ring is private to the warp.
+// - register (5-64 rows): each warp holds its next chunk in registers and reads activations through L1.
+// The partition is fixed by (N, K, GPU), never by M: a warp owns one 16-row tile and an interleaved set
+// of its 128-column chunks; warps of one tile reduce through shared memory in warp order, K splits
+// through a workspace summed in split order. No atomics.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -39,9 +34,9 @@ constexpr int kBlocksPerChunk = 4;   // 4 x 32 columns = one 128-column chunk (t
 constexpr int kViewBytes = 2048;     // per (16-row tile, chunk)
 constexpr int kNibbleBytes = 1024;
 constexpr int kMaxStages = 8;
-constexpr int kMaxRows = 32;         // rows per launch (MT <= 4 token tiles of 8)
+constexpr int kMaxRows = 64;         // rows per launch (up to 8 token tiles of 8)
+constexpr int kRingRows = 4;         // the ring kernel's rows; the register kernel takes 5-64
 constexpr int kMaxWarpsPerBlock = 16;
-constexpr int kMaxStreamWarpsPerBlock = 8;
 constexpr int kInflightChunksPerSm = 48;  // ~144 KB of weights in flight per multiprocessor
 
 __device__ __forceinline__ uint32_t spread_signed(uint32_t word, uint32_t selector) {
@@ -99,7 +94,7 @@ constexpr int kMetaBytes = 32;
 __host__ __device__ constexpr int stage_bytes(int low_bits) { return meta_offset(low_bits) + kMetaBytes; }
 
 // One warp's streaming state: its ring and its escape window.
-template <int MT, int LOW_BITS>
+template <int LOW_BITS>
 struct WarpStream {
   const W12MmaArgs& args;
   uint8_t* ring;
@@ -150,8 +145,8 @@ struct WarpStream {
     load_window();
   }
 
-  // acc += x[:, chunk] . W[tile rows, chunk]^T from ring slot `slot_index`.
-  __device__ __forceinline__ void multiply_chunk(int slot_index, int chunk, float (&acc)[MT][4]) {
+  // acc += x[:, chunk] . W[tile rows, chunk]^T from ring slot `slot_index` (up to 8 token rows).
+  __device__ __forceinline__ void multiply_chunk(int slot_index, int chunk, float (&acc)[4]) {
     const int g = lane >> 2, t = lane & 3;
     const uint8_t* slot = ring + slot_index * slot_bytes;
     const uint32_t base_lo = uint32_t(slot[kMeta + g]) * 0x00800080u;  // base << 7, both lanes
@@ -161,24 +156,18 @@ struct WarpStream {
       e_begin = *reinterpret_cast<const int*>(slot + kMeta + 16);
       e_end = *reinterpret_cast<const int*>(slot + kMeta + 20);
     }
-    // Activations come through L1 (shared by the warps of a multiprocessor; in the ring they would cost
-    // M x 256 bytes per slot per warp), XG blocks' worth at a time so their loads are in flight together
-    // (all four blocks fit the registers only at 9-16 rows, next to the 32-row accumulators or the
-    // 64-register budget of the 8-row kernels).
-    constexpr int XG = MT == 2 ? kBlocksPerChunk : 2;
-    uint4 xg[XG][MT];
+    // Activations come through L1 (shared by the warps of a multiprocessor), two blocks' worth at a time
+    // so their loads are in flight together within the 64-register budget.
+    constexpr int XG = 2;
+    uint4 xg[XG];
 #pragma unroll
     for (int u = 0; u < kBlocksPerChunk; ++u) {
       if (u % XG == 0) {
 #pragma unroll
         for (int b = 0; b < XG; ++b)
-#pragma unroll
-          for (int j = 0; j < MT; ++j) {
-            const int m = j * 8 + g;
-            xg[b][j] = m < args.m ? __ldg(reinterpret_cast<const uint4*>(
-                                                     args.x + (size_t)m * args.ldx + chunk * 128 + (u + b) * 32 + 8 * t))
-                                               : make_uint4(0, 0, 0, 0);
-          }
+          xg[b] = g < args.m ? __ldg(reinterpret_cast<const uint4*>(args.x + (size_t)g * args.ldx + chunk * 128 +
+                                                                    (u + b) * 32 + 8 * t))
+                             : make_uint4(0, 0, 0, 0);
       }
       const uint4 v = *reinterpret_cast<const uint4*>(slot + u * 512 + lane * 16);
       uint2 nb;
@@ -239,40 +228,16 @@ struct WarpStream {
       }
       const uint32_t lo[4] = {a[0], a[1], a[2], a[3]};
       const uint32_t hi[4] = {a[4], a[5], a[6], a[7]};
-#pragma unroll
-      for (int j = 0; j < MT; ++j) {
-        const uint4 xv = xg[u % XG][j];
-        mma_bf16(acc[j], lo, xv.x, xv.y);
-        mma_bf16(acc[j], hi, xv.z, xv.w);
-      }
+      const uint4 xv = xg[u % XG];
+      mma_bf16(acc, lo, xv.x, xv.y);
+      mma_bf16(acc, hi, xv.z, xv.w);
     }
   }
 };
 
-// Accumulator element q of token tile j (m16n8 C fragment): output row tile*16 + g + 8 (q >> 1), token
-// j * 8 + 2t + (q & 1).
-template <int MT>
-__device__ __forceinline__ void store_tile(const W12MmaArgs& args, int tile, int lane, const float (&acc)[MT][4],
-                                           float* piece) {
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int j = 0; j < MT; ++j)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int r = g + 8 * (q >> 1), n = tile * 16 + r;
-      const int m = j * 8 + 2 * t + (q & 1);
-      if (m < args.m) {
-        if (piece)
-          piece[m * 16 + r] = acc[j][q];
-        else if (n < args.n)
-          args.y[(size_t)m * args.n + n] = __float2bfloat16_rn(acc[j][q]);
-      }
-    }
-}
-
-// Up to 8 rows the kernels are held to 64 registers so 32 warps fit a multiprocessor.
-template <int MT, int LOW_BITS>
-__global__ void __launch_bounds__(512, MT == 1 ? 2 : 1) w12_mma_kernel(W12MmaArgs args) {
+// 1-4 rows: the ring kernel, held to 64 registers so 32 warps fit a multiprocessor.
+template <int LOW_BITS>
+__global__ void __launch_bounds__(512, 2) w12_mma_ring_kernel(W12MmaArgs args) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -281,7 +246,7 @@ __global__ void __launch_bounds__(512, MT == 1 ? 2 : 1) w12_mma_kernel(W12MmaArg
   const int tile = blockIdx.x * args.warps_n + warp_n;
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
-  WarpStream<MT, LOW_BITS> stream(args, smem, warp, lane);
+  WarpStream<LOW_BITS> stream(args, smem, warp, lane);
 
   const int first = blockIdx.y * args.chunks_per_split + warp_k;
   const int last = min((int)(blockIdx.y + 1) * args.chunks_per_split, chunks);
@@ -293,9 +258,7 @@ __global__ void __launch_bounds__(512, MT == 1 ? 2 : 1) w12_mma_kernel(W12MmaArg
   };
   for (int s = 0; s < args.stages - 1; ++s) issue(s, s);
 
-  float acc[MT][4];
-#pragma unroll
-  for (int j = 0; j < MT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
   if (count > 0) {
     stream.begin(tile * chunks + first, tile * chunks + last);
     int read_slot = 0, write_slot = args.stages - 1;
@@ -314,6 +277,175 @@ __global__ void __launch_bounds__(512, MT == 1 ? 2 : 1) w12_mma_kernel(W12MmaArg
   if (args.warps_k > 1) {
     __syncthreads();
     float* red = reinterpret_cast<float*>(smem);
+    float* mine = red + ((size_t)warp * 32 + lane) * 4;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) mine[q] = acc[q];
+    __syncthreads();
+    if (warp_k != 0) return;
+    for (int wk = 1; wk < args.warps_k; ++wk) {
+      const float* other = red + ((size_t)(wk * args.warps_n + warp_n) * 32 + lane) * 4;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[q] += other[q];
+    }
+  }
+  if (tile >= tiles) return;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int n = tile * 16 + g + 8 * (q >> 1);
+    const int m = 2 * t + (q & 1);
+    if (n < args.n && m < args.m) {
+      if (args.partial)
+        args.partial[((size_t)blockIdx.y * args.m + m) * args.n + n] = acc[q];
+      else
+        args.y[(size_t)m * args.n + n] = __float2bfloat16_rn(acc[q]);
+    }
+  }
+}
+
+// 5-64 rows: each warp holds its next chunk in registers and reads activations through L1 (the ring's
+// shared memory would shrink L1, which holds the activations the warps of a multiprocessor share; the
+// v4d A/B in docs/w12-notes.md). Same partition and order of sums as the ring kernel: identical bits.
+template <int MT, int LOW_BITS>
+__global__ void w12_mma_register_kernel(W12MmaArgs args) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warp_n = warp % args.warps_n;
+  const int warp_k = warp / args.warps_n;
+  const int tile = blockIdx.x * args.warps_n + warp_n;
+  const int g = lane >> 2, t = lane & 3;
+  const int tiles = args.n_padded / 16;
+  const int chunks = args.k_padded / 128;
+  const int kblocks = args.k_padded / 32;
+
+  float acc[MT][4];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+  if (tile < tiles) {
+    const uint32_t base_lo = uint32_t(args.base[tile * 16 + g]) * 0x00800080u;  // base << 7, both lanes
+    const uint32_t base_hi = uint32_t(args.base[tile * 16 + g + 8]) * 0x00800080u;
+    const uint4* view = reinterpret_cast<const uint4*>(args.view) + (size_t)tile * kblocks * 32 + lane;
+    const uint2* nibs = reinterpret_cast<const uint2*>(args.nibbles) + (size_t)tile * kblocks * 32 + lane;
+    const int first = blockIdx.y * args.chunks_per_split + warp_k;
+    const int last = min((int)(blockIdx.y + 1) * args.chunks_per_split, chunks);
+
+    // Escape window: lane i holds escape win + i of this tile's range (sorted by chunk, then position).
+    const int e_lo = args.esc_ptr[tile * chunks + min(first, chunks)];
+    const int e_hi = args.esc_ptr[tile * chunks + last];
+    int win = e_lo;
+    uint32_t my_loc = 0xFFFFFFFFu, my_val = 0;
+    auto load_window = [&]() {
+      const int idx = win + lane;
+      my_loc = idx < e_hi ? uint32_t(args.esc_loc[idx]) : 0xFFFFFFFFu;
+      my_val = idx < e_hi ? uint32_t(args.esc_val[idx]) : 0u;
+    };
+    if (LOW_BITS == 0) load_window();
+
+    uint4 v_next[kBlocksPerChunk];
+    uint2 n_next[kBlocksPerChunk];
+    auto load_chunk = [&](int chunk) {
+#pragma unroll
+      for (int u = 0; u < kBlocksPerChunk; ++u) {
+        const size_t off = (size_t)(chunk * kBlocksPerChunk + u) * 32;
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v_next[u].x), "=r"(v_next[u].y), "=r"(v_next[u].z), "=r"(v_next[u].w)
+                     : "l"(view + off));
+        if (LOW_BITS == 0) {
+          asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
+                       : "=r"(n_next[u].x), "=r"(n_next[u].y) : "l"(nibs + off));
+        }
+      }
+    };
+    if (first < last) load_chunk(first);
+    for (int chunk = first; chunk < last; chunk += args.warps_k) {
+      uint4 v[kBlocksPerChunk];
+      uint2 nb[kBlocksPerChunk];
+#pragma unroll
+      for (int u = 0; u < kBlocksPerChunk; ++u) {
+        v[u] = v_next[u];
+        nb[u] = LOW_BITS == 0 ? n_next[u] : make_uint2(LOW_BITS == 2 ? 0x88888888u : 0u, LOW_BITS == 2 ? 0x88888888u : 0u);
+      }
+      if (chunk + args.warps_k < last) load_chunk(chunk + args.warps_k);
+      // activations of this chunk: one 16-byte load per token row and 32-column block
+      uint4 xv[kBlocksPerChunk][MT];
+#pragma unroll
+      for (int u = 0; u < kBlocksPerChunk; ++u)
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+          const int m = j * 8 + g;
+          xv[u][j] = m < args.m ? __ldg(reinterpret_cast<const uint4*>(
+                                      args.x + (size_t)m * args.ldx + (chunk * kBlocksPerChunk + u) * 32 + 8 * t))
+                                : make_uint4(0, 0, 0, 0);
+        }
+
+      uint32_t a[kBlocksPerChunk][8];
+#pragma unroll
+      for (int u = 0; u < kBlocksPerChunk; ++u) {
+        const uint32_t words[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+        const uint32_t nw[2] = {nb[u].x, nb[u].y};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {  // word w: step w/2; pairs: row g then row g+8
+          const uint32_t n = nw[w >> 1] >> (8 * (w & 1));
+          a[u][2 * w] = decode_pair(words[w], 0x9180u, base_lo, n);
+          a[u][2 * w + 1] = decode_pair(words[w], 0xB3A2u, base_hi, n >> 4);
+        }
+        if (LOW_BITS != 0) {  // Q pass: view bytes s.0000.000 are E4M3 zeros
+#pragma unroll
+          for (int r = 0; r < 8; ++r) {
+            const uint32_t x = spread_signed(words[r >> 1], (r & 1) ? 0xB3A2u : 0x9180u);
+            if ((x & 0x7Fu) == 0) a[u][r] = (a[u][r] & 0xFFFF0000u) | (x & 0x8000u);
+            if ((x & 0x007F0000u) == 0) a[u][r] = (a[u][r] & 0x0000FFFFu) | (x & 0x80000000u);
+          }
+        }
+      }
+      if (LOW_BITS == 0) {
+        while (true) {
+          uint32_t hits = __ballot_sync(0xFFFFFFFFu, (my_loc >> 11) == uint32_t(chunk));
+          while (hits) {
+            const int src = __ffs(hits) - 1;
+            hits &= hits - 1;
+            const uint32_t loc = __shfl_sync(0xFFFFFFFFu, my_loc, src);
+            const uint32_t value = __shfl_sync(0xFFFFFFFFu, my_val, src);
+            const int r = (loc >> 7) & 15, c = loc & 127;
+            const int u = c >> 5, lt = (c >> 3) & 3, s = (c >> 2) & 1, q = (c >> 1) & 1;
+            if (lane == (r & 7) * 4 + lt) {
+              const int reg = 4 * s + 2 * q + (r >> 3);
+              const bool high = c & 1;
+#pragma unroll
+              for (int uu = 0; uu < kBlocksPerChunk; ++uu)
+#pragma unroll
+                for (int rr = 0; rr < 8; ++rr)
+                  if (uu == u && rr == reg)
+                    a[uu][rr] = high ? (a[uu][rr] & 0x0000FFFFu) | (value << 16) : (a[uu][rr] & 0xFFFF0000u) | value;
+            }
+          }
+          // the window is spent once its last escape is at or before this chunk: slide it (rare)
+          const uint32_t last_loc = __shfl_sync(0xFFFFFFFFu, my_loc, 31);
+          if (win + 32 < e_hi && (last_loc >> 11) <= uint32_t(chunk)) {
+            win += 32;
+            load_window();
+            continue;
+          }
+          break;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBlocksPerChunk; ++u) {
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          const uint32_t frag[4] = {a[u][4 * s], a[u][4 * s + 1], a[u][4 * s + 2], a[u][4 * s + 3]};
+#pragma unroll
+          for (int j = 0; j < MT; ++j)
+            mma_bf16(acc[j], frag, s ? xv[u][j].z : xv[u][j].x, s ? xv[u][j].w : xv[u][j].y);
+        }
+      }
+    }
+  }
+
+  // Warps of one tile reduce in warp_k order through shared memory.
+  extern __shared__ float red[];
+  if (args.warps_k > 1) {
     float* mine = red + ((size_t)warp * 32 + lane) * MT * 4;
 #pragma unroll
     for (int j = 0; j < MT; ++j)
@@ -330,7 +462,6 @@ __global__ void __launch_bounds__(512, MT == 1 ? 2 : 1) w12_mma_kernel(W12MmaArg
     }
   }
   if (tile >= tiles) return;
-  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < MT; ++j) {
 #pragma unroll
@@ -347,101 +478,20 @@ __global__ void __launch_bounds__(512, MT == 1 ? 2 : 1) w12_mma_kernel(W12MmaArg
   }
 }
 
-// Stream partition: warp w owns units [start(w), start(w + 1)), start(w) = w * units / workers.
-__host__ __device__ __forceinline__ long long stream_start(long long w, long long units, long long workers) {
-  return w * units / workers;
-}
-// The warp whose range holds unit u (the largest w with start(w) <= u).
-__device__ __forceinline__ long long stream_owner(long long u, long long units, long long workers) {
-  return ((u + 1) * workers + units - 1) / units - 1;
-}
-
-template <int MT, int LOW_BITS>
-__global__ void __launch_bounds__(MT == 1 ? 256 : 512, MT == 1 ? 4 : 1) w12_mma_stream_kernel(W12MmaArgs args) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const long long worker = (long long)blockIdx.x * (blockDim.x >> 5) + warp;
-  if (worker >= args.workers) return;  // no block barrier in this kernel
-  const int chunks = args.k_padded / 128;
-  const long long units = (long long)(args.n_padded / 16) * chunks;
-  const long long start = stream_start(worker, units, args.workers);
-  const int count = (int)(stream_start(worker + 1, units, args.workers) - start);
-  if (count == 0) return;
-  const long long end = start + count;
-  const int first_tile = (int)(start / chunks);
-  WarpStream<MT, LOW_BITS> stream(args, smem, warp, lane);
-
-  auto issue = [&](int i, int slot) {
-    if (i < count) stream.copy_chunk((int)((start + i) / chunks), (int)((start + i) % chunks), slot);
-    copy_commit();
-  };
-  for (int s = 0; s < args.stages - 1; ++s) issue(s, s);
-
-  stream.begin((int)start, (int)end);
-  float acc[MT][4];
-  int read_slot = 0, write_slot = args.stages - 1;
-  for (int i = 0; i < count; ++i) {
-    const int tile = (int)((start + i) / chunks), chunk = (int)((start + i) % chunks);
-    if (i == 0 || chunk == 0) {  // a new tile: a fresh accumulator
-#pragma unroll
-      for (int j = 0; j < MT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    }
-    copy_wait(args.stages - 2);
-    __syncwarp();  // nibble bytes were copied by other lanes; and every lane is done with write_slot
-    issue(i + args.stages - 1, write_slot);
-    write_slot = write_slot + 1 == args.stages ? 0 : write_slot + 1;
-    stream.multiply_chunk(read_slot, chunk, acc);
-    read_slot = read_slot + 1 == args.stages ? 0 : read_slot + 1;
-    if (chunk == chunks - 1 || i == count - 1) {
-      const long long tile_start = (long long)tile * chunks;
-      const bool whole = tile_start >= start && tile_start + chunks <= end;
-      // a shared tile's piece: slot 0 for the range's first tile, slot 1 for its last
-      float* piece = whole ? nullptr
-                           : args.partial + ((size_t)worker * 2 + (tile == first_tile ? 0 : 1)) * kMaxRows * 16;
-      store_tile<MT>(args, tile, lane, acc, piece);
-    }
-  }
-  asm volatile("cp.async.wait_all;" ::: "memory");
-}
-
-// Sums the pieces of each tile that several warps of the stream partition share, in warp order.
-__global__ void w12_stream_fixup_kernel(W12MmaArgs args) {
-  const int chunks = args.k_padded / 128;
-  const long long units = (long long)(args.n_padded / 16) * chunks;
-  const int tile = blockIdx.x;
-  const long long w0 = stream_owner((long long)tile * chunks, units, args.workers);
-  const long long w1 = stream_owner((long long)tile * chunks + chunks - 1, units, args.workers);
-  if (w0 == w1) return;  // one warp covered the whole tile and wrote it
-  for (int idx = threadIdx.x; idx < args.m * 16; idx += blockDim.x) {
-    const int m = idx >> 4, r = idx & 15, n = tile * 16 + r;
-    if (n >= args.n) continue;
-    float sum = 0.f;
-    for (long long w = w0; w <= w1; ++w) {
-      const long long w_start = stream_start(w, units, args.workers);
-      if (stream_start(w + 1, units, args.workers) == w_start) continue;  // an empty range (more warps than units)
-      const int slot = w_start / chunks == tile ? 0 : 1;
-      sum += args.partial[((size_t)w * 2 + slot) * kMaxRows * 16 + m * 16 + r];
-    }
-    args.y[(size_t)m * args.n + n] = __float2bfloat16_rn(sum);
-  }
-}
-
 // Ring depth for one launch: as many resident warps as possible (the H200 sweep of run 2 in
 // docs/w12-notes.md: a deeper ring that costs resident warps is slower), then as many chunks in flight
 // per multiprocessor as useful (up to kInflightChunksPerSm). Cached per launch geometry.
 template <typename Kernel>
-cudaError_t choose_stages(Kernel kernel, const W12MmaArgs& args, int low_bits, int mt, int warps, int per_warp,
+cudaError_t choose_stages(Kernel kernel, const W12MmaArgs& args, int low_bits, int warps, int per_warp,
                           int& stages, size_t& smem) {
   int device = 0, optin = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  const int reduction = warps * 32 * mt * 4 * (int)sizeof(float);
+  const int reduction = warps * 32 * 4 * (int)sizeof(float);
   auto bytes_for = [&](int s) { return (size_t)std::max(warps * s * stage_bytes(low_bits), reduction); };
-  using Key = std::tuple<const void*, int, int, int, int, int>;
+  using Key = std::tuple<const void*, int, int, int, int>;
   static thread_local std::map<Key, int> cache;
-  const Key key{reinterpret_cast<const void*>(kernel), device, warps, args.m, std::min(per_warp + 1, kMaxStages),
-                args.stages};
+  const Key key{reinterpret_cast<const void*>(kernel), device, warps, std::min(per_warp + 1, kMaxStages), args.stages};
   auto hit = cache.find(key);
   if (hit != cache.end()) {
     stages = hit->second;
@@ -476,51 +526,52 @@ cudaError_t choose_stages(Kernel kernel, const W12MmaArgs& args, int low_bits, i
   return cudaSuccess;
 }
 
-template <int MT, int LOW_BITS>
-cudaError_t launch_mt(W12MmaArgs args, cudaStream_t stream) {
+template <int LOW_BITS>
+cudaError_t launch_ring(W12MmaArgs args, cudaStream_t stream) {
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
-  size_t smem = 0;
-  int stages = 0;
-  cudaError_t err;
-  if (args.workers > 0) {  // stream partition: warps_n warps per block
-    const long long units = (long long)tiles * chunks;
-    const int per_warp = (int)((units + args.workers - 1) / args.workers);
-    err = choose_stages(w12_mma_stream_kernel<MT, LOW_BITS>, args, LOW_BITS, MT, args.warps_n, per_warp, stages, smem);
-    if (err != cudaSuccess) return err;
-    args.stages = stages;
-    const int blocks = (args.workers + args.warps_n - 1) / args.warps_n;
-    w12_mma_stream_kernel<MT, LOW_BITS><<<blocks, 32 * args.warps_n, smem, stream>>>(args);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-    w12_stream_fixup_kernel<<<tiles, 128, 0, stream>>>(args);
-    return cudaGetLastError();
-  }
   const int warps = args.warps_n * args.warps_k;
   const int per_warp = (args.chunks_per_split + args.warps_k - 1) / args.warps_k;
-  err = choose_stages(w12_mma_kernel<MT, LOW_BITS>, args, LOW_BITS, MT, warps, per_warp, stages, smem);
+  size_t smem = 0;
+  int stages = 0;
+  const cudaError_t err = choose_stages(w12_mma_ring_kernel<LOW_BITS>, args, LOW_BITS, warps, per_warp, stages, smem);
   if (err != cudaSuccess) return err;
   args.stages = stages;
   dim3 grid((tiles + args.warps_n - 1) / args.warps_n, (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
-  w12_mma_kernel<MT, LOW_BITS><<<grid, 32 * warps, smem, stream>>>(args);
+  w12_mma_ring_kernel<LOW_BITS><<<grid, 32 * warps, smem, stream>>>(args);
   return cudaGetLastError();
 }
 
-template <int MT>
-cudaError_t launch_low_bits(const W12MmaArgs& args, int low_bits, cudaStream_t stream) {
-  return low_bits == 0 ? launch_mt<MT, 0>(args, stream)
-         : low_bits == 1 ? launch_mt<MT, 1>(args, stream)
-                         : launch_mt<MT, 2>(args, stream);
+template <int MT, int LOW_BITS>
+cudaError_t launch_register(const W12MmaArgs& args, cudaStream_t stream) {
+  const int tiles = args.n_padded / 16;
+  const int chunks = args.k_padded / 128;
+  dim3 grid((tiles + args.warps_n - 1) / args.warps_n, (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
+  dim3 block(32 * args.warps_n * args.warps_k);
+  const size_t smem = args.warps_k > 1 ? (size_t)block.x * MT * 4 * sizeof(float) : 0;
+  auto kernel = w12_mma_register_kernel<MT, LOW_BITS>;
+  if (smem > 48 * 1024) {  // the in-block reduction of 16 warps x 64 rows needs 64 KB (sm_120 allows 99 KB)
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<grid, block, smem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+template <int LOW_BITS>
+cudaError_t launch_rows(const W12MmaArgs& args, cudaStream_t stream) {
+  // Token tiles of 8: 1, 2, 4 or 8 (up to 64 rows); each tile's MMA is independent of the others.
+  if (args.m <= kRingRows) return launch_ring<LOW_BITS>(args, stream);
+  if (args.m <= 8) return launch_register<1, LOW_BITS>(args, stream);
+  if (args.m <= 16) return launch_register<2, LOW_BITS>(args, stream);
+  if (args.m <= 32) return launch_register<4, LOW_BITS>(args, stream);
+  return launch_register<8, LOW_BITS>(args, stream);
 }
 
 }  // namespace
 
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream) {
-  // Token tiles of 8: 1, 2 or 4 (up to 32 rows per launch); each tile's MMA is independent of the others.
-  const int warps = args.workers > 0 ? args.warps_n : args.warps_n * args.warps_k;
-  const int most = args.workers > 0 ? kMaxStreamWarpsPerBlock : kMaxWarpsPerBlock;
-  if (args.m < 1 || args.m > kMaxRows || warps < 1 || warps > most) return cudaErrorInvalidValue;
-  if (args.m <= 8) return launch_low_bits<1>(args, low_bits, stream);
-  if (args.m <= 16) return launch_low_bits<2>(args, low_bits, stream);
-  return launch_low_bits<4>(args, low_bits, stream);
+  if (args.m < 1 || args.m > kMaxRows || args.warps_n * args.warps_k < 1 || args.warps_n * args.warps_k > kMaxWarpsPerBlock)
+    return cudaErrorInvalidValue;
+  return low_bits == 0 ? launch_rows<0>(args, stream) : low_bits == 1 ? launch_rows<1>(args, stream) : launch_rows<2>(args, stream);
 }

@@ -5,21 +5,20 @@
 #include <stdint.h>
 
 struct W12MmaArgs {
-  const __nv_bfloat16* x;  // [m, ldx] activations, m <= 32, k_padded columns readable, 16-byte aligned rows
+  const __nv_bfloat16* x;  // [m, ldx] activations, m <= 64, k_padded columns readable, 16-byte aligned rows
   const uint8_t* view;     // fragment layout: [n_padded/16][k_padded/32][32 lanes][16 bytes]
   const uint8_t* nibbles;  // fragment layout: [n_padded/16][k_padded/32][32 lanes][8 bytes]
   const uint8_t* base;     // [n_padded]
   const int32_t* esc_ptr;  // [n_padded/16 * k_padded/128 + 1] CSR over (16-row tile, 128-column chunk)
   const int32_t* esc_loc;  // chunk << 11 | (row % 16) << 7 | (column % 128), sorted per tile
   const uint16_t* esc_val; // exact BF16 bits
-  float* partial;          // tiles: [splits][m][n] when K is split, else nullptr; stream: [workers][2][32][16]
-  __nv_bfloat16* y;        // [m][n] (tiles: when K is not split)
+  float* partial;          // [splits][m][n] when K is split, else nullptr
+  __nv_bfloat16* y;        // [m][n] when K is not split
   int m, n, k, ldx, n_padded, k_padded;
   int warps_n, warps_k, chunks_per_split;  // the partition (from N, K and the GPU, never from m)
-  int workers;             // > 0: stream partition over this many warps (warps_n = warps per block)
-  int stages;              // shared-memory ring slots per warp: 0 = chosen from occupancy (no effect on bits)
+  int stages;              // ring kernel (1-4 rows): shared-memory slots per warp, 0 = from occupancy (no effect on bits)
 };
 
-// cudaErrorInvalidValue: m outside 1..32 or more than 16 warps per block (8 in the stream partition); cudaErrorInvalidConfiguration:
+// cudaErrorInvalidValue: m outside 1..64 or more than 16 warps per block; cudaErrorInvalidConfiguration:
 // two ring slots per warp do not fit the block's shared memory.
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream);
