@@ -101,6 +101,11 @@ VERIFY_CONFIGS = [
 ]
 
 
+def _selected(variants: str) -> list[dict]:
+    """The VERIFY_CONFIGS named in a comma-separated list (all when it is empty)."""
+    return [c for c in VERIFY_CONFIGS if not variants or c["name"] in variants.split(",")]
+
+
 def _tile(cfg: dict) -> dict:
     return {key: cfg[key] for key in ("prefetch", "block_v", "num_warps")}
 
@@ -162,9 +167,10 @@ def graph_us(step, replays: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def parity(gen) -> dict:
+def parity(gen, variants: str = "") -> dict:
     """Bit parity with SGLang's kernel: committed states and outputs on chains, outputs on trees (each variant)."""
     from specpilot_kernels.gdn_tree import gdn_tree_commit, gdn_tree_path_verify, tree_schedule
+    configs = _selected(variants)
     out = {}
     for state_dtype in (torch.float32, torch.bfloat16):
         B, T = 4, 16
@@ -183,7 +189,7 @@ def parity(gen) -> dict:
             tag = f"{name}_prefetch{int(prefetch)}"
             out[f"chain_commit_bit_identical_{tag}"] = bool(torch.equal(committed_ours, committed_sglang))
             out[f"chain_commit_max_abs_diff_{tag}"] = (committed_ours.float() - committed_sglang.float()).abs().max().item()
-        for cfg in VERIFY_CONFIGS:
+        for cfg in configs:
             o_ours = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx,
                                           tree_schedule(chain, max_saved=cfg["max_saved"]), **_tile(cfg))
             out[f"chain_outputs_bit_identical_{name}_{cfg['name']}"] = bool(torch.equal(o_ours, o_sglang))
@@ -193,7 +199,7 @@ def parity(gen) -> dict:
         parents = torch.tensor([random_tree(T, gen) for _ in range(B)], device="cuda")
         inter = torch.empty((B, T, HV, V, K), dtype=state_dtype, device="cuda")
         o_sglang = sglang_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, inter, parents=parents)
-        for cfg in VERIFY_CONFIGS:
+        for cfg in configs:
             o_ours = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx,
                                           tree_schedule(parents, max_saved=cfg["max_saved"]), **_tile(cfg))
             out[f"tree_outputs_bit_identical_{name}_{cfg['name']}"] = bool(torch.equal(o_ours, o_sglang))
@@ -214,7 +220,7 @@ def accuracy(gen) -> dict:
     return {"path_verify_fp32_inputs_rel_l2_vs_fp64_reference": err.item()}
 
 
-def timing(gen, layers: int) -> list[dict]:
+def timing(gen, layers: int, variants: str = "") -> list[dict]:
     from specpilot_kernels.gdn_tree import gdn_tree_commit, gdn_tree_path_verify, tree_schedule
     rows = []
     T = 32
@@ -246,7 +252,7 @@ def timing(gen, layers: int) -> list[dict]:
         row = {"B": B, "T": T, "layers": layers, "sglang_snapshot_verify_plus_commit_us": stock_us,
                "sglang_per_node_state_bytes": layers * B * T * HV * V * K * 4, "accept_len": accept_len.tolist(),
                "variants": []}
-        for cfg in VERIFY_CONFIGS:
+        for cfg in _selected(variants):
             def ours(cfg=cfg):
                 schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
                 for pool in pools:
@@ -321,10 +327,13 @@ def run_all(args) -> dict:
               "triton": triton.__version__, "synthetic": "random bf16 inputs, random FP32 states, random trees",
               "shape": {"H": H, "HV": HV, "K": K, "V": V},
               "timing": "CUDA-graph replay of one verify step over all layers, median of 20"}
-    sections = [("parity_with_sglang_0_5_23", lambda: parity(gen)), ("accuracy", lambda: accuracy(gen)),
-                ("verify_plus_commit", lambda: timing(gen, args.layers)),
+    sections = [("parity_with_sglang_0_5_23", lambda: parity(gen, args.variants)),
+                ("accuracy", lambda: accuracy(gen)),
+                ("verify_plus_commit", lambda: timing(gen, args.layers, args.variants)),
                 ("wy_vs_path", lambda: wy_vs_path(gen, args.layers))]
     for name, run in sections:
+        if args.sections and name not in args.sections.split(","):
+            continue
         try:  # one failing section must not cost the others their figures (one device call holds them all)
             result[name] = run()
         except Exception as exc:
@@ -344,6 +353,10 @@ def main() -> None:
     run = sub.add_parser("run")
     run.add_argument("--out", default=None)
     run.add_argument("--layers", type=int, default=48)
+    run.add_argument("--sections", default="", help="comma-separated sections to run (default: all): "
+                     "parity_with_sglang_0_5_23, accuracy, verify_plus_commit, wy_vs_path")
+    run.add_argument("--variants", default="", help="comma-separated VERIFY_CONFIGS names to check and time "
+                     "(default: all)")
     args = parser.parse_args()
     if args.verb == "prepare-sglang":
         prepare_sglang(args.target)

@@ -3,11 +3,12 @@
 - :func:`quantize_head` — the INT8 copy, per-row scales and radius coefficients (once per model).
 - :func:`certified_argmax` — the exact head's argmax; :func:`certified_argmax_graphable` without sync.
 - :func:`exact_head_logits` — the exact head whose argmax is certified (same arithmetic as rescoring).
+- :func:`int8_pass` — the INT8 pass alone (bounds and candidate lists), for timing it apart.
 ``reference.py`` defines the exact semantics.
 """
 
-from .head import certified_argmax, certified_argmax_graphable, exact_head_logits
+from .head import certified_argmax, certified_argmax_graphable, exact_head_logits, int8_pass
 from .reference import CertifiedHead, quantize_head
 
-__all__ = ["CertifiedHead", "certified_argmax", "certified_argmax_graphable", "exact_head_logits",
+__all__ = ["CertifiedHead", "certified_argmax", "certified_argmax_graphable", "exact_head_logits", "int8_pass",
            "quantize_head"]

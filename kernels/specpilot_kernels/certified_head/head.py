@@ -51,19 +51,16 @@ def exact_head_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,
-                               block_n: int = 128, block_k: int = 256, num_warps: int = 4,
-                               num_stages: int = 4, rescore_programs: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """The certified argmax without host synchronisation (CUDA-graph capturable).
+def int8_pass(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096, block_n: int = 128,
+              block_k: int = 128, num_warps: int = 4, num_stages: int = 4):
+    """The INT8 pass alone (its reset included): bounds and candidate lists, no rescoring.
 
     Args:
         x: [M, K] bf16, M <= 32; head: :func:`.reference.quantize_head` of the [N, K] bf16 head.
-        max_survivors: candidate-list capacity per row; beyond it the row's token is -1.
-        block_n, block_k, num_warps, num_stages: INT8-pass tile; rescore_programs: programs per row sharing
-            its candidate list (a power of two). Tuning only: the tokens do not depend on them.
+        max_survivors: candidate-list capacity per row; block_n, block_k, num_warps, num_stages: the tile.
     Returns:
-        tokens: [M] int64 (the exact head's argmax, lowest index on ties; -1 where the list overflowed);
-        candidates: [M] int32, rows appended to each candidate list (overflow when > max_survivors).
+        best_lower: [M] fp32, the best lower bound; count: [M] int32, rows appended to each list;
+        cand_idx: [M, max_survivors] int32 and cand_upper: [M, max_survivors] fp32, the first ``count`` valid.
     """
     M, K = _check(x, head.weight)
     if M > MAX_ROWS:
@@ -74,20 +71,43 @@ def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_surv
     count = torch.zeros(M, dtype=torch.int32, device=dev)
     cand_idx = torch.empty((M, max_survivors), dtype=torch.int32, device=dev)
     cand_upper = torch.empty((M, max_survivors), dtype=torch.float32, device=dev)
+    _int8_bound_kernel[(triton.cdiv(N, block_n),)](
+        x, head.qweight, head.scale, head.radius_coef, best_lower, count, cand_idx, cand_upper, M, N,
+        K=K, CAP=max_survivors, SLACK=BOUND_SLACK, NORM_INFLATION=NORM_INFLATION, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_M=max(16, triton.next_power_of_2(M)), DOT_FP32=interpreting(), num_warps=num_warps,
+        num_stages=num_stages)
+    return best_lower, count, cand_idx, cand_upper
+
+
+def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,
+                               block_n: int = 128, block_k: int = 128, num_warps: int = 4,
+                               num_stages: int = 4, rescore_programs: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """The certified argmax without host synchronisation (CUDA-graph capturable).
+
+    Args:
+        x: [M, K] bf16, M <= 32; head: :func:`.reference.quantize_head` of the [N, K] bf16 head.
+        max_survivors: candidate-list capacity per row; beyond it the row's token is -1.
+        block_n, block_k, num_warps, num_stages: INT8-pass tile; rescore_programs: programs per row sharing
+            its candidate list (a power of two; 64 gives each program one block of 64 candidates of a
+            4096-entry list, so the rescore's serial chain is one block long). Tuning only: the tokens do
+            not depend on them.
+    Returns:
+        tokens: [M] int64 (the exact head's argmax, lowest index on ties; -1 where the list overflowed);
+        candidates: [M] int32, rows appended to each candidate list (overflow when > max_survivors).
+    """
+    best_lower, count, cand_idx, cand_upper = int8_pass(x, head, max_survivors=max_survivors, block_n=block_n,
+                                                        block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    M, K = x.shape
+    dev = x.device
     part_val = torch.empty((M, rescore_programs), dtype=torch.float32, device=dev)
     part_idx = torch.empty((M, rescore_programs), dtype=torch.int32, device=dev)
     tokens = torch.empty(M, dtype=torch.int64, device=dev)
     dot_fp32 = interpreting()
-    block_m = max(16, triton.next_power_of_2(M))
-    _int8_bound_kernel[(triton.cdiv(N, block_n),)](
-        x, head.qweight, head.scale, head.radius_coef, best_lower, count, cand_idx, cand_upper, M, N,
-        K=K, CAP=max_survivors, SLACK=BOUND_SLACK, NORM_INFLATION=NORM_INFLATION, BLOCK_N=block_n, BLOCK_K=block_k,
-        BLOCK_M=block_m, DOT_FP32=dot_fp32, num_warps=num_warps, num_stages=num_stages)
     _rescore_kernel[(M, rescore_programs)](
         x, head.weight, best_lower, count, cand_idx, cand_upper, part_val, part_idx, K=K, CAP=max_survivors,
         G=rescore_programs, BS=EXACT_BLOCK_S, BLOCK_K=EXACT_BLOCK_K, DOT_FP32=dot_fp32, num_warps=EXACT_NUM_WARPS)
     _finalize_kernel[(1,)](part_val, part_idx, count, tokens, M, CAP=max_survivors, G=rescore_programs,
-                           BLOCK_M=block_m)
+                           BLOCK_M=max(16, triton.next_power_of_2(M)))
     return tokens, count
 
 

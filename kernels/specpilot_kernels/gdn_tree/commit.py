@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .path_verify import TreeSchedule, _check_inputs, _path_verify_kernel
+from .path_verify import _check_inputs, _path_verify_kernel
 
 
 def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
@@ -37,18 +37,13 @@ def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
     if accepted.shape != (B, T) or accept_len.shape != (B,):
         raise ValueError(f"accepted must be [{B}, {T}] and accept_len [{B}], got {tuple(accepted.shape)} and "
                          f"{tuple(accept_len.shape)}")
-    # the accepted path as a schedule that never restarts: each node continues from the one before
-    chain = TreeSchedule(order=accepted.to(torch.int32).contiguous(),
-                         replay_len=torch.full((B, T), -1, dtype=torch.int32, device=q.device),
-                         replay=torch.empty(1, dtype=torch.int32, device=q.device),
-                         num_nodes=accept_len.to(torch.int32).contiguous())
-    unused = chain.restore_slot  # no restarts, nothing kept: MAX_SAVED=0 compiles the verify's step code alone
+    # the accepted path read as it is (any integer dtype): one launch per layer, no conversion kernels
+    order, lengths = accepted.contiguous(), accept_len.contiguous()
     scratch = torch.empty(v.shape, dtype=q.dtype, device=q.device)  # the path's outputs, not needed here
     grid = (triton.cdiv(V, block_v), B, HV)
-    _path_verify_kernel[grid](
-        q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, chain.order, chain.replay_len, chain.replay,
-        unused, unused, unused, chain.num_nodes, scratch, 1, softplus_beta, softplus_threshold,
-        scale if scale is not None else K ** -0.5,
+    _path_verify_kernel[grid](  # CHAIN: the schedule's restart and kept-state arrays are never read
+        q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, order, order, order, order, order, order,
+        lengths, scratch, 1, softplus_beta, softplus_threshold, scale if scale is not None else K ** -0.5,
         T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, USE_QK_L2NORM=use_qk_l2norm,
-        MAX_SAVED=0, PREFETCH=prefetch, num_warps=num_warps, num_stages=3,
+        MAX_SAVED=0, PREFETCH=prefetch, CHAIN=True, num_warps=num_warps, num_stages=3,
     )
