@@ -49,7 +49,9 @@ def test_drafter_blocks_are_labelled_with_the_rollout_tokens_after_the_anchor():
     positions = torch.arange(length, dtype=torch.float32)[None, :, None].expand(2, length, 3)
     rows = torch.tensor([0.0, 100.0])[:, None, None]
     pool = train.Rollouts(tokens, positions + rows, prompt_len)
-    features, valid, anchors, anchor_pos, labels = train.drafter_batch(pool, TINY_DRAFTER, 5, 7, torch.Generator().manual_seed(0))
+    features, valid, anchors, anchor_pos, labels, labelled = train.drafter_batch(pool, TINY_DRAFTER, 5, 7,
+                                                                                 torch.Generator().manual_seed(0))
+    assert bool(labelled.all())
     assert labels.shape == (35, TINY_DRAFTER.block_size) and features.shape == (35, TINY_DRAFTER.context_window, 3)
     assert bool((anchor_pos >= prompt_len - 1).all()) and bool((anchor_pos + TINY_DRAFTER.block_size < length).all())
     row = (anchors - 1000) // length
@@ -60,6 +62,27 @@ def test_drafter_blocks_are_labelled_with_the_rollout_tokens_after_the_anchor():
     assert torch.equal(valid, context >= 0)
     # The features of the positions before the anchor, of the anchor's own rollout.
     assert torch.equal(features[..., 0][valid], (context + 100 * row[:, None]).float()[valid])
+
+
+def test_corpus_blocks_label_a_slot_only_while_the_corpus_follows_the_target_argmax(target):
+    gen = torch.Generator().manual_seed(3)
+    stream = torch.randint(1, TINY_TARGET.vocab_size, (4000,), generator=gen)
+    # Continue half of each sequence greedily so that long on-path stretches exist.
+    corpus = train.greedy_rollouts(target, stream, 4, 24, 24, gen).tokens
+    corpus[:, 30] = (corpus[:, 30] + 1) % TINY_TARGET.vocab_size  # one departure inside the greedy part
+    features, valid, anchors, anchor_pos, labels, labelled = train.corpus_batch(target, TINY_DRAFTER, corpus, 16, gen)
+    hidden, feats = target.forward_train(corpus)
+    greedy = (hidden @ target.lm_head_weight.t()).argmax(-1)
+    row = torch.arange(4).repeat_interleave(16)
+    for n in range(row.numel()):
+        r, a = int(row[n]), int(anchor_pos[n])
+        assert int(anchors[n]) == int(corpus[r, a])
+        assert labels[n].tolist() == greedy[r, a:a + TINY_DRAFTER.block_size].tolist()
+        followed = [bool(corpus[r, a + i + 1] == greedy[r, a + i]) for i in range(TINY_DRAFTER.block_size - 1)]
+        expected = [True] + [all(followed[:j]) for j in range(1, TINY_DRAFTER.block_size)]
+        assert labelled[n].tolist() == expected
+    assert bool(labelled[:, 1:].any()) and not bool(labelled.all())
+    torch.testing.assert_close(features[valid], feats[row[:, None].expand_as(valid), (anchor_pos[:, None] - TINY_DRAFTER.context_window + torch.arange(TINY_DRAFTER.context_window)).clamp(min=0)][valid])
 
 
 def test_seeded_tiny_run_writes_a_pair_the_engine_loads(tmp_path):

@@ -9,7 +9,7 @@ import torch
 from specpilot_kernels.w12 import (
     FORMAT_VERSION, W12Error, check_roundtrip, decode, encode, fp8_view, from_canonical, to_canonical,
 )
-from specpilot_kernels.w12.format import RECORD_BYTES, W12Tensor, escape_positions
+from specpilot_kernels.w12.format import RECORD_BYTES, STEP_K, W12Tensor, escape_positions
 from specpilot_kernels.w12.reference import choose_base, qpass_weight_reference
 
 _spec = importlib.util.spec_from_file_location(
@@ -185,7 +185,8 @@ def test_trained_network_weights_roundtrip(path):
     # ships trained weights); every 2-D tensor must decode bit for bit (encode() checks it).
     stats = checkpoint_stats(str(path))
     assert stats["tensors"]
-    # A tensor smaller than a 128x64 record pays for the padding of a whole one; tensors made of whole
-    # records must cost about 12 bits per weight, headers, bases and escapes included.
-    whole = {name: t for name, t in stats["tensors"].items() if t["shape"][0] % 128 == 0 and t["shape"][1] % 64 == 0}
+    # Rows pad to 128 and columns to the kernel layout's 128-column step (STEP_K), so e.g. a [4096, 64]
+    # selector embedding stores twice its size; tensors that need no padding must cost about 12 bits per
+    # weight, headers, bases and escapes included.
+    whole = {name: t for name, t in stats["tensors"].items() if t["shape"][0] % 128 == 0 and t["shape"][1] % STEP_K == 0}
     assert whole and all(t["bits_per_weight"] < 12.2 for t in whole.values()), whole

@@ -4,13 +4,14 @@ Imports only torch, numpy and safetensors (via the engine), so it runs on the ba
 ``PYTHONPATH=kernels:.``; the corpus arrives pre-tokenized (``corpus.prepare``).
 
     python3 -m specpilot_mem.engine.train.train --tokens .g1data/corpus.npz --out models \
-        --target-seconds 80 --rollout-seconds 20 --drafter-seconds 60
+        --target-seconds 70 --rollout-seconds 15 --drafter-seconds 55
 
-The drafter is distilled from the target's own greedy decoding: the frozen target continues random
-train-split prompts greedily (rollouts), and the drafter learns to predict the next ``block_size``
-tokens of those continuations from the target's features, which is exactly what verification accepts.
-(Labels taken from the target's argmax on corpus text would be right at the first drafted position
-only: later positions would follow corpus tokens the drafter never sees.)
+The drafter is distilled from the target's own greedy decoding, which is exactly what verification
+accepts: each step mixes corpus blocks labelled by the target's argmax, each slot only while the
+corpus has followed that argmax (``corpus_batch``: exact labels, varied contexts), with blocks of
+greedy continuations of train-split prompts (rollouts: the contexts decoding itself produces, but
+few enough that a drafter trained on them alone memorizes them). An argmax label past the first
+point where the corpus departs from it would follow corpus tokens the drafter never sees.
 
 A time budget picks the step count after a few timed warm-up steps, and the number of rollout rounds
 (all logged, so ``--target-steps`` / ``--rollout-rounds`` / ``--drafter-steps`` reproduce a run
@@ -112,7 +113,8 @@ def drafter_batch(pool: Rollouts, cfg: DrafterConfig, rows: int, anchors_per_seq
 
     An anchor is a committed token at or after the prompt's last one, so each of its block's labels
     (the next ``block_size`` tokens) is a greedy token of the target. Returns (features [N, W, F],
-    valid [N, W], anchors [N], anchor_pos [N], labels [N, block_size]) with N = rows * anchors_per_seq.
+    valid [N, W], anchors [N], anchor_pos [N], labels [N, block_size], labelled [N, block_size] bool,
+    all true here) with N = rows * anchors_per_seq.
     """
     device = pool.tokens.device
     N, T = pool.tokens.shape
@@ -123,13 +125,43 @@ def drafter_batch(pool: Rollouts, cfg: DrafterConfig, rows: int, anchors_per_seq
     features = pool.features[seq[..., None], ctx.clamp(min=0)]
     labels = pool.tokens[seq[..., None], anchor_pos[..., None] + 1 + torch.arange(cfg.block_size, device=device)]
     flat = lambda x: x.reshape(rows * anchors_per_seq, *x.shape[2:])  # noqa: E731
-    return flat(features), flat(valid), flat(pool.tokens[seq, anchor_pos]), flat(anchor_pos), flat(labels)
+    labels = flat(labels)
+    return (flat(features), flat(valid), flat(pool.tokens[seq, anchor_pos]), flat(anchor_pos), labels,
+            torch.ones_like(labels, dtype=torch.bool))
+
+
+@torch.no_grad()
+def corpus_batch(target: HybridTarget, cfg: DrafterConfig, tokens: torch.Tensor, anchors_per_seq: int,
+                 generator: torch.Generator):
+    """Drafter blocks on corpus sequences ``tokens`` [B, T], labelled by the frozen target's argmax.
+
+    Slot j's label, the target's argmax after the corpus token at anchor + j, is the target's greedy
+    continuation only if the corpus followed that argmax at every earlier slot; elsewhere slot j is
+    left unlabelled. So every label is exact and contexts come from the whole train split (far more
+    varied than the rollouts, which a drafter memorizes). Returns what ``drafter_batch`` returns.
+    """
+    B, T = tokens.shape
+    device = tokens.device
+    hidden, feats = target.forward_train(tokens)
+    greedy = (hidden @ target.lm_head_weight.t()).argmax(-1)  # greedy[t]: the target's next token after t
+    follows = tokens[:, 1:] == greedy[:, :-1]  # follows[t]: token t + 1 is the target's argmax after t
+    anchor_pos = torch.randint(1, T - cfg.block_size, (B, anchors_per_seq), generator=generator).to(device)
+    rows = torch.arange(B, device=device)[:, None, None]
+    ctx = anchor_pos[..., None] - cfg.context_window + torch.arange(cfg.context_window, device=device)
+    valid = ctx >= 0
+    slots = anchor_pos[..., None] + torch.arange(cfg.block_size, device=device)
+    on_path = follows[rows, slots[..., :-1]].int().cumprod(-1).bool()
+    labelled = torch.cat([torch.ones_like(on_path[..., :1]), on_path], dim=-1)
+    flat = lambda x: x.reshape(B * anchors_per_seq, *x.shape[2:])  # noqa: E731
+    return (flat(feats[rows, ctx.clamp(min=0)]), flat(valid), flat(tokens[rows[..., 0], anchor_pos]), flat(anchor_pos),
+            flat(greedy[rows, slots]), flat(labelled))
 
 
 def drafter_loss(target: HybridTarget, drafter: BlockDrafter, batch, slot_decay: float = 0.9):
     """Block CE on the base logits plus CE of the selector-conditioned logits given the previous label.
-    Returns (loss, per-slot top-1 accuracy of the base logits [block])."""
-    features, valid, anchors, anchor_pos, labels = batch
+    Slots without a label (``labelled`` false) take no part. Returns (loss, per-slot top-1 accuracy
+    of the base logits over the labelled blocks [block])."""
+    features, valid, anchors, anchor_pos, labels, labelled = batch
     hidden = drafter(target.embed, features, valid, anchors, anchor_pos)  # [N, S, d]
     base = (hidden @ target.lm_head_weight.t()).float()
     prev = torch.cat([anchors[:, None], labels[:, :-1]], dim=1)
@@ -139,8 +171,10 @@ def drafter_loss(target: HybridTarget, drafter: BlockDrafter, batch, slot_decay:
     weights_ = weights_ / weights_.sum()
     ce_base = F.cross_entropy(base.reshape(-1, base.shape[-1]), labels.reshape(-1), reduction="none").view(-1, S)
     ce_cond = F.cross_entropy(conditioned.reshape(-1, base.shape[-1]), labels.reshape(-1), reduction="none").view(-1, S)
-    loss = ((ce_base + ce_cond).mean(0) * weights_).sum()
-    return loss, (base.argmax(-1) == labels).float().mean(0)
+    mask = labelled.float()
+    counts = mask.sum(0).clamp(min=1)
+    loss = (((ce_base + ce_cond) * mask).sum(0) / counts * weights_).sum()
+    return loss, ((base.argmax(-1) == labels).float() * mask).sum(0) / counts
 
 
 @torch.no_grad()
@@ -165,7 +199,7 @@ def evaluate_drafter(target, drafter, pool: Rollouts, batches: int, generator) -
     accs, chains = [], []
     for _ in range(batches):
         with torch.autocast(pool.tokens.device.type, dtype=torch.bfloat16, enabled=pool.tokens.is_cuda):
-            features, valid, anchors, anchor_pos, labels = drafter_batch(pool, drafter.cfg, 8, 32, generator)
+            features, valid, anchors, anchor_pos, labels, _ = drafter_batch(pool, drafter.cfg, 8, 32, generator)
             hidden = drafter(target.embed, features, valid, anchors, anchor_pos)
             base = (hidden @ target.lm_head_weight.t()).float()
         hit = base.argmax(-1) == labels
@@ -214,15 +248,16 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=64, help="sequences per target step, rollouts per drafter step")
     ap.add_argument("--target-steps", type=int)
-    ap.add_argument("--target-seconds", type=float, default=80)
+    ap.add_argument("--target-seconds", type=float, default=70)
     ap.add_argument("--target-lr", type=float, default=2e-3)
     ap.add_argument("--prompt-len", type=int, default=64, help="corpus tokens before each greedy rollout")
     ap.add_argument("--rollout-tokens", type=int, default=128, help="greedy tokens per rollout")
     ap.add_argument("--rollout-batch", type=int, default=512, help="rollouts per round")
     ap.add_argument("--rollout-rounds", type=int)
-    ap.add_argument("--rollout-seconds", type=float, default=20)
+    ap.add_argument("--rollout-seconds", type=float, default=15)
+    ap.add_argument("--rollout-rows", type=int, default=16, help="rollouts per drafter step (besides --batch corpus sequences)")
     ap.add_argument("--drafter-steps", type=int)
-    ap.add_argument("--drafter-seconds", type=float, default=60)
+    ap.add_argument("--drafter-seconds", type=float, default=55)
     ap.add_argument("--drafter-lr", type=float, default=2e-3)
     ap.add_argument("--anchors", type=int, default=16, help="drafter blocks per rollout")
     ap.add_argument("--eval-tokens", type=int, default=400_000)
@@ -230,6 +265,7 @@ def main(argv=None) -> int:
     ap.add_argument("--drafter-config", default="{}", help="JSON overrides of DrafterConfig fields")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--init-from", type=Path, help="continue from the pair in this folder (its configs win; its log is kept)")
+    ap.add_argument("--new-drafter", action="store_true", help="with --init-from: a fresh drafter (--drafter-config) on its target")
     args = ap.parse_args(argv)
     drafter_cfg = DrafterConfig.from_json(json.dumps({**json.loads(DrafterConfig().to_json()), **json.loads(args.drafter_config)}))
     if args.rollout_tokens <= drafter_cfg.block_size:
@@ -247,8 +283,11 @@ def main(argv=None) -> int:
     if args.init_from:
         target = weights.load_target(args.init_from / weights.TARGET_FILE, device)
         target_cfg = target.cfg
-        drafter = weights.load_drafter(args.init_from / weights.DRAFTER_FILE, target_cfg, device)
-        drafter_cfg = drafter.cfg
+        if args.new_drafter:
+            drafter = BlockDrafter(drafter_cfg, target_cfg).to(device)
+        else:
+            drafter = weights.load_drafter(args.init_from / weights.DRAFTER_FILE, target_cfg, device)
+            drafter_cfg = drafter.cfg
         for p in (*target.parameters(), *drafter.parameters()):
             p.requires_grad_(True)
         earlier = json.loads((args.init_from / "training-log.json").read_text())
@@ -281,8 +320,12 @@ def main(argv=None) -> int:
                         args.rollout_rounds, args.rollout_seconds, gen, log)
 
     def drafter_step():
+        tokens = take(streams["train"], batch_starts(streams["train"].numel(), args.seq_len, args.batch, gen).to(device),
+                      args.seq_len)
         with autocast():
-            return drafter_loss(target, drafter, drafter_batch(pool, drafter_cfg, args.batch, args.anchors, gen))
+            corpus = corpus_batch(target, drafter_cfg, tokens, args.anchors, gen)
+            rolled = drafter_batch(pool, drafter_cfg, args.rollout_rows, args.anchors, gen)
+            return drafter_loss(target, drafter, tuple(torch.cat(pair) for pair in zip(corpus, rolled)))
 
     drafter.train()
     drafter_steps = run_phase("drafter", list(drafter.parameters()), drafter_step, args.drafter_steps,
@@ -294,7 +337,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     before = next((e for e in reversed(earlier) if e.get("event") == "done"), {})
     target_steps += before.get("target_steps", 0)
-    drafter_steps += before.get("drafter_steps", 0)
+    drafter_steps += 0 if args.new_drafter else before.get("drafter_steps", 0)
     meta = {"seed": args.seed, "target_steps": target_steps, "drafter_steps": drafter_steps,
             "seq_len": args.seq_len, "batch": args.batch, "label": "small models trained here"}
     weights.save_module(target, args.out / weights.TARGET_FILE, target_cfg.to_json(), meta)
