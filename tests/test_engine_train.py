@@ -105,6 +105,18 @@ def test_seeded_tiny_run_writes_a_pair_the_engine_loads(tmp_path):
     run = engine.generate([[5, 6, 7, 8, 9]], "spec", max_new_tokens=6)[0]
     assert len(run.output_ids) == 6 and run.output_ids == engine.generate([[5, 6, 7, 8, 9]], "ar", max_new_tokens=6)[0].output_ids
 
+    # A second run retrains only the drafter on the committed target; the log keeps both runs.
+    before = {name: t.clone() for name, t in engine.target.state_dict().items()}
+    train.main(["--tokens", str(tokens), "--out", str(out), "--init-from", str(out), "--new-drafter", "--target-steps", "0",
+                "--seq-len", "32", "--batch", "4", "--prompt-len", "8", "--rollout-tokens", "8", "--rollout-batch", "4",
+                "--rollout-rounds", "1", "--drafter-steps", "3", "--anchors", "2", "--eval-tokens", "256",
+                "--drafter-config", TINY_DRAFTER.to_json()])
+    log = json.loads((out / "training-log.json").read_text())
+    assert [e["event"] for e in log if e.get("event") in ("start", "done")] == ["start", "done", "start", "done"]
+    assert (log[-1]["target_steps"], log[-1]["drafter_steps"]) == (4, 3)
+    retrained = Engine.load(out, options=EngineOptions(positions=TINY_DRAFTER.block_size))
+    assert all(torch.equal(before[name], t) for name, t in retrained.target.state_dict().items())
+
 
 def test_rollouts_must_be_longer_than_a_drafter_block(tmp_path):
     with pytest.raises(SystemExit):
