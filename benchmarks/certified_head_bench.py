@@ -33,7 +33,7 @@ from specpilot_kernels.certified_head.rescore import (EXACT_BLOCK_K, EXACT_BLOCK
 VOCAB, HIDDEN = 248320, 5120
 ROW_COUNTS = (1, 2, 4, 8, 16, 32)
 TILES = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
-         for bn, bk, w, s in ((128, 128, 4, 4), (64, 128, 4, 4), (128, 128, 8, 4))]
+         for bn, bk, w, s in ((64, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4), (32, 128, 4, 4))]
 
 
 def read_bandwidth() -> float:

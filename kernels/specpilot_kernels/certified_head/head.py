@@ -51,7 +51,7 @@ def exact_head_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def int8_pass(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096, block_n: int = 128,
+def int8_pass(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096, block_n: int = 64,
               block_k: int = 128, num_warps: int = 4, num_stages: int = 4):
     """The INT8 pass alone (its reset included): bounds and candidate lists, no rescoring.
 
@@ -80,7 +80,7 @@ def int8_pass(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096
 
 
 def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,
-                               block_n: int = 128, block_k: int = 128, num_warps: int = 4,
+                               block_n: int = 64, block_k: int = 128, num_warps: int = 4,
                                num_stages: int = 4, rescore_programs: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """The certified argmax without host synchronisation (CUDA-graph capturable).
 

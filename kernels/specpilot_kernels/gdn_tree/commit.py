@@ -18,6 +18,24 @@ import triton
 from .path_verify import _check_inputs, _path_verify_kernel
 
 
+_CONTINUE_ALL: dict = {}
+
+
+def _continue_all(numel: int, device: torch.device) -> torch.Tensor:
+    """An int32 vector of -1 (every step continues from the one before), made once per size and device.
+
+    Kept across calls so a commit is a single launch per layer; never cached while a CUDA graph is being
+    captured (the graph's memory pool would own it).
+    """
+    key = (numel, str(device))
+    if key not in _CONTINUE_ALL:
+        minus_ones = torch.full((numel,), -1, dtype=torch.int32, device=device)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return minus_ones
+        _CONTINUE_ALL[key] = minus_ones
+    return _CONTINUE_ALL[key]
+
+
 def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                     A_log: torch.Tensor, dt_bias: torch.Tensor, state_pool: torch.Tensor, state_indices: torch.Tensor,
                     accepted: torch.Tensor, accept_len: torch.Tensor, *, scale: float | None = None,
@@ -37,13 +55,16 @@ def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
     if accepted.shape != (B, T) or accept_len.shape != (B,):
         raise ValueError(f"accepted must be [{B}, {T}] and accept_len [{B}], got {tuple(accepted.shape)} and "
                          f"{tuple(accept_len.shape)}")
-    # the accepted path read as it is (any integer dtype): one launch per layer, no conversion kernels
-    order, lengths = accepted.contiguous(), accept_len.contiguous()
+    # the accepted path as a schedule that never restarts; int32, as the kernel measured bit-identical ran
+    # (the commit's float code is sensitive to its surroundings: it is kept exactly as verified on the H200)
+    order, lengths = accepted.to(torch.int32).contiguous(), accept_len.to(torch.int32).contiguous()
+    continue_all = _continue_all(B * T, q.device)
     scratch = torch.empty(v.shape, dtype=q.dtype, device=q.device)  # the path's outputs, not needed here
     grid = (triton.cdiv(V, block_v), B, HV)
-    _path_verify_kernel[grid](  # CHAIN: the schedule's restart and kept-state arrays are never read
-        q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, order, order, order, order, order, order,
-        lengths, scratch, 1, softplus_beta, softplus_threshold, scale if scale is not None else K ** -0.5,
+    _path_verify_kernel[grid](  # MAX_SAVED=0: the kept-state arrays are never read
+        q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, order, continue_all, continue_all, continue_all,
+        continue_all, continue_all, lengths, scratch, 1, softplus_beta, softplus_threshold,
+        scale if scale is not None else K ** -0.5,
         T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, USE_QK_L2NORM=use_qk_l2norm,
-        MAX_SAVED=0, PREFETCH=prefetch, CHAIN=True, num_warps=num_warps, num_stages=3,
+        MAX_SAVED=0, PREFETCH=prefetch, num_warps=num_warps, num_stages=3,
     )

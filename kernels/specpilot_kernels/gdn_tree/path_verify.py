@@ -227,7 +227,7 @@ def _path_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices
                         softplus_threshold, scale,
                         T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, MAX_SAVED: tl.constexpr,
-                        PREFETCH: tl.constexpr, CHAIN: tl.constexpr):
+                        PREFETCH: tl.constexpr):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
@@ -259,10 +259,7 @@ def _path_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices
                                                  H, HV, K, V)
         else:
             node = tl.load(order + bos + j)
-        if CHAIN:  # the commit: every node continues from the one before, no schedule arrays to read
-            n_replay = -1
-        else:
-            n_replay = tl.load(replay_len + bos + j)
+        n_replay = tl.load(replay_len + bos + j)
         if n_replay >= 0:
             b_h = h0
             if MAX_SAVED > 0:
@@ -353,6 +350,6 @@ def gdn_tree_path_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
         schedule.replay, schedule.restore_slot, schedule.save_slot, saved, schedule.num_nodes, o, 0,
         softplus_beta, softplus_threshold, scale if scale is not None else K ** -0.5,
         T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, USE_QK_L2NORM=use_qk_l2norm,
-        MAX_SAVED=schedule.max_saved, PREFETCH=prefetch, CHAIN=False, num_warps=num_warps, num_stages=3,
+        MAX_SAVED=schedule.max_saved, PREFETCH=prefetch, num_warps=num_warps, num_stages=3,
     )
     return o
