@@ -478,9 +478,9 @@ __global__ void w12_mma_register_kernel(W12MmaArgs args) {
   }
 }
 
-// Ring depth for one launch: as many resident warps as possible (the H200 sweep of run 2 in
-// docs/w12-notes.md: a deeper ring that costs resident warps is slower), then as many chunks in flight
-// per multiprocessor as useful (up to kInflightChunksPerSm). Cached per launch geometry.
+// Ring depth for one launch: as many resident warps as possible (v4a in docs/w12-notes.md: a deeper
+// ring that costs resident warps is slower on the H200), then as many chunks in flight per
+// multiprocessor as useful (up to kInflightChunksPerSm). Cached per launch geometry.
 template <typename Kernel>
 cudaError_t choose_stages(Kernel kernel, const W12MmaArgs& args, int low_bits, int warps, int per_warp,
                           int& stages, size_t& smem) {
