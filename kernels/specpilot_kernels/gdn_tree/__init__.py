@@ -1,6 +1,7 @@
 """GDN (gated delta rule) verification over draft trees without per-node state, and its commit.
 
-- :func:`tree_schedule` — the depth-first visiting schedule of a batch of trees (once per verify step).
+- :func:`tree_schedule` — the depth-first visiting schedule of a batch of trees, with the branch states
+  to keep and restore (once per verify step).
 - :func:`gdn_tree_path_verify` — every node's output along its root path (path kernel).
 - :func:`gdn_tree_wy_verify` — the same outputs in the WY form on tensor cores (TreeWY), with
   :func:`tree_ancestors` (once per verify step).

@@ -40,7 +40,7 @@ def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
                     A_log: torch.Tensor, dt_bias: torch.Tensor, state_pool: torch.Tensor, state_indices: torch.Tensor,
                     accepted: torch.Tensor, accept_len: torch.Tensor, *, scale: float | None = None,
                     use_qk_l2norm: bool = True, softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
-                    block_v: int = 4, num_warps: int = 1, prefetch: bool = False) -> None:
+                    block_v: int = 4, num_warps: int = 1, prefetch: bool = True) -> None:
     """Advance each request's committed state over its accepted root path, in place.
 
     Args:
@@ -49,7 +49,8 @@ def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
         accepted: [B, T] int, accepted node indices root first (a root path of the tree);
         accept_len: [B] int, how many of them (0 leaves the slot's values unchanged).
         block_v / num_warps: the value tile; (4, 1) is SGLang's Hopper verify tile (bit parity with it).
-        prefetch: load the next node's inputs during the current step (the path kernel's option).
+        prefetch: load the next node's inputs during the current step (the path kernel's option; both
+            settings were bit-identical to SGLang on chains on the H200).
     """
     B, T, H, HV, K, V = _check_inputs(q, k, v, a, b, state_pool, state_indices)
     if accepted.shape != (B, T) or accept_len.shape != (B,):

@@ -2,12 +2,16 @@
 
 One program per (value block, request, value head) holds one FP32 state tile ``[K, BV]`` in registers.
 Nodes are visited in a depth-first schedule (:func:`tree_schedule`): a node whose parent is the node
-just visited continues from the state in registers; otherwise the program restarts from the
-committed state and replays the new node's ancestors. On a chain that is exactly one step per node;
-no state is ever written to memory (the commit, ``commit.py``, runs this same kernel over the
-accepted path with ``write_state`` set). The per-step arithmetic is SGLang 0.5.23's
-``fused_sigmoid_gating_delta_rule_update_kernel`` (GDN branch), operation for operation; on the H200
-the chain outputs matched SGLang's verify bit for bit at the same tile (BV=4, one warp).
+just visited continues from the state in registers; after a leaf the program restarts from the
+deepest kept branch state on the new node's root path (or the committed state) and replays the
+nodes below it. States are kept only at branch nodes, at most ``max_saved`` at once per request, in
+a scratch that lives for one call: no per-node state is stored, and with enough slots every node
+costs exactly one step (``max_saved=0`` replays every restart's root path instead). The next node's
+inputs can be loaded while the current step computes (``prefetch``). The commit (``commit.py``)
+runs this same kernel over the accepted path with ``write_state`` set. The per-step arithmetic is
+SGLang 0.5.23's ``fused_sigmoid_gating_delta_rule_update_kernel`` (GDN branch), operation for
+operation; on the H200 the outputs on chains and FP32-pool trees and the committed states on chains
+matched SGLang's bit for bit at the same tile (BV=4, one warp), with and without kept states and prefetch.
 """
 
 from __future__ import annotations
