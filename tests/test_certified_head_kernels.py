@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specpilot_kernels.certified_head import (certified_argmax, certified_argmax_graphable, exact_head_logits,
-                                              quantize_head)
+                                              int8_pass, quantize_head)
 from specpilot_kernels.certified_head import reference as R
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
 from specpilot_kernels.certified_head.head import interpreting
@@ -54,6 +54,24 @@ def test_thousands_of_adversarial_rows_keep_the_exact_argmax(small_head):
     assert mismatches == 0
     assert near_ties > 0  # near-ties were settled by the exact head kernel itself
     assert int(torch.cat(candidates).max()) >= 2  # ties and near-ties reached the rescore
+
+
+def test_int8_pass_bounds_and_candidates_agree_with_the_reference(small_head):
+    """The INT8 pass alone: its best lower bound is the reference's, and every row that may win is listed."""
+    head, pairs, gen = small_head
+    x = adversarial_inputs(head.weight, pairs, 8, gen)
+    best_lower, count, cand_idx, cand_upper = int8_pass(x, head, max_survivors=320, block_n=64, block_k=128)
+    cpu_head = R.CertifiedHead(head.weight.cpu(), head.qweight.cpu(), head.scale.cpu(), head.radius_coef.cpu())
+    approx, radius = R.int8_logits_and_radius(x.cpu(), cpu_head)
+    want_best = (approx - radius).amax(1)
+    torch.testing.assert_close(best_lower.cpu(), want_best, rtol=1e-5, atol=1e-5 * float(want_best.abs().max()))
+    for m in range(x.shape[0]):
+        listed = set(cand_idx[m, : int(count[m])].tolist())
+        assert len(listed) == int(count[m])  # each row appended once
+        # the rows the final bound keeps (with the FP32 slack of the two computations) are all listed
+        margin = 1e-5 * (float(want_best[m].abs()) + 1)
+        kept = ((approx[m] + radius[m]) >= want_best[m] + margin).nonzero().squeeze(1).tolist()
+        assert set(kept) <= listed
 
 
 def test_candidate_overflow_falls_back_to_the_full_head(small_head):
