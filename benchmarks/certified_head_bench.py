@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from cuda_timing import graph_replay_us
 from specpilot_kernels.certified_head import certified_argmax_graphable, int8_pass, quantize_head
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
 from specpilot_kernels.certified_head.head import interpreting
@@ -41,31 +42,6 @@ def read_bandwidth() -> float:
     buf = torch.ones(1 << 31, dtype=torch.bfloat16, device="cuda")
     ms = triton.testing.do_bench(lambda: buf.sum(dtype=torch.float32), warmup=25, rep=200, return_mode="median")
     return (1 << 32) / (ms * 1e-3)
-
-
-def graph_time_us(fn_per_copy, copies: int, replays: int = 20) -> float:
-    """Median µs per call: a CUDA graph that calls ``fn_per_copy(i)`` for every copy, replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(copies):
-            fn_per_copy(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(copies):
-            fn_per_copy(i)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / copies)
-    return sorted(times)[len(times) // 2]
 
 
 def exact_argmax_prefiltered(x: torch.Tensor, weight: torch.Tensor, row_norms: torch.Tensor, cap: int = 256):
@@ -143,9 +119,9 @@ def timing(heads, gen, best_tiles: dict, copies: int, bandwidth: float) -> list[
     for m in ROW_COUNTS:
         xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
         tile = {key: best_tiles[m][key] for key in ("block_n", "block_k", "num_warps", "num_stages")}
-        bf16_us = graph_time_us(lambda i: F.linear(xs[i], heads[i].weight), copies)
-        cert_us = graph_time_us(lambda i: certified_argmax_graphable(xs[i], heads[i], **best_tiles[m]), copies)
-        int8_us = graph_time_us(lambda i: int8_pass(xs[i], heads[i], **tile), copies)
+        bf16_us = graph_replay_us(lambda i: F.linear(xs[i], heads[i].weight), copies)
+        cert_us = graph_replay_us(lambda i: certified_argmax_graphable(xs[i], heads[i], **best_tiles[m]), copies)
+        int8_us = graph_replay_us(lambda i: int8_pass(xs[i], heads[i], **tile), copies)
         floor_us = (int8_bytes + m * HIDDEN * 2) / bandwidth * 1e6
         bf16_floor_us = (VOCAB * HIDDEN * 2 + m * VOCAB * 2) / bandwidth * 1e6
         best_lower, count, _, cand_upper = int8_pass(xs[0], heads[0], **tile)

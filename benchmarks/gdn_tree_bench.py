@@ -30,6 +30,7 @@ import zipfile
 
 import torch
 import triton
+from cuda_timing import graph_replay_us
 
 WHEEL = os.path.expanduser("~/.cache/specpilot/wheels/sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl")
 WHEEL_SHA256 = "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"
@@ -147,28 +148,6 @@ def sglang_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, inter, parents=None)
     return o.view(B, T, HV, V)
 
 
-def graph_us(step, replays: int = 20) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def parity(gen, variants: str = "") -> dict:
     """Bit parity with SGLang's kernel: committed states and outputs on chains, outputs on trees (each variant)."""
     from specpilot_kernels.gdn_tree import gdn_tree_commit, gdn_tree_path_verify, tree_schedule
@@ -250,7 +229,7 @@ def timing(gen, layers: int, variants: str = "") -> list[dict]:
                 sglang_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, inter, parents=parents)
                 pool[idx.long()] = inter[rows_b, accept_len - 1, :, :, :]
 
-        stock_us = graph_us(stock)
+        stock_us = graph_replay_us(lambda _: stock())
         row = {"B": B, "T": T, "layers": layers, "sglang_snapshot_verify_plus_commit_us": stock_us,
                "sglang_per_node_state_bytes": layers * B * T * HV * V * K * 4, "accept_len": accept_len.tolist(),
                "variants": []}
@@ -269,7 +248,7 @@ def timing(gen, layers: int, variants: str = "") -> list[dict]:
                 for pool in pools:
                     gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, **_tile(cfg))
 
-            ours_us, verify_us = graph_us(ours), graph_us(verify_only)
+            ours_us, verify_us = graph_replay_us(lambda _: ours()), graph_replay_us(lambda _: verify_only())
             schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
             row["variants"].append({
                 **cfg, "ours_path_verify_plus_commit_us": ours_us, "ours_verify_only_us": verify_us,
@@ -313,7 +292,7 @@ def wy_vs_path(gen, layers: int) -> list[dict]:
                 for pool in pools:
                     gdn_tree_wy_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, ancestors)
 
-            path_us, wy_us = graph_us(path_all), graph_us(wy_all)
+            path_us, wy_us = graph_replay_us(lambda _: path_all()), graph_replay_us(lambda _: wy_all())
             rows.append({"T": T, "B": B, "layers": layers, "path_verify_us": path_us, "wy_verify_us": wy_us,
                          "wy_speedup": path_us / wy_us, "wy_vs_path_max_bf16_ulps": ulps.max().item(),
                          "wy_vs_path_frac_within_1_ulp": (ulps <= 1).float().mean().item(),

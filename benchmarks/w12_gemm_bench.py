@@ -22,6 +22,7 @@ from dataclasses import asdict, replace
 import torch
 import triton
 
+from cuda_timing import graph_replay_us
 from specpilot_kernels.w12 import encode, w12_gemm
 from specpilot_kernels.w12.configs import GemmConfig
 from specpilot_kernels.w12.gemm import launch
@@ -57,33 +58,6 @@ def read_bandwidth() -> float:
     bw = buf.numel() * 2 / statistics.median(times)
     del buf
     return bw
-
-
-def graph_time(fn_for_copy, copies: int) -> float:
-    """Median seconds per call over REPLAYS replays of a graph that calls fn on each copy in turn."""
-    calls = max(copies, 8)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(calls):
-            fn_for_copy(i % copies)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn_for_copy(i % copies)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / calls)
-    del graph
-    return statistics.median(times)
 
 
 def candidate_configs(n: int, k: int, sms: int) -> list[GemmConfig]:
@@ -194,12 +168,12 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants) -> dict:
         x = torch.randn(m, k, device="cuda").bfloat16()
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         call = gemms[variant][1]
-        return graph_time(lambda i: call(cfg, x, y, i, low_bits), copies)
+        return graph_replay_us(lambda i: call(cfg, x, y, i, low_bits), copies, max(copies, 8), REPLAYS) * 1e-6
 
     def time_cublas(m):
         x = torch.randn(m, k, device="cuda").bfloat16()
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        return graph_time(lambda i: torch.matmul(x, wts[i], out=y), len(ws))
+        return graph_replay_us(lambda i: torch.matmul(x, wts[i], out=y), len(ws), max(len(ws), 8), REPLAYS) * 1e-6
 
     # autotune at 1, 8, 16 and 32 rows, weighted as the rows of the 1-32 geometric mean; the chosen partition
     # then serves every row count
