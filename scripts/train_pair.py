@@ -34,7 +34,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target-seconds", type=float, default=70)
     ap.add_argument("--rollout-seconds", type=float, default=15, help="greedy rollouts of the target to distil the drafter on")
-    ap.add_argument("--drafter-seconds", type=float, default=55)
+    ap.add_argument("--drafter-seconds", type=float, default=140)
     args = ap.parse_args()
     print(json.dumps(prepare(args.models, args.tokens, rescan=args.rescan)), flush=True)
     if args.prepare_only:

@@ -4,7 +4,7 @@ Imports only torch, numpy and safetensors (via the engine), so it runs on the ba
 ``PYTHONPATH=kernels:.``; the corpus arrives pre-tokenized (``corpus.prepare``).
 
     python3 -m specpilot_mem.engine.train.train --tokens .g1data/corpus.npz --out models \
-        --target-seconds 70 --rollout-seconds 15 --drafter-seconds 55
+        --target-seconds 70 --rollout-seconds 15 --drafter-seconds 140
 
 The drafter is distilled from the target's own greedy decoding, which is exactly what verification
 accepts: each step mixes corpus blocks labelled by the target's argmax, each slot only while the
@@ -257,7 +257,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rollout-seconds", type=float, default=15)
     ap.add_argument("--rollout-rows", type=int, default=16, help="rollouts per drafter step (besides --batch corpus sequences)")
     ap.add_argument("--drafter-steps", type=int)
-    ap.add_argument("--drafter-seconds", type=float, default=55)
+    ap.add_argument("--drafter-seconds", type=float, default=140)
     ap.add_argument("--drafter-lr", type=float, default=2e-3)
     ap.add_argument("--anchors", type=int, default=16, help="drafter blocks per rollout")
     ap.add_argument("--eval-tokens", type=int, default=400_000)
