@@ -40,8 +40,6 @@ PROBE = textwrap.dedent("""
             "--speculative-num-draft-tokens", "6", "--speculative-num-steps", "3"]
     args = prepare_server_args(argv + (["--specpilot-gdn-tree-verify"] if on else []))
     get_context().set_server_args(args)
-    # quantization first: with the w12 entry applied, importing memory_pool before it is a circular import
-    import sglang.srt.layers.quantization  # noqa: F401
     from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
     from sglang.srt.layers.attention import hybrid_linear_attn_backend as hybrid_module
     from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend

@@ -260,3 +260,14 @@ def test_certified_head_logits_carry_the_exact_heads_argmax(results):
     assert head["argmax_equal"] and head["one_hot"] and head["width"] == 1024
     assert head["padding_never_wins"]
     assert head["cached"]
+
+
+@pytest.mark.parametrize("module", ["sglang.srt.mem_cache.memory_pool", "sglang.srt.layers.attention.linear.gdn_backend",
+                                    "sglang.srt.layers.quantization"])
+def test_patched_modules_import_first_in_a_fresh_process(sglang_entries_export, tmp_path, module):
+    """Entries must not add import cycles: SGLang imports these modules in this order at start-up."""
+    export, _ = sglang_entries_export
+    standin = write_torchvision_standin(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=600,
+                          env=import_environment(export, standin))
+    assert proc.returncode == 0, f"importing {module} first failed:\n{proc.stderr[-3000:]}"

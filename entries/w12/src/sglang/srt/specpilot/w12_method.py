@@ -21,14 +21,12 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
-from sglang.srt.layers.linear import LinearBase
 from sglang.srt.layers.quantization.base_config import (
     LinearMethodBase,
     QuantizationConfig,
     QuantizeMethodBase,
 )
 from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
-from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
 from sglang.srt.specpilot import option_value
 from sglang.srt.specpilot.kernels.w12 import (
     W12MmaTensor,
@@ -69,6 +67,11 @@ class W12Config(QuantizationConfig):
         return cls()
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Optional[QuantizeMethodBase]:
+        # Imported here, as SGLang's own methods do: at module level they close an import cycle
+        # (memory_pool -> quantization -> this module -> vocab_parallel_embedding -> ... -> memory_pool).
+        from sglang.srt.layers.linear import LinearBase
+        from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+
         if isinstance(layer, LinearBase):
             return W12LinearMethod(prefix)
         if isinstance(layer, ParallelLMHead):
