@@ -213,6 +213,13 @@ PROBE = textwrap.dedent("""
         GDNAttnBackend(types.SimpleNamespace(**{**vars(runner), "req_to_token_pool": ring_pool}))
     except ValueError as err:
         refusals.append(str(err))
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+    from sglang.srt.specpilot.gdn_tree import check_linear_backend
+    check_linear_backend(GDNAttnBackend.__new__(GDNAttnBackend))  # GDN layers: accepted
+    try:
+        check_linear_backend(Mamba2AttnBackend.__new__(Mamba2AttnBackend))
+    except ValueError as err:
+        refusals.append(str(err))
     out["refusals"] = refusals
     print(json.dumps(out))
 """)
@@ -275,8 +282,9 @@ def test_chain_drafts_verify_as_one_branch_trees(probes):
 
 
 def test_settings_it_does_not_cover_are_refused_at_start_up(probes):
-    kda, replay_rings = probes["on"]["refusals"]
+    kda, replay_rings, mamba2 = probes["on"]["refusals"]
     assert "GDN layers only" in kda and "KDA" in kda
+    assert "GDN layers only" in mamba2 and "Mamba2AttnBackend" in mamba2
     assert "--specpilot-gdn-tree-verify cannot run here" in replay_rings and "replayssm" in replay_rings
 
 

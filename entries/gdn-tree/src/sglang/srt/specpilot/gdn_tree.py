@@ -42,6 +42,16 @@ def replaces_state_snapshots(cache_params) -> bool:
     return True
 
 
+def check_linear_backend(backend) -> None:
+    """Refuse the flag for a target whose linear layers are not GDN (Mamba2, Lightning, short conv):
+    the pool no longer keeps the per-draft states their verify needs."""
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+    if enabled() and not getattr(backend, "is_draft_worker", False) and not isinstance(backend, GDNAttnBackend):
+        raise ValueError(f"{FLAG} verifies GDN layers only, and this model's linear layers use "
+                         f"{type(backend).__name__}; leave it off")
+
+
 def root_paths(parents: torch.Tensor, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each request's root path ending at node ``last[b]``, root first.
 

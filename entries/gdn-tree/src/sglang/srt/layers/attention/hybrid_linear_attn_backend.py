@@ -45,6 +45,7 @@ from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.runtime_context import get_exec, get_memory, get_spec
 from sglang.srt.speculative.eagle_info import EagleDraftInput, EagleVerifyInput
 from sglang.srt.speculative.spec_info import SpecInput
+from sglang.srt.specpilot.gdn_tree import check_linear_backend as gdn_tree_check_linear_backend
 from sglang.srt.utils import is_pin_memory_available
 
 if TYPE_CHECKING:
@@ -1190,6 +1191,7 @@ class HybridLinearAttnBackend(AttentionBackend):
         linear_attn_backend: MambaAttnBackendBase,
         full_attn_layers: list[int],
     ):
+        gdn_tree_check_linear_backend(linear_attn_backend)  # --specpilot-gdn-tree-verify: GDN only
         self.full_attn_layers = full_attn_layers
         self.full_attn_backend = full_attn_backend
         self.linear_attn_backend = linear_attn_backend
