@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from cuda_timing import graph_replay_us
+from cuda_timing import graph_replay_us, record_section
 from specpilot_kernels.certified_head import certified_argmax_graphable, int8_pass, quantize_head
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
 from specpilot_kernels.certified_head.head import interpreting
@@ -164,14 +164,7 @@ def main() -> None:
     }
 
     def record(name, run):
-        try:  # one failing section must not cost the others their figures (one device call holds them all)
-            result[name] = run()
-        except Exception as exc:
-            result[name] = {"error": f"{type(exc).__name__}: {exc}"}
-        print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
-        if args.out:
-            with open(args.out, "w") as fh:
-                json.dump(result, fh, indent=1)
+        record_section(result, name, run, args.out)
 
     best_tiles = {m: TILES[0] for m in ROW_COUNTS}
 

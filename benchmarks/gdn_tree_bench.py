@@ -30,7 +30,7 @@ import zipfile
 
 import torch
 import triton
-from cuda_timing import graph_replay_us
+from cuda_timing import graph_replay_us, record_section
 
 WHEEL = os.path.expanduser("~/.cache/specpilot/wheels/sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl")
 WHEEL_SHA256 = "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"
@@ -315,14 +315,7 @@ def run_all(args) -> dict:
     for name, run in sections:
         if args.sections and name not in args.sections.split(","):
             continue
-        try:  # one failing section must not cost the others their figures (one device call holds them all)
-            result[name] = run()
-        except Exception as exc:
-            result[name] = {"error": f"{type(exc).__name__}: {exc}"}
-        print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
-        if args.out:
-            with open(args.out, "w") as fh:
-                json.dump(result, fh, indent=1)
+        record_section(result, name, run, args.out)
     return result
 
 

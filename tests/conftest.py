@@ -95,3 +95,12 @@ def sglang_entries_export(project_entries_home):
     home = project_entries_home
     result = apply_entries(home, sglang_entry_ids(home), branch="deploy/sglang-entries", force=True)
     return cached_export(home, "deploy/sglang-entries", result.order), result.order
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Small ops and the 2-core CI machine: extra intra-op threads only spin or contend."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -6,7 +6,6 @@ GPU run of this path is tests/test_controller_gpu.py."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specpilot_mem.controller.engine_system import EngineSystem
 from specpilot_mem.controller.paired import paired_run, stock_noise
@@ -30,13 +29,7 @@ REQUESTS = [
 POOL = ["cpu:0", "cpu:1"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Two serving threads on a 2-core machine: intra-op threads would only contend."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

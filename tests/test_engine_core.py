@@ -17,13 +17,7 @@ SMALL_DRAFTER = DrafterConfig(d_model=64, n_layers=1, heads=2, head_dim=16, ffn_
                               context_window=16, top_k=16, selector_rank=8)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny ops: extra threads only spin on the shared 2-core CI machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def random_gdn_inputs(T, B=2, H=3, K=16, seed=0):

@@ -15,12 +15,7 @@ REFERENCE = weights.DEFAULT_MODEL_DIR / "greedy-reference.json"
 # Top-2 log-prob gap (nats) below which float32 rounding on another device may flip the argmax.
 NEAR_TIE_NATS = 0.01
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_weights_fit_the_size_budget():
