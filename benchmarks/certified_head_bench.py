@@ -163,9 +163,6 @@ def main() -> None:
         "timing": "CUDA-graph replay over rotating weight copies (each copy >= 1.2 GB, L2 60 MB), median of 20",
     }
 
-    def record(name, run):
-        record_section(result, name, run, args.out)
-
     best_tiles = {m: TILES[0] for m in ROW_COUNTS}
 
     def run_tuning():
@@ -173,15 +170,15 @@ def main() -> None:
         best_tiles.update(tuned)
         return timings
 
-    record("tuning", run_tuning)
-    record("rows", lambda: timing(heads, gen, best_tiles, args.copies, bandwidth))
+    record_section(result, "tuning", run_tuning, args.out)
+    record_section(result, "rows", lambda: timing(heads, gen, best_tiles, args.copies, bandwidth), args.out)
     heads = None  # the timing copies' memory goes back before the adversarial head is built
 
     def run_check():
         weight, pairs = adversarial_head(VOCAB, HIDDEN, gen)
         return property_check(quantize_head(weight), pairs, args.rows_checked, gen)
 
-    record("property_check", run_check)
+    record_section(result, "property_check", run_check, args.out)
     print(json.dumps(result, indent=1))
 
 

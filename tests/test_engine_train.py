@@ -123,3 +123,16 @@ def test_rollouts_must_be_longer_than_a_drafter_block(tmp_path):
         train.main(["--tokens", str(tmp_path / "none.npz"), "--out", str(tmp_path), "--rollout-tokens", "4",
                     "--drafter-config", TINY_DRAFTER.to_json()])
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--target-config", '{"d_modle": 64}', "--target-config has no field d_modle"),
+    ("--drafter-config", "{block_size: 4}", "--drafter-config is not JSON"),
+    ("--drafter-config", "[4]", "--drafter-config must be a JSON object"),
+])
+def test_bad_config_overrides_stop_before_any_work(tmp_path, capsys, flag, value, message):
+    out = tmp_path / "pair"
+    with pytest.raises(SystemExit):
+        train.main(["--tokens", str(tmp_path / "missing.npz"), "--out", str(out), flag, value])
+    assert message in capsys.readouterr().err
+    assert not out.exists()

@@ -24,7 +24,7 @@ import argparse
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -240,6 +240,22 @@ def run_phase(name, params, step_fn, steps: int | None, seconds: float, lr: floa
     return total
 
 
+def config_overrides(ap: argparse.ArgumentParser, cls, flag: str, text: str):
+    """``cls`` with the fields of the JSON object ``text`` overridden; a malformed object or an unknown
+    field stops the run before any work (a misspelt field would otherwise train the default silently)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        ap.error(f"{flag} is not JSON ({err}); pass an object such as '{{\"d_model\": 128}}'")
+    if not isinstance(data, dict):
+        ap.error(f"{flag} must be a JSON object of {cls.__name__} fields")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        ap.error(f"{flag} has no field {', '.join(unknown)}; {cls.__name__} fields: {', '.join(sorted(known))}")
+    return cls.from_json(text)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=Path, required=True, help="corpus.npz from corpus.prepare")
@@ -267,7 +283,8 @@ def main(argv=None) -> int:
     ap.add_argument("--init-from", type=Path, help="continue from the pair in this folder (its configs win; its log is kept)")
     ap.add_argument("--new-drafter", action="store_true", help="with --init-from: a fresh drafter (--drafter-config) on its target")
     args = ap.parse_args(argv)
-    drafter_cfg = DrafterConfig.from_json(json.dumps({**json.loads(DrafterConfig().to_json()), **json.loads(args.drafter_config)}))
+    drafter_cfg = config_overrides(ap, DrafterConfig, "--drafter-config", args.drafter_config)
+    target_cfg = config_overrides(ap, TargetConfig, "--target-config", args.target_config)
     if args.rollout_tokens <= drafter_cfg.block_size:
         ap.error(f"--rollout-tokens {args.rollout_tokens} must exceed the drafter's block ({drafter_cfg.block_size}) to label a block")
 
@@ -278,7 +295,6 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     data = np.load(args.tokens)
     streams = {s: torch.from_numpy(data[s].astype(np.int64)).to(device) for s in ("train", "dev", "unseen")}
-    target_cfg = TargetConfig.from_json(json.dumps({**json.loads(TargetConfig().to_json()), **json.loads(args.target_config)}))
     earlier: list[dict] = []
     if args.init_from:
         target = weights.load_target(args.init_from / weights.TARGET_FILE, device)
