@@ -5,6 +5,9 @@ are two or more), with the promotion rule's decision. Prints JSON.
     PYTHONPATH=kernels:. python3 benchmarks/controller_paired_bench.py                  # every visible GPU
     PYTHONPATH=. python3 benchmarks/controller_paired_bench.py --devices cpu:0,cpu:1 --per-benchmark 2 --max-new-tokens 16
 
+Each mode is a section (``record_section``): a mode that fails records its error and keeps the other's
+figures, and ``--out`` holds everything measured so far if the run is cut short.
+
 The variant ("path-verify") is stock with the GDN verify done by the path recurrence, eagerly: the same
 tokens (up to rounding), several times more kernel launches per step, so its direction is known and
 the controller must find stock faster and promote it. On the CPU, "cpu:0,cpu:1" rehearses a pool
@@ -29,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from cuda_timing import record_section  # noqa: E402
 from fault_study import prompt_encoder  # noqa: E402
 from specpilot_mem.controller.engine_system import EngineSystem  # noqa: E402
 from specpilot_mem.controller.paired import PairedResult, paired_run, stock_noise  # noqa: E402
@@ -95,6 +99,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--random-weights", action="store_true", help="seeded random weights instead of the trained pair")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
+    ap.add_argument("--out", help="also write the JSON here, after each mode and at the end")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -112,12 +117,11 @@ def main() -> None:
     warmup = time.perf_counter() - start
     log(f"warm-up {warmup:.1f} s")
 
-    modes = [devices[:1]] + ([devices] if len(devices) > 1 else [])
     synthetic = engines[devices[0]].synthetic
-    print(json.dumps({
+    record = {
         "benchmark": "controller_paired_bench",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+        "command": " ".join(["python3", str(Path(sys.argv[0]).resolve().relative_to(ROOT))] + sys.argv[1:]),
         "device": [torch.cuda.get_device_name(torch.device(d)) if d.startswith("cuda") else "cpu" for d in devices],
         "torch": torch.__version__,
         "weights": "seeded random (synthetic)" if synthetic else "the committed trained pair (models/)",
@@ -128,10 +132,19 @@ def main() -> None:
                      "split": args.split, "ids": [r.id for r in requests], "max_new_tokens": args.max_new_tokens},
         "repeats": args.repeats,
         "variant": "path-verify: GDN verify by the path recurrence, eager (slower by construction)",
-        "cuda_graphs": {d: {"captured": e.captured_graphs, "error": e.graph_error} for d, e in engines.items()},
         "warmup_seconds": round(warmup, 2),
-        "results": [measure(stock, variant, requests, mode, args.repeats) for mode in modes],
-    }, indent=1))
+    }
+    modes = {"interleaved": devices[:1], **({"pool": devices} if len(devices) > 1 else {})}
+    for mode, pool in modes.items():
+        record_section(record, mode, lambda: measure(stock, variant, requests, pool, args.repeats), args.out)
+    # read after the runs, so a capture that failed during them shows
+    record["cuda_graphs"] = {d: {"captured": e.captured_graphs, "error": e.graph_error} for d, e in engines.items()}
+    if all("error" not in record[mode] for mode in modes) and "pool" in modes:
+        record["pool_over_interleaved_gain"] = round(
+            record["pool"]["gain_stock_over_variant"]["gain"] / record["interleaved"]["gain_stock_over_variant"]["gain"], 4)
+    if args.out:
+        Path(args.out).write_text(json.dumps(record, indent=1))
+    print(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":
