@@ -2,11 +2,13 @@
 
     PYTHONPATH=kernels:. python benchmarks/certified_head_bench.py [--rows-checked 1048576] [--out FILE]
 
-Prints one JSON document: device, date, command, the measured read bandwidth, the INT8 tile tuning
-(every tile's time per row count), per row count 1..32: BF16 head (cuBLAS via F.linear), certified
-head and INT8-pass-alone times with the fastest tile, all by CUDA-graph replay over rotating weight
-copies larger than L2, with the INT8 pass's byte floor and fractions, and the property check (certified token vs the exact
-head's argmax over >= 1M synthetic adversarial rows, real head shape). Each section is written to
+Prints one JSON document: device, date, command, the measured read bandwidth, the tuning of both INT8
+passes (every CUDA partition's and Triton tile's time per row count), per row count 1..32 side by side:
+BF16 head (cuBLAS via F.linear), the certified head and the INT8 pass alone through the CUDA pass and
+through the Triton pass, each with its fastest partition or tile, all by CUDA-graph replay over rotating
+weight copies larger than L2, with the INT8 byte floor and fractions, and the property check (certified
+token through the default path, the CUDA pass where it runs, vs the exact head's argmax over >= 1M
+synthetic adversarial rows, real head shape). Each section is written to
 ``--out`` as soon as it ends; a failing section records its error and the others still run.
 The exact argmax of the check comes from an independent prefilter: cuBLAS logits select every row
 within twice their error bound of the best, and those rows are scored with the exact head's arithmetic.
@@ -26,7 +28,8 @@ import triton
 from cuda_timing import graph_replay_us, record_section
 from specpilot_kernels.certified_head import certified_argmax_graphable, int8_pass, quantize_head
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
-from specpilot_kernels.certified_head.head import interpreting
+from specpilot_kernels.certified_head.cuda_pass import CudaPassConfig, cuda_pass_available
+from specpilot_kernels.certified_head.head import interpreting, uses_cuda_pass
 from specpilot_kernels.certified_head.reference import accumulation_gamma
 from specpilot_kernels.certified_head.rescore import (EXACT_BLOCK_K, EXACT_BLOCK_S, EXACT_NUM_WARPS,
                                                       _finalize_kernel, _rescore_kernel)
@@ -35,6 +38,9 @@ VOCAB, HIDDEN = 248320, 5120
 ROW_COUNTS = (1, 2, 4, 8, 16, 32)
 TILES = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
          for bn, bk, w, s in ((64, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4), (32, 128, 4, 4))]
+CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps)
+                for t, wpb, st, wps in ((1, 4, 4, 16), (2, 4, 4, 16), (4, 4, 4, 16), (2, 4, 6, 16), (1, 4, 4, 24),
+                                        (2, 4, 8, 12), (4, 8, 4, 8), (2, 8, 3, 16))]
 
 
 def read_bandwidth() -> float:
@@ -88,20 +94,22 @@ def property_check(head, pairs, rows: int, gen: torch.Generator, chunk: int = 10
             candidates.append(count)
         done += chunk
     counts = torch.cat(candidates).float()
-    return {"rows": done, "disagreements": int(disagreements), "fallback_rows": int(fallback),
+    return {"rows": done, "int8_pass": "cuda" if uses_cuda_pass(x, head, "auto") else "triton",
+            "disagreements": int(disagreements), "fallback_rows": int(fallback),
             "candidates_mean": counts.mean().item(), "candidates_max": int(counts.max()), "synthetic": True}
 
 
 def tune(heads, gen, no_tune: bool) -> tuple[dict, dict]:
-    """The fastest INT8 tile per row count (the certificate does not depend on it), and every timing."""
+    """The fastest Triton tile per row count (the certificate does not depend on it), and every timing."""
     best_tiles, timings_out = {}, {}
     probe = torch.randn(32, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
     for m in ROW_COUNTS:
         timings = []
         for tile in TILES[:1] if no_tune else TILES:
             try:
-                us = triton.testing.do_bench(lambda: certified_argmax_graphable(probe[:m], heads[0], **tile),
-                                             warmup=10, rep=60, return_mode="median") * 1e3
+                us = triton.testing.do_bench(
+                    lambda: certified_argmax_graphable(probe[:m], heads[0], backend="triton", **tile),
+                    warmup=10, rep=60, return_mode="median") * 1e3
             except Exception as exc:  # a tile that does not fit (shared memory) is skipped, and said so
                 print(f"tile {tile} failed at M={m}: {exc}", file=sys.stderr)
                 continue
@@ -113,27 +121,53 @@ def tune(heads, gen, no_tune: bool) -> tuple[dict, dict]:
     return best_tiles, timings_out
 
 
-def timing(heads, gen, best_tiles: dict, copies: int, bandwidth: float) -> list[dict]:
+def tune_cuda(heads, gen, copies: int) -> tuple[dict, dict]:
+    """The fastest CUDA partition per row count, by CUDA-graph replay of the INT8 pass alone, and every timing."""
+    best, timings_out = {}, {}
+    for m in ROW_COUNTS:
+        xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+        timings = []
+        for config in CUDA_CONFIGS:
+            try:
+                us = graph_replay_us(lambda i: int8_pass(xs[i], heads[i], backend="cuda", cuda_config=config), copies)
+            except Exception as exc:  # a partition that does not fit is skipped, and said so
+                print(f"CUDA partition {config} failed at M={m}: {exc}", file=sys.stderr)
+                continue
+            timings.append((us, config))
+        best[m] = min(timings, key=lambda t: t[0])[1]
+        timings_out[m] = [{"us": us, **vars(config)} for us, config in timings]
+        print(f"M={m} CUDA: " + ", ".join(f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}x{c.warps_per_sm} "
+                                          f"{us:.0f} us" for us, c in timings), file=sys.stderr, flush=True)
+    return best, timings_out
+
+
+def timing(heads, gen, best_tiles: dict, best_cuda: dict, copies: int, bandwidth: float) -> list[dict]:
     rows_out = []
     int8_bytes = VOCAB * HIDDEN + VOCAB * 8
     for m in ROW_COUNTS:
         xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
         tile = {key: best_tiles[m][key] for key in ("block_n", "block_k", "num_warps", "num_stages")}
-        bf16_us = graph_replay_us(lambda i: F.linear(xs[i], heads[i].weight), copies)
-        cert_us = graph_replay_us(lambda i: certified_argmax_graphable(xs[i], heads[i], **best_tiles[m]), copies)
-        int8_us = graph_replay_us(lambda i: int8_pass(xs[i], heads[i], **tile), copies)
         floor_us = (int8_bytes + m * HIDDEN * 2) / bandwidth * 1e6
         bf16_floor_us = (VOCAB * HIDDEN * 2 + m * VOCAB * 2) / bandwidth * 1e6
-        best_lower, count, _, cand_upper = int8_pass(xs[0], heads[0], **tile)
-        listed = torch.arange(cand_upper.shape[1], device="cuda")[None, :] < count[:, None]
-        rescored = (listed & (cand_upper >= best_lower[:, None])).sum(1)
-        rows_out.append({
-            "M": m, "bf16_head_us": bf16_us, "certified_us": cert_us, "speedup": bf16_us / cert_us,
-            "int8_pass_us": int8_us, "int8_floor_us": floor_us, "certified_frac_of_int8_floor": floor_us / cert_us,
-            "int8_pass_frac_of_int8_floor": floor_us / int8_us, "bf16_frac_of_floor": bf16_floor_us / bf16_us,
-            "tile": best_tiles[m], "candidates_listed_per_row": count.float().mean().item(),
-            "candidates_rescored_per_row": rescored.float().mean().item(),
-        })
+        bf16_us = graph_replay_us(lambda i: F.linear(xs[i], heads[i].weight), copies)
+        row = {"M": m, "bf16_head_us": bf16_us, "int8_floor_us": floor_us, "bf16_frac_of_floor": bf16_floor_us / bf16_us}
+        passes = {"triton": dict(backend="triton", **best_tiles[m])}
+        if m in best_cuda:
+            passes["cuda"] = dict(backend="cuda", cuda_config=best_cuda[m])
+        for name, options in passes.items():
+            cert_us = graph_replay_us(lambda i: certified_argmax_graphable(xs[i], heads[i], **options), copies)
+            int8_us = graph_replay_us(lambda i: int8_pass(xs[i], heads[i], **options), copies)
+            best_lower, count, _, cand_upper = int8_pass(xs[0], heads[0], **options)
+            listed = torch.arange(cand_upper.shape[1], device="cuda")[None, :] < count[:, None]
+            rescored = (listed & (cand_upper >= best_lower[:, None])).sum(1)
+            row[name] = {
+                "certified_us": cert_us, "speedup": bf16_us / cert_us, "int8_pass_us": int8_us,
+                "certified_frac_of_int8_floor": floor_us / cert_us, "int8_pass_frac_of_int8_floor": floor_us / int8_us,
+                "partition": vars(best_cuda[m]) if name == "cuda" else tile,
+                "candidates_listed_per_row": count.float().mean().item(),
+                "candidates_rescored_per_row": rescored.float().mean().item(),
+            }
+        rows_out.append(row)
         print(json.dumps(rows_out[-1]), file=sys.stderr, flush=True)
     return rows_out
 
@@ -143,7 +177,7 @@ def main() -> None:
     parser.add_argument("--rows-checked", type=int, default=1 << 20)
     parser.add_argument("--copies", type=int, default=2)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--no-tune", action="store_true", help="use the first INT8 tile for every row count")
+    parser.add_argument("--no-tune", action="store_true", help="use the first Triton INT8 tile for every row count")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -164,14 +198,23 @@ def main() -> None:
     }
 
     best_tiles = {m: TILES[0] for m in ROW_COUNTS}
+    best_cuda = {}
 
     def run_tuning():
         tuned, timings = tune(heads, gen, args.no_tune)
         best_tiles.update(tuned)
         return timings
 
+    def run_cuda_tuning():
+        if not cuda_pass_available():
+            raise RuntimeError("the CUDA INT8 pass is not available on this GPU (see the warning)")
+        tuned, timings = tune_cuda(heads, gen, args.copies)
+        best_cuda.update(tuned)
+        return timings
+
+    record_section(result, "cuda_tuning", run_cuda_tuning, args.out)
     record_section(result, "tuning", run_tuning, args.out)
-    record_section(result, "rows", lambda: timing(heads, gen, best_tiles, args.copies, bandwidth), args.out)
+    record_section(result, "rows", lambda: timing(heads, gen, best_tiles, best_cuda, args.copies, bandwidth), args.out)
     heads = None  # the timing copies' memory goes back before the adversarial head is built
 
     def run_check():

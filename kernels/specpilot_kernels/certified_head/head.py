@@ -1,7 +1,9 @@
 """Certified LM head: the exact head's argmax at the cost of streaming an INT8 copy.
 
-Five launches, all capturable in a CUDA graph: two resets, the INT8 pass with bounds and candidate rows (:mod:`.int8_bound`), the exact rescoring of the candidates that reach the final best
-lower bound, and the reduction to one token per row (:mod:`.rescore`). A row whose candidates overflow
+All launches capturable in a CUDA graph: the INT8 pass with bounds and candidate rows (the CUDA pass of
+:mod:`.cuda_pass` with its prologue, or two resets and the Triton pass of :mod:`.int8_bound`), the exact
+rescoring of the candidates that reach the final best lower bound, and the reduction to one token per
+row (:mod:`.rescore`). A row whose candidates overflow
 ``max_survivors`` gets token -1 from the graphable part; :func:`certified_argmax` then recomputes those
 rows with the full exact head (the one host synchronisation, only to look at the flag).
 """
@@ -13,6 +15,7 @@ import os
 import torch
 import triton
 
+from .cuda_pass import CudaPassConfig, cuda_pass_available, int8_pass_cuda
 from .int8_bound import _int8_bound_kernel
 from .reference import BOUND_SLACK, NORM_INFLATION, CertifiedHead
 from .rescore import (EXACT_BLOCK_K, EXACT_BLOCK_S, EXACT_NUM_WARPS, _exact_head_kernel, _finalize_kernel,
@@ -51,20 +54,37 @@ def exact_head_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def int8_pass(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096, block_n: int = 64,
-              block_k: int = 128, num_warps: int = 4, num_stages: int = 4):
+def uses_cuda_pass(x: torch.Tensor, head: CertifiedHead, backend: str) -> bool:
+    """``backend``: "cuda" (the head must carry fragments), "triton", or "auto" (CUDA where it can run)."""
+    if backend not in ("auto", "cuda", "triton"):
+        raise ValueError(f"backend must be 'auto', 'cuda' or 'triton', got {backend!r}")
+    if backend == "cuda" and head.fragments is None:
+        raise ValueError("backend='cuda' needs a head quantized with fragments (quantize_head(weight, fragments=True))")
+    if backend == "auto":
+        return head.fragments is not None and x.is_cuda and cuda_pass_available()
+    return backend == "cuda"
+
+
+def int8_pass(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096, backend: str = "auto",
+              cuda_config: CudaPassConfig | None = None, block_n: int = 64, block_k: int = 128, num_warps: int = 4,
+              num_stages: int = 4):
     """The INT8 pass alone (its reset included): bounds and candidate lists, no rescoring.
 
     Args:
         x: [M, K] bf16, M <= 32; head: :func:`.reference.quantize_head` of the [N, K] bf16 head.
-        max_survivors: candidate-list capacity per row; block_n, block_k, num_warps, num_stages: the tile.
+        max_survivors: candidate-list capacity per row; backend: "auto", "cuda" or "triton"
+            (:func:`uses_cuda_pass`); cuda_config: the CUDA pass's partition; block_n, block_k, num_warps,
+            num_stages: the Triton pass's tile.
     Returns:
-        best_lower: [M] fp32, the best lower bound; count: [M] int32, rows appended to each list;
-        cand_idx: [M, max_survivors] int32 and cand_upper: [M, max_survivors] fp32, the first ``count`` valid.
+        best_lower: [M] fp32, the best lower bound; count: [M] int32, rows appended to each list (above
+        ``max_survivors``: the row takes the full head); cand_idx: [M, max_survivors] int32 and
+        cand_upper: [M, max_survivors] fp32, the first ``count`` valid.
     """
     M, K = _check(x, head.weight)
     if M > MAX_ROWS:
         raise ValueError(f"at most {MAX_ROWS} rows per call, got {M}")
+    if uses_cuda_pass(x, head, backend):
+        return int8_pass_cuda(x, head, max_survivors=max_survivors, config=cuda_config)
     N = head.vocab
     dev = x.device
     best_lower = torch.full((M,), float("-inf"), dtype=torch.float32, device=dev)
@@ -80,6 +100,7 @@ def int8_pass(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096
 
 
 def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,
+                               backend: str = "auto", cuda_config: CudaPassConfig | None = None,
                                block_n: int = 64, block_k: int = 128, num_warps: int = 4,
                                num_stages: int = 4, rescore_programs: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """The certified argmax without host synchronisation (CUDA-graph capturable).
@@ -87,16 +108,19 @@ def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_surv
     Args:
         x: [M, K] bf16, M <= 32; head: :func:`.reference.quantize_head` of the [N, K] bf16 head.
         max_survivors: candidate-list capacity per row; beyond it the row's token is -1.
-        block_n, block_k, num_warps, num_stages: INT8-pass tile; rescore_programs: programs per row sharing
+        backend, cuda_config: which INT8 pass and its partition (:func:`int8_pass`).
+        block_n, block_k, num_warps, num_stages: the Triton INT8 pass's tile; rescore_programs: programs per row sharing
             its candidate list (a power of two; 64 gives each program one block of 64 candidates of a
             4096-entry list, so the rescore's serial chain is one block long). Tuning only: the tokens do
             not depend on them.
     Returns:
-        tokens: [M] int64 (the exact head's argmax, lowest index on ties; -1 where the list overflowed);
+        tokens: [M] int64 (the exact head's argmax, lowest index on ties; -1 where the list overflowed or
+            the CUDA pass could not scale the row to fp16 exactly);
         candidates: [M] int32, rows appended to each candidate list (overflow when > max_survivors).
     """
-    best_lower, count, cand_idx, cand_upper = int8_pass(x, head, max_survivors=max_survivors, block_n=block_n,
-                                                        block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    best_lower, count, cand_idx, cand_upper = int8_pass(x, head, max_survivors=max_survivors, backend=backend,
+                                                        cuda_config=cuda_config, block_n=block_n, block_k=block_k,
+                                                        num_warps=num_warps, num_stages=num_stages)
     M, K = x.shape
     dev = x.device
     part_val = torch.empty((M, rescore_programs), dtype=torch.float32, device=dev)
@@ -116,7 +140,7 @@ def certified_argmax(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int
     """Argmax of the exact head ``x @ head.weight.T`` (lowest index on ties), certified from the INT8 copy.
 
     x: [M, K] bf16 (M <= 32). Returns (tokens [M] int64, candidates [M] int32). Rows whose candidate
-    list overflowed are recomputed with the full exact head (:func:`exact_head_logits`).
+    list overflowed (or that the CUDA pass flagged) are recomputed with the full exact head (:func:`exact_head_logits`).
     """
     tokens, count = certified_argmax_graphable(x, head, max_survivors=max_survivors, **tile)
     overflow = count > max_survivors

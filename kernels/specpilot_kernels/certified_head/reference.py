@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .fragments import to_fragments
+
 ACCUMULATION_UNIT = 2.0 ** -23
 BOUND_SLACK = 2.0 ** -16  # relative slack for the FP32 arithmetic of the bound itself
 NORM_INFLATION = 1.0 + 2.0 ** -10  # ||x|| computed in FP32: relative error <= ~K * 2^-24 / 2
@@ -42,23 +44,27 @@ class CertifiedHead:
     """The exact head and its certified INT8 copy.
 
     weight: [N, K] bf16 (the exact head); qweight: [N, K] int8; scale: [N] fp32;
-    radius_coef: [N] fp32, ``c_r`` above (rounded up).
+    radius_coef: [N] fp32, ``c_r`` above (rounded up); fragments: qweight in the CUDA pass's layout,
+    uint8 [ceil(N/64)*4, K/32, 32, 16] (:mod:`.fragments`), or None where that pass is not used.
     """
 
     weight: torch.Tensor
     qweight: torch.Tensor
     scale: torch.Tensor
     radius_coef: torch.Tensor
+    fragments: torch.Tensor | None = None
 
     @property
     def vocab(self) -> int:
         return self.weight.shape[0]
 
 
-def quantize_head(weight: torch.Tensor, chunk_rows: int = 8192) -> CertifiedHead:
+def quantize_head(weight: torch.Tensor, chunk_rows: int = 8192, fragments: bool | None = None) -> CertifiedHead:
     """INT8 copy with per-row scale and the per-row radius coefficient, computed in FP64 per row chunk.
 
-    weight: [N, K] bf16 on any device. Returns a :class:`CertifiedHead` on the same device.
+    weight: [N, K] bf16 on any device. Returns a :class:`CertifiedHead` on the same device. ``fragments``
+    adds the CUDA pass's copy of the INT8 weights (by default on GPUs of compute capability 8.0 or more,
+    with K a multiple of 128).
     """
     if weight.dtype != torch.bfloat16 or weight.dim() != 2:
         raise ValueError(f"the head must be a 2-D bf16 tensor, got {weight.dtype} {tuple(weight.shape)}")
@@ -78,13 +84,37 @@ def quantize_head(weight: torch.Tensor, chunk_rows: int = 8192) -> CertifiedHead
         qweight[start:start + chunk_rows] = q.to(torch.int8)
         scale[start:start + chunk_rows] = s
         coef[start:start + chunk_rows] = _round_up_fp32((err + gamma * (2 * qnorm + err)) * (1 + 1e-9))
-    return CertifiedHead(weight=weight, qweight=qweight, scale=scale, radius_coef=coef)
+    if fragments is None:
+        fragments = weight.is_cuda and K % 128 == 0 and torch.cuda.get_device_capability(weight.device) >= (8, 0)
+    return CertifiedHead(weight=weight, qweight=qweight, scale=scale, radius_coef=coef,
+                         fragments=to_fragments(qweight, chunk_rows) if fragments else None)
 
 
 def input_norm(x: torch.Tensor) -> torch.Tensor:
     """Upper bound of ||x|| per row, FP32: [M]."""
     xf = x.float()
     return torch.linalg.vector_norm(xf, dim=-1).mul_(NORM_INFLATION)
+
+
+SCALED_RANGE = (2.0 ** -50, 2.0 ** 50)  # max|x| outside it: the row takes the full head in the CUDA pass
+
+
+def scaled_fp16_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The CUDA pass's activations: each row times 2^e with max|x| 2^e in [2^14, 2^15), in fp16.
+
+    x: [M, K] bf16. Returns (x16 [M, K] fp16, inv_scale [M] fp32 = 2^-e, ok [M] bool). A row is ok when
+    max|x| lies in ``SCALED_RANGE`` and every element survives the conversion exactly (fp16 keeps
+    bf16's 8 significant bits down to 2^-17, i.e. 2^-31 below the row's max), so x16 * inv_scale == x;
+    a row that is not ok takes the full-head fallback (its candidate count is set above the capacity).
+    """
+    xf = x.float()
+    amax = xf.abs().amax(1)
+    ok = (amax >= SCALED_RANGE[0]) & (amax < SCALED_RANGE[1]) & torch.isfinite(xf.square().sum(1))
+    shift = torch.where(ok, 15 - torch.frexp(amax).exponent, torch.zeros_like(amax, dtype=torch.int32))
+    scaled = xf * torch.pow(2.0, shift.float())[:, None]  # a power of two inside fp32's range: exact
+    x16 = scaled.half()
+    ok &= (x16.float() == scaled).all(1)
+    return x16, torch.pow(2.0, -shift.float()), ok
 
 
 def int8_logits_and_radius(x: torch.Tensor, head: CertifiedHead) -> tuple[torch.Tensor, torch.Tensor]:

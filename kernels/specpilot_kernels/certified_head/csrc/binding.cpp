@@ -1,0 +1,52 @@
+// torch binding of the certified head's CUDA INT8 pass (built on the GPU machine by torch.utils.cpp_extension).
+#include <ATen/cuda/CUDAContext.h>
+#include <torch/extension.h>
+
+#include "int8_pass.cuh"
+
+// Shapes: x bf16 [m, k]; x16 fp16 [m, k], inv_scale and norm fp32 [m] (workspaces); fragments uint8
+// [n_padded/16, k/32, 32, 16]; scale, radius_coef fp32 [n]; best_lower fp32 [m]; count int32 [m];
+// cand_idx int32 and cand_upper fp32 [m, cap].
+void int8_pass(torch::Tensor x, torch::Tensor x16, torch::Tensor inv_scale, torch::Tensor norm,
+               torch::Tensor fragments, torch::Tensor scale, torch::Tensor radius_coef, torch::Tensor best_lower,
+               torch::Tensor count, torch::Tensor cand_idx, torch::Tensor cand_upper, double slack,
+               double norm_inflation, int64_t tiles_per_warp, int64_t warps_per_block, int64_t stages,
+               int64_t warps_per_sm) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2,
+              "int8_pass: x must be a contiguous CUDA bf16 [M, K] tensor");
+  TORCH_CHECK((reinterpret_cast<uintptr_t>(x.data_ptr()) | reinterpret_cast<uintptr_t>(fragments.data_ptr())) % 16 == 0,
+              "int8_pass: x and fragments must be 16-byte aligned (the kernels read them in 16-byte pieces)");
+  TORCH_CHECK(fragments.scalar_type() == torch::kUInt8 && fragments.is_contiguous() && fragments.dim() == 4 &&
+                  fragments.size(1) * 32 == x.size(1) && fragments.size(2) == 32 && fragments.size(3) == 16,
+              "int8_pass: fragments must be contiguous uint8 [N_padded/16, K/32, 32, 16] with the input's K");
+  TORCH_CHECK(x16.scalar_type() == torch::kHalf && x16.is_contiguous() && x16.sizes() == x.sizes(),
+              "int8_pass: x16 must be a contiguous fp16 workspace shaped like x");
+  TORCH_CHECK(cand_idx.size(0) == x.size(0) && cand_upper.sizes() == cand_idx.sizes() && cand_idx.is_contiguous() &&
+                  cand_upper.is_contiguous(),
+              "int8_pass: cand_idx and cand_upper must be contiguous [M, cap]");
+  Int8PassArgs args{};
+  args.x = reinterpret_cast<const __nv_bfloat16*>(x.data_ptr());
+  args.x16 = reinterpret_cast<__half*>(x16.data_ptr());
+  args.inv_scale = inv_scale.data_ptr<float>();
+  args.norm = norm.data_ptr<float>();
+  args.fragments = fragments.data_ptr<uint8_t>();
+  args.scale = scale.data_ptr<float>();
+  args.radius_coef = radius_coef.data_ptr<float>();
+  args.best_lower = best_lower.data_ptr<float>();
+  args.count = count.data_ptr<int32_t>();
+  args.cand_idx = cand_idx.data_ptr<int32_t>();
+  args.cand_upper = cand_upper.data_ptr<float>();
+  args.m = x.size(0);
+  args.n = scale.size(0);
+  args.n_padded = fragments.size(0) * 16;
+  args.k = x.size(1);
+  args.cap = cand_idx.size(1);
+  args.slack = static_cast<float>(slack);
+  args.norm_inflation = static_cast<float>(norm_inflation);
+  const Int8PassConfig config{static_cast<int>(tiles_per_warp), static_cast<int>(warps_per_block),
+                              static_cast<int>(stages), static_cast<int>(warps_per_sm)};
+  const cudaError_t err = int8_pass_launch(args, config, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "int8_pass launch failed: ", cudaGetErrorString(err));
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("int8_pass", &int8_pass, "certified head INT8 pass"); }

@@ -1,0 +1,366 @@
+// The certified head's INT8 pass in CUDA C++ (sm_80+, run on the H200): approximate logits, their
+// radius, the running best lower bound and the candidate rows, as _int8_bound_kernel (int8_bound.py).
+//
+// Two launches, both graphable. The prologue (one block per input row) computes ||x_m|| in FP32, picks
+// a power of two 2^e_m that puts max|x_m| in [2^14, 2^15), writes x_m * 2^e_m in fp16 and checks that
+// every element came back exactly; it resets the row's best lower bound and count, and marks a row that
+// does not convert exactly (or whose max|x| lies outside [2^-50, 2^50)) with count = cap + 1, the
+// full-head fallback. The pass streams the weights once: each warp owns consecutive units of
+// tiles_per_warp 16-row tiles and walks their K in 2 KB chunks through a private shared-memory ring
+// filled by cp.async (evict-first in L2); activations come through L1 and each load serves every tile
+// of the unit. Weights are stored pre-shuffled in the mma.sync fragment layout (fragments.py) as
+// offset-binary bytes u = q + 128: prmt puts a byte under 0x64 (fp16 1024 + u) and one sub.f16x2 of
+// 1152 leaves q exactly, two weights per instruction pair. m16n8k16 f16 x f16 -> f32 with weights on
+// the 16-row side and tokens on the 8-wide side.
+//
+// Why the certificate holds unchanged: q (|q| <= 127) and x_m 2^e_m (fp16) are exact, and so is their
+// product in FP32 (7 + 11 significant bits), so the accumulation is a sum of exact products in FP32
+// like the reference's (gamma_K covers any order and the tensor cores' truncation). Scaling by 2^e_m
+// commutes with every rounding while nothing under- or overflows: scaled elements are multiples of
+// 2^-24 below 2^15 in magnitude, the sum stays below 2^35, and the range check keeps acc * 2^-e_m
+// normal. So acc * 2^-e_m is the FP32 dot product x . q of some summation order, and
+// I = (acc * 2^-e_m) * s_r, radius = (||x|| c_r)(1 + SLACK) + |I| SLACK are the reference's.
+//
+// Best lower bound: a warp publishes a unit's best lower bound with a fire-and-forget atomic max
+// (float order through int max / uint min) when it beats the value it read; it keeps the rows whose
+// upper bound reaches max(value read, unit best). Both are at most the final best, so a dropped row
+// provably is not the argmax; the rescore filters the list against the final best. Candidates are
+// appended with atomicAdd; the list's order varies, the rescore's result does not.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "int8_pass.cuh"
+
+namespace {
+
+constexpr int kSlotBytes = 2048;  // one ring slot: 4 (tile, 32-column block) fragments of 512 bytes
+constexpr int kMaxRows = 32;
+constexpr int kMaxStages = 12;
+constexpr int kPrologueThreads = 256;
+constexpr uint32_t kOffsetHalves = 0x64646464u;  // the fp16 exponent byte of 1024 + u
+constexpr uint32_t kBias2 = 0x64806480u;         // 1152 = 1024 + 128 in both fp16 lanes
+
+__device__ __forceinline__ uint32_t to_f16_pair(uint32_t word, uint32_t selector) {
+  uint32_t widened, out;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(widened) : "r"(word), "r"(kOffsetHalves), "r"(selector));
+  asm("sub.f16x2 %0, %1, %2;" : "=r"(out) : "r"(widened), "r"(kBias2));
+  return out;
+}
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void copy_evict_first16(uint32_t dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Wait until at most `pending` of this thread's copy groups are outstanding (the depth is a launch value).
+__device__ __forceinline__ void copy_wait(int pending) {
+  switch (pending) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
+    case 7: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
+    case 8: asm volatile("cp.async.wait_group 8;" ::: "memory"); break;
+    case 9: asm volatile("cp.async.wait_group 9;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 10;" ::: "memory"); break;
+  }
+}
+
+// Atomic max on a float in memory: int max orders non-negative floats, uint min orders negative ones,
+// and any non-negative value beats any negative one under both. Fire and forget.
+__device__ __forceinline__ void atomic_max_float(float* addr, float value) {
+  if (__float_as_int(value) >= 0)
+    atomicMax(reinterpret_cast<int*>(addr), __float_as_int(value));
+  else
+    atomicMin(reinterpret_cast<unsigned int*>(addr), __float_as_uint(value));
+}
+
+__device__ __forceinline__ float load_relaxed(const float* addr) {
+  float value;
+  asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(value) : "l"(addr));
+  return value;
+}
+
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T value, Op op, T* scratch) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value = op(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();  // scratch may still be read by the previous reduction
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  value = scratch[0];
+  for (int w = 1; w < kPrologueThreads / 32; ++w) value = op(value, scratch[w]);
+  return value;
+}
+
+__global__ void __launch_bounds__(kPrologueThreads) prologue_kernel(Int8PassArgs a) {
+  __shared__ float scratch[kPrologueThreads / 32];
+  const int m = blockIdx.x;
+  const uint4* row = reinterpret_cast<const uint4*>(a.x + (size_t)m * a.k);
+  const int vectors = a.k / 8;
+  float amax = 0.f, sum_sq = 0.f;
+  for (int v = threadIdx.x; v < vectors; v += kPrologueThreads) {
+    const uint4 raw = row[v];
+    const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float f = __bfloat162float(e[i]);
+      amax = fmaxf(amax, fabsf(f));  // fmaxf drops NaN: the range check below catches NaN through sum_sq
+      sum_sq = fmaf(f, f, sum_sq);
+    }
+  }
+  amax = block_reduce(amax, [](float p, float q) { return fmaxf(p, q); }, scratch);
+  sum_sq = block_reduce(sum_sq, [](float p, float q) { return p + q; }, scratch);
+  // max|x| in [2^-50, 2^50): the products' sums stay normal after unscaling and ||x||^2 stays finite
+  bool ok = amax >= 0x1p-50f && amax < 0x1p50f && isfinite(sum_sq);
+  int exponent = 0;
+  frexpf(amax, &exponent);  // amax < 2^exponent <= 2 amax
+  const int shift = ok ? 15 - exponent : 0;
+  const float up = ldexpf(1.f, shift);
+  __half2* out = reinterpret_cast<__half2*>(a.x16 + (size_t)m * a.k);
+  for (int v = threadIdx.x; v < vectors; v += kPrologueThreads) {
+    const uint4 raw = row[v];
+    const __nv_bfloat162* e = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(e[i]);
+      const float lo = f.x * up, hi = f.y * up;  // exact: a power of two inside the range
+      const __half2 h = __floats2half2_rn(lo, hi);
+      const float2 back = __half22float2(h);
+      ok = ok && back.x == lo && back.y == hi;
+      out[v * 4 + i] = h;
+    }
+  }
+  ok = __syncthreads_and(ok);
+  if (threadIdx.x == 0) {
+    a.inv_scale[m] = ldexpf(1.f, -shift);
+    a.norm[m] = sqrtf(sum_sq) * a.norm_inflation;
+    a.best_lower[m] = -INFINITY;
+    a.count[m] = ok ? 0 : a.cap + 1;
+  }
+}
+
+// MT token tiles of 8 (up to 8 * MT rows); T 16-row tiles per unit. The 16 accumulator tiles of
+// MT = T = 4 need more than 128 registers: that variant runs one 8-warp block per multiprocessor.
+template <int MT, int T>
+__global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(Int8PassArgs a, int stages, int units_per_warp) {
+  constexpr int kBlocksPerChunk = 4 / T;  // 32-column blocks per chunk: T tiles x 4/T blocks = one 2 KB slot
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int warp_id = blockIdx.x * (blockDim.x >> 5) + warp;
+  const int kblocks = a.k / 32;
+  const int chunks = kblocks / kBlocksPerChunk;
+  const int units = a.n_padded / (16 * T);
+  const int unit_lo = warp_id * units_per_warp;
+  const int my_units = max(0, min(units - unit_lo, units_per_warp));
+  const int total = my_units * chunks;
+  uint8_t* ring = smem + (size_t)warp * stages * kSlotBytes;
+  const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+
+  // Stream position p is chunk p % chunks of unit unit_lo + p / chunks.
+  auto issue = [&](int p, int slot) {
+    if (p < total) {
+      const int tile0 = (unit_lo + p / chunks) * T;
+      const int block0 = (p % chunks) * kBlocksPerChunk;
+      const uint32_t dst = ring_shared + slot * kSlotBytes + lane * 16;
+#pragma unroll
+      for (int i = 0; i < T; ++i)
+#pragma unroll
+        for (int b = 0; b < kBlocksPerChunk; ++b)
+          copy_evict_first16(dst + (i * kBlocksPerChunk + b) * 512,
+                             a.fragments + (((size_t)(tile0 + i) * kblocks + block0 + b) * 32 + lane) * 16, policy);
+    }
+    copy_commit();
+  };
+  for (int s = 0; s < stages - 1; ++s) issue(s, s);
+
+  // Per lane: the rows 2t + h of each token tile (their unscaling and norms).
+  float inv_scale[MT][2], norm[MT][2];
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = j * 8 + 2 * t + h;
+      inv_scale[j][h] = m < a.m ? a.inv_scale[m] : 0.f;
+      norm[j][h] = m < a.m ? a.norm[m] : 0.f;
+    }
+
+  float acc[T][MT][4];
+#pragma unroll
+  for (int i = 0; i < T; ++i)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
+
+  int read_slot = 0, write_slot = stages - 1;
+  float row_scale[T][2] = {}, row_coef[T][2] = {}, known[MT][2];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) known[j][0] = known[j][1] = -INFINITY;
+  for (int p = 0; p < total; ++p) {
+    copy_wait(stages - 2);  // each lane reads back only the 16-byte pieces it copied itself
+    __syncwarp();           // and the slot refilled next was read by the whole warp one step ago
+    issue(p + stages - 1, write_slot);
+    write_slot = write_slot + 1 == stages ? 0 : write_slot + 1;
+    const int chunk = p % chunks;
+    const int tile0 = (unit_lo + p / chunks) * T;
+    if (chunk == chunks - 1) {  // the epilogue's loads go out before the unit's last multiplies
+#pragma unroll
+      for (int i = 0; i < T; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int n = (tile0 + i) * 16 + g + 8 * h;
+          row_scale[i][h] = n < a.n ? __ldg(a.scale + n) : 0.f;
+          row_coef[i][h] = n < a.n ? __ldg(a.radius_coef + n) : 0.f;
+        }
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int m = j * 8 + 2 * t + h;
+          known[j][h] = g == 0 && m < a.m ? load_relaxed(a.best_lower + m) : -INFINITY;
+        }
+    }
+    const uint8_t* slot = ring + read_slot * kSlotBytes + lane * 16;
+    read_slot = read_slot + 1 == stages ? 0 : read_slot + 1;
+#pragma unroll
+    for (int b = 0; b < kBlocksPerChunk; ++b) {
+      const int column = (chunk * kBlocksPerChunk + b) * 32 + 8 * t;
+      uint4 xv[MT];
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        const int m = j * 8 + g;
+        xv[j] = m < a.m ? __ldg(reinterpret_cast<const uint4*>(a.x16 + (size_t)m * a.k + column))
+                        : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int i = 0; i < T; ++i) {
+        const uint4 w = *reinterpret_cast<const uint4*>(slot + (i * kBlocksPerChunk + b) * 512);
+        // word w: registers 2w (bytes 0, 1) and 2w + 1 (bytes 2, 3); registers 0-3 are k16 step 0
+        const uint32_t r0 = to_f16_pair(w.x, 0x4140u), r1 = to_f16_pair(w.x, 0x4342u);
+        const uint32_t r2 = to_f16_pair(w.y, 0x4140u), r3 = to_f16_pair(w.y, 0x4342u);
+        const uint32_t r4 = to_f16_pair(w.z, 0x4140u), r5 = to_f16_pair(w.z, 0x4342u);
+        const uint32_t r6 = to_f16_pair(w.w, 0x4140u), r7 = to_f16_pair(w.w, 0x4342u);
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+          mma_f16(acc[i][j], r0, r1, r2, r3, xv[j].x, xv[j].y);
+          mma_f16(acc[i][j], r4, r5, r6, r7, xv[j].z, xv[j].w);
+        }
+      }
+    }
+    if (chunk != chunks - 1) continue;
+
+    // Epilogue of the unit, per input row 2t + h of each token tile: bounds, the unit's best lower bound,
+    // candidates. Row r of a tile's fragment is vocabulary row g + 8r, in accumulator h + 2r.
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = j * 8 + 2 * t + h;
+        float lower[T][2], upper[T][2];
+        float best = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < T; ++i)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int n = (tile0 + i) * 16 + g + 8 * r;
+            const float approx = (acc[i][j][h + 2 * r] * inv_scale[j][h]) * row_scale[i][r];
+            const float radius = (norm[j][h] * row_coef[i][r]) * (1.f + a.slack) + fabsf(approx) * a.slack;
+            const bool valid = n < a.n && m < a.m;
+            lower[i][r] = valid ? approx - radius : -INFINITY;
+            upper[i][r] = valid ? approx + radius : -INFINITY;
+            best = fmaxf(best, lower[i][r]);
+            acc[i][j][h + 2 * r] = 0.f;
+          }
+#pragma unroll
+        for (int offset = 4; offset < 32; offset <<= 1) best = fmaxf(best, __shfl_xor_sync(0xFFFFFFFFu, best, offset));
+        if (g == 0 && m < a.m && best > known[j][h]) atomic_max_float(a.best_lower + m, best);
+        // lane t (g = 0) read the running best of row m; every lane of that row takes it
+        const float threshold = fmaxf(best, __shfl_sync(0xFFFFFFFFu, known[j][h], t));
+        // invalid rows carry upper = -inf: they must not pass a threshold that is still -inf
+        auto keep = [&](float upper_bound) { return upper_bound > -INFINITY && upper_bound >= threshold; };
+        bool any = false;
+#pragma unroll
+        for (int i = 0; i < T; ++i) any = any || keep(upper[i][0]) || keep(upper[i][1]);
+        if (!__any_sync(0xFFFFFFFFu, any)) continue;
+#pragma unroll
+        for (int i = 0; i < T; ++i)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            if (keep(upper[i][r])) {
+              const int pos = atomicAdd(a.count + m, 1);
+              if (pos < a.cap) {
+                a.cand_idx[(size_t)m * a.cap + pos] = (tile0 + i) * 16 + g + 8 * r;
+                a.cand_upper[(size_t)m * a.cap + pos] = upper[i][r];
+              }
+            }
+      }
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+template <int MT, int T>
+cudaError_t launch_pass(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const size_t smem = (size_t)config.warps_per_block * config.stages * kSlotBytes;
+  auto kernel = int8_pass_kernel<MT, T>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != cudaSuccess) return err;
+  // Whole units per warp, as even as the unit count allows: every warp streams the same bytes.
+  const int units = args.n_padded / (16 * T);
+  const int target_warps = sms * config.warps_per_sm;
+  const int units_per_warp = (units + target_warps - 1) / target_warps;
+  const int warps = (units + units_per_warp - 1) / units_per_warp;
+  const int blocks = (warps + config.warps_per_block - 1) / config.warps_per_block;
+  kernel<<<blocks, 32 * config.warps_per_block, smem, stream>>>(args, config.stages, units_per_warp);
+  return cudaGetLastError();
+}
+
+template <int MT>
+cudaError_t launch_tiles(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
+  switch (config.tiles_per_warp) {
+    case 1: return launch_pass<MT, 1>(args, config, stream);
+    case 2: return launch_pass<MT, 2>(args, config, stream);
+    default: return launch_pass<MT, 4>(args, config, stream);
+  }
+}
+
+}  // namespace
+
+cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
+  const int tpw = config.tiles_per_warp;
+  if (args.m < 1 || args.m > kMaxRows || args.k % 128 || args.n_padded % 64 || args.n > args.n_padded ||
+      (tpw != 1 && tpw != 2 && tpw != 4) || config.warps_per_block < 1 || config.warps_per_block > 8 ||
+      config.stages < 2 || config.stages > kMaxStages || config.warps_per_sm < 1)
+    return cudaErrorInvalidValue;
+  prologue_kernel<<<args.m, kPrologueThreads, 0, stream>>>(args);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  if (args.m <= 8) return launch_tiles<1>(args, config, stream);
+  if (args.m <= 16) return launch_tiles<2>(args, config, stream);
+  return launch_tiles<4>(args, config, stream);
+}

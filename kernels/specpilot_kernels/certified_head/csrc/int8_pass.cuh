@@ -1,0 +1,32 @@
+// Host interface of the certified head's CUDA INT8 pass (int8_pass.cu); plain pointers so it builds
+// without torch.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+struct Int8PassArgs {
+  const __nv_bfloat16* x;    // [m, k] input rows (contiguous)
+  __half* x16;               // [m, k] workspace: the rows times 2^e_m in fp16 (written by the prologue)
+  float* inv_scale;          // [m] workspace: 2^-e_m
+  float* norm;               // [m] workspace: ||x_m|| * norm_inflation
+  const uint8_t* fragments;  // [n_padded/16][k/32][32 lanes][16 bytes] offset-binary weights (q + 128)
+  const float* scale;        // [n] per-row INT8 scale
+  const float* radius_coef;  // [n] per-row radius coefficient
+  float* best_lower;         // [m] running best lower bound (reset by the prologue)
+  int32_t* count;            // [m] rows appended (reset by the prologue; cap + 1 marks a fallback row)
+  int32_t* cand_idx;         // [m][cap]
+  float* cand_upper;         // [m][cap]
+  int m, n, n_padded, k, cap;
+  float slack, norm_inflation;
+};
+
+// The pass's partition: tiles_per_warp 16-row tiles share each activation load; warps_per_block warps
+// each own a private ring of `stages` 2 KB slots; about warps_per_sm warps per multiprocessor.
+struct Int8PassConfig {
+  int tiles_per_warp, warps_per_block, stages, warps_per_sm;
+};
+
+// cudaErrorInvalidValue: m outside 1..32, k not a multiple of 128, or a config out of range.
+cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream);

@@ -1,0 +1,88 @@
+"""The INT8 pass in CUDA C++ (csrc/int8_pass.cu): the same bounds and candidate lists as the Triton pass.
+
+A prologue scales each input row by a power of two into fp16 (exactly, or the row takes the full-head
+fallback: :func:`.reference.scaled_fp16_rows` is its definition), then one persistent kernel streams
+the offset-binary fragments (:mod:`.fragments`) once through per-warp cp.async rings into mma.sync.
+Both launches are CUDA-graph capturable. The partition (:class:`CudaPassConfig`) never changes which
+rows can be the argmax, only the speed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from ..cuda_extension import load_cuda_extension
+from .reference import BOUND_SLACK, NORM_INFLATION, CertifiedHead
+
+CSRC = Path(__file__).with_name("csrc")
+
+
+@dataclass(frozen=True)
+class CudaPassConfig:
+    """tiles_per_warp (1, 2, 4): 16-row tiles sharing each activation load; warps_per_block (1-8), each
+    with a ring of ``stages`` (2-12) 2 KB slots in shared memory; warps_per_sm: warps launched per
+    multiprocessor (units of tiles are split evenly over them)."""
+
+    tiles_per_warp: int = 2
+    warps_per_block: int = 4
+    stages: int = 4
+    warps_per_sm: int = 16
+
+
+def default_cuda_config(rows: int) -> CudaPassConfig:
+    """The partition for ``rows`` input rows (1-32)."""
+    return CudaPassConfig(tiles_per_warp=1 if rows <= 8 else 2)
+
+
+def _extension():
+    return load_cuda_extension("specpilot_certified_int8", CSRC, ("binding.cpp", "int8_pass.cu"))
+
+
+@lru_cache(maxsize=None)
+def cuda_pass_available() -> bool:
+    """Whether the CUDA pass can run here: a GPU of compute capability >= 8.0 on which the extension builds
+    (a failed build is reported once as a warning; the Triton pass is then used)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
+        return False
+    try:
+        _extension()
+    except Exception as exc:  # noqa: BLE001 - any build failure means: use the Triton pass
+        warnings.warn(f"the certified head's CUDA INT8 pass did not build ({type(exc).__name__}: {exc}); "
+                      "using the Triton pass", RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
+
+def int8_pass_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,
+                   config: CudaPassConfig | None = None):
+    """The CUDA INT8 pass: bounds and candidate lists, no rescoring.
+
+    Args:
+        x: [M, K] bf16 contiguous CUDA, M <= 32, K a multiple of 128; head: a :class:`CertifiedHead` with
+            ``fragments``; max_survivors: candidate-list capacity per row; config: the partition.
+    Returns:
+        best_lower: [M] fp32; count: [M] int32 (rows appended; ``max_survivors + 1`` or more where the
+        row overflowed or could not be scaled to fp16 exactly); cand_idx: [M, max_survivors] int32 and
+        cand_upper: [M, max_survivors] fp32, the first ``count`` valid.
+    """
+    if head.fragments is None:
+        raise ValueError("the head has no fragments: quantize it with quantize_head(weight, fragments=True)")
+    M, K = x.shape
+    config = config or default_cuda_config(M)
+    dev = x.device
+    x16 = torch.empty((M, K), dtype=torch.float16, device=dev)
+    inv_scale = torch.empty(M, dtype=torch.float32, device=dev)
+    norm = torch.empty(M, dtype=torch.float32, device=dev)
+    best_lower = torch.empty(M, dtype=torch.float32, device=dev)
+    count = torch.empty(M, dtype=torch.int32, device=dev)
+    cand_idx = torch.empty((M, max_survivors), dtype=torch.int32, device=dev)
+    cand_upper = torch.empty((M, max_survivors), dtype=torch.float32, device=dev)
+    _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best_lower, count,
+                           cand_idx, cand_upper, BOUND_SLACK, NORM_INFLATION, config.tiles_per_warp,
+                           config.warps_per_block, config.stages, config.warps_per_sm)
+    return best_lower, count, cand_idx, cand_upper
