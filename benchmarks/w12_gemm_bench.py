@@ -26,7 +26,7 @@ from cuda_timing import graph_replay_us
 from specpilot_kernels.w12 import encode, w12_gemm
 from specpilot_kernels.w12.configs import GemmConfig
 from specpilot_kernels.w12.gemm import launch
-from specpilot_kernels.w12.mma import MmaConfig, default_mma_config, to_mma_layout, w12_mma_gemm
+from specpilot_kernels.w12.mma import MmaConfig, default_mma_config, select_mma_config, to_mma_layout, w12_mma_gemm
 from specpilot_kernels.w12.reference import gemm_reference
 
 SHAPES = {"qkv": (10240, 5120), "o_proj": (5120, 8192), "gate_up": (34816, 5120), "down": (5120, 17408),
@@ -75,7 +75,7 @@ def candidate_configs(n: int, k: int, sms: int) -> list[GemmConfig]:
     return out
 
 
-def mma_candidates(n: int, k: int, sms: int) -> list[MmaConfig]:
+def mma_candidates(n: int, k: int, sms: int, kernel: str = "cp_async") -> list[MmaConfig]:
     """mma.sync partitions with at least 2 warps of work per multiprocessor (runtime parameters: no rebuild)."""
     tiles, chunks = -(-n // 16), -(-k // 128)
     out = []
@@ -85,8 +85,8 @@ def mma_candidates(n: int, k: int, sms: int) -> list[MmaConfig]:
             needless_split = splits > 1 and tiles * warps_k >= 16 * sms  # the tiles alone fill the GPU
             if chunks < 2 * warps_k * splits or warps < 2 * sms or needless_split:
                 continue
-            out.append(MmaConfig(warps_n, warps_k, splits))
-    default = default_mma_config(n, k, sms)
+            out.append(MmaConfig(warps_n, warps_k, splits, kernel=kernel))
+    default = replace(default_mma_config(n, k, sms), kernel=kernel)
     return out if default in out else out + [default]
 
 
@@ -110,6 +110,10 @@ def correctness(sms: int, variants) -> dict:
                  lambda x, c=c: w12_mma_gemm(x, mma, config=c))
                 for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(2, 4, 3, stages=2),
                           MmaConfig(1, 8, 2, stages=6))]
+    kernels += [(f"bulk_n{c.warps_n}_k{c.warps_k}_s{c.splits}_st{c.stages}",
+                 lambda x, c=c: w12_mma_gemm(x, mma, config=replace(c, kernel="bulk")))
+                for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(2, 4, 3, stages=2),
+                          MmaConfig(1, 8, 2, stages=6))]
     for key, gemm in kernels:
         if key.split("_")[0] not in variants:
             continue
@@ -131,12 +135,18 @@ def correctness(sms: int, variants) -> dict:
                 errs[m] = ((ym.float() - ref).norm() / ref.norm()).item()
                 same = same and torch.equal(ym[:1].view(torch.int16), first_bits)
             report[key] = {"onehot_bit_exact": exact, "rel_err": errs, "row_bits_same_across_M": same}
+            if key.startswith("bulk_"):  # same partition and order of sums as the cp.async kernels: same bits
+                twin = dict(kernels)["mma_" + key[len("bulk_"):]]
+                xm = torch.randn(33, k, device="cuda").bfloat16()
+                report[key]["bits_equal_cp_async"] = all(torch.equal(gemm(xm[:m]).view(torch.int16),
+                                                                     twin(xm[:m]).view(torch.int16))
+                                                         for m in (1, 4, 5, 8, 16, 32, 33))
         except Exception as exc:  # record the failure, keep benchmarking the others
             report[key] = {"error": repr(exc)[:400]}
     return report
 
 
-def bench_shape(name, n, k, sms, read_bw, quick, variants) -> dict:
+def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dict:
     torch.manual_seed(0)
     w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
     torch.cuda.synchronize()
@@ -162,7 +172,13 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants) -> dict:
                    lambda cfg, x, y, i, lb: w12_gemm(x, w12s[i], config=cfg, low_bits=lb, out=y)),
         "mma": (mma_candidates(n, k, sms),
                 lambda cfg, x, y, i, lb: w12_mma_gemm(x, mmas[i], config=cfg, low_bits=lb, out=y)),
+        **{kernel: (mma_candidates(n, k, sms, kernel=kernel),
+                    lambda cfg, x, y, i, lb: w12_mma_gemm(x, mmas[i], config=cfg, low_bits=lb, out=y))
+           for kernel in ("bulk", "register")},
     }
+    fixed = {"mma": select_mma_config(n, k, torch.device("cuda")),
+             **{kernel: replace(select_mma_config(n, k, torch.device("cuda")), kernel=kernel, stages=0)
+                for kernel in ("bulk", "register")}}
 
     def time_variant(variant, cfg, m, low_bits="exact"):
         x = torch.randn(m, k, device="cuda").bfloat16()
@@ -196,12 +212,15 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants) -> dict:
     for variant, (configs, _) in gemms.items():
         if variant not in variants:
             continue
+        if variant not in tune_variants:  # the tuned partition on file (or the default), not re-tuned
+            try_config(variant, fixed[variant])
+            continue
         for cfg in configs[:3] if quick else configs:
             try_config(variant, cfg)
-    if "mma" in best:  # ring depth on the best partition (occupancy's choice is stages=0)
-        partition = best["mma"][0]
-        for stages in (2, 3, 4):
-            try_config("mma", replace(partition, stages=stages))
+        if variant in ("mma", "bulk") and variant in best:  # ring depth on the best partition (0 = occupancy's)
+            partition = best[variant][0]
+            for stages in (2, 3, 4, 6, 8) if variant == "bulk" else (2, 3, 4):
+                try_config(variant, replace(partition, stages=stages))
     if "triton" in best:  # which MMA instruction the tuned Triton kernel uses
         x = torch.randn(16, k, device="cuda").bfloat16()
         y = torch.empty(16, n, device="cuda", dtype=torch.bfloat16)
@@ -240,7 +259,7 @@ def summarize(shapes: dict) -> dict:
         return math.exp(sum(map(math.log, values)) / len(values))
 
     out = {}
-    for variant in ("triton", "mma"):
+    for variant in ("triton", "mma", "bulk", "register"):
         proj = ratios([p for p in PROJECTIONS if p in shapes], variant)
         if proj:
             out[f"{variant}_geomean_speedup_projections_1_32"] = geomean(proj)
@@ -262,7 +281,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few configs (smoke test)")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--out", default=None)
-    parser.add_argument("--variants", default="triton,mma", help="kernels to tune and time: triton, mma")
+    parser.add_argument("--variants", default="triton,mma,bulk", help="kernels to time: triton, mma (cp.async ring + register kernel), bulk, register")
+    parser.add_argument("--tune", default=None, help="variants to autotune (default: all timed); the others "
+                                                     "run their tuned partition on file")
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
     doc = {"benchmark": "w12_gemm_bench", "device": props.name, "sms": props.multi_processor_count,
@@ -278,7 +299,7 @@ def main() -> None:
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
         doc["shapes"][name] = bench_shape(name, n, k, props.multi_processor_count, doc["read_bw_Bps"], args.quick,
-                                          args.variants.split(","))
+                                          args.variants.split(","), (args.tune or args.variants).split(","))
         doc["summary"] = summarize(doc["shapes"])
         if args.out:
             with open(args.out, "w") as fh:
@@ -298,7 +319,7 @@ def main() -> None:
             for r in shape["rows"]:
                 log("  M=%-3d cublas %7.1f us" % (r["M"], r["cublas_us"]), " ".join(
                     f"{v} {r[v + '_us']:7.1f} us x{r[v + '_speedup']:.2f} floor {r[v + '_frac_floor']:.2f}"
-                    for v in ("triton", "mma") if v + "_us" in r))
+                    for v in ("triton", "mma", "bulk", "register") if v + "_us" in r))
         log(json.dumps({"summary": doc["summary"], "encode": doc["encode"], "read_bw": doc["read_bw_Bps"]}))
     else:
         print(text)

@@ -2,6 +2,7 @@
 
 import shutil
 import subprocess
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from specpilot_kernels.w12.mma import (
 )
 from specpilot_kernels.w12.reference import gemm_reference, qpass_weight_reference
 
-CONFIGS = [MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2)]
+CONFIGS = [MmaConfig(4, 1, 1, kernel=kernel) for kernel in ("cp_async", "bulk")] + [
+    MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(2, 4, 3, kernel="bulk"), MmaConfig(1, 8, 2, kernel="bulk")]
 
 
 def weight(n=200, k=300, seed=0, device="cpu"):
@@ -50,9 +52,13 @@ def test_escapes_are_bucketed_by_16_row_tile_and_128_column_chunk():
     zero = ((rows == 3) & (cols == 5)).nonzero()[0, 0]
     b = int(bucket[zero])
     locs = mma.esc_loc[mma.esc_ptr[b]:mma.esc_ptr[b + 1]].tolist()
-    assert (0 << 11) | (3 << 7) | 5 in locs
-    b = (131 // 16) * chunks + 64 // 128  # the 1e-9 below its row's window: chunk 0, row 3, column 64
-    assert (0 << 11) | (3 << 7) | 64 in mma.esc_loc[mma.esc_ptr[b]:mma.esc_ptr[b + 1]].tolist()
+    assert (0 << 11) | (0 << 9) | (3 << 5) | 5 in locs  # chunk 0, 32-column block 0, row 3, column 5
+    b = (131 // 16) * chunks + 64 // 128  # the 1e-9 below its row's window: chunk 0, row 3, column 64 (block 2)
+    assert (0 << 11) | (2 << 9) | (3 << 5) | 0 in mma.esc_loc[mma.esc_ptr[b]:mma.esc_ptr[b + 1]].tolist()
+    # the kernels walk each bucket's escapes block by block: ascending loc within every bucket
+    for b in range(mma.esc_ptr.numel() - 1):
+        bucket_locs = mma.esc_loc[mma.esc_ptr[b]:mma.esc_ptr[b + 1]]
+        assert torch.all(bucket_locs[1:] > bucket_locs[:-1])
 
 
 def test_partition_reads_n_k_and_multiprocessors_only():
@@ -78,7 +84,7 @@ def test_kernel_builds_for_sm_120(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"n{c.warps_n}_k{c.warps_k}_s{c.splits}")
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.kernel}_n{c.warps_n}_k{c.warps_k}_s{c.splits}")
 def test_mma_gemm_matches_reference_and_reads_weights_exactly(config):
     w = weight(n=1000, k=1536, device="cuda")
     w12 = encode(w)
@@ -97,15 +103,19 @@ def test_mma_gemm_matches_reference_and_reads_weights_exactly(config):
 
 
 @pytest.mark.gpu
-def test_mma_row_bits_do_not_depend_on_row_count():
-    # 1-4 rows run the ring kernel, 5-64 the register kernel: one partition, one order of sums
+def test_mma_row_bits_do_not_depend_on_row_count_or_kernel():
+    # cp_async: 1-4 rows run the ring kernel, 5-64 the register kernel; bulk: one kernel per token-tile count.
+    # One partition, one order of sums: a row's bits are the same at every row count and in both kernels.
     mma = to_mma_layout(encode(weight(n=1000, k=1536, device="cuda")))
     x = torch.randn(64, 1536, device="cuda").bfloat16()
-    config = MmaConfig(2, 4, 3)
-    alone = w12_mma_gemm(x[:1], mma, config=config).view(torch.int16)
-    for rows in (2, 4, 5, 8, 9, 16, 17, 32, 33, 64):
-        assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config)[:1].view(torch.int16), alone), rows
-    assert torch.equal(w12_mma_gemm(x[:3], mma, config=MmaConfig(2, 4, 3, stages=2))[:1].view(torch.int16), alone)
+    alone = w12_mma_gemm(x[:1], mma, config=MmaConfig(2, 4, 3)).view(torch.int16)
+    for kernel in ("cp_async", "bulk"):
+        config = MmaConfig(2, 4, 3, kernel=kernel)
+        for rows in (1, 2, 4, 5, 8, 9, 16, 17, 32, 33, 64):
+            assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config)[:1].view(torch.int16), alone), (kernel, rows)
+        assert torch.equal(w12_mma_gemm(x[:3], mma, config=replace(config, stages=2))[:1].view(torch.int16), alone)
+    full = w12_mma_gemm(x, mma, config=MmaConfig(2, 4, 3)).view(torch.int16)
+    assert torch.equal(w12_mma_gemm(x, mma, config=MmaConfig(2, 4, 3, kernel="bulk")).view(torch.int16), full)
 
 
 @pytest.mark.gpu
@@ -126,16 +136,25 @@ def test_mma_chunks_with_more_escapes_than_a_window_in_both_kernels():
             y = w12_mma_gemm(onehot[r0:r0 + 4], mma, config=config).view(torch.int16)
             assert torch.equal(y, expected[r0:r0 + 4].view(torch.int16)), (stages, r0)
         assert torch.equal(w12_mma_gemm(x[:3], mma, config=config).view(torch.int16), ref[:3]), stages
+    for stages in (0, 2, 3, 5, 8):  # the bulk-copy ring: one escape window walk per 32-column block
+        config = MmaConfig(2, 4, 3, stages=stages, kernel="bulk")
+        assert torch.equal(w12_mma_gemm(onehot, mma, config=config).view(torch.int16), expected.view(torch.int16))
+        for r0 in range(0, 32, 4):
+            y = w12_mma_gemm(onehot[r0:r0 + 4], mma, config=config).view(torch.int16)
+            assert torch.equal(y, expected[r0:r0 + 4].view(torch.int16)), (stages, r0)
+        assert torch.equal(w12_mma_gemm(x, mma, config=config).view(torch.int16), ref), stages
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["cp_async", "bulk"])
 @pytest.mark.parametrize("low_bits", ["truncated", "midpoint"])
-def test_mma_qpass(low_bits):
+def test_mma_qpass(low_bits, kernel):
     w12 = encode(weight(n=1000, k=1536, device="cuda"))
     x = torch.randn(16, 1536, device="cuda").bfloat16()
     ref = x.float() @ qpass_weight_reference(w12, low_bits).float().t()
-    y = w12_mma_gemm(x, to_mma_layout(w12), low_bits=low_bits).float()
-    assert ((y - ref).norm() / ref.norm()).item() < 4e-3
+    for rows in (1, 16):
+        y = w12_mma_gemm(x[:rows], to_mma_layout(w12), low_bits=low_bits, config=MmaConfig(2, 4, 3, kernel=kernel)).float()
+        assert ((y - ref[:rows]).norm() / ref[:rows].norm()).item() < 4e-3
 
 
 def emulate_kernel_decode(mma):

@@ -26,6 +26,7 @@ from .gemm import _split_reduce_kernel
 
 CSRC = Path(__file__).with_name("csrc")
 LOW_BITS_CODES = {"exact": 0, "truncated": 1, "midpoint": 2}
+KERNEL_CODES = {"cp_async": 0, "bulk": 1, "register": 2}
 MAX_ROWS_PER_LAUNCH = 64  # eight token tiles of 8 (csrc/w12_mma.cu)
 
 
@@ -51,7 +52,7 @@ class W12MmaTensor:
                                            bits 4r, its high lane at bits 16+4r
     base     uint8 [Np]
     esc_ptr  int32 [Np/16 * Kp/128 + 1]    CSR over (16-row tile, 128-column chunk)
-    esc_loc  int32 [E]                     chunk << 11 | (row % 16) << 7 | (column % 128)
+    esc_loc  int32 [E]                     chunk << 11 | block << 9 | (row % 16) << 5 | (column % 32)
     esc_val  int16 [E]                     exact BF16 bits
     """
 
@@ -98,7 +99,8 @@ def to_mma_layout(w12: W12Tensor) -> W12MmaTensor:
     e_rows, e_cols = escape_positions(w12)
     chunks = kp // STEP_K
     bucket = (e_rows // 16) * chunks + e_cols // STEP_K
-    loc = (e_cols // STEP_K) * 2048 + (e_rows % 16) * 128 + e_cols % STEP_K
+    # within a chunk sorted by 32-column block, then row: a warp meets a block's escapes in one window
+    loc = (e_cols // STEP_K) * 2048 + (e_cols % STEP_K // 32) * 512 + (e_rows % 16) * 32 + e_cols % 32
     order = torch.argsort((e_rows // 16) * (chunks * 2048) + loc)
     counts = torch.bincount(bucket, minlength=(np_ // 16) * chunks)
     esc_ptr = torch.zeros(counts.numel() + 1, dtype=torch.int32, device=w12.device)
@@ -132,7 +134,8 @@ class MmaConfig:
     warps_n: int = 4  # 16-row tiles per block
     warps_k: int = 1  # warps sharing one tile, reduced in warp order through shared memory
     splits: int = 1  # K splits, reduced in split order through a workspace
-    stages: int = 0  # ring kernel (1-4 rows): shared-memory slots per warp, 0 = from occupancy; never changes results
+    stages: int = 0  # shared-memory ring slots per warp, 0 = from occupancy; never changes results
+    kernel: str = "cp_async"  # "cp_async": cp.async ring (1-4 rows) + register kernel; "bulk": bulk-copy ring (sm_90+)
 
     def chunks_per_split(self, kp: int) -> int:
         chunks = kp // STEP_K
@@ -218,7 +221,8 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
         m = xm.shape[0]
         partial = workspace[: splits * m * n]
         ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, ym, partial,
-                         n, np_, kp, config.warps_n, config.warps_k, per_split, config.stages, code)
+                         n, np_, kp, config.warps_n, config.warps_k, per_split, config.stages,
+                         KERNEL_CODES[config.kernel], code)
         if splits > 1:
             _split_reduce_kernel[(triton.cdiv(m * n, 1024),)](partial, ym, m * n, SPLITS=splits, BLOCK=1024)
     return y

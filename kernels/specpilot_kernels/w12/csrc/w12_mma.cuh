@@ -10,13 +10,14 @@ struct W12MmaArgs {
   const uint8_t* nibbles;  // fragment layout: [n_padded/16][k_padded/32][32 lanes][8 bytes]
   const uint8_t* base;     // [n_padded]
   const int32_t* esc_ptr;  // [n_padded/16 * k_padded/128 + 1] CSR over (16-row tile, 128-column chunk)
-  const int32_t* esc_loc;  // chunk << 11 | (row % 16) << 7 | (column % 128), sorted per tile
+  const int32_t* esc_loc;  // chunk << 11 | block << 9 | (row % 16) << 5 | (column % 32), sorted per tile
   const uint16_t* esc_val; // exact BF16 bits
   float* partial;          // [splits][m][n] when K is split, else nullptr
   __nv_bfloat16* y;        // [m][n] when K is not split
   int m, n, k, ldx, n_padded, k_padded;
   int warps_n, warps_k, chunks_per_split;  // the partition (from N, K and the GPU, never from m)
-  int stages;              // ring kernel (1-4 rows): shared-memory slots per warp, 0 = from occupancy (no effect on bits)
+  int stages;              // shared-memory ring slots per warp, 0 = from occupancy (no effect on bits)
+  int kernel;              // 0: cp.async ring (1-4 rows) / register kernel (5-64); 1: bulk-copy ring (sm_90+)
 };
 
 // cudaErrorInvalidValue: m outside 1..64 or more than 16 warps per block; cudaErrorInvalidConfiguration:
