@@ -38,9 +38,13 @@ VOCAB, HIDDEN = 248320, 5120
 ROW_COUNTS = (1, 2, 4, 8, 16, 32)
 TILES = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
          for bn, bk, w, s in ((64, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4), (32, 128, 4, 4))]
-CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps)
-                for t, wpb, st, wps in ((1, 4, 4, 16), (2, 4, 4, 16), (4, 4, 4, 16), (2, 4, 6, 16), (1, 4, 4, 24),
-                                        (2, 4, 8, 12), (4, 8, 4, 8), (2, 8, 3, 16))]
+CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, xs)
+                for t, wpb, st, wps, xs in (
+                    (1, 4, 4, 16, False), (2, 4, 4, 16, False), (4, 4, 4, 16, False), (2, 4, 6, 16, False),
+                    (1, 4, 4, 24, False), (2, 4, 8, 12, False), (4, 8, 4, 8, False), (4, 8, 8, 8, False),
+                    (2, 8, 3, 16, False), (1, 2, 8, 16, False),
+                    (1, 8, 4, 16, True), (2, 8, 4, 16, True), (2, 8, 5, 16, True), (4, 8, 6, 8, True),
+                    (4, 8, 10, 8, True), (2, 4, 4, 16, True))]
 
 
 def read_bandwidth() -> float:
@@ -136,8 +140,9 @@ def tune_cuda(heads, gen, copies: int) -> tuple[dict, dict]:
             timings.append((us, config))
         best[m] = min(timings, key=lambda t: t[0])[1]
         timings_out[m] = [{"us": us, **vars(config)} for us, config in timings]
-        print(f"M={m} CUDA: " + ", ".join(f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}x{c.warps_per_sm} "
-                                          f"{us:.0f} us" for us, c in timings), file=sys.stderr, flush=True)
+        print(f"M={m} CUDA: " + ", ".join(f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}x{c.warps_per_sm}"
+                                          f"{'X' if c.shared_activations else ''} {us:.0f} us" for us, c in timings),
+              file=sys.stderr, flush=True)
     return best, timings_out
 
 

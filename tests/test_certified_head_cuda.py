@@ -9,7 +9,8 @@ from specpilot_kernels.certified_head import (certified_argmax, certified_argmax
 from specpilot_kernels.certified_head import reference as R
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
 from specpilot_kernels.certified_head.cuda_pass import CudaPassConfig
-from specpilot_kernels.certified_head.fragments import fragment_index, from_fragments, to_fragments
+from specpilot_kernels.certified_head.fragments import (activation_fragments, fragment_index, from_fragments,
+                                                       to_fragments, token_tiles)
 from specpilot_kernels.certified_head.head import uses_cuda_pass
 
 
@@ -26,14 +27,15 @@ def test_fragments_round_trip_bit_for_bit():
 
 
 def _warp_mma(frag_block: torch.Tensor, x_block: torch.Tensor) -> torch.Tensor:
-    """What the kernel's warp computes from one (16-row tile, 32-column block): the PTX m16n8k16 fragment
-    rules applied to the registers each lane builds. frag_block uint8 [32, 16]; x_block [8, 32] -> [16, 8]."""
+    """What the kernel's warp computes from one (16-row tile, 32-column block) and one token tile: the PTX
+    m16n8k16 fragment rules applied to the registers each lane builds. frag_block uint8 [32, 16]; x_block
+    [32, 8] (the activation fragments of the block and token tile) -> [16 rows, 8 tokens]."""
     a = torch.zeros(2, 16, 16, dtype=torch.float64)  # per k16 step: [row, k-slot]
     b = torch.zeros(2, 16, 8, dtype=torch.float64)  # per k16 step: [k-slot, token]
     for lane in range(32):
         g, t = divmod(lane, 4)
         values = frag_block[lane].double() - 128  # prmt under 0x64, minus 1152
-        halves = x_block[g, 8 * t: 8 * t + 8].double()  # one 16-byte load
+        halves = x_block[lane].double()  # one 16-byte load
         for step in range(2):
             regs = values[8 * step: 8 * step + 8].view(4, 2)  # a0..a3, low half first
             for a_reg, (row, slot) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
@@ -47,11 +49,16 @@ def test_fragment_layout_feeds_the_mma_the_right_products():
     """Every (tile, block) of the layout, multiplied the way the kernel's lanes feed mma.sync, is q @ x^T."""
     gen = torch.Generator().manual_seed(5)
     q = torch.randint(-127, 128, (64, 64), generator=gen, dtype=torch.int8)
-    x = torch.randint(-1000, 1000, (8, 64), generator=gen).double()
-    frags = to_fragments(q)
+    x = torch.randint(-1000, 1000, (13, 64), generator=gen).half()  # two token tiles, the second padded
+    frags, x_frags = to_fragments(q), activation_fragments(x)
+    assert x_frags.shape == (2, token_tiles(13), 32, 8)
     for tile in range(4):
-        got = sum(_warp_mma(frags[tile, blk], x[:, 32 * blk: 32 * blk + 32]) for blk in range(2))
-        assert torch.equal(got, q[16 * tile: 16 * tile + 16].double() @ x.T)
+        for j in range(2):
+            got = sum(_warp_mma(frags[tile, blk], x_frags[blk, j]) for blk in range(2))
+            tokens = x[8 * j: 8 * j + 8].double()
+            want = q[16 * tile: 16 * tile + 16].double() @ tokens.T
+            assert torch.equal(got[:, : tokens.shape[0]], want)
+            assert not got[:, tokens.shape[0]:].any()  # padding rows are zero
 
 
 def test_scaled_rows_are_exact_and_unrepresentable_rows_are_flagged():
@@ -90,7 +97,8 @@ def test_backend_choice():
         int8_pass(x, quantize_head(w, fragments=False), backend="cutlass")
 
 
-CONFIGS = [CudaPassConfig(1, 4, 4, 16), CudaPassConfig(2, 2, 3, 8), CudaPassConfig(4, 8, 6, 8)]
+CONFIGS = [CudaPassConfig(1, 4, 4, 16), CudaPassConfig(2, 2, 3, 8), CudaPassConfig(4, 8, 6, 8),
+           CudaPassConfig(2, 8, 4, 16, shared_activations=True), CudaPassConfig(4, 4, 3, 8, shared_activations=True)]
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +109,8 @@ def gpu_head():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}")
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}"
+                                                        f"{'x' if c.shared_activations else ''}")
 @pytest.mark.parametrize("rows", [1, 6, 13, 32])
 def test_cuda_pass_bounds_and_candidates_agree_with_the_reference(gpu_head, config, rows):
     head, pairs, gen = gpu_head
@@ -128,16 +137,19 @@ def test_cuda_prologue_matches_its_reference(gpu_head):
     x[2, 5] = 2.0 ** -40 * float(x[2].float().abs().max())
     x[3] = 0
     m, k = x.shape
-    x16 = torch.empty((m, k), dtype=torch.float16, device="cuda")
+    x16 = torch.empty((k // 32, token_tiles(m), 32, 8), dtype=torch.float16, device="cuda")
     inv_scale, norm, best = (torch.empty(m, device="cuda") for _ in range(3))
     count = torch.empty(m, dtype=torch.int32, device="cuda")
     cand_idx = torch.empty((m, 64), dtype=torch.int32, device="cuda")
     cand_upper = torch.empty((m, 64), device="cuda")
     _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best, count,
-                           cand_idx, cand_upper, R.BOUND_SLACK, R.NORM_INFLATION, 1, 4, 4, 16)
+                           cand_idx, cand_upper, R.BOUND_SLACK, R.NORM_INFLATION, 1, 4, 4, 16, False)
     want_x16, want_inv, ok = R.scaled_fp16_rows(x)
     assert torch.equal((count > 64).cpu(), ~ok.cpu()) and not ok[2] and not ok[3]
-    assert torch.equal(inv_scale[ok], want_inv[ok]) and torch.equal(x16[ok], want_x16[ok])
+    want_x16[~ok] = 0  # the fallback rows' activations are not compared
+    got_x16 = x16.clone()
+    got_x16.view(k // 32, 8, 4, 8)[:, ~ok] = 0  # [block, row g, lane t, 8]: one token tile
+    assert torch.equal(inv_scale[ok], want_inv[ok]) and torch.equal(got_x16, activation_fragments(want_x16))
     torch.testing.assert_close(norm, R.input_norm(x), rtol=1e-5, atol=0)  # another order of sums
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..cuda_extension import load_cuda_extension
+from .fragments import token_tiles
 from .reference import BOUND_SLACK, NORM_INFLATION, CertifiedHead
 
 CSRC = Path(__file__).with_name("csrc")
@@ -26,12 +27,15 @@ CSRC = Path(__file__).with_name("csrc")
 class CudaPassConfig:
     """tiles_per_warp (1, 2, 4): 16-row tiles sharing each activation load; warps_per_block (1-8), each
     with a ring of ``stages`` (2-12) 2 KB slots in shared memory; warps_per_sm: warps launched per
-    multiprocessor (units of tiles are split evenly over them)."""
+    multiprocessor (units of tiles are split evenly over them); shared_activations: the block's warps
+    walk K in step and share each chunk's activations through shared memory (else each warp reads them
+    through L1)."""
 
     tiles_per_warp: int = 2
     warps_per_block: int = 4
     stages: int = 4
     warps_per_sm: int = 16
+    shared_activations: bool = False
 
 
 def default_cuda_config(rows: int) -> CudaPassConfig:
@@ -75,7 +79,7 @@ def int8_pass_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int =
     M, K = x.shape
     config = config or default_cuda_config(M)
     dev = x.device
-    x16 = torch.empty((M, K), dtype=torch.float16, device=dev)
+    x16 = torch.empty((K // 32, token_tiles(M), 32, 8), dtype=torch.float16, device=dev)
     inv_scale = torch.empty(M, dtype=torch.float32, device=dev)
     norm = torch.empty(M, dtype=torch.float32, device=dev)
     best_lower = torch.empty(M, dtype=torch.float32, device=dev)
@@ -84,5 +88,5 @@ def int8_pass_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int =
     cand_upper = torch.empty((M, max_survivors), dtype=torch.float32, device=dev)
     _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best_lower, count,
                            cand_idx, cand_upper, BOUND_SLACK, NORM_INFLATION, config.tiles_per_warp,
-                           config.warps_per_block, config.stages, config.warps_per_sm)
+                           config.warps_per_block, config.stages, config.warps_per_sm, config.shared_activations)
     return best_lower, count, cand_idx, cand_upper

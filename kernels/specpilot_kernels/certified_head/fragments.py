@@ -7,6 +7,10 @@ k order inside a block is permuted so that lane t's activations for both steps a
 columns ``8t .. 8t+7`` (one 16-byte load): k-slot ``2t + h + 8q`` of step s is column ``8t + 4s + 2q + h``.
 Bytes are ``q + 128`` (uint8), so ``prmt`` under 0x64 gives the fp16 value ``1024 + q + 128`` and one
 subtraction of 1152 gives ``q`` exactly. Rows are padded to a multiple of 64 with ``q = 0``.
+
+The activations (fp16, from :func:`.reference.scaled_fp16_rows`) are laid out to match
+(:func:`activation_fragments`): per 32-column block and token tile of 8 rows, lane ``4g + t`` holds row
+``8j + g``, columns ``8t .. 8t+7`` (both k-steps' B registers), so a warp's load is 512 contiguous bytes.
 """
 
 from __future__ import annotations
@@ -57,3 +61,18 @@ def from_fragments(fragments: torch.Tensor, n: int) -> torch.Tensor:
     out[:, :, rows, cols] = fragments
     unsigned = out.permute(0, 2, 1, 3).reshape(tiles * 16, blocks * 32)[:n]
     return (unsigned.to(torch.int16) - OFFSET).to(torch.int8)
+
+
+def token_tiles(rows: int) -> int:
+    """Token tiles of 8 the CUDA pass multiplies for ``rows`` input rows (1, 2 or 4; padding rows are zero)."""
+    return 1 if rows <= 8 else 2 if rows <= 16 else 4
+
+
+def activation_fragments(x16: torch.Tensor) -> torch.Tensor:
+    """fp16 rows [M, K] -> [K/32, tiles, 32, 8] in B-fragment order, rows padded with zeros to 8 * tiles."""
+    m, k = x16.shape
+    tiles = token_tiles(m)
+    padded = torch.zeros((8 * tiles, k), dtype=x16.dtype, device=x16.device)
+    padded[:m] = x16
+    # [tile j, g, block, t, 8] -> [block, j, g, t, 8]: lane 4g + t
+    return padded.view(tiles, 8, k // 32, 4, 8).permute(2, 0, 1, 3, 4).reshape(k // 32, tiles, 32, 8).contiguous()

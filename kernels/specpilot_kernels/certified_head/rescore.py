@@ -52,9 +52,13 @@ def _exact_head_kernel(x, weight, out, N, K: tl.constexpr, BS: tl.constexpr, BLO
 def _rescore_kernel(x, weight, best_lower, count, cand_idx, cand_upper, part_val, part_idx,
                     K: tl.constexpr, CAP: tl.constexpr, G: tl.constexpr, BS: tl.constexpr, BLOCK_K: tl.constexpr,
                     DOT_FP32: tl.constexpr):
-    """Program (m, g) rescores candidates g*BS, (g+G)*BS, ... of input row m that reach the final best."""
+    """Program (m, g) rescores candidates g*BS, (g+G)*BS, ... of input row m that reach the final best.
+
+    A row whose count exceeds CAP takes the full head (its list may be partly unwritten: the CUDA pass
+    flags rows it cannot scale exactly before appending anything), so it is skipped here."""
     m, g = tl.program_id(0), tl.program_id(1)
-    n = tl.minimum(tl.load(count + m), CAP)
+    n = tl.load(count + m)
+    n = tl.where(n > CAP, 0, n)
     best = tl.load(best_lower + m)
     best_val = float("-inf")
     best_idx = 2147483647

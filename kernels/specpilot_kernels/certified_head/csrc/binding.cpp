@@ -4,14 +4,14 @@
 
 #include "int8_pass.cuh"
 
-// Shapes: x bf16 [m, k]; x16 fp16 [m, k], inv_scale and norm fp32 [m] (workspaces); fragments uint8
+// Shapes: x bf16 [m, k]; x16 fp16 [k/32, p/8, 32, 8] with p = 8, 16 or 32 rows padded (m <= p), inv_scale and norm fp32 [m] (workspaces); fragments uint8
 // [n_padded/16, k/32, 32, 16]; scale, radius_coef fp32 [n]; best_lower fp32 [m]; count int32 [m];
 // cand_idx int32 and cand_upper fp32 [m, cap].
 void int8_pass(torch::Tensor x, torch::Tensor x16, torch::Tensor inv_scale, torch::Tensor norm,
                torch::Tensor fragments, torch::Tensor scale, torch::Tensor radius_coef, torch::Tensor best_lower,
                torch::Tensor count, torch::Tensor cand_idx, torch::Tensor cand_upper, double slack,
                double norm_inflation, int64_t tiles_per_warp, int64_t warps_per_block, int64_t stages,
-               int64_t warps_per_sm) {
+               int64_t warps_per_sm, bool shared_activations) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2,
               "int8_pass: x must be a contiguous CUDA bf16 [M, K] tensor");
   TORCH_CHECK((reinterpret_cast<uintptr_t>(x.data_ptr()) | reinterpret_cast<uintptr_t>(fragments.data_ptr())) % 16 == 0,
@@ -19,8 +19,9 @@ void int8_pass(torch::Tensor x, torch::Tensor x16, torch::Tensor inv_scale, torc
   TORCH_CHECK(fragments.scalar_type() == torch::kUInt8 && fragments.is_contiguous() && fragments.dim() == 4 &&
                   fragments.size(1) * 32 == x.size(1) && fragments.size(2) == 32 && fragments.size(3) == 16,
               "int8_pass: fragments must be contiguous uint8 [N_padded/16, K/32, 32, 16] with the input's K");
-  TORCH_CHECK(x16.scalar_type() == torch::kHalf && x16.is_contiguous() && x16.sizes() == x.sizes(),
-              "int8_pass: x16 must be a contiguous fp16 workspace shaped like x");
+  const int64_t padded_rows = x.size(0) <= 8 ? 8 : x.size(0) <= 16 ? 16 : 32;
+  TORCH_CHECK(x16.scalar_type() == torch::kHalf && x16.is_contiguous() && x16.numel() == padded_rows * x.size(1),
+              "int8_pass: x16 must be a contiguous fp16 workspace of ", padded_rows, " x K elements");
   TORCH_CHECK(cand_idx.size(0) == x.size(0) && cand_upper.sizes() == cand_idx.sizes() && cand_idx.is_contiguous() &&
                   cand_upper.is_contiguous(),
               "int8_pass: cand_idx and cand_upper must be contiguous [M, cap]");
@@ -44,7 +45,7 @@ void int8_pass(torch::Tensor x, torch::Tensor x16, torch::Tensor inv_scale, torc
   args.slack = static_cast<float>(slack);
   args.norm_inflation = static_cast<float>(norm_inflation);
   const Int8PassConfig config{static_cast<int>(tiles_per_warp), static_cast<int>(warps_per_block),
-                              static_cast<int>(stages), static_cast<int>(warps_per_sm)};
+                              static_cast<int>(stages), static_cast<int>(warps_per_sm), shared_activations};
   const cudaError_t err = int8_pass_launch(args, config, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "int8_pass launch failed: ", cudaGetErrorString(err));
 }

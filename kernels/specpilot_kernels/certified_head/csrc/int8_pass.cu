@@ -2,7 +2,8 @@
 // radius, the running best lower bound and the candidate rows, as _int8_bound_kernel (int8_bound.py).
 //
 // Two launches, both graphable. The prologue (one block per input row) computes ||x_m|| in FP32, picks
-// a power of two 2^e_m that puts max|x_m| in [2^14, 2^15), writes x_m * 2^e_m in fp16 and checks that
+// a power of two 2^e_m that puts max|x_m| in [2^14, 2^15), writes x_m * 2^e_m in fp16 (in the MMA's
+// B-fragment order, token rows padded to 8, 16 or 32 with zeros) and checks that
 // every element came back exactly; it resets the row's best lower bound and count, and marks a row that
 // does not convert exactly (or whose max|x| lies outside [2^-50, 2^50)) with count = cap + 1, the
 // full-head fallback. The pass streams the weights once: each warp owns consecutive units of
@@ -31,6 +32,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+
+#include <algorithm>
 
 #include "int8_pass.cuh"
 
@@ -110,11 +113,24 @@ __device__ __forceinline__ T block_reduce(T value, Op op, T* scratch) {
   return value;
 }
 
+// Token tiles of 8 the pass multiplies for m rows (padding rows are zero).
+__host__ __device__ constexpr int token_tiles(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : 4; }
+
+// One block per row of the padded token tiles. x16 is written in B-fragment order,
+// [k/32][token tile][32 lanes][8 halves]: lane 4g + t of tile j holds row 8j + g, columns 8t .. 8t+7
+// of the 32-column block, so a warp's activation load is 512 contiguous bytes.
 __global__ void __launch_bounds__(kPrologueThreads) prologue_kernel(Int8PassArgs a) {
   __shared__ float scratch[kPrologueThreads / 32];
   const int m = blockIdx.x;
-  const uint4* row = reinterpret_cast<const uint4*>(a.x + (size_t)m * a.k);
+  const int tiles = token_tiles(a.m);
   const int vectors = a.k / 8;
+  uint4* out = reinterpret_cast<uint4*>(a.x16);
+  auto out_index = [&](int v) { return ((size_t)(v >> 2) * tiles + (m >> 3)) * 32 + (m & 7) * 4 + (v & 3); };
+  if (m >= a.m) {
+    for (int v = threadIdx.x; v < vectors; v += kPrologueThreads) out[out_index(v)] = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  const uint4* row = reinterpret_cast<const uint4*>(a.x + (size_t)m * a.k);
   float amax = 0.f, sum_sq = 0.f;
   for (int v = threadIdx.x; v < vectors; v += kPrologueThreads) {
     const uint4 raw = row[v];
@@ -134,10 +150,11 @@ __global__ void __launch_bounds__(kPrologueThreads) prologue_kernel(Int8PassArgs
   frexpf(amax, &exponent);  // amax < 2^exponent <= 2 amax
   const int shift = ok ? 15 - exponent : 0;
   const float up = ldexpf(1.f, shift);
-  __half2* out = reinterpret_cast<__half2*>(a.x16 + (size_t)m * a.k);
   for (int v = threadIdx.x; v < vectors; v += kPrologueThreads) {
     const uint4 raw = row[v];
     const __nv_bfloat162* e = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    uint4 packed;
+    uint32_t* halves = reinterpret_cast<uint32_t*>(&packed);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float2 f = __bfloat1622float2(e[i]);
@@ -145,8 +162,9 @@ __global__ void __launch_bounds__(kPrologueThreads) prologue_kernel(Int8PassArgs
       const __half2 h = __floats2half2_rn(lo, hi);
       const float2 back = __half22float2(h);
       ok = ok && back.x == lo && back.y == hi;
-      out[v * 4 + i] = h;
+      halves[i] = *reinterpret_cast<const uint32_t*>(&h);
     }
+    out[out_index(v)] = packed;
   }
   ok = __syncthreads_and(ok);
   if (threadIdx.x == 0) {
@@ -159,36 +177,65 @@ __global__ void __launch_bounds__(kPrologueThreads) prologue_kernel(Int8PassArgs
 
 // MT token tiles of 8 (up to 8 * MT rows); T 16-row tiles per unit. The 16 accumulator tiles of
 // MT = T = 4 need more than 128 registers: that variant runs one 8-warp block per multiprocessor.
-template <int MT, int T>
-__global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(Int8PassArgs a, int stages, int units_per_warp) {
+// XS = false: each warp owns `units_per_group` consecutive units and reads activations through L1.
+// XS = true: the block's warps walk K in step over groups of one unit per warp (`units_per_group`
+// consecutive groups per block); each chunk's activations are copied once into a block-shared ring
+// beside the weight rings, so the multiprocessor reads them from L2 once per group whatever L1 holds.
+template <int MT, int T, bool XS>
+__global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(Int8PassArgs a, int stages,
+                                                                               int units_per_group) {
   constexpr int kBlocksPerChunk = 4 / T;  // 32-column blocks per chunk: T tiles x 4/T blocks = one 2 KB slot
+  constexpr int kActivationBytes = kBlocksPerChunk * MT * 512;  // one chunk's activations
   extern __shared__ __align__(16) uint8_t smem[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int warp_id = blockIdx.x * (blockDim.x >> 5) + warp;
   const int kblocks = a.k / 32;
   const int chunks = kblocks / kBlocksPerChunk;
   const int units = a.n_padded / (16 * T);
-  const int unit_lo = warp_id * units_per_warp;
-  const int my_units = max(0, min(units - unit_lo, units_per_warp));
-  const int total = my_units * chunks;
+  // Unit i of this warp is first_unit + i * unit_step; it exists while below `units`.
+  int first_unit, unit_step, count_units;
+  if (XS) {
+    const int groups = (units + warps - 1) / warps;
+    const int group_lo = blockIdx.x * units_per_group;
+    count_units = max(0, min(groups - group_lo, units_per_group));  // the same for every warp of the block
+    first_unit = group_lo * warps + warp;
+    unit_step = warps;
+  } else {
+    first_unit = (blockIdx.x * warps + warp) * units_per_group;
+    count_units = max(0, min(units - first_unit, units_per_group));
+    unit_step = 1;
+  }
+  const int total = count_units * chunks;
   uint8_t* ring = smem + (size_t)warp * stages * kSlotBytes;
   const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  uint8_t* x_ring = smem + (size_t)warps * stages * kSlotBytes;
+  const uint32_t x_ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(x_ring));
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
 
-  // Stream position p is chunk p % chunks of unit unit_lo + p / chunks.
+  // Stream position p is chunk p % chunks of this warp's unit p / chunks.
   auto issue = [&](int p, int slot) {
     if (p < total) {
-      const int tile0 = (unit_lo + p / chunks) * T;
+      const int unit = first_unit + (p / chunks) * unit_step;
       const int block0 = (p % chunks) * kBlocksPerChunk;
-      const uint32_t dst = ring_shared + slot * kSlotBytes + lane * 16;
+      if (unit < units) {
+        const uint32_t dst = ring_shared + slot * kSlotBytes + lane * 16;
 #pragma unroll
-      for (int i = 0; i < T; ++i)
+        for (int i = 0; i < T; ++i)
 #pragma unroll
-        for (int b = 0; b < kBlocksPerChunk; ++b)
-          copy_evict_first16(dst + (i * kBlocksPerChunk + b) * 512,
-                             a.fragments + (((size_t)(tile0 + i) * kblocks + block0 + b) * 32 + lane) * 16, policy);
+          for (int b = 0; b < kBlocksPerChunk; ++b)
+            copy_evict_first16(dst + (i * kBlocksPerChunk + b) * 512,
+                               a.fragments + (((size_t)(unit * T + i) * kblocks + block0 + b) * 32 + lane) * 16,
+                               policy);
+      }
+      if (XS) {
+        const uint8_t* src = reinterpret_cast<const uint8_t*>(a.x16) + (size_t)block0 * MT * 512;
+        for (int piece = threadIdx.x; piece < kActivationBytes / 16; piece += blockDim.x)
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(x_ring_shared + slot * kActivationBytes +
+                                                                           piece * 16),
+                       "l"(src + piece * 16)
+                       : "memory");
+      }
     }
     copy_commit();
   };
@@ -218,12 +265,20 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
 #pragma unroll
   for (int j = 0; j < MT; ++j) known[j][0] = known[j][1] = -INFINITY;
   for (int p = 0; p < total; ++p) {
-    copy_wait(stages - 2);  // each lane reads back only the 16-byte pieces it copied itself
-    __syncwarp();           // and the slot refilled next was read by the whole warp one step ago
+    copy_wait(stages - 2);  // each lane reads back the weight pieces it copied itself; and with XS
+    if (XS)                 // the activations the block copied; the slot refilled next was read one step ago
+      __syncthreads();
+    else
+      __syncwarp();
     issue(p + stages - 1, write_slot);
     write_slot = write_slot + 1 == stages ? 0 : write_slot + 1;
     const int chunk = p % chunks;
-    const int tile0 = (unit_lo + p / chunks) * T;
+    const int unit = first_unit + (p / chunks) * unit_step;
+    const int tile0 = unit * T;
+    if (XS && unit >= units) {  // a warp past the last unit only keeps the block's barriers
+      read_slot = read_slot + 1 == stages ? 0 : read_slot + 1;
+      continue;
+    }
     if (chunk == chunks - 1) {  // the epilogue's loads go out before the unit's last multiplies
 #pragma unroll
       for (int i = 0; i < T; ++i)
@@ -242,17 +297,15 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
         }
     }
     const uint8_t* slot = ring + read_slot * kSlotBytes + lane * 16;
+    const uint8_t* x_slot = x_ring + read_slot * kActivationBytes + lane * 16;
     read_slot = read_slot + 1 == stages ? 0 : read_slot + 1;
 #pragma unroll
     for (int b = 0; b < kBlocksPerChunk; ++b) {
-      const int column = (chunk * kBlocksPerChunk + b) * 32 + 8 * t;
+      const uint4* x_block = reinterpret_cast<const uint4*>(a.x16) + (size_t)(chunk * kBlocksPerChunk + b) * MT * 32;
       uint4 xv[MT];
 #pragma unroll
-      for (int j = 0; j < MT; ++j) {
-        const int m = j * 8 + g;
-        xv[j] = m < a.m ? __ldg(reinterpret_cast<const uint4*>(a.x16 + (size_t)m * a.k + column))
-                        : make_uint4(0, 0, 0, 0);
-      }
+      for (int j = 0; j < MT; ++j)
+        xv[j] = XS ? *reinterpret_cast<const uint4*>(x_slot + (b * MT + j) * 512) : __ldg(x_block + j * 32 + lane);
 #pragma unroll
       for (int i = 0; i < T; ++i) {
         const uint4 w = *reinterpret_cast<const uint4*>(slot + (i * kBlocksPerChunk + b) * 512);
@@ -319,33 +372,42 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
-template <int MT, int T>
+template <int MT, int T, bool XS>
 cudaError_t launch_pass(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
-  const size_t smem = (size_t)config.warps_per_block * config.stages * kSlotBytes;
-  auto kernel = int8_pass_kernel<MT, T>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (err != cudaSuccess) return err;
-  // Whole units per warp, as even as the unit count allows: every warp streams the same bytes.
+  const int warps = config.warps_per_block;
+  const int smem = warps * config.stages * kSlotBytes + (XS ? config.stages * (4 / T) * MT * 512 : 0);
+  auto kernel = int8_pass_kernel<MT, T, XS>;
+  // Raised once per kernel and size (not on every launch, so that graph capture sees only the launch).
+  static thread_local int smem_allowed[16] = {};
+  int& allowed = smem_allowed[device & 15];
+  if (smem > allowed) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    allowed = smem;
+  }
+  // Whole units (XS: groups of one unit per warp) per warp or block, as even as their count allows.
   const int units = args.n_padded / (16 * T);
-  const int target_warps = sms * config.warps_per_sm;
-  const int units_per_warp = (units + target_warps - 1) / target_warps;
-  const int warps = (units + units_per_warp - 1) / units_per_warp;
-  const int blocks = (warps + config.warps_per_block - 1) / config.warps_per_block;
-  kernel<<<blocks, 32 * config.warps_per_block, smem, stream>>>(args, config.stages, units_per_warp);
+  const int pieces = XS ? (units + warps - 1) / warps : units;
+  const int target = XS ? std::max(1, sms * config.warps_per_sm / warps) : sms * config.warps_per_sm;
+  const int per_owner = (pieces + target - 1) / target;
+  const int owners = (pieces + per_owner - 1) / per_owner;
+  const int blocks = XS ? owners : (owners + warps - 1) / warps;
+  kernel<<<blocks, 32 * warps, smem, stream>>>(args, config.stages, per_owner);
   return cudaGetLastError();
 }
 
 template <int MT>
 cudaError_t launch_tiles(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
+  const bool xs = config.shared_activations;
   switch (config.tiles_per_warp) {
-    case 1: return launch_pass<MT, 1>(args, config, stream);
-    case 2: return launch_pass<MT, 2>(args, config, stream);
-    default: return launch_pass<MT, 4>(args, config, stream);
+    case 1: return xs ? launch_pass<MT, 1, true>(args, config, stream) : launch_pass<MT, 1, false>(args, config, stream);
+    case 2: return xs ? launch_pass<MT, 2, true>(args, config, stream) : launch_pass<MT, 2, false>(args, config, stream);
+    default: return xs ? launch_pass<MT, 4, true>(args, config, stream) : launch_pass<MT, 4, false>(args, config, stream);
   }
 }
 
@@ -357,10 +419,12 @@ cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& con
       (tpw != 1 && tpw != 2 && tpw != 4) || config.warps_per_block < 1 || config.warps_per_block > 8 ||
       config.stages < 2 || config.stages > kMaxStages || config.warps_per_sm < 1)
     return cudaErrorInvalidValue;
-  prologue_kernel<<<args.m, kPrologueThreads, 0, stream>>>(args);
+  prologue_kernel<<<8 * token_tiles(args.m), kPrologueThreads, 0, stream>>>(args);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  if (args.m <= 8) return launch_tiles<1>(args, config, stream);
-  if (args.m <= 16) return launch_tiles<2>(args, config, stream);
-  return launch_tiles<4>(args, config, stream);
+  switch (token_tiles(args.m)) {
+    case 1: return launch_tiles<1>(args, config, stream);
+    case 2: return launch_tiles<2>(args, config, stream);
+    default: return launch_tiles<4>(args, config, stream);
+  }
 }

@@ -8,7 +8,8 @@
 
 struct Int8PassArgs {
   const __nv_bfloat16* x;    // [m, k] input rows (contiguous)
-  __half* x16;               // [m, k] workspace: the rows times 2^e_m in fp16 (written by the prologue)
+  __half* x16;               // [k/32][tiles][32][8] workspace: rows times 2^e_m in fp16, B-fragment order,
+                             // tiles = 1, 2, 4 token tiles of 8 for m <= 8, 16, 32 (written by the prologue)
   float* inv_scale;          // [m] workspace: 2^-e_m
   float* norm;               // [m] workspace: ||x_m|| * norm_inflation
   const uint8_t* fragments;  // [n_padded/16][k/32][32 lanes][16 bytes] offset-binary weights (q + 128)
@@ -23,9 +24,12 @@ struct Int8PassArgs {
 };
 
 // The pass's partition: tiles_per_warp 16-row tiles share each activation load; warps_per_block warps
-// each own a private ring of `stages` 2 KB slots; about warps_per_sm warps per multiprocessor.
+// each own a private ring of `stages` 2 KB slots; about warps_per_sm warps per multiprocessor;
+// shared_activations: the block's warps walk K in step and share each chunk's activations through a
+// shared-memory ring (else each warp reads them through L1 on its own schedule).
 struct Int8PassConfig {
   int tiles_per_warp, warps_per_block, stages, warps_per_sm;
+  bool shared_activations;
 };
 
 // cudaErrorInvalidValue: m outside 1..32, k not a multiple of 128, or a config out of range.
