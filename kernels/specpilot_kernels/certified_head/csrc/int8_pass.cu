@@ -213,20 +213,20 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
 
-  // Stream position p is chunk p % chunks of this warp's unit p / chunks.
+  // Stream position p is chunk p % chunks of this warp's unit p / chunks; the copies run stages - 1
+  // positions ahead of the multiplies, each side counting (unit, chunk) without divisions.
+  int issue_unit = first_unit, issue_chunk = 0;
   auto issue = [&](int p, int slot) {
     if (p < total) {
-      const int unit = first_unit + (p / chunks) * unit_step;
-      const int block0 = (p % chunks) * kBlocksPerChunk;
-      if (unit < units) {
+      const int block0 = issue_chunk * kBlocksPerChunk;
+      if (issue_unit < units) {
         const uint32_t dst = ring_shared + slot * kSlotBytes + lane * 16;
+        const uint8_t* src = a.fragments + (((size_t)issue_unit * T * kblocks + block0) * 32 + lane) * 16;
 #pragma unroll
         for (int i = 0; i < T; ++i)
 #pragma unroll
           for (int b = 0; b < kBlocksPerChunk; ++b)
-            copy_evict_first16(dst + (i * kBlocksPerChunk + b) * 512,
-                               a.fragments + (((size_t)(unit * T + i) * kblocks + block0 + b) * 32 + lane) * 16,
-                               policy);
+            copy_evict_first16(dst + (i * kBlocksPerChunk + b) * 512, src + ((size_t)i * kblocks + b) * 512, policy);
       }
       if (XS) {
         const uint8_t* src = reinterpret_cast<const uint8_t*>(a.x16) + (size_t)block0 * MT * 512;
@@ -235,6 +235,10 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
                                                                            piece * 16),
                        "l"(src + piece * 16)
                        : "memory");
+      }
+      if (++issue_chunk == chunks) {
+        issue_chunk = 0;
+        issue_unit += unit_step;
       }
     }
     copy_commit();
@@ -264,7 +268,9 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
   float row_scale[T][2] = {}, row_coef[T][2] = {}, known[MT][2];
 #pragma unroll
   for (int j = 0; j < MT; ++j) known[j][0] = known[j][1] = -INFINITY;
-  for (int p = 0; p < total; ++p) {
+  // (unit, chunk) of position p, advanced in the loop header so that every `continue` advances it
+  int unit = first_unit, chunk = 0;
+  for (int p = 0; p < total; ++p, chunk = chunk + 1 == chunks ? 0 : chunk + 1, unit += chunk == 0 ? unit_step : 0) {
     copy_wait(stages - 2);  // each lane reads back the weight pieces it copied itself; and with XS
     if (XS)                 // the activations the block copied; the slot refilled next was read one step ago
       __syncthreads();
@@ -272,8 +278,6 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
       __syncwarp();
     issue(p + stages - 1, write_slot);
     write_slot = write_slot + 1 == stages ? 0 : write_slot + 1;
-    const int chunk = p % chunks;
-    const int unit = first_unit + (p / chunks) * unit_step;
     const int tile0 = unit * T;
     if (XS && unit >= units) {  // a warp past the last unit only keeps the block's barriers
       read_slot = read_slot + 1 == stages ? 0 : read_slot + 1;
