@@ -94,13 +94,26 @@ def prepare_sglang(target: str) -> None:
 
 H, HV, K, V = 16, 32, 128, 128  # Qwen3-Next / Qwen3.5 linear-attention heads (SGLang configs/qwen3_next.py)
 # path-verify variants timed side by side: last session's (replays every restart from the committed state),
-# kept branch states + prefetch at SGLang's tile, and wider value tiles; commit_prefetch is the commit's option
+# kept branch states + prefetch at SGLang's tile, wider value tiles, inputs prepared once per token
+# (``prepare``), a register limit (``maxnreg``: more resident programs); commit_* are the commit's options
 VERIFY_CONFIGS = [
     dict(name="replay_bv4", max_saved=0, prefetch=False, block_v=4, num_warps=1, commit_prefetch=False),
     dict(name="kept8_prefetch_bv4", max_saved=8, prefetch=True, block_v=4, num_warps=1, commit_prefetch=True),
     dict(name="kept8_prefetch_bv8w2", max_saved=8, prefetch=True, block_v=8, num_warps=2, commit_prefetch=True),
     # without prefetch: fewer registers per program (96 / 72 instead of 125 / 117), more resident warps
     dict(name="kept8_bv4", max_saved=8, prefetch=False, block_v=4, num_warps=1, commit_prefetch=False),
+    # 64 registers: 32 one-warp programs per SM (the block limit) instead of 16; no spills without prefetch
+    dict(name="kept8_bv4_r64", max_saved=8, prefetch=False, block_v=4, num_warps=1, maxnreg=64,
+         commit_prefetch=False, commit_maxnreg=64),
+    dict(name="prep_prefetch_bv4", max_saved=8, prefetch=True, block_v=4, num_warps=1, prepare=True,
+         commit_prefetch=True),
+    dict(name="prep_bv4_r64", max_saved=8, prefetch=False, block_v=4, num_warps=1, prepare=True, maxnreg=64,
+         commit_prefetch=False, commit_maxnreg=64),
+    # the step loop in CUDA with lanes along V (gdn_tree/lanes.py): P lanes per value column
+    *[dict(name=f"lanes{p}", max_saved=8, prefetch=True, block_v=4, num_warps=1, lanes=p, commit_prefetch=True)
+      for p in (4, 8, 16, 32)],
+    dict(name="lanes8_commit_r64", max_saved=8, prefetch=True, block_v=4, num_warps=1, lanes=8,
+         commit_prefetch=False, commit_maxnreg=64),
 ]
 
 
@@ -110,7 +123,15 @@ def _selected(variants: str) -> list[dict]:
 
 
 def _tile(cfg: dict) -> dict:
-    return {key: cfg[key] for key in ("prefetch", "block_v", "num_warps")}
+    """The path-verify options of a variant."""
+    return {"prefetch": cfg["prefetch"], "block_v": cfg["block_v"], "num_warps": cfg["num_warps"],
+            "prepare_inputs": cfg.get("prepare", False), "max_registers": cfg.get("maxnreg"),
+            "lanes_per_column": cfg.get("lanes")}
+
+
+def _commit_options(cfg: dict) -> dict:
+    """The commit's options of a variant (it keeps SGLang's tile, 4 columns and one warp: bit parity is its contract)."""
+    return {"prefetch": cfg["commit_prefetch"], "max_registers": cfg.get("commit_maxnreg")}
 
 
 def random_tree(n: int, gen: torch.Generator, chain_bias: float = 0.6) -> list[int]:
@@ -163,28 +184,41 @@ def parity(gen, variants: str = "") -> dict:
         committed_sglang = pool.clone()
         committed_sglang[idx.long()] = inter[torch.arange(B, device="cuda"), accept_len - 1]
         name = str(state_dtype).split(".")[-1]
-        for prefetch in (False, True):
+        commit_options = [{"prefetch": False, "max_registers": None}, {"prefetch": True, "max_registers": None}]
+        commit_options += [o for o in map(_commit_options, configs) if o not in commit_options]
+        for options in commit_options:
             committed_ours = pool.clone()
             gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, committed_ours, idx,
-                            torch.arange(T, device="cuda").repeat(B, 1), accept_len, prefetch=prefetch)
-            tag = f"{name}_prefetch{int(prefetch)}"
+                            torch.arange(T, device="cuda").repeat(B, 1), accept_len, **options)
+            tag = f"{name}_prefetch{int(options['prefetch'])}" + (
+                f"_r{options['max_registers']}" if options["max_registers"] else "")
             out[f"chain_commit_bit_identical_{tag}"] = bool(torch.equal(committed_ours, committed_sglang))
             out[f"chain_commit_max_abs_diff_{tag}"] = (committed_ours.float() - committed_sglang.float()).abs().max().item()
         for cfg in configs:
-            o_ours = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx,
-                                          tree_schedule(chain, max_saved=cfg["max_saved"]), **_tile(cfg))
-            out[f"chain_outputs_bit_identical_{name}_{cfg['name']}"] = bool(torch.equal(o_ours, o_sglang))
+            try:
+                o_ours = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx,
+                                              tree_schedule(chain, max_saved=cfg["max_saved"]), **_tile(cfg))
+                out[f"chain_outputs_bit_identical_{name}_{cfg['name']}"] = bool(torch.equal(o_ours, o_sglang))
+            except Exception as exc:  # a failing variant (e.g. its CUDA build) leaves the others' checks
+                out[f"chain_outputs_error_{name}_{cfg['name']}"] = f"{type(exc).__name__}: {exc}"
         # trees: SGLang's tree mode reloads each parent's snapshot; ours replays root paths / restores kept states
         T = 32
         q, k, v, a, b, A_log, dt_bias, (pool,), idx = make_inputs(B, T, gen, state_dtype)
         parents = torch.tensor([random_tree(T, gen) for _ in range(B)], device="cuda")
         inter = torch.empty((B, T, HV, V, K), dtype=state_dtype, device="cuda")
         o_sglang = sglang_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, inter, parents=parents)
+        o_first = None
         for cfg in configs:
-            o_ours = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx,
-                                          tree_schedule(parents, max_saved=cfg["max_saved"]), **_tile(cfg))
+            try:
+                o_ours = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx,
+                                              tree_schedule(parents, max_saved=cfg["max_saved"]), **_tile(cfg))
+            except Exception as exc:
+                out[f"tree_outputs_error_{name}_{cfg['name']}"] = f"{type(exc).__name__}: {exc}"
+                continue
+            o_first = o_ours if o_first is None else o_first
             out[f"tree_outputs_bit_identical_{name}_{cfg['name']}"] = bool(torch.equal(o_ours, o_sglang))
             out[f"tree_outputs_max_abs_diff_{name}_{cfg['name']}"] = (o_ours.float() - o_sglang.float()).abs().max().item()
+            out[f"tree_outputs_equal_first_variant_{name}_{cfg['name']}"] = bool(torch.equal(o_ours, o_first))
     return out
 
 
@@ -201,12 +235,15 @@ def accuracy(gen) -> dict:
     return {"path_verify_fp32_inputs_rel_l2_vs_fp64_reference": err.item()}
 
 
-def timing(gen, layers: int, variants: str = "") -> list[dict]:
+def timing(gen, layers: int, variants: str = "", batches: tuple[int, ...] = (1, 4, 8, 16, 32),
+           on_row=lambda rows: None) -> list[dict]:
+    """Each batch's row; ``on_row(rows so far)`` after each, so a run cut short keeps its finished batches."""
     from specpilot_kernels.gdn_tree import gdn_tree_commit, gdn_tree_path_verify, tree_schedule
     rows = []
     T = 32
-    for B in (1, 4, 16):
+    for B in batches:
         q, k, v, a, b, A_log, dt_bias, pools, idx = make_inputs(B, T, gen, layers=layers)
+        pool_before = pools[0].clone()  # the timed commits change the pools
         parents = torch.tensor([random_tree(T, gen) for _ in range(B)], device="cuda")
         paths = [[] for _ in range(B)]
         for r in range(B):  # accept the root path to the deepest node (an optimistic acceptance)
@@ -233,36 +270,49 @@ def timing(gen, layers: int, variants: str = "") -> list[dict]:
         row = {"B": B, "T": T, "layers": layers, "sglang_snapshot_verify_plus_commit_us": stock_us,
                "sglang_per_node_state_bytes": layers * B * T * HV * V * K * 4, "accept_len": accept_len.tolist(),
                "variants": []}
+        o_reference = None
         for cfg in _selected(variants):
-            def ours(cfg=cfg):
-                schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
-                for pool in pools:
-                    gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, **_tile(cfg))
-                for pool in pools:
-                    # the commit keeps SGLang's tile (4 columns, one warp): its bit parity is the contract
-                    gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, pool, idx, accepted, accept_len,
-                                    prefetch=cfg["commit_prefetch"])
+            try:
+                def verify_only(cfg=cfg):
+                    schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
+                    for pool in pools:
+                        gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, **_tile(cfg))
 
-            def verify_only(cfg=cfg):
-                schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
-                for pool in pools:
-                    gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, **_tile(cfg))
+                def commit_only(cfg=cfg):
+                    for pool in pools:
+                        gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, pool, idx, accepted, accept_len,
+                                        **_commit_options(cfg))
 
-            ours_us, verify_us = graph_replay_us(lambda _: ours()), graph_replay_us(lambda _: verify_only())
-            schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
-            row["variants"].append({
-                **cfg, "ours_path_verify_plus_commit_us": ours_us, "ours_verify_only_us": verify_us,
-                "speedup": stock_us / ours_us, "ours_per_node_state_bytes": 0,
-                # kept branch states: a scratch of max_saved states per request, live during one layer's call
-                "ours_branch_state_scratch_bytes": B * cfg["max_saved"] * HV * V * K * 4,
-                "steps_per_request_with_replays": schedule.replayed_steps().tolist(),
-                "states_kept_per_request": (schedule.save_slot >= 0).sum(1).tolist(),
-            })
+                def ours():
+                    verify_only()
+                    commit_only()
+
+                ours_us, verify_us = graph_replay_us(lambda _: ours()), graph_replay_us(lambda _: verify_only())
+                commit_us = graph_replay_us(lambda _: commit_only())
+                schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
+                # every variant must give the first one's outputs (the schedules do not change results)
+                o_first_layer = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool_before, idx, schedule, **_tile(cfg))
+                if o_reference is None:
+                    o_reference = o_first_layer
+                same_outputs = bool(torch.equal(o_first_layer, o_reference))
+                row["variants"].append({
+                    **cfg, "ours_path_verify_plus_commit_us": ours_us, "ours_verify_only_us": verify_us,
+                    "ours_commit_only_us": commit_us, "outputs_equal_first_variant": same_outputs,
+                    "speedup": stock_us / ours_us, "ours_per_node_state_bytes": 0,
+                    # kept branch states: a scratch of max_saved states per request, live during one layer's call
+                    "ours_branch_state_scratch_bytes": B * cfg["max_saved"] * HV * V * K * 4,
+                    "steps_per_request_with_replays": schedule.replayed_steps().tolist(),
+                    "states_kept_per_request": (schedule.save_slot >= 0).sum(1).tolist(),
+                })
+            except Exception as exc:  # a failing variant (e.g. its CUDA build) leaves the others' figures
+                row["variants"].append({"name": cfg["name"], "error": f"{type(exc).__name__}: {exc}"})
             print(json.dumps({"B": B, **row["variants"][-1]}), file=sys.stderr, flush=True)
-        best = max(row["variants"], key=lambda r: r["speedup"])
-        row["best_variant"], row["best_speedup"] = best["name"], best["speedup"]
+        best = max((r for r in row["variants"] if "speedup" in r), key=lambda r: r["speedup"], default=None)
+        if best is not None:
+            row["best_variant"], row["best_speedup"] = best["name"], best["speedup"]
         rows.append(row)
-        pools = inter = None  # free this batch's layers before the next one
+        on_row(rows)
+        pools = inter = pool_before = None  # free this batch's layers before the next one
     return rows
 
 
@@ -302,15 +352,26 @@ def wy_vs_path(gen, layers: int) -> list[dict]:
     return rows
 
 
+def _save_partial(result: dict, name: str, figures, out: str | None) -> None:
+    """Write ``result`` with a section's figures so far to ``out`` (the section's final record replaces them)."""
+    if out:
+        with open(out, "w") as fh:
+            json.dump({**result, name: figures, "partial": name}, fh, indent=1)
+
+
 def run_all(args) -> dict:
     gen = torch.Generator().manual_seed(0)
     result = {"benchmark": "gdn_tree", "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "triton": triton.__version__, "synthetic": "random bf16 inputs, random FP32 states, random trees",
               "shape": {"H": H, "HV": HV, "K": K, "V": V},
-              "timing": "CUDA-graph replay of one verify step over all layers, median of 20"}
+              "timing": "CUDA-graph replay of one verify step over all layers, median of 20",
+              "command": " ".join(["python"] + sys.argv), "date": datetime.datetime.now(datetime.UTC).isoformat()}
     sections = [("parity_with_sglang_0_5_23", lambda: parity(gen, args.variants)),
                 ("accuracy", lambda: accuracy(gen)),
-                ("verify_plus_commit", lambda: timing(gen, args.layers, args.variants)),
+                ("verify_plus_commit", lambda: timing(gen, args.layers, args.variants,
+                                                      tuple(int(x) for x in args.batches.split(",")),
+                                                      lambda rows: _save_partial(result, "verify_plus_commit", rows,
+                                                                                 args.out))),
                 ("wy_vs_path", lambda: wy_vs_path(gen, args.layers))]
     for name, run in sections:
         if args.sections and name not in args.sections.split(","):
@@ -329,6 +390,7 @@ def main() -> None:
     run.add_argument("--layers", type=int, default=48)
     run.add_argument("--sections", default="", help="comma-separated sections to run (default: all): "
                      "parity_with_sglang_0_5_23, accuracy, verify_plus_commit, wy_vs_path")
+    run.add_argument("--batches", default="1,4,8,16,32", help="comma-separated batch sizes timed")
     run.add_argument("--variants", default="", help="comma-separated VERIFY_CONFIGS names to check and time "
                      "(default: all)")
     args = parser.parse_args()
@@ -336,8 +398,6 @@ def main() -> None:
         prepare_sglang(args.target)
     else:
         result = run_all(args)
-        result["command"] = " ".join(["python"] + sys.argv)
-        result["date"] = datetime.datetime.now(datetime.UTC).isoformat()
         text = json.dumps(result, indent=1)
         print(text)
         if args.out:

@@ -199,3 +199,56 @@ def test_tree_ancestors_is_the_root_path_mask():
     anc = tree_ancestors(parents)
     for r in range(2):
         assert torch.equal(anc[r].bool(), R.ancestor_mask(parents[r]))
+
+
+@pytest.mark.parametrize("max_saved,prefetch", [(8, True), (2, False)])
+def test_prepared_inputs_give_the_same_bits(max_saved, prefetch):
+    """q/k normalised and gates formed once per token (first kernel) or in every tile: the same outputs."""
+    gen = torch.Generator().manual_seed(21)
+    B, T, H, HV, K, V = 2, 12, 2, 4, 32, 16
+    q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V)
+    parents = torch.tensor([_random_tree(gen, T, 0.3) for _ in range(B)])
+    schedule = tree_schedule(parents, torch.tensor([T, T - 2]), max_saved=max_saved)
+    outs = [gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, block_v=8, prefetch=prefetch,
+                                 prepare_inputs=prepared) for prepared in (False, True)]
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_prepare_node_inputs_matches_reference():
+    from specpilot_kernels.gdn_tree.path_verify import prepare_node_inputs
+
+    gen = torch.Generator().manual_seed(22)
+    B, T, H, HV, K, V = 2, 5, 2, 4, 32, 16
+    q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V)
+    q_n, k_n, decay, beta = prepare_node_inputs(q, k, a, b, A_log, dt_bias, scale=0.25)
+    g, beta_ref = R.gdn_gates(A_log, a, dt_bias, b)
+    unit = lambda x: x.float() * torch.rsqrt((x.float() ** 2).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
+    torch.testing.assert_close(q_n, unit(q) * 0.25, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(k_n, unit(k), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(decay, torch.exp(g), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(beta, beta_ref, atol=1e-6, rtol=1e-5)
+
+
+def test_lanes_kernel_refuses_inputs_it_does_not_take():
+    gen = torch.Generator().manual_seed(23)
+    q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, 1, 4, 1, 2, 16, 16)
+    with pytest.raises(ValueError, match="CUDA kernel"):
+        gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(torch.tensor([[-1, 0, 1, 2]])),
+                             lanes_per_column=8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("max_saved", [8, 2, 0])
+def test_lanes_kernel_gives_the_triton_kernels_bits(pool_dtype, max_saved):
+    """The CUDA step loop (lanes along V) against the Triton kernel, with restarts that restore and replay."""
+    gen = torch.Generator().manual_seed(24 + max_saved)
+    B, T, H, HV, K, V = 3, 24, 2, 4, 128, 128
+    q, k, v, a, b, A_log, dt_bias, pool, idx = (t.cuda() for t in _inputs(gen, B, T, H, HV, K, V))
+    pool = pool.to(pool_dtype)
+    parents = torch.tensor([_random_tree(gen, T, 0.3) for _ in range(B)]).cuda()
+    schedule = tree_schedule(parents, torch.tensor([T, T - 5, 1]).cuda(), max_saved=max_saved)
+    want = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule)
+    for lanes in (4, 8, 16, 32):
+        got = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, lanes_per_column=lanes)
+        assert torch.equal(got, want), (lanes, (got.float() - want.float()).abs().max().item())

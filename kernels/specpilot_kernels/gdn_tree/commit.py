@@ -40,7 +40,8 @@ def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
                     A_log: torch.Tensor, dt_bias: torch.Tensor, state_pool: torch.Tensor, state_indices: torch.Tensor,
                     accepted: torch.Tensor, accept_len: torch.Tensor, *, scale: float | None = None,
                     use_qk_l2norm: bool = True, softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
-                    block_v: int = 4, num_warps: int = 1, prefetch: bool = True) -> None:
+                    block_v: int = 4, num_warps: int = 1, prefetch: bool = True,
+                    max_registers: int | None = None) -> None:
     """Advance each request's committed state over its accepted root path, in place.
 
     Args:
@@ -51,6 +52,8 @@ def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
         block_v / num_warps: the value tile; (4, 1) is SGLang's Hopper verify tile (bit parity with it).
         prefetch: load the next node's inputs during the current step (the path kernel's option; both
             settings were bit-identical to SGLang on chains on the H200).
+        max_registers: registers per thread the compiler may use (None: its choice); a limit for ptxas only,
+            the PTX and so the arithmetic are unchanged.
     """
     B, T, H, HV, K, V = _check_inputs(q, k, v, a, b, state_pool, state_indices)
     if accepted.shape != (B, T) or accept_len.shape != (B,):
@@ -67,5 +70,5 @@ def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
         continue_all, continue_all, lengths, scratch, 1, softplus_beta, softplus_threshold,
         scale if scale is not None else K ** -0.5,
         T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, USE_QK_L2NORM=use_qk_l2norm,
-        MAX_SAVED=0, PREFETCH=prefetch, num_warps=num_warps, num_stages=3,
+        MAX_SAVED=0, PREFETCH=prefetch, PREPARED=False, num_warps=num_warps, num_stages=3, maxnreg=max_registers,
     )

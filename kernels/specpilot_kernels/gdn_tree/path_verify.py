@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .lanes import lanes_kernel_applies, path_verify_lanes
+
 
 @triton.jit
 def _tree_schedule_kernel(parents, num_nodes, order, replay_len, replay, restore_slot, save_slot,
@@ -172,17 +174,19 @@ def _load_node(node, q, k, v, a, b, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v, H:
 
 
 @triton.jit
-def _gdn_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold, scale,
-              USE_QK_L2NORM: tl.constexpr):
-    """One GDN step on the state tile ``b_h [BK, BV]`` from a token's inputs; returns (state, scaled q).
-
-    Operation order is SGLang 0.5.23's (``fused_sigmoid_gating_delta_rule_update_kernel``, GDN).
-    """
+def _gdn_gates(b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold):
+    """A token's log-space decay ``g`` and write strength ``beta`` (scalars), in SGLang 0.5.23's operation order."""
     x = b_a + b_dt_bias
     beta_x = softplus_beta * x
     softplus_x = tl.where(beta_x <= softplus_threshold, (1.0 / softplus_beta) * tl.log(1.0 + tl.exp(beta_x)), x)
     b_g = -tl.exp(b_A_log) * softplus_x
     b_beta = 1.0 / (1.0 + tl.exp(-b_b))
+    return b_g, b_beta
+
+
+@triton.jit
+def _normalise_qk(b_q, b_k, scale, USE_QK_L2NORM: tl.constexpr):
+    """l2-normalised q (times ``scale``) and k, in SGLang 0.5.23's operation order."""
     if USE_QK_L2NORM:
         q_sum_sq = tl.sum(b_q * b_q)
         k_sum_sq = tl.sum(b_k * b_k)
@@ -191,7 +195,25 @@ def _gdn_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A_log, b_dt_bias, softplus_beta, s
         b_q *= q_rsqrt
         b_k *= k_rsqrt
     b_q = b_q * scale
-    b_h *= tl.exp(b_g)
+    return b_q, b_k
+
+
+@triton.jit
+def _gdn_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold, scale,
+              USE_QK_L2NORM: tl.constexpr, PREPARED: tl.constexpr):
+    """One GDN step on the state tile ``b_h [BK, BV]`` from a token's inputs; returns (state, scaled q).
+
+    Operation order is SGLang 0.5.23's (``fused_sigmoid_gating_delta_rule_update_kernel``, GDN). PREPARED:
+    q, k are already normalised (q scaled) and ``b_a``, ``b_b`` are the decay and beta
+    (:func:`prepare_node_inputs`), computed by the same operations once per token instead of once per tile.
+    """
+    if PREPARED:
+        b_decay, b_beta = b_a, b_b
+    else:
+        b_g, b_beta = _gdn_gates(b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold)
+        b_q, b_k = _normalise_qk(b_q, b_k, scale, USE_QK_L2NORM)
+        b_decay = tl.exp(b_g)  # here, after the norms, as in SGLang: the commit's PTX stays the verified one
+    b_h *= b_decay
     b_v -= tl.sum(b_h * b_k[:, None], 0)
     b_v *= b_beta
     b_h += b_k[:, None] * b_v[None, :]
@@ -199,14 +221,36 @@ def _gdn_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A_log, b_dt_bias, softplus_beta, s
 
 
 @triton.jit
+def _prepare_node_inputs_kernel(q, k, a, b, A_log, dt_bias, q_out, k_out, decay_out, beta_out, softplus_beta,
+                                softplus_threshold, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                                BK: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """One program per (token, key head): normalised q/k and the gates of the key head's value heads."""
+    t, i_h = tl.program_id(0), tl.program_id(1)
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    b_q = tl.load(q + (t * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
+    b_k = tl.load(k + (t * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
+    b_q, b_k = _normalise_qk(b_q, b_k, scale, USE_QK_L2NORM)
+    tl.store(q_out + (t * H + i_h) * K + o_k, b_q, mask=mask_k)
+    tl.store(k_out + (t * H + i_h) * K + o_k, b_k, mask=mask_k)
+    for j in tl.static_range(HV // H):
+        i_hv = i_h * (HV // H) + j
+        b_g, b_beta = _gdn_gates(tl.load(a + t * HV + i_hv).to(tl.float32), tl.load(b + t * HV + i_hv).to(tl.float32),
+                                 tl.load(A_log + i_hv).to(tl.float32), tl.load(dt_bias + i_hv).to(tl.float32),
+                                 softplus_beta, softplus_threshold)
+        tl.store(decay_out + t * HV + i_hv, tl.exp(b_g))
+        tl.store(beta_out + t * HV + i_hv, b_beta)
+
+
+@triton.jit
 def _gdn_node_update(b_h, node, q, k, v, a, b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold, scale,
                      bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                     USE_QK_L2NORM: tl.constexpr):
+                     USE_QK_L2NORM: tl.constexpr, PREPARED: tl.constexpr):
     """One GDN step on the state tile ``b_h [BK, BV]`` for token ``bos + node``; returns (state, scaled q)."""
     b_q, b_k, b_v, b_a, b_b = _load_node(node, q, k, v, a, b, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v, H, HV, K, V)
     return _gdn_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold, scale,
-                     USE_QK_L2NORM)
+                     USE_QK_L2NORM, PREPARED)
 
 
 @triton.jit
@@ -231,7 +275,7 @@ def _path_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices
                         softplus_threshold, scale,
                         T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, MAX_SAVED: tl.constexpr,
-                        PREFETCH: tl.constexpr):
+                        PREFETCH: tl.constexpr, PREPARED: tl.constexpr):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
@@ -277,15 +321,15 @@ def _path_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices
                 ancestor = tl.load(replay + (bos + j) * T + d)
                 b_h, _ = _gdn_node_update(b_h, ancestor, q, k, v, a, b, b_A_log, b_dt_bias, softplus_beta,
                                           softplus_threshold, scale, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
-                                          H, HV, K, V, USE_QK_L2NORM)
+                                          H, HV, K, V, USE_QK_L2NORM, PREPARED)
                 d += 1
         if PREFETCH:
             b_h, b_q = _gdn_step(b_h, c_q, c_k, c_v, c_a, c_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold,
-                                 scale, USE_QK_L2NORM)
+                                 scale, USE_QK_L2NORM, PREPARED)
         else:
             b_h, b_q = _gdn_node_update(b_h, node, q, k, v, a, b, b_A_log, b_dt_bias, softplus_beta,
                                         softplus_threshold, scale, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
-                                        H, HV, K, V, USE_QK_L2NORM)
+                                        H, HV, K, V, USE_QK_L2NORM, PREPARED)
         b_o = tl.sum(b_h * b_q[:, None], 0)
         tl.store(o + ((bos + node) * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
         if MAX_SAVED > 0:
@@ -321,11 +365,34 @@ def _check_inputs(q, k, v, a, b, state_pool, state_indices):
     return B, T, H, HV, K, V
 
 
+def prepare_node_inputs(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
+                        dt_bias: torch.Tensor, *, scale: float, use_qk_l2norm: bool = True, softplus_beta: float = 1.0,
+                        softplus_threshold: float = 20.0):
+    """Per-token inputs of the recurrence, once per token instead of once per value tile of every head.
+
+    Args: q, k [B, T, H, K]; a, b [B, T, HV]; A_log, dt_bias [HV].
+    Returns: q (normalised, times ``scale``), k (normalised) [B, T, H, K] FP32; decay ``exp(g)`` and beta
+    [B, T, HV] FP32 — bit for bit the values the path kernel forms from the raw inputs.
+    """
+    B, T, H, K = k.shape
+    HV = a.shape[2]
+    q_out = torch.empty((B, T, H, K), dtype=torch.float32, device=q.device)
+    k_out = torch.empty_like(q_out)
+    decay = torch.empty((B, T, HV), dtype=torch.float32, device=q.device)
+    beta = torch.empty_like(decay)
+    _prepare_node_inputs_kernel[(B * T, H)](q, k, a, b, A_log, dt_bias, q_out, k_out, decay, beta, softplus_beta,
+                                            softplus_threshold, scale, H=H, HV=HV, K=K, BK=triton.next_power_of_2(K),
+                                            USE_QK_L2NORM=use_qk_l2norm, num_warps=1)  # one warp: SGLang's q/k layout
+    return q_out, k_out, decay, beta
+
+
 def gdn_tree_path_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                          A_log: torch.Tensor, dt_bias: torch.Tensor, state_pool: torch.Tensor,
                          state_indices: torch.Tensor, schedule: TreeSchedule, *, scale: float | None = None,
                          use_qk_l2norm: bool = True, softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
-                         block_v: int = 4, num_warps: int = 1, prefetch: bool = True) -> torch.Tensor:
+                         block_v: int = 4, num_warps: int = 1, prefetch: bool = True, prepare_inputs: bool = False,
+                         max_registers: int | None = None, lanes_per_column: int | None = None,
+                         warps_per_block: int = 4) -> torch.Tensor:
     """Gated-delta-rule output of every tree node along its root path; stores no per-node state.
 
     Args:
@@ -338,6 +405,15 @@ def gdn_tree_path_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
             [B, max_saved, HV, V, K] that lives for the call only.
         block_v / num_warps: the value tile; (4, 1) is SGLang's Hopper verify tile (bit parity with it).
         prefetch: load the next node's inputs during the current step (same arithmetic, shorter step latency).
+        prepare_inputs: normalise q/k and form the gates once per token in a small first kernel
+            (:func:`prepare_node_inputs`, FP32 [B, T, H, K] x 2 + [B, T, HV] x 2 for the call) instead of in
+            each of the V / block_v tiles of every head.
+        max_registers: registers per thread the compiler may use (None: its choice); fewer fit more programs
+            on an SM at once. Neither option changes the arithmetic.
+        lanes_per_column: run the step loop in CUDA with that many lanes per value column (4-32, :mod:`.lanes`;
+            inputs prepared as with ``prepare_inputs``; bf16 q and v, K = 128, on a GPU), ``warps_per_block``
+            warps to a block; same outputs bit for bit. None: the Triton kernel (block_v, num_warps, prefetch,
+            max_registers are its options).
     Returns:
         o: [B, T, HV, V] in q's dtype; nodes past ``num_nodes[b]`` are zero.
     """
@@ -345,15 +421,27 @@ def gdn_tree_path_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
     if schedule.order.shape != (B, T):
         raise ValueError(f"schedule is for {tuple(schedule.order.shape)} trees, inputs are [{B}, {T}]")
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    scale = scale if scale is not None else K ** -0.5
+    if lanes_per_column is not None and not lanes_kernel_applies(q, v, state_pool):
+        raise ValueError("the CUDA kernel (lanes_per_column) takes bf16 q and v with K = 128 on a GPU and an FP32 "
+                         f"or bf16 pool; got q {q.dtype} on {q.device}, v {v.dtype}, K = {K}, pool {state_pool.dtype}")
+    if prepare_inputs or lanes_per_column is not None:
+        q, k, a, b = prepare_node_inputs(q, k, a, b, A_log, dt_bias, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                                         softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
     # kept branch states live only during this call (shared by the layers through the allocator)
     saved = torch.empty((B, schedule.max_saved, HV, V, K) if schedule.max_saved else (1,), dtype=torch.float32,
-                        device=q.device)
+                        device=o.device)
+    if lanes_per_column is not None:
+        path_verify_lanes(q, k, v, a, b, state_pool, state_indices, schedule, o, saved,
+                          lanes_per_column=lanes_per_column, warps_per_block=warps_per_block)
+        return o
     grid = (triton.cdiv(V, block_v), B, HV)
     _path_verify_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, schedule.order, schedule.replay_len,
         schedule.replay, schedule.restore_slot, schedule.save_slot, saved, schedule.num_nodes, o, 0,
-        softplus_beta, softplus_threshold, scale if scale is not None else K ** -0.5,
+        softplus_beta, softplus_threshold, scale,
         T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, USE_QK_L2NORM=use_qk_l2norm,
-        MAX_SAVED=schedule.max_saved, PREFETCH=prefetch, num_warps=num_warps, num_stages=3,
+        MAX_SAVED=schedule.max_saved, PREFETCH=prefetch, PREPARED=prepare_inputs, num_warps=num_warps, num_stages=3,
+        maxnreg=max_registers,
     )
     return o

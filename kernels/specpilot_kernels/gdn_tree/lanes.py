@@ -1,0 +1,47 @@
+"""The path-verify step loop in CUDA C++ with lanes along V (csrc/path_verify_lanes.cu).
+
+The Triton kernel's tile gives each of a warp's 32 lanes four K elements of each of four value columns,
+so every sum over K ends in five shuffles per column and the scalars of a step (v's update, the gates)
+are computed by all 32 lanes. Here ``lanes_per_column`` (P) lanes share one column and each holds
+128 / P of its K elements, so most of each sum is in-thread and a column's arithmetic is done once.
+The sums keep the Triton kernel's order exactly (its in-thread order, then its butterfly; see the .cu),
+so the outputs are that kernel's bit for bit. Inputs are prepared once per token
+(:func:`.path_verify.prepare_node_inputs`); the schedule is :func:`.path_verify.tree_schedule`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..cuda_extension import load_cuda_extension
+
+CSRC = Path(__file__).with_name("csrc")
+# fewer lanes per column hold more state per lane: 2 took 224 registers, 1 spilled (ptxas -v, sm_90a)
+LANES_PER_COLUMN = (4, 8, 16, 32)
+
+
+def _extension():
+    return load_cuda_extension("specpilot_gdn_tree", CSRC, ("binding.cpp", "path_verify_lanes.cu"))
+
+
+def lanes_kernel_applies(q: torch.Tensor, v: torch.Tensor, state_pool: torch.Tensor) -> bool:
+    """Whether the CUDA kernel takes these inputs: CUDA, bf16 q and v, K = 128, an FP32 or bf16 pool."""
+    return (q.is_cuda and q.dtype == torch.bfloat16 and v.dtype == torch.bfloat16 and q.shape[-1] == 128
+            and state_pool.dtype in (torch.float32, torch.bfloat16))
+
+
+def path_verify_lanes(q_prepared: torch.Tensor, k_prepared: torch.Tensor, v: torch.Tensor, decay: torch.Tensor,
+                      beta: torch.Tensor, state_pool: torch.Tensor, state_indices: torch.Tensor, schedule,
+                      o: torch.Tensor, saved: torch.Tensor, *, lanes_per_column: int, warps_per_block: int) -> None:
+    """Fill ``o`` [B, T, HV, V] bf16 from prepared inputs (q, k FP32 [B, T, H, 128]; decay, beta FP32 [B, T, HV]).
+
+    ``saved``: FP32 [B, max_saved, HV, V, 128] scratch for kept branch states (any tensor when max_saved is 0).
+    """
+    if lanes_per_column not in LANES_PER_COLUMN:
+        raise ValueError(f"lanes_per_column must be one of {LANES_PER_COLUMN}, got {lanes_per_column}")
+    _extension().path_verify_lanes(
+        q_prepared, k_prepared, v, decay, beta, state_pool, state_indices.to(torch.int32).contiguous(),
+        schedule.order, schedule.replay_len, schedule.replay, schedule.restore_slot, schedule.save_slot,
+        schedule.num_nodes, saved, o, schedule.max_saved, lanes_per_column, warps_per_block)
