@@ -146,6 +146,42 @@ def tune_cuda(heads, gen, copies: int) -> tuple[dict, dict]:
     return best, timings_out
 
 
+RESCORE_TILES = [(64, 128, 4, 64), (16, 512, 4, 64), (32, 256, 4, 64), (16, 256, 4, 64), (16, 512, 8, 64),
+                 (32, 512, 4, 32)]  # (candidates per block, K slice, warps, programs per row)
+
+
+def tune_rescore(heads, gen, copies: int) -> dict:
+    """Rescore + finalize alone by CUDA-graph replay on the candidate lists of one INT8 pass per copy, for
+    other (block, K slice) shapes: which would shorten the rescore's serial K loop (the exact head must
+    change with it: both use the same constants)."""
+    out = {}
+    for m in (1, 8, 32):
+        xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+        lists = [int8_pass(xs[i], heads[i]) for i in range(copies)]
+        timings = []
+        for bs, bk, warps, programs in RESCORE_TILES:
+            part_val = torch.empty((m, programs), dtype=torch.float32, device="cuda")
+            part_idx = torch.empty((m, programs), dtype=torch.int32, device="cuda")
+            tokens = torch.empty(m, dtype=torch.int64, device="cuda")
+
+            def rescore(i):
+                best_lower, count, cand_idx, cand_upper = lists[i]
+                _rescore_kernel[(m, programs)](xs[i], heads[i].weight, best_lower, count, cand_idx, cand_upper, part_val,
+                                               part_idx, K=HIDDEN, CAP=cand_idx.shape[1], G=programs, BS=bs,
+                                               BLOCK_K=bk, DOT_FP32=False, num_warps=warps)
+                _finalize_kernel[(1,)](part_val, part_idx, count, tokens, m, CAP=cand_idx.shape[1], G=programs,
+                                       BLOCK_M=max(16, triton.next_power_of_2(m)))
+            try:
+                timings.append({"block_s": bs, "block_k": bk, "num_warps": warps, "programs": programs,
+                                "us": graph_replay_us(rescore, copies)})
+            except Exception as exc:
+                timings.append({"block_s": bs, "block_k": bk, "num_warps": warps, "programs": programs,
+                                "error": f"{type(exc).__name__}: {exc}"})
+        out[m] = timings
+        print(f"M={m} rescore: {timings}", file=sys.stderr, flush=True)
+    return out
+
+
 def timing(heads, gen, best_tiles: dict, best_cuda: dict, copies: int, bandwidth: float) -> list[dict]:
     rows_out = []
     int8_bytes = VOCAB * HIDDEN + VOCAB * 8
@@ -220,13 +256,13 @@ def main() -> None:
     record_section(result, "cuda_tuning", run_cuda_tuning, args.out)
     record_section(result, "tuning", run_tuning, args.out)
     record_section(result, "rows", lambda: timing(heads, gen, best_tiles, best_cuda, args.copies, bandwidth), args.out)
-    heads = None  # the timing copies' memory goes back before the adversarial head is built
 
     def run_check():
         weight, pairs = adversarial_head(VOCAB, HIDDEN, gen)
         return property_check(quantize_head(weight), pairs, args.rows_checked, gen)
 
     record_section(result, "property_check", run_check, args.out)
+    record_section(result, "rescore_tuning", lambda: tune_rescore(heads, gen, args.copies), args.out)
     print(json.dumps(result, indent=1))
 
 
