@@ -114,6 +114,9 @@ VERIFY_CONFIGS = [
       for p in (4, 8, 16, 32)],
     dict(name="lanes8_commit_r64", max_saved=8, prefetch=True, block_v=4, num_warps=1, lanes=8,
          commit_prefetch=False, commit_maxnreg=64),
+    # the commit in CUDA too (its state must stay SGLang's bit for bit: see the parity section)
+    *[dict(name=f"lanes{p}_clanes{c}", max_saved=8, prefetch=True, block_v=4, num_warps=1, lanes=p,
+           commit_prefetch=True, commit_lanes=c) for p, c in ((4, 4), (8, 8), (16, 16), (8, 32))],
 ]
 
 
@@ -131,7 +134,8 @@ def _tile(cfg: dict) -> dict:
 
 def _commit_options(cfg: dict) -> dict:
     """The commit's options of a variant (it keeps SGLang's tile, 4 columns and one warp: bit parity is its contract)."""
-    return {"prefetch": cfg["commit_prefetch"], "max_registers": cfg.get("commit_maxnreg")}
+    return {"prefetch": cfg["commit_prefetch"], "max_registers": cfg.get("commit_maxnreg"),
+            "lanes_per_column": cfg.get("commit_lanes")}
 
 
 def random_tree(n: int, gen: torch.Generator, chain_bias: float = 0.6) -> list[int]:
@@ -184,14 +188,19 @@ def parity(gen, variants: str = "") -> dict:
         committed_sglang = pool.clone()
         committed_sglang[idx.long()] = inter[torch.arange(B, device="cuda"), accept_len - 1]
         name = str(state_dtype).split(".")[-1]
-        commit_options = [{"prefetch": False, "max_registers": None}, {"prefetch": True, "max_registers": None}]
+        commit_options = [_commit_options({"commit_prefetch": prefetch}) for prefetch in (False, True)]
         commit_options += [o for o in map(_commit_options, configs) if o not in commit_options]
         for options in commit_options:
-            committed_ours = pool.clone()
-            gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, committed_ours, idx,
-                            torch.arange(T, device="cuda").repeat(B, 1), accept_len, **options)
             tag = f"{name}_prefetch{int(options['prefetch'])}" + (
-                f"_r{options['max_registers']}" if options["max_registers"] else "")
+                f"_r{options['max_registers']}" if options["max_registers"] else "") + (
+                f"_lanes{options['lanes_per_column']}" if options["lanes_per_column"] else "")
+            committed_ours = pool.clone()
+            try:
+                gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, committed_ours, idx,
+                                torch.arange(T, device="cuda").repeat(B, 1), accept_len, **options)
+            except Exception as exc:  # a failing option (e.g. its CUDA build) leaves the others' checks
+                out[f"chain_commit_error_{tag}"] = f"{type(exc).__name__}: {exc}"
+                continue
             out[f"chain_commit_bit_identical_{tag}"] = bool(torch.equal(committed_ours, committed_sglang))
             out[f"chain_commit_max_abs_diff_{tag}"] = (committed_ours.float() - committed_sglang.float()).abs().max().item()
         for cfg in configs:

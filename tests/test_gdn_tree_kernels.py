@@ -252,3 +252,21 @@ def test_lanes_kernel_gives_the_triton_kernels_bits(pool_dtype, max_saved):
     for lanes in (4, 8, 16, 32):
         got = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, lanes_per_column=lanes)
         assert torch.equal(got, want), (lanes, (got.float() - want.float()).abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+def test_lanes_commit_gives_the_triton_commits_bits(pool_dtype):
+    gen = torch.Generator().manual_seed(31)
+    B, T, H, HV, K, V = 3, 16, 2, 4, 128, 128
+    q, k, v, a, b, A_log, dt_bias, pool, idx = (t.cuda() for t in _inputs(gen, B, T, H, HV, K, V))
+    pool = pool.to(pool_dtype)
+    parents = [_random_tree(gen, T, 0.5) for _ in range(B)]
+    rows = [_root_path_padded(parents[0], T - 1, T), _root_path_padded(parents[1], 5, T), ([0] * T, 0)]
+    accepted, accept_len = torch.tensor([r[0] for r in rows]).cuda(), torch.tensor([r[1] for r in rows]).cuda()
+    want = pool.clone()
+    gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, want, idx, accepted, accept_len)
+    for lanes in (4, 8, 16, 32):
+        got = pool.clone()
+        gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, got, idx, accepted, accept_len, lanes_per_column=lanes)
+        assert torch.equal(got, want), (lanes, (got.float() - want.float()).abs().max().item())

@@ -34,14 +34,17 @@ def lanes_kernel_applies(q: torch.Tensor, v: torch.Tensor, state_pool: torch.Ten
 
 def path_verify_lanes(q_prepared: torch.Tensor, k_prepared: torch.Tensor, v: torch.Tensor, decay: torch.Tensor,
                       beta: torch.Tensor, state_pool: torch.Tensor, state_indices: torch.Tensor, schedule,
-                      o: torch.Tensor, saved: torch.Tensor, *, lanes_per_column: int, warps_per_block: int) -> None:
+                      o: torch.Tensor, saved: torch.Tensor, *, lanes_per_column: int, warps_per_block: int,
+                      write_state: bool = False) -> None:
     """Fill ``o`` [B, T, HV, V] bf16 from prepared inputs (q, k FP32 [B, T, H, 128]; decay, beta FP32 [B, T, HV]).
 
     ``saved``: FP32 [B, max_saved, HV, V, 128] scratch for kept branch states (any tensor when max_saved is 0).
+    ``write_state``: the commit — ``o`` is left alone and each request's state after its last visited node
+    is written back into ``state_pool`` at ``state_indices``.
     """
     if lanes_per_column not in LANES_PER_COLUMN:
         raise ValueError(f"lanes_per_column must be one of {LANES_PER_COLUMN}, got {lanes_per_column}")
     _extension().path_verify_lanes(
         q_prepared, k_prepared, v, decay, beta, state_pool, state_indices.to(torch.int32).contiguous(),
         schedule.order, schedule.replay_len, schedule.replay, schedule.restore_slot, schedule.save_slot,
-        schedule.num_nodes, saved, o, schedule.max_saved, lanes_per_column, warps_per_block)
+        schedule.num_nodes, saved, o, schedule.max_saved, write_state, lanes_per_column, warps_per_block)

@@ -15,19 +15,20 @@ void check(const torch::Tensor& t, torch::ScalarType dtype, const char* name) {
 
 }  // namespace
 
-// Shapes in path_verify_lanes.cuh; K must be 128 and V a multiple of 32 / lanes_per_column.
+// Shapes in path_verify_lanes.cuh; K must be 128 and V a multiple of 32 / lanes_per_column. write_state:
+// the commit (the pool is updated in place at state_indices; o, and saved when max_saved is 0, are not touched).
 void path_verify_lanes(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor decay, torch::Tensor beta,
                        torch::Tensor pool, torch::Tensor state_indices, torch::Tensor order, torch::Tensor replay_len,
                        torch::Tensor replay, torch::Tensor restore_slot, torch::Tensor save_slot,
                        torch::Tensor num_nodes, torch::Tensor saved, torch::Tensor o, int64_t max_saved,
-                       int64_t lanes_per_column, int64_t warps_per_block) {
+                       bool write_state, int64_t lanes_per_column, int64_t warps_per_block) {
   check(q, torch::kFloat32, "q");
   check(k, torch::kFloat32, "k");
   check(v, torch::kBFloat16, "v");
-  check(o, torch::kBFloat16, "o");
+  if (!write_state) check(o, torch::kBFloat16, "o");  // the commit writes no outputs
   check(decay, torch::kFloat32, "decay");
   check(beta, torch::kFloat32, "beta");
-  check(saved, torch::kFloat32, "saved");
+  if (max_saved > 0) check(saved, torch::kFloat32, "saved");
   TORCH_CHECK(pool.scalar_type() == torch::kFloat32 || pool.scalar_type() == torch::kBFloat16,
               "path_verify_lanes: the state pool must be FP32 or bf16");
   check(pool, pool.scalar_type(), "pool");
@@ -36,8 +37,8 @@ void path_verify_lanes(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch:
                 "path_verify_lanes: the schedule and state_indices must be contiguous CUDA int32");
   }
   TORCH_CHECK(q.dim() == 4 && q.size(3) == 128 && k.sizes() == q.sizes(), "path_verify_lanes: q, k must be [B, T, H, 128]");
-  TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) && o.sizes() == v.sizes() &&
-                  v.size(3) % (32 / lanes_per_column) == 0,
+  TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) &&
+                  (write_state || o.sizes() == v.sizes()) && v.size(3) % (32 / lanes_per_column) == 0,
               "path_verify_lanes: v and o must be [B, T, HV, V] with V a multiple of the columns per warp");
   TORCH_CHECK(warps_per_block >= 1 && warps_per_block <= 8, "path_verify_lanes: 1-8 warps per block");
   PathVerifyArgs args{};
@@ -63,6 +64,7 @@ void path_verify_lanes(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch:
   args.value_dim = static_cast<int>(v.size(3));
   args.max_saved = static_cast<int>(max_saved);
   args.pool_bf16 = pool.scalar_type() == torch::kBFloat16;
+  args.write_state = write_state;
   const cudaError_t err = path_verify_lanes_launch(args, static_cast<int>(lanes_per_column),
                                                    static_cast<int>(warps_per_block), at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "path_verify_lanes launch failed: ", cudaGetErrorString(err));

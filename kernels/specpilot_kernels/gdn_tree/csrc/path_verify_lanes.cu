@@ -96,6 +96,31 @@ __device__ __forceinline__ void load_saved_column(float* h, const float* column,
   }
 }
 
+template <typename PoolT>
+__device__ __forceinline__ void store_run(PoolT* p, float4 x);
+
+template <>
+__device__ __forceinline__ void store_run<float>(float* p, float4 x) {
+  *reinterpret_cast<float4*>(p) = x;
+}
+
+template <>
+__device__ __forceinline__ void store_run<uint16_t>(uint16_t* p, float4 x) {
+  const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(x.x)) | (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(x.y))) << 16);
+  const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(x.z)) | (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(x.w))) << 16);
+  *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
+}
+
+// this lane's runs back into one column of the pool (the commit)
+template <int P, typename PoolT>
+__device__ __forceinline__ void store_column(PoolT* column, const float* h, int run0) {
+  constexpr int M = 32 / P;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    store_run<PoolT>(column + 4 * (run0 + P * m), make_float4(h[4 * m], h[4 * m + 1], h[4 * m + 2], h[4 * m + 3]));
+  }
+}
+
 // One recurrence step of this lane's column; returns nothing, h is updated in place.
 template <int P>
 __device__ __forceinline__ void gdn_update(float* h, const float4* k_runs, float v, float decay, float beta, int run0) {
@@ -134,7 +159,7 @@ __global__ void path_verify_lanes_kernel(PathVerifyArgs a) {
   float4* staged = smem + warp * 128;
 
   const int64_t slot = a.state_indices[b];
-  const PoolT* pool_column = static_cast<const PoolT*>(a.pool) + ((slot * a.value_heads + hv) * a.value_dim + column) * kKeyDim;
+  PoolT* pool_column = static_cast<PoolT*>(a.pool) + ((slot * a.value_heads + hv) * a.value_dim + column) * kKeyDim;
   float h[4 * M];
   load_column<P, PoolT>(h, pool_column, run0);
 
@@ -180,8 +205,10 @@ __global__ void path_verify_lanes_kernel(PathVerifyArgs a) {
     }
     const float4* rows = staged + (j & 1) * 64;
     gdn_update<P>(h, rows, v, decay, beta, run0);
-    const float out = column_dot<P>(h, rows + 32, run0);
-    if (run0 == 0) a.o[token_index(node) * a.value_dim + column] = __bfloat16_as_ushort(__float2bfloat16_rn(out));
+    if (!a.write_state) {
+      const float out = column_dot<P>(h, rows + 32, run0);
+      if (run0 == 0) a.o[token_index(node) * a.value_dim + column] = __bfloat16_as_ushort(__float2bfloat16_rn(out));
+    }
     const int keep = a.max_saved > 0 ? a.save_slot[bos + j] : -1;
     if (keep >= 0) {
       float* dst = a.saved + (((static_cast<int64_t>(b) * a.max_saved + keep) * a.value_heads + hv) * a.value_dim + column) * kKeyDim;
@@ -190,6 +217,10 @@ __global__ void path_verify_lanes_kernel(PathVerifyArgs a) {
         *reinterpret_cast<float4*>(dst + 4 * (run0 + P * m)) = make_float4(h[4 * m], h[4 * m + 1], h[4 * m + 2], h[4 * m + 3]);
       }
     }
+  }
+  if (a.write_state) {
+    store_column<P, PoolT>(pool_column, h, run0);
+    return;
   }
   for (int j = n; j < a.nodes; ++j) {
     if (run0 == 0) a.o[token_index(j) * a.value_dim + column] = 0;

@@ -9,14 +9,15 @@
 // (normalised) FP32 [B, T, H, 128], decay exp(g) and beta FP32 [B, T, HV]. v and o bf16 [B, T, HV, V];
 // pool [slots, HV, V, 128] FP32 or bf16 (read only); saved FP32 [B, max_saved, HV, V, 128] (kept branch
 // states); the schedule arrays int32 as tree_schedule makes them (order, replay_len, restore_slot,
-// save_slot [B, T]; replay [B, T, T]; num_nodes [B]); state_indices int32 [B].
+// save_slot [B, T]; replay [B, T, T]; num_nodes [B]); state_indices int32 [B]. write_state: commit — no
+// outputs, and the state after the last visited node goes back into the pool at state_indices.
 struct PathVerifyArgs {
   const float* q;
   const float* k;
   const uint16_t* v;
   const float* decay;
   const float* beta;
-  const void* pool;
+  void* pool;
   const int32_t* state_indices;
   const int32_t* order;
   const int32_t* replay_len;
@@ -28,6 +29,7 @@ struct PathVerifyArgs {
   uint16_t* o;
   int batch, nodes, heads, value_heads, value_dim, max_saved;
   bool pool_bf16;
+  bool write_state;
 };
 
 // lanes_per_column: 4, 8, 16 or 32 lanes share one value column (32 / lanes_per_column columns per
