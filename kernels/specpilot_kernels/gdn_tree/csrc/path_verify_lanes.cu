@@ -154,7 +154,24 @@ __global__ void path_verify_lanes_kernel(PathVerifyArgs a) {
   const int run0 = lane % P;
   const int column = block * kColumns + lane / P;
   const int i_h = hv / (a.value_heads / a.heads);
-  const int bos = b * a.nodes;
+  // this warp's request: every per-node address below is a base here plus node * a 32-bit stride
+  const int64_t bos = static_cast<int64_t>(b) * a.nodes;
+  const float* k_rows = a.k + (bos * a.heads + i_h) * kKeyDim + 4 * lane;  // + node * row_stride
+  const float* q_rows = a.q + (bos * a.heads + i_h) * kKeyDim + 4 * lane;
+  const int row_stride = a.heads * kKeyDim;
+  const uint16_t* v_column = a.v + (bos * a.value_heads + hv) * a.value_dim + column;  // + node * token_stride
+  uint16_t* o_column = a.o + (bos * a.value_heads + hv) * a.value_dim + column;
+  const int token_stride = a.value_heads * a.value_dim;
+  const float* decay_head = a.decay + bos * a.value_heads + hv;  // + node * value_heads
+  const float* beta_head = a.beta + bos * a.value_heads + hv;
+  const int32_t* order = a.order + bos;
+  const int32_t* replay_len = a.replay_len + bos;
+  const int32_t* restore_slot = a.restore_slot + bos;
+  const int32_t* save_slot = a.save_slot + bos;
+  const int32_t* replay = a.replay + bos * a.nodes;
+  // kept branch states of this column: + slot * slot_stride
+  float* saved_column = a.saved + ((static_cast<int64_t>(b) * a.max_saved * a.value_heads + hv) * a.value_dim + column) * kKeyDim;
+  const int64_t slot_stride = static_cast<int64_t>(a.value_heads) * a.value_dim * kKeyDim;
   // two buffers of this warp's staged k and q rows (32 float4 each): node j computes from buffer j & 1
   float4* staged = smem + warp * 128;
 
@@ -165,53 +182,50 @@ __global__ void path_verify_lanes_kernel(PathVerifyArgs a) {
 
   const int n = a.num_nodes[b];
   auto stage = [&](int buffer, int node) {
-    const int64_t row = (static_cast<int64_t>(bos + node) * a.heads + i_h) * kKeyDim;
-    cp_async16(staged + buffer * 64 + lane, a.k + row + 4 * lane);
-    cp_async16(staged + buffer * 64 + 32 + lane, a.q + row + 4 * lane);
+    cp_async16(staged + buffer * 64 + lane, k_rows + node * row_stride);
+    cp_async16(staged + buffer * 64 + 32 + lane, q_rows + node * row_stride);
     asm volatile("cp.async.commit_group;\n" ::);
   };
-  auto token_index = [&](int node) { return static_cast<int64_t>(bos + node) * a.value_heads + hv; };
-  int next_node = n > 0 ? a.order[bos] : 0;
+  int next_node = n > 0 ? order[0] : 0;
   if (n > 0) stage(0, next_node);
-  float next_v = bf16_to_float(a.v[token_index(next_node) * a.value_dim + column]);
-  float next_decay = a.decay[token_index(next_node)], next_beta = a.beta[token_index(next_node)];
+  float next_v = bf16_to_float(v_column[next_node * token_stride]);
+  float next_decay = decay_head[next_node * a.value_heads], next_beta = beta_head[next_node * a.value_heads];
   for (int j = 0; j < n; ++j) {
     const int node = next_node;
     const float v = next_v, decay = next_decay, beta = next_beta;
     cp_async_wait_all();
     __syncwarp();  // node j's rows are in; every lane is done reading the other buffer
     if (j + 1 < n) {
-      next_node = a.order[bos + j + 1];
+      next_node = order[j + 1];
       stage((j + 1) & 1, next_node);
-      next_v = bf16_to_float(a.v[token_index(next_node) * a.value_dim + column]);
-      next_decay = a.decay[token_index(next_node)];
-      next_beta = a.beta[token_index(next_node)];
+      next_v = bf16_to_float(v_column[next_node * token_stride]);
+      next_decay = decay_head[next_node * a.value_heads];
+      next_beta = beta_head[next_node * a.value_heads];
     }
-    const int n_replay = a.replay_len[bos + j];
+    const int n_replay = replay_len[j];
     if (n_replay >= 0) {  // restart: the deepest kept state on the path (or the committed one), then replays
-      const int source = a.max_saved > 0 ? a.restore_slot[bos + j] : -1;
+      const int source = a.max_saved > 0 ? restore_slot[j] : -1;
       if (source >= 0) {
-        load_saved_column<P>(h, a.saved + (((static_cast<int64_t>(b) * a.max_saved + source) * a.value_heads + hv) *
-                                                a.value_dim + column) * kKeyDim, run0);
+        load_saved_column<P>(h, saved_column + source * slot_stride, run0);
       } else {
         load_column<P, PoolT>(h, pool_column, run0);
       }
       for (int d = 0; d < n_replay; ++d) {
-        const int ancestor = a.replay[(static_cast<int64_t>(bos + j)) * a.nodes + d];
-        const float4* k_runs = reinterpret_cast<const float4*>(a.k + (static_cast<int64_t>(bos + ancestor) * a.heads + i_h) * kKeyDim);
-        gdn_update<P>(h, k_runs, bf16_to_float(a.v[token_index(ancestor) * a.value_dim + column]),
-                      a.decay[token_index(ancestor)], a.beta[token_index(ancestor)], run0);
+        const int ancestor = replay[j * a.nodes + d];
+        const float4* k_runs = reinterpret_cast<const float4*>(k_rows - 4 * lane + ancestor * row_stride);
+        gdn_update<P>(h, k_runs, bf16_to_float(v_column[ancestor * token_stride]), decay_head[ancestor * a.value_heads],
+                      beta_head[ancestor * a.value_heads], run0);
       }
     }
     const float4* rows = staged + (j & 1) * 64;
     gdn_update<P>(h, rows, v, decay, beta, run0);
     if (!a.write_state) {
       const float out = column_dot<P>(h, rows + 32, run0);
-      if (run0 == 0) a.o[token_index(node) * a.value_dim + column] = __bfloat16_as_ushort(__float2bfloat16_rn(out));
+      if (run0 == 0) o_column[node * token_stride] = __bfloat16_as_ushort(__float2bfloat16_rn(out));
     }
-    const int keep = a.max_saved > 0 ? a.save_slot[bos + j] : -1;
+    const int keep = a.max_saved > 0 ? save_slot[j] : -1;
     if (keep >= 0) {
-      float* dst = a.saved + (((static_cast<int64_t>(b) * a.max_saved + keep) * a.value_heads + hv) * a.value_dim + column) * kKeyDim;
+      float* dst = saved_column + keep * slot_stride;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         *reinterpret_cast<float4*>(dst + 4 * (run0 + P * m)) = make_float4(h[4 * m], h[4 * m + 1], h[4 * m + 2], h[4 * m + 3]);
@@ -223,7 +237,7 @@ __global__ void path_verify_lanes_kernel(PathVerifyArgs a) {
     return;
   }
   for (int j = n; j < a.nodes; ++j) {
-    if (run0 == 0) a.o[token_index(j) * a.value_dim + column] = 0;
+    if (run0 == 0) o_column[j * token_stride] = 0;
   }
 }
 
