@@ -15,14 +15,16 @@ from pathlib import Path
 
 import torch
 
-from ..cuda_extension import load_cuda_extension
-
 CSRC = Path(__file__).with_name("csrc")
 # fewer lanes per column hold more state per lane: 2 took 224 registers, 1 spilled (ptxas -v, sm_90a)
 LANES_PER_COLUMN = (4, 8, 16, 32)
 
 
 def _extension():
+    # imported here: the Triton path must import without the package's CUDA helper (an entry vendors this op
+    # folder; it vendors ../cuda_extension.py beside it only when it uses this kernel)
+    from ..cuda_extension import load_cuda_extension
+
     return load_cuda_extension("specpilot_gdn_tree", CSRC, ("binding.cpp", "path_verify_lanes.cu"))
 
 
