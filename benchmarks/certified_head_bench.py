@@ -40,11 +40,9 @@ TILES = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
          for bn, bk, w, s in ((64, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4), (32, 128, 4, 4))]
 CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, xs)
                 for t, wpb, st, wps, xs in (
-                    (1, 4, 4, 16, False), (2, 4, 4, 16, False), (4, 4, 4, 16, False), (2, 4, 6, 16, False),
-                    (1, 4, 4, 24, False), (2, 4, 8, 12, False), (4, 8, 4, 8, False), (4, 8, 8, 8, False),
-                    (2, 8, 3, 16, False), (1, 2, 8, 16, False),
-                    (1, 8, 4, 16, True), (2, 8, 4, 16, True), (2, 8, 5, 16, True), (4, 8, 6, 8, True),
-                    (4, 8, 10, 8, True), (2, 4, 4, 16, True))]
+                    (1, 8, 4, 16, True), (2, 8, 4, 16, True), (2, 8, 5, 16, True), (1, 8, 5, 16, True),
+                    (2, 8, 3, 16, True), (1, 8, 3, 16, True), (2, 4, 4, 16, True), (1, 4, 6, 16, True),
+                    (2, 8, 8, 8, True), (2, 8, 3, 16, False), (4, 4, 4, 16, False))]
 
 
 def read_bandwidth() -> float:
@@ -261,8 +259,9 @@ def main() -> None:
         weight, pairs = adversarial_head(VOCAB, HIDDEN, gen)
         return property_check(quantize_head(weight), pairs, args.rows_checked, gen)
 
-    record_section(result, "property_check", run_check, args.out)
     record_section(result, "rescore_tuning", lambda: tune_rescore(heads, gen, args.copies), args.out)
+    heads = None  # the timing copies' memory goes back before the adversarial head is built
+    record_section(result, "property_check", run_check, args.out)
     print(json.dumps(result, indent=1))
 
 

@@ -139,13 +139,18 @@ def test_cuda_prologue_matches_its_reference(gpu_head):
     m, k = x.shape
     x16 = torch.empty((k // 32, token_tiles(m), 32, 8), dtype=torch.float16, device="cuda")
     inv_scale, norm, best = (torch.empty(m, device="cuda") for _ in range(3))
-    count = torch.empty(m, dtype=torch.int32, device="cuda")
-    cand_idx = torch.empty((m, 64), dtype=torch.int32, device="cuda")
-    cand_upper = torch.empty((m, 64), device="cuda")
-    _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best, count,
-                           cand_idx, cand_upper, R.BOUND_SLACK, R.NORM_INFLATION, 1, 4, 4, 16, False)
+    cap, stage_cap = 64, 4160  # the stage list holds every row: only the prologue's flag overflows it
+    stage_count, count = (torch.empty(m, dtype=torch.int32, device="cuda") for _ in range(2))
+    stage_idx = torch.empty((m, stage_cap), dtype=torch.int32, device="cuda")
+    stage_upper = torch.empty((m, stage_cap), device="cuda")
+    cand_idx = torch.empty((m, cap), dtype=torch.int32, device="cuda")
+    cand_upper = torch.empty((m, cap), device="cuda")
+    _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best, stage_count,
+                           stage_idx, stage_upper, count, cand_idx, cand_upper, R.BOUND_SLACK, R.NORM_INFLATION,
+                           1, 4, 4, 16, False)
     want_x16, want_inv, ok = R.scaled_fp16_rows(x)
-    assert torch.equal((count > 64).cpu(), ~ok.cpu()) and not ok[2] and not ok[3]
+    assert torch.equal((stage_count > stage_cap).cpu(), ~ok.cpu()) and not ok[2] and not ok[3]
+    assert (count[~ok] == cap + 1).all()
     want_x16[~ok] = 0  # the fallback rows' activations are not compared
     got_x16 = x16.clone()
     got_x16.view(k // 32, 8, 4, 8)[:, ~ok] = 0  # [block, row g, lane t, 8]: one token tile

@@ -2,8 +2,9 @@
 
 A prologue scales each input row by a power of two into fp16 (exactly, or the row takes the full-head
 fallback: :func:`.reference.scaled_fp16_rows` is its definition), then one persistent kernel streams
-the offset-binary fragments (:mod:`.fragments`) once through per-warp cp.async rings into mma.sync.
-Both launches are CUDA-graph capturable. The partition (:class:`CudaPassConfig`) never changes which
+the offset-binary fragments (:mod:`.fragments`) once through per-warp cp.async rings into mma.sync and
+lists rows that may win in a stage list, and a compaction keeps those that reach the final best lower
+bound. All three launches are CUDA-graph capturable. The partition (:class:`CudaPassConfig`) never changes which
 rows can be the argmax, only the speed.
 """
 
@@ -21,6 +22,7 @@ from .fragments import token_tiles
 from .reference import BOUND_SLACK, NORM_INFLATION, CertifiedHead
 
 CSRC = Path(__file__).with_name("csrc")
+STAGE_FACTOR = 16  # the stage list holds 16x the candidate list: early warps see a low running best
 
 
 @dataclass(frozen=True)
@@ -32,15 +34,17 @@ class CudaPassConfig:
     through L1)."""
 
     tiles_per_warp: int = 2
-    warps_per_block: int = 4
+    warps_per_block: int = 8
     stages: int = 4
     warps_per_sm: int = 16
-    shared_activations: bool = False
+    shared_activations: bool = True
 
 
 def default_cuda_config(rows: int) -> CudaPassConfig:
-    """The partition for ``rows`` input rows (1-32)."""
-    return CudaPassConfig(tiles_per_warp=1 if rows <= 8 else 2)
+    """The partition for ``rows`` input rows (1-32): the fastest of the H200 sweep
+    (``benchmarks/results/certified_head-cuda1-2026-11-30.json``): 8-warp blocks sharing the activations,
+    4 ring slots per warp, 16 warps per multiprocessor; one tile per warp at 9-16 rows, else two."""
+    return CudaPassConfig(tiles_per_warp=1 if 8 < rows <= 16 else 2)
 
 
 def _extension():
@@ -70,8 +74,9 @@ def int8_pass_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int =
         x: [M, K] bf16 contiguous CUDA, M <= 32, K a multiple of 128; head: a :class:`CertifiedHead` with
             ``fragments``; max_survivors: candidate-list capacity per row; config: the partition.
     Returns:
-        best_lower: [M] fp32; count: [M] int32 (rows appended; ``max_survivors + 1`` or more where the
-        row overflowed or could not be scaled to fp16 exactly); cand_idx: [M, max_survivors] int32 and
+        best_lower: [M] fp32; count: [M] int32, the rows whose upper bound reaches the final best lower
+        bound (more than ``max_survivors`` where they overflow the list, the stage list overflowed or the
+        row could not be scaled to fp16 exactly: the full head); cand_idx: [M, max_survivors] int32 and
         cand_upper: [M, max_survivors] fp32, the first ``count`` valid.
     """
     if head.fragments is None:
@@ -83,10 +88,13 @@ def int8_pass_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int =
     inv_scale = torch.empty(M, dtype=torch.float32, device=dev)
     norm = torch.empty(M, dtype=torch.float32, device=dev)
     best_lower = torch.empty(M, dtype=torch.float32, device=dev)
+    stage_count = torch.empty(M, dtype=torch.int32, device=dev)
+    stage_idx = torch.empty((M, STAGE_FACTOR * max_survivors), dtype=torch.int32, device=dev)
+    stage_upper = torch.empty((M, STAGE_FACTOR * max_survivors), dtype=torch.float32, device=dev)
     count = torch.empty(M, dtype=torch.int32, device=dev)
     cand_idx = torch.empty((M, max_survivors), dtype=torch.int32, device=dev)
     cand_upper = torch.empty((M, max_survivors), dtype=torch.float32, device=dev)
-    _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best_lower, count,
-                           cand_idx, cand_upper, BOUND_SLACK, NORM_INFLATION, config.tiles_per_warp,
+    _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best_lower,
+                           stage_count, stage_idx, stage_upper, count, cand_idx, cand_upper, BOUND_SLACK, NORM_INFLATION, config.tiles_per_warp,
                            config.warps_per_block, config.stages, config.warps_per_sm, config.shared_activations)
     return best_lower, count, cand_idx, cand_upper

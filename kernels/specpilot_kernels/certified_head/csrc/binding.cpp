@@ -6,9 +6,11 @@
 
 // Shapes: x bf16 [m, k]; x16 fp16 [k/32, p/8, 32, 8] with p = 8, 16 or 32 rows padded (m <= p), inv_scale and norm fp32 [m] (workspaces); fragments uint8
 // [n_padded/16, k/32, 32, 16]; scale, radius_coef fp32 [n]; best_lower fp32 [m]; count int32 [m];
-// cand_idx int32 and cand_upper fp32 [m, cap].
+// stage_count int32 [m], stage_idx int32 and stage_upper fp32 [m, stage_cap] (workspaces); cand_idx int32
+// and cand_upper fp32 [m, cap].
 void int8_pass(torch::Tensor x, torch::Tensor x16, torch::Tensor inv_scale, torch::Tensor norm,
                torch::Tensor fragments, torch::Tensor scale, torch::Tensor radius_coef, torch::Tensor best_lower,
+               torch::Tensor stage_count, torch::Tensor stage_idx, torch::Tensor stage_upper,
                torch::Tensor count, torch::Tensor cand_idx, torch::Tensor cand_upper, double slack,
                double norm_inflation, int64_t tiles_per_warp, int64_t warps_per_block, int64_t stages,
                int64_t warps_per_sm, bool shared_activations) {
@@ -25,6 +27,9 @@ void int8_pass(torch::Tensor x, torch::Tensor x16, torch::Tensor inv_scale, torc
   TORCH_CHECK(cand_idx.size(0) == x.size(0) && cand_upper.sizes() == cand_idx.sizes() && cand_idx.is_contiguous() &&
                   cand_upper.is_contiguous(),
               "int8_pass: cand_idx and cand_upper must be contiguous [M, cap]");
+  TORCH_CHECK(stage_idx.size(0) == x.size(0) && stage_upper.sizes() == stage_idx.sizes() && stage_idx.is_contiguous() &&
+                  stage_upper.is_contiguous() && stage_count.numel() == x.size(0),
+              "int8_pass: stage_idx and stage_upper must be contiguous [M, stage_cap], stage_count [M]");
   Int8PassArgs args{};
   args.x = reinterpret_cast<const __nv_bfloat16*>(x.data_ptr());
   args.x16 = reinterpret_cast<__half*>(x16.data_ptr());
@@ -34,6 +39,9 @@ void int8_pass(torch::Tensor x, torch::Tensor x16, torch::Tensor inv_scale, torc
   args.scale = scale.data_ptr<float>();
   args.radius_coef = radius_coef.data_ptr<float>();
   args.best_lower = best_lower.data_ptr<float>();
+  args.stage_count = stage_count.data_ptr<int32_t>();
+  args.stage_idx = stage_idx.data_ptr<int32_t>();
+  args.stage_upper = stage_upper.data_ptr<float>();
   args.count = count.data_ptr<int32_t>();
   args.cand_idx = cand_idx.data_ptr<int32_t>();
   args.cand_upper = cand_upper.data_ptr<float>();
@@ -42,6 +50,7 @@ void int8_pass(torch::Tensor x, torch::Tensor x16, torch::Tensor inv_scale, torc
   args.n_padded = fragments.size(0) * 16;
   args.k = x.size(1);
   args.cap = cand_idx.size(1);
+  args.stage_cap = stage_idx.size(1);
   args.slack = static_cast<float>(slack);
   args.norm_inflation = static_cast<float>(norm_inflation);
   const Int8PassConfig config{static_cast<int>(tiles_per_warp), static_cast<int>(warps_per_block),

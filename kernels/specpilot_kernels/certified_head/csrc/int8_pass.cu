@@ -1,12 +1,11 @@
 // The certified head's INT8 pass in CUDA C++ (sm_80+, run on the H200): approximate logits, their
 // radius, the running best lower bound and the candidate rows, as _int8_bound_kernel (int8_bound.py).
 //
-// Two launches, both graphable. The prologue (one block per input row) computes ||x_m|| in FP32, picks
+// Three launches, all graphable. The prologue (one block per input row) computes ||x_m|| in FP32, picks
 // a power of two 2^e_m that puts max|x_m| in [2^14, 2^15), writes x_m * 2^e_m in fp16 (in the MMA's
 // B-fragment order, token rows padded to 8, 16 or 32 with zeros) and checks that
 // every element came back exactly; it resets the row's best lower bound and count, and marks a row that
-// does not convert exactly (or whose max|x| lies outside [2^-50, 2^50)) with count = cap + 1, the
-// full-head fallback. The pass streams the weights once: each warp owns consecutive units of
+// does not convert exactly (or whose max|x| lies outside [2^-50, 2^50)) for the full-head fallback. The pass streams the weights once: each warp owns consecutive units of
 // tiles_per_warp 16-row tiles and walks their K in 2 KB chunks through a private shared-memory ring
 // filled by cp.async (evict-first in L2); activations come through L1 and each load serves every tile
 // of the unit. Weights are stored pre-shuffled in the mma.sync fragment layout (fragments.py) as
@@ -25,8 +24,11 @@
 // Best lower bound: a warp publishes a unit's best lower bound with a fire-and-forget atomic max
 // (float order through int max / uint min) when it beats the value it read; it keeps the rows whose
 // upper bound reaches max(value read, unit best). Both are at most the final best, so a dropped row
-// provably is not the argmax; the rescore filters the list against the final best. Candidates are
-// appended with atomicAdd; the list's order varies, the rescore's result does not.
+// provably is not the argmax. Kept rows go to a large stage list (one atomicAdd per warp and input row):
+// early in the pass every warp still sees a low running best (the whole grid starts at once), so the
+// stage list holds several times the final survivors; the compaction launch keeps those that reach
+// the final best, so the rescore reads exactly the reference's survivors (in an order that varies;
+// its result does not).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -43,6 +45,7 @@ constexpr int kSlotBytes = 2048;  // one ring slot: 4 (tile, 32-column block) fr
 constexpr int kMaxRows = 32;
 constexpr int kMaxStages = 12;
 constexpr int kPrologueThreads = 256;
+constexpr int kCompactThreads = 256;
 constexpr uint32_t kOffsetHalves = 0x64646464u;  // the fp16 exponent byte of 1024 + u
 constexpr uint32_t kBias2 = 0x64806480u;         // 1152 = 1024 + 128 in both fp16 lanes
 
@@ -171,7 +174,7 @@ __global__ void __launch_bounds__(kPrologueThreads) prologue_kernel(Int8PassArgs
     a.inv_scale[m] = ldexpf(1.f, -shift);
     a.norm[m] = sqrtf(sum_sq) * a.norm_inflation;
     a.best_lower[m] = -INFINITY;
-    a.count[m] = ok ? 0 : a.cap + 1;
+    a.stage_count[m] = ok ? 0 : a.stage_cap + 1;
   }
 }
 
@@ -356,24 +359,68 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
         const float threshold = fmaxf(best, __shfl_sync(0xFFFFFFFFu, known[j][h], t));
         // invalid rows carry upper = -inf: they must not pass a threshold that is still -inf
         auto keep = [&](float upper_bound) { return upper_bound > -INFINITY && upper_bound >= threshold; };
-        bool any = false;
+        int kept = 0;
 #pragma unroll
-        for (int i = 0; i < T; ++i) any = any || keep(upper[i][0]) || keep(upper[i][1]);
-        if (!__any_sync(0xFFFFFFFFu, any)) continue;
+        for (int i = 0; i < T; ++i) kept += keep(upper[i][0]) + keep(upper[i][1]);
+        if (!__any_sync(0xFFFFFFFFu, kept > 0)) continue;
+        // One atomicAdd per row m: the 8 lanes of row m (lanes t, t + 4, ..., t + 28) scan their counts.
+        int before = kept;
+#pragma unroll
+        for (int d = 4; d < 32; d <<= 1) {
+          const int v = __shfl_up_sync(0xFFFFFFFFu, before, d);
+          if (lane >= d) before += v;
+        }
+        const int total = __shfl_sync(0xFFFFFFFFu, before, 28 + t);
+        int base = 0;
+        if (g == 0 && total > 0) base = atomicAdd(a.stage_count + m, total);
+        int pos = __shfl_sync(0xFFFFFFFFu, base, t) + before - kept;
 #pragma unroll
         for (int i = 0; i < T; ++i)
 #pragma unroll
           for (int r = 0; r < 2; ++r)
             if (keep(upper[i][r])) {
-              const int pos = atomicAdd(a.count + m, 1);
-              if (pos < a.cap) {
-                a.cand_idx[(size_t)m * a.cap + pos] = (tile0 + i) * 16 + g + 8 * r;
-                a.cand_upper[(size_t)m * a.cap + pos] = upper[i][r];
+              if (pos < a.stage_cap) {
+                a.stage_idx[(size_t)m * a.stage_cap + pos] = (tile0 + i) * 16 + g + 8 * r;
+                a.stage_upper[(size_t)m * a.stage_cap + pos] = upper[i][r];
               }
+              ++pos;
             }
       }
   }
   asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+// One block per input row: the stage list's rows that reach the final best lower bound, in stage order,
+// into the candidate list. count = cap + 1 (the full head) where the stage list overflowed or the
+// prologue flagged the row; above cap where more rows survive than the list holds.
+__global__ void __launch_bounds__(kCompactThreads) compact_kernel(Int8PassArgs a) {
+  __shared__ int warp_counts[kCompactThreads / 32];
+  const int m = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int listed = a.stage_count[m];
+  if (listed > a.stage_cap) {
+    if (threadIdx.x == 0) a.count[m] = a.cap + 1;
+    return;
+  }
+  const float best = a.best_lower[m];
+  const int32_t* idx = a.stage_idx + (size_t)m * a.stage_cap;
+  const float* upper = a.stage_upper + (size_t)m * a.stage_cap;
+  int written = 0;
+  for (int start = 0; start < listed; start += kCompactThreads) {
+    const int e = start + threadIdx.x;
+    const bool keep = e < listed && upper[e] >= best;
+    const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, keep);
+    if (lane == 0) warp_counts[warp] = __popc(ballot);
+    __syncthreads();
+    int pos = written + __popc(ballot & ((1u << lane) - 1u));
+    for (int w = 0; w < warp; ++w) pos += warp_counts[w];
+    if (keep && pos < a.cap) {
+      a.cand_idx[(size_t)m * a.cap + pos] = idx[e];
+      a.cand_upper[(size_t)m * a.cap + pos] = upper[e];
+    }
+    for (int w = 0; w < kCompactThreads / 32; ++w) written += warp_counts[w];
+    __syncthreads();  // warp_counts is rewritten by the next round
+  }
+  if (threadIdx.x == 0) a.count[m] = written;
 }
 
 template <int MT, int T, bool XS>
@@ -427,8 +474,11 @@ cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& con
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   switch (token_tiles(args.m)) {
-    case 1: return launch_tiles<1>(args, config, stream);
-    case 2: return launch_tiles<2>(args, config, stream);
-    default: return launch_tiles<4>(args, config, stream);
+    case 1: err = launch_tiles<1>(args, config, stream); break;
+    case 2: err = launch_tiles<2>(args, config, stream); break;
+    default: err = launch_tiles<4>(args, config, stream); break;
   }
+  if (err != cudaSuccess) return err;
+  compact_kernel<<<args.m, kCompactThreads, 0, stream>>>(args);
+  return cudaGetLastError();
 }

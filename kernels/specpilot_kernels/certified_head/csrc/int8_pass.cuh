@@ -16,10 +16,13 @@ struct Int8PassArgs {
   const float* scale;        // [n] per-row INT8 scale
   const float* radius_coef;  // [n] per-row radius coefficient
   float* best_lower;         // [m] running best lower bound (reset by the prologue)
-  int32_t* count;            // [m] rows appended (reset by the prologue; cap + 1 marks a fallback row)
+  int32_t* stage_count;      // [m] rows the pass kept (reset by the prologue; stage_cap + 1: fallback row)
+  int32_t* stage_idx;        // [m][stage_cap]
+  float* stage_upper;        // [m][stage_cap]
+  int32_t* count;            // [m] rows reaching the final best (compaction; above cap: the full head)
   int32_t* cand_idx;         // [m][cap]
   float* cand_upper;         // [m][cap]
-  int m, n, n_padded, k, cap;
+  int m, n, n_padded, k, cap, stage_cap;
   float slack, norm_inflation;
 };
 
