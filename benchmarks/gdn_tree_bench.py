@@ -109,14 +109,16 @@ VERIFY_CONFIGS = [
          commit_prefetch=True),
     dict(name="prep_bv4_r64", max_saved=8, prefetch=False, block_v=4, num_warps=1, prepare=True, maxnreg=64,
          commit_prefetch=False, commit_maxnreg=64),
-    # the step loop in CUDA with lanes along V (gdn_tree/lanes.py): P lanes per value column
-    *[dict(name=f"lanes{p}", max_saved=8, prefetch=True, block_v=4, num_warps=1, lanes=p, commit_prefetch=True)
-      for p in (4, 8, 16, 32)],
-    dict(name="lanes8_commit_r64", max_saved=8, prefetch=True, block_v=4, num_warps=1, lanes=8,
-         commit_prefetch=False, commit_maxnreg=64),
+    # the same verify with the faster commit (prefetch; 64 registers made the commit slower)
+    dict(name="prep_bv4_r64_cpf", max_saved=8, prefetch=False, block_v=4, num_warps=1, prepare=True, maxnreg=64,
+         commit_prefetch=True),
+    # the step loop in CUDA with lanes along V (gdn_tree/lanes.py): P lanes per value column, W warps per block
+    *[dict(name=f"lanes{p}_w{w}", max_saved=8, prefetch=True, block_v=4, num_warps=1, lanes=p, warps=w,
+           commit_prefetch=True) for p, w in ((4, 4), (8, 4), (8, 8), (16, 8))],
     # the commit in CUDA too (its state must stay SGLang's bit for bit: see the parity section)
-    *[dict(name=f"lanes{p}_clanes{c}", max_saved=8, prefetch=True, block_v=4, num_warps=1, lanes=p,
-           commit_prefetch=True, commit_lanes=c) for p, c in ((4, 4), (8, 8), (16, 16), (8, 32))],
+    *[dict(name=f"lanes{p}_w{w}_clanes{c}", max_saved=8, prefetch=True, block_v=4, num_warps=1, lanes=p, warps=w,
+           commit_prefetch=True, commit_lanes=c, commit_warps=cw)
+      for p, w, c, cw in ((4, 4, 4, 4), (8, 8, 8, 8), (8, 8, 16, 8), (16, 8, 16, 4))],
 ]
 
 
@@ -129,13 +131,13 @@ def _tile(cfg: dict) -> dict:
     """The path-verify options of a variant."""
     return {"prefetch": cfg["prefetch"], "block_v": cfg["block_v"], "num_warps": cfg["num_warps"],
             "prepare_inputs": cfg.get("prepare", False), "max_registers": cfg.get("maxnreg"),
-            "lanes_per_column": cfg.get("lanes")}
+            "lanes_per_column": cfg.get("lanes"), "warps_per_block": cfg.get("warps", 4)}
 
 
 def _commit_options(cfg: dict) -> dict:
     """The commit's options of a variant (it keeps SGLang's tile, 4 columns and one warp: bit parity is its contract)."""
     return {"prefetch": cfg["commit_prefetch"], "max_registers": cfg.get("commit_maxnreg"),
-            "lanes_per_column": cfg.get("commit_lanes")}
+            "lanes_per_column": cfg.get("commit_lanes"), "warps_per_block": cfg.get("commit_warps", 4)}
 
 
 def random_tree(n: int, gen: torch.Generator, chain_bias: float = 0.6) -> list[int]:
@@ -193,7 +195,7 @@ def parity(gen, variants: str = "") -> dict:
         for options in commit_options:
             tag = f"{name}_prefetch{int(options['prefetch'])}" + (
                 f"_r{options['max_registers']}" if options["max_registers"] else "") + (
-                f"_lanes{options['lanes_per_column']}" if options["lanes_per_column"] else "")
+                f"_lanes{options['lanes_per_column']}w{options['warps_per_block']}" if options["lanes_per_column"] else "")
             committed_ours = pool.clone()
             try:
                 gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, committed_ours, idx,

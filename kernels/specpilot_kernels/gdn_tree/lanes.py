@@ -6,7 +6,9 @@ are computed by all 32 lanes. Here ``lanes_per_column`` (P) lanes share one colu
 128 / P of its K elements, so most of each sum is in-thread and a column's arithmetic is done once.
 The sums keep the Triton kernel's order exactly (its in-thread order, then its butterfly; see the .cu),
 so the outputs are that kernel's bit for bit. Inputs are prepared once per token
-(:func:`.path_verify.prepare_node_inputs`); the schedule is :func:`.path_verify.tree_schedule`'s.
+(:func:`.path_verify.prepare_node_inputs`); the schedule is :func:`.path_verify.tree_schedule`'s. A block of
+``warps_per_block`` warps serves one (request, value head) and first copies every node's prepared k/q rows,
+its v columns, gates and schedule row into shared memory, so the steps wait on no global load.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ def path_verify_lanes(q_prepared: torch.Tensor, k_prepared: torch.Tensor, v: tor
     """
     if lanes_per_column not in LANES_PER_COLUMN:
         raise ValueError(f"lanes_per_column must be one of {LANES_PER_COLUMN}, got {lanes_per_column}")
+    if state_pool.dtype == torch.bfloat16 and lanes_per_column > 16:
+        raise ValueError("a bf16 pool takes at most 16 lanes per column (its sums run over 16 runs of 8 elements)")
+    columns = warps_per_block * 32 // lanes_per_column
+    if v.shape[-1] % columns:
+        raise ValueError(f"V = {v.shape[-1]} is not a multiple of a block's {columns} columns "
+                         f"({warps_per_block} warps x {32 // lanes_per_column})")
     _extension().path_verify_lanes(
         q_prepared, k_prepared, v, decay, beta, state_pool, state_indices.to(torch.int32).contiguous(),
         schedule.order, schedule.replay_len, schedule.replay, schedule.restore_slot, schedule.save_slot,

@@ -40,7 +40,10 @@ void path_verify_lanes(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch:
   TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) &&
                   (write_state || o.sizes() == v.sizes()) && v.size(3) % (32 / lanes_per_column) == 0,
               "path_verify_lanes: v and o must be [B, T, HV, V] with V a multiple of the columns per warp");
-  TORCH_CHECK(warps_per_block >= 1 && warps_per_block <= 8, "path_verify_lanes: 1-8 warps per block");
+  TORCH_CHECK(warps_per_block >= 1 && warps_per_block <= 32 && v.size(3) % (warps_per_block * (32 / lanes_per_column)) == 0,
+              "path_verify_lanes: V must be a multiple of a block's columns (warps_per_block x 32 / lanes_per_column)");
+  TORCH_CHECK(pool.scalar_type() == torch::kFloat32 || lanes_per_column <= 16,
+              "path_verify_lanes: bf16 pools take at most 16 lanes per column (their sums run over 16 runs of 8)");
   PathVerifyArgs args{};
   args.q = q.data_ptr<float>();
   args.k = k.data_ptr<float>();

@@ -32,7 +32,9 @@ struct PathVerifyArgs {
   bool write_state;
 };
 
-// lanes_per_column: 4, 8, 16 or 32 lanes share one value column (32 / lanes_per_column columns per
-// warp, 128 / lanes_per_column state values per lane); warps_per_block: 1-8 independent warps per block.
+// lanes_per_column: 4, 8, 16 or 32 (FP32 pools; 4-16 for bf16 pools) lanes share one value column
+// (32 / lanes_per_column columns per warp, 128 / lanes_per_column state values per lane);
+// warps_per_block: 1-32 warps of one (request, value head) share the block's staged inputs (shared
+// memory: about T x 1 KB for T nodes); V must be a multiple of the block's columns.
 cudaError_t path_verify_lanes_launch(const PathVerifyArgs& args, int lanes_per_column, int warps_per_block,
                                      cudaStream_t stream);
