@@ -17,7 +17,8 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
 import triton
@@ -75,7 +76,7 @@ def candidate_configs(n: int, k: int, sms: int) -> list[GemmConfig]:
     return out
 
 
-def mma_candidates(n: int, k: int, sms: int, kernel: str = "cp_async") -> list[MmaConfig]:
+def mma_candidates(n: int, k: int, sms: int) -> list[MmaConfig]:
     """mma.sync partitions with at least 2 warps of work per multiprocessor (runtime parameters: no rebuild)."""
     tiles, chunks = -(-n // 16), -(-k // 128)
     out = []
@@ -85,8 +86,8 @@ def mma_candidates(n: int, k: int, sms: int, kernel: str = "cp_async") -> list[M
             needless_split = splits > 1 and tiles * warps_k >= 16 * sms  # the tiles alone fill the GPU
             if chunks < 2 * warps_k * splits or warps < 2 * sms or needless_split:
                 continue
-            out.append(MmaConfig(warps_n, warps_k, splits, kernel=kernel))
-    default = replace(default_mma_config(n, k, sms), kernel=kernel)
+            out.append(MmaConfig(warps_n, warps_k, splits))
+    default = default_mma_config(n, k, sms)
     return out if default in out else out + [default]
 
 
@@ -106,14 +107,8 @@ def correctness(sms: int, variants) -> dict:
     mma = to_mma_layout(w12)
     kernels = [(f"triton_bn{c.block_n}_s{c.splits}_asm{int(c.use_asm)}", lambda x, c=c: w12_gemm(x, w12, config=c))
                for c in (GemmConfig(64, 2, 4, 3, True), GemmConfig(64, 2, 4, 3, False), GemmConfig(128, 1, 4, 3, True))]
-    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}_st{c.stages}",
-                 lambda x, c=c: w12_mma_gemm(x, mma, config=c))
-                for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(2, 4, 3, stages=2),
-                          MmaConfig(1, 8, 2, stages=6))]
-    kernels += [(f"bulk_n{c.warps_n}_k{c.warps_k}_s{c.splits}_st{c.stages}",
-                 lambda x, c=c: w12_mma_gemm(x, mma, config=replace(c, kernel="bulk")))
-                for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(2, 4, 3, stages=2),
-                          MmaConfig(1, 8, 2, stages=6))]
+    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}", lambda x, c=c: w12_mma_gemm(x, mma, config=c))
+                for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2))]
     for key, gemm in kernels:
         if key.split("_")[0] not in variants:
             continue
@@ -135,12 +130,6 @@ def correctness(sms: int, variants) -> dict:
                 errs[m] = ((ym.float() - ref).norm() / ref.norm()).item()
                 same = same and torch.equal(ym[:1].view(torch.int16), first_bits)
             report[key] = {"onehot_bit_exact": exact, "rel_err": errs, "row_bits_same_across_M": same}
-            if key.startswith("bulk_"):  # same partition and order of sums as the cp.async kernels: same bits
-                twin = dict(kernels)["mma_" + key[len("bulk_"):]]
-                xm = torch.randn(33, k, device="cuda").bfloat16()
-                report[key]["bits_equal_cp_async"] = all(torch.equal(gemm(xm[:m]).view(torch.int16),
-                                                                     twin(xm[:m]).view(torch.int16))
-                                                         for m in (1, 4, 5, 8, 16, 32, 33))
         except Exception as exc:  # record the failure, keep benchmarking the others
             report[key] = {"error": repr(exc)[:400]}
     return report
@@ -172,13 +161,8 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
                    lambda cfg, x, y, i, lb: w12_gemm(x, w12s[i], config=cfg, low_bits=lb, out=y)),
         "mma": (mma_candidates(n, k, sms),
                 lambda cfg, x, y, i, lb: w12_mma_gemm(x, mmas[i], config=cfg, low_bits=lb, out=y)),
-        **{kernel: (mma_candidates(n, k, sms, kernel=kernel),
-                    lambda cfg, x, y, i, lb: w12_mma_gemm(x, mmas[i], config=cfg, low_bits=lb, out=y))
-           for kernel in ("bulk", "register")},
     }
-    fixed = {"mma": select_mma_config(n, k, torch.device("cuda")),
-             **{kernel: replace(select_mma_config(n, k, torch.device("cuda")), kernel=kernel, stages=0)
-                for kernel in ("bulk", "register")}}
+    fixed = {"mma": select_mma_config(n, k, torch.device("cuda"))}
 
     def time_variant(variant, cfg, m, low_bits="exact"):
         x = torch.randn(m, k, device="cuda").bfloat16()
@@ -217,10 +201,6 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
             continue
         for cfg in configs[:3] if quick else configs:
             try_config(variant, cfg)
-        if variant in ("mma", "bulk") and variant in best:  # ring depth on the best partition (0 = occupancy's)
-            partition = best[variant][0]
-            for stages in (2, 3, 4, 6, 8) if variant == "bulk" else (2, 3, 4):
-                try_config(variant, replace(partition, stages=stages))
     if "triton" in best:  # which MMA instruction the tuned Triton kernel uses
         x = torch.randn(16, k, device="cuda").bfloat16()
         y = torch.empty(16, n, device="cuda", dtype=torch.bfloat16)
@@ -259,7 +239,7 @@ def summarize(shapes: dict) -> dict:
         return math.exp(sum(map(math.log, values)) / len(values))
 
     out = {}
-    for variant in ("triton", "mma", "bulk", "register"):
+    for variant in ("triton", "mma"):
         proj = ratios([p for p in PROJECTIONS if p in shapes], variant)
         if proj:
             out[f"{variant}_geomean_speedup_projections_1_32"] = geomean(proj)
@@ -279,9 +259,11 @@ def summarize(shapes: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="few configs (smoke test)")
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"names ({', '.join(SHAPES)}) or NxK")
+    parser.add_argument("--write-configs", type=Path, default=None,
+                        help="merge each shape's tuned mma partition into this mma_configs.json (under the GPU's name)")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--variants", default="triton,mma,bulk", help="kernels to time: triton, mma (cp.async ring + register kernel), bulk, register")
+    parser.add_argument("--variants", default="triton,mma", help="kernels to time: triton, mma")
     parser.add_argument("--tune", default=None, help="variants to autotune (default: all timed); the others "
                                                      "run their tuned partition on file")
     args = parser.parse_args()
@@ -297,7 +279,7 @@ def main() -> None:
     log(json.dumps(doc["correctness"], indent=1))
     doc["shapes"] = {}
     for name in args.shapes.split(","):
-        n, k = SHAPES[name]
+        n, k = SHAPES[name] if name in SHAPES else map(int, name.split("x"))
         doc["shapes"][name] = bench_shape(name, n, k, props.multi_processor_count, doc["read_bw_Bps"], args.quick,
                                           args.variants.split(","), (args.tune or args.variants).split(","))
         doc["summary"] = summarize(doc["shapes"])
@@ -310,6 +292,12 @@ def main() -> None:
                      "note": "extrapolated from the timed shapes' encode throughput (GPU, unchecked encode); "
                              "the checked encode adds one decode + compare per tensor"}
     doc["summary"] = summarize(doc["shapes"])
+    if args.write_configs:
+        tuned = json.loads(args.write_configs.read_text()) if args.write_configs.exists() else {}
+        for shape in doc["shapes"].values():
+            if "mma" in shape["best"]:
+                tuned.setdefault(props.name, {})[f"{shape['N']},{shape['K']}"] = shape["best"]["mma"]
+        args.write_configs.write_text(json.dumps(tuned, indent=1) + "\n")
     text = json.dumps(doc, indent=1)
     if args.out:
         with open(args.out, "w") as fh:
@@ -319,7 +307,7 @@ def main() -> None:
             for r in shape["rows"]:
                 log("  M=%-3d cublas %7.1f us" % (r["M"], r["cublas_us"]), " ".join(
                     f"{v} {r[v + '_us']:7.1f} us x{r[v + '_speedup']:.2f} floor {r[v + '_frac_floor']:.2f}"
-                    for v in ("triton", "mma", "bulk", "register") if v + "_us" in r))
+                    for v in ("triton", "mma") if v + "_us" in r))
         log(json.dumps({"summary": doc["summary"], "encode": doc["encode"], "read_bw": doc["read_bw_Bps"]}))
     else:
         print(text)

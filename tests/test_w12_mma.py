@@ -2,7 +2,6 @@
 
 import shutil
 import subprocess
-from dataclasses import replace
 
 import pytest
 import torch
@@ -15,8 +14,7 @@ from specpilot_kernels.w12.mma import (
 )
 from specpilot_kernels.w12.reference import gemm_reference, qpass_weight_reference
 
-CONFIGS = [MmaConfig(4, 1, 1, kernel=kernel) for kernel in ("cp_async", "bulk")] + [
-    MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(2, 4, 3, kernel="bulk"), MmaConfig(1, 8, 2, kernel="bulk")]
+CONFIGS = [MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2)]
 
 
 def weight(n=200, k=300, seed=0, device="cpu"):
@@ -84,7 +82,7 @@ def test_kernel_builds_for_sm_120(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.kernel}_n{c.warps_n}_k{c.warps_k}_s{c.splits}")
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"n{c.warps_n}_k{c.warps_k}_s{c.splits}")
 def test_mma_gemm_matches_reference_and_reads_weights_exactly(config):
     w = weight(n=1000, k=1536, device="cuda")
     w12 = encode(w)
@@ -103,23 +101,18 @@ def test_mma_gemm_matches_reference_and_reads_weights_exactly(config):
 
 
 @pytest.mark.gpu
-def test_mma_row_bits_do_not_depend_on_row_count_or_kernel():
-    # cp_async: 1-4 rows run the ring kernel, 5-64 the register kernel; bulk: one kernel per token-tile count.
-    # One partition, one order of sums: a row's bits are the same at every row count and in both kernels.
+def test_mma_row_bits_do_not_depend_on_row_count():
+    # 1-64 rows run 1, 2, 4 or 8 token tiles with one partition and one order of sums
     mma = to_mma_layout(encode(weight(n=1000, k=1536, device="cuda")))
     x = torch.randn(64, 1536, device="cuda").bfloat16()
-    alone = w12_mma_gemm(x[:1], mma, config=MmaConfig(2, 4, 3)).view(torch.int16)
-    for kernel in ("cp_async", "bulk"):
-        config = MmaConfig(2, 4, 3, kernel=kernel)
-        for rows in (1, 2, 4, 5, 8, 9, 16, 17, 32, 33, 64):
-            assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config)[:1].view(torch.int16), alone), (kernel, rows)
-        assert torch.equal(w12_mma_gemm(x[:3], mma, config=replace(config, stages=2))[:1].view(torch.int16), alone)
-    full = w12_mma_gemm(x, mma, config=MmaConfig(2, 4, 3)).view(torch.int16)
-    assert torch.equal(w12_mma_gemm(x, mma, config=MmaConfig(2, 4, 3, kernel="bulk")).view(torch.int16), full)
+    config = MmaConfig(2, 4, 3)
+    alone = w12_mma_gemm(x[:1], mma, config=config).view(torch.int16)
+    for rows in (2, 4, 5, 8, 9, 16, 17, 32, 33, 64):
+        assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config)[:1].view(torch.int16), alone), rows
 
 
 @pytest.mark.gpu
-def test_mma_chunks_with_more_escapes_than_a_window_in_both_kernels():
+def test_mma_chunks_with_more_escapes_than_a_window():
     w = weight(n=1000, k=1536, device="cuda")
     w[480:496, 256:900] = 0.0  # one 16-row tile of zeros: hundreds of escapes per 128-column chunk
     w[700] = (torch.randn(1536, device="cuda") * 1e-39).bfloat16()  # a row of denormals
@@ -127,39 +120,27 @@ def test_mma_chunks_with_more_escapes_than_a_window_in_both_kernels():
     cols = torch.arange(250, 890, 20, device="cuda")  # through the zero tile's columns
     onehot = torch.eye(1536, device="cuda", dtype=torch.bfloat16)[cols]
     expected = (w[:, cols].t().float() + 0.0).bfloat16()
-    x = torch.randn(20, 1536, device="cuda").bfloat16()
-    ref = w12_mma_gemm(x, mma, config=MmaConfig(2, 4, 3)).view(torch.int16)  # the register kernel (5-64 rows)
-    assert torch.equal(w12_mma_gemm(onehot, mma, config=MmaConfig(2, 4, 3)).view(torch.int16), expected.view(torch.int16))
-    for stages in (0, 2, 3, 5, 8):  # the ring kernel (1-4 rows) at any depth
-        config = MmaConfig(2, 4, 3, stages=stages)
-        for r0 in range(0, 32, 4):
-            y = w12_mma_gemm(onehot[r0:r0 + 4], mma, config=config).view(torch.int16)
-            assert torch.equal(y, expected[r0:r0 + 4].view(torch.int16)), (stages, r0)
-        assert torch.equal(w12_mma_gemm(x[:3], mma, config=config).view(torch.int16), ref[:3]), stages
-    for stages in (0, 2, 3, 5, 8):  # the bulk-copy ring: one escape window walk per 32-column block
-        config = MmaConfig(2, 4, 3, stages=stages, kernel="bulk")
+    for config in CONFIGS:
         assert torch.equal(w12_mma_gemm(onehot, mma, config=config).view(torch.int16), expected.view(torch.int16))
         for r0 in range(0, 32, 4):
             y = w12_mma_gemm(onehot[r0:r0 + 4], mma, config=config).view(torch.int16)
-            assert torch.equal(y, expected[r0:r0 + 4].view(torch.int16)), (stages, r0)
-        assert torch.equal(w12_mma_gemm(x, mma, config=config).view(torch.int16), ref), stages
+            assert torch.equal(y, expected[r0:r0 + 4].view(torch.int16)), (config, r0)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["cp_async", "bulk"])
 @pytest.mark.parametrize("low_bits", ["truncated", "midpoint"])
-def test_mma_qpass(low_bits, kernel):
+def test_mma_qpass(low_bits):
     w12 = encode(weight(n=1000, k=1536, device="cuda"))
     x = torch.randn(16, 1536, device="cuda").bfloat16()
     ref = x.float() @ qpass_weight_reference(w12, low_bits).float().t()
     for rows in (1, 16):
-        y = w12_mma_gemm(x[:rows], to_mma_layout(w12), low_bits=low_bits, config=MmaConfig(2, 4, 3, kernel=kernel)).float()
+        y = w12_mma_gemm(x[:rows], to_mma_layout(w12), low_bits=low_bits, config=MmaConfig(2, 4, 3)).float()
         assert ((y - ref[:rows]).norm() / ref[:rows].norm()).item() < 4e-3
 
 
 def emulate_kernel_decode(mma):
-    """The kernel's integer decode (prmt with sign replication, masks, base add, nibble merge) in torch,
-    register by register, placed through the fragment map: int64 BF16 bits [Np, Kp], escapes unpatched."""
+    """The kernel's integer decode in torch, register by register (prmt of view and nibble bytes, shift,
+    mask, base and sign adds), placed through the fragment map: int64 BF16 bits [Np, Kp], escapes unpatched."""
     words = mma.view.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [T, B, 32, 4]
     nibs = mma.nibbles.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [T, B, 32, 2]
     tiles, blocks = words.shape[:2]
@@ -167,13 +148,13 @@ def emulate_kernel_decode(mma):
     base = mma.base.to(torch.int64).view(tiles, 1, 16)
     regs = torch.empty(tiles, blocks, 32, 8, dtype=torch.int64)
     for w in range(4):
-        n = nibs[..., w >> 1] >> (8 * (w & 1))
+        source = nibs[..., w >> 1] if w % 2 == 0 else (nibs[..., w >> 1] << 4) & 0xFFFFFFFF
         for p in range(2):
-            lo, hi = (words[..., w] >> (16 * p)) & 0xFF, (words[..., w] >> (16 * p + 8)) & 0xFF
-            x = lo | ((lo >> 7) * 0xFF) << 8 | hi << 16 | ((hi >> 7) * 0xFF) << 24  # prmt 0x9180 / 0xB3A2
+            byte = lambda value, i: (value >> (8 * i)) & 0xFF  # noqa: E731
+            v = (byte(source, 2 * p) | byte(words[..., w], 2 * p) << 8
+                 | byte(source, 2 * p + 1) << 16 | byte(words[..., w], 2 * p + 1) << 24)  # prmt 0x1504 / 0x3726
             row_base = base[..., lane // 4 + 8 * p].expand(tiles, blocks, 32) * 0x00800080
-            nib = n >> (4 * p)
-            regs[..., 2 * w + p] = ((((x & 0x007F007F) << 4) + row_base) | (x & 0x80008000) | (nib & 0x000F000F)) & 0xFFFFFFFF
+            regs[..., 2 * w + p] = (((v >> 4) & 0x07FF07FF) + row_base + (v & 0x80008000)) & 0xFFFFFFFF
     halves = torch.stack((regs & 0xFFFF, regs >> 16), dim=-1).view(tiles, blocks, 32, 16)  # byte order i
     rows, cols = mma_module._fragment_index("cpu")
     out = torch.empty(tiles, blocks, 16, 32, dtype=torch.int64)

@@ -1,14 +1,13 @@
 """W12 GEMM in CUDA C++ with mma.sync (csrc/w12_mma.cu): the sm_120 variant, also run on the H200.
 
-mma.sync m16n8k16 exists on sm_80 and later, including sm_120 (no wgmma there). Two kernels share one
-partition and one order of sums, so a row's bits do not depend on which runs: at 1-4 rows each warp
-streams its weight chunks (view, nibbles, the tile's row bases and escape offsets) through a private
-shared-memory ring filled by cp.async, 3 KB per slot (two slots for 16 warps fit sm_120's 99 KB per
-block); at 5-64 rows each warp holds its next chunk in registers and leaves shared memory to L1, which
-holds the activations. The weight planes are re-laid out once (:func:`to_mma_layout`) so each lane reads
-its own MMA fragments: per 16-row tile and 32-column block, lane l = 4g + t holds rows g and g+8 of both
-k16 steps, 16 view bytes and 16 nibbles. Inside each 32-column block the MMA's k order is permuted so
-that lane t's activations are columns 8t .. 8t+7 (one 16-byte load).
+mma.sync m16n8k16 exists on sm_80 and later, including sm_120 (no wgmma there). One kernel for 1-64 rows
+(1, 2, 4 or 8 token tiles of 8): each warp holds its next chunk of weights in registers while it decodes
+and multiplies the current one, and reads activations through L1. The weight planes are re-laid out
+once (:func:`to_mma_layout`) so each lane reads its own MMA fragments: per 16-row tile and 32-column
+block, lane l = 4g + t holds rows g and g+8 of both k16 steps, 16 view bytes and 8 nibble bytes (two
+nibbles a byte, placed so that one byte permute joins each register's view bytes with their nibbles).
+Inside each 32-column block the MMA's k order is permuted so that lane t's activations are columns
+8t .. 8t+7 (one 16-byte load).
 """
 
 from __future__ import annotations
@@ -21,12 +20,12 @@ from pathlib import Path
 import torch
 import triton
 
+from ..cuda_extension import load_cuda_extension
 from .format import STEP_K, W12Error, W12Tensor, escape_positions, nibbles_from_kernel_layout
 from .gemm import _split_reduce_kernel
 
 CSRC = Path(__file__).with_name("csrc")
 LOW_BITS_CODES = {"exact": 0, "truncated": 1, "midpoint": 2}
-KERNEL_CODES = {"cp_async": 0, "bulk": 1, "register": 2}
 MAX_ROWS_PER_LAUNCH = 64  # eight token tiles of 8 (csrc/w12_mma.cu)
 
 
@@ -48,8 +47,7 @@ class W12MmaTensor:
     """A W12 weight in the mma.sync fragment layout (same bytes as :class:`W12Tensor`, reordered).
 
     view     uint8 [Np/16, Kp/32, 32, 16]  8-bit view bytes, lane-major fragments
-    nibbles  uint8 [Np/16, Kp/32, 32, 8]   per lane and k16 step a 32-bit word: register r's low lane at
-                                           bits 4r, its high lane at bits 16+4r
+    nibbles  uint8 [Np/16, Kp/32, 32, 8]   per lane two nibbles a byte (:func:`_pack_nibbles`)
     base     uint8 [Np]
     esc_ptr  int32 [Np/16 * Kp/128 + 1]    CSR over (16-row tile, 128-column chunk)
     esc_loc  int32 [E]                     chunk << 11 | block << 9 | (row % 16) << 5 | (column % 32)
@@ -85,16 +83,8 @@ def to_mma_layout(w12: W12Tensor) -> W12MmaTensor:
         return tiles[:, :, rows, cols]  # [T, B, 32, 16]
 
     view = fragments(w12.view).contiguous()
-    nib = fragments(nibbles_from_kernel_layout(w12.nibbles)).to(torch.int64)
-    words = []
-    for step in range(2):
-        word = torch.zeros(nib.shape[:3], dtype=torch.int64, device=nib.device)
-        for reg in range(4):
-            word |= nib[..., 8 * step + 2 * reg] << (4 * reg)
-            word |= nib[..., 8 * step + 2 * reg + 1] << (16 + 4 * reg)
-        words.append(word)
-    packed = torch.stack(words, dim=-1).to(torch.int32)  # [T, B, 32, 2] little-endian words
-    nibbles = packed.contiguous().view(torch.uint8).view(np_ // 16, kp // 32, 32, 8)
+    nib = fragments(nibbles_from_kernel_layout(w12.nibbles))  # [T, B, 32, 16], one nibble per view byte
+    nibbles = _pack_nibbles(nib)
 
     e_rows, e_cols = escape_positions(w12)
     chunks = kp // STEP_K
@@ -109,22 +99,28 @@ def to_mma_layout(w12: W12Tensor) -> W12MmaTensor:
                         loc[order].to(torch.int32), w12.esc_val[order].clone())
 
 
+def _pack_nibbles(nib: torch.Tensor) -> torch.Tensor:
+    """Nibbles of a lane's 16 view bytes -> its 8 nibble bytes: byte b (b < 4) holds view byte b's nibble high
+    and view byte 4 + b's low; byte 4 + b holds view bytes 8 + b (high) and 12 + b (low). The kernel reads
+    view word w's nibbles from nibble word w // 2, shifted left by 4 when w is odd, high halves."""
+    nib = nib.to(torch.uint8)
+    high = torch.cat((nib[..., 0:4], nib[..., 8:12]), dim=-1)
+    low = torch.cat((nib[..., 4:8], nib[..., 12:16]), dim=-1)
+    return ((high << 4) | low).contiguous()
+
+
 def planes_from_mma_layout(mma: W12MmaTensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse of the fragment shuffle: (view uint8 [Np, Kp], one nibble per byte uint8 [Np, Kp])."""
     np_, kp = mma.padded_shape
     rows, cols = _fragment_index(mma.device)
-    words = mma.nibbles.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [T, B, 32, 2]
-    nib = torch.empty(*words.shape[:3], 16, dtype=torch.int64, device=mma.device)
-    for step in range(2):
-        for reg in range(4):
-            nib[..., 8 * step + 2 * reg] = (words[..., step] >> (4 * reg)) & 0xF
-            nib[..., 8 * step + 2 * reg + 1] = (words[..., step] >> (16 + 4 * reg)) & 0xF
+    high, low = mma.nibbles >> 4, mma.nibbles & 0xF
+    nib = torch.cat((high[..., 0:4], low[..., 0:4], high[..., 4:8], low[..., 4:8]), dim=-1)  # view byte order
     view = torch.empty(np_ // 16, kp // 32, 16, 32, dtype=torch.uint8, device=mma.device)
-    low = torch.empty_like(view)
+    low_plane = torch.empty_like(view)
     view[:, :, rows, cols] = mma.view
-    low[:, :, rows, cols] = nib.to(torch.uint8)
+    low_plane[:, :, rows, cols] = nib
     unblock = lambda t: t.permute(0, 2, 1, 3).reshape(np_, kp)  # noqa: E731
-    return unblock(view), unblock(low)
+    return unblock(view), unblock(low_plane)
 
 
 @dataclass(frozen=True)
@@ -134,8 +130,6 @@ class MmaConfig:
     warps_n: int = 4  # 16-row tiles per block
     warps_k: int = 1  # warps sharing one tile, reduced in warp order through shared memory
     splits: int = 1  # K splits, reduced in split order through a workspace
-    stages: int = 0  # shared-memory ring slots per warp, 0 = from occupancy; never changes results
-    kernel: str = "cp_async"  # "cp_async": cp.async ring (1-4 rows) + register kernel; "bulk": bulk-copy ring (sm_90+)
 
     def chunks_per_split(self, kp: int) -> int:
         chunks = kp // STEP_K
@@ -176,21 +170,6 @@ def select_mma_config(n: int, k: int, device: torch.device) -> MmaConfig:
     return MmaConfig(**tuned) if tuned else default_mma_config(n, k, props.multi_processor_count)
 
 
-@lru_cache(maxsize=None)
-def _extension():
-    from torch.utils.cpp_extension import load
-
-    major, minor = torch.cuda.get_device_capability()
-    arch = f"{major}{minor}"
-    return load(
-        name=f"specpilot_w12_mma_sm{arch}",
-        sources=[str(CSRC / "binding.cpp"), str(CSRC / "w12_mma.cu")],
-        extra_cuda_cflags=["-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}"],
-        extra_include_paths=[str(CSRC)],
-        verbose=False,
-    )
-
-
 def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None = None,
                  low_bits: str = "exact", out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W^T through the mma.sync kernel.
@@ -211,7 +190,7 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
         x = torch.nn.functional.pad(x, (0, kp - k))
     m_total = x.shape[0]
     y = out if out is not None else torch.empty(m_total, n, dtype=torch.bfloat16, device=x.device)
-    ext = _extension()
+    ext = load_cuda_extension("specpilot_w12_mma", CSRC, ("binding.cpp", "w12_mma.cu"))
     code = LOW_BITS_CODES[low_bits]
     rows = MAX_ROWS_PER_LAUNCH
     workspace = (torch.empty(splits * min(m_total, rows) * n, dtype=torch.float32, device=x.device)
@@ -221,8 +200,7 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
         m = xm.shape[0]
         partial = workspace[: splits * m * n]
         ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, ym, partial,
-                         n, np_, kp, config.warps_n, config.warps_k, per_split, config.stages,
-                         KERNEL_CODES[config.kernel], code)
+                         n, np_, kp, config.warps_n, config.warps_k, per_split, code)
         if splits > 1:
             _split_reduce_kernel[(triton.cdiv(m * n, 1024),)](partial, ym, m * n, SPLITS=splits, BLOCK=1024)
     return y

@@ -8,14 +8,13 @@
 void w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, torch::Tensor base,
                   torch::Tensor esc_ptr, torch::Tensor esc_loc, torch::Tensor esc_val, torch::Tensor y,
                   torch::Tensor workspace, int64_t n, int64_t n_padded, int64_t k_padded, int64_t warps_n,
-                  int64_t warps_k, int64_t chunks_per_split, int64_t stages, int64_t kernel, int64_t low_bits) {
+                  int64_t warps_k, int64_t chunks_per_split, int64_t low_bits) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.stride(1) == 1 && x.size(0) <= 64,
               "w12_mma_gemm: x must be CUDA bf16 [M <= 64, K] with unit column stride");
   TORCH_CHECK(y.scalar_type() == torch::kBFloat16 && y.is_contiguous() && y.size(0) == x.size(0),
               "w12_mma_gemm: y must be contiguous bf16 [M, N]");
-  TORCH_CHECK((reinterpret_cast<uintptr_t>(view.data_ptr()) | reinterpret_cast<uintptr_t>(nibbles.data_ptr()) |
-               reinterpret_cast<uintptr_t>(base.data_ptr())) % 16 == 0,
-              "w12_mma_gemm: view, nibbles and base must be 16-byte aligned (the kernel copies them in 16-byte pieces)");
+  TORCH_CHECK((reinterpret_cast<uintptr_t>(view.data_ptr()) | reinterpret_cast<uintptr_t>(nibbles.data_ptr())) % 16 == 0,
+              "w12_mma_gemm: view and nibbles must be 16-byte aligned (the kernel loads them in 16- and 8-byte pieces)");
   W12MmaArgs args{};
   args.x = reinterpret_cast<const __nv_bfloat16*>(x.data_ptr());
   args.view = view.data_ptr<uint8_t>();
@@ -35,13 +34,8 @@ void w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, to
   args.warps_n = warps_n;
   args.warps_k = warps_k;
   args.chunks_per_split = chunks_per_split;
-  args.stages = stages;
-  args.kernel = kernel;
   const cudaError_t err = w12_mma_launch(args, low_bits, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "w12_mma_gemm launch failed: ", cudaGetErrorString(err),
-              err == cudaErrorInvalidConfiguration ? " (the warps' shared-memory rings do not fit: use fewer warps "
-                                                     "per block)" : "",
-              err == cudaErrorNotSupported ? " (the bulk-copy kernel needs sm_90 or later: use kernel=0)" : "");
+  TORCH_CHECK(err == cudaSuccess, "w12_mma_gemm launch failed: ", cudaGetErrorString(err));
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

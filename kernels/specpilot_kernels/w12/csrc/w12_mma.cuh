@@ -7,7 +7,7 @@
 struct W12MmaArgs {
   const __nv_bfloat16* x;  // [m, ldx] activations, m <= 64, k_padded columns readable, 16-byte aligned rows
   const uint8_t* view;     // fragment layout: [n_padded/16][k_padded/32][32 lanes][16 bytes]
-  const uint8_t* nibbles;  // fragment layout: [n_padded/16][k_padded/32][32 lanes][8 bytes]
+  const uint8_t* nibbles;  // fragment layout: [n_padded/16][k_padded/32][32 lanes][8 bytes], two nibbles a byte
   const uint8_t* base;     // [n_padded]
   const int32_t* esc_ptr;  // [n_padded/16 * k_padded/128 + 1] CSR over (16-row tile, 128-column chunk)
   const int32_t* esc_loc;  // chunk << 11 | block << 9 | (row % 16) << 5 | (column % 32), sorted per tile
@@ -16,10 +16,7 @@ struct W12MmaArgs {
   __nv_bfloat16* y;        // [m][n] when K is not split
   int m, n, k, ldx, n_padded, k_padded;
   int warps_n, warps_k, chunks_per_split;  // the partition (from N, K and the GPU, never from m)
-  int stages;              // shared-memory ring slots per warp, 0 = from occupancy (no effect on bits)
-  int kernel;              // 0: cp.async ring (1-4 rows) / register kernel (5-64); 1: bulk-copy ring (sm_90+)
 };
 
-// cudaErrorInvalidValue: m outside 1..64 or more than 16 warps per block; cudaErrorInvalidConfiguration:
-// two ring slots per warp do not fit the block's shared memory.
+// cudaErrorInvalidValue: m outside 1..64 or more than 16 warps per block.
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream);
