@@ -97,6 +97,8 @@ H, HV, K, V = 16, 32, 128, 128  # Qwen3-Next / Qwen3.5 linear-attention heads (S
 # kept branch states + prefetch at SGLang's tile, wider value tiles, inputs prepared once per token
 # (``prepare``), a register limit (``maxnreg``: more resident programs); commit_* are the commit's options
 VERIFY_CONFIGS = [
+    # the library's defaults (on an H200: the CUDA lanes kernel and commit)
+    dict(name="default", max_saved=8, defaults=True),
     dict(name="replay_bv4", max_saved=0, prefetch=False, block_v=4, num_warps=1, commit_prefetch=False),
     dict(name="kept8_prefetch_bv4", max_saved=8, prefetch=True, block_v=4, num_warps=1, commit_prefetch=True),
     dict(name="kept8_prefetch_bv8w2", max_saved=8, prefetch=True, block_v=8, num_warps=2, commit_prefetch=True),
@@ -114,11 +116,12 @@ VERIFY_CONFIGS = [
          commit_prefetch=True),
     # the step loop in CUDA with lanes along V (gdn_tree/lanes.py): P lanes per value column, W warps per block
     *[dict(name=f"lanes{p}_w{w}", max_saved=8, prefetch=True, block_v=4, num_warps=1, lanes=p, warps=w,
-           commit_prefetch=True) for p, w in ((4, 4), (8, 4), (8, 8), (16, 8))],
+           commit_prefetch=True) for p, w in ((4, 4), (8, 4), (8, 8), (16, 8), (8, 16), (4, 8))],
     # the commit in CUDA too (its state must stay SGLang's bit for bit: see the parity section)
-    *[dict(name=f"lanes{p}_w{w}_clanes{c}", max_saved=8, prefetch=True, block_v=4, num_warps=1, lanes=p, warps=w,
-           commit_prefetch=True, commit_lanes=c, commit_warps=cw)
-      for p, w, c, cw in ((4, 4, 4, 4), (8, 8, 8, 8), (8, 8, 16, 8), (16, 8, 16, 4))],
+    *[dict(name=f"lanes{p}_w{w}_clanes{c}w{cw}", max_saved=8, prefetch=True, block_v=4, num_warps=1, lanes=p,
+           warps=w, commit_prefetch=True, commit_lanes=c, commit_warps=cw)
+      for p, w, c, cw in ((4, 4, 4, 4), (8, 8, 8, 8), (8, 8, 16, 8), (16, 8, 16, 4), (8, 16, 8, 16), (4, 8, 4, 8),
+                          (8, 8, 8, 4))],
 ]
 
 
@@ -129,13 +132,17 @@ def _selected(variants: str) -> list[dict]:
 
 def _tile(cfg: dict) -> dict:
     """The path-verify options of a variant."""
+    if cfg.get("defaults"):
+        return {}
     return {"prefetch": cfg["prefetch"], "block_v": cfg["block_v"], "num_warps": cfg["num_warps"],
             "prepare_inputs": cfg.get("prepare", False), "max_registers": cfg.get("maxnreg"),
             "lanes_per_column": cfg.get("lanes"), "warps_per_block": cfg.get("warps", 4)}
 
 
 def _commit_options(cfg: dict) -> dict:
-    """The commit's options of a variant (it keeps SGLang's tile, 4 columns and one warp: bit parity is its contract)."""
+    """The commit's options of a variant (bit parity with SGLang's commit is its contract: see the parity section)."""
+    if cfg.get("defaults"):
+        return {}
     return {"prefetch": cfg["commit_prefetch"], "max_registers": cfg.get("commit_maxnreg"),
             "lanes_per_column": cfg.get("commit_lanes"), "warps_per_block": cfg.get("commit_warps", 4)}
 
@@ -193,9 +200,9 @@ def parity(gen, variants: str = "") -> dict:
         commit_options = [_commit_options({"commit_prefetch": prefetch}) for prefetch in (False, True)]
         commit_options += [o for o in map(_commit_options, configs) if o not in commit_options]
         for options in commit_options:
-            tag = f"{name}_prefetch{int(options['prefetch'])}" + (
+            tag = name + ("_default" if not options else f"_prefetch{int(options['prefetch'])}" + (
                 f"_r{options['max_registers']}" if options["max_registers"] else "") + (
-                f"_lanes{options['lanes_per_column']}w{options['warps_per_block']}" if options["lanes_per_column"] else "")
+                f"_lanes{options['lanes_per_column']}w{options['warps_per_block']}" if options["lanes_per_column"] else ""))
             committed_ours = pool.clone()
             try:
                 gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, committed_ours, idx,

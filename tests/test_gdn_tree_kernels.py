@@ -248,7 +248,7 @@ def test_lanes_kernel_gives_the_triton_kernels_bits(pool_dtype, max_saved):
     pool = pool.to(pool_dtype)
     parents = torch.tensor([_random_tree(gen, T, 0.3) for _ in range(B)]).cuda()
     schedule = tree_schedule(parents, torch.tensor([T, T - 5, 1]).cuda(), max_saved=max_saved)
-    want = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule)
+    want = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, lanes_per_column=None)
     for lanes, warps in ((4, 4), (8, 8), (16, 2), (32, 1)):
         if pool_dtype == torch.bfloat16 and lanes == 32:
             continue  # a bf16 pool's sums run over 16 runs of 8 elements
@@ -265,8 +265,8 @@ def test_lanes_kernel_on_64_node_trees():
     q, k, v, a, b, A_log, dt_bias, pool, idx = (t.cuda() for t in _inputs(gen, B, T, H, HV, K, V))
     parents = torch.tensor([_random_tree(gen, T, 0.5) for _ in range(B)]).cuda()
     schedule = tree_schedule(parents, max_saved=8)
-    want = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule)
-    got = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, lanes_per_column=8)
+    want = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, lanes_per_column=None)
+    got = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule)  # the default: CUDA on a GPU
     assert torch.equal(got, want)
 
 
@@ -281,7 +281,7 @@ def test_lanes_commit_gives_the_triton_commits_bits(pool_dtype):
     rows = [_root_path_padded(parents[0], T - 1, T), _root_path_padded(parents[1], 5, T), ([0] * T, 0)]
     accepted, accept_len = torch.tensor([r[0] for r in rows]).cuda(), torch.tensor([r[1] for r in rows]).cuda()
     want = pool.clone()
-    gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, want, idx, accepted, accept_len)
+    gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, want, idx, accepted, accept_len, lanes_per_column=None)
     for lanes in (4, 8, 16, 32):
         if pool_dtype == torch.bfloat16 and lanes == 32:
             continue  # a bf16 pool's sums run over 16 runs of 8 elements

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .lanes import lanes_kernel_applies, path_verify_lanes
+from .lanes import DEFAULT_WARPS_PER_BLOCK, lanes_kernel_applies, path_verify_lanes, resolve_lanes
 from .path_verify import TreeSchedule, _check_inputs, _path_verify_kernel, prepare_node_inputs
 
 
@@ -42,8 +42,8 @@ def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
                     accepted: torch.Tensor, accept_len: torch.Tensor, *, scale: float | None = None,
                     use_qk_l2norm: bool = True, softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
                     block_v: int = 4, num_warps: int = 1, prefetch: bool = True,
-                    max_registers: int | None = None, lanes_per_column: int | None = None,
-                    warps_per_block: int = 4) -> None:
+                    max_registers: int | None = None, lanes_per_column: int | str | None = "auto",
+                    warps_per_block: int = DEFAULT_WARPS_PER_BLOCK) -> None:
     """Advance each request's committed state over its accepted root path, in place.
 
     Args:
@@ -58,7 +58,8 @@ def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
             the PTX and so the arithmetic are unchanged.
         lanes_per_column: replay in CUDA with lanes along V (:mod:`.lanes`, 4-32 lanes per value column,
             ``warps_per_block`` warps to a block) from inputs prepared once per token; its sums keep the
-            Triton kernel's order (bf16 q and v, K = 128, on a GPU). None: the Triton kernel.
+            Triton kernel's order (bf16 q and v, K = 128, on a GPU). None: the Triton kernel. "auto": the CUDA
+            kernel where it applies and builds (bit-identical to SGLang on chains on the H200), else Triton.
     """
     B, T, H, HV, K, V = _check_inputs(q, k, v, a, b, state_pool, state_indices)
     if accepted.shape != (B, T) or accept_len.shape != (B,):
@@ -69,6 +70,7 @@ def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
     order, lengths = accepted.to(torch.int32).contiguous(), accept_len.to(torch.int32).contiguous()
     continue_all = _continue_all(B * T, q.device)
     scale = scale if scale is not None else K ** -0.5
+    lanes_per_column = resolve_lanes(lanes_per_column, q, v, state_pool)
     if lanes_per_column is not None:
         if not lanes_kernel_applies(q, v, state_pool):
             raise ValueError("the CUDA commit (lanes_per_column) takes bf16 q and v with K = 128 on a GPU and an FP32 "

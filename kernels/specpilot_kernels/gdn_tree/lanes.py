@@ -13,6 +13,8 @@ its v columns, gates and schedule row into shared memory, so the steps wait on n
 
 from __future__ import annotations
 
+import warnings
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -20,6 +22,8 @@ import torch
 CSRC = Path(__file__).with_name("csrc")
 # fewer lanes per column hold more state per lane: 2 took 224 registers, 1 spilled (ptxas -v, sm_90a)
 LANES_PER_COLUMN = (4, 8, 16, 32)
+# the defaults ("auto"): fastest verify and commit at B = 1-32 on the H200 (NOTES.md, run 2)
+DEFAULT_LANES_PER_COLUMN, DEFAULT_WARPS_PER_BLOCK = 8, 8
 
 
 def _extension():
@@ -34,6 +38,30 @@ def lanes_kernel_applies(q: torch.Tensor, v: torch.Tensor, state_pool: torch.Ten
     """Whether the CUDA kernel takes these inputs: CUDA, bf16 q and v, K = 128, an FP32 or bf16 pool."""
     return (q.is_cuda and q.dtype == torch.bfloat16 and v.dtype == torch.bfloat16 and q.shape[-1] == 128
             and state_pool.dtype in (torch.float32, torch.bfloat16))
+
+
+@lru_cache(maxsize=None)
+def lanes_kernel_available() -> bool:
+    """Whether the CUDA kernel runs here: a GPU of compute capability >= 8.0 (cp.async) on which the extension
+    builds. A failed build is reported once as a warning; the Triton kernel is then used."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
+        return False
+    try:
+        _extension()
+    except Exception as exc:  # noqa: BLE001 - any build failure means: use the Triton kernel
+        warnings.warn(f"the GDN tree CUDA kernel did not build ({type(exc).__name__}: {exc}); using the Triton "
+                      "kernel", RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
+
+def resolve_lanes(lanes_per_column, q: torch.Tensor, v: torch.Tensor, state_pool: torch.Tensor) -> int | None:
+    """``"auto"``: the default lanes per column where the CUDA kernel applies and runs, else None (Triton)."""
+    if lanes_per_column != "auto":
+        return lanes_per_column
+    if lanes_kernel_applies(q, v, state_pool) and lanes_kernel_available():
+        return DEFAULT_LANES_PER_COLUMN
+    return None
 
 
 def path_verify_lanes(q_prepared: torch.Tensor, k_prepared: torch.Tensor, v: torch.Tensor, decay: torch.Tensor,

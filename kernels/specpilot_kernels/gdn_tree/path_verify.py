@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .lanes import lanes_kernel_applies, path_verify_lanes
+from .lanes import DEFAULT_WARPS_PER_BLOCK, lanes_kernel_applies, path_verify_lanes, resolve_lanes
 
 
 @triton.jit
@@ -391,8 +391,8 @@ def gdn_tree_path_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
                          state_indices: torch.Tensor, schedule: TreeSchedule, *, scale: float | None = None,
                          use_qk_l2norm: bool = True, softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
                          block_v: int = 4, num_warps: int = 1, prefetch: bool = True, prepare_inputs: bool = False,
-                         max_registers: int | None = None, lanes_per_column: int | None = None,
-                         warps_per_block: int = 4) -> torch.Tensor:
+                         max_registers: int | None = None, lanes_per_column: int | str | None = "auto",
+                         warps_per_block: int = DEFAULT_WARPS_PER_BLOCK) -> torch.Tensor:
     """Gated-delta-rule output of every tree node along its root path; stores no per-node state.
 
     Args:
@@ -413,7 +413,8 @@ def gdn_tree_path_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
         lanes_per_column: run the step loop in CUDA with that many lanes per value column (4-32, :mod:`.lanes`;
             inputs prepared as with ``prepare_inputs``; bf16 q and v, K = 128, on a GPU), ``warps_per_block``
             warps to a block; same outputs bit for bit. None: the Triton kernel (block_v, num_warps, prefetch,
-            max_registers are its options).
+            max_registers are its options). "auto": the CUDA kernel where it applies and builds (8 lanes,
+            8 warps: the fastest at B = 1-32 on the H200), else the Triton kernel.
     Returns:
         o: [B, T, HV, V] in q's dtype; nodes past ``num_nodes[b]`` are zero.
     """
@@ -422,6 +423,7 @@ def gdn_tree_path_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
         raise ValueError(f"schedule is for {tuple(schedule.order.shape)} trees, inputs are [{B}, {T}]")
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     scale = scale if scale is not None else K ** -0.5
+    lanes_per_column = resolve_lanes(lanes_per_column, q, v, state_pool)
     if lanes_per_column is not None and not lanes_kernel_applies(q, v, state_pool):
         raise ValueError("the CUDA kernel (lanes_per_column) takes bf16 q and v with K = 128 on a GPU and an FP32 "
                          f"or bf16 pool; got q {q.dtype} on {q.device}, v {v.dtype}, K = {K}, pool {state_pool.dtype}")

@@ -11,8 +11,8 @@
 // every addition has the same two operands as before (IEEE addition commutes).
 //
 // A block is W warps of one (request, value head). It first copies everything its steps read into shared
-// memory (the schedule row, every node's prepared k and q rows, its columns of v, decay, beta), so the
-// step loop waits on no global load except kept-state restores. The schedule is path_verify.py's
+// memory (the schedule row, the prepared k and q rows of the nodes it visits, its columns of their v,
+// decay, beta), so the step loop waits on no global load except kept-state restores. The schedule is path_verify.py's
 // tree_schedule (depth-first order, kept branch states, restarts).
 #include <cuda_bf16.h>
 
@@ -204,27 +204,35 @@ __global__ void path_verify_lanes_kernel(PathVerifyArgs a) {
   int* s_replay_len = reinterpret_cast<int*>(smem + layout.replay_len);
   int* s_restore_slot = reinterpret_cast<int*>(smem + layout.restore_slot);
   int* s_save_slot = reinterpret_cast<int*>(smem + layout.save_slot);
+  const int n = a.num_nodes[b];
   {  // stage the block's inputs: k, q rows by cp.async (16 bytes each), the rest by plain loads
-    const float* k_rows = a.k + (bos * a.heads + i_h) * kKeyDim;
-    const float* q_rows = a.q + (bos * a.heads + i_h) * kKeyDim;
-    for (int i = threadIdx.x; i < T * (kKeyDim / 4); i += blockDim.x) {
-      const int node = i / (kKeyDim / 4), piece = i % (kKeyDim / 4);
-      cp_async16(s_k + node * kKeyDim + 4 * piece, k_rows + static_cast<int64_t>(node) * a.heads * kKeyDim + 4 * piece);
-      cp_async16(s_q + node * kKeyDim + 4 * piece, q_rows + static_cast<int64_t>(node) * a.heads * kKeyDim + 4 * piece);
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
-    const uint16_t* v_rows = a.v + (bos * a.value_heads + hv) * a.value_dim + first_column;
-    for (int i = threadIdx.x; i < T * block_columns; i += blockDim.x) {
-      const int node = i / block_columns, c = i % block_columns;
-      s_v[i] = v_rows[node * token_stride + c];
-    }
     for (int i = threadIdx.x; i < T; i += blockDim.x) {
-      s_decay[i] = a.decay[(bos + i) * a.value_heads + hv];
-      s_beta[i] = a.beta[(bos + i) * a.value_heads + hv];
       s_order[i] = a.order[bos + i];
       s_replay_len[i] = a.replay_len[bos + i];
       s_restore_slot[i] = a.restore_slot[bos + i];
       s_save_slot[i] = a.save_slot[bos + i];
+    }
+    // the verify visits every node below n (in schedule order); the commit only its accepted path, order[:n]
+    if (a.write_state) __syncthreads();
+    const float* k_rows = a.k + (bos * a.heads + i_h) * kKeyDim;
+    const float* q_rows = a.q + (bos * a.heads + i_h) * kKeyDim;
+    for (int i = threadIdx.x; i < n * (kKeyDim / 4); i += blockDim.x) {
+      const int node = a.write_state ? s_order[i / (kKeyDim / 4)] : i / (kKeyDim / 4), piece = i % (kKeyDim / 4);
+      cp_async16(s_k + node * kKeyDim + 4 * piece, k_rows + static_cast<int64_t>(node) * a.heads * kKeyDim + 4 * piece);
+      if (!a.write_state) {
+        cp_async16(s_q + node * kKeyDim + 4 * piece, q_rows + static_cast<int64_t>(node) * a.heads * kKeyDim + 4 * piece);
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+    const uint16_t* v_rows = a.v + (bos * a.value_heads + hv) * a.value_dim + first_column;
+    for (int i = threadIdx.x; i < n * block_columns; i += blockDim.x) {
+      const int node = a.write_state ? s_order[i / block_columns] : i / block_columns, c = i % block_columns;
+      s_v[node * block_columns + c] = v_rows[node * token_stride + c];
+    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int node = a.write_state ? s_order[i] : i;
+      s_decay[node] = a.decay[(bos + node) * a.value_heads + hv];
+      s_beta[node] = a.beta[(bos + node) * a.value_heads + hv];
     }
     asm volatile("cp.async.wait_all;\n" ::);
     __syncthreads();
@@ -240,7 +248,6 @@ __global__ void path_verify_lanes_kernel(PathVerifyArgs a) {
   float h[RUN * M];
   load_column<P, RUN, PoolT>(h, pool_column, run0);
 
-  const int n = a.num_nodes[b];
   for (int j = 0; j < n; ++j) {
     const int node = s_order[j];
     const int n_replay = s_replay_len[j];
