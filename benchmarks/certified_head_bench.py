@@ -31,7 +31,7 @@ from specpilot_kernels.certified_head.adversarial import adversarial_head, adver
 from specpilot_kernels.certified_head.cuda_pass import CudaPassConfig, cuda_pass_available
 from specpilot_kernels.certified_head.head import interpreting, uses_cuda_pass
 from specpilot_kernels.certified_head.reference import accumulation_gamma
-from specpilot_kernels.certified_head.rescore import (EXACT_BLOCK_K, EXACT_BLOCK_S, EXACT_NUM_WARPS,
+from specpilot_kernels.certified_head.rescore import (EXACT_BLOCK_S, EXACT_NUM_WARPS, exact_block_k,
                                                       _finalize_kernel, _rescore_kernel)
 
 VOCAB, HIDDEN = 248320, 5120
@@ -40,9 +40,11 @@ TILES = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
          for bn, bk, w, s in ((64, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4), (32, 128, 4, 4))]
 CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, xs)
                 for t, wpb, st, wps, xs in (
-                    (1, 8, 4, 16, True), (2, 8, 4, 16, True), (2, 8, 5, 16, True), (1, 8, 5, 16, True),
-                    (2, 8, 3, 16, True), (1, 8, 3, 16, True), (2, 4, 4, 16, True), (1, 4, 6, 16, True),
-                    (2, 8, 8, 8, True), (2, 8, 3, 16, False), (4, 4, 4, 16, False))]
+                    (2, 8, 3, 16, True), (1, 8, 3, 16, True), (2, 8, 4, 16, True), (2, 16, 3, 16, True),
+                    (2, 16, 4, 16, True), (1, 16, 3, 16, True), (2, 16, 2, 16, True), (2, 8, 2, 16, True),
+                    (4, 8, 4, 8, True), (2, 8, 3, 16, False))]
+WGMMA_CONFIGS = [CudaPassConfig(1, wpb, st, wps, True, wgmma=True)
+                 for wpb, st, wps in ((8, 3, 16), (8, 4, 16), (8, 2, 16), (16, 3, 16), (16, 4, 16), (4, 3, 16))]
 
 
 def read_bandwidth() -> float:
@@ -73,7 +75,7 @@ def exact_argmax_prefiltered(x: torch.Tensor, weight: torch.Tensor, row_norms: t
     part_idx = torch.empty((M, 1), dtype=torch.int32, device=x.device)
     tokens = torch.empty(M, dtype=torch.int64, device=x.device)
     _rescore_kernel[(M, 1)](x, weight, best_lower, counts, order, upper, part_val, part_idx, K=K, CAP=cap, G=1,
-                            BS=EXACT_BLOCK_S, BLOCK_K=EXACT_BLOCK_K, DOT_FP32=interpreting(),
+                            BS=EXACT_BLOCK_S, BLOCK_K=exact_block_k(K), DOT_FP32=interpreting(),
                             num_warps=EXACT_NUM_WARPS)
     _finalize_kernel[(1,)](part_val, part_idx, counts, tokens, M, CAP=cap, G=1,
                            BLOCK_M=triton.next_power_of_2(M))
@@ -123,13 +125,13 @@ def tune(heads, gen, no_tune: bool) -> tuple[dict, dict]:
     return best_tiles, timings_out
 
 
-def tune_cuda(heads, gen, copies: int) -> tuple[dict, dict]:
+def tune_cuda(heads, gen, copies: int, configs: list[CudaPassConfig]) -> tuple[dict, dict]:
     """The fastest CUDA partition per row count, by CUDA-graph replay of the INT8 pass alone, and every timing."""
     best, timings_out = {}, {}
     for m in ROW_COUNTS:
         xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
         timings = []
-        for config in CUDA_CONFIGS:
+        for config in configs:
             try:
                 us = graph_replay_us(lambda i: int8_pass(xs[i], heads[i], backend="cuda", cuda_config=config), copies)
             except Exception as exc:  # a partition that does not fit is skipped, and said so
@@ -139,12 +141,13 @@ def tune_cuda(heads, gen, copies: int) -> tuple[dict, dict]:
         best[m] = min(timings, key=lambda t: t[0])[1]
         timings_out[m] = [{"us": us, **vars(config)} for us, config in timings]
         print(f"M={m} CUDA: " + ", ".join(f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}x{c.warps_per_sm}"
-                                          f"{'X' if c.shared_activations else ''} {us:.0f} us" for us, c in timings),
+                                          f"{'X' if c.shared_activations else ''}{'G' if c.wgmma else ''} {us:.0f} us"
+                                          for us, c in timings),
               file=sys.stderr, flush=True)
     return best, timings_out
 
 
-RESCORE_TILES = [(64, 128, 4, 64), (16, 512, 4, 64), (32, 256, 4, 64), (16, 256, 4, 64), (16, 512, 8, 64),
+RESCORE_TILES = [(32, 256, 4, 64), (32, 256, 4, 32), (32, 256, 8, 64), (64, 256, 4, 32), (16, 256, 4, 64),
                  (32, 512, 4, 32)]  # (candidates per block, K slice, warps, programs per row)
 
 
@@ -217,6 +220,7 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=2)
     parser.add_argument("--out", default=None)
     parser.add_argument("--no-tune", action="store_true", help="use the first Triton INT8 tile for every row count")
+    parser.add_argument("--wgmma", action="store_true", help="also tune the CUDA pass's wgmma variant (sm_90a)")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -247,7 +251,7 @@ def main() -> None:
     def run_cuda_tuning():
         if not cuda_pass_available():
             raise RuntimeError("the CUDA INT8 pass is not available on this GPU (see the warning)")
-        tuned, timings = tune_cuda(heads, gen, args.copies)
+        tuned, timings = tune_cuda(heads, gen, args.copies, CUDA_CONFIGS + (WGMMA_CONFIGS if args.wgmma else []))
         best_cuda.update(tuned)
         return timings
 

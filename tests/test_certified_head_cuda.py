@@ -97,8 +97,9 @@ def test_backend_choice():
         int8_pass(x, quantize_head(w, fragments=False), backend="cutlass")
 
 
-CONFIGS = [CudaPassConfig(1, 4, 4, 16), CudaPassConfig(2, 2, 3, 8), CudaPassConfig(4, 8, 6, 8),
-           CudaPassConfig(2, 8, 4, 16, shared_activations=True), CudaPassConfig(4, 4, 3, 8, shared_activations=True)]
+CONFIGS = [CudaPassConfig(1, 4, 4, 16, False), CudaPassConfig(2, 2, 3, 8, False), CudaPassConfig(4, 8, 6, 8, False),
+           CudaPassConfig(2, 8, 4, 16, True), CudaPassConfig(4, 4, 3, 8, True), CudaPassConfig(2, 16, 3, 16, True)]
+WGMMA_CONFIGS = [CudaPassConfig(1, 8, 3, 16, True, wgmma=True), CudaPassConfig(1, 4, 2, 8, True, wgmma=True)]
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +110,9 @@ def gpu_head():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}"
-                                                        f"{'x' if c.shared_activations else ''}")
+@pytest.mark.parametrize("config", CONFIGS + WGMMA_CONFIGS,
+                         ids=lambda c: f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}"
+                                       f"{'x' if c.shared_activations else ''}{'g' if c.wgmma else ''}")
 @pytest.mark.parametrize("rows", [1, 6, 13, 32])
 def test_cuda_pass_bounds_and_candidates_agree_with_the_reference(gpu_head, config, rows):
     head, pairs, gen = gpu_head
@@ -147,7 +149,7 @@ def test_cuda_prologue_matches_its_reference(gpu_head):
     cand_upper = torch.empty((m, cap), device="cuda")
     _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best, stage_count,
                            stage_idx, stage_upper, count, cand_idx, cand_upper, R.BOUND_SLACK, R.NORM_INFLATION,
-                           1, 4, 4, 16, False)
+                           1, 4, 4, 16, False, False)
     want_x16, want_inv, ok = R.scaled_fp16_rows(x)
     assert torch.equal((stage_count > stage_cap).cpu(), ~ok.cpu()) and not ok[2] and not ok[3]
     assert (count[~ok] == cap + 1).all()
@@ -159,7 +161,8 @@ def test_cuda_prologue_matches_its_reference(gpu_head):
 
 
 @pytest.mark.gpu
-def test_cuda_pass_keeps_the_exact_argmax_on_adversarial_rows(gpu_head):
+@pytest.mark.parametrize("config", [None] + WGMMA_CONFIGS[:1], ids=["default", "wgmma"])
+def test_cuda_pass_keeps_the_exact_argmax_on_adversarial_rows(gpu_head, config):
     """4096 adversarial rows in calls of 32 through the CUDA pass: the token is the exact head's argmax
     (the exact head kernel computes the same bits as the rescoring); flagged rows take the full head."""
     head, pairs, gen = gpu_head
@@ -168,8 +171,9 @@ def test_cuda_pass_keeps_the_exact_argmax_on_adversarial_rows(gpu_head):
         x = adversarial_inputs(head.weight, pairs, 32, gen)
         if call % 16 == 0:
             x[0, 1] = 2.0 ** -40 * float(x[0].float().abs().max())  # not exact in fp16: the full head
-        graph_tokens, count = certified_argmax_graphable(x, head, max_survivors=512, backend="cuda")
-        tokens, _ = certified_argmax(x, head, max_survivors=512, backend="cuda")
+        graph_tokens, count = certified_argmax_graphable(x, head, max_survivors=512, backend="cuda",
+                                                         cuda_config=config)
+        tokens, _ = certified_argmax(x, head, max_survivors=512, backend="cuda", cuda_config=config)
         fallbacks += int((graph_tokens < 0).sum())
         mismatches += int((tokens != exact_head_logits(x, head.weight).argmax(1)).sum())
     assert mismatches == 0

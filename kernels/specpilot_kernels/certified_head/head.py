@@ -18,8 +18,8 @@ import triton
 from .cuda_pass import CudaPassConfig, cuda_pass_available, int8_pass_cuda
 from .int8_bound import _int8_bound_kernel
 from .reference import BOUND_SLACK, NORM_INFLATION, CertifiedHead
-from .rescore import (EXACT_BLOCK_K, EXACT_BLOCK_S, EXACT_NUM_WARPS, _exact_head_kernel, _finalize_kernel,
-                      _rescore_kernel)
+from .rescore import (EXACT_BLOCK_S, EXACT_NUM_WARPS, K_MULTIPLE, _exact_head_kernel, _finalize_kernel,
+                      _rescore_kernel, exact_block_k)
 
 MAX_ROWS = 32
 
@@ -34,8 +34,8 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, int]:
         raise ValueError(f"x must be a contiguous [M, K] bf16 tensor, got {x.dtype} {tuple(x.shape)}")
     if x.shape[1] != weight.shape[1]:
         raise ValueError(f"x has K={x.shape[1]}, the head K={weight.shape[1]}")
-    if x.shape[1] % EXACT_BLOCK_K:
-        raise ValueError(f"K={x.shape[1]} must be a multiple of {EXACT_BLOCK_K}")
+    if x.shape[1] % K_MULTIPLE:
+        raise ValueError(f"K={x.shape[1]} must be a multiple of {K_MULTIPLE}")
     return x.shape[0], x.shape[1]
 
 
@@ -49,7 +49,7 @@ def exact_head_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     N = weight.shape[0]
     out = torch.empty((M, N), dtype=torch.float32, device=x.device)
     _exact_head_kernel[(M, triton.cdiv(N, EXACT_BLOCK_S))](
-        x, weight, out, N, K=K, BS=EXACT_BLOCK_S, BLOCK_K=EXACT_BLOCK_K, DOT_FP32=interpreting(),
+        x, weight, out, N, K=K, BS=EXACT_BLOCK_S, BLOCK_K=exact_block_k(K), DOT_FP32=interpreting(),
         num_warps=EXACT_NUM_WARPS)
     return out
 
@@ -110,9 +110,9 @@ def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_surv
         max_survivors: candidate-list capacity per row; beyond it the row's token is -1.
         backend, cuda_config: which INT8 pass and its partition (:func:`int8_pass`).
         block_n, block_k, num_warps, num_stages: the Triton INT8 pass's tile; rescore_programs: programs per row sharing
-            its candidate list (a power of two; 64 gives each program one block of 64 candidates of a
-            4096-entry list, so the rescore's serial chain is one block long). Tuning only: the tokens do
-            not depend on them.
+            its candidate list (a power of two; 64 programs of 32-candidate blocks rescore the first 2048
+            candidates in one block each, so the rescore's serial chain is one block long). Tuning only:
+            the tokens do not depend on them.
     Returns:
         tokens: [M] int64 (the exact head's argmax, lowest index on ties; -1 where the list overflowed or
             the CUDA pass could not scale the row to fp16 exactly);
@@ -129,7 +129,7 @@ def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_surv
     dot_fp32 = interpreting()
     _rescore_kernel[(M, rescore_programs)](
         x, head.weight, best_lower, count, cand_idx, cand_upper, part_val, part_idx, K=K, CAP=max_survivors,
-        G=rescore_programs, BS=EXACT_BLOCK_S, BLOCK_K=EXACT_BLOCK_K, DOT_FP32=dot_fp32, num_warps=EXACT_NUM_WARPS)
+        G=rescore_programs, BS=EXACT_BLOCK_S, BLOCK_K=exact_block_k(K), DOT_FP32=dot_fp32, num_warps=EXACT_NUM_WARPS)
     _finalize_kernel[(1,)](part_val, part_idx, count, tokens, M, CAP=max_survivors, G=rescore_programs,
                            BLOCK_M=max(16, triton.next_power_of_2(M)))
     return tokens, count

@@ -2,8 +2,9 @@
 
 ``_exact_logits`` computes ``x_m . w_r`` for one input row and a gathered block of vocabulary rows:
 bf16 products accumulated in FP32 over ``BLOCK_K`` slices, the input in row 0 of a 16-row MMA tile.
-Every use below calls it with the same constants, so a row's logit is the same bits whether it comes
-from the full head or from rescoring — which is what makes the certified argmax equal the exact one.
+Every use calls it with the same constants (``BLOCK_K = exact_block_k(K)``), so a row's logit is the
+same bits whether it comes from the full head or from rescoring — which is what makes the certified
+argmax equal the exact one.
 """
 
 from __future__ import annotations
@@ -11,9 +12,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-EXACT_BLOCK_S = 64
-EXACT_BLOCK_K = 128
+EXACT_BLOCK_S = 32
 EXACT_NUM_WARPS = 4
+K_MULTIPLE = 128  # hidden sizes the exact head takes
+
+
+def exact_block_k(k: int) -> int:
+    """The exact head's K slice for hidden size ``k``: 256 where it divides k (half the serial steps of 128,
+    the faster rescore on the H200: ``benchmarks/results/certified_head-cuda2-2026-11-30.json``), else 128.
+    A function of k alone, so the full head and the rescoring always sum in the same order."""
+    return 256 if k % 256 == 0 else K_MULTIPLE
 
 
 @triton.jit
