@@ -6,16 +6,18 @@
 ``prepare-sglang`` copies ``fused_sigmoid_gating_recurrent.py`` unmodified out of the pinned wheel
 (sha256 checked) into DIR, with import shims for the five helpers it imports from SGLang's utils.
 ``run`` prints one JSON document (device, date, command, figures; synthetic random inputs):
-- bit parity on chains: our commit (with and without prefetch) vs SGLang's verify + snapshot copy (the
-  committed state), and each path-verify variant's outputs vs SGLang's, on chains and on trees (SGLang's
-  tree mode);
+- bit parity on chains: each variant's commit (Triton with and without prefetch, CUDA lanes) vs SGLang's
+  verify + snapshot copy (the committed state), and each variant's path-verify outputs vs SGLang's, on
+  chains and on trees (SGLang's tree mode), with FP32 and bf16 pools;
 - accuracy against the FP64 recurrence (torch reference);
 - time of 48 GDN layers (Qwen3-Next/Qwen3.5 linear-attention heads: 16 key / 32 value heads,
-  K = V = 128, FP32 state) for a 32-node tree: path-verify + commit (each of ``VERIFY_CONFIGS``) vs
-  SGLang verify writing every node's state + its commit copy, by CUDA-graph replay, with the state
-  memory each needs;
+  K = V = 128, FP32 state) for a 32-node tree at each of ``--batches``: path-verify + commit, verify
+  alone and commit alone for each of ``--variants`` (``VERIFY_CONFIGS``; ``default`` is the library's
+  defaults) vs SGLang verify writing every node's state + its commit copy, by CUDA-graph replay, with the
+  state memory each needs, and whether each variant gives the first one's outputs;
 - the WY kernel vs the path kernel (default options) at 32 and 64 nodes.
-Each section's figures are written to ``--out`` as soon as it ends; a failing section records its error.
+Each section's figures are written to ``--out`` as soon as it ends (the timing also after each batch);
+a failing section or variant records its error.
 """
 
 from __future__ import annotations
