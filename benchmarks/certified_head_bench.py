@@ -40,11 +40,10 @@ TILES = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
          for bn, bk, w, s in ((64, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4), (32, 128, 4, 4))]
 CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, xs)
                 for t, wpb, st, wps, xs in (
-                    (2, 8, 3, 16, True), (1, 8, 3, 16, True), (2, 8, 4, 16, True), (2, 16, 3, 16, True),
-                    (2, 16, 4, 16, True), (1, 16, 3, 16, True), (2, 16, 2, 16, True), (2, 8, 2, 16, True),
-                    (4, 8, 4, 8, True), (2, 8, 3, 16, False))]
-WGMMA_CONFIGS = [CudaPassConfig(1, wpb, st, wps, True, wgmma=True)
-                 for wpb, st, wps in ((8, 3, 16), (8, 4, 16), (8, 2, 16), (16, 3, 16), (16, 4, 16), (4, 3, 16))]
+                    (2, 8, 3, 16, True), (1, 8, 3, 16, True), (2, 8, 4, 16, True), (2, 8, 3, 16, False))]
+WGMMA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, True, wgmma=True)
+                 for t, wpb, st, wps in ((2, 8, 3, 16), (2, 8, 4, 16), (2, 4, 3, 16), (2, 16, 3, 16), (1, 8, 3, 16),
+                                         (2, 8, 2, 16))]
 
 
 def read_bandwidth() -> float:

@@ -99,13 +99,13 @@ def test_backend_choice():
 
 CONFIGS = [CudaPassConfig(1, 4, 4, 16, False), CudaPassConfig(2, 2, 3, 8, False), CudaPassConfig(4, 8, 6, 8, False),
            CudaPassConfig(2, 8, 4, 16, True), CudaPassConfig(4, 4, 3, 8, True), CudaPassConfig(2, 16, 3, 16, True)]
-WGMMA_CONFIGS = [CudaPassConfig(1, 8, 3, 16, True, wgmma=True), CudaPassConfig(1, 4, 2, 8, True, wgmma=True)]
+WGMMA_CONFIGS = [CudaPassConfig(2, 8, 3, 16, True, wgmma=True), CudaPassConfig(1, 4, 2, 8, True, wgmma=True)]
 
 
 @pytest.fixture(scope="module")
 def gpu_head():
     gen = torch.Generator().manual_seed(11)
-    w, pairs = adversarial_head(4100, 1024, gen)  # 4100 rows: the last unit of tiles is partial
+    w, pairs = adversarial_head(4100, 1024, gen)  # 4100 rows: the last tiles are padding
     return quantize_head(w.cuda()), pairs.cuda(), gen
 
 
@@ -141,7 +141,7 @@ def test_cuda_prologue_matches_its_reference(gpu_head):
     m, k = x.shape
     x16 = torch.empty((k // 32, token_tiles(m), 32, 8), dtype=torch.float16, device="cuda")
     inv_scale, norm, best = (torch.empty(m, device="cuda") for _ in range(3))
-    cap, stage_cap = 64, 4160  # the stage list holds every row: only the prologue's flag overflows it
+    cap, stage_cap = 64, 4100  # the stage list holds every row: only the prologue's flag overflows it
     stage_count, count = (torch.empty(m, dtype=torch.int32, device="cuda") for _ in range(2))
     stage_idx = torch.empty((m, stage_cap), dtype=torch.int32, device="cuda")
     stage_upper = torch.empty((m, stage_cap), device="cuda")

@@ -257,13 +257,14 @@ __global__ void __launch_bounds__(kPrologueThreads) prologue_kernel(Int8PassArgs
 // XS = true: the block's warps walk K in step over groups of one unit per warp (`units_per_group`
 // consecutive groups per block); each chunk's activations are copied once into a block-shared ring
 // beside the weight rings, so the multiprocessor reads them from L2 once per group whatever L1 holds.
-// WG = true (XS, T = 1, blocks of whole warpgroups, sm_90a): each warpgroup's four tiles take one wgmma
-// per k16 step with the activations read by the tensor cores from the shared ring (the prologue wrote
-// them in wgmma's core-matrix order) instead of four mma.sync per warp and token tile.
+// WG = true (XS, T = 1 or 2, blocks of whole warpgroups, sm_90a): the warpgroup's tiles i of its four
+// warps take one wgmma per k16 step, with the activations read by the tensor cores from the shared ring
+// (the prologue wrote them in wgmma's core-matrix order), instead of MT mma.sync per warp and tile.
+// Rows are padded to 128, so a warpgroup's four units are all real or all past the end.
 template <int MT, int T, bool XS, bool WG>
 __global__ void __launch_bounds__(MT * T >= 16 ? 256 : 512, 1) int8_pass_kernel(Int8PassArgs a, int stages,
                                                                                 int units_per_group) {
-  static_assert(!WG || (XS && T == 1), "the wgmma variant takes one tile per warp and shared activations");
+  static_assert(!WG || (XS && T <= 2), "the wgmma variant takes one or two tiles per warp and shared activations");
   constexpr int kBlocksPerChunk = 4 / T;  // 32-column blocks per chunk: T tiles x 4/T blocks = one 2 KB slot
   constexpr int kActivationBytes = kBlocksPerChunk * MT * 512;  // one chunk's activations
   extern __shared__ __align__(16) uint8_t smem[];
@@ -387,24 +388,28 @@ __global__ void __launch_bounds__(MT * T >= 16 ? 256 : 512, 1) int8_pass_kernel(
     const uint32_t x_slot_shared = x_ring_shared + read_slot * kActivationBytes;
     read_slot = read_slot + 1 == stages ? 0 : read_slot + 1;
     if constexpr (WG) {
-      uint32_t frag[kBlocksPerChunk][8];
+      uint32_t frag[T][kBlocksPerChunk][8];
 #pragma unroll
-      for (int b = 0; b < kBlocksPerChunk; ++b) {
-        const uint4 w = *reinterpret_cast<const uint4*>(slot + b * 512);
-        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+      for (int i = 0; i < T; ++i)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          frag[b][2 * q] = to_f16_pair(words[q], 0x4140u);
-          frag[b][2 * q + 1] = to_f16_pair(words[q], 0x4342u);
+        for (int b = 0; b < kBlocksPerChunk; ++b) {
+          const uint4 w = *reinterpret_cast<const uint4*>(slot + (i * kBlocksPerChunk + b) * 512);
+          const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            frag[i][b][2 * q] = to_f16_pair(words[q], 0x4140u);
+            frag[i][b][2 * q + 1] = to_f16_pair(words[q], 0x4342u);
+          }
         }
-      }
       wgmma_fence();
 #pragma unroll
-      for (int b = 0; b < kBlocksPerChunk; ++b)
+      for (int i = 0; i < T; ++i)
 #pragma unroll
-        for (int st = 0; st < 2; ++st)
-          wgmma_f16<MT>(acc[0], frag[b][4 * st], frag[b][4 * st + 1], frag[b][4 * st + 2], frag[b][4 * st + 3],
-                        wgmma_b_descriptor(x_slot_shared + (b * 2 + st) * MT * 256));
+        for (int b = 0; b < kBlocksPerChunk; ++b)
+#pragma unroll
+          for (int st = 0; st < 2; ++st)
+            wgmma_f16<MT>(acc[i], frag[i][b][4 * st], frag[i][b][4 * st + 1], frag[i][b][4 * st + 2],
+                          frag[i][b][4 * st + 3], wgmma_b_descriptor(x_slot_shared + (b * 2 + st) * MT * 256));
       wgmma_commit_and_wait();
     } else {
 #pragma unroll
@@ -557,7 +562,9 @@ cudaError_t launch_pass(const Int8PassArgs& args, const Int8PassConfig& config, 
 
 template <int MT>
 cudaError_t launch_tiles(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
-  if (config.wgmma) return launch_pass<MT, 1, true, true>(args, config, stream);
+  if (config.wgmma)
+    return config.tiles_per_warp == 1 ? launch_pass<MT, 1, true, true>(args, config, stream)
+                                      : launch_pass<MT, 2, true, true>(args, config, stream);
   const bool xs = config.shared_activations;
   switch (config.tiles_per_warp) {
     case 1:
@@ -573,11 +580,11 @@ cudaError_t launch_tiles(const Int8PassArgs& args, const Int8PassConfig& config,
 
 cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
   const int tpw = config.tiles_per_warp;
-  if (args.m < 1 || args.m > kMaxRows || args.k % 128 || args.n_padded % 64 || args.n > args.n_padded ||
+  if (args.m < 1 || args.m > kMaxRows || args.k % 128 || args.n_padded % 128 || args.n > args.n_padded ||
       (tpw != 1 && tpw != 2 && tpw != 4) || config.warps_per_block < 1 ||
       config.warps_per_block > (token_tiles(args.m) * tpw >= 16 ? 8 : 16) ||
       config.stages < 2 || config.stages > kMaxStages || config.warps_per_sm < 1 ||
-      (config.wgmma && (!config.shared_activations || tpw != 1 || config.warps_per_block % 4)))
+      (config.wgmma && (!config.shared_activations || tpw > 2 || config.warps_per_block % 4)))
     return cudaErrorInvalidValue;
   if (config.wgmma) {  // sm_90a only (the extension builds compute_90a on compute capability 9.0)
     int device = 0, major = 0;

@@ -31,12 +31,12 @@ struct Int8PassArgs {
 // (up to 16; 8 for 17-32 rows with 4 tiles per warp) each own a private ring of `stages` 2 KB slots; about warps_per_sm warps per multiprocessor;
 // shared_activations: the block's warps walk K in step and share each chunk's activations through a
 // shared-memory ring (else each warp reads them through L1 on its own schedule).
-// wgmma: (sm_90a, shared_activations, one tile per warp, whole warpgroups per block) each warpgroup's
-// four tiles take one wgmma per k16 step with the activations read from shared memory.
+// wgmma: (sm_90a, shared_activations, one or two tiles per warp, whole warpgroups per block) the tiles
+// of a warpgroup's four warps take one wgmma per k16 step with the activations read from shared memory.
 struct Int8PassConfig {
   int tiles_per_warp, warps_per_block, stages, warps_per_sm;
   bool shared_activations, wgmma;
 };
 
-// cudaErrorInvalidValue: m outside 1..32, k not a multiple of 128, or a config out of range.
+// cudaErrorInvalidValue: m outside 1..32, k or n_padded not a multiple of 128, or a config out of range.
 cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream);
