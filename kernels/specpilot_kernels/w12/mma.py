@@ -137,22 +137,23 @@ class MmaConfig:
 
 
 def default_mma_config(n: int, k: int, sms: int) -> MmaConfig:
-    """A partition from N, K and the multiprocessor count alone, fitted to the H200 sweep of v5
-    (docs/w12-notes.md): blocks of 4 warps; a GPU with fewer than 32 tiles of 16 rows per multiprocessor
-    splits each tile's K over up to 8 warps (4 in the block, then K splits) while every warp keeps at
-    least 8 chunks, or 4 where that leaves fewer than 16 warps of work per multiprocessor. On the five
-    swept shapes it picks the tuned partition (qkv, gate_up, LM head) or one measured within 2% of it
-    (o_proj, down); other shapes (the 8B-class ones of the HF benchmark) are not measured with it."""
+    """A partition from N and the multiprocessor count alone, fitted to the H200 sweeps of v7 (14 shapes:
+    the 27B-class projections, LM head and the 8B-class HF shapes; docs/w12-notes.md). Blocks of 4 or 8
+    warps, no K splits (a split costs a workspace pass that v7 never recovered): up to 2 tiles of 16 rows
+    per multiprocessor, 8 warps share a tile's K; up to 3, 4 warps; up to 8, 2 tiles of 2 warps per block;
+    up to 20, 4 warps per tile again (enough warps in flight for K = 4096-5120); beyond, one warp per tile.
+    On every swept shape it is the tuned partition or within 3.6% of it; ``mma_configs.json`` holds the
+    tuned ones."""
     tiles = -(-n // 16)
-    chunks = -(-k // STEP_K)
-    per_tile = 1
-    if tiles < 32 * sms:
-        while per_tile < 8 and chunks // (2 * per_tile) >= 8:
-            per_tile *= 2
-        while per_tile < 8 and tiles * per_tile < 16 * sms and chunks // (2 * per_tile) >= 4:
-            per_tile *= 2  # short K: fewer chunks per warp rather than too few warps (o_proj at 4 vs 8 per tile)
-    warps_k = min(per_tile, 4)
-    return MmaConfig(warps_n=4 // warps_k, warps_k=warps_k, splits=per_tile // warps_k)
+    if tiles <= 2 * sms:
+        return MmaConfig(warps_n=1, warps_k=8)
+    if tiles <= 3 * sms:
+        return MmaConfig(warps_n=1, warps_k=4)
+    if tiles <= 8 * sms:
+        return MmaConfig(warps_n=2, warps_k=2)
+    if tiles <= 20 * sms:
+        return MmaConfig(warps_n=1, warps_k=4)
+    return MmaConfig(warps_n=4, warps_k=1)
 
 
 TUNED_PATH = Path(__file__).with_name("mma_configs.json")
