@@ -40,10 +40,8 @@ TILES = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
          for bn, bk, w, s in ((64, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4), (32, 128, 4, 4))]
 CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, xs)
                 for t, wpb, st, wps, xs in (
-                    (2, 8, 3, 16, True), (1, 8, 3, 16, True), (2, 8, 4, 16, True), (2, 8, 3, 16, False))]
-WGMMA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, True, wgmma=True)
-                 for t, wpb, st, wps in ((2, 8, 3, 16), (2, 8, 4, 16), (2, 4, 3, 16), (2, 16, 3, 16), (1, 8, 3, 16),
-                                         (2, 8, 2, 16))]
+                    (2, 8, 3, 16, True), (1, 8, 3, 16, True), (2, 8, 4, 16, True), (2, 8, 5, 16, True),
+                    (2, 4, 4, 16, True), (2, 8, 3, 16, False), (1, 4, 4, 24, False))]
 
 
 def read_bandwidth() -> float:
@@ -124,13 +122,13 @@ def tune(heads, gen, no_tune: bool) -> tuple[dict, dict]:
     return best_tiles, timings_out
 
 
-def tune_cuda(heads, gen, copies: int, configs: list[CudaPassConfig]) -> tuple[dict, dict]:
+def tune_cuda(heads, gen, copies: int) -> tuple[dict, dict]:
     """The fastest CUDA partition per row count, by CUDA-graph replay of the INT8 pass alone, and every timing."""
     best, timings_out = {}, {}
     for m in ROW_COUNTS:
         xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
         timings = []
-        for config in configs:
+        for config in CUDA_CONFIGS:
             try:
                 us = graph_replay_us(lambda i: int8_pass(xs[i], heads[i], backend="cuda", cuda_config=config), copies)
             except Exception as exc:  # a partition that does not fit is skipped, and said so
@@ -140,8 +138,7 @@ def tune_cuda(heads, gen, copies: int, configs: list[CudaPassConfig]) -> tuple[d
         best[m] = min(timings, key=lambda t: t[0])[1]
         timings_out[m] = [{"us": us, **vars(config)} for us, config in timings]
         print(f"M={m} CUDA: " + ", ".join(f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}x{c.warps_per_sm}"
-                                          f"{'X' if c.shared_activations else ''}{'G' if c.wgmma else ''} {us:.0f} us"
-                                          for us, c in timings),
+                                          f"{'X' if c.shared_activations else ''} {us:.0f} us" for us, c in timings),
               file=sys.stderr, flush=True)
     return best, timings_out
 
@@ -219,7 +216,6 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=2)
     parser.add_argument("--out", default=None)
     parser.add_argument("--no-tune", action="store_true", help="use the first Triton INT8 tile for every row count")
-    parser.add_argument("--wgmma", action="store_true", help="also tune the CUDA pass's wgmma variant (sm_90a)")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -250,7 +246,7 @@ def main() -> None:
     def run_cuda_tuning():
         if not cuda_pass_available():
             raise RuntimeError("the CUDA INT8 pass is not available on this GPU (see the warning)")
-        tuned, timings = tune_cuda(heads, gen, args.copies, CUDA_CONFIGS + (WGMMA_CONFIGS if args.wgmma else []))
+        tuned, timings = tune_cuda(heads, gen, args.copies)
         best_cuda.update(tuned)
         return timings
 

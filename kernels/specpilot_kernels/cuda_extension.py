@@ -13,13 +13,11 @@ import torch
 
 @lru_cache(maxsize=None)
 def load_cuda_extension(name: str, csrc: Path, sources: tuple[str, ...]):
-    """Compile ``csrc/<source>`` for the current GPU's architecture (headers found in ``csrc``) and import it.
-
-    Hopper builds for sm_90a, whose wgmma and setmaxnreg plain sm_90 lacks."""
+    """Compile ``csrc/<source>`` for the current GPU's architecture (headers found in ``csrc``) and import it."""
     from torch.utils.cpp_extension import load
 
     major, minor = torch.cuda.get_device_capability()
-    arch = f"{major}{minor}" + ("a" if major == 9 else "")
+    arch = f"{major}{minor}"
     return load(
         name=f"{name}_sm{arch}",
         sources=[str(csrc / source) for source in sources],

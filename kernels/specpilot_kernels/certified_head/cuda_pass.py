@@ -27,25 +27,23 @@ STAGE_FACTOR = 16  # the stage list holds 16x the candidate list: early warps se
 
 @dataclass(frozen=True)
 class CudaPassConfig:
-    """tiles_per_warp (1, 2, 4): 16-row tiles sharing each activation load; warps_per_block (1-16; 8 with
-    4 tiles per warp at 17-32 rows), each with a ring of ``stages`` (2-12) 2 KB slots in shared memory;
-    warps_per_sm: warps launched per multiprocessor (units of tiles are split evenly over them);
-    shared_activations: the block's warps walk K in step and share each chunk's activations through
-    shared memory (else each warp reads them through L1); wgmma (sm_90a; shared activations, one tile per
-    warp, whole warpgroups): each warpgroup's four tiles take one wgmma per k16 step."""
+    """tiles_per_warp (1, 2, 4): 16-row tiles sharing each activation load; warps_per_block (1-8), each
+    with a ring of ``stages`` (2-12) 2 KB slots in shared memory; warps_per_sm: warps launched per
+    multiprocessor (units of tiles are split evenly over them); shared_activations: the block's warps
+    walk K in step and share each chunk's activations through shared memory (else each warp reads them
+    through L1)."""
 
     tiles_per_warp: int = 2
     warps_per_block: int = 8
     stages: int = 3
     warps_per_sm: int = 16
     shared_activations: bool = True
-    wgmma: bool = False
 
 
 def default_cuda_config(rows: int) -> CudaPassConfig:
-    """The partition for ``rows`` input rows (1-32): the H200 sweep's fastest at 16 and 32 rows and within
-    1% of it at 1-8 (``benchmarks/results/certified_head-cuda2-2026-11-30.json``): 8-warp blocks sharing
-    the activations, two tiles and 3 ring slots per warp, 16 warps per multiprocessor."""
+    """The partition for ``rows`` input rows (1-32): the H200 sweeps' fastest at 16 and 32 rows and within
+    1% of it at 1-8 (``benchmarks/results/certified_head-cuda{2,3,4}-2026-11-30.json``): 8-warp blocks
+    sharing the activations, two tiles and 3 ring slots per warp, 16 warps per multiprocessor."""
     return CudaPassConfig()
 
 
@@ -98,6 +96,5 @@ def int8_pass_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int =
     cand_upper = torch.empty((M, max_survivors), dtype=torch.float32, device=dev)
     _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best_lower,
                            stage_count, stage_idx, stage_upper, count, cand_idx, cand_upper, BOUND_SLACK, NORM_INFLATION, config.tiles_per_warp,
-                           config.warps_per_block, config.stages, config.warps_per_sm, config.shared_activations,
-                           config.wgmma)
+                           config.warps_per_block, config.stages, config.warps_per_sm, config.shared_activations)
     return best_lower, count, cand_idx, cand_upper

@@ -6,8 +6,7 @@ register ``i // 2`` of the two m16n8k16 k-steps (registers 0-3: step 0, 4-7: ste
 k order inside a block is permuted so that lane t's activations for both steps are the 8 consecutive
 columns ``8t .. 8t+7`` (one 16-byte load): k-slot ``2t + h + 8q`` of step s is column ``8t + 4s + 2q + h``.
 Bytes are ``q + 128`` (uint8), so ``prmt`` under 0x64 gives the fp16 value ``1024 + q + 128`` and one
-subtraction of 1152 gives ``q`` exactly. Rows are padded to a multiple of 128 with ``q = 0`` (whole
-units of up to 4 tiles per warp, and whole warpgroups of units of 2 in the wgmma variant).
+subtraction of 1152 gives ``q`` exactly. Rows are padded to a multiple of 64 with ``q = 0``.
 
 The activations (fp16, from :func:`.reference.scaled_fp16_rows`) are laid out to match
 (:func:`activation_fragments`): per 32-column block and token tile of 8 rows, lane ``4g + t`` holds row
@@ -18,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-ROW_PAD = 128
+ROW_PAD = 64  # up to 4 tiles of 16 rows per warp unit
 OFFSET = 128
 
 
@@ -36,7 +35,7 @@ def fragment_index(device=None) -> tuple[torch.Tensor, torch.Tensor]:
 
 def to_fragments(qweight: torch.Tensor, chunk_rows: int = 8192) -> torch.Tensor:
     """Offset-binary fragments of an INT8 copy: qweight int8 [N, K] (K a multiple of 32) ->
-    uint8 [ceil(N / 128) * 8, K / 32, 32, 16], on qweight's device."""
+    uint8 [ceil(N / 64) * 4, K / 32, 32, 16], on qweight's device."""
     n, k = qweight.shape
     if qweight.dtype != torch.int8 or k % 32:
         raise ValueError(f"qweight must be int8 [N, K] with K a multiple of 32, got {qweight.dtype} {tuple(qweight.shape)}")

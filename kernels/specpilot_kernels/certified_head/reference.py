@@ -45,7 +45,7 @@ class CertifiedHead:
 
     weight: [N, K] bf16 (the exact head); qweight: [N, K] int8; scale: [N] fp32;
     radius_coef: [N] fp32, ``c_r`` above (rounded up); fragments: qweight in the CUDA pass's layout,
-    uint8 [ceil(N/128)*8, K/32, 32, 16] (:mod:`.fragments`), or None where that pass is not used.
+    uint8 [ceil(N/64)*4, K/32, 32, 16] (:mod:`.fragments`), or None where that pass is not used.
     """
 
     weight: torch.Tensor

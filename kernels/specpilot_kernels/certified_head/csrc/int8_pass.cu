@@ -65,63 +65,6 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// wgmma (sm_90a): D[64 x 8*MT] += A[64 x 16] (registers: each warp its 16-row tile, the mma.sync A
-// fragment) x B[16 x 8*MT] (shared memory, K-major core matrices without swizzle: 8 tokens x 8 k-slots
-// of 128 bytes; the two k-halves 128 bytes apart, token groups 256 bytes apart).
-__device__ __forceinline__ uint64_t wgmma_b_descriptor(uint32_t shared_address) {
-  constexpr uint64_t kLeadingBytes = 128, kStrideBytes = 256;
-  return uint64_t((shared_address & 0x3FFFF) >> 4) | ((kLeadingBytes >> 4) << 16) | ((kStrideBytes >> 4) << 32);
-}
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define SPECPILOT_WGMMA 1
-#endif
-
-__device__ __forceinline__ void wgmma_fence() {
-#ifdef SPECPILOT_WGMMA
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit_and_wait() {
-#ifdef SPECPILOT_WGMMA
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#endif
-}
-
-template <int MT>
-__device__ __forceinline__ void wgmma_f16(float (&d)[MT][4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint64_t b) {
-#ifdef SPECPILOT_WGMMA
-  if constexpr (MT == 1) {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %9, 0; "
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0; }"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
-  } else if constexpr (MT == 2) {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %13, 0; "
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, "
-        "1, 1, 0; }"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-          "+f"(d[1][3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
-  } else {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %21, 0; "
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,"
-        "%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0; }"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-          "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-          "+f"(d[3][2]), "+f"(d[3][3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
-  }
-#else
-  __trap();  // built without sm_90a: the launcher never selects this variant there
-#endif
-}
-
 __device__ __forceinline__ void copy_evict_first16(uint32_t dst, const void* src, uint64_t policy) {
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(policy)
                : "memory");
@@ -186,23 +129,8 @@ __global__ void __launch_bounds__(kPrologueThreads) prologue_kernel(Int8PassArgs
   const int vectors = a.k / 8;
   uint4* out = reinterpret_cast<uint4*>(a.x16);
   auto out_index = [&](int v) { return ((size_t)(v >> 2) * tiles + (m >> 3)) * 32 + (m & 7) * 4 + (v & 3); };
-  // wgmma order: per 32-column block, k16 step s, token group, k-half q: a core matrix of 8 tokens x the
-  // 8 columns of k-slots 2t + h (t = 0..3), i.e. columns 8t + 4s + 2q + h; element pair (s, q) of vector v.
-  uint32_t* out_words = reinterpret_cast<uint32_t*>(a.x16);
-  auto word_index = [&](int v, int pair) {
-    return ((((size_t)(v >> 2) * 2 + (pair >> 1)) * tiles + (m >> 3)) * 2 + (pair & 1)) * 32 + (m & 7) * 4 + (v & 3);
-  };
-  auto store = [&](int v, const uint4& packed) {
-    if (a.x_wgmma_order) {
-      const uint32_t* pairs = reinterpret_cast<const uint32_t*>(&packed);
-#pragma unroll
-      for (int pair = 0; pair < 4; ++pair) out_words[word_index(v, pair)] = pairs[pair];
-    } else {
-      out[out_index(v)] = packed;
-    }
-  };
   if (m >= a.m) {
-    for (int v = threadIdx.x; v < vectors; v += kPrologueThreads) store(v, make_uint4(0, 0, 0, 0));
+    for (int v = threadIdx.x; v < vectors; v += kPrologueThreads) out[out_index(v)] = make_uint4(0, 0, 0, 0);
     return;
   }
   const uint4* row = reinterpret_cast<const uint4*>(a.x + (size_t)m * a.k);
@@ -239,7 +167,7 @@ __global__ void __launch_bounds__(kPrologueThreads) prologue_kernel(Int8PassArgs
       ok = ok && back.x == lo && back.y == hi;
       halves[i] = *reinterpret_cast<const uint32_t*>(&h);
     }
-    store(v, packed);
+    out[out_index(v)] = packed;
   }
   ok = __syncthreads_and(ok);
   if (threadIdx.x == 0) {
@@ -250,21 +178,15 @@ __global__ void __launch_bounds__(kPrologueThreads) prologue_kernel(Int8PassArgs
   }
 }
 
-// MT token tiles of 8 (up to 8 * MT rows); T 16-row tiles per unit. Up to 16 warps per block (128
-// registers per thread); the 16 accumulator tiles of MT = T = 4 need more: that variant takes 8-warp
-// blocks, one per multiprocessor.
+// MT token tiles of 8 (up to 8 * MT rows); T 16-row tiles per unit. The 16 accumulator tiles of
+// MT = T = 4 need more than 128 registers: that variant runs one 8-warp block per multiprocessor.
 // XS = false: each warp owns `units_per_group` consecutive units and reads activations through L1.
 // XS = true: the block's warps walk K in step over groups of one unit per warp (`units_per_group`
 // consecutive groups per block); each chunk's activations are copied once into a block-shared ring
 // beside the weight rings, so the multiprocessor reads them from L2 once per group whatever L1 holds.
-// WG = true (XS, T = 1 or 2, blocks of whole warpgroups, sm_90a): the warpgroup's tiles i of its four
-// warps take one wgmma per k16 step, with the activations read by the tensor cores from the shared ring
-// (the prologue wrote them in wgmma's core-matrix order), instead of MT mma.sync per warp and tile.
-// Rows are padded to 128, so a warpgroup's four units are all real or all past the end.
-template <int MT, int T, bool XS, bool WG>
-__global__ void __launch_bounds__(MT * T >= 16 ? 256 : 512, 1) int8_pass_kernel(Int8PassArgs a, int stages,
-                                                                                int units_per_group) {
-  static_assert(!WG || (XS && T <= 2), "the wgmma variant takes one or two tiles per warp and shared activations");
+template <int MT, int T, bool XS>
+__global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(Int8PassArgs a, int stages,
+                                                                               int units_per_group) {
   constexpr int kBlocksPerChunk = 4 / T;  // 32-column blocks per chunk: T tiles x 4/T blocks = one 2 KB slot
   constexpr int kActivationBytes = kBlocksPerChunk * MT * 512;  // one chunk's activations
   extern __shared__ __align__(16) uint8_t smem[];
@@ -353,16 +275,14 @@ __global__ void __launch_bounds__(MT * T >= 16 ? 256 : 512, 1) int8_pass_kernel(
   int unit = first_unit, chunk = 0;
   for (int p = 0; p < total; ++p, chunk = chunk + 1 == chunks ? 0 : chunk + 1, unit += chunk == 0 ? unit_step : 0) {
     copy_wait(stages - 2);  // each lane reads back the weight pieces it copied itself; and with XS
-    if (WG)                 // the activations the block copied; the slot refilled next was read one step ago
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async wrote them, wgmma reads them
-    if (XS)
+    if (XS)                 // the activations the block copied; the slot refilled next was read one step ago
       __syncthreads();
     else
       __syncwarp();
     issue(p + stages - 1, write_slot);
     write_slot = write_slot + 1 == stages ? 0 : write_slot + 1;
     const int tile0 = unit * T;
-    if (XS && unit >= units) {  // a warp past the last unit only keeps the block's barriers (WG: a whole warpgroup)
+    if (XS && unit >= units) {  // a warp past the last unit only keeps the block's barriers
       read_slot = read_slot + 1 == stages ? 0 : read_slot + 1;
       continue;
     }
@@ -385,54 +305,26 @@ __global__ void __launch_bounds__(MT * T >= 16 ? 256 : 512, 1) int8_pass_kernel(
     }
     const uint8_t* slot = ring + read_slot * kSlotBytes + lane * 16;
     const uint8_t* x_slot = x_ring + read_slot * kActivationBytes + lane * 16;
-    const uint32_t x_slot_shared = x_ring_shared + read_slot * kActivationBytes;
     read_slot = read_slot + 1 == stages ? 0 : read_slot + 1;
-    if constexpr (WG) {
-      uint32_t frag[T][kBlocksPerChunk][8];
 #pragma unroll
-      for (int i = 0; i < T; ++i)
+    for (int b = 0; b < kBlocksPerChunk; ++b) {
+      const uint4* x_block = reinterpret_cast<const uint4*>(a.x16) + (size_t)(chunk * kBlocksPerChunk + b) * MT * 32;
+      uint4 xv[MT];
 #pragma unroll
-        for (int b = 0; b < kBlocksPerChunk; ++b) {
-          const uint4 w = *reinterpret_cast<const uint4*>(slot + (i * kBlocksPerChunk + b) * 512);
-          const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+      for (int j = 0; j < MT; ++j)
+        xv[j] = XS ? *reinterpret_cast<const uint4*>(x_slot + (b * MT + j) * 512) : __ldg(x_block + j * 32 + lane);
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            frag[i][b][2 * q] = to_f16_pair(words[q], 0x4140u);
-            frag[i][b][2 * q + 1] = to_f16_pair(words[q], 0x4342u);
-          }
-        }
-      wgmma_fence();
+      for (int i = 0; i < T; ++i) {
+        const uint4 w = *reinterpret_cast<const uint4*>(slot + (i * kBlocksPerChunk + b) * 512);
+        // word w: registers 2w (bytes 0, 1) and 2w + 1 (bytes 2, 3); registers 0-3 are k16 step 0
+        const uint32_t r0 = to_f16_pair(w.x, 0x4140u), r1 = to_f16_pair(w.x, 0x4342u);
+        const uint32_t r2 = to_f16_pair(w.y, 0x4140u), r3 = to_f16_pair(w.y, 0x4342u);
+        const uint32_t r4 = to_f16_pair(w.z, 0x4140u), r5 = to_f16_pair(w.z, 0x4342u);
+        const uint32_t r6 = to_f16_pair(w.w, 0x4140u), r7 = to_f16_pair(w.w, 0x4342u);
 #pragma unroll
-      for (int i = 0; i < T; ++i)
-#pragma unroll
-        for (int b = 0; b < kBlocksPerChunk; ++b)
-#pragma unroll
-          for (int st = 0; st < 2; ++st)
-            wgmma_f16<MT>(acc[i], frag[i][b][4 * st], frag[i][b][4 * st + 1], frag[i][b][4 * st + 2],
-                          frag[i][b][4 * st + 3], wgmma_b_descriptor(x_slot_shared + (b * 2 + st) * MT * 256));
-      wgmma_commit_and_wait();
-    } else {
-#pragma unroll
-      for (int b = 0; b < kBlocksPerChunk; ++b) {
-        const uint4* x_block =
-            reinterpret_cast<const uint4*>(a.x16) + (size_t)(chunk * kBlocksPerChunk + b) * MT * 32;
-        uint4 xv[MT];
-#pragma unroll
-        for (int j = 0; j < MT; ++j)
-          xv[j] = XS ? *reinterpret_cast<const uint4*>(x_slot + (b * MT + j) * 512) : __ldg(x_block + j * 32 + lane);
-#pragma unroll
-        for (int i = 0; i < T; ++i) {
-          const uint4 w = *reinterpret_cast<const uint4*>(slot + (i * kBlocksPerChunk + b) * 512);
-          // word w: registers 2w (bytes 0, 1) and 2w + 1 (bytes 2, 3); registers 0-3 are k16 step 0
-          const uint32_t r0 = to_f16_pair(w.x, 0x4140u), r1 = to_f16_pair(w.x, 0x4342u);
-          const uint32_t r2 = to_f16_pair(w.y, 0x4140u), r3 = to_f16_pair(w.y, 0x4342u);
-          const uint32_t r4 = to_f16_pair(w.z, 0x4140u), r5 = to_f16_pair(w.z, 0x4342u);
-          const uint32_t r6 = to_f16_pair(w.w, 0x4140u), r7 = to_f16_pair(w.w, 0x4342u);
-#pragma unroll
-          for (int j = 0; j < MT; ++j) {
-            mma_f16(acc[i][j], r0, r1, r2, r3, xv[j].x, xv[j].y);
-            mma_f16(acc[i][j], r4, r5, r6, r7, xv[j].z, xv[j].w);
-          }
+        for (int j = 0; j < MT; ++j) {
+          mma_f16(acc[i][j], r0, r1, r2, r3, xv[j].x, xv[j].y);
+          mma_f16(acc[i][j], r4, r5, r6, r7, xv[j].z, xv[j].w);
         }
       }
     }
@@ -531,7 +423,7 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(Int8PassArgs a
   if (threadIdx.x == 0) a.count[m] = written;
 }
 
-template <int MT, int T, bool XS, bool WG>
+template <int MT, int T, bool XS>
 cudaError_t launch_pass(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -540,7 +432,7 @@ cudaError_t launch_pass(const Int8PassArgs& args, const Int8PassConfig& config, 
   if (err != cudaSuccess) return err;
   const int warps = config.warps_per_block;
   const int smem = warps * config.stages * kSlotBytes + (XS ? config.stages * (4 / T) * MT * 512 : 0);
-  auto kernel = int8_pass_kernel<MT, T, XS, WG>;
+  auto kernel = int8_pass_kernel<MT, T, XS>;
   // Raised once per kernel and size (not on every launch, so that graph capture sees only the launch).
   static thread_local int smem_allowed[16] = {};
   int& allowed = smem_allowed[device & 15];
@@ -562,17 +454,11 @@ cudaError_t launch_pass(const Int8PassArgs& args, const Int8PassConfig& config, 
 
 template <int MT>
 cudaError_t launch_tiles(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
-  if (config.wgmma)
-    return config.tiles_per_warp == 1 ? launch_pass<MT, 1, true, true>(args, config, stream)
-                                      : launch_pass<MT, 2, true, true>(args, config, stream);
   const bool xs = config.shared_activations;
   switch (config.tiles_per_warp) {
-    case 1:
-      return xs ? launch_pass<MT, 1, true, false>(args, config, stream) : launch_pass<MT, 1, false, false>(args, config, stream);
-    case 2:
-      return xs ? launch_pass<MT, 2, true, false>(args, config, stream) : launch_pass<MT, 2, false, false>(args, config, stream);
-    default:
-      return xs ? launch_pass<MT, 4, true, false>(args, config, stream) : launch_pass<MT, 4, false, false>(args, config, stream);
+    case 1: return xs ? launch_pass<MT, 1, true>(args, config, stream) : launch_pass<MT, 1, false>(args, config, stream);
+    case 2: return xs ? launch_pass<MT, 2, true>(args, config, stream) : launch_pass<MT, 2, false>(args, config, stream);
+    default: return xs ? launch_pass<MT, 4, true>(args, config, stream) : launch_pass<MT, 4, false>(args, config, stream);
   }
 }
 
@@ -580,30 +466,19 @@ cudaError_t launch_tiles(const Int8PassArgs& args, const Int8PassConfig& config,
 
 cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
   const int tpw = config.tiles_per_warp;
-  if (args.m < 1 || args.m > kMaxRows || args.k % 128 || args.n_padded % 128 || args.n > args.n_padded ||
-      (tpw != 1 && tpw != 2 && tpw != 4) || config.warps_per_block < 1 ||
-      config.warps_per_block > (token_tiles(args.m) * tpw >= 16 ? 8 : 16) ||
-      config.stages < 2 || config.stages > kMaxStages || config.warps_per_sm < 1 ||
-      (config.wgmma && (!config.shared_activations || tpw > 2 || config.warps_per_block % 4)))
+  if (args.m < 1 || args.m > kMaxRows || args.k % 128 || args.n_padded % 64 || args.n > args.n_padded ||
+      (tpw != 1 && tpw != 2 && tpw != 4) || config.warps_per_block < 1 || config.warps_per_block > 8 ||
+      config.stages < 2 || config.stages > kMaxStages || config.warps_per_sm < 1)
     return cudaErrorInvalidValue;
-  if (config.wgmma) {  // sm_90a only (the extension builds compute_90a on compute capability 9.0)
-    int device = 0, major = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    if (err != cudaSuccess) return err;
-    if (major != 9) return cudaErrorInvalidValue;
-  }
-  Int8PassArgs run = args;
-  run.x_wgmma_order = config.wgmma;
-  prologue_kernel<<<8 * token_tiles(run.m), kPrologueThreads, 0, stream>>>(run);
+  prologue_kernel<<<8 * token_tiles(args.m), kPrologueThreads, 0, stream>>>(args);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  switch (token_tiles(run.m)) {
-    case 1: err = launch_tiles<1>(run, config, stream); break;
-    case 2: err = launch_tiles<2>(run, config, stream); break;
-    default: err = launch_tiles<4>(run, config, stream); break;
+  switch (token_tiles(args.m)) {
+    case 1: err = launch_tiles<1>(args, config, stream); break;
+    case 2: err = launch_tiles<2>(args, config, stream); break;
+    default: err = launch_tiles<4>(args, config, stream); break;
   }
   if (err != cudaSuccess) return err;
-  compact_kernel<<<run.m, kCompactThreads, 0, stream>>>(run);
+  compact_kernel<<<args.m, kCompactThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }

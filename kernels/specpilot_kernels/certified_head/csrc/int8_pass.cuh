@@ -23,20 +23,17 @@ struct Int8PassArgs {
   int32_t* cand_idx;         // [m][cap]
   float* cand_upper;         // [m][cap]
   int m, n, n_padded, k, cap, stage_cap;
-  bool x_wgmma_order;        // x16 in the wgmma variant's core-matrix order (set by the launcher)
   float slack, norm_inflation;
 };
 
 // The pass's partition: tiles_per_warp 16-row tiles share each activation load; warps_per_block warps
-// (up to 16; 8 for 17-32 rows with 4 tiles per warp) each own a private ring of `stages` 2 KB slots; about warps_per_sm warps per multiprocessor;
+// each own a private ring of `stages` 2 KB slots; about warps_per_sm warps per multiprocessor;
 // shared_activations: the block's warps walk K in step and share each chunk's activations through a
 // shared-memory ring (else each warp reads them through L1 on its own schedule).
-// wgmma: (sm_90a, shared_activations, one or two tiles per warp, whole warpgroups per block) the tiles
-// of a warpgroup's four warps take one wgmma per k16 step with the activations read from shared memory.
 struct Int8PassConfig {
   int tiles_per_warp, warps_per_block, stages, warps_per_sm;
-  bool shared_activations, wgmma;
+  bool shared_activations;
 };
 
-// cudaErrorInvalidValue: m outside 1..32, k or n_padded not a multiple of 128, or a config out of range.
+// cudaErrorInvalidValue: m outside 1..32, k not a multiple of 128, or a config out of range.
 cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream);
