@@ -8,6 +8,9 @@ thread's four elements in the order 0,1,2,3 instead of SGLang's 1,0,2,3 (read of
 In the shared kernel both q and k follow SGLang's order, and the float instruction stream of the
 verify is unchanged by the state store. Target: bit-identical on chains to SGLang's commit (the
 snapshot of the last accepted step copied into the pool), without any snapshot stored.
+The CUDA path kernel (``lanes.py``) commits the same way (its state store on, no outputs) from inputs
+prepared by :func:`.path_verify.prepare_node_inputs`; its sums are explicit intrinsics in SGLang's order,
+so no compiler contraction can move them, and on the H200 it matched SGLang bit for bit on chains.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ runs this same kernel over the accepted path with ``write_state`` set. The per-s
 SGLang 0.5.23's ``fused_sigmoid_gating_delta_rule_update_kernel`` (GDN branch), operation for
 operation; on the H200 the outputs on chains and FP32-pool trees and the committed states on chains
 matched SGLang's bit for bit at the same tile (BV=4, one warp), with and without kept states and prefetch.
+The norms and gates can be formed once per token in a first kernel (:func:`prepare_node_inputs`) instead
+of in every value tile. On a GPU the default step loop is the CUDA kernel of ``lanes.py`` (same schedule,
+same sums in the same order, so the same bits; about 3x fewer instructions per step); this Triton kernel
+is the CPU path (interpreter), the fallback, and the reference the CUDA kernel is tested against.
 """
 
 from __future__ import annotations
