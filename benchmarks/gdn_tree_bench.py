@@ -1,6 +1,7 @@
 """GDN tree verification on the H200: path-verify + commit vs SGLang 0.5.23's per-node-snapshot verify.
 
     python benchmarks/gdn_tree_bench.py prepare-sglang .sglang_gdn      # here: vendor SGLang's kernel
+    PYTHONPATH=kernels python benchmarks/gdn_tree_bench.py commit-ptx   # here: the commit's PTX digests
     PYTHONPATH=kernels:.:.sglang_gdn python benchmarks/gdn_tree_bench.py run [--out FILE]   # on the GPU
 
 ``prepare-sglang`` copies ``fused_sigmoid_gating_recurrent.py`` unmodified out of the pinned wheel
@@ -372,6 +373,43 @@ def wy_vs_path(gen, layers: int) -> list[dict]:
     return rows
 
 
+def commit_ptx_digests(nodes: int = 16) -> dict[str, str]:
+    """sha256 of the Triton commit's PTX code per specialisation (pool dtype x prefetch), compiled here, no GPU
+    needed, for sm_90 as ``gdn_tree_commit`` launches it at the parity section's shape: pointers 16-byte
+    aligned (Triton assumes it at launch, and it changes the layouts), ``write_state`` = 1 specialised.
+    Debug sections, line records and debug labels are left out, so only the instructions count. The commit's float
+    order is fragile (NOTES.md): a new digest means the parity section must run on the GPU again.
+    """
+    import re
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from specpilot_kernels.gdn_tree.path_verify import _path_verify_kernel
+
+    names = _path_verify_kernel.arg_names
+    digests = {}
+    for pool in ("fp32", "bf16"):
+        for prefetch in (False, True):
+            constants = dict(write_state=1, T=nodes, H=H, HV=HV, K=K, V=V, BK=K, BV=4, USE_QK_L2NORM=True,
+                             MAX_SAVED=0, PREFETCH=prefetch, PREPARED=False)
+            types = {**{name: "*i32" for name in ("state_indices", "order", "replay_len", "replay", "restore_slot",
+                                                  "save_slot", "num_nodes")},
+                     **{name: "*bf16" for name in ("q", "k", "v", "a", "b", "o")},
+                     "A_log": "*fp32", "dt_bias": "*fp32", "saved": "*fp32", "state_pool": f"*{pool}",
+                     "softplus_beta": "fp32", "softplus_threshold": "fp32", "scale": "fp32"}
+            signature = {name: "constexpr" if name in constants else types[name] for name in names}
+            source = ASTSource(_path_verify_kernel, signature,
+                               constexprs={(names.index(name),): value for name, value in constants.items()},
+                               attrs={(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
+                                      if signature[name].startswith("*")})
+            ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "num_stages": 3})
+            code = [line.strip() for line in ptx.asm["ptx"].split(".section")[0].splitlines()]
+            # line records and the labels the debug info points at (they move with inlining, code does not)
+            text = "\n".join(line for line in code if line and not line.startswith((".loc", ".file", "//"))
+                             and not re.fullmatch(r"\$L__tmp\d+:", line))
+            digests[f"{pool}_prefetch{int(prefetch)}"] = hashlib.sha256(text.encode()).hexdigest()
+    return digests
+
+
 def _save_partial(result: dict, name: str, figures, out: str | None) -> None:
     """Write ``result`` with a section's figures so far to ``out`` (the section's final record replaces them)."""
     if out:
@@ -405,6 +443,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="verb", required=True)
     prep = sub.add_parser("prepare-sglang")
     prep.add_argument("target")
+    sub.add_parser("commit-ptx", help="sha256 of the Triton commit's sm_90 PTX per specialisation (no GPU needed)")
     run = sub.add_parser("run")
     run.add_argument("--out", default=None)
     run.add_argument("--layers", type=int, default=48)
@@ -416,6 +455,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.verb == "prepare-sglang":
         prepare_sglang(args.target)
+    elif args.verb == "commit-ptx":
+        print(json.dumps(commit_ptx_digests(), indent=1))
     else:
         result = run_all(args)
         text = json.dumps(result, indent=1)

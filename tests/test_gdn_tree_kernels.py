@@ -1,7 +1,14 @@
 """GDN tree verification kernels against the pure-torch definition (Triton interpreter on CPU)."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+import triton
 
 from specpilot_kernels.gdn_tree import gdn_tree_commit, gdn_tree_path_verify, tree_schedule
 from specpilot_kernels.gdn_tree import reference as R
@@ -288,3 +295,26 @@ def test_lanes_commit_gives_the_triton_commits_bits(pool_dtype):
         got = pool.clone()
         gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, got, idx, accepted, accept_len, lanes_per_column=lanes)
         assert torch.equal(got, want), (lanes, (got.float() - want.float()).abs().max().item())
+
+
+# sha256 of the Triton commit's sm_90 PTX (benchmarks/gdn_tree_bench.py commit-ptx, Triton 3.6.0): the code that
+# was bit-identical to SGLang 0.5.23's committed state on chains on the H200 (this session's runs 1-3)
+COMMIT_PTX_SHA256 = {
+    "fp32_prefetch0": "a81a1e92d26773f7e9ba76de952064494f05ffef0700e0c54ea2d3c6d5750eb6",
+    "fp32_prefetch1": "0a1cba608d6e70bf0c8639a79d660f7dd4c5d98676936ed9ea3df74c5d06c67c",
+    "bf16_prefetch0": "59f365a1e2b894d45339eeeee306e2b2d86b8b855647b795d65457502901e8c2",
+    "bf16_prefetch1": "bc9423fb90b243faf14c4533c908b37d7f1eb9eca978fd12b671473d7097bd8a",
+}
+
+
+@pytest.mark.skipif(triton.__version__ != "3.6.0", reason="digests pinned for Triton 3.6.0")
+def test_commit_ptx_is_the_one_verified_against_sglang():
+    """The commit's float order is fragile (NOTES.md): a changed digest needs the bench's parity section on
+    the GPU, then the new digests here."""
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, do not interpret
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "kernels"), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "gdn_tree_bench.py"), "commit-ptx"], env=env,
+                          capture_output=True, text=True, timeout=300, check=True)
+    assert json.loads(done.stdout) == COMMIT_PTX_SHA256
