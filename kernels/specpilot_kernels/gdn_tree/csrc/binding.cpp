@@ -6,10 +6,12 @@
 
 namespace {
 
-void check(const torch::Tensor& t, torch::ScalarType dtype, const char* name) {
+// vector_access: the kernel reads (or writes) the tensor in 16-byte pieces (8 for a bf16 pool), so its
+// start must be 16-byte aligned; v, o and the gates are accessed one element at a time.
+void check(const torch::Tensor& t, torch::ScalarType dtype, const char* name, bool vector_access) {
   TORCH_CHECK(t.is_cuda() && t.is_contiguous() && t.scalar_type() == dtype, "path_verify_lanes: ", name,
               " must be a contiguous CUDA tensor of ", c10::toString(dtype));
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "path_verify_lanes: ", name,
+  TORCH_CHECK(!vector_access || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "path_verify_lanes: ", name,
               " must be 16-byte aligned (read in 16-byte pieces)");
 }
 
@@ -22,16 +24,16 @@ void path_verify_lanes(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch:
                        torch::Tensor replay, torch::Tensor restore_slot, torch::Tensor save_slot,
                        torch::Tensor num_nodes, torch::Tensor saved, torch::Tensor o, int64_t max_saved,
                        bool write_state, int64_t lanes_per_column, int64_t warps_per_block) {
-  check(q, torch::kFloat32, "q");
-  check(k, torch::kFloat32, "k");
-  check(v, torch::kBFloat16, "v");
-  if (!write_state) check(o, torch::kBFloat16, "o");  // the commit writes no outputs
-  check(decay, torch::kFloat32, "decay");
-  check(beta, torch::kFloat32, "beta");
-  if (max_saved > 0) check(saved, torch::kFloat32, "saved");
+  check(q, torch::kFloat32, "q", true);
+  check(k, torch::kFloat32, "k", true);
+  check(v, torch::kBFloat16, "v", false);
+  if (!write_state) check(o, torch::kBFloat16, "o", false);  // the commit writes no outputs
+  check(decay, torch::kFloat32, "decay", false);
+  check(beta, torch::kFloat32, "beta", false);
+  if (max_saved > 0) check(saved, torch::kFloat32, "saved", true);
   TORCH_CHECK(pool.scalar_type() == torch::kFloat32 || pool.scalar_type() == torch::kBFloat16,
               "path_verify_lanes: the state pool must be FP32 or bf16");
-  check(pool, pool.scalar_type(), "pool");
+  check(pool, pool.scalar_type(), "pool", true);
   for (const auto* t : {&state_indices, &order, &replay_len, &replay, &restore_slot, &save_slot, &num_nodes}) {
     TORCH_CHECK(t->is_cuda() && t->is_contiguous() && t->scalar_type() == torch::kInt32,
                 "path_verify_lanes: the schedule and state_indices must be contiguous CUDA int32");
