@@ -128,9 +128,14 @@ VERIFY_CONFIGS = [
 ]
 
 
+# what a run without --variants checks and times (all of them take longer than one 4-minute GPU call):
+# the library's defaults, last session's kernels, the best Triton-only settings, CUDA verify + Triton commit
+DEFAULT_VARIANTS = "default,kept8_prefetch_bv4,prep_bv4_r64_cpf,lanes8_w8"
+
+
 def _selected(variants: str) -> list[dict]:
-    """The VERIFY_CONFIGS named in a comma-separated list (all when it is empty)."""
-    return [c for c in VERIFY_CONFIGS if not variants or c["name"] in variants.split(",")]
+    """The VERIFY_CONFIGS named in a comma-separated list ("all": every one)."""
+    return [c for c in VERIFY_CONFIGS if variants == "all" or c["name"] in variants.split(",")]
 
 
 def _tile(cfg: dict) -> dict:
@@ -450,8 +455,8 @@ def main() -> None:
     run.add_argument("--sections", default="", help="comma-separated sections to run (default: all): "
                      "parity_with_sglang_0_5_23, accuracy, verify_plus_commit, wy_vs_path")
     run.add_argument("--batches", default="1,4,8,16,32", help="comma-separated batch sizes timed")
-    run.add_argument("--variants", default="", help="comma-separated VERIFY_CONFIGS names to check and time "
-                     "(default: all)")
+    run.add_argument("--variants", default=DEFAULT_VARIANTS, help="comma-separated VERIFY_CONFIGS names to check "
+                     f"and time, or all (default: {DEFAULT_VARIANTS})")
     args = parser.parse_args()
     if args.verb == "prepare-sglang":
         prepare_sglang(args.target)
