@@ -6,13 +6,13 @@
 // fragments of both k16 steps are 8 consecutive columns of x (MMA k-slot 2t+h+8q of step s is column
 // 8t+4s+2q+h).
 //
-// Decode: five integer instructions per pair of weights (two 16-bit lanes of one register). One prmt
-// builds V = [view byte | nibble byte] in each lane, the weight's nibble in the high half of its nibble
-// byte (the layout stores two nibbles per byte: one read as is, the other from the word shifted left by
-// 4); then bits = ((V >> 4) & 0x07FF07FF) + (base << 7) + (V & 0x80008000): the shift puts mantissa and
-// exponent offset in place, the mask drops the sign and the neighbouring lane's bits, the add cannot carry
-// out of a lane (base + 15 <= 254). The v5 decode took eight (ncu, docs/w12-notes.md): at one row the
-// kernel is bound by instruction issue, not by the bytes.
+// Decode: five integer operations per pair of weights (two 16-bit lanes of one register; six SASS
+// instructions). One prmt builds V = [view byte | nibble byte] in each lane, the weight's nibble in the high
+// half of its nibble byte (the layout stores two nibbles per byte: one read as is, the other from the word
+// shifted left by 4); then bits = ((V >> 4) & 0x07FF07FF) + (base << 7) + (V & 0x80008000): the shift puts
+// mantissa and exponent offset in place, the mask drops the sign and the neighbouring lane's bits, the add
+// cannot carry out of a lane (base + 15 <= 254). The v5 decode took eight SASS instructions (ncu,
+// docs/w12-notes.md): at one row the kernel is bound by instruction issue, not by the bytes.
 //
 // Escapes of a (16-row, 128-column) chunk are patched into the owning lane's register before the MMA; a
 // warp keeps a window of 32 of its tile's escapes in registers (one per lane) and finds a chunk's by ballot.
