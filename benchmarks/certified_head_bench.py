@@ -163,9 +163,9 @@ def tune_rescore(heads, gen, copies: int) -> dict:
 
             def rescore(i):
                 best_lower, count, cand_idx, cand_upper = lists[i]
-                _rescore_kernel[(m, programs)](xs[i], heads[i].weight, best_lower, count, cand_idx, cand_upper, part_val,
-                                               part_idx, K=HIDDEN, CAP=cand_idx.shape[1], G=programs, BS=bs,
-                                               BLOCK_K=bk, DOT_FP32=False, num_warps=warps)
+                _rescore_kernel[(m, programs)](xs[i], heads[i].weight, best_lower, count, cand_idx, cand_upper,
+                                               part_val, part_idx, K=HIDDEN, CAP=cand_idx.shape[1], G=programs,
+                                               BS=bs, BLOCK_K=bk, DOT_FP32=False, num_warps=warps)
                 _finalize_kernel[(1,)](part_val, part_idx, count, tokens, m, CAP=cand_idx.shape[1], G=programs,
                                        BLOCK_M=max(16, triton.next_power_of_2(m)))
             try:
@@ -188,7 +188,8 @@ def timing(heads, gen, best_tiles: dict, best_cuda: dict, copies: int, bandwidth
         floor_us = (int8_bytes + m * HIDDEN * 2) / bandwidth * 1e6
         bf16_floor_us = (VOCAB * HIDDEN * 2 + m * VOCAB * 2) / bandwidth * 1e6
         bf16_us = graph_replay_us(lambda i: F.linear(xs[i], heads[i].weight), copies)
-        row = {"M": m, "bf16_head_us": bf16_us, "int8_floor_us": floor_us, "bf16_frac_of_floor": bf16_floor_us / bf16_us}
+        row = {"M": m, "bf16_head_us": bf16_us, "int8_floor_us": floor_us,
+               "bf16_frac_of_floor": bf16_floor_us / bf16_us}
         passes = {"triton": dict(backend="triton", **best_tiles[m])}
         if m in best_cuda:
             passes["cuda"] = dict(backend="cuda", cuda_config=best_cuda[m])

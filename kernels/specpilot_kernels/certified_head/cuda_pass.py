@@ -4,8 +4,8 @@ A prologue scales each input row by a power of two into fp16 (exactly, or the ro
 fallback: :func:`.reference.scaled_fp16_rows` is its definition), then one persistent kernel streams
 the offset-binary fragments (:mod:`.fragments`) once through per-warp cp.async rings into mma.sync and
 lists rows that may win in a stage list, and a compaction keeps those that reach the final best lower
-bound. All three launches are CUDA-graph capturable. The partition (:class:`CudaPassConfig`) never changes which
-rows can be the argmax, only the speed.
+bound. All three launches are CUDA-graph capturable. The partition (:class:`CudaPassConfig`) never
+changes which rows can be the argmax, only the speed.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def int8_pass_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int =
     cand_idx = torch.empty((M, max_survivors), dtype=torch.int32, device=dev)
     cand_upper = torch.empty((M, max_survivors), dtype=torch.float32, device=dev)
     _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best_lower,
-                           stage_count, stage_idx, stage_upper, count, cand_idx, cand_upper, BOUND_SLACK, NORM_INFLATION, config.tiles_per_warp,
-                           config.warps_per_block, config.stages, config.warps_per_sm, config.shared_activations)
+                           stage_count, stage_idx, stage_upper, count, cand_idx, cand_upper, BOUND_SLACK,
+                           NORM_INFLATION, config.tiles_per_warp, config.warps_per_block, config.stages,
+                           config.warps_per_sm, config.shared_activations)
     return best_lower, count, cand_idx, cand_upper

@@ -38,7 +38,8 @@ def to_fragments(qweight: torch.Tensor, chunk_rows: int = 8192) -> torch.Tensor:
     uint8 [ceil(N / 64) * 4, K / 32, 32, 16], on qweight's device."""
     n, k = qweight.shape
     if qweight.dtype != torch.int8 or k % 32:
-        raise ValueError(f"qweight must be int8 [N, K] with K a multiple of 32, got {qweight.dtype} {tuple(qweight.shape)}")
+        raise ValueError(f"qweight must be int8 [N, K] with K a multiple of 32, got {qweight.dtype} "
+                         f"{tuple(qweight.shape)}")
     n_padded = -(-n // ROW_PAD) * ROW_PAD
     rows, cols = fragment_index(qweight.device)
     out = torch.empty((n_padded // 16, k // 32, 32, 16), dtype=torch.uint8, device=qweight.device)

@@ -4,10 +4,10 @@
 
 #include "int8_pass.cuh"
 
-// Shapes: x bf16 [m, k]; x16 fp16 [k/32, p/8, 32, 8] with p = 8, 16 or 32 rows padded (m <= p), inv_scale and norm fp32 [m] (workspaces); fragments uint8
-// [n_padded/16, k/32, 32, 16]; scale, radius_coef fp32 [n]; best_lower fp32 [m]; count int32 [m];
-// stage_count int32 [m], stage_idx int32 and stage_upper fp32 [m, stage_cap] (workspaces); cand_idx int32
-// and cand_upper fp32 [m, cap].
+// Shapes: x bf16 [m, k]; x16 fp16 [k/32, p/8, 32, 8] with p = 8, 16 or 32 rows padded (m <= p),
+// inv_scale and norm fp32 [m] (workspaces); fragments uint8 [n_padded/16, k/32, 32, 16]; scale and
+// radius_coef fp32 [n]; best_lower fp32 [m]; stage_count int32 [m], stage_idx int32 and stage_upper fp32
+// [m, stage_cap] (workspaces); count int32 [m]; cand_idx int32 and cand_upper fp32 [m, cap].
 void int8_pass(torch::Tensor x, torch::Tensor x16, torch::Tensor inv_scale, torch::Tensor norm,
                torch::Tensor fragments, torch::Tensor scale, torch::Tensor radius_coef, torch::Tensor best_lower,
                torch::Tensor stage_count, torch::Tensor stage_idx, torch::Tensor stage_upper,

@@ -1,17 +1,19 @@
 // The certified head's INT8 pass in CUDA C++ (sm_80+, run on the H200): approximate logits, their
 // radius, the running best lower bound and the candidate rows, as _int8_bound_kernel (int8_bound.py).
 //
-// Three launches, all graphable. The prologue (one block per input row) computes ||x_m|| in FP32, picks
-// a power of two 2^e_m that puts max|x_m| in [2^14, 2^15), writes x_m * 2^e_m in fp16 (in the MMA's
-// B-fragment order, token rows padded to 8, 16 or 32 with zeros) and checks that
-// every element came back exactly; it resets the row's best lower bound and count, and marks a row that
-// does not convert exactly (or whose max|x| lies outside [2^-50, 2^50)) for the full-head fallback. The pass streams the weights once: each warp owns consecutive units of
-// tiles_per_warp 16-row tiles and walks their K in 2 KB chunks through a private shared-memory ring
-// filled by cp.async (evict-first in L2); activations come through L1 and each load serves every tile
-// of the unit. Weights are stored pre-shuffled in the mma.sync fragment layout (fragments.py) as
+// Three launches, all graphable. The prologue (one block per input row) computes ||x_m|| in FP32,
+// picks a power of two 2^e_m that puts max|x_m| in [2^14, 2^15), writes x_m * 2^e_m in fp16 (in the
+// MMA's B-fragment order, token rows padded to 8, 16 or 32 with zeros) and checks that every element
+// came back exactly; it resets the row's best lower bound and stage count, and marks a row that does
+// not convert exactly (or whose max|x| lies outside [2^-50, 2^50)) for the full-head fallback. The
+// pass streams the weights once: each warp owns units of tiles_per_warp 16-row tiles and walks their
+// K in 2 KB chunks through a private shared-memory ring filled by cp.async (evict-first in L2); the
+// activations of a chunk come through a block-shared ring (or L1), and each load serves every tile of
+// the unit. Weights are stored pre-shuffled in the mma.sync fragment layout (fragments.py) as
 // offset-binary bytes u = q + 128: prmt puts a byte under 0x64 (fp16 1024 + u) and one sub.f16x2 of
 // 1152 leaves q exactly, two weights per instruction pair. m16n8k16 f16 x f16 -> f32 with weights on
-// the 16-row side and tokens on the 8-wide side.
+// the 16-row side and tokens on the 8-wide side. The compaction keeps the listed rows that reach the
+// final best lower bound.
 //
 // Why the certificate holds unchanged: q (|q| <= 127) and x_m 2^e_m (fp16) are exact, and so is their
 // product in FP32 (7 + 11 significant bits), so the accumulation is a sum of exact products in FP32
