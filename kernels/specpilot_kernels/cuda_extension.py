@@ -5,6 +5,7 @@ One build per (name, compute capability), cached in-process; torch caches the co
 
 from __future__ import annotations
 
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -25,3 +26,18 @@ def load_cuda_extension(name: str, csrc: Path, sources: tuple[str, ...]):
         extra_include_paths=[str(csrc)],
         verbose=False,
     )
+
+
+@lru_cache(maxsize=None)
+def cuda_extension_builds(name: str, csrc: Path, sources: tuple[str, ...], what: str, fallback: str) -> bool:
+    """Whether ``name`` can run here: a GPU of compute capability >= 8.0 (cp.async) on which it builds.
+    A failed build is reported once, as a warning naming ``what`` did not build and the ``fallback`` used."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
+        return False
+    try:
+        load_cuda_extension(name, csrc, sources)
+    except Exception as exc:  # noqa: BLE001 - any build failure means: use the fallback
+        warnings.warn(f"{what} did not build ({type(exc).__name__}: {exc}); using {fallback}", RuntimeWarning,
+                      stacklevel=3)
+        return False
+    return True

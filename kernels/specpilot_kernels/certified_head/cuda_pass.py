@@ -10,14 +10,12 @@ changes which rows can be the argmax, only the speed.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-from ..cuda_extension import load_cuda_extension
+from ..cuda_extension import cuda_extension_builds, load_cuda_extension
 from .fragments import token_tiles
 from .reference import BOUND_SLACK, NORM_INFLATION, CertifiedHead
 
@@ -47,23 +45,17 @@ def default_cuda_config(rows: int) -> CudaPassConfig:
     return CudaPassConfig()
 
 
+_EXTENSION = ("specpilot_certified_int8", CSRC, ("binding.cpp", "int8_pass.cu"))
+
+
 def _extension():
-    return load_cuda_extension("specpilot_certified_int8", CSRC, ("binding.cpp", "int8_pass.cu"))
+    return load_cuda_extension(*_EXTENSION)
 
 
-@lru_cache(maxsize=None)
 def cuda_pass_available() -> bool:
     """Whether the CUDA pass can run here: a GPU of compute capability >= 8.0 on which the extension builds
     (a failed build is reported once as a warning; the Triton pass is then used)."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
-        return False
-    try:
-        _extension()
-    except Exception as exc:  # noqa: BLE001 - any build failure means: use the Triton pass
-        warnings.warn(f"the certified head's CUDA INT8 pass did not build ({type(exc).__name__}: {exc}); "
-                      "using the Triton pass", RuntimeWarning, stacklevel=2)
-        return False
-    return True
+    return cuda_extension_builds(*_EXTENSION, "the certified head's CUDA INT8 pass", "the Triton pass")
 
 
 def int8_pass_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,

@@ -13,8 +13,6 @@ its v columns, gates and schedule row into shared memory, so the steps wait on n
 
 from __future__ import annotations
 
-import warnings
-from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -26,12 +24,15 @@ LANES_PER_COLUMN = (4, 8, 16, 32)
 DEFAULT_LANES_PER_COLUMN, DEFAULT_WARPS_PER_BLOCK = 8, 8
 
 
+_EXTENSION = ("specpilot_gdn_tree", CSRC, ("binding.cpp", "path_verify_lanes.cu"))
+
+
 def _extension():
     # imported here: the Triton path must import without the package's CUDA helper (an entry vendors this op
     # folder; it vendors ../cuda_extension.py beside it only when it uses this kernel)
     from ..cuda_extension import load_cuda_extension
 
-    return load_cuda_extension("specpilot_gdn_tree", CSRC, ("binding.cpp", "path_verify_lanes.cu"))
+    return load_cuda_extension(*_EXTENSION)
 
 
 def lanes_kernel_applies(q: torch.Tensor, v: torch.Tensor, state_pool: torch.Tensor) -> bool:
@@ -40,19 +41,12 @@ def lanes_kernel_applies(q: torch.Tensor, v: torch.Tensor, state_pool: torch.Ten
             and state_pool.dtype in (torch.float32, torch.bfloat16))
 
 
-@lru_cache(maxsize=None)
 def lanes_kernel_available() -> bool:
     """Whether the CUDA kernel runs here: a GPU of compute capability >= 8.0 (cp.async) on which the extension
     builds. A failed build is reported once as a warning; the Triton kernel is then used."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
-        return False
-    try:
-        _extension()
-    except Exception as exc:  # noqa: BLE001 - any build failure means: use the Triton kernel
-        warnings.warn(f"the GDN tree CUDA kernel did not build ({type(exc).__name__}: {exc}); using the Triton "
-                      "kernel", RuntimeWarning, stacklevel=2)
-        return False
-    return True
+    from ..cuda_extension import cuda_extension_builds
+
+    return cuda_extension_builds(*_EXTENSION, "the GDN tree CUDA kernel", "the Triton kernel")
 
 
 def resolve_lanes(lanes_per_column, q: torch.Tensor, v: torch.Tensor, state_pool: torch.Tensor) -> int | None:
