@@ -14,6 +14,8 @@ import argparse
 import datetime
 import json
 import math
+import os
+import re
 import statistics
 import sys
 import time
@@ -25,7 +27,7 @@ import triton
 
 from cuda_timing import graph_replay_us
 from specpilot_kernels.w12 import encode, w12_gemm
-from specpilot_kernels.w12.configs import GemmConfig
+from specpilot_kernels.w12.configs import GemmConfig, select_config
 from specpilot_kernels.w12.gemm import launch
 from specpilot_kernels.w12.mma import MmaConfig, default_mma_config, select_mma_config, to_mma_layout, w12_mma_gemm
 from specpilot_kernels.w12.reference import gemm_reference
@@ -162,7 +164,7 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
         "mma": (mma_candidates(n, k, sms),
                 lambda cfg, x, y, i, lb: w12_mma_gemm(x, mmas[i], config=cfg, low_bits=lb, out=y)),
     }
-    fixed = {"mma": select_mma_config(n, k, torch.device("cuda"))}
+    fixed = {"triton": select_config(n, k, torch.device("cuda")), "mma": select_mma_config(n, k, torch.device("cuda"))}
 
     def time_variant(variant, cfg, m, low_bits="exact"):
         x = torch.randn(m, k, device="cuda").bfloat16()
@@ -267,6 +269,13 @@ def main() -> None:
     parser.add_argument("--tune", default=None, help="variants to autotune (default: all timed); the others "
                                                      "run their tuned partition on file")
     args = parser.parse_args()
+    for flag, names in (("--variants", args.variants), ("--tune", args.tune or "")):
+        unknown = [v for v in names.split(",") if v and v not in ("triton", "mma")]
+        if unknown:
+            parser.error(f"{flag}: unknown kernel(s) {', '.join(unknown)}; choose from triton, mma")
+    for name in args.shapes.split(","):
+        if name not in SHAPES and not re.fullmatch(r"\d+x\d+", name):
+            parser.error(f"--shapes: {name!r} is neither a named shape ({', '.join(SHAPES)}) nor NxK (e.g. 4096x14336)")
     props = torch.cuda.get_device_properties(0)
     doc = {"benchmark": "w12_gemm_bench", "device": props.name, "sms": props.multi_processor_count,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -297,7 +306,9 @@ def main() -> None:
         for shape in doc["shapes"].values():
             if "mma" in shape["best"]:
                 tuned.setdefault(props.name, {})[f"{shape['N']},{shape['K']}"] = shape["best"]["mma"]
-        args.write_configs.write_text(json.dumps(tuned, indent=1) + "\n")
+        staged = args.write_configs.with_suffix(".json.tmp")  # the configs file is replaced whole, never half-written
+        staged.write_text(json.dumps(tuned, indent=1) + "\n")
+        os.replace(staged, args.write_configs)
     text = json.dumps(doc, indent=1)
     if args.out:
         with open(args.out, "w") as fh:
