@@ -18,7 +18,7 @@ import textwrap
 import pytest
 
 from specpilot_mem.sglang.cpu_import import import_environment, write_torchvision_standin
-from specpilot_mem.sglang.entry_src import sglang_entry_ids, src_files
+from specpilot_mem.sglang.entry_src import sglang_entry_ids, src_files, vendored_sources
 from specpilot_mem.store.records import load_entries
 from specpilot_mem.store.resolver import apply_entries
 
@@ -192,6 +192,19 @@ def test_src_files_are_what_the_entry_puts_in_the_fork(project_entries_home):
         blobs = repo.read_blobs(oids.values())
         for path, source in files.items():
             assert blobs[oids[path]] == source.read_bytes(), f"{entry_id}: {path} differs from its recorded delta"
+
+
+def test_record_src_would_re_vendor_exactly_the_recorded_kernels(project_entries_home, tmp_path):
+    # `record ID --src` re-vendors the op folders and top-level files a record already vendors: with the
+    # library as recorded, that is every pinned file with its pinned bytes, and nothing else (records pin
+    # no package __init__.py)
+    from specpilot_mem.store.kernels import vendor_kernels
+
+    for entry_id, record in load_entries(project_entries_home).items():
+        if not record.kernels:
+            continue
+        pins = vendor_kernels(project_entries_home, tmp_path / entry_id, vendored_sources(record))
+        assert {p: h for p, h in pins.items() if not p.endswith("/__init__.py")} == record.kernels, entry_id
 
 
 def test_every_sglang_entry_requires_options(project_entries_home):

@@ -1,4 +1,7 @@
-"""``specpilot-mem record ID --from REV_OR_WORKTREE``: turn a fork commit or work tree into an entry."""
+"""``specpilot-mem record ID --from REV_OR_WORKTREE``: turn a fork commit or work tree into an entry.
+
+``specpilot-mem record ID --src``: re-record an SGLang entry from ``entries/<id>/src/`` and the current
+kernel library (after a kernel change or an evidence edit), keeping its requirements and metadata."""
 
 from __future__ import annotations
 
@@ -12,8 +15,12 @@ def register(subparsers, common) -> None:
                                    "applied (e.g. `apply A B --worktree PATH`, then edit). Re-recording an existing "
                                    "entry re-verifies every entry that requires it.")
     parser.add_argument("id", metavar="ID")
-    parser.add_argument("--from", dest="source", required=True, metavar="REV_OR_WORKTREE",
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from", dest="source", metavar="REV_OR_WORKTREE",
                         help="a fork revision, or a work tree of the fork (uncommitted changes included)")
+    source.add_argument("--src", action="store_true",
+                        help="rebuild from entries/ID/src/ over its requirements, re-vendoring its kernel folders "
+                             "from kernels/specpilot_kernels/ (record YAML edits such as new evidence first)")
     parser.add_argument("--requires", metavar="A,B", help="comma-separated entry ids (default: the existing record's)")
     parser.add_argument("--meta", metavar="draft.yaml",
                         help="title, summary, contract, options, variants, evidence ... (needed for a new entry)")
@@ -21,11 +28,19 @@ def register(subparsers, common) -> None:
 
 
 def run(args) -> int:
+    from specpilot_mem.errors import SpecPilotError
+    from specpilot_mem.sglang.entry_src import rebuild_entry
     from specpilot_mem.store import record_entry
 
     home = find_home(args.home)
-    requires = None if args.requires is None else [r.strip() for r in args.requires.split(",") if r.strip()]
-    record = record_entry(home, args.id, args.source, requires=requires, meta=args.meta)
+    if args.src:
+        if args.requires is not None or args.meta is not None:
+            raise SpecPilotError("--src keeps the record's requirements and metadata", where="record --src",
+                                 fix="edit entries/<id>/entry.yaml, then run record ID --src alone")
+        record = rebuild_entry(home, args.id)
+    else:
+        requires = None if args.requires is None else [r.strip() for r in args.requires.split(",") if r.strip()]
+        record = record_entry(home, args.id, args.source, requires=requires, meta=args.meta)
 
     def render(data) -> None:
         console.print(table(f"recorded {data['id']}", ["field", "value"], [

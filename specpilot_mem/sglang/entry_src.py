@@ -67,3 +67,24 @@ def build_entry(home: Home, entry_id: str, requires: Sequence[str], meta: str | 
     finally:
         fork.repo.git("worktree", "remove", "--force", str(worktree), check=False)
         shutil.rmtree(worktree.parent, ignore_errors=True)
+
+
+def vendored_sources(record: EntryRecord) -> list[str]:
+    """What ``build_entry`` vendors to rebuild ``record``: each op folder it vendors (whole, so files added
+    to the op since are taken too) and each top-level library file (e.g. ``cuda_extension.py``)."""
+    from specpilot_mem.store.kernels import VENDOR_DIR
+
+    return sorted({path[len(VENDOR_DIR) + 1:].split("/")[0] for path in record.kernels})
+
+
+def rebuild_entry(home: Home, entry_id: str) -> EntryRecord:
+    """Re-record ``entry_id`` from ``entries/<id>/src/`` and the current kernel library, keeping its record's
+    requirements, metadata (evidence included: edit the YAML first) and vendored kernels."""
+    from specpilot_mem.store.record import _STORE_FIELDS
+    from specpilot_mem.store.records import load_entry
+
+    record = load_entry(home, entry_id)
+    src_files(home, entry_id)  # an entry without src/ is refused before any work
+    meta = {k: v for k, v in record.model_dump(mode="json", exclude_none=True).items()
+            if k not in _STORE_FIELDS or k == "id"}
+    return build_entry(home, entry_id, record.requires, meta=meta, kernels=vendored_sources(record))
