@@ -140,8 +140,8 @@ def test_mma_qpass(low_bits):
 
 
 def emulate_kernel_decode(mma):
-    """The kernel's integer decode in torch, register by register (prmt of view and nibble bytes, shift,
-    mask, base and sign adds), placed through the fragment map: int64 BF16 bits [Np, Kp], escapes unpatched."""
+    """The kernel's integer decode in torch, register by register (prmt of view and nibble bytes; mask and
+    shift, sign or base, one add), placed through the fragment map: int64 BF16 bits [Np, Kp], escapes unpatched."""
     words = mma.view.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [T, B, 32, 4]
     nibs = mma.nibbles.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [T, B, 32, 2]
     tiles, blocks = words.shape[:2]
@@ -155,7 +155,7 @@ def emulate_kernel_decode(mma):
             v = (byte(source, 2 * p) | byte(words[..., w], 2 * p) << 8
                  | byte(source, 2 * p + 1) << 16 | byte(words[..., w], 2 * p + 1) << 24)  # prmt 0x1504 / 0x3726
             row_base = base[..., lane // 4 + 8 * p].expand(tiles, blocks, 32) * 0x00800080
-            regs[..., 2 * w + p] = (((v >> 4) & 0x07FF07FF) + row_base + (v & 0x80008000)) & 0xFFFFFFFF
+            regs[..., 2 * w + p] = (((v & 0x7FF07FF0) >> 4) + ((v & 0x80008000) | row_base)) & 0xFFFFFFFF
     halves = torch.stack((regs & 0xFFFF, regs >> 16), dim=-1).view(tiles, blocks, 32, 16)  # byte order i
     rows, cols = mma_module._fragment_index("cpu")
     out = torch.empty(tiles, blocks, 16, 32, dtype=torch.int64)

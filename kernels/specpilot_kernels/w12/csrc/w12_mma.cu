@@ -6,13 +6,14 @@
 // fragments of both k16 steps are 8 consecutive columns of x (MMA k-slot 2t+h+8q of step s is column
 // 8t+4s+2q+h).
 //
-// Decode: five integer operations per pair of weights (two 16-bit lanes of one register; six SASS
-// instructions). One prmt builds V = [view byte | nibble byte] in each lane, the weight's nibble in the high
-// half of its nibble byte (the layout stores two nibbles per byte: one read as is, the other from the word
-// shifted left by 4); then bits = ((V >> 4) & 0x07FF07FF) + (base << 7) + (V & 0x80008000): the shift puts
-// mantissa and exponent offset in place, the mask drops the sign and the neighbouring lane's bits, the add
-// cannot carry out of a lane (base + 15 <= 254). The v5 decode took eight SASS instructions (ncu,
-// docs/w12-notes.md): at one row the kernel is bound by instruction issue, not by the bytes.
+// Decode: four SASS instructions per pair of weights (two 16-bit lanes of one register). One prmt builds
+// V = [view byte | nibble byte] in each lane, the weight's nibble in the high half of its nibble byte (the
+// layout stores two nibbles per byte: one read as is, the other from the word shifted left by 4); then
+// bits = ((V & 0x7FF07FF0) >> 4) + ((V & 0x80008000) | (base << 7)): the mask drops the sign and the
+// neighbouring lane's bits, the shift puts mantissa and exponent offset in place, sign and base fill disjoint
+// bits (one LOP3), and the shift-and-add is one LEA.HI; the add cannot carry out of a lane (base + 15 <= 254).
+// v5's decode took eight instructions, v7's six (ncu, docs/w12-notes.md): at one row each warp's
+// instruction stream, not the bytes, sets the pace.
 //
 // Escapes of a (16-row, 128-column) chunk are patched into the owning lane's register before the MMA; a
 // warp keeps a window of 32 of its tile's escapes in registers (one per lane) and finds a chunk's by ballot.
@@ -45,7 +46,8 @@ __device__ __forceinline__ uint32_t permute_bytes(uint32_t a, uint32_t b, uint32
 template <int P>
 __device__ __forceinline__ uint32_t decode_pair(uint32_t view, uint32_t nibs, uint32_t base2) {
   const uint32_t v = permute_bytes(view, nibs, P == 0 ? 0x1504u : 0x3726u);
-  return ((v >> 4) & 0x07FF07FFu) + base2 + (v & 0x80008000u);
+  // sign and base << 7 occupy disjoint bits (one LOP3); the masked shift and the add are one LEA.HI
+  return ((v & 0x7FF07FF0u) >> 4) + ((v & 0x80008000u) | base2);
 }
 
 // The Q pass reads the view as E4M3 with zero low bits (truncated) or 8 (midpoint): view bytes s.0000.000
@@ -123,9 +125,16 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     const uint2* nibs = reinterpret_cast<const uint2*>(args.nibbles) + (size_t)tile * kblocks * 32 + lane;
     const int first = blockIdx.y * args.chunks_per_split + warp_k;
     const int last = min((int)(blockIdx.y + 1) * args.chunks_per_split, chunks);
+    // Running pointers (one 64-bit add per chunk; block offsets are immediates): weights of the next chunk to
+    // load and, up to two token tiles, activations of the current one (above that, recomputing the activation
+    // addresses from the chunk costs fewer registers: 163 instead of 179 with four tiles).
+    constexpr bool kRunningX = MT <= 2;
     const __nv_bfloat16* x_rows[MT];
 #pragma unroll
-    for (int j = 0; j < MT; ++j) x_rows[j] = args.x + (size_t)min(j * 8 + g, args.m - 1) * args.ldx;
+    for (int j = 0; j < MT; ++j) x_rows[j] = args.x + (size_t)min(j * 8 + g, args.m - 1) * args.ldx + (kRunningX ? first * 128 + 8 * t : 0);
+    const size_t chunk_step = (size_t)args.warps_k * kBlocksPerChunk * 32;  // fragments of one chunk, per lane
+    const uint4* view_next = view + (size_t)first * kBlocksPerChunk * 32;
+    const uint2* nibs_next = nibs + (size_t)first * kBlocksPerChunk * 32;
 
     // Escape window: lane i holds escape win + i of this tile's range (sorted by chunk, block, position).
     const int e_lo = args.esc_ptr[tile * chunks + min(first, chunks)];
@@ -143,22 +152,23 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     // this one is decoded and multiplied.
     uint4 v_next[kBlocksPerChunk];
     uint2 n_next[kBlocksPerChunk];
-    auto load_chunk = [&](int chunk) {
+    auto load_chunk = [&]() {
 #pragma unroll
       for (int u = 0; u < kBlocksPerChunk; ++u) {
-        const size_t off = (size_t)(chunk * kBlocksPerChunk + u) * 32;
         asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                      : "=r"(v_next[u].x), "=r"(v_next[u].y), "=r"(v_next[u].z), "=r"(v_next[u].w)
-                     : "l"(view + off));
+                     : "l"(view_next + u * 32));
         if (LOW_BITS == 0) {
           asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
-                       : "=r"(n_next[u].x), "=r"(n_next[u].y) : "l"(nibs + off));
+                       : "=r"(n_next[u].x), "=r"(n_next[u].y) : "l"(nibs_next + u * 32));
         } else {
           n_next[u] = make_uint2(0, 0);
         }
       }
+      view_next += chunk_step;
+      nibs_next += chunk_step;
     };
-    if (first < last) load_chunk(first);
+    if (first < last) load_chunk();
     for (int chunk = first; chunk < last; chunk += args.warps_k) {
       uint4 v[kBlocksPerChunk];
       uint2 nb[kBlocksPerChunk];
@@ -167,7 +177,7 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
         v[u] = v_next[u];
         nb[u] = n_next[u];
       }
-      if (chunk + args.warps_k < last) load_chunk(chunk + args.warps_k);
+      if (chunk + args.warps_k < last) load_chunk();
       // activations of this chunk: one 16-byte load per token row and 32-column block. Lanes past the last
       // row read it again: their MMA columns are outputs that are never stored (no predicates, no zeroing).
       uint4 xv[kBlocksPerChunk][MT];
@@ -175,7 +185,11 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
       for (int u = 0; u < kBlocksPerChunk; ++u)
 #pragma unroll
         for (int j = 0; j < MT; ++j)
-          xv[u][j] = __ldg(reinterpret_cast<const uint4*>(x_rows[j] + (chunk * kBlocksPerChunk + u) * 32 + 8 * t));
+          xv[u][j] = __ldg(reinterpret_cast<const uint4*>(x_rows[j] + (kRunningX ? u * 32 : (chunk * kBlocksPerChunk + u) * 32 + 8 * t)));
+      if (kRunningX) {
+#pragma unroll
+        for (int j = 0; j < MT; ++j) x_rows[j] += args.warps_k * 128;
+      }
 
       uint32_t a[kBlocksPerChunk][8];
 #pragma unroll
