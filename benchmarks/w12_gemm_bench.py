@@ -82,7 +82,9 @@ def mma_candidates(n: int, k: int, sms: int) -> list[MmaConfig]:
     """mma.sync partitions with at least 2 warps of work per multiprocessor (runtime parameters: no rebuild)."""
     tiles, chunks = -(-n // 16), -(-k // 128)
     out = []
-    for warps_n, warps_k in ((8, 1), (4, 1), (2, 1), (4, 2), (2, 2), (2, 4), (1, 4), (1, 8)):  # <= 8 warps per block
+    # odd warps_k too: e.g. 640 tiles x 3 warps = 14.5 warps per multiprocessor fill one wave on 132 of them
+    pairs = [(n, k) for n in (8, 4, 2, 1) for k in (1, 2, 3, 4, 5, 6, 8) if n * k <= 16]
+    for warps_n, warps_k in pairs:
         for splits in (1, 2, 4, 8):
             warps = tiles * warps_k * splits
             needless_split = splits > 1 and tiles * warps_k >= 16 * sms  # the tiles alone fill the GPU
