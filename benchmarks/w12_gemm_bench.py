@@ -19,7 +19,7 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -38,7 +38,8 @@ PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
 ROWS = (1, 2, 4, 8, 16, 32, 48, 64)
 L2_BYTES = 60 * 2**20
 REPLAYS = 15
-TUNE_ROWS = {1: 3, 8: 1, 16: 1, 32: 1}  # rows timed while tuning (1 stands for the ring kernel's 1-4), weights
+TUNE_ROWS = {1: 3, 8: 1, 16: 1, 32: 1}  # rows timed while tuning (1 stands for 1-4 rows), weights
+HALF_BASES = 6  # the best mma partitions also timed at 32 rows with half-chunk steps
 
 
 def log(*args):
@@ -111,8 +112,9 @@ def correctness(sms: int, variants) -> dict:
     mma = to_mma_layout(w12)
     kernels = [(f"triton_bn{c.block_n}_s{c.splits}_asm{int(c.use_asm)}", lambda x, c=c: w12_gemm(x, w12, config=c))
                for c in (GemmConfig(64, 2, 4, 3, True), GemmConfig(64, 2, 4, 3, False), GemmConfig(128, 1, 4, 3, True))]
-    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}", lambda x, c=c: w12_mma_gemm(x, mma, config=c))
-                for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2))]
+    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}{'_half' if c.half_steps else ''}",
+                 lambda x, c=c: w12_mma_gemm(x, mma, config=c))
+                for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(1, 5, 1, True))]
     for key, gemm in kernels:
         if key.split("_")[0] not in variants:
             continue
@@ -183,11 +185,13 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
     # then serves every row count
     tune, best = [], {}
 
-    def try_config(variant, cfg):
+    def try_config(variant, cfg, same_below_17=None):
+        """Time cfg at TUNE_ROWS; same_below_17: an entry whose kernel up to 16 rows is cfg's (its times reused)."""
         entry = {"variant": variant, **asdict(cfg)}
         try:
             for m in TUNE_ROWS:
-                entry[f"t{m}_us"] = time_variant(variant, cfg, m) * 1e6
+                entry[f"t{m}_us"] = (same_below_17[f"t{m}_us"] if same_below_17 and m <= 16
+                                     else time_variant(variant, cfg, m) * 1e6)
             entry["score"] = math.exp(sum(w * math.log(entry[f"t{m}_us"]) for m, w in TUNE_ROWS.items())
                                       / sum(TUNE_ROWS.values()))
             if variant not in best or entry["score"] < best[variant][1]["score"]:
@@ -205,6 +209,11 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
             continue
         for cfg in configs[:3] if quick else configs:
             try_config(variant, cfg)
+        if variant == "mma":  # 17-32 rows in half-chunk steps, for the best partitions
+            bases = sorted((e for e in tune if e["variant"] == "mma" and "score" in e), key=lambda e: e["score"])
+            for base in bases[:1 if quick else HALF_BASES]:
+                cfg = MmaConfig(base["warps_n"], base["warps_k"], base["splits"], half_steps=True)
+                try_config(variant, cfg, same_below_17=base)
     if "triton" in best:  # which MMA instruction the tuned Triton kernel uses
         x = torch.randn(16, k, device="cuda").bfloat16()
         y = torch.empty(16, n, device="cuda", dtype=torch.bfloat16)
@@ -225,6 +234,9 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
             row[f"{variant}_speedup"] = cub / t
             if m in (1, 16):
                 row[f"{variant}_qpass_midpoint_us"] = time_variant(variant, cfg, m, "midpoint") * 1e6
+            if variant == "mma" and 16 < m <= 32:  # the other step size, same partition, same run
+                other = replace(cfg, half_steps=not cfg.half_steps)
+                row["mma_half_steps_us" if other.half_steps else "mma_whole_steps_us"] = time_variant(variant, other, m) * 1e6
         rows.append(row)
         log(name, row)
     result["best"] = {v: asdict(c) for v, (c, _) in best.items()}

@@ -15,6 +15,8 @@ from specpilot_kernels.w12.mma import (
 from specpilot_kernels.w12.reference import gemm_reference, qpass_weight_reference
 
 CONFIGS = [MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2)]
+# the same K partitions stepping through half chunks at 17-32 rows (K = 1536: 12 chunks, odd and even counts a warp)
+HALF_CONFIGS = [MmaConfig(4, 1, 1, True), MmaConfig(2, 4, 3, True), MmaConfig(1, 5, 1, True)]
 
 
 def weight(n=200, k=300, seed=0, device="cpu"):
@@ -60,14 +62,14 @@ def test_escapes_are_bucketed_by_16_row_tile_and_128_column_chunk():
 
 
 def test_partition_reads_n_k_and_multiprocessors_only():
-    # the v7 sweeps' best on the H200 (132 multiprocessors), or within 3.6% of it
-    assert default_mma_config(10240, 5120, sms=132) == MmaConfig(2, 2, 1)
+    # the v11 sweeps' best on the H200 (132 multiprocessors), or within 5% of it
+    assert default_mma_config(10240, 5120, sms=132) == MmaConfig(1, 3, 1, half_steps=True)
     assert default_mma_config(34816, 5120, sms=132) == MmaConfig(1, 4, 1)
     assert default_mma_config(248320, 5120, sms=132) == MmaConfig(4, 1, 1)
-    assert default_mma_config(5120, 8192, sms=132) == MmaConfig(1, 4, 1)
-    assert default_mma_config(4096, 14336, sms=132) == MmaConfig(1, 8, 1)
+    assert default_mma_config(5120, 8192, sms=132) == MmaConfig(1, 5, 1, half_steps=True)
+    assert default_mma_config(4096, 14336, sms=132) == MmaConfig(1, 8, 1, half_steps=True)
     assert default_mma_config(24576, 4096, sms=132) == MmaConfig(1, 4, 1)
-    assert default_mma_config(5120, 8192, sms=66) == MmaConfig(2, 2, 1)  # fewer multiprocessors: more tiles each
+    assert default_mma_config(5120, 8192, sms=66) == MmaConfig(1, 3, 1, half_steps=True)  # fewer multiprocessors
     assert MmaConfig(splits=3).chunks_per_split(8192) == 22  # 64 chunks in 3 splits of 22, 22, 20
 
 
@@ -113,6 +115,32 @@ def test_mma_row_bits_do_not_depend_on_row_count():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", HALF_CONFIGS, ids=str)
+def test_mma_half_chunk_steps_give_the_same_bits(config):
+    w = weight(n=1000, k=1536, device="cuda")
+    w[480:496, 256:900] = 0.0  # chunks with more escapes than a window, in both halves
+    mma = to_mma_layout(encode(w))
+    whole = MmaConfig(config.warps_n, config.warps_k, config.splits)
+    x = torch.randn(32, 1536, device="cuda").bfloat16()
+    for rows in (17, 24, 32):
+        half = w12_mma_gemm(x[:rows], mma, config=config)
+        assert torch.equal(half.view(torch.int16), w12_mma_gemm(x[:rows], mma, config=whole).view(torch.int16)), rows
+    for low_bits in ("truncated", "midpoint"):
+        assert torch.equal(w12_mma_gemm(x, mma, config=config, low_bits=low_bits).view(torch.int16),
+                           w12_mma_gemm(x, mma, config=whole, low_bits=low_bits).view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_mma_blocks_with_more_warps_than_registers_allow_still_run():
+    # 16 warps of the four-token-tile kernel need more than 64K registers: the launch halves the tiles a block
+    mma = to_mma_layout(encode(weight(n=1000, k=1536, device="cuda")))
+    x = torch.randn(64, 1536, device="cuda").bfloat16()
+    for rows in (32, 64):
+        wide = w12_mma_gemm(x[:rows], mma, config=MmaConfig(8, 2, 1))
+        assert torch.equal(wide.view(torch.int16), w12_mma_gemm(x[:rows], mma, config=MmaConfig(1, 2, 1)).view(torch.int16))
+
+
+@pytest.mark.gpu
 def test_mma_chunks_with_more_escapes_than_a_window():
     w = weight(n=1000, k=1536, device="cuda")
     w[480:496, 256:900] = 0.0  # one 16-row tile of zeros: hundreds of escapes per 128-column chunk
@@ -121,7 +149,7 @@ def test_mma_chunks_with_more_escapes_than_a_window():
     cols = torch.arange(250, 890, 20, device="cuda")  # through the zero tile's columns
     onehot = torch.eye(1536, device="cuda", dtype=torch.bfloat16)[cols]
     expected = (w[:, cols].t().float() + 0.0).bfloat16()
-    for config in CONFIGS:
+    for config in CONFIGS + HALF_CONFIGS:
         assert torch.equal(w12_mma_gemm(onehot, mma, config=config).view(torch.int16), expected.view(torch.int16))
         for r0 in range(0, 32, 4):
             y = w12_mma_gemm(onehot[r0:r0 + 4], mma, config=config).view(torch.int16)

@@ -18,8 +18,8 @@
 // Escapes of a (16-row, 128-column) chunk are patched into the owning lane's register before the MMA; a
 // warp keeps a window of 32 of its tile's escapes in registers (one per lane) and finds a chunk's by ballot.
 //
-// Each warp holds its next chunk in registers while it decodes and multiplies the current one, and reads
-// activations through L1 (shared by the warps of a multiprocessor). The partition is fixed by (N, K, GPU),
+// Each warp holds its next chunk (or half chunk: `half_steps`) in registers while it decodes and multiplies
+// the current one, and reads activations through L1 (shared by the warps of a multiprocessor). The partition is fixed by (N, K, GPU),
 // never by M: a warp owns one 16-row tile and an interleaved set of its 128-column chunks; warps of one
 // tile reduce through shared memory in warp order, K splits through a workspace summed in split order. No
 // atomics: a row's bits are the same at every row count.
@@ -102,7 +102,7 @@ __device__ __forceinline__ void decode_block(uint32_t (&a)[8], uint4 view, uint2
   }
 }
 
-template <int MT, int LOW_BITS>
+template <int MT, int LOW_BITS, bool HALF_STEPS>
 __global__ void w12_mma_kernel(W12MmaArgs args) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -125,14 +125,20 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     const uint2* nibs = reinterpret_cast<const uint2*>(args.nibbles) + (size_t)tile * kblocks * 32 + lane;
     const int first = blockIdx.y * args.chunks_per_split + warp_k;
     const int last = min((int)(blockIdx.y + 1) * args.chunks_per_split, chunks);
-    // Running pointers (one 64-bit add per chunk; block offsets are immediates): weights of the next chunk to
+    // A warp works in steps of kBlocks 32-column blocks: a whole chunk, or half of one (HALF_STEPS, four token
+    // tiles: a whole chunk's activations take 64 of 163 registers, so 12 warps fit a multiprocessor; in halves
+    // 128 registers, 16 warps, at ~11% more instructions). Steps run in the chunk's block order, so every
+    // accumulator sums in the same order either way and at every row count.
+    constexpr int kBlocks = HALF_STEPS ? 2 : kBlocksPerChunk;
+    constexpr int kStepsPerChunk = kBlocksPerChunk / kBlocks;
+    constexpr int kKeyShift = kStepsPerChunk == 1 ? 11 : 10;  // escape loc >> shift: chunk, or chunk and half
+    // Running pointers (one 64-bit add per step; block offsets are immediates): weights of the next step to
     // load and, up to two token tiles, activations of the current one (above that, recomputing the activation
-    // addresses from the chunk costs fewer registers: 163 instead of 179 with four tiles).
-    constexpr bool kRunningX = MT <= 2;
+    // addresses costs fewer registers).
+    constexpr bool kRunningX = MT <= 2 && !HALF_STEPS;
     const __nv_bfloat16* x_rows[MT];
 #pragma unroll
     for (int j = 0; j < MT; ++j) x_rows[j] = args.x + (size_t)min(j * 8 + g, args.m - 1) * args.ldx + (kRunningX ? first * 128 + 8 * t : 0);
-    const size_t chunk_step = (size_t)args.warps_k * kBlocksPerChunk * 32;  // fragments of one chunk, per lane
     const uint4* view_next = view + (size_t)first * kBlocksPerChunk * 32;
     const uint2* nibs_next = nibs + (size_t)first * kBlocksPerChunk * 32;
 
@@ -148,13 +154,14 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     };
     if (LOW_BITS == 0) load_window();
 
-    // Weights are read once: no L1 allocation, so L1 keeps the activations. The next chunk loads while
-    // this one is decoded and multiplied.
-    uint4 v_next[kBlocksPerChunk];
-    uint2 n_next[kBlocksPerChunk];
-    auto load_chunk = [&]() {
+    // Weights are read once: no L1 allocation, so L1 keeps the activations. The next step loads while this
+    // one is decoded and multiplied.
+    uint4 v_next[kBlocks];
+    uint2 n_next[kBlocks];
+    int load_half = 0;  // which half of its chunk the next load is (half-chunk steps)
+    auto load_step = [&]() {
 #pragma unroll
-      for (int u = 0; u < kBlocksPerChunk; ++u) {
+      for (int u = 0; u < kBlocks; ++u) {
         asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                      : "=r"(v_next[u].x), "=r"(v_next[u].y), "=r"(v_next[u].z), "=r"(v_next[u].w)
                      : "l"(view_next + u * 32));
@@ -165,66 +172,76 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
           n_next[u] = make_uint2(0, 0);
         }
       }
-      view_next += chunk_step;
-      nibs_next += chunk_step;
+      // to the chunk's other half, or to the first blocks of the warp's next chunk
+      const size_t advance = kStepsPerChunk == 1 || load_half == 1
+                                 ? (size_t)(args.warps_k * kBlocksPerChunk - (kStepsPerChunk - 1) * kBlocks) * 32
+                                 : (size_t)kBlocks * 32;
+      view_next += advance;
+      nibs_next += advance;
+      load_half ^= kStepsPerChunk - 1;
     };
-    if (first < last) load_chunk();
+    if (first < last) load_step();
     for (int chunk = first; chunk < last; chunk += args.warps_k) {
-      uint4 v[kBlocksPerChunk];
-      uint2 nb[kBlocksPerChunk];
 #pragma unroll
-      for (int u = 0; u < kBlocksPerChunk; ++u) {
-        v[u] = v_next[u];
-        nb[u] = n_next[u];
-      }
-      if (chunk + args.warps_k < last) load_chunk();
-      // activations of this chunk: one 16-byte load per token row and 32-column block. Lanes past the last
-      // row read it again: their MMA columns are outputs that are never stored (no predicates, no zeroing).
-      uint4 xv[kBlocksPerChunk][MT];
+      for (int half = 0; half < kStepsPerChunk; ++half) {
+        uint4 v[kBlocks];
+        uint2 nb[kBlocks];
 #pragma unroll
-      for (int u = 0; u < kBlocksPerChunk; ++u)
-#pragma unroll
-        for (int j = 0; j < MT; ++j)
-          xv[u][j] = __ldg(reinterpret_cast<const uint4*>(x_rows[j] + (kRunningX ? u * 32 : (chunk * kBlocksPerChunk + u) * 32 + 8 * t)));
-      if (kRunningX) {
-#pragma unroll
-        for (int j = 0; j < MT; ++j) x_rows[j] += args.warps_k * 128;
-      }
-
-      uint32_t a[kBlocksPerChunk][8];
-#pragma unroll
-      for (int u = 0; u < kBlocksPerChunk; ++u) decode_block<LOW_BITS>(a[u], v[u], nb[u], base_lo, base_hi);
-      if (LOW_BITS == 0) {
-        while (true) {
-          uint32_t hits = __ballot_sync(0xFFFFFFFFu, (my_loc >> 11) == uint32_t(chunk));
-          while (hits) {
-            const int src = __ffs(hits) - 1;
-            hits &= hits - 1;
-            const uint32_t loc = __shfl_sync(0xFFFFFFFFu, my_loc, src);
-            const uint32_t value = __shfl_sync(0xFFFFFFFFu, my_val, src);
-            const int u = (loc >> 9) & 3;
-#pragma unroll
-            for (int uu = 0; uu < kBlocksPerChunk; ++uu)
-              if (uu == u) patch_escape(a[uu], lane, loc, value);
-          }
-          // the window is spent once its last escape is at or before this chunk: slide it (rare)
-          const uint32_t last_loc = __shfl_sync(0xFFFFFFFFu, my_loc, 31);
-          if (win + 32 < e_hi && (last_loc >> 11) <= uint32_t(chunk)) {
-            win += 32;
-            load_window();
-            continue;
-          }
-          break;
+        for (int u = 0; u < kBlocks; ++u) {
+          v[u] = v_next[u];
+          nb[u] = n_next[u];
         }
-      }
+        if (half + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
+        // activations of this step: one 16-byte load per token row and 32-column block. Lanes past the last
+        // row read it again: their MMA columns are outputs that are never stored (no predicates, no zeroing).
+        uint4 xv[kBlocks][MT];
 #pragma unroll
-      for (int u = 0; u < kBlocksPerChunk; ++u) {
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          const uint32_t frag[4] = {a[u][4 * s], a[u][4 * s + 1], a[u][4 * s + 2], a[u][4 * s + 3]};
+        for (int u = 0; u < kBlocks; ++u)
 #pragma unroll
           for (int j = 0; j < MT; ++j)
-            mma_bf16(acc[j], frag, s ? xv[u][j].z : xv[u][j].x, s ? xv[u][j].w : xv[u][j].y);
+            xv[u][j] = __ldg(reinterpret_cast<const uint4*>(
+                x_rows[j] + (kRunningX ? u * 32 : (chunk * kBlocksPerChunk + half * kBlocks + u) * 32 + 8 * t)));
+        if (kRunningX) {
+#pragma unroll
+          for (int j = 0; j < MT; ++j) x_rows[j] += args.warps_k * 128;
+        }
+
+        uint32_t a[kBlocks][8];
+#pragma unroll
+        for (int u = 0; u < kBlocks; ++u) decode_block<LOW_BITS>(a[u], v[u], nb[u], base_lo, base_hi);
+        if (LOW_BITS == 0) {
+          const uint32_t key = uint32_t(chunk * kStepsPerChunk + half);
+          while (true) {
+            uint32_t hits = __ballot_sync(0xFFFFFFFFu, (my_loc >> kKeyShift) == key);
+            while (hits) {
+              const int src = __ffs(hits) - 1;
+              hits &= hits - 1;
+              const uint32_t loc = __shfl_sync(0xFFFFFFFFu, my_loc, src);
+              const uint32_t value = __shfl_sync(0xFFFFFFFFu, my_val, src);
+              const int u = ((loc >> 9) & 3) - half * kBlocks;
+#pragma unroll
+              for (int uu = 0; uu < kBlocks; ++uu)
+                if (uu == u) patch_escape(a[uu], lane, loc, value);
+            }
+            // the window is spent once its last escape is at or before this step: slide it (rare)
+            const uint32_t last_loc = __shfl_sync(0xFFFFFFFFu, my_loc, 31);
+            if (win + 32 < e_hi && (last_loc >> kKeyShift) <= key) {
+              win += 32;
+              load_window();
+              continue;
+            }
+            break;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBlocks; ++u) {
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            const uint32_t frag[4] = {a[u][4 * s], a[u][4 * s + 1], a[u][4 * s + 2], a[u][4 * s + 3]};
+#pragma unroll
+            for (int j = 0; j < MT; ++j)
+              mma_bf16(acc[j], frag, s ? xv[u][j].z : xv[u][j].x, s ? xv[u][j].w : xv[u][j].y);
+          }
         }
       }
     }
@@ -265,17 +282,25 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
   }
 }
 
-template <int MT, int LOW_BITS>
+template <int MT, int LOW_BITS, bool HALF_STEPS = false>
 cudaError_t launch(const W12MmaArgs& args, cudaStream_t stream) {
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
   dim3 grid((tiles + args.warps_n - 1) / args.warps_n, (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
   dim3 block(32 * args.warps_n * args.warps_k);
   const size_t smem = args.warps_k > 1 ? (size_t)block.x * MT * 4 * sizeof(float) : 0;
-  auto kernel = w12_mma_kernel<MT, LOW_BITS>;
+  auto kernel = w12_mma_kernel<MT, LOW_BITS, HALF_STEPS>;
   if (smem > 48 * 1024) {  // the in-block reduction of 16 warps x 64 rows needs 64 KB (sm_120 allows 99 KB)
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
+  }
+  int resident = 0;
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, block.x, smem);
+  if (err != cudaSuccess) return err;
+  if (resident == 0 && args.warps_n > 1) {  // registers for fewer warps than the block: fewer tiles a block
+    W12MmaArgs fewer = args;                // (which tiles share a block changes no bit)
+    fewer.warps_n = args.warps_n / 2;
+    return launch<MT, LOW_BITS, HALF_STEPS>(fewer, stream);
   }
   kernel<<<grid, block, smem, stream>>>(args);
   return cudaGetLastError();
@@ -286,7 +311,7 @@ cudaError_t launch_rows(const W12MmaArgs& args, cudaStream_t stream) {
   // Token tiles of 8: 1, 2, 4 or 8 (up to 64 rows); each tile's MMA is independent of the others.
   if (args.m <= 8) return launch<1, LOW_BITS>(args, stream);
   if (args.m <= 16) return launch<2, LOW_BITS>(args, stream);
-  if (args.m <= 32) return launch<4, LOW_BITS>(args, stream);
+  if (args.m <= 32) return args.half_steps ? launch<4, LOW_BITS, true>(args, stream) : launch<4, LOW_BITS>(args, stream);
   return launch<8, LOW_BITS>(args, stream);
 }
 

@@ -16,6 +16,7 @@ struct W12MmaArgs {
   __nv_bfloat16* y;        // [m][n] when K is not split
   int m, n, k, ldx, n_padded, k_padded;
   int warps_n, warps_k, chunks_per_split;  // the partition (from N, K and the GPU, never from m)
+  int half_steps;  // 17-32 rows: warps step through half chunks (fewer registers; changes no bit)
 };
 
 // cudaErrorInvalidValue: m outside 1..64 or more than 16 warps per block.
