@@ -40,6 +40,7 @@ L2_BYTES = 60 * 2**20
 REPLAYS = 15
 TUNE_ROWS = {1: 3, 8: 1, 16: 1, 32: 1}  # rows timed while tuning (1 stands for 1-4 rows), weights
 HALF_BASES = 6  # the best mma partitions also timed at 32 rows with half-chunk steps
+FINALISTS = 4  # the best partitions re-timed side by side (row by row) before one is chosen: sweep timings drift
 
 
 def log(*args):
@@ -185,6 +186,10 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
     # then serves every row count
     tune, best = [], {}
 
+    def config_of(entry):
+        kind = GemmConfig if entry["variant"] == "triton" else MmaConfig
+        return kind(**{f: entry[f] for f in kind.__dataclass_fields__})
+
     def try_config(variant, cfg, same_below_17=None):
         """Time cfg at TUNE_ROWS; same_below_17: an entry whose kernel up to 16 rows is cfg's (its times reused)."""
         entry = {"variant": variant, **asdict(cfg)}
@@ -214,6 +219,20 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
             for base in bases[:1 if quick else HALF_BASES]:
                 cfg = MmaConfig(base["warps_n"], base["warps_k"], base["splits"], half_steps=True)
                 try_config(variant, cfg, same_below_17=base)
+        ranked = sorted((e for e in tune if e["variant"] == variant and "score" in e), key=lambda e: e["score"])
+        finalists = list(dict.fromkeys(config_of(e) for e in ranked))[:FINALISTS]  # distinct, best first
+        if len(finalists) > 1:
+            times = {i: {} for i in range(len(finalists))}
+            for m in TUNE_ROWS:  # each row count timed for every finalist back to back
+                for i, cfg in enumerate(finalists):
+                    times[i][m] = time_variant(variant, cfg, m) * 1e6
+            scores = [math.exp(sum(w * math.log(times[i][m]) for m, w in TUNE_ROWS.items()) / sum(TUNE_ROWS.values()))
+                      for i in range(len(finalists))]
+            result.setdefault("finalists", {})[variant] = [
+                {**asdict(cfg), **{f"t{m}_us": t for m, t in times[i].items()}, "score": scores[i]}
+                for i, cfg in enumerate(finalists)]
+            i = min(range(len(finalists)), key=scores.__getitem__)
+            best[variant] = (finalists[i], result["finalists"][variant][i])
     if "triton" in best:  # which MMA instruction the tuned Triton kernel uses
         x = torch.randn(16, k, device="cuda").bfloat16()
         y = torch.empty(16, n, device="cuda", dtype=torch.bfloat16)
