@@ -31,17 +31,16 @@ from specpilot_kernels.certified_head.adversarial import adversarial_head, adver
 from specpilot_kernels.certified_head.cuda_pass import CudaPassConfig, cuda_pass_available
 from specpilot_kernels.certified_head.head import interpreting, uses_cuda_pass
 from specpilot_kernels.certified_head.reference import accumulation_gamma
-from specpilot_kernels.certified_head.rescore import (EXACT_BLOCK_S, EXACT_NUM_WARPS, exact_block_k,
-                                                      _finalize_kernel, _rescore_kernel)
+from specpilot_kernels.certified_head.rescore import exact_k_splits, rescore
 
 VOCAB, HIDDEN = 248320, 5120
 ROW_COUNTS = (1, 2, 4, 8, 16, 32)
 TILES = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
          for bn, bk, w, s in ((64, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4), (32, 128, 4, 4))]
-CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, xs)
-                for t, wpb, st, wps, xs in (
-                    (2, 8, 3, 16, True), (1, 8, 3, 16, True), (2, 8, 4, 16, True), (2, 8, 5, 16, True),
-                    (2, 4, 4, 16, True), (2, 8, 3, 16, False), (1, 4, 4, 24, False))]
+CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, xs, cpb)
+                for t, wpb, st, wps, xs, cpb in (
+                    (2, 8, 3, 16, True, 8), (2, 8, 3, 16, True, 1), (2, 8, 3, 16, True, 4), (1, 8, 3, 16, True, 8),
+                    (2, 8, 4, 16, True, 4))]
 
 
 def read_bandwidth() -> float:
@@ -68,15 +67,7 @@ def exact_argmax_prefiltered(x: torch.Tensor, weight: torch.Tensor, row_norms: t
     order[row, torch.arange(row.numel(), device=x.device) - starts[row]] = col.to(torch.int32)
     upper = torch.zeros((M, cap), dtype=torch.float32, device=x.device)
     best_lower = torch.full((M,), float("-inf"), device=x.device)
-    part_val = torch.empty((M, 1), dtype=torch.float32, device=x.device)
-    part_idx = torch.empty((M, 1), dtype=torch.int32, device=x.device)
-    tokens = torch.empty(M, dtype=torch.int64, device=x.device)
-    _rescore_kernel[(M, 1)](x, weight, best_lower, counts, order, upper, part_val, part_idx, K=K, CAP=cap, G=1,
-                            BS=EXACT_BLOCK_S, BLOCK_K=exact_block_k(K), DOT_FP32=interpreting(),
-                            num_warps=EXACT_NUM_WARPS)
-    _finalize_kernel[(1,)](part_val, part_idx, counts, tokens, M, CAP=cap, G=1,
-                           BLOCK_M=triton.next_power_of_2(M))
-    return tokens
+    return rescore(x, weight, best_lower, counts, order, upper, programs=1, dot_fp32=interpreting())
 
 
 def property_check(head, pairs, rows: int, gen: torch.Generator, chunk: int = 1024) -> dict:
@@ -138,42 +129,34 @@ def tune_cuda(heads, gen, copies: int) -> tuple[dict, dict]:
         best[m] = min(timings, key=lambda t: t[0])[1]
         timings_out[m] = [{"us": us, **vars(config)} for us, config in timings]
         print(f"M={m} CUDA: " + ", ".join(f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}x{c.warps_per_sm}"
-                                          f"{'X' if c.shared_activations else ''} {us:.0f} us" for us, c in timings),
+                                          f"{'X' if c.shared_activations else ''}b{c.chunks_per_barrier} {us:.0f} us"
+                                          for us, c in timings),
               file=sys.stderr, flush=True)
     return best, timings_out
 
 
-RESCORE_TILES = [(32, 256, 4, 64), (32, 256, 4, 32), (32, 256, 8, 64), (64, 256, 4, 32), (16, 256, 4, 64),
-                 (32, 512, 4, 32)]  # (candidates per block, K slice, warps, programs per row)
+RESCORE_TILES = [(1, 32, 256, 4, 64), (1, 32, 256, 4, 32), (1, 64, 256, 4, 32), (2, 32, 256, 4, 32),
+                 (4, 32, 256, 4, 16), (4, 32, 256, 4, 64), (5, 32, 256, 4, 16), (4, 16, 256, 4, 32),
+                 (2, 32, 512, 4, 32)]  # (K splits, candidates per block, K slice, warps, programs per row)
 
 
 def tune_rescore(heads, gen, copies: int) -> dict:
     """Rescore + finalize alone by CUDA-graph replay on the candidate lists of one INT8 pass per copy, for
-    other (block, K slice) shapes: which would shorten the rescore's serial K loop (the exact head must
-    change with it: both use the same constants)."""
+    other summation orders (K splits, K slice: the exact head changes with them) and tilings."""
     out = {}
-    for m in (1, 8, 32):
+    for m in (1, 8, 16, 32):
         xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
         lists = [int8_pass(xs[i], heads[i]) for i in range(copies)]
         timings = []
-        for bs, bk, warps, programs in RESCORE_TILES:
-            part_val = torch.empty((m, programs), dtype=torch.float32, device="cuda")
-            part_idx = torch.empty((m, programs), dtype=torch.int32, device="cuda")
-            tokens = torch.empty(m, dtype=torch.int64, device="cuda")
-
-            def rescore(i):
-                best_lower, count, cand_idx, cand_upper = lists[i]
-                _rescore_kernel[(m, programs)](xs[i], heads[i].weight, best_lower, count, cand_idx, cand_upper,
-                                               part_val, part_idx, K=HIDDEN, CAP=cand_idx.shape[1], G=programs,
-                                               BS=bs, BLOCK_K=bk, DOT_FP32=False, num_warps=warps)
-                _finalize_kernel[(1,)](part_val, part_idx, count, tokens, m, CAP=cand_idx.shape[1], G=programs,
-                                       BLOCK_M=max(16, triton.next_power_of_2(m)))
+        for splits, bs, bk, warps, programs in RESCORE_TILES:
+            shape = {"k_splits": splits, "block_s": bs, "block_k": bk, "num_warps": warps, "programs": programs}
             try:
-                timings.append({"block_s": bs, "block_k": bk, "num_warps": warps, "programs": programs,
-                                "us": graph_replay_us(rescore, copies)})
+                shape["us"] = graph_replay_us(
+                    lambda i: rescore(xs[i], heads[i].weight, *lists[i], programs=programs, dot_fp32=False,
+                                      k_splits=splits, block_s=bs, block_k=bk, num_warps=warps), copies)
             except Exception as exc:
-                timings.append({"block_s": bs, "block_k": bk, "num_warps": warps, "programs": programs,
-                                "error": f"{type(exc).__name__}: {exc}"})
+                shape["error"] = f"{type(exc).__name__}: {exc}"
+            timings.append(shape)
         out[m] = timings
         print(f"M={m} rescore: {timings}", file=sys.stderr, flush=True)
     return out
@@ -233,6 +216,7 @@ def main() -> None:
                      "property check: that head plus duplicate, near-duplicate, outlier and rescaled rows, with "
                      "inputs aimed at tied pairs and of extreme norms",
         "shape": [VOCAB, HIDDEN], "read_bandwidth_TBps": bandwidth / 1e12, "copies": args.copies,
+        "exact_k_splits": exact_k_splits(HIDDEN),
         "timing": "CUDA-graph replay over rotating weight copies (each copy >= 1.2 GB, L2 60 MB), median of 20",
     }
 

@@ -94,23 +94,41 @@ def test_rejects_bad_inputs(small_head):
         certified_argmax(torch.zeros(33, 128, dtype=torch.bfloat16, device=DEVICE), head)
 
 
+@pytest.mark.parametrize("k_splits", [1, 2, 4])
+def test_k_split_exact_head_and_rescore_agree(k_splits):
+    """K = 1024 in 4 slices of 256 summed as 1, 2 or 4 parts: the full head (parts added in one program) is
+    the reference's logits, and the rescore (parts from separate programs, added by the finalize) keeps its
+    argmax."""
+    gen = torch.Generator().manual_seed(9)
+    w, pairs = adversarial_head(192, 1024, gen)
+    head = quantize_head(w.to(DEVICE))
+    x = adversarial_inputs(head.weight, pairs.to(DEVICE), 8, gen)
+    exact = exact_head_logits(x, head.weight, k_splits=k_splits)
+    want = R.exact_head_reference(x.cpu(), R.CertifiedHead(head.weight.cpu(), head.qweight.cpu(), head.scale.cpu(),
+                                                           head.radius_coef.cpu()))
+    torch.testing.assert_close(exact.cpu(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+    tokens, _ = certified_argmax(x, head, block_k=128, rescore_programs=2, k_splits=k_splits)
+    assert torch.equal(tokens, exact.argmax(1))
+
+
 @pytest.mark.gpu
 def test_interpreter_flag_is_off_on_the_gpu():
     assert not interpreting()
 
 
 @pytest.mark.gpu
-def test_rescored_logits_are_the_exact_heads_bits():
+@pytest.mark.parametrize("k_splits", [None, 1, 2])
+def test_rescored_logits_are_the_exact_heads_bits(k_splits):
     """The certificate relies on rescoring reproducing the full head's value of every row bit for bit."""
     gen = torch.Generator().manual_seed(7)
     w, pairs = adversarial_head(4096, 1024, gen)
     head = quantize_head(w.cuda())
     x = adversarial_inputs(head.weight, pairs.cuda(), 32, gen)
-    full = exact_head_logits(x, head.weight)
+    full = exact_head_logits(x, head.weight, k_splits=k_splits)
     perm = torch.randperm(4096, device="cuda")
-    shuffled = exact_head_logits(x, head.weight[perm].contiguous())
+    shuffled = exact_head_logits(x, head.weight[perm].contiguous(), k_splits=k_splits)
     assert torch.equal(shuffled, full[:, perm])
-    tokens, _ = certified_argmax(x, head)
+    tokens, _ = certified_argmax(x, head, k_splits=k_splits)
     assert torch.equal(tokens, full.argmax(1))
 
 

@@ -29,19 +29,23 @@ class CudaPassConfig:
     with a ring of ``stages`` (2-12) 2 KB slots in shared memory; warps_per_sm: warps launched per
     multiprocessor (units of tiles are split evenly over them); shared_activations: the block's warps
     walk K in step and share each chunk's activations through shared memory (else each warp reads them
-    through L1)."""
+    through L1); chunks_per_barrier (with shared_activations): the activations come in batches of that many
+    2 KB chunks and the block's warps meet once per batch (8, 4 or 1: the largest up to the asked value that
+    divides a unit's chunks)."""
 
     tiles_per_warp: int = 2
     warps_per_block: int = 8
     stages: int = 3
     warps_per_sm: int = 16
     shared_activations: bool = True
+    chunks_per_barrier: int = 8
 
 
 def default_cuda_config(rows: int) -> CudaPassConfig:
-    """The partition for ``rows`` input rows (1-32): the H200 sweeps' fastest at 16 and 32 rows and within
-    1% of it at 1-8 (``benchmarks/results/certified_head-cuda{2,3,4}-2026-11-30.json``): 8-warp blocks
-    sharing the activations, two tiles and 3 ring slots per warp, 16 warps per multiprocessor."""
+    """The partition for ``rows`` input rows (1-32): the H200 sweeps' fastest at every row count
+    (``benchmarks/results/certified_head-cuda{7,8}-2026-11-30.json``; 32 rows: 364 us, 385 us meeting at
+    every chunk): 8-warp blocks sharing the activations in batches of 8 chunks per barrier, two tiles and 3
+    ring slots per warp, 16 warps per multiprocessor."""
     return CudaPassConfig()
 
 
@@ -89,5 +93,5 @@ def int8_pass_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int =
     _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best_lower,
                            stage_count, stage_idx, stage_upper, count, cand_idx, cand_upper, BOUND_SLACK,
                            NORM_INFLATION, config.tiles_per_warp, config.warps_per_block, config.stages,
-                           config.warps_per_sm, config.shared_activations)
+                           config.warps_per_sm, config.shared_activations, config.chunks_per_barrier)
     return best_lower, count, cand_idx, cand_upper

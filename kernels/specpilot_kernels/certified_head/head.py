@@ -18,8 +18,8 @@ import triton
 from .cuda_pass import CudaPassConfig, cuda_pass_available, int8_pass_cuda
 from .int8_bound import _int8_bound_kernel
 from .reference import BOUND_SLACK, NORM_INFLATION, CertifiedHead
-from .rescore import (EXACT_BLOCK_S, EXACT_NUM_WARPS, K_MULTIPLE, _exact_head_kernel, _finalize_kernel,
-                      _rescore_kernel, exact_block_k)
+from .rescore import (EXACT_BLOCK_S, EXACT_NUM_WARPS, K_MULTIPLE, _exact_head_kernel, exact_block_k, exact_k_splits,
+                      rescore)
 
 MAX_ROWS = 32
 
@@ -39,18 +39,19 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, int]:
     return x.shape[0], x.shape[1]
 
 
-def exact_head_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def exact_head_logits(x: torch.Tensor, weight: torch.Tensor, *, k_splits: int | None = None) -> torch.Tensor:
     """The exact head: logits [M, N] fp32 of x [M, K] bf16 against weight [N, K] bf16.
 
-    Every logit is computed by the same arithmetic as the certified head's rescoring (bitwise).
+    Every logit is computed by the same arithmetic as the certified head's rescoring (bitwise) with the
+    same ``k_splits`` (default :func:`.rescore.exact_k_splits`: the summation order, not a tuning knob).
     Reads the weight once per input row: the reference and fallback, not the fast path.
     """
     M, K = _check(x, weight)
     N = weight.shape[0]
     out = torch.empty((M, N), dtype=torch.float32, device=x.device)
     _exact_head_kernel[(M, triton.cdiv(N, EXACT_BLOCK_S))](
-        x, weight, out, N, K=K, BS=EXACT_BLOCK_S, BLOCK_K=exact_block_k(K), DOT_FP32=interpreting(),
-        num_warps=EXACT_NUM_WARPS)
+        x, weight, out, N, K=K, SPLITS=k_splits or exact_k_splits(K), BS=EXACT_BLOCK_S, BLOCK_K=exact_block_k(K),
+        DOT_FP32=interpreting(), num_warps=EXACT_NUM_WARPS)
     return out
 
 
@@ -102,17 +103,19 @@ def int8_pass(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096
 def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,
                                backend: str = "auto", cuda_config: CudaPassConfig | None = None,
                                block_n: int = 64, block_k: int = 128, num_warps: int = 4,
-                               num_stages: int = 4, rescore_programs: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+                               num_stages: int = 4, rescore_programs: int = 64,
+                               k_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The certified argmax without host synchronisation (CUDA-graph capturable).
 
     Args:
         x: [M, K] bf16, M <= 32; head: :func:`.reference.quantize_head` of the [N, K] bf16 head.
         max_survivors: candidate-list capacity per row; beyond it the row's token is -1.
         backend, cuda_config: which INT8 pass and its partition (:func:`int8_pass`).
-        block_n, block_k, num_warps, num_stages: the Triton INT8 pass's tile; rescore_programs: programs per row sharing
-            its candidate list (a power of two; 64 programs of 32-candidate blocks rescore the first 2048
-            candidates in one block each, so the rescore's serial chain is one block long). Tuning only:
-            the tokens do not depend on them.
+        block_n, block_k, num_warps, num_stages: the Triton INT8 pass's tile; rescore_programs: programs per row
+            and K range sharing its candidate list (64 programs of 32-candidate blocks rescore the first 2048
+            candidates in one block each, so the rescore's serial chain is one block of K / k_splits long).
+            Tuning only: the tokens do not depend on them. k_splits: the exact head's summation order
+            (:func:`exact_head_logits` with the same value gives the logits whose argmax this is).
     Returns:
         tokens: [M] int64 (the exact head's argmax, lowest index on ties; -1 where the list overflowed or
             the CUDA pass could not scale the row to fp16 exactly);
@@ -121,17 +124,8 @@ def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_surv
     best_lower, count, cand_idx, cand_upper = int8_pass(x, head, max_survivors=max_survivors, backend=backend,
                                                         cuda_config=cuda_config, block_n=block_n, block_k=block_k,
                                                         num_warps=num_warps, num_stages=num_stages)
-    M, K = x.shape
-    dev = x.device
-    part_val = torch.empty((M, rescore_programs), dtype=torch.float32, device=dev)
-    part_idx = torch.empty((M, rescore_programs), dtype=torch.int32, device=dev)
-    tokens = torch.empty(M, dtype=torch.int64, device=dev)
-    dot_fp32 = interpreting()
-    _rescore_kernel[(M, rescore_programs)](
-        x, head.weight, best_lower, count, cand_idx, cand_upper, part_val, part_idx, K=K, CAP=max_survivors,
-        G=rescore_programs, BS=EXACT_BLOCK_S, BLOCK_K=exact_block_k(K), DOT_FP32=dot_fp32, num_warps=EXACT_NUM_WARPS)
-    _finalize_kernel[(1,)](part_val, part_idx, count, tokens, M, CAP=max_survivors, G=rescore_programs,
-                           BLOCK_M=max(16, triton.next_power_of_2(M)))
+    tokens = rescore(x, head.weight, best_lower, count, cand_idx, cand_upper, programs=rescore_programs,
+                     dot_fp32=interpreting(), k_splits=k_splits)
     return tokens, count
 
 
@@ -146,5 +140,5 @@ def certified_argmax(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int
     overflow = count > max_survivors
     if bool(overflow.any()):
         rows = overflow.nonzero().squeeze(1)
-        tokens[rows] = exact_head_logits(x[rows].contiguous(), head.weight).argmax(1)
+        tokens[rows] = exact_head_logits(x[rows].contiguous(), head.weight, k_splits=tile.get("k_splits")).argmax(1)
     return tokens, count

@@ -8,8 +8,8 @@
 // not convert exactly (or whose max|x| lies outside [2^-50, 2^50)) for the full-head fallback. The
 // pass streams the weights once: each warp owns units of tiles_per_warp 16-row tiles and walks their
 // K in 2 KB chunks through a private shared-memory ring filled by cp.async (evict-first in L2); the
-// activations of a chunk come through a block-shared ring (or L1), and each load serves every tile of
-// the unit. Weights are stored pre-shuffled in the mma.sync fragment layout (fragments.py) as
+// activations come through a block-shared ring in batches of CPB chunks, the block's warps meeting once
+// per batch (or through L1), and each load serves every tile of the unit. Weights are stored pre-shuffled in the mma.sync fragment layout (fragments.py) as
 // offset-binary bytes u = q + 128: prmt puts a byte under 0x64 (fp16 1024 + u) and one sub.f16x2 of
 // 1152 leaves q exactly, two weights per instruction pair. m16n8k16 f16 x f16 -> f32 with weights on
 // the 16-row side and tokens on the 8-wide side. The compaction keeps the listed rows that reach the
@@ -186,7 +186,10 @@ __global__ void __launch_bounds__(kPrologueThreads) prologue_kernel(Int8PassArgs
 // XS = true: the block's warps walk K in step over groups of one unit per warp (`units_per_group`
 // consecutive groups per block); each chunk's activations are copied once into a block-shared ring
 // beside the weight rings, so the multiprocessor reads them from L2 once per group whatever L1 holds.
-template <int MT, int T, bool XS>
+// XS with CPB > 1: the activations come in batches of CPB chunks (a ring of ceil((stages - 1) / CPB) + 1
+// batches) and the block meets at a barrier once per batch instead of once per chunk, so its warps drift
+// apart by up to CPB chunks between barriers instead of moving in lockstep.
+template <int MT, int T, bool XS, int CPB>
 __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(Int8PassArgs a, int stages,
                                                                                int units_per_group) {
   constexpr int kBlocksPerChunk = 4 / T;  // 32-column blocks per chunk: T tiles x 4/T blocks = one 2 KB slot
@@ -214,6 +217,8 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
   uint8_t* ring = smem + (size_t)warp * stages * kSlotBytes;
   const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   uint8_t* x_ring = smem + (size_t)warps * stages * kSlotBytes;
+  const int batch_lead = (stages - 2) / CPB + 1;  // batches in flight: CPB * lead >= stages - 1
+  const int batch_slots = batch_lead + 1;
   const uint32_t x_ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(x_ring));
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
@@ -233,14 +238,6 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
           for (int b = 0; b < kBlocksPerChunk; ++b)
             copy_evict_first16(dst + (i * kBlocksPerChunk + b) * 512, src + ((size_t)i * kblocks + b) * 512, policy);
       }
-      if (XS) {
-        const uint8_t* src = reinterpret_cast<const uint8_t*>(a.x16) + (size_t)block0 * MT * 512;
-        for (int piece = threadIdx.x; piece < kActivationBytes / 16; piece += blockDim.x)
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(x_ring_shared + slot * kActivationBytes +
-                                                                           piece * 16),
-                       "l"(src + piece * 16)
-                       : "memory");
-      }
       if (++issue_chunk == chunks) {
         issue_chunk = 0;
         issue_unit += unit_step;
@@ -248,6 +245,25 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
     }
     copy_commit();
   };
+  // Activation batches are issued in order, each at its (position, chunk, slot) counters: batch b holds
+  // positions b CPB .. b CPB + CPB - 1, chunks of one unit (CPB divides chunks), so one contiguous piece of
+  // x16, in batch slot b % batch_slots. Committed with the next weight group.
+  constexpr int kBatchBytes = CPB * kActivationBytes;
+  int act_pos = 0, act_chunk = 0, act_slot = 0;
+  auto issue_activations = [&]() {
+    if (act_pos < total) {
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(a.x16) + (size_t)act_chunk * kActivationBytes;
+      const uint32_t dst = x_ring_shared + act_slot * kBatchBytes;
+      for (int piece = threadIdx.x; piece < kBatchBytes / 16; piece += blockDim.x)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + piece * 16), "l"(src + piece * 16)
+                     : "memory");
+    }
+    act_pos += CPB;
+    act_chunk = act_chunk + CPB == chunks ? 0 : act_chunk + CPB;
+    act_slot = act_slot + 1 == batch_slots ? 0 : act_slot + 1;
+  };
+  if (XS)
+    for (int b = 0; b < batch_lead; ++b) issue_activations();
   for (int s = 0; s < stages - 1; ++s) issue(s, s);
 
   // Per lane: the rows 2t + h of each token tile (their unscaling and norms).
@@ -270,20 +286,31 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
       for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
 
   int read_slot = 0, write_slot = stages - 1;
+  int in_batch = 0, batch_slot = 0;  // position p is chunk in_batch of the activation batch in batch_slot
   float row_scale[T][2] = {}, row_coef[T][2] = {}, known[MT][2];
 #pragma unroll
   for (int j = 0; j < MT; ++j) known[j][0] = known[j][1] = -INFINITY;
   // (unit, chunk) of position p, advanced in the loop header so that every `continue` advances it
   int unit = first_unit, chunk = 0;
   for (int p = 0; p < total; ++p, chunk = chunk + 1 == chunks ? 0 : chunk + 1, unit += chunk == 0 ? unit_step : 0) {
-    copy_wait(stages - 2);  // each lane reads back the weight pieces it copied itself; and with XS
-    if (XS)                 // the activations the block copied; the slot refilled next was read one step ago
+    // Each lane reads back the weight pieces it copied itself; with XS, at a batch's first chunk, the
+    // block's warps meet: the batch's activations (committed `batch_lead` batches, >= stages - 1 positions,
+    // ago) are complete for every thread, and the batch slot refilled next was read in the batch before.
+    copy_wait(stages - 2);
+    if (XS && in_batch == 0) {
       __syncthreads();
-    else
+      issue_activations();  // batch_lead batches ahead of this one
+    } else {
       __syncwarp();
+    }
     issue(p + stages - 1, write_slot);
     write_slot = write_slot + 1 == stages ? 0 : write_slot + 1;
     const int tile0 = unit * T;
+    const uint8_t* x_slot = x_ring + batch_slot * kBatchBytes + in_batch * kActivationBytes + lane * 16;
+    if (++in_batch == CPB) {
+      in_batch = 0;
+      batch_slot = batch_slot + 1 == batch_slots ? 0 : batch_slot + 1;
+    }
     if (XS && unit >= units) {  // a warp past the last unit only keeps the block's barriers
       read_slot = read_slot + 1 == stages ? 0 : read_slot + 1;
       continue;
@@ -306,7 +333,6 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
         }
     }
     const uint8_t* slot = ring + read_slot * kSlotBytes + lane * 16;
-    const uint8_t* x_slot = x_ring + read_slot * kActivationBytes + lane * 16;
     read_slot = read_slot + 1 == stages ? 0 : read_slot + 1;
 #pragma unroll
     for (int b = 0; b < kBlocksPerChunk; ++b) {
@@ -425,7 +451,7 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(Int8PassArgs a
   if (threadIdx.x == 0) a.count[m] = written;
 }
 
-template <int MT, int T, bool XS>
+template <int MT, int T, bool XS, int CPB>
 cudaError_t launch_pass(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -433,8 +459,9 @@ cudaError_t launch_pass(const Int8PassArgs& args, const Int8PassConfig& config, 
   err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
   const int warps = config.warps_per_block;
-  const int smem = warps * config.stages * kSlotBytes + (XS ? config.stages * (4 / T) * MT * 512 : 0);
-  auto kernel = int8_pass_kernel<MT, T, XS>;
+  const int batch_slots = (config.stages - 2) / CPB + 2;
+  const int smem = warps * config.stages * kSlotBytes + (XS ? batch_slots * CPB * (4 / T) * MT * 512 : 0);
+  auto kernel = int8_pass_kernel<MT, T, XS, CPB>;
   // Raised once per kernel and size (not on every launch, so that graph capture sees only the launch).
   static thread_local int smem_allowed[16] = {};
   int& allowed = smem_allowed[device & 15];
@@ -454,13 +481,22 @@ cudaError_t launch_pass(const Int8PassArgs& args, const Int8PassConfig& config, 
   return cudaGetLastError();
 }
 
+// chunks_per_barrier must divide a unit's chunks: the largest of 8, 4, 1 up to the asked one that does.
+template <int MT, int T>
+cudaError_t launch_batches(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
+  if (!config.shared_activations) return launch_pass<MT, T, false, 1>(args, config, stream);
+  const int chunks = args.k / 32 / (4 / T);
+  if (config.chunks_per_barrier >= 8 && chunks % 8 == 0) return launch_pass<MT, T, true, 8>(args, config, stream);
+  if (config.chunks_per_barrier >= 4 && chunks % 4 == 0) return launch_pass<MT, T, true, 4>(args, config, stream);
+  return launch_pass<MT, T, true, 1>(args, config, stream);
+}
+
 template <int MT>
 cudaError_t launch_tiles(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
-  const bool xs = config.shared_activations;
   switch (config.tiles_per_warp) {
-    case 1: return xs ? launch_pass<MT, 1, true>(args, config, stream) : launch_pass<MT, 1, false>(args, config, stream);
-    case 2: return xs ? launch_pass<MT, 2, true>(args, config, stream) : launch_pass<MT, 2, false>(args, config, stream);
-    default: return xs ? launch_pass<MT, 4, true>(args, config, stream) : launch_pass<MT, 4, false>(args, config, stream);
+    case 1: return launch_batches<MT, 1>(args, config, stream);
+    case 2: return launch_batches<MT, 2>(args, config, stream);
+    default: return launch_batches<MT, 4>(args, config, stream);
   }
 }
 
@@ -470,7 +506,7 @@ cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& con
   const int tpw = config.tiles_per_warp;
   if (args.m < 1 || args.m > kMaxRows || args.k % 128 || args.n_padded % 64 || args.n > args.n_padded ||
       (tpw != 1 && tpw != 2 && tpw != 4) || config.warps_per_block < 1 || config.warps_per_block > 8 ||
-      config.stages < 2 || config.stages > kMaxStages || config.warps_per_sm < 1)
+      config.stages < 2 || config.stages > kMaxStages || config.warps_per_sm < 1 || config.chunks_per_barrier < 1)
     return cudaErrorInvalidValue;
   prologue_kernel<<<8 * token_tiles(args.m), kPrologueThreads, 0, stream>>>(args);
   cudaError_t err = cudaGetLastError();

@@ -29,10 +29,13 @@ struct Int8PassArgs {
 // The pass's partition: tiles_per_warp 16-row tiles share each activation load; warps_per_block warps
 // each own a private ring of `stages` 2 KB slots; about warps_per_sm warps per multiprocessor;
 // shared_activations: the block's warps walk K in step and share each chunk's activations through a
-// shared-memory ring (else each warp reads them through L1 on its own schedule).
+// shared-memory ring (else each warp reads them through L1 on its own schedule); chunks_per_barrier (with
+// shared_activations): the block's warps meet once per that many 2 KB chunks (8, 4 or 1: the largest up
+// to the asked value that divides a unit's chunks).
 struct Int8PassConfig {
   int tiles_per_warp, warps_per_block, stages, warps_per_sm;
   bool shared_activations;
+  int chunks_per_barrier;
 };
 
 // cudaErrorInvalidValue: m outside 1..32, k not a multiple of 128, or a config out of range.
