@@ -9,7 +9,8 @@
 // pass streams the weights once: each warp owns units of tiles_per_warp 16-row tiles and walks their
 // K in 2 KB chunks through a private shared-memory ring filled by cp.async (evict-first in L2); the
 // activations come through a block-shared ring in batches of CPB chunks, the block's warps meeting once
-// per batch (or through L1), and each load serves every tile of the unit. Weights are stored pre-shuffled in the mma.sync fragment layout (fragments.py) as
+// per batch (or through L1), and each load serves every tile of the unit. Weights are stored
+// pre-shuffled in the mma.sync fragment layout (fragments.py) as
 // offset-binary bytes u = q + 128: prmt puts a byte under 0x64 (fp16 1024 + u) and one sub.f16x2 of
 // 1152 leaves q exactly, two weights per instruction pair. m16n8k16 f16 x f16 -> f32 with weights on
 // the 16-row side and tokens on the 8-wide side. The compaction keeps the listed rows that reach the
