@@ -74,6 +74,16 @@ def _exact_head_kernel(x, weight, out, N, K: tl.constexpr, SPLITS: tl.constexpr,
 
 
 @triton.jit
+def _survivors(cand_idx, cand_upper, m, offs, n, best, CAP: tl.constexpr):
+    """Entries ``offs`` of input row m's candidate list: their vocabulary rows, and which of them are listed
+    (below the count n) with an upper bound reaching the final best."""
+    in_list = offs < n
+    rid = tl.load(cand_idx + m * CAP + offs, mask=in_list, other=0)
+    upper = tl.load(cand_upper + m * CAP + offs, mask=in_list, other=float("-inf"))
+    return rid, in_list & (upper >= best)
+
+
+@triton.jit
 def _rescore_kernel(x, weight, best_lower, count, cand_idx, cand_upper, partial, K: tl.constexpr, CAP: tl.constexpr,
                     G: tl.constexpr, SPLITS: tl.constexpr, BS: tl.constexpr, BLOCK_K: tl.constexpr,
                     DOT_FP32: tl.constexpr):
@@ -90,10 +100,7 @@ def _rescore_kernel(x, weight, best_lower, count, cand_idx, cand_upper, partial,
     start = g * BS
     while start < n:
         offs = start + tl.arange(0, BS)
-        in_list = offs < n
-        rid = tl.load(cand_idx + m * CAP + offs, mask=in_list, other=0)
-        upper = tl.load(cand_upper + m * CAP + offs, mask=in_list, other=float("-inf"))
-        keep = in_list & (upper >= best)
+        rid, keep = _survivors(cand_idx, cand_upper, m, offs, n, best, CAP)
         part = _exact_partial(x + m * K, weight, rid, keep, s * K_RANGE, K, K_RANGE, BS, BLOCK_K, DOT_FP32)
         tl.store(partial + ((m * CAP + offs) * SPLITS + s).to(tl.int64), part, mask=keep)
         start += G * BS
@@ -114,10 +121,7 @@ def _finalize_kernel(partial, best_lower, count, cand_idx, cand_upper, tokens, C
     start = 0
     while start < n:
         offs = start + tl.arange(0, BLOCK_C)
-        in_list = offs < n
-        rid = tl.load(cand_idx + m * CAP + offs, mask=in_list, other=0)
-        upper = tl.load(cand_upper + m * CAP + offs, mask=in_list, other=float("-inf"))
-        keep = in_list & (upper >= best)
+        rid, keep = _survivors(cand_idx, cand_upper, m, offs, n, best, CAP)
         base = ((m * CAP + offs) * SPLITS).to(tl.int64)
         logits = tl.load(partial + base, mask=keep, other=0.0)
         for s in tl.static_range(1, SPLITS):
