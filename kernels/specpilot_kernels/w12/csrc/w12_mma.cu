@@ -19,10 +19,10 @@
 // warp keeps a window of 32 of its tile's escapes in registers (one per lane) and finds a chunk's by ballot.
 //
 // Each warp holds its next chunk (or half chunk: `half_steps`) in registers while it decodes and multiplies
-// the current one, and reads activations through L1 (shared by the warps of a multiprocessor). The partition is fixed by (N, K, GPU),
-// never by M: a warp owns one 16-row tile and an interleaved set of its 128-column chunks; warps of one
-// tile reduce through shared memory in warp order, K splits through a workspace summed in split order. No
-// atomics: a row's bits are the same at every row count.
+// the current one, and reads activations through L1 (shared by the warps of a multiprocessor). The partition
+// is fixed by (N, K, GPU), never by M: a warp owns one 16-row tile and an interleaved set of its 128-column
+// chunks; warps of one tile reduce through shared memory in warp order, K splits through a workspace summed in
+// split order. No atomics: a row's bits are the same at every row count.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -138,7 +138,8 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     constexpr bool kRunningX = MT <= 2 && !HALF_STEPS;
     const __nv_bfloat16* x_rows[MT];
 #pragma unroll
-    for (int j = 0; j < MT; ++j) x_rows[j] = args.x + (size_t)min(j * 8 + g, args.m - 1) * args.ldx + (kRunningX ? first * 128 + 8 * t : 0);
+    for (int j = 0; j < MT; ++j)
+      x_rows[j] = args.x + (size_t)min(j * 8 + g, args.m - 1) * args.ldx + (kRunningX ? first * 128 + 8 * t : 0);
     const uint4* view_next = view + (size_t)first * kBlocksPerChunk * 32;
     const uint2* nibs_next = nibs + (size_t)first * kBlocksPerChunk * 32;
 
