@@ -43,6 +43,11 @@ HALF_BASES = 6  # the best mma partitions also timed at 32 rows with half-chunk 
 FINALISTS = 4  # the best partitions re-timed side by side (row by row) before one is chosen: sweep timings drift
 
 
+def tune_score(times_us: dict) -> float:
+    """Weighted geometric mean of a partition's times at TUNE_ROWS (the 1-32-row geomean's row weights)."""
+    return math.exp(sum(w * math.log(times_us[m]) for m, w in TUNE_ROWS.items()) / sum(TUNE_ROWS.values()))
+
+
 def log(*args):
     print(*args, file=sys.stderr, flush=True)
 
@@ -197,8 +202,7 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
             for m in TUNE_ROWS:
                 entry[f"t{m}_us"] = (same_below_17[f"t{m}_us"] if same_below_17 and m <= 16
                                      else time_variant(variant, cfg, m) * 1e6)
-            entry["score"] = math.exp(sum(w * math.log(entry[f"t{m}_us"]) for m, w in TUNE_ROWS.items())
-                                      / sum(TUNE_ROWS.values()))
+            entry["score"] = tune_score({m: entry[f"t{m}_us"] for m in TUNE_ROWS})
             if variant not in best or entry["score"] < best[variant][1]["score"]:
                 best[variant] = (cfg, entry)
         except Exception as exc:  # record the failure, keep tuning the others
@@ -226,8 +230,7 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
             for m in TUNE_ROWS:  # each row count timed for every finalist back to back
                 for i, cfg in enumerate(finalists):
                     times[i][m] = time_variant(variant, cfg, m) * 1e6
-            scores = [math.exp(sum(w * math.log(times[i][m]) for m, w in TUNE_ROWS.items()) / sum(TUNE_ROWS.values()))
-                      for i in range(len(finalists))]
+            scores = [tune_score(times[i]) for i in range(len(finalists))]
             result.setdefault("finalists", {})[variant] = [
                 {**asdict(cfg), **{f"t{m}_us": t for m, t in times[i].items()}, "score": scores[i]}
                 for i, cfg in enumerate(finalists)]
