@@ -8,7 +8,7 @@ BF16 head (cuBLAS via F.linear), the certified head and the INT8 pass alone thro
 through the Triton pass, each with its fastest partition or tile, all by CUDA-graph replay over rotating
 weight copies larger than L2, with the INT8 byte floor and fractions, and the property check (certified
 token through the default path, the CUDA pass where it runs, vs the exact head's argmax over >= 1M
-synthetic adversarial rows, real head shape). Each section is written to
+synthetic adversarial rows, real head shape, through the partition tuned for 32 rows). Each section is written to
 ``--out`` as soon as it ends; a failing section records its error and the others still run.
 The exact argmax of the check comes from an independent prefilter: cuBLAS logits select every row
 within twice their error bound of the best, and those rows are scored with the exact head's arithmetic.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import statistics
 import sys
 
 import torch
@@ -37,10 +38,11 @@ VOCAB, HIDDEN = 248320, 5120
 ROW_COUNTS = (1, 2, 4, 8, 16, 32)
 TILES = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
          for bn, bk, w, s in ((64, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4), (32, 128, 4, 4))]
-CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, xs, cpb)
-                for t, wpb, st, wps, xs, cpb in (
-                    (2, 8, 3, 16, True, 8), (2, 8, 3, 16, True, 1), (2, 8, 3, 16, True, 4), (1, 8, 3, 16, True, 8),
-                    (2, 8, 4, 16, True, 4))]
+CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, xs, cpb, unroll, parallel)
+                for t, wpb, st, wps, xs, cpb, unroll, parallel in (
+                    (2, 8, 3, 16, True, 8, 0, False), (2, 8, 3, 16, True, 8, 0, True), (2, 8, 3, 16, True, 8, 1, True),
+                    (2, 8, 3, 16, True, 8, 8, True), (2, 8, 4, 16, True, 4, 4, True), (2, 8, 5, 16, True, 4, 1, True))]
+SECTIONS = ("cuda_tuning", "tuning", "rows", "rescore_tuning", "property_check")
 
 
 def read_bandwidth() -> float:
@@ -70,7 +72,8 @@ def exact_argmax_prefiltered(x: torch.Tensor, weight: torch.Tensor, row_norms: t
     return rescore(x, weight, best_lower, counts, order, upper, programs=1, dot_fp32=interpreting())
 
 
-def property_check(head, pairs, rows: int, gen: torch.Generator, chunk: int = 1024) -> dict:
+def property_check(head, pairs, rows: int, gen: torch.Generator, cuda_config: CudaPassConfig | None,
+                   chunk: int = 1024) -> dict:
     row_norms = torch.cat([torch.linalg.vector_norm(head.weight[s:s + 8192].float(), dim=1)
                            for s in range(0, head.vocab, 8192)])
     disagreements = torch.zeros((), dtype=torch.int64, device="cuda")
@@ -80,13 +83,14 @@ def property_check(head, pairs, rows: int, gen: torch.Generator, chunk: int = 10
         x = adversarial_inputs(head.weight, pairs, chunk, gen)
         want = exact_argmax_prefiltered(x, head.weight, row_norms)
         for s in range(0, chunk, 32):
-            tokens, count = certified_argmax_graphable(x[s:s + 32], head)
+            tokens, count = certified_argmax_graphable(x[s:s + 32], head, cuda_config=cuda_config)
             fallback += (tokens < 0).sum()
             disagreements += ((tokens != want[s:s + 32]) & (tokens >= 0)).sum()
             candidates.append(count)
         done += chunk
     counts = torch.cat(candidates).float()
     return {"rows": done, "int8_pass": "cuda" if uses_cuda_pass(x, head, "auto") else "triton",
+            "cuda_config": vars(cuda_config) if cuda_config else "default",
             "disagreements": int(disagreements), "fallback_rows": int(fallback),
             "candidates_mean": counts.mean().item(), "candidates_max": int(counts.max()), "synthetic": True}
 
@@ -113,24 +117,30 @@ def tune(heads, gen, no_tune: bool) -> tuple[dict, dict]:
     return best_tiles, timings_out
 
 
-def tune_cuda(heads, gen, copies: int) -> tuple[dict, dict]:
-    """The fastest CUDA partition per row count, by CUDA-graph replay of the INT8 pass alone, and every timing."""
+def tune_cuda(heads, gen, copies: int, repeats: int) -> tuple[dict, dict]:
+    """The fastest CUDA partition per row count, by CUDA-graph replay of the INT8 pass alone, and every timing.
+
+    Every partition is timed ``repeats`` times in interleaved rounds (single timings minutes apart drift by a few
+    percent with the clock); the one of least median wins."""
     best, timings_out = {}, {}
     for m in ROW_COUNTS:
         xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
-        timings = []
-        for config in CUDA_CONFIGS:
-            try:
-                us = graph_replay_us(lambda i: int8_pass(xs[i], heads[i], backend="cuda", cuda_config=config), copies)
-            except Exception as exc:  # a partition that does not fit is skipped, and said so
-                print(f"CUDA partition {config} failed at M={m}: {exc}", file=sys.stderr)
-                continue
-            timings.append((us, config))
-        best[m] = min(timings, key=lambda t: t[0])[1]
-        timings_out[m] = [{"us": us, **vars(config)} for us, config in timings]
+        runs = {config: [] for config in CUDA_CONFIGS}
+        for _ in range(repeats):
+            for config in list(runs):
+                try:
+                    runs[config].append(graph_replay_us(
+                        lambda i: int8_pass(xs[i], heads[i], backend="cuda", cuda_config=config), copies))
+                except Exception as exc:  # a partition that does not fit is skipped, and said so
+                    print(f"CUDA partition {config} failed at M={m}: {exc}", file=sys.stderr)
+                    del runs[config]
+        medians = {config: statistics.median(us) for config, us in runs.items()}
+        best[m] = min(medians, key=medians.get)
+        timings_out[m] = [{"us": medians[config], "runs_us": us, **vars(config)} for config, us in runs.items()]
         print(f"M={m} CUDA: " + ", ".join(f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}x{c.warps_per_sm}"
-                                          f"{'X' if c.shared_activations else ''}b{c.chunks_per_barrier} {us:.0f} us"
-                                          for us, c in timings),
+                                          f"{'X' if c.shared_activations else ''}b{c.chunks_per_barrier}u{c.unroll}"
+                                          f"{'p' if c.parallel_compaction else ''} {us:.0f} us"
+                                          for c, us in medians.items()),
               file=sys.stderr, flush=True)
     return best, timings_out
 
@@ -200,7 +210,13 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=2)
     parser.add_argument("--out", default=None)
     parser.add_argument("--no-tune", action="store_true", help="use the first Triton INT8 tile for every row count")
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved timings of every CUDA partition")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated sections to run, in this order: {', '.join(SECTIONS)}")
     args = parser.parse_args()
+    sections = args.sections.split(",")
+    if unknown := set(sections) - set(SECTIONS):
+        parser.error(f"unknown sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
     gen = torch.Generator(device="cuda").manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     bandwidth = read_bandwidth()
@@ -231,21 +247,24 @@ def main() -> None:
     def run_cuda_tuning():
         if not cuda_pass_available():
             raise RuntimeError("the CUDA INT8 pass is not available on this GPU (see the warning)")
-        tuned, timings = tune_cuda(heads, gen, args.copies)
+        tuned, timings = tune_cuda(heads, gen, args.copies, args.repeats)
         best_cuda.update(tuned)
         return timings
 
-    record_section(result, "cuda_tuning", run_cuda_tuning, args.out)
-    record_section(result, "tuning", run_tuning, args.out)
-    record_section(result, "rows", lambda: timing(heads, gen, best_tiles, best_cuda, args.copies, bandwidth), args.out)
-
     def run_check():
         weight, pairs = adversarial_head(VOCAB, HIDDEN, gen)
-        return property_check(quantize_head(weight), pairs, args.rows_checked, gen)
+        # in calls of 32 rows, through the 32-row partition the tuning picked (the default without tuning)
+        return property_check(quantize_head(weight), pairs, args.rows_checked, gen, best_cuda.get(32))
 
-    record_section(result, "rescore_tuning", lambda: tune_rescore(heads, gen, args.copies), args.out)
-    heads = None  # the timing copies' memory goes back before the adversarial head is built
-    record_section(result, "property_check", run_check, args.out)
+    runs = {"cuda_tuning": run_cuda_tuning, "tuning": run_tuning,
+            "rows": lambda: timing(heads, gen, best_tiles, best_cuda, args.copies, bandwidth),
+            "rescore_tuning": lambda: tune_rescore(heads, gen, args.copies), "property_check": run_check}
+    for name in SECTIONS:
+        if name not in sections:
+            continue
+        if name == "property_check":
+            heads = None  # the timing copies' memory goes back before the adversarial head is built
+        record_section(result, name, runs[name], args.out)
     print(json.dumps(result, indent=1))
 
 

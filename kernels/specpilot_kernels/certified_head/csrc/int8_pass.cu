@@ -178,7 +178,142 @@ __global__ void __launch_bounds__(kPrologueThreads) prologue_kernel(Int8PassArgs
     a.norm[m] = sqrtf(sum_sq) * a.norm_inflation;
     a.best_lower[m] = -INFINITY;
     a.stage_count[m] = ok ? 0 : a.stage_cap + 1;
+    a.count[m] = 0;  // the parallel compaction counts into it
   }
+}
+
+template <int N>
+__device__ __forceinline__ void copy_wait_const() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Per lane: the unscaling and norm of rows 2t + h of each token tile (zero for padding rows).
+template <int MT>
+__device__ __forceinline__ void load_row_factors(const Int8PassArgs& a, int t, float (&inv_scale)[MT][2],
+                                                 float (&norm)[MT][2]) {
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = j * 8 + 2 * t + h;
+      inv_scale[j][h] = m < a.m ? a.inv_scale[m] : 0.f;
+      norm[j][h] = m < a.m ? a.norm[m] : 0.f;
+    }
+}
+
+// One 2 KB chunk into the accumulators: this lane's 16 bytes of each (tile i, block b) fragment at
+// slot + (i * 4/T + b) * 512, times the token tiles' activations load_x(b, j) (the B registers of block b).
+template <int MT, int T, typename LoadX>
+__device__ __forceinline__ void multiply_chunk(float (&acc)[T][MT][4], const uint8_t* slot, LoadX load_x) {
+  constexpr int kBlocksPerChunk = 4 / T;
+#pragma unroll
+  for (int b = 0; b < kBlocksPerChunk; ++b) {
+    uint4 xv[MT];
+#pragma unroll
+    for (int j = 0; j < MT; ++j) xv[j] = load_x(b, j);
+#pragma unroll
+    for (int i = 0; i < T; ++i) {
+      const uint4 w = *reinterpret_cast<const uint4*>(slot + (i * kBlocksPerChunk + b) * 512);
+      // word w: registers 2w (bytes 0, 1) and 2w + 1 (bytes 2, 3); registers 0-3 are k16 step 0
+      const uint32_t r0 = to_f16_pair(w.x, 0x4140u), r1 = to_f16_pair(w.x, 0x4342u);
+      const uint32_t r2 = to_f16_pair(w.y, 0x4140u), r3 = to_f16_pair(w.y, 0x4342u);
+      const uint32_t r4 = to_f16_pair(w.z, 0x4140u), r5 = to_f16_pair(w.z, 0x4342u);
+      const uint32_t r6 = to_f16_pair(w.w, 0x4140u), r7 = to_f16_pair(w.w, 0x4342u);
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        mma_f16(acc[i][j], r0, r1, r2, r3, xv[j].x, xv[j].y);
+        mma_f16(acc[i][j], r4, r5, r6, r7, xv[j].z, xv[j].w);
+      }
+    }
+  }
+}
+
+// A unit's epilogue inputs, loaded before its last multiplies: the scale and radius coefficient of the
+// lane's vocabulary rows g, g + 8 of each tile, and (lanes g = 0) the running best of rows 2t + h.
+template <int MT, int T>
+__device__ __forceinline__ void load_unit_bounds(const Int8PassArgs& a, int tile0, int g, int t,
+                                                 float (&row_scale)[T][2], float (&row_coef)[T][2],
+                                                 float (&known)[MT][2]) {
+#pragma unroll
+  for (int i = 0; i < T; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = (tile0 + i) * 16 + g + 8 * h;
+      row_scale[i][h] = n < a.n ? __ldg(a.scale + n) : 0.f;
+      row_coef[i][h] = n < a.n ? __ldg(a.radius_coef + n) : 0.f;
+    }
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = j * 8 + 2 * t + h;
+      known[j][h] = g == 0 && m < a.m ? load_relaxed(a.best_lower + m) : -INFINITY;
+    }
+}
+
+// Epilogue of the unit at tile0, per input row 2t + h of each token tile: bounds, the unit's best lower bound,
+// candidates; the accumulators are zeroed for the next unit. Row r of a tile's fragment is vocabulary row
+// g + 8r, in accumulator h + 2r.
+template <int MT, int T>
+__device__ __forceinline__ void unit_epilogue(const Int8PassArgs& a, float (&acc)[T][MT][4], int tile0, int lane,
+                                              const float (&inv_scale)[MT][2], const float (&norm)[MT][2],
+                                              const float (&row_scale)[T][2], const float (&row_coef)[T][2],
+                                              const float (&known)[MT][2]) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = j * 8 + 2 * t + h;
+      float lower[T][2], upper[T][2];
+      float best = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < T; ++i)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int n = (tile0 + i) * 16 + g + 8 * r;
+          const float approx = (acc[i][j][h + 2 * r] * inv_scale[j][h]) * row_scale[i][r];
+          const float radius = (norm[j][h] * row_coef[i][r]) * (1.f + a.slack) + fabsf(approx) * a.slack;
+          const bool valid = n < a.n && m < a.m;
+          lower[i][r] = valid ? approx - radius : -INFINITY;
+          upper[i][r] = valid ? approx + radius : -INFINITY;
+          best = fmaxf(best, lower[i][r]);
+          acc[i][j][h + 2 * r] = 0.f;
+        }
+#pragma unroll
+      for (int offset = 4; offset < 32; offset <<= 1) best = fmaxf(best, __shfl_xor_sync(0xFFFFFFFFu, best, offset));
+      if (g == 0 && m < a.m && best > known[j][h]) atomic_max_float(a.best_lower + m, best);
+      // lane t (g = 0) read the running best of row m; every lane of that row takes it
+      const float threshold = fmaxf(best, __shfl_sync(0xFFFFFFFFu, known[j][h], t));
+      // invalid rows carry upper = -inf: they must not pass a threshold that is still -inf
+      auto keep = [&](float upper_bound) { return upper_bound > -INFINITY && upper_bound >= threshold; };
+      int kept = 0;
+#pragma unroll
+      for (int i = 0; i < T; ++i) kept += keep(upper[i][0]) + keep(upper[i][1]);
+      if (!__any_sync(0xFFFFFFFFu, kept > 0)) continue;
+      // One atomicAdd per row m: the 8 lanes of row m (lanes t, t + 4, ..., t + 28) scan their counts.
+      int before = kept;
+#pragma unroll
+      for (int d = 4; d < 32; d <<= 1) {
+        const int v = __shfl_up_sync(0xFFFFFFFFu, before, d);
+        if (lane >= d) before += v;
+      }
+      const int total = __shfl_sync(0xFFFFFFFFu, before, 28 + t);
+      int base = 0;
+      if (g == 0 && total > 0) base = atomicAdd(a.stage_count + m, total);
+      int pos = __shfl_sync(0xFFFFFFFFu, base, t) + before - kept;
+#pragma unroll
+      for (int i = 0; i < T; ++i)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          if (keep(upper[i][r])) {
+            if (pos < a.stage_cap) {
+              a.stage_idx[(size_t)m * a.stage_cap + pos] = (tile0 + i) * 16 + g + 8 * r;
+              a.stage_upper[(size_t)m * a.stage_cap + pos] = upper[i][r];
+            }
+            ++pos;
+          }
+    }
 }
 
 // MT token tiles of 8 (up to 8 * MT rows); T 16-row tiles per unit. The 16 accumulator tiles of
@@ -267,16 +402,8 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
     for (int b = 0; b < batch_lead; ++b) issue_activations();
   for (int s = 0; s < stages - 1; ++s) issue(s, s);
 
-  // Per lane: the rows 2t + h of each token tile (their unscaling and norms).
   float inv_scale[MT][2], norm[MT][2];
-#pragma unroll
-  for (int j = 0; j < MT; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int m = j * 8 + 2 * t + h;
-      inv_scale[j][h] = m < a.m ? a.inv_scale[m] : 0.f;
-      norm[j][h] = m < a.m ? a.norm[m] : 0.f;
-    }
+  load_row_factors<MT>(a, t, inv_scale, norm);
 
   float acc[T][MT][4];
 #pragma unroll
@@ -316,105 +443,144 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
       read_slot = read_slot + 1 == stages ? 0 : read_slot + 1;
       continue;
     }
-    if (chunk == chunks - 1) {  // the epilogue's loads go out before the unit's last multiplies
+    if (chunk == chunks - 1)  // the epilogue's loads go out before the unit's last multiplies
+      load_unit_bounds<MT, T>(a, tile0, g, t, row_scale, row_coef, known);
+    const uint8_t* slot = ring + read_slot * kSlotBytes + lane * 16;
+    read_slot = read_slot + 1 == stages ? 0 : read_slot + 1;
+    multiply_chunk<MT, T>(acc, slot, [&](int b, int j) {
+      if (XS) return *reinterpret_cast<const uint4*>(x_slot + (b * MT + j) * 512);
+      const uint4* x_block = reinterpret_cast<const uint4*>(a.x16) + (size_t)(chunk * kBlocksPerChunk + b) * MT * 32;
+      return __ldg(x_block + j * 32 + lane);
+    });
+    if (chunk == chunks - 1) unit_epilogue<MT, T>(a, acc, tile0, lane, inv_scale, norm, row_scale, row_coef, known);
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+// The shared-activation schedule (XS) with the ring depth STAGES and the batch CPB fixed at compile time
+// and each chunk's addresses carried in running offsets: the weight copies walk a pointer through the
+// unit (2 KB a chunk, one jump to the next unit), the ring and batch slots are offsets that wrap, the
+// block's batches are a loop of CPB chunks (UNROLL of them unrolled, so a batch's activation offsets are
+// immediates) and the epilogue follows a unit's last batch instead of a test on every chunk. The copies
+// and barriers are the XS kernel's, in the same order: weights STAGES - 1 chunks ahead, activations
+// (STAGES - 2) / CPB + 1 batches ahead, the block meeting once per batch.
+template <int MT, int T, int CPB, int STAGES, int UNROLL>
+__global__ void __launch_bounds__(256, 2) int8_pass_batched_kernel(Int8PassArgs a, int units_per_group) {
+  constexpr int kBlocksPerChunk = 4 / T;
+  constexpr int kActivationBytes = kBlocksPerChunk * MT * 512;
+  constexpr int kBatchBytes = CPB * kActivationBytes;
+  constexpr int kBatchLead = (STAGES - 2) / CPB + 1;  // batches in flight: CPB * lead >= STAGES - 1
+  constexpr int kBatchRingBytes = (kBatchLead + 1) * kBatchBytes;
+  constexpr int kRingBytes = STAGES * kSlotBytes;
+  // a unit's last chunk is issued at chunk kJumpChunk of its kJumpBatch-th batch from the end
+  constexpr int kJumpBatch = (STAGES + CPB - 1) / CPB, kJumpChunk = kJumpBatch * CPB - STAGES;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int t = lane & 3;
+  const int kblocks = a.k / 32;
+  const int chunks = kblocks / kBlocksPerChunk;
+  const int batches_per_unit = chunks / CPB;
+  const int units = a.n_padded / (16 * T);
+  const int groups = (units + warps - 1) / warps;
+  const int group_lo = blockIdx.x * units_per_group;
+  const int count_units = max(0, min(groups - group_lo, units_per_group));  // the same for every warp of the block
+  const int first_unit = group_lo * warps + warp;  // this warp's units: first_unit + i * warps, i < count_units
+  // the positions that carry weights: a warp past the last unit only keeps the block's barriers
+  const int own_chunks = first_unit < units ? min(count_units, (units - first_unit + warps - 1) / warps) * chunks : 0;
+  uint8_t* ring = smem + (size_t)warp * kRingBytes;
+  uint8_t* x_ring = smem + (size_t)warps * kRingBytes;
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+
+  // Weight copies: this lane's 16 bytes of each (tile, block) of the next chunk; w_src walks a unit's chunks
+  // 2 KB at a time and jumps to the next unit once its last chunk is issued (in the loop below).
+  const size_t tile_bytes = (size_t)kblocks * 512;  // one 16-row tile over K
+  const uint8_t* w_src = a.fragments + (size_t)first_unit * T * tile_bytes + lane * 16;
+  const size_t unit_jump = ((size_t)warps * T - 1) * tile_bytes;  // from past a unit's tile 0 to the next unit
+  const uint32_t w_ring = static_cast<uint32_t>(__cvta_generic_to_shared(ring)) + lane * 16;
+  int w_issued = 0;
+  auto issue_weights = [&](uint32_t slot_off) {
+    if (w_issued < own_chunks) {
 #pragma unroll
       for (int i = 0; i < T; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int n = (tile0 + i) * 16 + g + 8 * h;
-          row_scale[i][h] = n < a.n ? __ldg(a.scale + n) : 0.f;
-          row_coef[i][h] = n < a.n ? __ldg(a.radius_coef + n) : 0.f;
-        }
-#pragma unroll
-      for (int j = 0; j < MT; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int m = j * 8 + 2 * t + h;
-          known[j][h] = g == 0 && m < a.m ? load_relaxed(a.best_lower + m) : -INFINITY;
-        }
+        for (int b = 0; b < kBlocksPerChunk; ++b)
+          copy_evict_first16(w_ring + slot_off + (i * kBlocksPerChunk + b) * 512, w_src + i * tile_bytes + b * 512,
+                             policy);
+      w_src += kBlocksPerChunk * 512;
     }
-    const uint8_t* slot = ring + read_slot * kSlotBytes + lane * 16;
-    read_slot = read_slot + 1 == stages ? 0 : read_slot + 1;
-#pragma unroll
-    for (int b = 0; b < kBlocksPerChunk; ++b) {
-      const uint4* x_block = reinterpret_cast<const uint4*>(a.x16) + (size_t)(chunk * kBlocksPerChunk + b) * MT * 32;
-      uint4 xv[MT];
-#pragma unroll
-      for (int j = 0; j < MT; ++j)
-        xv[j] = XS ? *reinterpret_cast<const uint4*>(x_slot + (b * MT + j) * 512) : __ldg(x_block + j * 32 + lane);
-#pragma unroll
-      for (int i = 0; i < T; ++i) {
-        const uint4 w = *reinterpret_cast<const uint4*>(slot + (i * kBlocksPerChunk + b) * 512);
-        // word w: registers 2w (bytes 0, 1) and 2w + 1 (bytes 2, 3); registers 0-3 are k16 step 0
-        const uint32_t r0 = to_f16_pair(w.x, 0x4140u), r1 = to_f16_pair(w.x, 0x4342u);
-        const uint32_t r2 = to_f16_pair(w.y, 0x4140u), r3 = to_f16_pair(w.y, 0x4342u);
-        const uint32_t r4 = to_f16_pair(w.z, 0x4140u), r5 = to_f16_pair(w.z, 0x4342u);
-        const uint32_t r6 = to_f16_pair(w.w, 0x4140u), r7 = to_f16_pair(w.w, 0x4342u);
-#pragma unroll
-        for (int j = 0; j < MT; ++j) {
-          mma_f16(acc[i][j], r0, r1, r2, r3, xv[j].x, xv[j].y);
-          mma_f16(acc[i][j], r4, r5, r6, r7, xv[j].z, xv[j].w);
-        }
-      }
+    ++w_issued;
+    copy_commit();
+  };
+  // Activation batches in order: batch b is chunks b CPB .. b CPB + CPB - 1 of a unit (CPB divides chunks),
+  // one contiguous piece of x16, into batch slot b % (kBatchLead + 1). Committed with the next weight group.
+  const int block_batches = count_units * batches_per_unit;
+  const uint32_t x_ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(x_ring)) + threadIdx.x * 16;
+  const uint8_t* x16 = reinterpret_cast<const uint8_t*>(a.x16) + threadIdx.x * 16;
+  int act_issued = 0, act_chunk = 0;
+  uint32_t act_slot = 0;
+  auto issue_activations = [&]() {
+    if (act_issued < block_batches) {
+      const uint8_t* src = x16 + (size_t)act_chunk * kActivationBytes;
+      const uint32_t dst = x_ring_shared + act_slot;
+      for (int offset = 0; offset < kBatchBytes - (int)threadIdx.x * 16; offset += blockDim.x * 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + offset), "l"(src + offset) : "memory");
     }
-    if (chunk != chunks - 1) continue;
+    ++act_issued;
+    act_chunk = act_chunk + CPB == chunks ? 0 : act_chunk + CPB;
+    act_slot = act_slot + kBatchBytes == kBatchRingBytes ? 0 : act_slot + kBatchBytes;
+  };
+#pragma unroll
+  for (int b = 0; b < kBatchLead; ++b) issue_activations();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) issue_weights(s * kSlotBytes);
 
-    // Epilogue of the unit, per input row 2t + h of each token tile: bounds, the unit's best lower bound,
-    // candidates. Row r of a tile's fragment is vocabulary row g + 8r, in accumulator h + 2r.
+  float inv_scale[MT][2], norm[MT][2];
+  load_row_factors<MT>(a, t, inv_scale, norm);
+  float acc[T][MT][4];
+#pragma unroll
+  for (int i = 0; i < T; ++i)
 #pragma unroll
     for (int j = 0; j < MT; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int m = j * 8 + 2 * t + h;
-        float lower[T][2], upper[T][2];
-        float best = -INFINITY;
-#pragma unroll
-        for (int i = 0; i < T; ++i)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int n = (tile0 + i) * 16 + g + 8 * r;
-            const float approx = (acc[i][j][h + 2 * r] * inv_scale[j][h]) * row_scale[i][r];
-            const float radius = (norm[j][h] * row_coef[i][r]) * (1.f + a.slack) + fabsf(approx) * a.slack;
-            const bool valid = n < a.n && m < a.m;
-            lower[i][r] = valid ? approx - radius : -INFINITY;
-            upper[i][r] = valid ? approx + radius : -INFINITY;
-            best = fmaxf(best, lower[i][r]);
-            acc[i][j][h + 2 * r] = 0.f;
-          }
-#pragma unroll
-        for (int offset = 4; offset < 32; offset <<= 1) best = fmaxf(best, __shfl_xor_sync(0xFFFFFFFFu, best, offset));
-        if (g == 0 && m < a.m && best > known[j][h]) atomic_max_float(a.best_lower + m, best);
-        // lane t (g = 0) read the running best of row m; every lane of that row takes it
-        const float threshold = fmaxf(best, __shfl_sync(0xFFFFFFFFu, known[j][h], t));
-        // invalid rows carry upper = -inf: they must not pass a threshold that is still -inf
-        auto keep = [&](float upper_bound) { return upper_bound > -INFINITY && upper_bound >= threshold; };
-        int kept = 0;
-#pragma unroll
-        for (int i = 0; i < T; ++i) kept += keep(upper[i][0]) + keep(upper[i][1]);
-        if (!__any_sync(0xFFFFFFFFu, kept > 0)) continue;
-        // One atomicAdd per row m: the 8 lanes of row m (lanes t, t + 4, ..., t + 28) scan their counts.
-        int before = kept;
-#pragma unroll
-        for (int d = 4; d < 32; d <<= 1) {
-          const int v = __shfl_up_sync(0xFFFFFFFFu, before, d);
-          if (lane >= d) before += v;
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
+  float row_scale[T][2], row_coef[T][2], known[MT][2];
+
+  // The slot read next, the one read last (refilled next: it is STAGES - 1 chunks ahead), the batch slot.
+  uint32_t read_off = 0, write_off = (STAGES - 1) * kSlotBytes, x_read_off = 0;
+  int unit = first_unit;
+  for (int u = 0; u < count_units; ++u, unit += warps) {
+    const bool active = unit < units;
+    for (int batch = 0; batch < batches_per_unit; ++batch) {
+      const uint8_t* x_batch = x_ring + x_read_off + lane * 16;
+      x_read_off = x_read_off + kBatchBytes == kBatchRingBytes ? 0 : x_read_off + kBatchBytes;
+      const bool last_batch = batch == batches_per_unit - 1, jump_batch = batch == batches_per_unit - kJumpBatch;
+#pragma unroll UNROLL
+      for (int c = 0; c < CPB; ++c) {
+        // Each lane reads back the weight pieces it copied itself (no warp barrier needed); at a batch's first
+        // chunk the block's warps meet: the batch's activations (committed kBatchLead batches, >= STAGES - 1
+        // chunks, ago) are complete for every thread, and the batch slot refilled next was read before.
+        copy_wait_const<STAGES - 2>();
+        if (c == 0) {
+          __syncthreads();
+          issue_activations();  // kBatchLead batches ahead of this one
         }
-        const int total = __shfl_sync(0xFFFFFFFFu, before, 28 + t);
-        int base = 0;
-        if (g == 0 && total > 0) base = atomicAdd(a.stage_count + m, total);
-        int pos = __shfl_sync(0xFFFFFFFFu, base, t) + before - kept;
-#pragma unroll
-        for (int i = 0; i < T; ++i)
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-            if (keep(upper[i][r])) {
-              if (pos < a.stage_cap) {
-                a.stage_idx[(size_t)m * a.stage_cap + pos] = (tile0 + i) * 16 + g + 8 * r;
-                a.stage_upper[(size_t)m * a.stage_cap + pos] = upper[i][r];
-              }
-              ++pos;
-            }
+        issue_weights(write_off);
+        // chunk c + STAGES - 1 of the unit's batch was issued: after its last chunk the copies move on to the next unit
+        if (c == kJumpChunk && jump_batch) w_src += unit_jump;
+        const uint8_t* slot = ring + read_off + lane * 16;
+        write_off = read_off;
+        read_off = read_off == (STAGES - 1) * kSlotBytes ? 0 : read_off + kSlotBytes;
+        if (!active) continue;
+        if (last_batch && c == CPB - 1)  // the epilogue's loads go out before the unit's last multiplies
+          load_unit_bounds<MT, T>(a, unit * T, lane >> 2, t, row_scale, row_coef, known);
+        const uint8_t* x_chunk = x_batch + c * kActivationBytes;
+        multiply_chunk<MT, T>(acc, slot, [&](int b, int j) {
+          return *reinterpret_cast<const uint4*>(x_chunk + (b * MT + j) * 512);
+        });
       }
+    }
+    if (active) unit_epilogue<MT, T>(a, acc, unit * T, lane, inv_scale, norm, row_scale, row_coef, known);
   }
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
@@ -452,8 +618,54 @@ __global__ void __launch_bounds__(kCompactThreads) compact_kernel(Int8PassArgs a
   if (threadIdx.x == 0) a.count[m] = written;
 }
 
-template <int MT, int T, bool XS, int CPB>
-cudaError_t launch_pass(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
+// Launches kKernel(args, extra..., units per owner) as the persistent grid: shared memory for the weight
+// rings (and with XS the activation batch ring), whole units per warp (XS: groups of one unit per warp per
+// block), as even as their count allows.
+// The compaction spread over kCompactSplit blocks per input row: each thread tests entries
+// y * 256 + t + i * kCompactSplit * 256, four loads in flight, and each warp reserves its kept rows' places
+// with one atomicAdd on the row's count (reset by the prologue), so no block waits on another: the
+// candidate list holds the same rows as the ordered compaction, in another order (the rescore's result
+// does not depend on it).
+constexpr int kCompactSplit = 8;
+__global__ void __launch_bounds__(kCompactThreads) compact_parallel_kernel(Int8PassArgs a) {
+  constexpr int kStep = kCompactSplit * kCompactThreads, kUnroll = 4;
+  const int m = blockIdx.x, lane = threadIdx.x & 31;
+  const int listed = a.stage_count[m];
+  if (listed > a.stage_cap) {
+    if (blockIdx.y == 0 && threadIdx.x == 0) a.count[m] = a.cap + 1;
+    return;
+  }
+  const float best = a.best_lower[m];
+  const int32_t* idx = a.stage_idx + (size_t)m * a.stage_cap;
+  const float* upper = a.stage_upper + (size_t)m * a.stage_cap;
+  for (int start = blockIdx.y * kCompactThreads + threadIdx.x; start - (int)threadIdx.x < listed;
+       start += kUnroll * kStep) {
+    float up[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int e = start + u * kStep;
+      up[u] = e < listed ? upper[e] : -INFINITY;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int e = start + u * kStep;
+      const bool keep = e < listed && up[u] >= best;
+      const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, keep);
+      if (ballot == 0) continue;
+      int base = 0;
+      if (lane == 0) base = atomicAdd(a.count + m, __popc(ballot));
+      const int pos = __shfl_sync(0xFFFFFFFFu, base, 0) + __popc(ballot & ((1u << lane) - 1u));
+      if (keep && pos < a.cap) {
+        a.cand_idx[(size_t)m * a.cap + pos] = idx[e];
+        a.cand_upper[(size_t)m * a.cap + pos] = up[u];
+      }
+    }
+  }
+}
+
+template <auto kKernel, int MT, int T, bool XS, int CPB, typename... Extra>
+cudaError_t launch_persistent(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream,
+                              Extra... extra) {
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
@@ -462,30 +674,58 @@ cudaError_t launch_pass(const Int8PassArgs& args, const Int8PassConfig& config, 
   const int warps = config.warps_per_block;
   const int batch_slots = (config.stages - 2) / CPB + 2;
   const int smem = warps * config.stages * kSlotBytes + (XS ? batch_slots * CPB * (4 / T) * MT * 512 : 0);
-  auto kernel = int8_pass_kernel<MT, T, XS, CPB>;
   // Raised once per kernel and size (not on every launch, so that graph capture sees only the launch).
   static thread_local int smem_allowed[16] = {};
   int& allowed = smem_allowed[device & 15];
   if (smem > allowed) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
     allowed = smem;
   }
-  // Whole units (XS: groups of one unit per warp) per warp or block, as even as their count allows.
   const int units = args.n_padded / (16 * T);
   const int pieces = XS ? (units + warps - 1) / warps : units;
   const int target = XS ? std::max(1, sms * config.warps_per_sm / warps) : sms * config.warps_per_sm;
   const int per_owner = (pieces + target - 1) / target;
   const int owners = (pieces + per_owner - 1) / per_owner;
   const int blocks = XS ? owners : (owners + warps - 1) / warps;
-  kernel<<<blocks, 32 * warps, smem, stream>>>(args, config.stages, per_owner);
+  kKernel<<<blocks, 32 * warps, smem, stream>>>(args, extra..., per_owner);
   return cudaGetLastError();
+}
+
+template <int MT, int T, bool XS, int CPB>
+cudaError_t launch_pass(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
+  return launch_persistent<int8_pass_kernel<MT, T, XS, CPB>, MT, T, XS, CPB>(args, config, stream, config.stages);
+}
+
+// The batched kernel (1-2 tiles): 3 ring slots with batches of 8 chunks (1, 2 or 8 chunks unrolled), 4 slots
+// with batches of 4 (1 or 4 unrolled), or 5 slots with batches of 4 (1).
+template <int MT, int T>
+cudaError_t launch_batched(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
+  const int chunks = args.k / 32 / (4 / T);
+  if constexpr (T == 4) {
+    return cudaErrorInvalidValue;
+  } else if (config.stages == 3 && config.chunks_per_barrier == 8 && chunks % 8 == 0) {
+    switch (config.unroll) {
+      case 1: return launch_persistent<int8_pass_batched_kernel<MT, T, 8, 3, 1>, MT, T, true, 8>(args, config, stream);
+      case 2: return launch_persistent<int8_pass_batched_kernel<MT, T, 8, 3, 2>, MT, T, true, 8>(args, config, stream);
+      default: return launch_persistent<int8_pass_batched_kernel<MT, T, 8, 3, 8>, MT, T, true, 8>(args, config, stream);
+    }
+  } else if (config.stages == 4 && config.chunks_per_barrier == 4 && chunks % 4 == 0) {
+    if (config.unroll == 1)
+      return launch_persistent<int8_pass_batched_kernel<MT, T, 4, 4, 1>, MT, T, true, 4>(args, config, stream);
+    return launch_persistent<int8_pass_batched_kernel<MT, T, 4, 4, 4>, MT, T, true, 4>(args, config, stream);
+  } else if (config.stages == 5 && config.chunks_per_barrier == 4 && chunks % 8 == 0 && config.unroll == 1) {
+    // (two batches a unit at least: its last chunk is issued in the batch before the last)
+    return launch_persistent<int8_pass_batched_kernel<MT, T, 4, 5, 1>, MT, T, true, 4>(args, config, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 // chunks_per_barrier must divide a unit's chunks: the largest of 8, 4, 1 up to the asked one that does.
 template <int MT, int T>
 cudaError_t launch_batches(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
   if (!config.shared_activations) return launch_pass<MT, T, false, 1>(args, config, stream);
+  if (config.unroll > 0) return launch_batched<MT, T>(args, config, stream);
   const int chunks = args.k / 32 / (4 / T);
   if (config.chunks_per_barrier >= 8 && chunks % 8 == 0) return launch_pass<MT, T, true, 8>(args, config, stream);
   if (config.chunks_per_barrier >= 4 && chunks % 4 == 0) return launch_pass<MT, T, true, 4>(args, config, stream);
@@ -518,6 +758,9 @@ cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& con
     default: err = launch_tiles<4>(args, config, stream); break;
   }
   if (err != cudaSuccess) return err;
-  compact_kernel<<<args.m, kCompactThreads, 0, stream>>>(args);
+  if (config.parallel_compaction)
+    compact_parallel_kernel<<<dim3(args.m, kCompactSplit), kCompactThreads, 0, stream>>>(args);
+  else
+    compact_kernel<<<args.m, kCompactThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }

@@ -32,10 +32,15 @@ struct Int8PassArgs {
 // shared-memory ring (else each warp reads them through L1 on its own schedule); chunks_per_barrier (with
 // shared_activations): the block's warps meet once per that many 2 KB chunks (8, 4 or 1: the largest up
 // to the asked value that divides a unit's chunks).
+// unroll > 0 (shared_activations, 1-2 tiles; 3 stages with batches of 8 or 4 with batches of 4): the batched
+// kernel, that many chunks unrolled;
+// parallel_compaction: the compaction spread over several blocks per input row, places taken by atomics.
 struct Int8PassConfig {
   int tiles_per_warp, warps_per_block, stages, warps_per_sm;
   bool shared_activations;
   int chunks_per_barrier;
+  int unroll;
+  bool parallel_compaction;
 };
 
 // cudaErrorInvalidValue: m outside 1..32, k not a multiple of 128, or a config out of range.
