@@ -29,7 +29,9 @@ from cuda_timing import graph_replay_us
 from specpilot_kernels.w12 import encode, w12_gemm
 from specpilot_kernels.w12.configs import GemmConfig, select_config
 from specpilot_kernels.w12.gemm import launch
-from specpilot_kernels.w12.mma import MmaConfig, default_mma_config, select_mma_config, to_mma_layout, w12_mma_gemm
+from specpilot_kernels.w12.mma import (
+    STEP_PLANS, MmaConfig, default_mma_config, select_mma_config, to_mma_layout, w12_mma_gemm,
+)
 from specpilot_kernels.w12.reference import gemm_reference
 
 SHAPES = {"qkv": (10240, 5120), "o_proj": (5120, 8192), "gate_up": (34816, 5120), "down": (5120, 17408),
@@ -39,7 +41,7 @@ ROWS = (1, 2, 4, 8, 16, 32, 48, 64)
 L2_BYTES = 60 * 2**20
 REPLAYS = 15
 TUNE_ROWS = {1: 3, 8: 1, 16: 1, 32: 1}  # rows timed while tuning (1 stands for 1-4 rows), weights
-HALF_BASES = 6  # the best mma partitions also timed at 32 rows with half-chunk steps
+PLAN_BASES = 6  # the best mma partitions also timed at 32 rows with the other step plans
 FINALISTS = 4  # the best partitions re-timed side by side (row by row) before one is chosen: sweep timings drift
 
 
@@ -118,9 +120,10 @@ def correctness(sms: int, variants) -> dict:
     mma = to_mma_layout(w12)
     kernels = [(f"triton_bn{c.block_n}_s{c.splits}_asm{int(c.use_asm)}", lambda x, c=c: w12_gemm(x, w12, config=c))
                for c in (GemmConfig(64, 2, 4, 3, True), GemmConfig(64, 2, 4, 3, False), GemmConfig(128, 1, 4, 3, True))]
-    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}{'_half' if c.half_steps else ''}",
+    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}_p{''.join(map(str, c.plan_32 + c.plan_64))}",
                  lambda x, c=c: w12_mma_gemm(x, mma, config=c))
-                for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(1, 5, 1, True))]
+                for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(1, 5, 1, (2, 1)),
+                          MmaConfig(2, 2, 1, (2, 2), (2, 2)))]
     for key, gemm in kernels:
         if key.split("_")[0] not in variants:
             continue
@@ -172,24 +175,29 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
         "triton": (candidate_configs(n, k, sms),
                    lambda cfg, x, y, i, lb: w12_gemm(x, w12s[i], config=cfg, low_bits=lb, out=y)),
         "mma": (mma_candidates(n, k, sms),
-                lambda cfg, x, y, i, lb: w12_mma_gemm(x, mmas[i], config=cfg, low_bits=lb, out=y)),
+                lambda cfg, x, y, i, lb, **options: w12_mma_gemm(x, mmas[i], config=cfg, low_bits=lb, out=y, **options)),
     }
     fixed = {"triton": select_config(n, k, torch.device("cuda")), "mma": select_mma_config(n, k, torch.device("cuda"))}
 
-    def time_variant(variant, cfg, m, low_bits="exact"):
+    def time_variant(variant, cfg, m, low_bits="exact", **options):
         x = torch.randn(m, k, device="cuda").bfloat16()
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         call = gemms[variant][1]
-        return graph_replay_us(lambda i: call(cfg, x, y, i, low_bits), copies, max(copies, 8), REPLAYS) * 1e-6
+        return graph_replay_us(lambda i: call(cfg, x, y, i, low_bits, **options), copies, max(copies, 8), REPLAYS) * 1e-6
 
     def time_cublas(m):
         x = torch.randn(m, k, device="cuda").bfloat16()
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         return graph_replay_us(lambda i: torch.matmul(x, wts[i], out=y), len(ws), max(len(ws), 8), REPLAYS) * 1e-6
 
-    # autotune at 1, 8, 16 and 32 rows, weighted as the rows of the 1-32 geometric mean; the chosen partition
-    # then serves every row count
+    # autotune at 1, 8, 16 and 32 rows, weighted as the rows of the 1-32 geometric mean, preferring partitions no
+    # slower than cuBLAS at any of them; the chosen partition then serves every row count
     tune, best = [], {}
+    cublas_tune_us = {m: time_cublas(m) * 1e6 for m in TUNE_ROWS}
+    result["cublas_tune_us"] = cublas_tune_us
+
+    def beats_cublas(entry):
+        return all(entry[f"t{m}_us"] <= cublas_tune_us[m] for m in TUNE_ROWS)
 
     def config_of(entry):
         kind = GemmConfig if entry["variant"] == "triton" else MmaConfig
@@ -218,13 +226,17 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
             continue
         for cfg in configs[:3] if quick else configs:
             try_config(variant, cfg)
-        if variant == "mma":  # 17-32 rows in half-chunk steps, for the best partitions
+        if variant == "mma":  # the other step plans at 17-32 rows, for the best partitions
             bases = sorted((e for e in tune if e["variant"] == "mma" and "score" in e), key=lambda e: e["score"])
-            for base in bases[:1 if quick else HALF_BASES]:
-                cfg = MmaConfig(base["warps_n"], base["warps_k"], base["splits"], half_steps=True)
-                try_config(variant, cfg, same_below_17=base)
+            for base in bases[:1 if quick else PLAN_BASES]:
+                for plan in STEP_PLANS[32][1:]:
+                    cfg = MmaConfig(base["warps_n"], base["warps_k"], base["splits"], plan_32=plan)
+                    try_config(variant, cfg, same_below_17=base)
         ranked = sorted((e for e in tune if e["variant"] == variant and "score" in e), key=lambda e: e["score"])
-        finalists = list(dict.fromkeys(config_of(e) for e in ranked))[:FINALISTS]  # distinct, best first
+        # distinct, best first; then the best that were no slower than cuBLAS at every tuned row count
+        finalists = list(dict.fromkeys(config_of(e) for e in ranked))[:FINALISTS]
+        finalists += [c for c in dict.fromkeys(config_of(e) for e in ranked if beats_cublas(e))
+                      if c not in finalists][:FINALISTS // 2]
         if len(finalists) > 1:
             times = {i: {} for i in range(len(finalists))}
             for m in TUNE_ROWS:  # each row count timed for every finalist back to back
@@ -234,8 +246,15 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
             result.setdefault("finalists", {})[variant] = [
                 {**asdict(cfg), **{f"t{m}_us": t for m, t in times[i].items()}, "score": scores[i]}
                 for i, cfg in enumerate(finalists)]
-            i = min(range(len(finalists)), key=scores.__getitem__)
+            # the two targets in order: no row count slower than cuBLAS, then the weighted geomean
+            feasible = [i for i in range(len(finalists)) if beats_cublas({f"t{m}_us": t for m, t in times[i].items()})]
+            i = min(feasible or range(len(finalists)), key=scores.__getitem__)
             best[variant] = (finalists[i], result["finalists"][variant][i])
+        if variant == "mma":  # 33-64 rows (outside the score): the fastest plan for the chosen partition
+            cfg = best[variant][0]
+            plan_us = {plan: time_variant(variant, replace(cfg, plan_64=plan), 64) * 1e6 for plan in STEP_PLANS[64]}
+            result["plan_64_us"] = {",".join(map(str, p)): t for p, t in plan_us.items()}
+            best[variant] = (replace(cfg, plan_64=min(plan_us, key=plan_us.get)), best[variant][1])
     if "triton" in best:  # which MMA instruction the tuned Triton kernel uses
         x = torch.randn(16, k, device="cuda").bfloat16()
         y = torch.empty(16, n, device="cuda", dtype=torch.bfloat16)
@@ -256,9 +275,11 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
             row[f"{variant}_speedup"] = cub / t
             if m in (1, 16):
                 row[f"{variant}_qpass_midpoint_us"] = time_variant(variant, cfg, m, "midpoint") * 1e6
-            if variant == "mma" and 16 < m <= 32:  # the other step size, same partition, same run
-                other = replace(cfg, half_steps=not cfg.half_steps)
-                row["mma_half_steps_us" if other.half_steps else "mma_whole_steps_us"] = time_variant(variant, other, m) * 1e6
+            if variant == "mma":  # launched without overlapping the kernel before it, and the other step plans
+                row["mma_no_overlap_us"] = time_variant(variant, cfg, m, overlap_prior=False) * 1e6
+                if m in (32, 64):
+                    row["mma_plan_us"] = {",".join(map(str, p)): time_variant(variant, replace(cfg, **{f"plan_{m}": p}), m) * 1e6
+                                          for p in STEP_PLANS[m]}
         rows.append(row)
         log(name, row)
     result["best"] = {v: asdict(c) for v, (c, _) in best.items()}
@@ -317,7 +338,9 @@ def main() -> None:
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": "PYTHONPATH=kernels:. python benchmarks/w12_gemm_bench.py " + " ".join(sys.argv[1:]),
            "torch": torch.__version__, "triton": triton.__version__, "weights": "synthetic: seeded N(0, 0.02) BF16",
-           "method": f"CUDA-graph replay over rotating copies >= 4x{L2_BYTES >> 20} MB, median of {REPLAYS}"}
+           "method": f"CUDA-graph replay over rotating copies >= 4x{L2_BYTES >> 20} MB, median of {REPLAYS}; on sm_90+ "
+                     "each mma launch overlaps the tail of the call before it (programmatic dependent launch; "
+                     "mma_no_overlap_us: the same calls launched without)"}
     doc["read_bw_Bps"] = read_bandwidth()
     log("read bw", doc["read_bw_Bps"] / 1e12)
     doc["correctness"] = correctness(props.multi_processor_count, args.variants.split(","))
@@ -343,7 +366,7 @@ def main() -> None:
             if "mma" in shape["best"]:
                 tuned.setdefault(props.name, {})[f"{shape['N']},{shape['K']}"] = shape["best"]["mma"]
         staged = args.write_configs.with_suffix(".json.tmp")  # the configs file is replaced whole, never half-written
-        staged.write_text(json.dumps(tuned, indent=1) + "\n")
+        staged.write_text(re.sub(r"\[\s+(\d+),\s+(\d+)\s+\]", r"[\1, \2]", json.dumps(tuned, indent=1)) + "\n")  # plans on one line
         os.replace(staged, args.write_configs)
     text = json.dumps(doc, indent=1)
     if args.out:

@@ -8,15 +8,17 @@ import torch
 
 from specpilot_kernels.w12 import encode
 from specpilot_kernels.w12 import mma as mma_module
-from specpilot_kernels.w12.format import escape_positions, nibbles_from_kernel_layout
+from specpilot_kernels.w12.format import W12Error, escape_positions, nibbles_from_kernel_layout
 from specpilot_kernels.w12.mma import (
     CSRC, MmaConfig, default_mma_config, planes_from_mma_layout, to_mma_layout, w12_mma_gemm,
 )
 from specpilot_kernels.w12.reference import gemm_reference, qpass_weight_reference
 
 CONFIGS = [MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2)]
-# the same K partitions stepping through half chunks at 17-32 rows (K = 1536: 12 chunks, odd and even counts a warp)
-HALF_CONFIGS = [MmaConfig(4, 1, 1, True), MmaConfig(2, 4, 3, True), MmaConfig(1, 5, 1, True)]
+# the same K partitions with other step plans (K = 1536: 12 chunks, odd and even counts a warp; 63 tiles: an odd
+# count, so with two tiles a warp the last warp repeats a tile and stores nothing for it)
+PLAN_CONFIGS = [MmaConfig(4, 1, 1, (2, 2), (2, 2)), MmaConfig(2, 4, 3, (2, 1), (2, 2)), MmaConfig(1, 5, 1, (2, 2), (4, 1)),
+                MmaConfig(3, 3, 2, (2, 1), (2, 2))]
 
 
 def weight(n=200, k=300, seed=0, device="cpu"):
@@ -62,14 +64,14 @@ def test_escapes_are_bucketed_by_16_row_tile_and_128_column_chunk():
 
 
 def test_partition_reads_n_k_and_multiprocessors_only():
-    # the v11 sweeps' best on the H200 (132 multiprocessors), or within 5% of it
-    assert default_mma_config(10240, 5120, sms=132) == MmaConfig(1, 3, 1, half_steps=True)
-    assert default_mma_config(34816, 5120, sms=132) == MmaConfig(1, 4, 1)
-    assert default_mma_config(248320, 5120, sms=132) == MmaConfig(4, 1, 1)
-    assert default_mma_config(5120, 8192, sms=132) == MmaConfig(1, 5, 1, half_steps=True)
-    assert default_mma_config(4096, 14336, sms=132) == MmaConfig(1, 8, 1, half_steps=True)
-    assert default_mma_config(24576, 4096, sms=132) == MmaConfig(1, 4, 1)
-    assert default_mma_config(5120, 8192, sms=66) == MmaConfig(1, 3, 1, half_steps=True)  # fewer multiprocessors
+    # the v11 partition sweeps' and the v12 step-plan sweep's best on the H200 (132 multiprocessors), or within 5%
+    assert default_mma_config(10240, 5120, sms=132) == MmaConfig(1, 3, 1, plan_32=(2, 1))
+    assert default_mma_config(34816, 5120, sms=132) == MmaConfig(1, 4, 1, (2, 2), (2, 2))
+    assert default_mma_config(248320, 5120, sms=132) == MmaConfig(4, 1, 1, (2, 2), (2, 2))
+    assert default_mma_config(5120, 8192, sms=132) == MmaConfig(1, 5, 1, plan_32=(2, 1))
+    assert default_mma_config(4096, 14336, sms=132) == MmaConfig(1, 8, 1, plan_32=(2, 1))
+    assert default_mma_config(24576, 4096, sms=132) == MmaConfig(1, 4, 1, (2, 2), (2, 2))
+    assert default_mma_config(5120, 8192, sms=66) == MmaConfig(1, 3, 1, plan_32=(2, 1))  # fewer multiprocessors
     assert MmaConfig(splits=3).chunks_per_split(8192) == 22  # 64 chunks in 3 splits of 22, 22, 20
 
 
@@ -115,19 +117,50 @@ def test_mma_row_bits_do_not_depend_on_row_count():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", HALF_CONFIGS, ids=str)
-def test_mma_half_chunk_steps_give_the_same_bits(config):
+@pytest.mark.parametrize("config", PLAN_CONFIGS, ids=str)
+def test_mma_step_plans_give_the_same_bits(config):
     w = weight(n=1000, k=1536, device="cuda")
-    w[480:496, 256:900] = 0.0  # chunks with more escapes than a window, in both halves
+    w[480:496, 256:900] = 0.0  # chunks with more escapes than a window, in every step of them
     mma = to_mma_layout(encode(w))
     whole = MmaConfig(config.warps_n, config.warps_k, config.splits)
-    x = torch.randn(32, 1536, device="cuda").bfloat16()
-    for rows in (17, 24, 32):
-        half = w12_mma_gemm(x[:rows], mma, config=config)
-        assert torch.equal(half.view(torch.int16), w12_mma_gemm(x[:rows], mma, config=whole).view(torch.int16)), rows
+    x = torch.randn(64, 1536, device="cuda").bfloat16()
+    for rows in (17, 24, 32, 33, 64):
+        planned = w12_mma_gemm(x[:rows], mma, config=config)
+        assert torch.equal(planned.view(torch.int16), w12_mma_gemm(x[:rows], mma, config=whole).view(torch.int16)), rows
     for low_bits in ("truncated", "midpoint"):
-        assert torch.equal(w12_mma_gemm(x, mma, config=config, low_bits=low_bits).view(torch.int16),
-                           w12_mma_gemm(x, mma, config=whole, low_bits=low_bits).view(torch.int16))
+        for rows in (32, 64):
+            assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16),
+                               w12_mma_gemm(x[:rows], mma, config=whole, low_bits=low_bits).view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_mma_overlapped_launches_wait_for_the_kernel_before():
+    # a chain where each product is the next one's input (square weight): launched to overlap the kernel before
+    # (programmatic dependent launch), each must still read its input only once the previous one has written it
+    mma = to_mma_layout(encode(weight(n=1536, k=1536, device="cuda")))
+    x0 = torch.randn(32, 1536, device="cuda").bfloat16()
+
+    def chain(overlap, rows, links=12):
+        ys = [x0[:rows]]
+        for _ in range(links):
+            ys.append(w12_mma_gemm(ys[-1], mma, config=MmaConfig(2, 4, 3, (2, 1)), overlap_prior=overlap))
+        return torch.stack(ys).view(torch.int16)
+
+    for rows in (1, 16, 32):
+        serial = chain(False, rows)
+        assert torch.equal(chain(True, rows), serial), rows
+        graph = torch.cuda.CUDAGraph()  # and captured in a graph, as the benchmarks and decoders replay it
+        with torch.cuda.graph(graph):
+            captured = chain(True, rows)
+        graph.replay()
+        assert torch.equal(captured, serial), rows
+
+
+def test_step_plans_outside_the_built_set_are_refused():
+    with pytest.raises(W12Error, match="plan_32"):
+        MmaConfig(plan_32=(1, 1))
+    assert MmaConfig(plan_64=[2, 2]).step_plan(40) == (2, 2)  # a JSON list names a plan too
+    assert MmaConfig(plan_32=(2, 1)).step_plan(16) == (4, 1)
 
 
 @pytest.mark.gpu
@@ -149,8 +182,11 @@ def test_mma_chunks_with_more_escapes_than_a_window():
     cols = torch.arange(250, 890, 20, device="cuda")  # through the zero tile's columns
     onehot = torch.eye(1536, device="cuda", dtype=torch.bfloat16)[cols]
     expected = (w[:, cols].t().float() + 0.0).bfloat16()
-    for config in CONFIGS + HALF_CONFIGS:
+    for config in CONFIGS + PLAN_CONFIGS:
         assert torch.equal(w12_mma_gemm(onehot, mma, config=config).view(torch.int16), expected.view(torch.int16))
+        wide = torch.cat((onehot, onehot))  # 64 rows a launch
+        assert torch.equal(w12_mma_gemm(wide, mma, config=config).view(torch.int16),
+                           torch.cat((expected, expected)).view(torch.int16))
         for r0 in range(0, 32, 4):
             y = w12_mma_gemm(onehot[r0:r0 + 4], mma, config=config).view(torch.int16)
             assert torch.equal(y, expected[r0:r0 + 4].view(torch.int16)), (config, r0)

@@ -18,11 +18,9 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-import triton
 
 from ..cuda_extension import load_cuda_extension
 from .format import STEP_K, W12Error, W12Tensor, escape_positions, nibbles_from_kernel_layout
-from .gemm import _split_reduce_kernel
 
 CSRC = Path(__file__).with_name("csrc")
 LOW_BITS_CODES = {"exact": 0, "truncated": 1, "midpoint": 2}
@@ -123,39 +121,60 @@ def planes_from_mma_layout(mma: W12MmaTensor) -> tuple[torch.Tensor, torch.Tenso
     return unblock(view), unblock(low_plane)
 
 
+# Step plans the kernel is built with for 17-32 and 33-64 rows (up to 16 rows: (4, 1)): (32-column blocks a warp
+# decodes per step, a chunk or a half; 16-row tiles a warp, two sharing one activation load). Half steps hold
+# fewer registers (more warps a multiprocessor) at more instructions; two tiles a warp halve the activation reads
+# at twice the registers. No plan changes an output bit: every accumulator sums its blocks in the same order.
+STEP_PLANS = {32: ((4, 1), (2, 1), (2, 2)), 64: ((4, 1), (2, 2))}
+
+
 @dataclass(frozen=True)
 class MmaConfig:
-    """A partition of the (16-row tile, 128-column chunk) work, fixed per (N, K, GPU), never by M."""
+    """A partition of the (16-row tile, 128-column chunk) work, fixed per (N, K, GPU), never by M, and the step
+    plans (:data:`STEP_PLANS`) used at 17-32 and 33-64 rows."""
 
-    warps_n: int = 4  # 16-row tiles per block
+    warps_n: int = 4  # warps on distinct tiles in a block
     warps_k: int = 1  # warps sharing one tile, reduced in warp order through shared memory
     splits: int = 1  # K splits, reduced in split order through a workspace
-    # 17-32 rows: warps step through half chunks (128 instead of 163 registers, so 16 warps fit a multiprocessor
-    # instead of 12, at ~11% more instructions). Changes no output bit: the blocks are summed in the same order.
-    half_steps: bool = False
+    plan_32: tuple[int, int] = (4, 1)
+    plan_64: tuple[int, int] = (4, 1)
+
+    def __post_init__(self):
+        for rows, built in STEP_PLANS.items():
+            plan = tuple(getattr(self, f"plan_{rows}"))
+            if plan not in built:
+                raise W12Error(f"step plan {plan} for up to {rows} rows is not built into the kernel",
+                               where=f"MmaConfig.plan_{rows}", fix=f"use one of {list(built)}")
+            object.__setattr__(self, f"plan_{rows}", plan)  # JSON lists become tuples
 
     def chunks_per_split(self, kp: int) -> int:
         chunks = kp // STEP_K
         return -(-chunks // min(self.splits, chunks))
+
+    def step_plan(self, m: int) -> tuple[int, int]:
+        """(blocks a step, tiles a warp) for a launch of ``m`` rows."""
+        return (4, 1) if m <= 16 else self.plan_32 if m <= 32 else self.plan_64
 
 
 def default_mma_config(n: int, k: int, sms: int) -> MmaConfig:
     """A partition from N and the multiprocessor count alone, fitted to the H200 sweeps of v11 (12 shapes: the
     27B-class projections, LM head and the 8B-class HF shapes; docs/w12-notes.md). No K splits: up to 2 tiles of
     16 rows per multiprocessor, 8 warps share a tile's K; up to 3, 5 warps; up to 8, 3 (640 tiles x 3 warps fill
-    one wave of 132 multiprocessors); up to 20, 4; beyond, 4 tiles of one warp a block. Grids of up to 8 tiles a
-    multiprocessor step through half chunks at 17-32 rows (the registers, not the tiles, limit their warps).
-    On every swept shape it is the tuned partition or within 5% of it; ``mma_configs.json`` holds the tuned ones."""
+    one wave of 132 multiprocessors); up to 20, 4; beyond, 4 tiles of one warp a block. Step plans (v12 sweep):
+    grids of up to 8 tiles a multiprocessor step through half chunks at 17-32 rows (the registers, not the tiles,
+    limit their warps) and whole chunks at 33-64; larger grids take two tiles a warp in half steps at 17-64 rows
+    (half the activation reads; they have warps to spare). On every swept shape it is the tuned partition or
+    within 5% of it; ``mma_configs.json`` holds the tuned ones."""
     tiles = -(-n // 16)
     if tiles <= 2 * sms:
-        return MmaConfig(warps_n=1, warps_k=8, half_steps=True)
+        return MmaConfig(warps_n=1, warps_k=8, plan_32=(2, 1))
     if tiles <= 3 * sms:
-        return MmaConfig(warps_n=1, warps_k=5, half_steps=True)
+        return MmaConfig(warps_n=1, warps_k=5, plan_32=(2, 1))
     if tiles <= 8 * sms:
-        return MmaConfig(warps_n=1, warps_k=3, half_steps=True)
+        return MmaConfig(warps_n=1, warps_k=3, plan_32=(2, 1))
     if tiles <= 20 * sms:
-        return MmaConfig(warps_n=1, warps_k=4)
-    return MmaConfig(warps_n=4, warps_k=1)
+        return MmaConfig(warps_n=1, warps_k=4, plan_32=(2, 2), plan_64=(2, 2))
+    return MmaConfig(warps_n=4, warps_k=1, plan_32=(2, 2), plan_64=(2, 2))
 
 
 TUNED_PATH = Path(__file__).with_name("mma_configs.json")
@@ -174,12 +193,16 @@ def select_mma_config(n: int, k: int, device: torch.device) -> MmaConfig:
 
 
 def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None = None,
-                 low_bits: str = "exact", out: torch.Tensor | None = None) -> torch.Tensor:
+                 low_bits: str = "exact", out: torch.Tensor | None = None,
+                 overlap_prior: bool | None = None) -> torch.Tensor:
     """y = x @ W^T through the mma.sync kernel.
 
     x bf16 [M, K] CUDA (up to 64 rows per launch; longer inputs in chunks), unit column stride;
     mma: :func:`to_mma_layout` of the weight; out: optional bf16 [M, N] contiguous. Returns y bf16 [M, N].
     The partition comes from ``config`` or (N, K, multiprocessor count) — never from M.
+    ``overlap_prior`` (default: on sm_90 and later) launches the kernel so that its prologue, which reads only the
+    weights, overlaps the tail of the kernel before it in the stream (programmatic dependent launch); it reads x
+    and writes y only after that kernel has finished, so no bit depends on it.
     """
     n, k = mma.shape
     if not x.is_cuda or x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
@@ -194,6 +217,9 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
     m_total = x.shape[0]
     y = out if out is not None else torch.empty(m_total, n, dtype=torch.bfloat16, device=x.device)
     ext = load_cuda_extension("specpilot_w12_mma", CSRC, ("binding.cpp", "w12_mma.cu"))
+    if overlap_prior is None:
+        overlap_prior = torch.cuda.get_device_capability(x.device) >= (9, 0)
+    overlap = int(overlap_prior)
     code = LOW_BITS_CODES[low_bits]
     rows = MAX_ROWS_PER_LAUNCH
     workspace = (torch.empty(splits * min(m_total, rows) * n, dtype=torch.float32, device=x.device)
@@ -203,7 +229,5 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
         m = xm.shape[0]
         partial = workspace[: splits * m * n]
         ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, ym, partial,
-                         n, np_, kp, config.warps_n, config.warps_k, per_split, int(config.half_steps), code)
-        if splits > 1:
-            _split_reduce_kernel[(triton.cdiv(m * n, 1024),)](partial, ym, m * n, SPLITS=splits, BLOCK=1024)
+                         n, np_, kp, config.warps_n, config.warps_k, per_split, *config.step_plan(m), overlap, code)
     return y

@@ -18,11 +18,12 @@
 // Escapes of a (16-row, 128-column) chunk are patched into the owning lane's register before the MMA; a
 // warp keeps a window of 32 of its tile's escapes in registers (one per lane) and finds a chunk's by ballot.
 //
-// Each warp holds its next chunk (or half chunk: `half_steps`) in registers while it decodes and multiplies
-// the current one, and reads activations through L1 (shared by the warps of a multiprocessor). The partition
-// is fixed by (N, K, GPU), never by M: a warp owns one 16-row tile and an interleaved set of its 128-column
-// chunks; warps of one tile reduce through shared memory in warp order, K splits through a workspace summed in
-// split order. No atomics: a row's bits are the same at every row count.
+// Each warp holds its next step (a chunk or half of one) in registers while it decodes and multiplies the
+// current one, and reads activations through L1 (shared by the warps of a multiprocessor). The partition is
+// fixed by (N, K, GPU), never by M: a warp owns an interleaved set of its tile's 128-column chunks; warps of one
+// tile reduce through shared memory in warp order, K splits through a workspace summed in split order. The step
+// plan (step size, one or two tiles a warp) may follow M: it changes no order of sums. No atomics: a row's bits
+// are the same at every row count.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -73,6 +74,20 @@ __device__ __forceinline__ void patch_escape(uint32_t (&a)[8], int lane, uint32_
     if (rr == reg) a[rr] = high ? (a[rr] & 0x0000FFFFu) | (value << 16) : (a[rr] & 0xFFFF0000u) | value;
 }
 
+// Programmatic dependent launch (sm_90+; no-ops before, and when the launch did not ask for it): the prologue of a
+// kernel overlaps the tail of the one before it in the stream.
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -102,97 +117,123 @@ __device__ __forceinline__ void decode_block(uint32_t (&a)[8], uint4 view, uint2
   }
 }
 
-template <int MT, int LOW_BITS, bool HALF_STEPS>
+template <int MT, int LOW_BITS, int STEP_BLOCKS, int TP>
 __global__ void w12_mma_kernel(W12MmaArgs args) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warp_n = warp % args.warps_n;
   const int warp_k = warp / args.warps_n;
-  const int tile = blockIdx.x * args.warps_n + warp_n;
+  const int first_tile = (blockIdx.x * args.warps_n + warp_n) * TP;
   const int g = lane >> 2, t = lane & 3;
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
   const int kblocks = args.k_padded / 32;
 
-  float acc[MT][4];
+  // TP consecutive 16-row tiles a warp (one activation load serves all of them); past the last tile a warp
+  // repeats it and stores nothing.
+  float acc[TP][MT][4];
 #pragma unroll
-  for (int j = 0; j < MT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  for (int p = 0; p < TP; ++p)
+#pragma unroll
+    for (int j = 0; j < MT; ++j) acc[p][j][0] = acc[p][j][1] = acc[p][j][2] = acc[p][j][3] = 0.f;
 
-  if (tile < tiles) {
-    const uint32_t base_lo = uint32_t(args.base[tile * 16 + g]) * 0x00800080u;  // base << 7, both lanes
-    const uint32_t base_hi = uint32_t(args.base[tile * 16 + g + 8]) * 0x00800080u;
-    const uint4* view = reinterpret_cast<const uint4*>(args.view) + (size_t)tile * kblocks * 32 + lane;
-    const uint2* nibs = reinterpret_cast<const uint2*>(args.nibbles) + (size_t)tile * kblocks * 32 + lane;
+  if (first_tile < tiles) {
     const int first = blockIdx.y * args.chunks_per_split + warp_k;
     const int last = min((int)(blockIdx.y + 1) * args.chunks_per_split, chunks);
-    // A warp works in steps of kBlocks 32-column blocks: a whole chunk, or half of one (HALF_STEPS, four token
-    // tiles: a whole chunk's activations take 64 of 163 registers, so 12 warps fit a multiprocessor; in halves
-    // 128 registers, 16 warps, at ~11% more instructions). Steps run in the chunk's block order, so every
-    // accumulator sums in the same order either way and at every row count.
-    constexpr int kBlocks = HALF_STEPS ? 2 : kBlocksPerChunk;
+    // A warp works in steps of STEP_BLOCKS 32-column blocks (a whole chunk, a half or a quarter): smaller steps
+    // hold fewer registers (more warps a multiprocessor) at more instructions. Steps run in the chunk's block
+    // order, so every accumulator sums in the same order at every step size and row count.
+    constexpr int kBlocks = STEP_BLOCKS;
     constexpr int kStepsPerChunk = kBlocksPerChunk / kBlocks;
-    constexpr int kKeyShift = kStepsPerChunk == 1 ? 11 : 10;  // escape loc >> shift: chunk, or chunk and half
+    constexpr int kKeyShift = kStepsPerChunk == 1 ? 11 : kStepsPerChunk == 2 ? 10 : 9;  // escape loc >> shift
     // Running pointers (one 64-bit add per step; block offsets are immediates): weights of the next step to
-    // load and, up to two token tiles, activations of the current one (above that, recomputing the activation
-    // addresses costs fewer registers).
-    constexpr bool kRunningX = MT <= 2 && !HALF_STEPS;
+    // load and activations of the current one, where registers allow: up to two token tiles in whole steps, four
+    // in half steps (53 fewer instructions a chunk at the same 128 registers); whole steps of four tiles (+12
+    // registers) and eight tiles (spills) recompute the activation addresses.
+    constexpr bool kRunningX = MT <= 2 ? kStepsPerChunk == 1 : MT == 4 && kStepsPerChunk == 2;
     const __nv_bfloat16* x_rows[MT];
 #pragma unroll
     for (int j = 0; j < MT; ++j)
       x_rows[j] = args.x + (size_t)min(j * 8 + g, args.m - 1) * args.ldx + (kRunningX ? first * 128 + 8 * t : 0);
-    const uint4* view_next = view + (size_t)first * kBlocksPerChunk * 32;
-    const uint2* nibs_next = nibs + (size_t)first * kBlocksPerChunk * 32;
 
-    // Escape window: lane i holds escape win + i of this tile's range (sorted by chunk, block, position).
-    const int e_lo = args.esc_ptr[tile * chunks + min(first, chunks)];
-    const int e_hi = args.esc_ptr[tile * chunks + last];
-    int win = e_lo;
-    uint32_t my_loc = 0xFFFFFFFFu, my_val = 0;
-    auto load_window = [&]() {
-      const int idx = win + lane;
-      my_loc = idx < e_hi ? uint32_t(args.esc_loc[idx]) : 0xFFFFFFFFu;
-      my_val = idx < e_hi ? uint32_t(args.esc_val[idx]) : 0u;
+    uint32_t base_lo[TP], base_hi[TP];
+    const uint4* view_next[TP];
+    const uint2* nibs_next[TP];
+    // Escape window per tile: lane i holds escape win + i of the tile's range (sorted by chunk, block, position).
+    int win[TP], e_hi[TP];
+    uint32_t my_loc[TP], my_val[TP];
+#pragma unroll
+    for (int p = 0; p < TP; ++p) {
+      const int tile = min(first_tile + p, tiles - 1);
+      base_lo[p] = uint32_t(args.base[tile * 16 + g]) * 0x00800080u;  // base << 7, both lanes
+      base_hi[p] = uint32_t(args.base[tile * 16 + g + 8]) * 0x00800080u;
+      const size_t start = ((size_t)tile * kblocks + (size_t)first * kBlocksPerChunk) * 32 + lane;
+      view_next[p] = reinterpret_cast<const uint4*>(args.view) + start;
+      nibs_next[p] = reinterpret_cast<const uint2*>(args.nibbles) + start;
+      win[p] = args.esc_ptr[tile * chunks + min(first, chunks)];
+      e_hi[p] = args.esc_ptr[tile * chunks + last];
+      my_loc[p] = 0xFFFFFFFFu;
+      my_val[p] = 0;
+    }
+    auto load_window = [&](int p) {
+      const int idx = win[p] + lane;
+      my_loc[p] = idx < e_hi[p] ? uint32_t(args.esc_loc[idx]) : 0xFFFFFFFFu;
+      my_val[p] = idx < e_hi[p] ? uint32_t(args.esc_val[idx]) : 0u;
     };
-    if (LOW_BITS == 0) load_window();
+    if (LOW_BITS == 0) {
+#pragma unroll
+      for (int p = 0; p < TP; ++p) load_window(p);
+    }
 
     // Weights are read once: no L1 allocation, so L1 keeps the activations. The next step loads while this
     // one is decoded and multiplied.
-    uint4 v_next[kBlocks];
-    uint2 n_next[kBlocks];
-    int load_half = 0;  // which half of its chunk the next load is (half-chunk steps)
+    uint4 v_next[TP][kBlocks];
+    uint2 n_next[TP][kBlocks];
+    int load_part = 0;  // which step of its chunk the next load is
     auto load_step = [&]() {
 #pragma unroll
-      for (int u = 0; u < kBlocks; ++u) {
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(v_next[u].x), "=r"(v_next[u].y), "=r"(v_next[u].z), "=r"(v_next[u].w)
-                     : "l"(view_next + u * 32));
-        if (LOW_BITS == 0) {
-          asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
-                       : "=r"(n_next[u].x), "=r"(n_next[u].y) : "l"(nibs_next + u * 32));
-        } else {
-          n_next[u] = make_uint2(0, 0);
-        }
-      }
-      // to the chunk's other half, or to the first blocks of the warp's next chunk
-      const size_t advance = kStepsPerChunk == 1 || load_half == 1
-                                 ? (size_t)(args.warps_k * kBlocksPerChunk - (kStepsPerChunk - 1) * kBlocks) * 32
-                                 : (size_t)kBlocks * 32;
-      view_next += advance;
-      nibs_next += advance;
-      load_half ^= kStepsPerChunk - 1;
-    };
-    if (first < last) load_step();
-    for (int chunk = first; chunk < last; chunk += args.warps_k) {
-#pragma unroll
-      for (int half = 0; half < kStepsPerChunk; ++half) {
-        uint4 v[kBlocks];
-        uint2 nb[kBlocks];
+      for (int p = 0; p < TP; ++p)
 #pragma unroll
         for (int u = 0; u < kBlocks; ++u) {
-          v[u] = v_next[u];
-          nb[u] = n_next[u];
+          asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                       : "=r"(v_next[p][u].x), "=r"(v_next[p][u].y), "=r"(v_next[p][u].z), "=r"(v_next[p][u].w)
+                       : "l"(view_next[p] + u * 32));
+          if (LOW_BITS == 0) {
+            asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
+                         : "=r"(n_next[p][u].x), "=r"(n_next[p][u].y) : "l"(nibs_next[p] + u * 32));
+          } else {
+            n_next[p][u] = make_uint2(0, 0);
+          }
         }
-        if (half + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
+      // to the chunk's next step, or to the first blocks of the warp's next chunk
+      const size_t advance = load_part == kStepsPerChunk - 1
+                                 ? (size_t)(args.warps_k * kBlocksPerChunk - (kStepsPerChunk - 1) * kBlocks) * 32
+                                 : (size_t)kBlocks * 32;
+#pragma unroll
+      for (int p = 0; p < TP; ++p) {
+        view_next[p] += advance;
+        nibs_next[p] += advance;
+      }
+      load_part = (load_part + 1) & (kStepsPerChunk - 1);
+    };
+    if (first < last) load_step();
+    // Everything above reads only the weights. Activations (and the outputs below) may belong to the kernel before
+    // this one in the stream: wait for it here, when it was launched to overlap (sm_90+: programmatic dependent
+    // launch; without it this returns at once).
+    wait_for_prior_grid();
+    for (int chunk = first; chunk < last; chunk += args.warps_k) {
+#pragma unroll
+      for (int part = 0; part < kStepsPerChunk; ++part) {
+        uint4 v[TP][kBlocks];
+        uint2 nb[TP][kBlocks];
+#pragma unroll
+        for (int p = 0; p < TP; ++p)
+#pragma unroll
+          for (int u = 0; u < kBlocks; ++u) {
+            v[p][u] = v_next[p][u];
+            nb[p][u] = n_next[p][u];
+          }
+        if (part + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
         // activations of this step: one 16-byte load per token row and 32-column block. Lanes past the last
         // row read it again: their MMA columns are outputs that are never stored (no predicates, no zeroing).
         uint4 xv[kBlocks][MT];
@@ -201,96 +242,143 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
 #pragma unroll
           for (int j = 0; j < MT; ++j)
             xv[u][j] = __ldg(reinterpret_cast<const uint4*>(
-                x_rows[j] + (kRunningX ? u * 32 : (chunk * kBlocksPerChunk + half * kBlocks + u) * 32 + 8 * t)));
-        if (kRunningX) {
+                x_rows[j] + (kRunningX ? u * 32 : (chunk * kBlocksPerChunk + part * kBlocks + u) * 32 + 8 * t)));
+        if (kRunningX) {  // to the chunk's other half, or to the warp's next chunk
+          const int x_advance = part == kStepsPerChunk - 1 ? args.warps_k * 128 - (kStepsPerChunk - 1) * kBlocks * 32
+                                                           : kBlocks * 32;
 #pragma unroll
-          for (int j = 0; j < MT; ++j) x_rows[j] += args.warps_k * 128;
+          for (int j = 0; j < MT; ++j) x_rows[j] += x_advance;
         }
 
-        uint32_t a[kBlocks][8];
 #pragma unroll
-        for (int u = 0; u < kBlocks; ++u) decode_block<LOW_BITS>(a[u], v[u], nb[u], base_lo, base_hi);
-        if (LOW_BITS == 0) {
-          const uint32_t key = uint32_t(chunk * kStepsPerChunk + half);
-          while (true) {
-            uint32_t hits = __ballot_sync(0xFFFFFFFFu, (my_loc >> kKeyShift) == key);
-            while (hits) {
-              const int src = __ffs(hits) - 1;
-              hits &= hits - 1;
-              const uint32_t loc = __shfl_sync(0xFFFFFFFFu, my_loc, src);
-              const uint32_t value = __shfl_sync(0xFFFFFFFFu, my_val, src);
-              const int u = ((loc >> 9) & 3) - half * kBlocks;
+        for (int p = 0; p < TP; ++p) {
+          uint32_t a[kBlocks][8];
 #pragma unroll
-              for (int uu = 0; uu < kBlocks; ++uu)
-                if (uu == u) patch_escape(a[uu], lane, loc, value);
+          for (int u = 0; u < kBlocks; ++u) decode_block<LOW_BITS>(a[u], v[p][u], nb[p][u], base_lo[p], base_hi[p]);
+          if (LOW_BITS == 0) {
+            const uint32_t key = uint32_t(chunk * kStepsPerChunk + part);
+            while (true) {
+              uint32_t hits = __ballot_sync(0xFFFFFFFFu, (my_loc[p] >> kKeyShift) == key);
+              while (hits) {
+                const int src = __ffs(hits) - 1;
+                hits &= hits - 1;
+                const uint32_t loc = __shfl_sync(0xFFFFFFFFu, my_loc[p], src);
+                const uint32_t value = __shfl_sync(0xFFFFFFFFu, my_val[p], src);
+                const int u = ((loc >> 9) & 3) - part * kBlocks;
+#pragma unroll
+                for (int uu = 0; uu < kBlocks; ++uu)
+                  if (uu == u) patch_escape(a[uu], lane, loc, value);
+              }
+              // the window is spent once its last escape is at or before this step: slide it (rare)
+              const uint32_t last_loc = __shfl_sync(0xFFFFFFFFu, my_loc[p], 31);
+              if (win[p] + 32 < e_hi[p] && (last_loc >> kKeyShift) <= key) {
+                win[p] += 32;
+                load_window(p);
+                continue;
+              }
+              break;
             }
-            // the window is spent once its last escape is at or before this step: slide it (rare)
-            const uint32_t last_loc = __shfl_sync(0xFFFFFFFFu, my_loc, 31);
-            if (win + 32 < e_hi && (last_loc >> kKeyShift) <= key) {
-              win += 32;
-              load_window();
-              continue;
-            }
-            break;
           }
-        }
 #pragma unroll
-        for (int u = 0; u < kBlocks; ++u) {
+          for (int u = 0; u < kBlocks; ++u) {
 #pragma unroll
-          for (int s = 0; s < 2; ++s) {
-            const uint32_t frag[4] = {a[u][4 * s], a[u][4 * s + 1], a[u][4 * s + 2], a[u][4 * s + 3]};
+            for (int s = 0; s < 2; ++s) {
+              const uint32_t frag[4] = {a[u][4 * s], a[u][4 * s + 1], a[u][4 * s + 2], a[u][4 * s + 3]};
 #pragma unroll
-            for (int j = 0; j < MT; ++j)
-              mma_bf16(acc[j], frag, s ? xv[u][j].z : xv[u][j].x, s ? xv[u][j].w : xv[u][j].y);
+              for (int j = 0; j < MT; ++j)
+                mma_bf16(acc[p][j], frag, s ? xv[u][j].z : xv[u][j].x, s ? xv[u][j].w : xv[u][j].y);
+            }
           }
         }
       }
     }
   }
 
+  // The next kernel in the stream may start its prologue once every block is past its main loop; the outputs are
+  // written only once the kernel before this one is done (a warp without chunks did not wait above).
+  allow_next_grid();
+  wait_for_prior_grid();
   // Warps of one tile reduce in warp_k order through shared memory.
   extern __shared__ float red[];
+  constexpr int kAcc = TP * MT * 4;
   if (args.warps_k > 1) {
-    float* mine = red + ((size_t)warp * 32 + lane) * MT * 4;
+    float* mine = red + ((size_t)warp * 32 + lane) * kAcc;
 #pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) mine[j * 4 + q] = acc[j][q];
-    __syncthreads();
-    if (warp_k != 0) return;
-    for (int wk = 1; wk < args.warps_k; ++wk) {
-      const float* other = red + ((size_t)(wk * args.warps_n + warp_n) * 32 + lane) * MT * 4;
+    for (int p = 0; p < TP; ++p)
 #pragma unroll
       for (int j = 0; j < MT; ++j)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) acc[j][q] += other[j * 4 + q];
+        for (int q = 0; q < 4; ++q) mine[(p * MT + j) * 4 + q] = acc[p][j][q];
+    __syncthreads();
+    if (warp_k != 0) return;
+    for (int wk = 1; wk < args.warps_k; ++wk) {
+      const float* other = red + ((size_t)(wk * args.warps_n + warp_n) * 32 + lane) * kAcc;
+#pragma unroll
+      for (int p = 0; p < TP; ++p)
+#pragma unroll
+        for (int j = 0; j < MT; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) acc[p][j][q] += other[(p * MT + j) * 4 + q];
     }
   }
-  if (tile >= tiles) return;
 #pragma unroll
-  for (int j = 0; j < MT; ++j) {
+  for (int p = 0; p < TP; ++p) {
+    const int tile = first_tile + p;
+    if (tile >= tiles) return;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int n = tile * 16 + g + 8 * (q >> 1);
-      const int m = j * 8 + 2 * t + (q & 1);
-      if (n < args.n && m < args.m) {
-        if (args.partial)
-          args.partial[((size_t)blockIdx.y * args.m + m) * args.n + n] = acc[j][q];
-        else
-          args.y[(size_t)m * args.n + n] = __float2bfloat16_rn(acc[j][q]);
+    for (int j = 0; j < MT; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int n = tile * 16 + g + 8 * (q >> 1);
+        const int m = j * 8 + 2 * t + (q & 1);
+        if (n < args.n && m < args.m) {
+          if (args.partial)
+            args.partial[((size_t)blockIdx.y * args.m + m) * args.n + n] = acc[p][j][q];
+          else
+            args.y[(size_t)m * args.n + n] = __float2bfloat16_rn(acc[p][j][q]);
+        }
       }
     }
   }
 }
 
-template <int MT, int LOW_BITS, bool HALF_STEPS = false>
+// K splits summed in split order (split 0, then 1, 2, ...: the Triton reduction's order), rounded once.
+__global__ void split_reduce_kernel(const float* partial, __nv_bfloat16* y, int total, int splits) {
+  allow_next_grid();  // the next kernel's prologue reads only its weights
+  wait_for_prior_grid();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  float acc = partial[i];
+  for (int s = 1; s < splits; ++s) acc += partial[(size_t)s * total + i];
+  y[i] = __float2bfloat16_rn(acc);
+}
+
+// A launch that may overlap the kernel before it in the stream (programmatic dependent launch, sm_90+).
+template <typename Kernel, typename... Args>
+cudaError_t launch_overlapping(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool overlap,
+                               Args... args) {
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = overlap ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
+template <int MT, int LOW_BITS, int STEP_BLOCKS, int TP>
 cudaError_t launch(const W12MmaArgs& args, cudaStream_t stream) {
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
-  dim3 grid((tiles + args.warps_n - 1) / args.warps_n, (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
+  const int tiles_per_block = args.warps_n * TP;
+  dim3 grid((tiles + tiles_per_block - 1) / tiles_per_block, (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
   dim3 block(32 * args.warps_n * args.warps_k);
-  const size_t smem = args.warps_k > 1 ? (size_t)block.x * MT * 4 * sizeof(float) : 0;
-  auto kernel = w12_mma_kernel<MT, LOW_BITS, HALF_STEPS>;
+  const size_t smem = args.warps_k > 1 ? (size_t)block.x * TP * MT * 4 * sizeof(float) : 0;
+  auto kernel = w12_mma_kernel<MT, LOW_BITS, STEP_BLOCKS, TP>;
   if (smem > 48 * 1024) {  // the in-block reduction of 16 warps x 64 rows needs 64 KB (sm_120 allows 99 KB)
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
@@ -301,19 +389,32 @@ cudaError_t launch(const W12MmaArgs& args, cudaStream_t stream) {
   if (resident == 0 && args.warps_n > 1) {  // registers for fewer warps than the block: fewer tiles a block
     W12MmaArgs fewer = args;                // (which tiles share a block changes no bit)
     fewer.warps_n = args.warps_n / 2;
-    return launch<MT, LOW_BITS, HALF_STEPS>(fewer, stream);
+    return launch<MT, LOW_BITS, STEP_BLOCKS, TP>(fewer, stream);
   }
-  kernel<<<grid, block, smem, stream>>>(args);
-  return cudaGetLastError();
+  return launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, args);
+}
+
+// The step plans each token-tile count is built with (blocks a step, tiles a warp); none changes a bit.
+template <int MT, int LOW_BITS>
+cudaError_t launch_plan(const W12MmaArgs& args, cudaStream_t stream) {
+  const int plan = args.step_blocks * 10 + args.tiles_per_warp;
+  if (plan == 41) return launch<MT, LOW_BITS, 4, 1>(args, stream);
+  if constexpr (MT == 4) {
+    if (plan == 21) return launch<MT, LOW_BITS, 2, 1>(args, stream);
+  }
+  if constexpr (MT >= 4) {
+    if (plan == 22) return launch<MT, LOW_BITS, 2, 2>(args, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 template <int LOW_BITS>
 cudaError_t launch_rows(const W12MmaArgs& args, cudaStream_t stream) {
   // Token tiles of 8: 1, 2, 4 or 8 (up to 64 rows); each tile's MMA is independent of the others.
-  if (args.m <= 8) return launch<1, LOW_BITS>(args, stream);
-  if (args.m <= 16) return launch<2, LOW_BITS>(args, stream);
-  if (args.m <= 32) return args.half_steps ? launch<4, LOW_BITS, true>(args, stream) : launch<4, LOW_BITS>(args, stream);
-  return launch<8, LOW_BITS>(args, stream);
+  if (args.m <= 8) return launch_plan<1, LOW_BITS>(args, stream);
+  if (args.m <= 16) return launch_plan<2, LOW_BITS>(args, stream);
+  if (args.m <= 32) return launch_plan<4, LOW_BITS>(args, stream);
+  return launch_plan<8, LOW_BITS>(args, stream);
 }
 
 }  // namespace
@@ -321,5 +422,10 @@ cudaError_t launch_rows(const W12MmaArgs& args, cudaStream_t stream) {
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream) {
   if (args.m < 1 || args.m > kMaxRows || args.warps_n * args.warps_k < 1 || args.warps_n * args.warps_k > kMaxWarpsPerBlock)
     return cudaErrorInvalidValue;
-  return low_bits == 0 ? launch_rows<0>(args, stream) : low_bits == 1 ? launch_rows<1>(args, stream) : launch_rows<2>(args, stream);
+  const cudaError_t err =
+      low_bits == 0 ? launch_rows<0>(args, stream) : low_bits == 1 ? launch_rows<1>(args, stream) : launch_rows<2>(args, stream);
+  if (err != cudaSuccess || !args.partial) return err;
+  const int total = args.m * args.n, splits = (args.k_padded / 128 + args.chunks_per_split - 1) / args.chunks_per_split;
+  return launch_overlapping(split_reduce_kernel, dim3((total + 255) / 256), dim3(256), 0, stream, args.overlap_prior,
+                            (const float*)args.partial, args.y, total, splits);
 }

@@ -12,12 +12,15 @@ struct W12MmaArgs {
   const int32_t* esc_ptr;  // [n_padded/16 * k_padded/128 + 1] CSR over (16-row tile, 128-column chunk)
   const int32_t* esc_loc;  // chunk << 11 | block << 9 | (row % 16) << 5 | (column % 32), sorted per tile
   const uint16_t* esc_val; // exact BF16 bits
-  float* partial;          // [splits][m][n] when K is split, else nullptr
-  __nv_bfloat16* y;        // [m][n] when K is not split
+  float* partial;          // [splits][m][n] workspace when K is split (summed into y in split order), else nullptr
+  __nv_bfloat16* y;        // [m][n]
   int m, n, k, ldx, n_padded, k_padded;
   int warps_n, warps_k, chunks_per_split;  // the partition (from N, K and the GPU, never from m)
-  int half_steps;  // 17-32 rows: warps step through half chunks (fewer registers; changes no bit)
+  // The step plan (changes no bit): 32-column blocks a warp decodes per step (4 or 2: a chunk or a half) and
+  // 16-row tiles a warp (1 or 2: one activation load serves both)
+  int step_blocks, tiles_per_warp;
+  int overlap_prior;  // sm_90+: launched to overlap the previous kernel in the stream (programmatic dependent launch)
 };
 
-// cudaErrorInvalidValue: m outside 1..64 or more than 16 warps per block.
+// cudaErrorInvalidValue: m outside 1..64, more than 16 warps per block, or a step plan not built for m's token tiles.
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream);
