@@ -31,9 +31,8 @@ class CudaPassConfig:
     walk K in step and share each chunk's activations through shared memory (else each warp reads them
     through L1); chunks_per_barrier (with shared_activations): the activations come in batches of that many
     2 KB chunks and the block's warps meet once per batch (8, 4 or 1: the largest up to the asked value that
-    divides a unit's chunks); unroll (with shared_activations, 3 stages, batches of 8, 1-2 tiles): above 0 the
-    batched kernel (compile-time ring and batch, running offsets) with that many chunks unrolled (1, 2, 8);
-    parallel_compaction: the compaction spread over several blocks per input row (places taken by atomics)."""
+    divides a unit's chunks). With 3 stages, batches of 8 and 1-2 tiles the batched kernel runs (ring depth and
+    batch fixed at compile time, addresses in running offsets), else the general one."""
 
     tiles_per_warp: int = 2
     warps_per_block: int = 8
@@ -41,15 +40,14 @@ class CudaPassConfig:
     warps_per_sm: int = 16
     shared_activations: bool = True
     chunks_per_barrier: int = 8
-    unroll: int = 0
-    parallel_compaction: bool = False
 
 
 def default_cuda_config(rows: int) -> CudaPassConfig:
     """The partition for ``rows`` input rows (1-32): the H200 sweeps' fastest at every row count
-    (``benchmarks/results/certified_head-cuda{7,8}-2026-11-30.json``; 32 rows: 364 us, 385 us meeting at
-    every chunk): 8-warp blocks sharing the activations in batches of 8 chunks per barrier, two tiles and 3
-    ring slots per warp, 16 warps per multiprocessor."""
+    (``benchmarks/results/certified_head-cuda{11,12}-2026-11-30.json``: the batched kernel, 293 us at one row,
+    335 us at 32 against the general kernel's 300 and 425-435 in the same runs): 8-warp blocks sharing the
+    activations in batches of 8 chunks per barrier, two tiles and 3 ring slots per warp, 16 warps per
+    multiprocessor."""
     return CudaPassConfig()
 
 
@@ -97,6 +95,5 @@ def int8_pass_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int =
     _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best_lower,
                            stage_count, stage_idx, stage_upper, count, cand_idx, cand_upper, BOUND_SLACK,
                            NORM_INFLATION, config.tiles_per_warp, config.warps_per_block, config.stages,
-                           config.warps_per_sm, config.shared_activations, config.chunks_per_barrier, config.unroll,
-                           config.parallel_compaction)
+                           config.warps_per_sm, config.shared_activations, config.chunks_per_barrier)
     return best_lower, count, cand_idx, cand_upper

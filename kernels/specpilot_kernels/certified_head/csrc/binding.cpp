@@ -13,8 +13,7 @@ void int8_pass(torch::Tensor x, torch::Tensor x16, torch::Tensor inv_scale, torc
                torch::Tensor stage_count, torch::Tensor stage_idx, torch::Tensor stage_upper,
                torch::Tensor count, torch::Tensor cand_idx, torch::Tensor cand_upper, double slack,
                double norm_inflation, int64_t tiles_per_warp, int64_t warps_per_block, int64_t stages,
-               int64_t warps_per_sm, bool shared_activations, int64_t chunks_per_barrier, int64_t unroll,
-               bool parallel_compaction) {
+               int64_t warps_per_sm, bool shared_activations, int64_t chunks_per_barrier) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2,
               "int8_pass: x must be a contiguous CUDA bf16 [M, K] tensor");
   TORCH_CHECK((reinterpret_cast<uintptr_t>(x.data_ptr()) | reinterpret_cast<uintptr_t>(fragments.data_ptr())) % 16 == 0,
@@ -56,8 +55,7 @@ void int8_pass(torch::Tensor x, torch::Tensor x16, torch::Tensor inv_scale, torc
   args.norm_inflation = static_cast<float>(norm_inflation);
   const Int8PassConfig config{static_cast<int>(tiles_per_warp), static_cast<int>(warps_per_block),
                               static_cast<int>(stages), static_cast<int>(warps_per_sm), shared_activations,
-                              static_cast<int>(chunks_per_barrier), static_cast<int>(unroll),
-                              parallel_compaction};
+                              static_cast<int>(chunks_per_barrier)};
   const cudaError_t err = int8_pass_launch(args, config, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "int8_pass launch failed: ", cudaGetErrorString(err));
 }

@@ -9,7 +9,9 @@
 // pass streams the weights once: each warp owns units of tiles_per_warp 16-row tiles and walks their
 // K in 2 KB chunks through a private shared-memory ring filled by cp.async (evict-first in L2); the
 // activations come through a block-shared ring in batches of CPB chunks, the block's warps meeting once
-// per batch (or through L1), and each load serves every tile of the unit. Weights are stored
+// per batch (or through L1), and each load serves every tile of the unit. The default partition (3 ring
+// slots, batches of 8, 1-2 tiles) runs the batched kernel, which fixes both at compile time and carries
+// its addresses in running offsets; every other partition the general one. Weights are stored
 // pre-shuffled in the mma.sync fragment layout (fragments.py) as
 // offset-binary bytes u = q + 128: prmt puts a byte under 0x64 (fp16 1024 + u) and one sub.f16x2 of
 // 1152 leaves q exactly, two weights per instruction pair. m16n8k16 f16 x f16 -> f32 with weights on
@@ -29,9 +31,9 @@
 // upper bound reaches max(value read, unit best). Both are at most the final best, so a dropped row
 // provably is not the argmax. Kept rows go to a large stage list (one atomicAdd per warp and input row):
 // early in the pass every warp still sees a low running best (the whole grid starts at once), so the
-// stage list holds several times the final survivors; the compaction launch keeps those that reach
-// the final best, so the rescore reads exactly the reference's survivors (in an order that varies;
-// its result does not).
+// stage list holds several times the final survivors; the compaction launch (8 blocks per input row, places
+// in the candidate list taken by atomics) keeps those that reach the final best, so the rescore reads
+// exactly the reference's survivors (in an order that varies; its result does not).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -178,7 +180,7 @@ __global__ void __launch_bounds__(kPrologueThreads) prologue_kernel(Int8PassArgs
     a.norm[m] = sqrtf(sum_sq) * a.norm_inflation;
     a.best_lower[m] = -INFINITY;
     a.stage_count[m] = ok ? 0 : a.stage_cap + 1;
-    a.count[m] = 0;  // the parallel compaction counts into it
+    a.count[m] = 0;  // the compaction counts into it
   }
 }
 
@@ -457,23 +459,24 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
-// The shared-activation schedule (XS) with the ring depth STAGES and the batch CPB fixed at compile time
-// and each chunk's addresses carried in running offsets: the weight copies walk a pointer through the
-// unit (2 KB a chunk, one jump to the next unit), the ring and batch slots are offsets that wrap, the
-// block's batches are a loop of CPB chunks (UNROLL of them unrolled, so a batch's activation offsets are
-// immediates) and the epilogue follows a unit's last batch instead of a test on every chunk. The copies
-// and barriers are the XS kernel's, in the same order: weights STAGES - 1 chunks ahead, activations
-// (STAGES - 2) / CPB + 1 batches ahead, the block meeting once per batch.
-template <int MT, int T, int CPB, int STAGES, int UNROLL>
+// The default partition's kernel: the shared-activation schedule (XS) with 3 ring slots and batches of 8
+// chunks fixed at compile time and each chunk's addresses carried in running offsets: the weight copies walk
+// a pointer through the unit (2 KB a chunk, one jump to the next unit), the ring and batch slots are offsets
+// that wrap, a batch is 8 unrolled chunks (its activation offsets immediates) and the epilogue follows a
+// unit's last batch instead of a test on every chunk: ~138 SASS instructions a 2 KB chunk at 32 rows instead
+// of the general kernel's ~213. The copies and barriers are the general kernel's, in the same order: weights
+// STAGES - 1 chunks ahead, activations one batch ahead, the block meeting once per batch.
+constexpr int kBatchedStages = 3, kBatchedChunks = 8;  // the batched kernel's ring slots and chunks a batch
+
+template <int MT, int T>
 __global__ void __launch_bounds__(256, 2) int8_pass_batched_kernel(Int8PassArgs a, int units_per_group) {
+  constexpr int STAGES = kBatchedStages, CPB = kBatchedChunks;
+  static_assert(T <= 2 && CPB >= STAGES, "two tiles at most (128 registers); a unit's last copy in its last batch");
   constexpr int kBlocksPerChunk = 4 / T;
   constexpr int kActivationBytes = kBlocksPerChunk * MT * 512;
   constexpr int kBatchBytes = CPB * kActivationBytes;
-  constexpr int kBatchLead = (STAGES - 2) / CPB + 1;  // batches in flight: CPB * lead >= STAGES - 1
-  constexpr int kBatchRingBytes = (kBatchLead + 1) * kBatchBytes;
+  constexpr int kBatchRingBytes = 2 * kBatchBytes;  // one batch read, the next in flight (CPB >= STAGES - 1)
   constexpr int kRingBytes = STAGES * kSlotBytes;
-  // a unit's last chunk is issued at chunk kJumpChunk of its kJumpBatch-th batch from the end
-  constexpr int kJumpBatch = (STAGES + CPB - 1) / CPB, kJumpChunk = kJumpBatch * CPB - STAGES;
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int t = lane & 3;
@@ -513,7 +516,7 @@ __global__ void __launch_bounds__(256, 2) int8_pass_batched_kernel(Int8PassArgs 
     copy_commit();
   };
   // Activation batches in order: batch b is chunks b CPB .. b CPB + CPB - 1 of a unit (CPB divides chunks),
-  // one contiguous piece of x16, into batch slot b % (kBatchLead + 1). Committed with the next weight group.
+  // one contiguous piece of x16, into batch slot b % 2. Committed with the next weight group.
   const int block_batches = count_units * batches_per_unit;
   const uint32_t x_ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(x_ring)) + threadIdx.x * 16;
   const uint8_t* x16 = reinterpret_cast<const uint8_t*>(a.x16) + threadIdx.x * 16;
@@ -530,8 +533,7 @@ __global__ void __launch_bounds__(256, 2) int8_pass_batched_kernel(Int8PassArgs 
     act_chunk = act_chunk + CPB == chunks ? 0 : act_chunk + CPB;
     act_slot = act_slot + kBatchBytes == kBatchRingBytes ? 0 : act_slot + kBatchBytes;
   };
-#pragma unroll
-  for (int b = 0; b < kBatchLead; ++b) issue_activations();
+  issue_activations();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) issue_weights(s * kSlotBytes);
 
@@ -554,20 +556,20 @@ __global__ void __launch_bounds__(256, 2) int8_pass_batched_kernel(Int8PassArgs 
     for (int batch = 0; batch < batches_per_unit; ++batch) {
       const uint8_t* x_batch = x_ring + x_read_off + lane * 16;
       x_read_off = x_read_off + kBatchBytes == kBatchRingBytes ? 0 : x_read_off + kBatchBytes;
-      const bool last_batch = batch == batches_per_unit - 1, jump_batch = batch == batches_per_unit - kJumpBatch;
-#pragma unroll UNROLL
+      const bool last_batch = batch == batches_per_unit - 1;
+#pragma unroll
       for (int c = 0; c < CPB; ++c) {
         // Each lane reads back the weight pieces it copied itself (no warp barrier needed); at a batch's first
-        // chunk the block's warps meet: the batch's activations (committed kBatchLead batches, >= STAGES - 1
-        // chunks, ago) are complete for every thread, and the batch slot refilled next was read before.
+        // chunk the block's warps meet: the batch's activations (committed a batch, >= STAGES - 1 chunks, ago)
+        // are complete for every thread, and the batch slot refilled next was read in the batch before.
         copy_wait_const<STAGES - 2>();
         if (c == 0) {
           __syncthreads();
-          issue_activations();  // kBatchLead batches ahead of this one
+          issue_activations();  // the next batch
         }
         issue_weights(write_off);
-        // chunk c + STAGES - 1 of the unit's batch was issued: after its last chunk the copies move on to the next unit
-        if (c == kJumpChunk && jump_batch) w_src += unit_jump;
+        // chunk c + STAGES - 1 was issued: after the unit's last chunk the copies move on to the next unit
+        if (c == CPB - STAGES && last_batch) w_src += unit_jump;
         const uint8_t* slot = ring + read_off + lane * 16;
         write_off = read_off;
         read_off = read_off == (STAGES - 1) * kSlotBytes ? 0 : read_off + kSlotBytes;
@@ -585,49 +587,15 @@ __global__ void __launch_bounds__(256, 2) int8_pass_batched_kernel(Int8PassArgs 
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
-// One block per input row: the stage list's rows that reach the final best lower bound, in stage order,
-// into the candidate list. count = cap + 1 (the full head) where the stage list overflowed or the
-// prologue flagged the row; above cap where more rows survive than the list holds.
-__global__ void __launch_bounds__(kCompactThreads) compact_kernel(Int8PassArgs a) {
-  __shared__ int warp_counts[kCompactThreads / 32];
-  const int m = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int listed = a.stage_count[m];
-  if (listed > a.stage_cap) {
-    if (threadIdx.x == 0) a.count[m] = a.cap + 1;
-    return;
-  }
-  const float best = a.best_lower[m];
-  const int32_t* idx = a.stage_idx + (size_t)m * a.stage_cap;
-  const float* upper = a.stage_upper + (size_t)m * a.stage_cap;
-  int written = 0;
-  for (int start = 0; start < listed; start += kCompactThreads) {
-    const int e = start + threadIdx.x;
-    const bool keep = e < listed && upper[e] >= best;
-    const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, keep);
-    if (lane == 0) warp_counts[warp] = __popc(ballot);
-    __syncthreads();
-    int pos = written + __popc(ballot & ((1u << lane) - 1u));
-    for (int w = 0; w < warp; ++w) pos += warp_counts[w];
-    if (keep && pos < a.cap) {
-      a.cand_idx[(size_t)m * a.cap + pos] = idx[e];
-      a.cand_upper[(size_t)m * a.cap + pos] = upper[e];
-    }
-    for (int w = 0; w < kCompactThreads / 32; ++w) written += warp_counts[w];
-    __syncthreads();  // warp_counts is rewritten by the next round
-  }
-  if (threadIdx.x == 0) a.count[m] = written;
-}
-
-// Launches kKernel(args, extra..., units per owner) as the persistent grid: shared memory for the weight
-// rings (and with XS the activation batch ring), whole units per warp (XS: groups of one unit per warp per
-// block), as even as their count allows.
-// The compaction spread over kCompactSplit blocks per input row: each thread tests entries
-// y * 256 + t + i * kCompactSplit * 256, four loads in flight, and each warp reserves its kept rows' places
-// with one atomicAdd on the row's count (reset by the prologue), so no block waits on another: the
-// candidate list holds the same rows as the ordered compaction, in another order (the rescore's result
-// does not depend on it).
+// The compaction: the stage list's rows that reach the final best lower bound, into the candidate list, spread
+// over kCompactSplit blocks per input row: each thread tests entries y * 256 + t + i * kCompactSplit * 256,
+// four loads in flight, and each warp reserves its kept rows' places with one atomicAdd on the row's count
+// (reset by the prologue), so no block waits on another (one block per row testing 256 entries a round took
+// 15 us at 32 rows, 51 us on longer stage lists). The order of the list varies; the rescore's result does not.
+// count = cap + 1 (the full head) where the stage list overflowed or the prologue flagged the row; above cap
+// where more rows survive than the list holds.
 constexpr int kCompactSplit = 8;
-__global__ void __launch_bounds__(kCompactThreads) compact_parallel_kernel(Int8PassArgs a) {
+__global__ void __launch_bounds__(kCompactThreads) compact_kernel(Int8PassArgs a) {
   constexpr int kStep = kCompactSplit * kCompactThreads, kUnroll = 4;
   const int m = blockIdx.x, lane = threadIdx.x & 31;
   const int listed = a.stage_count[m];
@@ -663,6 +631,9 @@ __global__ void __launch_bounds__(kCompactThreads) compact_parallel_kernel(Int8P
   }
 }
 
+// Launches kKernel(args, extra..., units per owner) as the persistent grid: shared memory for the weight
+// rings (and with XS the activation batch ring), whole units per warp (XS: groups of one unit per warp per
+// block), as even as their count allows.
 template <auto kKernel, int MT, int T, bool XS, int CPB, typename... Extra>
 cudaError_t launch_persistent(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream,
                               Extra... extra) {
@@ -697,37 +668,18 @@ cudaError_t launch_pass(const Int8PassArgs& args, const Int8PassConfig& config, 
   return launch_persistent<int8_pass_kernel<MT, T, XS, CPB>, MT, T, XS, CPB>(args, config, stream, config.stages);
 }
 
-// The batched kernel (1-2 tiles): 3 ring slots with batches of 8 chunks (1, 2 or 8 chunks unrolled), 4 slots
-// with batches of 4 (1 or 4 unrolled), or 5 slots with batches of 4 (1).
-template <int MT, int T>
-cudaError_t launch_batched(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
-  const int chunks = args.k / 32 / (4 / T);
-  if constexpr (T == 4) {
-    return cudaErrorInvalidValue;
-  } else if (config.stages == 3 && config.chunks_per_barrier == 8 && chunks % 8 == 0) {
-    switch (config.unroll) {
-      case 1: return launch_persistent<int8_pass_batched_kernel<MT, T, 8, 3, 1>, MT, T, true, 8>(args, config, stream);
-      case 2: return launch_persistent<int8_pass_batched_kernel<MT, T, 8, 3, 2>, MT, T, true, 8>(args, config, stream);
-      default: return launch_persistent<int8_pass_batched_kernel<MT, T, 8, 3, 8>, MT, T, true, 8>(args, config, stream);
-    }
-  } else if (config.stages == 4 && config.chunks_per_barrier == 4 && chunks % 4 == 0) {
-    if (config.unroll == 1)
-      return launch_persistent<int8_pass_batched_kernel<MT, T, 4, 4, 1>, MT, T, true, 4>(args, config, stream);
-    return launch_persistent<int8_pass_batched_kernel<MT, T, 4, 4, 4>, MT, T, true, 4>(args, config, stream);
-  } else if (config.stages == 5 && config.chunks_per_barrier == 4 && chunks % 8 == 0 && config.unroll == 1) {
-    // (two batches a unit at least: its last chunk is issued in the batch before the last)
-    return launch_persistent<int8_pass_batched_kernel<MT, T, 4, 5, 1>, MT, T, true, 4>(args, config, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
-// chunks_per_barrier must divide a unit's chunks: the largest of 8, 4, 1 up to the asked one that does.
+// The partition picks the kernel: the batched one for 3 ring slots and batches of 8 with 1-2 tiles, else the
+// general one. chunks_per_barrier must divide a unit's chunks: the largest of 8, 4, 1 up to the asked one that does.
 template <int MT, int T>
 cudaError_t launch_batches(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
   if (!config.shared_activations) return launch_pass<MT, T, false, 1>(args, config, stream);
-  if (config.unroll > 0) return launch_batched<MT, T>(args, config, stream);
   const int chunks = args.k / 32 / (4 / T);
-  if (config.chunks_per_barrier >= 8 && chunks % 8 == 0) return launch_pass<MT, T, true, 8>(args, config, stream);
+  if (config.chunks_per_barrier >= 8 && chunks % 8 == 0) {
+    if constexpr (T <= 2)
+      if (config.stages == kBatchedStages)
+        return launch_persistent<int8_pass_batched_kernel<MT, T>, MT, T, true, kBatchedChunks>(args, config, stream);
+    return launch_pass<MT, T, true, 8>(args, config, stream);
+  }
   if (config.chunks_per_barrier >= 4 && chunks % 4 == 0) return launch_pass<MT, T, true, 4>(args, config, stream);
   return launch_pass<MT, T, true, 1>(args, config, stream);
 }
@@ -758,9 +710,6 @@ cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& con
     default: err = launch_tiles<4>(args, config, stream); break;
   }
   if (err != cudaSuccess) return err;
-  if (config.parallel_compaction)
-    compact_parallel_kernel<<<dim3(args.m, kCompactSplit), kCompactThreads, 0, stream>>>(args);
-  else
-    compact_kernel<<<args.m, kCompactThreads, 0, stream>>>(args);
+  compact_kernel<<<dim3(args.m, kCompactSplit), kCompactThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }

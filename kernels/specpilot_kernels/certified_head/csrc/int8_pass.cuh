@@ -31,16 +31,12 @@ struct Int8PassArgs {
 // shared_activations: the block's warps walk K in step and share each chunk's activations through a
 // shared-memory ring (else each warp reads them through L1 on its own schedule); chunks_per_barrier (with
 // shared_activations): the block's warps meet once per that many 2 KB chunks (8, 4 or 1: the largest up
-// to the asked value that divides a unit's chunks).
-// unroll > 0 (shared_activations, 1-2 tiles; 3 stages with batches of 8 or 4 with batches of 4): the batched
-// kernel, that many chunks unrolled;
-// parallel_compaction: the compaction spread over several blocks per input row, places taken by atomics.
+// to the asked value that divides a unit's chunks). With 3 stages, batches of 8 and 1-2 tiles the batched
+// kernel runs (ring depth and batch fixed at compile time), else the general one.
 struct Int8PassConfig {
   int tiles_per_warp, warps_per_block, stages, warps_per_sm;
   bool shared_activations;
   int chunks_per_barrier;
-  int unroll;
-  bool parallel_compaction;
 };
 
 // cudaErrorInvalidValue: m outside 1..32, k not a multiple of 128, or a config out of range.
