@@ -140,12 +140,13 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
   if (first_tile < tiles) {
     const int first = blockIdx.y * args.chunks_per_split + warp_k;
     const int last = min((int)(blockIdx.y + 1) * args.chunks_per_split, chunks);
-    // A warp works in steps of STEP_BLOCKS 32-column blocks (a whole chunk, a half or a quarter): smaller steps
-    // hold fewer registers (more warps a multiprocessor) at more instructions. Steps run in the chunk's block
-    // order, so every accumulator sums in the same order at every step size and row count.
+    // A warp works in steps of STEP_BLOCKS 32-column blocks (a whole chunk or half of one): half steps hold fewer
+    // registers (more warps a multiprocessor) at more instructions. Steps run in the chunk's block order, so
+    // every accumulator sums in the same order at every step size and row count.
+    static_assert(STEP_BLOCKS == 4 || STEP_BLOCKS == 2, "a step is a chunk or half of one");
     constexpr int kBlocks = STEP_BLOCKS;
     constexpr int kStepsPerChunk = kBlocksPerChunk / kBlocks;
-    constexpr int kKeyShift = kStepsPerChunk == 1 ? 11 : kStepsPerChunk == 2 ? 10 : 9;  // escape loc >> shift
+    constexpr int kKeyShift = kStepsPerChunk == 1 ? 11 : 10;  // escape loc >> shift: the chunk, or chunk and half
     // Running pointers (one 64-bit add per step; block offsets are immediates): weights of the next step to
     // load and activations of the current one, where registers allow: up to two token tiles in whole steps, four
     // in half steps (53 fewer instructions a chunk at the same 128 registers); whole steps of four tiles (+12
