@@ -202,7 +202,9 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
     The partition comes from ``config`` or (N, K, multiprocessor count) — never from M.
     ``overlap_prior`` (default: on sm_90 and later) launches the kernel so that its prologue, which reads only the
     weights, overlaps the tail of the kernel before it in the stream (programmatic dependent launch); it reads x
-    and writes y only after that kernel has finished, so no bit depends on it.
+    and writes y only after that kernel has finished, so no bit depends on it. The weights are read before that
+    wait: pass ``overlap_prior=False`` if the kernel just before wrote them (weights converted at load time, as
+    everywhere in this project, are long done).
     """
     n, k = mma.shape
     if not x.is_cuda or x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
