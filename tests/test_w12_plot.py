@@ -1,0 +1,41 @@
+"""The W12 speedup figure, drawn from committed H200 results (CPU only)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+_spec = importlib.util.spec_from_file_location("w12_plot", BENCHMARKS / "w12_plot.py")  # a script, not a package
+w12_plot = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(w12_plot)
+PlotInputError, main, read_speedups = w12_plot.PlotInputError, w12_plot.main, w12_plot.read_speedups
+
+RESULTS = BENCHMARKS / "results"
+V11 = RESULTS / "w12-gemm-mma-v11-h200x2-2026-11-30.json"
+V12 = RESULTS / "w12-gemm-mma-v12-h200-2026-11-30.json"
+
+
+def test_speedups_are_read_per_shape_and_row_count():
+    speedups = read_speedups(V12, "mma")
+    assert set(speedups) == {"qkv", "o_proj", "gate_up", "down", "lm_head"}
+    assert [m for m, _ in speedups["qkv"]] == [1, 2, 4, 8, 16, 32, 48, 64]
+    assert all(s > 0 for points in speedups.values() for _, s in points)
+
+
+def test_figure_compares_two_runs(tmp_path):
+    out = tmp_path / "figs" / "w12.png"
+    assert main([str(V11), str(V12), "--label", "v11", "--label", "v12", "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+
+
+def test_bad_input_is_named_and_writes_nothing(tmp_path, capsys):
+    not_bench = tmp_path / "other.json"
+    not_bench.write_text('{"cases": []}')
+    out = tmp_path / "w12.png"
+    assert main([str(V12), str(not_bench), "--out", str(out)]) == 2
+    assert "no 'shapes' section" in capsys.readouterr().err and not out.exists()
+    with pytest.raises(PlotInputError, match="try --variant triton"):
+        read_speedups(V12, "triton")
+    with pytest.raises(SystemExit):  # one label for two files
+        main([str(V11), str(V12), "--label", "only", "--out", str(out)])
