@@ -34,7 +34,8 @@ def read_speedups(path: Path, variant: str) -> dict[str, list[tuple[int, float]]
     if not isinstance(shapes, dict) or not shapes:
         raise PlotInputError(f"{path}: no 'shapes' section; pass a file written by benchmarks/w12_gemm_bench.py")
     key = f"{variant}_speedup"
-    out = {name: [(row["M"], row[key]) for row in shape.get("rows", []) if key in row] for name, shape in shapes.items()}
+    out = {name: [(row["M"], row[key]) for row in shape.get("rows", []) if key in row and "M" in row]
+           for name, shape in shapes.items()}
     if not any(out.values()):
         raise PlotInputError(f"{path}: no '{key}' figures; the file timed other kernels (try --variant triton)")
     return out

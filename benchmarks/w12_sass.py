@@ -1,0 +1,110 @@
+"""Registers and the SASS instructions a warp executes per main-loop iteration of every W12 mma kernel
+(csrc/w12_mma.cu built by nvcc; the rarely taken escape-patch branch skipped), the instruction counts the notes
+quote. Needs nvcc and cuobjdump (CUDA 12.8+), no GPU.
+
+    python benchmarks/w12_sass.py [--arch sm_90a] [--out FILE.json]
+
+The compiler may unroll a loop iteration over several chunks: a chunk is 8 MMAs per token tile and tile a warp,
+so `instructions_per_chunk` divides by the iteration's MMAs. The `kernel` key is the template's
+<token tiles, low bits, blocks a step, tiles a warp>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parents[1] / "kernels" / "specpilot_kernels" / "w12" / "csrc"
+KERNEL = re.compile(r"w12_mma_kernelILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E")
+ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)")
+BRANCH = re.compile(r"BRA (0x[0-9a-f]+)")
+
+
+def loop_instructions(sass: str) -> list[str]:
+    """Opcodes of one pass through a kernel's main loop: from the target of the backward branch that closes the
+    last MMA to that branch, skipping each escape check's taken branch (VOTE.ANY, then the branch over the patch
+    loop, which runs only when a step holds an escape)."""
+    lines = [(int(m.group(1), 16), m.group(3), line) for line in sass.splitlines() if (m := ADDRESS.search(line))]
+    last_mma = max(i for i, (_, op, _) in enumerate(lines) if op.startswith("HMMA"))
+    back = next(i for i in range(last_mma, len(lines)) if BRANCH.search(lines[i][2]))
+    start_address = int(BRANCH.search(lines[back][2]).group(1), 16)
+    start = next(i for i, (address, _, _) in enumerate(lines) if address == start_address)
+    ops, i = [], start
+    while i <= back:
+        ops.append(lines[i][1])
+        if lines[i][1].startswith("VOTE.ANY"):
+            branch = next(k for k in range(i + 1, i + 4) if BRANCH.search(lines[k][2]))
+            ops += [op for _, op, _ in lines[i + 1:branch + 1]]
+            skip_to = int(BRANCH.search(lines[branch][2]).group(1), 16)
+            i = branch + 1
+            while i <= back and lines[i][0] < skip_to:
+                i += 1
+            continue
+        i += 1
+    return ops
+
+
+def tool(name: str) -> str:
+    """A CUDA tool: on PATH, beside nvcc, or (cuobjdump) the copy Triton ships."""
+    places = [shutil.which(name)]
+    if shutil.which("nvcc"):
+        places.append(Path(shutil.which("nvcc")).resolve().with_name(name))
+    try:
+        import triton
+        places.append(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+    except ImportError:
+        pass
+    for place in places:
+        if place and Path(place).exists():
+            return str(place)
+    sys.exit(f"error: {name} not found on PATH or beside nvcc; install the CUDA toolkit (12.8+) or put its bin/ on PATH")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default="sm_90a", help="nvcc -arch (sm_90a: the H200; sm_120: RTX PRO 6000)")
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON here as well as to stdout")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "w12_mma.cubin"
+        build = subprocess.run([tool("nvcc"), f"-arch={args.arch}", "-std=c++17", "-O3", "-cubin", "-Xptxas", "-v",
+                                str(CSRC / "w12_mma.cu"), "-o", str(cubin)], capture_output=True, text=True)
+        if build.returncode:
+            sys.exit(f"error: nvcc failed:\n{build.stderr[-2000:]}")
+        dump = subprocess.run([tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True)
+    registers = {m.group(1): int(m.group(2)) for m in re.finditer(
+        r"Compiling entry function '(\w+)'.*?Used (\d+) registers", build.stderr, re.S)}
+    kernels = []
+    for function in re.split(r"\n\s*Function : ", dump.stdout)[1:]:
+        name = function.split("\n", 1)[0].strip()
+        match = KERNEL.search(name)
+        if not match:
+            continue
+        ops = loop_instructions(function)
+        token_tiles, _, _, tiles_per_warp = map(int, match.groups())
+        chunks = sum(op.startswith("HMMA") for op in ops) / (8 * token_tiles * tiles_per_warp)
+        kernels.append({"kernel": "<{}>".format(", ".join(match.groups())), "registers": registers.get(name),
+                        "loop_instructions": len(ops), "chunks_per_iteration": chunks,
+                        "instructions_per_chunk": round(len(ops) / chunks, 1),
+                        "by_opcode": dict(Counter(op.split(".")[0] for op in ops).most_common())})
+    kernels.sort(key=lambda k: tuple(int(v) for v in k["kernel"].strip("<>").split(", ")))
+    nvcc_version = subprocess.run([tool("nvcc"), "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    doc = {"benchmark": "w12_sass", "arch": args.arch, "nvcc": nvcc_version[-1] if nvcc_version else None,
+           "command": "python benchmarks/w12_sass.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "kernels": kernels}
+    text = json.dumps(doc, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The SASS loop counter behind the W12 notes' instruction counts (benchmarks/w12_sass.py)."""
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+_path = Path(__file__).resolve().parents[1] / "benchmarks" / "w12_sass.py"
+_spec = importlib.util.spec_from_file_location("w12_sass", _path)  # a script, not a package
+w12_sass = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(w12_sass)
+
+# a main loop from 0x0040 to the backward branch at 0x00f0, with an escape check whose patch (0x00a0-0x00c0)
+# is branched over when no lane holds an escape
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0040*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0050*/                   LOP3.LUT R8, R4, 0x7ff07ff0, RZ, 0xc0, !PT ;
+        /*0060*/                   ISETP.NE.AND P0, PT, R9, R10, PT ;
+        /*0070*/                   VOTE.ANY R11, PT, !P0 ;
+        /*0080*/              @!P0 BRA 0xd0 ;
+        /*0090*/                   SHFL.IDX PT, R12, R13, R14, 0x1f ;
+        /*00a0*/                   SHFL.IDX PT, R15, R13, R14, 0x1f ;
+        /*00c0*/                   BRA 0x90 ;
+        /*00d0*/                   HMMA.16816.F32.BF16 R16, R4, R20, R16 ;
+        /*00e0*/                   ISETP.GE.AND P1, PT, R22, R23, PT ;
+        /*00f0*/              @!P1 BRA 0x40 ;
+        /*0100*/                   EXIT ;
+"""
+
+
+def test_loop_counts_one_pass_without_the_escape_patch():
+    ops = w12_sass.loop_instructions(SASS)
+    assert ops == ["LDG.E.128", "LOP3.LUT", "ISETP.NE.AND", "VOTE.ANY", "BRA", "HMMA.16816.F32.BF16",
+                   "ISETP.GE.AND", "BRA"]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA 12.8+)")
+def test_every_kernel_instantiation_is_counted(tmp_path, capsys):
+    out = tmp_path / "sass.json"
+    assert w12_sass.main(["--out", str(out)]) == 0
+    kernels = {k["kernel"]: k for k in json.loads(out.read_text())["kernels"]}
+    assert len(kernels) == 21  # 7 (token tiles, plan) pairs x 3 low-bit modes
+    one_row = kernels["<1, 0, 4, 1>"]
+    assert one_row["chunks_per_iteration"] == 1.0 and one_row["by_opcode"]["HMMA"] == 8
+    assert one_row["by_opcode"]["PRMT"] == 32  # one byte permute per pair of weights: 64 weights a lane a chunk
