@@ -19,6 +19,7 @@ within twice their error bound of the best, and those rows are scored with the e
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import statistics
@@ -32,8 +33,9 @@ from cuda_timing import graph_replay_us, record_section
 from specpilot_kernels.certified_head import certified_argmax_graphable, int8_pass, quantize_head
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
 from specpilot_kernels.certified_head.cuda_pass import CudaPassConfig, cuda_pass_available
-from specpilot_kernels.certified_head.head import interpreting, uses_cuda_pass
-from specpilot_kernels.certified_head.reference import accumulation_gamma
+from specpilot_kernels.certified_head.exact_cuda import rescore_cuda
+from specpilot_kernels.certified_head.head import interpreting, uses_cuda_exact, uses_cuda_pass
+from specpilot_kernels.certified_head.reference import accumulation_gamma, radius_coefficients
 from specpilot_kernels.certified_head.rescore import exact_k_splits, rescore
 
 VOCAB, HIDDEN = 248320, 5120
@@ -44,7 +46,17 @@ TILES = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
 CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, xs, cpb)
                 for t, wpb, st, wps, xs, cpb in (
                     (2, 8, 3, 16, True, 8), (1, 8, 3, 16, True, 8), (2, 8, 3, 16, True, 4), (2, 8, 4, 16, True, 4))]
-SECTIONS = ("cuda_tuning", "tuning", "rows", "rescore_tuning", "property_check")
+SECTIONS = ("cuda_tuning", "tuning", "variants", "rows", "rescore_tuning", "property_check")
+# side by side in interleaved rounds: the whole certified call (c:) or the INT8 pass alone (p:), by the radius
+# ("any": valid for any exact order, session 5's; "warp": for the CUDA exact head's depth), the exact arithmetic
+# ("triton": the K-split MMA rescore and its finalize, session 5's; "cuda": one launch of exact_cuda)
+VARIANTS = {
+    "c:any_triton_exact": ("any", dict(cuda_config=CudaPassConfig(), exact="triton")),
+    "c:any_cuda_exact": ("any", dict(cuda_config=CudaPassConfig(), exact="cuda")),
+    "c:warp_cuda_exact": ("warp", dict(cuda_config=CudaPassConfig(), exact="cuda")),
+    "p:any": ("any", dict(cuda_config=CudaPassConfig())),
+    "p:warp": ("warp", dict(cuda_config=CudaPassConfig())),
+}
 
 
 def read_bandwidth() -> float:
@@ -55,7 +67,8 @@ def read_bandwidth() -> float:
 
 
 def exact_argmax_prefiltered(x: torch.Tensor, weight: torch.Tensor, row_norms: torch.Tensor, cap: int = 256):
-    """Exact head argmax of x [M, K] via cuBLAS prefilter + exact rescoring of every row that may win."""
+    """Exact head argmax of x [M, K] via cuBLAS prefilter + exact rescoring of every row that may win (with the
+    exact head's arithmetic of the default path)."""
     M, K = x.shape
     approx = F.linear(x, weight).float()  # bf16 output: relative error <= 2^-8 plus accumulation
     x_norm = x.float().norm(dim=1, keepdim=True)
@@ -71,6 +84,8 @@ def exact_argmax_prefiltered(x: torch.Tensor, weight: torch.Tensor, row_norms: t
     order[row, torch.arange(row.numel(), device=x.device) - starts[row]] = col.to(torch.int32)
     upper = torch.zeros((M, cap), dtype=torch.float32, device=x.device)
     best_lower = torch.full((M,), float("-inf"), device=x.device)
+    if uses_cuda_exact(x, "auto", None):  # the arithmetic the certified head's default path takes
+        return rescore_cuda(x, weight, best_lower, counts, order, upper)
     return rescore(x, weight, best_lower, counts, order, upper, programs=1, dot_fp32=interpreting())
 
 
@@ -146,19 +161,52 @@ def tune_cuda(heads, gen, copies: int, repeats: int) -> tuple[dict, dict]:
     return best, timings_out
 
 
+def compare_variants(heads, gen, copies: int, repeats: int) -> dict:
+    """Every VARIANTS entry per row count by CUDA-graph replay, ``repeats`` interleaved rounds (the median counts),
+    so that clock drift under the power limit falls on all of them alike; and the rows each radius keeps."""
+    by_radius = {"warp": heads, "any": [dataclasses.replace(h, radius_coef=radius_coefficients(h.weight),
+                                                             exact_depth=None) for h in heads]}
+    if heads[0].exact_depth is None:
+        raise RuntimeError("the default head carries the radius for any order: the CUDA exact head did not build")
+    out = {}
+    for m in ROW_COUNTS:
+        xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+        runs = {name: [] for name in VARIANTS}
+        for _ in range(repeats):
+            for name, (radius, options) in VARIANTS.items():
+                call = certified_argmax_graphable if name.startswith("c:") else int8_pass
+                hs = by_radius[radius]
+                runs[name].append(graph_replay_us(lambda i: call(xs[i], hs[i], backend="cuda", **options), copies))
+        out[m] = {name: {"us": statistics.median(us), "runs_us": us} for name, us in runs.items()}
+        out[m]["rescored_per_row"] = {radius: int8_pass(xs[0], hs[0])[1].float().mean().item()
+                                      for radius, hs in by_radius.items()}
+        print(f"M={m} variants: " + ", ".join(f"{name} {statistics.median(us):.1f} us" for name, us in runs.items())
+              + f"; rows kept per input row {out[m]['rescored_per_row']}", file=sys.stderr, flush=True)
+    return out
+
+
 RESCORE_TILES = [(1, 32, 256, 4, 64), (1, 32, 256, 4, 32), (1, 64, 256, 4, 32), (2, 32, 256, 4, 32),
                  (4, 32, 256, 4, 16), (4, 32, 256, 4, 64), (5, 32, 256, 4, 16), (4, 16, 256, 4, 32),
                  (2, 32, 512, 4, 32)]  # (K splits, candidates per block, K slice, warps, programs per row)
 
 
 def tune_rescore(heads, gen, copies: int) -> dict:
-    """Rescore + finalize alone by CUDA-graph replay on the candidate lists of one INT8 pass per copy, for
-    other summation orders (K splits, K slice: the exact head changes with them) and tilings."""
+    """Rescore + finalize alone by CUDA-graph replay on the candidate lists of one INT8 pass per copy: the CUDA
+    rescore (one launch) by blocks per multiprocessor, the Triton one for other summation orders (K splits, K slice:
+    the exact head changes with them) and tilings."""
     out = {}
     for m in (1, 8, 16, 32):
         xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
         lists = [int8_pass(xs[i], heads[i]) for i in range(copies)]
         timings = []
+        for blocks_per_sm in (1, 2):
+            shape = {"exact": "cuda", "blocks_per_sm": blocks_per_sm}
+            try:
+                shape["us"] = graph_replay_us(
+                    lambda i: rescore_cuda(xs[i], heads[i].weight, *lists[i], blocks_per_sm=blocks_per_sm), copies)
+            except Exception as exc:
+                shape["error"] = f"{type(exc).__name__}: {exc}"
+            timings.append(shape)
         for splits, bs, bk, warps, programs in RESCORE_TILES:
             shape = {"k_splits": splits, "block_s": bs, "block_k": bk, "num_warps": warps, "programs": programs}
             try:
@@ -259,7 +307,8 @@ def main() -> None:
 
     runs = {"cuda_tuning": run_cuda_tuning, "tuning": run_tuning,
             "rows": lambda: timing(heads, gen, best_tiles, best_cuda, args.copies, bandwidth),
-            "rescore_tuning": lambda: tune_rescore(heads, gen, args.copies), "property_check": run_check}
+            "rescore_tuning": lambda: tune_rescore(heads, gen, args.copies), "property_check": run_check,
+            "variants": lambda: compare_variants(heads, gen, args.copies, args.repeats)}
     for name in SECTIONS:
         if name not in sections:
             continue

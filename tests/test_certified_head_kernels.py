@@ -7,7 +7,7 @@ from specpilot_kernels.certified_head import (certified_argmax, certified_argmax
                                               int8_pass, quantize_head)
 from specpilot_kernels.certified_head import reference as R
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
-from specpilot_kernels.certified_head.head import interpreting
+from specpilot_kernels.certified_head.head import interpreting, uses_cuda_exact
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -101,7 +101,7 @@ def test_k_split_exact_head_and_rescore_agree(k_splits):
     argmax."""
     gen = torch.Generator().manual_seed(9)
     w, pairs = adversarial_head(192, 1024, gen)
-    head = quantize_head(w.to(DEVICE))
+    head = quantize_head(w.to(DEVICE), exact_depth=1024)  # the Triton exact head's radius: any order
     x = adversarial_inputs(head.weight, pairs.to(DEVICE), 8, gen)
     exact = exact_head_logits(x, head.weight, k_splits=k_splits)
     want = R.exact_head_reference(x.cpu(), R.CertifiedHead(head.weight.cpu(), head.qweight.cpu(), head.scale.cpu(),
@@ -117,19 +117,27 @@ def test_interpreter_flag_is_off_on_the_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("k_splits", [None, 1, 2])
-def test_rescored_logits_are_the_exact_heads_bits(k_splits):
+@pytest.mark.parametrize("exact,k_splits", [("cuda", None), ("triton", None), ("triton", 1), ("triton", 2)])
+def test_rescored_logits_are_the_exact_heads_bits(exact, k_splits):
     """The certificate relies on rescoring reproducing the full head's value of every row bit for bit."""
     gen = torch.Generator().manual_seed(7)
     w, pairs = adversarial_head(4096, 1024, gen)
-    head = quantize_head(w.cuda())
+    head = quantize_head(w.cuda(), exact_depth=None if exact == "cuda" else 1024)
     x = adversarial_inputs(head.weight, pairs.cuda(), 32, gen)
-    full = exact_head_logits(x, head.weight, k_splits=k_splits)
+    full = exact_head_logits(x, head.weight, k_splits=k_splits, exact=exact)
     perm = torch.randperm(4096, device="cuda")
-    shuffled = exact_head_logits(x, head.weight[perm].contiguous(), k_splits=k_splits)
+    shuffled = exact_head_logits(x, head.weight[perm].contiguous(), k_splits=k_splits, exact=exact)
     assert torch.equal(shuffled, full[:, perm])
-    tokens, _ = certified_argmax(x, head, k_splits=k_splits)
+    tokens, _ = certified_argmax(x, head, k_splits=k_splits, exact=exact)
     assert torch.equal(tokens, full.argmax(1))
+
+
+@pytest.mark.gpu
+def test_the_default_exact_head_on_the_gpu_is_the_cuda_one():
+    x = torch.ones(1, 256, dtype=torch.bfloat16, device="cuda")
+    assert uses_cuda_exact(x, "auto", None) and not uses_cuda_exact(x, "auto", 2)
+    with pytest.raises(ValueError, match="k_splits"):
+        uses_cuda_exact(x, "cuda", 2)
 
 
 def test_hidden_size_that_is_not_a_multiple_of_the_int8_tile():

@@ -44,11 +44,50 @@ def test_overflow_falls_back_to_the_full_head():
     assert torch.equal(tokens, R.exact_head_reference(x, head).argmax(1))
 
 
-def test_ten_million_rows_never_change_the_argmax():
-    """>= 10 million synthetic adversarial rows over a small vocabulary: no disagreement, no bound violation."""
+def test_a_shallower_exact_sum_gets_a_smaller_radius_that_still_covers_the_quantization_error():
+    gen = torch.Generator().manual_seed(0)
+    w, _ = adversarial_head(512, 2048, gen)
+    loose, tight = R.quantize_head(w), R.quantize_head(w, exact_depth=R.warp_order_depth(2048))
+    assert loose.exact_depth is None and tight.exact_depth == 69 and tight.max_exact_depth == 69
+    assert torch.equal(loose.qweight, tight.qweight) and torch.equal(loose.radius_coef, R.radius_coefficients(w))
+    deq = tight.qweight.double() * tight.scale.double()[:, None]
+    err, qnorm = (w.double() - deq).norm(dim=1), deq.norm(dim=1)
+    assert (tight.radius_coef.double() >= err + R.accumulation_gamma(2048) * qnorm).all()
+    assert (tight.radius_coef < loose.radius_coef).all()
+
+
+def test_warp_order_sum_is_within_its_depths_bound():
+    """The CUDA exact head's order (emulated) against FP64: within gamma_D of the absolute products, D its depth."""
+    gen = torch.Generator().manual_seed(3)
+    w, pairs = adversarial_head(64, 1280, gen)  # 160 pieces: lanes hold 5 or 4 after the zero padding
+    x = adversarial_inputs(w, pairs, 64, gen)
+    got = R.exact_head_warp_order(x, w).double()
+    want = x.double() @ w.double().T
+    abs_sum = x.double().abs() @ w.double().abs().T
+    assert ((got - want).abs() <= R.accumulation_gamma(R.warp_order_depth(1280)) * abs_sum).all()
+    assert not torch.equal(got, R.exact_head_reference(x, R.quantize_head(w)).double())  # another rounding
+
+
+def test_tight_radius_keeps_the_warp_order_argmax_at_a_deep_hidden_size():
+    """K = 2048 (the depth 69 against K): 16,384 adversarial rows, no bound violation, no disagreement."""
+    gen = torch.Generator().manual_seed(77)
+    w, pairs = adversarial_head(64, 2048, gen)
+    head = R.quantize_head(w, exact_depth=R.warp_order_depth(2048))
+    chunks = (adversarial_inputs(w, pairs, 4096, gen) for _ in range(4))
+    stats = R.certified_argmax_chunked(chunks, head, max_survivors=48,
+                                       exact=lambda xs, h: R.exact_head_warp_order(xs, h.weight))
+    assert stats["rows"] == 16384 and stats["bound_violations"] == 0 and stats["disagreements"] == 0
+    assert stats["survivors_max"] >= 2
+
+
+@pytest.mark.parametrize("exact", ["fp64", "warp_order"])
+def test_ten_million_rows_never_change_the_argmax(exact):
+    """>= 10 million synthetic adversarial rows over a small vocabulary: no disagreement, no bound violation,
+    for the FP64 exact head (radius for any order) and the CUDA one's order (radius for its depth)."""
     gen = torch.Generator().manual_seed(1234)
     w, pairs = adversarial_head(32, 32, gen)
-    head = R.quantize_head(w)
+    head = R.quantize_head(w, exact_depth=R.warp_order_depth(32) if exact == "warp_order" else None)
+    logits = R.exact_head_reference if exact == "fp64" else lambda xs, h: R.exact_head_warp_order(xs, h.weight)
     pool = adversarial_inputs(w, pairs, 1 << 18, gen).float()  # bf16 values; re-signed and drawn per chunk below
     chunk = 1 << 15
 
@@ -58,7 +97,7 @@ def test_ten_million_rows_never_change_the_argmax():
             sign = torch.randint(0, 2, (chunk, 1), generator=gen).float() * 2 - 1
             yield pool[rows] * sign
 
-    stats = R.certified_argmax_chunked(chunks(), head, max_survivors=48)
+    stats = R.certified_argmax_chunked(chunks(), head, max_survivors=48, exact=logits)
     assert stats["rows"] >= 10_000_000
     assert stats["bound_violations"] == 0
     assert stats["disagreements"] == 0

@@ -51,7 +51,7 @@ def default_cuda_config(rows: int) -> CudaPassConfig:
     return CudaPassConfig()
 
 
-_EXTENSION = ("specpilot_certified_int8", CSRC, ("binding.cpp", "int8_pass.cu"))
+_EXTENSION = ("specpilot_certified_int8", CSRC, ("binding.cpp", "int8_pass.cu", "exact_head.cu"))
 
 
 def _extension():

@@ -3,7 +3,9 @@
 All launches capturable in a CUDA graph: the INT8 pass with bounds and candidate rows (the CUDA pass of
 :mod:`.cuda_pass` with its prologue, or two resets and the Triton pass of :mod:`.int8_bound`), the exact
 rescoring of the candidates that reach the final best lower bound, and the reduction to one token per
-row (:mod:`.rescore`). A row whose candidates overflow
+row (on CUDA GPUs one launch of :mod:`.exact_cuda`, else the Triton kernels of :mod:`.rescore`). The exact
+head's arithmetic is the one of that rescore: the full head (:func:`exact_head_logits`) takes the same
+one. A row whose candidates overflow
 ``max_survivors`` gets token -1 from the graphable part; :func:`certified_argmax` then recomputes those
 rows with the full exact head (the one host synchronisation, only to look at the flag).
 """
@@ -16,8 +18,9 @@ import torch
 import triton
 
 from .cuda_pass import CudaPassConfig, cuda_pass_available, int8_pass_cuda
+from .exact_cuda import exact_head_logits_cuda, rescore_cuda
 from .int8_bound import _int8_bound_kernel
-from .reference import BOUND_SLACK, NORM_INFLATION, CertifiedHead
+from .reference import BOUND_SLACK, NORM_INFLATION, CertifiedHead, warp_order_depth
 from .rescore import (EXACT_BLOCK_S, EXACT_NUM_WARPS, K_MULTIPLE, _exact_head_kernel, exact_block_k, exact_k_splits,
                       rescore)
 
@@ -39,14 +42,31 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, int]:
     return x.shape[0], x.shape[1]
 
 
-def exact_head_logits(x: torch.Tensor, weight: torch.Tensor, *, k_splits: int | None = None) -> torch.Tensor:
+def uses_cuda_exact(x: torch.Tensor, exact: str, k_splits: int | None) -> bool:
+    """Which arithmetic the exact head and the rescore share. ``exact``: "cuda" (:mod:`.exact_cuda`: one warp a
+    logit), "triton" (:mod:`.rescore`: MMA parts over ``k_splits`` K ranges), or "auto": CUDA where its extension
+    runs, unless ``k_splits`` (the Triton order's parameter) is given."""
+    if exact not in ("auto", "cuda", "triton"):
+        raise ValueError(f"exact must be 'auto', 'cuda' or 'triton', got {exact!r}")
+    if exact == "cuda" and k_splits is not None:
+        raise ValueError("k_splits is the Triton exact head's summation order; the CUDA one has none")
+    if exact == "auto":
+        return k_splits is None and x.is_cuda and cuda_pass_available()
+    return exact == "cuda"
+
+
+def exact_head_logits(x: torch.Tensor, weight: torch.Tensor, *, k_splits: int | None = None,
+                      exact: str = "auto") -> torch.Tensor:
     """The exact head: logits [M, N] fp32 of x [M, K] bf16 against weight [N, K] bf16.
 
     Every logit is computed by the same arithmetic as the certified head's rescoring (bitwise) with the
-    same ``k_splits`` (default :func:`.rescore.exact_k_splits`: the summation order, not a tuning knob).
-    Reads the weight once per input row: the reference and fallback, not the fast path.
+    same ``exact`` and ``k_splits`` (:func:`uses_cuda_exact`; the Triton order's default is
+    :func:`.rescore.exact_k_splits`: the summation order, not a tuning knob). The reference and fallback, not
+    the fast path.
     """
     M, K = _check(x, weight)
+    if uses_cuda_exact(x, exact, k_splits):
+        return exact_head_logits_cuda(x, weight)
     N = weight.shape[0]
     out = torch.empty((M, N), dtype=torch.float32, device=x.device)
     _exact_head_kernel[(M, triton.cdiv(N, EXACT_BLOCK_S))](
@@ -104,7 +124,7 @@ def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_surv
                                backend: str = "auto", cuda_config: CudaPassConfig | None = None,
                                block_n: int = 64, block_k: int = 128, num_warps: int = 4,
                                num_stages: int = 4, rescore_programs: int = 64,
-                               k_splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                               k_splits: int | None = None, exact: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """The certified argmax without host synchronisation (CUDA-graph capturable).
 
     Args:
@@ -112,20 +132,30 @@ def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_surv
         max_survivors: candidate-list capacity per row; beyond it the row's token is -1.
         backend, cuda_config: which INT8 pass and its partition (:func:`int8_pass`).
         block_n, block_k, num_warps, num_stages: the Triton INT8 pass's tile; rescore_programs: programs per row
-            and K range sharing its candidate list (64 programs of 32-candidate blocks rescore the first 2048
-            candidates in one block each, so the rescore's serial chain is one block of K / k_splits long).
-            Tuning only: the tokens do not depend on them. k_splits: the exact head's summation order
-            (:func:`exact_head_logits` with the same value gives the logits whose argmax this is).
+            and K range sharing its candidate list in the Triton rescore (64 programs of 32-candidate blocks rescore
+            the first 2048 candidates in one block each, so its serial chain is one block of K / k_splits long).
+            Tuning only: the tokens do not depend on them. exact, k_splits: the exact head's arithmetic
+            (:func:`uses_cuda_exact`; :func:`exact_head_logits` with the same values gives the logits whose
+            argmax this is); the head's radius must cover its summation depth (``head.exact_depth``).
     Returns:
         tokens: [M] int64 (the exact head's argmax, lowest index on ties; -1 where the list overflowed or
             the CUDA pass could not scale the row to fp16 exactly);
         candidates: [M] int32, rows appended to each candidate list (overflow when > max_survivors).
     """
+    cuda_exact = uses_cuda_exact(x, exact, k_splits)
+    depth = warp_order_depth(x.shape[1]) if cuda_exact else x.shape[1]
+    if depth > head.max_exact_depth:  # the radius would not cover this exact head's float error
+        raise ValueError(f"the head's radius covers exact heads whose sums pass through at most "
+                         f"{head.max_exact_depth} additions, the {'CUDA' if cuda_exact else 'Triton'} one takes "
+                         f"{depth}: quantize the head with exact_depth={depth} (or exact='cuda')")
     best_lower, count, cand_idx, cand_upper = int8_pass(x, head, max_survivors=max_survivors, backend=backend,
                                                         cuda_config=cuda_config, block_n=block_n, block_k=block_k,
                                                         num_warps=num_warps, num_stages=num_stages)
-    tokens = rescore(x, head.weight, best_lower, count, cand_idx, cand_upper, programs=rescore_programs,
-                     dot_fp32=interpreting(), k_splits=k_splits)
+    if cuda_exact:
+        tokens = rescore_cuda(x, head.weight, best_lower, count, cand_idx, cand_upper)
+    else:
+        tokens = rescore(x, head.weight, best_lower, count, cand_idx, cand_upper, programs=rescore_programs,
+                         dot_fp32=interpreting(), k_splits=k_splits)
     return tokens, count
 
 
@@ -140,5 +170,6 @@ def certified_argmax(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int
     overflow = count > max_survivors
     if bool(overflow.any()):
         rows = overflow.nonzero().squeeze(1)
-        tokens[rows] = exact_head_logits(x[rows].contiguous(), head.weight, k_splits=tile.get("k_splits")).argmax(1)
+        tokens[rows] = exact_head_logits(x[rows].contiguous(), head.weight, k_splits=tile.get("k_splits"),
+                                         exact=tile.get("exact", "auto")).argmax(1)
     return tokens, count

@@ -2,6 +2,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/extension.h>
 
+#include "exact_head.cuh"
 #include "int8_pass.cuh"
 
 // Shapes: x bf16 [m, k]; x16 fp16 [k/32, p/8, 32, 8] with p = 8, 16 or 32 rows padded (m <= p),
@@ -60,4 +61,65 @@ void int8_pass(torch::Tensor x, torch::Tensor x16, torch::Tensor inv_scale, torc
   TORCH_CHECK(err == cudaSuccess, "int8_pass launch failed: ", cudaGetErrorString(err));
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("int8_pass", &int8_pass, "certified head INT8 pass"); }
+static ExactHeadArgs exact_args(const torch::Tensor& x, const torch::Tensor& weight) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2 &&
+                  weight.scalar_type() == torch::kBFloat16 && weight.is_contiguous() && weight.dim() == 2 &&
+                  weight.size(1) == x.size(1) && x.size(1) % 8 == 0,
+              "exact head: x [M, K] and weight [N, K] must be contiguous CUDA bf16 with K a multiple of 8");
+  TORCH_CHECK((reinterpret_cast<uintptr_t>(x.data_ptr()) | reinterpret_cast<uintptr_t>(weight.data_ptr())) % 16 == 0,
+              "exact head: x and weight must be 16-byte aligned (read in 16-byte pieces)");
+  ExactHeadArgs args{};
+  args.x = reinterpret_cast<const __nv_bfloat16*>(x.data_ptr());
+  args.weight = reinterpret_cast<const __nv_bfloat16*>(weight.data_ptr());
+  args.m = x.size(0);
+  args.n = weight.size(0);
+  args.k = x.size(1);
+  return args;
+}
+
+// logits fp32 [m, n] (output).
+void exact_head(torch::Tensor x, torch::Tensor weight, torch::Tensor logits, bool overlap_prior) {
+  ExactHeadArgs args = exact_args(x, weight);
+  TORCH_CHECK(logits.scalar_type() == torch::kFloat && logits.is_contiguous() && logits.size(0) == x.size(0) &&
+                  logits.size(1) == weight.size(0),
+              "exact_head: logits must be contiguous fp32 [M, N]");
+  args.logits = logits.data_ptr<float>();
+  const cudaError_t err = exact_head_launch(args, at::cuda::getCurrentCUDAStream(), overlap_prior);
+  TORCH_CHECK(err == cudaSuccess, "exact_head launch failed: ", cudaGetErrorString(err));
+}
+
+// best_lower fp32 [m]; count int32 [m]; cand_idx int32 and cand_upper fp32 [m, cap]; tokens int64 [m] (output);
+// state int64 [>= m + 1] (zero before the call, left zero: the keys, then the ticket in the last element).
+void rescore(torch::Tensor x, torch::Tensor weight, torch::Tensor best_lower, torch::Tensor count,
+             torch::Tensor cand_idx, torch::Tensor cand_upper, torch::Tensor tokens, torch::Tensor state,
+             int64_t blocks_per_sm, bool overlap_prior) {
+  const ExactHeadArgs args = exact_args(x, weight);
+  const int64_t m = x.size(0);
+  TORCH_CHECK(best_lower.scalar_type() == torch::kFloat && best_lower.numel() == m &&
+                  count.scalar_type() == torch::kInt && count.numel() == m && tokens.scalar_type() == torch::kLong &&
+                  tokens.numel() == m && cand_idx.scalar_type() == torch::kInt && cand_idx.is_contiguous() &&
+                  cand_idx.size(0) == m && cand_upper.scalar_type() == torch::kFloat &&
+                  cand_upper.sizes() == cand_idx.sizes() && cand_upper.is_contiguous(),
+              "rescore: best_lower fp32 [M], count int32 [M], tokens int64 [M], cand_idx int32 and cand_upper fp32 "
+              "contiguous [M, cap]");
+  TORCH_CHECK(state.scalar_type() == torch::kLong && state.is_contiguous() && state.numel() > m,
+              "rescore: state must be a contiguous int64 workspace of more than M elements");
+  RescoreArgs r{};
+  r.best_lower = best_lower.data_ptr<float>();
+  r.count = count.data_ptr<int32_t>();
+  r.cand_idx = cand_idx.data_ptr<int32_t>();
+  r.cand_upper = cand_upper.data_ptr<float>();
+  r.tokens = tokens.data_ptr<int64_t>();
+  r.keys = reinterpret_cast<unsigned long long*>(state.data_ptr<int64_t>());
+  r.ticket = reinterpret_cast<unsigned int*>(state.data_ptr<int64_t>() + (state.numel() - 1));
+  r.cap = cand_idx.size(1);
+  r.blocks_per_sm = blocks_per_sm;
+  const cudaError_t err = rescore_launch(args, r, at::cuda::getCurrentCUDAStream(), overlap_prior);
+  TORCH_CHECK(err == cudaSuccess, "rescore launch failed: ", cudaGetErrorString(err));
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int8_pass", &int8_pass, "certified head INT8 pass");
+  m.def("exact_head", &exact_head, "the exact head's logits (the rescore's arithmetic)");
+  m.def("rescore", &rescore, "the exact head's argmax over each row's listed candidates");
+}

@@ -1,0 +1,29 @@
+// Host interface of the exact head's CUDA arithmetic (exact_head.cu): the full head and the rescoring of
+// listed candidates, one warp per logit in the same order in both. Plain pointers so it builds without torch.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+struct ExactHeadArgs {
+  const __nv_bfloat16* x;       // [m, k] input rows (contiguous, 16-byte aligned)
+  const __nv_bfloat16* weight;  // [n, k] head rows (contiguous, 16-byte aligned)
+  float* logits;                // [m, n] the full head's output (unused by the rescore)
+  int m, n, k;
+};
+
+struct RescoreArgs {
+  const float* best_lower;    // [m] the INT8 pass's best lower bound
+  const int32_t* count;       // [m] listed candidates (above cap: the row takes the full head, token -1)
+  const int32_t* cand_idx;    // [m][cap]
+  const float* cand_upper;    // [m][cap]
+  int64_t* tokens;            // [m] output: the exact head's argmax over the candidates reaching best_lower
+  unsigned long long* keys;   // [>= m] workspace: zero before the call, left zero after it
+  unsigned int* ticket;       // [1] workspace: zero before the call, left zero after it
+  int cap, blocks_per_sm;
+};
+
+// cudaErrorInvalidValue: m < 1, k not a multiple of 8, n < 1 (full head), cap or blocks_per_sm < 1 (rescore).
+cudaError_t exact_head_launch(const ExactHeadArgs& args, cudaStream_t stream, bool overlap_prior);
+cudaError_t rescore_launch(const ExactHeadArgs& args, const RescoreArgs& rescore, cudaStream_t stream,
+                           bool overlap_prior);

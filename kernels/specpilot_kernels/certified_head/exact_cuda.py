@@ -1,0 +1,73 @@
+"""The exact head's CUDA arithmetic (csrc/exact_head.cu): the full head and the rescoring of listed candidates.
+
+One warp computes one logit in a fixed order (per lane: its 16-byte pieces l, l + 32, ... of the row, products
+added one after another by FMA in FP32; then a xor butterfly over the 32 lanes; the pure-torch definition is
+:func:`.reference.exact_head_warp_order`), the same device function in both kernels, so a rescored logit is
+the full head's bits. The rescore takes every input row's listed
+candidates over one persistent grid (a whole bf16 row in flight per warp) and reduces each row's argmax
+through a 64-bit atomic max of (logit, lowest index) in the same launch (its last block writes the tokens), so
+the call is one kernel; on sm_90+ it is launched to overlap the kernel before it (programmatic dependent
+launch: nothing is read before it waits for that kernel).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cuda_pass import _extension, cuda_pass_available
+from .reference import warp_order_depth
+
+RESCORE_BLOCKS_PER_SM = 2  # 8-warp blocks of <= 128 registers: two fill a multiprocessor's register file
+
+
+def default_exact_depth(weight: torch.Tensor) -> int:
+    """The summation depth :func:`.reference.quantize_head` covers by default: the CUDA exact head's where it runs
+    (a CUDA GPU on which the extension builds), else K (any order: the Triton exact head)."""
+    k = weight.shape[1]
+    if weight.is_cuda and k % 8 == 0 and cuda_pass_available():
+        return warp_order_depth(k)
+    return k
+
+
+def overlaps_prior_launch(device: torch.device) -> bool:
+    """Programmatic dependent launch needs sm_90+."""
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def exact_head_logits_cuda(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Logits [M, N] fp32 of x [M, K] bf16 against weight [N, K] bf16 (K a multiple of 8), CUDA arithmetic.
+    A warp per head row, read through L1 once for all input rows."""
+    logits = torch.empty((x.shape[0], weight.shape[0]), dtype=torch.float32, device=x.device)
+    _extension().exact_head(x, weight, logits, False)
+    return logits
+
+
+_STATE: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _rescore_state(x: torch.Tensor) -> torch.Tensor:
+    """The rescore's keys and ticket, zero between calls (each call leaves them zero): one per device and
+    stream, so calls that may run at the same time never share it; grown to the largest row count seen."""
+    key = (x.device.index, torch.cuda.current_stream(x.device).cuda_stream)
+    state = _STATE.get(key)
+    if state is None or state.numel() <= x.shape[0]:
+        state = _STATE[key] = torch.zeros(max(x.shape[0], 32) + 1, dtype=torch.int64, device=x.device)
+    return state
+
+
+def rescore_cuda(x: torch.Tensor, weight: torch.Tensor, best_lower: torch.Tensor, count: torch.Tensor,
+                 cand_idx: torch.Tensor, cand_upper: torch.Tensor, *,
+                 blocks_per_sm: int = RESCORE_BLOCKS_PER_SM) -> torch.Tensor:
+    """The exact head's argmax over each row's candidates that reach its best lower bound (one graphable launch).
+
+    Args:
+        x: [M, K] bf16; weight: [N, K] bf16; best_lower: [M] fp32; count: [M] int32 (above the list's capacity:
+            the row's token is -1); cand_idx: [M, CAP] int32 and cand_upper: [M, CAP] fp32, the first count valid.
+        blocks_per_sm: the persistent grid's 8-warp blocks per multiprocessor (tuning only).
+    Returns:
+        tokens: [M] int64, lowest index on ties (INT32_MAX for a row with no candidate reaching its bound).
+    """
+    tokens = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+    _extension().rescore(x, weight, best_lower, count, cand_idx, cand_upper, tokens, _rescore_state(x), blocks_per_sm,
+                         overlaps_prior_launch(x.device))
+    return tokens
