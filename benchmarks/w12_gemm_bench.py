@@ -30,7 +30,7 @@ from specpilot_kernels.w12 import encode, w12_gemm
 from specpilot_kernels.w12.configs import GemmConfig, select_config
 from specpilot_kernels.w12.gemm import launch
 from specpilot_kernels.w12.mma import (
-    STEP_PLANS, MmaConfig, default_mma_config, select_mma_config, to_mma_layout, w12_mma_gemm,
+    MAX_STAGED_ROWS, STEP_PLANS, MmaConfig, default_mma_config, select_mma_config, to_mma_layout, w12_mma_gemm,
 )
 from specpilot_kernels.w12.reference import gemm_reference
 
@@ -120,10 +120,11 @@ def correctness(sms: int, variants) -> dict:
     mma = to_mma_layout(w12)
     kernels = [(f"triton_bn{c.block_n}_s{c.splits}_asm{int(c.use_asm)}", lambda x, c=c: w12_gemm(x, w12, config=c))
                for c in (GemmConfig(64, 2, 4, 3, True), GemmConfig(64, 2, 4, 3, False), GemmConfig(128, 1, 4, 3, True))]
-    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}_p{''.join(map(str, c.plan_32 + c.plan_64))}",
-                 lambda x, c=c: w12_mma_gemm(x, mma, config=c))
+    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}_p{''.join(map(str, c.plan_32 + c.plan_64))}"
+                 f"{f'_staged{c.staged_rows}' if c.staged_rows else ''}", lambda x, c=c: w12_mma_gemm(x, mma, config=c))
                 for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(1, 5, 1, (2, 1)),
-                          MmaConfig(2, 2, 1, (2, 2), (2, 2)))]
+                          MmaConfig(2, 2, 1, (2, 2), (2, 2)), MmaConfig(2, 4, 3, staged_rows=16),
+                          MmaConfig(1, 8, 2, staged_rows=8))]
     for key, gemm in kernels:
         if key.split("_")[0] not in variants:
             continue
@@ -255,6 +256,16 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
             plan_us = {plan: time_variant(variant, replace(cfg, plan_64=plan), 64) * 1e6 for plan in STEP_PLANS[64]}
             result["plan_64_us"] = {",".join(map(str, p)): t for p, t in plan_us.items()}
             best[variant] = (replace(cfg, plan_64=min(plan_us, key=plan_us.get)), best[variant][1])
+    if "mma" in best:  # up to how many rows to stage the weights through shared memory (tuned or not: no bit changes)
+        cfg = best["mma"][0]
+        staged_us = {m: {staged: time_variant("mma", replace(cfg, staged_rows=MAX_STAGED_ROWS if staged else 0), m) * 1e6
+                         for staged in (True, False)} for m in (1, 2, 4, 8, 16)}
+        result["staged_us"] = {m: {"staged": t[True], "registers": t[False]} for m, t in staged_us.items()}
+        # stage up to the row count that saves the most in the geometric mean over the timed counts (ties: fewer)
+        saved = {0: 0.0}
+        for m, t in staged_us.items():
+            saved[m] = saved[max(saved)] + math.log(t[False] / t[True])
+        best["mma"] = (replace(cfg, staged_rows=max(saved, key=lambda m: (round(saved[m], 3), -m))), best["mma"][1])
     if "triton" in best:  # which MMA instruction the tuned Triton kernel uses
         x = torch.randn(16, k, device="cuda").bfloat16()
         y = torch.empty(16, n, device="cuda", dtype=torch.bfloat16)
@@ -323,10 +334,11 @@ def main() -> None:
                         help="merge each shape's tuned mma partition into this mma_configs.json (under the GPU's name)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--variants", default="triton,mma", help="kernels to time: triton, mma")
-    parser.add_argument("--tune", default=None, help="variants to autotune (default: all timed); the others "
-                                                     "run their tuned partition on file")
+    parser.add_argument("--tune", default=None, help="variants to autotune (default: all timed; none: no variant); "
+                                                     "the others run their tuned partition on file")
     args = parser.parse_args()
-    for flag, names in (("--variants", args.variants), ("--tune", args.tune or "")):
+    tune = args.variants if args.tune is None else "" if args.tune == "none" else args.tune
+    for flag, names in (("--variants", args.variants), ("--tune", tune)):
         unknown = [v for v in names.split(",") if v and v not in ("triton", "mma")]
         if unknown:
             parser.error(f"{flag}: unknown kernel(s) {', '.join(unknown)}; choose from triton, mma")
@@ -349,7 +361,7 @@ def main() -> None:
     for name in args.shapes.split(","):
         n, k = SHAPES[name] if name in SHAPES else map(int, name.split("x"))
         doc["shapes"][name] = bench_shape(name, n, k, props.multi_processor_count, doc["read_bw_Bps"], args.quick,
-                                          args.variants.split(","), (args.tune or args.variants).split(","))
+                                          args.variants.split(","), tune.split(","))
         doc["summary"] = summarize(doc["shapes"])
         if args.out:
             with open(args.out, "w") as fh:

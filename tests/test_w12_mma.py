@@ -106,11 +106,12 @@ def test_mma_gemm_matches_reference_and_reads_weights_exactly(config):
 
 
 @pytest.mark.gpu
-def test_mma_row_bits_do_not_depend_on_row_count():
-    # 1-64 rows run 1, 2, 4 or 8 token tiles with one partition and one order of sums
+@pytest.mark.parametrize("staged_rows", [0, 8])
+def test_mma_row_bits_do_not_depend_on_row_count(staged_rows):
+    # 1-64 rows run 1, 2, 4 or 8 token tiles with one partition and one order of sums (staged up to 8 rows or not)
     mma = to_mma_layout(encode(weight(n=1000, k=1536, device="cuda")))
     x = torch.randn(64, 1536, device="cuda").bfloat16()
-    config = MmaConfig(2, 4, 3)
+    config = MmaConfig(2, 4, 3, staged_rows=staged_rows)
     alone = w12_mma_gemm(x[:1], mma, config=config).view(torch.int16)
     for rows in (2, 4, 5, 8, 9, 16, 17, 32, 33, 64):
         assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config)[:1].view(torch.int16), alone), rows
@@ -134,7 +135,24 @@ def test_mma_step_plans_give_the_same_bits(config):
 
 
 @pytest.mark.gpu
-def test_mma_overlapped_launches_wait_for_the_kernel_before():
+@pytest.mark.parametrize("config", CONFIGS + [MmaConfig(3, 3, 2)], ids=lambda c: f"n{c.warps_n}_k{c.warps_k}_s{c.splits}")
+def test_mma_staged_weights_give_the_same_bits(config):
+    # weights staged through shared memory (up to 16 rows) against registers: the same order of sums, so the same
+    # bits, escapes (more than a window's worth in some chunks) and the Q pass's low bits included
+    w = weight(n=1000, k=1536, device="cuda")
+    w[480:496, 256:900] = 0.0
+    mma = to_mma_layout(encode(w))
+    staged = MmaConfig(config.warps_n, config.warps_k, config.splits, staged_rows=16)
+    x = torch.randn(16, 1536, device="cuda").bfloat16()
+    for low_bits in ("exact", "truncated", "midpoint"):
+        for rows in (1, 3, 8, 9, 16):
+            assert torch.equal(w12_mma_gemm(x[:rows], mma, config=staged, low_bits=low_bits).view(torch.int16),
+                               w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16)), rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("staged_rows", [0, 16])
+def test_mma_overlapped_launches_wait_for_the_kernel_before(staged_rows):
     # a chain where each product is the next one's input (square weight): launched to overlap the kernel before
     # (programmatic dependent launch), each must still read its input only once the previous one has written it
     mma = to_mma_layout(encode(weight(n=1536, k=1536, device="cuda")))
@@ -143,7 +161,8 @@ def test_mma_overlapped_launches_wait_for_the_kernel_before():
     def chain(overlap, rows, links=12):
         ys = [x0[:rows]]
         for _ in range(links):
-            ys.append(w12_mma_gemm(ys[-1], mma, config=MmaConfig(2, 4, 3, (2, 1)), overlap_prior=overlap))
+            ys.append(w12_mma_gemm(ys[-1], mma, config=MmaConfig(2, 4, 3, (2, 1), staged_rows=staged_rows),
+                                   overlap_prior=overlap))
         return torch.stack(ys).view(torch.int16)
 
     for rows in (1, 16, 32):
@@ -161,6 +180,9 @@ def test_step_plans_outside_the_built_set_are_refused():
         MmaConfig(plan_32=(1, 1))
     assert MmaConfig(plan_64=[2, 2]).step_plan(40) == (2, 2)  # a JSON list names a plan too
     assert MmaConfig(plan_32=(2, 1)).step_plan(16) == (4, 1)
+    with pytest.raises(W12Error, match="staged_rows"):
+        MmaConfig(staged_rows=17)
+    assert [MmaConfig(staged_rows=8).stages_weights(m) for m in (1, 8, 9)] == [True, True, False]
 
 
 @pytest.mark.gpu

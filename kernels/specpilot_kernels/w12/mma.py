@@ -1,8 +1,9 @@
 """W12 GEMM in CUDA C++ with mma.sync (csrc/w12_mma.cu): the sm_120 variant, also run on the H200.
 
 mma.sync m16n8k16 exists on sm_80 and later, including sm_120 (no wgmma there). One kernel for 1-64 rows
-(1, 2, 4 or 8 token tiles of 8): each warp holds its next chunk of weights in registers while it decodes
-and multiplies the current one, and reads activations through L1. The weight planes are re-laid out
+(1, 2, 4 or 8 token tiles of 8): each warp holds its next chunk of weights in registers (or, up to 16 rows
+where a shape's tuning says so, in a shared-memory double buffer) while it decodes and multiplies the
+current one, and reads activations through L1. The weight planes are re-laid out
 once (:func:`to_mma_layout`) so each lane reads its own MMA fragments: per 16-row tile and 32-column
 block, lane l = 4g + t holds rows g and g+8 of both k16 steps, 16 view bytes and 8 nibble bytes (two
 nibbles a byte, placed so that one byte permute joins each register's view bytes with their nibbles).
@@ -126,20 +127,30 @@ def planes_from_mma_layout(mma: W12MmaTensor) -> tuple[torch.Tensor, torch.Tenso
 # fewer registers (more warps a multiprocessor) at more instructions; two tiles a warp halve the activation reads
 # at twice the registers. No plan changes an output bit: every accumulator sums its blocks in the same order.
 STEP_PLANS = {32: ((4, 1), (2, 1), (2, 2)), 64: ((4, 1), (2, 2))}
+# Up to 16 rows a launch may instead stage each warp's next step of weights in a shared-memory double buffer
+# (cp.async) rather than registers: the same bytes in flight, ~20 fewer registers, so more resident warps; it
+# took 1-7% off 1-8 rows on most H200 shapes and cost up to 12% on others at 8-16 (the smaller L1 left for the
+# activations), so each shape's tuned config says up to how many rows it stages (``staged_rows``).
+MAX_STAGED_ROWS = 16
 
 
 @dataclass(frozen=True)
 class MmaConfig:
-    """A partition of the (16-row tile, 128-column chunk) work, fixed per (N, K, GPU), never by M, and the step
-    plans (:data:`STEP_PLANS`) used at 17-32 and 33-64 rows."""
+    """A partition of the (16-row tile, 128-column chunk) work, fixed per (N, K, GPU), never by M, the step
+    plans (:data:`STEP_PLANS`) used at 17-32 and 33-64 rows, and up to how many rows weights are staged through
+    shared memory (:data:`MAX_STAGED_ROWS`)."""
 
     warps_n: int = 4  # warps on distinct tiles in a block
     warps_k: int = 1  # warps sharing one tile, reduced in warp order through shared memory
     splits: int = 1  # K splits, reduced in split order through a workspace
     plan_32: tuple[int, int] = (4, 1)
     plan_64: tuple[int, int] = (4, 1)
+    staged_rows: int = 0  # launches of up to this many rows stage the weights through shared memory
 
     def __post_init__(self):
+        if not 0 <= self.staged_rows <= MAX_STAGED_ROWS:
+            raise W12Error(f"staged_rows={self.staged_rows}: the staged kernel is built for up to {MAX_STAGED_ROWS} rows",
+                           where="MmaConfig.staged_rows", fix=f"use 0 (never) to {MAX_STAGED_ROWS}")
         for rows, built in STEP_PLANS.items():
             plan = tuple(getattr(self, f"plan_{rows}"))
             if plan not in built:
@@ -154,6 +165,10 @@ class MmaConfig:
     def step_plan(self, m: int) -> tuple[int, int]:
         """(blocks a step, tiles a warp) for a launch of ``m`` rows."""
         return (4, 1) if m <= 16 else self.plan_32 if m <= 32 else self.plan_64
+
+    def stages_weights(self, m: int) -> bool:
+        """Whether a launch of ``m`` rows stages the weights through shared memory (no bit depends on it)."""
+        return m <= self.staged_rows
 
 
 def default_mma_config(n: int, k: int, sms: int) -> MmaConfig:
@@ -231,5 +246,6 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
         m = xm.shape[0]
         partial = workspace[: splits * m * n]
         ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, ym, partial,
-                         n, np_, kp, config.warps_n, config.warps_k, per_split, *config.step_plan(m), overlap, code)
+                         n, np_, kp, config.warps_n, config.warps_k, per_split, *config.step_plan(m),
+                         int(config.stages_weights(m)), overlap, code)
     return y

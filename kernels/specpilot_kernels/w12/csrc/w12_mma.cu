@@ -19,7 +19,9 @@
 // warp keeps a window of 32 of its tile's escapes in registers (one per lane) and finds a chunk's by ballot.
 //
 // Each warp holds its next step (a chunk or half of one) in registers while it decodes and multiplies the
-// current one, and reads activations through L1 (shared by the warps of a multiprocessor). The partition is
+// current one, and reads activations through L1 (shared by the warps of a multiprocessor). Staged launches (up to
+// 16 rows, per shape) copy the next step into the warp's own shared-memory double buffer instead (cp.async, L2 only):
+// the same bytes in flight without the 24 registers that hold them, so more warps fit a multiprocessor. The partition is
 // fixed by (N, K, GPU), never by M: a warp owns an interleaved set of its tile's 128-column chunks; warps of one
 // tile reduce through shared memory in warp order, K splits through a workspace summed in split order. The step
 // plan (step size, one or two tiles a warp) may follow M: it changes no order of sums. No atomics: a row's bits
@@ -117,7 +119,7 @@ __device__ __forceinline__ void decode_block(uint32_t (&a)[8], uint4 view, uint2
   }
 }
 
-template <int MT, int LOW_BITS, int STEP_BLOCKS, int TP>
+template <int MT, int LOW_BITS, int STEP_BLOCKS, int TP, bool STAGED>
 __global__ void w12_mma_kernel(W12MmaArgs args) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -187,25 +189,50 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     }
 
     // Weights are read once: no L1 allocation, so L1 keeps the activations. The next step loads while this
-    // one is decoded and multiplied.
+    // one is decoded and multiplied: into registers, or (STAGED) into the other half of the warp's shared-memory
+    // double buffer. A buffer half holds, per tile, the step's view pieces (each lane copies and reads its own) and
+    // its nibble words (copied as one contiguous run, read by other lanes: __syncwarp before reading and refilling).
+    constexpr int kStageWords = TP * kBlocks * 48;  // 16-byte words a step: 32 view and 16 nibble words a block
+    extern __shared__ uint4 shared_words[];
+    const uint32_t stage_base = static_cast<uint32_t>(__cvta_generic_to_shared(
+        shared_words + (args.warps_k > 1 ? blockDim.x * TP * MT : 0) + warp * 2 * kStageWords));
     uint4 v_next[TP][kBlocks];
     uint2 n_next[TP][kBlocks];
     int load_part = 0;  // which step of its chunk the next load is
+    int stage = 0;      // the buffer half the next load fills
     auto load_step = [&]() {
 #pragma unroll
-      for (int p = 0; p < TP; ++p)
+      for (int p = 0; p < TP; ++p) {
+        const uint32_t words = stage_base + (uint32_t)((stage * kStageWords + p * kBlocks * 48) * 16);
 #pragma unroll
         for (int u = 0; u < kBlocks; ++u) {
-          asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                       : "=r"(v_next[p][u].x), "=r"(v_next[p][u].y), "=r"(v_next[p][u].z), "=r"(v_next[p][u].w)
-                       : "l"(view_next[p] + u * 32));
-          if (LOW_BITS == 0) {
-            asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
-                         : "=r"(n_next[p][u].x), "=r"(n_next[p][u].y) : "l"(nibs_next[p] + u * 32));
+          if constexpr (STAGED) {
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(words + (u * 32 + lane) * 16),
+                         "l"(view_next[p] + u * 32));
           } else {
-            n_next[p][u] = make_uint2(0, 0);
+            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(v_next[p][u].x), "=r"(v_next[p][u].y), "=r"(v_next[p][u].z), "=r"(v_next[p][u].w)
+                         : "l"(view_next[p] + u * 32));
+            if (LOW_BITS == 0) {
+              asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
+                           : "=r"(n_next[p][u].x), "=r"(n_next[p][u].y) : "l"(nibs_next[p] + u * 32));
+            } else {
+              n_next[p][u] = make_uint2(0, 0);
+            }
           }
         }
+        if (STAGED && LOW_BITS == 0) {
+          const uint4* run = reinterpret_cast<const uint4*>(nibs_next[p] - lane);  // the warp's nibble words
+#pragma unroll
+          for (int i = lane; i < kBlocks * 16; i += 32)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(words + (kBlocks * 32 + i) * 16),
+                         "l"(run + i));
+        }
+      }
+      if (STAGED) {
+        asm volatile("cp.async.commit_group;");
+        stage ^= 1;
+      }
       // to the chunk's next step, or to the first blocks of the warp's next chunk
       const size_t advance = load_part == kStepsPerChunk - 1
                                  ? (size_t)(args.warps_k * kBlocksPerChunk - (kStepsPerChunk - 1) * kBlocks) * 32
@@ -227,13 +254,36 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
       for (int part = 0; part < kStepsPerChunk; ++part) {
         uint4 v[TP][kBlocks];
         uint2 nb[TP][kBlocks];
+        if constexpr (STAGED) {
+          asm volatile("cp.async.wait_group 0;" ::: "memory");
+          __syncwarp();
 #pragma unroll
-        for (int p = 0; p < TP; ++p)
+          for (int p = 0; p < TP; ++p) {
+            const uint32_t words = stage_base + (uint32_t)(((stage ^ 1) * kStageWords + p * kBlocks * 48) * 16);
 #pragma unroll
-          for (int u = 0; u < kBlocks; ++u) {
-            v[p][u] = v_next[p][u];
-            nb[p][u] = n_next[p][u];
+            for (int u = 0; u < kBlocks; ++u) {
+              asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                           : "=r"(v[p][u].x), "=r"(v[p][u].y), "=r"(v[p][u].z), "=r"(v[p][u].w)
+                           : "r"(words + (u * 32 + lane) * 16) : "memory");
+              if (LOW_BITS == 0) {
+                asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];"
+                             : "=r"(nb[p][u].x), "=r"(nb[p][u].y) : "r"(words + kBlocks * 32 * 16 + (u * 32 + lane) * 8)
+                             : "memory");
+              } else {
+                nb[p][u] = make_uint2(0, 0);
+              }
+            }
           }
+          __syncwarp();  // every lane has read the half the next load refills
+        } else {
+#pragma unroll
+          for (int p = 0; p < TP; ++p)
+#pragma unroll
+            for (int u = 0; u < kBlocks; ++u) {
+              v[p][u] = v_next[p][u];
+              nb[p][u] = n_next[p][u];
+            }
+        }
         if (part + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
         // activations of this step: one 16-byte load per token row and 32-column block. Lanes past the last
         // row read it again: their MMA columns are outputs that are never stored (no predicates, no zeroing).
@@ -371,15 +421,17 @@ cudaError_t launch_overlapping(Kernel kernel, dim3 grid, dim3 block, size_t smem
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
-template <int MT, int LOW_BITS, int STEP_BLOCKS, int TP>
+template <int MT, int LOW_BITS, int STEP_BLOCKS, int TP, bool STAGED>
 cudaError_t launch(const W12MmaArgs& args, cudaStream_t stream) {
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
   const int tiles_per_block = args.warps_n * TP;
   dim3 grid((tiles + tiles_per_block - 1) / tiles_per_block, (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
   dim3 block(32 * args.warps_n * args.warps_k);
-  const size_t smem = args.warps_k > 1 ? (size_t)block.x * TP * MT * 4 * sizeof(float) : 0;
-  auto kernel = w12_mma_kernel<MT, LOW_BITS, STEP_BLOCKS, TP>;
+  // the in-block reduction, then (STAGED) each warp's double buffer of 768 bytes a 32-column block and tile
+  const size_t smem = (args.warps_k > 1 ? (size_t)block.x * TP * MT * 4 * sizeof(float) : 0) +
+                      (STAGED ? (size_t)(block.x / 32) * 2 * TP * STEP_BLOCKS * 768 : 0);
+  auto kernel = w12_mma_kernel<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED>;
   // Blocks of this shape that fit a multiprocessor: asked of the runtime once per device and block shape (the
   // query cost 0.2-0.4 us of an eager call's ~10 us of host time on the H200).
   struct Shape {
@@ -406,21 +458,26 @@ cudaError_t launch(const W12MmaArgs& args, cudaStream_t stream) {
   if (resident == 0 && args.warps_n > 1) {  // registers for fewer warps than the block: fewer tiles a block
     W12MmaArgs fewer = args;                // (which tiles share a block changes no bit)
     fewer.warps_n = args.warps_n / 2;
-    return launch<MT, LOW_BITS, STEP_BLOCKS, TP>(fewer, stream);
+    return launch<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED>(fewer, stream);
   }
   return launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, args);
 }
 
-// The step plans each token-tile count is built with (blocks a step, tiles a warp); none changes a bit.
+// The step plans each token-tile count is built with (blocks a step, tiles a warp, weights staged in shared memory
+// up to 16 rows); none changes a bit.
 template <int MT, int LOW_BITS>
 cudaError_t launch_plan(const W12MmaArgs& args, cudaStream_t stream) {
   const int plan = args.step_blocks * 10 + args.tiles_per_warp;
-  if (plan == 41) return launch<MT, LOW_BITS, 4, 1>(args, stream);
+  if constexpr (MT <= 2) {
+    if (plan == 41 && args.staged_weights) return launch<MT, LOW_BITS, 4, 1, true>(args, stream);
+  }
+  if (args.staged_weights) return cudaErrorInvalidValue;
+  if (plan == 41) return launch<MT, LOW_BITS, 4, 1, false>(args, stream);
   if constexpr (MT == 4) {
-    if (plan == 21) return launch<MT, LOW_BITS, 2, 1>(args, stream);
+    if (plan == 21) return launch<MT, LOW_BITS, 2, 1, false>(args, stream);
   }
   if constexpr (MT >= 4) {
-    if (plan == 22) return launch<MT, LOW_BITS, 2, 2>(args, stream);
+    if (plan == 22) return launch<MT, LOW_BITS, 2, 2, false>(args, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -19,8 +19,10 @@ struct W12MmaArgs {
   // The step plan (changes no bit): 32-column blocks a warp decodes per step (4 or 2: a chunk or a half) and
   // 16-row tiles a warp (1 or 2: one activation load serves both)
   int step_blocks, tiles_per_warp;
+  int staged_weights;  // 1: weights staged through a shared-memory double buffer (whole steps, up to 16 rows)
   int overlap_prior;  // sm_90+: launched to overlap the previous kernel in the stream (programmatic dependent launch)
 };
 
-// cudaErrorInvalidValue: m outside 1..64, more than 16 warps per block, or a step plan not built for m's token tiles.
+// cudaErrorInvalidValue: m outside 1..64, more than 16 warps per block, or a step plan not built for m's token tiles
+// (staged weights: whole steps of one tile a warp, up to 16 rows).
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream);
