@@ -6,7 +6,7 @@ quote. Needs nvcc and cuobjdump (CUDA 12.8+), no GPU.
 
 The compiler may unroll a loop iteration over several chunks: a chunk is 8 MMAs per token tile and tile a warp,
 so `instructions_per_chunk` divides by the iteration's MMAs. The `kernel` key is the template's
-<token tiles, low bits, blocks a step, tiles a warp, weights staged in shared memory>.
+<token tiles, low bits, blocks a step, tiles a warp, weights staged in shared memory, K splits in a cluster>.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parents[1] / "kernels" / "specpilot_kernels" / "w12" / "csrc"
-KERNEL = re.compile(r"w12_mma_kernelILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])E")
+KERNEL = re.compile(r"w12_mma_kernelILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])E")
 ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 BRANCH = re.compile(r"BRA (0x[0-9a-f]+)")
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         if not match:
             continue
         ops = loop_instructions(function)
-        token_tiles, _, _, tiles_per_warp, _ = map(int, match.groups())
+        token_tiles, _, _, tiles_per_warp, _, _ = map(int, match.groups())
         chunks = sum(op.startswith("HMMA") for op in ops) / (8 * token_tiles * tiles_per_warp)
         kernels.append({"kernel": "<{}>".format(", ".join(match.groups())), "registers": registers.get(name),
                         "loop_instructions": len(ops), "chunks_per_iteration": chunks,

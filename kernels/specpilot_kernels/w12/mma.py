@@ -142,7 +142,7 @@ class MmaConfig:
 
     warps_n: int = 4  # warps on distinct tiles in a block
     warps_k: int = 1  # warps sharing one tile, reduced in warp order through shared memory
-    splits: int = 1  # K splits, reduced in split order through a workspace
+    splits: int = 1  # K splits, reduced in split order (in a cluster on sm_90+, else through a workspace)
     plan_32: tuple[int, int] = (4, 1)
     plan_64: tuple[int, int] = (4, 1)
     staged_rows: int = 0  # launches of up to this many rows stage the weights through shared memory

@@ -23,7 +23,8 @@
 // 16 rows, per shape) copy the next step into the warp's own shared-memory double buffer instead (cp.async, L2 only):
 // the same bytes in flight without the 24 registers that hold them, so more warps fit a multiprocessor. The partition is
 // fixed by (N, K, GPU), never by M: a warp owns an interleaved set of its tile's 128-column chunks; warps of one
-// tile reduce through shared memory in warp order, K splits through a workspace summed in split order. The step
+// tile reduce through shared memory in warp order, K splits in split order: within a thread-block cluster through
+// distributed shared memory (sm_90+, up to 4 splits of one tile a warp), else through a workspace. The step
 // plan (step size, one or two tiles a warp) may follow M: it changes no order of sums. No atomics: a row's bits
 // are the same at every row count.
 #include <cuda_bf16.h>
@@ -37,6 +38,7 @@ namespace {
 constexpr int kBlocksPerChunk = 4;  // 4 x 32 columns = one 128-column chunk (the escape bucket width)
 constexpr int kMaxRows = 64;        // rows per launch (up to 8 token tiles of 8)
 constexpr int kMaxWarpsPerBlock = 16;
+constexpr int kMaxClusterSplits = 4;  // K splits reduced in a cluster (more: through the workspace kernel)
 
 __device__ __forceinline__ uint32_t permute_bytes(uint32_t a, uint32_t b, uint32_t selector) {
   uint32_t out;
@@ -119,7 +121,15 @@ __device__ __forceinline__ void decode_block(uint32_t (&a)[8], uint4 view, uint2
   }
 }
 
-template <int MT, int LOW_BITS, int STEP_BLOCKS, int TP, bool STAGED>
+// 16-byte words of dynamic shared memory before the staged weights: the in-block reduction of warps sharing a tile,
+// then the inbox of a cluster's first split (a tile's sums from each later split).
+template <int MT, int TP>
+__host__ __device__ __forceinline__ int epilogue_words(const W12MmaArgs& args, int threads) {
+  return (args.warps_k > 1 ? threads * TP * MT : 0) +
+         (args.cluster_splits > 1 ? (args.cluster_splits - 1) * args.warps_n * 32 * TP * MT : 0);
+}
+
+template <int MT, int LOW_BITS, int STEP_BLOCKS, int TP, bool STAGED, bool CLUSTER>
 __global__ void w12_mma_kernel(W12MmaArgs args) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -195,7 +205,7 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     constexpr int kStageWords = TP * kBlocks * 48;  // 16-byte words a step: 32 view and 16 nibble words a block
     extern __shared__ uint4 shared_words[];
     const uint32_t stage_base = static_cast<uint32_t>(__cvta_generic_to_shared(
-        shared_words + (args.warps_k > 1 ? blockDim.x * TP * MT : 0) + warp * 2 * kStageWords));
+        shared_words + epilogue_words<MT, TP>(args, blockDim.x) + warp * 2 * kStageWords));
     uint4 v_next[TP][kBlocks];
     uint2 n_next[TP][kBlocks];
     int load_part = 0;  // which step of its chunk the next load is
@@ -352,6 +362,7 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
   // Warps of one tile reduce in warp_k order through shared memory.
   extern __shared__ float red[];
   constexpr int kAcc = TP * MT * 4;
+  const bool tile_sums = warp_k == 0;  // the warps that end with their tiles' sums
   if (args.warps_k > 1) {
     float* mine = red + ((size_t)warp * 32 + lane) * kAcc;
 #pragma unroll
@@ -361,17 +372,56 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) mine[(p * MT + j) * 4 + q] = acc[p][j][q];
     __syncthreads();
-    if (warp_k != 0) return;
-    for (int wk = 1; wk < args.warps_k; ++wk) {
-      const float* other = red + ((size_t)(wk * args.warps_n + warp_n) * 32 + lane) * kAcc;
+    if (!tile_sums && !CLUSTER) return;
+    if (tile_sums) {
+      for (int wk = 1; wk < args.warps_k; ++wk) {
+        const float* other = red + ((size_t)(wk * args.warps_n + warp_n) * 32 + lane) * kAcc;
+#pragma unroll
+        for (int p = 0; p < TP; ++p)
+#pragma unroll
+          for (int j = 0; j < MT; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[p][j][q] += other[(p * MT + j) * 4 + q];
+      }
+    }
+  }
+  // K splits launched as one thread-block cluster (sm_90+): every split hands its sums to the first split's block
+  // through distributed shared memory, which adds them in split order — the order of split_reduce_kernel, without
+  // its workspace and launch. No thread leaves before the cluster barrier.
+  if constexpr (CLUSTER) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    float* inbox = red + (args.warps_k > 1 ? (size_t)blockDim.x * kAcc : 0);  // [split - 1][warp_n][lane][kAcc]
+    const int split = blockIdx.y;  // the block's rank in its cluster of (1, splits, 1)
+    if (split > 0 && tile_sums) {
+      const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(
+          inbox + (((size_t)(split - 1) * args.warps_n + warp_n) * 32 + lane) * kAcc));
+      uint32_t remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(remote) : "r"(local));
 #pragma unroll
       for (int p = 0; p < TP; ++p)
 #pragma unroll
         for (int j = 0; j < MT; ++j)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) acc[p][j][q] += other[(p * MT + j) * 4 + q];
+          asm volatile("st.shared::cluster.v4.f32 [%0], {%1,%2,%3,%4};" ::"r"(remote + (p * MT + j) * 16),
+                       "f"(acc[p][j][0]), "f"(acc[p][j][1]), "f"(acc[p][j][2]), "f"(acc[p][j][3]) : "memory");
     }
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+    if (split > 0) return;
+    if (tile_sums) {
+      for (int sp = 1; sp < args.cluster_splits; ++sp) {
+        const float* other = inbox + (((size_t)(sp - 1) * args.warps_n + warp_n) * 32 + lane) * kAcc;
+#pragma unroll
+        for (int p = 0; p < TP; ++p)
+#pragma unroll
+          for (int j = 0; j < MT; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[p][j][q] += other[(p * MT + j) * 4 + q];
+      }
+    }
+#else
+    __trap();  // the host launches clusters on sm_90+ only
+#endif
   }
+  if (!tile_sums) return;
 #pragma unroll
   for (int p = 0; p < TP; ++p) {
     const int tile = first_tile + p;
@@ -404,34 +454,46 @@ __global__ void split_reduce_kernel(const float* partial, __nv_bfloat16* y, int 
   y[i] = __float2bfloat16_rn(acc);
 }
 
-// A launch that may overlap the kernel before it in the stream (programmatic dependent launch, sm_90+).
+// A launch that may overlap the kernel before it in the stream (programmatic dependent launch, sm_90+), and may group
+// `cluster_y` blocks along y into a thread-block cluster (sm_90+).
 template <typename Kernel, typename... Args>
 cudaError_t launch_overlapping(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool overlap,
-                               Args... args) {
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+                               int cluster_y, Args... args) {
+  cudaLaunchAttribute attributes[2];
+  int count = 0;
+  if (overlap) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_y > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count++].val.clusterDim = {1, (unsigned)cluster_y, 1};
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = overlap ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = count;
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
-template <int MT, int LOW_BITS, int STEP_BLOCKS, int TP, bool STAGED>
+template <int MT, int LOW_BITS, int STEP_BLOCKS, int TP, bool STAGED, bool CLUSTER = false>
 cudaError_t launch(const W12MmaArgs& args, cudaStream_t stream) {
+  if constexpr (TP == 1 && !CLUSTER) {  // one tile a warp: K splits may meet in a cluster
+    if (args.cluster_splits > 1) return launch<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED, true>(args, stream);
+  }
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
   const int tiles_per_block = args.warps_n * TP;
   dim3 grid((tiles + tiles_per_block - 1) / tiles_per_block, (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
   dim3 block(32 * args.warps_n * args.warps_k);
   // the in-block reduction, then (STAGED) each warp's double buffer of 768 bytes a 32-column block and tile
-  const size_t smem = (args.warps_k > 1 ? (size_t)block.x * TP * MT * 4 * sizeof(float) : 0) +
+  // the epilogue's reduction and inbox, then (STAGED) each warp's double buffer of 768 bytes a 32-column block and tile
+  const size_t smem = (size_t)epilogue_words<MT, TP>(args, block.x) * 16 +
                       (STAGED ? (size_t)(block.x / 32) * 2 * TP * STEP_BLOCKS * 768 : 0);
-  auto kernel = w12_mma_kernel<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED>;
+  auto kernel = w12_mma_kernel<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED, CLUSTER>;
   // Blocks of this shape that fit a multiprocessor: asked of the runtime once per device and block shape (the
   // query cost 0.2-0.4 us of an eager call's ~10 us of host time on the H200).
   struct Shape {
@@ -458,9 +520,9 @@ cudaError_t launch(const W12MmaArgs& args, cudaStream_t stream) {
   if (resident == 0 && args.warps_n > 1) {  // registers for fewer warps than the block: fewer tiles a block
     W12MmaArgs fewer = args;                // (which tiles share a block changes no bit)
     fewer.warps_n = args.warps_n / 2;
-    return launch<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED>(fewer, stream);
+    return launch<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED, CLUSTER>(fewer, stream);
   }
-  return launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, args);
+  return launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, args.cluster_splits, args);
 }
 
 // The step plans each token-tile count is built with (blocks a step, tiles a warp, weights staged in shared memory
@@ -496,10 +558,27 @@ cudaError_t launch_rows(const W12MmaArgs& args, cudaStream_t stream) {
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream) {
   if (args.m < 1 || args.m > kMaxRows || args.warps_n * args.warps_k < 1 || args.warps_n * args.warps_k > kMaxWarpsPerBlock)
     return cudaErrorInvalidValue;
-  const cudaError_t err =
-      low_bits == 0 ? launch_rows<0>(args, stream) : low_bits == 1 ? launch_rows<1>(args, stream) : launch_rows<2>(args, stream);
-  if (err != cudaSuccess || !args.partial) return err;
-  const int total = args.m * args.n, splits = (args.k_padded / 128 + args.chunks_per_split - 1) / args.chunks_per_split;
-  return launch_overlapping(split_reduce_kernel, dim3((total + 255) / 256), dim3(256), 0, stream, args.overlap_prior,
+  const int splits = (args.k_padded / 128 + args.chunks_per_split - 1) / args.chunks_per_split;
+  W12MmaArgs launched = args;
+  launched.cluster_splits = 1;
+  if (args.partial && splits <= kMaxClusterSplits && args.tiles_per_warp == 1) {  // sm_90+: splits meet in a cluster
+    static thread_local int major_of[16] = {};
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    int& major = major_of[device & 15];
+    if (major == 0 && (err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess)
+      return err;
+    if (major >= 9) {
+      launched.partial = nullptr;
+      launched.cluster_splits = splits;
+    }
+  }
+  const cudaError_t err = low_bits == 0   ? launch_rows<0>(launched, stream)
+                          : low_bits == 1 ? launch_rows<1>(launched, stream)
+                                          : launch_rows<2>(launched, stream);
+  if (err != cudaSuccess || !launched.partial) return err;
+  const int total = args.m * args.n;
+  return launch_overlapping(split_reduce_kernel, dim3((total + 255) / 256), dim3(256), 0, stream, args.overlap_prior, 1,
                             (const float*)args.partial, args.y, total, splits);
 }

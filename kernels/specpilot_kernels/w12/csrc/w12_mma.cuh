@@ -21,6 +21,7 @@ struct W12MmaArgs {
   int step_blocks, tiles_per_warp;
   int staged_weights;  // 1: weights staged through a shared-memory double buffer (whole steps, up to 16 rows)
   int overlap_prior;  // sm_90+: launched to overlap the previous kernel in the stream (programmatic dependent launch)
+  int cluster_splits;  // set by w12_mma_launch: K splits reduced within a thread-block cluster (sm_90+), else 1
 };
 
 // cudaErrorInvalidValue: m outside 1..64, more than 16 warps per block, or a step plan not built for m's token tiles
