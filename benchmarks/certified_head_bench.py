@@ -24,6 +24,7 @@ import datetime
 import json
 import statistics
 import sys
+import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -46,16 +47,14 @@ TILES = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
 CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, xs, cpb)
                 for t, wpb, st, wps, xs, cpb in (
                     (2, 8, 3, 16, True, 8), (1, 8, 3, 16, True, 8), (2, 8, 3, 16, True, 4), (2, 8, 4, 16, True, 4))]
-SECTIONS = ("cuda_tuning", "tuning", "variants", "rows", "rescore_tuning", "property_check")
-# side by side in interleaved rounds: the whole certified call (c:) or the INT8 pass alone (p:), by the radius
-# ("any": valid for any exact order, session 5's; "warp": for the CUDA exact head's depth), the exact arithmetic
-# ("triton": the K-split MMA rescore and its finalize, session 5's; "cuda": one launch of exact_cuda)
+SECTIONS = ("stages", "cuda_tuning", "tuning", "variants", "rows", "rescore_tuning", "property_check")
+# side by side in interleaved rounds: the whole certified call (c:), the INT8 pass alone (p:) or the BF16 head (b:,
+# cuBLAS), by the radius ("any": valid for any exact order; "warp": for the CUDA exact head's depth) and the exact
+# arithmetic ("triton": the K-split MMA rescore and its finalize; "cuda": one launch of exact_cuda)
 VARIANTS = {
-    "c:any_triton_exact": ("any", dict(cuda_config=CudaPassConfig(), exact="triton")),
-    "c:any_cuda_exact": ("any", dict(cuda_config=CudaPassConfig(), exact="cuda")),
     "c:warp_cuda_exact": ("warp", dict(cuda_config=CudaPassConfig(), exact="cuda")),
-    "p:any": ("any", dict(cuda_config=CudaPassConfig())),
     "p:warp": ("warp", dict(cuda_config=CudaPassConfig())),
+    "b:bf16_head": ("warp", {}),
 }
 
 
@@ -174,14 +173,81 @@ def compare_variants(heads, gen, copies: int, repeats: int) -> dict:
         runs = {name: [] for name in VARIANTS}
         for _ in range(repeats):
             for name, (radius, options) in VARIANTS.items():
-                call = certified_argmax_graphable if name.startswith("c:") else int8_pass
                 hs = by_radius[radius]
-                runs[name].append(graph_replay_us(lambda i: call(xs[i], hs[i], backend="cuda", **options), copies))
+
+                def call(i):
+                    if name.startswith("b:"):
+                        return F.linear(xs[i], hs[i].weight)
+                    run = certified_argmax_graphable if name.startswith("c:") else int8_pass
+                    return run(xs[i], hs[i], backend="cuda", **options)
+
+                runs[name].append(graph_replay_us(call, copies))
         out[m] = {name: {"us": statistics.median(us), "runs_us": us} for name, us in runs.items()}
         out[m]["rescored_per_row"] = {radius: int8_pass(xs[0], hs[0])[1].float().mean().item()
                                       for radius, hs in by_radius.items()}
         print(f"M={m} variants: " + ", ".join(f"{name} {statistics.median(us):.1f} us" for name, us in runs.items())
               + f"; rows kept per input row {out[m]['rescored_per_row']}", file=sys.stderr, flush=True)
+    return out
+
+
+KERNEL_NAMES = ("prologue_kernel", "int8_pass_batched_kernel", "int8_pass_kernel", "compact_kernel", "rescore_kernel")
+
+
+def kernel_trace(fn_for_copy, copies: int, replays: int = 10) -> dict:
+    """Per kernel of a CUDA graph of ``copies`` calls (replayed ``replays`` times under the profiler): the median
+    duration, and the median gap from each kernel's end to the next kernel's start (negative: overlapped launch)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(copies):
+            fn_for_copy(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(copies):
+            fn_for_copy(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    del graph
+    with tempfile.NamedTemporaryFile(suffix=".json") as fh:
+        prof.export_chrome_trace(fh.name)
+        trace = json.load(open(fh.name))
+    kernels = sorted((e for e in trace["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    short = lambda name: next((k for k in KERNEL_NAMES if k in name), name[:60])
+    durations, gaps = {}, {}
+    for prev, nxt in zip([None] + kernels[:-1], kernels):
+        durations.setdefault(short(nxt["name"]), []).append(nxt["dur"])
+        if prev is not None:
+            gaps.setdefault(f"{short(prev['name'])} -> {short(nxt['name'])}", []).append(
+                nxt["ts"] - prev["ts"] - prev["dur"])
+    return {"kernels": len(kernels),
+            "duration_us": {k: statistics.median(v) for k, v in durations.items()},
+            "gap_us": {k: statistics.median(v) for k, v in gaps.items()},
+            "replay_span_us": (kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"]) / replays if kernels
+            else None}
+
+
+def stages(heads, gen, copies: int, repeats: int) -> dict:
+    """Where the certified call's time goes: each kernel's duration and the gaps between them (profiler over graph
+    replays), and the rescore alone by blocks per multiprocessor on the pass's lists (interleaved rounds, median)."""
+    out = {}
+    for m in ROW_COUNTS:
+        xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+        lists = [int8_pass(xs[i], heads[i]) for i in range(copies)]
+        entry = {"trace": kernel_trace(lambda i: certified_argmax_graphable(xs[i], heads[i]), copies)}
+        runs = {blocks: [] for blocks in (1, 2)}
+        for _ in range(repeats):
+            for blocks in runs:
+                runs[blocks].append(graph_replay_us(
+                    lambda i: rescore_cuda(xs[i], heads[i].weight, *lists[i], blocks_per_sm=blocks), copies))
+        entry["rescore_alone_us"] = {f"blocks_per_sm_{b}": statistics.median(us) for b, us in runs.items()}
+        entry["rescored_per_row"] = lists[0][1].float().mean().item()
+        out[m] = entry
+        print(f"M={m} stages: {json.dumps(entry)}", file=sys.stderr, flush=True)
     return out
 
 
@@ -254,6 +320,7 @@ def timing(heads, gen, best_tiles: dict, best_cuda: dict, copies: int, bandwidth
 
 
 def main() -> None:
+    global ROW_COUNTS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows-checked", type=int, default=1 << 20)
     parser.add_argument("--copies", type=int, default=2)
@@ -262,7 +329,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="interleaved timings of every CUDA partition")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help=f"comma-separated sections to run, in this order: {', '.join(SECTIONS)}")
+    parser.add_argument("--row-counts", default=",".join(map(str, ROW_COUNTS)),
+                        help="comma-separated row counts the timing sections run (the property check takes 32)")
     args = parser.parse_args()
+    ROW_COUNTS = tuple(int(m) for m in args.row_counts.split(","))
     sections = args.sections.split(",")
     if unknown := set(sections) - set(SECTIONS):
         parser.error(f"unknown sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
@@ -305,7 +375,8 @@ def main() -> None:
         # in calls of 32 rows, through the 32-row partition the tuning picked (the default without tuning)
         return property_check(quantize_head(weight), pairs, args.rows_checked, gen, best_cuda.get(32))
 
-    runs = {"cuda_tuning": run_cuda_tuning, "tuning": run_tuning,
+    runs = {"stages": lambda: stages(heads, gen, args.copies, args.repeats), "cuda_tuning": run_cuda_tuning,
+            "tuning": run_tuning,
             "rows": lambda: timing(heads, gen, best_tiles, best_cuda, args.copies, bandwidth),
             "rescore_tuning": lambda: tune_rescore(heads, gen, args.copies), "property_check": run_check,
             "variants": lambda: compare_variants(heads, gen, args.copies, args.repeats)}

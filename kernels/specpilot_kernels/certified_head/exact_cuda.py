@@ -4,7 +4,8 @@ One warp computes one logit in a fixed order (per lane: its 16-byte pieces l, l 
 added one after another by FMA in FP32; then a xor butterfly over the 32 lanes; the pure-torch definition is
 :func:`.reference.exact_head_warp_order`), the same device function in both kernels, so a rescored logit is
 the full head's bits. The rescore takes every input row's listed
-candidates over one persistent grid (a whole bf16 row in flight per warp) and reduces each row's argmax
+candidates over one persistent grid (each block an equal share of them, its input rows read once into shared
+memory, a whole bf16 head row in flight per warp) and reduces each row's argmax
 through a 64-bit atomic max of (logit, lowest index) in the same launch (its last block writes the tokens), so
 the call is one kernel; on sm_90+ it is launched to overlap the kernel before it (programmatic dependent
 launch: nothing is read before it waits for that kernel).

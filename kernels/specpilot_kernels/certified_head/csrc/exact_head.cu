@@ -9,12 +9,15 @@
 // K/256 + 5 additions, well inside the gamma_K the bound allows for the exact head.
 //
 // The rescore reads each listed candidate's bf16 row once, a whole row (10 KB at K = 5120) in flight per warp
-// (CHUNK 16-byte loads per lane before the first FMA), over a persistent grid whose warps take the (row,
-// candidate) pairs of all input rows in turn, so a row with many survivors does not wait for one block. Each
-// logit goes into its input row's packed key (orderable logit bits above the complemented token index) with a
-// 64-bit atomic max, which keeps the largest logit and on ties the lowest index, in any order; the last block
-// to finish (a ticket counter) turns the keys into tokens and sets keys and ticket back to zero for the next
-// call (the state is the caller's per-stream workspace, zero on first use).
+// (CHUNK 16-byte loads per lane before the first FMA), over a persistent grid: block b takes the b-th of
+// gridDim equal ranges of the flat list of every input row's (row, candidate) pairs, so a row with many
+// survivors does not wait for one block, and copies each input row of its range into shared memory once
+// (read from L2 for every pair, the same few input rows wanted by every warp of the grid at once, each piece's
+// load was slow: 32 -> 25 us at 32 rows on the H200). Each logit goes into its input row's packed key
+// (orderable logit bits above the complemented token index) with a 64-bit atomic max, which keeps the largest
+// logit and on ties the lowest index, in any order; the last block to finish (a ticket counter) turns the keys
+// into tokens and sets keys and ticket back to zero for the next call (the state is the caller's per-stream
+// workspace, zero on first use).
 //
 // Launches may overlap the kernel before them in the stream (programmatic dependent launch, sm_90+): nothing
 // written by an earlier kernel is read before griddepcontrol.wait.
@@ -67,22 +70,54 @@ __device__ __forceinline__ uint4 load_streaming(const uint4* p) {
   return v;
 }
 
-// x_m . w_r in the order described above; every lane returns it. x and w are rows of `pieces` 16-byte pieces.
-// STREAM: the weight row is read once (no L1 allocation), else through L1 (the full head reads it once per input row).
+// Where warp_dot reads a row (the weights' or the input's) from: registers loaded ahead (InRegisters, the weight
+// row: STREAM reads it once without L1 allocation, else through L1), L1 at each piece's adds (ThroughL1), or
+// shared memory (InShared). Lane l always takes pieces l, l + 32, ...: the same products in the same order
+// wherever they come from.
 template <bool STREAM>
-__device__ __forceinline__ float warp_dot(const uint4* x, const uint4* w, int pieces, int lane) {
+struct InRegisters {
+  const uint4* row;
+  uint4 held[kChunk];
+  __device__ __forceinline__ void fetch(int base, int pieces, int) {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i)
+      if (base + 32 * i < pieces) held[i] = STREAM ? load_streaming(row + base + 32 * i) : __ldg(row + base + 32 * i);
+  }
+  __device__ __forceinline__ void wait() const {}
+  __device__ __forceinline__ uint4 piece(int, int i) const { return held[i]; }
+};
+
+struct ThroughL1 {
+  const uint4* row;
+  __device__ __forceinline__ void fetch(int, int, int) const {}
+  __device__ __forceinline__ void wait() const {}
+  __device__ __forceinline__ uint4 piece(int p, int) const { return __ldg(row + p); }
+};
+
+struct InShared {
+  const uint4* row;  // the whole row in shared memory
+  __device__ __forceinline__ void fetch(int, int, int) const {}
+  __device__ __forceinline__ void wait() const {}
+  __device__ __forceinline__ uint4 piece(int p, int) const { return row[p]; }
+};
+
+// x_m . w_r in the order described above; every lane returns it. x and w are rows of `pieces` 16-byte pieces.
+template <typename WSource, typename XSource>
+__device__ __forceinline__ float warp_dot(WSource w, XSource x, int pieces, int lane) {
   float acc = 0.f;
   for (int base = lane; base < pieces; base += 32 * kChunk) {
-    uint4 wv[kChunk];
+    w.fetch(base, pieces, lane);
+    x.fetch(base, pieces, lane);
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {
       const int p = base + 32 * i;
-      if (p < pieces) wv[i] = STREAM ? load_streaming(w + p) : __ldg(w + p);
-    }
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) {
-      const int p = base + 32 * i;
-      if (p < pieces) acc = fma_pieces(__ldg(x + p), wv[i], acc);
+      if (p < pieces) {
+        if (i == 0) {  // past the first piece's test, so that every load above goes out before the waits
+          w.wait();
+          x.wait();
+        }
+        acc = fma_pieces(x.piece(p, i), w.piece(p, i), acc);
+      }
     }
   }
 #pragma unroll
@@ -106,7 +141,8 @@ __global__ void __launch_bounds__(kThreads) exact_head_kernel(ExactHeadArgs a) {
   const int pieces = a.k / 8;
   const uint4* w = reinterpret_cast<const uint4*>(a.weight) + (size_t)r * pieces;
   for (int m = 0; m < a.m; ++m) {
-    const float logit = warp_dot<false>(reinterpret_cast<const uint4*>(a.x) + (size_t)m * pieces, w, pieces, lane);
+    const ThroughL1 x{reinterpret_cast<const uint4*>(a.x) + (size_t)m * pieces};
+    const float logit = warp_dot(InRegisters<false>{w}, x, pieces, lane);
     if (lane == 0) a.logits[(size_t)m * a.n + r] = logit;
   }
 }
@@ -129,59 +165,91 @@ __device__ __forceinline__ void finish_tokens(const ExactHeadArgs& a, const Resc
   if (threadIdx.x == 0) *r.ticket = 0;
 }
 
-// Rescore: the flat list of every input row's listed candidates (row m's first min(count, 0 if count > cap)
-// entries), pair i taken by warp i mod (warps in the grid); a pair whose upper bound is below the row's best
-// lower bound is skipped (the Triton pass lists such rows; the CUDA pass's compaction has dropped them).
-__global__ void __launch_bounds__(kThreads, 2) rescore_kernel(ExactHeadArgs a, RescoreArgs r) {
-  const int lane = threadIdx.x & 31;
-  const int warp_id = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  const int total_warps = gridDim.x * kWarps;
-  const int pieces = a.k / 8;
-  allow_next_grid();
-  wait_for_prior_grid();
-  // The rows are walked in groups of 32 (lane j: row group_row + j); pair i lies in the group whose
-  // inclusive prefix of listed counts first exceeds i - group_base.
+// Where pair i of the flat list lies: the rows are walked in groups of 32 (lane j: row group_row + j), pair i in
+// the group whose inclusive prefix of listed counts first exceeds i - group_base. Pairs are asked in increasing
+// order (warp-uniform).
+struct PairWalk {
   int group_row = 0, group_base = 0, incl = 0;
-  auto load_group = [&]() {
+  __device__ __forceinline__ void load_group(const RescoreArgs& r, int rows, int lane) {
     const int m = group_row + lane;
-    int n = m < a.m ? r.count[m] : 0;
-    n = n > r.cap ? 0 : n;
-    incl = n;
+    int n = m < rows ? r.count[m] : 0;
+    incl = n > r.cap ? 0 : n;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
       const int v = __shfl_up_sync(0xFFFFFFFFu, incl, d);
       if (lane >= d) incl += v;
     }
-  };
-  load_group();
-  for (int i = warp_id;; i += total_warps) {
-    while (i - group_base >= __shfl_sync(0xFFFFFFFFu, incl, 31) && group_row + 32 < a.m) {
+  }
+  // Row m of pair i (-1 past the list's end) and the row's pairs [first, last) in the flat list.
+  __device__ __forceinline__ int locate_row(const RescoreArgs& r, int rows, int lane, int i, int& first, int& last) {
+    while (i - group_base >= __shfl_sync(0xFFFFFFFFu, incl, 31) && group_row + 32 < rows) {
       group_base += __shfl_sync(0xFFFFFFFFu, incl, 31);
       group_row += 32;
-      load_group();
+      load_group(r, rows, lane);
     }
     const int local = i - group_base;
-    if (local >= __shfl_sync(0xFFFFFFFFu, incl, 31)) break;
-    const int j = __popc(__ballot_sync(0xFFFFFFFFu, incl <= local));  // row group_row + j holds pair i
-    const int m = group_row + j;
-    const int before = __shfl_sync(0xFFFFFFFFu, incl, max(j - 1, 0));  // pairs of the group's rows before m
-    const int pos = local - (j == 0 ? 0 : before);
-    const size_t entry = (size_t)m * r.cap + pos;
-    if (r.cand_upper[entry] < r.best_lower[m]) continue;
-    const int row = r.cand_idx[entry];
-    const float logit = warp_dot<true>(reinterpret_cast<const uint4*>(a.x) + (size_t)m * pieces,
-                                       reinterpret_cast<const uint4*>(a.weight) + (size_t)row * pieces, pieces, lane);
-    if (lane == 0) atomicMax(r.keys + m, token_key(logit, row));
+    if (local >= __shfl_sync(0xFFFFFFFFu, incl, 31)) return -1;
+    const int j = __popc(__ballot_sync(0xFFFFFFFFu, incl <= local));
+    const int before = __shfl_sync(0xFFFFFFFFu, incl, max(j - 1, 0));
+    first = group_base + (j == 0 ? 0 : before);
+    last = group_base + __shfl_sync(0xFFFFFFFFu, incl, j);
+    return group_row + j;
+  }
+};
+
+// Rescore: the flat list of every input row's listed candidates (row m's first min(count, 0 if count > cap)
+// entries), block b taking the b-th of gridDim equal ranges of it, row by row: the block copies the row's input
+// into shared memory (cp.async), then its warps take the row's pairs in that range in turn. A pair whose upper
+// bound is below the row's best lower bound is skipped (the Triton pass lists such rows; the CUDA pass's
+// compaction has dropped them).
+__global__ void __launch_bounds__(kThreads, 2) rescore_kernel(ExactHeadArgs a, RescoreArgs r) {
+  extern __shared__ uint4 x_row[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int pieces = a.k / 8;
+  allow_next_grid();
+  wait_for_prior_grid();
+  int total = 0;
+  for (int group = 0; group < a.m; group += 32) {
+    const int n = group + lane < a.m ? r.count[group + lane] : 0;
+    total += static_cast<int>(__reduce_add_sync(0xFFFFFFFFu, static_cast<unsigned>(n > r.cap ? 0 : n)));
+  }
+  const int share = (total + gridDim.x - 1) / gridDim.x;
+  const int end = min(total, (blockIdx.x + 1) * share);
+  const uint32_t x_shared = static_cast<uint32_t>(__cvta_generic_to_shared(x_row));
+  PairWalk walk;
+  walk.load_group(r, a.m, lane);
+  for (int begin = blockIdx.x * share; begin < end;) {
+    int first, last;
+    const int m = walk.locate_row(r, a.m, lane, begin, first, last);
+    const int stop = min(end, last);
+    __syncthreads();  // the previous row's pairs are done with x_row
+    const uint4* x = reinterpret_cast<const uint4*>(a.x) + (size_t)m * pieces;
+    for (int p = threadIdx.x; p < pieces; p += kThreads)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(x_shared + 16 * p), "l"(x + p) : "memory");
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    const float best = r.best_lower[m];
+    for (int i = begin + warp; i < stop; i += kWarps) {
+      const size_t entry = (size_t)m * r.cap + (i - first);
+      const int row = r.cand_idx[entry];
+      if (r.cand_upper[entry] < best) continue;
+      const float logit = warp_dot(InRegisters<true>{reinterpret_cast<const uint4*>(a.weight) + (size_t)row * pieces},
+                                   InShared{x_row}, pieces, lane);
+      if (lane == 0) atomicMax(r.keys + m, token_key(logit, row));
+    }
+    begin = stop;
   }
   finish_tokens(a, r);
 }
 
-// kernel<<<grid, kThreads>>>(args...), overlapping the kernel before it in the stream where asked (sm_90+).
+// kernel<<<grid, kThreads, smem>>>(args...), overlapping the kernel before it in the stream where asked (sm_90+).
 template <typename... Args>
-cudaError_t launch(void (*kernel)(Args...), dim3 grid, cudaStream_t stream, bool overlap_prior, Args... args) {
+cudaError_t launch(void (*kernel)(Args...), dim3 grid, int smem, cudaStream_t stream, bool overlap_prior,
+                   Args... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -195,7 +263,7 @@ cudaError_t launch(void (*kernel)(Args...), dim3 grid, cudaStream_t stream, bool
 
 cudaError_t exact_head_launch(const ExactHeadArgs& a, cudaStream_t stream, bool overlap_prior) {
   if (a.m < 1 || a.k % 8 || a.n < 1) return cudaErrorInvalidValue;
-  return launch(exact_head_kernel, dim3((a.n + kWarps - 1) / kWarps), stream, overlap_prior, a);
+  return launch(exact_head_kernel, dim3((a.n + kWarps - 1) / kWarps), 0, stream, overlap_prior, a);
 }
 
 cudaError_t rescore_launch(const ExactHeadArgs& a, const RescoreArgs& r, cudaStream_t stream, bool overlap_prior) {
@@ -208,5 +276,16 @@ cudaError_t rescore_launch(const ExactHeadArgs& a, const RescoreArgs& r, cudaStr
     err = cudaDeviceGetAttribute(&sms[device & 15], cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
   }
-  return launch(rescore_kernel, dim3(sms[device & 15] * r.blocks_per_sm), stream, overlap_prior, a, r);
+  const int smem = a.k * 2;  // one input row
+  static thread_local int smem_allowed[16] = {};  // raised once per device and size: graph capture sees the launch
+  if (smem > smem_allowed[device & 15]) {
+    // two blocks a multiprocessor: the largest shared-memory carveout (the driver's own choice may fit one)
+    err = cudaFuncSetAttribute(rescore_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err == cudaSuccess)
+      err = cudaFuncSetAttribute(rescore_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+    if (err != cudaSuccess) return err;
+    smem_allowed[device & 15] = smem;
+  }
+  return launch(rescore_kernel, dim3(sms[device & 15] * r.blocks_per_sm), smem, stream, overlap_prior, a, r);
 }
