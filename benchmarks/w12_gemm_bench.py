@@ -88,7 +88,8 @@ def candidate_configs(n: int, k: int, sms: int) -> list[GemmConfig]:
 
 
 def mma_candidates(n: int, k: int, sms: int) -> list[MmaConfig]:
-    """mma.sync partitions with at least 2 warps of work per multiprocessor (runtime parameters: no rebuild)."""
+    """mma.sync partitions with at least 2 warps of work per multiprocessor (runtime parameters: no rebuild), timed
+    with the weights staged through shared memory up to 16 rows (how far to stage is chosen after the partition)."""
     tiles, chunks = -(-n // 16), -(-k // 128)
     out = []
     # odd warps_k too: e.g. 640 tiles x 3 warps = 14.5 warps per multiprocessor fill one wave on 132 of them
@@ -99,8 +100,8 @@ def mma_candidates(n: int, k: int, sms: int) -> list[MmaConfig]:
             needless_split = splits > 1 and tiles * warps_k >= 16 * sms  # the tiles alone fill the GPU
             if chunks < 2 * warps_k * splits or warps < 2 * sms or needless_split:
                 continue
-            out.append(MmaConfig(warps_n, warps_k, splits))
-    default = default_mma_config(n, k, sms)
+            out.append(MmaConfig(warps_n, warps_k, splits, staged_rows=MAX_STAGED_ROWS))
+    default = replace(default_mma_config(n, k, sms), staged_rows=MAX_STAGED_ROWS)
     return out if default in out else out + [default]
 
 
@@ -231,7 +232,7 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
             bases = sorted((e for e in tune if e["variant"] == "mma" and "score" in e), key=lambda e: e["score"])
             for base in bases[:1 if quick else PLAN_BASES]:
                 for plan in STEP_PLANS[32][1:]:
-                    cfg = MmaConfig(base["warps_n"], base["warps_k"], base["splits"], plan_32=plan)
+                    cfg = MmaConfig(base["warps_n"], base["warps_k"], base["splits"], plan_32=plan, staged_rows=base["staged_rows"])
                     try_config(variant, cfg, same_below_17=base)
         ranked = sorted((e for e in tune if e["variant"] == variant and "score" in e), key=lambda e: e["score"])
         # distinct, best first; then the best that were no slower than cuBLAS at every tuned row count
@@ -326,6 +327,15 @@ def summarize(shapes: dict) -> dict:
     return out
 
 
+def write_config(path: Path, gpu: str, shape: dict) -> None:
+    """Merge a shape's tuned mma config into the configs file under the GPU's name (replaced whole, never half-written)."""
+    tuned = json.loads(path.read_text()) if path.exists() else {}
+    tuned.setdefault(gpu, {})[f"{shape['N']},{shape['K']}"] = shape["best"]["mma"]
+    staged = path.with_suffix(".json.tmp")
+    staged.write_text(re.sub(r"\[\s+(\d+),\s+(\d+)\s+\]", r"[\1, \2]", json.dumps(tuned, indent=1)) + "\n")  # plans on one line
+    os.replace(staged, path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="few configs (smoke test)")
@@ -366,20 +376,14 @@ def main() -> None:
         if args.out:
             with open(args.out, "w") as fh:
                 json.dump(doc, fh, indent=1)
+        if args.write_configs and "mma" in doc["shapes"][name]["best"]:  # after every shape: a cut-off run keeps its tuning
+            write_config(args.write_configs, props.name, doc["shapes"][name])
     enc = [(s["N"] * s["K"], s["encode_s"]) for s in doc["shapes"].values()]
     rate = sum(e for e, _ in enc) / sum(t for _, t in enc)
     doc["encode"] = {"weights_per_s": rate, "extrapolated_27e9_weights_s": 27e9 / rate,
                      "note": "extrapolated from the timed shapes' encode throughput (GPU, unchecked encode); "
                              "the checked encode adds one decode + compare per tensor"}
     doc["summary"] = summarize(doc["shapes"])
-    if args.write_configs:
-        tuned = json.loads(args.write_configs.read_text()) if args.write_configs.exists() else {}
-        for shape in doc["shapes"].values():
-            if "mma" in shape["best"]:
-                tuned.setdefault(props.name, {})[f"{shape['N']},{shape['K']}"] = shape["best"]["mma"]
-        staged = args.write_configs.with_suffix(".json.tmp")  # the configs file is replaced whole, never half-written
-        staged.write_text(re.sub(r"\[\s+(\d+),\s+(\d+)\s+\]", r"[\1, \2]", json.dumps(tuned, indent=1)) + "\n")  # plans on one line
-        os.replace(staged, args.write_configs)
     text = json.dumps(doc, indent=1)
     if args.out:
         with open(args.out, "w") as fh:
