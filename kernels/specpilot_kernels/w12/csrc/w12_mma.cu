@@ -121,6 +121,17 @@ __device__ __forceinline__ void decode_block(uint32_t (&a)[8], uint4 view, uint2
   }
 }
 
+// acc += another warp's or split's sums of the same tiles, stored in acc's order.
+template <int TP, int MT>
+__device__ __forceinline__ void add_sums(float (&acc)[TP][MT][4], const float* other) {
+#pragma unroll
+  for (int p = 0; p < TP; ++p)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[p][j][q] += other[(p * MT + j) * 4 + q];
+}
+
 // 16-byte words of dynamic shared memory before the staged weights: the in-block reduction of warps sharing a tile,
 // then the inbox of a cluster's first split (a tile's sums from each later split).
 template <int MT, int TP>
@@ -375,13 +386,7 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     if (!tile_sums && !CLUSTER) return;
     if (tile_sums) {
       for (int wk = 1; wk < args.warps_k; ++wk) {
-        const float* other = red + ((size_t)(wk * args.warps_n + warp_n) * 32 + lane) * kAcc;
-#pragma unroll
-        for (int p = 0; p < TP; ++p)
-#pragma unroll
-          for (int j = 0; j < MT; ++j)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[p][j][q] += other[(p * MT + j) * 4 + q];
+        add_sums(acc, red + ((size_t)(wk * args.warps_n + warp_n) * 32 + lane) * kAcc);
       }
     }
   }
@@ -408,13 +413,7 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     if (split > 0) return;
     if (tile_sums) {
       for (int sp = 1; sp < args.cluster_splits; ++sp) {
-        const float* other = inbox + (((size_t)(sp - 1) * args.warps_n + warp_n) * 32 + lane) * kAcc;
-#pragma unroll
-        for (int p = 0; p < TP; ++p)
-#pragma unroll
-          for (int j = 0; j < MT; ++j)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[p][j][q] += other[(p * MT + j) * 4 + q];
+        add_sums(acc, inbox + (((size_t)(sp - 1) * args.warps_n + warp_n) * 32 + lane) * kAcc);
       }
     }
 #else
