@@ -9,8 +9,9 @@ through the Triton pass, each with its fastest partition or tile, all by CUDA-gr
 weight copies larger than L2, with the INT8 byte floor and fractions, and the property check (certified
 token through the default path, the CUDA pass where it runs with the partition tuned for 32 rows, vs the
 exact head's argmax over >= 1M synthetic adversarial rows, real head shape). ``--repeats`` times every CUDA
-partition that many times in interleaved rounds (the median counts); ``--sections`` runs some sections only.
-Each section is written to ``--out`` as soon as it ends; a failing section records its error and the others
+partition that many times in interleaved rounds (the median counts); ``--sections`` runs some sections only,
+``--row-counts`` some row counts; ``stages`` gives each kernel's time and the gaps between them (profiler over
+graph replays) and the rescore alone. Each section is written to ``--out`` as soon as it ends; a failing section records its error and the others
 still run.
 The exact argmax of the check comes from an independent prefilter: cuBLAS logits select every row
 within twice their error bound of the best, and those rows are scored with the exact head's arithmetic.
