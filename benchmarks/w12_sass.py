@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parents[1] / "kernels" / "specpilot_kernels" / "w12" / "csrc"
+SHARED_HEADERS = CSRC.parents[1] / "csrc"  # the library's shared headers (pdl.cuh)
 KERNEL = re.compile(r"w12_mma_kernelILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])E")
 ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 BRANCH = re.compile(r"BRA (0x[0-9a-f]+)")
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "w12_mma.cubin"
         build = subprocess.run([tool("nvcc"), f"-arch={args.arch}", "-std=c++17", "-O3", "-cubin", "-Xptxas", "-v",
-                                str(CSRC / "w12_mma.cu"), "-o", str(cubin)], capture_output=True, text=True)
+                                f"-I{SHARED_HEADERS}", str(CSRC / "w12_mma.cu"), "-o", str(cubin)],
+                               capture_output=True, text=True)
         if build.returncode:
             sys.exit(f"error: nvcc failed:\n{build.stderr[-2000:]}")
         dump = subprocess.run([tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True)

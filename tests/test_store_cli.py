@@ -39,6 +39,20 @@ def memory(stock_home_copy, tmp_path):
     return home
 
 
+def test_the_cuda_loader_is_vendored_with_the_shared_headers(memory, tmp_path):
+    # cuda_extension.py puts the library's csrc/ on every extension's include path, so it travels with it
+    library = memory.root / "kernels" / "specpilot_kernels"
+    (library / "cuda_extension.py").write_text("SHARED = 'csrc'\n")
+    (library / "csrc").mkdir()
+    (library / "csrc" / "pdl.cuh").write_text("#pragma once\n")
+    pins = vendor_kernels(memory, tmp_path / "wt", ["toy", "cuda_extension.py"])
+    assert sorted(pins) == [f"{VENDOR_DIR}/csrc/pdl.cuh", f"{VENDOR_DIR}/cuda_extension.py",
+                            f"{VENDOR_DIR}/toy/reference.py", f"{VENDOR_DIR}/toy/toy.py"]
+    assert (tmp_path / "wt" / VENDOR_DIR / "csrc" / "pdl.cuh").read_text() == "#pragma once\n"
+    assert sorted(vendor_kernels(memory, tmp_path / "wt2", ["toy"])) == [f"{VENDOR_DIR}/toy/reference.py",
+                                                                         f"{VENDOR_DIR}/toy/toy.py"]
+
+
 def test_record_vendor_apply_show_graph_verify(capsys, memory, tmp_path):
     home = memory
     fork = open_fork(home)

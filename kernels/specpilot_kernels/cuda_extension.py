@@ -12,9 +12,13 @@ from pathlib import Path
 import torch
 
 
+SHARED_HEADERS = Path(__file__).with_name("csrc")  # headers every op's kernels may include (e.g. pdl.cuh)
+
+
 @lru_cache(maxsize=None)
 def load_cuda_extension(name: str, csrc: Path, sources: tuple[str, ...]):
-    """Compile ``csrc/<source>`` for the current GPU's architecture (headers found in ``csrc``) and import it."""
+    """Compile ``csrc/<source>`` for the current GPU's architecture (headers found in ``csrc`` and
+    :data:`SHARED_HEADERS`) and import it."""
     from torch.utils.cpp_extension import load
 
     major, minor = torch.cuda.get_device_capability()
@@ -23,7 +27,7 @@ def load_cuda_extension(name: str, csrc: Path, sources: tuple[str, ...]):
         name=f"{name}_sm{arch}",
         sources=[str(csrc / source) for source in sources],
         extra_cuda_cflags=["-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}"],
-        extra_include_paths=[str(csrc)],
+        extra_include_paths=[str(csrc), str(SHARED_HEADERS)],
         verbose=False,
     )
 

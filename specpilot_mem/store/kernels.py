@@ -20,6 +20,9 @@ from specpilot_mem.home import Home
 from specpilot_mem.models import EntryRecord
 
 VENDOR_DIR = "sglang/srt/specpilot/kernels"
+# A library file vendored with the folder it depends on: the CUDA extension loader puts the library's shared
+# headers (csrc/, e.g. pdl.cuh) on every extension's include path, so they travel with it.
+_COMPANIONS = {"cuda_extension.py": "csrc"}
 # Package markers the vendoring creates when missing (empty, so two entries adding them agree).
 _PACKAGE_MARKERS = ("sglang/srt/specpilot/__init__.py", f"{VENDOR_DIR}/__init__.py")
 
@@ -33,12 +36,15 @@ def vendor_kernels(home: Home, worktree: str | Path, files: list[str], package_p
     """Copy library kernel files into a fork work tree; returns {vendored path: sha256}.
 
     ``files`` are paths under ``kernels/specpilot_kernels/``: a file (``w12/gemm.py``) or an op folder
-    (``w12``, every ``.py``/``.cu``/``.cuh``/``.cpp`` file in it). Call it while building an entry's tip,
-    then ``record`` the work tree; the record pins the same hashes.
+    (``w12``, every ``.py``/``.cu``/``.cuh``/``.cpp`` file in it); ``cuda_extension.py`` brings the shared
+    ``csrc/`` headers with it. Call it while building an entry's tip, then ``record`` the work tree; the record
+    pins the same hashes.
     """
     root = Path(worktree) / package_prefix
     chosen: list[Path] = []
-    for name in files:
+    names = list(files) + [_COMPANIONS[name] for name in files
+                           if name in _COMPANIONS and (home.kernels / _COMPANIONS[name]).is_dir()]
+    for name in dict.fromkeys(names):
         source = home.kernels / name
         if source.is_dir():
             chosen += sorted(p for p in source.rglob("*") if p.is_file() and p.suffix in {".py", ".cu", ".cuh", ".cpp"}

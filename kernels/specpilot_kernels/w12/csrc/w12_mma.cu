@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "pdl.cuh"
 #include "w12_mma.cuh"
 
 namespace {
@@ -76,20 +77,6 @@ __device__ __forceinline__ void patch_escape(uint32_t (&a)[8], int lane, uint32_
 #pragma unroll
   for (int rr = 0; rr < 8; ++rr)
     if (rr == reg) a[rr] = high ? (a[rr] & 0x0000FFFFu) | (value << 16) : (a[rr] & 0xFFFF0000u) | value;
-}
-
-// Programmatic dependent launch (sm_90+; no-ops before, and when the launch did not ask for it): the prologue of a
-// kernel overlaps the tail of the one before it in the stream.
-__device__ __forceinline__ void wait_for_prior_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void allow_next_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
 }
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
