@@ -10,8 +10,21 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 
+class _JsonConfig:
+    """to_json / from_json for the config dataclasses (unknown keys ignored, JSON lists back to tuples)."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str):
+        known = {f.name for f in fields(cls)}
+        values = {k: (tuple(v) if isinstance(v, list) else v) for k, v in json.loads(text).items() if k in known}
+        return cls(**values)
+
+
 @dataclass(frozen=True)
-class TargetConfig:
+class TargetConfig(_JsonConfig):
     vocab_size: int = 4096
     d_model: int = 256
     # One entry per layer: "gdn" (Gated DeltaNet) or "attn" (full attention), as in Qwen3.5's 3:1 mix.
@@ -39,16 +52,9 @@ class TargetConfig:
     def feature_dim(self) -> int:
         return self.d_model * len(self.feature_layers)
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> "TargetConfig":
-        return _from_dict(cls, json.loads(text))
-
 
 @dataclass(frozen=True)
-class DrafterConfig:
+class DrafterConfig(_JsonConfig):
     d_model: int = 256
     n_layers: int = 2
     heads: int = 4
@@ -63,19 +69,6 @@ class DrafterConfig:
     selector_rank: int = 64
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> "DrafterConfig":
-        return _from_dict(cls, json.loads(text))
-
-
-def _from_dict(cls, data: dict):
-    known = {f.name for f in fields(cls)}
-    values = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items() if k in known}
-    return cls(**values)
 
 
 @dataclass
