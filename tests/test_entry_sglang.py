@@ -97,6 +97,8 @@ PROBE = textwrap.dedent("""
         stored = W12LinearMethod.w12_tensor(layers["w12"][0])
         from sglang.srt.specpilot.kernels.w12 import decode
         w12["planes_exact"] = bool(torch.equal(decode(stored).view(torch.int16), weight.view(torch.int16)))
+        from sglang.srt.specpilot.kernels.w12 import mma as vendored_mma
+        w12["tuned_partitions"] = vendored_mma._tuned()  # what the vendored GEMM reads beside itself
         out["w12"] = w12
     if "certified-head" in discover():
         import types
@@ -258,6 +260,14 @@ def test_w12_output_equals_the_unquantized_method_bit_for_bit(results):
     assert w12["bf16_released"]
     assert w12["fp32_equal"]
     assert w12["planes_exact"]
+
+
+def test_w12_in_the_fork_reads_the_tuned_partitions(results):
+    # the vendored GEMM picks the same per-GPU partitions (and staging) as the library: mma_configs.json is vendored
+    from specpilot_kernels.w12.mma import TUNED_PATH
+
+    tuned = results["applied"]["w12"]["tuned_partitions"]
+    assert tuned and tuned == json.loads(TUNED_PATH.read_text())
 
 
 def test_certified_head_runs_only_where_the_argmax_is_all_that_is_read(results):

@@ -23,6 +23,9 @@ VENDOR_DIR = "sglang/srt/specpilot/kernels"
 # A library file vendored with the folder it depends on: the CUDA extension loader puts the library's shared
 # headers (csrc/, e.g. pdl.cuh) on every extension's include path, so they travel with it.
 _COMPANIONS = {"cuda_extension.py": "csrc"}
+# What an op folder's vendoring takes: its sources and its tuned configs (w12/mma_configs.json: the partitions
+# tuned per GPU, which the vendored kernels read beside themselves).
+_VENDORED_SUFFIXES = {".py", ".cu", ".cuh", ".cpp", ".json"}
 # Package markers the vendoring creates when missing (empty, so two entries adding them agree).
 _PACKAGE_MARKERS = ("sglang/srt/specpilot/__init__.py", f"{VENDOR_DIR}/__init__.py")
 
@@ -36,9 +39,9 @@ def vendor_kernels(home: Home, worktree: str | Path, files: list[str], package_p
     """Copy library kernel files into a fork work tree; returns {vendored path: sha256}.
 
     ``files`` are paths under ``kernels/specpilot_kernels/``: a file (``w12/gemm.py``) or an op folder
-    (``w12``, every ``.py``/``.cu``/``.cuh``/``.cpp`` file in it); ``cuda_extension.py`` brings the shared
-    ``csrc/`` headers with it. Call it while building an entry's tip, then ``record`` the work tree; the record
-    pins the same hashes.
+    (``w12``: every source and tuned-config file in it, ``_VENDORED_SUFFIXES``); ``cuda_extension.py`` brings
+    the shared ``csrc/`` headers with it. Call it while building an entry's tip, then ``record`` the work tree;
+    the record pins the same hashes.
     """
     root = Path(worktree) / package_prefix
     chosen: list[Path] = []
@@ -47,7 +50,7 @@ def vendor_kernels(home: Home, worktree: str | Path, files: list[str], package_p
     for name in dict.fromkeys(names):
         source = home.kernels / name
         if source.is_dir():
-            chosen += sorted(p for p in source.rglob("*") if p.is_file() and p.suffix in {".py", ".cu", ".cuh", ".cpp"}
+            chosen += sorted(p for p in source.rglob("*") if p.is_file() and p.suffix in _VENDORED_SUFFIXES
                              and "__pycache__" not in p.parts)
         elif source.is_file():
             chosen.append(source)
