@@ -263,9 +263,10 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
                          for staged in (True, False)} for m in (1, 2, 4, 8, 16)}
         result["staged_us"] = {m: {"staged": t[True], "registers": t[False]} for m, t in staged_us.items()}
         # stage up to the row count that saves the most in the geometric mean over the timed counts (ties: fewer)
-        saved = {0: 0.0}
+        saved, total = {0: 0.0}, 0.0
         for m, t in staged_us.items():
-            saved[m] = saved[max(saved)] + math.log(t[False] / t[True])
+            total += math.log(t[False] / t[True])
+            saved[m] = total
         best["mma"] = (replace(cfg, staged_rows=max(saved, key=lambda m: (round(saved[m], 3), -m))), best["mma"][1])
     if "triton" in best:  # which MMA instruction the tuned Triton kernel uses
         x = torch.randn(16, k, device="cuda").bfloat16()

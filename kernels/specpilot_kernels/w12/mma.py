@@ -129,8 +129,8 @@ def planes_from_mma_layout(mma: W12MmaTensor) -> tuple[torch.Tensor, torch.Tenso
 STEP_PLANS = {32: ((4, 1), (2, 1), (2, 2)), 64: ((4, 1), (2, 2))}
 # Up to 16 rows a launch may instead stage each warp's next step of weights in a shared-memory double buffer
 # (cp.async) rather than registers: the same bytes in flight, ~20 fewer registers, so more resident warps; it
-# took 1-7% off 1-8 rows on most H200 shapes and cost up to 12% on others at 8-16 (the smaller L1 left for the
-# activations), so each shape's tuned config says up to how many rows it stages (``staged_rows``).
+# took 1-7% off 1-8 rows on the H200 shapes and cost up to 13% on gate_up and the LM head at 16 (the smaller L1
+# left for their activations), so each shape's tuned config says up to how many rows it stages (``staged_rows``).
 MAX_STAGED_ROWS = 16
 
 

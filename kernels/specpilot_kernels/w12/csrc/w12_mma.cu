@@ -40,6 +40,7 @@ constexpr int kBlocksPerChunk = 4;  // 4 x 32 columns = one 128-column chunk (th
 constexpr int kMaxRows = 64;        // rows per launch (up to 8 token tiles of 8)
 constexpr int kMaxWarpsPerBlock = 16;
 constexpr int kMaxClusterSplits = 4;  // K splits reduced in a cluster (more: through the workspace kernel)
+constexpr int kStagedBlockWords = 48;  // 16-byte words a staged 32-column block: 32 view, 16 nibble
 
 __device__ __forceinline__ uint32_t permute_bytes(uint32_t a, uint32_t b, uint32_t selector) {
   uint32_t out;
@@ -200,7 +201,7 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     // one is decoded and multiplied: into registers, or (STAGED) into the other half of the warp's shared-memory
     // double buffer. A buffer half holds, per tile, the step's view pieces (each lane copies and reads its own) and
     // its nibble words (copied as one contiguous run, read by other lanes: __syncwarp before reading and refilling).
-    constexpr int kStageWords = TP * kBlocks * 48;  // 16-byte words a step: 32 view and 16 nibble words a block
+    constexpr int kStageWords = TP * kBlocks * kStagedBlockWords;  // 16-byte words a step
     extern __shared__ uint4 shared_words[];
     const uint32_t stage_base = static_cast<uint32_t>(__cvta_generic_to_shared(
         shared_words + epilogue_words<MT, TP>(args, blockDim.x) + warp * 2 * kStageWords));
@@ -211,7 +212,7 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     auto load_step = [&]() {
 #pragma unroll
       for (int p = 0; p < TP; ++p) {
-        const uint32_t words = stage_base + (uint32_t)((stage * kStageWords + p * kBlocks * 48) * 16);
+        const uint32_t words = stage_base + (uint32_t)((stage * kStageWords + p * kBlocks * kStagedBlockWords) * 16);
 #pragma unroll
         for (int u = 0; u < kBlocks; ++u) {
           if constexpr (STAGED) {
@@ -267,7 +268,8 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
           __syncwarp();
 #pragma unroll
           for (int p = 0; p < TP; ++p) {
-            const uint32_t words = stage_base + (uint32_t)(((stage ^ 1) * kStageWords + p * kBlocks * 48) * 16);
+            const uint32_t words =
+                stage_base + (uint32_t)(((stage ^ 1) * kStageWords + p * kBlocks * kStagedBlockWords) * 16);
 #pragma unroll
             for (int u = 0; u < kBlocks; ++u) {
               asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -475,10 +477,9 @@ cudaError_t launch(const W12MmaArgs& args, cudaStream_t stream) {
   const int tiles_per_block = args.warps_n * TP;
   dim3 grid((tiles + tiles_per_block - 1) / tiles_per_block, (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
   dim3 block(32 * args.warps_n * args.warps_k);
-  // the in-block reduction, then (STAGED) each warp's double buffer of 768 bytes a 32-column block and tile
-  // the epilogue's reduction and inbox, then (STAGED) each warp's double buffer of 768 bytes a 32-column block and tile
+  // the epilogue's reduction and inbox, then (STAGED) each warp's double buffer
   const size_t smem = (size_t)epilogue_words<MT, TP>(args, block.x) * 16 +
-                      (STAGED ? (size_t)(block.x / 32) * 2 * TP * STEP_BLOCKS * 768 : 0);
+                      (STAGED ? (size_t)(block.x / 32) * 2 * TP * STEP_BLOCKS * kStagedBlockWords * 16 : 0);
   auto kernel = w12_mma_kernel<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED, CLUSTER>;
   // Blocks of this shape that fit a multiprocessor: asked of the runtime once per device and block shape (the
   // query cost 0.2-0.4 us of an eager call's ~10 us of host time on the H200).
