@@ -49,11 +49,13 @@ CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, xs, cpb)
                 for t, wpb, st, wps, xs, cpb in (
                     (2, 8, 3, 16, True, 8), (1, 8, 3, 16, True, 8), (2, 8, 3, 16, True, 4), (2, 8, 4, 16, True, 4))]
 SECTIONS = ("stages", "cuda_tuning", "tuning", "variants", "rows", "rescore_tuning", "property_check")
-# side by side in interleaved rounds: the whole certified call (c:), the INT8 pass alone (p:) or the BF16 head (b:,
-# cuBLAS), by the radius ("any": valid for any exact order; "warp": for the CUDA exact head's depth) and the exact
-# arithmetic ("triton": the K-split MMA rescore and its finalize; "cuda": one launch of exact_cuda)
+# side by side in interleaved rounds: the whole certified call (c:; s: the same with the pass's compaction launch
+# before the rescore instead of the rescore compacting the lists itself), the INT8 pass alone (p:) or the BF16 head
+# (b:, cuBLAS), by the radius ("any": valid for any exact order; "warp": for the CUDA exact head's depth) and the
+# exact arithmetic ("triton": the K-split MMA rescore and its finalize; "cuda": one launch of exact_cuda)
 VARIANTS = {
     "c:warp_cuda_exact": ("warp", dict(cuda_config=CudaPassConfig(), exact="cuda")),
+    "s:compaction_launch": ("warp", dict(cuda_config=CudaPassConfig())),
     "p:warp": ("warp", dict(cuda_config=CudaPassConfig())),
     "b:bf16_head": ("warp", {}),
 }
@@ -163,7 +165,8 @@ def tune_cuda(heads, gen, copies: int, repeats: int) -> tuple[dict, dict]:
 
 def compare_variants(heads, gen, copies: int, repeats: int) -> dict:
     """Every VARIANTS entry per row count by CUDA-graph replay, ``repeats`` interleaved rounds (the median counts),
-    so that clock drift under the power limit falls on all of them alike; and the rows each radius keeps."""
+    every other round in reverse order, so that clock drift under the power limit falls on all of them alike; and
+    the rows each radius keeps."""
     by_radius = {"warp": heads, "any": [dataclasses.replace(h, radius_coef=radius_coefficients(h.weight),
                                                              exact_depth=None) for h in heads]}
     if heads[0].exact_depth is None:
@@ -172,13 +175,15 @@ def compare_variants(heads, gen, copies: int, repeats: int) -> dict:
     for m in ROW_COUNTS:
         xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
         runs = {name: [] for name in VARIANTS}
-        for _ in range(repeats):
-            for name, (radius, options) in VARIANTS.items():
+        for round_ in range(repeats):  # every other round in reverse order (ABBA): drift falls on both sides alike
+            for name, (radius, options) in list(VARIANTS.items())[:: -1 if round_ % 2 else 1]:
                 hs = by_radius[radius]
 
                 def call(i):
                     if name.startswith("b:"):
                         return F.linear(xs[i], hs[i].weight)
+                    if name.startswith("s:"):
+                        return rescore_cuda(xs[i], hs[i].weight, *int8_pass(xs[i], hs[i], backend="cuda", **options))
                     run = certified_argmax_graphable if name.startswith("c:") else int8_pass
                     return run(xs[i], hs[i], backend="cuda", **options)
 

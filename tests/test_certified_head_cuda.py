@@ -152,7 +152,7 @@ def test_cuda_prologue_matches_its_reference(gpu_head):
     cand_upper = torch.empty((m, cap), device="cuda")
     _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best, stage_count,
                            stage_idx, stage_upper, count, cand_idx, cand_upper, R.BOUND_SLACK, R.NORM_INFLATION,
-                           1, 4, 4, 16, False, 1)
+                           1, 4, 4, 16, False, 1, True)
     want_x16, want_inv, ok = R.scaled_fp16_rows(x)
     assert torch.equal((stage_count > stage_cap).cpu(), ~ok.cpu()) and not ok[2] and not ok[3]
     assert (count[~ok] == cap + 1).all()

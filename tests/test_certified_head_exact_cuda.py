@@ -7,7 +7,9 @@ import torch
 from specpilot_kernels.certified_head import certified_argmax_graphable, quantize_head
 from specpilot_kernels.certified_head import reference as R
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
-from specpilot_kernels.certified_head.exact_cuda import exact_head_logits_cuda, rescore_cuda
+from specpilot_kernels.certified_head.cuda_pass import int8_pass_cuda, run_cuda_pass
+from specpilot_kernels.certified_head.exact_cuda import (certified_tokens_cuda, compact_and_rescore_cuda,
+                                                         exact_head_logits_cuda, rescore_cuda)
 
 pytestmark = pytest.mark.gpu
 
@@ -65,9 +67,33 @@ def test_rescore_skips_rows_below_the_bound_and_flags_overflow(head_and_inputs):
 
 
 @pytest.mark.parametrize("rows", [1, 13, 32])
+def test_rescore_that_compacts_gives_the_compaction_launchs_lists_and_tokens(head_and_inputs, rows):
+    """The pass without its compaction launch, then the rescore that compacts the stage lists itself: the same
+    count and candidate set per row as the pass's compaction launch and the same tokens as rescoring those lists,
+    with a row the prologue flags (count above the capacity, token -1), call after call (the barrier count goes
+    back to zero)."""
+    head, x = head_and_inputs
+    x = x[:rows].clone()
+    x[0, 1] = 2.0 ** -40 * float(x[0].float().abs().max())  # not exact in fp16: the full head
+    best_lower, count, cand_idx, cand_upper = int8_pass_cuda(x, head, max_survivors=3000)
+    want = rescore_cuda(x, head.weight, best_lower, count, cand_idx, cand_upper)
+    assert count[0] == 3001 and want[0] == -1
+    for _ in range(3):
+        lists = run_cuda_pass(x, head, max_survivors=3000, config=None, compact=False)
+        assert not lists.count.any()  # left to the rescore
+        tokens = compact_and_rescore_cuda(x, head.weight, lists)
+        assert torch.equal(tokens, want) and torch.equal(lists.count, count)
+        for m in range(1, rows):
+            n = int(count[m])
+            assert sorted(lists.cand_idx[m, :n].tolist()) == sorted(cand_idx[m, :n].tolist())
+        assert torch.equal(certified_tokens_cuda(x, head, max_survivors=3000)[0], want)
+
+
+@pytest.mark.parametrize("rows", [1, 13, 32])
 def test_overlapped_rescore_in_a_graph_gives_the_eager_tokens(head_and_inputs, rows):
-    """The rescore launched to overlap the compaction before it (sm_90+), two calls captured in one graph (the
-    second call's prologue follows the first call's rescore): the tokens of eager calls, replay after replay."""
+    """The rescore launched to overlap the pass before it (sm_90+; it compacts the pass's lists first), two calls
+    captured in one graph (the second call's prologue follows the first call's rescore): the tokens of eager calls,
+    replay after replay."""
     head, x = head_and_inputs
     x = x[:rows].contiguous()
     want, _ = certified_argmax_graphable(x, head, max_survivors=3000, backend="cuda")

@@ -64,6 +64,51 @@ def cuda_pass_available() -> bool:
     return cuda_extension_builds(*_EXTENSION, "the certified head's CUDA INT8 pass", "the Triton pass")
 
 
+@dataclass(frozen=True)
+class PassLists:
+    """What the CUDA pass leaves: best_lower [M] fp32; count [M] int32, the rows reaching the final best lower bound
+    (above the capacity: the full head); cand_idx [M, CAP] int32 and cand_upper [M, CAP] fp32, the first count
+    valid; the stage lists the compaction reads: stage_count [M] int32, stage_idx [M, STAGE_FACTOR CAP] int32 and
+    stage_upper fp32 (rows kept against the running best)."""
+
+    best_lower: torch.Tensor
+    count: torch.Tensor
+    cand_idx: torch.Tensor
+    cand_upper: torch.Tensor
+    stage_count: torch.Tensor
+    stage_idx: torch.Tensor
+    stage_upper: torch.Tensor
+
+
+def run_cuda_pass(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int, config: CudaPassConfig | None,
+                  compact: bool) -> PassLists:
+    """The prologue and the pass, and (compact) the compaction into count and the candidate lists; without it count
+    is left zero and the lists unwritten for :func:`.exact_cuda.certified_tokens_cuda`'s rescore, which compacts
+    them itself. Shapes as :func:`int8_pass_cuda`'s."""
+    if head.fragments is None:
+        raise ValueError("the head has no fragments: quantize it with quantize_head(weight, fragments=True)")
+    M, K = x.shape
+    config = config or default_cuda_config(M)
+    dev = x.device
+    x16 = torch.empty((K // 32, token_tiles(M), 32, 8), dtype=torch.float16, device=dev)
+    inv_scale = torch.empty(M, dtype=torch.float32, device=dev)
+    norm = torch.empty(M, dtype=torch.float32, device=dev)
+    lists = PassLists(
+        best_lower=torch.empty(M, dtype=torch.float32, device=dev),
+        count=torch.empty(M, dtype=torch.int32, device=dev),
+        cand_idx=torch.empty((M, max_survivors), dtype=torch.int32, device=dev),
+        cand_upper=torch.empty((M, max_survivors), dtype=torch.float32, device=dev),
+        stage_count=torch.empty(M, dtype=torch.int32, device=dev),
+        stage_idx=torch.empty((M, STAGE_FACTOR * max_survivors), dtype=torch.int32, device=dev),
+        stage_upper=torch.empty((M, STAGE_FACTOR * max_survivors), dtype=torch.float32, device=dev))
+    _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, lists.best_lower,
+                           lists.stage_count, lists.stage_idx, lists.stage_upper, lists.count, lists.cand_idx,
+                           lists.cand_upper, BOUND_SLACK, NORM_INFLATION, config.tiles_per_warp,
+                           config.warps_per_block, config.stages, config.warps_per_sm, config.shared_activations,
+                           config.chunks_per_barrier, compact)
+    return lists
+
+
 def int8_pass_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,
                    config: CudaPassConfig | None = None):
     """The CUDA INT8 pass: bounds and candidate lists, no rescoring.
@@ -77,23 +122,5 @@ def int8_pass_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int =
         row could not be scaled to fp16 exactly: the full head); cand_idx: [M, max_survivors] int32 and
         cand_upper: [M, max_survivors] fp32, the first ``count`` valid.
     """
-    if head.fragments is None:
-        raise ValueError("the head has no fragments: quantize it with quantize_head(weight, fragments=True)")
-    M, K = x.shape
-    config = config or default_cuda_config(M)
-    dev = x.device
-    x16 = torch.empty((K // 32, token_tiles(M), 32, 8), dtype=torch.float16, device=dev)
-    inv_scale = torch.empty(M, dtype=torch.float32, device=dev)
-    norm = torch.empty(M, dtype=torch.float32, device=dev)
-    best_lower = torch.empty(M, dtype=torch.float32, device=dev)
-    stage_count = torch.empty(M, dtype=torch.int32, device=dev)
-    stage_idx = torch.empty((M, STAGE_FACTOR * max_survivors), dtype=torch.int32, device=dev)
-    stage_upper = torch.empty((M, STAGE_FACTOR * max_survivors), dtype=torch.float32, device=dev)
-    count = torch.empty(M, dtype=torch.int32, device=dev)
-    cand_idx = torch.empty((M, max_survivors), dtype=torch.int32, device=dev)
-    cand_upper = torch.empty((M, max_survivors), dtype=torch.float32, device=dev)
-    _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best_lower,
-                           stage_count, stage_idx, stage_upper, count, cand_idx, cand_upper, BOUND_SLACK,
-                           NORM_INFLATION, config.tiles_per_warp, config.warps_per_block, config.stages,
-                           config.warps_per_sm, config.shared_activations, config.chunks_per_barrier)
-    return best_lower, count, cand_idx, cand_upper
+    lists = run_cuda_pass(x, head, max_survivors=max_survivors, config=config, compact=True)
+    return lists.best_lower, lists.count, lists.cand_idx, lists.cand_upper

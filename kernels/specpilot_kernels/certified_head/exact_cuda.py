@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .cuda_pass import _extension, cuda_pass_available
-from .reference import warp_order_depth
+from .cuda_pass import CudaPassConfig, PassLists, _extension, cuda_pass_available, run_cuda_pass
+from .reference import CertifiedHead, warp_order_depth
 
 RESCORE_BLOCKS_PER_SM = 2  # 8-warp blocks of <= 128 registers: two fill a multiprocessor's register file
 
@@ -47,12 +47,12 @@ _STATE: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def _rescore_state(x: torch.Tensor) -> torch.Tensor:
-    """The rescore's keys and ticket, zero between calls (each call leaves them zero): one per device and
-    stream, so calls that may run at the same time never share it; grown to the largest row count seen."""
+    """The rescore's keys, barrier count and ticket, zero between calls (each call leaves them zero): one per device
+    and stream, so calls that may run at the same time never share it; grown to the largest row count seen."""
     key = (x.device.index, torch.cuda.current_stream(x.device).cuda_stream)
     state = _STATE.get(key)
-    if state is None or state.numel() <= x.shape[0]:
-        state = _STATE[key] = torch.zeros(max(x.shape[0], 32) + 1, dtype=torch.int64, device=x.device)
+    if state is None or state.numel() <= x.shape[0] + 1:
+        state = _STATE[key] = torch.zeros(max(x.shape[0], 32) + 2, dtype=torch.int64, device=x.device)
     return state
 
 
@@ -72,3 +72,38 @@ def rescore_cuda(x: torch.Tensor, weight: torch.Tensor, best_lower: torch.Tensor
     _extension().rescore(x, weight, best_lower, count, cand_idx, cand_upper, tokens, _rescore_state(x), blocks_per_sm,
                          overlaps_prior_launch(x.device))
     return tokens
+
+
+def compact_and_rescore_cuda(x: torch.Tensor, weight: torch.Tensor, lists: PassLists, *,
+                             blocks_per_sm: int = RESCORE_BLOCKS_PER_SM) -> torch.Tensor:
+    """The rescore of a CUDA pass run without its compaction launch (:func:`.cuda_pass.run_cuda_pass`, compact=False):
+    one launch whose grid first compacts the stage lists into ``lists.count`` and the candidate lists, as the
+    compaction launch would, meets (a grid barrier: the launch keeps every block resident at once), then takes the
+    exact head's argmax over them as :func:`rescore_cuda`. Launched to overlap the pass's tail on sm_90+.
+
+    Args:
+        x: [M, K] bf16; weight: [N, K] bf16; lists: the pass's lists (count zero, as the pass leaves it).
+    Returns:
+        tokens: [M] int64, as :func:`rescore_cuda`'s.
+    """
+    tokens = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+    _extension().compact_and_rescore(x, weight, lists.best_lower, lists.stage_count, lists.stage_idx,
+                                     lists.stage_upper, lists.count, lists.cand_idx, lists.cand_upper, tokens,
+                                     _rescore_state(x), blocks_per_sm, overlaps_prior_launch(x.device))
+    return tokens
+
+
+def certified_tokens_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,
+                          config: CudaPassConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The certified argmax through the CUDA pass and this arithmetic in three launches: the pass's prologue, the
+    pass, and :func:`compact_and_rescore_cuda` (no compaction launch between them).
+
+    Args:
+        x: [M, K] bf16, M <= 32, K a multiple of 128; head: quantized with fragments; max_survivors: candidate-list
+            capacity per row; config: the pass's partition.
+    Returns:
+        tokens: [M] int64 (-1 where the list overflowed or the row could not be scaled to fp16 exactly);
+        count: [M] int32, the rows reaching the final best lower bound (the pass's count).
+    """
+    lists = run_cuda_pass(x, head, max_survivors=max_survivors, config=config, compact=False)
+    return compact_and_rescore_cuda(x, head.weight, lists), lists.count

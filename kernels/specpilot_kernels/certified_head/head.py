@@ -18,7 +18,7 @@ import torch
 import triton
 
 from .cuda_pass import CudaPassConfig, cuda_pass_available, int8_pass_cuda
-from .exact_cuda import exact_head_logits_cuda, rescore_cuda
+from .exact_cuda import certified_tokens_cuda, exact_head_logits_cuda, rescore_cuda
 from .int8_bound import _int8_bound_kernel
 from .reference import BOUND_SLACK, NORM_INFLATION, CertifiedHead, warp_order_depth
 from .rescore import (EXACT_BLOCK_S, EXACT_NUM_WARPS, K_MULTIPLE, _exact_head_kernel, exact_block_k, exact_k_splits,
@@ -40,6 +40,13 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> tuple[int, int]:
     if x.shape[1] % K_MULTIPLE:
         raise ValueError(f"K={x.shape[1]} must be a multiple of {K_MULTIPLE}")
     return x.shape[0], x.shape[1]
+
+
+def _check_rows(x: torch.Tensor, head: CertifiedHead) -> tuple[int, int]:
+    M, K = _check(x, head.weight)
+    if M > MAX_ROWS:
+        raise ValueError(f"at most {MAX_ROWS} rows per call, got {M}")
+    return M, K
 
 
 def uses_cuda_exact(x: torch.Tensor, exact: str, k_splits: int | None) -> bool:
@@ -101,9 +108,7 @@ def int8_pass(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096
         ``max_survivors``: the row takes the full head); cand_idx: [M, max_survivors] int32 and
         cand_upper: [M, max_survivors] fp32, the first ``count`` valid.
     """
-    M, K = _check(x, head.weight)
-    if M > MAX_ROWS:
-        raise ValueError(f"at most {MAX_ROWS} rows per call, got {M}")
+    M, K = _check_rows(x, head)
     if uses_cuda_pass(x, head, backend):
         return int8_pass_cuda(x, head, max_survivors=max_survivors, config=cuda_config)
     N = head.vocab
@@ -148,6 +153,9 @@ def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_surv
         raise ValueError(f"the head's radius covers exact heads whose sums pass through at most "
                          f"{head.max_exact_depth} additions, the {'CUDA' if cuda_exact else 'Triton'} one takes "
                          f"{depth}: quantize the head with exact_depth={depth} (or exact='cuda')")
+    if cuda_exact and uses_cuda_pass(x, head, backend):  # the rescore compacts the pass's lists: no launch between
+        _check_rows(x, head)
+        return certified_tokens_cuda(x, head, max_survivors=max_survivors, config=cuda_config)
     best_lower, count, cand_idx, cand_upper = int8_pass(x, head, max_survivors=max_survivors, backend=backend,
                                                         cuda_config=cuda_config, block_n=block_n, block_k=block_k,
                                                         num_warps=num_warps, num_stages=num_stages)

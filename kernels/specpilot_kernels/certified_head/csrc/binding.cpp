@@ -8,13 +8,14 @@
 // Shapes: x bf16 [m, k]; x16 fp16 [k/32, p/8, 32, 8] with p = 8, 16 or 32 rows padded (m <= p),
 // inv_scale and norm fp32 [m] (workspaces); fragments uint8 [n_padded/16, k/32, 32, 16]; scale and
 // radius_coef fp32 [n]; best_lower fp32 [m]; stage_count int32 [m], stage_idx int32 and stage_upper fp32
-// [m, stage_cap] (workspaces); count int32 [m]; cand_idx int32 and cand_upper fp32 [m, cap].
+// [m, stage_cap] (workspaces); count int32 [m]; cand_idx int32 and cand_upper fp32 [m, cap]. compact: false leaves
+// count at zero and the candidate list unwritten for compact_and_rescore.
 void int8_pass(torch::Tensor x, torch::Tensor x16, torch::Tensor inv_scale, torch::Tensor norm,
                torch::Tensor fragments, torch::Tensor scale, torch::Tensor radius_coef, torch::Tensor best_lower,
                torch::Tensor stage_count, torch::Tensor stage_idx, torch::Tensor stage_upper,
                torch::Tensor count, torch::Tensor cand_idx, torch::Tensor cand_upper, double slack,
                double norm_inflation, int64_t tiles_per_warp, int64_t warps_per_block, int64_t stages,
-               int64_t warps_per_sm, bool shared_activations, int64_t chunks_per_barrier) {
+               int64_t warps_per_sm, bool shared_activations, int64_t chunks_per_barrier, bool compact) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2,
               "int8_pass: x must be a contiguous CUDA bf16 [M, K] tensor");
   TORCH_CHECK((reinterpret_cast<uintptr_t>(x.data_ptr()) | reinterpret_cast<uintptr_t>(fragments.data_ptr())) % 16 == 0,
@@ -57,7 +58,7 @@ void int8_pass(torch::Tensor x, torch::Tensor x16, torch::Tensor inv_scale, torc
   const Int8PassConfig config{static_cast<int>(tiles_per_warp), static_cast<int>(warps_per_block),
                               static_cast<int>(stages), static_cast<int>(warps_per_sm), shared_activations,
                               static_cast<int>(chunks_per_barrier)};
-  const cudaError_t err = int8_pass_launch(args, config, at::cuda::getCurrentCUDAStream());
+  const cudaError_t err = int8_pass_launch(args, config, at::cuda::getCurrentCUDAStream(), compact);
   TORCH_CHECK(err == cudaSuccess, "int8_pass launch failed: ", cudaGetErrorString(err));
 }
 
@@ -88,12 +89,9 @@ void exact_head(torch::Tensor x, torch::Tensor weight, torch::Tensor logits, boo
   TORCH_CHECK(err == cudaSuccess, "exact_head launch failed: ", cudaGetErrorString(err));
 }
 
-// best_lower fp32 [m]; count int32 [m]; cand_idx int32 and cand_upper fp32 [m, cap]; tokens int64 [m] (output);
-// state int64 [>= m + 1] (zero before the call, left zero: the keys, then the ticket in the last element).
-void rescore(torch::Tensor x, torch::Tensor weight, torch::Tensor best_lower, torch::Tensor count,
-             torch::Tensor cand_idx, torch::Tensor cand_upper, torch::Tensor tokens, torch::Tensor state,
-             int64_t blocks_per_sm, bool overlap_prior) {
-  const ExactHeadArgs args = exact_args(x, weight);
+static RescoreArgs rescore_args(const torch::Tensor& x, const torch::Tensor& best_lower, const torch::Tensor& count,
+                                const torch::Tensor& cand_idx, const torch::Tensor& cand_upper,
+                                const torch::Tensor& tokens, const torch::Tensor& state, int64_t blocks_per_sm) {
   const int64_t m = x.size(0);
   TORCH_CHECK(best_lower.scalar_type() == torch::kFloat && best_lower.numel() == m &&
                   count.scalar_type() == torch::kInt && count.numel() == m && tokens.scalar_type() == torch::kLong &&
@@ -102,8 +100,8 @@ void rescore(torch::Tensor x, torch::Tensor weight, torch::Tensor best_lower, to
                   cand_upper.sizes() == cand_idx.sizes() && cand_upper.is_contiguous(),
               "rescore: best_lower fp32 [M], count int32 [M], tokens int64 [M], cand_idx int32 and cand_upper fp32 "
               "contiguous [M, cap]");
-  TORCH_CHECK(state.scalar_type() == torch::kLong && state.is_contiguous() && state.numel() > m,
-              "rescore: state must be a contiguous int64 workspace of more than M elements");
+  TORCH_CHECK(state.scalar_type() == torch::kLong && state.is_contiguous() && state.numel() > m + 1,
+              "rescore: state must be a contiguous int64 workspace of more than M + 1 elements");
   RescoreArgs r{};
   r.best_lower = best_lower.data_ptr<float>();
   r.count = count.data_ptr<int32_t>();
@@ -111,15 +109,52 @@ void rescore(torch::Tensor x, torch::Tensor weight, torch::Tensor best_lower, to
   r.cand_upper = cand_upper.data_ptr<float>();
   r.tokens = tokens.data_ptr<int64_t>();
   r.keys = reinterpret_cast<unsigned long long*>(state.data_ptr<int64_t>());
+  r.arrived = reinterpret_cast<unsigned int*>(state.data_ptr<int64_t>() + (state.numel() - 2));
   r.ticket = reinterpret_cast<unsigned int*>(state.data_ptr<int64_t>() + (state.numel() - 1));
   r.cap = cand_idx.size(1);
   r.blocks_per_sm = blocks_per_sm;
+  return r;
+}
+
+// best_lower fp32 [m]; count int32 [m]; cand_idx int32 and cand_upper fp32 [m, cap]; tokens int64 [m] (output);
+// state int64 [>= m + 2] (zero before the call, left zero: the keys, then the barrier count and the ticket in the last
+// two elements).
+void rescore(torch::Tensor x, torch::Tensor weight, torch::Tensor best_lower, torch::Tensor count,
+             torch::Tensor cand_idx, torch::Tensor cand_upper, torch::Tensor tokens, torch::Tensor state,
+             int64_t blocks_per_sm, bool overlap_prior) {
+  const ExactHeadArgs args = exact_args(x, weight);
+  const RescoreArgs r = rescore_args(x, best_lower, count, cand_idx, cand_upper, tokens, state, blocks_per_sm);
   const cudaError_t err = rescore_launch(args, r, at::cuda::getCurrentCUDAStream(), overlap_prior);
   TORCH_CHECK(err == cudaSuccess, "rescore launch failed: ", cudaGetErrorString(err));
+}
+
+// The rescore of the INT8 pass's stage lists (the pass launched without its compaction): stage_count int32 [m],
+// stage_idx int32 and stage_upper fp32 [m, stage_cap]; count (zero, as the pass's prologue leaves it), cand_idx and
+// cand_upper are written first, as the compaction would; the rest as rescore's.
+void compact_and_rescore(torch::Tensor x, torch::Tensor weight, torch::Tensor best_lower, torch::Tensor stage_count,
+                         torch::Tensor stage_idx, torch::Tensor stage_upper, torch::Tensor count,
+                         torch::Tensor cand_idx, torch::Tensor cand_upper, torch::Tensor tokens, torch::Tensor state,
+                         int64_t blocks_per_sm, bool overlap_prior) {
+  const ExactHeadArgs args = exact_args(x, weight);
+  RescoreArgs r = rescore_args(x, best_lower, count, cand_idx, cand_upper, tokens, state, blocks_per_sm);
+  TORCH_CHECK(stage_count.scalar_type() == torch::kInt && stage_count.numel() == x.size(0) &&
+                  stage_idx.scalar_type() == torch::kInt && stage_idx.is_contiguous() && stage_idx.dim() == 2 &&
+                  stage_idx.size(0) == x.size(0) && stage_upper.scalar_type() == torch::kFloat &&
+                  stage_upper.sizes() == stage_idx.sizes() && stage_upper.is_contiguous(),
+              "compact_and_rescore: stage_count int32 [M], stage_idx int32 and stage_upper fp32 contiguous "
+              "[M, stage_cap]");
+  r.stage_count = stage_count.data_ptr<int32_t>();
+  r.stage_idx = stage_idx.data_ptr<int32_t>();
+  r.stage_upper = stage_upper.data_ptr<float>();
+  r.stage_cap = stage_idx.size(1);
+  const cudaError_t err = rescore_launch(args, r, at::cuda::getCurrentCUDAStream(), overlap_prior);
+  TORCH_CHECK(err == cudaSuccess, "compact_and_rescore launch failed: ", cudaGetErrorString(err));
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_pass", &int8_pass, "certified head INT8 pass");
   m.def("exact_head", &exact_head, "the exact head's logits (the rescore's arithmetic)");
   m.def("rescore", &rescore, "the exact head's argmax over each row's listed candidates");
+  m.def("compact_and_rescore", &compact_and_rescore,
+        "the INT8 pass's compaction and the exact head's argmax over the kept candidates, one launch");
 }

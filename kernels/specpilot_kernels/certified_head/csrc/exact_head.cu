@@ -19,6 +19,11 @@
 // into tokens and sets keys and ticket back to zero for the next call (the state is the caller's per-stream
 // workspace, zero on first use).
 //
+// The rescore may also take the INT8 pass's stage lists instead of its candidate lists: its grid then compacts them
+// first, as the pass's compaction launch would (compaction.cuh), and its blocks meet in a grid barrier before the
+// rescoring, so the certified call is the prologue, the pass and this one launch (on the H200 1-2 us less at 1-16
+// rows than with the compaction launch between them; at 32 rows within the rounds' noise).
+//
 // Launches may overlap the kernel before them in the stream (programmatic dependent launch, sm_90+): nothing
 // written by an earlier kernel is read before griddepcontrol.wait.
 #include <cuda_bf16.h>
@@ -27,6 +32,7 @@
 
 #include <algorithm>
 
+#include "compaction.cuh"
 #include "exact_head.cuh"
 #include "pdl.cuh"
 
@@ -151,7 +157,10 @@ __device__ __forceinline__ void finish_tokens(const ExactHeadArgs& a, const Resc
     const int n = r.count[m];
     r.tokens[m] = n > r.cap ? -1 : key == 0 ? INT32_MAX : (int64_t)(~static_cast<uint32_t>(key));
   }
-  if (threadIdx.x == 0) *r.ticket = 0;
+  if (threadIdx.x == 0) {
+    *r.ticket = 0;
+    if (r.arrived) *r.arrived = 0;  // every block has passed the barrier before taking its ticket
+  }
 }
 
 // Where pair i of the flat list lies: the rows are walked in groups of 32 (lane j: row group_row + j), pair i in
@@ -186,17 +195,55 @@ struct PairWalk {
   }
 };
 
+// The grid's blocks meet here (the launch keeps the grid within what the multiprocessors hold at once): every write
+// before it is visible to every block after it. The last block of the call sets the count back to zero.
+__device__ __forceinline__ void grid_barrier(unsigned int* arrived) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(arrived, 1u);
+    unsigned int seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
+    } while (seen < gridDim.x);
+  }
+  __syncthreads();
+}
+
+// The INT8 pass's compaction, by the rescore's grid: max(1, gridDim / m) blocks per input row, each a slice of the
+// row's stage list (compact_stage_slice), as the pass's compaction launch spreads it.
+__device__ __forceinline__ void compact_stage_lists(int rows, const RescoreArgs& r) {
+  const int slices = max(1, static_cast<int>(gridDim.x) / rows);
+  for (int v = blockIdx.x; v < rows * slices; v += gridDim.x) {
+    const int m = v / slices, slice = v - m * slices;
+    const int listed = r.stage_count[m];
+    if (listed > r.stage_cap) {
+      if (slice == 0 && threadIdx.x == 0) r.count[m] = r.cap + 1;
+      continue;
+    }
+    compact_stage_slice(slice, slices, listed, r.best_lower[m], r.stage_idx + (size_t)m * r.stage_cap,
+                        r.stage_upper + (size_t)m * r.stage_cap, r.count + m, r.cand_idx + (size_t)m * r.cap,
+                        r.cand_upper + (size_t)m * r.cap, r.cap);
+  }
+}
+
 // Rescore: the flat list of every input row's listed candidates (row m's first min(count, 0 if count > cap)
 // entries), block b taking the b-th of gridDim equal ranges of it, row by row: the block copies the row's input
 // into shared memory (cp.async), then its warps take the row's pairs in that range in turn. A pair whose upper
 // bound is below the row's best lower bound is skipped (the Triton pass lists such rows; the CUDA pass's
-// compaction has dropped them).
+// compaction has dropped them). COMPACT: the grid first compacts the INT8 pass's stage lists into count and the
+// candidate list, and meets before reading them (one launch instead of the compaction's and the rescore's).
+template <bool COMPACT>
 __global__ void __launch_bounds__(kThreads, 2) rescore_kernel(ExactHeadArgs a, RescoreArgs r) {
   extern __shared__ uint4 x_row[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int pieces = a.k / 8;
   allow_next_grid();
   wait_for_prior_grid();
+  if constexpr (COMPACT) {
+    compact_stage_lists(a.m, r);
+    grid_barrier(r.arrived);
+  }
   int total = 0;
   for (int group = 0; group < a.m; group += 32) {
     const int n = group + lane < a.m ? r.count[group + lane] : 0;
@@ -205,6 +252,7 @@ __global__ void __launch_bounds__(kThreads, 2) rescore_kernel(ExactHeadArgs a, R
   const int share = (total + gridDim.x - 1) / gridDim.x;
   const int end = min(total, (blockIdx.x + 1) * share);
   const uint32_t x_shared = static_cast<uint32_t>(__cvta_generic_to_shared(x_row));
+  const uint4* weight = reinterpret_cast<const uint4*>(a.weight);
   PairWalk walk;
   walk.load_group(r, a.m, lane);
   for (int begin = blockIdx.x * share; begin < end;) {
@@ -222,8 +270,7 @@ __global__ void __launch_bounds__(kThreads, 2) rescore_kernel(ExactHeadArgs a, R
       const size_t entry = (size_t)m * r.cap + (i - first);
       const int row = r.cand_idx[entry];
       if (r.cand_upper[entry] < best) continue;
-      const float logit = warp_dot(InRegisters<true>{reinterpret_cast<const uint4*>(a.weight) + (size_t)row * pieces},
-                                   InShared{x_row}, pieces, lane);
+      const float logit = warp_dot(InRegisters<true>{weight + (size_t)row * pieces}, InShared{x_row}, pieces, lane);
       if (lane == 0) atomicMax(r.keys + m, token_key(logit, row));
     }
     begin = stop;
@@ -248,6 +295,30 @@ cudaError_t launch(void (*kernel)(Args...), dim3 grid, int smem, cudaStream_t st
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
+// The rescore kernel's launch: its shared memory raised once per device and size (graph capture then sees only the
+// launch), the largest carveout (two blocks a multiprocessor: the driver's own choice may fit one), and at most as
+// many blocks per multiprocessor as it holds at once (the compacting kernel's blocks meet in a grid barrier).
+template <bool COMPACT>
+cudaError_t launch_rescore(const ExactHeadArgs& a, const RescoreArgs& r, cudaStream_t stream, bool overlap_prior,
+                           int device, int sms) {
+  auto* kernel = rescore_kernel<COMPACT>;
+  const int smem = a.k * 2;  // one input row
+  static thread_local int smem_allowed[16] = {}, resident[16] = {};
+  if (smem > smem_allowed[device & 15]) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err == cudaSuccess)
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+    if (err == cudaSuccess)
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident[device & 15], kernel, kThreads, smem);
+    if (err != cudaSuccess) return err;
+    if (resident[device & 15] < 1) return cudaErrorInvalidConfiguration;
+    smem_allowed[device & 15] = smem;
+  }
+  const int blocks = sms * std::min(r.blocks_per_sm, resident[device & 15]);
+  return launch(kernel, dim3(blocks), smem, stream, overlap_prior, a, r);
+}
+
 }  // namespace
 
 cudaError_t exact_head_launch(const ExactHeadArgs& a, cudaStream_t stream, bool overlap_prior) {
@@ -256,7 +327,8 @@ cudaError_t exact_head_launch(const ExactHeadArgs& a, cudaStream_t stream, bool 
 }
 
 cudaError_t rescore_launch(const ExactHeadArgs& a, const RescoreArgs& r, cudaStream_t stream, bool overlap_prior) {
-  if (a.m < 1 || a.k % 8 || r.cap < 1 || r.blocks_per_sm < 1) return cudaErrorInvalidValue;
+  if (a.m < 1 || a.k % 8 || r.cap < 1 || r.blocks_per_sm < 1 || (r.stage_count && (!r.arrived || r.stage_cap < 1)))
+    return cudaErrorInvalidValue;
   static thread_local int sms[16] = {};  // multiprocessors per device, asked once
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -265,16 +337,6 @@ cudaError_t rescore_launch(const ExactHeadArgs& a, const RescoreArgs& r, cudaStr
     err = cudaDeviceGetAttribute(&sms[device & 15], cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
   }
-  const int smem = a.k * 2;  // one input row
-  static thread_local int smem_allowed[16] = {};  // raised once per device and size: graph capture sees the launch
-  if (smem > smem_allowed[device & 15]) {
-    // two blocks a multiprocessor: the largest shared-memory carveout (the driver's own choice may fit one)
-    err = cudaFuncSetAttribute(rescore_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err == cudaSuccess)
-      err = cudaFuncSetAttribute(rescore_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
-    if (err != cudaSuccess) return err;
-    smem_allowed[device & 15] = smem;
-  }
-  return launch(rescore_kernel, dim3(sms[device & 15] * r.blocks_per_sm), smem, stream, overlap_prior, a, r);
+  return r.stage_count ? launch_rescore<true>(a, r, stream, overlap_prior, device, sms[device & 15])
+                       : launch_rescore<false>(a, r, stream, overlap_prior, device, sms[device & 15]);
 }

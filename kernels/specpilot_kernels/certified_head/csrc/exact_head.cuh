@@ -14,13 +14,20 @@ struct ExactHeadArgs {
 
 struct RescoreArgs {
   const float* best_lower;    // [m] the INT8 pass's best lower bound
-  const int32_t* count;       // [m] listed candidates (above cap: the row takes the full head, token -1)
-  const int32_t* cand_idx;    // [m][cap]
-  const float* cand_upper;    // [m][cap]
+  int32_t* count;             // [m] listed candidates (above cap: the row takes the full head, token -1)
+  int32_t* cand_idx;          // [m][cap]
+  float* cand_upper;          // [m][cap]
   int64_t* tokens;            // [m] output: the exact head's argmax over the candidates reaching best_lower
   unsigned long long* keys;   // [>= m] workspace: zero before the call, left zero after it
   unsigned int* ticket;       // [1] workspace: zero before the call, left zero after it
-  int cap, blocks_per_sm;
+  unsigned int* arrived;      // [1] workspace (with stage lists): zero before the call, left zero after it
+  // The INT8 pass's stage lists, where the rescore compacts them itself (else null: count and the candidate list
+  // are given): count (zero before the call) and the candidate list are written first, as the pass's compaction
+  // would.
+  const int32_t* stage_count;  // [m] (above stage_cap: the row takes the full head)
+  const int32_t* stage_idx;    // [m][stage_cap]
+  const float* stage_upper;    // [m][stage_cap]
+  int cap, blocks_per_sm, stage_cap;
 };
 
 // cudaErrorInvalidValue: m < 1, k not a multiple of 8, n < 1 (full head), cap or blocks_per_sm < 1 (rescore).

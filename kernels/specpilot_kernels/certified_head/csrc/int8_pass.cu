@@ -1,18 +1,18 @@
 // The certified head's INT8 pass in CUDA C++ (sm_80+, run on the H200): approximate logits, their
 // radius, the running best lower bound and the candidate rows, as _int8_bound_kernel (int8_bound.py).
 //
-// Three launches, all graphable. The prologue (one block per input row) computes ||x_m|| in FP32,
-// picks a power of two 2^e_m that puts max|x_m| in [2^14, 2^15), writes x_m * 2^e_m in fp16 (in the
-// MMA's B-fragment order, token rows padded to 8, 16 or 32 with zeros) and checks that every element
-// came back exactly; it resets the row's best lower bound and stage count, and marks a row that does
-// not convert exactly (or whose max|x| lies outside [2^-50, 2^50)) for the full-head fallback. The
-// pass streams the weights once: each warp owns units of tiles_per_warp 16-row tiles and walks their
-// K in 2 KB chunks through a private shared-memory ring filled by cp.async (evict-first in L2); the
-// activations come through a block-shared ring in batches of CPB chunks, the block's warps meeting once
-// per batch (or through L1), and each load serves every tile of the unit. The default partition (3 ring
-// slots, batches of 8, 1-2 tiles) runs the batched kernel, which fixes both at compile time and carries
-// its addresses in running offsets; every other partition the general one. Weights are stored
-// pre-shuffled in the mma.sync fragment layout (fragments.py) as
+// Three launches, all graphable (the third, the compaction, may be left to the rescore). The prologue (one
+// block per input row) computes ||x_m|| in FP32, picks a power of two 2^e_m that puts max|x_m| in
+// [2^14, 2^15), writes x_m * 2^e_m in fp16 (in the MMA's B-fragment order, token rows padded to 8, 16 or 32
+// with zeros) and checks that every element came back exactly; it resets the row's best lower bound and
+// stage count, and marks a row that does not convert exactly (or whose max|x| lies outside [2^-50, 2^50))
+// for the full-head fallback. The pass streams the weights once: each warp owns units of tiles_per_warp
+// 16-row tiles and walks their K in 2 KB chunks through a private shared-memory ring filled by cp.async
+// (evict-first in L2); the activations come through a block-shared ring in batches of CPB chunks, the
+// block's warps meeting once per batch (or through L1), and each load serves every tile of the unit. The
+// default partition (3 ring slots, batches of 8, 1-2 tiles) runs the batched kernel, which fixes both at
+// compile time and carries its addresses in running offsets; every other partition the general one.
+// Weights are stored pre-shuffled in the mma.sync fragment layout (fragments.py) as
 // offset-binary bytes u = q + 128: prmt puts a byte under 0x64 (fp16 1024 + u) and one sub.f16x2 of
 // 1152 leaves q exactly, two weights per instruction pair. m16n8k16 f16 x f16 -> f32 with weights on
 // the 16-row side and tokens on the 8-wide side. The compaction keeps the listed rows that reach the
@@ -31,9 +31,10 @@
 // upper bound reaches max(value read, unit best). Both are at most the final best, so a dropped row
 // provably is not the argmax. Kept rows go to a large stage list (one atomicAdd per warp and input row):
 // early in the pass every warp still sees a low running best (the whole grid starts at once), so the
-// stage list holds several times the final survivors; the compaction launch (8 blocks per input row, places
-// in the candidate list taken by atomics) keeps those that reach the final best, so the rescore reads
-// exactly the reference's survivors (in an order that varies; its result does not).
+// stage list holds several times the final survivors; the compaction (8 blocks per input row, places in
+// the candidate list taken by atomics: a launch of its own, or the first step of the CUDA rescore,
+// exact_head.cu) keeps those that reach the final best, so the rescore reads exactly the reference's
+// survivors (in an order that varies; its result does not).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -42,7 +43,9 @@
 
 #include <algorithm>
 
+#include "compaction.cuh"
 #include "int8_pass.cuh"
+#include "pdl.cuh"
 
 namespace {
 
@@ -330,6 +333,8 @@ __device__ __forceinline__ void unit_epilogue(const Int8PassArgs& a, float (&acc
 template <int MT, int T, bool XS, int CPB>
 __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(Int8PassArgs a, int stages,
                                                                                int units_per_group) {
+  allow_next_grid();  // fires once every block has started: a launch overlapping the pass takes the places its
+                      // blocks leave
   constexpr int kBlocksPerChunk = 4 / T;  // 32-column blocks per chunk: T tiles x 4/T blocks = one 2 KB slot
   constexpr int kActivationBytes = kBlocksPerChunk * MT * 512;  // one chunk's activations
   extern __shared__ __align__(16) uint8_t smem[];
@@ -470,6 +475,8 @@ constexpr int kBatchedStages = 3, kBatchedChunks = 8;  // the batched kernel's r
 
 template <int MT, int T>
 __global__ void __launch_bounds__(256, 2) int8_pass_batched_kernel(Int8PassArgs a, int units_per_group) {
+  allow_next_grid();  // fires once every block has started: a launch overlapping the pass takes the places its
+                      // blocks leave
   constexpr int STAGES = kBatchedStages, CPB = kBatchedChunks;
   static_assert(T <= 2 && CPB >= STAGES, "two tiles at most (128 registers); a unit's last copy in its last batch");
   constexpr int kBlocksPerChunk = 4 / T;
@@ -588,47 +595,21 @@ __global__ void __launch_bounds__(256, 2) int8_pass_batched_kernel(Int8PassArgs 
 }
 
 // The compaction: the stage list's rows that reach the final best lower bound, into the candidate list, spread
-// over kCompactSplit blocks per input row: each thread tests entries y * 256 + t + i * kCompactSplit * 256,
-// four loads in flight, and each warp reserves its kept rows' places with one atomicAdd on the row's count
-// (reset by the prologue), so no block waits on another (one block per row testing 256 entries a round took
-// 15 us at 32 rows, 51 us on longer stage lists). The order of the list varies; the rescore's result does not.
-// count = cap + 1 (the full head) where the stage list overflowed or the prologue flagged the row; above cap
-// where more rows survive than the list holds.
+// over kCompactSplit blocks per input row (compact_stage_slice), so no block waits on another (one block per row
+// testing 256 entries a round took 15 us at 32 rows, 51 us on longer stage lists). count = cap + 1 (the full head)
+// where the stage list overflowed or the prologue flagged the row; above cap where more rows survive than the
+// list holds.
 constexpr int kCompactSplit = 8;
 __global__ void __launch_bounds__(kCompactThreads) compact_kernel(Int8PassArgs a) {
-  constexpr int kStep = kCompactSplit * kCompactThreads, kUnroll = 4;
-  const int m = blockIdx.x, lane = threadIdx.x & 31;
+  const int m = blockIdx.x;
   const int listed = a.stage_count[m];
   if (listed > a.stage_cap) {
     if (blockIdx.y == 0 && threadIdx.x == 0) a.count[m] = a.cap + 1;
     return;
   }
-  const float best = a.best_lower[m];
-  const int32_t* idx = a.stage_idx + (size_t)m * a.stage_cap;
-  const float* upper = a.stage_upper + (size_t)m * a.stage_cap;
-  for (int start = blockIdx.y * kCompactThreads + threadIdx.x; start - (int)threadIdx.x < listed;
-       start += kUnroll * kStep) {
-    float up[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int e = start + u * kStep;
-      up[u] = e < listed ? upper[e] : -INFINITY;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int e = start + u * kStep;
-      const bool keep = e < listed && up[u] >= best;
-      const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, keep);
-      if (ballot == 0) continue;
-      int base = 0;
-      if (lane == 0) base = atomicAdd(a.count + m, __popc(ballot));
-      const int pos = __shfl_sync(0xFFFFFFFFu, base, 0) + __popc(ballot & ((1u << lane) - 1u));
-      if (keep && pos < a.cap) {
-        a.cand_idx[(size_t)m * a.cap + pos] = idx[e];
-        a.cand_upper[(size_t)m * a.cap + pos] = up[u];
-      }
-    }
-  }
+  compact_stage_slice(blockIdx.y, kCompactSplit, listed, a.best_lower[m], a.stage_idx + (size_t)m * a.stage_cap,
+                      a.stage_upper + (size_t)m * a.stage_cap, a.count + m, a.cand_idx + (size_t)m * a.cap,
+                      a.cand_upper + (size_t)m * a.cap, a.cap);
 }
 
 // Launches kKernel(args, extra..., units per owner) as the persistent grid: shared memory for the weight
@@ -695,7 +676,8 @@ cudaError_t launch_tiles(const Int8PassArgs& args, const Int8PassConfig& config,
 
 }  // namespace
 
-cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream) {
+cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream,
+                             bool compact) {
   const int tpw = config.tiles_per_warp;
   if (args.m < 1 || args.m > kMaxRows || args.k % 128 || args.n_padded % 64 || args.n > args.n_padded ||
       (tpw != 1 && tpw != 2 && tpw != 4) || config.warps_per_block < 1 || config.warps_per_block > 8 ||
@@ -709,7 +691,7 @@ cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& con
     case 2: err = launch_tiles<2>(args, config, stream); break;
     default: err = launch_tiles<4>(args, config, stream); break;
   }
-  if (err != cudaSuccess) return err;
+  if (err != cudaSuccess || !compact) return err;
   compact_kernel<<<dim3(args.m, kCompactSplit), kCompactThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }

@@ -39,5 +39,10 @@ struct Int8PassConfig {
   int chunks_per_barrier;
 };
 
+// The prologue, the pass and (compact) the compaction into count and the candidate list; without it the caller's
+// rescore compacts the stage lists (rescore_launch with RescoreArgs::stage_count set). The pass lets the launch after
+// it start once all its blocks run (programmatic dependent launch, sm_90+: a rescore launched to overlap it takes
+// the multiprocessors its blocks leave in the pass's tail and waits there).
 // cudaErrorInvalidValue: m outside 1..32, k not a multiple of 128, or a config out of range.
-cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream);
+cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& config, cudaStream_t stream,
+                             bool compact);
