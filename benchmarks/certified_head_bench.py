@@ -245,7 +245,7 @@ def stages(heads, gen, copies: int, repeats: int) -> dict:
         xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
         lists = [int8_pass(xs[i], heads[i]) for i in range(copies)]
         entry = {"trace": kernel_trace(lambda i: certified_argmax_graphable(xs[i], heads[i]), copies)}
-        runs = {blocks: [] for blocks in (1, 2)}
+        runs = {blocks: [] for blocks in (0, 1, 2)}  # 0: the rescore's own choice
         for _ in range(repeats):
             for blocks in runs:
                 runs[blocks].append(graph_replay_us(

@@ -18,7 +18,7 @@ import torch
 from .cuda_pass import CudaPassConfig, PassLists, _extension, cuda_pass_available, run_cuda_pass
 from .reference import CertifiedHead, warp_order_depth
 
-RESCORE_BLOCKS_PER_SM = 2  # 8-warp blocks of <= 128 registers: two fill a multiprocessor's register file
+RESCORE_BLOCKS_PER_SM = 0  # the kernel's own: 2 blocks of whole weight rows up to 16 rows, 3 of half rows above
 
 
 def default_exact_depth(weight: torch.Tensor) -> int:
@@ -64,7 +64,8 @@ def rescore_cuda(x: torch.Tensor, weight: torch.Tensor, best_lower: torch.Tensor
     Args:
         x: [M, K] bf16; weight: [N, K] bf16; best_lower: [M] fp32; count: [M] int32 (above the list's capacity:
             the row's token is -1); cand_idx: [M, CAP] int32 and cand_upper: [M, CAP] fp32, the first count valid.
-        blocks_per_sm: the persistent grid's 8-warp blocks per multiprocessor (tuning only).
+        blocks_per_sm: the persistent grid's 8-warp blocks per multiprocessor (tuning only; 0: 2 up to 16 rows, where
+            a warp holds a whole weight row, 3 above, where it holds half a row at a time).
     Returns:
         tokens: [M] int64, lowest index on ties (INT32_MAX for a row with no candidate reaching its bound).
     """

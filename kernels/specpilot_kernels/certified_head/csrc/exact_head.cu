@@ -9,20 +9,22 @@
 // K/256 + 5 additions, well inside the gamma_K the bound allows for the exact head.
 //
 // The rescore reads each listed candidate's bf16 row once, a whole row (10 KB at K = 5120) in flight per warp
-// (CHUNK 16-byte loads per lane before the first FMA), over a persistent grid: block b takes the b-th of
-// gridDim equal ranges of the flat list of every input row's (row, candidate) pairs, so a row with many
-// survivors does not wait for one block, and copies each input row of its range into shared memory once
-// (read from L2 for every pair, the same few input rows wanted by every warp of the grid at once, each piece's
-// load was slow: 32 -> 25 us at 32 rows on the H200). Each logit goes into its input row's packed key
-// (orderable logit bits above the complemented token index) with a 64-bit atomic max, which keeps the largest
-// logit and on ties the lowest index, in any order; the last block to finish (a ticket counter) turns the keys
-// into tokens and sets keys and ticket back to zero for the next call (the state is the caller's per-stream
-// workspace, zero on first use).
+// (20 16-byte loads per lane before the first FMA; above 16 input rows half a row at a time, in more warps), over a
+// persistent grid: block b takes the b-th of gridDim equal ranges of the flat list of every input row's (row,
+// candidate) pairs, so a row with many survivors does not wait for one block, and copies each input row of its range
+// into shared memory once (read from L2 for every pair, the same few input rows wanted by every warp of the grid at
+// once, each piece's load was slow: 32 -> 25 us at 32 rows on the H200). Each logit goes into its input row's packed
+// key (orderable logit bits above the complemented token index) with a 64-bit atomic max, which keeps the largest
+// logit and on ties the lowest index, in any order; the last block to finish (a ticket counter) turns the keys into
+// tokens and sets keys and ticket back to zero for the next call (the state is the caller's per-stream workspace,
+// zero on first use).
 //
 // The rescore may also take the INT8 pass's stage lists instead of its candidate lists: its grid then compacts them
-// first, as the pass's compaction launch would (compaction.cuh), and its blocks meet in a grid barrier before the
+// first, as the compaction launch would (compaction.cuh), and its blocks meet in a grid barrier before the
 // rescoring, so the certified call is the prologue, the pass and this one launch (on the H200 1-2 us less at 1-16
-// rows than with the compaction launch between them; at 32 rows within the rounds' noise).
+// rows than with the compaction launch between them; at 32 rows within the rounds' noise). It is launched
+// cooperative, so the runtime starts it only when all its blocks can be resident together (else the compaction
+// launch and the plain rescore run instead).
 //
 // Launches may overlap the kernel before them in the stream (programmatic dependent launch, sm_90+): nothing
 // written by an earlier kernel is read before griddepcontrol.wait.
@@ -69,13 +71,14 @@ __device__ __forceinline__ uint4 load_streaming(const uint4* p) {
 // row: STREAM reads it once without L1 allocation, else through L1), L1 at each piece's adds (ThroughL1), or
 // shared memory (InShared). Lane l always takes pieces l, l + 32, ...: the same products in the same order
 // wherever they come from.
-template <bool STREAM>
+template <bool STREAM, int CHUNK = kChunk>
 struct InRegisters {
+  static constexpr int kPieces = CHUNK;  // per lane in flight
   const uint4* row;
-  uint4 held[kChunk];
+  uint4 held[CHUNK];
   __device__ __forceinline__ void fetch(int base, int pieces, int) {
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i)
+    for (int i = 0; i < CHUNK; ++i)
       if (base + 32 * i < pieces) held[i] = STREAM ? load_streaming(row + base + 32 * i) : __ldg(row + base + 32 * i);
   }
   __device__ __forceinline__ void wait() const {}
@@ -99,12 +102,13 @@ struct InShared {
 // x_m . w_r in the order described above; every lane returns it. x and w are rows of `pieces` 16-byte pieces.
 template <typename WSource, typename XSource>
 __device__ __forceinline__ float warp_dot(WSource w, XSource x, int pieces, int lane) {
+  constexpr int chunk = WSource::kPieces;
   float acc = 0.f;
-  for (int base = lane; base < pieces; base += 32 * kChunk) {
+  for (int base = lane; base < pieces; base += 32 * chunk) {
     w.fetch(base, pieces, lane);
     x.fetch(base, pieces, lane);
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) {
+    for (int i = 0; i < chunk; ++i) {
       const int p = base + 32 * i;
       if (p < pieces) {
         if (i == 0) {  // past the first piece's test, so that every load above goes out before the waits
@@ -210,21 +214,17 @@ __device__ __forceinline__ void grid_barrier(unsigned int* arrived) {
   __syncthreads();
 }
 
+__host__ __device__ __forceinline__ StageLists stage_lists(const RescoreArgs& r) {
+  return StageLists{r.stage_count, r.stage_idx, r.stage_upper, r.best_lower, r.count,
+                    r.cand_idx,    r.cand_upper, r.stage_cap,  r.cap};
+}
+
 // The INT8 pass's compaction, by the rescore's grid: max(1, gridDim / m) blocks per input row, each a slice of the
-// row's stage list (compact_stage_slice), as the pass's compaction launch spreads it.
+// row's stage list, as the compaction launch spreads it.
 __device__ __forceinline__ void compact_stage_lists(int rows, const RescoreArgs& r) {
   const int slices = max(1, static_cast<int>(gridDim.x) / rows);
-  for (int v = blockIdx.x; v < rows * slices; v += gridDim.x) {
-    const int m = v / slices, slice = v - m * slices;
-    const int listed = r.stage_count[m];
-    if (listed > r.stage_cap) {
-      if (slice == 0 && threadIdx.x == 0) r.count[m] = r.cap + 1;
-      continue;
-    }
-    compact_stage_slice(slice, slices, listed, r.best_lower[m], r.stage_idx + (size_t)m * r.stage_cap,
-                        r.stage_upper + (size_t)m * r.stage_cap, r.count + m, r.cand_idx + (size_t)m * r.cap,
-                        r.cand_upper + (size_t)m * r.cap, r.cap);
-  }
+  for (int v = blockIdx.x; v < rows * slices; v += gridDim.x)
+    compact_stage_row(stage_lists(r), v / slices, v % slices, slices);
 }
 
 // Rescore: the flat list of every input row's listed candidates (row m's first min(count, 0 if count > cap)
@@ -233,8 +233,8 @@ __device__ __forceinline__ void compact_stage_lists(int rows, const RescoreArgs&
 // bound is below the row's best lower bound is skipped (the Triton pass lists such rows; the CUDA pass's
 // compaction has dropped them). COMPACT: the grid first compacts the INT8 pass's stage lists into count and the
 // candidate list, and meets before reading them (one launch instead of the compaction's and the rescore's).
-template <bool COMPACT>
-__global__ void __launch_bounds__(kThreads, 2) rescore_kernel(ExactHeadArgs a, RescoreArgs r) {
+template <bool COMPACT, int CHUNK, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) rescore_kernel(ExactHeadArgs a, RescoreArgs r) {
   extern __shared__ uint4 x_row[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int pieces = a.k / 8;
@@ -270,7 +270,8 @@ __global__ void __launch_bounds__(kThreads, 2) rescore_kernel(ExactHeadArgs a, R
       const size_t entry = (size_t)m * r.cap + (i - first);
       const int row = r.cand_idx[entry];
       if (r.cand_upper[entry] < best) continue;
-      const float logit = warp_dot(InRegisters<true>{weight + (size_t)row * pieces}, InShared{x_row}, pieces, lane);
+      const float logit =
+          warp_dot(InRegisters<true, CHUNK>{weight + (size_t)row * pieces}, InShared{x_row}, pieces, lane);
       if (lane == 0) atomicMax(r.keys + m, token_key(logit, row));
     }
     begin = stop;
@@ -278,30 +279,40 @@ __global__ void __launch_bounds__(kThreads, 2) rescore_kernel(ExactHeadArgs a, R
   finish_tokens(a, r);
 }
 
-// kernel<<<grid, kThreads, smem>>>(args...), overlapping the kernel before it in the stream where asked (sm_90+).
+// kernel<<<grid, kThreads, smem>>>(args...), overlapping the kernel before it in the stream where asked (sm_90+), and
+// cooperative where asked: the runtime then launches the grid only if all its blocks can be resident at once
+// (cudaErrorCooperativeLaunchTooLarge otherwise) and schedules them together, which a grid barrier needs.
 template <typename... Args>
 cudaError_t launch(void (*kernel)(Args...), dim3 grid, int smem, cudaStream_t stream, bool overlap_prior,
-                   Args... args) {
+                   bool cooperative, Args... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attribute[2];
+  int attributes = 0;
+  if (overlap_prior) {
+    attribute[attributes].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[attributes++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cooperative) {
+    attribute[attributes].id = cudaLaunchAttributeCooperative;
+    attribute[attributes++].val.cooperative = 1;
+  }
   config.attrs = attribute;
-  config.numAttrs = overlap_prior ? 1 : 0;
+  config.numAttrs = attributes;
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
 // The rescore kernel's launch: its shared memory raised once per device and size (graph capture then sees only the
-// launch), the largest carveout (two blocks a multiprocessor: the driver's own choice may fit one), and at most as
-// many blocks per multiprocessor as it holds at once (the compacting kernel's blocks meet in a grid barrier).
-template <bool COMPACT>
+// launch), the largest carveout (two or three blocks a multiprocessor: the driver's own choice may fit fewer), and
+// blocks_per_sm blocks per multiprocessor (0: MIN_BLOCKS), at most as many as it holds at once; the compacting kernel
+// (its blocks meet in a grid barrier) launched cooperative.
+template <bool COMPACT, int CHUNK, int MIN_BLOCKS>
 cudaError_t launch_rescore(const ExactHeadArgs& a, const RescoreArgs& r, cudaStream_t stream, bool overlap_prior,
                            int device, int sms) {
-  auto* kernel = rescore_kernel<COMPACT>;
+  auto* kernel = rescore_kernel<COMPACT, CHUNK, MIN_BLOCKS>;
   const int smem = a.k * 2;  // one input row
   static thread_local int smem_allowed[16] = {}, resident[16] = {};
   if (smem > smem_allowed[device & 15]) {
@@ -315,19 +326,19 @@ cudaError_t launch_rescore(const ExactHeadArgs& a, const RescoreArgs& r, cudaStr
     if (resident[device & 15] < 1) return cudaErrorInvalidConfiguration;
     smem_allowed[device & 15] = smem;
   }
-  const int blocks = sms * std::min(r.blocks_per_sm, resident[device & 15]);
-  return launch(kernel, dim3(blocks), smem, stream, overlap_prior, a, r);
+  const int blocks = sms * std::min(r.blocks_per_sm > 0 ? r.blocks_per_sm : MIN_BLOCKS, resident[device & 15]);
+  return launch(kernel, dim3(blocks), smem, stream, overlap_prior, COMPACT, a, r);
 }
 
 }  // namespace
 
 cudaError_t exact_head_launch(const ExactHeadArgs& a, cudaStream_t stream, bool overlap_prior) {
   if (a.m < 1 || a.k % 8 || a.n < 1) return cudaErrorInvalidValue;
-  return launch(exact_head_kernel, dim3((a.n + kWarps - 1) / kWarps), 0, stream, overlap_prior, a);
+  return launch(exact_head_kernel, dim3((a.n + kWarps - 1) / kWarps), 0, stream, overlap_prior, false, a);
 }
 
 cudaError_t rescore_launch(const ExactHeadArgs& a, const RescoreArgs& r, cudaStream_t stream, bool overlap_prior) {
-  if (a.m < 1 || a.k % 8 || r.cap < 1 || r.blocks_per_sm < 1 || (r.stage_count && (!r.arrived || r.stage_cap < 1)))
+  if (a.m < 1 || a.k % 8 || r.cap < 1 || r.blocks_per_sm < 0 || (r.stage_count && (!r.arrived || r.stage_cap < 1)))
     return cudaErrorInvalidValue;
   static thread_local int sms[16] = {};  // multiprocessors per device, asked once
   int device = 0;
@@ -337,6 +348,26 @@ cudaError_t rescore_launch(const ExactHeadArgs& a, const RescoreArgs& r, cudaStr
     err = cudaDeviceGetAttribute(&sms[device & 15], cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
   }
-  return r.stage_count ? launch_rescore<true>(a, r, stream, overlap_prior, device, sms[device & 15])
-                       : launch_rescore<false>(a, r, stream, overlap_prior, device, sms[device & 15]);
+  const int sm_count = sms[device & 15];
+  // Up to 16 rows a warp holds a whole weight row (20 pieces a lane, 120 registers, 2 blocks a multiprocessor); above,
+  // half a row at a time (10 pieces, 75 registers, 3 blocks): more warps for the longest lists (~6,800 pairs at 32
+  // rows). The same products in the same order either way.
+  const bool half_rows = a.m > 16;
+  auto rescore_lists = [&](const RescoreArgs& lists, bool overlap) {
+    return half_rows ? launch_rescore<false, kChunk / 2, 3>(a, lists, stream, overlap, device, sm_count)
+                     : launch_rescore<false, kChunk, 2>(a, lists, stream, overlap, device, sm_count);
+  };
+  if (!r.stage_count) return rescore_lists(r, overlap_prior);
+  err = half_rows ? launch_rescore<true, kChunk / 2, 3>(a, r, stream, overlap_prior, device, sm_count)
+                  : launch_rescore<true, kChunk, 2>(a, r, stream, overlap_prior, device, sm_count);
+  if (err != cudaErrorCooperativeLaunchTooLarge) return err;
+  // Not all blocks can be resident at once here (another context holds multiprocessors): the compaction launch, then
+  // the rescore of its lists.
+  (void)cudaGetLastError();  // the refused launch's error
+  compact_kernel<<<dim3(a.m, kCompactSplit), kCompactThreads, 0, stream>>>(stage_lists(r));
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  RescoreArgs listed = r;
+  listed.stage_count = nullptr;
+  return rescore_lists(listed, true);
 }

@@ -30,7 +30,8 @@ struct RescoreArgs {
   int cap, blocks_per_sm, stage_cap;
 };
 
-// cudaErrorInvalidValue: m < 1, k not a multiple of 8, n < 1 (full head), cap or blocks_per_sm < 1 (rescore).
+// blocks_per_sm: the rescore's blocks per multiprocessor, 0 for its own choice (2 up to 16 rows, 3 above).
+// cudaErrorInvalidValue: m < 1, k not a multiple of 8, n < 1 (full head), cap < 1 or blocks_per_sm < 0 (rescore).
 cudaError_t exact_head_launch(const ExactHeadArgs& args, cudaStream_t stream, bool overlap_prior);
 cudaError_t rescore_launch(const ExactHeadArgs& args, const RescoreArgs& rescore, cudaStream_t stream,
                            bool overlap_prior);

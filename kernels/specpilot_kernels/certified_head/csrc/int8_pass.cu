@@ -53,7 +53,6 @@ constexpr int kSlotBytes = 2048;  // one ring slot: 4 (tile, 32-column block) fr
 constexpr int kMaxRows = 32;
 constexpr int kMaxStages = 12;
 constexpr int kPrologueThreads = 256;
-constexpr int kCompactThreads = 256;
 constexpr uint32_t kOffsetHalves = 0x64646464u;  // the fp16 exponent byte of 1024 + u
 constexpr uint32_t kBias2 = 0x64806480u;         // 1152 = 1024 + 128 in both fp16 lanes
 
@@ -594,24 +593,6 @@ __global__ void __launch_bounds__(256, 2) int8_pass_batched_kernel(Int8PassArgs 
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
-// The compaction: the stage list's rows that reach the final best lower bound, into the candidate list, spread
-// over kCompactSplit blocks per input row (compact_stage_slice), so no block waits on another (one block per row
-// testing 256 entries a round took 15 us at 32 rows, 51 us on longer stage lists). count = cap + 1 (the full head)
-// where the stage list overflowed or the prologue flagged the row; above cap where more rows survive than the
-// list holds.
-constexpr int kCompactSplit = 8;
-__global__ void __launch_bounds__(kCompactThreads) compact_kernel(Int8PassArgs a) {
-  const int m = blockIdx.x;
-  const int listed = a.stage_count[m];
-  if (listed > a.stage_cap) {
-    if (blockIdx.y == 0 && threadIdx.x == 0) a.count[m] = a.cap + 1;
-    return;
-  }
-  compact_stage_slice(blockIdx.y, kCompactSplit, listed, a.best_lower[m], a.stage_idx + (size_t)m * a.stage_cap,
-                      a.stage_upper + (size_t)m * a.stage_cap, a.count + m, a.cand_idx + (size_t)m * a.cap,
-                      a.cand_upper + (size_t)m * a.cap, a.cap);
-}
-
 // Launches kKernel(args, extra..., units per owner) as the persistent grid: shared memory for the weight
 // rings (and with XS the activation batch ring), whole units per warp (XS: groups of one unit per warp per
 // block), as even as their count allows.
@@ -692,6 +673,8 @@ cudaError_t int8_pass_launch(const Int8PassArgs& args, const Int8PassConfig& con
     default: err = launch_tiles<4>(args, config, stream); break;
   }
   if (err != cudaSuccess || !compact) return err;
-  compact_kernel<<<dim3(args.m, kCompactSplit), kCompactThreads, 0, stream>>>(args);
+  const StageLists lists{args.stage_count, args.stage_idx, args.stage_upper, args.best_lower,
+                         args.count,       args.cand_idx,  args.cand_upper,  args.stage_cap, args.cap};
+  compact_kernel<<<dim3(args.m, kCompactSplit), kCompactThreads, 0, stream>>>(lists);
   return cudaGetLastError();
 }
