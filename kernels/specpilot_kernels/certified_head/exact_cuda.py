@@ -79,8 +79,9 @@ def compact_and_rescore_cuda(x: torch.Tensor, weight: torch.Tensor, lists: PassL
                              blocks_per_sm: int = RESCORE_BLOCKS_PER_SM) -> torch.Tensor:
     """The rescore of a CUDA pass run without its compaction launch (:func:`.cuda_pass.run_cuda_pass`, compact=False):
     one launch whose grid first compacts the stage lists into ``lists.count`` and the candidate lists, as the
-    compaction launch would, meets (a grid barrier: the launch keeps every block resident at once), then takes the
-    exact head's argmax over them as :func:`rescore_cuda`. Launched to overlap the pass's tail on sm_90+.
+    compaction launch would, meets (a grid barrier; the launch is cooperative, so all its blocks are resident at once,
+    and where the runtime refuses that the compaction launch and the plain rescore run instead), then takes the
+    exact head's argmax over them as :func:`rescore_cuda`. Launched to overlap the pass's end on sm_90+.
 
     Args:
         x: [M, K] bf16; weight: [N, K] bf16; lists: the pass's lists (count zero, as the pass leaves it).
