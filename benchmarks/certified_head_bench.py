@@ -35,7 +35,7 @@ from cuda_timing import graph_replay_us, record_section
 from specpilot_kernels.certified_head import certified_argmax_graphable, int8_pass, quantize_head
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
 from specpilot_kernels.certified_head.cuda_pass import CudaPassConfig, cuda_pass_available
-from specpilot_kernels.certified_head.exact_cuda import rescore_cuda
+from specpilot_kernels.certified_head.exact_cuda import exact_head_logits_cuda, rescore_cuda
 from specpilot_kernels.certified_head.head import interpreting, uses_cuda_exact, uses_cuda_pass
 from specpilot_kernels.certified_head.reference import accumulation_gamma, radius_coefficients
 from specpilot_kernels.certified_head.rescore import exact_k_splits, rescore
@@ -52,9 +52,13 @@ SECTIONS = ("stages", "cuda_tuning", "tuning", "variants", "rows", "rescore_tuni
 # side by side in interleaved rounds: the whole certified call (c:; s: the same with the pass's compaction launch
 # before the rescore instead of the rescore compacting the lists itself), the INT8 pass alone (p:) or the BF16 head
 # (b:, cuBLAS), by the radius ("any": valid for any exact order; "warp": for the CUDA exact head's depth) and the
-# exact arithmetic ("triton": the K-split MMA rescore and its finalize; "cuda": one launch of exact_cuda)
+# exact arithmetic ("triton": the K-split MMA rescore and its finalize; "cuda": one launch of exact_cuda);
+# "c:incumbents", "c:no_incumbents": the certified call with incumbents whatever the lists hold, and never (the
+# default settles them from exact_cuda.INCUMBENT_MIN_PAIRS listed pairs on)
 VARIANTS = {
     "c:warp_cuda_exact": ("warp", dict(cuda_config=CudaPassConfig(), exact="cuda")),
+    "c:incumbents": ("warp", dict(cuda_config=CudaPassConfig(), exact="cuda", incumbent_min_pairs=0)),
+    "c:no_incumbents": ("warp", dict(cuda_config=CudaPassConfig(), exact="cuda", incumbent_min_pairs=-1)),
     "s:compaction_launch": ("warp", dict(cuda_config=CudaPassConfig())),
     "p:warp": ("warp", dict(cuda_config=CudaPassConfig())),
     "b:bf16_head": ("warp", {}),
@@ -163,6 +167,23 @@ def tune_cuda(heads, gen, copies: int, repeats: int) -> tuple[dict, dict]:
     return best, timings_out
 
 
+def rescored_after_incumbent(x: torch.Tensor, head) -> float:
+    """Mean candidates per input row that the rescore reads with incumbents: those whose upper bound reaches the
+    exact logit of the row's candidate of largest upper bound (that candidate included; on tied upper bounds the
+    kernel takes the lowest row index, this the first listed)."""
+    _, count, cand_idx, cand_upper = int8_pass(x, head, backend="cuda")
+    logits = exact_head_logits_cuda(x, head.weight)
+    kept = []
+    for m in range(x.shape[0]):
+        n = int(count[m])
+        if not 0 < n <= cand_idx.shape[1]:
+            continue
+        upper, rows = cand_upper[m, :n], cand_idx[m, :n].long()
+        incumbent = logits[m, rows[int(upper.argmax())]]
+        kept.append(int((upper >= incumbent).sum()))
+    return statistics.mean(kept) if kept else 0.0
+
+
 def compare_variants(heads, gen, copies: int, repeats: int) -> dict:
     """Every VARIANTS entry per row count by CUDA-graph replay, ``repeats`` interleaved rounds (the median counts),
     every other round in reverse order, so that clock drift under the power limit falls on all of them alike; and
@@ -191,6 +212,7 @@ def compare_variants(heads, gen, copies: int, repeats: int) -> dict:
         out[m] = {name: {"us": statistics.median(us), "runs_us": us} for name, us in runs.items()}
         out[m]["rescored_per_row"] = {radius: int8_pass(xs[0], hs[0])[1].float().mean().item()
                                       for radius, hs in by_radius.items()}
+        out[m]["rescored_per_row"]["warp_incumbent"] = rescored_after_incumbent(xs[0], heads[0])
         print(f"M={m} variants: " + ", ".join(f"{name} {statistics.median(us):.1f} us" for name, us in runs.items())
               + f"; rows kept per input row {out[m]['rescored_per_row']}", file=sys.stderr, flush=True)
     return out

@@ -8,8 +8,9 @@ from specpilot_kernels.certified_head import certified_argmax_graphable, quantiz
 from specpilot_kernels.certified_head import reference as R
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
 from specpilot_kernels.certified_head.cuda_pass import int8_pass_cuda, run_cuda_pass
-from specpilot_kernels.certified_head.exact_cuda import (certified_tokens_cuda, compact_and_rescore_cuda,
-                                                         exact_head_logits_cuda, rescore_cuda)
+from specpilot_kernels.certified_head.exact_cuda import (_rescore_state, certified_tokens_cuda,
+                                                         compact_and_rescore_cuda, exact_head_logits_cuda,
+                                                         rescore_cuda)
 
 pytestmark = pytest.mark.gpu
 
@@ -67,11 +68,15 @@ def test_rescore_skips_rows_below_the_bound_and_flags_overflow(head_and_inputs):
 
 
 @pytest.mark.parametrize("rows", [1, 13, 32])
-def test_rescore_that_compacts_gives_the_compaction_launchs_lists_and_tokens(head_and_inputs, rows):
-    """The pass without its compaction launch, then the rescore that compacts the stage lists itself: the same
-    count and candidate set per row as the pass's compaction launch and the same tokens as rescoring those lists,
-    with a row the prologue flags (count above the capacity, token -1), call after call (the barrier count goes
-    back to zero)."""
+@pytest.mark.parametrize("incumbent_min_pairs", [-1, 0])
+def test_rescore_that_compacts_gives_the_compaction_launchs_lists_and_tokens(head_and_inputs, rows,
+                                                                            incumbent_min_pairs):
+    """The pass without its compaction launch, then the rescore that compacts the stage lists itself, without and
+    with incumbents (each row's listed row of largest upper bound settled exactly first, then only the candidates
+    reaching its logit rescored): the same count and candidate set per row as the pass's compaction launch and the
+    same tokens as rescoring those lists (the adversarial inputs aim at exact and one-ulp ties), with a row the
+    prologue flags (count above the capacity, token -1), call after call (keys, incumbents, barrier count and ticket
+    go back to zero)."""
     head, x = head_and_inputs
     x = x[:rows].clone()
     x[0, 1] = 2.0 ** -40 * float(x[0].float().abs().max())  # not exact in fp16: the full head
@@ -81,12 +86,27 @@ def test_rescore_that_compacts_gives_the_compaction_launchs_lists_and_tokens(hea
     for _ in range(3):
         lists = run_cuda_pass(x, head, max_survivors=3000, config=None, compact=False)
         assert not lists.count.any()  # left to the rescore
-        tokens = compact_and_rescore_cuda(x, head.weight, lists)
+        tokens = compact_and_rescore_cuda(x, head.weight, lists, incumbent_min_pairs=incumbent_min_pairs)
         assert torch.equal(tokens, want) and torch.equal(lists.count, count)
+        assert not _rescore_state(x).any()
         for m in range(1, rows):
             n = int(count[m])
             assert sorted(lists.cand_idx[m, :n].tolist()) == sorted(cand_idx[m, :n].tolist())
-        assert torch.equal(certified_tokens_cuda(x, head, max_survivors=3000)[0], want)
+        got = certified_tokens_cuda(x, head, max_survivors=3000, incumbent_min_pairs=incumbent_min_pairs)[0]
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("rows", [1, 32])
+def test_incumbents_give_the_full_heads_argmax_on_adversarial_rows(head_and_inputs, rows):
+    """Incumbents on, adversarial input rows (near-ties, duplicates, extreme norms): every certified token is the
+    full exact head's argmax (lowest index on ties) or the row is sent to the full head (-1)."""
+    head, x = head_and_inputs
+    x = x[-rows:].contiguous()
+    full = exact_head_logits_cuda(x, head.weight).argmax(1)
+    for _ in range(2):
+        tokens, _ = certified_tokens_cuda(x, head, max_survivors=3000, incumbent_min_pairs=0)
+        sent = tokens == -1
+        assert torch.equal(tokens[~sent], full[~sent]) and int(sent.sum()) <= x.shape[0] // 4
 
 
 @pytest.mark.parametrize("rows", [1, 13, 32])

@@ -18,7 +18,7 @@ import torch
 import triton
 
 from .cuda_pass import CudaPassConfig, cuda_pass_available, int8_pass_cuda
-from .exact_cuda import certified_tokens_cuda, exact_head_logits_cuda, rescore_cuda
+from .exact_cuda import INCUMBENT_MIN_PAIRS, certified_tokens_cuda, exact_head_logits_cuda, rescore_cuda
 from .int8_bound import _int8_bound_kernel
 from .reference import BOUND_SLACK, NORM_INFLATION, CertifiedHead, warp_order_depth
 from .rescore import (EXACT_BLOCK_S, EXACT_NUM_WARPS, K_MULTIPLE, _exact_head_kernel, exact_block_k, exact_k_splits,
@@ -129,7 +129,8 @@ def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_surv
                                backend: str = "auto", cuda_config: CudaPassConfig | None = None,
                                block_n: int = 64, block_k: int = 128, num_warps: int = 4,
                                num_stages: int = 4, rescore_programs: int = 64,
-                               k_splits: int | None = None, exact: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                               k_splits: int | None = None, exact: str = "auto",
+                               incumbent_min_pairs: int = INCUMBENT_MIN_PAIRS) -> tuple[torch.Tensor, torch.Tensor]:
     """The certified argmax without host synchronisation (CUDA-graph capturable).
 
     Args:
@@ -142,6 +143,8 @@ def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_surv
             Tuning only: the tokens do not depend on them. exact, k_splits: the exact head's arithmetic
             (:func:`uses_cuda_exact`; :func:`exact_head_logits` with the same values gives the logits whose
             argmax this is); the head's radius must cover its summation depth (``head.exact_depth``).
+            incumbent_min_pairs: where the CUDA pass and exact head run, the listed pairs from which the rescore
+            first settles each row's incumbent (:func:`.exact_cuda.compact_and_rescore_cuda`); tuning only.
     Returns:
         tokens: [M] int64 (the exact head's argmax, lowest index on ties; -1 where the list overflowed or
             the CUDA pass could not scale the row to fp16 exactly);
@@ -155,7 +158,8 @@ def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_surv
                          f"{depth}: quantize the head with exact_depth={depth} (or exact='cuda')")
     if cuda_exact and uses_cuda_pass(x, head, backend):  # the rescore compacts the pass's lists: no launch between
         _check_rows(x, head)
-        return certified_tokens_cuda(x, head, max_survivors=max_survivors, config=cuda_config)
+        return certified_tokens_cuda(x, head, max_survivors=max_survivors, config=cuda_config,
+                                     incumbent_min_pairs=incumbent_min_pairs)
     best_lower, count, cand_idx, cand_upper = int8_pass(x, head, max_survivors=max_survivors, backend=backend,
                                                         cuda_config=cuda_config, block_n=block_n, block_k=block_k,
                                                         num_warps=num_warps, num_stages=num_stages)

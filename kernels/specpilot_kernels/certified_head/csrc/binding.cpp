@@ -100,15 +100,18 @@ static RescoreArgs rescore_args(const torch::Tensor& x, const torch::Tensor& bes
                   cand_upper.sizes() == cand_idx.sizes() && cand_upper.is_contiguous(),
               "rescore: best_lower fp32 [M], count int32 [M], tokens int64 [M], cand_idx int32 and cand_upper fp32 "
               "contiguous [M, cap]");
-  TORCH_CHECK(state.scalar_type() == torch::kLong && state.is_contiguous() && state.numel() > m + 1,
-              "rescore: state must be a contiguous int64 workspace of more than M + 1 elements");
+  TORCH_CHECK(state.scalar_type() == torch::kLong && state.is_contiguous() && state.numel() >= 2 * m + 2 &&
+                  state.numel() % 2 == 0,
+              "rescore: state must be a contiguous int64 workspace of 2 R + 2 elements, R >= M");
   RescoreArgs r{};
   r.best_lower = best_lower.data_ptr<float>();
   r.count = count.data_ptr<int32_t>();
   r.cand_idx = cand_idx.data_ptr<int32_t>();
   r.cand_upper = cand_upper.data_ptr<float>();
   r.tokens = tokens.data_ptr<int64_t>();
+  const int64_t rows = (state.numel() - 2) / 2;
   r.keys = reinterpret_cast<unsigned long long*>(state.data_ptr<int64_t>());
+  r.incumbent = reinterpret_cast<unsigned long long*>(state.data_ptr<int64_t>() + rows);
   r.arrived = reinterpret_cast<unsigned int*>(state.data_ptr<int64_t>() + (state.numel() - 2));
   r.ticket = reinterpret_cast<unsigned int*>(state.data_ptr<int64_t>() + (state.numel() - 1));
   r.cap = cand_idx.size(1);
@@ -117,24 +120,26 @@ static RescoreArgs rescore_args(const torch::Tensor& x, const torch::Tensor& bes
 }
 
 // best_lower fp32 [m]; count int32 [m]; cand_idx int32 and cand_upper fp32 [m, cap]; tokens int64 [m] (output);
-// state int64 [>= m + 2] (zero before the call, left zero: the keys, then the barrier count and the ticket in the last
-// two elements).
+// state int64 [2 R + 2], R >= m (zero before the call, left zero: R keys, R incumbents, then the barrier count and the
+// ticket).
 void rescore(torch::Tensor x, torch::Tensor weight, torch::Tensor best_lower, torch::Tensor count,
              torch::Tensor cand_idx, torch::Tensor cand_upper, torch::Tensor tokens, torch::Tensor state,
              int64_t blocks_per_sm, bool overlap_prior) {
   const ExactHeadArgs args = exact_args(x, weight);
-  const RescoreArgs r = rescore_args(x, best_lower, count, cand_idx, cand_upper, tokens, state, blocks_per_sm);
+  RescoreArgs r = rescore_args(x, best_lower, count, cand_idx, cand_upper, tokens, state, blocks_per_sm);
+  r.incumbent = nullptr;  // incumbents come from the compaction
   const cudaError_t err = rescore_launch(args, r, at::cuda::getCurrentCUDAStream(), overlap_prior);
   TORCH_CHECK(err == cudaSuccess, "rescore launch failed: ", cudaGetErrorString(err));
 }
 
 // The rescore of the INT8 pass's stage lists (the pass launched without its compaction): stage_count int32 [m],
 // stage_idx int32 and stage_upper fp32 [m, stage_cap]; count (zero, as the pass's prologue leaves it), cand_idx and
-// cand_upper are written first, as the compaction would; the rest as rescore's.
+// cand_upper are written first, as the compaction would; the rest as rescore's. incumbent_min_pairs: the listed pairs
+// from which the rescore first computes each row's incumbent (exact_head.cu; negative: never).
 void compact_and_rescore(torch::Tensor x, torch::Tensor weight, torch::Tensor best_lower, torch::Tensor stage_count,
                          torch::Tensor stage_idx, torch::Tensor stage_upper, torch::Tensor count,
                          torch::Tensor cand_idx, torch::Tensor cand_upper, torch::Tensor tokens, torch::Tensor state,
-                         int64_t blocks_per_sm, bool overlap_prior) {
+                         int64_t blocks_per_sm, int64_t incumbent_min_pairs, bool overlap_prior) {
   const ExactHeadArgs args = exact_args(x, weight);
   RescoreArgs r = rescore_args(x, best_lower, count, cand_idx, cand_upper, tokens, state, blocks_per_sm);
   TORCH_CHECK(stage_count.scalar_type() == torch::kInt && stage_count.numel() == x.size(0) &&
@@ -147,6 +152,7 @@ void compact_and_rescore(torch::Tensor x, torch::Tensor weight, torch::Tensor be
   r.stage_idx = stage_idx.data_ptr<int32_t>();
   r.stage_upper = stage_upper.data_ptr<float>();
   r.stage_cap = stage_idx.size(1);
+  r.incumbent_min_pairs = static_cast<int>(std::max<int64_t>(-1, std::min<int64_t>(incumbent_min_pairs, INT32_MAX)));
   const cudaError_t err = rescore_launch(args, r, at::cuda::getCurrentCUDAStream(), overlap_prior);
   TORCH_CHECK(err == cudaSuccess, "compact_and_rescore launch failed: ", cudaGetErrorString(err));
 }

@@ -27,7 +27,10 @@ struct RescoreArgs {
   const int32_t* stage_count;  // [m] (above stage_cap: the row takes the full head)
   const int32_t* stage_idx;    // [m][stage_cap]
   const float* stage_upper;    // [m][stage_cap]
-  int cap, blocks_per_sm, stage_cap;
+  // With stage lists: [m] workspace, zero before the call and left zero; the rows' incumbents (exact_head.cu) are
+  // used when the lists hold at least incumbent_min_pairs pairs (negative: never).
+  unsigned long long* incumbent;
+  int cap, blocks_per_sm, stage_cap, incumbent_min_pairs;
 };
 
 // blocks_per_sm: the rescore's blocks per multiprocessor, 0 for its own choice (2 up to 16 rows, 3 above).
