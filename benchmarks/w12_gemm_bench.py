@@ -268,6 +268,22 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
             total += math.log(t[False] / t[True])
             saved[m] = total
         best["mma"] = (replace(cfg, staged_rows=max(saved, key=lambda m: (round(saved[m], 3), -m))), best["mma"][1])
+        # whether 17-32 rows share activations through a block's ring (tuned or not: no bit changes): the fastest at 32
+        # rows of every step plan with each warp loading its activations and of whole steps sharing them, 16 warps a
+        # block or fewer tiles, 4 or 6 slots
+        cfg = best["mma"][0]
+        tiles = sorted({t for t in (16 // cfg.warps_k, 8, 5, 4, 2) if 1 <= t and t * cfg.warps_k <= 16}, reverse=True)
+        options = [replace(cfg, plan_32=plan, shared_x_32=(0, 0)) for plan in STEP_PLANS[32]]
+        options += [replace(cfg, plan_32=(4, 1), shared_x_32=(t, ring)) for t in tiles for ring in (4, 6)]
+        shared_us = {}
+        for option in options:
+            key = f"plan{''.join(map(str, option.plan_32))}_shared{','.join(map(str, option.shared_x_32))}"
+            try:
+                shared_us[key] = (time_variant("mma", option, 32) * 1e6, option)
+            except RuntimeError as exc:  # e.g. a block larger than the register file
+                result.setdefault("shared_x_errors", {})[key] = repr(exc)[:200]
+        result["shared_x_32_us"] = {key: t for key, (t, _) in shared_us.items()}
+        best["mma"] = (min(shared_us.values(), key=lambda v: v[0])[1], best["mma"][1])
     if "triton" in best:  # which MMA instruction the tuned Triton kernel uses
         x = torch.randn(16, k, device="cuda").bfloat16()
         y = torch.empty(16, n, device="cuda", dtype=torch.bfloat16)
@@ -290,9 +306,9 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
                 row[f"{variant}_qpass_midpoint_us"] = time_variant(variant, cfg, m, "midpoint") * 1e6
             if variant == "mma":  # launched without overlapping the kernel before it, and the other step plans
                 row["mma_no_overlap_us"] = time_variant(variant, cfg, m, overlap_prior=False) * 1e6
-                if m in (32, 64):
-                    row["mma_plan_us"] = {",".join(map(str, p)): time_variant(variant, replace(cfg, **{f"plan_{m}": p}), m) * 1e6
-                                          for p in STEP_PLANS[m]}
+                if m in (32, 64):  # each plan with each warp loading its own activations
+                    row["mma_plan_us"] = {",".join(map(str, p)): time_variant(
+                        variant, replace(cfg, shared_x_32=(0, 0), **{f"plan_{m}": p}), m) * 1e6 for p in STEP_PLANS[m]}
         rows.append(row)
         log(name, row)
     result["best"] = {v: asdict(c) for v, (c, _) in best.items()}

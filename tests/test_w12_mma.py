@@ -3,6 +3,7 @@
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 
 import pytest
 import torch
@@ -156,6 +157,39 @@ def test_mma_staged_weights_give_the_same_bits(config):
         for rows in (1, 3, 8, 9, 16):
             assert torch.equal(w12_mma_gemm(x[:rows], mma, config=staged, low_bits=low_bits).view(torch.int16),
                                w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16)), rows
+
+
+SHARED_X_CONFIGS = [MmaConfig(1, 3, 1, shared_x_32=(5, 4)), MmaConfig(1, 3, 2, shared_x_32=(5, 6)),
+                    MmaConfig(1, 2, 3, (2, 1), shared_x_32=(3, 2)), MmaConfig(4, 1, 1, shared_x_32=(8, 3)),
+                    MmaConfig(1, 4, 5, shared_x_32=(2, 2)), MmaConfig(1, 2, 6, shared_x_32=(2, 2))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", SHARED_X_CONFIGS, ids=str)
+def test_mma_shared_activations_give_the_same_bits(config):
+    # 17-32 rows with activations shared through a block's ring (producer warp, bulk copies) against each warp loading
+    # its own: the same chunks per warp in the same order, so the same bits, with escapes (more than a window's
+    # worth in some chunks), K splits in a cluster (2-4) and through the workspace (5), rows past m, the Q pass's
+    # low bits, and repeated calls (the ring's barriers start afresh)
+    w = weight(n=1000, k=1536, device="cuda")
+    w[480:496, 256:900] = 0.0
+    mma = to_mma_layout(encode(w))
+    plain = replace(config, shared_x_32=(0, 0))
+    x = torch.randn(32, 1536, device="cuda").bfloat16()
+    for low_bits in ("exact", "truncated", "midpoint"):
+        for rows in (17, 24, 31, 32, 32):
+            assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16),
+                               w12_mma_gemm(x[:rows], mma, config=plain, low_bits=low_bits).view(torch.int16)), rows
+
+
+def test_shared_activations_outside_what_the_kernel_is_built_for_are_refused():
+    for bad in (dict(shared_x_32=(5, 1)), dict(shared_x_32=(5, 9)), dict(warps_k=4, shared_x_32=(5, 4)),
+                dict(plan_32=(2, 2), shared_x_32=(4, 4))):
+        with pytest.raises(W12Error, match="shared_x_32"):
+            MmaConfig(**{"warps_n": 1, "warps_k": 3, **bad})
+    assert MmaConfig(1, 3, 1, shared_x_32=[5, 4]).shares_activations(17) == (5, 4)
+    assert MmaConfig(1, 3, 1, shared_x_32=(5, 4)).shares_activations(16) == (0, 0)
+    assert MmaConfig(1, 3, 1, shared_x_32=(5, 4)).shares_activations(33) == (0, 0)
 
 
 @pytest.mark.gpu

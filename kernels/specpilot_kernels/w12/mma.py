@@ -132,13 +132,18 @@ STEP_PLANS = {32: ((4, 1), (2, 1), (2, 2)), 64: ((4, 1), (2, 2))}
 # took 1-7% off 1-8 rows on the H200 shapes and cost up to 13% on gate_up and the LM head at 16 (the smaller L1
 # left for their activations), so each shape's tuned config says up to how many rows it stages (``staged_rows``).
 MAX_STAGED_ROWS = 16
+# At 17-32 rows, one tile a warp, sm_90+: the warps of a block may read their activations from a shared-memory ring
+# filled once per block by a producer warp (bulk copies) instead of each warp loading 8 lines per token tile from
+# L1. On the H200 it took 7-11% off 32 rows on the one-wave projection grids (qkv, o_proj, down) and cost 10-40% on
+# the multi-wave ones (gate_up, LM head), so it is per shape: ``shared_x_32`` = (tiles a block, ring slots).
+MAX_SHARED_X_RING = 8
 
 
 @dataclass(frozen=True)
 class MmaConfig:
     """A partition of the (16-row tile, 128-column chunk) work, fixed per (N, K, GPU), never by M, the step
-    plans (:data:`STEP_PLANS`) used at 17-32 and 33-64 rows, and up to how many rows weights are staged through
-    shared memory (:data:`MAX_STAGED_ROWS`)."""
+    plans (:data:`STEP_PLANS`) used at 17-32 and 33-64 rows, up to how many rows weights are staged through
+    shared memory (:data:`MAX_STAGED_ROWS`), and whether 17-32 rows share activations (:data:`MAX_SHARED_X_RING`)."""
 
     warps_n: int = 4  # warps on distinct tiles in a block
     warps_k: int = 1  # warps sharing one tile, reduced in warp order through shared memory
@@ -146,6 +151,7 @@ class MmaConfig:
     plan_32: tuple[int, int] = (4, 1)
     plan_64: tuple[int, int] = (4, 1)
     staged_rows: int = 0  # launches of up to this many rows stage the weights through shared memory
+    shared_x_32: tuple[int, int] = (0, 0)  # 17-32 rows: (tiles a block, ring slots) of shared activations; 0: off
 
     def __post_init__(self):
         if not 0 <= self.staged_rows <= MAX_STAGED_ROWS:
@@ -157,6 +163,13 @@ class MmaConfig:
                 raise W12Error(f"step plan {plan} for up to {rows} rows is not built into the kernel",
                                where=f"MmaConfig.plan_{rows}", fix=f"use one of {list(built)}")
             object.__setattr__(self, f"plan_{rows}", plan)  # JSON lists become tuples
+        object.__setattr__(self, "shared_x_32", tuple(self.shared_x_32))  # JSON lists become tuples
+        tiles, ring = self.shared_x_32
+        if ring and not (2 <= ring <= MAX_SHARED_X_RING and tiles >= 1 and tiles * self.warps_k <= 16
+                         and self.plan_32[1] == 1):
+            raise W12Error(f"shared_x_32={self.shared_x_32} with warps_k={self.warps_k}, plan_32={self.plan_32}: "
+                           "shared activations need 2-8 ring slots, at most 16 warps a block and one tile a warp",
+                           where="MmaConfig.shared_x_32", fix="use (0, 0) (off) or fewer tiles a block, or plan_32 (4, 1)")
 
     def chunks_per_split(self, kp: int) -> int:
         chunks = kp // STEP_K
@@ -169,6 +182,11 @@ class MmaConfig:
     def stages_weights(self, m: int) -> bool:
         """Whether a launch of ``m`` rows stages the weights through shared memory (no bit depends on it)."""
         return m <= self.staged_rows
+
+    def shares_activations(self, m: int) -> tuple[int, int]:
+        """(tiles a block, ring slots) of a launch of ``m`` rows, (0, 0) without shared activations (no bit depends
+        on it)."""
+        return self.shared_x_32 if 16 < m <= 32 and self.shared_x_32[1] else (0, 0)
 
 
 def default_mma_config(n: int, k: int, sms: int) -> MmaConfig:
@@ -247,5 +265,5 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
         partial = workspace[: splits * m * n]
         ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, ym, partial,
                          n, np_, kp, config.warps_n, config.warps_k, per_split, *config.step_plan(m),
-                         int(config.stages_weights(m)), overlap, code)
+                         int(config.stages_weights(m)), *config.shares_activations(m), overlap, code)
     return y

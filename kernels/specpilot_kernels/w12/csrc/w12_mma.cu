@@ -21,7 +21,9 @@
 // Each warp holds its next step (a chunk or half of one) in registers while it decodes and multiplies the
 // current one, and reads activations through L1 (shared by the warps of a multiprocessor). Staged launches (up to
 // 16 rows, per shape) copy the next step into the warp's own shared-memory double buffer instead (cp.async, L2 only):
-// the same bytes in flight without the 24 registers that hold them, so more warps fit a multiprocessor. The partition is
+// the same bytes in flight without the 24 registers that hold them, so more warps fit a multiprocessor. At 17-32 rows
+// a shape may instead share its activations: a producer warp copies them once per block into a shared-memory ring
+// (w12_shared_x_kernel). The partition is
 // fixed by (N, K, GPU), never by M: a warp owns an interleaved set of its tile's 128-column chunks; warps of one
 // tile reduce through shared memory in warp order, K splits in split order: within a thread-block cluster through
 // distributed shared memory (sm_90+, up to 4 splits of one tile a warp), else through a workspace. The step
@@ -41,6 +43,7 @@ constexpr int kMaxRows = 64;        // rows per launch (up to 8 token tiles of 8
 constexpr int kMaxWarpsPerBlock = 16;
 constexpr int kMaxClusterSplits = 4;  // K splits reduced in a cluster (more: through the workspace kernel)
 constexpr int kStagedBlockWords = 48;  // 16-byte words a staged 32-column block: 32 view, 16 nibble
+constexpr int kMaxSharedXRing = 8;     // ring slots of the shared-activation kernel
 
 __device__ __forceinline__ uint32_t permute_bytes(uint32_t a, uint32_t b, uint32_t selector) {
   uint32_t out;
@@ -128,6 +131,129 @@ __host__ __device__ __forceinline__ int epilogue_words(const W12MmaArgs& args, i
          (args.cluster_splits > 1 ? (args.cluster_splits - 1) * args.warps_n * 32 * TP * MT : 0);
 }
 
+// A warp's window of 32 of its tile's escapes (lane i holds escape win + i of the tile's range, sorted by chunk,
+// block and position): a step's escapes are found by ballot and patched by shuffle.
+struct EscapeWindow {
+  int win, end;
+  uint32_t loc = 0xFFFFFFFFu, val = 0;
+  __device__ __forceinline__ void load(const W12MmaArgs& args, int lane) {
+    const int idx = win + lane;
+    loc = idx < end ? uint32_t(args.esc_loc[idx]) : 0xFFFFFFFFu;
+    val = idx < end ? uint32_t(args.esc_val[idx]) : 0u;
+  }
+  // Patch step `key` (escape loc >> KEY_SHIFT: the chunk, or chunk and half) into the decoded blocks a of step part
+  // `part`, sliding the window when its last escape is at or before this step (rare).
+  template <int BLOCKS, int KEY_SHIFT>
+  __device__ __forceinline__ void patch(uint32_t (&a)[BLOCKS][8], uint32_t key, int part, const W12MmaArgs& args,
+                                        int lane) {
+    while (true) {
+      uint32_t hits = __ballot_sync(0xFFFFFFFFu, (loc >> KEY_SHIFT) == key);
+      while (hits) {
+        const int src = __ffs(hits) - 1;
+        hits &= hits - 1;
+        const uint32_t at = __shfl_sync(0xFFFFFFFFu, loc, src);
+        const uint32_t value = __shfl_sync(0xFFFFFFFFu, val, src);
+        const int u = ((at >> 9) & 3) - part * BLOCKS;
+#pragma unroll
+        for (int uu = 0; uu < BLOCKS; ++uu)
+          if (uu == u) patch_escape(a[uu], lane, at, value);
+      }
+      const uint32_t last_loc = __shfl_sync(0xFFFFFFFFu, loc, 31);
+      if (win + 32 < end && (last_loc >> KEY_SHIFT) <= key) {
+        win += 32;
+        load(args, lane);
+        continue;
+      }
+      break;
+    }
+  }
+};
+
+// After the main loop: lets the next kernel in the stream start and waits for the one before (the outputs may be its
+// inputs); the warps of one tile reduce in warp_k order through shared memory, K splits in split order (CLUSTER:
+// within a thread-block cluster, sm_90+; else each split writes its partial sums to args.partial for
+// split_reduce_kernel), and the tile's first warp writes the bf16 outputs where `stores`. No atomics: the same order
+// at every row count.
+template <int TP, int MT, bool CLUSTER>
+__device__ __forceinline__ void reduce_and_store(float (&acc)[TP][MT][4], const W12MmaArgs& args, int warp, int warp_n,
+                                                 int warp_k, int lane, int first_tile, bool stores) {
+  const int g = lane >> 2, t = lane & 3;
+  const int tiles = args.n_padded / 16;
+  // The next kernel in the stream may start its prologue once every block is past its main loop; the outputs are
+  // written only once the kernel before this one is done (a warp without chunks did not wait above).
+  allow_next_grid();
+  wait_for_prior_grid();
+  extern __shared__ float red[];
+  constexpr int kAcc = TP * MT * 4;
+  const bool tile_sums = warp_k == 0;  // the warps that end with their tiles' sums
+  if (args.warps_k > 1) {
+    float* mine = red + ((size_t)warp * 32 + lane) * kAcc;
+#pragma unroll
+    for (int p = 0; p < TP; ++p)
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) mine[(p * MT + j) * 4 + q] = acc[p][j][q];
+    __syncthreads();
+    if (!tile_sums && !CLUSTER) return;
+    if (tile_sums) {
+      for (int wk = 1; wk < args.warps_k; ++wk) {
+        add_sums(acc, red + ((size_t)(wk * args.warps_n + warp_n) * 32 + lane) * kAcc);
+      }
+    }
+  }
+  // K splits launched as one thread-block cluster (sm_90+): every split hands its sums to the first split's block
+  // through distributed shared memory, which adds them in split order — the order of split_reduce_kernel, without
+  // its workspace and launch. No thread leaves before the cluster barrier.
+  if constexpr (CLUSTER) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    float* inbox = red + (args.warps_k > 1 ? (size_t)blockDim.x * kAcc : 0);  // [split - 1][warp_n][lane][kAcc]
+    const int split = blockIdx.y;  // the block's rank in its cluster of (1, splits, 1)
+    if (split > 0 && tile_sums) {
+      const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(
+          inbox + (((size_t)(split - 1) * args.warps_n + warp_n) * 32 + lane) * kAcc));
+      uint32_t remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(remote) : "r"(local));
+#pragma unroll
+      for (int p = 0; p < TP; ++p)
+#pragma unroll
+        for (int j = 0; j < MT; ++j)
+          asm volatile("st.shared::cluster.v4.f32 [%0], {%1,%2,%3,%4};" ::"r"(remote + (p * MT + j) * 16),
+                       "f"(acc[p][j][0]), "f"(acc[p][j][1]), "f"(acc[p][j][2]), "f"(acc[p][j][3]) : "memory");
+    }
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+    if (split > 0) return;
+    if (tile_sums) {
+      for (int sp = 1; sp < args.cluster_splits; ++sp) {
+        add_sums(acc, inbox + (((size_t)(sp - 1) * args.warps_n + warp_n) * 32 + lane) * kAcc);
+      }
+    }
+#else
+    __trap();  // the host launches clusters on sm_90+ only
+#endif
+  }
+  if (!tile_sums || !stores) return;
+#pragma unroll
+  for (int p = 0; p < TP; ++p) {
+    const int tile = first_tile + p;
+    if (tile >= tiles) return;
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int n = tile * 16 + g + 8 * (q >> 1);
+        const int m = j * 8 + 2 * t + (q & 1);
+        if (n < args.n && m < args.m) {
+          if (args.partial)
+            args.partial[((size_t)blockIdx.y * args.m + m) * args.n + n] = acc[p][j][q];
+          else
+            args.y[(size_t)m * args.n + n] = __float2bfloat16_rn(acc[p][j][q]);
+        }
+      }
+    }
+  }
+}
+
 template <int MT, int LOW_BITS, int STEP_BLOCKS, int TP, bool STAGED, bool CLUSTER>
 __global__ void w12_mma_kernel(W12MmaArgs args) {
   const int lane = threadIdx.x & 31;
@@ -171,9 +297,7 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     uint32_t base_lo[TP], base_hi[TP];
     const uint4* view_next[TP];
     const uint2* nibs_next[TP];
-    // Escape window per tile: lane i holds escape win + i of the tile's range (sorted by chunk, block, position).
-    int win[TP], e_hi[TP];
-    uint32_t my_loc[TP], my_val[TP];
+    EscapeWindow esc[TP];  // per tile
 #pragma unroll
     for (int p = 0; p < TP; ++p) {
       const int tile = min(first_tile + p, tiles - 1);
@@ -182,19 +306,12 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
       const size_t start = ((size_t)tile * kblocks + (size_t)first * kBlocksPerChunk) * 32 + lane;
       view_next[p] = reinterpret_cast<const uint4*>(args.view) + start;
       nibs_next[p] = reinterpret_cast<const uint2*>(args.nibbles) + start;
-      win[p] = args.esc_ptr[tile * chunks + min(first, chunks)];
-      e_hi[p] = args.esc_ptr[tile * chunks + last];
-      my_loc[p] = 0xFFFFFFFFu;
-      my_val[p] = 0;
+      esc[p].win = args.esc_ptr[tile * chunks + min(first, chunks)];
+      esc[p].end = args.esc_ptr[tile * chunks + last];
     }
-    auto load_window = [&](int p) {
-      const int idx = win[p] + lane;
-      my_loc[p] = idx < e_hi[p] ? uint32_t(args.esc_loc[idx]) : 0xFFFFFFFFu;
-      my_val[p] = idx < e_hi[p] ? uint32_t(args.esc_val[idx]) : 0u;
-    };
     if (LOW_BITS == 0) {
 #pragma unroll
-      for (int p = 0; p < TP; ++p) load_window(p);
+      for (int p = 0; p < TP; ++p) esc[p].load(args, lane);
     }
 
     // Weights are read once: no L1 allocation, so L1 keeps the activations. The next step loads while this
@@ -316,30 +433,8 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
           uint32_t a[kBlocks][8];
 #pragma unroll
           for (int u = 0; u < kBlocks; ++u) decode_block<LOW_BITS>(a[u], v[p][u], nb[p][u], base_lo[p], base_hi[p]);
-          if (LOW_BITS == 0) {
-            const uint32_t key = uint32_t(chunk * kStepsPerChunk + part);
-            while (true) {
-              uint32_t hits = __ballot_sync(0xFFFFFFFFu, (my_loc[p] >> kKeyShift) == key);
-              while (hits) {
-                const int src = __ffs(hits) - 1;
-                hits &= hits - 1;
-                const uint32_t loc = __shfl_sync(0xFFFFFFFFu, my_loc[p], src);
-                const uint32_t value = __shfl_sync(0xFFFFFFFFu, my_val[p], src);
-                const int u = ((loc >> 9) & 3) - part * kBlocks;
-#pragma unroll
-                for (int uu = 0; uu < kBlocks; ++uu)
-                  if (uu == u) patch_escape(a[uu], lane, loc, value);
-              }
-              // the window is spent once its last escape is at or before this step: slide it (rare)
-              const uint32_t last_loc = __shfl_sync(0xFFFFFFFFu, my_loc[p], 31);
-              if (win[p] + 32 < e_hi[p] && (last_loc >> kKeyShift) <= key) {
-                win[p] += 32;
-                load_window(p);
-                continue;
-              }
-              break;
-            }
-          }
+          if (LOW_BITS == 0)
+            esc[p].template patch<kBlocks, kKeyShift>(a, uint32_t(chunk * kStepsPerChunk + part), part, args, lane);
 #pragma unroll
           for (int u = 0; u < kBlocks; ++u) {
 #pragma unroll
@@ -355,80 +450,191 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     }
   }
 
-  // The next kernel in the stream may start its prologue once every block is past its main loop; the outputs are
-  // written only once the kernel before this one is done (a warp without chunks did not wait above).
-  allow_next_grid();
-  wait_for_prior_grid();
-  // Warps of one tile reduce in warp_k order through shared memory.
-  extern __shared__ float red[];
-  constexpr int kAcc = TP * MT * 4;
-  const bool tile_sums = warp_k == 0;  // the warps that end with their tiles' sums
-  if (args.warps_k > 1) {
-    float* mine = red + ((size_t)warp * 32 + lane) * kAcc;
-#pragma unroll
-    for (int p = 0; p < TP; ++p)
-#pragma unroll
-      for (int j = 0; j < MT; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) mine[(p * MT + j) * 4 + q] = acc[p][j][q];
-    __syncthreads();
-    if (!tile_sums && !CLUSTER) return;
-    if (tile_sums) {
-      for (int wk = 1; wk < args.warps_k; ++wk) {
-        add_sums(acc, red + ((size_t)(wk * args.warps_n + warp_n) * 32 + lane) * kAcc);
-      }
-    }
-  }
-  // K splits launched as one thread-block cluster (sm_90+): every split hands its sums to the first split's block
-  // through distributed shared memory, which adds them in split order — the order of split_reduce_kernel, without
-  // its workspace and launch. No thread leaves before the cluster barrier.
-  if constexpr (CLUSTER) {
+  reduce_and_store<TP, MT, CLUSTER>(acc, args, warp, warp_n, warp_k, lane, first_tile, true);
+}
+
+// Shared activations (17-32 rows, sm_90+, one tile a warp). The warps of a block that share a K class (warp_k) read
+// the same chunks in the same rounds: round r is chunks first + r * warps_k ... + warps_k - 1 of the block's split.
+// A producer warp (the block's last) copies each round's activations (MT * 8 token rows of warps_k * 128 columns,
+// rows past m repeat the last) into a slot of a shared-memory ring by bulk copies that complete on the slot's
+// mbarrier, and refills a slot once every consumer warp has counted it released; the consumers read their
+// activations with 16-byte shared loads (rows g and g + 1 of a quarter-warp on disjoint banks) instead of 8-line
+// global loads, one copy a block instead of one a warp. The producer waits for nothing else, so the warps drift apart
+// by up to ring - 1 rounds with no block barrier (the same ring refilled by the slowest consumer, or by cp.async, was
+// 1.3-3x slower). Every warp sums its chunks as w12_mma_kernel's does, so no bit changes.
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t phase) {
+  asm volatile(
+      "{\n\t.reg .pred done;\n"
+      "W12_WAIT_%=:\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+      "@!done bra W12_WAIT_%=;\n}" ::"r"(bar), "r"(phase) : "memory");
+}
+
+// Bytes of a ring slot's token row: rows g and g + 1 start 64 bytes apart modulo 128, so a quarter-warp's 16-byte
+// loads (two rows, 64 bytes each) fall on disjoint banks.
+__host__ __device__ __forceinline__ int shared_x_pitch(int warps_k) { return warps_k * 256 + 64; }
+
+template <int MT, int LOW_BITS, int STEP_BLOCKS, bool CLUSTER>
+__global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    float* inbox = red + (args.warps_k > 1 ? (size_t)blockDim.x * kAcc : 0);  // [split - 1][warp_n][lane][kAcc]
-    const int split = blockIdx.y;  // the block's rank in its cluster of (1, splits, 1)
-    if (split > 0 && tile_sums) {
-      const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(
-          inbox + (((size_t)(split - 1) * args.warps_n + warp_n) * 32 + lane) * kAcc));
-      uint32_t remote;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(remote) : "r"(local));
-#pragma unroll
-      for (int p = 0; p < TP; ++p)
-#pragma unroll
-        for (int j = 0; j < MT; ++j)
-          asm volatile("st.shared::cluster.v4.f32 [%0], {%1,%2,%3,%4};" ::"r"(remote + (p * MT + j) * 16),
-                       "f"(acc[p][j][0]), "f"(acc[p][j][1]), "f"(acc[p][j][2]), "f"(acc[p][j][3]) : "memory");
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int consumers = args.warps_n * args.warps_k;
+  const bool producer = warp == consumers;
+  const int warp_n = warp % args.warps_n;
+  const int warp_k = producer ? args.warps_k : warp / args.warps_n;  // the producer owns no K class
+  const int tile = blockIdx.x * args.warps_n + warp_n;
+  const int g = lane >> 2, t = lane & 3;
+  const int tiles = args.n_padded / 16;
+  const int chunks = args.k_padded / 128;
+  const int kblocks = args.k_padded / 32;
+  const bool active = tile < tiles && !producer;
+
+  const int pitch = shared_x_pitch(args.warps_k);
+  const int slot_bytes = MT * 8 * pitch;
+  extern __shared__ uint4 shared_words[];
+  uint8_t* ring_ptr = reinterpret_cast<uint8_t*>(shared_words + epilogue_words<MT, 1>(args, blockDim.x));
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring_ptr + (size_t)ring * slot_bytes);
+  int* released = reinterpret_cast<int*>(full + ring);
+  const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring_ptr));
+  const uint32_t full_s = static_cast<uint32_t>(__cvta_generic_to_shared(full));
+  const int first0 = blockIdx.y * args.chunks_per_split;
+  const int last = min(first0 + args.chunks_per_split, chunks);
+  const int rounds = (last - first0 + args.warps_k - 1) / args.warps_k;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < ring; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(full_s + 8 * s) : "memory");
+      released[s] = 0;
     }
-    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-    if (split > 0) return;
-    if (tile_sums) {
-      for (int sp = 1; sp < args.cluster_splits; ++sp) {
-        add_sums(acc, inbox + (((size_t)(sp - 1) * args.warps_n + warp_n) * 32 + lane) * kAcc);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  float acc[1][MT][4];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+
+  if (producer) {
+    wait_for_prior_grid();  // the activations may be the previous kernel's output
+    for (int r = 0; r < rounds; ++r) {
+      const int slot = r % ring;
+      if (r >= ring) {  // every consumer has released round r - ring from this slot
+        const int need = (r / ring) * consumers;
+        while (true) {
+          int seen;
+          asm volatile("ld.volatile.shared.s32 %0, [%1];" : "=r"(seen)
+                       : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(released + slot))) : "memory");
+          if (seen >= need) break;
+          __nanosleep(32);
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the consumers' reads before the copies' writes
+      }
+      const int c0 = first0 + r * args.warps_k;
+      const uint32_t row_bytes = (uint32_t)min(args.warps_k, last - c0) * 256;
+      const uint32_t bar = full_s + 8 * slot;
+      if (lane == 0)
+        asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}" ::"r"(bar),
+                     "r"(row_bytes * MT * 8) : "memory");
+      __syncwarp();
+      for (int row = lane; row < MT * 8; row += 32) {
+        const __nv_bfloat16* src = args.x + (size_t)min(row, args.m - 1) * args.ldx + (size_t)c0 * 128;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(ring_s + slot * slot_bytes + row * pitch), "l"(src), "r"(row_bytes), "r"(bar) : "memory");
       }
     }
-#else
-    __trap();  // the host launches clusters on sm_90+ only
-#endif
-  }
-  if (!tile_sums) return;
+  } else {
+    static_assert(STEP_BLOCKS == 4 || STEP_BLOCKS == 2, "a step is a chunk or half of one");
+    constexpr int kBlocks = STEP_BLOCKS;
+    constexpr int kStepsPerChunk = kBlocksPerChunk / kBlocks;
+    constexpr int kKeyShift = kStepsPerChunk == 1 ? 11 : 10;
+    const int first = first0 + warp_k;
+    const int own = min(tile, tiles - 1);  // past the last tile a warp repeats it and stores nothing
+    const uint32_t base_lo = uint32_t(args.base[own * 16 + g]) * 0x00800080u;
+    const uint32_t base_hi = uint32_t(args.base[own * 16 + g + 8]) * 0x00800080u;
+    const size_t start = ((size_t)own * kblocks + (size_t)first * kBlocksPerChunk) * 32 + lane;
+    const uint4* view_next = reinterpret_cast<const uint4*>(args.view) + start;
+    const uint2* nibs_next = reinterpret_cast<const uint2*>(args.nibbles) + start;
+    EscapeWindow esc;
+    esc.win = args.esc_ptr[own * chunks + min(first, chunks)];
+    esc.end = args.esc_ptr[own * chunks + max(first, last)];
+    if (LOW_BITS == 0 && active) esc.load(args, lane);
+    uint4 v_next[kBlocks];
+    uint2 n_next[kBlocks];
+    int load_part = 0;
+    auto load_step = [&]() {  // the next step's weights into registers, read once (no L1 allocation)
 #pragma unroll
-  for (int p = 0; p < TP; ++p) {
-    const int tile = first_tile + p;
-    if (tile >= tiles) return;
-#pragma unroll
-    for (int j = 0; j < MT; ++j) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int n = tile * 16 + g + 8 * (q >> 1);
-        const int m = j * 8 + 2 * t + (q & 1);
-        if (n < args.n && m < args.m) {
-          if (args.partial)
-            args.partial[((size_t)blockIdx.y * args.m + m) * args.n + n] = acc[p][j][q];
-          else
-            args.y[(size_t)m * args.n + n] = __float2bfloat16_rn(acc[p][j][q]);
+      for (int u = 0; u < kBlocks; ++u) {
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v_next[u].x), "=r"(v_next[u].y), "=r"(v_next[u].z), "=r"(v_next[u].w)
+                     : "l"(view_next + u * 32));
+        if (LOW_BITS == 0) {
+          asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
+                       : "=r"(n_next[u].x), "=r"(n_next[u].y) : "l"(nibs_next + u * 32));
+        } else {
+          n_next[u] = make_uint2(0, 0);
         }
       }
+      const size_t advance = load_part == kStepsPerChunk - 1
+                                 ? (size_t)(args.warps_k * kBlocksPerChunk - (kStepsPerChunk - 1) * kBlocks) * 32
+                                 : (size_t)kBlocks * 32;
+      view_next += advance;
+      nibs_next += advance;
+      load_part = (load_part + 1) & (kStepsPerChunk - 1);
+    };
+    if (active && first < last) load_step();
+    uint32_t phase = 0;
+    for (int r = 0, slot = 0; r < rounds; ++r) {
+      mbarrier_wait(full_s + 8 * slot, phase);
+      const int chunk = first + r * args.warps_k;
+      if (active && chunk < last) {
+        // lane (g, t)'s 16 bytes of token row g of this warp's chunk; token tile j is 8 rows further
+        const uint32_t xs = ring_s + slot * slot_bytes + g * pitch + warp_k * 256 + 16 * t;
+#pragma unroll
+        for (int part = 0; part < kStepsPerChunk; ++part) {
+          uint4 v[kBlocks];
+          uint2 nb[kBlocks];
+#pragma unroll
+          for (int u = 0; u < kBlocks; ++u) {
+            v[u] = v_next[u];
+            nb[u] = n_next[u];
+          }
+          if (part + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
+          uint32_t a[kBlocks][8];
+#pragma unroll
+          for (int u = 0; u < kBlocks; ++u) decode_block<LOW_BITS>(a[u], v[u], nb[u], base_lo, base_hi);
+          if (LOW_BITS == 0)
+            esc.template patch<kBlocks, kKeyShift>(a, uint32_t(chunk * kStepsPerChunk + part), part, args, lane);
+#pragma unroll
+          for (int u = 0; u < kBlocks; ++u) {
+            uint4 xb[MT];
+#pragma unroll
+            for (int j = 0; j < MT; ++j)
+              asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                           : "=r"(xb[j].x), "=r"(xb[j].y), "=r"(xb[j].z), "=r"(xb[j].w)
+                           : "r"(xs + j * 8 * pitch + (part * kBlocks + u) * 64) : "memory");
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+              const uint32_t frag[4] = {a[u][4 * s], a[u][4 * s + 1], a[u][4 * s + 2], a[u][4 * s + 3]};
+#pragma unroll
+              for (int j = 0; j < MT; ++j) mma_bf16(acc[0][j], frag, s ? xb[j].z : xb[j].x, s ? xb[j].w : xb[j].y);
+            }
+          }
+        }
+      }
+      // Released: this warp's reads of the slot are done (their values fed the MMAs above). No fence: one would also
+      // wait for the weight loads in flight.
+      __syncwarp();
+      if (lane == 0) atomicAdd(released + slot, 1);
+      if (++slot == ring) {
+        slot = 0;
+        phase ^= 1;
+      }
     }
   }
+  reduce_and_store<1, MT, CLUSTER>(acc, args, warp, warp_n, warp_k, lane, tile, active);
+#else
+  __trap();  // the host launches shared activations on sm_90+ only
+#endif
 }
 
 // K splits summed in split order (split 0, then 1, 2, ...: the Triton reduction's order), rounded once.
@@ -512,11 +718,41 @@ cudaError_t launch(const W12MmaArgs& args, cudaStream_t stream) {
   return launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, args.cluster_splits, args);
 }
 
+// The shared-activation kernel's launch: tiles_per_block tiles of the partition's warps_k warps and the producer a
+// block; the ring after the epilogue's shared memory.
+template <int MT, int LOW_BITS, int STEP_BLOCKS, bool CLUSTER = false>
+cudaError_t launch_shared_x(const W12MmaArgs& args, W12SharedActivations shared_x, cudaStream_t stream) {
+  if constexpr (!CLUSTER) {
+    if (args.cluster_splits > 1) return launch_shared_x<MT, LOW_BITS, STEP_BLOCKS, true>(args, shared_x, stream);
+  }
+  W12MmaArgs launched = args;
+  launched.warps_n = shared_x.tiles;  // which tiles share a block changes no bit
+  const int tiles = args.n_padded / 16;
+  const int chunks = args.k_padded / 128;
+  dim3 grid((tiles + launched.warps_n - 1) / launched.warps_n,
+            (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
+  dim3 block(32 * (launched.warps_n * args.warps_k + 1));
+  const size_t smem = (size_t)epilogue_words<MT, 1>(launched, block.x) * 16 +
+                      (size_t)shared_x.ring * (MT * 8 * shared_x_pitch(args.warps_k) + 12);
+  auto kernel = w12_shared_x_kernel<MT, LOW_BITS, STEP_BLOCKS, CLUSTER>;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != cudaSuccess) return err;
+  return launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, args.cluster_splits, launched,
+                            shared_x.ring);
+}
+
 // The step plans each token-tile count is built with (blocks a step, tiles a warp, weights staged in shared memory
 // up to 16 rows); none changes a bit.
 template <int MT, int LOW_BITS>
-cudaError_t launch_plan(const W12MmaArgs& args, cudaStream_t stream) {
+cudaError_t launch_plan(const W12MmaArgs& args, W12SharedActivations shared_x, cudaStream_t stream) {
   const int plan = args.step_blocks * 10 + args.tiles_per_warp;
+  if (shared_x.ring > 0) {  // shared activations: 17-32 rows, one tile a warp (checked by w12_mma_launch)
+    if constexpr (MT == 4) {
+      if (plan == 41) return launch_shared_x<MT, LOW_BITS, 4>(args, shared_x, stream);
+      if (plan == 21) return launch_shared_x<MT, LOW_BITS, 2>(args, shared_x, stream);
+    }
+    return cudaErrorInvalidValue;
+  }
   if constexpr (MT <= 2) {
     if (plan == 41 && args.staged_weights) return launch<MT, LOW_BITS, 4, 1, true>(args, stream);
   }
@@ -532,38 +768,42 @@ cudaError_t launch_plan(const W12MmaArgs& args, cudaStream_t stream) {
 }
 
 template <int LOW_BITS>
-cudaError_t launch_rows(const W12MmaArgs& args, cudaStream_t stream) {
+cudaError_t launch_rows(const W12MmaArgs& args, W12SharedActivations shared_x, cudaStream_t stream) {
   // Token tiles of 8: 1, 2, 4 or 8 (up to 64 rows); each tile's MMA is independent of the others.
-  if (args.m <= 8) return launch_plan<1, LOW_BITS>(args, stream);
-  if (args.m <= 16) return launch_plan<2, LOW_BITS>(args, stream);
-  if (args.m <= 32) return launch_plan<4, LOW_BITS>(args, stream);
-  return launch_plan<8, LOW_BITS>(args, stream);
+  if (args.m <= 8) return launch_plan<1, LOW_BITS>(args, shared_x, stream);
+  if (args.m <= 16) return launch_plan<2, LOW_BITS>(args, shared_x, stream);
+  if (args.m <= 32) return launch_plan<4, LOW_BITS>(args, shared_x, stream);
+  return launch_plan<8, LOW_BITS>(args, shared_x, stream);
 }
 
 }  // namespace
 
-cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream) {
+cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream, W12SharedActivations shared_x) {
   if (args.m < 1 || args.m > kMaxRows || args.warps_n * args.warps_k < 1 || args.warps_n * args.warps_k > kMaxWarpsPerBlock)
     return cudaErrorInvalidValue;
+  if (shared_x.ring != 0 &&
+      (args.m <= 16 || args.m > 32 || args.tiles_per_warp != 1 || args.staged_weights || shared_x.ring < 2 ||
+       shared_x.ring > kMaxSharedXRing || shared_x.tiles < 1 || shared_x.tiles * args.warps_k > kMaxWarpsPerBlock))
+    return cudaErrorInvalidValue;
+  static thread_local int major_of[16] = {};
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  int& major = major_of[device & 15];
+  if (major == 0 && (status = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess)
+    return status;
   const int splits = (args.k_padded / 128 + args.chunks_per_split - 1) / args.chunks_per_split;
   W12MmaArgs launched = args;
   launched.cluster_splits = 1;
-  if (args.partial && splits <= kMaxClusterSplits && args.tiles_per_warp == 1) {  // sm_90+: splits meet in a cluster
-    static thread_local int major_of[16] = {};
-    int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
-    int& major = major_of[device & 15];
-    if (major == 0 && (err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess)
-      return err;
-    if (major >= 9) {
-      launched.partial = nullptr;
-      launched.cluster_splits = splits;
-    }
+  // sm_90+: K splits meet in a cluster (up to kMaxClusterSplits, one tile a warp)
+  if (args.partial && splits <= kMaxClusterSplits && args.tiles_per_warp == 1 && major >= 9) {
+    launched.partial = nullptr;
+    launched.cluster_splits = splits;
   }
-  const cudaError_t err = low_bits == 0   ? launch_rows<0>(launched, stream)
-                          : low_bits == 1 ? launch_rows<1>(launched, stream)
-                                          : launch_rows<2>(launched, stream);
+  if (major < 9) shared_x.ring = 0;  // bulk copies and mbarrier transactions: sm_90+ (the same bits without)
+  const cudaError_t err = low_bits == 0   ? launch_rows<0>(launched, shared_x, stream)
+                          : low_bits == 1 ? launch_rows<1>(launched, shared_x, stream)
+                                          : launch_rows<2>(launched, shared_x, stream);
   if (err != cudaSuccess || !launched.partial) return err;
   const int total = args.m * args.n;
   return launch_overlapping(split_reduce_kernel, dim3((total + 255) / 256), dim3(256), 0, stream, args.overlap_prior, 1,

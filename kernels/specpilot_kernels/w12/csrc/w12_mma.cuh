@@ -24,6 +24,16 @@ struct W12MmaArgs {
   int cluster_splits;  // set by w12_mma_launch: K splits reduced within a thread-block cluster (sm_90+), else 1
 };
 
+// 17-32 rows, one tile a warp, sm_90+ (elsewhere ignored, with the same bits): activations copied once per block into
+// a ring of `ring` slots (2-8; 0: off) by a producer warp, `tiles` tiles a block (w12_mma.cu). Apart from W12MmaArgs
+// so that the other kernels' parameters stay as they were: a larger W12MmaArgs changed ptxas's register allotment of
+// several of them (the two-tile 32-row kernel 168 -> 176 registers: a warp less a sub-partition, 20-60% slower).
+struct W12SharedActivations {
+  int tiles = 0, ring = 0;
+};
+
 // cudaErrorInvalidValue: m outside 1..64, more than 16 warps per block, or a step plan not built for m's token tiles
-// (staged weights: whole steps of one tile a warp, up to 16 rows).
-cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream);
+// (staged weights: whole steps of one tile a warp, up to 16 rows; shared activations: one tile a warp, 17-32 rows,
+// 2-8 slots, at most 16 warps besides the producer).
+cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream,
+                           W12SharedActivations shared_x = {});
