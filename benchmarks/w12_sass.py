@@ -6,7 +6,8 @@ quote. Needs nvcc and cuobjdump (CUDA 12.8+), no GPU.
 
 The compiler may unroll a loop iteration over several chunks: a chunk is 8 MMAs per token tile and tile a warp,
 so `instructions_per_chunk` divides by the iteration's MMAs. The `kernel` key is the template's
-<token tiles, low bits, blocks a step, tiles a warp, weights staged in shared memory, K splits in a cluster>.
+<token tiles, low bits, blocks a step, tiles a warp, weights staged in shared memory, K splits in a cluster>; the
+shared-activation kernel's, `shared_x <token tiles, low bits, blocks a step, K splits in a cluster>`.
 """
 
 from __future__ import annotations
@@ -24,17 +25,21 @@ from pathlib import Path
 CSRC = Path(__file__).resolve().parents[1] / "kernels" / "specpilot_kernels" / "w12" / "csrc"
 SHARED_HEADERS = CSRC.parents[1] / "csrc"  # the library's shared headers (pdl.cuh)
 KERNEL = re.compile(r"w12_mma_kernelILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])E")
+# the shared-activation kernel (17-32 rows, one tile a warp): <token tiles, low bits, blocks a step, K splits in a cluster>
+SHARED_X_KERNEL = re.compile(r"w12_shared_x_kernelILi(\d+)ELi(\d+)ELi(\d+)ELb([01])E")
 ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 BRANCH = re.compile(r"BRA (0x[0-9a-f]+)")
 
 
 def loop_instructions(sass: str) -> list[str]:
-    """Opcodes of one pass through a kernel's main loop: from the target of the backward branch that closes the
-    last MMA to that branch, skipping each escape check's taken branch (VOTE.ANY, then the branch over the patch
-    loop, which runs only when a step holds an escape)."""
+    """Opcodes of one pass through a kernel's main loop: from the target of the first backward branch after the
+    last MMA that jumps back over it to that branch (forward branches in between, such as a shared-activation
+    round's release, are part of the pass), skipping each escape check's taken branch (VOTE.ANY, then the branch
+    over the patch loop, which runs only when a step holds an escape)."""
     lines = [(int(m.group(1), 16), m.group(3), line) for line in sass.splitlines() if (m := ADDRESS.search(line))]
     last_mma = max(i for i, (_, op, _) in enumerate(lines) if op.startswith("HMMA"))
-    back = next(i for i in range(last_mma, len(lines)) if BRANCH.search(lines[i][2]))
+    back = next(i for i in range(last_mma, len(lines))
+                if (b := BRANCH.search(lines[i][2])) and int(b.group(1), 16) <= lines[last_mma][0])
     start_address = int(BRANCH.search(lines[back][2]).group(1), 16)
     start = next(i for i, (address, _, _) in enumerate(lines) if address == start_address)
     ops, i = [], start
@@ -87,16 +92,23 @@ def main(argv: list[str] | None = None) -> int:
     for function in re.split(r"\n\s*Function : ", dump.stdout)[1:]:
         name = function.split("\n", 1)[0].strip()
         match = KERNEL.search(name)
-        if not match:
+        shared = SHARED_X_KERNEL.search(name)
+        if not (match or shared):
             continue
         ops = loop_instructions(function)
-        token_tiles, _, _, tiles_per_warp, _, _ = map(int, match.groups())
+        if match:
+            token_tiles, _, _, tiles_per_warp, _, _ = map(int, match.groups())
+            key = "<{}>".format(", ".join(match.groups()))
+        else:
+            token_tiles, tiles_per_warp = int(shared.group(1)), 1
+            key = "shared_x <{}>".format(", ".join(shared.groups()))
         chunks = sum(op.startswith("HMMA") for op in ops) / (8 * token_tiles * tiles_per_warp)
-        kernels.append({"kernel": "<{}>".format(", ".join(match.groups())), "registers": registers.get(name),
+        kernels.append({"kernel": key, "registers": registers.get(name),
                         "loop_instructions": len(ops), "chunks_per_iteration": chunks,
                         "instructions_per_chunk": round(len(ops) / chunks, 1),
                         "by_opcode": dict(Counter(op.split(".")[0] for op in ops).most_common())})
-    kernels.sort(key=lambda k: tuple(int(v) for v in k["kernel"].strip("<>").split(", ")))
+    kernels.sort(key=lambda k: (k["kernel"].startswith("shared_x"),
+                                tuple(int(v) for v in k["kernel"].split("<")[1].strip(">").split(", "))))
     nvcc_version = subprocess.run([tool("nvcc"), "--version"], capture_output=True, text=True).stdout.strip().splitlines()
     doc = {"benchmark": "w12_sass", "arch": args.arch, "nvcc": nvcc_version[-1] if nvcc_version else None,
            "command": "python benchmarks/w12_sass.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -43,8 +43,9 @@ def test_every_kernel_instantiation_is_counted(tmp_path, capsys):
     assert w12_sass.main(["--out", str(out)]) == 0
     kernels = {k["kernel"]: k for k in json.loads(out.read_text())["kernels"]}
     # 9 (token tiles, plan) pairs (2 of them staged weights), 7 of one tile a warp also reducing K splits in a
-    # cluster: 16 kernels x 3 low-bit modes
-    assert len(kernels) == 48
+    # cluster: 16 kernels x 3 low-bit modes; and the shared-activation kernel: 2 step sizes x cluster or not x 3
+    assert len([k for k in kernels if not k.startswith("shared_x")]) == 48
+    assert len([k for k in kernels if k.startswith("shared_x")]) == 12
     one_row = kernels["<1, 0, 4, 1, 0, 0>"]
     assert one_row["chunks_per_iteration"] == 1.0 and one_row["by_opcode"]["HMMA"] == 8
     assert one_row["by_opcode"]["PRMT"] == 32  # one byte permute per pair of weights: 64 weights a lane a chunk
@@ -52,3 +53,8 @@ def test_every_kernel_instantiation_is_counted(tmp_path, capsys):
     assert staged["by_opcode"]["LDGSTS"] >= 4 and staged["by_opcode"]["LDS"] >= 8
     assert staged["by_opcode"]["LDG"] == one_row["by_opcode"]["LDG"] - 8  # 4 view and 4 nibble loads a chunk fewer
     assert staged["registers"] < one_row["registers"]  # the point of staging: fewer registers, more resident warps
+    # 32 rows in whole steps: 16 activation loads a chunk come from the block's ring (LDS), not global memory
+    own, shared = kernels["<4, 0, 4, 1, 0, 0>"], kernels["shared_x <4, 0, 4, 0>"]
+    assert shared["chunks_per_iteration"] == 1.0 and shared["by_opcode"]["HMMA"] == 32
+    assert shared["by_opcode"]["LDS"] == 16 and shared["by_opcode"]["LDG"] == own["by_opcode"]["LDG"] - 16
+    assert shared["registers"] < own["registers"]  # one block's activations held at a time, not a whole step's
