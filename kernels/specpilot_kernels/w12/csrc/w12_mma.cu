@@ -131,6 +131,33 @@ __host__ __device__ __forceinline__ int epilogue_words(const W12MmaArgs& args, i
          (args.cluster_splits > 1 ? (args.cluster_splits - 1) * args.warps_n * 32 * TP * MT : 0);
 }
 
+// One tile's next step of weights into registers, read once (no L1 allocation, so L1 keeps the activations): per
+// 32-column block a lane's 16 view bytes and (exact weights) 8 nibble bytes.
+template <int BLOCKS, int LOW_BITS>
+__device__ __forceinline__ void load_step_registers(uint4 (&v)[BLOCKS], uint2 (&nb)[BLOCKS], const uint4* view,
+                                                    const uint2* nibs) {
+#pragma unroll
+  for (int u = 0; u < BLOCKS; ++u) {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v[u].x), "=r"(v[u].y), "=r"(v[u].z), "=r"(v[u].w)
+                 : "l"(view + u * 32));
+    if (LOW_BITS == 0) {
+      asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
+                   : "=r"(nb[u].x), "=r"(nb[u].y) : "l"(nibs + u * 32));
+    } else {
+      nb[u] = make_uint2(0, 0);
+    }
+  }
+}
+
+// Fragment words from a step's first block to the next step's: the chunk's next step, or (after its last) the first
+// blocks of the warp's next chunk, warps_k chunks on.
+template <int BLOCKS>
+__device__ __forceinline__ size_t step_advance(int part, int warps_k) {
+  constexpr int kSteps = kBlocksPerChunk / BLOCKS;
+  return part == kSteps - 1 ? (size_t)(warps_k * kBlocksPerChunk - (kSteps - 1) * BLOCKS) * 32 : (size_t)BLOCKS * 32;
+}
+
 // A warp's window of 32 of its tile's escapes (lane i holds escape win + i of the tile's range, sorted by chunk,
 // block and position): a step's escapes are found by ballot and patched by shuffle.
 struct EscapeWindow {
@@ -329,40 +356,28 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     auto load_step = [&]() {
 #pragma unroll
       for (int p = 0; p < TP; ++p) {
-        const uint32_t words = stage_base + (uint32_t)((stage * kStageWords + p * kBlocks * kStagedBlockWords) * 16);
+        if constexpr (STAGED) {
+          const uint32_t words = stage_base + (uint32_t)((stage * kStageWords + p * kBlocks * kStagedBlockWords) * 16);
 #pragma unroll
-        for (int u = 0; u < kBlocks; ++u) {
-          if constexpr (STAGED) {
+          for (int u = 0; u < kBlocks; ++u)
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(words + (u * 32 + lane) * 16),
                          "l"(view_next[p] + u * 32));
-          } else {
-            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(v_next[p][u].x), "=r"(v_next[p][u].y), "=r"(v_next[p][u].z), "=r"(v_next[p][u].w)
-                         : "l"(view_next[p] + u * 32));
-            if (LOW_BITS == 0) {
-              asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
-                           : "=r"(n_next[p][u].x), "=r"(n_next[p][u].y) : "l"(nibs_next[p] + u * 32));
-            } else {
-              n_next[p][u] = make_uint2(0, 0);
-            }
-          }
-        }
-        if (STAGED && LOW_BITS == 0) {
-          const uint4* run = reinterpret_cast<const uint4*>(nibs_next[p] - lane);  // the warp's nibble words
+          if (LOW_BITS == 0) {
+            const uint4* run = reinterpret_cast<const uint4*>(nibs_next[p] - lane);  // the warp's nibble words
 #pragma unroll
-          for (int i = lane; i < kBlocks * 16; i += 32)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(words + (kBlocks * 32 + i) * 16),
-                         "l"(run + i));
+            for (int i = lane; i < kBlocks * 16; i += 32)
+              asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(words + (kBlocks * 32 + i) * 16),
+                           "l"(run + i));
+          }
+        } else {
+          load_step_registers<kBlocks, LOW_BITS>(v_next[p], n_next[p], view_next[p], nibs_next[p]);
         }
       }
       if (STAGED) {
         asm volatile("cp.async.commit_group;");
         stage ^= 1;
       }
-      // to the chunk's next step, or to the first blocks of the warp's next chunk
-      const size_t advance = load_part == kStepsPerChunk - 1
-                                 ? (size_t)(args.warps_k * kBlocksPerChunk - (kStepsPerChunk - 1) * kBlocks) * 32
-                                 : (size_t)kBlocks * 32;
+      const size_t advance = step_advance<kBlocks>(load_part, args.warps_k);
 #pragma unroll
       for (int p = 0; p < TP; ++p) {
         view_next[p] += advance;
@@ -561,22 +576,9 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
     uint4 v_next[kBlocks];
     uint2 n_next[kBlocks];
     int load_part = 0;
-    auto load_step = [&]() {  // the next step's weights into registers, read once (no L1 allocation)
-#pragma unroll
-      for (int u = 0; u < kBlocks; ++u) {
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(v_next[u].x), "=r"(v_next[u].y), "=r"(v_next[u].z), "=r"(v_next[u].w)
-                     : "l"(view_next + u * 32));
-        if (LOW_BITS == 0) {
-          asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
-                       : "=r"(n_next[u].x), "=r"(n_next[u].y) : "l"(nibs_next + u * 32));
-        } else {
-          n_next[u] = make_uint2(0, 0);
-        }
-      }
-      const size_t advance = load_part == kStepsPerChunk - 1
-                                 ? (size_t)(args.warps_k * kBlocksPerChunk - (kStepsPerChunk - 1) * kBlocks) * 32
-                                 : (size_t)kBlocks * 32;
+    auto load_step = [&]() {
+      load_step_registers<kBlocks, LOW_BITS>(v_next, n_next, view_next, nibs_next);
+      const size_t advance = step_advance<kBlocks>(load_part, args.warps_k);
       view_next += advance;
       nibs_next += advance;
       load_part = (load_part + 1) & (kStepsPerChunk - 1);
