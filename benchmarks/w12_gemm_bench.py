@@ -30,7 +30,8 @@ from specpilot_kernels.w12 import encode, w12_gemm
 from specpilot_kernels.w12.configs import GemmConfig, select_config
 from specpilot_kernels.w12.gemm import launch
 from specpilot_kernels.w12.mma import (
-    MAX_STAGED_ROWS, STEP_PLANS, MmaConfig, default_mma_config, select_mma_config, to_mma_layout, w12_mma_gemm,
+    MAX_STAGED_ROWS, MAX_WGMMA_WARPS_PER_BLOCK, STEP_PLANS, MmaConfig, default_mma_config, select_mma_config,
+    to_mma_layout, w12_mma_gemm,
 )
 from specpilot_kernels.w12.reference import gemm_reference
 
@@ -122,10 +123,11 @@ def correctness(sms: int, variants) -> dict:
     kernels = [(f"triton_bn{c.block_n}_s{c.splits}_asm{int(c.use_asm)}", lambda x, c=c: w12_gemm(x, w12, config=c))
                for c in (GemmConfig(64, 2, 4, 3, True), GemmConfig(64, 2, 4, 3, False), GemmConfig(128, 1, 4, 3, True))]
     kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}_p{''.join(map(str, c.plan_32 + c.plan_64))}"
-                 f"{f'_staged{c.staged_rows}' if c.staged_rows else ''}", lambda x, c=c: w12_mma_gemm(x, mma, config=c))
+                 f"{f'_staged{c.staged_rows}' if c.staged_rows else ''}"
+                 f"{'_wgmma' + ''.join(map(str, c.wgmma)) if any(c.wgmma) else ''}", lambda x, c=c: w12_mma_gemm(x, mma, config=c))
                 for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(1, 5, 1, (2, 1)),
                           MmaConfig(2, 2, 1, (2, 2), (2, 2)), MmaConfig(2, 4, 3, staged_rows=16),
-                          MmaConfig(1, 8, 2, staged_rows=8))]
+                          MmaConfig(1, 8, 2, staged_rows=8), MmaConfig(2, 4, 3, wgmma=(1, 2, 1)))]
     for key, gemm in kernels:
         if key.split("_")[0] not in variants:
             continue
@@ -258,7 +260,7 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
             result["plan_64_us"] = {",".join(map(str, p)): t for p, t in plan_us.items()}
             best[variant] = (replace(cfg, plan_64=min(plan_us, key=plan_us.get)), best[variant][1])
     if "mma" in best:  # up to how many rows to stage the weights through shared memory (tuned or not: no bit changes)
-        cfg = best["mma"][0]
+        cfg = replace(best["mma"][0], wgmma=(0, 0, 0))  # per-warp kernels first; warpgroup MMAs are chosen last
         staged_us = {m: {staged: time_variant("mma", replace(cfg, staged_rows=MAX_STAGED_ROWS if staged else 0), m) * 1e6
                          for staged in (True, False)} for m in (1, 2, 4, 8, 16)}
         result["staged_us"] = {m: {"staged": t[True], "registers": t[False]} for m, t in staged_us.items()}
@@ -284,6 +286,20 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
                 result.setdefault("shared_x_errors", {})[key] = repr(exc)[:200]
         result["shared_x_32_us"] = {key: t for key, (t, _) in shared_us.items()}
         best["mma"] = (min(shared_us.values(), key=lambda v: v[0])[1], best["mma"][1])
+        # sm_90: whether each row range (9-16, 17-32, 33-64) runs as warpgroup MMAs (1 or 2 warpgroups a K class a
+        # block) or per-warp mma.sync, timed at its largest row count (no bit changes)
+        if torch.cuda.get_device_capability()[0] == 9:
+            cfg, chosen, wgmma_us = best["mma"][0], [0, 0, 0], {}
+            for slot, m in enumerate((16, 32, 64)):
+                options = {0: cfg}
+                for groups in (1, 2):
+                    if 4 * groups * cfg.warps_k <= MAX_WGMMA_WARPS_PER_BLOCK:
+                        options[groups] = replace(cfg, wgmma=tuple(groups if i == slot else 0 for i in range(3)))
+                times = {groups: time_variant("mma", option, m) * 1e6 for groups, option in options.items()}
+                wgmma_us[m] = {("per_warp" if groups == 0 else f"warpgroups{groups}"): t for groups, t in times.items()}
+                chosen[slot] = min(times, key=times.get)
+            result["wgmma_us"] = wgmma_us
+            best["mma"] = (replace(cfg, wgmma=tuple(chosen)), best["mma"][1])
     if "triton" in best:  # which MMA instruction the tuned Triton kernel uses
         x = torch.randn(16, k, device="cuda").bfloat16()
         y = torch.empty(16, n, device="cuda", dtype=torch.bfloat16)
@@ -308,7 +324,8 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
                 row["mma_no_overlap_us"] = time_variant(variant, cfg, m, overlap_prior=False) * 1e6
                 if m in (32, 64):  # each plan with each warp loading its own activations
                     row["mma_plan_us"] = {",".join(map(str, p)): time_variant(
-                        variant, replace(cfg, shared_x_32=(0, 0), **{f"plan_{m}": p}), m) * 1e6 for p in STEP_PLANS[m]}
+                        variant, replace(cfg, shared_x_32=(0, 0), wgmma=(0, 0, 0), **{f"plan_{m}": p}), m) * 1e6
+                        for p in STEP_PLANS[m]}
         rows.append(row)
         log(name, row)
     result["best"] = {v: asdict(c) for v, (c, _) in best.items()}
@@ -349,7 +366,8 @@ def write_config(path: Path, gpu: str, shape: dict) -> None:
     tuned = json.loads(path.read_text()) if path.exists() else {}
     tuned.setdefault(gpu, {})[f"{shape['N']},{shape['K']}"] = shape["best"]["mma"]
     staged = path.with_suffix(".json.tmp")
-    staged.write_text(re.sub(r"\[\s+(\d+),\s+(\d+)\s+\]", r"[\1, \2]", json.dumps(tuned, indent=1)) + "\n")  # plans on one line
+    one_line = lambda m: "[" + ", ".join(re.findall(r"\d+", m.group(0))) + "]"  # noqa: E731 - plans on one line
+    staged.write_text(re.sub(r"\[\s+\d+(?:,\s+\d+)*\s+\]", one_line, json.dumps(tuned, indent=1)) + "\n")
     os.replace(staged, path)
 
 

@@ -7,7 +7,8 @@ quote. Needs nvcc and cuobjdump (CUDA 12.8+), no GPU.
 The compiler may unroll a loop iteration over several chunks: a chunk is 8 MMAs per token tile and tile a warp,
 so `instructions_per_chunk` divides by the iteration's MMAs. The `kernel` key is the template's
 <token tiles, low bits, blocks a step, tiles a warp, weights staged in shared memory, K splits in a cluster>; the
-shared-activation kernel's, `shared_x <token tiles, low bits, blocks a step, K splits in a cluster>`.
+shared-activation kernel's, `shared_x <token tiles, low bits, blocks a step, K splits in a cluster>`; the warpgroup
+kernel's (sm_90a; 8 wgmma a chunk, each for 4 tiles), `wgmma <token tiles, low bits, K splits in a cluster>`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ SHARED_HEADERS = CSRC.parents[1] / "csrc"  # the library's shared headers (pdl.c
 KERNEL = re.compile(r"w12_mma_kernelILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])E")
 # the shared-activation kernel (17-32 rows, one tile a warp): <token tiles, low bits, blocks a step, K splits in a cluster>
 SHARED_X_KERNEL = re.compile(r"w12_shared_x_kernelILi(\d+)ELi(\d+)ELi(\d+)ELb([01])E")
+WGMMA_KERNEL = re.compile(r"w12_wgmma_kernelILi(\d+)ELi(\d+)ELb([01])E")
+MMA_OPCODES = ("HMMA", "HGMMA")  # mma.sync, wgmma
 ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 BRANCH = re.compile(r"BRA (0x[0-9a-f]+)")
 
@@ -37,7 +40,7 @@ def loop_instructions(sass: str) -> list[str]:
     round's release, are part of the pass), skipping each escape check's taken branch (VOTE.ANY, then the branch
     over the patch loop, which runs only when a step holds an escape)."""
     lines = [(int(m.group(1), 16), m.group(3), line) for line in sass.splitlines() if (m := ADDRESS.search(line))]
-    last_mma = max(i for i, (_, op, _) in enumerate(lines) if op.startswith("HMMA"))
+    last_mma = max(i for i, (_, op, _) in enumerate(lines) if op.startswith(MMA_OPCODES))
     back = next(i for i in range(last_mma, len(lines))
                 if (b := BRANCH.search(lines[i][2])) and int(b.group(1), 16) <= lines[last_mma][0])
     start_address = int(BRANCH.search(lines[back][2]).group(1), 16)
@@ -93,21 +96,26 @@ def main(argv: list[str] | None = None) -> int:
         name = function.split("\n", 1)[0].strip()
         match = KERNEL.search(name)
         shared = SHARED_X_KERNEL.search(name)
-        if not (match or shared):
+        warpgroup = WGMMA_KERNEL.search(name)
+        if not (match or shared or warpgroup):
             continue
         ops = loop_instructions(function)
         if match:
             token_tiles, _, _, tiles_per_warp, _, _ = map(int, match.groups())
+            mmas_per_chunk = 8 * token_tiles * tiles_per_warp
             key = "<{}>".format(", ".join(match.groups()))
-        else:
-            token_tiles, tiles_per_warp = int(shared.group(1)), 1
+        elif shared:
+            mmas_per_chunk = 8 * int(shared.group(1))
             key = "shared_x <{}>".format(", ".join(shared.groups()))
-        chunks = sum(op.startswith("HMMA") for op in ops) / (8 * token_tiles * tiles_per_warp)
+        else:
+            mmas_per_chunk = 8  # one wgmma a k16 step covers every token tile
+            key = "wgmma <{}>".format(", ".join(warpgroup.groups()))
+        chunks = sum(op.startswith(MMA_OPCODES) for op in ops) / mmas_per_chunk
         kernels.append({"kernel": key, "registers": registers.get(name),
                         "loop_instructions": len(ops), "chunks_per_iteration": chunks,
                         "instructions_per_chunk": round(len(ops) / chunks, 1),
                         "by_opcode": dict(Counter(op.split(".")[0] for op in ops).most_common())})
-    kernels.sort(key=lambda k: (k["kernel"].startswith("shared_x"),
+    kernels.sort(key=lambda k: (k["kernel"].split(" <")[0] if " <" in k["kernel"] else "",
                                 tuple(int(v) for v in k["kernel"].split("<")[1].strip(">").split(", "))))
     nvcc_version = subprocess.run([tool("nvcc"), "--version"], capture_output=True, text=True).stdout.strip().splitlines()
     doc = {"benchmark": "w12_sass", "arch": args.arch, "nvcc": nvcc_version[-1] if nvcc_version else None,

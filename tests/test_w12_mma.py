@@ -192,6 +192,41 @@ def test_shared_activations_outside_what_the_kernel_is_built_for_are_refused():
     assert MmaConfig(1, 3, 1, shared_x_32=(5, 4)).shares_activations(33) == (0, 0)
 
 
+WGMMA_CONFIGS = [MmaConfig(4, 1, 1, wgmma=(1, 2, 1)), MmaConfig(2, 4, 3, wgmma=(1, 2, 1)),
+                 MmaConfig(1, 3, 1, wgmma=(2, 1, 1)), MmaConfig(1, 2, 6, wgmma=(3, 1, 2)),
+                 MmaConfig(1, 8, 2, wgmma=(1, 1, 1))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", WGMMA_CONFIGS, ids=str)
+def test_mma_warpgroup_mmas_give_the_same_bits(config):
+    # 9-64 rows as warpgroup MMAs (sm_90a) against per-warp mma.sync: the same k16 products summed in the same order
+    # per tile, so the same bits, with escapes (more than a window's worth in some chunks), K splits in a cluster
+    # (2-3) and through the workspace (6), 1-3 warpgroups sharing a block's activations, warpgroups past the last tile
+    # (63 tiles), rows past m and the Q pass's low bits
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("warpgroup MMAs run on sm_90a only (elsewhere the per-warp kernel runs)")
+    w = weight(n=1000, k=1536, device="cuda")
+    w[480:496, 256:900] = 0.0
+    mma = to_mma_layout(encode(w))
+    plain = replace(config, wgmma=(0, 0, 0))
+    x = torch.randn(64, 1536, device="cuda").bfloat16()
+    for low_bits in ("exact", "truncated", "midpoint"):
+        for rows in (9, 16, 17, 24, 32, 33, 48, 64):
+            assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16),
+                               w12_mma_gemm(x[:rows], mma, config=plain, low_bits=low_bits).view(torch.int16)), rows
+
+
+def test_warpgroup_mmas_outside_what_the_kernel_is_built_for_are_refused():
+    for bad in (dict(wgmma=(1, 1)), dict(wgmma=(0, -1, 0)), dict(warps_k=3, wgmma=(0, 0, 3))):
+        with pytest.raises(W12Error, match="wgmma"):
+            MmaConfig(**{"warps_n": 1, "warps_k": 2, **bad})
+    config = MmaConfig(1, 2, 1, wgmma=[1, 2, 4])
+    assert config.wgmma == (1, 2, 4)
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
+        assert [config.warpgroups(m, torch.device("cuda")) for m in (8, 9, 16, 17, 32, 33, 64)] == [0, 1, 1, 2, 2, 4, 4]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("staged_rows", [0, 16])
 def test_mma_overlapped_launches_wait_for_the_kernel_before(staged_rows):

@@ -44,8 +44,10 @@ def test_every_kernel_instantiation_is_counted(tmp_path, capsys):
     kernels = {k["kernel"]: k for k in json.loads(out.read_text())["kernels"]}
     # 9 (token tiles, plan) pairs (2 of them staged weights), 7 of one tile a warp also reducing K splits in a
     # cluster: 16 kernels x 3 low-bit modes; and the shared-activation kernel: 2 step sizes x cluster or not x 3
-    assert len([k for k in kernels if not k.startswith("shared_x")]) == 48
+    assert len([k for k in kernels if "<" == k[0]]) == 48
     assert len([k for k in kernels if k.startswith("shared_x")]) == 12
+    # the warpgroup kernel: 3 token-tile counts (9-64 rows) x 3 low-bit modes x cluster or not
+    assert len([k for k in kernels if k.startswith("wgmma")]) == 18
     one_row = kernels["<1, 0, 4, 1, 0, 0>"]
     assert one_row["chunks_per_iteration"] == 1.0 and one_row["by_opcode"]["HMMA"] == 8
     assert one_row["by_opcode"]["PRMT"] == 32  # one byte permute per pair of weights: 64 weights a lane a chunk
@@ -58,3 +60,9 @@ def test_every_kernel_instantiation_is_counted(tmp_path, capsys):
     assert shared["chunks_per_iteration"] == 1.0 and shared["by_opcode"]["HMMA"] == 32
     assert shared["by_opcode"]["LDS"] == 16 and shared["by_opcode"]["LDG"] == own["by_opcode"]["LDG"] - 16
     assert shared["registers"] < own["registers"]  # one block's activations held at a time, not a whole step's
+    # warpgroup MMAs at 32 rows: 8 wgmma a chunk for 4 tiles; the activations are 4 global loads a thread a chunk,
+    # stored to shared memory as 16 words for the tensor cores, none held in registers for the MMAs
+    warpgroup = kernels["wgmma <4, 0, 0>"]
+    assert warpgroup["chunks_per_iteration"] == 1.0 and warpgroup["by_opcode"]["HGMMA"] == 8
+    assert warpgroup["by_opcode"]["STS"] == 16 and "HMMA" not in warpgroup["by_opcode"]
+    assert warpgroup["registers"] < own["registers"]

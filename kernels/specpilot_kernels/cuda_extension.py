@@ -22,7 +22,8 @@ def load_cuda_extension(name: str, csrc: Path, sources: tuple[str, ...]):
     from torch.utils.cpp_extension import load
 
     major, minor = torch.cuda.get_device_capability()
-    arch = f"{major}{minor}"
+    # sm_90a: Hopper's architecture-specific instructions (wgmma) are only assembled for the "a" target
+    arch = f"{major}{minor}{'a' if major == 9 else ''}"
     return load(
         name=f"{name}_sm{arch}",
         sources=[str(csrc / source) for source in sources],

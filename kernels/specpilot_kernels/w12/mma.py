@@ -8,7 +8,9 @@ once (:func:`to_mma_layout`) so each lane reads its own MMA fragments: per 16-ro
 block, lane l = 4g + t holds rows g and g+8 of both k16 steps, 16 view bytes and 8 nibble bytes (two
 nibbles a byte, placed so that one byte permute joins each register's view bytes with their nibbles).
 Inside each 32-column block the MMA's k order is permuted so that lane t's activations are columns
-8t .. 8t+7 (one 16-byte load).
+8t .. 8t+7 (one 16-byte load). On sm_90a a shape's config may run 9-64 rows as warpgroup MMAs instead (wgmma, the
+decoded fragments as its register operand, the activations staged in shared memory in the same permuted k order):
+the same bits.
 """
 
 from __future__ import annotations
@@ -137,13 +139,18 @@ MAX_STAGED_ROWS = 16
 # L1. On the H200 it took 7-11% off 32 rows on the one-wave projection grids (qkv, o_proj, down) and cost 10-40% on
 # the multi-wave ones (gate_up, LM head), so it is per shape: ``shared_x_32`` = (tiles a block, ring slots).
 MAX_SHARED_X_RING = 8
+# sm_90a, 9-64 rows: warpgroup MMAs (wgmma: weights from registers, activations from shared memory), per row range
+# (9-16, 17-32, 33-64) a number of warpgroups of 4 tiles a K class a block (0: per-warp mma.sync). On the H200 it took
+# 5-11% off 48-64 rows on 4 of the 5 shapes and lost at 9-32 rows, so it is per shape, like the plans.
+MAX_WGMMA_WARPS_PER_BLOCK = 32
 
 
 @dataclass(frozen=True)
 class MmaConfig:
     """A partition of the (16-row tile, 128-column chunk) work, fixed per (N, K, GPU), never by M, the step
     plans (:data:`STEP_PLANS`) used at 17-32 and 33-64 rows, up to how many rows weights are staged through
-    shared memory (:data:`MAX_STAGED_ROWS`), and whether 17-32 rows share activations (:data:`MAX_SHARED_X_RING`)."""
+    shared memory (:data:`MAX_STAGED_ROWS`), whether 17-32 rows share activations (:data:`MAX_SHARED_X_RING`) and
+    where warpgroup MMAs run instead of per-warp ones (:data:`MAX_WGMMA_WARPS_PER_BLOCK`)."""
 
     warps_n: int = 4  # warps on distinct tiles in a block
     warps_k: int = 1  # warps sharing one tile, reduced in warp order through shared memory
@@ -152,6 +159,8 @@ class MmaConfig:
     plan_64: tuple[int, int] = (4, 1)
     staged_rows: int = 0  # launches of up to this many rows stage the weights through shared memory
     shared_x_32: tuple[int, int] = (0, 0)  # 17-32 rows: (tiles a block, ring slots) of shared activations; 0: off
+    # 9-16, 17-32 and 33-64 rows: warpgroups a K class a block of warpgroup MMAs (0: per-warp mma.sync)
+    wgmma: tuple[int, int, int] = (0, 0, 0)
 
     def __post_init__(self):
         if not 0 <= self.staged_rows <= MAX_STAGED_ROWS:
@@ -164,6 +173,11 @@ class MmaConfig:
                                where=f"MmaConfig.plan_{rows}", fix=f"use one of {list(built)}")
             object.__setattr__(self, f"plan_{rows}", plan)  # JSON lists become tuples
         object.__setattr__(self, "shared_x_32", tuple(self.shared_x_32))  # JSON lists become tuples
+        object.__setattr__(self, "wgmma", tuple(self.wgmma))
+        if len(self.wgmma) != 3 or any(g < 0 or 4 * g * self.warps_k > MAX_WGMMA_WARPS_PER_BLOCK for g in self.wgmma):
+            raise W12Error(f"wgmma={self.wgmma} with warps_k={self.warps_k}: warpgroups a K class a block at 9-16, "
+                           f"17-32 and 33-64 rows, each 0 (off) or with 4 x warpgroups x warps_k <= {MAX_WGMMA_WARPS_PER_BLOCK}"
+                           " warps", where="MmaConfig.wgmma", fix="use e.g. (0, 0, 1) or fewer warpgroups")
         tiles, ring = self.shared_x_32
         if ring and not (2 <= ring <= MAX_SHARED_X_RING and tiles >= 1 and tiles * self.warps_k <= 16
                          and self.plan_32[1] == 1):
@@ -187,6 +201,13 @@ class MmaConfig:
         """(tiles a block, ring slots) of a launch of ``m`` rows, (0, 0) without shared activations (no bit depends
         on it)."""
         return self.shared_x_32 if 16 < m <= 32 and self.shared_x_32[1] else (0, 0)
+
+    def warpgroups(self, m: int, device: torch.device) -> int:
+        """Warpgroups a K class a block of a launch of ``m`` rows with warpgroup MMAs (sm_90 only), 0 without (no bit
+        depends on it)."""
+        if m <= 8 or torch.cuda.get_device_capability(device)[0] != 9:
+            return 0
+        return self.wgmma[0 if m <= 16 else 1 if m <= 32 else 2]
 
 
 def default_mma_config(n: int, k: int, sms: int) -> MmaConfig:
@@ -263,7 +284,10 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
         xm, ym = x[r0:r0 + rows], y[r0:r0 + rows]
         m = xm.shape[0]
         partial = workspace[: splits * m * n]
+        warpgroups = config.warpgroups(m, x.device)  # when on, in place of staged weights or a shared ring
         ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, ym, partial,
                          n, np_, kp, config.warps_n, config.warps_k, per_split, *config.step_plan(m),
-                         int(config.stages_weights(m)), *config.shares_activations(m), overlap, code)
+                         int(config.stages_weights(m) and not warpgroups),
+                         *((0, 0) if warpgroups else config.shares_activations(m)), warpgroups, overlap,
+                         code)
     return y

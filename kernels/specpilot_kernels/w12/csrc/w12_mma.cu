@@ -23,7 +23,8 @@
 // 16 rows, per shape) copy the next step into the warp's own shared-memory double buffer instead (cp.async, L2 only):
 // the same bytes in flight without the 24 registers that hold them, so more warps fit a multiprocessor. At 17-32 rows
 // a shape may instead share its activations: a producer warp copies them once per block into a shared-memory ring
-// (w12_shared_x_kernel). The partition is
+// (w12_shared_x_kernel). On sm_90a a shape may instead run 9-64 rows as warpgroup MMAs (w12_wgmma_kernel: the same
+// decoded fragments as wgmma's register A, activations as its shared-memory B). The partition is
 // fixed by (N, K, GPU), never by M: a warp owns an interleaved set of its tile's 128-column chunks; warps of one
 // tile reduce through shared memory in warp order, K splits in split order: within a thread-block cluster through
 // distributed shared memory (sm_90+, up to 4 splits of one tile a warp), else through a workspace. The step
@@ -41,6 +42,7 @@ namespace {
 constexpr int kBlocksPerChunk = 4;  // 4 x 32 columns = one 128-column chunk (the escape bucket width)
 constexpr int kMaxRows = 64;        // rows per launch (up to 8 token tiles of 8)
 constexpr int kMaxWarpsPerBlock = 16;
+constexpr int kMaxWgmmaWarpsPerBlock = 32;  // the warpgroup kernel: 4 x warpgroups x warps_k (barrier ids 1-8)
 constexpr int kMaxClusterSplits = 4;  // K splits reduced in a cluster (more: through the workspace kernel)
 constexpr int kStagedBlockWords = 48;  // 16-byte words a staged 32-column block: 32 view, 16 nibble
 constexpr int kMaxSharedXRing = 8;     // ring slots of the shared-activation kernel
@@ -639,6 +641,199 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
 #endif
 }
 
+// Warpgroup MMA (sm_90a; 9-64 rows): the weights stay the A operand in registers, decoded and patched exactly as
+// above (a warp's m16n8k16 A fragments are its slice of wgmma's register A), and the activations become the B operand,
+// read by the tensor cores from shared memory: no activation registers and no per-warp activation loads. A warpgroup
+// is 4 consecutive tiles of one K class, so each warp still sums its tile's chunks in the partition's order, and a
+// k16 wgmma gives the same bits as four warps' m16n8k16 (the GPU tests compare the two kernels). The warps of a K
+// class (`groups` warpgroups) copy each chunk's activations (MT * 8 token rows x 128 columns) into one of three shared
+// buffers themselves, one chunk ahead, in the K order the weight fragments were permuted to: k-slot 2t + h + 8q of the
+// chunk's k16 step (u, s) is column 32u + 8t + 4s + 2q + h, so each 16-byte global load (8 columns) splits into 4
+// words of 4 rows of B's no-swizzle K-major core matrices (8 token rows x 16 bytes). On the H200 it beat the per-warp
+// kernel at 33-64 rows on 4 of 5 shapes and lost at 9-32 (docs/w12-notes.md, v16): a shape's config says where.
+template <int MT>
+__device__ __forceinline__ void wgmma_step(float (&d)[MT * 4], const uint32_t* a, uint64_t b);
+
+#define W12_WGMMA_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+template <>
+__device__ __forceinline__ void wgmma_step<2>(float (&d)[8], const uint32_t* a, uint64_t b) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, 1, 0;\n\t"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, "
+      "0;\n}"
+      : W12_WGMMA_D4(0), W12_WGMMA_D4(4)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+template <>
+__device__ __forceinline__ void wgmma_step<4>(float (&d)[16], const uint32_t* a, uint64_t b) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, 1, 0;\n\t"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+      "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}"
+      : W12_WGMMA_D4(0), W12_WGMMA_D4(4), W12_WGMMA_D4(8), W12_WGMMA_D4(12)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+template <>
+__device__ __forceinline__ void wgmma_step<8>(float (&d)[32], const uint32_t* a, uint64_t b) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, 1, 0;\n\t"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}"
+      : W12_WGMMA_D4(0), W12_WGMMA_D4(4), W12_WGMMA_D4(8), W12_WGMMA_D4(12), W12_WGMMA_D4(16), W12_WGMMA_D4(20),
+        W12_WGMMA_D4(24), W12_WGMMA_D4(28)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+#undef W12_WGMMA_D4
+
+// Bytes of one k16 step of B in shared memory: [k half q][token group][8 rows][16 bytes], so the descriptor's
+// leading offset (between the two k halves) is MT * 128 and its stride offset (between token groups) 128.
+template <int MT>
+__host__ __device__ constexpr int wgmma_step_bytes() { return MT * 256; }
+
+template <int MT, int LOW_BITS, bool CLUSTER>
+__global__ void w12_wgmma_kernel(W12MmaArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warp_n = warp % args.warps_n;  // warps_n = 4 x warpgroups a K class
+  const int warp_k = warp / args.warps_n;
+  const int tile = blockIdx.x * args.warps_n + warp_n;
+  const int g = lane >> 2;
+  const int tiles = args.n_padded / 16;
+  const int chunks = args.k_padded / 128;
+  const int kblocks = args.k_padded / 32;
+  const int first = blockIdx.y * args.chunks_per_split + warp_k;
+  const int last = min((int)(blockIdx.y + 1) * args.chunks_per_split, chunks);
+  constexpr int kChunkBytes = 8 * wgmma_step_bytes<MT>();
+  const int class_threads = args.warps_n * 32;
+  const int rank = threadIdx.x - warp_k * class_threads;  // this thread's rank among its K class's threads
+  extern __shared__ uint4 shared_words[];
+  const uint32_t buffers = static_cast<uint32_t>(__cvta_generic_to_shared(
+      shared_words + epilogue_words<MT, 1>(args, blockDim.x))) + warp_k * 3 * kChunkBytes;
+
+  float d[MT * 4];
+#pragma unroll
+  for (int i = 0; i < MT * 4; ++i) d[i] = 0.f;
+
+  // A K class has chunks or not as a whole (its warps meet at barriers; the wgmma is collective), so warps past the
+  // last tile run too, repeating it.
+  if (first < last) {
+    const int own = min(tile, tiles - 1);  // past the last tile a warp repeats it and stores nothing
+    const uint32_t base_lo = uint32_t(args.base[own * 16 + g]) * 0x00800080u;
+    const uint32_t base_hi = uint32_t(args.base[own * 16 + g + 8]) * 0x00800080u;
+    const size_t start = ((size_t)own * kblocks + (size_t)first * kBlocksPerChunk) * 32 + lane;
+    const uint4* view_next = reinterpret_cast<const uint4*>(args.view) + start;
+    const uint2* nibs_next = reinterpret_cast<const uint2*>(args.nibbles) + start;
+    EscapeWindow esc;
+    esc.win = args.esc_ptr[own * chunks + first];
+    esc.end = args.esc_ptr[own * chunks + last];
+    if (LOW_BITS == 0) esc.load(args, lane);
+    uint4 v_next[kBlocksPerChunk];
+    uint2 n_next[kBlocksPerChunk];
+    const size_t advance = (size_t)args.warps_k * kBlocksPerChunk * 32;
+    load_step_registers<kBlocksPerChunk, LOW_BITS>(v_next, n_next, view_next, nibs_next);
+    view_next += advance;
+    nibs_next += advance;
+
+    // The chunk's activation pieces this thread copies: piece p = rank + i * class_threads of the chunk's MT * 128
+    // (16 bytes of token row n, block u, 8-column group t): p % 32 gives row n % 8 and group t, p / 32 gives block u
+    // (its low 2 bits) and token group n / 8, so a warp loads 8 rows x 64 bytes and stores to disjoint banks, and the
+    // thread's pieces differ only in token group (groups apart). Rows past m are zeros: their outputs are not stored.
+    const int groups = class_threads / 128;
+    const int rows_group = (rank >> 7) * 8 + ((rank >> 2) & 7);  // token row of piece 0, then + 8 * groups a piece
+    const int piece_u = (rank >> 5) & 3, piece_t = rank & 3;
+    const __nv_bfloat16* x_next = args.x + (size_t)rows_group * args.ldx + (size_t)first * 128 + piece_u * 32 + 8 * piece_t;
+    const uint32_t s_piece = (uint32_t)(2 * piece_u * wgmma_step_bytes<MT>() + (rank >> 7) * 128 +
+                                        ((rank >> 2) & 7) * 16 + 4 * piece_t);
+    uint4 x_staged[MT];
+    auto load_x = [&]() {  // the next chunk's pieces into registers
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const int row = rows_group + 8 * groups * i;
+        x_staged[i] = make_uint4(0, 0, 0, 0);
+        if (8 * groups * i < MT * 8 && row < args.m)
+          x_staged[i] = __ldg(reinterpret_cast<const uint4*>(x_next + (size_t)8 * groups * i * args.ldx));
+      }
+      x_next += args.warps_k * 128;
+    };
+    auto store_x = [&](uint32_t buffer) {  // word w = 2s + q of a piece: step (u, s), k half q
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+        if (8 * groups * i + (rank >> 7) * 8 < MT * 8) {
+          const uint32_t at = buffer + s_piece + groups * i * 128;
+          constexpr uint32_t kHalf = MT * 128, kStep = wgmma_step_bytes<MT>();
+          asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(x_staged[i].x) : "memory");
+          asm volatile("st.shared.u32 [%0], %1;" ::"r"(at + kHalf), "r"(x_staged[i].y) : "memory");
+          asm volatile("st.shared.u32 [%0], %1;" ::"r"(at + kStep), "r"(x_staged[i].z) : "memory");
+          asm volatile("st.shared.u32 [%0], %1;" ::"r"(at + kStep + kHalf), "r"(x_staged[i].w) : "memory");
+        }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, before the tensor cores read them
+    };
+    // Barrier 1 + warp_k, named by constants: a barrier id known only at run time reserves all 16 a block, which
+    // allows only 4 blocks a multiprocessor.
+    auto class_barrier = [&]() {
+      switch (warp_k) {
+#define W12_CLASS_BARRIER(k, id) \
+  case k:                        \
+    asm volatile("bar.sync " #id ", %0;" ::"r"(class_threads) : "memory"); \
+    break;
+        W12_CLASS_BARRIER(0, 1) W12_CLASS_BARRIER(1, 2) W12_CLASS_BARRIER(2, 3) W12_CLASS_BARRIER(3, 4)
+        W12_CLASS_BARRIER(4, 5) W12_CLASS_BARRIER(5, 6) W12_CLASS_BARRIER(6, 7) W12_CLASS_BARRIER(7, 8)
+#undef W12_CLASS_BARRIER
+      }
+    };
+    wait_for_prior_grid();  // the activations may be the previous kernel's output
+    load_x();
+    store_x(buffers);
+    // Three buffers: chunk i + 1's activations go where chunk i - 2's were, whose MMAs every warp of the class waited
+    // for before the barrier of chunk i - 1.
+    int buffer = 0;
+    for (int chunk = first; chunk < last; chunk += args.warps_k) {
+      const bool more = chunk + args.warps_k < last;
+      // Decoded, the chunk's weights leave their registers for the next chunk's loads.
+      uint32_t a[kBlocksPerChunk][8];
+#pragma unroll
+      for (int u = 0; u < kBlocksPerChunk; ++u) decode_block<LOW_BITS>(a[u], v_next[u], n_next[u], base_lo, base_hi);
+      if (LOW_BITS == 0) esc.template patch<kBlocksPerChunk, 11>(a, uint32_t(chunk), 0, args, lane);
+      class_barrier();  // every warp of the class has stored this chunk's activations
+      const uint32_t b = buffers + buffer * kChunkBytes;
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int u = 0; u < kBlocksPerChunk; ++u)
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          const uint32_t at = b + (2 * u + s) * wgmma_step_bytes<MT>();
+          const uint64_t desc = (uint64_t)((at & 0x3FFFF) >> 4) | ((uint64_t)(MT * 128 >> 4) << 16) |
+                                ((uint64_t)(128 >> 4) << 32);
+          wgmma_step<MT>(d, &a[u][4 * s], desc);
+        }
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      buffer = buffer == 2 ? 0 : buffer + 1;
+      if (more) {
+        load_step_registers<kBlocksPerChunk, LOW_BITS>(v_next, n_next, view_next, nibs_next);
+        view_next += advance;
+        nibs_next += advance;
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");  // the A registers are free again
+      // The next chunk's activations, loaded and stored after the MMAs (held across them or the decode, they cost
+      // 26-38 registers: a warp less a sub-partition).
+      if (more) {
+        load_x();
+        store_x(buffers + buffer * kChunkBytes);
+      }
+    }
+  }
+  float acc[1][MT][4];
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[0][j][q] = d[4 * j + q];
+  reduce_and_store<1, MT, CLUSTER>(acc, args, warp, warp_n, warp_k, lane, tile, true);
+#else
+  __trap();  // the host launches warpgroup MMAs on sm_90a only
+#endif
+}
+
 // K splits summed in split order (split 0, then 1, 2, ...: the Triton reduction's order), rounded once.
 __global__ void split_reduce_kernel(const float* partial, __nv_bfloat16* y, int total, int splits) {
   allow_next_grid();  // the next kernel's prologue reads only its weights
@@ -743,11 +938,48 @@ cudaError_t launch_shared_x(const W12MmaArgs& args, W12SharedActivations shared_
                             shared_x.ring);
 }
 
+// The warpgroup kernel's launch: `groups` warpgroups of 4 tiles for each of the partition's K classes a block; each
+// class's two activation buffers after the epilogue's shared memory.
+template <int MT, int LOW_BITS, bool CLUSTER = false>
+cudaError_t launch_wgmma(const W12MmaArgs& args, int groups, cudaStream_t stream) {
+  if constexpr (!CLUSTER) {
+    if (args.cluster_splits > 1) return launch_wgmma<MT, LOW_BITS, true>(args, groups, stream);
+  }
+  W12MmaArgs launched = args;
+  launched.warps_n = 4 * groups;  // which tiles share a block changes no bit
+  const int tiles = args.n_padded / 16;
+  const int chunks = args.k_padded / 128;
+  dim3 grid((tiles + launched.warps_n - 1) / launched.warps_n,
+            (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
+  dim3 block(32 * launched.warps_n * args.warps_k);
+  const size_t smem = (size_t)epilogue_words<MT, 1>(launched, block.x) * 16 +
+                      (size_t)args.warps_k * 3 * 8 * wgmma_step_bytes<MT>();
+  auto kernel = w12_wgmma_kernel<MT, LOW_BITS, CLUSTER>;
+  int resident = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+    cudaGetLastError();  // more shared memory than a block may have: as if no block fitted
+  } else {
+    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, block.x, smem);
+    if (err != cudaSuccess) return err;
+  }
+  if (resident == 0) {  // more registers or shared memory than a multiprocessor has: fewer warpgroups a block, or none
+    if (groups > 1) return launch_wgmma<MT, LOW_BITS, CLUSTER>(args, groups / 2, stream);
+    return cudaErrorNotSupported;  // the caller runs the per-warp kernel instead (the same bits)
+  }
+  return launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, args.cluster_splits, launched);
+}
+
 // The step plans each token-tile count is built with (blocks a step, tiles a warp, weights staged in shared memory
 // up to 16 rows); none changes a bit.
 template <int MT, int LOW_BITS>
 cudaError_t launch_plan(const W12MmaArgs& args, W12SharedActivations shared_x, cudaStream_t stream) {
   const int plan = args.step_blocks * 10 + args.tiles_per_warp;
+  if (shared_x.warpgroups > 0) {  // warpgroup MMAs: 9-64 rows, sm_90a (checked by w12_mma_launch)
+    if constexpr (MT >= 2) {
+      const cudaError_t err = launch_wgmma<MT, LOW_BITS>(args, shared_x.warpgroups, stream);
+      if (err != cudaErrorNotSupported) return err;
+    }
+  }
   if (shared_x.ring > 0) {  // shared activations: 17-32 rows, one tile a warp (checked by w12_mma_launch)
     if constexpr (MT == 4) {
       if (plan == 41) return launch_shared_x<MT, LOW_BITS, 4>(args, shared_x, stream);
@@ -787,6 +1019,9 @@ cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t st
       (args.m <= 16 || args.m > 32 || args.tiles_per_warp != 1 || args.staged_weights || shared_x.ring < 2 ||
        shared_x.ring > kMaxSharedXRing || shared_x.tiles < 1 || shared_x.tiles * args.warps_k > kMaxWarpsPerBlock))
     return cudaErrorInvalidValue;
+  if (shared_x.warpgroups != 0 && (args.m <= 8 || shared_x.ring != 0 || args.staged_weights || shared_x.warpgroups < 0 ||
+                                   4 * shared_x.warpgroups * args.warps_k > kMaxWgmmaWarpsPerBlock))
+    return cudaErrorInvalidValue;
   static thread_local int major_of[16] = {};
   int device = 0;
   cudaError_t status = cudaGetDevice(&device);
@@ -803,6 +1038,7 @@ cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t st
     launched.cluster_splits = splits;
   }
   if (major < 9) shared_x.ring = 0;  // bulk copies and mbarrier transactions: sm_90+ (the same bits without)
+  if (major != 9) shared_x.warpgroups = 0;  // wgmma: sm_90a only (the same bits without)
   const cudaError_t err = low_bits == 0   ? launch_rows<0>(launched, shared_x, stream)
                           : low_bits == 1 ? launch_rows<1>(launched, shared_x, stream)
                                           : launch_rows<2>(launched, shared_x, stream);

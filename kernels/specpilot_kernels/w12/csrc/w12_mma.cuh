@@ -30,6 +30,7 @@ struct W12MmaArgs {
 // several of them (the two-tile 32-row kernel 168 -> 176 registers: a warp less a sub-partition, 20-60% slower).
 struct W12SharedActivations {
   int tiles = 0, ring = 0;
+  int warpgroups = 0;  // 9-64 rows, sm_90a: warpgroup MMAs, this many warpgroups of 4 tiles a K class a block; 0: off
 };
 
 // cudaErrorInvalidValue: m outside 1..64, more than 16 warps per block, or a step plan not built for m's token tiles
