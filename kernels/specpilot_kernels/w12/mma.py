@@ -141,7 +141,7 @@ MAX_STAGED_ROWS = 16
 MAX_SHARED_X_RING = 8
 # sm_90a, 9-64 rows: warpgroup MMAs (wgmma: weights from registers, activations from shared memory), per row range
 # (9-16, 17-32, 33-64) a number of warpgroups of 4 tiles a K class a block (0: per-warp mma.sync). On the H200 it took
-# 5-11% off 48-64 rows on 4 of the 5 shapes and lost at 9-32 rows, so it is per shape, like the plans.
+# 4-11% off 48-64 rows on qkv, o_proj and down, tied on the LM head and lost at 9-32 rows, so it is per shape.
 MAX_WGMMA_WARPS_PER_BLOCK = 32
 
 

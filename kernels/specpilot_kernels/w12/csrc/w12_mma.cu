@@ -198,6 +198,26 @@ struct EscapeWindow {
   }
 };
 
+// Where a warp that owns one tile (`own`) starts, from chunk `first` of its split's [.., last): the exponent bases of
+// its rows g and g + 8 (base << 7 in both lanes), its first fragment words and its escape window over the chunks it
+// reads (empty when first >= last; loaded by the caller).
+struct OneTile {
+  uint32_t base_lo, base_hi;
+  const uint4* view;
+  const uint2* nibs;
+  EscapeWindow esc;
+  __device__ __forceinline__ OneTile(const W12MmaArgs& args, int own, int first, int last, int lane) {
+    const int g = lane >> 2, chunks = args.k_padded / 128;
+    base_lo = uint32_t(args.base[own * 16 + g]) * 0x00800080u;
+    base_hi = uint32_t(args.base[own * 16 + g + 8]) * 0x00800080u;
+    const size_t start = ((size_t)own * (args.k_padded / 32) + (size_t)first * kBlocksPerChunk) * 32 + lane;
+    view = reinterpret_cast<const uint4*>(args.view) + start;
+    nibs = reinterpret_cast<const uint2*>(args.nibbles) + start;
+    esc.win = args.esc_ptr[own * chunks + min(first, chunks)];
+    esc.end = args.esc_ptr[own * chunks + max(first, last)];
+  }
+};
+
 // After the main loop: lets the next kernel in the stream start and waits for the one before (the outputs may be its
 // inputs); the warps of one tile reduce in warp_k order through shared memory, K splits in split order (CLUSTER:
 // within a thread-block cluster, sm_90+; else each split writes its partial sums to args.partial for
@@ -504,7 +524,6 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
   const int g = lane >> 2, t = lane & 3;
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
-  const int kblocks = args.k_padded / 32;
   const bool active = tile < tiles && !producer;
 
   const int pitch = shared_x_pitch(args.warps_k);
@@ -565,15 +584,11 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
     constexpr int kStepsPerChunk = kBlocksPerChunk / kBlocks;
     constexpr int kKeyShift = kStepsPerChunk == 1 ? 11 : 10;
     const int first = first0 + warp_k;
-    const int own = min(tile, tiles - 1);  // past the last tile a warp repeats it and stores nothing
-    const uint32_t base_lo = uint32_t(args.base[own * 16 + g]) * 0x00800080u;
-    const uint32_t base_hi = uint32_t(args.base[own * 16 + g + 8]) * 0x00800080u;
-    const size_t start = ((size_t)own * kblocks + (size_t)first * kBlocksPerChunk) * 32 + lane;
-    const uint4* view_next = reinterpret_cast<const uint4*>(args.view) + start;
-    const uint2* nibs_next = reinterpret_cast<const uint2*>(args.nibbles) + start;
-    EscapeWindow esc;
-    esc.win = args.esc_ptr[own * chunks + min(first, chunks)];
-    esc.end = args.esc_ptr[own * chunks + max(first, last)];
+    const OneTile one(args, min(tile, tiles - 1), first, last, lane);  // past the last tile: repeat it, store nothing
+    const uint32_t base_lo = one.base_lo, base_hi = one.base_hi;
+    const uint4* view_next = one.view;
+    const uint2* nibs_next = one.nibs;
+    EscapeWindow esc = one.esc;
     if (LOW_BITS == 0 && active) esc.load(args, lane);
     uint4 v_next[kBlocks];
     uint2 n_next[kBlocks];
@@ -650,7 +665,8 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
 // buffers themselves, one chunk ahead, in the K order the weight fragments were permuted to: k-slot 2t + h + 8q of the
 // chunk's k16 step (u, s) is column 32u + 8t + 4s + 2q + h, so each 16-byte global load (8 columns) splits into 4
 // words of 4 rows of B's no-swizzle K-major core matrices (8 token rows x 16 bytes). On the H200 it beat the per-warp
-// kernel at 33-64 rows on 4 of 5 shapes and lost at 9-32 (docs/w12-notes.md, v16): a shape's config says where.
+// kernel at 33-64 rows on qkv, o_proj and down, tied on the LM head and lost at 9-32 rows (docs/w12-notes.md, v16): a
+// shape's config says where.
 template <int MT>
 __device__ __forceinline__ void wgmma_step(float (&d)[MT * 4], const uint32_t* a, uint64_t b);
 
@@ -698,10 +714,8 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args) {
   const int warp_n = warp % args.warps_n;  // warps_n = 4 x warpgroups a K class
   const int warp_k = warp / args.warps_n;
   const int tile = blockIdx.x * args.warps_n + warp_n;
-  const int g = lane >> 2;
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
-  const int kblocks = args.k_padded / 32;
   const int first = blockIdx.y * args.chunks_per_split + warp_k;
   const int last = min((int)(blockIdx.y + 1) * args.chunks_per_split, chunks);
   constexpr int kChunkBytes = 8 * wgmma_step_bytes<MT>();
@@ -718,15 +732,11 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args) {
   // A K class has chunks or not as a whole (its warps meet at barriers; the wgmma is collective), so warps past the
   // last tile run too, repeating it.
   if (first < last) {
-    const int own = min(tile, tiles - 1);  // past the last tile a warp repeats it and stores nothing
-    const uint32_t base_lo = uint32_t(args.base[own * 16 + g]) * 0x00800080u;
-    const uint32_t base_hi = uint32_t(args.base[own * 16 + g + 8]) * 0x00800080u;
-    const size_t start = ((size_t)own * kblocks + (size_t)first * kBlocksPerChunk) * 32 + lane;
-    const uint4* view_next = reinterpret_cast<const uint4*>(args.view) + start;
-    const uint2* nibs_next = reinterpret_cast<const uint2*>(args.nibbles) + start;
-    EscapeWindow esc;
-    esc.win = args.esc_ptr[own * chunks + first];
-    esc.end = args.esc_ptr[own * chunks + last];
+    const OneTile one(args, min(tile, tiles - 1), first, last, lane);  // past the last tile: repeat it, store nothing
+    const uint32_t base_lo = one.base_lo, base_hi = one.base_hi;
+    const uint4* view_next = one.view;
+    const uint2* nibs_next = one.nibs;
+    EscapeWindow esc = one.esc;
     if (LOW_BITS == 0) esc.load(args, lane);
     uint4 v_next[kBlocksPerChunk];
     uint2 n_next[kBlocksPerChunk];
