@@ -124,7 +124,8 @@ def correctness(sms: int, variants) -> dict:
                for c in (GemmConfig(64, 2, 4, 3, True), GemmConfig(64, 2, 4, 3, False), GemmConfig(128, 1, 4, 3, True))]
     kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}_p{''.join(map(str, c.plan_32 + c.plan_64))}"
                  f"{f'_staged{c.staged_rows}' if c.staged_rows else ''}"
-                 f"{'_wgmma' + ''.join(map(str, c.wgmma)) if any(c.wgmma) else ''}", lambda x, c=c: w12_mma_gemm(x, mma, config=c))
+                 f"{'_wgmma' + ''.join(map(str, c.wgmma)) if any(c.wgmma) else ''}",
+                 lambda x, c=c: w12_mma_gemm(x, mma, config=c))
                 for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(1, 5, 1, (2, 1)),
                           MmaConfig(2, 2, 1, (2, 2), (2, 2)), MmaConfig(2, 4, 3, staged_rows=16),
                           MmaConfig(1, 8, 2, staged_rows=8), MmaConfig(2, 4, 3, wgmma=(1, 2, 1)))]

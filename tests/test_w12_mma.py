@@ -223,8 +223,8 @@ def test_warpgroup_mmas_outside_what_the_kernel_is_built_for_are_refused():
             MmaConfig(**{"warps_n": 1, "warps_k": 2, **bad})
     config = MmaConfig(1, 2, 1, wgmma=[1, 2, 4])
     assert config.wgmma == (1, 2, 4)
-    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
-        assert [config.warpgroups(m, torch.device("cuda")) for m in (8, 9, 16, 17, 32, 33, 64)] == [0, 1, 1, 2, 2, 4, 4]
+    assert [config.warpgroups(m, (9, 0)) for m in (8, 9, 16, 17, 32, 33, 64)] == [0, 1, 1, 2, 2, 4, 4]
+    assert [config.warpgroups(m, (12, 0)) for m in (9, 32, 64)] == [0, 0, 0]  # sm_120 has no wgmma
 
 
 @pytest.mark.gpu

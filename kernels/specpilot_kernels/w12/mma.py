@@ -202,10 +202,10 @@ class MmaConfig:
         on it)."""
         return self.shared_x_32 if 16 < m <= 32 and self.shared_x_32[1] else (0, 0)
 
-    def warpgroups(self, m: int, device: torch.device) -> int:
-        """Warpgroups a K class a block of a launch of ``m`` rows with warpgroup MMAs (sm_90 only), 0 without (no bit
-        depends on it)."""
-        if m <= 8 or torch.cuda.get_device_capability(device)[0] != 9:
+    def warpgroups(self, m: int, capability: tuple[int, int]) -> int:
+        """Warpgroups a K class a block of a launch of ``m`` rows with warpgroup MMAs on a GPU of this compute
+        capability (sm_90 only), 0 without (no bit depends on it)."""
+        if m <= 8 or capability[0] != 9:
             return 0
         return self.wgmma[0 if m <= 16 else 1 if m <= 32 else 2]
 
@@ -273,8 +273,9 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
     m_total = x.shape[0]
     y = out if out is not None else torch.empty(m_total, n, dtype=torch.bfloat16, device=x.device)
     ext = load_cuda_extension("specpilot_w12_mma", CSRC, ("binding.cpp", "w12_mma.cu"))
+    capability = torch.cuda.get_device_capability(x.device)
     if overlap_prior is None:
-        overlap_prior = torch.cuda.get_device_capability(x.device) >= (9, 0)
+        overlap_prior = capability >= (9, 0)
     overlap = int(overlap_prior)
     code = LOW_BITS_CODES[low_bits]
     rows = MAX_ROWS_PER_LAUNCH
@@ -284,7 +285,7 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
         xm, ym = x[r0:r0 + rows], y[r0:r0 + rows]
         m = xm.shape[0]
         partial = workspace[: splits * m * n]
-        warpgroups = config.warpgroups(m, x.device)  # when on, in place of staged weights or a shared ring
+        warpgroups = config.warpgroups(m, capability)  # when on, in place of staged weights or a shared ring
         ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, ym, partial,
                          n, np_, kp, config.warps_n, config.warps_k, per_split, *config.step_plan(m),
                          int(config.stages_weights(m) and not warpgroups),

@@ -9,8 +9,8 @@ void w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, to
                   torch::Tensor esc_ptr, torch::Tensor esc_loc, torch::Tensor esc_val, torch::Tensor y,
                   torch::Tensor workspace, int64_t n, int64_t n_padded, int64_t k_padded, int64_t warps_n,
                   int64_t warps_k, int64_t chunks_per_split, int64_t step_blocks, int64_t tiles_per_warp,
-                  int64_t staged_weights, int64_t shared_x_tiles, int64_t shared_x_ring, int64_t warpgroups, int64_t overlap_prior,
-                  int64_t low_bits) {
+                  int64_t staged_weights, int64_t shared_x_tiles, int64_t shared_x_ring, int64_t warpgroups,
+                  int64_t overlap_prior, int64_t low_bits) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.stride(1) == 1 && x.size(0) <= 64,
               "w12_mma_gemm: x must be CUDA bf16 [M <= 64, K] with unit column stride");
   TORCH_CHECK(y.scalar_type() == torch::kBFloat16 && y.is_contiguous() && y.size(0) == x.size(0),
@@ -41,7 +41,8 @@ void w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, to
   args.staged_weights = staged_weights;
   args.overlap_prior = overlap_prior;
   const cudaError_t err = w12_mma_launch(args, low_bits, at::cuda::getCurrentCUDAStream(),
-                                         W12SharedActivations{(int)shared_x_tiles, (int)shared_x_ring, (int)warpgroups});
+                                         W12SharedActivations{(int)shared_x_tiles, (int)shared_x_ring,
+                                                              (int)warpgroups});
   if (err != cudaSuccess) cudaGetLastError();  // a refused launch must not fail the next CUDA call as well
   TORCH_CHECK(err == cudaSuccess, "w12_mma_gemm launch failed: ", cudaGetErrorString(err));
 }
