@@ -949,7 +949,7 @@ cudaError_t launch_shared_x(const W12MmaArgs& args, W12SharedActivations shared_
 }
 
 // The warpgroup kernel's launch: `groups` warpgroups of 4 tiles for each of the partition's K classes a block; each
-// class's two activation buffers after the epilogue's shared memory.
+// class's three activation buffers after the epilogue's shared memory.
 template <int MT, int LOW_BITS, bool CLUSTER = false>
 cudaError_t launch_wgmma(const W12MmaArgs& args, int groups, cudaStream_t stream) {
   if constexpr (!CLUSTER) {

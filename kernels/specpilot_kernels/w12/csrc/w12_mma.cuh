@@ -35,6 +35,7 @@ struct W12SharedActivations {
 
 // cudaErrorInvalidValue: m outside 1..64, more than 16 warps per block, or a step plan not built for m's token tiles
 // (staged weights: whole steps of one tile a warp, up to 16 rows; shared activations: one tile a warp, 17-32 rows,
-// 2-8 slots, at most 16 warps besides the producer).
+// 2-8 slots, at most 16 warps besides the producer; warpgroup MMAs: 9-64 rows, neither staged weights nor a ring, at
+// most 32 warps a block). Warpgroup MMAs whose block fits no multiprocessor run as the per-warp kernel (the same bits).
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream,
                            W12SharedActivations shared_x = {});
