@@ -215,6 +215,11 @@ def test_mma_warpgroup_mmas_give_the_same_bits(config):
         for rows in (9, 16, 17, 24, 32, 33, 48, 64):
             assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16),
                                w12_mma_gemm(x[:rows], mma, config=plain, low_bits=low_bits).view(torch.int16)), rows
+    # activations read in place from a wider tensor (row stride 1600, not K): the permute kernel follows the stride
+    wide = torch.randn(64, 1600, device="cuda").bfloat16()[:, :1536]
+    for rows in (12, 32, 40):
+        assert torch.equal(w12_mma_gemm(wide[:rows], mma, config=config).view(torch.int16),
+                           w12_mma_gemm(wide[:rows], mma, config=plain).view(torch.int16)), rows
 
 
 def test_warpgroup_mmas_outside_what_the_kernel_is_built_for_are_refused():

@@ -9,8 +9,8 @@ block, lane l = 4g + t holds rows g and g+8 of both k16 steps, 16 view bytes and
 nibbles a byte, placed so that one byte permute joins each register's view bytes with their nibbles).
 Inside each 32-column block the MMA's k order is permuted so that lane t's activations are columns
 8t .. 8t+7 (one 16-byte load). On sm_90a a shape's config may run 9-64 rows as warpgroup MMAs instead (wgmma, the
-decoded fragments as its register operand, the activations staged in shared memory in the same permuted k order):
-the same bits.
+decoded fragments as its register operand; a small kernel first writes the activations in the same permuted k order,
+and each K class brings a chunk of them into shared memory with one bulk copy): the same bits.
 """
 
 from __future__ import annotations
@@ -140,8 +140,9 @@ MAX_STAGED_ROWS = 16
 # the multi-wave ones (gate_up, LM head), so it is per shape: ``shared_x_32`` = (tiles a block, ring slots).
 MAX_SHARED_X_RING = 8
 # sm_90a, 9-64 rows: warpgroup MMAs (wgmma: weights from registers, activations from shared memory), per row range
-# (9-16, 17-32, 33-64) a number of warpgroups of 4 tiles a K class a block (0: per-warp mma.sync). On the H200 it took
-# 4-11% off 48-64 rows on qkv, o_proj and down, tied on the LM head and lost at 9-32 rows, so it is per shape.
+# (9-16, 17-32, 33-64) a number of warpgroups of 4 tiles a K class a block (0: per-warp mma.sync). On the H200 (v17)
+# it takes 25-32% off 64 rows on every shape and 3-6% off the LM head at 32 rows, and loses at 9-16 rows and on the
+# one-wave grids at 17-32 (4 tiles a warpgroup make too few blocks), so it is per shape and row range.
 MAX_WGMMA_WARPS_PER_BLOCK = 32
 
 
@@ -286,9 +287,12 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
         m = xm.shape[0]
         partial = workspace[: splits * m * n]
         warpgroups = config.warpgroups(m, capability)  # when on, in place of staged weights or a shared ring
+        # warpgroup MMAs: every chunk's activations as wgmma's B image (token rows padded to 16, 32 or 64)
+        x_image = torch.empty((kp // STEP_K) * max(16, 1 << (m - 1).bit_length()) * STEP_K if warpgroups else 0,
+                              dtype=torch.bfloat16, device=x.device)
         ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, ym, partial,
                          n, np_, kp, config.warps_n, config.warps_k, per_split, *config.step_plan(m),
                          int(config.stages_weights(m) and not warpgroups),
-                         *((0, 0) if warpgroups else config.shares_activations(m)), warpgroups, overlap,
+                         *((0, 0) if warpgroups else config.shares_activations(m)), warpgroups, x_image, overlap,
                          code)
     return y

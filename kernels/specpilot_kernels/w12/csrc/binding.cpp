@@ -9,7 +9,7 @@ void w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, to
                   torch::Tensor esc_ptr, torch::Tensor esc_loc, torch::Tensor esc_val, torch::Tensor y,
                   torch::Tensor workspace, int64_t n, int64_t n_padded, int64_t k_padded, int64_t warps_n,
                   int64_t warps_k, int64_t chunks_per_split, int64_t step_blocks, int64_t tiles_per_warp,
-                  int64_t staged_weights, int64_t shared_x_tiles, int64_t shared_x_ring, int64_t warpgroups,
+                  int64_t staged_weights, int64_t shared_x_tiles, int64_t shared_x_ring, int64_t warpgroups, torch::Tensor x_image,
                   int64_t overlap_prior, int64_t low_bits) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.stride(1) == 1 && x.size(0) <= 64,
               "w12_mma_gemm: x must be CUDA bf16 [M <= 64, K] with unit column stride");
@@ -40,9 +40,15 @@ void w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, to
   args.tiles_per_warp = tiles_per_warp;
   args.staged_weights = staged_weights;
   args.overlap_prior = overlap_prior;
-  const cudaError_t err = w12_mma_launch(args, low_bits, at::cuda::getCurrentCUDAStream(),
-                                         W12SharedActivations{(int)shared_x_tiles, (int)shared_x_ring,
-                                                              (int)warpgroups});
+  // warpgroup MMAs: each 128-column chunk's activations as wgmma's B image, (MT * 8 rows) x 256 bytes
+  const int64_t token_rows = x.size(0) <= 8 ? 8 : x.size(0) <= 16 ? 16 : x.size(0) <= 32 ? 32 : 64;
+  TORCH_CHECK(warpgroups == 0 || (x_image.is_cuda() && x_image.nbytes() >= (size_t)(k_padded / 128 * token_rows * 256) &&
+                                  reinterpret_cast<uintptr_t>(x_image.data_ptr()) % 16 == 0),
+              "w12_mma_gemm: warpgroup MMAs need x_image: CUDA memory of ", k_padded / 128 * token_rows * 256,
+              " bytes, 16-byte aligned");
+  W12SharedActivations shared_x{(int)shared_x_tiles, (int)shared_x_ring, (int)warpgroups};
+  shared_x.x_image = warpgroups ? x_image.data_ptr() : nullptr;
+  const cudaError_t err = w12_mma_launch(args, low_bits, at::cuda::getCurrentCUDAStream(), shared_x);
   if (err != cudaSuccess) cudaGetLastError();  // a refused launch must not fail the next CUDA call as well
   TORCH_CHECK(err == cudaSuccess, "w12_mma_gemm launch failed: ", cudaGetErrorString(err));
 }

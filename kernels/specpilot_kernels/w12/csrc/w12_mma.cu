@@ -24,7 +24,8 @@
 // the same bytes in flight without the 24 registers that hold them, so more warps fit a multiprocessor. At 17-32 rows
 // a shape may instead share its activations: a producer warp copies them once per block into a shared-memory ring
 // (w12_shared_x_kernel). On sm_90a a shape may instead run 9-64 rows as warpgroup MMAs (w12_wgmma_kernel: the same
-// decoded fragments as wgmma's register A, activations as its shared-memory B). The partition is
+// decoded fragments as wgmma's register A, activations as its shared-memory B, brought in by bulk copies of the image
+// w12_permute_x_kernel writes first). The partition is
 // fixed by (N, K, GPU), never by M: a warp owns an interleaved set of its tile's 128-column chunks; warps of one
 // tile reduce through shared memory in warp order, K splits in split order: within a thread-block cluster through
 // distributed shared memory (sm_90+, up to 4 splits of one tile a warp), else through a workspace. The step
@@ -42,7 +43,7 @@ namespace {
 constexpr int kBlocksPerChunk = 4;  // 4 x 32 columns = one 128-column chunk (the escape bucket width)
 constexpr int kMaxRows = 64;        // rows per launch (up to 8 token tiles of 8)
 constexpr int kMaxWarpsPerBlock = 16;
-constexpr int kMaxWgmmaWarpsPerBlock = 32;  // the warpgroup kernel: 4 x warpgroups x warps_k (barrier ids 1-8)
+constexpr int kMaxWgmmaWarpsPerBlock = 32;  // the warpgroup kernel: 4 x warpgroups x warps_k (1024 threads)
 constexpr int kMaxClusterSplits = 4;  // K splits reduced in a cluster (more: through the workspace kernel)
 constexpr int kStagedBlockWords = 48;  // 16-byte words a staged 32-column block: 32 view, 16 nibble
 constexpr int kMaxSharedXRing = 8;     // ring slots of the shared-activation kernel
@@ -660,13 +661,15 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
 // above (a warp's m16n8k16 A fragments are its slice of wgmma's register A), and the activations become the B operand,
 // read by the tensor cores from shared memory: no activation registers and no per-warp activation loads. A warpgroup
 // is 4 consecutive tiles of one K class, so each warp still sums its tile's chunks in the partition's order, and a
-// k16 wgmma gives the same bits as four warps' m16n8k16 (the GPU tests compare the two kernels). The warps of a K
-// class (`groups` warpgroups) copy each chunk's activations (MT * 8 token rows x 128 columns) into one of three shared
-// buffers themselves, one chunk ahead, in the K order the weight fragments were permuted to: k-slot 2t + h + 8q of the
-// chunk's k16 step (u, s) is column 32u + 8t + 4s + 2q + h, so each 16-byte global load (8 columns) splits into 4
-// words of 4 rows of B's no-swizzle K-major core matrices (8 token rows x 16 bytes). On the H200 it beat the per-warp
-// kernel at 33-64 rows on qkv, o_proj and down, tied on the LM head and lost at 9-32 rows (docs/w12-notes.md, v16): a
-// shape's config says where.
+// k16 wgmma gives the same bits as four warps' m16n8k16 (the GPU tests compare the two kernels).
+//
+// B must hold the activations in the K order the weight fragments were permuted to (k-slot 2t + h + 8q of the chunk's
+// k16 step (u, s) is column 32u + 8t + 4s + 2q + h), and no bulk or TMA copy permutes 4-byte words. So a small kernel
+// first writes each chunk's activations (MT * 8 token rows, rows past m zero) in exactly the shared-memory image B
+// wants (w12_permute_x_kernel, a few hundred KB), and each K class then brings a chunk in with one bulk copy into a
+// ring of slots (full and empty mbarriers), issued by one thread up to three chunks ahead: no thread stages activations
+// and no warp waits at a barrier for the others. (v16 staged them through every thread's registers and met at a named
+// barrier each chunk: it lost to the per-warp kernel at 9-32 rows; docs/w12-notes.md.)
 template <int MT>
 __device__ __forceinline__ void wgmma_step(float (&d)[MT * 4], const uint32_t* a, uint64_t b);
 
@@ -702,12 +705,39 @@ __device__ __forceinline__ void wgmma_step<8>(float (&d)[32], const uint32_t* a,
 #undef W12_WGMMA_D4
 
 // Bytes of one k16 step of B in shared memory: [k half q][token group][8 rows][16 bytes], so the descriptor's
-// leading offset (between the two k halves) is MT * 128 and its stride offset (between token groups) 128.
+// leading offset (between the two k halves) is MT * 128 and its stride offset (between token groups) 128. A chunk is
+// 8 steps (u, s) in order.
 template <int MT>
 __host__ __device__ constexpr int wgmma_step_bytes() { return MT * 256; }
+template <int MT>
+__host__ __device__ constexpr int wgmma_chunk_bytes() { return 8 * wgmma_step_bytes<MT>(); }
+// Activation slots a K class: chunk i + slots - 1 is copied while chunks i .. i + slots - 2 are read. Four (three
+// slots were ~1% slower), but three at 64 rows, where four of 16 KB a class leave three K classes no room.
+template <int MT>
+__host__ __device__ constexpr int wgmma_slots() { return MT == 8 ? 3 : 4; }
+
+// x [m, ldx] -> each 128-column chunk's B image (wgmma_chunk_bytes<MT>() apiece, rows past m zero). Thread p copies
+// piece p of the chunk's MT * 8 rows x 16 pieces (8 columns 32u + 8t .. + 7 of token row n): its four words go to
+// steps (u, 0) and (u, 1), k halves 0 and 1, k-slots 2t and 2t + 1.
+template <int MT>
+__global__ void w12_permute_x_kernel(const __nv_bfloat16* x, int m, int ldx, int chunks, uint32_t* image) {
+  allow_next_grid();  // the GEMM's prologue reads only its weights
+  wait_for_prior_grid();
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p >= chunks * MT * 8 * 16) return;
+  const int chunk = p / (MT * 8 * 16), n = (p / 16) % (MT * 8), u = (p >> 2) & 3, t = p & 3;
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (n < m) v = __ldg(reinterpret_cast<const uint4*>(x + (size_t)n * ldx + chunk * 128 + u * 32 + 8 * t));
+  constexpr int kHalf = MT * 128, kStep = wgmma_step_bytes<MT>();
+  uint32_t* at = image + ((size_t)chunk * wgmma_chunk_bytes<MT>() + 2 * u * kStep + (n >> 3) * 128 + (n & 7) * 16 + 4 * t) / 4;
+  at[0] = v.x;
+  at[kHalf / 4] = v.y;
+  at[kStep / 4] = v.z;
+  at[(kStep + kHalf) / 4] = v.w;
+}
 
 template <int MT, int LOW_BITS, bool CLUSTER>
-__global__ void w12_wgmma_kernel(W12MmaArgs args) {
+__global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -718,19 +748,31 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args) {
   const int chunks = args.k_padded / 128;
   const int first = blockIdx.y * args.chunks_per_split + warp_k;
   const int last = min((int)(blockIdx.y + 1) * args.chunks_per_split, chunks);
-  constexpr int kChunkBytes = 8 * wgmma_step_bytes<MT>();
-  const int class_threads = args.warps_n * 32;
-  const int rank = threadIdx.x - warp_k * class_threads;  // this thread's rank among its K class's threads
+  constexpr int kChunkBytes = wgmma_chunk_bytes<MT>();
+  constexpr int kWgmmaSlots = wgmma_slots<MT>();
   extern __shared__ uint4 shared_words[];
-  const uint32_t buffers = static_cast<uint32_t>(__cvta_generic_to_shared(
-      shared_words + epilogue_words<MT, 1>(args, blockDim.x))) + warp_k * 3 * kChunkBytes;
+  uint8_t* class_slots = reinterpret_cast<uint8_t*>(shared_words + epilogue_words<MT, 1>(args, blockDim.x));
+  // [warps_k][slots] chunk images, then [warps_k][slots] full and [warps_k][slots] empty mbarriers
+  uint64_t* bars = reinterpret_cast<uint64_t*>(class_slots + (size_t)args.warps_k * kWgmmaSlots * kChunkBytes);
+  const uint32_t slots = static_cast<uint32_t>(__cvta_generic_to_shared(class_slots)) + warp_k * kWgmmaSlots * kChunkBytes;
+  const uint32_t full = static_cast<uint32_t>(__cvta_generic_to_shared(bars)) + warp_k * kWgmmaSlots * 8;
+  const uint32_t empty = full + args.warps_k * kWgmmaSlots * 8;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < args.warps_k * kWgmmaSlots; ++i) {
+      const uint32_t f = static_cast<uint32_t>(__cvta_generic_to_shared(bars + i));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(f) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(f + args.warps_k * kWgmmaSlots * 8),
+                   "r"(args.warps_n) : "memory");  // one arrival a warp of the class
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
 
   float d[MT * 4];
 #pragma unroll
   for (int i = 0; i < MT * 4; ++i) d[i] = 0.f;
 
-  // A K class has chunks or not as a whole (its warps meet at barriers; the wgmma is collective), so warps past the
-  // last tile run too, repeating it.
+  // A K class has chunks or not as a whole (the wgmma is collective), so warps past the last tile run too, repeating it.
   if (first < last) {
     const OneTile one(args, min(tile, tiles - 1), first, last, lane);  // past the last tile: repeat it, store nothing
     const uint32_t base_lo = one.base_lo, base_hi = one.base_hi;
@@ -745,91 +787,60 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args) {
     view_next += advance;
     nibs_next += advance;
 
-    // The chunk's activation pieces this thread copies: piece p = rank + i * class_threads of the chunk's MT * 128
-    // (16 bytes of token row n, block u, 8-column group t): p % 32 gives row n % 8 and group t, p / 32 gives block u
-    // (its low 2 bits) and token group n / 8, so a warp loads 8 rows x 64 bytes and stores to disjoint banks, and the
-    // thread's pieces differ only in token group (groups apart). Rows past m are zeros: their outputs are not stored.
-    const int groups = class_threads / 128;
-    const int rows_group = (rank >> 7) * 8 + ((rank >> 2) & 7);  // token row of piece 0, then + 8 * groups a piece
-    const int piece_u = (rank >> 5) & 3, piece_t = rank & 3;
-    const __nv_bfloat16* x_next = args.x + (size_t)rows_group * args.ldx + (size_t)first * 128 + piece_u * 32 + 8 * piece_t;
-    const uint32_t s_piece = (uint32_t)(2 * piece_u * wgmma_step_bytes<MT>() + (rank >> 7) * 128 +
-                                        ((rank >> 2) & 7) * 16 + 4 * piece_t);
-    uint4 x_staged[MT];
-    auto load_x = [&]() {  // the next chunk's pieces into registers
-#pragma unroll
-      for (int i = 0; i < MT; ++i) {
-        const int row = rows_group + 8 * groups * i;
-        x_staged[i] = make_uint4(0, 0, 0, 0);
-        if (8 * groups * i < MT * 8 && row < args.m)
-          x_staged[i] = __ldg(reinterpret_cast<const uint4*>(x_next + (size_t)8 * groups * i * args.ldx));
-      }
-      x_next += args.warps_k * 128;
+    // The class's copier: its first thread puts chunk i + slots - 1 into the slot of chunk i - 1 once every warp of
+    // the class has released it.
+    const int count = (last - first + args.warps_k - 1) / args.warps_k;
+    const bool copier = threadIdx.x == warp_k * args.warps_n * 32;
+    auto copy_chunk = [&](int i) {
+      const uint32_t slot = i % kWgmmaSlots;
+      asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}"
+                   ::"r"(full + 8 * slot), "r"(kChunkBytes) : "memory");
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                   ::"r"(slots + slot * kChunkBytes), "l"(x_image + (size_t)(first + i * args.warps_k) * (kChunkBytes / 16)),
+                   "r"(kChunkBytes), "r"(full + 8 * slot) : "memory");
     };
-    auto store_x = [&](uint32_t buffer) {  // word w = 2s + q of a piece: step (u, s), k half q
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-        if (8 * groups * i + (rank >> 7) * 8 < MT * 8) {
-          const uint32_t at = buffer + s_piece + groups * i * 128;
-          constexpr uint32_t kHalf = MT * 128, kStep = wgmma_step_bytes<MT>();
-          asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(x_staged[i].x) : "memory");
-          asm volatile("st.shared.u32 [%0], %1;" ::"r"(at + kHalf), "r"(x_staged[i].y) : "memory");
-          asm volatile("st.shared.u32 [%0], %1;" ::"r"(at + kStep), "r"(x_staged[i].z) : "memory");
-          asm volatile("st.shared.u32 [%0], %1;" ::"r"(at + kStep + kHalf), "r"(x_staged[i].w) : "memory");
-        }
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, before the tensor cores read them
-    };
-    // Barrier 1 + warp_k, named by constants: a barrier id known only at run time reserves all 16 a block, which
-    // allows only 4 blocks a multiprocessor.
-    auto class_barrier = [&]() {
-      switch (warp_k) {
-#define W12_CLASS_BARRIER(k, id) \
-  case k:                        \
-    asm volatile("bar.sync " #id ", %0;" ::"r"(class_threads) : "memory"); \
-    break;
-        W12_CLASS_BARRIER(0, 1) W12_CLASS_BARRIER(1, 2) W12_CLASS_BARRIER(2, 3) W12_CLASS_BARRIER(3, 4)
-        W12_CLASS_BARRIER(4, 5) W12_CLASS_BARRIER(5, 6) W12_CLASS_BARRIER(6, 7) W12_CLASS_BARRIER(7, 8)
-#undef W12_CLASS_BARRIER
-      }
-    };
-    wait_for_prior_grid();  // the activations may be the previous kernel's output
-    load_x();
-    store_x(buffers);
-    // Three buffers: chunk i + 1's activations go where chunk i - 2's were, whose MMAs every warp of the class waited
-    // for before the barrier of chunk i - 1.
-    int buffer = 0;
-    for (int chunk = first; chunk < last; chunk += args.warps_k) {
-      const bool more = chunk + args.warps_k < last;
+    if (copier) {
+      wait_for_prior_grid();  // the image is the permute kernel's output
+      for (int i = 0; i < min(count, kWgmmaSlots - 1); ++i) copy_chunk(i);
+    }
+    // Descriptors: the low word holds the step's address >> 4 (slot 0's first step plus the offset, which cannot carry
+    // out of its 14 bits) and the leading offset, the high word the stride offset.
+    const uint32_t desc_lo0 = ((slots & 0x3FFFF) >> 4) | ((MT * 128 >> 4) << 16);
+    constexpr uint64_t kDescHi = (uint64_t)(128 >> 4) << 32;
+    uint32_t slot = 0, phase = 0;
+    for (int i = 0; i < count; ++i) {
+      const int chunk = first + i * args.warps_k;
+      const bool more = i + 1 < count;
       // Decoded, the chunk's weights leave their registers for the next chunk's loads.
       uint32_t a[kBlocksPerChunk][8];
 #pragma unroll
       for (int u = 0; u < kBlocksPerChunk; ++u) decode_block<LOW_BITS>(a[u], v_next[u], n_next[u], base_lo, base_hi);
       if (LOW_BITS == 0) esc.template patch<kBlocksPerChunk, 11>(a, uint32_t(chunk), 0, args, lane);
-      class_barrier();  // every warp of the class has stored this chunk's activations
-      const uint32_t b = buffers + buffer * kChunkBytes;
+      mbarrier_wait(full + 8 * slot, phase);  // the chunk's activations have landed
+      const uint32_t desc_lo = desc_lo0 + slot * (kChunkBytes >> 4);
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
       for (int u = 0; u < kBlocksPerChunk; ++u)
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          const uint32_t at = b + (2 * u + s) * wgmma_step_bytes<MT>();
-          const uint64_t desc = (uint64_t)((at & 0x3FFFF) >> 4) | ((uint64_t)(MT * 128 >> 4) << 16) |
-                                ((uint64_t)(128 >> 4) << 32);
-          wgmma_step<MT>(d, &a[u][4 * s], desc);
-        }
+        for (int s = 0; s < 2; ++s)
+          wgmma_step<MT>(d, &a[u][4 * s], kDescHi | (desc_lo + (2 * u + s) * (wgmma_step_bytes<MT>() >> 4)));
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      buffer = buffer == 2 ? 0 : buffer + 1;
       if (more) {
         load_step_registers<kBlocksPerChunk, LOW_BITS>(v_next, n_next, view_next, nibs_next);
         view_next += advance;
         nibs_next += advance;
       }
-      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");  // the A registers are free again
-      // The next chunk's activations, loaded and stored after the MMAs (held across them or the decode, they cost
-      // 26-38 registers: a warp less a sub-partition).
-      if (more) {
-        load_x();
-        store_x(buffers + buffer * kChunkBytes);
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");  // the A registers and the slot are free again
+      __syncwarp();
+      if (lane == 0) asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.shared::cta.b64 state, [%0];\n}"
+                                  ::"r"(empty + 8 * slot) : "memory");
+      if (copier && i + kWgmmaSlots - 1 < count) {
+        if (i >= 1) mbarrier_wait(empty + 8 * ((i - 1) % kWgmmaSlots), ((i - 1) / kWgmmaSlots) & 1);
+        copy_chunk(i + kWgmmaSlots - 1);
+      }
+      if (++slot == kWgmmaSlots) {
+        slot = 0;
+        phase ^= 1;
       }
     }
   }
@@ -880,6 +891,56 @@ cudaError_t launch_overlapping(Kernel kernel, dim3 grid, dim3 block, size_t smem
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
+// Blocks of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory) that fit a multiprocessor of the
+// current device, 0 when none does (more shared memory than a block may have counts as none). Asked of the runtime
+// once per kernel, device and block shape: the query cost 0.2-0.4 us of an eager call's ~10 us of host time on the
+// H200. The kernel's dynamic shared-memory limit only ever rises, to the largest size asked for, so a smaller size
+// asked later cannot refuse a larger launch whose answer is already known.
+cudaError_t resident_blocks(const void* kernel, int threads, size_t smem, int* resident) {
+  struct Shape {
+    const void* kernel;
+    int device, threads;
+    size_t smem;
+    int resident;
+  };
+  struct Limit {
+    const void* kernel;
+    int device;
+    size_t smem;
+  };
+  static thread_local Shape known[64];
+  static thread_local int known_count = 0;
+  static thread_local Limit limits[64];
+  static thread_local int limit_count = 0;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  for (int i = 0; i < min(known_count, 64); ++i)
+    if (known[i].kernel == kernel && known[i].device == device && known[i].threads == threads && known[i].smem == smem) {
+      *resident = known[i].resident;
+      return cudaSuccess;
+    }
+  Limit* limit = nullptr;
+  for (int i = 0; i < min(limit_count, 64); ++i)
+    if (limits[i].kernel == kernel && limits[i].device == device) limit = &limits[i];
+  if (!limit) {
+    limit = &limits[limit_count++ % 64];
+    *limit = {kernel, device, 48 * 1024};
+  }
+  *resident = 0;
+  if (smem > limit->smem) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+      cudaGetLastError();  // more than a block may have: no block fits (not remembered: the limit stays as it was)
+      return cudaSuccess;
+    }
+    limit->smem = smem;
+  }
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(resident, kernel, threads, smem);
+  if (err != cudaSuccess) return err;
+  known[known_count++ % 64] = {kernel, device, threads, smem, *resident};
+  return cudaSuccess;
+}
+
 template <int MT, int LOW_BITS, int STEP_BLOCKS, int TP, bool STAGED, bool CLUSTER = false>
 cudaError_t launch(const W12MmaArgs& args, cudaStream_t stream) {
   if constexpr (TP == 1 && !CLUSTER) {  // one tile a warp: K splits may meet in a cluster
@@ -894,29 +955,9 @@ cudaError_t launch(const W12MmaArgs& args, cudaStream_t stream) {
   const size_t smem = (size_t)epilogue_words<MT, TP>(args, block.x) * 16 +
                       (STAGED ? (size_t)(block.x / 32) * 2 * TP * STEP_BLOCKS * kStagedBlockWords * 16 : 0);
   auto kernel = w12_mma_kernel<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED, CLUSTER>;
-  // Blocks of this shape that fit a multiprocessor: asked of the runtime once per device and block shape (the
-  // query cost 0.2-0.4 us of an eager call's ~10 us of host time on the H200).
-  struct Shape {
-    int device, threads;
-    size_t smem;
-    int resident;
-  };
-  static thread_local Shape known[8];
-  static thread_local int known_count = 0;
-  int device = 0, resident = -1;
-  cudaError_t err = cudaGetDevice(&device);
+  int resident = 0;
+  const cudaError_t err = resident_blocks(reinterpret_cast<const void*>(kernel), block.x, smem, &resident);
   if (err != cudaSuccess) return err;
-  for (int i = 0; i < min(known_count, 8); ++i)
-    if (known[i].device == device && known[i].threads == (int)block.x && known[i].smem == smem) resident = known[i].resident;
-  if (resident < 0) {
-    if (smem > 48 * 1024) {  // the in-block reduction of 16 warps x 64 rows needs 64 KB (sm_120 allows 99 KB)
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-      if (err != cudaSuccess) return err;
-    }
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, block.x, smem);
-    if (err != cudaSuccess) return err;
-    known[known_count++ % 8] = {device, (int)block.x, smem, resident};
-  }
   if (resident == 0 && args.warps_n > 1) {  // registers for fewer warps than the block: fewer tiles a block
     W12MmaArgs fewer = args;                // (which tiles share a block changes no bit)
     fewer.warps_n = args.warps_n / 2;
@@ -942,18 +983,21 @@ cudaError_t launch_shared_x(const W12MmaArgs& args, W12SharedActivations shared_
   const size_t smem = (size_t)epilogue_words<MT, 1>(launched, block.x) * 16 +
                       (size_t)shared_x.ring * (MT * 8 * shared_x_pitch(args.warps_k) + 12);
   auto kernel = w12_shared_x_kernel<MT, LOW_BITS, STEP_BLOCKS, CLUSTER>;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  int resident = 0;
+  const cudaError_t err = resident_blocks(reinterpret_cast<const void*>(kernel), block.x, smem, &resident);
   if (err != cudaSuccess) return err;
+  if (resident == 0) return cudaErrorLaunchOutOfResources;  // a ring or block too large for a multiprocessor
   return launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, args.cluster_splits, launched,
                             shared_x.ring);
 }
 
 // The warpgroup kernel's launch: `groups` warpgroups of 4 tiles for each of the partition's K classes a block; each
-// class's three activation buffers after the epilogue's shared memory.
+// class's activation slots and their mbarriers after the epilogue's shared memory. The permute kernel writes the
+// chunks' B images to `x_image` first.
 template <int MT, int LOW_BITS, bool CLUSTER = false>
-cudaError_t launch_wgmma(const W12MmaArgs& args, int groups, cudaStream_t stream) {
+cudaError_t launch_wgmma(const W12MmaArgs& args, int groups, void* x_image, cudaStream_t stream) {
   if constexpr (!CLUSTER) {
-    if (args.cluster_splits > 1) return launch_wgmma<MT, LOW_BITS, true>(args, groups, stream);
+    if (args.cluster_splits > 1) return launch_wgmma<MT, LOW_BITS, true>(args, groups, x_image, stream);
   }
   W12MmaArgs launched = args;
   launched.warps_n = 4 * groups;  // which tiles share a block changes no bit
@@ -963,20 +1007,21 @@ cudaError_t launch_wgmma(const W12MmaArgs& args, int groups, cudaStream_t stream
             (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
   dim3 block(32 * launched.warps_n * args.warps_k);
   const size_t smem = (size_t)epilogue_words<MT, 1>(launched, block.x) * 16 +
-                      (size_t)args.warps_k * 3 * 8 * wgmma_step_bytes<MT>();
+                      (size_t)args.warps_k * wgmma_slots<MT>() * (wgmma_chunk_bytes<MT>() + 16);
   auto kernel = w12_wgmma_kernel<MT, LOW_BITS, CLUSTER>;
   int resident = 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
-    cudaGetLastError();  // more shared memory than a block may have: as if no block fitted
-  } else {
-    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, block.x, smem);
-    if (err != cudaSuccess) return err;
-  }
+  cudaError_t err = resident_blocks(reinterpret_cast<const void*>(kernel), block.x, smem, &resident);
+  if (err != cudaSuccess) return err;
   if (resident == 0) {  // more registers or shared memory than a multiprocessor has: fewer warpgroups a block, or none
-    if (groups > 1) return launch_wgmma<MT, LOW_BITS, CLUSTER>(args, groups / 2, stream);
+    if (groups > 1) return launch_wgmma<MT, LOW_BITS, CLUSTER>(args, groups / 2, x_image, stream);
     return cudaErrorNotSupported;  // the caller runs the per-warp kernel instead (the same bits)
   }
-  return launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, args.cluster_splits, launched);
+  const int pieces = chunks * MT * 8 * 16;
+  err = launch_overlapping(w12_permute_x_kernel<MT>, dim3((pieces + 255) / 256), dim3(256), 0, stream,
+                           args.overlap_prior, 1, args.x, args.m, args.ldx, chunks, static_cast<uint32_t*>(x_image));
+  if (err != cudaSuccess) return err;
+  return launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, args.cluster_splits, launched,
+                            static_cast<const uint4*>(x_image));
 }
 
 // The step plans each token-tile count is built with (blocks a step, tiles a warp, weights staged in shared memory
@@ -986,7 +1031,7 @@ cudaError_t launch_plan(const W12MmaArgs& args, W12SharedActivations shared_x, c
   const int plan = args.step_blocks * 10 + args.tiles_per_warp;
   if (shared_x.warpgroups > 0) {  // warpgroup MMAs: 9-64 rows, sm_90a (checked by w12_mma_launch)
     if constexpr (MT >= 2) {
-      const cudaError_t err = launch_wgmma<MT, LOW_BITS>(args, shared_x.warpgroups, stream);
+      const cudaError_t err = launch_wgmma<MT, LOW_BITS>(args, shared_x.warpgroups, shared_x.x_image, stream);
       if (err != cudaErrorNotSupported) return err;
     }
   }
@@ -1030,7 +1075,7 @@ cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t st
        shared_x.ring > kMaxSharedXRing || shared_x.tiles < 1 || shared_x.tiles * args.warps_k > kMaxWarpsPerBlock))
     return cudaErrorInvalidValue;
   if (shared_x.warpgroups != 0 && (args.m <= 8 || shared_x.ring != 0 || args.staged_weights || shared_x.warpgroups < 0 ||
-                                   4 * shared_x.warpgroups * args.warps_k > kMaxWgmmaWarpsPerBlock))
+                                   4 * shared_x.warpgroups * args.warps_k > kMaxWgmmaWarpsPerBlock || !shared_x.x_image))
     return cudaErrorInvalidValue;
   static thread_local int major_of[16] = {};
   int device = 0;

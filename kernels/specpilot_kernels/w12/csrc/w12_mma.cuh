@@ -31,11 +31,14 @@ struct W12MmaArgs {
 struct W12SharedActivations {
   int tiles = 0, ring = 0;
   int warpgroups = 0;  // 9-64 rows, sm_90a: warpgroup MMAs, this many warpgroups of 4 tiles a K class a block; 0: off
+  void* x_image = nullptr;  // warpgroup MMAs: device memory for every chunk's B image, k_padded / 128 x MT x 2 KB
+                            // (MT = 2, 4 or 8 token tiles for up to 16, 32 or 64 rows), 16-byte aligned
 };
 
 // cudaErrorInvalidValue: m outside 1..64, more than 16 warps per block, or a step plan not built for m's token tiles
 // (staged weights: whole steps of one tile a warp, up to 16 rows; shared activations: one tile a warp, 17-32 rows,
 // 2-8 slots, at most 16 warps besides the producer; warpgroup MMAs: 9-64 rows, neither staged weights nor a ring, at
-// most 32 warps a block). Warpgroup MMAs whose block fits no multiprocessor run as the per-warp kernel (the same bits).
+// most 32 warps a block, an x_image). Warpgroup MMAs whose block fits no multiprocessor run as the per-warp kernel (the
+// same bits); cudaErrorLaunchOutOfResources: a shared-activation block that fits no multiprocessor.
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream,
                            W12SharedActivations shared_x = {});
