@@ -923,9 +923,12 @@ cudaError_t resident_blocks(const void* kernel, int threads, size_t smem, int* r
   Limit* limit = nullptr;
   for (int i = 0; i < min(limit_count, 64); ++i)
     if (limits[i].kernel == kernel && limits[i].device == device) limit = &limits[i];
-  if (!limit) {
+  if (!limit) {  // the kernel's limit as the runtime has it (an entry pushed out of the table may have raised it)
+    cudaFuncAttributes attributes;
+    err = cudaFuncGetAttributes(&attributes, kernel);
+    if (err != cudaSuccess) return err;
     limit = &limits[limit_count++ % 64];
-    *limit = {kernel, device, 48 * 1024};
+    *limit = {kernel, device, (size_t)attributes.maxDynamicSharedSizeBytes};
   }
   *resident = 0;
   if (smem > limit->smem) {
