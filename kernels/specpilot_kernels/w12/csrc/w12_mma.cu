@@ -508,6 +508,27 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t phase) {
       "@!done bra W12_WAIT_%=;\n}" ::"r"(bar), "r"(phase) : "memory");
 }
 
+// The mbarrier at shared address `bar` completes a phase after `count` arrivals (and any bytes expected of them).
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.shared::cta.b64 state, [%0];\n}" ::"r"(bar) : "memory");
+}
+
+// One arrival that also makes the phase wait for `bytes` more bytes of bulk copies completing on `bar`.
+__device__ __forceinline__ void mbarrier_arrive_expecting(uint32_t bar, uint32_t bytes) {
+  asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}" ::"r"(bar),
+               "r"(bytes) : "memory");
+}
+
+// `bytes` (a multiple of 16) from global `src` to shared `dst` by the copy engine, completing on mbarrier `bar`.
+__device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
 // Bytes of a ring slot's token row: rows g and g + 1 start 64 bytes apart modulo 128, so a quarter-warp's 16-byte
 // loads (two rows, 64 bytes each) fall on disjoint banks.
 __host__ __device__ __forceinline__ int shared_x_pitch(int warps_k) { return warps_k * 256 + 64; }
@@ -540,7 +561,7 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
   const int rounds = (last - first0 + args.warps_k - 1) / args.warps_k;
   if (threadIdx.x == 0) {
     for (int s = 0; s < ring; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(full_s + 8 * s) : "memory");
+      mbarrier_init(full_s + 8 * s, 1);
       released[s] = 0;
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -569,14 +590,11 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
       const int c0 = first0 + r * args.warps_k;
       const uint32_t row_bytes = (uint32_t)min(args.warps_k, last - c0) * 256;
       const uint32_t bar = full_s + 8 * slot;
-      if (lane == 0)
-        asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}" ::"r"(bar),
-                     "r"(row_bytes * MT * 8) : "memory");
+      if (lane == 0) mbarrier_arrive_expecting(bar, row_bytes * MT * 8);
       __syncwarp();
       for (int row = lane; row < MT * 8; row += 32) {
         const __nv_bfloat16* src = args.x + (size_t)min(row, args.m - 1) * args.ldx + (size_t)c0 * 128;
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"(ring_s + slot * slot_bytes + row * pitch), "l"(src), "r"(row_bytes), "r"(bar) : "memory");
+        bulk_copy_to_shared(ring_s + slot * slot_bytes + row * pitch, src, row_bytes, bar);
       }
     }
   } else {
@@ -760,9 +778,8 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
   if (threadIdx.x == 0) {
     for (int i = 0; i < args.warps_k * kWgmmaSlots; ++i) {
       const uint32_t f = static_cast<uint32_t>(__cvta_generic_to_shared(bars + i));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(f) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(f + args.warps_k * kWgmmaSlots * 8),
-                   "r"(args.warps_n) : "memory");  // one arrival a warp of the class
+      mbarrier_init(f, 1);
+      mbarrier_init(f + args.warps_k * kWgmmaSlots * 8, args.warps_n);  // one arrival a warp of the class
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -793,11 +810,9 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
     const bool copier = threadIdx.x == warp_k * args.warps_n * 32;
     auto copy_chunk = [&](int i) {
       const uint32_t slot = i % kWgmmaSlots;
-      asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}"
-                   ::"r"(full + 8 * slot), "r"(kChunkBytes) : "memory");
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                   ::"r"(slots + slot * kChunkBytes), "l"(x_image + (size_t)(first + i * args.warps_k) * (kChunkBytes / 16)),
-                   "r"(kChunkBytes), "r"(full + 8 * slot) : "memory");
+      mbarrier_arrive_expecting(full + 8 * slot, kChunkBytes);
+      bulk_copy_to_shared(slots + slot * kChunkBytes, x_image + (size_t)(first + i * args.warps_k) * (kChunkBytes / 16),
+                          kChunkBytes, full + 8 * slot);
     };
     if (copier) {
       wait_for_prior_grid();  // the image is the permute kernel's output
@@ -832,8 +847,7 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
       }
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");  // the A registers and the slot are free again
       __syncwarp();
-      if (lane == 0) asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.shared::cta.b64 state, [%0];\n}"
-                                  ::"r"(empty + 8 * slot) : "memory");
+      if (lane == 0) mbarrier_arrive(empty + 8 * slot);
       if (copier && i + kWgmmaSlots - 1 < count) {
         if (i >= 1) mbarrier_wait(empty + 8 * ((i - 1) % kWgmmaSlots), ((i - 1) / kWgmmaSlots) & 1);
         copy_chunk(i + kWgmmaSlots - 1);
