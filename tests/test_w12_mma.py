@@ -233,18 +233,19 @@ def test_warpgroup_mmas_outside_what_the_kernel_is_built_for_are_refused():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("staged_rows", [0, 16])
-def test_mma_overlapped_launches_wait_for_the_kernel_before(staged_rows):
+@pytest.mark.parametrize("config", [MmaConfig(2, 4, 3, (2, 1)), MmaConfig(2, 4, 3, (2, 1), staged_rows=16),
+                                    MmaConfig(2, 4, 3, (2, 1), wgmma=(1, 1, 1), tail_rows=512, tail=(1, 8, 1))], ids=str)
+def test_mma_overlapped_launches_wait_for_the_kernel_before(config):
     # a chain where each product is the next one's input (square weight): launched to overlap the kernel before
-    # (programmatic dependent launch), each must still read its input only once the previous one has written it
+    # (programmatic dependent launch), each must still read its input only once the previous one has written it;
+    # with a tail, the next product's first region waits for both of the previous one's regions
     mma = to_mma_layout(encode(weight(n=1536, k=1536, device="cuda")))
     x0 = torch.randn(32, 1536, device="cuda").bfloat16()
 
     def chain(overlap, rows, links=12):
         ys = [x0[:rows]]
         for _ in range(links):
-            ys.append(w12_mma_gemm(ys[-1], mma, config=MmaConfig(2, 4, 3, (2, 1), staged_rows=staged_rows),
-                                   overlap_prior=overlap))
+            ys.append(w12_mma_gemm(ys[-1], mma, config=config, overlap_prior=overlap))
         return torch.stack(ys).view(torch.int16)
 
     for rows in (1, 16, 32):
@@ -265,6 +266,78 @@ def test_step_plans_outside_the_built_set_are_refused():
     with pytest.raises(W12Error, match="staged_rows"):
         MmaConfig(staged_rows=17)
     assert [MmaConfig(staged_rows=8).stages_weights(m) for m in (1, 8, 9)] == [True, True, False]
+
+
+def test_row_regions_are_views_of_the_weight():
+    w = weight(n=1024, k=300)
+    w[1000:1010, 10:20] = 0.0  # escapes in the tail's tiles
+    mma = to_mma_layout(encode(w))
+    view, low = planes_from_mma_layout(mma)
+    for first, end in ((0, 768), (768, 1024), (16, 32)):
+        region = mma.rows(first, end)
+        assert region.shape == (end - first, 300) and region.view.data_ptr() == mma.view[first // 16].data_ptr()
+        region_view, region_low = planes_from_mma_layout(region)
+        assert torch.equal(region_view, view[first:end]) and torch.equal(region_low, low[first:end])
+        # the escape offsets stay absolute: bucket (tile t, chunk c) of the region is bucket (first // 16 + t, c)
+        chunks = mma.padded_shape[1] // 128
+        assert torch.equal(region.esc_ptr, mma.esc_ptr[first // 16 * chunks:end // 16 * chunks + 1])
+        assert region.esc_loc is mma.esc_loc
+    for first, end in ((8, 64), (0, 1000), (512, 512), (0, 1040)):
+        with pytest.raises(W12Error, match="16-row tile"):
+            mma.rows(first, end)
+
+
+def test_tails_partition_the_last_rows_and_keep_the_rest_of_the_config():
+    config = MmaConfig(1, 2, 1, (4, 1), (4, 1), staged_rows=8, shared_x_32=(6, 4), wgmma=(0, 2, 2), tail_rows=1024,
+                       tail=[1, 8, 1])
+    (a, b, first), (c, d, tail) = config.regions(34816)
+    assert (a, b, c, d) == (0, 33792, 33792, 34816)
+    assert first == MmaConfig(1, 2, 1, (4, 1), (4, 1), staged_rows=8, shared_x_32=(6, 4), wgmma=(0, 2, 2))
+    # 8 K classes: 1 warpgroup a class fills a block; activations read warp by warp
+    assert tail == MmaConfig(1, 8, 1, (4, 1), (4, 1), staged_rows=8, wgmma=(0, 1, 1))
+    assert MmaConfig(1, 2, 1).regions(100) == [(0, 100, MmaConfig(1, 2, 1))]
+    for bad in (dict(tail_rows=1000, tail=(1, 8, 1)), dict(tail_rows=16), dict(tail=(1, 2, 1)),
+                dict(tail_rows=16, tail=(4, 8, 1)), dict(tail_rows=16, tail=(1, 0, 1))):
+        with pytest.raises(W12Error, match="tail"):
+            MmaConfig(**bad)
+    for n in (1024, 1000):  # no first region; N not whole tiles
+        with pytest.raises(W12Error, match="tail_rows"):
+            MmaConfig(tail_rows=1024, tail=(1, 8, 1)).regions(n)
+
+
+# (first region's partition, tail): K splits in a cluster (2) and through the workspace (6, and two tiles a warp at
+# 33-64 rows), warpgroup MMAs in both regions, shared activations
+TAIL_CONFIGS = [MmaConfig(2, 4, 3, tail_rows=256, tail=(1, 8, 1)),
+                MmaConfig(4, 1, 1, (2, 2), (2, 2), tail_rows=512, tail=(1, 4, 2)),
+                MmaConfig(1, 2, 1, staged_rows=8, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 2, 6)),
+                MmaConfig(1, 3, 1, shared_x_32=(5, 4), tail_rows=768, tail=(4, 1, 2))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", TAIL_CONFIGS, ids=str)
+def test_mma_row_regions_sum_each_row_with_its_regions_partition(config):
+    # two launches (the tail right behind the first region, reading x without waiting for it): each row's bits are
+    # those of its region's partition launched over the whole weight, at every row count, escapes and the Q pass
+    # included, in eager calls and replayed from a CUDA graph
+    w = weight(n=1024, k=1536, device="cuda")
+    w[992:1008, 256:900] = 0.0  # a tail tile with more escapes than a window
+    mma = to_mma_layout(encode(w))
+    (_, split, first), (_, _, tail) = config.regions(1024)
+    x = torch.randn(70, 1536, device="cuda").bfloat16()
+    for low_bits in ("exact", "midpoint"):
+        for rows in (1, 9, 16, 17, 32, 33, 64, 70):
+            y = w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16)
+            head = w12_mma_gemm(x[:rows], mma, config=first, low_bits=low_bits).view(torch.int16)[:, :split]
+            rest = w12_mma_gemm(x[:rows], mma, config=tail, low_bits=low_bits).view(torch.int16)[:, split:]
+            assert torch.equal(y, torch.cat((head, rest), dim=1)), (low_bits, rows)
+            assert torch.equal(y[:1], w12_mma_gemm(x[:1], mma, config=config, low_bits=low_bits).view(torch.int16))
+    expected = w12_mma_gemm(x[:32], mma, config=config)
+    out = torch.empty_like(expected)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w12_mma_gemm(x[:32], mma, config=config, out=out)
+    graph.replay()
+    assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
 
 
 @pytest.mark.gpu

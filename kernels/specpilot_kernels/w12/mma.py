@@ -16,7 +16,7 @@ and each K class brings a chunk of them into shared memory with one bulk copy): 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from .format import STEP_K, W12Error, W12Tensor, escape_positions, nibbles_from_
 CSRC = Path(__file__).with_name("csrc")
 LOW_BITS_CODES = {"exact": 0, "truncated": 1, "midpoint": 2}
 MAX_ROWS_PER_LAUNCH = 64  # eight token tiles of 8 (csrc/w12_mma.cu)
+MAX_WARPS_PER_BLOCK = 16  # of the per-warp kernels (the warpgroup kernel: MAX_WGMMA_WARPS_PER_BLOCK)
 
 
 def _fragment_index(device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,6 +72,19 @@ class W12MmaTensor:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.view, self.nibbles, self.base, self.esc_ptr,
                                                            self.esc_loc, self.esc_val))
+
+    def rows(self, first: int, end: int) -> W12MmaTensor:
+        """Rows ``first`` .. ``end`` of W (multiples of 16, or ``end`` = N): views of the planes, no copy. The escape
+        offsets stay absolute, so the escape lists are shared whole."""
+        n, k = self.shape
+        if first % 16 or not 0 <= first < end <= n or (end % 16 and end != n):
+            raise W12Error(f"rows {first}..{end} of a W12 weight with {n} rows: a region starts on a 16-row tile and "
+                           "ends on one or at N", where="W12MmaTensor.rows", fix="use multiples of 16")
+        t0, t1 = first // 16, -(-end // 16)
+        chunks = self.padded_shape[1] // STEP_K
+        return W12MmaTensor((end - first, k), (16 * (t1 - t0), self.padded_shape[1]), self.view[t0:t1],
+                            self.nibbles[t0:t1], self.base[first:16 * t1], self.esc_ptr[t0 * chunks:t1 * chunks + 1],
+                            self.esc_loc, self.esc_val)
 
 
 def to_mma_layout(w12: W12Tensor) -> W12MmaTensor:
@@ -144,6 +158,13 @@ MAX_SHARED_X_RING = 8
 # it takes 25-32% off 64 rows on every shape and 3-6% off the LM head at 32 rows, and loses at 9-16 rows and on the
 # one-wave grids at 17-32 (4 tiles a warpgroup make too few blocks), so it is per shape and row range.
 MAX_WGMMA_WARPS_PER_BLOCK = 32
+# Row regions: a grid whose blocks run in rounds (all resident at once, all as long) and end a little way into a last
+# round leaves most multiprocessors idle there: gate_up at 16 rows is 2.06 rounds of 16 warps a multiprocessor, so its
+# last 64 tiles ran alone for ~13 of 80 us. A shape's partition may therefore give its last rows (``tail_rows``) a
+# partition of their own with shorter K chains (more K classes or splits), launched right after the first region; the
+# first region lets it start once all its blocks have waited for x, so the tail's blocks fill the multiprocessors the
+# first region's last round leaves (programmatic dependent launch, sm_90+; elsewhere one after the other). Which
+# partition sums a row is fixed by (N, K, GPU), so its bits are still the same at every row count.
 
 
 @dataclass(frozen=True)
@@ -162,6 +183,10 @@ class MmaConfig:
     shared_x_32: tuple[int, int] = (0, 0)  # 17-32 rows: (tiles a block, ring slots) of shared activations; 0: off
     # 9-16, 17-32 and 33-64 rows: warpgroups a K class a block of warpgroup MMAs (0: per-warp mma.sync)
     wgmma: tuple[int, int, int] = (0, 0, 0)
+    # the last ``tail_rows`` rows of W as a second row region partitioned by ``tail`` = (warps_n, warps_k, splits),
+    # everything else as above (row regions, above); 0: one region
+    tail_rows: int = 0
+    tail: tuple[int, int, int] = (0, 0, 0)
 
     def __post_init__(self):
         if not 0 <= self.staged_rows <= MAX_STAGED_ROWS:
@@ -179,12 +204,36 @@ class MmaConfig:
             raise W12Error(f"wgmma={self.wgmma} with warps_k={self.warps_k}: warpgroups a K class a block at 9-16, "
                            f"17-32 and 33-64 rows, each 0 (off) or with 4 x warpgroups x warps_k <= {MAX_WGMMA_WARPS_PER_BLOCK}"
                            " warps", where="MmaConfig.wgmma", fix="use e.g. (0, 0, 1) or fewer warpgroups")
+        object.__setattr__(self, "tail", tuple(self.tail))
+        warps_n, warps_k, splits = self.tail if len(self.tail) == 3 else (-1, -1, -1)
+        one_region = self.tail_rows == 0 and self.tail == (0, 0, 0)
+        if not one_region and not (self.tail_rows > 0 and self.tail_rows % 16 == 0 and min(warps_n, warps_k, splits) >= 1
+                                   and warps_n * warps_k <= MAX_WARPS_PER_BLOCK):
+            raise W12Error(f"tail_rows={self.tail_rows}, tail={self.tail}: a tail is a positive multiple of 16 rows with "
+                           f"a partition (warps_n, warps_k, splits) of at most {MAX_WARPS_PER_BLOCK} warps a block",
+                           where="MmaConfig.tail", fix="e.g. tail_rows=1024, tail=(1, 8, 1); or 0 and (0, 0, 0)")
         tiles, ring = self.shared_x_32
-        if ring and not (2 <= ring <= MAX_SHARED_X_RING and tiles >= 1 and tiles * self.warps_k <= 16
+        if ring and not (2 <= ring <= MAX_SHARED_X_RING and tiles >= 1 and tiles * self.warps_k <= MAX_WARPS_PER_BLOCK
                          and self.plan_32[1] == 1):
             raise W12Error(f"shared_x_32={self.shared_x_32} with warps_k={self.warps_k}, plan_32={self.plan_32}: "
                            "shared activations need 2-8 ring slots, at most 16 warps a block and one tile a warp",
                            where="MmaConfig.shared_x_32", fix="use (0, 0) (off) or fewer tiles a block, or plan_32 (4, 1)")
+
+    def regions(self, n: int) -> list[tuple[int, int, MmaConfig]]:
+        """[(first row, end row, partition)] of W's n rows: one region, or whole rounds and the tail. The tail keeps the
+        step plans, staging and warpgroup choices (fewer warpgroups a block where its K classes need it), and reads its
+        activations warp by warp (a shared ring's block was sized for the first region's K classes)."""
+        if self.tail_rows == 0:
+            return [(0, n, self)]
+        split = n - self.tail_rows
+        if split <= 0 or n % 16:
+            raise W12Error(f"tail_rows={self.tail_rows} for N={n}: a tail leaves a first region of whole 16-row tiles",
+                           where="MmaConfig.tail_rows", fix="use fewer tail rows, or no tail where N % 16 != 0")
+        warps_n, warps_k, splits = self.tail
+        wgmma = tuple(min(g, MAX_WGMMA_WARPS_PER_BLOCK // (4 * warps_k)) for g in self.wgmma)
+        one = replace(self, tail_rows=0, tail=(0, 0, 0))
+        return [(0, split, one), (split, n, replace(one, warps_n=warps_n, warps_k=warps_k, splits=splits,
+                                                    shared_x_32=(0, 0), wgmma=wgmma))]
 
     def chunks_per_split(self, kp: int) -> int:
         chunks = kp // STEP_K
@@ -259,16 +308,15 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
     weights, overlaps the tail of the kernel before it in the stream (programmatic dependent launch); it reads x
     and writes y only after that kernel has finished, so no bit depends on it. The weights are read before that
     wait: pass ``overlap_prior=False`` if the kernel just before wrote them (weights converted at load time, as
-    everywhere in this project, are long done).
+    everywhere in this project, are long done). A partition with a tail (row regions, above) launches twice a 64 rows,
+    the tail right behind the first region.
     """
     n, k = mma.shape
     if not x.is_cuda or x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
         raise W12Error(f"w12_mma_gemm needs CUDA bf16 x [M, {k}], got {x.dtype} {tuple(x.shape)} on {x.device}",
                        where="w12_mma_gemm(x)", fix="pass a contiguous CUDA bf16 2-D input")
-    np_, kp = mma.padded_shape
+    kp = mma.padded_shape[1]
     config = config or select_mma_config(n, k, x.device)
-    per_split = config.chunks_per_split(kp)
-    splits = -(-(kp // STEP_K) // per_split)
     if k != kp or x.stride(0) % 8 or x.data_ptr() % 16:  # the kernel reads Kp columns in 16-byte rows
         x = torch.nn.functional.pad(x, (0, kp - k))
     m_total = x.shape[0]
@@ -277,22 +325,37 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
     capability = torch.cuda.get_device_capability(x.device)
     if overlap_prior is None:
         overlap_prior = capability >= (9, 0)
-    overlap = int(overlap_prior)
     code = LOW_BITS_CODES[low_bits]
     rows = MAX_ROWS_PER_LAUNCH
-    workspace = (torch.empty(splits * min(m_total, rows) * n, dtype=torch.float32, device=x.device)
-                 if splits > 1 else torch.empty(0, dtype=torch.float32, device=x.device))
+    parts = config.regions(n)
+    regions = [(first, end, part, mma.rows(first, end) if len(parts) > 1 else mma) for first, end, part in parts]
+    # the workspace of K splits: [splits, rows, N] a region (a second region's may still be read by the first's sums)
+    splits = [-(-(kp // STEP_K) // part.chunks_per_split(kp)) for _, _, part, _ in regions]
+    workspace = torch.empty(sum(s for s in splits if s > 1) * min(m_total, rows) * n, dtype=torch.float32,
+                            device=x.device)
     for r0 in range(0, m_total, rows):
-        xm, ym = x[r0:r0 + rows], y[r0:r0 + rows]
+        xm = x[r0:r0 + rows]
         m = xm.shape[0]
-        partial = workspace[: splits * m * n]
-        warpgroups = config.warpgroups(m, capability)  # when on, in place of staged weights or a shared ring
-        # warpgroup MMAs: every chunk's activations as wgmma's B image (token rows padded to 16, 32 or 64)
-        x_image = torch.empty((kp // STEP_K) * max(16, 1 << (m - 1).bit_length()) * STEP_K if warpgroups else 0,
+        # warpgroup MMAs: every chunk's activations as wgmma's B image (token rows padded to 16, 32 or 64), written by
+        # the first region's launch and read by both
+        wants_image = any(part.warpgroups(m, capability) for _, _, part, _ in regions)
+        x_image = torch.empty((kp // STEP_K) * max(16, 1 << (m - 1).bit_length()) * STEP_K if wants_image else 0,
                               dtype=torch.bfloat16, device=x.device)
-        ext.w12_mma_gemm(xm, mma.view, mma.nibbles, mma.base, mma.esc_ptr, mma.esc_loc, mma.esc_val, ym, partial,
-                         n, np_, kp, config.warps_n, config.warps_k, per_split, *config.step_plan(m),
-                         int(config.stages_weights(m) and not warpgroups),
-                         *((0, 0) if warpgroups else config.shares_activations(m)), warpgroups, x_image, overlap,
-                         code)
+        image_written, offset = False, 0
+        for index, ((first, end, part, weights), part_splits) in enumerate(zip(regions, splits)):
+            partial = workspace[offset: offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
+            offset += partial.numel()
+            warpgroups = part.warpgroups(m, capability)  # when on, in place of staged weights or a shared ring
+            # W12Overlap: one region overlaps the kernel before; a first region lets the second start early, which
+            # reads x (or the image) without waiting, unless it must write the image itself
+            overlap = (0 if not overlap_prior else 1 if len(regions) == 1 or (warpgroups and not image_written)
+                       else 2 if index == 0 else 3)
+            launched = ext.w12_mma_gemm(
+                xm, weights.view, weights.nibbles, weights.base, weights.esc_ptr, weights.esc_loc, weights.esc_val,
+                y[r0:r0 + rows, first:end], partial, n, weights.padded_shape[0], kp, part.warps_n,
+                part.warps_k, part.chunks_per_split(kp), *part.step_plan(m),
+                int(part.stages_weights(m) and not warpgroups),
+                *((0, 0) if warpgroups else part.shares_activations(m)), warpgroups, x_image, int(image_written),
+                overlap, code)
+            image_written = image_written or launched > 0
     return y

@@ -4,17 +4,23 @@
 
 #include "w12_mma.cuh"
 
-// y: bf16 [M, n] contiguous; workspace: fp32 [splits, M, n] when K is split, else empty.
-void w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, torch::Tensor base,
+// y: bf16 [M, min(n, n_padded)] with row stride n: all of y [M, N], or (a row region of the GEMM: the weight's
+// rows from 16 x its first tile, n_padded of them) that region's columns of y; workspace: fp32 [splits, M, n] when K
+// is split, else empty. overlap_prior: a W12Overlap (w12_mma.cuh). x_image_written: the warpgroup kernel's
+// activation image already holds x (the second row region of one GEMM).
+int64_t w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, torch::Tensor base,
                   torch::Tensor esc_ptr, torch::Tensor esc_loc, torch::Tensor esc_val, torch::Tensor y,
                   torch::Tensor workspace, int64_t n, int64_t n_padded, int64_t k_padded, int64_t warps_n,
                   int64_t warps_k, int64_t chunks_per_split, int64_t step_blocks, int64_t tiles_per_warp,
                   int64_t staged_weights, int64_t shared_x_tiles, int64_t shared_x_ring, int64_t warpgroups, torch::Tensor x_image,
-                  int64_t overlap_prior, int64_t low_bits) {
+                  int64_t x_image_written, int64_t overlap_prior, int64_t low_bits) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.stride(1) == 1 && x.size(0) <= 64,
               "w12_mma_gemm: x must be CUDA bf16 [M <= 64, K] with unit column stride");
-  TORCH_CHECK(y.scalar_type() == torch::kBFloat16 && y.is_contiguous() && y.size(0) == x.size(0),
-              "w12_mma_gemm: y must be contiguous bf16 [M, N]");
+  TORCH_CHECK(y.is_cuda() && y.scalar_type() == torch::kBFloat16 && y.dim() == 2 && y.size(0) == x.size(0) &&
+                  y.size(1) == std::min(n, n_padded) && y.stride(1) == 1 && (y.size(0) == 1 || y.stride(0) == n),
+              "w12_mma_gemm: y must be CUDA bf16 [M, min(n, n_padded)] with row stride n and unit column stride");
+  TORCH_CHECK(overlap_prior >= kOverlapNone && overlap_prior <= kOverlapSecondRegion,
+              "w12_mma_gemm: overlap_prior must be a W12Overlap (0-3), got ", overlap_prior);
   TORCH_CHECK((reinterpret_cast<uintptr_t>(view.data_ptr()) | reinterpret_cast<uintptr_t>(nibbles.data_ptr())) % 16 == 0,
               "w12_mma_gemm: view and nibbles must be 16-byte aligned (the kernel loads them in 16- and 8-byte pieces)");
   W12MmaArgs args{};
@@ -48,11 +54,15 @@ void w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, to
               " bytes, 16-byte aligned");
   W12SharedActivations shared_x{(int)shared_x_tiles, (int)shared_x_ring, (int)warpgroups};
   shared_x.x_image = warpgroups ? x_image.data_ptr() : nullptr;
-  const cudaError_t err = w12_mma_launch(args, low_bits, at::cuda::getCurrentCUDAStream(), shared_x);
+  shared_x.x_image_written = x_image_written != 0;
+  int launched_warpgroups = 0;
+  const cudaError_t err =
+      w12_mma_launch(args, low_bits, at::cuda::getCurrentCUDAStream(), shared_x, &launched_warpgroups);
   if (err != cudaSuccess) cudaGetLastError();  // a refused launch must not fail the next CUDA call as well
   TORCH_CHECK(err == cudaSuccess, "w12_mma_gemm launch failed: ", cudaGetErrorString(err));
+  return launched_warpgroups;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("w12_mma_gemm", &w12_mma_gemm, "W12 mma.sync GEMM");
+  m.def("w12_mma_gemm", &w12_mma_gemm, "W12 mma.sync GEMM; returns the warpgroups a K class a block that ran (0: per-warp)");
 }

@@ -199,6 +199,15 @@ struct EscapeWindow {
   }
 };
 
+// Before the first read of x (or its image): wait for the kernel before this one in the stream, except in a second
+// row region, whose x the first region's blocks have waited for before letting it start (W12Overlap). A first region
+// then lets the second start.
+__device__ __forceinline__ void wait_before_reading_x(const W12MmaArgs& args) {
+  if (args.overlap_prior == kOverlapSecondRegion) return;
+  wait_for_prior_grid();
+  if (args.overlap_prior == kOverlapFirstRegion) allow_next_grid();
+}
+
 // Where a warp that owns one tile (`own`) starts, from chunk `first` of its split's [.., last): the exponent bases of
 // its rows g and g + 8 (base << 7 in both lanes), its first fragment words and its escape window over the chunks it
 // reads (empty when first >= last; loaded by the caller).
@@ -230,9 +239,15 @@ __device__ __forceinline__ void reduce_and_store(float (&acc)[TP][MT][4], const 
   const int g = lane >> 2, t = lane & 3;
   const int tiles = args.n_padded / 16;
   // The next kernel in the stream may start its prologue once every block is past its main loop; the outputs are
-  // written only once the kernel before this one is done (a warp without chunks did not wait above).
-  allow_next_grid();
-  wait_for_prior_grid();
+  // written only once the kernel before this one is done (a warp without chunks did not wait above). A first row
+  // region lets the next kernel (the second region, which reads x without waiting) start only after waiting.
+  if (args.overlap_prior == kOverlapFirstRegion) {
+    wait_for_prior_grid();
+    allow_next_grid();
+  } else {
+    allow_next_grid();
+    wait_for_prior_grid();
+  }
   extern __shared__ float red[];
   constexpr int kAcc = TP * MT * 4;
   const bool tile_sums = warp_k == 0;  // the warps that end with their tiles' sums
@@ -412,7 +427,7 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     // Everything above reads only the weights. Activations (and the outputs below) may belong to the kernel before
     // this one in the stream: wait for it here, when it was launched to overlap (sm_90+: programmatic dependent
     // launch; without it this returns at once).
-    wait_for_prior_grid();
+    wait_before_reading_x(args);
     for (int chunk = first; chunk < last; chunk += args.warps_k) {
 #pragma unroll
       for (int part = 0; part < kStepsPerChunk; ++part) {
@@ -573,7 +588,7 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
   for (int j = 0; j < MT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
 
   if (producer) {
-    wait_for_prior_grid();  // the activations may be the previous kernel's output
+    wait_before_reading_x(args);  // the activations may be the previous kernel's output
     for (int r = 0; r < rounds; ++r) {
       const int slot = r % ring;
       if (r >= ring) {  // every consumer has released round r - ring from this slot
@@ -815,7 +830,7 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
                           kChunkBytes, full + 8 * slot);
     };
     if (copier) {
-      wait_for_prior_grid();  // the image is the permute kernel's output
+      wait_before_reading_x(args);  // the image is the permute kernel's output
       for (int i = 0; i < min(count, kWgmmaSlots - 1); ++i) copy_chunk(i);
     }
     // Descriptors: the low word holds the step's address >> 4 (slot 0's first step plus the offset, which cannot carry
@@ -870,14 +885,16 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
 }
 
 // K splits summed in split order (split 0, then 1, 2, ...: the Triton reduction's order), rounded once.
-__global__ void split_reduce_kernel(const float* partial, __nv_bfloat16* y, int total, int splits) {
+// partial: [splits][m][ld], y: [m][ld], both summed and written in their first `columns` columns.
+__global__ void split_reduce_kernel(const float* partial, __nv_bfloat16* y, int m, int columns, int ld, int splits) {
   allow_next_grid();  // the next kernel's prologue reads only its weights
   wait_for_prior_grid();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= total) return;
-  float acc = partial[i];
-  for (int s = 1; s < splits; ++s) acc += partial[(size_t)s * total + i];
-  y[i] = __float2bfloat16_rn(acc);
+  if (i >= m * columns) return;
+  const size_t at = (size_t)(i / columns) * ld + i % columns;
+  float acc = partial[at];
+  for (int s = 1; s < splits; ++s) acc += partial[(size_t)s * m * ld + at];
+  y[at] = __float2bfloat16_rn(acc);
 }
 
 // A launch that may overlap the kernel before it in the stream (programmatic dependent launch, sm_90+), and may group
@@ -1012,9 +1029,11 @@ cudaError_t launch_shared_x(const W12MmaArgs& args, W12SharedActivations shared_
 // class's activation slots and their mbarriers after the epilogue's shared memory. The permute kernel writes the
 // chunks' B images to `x_image` first.
 template <int MT, int LOW_BITS, bool CLUSTER = false>
-cudaError_t launch_wgmma(const W12MmaArgs& args, int groups, void* x_image, cudaStream_t stream) {
+cudaError_t launch_wgmma(const W12MmaArgs& args, int groups, void* x_image, bool x_image_written, cudaStream_t stream,
+                         int* launched_groups) {
   if constexpr (!CLUSTER) {
-    if (args.cluster_splits > 1) return launch_wgmma<MT, LOW_BITS, true>(args, groups, x_image, stream);
+    if (args.cluster_splits > 1)
+      return launch_wgmma<MT, LOW_BITS, true>(args, groups, x_image, x_image_written, stream, launched_groups);
   }
   W12MmaArgs launched = args;
   launched.warps_n = 4 * groups;  // which tiles share a block changes no bit
@@ -1030,13 +1049,18 @@ cudaError_t launch_wgmma(const W12MmaArgs& args, int groups, void* x_image, cuda
   cudaError_t err = resident_blocks(reinterpret_cast<const void*>(kernel), block.x, smem, &resident);
   if (err != cudaSuccess) return err;
   if (resident == 0) {  // more registers or shared memory than a multiprocessor has: fewer warpgroups a block, or none
-    if (groups > 1) return launch_wgmma<MT, LOW_BITS, CLUSTER>(args, groups / 2, x_image, stream);
+    if (groups > 1)
+      return launch_wgmma<MT, LOW_BITS, CLUSTER>(args, groups / 2, x_image, x_image_written, stream, launched_groups);
     return cudaErrorNotSupported;  // the caller runs the per-warp kernel instead (the same bits)
   }
-  const int pieces = chunks * MT * 8 * 16;
-  err = launch_overlapping(w12_permute_x_kernel<MT>, dim3((pieces + 255) / 256), dim3(256), 0, stream,
-                           args.overlap_prior, 1, args.x, args.m, args.ldx, chunks, static_cast<uint32_t*>(x_image));
-  if (err != cudaSuccess) return err;
+  if (!x_image_written) {
+    const int pieces = chunks * MT * 8 * 16;
+    err = launch_overlapping(w12_permute_x_kernel<MT>, dim3((pieces + 255) / 256), dim3(256), 0, stream,
+                             args.overlap_prior != kOverlapNone, 1, args.x, args.m, args.ldx, chunks,
+                             static_cast<uint32_t*>(x_image));
+    if (err != cudaSuccess) return err;
+  }
+  *launched_groups = groups;
   return launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, args.cluster_splits, launched,
                             static_cast<const uint4*>(x_image));
 }
@@ -1044,13 +1068,15 @@ cudaError_t launch_wgmma(const W12MmaArgs& args, int groups, void* x_image, cuda
 // The step plans each token-tile count is built with (blocks a step, tiles a warp, weights staged in shared memory
 // up to 16 rows); none changes a bit.
 template <int MT, int LOW_BITS>
-cudaError_t launch_plan(const W12MmaArgs& args, W12SharedActivations shared_x, cudaStream_t stream) {
+cudaError_t launch_plan(const W12MmaArgs& args, W12SharedActivations& shared_x, cudaStream_t stream) {
   const int plan = args.step_blocks * 10 + args.tiles_per_warp;
   if (shared_x.warpgroups > 0) {  // warpgroup MMAs: 9-64 rows, sm_90a (checked by w12_mma_launch)
     if constexpr (MT >= 2) {
-      const cudaError_t err = launch_wgmma<MT, LOW_BITS>(args, shared_x.warpgroups, shared_x.x_image, stream);
+      const cudaError_t err = launch_wgmma<MT, LOW_BITS>(args, shared_x.warpgroups, shared_x.x_image,
+                                                         shared_x.x_image_written, stream, &shared_x.warpgroups);
       if (err != cudaErrorNotSupported) return err;
     }
+    shared_x.warpgroups = 0;  // the per-warp kernel runs
   }
   if (shared_x.ring > 0) {  // shared activations: 17-32 rows, one tile a warp (checked by w12_mma_launch)
     if constexpr (MT == 4) {
@@ -1074,7 +1100,7 @@ cudaError_t launch_plan(const W12MmaArgs& args, W12SharedActivations shared_x, c
 }
 
 template <int LOW_BITS>
-cudaError_t launch_rows(const W12MmaArgs& args, W12SharedActivations shared_x, cudaStream_t stream) {
+cudaError_t launch_rows(const W12MmaArgs& args, W12SharedActivations& shared_x, cudaStream_t stream) {
   // Token tiles of 8: 1, 2, 4 or 8 (up to 64 rows); each tile's MMA is independent of the others.
   if (args.m <= 8) return launch_plan<1, LOW_BITS>(args, shared_x, stream);
   if (args.m <= 16) return launch_plan<2, LOW_BITS>(args, shared_x, stream);
@@ -1084,7 +1110,8 @@ cudaError_t launch_rows(const W12MmaArgs& args, W12SharedActivations shared_x, c
 
 }  // namespace
 
-cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream, W12SharedActivations shared_x) {
+cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream, W12SharedActivations shared_x,
+                           int* launched_warpgroups) {
   if (args.m < 1 || args.m > kMaxRows || args.warps_n * args.warps_k < 1 || args.warps_n * args.warps_k > kMaxWarpsPerBlock)
     return cudaErrorInvalidValue;
   if (shared_x.ring != 0 &&
@@ -1114,8 +1141,10 @@ cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t st
   const cudaError_t err = low_bits == 0   ? launch_rows<0>(launched, shared_x, stream)
                           : low_bits == 1 ? launch_rows<1>(launched, shared_x, stream)
                                           : launch_rows<2>(launched, shared_x, stream);
+  if (launched_warpgroups) *launched_warpgroups = err == cudaSuccess ? shared_x.warpgroups : 0;
   if (err != cudaSuccess || !launched.partial) return err;
-  const int total = args.m * args.n;
+  const int columns = min(args.n, args.n_padded);  // a row region's: its rows of W
+  const int total = args.m * columns;
   return launch_overlapping(split_reduce_kernel, dim3((total + 255) / 256), dim3(256), 0, stream, args.overlap_prior, 1,
-                            (const float*)args.partial, args.y, total, splits);
+                            (const float*)args.partial, args.y, args.m, columns, args.n, splits);
 }

@@ -13,16 +13,23 @@ struct W12MmaArgs {
   const int32_t* esc_loc;  // chunk << 11 | block << 9 | (row % 16) << 5 | (column % 32), sorted per tile
   const uint16_t* esc_val; // exact BF16 bits
   float* partial;          // [splits][m][n] workspace when K is split (summed into y in split order), else nullptr
-  __nv_bfloat16* y;        // [m][n]
-  int m, n, k, ldx, n_padded, k_padded;
+  __nv_bfloat16* y;        // [m][n]; a row region of a wider GEMM: its first column, n = the GEMM's N (row stride)
+  int m, n, k, ldx, n_padded, k_padded;  // n_padded: 16 x the tiles this launch computes
   int warps_n, warps_k, chunks_per_split;  // the partition (from N, K and the GPU, never from m)
   // The step plan (changes no bit): 32-column blocks a warp decodes per step (4 or 2: a chunk or a half) and
   // 16-row tiles a warp (1 or 2: one activation load serves both)
   int step_blocks, tiles_per_warp;
   int staged_weights;  // 1: weights staged through a shared-memory double buffer (whole steps, up to 16 rows)
-  int overlap_prior;  // sm_90+: launched to overlap the previous kernel in the stream (programmatic dependent launch)
+  int overlap_prior;  // sm_90+: a W12Overlap, how the launch overlaps the previous kernel in the stream
   int cluster_splits;  // set by w12_mma_launch: K splits reduced within a thread-block cluster (sm_90+), else 1
 };
+
+// Programmatic dependent launch (sm_90+; elsewhere every launch waits for the one before). A GEMM whose partition
+// splits the output rows into two regions launches the first as kOverlapFirstRegion: its blocks let the next kernel
+// start only after they have waited for the kernel before (the writer of x), so the second region
+// (kOverlapSecondRegion) reads x without waiting and runs beside the first one's last blocks; it still waits for the
+// first region before it stores, so a kernel waiting for the second also waits for the first.
+enum W12Overlap { kOverlapNone = 0, kOverlapPrior = 1, kOverlapFirstRegion = 2, kOverlapSecondRegion = 3 };
 
 // 17-32 rows, one tile a warp, sm_90+ (elsewhere ignored, with the same bits): activations copied once per block into
 // a ring of `ring` slots (2-8; 0: off) by a producer warp, `tiles` tiles a block (w12_mma.cu). Apart from W12MmaArgs
@@ -33,12 +40,15 @@ struct W12SharedActivations {
   int warpgroups = 0;  // 9-64 rows, sm_90a: warpgroup MMAs, this many warpgroups of 4 tiles a K class a block; 0: off
   void* x_image = nullptr;  // warpgroup MMAs: device memory for every chunk's B image, k_padded / 128 x MT x 2 KB
                             // (MT = 2, 4 or 8 token tiles for up to 16, 32 or 64 rows), 16-byte aligned
+  bool x_image_written = false;  // the image already holds x (written for the GEMM's first row region)
 };
 
 // cudaErrorInvalidValue: m outside 1..64, more than 16 warps per block, or a step plan not built for m's token tiles
 // (staged weights: whole steps of one tile a warp, up to 16 rows; shared activations: one tile a warp, 17-32 rows,
 // 2-8 slots, at most 16 warps besides the producer; warpgroup MMAs: 9-64 rows, neither staged weights nor a ring, at
-// most 32 warps a block, an x_image). Warpgroup MMAs whose block fits no multiprocessor run as the per-warp kernel (the
-// same bits); cudaErrorLaunchOutOfResources: a shared-activation block that fits no multiprocessor.
+// most 32 warps a block, an x_image). Warpgroup MMAs whose block fits no multiprocessor run with fewer warpgroups a
+// block, or as the per-warp kernel (the same bits): `launched_warpgroups` (when given) receives the warpgroups a K
+// class a block that ran, 0 for the per-warp kernels. cudaErrorLaunchOutOfResources: a shared-activation block that
+// fits no multiprocessor.
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream,
-                           W12SharedActivations shared_x = {});
+                           W12SharedActivations shared_x = {}, int* launched_warpgroups = nullptr);
