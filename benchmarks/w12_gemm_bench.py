@@ -44,6 +44,10 @@ REPLAYS = 15
 TUNE_ROWS = {1: 3, 8: 1, 16: 1, 32: 1}  # rows timed while tuning (1 stands for 1-4 rows), weights
 PLAN_BASES = 6  # the best mma partitions also timed at 32 rows with the other step plans
 FINALISTS = 4  # the best partitions re-timed side by side (row by row) before one is chosen: sweep timings drift
+# Tails (mma.py, row regions): shorter K chains for the rows past the first region's whole rounds of blocks, the rounds
+# counted at 16 and 12 resident warps a multiprocessor (the per-warp kernels' 128 and 166 registers at 16 and 32 rows)
+TAIL_PARTITIONS = ((1, 8, 1), (1, 4, 2), (4, 2, 1), (4, 1, 2))
+TAIL_WARPS_PER_SM = (16, 12)
 
 
 def tune_score(times_us: dict) -> float:
@@ -106,6 +110,19 @@ def mma_candidates(n: int, k: int, sms: int) -> list[MmaConfig]:
     return out if default in out else out + [default]
 
 
+def tail_candidates(cfg: MmaConfig, n: int, k: int, sms: int) -> list[MmaConfig]:
+    """``cfg`` with each tail partition of :data:`TAIL_PARTITIONS` on the rows past whole rounds of its blocks."""
+    tiles, chunks = n // 16, -(-k // 128)
+    out = []
+    for warps in TAIL_WARPS_PER_SM if n % 16 == 0 else ():
+        per_round = sms * warps // (cfg.warps_k * min(cfg.splits, chunks))  # tiles a round of blocks computes
+        whole = tiles // per_round * per_round
+        if 0 < whole < tiles:
+            out += [replace(cfg, tail_rows=16 * (tiles - whole), tail=part) for part in TAIL_PARTITIONS
+                    if chunks >= 2 * part[1] * part[2]]
+    return list(dict.fromkeys(out))
+
+
 def correctness(sms: int, variants) -> dict:
     """Exactness and determinism checks on this GPU (random weights with zeros, denormals, Inf; one
     16-row tile of zeros and a row of denormals, so chunks hold more escapes than a warp's window)."""
@@ -155,7 +172,7 @@ def correctness(sms: int, variants) -> dict:
     return report
 
 
-def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dict:
+def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=False) -> dict:
     torch.manual_seed(0)
     w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
     torch.cuda.synchronize()
@@ -303,6 +320,35 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants) -> dic
                 chosen[slot] = min(times, key=times.get)
             result["wgmma_us"] = wgmma_us
             best["mma"] = (replace(cfg, wgmma=tuple(chosen)), best["mma"][1])
+        # a tail partition for the rows past whole rounds (changes which partition sums those rows): tuned with the
+        # partition, or asked for (--tails). A tail changes which kernel is fastest at 17-32 rows (the rounds of the
+        # warpgroup kernel fill the GPU once the tail is apart), so each tail is timed with each choice there; every
+        # time is the faster of two
+        if "mma" in tune_variants or tails:
+            cfg = best["mma"][0]
+            groups_32 = [g for g in dict.fromkeys((cfg.wgmma[1], 0, 1, 2, 4))
+                         if torch.cuda.get_device_capability()[0] == 9 or g == 0]
+            tail_us, scores = [], {}
+            for option in [replace(cfg, tail_rows=0, tail=(0, 0, 0))] + tail_candidates(cfg, n, k, sms):
+                try:
+                    times = {m: min(time_variant("mma", option, m) for _ in range(2)) * 1e6 for m in TUNE_ROWS if m < 32}
+                except RuntimeError as exc:  # e.g. a block larger than the register file
+                    tail_us.append({"tail_rows": option.tail_rows, "tail": option.tail, "error": repr(exc)[:300]})
+                    continue
+                for groups in groups_32:
+                    if 4 * groups * cfg.warps_k > MAX_WGMMA_WARPS_PER_BLOCK:
+                        continue
+                    choice = replace(option, wgmma=(cfg.wgmma[0], groups, cfg.wgmma[2]))
+                    entry = {"tail_rows": option.tail_rows, "tail": option.tail, "wgmma": choice.wgmma}
+                    try:
+                        t32 = min(time_variant("mma", choice, 32) for _ in range(2)) * 1e6
+                        entry.update({f"t{m}_us": t for m, t in {**times, 32: t32}.items()})
+                        entry["score"] = scores[choice] = tune_score({**times, 32: t32})
+                    except RuntimeError as exc:
+                        entry["error"] = repr(exc)[:300]
+                    tail_us.append(entry)
+            result["tail_us"] = tail_us
+            best["mma"] = (min(scores, key=scores.get), best["mma"][1])
     if "triton" in best:  # which MMA instruction the tuned Triton kernel uses
         x = torch.randn(16, k, device="cuda").bfloat16()
         y = torch.empty(16, n, device="cuda", dtype=torch.bfloat16)
@@ -367,7 +413,10 @@ def summarize(shapes: dict) -> dict:
 def write_config(path: Path, gpu: str, shape: dict) -> None:
     """Merge a shape's tuned mma config into the configs file under the GPU's name (replaced whole, never half-written)."""
     tuned = json.loads(path.read_text()) if path.exists() else {}
-    tuned.setdefault(gpu, {})[f"{shape['N']},{shape['K']}"] = shape["best"]["mma"]
+    config = dict(shape["best"]["mma"])
+    if not config.get("tail_rows"):  # one row region: the defaults, left out
+        config.pop("tail_rows", None), config.pop("tail", None)
+    tuned.setdefault(gpu, {})[f"{shape['N']},{shape['K']}"] = config
     staged = path.with_suffix(".json.tmp")
     one_line = lambda m: "[" + ", ".join(re.findall(r"\d+", m.group(0))) + "]"  # noqa: E731 - plans on one line
     staged.write_text(re.sub(r"\[\s+\d+(?:,\s+\d+)*\s+\]", one_line, json.dumps(tuned, indent=1)) + "\n")
@@ -382,6 +431,8 @@ def main() -> None:
                         help="merge each shape's tuned mma partition into this mma_configs.json (under the GPU's name)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--variants", default="triton,mma", help="kernels to time: triton, mma")
+    parser.add_argument("--tails", action="store_true",
+                        help="time tail partitions (mma.py, row regions) for the mma partition even when it is not tuned")
     parser.add_argument("--tune", default=None, help="variants to autotune (default: all timed; none: no variant); "
                                                      "the others run their tuned partition on file")
     args = parser.parse_args()
@@ -409,7 +460,7 @@ def main() -> None:
     for name in args.shapes.split(","):
         n, k = SHAPES[name] if name in SHAPES else map(int, name.split("x"))
         doc["shapes"][name] = bench_shape(name, n, k, props.multi_processor_count, doc["read_bw_Bps"], args.quick,
-                                          args.variants.split(","), tune.split(","))
+                                          args.variants.split(","), tune.split(","), args.tails)
         doc["summary"] = summarize(doc["shapes"])
         if args.out:
             with open(args.out, "w") as fh:
