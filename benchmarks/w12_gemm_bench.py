@@ -207,6 +207,18 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
         call = gemms[variant][1]
         return graph_replay_us(lambda i: call(cfg, x, y, i, low_bits, **options), copies, max(copies, 8), REPLAYS) * 1e-6
 
+    def ran_as_asked(cfg, m):
+        """Whether cfg's launch at m rows ran the warpgroups it asks for (a block that fits no multiprocessor runs
+        with fewer, or as the per-warp kernel: timing it would time another option). A tail's warpgroups follow the
+        first region's and may fall back like this by design; every fallback is noted."""
+        launched = []
+        w12_mma_gemm(torch.randn(m, k, device="cuda").bfloat16(), mmas[0], config=cfg, launched=launched)
+        asked = [part.warpgroups(m, torch.cuda.get_device_capability()) for _, _, part in cfg.regions(n)]
+        if launched != asked:
+            result.setdefault("wgmma_fell_back", []).append({"rows": m, "wgmma": cfg.wgmma, "tail": cfg.tail,
+                                                             "asked": asked, "ran": launched})
+        return launched[0] == asked[0]
+
     def time_cublas(m):
         x = torch.randn(m, k, device="cuda").bfloat16()
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -312,8 +324,9 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
             for slot, m in enumerate((16, 32, 64)):
                 options = {0: cfg}
                 for groups in (1, 2, 4):
-                    if 4 * groups * cfg.warps_k <= MAX_WGMMA_WARPS_PER_BLOCK:
-                        options[groups] = replace(cfg, wgmma=tuple(groups if i == slot else 0 for i in range(3)))
+                    option = replace(cfg, wgmma=tuple(groups if i == slot else 0 for i in range(3)))
+                    if 4 * groups * cfg.warps_k <= MAX_WGMMA_WARPS_PER_BLOCK and ran_as_asked(option, m):
+                        options[groups] = option
                 times = {groups: min(time_variant("mma", option, m) for _ in range(2)) * 1e6
                          for groups, option in options.items()}
                 wgmma_us[m] = {("per_warp" if groups == 0 else f"warpgroups{groups}"): t for groups, t in times.items()}
@@ -336,9 +349,9 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
                     tail_us.append({"tail_rows": option.tail_rows, "tail": option.tail, "error": repr(exc)[:300]})
                     continue
                 for groups in groups_32:
-                    if 4 * groups * cfg.warps_k > MAX_WGMMA_WARPS_PER_BLOCK:
-                        continue
                     choice = replace(option, wgmma=(cfg.wgmma[0], groups, cfg.wgmma[2]))
+                    if 4 * groups * cfg.warps_k > MAX_WGMMA_WARPS_PER_BLOCK or not ran_as_asked(choice, 32):
+                        continue
                     entry = {"tail_rows": option.tail_rows, "tail": option.tail, "wgmma": choice.wgmma}
                     try:
                         t32 = min(time_variant("mma", choice, 32) for _ in range(2)) * 1e6

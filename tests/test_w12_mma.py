@@ -222,6 +222,24 @@ def test_mma_warpgroup_mmas_give_the_same_bits(config):
                            w12_mma_gemm(wide[:rows], mma, config=plain).view(torch.int16)), rows
 
 
+@pytest.mark.gpu
+def test_mma_reports_the_warpgroups_each_launch_ran():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("warpgroup MMAs run on sm_90a only (elsewhere the per-warp kernel runs)")
+    mma = to_mma_layout(encode(weight(n=1024, k=1536, device="cuda")))
+    x = torch.randn(70, 1536, device="cuda").bfloat16()
+    cases = [(MmaConfig(1, 2, 1, wgmma=(0, 2, 0)), 32, [2]),
+             # 8 K classes of one warpgroup: 32 warps of over 100 registers fit no multiprocessor, so per-warp
+             (MmaConfig(1, 8, 1, wgmma=(0, 1, 0)), 32, [0]),
+             (MmaConfig(1, 2, 1, wgmma=(0, 2, 0), tail_rows=256, tail=(1, 8, 1)), 32, [2, 0]),
+             (MmaConfig(1, 2, 1, wgmma=(0, 2, 2), tail_rows=256, tail=(2, 2, 1)), 70, [2, 2, 0, 0]),  # 64 + 6 rows
+             (MmaConfig(1, 2, 1, wgmma=(2, 2, 2)), 8, [0])]  # up to 8 rows: per-warp
+    for config, rows, expected in cases:
+        launched = []
+        w12_mma_gemm(x[:rows], mma, config=config, launched=launched)
+        assert launched == expected, (config, rows)
+
+
 def test_warpgroup_mmas_outside_what_the_kernel_is_built_for_are_refused():
     for bad in (dict(wgmma=(1, 1)), dict(wgmma=(0, -1, 0)), dict(warps_k=3, wgmma=(0, 0, 3))):
         with pytest.raises(W12Error, match="wgmma"):

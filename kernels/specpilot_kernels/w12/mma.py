@@ -298,7 +298,7 @@ def select_mma_config(n: int, k: int, device: torch.device) -> MmaConfig:
 
 def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None = None,
                  low_bits: str = "exact", out: torch.Tensor | None = None,
-                 overlap_prior: bool | None = None) -> torch.Tensor:
+                 overlap_prior: bool | None = None, launched: list[int] | None = None) -> torch.Tensor:
     """y = x @ W^T through the mma.sync kernel.
 
     x bf16 [M, K] CUDA (up to 64 rows per launch; longer inputs in chunks), unit column stride;
@@ -309,7 +309,8 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
     and writes y only after that kernel has finished, so no bit depends on it. The weights are read before that
     wait: pass ``overlap_prior=False`` if the kernel just before wrote them (weights converted at load time, as
     everywhere in this project, are long done). A partition with a tail (row regions, above) launches twice a 64 rows,
-    the tail right behind the first region.
+    the tail right behind the first region. ``launched``, when given, receives the warpgroups a K class a block each
+    launch ran (0: per-warp mma.sync; a warpgroup block that fits no multiprocessor runs with fewer, or per-warp).
     """
     n, k = mma.shape
     if not x.is_cuda or x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
@@ -350,12 +351,14 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
             # reads x (or the image) without waiting, unless it must write the image itself
             overlap = (0 if not overlap_prior else 1 if len(regions) == 1 or (warpgroups and not image_written)
                        else 2 if index == 0 else 3)
-            launched = ext.w12_mma_gemm(
+            groups = ext.w12_mma_gemm(
                 xm, weights.view, weights.nibbles, weights.base, weights.esc_ptr, weights.esc_loc, weights.esc_val,
                 y[r0:r0 + rows, first:end], partial, n, weights.padded_shape[0], kp, part.warps_n,
                 part.warps_k, part.chunks_per_split(kp), *part.step_plan(m),
                 int(part.stages_weights(m) and not warpgroups),
                 *((0, 0) if warpgroups else part.shares_activations(m)), warpgroups, x_image, int(image_written),
                 overlap, code)
-            image_written = image_written or launched > 0
+            image_written = image_written or groups > 0
+            if launched is not None:
+                launched.append(groups)
     return y
