@@ -16,7 +16,7 @@ and each K class brings a chunk of them into shared memory with one bulk copy): 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -64,6 +64,8 @@ class W12MmaTensor:
     esc_ptr: torch.Tensor
     esc_loc: torch.Tensor
     esc_val: torch.Tensor
+    # row regions' views (:meth:`rows`), made once: a GEMM with a tail asks for them on every call
+    _row_views: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def device(self) -> torch.device:
@@ -76,15 +78,19 @@ class W12MmaTensor:
     def rows(self, first: int, end: int) -> W12MmaTensor:
         """Rows ``first`` .. ``end`` of W (multiples of 16, or ``end`` = N): views of the planes, no copy. The escape
         offsets stay absolute, so the escape lists are shared whole."""
+        if (first, end) in self._row_views:
+            return self._row_views[first, end]
         n, k = self.shape
         if first % 16 or not 0 <= first < end <= n or (end % 16 and end != n):
             raise W12Error(f"rows {first}..{end} of a W12 weight with {n} rows: a region starts on a 16-row tile and "
                            "ends on one or at N", where="W12MmaTensor.rows", fix="use multiples of 16")
         t0, t1 = first // 16, -(-end // 16)
         chunks = self.padded_shape[1] // STEP_K
-        return W12MmaTensor((end - first, k), (16 * (t1 - t0), self.padded_shape[1]), self.view[t0:t1],
-                            self.nibbles[t0:t1], self.base[first:16 * t1], self.esc_ptr[t0 * chunks:t1 * chunks + 1],
-                            self.esc_loc, self.esc_val)
+        region = W12MmaTensor((end - first, k), (16 * (t1 - t0), self.padded_shape[1]), self.view[t0:t1],
+                              self.nibbles[t0:t1], self.base[first:16 * t1], self.esc_ptr[t0 * chunks:t1 * chunks + 1],
+                              self.esc_loc, self.esc_val)
+        self._row_views[first, end] = region
+        return region
 
 
 def to_mma_layout(w12: W12Tensor) -> W12MmaTensor:
@@ -219,12 +225,13 @@ class MmaConfig:
                            "shared activations need 2-8 ring slots, at most 16 warps a block and one tile a warp",
                            where="MmaConfig.shared_x_32", fix="use (0, 0) (off) or fewer tiles a block, or plan_32 (4, 1)")
 
-    def regions(self, n: int) -> list[tuple[int, int, MmaConfig]]:
+    @lru_cache(maxsize=256)  # noqa: B019 - configs are few, frozen and hashable; a GEMM with a tail asks every call
+    def regions(self, n: int) -> tuple[tuple[int, int, MmaConfig], ...]:
         """[(first row, end row, partition)] of W's n rows: one region, or whole rounds and the tail. The tail keeps the
         step plans, staging and warpgroup choices (fewer warpgroups a block where its K classes need it), and reads its
         activations warp by warp (a shared ring's block was sized for the first region's K classes)."""
         if self.tail_rows == 0:
-            return [(0, n, self)]
+            return ((0, n, self),)
         split = n - self.tail_rows
         if split <= 0 or n % 16:
             raise W12Error(f"tail_rows={self.tail_rows} for N={n}: a tail leaves a first region of whole 16-row tiles",
@@ -232,8 +239,8 @@ class MmaConfig:
         warps_n, warps_k, splits = self.tail
         wgmma = tuple(min(g, MAX_WGMMA_WARPS_PER_BLOCK // (4 * warps_k)) for g in self.wgmma)
         one = replace(self, tail_rows=0, tail=(0, 0, 0))
-        return [(0, split, one), (split, n, replace(one, warps_n=warps_n, warps_k=warps_k, splits=splits,
-                                                    shared_x_32=(0, 0), wgmma=wgmma))]
+        return ((0, split, one), (split, n, replace(one, warps_n=warps_n, warps_k=warps_k, splits=splits,
+                                                    shared_x_32=(0, 0), wgmma=wgmma)))
 
     def chunks_per_split(self, kp: int) -> int:
         chunks = kp // STEP_K
