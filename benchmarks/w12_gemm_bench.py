@@ -46,8 +46,9 @@ PLAN_BASES = 6  # the best mma partitions also timed at 32 rows with the other s
 FINALISTS = 4  # the best partitions re-timed side by side (row by row) before one is chosen: sweep timings drift
 # Tails (mma.py, row regions): shorter K chains for the rows past the first region's whole rounds of blocks, the rounds
 # counted at 16 and 12 resident warps a multiprocessor (the per-warp kernels' 128 and 166 registers at 16 and 32 rows)
-TAIL_PARTITIONS = ((1, 8, 1), (1, 4, 2), (4, 2, 1), (4, 1, 2))
+TAIL_PARTITIONS = ((1, 8, 1), (1, 4, 2), (4, 2, 1), (4, 1, 2), (1, 8, 2), (1, 4, 4), (2, 4, 2))
 TAIL_WARPS_PER_SM = (16, 12)
+TAIL_MIN_GAIN = 0.02  # a tail changes its rows' bits: taken only when its score beats one region's by this much
 
 
 def tune_score(times_us: dict) -> float:
@@ -324,8 +325,10 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
             for slot, m in enumerate((16, 32, 64)):
                 options = {0: cfg}
                 for groups in (1, 2, 4):
+                    if 4 * groups * cfg.warps_k > MAX_WGMMA_WARPS_PER_BLOCK:
+                        continue
                     option = replace(cfg, wgmma=tuple(groups if i == slot else 0 for i in range(3)))
-                    if 4 * groups * cfg.warps_k <= MAX_WGMMA_WARPS_PER_BLOCK and ran_as_asked(option, m):
+                    if ran_as_asked(option, m):
                         options[groups] = option
                 times = {groups: min(time_variant("mma", option, m) for _ in range(2)) * 1e6
                          for groups, option in options.items()}
@@ -349,8 +352,10 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
                     tail_us.append({"tail_rows": option.tail_rows, "tail": option.tail, "error": repr(exc)[:300]})
                     continue
                 for groups in groups_32:
+                    if 4 * groups * cfg.warps_k > MAX_WGMMA_WARPS_PER_BLOCK:
+                        continue
                     choice = replace(option, wgmma=(cfg.wgmma[0], groups, cfg.wgmma[2]))
-                    if 4 * groups * cfg.warps_k > MAX_WGMMA_WARPS_PER_BLOCK or not ran_as_asked(choice, 32):
+                    if not ran_as_asked(choice, 32):
                         continue
                     entry = {"tail_rows": option.tail_rows, "tail": option.tail, "wgmma": choice.wgmma}
                     try:
@@ -361,7 +366,10 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
                         entry["error"] = repr(exc)[:300]
                     tail_us.append(entry)
             result["tail_us"] = tail_us
-            best["mma"] = (min(scores, key=scores.get), best["mma"][1])
+            one_region = min((c for c in scores if not c.tail_rows), key=scores.get)
+            tailed = min(scores, key=scores.get)
+            chosen = tailed if scores[tailed] < (1 - TAIL_MIN_GAIN) * scores[one_region] else one_region
+            best["mma"] = (chosen, best["mma"][1])
     if "triton" in best:  # which MMA instruction the tuned Triton kernel uses
         x = torch.randn(16, k, device="cuda").bfloat16()
         y = torch.empty(16, n, device="cuda", dtype=torch.bfloat16)
