@@ -232,6 +232,7 @@ def test_mma_reports_the_warpgroups_each_launch_ran():
              # 8 K classes of one warpgroup: 32 warps of over 100 registers fit no multiprocessor, so per-warp
              (MmaConfig(1, 8, 1, wgmma=(0, 1, 0)), 32, [0]),
              (MmaConfig(1, 2, 1, wgmma=(0, 2, 0), tail_rows=256, tail=(1, 8, 1)), 32, [2, 0]),
+             (MmaConfig(1, 8, 1, wgmma=(0, 1, 0), tail_rows=256, tail=(1, 2, 1)), 32, [0, 1]),
              (MmaConfig(1, 2, 1, wgmma=(0, 2, 2), tail_rows=256, tail=(2, 2, 1)), 70, [2, 2, 0, 0]),  # 64 + 6 rows
              (MmaConfig(1, 2, 1, wgmma=(2, 2, 2)), 8, [0])]  # up to 8 rows: per-warp
     for config, rows, expected in cases:
@@ -325,10 +326,12 @@ def test_tails_partition_the_last_rows_and_keep_the_rest_of_the_config():
 
 
 # (first region's partition, tail): K splits in a cluster (2) and through the workspace (6, and two tiles a warp at
-# 33-64 rows), warpgroup MMAs in both regions, shared activations
+# 33-64 rows), warpgroup MMAs in both regions or (a first region whose warpgroup block fits no multiprocessor) only in
+# the tail, which then writes the activation image itself, shared activations
 TAIL_CONFIGS = [MmaConfig(2, 4, 3, tail_rows=256, tail=(1, 8, 1)),
                 MmaConfig(4, 1, 1, (2, 2), (2, 2), tail_rows=512, tail=(1, 4, 2)),
                 MmaConfig(1, 2, 1, staged_rows=8, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 2, 6)),
+                MmaConfig(1, 8, 1, wgmma=(1, 1, 1), tail_rows=256, tail=(1, 2, 1)),
                 MmaConfig(1, 3, 1, shared_x_32=(5, 4), tail_rows=768, tail=(4, 1, 2))]
 
 

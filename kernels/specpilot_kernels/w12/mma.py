@@ -355,9 +355,10 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
             offset += partial.numel()
             warpgroups = part.warpgroups(m, capability)  # when on, in place of staged weights or a shared ring
             # W12Overlap: one region overlaps the kernel before; a first region lets the second start early, which
-            # reads x (or the image) without waiting, unless it must write the image itself
-            overlap = (0 if not overlap_prior else 1 if len(regions) == 1 or (warpgroups and not image_written)
-                       else 2 if index == 0 else 3)
+            # reads x (or the image) without waiting, unless it must write the image itself (the first region's
+            # warpgroup block fit no multiprocessor): then it waits like any kernel
+            overlap = (0 if not overlap_prior else 1 if len(regions) == 1 else 2 if index == 0
+                       else 1 if warpgroups and not image_written else 3)
             groups = ext.w12_mma_gemm(
                 xm, weights.view, weights.nibbles, weights.base, weights.esc_ptr, weights.esc_loc, weights.esc_val,
                 y[r0:r0 + rows, first:end], partial, n, weights.padded_shape[0], kp, part.warps_n,
