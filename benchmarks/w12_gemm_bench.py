@@ -436,7 +436,8 @@ def write_config(path: Path, gpu: str, shape: dict) -> None:
     tuned = json.loads(path.read_text()) if path.exists() else {}
     config = dict(shape["best"]["mma"])
     if not config.get("tail_rows"):  # one row region: the defaults, left out
-        config.pop("tail_rows", None), config.pop("tail", None)
+        for key in ("tail_rows", "tail"):
+            config.pop(key, None)
     tuned.setdefault(gpu, {})[f"{shape['N']},{shape['K']}"] = config
     staged = path.with_suffix(".json.tmp")
     one_line = lambda m: "[" + ", ".join(re.findall(r"\d+", m.group(0))) + "]"  # noqa: E731 - plans on one line
