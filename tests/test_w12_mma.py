@@ -197,15 +197,19 @@ WGMMA_CONFIGS = [MmaConfig(4, 1, 1, wgmma=(1, 2, 1)), MmaConfig(2, 4, 3, wgmma=(
                  MmaConfig(1, 8, 2, wgmma=(1, 1, 1))]
 
 
+# wgmma exists on sm_90a only; elsewhere the per-warp kernel runs with the same bits (the other GPU tests cover it)
+needs_wgmma = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                 reason="needs an sm_90a GPU: warpgroup MMAs run there only (elsewhere the per-warp kernel runs)")
+
+
 @pytest.mark.gpu
+@needs_wgmma
 @pytest.mark.parametrize("config", WGMMA_CONFIGS, ids=str)
 def test_mma_warpgroup_mmas_give_the_same_bits(config):
     # 9-64 rows as warpgroup MMAs (sm_90a) against per-warp mma.sync: the same k16 products summed in the same order
     # per tile, so the same bits, with escapes (more than a window's worth in some chunks), K splits in a cluster
     # (2-3) and through the workspace (6), 1-3 warpgroups sharing a block's activations, warpgroups past the last tile
     # (63 tiles), rows past m and the Q pass's low bits
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("warpgroup MMAs run on sm_90a only (elsewhere the per-warp kernel runs)")
     w = weight(n=1000, k=1536, device="cuda")
     w[480:496, 256:900] = 0.0
     mma = to_mma_layout(encode(w))
@@ -223,9 +227,8 @@ def test_mma_warpgroup_mmas_give_the_same_bits(config):
 
 
 @pytest.mark.gpu
+@needs_wgmma
 def test_mma_reports_the_warpgroups_each_launch_ran():
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("warpgroup MMAs run on sm_90a only (elsewhere the per-warp kernel runs)")
     mma = to_mma_layout(encode(weight(n=1024, k=1536, device="cuda")))
     x = torch.randn(70, 1536, device="cuda").bfloat16()
     cases = [(MmaConfig(1, 2, 1, wgmma=(0, 2, 0)), 32, [2]),
