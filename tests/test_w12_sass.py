@@ -46,8 +46,9 @@ def test_every_kernel_instantiation_is_counted(tmp_path, capsys):
     # cluster: 16 kernels x 3 low-bit modes; and the shared-activation kernel: 2 step sizes x cluster or not x 3
     assert len([k for k in kernels if "<" == k[0]]) == 48
     assert len([k for k in kernels if k.startswith("shared_x")]) == 12
-    # the warpgroup kernel: 3 token-tile counts (9-64 rows) x 3 low-bit modes x cluster or not
-    assert len([k for k in kernels if k.startswith("wgmma")]) == 18
+    # the warpgroup kernel: 3 token-tile counts (9-64 rows) x 3 low-bit modes x cluster or not x weights in registers
+    # or staged through shared memory
+    assert len([k for k in kernels if k.startswith("wgmma")]) == 36
     one_row = kernels["<1, 0, 4, 1, 0, 0>"]
     assert one_row["chunks_per_iteration"] == 1.0 and one_row["by_opcode"]["HMMA"] == 8
     assert one_row["by_opcode"]["PRMT"] == 32  # one byte permute per pair of weights: 64 weights a lane a chunk
@@ -63,8 +64,14 @@ def test_every_kernel_instantiation_is_counted(tmp_path, capsys):
     # warpgroup MMAs at 32 rows: 8 wgmma a chunk for 4 tiles; a chunk's activations arrive by one bulk copy (the
     # class's copier) into shared memory, so no thread loads, stores or holds them: the only global loads left are the
     # next chunk's weights (4 view and 4 nibble pieces) and the escape window's two
-    warpgroup = kernels["wgmma <4, 0, 0>"]
+    warpgroup = kernels["wgmma <4, 0, 0, 0>"]
     assert warpgroup["chunks_per_iteration"] == 1.0 and warpgroup["by_opcode"]["HGMMA"] == 8
     assert warpgroup["by_opcode"]["UBLKCP"] == 1 and "STS" not in warpgroup["by_opcode"]
     assert warpgroup["by_opcode"]["LDG"] == 10 and "HMMA" not in warpgroup["by_opcode"]
     assert warpgroup["registers"] < own["registers"]
+    # with staged weights a warp copies each chunk into its ring (4 view and 2 nibble-run pieces a lane, LDGSTS) and
+    # reads it back (LDS): the escape window's two are the only global loads left, and 24 registers are free
+    staged_wg = kernels["wgmma <4, 0, 0, 1>"]
+    assert staged_wg["by_opcode"]["HGMMA"] == 8 and staged_wg["by_opcode"]["LDGSTS"] == 6
+    assert staged_wg["by_opcode"]["LDG"] == 2 and staged_wg["by_opcode"]["LDS"] >= 8
+    assert staged_wg["registers"] < warpgroup["registers"]

@@ -25,7 +25,8 @@
 // a shape may instead share its activations: a producer warp copies them once per block into a shared-memory ring
 // (w12_shared_x_kernel). On sm_90a a shape may instead run 9-64 rows as warpgroup MMAs (w12_wgmma_kernel: the same
 // decoded fragments as wgmma's register A, activations as its shared-memory B, brought in by bulk copies of the image
-// w12_permute_x_kernel writes first). The partition is
+// w12_permute_x_kernel writes first; each warp's weights come through its own cp.async ring of 2-3 chunks where the
+// block's shared memory allows as many resident blocks as weights in registers do). The partition is
 // fixed by (N, K, GPU), never by M: a warp owns an interleaved set of its tile's 128-column chunks; warps of one
 // tile reduce through shared memory in warp order, K splits in split order: within a thread-block cluster through
 // distributed shared memory (sm_90+, up to 4 splits of one tile a warp), else through a workspace. The step
@@ -703,6 +704,12 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
 // ring of slots (full and empty mbarriers), issued by one thread up to three chunks ahead: no thread stages activations
 // and no warp waits at a barrier for the others. (v16 staged them through every thread's registers and met at a named
 // barrier each chunk: it lost to the per-warp kernel at 9-32 rows; docs/w12-notes.md.)
+//
+// Weights (STAGED): a warp's next chunk in registers, loaded once the MMAs are issued, leaves the load little to hide
+// behind: the next decode waits for it. Each warp instead copies its chunks into its own shared-memory ring of
+// wgmma_weight_stages() chunks (cp.async), stages - 1 ahead of the one it decodes, with 24 fewer registers: 4-6% off
+// gate_up and the LM head at 32 rows on the H200 (v19, docs/w12-notes.md). The launch keeps weights in registers
+// where the ring's shared memory would leave room for fewer resident blocks (e.g. three K classes a block at 64 rows).
 template <int MT>
 __device__ __forceinline__ void wgmma_step(float (&d)[MT * 4], const uint32_t* a, uint64_t b);
 
@@ -748,6 +755,12 @@ __host__ __device__ constexpr int wgmma_chunk_bytes() { return 8 * wgmma_step_by
 // slots were ~1% slower), but three at 64 rows, where four of 16 KB a class leave three K classes no room.
 template <int MT>
 __host__ __device__ constexpr int wgmma_slots() { return MT == 8 ? 3 : 4; }
+// Each warp's own ring of weight chunks (view words, then the nibble run, as the staged per-warp kernel lays a step
+// out), filled by cp.async: chunk i + stages - 1 is in flight while chunk i is decoded. Three a warp (two at 64 rows,
+// where 3 KB more a warp would leave two blocks of 8 warps no room beside their activation slots).
+template <int MT>
+__host__ __device__ constexpr int wgmma_weight_stages() { return MT == 8 ? 2 : 3; }
+constexpr int kWgmmaStageBytes = kBlocksPerChunk * kStagedBlockWords * 16;
 
 // x [m, ldx] -> each 128-column chunk's B image (wgmma_chunk_bytes<MT>() apiece, rows past m zero). Thread p copies
 // piece p of the chunk's MT * 8 rows x 16 pieces (8 columns 32u + 8t .. + 7 of token row n): its four words go to
@@ -769,7 +782,7 @@ __global__ void w12_permute_x_kernel(const __nv_bfloat16* x, int m, int ldx, int
   at[(kStep + kHalf) / 4] = v.w;
 }
 
-template <int MT, int LOW_BITS, bool CLUSTER>
+template <int MT, int LOW_BITS, bool CLUSTER, bool STAGED>
 __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const int lane = threadIdx.x & 31;
@@ -784,10 +797,18 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
   constexpr int kChunkBytes = wgmma_chunk_bytes<MT>();
   constexpr int kWgmmaSlots = wgmma_slots<MT>();
   extern __shared__ uint4 shared_words[];
+  constexpr int kStages = STAGED ? wgmma_weight_stages<MT>() : 0;
   uint8_t* class_slots = reinterpret_cast<uint8_t*>(shared_words + epilogue_words<MT, 1>(args, blockDim.x));
-  // [warps_k][slots] chunk images, then [warps_k][slots] full and [warps_k][slots] empty mbarriers
-  uint64_t* bars = reinterpret_cast<uint64_t*>(class_slots + (size_t)args.warps_k * kWgmmaSlots * kChunkBytes);
+  // [warps_k][slots] chunk images, [warps][stages] weight chunks, then [warps_k][slots] full and [warps_k][slots]
+  // empty mbarriers
+  uint8_t* weight_stages = class_slots + (size_t)args.warps_k * kWgmmaSlots * kChunkBytes;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(weight_stages + (size_t)(blockDim.x / 32) * kStages * kWgmmaStageBytes);
   const uint32_t slots = static_cast<uint32_t>(__cvta_generic_to_shared(class_slots)) + warp_k * kWgmmaSlots * kChunkBytes;
+  // this lane's view words and nibble bytes in the warp's first stage (a stage: 128 view words, then 64 nibble words)
+  const uint32_t warp_stages =
+      static_cast<uint32_t>(__cvta_generic_to_shared(weight_stages)) + warp * kStages * kWgmmaStageBytes;
+  const uint32_t lane_view = warp_stages + lane * 16;
+  const uint32_t lane_nibbles = warp_stages + kBlocksPerChunk * 32 * 16 + lane * 8;
   const uint32_t full = static_cast<uint32_t>(__cvta_generic_to_shared(bars)) + warp_k * kWgmmaSlots * 8;
   const uint32_t empty = full + args.warps_k * kWgmmaSlots * 8;
   if (threadIdx.x == 0) {
@@ -812,16 +833,45 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
     const uint2* nibs_next = one.nibs;
     EscapeWindow esc = one.esc;
     if (LOW_BITS == 0) esc.load(args, lane);
+    const size_t advance = (size_t)args.warps_k * kBlocksPerChunk * 32;
+    const int count = (last - first + args.warps_k - 1) / args.warps_k;
+    // Weights in registers (!STAGED): the next chunk's, loaded while this one's MMAs run.
     uint4 v_next[kBlocksPerChunk];
     uint2 n_next[kBlocksPerChunk];
-    const size_t advance = (size_t)args.warps_k * kBlocksPerChunk * 32;
-    load_step_registers<kBlocksPerChunk, LOW_BITS>(v_next, n_next, view_next, nibs_next);
-    view_next += advance;
-    nibs_next += advance;
+    // Weights staged (STAGED): the warp's chunk i of weights into its stage i % stages (a lane copies its own view
+    // words and a share of the nibble run, which other lanes read: __syncwarp between reading a stage and refilling
+    // it); one commit group a chunk, empty past the last, so chunk i is always group i.
+    auto copy_weights = [&](bool any, uint32_t stage) {
+      if (any) {
+        const uint32_t words = lane_view + stage;  // lane * 16 in: nibble word lane + j lands at j * 16 past the view
+#pragma unroll
+        for (int u = 0; u < kBlocksPerChunk; ++u)
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(words + u * 32 * 16), "l"(view_next + u * 32));
+        if (LOW_BITS == 0) {  // the warp's 64 nibble words: lane and lane + 32
+          const uint4* run = reinterpret_cast<const uint4*>(nibs_next - lane) + lane;
+#pragma unroll
+          for (int j = 0; j < kBlocksPerChunk * 16; j += 32)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(words + (kBlocksPerChunk * 32 + j) * 16),
+                         "l"(run + j));
+        }
+        view_next += advance;
+        nibs_next += advance;
+      }
+      asm volatile("cp.async.commit_group;");
+    };
+    if constexpr (STAGED) {
+#pragma unroll
+      for (int i = 0; i < kStages - 1; ++i) copy_weights(i < count, i * kWgmmaStageBytes);
+    } else {
+      load_step_registers<kBlocksPerChunk, LOW_BITS>(v_next, n_next, view_next, nibs_next);
+      view_next += advance;
+      nibs_next += advance;
+    }
+    // stage offsets of chunk i (read this iteration) and of chunk i - 1 (refilled with chunk i + stages - 1)
+    uint32_t stage = 0, previous = (kStages - 1) * kWgmmaStageBytes;
 
     // The class's copier: its first thread puts chunk i + slots - 1 into the slot of chunk i - 1 once every warp of
     // the class has released it.
-    const int count = (last - first + args.warps_k - 1) / args.warps_k;
     const bool copier = threadIdx.x == warp_k * args.warps_n * 32;
     auto copy_chunk = [&](int i) {
       const uint32_t slot = i % kWgmmaSlots;
@@ -840,11 +890,30 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
     uint32_t slot = 0, phase = 0;
     for (int i = 0; i < count; ++i) {
       const int chunk = first + i * args.warps_k;
-      const bool more = i + 1 < count;
-      // Decoded, the chunk's weights leave their registers for the next chunk's loads.
       uint32_t a[kBlocksPerChunk][8];
+      if constexpr (STAGED) {
+        // chunk i + stages - 1 into the stage chunk i - 1 left (read by every lane before the last iteration's
+        // __syncwarp), then wait for chunk i's own group
+        copy_weights(i + kStages - 1 < count, previous);
+        asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 1) : "memory");
+        __syncwarp();
 #pragma unroll
-      for (int u = 0; u < kBlocksPerChunk; ++u) decode_block<LOW_BITS>(a[u], v_next[u], n_next[u], base_lo, base_hi);
+        for (int u = 0; u < kBlocksPerChunk; ++u) {
+          uint4 v;
+          uint2 nb = make_uint2(0, 0);
+          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                       : "r"(lane_view + stage + u * 32 * 16) : "memory");
+          if (LOW_BITS == 0)
+            asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(nb.x), "=r"(nb.y)
+                         : "r"(lane_nibbles + stage + u * 32 * 8) : "memory");
+          decode_block<LOW_BITS>(a[u], v, nb, base_lo, base_hi);
+        }
+        previous = stage;
+        stage = stage == (kStages - 1) * kWgmmaStageBytes ? 0 : stage + kWgmmaStageBytes;
+      } else {  // decoded, the chunk's weights leave their registers for the next chunk's loads
+#pragma unroll
+        for (int u = 0; u < kBlocksPerChunk; ++u) decode_block<LOW_BITS>(a[u], v_next[u], n_next[u], base_lo, base_hi);
+      }
       if (LOW_BITS == 0) esc.template patch<kBlocksPerChunk, 11>(a, uint32_t(chunk), 0, args, lane);
       mbarrier_wait(full + 8 * slot, phase);  // the chunk's activations have landed
       const uint32_t desc_lo = desc_lo0 + slot * (kChunkBytes >> 4);
@@ -855,7 +924,7 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
         for (int s = 0; s < 2; ++s)
           wgmma_step<MT>(d, &a[u][4 * s], kDescHi | (desc_lo + (2 * u + s) * (wgmma_step_bytes<MT>() >> 4)));
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      if (more) {
+      if (!STAGED && i + 1 < count) {
         load_step_registers<kBlocksPerChunk, LOW_BITS>(v_next, n_next, view_next, nibs_next);
         view_next += advance;
         nibs_next += advance;
@@ -1042,12 +1111,20 @@ cudaError_t launch_wgmma(const W12MmaArgs& args, int groups, void* x_image, bool
   dim3 grid((tiles + launched.warps_n - 1) / launched.warps_n,
             (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
   dim3 block(32 * launched.warps_n * args.warps_k);
-  const size_t smem = (size_t)epilogue_words<MT, 1>(launched, block.x) * 16 +
-                      (size_t)args.warps_k * wgmma_slots<MT>() * (wgmma_chunk_bytes<MT>() + 16);
-  auto kernel = w12_wgmma_kernel<MT, LOW_BITS, CLUSTER>;
-  int resident = 0;
-  cudaError_t err = resident_blocks(reinterpret_cast<const void*>(kernel), block.x, smem, &resident);
+  const size_t smem_registers = (size_t)epilogue_words<MT, 1>(launched, block.x) * 16 +
+                                (size_t)args.warps_k * wgmma_slots<MT>() * (wgmma_chunk_bytes<MT>() + 16);
+  const size_t smem_staged = smem_registers + (size_t)(block.x / 32) * wgmma_weight_stages<MT>() * kWgmmaStageBytes;
+  auto registers = w12_wgmma_kernel<MT, LOW_BITS, CLUSTER, false>;
+  auto staged = w12_wgmma_kernel<MT, LOW_BITS, CLUSTER, true>;
+  int resident = 0, resident_staged = 0;
+  cudaError_t err = resident_blocks(reinterpret_cast<const void*>(registers), block.x, smem_registers, &resident);
+  if (err == cudaSuccess)
+    err = resident_blocks(reinterpret_cast<const void*>(staged), block.x, smem_staged, &resident_staged);
   if (err != cudaSuccess) return err;
+  // Weights staged in shared memory wherever that keeps as many blocks resident as registers do (their shared memory
+  // may leave room for fewer; the same bits either way).
+  const bool stage_weights = resident_staged > 0 && resident_staged >= resident;
+  resident = max(resident, resident_staged);
   if (resident == 0) {  // more registers or shared memory than a multiprocessor has: fewer warpgroups a block, or none
     if (groups > 1)
       return launch_wgmma<MT, LOW_BITS, CLUSTER>(args, groups / 2, x_image, x_image_written, stream, launched_groups);
@@ -1061,8 +1138,8 @@ cudaError_t launch_wgmma(const W12MmaArgs& args, int groups, void* x_image, bool
     if (err != cudaSuccess) return err;
   }
   *launched_groups = groups;
-  return launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, args.cluster_splits, launched,
-                            static_cast<const uint4*>(x_image));
+  return launch_overlapping(stage_weights ? staged : registers, grid, block, stage_weights ? smem_staged : smem_registers,
+                            stream, args.overlap_prior, args.cluster_splits, launched, static_cast<const uint4*>(x_image));
 }
 
 // The step plans each token-tile count is built with (blocks a step, tiles a warp, weights staged in shared memory
