@@ -868,7 +868,7 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
       nibs_next += advance;
     }
     // stage offsets of chunk i (read this iteration) and of chunk i - 1 (refilled with chunk i + stages - 1)
-    uint32_t stage = 0, previous = (kStages - 1) * kWgmmaStageBytes;
+    uint32_t stage = 0, previous = STAGED ? (kStages - 1) * kWgmmaStageBytes : 0;
 
     // The class's copier: its first thread puts chunk i + slots - 1 into the slot of chunk i - 1 once every warp of
     // the class has released it.
