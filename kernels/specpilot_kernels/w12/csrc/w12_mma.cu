@@ -154,6 +154,36 @@ __device__ __forceinline__ void load_step_registers(uint4 (&v)[BLOCKS], uint2 (&
   }
 }
 
+// One tile's step of weights (BLOCKS 32-column blocks) copied into shared memory at `words` (cp.async, L2 only): each
+// lane copies its own view pieces, and the warp its nibble words as one contiguous run after them, which other lanes
+// read (__syncwarp between reading a copy and refilling it).
+template <int BLOCKS, int LOW_BITS>
+__device__ __forceinline__ void stage_step(uint32_t words, const uint4* view, const uint2* nibs, int lane) {
+  const uint32_t mine = words + lane * 16;  // this lane's first view piece; nibble word lane + i lands i words past the view
+#pragma unroll
+  for (int u = 0; u < BLOCKS; ++u)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(mine + u * 32 * 16), "l"(view + u * 32));
+  if (LOW_BITS == 0) {
+    const uint4* run = reinterpret_cast<const uint4*>(nibs - lane) + lane;  // the warp's nibble words, this lane's first
+#pragma unroll
+    for (int i = 0; i < BLOCKS * 16; i += 32)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(mine + (BLOCKS * 32 + i) * 16), "l"(run + i));
+  }
+}
+
+// Block u of a step stage_step copied to `words`, back into a lane's registers.
+template <int BLOCKS, int LOW_BITS>
+__device__ __forceinline__ void read_staged_block(uint32_t words, int u, int lane, uint4& v, uint2& nb) {
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(words + lane * 16 + u * 32 * 16) : "memory");
+  if (LOW_BITS == 0) {
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(nb.x), "=r"(nb.y)
+                 : "r"(words + BLOCKS * 32 * 16 + lane * 8 + u * 32 * 8) : "memory");
+  } else {
+    nb = make_uint2(0, 0);
+  }
+}
+
 // Fragment words from a step's first block to the next step's: the chunk's next step, or (after its last) the first
 // blocks of the warp's next chunk, warps_k chunks on.
 template <int BLOCKS>
@@ -396,18 +426,9 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
 #pragma unroll
       for (int p = 0; p < TP; ++p) {
         if constexpr (STAGED) {
-          const uint32_t words = stage_base + (uint32_t)((stage * kStageWords + p * kBlocks * kStagedBlockWords) * 16);
-#pragma unroll
-          for (int u = 0; u < kBlocks; ++u)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(words + (u * 32 + lane) * 16),
-                         "l"(view_next[p] + u * 32));
-          if (LOW_BITS == 0) {
-            const uint4* run = reinterpret_cast<const uint4*>(nibs_next[p] - lane);  // the warp's nibble words
-#pragma unroll
-            for (int i = lane; i < kBlocks * 16; i += 32)
-              asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(words + (kBlocks * 32 + i) * 16),
-                           "l"(run + i));
-          }
+          stage_step<kBlocks, LOW_BITS>(
+              stage_base + (uint32_t)((stage * kStageWords + p * kBlocks * kStagedBlockWords) * 16), view_next[p],
+              nibs_next[p], lane);
         } else {
           load_step_registers<kBlocks, LOW_BITS>(v_next[p], n_next[p], view_next[p], nibs_next[p]);
         }
@@ -442,18 +463,7 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
             const uint32_t words =
                 stage_base + (uint32_t)(((stage ^ 1) * kStageWords + p * kBlocks * kStagedBlockWords) * 16);
 #pragma unroll
-            for (int u = 0; u < kBlocks; ++u) {
-              asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                           : "=r"(v[p][u].x), "=r"(v[p][u].y), "=r"(v[p][u].z), "=r"(v[p][u].w)
-                           : "r"(words + (u * 32 + lane) * 16) : "memory");
-              if (LOW_BITS == 0) {
-                asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];"
-                             : "=r"(nb[p][u].x), "=r"(nb[p][u].y) : "r"(words + kBlocks * 32 * 16 + (u * 32 + lane) * 8)
-                             : "memory");
-              } else {
-                nb[p][u] = make_uint2(0, 0);
-              }
-            }
+            for (int u = 0; u < kBlocks; ++u) read_staged_block<kBlocks, LOW_BITS>(words, u, lane, v[p][u], nb[p][u]);
           }
           __syncwarp();  // every lane has read the half the next load refills
         } else {
@@ -804,11 +814,8 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
   uint8_t* weight_stages = class_slots + (size_t)args.warps_k * kWgmmaSlots * kChunkBytes;
   uint64_t* bars = reinterpret_cast<uint64_t*>(weight_stages + (size_t)(blockDim.x / 32) * kStages * kWgmmaStageBytes);
   const uint32_t slots = static_cast<uint32_t>(__cvta_generic_to_shared(class_slots)) + warp_k * kWgmmaSlots * kChunkBytes;
-  // this lane's view words and nibble bytes in the warp's first stage (a stage: 128 view words, then 64 nibble words)
-  const uint32_t warp_stages =
+  const uint32_t warp_stages =  // the warp's first stage (stage_step's layout of a chunk)
       static_cast<uint32_t>(__cvta_generic_to_shared(weight_stages)) + warp * kStages * kWgmmaStageBytes;
-  const uint32_t lane_view = warp_stages + lane * 16;
-  const uint32_t lane_nibbles = warp_stages + kBlocksPerChunk * 32 * 16 + lane * 8;
   const uint32_t full = static_cast<uint32_t>(__cvta_generic_to_shared(bars)) + warp_k * kWgmmaSlots * 8;
   const uint32_t empty = full + args.warps_k * kWgmmaSlots * 8;
   if (threadIdx.x == 0) {
@@ -838,22 +845,11 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
     // Weights in registers (!STAGED): the next chunk's, loaded while this one's MMAs run.
     uint4 v_next[kBlocksPerChunk];
     uint2 n_next[kBlocksPerChunk];
-    // Weights staged (STAGED): the warp's chunk i of weights into its stage i % stages (a lane copies its own view
-    // words and a share of the nibble run, which other lanes read: __syncwarp between reading a stage and refilling
-    // it); one commit group a chunk, empty past the last, so chunk i is always group i.
+    // Weights staged (STAGED): the warp's chunk i of weights into its stage i % stages (stage_step); one commit group
+    // a chunk, empty past the last, so chunk i is always group i.
     auto copy_weights = [&](bool any, uint32_t stage) {
       if (any) {
-        const uint32_t words = lane_view + stage;  // lane * 16 in: nibble word lane + j lands at j * 16 past the view
-#pragma unroll
-        for (int u = 0; u < kBlocksPerChunk; ++u)
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(words + u * 32 * 16), "l"(view_next + u * 32));
-        if (LOW_BITS == 0) {  // the warp's 64 nibble words: lane and lane + 32
-          const uint4* run = reinterpret_cast<const uint4*>(nibs_next - lane) + lane;
-#pragma unroll
-          for (int j = 0; j < kBlocksPerChunk * 16; j += 32)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(words + (kBlocksPerChunk * 32 + j) * 16),
-                         "l"(run + j));
-        }
+        stage_step<kBlocksPerChunk, LOW_BITS>(warp_stages + stage, view_next, nibs_next, lane);
         view_next += advance;
         nibs_next += advance;
       }
@@ -900,12 +896,8 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
 #pragma unroll
         for (int u = 0; u < kBlocksPerChunk; ++u) {
           uint4 v;
-          uint2 nb = make_uint2(0, 0);
-          asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                       : "r"(lane_view + stage + u * 32 * 16) : "memory");
-          if (LOW_BITS == 0)
-            asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(nb.x), "=r"(nb.y)
-                         : "r"(lane_nibbles + stage + u * 32 * 8) : "memory");
+          uint2 nb;
+          read_staged_block<kBlocksPerChunk, LOW_BITS>(warp_stages + stage, u, lane, v, nb);
           decode_block<LOW_BITS>(a[u], v, nb, base_lo, base_hi);
         }
         previous = stage;
