@@ -159,12 +159,12 @@ __device__ __forceinline__ void load_step_registers(uint4 (&v)[BLOCKS], uint2 (&
 // read (__syncwarp between reading a copy and refilling it).
 template <int BLOCKS, int LOW_BITS>
 __device__ __forceinline__ void stage_step(uint32_t words, const uint4* view, const uint2* nibs, int lane) {
-  const uint32_t mine = words + lane * 16;  // this lane's first view piece; nibble word lane + i lands i words past the view
+  const uint32_t mine = words + lane * 16;  // this lane's first view piece (its nibble words: i words past the view)
 #pragma unroll
   for (int u = 0; u < BLOCKS; ++u)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(mine + u * 32 * 16), "l"(view + u * 32));
   if (LOW_BITS == 0) {
-    const uint4* run = reinterpret_cast<const uint4*>(nibs - lane) + lane;  // the warp's nibble words, this lane's first
+    const uint4* run = reinterpret_cast<const uint4*>(nibs - lane) + lane;  // the warp's nibble words from this lane's
 #pragma unroll
     for (int i = 0; i < BLOCKS * 16; i += 32)
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(mine + (BLOCKS * 32 + i) * 16), "l"(run + i));
@@ -717,9 +717,10 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
 //
 // Weights (STAGED): a warp's next chunk in registers, loaded once the MMAs are issued, leaves the load little to hide
 // behind: the next decode waits for it. Each warp instead copies its chunks into its own shared-memory ring of
-// wgmma_weight_stages() chunks (cp.async), stages - 1 ahead of the one it decodes, with 24 fewer registers: 4-6% off
-// gate_up and the LM head at 32 rows on the H200 (v19, docs/w12-notes.md). The launch keeps weights in registers
-// where the ring's shared memory would leave room for fewer resident blocks (e.g. three K classes a block at 64 rows).
+// wgmma_weight_stages() chunks (cp.async), stages - 1 ahead of the one it decodes, with 23 fewer registers at 32 rows:
+// 4-6% off gate_up and the LM head at 32 rows on the H200 (v19, docs/w12-notes.md). The launch keeps weights in
+// registers where the ring's shared memory would leave room for fewer resident blocks (e.g. three K classes a block at
+// 64 rows).
 template <int MT>
 __device__ __forceinline__ void wgmma_step(float (&d)[MT * 4], const uint32_t* a, uint64_t b);
 
