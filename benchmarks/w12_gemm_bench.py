@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import triton
 
-from cuda_timing import graph_replay_us
+from cuda_timing import ClockLog, graph_replay_us
 from specpilot_kernels.w12 import encode, w12_gemm
 from specpilot_kernels.w12.configs import GemmConfig, select_config
 from specpilot_kernels.w12.gemm import launch
@@ -49,6 +49,7 @@ FINALISTS = 4  # the best partitions re-timed side by side (row by row) before o
 TAIL_PARTITIONS = ((1, 8, 1), (1, 4, 2), (4, 2, 1), (4, 1, 2), (1, 8, 2), (1, 4, 4), (2, 4, 2))
 TAIL_WARPS_PER_SM = (16, 12)
 TAIL_MIN_GAIN = 0.02  # a tail changes its rows' bits: taken only when its score beats one region's by this much
+SETTLED_ROWS = (1, 16, 32, 64)  # --settle: rows also timed at the clock the power cap settles at under each kernel
 
 
 def tune_score(times_us: dict) -> float:
@@ -173,7 +174,8 @@ def correctness(sms: int, variants) -> dict:
     return report
 
 
-def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=False) -> dict:
+def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=False, settle_s=0.0,
+                clock=None) -> dict:
     torch.manual_seed(0)
     w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
     torch.cuda.synchronize()
@@ -202,11 +204,12 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
     }
     fixed = {"triton": select_config(n, k, torch.device("cuda")), "mma": select_mma_config(n, k, torch.device("cuda"))}
 
-    def time_variant(variant, cfg, m, low_bits="exact", **options):
+    def time_variant(variant, cfg, m, low_bits="exact", settle_s=0.0, **options):
         x = torch.randn(m, k, device="cuda").bfloat16()
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         call = gemms[variant][1]
-        return graph_replay_us(lambda i: call(cfg, x, y, i, low_bits, **options), copies, max(copies, 8), REPLAYS) * 1e-6
+        return graph_replay_us(lambda i: call(cfg, x, y, i, low_bits, **options), copies, max(copies, 8), REPLAYS,
+                               settle_s) * 1e-6
 
     def ran_as_asked(cfg, m):
         """Whether cfg's launch at m rows ran the warpgroups it asks for (a block that fits no multiprocessor runs
@@ -220,10 +223,19 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
                                                              "asked": asked, "ran": launched})
         return launched[0] == asked[0]
 
-    def time_cublas(m):
+    def time_cublas(m, settle_s=0.0):
         x = torch.randn(m, k, device="cuda").bfloat16()
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        return graph_replay_us(lambda i: torch.matmul(x, wts[i], out=y), len(ws), max(len(ws), 8), REPLAYS) * 1e-6
+        return graph_replay_us(lambda i: torch.matmul(x, wts[i], out=y), len(ws), max(len(ws), 8), REPLAYS,
+                               settle_s) * 1e-6
+
+    windows = {}  # (M, what) -> the wall-clock window it was timed in, for the clock log
+
+    def timed_window(m, what, measure):
+        start = time.time()
+        seconds = measure()
+        windows[(m, what)] = (start, time.time())
+        return seconds
 
     # autotune at 1, 8, 16 and 32 rows, weighted as the rows of the 1-32 geometric mean, preferring partitions no
     # slower than cuBLAS at any of them; the chosen partition then serves every row count
@@ -317,14 +329,14 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
                 result.setdefault("shared_x_errors", {})[key] = repr(exc)[:200]
         result["shared_x_32_us"] = {key: t for key, (t, _) in shared_us.items()}
         best["mma"] = (min(shared_us.values(), key=lambda v: v[0])[1], best["mma"][1])
-        # sm_90: whether each row range (9-16, 17-32, 33-64) runs as warpgroup MMAs (1, 2 or 4 warpgroups a K class a
-        # block) or per-warp mma.sync, timed at its largest row count (no bit changes); each option twice, in turn,
-        # keeping its faster time (the options are often within a few percent)
+        # sm_90: whether each row range (9-16, 17-32, 33-64) runs as warpgroup MMAs (1, 2, 4 or 5 warpgroups a K class a
+        # block; 5: 20 warps, one block a multiprocessor) or per-warp mma.sync, timed at its largest row count (no bit
+        # changes); each option twice, in turn, keeping its faster time (the options are often within a few percent)
         if torch.cuda.get_device_capability()[0] == 9:
             cfg, chosen, wgmma_us = best["mma"][0], [0, 0, 0], {}
             for slot, m in enumerate((16, 32, 64)):
                 options = {0: cfg}
-                for groups in (1, 2, 4):
+                for groups in (1, 2, 4, 5):
                     if 4 * groups * cfg.warps_k > MAX_WGMMA_WARPS_PER_BLOCK:
                         continue
                     option = replace(cfg, wgmma=tuple(groups if i == slot else 0 for i in range(3)))
@@ -342,7 +354,7 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
         # time is the faster of two
         if "mma" in tune_variants or tails:
             cfg = best["mma"][0]
-            groups_32 = [g for g in dict.fromkeys((cfg.wgmma[1], 0, 1, 2, 4))
+            groups_32 = [g for g in dict.fromkeys((cfg.wgmma[1], 0, 1, 2, 4, 5))
                          if torch.cuda.get_device_capability()[0] == 9 or g == 0]
             tail_us, scores = [], {}
             for option in [replace(cfg, tail_rows=0, tail=(0, 0, 0))] + tail_candidates(cfg, n, k, sms):
@@ -379,11 +391,19 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
     result["autotune"] = tune
     rows = []
     for m in ROWS:
-        cub = time_cublas(m)
+        cub = timed_window(m, "cublas", lambda: time_cublas(m))
         row = {"M": m, "cublas_us": cub * 1e6, "cublas_TBps": bf16_bytes / cub / 1e12,
                "cublas_frac_floor": bf16_bytes / read_bw / cub}
+        if settle_s and m in SETTLED_ROWS:
+            row["cublas_settled_us"] = timed_window(m, "cublas_settled", lambda: time_cublas(m, settle_s)) * 1e6
         for variant, (cfg, _) in best.items():
-            t = time_variant(variant, cfg, m)
+            t = timed_window(m, variant, lambda: time_variant(variant, cfg, m))
+            if settle_s and m in SETTLED_ROWS:
+                settled = timed_window(m, f"{variant}_settled",
+                                       lambda: time_variant(variant, cfg, m, settle_s=settle_s))
+                row[f"{variant}_settled_us"] = settled * 1e6
+                row[f"{variant}_settled_speedup"] = row["cublas_settled_us"] * 1e-6 / settled
+                row[f"{variant}_settled_frac_floor"] = w12_bytes / read_bw / settled
             row[f"{variant}_us"] = t * 1e6
             row[f"{variant}_TBps"] = w12_bytes / t / 1e12
             row[f"{variant}_frac_floor"] = w12_bytes / read_bw / t
@@ -398,6 +418,9 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
                         for p in STEP_PLANS[m]}
         rows.append(row)
         log(name, row)
+    if clock:  # each timing's SM clock, power and power-cap throttling (its samples are all written by now)
+        for row in rows:
+            row["clock"] = {what: clock.summary(*window) for (m, what), window in windows.items() if m == row["M"]}
     result["best"] = {v: asdict(c) for v, (c, _) in best.items()}
     result["rows"] = rows
     del w12s, mmas, ws, wts
@@ -428,6 +451,10 @@ def summarize(shapes: dict) -> dict:
                 fr = [r[f"{variant}_frac_floor"] for r in shapes[nm]["rows"] if r["M"] <= 32 and f"{variant}_frac_floor" in r]
                 if fr:
                     out[f"{variant}_{nm}_frac_floor_1_32_min"] = min(fr)
+        settled = {nm: {r["M"]: round(r[f"{variant}_settled_speedup"], 3) for r in shape["rows"]
+                        if f"{variant}_settled_speedup" in r} for nm, shape in shapes.items()}
+        if any(settled.values()):
+            out[f"{variant}_settled_speedup"] = settled
     return out
 
 
@@ -455,6 +482,9 @@ def main() -> None:
     parser.add_argument("--variants", default="triton,mma", help="kernels to time: triton, mma")
     parser.add_argument("--tails", action="store_true",
                         help="time tail partitions (mma.py, row regions) for the mma partition even when it is not tuned")
+    parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
+                        help=f"also time rows {', '.join(map(str, SETTLED_ROWS))} after SECONDS of untimed replays: "
+                             "the pace at the SM clock each kernel's power settles at under the board's power cap")
     parser.add_argument("--tune", default=None, help="variants to autotune (default: all timed; none: no variant); "
                                                      "the others run their tuned partition on file")
     args = parser.parse_args()
@@ -473,22 +503,25 @@ def main() -> None:
            "torch": torch.__version__, "triton": triton.__version__, "weights": "synthetic: seeded N(0, 0.02) BF16",
            "method": f"CUDA-graph replay over rotating copies >= 4x{L2_BYTES >> 20} MB, median of {REPLAYS}; on sm_90+ "
                      "each mma launch overlaps the tail of the call before it (programmatic dependent launch; "
-                     "mma_no_overlap_us: the same calls launched without)"}
+                     "mma_no_overlap_us: the same calls launched without); with --settle, *_settled_*: rows "
+                     f"{', '.join(map(str, SETTLED_ROWS))} timed after that many seconds of untimed replays; clock: "
+                     "each timing's SM clock, power and power-cap throttling (nvidia-smi, 100 ms samples)"}
     doc["read_bw_Bps"] = read_bandwidth()
     log("read bw", doc["read_bw_Bps"] / 1e12)
     doc["correctness"] = correctness(props.multi_processor_count, args.variants.split(","))
     log(json.dumps(doc["correctness"], indent=1))
     doc["shapes"] = {}
-    for name in args.shapes.split(","):
-        n, k = SHAPES[name] if name in SHAPES else map(int, name.split("x"))
-        doc["shapes"][name] = bench_shape(name, n, k, props.multi_processor_count, doc["read_bw_Bps"], args.quick,
-                                          args.variants.split(","), tune.split(","), args.tails)
-        doc["summary"] = summarize(doc["shapes"])
-        if args.out:
-            with open(args.out, "w") as fh:
-                json.dump(doc, fh, indent=1)
-        if args.write_configs and "mma" in doc["shapes"][name]["best"]:  # after every shape: a cut-off run keeps its tuning
-            write_config(args.write_configs, props.name, doc["shapes"][name])
+    with ClockLog() as clock:
+        for name in args.shapes.split(","):
+            n, k = SHAPES[name] if name in SHAPES else map(int, name.split("x"))
+            doc["shapes"][name] = bench_shape(name, n, k, props.multi_processor_count, doc["read_bw_Bps"], args.quick,
+                                              args.variants.split(","), tune.split(","), args.tails, args.settle, clock)
+            doc["summary"] = summarize(doc["shapes"])
+            if args.out:
+                with open(args.out, "w") as fh:
+                    json.dump(doc, fh, indent=1)
+            if args.write_configs and "mma" in doc["shapes"][name]["best"]:  # after every shape: a cut-off run keeps
+                write_config(args.write_configs, props.name, doc["shapes"][name])  # its tuning
     enc = [(s["N"] * s["K"], s["encode_s"]) for s in doc["shapes"].values()]
     rate = sum(e for e, _ in enc) / sum(t for _, t in enc)
     doc["encode"] = {"weights_per_s": rate, "extrapolated_27e9_weights_s": 27e9 / rate,
@@ -504,6 +537,8 @@ def main() -> None:
             for r in shape["rows"]:
                 log("  M=%-3d cublas %7.1f us" % (r["M"], r["cublas_us"]), " ".join(
                     f"{v} {r[v + '_us']:7.1f} us x{r[v + '_speedup']:.2f} floor {r[v + '_frac_floor']:.2f}"
+                    + (f" settled x{r[v + '_settled_speedup']:.2f} floor {r[v + '_settled_frac_floor']:.2f}"
+                       if v + "_settled_us" in r else "")
                     for v in ("triton", "mma") if v + "_us" in r))
         log(json.dumps({"summary": doc["summary"], "encode": doc["encode"], "read_bw": doc["read_bw_Bps"]}))
     else:

@@ -3,6 +3,9 @@
 
     python benchmarks/w12_plot.py benchmarks/results/w12-gemm-mma-v11-h200x2-2026-11-30.json \\
         benchmarks/results/w12-gemm-mma-v12-h200-2026-11-30.json --out w12-speedup.png
+
+A file may be given twice with a --variant each, e.g. ``mma`` and ``mma_settled`` (the bench's --settle figures: the
+pace once the power cap has settled the SM clock).
 """
 
 from __future__ import annotations
@@ -37,12 +40,13 @@ def read_speedups(path: Path, variant: str) -> dict[str, list[tuple[int, float]]
     out = {name: [(row["M"], row[key]) for row in shape.get("rows", []) if key in row and "M" in row]
            for name, shape in shapes.items()}
     if not any(out.values()):
-        raise PlotInputError(f"{path}: no '{key}' figures; the file timed other kernels (try --variant triton)")
+        raise PlotInputError(f"{path}: no '{key}' figures; the file timed other kernels (try --variant triton), or "
+                             "was run without --settle (the *_settled figures)")
     return out
 
 
-def plot_speedups(files: list[Path], labels: list[str], out: Path, variant: str = "mma") -> Path:
-    series = [read_speedups(path, variant) for path in files]  # every input read before anything is drawn
+def plot_speedups(files: list[Path], labels: list[str], out: Path, variants: list[str]) -> Path:
+    series = [read_speedups(path, variant) for path, variant in zip(files, variants)]  # all read before drawing
     names = list(dict.fromkeys(name for s in series for name in s))
     columns = min(3, len(names))
     rows = -(-len(names) // columns)
@@ -65,7 +69,8 @@ def plot_speedups(files: list[Path], labels: list[str], out: Path, variant: str 
     for ax in list(axes.flat)[len(names):]:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"W12 GEMM ({variant}) vs cuBLAS BF16, H200, synthetic N(0, 0.02) weights", fontsize=10)
+    fig.suptitle(f"W12 GEMM ({', '.join(dict.fromkeys(variants))}) vs cuBLAS BF16, H200, synthetic N(0, 0.02) weights",
+                 fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
@@ -78,14 +83,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="+", type=Path, help="w12_gemm_bench JSON files, one line each")
     parser.add_argument("--label", action="append", default=None,
                         help="a legend label per file, in order (default: the file names)")
-    parser.add_argument("--variant", default="mma", help="the kernel's figures to plot: mma or triton")
+    parser.add_argument("--variant", action="append", default=None,
+                        help="the figures to plot: mma (default), triton or mma_settled; once for every file or once "
+                             "per file, in order")
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
     args = parser.parse_args(argv)
     labels = args.label or [path.stem for path in args.files]
     if len(labels) != len(args.files):
         parser.error(f"--label given {len(labels)} times for {len(args.files)} files; give one per file or none")
+    variants = args.variant or ["mma"]
+    if len(variants) == 1:
+        variants = variants * len(args.files)
+    if len(variants) != len(args.files):
+        parser.error(f"--variant given {len(variants)} times for {len(args.files)} files; give one, or one per file")
     try:
-        print(plot_speedups(args.files, labels, args.out, args.variant))
+        print(plot_speedups(args.files, labels, args.out, variants))
     except PlotInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ PlotInputError, main, read_speedups = w12_plot.PlotInputError, w12_plot.main, w1
 RESULTS = BENCHMARKS / "results"
 V11 = RESULTS / "w12-gemm-mma-v11-h200x2-2026-11-30.json"
 V12 = RESULTS / "w12-gemm-mma-v12-h200-2026-11-30.json"
+V20 = RESULTS / "w12-gemm-mma-v20-final-h200-2026-12-01.json"
 
 
 def test_speedups_are_read_per_shape_and_row_count():
@@ -39,3 +40,18 @@ def test_bad_input_is_named_and_writes_nothing(tmp_path, capsys):
         read_speedups(V12, "triton")
     with pytest.raises(SystemExit):  # one label for two files
         main([str(V11), str(V12), "--label", "only", "--out", str(out)])
+    with pytest.raises(SystemExit):  # three variants for two files
+        main([str(V11), str(V12), "--variant", "mma", "--variant", "mma", "--variant", "mma", "--out", str(out)])
+    with pytest.raises(PlotInputError, match="without --settle"):
+        read_speedups(V12, "mma_settled")
+    assert not out.exists()
+
+
+def test_one_file_twice_shows_burst_and_settled_figures(tmp_path):
+    # the v20 runs timed 1, 16, 32 and 64 rows again once the power cap had settled the SM clock (--settle)
+    settled = read_speedups(V20, "mma_settled")
+    assert [m for m, _ in settled["lm_head"]] == [1, 16, 32, 64]
+    out = tmp_path / "w12.png"
+    assert main([str(V20), str(V20), "--variant", "mma", "--variant", "mma_settled", "--label", "burst",
+                 "--label", "settled", "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,62 @@
+"""The GPU benchmarks' clock log (benchmarks/cuda_timing.py): nvidia-smi's samples summarized per timing window.
+nvidia-smi cannot run here, so a script on PATH prints what it prints; the parsing and summary are the real code."""
+
+import importlib.util
+import os
+import stat
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+_path = Path(__file__).resolve().parents[1] / "benchmarks" / "cuda_timing.py"
+_spec = importlib.util.spec_from_file_location("cuda_timing", _path)  # a script beside the benchmarks, not a package
+cuda_timing = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cuda_timing)
+ClockLog = cuda_timing.ClockLog
+
+# nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active --format=csv,noheader,nounits
+# -lms=100: one line a period; here 1980 MHz and no throttling for 0.3 s, then the power cap (0x4) at 1485 MHz
+FAKE_SMI = textwrap.dedent(f"""\
+    #!{sys.executable}
+    import time
+    start = time.time()
+    while True:
+        now = time.time()
+        capped = now - start > 0.3
+        print(time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + ".%03d" % int(now % 1 * 1000),
+              1485 if capped else 1980, "699.61" if capped else "412.20",
+              "0x0000000000000004" if capped else "0x0000000000000000", sep=", ", flush=True)
+        time.sleep(0.05)
+    """)
+
+
+def fake_smi(tmp_path, monkeypatch):
+    script = tmp_path / "nvidia-smi"
+    script.write_text(FAKE_SMI)
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_windows_report_the_clock_and_the_power_cap(tmp_path, monkeypatch):
+    fake_smi(tmp_path, monkeypatch)
+    with ClockLog(period_ms=50) as clock:
+        start = time.time()
+        time.sleep(0.2)
+        cool = (start, time.time())
+        time.sleep(0.3)
+        start = time.time()
+        time.sleep(0.3)
+        capped = (start, time.time())
+        time.sleep(0.2)  # the windows' last samples are written
+        first, second = clock.summary(*cool), clock.summary(*capped)
+    assert first["sm_mhz"] == 1980 and first["power_capped"] is False and first["power_w"] == 412.2
+    assert second["sm_mhz"] == 1485 and second["sm_mhz_min"] == 1485 and second["power_capped"] is True
+    assert second["power_w"] == 699.61 and second["samples"] >= 3
+    assert clock.summary(0, 1) is None  # no samples in that window
+
+
+def test_without_nvidia_smi_nothing_is_recorded(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    with ClockLog() as clock:
+        assert clock.samples() == [] and clock.summary(0, time.time()) is None
