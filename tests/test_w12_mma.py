@@ -194,7 +194,7 @@ def test_shared_activations_outside_what_the_kernel_is_built_for_are_refused():
 
 WGMMA_CONFIGS = [MmaConfig(4, 1, 1, wgmma=(1, 2, 1)), MmaConfig(2, 4, 3, wgmma=(1, 2, 1)),
                  MmaConfig(1, 3, 1, wgmma=(2, 1, 1)), MmaConfig(1, 2, 6, wgmma=(3, 1, 2)),
-                 MmaConfig(1, 8, 2, wgmma=(1, 1, 1))]
+                 MmaConfig(1, 8, 2, wgmma=(1, 1, 1)), MmaConfig(4, 1, 1, wgmma=(1, 5, 1))]
 
 
 # wgmma exists on sm_90a only; elsewhere the per-warp kernel runs with the same bits (the other GPU tests cover it)
@@ -208,7 +208,7 @@ needs_wgmma = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get
 def test_mma_warpgroup_mmas_give_the_same_bits(config):
     # 9-64 rows as warpgroup MMAs (sm_90a) against per-warp mma.sync: the same k16 products summed in the same order
     # per tile, so the same bits, with escapes (more than a window's worth in some chunks), K splits in a cluster
-    # (2-3) and through the workspace (6), 1-3 warpgroups sharing a block's activations, warpgroups past the last tile
+    # (2-3) and through the workspace (6), 1-5 warpgroups sharing a block's activations, warpgroups past the last tile
     # (63 tiles), rows past m and the Q pass's low bits
     w = weight(n=1000, k=1536, device="cuda")
     w[480:496, 256:900] = 0.0
@@ -232,6 +232,7 @@ def test_mma_reports_the_warpgroups_each_launch_ran():
     mma = to_mma_layout(encode(weight(n=1024, k=1536, device="cuda")))
     x = torch.randn(70, 1536, device="cuda").bfloat16()
     cases = [(MmaConfig(1, 2, 1, wgmma=(0, 2, 0)), 32, [2]),
+             (MmaConfig(1, 1, 1, wgmma=(0, 5, 0)), 32, [5]),  # 20 warps: one block a multiprocessor, weights staged
              # 8 K classes of one warpgroup: 32 warps of over 100 registers fit no multiprocessor, so per-warp
              (MmaConfig(1, 8, 1, wgmma=(0, 1, 0)), 32, [0]),
              (MmaConfig(1, 2, 1, wgmma=(0, 2, 0), tail_rows=256, tail=(1, 8, 1)), 32, [2, 0]),
