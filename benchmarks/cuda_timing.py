@@ -74,7 +74,7 @@ def record_section(result: dict, name: str, run: Callable[[], object], out: str 
 
 class ClockLog:
     """nvidia-smi sampling the SM clock, board power and throttle reasons every ``period_ms`` while open;
-    :meth:`summary` sums up a window's samples. Without nvidia-smi it records nothing (every window: None)."""
+    :meth:`summaries` sums up windows of samples. Without nvidia-smi it records nothing (every window: None)."""
 
     FIELDS = "timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active"
     POWER_CAP = 0x4  # clocks_throttle_reasons.active bit: SW power cap
@@ -115,12 +115,16 @@ class ClockLog:
                     continue
         return rows
 
-    def summary(self, start: float, end: float) -> dict | None:
-        """The clock over the wall-clock window [start, end] (read once its samples are written, e.g. after the next
-        measurement): median and minimum SM MHz, peak W, whether the power cap throttled; None without samples."""
-        window = [s for s in self.samples() if start <= s[0] <= end + self.period_ms / 1000]
-        if not window:
-            return None
-        return {"sm_mhz": statistics.median(s[1] for s in window), "sm_mhz_min": min(s[1] for s in window),
-                "power_w": max(s[2] for s in window), "power_capped": any(s[3] & self.POWER_CAP for s in window),
-                "samples": len(window)}
+    def summaries(self, windows: dict) -> dict:
+        """{key: the clock over wall-clock window (start, end)} for every key of ``windows``, from one read of the log
+        (call it once the windows' samples are written, e.g. after the next measurement): median and minimum SM MHz,
+        peak W and whether the power cap throttled, or None for a window without samples."""
+        samples = self.samples()
+        out = {}
+        for key, (start, end) in windows.items():
+            window = [s for s in samples if start <= s[0] <= end + self.period_ms / 1000]
+            out[key] = {"sm_mhz": statistics.median(s[1] for s in window), "sm_mhz_min": min(s[1] for s in window),
+                        "power_w": max(s[2] for s in window),
+                        "power_capped": any(s[3] & self.POWER_CAP for s in window),
+                        "samples": len(window)} if window else None
+        return out

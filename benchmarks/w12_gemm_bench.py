@@ -419,8 +419,9 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
         rows.append(row)
         log(name, row)
     if clock:  # each timing's SM clock, power and power-cap throttling (its samples are all written by now)
+        clocks = clock.summaries(windows)
         for row in rows:
-            row["clock"] = {what: clock.summary(*window) for (m, what), window in windows.items() if m == row["M"]}
+            row["clock"] = {what: summary for (m, what), summary in clocks.items() if m == row["M"]}
     result["best"] = {v: asdict(c) for v, (c, _) in best.items()}
     result["rows"] = rows
     del w12s, mmas, ws, wts
