@@ -6,8 +6,8 @@ L2 are each read cold) is captured after one warm-up on a side stream, replayed 
 events over ``replays`` replays; the median replay divided by ``calls`` is the figure.
 
 Such a burst starts at whatever SM clock the GPU is at. Under sustained load an H200 holds its 700 W cap by
-lowering the SM clock, by how much depending on the kernel's power (W12's decode: to ~1.5 GHz; cuBLAS's BF16 GEMV:
-none). ``settle_s`` replays the graph that long before timing, so the figure is the kernel's pace at the clock
+lowering the SM clock, by how much depending on the kernel's power (W12's kernels at 16-64 rows: to 1.44-1.87 GHz;
+cuBLAS's BF16 GEMV: hardly). ``settle_s`` replays the graph that long before timing, so the figure is the kernel's pace at the clock
 its own power settles at; :class:`ClockLog` records the SM clock, power and throttle reasons over any window.
 """
 
