@@ -44,6 +44,8 @@ REPLAYS = 15
 TUNE_ROWS = {1: 3, 8: 1, 16: 1, 32: 1}  # rows timed while tuning (1 stands for 1-4 rows), weights
 PLAN_BASES = 6  # the best mma partitions also timed at 32 rows with the other step plans
 FINALISTS = 4  # the best partitions re-timed side by side (row by row) before one is chosen: sweep timings drift
+# sm_90a: warpgroups a K class a block tried for warpgroup MMAs (5: 20 warps, one block a multiprocessor with the ring)
+WGMMA_GROUPS = (1, 2, 4, 5)
 # Tails (mma.py, row regions): shorter K chains for the rows past the first region's whole rounds of blocks, the rounds
 # counted at 16 and 12 resident warps a multiprocessor (the per-warp kernels' 128 and 166 registers at 16 and 32 rows)
 TAIL_PARTITIONS = ((1, 8, 1), (1, 4, 2), (4, 2, 1), (4, 1, 2), (1, 8, 2), (1, 4, 4), (2, 4, 2))
@@ -329,14 +331,14 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
                 result.setdefault("shared_x_errors", {})[key] = repr(exc)[:200]
         result["shared_x_32_us"] = {key: t for key, (t, _) in shared_us.items()}
         best["mma"] = (min(shared_us.values(), key=lambda v: v[0])[1], best["mma"][1])
-        # sm_90: whether each row range (9-16, 17-32, 33-64) runs as warpgroup MMAs (1, 2, 4 or 5 warpgroups a K class a
-        # block; 5: 20 warps, one block a multiprocessor) or per-warp mma.sync, timed at its largest row count (no bit
-        # changes); each option twice, in turn, keeping its faster time (the options are often within a few percent)
+        # sm_90: whether each row range (9-16, 17-32, 33-64) runs as warpgroup MMAs (WGMMA_GROUPS warpgroups a K class a
+        # block) or per-warp mma.sync, timed at its largest row count (no bit changes); each option twice, in turn,
+        # keeping its faster time (the options are often within a few percent)
         if torch.cuda.get_device_capability()[0] == 9:
             cfg, chosen, wgmma_us = best["mma"][0], [0, 0, 0], {}
             for slot, m in enumerate((16, 32, 64)):
                 options = {0: cfg}
-                for groups in (1, 2, 4, 5):
+                for groups in WGMMA_GROUPS:
                     if 4 * groups * cfg.warps_k > MAX_WGMMA_WARPS_PER_BLOCK:
                         continue
                     option = replace(cfg, wgmma=tuple(groups if i == slot else 0 for i in range(3)))
@@ -354,7 +356,7 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
         # time is the faster of two
         if "mma" in tune_variants or tails:
             cfg = best["mma"][0]
-            groups_32 = [g for g in dict.fromkeys((cfg.wgmma[1], 0, 1, 2, 4, 5))
+            groups_32 = [g for g in dict.fromkeys((cfg.wgmma[1], 0, *WGMMA_GROUPS))
                          if torch.cuda.get_device_capability()[0] == 9 or g == 0]
             tail_us, scores = [], {}
             for option in [replace(cfg, tail_rows=0, tail=(0, 0, 0))] + tail_candidates(cfg, n, k, sms):
