@@ -156,18 +156,24 @@ __device__ __forceinline__ void load_step_registers(uint4 (&v)[BLOCKS], uint2 (&
 
 // One tile's step of weights (BLOCKS 32-column blocks) copied into shared memory at `words` (cp.async, L2 only): each
 // lane copies its own view pieces, and the warp its nibble words as one contiguous run after them, which other lanes
-// read (__syncwarp between reading a copy and refilling it).
+// read (__syncwarp between reading a copy and refilling it). The weights are read once, so they enter L2 first in
+// line for eviction: 1-4% off 16-32 rows on the H200 (v21, docs/w12-notes.md). The policy is made where it is used
+// (volatile): made once and held, it took a register pair and a conversion to a uniform register per copy.
 template <int BLOCKS, int LOW_BITS>
 __device__ __forceinline__ void stage_step(uint32_t words, const uint4* view, const uint2* nibs, int lane) {
   const uint32_t mine = words + lane * 16;  // this lane's first view piece (its nibble words: i words past the view)
+  uint64_t read_once;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(read_once));
 #pragma unroll
   for (int u = 0; u < BLOCKS; ++u)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(mine + u * 32 * 16), "l"(view + u * 32));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(mine + u * 32 * 16),
+                 "l"(view + u * 32), "l"(read_once));
   if (LOW_BITS == 0) {
     const uint4* run = reinterpret_cast<const uint4*>(nibs - lane) + lane;  // the warp's nibble words from this lane's
 #pragma unroll
     for (int i = 0; i < BLOCKS * 16; i += 32)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(mine + (BLOCKS * 32 + i) * 16), "l"(run + i));
+      asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(mine + (BLOCKS * 32 + i) * 16),
+                   "l"(run + i), "l"(read_once));
   }
 }
 
@@ -767,10 +773,12 @@ __host__ __device__ constexpr int wgmma_chunk_bytes() { return 8 * wgmma_step_by
 template <int MT>
 __host__ __device__ constexpr int wgmma_slots() { return MT == 8 ? 3 : 4; }
 // Each warp's own ring of weight chunks (view words, then the nibble run, as the staged per-warp kernel lays a step
-// out), filled by cp.async: chunk i + stages - 1 is in flight while chunk i is decoded. Three a warp (two at 64 rows,
-// where 3 KB more a warp would leave two blocks of 8 warps no room beside their activation slots).
+// out), filled by cp.async: chunk i + stages - 1 is in flight while chunk i is decoded. Three a warp at 9-16 rows; two
+// at 17-32, where one chunk in flight a warp took 1-2% off gate_up's first region (fewer requests queued; an L2
+// prefetch of one or two chunks more was 12-30% slower, v21), and at 64 rows, where 3 KB more a warp would leave two
+// blocks of 8 warps no room beside their activation slots. At 9-16 rows two stages were 20% slower on gate_up.
 template <int MT>
-__host__ __device__ constexpr int wgmma_weight_stages() { return MT == 8 ? 2 : 3; }
+__host__ __device__ constexpr int wgmma_weight_stages() { return MT == 2 ? 3 : 2; }
 constexpr int kWgmmaStageBytes = kBlocksPerChunk * kStagedBlockWords * 16;
 
 // x [m, ldx] -> each 128-column chunk's B image (wgmma_chunk_bytes<MT>() apiece, rows past m zero). Thread p copies
