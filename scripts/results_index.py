@@ -1,14 +1,15 @@
 """The index of benchmark results: which file holds each benchmark's current figures, the commit it measured, where.
 
     python scripts/results_index.py            # rewrite benchmarks/results/INDEX.md, index.json, archive/INDEX.md
-    python scripts/results_index.py --check    # fail if those are stale, a probe harness is not code, a link is broken
+    python scripts/results_index.py --check    # fail if those are stale, a harness is not code, a link is broken,
+                                               # or the README is over its limits
     python scripts/results_index.py --extract-probes   # write the harness code embedded in result JSON to probes/
 
 ``benchmarks/results/`` holds the current file of each benchmark (and setting: device, shape set, model);
 ``benchmarks/archive/results/`` every older run, names unchanged, so nothing measured is lost. A result written
 through :func:`specpilot_mem.provenance.write_result` records its commit and dirty flag; for older files the
-commit is derived from git history: the commit that added the file if that commit also changed code (the results
-were committed with the code they measured), else its parent. Derived commits are marked as such.
+commit is derived from git history: the commit that wrote the file's content if that commit also changed code (the
+results were committed with the code they measured), else its parent. Derived commits are marked as such.
 
 Probe harnesses that exist inside result JSON (A/B scripts, kernel variants as diffs) are kept as code under
 ``benchmarks/probes/<result>/``, byte for byte the string the JSON holds; ``--check`` fails on one without its file.
@@ -49,9 +50,8 @@ PREFIXES = (
     ("w12-gemm", "w12_gemm_bench"), ("w12-hf-decode", "w12_hf_decode"), ("w12-qpass", "w12_qpass_agreement"),
     ("w12-sass", "w12_sass"),
 )
-# A commit touching any of these measured code, so results it adds measured that commit's tree.
-CODE_SUFFIXES = (".py", ".cu", ".cuh", ".cpp", ".h")
-CODE_DIRS = ("kernels/", "specpilot_mem/", "benchmarks/")
+# A commit touching code here committed results with the code they measured (see History.derived).
+CODE_DIRS = ("specpilot_mem/", "benchmarks/", "scripts/")
 PROBE_KEY = re.compile(r"harness|script|source|generator|diff", re.I)
 RESULT_LINK = re.compile(r"benchmarks/(?:archive/)?results/([A-Za-z0-9_.\-]+\.(?:json|png))")
 
@@ -135,13 +135,15 @@ def _span(values: list[float], digits: int = 2, unit: str = "") -> str:
 def _store(doc: dict) -> str:
     f = doc["figures"]
     return (f"init {f['init_s']} s; apply a {f['apply_chain_entries']}-entry chain {f['apply_chain_in_process_s']} s "
-            f"in process, {f['apply_chain_cli_s']} s as a command; verify {f['verify_entries']} entries {f['verify_s']} s")
+            f"in process, {f['apply_chain_cli_s']} s as a command; verify {f['verify_entries']} entries "
+            f"{f['verify_s']} s")
 
 
 def _registry(doc: dict) -> str:
     f = doc["figures"]
     queries = [q["query_on_open_connection"]["median_ms"] for q in f["queries"].values()]
-    return (f"query {_span(queries, 0)} ms in process; `query` command {f['cli_query_gpu_sm_120']['median_ms']:.0f} ms; "
+    command_ms = f["cli_query_gpu_sm_120"]["median_ms"]
+    return (f"query {_span(queries, 0)} ms in process; `query` command {command_ms:.0f} ms; "
             f"incremental sync {f['incremental_sync_one_record']['median_ms']:.0f} ms")
 
 
@@ -194,8 +196,8 @@ def _gdn_tree(doc: dict) -> str:
         return f"WY verify {_span([r['wy_speedup'] for r in doc['wy_vs_path']])}x the path kernel's speed"
     rows = doc["verify_plus_commit"]
     speedups = [v["speedup"] for r in rows for v in r["variants"] if v.get("defaults")]
-    return (f"path verify + commit {_span(speedups)}x SGLang's snapshot verify at B = {rows[0]['B']}–{rows[-1]['B']}; "
-            "no per-node state")
+    return (f"path verify + commit {_span(speedups)}x SGLang's snapshot verify at B = "
+            f"{rows[0]['B']}–{rows[-1]['B']}; no per-node state")
 
 
 def _certified_head(doc: dict) -> str:
@@ -210,8 +212,9 @@ def _w12_gemm(doc: dict) -> str:
     if "mma_geomean_speedup_projections_1_32" in summary:
         return (f"projections 1–32 rows {_r(summary['mma_geomean_speedup_projections_1_32'], 3)}x cuBLAS geomean "
                 f"(slowest {_r(summary['mma_min_speedup_projections_1_32'])}x); LM head ≥ "
-                f"{_r(summary['mma_lm_head_min_speedup_1_32'])}x at ≥ {summary['mma_lm_head_frac_floor_1_32_min']:.1%} "
-                f"of its floor; gate_up ≥ {summary['mma_gate_up_frac_floor_1_32_min']:.1%} of its floor")
+                f"{_r(summary['mma_lm_head_min_speedup_1_32'])}x at ≥ "
+                f"{summary['mma_lm_head_frac_floor_1_32_min']:.1%} of its floor; gate_up ≥ "
+                f"{summary['mma_gate_up_frac_floor_1_32_min']:.1%} of its floor")
     speedups = [row["mma_speedup"] for shape in doc["shapes"].values() for row in shape.get("rows", [])
                 if "mma_speedup" in row and row["M"] <= 32]
     return f"{len(doc['shapes'])} shapes: {_span(speedups)}x cuBLAS at 1–32 rows"
@@ -245,8 +248,8 @@ def _gpu_tests(doc: dict) -> str:
 
 def _cli_startup(doc: dict) -> str:
     f = doc["figures"]
-    return (f"`import specpilot_mem.main` {f['import_main_s']} s; `specpilot-mem --help` {f['help_s']} s; "
-            f"anthropic / matplotlib imported: {f['heavy_imports'] or 'none'}")
+    return (f"`import specpilot_mem.main` {f['import_main_cpu_s']} s CPU ({f['import_main_s']} s wall); "
+            f"`--help` {f['help_cpu_s']} s CPU ({f['help_s']} s wall); heavy imports: {f['heavy_imports'] or 'none'}")
 
 
 HEADLINES: dict[str, Callable[[dict], str]] = {
@@ -279,10 +282,10 @@ def headline(benchmark: str, name: str, doc: dict | None) -> str:
 # -- git provenance ------------------------------------------------------------------------------------------------
 
 class History:
-    """Which commit added each result file (following renames into the archive), from one ``git log``."""
+    """Which commit wrote each result file's content (following renames into the archive), from one ``git log``."""
 
     def __init__(self, repo: Repo):
-        self.added: dict[str, str] = {}
+        self.written: dict[str, str] = {}
         self.parent: dict[str, str | None] = {}
         self.code: dict[str, bool] = {}
         log = repo.out("log", "--reverse", "-M", "--name-status", "--format=%x00%H %P", "HEAD")
@@ -294,20 +297,28 @@ class History:
             for line in filter(None, lines):
                 status, *names = line.split("\t")
                 paths.append(names[-1])
-                if status == "A":
-                    self.added.setdefault(names[0], commit)
-                elif status.startswith("R") and names[0] in self.added:
-                    self.added[names[1]] = self.added[names[0]]
-            self.code[commit] = any(p.startswith(CODE_DIRS) and p.endswith(CODE_SUFFIXES) for p in paths)
+                if status in ("A", "M"):
+                    self.written[names[0]] = commit
+                elif status.startswith("R"):  # R100 moves the bytes; a lower score also changed them
+                    previous = self.written.pop(names[0], commit)
+                    self.written[names[1]] = previous if status == "R100" else commit
+            self.code[commit] = any(is_code(p) for p in paths)
 
     def derived(self, path: str) -> dict:
-        added = self.added.get(path)
-        if added is None:
+        written = self.written.get(path)
+        if written is None:
             return {"commit": None, "dirty": None, "source": "not committed yet"}
-        measured = added if self.code[added] or self.parent[added] is None else self.parent[added]
-        return {"commit": measured, "dirty": None, "source": "derived", "added_in": added,
-                "rule": "the adding commit (it also changed code)" if measured == added
-                else "the parent of the adding commit (which changed only results and records)"}
+        measured = written if self.code[written] or self.parent[written] is None else self.parent[written]
+        return {"commit": measured, "dirty": None, "source": "derived", "committed_in": written,
+                "rule": "the commit that wrote the file (it also changed code)" if measured == written
+                else "the parent of the commit that wrote the file (which changed no code)"}
+
+
+def is_code(path: str) -> bool:
+    """Whether a path is code a benchmark measures: the kernel library (sources and tuned configs), Python."""
+    if path.startswith(("benchmarks/results/", "benchmarks/archive/", "benchmarks/probes/")):
+        return False
+    return path.startswith("kernels/") or (path.startswith(CODE_DIRS) and path.endswith(".py"))
 
 
 def provenance(doc: dict | None, path: str, history: History | None) -> dict:
@@ -412,13 +423,52 @@ def build(root: Path) -> dict:
     return index
 
 
+README_MAX_LINES = 150
+README_MAX_CELL = 200
+
+
+def readme_problems(root: Path, index: dict) -> list[str]:
+    """The README's limits: at most 150 lines, no table cell over 200 characters, and every row of its Performance
+    table links a current result file whose commit is known (recorded by the run, or derived from git history)."""
+    lines = (root / README).read_text().splitlines()
+    problems = []
+    if len(lines) > README_MAX_LINES:
+        problems.append(f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): move detail to docs/")
+    commits = {Path(r["file"]).name: r["git"].get("commit") for r in index["current"]}
+    section = None
+    for number, line in enumerate(lines, 1):
+        if line.startswith("## "):
+            section = line[3:].strip()
+        if not line.startswith("|"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        for cell_text in cells:
+            if len(cell_text) > README_MAX_CELL:
+                problems.append(f"README.md:{number}: a table cell of {len(cell_text)} characters (at most "
+                                f"{README_MAX_CELL}): give the current figure once and link its result")
+        if section != "Performance" or set(line) <= set("|- ") or cells[0] == "what":
+            continue
+        linked = RESULT_LINK.findall(line)
+        if not linked:
+            problems.append(f"README.md:{number}: a performance row without a link to its result file")
+        for name in linked:
+            if f"benchmarks/results/{name}" not in line:
+                problems.append(f"README.md:{number}: {name} is not linked under benchmarks/results/ (current)")
+            elif name not in commits:
+                problems.append(f"README.md:{number}: benchmarks/results/{name} does not exist")
+            elif not commits[name]:
+                problems.append(f"README.md:{number}: benchmarks/results/{name} records no commit and none can be "
+                                "derived (commit it, or rerun through specpilot_mem.provenance)")
+    return problems
+
+
 def short(commit: str | None) -> str:
     return f"`{commit[:10]}`" if commit else "—"
 
 
 def commit_cell(git: dict) -> str:
     if git.get("source") == "derived":
-        return f"{short(git['commit'])} (derived; added in {short(git['added_in'])})"
+        return f"{short(git['commit'])} (derived; file from {short(git['committed_in'])})"
     return short(git.get("commit")) + (" (dirty)" if git.get("dirty") else "")
 
 
@@ -432,9 +482,9 @@ def render_current(index: dict) -> str:
         "",
         "Generated by `python scripts/results_index.py` from the files beside it (do not edit by hand; `--check` in",
         "CI fails when it is stale). Older runs are in [`../archive/results/`](../archive/INDEX.md). A commit marked",
-        "*derived* was not recorded by the run: it is the commit that added the file when that commit also changed",
-        "code, else that commit's parent. Results written through `specpilot_mem.provenance.write_result` record their",
-        "commit and dirty flag.",
+        "*derived* was not recorded by the run: it is the commit that wrote the file's content when that commit also",
+        "changed code (kernels, tuned configs, Python), else that commit's parent. Results written through",
+        "`specpilot_mem.provenance.write_result` record their commit and dirty flag.",
         "",
         "| benchmark | file | git commit | device | date | headline figure | README row |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -450,8 +500,9 @@ def render_archive(index: dict) -> str:
     lines = [
         "# Archived benchmark results",
         "",
-        "Every run that is no longer a benchmark's current figure, under its original name (docs, commit messages and",
-        "the archived lab notes in [`notes/`](notes/) cite these names). Generated by `python scripts/results_index.py`.",
+        "Every run that is no longer a benchmark's current figure, under its original name (docs, commit messages",
+        "and the archived lab notes in [`notes/`](notes/) cite these names). Generated by",
+        "`python scripts/results_index.py`.",
         "Probe harnesses a result held as strings are code under [`../probes/`](../probes/).",
         "",
         "| benchmark | file | git commit | device | date | probe code |",
@@ -531,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     moved, missing = stale_links(root)
-    problems = index["problems"] + missing
+    problems = index["problems"] + missing + readme_problems(root, index)
     if args.check:
         for path, text in outputs(index).items():
             if not (root / path).exists() or (root / path).read_text() != text:
