@@ -46,7 +46,7 @@ PREFIXES = (
     ("engine-pair", "engine_pair_eval"), ("engine-step-bench", "engine_step_bench"), ("fault_study", "fault_study"),
     ("gdn_tree", "gdn_tree_bench"), ("gpu-tests", "pytest -m gpu"), ("registry", "registry_bench"),
     ("replay_bench", "replay_bench"), ("replay_fig10", "specpilot-mem replay --figure"),
-    ("sglang-export", "sglang_export_bench"), ("store_bench", "store_bench"), ("w12-gemm-speedup", "w12_plot"),
+    ("sglang-export", "sglang_export_bench"), ("store_bench", "store_bench"), ("w12-gemm-speedup", "scripts/w12_plot.py"),
     ("w12-gemm", "w12_gemm_bench"), ("w12-hf-decode", "w12_hf_decode"), ("w12-qpass", "w12_qpass_agreement"),
     ("w12-sass", "w12_sass"),
 )

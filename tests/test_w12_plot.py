@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-_spec = importlib.util.spec_from_file_location("w12_plot", BENCHMARKS / "w12_plot.py")  # a script, not a package
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("w12_plot", ROOT / "scripts" / "w12_plot.py")  # a script, not a package
 w12_plot = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(w12_plot)
 PlotInputError, main, read_speedups = w12_plot.PlotInputError, w12_plot.main, w12_plot.read_speedups
 
-ARCHIVE = BENCHMARKS / "archive" / "results"  # older runs, kept by name
+ARCHIVE = ROOT / "benchmarks" / "archive" / "results"  # older runs, kept by name
 V11 = ARCHIVE / "w12-gemm-mma-v11-h200x2-2026-11-30.json"
 V12 = ARCHIVE / "w12-gemm-mma-v12-h200-2026-11-30.json"
 V20 = ARCHIVE / "w12-gemm-mma-v20-final-h200-2026-12-01.json"

@@ -1,7 +1,7 @@
 """The W12 GEMM's speedup over cuBLAS BF16 by row count, one panel per shape, from w12_gemm_bench JSON files
 (one line per file, so kernel versions compare side by side). Reads the committed results; needs no GPU.
 
-    python benchmarks/w12_plot.py benchmarks/archive/results/w12-gemm-mma-v20-final-h200-2026-12-01.json \\
+    python scripts/w12_plot.py benchmarks/archive/results/w12-gemm-mma-v20-final-h200-2026-12-01.json \\
         benchmarks/results/w12-gemm-mma-v21-final-h200-2026-12-01.json --out w12-speedup.png
 
 A file may be given twice with a --variant each, e.g. ``mma`` and ``mma_settled`` (the bench's --settle figures: the
@@ -48,7 +48,7 @@ def read_speedups(path: Path, variant: str) -> dict[str, list[tuple[int, float]]
 def plot_speedups(files: list[Path], labels: list[str], out: Path, variants: list[str]) -> Path:
     """Draw the figure; its PNG metadata (``Description``) holds the shared result header and the inputs."""
     series = [read_speedups(path, variant) for path, variant in zip(files, variants)]  # all read before drawing
-    plt = pyplot("benchmarks/w12_plot.py")
+    plt = pyplot("scripts/w12_plot.py")
     names = list(dict.fromkeys(name for s in series for name in s))
     columns = min(3, len(names))
     rows = -(-len(names) // columns)
