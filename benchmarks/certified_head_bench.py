@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import statistics
 import sys
@@ -39,6 +38,7 @@ from specpilot_kernels.certified_head.exact_cuda import exact_head_logits_cuda, 
 from specpilot_kernels.certified_head.head import interpreting, uses_cuda_exact, uses_cuda_pass
 from specpilot_kernels.certified_head.reference import accumulation_gamma, radius_coefficients
 from specpilot_kernels.certified_head.rescore import exact_k_splits, rescore
+from specpilot_mem.provenance import print_result, result_header
 
 VOCAB, HIDDEN = 248320, 5120
 ROW_COUNTS = (1, 2, 4, 8, 16, 32)
@@ -127,7 +127,7 @@ def tune(heads, gen, no_tune: bool) -> tuple[dict, dict]:
         for tile in TILES[:1] if no_tune else TILES:
             try:
                 us = triton.testing.do_bench(
-                    lambda: certified_argmax_graphable(probe[:m], heads[0], backend="triton", **tile),
+                    lambda m=m, tile=tile: certified_argmax_graphable(probe[:m], heads[0], backend="triton", **tile),
                     warmup=10, rep=60, return_mode="median") * 1e3
             except Exception as exc:  # a tile that does not fit (shared memory) is skipped, and said so
                 print(f"tile {tile} failed at M={m}: {exc}", file=sys.stderr)
@@ -153,7 +153,8 @@ def tune_cuda(heads, gen, copies: int, repeats: int) -> tuple[dict, dict]:
             for config in list(runs):
                 try:
                     runs[config].append(graph_replay_us(
-                        lambda i: int8_pass(xs[i], heads[i], backend="cuda", cuda_config=config), copies))
+                        lambda i, xs=xs, config=config: int8_pass(xs[i], heads[i], backend="cuda", cuda_config=config),
+                        copies))
                 except Exception as exc:  # a partition that does not fit is skipped, and said so
                     print(f"CUDA partition {config} failed at M={m}: {exc}", file=sys.stderr)
                     del runs[config]
@@ -200,7 +201,7 @@ def compare_variants(heads, gen, copies: int, repeats: int) -> dict:
             for name, (radius, options) in list(VARIANTS.items())[:: -1 if round_ % 2 else 1]:
                 hs = by_radius[radius]
 
-                def call(i):
+                def call(i, name=name, xs=xs, hs=hs, options=options):
                     if name.startswith("b:"):
                         return F.linear(xs[i], hs[i].weight)
                     if name.startswith("s:"):
@@ -245,7 +246,9 @@ def kernel_trace(fn_for_copy, copies: int, replays: int = 10) -> dict:
         prof.export_chrome_trace(fh.name)
         trace = json.load(open(fh.name))
     kernels = sorted((e for e in trace["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
-    short = lambda name: next((k for k in KERNEL_NAMES if k in name), name[:60])
+    def short(name: str) -> str:
+        return next((k for k in KERNEL_NAMES if k in name), name[:60])
+
     durations, gaps = {}, {}
     for prev, nxt in zip([None] + kernels[:-1], kernels):
         durations.setdefault(short(nxt["name"]), []).append(nxt["dur"])
@@ -266,12 +269,13 @@ def stages(heads, gen, copies: int, repeats: int) -> dict:
     for m in ROW_COUNTS:
         xs = [torch.randn(m, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(copies)]
         lists = [int8_pass(xs[i], heads[i]) for i in range(copies)]
-        entry = {"trace": kernel_trace(lambda i: certified_argmax_graphable(xs[i], heads[i]), copies)}
+        entry = {"trace": kernel_trace(lambda i, xs=xs: certified_argmax_graphable(xs[i], heads[i]), copies)}
         runs = {blocks: [] for blocks in (0, 1, 2)}  # 0: the rescore's own choice
         for _ in range(repeats):
             for blocks in runs:
                 runs[blocks].append(graph_replay_us(
-                    lambda i: rescore_cuda(xs[i], heads[i].weight, *lists[i], blocks_per_sm=blocks), copies))
+                    lambda i, xs=xs, lists=lists, blocks=blocks: rescore_cuda(xs[i], heads[i].weight, *lists[i],
+                                                                              blocks_per_sm=blocks), copies))
         entry["rescore_alone_us"] = {f"blocks_per_sm_{b}": statistics.median(us) for b, us in runs.items()}
         entry["rescored_per_row"] = lists[0][1].float().mean().item()
         out[m] = entry
@@ -297,16 +301,18 @@ def tune_rescore(heads, gen, copies: int) -> dict:
             shape = {"exact": "cuda", "blocks_per_sm": blocks_per_sm}
             try:
                 shape["us"] = graph_replay_us(
-                    lambda i: rescore_cuda(xs[i], heads[i].weight, *lists[i], blocks_per_sm=blocks_per_sm), copies)
+                    lambda i, xs=xs, lists=lists, blocks=blocks_per_sm: rescore_cuda(xs[i], heads[i].weight, *lists[i],
+                                                                                     blocks_per_sm=blocks), copies)
             except Exception as exc:
                 shape["error"] = f"{type(exc).__name__}: {exc}"
             timings.append(shape)
         for splits, bs, bk, warps, programs in RESCORE_TILES:
-            shape = {"k_splits": splits, "block_s": bs, "block_k": bk, "num_warps": warps, "programs": programs}
+            tiling = {"k_splits": splits, "block_s": bs, "block_k": bk, "num_warps": warps, "programs": programs}
+            shape = dict(tiling)
             try:
                 shape["us"] = graph_replay_us(
-                    lambda i: rescore(xs[i], heads[i].weight, *lists[i], programs=programs, dot_fp32=False,
-                                      k_splits=splits, block_s=bs, block_k=bk, num_warps=warps), copies)
+                    lambda i, xs=xs, lists=lists, tiling=tiling: rescore(xs[i], heads[i].weight, *lists[i],
+                                                                         dot_fp32=False, **tiling), copies)
             except Exception as exc:
                 shape["error"] = f"{type(exc).__name__}: {exc}"
             timings.append(shape)
@@ -323,15 +329,16 @@ def timing(heads, gen, best_tiles: dict, best_cuda: dict, copies: int, bandwidth
         tile = {key: best_tiles[m][key] for key in ("block_n", "block_k", "num_warps", "num_stages")}
         floor_us = (int8_bytes + m * HIDDEN * 2) / bandwidth * 1e6
         bf16_floor_us = (VOCAB * HIDDEN * 2 + m * VOCAB * 2) / bandwidth * 1e6
-        bf16_us = graph_replay_us(lambda i: F.linear(xs[i], heads[i].weight), copies)
+        bf16_us = graph_replay_us(lambda i, xs=xs: F.linear(xs[i], heads[i].weight), copies)
         row = {"M": m, "bf16_head_us": bf16_us, "int8_floor_us": floor_us,
                "bf16_frac_of_floor": bf16_floor_us / bf16_us}
         passes = {"triton": dict(backend="triton", **best_tiles[m])}
         if m in best_cuda:
             passes["cuda"] = dict(backend="cuda", cuda_config=best_cuda[m])
         for name, options in passes.items():
-            cert_us = graph_replay_us(lambda i: certified_argmax_graphable(xs[i], heads[i], **options), copies)
-            int8_us = graph_replay_us(lambda i: int8_pass(xs[i], heads[i], **options), copies)
+            cert_us = graph_replay_us(
+                lambda i, xs=xs, options=options: certified_argmax_graphable(xs[i], heads[i], **options), copies)
+            int8_us = graph_replay_us(lambda i, xs=xs, options=options: int8_pass(xs[i], heads[i], **options), copies)
             best_lower, count, _, cand_upper = int8_pass(xs[0], heads[0], **options)
             listed = torch.arange(cand_upper.shape[1], device="cuda")[None, :] < count[:, None]
             rescored = (listed & (cand_upper >= best_lower[:, None])).sum(1)
@@ -365,7 +372,6 @@ def main() -> None:
     if unknown := set(sections) - set(SECTIONS):
         parser.error(f"unknown sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    props = torch.cuda.get_device_properties(0)
     bandwidth = read_bandwidth()
     # timing on a Gaussian head (how many rows survive is a property of the data: the adversarial head's
     # outlier rows carry radii far above the logit spread and survive every input), the check on the adversarial one
@@ -373,8 +379,7 @@ def main() -> None:
     heads = [quantize_head(gaussian)] + [quantize_head(gaussian.clone()) for _ in range(args.copies - 1)]
     print(f"heads ready; read bandwidth {bandwidth / 1e12:.2f} TB/s", file=sys.stderr, flush=True)
     result = {
-        "benchmark": "certified_head", "device": props.name, "date": datetime.datetime.now(datetime.UTC).isoformat(),
-        "command": " ".join(["python"] + sys.argv), "torch": torch.__version__, "triton": triton.__version__,
+        **result_header("certified_head_bench"),
         "synthetic": "timing: random bf16 head 0.02 * N(0,1) and N(0,1) inputs (flat logits, no token stands out); "
                      "property check: that head plus duplicate, near-duplicate, outlier and rescaled rows, with "
                      "inputs aimed at tied pairs and of extreme norms",
@@ -414,7 +419,7 @@ def main() -> None:
         if name == "property_check":
             heads = None  # the timing copies' memory goes back before the adversarial head is built
         record_section(result, name, runs[name], args.out)
-    print(json.dumps(result, indent=1))
+    print_result(result, args.out)
 
 
 if __name__ == "__main__":

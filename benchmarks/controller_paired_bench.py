@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
-import json
 import statistics
 import sys
 import time
@@ -39,6 +37,7 @@ from specpilot_mem.controller.paired import PairedResult, paired_run, stock_nois
 from specpilot_mem.controller.promotion import PromotionRule  # noqa: E402
 from specpilot_mem.controller.requests import load_requests  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
+from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
 LABEL = "small models trained here: speeds are not comparable in absolute terms to the paper's"
 
@@ -119,11 +118,8 @@ def main() -> None:
 
     synthetic = engines[devices[0]].synthetic
     record = {
-        "benchmark": "controller_paired_bench",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python3", str(Path(sys.argv[0]).resolve().relative_to(ROOT))] + sys.argv[1:]),
-        "device": [torch.cuda.get_device_name(torch.device(d)) if d.startswith("cuda") else "cpu" for d in devices],
-        "torch": torch.__version__,
+        **result_header("controller_paired_bench"),
+        "devices": [torch.cuda.get_device_name(torch.device(d)) if d.startswith("cuda") else "cpu" for d in devices],
         "weights": "seeded random (synthetic)" if synthetic else "the committed trained pair (models/)",
         "synthetic": synthetic,
         "label": LABEL,
@@ -136,15 +132,13 @@ def main() -> None:
     }
     modes = {"interleaved": devices[:1], **({"pool": devices} if len(devices) > 1 else {})}
     for mode, pool in modes.items():
-        record_section(record, mode, lambda: measure(stock, variant, requests, pool, args.repeats), args.out)
+        record_section(record, mode, lambda pool=pool: measure(stock, variant, requests, pool, args.repeats), args.out)
     # read after the runs, so a capture that failed during them shows
     record["cuda_graphs"] = {d: {"captured": e.captured_graphs, "error": e.graph_error} for d, e in engines.items()}
     if all("error" not in record[mode] for mode in modes) and "pool" in modes:
         record["pool_over_interleaved_gain"] = round(
             record["pool"]["gain_stock_over_variant"]["gain"] / record["interleaved"]["gain_stock_over_variant"]["gain"], 4)
-    if args.out:
-        Path(args.out).write_text(json.dumps(record, indent=1))
-    print(json.dumps(record, indent=1))
+    print_result(record, args.out)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 import torch
 
+from specpilot_mem.provenance import write_result
+
 
 def graph_replay_us(fn_for_copy: Callable[[int], object], copies: int = 1, calls: int | None = None,
                     replays: int = 20, settle_s: float = 0.0) -> float:
@@ -68,8 +70,7 @@ def record_section(result: dict, name: str, run: Callable[[], object], out: str 
         result[name] = {"error": f"{type(exc).__name__}: {exc}"}
     print(json.dumps({name: result[name]}), file=sys.stderr, flush=True)
     if out:
-        with open(out, "w") as fh:
-            json.dump(result, fh, indent=1)
+        write_result(result, out)
 
 
 class ClockLog:

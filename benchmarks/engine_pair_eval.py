@@ -12,7 +12,6 @@ CUDA the pair runs in bfloat16 (float32 on the CPU) unless --dtype says otherwis
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specpilot_mem.engine import weights  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
 from specpilot_mem.engine.train.corpus import file_prompts  # noqa: E402
+from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 from specpilot_mem.replay.lattice import LatticeRecorder, load_lattice  # noqa: E402
 from specpilot_mem.replay.replay import replay_set  # noqa: E402
 
@@ -49,17 +49,16 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 on CUDA, float32 on the CPU")
+    ap.add_argument("--out", type=Path, help="also write the JSON here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     engine = Engine.load(args.model_dir, device=args.device, dtype=getattr(torch, dtype))
-    device = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else f"cpu ({args.threads} threads)"
     data = np.load(args.tokens)
     result = {
-        "benchmark": "engine_pair_eval",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
-        "device": f"{device}, {dtype}",
+        **result_header("engine_pair_eval"),
+        "dtype": dtype,
+        "threads": args.threads,
         "label": LABEL,
         "training": json.loads((args.model_dir / "training-log.json").read_text())[-1],
         "replay": {}, "live": {},
@@ -99,9 +98,10 @@ def main(argv=None) -> int:
         for run in replay_set(lattices, [builder], budgets):
             for label, tau in run.tau_by_label().items():
                 result["replay"].setdefault(label, {})[f"{builder}@{run.nodes}"] = round(tau, 4)
-    result["replay_tokens"] = {label: int(sum(np.diff(l.greedy_offsets).sum() for l in lattices if label in l.labels))
-                              for label in result["replay"]}
-    print(json.dumps(result, indent=1))
+    result["replay_tokens"] = {label: int(sum(np.diff(lat.greedy_offsets).sum() for lat in lattices
+                                              if label in lat.labels))
+                               for label in result["replay"]}
+    print_result(result, args.out)
     return 0
 
 

@@ -11,7 +11,6 @@ perf_counter. Without the trained pair in --model-dir the weights are seeded ran
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
 import sys
@@ -24,9 +23,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot_mem.engine import weights  # noqa: E402
-from specpilot_mem.engine.config import EngineOptions  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
 from specpilot_mem.engine.model import chain_rows  # noqa: E402
+from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
 LABEL = "small models trained here — not comparable in absolute terms to the paper's"
 
@@ -71,6 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, help="torch CPU threads")
+    ap.add_argument("--out", type=Path, help="also write the JSON here")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -88,11 +88,8 @@ def main(argv=None) -> int:
         prompts = [torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.requests)]
 
     result = {
-        "benchmark": "engine_step_bench",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
-        "torch": torch.__version__,
+        **result_header("engine_step_bench"),
+        "threads": torch.get_num_threads(),
         "dtype": str(dtype).removeprefix("torch."),
         "synthetic": not trained,
         "label": LABEL if trained else "synthetic: seeded random weights",
@@ -107,7 +104,7 @@ def main(argv=None) -> int:
         out = {"verify_ms": {}}
         for r in [int(x) for x in args.rows.split(",")]:
             rows = chain_rows(prompts[0][:r] if r <= len(prompts[0]) else [1] * r, eng.target.cfg.conv_size, device)
-            out["verify_ms"][r] = round(timed(lambda: eng.verify(rows), device, args.iters), 4)
+            out["verify_ms"][r] = round(timed(lambda rows=rows: eng.verify(rows), device, args.iters), 4)
         out["ar_step_ms"] = out["verify_ms"].get(1)
         if eng.drafter is not None:
             out["draft_ms"] = round(timed(lambda: eng.draft(prompts[0][-1], 16), device, args.iters), 4)
@@ -149,7 +146,7 @@ def main(argv=None) -> int:
             runs[name]["speedup_over_ar"] = round(runs[name]["tokens_per_s_per_request"] / runs["ar"]["tokens_per_s_per_request"], 3)
     result["generate"] = {"requests": len(prompts), "new_tokens": args.new_tokens,
                           "prompts": "unseen split" if args.tokens else "random ids", "runs": runs}
-    print(json.dumps(result, indent=1))
+    print_result(result, args.out)
     return 0
 
 

@@ -1,12 +1,12 @@
 """GDN tree verification on the H200: path-verify + commit vs SGLang 0.5.23's per-node-snapshot verify.
 
     python benchmarks/gdn_tree_bench.py prepare-sglang .sglang_gdn      # here: vendor SGLang's kernel
-    PYTHONPATH=kernels python benchmarks/gdn_tree_bench.py commit-ptx   # here: the commit's PTX digests
+    PYTHONPATH=kernels:. python benchmarks/gdn_tree_bench.py commit-ptx   # here: the commit's PTX digests
     PYTHONPATH=kernels:.:.sglang_gdn python benchmarks/gdn_tree_bench.py run [--out FILE]   # on the GPU
 
 ``prepare-sglang`` copies ``fused_sigmoid_gating_recurrent.py`` unmodified out of the pinned wheel
 (sha256 checked) into DIR, with import shims for the five helpers it imports from SGLang's utils.
-``run`` prints one JSON document (device, date, command, figures; synthetic random inputs):
+``run`` prints one JSON document (the shared result header, then the figures; synthetic random inputs):
 - bit parity on chains: each variant's commit (Triton with and without prefetch, CUDA lanes) vs SGLang's
   verify + snapshot copy (the committed state), and each variant's path-verify outputs vs SGLang's, on
   chains and on trees (SGLang's tree mode), with FP32 and bf16 pools;
@@ -24,7 +24,6 @@ a failing section or variant records its error.
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import os
@@ -34,6 +33,8 @@ import zipfile
 import torch
 import triton
 from cuda_timing import graph_replay_us, record_section
+
+from specpilot_mem.provenance import print_result, result_header, write_result
 
 WHEEL = os.path.expanduser("~/.cache/specpilot/wheels/sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl")
 WHEEL_SHA256 = "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"
@@ -264,82 +265,90 @@ def accuracy(gen) -> dict:
 def timing(gen, layers: int, variants: str = "", batches: tuple[int, ...] = (1, 4, 8, 16, 32),
            on_row=lambda rows: None) -> list[dict]:
     """Each batch's row; ``on_row(rows so far)`` after each, so a run cut short keeps its finished batches."""
-    from specpilot_kernels.gdn_tree import gdn_tree_commit, gdn_tree_path_verify, tree_schedule
     rows = []
-    T = 32
     for B in batches:
-        q, k, v, a, b, A_log, dt_bias, pools, idx = make_inputs(B, T, gen, layers=layers)
-        pool_before = pools[0].clone()  # the timed commits change the pools
-        parents = torch.tensor([random_tree(T, gen) for _ in range(B)], device="cuda")
-        paths = [[] for _ in range(B)]
-        for r in range(B):  # accept the root path to the deepest node (an optimistic acceptance)
-            plist = parents[r].tolist()
-            depth = [0] * T
-            for i in range(1, T):
-                depth[i] = depth[plist[i]] + 1
-            node = max(range(T), key=lambda i: depth[i])
-            while node >= 0:
-                paths[r].append(node)
-                node = plist[node]
-            paths[r].reverse()
-        accept_len = torch.tensor([len(p) for p in paths], dtype=torch.int32, device="cuda")
-        accepted = torch.tensor([p + [0] * (T - len(p)) for p in paths], dtype=torch.int32, device="cuda")
-        inter = torch.empty((B, T, HV, V, K), dtype=torch.float32, device="cuda")
-        rows_b = torch.arange(B, device="cuda")
-
-        def stock():
-            for pool in pools:
-                sglang_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, inter, parents=parents)
-                pool[idx.long()] = inter[rows_b, accept_len - 1, :, :, :]
-
-        stock_us = graph_replay_us(lambda _: stock())
-        row = {"B": B, "T": T, "layers": layers, "sglang_snapshot_verify_plus_commit_us": stock_us,
-               "sglang_per_node_state_bytes": layers * B * T * HV * V * K * 4, "accept_len": accept_len.tolist(),
-               "variants": []}
-        o_reference = None
-        for cfg in _selected(variants):
-            try:
-                def verify_only(cfg=cfg):
-                    schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
-                    for pool in pools:
-                        gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, **_tile(cfg))
-
-                def commit_only(cfg=cfg):
-                    for pool in pools:
-                        gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, pool, idx, accepted, accept_len,
-                                        **_commit_options(cfg))
-
-                def ours():
-                    verify_only()
-                    commit_only()
-
-                ours_us, verify_us = graph_replay_us(lambda _: ours()), graph_replay_us(lambda _: verify_only())
-                commit_us = graph_replay_us(lambda _: commit_only())
-                schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
-                # every variant must give the first one's outputs (the schedules do not change results)
-                o_first_layer = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool_before, idx, schedule, **_tile(cfg))
-                if o_reference is None:
-                    o_reference = o_first_layer
-                same_outputs = bool(torch.equal(o_first_layer, o_reference))
-                row["variants"].append({
-                    **cfg, "ours_path_verify_plus_commit_us": ours_us, "ours_verify_only_us": verify_us,
-                    "ours_commit_only_us": commit_us, "outputs_equal_first_variant": same_outputs,
-                    "speedup": stock_us / ours_us, "ours_per_node_state_bytes": 0,
-                    # kept branch states: a scratch of max_saved states per request, live during one layer's call
-                    "ours_branch_state_scratch_bytes": B * cfg["max_saved"] * HV * V * K * 4,
-                    "steps_per_request_with_replays": schedule.replayed_steps().tolist(),
-                    "states_kept_per_request": (schedule.save_slot >= 0).sum(1).tolist(),
-                })
-            except Exception as exc:  # a failing variant (e.g. its CUDA build) leaves the others' figures
-                row["variants"].append({"name": cfg["name"], "error": f"{type(exc).__name__}: {exc}"})
-            print(json.dumps({"B": B, **row["variants"][-1]}), file=sys.stderr, flush=True)
-        best = max((r for r in row["variants"] if "speedup" in r), key=lambda r: r["speedup"], default=None)
-        if best is not None:
-            row["best_variant"], row["best_speedup"] = best["name"], best["speedup"]
-        rows.append(row)
+        rows.append(time_batch(gen, B, 32, layers, variants))
         on_row(rows)
-        pools = inter = pool_before = None  # free this batch's layers before the next one
     return rows
+
+
+def deepest_root_paths(parents: torch.Tensor) -> list[list[int]]:
+    """Per request, the root path to its deepest node (an optimistic acceptance)."""
+    paths = []
+    for plist in parents.tolist():
+        depth = [0] * len(plist)
+        for i in range(1, len(plist)):
+            depth[i] = depth[plist[i]] + 1
+        node, path = max(range(len(plist)), key=lambda i: depth[i]), []
+        while node >= 0:
+            path.append(node)
+            node = plist[node]
+        paths.append(path[::-1])
+    return paths
+
+
+def time_batch(gen, B: int, T: int, layers: int, variants: str) -> dict:
+    """One batch's row: SGLang's snapshot verify + commit, then each variant's verify + commit, verify and commit."""
+    from specpilot_kernels.gdn_tree import gdn_tree_commit, gdn_tree_path_verify, tree_schedule
+    q, k, v, a, b, A_log, dt_bias, pools, idx = make_inputs(B, T, gen, layers=layers)
+    pool_before = pools[0].clone()  # the timed commits change the pools
+    parents = torch.tensor([random_tree(T, gen) for _ in range(B)], device="cuda")
+    paths = deepest_root_paths(parents)
+    accept_len = torch.tensor([len(p) for p in paths], dtype=torch.int32, device="cuda")
+    accepted = torch.tensor([p + [0] * (T - len(p)) for p in paths], dtype=torch.int32, device="cuda")
+    inter = torch.empty((B, T, HV, V, K), dtype=torch.float32, device="cuda")
+    rows_b = torch.arange(B, device="cuda")
+
+    def stock():
+        for pool in pools:
+            sglang_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, inter, parents=parents)
+            pool[idx.long()] = inter[rows_b, accept_len - 1, :, :, :]
+
+    def verify_only(cfg):
+        schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
+        for pool in pools:
+            gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, **_tile(cfg))
+
+    def commit_only(cfg):
+        for pool in pools:
+            gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, pool, idx, accepted, accept_len, **_commit_options(cfg))
+
+    def ours(cfg):
+        verify_only(cfg)
+        commit_only(cfg)
+
+    stock_us = graph_replay_us(lambda _: stock())
+    row = {"B": B, "T": T, "layers": layers, "sglang_snapshot_verify_plus_commit_us": stock_us,
+           "sglang_per_node_state_bytes": layers * B * T * HV * V * K * 4, "accept_len": accept_len.tolist(),
+           "variants": []}
+    o_reference = None
+    for cfg in _selected(variants):
+        try:
+            ours_us = graph_replay_us(lambda _, cfg=cfg: ours(cfg))
+            verify_us = graph_replay_us(lambda _, cfg=cfg: verify_only(cfg))
+            commit_us = graph_replay_us(lambda _, cfg=cfg: commit_only(cfg))
+            schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
+            # every variant must give the first one's outputs (the schedules do not change results)
+            o_first_layer = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool_before, idx, schedule, **_tile(cfg))
+            if o_reference is None:
+                o_reference = o_first_layer
+            same_outputs = bool(torch.equal(o_first_layer, o_reference))
+            row["variants"].append({
+                **cfg, "ours_path_verify_plus_commit_us": ours_us, "ours_verify_only_us": verify_us,
+                "ours_commit_only_us": commit_us, "outputs_equal_first_variant": same_outputs,
+                "speedup": stock_us / ours_us, "ours_per_node_state_bytes": 0,
+                # kept branch states: a scratch of max_saved states per request, live during one layer's call
+                "ours_branch_state_scratch_bytes": B * cfg["max_saved"] * HV * V * K * 4,
+                "steps_per_request_with_replays": schedule.replayed_steps().tolist(),
+                "states_kept_per_request": (schedule.save_slot >= 0).sum(1).tolist(),
+            })
+        except Exception as exc:  # a failing variant (e.g. its CUDA build) leaves the others' figures
+            row["variants"].append({"name": cfg["name"], "error": f"{type(exc).__name__}: {exc}"})
+        print(json.dumps({"B": B, **row["variants"][-1]}), file=sys.stderr, flush=True)
+    best = max((r for r in row["variants"] if "speedup" in r), key=lambda r: r["speedup"], default=None)
+    if best is not None:
+        row["best_variant"], row["best_speedup"] = best["name"], best["speedup"]
+    return row
 
 
 def bf16_ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
@@ -349,33 +358,37 @@ def bf16_ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
 
 
 def wy_vs_path(gen, layers: int) -> list[dict]:
-    from specpilot_kernels.gdn_tree import gdn_tree_path_verify, gdn_tree_wy_verify, tree_ancestors, tree_schedule
     rows = []
     for T in (32, 64):
         for B in (1, 8):
-            q, k, v, a, b, A_log, dt_bias, pools, idx = make_inputs(B, T, gen, layers=layers)
-            parents = torch.tensor([random_tree(T, gen) for _ in range(B)], device="cuda")
-            schedule, ancestors = tree_schedule(parents), tree_ancestors(parents)
-            o_path = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pools[0], idx, schedule)
-            o_wy = gdn_tree_wy_verify(q, k, v, a, b, A_log, dt_bias, pools[0], idx, ancestors)
-            ulps = bf16_ulps(o_wy, o_path)
-
-            def path_all():
-                for pool in pools:
-                    gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule)
-
-            def wy_all():
-                for pool in pools:
-                    gdn_tree_wy_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, ancestors)
-
-            path_us, wy_us = graph_replay_us(lambda _: path_all()), graph_replay_us(lambda _: wy_all())
-            rows.append({"T": T, "B": B, "layers": layers, "path_verify_us": path_us, "wy_verify_us": wy_us,
-                         "wy_speedup": path_us / wy_us, "wy_vs_path_max_bf16_ulps": ulps.max().item(),
-                         "wy_vs_path_frac_within_1_ulp": (ulps <= 1).float().mean().item(),
-                         "path_steps_per_request": schedule.replayed_steps().tolist()})
+            rows.append(wy_row(gen, T, B, layers))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-            pools = None  # free this batch's layers before the next one
     return rows
+
+
+def wy_row(gen, T: int, B: int, layers: int) -> dict:
+    """The WY kernel against the path kernel (default options) on one batch of random trees: time and bf16 ulps."""
+    from specpilot_kernels.gdn_tree import gdn_tree_path_verify, gdn_tree_wy_verify, tree_ancestors, tree_schedule
+    q, k, v, a, b, A_log, dt_bias, pools, idx = make_inputs(B, T, gen, layers=layers)
+    parents = torch.tensor([random_tree(T, gen) for _ in range(B)], device="cuda")
+    schedule, ancestors = tree_schedule(parents), tree_ancestors(parents)
+    o_path = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pools[0], idx, schedule)
+    o_wy = gdn_tree_wy_verify(q, k, v, a, b, A_log, dt_bias, pools[0], idx, ancestors)
+    ulps = bf16_ulps(o_wy, o_path)
+
+    def path_all():
+        for pool in pools:
+            gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule)
+
+    def wy_all():
+        for pool in pools:
+            gdn_tree_wy_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, ancestors)
+
+    path_us, wy_us = graph_replay_us(lambda _: path_all()), graph_replay_us(lambda _: wy_all())
+    return {"T": T, "B": B, "layers": layers, "path_verify_us": path_us, "wy_verify_us": wy_us,
+            "wy_speedup": path_us / wy_us, "wy_vs_path_max_bf16_ulps": ulps.max().item(),
+            "wy_vs_path_frac_within_1_ulp": (ulps <= 1).float().mean().item(),
+            "path_steps_per_request": schedule.replayed_steps().tolist()}
 
 
 def commit_ptx_digests(nodes: int = 16) -> dict[str, str]:
@@ -383,7 +396,7 @@ def commit_ptx_digests(nodes: int = 16) -> dict[str, str]:
     needed, for sm_90 as ``gdn_tree_commit`` launches it at the parity section's shape: pointers 16-byte
     aligned (Triton assumes it at launch, and it changes the layouts), ``write_state`` = 1 specialised.
     Debug sections, line records and debug labels are left out, so only the instructions count. The commit's float
-    order is fragile (NOTES.md): a new digest means the parity section must run on the GPU again.
+    order is fragile (docs/kernels/gdn-tree.md): a new digest means the parity section must run on the GPU again.
     """
     import re
     from triton.backends.compiler import GPUTarget
@@ -418,17 +431,15 @@ def commit_ptx_digests(nodes: int = 16) -> dict[str, str]:
 def _save_partial(result: dict, name: str, figures, out: str | None) -> None:
     """Write ``result`` with a section's figures so far to ``out`` (the section's final record replaces them)."""
     if out:
-        with open(out, "w") as fh:
-            json.dump({**result, name: figures, "partial": name}, fh, indent=1)
+        write_result({**result, name: figures, "partial": name}, out)
 
 
 def run_all(args) -> dict:
     gen = torch.Generator().manual_seed(0)
-    result = {"benchmark": "gdn_tree", "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "triton": triton.__version__, "synthetic": "random bf16 inputs, random FP32 states, random trees",
+    result = {**result_header("gdn_tree_bench"),
+              "synthetic": "random bf16 inputs, random FP32 states, random trees",
               "shape": {"H": H, "HV": HV, "K": K, "V": V},
-              "timing": "CUDA-graph replay of one verify step over all layers, median of 20",
-              "command": " ".join(["python"] + sys.argv), "date": datetime.datetime.now(datetime.UTC).isoformat()}
+              "timing": "CUDA-graph replay of one verify step over all layers, median of 20"}
     sections = [("parity_with_sglang_0_5_23", lambda: parity(gen, args.variants)),
                 ("accuracy", lambda: accuracy(gen)),
                 ("verify_plus_commit", lambda: timing(gen, args.layers, args.variants,
@@ -463,12 +474,7 @@ def main() -> None:
     elif args.verb == "commit-ptx":
         print(json.dumps(commit_ptx_digests(), indent=1))
     else:
-        result = run_all(args)
-        text = json.dumps(result, indent=1)
-        print(text)
-        if args.out:
-            with open(args.out, "w") as fh:
-                fh.write(text)
+        print_result(run_all(args), args.out)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,7 @@ Targets (issue 3): query <= 50 ms in-process, the command <= 1 s, incremental sy
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,6 +23,7 @@ import time
 from pathlib import Path
 
 from specpilot_mem.home import Home
+from specpilot_mem.provenance import print_result, result_header
 from specpilot_mem.registry.query import QueryFilters, query_entries
 from specpilot_mem.registry.sync import connect, sync
 from specpilot_mem.registry.synthetic import generate_memory
@@ -69,6 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--entries", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
 
     load_before = os.getloadavg()
@@ -119,14 +118,12 @@ def main() -> None:
 
     worst_query = max(q["query_on_open_connection"]["median_ms"] for q in figures["queries"].values())
     worst_query_cpu = max(q["query_on_open_connection"]["median_cpu_ms"] for q in figures["queries"].values())
-    print(json.dumps({
-        "benchmark": "registry",
+    print_result({
+        **result_header("registry_bench"),
         "synthetic": True,
-        "data": f"{args.entries} generated entry records (specpilot_mem.registry.synthetic, seed 0); nothing in them was measured",
-        "device": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(),
-                   "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python benchmarks/registry_bench.py " + " ".join(sys.argv[1:]),
+        "data": f"{args.entries} generated entry records (specpilot_mem.registry.synthetic, seed 0); nothing in them "
+                "was measured",
+        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
         "figures": figures,
         "targets": {
             "query_in_process_le_50ms": {"wall": worst_query <= 50, "cpu": worst_query_cpu <= 50},
@@ -135,7 +132,7 @@ def main() -> None:
             "incremental_sync_le_200ms": {"wall": figures["incremental_sync_one_record"]["median_ms"] <= 200,
                                           "cpu": figures["incremental_sync_one_record"]["median_cpu_ms"] <= 200},
         },
-    }, indent=2))
+    }, args.out)
 
 
 if __name__ == "__main__":

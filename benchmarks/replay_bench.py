@@ -15,16 +15,13 @@ so the load average is reported too.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import platform
 import statistics
-import sys
 import time
 
 import numpy as np
 
+from specpilot_mem.provenance import print_result, result_header
 from specpilot_mem.replay.replay import builder_options, replay
 from specpilot_mem.replay.synthetic import SyntheticSpec, generate
 from specpilot_mem.replay.trees import get_builder
@@ -46,7 +43,7 @@ def bench_build(steps: int, batch: int, nodes: int, depth_cap: int, repeats: int
         for lo in range(0, lat.num_steps, batch):
             ids = np.arange(lo, min(lo + batch, lat.num_steps))
             sb = StepBatch.from_lattice(lat, ids, with_greedy=False)
-            trees, w, c = timed(lambda: build(sb, nodes, depth_cap))
+            trees, w, c = timed(lambda sb=sb: build(sb, nodes, depth_cap))
             wall, cpu = wall + w, cpu + c
         walls.append(wall / lat.num_steps * 1e6)
         cpus.append(cpu / lat.num_steps * 1e6)
@@ -79,20 +76,18 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--builder", default="best-first")
     ap.add_argument("--nodes", type=int, default=32)
+    ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args()
     result = {
-        "benchmark": "replay_bench",
+        **result_header("replay_bench"),
         "synthetic": True,
-        "device": f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "numpy": np.__version__,
         "load_average_before": os.getloadavg(),
         "build": bench_build(args.build_steps, args.build_batch, args.nodes, 15, args.repeats),
         "replay": bench_replay(args.replay_steps, args.builder, args.nodes, args.requests),
         "load_average_after": os.getloadavg(),
     }
-    print(json.dumps(result, indent=2))
+    print_result(result, args.out)
     return 0
 
 

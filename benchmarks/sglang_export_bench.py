@@ -11,9 +11,6 @@ the machines this runs on are shared.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import platform
 import resource
 import subprocess
 import sys
@@ -22,6 +19,7 @@ import time
 from pathlib import Path
 
 from specpilot_mem.home import find_home
+from specpilot_mem.provenance import print_result, result_header
 from specpilot_mem.sglang.cpu_import import import_environment, write_torchvision_standin
 from specpilot_mem.sglang.entry_src import sglang_entry_ids
 from specpilot_mem.store.resolver import apply_entries
@@ -60,10 +58,7 @@ def main() -> None:
         import_cold = child_run([sys.executable, "-c", PARSE], env)
         import_warm = child_run([sys.executable, "-c", PARSE], env)
     report = {
-        "benchmark": "sglang_export",
-        "device": f"CPU ({platform.machine()}, shared machine)",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python benchmarks/sglang_export_bench.py " + " ".join(sys.argv[1:]),
+        **result_header("sglang_export_bench"),
         "entries": result.order,
         "tree": result.tree,
         "source_files": result.export["source_files"],
@@ -72,10 +67,7 @@ def main() -> None:
         "import_server_args_cold_bytecode": import_cold,
         "import_server_args_warm_bytecode": import_warm,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    print_result(report, args.out)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,7 @@ The entries are synthetic (generated edits of real SGLang files), labelled so in
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import platform
 import random
 import resource
 import shutil
@@ -33,6 +30,7 @@ from pathlib import Path
 
 from specpilot_mem.home import Home
 from specpilot_mem.output import progress
+from specpilot_mem.provenance import print_result, result_header
 from specpilot_mem.store import init_memory, record_entry
 from specpilot_mem.store import resolver as resolver_module
 from specpilot_mem.store import trees
@@ -153,6 +151,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--wheel", help="the pinned wheel (default: the cache)")
     parser.add_argument("--keep", metavar="DIR", help="build the homes here and keep them (for profiling)")
+    parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
     show = sys.stderr.isatty()
     workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="specpilot-store-bench-"))
@@ -193,13 +192,10 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    print(json.dumps({
-        "benchmark": "store_bench",
+    print_result({
+        **result_header("store_bench"),
         "synthetic": True,
-        "device": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                   "python": platform.python_version(), "load_average": os.getloadavg()},
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv),
+        "load_average": os.getloadavg(),
         "figures": {
             "init_s": round(init_s, 2), "init_again_s": round(reinit_s, 2),
             "apply_chain_entries": args.chain,
@@ -213,7 +209,7 @@ def main() -> None:
             "record_mean_s": round(record_s / args.entries, 3),
         },
         "targets": {"init_s": 30, "apply_chain_in_process_s": 0.5, "apply_chain_cli_s": 1.5, "verify_s": 10},
-    }, indent=2))
+    }, args.out)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
 import hashlib
 import json
@@ -40,6 +39,7 @@ import torch
 from torch import nn
 
 from specpilot_kernels.w12.hf import W12Linear, convert_model, fuse_shared_input_projections
+from specpilot_mem.provenance import print_result, result_header, write_result
 
 LLAMA_31_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
@@ -499,6 +499,7 @@ def main() -> None:
                         help="print the markdown tables of a result file (no measuring) and exit")
     parser.add_argument("--layers", type=int, default=None, help="fewer decoder layers of a shape (smoke tests)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here (after each model too)")
     args = parser.parse_args()
     if args.table:
         print(markdown_tables(json.loads(args.table.read_text())))
@@ -521,12 +522,9 @@ def main() -> None:
         read_bw = read_bandwidth()
     import transformers
 
-    doc = {"benchmark": "w12_hf_decode",
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": "PYTHONPATH=kernels:. python benchmarks/w12_hf_decode.py " + " ".join(sys.argv[1:]),
-           "device": torch.cuda.get_device_name() if cuda else "cpu",
-           "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-           "read_bandwidth_tb_s": None if read_bw is None else read_bw / 1e12,
+    doc = result_header("w12_hf_decode")
+    doc["versions"]["transformers"] = transformers.__version__
+    doc |= {"read_bandwidth_tb_s": None if read_bw is None else read_bw / 1e12,
            "kernel_sources": kernel_sources(),
            "decode": "greedy, StaticCache, " + ("each step replayed from a CUDA graph" if cuda else "eager steps"),
            "models": {}}
@@ -547,7 +545,9 @@ def main() -> None:
         entry["prompts"] = "random token ids (seed 1)" if tokenizer is None else "slices of a fixed English text"
         doc["models"][label] = entry
         log(json.dumps({label: entry}))  # each model's figures survive a later model's failure
-    print(json.dumps(doc, indent=1))
+        if args.out:
+            write_result(doc, args.out)
+    print_result(doc, args.out)
 
 
 if __name__ == "__main__":

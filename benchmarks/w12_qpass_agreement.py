@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -25,6 +23,7 @@ from torch import nn
 
 from specpilot_kernels.w12 import encode
 from specpilot_kernels.w12.reference import qpass_weight_reference
+from specpilot_mem.provenance import print_result, result_header
 
 
 def qpass_copy(target: nn.Module, low_bits: str) -> nn.Module:
@@ -77,14 +76,13 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--synthetic", action="store_true", help="seeded random model and tokens (code check only)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args()
     from specpilot_mem.engine import TargetConfig
     from specpilot_mem.engine.model import HybridTarget
     from specpilot_mem.engine.weights import TARGET_FILE, load_target
 
-    doc = {"benchmark": "w12_qpass_agreement", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": "PYTHONPATH=kernels:. python benchmarks/w12_qpass_agreement.py " + " ".join(sys.argv[1:]),
-           "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
+    doc = {**result_header("w12_qpass_agreement"), "device_used": args.device}
     target_path = args.model_dir / TARGET_FILE
     if args.synthetic:
         torch.manual_seed(0)
@@ -94,7 +92,7 @@ def main() -> None:
     elif not target_path.exists():
         doc["status"] = "pending"
         doc["why"] = f"no trained target at {target_path}; random weights/activations are not comparable"
-        print(json.dumps(doc, indent=1))
+        print_result(doc, args.out)
         return
     else:
         target = load_target(target_path, device=args.device, dtype=torch.bfloat16)
@@ -104,7 +102,7 @@ def main() -> None:
     tokens = tokens.to(args.device)
     doc["results"] = [agreement(target, tokens, low_bits, head)
                       for low_bits in ("midpoint", "truncated") for head in (False, True)]
-    print(json.dumps(doc, indent=1))
+    print_result(doc, args.out)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ weights staged in shared memory>`.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import subprocess
@@ -23,6 +22,10 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
 CSRC = Path(__file__).resolve().parents[1] / "kernels" / "specpilot_kernels" / "w12" / "csrc"
 SHARED_HEADERS = CSRC.parents[1] / "csrc"  # the library's shared headers (pdl.cuh)
@@ -119,13 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     kernels.sort(key=lambda k: (k["kernel"].split(" <")[0] if " <" in k["kernel"] else "",
                                 tuple(int(v) for v in k["kernel"].split("<")[1].strip(">").split(", "))))
     nvcc_version = subprocess.run([tool("nvcc"), "--version"], capture_output=True, text=True).stdout.strip().splitlines()
-    doc = {"benchmark": "w12_sass", "arch": args.arch, "nvcc": nvcc_version[-1] if nvcc_version else None,
-           "command": "python benchmarks/w12_sass.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "kernels": kernels}
-    text = json.dumps(doc, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    command = [__file__, *(argv if argv is not None else sys.argv[1:])]
+    doc = {**result_header("w12_sass", command), "arch": args.arch,
+           "nvcc": nvcc_version[-1] if nvcc_version else None, "kernels": kernels}
+    print_result(doc, args.out)
     return 0
 
 

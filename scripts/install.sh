@@ -8,7 +8,7 @@ python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
 # SGLang 0.5.23's pure-Python import dependencies, so its sources import on a CPU-only machine (tests of
 # the entries and exports). Pinned, and none pulls torch or torchvision; compressed-tensors lists torch
 # among its requirements, so it (and loguru, its one other missing dependency) comes in with --no-deps.
-python3 -m pip install --quiet --disable-pip-version-check "transformers==5.19.0" "msgspec==0.23.0" "psutil==7.2.2" \
+python3 -m pip install --quiet --disable-pip-version-check "msgspec==0.23.0" "psutil==7.2.2" \
     "pyzmq==27.3.0" "pybase64==1.5.1" "setproctitle==1.3.8" "fastapi==0.165.0" "aiohttp==3.14.5" \
     "apache-tvm-ffi==0.1.11" "dill==0.4.1" "sentencepiece==0.2.1" "einops==0.8.2" "gguf==0.19.0" "openai==2.8.0" \
     "partial-json-parser==0.2.1.1.post7" "uvicorn==0.54.0" "orjson==3.8.3" "ipython==8.12.3" "requests==2.34.2" \

@@ -1,8 +1,10 @@
 """The one header every benchmark result JSON starts with: what was measured, where, on which code.
 
 ``result_header(benchmark)`` gives the benchmark name, the UTC date, the command line, the git commit the
-files came from and whether the tree was dirty, the device (GPU name, multiprocessors, clocks; or the CPU),
-and the versions of Python, torch, Triton and CUDA. ``write_result(doc, path)`` writes a result atomically.
+files came from and whether the tree was dirty, the device (GPU name, multiprocessors, clocks and power limit as
+nvidia-smi reads them at the start; or the CPU), and the versions of Python, torch, Triton and CUDA.
+``write_result(doc, path)`` writes a result atomically; ``print_result(doc, out)`` prints it and, given a path,
+writes it there too (what every benchmark script ends with).
 
 On the lent GPU machine the working tree travels without a usable git history, so the commit and dirty flag
 are taken from ``SPECPILOT_GIT_COMMIT`` / ``SPECPILOT_GIT_DIRTY`` when set (the device harness sets them
@@ -19,6 +21,8 @@ import json
 import os
 import platform
 import shlex
+import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -58,6 +62,27 @@ def _versions() -> dict:
     return out
 
 
+CLOCK_FIELDS = ("clocks.sm", "clocks.max.sm", "clocks.mem", "power.limit", "temperature.gpu")
+
+
+def _clocks() -> dict | None:
+    """GPU 0's clocks (MHz), power limit (W) and temperature as nvidia-smi reads them now; None without it.
+    The SM clock under load moves with the power cap, so the figures that depend on it log it per timing too."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        query = [smi, "-i", "0", f"--query-gpu={','.join(CLOCK_FIELDS)}", "--format=csv,noheader,nounits"]
+        done = subprocess.run(query, capture_output=True, text=True, timeout=10)
+        values = [v.strip() for v in done.stdout.strip().split(",")]
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode or len(values) != len(CLOCK_FIELDS):
+        return None
+    return {name: (float(value) if value.replace(".", "", 1).isdigit() else value)
+            for name, value in zip(CLOCK_FIELDS, values)}
+
+
 def _device() -> dict:
     try:
         import torch
@@ -66,7 +91,8 @@ def _device() -> dict:
             props = torch.cuda.get_device_properties(0)
             return {"kind": "cuda", "name": props.name, "sms": props.multi_processor_count,
                     "memory_gib": round(props.total_memory / 2**30, 1),
-                    "capability": f"sm_{props.major}{props.minor}", "count": torch.cuda.device_count()}
+                    "capability": f"sm_{props.major}{props.minor}", "count": torch.cuda.device_count(),
+                    "clocks": _clocks()}
     except ImportError:
         pass
     return {"kind": "cpu", "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}
@@ -104,3 +130,10 @@ def write_result(doc: dict, path: str | os.PathLike) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def print_result(doc: dict, out: str | os.PathLike | None = None) -> None:
+    """Print ``doc`` as indented JSON and, when ``out`` is given, write it there atomically too."""
+    print(json.dumps(doc, indent=1))
+    if out:
+        write_result(doc, out)

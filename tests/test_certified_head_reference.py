@@ -92,7 +92,7 @@ def test_ten_million_rows_never_change_the_argmax(exact):
     chunk = 1 << 15
 
     def chunks():
-        for start in range(0, 10_027_008, chunk):
+        for _ in range(0, 10_027_008, chunk):
             rows = torch.randint(0, pool.shape[0], (chunk,), generator=gen)
             sign = torch.randint(0, 2, (chunk, 1), generator=gen).float() * 2 - 1
             yield pool[rows] * sign

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from specpilot_mem.engine import weights
 from specpilot_mem.engine.config import DrafterConfig, EngineOptions, TargetConfig
 from specpilot_mem.engine.engine import Engine
 from specpilot_mem.engine.model import HybridTarget

@@ -309,12 +309,12 @@ COMMIT_PTX_SHA256 = {
 
 @pytest.mark.skipif(triton.__version__ != "3.6.0", reason="digests pinned for Triton 3.6.0")
 def test_commit_ptx_is_the_one_verified_against_sglang():
-    """The commit's float order is fragile (NOTES.md): a changed digest needs the bench's parity section on
-    the GPU, then the new digests here."""
+    """The commit's float order is fragile (docs/kernels/gdn-tree.md): a changed digest needs the bench's parity
+    section on the GPU, then the new digests here."""
 
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, do not interpret
-    env["PYTHONPATH"] = os.pathsep.join([str(root / "kernels"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "kernels"), str(root), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, str(root / "benchmarks" / "gdn_tree_bench.py"), "commit-ptx"], env=env,
                           capture_output=True, text=True, timeout=300, check=True)
     assert json.loads(done.stdout) == COMMIT_PTX_SHA256

@@ -140,7 +140,8 @@ def test_init_builds_what_reproduces_and_reports_the_rest(memory):
     fork.repo.git("update-ref", "-d", "refs/heads/entry/beta")
     record = (memory.entries / "beta" / "entry.yaml").read_text()
     (memory.entries / "beta" / "entry.yaml").write_text(
-        "\n".join("reproduces: " + "0a" * 20 if l.startswith("reproduces:") else l for l in record.splitlines()) + "\n")
+        "\n".join("reproduces: " + "0a" * 20 if line.startswith("reproduces:") else line
+                  for line in record.splitlines()) + "\n")
     result = init_memory(memory)
     states = {b.id: b.change for b in result.branches}
     assert states == {"alpha": "created", "beta": "failed"}

@@ -47,7 +47,7 @@ def test_record_then_apply_reproduces_and_builds_branches(stock_home_copy):
     assert fork.repo.rev_parse(f"{tip}^{{tree}}") == beta.reproduces
     assert fork.repo.rev_parse(f"{tip}^") != fork.stock_commit  # base = merge of stock and alpha's tip
     assert fork.repo.out("rev-list", "--parents", "-n1", f"{tip}^").split()[1:] == [fork.stock_commit, fork.repo.rev_parse("entry/alpha")]
-    assert fork.repo.rev_parse(f"entry/alpha^{{tree}}") == alpha.reproduces
+    assert fork.repo.rev_parse("entry/alpha^{tree}") == alpha.reproduces
     # a second init, and a fresh resolver, change nothing
     refs = fork.repo.refs("refs/heads")
     init_memory(home)

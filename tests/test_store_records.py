@@ -52,7 +52,8 @@ def test_save_writes_only_on_change(tmp_path):
 ])
 def test_invalid_fields_name_file_line_and_field(tmp_path, edit, line, field):
     text = edit(dump_record(EntryRecord.model_validate(FULL)))
-    expected_line = next(n for n, l in enumerate(text.splitlines(), 1) if l.strip().startswith(line.split(".")[-1] + ":"))
+    expected_line = next(n for n, text_line in enumerate(text.splitlines(), 1)
+                         if text_line.strip().startswith(line.split(".")[-1] + ":"))
     with pytest.raises(RecordError) as err:
         parse_record(text, EntryRecord, "entries/w12/entry.yaml")
     assert f"entries/w12/entry.yaml:{expected_line}: {field}" in err.value.where

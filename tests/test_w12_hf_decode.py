@@ -46,7 +46,7 @@ def test_checkpoint_decodes_the_same_tokens_in_bf16_and_w12(monkeypatch, capsys,
     table = capsys.readouterr().out.splitlines()
     assert sum(line.startswith("| ckpt | ") for line in table) == 2 * 2 + 1  # 2 batches x 2 layouts, memory
     entry = doc["models"]["ckpt"]
-    assert doc["device"] == "cpu" and entry["weights"] == f"checkpoint {checkpoint}"
+    assert doc["device"]["kind"] == "cpu" and entry["weights"] == f"checkpoint {checkpoint}"
     assert entry["fused_groups"] == 2 * 2  # q/k/v and gate/up in each of the two layers
     per_layer, fused = entry["layouts"]["per_layer"], entry["layouts"]["fused"]
     assert per_layer["conversion"]["layers"] == 2 * 7 and fused["conversion"]["layers"] == 2 * 4

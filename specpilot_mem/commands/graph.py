@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specpilot_mem.home import find_home
+from specpilot_mem.optional import pyplot
 from specpilot_mem.output import console, emit
 
 
@@ -33,10 +34,7 @@ def to_dot(order: list[str], requires: dict[str, list[str]]) -> str:
 
 
 def to_png(order: list[str], requires: dict[str, list[str]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("graph --png")
 
     depth = layers(order, requires)
     rows: dict[int, list[str]] = {}

@@ -50,8 +50,8 @@ def _entry(home, entry_id: str) -> dict:
         "delta": {"path": str(delta_path(home, entry_id).relative_to(home.root)), "sha256": delta.sha256,
                   "files": [{"path": c.path, "change": "added" if c.added else "deleted" if c.deleted else "modified"}
                             for c in delta.changes],
-                  "added_lines": sum(1 for l in text if l.startswith("+") and not l.startswith("+++")),
-                  "removed_lines": sum(1 for l in text if l.startswith("-") and not l.startswith("---"))},
+                  "added_lines": sum(1 for line in text if line.startswith("+") and not line.startswith("+++")),
+                  "removed_lines": sum(1 for line in text if line.startswith("-") and not line.startswith("---"))},
         "kernels": [{"vendored": k.vendored, "status": k.status} for k in kernel_status(home, record)],
     }
 

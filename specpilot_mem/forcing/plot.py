@@ -12,15 +12,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specpilot_mem.forcing.verdict import Verdict
+from specpilot_mem.optional import pyplot
 
 COLORS = {"stock": "#9AA1AB", "accept": "#1F6FD6", "reject": "#E8613C"}
 
 
 def plot_figure4(verdicts: Sequence[Verdict], path: str | Path, title: str | None = None) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("Figure 4 (tf --figure)")
 
     groups: dict[tuple[str, float], list[Verdict]] = {}
     for verdict in verdicts:

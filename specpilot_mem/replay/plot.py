@@ -8,12 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from specpilot_mem.replay.replay import ReplayRun  # noqa: E402
+from specpilot_mem.optional import pyplot
+from specpilot_mem.replay.replay import ReplayRun
 
 COLORS = {"chain": "0.55", "oracle": "black", "best-first": "tab:blue", "ddtree": "tab:orange",
           "eagle2": "tab:green", "sequoia": "tab:red"}
@@ -22,6 +18,7 @@ LINESTYLES = ("-", "--", "-.", ":")  # by lattice positions, most positions firs
 
 def plot_tau(runs: list[ReplayRun], path: str | os.PathLike) -> Path:
     path = Path(path)
+    plt = pyplot("Figure 10 (replay --figure)")
     fig, ax = plt.subplots(figsize=(8.0, 4.2), dpi=150)
     series: dict[tuple[int, str], list[ReplayRun]] = {}
     for run in runs:

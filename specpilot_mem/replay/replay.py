@@ -136,8 +136,8 @@ def replay_set(lattices: Sequence[Lattice], builders: Sequence[str], nodes: Sequ
             get_builder(name)
             options = builder_options(name, members)
             for n in nodes:
-                run = ReplayRun(name, int(n), positions, depth_cap, batch, any(l.synthetic for l in members),
-                                [l.source for l in members])
+                run = ReplayRun(name, int(n), positions, depth_cap, batch, any(m.synthetic for m in members),
+                                [m.source for m in members])
                 for lat in members:
                     steps, tokens = replay(lat, name, int(n), depth_cap, batch, options)
                     for label in np.unique(lat.labels):

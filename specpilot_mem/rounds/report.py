@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specpilot_mem.optional import pyplot
 from specpilot_mem.rounds.files import RoundDir
 
 
@@ -41,10 +42,7 @@ def round_report(round_dir: RoundDir) -> dict:
 
 def plot_progress(report: dict, path: Path) -> Path:
     """Figure 8: throughput after each promotion, from the first measured best to the final."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("Figure 8 (round report --plot)")
 
     promotions = report["promotions"]
     rates = [p["rate"] for p in promotions if p.get("rate")]

@@ -82,7 +82,7 @@ class PythonSystem:
             ids: list[int] = []
             times: list[float] = []
 
-            def on_token(token: int) -> None:
+            def on_token(token: int, ids: list[int] = ids, times: list[float] = times) -> None:
                 ids.append(int(token))
                 times.append(time.perf_counter())
 

@@ -27,7 +27,7 @@ from specpilot_mem.store.fork import ENTRY_REF_PREFIX, Fork, open_fork
 from specpilot_mem.store.records import delta_path, load_entries
 from specpilot_mem.store.requirements import closure, order
 from specpilot_mem.store.stock import STOCK_TIMESTAMP
-from specpilot_mem.store.trees import Entry, base_tree, overlay_tree_id
+from specpilot_mem.store.trees import BaseTree, Entry, base_tree, overlay_tree_id
 
 APPLIED, PRESENT, EMPTY, CONFLICT = "applied", "already present", "empty", "conflict"
 

@@ -11,11 +11,13 @@ import time
 from typing import Any
 
 from specpilot_mem.errors import RoundError
+from specpilot_mem.optional import optional_import
 from specpilot_mem.rounds.agents.base import AgentResult, AgentTask
 from specpilot_mem.rounds.agents.tools import TOOL_SCHEMAS, WorktreeTools
 from specpilot_mem.rounds.models import AgentUsage
 from specpilot_mem.rounds.sandbox import redact, secret_values
 
+AGENT_BACKEND = "agent backend 'anthropic'"
 SYSTEM_PROMPT = (
     "You are a SpecPilot agent optimizing a speculative-decoding system. You work only inside your "
     "worktree through the tools given. Every change goes behind an option whose default reproduces "
@@ -35,18 +37,16 @@ class AnthropicAgent:
 
     def client(self):
         if self._client is None:
-            import anthropic
-
+            anthropic = optional_import("anthropic", AGENT_BACKEND)
             try:
                 self._client = anthropic.Anthropic()
             except anthropic.AnthropicError as err:
-                raise RoundError(f"cannot create the Anthropic client: {err}", where="agent backend 'anthropic'",
+                raise RoundError(f"cannot create the Anthropic client: {err}", where=AGENT_BACKEND,
                                  fix="set ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL for a proxy)") from None
         return self._client
 
     def run(self, task: AgentTask) -> AgentResult:
-        import anthropic
-
+        anthropic = optional_import("anthropic", AGENT_BACKEND)
         tools = WorktreeTools(task.workdir, task.sandbox, time_limit_s=min(600.0, task.time_limit_s))
         secrets = secret_values()
         messages: list[dict[str, Any]] = [{"role": "user", "content": task.brief}]

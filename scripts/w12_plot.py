@@ -1,8 +1,8 @@
 """The W12 GEMM's speedup over cuBLAS BF16 by row count, one panel per shape, from w12_gemm_bench JSON files
 (one line per file, so kernel versions compare side by side). Reads the committed results; needs no GPU.
 
-    python benchmarks/w12_plot.py benchmarks/results/w12-gemm-mma-v11-h200x2-2026-11-30.json \\
-        benchmarks/results/w12-gemm-mma-v12-h200-2026-11-30.json --out w12-speedup.png
+    python scripts/w12_plot.py benchmarks/archive/results/w12-gemm-mma-v20-final-h200-2026-12-01.json \\
+        benchmarks/results/w12-gemm-mma-v21-final-h200-2026-12-01.json --out w12-speedup.png
 
 A file may be given twice with a --variant each, e.g. ``mma`` and ``mma_settled`` (the bench's --settle figures: the
 pace once the power cap has settled the SM clock).
@@ -15,10 +15,10 @@ import json
 import sys
 from pathlib import Path
 
-import matplotlib
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from specpilot_mem.optional import pyplot  # noqa: E402
+from specpilot_mem.provenance import result_header  # noqa: E402
 
 GEOMEAN_TARGET = 1.30  # issue 4: the four projections' geometric mean at 1-32 rows
 
@@ -46,7 +46,9 @@ def read_speedups(path: Path, variant: str) -> dict[str, list[tuple[int, float]]
 
 
 def plot_speedups(files: list[Path], labels: list[str], out: Path, variants: list[str]) -> Path:
+    """Draw the figure; its PNG metadata (``Description``) holds the shared result header and the inputs."""
     series = [read_speedups(path, variant) for path, variant in zip(files, variants)]  # all read before drawing
+    plt = pyplot("scripts/w12_plot.py")
     names = list(dict.fromkeys(name for s in series for name in s))
     columns = min(3, len(names))
     rows = -(-len(names) // columns)
@@ -73,9 +75,18 @@ def plot_speedups(files: list[Path], labels: list[str], out: Path, variants: lis
                  fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    provenance = {**result_header("w12_plot"),
+                  "inputs": [{"file": str(path), "variant": variant, "label": label, "git": input_git(path)}
+                             for path, variant, label in zip(files, variants, labels)]}
+    fig.savefig(out, metadata={"Description": json.dumps(provenance)})
     plt.close(fig)
     return out
+
+
+def input_git(path: Path) -> dict | None:
+    """The commit an input result records (files written before the shared header have none: see the index)."""
+    doc = json.loads(path.read_text())
+    return doc.get("git") if isinstance(doc, dict) else None
 
 
 def main(argv: list[str] | None = None) -> int:
