@@ -288,3 +288,12 @@ def test_trained_network_weights_roundtrip(path):
     # weight, headers, bases and escapes included.
     whole = {name: t for name, t in stats["tensors"].items() if t["shape"][0] % 128 == 0 and t["shape"][1] % STEP_K == 0}
     assert whole and all(t["bits_per_weight"] < 12.2 for t in whole.values()), whole
+
+
+def test_codec_imports_without_triton():
+    # the codec, the CUDA kernels' host code and the CPU path need no Triton: its GEMM is imported on first use
+    import subprocess
+    import sys
+
+    code = "import sys, specpilot_kernels.w12; sys.exit('specpilot_kernels.w12.gemm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -13,7 +13,7 @@ from specpilot_kernels.w12 import encode
 from specpilot_kernels.w12 import mma as mma_module
 from specpilot_kernels.w12.format import W12Error, escape_positions, nibbles_from_kernel_layout
 from specpilot_kernels.w12.mma import (
-    CSRC, SOURCES, MmaConfig, default_mma_config, escape_entries, planes_from_mma_layout, to_mma_layout, w12_mma_gemm,
+    CSRC, MmaConfig, default_mma_config, escape_entries, planes_from_mma_layout, to_mma_layout, w12_mma_gemm,
 )
 from specpilot_kernels.w12.reference import gemm_reference, qpass_weight_reference
 
@@ -55,7 +55,7 @@ def test_escape_entries_are_found_by_tile_and_chunk_words():
         word = int(mma.esc_chunk[tile * chunks + chunk])
         begin = int(mma.esc_tile[tile]) + (word >> 12)
         entries = mma.esc_entry[begin:begin + (word & 0xFFF)]
-        position, entry = escape_entries(torch.tensor([r]), torch.tensor([c]), w12.esc_val[:1])
+        position, _ = escape_entries(torch.tensor([r]), torch.tensor([c]), w12.esc_val[:1])
         assert int(position) in (entries >> 16).tolist()  # the escape is in its chunk's list
         assert torch.all(entries[1:] > entries[:-1])  # sorted by fragment position
 
