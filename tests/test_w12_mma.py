@@ -477,3 +477,47 @@ def test_kernel_escape_owner_mapping_matches_the_fragment_layout():
             reg = 4 * ((c >> 2) & 1) + 2 * ((c >> 1) & 1) + (r >> 3)
             byte = 4 * (reg >> 1) + 2 * (reg & 1) + (c & 1)
             assert (int(rows[lane, byte]), int(cols[lane, byte])) == (r, c & 31)
+
+
+def test_wide_launch_shapes_and_config():
+    from specpilot_kernels.w12.mma import wide_token_tiles
+
+    assert [wide_token_tiles(m) for m in (33, 64, 65, 96, 97, 128, 129, 192, 193, 256)] == [
+        (8, 1), (8, 1), (12, 1), (12, 1), (16, 1), (16, 1), (12, 2), (12, 2), (16, 2), (16, 2)]
+    assert MmaConfig(wide=[2, 3, 2]).wide == (2, 3, 2)
+    assert MmaConfig().uses_wide(33, (9, 0)) and not MmaConfig().uses_wide(32, (9, 0))
+    assert not MmaConfig().uses_wide(64, (12, 0)) and not MmaConfig(wide=(0, 2, 2)).uses_wide(64, (9, 0))
+    for bad in ((5, 2, 2), (1, 1, 2), (1, 2, 5), (1, 2)):
+        with pytest.raises(W12Error, match="wide"):
+            MmaConfig(wide=bad)
+
+
+def with_outliers(w, fraction):
+    flat = w.clone().view(-1)
+    at = torch.randperm(flat.numel(), device=w.device)[: int(flat.numel() * fraction)]
+    flat[at] = torch.tensor([0.0, 1e-30, 3e4, -3e4], device=w.device).bfloat16().repeat(len(at) // 4 + 1)[: len(at)]
+    return flat.view_as(w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fraction", [0.0, 1e-4, 1e-3, 1e-2])
+@pytest.mark.parametrize("config", [MmaConfig(1, 3, 2, wide=(1, 2, 3)), MmaConfig(1, 8, 2, wgmma=(1, 1, 1), wide=(2, 3, 2))],
+                         ids=str)
+def test_mma_rows_1_to_256_with_outliers_give_the_per_warp_bits(fraction, config):
+    # every row count 1-256 (the wide kernel from 33 rows on sm_90a) against the per-warp kernel 64 rows at a time,
+    # with escape fractions 0 to 1e-2 (parallel patching, chunks with more than 32 escapes), K splits in a cluster
+    # (6 blocks) and through the workspace (8 classes x 2 splits), and each row's bits the same at 1 and 256 rows
+    torch.manual_seed(12)
+    w = with_outliers(weight(n=1024, k=1536, device="cuda"), fraction)
+    w[480:496, 256:900] = 0.0
+    mma = to_mma_layout(encode(w))
+    plain = replace(config, wgmma=(0, 0, 0), shared_x_32=(0, 0), wide=(0, 2, 2))
+    x = torch.randn(256, 1536, device="cuda").bfloat16()
+    alone = w12_mma_gemm(x[:1], mma, config=config).view(torch.int16)
+    for rows in (1, 8, 9, 16, 17, 32, 33, 48, 64, 65, 96, 128, 192, 256):
+        y = w12_mma_gemm(x[:rows], mma, config=config).view(torch.int16)
+        assert torch.equal(y, w12_mma_gemm(x[:rows], mma, config=plain).view(torch.int16)), rows
+        assert torch.equal(y[:1], alone), rows
+    onehot = torch.eye(1536, device="cuda", dtype=torch.bfloat16)[:256]
+    expected = (w[:, :256].t().float() + 0.0).bfloat16()
+    assert torch.equal(w12_mma_gemm(onehot, mma, config=config).view(torch.int16), expected.view(torch.int16))
