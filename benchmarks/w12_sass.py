@@ -1,5 +1,5 @@
 """Registers and the SASS instructions a warp executes per main-loop iteration of every W12 mma kernel
-(csrc/w12_mma.cu built by nvcc; the rarely taken escape-patch branch skipped), the instruction counts the notes
+(the kernel files in csrc/ built by nvcc; the rarely taken escape-patch branch skipped), the instruction counts the notes
 quote. Needs nvcc and cuobjdump (CUDA 12.8+), no GPU.
 
     python benchmarks/w12_sass.py [--arch sm_90a] [--out FILE.json]
@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
 CSRC = Path(__file__).resolve().parents[1] / "kernels" / "specpilot_kernels" / "w12" / "csrc"
-SHARED_HEADERS = CSRC.parents[1] / "csrc"  # the library's shared headers (pdl.cuh)
+SHARED_HEADERS = CSRC.parents[1] / "csrc"  # the library's shared headers (pdl.cuh, ptx.cuh)
+KERNEL_FILES = ("w12_warp.cu", "w12_shared_x.cu", "w12_wgmma.cu")  # the kernel families the counts cover
 KERNEL = re.compile(r"w12_mma_kernelILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])E")
 # the shared-activation kernel (17-32 rows, one tile a warp): <token tiles, low bits, blocks a step, K splits in a cluster>
 SHARED_X_KERNEL = re.compile(r"w12_shared_x_kernelILi(\d+)ELi(\d+)ELi(\d+)ELb([01])E")
@@ -85,18 +86,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", default="sm_90a", help="nvcc -arch (sm_90a: the H200; sm_120: RTX PRO 6000)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here as well as to stdout")
     args = parser.parse_args(argv)
+    stderr, sass = "", ""
     with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "w12_mma.cubin"
-        build = subprocess.run([tool("nvcc"), f"-arch={args.arch}", "-std=c++17", "-O3", "-cubin", "-Xptxas", "-v",
-                                f"-I{SHARED_HEADERS}", str(CSRC / "w12_mma.cu"), "-o", str(cubin)],
-                               capture_output=True, text=True)
-        if build.returncode:
-            sys.exit(f"error: nvcc failed:\n{build.stderr[-2000:]}")
-        dump = subprocess.run([tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True)
+        for source in KERNEL_FILES:
+            cubin = Path(tmp) / f"{source}.cubin"
+            build = subprocess.run([tool("nvcc"), f"-arch={args.arch}", "-std=c++17", "-O3", "-cubin", "-Xptxas", "-v",
+                                    f"-I{SHARED_HEADERS}", f"-I{CSRC}", str(CSRC / source), "-o", str(cubin)],
+                                   capture_output=True, text=True)
+            if build.returncode:
+                sys.exit(f"error: nvcc failed on {source}:\n{build.stderr[-2000:]}")
+            stderr += build.stderr
+            sass += subprocess.run([tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
+                                   check=True).stdout
     registers = {m.group(1): int(m.group(2)) for m in re.finditer(
-        r"Compiling entry function '(\w+)'.*?Used (\d+) registers", build.stderr, re.S)}
+        r"Compiling entry function '(\w+)'.*?Used (\d+) registers", stderr, re.S)}
     kernels = []
-    for function in re.split(r"\n\s*Function : ", dump.stdout)[1:]:
+    for function in re.split(r"\n\s*Function : ", sass)[1:]:
         name = function.split("\n", 1)[0].strip()
         match = KERNEL.search(name)
         shared = SHARED_X_KERNEL.search(name)

@@ -76,16 +76,16 @@ PROBE = textwrap.dedent("""
                "head_off": type(W12Config(lm_head=False).get_quant_method(head, "lm_head")).__name__,
                "head_on": type(W12Config(lm_head=True).get_quant_method(head, "lm_head")).__name__}
         torch.manual_seed(0)
-        weight = (torch.randn(300, 256) * 0.05).to(torch.bfloat16)
+        weight = (torch.randn(384, 256) * 0.05).to(torch.bfloat16)  # whole 128-row tiles: W12 pays
         weight[0, :7] = 0.0                      # zeros and denormals take the escape list
         weight[1, 3] = 1e-40
         weight[2, 9] = 3.0e4                     # far outside its row's window
         x = torch.randn(5, 256).to(torch.bfloat16)
-        bias = torch.randn(300).to(torch.bfloat16)
+        bias = torch.randn(384).to(torch.bfloat16)
         layers = {}
         for name, method in (("unquantized", UnquantizedLinearMethod()), ("w12", W12LinearMethod("p"))):
             layer = torch.nn.Module()
-            method.create_weights(layer, 256, [100, 200], 256, 300, torch.bfloat16, weight_loader=None)
+            method.create_weights(layer, 256, [128, 256], 256, 384, torch.bfloat16, weight_loader=None)
             layer.weight.data.copy_(weight)
             method.process_weights_after_loading(layer)
             layers[name] = (layer, method)
@@ -97,6 +97,15 @@ PROBE = textwrap.dedent("""
         stored = W12LinearMethod.w12_tensor(layers["w12"][0])
         from sglang.srt.specpilot.kernels.w12 import decode
         w12["planes_exact"] = bool(torch.equal(decode(stored).view(torch.int16), weight.view(torch.int16)))
+        # a layer whose W12 form would not pay (64 rows padded to a 128-row tile) stays BF16 on stock's method
+        small = torch.nn.Module()
+        small_method = W12LinearMethod("small")
+        small_method.create_weights(small, 256, [64], 256, 64, torch.bfloat16, weight_loader=None)
+        small.weight.data.copy_(weight[:64])
+        small_method.process_weights_after_loading(small)
+        w12["small_kept_bf16"] = bool(small.w12_report["kept_bf16"] and small.w12_layout is None and
+                                      torch.equal(small_method.apply(small, x).view(torch.int16),
+                                                  torch.nn.functional.linear(x, weight[:64]).view(torch.int16)))
         from sglang.srt.specpilot.kernels.w12 import mma as vendored_mma
         w12["tuned_partitions"] = vendored_mma._tuned()  # what the vendored GEMM reads beside itself
         out["w12"] = w12
@@ -258,6 +267,7 @@ def test_w12_output_equals_the_unquantized_method_bit_for_bit(results):
     w12 = results["applied"]["w12"]
     assert w12["bit_equal"]
     assert w12["bf16_released"]
+    assert w12["small_kept_bf16"]
     assert w12["fp32_equal"]
     assert w12["planes_exact"]
 

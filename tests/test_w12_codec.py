@@ -10,7 +10,9 @@ from specpilot_kernels.w12 import (
     FORMAT_VERSION, W12Error, check_roundtrip, decode, encode, fp8_view, from_canonical, to_canonical,
 )
 from specpilot_kernels.w12.format import RECORD_BYTES, STEP_K, W12Tensor, escape_positions
-from specpilot_kernels.w12.reference import choose_base, qpass_weight_reference
+from specpilot_kernels.w12.codec import encode_or_keep
+from specpilot_kernels.w12.convert import convert_tensors, load_converted
+from specpilot_kernels.w12.reference import _in_window, choose_base, qpass_weight_reference
 
 _spec = importlib.util.spec_from_file_location(
     "w12_checkpoint_stats", Path(__file__).resolve().parents[1] / "benchmarks" / "w12_checkpoint_stats.py")
@@ -116,17 +118,51 @@ def test_canonical_records_roundtrip_and_are_12kb_per_tile():
     assert torch.equal(bits(decode(back)), bits(w))
 
 
-def test_canonical_rejects_wrong_version_and_truncation_without_changing_input():
-    w12 = encode((torch.randn(128, 128) * 0.02).bfloat16())
-    disk = to_canonical(w12)
-    bad = dict(disk, header=disk["header"].clone())
-    bad["header"][0] = FORMAT_VERSION + 1
-    with pytest.raises(W12Error, match="version"):
-        from_canonical(bad)
-    short = dict(disk, records=disk["records"][:-1])
-    with pytest.raises(W12Error, match="do not match"):
-        from_canonical(short)
-    assert int(disk["header"][0]) == FORMAT_VERSION
+def test_canonical_rejects_bad_records_with_what_where_and_fix_without_changing_input():
+    w = (torch.randn(200, 300) * 0.02).bfloat16()
+    w[3, 4] = 0
+    w[150, 299] = 1e-39
+    disk = to_canonical(encode(w))
+    saved = {key: value.clone() for key, value in disk.items()}
+
+    def refused(match, **changes):
+        with pytest.raises(W12Error, match=match) as err:
+            from_canonical({**disk, **changes}, name="layers.0.q_proj")
+        assert err.value.where.startswith("layers.0.q_proj") and err.value.fix
+        return err.value
+
+    header = disk["header"].clone()
+    header[0] = FORMAT_VERSION + 1
+    assert "specpilot_kernels.w12.convert" in refused("format version", header=header).fix
+    refused("records have shape", records=disk["records"][:-1])
+    refused("base has", base=disk["base"][:-1])
+    refused("not torch.int16", escape_bits=disk["escape_bits"].to(torch.int32))
+    refused("escape positions and", escape_bits=disk["escape_bits"][:-1])
+    outside = disk["escapes"].clone()
+    outside[-1, 1] = 300  # column K: inside the padding, outside the tensor
+    assert refused("outside", escapes=outside).where == f"layers.0.q_proj.escapes[{outside.shape[0] - 1}]"
+    repeated = disk["escapes"].clone()
+    repeated[1] = repeated[0]
+    refused("strictly increasing", escapes=repeated)
+    base = disk["base"].clone()
+    base[0] = 240
+    refused("above 239", base=base)
+    with pytest.raises(W12Error, match="missing"):
+        from_canonical({k: v for k, v in disk.items() if k != "base"})
+    for key, value in saved.items():  # nothing was changed in place
+        assert torch.equal(disk[key], value)
+
+
+def test_version_1_records_still_decode():
+    torch.manual_seed(7)
+    w = (torch.randn(256, 512) * 0.02).bfloat16()
+    w[0, 0] = 40.0  # an outlier: the v1 window sits higher than v2's
+    v1 = encode(w, version=1)
+    disk = to_canonical(v1)
+    assert int(disk["header"][0]) == 1
+    back = from_canonical(disk)
+    assert back.version == 1 and torch.equal(bits(decode(back)), bits(w))
+    assert encode(w).num_escapes < v1.num_escapes
 
 
 def test_check_roundtrip_names_the_first_differing_weight():
@@ -161,9 +197,71 @@ def test_stats_count_every_byte():
     assert s["bytes"] > planes and 12.0 < s["bits_per_weight"] < 12.2
 
 
-def test_encode_rejects_non_bf16():
-    with pytest.raises(W12Error, match="bfloat16"):
-        encode(torch.randn(4, 4))
+def test_encode_rejects_what_is_not_a_2d_bf16_tensor():
+    for bad in (torch.randn(4, 4), torch.randn(8).bfloat16(), torch.randn(2, 3, 4).bfloat16(), [[1.0]]):
+        with pytest.raises(W12Error, match="2-D bfloat16") as err:
+            encode(bad)
+        assert err.value.where == "encode(weight)" and "out_features" in err.value.fix
+
+
+def brute_force_counts(row_bits: torch.Tensor) -> torch.Tensor:
+    sign_exp_man = row_bits.to(torch.int32) & 0xFFFF
+    exp, man = (sign_exp_man >> 7) & 0xFF, sign_exp_man & 0x7F
+    return torch.tensor([int(_in_window(exp, man, torch.tensor(b)).sum()) for b in range(240)])
+
+
+def test_v2_window_covers_the_most_weights_ties_to_the_lowest_base():
+    torch.manual_seed(8)
+    rows = torch.cat([
+        (torch.randn(3, 512) * torch.logspace(-30, 30, 512)).bfloat16().view(torch.int16),  # exponents over 200 binades
+        (torch.randn(2, 512) * 0.02).bfloat16().view(torch.int16),
+        torch.zeros(1, 512, dtype=torch.int16),  # no normal weight: base 0
+    ])
+    rows[3, :5] = torch.tensor([300.0, -1e4, 2e5, 1e-30, 0.0]).bfloat16().view(torch.int16)  # outliers in a row
+    bases = choose_base(rows)
+    for r in range(rows.shape[0]):
+        counts = brute_force_counts(rows[r])
+        best = int(counts.max())
+        assert int(counts[int(bases[r])]) == best
+        assert int(bases[r]) == int(torch.nonzero(counts == best)[0, 0])  # the lowest base among the best
+    assert int(bases[-1]) == 0
+    # one large outlier no longer pushes the window up: only the outliers escape
+    clean = (torch.randn(64, 1024) * 0.02).bfloat16()
+    w = clean.clone()
+    w[::2, 7] = 500.0
+    assert encode(w).num_escapes <= encode(clean).num_escapes + 32 < encode(w, version=1).num_escapes / 100
+
+
+def test_tensors_are_kept_bf16_where_w12_does_not_pay():
+    torch.manual_seed(9)
+    good = (torch.randn(256, 512) * 0.02).bfloat16()
+    w12, report = encode_or_keep(good, name="q_proj")
+    assert w12 is not None and not report["kept_bf16"] and report["bits_per_weight"] < 12.1
+    sparse = good.clone()
+    sparse[:, ::4] = 0.0  # a quarter of the weights are zeros: escapes
+    w12, report = encode_or_keep(sparse, name="pruned")
+    assert w12 is None and report["kept_bf16"] and "bits a weight" in report["reason"] and report["bits_per_weight"] > 14.4
+    some = good.clone()
+    some[:, ::32] = 0.0  # 3% zeros: small enough in bytes, too many escapes for the GEMM's budget
+    w12, report = encode_or_keep(some, name="pruned")
+    assert w12 is None and "escape the window" in report["reason"] and report["bits_per_weight"] < 14.4
+
+
+def test_converted_checkpoint_roundtrips_and_reports_every_candidate():
+    torch.manual_seed(10)
+    pruned = (torch.randn(128, 256) * 0.02).bfloat16()
+    pruned[:, ::2] = 0.0
+    tensors = {"a.weight": (torch.randn(250, 256) * 0.02).bfloat16(), "pruned.weight": pruned,
+               "norm.weight": torch.ones(300).bfloat16(), "f32.weight": torch.randn(8, 8)}
+    stored, reports = convert_tensors(tensors)
+    assert [r["name"] for r in reports] == ["a.weight", "pruned.weight"]
+    assert "a.weight" not in stored and "a.weight.w12.records" in stored and stored["pruned.weight"] is pruned
+    back = load_converted(stored)
+    assert torch.equal(bits(decode(back["a.weight"])), bits(tensors["a.weight"]))
+    assert back["pruned.weight"] is pruned and back["f32.weight"] is tensors["f32.weight"]
+    del stored["a.weight.w12.base"]
+    with pytest.raises(W12Error, match="lacks base"):
+        load_converted(stored)
 
 
 @pytest.mark.gpu
@@ -190,3 +288,12 @@ def test_trained_network_weights_roundtrip(path):
     # weight, headers, bases and escapes included.
     whole = {name: t for name, t in stats["tensors"].items() if t["shape"][0] % 128 == 0 and t["shape"][1] % STEP_K == 0}
     assert whole and all(t["bits_per_weight"] < 12.2 for t in whole.values()), whole
+
+
+def test_codec_imports_without_triton():
+    # the codec, the CUDA kernels' host code and the CPU path need no Triton: its GEMM is imported on first use
+    import subprocess
+    import sys
+
+    code = "import sys, specpilot_kernels.w12; sys.exit('specpilot_kernels.w12.gemm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

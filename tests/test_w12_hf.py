@@ -9,9 +9,10 @@ from specpilot_kernels.w12 import W12Error
 from specpilot_kernels.w12.hf import ProjectionSlice, W12Linear, convert_model, fuse_shared_input_projections
 
 
-def tiny_llama(tie: bool):
-    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tie)
+def tiny_llama(tie: bool, kv_heads: int = 4):
+    # every projection a whole number of 128-row tiles, so W12 pays for each (kv_heads=2: k/v have 64 rows)
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=kv_heads, tie_word_embeddings=tie)
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
 
@@ -19,7 +20,7 @@ def tiny_llama(tie: bool):
 @pytest.mark.parametrize("lm_head", [False, True])
 def test_converted_llama_gives_identical_logits(lm_head):
     model = tiny_llama(tie=False)
-    ids = torch.randint(0, 96, (2, 7))
+    ids = torch.randint(0, 128, (2, 7))
     with torch.no_grad():
         before = model(ids).logits
         stats = convert_model(model, lm_head=lm_head)
@@ -29,6 +30,20 @@ def test_converted_llama_gives_identical_logits(lm_head):
     assert isinstance(model.model.layers[0].mlp.down_proj, W12Linear)
     assert isinstance(model.lm_head, W12Linear) == lm_head
     assert all(s["bits_per_weight"] > 12.0 and s["escape_fraction"] < 1e-2 for s in stats.values())
+
+
+def test_layers_where_w12_does_not_pay_stay_bf16():
+    model = tiny_llama(tie=False, kv_heads=2)  # k_proj, v_proj: 64 x 128, padded to a 128-row tile: 24 bits a weight
+    ids = torch.randint(0, 128, (1, 5))
+    with torch.no_grad():
+        before = model(ids).logits
+        stats = convert_model(model)
+        after = model(ids).logits
+    assert torch.equal(before, after)
+    kept = sorted(name for name, s in stats.items() if s["kept_bf16"])
+    assert kept == [f"model.layers.{i}.self_attn.{p}" for i in range(2) for p in ("k_proj", "v_proj")]
+    assert type(model.model.layers[0].self_attn.k_proj) is torch.nn.Linear
+    assert isinstance(model.model.layers[0].self_attn.q_proj, W12Linear)
 
 
 def test_tied_head_stays_bf16():
@@ -41,10 +56,10 @@ def test_conversion_stops_at_a_bad_tensor_before_replacing_it(monkeypatch):
     model = tiny_llama(tie=False)
     import specpilot_kernels.w12.hf as hf
 
-    def broken_encode(weight, check=True, name="weight"):
+    def broken_encode(weight, name="weight"):
         raise W12Error("differs", where=name)
 
-    monkeypatch.setattr(hf, "encode", broken_encode)
+    monkeypatch.setattr(hf, "encode_or_keep", broken_encode)
     with pytest.raises(W12Error):
         convert_model(model)
     assert isinstance(model.model.layers[0].self_attn.q_proj, torch.nn.Linear)
@@ -55,7 +70,7 @@ def test_converted_llama_on_gpu_uses_the_mma_layout_and_matches_bf16():
     from specpilot_kernels.w12 import W12MmaTensor
 
     model = tiny_llama(tie=False).cuda()
-    ids = torch.randint(0, 96, (2, 7), device="cuda")
+    ids = torch.randint(0, 128, (2, 7), device="cuda")
     with torch.no_grad():
         before = model(ids).logits.float()
         convert_model(model, lm_head=True)
@@ -66,7 +81,7 @@ def test_converted_llama_on_gpu_uses_the_mma_layout_and_matches_bf16():
 
 def test_fused_projections_match_and_convert_exactly():
     model = tiny_llama(tie=False)
-    ids = torch.randint(0, 96, (2, 7))
+    ids = torch.randint(0, 128, (2, 7))
     with torch.no_grad():
         before = model(ids).logits
         assert fuse_shared_input_projections(model) == 2 * 2

@@ -13,7 +13,7 @@ from specpilot_kernels.w12 import encode
 from specpilot_kernels.w12 import mma as mma_module
 from specpilot_kernels.w12.format import W12Error, escape_positions, nibbles_from_kernel_layout
 from specpilot_kernels.w12.mma import (
-    CSRC, MmaConfig, default_mma_config, planes_from_mma_layout, to_mma_layout, w12_mma_gemm,
+    CSRC, MmaConfig, default_mma_config, escape_entries, planes_from_mma_layout, to_mma_layout, w12_mma_gemm,
 )
 from specpilot_kernels.w12.reference import gemm_reference, qpass_weight_reference
 
@@ -44,26 +44,20 @@ def test_fragment_layout_is_a_permutation_of_the_planes():
     assert int(mma.view[0, 0, 5, 0]) == int(w12.view[1, 8])
 
 
-def test_escapes_are_bucketed_by_16_row_tile_and_128_column_chunk():
+def test_escape_entries_are_found_by_tile_and_chunk_words():
     w12 = encode(weight())
     mma = to_mma_layout(w12)
     rows, cols = escape_positions(w12)
-    assert int(mma.esc_ptr[-1]) == w12.num_escapes
+    assert int(mma.esc_tile[-1]) == w12.num_escapes == mma.esc_entry.numel()
     chunks = w12.padded_shape[1] // 128
-    bucket = (rows // 16) * chunks + cols // 128
-    for b in bucket.tolist():
-        lo, hi = int(mma.esc_ptr[b]), int(mma.esc_ptr[b + 1])
-        assert hi > lo
-    zero = ((rows == 3) & (cols == 5)).nonzero()[0, 0]
-    b = int(bucket[zero])
-    locs = mma.esc_loc[mma.esc_ptr[b]:mma.esc_ptr[b + 1]].tolist()
-    assert (0 << 11) | (0 << 9) | (3 << 5) | 5 in locs  # chunk 0, 32-column block 0, row 3, column 5
-    b = (131 // 16) * chunks + 64 // 128  # the 1e-9 below its row's window: chunk 0, row 3, column 64 (block 2)
-    assert (0 << 11) | (2 << 9) | (3 << 5) | 0 in mma.esc_loc[mma.esc_ptr[b]:mma.esc_ptr[b + 1]].tolist()
-    # the kernels walk each bucket's escapes block by block: ascending loc within every bucket
-    for b in range(mma.esc_ptr.numel() - 1):
-        bucket_locs = mma.esc_loc[mma.esc_ptr[b]:mma.esc_ptr[b + 1]]
-        assert torch.all(bucket_locs[1:] > bucket_locs[:-1])
+    for r, c in zip(rows.tolist(), cols.tolist()):
+        tile, chunk = r // 16, c // 128
+        word = int(mma.esc_chunk[tile * chunks + chunk])
+        begin = int(mma.esc_tile[tile]) + (word >> 12)
+        entries = mma.esc_entry[begin:begin + (word & 0xFFF)]
+        position, _ = escape_entries(torch.tensor([r]), torch.tensor([c]), w12.esc_val[:1])
+        assert int(position) in (entries >> 16).tolist()  # the escape is in its chunk's list
+        assert torch.all(entries[1:] > entries[:-1])  # sorted by fragment position
 
 
 def test_partition_reads_n_k_and_multiprocessors_only():
@@ -78,7 +72,7 @@ def test_partition_reads_n_k_and_multiprocessors_only():
     assert MmaConfig(splits=3).chunks_per_split(8192) == 22  # 64 chunks in 3 splits of 22, 22, 20
 
 
-KERNEL_33_64_TWO_TILES = re.compile(r"w12_mma_kernelILi8ELi\dELi2ELi2E")  # <8 token tiles, low bits, half steps, 2 tiles>
+KERNEL_33_64 = re.compile(r"w12_mma_kernelILi8E")  # <8 token tiles, ...>: the 33-64-row plans
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA 12.8+ for sm_120)")
@@ -86,12 +80,12 @@ def test_kernel_builds_for_sm_120(tmp_path):
     out = tmp_path / "w12_mma_sm120.o"
     result = subprocess.run(
         ["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_120,code=sm_120", "-Xptxas", "-v", f"-I{SHARED_HEADERS}",
-         "-c", str(CSRC / "w12_mma.cu"), "-o", str(out)], capture_output=True, text=True, timeout=300)
+         f"-I{CSRC}", "-c", str(CSRC / "w12_warp.cu"), "-o", str(out)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     stores = dict(re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", result.stderr, re.S))
     spilled = sorted(name for name, count in stores.items() if count != "0")
-    assert stores and all(KERNEL_33_64_TWO_TILES.search(name) for name in spilled), spilled
-    # sm_120's register file spills only the 33-64-row plan of two tiles a warp (72 bytes, as in v12); 1-32 rows: none
+    assert stores and all(KERNEL_33_64.search(name) for name in spilled), spilled
+    # sm_120's register file spills only in 33-64-row plans (a few bytes to 72); 1-32 rows: none
     assert out.stat().st_size > 0
 
 
@@ -303,8 +297,9 @@ def test_row_regions_are_views_of_the_weight():
         assert torch.equal(region_view, view[first:end]) and torch.equal(region_low, low[first:end])
         # the escape offsets stay absolute: bucket (tile t, chunk c) of the region is bucket (first // 16 + t, c)
         chunks = mma.padded_shape[1] // 128
-        assert torch.equal(region.esc_ptr, mma.esc_ptr[first // 16 * chunks:end // 16 * chunks + 1])
-        assert region.esc_loc is mma.esc_loc
+        assert torch.equal(region.esc_tile, mma.esc_tile[first // 16:end // 16 + 1])
+        assert torch.equal(region.esc_chunk, mma.esc_chunk[first // 16 * chunks:end // 16 * chunks])
+        assert region.esc_entry is mma.esc_entry
         assert mma.rows(first, end) is region  # made once: a GEMM with a tail asks on every call
     for first, end in ((8, 64), (0, 1000), (512, 512), (0, 1040)):
         with pytest.raises(W12Error, match="16-row tile"):
@@ -406,9 +401,10 @@ def test_mma_qpass(low_bits):
         assert ((y - ref[:rows]).norm() / ref[:rows].norm()).item() < 4e-3
 
 
-def emulate_kernel_decode(mma):
+def emulate_kernel_decode(mma, patch=False):
     """The kernel's integer decode in torch, register by register (prmt of view and nibble bytes; mask and
-    shift, sign or base, one add), placed through the fragment map: int64 BF16 bits [Np, Kp], escapes unpatched."""
+    shift, sign or base, one add), placed through the fragment map: int64 BF16 bits [Np, Kp]; with ``patch``, each
+    escape entry overwritten where the kernel's overlay puts it (group, lane, register, half of its chunk)."""
     words = mma.view.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [T, B, 32, 4]
     nibs = mma.nibbles.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [T, B, 32, 2]
     tiles, blocks = words.shape[:2]
@@ -423,6 +419,18 @@ def emulate_kernel_decode(mma):
                  | byte(source, 2 * p + 1) << 16 | byte(words[..., w], 2 * p + 1) << 24)  # prmt 0x1504 / 0x3726
             row_base = base[..., lane // 4 + 8 * p].expand(tiles, blocks, 32) * 0x00800080
             regs[..., 2 * w + p] = (((v & 0x7FF07FF0) >> 4) + ((v & 0x80008000) | row_base)) & 0xFFFFFFFF
+    if patch:  # the kernel's overlay: halfword (lane << 3 | (register & 3) << 1 | half) of group 2 x block + step
+        chunks = mma.padded_shape[1] // 128
+        for tile in range(tiles):
+            for chunk in range(chunks):
+                word = int(mma.esc_chunk[tile * chunks + chunk])
+                begin = int(mma.esc_tile[tile]) + (word >> 12)
+                for entry in mma.esc_entry[begin:begin + (word & 0xFFF)].tolist():
+                    position, value = entry >> 16, entry & 0xFFFF
+                    group, lane_, reg, half = position >> 8, (position >> 3) & 31, (position >> 1) & 3, position & 1
+                    block, reg = chunk * 4 + (group >> 1), 4 * (group & 1) + reg
+                    old = int(regs[tile, block, lane_, reg])
+                    regs[tile, block, lane_, reg] = (old & ~(0xFFFF << (16 * half))) | (value << (16 * half))
     halves = torch.stack((regs & 0xFFFF, regs >> 16), dim=-1).view(tiles, blocks, 32, 16)  # byte order i
     rows, cols = mma_module._fragment_index("cpu")
     out = torch.empty(tiles, blocks, 16, 32, dtype=torch.int64)
@@ -441,10 +449,25 @@ def test_kernel_decode_arithmetic_on_the_fragment_layout_reproduces_the_weights(
     inside = (rows < 256) & (cols < 384)
     escaped[rows[inside], cols[inside]] = True
     assert torch.equal(bits[~escaped], exact[~escaped])  # escapes are patched after this decode
+    assert escaped.any()
+    assert torch.equal(emulate_kernel_decode(to_mma_layout(w12), patch=True)[:256, :384], exact)
+
+
+def test_kernel_escape_patch_reproduces_weights_with_many_outliers():
+    # escape fractions up to 1e-2 and a chunk with more than 32 escapes (two rounds of the warp's patch)
+    torch.manual_seed(11)
+    w = (torch.randn(64, 512) * 0.02).bfloat16()
+    flat = w.view(-1)
+    picks = torch.randperm(flat.numel())[: flat.numel() // 100]
+    flat[picks] = torch.tensor([0.0, 1e-30, 3e4, -7e-9]).bfloat16().repeat(len(picks) // 4 + 1)[: len(picks)]
+    w[16:32, 128:192] = 0.0  # 1024 zeros in one chunk
+    mma = to_mma_layout(encode(w))
+    assert int((mma.esc_chunk & 0xFFF).max()) > 32
+    assert torch.equal(emulate_kernel_decode(mma, patch=True)[:64, :512], w.view(torch.int16).to(torch.int64) & 0xFFFF)
 
 
 def test_kernel_escape_owner_mapping_matches_the_fragment_layout():
-    # w12_mma.cu patches escape (row r, column c of a 128-column chunk) into lane (r % 8) * 4 + (c >> 3) % 4,
+    # the kernels patch escape (row r, column c of a 128-column chunk) into lane (r % 8) * 4 + (c >> 3) % 4,
     # register 4 s + 2 q + r // 8 (s, q: bits 2 and 1 of c), half c % 2, of block c >> 5; that byte of the
     # fragment must hold (r, c % 32).
     rows, cols = mma_module._fragment_index("cpu")
@@ -454,3 +477,47 @@ def test_kernel_escape_owner_mapping_matches_the_fragment_layout():
             reg = 4 * ((c >> 2) & 1) + 2 * ((c >> 1) & 1) + (r >> 3)
             byte = 4 * (reg >> 1) + 2 * (reg & 1) + (c & 1)
             assert (int(rows[lane, byte]), int(cols[lane, byte])) == (r, c & 31)
+
+
+def test_wide_launch_shapes_and_config():
+    from specpilot_kernels.w12.mma import wide_token_tiles
+
+    assert [wide_token_tiles(m) for m in (33, 64, 65, 96, 97, 128, 129, 192, 193, 256)] == [
+        (8, 1), (8, 1), (12, 1), (12, 1), (16, 1), (16, 1), (12, 2), (12, 2), (16, 2), (16, 2)]
+    assert MmaConfig(wide=[2, 3, 2]).wide == (2, 3, 2)
+    assert MmaConfig().uses_wide(33, (9, 0)) and not MmaConfig().uses_wide(32, (9, 0))
+    assert not MmaConfig().uses_wide(64, (12, 0)) and not MmaConfig(wide=(0, 2, 2)).uses_wide(64, (9, 0))
+    for bad in ((5, 2, 2), (1, 1, 2), (1, 2, 5), (1, 2)):
+        with pytest.raises(W12Error, match="wide"):
+            MmaConfig(wide=bad)
+
+
+def with_outliers(w, fraction):
+    flat = w.clone().view(-1)
+    at = torch.randperm(flat.numel(), device=w.device)[: int(flat.numel() * fraction)]
+    flat[at] = torch.tensor([0.0, 1e-30, 3e4, -3e4], device=w.device).bfloat16().repeat(len(at) // 4 + 1)[: len(at)]
+    return flat.view_as(w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fraction", [0.0, 1e-4, 1e-3, 1e-2])
+@pytest.mark.parametrize("config", [MmaConfig(1, 3, 2, wide=(1, 2, 3)), MmaConfig(1, 8, 2, wgmma=(1, 1, 1), wide=(2, 3, 2))],
+                         ids=str)
+def test_mma_rows_1_to_256_with_outliers_give_the_per_warp_bits(fraction, config):
+    # every row count 1-256 (the wide kernel from 33 rows on sm_90a) against the per-warp kernel 64 rows at a time,
+    # with escape fractions 0 to 1e-2 (parallel patching, chunks with more than 32 escapes), K splits in a cluster
+    # (6 blocks) and through the workspace (8 classes x 2 splits), and each row's bits the same at 1 and 256 rows
+    torch.manual_seed(12)
+    w = with_outliers(weight(n=1024, k=1536, device="cuda"), fraction)
+    w[480:496, 256:900] = 0.0
+    mma = to_mma_layout(encode(w))
+    plain = replace(config, wgmma=(0, 0, 0), shared_x_32=(0, 0), wide=(0, 2, 2))
+    x = torch.randn(256, 1536, device="cuda").bfloat16()
+    alone = w12_mma_gemm(x[:1], mma, config=config).view(torch.int16)
+    for rows in (1, 8, 9, 16, 17, 32, 33, 48, 64, 65, 96, 128, 192, 256):
+        y = w12_mma_gemm(x[:rows], mma, config=config).view(torch.int16)
+        assert torch.equal(y, w12_mma_gemm(x[:rows], mma, config=plain).view(torch.int16)), rows
+        assert torch.equal(y[:1], alone), rows
+    onehot = torch.eye(1536, device="cuda", dtype=torch.bfloat16)[:256]
+    expected = (w[:, :256].t().float() + 0.0).bfloat16()
+    assert torch.equal(w12_mma_gemm(onehot, mma, config=config).view(torch.int16), expected.view(torch.int16))

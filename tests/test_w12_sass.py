@@ -59,19 +59,21 @@ def test_every_kernel_instantiation_is_counted(tmp_path, capsys):
     # 32 rows in whole steps: 16 activation loads a chunk come from the block's ring (LDS), not global memory
     own, shared = kernels["<4, 0, 4, 1, 0, 0>"], kernels["shared_x <4, 0, 4, 0>"]
     assert shared["chunks_per_iteration"] == 1.0 and shared["by_opcode"]["HMMA"] == 32
-    assert shared["by_opcode"]["LDS"] == 16 and shared["by_opcode"]["LDG"] == own["by_opcode"]["LDG"] - 16
+    # (the loop counted includes the escape overlay's path: its 16-byte stores and loads are the same in every kernel)
+    assert shared["by_opcode"]["LDS"] == own["by_opcode"]["LDS"] + 16
+    assert shared["by_opcode"]["LDG"] == own["by_opcode"]["LDG"] - 16
     assert shared["registers"] < own["registers"]  # one block's activations held at a time, not a whole step's
     # warpgroup MMAs at 32 rows: 8 wgmma a chunk for 4 tiles; a chunk's activations arrive by one bulk copy (the
-    # class's copier) into shared memory, so no thread loads, stores or holds them: the only global loads left are the
-    # next chunk's weights (4 view and 4 nibble pieces) and the escape window's two
+    # class's copier) into shared memory, so no thread loads or holds them (its only shared stores are the escape
+    # overlay's): the only global loads left are the next chunk's weights (4 view and 4 nibble pieces) and escapes'
     warpgroup = kernels["wgmma <4, 0, 0, 0>"]
     assert warpgroup["chunks_per_iteration"] == 1.0 and warpgroup["by_opcode"]["HGMMA"] == 8
-    assert warpgroup["by_opcode"]["UBLKCP"] == 1 and "STS" not in warpgroup["by_opcode"]
-    assert warpgroup["by_opcode"]["LDG"] == 10 and "HMMA" not in warpgroup["by_opcode"]
+    assert warpgroup["by_opcode"]["UBLKCP"] == 1 and warpgroup["by_opcode"]["STS"] == own["by_opcode"]["STS"]
+    assert "HMMA" not in warpgroup["by_opcode"]
     assert warpgroup["registers"] < own["registers"]
     # with staged weights a warp copies each chunk into its ring (4 view and 2 nibble-run pieces a lane, LDGSTS) and
-    # reads it back (LDS): the escape window's two are the only global loads left, and 24 registers are free
+    # reads it back (LDS): the escapes' loads are the only global loads left, and registers are free
     staged_wg = kernels["wgmma <4, 0, 0, 1>"]
     assert staged_wg["by_opcode"]["HGMMA"] == 8 and staged_wg["by_opcode"]["LDGSTS"] == 6
-    assert staged_wg["by_opcode"]["LDG"] == 2 and staged_wg["by_opcode"]["LDS"] >= 8
+    assert staged_wg["by_opcode"]["LDG"] == warpgroup["by_opcode"]["LDG"] - 8 and staged_wg["by_opcode"]["LDS"] >= 8
     assert staged_wg["registers"] < warpgroup["registers"]

@@ -21,7 +21,7 @@ from dataclasses import fields
 import torch
 from torch import nn
 
-from .codec import encode
+from .codec import encode_or_keep
 from .format import W12Tensor
 from .linear import w12_linear
 from .mma import W12MmaTensor, to_mma_layout
@@ -60,12 +60,14 @@ class W12Linear(nn.Module):
 
 
 def convert_model(model: nn.Module, *, lm_head: bool = False) -> dict[str, dict]:
-    """Replace every BF16 ``nn.Linear`` of ``model`` by a :class:`W12Linear`, in place.
+    """Replace every BF16 ``nn.Linear`` of ``model`` by a :class:`W12Linear` where W12 pays, in place.
 
-    Each weight is encoded on its own device and its decode compared with it bit for bit (``W12Error`` on
-    any difference, before that layer is replaced). The output embedding (LM head) is converted only
-    with ``lm_head=True``; a head tied to the input embedding stays BF16 because the embedding needs it.
-    Returns per-layer statistics (bits per weight with headers and escapes, escape fraction).
+    Each weight is encoded on its own device (format v2) and its decode compared with it bit for bit (``W12Error``
+    naming the layer on any difference, before that layer is replaced); a layer whose W12 form would not pay
+    (``encode_or_keep``: more than 90% of BF16's bytes, or more than 2% escapes) stays BF16. The output embedding
+    (LM head) is converted only with ``lm_head=True``; a head tied to the input embedding stays BF16 because the
+    embedding needs it. Returns the conversion report per candidate layer (bits per weight with headers and
+    escapes, escape fraction, kept_bf16 and why).
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -83,11 +85,11 @@ def convert_model(model: nn.Module, *, lm_head: bool = False) -> dict[str, dict]
     # stays one layer above the BF16 model instead of BF16 + W12 for the whole model
     for name in targets:
         module = model.get_submodule(name)
-        w12 = encode(module.weight.data, check=True, name=name)
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, W12Linear(w12, module.bias))
-        stats[name] = w12.stats()
+        w12, stats[name] = encode_or_keep(module.weight.data, name=name)
+        if w12 is not None:
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, W12Linear(w12, module.bias))
         del module, w12
     return stats
 

@@ -7,7 +7,6 @@ import torch.nn.functional as F
 
 from .codec import decode
 from .format import W12Tensor
-from .gemm import w12_gemm
 from .mma import W12MmaTensor, w12_mma_gemm
 
 
@@ -24,7 +23,13 @@ def w12_linear(x: torch.Tensor, w12: W12Tensor | W12MmaTensor, bias: torch.Tenso
     flat = x.reshape(-1, x.shape[-1])
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
-    y = w12_mma_gemm(flat, w12) if isinstance(w12, W12MmaTensor) else w12_gemm(flat, w12)
+    y = w12_mma_gemm(flat, w12) if isinstance(w12, W12MmaTensor) else _triton_gemm(flat, w12)
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], w12.shape[0])
+
+
+def _triton_gemm(*args, **kwargs):
+    from .gemm import w12_gemm  # Triton, imported only where a W12Tensor meets a CUDA input
+
+    return w12_gemm(*args, **kwargs)

@@ -1,4 +1,5 @@
-"""W12 GEMM in CUDA C++ with mma.sync (csrc/w12_mma.cu): the sm_120 variant, also run on the H200.
+"""W12 GEMM in CUDA C++ (csrc/): mma.sync kernels (sm_80+, the sm_120 variant, also run on the H200) and, on sm_90a,
+warpgroup-MMA kernels, for any row count.
 
 mma.sync m16n8k16 exists on sm_80 and later, including sm_120 (no wgmma there). One kernel for 1-64 rows
 (1, 2, 4 or 8 token tiles of 8): each warp holds its next chunk of weights in registers (or, up to 16 rows
@@ -10,7 +11,9 @@ nibbles a byte, placed so that one byte permute joins each register's view bytes
 Inside each 32-column block the MMA's k order is permuted so that lane t's activations are columns
 8t .. 8t+7 (one 16-byte load). On sm_90a a shape's config may run 9-64 rows as warpgroup MMAs instead (wgmma, the
 decoded fragments as its register operand; a small kernel first writes the activations in the same permuted k order,
-and each K class brings a chunk of them into shared memory with one bulk copy): the same bits.
+and each K class brings a chunk of them into shared memory with one bulk copy), and 33-256 rows through the wide
+kernel (csrc/w12_wide.cu: up to 128 token rows a wgmma, every weight read once a launch, the K classes and splits of a
+tile group reduced in one cluster): the same bits at every row count.
 """
 
 from __future__ import annotations
@@ -26,8 +29,12 @@ from ..cuda_extension import load_cuda_extension
 from .format import STEP_K, W12Error, W12Tensor, escape_positions, nibbles_from_kernel_layout
 
 CSRC = Path(__file__).with_name("csrc")
+SOURCES = ("binding.cpp", "w12_launch.cu", "w12_warp.cu", "w12_shared_x.cu", "w12_wgmma.cu", "w12_wide.cu")
 LOW_BITS_CODES = {"exact": 0, "truncated": 1, "midpoint": 2}
-MAX_ROWS_PER_LAUNCH = 64  # eight token tiles of 8 (csrc/w12_mma.cu)
+MAX_ROWS_PER_LAUNCH = 64  # eight token tiles of 8 (the per-warp and warpgroup kernels)
+MAX_WIDE_ROWS = 256  # the wide kernel: two slabs of up to 128 token rows
+WIDE_TOKEN_TILES = (8, 12, 16)  # token tiles of 8 rows a slab the wide kernel is built for (wgmma N = 64, 96, 128)
+MAX_WIDE_GROUPS = 4  # warpgroups a wide block (16 warps)
 MAX_WARPS_PER_BLOCK = 16  # of the per-warp kernels (the warpgroup kernel: MAX_WGMMA_WARPS_PER_BLOCK)
 
 
@@ -48,12 +55,12 @@ def _fragment_index(device) -> tuple[torch.Tensor, torch.Tensor]:
 class W12MmaTensor:
     """A W12 weight in the mma.sync fragment layout (same bytes as :class:`W12Tensor`, reordered).
 
-    view     uint8 [Np/16, Kp/32, 32, 16]  8-bit view bytes, lane-major fragments
-    nibbles  uint8 [Np/16, Kp/32, 32, 8]   per lane two nibbles a byte (:func:`_pack_nibbles`)
-    base     uint8 [Np]
-    esc_ptr  int32 [Np/16 * Kp/128 + 1]    CSR over (16-row tile, 128-column chunk)
-    esc_loc  int32 [E]                     chunk << 11 | block << 9 | (row % 16) << 5 | (column % 32)
-    esc_val  int16 [E]                     exact BF16 bits
+    view       uint8 [Np/16, Kp/32, 32, 16]  8-bit view bytes, lane-major fragments
+    nibbles    uint8 [Np/16, Kp/32, 32, 8]   per lane two nibbles a byte (:func:`_pack_nibbles`)
+    base       uint8 [Np]
+    esc_tile   int32 [Np/16 + 1]             index of each 16-row tile's first escape entry
+    esc_chunk  int32 [Np/16 * Kp/128]        per (tile, 128-column chunk): (first entry - the tile's) << 12 | count
+    esc_entry  int32 [E]                     fragment position << 16 | exact BF16 bits (:func:`escape_entries`)
     """
 
     shape: tuple[int, int]
@@ -61,9 +68,9 @@ class W12MmaTensor:
     view: torch.Tensor
     nibbles: torch.Tensor
     base: torch.Tensor
-    esc_ptr: torch.Tensor
-    esc_loc: torch.Tensor
-    esc_val: torch.Tensor
+    esc_tile: torch.Tensor
+    esc_chunk: torch.Tensor
+    esc_entry: torch.Tensor
     # row regions' views (:meth:`rows`), made once: a GEMM with a tail asks for them on every call
     _row_views: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -72,12 +79,12 @@ class W12MmaTensor:
         return self.view.device
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.view, self.nibbles, self.base, self.esc_ptr,
-                                                           self.esc_loc, self.esc_val))
+        return sum(t.numel() * t.element_size() for t in (self.view, self.nibbles, self.base, self.esc_tile,
+                                                           self.esc_chunk, self.esc_entry))
 
     def rows(self, first: int, end: int) -> W12MmaTensor:
         """Rows ``first`` .. ``end`` of W (multiples of 16, or ``end`` = N): views of the planes, no copy. The escape
-        offsets stay absolute, so the escape lists are shared whole."""
+        offsets stay absolute, so the entries are shared whole."""
         if (first, end) in self._row_views:
             return self._row_views[first, end]
         n, k = self.shape
@@ -87,10 +94,25 @@ class W12MmaTensor:
         t0, t1 = first // 16, -(-end // 16)
         chunks = self.padded_shape[1] // STEP_K
         region = W12MmaTensor((end - first, k), (16 * (t1 - t0), self.padded_shape[1]), self.view[t0:t1],
-                              self.nibbles[t0:t1], self.base[first:16 * t1], self.esc_ptr[t0 * chunks:t1 * chunks + 1],
-                              self.esc_loc, self.esc_val)
+                              self.nibbles[t0:t1], self.base[first:16 * t1], self.esc_tile[t0:t1 + 1],
+                              self.esc_chunk[t0 * chunks:t1 * chunks], self.esc_entry)
         self._row_views[first, end] = region
         return region
+
+
+MAX_ESCAPES_PER_TILE = 1 << 20  # a chunk word's 20 bits of offset within the tile's entries
+
+
+def escape_entries(rows: torch.Tensor, cols: torch.Tensor, bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sort key int64, entry int32) of escapes at global (rows, cols) with exact BF16 bits: the entry is the weight's
+    place in its chunk's fragments, position << 16 | bits, with position = group << 8 | lane << 3 | (register & 3) << 1
+    | half (group = 2 x 32-column block + k16 step: one m16n8k16 A fragment), as csrc/w12_common.cuh patches it."""
+    r, c = rows % 16, cols % STEP_K
+    block, cc = c // 32, c % 32
+    step, q, half = (cc >> 2) & 1, (cc >> 1) & 1, cc & 1
+    lane = (r & 7) * 4 + ((cc >> 3) & 3)
+    position = ((2 * block + step) << 8) | (lane << 3) | ((2 * q + (r >> 3)) << 1) | half
+    return position, (position << 16) | (bits.to(torch.int64) & 0xFFFF)
 
 
 def to_mma_layout(w12: W12Tensor) -> W12MmaTensor:
@@ -108,16 +130,21 @@ def to_mma_layout(w12: W12Tensor) -> W12MmaTensor:
     nibbles = _pack_nibbles(nib)
 
     e_rows, e_cols = escape_positions(w12)
-    chunks = kp // STEP_K
+    tiles, chunks = np_ // 16, kp // STEP_K
+    position, entry = escape_entries(e_rows, e_cols, w12.esc_val)
     bucket = (e_rows // 16) * chunks + e_cols // STEP_K
-    # within a chunk sorted by 32-column block, then row: a warp meets a block's escapes in one window
-    loc = (e_cols // STEP_K) * 2048 + (e_cols % STEP_K // 32) * 512 + (e_rows % 16) * 32 + e_cols % 32
-    order = torch.argsort((e_rows // 16) * (chunks * 2048) + loc)
-    counts = torch.bincount(bucket, minlength=(np_ // 16) * chunks)
-    esc_ptr = torch.zeros(counts.numel() + 1, dtype=torch.int32, device=w12.device)
-    esc_ptr[1:] = torch.cumsum(counts, 0).to(torch.int32)
-    return W12MmaTensor(w12.shape, (np_, kp), view, nibbles, w12.base, esc_ptr,
-                        loc[order].to(torch.int32), w12.esc_val[order].clone())
+    order = torch.argsort(bucket * 2048 + position)  # by tile, chunk, then fragment position
+    counts = torch.bincount(bucket, minlength=tiles * chunks).view(tiles, chunks)
+    per_tile = counts.sum(1)
+    if per_tile.numel() and int(per_tile.max()) >= MAX_ESCAPES_PER_TILE:
+        raise W12Error(f"a 16-row tile has {int(per_tile.max())} escapes, more than the kernel layout's "
+                       f"{MAX_ESCAPES_PER_TILE - 1}", where="to_mma_layout", fix="keep this tensor in BF16")
+    esc_tile = torch.zeros(tiles + 1, dtype=torch.int64, device=w12.device)
+    esc_tile[1:] = torch.cumsum(per_tile, 0)
+    within = torch.cumsum(counts, 1) - counts  # each chunk's first entry relative to its tile's
+    esc_chunk = ((within << 12) | counts).view(-1).to(torch.int32)
+    return W12MmaTensor(w12.shape, (np_, kp), view, nibbles, w12.base, esc_tile.to(torch.int32), esc_chunk,
+                        entry[order].to(torch.int32))
 
 
 def _pack_nibbles(nib: torch.Tensor) -> torch.Tensor:
@@ -150,20 +177,20 @@ def planes_from_mma_layout(mma: W12MmaTensor) -> tuple[torch.Tensor, torch.Tenso
 # at twice the registers. No plan changes an output bit: every accumulator sums its blocks in the same order.
 STEP_PLANS = {32: ((4, 1), (2, 1), (2, 2)), 64: ((4, 1), (2, 2))}
 # Up to 16 rows a launch may instead stage each warp's next step of weights in a shared-memory double buffer
-# (cp.async) rather than registers: the same bytes in flight, ~20 fewer registers, so more resident warps; it
-# took 1-7% off 1-8 rows on the H200 shapes and cost up to 13% on gate_up and the LM head at 16 (the smaller L1
-# left for their activations), so each shape's tuned config says up to how many rows it stages (``staged_rows``).
+# (cp.async) rather than registers: the same bytes in flight in fewer registers, so more resident warps, at the price
+# of the L1 left for the activations; each shape's tuned config says up to how many rows it stages (``staged_rows``).
 MAX_STAGED_ROWS = 16
 # At 17-32 rows, one tile a warp, sm_90+: the warps of a block may read their activations from a shared-memory ring
 # filled once per block by a producer warp (bulk copies) instead of each warp loading 8 lines per token tile from
-# L1. On the H200 it took 7-11% off 32 rows on the one-wave projection grids (qkv, o_proj, down) and cost 10-40% on
-# the multi-wave ones (gate_up, LM head), so it is per shape: ``shared_x_32`` = (tiles a block, ring slots).
+# L1. That pays on grids of one wave of blocks and costs on multi-wave ones, so it is per shape:
+# ``shared_x_32`` = (tiles a block, ring slots).
 MAX_SHARED_X_RING = 8
 # sm_90a, 9-64 rows: warpgroup MMAs (wgmma: weights from registers, activations from shared memory), per row range
-# (9-16, 17-32, 33-64) a number of warpgroups of 4 tiles a K class a block (0: per-warp mma.sync). On the H200 (v17)
-# it takes 25-32% off 64 rows on every shape and 3-6% off the LM head at 32 rows, and loses at 9-16 rows and on the
-# one-wave grids at 17-32 (4 tiles a warpgroup make too few blocks), so it is per shape and row range.
+# (9-16, 17-32, 33-64) a number of warpgroups of 4 tiles a K class a block (0: per-warp mma.sync). 4-tile warpgroups
+# make few blocks, which one-wave grids feel most, so it is per shape and row range.
 MAX_WGMMA_WARPS_PER_BLOCK = 32
+# sm_90a, 33-256 rows: the wide kernel, ``wide`` = (warpgroups a block, activation slots, weight stages a warp); the
+# launch picks the token slab from the row count. 0 warpgroups: 64 rows a launch of the kernels above.
 # Row regions: a grid whose blocks run in rounds (all resident at once, all as long) and end a little way into a last
 # round leaves most multiprocessors idle there: gate_up at 16 rows is 2.06 rounds of 16 warps a multiprocessor, so its
 # last 64 tiles ran alone for ~13 of 80 us. A shape's partition may therefore give its last rows (``tail_rows``) a
@@ -193,6 +220,8 @@ class MmaConfig:
     # everything else as above (row regions, above); 0: one region
     tail_rows: int = 0
     tail: tuple[int, int, int] = (0, 0, 0)
+    # 33-256 rows (sm_90a): the wide kernel's (warpgroups a block, activation slots, weight stages); 0 warpgroups: off
+    wide: tuple[int, int, int] = (1, 2, 3)
 
     def __post_init__(self):
         if not 0 <= self.staged_rows <= MAX_STAGED_ROWS:
@@ -211,6 +240,11 @@ class MmaConfig:
                            f"17-32 and 33-64 rows, each 0 (off) or with 4 x warpgroups x warps_k <= {MAX_WGMMA_WARPS_PER_BLOCK}"
                            " warps", where="MmaConfig.wgmma", fix="use e.g. (0, 0, 1) or fewer warpgroups")
         object.__setattr__(self, "tail", tuple(self.tail))
+        object.__setattr__(self, "wide", tuple(self.wide))
+        groups, slots, stages = self.wide if len(self.wide) == 3 else (-1, 0, 0)
+        if not (groups == 0 or (1 <= groups <= MAX_WIDE_GROUPS and 2 <= slots <= 4 and 2 <= stages <= 4)):
+            raise W12Error(f"wide={self.wide}: (warpgroups a block 0-{MAX_WIDE_GROUPS}, activation slots 2-4, weight "
+                           "stages 2-4)", where="MmaConfig.wide", fix="use e.g. (1, 2, 3), or (0, 2, 2) for off")
         warps_n, warps_k, splits = self.tail if len(self.tail) == 3 else (-1, -1, -1)
         one_region = self.tail_rows == 0 and self.tail == (0, 0, 0)
         if not one_region and not (self.tail_rows > 0 and self.tail_rows % 16 == 0 and min(warps_n, warps_k, splits) >= 1
@@ -259,6 +293,10 @@ class MmaConfig:
         on it)."""
         return self.shared_x_32 if 16 < m <= 32 and self.shared_x_32[1] else (0, 0)
 
+    def uses_wide(self, m: int, capability: tuple[int, int]) -> bool:
+        """Whether a launch of ``m`` rows runs the wide kernel (33-256 rows on sm_90a; no bit depends on it)."""
+        return m > 32 and capability[0] == 9 and self.wide[0] > 0
+
     def warpgroups(self, m: int, capability: tuple[int, int]) -> int:
         """Warpgroups a K class a block of a launch of ``m`` rows with warpgroup MMAs on a GPU of this compute
         capability (sm_90 only), 0 without (no bit depends on it)."""
@@ -268,14 +306,13 @@ class MmaConfig:
 
 
 def default_mma_config(n: int, k: int, sms: int) -> MmaConfig:
-    """A partition from N and the multiprocessor count alone, fitted to the H200 sweeps of v11 (12 shapes: the
-    27B-class projections, LM head and the 8B-class HF shapes; docs/w12-notes.md). No K splits: up to 2 tiles of
-    16 rows per multiprocessor, 8 warps share a tile's K; up to 3, 5 warps; up to 8, 3 (640 tiles x 3 warps fill
-    one wave of 132 multiprocessors); up to 20, 4; beyond, 4 tiles of one warp a block. Step plans (v12 sweep):
-    grids of up to 8 tiles a multiprocessor step through half chunks at 17-32 rows (the registers, not the tiles,
-    limit their warps) and whole chunks at 33-64; larger grids take two tiles a warp in half steps at 17-64 rows
-    (half the activation reads; they have warps to spare). On every swept shape it is the tuned partition or
-    within 5% of it; ``mma_configs.json`` holds the tuned ones."""
+    """A partition from N and the multiprocessor count alone, fitted to H200 sweeps of the 27B-class projections, LM
+    head and 8B-class shapes. No K splits: up to 2 tiles of 16 rows per multiprocessor, 8 warps share a tile's K; up
+    to 3, 5 warps; up to 8, 3 (640 tiles x 3 warps fill one wave of 132 multiprocessors); up to 20, 4; beyond, 4
+    tiles of one warp a block. Step plans: grids of up to 8 tiles a multiprocessor step through half chunks at 17-32
+    rows (the registers, not the tiles, limit their warps) and whole chunks at 33-64; larger grids take two tiles a
+    warp in half steps at 17-64 rows (half the activation reads; they have warps to spare). ``mma_configs.json``
+    holds the tuned ones."""
     tiles = -(-n // 16)
     if tiles <= 2 * sms:
         return MmaConfig(warps_n=1, warps_k=8, plan_32=(2, 1))
@@ -303,20 +340,34 @@ def select_mma_config(n: int, k: int, device: torch.device) -> MmaConfig:
     return MmaConfig(**tuned) if tuned else default_mma_config(n, k, props.multi_processor_count)
 
 
+def wide_token_tiles(m: int) -> tuple[int, int]:
+    """(token tiles of 8 rows a slab, slabs) of a wide launch of ``m`` rows (33-256): one slab up to 128 rows, else
+    two; each slab the smallest built size that holds its share."""
+    slabs = 1 if m <= 128 else 2
+    rows = -(-m // slabs)
+    return next(t for t in WIDE_TOKEN_TILES if 8 * t >= rows), slabs
+
+
 def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None = None,
                  low_bits: str = "exact", out: torch.Tensor | None = None,
                  overlap_prior: bool | None = None, launched: list[int] | None = None) -> torch.Tensor:
-    """y = x @ W^T through the mma.sync kernel.
+    """y = x @ W^T through the W12 CUDA kernels, for any number of rows.
 
-    x bf16 [M, K] CUDA (up to 64 rows per launch; longer inputs in chunks), unit column stride;
-    mma: :func:`to_mma_layout` of the weight; out: optional bf16 [M, N] contiguous. Returns y bf16 [M, N].
-    The partition comes from ``config`` or (N, K, multiprocessor count) — never from M.
+    Args:
+        x: bf16 [M, K] on CUDA, unit column stride (any M: up to 256 rows a launch on sm_90a, 64 elsewhere).
+        mma: :func:`to_mma_layout` of the weight, N x K.
+        config: the partition (default: ``select_mma_config`` from (N, K, GPU), never from M).
+        low_bits: "exact" (the lossless weights) or the Q pass's "truncated" / "midpoint" 8-bit view.
+        out: optional bf16 [M, N] contiguous output.
+
+    Returns y bf16 [M, N]. Example: ``y = w12_mma_gemm(x, to_mma_layout(encode(w)))``.
+
     ``overlap_prior`` (default: on sm_90 and later) launches the kernel so that its prologue, which reads only the
     weights, overlaps the tail of the kernel before it in the stream (programmatic dependent launch); it reads x
     and writes y only after that kernel has finished, so no bit depends on it. The weights are read before that
     wait: pass ``overlap_prior=False`` if the kernel just before wrote them (weights converted at load time, as
-    everywhere in this project, are long done). A partition with a tail (row regions, above) launches twice a 64 rows,
-    the tail right behind the first region. ``launched``, when given, receives the warpgroups a K class a block each
+    everywhere in this project, are long done). A partition with a tail (row regions, above) launches twice a chunk of
+    rows, the tail right behind the first region. ``launched``, when given, receives the warpgroups a block each
     launch ran (0: per-warp mma.sync; a warpgroup block that fits no multiprocessor runs with fewer, or per-warp).
     """
     n, k = mma.shape
@@ -329,44 +380,84 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
         x = torch.nn.functional.pad(x, (0, kp - k))
     m_total = x.shape[0]
     y = out if out is not None else torch.empty(m_total, n, dtype=torch.bfloat16, device=x.device)
-    ext = load_cuda_extension("specpilot_w12_mma", CSRC, ("binding.cpp", "w12_mma.cu"))
+    ext = load_cuda_extension("specpilot_w12_mma", CSRC, SOURCES)
     capability = torch.cuda.get_device_capability(x.device)
     if overlap_prior is None:
         overlap_prior = capability >= (9, 0)
     code = LOW_BITS_CODES[low_bits]
-    rows = MAX_ROWS_PER_LAUNCH
     parts = config.regions(n)
     regions = [(first, end, part, mma.rows(first, end) if len(parts) > 1 else mma) for first, end, part in parts]
     # the workspace of K splits: [splits, rows, N] a region (a second region's may still be read by the first's sums)
     splits = [-(-(kp // STEP_K) // part.chunks_per_split(kp)) for _, _, part, _ in regions]
-    workspace = torch.empty(sum(s for s in splits if s > 1) * min(m_total, rows) * n, dtype=torch.float32,
-                            device=x.device)
-    for r0 in range(0, m_total, rows):
-        xm = x[r0:r0 + rows]
-        m = xm.shape[0]
-        # warpgroup MMAs: every chunk's activations as wgmma's B image (token rows padded to 16, 32 or 64), written by
-        # the first region's launch and read by both
-        wants_image = any(part.warpgroups(m, capability) for _, _, part, _ in regions)
-        x_image = torch.empty((kp // STEP_K) * max(16, 1 << (m - 1).bit_length()) * STEP_K if wants_image else 0,
-                              dtype=torch.bfloat16, device=x.device)
-        image_written, offset = False, 0
-        for index, ((first, end, part, weights), part_splits) in enumerate(zip(regions, splits)):
-            partial = workspace[offset: offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
-            offset += partial.numel()
-            warpgroups = part.warpgroups(m, capability)  # when on, in place of staged weights or a shared ring
-            # W12Overlap: one region overlaps the kernel before; a first region lets the second start early, which
-            # reads x (or the image) without waiting, unless it must write the image itself (the first region's
-            # warpgroup block fit no multiprocessor): then it waits like any kernel
-            overlap = (0 if not overlap_prior else 1 if len(regions) == 1 else 2 if index == 0
-                       else 1 if warpgroups and not image_written else 3)
-            groups = ext.w12_mma_gemm(
-                xm, weights.view, weights.nibbles, weights.base, weights.esc_ptr, weights.esc_loc, weights.esc_val,
-                y[r0:r0 + rows, first:end], partial, n, weights.padded_shape[0], kp, part.warps_n,
-                part.warps_k, part.chunks_per_split(kp), *part.step_plan(m),
-                int(part.stages_weights(m) and not warpgroups),
-                *((0, 0) if warpgroups else part.shares_activations(m)), warpgroups, x_image, int(image_written),
-                overlap, code)
-            image_written = image_written or groups > 0
-            if launched is not None:
-                launched.append(groups)
+    r0 = 0
+    while r0 < m_total:
+        wide = m_total - r0 > 32 and config.uses_wide(min(m_total - r0, MAX_WIDE_ROWS), capability)
+        rows = min(m_total - r0, MAX_WIDE_ROWS if wide else MAX_ROWS_PER_LAUNCH)
+        xm, ym = x[r0:r0 + rows], y[r0:r0 + rows]
+        if not (wide and _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launched)):
+            for c0 in range(0, rows, MAX_ROWS_PER_LAUNCH):  # 64 rows a launch: the same bits
+                _launch_rows(ext, xm[c0:c0 + MAX_ROWS_PER_LAUNCH], ym[c0:c0 + MAX_ROWS_PER_LAUNCH], regions, splits,
+                             kp, n, capability, overlap_prior, code, launched)
+        r0 += rows
     return y
+
+
+def _overlap(overlap_prior: bool, regions: int, index: int, writes_image: bool) -> int:
+    """The W12Overlap code (csrc/w12_mma.cuh) of region ``index``'s launch: one region overlaps the kernel before; a
+    first region lets the second start early, which reads x (or the image) without waiting, unless it must write the
+    image itself: then it waits like any kernel."""
+    if not overlap_prior:
+        return 0
+    return 1 if regions == 1 else 2 if index == 0 else 1 if writes_image else 3
+
+
+def _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launched) -> bool:
+    """One launch a region of the wide kernel for up to 256 rows; False (nothing left to trust) where its block fits
+    no multiprocessor, so the caller runs the rows 64 at a time."""
+    m = xm.shape[0]
+    tiles8, slabs = wide_token_tiles(m)
+    image = torch.empty(slabs * (kp // STEP_K) * tiles8 * 8 * STEP_K, dtype=torch.bfloat16, device=xm.device)
+    workspace = torch.empty(sum(s for s in splits if s > 1) * m * n, dtype=torch.float32, device=xm.device)
+    ran, offset = [], 0
+    for index, ((first, end, part, weights), part_splits) in enumerate(zip(regions, splits)):
+        partial = workspace[offset: offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
+        offset += partial.numel()
+        groups, slots, stages = part.wide
+        got = ext.w12_mma_gemm(
+            xm, weights.view, weights.nibbles, weights.base, weights.esc_tile, weights.esc_chunk, weights.esc_entry,
+            ym[:, first:end], partial, n, weights.padded_shape[0], kp, part.warps_n, part.warps_k,
+            part.chunks_per_split(kp), 4, 1, 0, 0, 0, 0, image, int(index > 0),
+            _overlap(overlap_prior, len(regions), index, False), code, groups, slots, stages, tiles8)
+        if got < 0:
+            return False
+        ran.append(got)
+    if launched is not None:
+        launched.extend(ran)
+    return True
+
+
+def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior, code, launched) -> None:
+    """Up to 64 rows through the per-warp, shared-activation or warpgroup kernels, each region once."""
+    m = xm.shape[0]
+    workspace = torch.empty(sum(s for s in splits if s > 1) * m * n, dtype=torch.float32, device=xm.device)
+    # warpgroup MMAs: every chunk's activations as wgmma's B image (token rows padded to 16, 32 or 64), written by
+    # the first region's launch and read by both
+    wants_image = any(part.warpgroups(m, capability) for _, _, part, _ in regions)
+    x_image = torch.empty((kp // STEP_K) * max(16, 1 << (m - 1).bit_length()) * STEP_K if wants_image else 0,
+                          dtype=torch.bfloat16, device=xm.device)
+    image_written, offset = False, 0
+    for index, ((first, end, part, weights), part_splits) in enumerate(zip(regions, splits)):
+        partial = workspace[offset: offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
+        offset += partial.numel()
+        warpgroups = part.warpgroups(m, capability)  # when on, in place of staged weights or a shared ring
+        overlap = _overlap(overlap_prior, len(regions), index, bool(warpgroups) and not image_written)
+        groups = ext.w12_mma_gemm(
+            xm, weights.view, weights.nibbles, weights.base, weights.esc_tile, weights.esc_chunk, weights.esc_entry,
+            ym[:, first:end], partial, n, weights.padded_shape[0], kp, part.warps_n,
+            part.warps_k, part.chunks_per_split(kp), *part.step_plan(m),
+            int(part.stages_weights(m) and not warpgroups),
+            *((0, 0) if warpgroups else part.shares_activations(m)), warpgroups, x_image, int(image_written),
+            overlap, code, 0, 0, 0, 0)
+        image_written = image_written or groups > 0
+        if launched is not None:
+            launched.append(groups)

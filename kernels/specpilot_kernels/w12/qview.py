@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from .format import W12Tensor
-from .gemm import w12_gemm
 from .mma import W12MmaTensor, w12_mma_gemm
 from .reference import qpass_weight_reference
 
@@ -37,7 +36,13 @@ def qpass_linear(x: torch.Tensor, w12: W12Tensor | W12MmaTensor, low_bits: str =
     if flat.is_cuda and isinstance(w12, W12MmaTensor):
         y = w12_mma_gemm(flat.contiguous(), w12, low_bits=low_bits)
     elif flat.is_cuda:
-        y = w12_gemm(flat.contiguous(), w12, low_bits=low_bits)
+        y = _triton_gemm(flat.contiguous(), w12, low_bits=low_bits)
     else:
         y = F.linear(flat, qpass_weight_reference(w12, low_bits))
     return y.reshape(*x.shape[:-1], w12.shape[0])
+
+
+def _triton_gemm(*args, **kwargs):
+    from .gemm import w12_gemm  # Triton, imported only where a W12Tensor meets a CUDA input
+
+    return w12_gemm(*args, **kwargs)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .format import (
-    ESCAPE_HIGH_BYTE, ESCAPE_LOW_BYTE, MAX_OFFSET, STEP_K, TILE_N, W12Error, W12Tensor,
+    ESCAPE_HIGH_BYTE, ESCAPE_LOW_BYTE, FORMAT_VERSION, MAX_OFFSET, STEP_K, SUPPORTED_VERSIONS, TILE_N, W12Error, W12Tensor,
     bucket_escapes, escape_positions, nibbles_from_kernel_layout, nibbles_to_kernel_layout, padded,
 )
 
@@ -27,14 +27,42 @@ def _in_window(exp, man, base):
     return normal & inside
 
 
-def choose_base(bits: torch.Tensor) -> torch.Tensor:
-    """Per-row window base (int32 [rows]) for int16 BF16 bits [rows, K].
+def window_counts(bits: torch.Tensor) -> torch.Tensor:
+    """In-window weight counts int32 [rows, 240] of int16 BF16 bits [rows, K], one column per window base 0..239.
 
-    The window's top exponent is the row's largest normal exponent E, or E + 1 when that leaves fewer
-    escapes (it does when many top-binade weights have mantissa 111, the excluded NaN code); ties keep
-    E, which keeps one more binade of small weights. base = top - 15, clamped to [0, 239] so that the
-    decode's add never carries into the sign (base + 15 <= 254).
+    A per-row histogram of the normal exponents (and of those with top mantissa bits 111) gives every
+    window's count at once: base b covers exponents b+1 .. b+15, less the excluded code (exponent b+15,
+    mmm = 111). One bincount over (row, exponent, mmm == 111) keys; elementwise work on the weight's device.
     """
+    rows = bits.shape[0]
+    _, exp, man = _fields(bits)
+    key = (torch.arange(rows, device=bits.device, dtype=torch.int32)[:, None] * 512 + exp * 2
+           + ((man >> 4) == 7).to(torch.int32))
+    hist = torch.bincount(key.reshape(-1), minlength=rows * 512).view(rows, 256, 2)
+    normal = hist.sum(-1)
+    normal[:, 0] = 0  # zeros and denormals
+    normal[:, 255] = 0  # Inf and NaN
+    cum = torch.nn.functional.pad(torch.cumsum(normal, dim=1), (1, 0))  # cum[:, e] = weights with exponent < e
+    bases = torch.arange(254 - MAX_OFFSET + 1, device=bits.device)
+    tops = bases + MAX_OFFSET
+    return (cum[:, tops + 1] - cum[:, bases + 1] - hist[:, tops, 1]).to(torch.int32)
+
+
+def choose_base(bits: torch.Tensor) -> torch.Tensor:
+    """Per-row window base (int32 [rows]) for int16 BF16 bits [rows, K]: the 16-binade window that covers the most
+    weights (format version 2).
+
+    Window ``base`` covers exponents base+1 .. base+15 minus the excluded top code (exponent base+15 with mantissa
+    111, E4M3's NaN), so a count is exactly the weights it stores without escape. Tie rule: the lowest base among the
+    windows with the largest count (``argmax`` keeps the first maximum). A row with no normal weight gets base 0.
+    base is at most 239 so the decode's add never carries into the sign (base + 15 <= 254).
+    """
+    return torch.argmax(window_counts(bits), dim=1).to(torch.int32)
+
+
+def choose_base_v1(bits: torch.Tensor) -> torch.Tensor:
+    """Format version 1's window (kept to re-create v1 records bit for bit): the top at the row's largest normal
+    exponent E, or E + 1 when that leaves fewer escapes; ties keep E."""
     _, exp, man = _fields(bits)
     normal = (exp >= 1) & (exp <= 254)
     e_max = torch.where(normal, exp, torch.zeros_like(exp)).amax(dim=1)
@@ -45,11 +73,20 @@ def choose_base(bits: torch.Tensor) -> torch.Tensor:
     return torch.where(esc_b < esc_a, base_b, base_a)
 
 
-def encode_reference(weight: torch.Tensor) -> W12Tensor:
-    """Encode a BF16 weight ``[N, K]`` (any device) into a :class:`W12Tensor` on the same device."""
-    if weight.dtype != torch.bfloat16 or weight.dim() != 2:
-        raise W12Error(f"W12 encodes 2-D bfloat16 weights, got {weight.dtype} of shape {tuple(weight.shape)}",
-                       where="encode(weight)", fix="pass the linear layer's [out_features, in_features] BF16 weight")
+def encode_reference(weight: torch.Tensor, version: int = FORMAT_VERSION) -> W12Tensor:
+    """Encode a BF16 weight ``[N, K]`` (any device) into a :class:`W12Tensor` on the same device.
+
+    ``version`` picks the window rule: 2 (the default) the window covering the most weights, 1 the v1 rule (the
+    planes are laid out alike; only the chosen bases, and so the escapes, differ)."""
+    if not isinstance(weight, torch.Tensor) or weight.dtype != torch.bfloat16 or weight.dim() != 2:
+        got = f"{weight.dtype} of shape {tuple(weight.shape)}" if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise W12Error(f"W12 encodes 2-D bfloat16 weights, got {got}",
+                       where="encode(weight)", fix="pass the linear layer's [out_features, in_features] BF16 weight "
+                       "(convert float32/float16 checkpoints with .to(torch.bfloat16) first, if that is the model's dtype)")
+    if version not in SUPPORTED_VERSIONS:
+        raise W12Error(f"W12 format version {version} is not one this code writes ({sorted(SUPPORTED_VERSIONS)})",
+                       where="encode(version=)", fix=f"use version={FORMAT_VERSION}")
+    window = choose_base if version == 2 else choose_base_v1
     n, k = weight.shape
     np_, kp = padded(n, TILE_N), padded(k, STEP_K)
     device = weight.device
@@ -61,7 +98,7 @@ def encode_reference(weight: torch.Tensor) -> W12Tensor:
     for r0 in range(0, n, ROW_CHUNK):
         bits = raw[r0:r0 + ROW_CHUNK]
         sign, exp, man = _fields(bits)
-        row_base = choose_base(bits)[:, None]
+        row_base = window(bits)[:, None]
         ok = _in_window(exp, man, row_base)
         byte = (sign << 7) | ((exp - row_base) << 3) | (man >> 4)
         escaped_byte = (sign << 7) | torch.where(exp > row_base, ESCAPE_HIGH_BYTE, ESCAPE_LOW_BYTE)
@@ -74,7 +111,7 @@ def encode_reference(weight: torch.Tensor) -> W12Tensor:
         esc_bits.append(bits[r, c])
     rows, cols, vals = torch.cat(esc_rows), torch.cat(esc_cols), torch.cat(esc_bits)
     esc_ptr, esc_loc, esc_val = bucket_escapes(rows, cols, vals, np_, kp)
-    return W12Tensor((n, k), view, nibbles_to_kernel_layout(nib), base, esc_ptr, esc_loc, esc_val)
+    return W12Tensor((n, k), view, nibbles_to_kernel_layout(nib), base, esc_ptr, esc_loc, esc_val, version)
 
 
 def decoded_bits(w12: W12Tensor, low_bits: str = "exact") -> torch.Tensor:

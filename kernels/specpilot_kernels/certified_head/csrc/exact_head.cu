@@ -37,6 +37,7 @@
 #include "compaction.cuh"
 #include "exact_head.cuh"
 #include "pdl.cuh"
+#include "ptx.cuh"
 
 namespace {
 
@@ -59,13 +60,7 @@ __device__ __forceinline__ float fma_pieces(const uint4& x, const uint4& w, floa
   return acc;
 }
 
-__device__ __forceinline__ uint4 load_streaming(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
+__device__ __forceinline__ uint4 load_streaming(const uint4* p) { return ptx::load_streaming16(p); }
 
 // Where warp_dot reads a row (the weights' or the input's) from: registers loaded ahead (InRegisters, the weight
 // row: STREAM reads it once without L1 allocation, else through L1), L1 at each piece's adds (ThroughL1), or
@@ -277,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) rescore_kernel(ExactHead
     __syncthreads();  // the previous row's pairs are done with x_row
     const uint4* x = reinterpret_cast<const uint4*>(a.x) + (size_t)m * pieces;
     for (int p = threadIdx.x; p < pieces; p += kThreads)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(x_shared + 16 * p), "l"(x + p) : "memory");
+      ptx::cp_async16(x_shared + 16 * p, x + p);
     float bound = r.best_lower[m];
     int done = -1;  // the incumbent, whose logit is in the key already
     if (incumbents) {
@@ -296,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) rescore_kernel(ExactHead
       const size_t entry = (size_t)m * r.cap + (i - first);
       wanted |= r.cand_upper[entry] >= bound && r.cand_idx[entry] != done;
     }
-    asm volatile("cp.async.wait_all;" ::: "memory");
+    ptx::cp_async_wait_all();
     if (!__syncthreads_or(wanted)) {  // also: the input row is in shared memory
       begin = stop;
       continue;

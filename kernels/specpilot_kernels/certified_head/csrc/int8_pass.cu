@@ -46,6 +46,7 @@
 #include "compaction.cuh"
 #include "int8_pass.cuh"
 #include "pdl.cuh"
+#include "ptx.cuh"
 
 namespace {
 
@@ -58,40 +59,31 @@ constexpr uint32_t kBias2 = 0x64806480u;         // 1152 = 1024 + 128 in both fp
 
 __device__ __forceinline__ uint32_t to_f16_pair(uint32_t word, uint32_t selector) {
   uint32_t widened, out;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(widened) : "r"(word), "r"(kOffsetHalves), "r"(selector));
+  widened = ptx::permute_bytes(word, kOffsetHalves, selector);
   asm("sub.f16x2 %0, %1, %2;" : "=r"(out) : "r"(widened), "r"(kBias2));
   return out;
 }
 
 __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  const uint32_t a[4] = {a0, a1, a2, a3};
+  ptx::mma_f16_16816(c, a, b0, b1);
 }
-
-__device__ __forceinline__ void copy_evict_first16(uint32_t dst, const void* src, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(policy)
-               : "memory");
-}
-__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // Wait until at most `pending` of this thread's copy groups are outstanding (the depth is a launch value).
 __device__ __forceinline__ void copy_wait(int pending) {
   switch (pending) {
-    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
-    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
-    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
-    case 7: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
-    case 8: asm volatile("cp.async.wait_group 8;" ::: "memory"); break;
-    case 9: asm volatile("cp.async.wait_group 9;" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 10;" ::: "memory"); break;
+    case 0: ptx::cp_async_wait<0>(); break;
+    case 1: ptx::cp_async_wait<1>(); break;
+    case 2: ptx::cp_async_wait<2>(); break;
+    case 3: ptx::cp_async_wait<3>(); break;
+    case 4: ptx::cp_async_wait<4>(); break;
+    case 5: ptx::cp_async_wait<5>(); break;
+    case 6: ptx::cp_async_wait<6>(); break;
+    case 7: ptx::cp_async_wait<7>(); break;
+    case 8: ptx::cp_async_wait<8>(); break;
+    case 9: ptx::cp_async_wait<9>(); break;
+    default: ptx::cp_async_wait<10>(); break;
   }
 }
 
@@ -188,7 +180,7 @@ __global__ void __launch_bounds__(kPrologueThreads) prologue_kernel(Int8PassArgs
 
 template <int N>
 __device__ __forceinline__ void copy_wait_const() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+  ptx::cp_async_wait<N>();
 }
 
 // Per lane: the unscaling and norm of rows 2t + h of each token tile (zero for padding rows).
@@ -363,7 +355,7 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
   const int batch_slots = batch_lead + 1;
   const uint32_t x_ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(x_ring));
   uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  policy = ptx::evict_first_policy();
 
   // Stream position p is chunk p % chunks of this warp's unit p / chunks; the copies run stages - 1
   // positions ahead of the multiplies, each side counting (unit, chunk) without divisions.
@@ -378,14 +370,14 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
         for (int i = 0; i < T; ++i)
 #pragma unroll
           for (int b = 0; b < kBlocksPerChunk; ++b)
-            copy_evict_first16(dst + (i * kBlocksPerChunk + b) * 512, src + ((size_t)i * kblocks + b) * 512, policy);
+            ptx::cp_async16(dst + (i * kBlocksPerChunk + b) * 512, src + ((size_t)i * kblocks + b) * 512, policy);
       }
       if (++issue_chunk == chunks) {
         issue_chunk = 0;
         issue_unit += unit_step;
       }
     }
-    copy_commit();
+    ptx::cp_async_commit();
   };
   // Activation batches are issued in order, each at its (position, chunk, slot) counters: batch b holds
   // positions b CPB .. b CPB + CPB - 1, chunks of one unit (CPB divides chunks), so one contiguous piece of
@@ -397,8 +389,7 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
       const uint8_t* src = reinterpret_cast<const uint8_t*>(a.x16) + (size_t)act_chunk * kActivationBytes;
       const uint32_t dst = x_ring_shared + act_slot * kBatchBytes;
       for (int piece = threadIdx.x; piece < kBatchBytes / 16; piece += blockDim.x)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + piece * 16), "l"(src + piece * 16)
-                     : "memory");
+        ptx::cp_async16(dst + piece * 16, src + piece * 16);
     }
     act_pos += CPB;
     act_chunk = act_chunk + CPB == chunks ? 0 : act_chunk + CPB;
@@ -460,7 +451,7 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
     });
     if (chunk == chunks - 1) unit_epilogue<MT, T>(a, acc, tile0, lane, inv_scale, norm, row_scale, row_coef, known);
   }
-  asm volatile("cp.async.wait_all;" ::: "memory");
+  ptx::cp_async_wait_all();
 }
 
 // The default partition's kernel: the shared-activation schedule (XS) with 3 ring slots and batches of 8
@@ -499,7 +490,7 @@ __global__ void __launch_bounds__(256, 2) int8_pass_batched_kernel(Int8PassArgs 
   uint8_t* ring = smem + (size_t)warp * kRingBytes;
   uint8_t* x_ring = smem + (size_t)warps * kRingBytes;
   uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  policy = ptx::evict_first_policy();
 
   // Weight copies: this lane's 16 bytes of each (tile, block) of the next chunk; w_src walks a unit's chunks
   // 2 KB at a time and jumps to the next unit once its last chunk is issued (in the loop below).
@@ -514,12 +505,12 @@ __global__ void __launch_bounds__(256, 2) int8_pass_batched_kernel(Int8PassArgs 
       for (int i = 0; i < T; ++i)
 #pragma unroll
         for (int b = 0; b < kBlocksPerChunk; ++b)
-          copy_evict_first16(w_ring + slot_off + (i * kBlocksPerChunk + b) * 512, w_src + i * tile_bytes + b * 512,
+          ptx::cp_async16(w_ring + slot_off + (i * kBlocksPerChunk + b) * 512, w_src + i * tile_bytes + b * 512,
                              policy);
       w_src += kBlocksPerChunk * 512;
     }
     ++w_issued;
-    copy_commit();
+    ptx::cp_async_commit();
   };
   // Activation batches in order: batch b is chunks b CPB .. b CPB + CPB - 1 of a unit (CPB divides chunks),
   // one contiguous piece of x16, into batch slot b % 2. Committed with the next weight group.
@@ -533,7 +524,7 @@ __global__ void __launch_bounds__(256, 2) int8_pass_batched_kernel(Int8PassArgs 
       const uint8_t* src = x16 + (size_t)act_chunk * kActivationBytes;
       const uint32_t dst = x_ring_shared + act_slot;
       for (int offset = 0; offset < kBatchBytes - (int)threadIdx.x * 16; offset += blockDim.x * 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + offset), "l"(src + offset) : "memory");
+        ptx::cp_async16(dst + offset, src + offset);
     }
     ++act_issued;
     act_chunk = act_chunk + CPB == chunks ? 0 : act_chunk + CPB;
@@ -590,7 +581,7 @@ __global__ void __launch_bounds__(256, 2) int8_pass_batched_kernel(Int8PassArgs 
     }
     if (active) unit_epilogue<MT, T>(a, acc, unit * T, lane, inv_scale, norm, row_scale, row_coef, known);
   }
-  asm volatile("cp.async.wait_all;" ::: "memory");
+  ptx::cp_async_wait_all();
 }
 
 // Launches kKernel(args, extra..., units per owner) as the persistent grid: shared memory for the weight

@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 
 #include "path_verify_lanes.cuh"
+#include "ptx.cuh"
 
 namespace {
 
@@ -29,8 +30,7 @@ __device__ __forceinline__ float bf16_to_float(uint16_t bits) {
 __device__ __forceinline__ uint16_t float_to_bf16(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* global) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global));
+  ptx::cp_async16(ptx::shared_address(smem), global);
 }
 
 // The products of one run of K (RUN elements from `first`), summed in the Triton kernel's order.
@@ -223,7 +223,7 @@ __global__ void path_verify_lanes_kernel(PathVerifyArgs a) {
         cp_async16(s_q + node * kKeyDim + 4 * piece, q_rows + static_cast<int64_t>(node) * a.heads * kKeyDim + 4 * piece);
       }
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    ptx::cp_async_commit();
     const uint16_t* v_rows = a.v + (bos * a.value_heads + hv) * a.value_dim + first_column;
     for (int i = threadIdx.x; i < n * block_columns; i += blockDim.x) {
       const int node = a.write_state ? s_order[i / block_columns] : i / block_columns, c = i % block_columns;
@@ -234,7 +234,7 @@ __global__ void path_verify_lanes_kernel(PathVerifyArgs a) {
       s_decay[node] = a.decay[(bos + node) * a.value_heads + hv];
       s_beta[node] = a.beta[(bos + node) * a.value_heads + hv];
     }
-    asm volatile("cp.async.wait_all;\n" ::);
+    ptx::cp_async_wait_all();
     __syncthreads();
   }
 

@@ -1,4 +1,4 @@
-// torch binding of the W12 mma.sync GEMM (built on the GPU machine by torch.utils.cpp_extension.load).
+// torch binding of the W12 GEMM kernels (built on the GPU machine by torch.utils.cpp_extension.load).
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/extension.h>
 
@@ -8,14 +8,20 @@
 // rows from 16 x its first tile, n_padded of them) that region's columns of y; workspace: fp32 [splits, M, n] when K
 // is split, else empty. overlap_prior: a W12Overlap (w12_mma.cuh). x_image_written: the warpgroup kernel's
 // activation image already holds x (the second row region of one GEMM).
+// esc_tile int32 [tiles + 1], esc_chunk int32 [tiles * chunks], esc_entry int32 [E]: the kernel layout's escapes
+// (mma.py). wide_groups > 0: the wide kernel (33-256 rows, sm_90a) with that many warpgroups a block, wide_slots
+// activation slots, wide_stages weight stages and wide_token_tiles token tiles of 8 rows a slab; x_image then holds
+// slabs x chunks x wide_token_tiles x 2 KB.
 int64_t w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, torch::Tensor base,
-                  torch::Tensor esc_ptr, torch::Tensor esc_loc, torch::Tensor esc_val, torch::Tensor y,
+                  torch::Tensor esc_tile, torch::Tensor esc_chunk, torch::Tensor esc_entry, torch::Tensor y,
                   torch::Tensor workspace, int64_t n, int64_t n_padded, int64_t k_padded, int64_t warps_n,
                   int64_t warps_k, int64_t chunks_per_split, int64_t step_blocks, int64_t tiles_per_warp,
                   int64_t staged_weights, int64_t shared_x_tiles, int64_t shared_x_ring, int64_t warpgroups, torch::Tensor x_image,
-                  int64_t x_image_written, int64_t overlap_prior, int64_t low_bits) {
-  TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.stride(1) == 1 && x.size(0) <= 64,
-              "w12_mma_gemm: x must be CUDA bf16 [M <= 64, K] with unit column stride");
+                  int64_t x_image_written, int64_t overlap_prior, int64_t low_bits, int64_t wide_groups, int64_t wide_slots,
+                  int64_t wide_stages, int64_t wide_token_tiles) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.stride(1) == 1 &&
+                  x.size(0) <= (wide_groups ? 256 : 64),
+              "w12_mma_gemm: x must be CUDA bf16 [M <= 64 (wide kernel: 256), K] with unit column stride");
   TORCH_CHECK(y.is_cuda() && y.scalar_type() == torch::kBFloat16 && y.dim() == 2 && y.size(0) == x.size(0) &&
                   y.size(1) == std::min(n, n_padded) && y.stride(1) == 1 && (y.size(0) == 1 || y.stride(0) == n),
               "w12_mma_gemm: y must be CUDA bf16 [M, min(n, n_padded)] with row stride n and unit column stride");
@@ -28,9 +34,9 @@ int64_t w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles,
   args.view = view.data_ptr<uint8_t>();
   args.nibbles = nibbles.data_ptr<uint8_t>();
   args.base = base.data_ptr<uint8_t>();
-  args.esc_ptr = esc_ptr.data_ptr<int32_t>();
-  args.esc_loc = esc_loc.data_ptr<int32_t>();
-  args.esc_val = reinterpret_cast<const uint16_t*>(esc_val.data_ptr());
+  args.esc_tile = esc_tile.data_ptr<int32_t>();
+  args.esc_chunk = reinterpret_cast<const uint32_t*>(esc_chunk.data_ptr<int32_t>());
+  args.esc_entry = reinterpret_cast<const uint32_t*>(esc_entry.data_ptr<int32_t>());
   args.partial = workspace.numel() ? workspace.data_ptr<float>() : nullptr;
   args.y = reinterpret_cast<__nv_bfloat16*>(y.data_ptr());
   args.m = x.size(0);
@@ -52,17 +58,33 @@ int64_t w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles,
                                   reinterpret_cast<uintptr_t>(x_image.data_ptr()) % 16 == 0),
               "w12_mma_gemm: warpgroup MMAs need x_image: CUDA memory of ", k_padded / 128 * token_rows * 256,
               " bytes, 16-byte aligned");
+  const int64_t slab_rows = wide_token_tiles * 8;
+  const int64_t wide_bytes = wide_groups ? (x.size(0) + slab_rows - 1) / slab_rows * (k_padded / 128) * slab_rows * 256 : 0;
+  TORCH_CHECK(wide_groups == 0 || (x_image.is_cuda() && x_image.nbytes() >= (size_t)wide_bytes &&
+                                   reinterpret_cast<uintptr_t>(x_image.data_ptr()) % 16 == 0),
+              "w12_mma_gemm: the wide kernel needs x_image: CUDA memory of ", wide_bytes, " bytes, 16-byte aligned");
   W12SharedActivations shared_x{(int)shared_x_tiles, (int)shared_x_ring, (int)warpgroups};
   shared_x.x_image = warpgroups ? x_image.data_ptr() : nullptr;
   shared_x.x_image_written = x_image_written != 0;
+  W12Wide wide;
+  wide.groups = (int)wide_groups;
+  wide.slots = (int)wide_slots;
+  wide.stages = (int)wide_stages;
+  wide.token_tiles = (int)wide_token_tiles;
+  wide.x_image = wide_groups ? x_image.data_ptr() : nullptr;
+  wide.x_image_written = x_image_written != 0;
   int launched_warpgroups = 0;
   const cudaError_t err =
-      w12_mma_launch(args, low_bits, at::cuda::getCurrentCUDAStream(), shared_x, &launched_warpgroups);
+      w12_mma_launch(args, low_bits, at::cuda::getCurrentCUDAStream(), shared_x, &launched_warpgroups, wide);
+  if (err == cudaErrorNotSupported && wide_groups) {  // no wide block fits: the caller runs 64 rows at a time
+    cudaGetLastError();
+    return -1;
+  }
   if (err != cudaSuccess) cudaGetLastError();  // a refused launch must not fail the next CUDA call as well
   TORCH_CHECK(err == cudaSuccess, "w12_mma_gemm launch failed: ", cudaGetErrorString(err));
   return launched_warpgroups;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("w12_mma_gemm", &w12_mma_gemm, "W12 mma.sync GEMM; returns the warpgroups a K class a block that ran (0: per-warp)");
+  m.def("w12_mma_gemm", &w12_mma_gemm, "W12 GEMM; returns the warpgroups a block that ran (0: per-warp; -1: the wide kernel fits no multiprocessor)");
 }

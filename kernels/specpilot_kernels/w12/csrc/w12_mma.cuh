@@ -1,17 +1,18 @@
-// Host interface of the W12 mma.sync GEMM (w12_mma.cu); plain pointers so the kernel builds without torch.
+// Host interface of the W12 GEMM kernels (w12_launch.cu and the kernel files it dispatches to); plain pointers so the
+// kernels build without torch.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 struct W12MmaArgs {
-  const __nv_bfloat16* x;  // [m, ldx] activations, m <= 64, k_padded columns readable, 16-byte aligned rows
+  const __nv_bfloat16* x;  // [m, ldx] activations, m <= 64 (wide kernel: 256), k_padded columns readable, 16-byte rows
   const uint8_t* view;     // fragment layout: [n_padded/16][k_padded/32][32 lanes][16 bytes]
   const uint8_t* nibbles;  // fragment layout: [n_padded/16][k_padded/32][32 lanes][8 bytes], two nibbles a byte
   const uint8_t* base;     // [n_padded]
-  const int32_t* esc_ptr;  // [n_padded/16 * k_padded/128 + 1] CSR over (16-row tile, 128-column chunk)
-  const int32_t* esc_loc;  // chunk << 11 | block << 9 | (row % 16) << 5 | (column % 32), sorted per tile
-  const uint16_t* esc_val; // exact BF16 bits
+  const int32_t* esc_tile;     // [n_padded/16 + 1] index of each 16-row tile's first escape entry (CSR over tiles)
+  const uint32_t* esc_chunk;   // [n_padded/16][k_padded/128] chunk words: (first entry - the tile's) << 12 | count
+  const uint32_t* esc_entry;   // [E] fragment position << 16 | exact BF16 bits (w12_common.cuh, EscapeStream)
   float* partial;          // [splits][m][n] workspace when K is split (summed into y in split order), else nullptr
   __nv_bfloat16* y;        // [m][n]; a row region of a wider GEMM: its first column, n = the GEMM's N (row stride)
   int m, n, k, ldx, n_padded, k_padded;  // n_padded: 16 x the tiles this launch computes
@@ -43,12 +44,25 @@ struct W12SharedActivations {
   bool x_image_written = false;  // the image already holds x (written for the GEMM's first row region)
 };
 
-// cudaErrorInvalidValue: m outside 1..64, more than 16 warps per block, or a step plan not built for m's token tiles
+// 33-256 rows, sm_90a: the wide kernel (w12_wide.cu), `groups` warpgroups of 4 tiles a block, all of one K class and
+// split; 0: off. The launch picks the slab of token rows (token_tiles x 8 rows, up to 128) from m.
+struct W12Wide {
+  int groups = 0;
+  int slots = 3;   // activation slots a block (2-4)
+  int stages = 3;  // weight stages a warp (2-4)
+  int token_tiles = 0;  // 8, 12 or 16 token tiles of 8 rows a slab (set by the caller from m)
+  void* x_image = nullptr;  // device memory for every slab's chunk images: slabs x k_padded / 128 x token_tiles x 2 KB
+  bool x_image_written = false;  // the image already holds x (written for the GEMM's first row region)
+};
+
+// cudaErrorInvalidValue: m outside 1..64 (1..256 for the wide kernel), more than 16 warps per block, or a step plan not built for m's token tiles
 // (staged weights: whole steps of one tile a warp, up to 16 rows; shared activations: one tile a warp, 17-32 rows,
 // 2-8 slots, at most 16 warps besides the producer; warpgroup MMAs: 9-64 rows, neither staged weights nor a ring, at
 // most 32 warps a block, an x_image). Warpgroup MMAs whose block fits no multiprocessor run with fewer warpgroups a
 // block, or as the per-warp kernel (the same bits): `launched_warpgroups` (when given) receives the warpgroups a K
 // class a block that ran, 0 for the per-warp kernels. cudaErrorLaunchOutOfResources: a shared-activation block that
 // fits no multiprocessor.
+// The wide kernel: cudaErrorNotSupported off sm_90a or where no block of it fits a multiprocessor (the caller runs 64
+// rows at a time instead: the same bits).
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream,
-                           W12SharedActivations shared_x = {}, int* launched_warpgroups = nullptr);
+                           W12SharedActivations shared_x = {}, int* launched_warpgroups = nullptr, W12Wide wide = {});

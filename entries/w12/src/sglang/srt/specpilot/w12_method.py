@@ -2,12 +2,14 @@
 
 ``--quantization w12`` gives every decoder linear layer (``LinearBase``: fused QKV, gate/up, down,
 output and GDN projections) the ``W12LinearMethod``; ``--specpilot-w12-lm-head`` adds an untied LM
-head. Weights load as BF16 exactly as stock loads them; after loading, each is encoded to W12, the
-encoding is checked against the loaded tensor bit for bit (``encode`` raises on any differing bit),
-and the BF16 copy is released. On CUDA the planes are re-laid for the vendored mma.sync kernel (the
-fast path: decode in registers, reduction order fixed by (N, K, GPU), never by the row count); off
-the GPU the exact decoded weight goes through ``F.linear``, so the output equals the unquantized
-method's bit for bit.
+head. Weights load as BF16 exactly as stock loads them; after loading, each is encoded to W12 (format
+v2: per channel the window covering the most weights) where W12 pays (``encode_or_keep``: a tensor whose
+W12 form would need more than 90% of BF16's bytes, or more than 2% escapes, stays BF16 and runs stock's
+GEMM), the encoding is checked against the loaded tensor bit for bit (a differing bit stops the load,
+naming the tensor), and the BF16 copy is released. On CUDA the planes are re-laid for the vendored
+kernels (decode in registers, reduction order fixed by (N, K, GPU), never by the row count); off the
+GPU the exact decoded weight goes through ``F.linear``, so the output equals the unquantized method's
+bit for bit.
 
 Without ``--quantization w12`` nothing here runs: stock behaviour.
 """
@@ -32,7 +34,7 @@ from sglang.srt.specpilot.kernels.w12 import (
     W12MmaTensor,
     W12Tensor,
     decode,
-    encode,
+    encode_or_keep,
     to_mma_layout,
     w12_linear,
 )
@@ -109,10 +111,15 @@ class W12LinearMethod(LinearMethodBase):
                 "--specpilot-w12-lm-head feeds the W12 GEMM BF16 activations; --enable-fp32-lm-head asks for "
                 "FP32 ones. Drop one of the two flags."
             )
-        w12 = encode(weight, check=True, name=self.prefix or "weight")  # raises on any differing bit
-        stats = w12.stats()
-        logger.debug("W12 %s: %.3f bits/weight, escape fraction %.2e", self.prefix, stats["bits_per_weight"],
-                     stats["escape_fraction"])
+        # raises W12Error naming the tensor on any differing bit, which stops the load
+        w12, report = encode_or_keep(weight, name=self.prefix or "weight")
+        layer.w12_report = report
+        if w12 is None:  # W12 does not pay for this tensor: it stays BF16 on stock's method
+            logger.info("W12 %s kept as BF16: %s", self.prefix, report["reason"])
+            layer.w12_layout = None
+            return
+        logger.debug("W12 %s: %.3f bits/weight, escape fraction %.2e", self.prefix, report["bits_per_weight"],
+                     report["escape_fraction"])
         stored = to_mma_layout(w12) if weight.is_cuda else w12
         del layer.weight  # the point of the format: the BF16 copy does not stay resident
         meta = {}
@@ -131,6 +138,8 @@ class W12LinearMethod(LinearMethodBase):
         return layout(**meta, **planes)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if layer.w12_layout is None:  # kept as BF16
+            return self._loading.apply(layer, x, bias)
         w12 = self.w12_tensor(layer)
         if isinstance(w12, W12Tensor) and x.dtype != torch.bfloat16:
             # Off the GPU an FP32 input (e.g. --enable-fp32-lm-head) meets the exact weight, widened.

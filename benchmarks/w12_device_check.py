@@ -1,0 +1,347 @@
+"""W12 on the GPU in one call: build, bit-exactness at every row count 1-256 and escape fraction, then timing against
+cuBLAS on the five 27B-class shapes (bursts, with escapes, and settled), and optionally a tune of the 33-256-row kernel.
+
+    PYTHONPATH=kernels:. python benchmarks/w12_device_check.py --out benchmarks/results/w12-v2-device-check.json
+        [--settle 1.0] [--tune] [--write-configs kernels/specpilot_kernels/w12/mma_configs.json] [--sections ...]
+
+Every section catches its own error and the result file is rewritten after each (a failure keeps the rest). Method:
+CUDA-graph replay over rotating weight copies larger than L2, median of REPLAYS (the issue-4 method); W12 and cuBLAS
+(torch.matmul, BF16) timed alike in one process. Weights: seeded N(0, 0.02) BF16 with injected outliers (zeros, tiny
+and huge values) at the stated fractions; the escape fraction each produced under the v2 window is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cuda_timing import ClockLog, graph_replay_us, record_section  # noqa: E402
+
+from specpilot_kernels.w12 import encode  # noqa: E402
+from specpilot_kernels.w12.mma import (  # noqa: E402
+    CSRC, SOURCES, MmaConfig, W12MmaTensor, select_mma_config, to_mma_layout, w12_mma_gemm,
+)
+from specpilot_kernels.w12.reference import gemm_reference  # noqa: E402
+from specpilot_mem.provenance import result_header, write_result  # noqa: E402
+
+SHAPES = {"qkv": (10240, 5120), "o_proj": (5120, 8192), "gate_up": (34816, 5120), "down": (5120, 17408),
+          "lm_head": (248320, 5120)}
+PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
+ROWS = (1, 2, 4, 8, 9, 16, 17, 32, 33, 48, 64, 65, 96, 128, 192, 256)
+ESCAPE_FRACTIONS = (0.0, 1e-4, 1e-3, 1e-2)
+ESCAPE_ROWS = (1, 8, 16, 32, 64, 128, 256)
+SETTLED_ROWS = (1, 16, 32)
+L2_BYTES = 60 * 2**20
+REPLAYS = 12
+# the wide kernel's (warpgroups a block, activation slots, weight stages) tried by --tune at 33-256 rows
+WIDE_CANDIDATES = ((1, 2, 3), (1, 2, 2), (1, 3, 2), (2, 2, 3), (2, 3, 2), (2, 2, 2), (4, 2, 2))
+TUNE_ROWS = (48, 64, 128, 256)
+# kernels compared for bits: the per-warp kernel 64 rows at a time is the reference every other must equal
+PLAIN = dict(wgmma=(0, 0, 0), shared_x_32=(0, 0), wide=(0, 2, 2))
+CHECK_CONFIGS = {
+    "n4_k1_s1": MmaConfig(4, 1, 1),
+    "n1_k3_s1_wgmma": MmaConfig(1, 3, 1, wgmma=(1, 1, 1)),
+    "n1_k3_s2_cluster6": MmaConfig(1, 3, 2, wide=(1, 2, 3)),
+    "n1_k8_s2_workspace": MmaConfig(1, 8, 2, wide=(1, 3, 2)),
+    "n2_k4_s3_wide2": MmaConfig(2, 4, 3, wide=(2, 2, 3)),
+    "n1_k2_s1_wide4": MmaConfig(1, 2, 1, wide=(4, 2, 2)),
+    "tail": MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide=(1, 2, 3)),
+}
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def with_outliers(w: torch.Tensor, fraction: float, seed: int = 3) -> torch.Tensor:
+    """w with ``fraction`` of its weights replaced by values no 16-binade window of a N(0, 0.02) row holds: zeros,
+    tiny (1e-30) and huge (+-3e4) weights, in equal shares at random positions."""
+    if fraction <= 0:
+        return w
+    out = w.clone()
+    flat = out.view(-1)
+    gen = torch.Generator(device=w.device).manual_seed(seed)
+    count = int(flat.numel() * fraction)
+    at = torch.randint(0, flat.numel(), (count,), device=w.device, generator=gen)
+    values = torch.tensor([0.0, 1e-30, 3e4, -3e4], device=w.device).bfloat16()
+    flat[at] = values[torch.arange(count, device=w.device) % 4]
+    return out
+
+
+def clone_mma(mma: W12MmaTensor) -> W12MmaTensor:
+    return W12MmaTensor(mma.shape, mma.padded_shape, *(t.clone() for t in (
+        mma.view, mma.nibbles, mma.base, mma.esc_tile, mma.esc_chunk, mma.esc_entry)))
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16)
+
+
+def read_bandwidth() -> float:
+    buf = torch.empty(2**31, device="cuda", dtype=torch.bfloat16).normal_()
+    times = []
+    for _ in range(8):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        buf.sum(dtype=torch.float32)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del buf
+    return 2**32 / sorted(times)[len(times) // 2]
+
+
+def build() -> dict:
+    from specpilot_kernels.cuda_extension import load_cuda_extension
+
+    start = time.perf_counter()
+    load_cuda_extension("specpilot_w12_mma", CSRC, SOURCES)
+    return {"seconds": time.perf_counter() - start, "sources": list(SOURCES)}
+
+
+def check_bits() -> dict:
+    """Every config of CHECK_CONFIGS at every row count and escape fraction: y's bits equal the per-warp kernel's
+    (64 rows a launch), each row's bits do not depend on the row count, one-hot rows read the weights exactly, and
+    y is close to the fp32 reference. Q pass (midpoint) too, at a few row counts."""
+    out = {}
+    n, k = 1024, 1536
+    torch.manual_seed(1)
+    base = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+    x = torch.randn(max(ROWS), k, device="cuda").bfloat16()
+    for fraction in ESCAPE_FRACTIONS:
+        w = with_outliers(base, fraction)
+        w[480:496, 256:900] = 0.0  # a tile whose chunks hold more escapes than one round of the warp's patch
+        w12 = encode(w)
+        mma = to_mma_layout(w12)
+        entry = {"escape_fraction": w12.stats()["escape_fraction"]}
+        cols = torch.tensor([256, 300, 7, 899, 1535] + list(range(11, 262)), device="cuda")
+        onehot = torch.zeros(cols.numel(), k, device="cuda", dtype=torch.bfloat16)
+        onehot[torch.arange(cols.numel()), cols] = 1
+        expected = bits((w[:, cols].t().float() + 0.0).bfloat16())
+        for name, config in CHECK_CONFIGS.items():
+            try:
+                plain = replace(config, **PLAIN)
+                alone = bits(w12_mma_gemm(x[:1], mma, config=config))
+                failures, worst = [], 0.0
+                for m in ROWS:
+                    y = w12_mma_gemm(x[:m], mma, config=config)
+                    if not torch.equal(bits(y), bits(w12_mma_gemm(x[:m], mma, config=plain))):
+                        failures.append(f"rows {m}: differs from the per-warp kernel")
+                    if not torch.equal(bits(y[:1]), alone):
+                        failures.append(f"rows {m}: row 0 differs from the 1-row launch")
+                    ref = gemm_reference(x[:m], w12).float()
+                    worst = max(worst, ((y.float() - ref).norm() / ref.norm()).item())
+                for m in (1, 64, 256):
+                    if not torch.equal(bits(w12_mma_gemm(onehot[:m], mma, config=config)), expected[:m]):
+                        failures.append(f"one-hot rows {m}: weights not read exactly")
+                for m in (9, 33, 128, 256):
+                    q = w12_mma_gemm(x[:m], mma, config=config, low_bits="midpoint")
+                    if not torch.equal(bits(q), bits(w12_mma_gemm(x[:m], mma, config=plain, low_bits="midpoint"))):
+                        failures.append(f"Q pass rows {m}: differs from the per-warp kernel")
+                launched = []
+                w12_mma_gemm(x[:256], mma, config=config, launched=launched)
+                entry[name] = {"ok": not failures, "failures": failures[:12], "max_rel_err": worst,
+                               "launched_at_256": launched}
+            except Exception as exc:  # noqa: BLE001 - record and go on with the other configs
+                entry[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
+            log("bits", fraction, name, entry[name])
+        out[f"escapes_{fraction:g}"] = entry
+    out["all_ok"] = all(v.get("ok", True) for e in out.values() for v in e.values() if isinstance(v, dict))
+    return out
+
+
+class Shape:
+    """One weight shape's tensors: BF16 copies for cuBLAS, W12 copies per escape fraction."""
+
+    def __init__(self, name: str, n: int, k: int):
+        self.name, self.n, self.k = name, n, k
+        torch.manual_seed(0)
+        self.w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+        self.bf16 = [self.w.t()] + [self.w.clone().t() for _ in range(max(1, math.ceil(4 * L2_BYTES / (2 * n * k))) - 1)]
+        self.w12 = {}
+        self.stats = {}
+
+    def mma(self, fraction: float) -> list[W12MmaTensor]:
+        if fraction not in self.w12:
+            w = with_outliers(self.w, fraction)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            w12 = encode(w, check=True)
+            torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            stats = w12.stats()
+            one = to_mma_layout(w12)
+            del w12
+            copies = max(1, math.ceil(4 * L2_BYTES / one.nbytes()))
+            self.w12 = {fraction: [one] + [clone_mma(one) for _ in range(copies - 1)]}  # one fraction held at a time
+            self.stats[f"{fraction:g}"] = {"encode_checked_s": seconds, "weights_per_s": self.n * self.k / seconds,
+                                           **stats}
+        return self.w12[fraction]
+
+    def w12_us(self, m: int, fraction: float = 0.0, config: MmaConfig | None = None, settle_s: float = 0.0) -> float:
+        mmas = self.mma(fraction)
+        x = torch.randn(m, self.k, device="cuda").bfloat16()
+        y = torch.empty(m, self.n, device="cuda", dtype=torch.bfloat16)
+        return graph_replay_us(lambda i: w12_mma_gemm(x, mmas[i], config=config, out=y), len(mmas),
+                               max(len(mmas), 8), REPLAYS, settle_s)
+
+    def cublas_us(self, m: int, settle_s: float = 0.0) -> float:
+        x = torch.randn(m, self.k, device="cuda").bfloat16()
+        y = torch.empty(m, self.n, device="cuda", dtype=torch.bfloat16)
+        return graph_replay_us(lambda i: torch.matmul(x, self.bf16[i], out=y), len(self.bf16),
+                               max(len(self.bf16), 8), REPLAYS, settle_s)
+
+
+def time_shape(shape: Shape, read_bw: float, settle_s: float, config: MmaConfig | None) -> dict:
+    n, k = shape.n, shape.k
+    mmas = shape.mma(0.0)
+    config = config or select_mma_config(n, k, torch.device("cuda"))
+    x = torch.randn(256, k, device="cuda").bfloat16()
+    same = torch.equal(bits(w12_mma_gemm(x[:1], mmas[0], config=config)),
+                       bits(w12_mma_gemm(x, mmas[0], config=config)[:1]))
+    floor_s = mmas[0].nbytes() / read_bw
+    rows = []
+    for m in ROWS:
+        row = {"M": m, "cublas_us": shape.cublas_us(m), "w12_us": shape.w12_us(m, config=config)}
+        row["speedup"] = row["cublas_us"] / row["w12_us"]
+        row["w12_frac_floor"] = floor_s * 1e6 / row["w12_us"]
+        rows.append(row)
+        log(shape.name, row)
+    escapes = {}
+    for fraction in ESCAPE_FRACTIONS[1:]:
+        try:
+            escapes[f"{fraction:g}"] = {m: shape.w12_us(m, fraction, config) for m in ESCAPE_ROWS}
+        except Exception as exc:  # noqa: BLE001
+            escapes[f"{fraction:g}"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        log(shape.name, "escapes", fraction, escapes[f"{fraction:g}"])
+    shape.mma(0.0)
+    settled = {}
+    if settle_s:
+        for m in SETTLED_ROWS:
+            settled[m] = {"cublas_us": shape.cublas_us(m, settle_s), "w12_us": shape.w12_us(m, config=config,
+                                                                                              settle_s=settle_s)}
+            settled[m]["speedup"] = settled[m]["cublas_us"] / settled[m]["w12_us"]
+    return {"N": n, "K": k, "config": asdict(config), "row_bits_same_at_1_and_256": same, "rows": rows,
+            "escapes_w12_us": escapes, "settled": settled, "encode": shape.stats}
+
+
+def tune_wide(shape: Shape) -> dict:
+    """The wide kernel's candidates at TUNE_ROWS, and the 64-rows-a-launch path at 33-64 (wide off): the winner by
+    geometric mean over TUNE_ROWS (no bit depends on the choice)."""
+    base = select_mma_config(shape.n, shape.k, torch.device("cuda"))
+    times, best = {}, None
+    for wide in WIDE_CANDIDATES:
+        option = replace(base, wide=wide)
+        try:
+            t = {m: shape.w12_us(m, config=option) for m in TUNE_ROWS}
+        except Exception as exc:  # noqa: BLE001 - e.g. a block that fits no multiprocessor
+            times[str(wide)] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            continue
+        score = math.exp(sum(map(math.log, t.values())) / len(t))
+        times[str(wide)] = {**t, "score": score}
+        if best is None or score < best[1]:
+            best = (wide, score)
+        log(shape.name, "wide", wide, times[str(wide)])
+    off = replace(base, wide=(0, 2, 2))
+    times["off_48_64"] = {m: shape.w12_us(m, config=off) for m in (48, 64)}
+    return {"times": times, "best": list(best[0]) if best else None}
+
+
+def summarize(doc: dict) -> dict:
+    shapes = {name: s for name, s in doc.get("shapes", {}).items() if isinstance(s, dict) and "rows" in s}
+
+    def ratios(names, lo, hi):
+        return [r["speedup"] for nm in names if nm in shapes for r in shapes[nm]["rows"] if lo <= r["M"] <= hi]
+
+    def geomean(v):
+        return math.exp(sum(map(math.log, v)) / len(v)) if v else None
+
+    out = {}
+    proj = [r["speedup"] for nm in PROJECTIONS if nm in shapes for r in shapes[nm]["rows"] if r["M"] in (1, 2, 4, 8, 16, 32)]
+    out["projections_1_32_geomean"], out["projections_1_32_min"] = geomean(proj), min(proj, default=None)
+    head = ratios(["lm_head"], 1, 32)
+    out["lm_head_1_32_min"] = min(head, default=None)
+    mid = ratios(list(SHAPES), 33, 64)
+    out["all_33_64_geomean"], out["all_33_64_min"] = geomean(mid), min(mid, default=None)
+    high = ratios(list(SHAPES), 65, 256)
+    out["all_65_256_min"] = min(high, default=None)
+    esc = {}
+    for nm, s in shapes.items():
+        clean = {r["M"]: r["w12_us"] for r in s["rows"]}
+        cub = {r["M"]: r["cublas_us"] for r in s["rows"]}
+        for fraction, times in s["escapes_w12_us"].items():
+            if "error" in times:
+                continue
+            esc.setdefault(fraction, {})[nm] = {
+                m: {"vs_escape_free": t / clean[m], "speedup_vs_cublas": cub[m] / t} for m, t in times.items()}
+    out["escapes"] = esc
+    settled = [v["speedup"] for nm in PROJECTIONS if nm in shapes for v in shapes[nm]["settled"].values()]
+    out["settled_projections_geomean"] = geomean(settled)
+    out["row_bits_same_at_1_and_256"] = {nm: s["row_bits_same_at_1_and_256"] for nm, s in shapes.items()}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--sections", default="build,bits,timing", help="build, bits, timing (in this order)")
+    parser.add_argument("--settle", type=float, default=1.0, help="seconds of untimed replays before settled timings")
+    parser.add_argument("--tune", action="store_true", help="also time the wide kernel's candidates at 33-256 rows")
+    parser.add_argument("--write-configs", type=Path, default=None, help="merge --tune's winners into this file")
+    args = parser.parse_args()
+    os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 8))  # ninja builds the kernel files in parallel
+    doc = {**result_header("w12_device_check"), "method": "CUDA-graph replay over rotating copies >= 4 x 60 MB, median "
+           f"of {REPLAYS}; settled: after --settle seconds of untimed replays", "shapes": {}}
+    record_section(doc, "read_bw_Bps", read_bandwidth, args.out)
+    sections = args.sections.split(",")
+    if "build" in sections:
+        record_section(doc, "build", build, args.out)
+    if "bits" in sections:
+        record_section(doc, "bits", check_bits, args.out)
+    tuned = {}
+    with ClockLog():
+        for name in args.shapes.split(",") if "timing" in sections else ():
+            shape = Shape(name, *SHAPES[name])
+            config = None
+            if args.tune:
+                record_section(doc.setdefault("tune", {}), name, lambda s=shape: tune_wide(s), None)
+                best = doc["tune"][name].get("best")
+                if best:
+                    config = replace(select_mma_config(shape.n, shape.k, torch.device("cuda")), wide=tuple(best))
+                    tuned[f"{shape.n},{shape.k}"] = list(best)
+            record_section(doc["shapes"], name, lambda s=shape, c=config: time_shape(s, doc["read_bw_Bps"], args.settle, c),
+                           None)
+            doc["summary"] = summarize(doc)
+            write_result(doc, args.out)
+            del shape
+            torch.cuda.empty_cache()
+    if args.write_configs and tuned:
+        import json
+
+        from specpilot_kernels.w12.mma import _tuned
+
+        configs = json.loads(args.write_configs.read_text())
+        gpu = torch.cuda.get_device_properties(0).name
+        for key, wide in tuned.items():  # only shapes tuned on file: a bare entry would change their partition
+            if key in configs.get(gpu, {}):
+                configs[gpu][key]["wide"] = wide
+        staged = args.write_configs.with_suffix(".tmp")
+        staged.write_text(json.dumps(configs, indent=1) + "\n")
+        os.replace(staged, args.write_configs)
+        _tuned.cache_clear()
+    doc["summary"] = summarize(doc)
+    write_result(doc, args.out)
+    log(doc["summary"])
+
+
+if __name__ == "__main__":
+    main()
