@@ -1,10 +1,14 @@
 """Running agents' commands as an unprivileged user that sees only its worktree.
 
 Where the machine allows it (root, ``useradd``, ``unshare``, ``setpriv``), every command an agent
-runs executes as the system user ``specpilot-agent`` in a private mount namespace whose hidden
-paths (the round records, which hold the unseen split and the measurements, and the request sets)
-are covered by empty tmpfs mounts; its worktree is the only place it owns. Elsewhere commands run as
-the current user and the round records say ``isolation: none``.
+runs, and every system the controller times, executes as the system user ``specpilot-agent`` in a
+private mount namespace whose hidden paths (the round records, which hold the unseen split and the
+measurements, the request sets, the agents' worktrees) are covered by empty tmpfs mounts, with a
+private, empty ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (nothing written there outlives the command),
+and in a PID namespace of its own: when the command ends, every process it started ends with it, so
+nothing outlives an agent's turn. Its worktree is the only place it owns. Elsewhere commands run as
+the current user in a process group that is killed when they end, and the round records say
+``isolation: none``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import pwd
 import shlex
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +26,8 @@ from pathlib import Path
 from specpilot_mem.errors import RoundError
 
 AGENT_USER = "specpilot-agent"
+# World-writable scratch that a command would otherwise share with later turns and runs.
+PRIVATE_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 # Variables an agent's shell never sees: credentials of the runner and of the agent backends.
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
 
@@ -51,7 +58,15 @@ class Sandbox:
 
     @property
     def isolation(self) -> str:
-        return f"user {self.user}, private mounts" if self.user else "none"
+        return f"user {self.user}, private mounts, own PID namespace" if self.user else "none"
+
+    def to_dict(self) -> dict:
+        return {"user": self.user, "hidden": [str(p) for p in self.hidden]}
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "Sandbox":
+        data = data or {}
+        return cls(data.get("user"), [Path(p) for p in data.get("hidden", [])])
 
     @classmethod
     def for_machine(cls, hidden: Iterable[Path], *, create_user: bool = True) -> "Sandbox":
@@ -85,23 +100,42 @@ class Sandbox:
         if not self.user:
             return ["bash", "-c", command]
         entry = pwd.getpwnam(self.user)
-        masks = "; ".join(f"mount -t tmpfs -o size=1m,mode=000 specpilot-hidden {shlex.quote(str(p))}"
-                          for p in self.hidden if p.exists())
+        cwd = Path(cwd).resolve()
+        mounts = [f"mount -t tmpfs -o size=1m,mode=000 specpilot-hidden {shlex.quote(str(p))}"
+                  for p in self.hidden if p.exists() and p != cwd and p not in cwd.parents]
+        # a scratch folder that holds the working folder itself stays (homes kept under /tmp)
+        mounts += [f"mount -t tmpfs -o mode=1777 specpilot-scratch {folder}" for folder in PRIVATE_SCRATCH
+                   if os.path.isdir(folder) and Path(folder) not in cwd.parents]
         drop = (f"exec setpriv --reuid={entry.pw_uid} --regid={entry.pw_gid} --clear-groups "
                 f"--inh-caps=-all --no-new-privs -- bash -c {shlex.quote(command)}")
-        inner = f"{masks}; cd {shlex.quote(str(cwd))} && {drop}" if masks else f"cd {shlex.quote(str(cwd))} && {drop}"
-        return ["unshare", "--mount", "--propagation", "private", "--", "bash", "-c", inner]
+        inner = " && ".join([*mounts, f"cd {shlex.quote(str(cwd))}", drop])
+        return ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child", "--mount-proc",
+                "--", "bash", "-c", inner]
 
     def run(self, command: str, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess:
-        """Run an agent's shell command in its worktree; a time-out kills it and says so."""
+        """Run an agent's shell command in its worktree; a time-out kills it and says so. Whatever it
+        started in the background ends with it (its PID namespace, or else its process group)."""
         env = scrubbed_environment()
         env["HOME"] = str(cwd)
+        proc = subprocess.Popen(self.command(command, cwd), cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
         try:
-            return subprocess.run(self.command(command, cwd), cwd=cwd, env=env, capture_output=True, text=True,
-                                  timeout=timeout_s, errors="replace")
-        except subprocess.TimeoutExpired as err:
-            out = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
-            return subprocess.CompletedProcess(err.cmd, 124, out, f"timed out after {timeout_s:.0f} s")
+            out, err = proc.communicate(timeout=timeout_s)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            out, _ = proc.communicate()
+            code, err = 124, f"timed out after {timeout_s:.0f} s"
+        finally:
+            _kill_group(proc.pid)
+        return subprocess.CompletedProcess(proc.args, code, out, err)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _chown_tree(path: Path, uid: int, gid: int) -> None:
