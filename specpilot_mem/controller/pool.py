@@ -28,6 +28,7 @@ import queue
 import shlex
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -151,7 +152,9 @@ class WorkerProcess:
         cwd = Path(spec.get("checkout") or self.home)
         if sandbox is not None and getattr(sandbox, "user", None):
             environment.update(HOME="/tmp", TMPDIR="/tmp")
-            argv = sandbox.command(shlex.join(command), cwd)
+            # the interpreter, its packages and SpecPilot may sit under a folder closed to the agent user
+            expose = [Path(sys.base_prefix), Path(sys.prefix), *map(Path, site.getsitepackages()), PACKAGE_ROOT, cwd]
+            argv = sandbox.command(shlex.join(command), cwd, expose=expose)
         else:
             environment.update(HOME=str(self.home), TMPDIR=str(self.home))
             argv = command
@@ -191,7 +194,10 @@ class WorkerProcess:
             raise self._died("while being sent a request") from None
 
     def _died(self, when: str) -> WorkerDied:
-        self.proc.poll()
+        try:  # its output ended: give it a moment to exit, so the exit code can be reported
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
         self.log.flush()
         tail = self.log_path.read_text(errors="replace")[-1500:] if self.log_path.exists() else ""
         return WorkerDied(f"the worker of {self.spec.get('name', 'a system')} on {self.slot} ended {when} "
@@ -512,7 +518,13 @@ def open_devices(pool: Mapping[str, Any], slots: Sequence[str], *, sandbox=None)
     if kind == "process":
         return ProcessDevices(slots, sandbox=sandbox, pin_cpus=pool.get("pin_cpus", True))
     if kind == "ray":
-        from specpilot_mem.controller.ray_pool import RayDevices
+        try:
+            from specpilot_mem.controller.ray_pool import RayDevices
+        except ImportError as err:
+            if "ray" not in str(err):
+                raise
+            raise RoundError(f"a Ray pool needs Ray, which does not import here ({err})", where="pool",
+                             fix="pip install 'specpilot[ray]' (pins ray==2.60.0), or use the process pool") from None
 
         return RayDevices(len(slots), address=pool.get("address"), run_on=pool.get("run_on", "cuda"),
                           strategy=pool.get("strategy", "SPREAD"), sandbox=sandbox)

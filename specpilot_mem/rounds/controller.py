@@ -147,13 +147,13 @@ def calibrate(home: Home, job: dict) -> dict:
     noise, run = pool_stock_noise(_devices(job), _spec(home, job, "stock"), requests, _policy(job, job["noise_repeats"]),
                                   encode=encode)
     stock_outputs = _first(run.paired.runs_a)
-    write_outputs(job["stock_outputs"], [stock_outputs[r.id] for r in requests])
+    written = write_outputs(job["stock_outputs"], [stock_outputs[r.id] for r in requests])
     scorer = judge.scorer()
     ar = judge.system.ar_outputs(requests, judge.device)
     calibration = calibrate_delta(score_outputs(scorer, requests, ar), score_outputs(scorer, requests, stock_outputs))
     return {"kind": "calibrate", "noise": noise.to_dict(), "calibration": calibration.to_dict(),
             "delta": calibration.delta, "stock_outputs": job["stock_outputs"], "requests": len(requests),
-            "evidence": _evidence(run)}
+            "stock_outputs_sha256": hashlib.sha256(written.read_bytes()).hexdigest(), "evidence": _evidence(run)}
 
 
 def measure(home: Home, job: dict) -> dict:
@@ -204,9 +204,21 @@ def _check_identity(job: dict) -> None:
                          where="controller job", fix="the runner builds the identity; resume the round")
 
 
+def _check_stock_outputs(job: dict) -> None:
+    """Token forcing compares with stock's outputs from calibration: they must be the bytes it wrote."""
+    expected = job.get("stock_outputs_sha256")
+    if job["kind"] == "measure" and expected is not None:
+        path = Path(job["stock_outputs"])
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != expected:
+            raise RoundError(f"the stock outputs {path} changed since calibration", where=str(path),
+                             fix="nothing is judged against changed outputs; remove the calibration measurement "
+                                 "and resume to calibrate again")
+
+
 def run_job(job: dict[str, Any]) -> dict:
     check_hashes(job["controller_hashes"])
     _check_identity(job)
+    _check_stock_outputs(job)
     home = Home(Path(job["home"]))
     result = JOBS[job["kind"]](home, job)
     for role in ("stock", "best", "candidate"):  # the bytes are what they were when measuring began

@@ -228,6 +228,7 @@ class RoundRunner:
             return
         job = self._job("measure", **sides, stock=self._side("stock", self.state.stock),
                         stock_outputs=str(self.dir.path / "controller" / "stock-dev-outputs.jsonl"),
+                        stock_outputs_sha256=self._calibration().get("stock_outputs_sha256"),
                         delta=self._calibration()["delta"], noise=self._calibration()["noise"]["noise"])
         key, result = self._measured(job)
         record = record.model_copy(update={"measurements": [*record.measurements, key]})
@@ -386,8 +387,16 @@ class RoundRunner:
                "pool": config.pool, "policy": {"fresh_workers": config.fresh_workers,
                                                "warmup_requests": config.warmup_requests},
                "sandbox": Sandbox(self.sandbox.user, [*self.sandbox.hidden, self.home.state / "worktrees"]).to_dict(),
+               "judge_device": self._judge_device(),
                "controller_hashes": self.state.controller_hashes} | fields
         return job | {"identity": self._identity(job)}
+
+    def _judge_device(self) -> str | None:
+        """Where stock's scorer runs: the first slot's device, or on a Ray pool this (driver) host's GPU."""
+        pool = self.state.config.pool
+        if pool.get("kind", "process") == "process":
+            return None
+        return pool.get("judge_device") or ("cpu" if pool.get("run_on") == "cpu" else "cuda:0")
 
     def _identity(self, job: dict) -> dict:
         """Everything a measurement depends on: the systems' tree ids, the controller's code, the request

@@ -19,6 +19,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,13 +97,16 @@ class Sandbox:
         if self.user:
             _chown_tree(path, os.geteuid(), os.getegid())
 
-    def command(self, command: str, cwd: Path) -> list[str]:
+    def command(self, command: str, cwd: Path, expose: Iterable[Path] = ()) -> list[str]:
+        """The argv that runs ``command`` in ``cwd`` confined; ``expose`` names folders it must reach
+        (an interpreter under the runner's home) although a folder above them is closed to others."""
         if not self.user:
             return ["bash", "-c", command]
         entry = pwd.getpwnam(self.user)
         cwd = Path(cwd).resolve()
-        mounts = [f"mount -t tmpfs -o size=1m,mode=000 specpilot-hidden {shlex.quote(str(p))}"
-                  for p in self.hidden if p.exists() and p != cwd and p not in cwd.parents]
+        mounts = _exposing(expose)
+        mounts += [f"mount -t tmpfs -o size=1m,mode=000 specpilot-hidden {shlex.quote(str(p))}"
+                   for p in self.hidden if p.exists() and p != cwd and p not in cwd.parents]
         # a scratch folder that holds the working folder itself stays (homes kept under /tmp)
         mounts += [f"mount -t tmpfs -o mode=1777 specpilot-scratch {folder}" for folder in PRIVATE_SCRATCH
                    if os.path.isdir(folder) and Path(folder) not in cwd.parents]
@@ -117,18 +121,48 @@ class Sandbox:
         started in the background ends with it (its PID namespace, or else its process group)."""
         env = scrubbed_environment()
         env["HOME"] = str(cwd)
-        proc = subprocess.Popen(self.command(command, cwd), cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-            out, _ = proc.communicate()
-            code, err = 124, f"timed out after {timeout_s:.0f} s"
-        finally:
-            _kill_group(proc.pid)
-        return subprocess.CompletedProcess(proc.args, code, out, err)
+        # files, not pipes: a background process holding a pipe open must not keep the turn alive
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(self.command(command, cwd), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=err, start_new_session=True)
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                code = 124
+            finally:
+                _kill_group(proc.pid)
+                proc.wait()
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = (handle.read().decode(errors="replace") for handle in (out, err))
+        if code == 124:
+            stderr = f"timed out after {timeout_s:.0f} s"
+        return subprocess.CompletedProcess(proc.args, code, stdout, stderr)
+
+
+def _exposing(paths: Iterable[Path]) -> list[str]:
+    """Mounts that make ``paths`` reachable for the agent user: the topmost folder above each that
+    others cannot enter (e.g. /root) is covered by an empty tmpfs that they can, holding only the
+    paths bound back in, so nothing else of it is visible either."""
+    covered: dict[Path, list[Path]] = {}
+    for path in dict.fromkeys(Path(p).resolve() for p in paths):
+        closed = next((a for a in reversed(path.parents) if a != Path("/") and not os.stat(a).st_mode & 0o001), None)
+        if closed is not None and path.exists():
+            covered.setdefault(closed, []).append(path)
+    if not covered:
+        return []
+    stage = next((d for d in ("/mnt", "/media", "/srv") if os.path.isdir(d)), None)
+    if stage is None:
+        raise RoundError("the sandbox needs an empty mount point (/mnt, /media or /srv) to stage folders on",
+                         where="sandbox", fix="create /mnt")
+    staged = [path for paths_below in covered.values() for path in paths_below]
+    mounts = [f"mount -t tmpfs -o mode=755 specpilot-stage {stage}"]
+    for index, path in enumerate(staged):
+        mounts += [f"mkdir -p {stage}/{index}", f"mount --rbind {shlex.quote(str(path))} {stage}/{index}"]
+    mounts += [f"mount -t tmpfs -o mode=755 specpilot-exposed {shlex.quote(str(folder))}" for folder in covered]
+    for index, path in enumerate(staged):
+        mounts += [f"mkdir -p {shlex.quote(str(path))}", f"mount --rbind {stage}/{index} {shlex.quote(str(path))}"]
+    return mounts
 
 
 def _kill_group(pgid: int) -> None:
