@@ -16,6 +16,7 @@ import subprocess
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -48,12 +49,14 @@ def _environment() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "kernels"), env.get("PYTHONPATH", "")])
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # the nodes run as this test's driver does (Ray reads the mode once, at import): a localhost-only cluster
+    env["RAY_AUTH_MODE"] = "disabled"
     return env
 
 
 @pytest.fixture
 def local_ray():
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": _environment()["PYTHONPATH"]}})
     yield
     ray.shutdown()
@@ -97,9 +100,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _start_node(args: list[str], log) -> subprocess.Popen:
-    return subprocess.Popen(["ray", "start", "--block", "--num-cpus=1", "--num-gpus=1", "--disable-usage-stats", *args],
-                            env=_environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+def _start_node(args: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen(["ray", "start", "--block", "--num-cpus=1", "--num-gpus=1", "--disable-usage-stats",
+                                 "--node-ip-address=127.0.0.1", *args], env=_environment(), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_started(node: subprocess.Popen, log: Path, deadline: float) -> None:
+    while b"Ray runtime started" not in log.read_bytes():
+        if time.monotonic() > deadline or node.poll() is not None:
+            pytest.fail(f"a Ray node did not start: {log.read_text(errors='replace')[-2000:]}")
+        time.sleep(1)
 
 
 def _stop_node(node: subprocess.Popen) -> None:
@@ -122,25 +134,19 @@ def two_node_cluster(tmp_path):
         pytest.skip("needs the `ray` command: pip install 'specpilot[ray]'")
     port = _free_port()
     address = f"127.0.0.1:{port}"
-    log = open(tmp_path / "ray-nodes.log", "wb")
-    nodes = [_start_node(["--head", f"--port={port}", "--include-dashboard=false"], log)]
+    logs = [tmp_path / "ray-head.log", tmp_path / "ray-second.log"]
+    deadline = time.monotonic() + START_TIMEOUT_S
+    nodes = [_start_node(["--head", f"--port={port}", "--include-dashboard=false"], logs[0])]
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while subprocess.run(["ray", "status", f"--address={address}"], env=_environment(),
-                             capture_output=True).returncode != 0:
-            if time.monotonic() > deadline or nodes[0].poll() is not None:
-                pytest.fail(f"the head node did not start: {(tmp_path / 'ray-nodes.log').read_text()[-2000:]}")
-            time.sleep(2)
-        nodes.append(_start_node([f"--address={address}"], log))
-        while True:
-            ray.init(address=address, log_to_driver=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": _environment()["PYTHONPATH"]}})
-            if len([n for n in ray.nodes() if n["Alive"]]) == 2:
-                break
-            ray.shutdown()
-            if time.monotonic() > deadline or nodes[1].poll() is not None:
-                pytest.fail(f"the second node did not join: {(tmp_path / 'ray-nodes.log').read_text()[-2000:]}")
-            time.sleep(2)
+        _wait_started(nodes[0], logs[0], deadline)
+        nodes.append(_start_node([f"--address={address}"], logs[1]))
+        _wait_started(nodes[1], logs[1], deadline)
+        ray.init(address=address, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": _environment()["PYTHONPATH"]}})
+        while len([n for n in ray.nodes() if n["Alive"]]) < 2:
+            if time.monotonic() > deadline:
+                pytest.fail(f"the second node did not join: {logs[1].read_text(errors='replace')[-2000:]}")
+            time.sleep(1)
         yield address
     finally:
         ray.shutdown()
@@ -149,7 +155,6 @@ def two_node_cluster(tmp_path):
             thread.start()
         for thread in threads:
             thread.join()
-        log.close()
 
 
 def test_two_nodes_on_localhost_place_one_bundle_on_each(two_node_cluster, tmp_path):
