@@ -21,7 +21,6 @@ variant is a section: one that fails records its error, and ``--out`` holds ever
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -32,29 +31,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from controller_paired_bench import log, pick_requests  # noqa: E402
 from cuda_timing import record_section  # noqa: E402
-from specpilot_mem.controller.pool import (ProcessDevices, RepetitionPolicy, pool_paired_run,  # noqa: E402
-                                           pool_stock_noise)
+from specpilot_mem.controller.pool import ProcessDevices, RepetitionPolicy, pool_paired_run, pool_stock_noise  # noqa: E402
 from specpilot_mem.controller.promotion import PromotionRule  # noqa: E402
-from specpilot_mem.controller.requests import load_requests  # noqa: E402
 from specpilot_mem.provenance import result_header, write_result  # noqa: E402
 
 LABEL = "small models trained here: speeds are not comparable in absolute terms to the paper's"
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def pick_requests(args):
-    """The first ``per_benchmark`` requests of each benchmark in the split, capped at ``max_new_tokens``."""
-    taken: dict[str, int] = defaultdict(int)
-    picked = []
-    for request in load_requests(args.requests, split=args.split):
-        if taken[request.benchmark] < args.per_benchmark:
-            taken[request.benchmark] += 1
-            picked.append(dataclasses.replace(request, max_new_tokens=min(request.max_new_tokens, args.max_new_tokens)))
-    return picked
 
 
 def encoder(args):
@@ -137,11 +120,14 @@ def main() -> None:
     for mode, mode_slots in modes.items():
         devices = ProcessDevices(mode_slots)
         try:
-            record_section(record, f"{mode}/noise", lambda: noise_section(devices, stock, requests, policy, encode), args.out)
+            record_section(record, f"{mode}/noise",
+                           lambda devices=devices: noise_section(devices, stock, requests, policy, encode), args.out)
             noise = record[f"{mode}/noise"].get("noise", {}).get("noise")
             for variant in variants:
-                record_section(record, f"{mode}/{variant['name']}", lambda: variant_section(
-                    devices, stock, variant, requests, policy, encode, noise if noise is not None else 0.0), args.out)
+                record_section(record, f"{mode}/{variant['name']}",
+                               lambda devices=devices, variant=variant, noise=noise: variant_section(
+                                   devices, stock, variant, requests, policy, encode, noise if noise is not None else 0.0),
+                               args.out)
         finally:
             devices.shutdown()
     if "pool" in modes and all("error" not in record[f"{m}/noise"] for m in modes):

@@ -120,7 +120,7 @@ def test_measurements_refuse_a_changed_request_set_or_changed_stock_outputs(tmp_
 
 
 def test_symlinks_out_of_the_tree_are_refused_and_sealed_bytes_are_checked(tmp_path):
-    home, config = make_home(tmp_path)
+    home, _ = make_home(tmp_path)
     repo = Repo(home.fork)
     stock = repo.rev_parse("refs/heads/stock")
     link = repo.write_blob(b"../../../rounds")

@@ -160,7 +160,7 @@ class WorkerProcess:
             argv = command
         if shutil.which("setpriv"):  # the worker tree dies with this process
             argv = ["setpriv", "--pdeathsig", "KILL", "--", *argv]
-        self.log = open(self.log_path, "wb")
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 -- the worker's stderr for its whole life; closed in close()
         self.proc = subprocess.Popen(argv, cwd=cwd, env=environment, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, start_new_session=True)
         self.messages: queue.Queue = queue.Queue()
