@@ -181,3 +181,18 @@ def test_a_missing_ray_is_a_clear_error_naming_the_extra(monkeypatch):
     monkeypatch.delitem(sys.modules, "specpilot_mem.controller.ray_pool", raising=False)
     with pytest.raises(RoundError, match=r"specpilot\[ray\]"):
         open_devices({"kind": "ray"}, ["gpu:0"])
+
+
+def test_round_start_names_its_pool():
+    from argparse import Namespace
+
+    from specpilot_mem.commands.round import _devices, _pool
+
+    assert _devices(Namespace(pool="process", devices="cuda:0#0,cuda:0#1")) == ["cuda:0#0", "cuda:0#1"]
+    assert _devices(Namespace(pool="ray", devices="3")) == ["gpu:0", "gpu:1", "gpu:2"]
+    assert _pool(Namespace(pool="ray", address="10.0.0.1:6379")) == {"kind": "ray", "address": "10.0.0.1:6379"}
+    assert _pool(Namespace(pool="process", address=None)) == {"kind": "process"}
+    with pytest.raises(RoundError, match="number of GPUs"):
+        _devices(Namespace(pool="ray", devices="cuda:0"))
+    with pytest.raises(RoundError, match="names a Ray cluster"):
+        _pool(Namespace(pool="process", address="10.0.0.1:6379"))
