@@ -51,6 +51,7 @@ def _environment() -> dict:
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     # the nodes run as this test's driver does (Ray reads the mode once, at import): a localhost-only cluster
     env["RAY_AUTH_MODE"] = "disabled"
+    env["RAY_worker_register_timeout_seconds"] = "300"  # a loaded CI machine starts Python workers slowly
     return env
 
 

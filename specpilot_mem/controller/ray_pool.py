@@ -131,7 +131,15 @@ class RayDevices:
         self.renewed: dict[int, int] = {}
         self.ids = itertools.count()
         self.packed: dict[str, bytes] = {}
-        self._placement = {slot: self._call(slot, actor.placement) for slot, actor in self.actors.items()}
+        self._placement = {slot: self._placed(slot) for slot in self.slots}
+
+    def _placed(self, slot: str) -> dict:
+        """Where ``slot``'s actor runs; an actor that dies while starting is replaced once."""
+        try:
+            return self._call(slot, self.actors[slot].placement)
+        except WorkerDied:
+            self._replace_actor(slot)
+            return self._call(slot, self.actors[slot].placement)
 
     def _actor(self, index: int):
         strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
