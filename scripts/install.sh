@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+python3 -m pip install --quiet --disable-pip-version-check -e ".[test,ray]"
 # SGLang 0.5.23's pure-Python import dependencies, so its sources import on a CPU-only machine (tests of
 # the entries and exports). Pinned, and none pulls torch or torchvision; compressed-tensors lists torch
 # among its requirements, so it (and loguru, its one other missing dependency) comes in with --no-deps.

@@ -93,7 +93,9 @@ def test_gain_needs_two_requests_per_group_and_the_same_requests():
 def test_schedule_interleaves_on_one_device_and_swaps_on_a_pool():
     assert schedule(2, ["cuda:0"]) == [[("a", "cuda:0")], [("b", "cuda:0")], [("b", "cuda:0")], [("a", "cuda:0")]]
     assert schedule(2, ["cuda:0", "cuda:1"]) == [[("a", "cuda:0"), ("b", "cuda:1")], [("a", "cuda:1"), ("b", "cuda:0")]]
-    assert schedule(3, ["g0", "g1", "g2"])[2] == [("a", "g2"), ("b", "g0")]
+    # a paired run keeps to the pool's first two devices, A/B/B/A on each
+    assert schedule(4, ["g0", "g1", "g2"]) == [[("a", "g0"), ("b", "g1")], [("a", "g1"), ("b", "g0")],
+                                               [("a", "g1"), ("b", "g0")], [("a", "g0"), ("b", "g1")]]
     with pytest.raises(RoundError):
         schedule(0, ["cuda:0"])
     with pytest.raises(RoundError):

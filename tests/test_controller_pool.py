@@ -56,9 +56,9 @@ def test_pool_run_swaps_slots_and_serves_both_systems_at_once(engines, greedy):
     stock, path = systems(engines)
     seen = []
     result = paired_run(path, stock, REQUESTS, repeats=3, devices=POOL, on_run=seen.append)
-    # repeat r: a on pool[r mod 2], b on the other slot
-    assert [(r.repeat, r.device) for r in result.runs_a] == [(0, "cpu:0"), (1, "cpu:1"), (2, "cpu:0")]
-    assert [(r.repeat, r.device) for r in result.runs_b] == [(0, "cpu:1"), (1, "cpu:0"), (2, "cpu:1")]
+    # repeat r: a on pool[(r + 1) // 2 mod 2] (A/B/B/A on each slot), b on the other slot
+    assert [(r.repeat, r.device) for r in result.runs_a] == [(0, "cpu:0"), (1, "cpu:1"), (2, "cpu:1")]
+    assert [(r.repeat, r.device) for r in result.runs_b] == [(0, "cpu:1"), (1, "cpu:0"), (2, "cpu:0")]
     assert sorted((r.system, r.repeat) for r in seen) == sorted((s, k) for s in ("stock", "path-verify") for k in range(3))
     # two engines served from two threads at once, each on its own cache: every run is the greedy decode
     for run in (*result.runs_a, *result.runs_b):

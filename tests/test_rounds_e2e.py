@@ -9,6 +9,7 @@ every phase, resumed each time: the same final state, and no measurement taken t
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import random
 import shutil
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from specpilot_mem.errors import RoundError
 from specpilot_mem.git import Repo, init_repo
 from specpilot_mem.home import Home
 from specpilot_mem.models import DeploymentRecord
@@ -117,7 +119,7 @@ def make_home(root: Path) -> tuple[Home, RoundConfig]:
             for i in range(n)]
     requests.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = RoundConfig(system_repo=str(home.fork), requests=str(requests), devices=["cpu"], repeats=2,
-                         noise_repeats=2, agent={"backend": "scripted"})
+                         noise_repeats=2, agent={"backend": "scripted"}, warmup_requests=1)
     return home, config
 
 
@@ -157,6 +159,14 @@ def test_round_decides_each_direction_by_the_rules(clean_round):
     assert promotion.gain >= 1.3 and promotion.ci_low > 1.0
     message = Repo(home.fork).out("log", "-1", "--format=%B", promotion.merge)
     assert "SpecPilot-Gain:" in message and "SpecPilot-Token-Forcing: accept" in message
+    # the audit trailer is the digest of the measurement file, and the merge carries the measured tree
+    audit = round_dir.measurement_file(promotion.measurement)
+    assert f"SpecPilot-Audit: sha256:{hashlib.sha256(audit.read_bytes()).hexdigest()}" in message
+    assert promotion.audit_sha256 == hashlib.sha256(audit.read_bytes()).hexdigest()
+    measured = json.loads(audit.read_text())
+    assert measured["complete"] is True
+    assert Repo(home.fork).rev_parse(f"{promotion.merge}^{{tree}}") == measured["identity"]["systems"]["candidate"]
+    assert {r["device"] for r in measured["evidence"]["runs"]} == {"cpu"}
     parents = Repo(home.fork).out("log", "-1", "--format=%P", promotion.merge).split()
     assert parents == [promotion.previous_best, promotion.candidate]  # a --no-ff merge into the lineage
 
@@ -211,3 +221,25 @@ def test_crash_in_every_phase_then_resume_gives_the_same_state(clean_round, tmp_
     events = [json.loads(line) for line in (RoundDir.of(home, DEPLOYMENT, 1).path / "events.jsonl").read_text().splitlines()]
     measured = Counter(e["key"] for e in events if e["event"] == "measured")
     assert measured and max(measured.values()) == 1  # nothing measured twice
+
+
+def test_a_stored_measurement_of_another_identity_or_incomplete_is_never_used(tmp_path):
+    round_dir = RoundDir(tmp_path / "round")
+    identity = {"systems": {"candidate": "a" * 40}, "controller": "c", "requests": "r"}
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return {"gain": 1.5, "identity": identity, "complete": True}
+
+    assert round_dir.measured("measure-x", measure, identity)["gain"] == 1.5
+    assert round_dir.measured("measure-x", measure, identity)["gain"] == 1.5 and len(calls) == 1  # stored one
+    path = round_dir.measurement_file("measure-x")
+    path.write_text(json.dumps({"gain": 9.0, "identity": identity}))  # a cancelled run's leftovers
+    assert round_dir.measured("measure-x", measure, identity)["gain"] == 1.5 and len(calls) == 2
+    path.write_text(json.dumps({"gain": 9.0, "identity": {**identity, "controller": "d"}, "complete": True}))
+    assert round_dir.measured("measure-x", measure, identity)["gain"] == 1.5 and len(calls) == 3
+    assert len(list(path.parent.glob("measure-x.json.discarded-*"))) == 2
+    with pytest.raises(RoundError, match="incomplete"):
+        round_dir.measured("measure-y", lambda: {"gain": 2.0, "identity": identity}, identity)
+    assert not round_dir.measurement_file("measure-y").exists()

@@ -17,7 +17,15 @@ def register(sub, common) -> None:
     start = verbs.add_parser("start", parents=[common], help="start the next round of DEPLOYMENT and run it")
     start.add_argument("deployment")
     start.add_argument("--requests", required=True, help="request-set JSONL with dev and unseen splits")
-    start.add_argument("--devices", default="cuda:0", help="comma-separated devices, one direction per device")
+    start.add_argument("--devices", default="cuda:0",
+                       help="comma-separated devices, one direction per device (cuda:0,cuda:1; cuda:0#0,cuda:0#1 for "
+                            "two slots on one GPU), or with --pool ray the number of GPUs to reserve")
+    start.add_argument("--pool", choices=["process", "ray"], default="process",
+                       help="where timed systems run: worker processes on this host, or Ray actors across a cluster")
+    start.add_argument("--address", help="the Ray cluster (e.g. 10.0.0.1:6379; default: RAY_ADDRESS or a local one)")
+    start.add_argument("--reuse-workers", action="store_true",
+                       help="one worker per system and device for a whole paired run (default: a fresh one per timed run)")
+    start.add_argument("--warmup-requests", type=int, help="perturbed warm-up requests per worker (default: all)")
     start.add_argument("--agent", choices=["anthropic", "command"], default="anthropic")
     start.add_argument("--model", default="claude-opus-4-5", help="model for the anthropic backend")
     start.add_argument("--agent-command", help="command line for the command backend; {brief} / {brief_file} are filled in")
@@ -63,14 +71,34 @@ def run_start(args) -> int:
     agent = {"backend": "anthropic", "model": args.model} if args.agent == "anthropic" else \
         {"backend": "command", "command": shlex.split(args.agent_command or "")}
     config = RoundConfig(system_repo=str(Path(args.system_repo or home.fork).resolve()),
-                         requests=str(Path(args.requests).resolve()), devices=args.devices.split(","),
+                         requests=str(Path(args.requests).resolve()), devices=_devices(args),
                          batch_sizes=[int(b) for b in args.batch_sizes.split(",")], repeats=args.repeats,
                          max_new_tokens=args.max_new_tokens, sealed_max_new_tokens=args.sealed_max_new_tokens,
-                         agent=agent)
+                         agent=agent, pool=_pool(args), fresh_workers=not args.reuse_workers,
+                         warmup_requests=args.warmup_requests)
     backend = _backend(config)
     runner = RoundRunner.start(home, args.deployment, config, backend)
     state = runner.run()
     return _show(args, runner.dir, state)
+
+
+def _devices(args) -> list[str]:
+    """``--devices``: slot names, or with a Ray pool a number of GPUs (slots gpu:0 ... gpu:N-1)."""
+    if args.pool == "ray":
+        if not args.devices.isdigit() or int(args.devices) < 1:
+            raise RoundError(f"with --pool ray, --devices is the number of GPUs, not {args.devices!r}",
+                             where="--devices", fix="e.g. --pool ray --devices 2")
+        return [f"gpu:{i}" for i in range(int(args.devices))]
+    return args.devices.split(",")
+
+
+def _pool(args) -> dict:
+    if args.pool == "process":
+        if args.address:
+            raise RoundError("--address names a Ray cluster; the process pool runs on this host", where="--address",
+                             fix="add --pool ray, or drop --address")
+        return {"kind": "process"}
+    return {"kind": "ray", **({"address": args.address} if args.address else {})}
 
 
 def run_resume(args) -> int:

@@ -2,8 +2,12 @@
 
 On one device the two run one after the other, in A-B then B-A order on alternate repeats, so a
 slow drift (clocks, temperature) hits both equally. With a pool of two or more devices they run at
-the same time on two devices and swap devices between repeats, so a faster device favours neither.
+the same time on the pool's first two devices and swap them in A/B/B/A order (each device serves
+A, B, B, A over four repeats), so neither a faster device nor a drift on one favours either system.
 Stock-vs-stock noise is a paired run of stock against itself.
+
+``paired_run`` drives systems in this process (``System`` objects, e.g. ``EngineSystem``);
+``specpilot_mem.controller.pool`` runs the same schedule with every system in its own process.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ def schedule(repeats: int, devices: Sequence[str]) -> list[list[Slot]]:
             order = ("a", "b") if repeat % 2 == 0 else ("b", "a")
             steps.extend([[(order[0], devices[0])], [(order[1], devices[0])]])
         else:
-            steps.append([("a", devices[repeat % len(devices)]), ("b", devices[(repeat + 1) % len(devices)])])
+            swapped = (repeat + 1) // 2 % 2  # 0, 1, 1, 0, 0, 1, ...: A/B/B/A on each device
+            steps.append([("a", devices[swapped]), ("b", devices[1 - swapped])])
     return steps
 
 

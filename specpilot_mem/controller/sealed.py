@@ -53,6 +53,13 @@ def sealed_final(
 ) -> SealedFinal:
     require_split(requests, "unseen", "the sealed final")
     paired = paired_run(stock, candidate, requests, batch_sizes=batch_sizes, repeats=repeats, devices=devices, on_run=on_run)
+    return judge_final(paired, requests, forcing)
+
+
+def judge_final(paired: PairedResult, requests: Sequence[Request], forcing: Forcing) -> SealedFinal:
+    """The sealed final's verdict on a paired run of stock (a) against the candidate (b), however it
+    was run (in this process, or each system in its own worker process)."""
+    require_split(requests, "unseen", "the sealed final")
     estimate = paired.gain(requests)
     verdict = forcing(_first_outputs(paired.runs_b), _first_outputs(paired.runs_a))
     reasons = []

@@ -1,7 +1,10 @@
 """A round's folder: state, directions, measurements and events, each written atomically as it happens.
 
-A measurement is keyed by what was measured (systems, requests, kind); once its file exists it is
-never measured again, so ``round resume`` after a crash neither loses nor repeats a result.
+A measurement is keyed by its whole identity (the systems' tree ids, the controller's code hash, the
+request set's hash, the options, the devices, the repetition policy); once its file exists it is never
+measured again, so ``round resume`` after a crash neither loses nor repeats a result. Only a complete
+measurement whose recorded identity is the one asked for is ever used: anything else (a cancelled
+run's leftovers, a file from other code or other systems) is set aside and measured anew.
 """
 
 from __future__ import annotations
@@ -95,12 +98,28 @@ class RoundDir:
     def measurement_file(self, key: str) -> Path:
         return self.path / "measurements" / f"{key}.json"
 
-    def measured(self, key: str, measure: Callable[[], dict]) -> dict:
-        """The measurement ``key``: read back if it was taken before, else taken now and written at once."""
+    def measured(self, key: str, measure: Callable[[], dict], identity: dict | None = None) -> dict:
+        """The measurement ``key``: read back if it was taken before, else taken now and written at once.
+
+        With ``identity``, a stored measurement is used only if it is complete and records exactly that
+        identity; one that is not is renamed ``<key>.json.discarded-<n>`` and measured again.
+        """
         path = self.measurement_file(key)
         if path.is_file():
-            return json.loads(path.read_text())
+            try:
+                stored = json.loads(path.read_text())
+            except json.JSONDecodeError:
+                stored = None
+            if identity is None or (isinstance(stored, dict) and stored.get("complete") is True
+                                    and stored.get("identity") == identity):
+                return stored
+            n = len(list(path.parent.glob(f"{path.name}.discarded-*"))) + 1
+            path.rename(path.with_name(f"{path.name}.discarded-{n}"))
+            self.log("measurement discarded", key=key, why="incomplete or of another identity")
         result = measure()
+        if identity is not None and (result.get("complete") is not True or result.get("identity") != identity):
+            raise RoundError(f"measurement {key} came back incomplete or for another identity; it is not used",
+                             where=str(path), fix="resume the round to measure it again")
         write_atomic(path, json.dumps(result, indent=2, sort_keys=True))
         self.log("measured", key=key)
         return result

@@ -96,6 +96,8 @@ class PromotionRecord(Record):
     requests: int
     devices: list[str]
     rate: float | None = Field(default=None, description="mean output tokens/s of the promoted system")
+    measurement: str | None = Field(default=None, description="key of the measurement behind it")
+    audit_sha256: str | None = Field(default=None, description="sha256 of that measurement file (the merge's trailer)")
 
 
 class PromotionLog(Record):
@@ -119,6 +121,11 @@ class RoundConfig(Record):
         description="paths in the system repo that directions must not touch",
     )
     agent_time_limit_s: float = 1800.0
+    pool: dict[str, Any] = Field(default_factory=lambda: {"kind": "process"},
+                                 description='the device pool: {"kind": "process"} or {"kind": "ray", "address": ...}')
+    fresh_workers: bool = Field(default=True, description="a new worker process for every timed run")
+    warmup_requests: int | None = Field(default=None, ge=0,
+                                        description="perturbed warm-up requests per worker (default: one per request)")
 
 
 class RoundState(Record):

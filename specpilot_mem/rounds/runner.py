@@ -16,6 +16,7 @@ result: after a crash, ``resume`` skips what was done and never measures anythin
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import subprocess
 import sys
@@ -34,7 +35,7 @@ from specpilot_mem.home import Home
 from specpilot_mem.models import DeploymentRecord
 from specpilot_mem.rounds.agents.base import AgentBackend, AgentTask
 from specpilot_mem.rounds.briefs import direction_brief, integration_brief, kernel_brief, master_brief
-from specpilot_mem.rounds.controller import controller_files, hash_files
+from specpilot_mem.rounds.controller import code_hash, controller_files, hash_files
 from specpilot_mem.rounds.distill import DRAFT_FILE, distill_promotion
 from specpilot_mem.rounds.files import RoundDir, latest_round, measurement_key
 from specpilot_mem.rounds.phase0 import cost_model_report
@@ -42,6 +43,7 @@ from specpilot_mem.rounds.models import (MAX_GPU_MINUTES_TO_CLOSE_UNMEASURED, MI
                                          DirectionKind, DirectionPlan, DirectionRecord, DirectionSpec,
                                          HeadroomCheck, Phase, PromotionRecord, RoundConfig, RoundState)
 from specpilot_mem.rounds.sandbox import Sandbox
+from specpilot_mem.rounds.seal import SealError, escaping_symlinks, seal_tree
 from specpilot_mem.store.fork import STOCK_REF
 from specpilot_mem.store.records import load_record_file, parse_record
 
@@ -119,8 +121,7 @@ class RoundRunner:
     def _calibration(self) -> dict:
         job = self._job("calibrate", stock=self._side("stock", self.state.stock),
                         stock_outputs=str(self.dir.path / "controller" / "stock-dev-outputs.jsonl"))
-        return self.dir.measured(measurement_key("calibrate", stock=self.state.stock, requests=self._requests_digest()),
-                                 lambda: self._controller(job))
+        return self._measured(job)[1]
 
     # -- phase 1 ----------------------------------------------------------------------------------
     def _explore(self) -> None:
@@ -220,17 +221,21 @@ class RoundRunner:
             self._close(record, "not-promoted", f"conflicts with the current best at {conflicts}; left for integration")
             return
         candidate = self._commit(tree, [self.state.best, record.patch], f"candidate {record.spec.id}", order=2)
-        key = measurement_key("measure", best=self.state.best, candidate=tree, requests=self._requests_digest())
-        job = self._job("measure", best=self._side("best", self.state.best),
-                        candidate=self._side("candidate", candidate), stock=self._side("stock", self.state.stock),
+        try:
+            sides = {"best": self._side("best", self.state.best), "candidate": self._side("candidate", candidate)}
+        except SealError as err:
+            self._close(record, "rejected", f"cannot be sealed for measuring: {err.what}")
+            return
+        job = self._job("measure", **sides, stock=self._side("stock", self.state.stock),
                         stock_outputs=str(self.dir.path / "controller" / "stock-dev-outputs.jsonl"),
+                        stock_outputs_sha256=self._calibration().get("stock_outputs_sha256"),
                         delta=self._calibration()["delta"], noise=self._calibration()["noise"]["noise"])
-        result = self.dir.measured(key, lambda: self._controller(job))
+        key, result = self._measured(job)
         record = record.model_copy(update={"measurements": [*record.measurements, key]})
         self.dir.save_direction(record)
         self.checkpoint(f"direction:{record.spec.id}:measured")
         if result["promote"]:
-            self._promote(record, tree, result)
+            self._promote(record, tree, result, key)
         else:
             reasons = [result["decision"]["reason"]]
             if result["token_forcing"]["verdict"] == "reject":
@@ -244,6 +249,9 @@ class RoundRunner:
                      if any(p == q.rstrip("/") or p.startswith(q) for q in self.state.config.protected_paths)]
         if protected:
             return "rejected", f"touches controller, bench or request files: {protected}"
+        escaping = escaping_symlinks(self.repo, record.patch) if record.patch else []
+        if escaping:
+            return "rejected", f"adds symlinks that point outside its tree: {escaping}"
         check = record.headroom
         if record.patch is None:
             if check is None:
@@ -262,7 +270,12 @@ class RoundRunner:
             return "rejected", f"built although the net headroom {check.net:.1%} is below {MIN_NET_HEADROOM:.0%}"
         return None
 
-    def _promote(self, record: DirectionRecord, tree: str, result: dict) -> None:
+    def _promote(self, record: DirectionRecord, tree: str, result: dict, key: str) -> None:
+        measured_tree = result["identity"]["systems"]["candidate"]
+        if measured_tree != tree:
+            raise RoundError(f"the merge of {record.spec.id} would carry tree {tree}, not the measured {measured_tree}",
+                             where=str(self.dir.measurement_file(key)), fix="resume: the candidate is measured again")
+        audit = hashlib.sha256(self.dir.measurement_file(key).read_bytes()).hexdigest()
         gain, tf = result["gain"], result["token_forcing"]
         rate = tf["rate"]
         message = (
@@ -276,6 +289,8 @@ class RoundRunner:
             f"{100 * rate['stock_rate']:.2f}%)\n"
             f"SpecPilot-Requests: {result['requests']} dev\n"
             f"SpecPilot-Devices: {', '.join(result['devices'])}\n"
+            f"SpecPilot-Tree: {tree}\n"
+            f"SpecPilot-Audit: sha256:{audit} measurements/{key}.json\n"
         )
         log = self.dir.load_promotions()
         previous = self.state.best
@@ -287,7 +302,7 @@ class RoundRunner:
             candidate=record.patch, merge=merge, previous_best=previous, gain=gain["gain"], ci_low=gain["low"],
             ci_high=gain["high"], noise=result["decision"]["noise"], threshold=result["decision"]["threshold"],
             token_forcing=tf["verdict"], requests=result["requests"], devices=result["devices"],
-            rate=result.get("candidate_rate")))
+            rate=result.get("candidate_rate"), measurement=key, audit_sha256=audit))
         self.dir.save_promotions(log)
         self.state = self.state.model_copy(update={"best": merge})
         self.dir.save_state(self.state)
@@ -334,8 +349,7 @@ class RoundRunner:
         job = self._job("sealed", candidate=self._side("candidate", self.state.best),
                         stock=self._side("stock", self.state.stock), delta=self._calibration()["delta"],
                         max_new_tokens=config.sealed_max_new_tokens or config.max_new_tokens)
-        key = measurement_key("sealed", final=self.state.best, stock=self.state.stock, requests=self._requests_digest())
-        result = self.dir.measured(key, lambda: self._controller(job))
+        key, result = self._measured(job)
         self.state = self.state.model_copy(update={"sealed": {k: result[k] for k in ("accepted", "reasons", "gain")}
                                                    | {"verdict": result["verdict"]["verdict"], "measurement": key}})
         self.dir.save_state(self.state)
@@ -361,14 +375,45 @@ class RoundRunner:
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
     def _side(self, role: str, commit: str) -> dict:
-        return {"commit": commit, "checkout": str(self._checkout(f"{role}-{commit[:12]}", commit))}
+        """A system as the controller measures it: its commit's tree sealed into a read-only folder."""
+        tree, folder = seal_tree(self.repo, commit, self.home.state / "sealed")
+        return {"commit": commit, "tree": tree, "checkout": str(folder)}
 
     def _job(self, kind: str, **fields) -> dict:
         config = self.state.config
-        return {"kind": kind, "home": str(self.home.root), "requests": str(Path(config.requests).resolve()),
-                "devices": config.devices, "batch_sizes": config.batch_sizes, "repeats": config.repeats,
-                "noise_repeats": config.noise_repeats, "max_new_tokens": config.max_new_tokens,
-                "controller_hashes": self.state.controller_hashes} | fields
+        job = {"kind": kind, "home": str(self.home.root), "requests": str(Path(config.requests).resolve()),
+               "devices": config.devices, "batch_sizes": config.batch_sizes, "repeats": config.repeats,
+               "noise_repeats": config.noise_repeats, "max_new_tokens": config.max_new_tokens,
+               "pool": config.pool, "policy": {"fresh_workers": config.fresh_workers,
+                                               "warmup_requests": config.warmup_requests},
+               "sandbox": Sandbox(self.sandbox.user, [*self.sandbox.hidden, self.home.state / "worktrees"]).to_dict(),
+               "judge_device": self._judge_device(),
+               "controller_hashes": self.state.controller_hashes} | fields
+        return job | {"identity": self._identity(job)}
+
+    def _judge_device(self) -> str | None:
+        """Where stock's scorer runs: the first slot's device, or on a Ray pool this (driver) host's GPU."""
+        pool = self.state.config.pool
+        if pool.get("kind", "process") == "process":
+            return None
+        return pool.get("judge_device") or ("cpu" if pool.get("run_on") == "cpu" else "cuda:0")
+
+    def _identity(self, job: dict) -> dict:
+        """Everything a measurement depends on: the systems' tree ids, the controller's code, the request
+        set, the options, the devices and the repetition policy. Its digest is the measurement's key."""
+        config = self.state.config
+        return {"kind": job["kind"],
+                "systems": {role: job[role]["tree"] for role in ("stock", "best", "candidate") if role in job},
+                "controller": code_hash(self.state.controller_hashes, job["requests"]),
+                "requests": self._requests_digest(), "devices": job["devices"], "pool": job["pool"],
+                "policy": {"repeats": job["noise_repeats"] if job["kind"] == "calibrate" else job["repeats"],
+                           "batch_sizes": job["batch_sizes"], "order": "ABBA", **job["policy"]},
+                "options": {"max_new_tokens": job["max_new_tokens"], "delta": job.get("delta"), "noise": job.get("noise"),
+                            "rule": job.get("rule", {}), "sealed_max_new_tokens": config.sealed_max_new_tokens}}
+
+    def _measured(self, job: dict) -> tuple[str, dict]:
+        key = measurement_key(job["kind"], identity=job["identity"])
+        return key, self.dir.measured(key, lambda: self._controller(job), identity=job["identity"])
 
     def _controller(self, job: dict) -> dict:
         """Run one job in the controller's own process; its result file is the measurement."""

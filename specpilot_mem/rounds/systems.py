@@ -12,7 +12,9 @@ A repository says how it is run in ``specpilot-system.json`` at its root:
   is exported as an importable SGLang and served (``specpilot_mem.sglang.adapter.SGLangSystem``).
 
 The controller, not the system, reads the clock: a request's timestamps are taken when the system
-hands over its tokens, so a system cannot report a rate it did not achieve.
+hands over its tokens, so a system cannot report a rate it did not achieve. Rounds run every system
+in a worker process of its own (``specpilot_mem.controller.pool``); ``PythonSystem`` here is how the
+judge opens stock for its scorer, AR outputs and tokenizer, and how a system is served in-process.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ def system_spec(checkout: Path) -> dict[str, Any]:
     return spec
 
 
-def _load_module(checkout: Path, relative: str, name: str):
+def load_system_module(checkout: Path, relative: str, name: str):
+    """Import a checkout's system module (in the process that will run it: a pool worker, or the judge
+    for stock's scorer)."""
     path = checkout / relative
     if not path.is_file():
         raise RoundError(f"system module {relative} is missing", where=str(checkout), fix=f"add it or fix {SYSTEM_FILE}")
@@ -63,7 +67,7 @@ class PythonSystem:
 
     def __init__(self, name: str, checkout: Path, module: str):
         self.name = name
-        self.module = _load_module(checkout, module, name)
+        self.module = load_system_module(checkout, module, name)
         self._instances: dict[str, Any] = {}
 
     def instance(self, device: str):

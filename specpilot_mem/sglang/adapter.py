@@ -140,24 +140,29 @@ def generate_body(request: Request, encode: Callable[[str], Sequence[int]] | Non
     return body
 
 
+def stream_request(client: SGLangClient, request: Request, encode: Callable[[str], Sequence[int]] | None,
+                   on_chunk: Callable[[StreamChunk], None] | None = None) -> RequestOutput:
+    """Serve one request, streamed; ``on_chunk`` sees each chunk as it arrives (a pool worker forwards
+    it to the host, whose clock times it)."""
+    body = generate_body(request, encode)
+    start = time.perf_counter()
+    ids: list[int] = []
+    times: list[float] = []
+    for chunk in client.stream(body):
+        ids.extend(chunk.new_ids)
+        times.extend([chunk.arrived] * len(chunk.new_ids))
+        if on_chunk is not None:
+            on_chunk(chunk)
+    return RequestOutput(request.id, tuple(ids), start, tuple(times))
+
+
 def serve_closed_loop(client: SGLangClient, requests: Sequence[Request], batch_size: int,
                       encode: Callable[[str], Sequence[int]] | None = None) -> list[RequestOutput]:
     """Serve ``requests`` with ``batch_size`` in flight: a slot takes the next request as soon as its last one ends."""
     if batch_size < 1:
         raise SpecPilotError(f"batch size {batch_size} is not positive", where="batch_size", fix="use 1 or more")
-
-    def one(request: Request) -> RequestOutput:
-        body = generate_body(request, encode)
-        start = time.perf_counter()
-        ids: list[int] = []
-        times: list[float] = []
-        for chunk in client.stream(body):
-            ids.extend(chunk.new_ids)
-            times.extend([chunk.arrived] * len(chunk.new_ids))
-        return RequestOutput(request.id, tuple(ids), start, tuple(times))
-
     with ThreadPoolExecutor(max_workers=batch_size, thread_name_prefix="sglang-slot") as pool:
-        return list(pool.map(one, requests))
+        return list(pool.map(lambda request: stream_request(client, request, encode), requests))
 
 
 class SGLangSystem:
