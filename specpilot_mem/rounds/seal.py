@@ -83,7 +83,7 @@ def _write_tree(repo: Repo, tree: str, dest: Path) -> None:
 
 
 def _read_only(root: Path, writable: bool = False) -> None:
-    for folder, dirs, _ in os.walk(root, topdown=False):
+    for folder, _dirs, _ in os.walk(root, topdown=False):
         os.chmod(folder, 0o755 if writable else 0o555)
 
 
