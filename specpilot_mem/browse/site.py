@@ -28,7 +28,6 @@ from specpilot_mem.errors import SpecPilotError
 from specpilot_mem.gpus import ARCHES, GPUS
 from specpilot_mem.home import Home
 from specpilot_mem.models import EntryRecord
-from specpilot_mem.store.records import load_entries
 from specpilot_mem.store.releases import version_key
 
 STATIC = Path(__file__).with_name("static")
@@ -122,6 +121,18 @@ def _order(records: dict[str, EntryRecord], ids) -> list[str]:
     return order(records, closure(records, ids))
 
 
+def _neighbourhood(entry_id: str, records: dict[str, EntryRecord], required_by: list[str]) -> tuple[list[str], dict]:
+    """The entry, what it requires and what requires it, as a small requirement-closed graph to draw."""
+    members = [*records[entry_id].requires, entry_id, *required_by]
+    shown = set(members)
+    local = {i: records[i].model_copy(update={"requires": [r for r in records[i].requires if r in shown]}) for i in members}
+    for req in records[entry_id].requires:
+        local[req] = records[req].model_copy(update={"requires": []})
+    for dependent in required_by:
+        local[dependent] = records[dependent].model_copy(update={"requires": [entry_id]})
+    return [*records[entry_id].requires, entry_id, *required_by], local
+
+
 def _releases(records: dict[str, EntryRecord]) -> list[str]:
     seen = {r.release for rec in records.values() for r in rec.releases}
     seen |= {rec.scope.sglang for rec in records.values() if rec.scope.sglang}
@@ -146,9 +157,11 @@ def entry_page(home: Home, record: EntryRecord, records: dict[str, EntryRecord],
             for c in r.releases]
     parts.append("<h2>Per-release status</h2>" + _table(["release", "status", "verdict", "checked", "files", "port"], rows))
     chain = _order(records, [r.id])
+    shown, local = _neighbourhood(r.id, records, required_by)
     parts.append("<h2>Requirements</h2><p>requires: " + (", ".join(link(i) for i in r.requires) or "nothing (stock)")
                  + "</p><p>required by: " + (", ".join(link(i) for i in required_by) or "no entry") + "</p>"
-                 + (f'<div class="scroll">{dag_svg(chain, records, "%s.html", focus=r.id)}</div>' if len(chain) > 1 else ""))
+                 + f"<p>applied as the chain of {len(chain)}: " + " → ".join(link(i) for i in chain) + "</p>"
+                 + (f'<div class="scroll">{dag_svg(shown, local, "%s.html", focus=r.id)}</div>' if len(shown) > 1 else ""))
     parts.append("<h2>Options</h2>" + _table(["flag", "type", "default", "help"], [
         [f"<code>{escape(o.name)}</code>", escape(o.type), f"<code>{escape(json.dumps(o.default))}</code>", escape(o.help)]
         for o in r.options]))
@@ -191,23 +204,26 @@ def entry_page(home: Home, record: EntryRecord, records: dict[str, EntryRecord],
     return _page(r.id, "".join(parts), depth=1), plots
 
 
-def index_data(home: Home) -> dict:
-    """The registry's rows as the query form needs them (one card per entry), plus the GPU table."""
+def index_data(home: Home) -> tuple[dict, dict[str, EntryRecord]]:
+    """The registry's rows as the query form needs them (one card per entry) with the GPU table, and every record
+    (from the registry, which holds each one whole: parsing a thousand YAML files would cost the build seconds)."""
     from specpilot_mem.registry.sync import connect
 
     con = connect(home)
     try:
-        rows = con.execute("SELECT id, title, validated, status, scope_sglang, search_text, card FROM entries ORDER BY id").fetchall()
+        rows = con.execute("SELECT id, title, validated, status, scope_sglang, search_text, card, record FROM entries "
+                           "ORDER BY id").fetchall()
     finally:
         con.close()
-    entries = []
-    for entry_id, title, validated, status, sglang, search_text, card in rows:
+    entries, records = [], {}
+    for entry_id, title, validated, status, sglang, search_text, card, record in rows:
+        records[entry_id] = EntryRecord.model_validate_json(record)
         card = json.loads(card)
         entries.append({"id": entry_id, "title": title, "validated": validated, "status": status, "sglang": sglang,
                         "text": search_text, "requires": card["requires"], "variants": card["variants"],
                         "evidence": card["evidence"], "untested": card["untested"], "releases": card["releases"]})
     return {"entries": entries, "arches": list(ARCHES),
-            "gpus": [{"name": g.name, "aliases": list(g.aliases), "arch": g.arch} for g in GPUS]}
+            "gpus": [{"name": g.name, "aliases": list(g.aliases), "arch": g.arch} for g in GPUS]}, records
 
 
 def index_page(data: dict, releases: list[str]) -> str:
@@ -271,8 +287,7 @@ def build_site(home: Home, out: Path) -> BuildReport:
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
         raise SpecPilotError(f"{out} exists and is not a site this command built", where="--out",
                              fix="pass a new or empty folder (a built site is replaced whole)")
-    records = load_entries(home)
-    data = index_data(home)
+    data, records = index_data(home)
     required_by: dict[str, list[str]] = {i: [] for i in records}
     for entry_id, record in records.items():
         for req in record.requires:

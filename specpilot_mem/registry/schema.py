@@ -42,7 +42,8 @@ TABLES: dict[str, str] = {
             scope_sglang VARCHAR,           -- the SGLang release the status is about
             scope JSON NOT NULL,            -- the record's scope: sglang, arch, target, drafter, regime
             search_text VARCHAR NOT NULL,   -- lower-cased title, summary and limits, for --text
-            card JSON NOT NULL)             -- what `query` shows of the entry, prepared at sync time""",
+            card JSON NOT NULL,             -- what `query` shows of the entry, prepared at sync time
+            record JSON NOT NULL)           -- the whole record (model_dump): readers skip parsing YAML""",
     "requirements": """
         CREATE TABLE requirements (
             entry_id VARCHAR NOT NULL,

@@ -260,6 +260,7 @@ def _entry_rows(record: EntryRecord, where: str) -> dict[str, list[tuple]]:
         record.contract.commands, record.limits, record.reproduces, record.source.round, record.source.commit,
         json.dumps(record.kernels, sort_keys=True), is_validated(record), record.status, record.scope.sglang,
         json.dumps(record.scope.model_dump(mode="json")), search_text, json.dumps(card),
+        json.dumps(record.model_dump(mode="json", exclude_defaults=True)),
     ))
     for check in record.releases:
         rows["releases"].append((record.id, check.release, check.status, check.verdict, check.port is not None, check.base,
