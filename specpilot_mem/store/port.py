@@ -387,8 +387,12 @@ def revalidate(home: Home, spec: str, today: dt.date | None = None, dry_run: boo
             old = None if own else record.release_check(base.version)
             before = record.status if own else (old.status if old else None)
             action = ACTIONS[verdict.verdict]
+            same = old is not None and (old.base, old.verdict, old.changed) == (base.commit, verdict.verdict, verdict.changed)
             if verdict.verdict == "superseded":
                 after = "superseded"
+            elif verdict.verdict == "drift" and same:
+                after = old.status  # the same merge as last time: a confirmation after re-measuring stands
+                action = "none: confirmed on this release" if after == "verified" else action
             elif verdict.verdict != "clean":
                 after = "candidate"
             elif own and verdict.tree != record.reproduces:
