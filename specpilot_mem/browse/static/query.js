@@ -108,10 +108,14 @@
     const ci = f.ci_low != null && f.ci_high != null ? ` [${f.ci_low}, ${f.ci_high}]` : "";
     return `${f.name} ${f.value}${f.unit}${ci}`;
   }
-  function render(rows) {
+  // Rows beyond the first page are rendered on request: building a thousand rows' DOM costs the page its load time.
+  const PAGE_ROWS = 100;
+  let shown = [];
+  function render(rows, limit = PAGE_ROWS) {
+    shown = rows;
     const body = document.querySelector("#results tbody");
     const html = [];
-    for (const r of rows) {
+    for (const r of rows.slice(0, limit)) {
       const e = r.entry;
       const releases = e.releases.map((c) => `<span class="badge ${VERDICT_CLASS[c.verdict]}" title="${esc(c.verdict)}">${esc(c.release)}: ${esc(c.status)}</span>`).join(" ");
       const best = r.best ? `${esc(headline(r.best))} <span class="muted">${esc(r.best.kind)}${r.best.synthetic ? " (synthetic)" : ""} · ${esc(r.best.gpu)}</span>` : "";
@@ -121,7 +125,11 @@
         + `<td>${e.untested.map((u) => esc(u.note)).join("<br>")}</td><td>${e.requires.map(esc).join(", ")}</td></tr>`);
     }
     body.innerHTML = html.join("");
-    document.getElementById("count").textContent = `${rows.length} of ${DATA.entries.length} entries`;
+    const more = document.getElementById("more");
+    more.hidden = rows.length <= limit;
+    more.textContent = `show all ${rows.length}`;
+    document.getElementById("count").textContent = `${rows.length} of ${DATA.entries.length} entries`
+      + (rows.length > limit ? ` (the first ${limit} shown)` : "");
   }
 
   function filtersOf(form) {
@@ -152,6 +160,7 @@
     else if (field) field.value = value;
   }
   form.addEventListener("submit", (event) => { event.preventDefault(); run(form); });
+  document.getElementById("more").addEventListener("click", () => render(shown, shown.length));
   form.addEventListener("reset", () => setTimeout(() => run(form), 0));
   run(form);
 })();
