@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ENTRY_ID = r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$"
 DEPLOYMENT_NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
@@ -30,6 +30,16 @@ Status = Literal["verified", "candidate", "superseded"]
 # touches is as recorded), drift (applies, but files it touches changed upstream), conflict, superseded
 # (upstream already has every change), blocked (a requirement does not apply).
 PortVerdict = Literal["clean", "drift", "conflict", "superseded", "blocked"]
+
+
+def _arch_ids(value: list[str]) -> list[str]:
+    for arch in value:
+        if not re.match(ARCH, arch):
+            raise ValueError(f"{arch!r} is not an arch id like sm_90 or sm_120")
+    return value
+
+
+ArchIds = Annotated[list[str], AfterValidator(_arch_ids)]
 
 
 class Record(BaseModel):
@@ -69,16 +79,8 @@ class Variant(Record):
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
     options: dict[str, Any] = Field(default_factory=dict, description="option flag -> value")
-    hardware: list[str] = Field(default_factory=list, description="arch ids such as sm_90, sm_120")
+    hardware: ArchIds = Field(default_factory=list, description="arch ids such as sm_90, sm_120")
     notes: str = ""
-
-    @field_validator("hardware")
-    @classmethod
-    def _arch_ids(cls, value: list[str]) -> list[str]:
-        for arch in value:
-            if not re.match(ARCH, arch):
-                raise ValueError(f"{arch!r} is not an arch id like sm_90 or sm_120")
-        return value
 
 
 class Contract(Record):
@@ -146,19 +148,10 @@ class Scope(Record):
     """
 
     sglang: str | None = Field(default=None, pattern=RELEASE, description="SGLang release validated on, e.g. 0.5.23")
-    arch: list[str] = Field(default_factory=list, description="arch ids validated on")
+    arch: ArchIds = Field(default_factory=list, description="arch ids validated on")
     target: list[str] = Field(default_factory=list, description="target models validated with")
     drafter: list[str] = Field(default_factory=list)
     regime: list[Regime] = Field(default_factory=list)
-
-    @field_validator("arch")
-    @classmethod
-    def _arch_ids(cls, value: list[str]) -> list[str]:
-        for arch in value:
-            if not re.match(ARCH, arch):
-                raise ValueError(f"{arch!r} is not an arch id like sm_90 or sm_120")
-        return value
-
 
 class Port(Record):
     """A ported variant of the entry's delta for another release, written when its 3-way merge was clean.

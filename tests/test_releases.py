@@ -115,9 +115,9 @@ def test_apply_onto_a_wheel_reports_every_verdict(memory):
 
 
 def test_the_import_is_deterministic(memory, stock_fork_home, tmp_path):
-    from conftest import _shared_fork_home
-
     import shutil
+
+    from conftest import _shared_fork_home
 
     home, wheel = memory
     other = tmp_path / "other"

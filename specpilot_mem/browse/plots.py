@@ -58,8 +58,8 @@ def _fmt(value: float) -> str:
 def _frame(plot: Plot, body: list[str], y_low: float, y_high: float) -> str:
     inner_w = WIDTH - MARGIN["left"] - MARGIN["right"]
     inner_h = HEIGHT - MARGIN["top"] - MARGIN["bottom"]
-    head = [f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" viewBox="0 0 {WIDTH} {HEIGHT}" '
-            f'width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{escape(plot.title)}">',
+    head = [(f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" viewBox="0 0 {WIDTH} {HEIGHT}" '
+            f'width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{escape(plot.title)}">'),
             f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>',
             f'<text x="{MARGIN["left"]}" y="20" class="plot-title">{escape(plot.title)}</text>']
     for tick in _ticks(y_low, y_high):

@@ -11,7 +11,7 @@ from specpilot_mem.errors import SpecPilotError
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args) -> None:  # noqa: A002 - the base class's signature
+    def log_message(self, format, *args) -> None:
         pass
 
 

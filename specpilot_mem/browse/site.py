@@ -15,7 +15,6 @@ The site is plain files (no server needed, every link relative); ``serve`` serve
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -28,6 +27,7 @@ from specpilot_mem.errors import SpecPilotError
 from specpilot_mem.gpus import ARCHES, GPUS
 from specpilot_mem.home import Home
 from specpilot_mem.models import EntryRecord
+from specpilot_mem.store.records import replace_folder
 from specpilot_mem.store.releases import version_key
 
 STATIC = Path(__file__).with_name("static")
@@ -97,9 +97,9 @@ def dag_svg(ids: list[str], records: dict[str, EntryRecord], href: str, focus: s
             pos[entry_id] = (10 + level * (node_w + gap_x), 10 + n * (node_h + gap_y))
     width = 20 + (max(columns, default=0) + 1) * (node_w + gap_x)
     height = 20 + max((len(m) for m in columns.values()), default=1) * (node_h + gap_y)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="dag" viewBox="0 0 {width} {height}" width="{width}" '
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" class="dag" viewBox="0 0 {width} {height}" width="{width}" '
              f'height="{height}"><defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="6" '
-             'markerHeight="6" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#8a94a3"/></marker></defs>']
+             'markerHeight="6" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#8a94a3"/></marker></defs>')]
     # one path for every edge: thousands of separate elements (and arrow markers) cost a large graph seconds to lay out
     edges = []
     for entry_id in ids:
@@ -146,7 +146,7 @@ def _releases(records: dict[str, EntryRecord]) -> list[str]:
 def entry_page(home: Home, record: EntryRecord, records: dict[str, EntryRecord], required_by: list[str]) -> tuple[str, int]:
     """The HTML of one entry's page and its number of plots."""
     r = record
-    link = lambda i: f'<a href="{escape(i)}.html">{escape(i)}</a>'  # noqa: E731 - a one-line formatter
+    link = lambda i: f'<a href="{escape(i)}.html">{escape(i)}</a>'
     parts = [f'<h1>{escape(r.id)} {status_badge(r.status)}</h1><p class="title">{escape(r.title)}</p>',
              f'<p>{escape(r.summary)}</p>']
     scope = r.scope
@@ -272,11 +272,10 @@ def releases_page(records: dict[str, EntryRecord]) -> str:
         for release in releases:
             check = record.release_check(release)
             if release == record.scope.sglang:
-                cells.append(status_badge(record.status) + ' <span class="muted">its own</span>')
+                cells.append(f'<span class="{STATUS_CLASS[record.status]}">{record.status} (its own)</span>')
             elif check:
-                cells.append(f'<a href="entries/{escape(entry_id)}.html#release-{escape(release)}">'
-                             f'{status_badge(check.status)} {badge(check.verdict, VERDICT_CLASS[check.verdict])}</a>'
-                             + (' <span class="muted">port</span>' if check.port else ""))
+                cells.append(f'<a class="{STATUS_CLASS[check.status]}" href="entries/{escape(entry_id)}.html#release-'
+                             f'{escape(release)}">{check.status} · {check.verdict}{" · port" if check.port else ""}</a>')
             else:
                 cells.append('<span class="muted">unchecked</span>')
         rows.append(cells)
@@ -316,13 +315,7 @@ def build_site(home: Home, out: Path) -> BuildReport:
             (build / "entries" / f"{entry_id}.html").write_text(html)
             pages.append(f"entries/{entry_id}.html")
             plots += count
-        if out.exists():
-            old = out.with_name(f".{out.name}-old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(build, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(build, out)
+        replace_folder(build, out)
     finally:
         shutil.rmtree(build, ignore_errors=True)
     return BuildReport(out, len(records), pages, plots, time.perf_counter() - started)

@@ -38,11 +38,9 @@ def payload_of(result) -> dict:
 
 
 def run(args) -> int:
-    from specpilot_mem.store.resolver import apply_entries
-
     from specpilot_mem.store import load_entries
-
     from specpilot_mem.store.releases import is_release_spec
+    from specpilot_mem.store.resolver import apply_entries
 
     home = find_home(args.home)
     ids = list(load_entries(home)) if args.all else args.ids

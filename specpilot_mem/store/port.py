@@ -28,10 +28,24 @@ from specpilot_mem.home import Home
 from specpilot_mem.models import EntryRecord, Port, ReleaseCheck
 from specpilot_mem.store.delta import Delta, FileChange, load_delta, parse_delta
 from specpilot_mem.store.fork import Fork, open_fork
-from specpilot_mem.store.records import dump_record, entry_path, load_entries, write_atomic
+from specpilot_mem.store.records import (
+    dump_record,
+    entry_path,
+    load_entries,
+    write_atomic,
+)
 from specpilot_mem.store.releases import ReleaseBase, import_release, version_key
-from specpilot_mem.store.resolver import (ALREADY_THERE, AS_RECORDED, BY_HUNKS, CONFLICT, EMPTY, FILE_CONFLICT, MERGED,
-                                          PRESENT, Resolver)
+from specpilot_mem.store.resolver import (
+    ALREADY_THERE,
+    AS_RECORDED,
+    BY_HUNKS,
+    CONFLICT,
+    EMPTY,
+    FILE_CONFLICT,
+    MERGED,
+    PRESENT,
+    Resolver,
+)
 
 PORTS_DIR = "ports"
 _UPSTREAM_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
@@ -254,7 +268,7 @@ def _with_check(record: EntryRecord, check: ReleaseCheck) -> EntryRecord:
 
 def port_entries(home: Home, ids: list[str], spec: str, today: dt.date | None = None) -> tuple[ReleaseBase, list[EntryVerdict]]:
     """Write a ported delta for each of ``ids`` onto the release; all must merge cleanly, else nothing is written."""
-    today = today or dt.datetime.now(dt.timezone.utc).date()
+    today = today or dt.datetime.now(dt.UTC).date()
     records = load_entries(home)
     for entry_id in ids:
         if entry_id not in records:
@@ -283,7 +297,9 @@ def port_entries(home: Home, ids: list[str], spec: str, today: dt.date | None = 
                                 f"{' '.join(wanted)} --onto sglang=={base.version}` for the paths and hunks")
         writes: list[tuple[Path, bytes | str]] = []
         ported = []
-        from specpilot_mem.store.record import _diff as tree_delta  # the diff record_entry writes
+        from specpilot_mem.store.record import (
+            _diff as tree_delta,  # the diff record_entry writes
+        )
 
         for entry_id in wanted:
             record, verdict = records[entry_id], verdicts[entry_id]
@@ -368,7 +384,7 @@ def revalidate(home: Home, spec: str, today: dt.date | None = None, dry_run: boo
                ) -> tuple[ReleaseBase, list[Revalidation]]:
     """Run the port check for every entry on the release, record each one's verdict and status there, and
     demote what the check cannot confirm to ``candidate``. Records are written at the end, all checks done."""
-    today = today or dt.datetime.now(dt.timezone.utc).date()
+    today = today or dt.datetime.now(dt.UTC).date()
     records = load_entries(home)
     fork = open_fork(home)
     with fork.lock():
