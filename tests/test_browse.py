@@ -210,3 +210,25 @@ def test_submitting_the_form_filters_the_table(site, browser):
     form.find_element("css selector", "button[type=submit]").click()
     assert "unknown GPU H300" in browser.find_element("id", "query-error").text
     assert errors(browser) == []
+
+
+def test_the_site_is_served_on_localhost(site):
+    import threading
+    import urllib.request
+
+    from specpilot_mem.browse.serve import make_server
+
+    _, report = site
+    server = make_server(report.out, 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/entries/w12.html", timeout=10) as response:
+            assert response.status == 200 and b"Per-release status" in response.read()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/index.js", timeout=10) as response:
+            assert response.read().startswith(b"window.SPECPILOT_INDEX = ")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
