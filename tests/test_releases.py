@@ -202,6 +202,8 @@ def test_query_and_registry_show_status(memory):
     assert [e["id"] for e in data["entries"]] == ["upstreamed"]
     code, data = cli(home, "query", "--release", "0.5.21", "--status", "unchecked")
     assert len(data["entries"]) == 5
+    code, data = cli(home, "query", "--release", "latest")
+    assert code == 2 and "not an SGLang version" in data["what"]
     code, data = cli(home, "sql", f"SELECT entry_id, verdict FROM releases WHERE release = '{VERSION}' ORDER BY entry_id")
     assert data["rows"] == [["after", "blocked"], ["clash", "conflict"], ["stays", "clean"], ["tail", "drift"],
                             ["upstreamed", "superseded"]]
