@@ -3,7 +3,7 @@ requests, with every system in its own worker process (``specpilot_mem.controlle
 
     # CPU workers (two slots, one core each), the committed trained pair in fp32:
     PYTHONPATH=.:kernels python3 benchmarks/controller_pool_bench.py --devices cpu:0,cpu:1 \\
-        --variant path-verify='{"gdn_verify": "path"}' --out benchmarks/results/controller-pool-cpu-DATE.json
+        --variant path-verify='{"gdn_verify": "path"}' --out benchmarks/results/controller-pool-cpu-2026-12-02.json
     # one H200: interleaved on cuda:0 against two worker processes sharing it
     PYTHONPATH=.:kernels python3 benchmarks/controller_pool_bench.py --devices 'cuda:0#0,cuda:0#1' --out OUT.json
     # two GPUs (issue 36): the same command with two devices, and the variants to judge

@@ -1,7 +1,7 @@
 """Encode every weight matrix of real checkpoints as W12 (format v2), check each bit for bit, report sizes.
 
     PYTHONPATH=kernels:. python benchmarks/w12_checkpoint_stats.py CHECKPOINT [CHECKPOINT ...] [--device cuda]
-        [--out benchmarks/results/w12-v2-checkpoint-stats.json]
+        [--out benchmarks/results/w12-v2-checkpoint-stats-cpu.json]
 
 A checkpoint is a .safetensors file or an .onnx model (its initializers and Constant nodes). Every floating tensor of 2 or more
 dimensions is a weight matrix: [out, in] as is, conv kernels [out, in, kh, kw] as the [out, in * kh * kw] matrix an

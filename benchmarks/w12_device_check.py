@@ -1,7 +1,7 @@
 """W12 on the GPU in one call: build, bit-exactness at every row count 1-256 and escape fraction, then timing against
 cuBLAS on the five 27B-class shapes (bursts, with escapes, and settled), and optionally a tune of the 33-256-row kernel.
 
-    PYTHONPATH=kernels:. python benchmarks/w12_device_check.py --out benchmarks/results/w12-v2-device-check.json
+    PYTHONPATH=kernels:. python benchmarks/w12_device_check.py --out benchmarks/results/w12-v2-device-check-h200.json
         [--settle 1.0] [--tune] [--write-configs kernels/specpilot_kernels/w12/mma_configs.json] [--sections ...]
 
 Every section catches its own error and the result file is rewritten after each (a failure keeps the rest). Method:

@@ -3,6 +3,17 @@
 # torch comes first and pinned: a looser requirement would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Debian's chromium and its driver: the memory browser's tests drive the pages in headless chromium
+# (selenium, pinned in the test extra). Installed as root where apt-get exists and they are missing.
+if ! { command -v chromium && command -v chromedriver; } > /dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null 2>&1; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver > /dev/null
+    else
+        echo "install.sh: chromium and chromium-driver are missing (apt-get install -y chromium chromium-driver);" \
+             "the browser tests will be skipped" >&2
+    fi
+fi
 python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test,ray]"
 # SGLang 0.5.23's pure-Python import dependencies, so its sources import on a CPU-only machine (tests of

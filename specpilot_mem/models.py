@@ -8,20 +8,38 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ENTRY_ID = r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$"
 DEPLOYMENT_NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 ARCH = r"^(sm_[0-9]{2,3}[a-z]?|cpu)$"  # "cpu": measured without a GPU (tests, the pure-torch engine)
 SHA1 = r"^[0-9a-f]{40}$"
 SHA256 = r"^[0-9a-f]{64}$"
+RELEASE = r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$"  # an SGLang version: 0.5.23, 0.5.24rc1
 
 Regime = Literal["single", "batch"]
 EvidenceKind = Literal["paired-run", "microbenchmark", "replay", "token-forcing"]
 ContractLevel = Literal["bit-exact", "reduction-order", "token-forcing"]
 OptionType = Literal["bool", "int", "float", "str", "choice"]
+# verified: the entry's code holds on the release and its evidence stands there; candidate: not confirmed
+# there (new, drifted, ported or never checked: re-measure first); superseded: upstream already has it.
+Status = Literal["verified", "candidate", "superseded"]
+# How an entry's delta went onto another release (``specpilot_mem.store.port``): clean (every file it
+# touches is as recorded), drift (applies, but files it touches changed upstream), conflict, superseded
+# (upstream already has every change), blocked (a requirement does not apply).
+PortVerdict = Literal["clean", "drift", "conflict", "superseded", "blocked"]
+
+
+def _arch_ids(value: list[str]) -> list[str]:
+    for arch in value:
+        if not re.match(ARCH, arch):
+            raise ValueError(f"{arch!r} is not an arch id like sm_90 or sm_120")
+    return value
+
+
+ArchIds = Annotated[list[str], AfterValidator(_arch_ids)]
 
 
 class Record(BaseModel):
@@ -61,16 +79,8 @@ class Variant(Record):
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
     options: dict[str, Any] = Field(default_factory=dict, description="option flag -> value")
-    hardware: list[str] = Field(default_factory=list, description="arch ids such as sm_90, sm_120")
+    hardware: ArchIds = Field(default_factory=list, description="arch ids such as sm_90, sm_120")
     notes: str = ""
-
-    @field_validator("hardware")
-    @classmethod
-    def _arch_ids(cls, value: list[str]) -> list[str]:
-        for arch in value:
-            if not re.match(ARCH, arch):
-                raise ValueError(f"{arch!r} is not an arch id like sm_90 or sm_120")
-        return value
 
 
 class Contract(Record):
@@ -131,6 +141,46 @@ class Source(Record):
     repo: str | None = Field(default=None, description="where the source commit lives, if not this fork")
 
 
+class Scope(Record):
+    """Where the entry's status holds: the SGLang release it was validated on and the settings of its evidence.
+
+    Empty lists mean the entry is not specific to that axis (e.g. an option group runs on any GPU).
+    """
+
+    sglang: str | None = Field(default=None, pattern=RELEASE, description="SGLang release validated on, e.g. 0.5.23")
+    arch: ArchIds = Field(default_factory=list, description="arch ids validated on")
+    target: list[str] = Field(default_factory=list, description="target models validated with")
+    drafter: list[str] = Field(default_factory=list)
+    regime: list[Regime] = Field(default_factory=list)
+
+class Port(Record):
+    """A ported variant of the entry's delta for another release, written when its 3-way merge was clean.
+
+    It applies onto the release with the entry's requirements (ported or merged) exactly and must give
+    ``reproduces`` there; until it is re-measured its release status stays ``candidate``.
+    """
+
+    source: str = Field(pattern=RELEASE, description="the release the entry was ported from")
+    delta: str = Field(description="the ported delta, relative to the entry's folder (ports/sglang-<release>.patch)")
+    sha256: str = Field(pattern=SHA256, description="sha256 of the ported delta")
+    reproduces: str = Field(pattern=SHA1, description="tree id the chain gives onto the release with this port")
+    ported: dt.date
+
+
+class ReleaseCheck(Record):
+    """The entry on another SGLang release: the port check's verdict and the status it left."""
+
+    release: str = Field(pattern=RELEASE)
+    status: Status
+    verdict: PortVerdict
+    base: str = Field(pattern=SHA1, description="the release's commit in the fork (deterministic import of its wheel)")
+    checked: dt.date
+    changed: list[str] = Field(default_factory=list, description="files the entry touches that changed upstream")
+    conflicts: list[str] = Field(default_factory=list, description="files whose hunks do not apply")
+    blocked_by: list[str] = Field(default_factory=list, description="requirements that do not apply")
+    port: Port | None = None
+
+
 class EntryRecord(Record):
     """``entries/<id>/entry.yaml``: one validated mechanism."""
 
@@ -153,6 +203,9 @@ class EntryRecord(Record):
     recorded: dt.date | None = Field(
         default=None, description="when the delta was recorded; the entry's commits take their dates from it"
     )
+    status: Status = Field(default="candidate", description="status on scope.sglang; a new entry is a candidate")
+    scope: Scope = Field(default_factory=Scope)
+    releases: list[ReleaseCheck] = Field(default_factory=list, description="the entry on other SGLang releases")
 
     @field_validator("requires")
     @classmethod
@@ -183,7 +236,24 @@ class EntryRecord(Record):
             unknown = set(variant.options) - set(names)
             if unknown:
                 raise ValueError(f"variant {variant.name!r} sets options the entry does not define: {sorted(unknown)}")
+        if self.status == "verified" and self.scope.sglang is None:
+            raise ValueError("a verified entry names the release it was verified on (scope.sglang)")
+        releases = [r.release for r in self.releases]
+        if len(set(releases)) != len(releases):
+            raise ValueError("releases lists a release twice")
+        if self.scope.sglang in releases:
+            raise ValueError(f"releases lists {self.scope.sglang}, the release of the entry's scope (status covers it)")
         return self
+
+    def release_check(self, release: str) -> ReleaseCheck | None:
+        return next((r for r in self.releases if r.release == release), None)
+
+    def status_on(self, release: str | None) -> Status | None:
+        """The status on ``release`` (the scope's status on its own release); None where never checked."""
+        if release is None or release == self.scope.sglang:
+            return self.status
+        check = self.release_check(release)
+        return check.status if check else None
 
     def arches(self) -> set[str]:
         """Every arch the entry has evidence on or a variant for."""

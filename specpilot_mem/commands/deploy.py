@@ -32,6 +32,7 @@ def register(subparsers, common) -> None:
     pick = new.add_mutually_exclusive_group()
     pick.add_argument("--from", dest="from_ids", metavar="ID,ID", help="entries to start from (their requirements come along)")
     pick.add_argument("--suggest", action="store_true", help="let the registry propose the entries, with reasons")
+    new.add_argument("--verified-only", action="store_true", help="with --suggest: leave candidate entries out")
     new.add_argument("--dry-run", action="store_true", help="show the selection, write nothing")
     new.set_defaults(func=run_new)
 
@@ -121,8 +122,8 @@ def run_new(args) -> int:
     con = connect(home)
     try:
         require_known(con, ids, "--from")
-        suggestions = suggest_entries(con, gpu=gpu, arch=arch, model=args.model, drafter=args.drafter,
-                                      regime=args.regime) if args.suggest else []
+        suggestions, left_out = suggest_entries(con, gpu=gpu, arch=arch, model=args.model, drafter=args.drafter,
+                                                regime=args.regime, verified_only=args.verified_only) if args.suggest else ([], [])
     finally:
         con.close()
     if args.suggest:
@@ -133,8 +134,10 @@ def run_new(args) -> int:
     payload = {
         "name": args.name, "gpu": gpu.name, "arch": arch, "model": args.model, "drafter": args.drafter,
         "regime": args.regime, "batch_sizes": batch_sizes, "entries": ids, "branch": branch, "dry_run": args.dry_run,
-        "suggestions": [{"id": s.id, "title": s.title, "reasons": s.reasons, "flags": s.flags, "required_by": s.required_by}
-                        for s in suggestions],
+        "suggestions": [{"id": s.id, "title": s.title, "status": s.status, "reasons": s.reasons, "flags": s.flags,
+                         "required_by": s.required_by} for s in suggestions],
+        "left_out": [{"id": s.id, "title": s.title, "status": s.status, "why": s.reasons} for s in left_out],
+        "preference": _preference(suggestions, left_out) if args.suggest else None,
     }
     if not args.dry_run:
         fork = open_fork(home)
@@ -176,14 +179,26 @@ def _build_branch(home, fork, ids: list[str], branch: str) -> tuple[list[str], s
     return [], fork.stock_commit, fork.stock_tree, fork.stock_commit
 
 
+def _preference(suggestions, left_out) -> str:
+    """What --suggest says about its preference for verified entries."""
+    verified = sum(1 for s in suggestions if s.status == "verified")
+    others = len(suggestions) - verified
+    text = f"verified entries preferred: {verified} verified"
+    text += f", {others} not verified (flagged)" if others else ""
+    return text + (f", {len(left_out)} left out ({', '.join(s.id for s in left_out)})" if left_out else "")
+
+
 def _render_new(data: dict) -> None:
     from rich.markup import escape
 
     if data["suggestions"]:
-        rows = [(s["id"], escape(s["title"]), escape("\n".join(s["reasons"])),
-                 "\n".join(f"[bold red]! {escape(f)}[/]" for f in s["flags"])) for s in data["suggestions"]]
+        rows = [(s["id"], f"[{'green' if s['status'] == 'verified' else 'yellow'}]{s['status']}[/]", escape(s["title"]),
+                 escape("\n".join(s["reasons"])), "\n".join(f"[bold red]! {escape(f)}[/]" for f in s["flags"]))
+                for s in data["suggestions"]]
         console.print(table(f"suggested for {data['gpu']} ({data['arch']}), {data['model']}, {data['drafter']}, {data['regime']}",
-                            ["entry", "title", "why", "untested"], rows))
+                            ["entry", "status", "title", "why", "untested"], rows))
+    if data["preference"]:
+        console.print(data["preference"])
     elif data["entries"] == [] and not data["dry_run"]:
         console.print("no entries: the deployment starts from stock")
     if data["dry_run"]:

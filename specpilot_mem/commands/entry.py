@@ -1,4 +1,4 @@
-"""``specpilot-mem entry``: update an entry — add a variant, add evidence, re-record its delta.
+"""``specpilot-mem entry``: update an entry — add a variant, add evidence, re-record its delta, set its status.
 
 Every update re-verifies the entries that require it, and changes nothing if one would break.
 """
@@ -27,6 +27,12 @@ def register(subparsers, common) -> None:
     rerecord.add_argument("--from", dest="source", required=True, metavar="REV_OR_WORKTREE")
     rerecord.add_argument("--meta", metavar="draft.yaml", help="fields to change at the same time")
     rerecord.set_defaults(func=run_rerecord)
+    status = verbs.add_parser("set-status", parents=[common],
+                              help="set an entry's status (verified once re-measured, candidate, superseded)")
+    status.add_argument("id", metavar="ID")
+    status.add_argument("status", choices=("verified", "candidate", "superseded"))
+    status.add_argument("--release", metavar="X", help="on this SGLang release (default: the release of its scope)")
+    status.set_defaults(func=run_status)
 
 
 def _report(args, record, what: str) -> int:
@@ -54,3 +60,13 @@ def run_rerecord(args) -> int:
     home = find_home(args.home)
     load_entry(home, args.id)  # re-recording needs an existing entry
     return _report(args, record_entry(home, args.id, args.source, meta=args.meta), "delta re-recorded")
+
+
+def run_status(args) -> int:
+    from specpilot_mem.store.port import set_status
+
+    record = set_status(find_home(args.home), args.id, args.status, args.release)
+    release = args.release or record.scope.sglang
+    emit(args, record.model_dump(mode="json"),
+         lambda data: console.print(f"{data['id']}: {args.status} on SGLang {release or '(no release in its scope)'}"))
+    return 0

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from specpilot_mem.output import console, emit, table
 
 HARDWARE_LABEL = {"gpu": "this GPU", "arch": "same arch", "variant": "variant only", None: ""}
+STATUS_COLOUR = {"verified": "green", "candidate": "yellow", "superseded": "cyan", "unchecked": "dim"}
 
 
 def register(subparsers, common) -> None:
@@ -27,6 +28,9 @@ def register(subparsers, common) -> None:
     parser.add_argument("--text", metavar="WORDS", help="words that must all appear in the title, summary or limits")
     parser.add_argument("--validated-only", action="store_true",
                         help="only entries timed end to end on real weights (non-synthetic paired run) and never rejected")
+    parser.add_argument("--status", choices=("verified", "candidate", "superseded", "unchecked"),
+                        help="entries with this status (on --release when given, else on each entry's own release)")
+    parser.add_argument("--release", metavar="X", help="an SGLang release: show (and filter) each entry's status there")
     parser.set_defaults(func=run)
 
 
@@ -34,7 +38,8 @@ def filters_of(args):
     from specpilot_mem.registry.query import QueryFilters
 
     return QueryFilters(gpu=args.gpu, arch=args.arch, model=args.model, drafter=args.drafter, regime=args.regime,
-                        requires=args.requires, text=args.text, validated_only=args.validated_only)
+                        requires=args.requires, text=args.text, validated_only=args.validated_only,
+                        status=args.status, release=args.release)
 
 
 def run(args) -> int:
@@ -54,6 +59,7 @@ def run(args) -> int:
         "filters": {k: v for k, v in asdict(filters).items() if v},
         "gpu": gpu.name if gpu else None,
         "arch": arch,
+        "release": args.release,
         "count": len(matches),
         "entries": [{**asdict(m), "flagged": m.flagged} for m in matches],
     }
@@ -71,6 +77,10 @@ def render(data: dict, matches) -> None:
     rows = []
     for m in matches:
         entry = f"[bold]{m.id}[/]\n{escape(m.title)}" + ("\n[green]validated[/]" if m.validated else "")
+        colour = STATUS_COLOUR[m.release_status]
+        status = f"[{colour}]{m.release_status}[/]\n" + escape(f"on {data['release'] or m.scope_sglang or 'no release'}")
+        others = [f"{r['release']}: {r['status']}" for r in m.releases if r["release"] != data["release"]]
+        status += ("\n" + escape(", ".join(others))) if others else ""
         hardware = ""
         if m.hardware:
             colour = {"gpu": "green", "arch": "yellow", "variant": "magenta"}[m.hardware]
@@ -86,9 +96,9 @@ def render(data: dict, matches) -> None:
             (f"[bold red]! {escape(u['note'])}[/]" if u["relevant"] else escape(u["note"])) for u in m.untested
         )
         requires = ", ".join(m.requires[:3]) + (f" +{len(m.requires) - 3}" if len(m.requires) > 3 else "")
-        rows.append((entry, hardware, evidence, untested, requires))
+        rows.append((entry, status, hardware, evidence, untested, requires))
     title = f"{len(matches)} entr{'y' if len(matches) == 1 else 'ies'}" + (f" for {where}" if where else "")
-    result = table(title, ["entry", "hardware", "best evidence", "untested", "requires"], rows)
+    result = table(title, ["entry", "status", "hardware", "best evidence", "untested", "requires"], rows)
     for column in result.columns:
         column.overflow = "fold"  # wrap long ids and names instead of cutting them off
     console.print(result)

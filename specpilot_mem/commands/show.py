@@ -74,7 +74,13 @@ def run(args) -> int:
 
     def render(d) -> None:
         r = d["record"]
-        rows = [("title", r["title"]), ("summary", r["summary"]), ("requires", ", ".join(r["requires"]) or "-"),
+        scope = r["scope"]
+        releases = ", ".join(f"{c['release']}: {c['status']} ({c['verdict']}{', port' if c['port'] else ''})"
+                             for c in r["releases"])
+        rows = [("title", r["title"]), ("summary", r["summary"]),
+                ("status", f"{r['status']} on SGLang {scope['sglang'] or '(no release in its scope)'}"
+                           + "".join(f"; {k} {', '.join(v)}" for k, v in scope.items() if k != "sglang" and v)),
+                ("other releases", releases or "-"), ("requires", ", ".join(r["requires"]) or "-"),
                 ("chain", " -> ".join(d["chain"])), ("required by", ", ".join(d["required_by"]) or "-"),
                 ("options", ", ".join(f"{o['name']}={o['default']}" for o in r["options"]) or "-"),
                 ("variants", ", ".join(f"{v['name']} ({', '.join(v['hardware'])})" for v in r["variants"]) or "-"),

@@ -13,6 +13,7 @@ each match says which of the three it is:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import duckdb
@@ -20,9 +21,10 @@ import duckdb
 from specpilot_mem.errors import RegistryError, UnknownEntryError
 from specpilot_mem.gpus import GPU, resolve_gpu_or_arch
 from specpilot_mem.gpus import name_key  # the GPU table's name matching, reused for models and drafters
-from specpilot_mem.models import Regime
+from specpilot_mem.models import RELEASE, Regime
 
 HARDWARE_RANK = {"gpu": 0, "arch": 1, "variant": 2, None: 3}
+STATUS_RANK = {"verified": 0, "candidate": 1, "unchecked": 2, "superseded": 3}
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class QueryFilters:
     requires: str | None = None  # entries whose requirement closure holds this id
     text: str | None = None  # every word must appear in the title, summary or limits
     validated_only: bool = False
+    status: str | None = None  # verified | candidate | superseded (| unchecked, with release)
+    release: str | None = None  # the SGLang release the status is asked on (default: each entry's own)
 
     def hardware(self) -> tuple[GPU | None, str | None]:
         """The GPU (if a GPU name was given) and the arch the query is about."""
@@ -81,6 +85,10 @@ class EntryMatch:
     title: str
     summary: str
     validated: bool
+    status: str  # on the entry's own release (scope_sglang)
+    scope_sglang: str | None
+    release_status: str  # on the queried release (its own status when none was named); "unchecked" where never checked
+    releases: list[dict]  # every other release it was checked on: release, status, verdict, ported
     requires: list[str]
     hardware: str | None  # gpu | arch | variant; None when the query named no hardware
     hardware_note: str
@@ -137,13 +145,26 @@ def query_entries(con: duckdb.DuckDBPyConnection, filters: QueryFilters) -> list
         where.append(f"contains(search_text, $word{n})")
     if filters.validated_only:
         where.append("validated")
+    if filters.status:
+        if filters.status not in STATUSES:
+            raise RegistryError(f"--status {filters.status!r} is not a status", where="--status",
+                                fix=f"pass one of {', '.join(STATUSES)}")
+        if filters.status == "unchecked" and not filters.release:
+            raise RegistryError("--status unchecked needs --release", where="--status",
+                                fix="name the release, e.g. --release 0.5.20 --status unchecked")
+        params["status"] = filters.status
+        where.append("release_status = $status")
     if filters.requires:
         params["requires"] = filters.requires
         where.append("id IN (SELECT entry_id FROM closure WHERE req = $requires)")
+    if filters.release and not re.match(RELEASE, filters.release):
+        raise RegistryError(f"--release {filters.release!r} is not an SGLang version", where="--release",
+                            fix="pass a version such as 0.5.20")
+    params["release"] = filters.release
     sql = MATCH_SQL.format(closure=REQUIREMENT_CLOSURE if filters.requires else "", where=" AND ".join(where) or "true")
     rows = con.execute(sql, {k: v for k, v in params.items() if f"${k}" in sql}).fetchall()
     matches = [_match(row, gpu, arch, filters) for row in rows]
-    matches.sort(key=lambda m: (HARDWARE_RANK[m.hardware], not m.validated, m.id))
+    matches.sort(key=lambda m: (HARDWARE_RANK[m.hardware], STATUS_RANK[m.release_status], not m.validated, m.id))
     return matches
 
 
@@ -160,11 +181,18 @@ fit AS (
     WHERE (CAST($model AS VARCHAR) IS NULL OR contains(target_key, $model))
       AND (CAST($drafter AS VARCHAR) IS NULL OR contains(drafter_key, $drafter))
       AND (CAST($regime AS VARCHAR) IS NULL OR regime = $regime)),
-fit_idx AS (SELECT entry_id, list(idx) AS idx FROM fit GROUP BY entry_id)
-SELECT id, title, summary, validated, card, fit_idx.idx
-FROM entries LEFT JOIN fit_idx ON fit_idx.entry_id = entries.id
+fit_idx AS (SELECT entry_id, list(idx) AS idx FROM fit GROUP BY entry_id),
+on_release AS (SELECT entry_id, status FROM releases WHERE release = CAST($release AS VARCHAR)),
+ranked AS (
+    SELECT entries.*, fit_idx.idx AS fit, CASE
+        WHEN CAST($release AS VARCHAR) IS NULL OR scope_sglang = $release THEN entries.status
+        ELSE coalesce(on_release.status, 'unchecked') END AS release_status
+    FROM entries LEFT JOIN fit_idx ON fit_idx.entry_id = entries.id LEFT JOIN on_release ON on_release.entry_id = entries.id)
+SELECT id, title, summary, validated, card, fit, release_status
+FROM ranked
 WHERE {where}
 """
+STATUSES = ("verified", "candidate", "superseded", "unchecked")
 
 
 def _key(text: str | None) -> str | None:
@@ -172,7 +200,7 @@ def _key(text: str | None) -> str | None:
 
 
 def _match(row: tuple, gpu: GPU | None, arch: str | None, filters: QueryFilters) -> EntryMatch:
-    entry_id, title, summary, validated, card_json, fit_idx = row
+    entry_id, title, summary, validated, card_json, fit_idx, release_status = row
     card = json.loads(card_json)
     fitting = set(fit_idx or ())
     fit = [e for e in card["evidence"] if e["idx"] in fitting]
@@ -192,7 +220,9 @@ def _match(row: tuple, gpu: GPU | None, arch: str | None, filters: QueryFilters)
         note = f"variant {names} built for {arch}, " + ("not run on it in this setting" if ran else "never run on it")
     best = max(pool, key=lambda e: (e["kind"] == "paired-run", not e["synthetic"], e["date"], -e["idx"]), default=None)
     return EntryMatch(
-        id=entry_id, title=title, summary=summary, validated=validated, requires=card["requires"],
+        id=entry_id, title=title, summary=summary, validated=validated, status=card["status"],
+        scope_sglang=card["scope"]["sglang"], release_status=release_status, releases=card["releases"],
+        requires=card["requires"],
         hardware=hardware, hardware_note=note,
         best=None if best is None else EvidenceHit(
             best["kind"], best["gpu"], best["arch"], best["target"], best["drafter"], best["regime"], best["batch_sizes"],

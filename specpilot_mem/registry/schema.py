@@ -13,7 +13,7 @@ beside the name so that SQL filters and Python agree.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 TABLES: dict[str, str] = {
     "meta": """
@@ -38,13 +38,28 @@ TABLES: dict[str, str] = {
             source_commit VARCHAR,
             kernels JSON NOT NULL,
             validated BOOLEAN NOT NULL,     -- non-synthetic paired-run evidence and no rejecting verdict
+            status VARCHAR NOT NULL,        -- verified | candidate | superseded, on scope_sglang
+            scope_sglang VARCHAR,           -- the SGLang release the status is about
+            scope JSON NOT NULL,            -- the record's scope: sglang, arch, target, drafter, regime
             search_text VARCHAR NOT NULL,   -- lower-cased title, summary and limits, for --text
-            card JSON NOT NULL)             -- what `query` shows of the entry, prepared at sync time""",
+            card JSON NOT NULL,             -- what `query` shows of the entry, prepared at sync time
+            record JSON NOT NULL)           -- the whole record (model_dump): readers skip parsing YAML""",
     "requirements": """
         CREATE TABLE requirements (
             entry_id VARCHAR NOT NULL,
             requires_id VARCHAR NOT NULL,
             position INTEGER NOT NULL)""",
+    "releases": """
+        CREATE TABLE releases (
+            entry_id VARCHAR NOT NULL,
+            release VARCHAR NOT NULL,       -- another SGLang release the entry was checked on (revalidate, port)
+            status VARCHAR NOT NULL,        -- its status there
+            verdict VARCHAR NOT NULL,       -- clean | drift | conflict | superseded | blocked
+            ported BOOLEAN NOT NULL,        -- a ported delta exists for the release
+            base VARCHAR NOT NULL,          -- the release's commit in the fork
+            checked DATE NOT NULL,
+            changed VARCHAR[] NOT NULL,     -- files it touches that changed upstream
+            conflicts VARCHAR[] NOT NULL)""",
     "options": """
         CREATE TABLE options (
             entry_id VARCHAR NOT NULL,
@@ -151,5 +166,5 @@ TABLES: dict[str, str] = {
 }
 
 # Rows of these tables belong to one entry (column entry_id) and are replaced together when its record changes.
-ENTRY_TABLES = ("requirements", "options", "variants", "evidence", "figures", "untested")
+ENTRY_TABLES = ("requirements", "releases", "options", "variants", "evidence", "figures", "untested")
 

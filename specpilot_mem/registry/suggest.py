@@ -10,7 +10,10 @@ As the paper's master does (§3.4), a new deployment starts from stock plus vali
 - its flags name what was never checked for this deployment: untested regimes, GPUs, drafters and
   models the entry lists, a variant never run on the arch, a drafter family never measured;
 - the requirements of every proposed entry are pulled in (they must be applied anyway), each with the
-  entries that need it, and flagged when they would not have been proposed on their own.
+  entries that need it, and flagged when they would not have been proposed on their own;
+- verified entries are preferred: they come first and say so; a candidate is proposed after them with a
+  flag (not verified on its release: re-measure first), or left out with ``verified_only``; a superseded
+  entry (upstream already has it) is never proposed.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import duckdb
 
 from specpilot_mem.gpus import GPU
 from specpilot_mem.registry.query import (
-    REQUIREMENT_CLOSURE, EntryMatch, QueryFilters, query_entries, untested_relevant,
+    REQUIREMENT_CLOSURE, STATUS_RANK, EntryMatch, QueryFilters, query_entries, untested_relevant,
 )
 from specpilot_mem.registry.sync import drafter_family
 
@@ -33,6 +36,7 @@ class Suggestion:
     reasons: list[str]
     flags: list[str] = field(default_factory=list)
     required_by: list[str] = field(default_factory=list)  # proposed entries that need this one
+    status: str = "candidate"
 
     @property
     def reason(self) -> str:
@@ -40,8 +44,9 @@ class Suggestion:
 
 
 def suggest_entries(con: duckdb.DuckDBPyConnection, *, gpu: GPU | None, arch: str, model: str, drafter: str,
-                    regime: str) -> list[Suggestion]:
-    """Proposed entries (proposals first, then pulled-in requirements), each with reasons and flags."""
+                    regime: str, verified_only: bool = False) -> tuple[list[Suggestion], list[Suggestion]]:
+    """(proposed entries: verified proposals, then candidates, then pulled-in requirements; each with reasons
+    and flags — and the fitting entries left out, with why)."""
     hardware = gpu.name if gpu else arch
     setting = QueryFilters(gpu=hardware, model=model, drafter=drafter, regime=regime)
     matches = {m.id: m for m in query_entries(con, QueryFilters(gpu=hardware, validated_only=True))}
@@ -50,11 +55,23 @@ def suggest_entries(con: duckdb.DuckDBPyConnection, *, gpu: GPU | None, arch: st
     family = drafter_family(drafter)
 
     proposed: dict[str, Suggestion] = {}
-    for entry_id, match in matches.items():
+    left_out: list[Suggestion] = []
+    for entry_id, match in sorted(matches.items(), key=lambda item: (STATUS_RANK[item[1].status], item[0])):
         if entry_id not in in_regime:
             continue
         reasons = [match.hardware_note, f"measured in the {regime} regime"]
         flags = _flags(match, gpu, arch, setting)
+        on = f"SGLang {match.scope_sglang}" if match.scope_sglang else "its release"
+        if match.status == "superseded":
+            left_out.append(Suggestion(entry_id, match.title, [f"superseded on {on}: upstream already has it"], status="superseded"))
+            continue
+        if match.status == "verified":
+            reasons.append(f"verified on {on}")
+        elif verified_only:
+            left_out.append(Suggestion(entry_id, match.title, [f"a candidate on {on}, and only verified entries were asked for"]))
+            continue
+        else:
+            flags.append(f"a candidate on {on}, not verified: re-measure before relying on it")
         families = {drafter_family(d) for d in match.drafters}
         if family in families:
             reasons.append(f"measured with the {family} drafter family")
@@ -62,7 +79,7 @@ def suggest_entries(con: duckdb.DuckDBPyConnection, *, gpu: GPU | None, arch: st
             flags.append(f"never measured with the {family} drafter family (measured with {', '.join(match.drafters) or 'no drafter'})")
         if entry_id in same_model:
             reasons.append(f"measured on {model}")
-        proposed[entry_id] = Suggestion(entry_id, match.title, reasons, flags)
+        proposed[entry_id] = Suggestion(entry_id, match.title, reasons, flags, status=match.status)
 
     required = _requirements(con, sorted(proposed))
     pulled: dict[str, Suggestion] = {}
@@ -70,9 +87,11 @@ def suggest_entries(con: duckdb.DuckDBPyConnection, *, gpu: GPU | None, arch: st
         if entry_id in proposed:
             proposed[entry_id].required_by = needed_by
             continue
-        title = con.execute("SELECT title FROM entries WHERE id = ?", [entry_id]).fetchone()
-        suggestion = Suggestion(entry_id, title[0] if title else entry_id, [f"required by {', '.join(needed_by)}"],
-                                required_by=needed_by)
+        title, status = con.execute("SELECT title, status FROM entries WHERE id = ?", [entry_id]).fetchone()
+        suggestion = Suggestion(entry_id, title, [f"required by {', '.join(needed_by)}"], required_by=needed_by,
+                                status=status)
+        if status != "verified":
+            suggestion.flags.append(f"a {status} entry, pulled in because {', '.join(needed_by)} need{'s' if len(needed_by) == 1 else ''} it")
         match = matches.get(entry_id)
         if match is None:
             suggestion.flags.append(f"not validated on {hardware} on its own")
@@ -82,7 +101,7 @@ def suggest_entries(con: duckdb.DuckDBPyConnection, *, gpu: GPU | None, arch: st
                 suggestion.flags.append(f"not measured in the {regime} regime")
             suggestion.flags.extend(_flags(match, gpu, arch, setting))
         pulled[entry_id] = suggestion
-    return list(proposed.values()) + list(pulled.values())
+    return list(proposed.values()) + list(pulled.values()), left_out
 
 
 def _flags(match: EntryMatch, gpu: GPU | None, arch: str, setting: QueryFilters) -> list[str]:

@@ -249,13 +249,22 @@ def _entry_rows(record: EntryRecord, where: str) -> dict[str, list[tuple]]:
         "variants": [{"name": v.name, "hardware": v.hardware} for v in record.variants],
         "evidence": evidence_cards,
         "untested": [u.model_dump(mode="json") for u in record.untested],
+        "status": record.status,
+        "scope": record.scope.model_dump(mode="json"),
+        "releases": [{"release": r.release, "status": r.status, "verdict": r.verdict, "ported": r.port is not None}
+                     for r in record.releases],
     }
     search_text = "\n".join([record.title, record.summary, *record.limits]).lower()
     rows["entries"].append((
         record.id, record.title, record.summary, record.contract.level, record.contract.statement,
         record.contract.commands, record.limits, record.reproduces, record.source.round, record.source.commit,
-        json.dumps(record.kernels, sort_keys=True), is_validated(record), search_text, json.dumps(card),
+        json.dumps(record.kernels, sort_keys=True), is_validated(record), record.status, record.scope.sglang,
+        json.dumps(record.scope.model_dump(mode="json")), search_text, json.dumps(card),
+        json.dumps(record.model_dump(mode="json", exclude_defaults=True)),
     ))
+    for check in record.releases:
+        rows["releases"].append((record.id, check.release, check.status, check.verdict, check.port is not None, check.base,
+                                 check.checked, check.changed, check.conflicts))
     for position, required in enumerate(record.requires):
         rows["requirements"].append((record.id, required, position))
     for option in record.options:

@@ -25,6 +25,7 @@ from specpilot_mem.errors import ForkError, SpecPilotError
 from specpilot_mem.home import Home
 from specpilot_mem.models import EntryRecord
 from specpilot_mem.output import progress
+from specpilot_mem.store.records import replace_folder
 
 MANIFEST = "specpilot-export.json"
 MANIFEST_FORMAT = 1
@@ -150,13 +151,7 @@ def export_tree(home: Home, tree_id: str, dest: str | os.PathLike, entries: Sequ
             "options": options,
         }
         (scratch / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if dest.exists():
-            retired = dest.parent / f".{dest.name}.retired-{os.getpid()}"
-            os.replace(dest, retired)
-            os.replace(scratch, dest)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.replace(scratch, dest)
+        replace_folder(scratch, dest)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return manifest

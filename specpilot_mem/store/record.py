@@ -31,7 +31,7 @@ from specpilot_mem.store.requirements import closure
 from specpilot_mem.store.resolver import Resolver
 
 # Fields the store fills in; a draft may not set them.
-_STORE_FIELDS = ("id", "requires", "reproduces", "kernels", "recorded")
+_STORE_FIELDS = ("id", "requires", "reproduces", "kernels", "recorded", "releases")
 
 
 def snapshot_tree(fork: Fork, source: str) -> tuple[str, str | None]:
@@ -203,6 +203,8 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
         delta = parse_delta(text, entry_id, f"entries/{entry_id}/{delta_path(home, entry_id).name}")
 
         fields = existing.model_dump(exclude_defaults=True) if existing else {}
+        if existing and delta_path(home, entry_id).is_file() and delta_path(home, entry_id).read_bytes() != text:
+            fields.pop("releases", None)  # checks and ports on other releases were of the old delta
         fields.update(draft)
         # the source commit is this recording's (a work tree has none, so an older one must not linger)
         source_fields = {k: v for k, v in fields.get("source", {}).items() if k != "commit"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TypeVar
@@ -142,6 +143,17 @@ def write_atomic(path: Path, data: bytes | str) -> bool:
             os.unlink(tmp)
         raise
     return True
+
+
+def replace_folder(built: Path, dest: Path) -> None:
+    """Move the folder ``built`` to ``dest``, replacing what was there in one rename (the old one is removed after)."""
+    if dest.exists():
+        retired = dest.parent / f".{dest.name}.retired-{os.getpid()}"
+        os.replace(dest, retired)
+        os.replace(built, dest)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.replace(built, dest)
 
 
 def entry_path(home: Home, entry_id: str) -> Path:

@@ -25,11 +25,16 @@ from specpilot_mem.models import EntryRecord
 from specpilot_mem.store.delta import Delta, FileChange, apply_hunks, load_delta
 from specpilot_mem.store.fork import ENTRY_REF_PREFIX, Fork, open_fork
 from specpilot_mem.store.records import delta_path, load_entries
+from specpilot_mem.store.releases import RELEASE_REF_PREFIX, import_release, is_release_spec
 from specpilot_mem.store.requirements import closure, order
 from specpilot_mem.store.stock import STOCK_TIMESTAMP
 from specpilot_mem.store.trees import BaseTree, Entry, base_tree, overlay_tree_id
 
 APPLIED, PRESENT, EMPTY, CONFLICT = "applied", "already present", "empty", "conflict"
+# How one file of a delta went onto the accumulating tree: as recorded (the file was the delta's
+# pre-image), hunks (the file had changed, the hunks matched it exactly), merged (3-way merge needed),
+# present (the base already has the change), conflict.
+AS_RECORDED, BY_HUNKS, MERGED, ALREADY_THERE, FILE_CONFLICT = "as recorded", "hunks", "merged", "present", "conflict"
 
 
 @dataclass
@@ -40,6 +45,7 @@ class EntryOutcome:
     conflicts_with: list[str] = field(default_factory=list)  # earlier entries that changed those files
     reproduces: str | None = None  # the record's pinned tree
     tree: str | None = None  # what its own chain gave onto stock (checked against reproduces)
+    files: dict[str, str] = field(default_factory=dict)  # every path of its delta -> how it went (AS_RECORDED ...)
 
     @property
     def reproduced(self) -> bool | None:
@@ -68,6 +74,7 @@ class ApplyResult:
     branch: str | None = None
     worktree: str | None = None
     export: dict | None = None
+    release: dict | None = None  # the SGLang release imported as the base, when ``onto`` named one
 
     @property
     def conflicts(self) -> list[EntryOutcome]:
@@ -86,8 +93,12 @@ def commit_date(records: Iterable[EntryRecord]) -> Signature:
 class Resolver:
     """Resolves entry chains of one fork; memoizes parsed deltas, base trees and prefix walks."""
 
-    def __init__(self, fork: Fork, records: dict[str, EntryRecord] | None = None):
+    def __init__(self, fork: Fork, records: dict[str, EntryRecord] | None = None,
+                 ports: dict[str, tuple[Delta, str]] | None = None):
+        """``ports``: entry id -> (ported delta, the release tree it was ported onto), used in place of the
+        recorded delta (which is against stock) where given."""
         self.fork = fork
+        self.ports = dict(ports or {})
         self.repo: Repo = fork.repo
         self.records = load_entries(fork.home) if records is None else records
         self._deltas: dict[str, Delta] = {}
@@ -101,7 +112,7 @@ class Resolver:
     def with_record(self, record: EntryRecord, delta: Delta) -> Resolver:
         """A resolver for this memory with ``record`` (and its ``delta``) added or replaced, keeping
         every parsed delta and memoized walk that does not involve it."""
-        other = Resolver(self.fork, {**self.records, record.id: record})
+        other = Resolver(self.fork, {**self.records, record.id: record}, self.ports)
         other._deltas = {k: v for k, v in self._deltas.items() if k != record.id} | {record.id: delta}
         other._walks = {k: v for k, v in self._walks.items() if record.id not in k[1]}
         other._ready = self._ready - {record.id}
@@ -121,6 +132,8 @@ class Resolver:
 
     # -- deltas and trees ----------------------------------------------------------------------------
     def delta(self, entry_id: str) -> Delta:
+        if entry_id in self.ports:
+            return self.ports[entry_id][0]
         if entry_id not in self._deltas:
             self._deltas[entry_id] = load_delta(delta_path(self.fork.home, entry_id), entry_id)
         return self._deltas[entry_id]
@@ -161,7 +174,7 @@ class Resolver:
         prefix = self.fork.package_prefix
         overlay = dict(walk.overlay)
         touched = dict(walk.touched)
-        changed, conflicts, against = [], [], set()
+        changed, conflicts, against, files = [], [], set(), {}
 
         def current(path: str) -> Entry | None:
             return overlay[path] if path in overlay else base.files.get(path)
@@ -169,7 +182,7 @@ class Resolver:
         for change in delta.changes:
             path = prefix + change.path
             now = current(path)
-            outcome = self._apply_file(change, now)
+            outcome, files[change.path] = self._apply_file(change, now)
             if outcome is _UNCHANGED:
                 continue
             if outcome is _CONFLICT:
@@ -187,50 +200,56 @@ class Resolver:
             status, paths = PRESENT, []
         else:
             status, paths = APPLIED, changed
-        outcome = EntryOutcome(entry_id, status, paths, sorted(against), self.records[entry_id].reproduces)
+        outcome = EntryOutcome(entry_id, status, paths, sorted(against), self.records[entry_id].reproduces, files=files)
         if status == CONFLICT:  # the conflicting entry leaves the tree as it was
             overlay, touched = walk.overlay, walk.touched
         return Walk(overlay, touched, walk.outcomes + (outcome,))
 
-    def _apply_file(self, change: FileChange, now: Entry | None):
+    def _apply_file(self, change: FileChange, now: Entry | None) -> tuple[object, str]:
+        """(the file's new entry, or _UNCHANGED / _CONFLICT; how it went)."""
         if change.mode_only:
             if now is None:
-                return _CONFLICT
+                return _CONFLICT, FILE_CONFLICT
             if now[0] == change.new_mode:
-                return _UNCHANGED
-            return (change.new_mode, now[1]) if now[0] == change.old_mode else _CONFLICT
+                return _UNCHANGED, ALREADY_THERE
+            return ((change.new_mode, now[1]), AS_RECORDED) if now[0] == change.old_mode else (_CONFLICT, FILE_CONFLICT)
         post = None if change.deleted else (change.new_mode, change.new_oid)
         pre = None if change.added else (change.old_mode, change.old_oid)
         if now == post:
-            return _UNCHANGED
+            return _UNCHANGED, ALREADY_THERE
         if now == pre:
-            return post
+            return post, AS_RECORDED
         if now is None or pre is None or post is None or change.binary:
-            return _CONFLICT
+            return _CONFLICT, FILE_CONFLICT
         merged = self._merge(change, pre[1], now[1], post[1])
         if merged is None:
-            return _CONFLICT
+            return _CONFLICT, FILE_CONFLICT
+        oid, how = merged
+        if oid == now[1]:  # the merge left the file as it was: the base already made this change
+            return _UNCHANGED, ALREADY_THERE
         mode = post[0] if now[0] == pre[0] else now[0]
-        return (mode, merged)
+        return (mode, oid), how
 
-    def _merge(self, change: FileChange, pre: str, now: str, post: str) -> str | None:
+    def _merge(self, change: FileChange, pre: str, now: str, post: str) -> tuple[str, str] | None:
         """The entry's hunks applied to the current text (as ``git apply`` would); where they do not
-        match, a real 3-way merge of (pre, current, post) with ``git merge-file``. Memoized by blob ids."""
+        match, a real 3-way merge of (pre, current, post) with ``git merge-file``. Memoized by blob ids.
+        Returns (merged blob id, BY_HUNKS or MERGED), or None on conflict."""
         key = (pre, now, post)
         if key not in _MERGES:
-            content = apply_hunks(self._blob(now), change.hunks)
+            content, how = apply_hunks(self._blob(now), change.hunks), BY_HUNKS
             if content is None:
                 merged = self.repo.merge_blobs(pre, now, post)
                 content = None if merged is None else self.repo.read_blobs([merged])[merged]
-            _MERGES[key] = None if content is None else (object_id("blob", content), content)
+                how = MERGED
+            _MERGES[key] = None if content is None else (object_id("blob", content), content, how)
         if _MERGES[key] is None:
             return None
-        oid, content = _MERGES[key]
+        oid, content, how = _MERGES[key]
         if oid not in self._written:  # this fork may not have it yet
             self.repo.write_blob(content)
             self._written.add(oid)
             _BLOBS[oid] = content
-        return oid
+        return oid, how
 
     def _blob(self, oid: str) -> bytes:
         """Blob content, cached for the process; a miss fetches every blob the loaded deltas and
@@ -271,8 +290,9 @@ class Resolver:
             self._ready.add(entry_id)
             return
         requirements = self.chain(self.records[entry_id].requires)
-        base_walk = self.walk(self.fork.stock_tree, requirements)
-        base = self.base(self.fork.stock_tree)
+        origin = self.ports[entry_id][1] if entry_id in self.ports else self.fork.stock_tree  # what the delta is against
+        base_walk = self.walk(origin, requirements)
+        base = self.base(origin)
         prefix = self.fork.package_prefix
 
         def before(path: str) -> Entry | None:
@@ -337,7 +357,7 @@ class Resolver:
 
 
 # Content-addressed, so valid across resolvers and forks of this process.
-_MERGES: dict[tuple[str, str, str], tuple[str, bytes] | None] = {}
+_MERGES: dict[tuple[str, str, str], tuple[str, bytes, str] | None] = {}
 _BLOBS: dict[str, bytes] = {}
 
 
@@ -366,7 +386,8 @@ def _onto(fork: Fork, onto: str) -> tuple[str, str]:
 def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str | None = None,
                   worktree: str | None = None, export: str | None = None, force: bool = False,
                   resolver: Resolver | None = None) -> ApplyResult:
-    """Apply ``ids`` with their requirements onto ``onto`` (``stock`` or a fork revision).
+    """Apply ``ids`` with their requirements onto ``onto``: ``stock``, a fork revision, or an SGLang release
+    (``sglang==X`` or a wheel path, imported beside stock by ``store.releases``; entries ported to it use their port).
 
     Onto stock every entry of the chain must reproduce its record (``ReproductionError``) and a
     conflict is an error; onto another base conflicts are reported in the result. ``branch`` writes
@@ -379,11 +400,21 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
     with fork.lock():
         resolver = resolver or Resolver(fork)
         order = resolver.chain(ids)
-        onto_commit, onto_tree = _onto(fork, onto)
+        release = None
+        if is_release_spec(onto):
+            from specpilot_mem.store.port import release_resolver
+
+            release = import_release(fork, onto)
+            resolver = release_resolver(fork, resolver.records, release)
+            onto_commit, onto_tree = release.commit, release.tree
+        else:
+            onto_commit, onto_tree = _onto(fork, onto)
         on_stock = onto_tree == fork.stock_tree
         walk = resolver.walk(onto_tree, order)
         outcomes = [EntryOutcome(**vars(o)) for o in walk.outcomes]
         conflicts = [o for o in outcomes if o.status == CONFLICT]
+        if release is not None and not conflicts:
+            _check_ports(resolver, release, outcomes)
         if on_stock and conflicts:
             raise ConflictError(
                 "; ".join(f"{o.id} conflicts with {', '.join(o.conflicts_with) or 'stock'}" for o in conflicts),
@@ -403,7 +434,8 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
                     where=", ".join(f"entries/{o.id}" for o in failed),
                     fix="run `specpilot-mem verify` for details; re-record them with `specpilot-mem record`",
                 )
-        result = ApplyResult(list(ids), order, onto, onto_commit, resolver.tree_id(onto_tree, walk), outcomes)
+        result = ApplyResult(list(ids), order, onto, onto_commit, resolver.tree_id(onto_tree, walk), outcomes,
+                             release=release.to_dict() if release else None)
         if branch or worktree:
             if conflicts:
                 raise ConflictError("the result has conflicts, so no branch or worktree was written",
@@ -425,6 +457,25 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
         return result
 
 
+def _check_ports(resolver: Resolver, release, outcomes: list[EntryOutcome]) -> None:
+    """Each ported entry's chain onto the release must give the tree its port recorded."""
+    failed = []
+    for outcome in outcomes:
+        if outcome.id in resolver.ports:
+            port = resolver.records[outcome.id].release_check(release.version).port
+            outcome.reproduces = port.reproduces
+            outcome.tree = resolver.tree_id(release.tree, resolver.walk(release.tree, resolver.chain([outcome.id])))
+            if not outcome.reproduced:
+                failed.append(outcome)
+    if failed:
+        raise ReproductionError(
+            f"ported entries that do not reproduce their port's tree on SGLang {release.version}: "
+            + ", ".join(f"{o.id} (got {o.tree[:12]}, the port says {o.reproduces[:12]})" for o in failed),
+            where=", ".join(f"entries/{o.id}" for o in failed),
+            fix=f"port them again: specpilot-mem port {' '.join(o.id for o in failed)} --onto sglang=={release.version}",
+        )
+
+
 def _write_result(resolver: Resolver, onto: str, onto_commit: str, onto_tree: str, walk: Walk, order: list[str]) -> str:
     tree = resolver.tree_id(onto_tree, walk, write=True)
     lines = [f"apply {' '.join(order)} onto {onto}", ""]
@@ -435,7 +486,7 @@ def _write_result(resolver: Resolver, onto: str, onto_commit: str, onto_tree: st
 
 def _write_branch(fork: Fork, branch: str, commit: str, force: bool) -> str:
     ref = branch if branch.startswith("refs/") else f"refs/heads/{branch}"
-    if ref.startswith(ENTRY_REF_PREFIX) or ref == "refs/heads/stock":
+    if ref.startswith((ENTRY_REF_PREFIX, RELEASE_REF_PREFIX)) or ref == "refs/heads/stock":
         raise ForkError(f"{branch} is managed by specpilot-mem", where="--branch", fix="use a name like deploy/NAME")
     if fork.repo.git("check-ref-format", ref, check=False).returncode != 0:
         raise ForkError(f"{branch!r} is not a valid branch name", where="--branch", fix="use a name like deploy/NAME")

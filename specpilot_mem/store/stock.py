@@ -59,6 +59,27 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def download_wheel(version: str, wheel_name: str) -> Path:
+    """``sglang==version``'s wheel from the cache, else ``pip download --no-deps`` into it (not hash-checked here)."""
+    folder = cache_dir()
+    path = folder / wheel_name
+    if not path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+             "--only-binary=:all:", "--platform", "manylinux_2_34_x86_64", "--python-version", "3.11",
+             "--implementation", "cp", "--abi", "cp311", "--dest", str(folder), f"sglang=={version}"],
+            capture_output=True, text=True,
+        )
+        if proc.returncode != 0 or not path.is_file():
+            raise SpecPilotError(
+                f"could not download sglang=={version}: {proc.stderr.strip()[-400:]}",
+                where=str(folder),
+                fix="check the network, or download the wheel elsewhere and pass its path",
+            )
+    return path
+
+
 def fetch_wheel(explicit: str | os.PathLike | None = None) -> Path:
     """The pinned wheel: ``explicit`` if given, else the cache, else ``pip download --no-deps`` into it."""
     if explicit is not None:
@@ -66,22 +87,7 @@ def fetch_wheel(explicit: str | os.PathLike | None = None) -> Path:
         if not path.is_file():
             raise SpecPilotError(f"no wheel at {path}", where="--wheel", fix=f"pass the path of {WHEEL_NAME}")
     else:
-        folder = cache_dir()
-        path = folder / WHEEL_NAME
-        if not path.is_file():
-            folder.mkdir(parents=True, exist_ok=True)
-            proc = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
-                 "--only-binary=:all:", "--platform", "manylinux_2_34_x86_64", "--python-version", "3.11",
-                 "--implementation", "cp", "--abi", "cp311", "--dest", str(folder), f"sglang=={SGLANG_VERSION}"],
-                capture_output=True, text=True,
-            )
-            if proc.returncode != 0 or not path.is_file():
-                raise SpecPilotError(
-                    f"could not download sglang=={SGLANG_VERSION}: {proc.stderr.strip()[-400:]}",
-                    where=str(folder),
-                    fix="check the network, or download the wheel elsewhere and pass --wheel PATH",
-                )
+        path = download_wheel(SGLANG_VERSION, WHEEL_NAME)
     digest = sha256_file(path)
     if digest != WHEEL_SHA256:
         raise ForkError(
@@ -114,9 +120,10 @@ def _data(payload: bytes) -> bytes:
     return b"data %d\n" % len(payload) + payload + b"\n"
 
 
-def import_stream(wheel_path: Path, progress: Callable[[int, int], None] | None = None) -> Iterator[bytes]:
-    """``git fast-import`` commands for the stock commit, each file checked against RECORD on the way;
-    ``progress(done, total)`` is called per wheel file."""
+def import_stream(wheel_path: Path, progress: Callable[[int, int], None] | None = None, message: str = STOCK_MESSAGE,
+                  ref: str = IMPORT_REF) -> Iterator[bytes]:
+    """``git fast-import`` commands for the stock commit (or, with another ``message``, another release's),
+    each file checked against RECORD on the way; ``progress(done, total)`` is called per wheel file."""
     with zipfile.ZipFile(wheel_path) as wheel:
         record = read_record(wheel)
         members = [info for info in wheel.infolist() if not info.is_dir()]
@@ -129,7 +136,7 @@ def import_stream(wheel_path: Path, progress: Callable[[int, int], None] | None 
                 where=str(wheel_path), fix="the wheel is damaged: delete it and download it again",
             )
         when = f"{IDENTITY_NAME} <{IDENTITY_EMAIL}> {STOCK_TIMESTAMP} +0000"
-        yield (f"commit {IMPORT_REF}\nauthor {when}\ncommitter {when}\n").encode() + _data(STOCK_MESSAGE.encode())
+        yield (f"commit {ref}\nauthor {when}\ncommitter {when}\n").encode() + _data(message.encode())
         yield b"M 100644 inline .gitattributes\n" + _data(GITATTRIBUTES)
         excluded_lines = ["path\tsha256\tsize"]
         for done, info in enumerate(sorted(members, key=lambda i: i.filename), 1):
