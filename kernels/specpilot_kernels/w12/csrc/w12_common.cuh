@@ -38,6 +38,8 @@ constexpr int kBlocksPerChunk = 4;  // 4 x 32 columns = one 128-column chunk (th
 constexpr int kMaxRows = 64;        // rows a launch of the per-warp and warpgroup kernels (8 token tiles of 8)
 constexpr int kMaxWideRows = 256;   // rows a launch of the wide kernel (two slabs of 128)
 constexpr int kMaxWideWarpsPerBlock = 16;
+constexpr int kMaxWideSlots = 6;   // activation slots a wide block
+constexpr int kMaxWideStages = 6;  // weight stages a wide warp
 constexpr int kMaxWarpsPerBlock = 16;  // the per-warp kernels
 constexpr int kMaxWgmmaWarpsPerBlock = 32;  // the warpgroup kernel: 4 x warpgroups x warps_k (1024 threads)
 constexpr int kMaxClusterSplits = 4;  // K splits reduced in a cluster by the per-warp kernels (more: a workspace)

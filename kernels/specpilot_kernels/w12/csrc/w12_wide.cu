@@ -15,6 +15,7 @@
 // decodes and patches the two k16 A fragments into one of two register sets and issues their MMAs, so the tensor
 // cores run block b's MMAs while the warp decodes block b + 1 (a wait on all but the latest group frees a set).
 #include "w12_common.cuh"
+#include "w12_wide_wgmma.cuh"
 
 namespace w12 {
 namespace {
@@ -29,8 +30,8 @@ constexpr int kWideStageBytes = kBlocksPerChunk * kStagedBlockWords * 16;  // a 
 
 // What a launch fixes beyond W12MmaArgs (no bit depends on any of it).
 struct WideLaunch {
-  int slots;       // activation slots of the block (2-4)
-  int stages;      // weight stages a warp (2-4)
+  int slots;       // activation slots of the block (2-kMaxWideSlots)
+  int stages;      // weight stages a warp (2-kMaxWideStages)
   int slabs;       // token slabs of MT * 8 rows
   int cluster;     // blocks a cluster: K classes x splits (or K classes alone; splits then through args.partial)
   int splits;      // K splits of the partition
@@ -59,7 +60,9 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
   switch (pending) {
     case 1: ptx::cp_async_wait<1>(); break;
     case 2: ptx::cp_async_wait<2>(); break;
-    default: ptx::cp_async_wait<3>(); break;
+    case 3: ptx::cp_async_wait<3>(); break;
+    case 4: ptx::cp_async_wait<4>(); break;
+    default: ptx::cp_async_wait<5>(); break;
   }
 }
 
@@ -201,7 +204,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
         ptx::wgmma_fence();
 #pragma unroll
         for (int s = 0; s < 2; ++s)
-          ptx::wgmma_bf16<8 * MT>(d, &set[0][4 * s], kDescHi | (desc_lo + (2 * u + s) * (wide_step_bytes<MT>() >> 4)));
+          wide_wgmma<8 * MT>(d, &set[0][4 * s], kDescHi | (desc_lo + (2 * u + s) * (wide_step_bytes<MT>() >> 4)));
         ptx::wgmma_commit();
         fence_accumulators(d);
       }
@@ -276,7 +279,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
 }
 
 // The wide kernel's instantiations: token tiles of 8 rows a slab (wgmma N = 8 x MT).
-#define W12_WIDE_KERNELS(X) X(8) X(12) X(16)
+#define W12_WIDE_KERNELS(X) X(6) X(8) X(12) X(16) X(24) X(32)
 
 template <int MT, int LOW_BITS>
 cudaError_t launch_slabs(const W12MmaArgs& args, const W12Wide& wide, int groups, cudaStream_t stream) {
@@ -286,7 +289,8 @@ cudaError_t launch_slabs(const W12MmaArgs& args, const W12Wide& wide, int groups
   WideLaunch launch{wide.slots, wide.stages, (args.m + MT * 8 - 1) / (MT * 8), 0, splits};
   // K classes and splits in one cluster where they fit 8 blocks; else the classes, and the splits through the workspace
   launch.cluster = args.warps_k * splits <= 8 ? args.warps_k * splits : args.warps_k;
-  if (launch.cluster > 8 || launch.slots < 2 || launch.slots > 4 || launch.stages < 2 || launch.stages > 4)
+  if (launch.cluster > 8 || launch.slots < 2 || launch.slots > kMaxWideSlots || launch.stages < 2 ||
+      launch.stages > kMaxWideStages)
     return cudaErrorInvalidValue;
   if (launch.cluster < args.warps_k * splits && !args.partial) return cudaErrorInvalidValue;  // needs the workspace
   W12MmaArgs launched = args;
