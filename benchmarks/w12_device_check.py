@@ -61,6 +61,13 @@ CHECK_CONFIGS = {
     "n1_k3_s2_one_slab": MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
     "n1_k8_s2_deep": MmaConfig(1, 8, 2, wide_rows=((2, 6, 6, 8), (1, 6, 6, 16), (1, 2, 6, 24))),
 }
+# the wide kernel's activation multicast (clusters along x), checked in a process of its own first (section
+# "multicast"): a fault there must not cost the rest of the run
+MULTICAST_CONFIGS = {
+    "n1_k3_s2_multicast2": MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 2), (1, 2, 2, 32, 2))),
+    "n1_k1_s1_multicast4": MmaConfig(1, 1, 1, wide_rows=((1, 4, 2, 8, 4), (2, 2, 3, 16, 4), (1, 2, 2, 16, 4))),
+    "n1_k8_s1_multicast2": MmaConfig(1, 8, 1, wide_rows=((4, 2, 2, 8, 2), (2, 3, 2, 16, 2), (2, 2, 2, 32, 2))),
+}
 
 
 def log(*args):
@@ -113,8 +120,8 @@ def build() -> dict:
     return {"seconds": time.perf_counter() - start, "sources": list(SOURCES)}
 
 
-def check_bits() -> dict:
-    """Every config of CHECK_CONFIGS at every row count and escape fraction: y's bits equal the per-warp kernel's
+def check_bits(configs: dict[str, MmaConfig] = CHECK_CONFIGS) -> dict:
+    """Every config of ``configs`` at every row count and escape fraction: y's bits equal the per-warp kernel's
     (64 rows a launch), each row's bits do not depend on the row count, one-hot rows read the weights exactly, and
     y is close to the fp32 reference. Q pass (midpoint) too, at a few row counts."""
     out = {}
@@ -132,7 +139,7 @@ def check_bits() -> dict:
         onehot = torch.zeros(cols.numel(), k, device="cuda", dtype=torch.bfloat16)
         onehot[torch.arange(cols.numel()), cols] = 1
         expected = bits((w[:, cols].t().float() + 0.0).bfloat16())
-        for name, config in CHECK_CONFIGS.items():
+        for name, config in configs.items():
             try:
                 plain = replace(config, **PLAIN)
                 alone = bits(w12_mma_gemm(x[:1], mma, config=config))
@@ -248,10 +255,10 @@ def wide_fits(groups: int, slots: int, stages: int, slab_tiles: int, m: int) -> 
     return max(loop, warps * 32 * tiles * 16) <= SMEM_PER_SM
 
 
-def tune_candidates(base: MmaConfig, bucket: str) -> dict[str, MmaConfig]:
+def tune_candidates(base: MmaConfig, bucket: str, multicast_too: bool = False) -> dict[str, MmaConfig]:
     """Bit-neutral variants of ``base`` for one row range: step plans, shared activations and warpgroups at 17-32 rows;
-    the wide kernel's warpgroups, slots, stages (and at 129-256 one slab or two) above, or 64 rows a launch of the
-    per-warp / warpgroup kernels at 33-64."""
+    the wide kernel's warpgroups, slots, stages (and at 129-256 one slab or two; with ``multicast_too`` activation
+    multicast to 2 or 4 tile groups) above, or 64 rows a launch of the per-warp / warpgroup kernels at 33-64."""
     out = {"current": base}
     if bucket == "17-32":
         rings = {(0, 0), tuple(base.shared_x_32), (4, 4), (5, 6), (8, 4), (2, 8)}
@@ -278,6 +285,17 @@ def tune_candidates(base: MmaConfig, bucket: str) -> dict[str, MmaConfig]:
                     setting = list(rows)
                     setting[index] = (groups, slots, stages, slab)
                     out[f"wide{(groups, slots, stages, slab)}"] = replace(base, wide_rows=tuple(setting))
+    cluster_y = base.warps_k * base.splits if base.warps_k * base.splits <= 8 else base.warps_k
+    for multicast in (2, 4) if multicast_too else ():
+        for groups in (4, 2, 1):
+            for slots in (4, 3, 2):
+                for stages in (2, 3):
+                    slab = slabs[-1]
+                    if multicast * cluster_y > 16 or not wide_fits(groups, slots, stages, slab, top):
+                        continue
+                    setting = list(rows)
+                    setting[index] = (groups, slots, stages, slab, multicast)
+                    out[f"wide{(groups, slots, stages, slab, multicast)}"] = replace(base, wide_rows=tuple(setting))
     if bucket == "33-64":
         for plan in STEP_PLANS[64]:
             for groups in (0, 1, 2, 4):
@@ -290,7 +308,7 @@ def tune_candidates(base: MmaConfig, bucket: str) -> dict[str, MmaConfig]:
     return out
 
 
-def tune_shape(shape: Shape, deadline: float) -> dict:
+def tune_shape(shape: Shape, deadline: float, multicast: bool = False) -> dict:
     """Every row range's candidates (tune_candidates) timed at its TUNE_BUCKETS rows; a candidate whose bits differ
     from the per-warp kernel's, or whose launch ran fewer warpgroups than asked, is recorded and not chosen. Returns the
     times, the winners and the config made of them (the shape's partition unchanged: no bit depends on any choice).
@@ -305,7 +323,7 @@ def tune_shape(shape: Shape, deadline: float) -> dict:
     for index, (bucket, rows) in enumerate(TUNE_BUCKETS.items()):
         times, best = {}, None
         share = time.monotonic() + (deadline - time.monotonic()) / (len(TUNE_BUCKETS) - index)
-        for name, option in tune_candidates(chosen, bucket).items():
+        for name, option in tune_candidates(chosen, bucket, multicast).items():
             if time.monotonic() > share:
                 times["stopped"] = "tune budget spent"
                 break
@@ -374,12 +392,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--sections", default="build,bits,timing", help="build, bits, timing (in this order)")
+    parser.add_argument("--sections", default="build,bits,timing",
+                        help="build, multicast (bits of the multicast configs alone), bits, timing (in this order)")
     parser.add_argument("--settle", type=float, default=1.0, help="seconds of untimed replays before settled timings")
     parser.add_argument("--tune", action="store_true",
                         help="before timing a shape, time every bit-neutral candidate of each row range 17-256 and use "
                              "the winners")
     parser.add_argument("--tune-budget", type=float, default=150.0, help="seconds --tune may take over all shapes")
+    parser.add_argument("--multicast", action="store_true",
+                        help="also check and tune the wide kernel's activation multicast (after a clean 'multicast' "
+                             "section in a process of its own)")
     parser.add_argument("--write-configs", type=Path, default=None,
                         help="write mma_configs.json with --tune's winners for this GPU to this path")
     args = parser.parse_args()
@@ -390,8 +412,11 @@ def main() -> None:
     sections = args.sections.split(",")
     if "build" in sections:
         record_section(doc, "build", build, args.out)
+    if "multicast" in sections:
+        record_section(doc, "multicast", lambda: check_bits(MULTICAST_CONFIGS), args.out)
     if "bits" in sections:
-        record_section(doc, "bits", check_bits, args.out)
+        record_section(doc, "bits", lambda: check_bits({**CHECK_CONFIGS, **(MULTICAST_CONFIGS if args.multicast else {})}),
+                       args.out)
     tuned = {}
     deadline = time.monotonic() + args.tune_budget
     names = args.shapes.split(",") if "timing" in sections else ()
@@ -401,7 +426,8 @@ def main() -> None:
             config = None
             if args.tune:  # each shape gets its share of what is left of the budget
                 share = time.monotonic() + (deadline - time.monotonic()) / (len(names) - index)
-                record_section(doc.setdefault("tune", {}), name, lambda s=shape, d=share: tune_shape(s, d), None)
+                record_section(doc.setdefault("tune", {}), name,
+                               lambda s=shape, d=share: tune_shape(s, d, args.multicast), None)
                 if "config" in doc["tune"][name]:
                     config = MmaConfig(**doc["tune"][name]["config"])
                     tuned[f"{shape.n},{shape.k}"] = doc["tune"][name]["config"]
@@ -412,16 +438,15 @@ def main() -> None:
             del shape
             torch.cuda.empty_cache()
     if args.write_configs and tuned:
-        write_configs(args.write_configs, tuned)
+        write_configs(args.write_configs, tuned, torch.cuda.get_device_properties(0).name)
     doc["summary"] = summarize(doc)
     write_result(doc, args.out)
     log(doc["summary"])
 
 
-def write_configs(path: Path, tuned: dict) -> None:
-    """The committed configs (mma_configs.json) with this GPU's tuned shapes replaced, written atomically to ``path``."""
+def write_configs(path: Path, tuned: dict, gpu: str) -> None:
+    """The committed configs (mma_configs.json) with ``gpu``'s tuned shapes replaced, written atomically to ``path``."""
     configs = json.loads(TUNED_PATH.read_text())
-    gpu = torch.cuda.get_device_properties(0).name
     configs.setdefault(gpu, {}).update(tuned)
     staged = path.with_name(path.name + ".tmp")
     staged.write_text(json.dumps(configs, indent=1) + "\n")

@@ -194,9 +194,10 @@ MAX_SHARED_X_RING = 8
 # make few blocks, which one-wave grids feel most, so it is per shape and row range.
 MAX_WGMMA_WARPS_PER_BLOCK = 32
 # sm_90a, 33-256 rows: the wide kernel, ``wide`` = (warpgroups a block, activation slots, weight stages a warp) at
-# every row count, or ``wide_rows`` = one (warpgroups, slots, stages, largest slab in token tiles of 8 rows) per
-# WIDE_BUCKETS range; the launch picks the smallest built slab that holds the rows (one slab where the largest allows,
-# so each weight is decoded once). 0 warpgroups: 64 rows a launch of the kernels above.
+# every row count, or ``wide_rows`` = one (warpgroups, slots, stages, largest slab in token tiles of 8 rows[, multicast])
+# per WIDE_BUCKETS range; the launch picks the smallest built slab that holds the rows (one slab where the largest
+# allows, so each weight is decoded once). Multicast (1, 2 or 4, one slab only): that many neighbouring tile groups
+# form a cluster along x and share each activation copy. 0 warpgroups: 64 rows a launch of the kernels above.
 # Row regions: a grid whose blocks run in rounds (all resident at once, all as long) and end a little way into a last
 # round leaves most multiprocessors idle there: gate_up at 16 rows is 2.06 rounds of 16 warps a multiprocessor, so its
 # last 64 tiles ran alone for ~13 of 80 us. A shape's partition may therefore give its last rows (``tail_rows``) a
@@ -228,8 +229,8 @@ class MmaConfig:
     tail: tuple[int, int, int] = (0, 0, 0)
     # 33-256 rows (sm_90a): the wide kernel's (warpgroups a block, activation slots, weight stages); 0 warpgroups: off
     wide: tuple[int, int, int] = (1, 2, 3)
-    # per WIDE_BUCKETS range (33-64, 65-128, 129-256): (warpgroups, slots, stages, largest slab in token tiles); empty:
-    # ``wide`` everywhere with slabs of up to 16 token tiles
+    # per WIDE_BUCKETS range (33-64, 65-128, 129-256): (warpgroups, slots, stages, largest slab in token tiles
+    # [, multicast]); empty: ``wide`` everywhere with slabs of up to 16 token tiles, no multicast
     wide_rows: tuple = ()
 
     def __post_init__(self):
@@ -257,10 +258,10 @@ class MmaConfig:
                            fix="use e.g. (1, 2, 3), or (0, 2, 2) for off")
         object.__setattr__(self, "wide_rows", tuple(tuple(w) for w in self.wide_rows))
         if self.wide_rows and (len(self.wide_rows) != len(WIDE_BUCKETS)
-                               or not all(len(w) == 4 and _wide_setting_ok(*w) for w in self.wide_rows)):
+                               or not all(len(w) in (4, 5) and _wide_setting_ok(*w) for w in self.wide_rows)):
             raise W12Error(f"wide_rows={self.wide_rows}: one (warpgroups 0-{MAX_WIDE_GROUPS}, slots 2-{MAX_WIDE_SLOTS}, "
-                           f"stages 2-{MAX_WIDE_STAGES}, largest slab in {WIDE_TOKEN_TILES} token tiles) for each of "
-                           "33-64, 65-128 and 129-256 rows", where="MmaConfig.wide_rows",
+                           f"stages 2-{MAX_WIDE_STAGES}, largest slab in {WIDE_TOKEN_TILES} token tiles[, multicast 1, "
+                           "2 or 4]) for each of 33-64, 65-128 and 129-256 rows", where="MmaConfig.wide_rows",
                            fix="e.g. ((4, 4, 2, 8), (4, 3, 2, 16), (2, 2, 2, 32)), or () for `wide` everywhere")
         warps_n, warps_k, splits = self.tail if len(self.tail) == 3 else (-1, -1, -1)
         one_region = self.tail_rows == 0 and self.tail == (0, 0, 0)
@@ -310,12 +311,13 @@ class MmaConfig:
         on it)."""
         return self.shared_x_32 if 16 < m <= 32 and self.shared_x_32[1] else (0, 0)
 
-    def wide_launch(self, m: int) -> tuple[int, int, int, int]:
-        """(warpgroups a block, activation slots, weight stages, largest slab in token tiles) of a wide launch of ``m``
-        rows (33-256); 0 warpgroups: the wide kernel is off there."""
+    def wide_launch(self, m: int) -> tuple[int, int, int, int, int]:
+        """(warpgroups a block, activation slots, weight stages, largest slab in token tiles, multicast) of a wide
+        launch of ``m`` rows (33-256); 0 warpgroups: the wide kernel is off there."""
         if self.wide_rows:
-            return self.wide_rows[next(i for i, top in enumerate(WIDE_BUCKETS) if m <= top)]
-        return (*self.wide, 16)
+            setting = self.wide_rows[next(i for i, top in enumerate(WIDE_BUCKETS) if m <= top)]
+            return (*setting, 1)[:5]
+        return (*self.wide, 16, 1)
 
     def uses_wide(self, m: int, capability: tuple[int, int]) -> bool:
         """Whether a launch of ``m`` rows runs the wide kernel (33-256 rows on sm_90a; no bit depends on it)."""
@@ -364,9 +366,10 @@ def select_mma_config(n: int, k: int, device: torch.device) -> MmaConfig:
     return MmaConfig(**tuned) if tuned else default_mma_config(n, k, props.multi_processor_count)
 
 
-def _wide_setting_ok(groups: int, slots: int, stages: int, slab_tiles: int) -> bool:
+def _wide_setting_ok(groups: int, slots: int, stages: int, slab_tiles: int, multicast: int = 1) -> bool:
     return groups == 0 or (1 <= groups <= MAX_WIDE_GROUPS and 2 <= slots <= MAX_WIDE_SLOTS
-                           and 2 <= stages <= MAX_WIDE_STAGES and slab_tiles in WIDE_TOKEN_TILES)
+                           and 2 <= stages <= MAX_WIDE_STAGES and slab_tiles in WIDE_TOKEN_TILES
+                           and multicast in (1, 2, 4))
 
 
 def wide_token_tiles(m: int, largest: int = 16) -> tuple[int, int]:
@@ -451,12 +454,12 @@ def _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launc
     for index, ((first, end, part, weights), part_splits) in enumerate(zip(regions, splits)):
         partial = workspace[offset: offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
         offset += partial.numel()
-        groups, slots, stages, _ = part.wide_launch(m)
+        groups, slots, stages, _, multicast = part.wide_launch(m)
         got = ext.w12_mma_gemm(
             xm, weights.view, weights.nibbles, weights.base, weights.esc_tile, weights.esc_chunk, weights.esc_entry,
             ym[:, first:end], partial, n, weights.padded_shape[0], kp, part.warps_n, part.warps_k,
             part.chunks_per_split(kp), 4, 1, 0, 0, 0, 0, image, int(index > 0),
-            _overlap(overlap_prior, len(regions), index, False), code, groups, slots, stages, tiles8)
+            _overlap(overlap_prior, len(regions), index, False), code, groups, slots, stages, tiles8, multicast)
         if got < 0:
             return False
         ran.append(got)
@@ -486,7 +489,7 @@ def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior,
             part.warps_k, part.chunks_per_split(kp), *part.step_plan(m),
             int(part.stages_weights(m) and not warpgroups),
             *((0, 0) if warpgroups else part.shares_activations(m)), warpgroups, x_image, int(image_written),
-            overlap, code, 0, 0, 0, 0)
+            overlap, code, 0, 0, 0, 0, 1)
         image_written = image_written or groups > 0
         if launched is not None:
             launched.append(groups)

@@ -15,7 +15,7 @@
 // decodes and patches the two k16 A fragments into one of two register sets and issues their MMAs, so the tensor
 // cores run block b's MMAs while the warp decodes block b + 1 (a wait on all but the latest group frees a set).
 #include "w12_common.cuh"
-#include "w12_wide_wgmma.cuh"
+#include "w12_wide_ptx.cuh"
 
 namespace w12 {
 namespace {
@@ -33,8 +33,9 @@ struct WideLaunch {
   int slots;       // activation slots of the block (2-kMaxWideSlots)
   int stages;      // weight stages a warp (2-kMaxWideStages)
   int slabs;       // token slabs of MT * 8 rows
-  int cluster;     // blocks a cluster: K classes x splits (or K classes alone; splits then through args.partial)
+  int cluster;     // blocks a cluster along y: K classes x splits (or K classes alone; splits then through args.partial)
   int splits;      // K splits of the partition
+  int multicast;   // blocks a cluster along x: neighbouring tile groups that share each activation copy
 };
 
 // Shared memory of a block (bytes): the main loop's (activation slots, weight stages, mbarriers, escape scratch) or the
@@ -120,14 +121,25 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
   const uint32_t full = stages_s + warps * launch.stages * kWideStageBytes;  // [slots] mbarriers, then [slots] empty ones
   const uint32_t empty = full + 8 * launch.slots;
   const uint32_t scratch = full + 16 * launch.slots + warp * kEscapeScratchBytes;
+  // Multicast: the x-neighbours of a cluster (same K class and split, neighbouring tile groups) read the same
+  // activations; the first of them (the leader) copies each chunk into all of their slots, once all of their warps
+  // released it. Ranks run x first: rank = x + y * multicast.
+  const int cx = launch.multicast;
+  const uint32_t rank = launch.cluster * cx > 1 ? ptx::cluster_rank() : 0;
+  const int xr = (int)rank % cx, yr = (int)rank / cx;
+  const bool leader = xr == 0;
+  const uint32_t leader_rank = rank - xr;
   if (threadIdx.x == 0) {
     for (int i = 0; i < launch.slots; ++i) {
       ptx::mbarrier_init(full + 8 * i, 1);
-      ptx::mbarrier_init(empty + 8 * i, warps);  // one arrival a warp
+      ptx::mbarrier_init(empty + 8 * i, warps * cx);  // one arrival a warp of each block sharing the slot
     }
     ptx::fence_mbarrier_init();
   }
-  __syncthreads();
+  if (cx > 1)
+    ptx::cluster_sync();  // every barrier initialized before a leader's copy or a warp's arrival reaches it
+  else
+    __syncthreads();
 
   float d[kAcc];
 #pragma unroll
@@ -153,11 +165,17 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
 
     const uint4* image = x_image + (size_t)slab * chunks * (kChunkBytes / 16);
     const bool copier = threadIdx.x == 0;
+    const uint16_t sharers = (uint16_t)(((1u << cx) - 1) << (yr * cx));
+    // chunk i into its slot: this block expects its bytes; the leader copies (to every sharer with multicast)
     auto copy_chunk = [&](int i) {
       const uint32_t slot = i % launch.slots;
       ptx::mbarrier_arrive_expecting(full + 8 * slot, kChunkBytes);
-      ptx::bulk_copy_to_shared(slots_s + slot * kChunkBytes, image + (size_t)(first + i * args.warps_k) * (kChunkBytes / 16),
-                               kChunkBytes, full + 8 * slot);
+      if (!leader) return;
+      const uint4* from = image + (size_t)(first + i * args.warps_k) * (kChunkBytes / 16);
+      if (cx > 1)
+        bulk_copy_multicast(slots_s + slot * kChunkBytes, from, kChunkBytes, full + 8 * slot, sharers);
+      else
+        ptx::bulk_copy_to_shared(slots_s + slot * kChunkBytes, from, kChunkBytes, full + 8 * slot);
     };
     if (copier) {  // every slot starts empty: the first chunks into all of them
       wait_before_reading_x(args);  // the image is the permute kernel's output
@@ -190,10 +208,19 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
         if (u == 1 && i > 0) {  // chunk i - 1's MMAs are done: release its slot, which then takes chunk i - 1 + slots
           __syncwarp();
           const int released = (i - 1) % launch.slots;
-          if (lane == 0) ptx::mbarrier_arrive(empty + 8 * released);
-          if (copier && i - 1 + launch.slots < count) {
-            ptx::mbarrier_wait(empty + 8 * released, ((i - 1) / launch.slots) & 1);
-            copy_chunk(i - 1 + launch.slots);
+          if (cx == 1) {
+            if (lane == 0) ptx::mbarrier_arrive(empty + 8 * released);
+            if (copier && i - 1 + launch.slots < count) {
+              ptx::mbarrier_wait(empty + 8 * released, ((i - 1) / launch.slots) & 1);
+              copy_chunk(i - 1 + launch.slots);
+            }
+          } else if (i - 1 + launch.slots < count) {  // only releases a refill waits for: none reaches a finished block
+            if (copier && !leader) copy_chunk(i - 1 + launch.slots);  // expects the bytes before releasing
+            if (lane == 0) mbarrier_arrive_remote(ptx::map_to_block(empty + 8 * released, leader_rank));
+            if (copier && leader) {
+              ptx::mbarrier_wait(empty + 8 * released, ((i - 1) / launch.slots) & 1);
+              copy_chunk(i - 1 + launch.slots);
+            }
           }
         }
         uint4 v;
@@ -227,7 +254,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
     allow_next_grid();
     wait_for_prior_grid();
   }
-  const int rank = launch.cluster > 1 ? (int)ptx::cluster_rank() : 0;
+  if (cx > 1) ptx::cluster_sync();  // every sharer is past its loop: no copy or arrival still targets its shared memory
   if (launch.cluster > 1) {  // every block's partial sums into its own shared memory (the loop's, now free)
     __syncthreads();
     const uint32_t mine = slots_s + ((warp * MT) * 32 + lane) * 16;
@@ -235,15 +262,15 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
     for (int j = 0; j < MT; ++j) ptx::st_shared16(mine + j * 32 * 16, __float_as_uint(d[4 * j]), __float_as_uint(d[4 * j + 1]),
                                                   __float_as_uint(d[4 * j + 2]), __float_as_uint(d[4 * j + 3]));
     ptx::cluster_sync();
-    if (rank == 0) {  // classes in class order within each split of the cluster, then the splits in split order
+    if (yr == 0) {  // classes in class order within each split of the cluster, then the splits in split order
       const int cluster_splits = launch.cluster / args.warps_k;
       for (int sp = 0; sp < cluster_splits; ++sp) {
 #pragma unroll
         for (int j = 0; j < MT; ++j) {
           float4 sum = sp == 0 ? make_float4(d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3])
-                               : ptx::ld_cluster16(ptx::map_to_block(mine, sp * args.warps_k) + j * 32 * 16);
+                               : ptx::ld_cluster16(ptx::map_to_block(mine, xr + sp * args.warps_k * cx) + j * 32 * 16);
           for (int c = 1; c < args.warps_k; ++c) {
-            const float4 o = ptx::ld_cluster16(ptx::map_to_block(mine, sp * args.warps_k + c) + j * 32 * 16);
+            const float4 o = ptx::ld_cluster16(ptx::map_to_block(mine, xr + (sp * args.warps_k + c) * cx) + j * 32 * 16);
             sum.x += o.x, sum.y += o.y, sum.z += o.z, sum.w += o.w;
           }
           if (sp == 0) {
@@ -255,7 +282,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
       }
     }
     ptx::cluster_sync();  // no block leaves while the first one may still read its shared memory
-    if (rank != 0) return;
+    if (yr != 0) return;
   }
   if (tile >= tiles) return;
   const int m0 = slab * MT * 8;
@@ -286,16 +313,23 @@ cudaError_t launch_slabs(const W12MmaArgs& args, const W12Wide& wide, int groups
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
   const int splits = (chunks + args.chunks_per_split - 1) / args.chunks_per_split;
-  WideLaunch launch{wide.slots, wide.stages, (args.m + MT * 8 - 1) / (MT * 8), 0, splits};
+  WideLaunch launch{wide.slots, wide.stages, (args.m + MT * 8 - 1) / (MT * 8), 0, splits, 1};
   // K classes and splits in one cluster where they fit 8 blocks; else the classes, and the splits through the workspace
   launch.cluster = args.warps_k * splits <= 8 ? args.warps_k * splits : args.warps_k;
   if (launch.cluster > 8 || launch.slots < 2 || launch.slots > kMaxWideSlots || launch.stages < 2 ||
       launch.stages > kMaxWideStages)
     return cudaErrorInvalidValue;
   if (launch.cluster < args.warps_k * splits && !args.partial) return cudaErrorInvalidValue;  // needs the workspace
+  // tile groups sharing activation copies: one slab (neighbouring blocks are then neighbouring tile groups), at most
+  // 16 blocks a cluster (more than 8: a non-portable cluster size)
+  if (wide.multicast != 1 && wide.multicast != 2 && wide.multicast != 4) return cudaErrorInvalidValue;
+  if (launch.slabs == 1 && wide.multicast * launch.cluster <= 16) launch.multicast = wide.multicast;
   W12MmaArgs launched = args;
   if (launch.cluster == args.warps_k * splits) launched.partial = nullptr;
-  dim3 grid(((tiles + 4 * groups - 1) / (4 * groups)) * launch.slabs, args.warps_k * splits);
+  const int tile_groups = (tiles + 4 * groups - 1) / (4 * groups);
+  const int cx = launch.multicast;
+  // a grid of whole clusters: blocks past the last tile group compute its tiles again and store nothing
+  dim3 grid((tile_groups + cx - 1) / cx * cx * launch.slabs, args.warps_k * splits);
   dim3 block(128 * groups);
   const size_t smem = wide_smem_bytes<MT, LOW_BITS>(groups, launch.slots, launch.stages);
   auto kernel = w12_wide_kernel<MT, LOW_BITS>;
@@ -313,8 +347,11 @@ cudaError_t launch_slabs(const W12MmaArgs& args, const W12Wide& wide, int groups
                              static_cast<uint32_t*>(wide.x_image));
     if (err != cudaSuccess) return err;
   }
-  err = launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, launch.cluster, launched, launch,
-                           static_cast<const uint4*>(wide.x_image));
+  if (cx * launch.cluster > 8 &&
+      (err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)) != cudaSuccess)
+    return err;
+  err = launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, ClusterShape(cx, launch.cluster),
+                           launched, launch, static_cast<const uint4*>(wide.x_image));
   if (err != cudaSuccess || !launched.partial) return err;
   return launch_split_sums(launched, splits, stream);
 }
