@@ -1,17 +1,19 @@
-// The wide W12 kernel (sm_90a; 33-256 rows in one launch): warpgroup MMAs with up to 128 token rows a slab (wgmma
-// N = 64, 96 or 128), so each weight chunk is decoded once per slab and read from memory once per launch: the slabs of
-// one tile group are neighbouring blocks, so the second slab's weight reads hit L2.
+// The wide W12 kernel (sm_90a; 33-256 rows in one launch): warpgroup MMAs with slabs of 48-256 token rows (wgmma
+// N = 48 ... 256), so each weight chunk is decoded once per slab and read from memory once per launch: the slabs of one
+// tile group are neighbouring blocks, so a second slab's weight reads hit L2. Design reasons: docs/kernels/w12.md ("The
+// wide kernel").
 //
 // A block is `groups` warpgroups (4 consecutive 16-row tiles each) of ONE K class of ONE split, so blocks stay small
 // enough for several to share a multiprocessor whatever the partition; the K classes and splits of a tile group are
-// the blocks of one thread-block cluster, and the cluster's first block sums their partial sums through distributed
-// shared memory in the partition's order: classes in class order within each split, then splits in split order, as
-// the per-warp and warpgroup kernels do. So each row's bits equal those of every other kernel at every row count.
-// (Splits beyond a cluster of 8 blocks go through the workspace, summed in split order by split_reduce_kernel.)
+// the blocks of one thread-block cluster (along y), and the cluster's first block sums their partial sums through
+// distributed shared memory in the partition's order: classes in class order within each split, then splits in split
+// order, as the per-warp and warpgroup kernels do. So each row's bits equal those of every other kernel at every row
+// count. (Splits beyond a cluster of 8 blocks go through the workspace, summed in split order by split_reduce_kernel.)
+// With multicast the cluster also spans 2 or 4 neighbouring tile groups along x, which share each activation copy.
 //
-// Main loop, per warp: its tile's next chunks of weights arrive in its own cp.async ring (`stages` chunks, one to
-// three ahead); the block's first thread brings each chunk's activation image (written by w12_wide_permute_kernel)
-// into a ring of `slots` with one bulk copy, refilling a slot once every warp released it. Per 32-column block the warp
+// Main loop, per warp: its tile's next chunks of weights arrive in its own cp.async ring (`stages` chunks, one to five
+// ahead); the block's first thread brings each chunk's activation image (written by w12_wide_permute_kernel) into a
+// ring of `slots` with one bulk copy, refilling a slot once every warp released it. Per 32-column block the warp
 // decodes and patches the two k16 A fragments into one of two register sets and issues their MMAs, so the tensor
 // cores run block b's MMAs while the warp decodes block b + 1 (a wait on all but the latest group frees a set).
 #include "w12_common.cuh"
