@@ -2,7 +2,13 @@
 cuBLAS on the five 27B-class shapes (bursts, with escapes, and settled), and optionally a tune of the 33-256-row kernel.
 
     PYTHONPATH=kernels:. python benchmarks/w12_device_check.py --out benchmarks/results/w12-v2-device-check-h200.json
-        [--settle 1.0] [--tune] [--write-configs kernels/specpilot_kernels/w12/mma_configs.json] [--sections ...]
+        [--settle 1.0] [--tune [--tune-budget 120] [--multicast]] [--write-configs mma_configs.json] [--sections ...]
+
+--tune times, per shape and row range (17-32, 33-64, 65-128, 129-256), every bit-neutral choice (step plans, rings,
+warpgroups; the wide kernel's warpgroups, slots, stages, slab and multicast) with each candidate's bits checked, and
+times the shape with the winners; --write-configs writes mma_configs.json with them (scripts/device_stages/w12.sh puts
+it in $RESULTS to commit). ``--sections multicast`` checks the multicast configs' bits alone (the stage runs it first,
+in its own process).
 
 Every section catches its own error and the result file is rewritten after each (a failure keeps the rest). Method:
 CUDA-graph replay over rotating weight copies larger than L2, median of REPLAYS (the issue-4 method); W12 and cuBLAS
@@ -67,7 +73,11 @@ MULTICAST_CONFIGS = {
     "n1_k3_s2_multicast2": MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 2), (1, 2, 2, 32, 2))),
     "n1_k1_s1_multicast4": MmaConfig(1, 1, 1, wide_rows=((1, 4, 2, 8, 4), (2, 2, 3, 16, 4), (1, 2, 2, 16, 4))),
     "n1_k8_s1_multicast2": MmaConfig(1, 8, 1, wide_rows=((4, 2, 2, 8, 2), (2, 3, 2, 16, 2), (2, 2, 2, 32, 2))),
+    "tail_multicast": MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2),
+                                wide_rows=((1, 2, 2, 8, 2), (2, 2, 2, 16, 4), (1, 2, 2, 32, 2))),
 }
+# ... on weights of 1024 rows and of 1040 (65 tiles: clusters of tile groups with blocks past the last one)
+MULTICAST_ROWS = (1024, 1040)
 
 
 def log(*args):
@@ -120,12 +130,12 @@ def build() -> dict:
     return {"seconds": time.perf_counter() - start, "sources": list(SOURCES)}
 
 
-def check_bits(configs: dict[str, MmaConfig] = CHECK_CONFIGS) -> dict:
-    """Every config of ``configs`` at every row count and escape fraction: y's bits equal the per-warp kernel's
-    (64 rows a launch), each row's bits do not depend on the row count, one-hot rows read the weights exactly, and
-    y is close to the fp32 reference. Q pass (midpoint) too, at a few row counts."""
+def check_bits(configs: dict[str, MmaConfig] = CHECK_CONFIGS, n: int = 1024) -> dict:
+    """Every config of ``configs`` at every row count and escape fraction on an [n, 1536] weight: y's bits equal the
+    per-warp kernel's (64 rows a launch), each row's bits do not depend on the row count, one-hot rows read the weights
+    exactly, and y is close to the fp32 reference. Q pass (midpoint) too, at a few row counts."""
     out = {}
-    n, k = 1024, 1536
+    k = 1536
     torch.manual_seed(1)
     base = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
     x = torch.randn(max(ROWS), k, device="cuda").bfloat16()
@@ -168,6 +178,13 @@ def check_bits(configs: dict[str, MmaConfig] = CHECK_CONFIGS) -> dict:
             log("bits", fraction, name, entry[name])
         out[f"escapes_{fraction:g}"] = entry
     out["all_ok"] = all(v.get("ok", True) for e in out.values() for v in e.values() if isinstance(v, dict))
+    return out
+
+
+def check_multicast() -> dict:
+    """check_bits of the multicast configs on MULTICAST_ROWS-row weights; all_ok only if every one is."""
+    out = {f"n{n}": check_bits(MULTICAST_CONFIGS, n) for n in MULTICAST_ROWS}
+    out["all_ok"] = all(out[f"n{n}"]["all_ok"] for n in MULTICAST_ROWS)
     return out
 
 
@@ -413,7 +430,7 @@ def main() -> None:
     if "build" in sections:
         record_section(doc, "build", build, args.out)
     if "multicast" in sections:
-        record_section(doc, "multicast", lambda: check_bits(MULTICAST_CONFIGS), args.out)
+        record_section(doc, "multicast", check_multicast, args.out)
     if "bits" in sections:
         record_section(doc, "bits", lambda: check_bits({**CHECK_CONFIGS, **(MULTICAST_CONFIGS if args.multicast else {})}),
                        args.out)

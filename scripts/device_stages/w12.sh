@@ -1,4 +1,4 @@
-# ~6 min on one H200 (build ~1.5 min, multicast probe <= 1, bits ~0.5, --tune 120 s, timing with escapes and --settle ~1.5): W12 build, bits at 1-256 rows and every escape fraction, tune of every row range 17-256, timing vs cuBLAS (bursts, escapes, settled).
+# ~6 min on one H200 (build ~1.5 min, multicast probe <= 1.5, bits ~0.5, --tune 120 s, timing with escapes and --settle ~1.5): W12 build, bits at 1-256 rows and every escape fraction, tune of every row range 17-256, timing vs cuBLAS (bursts, escapes, settled).
 set -uo pipefail
 export MAX_JOBS=$(nproc)
 # The wide kernel's activation multicast is checked alone first, in a process of its own under a time limit: only a
@@ -6,7 +6,7 @@ export MAX_JOBS=$(nproc)
 # The build runs first and without a limit of its own (a build killed half way would leave its lock file behind).
 python benchmarks/w12_device_check.py --sections build --out "$RESULTS/w12-build-h200.json"
 multicast=
-if timeout --signal=INT --kill-after=10 60 python benchmarks/w12_device_check.py --sections multicast \
+if timeout --signal=INT --kill-after=10 90 python benchmarks/w12_device_check.py --sections multicast \
         --out "$RESULTS/w12-multicast-probe-h200.json" \
    && python -c "import json, sys; d = json.load(open(sys.argv[1]))['multicast']; sys.exit(not d.get('all_ok'))" \
         "$RESULTS/w12-multicast-probe-h200.json"; then
