@@ -383,6 +383,8 @@ def summarize(doc: dict) -> dict:
     out = {}
     proj = [r["speedup"] for nm in PROJECTIONS if nm in shapes for r in shapes[nm]["rows"] if r["M"] in (1, 2, 4, 8, 16, 32)]
     out["projections_1_32_geomean"], out["projections_1_32_min"] = geomean(proj), min(proj, default=None)
+    every = ratios(PROJECTIONS, 1, 32)  # every timed row count, 9 and 17 included
+    out["projections_1_32_min_every_row_count"] = min(every, default=None)
     head = ratios(["lm_head"], 1, 32)
     out["lm_head_1_32_min"] = min(head, default=None)
     mid = ratios(list(SHAPES), 33, 64)
@@ -397,12 +399,27 @@ def summarize(doc: dict) -> dict:
             if "error" in times:
                 continue
             esc.setdefault(fraction, {})[nm] = {
-                m: {"vs_escape_free": t / clean[m], "speedup_vs_cublas": cub[m] / t} for m, t in times.items()}
+                m: {"vs_escape_free": t / clean[int(m)], "speedup_vs_cublas": cub[int(m)] / t} for m, t in times.items()}
     out["escapes"] = esc
     settled = [v["speedup"] for nm in PROJECTIONS if nm in shapes for v in shapes[nm]["settled"].values()]
     out["settled_projections_geomean"] = geomean(settled)
     out["row_bits_same_at_1_and_256"] = {nm: s["row_bits_same_at_1_and_256"] for nm, s in shapes.items()}
     return out
+
+
+def headline(doc: dict) -> str:
+    """One line of the summary for the results index."""
+    summary = doc.get("summary", {})
+    bits_ok = doc.get("bits", {}).get("all_ok")
+
+    def x(key):
+        value = summary.get(key)
+        return "-" if value is None else f"{value:.2f}x"
+
+    return (f"bits {'exact' if bits_ok else 'NOT exact' if bits_ok is False else 'unchecked'}; projections 1-32 rows "
+            f"{x('projections_1_32_geomean')} cuBLAS (min {x('projections_1_32_min')}); 33-64 rows "
+            f"{x('all_33_64_geomean')} (min {x('all_33_64_min')}); 65-256 min {x('all_65_256_min')}; settled "
+            f"{x('settled_projections_geomean')}")
 
 
 def main() -> None:
@@ -457,6 +474,7 @@ def main() -> None:
     if args.write_configs and tuned:
         write_configs(args.write_configs, tuned, torch.cuda.get_device_properties(0).name)
     doc["summary"] = summarize(doc)
+    doc["headline"] = headline(doc)
     write_result(doc, args.out)
     log(doc["summary"])
 

@@ -565,3 +565,8 @@ def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
     written = json.loads(out.read_text())["NVIDIA H200"]
     assert written["10240,5120"] == json.loads(json.dumps(config)) and written["5120,8192"] == tuned["5120,8192"]
     assert MmaConfig(**written["10240,5120"]).wide_launch(64) == (4, 4, 2, 8, 1)
+    # the summary and headline re-made from a committed H200 result
+    doc = json.loads((path.parent / "results" / "w12-v2-device-check-h200.json").read_text())
+    doc["summary"] = check.summarize(doc)
+    assert check.headline(doc).startswith("bits exact; projections 1-32 rows 1.34x cuBLAS")
+    assert 0.8 < doc["summary"]["projections_1_32_min_every_row_count"] < doc["summary"]["projections_1_32_min"]
