@@ -235,9 +235,9 @@ def handle_speculative_decoding(server_args: ServerArgs) -> None:
         )
 
     # SpecPilot dflash-tree: bad draft-tree flags are refused here, before anything is resolved.
-    from sglang.srt.specpilot.dflash_tree import resolve_server_args as _resolve_tree_args
+    from sglang.srt.specpilot import dflash_tree_args
 
-    _resolve_tree_args(cfg)
+    tree_settings = dflash_tree_args.check_server_args(cfg)
 
     algo = None
     if cfg.speculative_algorithm is not None:
@@ -287,6 +287,8 @@ def handle_speculative_decoding(server_args: ServerArgs) -> None:
             # itself: handed the stand-in, its `declare_resolution` calls would
             # stash on that instead.
             algo.handle_server_args(server_args)
+
+    dflash_tree_args.declare_tree_resolution(server_args, tree_settings)
 
 
 def _handle_dflash(server_args: ServerArgs) -> None:

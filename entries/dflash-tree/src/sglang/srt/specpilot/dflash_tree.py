@@ -29,111 +29,7 @@ from sglang.srt.specpilot.kernels.draft_tree import (
     greedy_accept,
     verify_layout,
 )
-from sglang.srt.specpilot.kernels.draft_tree.build import MAX_PATH_BITS, path_bits
-
-# Verify tokens per request with the root: the gdn-tree verify scratch and the tree kernel's node columns.
-MAX_VERIFY_TOKENS = 64
-MAX_TREE_NODES = MAX_VERIFY_TOKENS - 1
-TREE_FLAGS = ("--specpilot-tree-nodes", "--specpilot-tree-depth", "--specpilot-tree-drafted-positions")
-
-
-class TreeArgumentError(ValueError):
-    """A tree flag SGLang cannot serve; the message names the flag and the fix."""
-
-    def __init__(self, flag: str, problem: str, fix: str):
-        super().__init__(f"{flag}: {problem}. Fix: {fix}.")
-        self.flag, self.problem, self.fix = flag, problem, fix
-
-
-@dataclass(frozen=True)
-class TreeSettings:
-    nodes: int
-    depth: int
-    drafted_positions: int
-    candidates: int
-
-    @property
-    def verify_tokens(self) -> int:
-        return self.nodes + 1
-
-
-def tree_settings(nodes, depth, drafted_positions, *, algorithm: str | None, trained_block: int | None,
-                  selector_top_k: int) -> TreeSettings | None:
-    """Checked settings from the flag values (None: trees off, stock's chain).
-
-    ``trained_block`` is the drafter's block (anchor + drafted positions) from its config; ``selector_top_k``
-    its CandidateSelector's K (0: a plain DFlash drafter without a lattice).
-    """
-    if nodes is None:
-        for flag, value in zip(TREE_FLAGS[1:], (depth, drafted_positions)):
-            if value is not None:
-                raise TreeArgumentError(flag, "is set without --specpilot-tree-nodes",
-                                        "give --specpilot-tree-nodes N (e.g. 32) to draft trees, or drop the flag")
-        return None
-    if algorithm != "DFLASH":
-        raise TreeArgumentError("--specpilot-tree-nodes", f"draft trees are built for DFLASH (DFlash2), not {algorithm}",
-                                "use --speculative-algorithm DFLASH with a DFlash2 (selector) drafter, or drop the flag")
-    if not selector_top_k:
-        raise TreeArgumentError("--specpilot-tree-nodes", "the draft model has no candidate lattice (plain DFlash: "
-                                "dflash_config has no selector_rank / selector_top_k)",
-                                "use a DFlash2 drafter (a CandidateSelector checkpoint), or drop the flag")
-    if nodes < 1 or nodes > MAX_TREE_NODES:
-        raise TreeArgumentError("--specpilot-tree-nodes", f"{nodes} is outside 1..{MAX_TREE_NODES} (the verify buffers "
-                                f"hold {MAX_VERIFY_TOKENS} tokens per request, the root included)",
-                                f"give a budget between 1 and {MAX_TREE_NODES} (32 is the tested default)")
-    if drafted_positions is None:
-        if trained_block is None:
-            raise TreeArgumentError("--specpilot-tree-drafted-positions", "the drafter's block size is unknown",
-                                    "give --specpilot-tree-drafted-positions P (e.g. 16)")
-        drafted_positions = int(trained_block) - 1
-    if drafted_positions < 1:
-        raise TreeArgumentError("--specpilot-tree-drafted-positions", f"{drafted_positions} drafts nothing",
-                                "give at least 1 drafted position")
-    depth = drafted_positions if depth is None else depth
-    if depth < 1 or depth > drafted_positions:
-        raise TreeArgumentError("--specpilot-tree-depth", f"{depth} is outside 1..{drafted_positions} (the drafted "
-                                "positions: a level past them has no candidates)",
-                                f"give a depth between 1 and {drafted_positions}, or more drafted positions")
-    bits = path_bits(selector_top_k)
-    if selector_top_k & (selector_top_k - 1) or depth * bits > MAX_PATH_BITS:
-        raise TreeArgumentError("--specpilot-tree-depth", f"depth {depth} with K={selector_top_k} candidates does not "
-                                f"fit the tree kernel (power-of-two K, depth * log2 K <= {MAX_PATH_BITS})",
-                                f"give a depth of at most {MAX_PATH_BITS // bits}")
-    return TreeSettings(int(nodes), int(depth), int(drafted_positions), int(selector_top_k))
-
-
-def resolve_server_args(server_args) -> TreeSettings | None:
-    """Called at the end of ``_handle_dflash``: refuse bad tree flags while parsing (nothing is changed
-    then). With ``--specpilot-tree-nodes`` unset and no other tree flag it returns at once: stock."""
-    nodes = getattr(server_args, "specpilot_tree_nodes", None)
-    depth = getattr(server_args, "specpilot_tree_depth", None)
-    drafted = getattr(server_args, "specpilot_tree_drafted_positions", None)
-    if nodes is None and depth is None and drafted is None:
-        return None
-    trained_block, top_k = None, 0
-    if nodes is not None and server_args.speculative_algorithm == "DFLASH":
-        trained_block, top_k = _draft_lattice_shape(server_args)
-    return tree_settings(nodes, depth, drafted, algorithm=server_args.speculative_algorithm,
-                         trained_block=trained_block, selector_top_k=top_k)
-
-
-def _draft_lattice_shape(server_args) -> tuple[int | None, int]:
-    """(block size, selector top-K) from the draft model's config; an unreadable config is refused."""
-    import json
-
-    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
-    from sglang.srt.utils.hf_transformers_utils import get_config
-
-    try:
-        config = get_config(server_args.speculative_draft_model_path, trust_remote_code=server_args.trust_remote_code,
-                            revision=server_args.speculative_draft_model_revision,
-                            model_override_args=json.loads(server_args.json_model_override_args))
-    except Exception as err:  # noqa: BLE001 - any failure means the lattice cannot be confirmed
-        raise TreeArgumentError("--specpilot-tree-nodes", f"the draft model's config could not be read ({err})",
-                                "pass a readable DFlash2 --speculative-draft-model-path") from err
-    parsed = parse_dflash_draft_config(draft_hf_config=config)
-    return parsed.resolve_block_size(default=None), int(parsed.selector_top_k or 0)
-
+from sglang.srt.specpilot.dflash_tree_args import TreeSettings
 
 @dataclass
 class TreeStep:
@@ -217,3 +113,172 @@ def permute_window_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Ten
     reordered = torch.gather(slots, 1, order)
     req_to_token[rows, positions] = reordered
     return reordered
+
+
+TREE_ATTENTION_BACKENDS = ("triton", "flashinfer")  # their target verify applies spec_info.custom_mask
+
+
+class TreeDecoder:
+    """The decode step of ``DFlashWorkerV2`` with draft trees (eager: no draft or verify CUDA graph).
+
+    Draft a block of ``P + 1`` tokens (anchor + P masks) into the first slots of the request's verify
+    window, take the selector lattice, build the trees, verify the window's ``N + 1`` columns with the tree
+    mask, accept greedily, reorder the window's KV slots committed-path first, and write the committed
+    columns' target hidden states into the draft KV at those slots.
+    """
+
+    def __init__(self, worker, settings: TreeSettings):
+        self.worker = worker
+        self.settings = settings
+        self.window = int(worker.block_size)
+        self.draft_block = settings.drafted_positions + 1
+
+    @classmethod
+    def from_worker(cls, worker) -> "TreeDecoder | None":
+        """None with the tree flags unset (stock); refuses, at start-up, settings the tree step does not cover."""
+        from sglang.srt.specpilot import option_value
+        from sglang.srt.specpilot.dflash_tree_args import tree_settings
+
+        nodes = option_value("--specpilot-tree-nodes")
+        if nodes is None:
+            return None
+        selector = getattr(worker, "selector", None)
+        settings = tree_settings(nodes, option_value("--specpilot-tree-depth"),
+                                 option_value("--specpilot-tree-drafted-positions"), algorithm="DFLASH",
+                                 trained_block=getattr(worker.draft_model, "block_size", None),
+                                 selector_top_k=0 if selector is None else int(selector.top_k))
+        problems = []
+        backend = str(worker.target_worker.model_runner.server_args.attention_backend)
+        if backend not in TREE_ATTENTION_BACKENDS:
+            problems.append(f"--attention-backend {backend}: tree verify needs one of {TREE_ATTENTION_BACKENDS}")
+        if worker.use_compact_draft_cache:
+            problems.append("--speculative-draft-window-size: the compact draft cache is not covered")
+        if int(worker.block_size) < max(settings.verify_tokens, settings.drafted_positions + 1):
+            problems.append(f"speculative_num_draft_tokens {worker.block_size} is below the tree's window")
+        from sglang.srt.runtime_context import get_parallel
+
+        if get_parallel().tp_size != 1:
+            problems.append("tensor parallelism is not covered")
+        if problems:
+            raise ValueError("dflash-tree cannot serve this configuration: " + "; ".join(problems))
+        return cls(worker, settings)
+
+    def decode(self, batch, draft_input, on_publish=None):
+        from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+        from sglang.srt.managers.scheduler import GenerationBatchResult
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+        from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+        from sglang.srt.speculative.dflash_worker_v2 import _resolve_dflash_embedding_module, _selector_lattice
+        from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        w = self.worker
+        sampling_info = batch.sampling_info
+        if not (sampling_info is None or sampling_info.is_all_greedy) or batch.has_grammar or batch.return_logprob:
+            raise ValueError("dflash-tree verifies greedy requests only (no sampling, grammar or log-probs); "
+                             "serve those without --specpilot-tree-nodes")
+        if batch.mamba_track_indices is not None:
+            raise ValueError("dflash-tree does not cover mamba radix tracking; disable the radix cache for hybrid targets")
+        bs, device, window, block = len(batch.seq_lens), w.device, self.window, self.draft_block
+        prefix_lens = batch.seq_lens
+        req_to_token = w.model_runner.req_to_token_pool.req_to_token
+        target_runner = w.target_worker.model_runner
+        window_slots = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token, start_offset=prefix_lens,
+            end_offset=prefix_lens + window, batch_size=bs, draft_token_num=window, device=device).view(bs, window)
+        host_lens = None if batch.seq_lens_cpu is None else batch.seq_lens_cpu
+
+        # 1) the draft block: anchor + P masks, into the window's first P + 1 slots
+        block_ids = torch.full((bs, block), int(w._mask_token_id), dtype=torch.int64, device=device)
+        block_ids[:, 0] = draft_input.bonus_tokens
+        offsets = torch.arange(block, device=device)
+        draft_positions = (prefix_lens[:, None].to(torch.int64) + offsets[None, :]).reshape(-1)
+        embed_module = _resolve_dflash_embedding_module(w.draft_model, target_runner.model)
+        embeds = (torch.nn.functional.embedding(block_ids, w._full_embed_gpu) if w._full_embed_gpu is not None
+                  else embed_module(block_ids))
+        if w._noise_embed_scale != 1.0:
+            embeds = embeds * w._noise_embed_scale
+        draft_slots = window_slots[:, :block].reshape(-1)
+        draft_plan = target_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
+            seq_lens_cpu=None if host_lens is None else host_lens + block, write_virtual=draft_slots, read_extent=block)
+        draft_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens, out_cache_loc=draft_slots,
+            seq_lens_sum=int((host_lens + block).sum()) if host_lens is not None else int(prefix_lens.sum()) + bs * block,
+            seq_lens_cpu=None if host_lens is None else host_lens + block, positions=draft_positions,
+            input_embeds=embeds.view(-1, embeds.shape[-1]), spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=make_draft_block_spec_info(draft_token_num=block, device=device),
+            capture_hidden_mode=CaptureHiddenMode.NULL, can_run_decode_cuda_graph=False)
+        draft_plan.bind(draft_batch, w.draft_model_runner.kv_index_translator)
+        with torch.inference_mode():
+            draft_out = w.draft_model_runner.forward(draft_batch)
+        hidden = draft_out.logits_output.hidden_states.view(bs, block, -1)[:, 1:, :]
+        if w.draft_model.lm_head is None:
+            w.draft_model.lm_head = unwrap_head(target_runner.model)
+        candidate_ids, scores = _selector_lattice(w.draft_model, hidden, block_ids[:, 0])
+
+        # 2) the trees and their verify
+        step = TreeStep.build(self.settings, candidate_ids, scores, block_ids[:, 0], prefix_lens)
+        verify_plan = target_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
+            seq_lens_cpu=None if host_lens is None else host_lens + window, write_virtual=window_slots.reshape(-1),
+            read_extent=window)
+        verify_input = DFlashVerifyInput(
+            draft_token=step.tokens.reshape(-1), positions=step.layout.positions.reshape(-1),
+            draft_token_num=window, custom_mask=step.custom_mask(prefix_lens),
+            capture_hidden_mode=CaptureHiddenMode.FULL, kv_loc_plan=verify_plan)
+        # the tree's child lists, read by the hybrid GDN backend (parents for gdn-tree / stock tree verify)
+        verify_input.retrieve_next_token = step.layout.retrieve_next_token
+        verify_input.retrieve_next_sibling = step.layout.retrieve_next_sibling
+        verify_input.specpilot_tree = True
+        batch.out_cache_loc = window_slots.reshape(-1)
+        backup = batch.seq_lens_cpu, batch.seq_lens_sum
+        if host_lens is not None:
+            batch.seq_lens_cpu = host_lens + window
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        verify_batch, _ = verify_input.prepare_for_verify(batch, w.target_worker)
+        batch.seq_lens_cpu, batch.seq_lens_sum = backup
+        verify_batch.can_run_decode_cuda_graph = False
+        target_out = w.target_worker.forward_batch_generation(batch=None, forward_batch=verify_batch, is_verify=True,
+                                                          skip_attn_backend_init=True)
+        logits_output = target_out.logits_output
+        target_predict = logits_output.next_token_logits.argmax(dim=-1).view(bs, window)
+
+        # 3) accept, commit the recurrent state along the path, reorder the KV window, fill the draft KV
+        acceptance = step.accept(target_predict)
+        out_tokens, commit_lens = step.commit_tokens(acceptance)
+        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+        if w._need_mamba_verify_commit:
+            deepest = acceptance.accept_columns.gather(1, acceptance.accept_length[:, None])[:, 0]
+            target_runner.attn_backend.update_mamba_state_after_mtp_verify(
+                last_correct_step_indices=deepest, mamba_track_indices=None, mamba_steps_to_track=None,
+                model=target_runner.model, req_pool_indices=batch.req_pool_indices[:bs])
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        order = step.commit_order(acceptance)
+        committed_slots = permute_window_slots(req_to_token, batch.req_pool_indices, prefix_lens, order)
+        target_hidden = logits_output.hidden_states.view(bs, window, -1)
+        ordered_hidden = torch.gather(target_hidden, 1, order[:, :, None].expand(-1, -1, target_hidden.shape[-1]))
+        commit_plan = target_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
+            seq_lens_cpu=None if host_lens is None else host_lens + window, write_virtual=committed_slots.reshape(-1), read_extent=window)
+        cache_loc = w._draft_write_ids(commit_plan)
+        w._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=ordered_hidden.reshape(-1, ordered_hidden.shape[-1]), cache_loc=cache_loc,
+            cache_loc_2d=cache_loc.view(bs, window),
+            positions=(prefix_lens[:, None].to(torch.int64) + torch.arange(window, device=device)[None, :]).reshape(-1),
+            commit_lens=commit_lens)
+        logits_output.hidden_states = None
+        return GenerationBatchResult(
+            logits_output=logits_output, next_token_ids=out_tokens.reshape(-1), accept_lens=commit_lens,
+            can_run_cuda_graph=False,
+            next_draft_input=w._make_next_draft_input_decode(bonus_tokens=acceptance.bonus, new_seq_lens=new_seq_lens),
+            speculative_num_draft_tokens=window, new_seq_lens=new_seq_lens,
+            routed_experts_output=target_out.routed_experts_output, indexer_topk_output=target_out.indexer_topk_output)
+
+
+def unwrap_head(target_model):
+    from sglang.srt.lora.layers import unwrap_lora_layer
+
+    return unwrap_lora_layer(getattr(target_model, "lm_head", None))
