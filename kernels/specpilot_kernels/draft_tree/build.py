@@ -108,8 +108,8 @@ def path_bits(candidates: int) -> int:
 
 
 def best_first_tree(pair: torch.Tensor, cand: torch.Tensor, nodes: int, depth: int | None = None,
-                    unary: torch.Tensor | None = None, kind: str = "selector") -> tuple[DraftTree, torch.Tensor, torch.Tensor,
-                                                                                          torch.Tensor]:
+                    unary: torch.Tensor | None = None, kind: str = "selector",
+                    num_warps: int = 4) -> tuple[DraftTree, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Best-first trees of a batch of lattices in one launch.
 
     Args:
@@ -120,6 +120,7 @@ def best_first_tree(pair: torch.Tensor, cand: torch.Tensor, nodes: int, depth: i
         depth: deepest level, 1 <= depth <= m (default m); depth * ceil(log2 K) <= 63.
         unary: [B, m, K] (``kind="markov"``: DSpark's Eq. 1 score = unary + pair).
         kind: "selector" (DFlash2) or "markov" (DSpark).
+        num_warps: warps per request's program (the frontier of (N+1) x K scores is spread over them).
 
     Returns:
         (tree, tokens [B, N] int64 (-1 on padding), retrieve_next_token [B, N+1], retrieve_next_sibling
@@ -157,7 +158,7 @@ def best_first_tree(pair: torch.Tensor, cand: torch.Tensor, nodes: int, depth: i
         _best_first_kernel[(b,)](pair, unary_arg, cand.contiguous(), parents, depths, ranks, scores, tokens, num_nodes,
                                  next_token, next_sibling, m, depth, N=nodes, K=k,
                                  ROWS=triton.next_power_of_2(nodes + 1), BITS=bits, MARKOV=kind == "markov",
-                                 num_warps=4)
+                                 num_warps=num_warps)
     return DraftTree(parents, depths, ranks, scores, num_nodes), tokens, next_token, next_sibling
 
 

@@ -110,20 +110,21 @@ def best_first_tree_reference(edge_logp: torch.Tensor, nodes: int, depth: int | 
     for r in range(b):
         heap: list[tuple[float, int, tuple[int, ...], int, torch.Tensor]] = []
 
-        def push(parent: int, level: int, path: tuple[int, ...], base: torch.Tensor, row: torch.Tensor) -> None:
+        def push(heap: list, parent: int, level: int, path: tuple[int, ...], base: torch.Tensor,
+                 row: torch.Tensor) -> None:
             for j in range(k):
                 total = base + row[j]  # float32 scalar add, root to node
                 if total.item() > float("-inf"):
                     heapq.heappush(heap, (-total.item(), level, path + (j,), parent, total))
 
         if depth:
-            push(-1, 1, (), torch.zeros((), dtype=torch.float32), logp[r, 0, 0])
+            push(heap, -1, 1, (), torch.zeros((), dtype=torch.float32), logp[r, 0, 0])
         taken = 0
         while heap and taken < nodes:
             _, level, path, parent, total = heapq.heappop(heap)
             parents[r, taken], depths[r, taken], ranks[r, taken], scores[r, taken] = parent, level, path[-1], total
             if level < depth:
-                push(taken, level + 1, path, total, logp[r, level, path[-1]])
+                push(heap, taken, level + 1, path, total, logp[r, level, path[-1]])
             taken += 1
         counts[r] = taken
     return DraftTree(parents, depths, ranks, scores, counts)
