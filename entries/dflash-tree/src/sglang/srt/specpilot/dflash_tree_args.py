@@ -67,14 +67,15 @@ def tree_settings(nodes, depth, drafted_positions, *, algorithm: str | None, tra
     if drafted_positions < 1:
         raise TreeArgumentError("--specpilot-tree-drafted-positions", f"{drafted_positions} drafts nothing",
                                 "give at least 1 drafted position")
-    depth = drafted_positions if depth is None else depth
+    from sglang.srt.specpilot.kernels.draft_tree.build import MAX_PATH_BITS, path_bits
+
+    bits = path_bits(selector_top_k)
+    if depth is None:  # as deep as the drafted positions and the kernel's tie-break code allow (15 at K = 16)
+        depth = min(drafted_positions, MAX_PATH_BITS // bits)
     if depth < 1 or depth > drafted_positions:
         raise TreeArgumentError("--specpilot-tree-depth", f"{depth} is outside 1..{drafted_positions} (the drafted "
                                 "positions: a level past them has no candidates)",
                                 f"give a depth between 1 and {drafted_positions}, or more drafted positions")
-    from sglang.srt.specpilot.kernels.draft_tree.build import MAX_PATH_BITS, path_bits
-
-    bits = path_bits(selector_top_k)
     if selector_top_k & (selector_top_k - 1) or depth * bits > MAX_PATH_BITS:
         raise TreeArgumentError("--specpilot-tree-depth", f"depth {depth} with K={selector_top_k} candidates does not "
                                 f"fit the tree kernel (power-of-two K, depth * log2 K <= {MAX_PATH_BITS})",

@@ -17,7 +17,8 @@ ENTRY = EntrySpec(
             "--specpilot-tree-depth",
             "int",
             None,
-            "Deepest level of the draft tree (at most the drafted positions); unset: the drafted positions.",
+            "Deepest level of the draft tree (at most the drafted positions); unset: the drafted positions, capped "
+            "at what the tree kernel's tie-break code holds (15 levels with K = 16 candidates).",
         ),
         Option(
             "--specpilot-tree-drafted-positions",
