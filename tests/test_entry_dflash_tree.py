@@ -158,6 +158,39 @@ PROBE = textwrap.dedent(r"""
     out["slot_order_ok"] = bool(ok)
     out["untouched_row"] = bool(torch.equal(req_to_token[1], before[1]))
 
+    # DSpark: Eq. (1) with the parent as x_{s-1} from SGLang's own Markov heads, the same builder
+    from sglang.srt.models.dspark import GatedMarkovHead, RNNHead, VanillaMarkov
+    from sglang.srt.specpilot.dflash_tree import markov_lattice
+
+    out["markov"] = {}
+    base_logits, hidden = torch.randn(B, P, V) * 2, torch.randn(B, P, H)
+    for head in (VanillaMarkov(vocab_size=V, markov_rank=8), GatedMarkovHead(vocab_size=V, markov_rank=8, hidden_size=H)):
+        with torch.no_grad():
+            for p in head.parameters():
+                p.normal_(0, 0.7)
+            m_cand, m_unary, m_pair = markov_lattice(head, base_logits, anchor, hidden, K)
+            worst = 0.0
+            for s in range(P):  # the head's own step_bias for every parent, read at the candidates
+                parents = anchor[:, None].expand(B, K) if s == 0 else m_cand[:, s - 1]
+                hs = hidden[:, s, None, :].expand(B, K, H).reshape(-1, H)
+                bias, _ = head.step_bias(parents.reshape(-1), hidden_states=hs, state=None)
+                want = bias.view(B, K, V).gather(-1, m_cand[:, s, None, :].expand(B, K, K))
+                worst = max(worst, float((want - m_pair[:, s]).abs().max()))
+        m_step = TreeStep.build(settings, m_cand, m_pair, anchor, prefix, unary=m_unary, kind="markov")
+        m_replay = get_builder("best-first")(StepBatch.from_scores(m_cand, m_unary.numpy(), m_pair.numpy(),
+                                                                   kind="markov"), 32, 15)
+        out["markov"][type(head).__name__] = {
+            "pair_vs_step_bias": worst,
+            "tree_equal": bool(np.array_equal(m_step.tree.parents.numpy(), m_replay.parents)
+                               and np.array_equal(m_step.tokens[:, 1:].numpy(), m_replay.tokens)
+                               and np.array_equal(m_step.tree.scores.numpy(), m_replay.scores)),
+            "max_depth": int(m_step.tree.depths.max())}
+    try:
+        markov_lattice(RNNHead(vocab_size=V, markov_rank=8, hidden_size=H), base_logits, anchor, hidden, K)
+        out["markov"]["rnn_refused"] = None
+    except ValueError as err:
+        out["markov"]["rnn_refused"] = str(err)
+
     # the worker's decoder: None with the flags unset, refused with a backend that ignores the tree mask
     from sglang.srt.specpilot.dflash_tree import TreeDecoder
     worker = types.SimpleNamespace(selector=selector, draft_model=types.SimpleNamespace(block_size=16), block_size=33,
@@ -269,6 +302,17 @@ def test_acceptance_commit_and_kv_slot_order(probes):
     assert main["accept_equal"]
     assert main["accept_length"] == [3, 0, main["deepest_2"]] and main["deepest_2"] >= 3
     assert main["commit_tokens_ok"] and main["slot_order_ok"] and main["untouched_row"]
+
+
+@pytest.mark.parametrize("head", ["VanillaMarkov", "GatedMarkovHead"])
+def test_dspark_markov_trees_from_sglangs_heads(probes, head):
+    markov = probes["main"]["markov"][head]
+    assert markov["pair_vs_step_bias"] < 1e-4  # the same dot products, summed in another order
+    assert markov["tree_equal"] and markov["max_depth"] >= 2
+
+
+def test_recurrent_markov_heads_are_refused(probes):
+    assert "RNNHead" in probes["main"]["markov"]["rnn_refused"]
 
 
 def test_attention_backend_without_tree_mask_is_refused_at_start(probes):

@@ -46,11 +46,13 @@ class TreeStep:
 
     @classmethod
     def build(cls, settings: TreeSettings, candidate_ids: torch.Tensor, scores: torch.Tensor,
-              anchor_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> "TreeStep":
-        """candidate_ids [B, P, K] and scores [B, P, K, K] (``_selector_lattice``); anchor_tokens [B];
-        prefix_lens [B] committed lengths (the anchor sits at position prefix_lens)."""
+              anchor_tokens: torch.Tensor, prefix_lens: torch.Tensor, unary: torch.Tensor | None = None,
+              kind: str = "selector") -> "TreeStep":
+        """candidate_ids [B, P, K] and scores [B, P, K, K]: DFlash2's ``_selector_lattice`` (kind "selector"), or
+        DSpark's ``markov_lattice`` pair with its unary [B, P, K] (kind "markov"); anchor_tokens [B]; prefix_lens
+        [B] committed lengths (the anchor sits at position prefix_lens)."""
         tree, node_tokens, next_token, next_sibling = best_first_tree(
-            scores, candidate_ids, settings.nodes, settings.depth)
+            scores, candidate_ids, settings.nodes, settings.depth, unary=unary, kind=kind)
         anchor = anchor_tokens.to(torch.int64)[:, None]
         tokens = torch.cat([anchor, torch.where(node_tokens >= 0, node_tokens, anchor)], dim=1)
         layout = verify_layout(tree, next_token, next_sibling, prefix_lens.to(torch.int64))
@@ -282,3 +284,38 @@ def unwrap_head(target_model):
     from sglang.srt.lora.layers import unwrap_lora_layer
 
     return unwrap_lora_layer(getattr(target_model, "lm_head", None))
+
+
+def markov_lattice(markov_head, base_logits: torch.Tensor, anchor_tokens: torch.Tensor,
+                   draft_hidden: torch.Tensor | None, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DSpark's lattice for the same builder (``best_first_tree(..., kind="markov")``): Eq. (1) with the node's
+    parent as x_{s-1}, score(child c at s | parent p) = base_s(c) + bias(p)[c].
+
+    Args:
+        markov_head: a first-order DSpark head whose bias is ``markov_w2`` of a latent of the previous token
+            (``VanillaMarkov``: its embedding; ``GatedMarkovHead``: gated by the position's hidden state).
+            Heads with a recurrent state (``RNNHead``) depend on the whole path and are refused.
+        base_logits: [B, P, V] the drafter's base logits per drafted position.
+        anchor_tokens: [B] the last committed token (x_{s-1} of position 0).
+        draft_hidden: [B, P, H] the drafted positions' hidden states (the gated head reads them), or None.
+        top_k: candidates per position (the top-K of the base logits).
+
+    Returns:
+        cand [B, P, K] int64, unary [B, P, K] float32 (base logits), pair [B, P, K, K] float32 (the bias of each
+        candidate given each candidate of the position before; rows of position 0 all the anchor's).
+    """
+    from sglang.srt.models.dspark import GatedMarkovHead, VanillaMarkov
+
+    if type(markov_head) not in (VanillaMarkov, GatedMarkovHead):
+        raise ValueError(f"dflash-tree builds DSpark trees for first-order Markov heads (VanillaMarkov, "
+                         f"GatedMarkovHead), not {type(markov_head).__name__}")
+    b, p, _ = base_logits.shape
+    unary, cand = base_logits.float().topk(top_k, dim=-1)
+    parents = torch.cat([anchor_tokens.long()[:, None, None].expand(b, 1, top_k), cand[:, :-1]], dim=1)
+    latent = markov_head.get_prev_embeddings(parents)  # [B, P, K, r]
+    if isinstance(markov_head, GatedMarkovHead):
+        hidden = draft_hidden[:, :, None, :].expand(b, p, top_k, draft_hidden.shape[-1])
+        latent = markov_head.compute_gate(parents, hidden).to(latent.dtype) * latent
+    children = markov_head.markov_w2.weight[cand]  # [B, P, K, r]
+    pair = torch.einsum("bspr,bscr->bspc", latent.float(), children.float())
+    return cand, unary, pair
