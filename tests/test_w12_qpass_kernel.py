@@ -2,6 +2,8 @@
 pure-torch reference: one-hot rows read the Q-pass weights bit for bit, random rows agree within the fp32 sums'
 rounding, and the INT8 copy variant against its own reference."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -55,21 +57,20 @@ def test_random_rows_match_the_reference(low_bits, rows):
     w12 = encode(weight_with_escapes())
     torch.manual_seed(rows)
     x = torch.randn(rows, 300, device=DEVICE).bfloat16()
-    for config in CONFIGS[:2]:
+    for config in CONFIGS:
         y = w12_qpass_gemm(x, to_mma_layout(w12), low_bits, config=config)
         assert y.shape == (rows, 200) and y.dtype == torch.bfloat16
         assert_close_to_reference(y, qpass_gemm_reference(x, w12, low_bits))
 
 
-def test_activations_beyond_fp16_are_clamped_not_infinite():
+def test_large_activations_are_multiplied_as_they_are():
+    # BF16 activations enter the MMA unconverted: a value far beyond FP16's range still gives the reference's sums
     w12 = encode(weight_with_escapes())
     x = torch.randn(2, 300, device=DEVICE).bfloat16()
     x[0, 7] = 1e6
-    y = w12_qpass_gemm(x, to_mma_layout(w12))
-    assert torch.isfinite(y.float()).all()
-    clamped = x.clone()
-    clamped[0, 7] = 65504.0
-    assert_close_to_reference(y, qpass_gemm_reference(clamped, w12))
+    for config in CONFIGS[:2]:
+        y = w12_qpass_gemm(x, to_mma_layout(w12), config=config)
+        assert_close_to_reference(y, qpass_gemm_reference(x, w12))
 
 
 def test_the_qpass_reads_the_exact_pass_records_without_a_copy():
@@ -119,6 +120,7 @@ def test_ptx_conversion_equals_the_plain_ops(low_bits):
     w12 = encode(weight_with_escapes(n=1000, k=1536))
     mma = to_mma_layout(w12)
     x = torch.randn(16, 1536, device="cuda").bfloat16()
-    asm = w12_qpass_gemm(x, mma, low_bits, config=QpassConfig(use_asm=True))
-    plain = w12_qpass_gemm(x, mma, low_bits, config=QpassConfig(use_asm=False))
-    assert torch.equal(asm.view(torch.int16), plain.view(torch.int16))
+    for config in CONFIGS:
+        asm = w12_qpass_gemm(x, mma, low_bits, config=config)
+        plain = w12_qpass_gemm(x, mma, low_bits, config=replace(config, use_asm=False))
+        assert torch.equal(asm.view(torch.int16), plain.view(torch.int16))

@@ -69,11 +69,10 @@ def _int8_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, stride_xm, stride_ou
                     mask=(rows < N)[:, None] & (cols < K)[None, :], other=0, eviction_policy="evict_first")
         xv = tl.load(x_ptr + ms[None, :] * stride_xm + cols[:, None], mask=(ms < M)[None, :] & (cols < K)[:, None],
                      other=0.0)
-        xv = tl.minimum(tl.maximum(xv.to(tl.float32), -65504.0), 65504.0)
         if DOT_FP32:
-            acc = tl.dot(w.to(tl.float32), xv, acc, input_precision="ieee")
+            acc = tl.dot(w.to(tl.float32), xv.to(tl.float32), acc, input_precision="ieee")
         else:
-            acc = tl.dot(w.to(tl.float16), xv.to(tl.float16), acc)
+            acc = tl.dot(w.to(tl.bfloat16), xv, acc)  # |int8| <= 127 is exact in BF16
     acc = acc * tl.load(scale_ptr + rows, mask=rows < N, other=1.0)[:, None]
     out = out_ptr + pid_s * stride_out_split + ms[None, :] * stride_out_m + rows[:, None]
     mask = (ms < M)[None, :] & (rows < N)[:, None]
@@ -85,11 +84,10 @@ def _int8_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, stride_xm, stride_ou
 
 def int8_qpass_gemm(x: torch.Tensor, copy: Int8Copy, *, block_n: int = 32, block_k: int = 256,
                     splits: int | None = None, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
-    """y = x @ (weight * scale)^T from the INT8 copy, FP16 tensor-core MMA, fp32 sums.
+    """y = x @ (weight * scale)^T from the INT8 copy, BF16 tensor-core MMA (INT8 values are exact in BF16), fp32 sums.
 
     Args:
-        x: bf16 [M, K], unit column stride, on the copy's device (CUDA, or CPU under TRITON_INTERPRET=1);
-            activations beyond +-65504 are clamped, as in :func:`~specpilot_kernels.w12.qpass.w12_qpass_gemm`.
+        x: bf16 [M, K], unit column stride, on the copy's device (CUDA, or CPU under TRITON_INTERPRET=1).
         copy: :func:`int8_copy` of an N x K weight.
         block_n, block_k, splits, num_warps, num_stages: the partition (default splits: from N and the GPU).
 

@@ -3,24 +3,23 @@
 The weights are the view plane of the :class:`W12MmaTensor` the exact CUDA kernels read (no copy): each 16-row tile
 and 32-column block is 512 bytes, lane-major (``mma.py``), so the 64 bytes of lane group ``g`` hold rows ``g`` and
 ``g + 8`` of the tile, the row picked by bit 1 of the byte's place. A program loads those 64-byte runs as they lie
-(16-byte vector loads), converts each view byte to the FP16 value of its E4M3 number (``cvt.rn.f16x2.e4m3x2``: two
-weights an instruction, E4M3 zeros stay zero), puts the dropped mantissa bits at their midpoint with one FMA
-(``v + (sign|exponent of v) / 16``: exact, and 0 for 0), and multiplies with a doubled activation tile whose column
-``(p, m)`` holds token ``m``'s activations on the bytes of row half ``p`` and zeros elsewhere, so one MMA sums both
-row halves without moving a weight. The row's window ``2**(base - 120)`` multiplies the fp32 sums (a power of two:
-no rounding), so no per-weight exponent add and no zero test is needed.
+(16-byte vector loads) and turns each view byte ``s eeee mmm`` into the BF16 number ``s | eeee mmm << 4``: the E4M3
+value times 2**-120, a normal BF16 number for every stored weight and exactly 0 for the view's zero code, so one
+multiply by 2**120 (an FMA with -0) gives the E4M3 value with no zero test; the midpoint adds
+``(sign|exponent) / 16`` with one more FMA (exact, 0 for 0). The row's window ``2**(base - 120)`` multiplies the fp32
+sums (a power of two: no rounding), so no per-weight exponent add is needed. Activations enter the BF16 MMA as they
+are; every product is exact in fp32, as in the reference.
 
-Activations enter the FP16 MMA as FP16: every BF16 value of magnitude 2**-17 .. 65504 converts exactly (BF16 has 8
-significant bits), smaller ones round (their products are below 2**-17 of the row's), larger ones are clamped to
-+-65504 (the Q pass only proposes tokens; the exact pass decides them).
+The two row halves of a run are separated in registers (reshape, permute, split: free, the loaded tile already lies
+in the MMA operand's layout) and multiplied with the activations in their natural order.
 
-Determinism: the partition (tiles a program, 32-column blocks a step, K splits) comes from (N, K, GPU); splits are
-summed in split order, never atomically; token rows only widen the MMA's N side.
+Determinism: the partition (tiles a program, 32-column blocks a step, K splits) comes from (N, K, GPU);
+splits are summed in split order, never atomically; token rows only widen the MMA's N side.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -31,20 +30,27 @@ from .gemm import _split_reduce_kernel, interpreting
 from .mma import W12MmaTensor
 from .reference import qpass_weight_reference
 
-MAX_ROWS_PER_LAUNCH = 32  # the doubled activation tile is 2 x 32 columns wide
-FP16_MAX = 65504.0
+MAX_ROWS_PER_LAUNCH = 32  # token rows a launch (the MMA N side)
 LOW_BITS = {"truncated": 1, "midpoint": 2}
 
-# 4 view bytes ($2) -> 4 FP16 weights ($0, $1); midpoint adds sign|exponent / 16 (0x2C00 = 1/16 in FP16).
-_QPASS_ASM = {
-    1: "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
-    2: "{ .reg .b16 lo, hi; .reg .b32 e0, e1, c; mov.b32 {lo, hi}, $2; mov.b32 c, 0x2C002C00;"
-       " cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi;"
-       " and.b32 e0, $0, 0xFC00FC00; and.b32 e1, $1, 0xFC00FC00;"
-       " fma.rn.f16x2 $0, e0, c, $0; fma.rn.f16x2 $1, e1, c, $1; }",
-}
-QPASS_ASM_TRUNCATED = tl.constexpr(_QPASS_ASM[1])
-QPASS_ASM_MIDPOINT = tl.constexpr(_QPASS_ASM[2])
+
+def _qpass_asm(midpoint: bool) -> str:
+    """4 view bytes ($2) -> 4 BF16 weights ($0: bytes 0-1, $1: bytes 2-3). Per pair: prmt spreads two bytes into
+    16-bit lanes [sign byte | view byte]; << 4 and a mask leave s | eeee mmm << 4 (s from the sign byte's copy); an
+    FMA by 2**120 (0x7B80) with -0 rescales it; midpoint: + (w & sign|exponent) * 1/16 (0x3D80)."""
+    lines = ["{", ".reg .b32 u, e, c, z, h;", "mov.b32 c, 0x7B807B80;", "mov.b32 z, 0x80008000;",
+             "mov.b32 h, 0x3D803D80;"]
+    for out, sel in ((0, "0x9180"), (1, "0xB3A2")):
+        lines += [f"prmt.b32 u, $2, 0, {sel};", "shl.b32 u, u, 4;", "and.b32 u, u, 0x87F087F0;",
+                  f"fma.rn.bf16x2 ${out}, u, c, z;"]
+        if midpoint:
+            lines += [f"and.b32 e, ${out}, 0xFF80FF80;", f"fma.rn.bf16x2 ${out}, e, h, ${out};"]
+    lines.append("}")
+    return "\n".join(lines)
+
+
+QPASS_ASM_TRUNCATED = tl.constexpr(_qpass_asm(False))
+QPASS_ASM_MIDPOINT = tl.constexpr(_qpass_asm(True))
 
 
 @dataclass(frozen=True)
@@ -52,9 +58,9 @@ class QpassConfig:
     tiles: int = 2  # 16-row tiles a program (16 x tiles rows; 8 x tiles runs of 64 bytes)
     blocks: int = 4  # 32-column blocks a K step (a 128-column chunk: 4)
     splits: int = 1  # K splits, summed in split order through a workspace
-    num_warps: int = 4
+    num_warps: int | None = None  # default: a warp a 32 rows (each warp's MMAs own 16 runs of the tile)
     num_stages: int = 4
-    use_asm: bool = True  # the PTX conversion (sm_89+); plain Triton integer ops otherwise (the interpreter's path)
+    use_asm: bool = True  # the PTX decode; plain Triton integer ops otherwise (the interpreter's path)
 
     def effective_splits(self, kp: int) -> int:
         """The largest divisor of the step count not above ``splits``: splits of equal length."""
@@ -76,15 +82,27 @@ def select_qpass_config(n: int, k: int, device: torch.device) -> QpassConfig:
 
 
 @triton.jit
-def _e4m3_to_f16(v, LOW: tl.constexpr):
-    """Plain-op twin of the PTX: FP16 bits of the E4M3 byte (bias 7 -> 15), the midpoint bit 0x40 on non-zeros."""
+def _view_to_bf16(v, LOW: tl.constexpr):
+    """Plain-op twin of the PTX: BF16 bits of the E4M3 byte (bias 7 -> 127), the midpoint bit 0x8 on non-zeros."""
     b = v.to(tl.int32)
     magnitude = b & 0x7F
-    bits = (magnitude << 7) + (8 << 10)
+    bits = (magnitude << 4) + (120 << 7)
     if LOW == 2:
-        bits = bits | 0x40
+        bits = bits | 0x8
     bits = tl.where(magnitude == 0, 0, bits) | ((b & 0x80) << 8)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True)
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _decode(v, LOW: tl.constexpr, USE_ASM: tl.constexpr):
+    if USE_ASM:
+        if LOW == 2:
+            w = tl.inline_asm_elementwise(QPASS_ASM_MIDPOINT, "=r,=r,r", [v], dtype=tl.bfloat16, is_pure=True, pack=4)
+        else:
+            w = tl.inline_asm_elementwise(QPASS_ASM_TRUNCATED, "=r,=r,r", [v], dtype=tl.bfloat16, is_pure=True, pack=4)
+    else:
+        w = _view_to_bf16(v, LOW)
+    return w
 
 
 @triton.jit
@@ -101,40 +119,38 @@ def _qpass_kernel(
     tile = pid_n * TILES + run // 8
     g = run % 8
     j = tl.arange(0, WIDTH)
-    block_of_j = j // 64
     within = j % 64
-    # byte `within` of lane group g: lane t4 = within // 16, byte i = within % 16 = 8 step + 4 q + 2 p + h, the weight
-    # at row g + 8 p, column 8 t4 + 4 step + 2 q + h of its 32-column block
-    col_in_block = 8 * (within // 16) + 4 * ((within // 8) % 2) + 2 * ((within // 4) % 2) + within % 2
-    half_of_j = (within // 2) % 2
-    n2 = tl.arange(0, 2 * M_PAD)
-    half_of_n2 = n2 // M_PAD
-    m = n2 % M_PAD
-    x_rows = x_ptr + m[None, :] * stride_xm
-    x_keep = (half_of_j[:, None] == half_of_n2[None, :]) & (m < M)[None, :]
     runs = view_ptr + (tile[:, None].to(tl.int64) * BLOCKS_K * 512 + g[:, None] * 64 + within[None, :])
-    acc = tl.zeros((RUNS, 2 * M_PAD), dtype=tl.float32)
     first_block = pid_s * STEPS * BLOCKS
+    # natural columns c of the step: block c // 32, then 8 t4 + 4 step + 2 q + h
+    c = tl.arange(0, 32 * BLOCKS)
+    ms = tl.arange(0, M_PAD)
+    x_tile = x_ptr + ms[None, :] * stride_xm + c[:, None]
+    acc0 = tl.zeros((RUNS, M_PAD), dtype=tl.float32)
+    acc1 = tl.zeros((RUNS, M_PAD), dtype=tl.float32)
     for step in range(STEPS):
         b0 = first_block + step * BLOCKS
-        v = tl.load(runs + (b0 + block_of_j)[None, :] * 512, eviction_policy="evict_first")
-        if USE_ASM:
-            if LOW == 2:
-                w = tl.inline_asm_elementwise(QPASS_ASM_MIDPOINT, "=r,=r,r", [v], dtype=tl.float16, is_pure=True,
-                                              pack=4)
-            else:
-                w = tl.inline_asm_elementwise(QPASS_ASM_TRUNCATED, "=r,=r,r", [v], dtype=tl.float16, is_pure=True,
-                                              pack=4)
-        else:
-            w = _e4m3_to_f16(v, LOW)
-        col = (b0 + block_of_j) * 32 + col_in_block
-        xv = tl.load(x_rows + col[:, None], mask=x_keep & (col < K)[:, None], other=0.0)
-        xv = tl.minimum(tl.maximum(xv.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+        v = tl.load(runs + (b0 + j // 64)[None, :] * 512, eviction_policy="evict_first")
+        w = _decode(v, LOW, USE_ASM)
+        # byte j = 64 b + 16 t4 + 8 step + 4 q + 2 p + h: move p last, then split it off (in registers: the loaded
+        # tile already has the MMA operand's layout)
+        w = tl.reshape(w, (RUNS, 16 * BLOCKS, 2, 2))
+        w = tl.permute(w, (0, 1, 3, 2))
+        w = tl.reshape(w, (RUNS, 32 * BLOCKS, 2))
+        w0, w1 = tl.split(w)
+        col = b0 * 32 + c
+        xv = tl.load(x_tile + b0 * 32, mask=(ms < M)[None, :] & (col < K)[:, None], other=0.0)
         if DOT_FP32:
-            acc = tl.dot(w.to(tl.float32), xv.to(tl.float32), acc, input_precision="ieee")
+            acc0 = tl.dot(w0.to(tl.float32), xv.to(tl.float32), acc0, input_precision="ieee")
+            acc1 = tl.dot(w1.to(tl.float32), xv.to(tl.float32), acc1, input_precision="ieee")
         else:
-            acc = tl.dot(w, xv, acc)
-    rows = tile[:, None] * 16 + 8 * half_of_n2[None, :] + g[:, None]
+            acc0 = tl.dot(w0, xv, acc0)
+            acc1 = tl.dot(w1, xv, acc1)
+    acc = tl.reshape(tl.permute(tl.join(acc0, acc1), (0, 2, 1)), (RUNS, 2 * M_PAD))
+    # acc column (p, m): row 16 tile + 8 p + g, token m
+    n2 = tl.arange(0, 2 * M_PAD)
+    m = n2 % M_PAD
+    rows = tile[:, None] * 16 + 8 * (n2 // M_PAD)[None, :] + g[:, None]
     # the row's window: 2**(base - 120) as fp32 bits (biased exponent base + 7), exact
     scale = ((tl.load(base_ptr + rows).to(tl.int32) + 7) << 23).to(tl.float32, bitcast=True)
     acc = acc * scale
@@ -158,7 +174,7 @@ def w12_qpass_gemm(x: torch.Tensor, mma: W12MmaTensor, low_bits: str = "midpoint
         config: the partition (default: from (N, K, GPU)), for tuning only.
         out: optional bf16 [M, N] contiguous output.
 
-    Returns y bf16 [M, N]: fp32 sums of the FP16 products, each row times its window's power of two, rounded once.
+    Returns y bf16 [M, N]: fp32 sums of the exact products, each row times its window's power of two, rounded once.
     Example: ``y = w12_qpass_gemm(x, to_mma_layout(encode(w)))``, close to
     ``x.float() @ qpass_weight_reference(encode(w)).float().t()`` (:func:`qpass_gemm_reference`).
     """
@@ -180,7 +196,7 @@ def w12_qpass_gemm(x: torch.Tensor, mma: W12MmaTensor, low_bits: str = "midpoint
     config = config or select_qpass_config(n, k, x.device)
     np_, kp = mma.padded_shape
     if np_ % (16 * config.tiles):
-        config = QpassConfig(1, config.blocks, config.splits, config.num_warps, config.num_stages, config.use_asm)
+        config = replace(config, tiles=1)
     splits = config.effective_splits(kp)
     steps = kp // (32 * config.blocks) // splits
     interp = interpreting()
@@ -195,9 +211,9 @@ def w12_qpass_gemm(x: torch.Tensor, mma: W12MmaTensor, low_bits: str = "midpoint
         _qpass_kernel[grid](
             xm, mma.view, mma.base, target, rows, n, k, kp // 32, xm.stride(0),
             target.stride(0) if workspace is not None else 0, target.stride(-2),
-            TILES=config.tiles, BLOCKS=config.blocks, M_PAD=max(8, triton.next_power_of_2(rows)), STEPS=steps,
+            TILES=config.tiles, BLOCKS=config.blocks, STEPS=steps, M_PAD=max(16, triton.next_power_of_2(rows)),
             LOW=LOW_BITS[low_bits], USE_ASM=config.use_asm and not interp, PARTIAL=workspace is not None,
-            DOT_FP32=interp, num_warps=config.num_warps, num_stages=config.num_stages,
+            DOT_FP32=interp, num_warps=config.num_warps or max(1, config.tiles // 2), num_stages=config.num_stages,
         )
         if workspace is not None:
             total = rows * n
