@@ -53,9 +53,11 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def candidates(n: int, k: int, device: torch.device) -> list[QpassConfig]:
-    """The default partition and a neighbour (half the rows a program, twice the K splits)."""
+    """The default partition and neighbours: more rows a program (more warps), shorter K steps, more K splits."""
     base = select_qpass_config(n, k, device)
-    return list(dict.fromkeys((base, QpassConfig(tiles=1, blocks=base.blocks, splits=max(2, 2 * base.splits)))))
+    return list(dict.fromkeys((base, QpassConfig(tiles=4, blocks=2, splits=base.splits),
+                               QpassConfig(tiles=8, blocks=2, splits=base.splits, num_stages=3),
+                               QpassConfig(tiles=2, blocks=4, splits=2 * base.splits))))
 
 
 def correctness(shapes: dict, device: str) -> dict:

@@ -14,8 +14,8 @@ from specpilot_kernels.w12.qpass import QpassConfig, qpass_gemm_reference, w12_q
 from specpilot_kernels.w12.reference import qpass_weight_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-CONFIGS = [QpassConfig(tiles=1, blocks=2, splits=1), QpassConfig(tiles=2, blocks=4, splits=3),
-           QpassConfig(tiles=4, blocks=2, splits=2)]
+CONFIGS = [QpassConfig(tiles=2, blocks=2, splits=1), QpassConfig(tiles=2, blocks=4, splits=3),
+           QpassConfig(tiles=8, blocks=2, splits=2)]
 # The interpreter converts fp32 to bf16 by truncation (up to 2**-8 relative), the GPU rounds to nearest.
 ROUNDING = 2.0**-7 if interpreting() else 2.0**-8
 
@@ -87,6 +87,19 @@ def test_the_qpass_reads_the_exact_pass_records_without_a_copy():
         w12_qpass_gemm(x, mma, "exact")
     with pytest.raises(W12Error, match="bf16"):
         w12_qpass_gemm(x.float(), mma)
+    with pytest.raises(W12Error, match="tiles"):
+        QpassConfig(tiles=1)
+
+
+def test_k_splits_leave_their_counters_zero_for_the_next_call():
+    # the last program of each row block sums the splits and resets its counter: repeated calls give the same bits
+    from specpilot_kernels.w12.qpass import _COUNTERS
+
+    mma = to_mma_layout(encode(weight_with_escapes()))
+    x = torch.randn(4, 300, device=DEVICE).bfloat16()
+    first = w12_qpass_gemm(x, mma, config=CONFIGS[1])
+    assert int(_COUNTERS[x.device].abs().sum()) == 0
+    assert torch.equal(w12_qpass_gemm(x, mma, config=CONFIGS[1]).view(torch.int16), first.view(torch.int16))
 
 
 @pytest.mark.parametrize("rows", [1, 40])

@@ -13,20 +13,21 @@ are; every product is exact in fp32, as in the reference.
 The two row halves of a run are separated in registers (reshape, permute, split: free, the loaded tile already lies
 in the MMA operand's layout) and multiplied with the activations in their natural order.
 
-Determinism: the partition (tiles a program, 32-column blocks a step, K splits) comes from (N, K, GPU);
-splits are summed in split order, never atomically; token rows only widen the MMA's N side.
+Determinism: the partition (tiles a program, 32-column blocks a step, K splits) comes from (N, K, GPU); K splits
+are summed in split order by the last program of a row block to finish (a counter says which), in the same launch;
+token rows only widen the MMA's N side.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from .format import W12Error, W12Tensor
-from .gemm import _split_reduce_kernel, interpreting
+from .gemm import interpreting
 from .mma import W12MmaTensor
 from .reference import qpass_weight_reference
 
@@ -61,6 +62,11 @@ class QpassConfig:
     num_warps: int | None = None  # default: a warp a 32 rows (each warp's MMAs own 16 runs of the tile)
     num_stages: int = 4
     use_asm: bool = True  # the PTX decode; plain Triton integer ops otherwise (the interpreter's path)
+
+    def __post_init__(self):
+        if self.tiles not in (2, 4, 8):
+            raise W12Error(f"QpassConfig(tiles={self.tiles}): a program takes 2, 4 or 8 tiles of 16 rows (the MMA needs "
+                           "16 runs)", where="QpassConfig.tiles", fix="use tiles=2, 4 or 8")
 
     def effective_splits(self, kp: int) -> int:
         """The largest divisor of the step count not above ``splits``: splits of equal length."""
@@ -107,9 +113,9 @@ def _decode(v, LOW: tl.constexpr, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _qpass_kernel(
-    x_ptr, view_ptr, base_ptr, out_ptr, M, N, K, BLOCKS_K, stride_xm, stride_out_split, stride_out_m,
-    TILES: tl.constexpr, BLOCKS: tl.constexpr, M_PAD: tl.constexpr, STEPS: tl.constexpr, LOW: tl.constexpr,
-    USE_ASM: tl.constexpr, PARTIAL: tl.constexpr, DOT_FP32: tl.constexpr,
+    x_ptr, view_ptr, base_ptr, out_ptr, work_ptr, count_ptr, M, N, K, BLOCKS_K, stride_xm, stride_out_m,
+    TILES: tl.constexpr, BLOCKS: tl.constexpr, M_PAD: tl.constexpr, STEPS: tl.constexpr, SPLITS: tl.constexpr,
+    LOW: tl.constexpr, USE_ASM: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -154,12 +160,22 @@ def _qpass_kernel(
     # the row's window: 2**(base - 120) as fp32 bits (biased exponent base + 7), exact
     scale = ((tl.load(base_ptr + rows).to(tl.int32) + 7) << 23).to(tl.float32, bitcast=True)
     acc = acc * scale
-    out = out_ptr + pid_s * stride_out_split + m[None, :] * stride_out_m + rows
+    out = out_ptr + m[None, :] * stride_out_m + rows
     mask = (m < M)[None, :] & (rows < N)
-    if PARTIAL:
-        tl.store(out, acc, mask=mask)
-    else:
+    if SPLITS == 1:
         tl.store(out, acc.to(tl.bfloat16), mask=mask)
+    else:
+        # K splits: each program leaves its sums in the workspace; the last of a row block to finish (a counter)
+        # adds them in split order and resets the counter, so no second launch and no order that depends on timing
+        slot = (pid_n * RUNS + tl.arange(0, RUNS))[:, None] * (2 * M_PAD) + n2[None, :]
+        tl.store(work_ptr + pid_s * (tl.num_programs(0) * RUNS * 2 * M_PAD) + slot, acc)
+        tl.debug_barrier()
+        if tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel") == SPLITS - 1:
+            total = tl.zeros((RUNS, 2 * M_PAD), dtype=tl.float32)
+            for split in range(SPLITS):
+                total += tl.load(work_ptr + split * (tl.num_programs(0) * RUNS * 2 * M_PAD) + slot, cache_modifier=".cg")
+            tl.store(out, total.to(tl.bfloat16), mask=mask)
+            tl.atomic_xchg(count_ptr + pid_n, 0)
 
 
 def w12_qpass_gemm(x: torch.Tensor, mma: W12MmaTensor, low_bits: str = "midpoint", *,
@@ -195,30 +211,38 @@ def w12_qpass_gemm(x: torch.Tensor, mma: W12MmaTensor, low_bits: str = "midpoint
         return y
     config = config or select_qpass_config(n, k, x.device)
     np_, kp = mma.padded_shape
-    if np_ % (16 * config.tiles):
-        config = replace(config, tiles=1)
     splits = config.effective_splits(kp)
     steps = kp // (32 * config.blocks) // splits
     interp = interpreting()
-    workspace = None
+    programs = np_ // (16 * config.tiles)
+    work = counts = y
     if splits > 1:
-        workspace = torch.empty(splits * min(m, MAX_ROWS_PER_LAUNCH) * n, dtype=torch.float32, device=x.device)
-    grid = (np_ // (16 * config.tiles), splits)
+        work = torch.empty(splits * programs * 8 * config.tiles * 2 * MAX_ROWS_PER_LAUNCH, dtype=torch.float32,
+                           device=x.device)
+        counts = _counters(x.device, programs)
     for r0 in range(0, m, MAX_ROWS_PER_LAUNCH):
         xm, ym = x[r0:r0 + MAX_ROWS_PER_LAUNCH], y[r0:r0 + MAX_ROWS_PER_LAUNCH]
         rows = xm.shape[0]
-        target = workspace[: splits * rows * n].view(splits, rows, n) if workspace is not None else ym
-        _qpass_kernel[grid](
-            xm, mma.view, mma.base, target, rows, n, k, kp // 32, xm.stride(0),
-            target.stride(0) if workspace is not None else 0, target.stride(-2),
-            TILES=config.tiles, BLOCKS=config.blocks, STEPS=steps, M_PAD=max(16, triton.next_power_of_2(rows)),
-            LOW=LOW_BITS[low_bits], USE_ASM=config.use_asm and not interp, PARTIAL=workspace is not None,
+        _qpass_kernel[(programs, splits)](
+            xm, mma.view, mma.base, ym, work, counts, rows, n, k, kp // 32, xm.stride(0), ym.stride(0),
+            TILES=config.tiles, BLOCKS=config.blocks, STEPS=steps, SPLITS=splits,
+            M_PAD=max(16, triton.next_power_of_2(rows)), LOW=LOW_BITS[low_bits], USE_ASM=config.use_asm and not interp,
             DOT_FP32=interp, num_warps=config.num_warps or max(1, config.tiles // 2), num_stages=config.num_stages,
         )
-        if workspace is not None:
-            total = rows * n
-            _split_reduce_kernel[(triton.cdiv(total, 1024),)](target, ym, total, SPLITS=splits, BLOCK=1024)
     return y
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, programs: int) -> torch.Tensor:
+    """Zeroed int32 counters, one a row block, kept per device: every launch leaves them zero again. Launches that
+    split K on one device must therefore not run concurrently (one stream, as the engines use it)."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < programs:
+        have = torch.zeros(max(programs, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[device] = have
+    return have
 
 
 def qpass_gemm_reference(x: torch.Tensor, w12: W12Tensor | W12MmaTensor, low_bits: str = "midpoint") -> torch.Tensor:
