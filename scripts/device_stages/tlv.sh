@@ -1,4 +1,4 @@
-# ~80 s (Triton compiles ~60 s, timing ~20 s) once the w12 stage has built the W12 CUDA extension in this call; else +~2 min
+# ~60 s (48 Triton compiles ~35 s, timing ~20 s) if the w12 stage built the W12 CUDA extension earlier in this call, else + that build
 # TLV Q pass vs the exact W12 pass at the 27B-like shapes, 1/16/32 rows: the Triton Q pass over the exact kernels'
 # records, the CUDA kernels' own Q mode, the INT8 copy variant (with its memory), cuBLAS BF16; correctness first.
 set -euo pipefail
