@@ -591,6 +591,11 @@ class SystemModel:
 
     # -- CUDA graphs ------------------------------------------------------------------------------------------
 
+    def release_buffers(self) -> None:
+        """Drop the captured graphs and the per-bucket snapshot buffers (their memory goes back to the allocator)."""
+        self._graphs.clear()
+        self._inter.clear()
+
     def graphed(self, key, fn):
         """``fn`` captured once as a CUDA graph under ``key`` (replayed on later calls); eager on a CPU, or
         when capture failed (``graph_error`` says why). ``fn`` must read only static buffers."""
