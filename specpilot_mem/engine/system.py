@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specpilot_kernels.fused_ops import rms_norm, silu_mul
 from specpilot_mem.engine.model import rope
 from specpilot_mem.engine.options import SystemOptions
 from specpilot_mem.engine.shapes import SystemShape
@@ -40,11 +41,6 @@ _CAPTURE_LOCK = threading.Lock()
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def rms_norm(x, weight, eps):
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
 # -- weights ---------------------------------------------------------------------------------------------------
@@ -448,8 +444,7 @@ class SystemModel:
 
     def _mlp(self, p, h, mode: str | None = None):
         mode = mode or self.mode
-        gate, up = self.w.lin(p + "gate_up.w")(h, mode).chunk(2, dim=-1)
-        return self.w.lin(p + "down.w")(F.silu(gate) * up, mode)
+        return self.w.lin(p + "down.w")(silu_mul(self.w.lin(p + "gate_up.w")(h, mode)), mode)
 
     def draft(self, buf: StepBuffers, positions: int, top_k: int = 8):
         """The synthetic block drafter's pass (timing at the paper's shapes): BF16 dense layers over each request's
