@@ -46,6 +46,17 @@ def test_shared_shares_equal_the_numpy_reference_and_are_trees(seed, steps, node
         assert np.all(parents < np.arange(got[b]))
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), steps=st.integers(2, 6), nodes=st.integers(1, 30))
+def test_shared_shares_expect_at_least_the_tokens_of_equal_trees(seed, steps, nodes):
+    trees = best_first.build(random_batch(seed, steps, tied=False), nodes)
+    scores = torch.from_numpy(trees.scores)
+    shared_counts = shared_shares(scores, nodes)
+    equal_counts = equal_shares(torch.from_numpy(trees.num_nodes), nodes)
+    assert int(shared_counts.sum()) >= int(equal_counts.sum())
+    assert float(expected_tokens(scores, shared_counts).sum()) >= float(expected_tokens(scores, equal_counts).sum()) - 1e-5
+
+
 def test_shared_shares_take_the_best_nodes_across_requests():
     scores = torch.tensor([[-0.1, -0.5, -0.6], [-0.2, -3.0, float("-inf")]])
     assert shared_shares(scores, 3).tolist() == [2, 1]
@@ -98,27 +109,29 @@ def test_shared_budget_rows_at_the_plateau_and_refusals():
         SharedBudget(CURVE, verify_buffer=64).rows_for(65)
 
 
-def test_drafter_blocks_follow_acceptance_and_confidence():
-    blocks = DrafterBlocks(drafter_block=16)
-    recent = torch.tensor([1.0, 6.0, 3.0, 14.0])
-    confidence = torch.tensor([0, 0, 9, 0])
-    assert blocks.choose(recent, confidence).tolist() == [8, 8, 12, 16]
-    recent = blocks.update(recent, torch.tensor([0, 0, 0, 0]))
-    assert recent.tolist() == pytest.approx([0.75, 4.5, 2.25, 10.5])  # long acceptances fade, not vanish
+def test_drafter_blocks_stay_largest_while_the_drafter_plateau_holds_them():
+    blocks = DrafterBlocks(16, CURVE)
+    recent = torch.tensor([1.0, 6.0, 3.0])
+    assert blocks.choose(recent, torch.zeros(3, dtype=torch.int64)).tolist() == [16, 16, 16]  # 51 rows: on the plateau
+    recent = blocks.update(torch.tensor([1.0, 6.0, 14.0]), torch.tensor([0, 0, 0]))
+    assert recent.tolist() == pytest.approx([0.75, 4.5, 10.5])  # long acceptances fade, not vanish
     assert blocks.initial_recent(2).tolist() == [16.0, 16.0]
 
 
-def test_drafter_blocks_fit_the_drafter_plateau_least_need_first():
-    blocks = DrafterBlocks(drafter_block=16, drafter_rows=4 * 9 + 8)  # room for 4 blocks of 8 and 8 rows more
-    recent = torch.tensor([14.0, 14.0, 14.0, 13.0])
-    got = blocks.choose(recent, torch.zeros(4, dtype=torch.int64))
-    assert int((got + 1).sum()) <= blocks.drafter_rows
-    assert got.tolist() == [8, 12, 12, 8]  # least need (request 3) shrinks first, then ties in request order
+def test_drafter_blocks_shrink_least_need_first_to_fit_the_plateau():
+    blocks = DrafterBlocks(16, CURVE)
+    recent = torch.tensor([14.0, 1.0, 3.0, 14.0, 5.0, 0.0])
+    confidence = torch.tensor([0, 0, 9, 0, 0, 0])
+    got = blocks.choose(recent, confidence)  # 6 x 17 = 102 rows; the plateau ends at 64
+    assert blocks.drafter_rows(6) == 64 and int((got + 1).sum()) <= 64
+    assert got.tolist() == [12, 8, 8, 12, 8, 8]  # needs 16, 3, 11, 16, 7, 2: all to 12, then the four least to 8
+    many = blocks.choose(torch.full((64,), 14.0), torch.zeros(64, dtype=torch.int64))  # 576 rows at the least
+    assert many.tolist() == [8] * 64  # nothing smaller to draft: all at the smallest block
 
 
 def test_drafter_blocks_refuse_blocks_the_drafter_cannot_draft():
     with pytest.raises(BatchingError, match="block 24 cannot be drafted") as err:
-        DrafterBlocks(drafter_block=16, choices=(24, 8))
+        DrafterBlocks(16, CURVE, choices=(24, 8))
     assert err.value.where == "--drafter-blocks" and "between 1 and 16" in err.value.fix
 
 
@@ -136,9 +149,20 @@ def test_prompt_admission_uses_only_the_plateau():
     segments = PromptAdmission(CURVE, verify_buffer=512, segment=16)
     admitted, rows = segments.plan(8, torch.tensor([20, 100]))  # 3 segments: two of the first, one of the second
     assert admitted.tolist() == [20, 16] and int(rows) == 48
-    saturated = segments.plan(256, torch.tensor([100]))  # the roots alone are past the plateau: admission off
+    admitted, rows = segments.plan(40, torch.tensor([100]))  # drafts already take 40 rows: 24 spare, one segment
+    assert admitted.tolist() == [16] and int(rows) == 16
+    saturated = segments.plan(256, torch.tensor([100]))  # the step's rows end the plateau: admission off
     assert saturated[0].tolist() == [0] and int(saturated[1]) == 0
-    assert chain.spare_rows(64) == 0
+    assert chain.spare_rows(64) == 0 and chain.spare_rows(0) == 0
+
+
+def test_prompt_admission_pays_only_against_a_dearer_prefill_pass():
+    segments = PromptAdmission(CURVE, verify_buffer=512, segment=16)
+    # 48 spare rows: a 96-row prompt enters in 2 steps, against 8 requests idling 2 steps for its pass
+    assert segments.pays(16, 96, 8, step_ms=10.0, prefill_ms=20.0)
+    assert not segments.pays(16, 960, 8, step_ms=10.0, prefill_ms=20.0)  # 20 idle steps for the slot
+    assert not segments.pays(16, 96, 8, step_ms=10.0, prefill_ms=20.0, row_value=1.0)  # rows worth a token each
+    assert not segments.pays(64, 96, 8, step_ms=10.0, prefill_ms=20.0)  # no spare rows
 
 
 def test_prompt_admission_refuses_a_segment_larger_than_the_verify_buffers():
@@ -153,7 +177,7 @@ def test_policies_run_on_the_gpu_without_host_sync():
     scores = torch.randn(32, 64, device="cuda").sort(dim=1, descending=True).values
     counts = shared_shares(scores, torch.tensor(96, device="cuda"))
     assert counts.device.type == "cuda" and int(counts.sum()) == 96
-    blocks = DrafterBlocks(16, drafter_rows=400).choose(torch.rand(32, device="cuda") * 16,
-                                                        torch.zeros(32, dtype=torch.int64, device="cuda"))
-    assert int((blocks + 1).sum()) <= 400 or bool((blocks == 8).all())
+    blocks = DrafterBlocks(16, CURVE).choose(torch.rand(32, device="cuda") * 16,
+                                             torch.zeros(32, dtype=torch.int64, device="cuda"))
+    assert blocks.device.type == "cuda" and int((blocks + 1).sum()) <= CostCurve.plateau_end(CURVE, 32 * 9)
     assert math.isfinite(float(expected_tokens(scores.clamp(max=0), counts).sum()))

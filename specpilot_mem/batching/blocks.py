@@ -1,6 +1,7 @@
-"""A drafter block per request (§4.4): each request drafts 16, 12 or 8 positions, the fewest that cover
-how deep its drafts are being used, so the drafter's rows (blocks + anchors over the batch) stay within
-the plateau of its GEMMs; the request's tree depth is capped at its block.
+"""A drafter block per request (§4.4): each request drafts 16, 12 or 8 positions so that the drafter's
+rows (block + anchor per request, over the batch) stay within the plateau of its GEMMs; the request's
+tree depth is capped at its block. While every request's largest block fits the plateau, none shrinks
+(those rows are free); past it, the requests that use their drafts least shrink first.
 
 Signals, per request slot, all tensors on the engine's device (no host synchronisation):
 
@@ -10,7 +11,7 @@ Signals, per request slot, all tensors on the engine's device (no host synchroni
   the request's share of a shared budget (``share_depth``), or the chain positions whose cumulative
   probability stays above a threshold (``confident_depth``).
 
-The block is the smallest choice at least ``headroom`` deeper than both.
+A request's need is ``headroom`` positions deeper than both; the requests of least need shrink first.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import math
 
 import torch
 
-from specpilot_mem.batching.costs import BatchingError
+from specpilot_mem.batching.costs import BatchingError, CostCurve
 
 DEFAULT_BLOCKS = (16, 12, 8)
 
@@ -49,15 +50,15 @@ def share_depth(depths: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
 class DrafterBlocks:
     """Chooses each request's drafter block.
 
-    choices: blocks to choose from (``--drafter-blocks``), each 1..``drafter_block`` (the drafter's trained
-    block, the most masked positions its forward drafts); drafter_rows: the end of the drafter GEMM's
-    plateau in rows (None: no cap), where anchors count one row each; decay: of the recent-acceptance
-    maximum per step; headroom: positions drafted past the deepest one in use.
+    drafter_block: the drafter's trained block (the most masked positions its forward drafts); choices:
+    blocks to choose from (``--drafter-blocks``), each 1..drafter_block; curve: the drafter's measured c(R)
+    (``StepCosts.drafter``), whose plateau caps the rows; decay: of the recent-acceptance maximum per step;
+    headroom: positions drafted past the deepest one in use.
     """
 
     FLAG = "--drafter-blocks"
 
-    def __init__(self, drafter_block: int, choices=DEFAULT_BLOCKS, drafter_rows: int | None = None,
+    def __init__(self, drafter_block: int, curve: CostCurve, choices=DEFAULT_BLOCKS, tolerance: float = 0.03,
                  decay: float = 0.75, headroom: int = 2):
         choices = sorted({int(c) for c in choices})
         bad = [c for c in choices if not 1 <= c <= drafter_block]
@@ -66,11 +67,16 @@ class DrafterBlocks:
                                 f"drafts 1..{drafter_block} positions per forward", where=self.FLAG,
                                 fix=f"choose blocks between 1 and {drafter_block}, e.g. 16,12,8")
         self.choices = torch.tensor(choices, dtype=torch.int64)
-        self.drafter_block, self.drafter_rows, self.decay, self.headroom = drafter_block, drafter_rows, decay, headroom
+        self.drafter_block, self.curve, self.tolerance = drafter_block, curve, tolerance
+        self.decay, self.headroom = decay, headroom
 
     @property
     def largest(self) -> int:
         return int(self.choices[-1])
+
+    def drafter_rows(self, requests: int) -> int:
+        """The drafter's rows for ``requests`` requests: the end of the plateau their smallest blocks are on."""
+        return self.curve.plateau_end(requests * (int(self.choices[0]) + 1), self.tolerance)
 
     def initial_recent(self, requests: int, device=None) -> torch.Tensor:
         """[B] float recent-acceptance state of requests that have not stepped yet (largest block)."""
@@ -81,27 +87,22 @@ class DrafterBlocks:
         return torch.maximum(accepted.to(recent.dtype), recent * self.decay)
 
     def choose(self, recent: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
-        """[B] int64 blocks from the recent-acceptance state [B] and the draft confidence depth [B]."""
-        choices = self.choices.to(recent.device)
+        """[B] int64 blocks from the recent-acceptance state [B] and the draft confidence depth [B]: the
+        largest block each, then ``fit`` to the drafter's plateau."""
         need = torch.maximum(recent.ceil().to(torch.int64), confidence.to(torch.int64)) + self.headroom
-        pick = torch.searchsorted(choices, need.clamp(max=self.largest)).clamp(max=choices.numel() - 1)
-        return self.fit(choices[pick], need)
+        blocks = torch.full_like(need, self.largest)
+        return self.fit(blocks, need, self.drafter_rows(need.numel()))
 
-    def fit(self, blocks: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
-        """Shrink blocks, those of the least need first, one choice at a time, until the drafter's rows
-        (block + anchor per request) fit ``drafter_rows`` (or every block is the smallest)."""
-        if self.drafter_rows is None:
-            return blocks
+    def fit(self, blocks: torch.Tensor, need: torch.Tensor, rows: int) -> torch.Tensor:
+        """Shrink blocks one choice at a time, those of the least need first (ties: request order), until
+        the drafter's rows (block + anchor per request) fit ``rows`` or every block is the smallest."""
         choices = self.choices.to(blocks.device)
-        order = torch.argsort(need, stable=True)  # least need first
+        order = torch.argsort(need, stable=True)
         for _ in range(choices.numel() - 1):
-            level = torch.searchsorted(choices, blocks)
-            lower = choices[(level - 1).clamp(min=0)]
+            lower = choices[(torch.searchsorted(choices, blocks) - 1).clamp(min=0)]
             saving = (blocks - lower)[order]
-            excess = (blocks + 1).sum() - self.drafter_rows
-            # shrink the shortest prefix (in need order) whose savings cover the excess
-            covered = saving.cumsum(0) - saving < excess
-            shrink = torch.zeros_like(blocks, dtype=torch.bool)
-            shrink[order] = covered & (saving > 0)
+            excess = (blocks + 1).sum() - rows
+            shrink = torch.zeros_like(blocks, dtype=torch.bool)  # the shortest need-ordered prefix covering it
+            shrink[order] = (saving.cumsum(0) - saving < excess) & (saving > 0)
             blocks = torch.where(shrink, lower, blocks)
         return blocks
