@@ -121,6 +121,28 @@ class SpeculationGate:
         self.tau = tau if self.tau is None else self.decay * self.tau + (1 - self.decay) * tau
 
 
+def concat_lattices(lattices: list[Lattice]) -> Lattice:
+    """One lattice set of several files' requests (same kind and block), in file order."""
+    first = lattices[0]
+    if any(lat.positions != first.positions or lat.kind != first.kind for lat in lattices):
+        raise BatchingError("lattice files of different blocks or kinds", where=", ".join(lat.source for lat in lattices),
+                            fix="concatenate the files of one drafter block")
+    requests = np.cumsum([0] + [lat.num_requests for lat in lattices])
+    tokens = np.cumsum([0] + [lat.greedy_tokens.shape[0] for lat in lattices])
+    return Lattice(
+        meta=first.meta,
+        request_ids=np.concatenate([lat.request_ids for lat in lattices]),
+        labels=np.concatenate([lat.labels for lat in lattices]),
+        greedy_offsets=np.concatenate([[0]] + [lat.greedy_offsets[1:] + t for lat, t in zip(lattices, tokens)]),
+        greedy_tokens=np.concatenate([lat.greedy_tokens for lat in lattices]),
+        step_request=np.concatenate([lat.step_request + r for lat, r in zip(lattices, requests)]).astype(np.int32),
+        step_position=np.concatenate([lat.step_position for lat in lattices]),
+        cand=np.concatenate([lat.cand for lat in lattices]),
+        unary=np.concatenate([lat.unary for lat in lattices]),
+        pair=np.concatenate([lat.pair for lat in lattices]),
+        source="+".join(lat.source for lat in lattices))
+
+
 def check_block_lattices(lattices: dict[int, Lattice]) -> None:
     """The per-block files must hold the same requests and greedy outputs, each with its block's positions."""
     first = next(iter(lattices.values()))
