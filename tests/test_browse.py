@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
+from specpilot_mem.browse.headless import chromium_driver, missing_browser
 from specpilot_mem.browse.site import build_site
 from specpilot_mem.home import Home
 from specpilot_mem.main import main
@@ -21,10 +22,6 @@ from specpilot_mem.registry.sync import connect
 from specpilot_mem.registry.synthetic import generate_memory
 
 PROJECT = Path(__file__).resolve().parents[1]
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1280,900")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +44,7 @@ def site(tmp_path_factory):
 
 def test_every_page_is_written_and_every_link_resolves(site):
     _home, report = site
-    assert report.entries == 64 and len(report.pages) == 67
+    assert report.entries == 64 and len(report.pages) == 67  # index, graph, one release page and one per entry
     for page in report.pages:
         path = report.out / page
         html = path.read_text()
@@ -77,6 +74,24 @@ def test_entry_pages_show_the_record_and_plot_the_evidence(site):
     assert forcing.count("<rect") > 3 and "injected-fault" in forcing
 
 
+def test_the_release_matrix_is_paged_and_every_entry_is_on_one_page(site, tmp_path, monkeypatch):
+    from specpilot_mem.browse import site as site_module
+
+    home, _ = site
+    monkeypatch.setattr(site_module, "RELEASE_ROWS", 25)
+    report = build_site(home, tmp_path / "paged")
+    pages = [p for p in report.pages if p.startswith("releases")]
+    assert pages == ["releases.html", "releases-2.html", "releases-3.html"]
+    listed = []
+    for page in pages:
+        html = (report.out / page).read_text()
+        listed += re.findall(r'<tr><td><a href="entries/([^"]+)\.html">', html)
+        assert all(f'href="{other}"' in html for other in pages if other != page)  # links to the other pages
+    assert listed == sorted(report.pages[i].removeprefix("entries/").removesuffix(".html")
+                            for i in range(len(report.pages)) if report.pages[i].startswith("entries/"))
+    assert "entries 51–64 of 64" in (report.out / "releases-3.html").read_text()
+
+
 def test_browse_command_refuses_a_folder_it_did_not_build(site, tmp_path, capsys):
     home, _ = site
     (tmp_path / "mine").mkdir()
@@ -88,32 +103,9 @@ def test_browse_command_refuses_a_folder_it_did_not_build(site, tmp_path, capsys
     assert (tmp_path / "fresh" / "index.html").is_file()
 
 
-def _missing() -> str | None:
-    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        if not path.is_file():
-            return f"needs Debian's {package} (apt-get install -y chromium chromium-driver; scripts/install.sh does it)"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "needs selenium==4.51.0 (pip; scripts/install.sh installs it)"
-    return None
-
-
-def chromium_driver(profile: Path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-
-
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    reason = _missing()
+    reason = missing_browser()
     if reason:
         pytest.skip(reason)
     driver = chromium_driver(tmp_path_factory.mktemp("chromium-profile"))
@@ -155,6 +147,7 @@ def test_pages_load_without_errors_and_show_content(site, browser, tmp_path):
 def test_links_resolve_in_the_browser(site, browser):
     _, report = site
     browser.get((report.out / "index.html").as_uri())
+    browser.find_element("id", "more").click()  # every row, not the first page alone
     hrefs = browser.execute_script("return [...document.querySelectorAll('a[href]')].map(a => a.href)")
     assert len(hrefs) >= 64 + 3
     for href in hrefs:
@@ -196,8 +189,11 @@ def test_submitting_the_form_filters_the_table(site, browser):
 
     _, report = site
     browser.get((report.out / "index.html").as_uri())
-    assert not browser.find_element("id", "more").is_displayed()  # 64 rows fit the first page
+    more = browser.find_element("id", "more")
+    assert more.is_displayed() and len(browser.find_elements("css selector", "#results tbody tr")) == 50  # a page
+    more.click()
     total = len(browser.find_elements("css selector", "#results tbody tr"))
+    assert total == 64 and not more.is_displayed()
     form = browser.find_element("id", "query")
     form.find_element("name", "gpu").send_keys("H200")
     Select(form.find_element("name", "status")).select_by_visible_text("verified")
