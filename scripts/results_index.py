@@ -252,7 +252,27 @@ def _cli_startup(doc: dict) -> str:
             f"`--help` {f['help_cpu_s']} s CPU ({f['help_s']} s wall); heavy imports: {f['heavy_imports'] or 'none'}")
 
 
+def _release_port(doc: dict) -> str:
+    runs = doc["releases"]
+    seconds = [run["seconds"] for run in runs.values()]
+    verdicts = sorted({v for run in runs.values() for v in run["verdicts"].values()})
+    return (f"{len(doc['entries'])} entries onto {', '.join(sorted(runs))}: {_span(seconds, 1)} s a release from the "
+            f"cached wheel, import included; verdicts {', '.join(verdicts)}")
+
+
+def _controller_pool(doc: dict) -> str:
+    # a section that failed records its error instead of its figures (record_section)
+    noise = {mode: (doc.get(f"{mode}/noise") or {}).get("noise") for mode in ("interleaved", "pool")}
+    if not all(noise.values()):
+        return "a noise section did not finish: " + "; ".join(
+            f"{mode}: {(doc.get(f'{mode}/noise') or {}).get('error', 'missing')}" for mode, n in noise.items() if not n)
+    slots = len(doc["pool/noise"]["slots"])
+    return (f"stock-vs-stock noise {noise['interleaved']['noise']:.1%} interleaved / {noise['pool']['noise']:.1%} "
+            f"pool of {slots} worker processes ({doc['pool_over_interleaved_noise']}x)")
+
+
 HEADLINES: dict[str, Callable[[dict], str]] = {
+    "release_port_bench": _release_port, "controller_pool_bench": _controller_pool,
     "store_bench": _store, "registry_bench": _registry, "replay_bench": _replay,
     "specpilot-mem replay --figure": _figure10, "sglang_export_bench": _sglang_export,
     "engine_pair_eval": _engine_pair, "engine_step_bench": _engine_step, "controller_paired_bench": _controller,
