@@ -560,6 +560,8 @@ def stale_links(root: Path) -> tuple[list[str], list[str]]:
             if ".." in name or name.startswith("."):  # a pattern in prose (v4a..v4d, ...json), not a file name
                 continue
             line = text.count("\n", 0, match.start()) + 1
+            if name in current and name in archived:  # a newer run under the same name: each link names one
+                continue
             if (name in archived and not in_archive) or (name in current and in_archive):
                 moved.append(f"{rel}:{line}: {match.group(0)} is now "
                              f"{'benchmarks/archive/results/' if name in archived else 'benchmarks/results/'}{name}")
