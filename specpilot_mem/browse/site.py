@@ -122,7 +122,8 @@ def dag_svg(ids: list[str], records: dict[str, EntryRecord], href: str, focus: s
         x, y = pos[entry_id]
         label = entry_id if len(entry_id) <= 22 else entry_id[:21] + "…"
         tip = f"<title>{escape(entry_id)}</title>" if label != entry_id else ""
-        parts.append(f'<a href="{escape(href % entry_id)}"><text x="{x + 6}" y="{y + 15}" class="node-label">'
+        css = "node-label focus" if entry_id == focus else "node-label"
+        parts.append(f'<a href="{escape(href % entry_id)}"><text x="{x + 6}" y="{y + 15}" class="{css}">'
                      f"{escape(label)}</text>{tip}</a>")
     return "".join(parts + ["</svg>"])
 
