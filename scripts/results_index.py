@@ -543,6 +543,10 @@ def outputs(index: dict) -> dict[Path, str]:
             INDEX_JSON: json.dumps(public, indent=1, ensure_ascii=False) + "\n"}
 
 
+# a line of a shell command that runs a Python script (a usage example), whose result paths are its arguments
+COMMAND_LINE = re.compile(r"\bpython3?\s+(-m\s+\S+|\S+\.py)\b|^\s*--")
+
+
 def stale_links(root: Path) -> tuple[list[str], list[str]]:
     """(links to results that moved to the archive, links to results that exist nowhere) in the repository's text."""
     current = {p.name for p in (root / RESULTS).iterdir()}
@@ -555,11 +559,14 @@ def stale_links(root: Path) -> tuple[list[str], list[str]]:
                 not rel.endswith((".md", ".py", ".yaml", ".patch", ".cu", ".cuh", ".sh", ".toml")):
             continue
         text = (root / rel).read_text(errors="replace")
+        lines = text.splitlines()
         for match in re.finditer(r"benchmarks/(archive/)?results/([A-Za-z0-9_.\-]+\.(?:json|png))", text):
             in_archive, name = match.group(1), match.group(2)
             if ".." in name or name.startswith("."):  # a pattern in prose (v4a..v4d, ...json), not a file name
                 continue
             line = text.count("\n", 0, match.start()) + 1
+            if COMMAND_LINE.search(lines[line - 1]):  # a usage example: the file a run would read or write
+                continue
             if name in current and name in archived:  # a newer run under the same name: each link names one
                 continue
             if (name in archived and not in_archive) or (name in current and in_archive):
