@@ -243,8 +243,8 @@ def index_data(home: Home) -> tuple[dict, dict[str, EntryRecord]]:
 def compact_index(data: dict) -> dict:
     """``data`` as ``data/index.js`` holds it: each entry, evidence item, figure, variant and release check a list
     in a fixed field order, and every repeated name (status, kind, GPU, arch, model, drafter, regime, date,
-    release) an index into one ``strings`` table. A thousand entries' cards as objects spell each key and name
-    again in every row (1.4 MB); parsing that cost the index page most of its load time. ``static/query.js``'s
+    release) an index into one ``strings`` table. Cards as objects spell each key and name again in every row,
+    and parsing that was most of the index page's load on a large memory. ``static/query.js``'s
     ``expand`` reads this layout back into the cards, field by field in the same order."""
     strings: list[str] = []
     index: dict[str, int] = {}
@@ -312,7 +312,7 @@ def graph_page(records: dict[str, EntryRecord]) -> str:
     return _page("Requirement graph", body)
 
 
-RELEASE_ROWS = 100  # entries on one page of the release matrix: a page of all thousand costs seconds to lay out
+RELEASE_ROWS = 100  # entries on one page of the release matrix: laying out a thousand rows is most of a page's load
 
 
 def release_pages(records: dict[str, EntryRecord]) -> dict[str, str]:
