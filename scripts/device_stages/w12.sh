@@ -1,4 +1,4 @@
-# ~4.5 min on one H200 (build ~0.5 min, bits ~0.5, --tune <= 90 s, timing with escapes and --settle ~1, wide-kernel breakdown probe ~1.5): W12 build, bits at 1-256 rows and every escape fraction, tune of every row range 17-256, timing vs cuBLAS (bursts, escapes, settled), then where the wide kernel's time goes.
+# ~5.5 min on one H200 (build ~0.5 min, bits ~0.5, --tune <= 90 s, timing with escapes and --settle ~1, wide-kernel breakdown probe: 6 builds and timings ~2.5): W12 build, bits at 1-256 rows and every escape fraction, tune of every row range 17-256, timing vs cuBLAS (bursts, escapes, settled), then where the wide kernel's time goes.
 set -euo pipefail
 export MAX_JOBS=$(nproc)
 # W12_ARGS: e.g. "--shapes qkv,o_proj" or "--tune-budget 60"; the tuned mma_configs.json lands in $RESULTS to commit.

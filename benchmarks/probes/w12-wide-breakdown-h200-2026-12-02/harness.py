@@ -4,7 +4,8 @@
 
 Each variant is the library's csrc/ copied to a temporary folder with one textual patch to w12_wide.cu (below), built
 as its own extension and timed like the device check (CUDA-graph replay over rotating copies, median): the variants
-compute wrong products on purpose, so only their times mean anything. Every variant, the unpatched one included, is
+compute wrong products on purpose, so only their times mean anything. (Taking out the escape patch or the fence
+before each block's MMAs makes ptxas serialize every wgmma, so those two are not variants.) Every variant, the unpatched one included, is
 built with the exact-weights instantiations only and the slabs the timed rows use, so the builds are short and alike.
 """
 
@@ -55,6 +56,9 @@ VARIANTS = {
     "no_decode": [("        decode_block<LOW_BITS>(set[0], v, nb, one.base_lo, one.base_hi);",
                    "        set[0][0] = v.x, set[0][1] = v.y, set[0][2] = v.z, set[0][3] = v.w, set[0][4] = nb.x, "
                    "set[0][5] = nb.y, set[0][6] = v.x ^ nb.y, set[0][7] = v.y ^ nb.x;")],
+    # the wait before each block that frees a register set (MMAs two blocks back done): its sets overwritten early
+    "no_mma_wait": [("        ptx::wgmma_wait<1>();\n        fence_accumulators(d);\n        if (u == 1 && i > 0) {",
+                     "        fence_accumulators(d);\n        if (u == 1 && i > 0) {")],
     # last, as the one that may leave the device unusable: the wait for a chunk's activations (the ring still
     # copies and refills; its full barriers are then armed with no one waiting)
     "no_x_wait": [("      ptx::mbarrier_wait(full + 8 * slot, phase);  // the chunk's activations have landed", "")],
