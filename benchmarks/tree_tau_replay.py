@@ -73,6 +73,34 @@ def taus(lattices, builders, nodes) -> dict[str, float]:
     return out
 
 
+def along_true_path(lat: Lattice) -> list[dict]:
+    """Per drafted position d, over the steps whose greedy path so far is in the lattice (each position's
+    candidate set holds the greedy token): how often position d's candidates hold it (top-K coverage), the
+    selector's probability of it given the true parent, how often it is the selector's top pick, and the
+    mean top probability (calibration: equal to the top-pick rate when calibrated)."""
+    from specpilot_mem.replay.trees.base import log_softmax
+
+    steps = np.arange(lat.num_steps)
+    greedy = lat.greedy_windows(lat.step_request.astype(np.int64), lat.step_position.astype(np.int64), lat.positions)
+    parent = np.zeros(lat.num_steps, dtype=np.int64)
+    alive = np.ones(lat.num_steps, dtype=bool)
+    rows = []
+    for d in range(lat.positions):
+        logp = log_softmax(lat.pair[steps, d, parent].astype(np.float32))
+        hit = lat.cand[:, d] == greedy[:, d:d + 1]
+        covered = hit.any(axis=1)
+        p_true = np.where(covered, np.exp(np.where(hit, logp, -np.inf).max(axis=1)), 0.0)
+        top_right = hit[steps, logp.argmax(axis=1)]
+        n = int(alive.sum())
+        rows.append({"position": d, "steps": n, "top_k_coverage": round(float(covered[alive].mean()), 4),
+                     "p_true": round(float(p_true[alive].mean()), 4),
+                     "top1_rate": round(float(top_right[alive].mean()), 4),
+                     "mean_top_p": round(float(np.exp(logp.max(axis=1))[alive].mean()), 4)})
+        parent = np.where(covered, hit.argmax(axis=1), 0)
+        alive &= covered
+    return rows
+
+
 def replay(args) -> int:
     lattices = {split: load_lattice(args.lattices / f"pair-{split}.npz") for split in SPLITS}
     grid = {split: [lat, cut(lat, 8)] for split, lat in lattices.items()}
@@ -91,6 +119,8 @@ def replay(args) -> int:
     for split in SPLITS:
         warm = [tempered(lat, best) for lat in grid[split]]
         result["tau"][split].update({f"calibrated-{k}": v for k, v in taus(warm, ["best-first"], [16, 32, 64]).items()})
+    result["oracle"] = {split: taus(grid[split], ["oracle"], [16]) for split in SPLITS}
+    result["along_true_path"] = {split: along_true_path(lat) for split, lat in lattices.items()}
     unseen = result["tau"]["unseen"]
     chain8 = unseen["chain@8/p8"]
     result["figures"] = {
