@@ -3,7 +3,7 @@ best-first trees at 16/32/64 nodes with 8 and 16 drafted positions, and best-fir
 calibrated by one temperature fitted on the dev split (the scoring the ``dflash-tree`` entry's kernel takes).
 
     PYTHONPATH=kernels:. python3 benchmarks/tree_tau_replay.py record --tokens .g1data/corpus.npz --lattices /tmp/pl
-    PYTHONPATH=kernels:. python3 benchmarks/tree_tau_replay.py replay --lattices /tmp/pl --out benchmarks/results/x.json
+    PYTHONPATH=kernels:. python3 benchmarks/tree_tau_replay.py replay --lattices /tmp/pl --out benchmarks/results/tree_tau_replay-pair12-cpu-2026-12-02.json
 
 ``record`` drafts 16 positions (the drafter's trained block) at every position of each request's greedy output
 (teacher-forced, CPU float32). The 8-position lattices are the same steps cut to their first 8 positions.
