@@ -101,6 +101,22 @@ def along_true_path(lat: Lattice) -> list[dict]:
     return rows
 
 
+def ratio_interval(lat: Lattice, short: Lattice, resamples: int = 2000, seed: int = 0) -> dict:
+    """τ(best-first@32, 16 positions) / τ(chain@8, 8 positions) with a 95% bootstrap interval over requests
+    (each request's steps and tokens resampled together, both builders on the same draw)."""
+    from specpilot_mem.replay.replay import replay as replay_one
+
+    tree_steps, tree_tokens = replay_one(lat, "best-first", 32)
+    chain_steps, chain_tokens = replay_one(short, "chain", 8)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, lat.num_requests, size=(resamples, lat.num_requests))
+    ratio = ((tree_tokens[draws].sum(1) / tree_steps[draws].sum(1))
+             / (chain_tokens[draws].sum(1) / chain_steps[draws].sum(1)))
+    point = (tree_tokens.sum() / tree_steps.sum()) / (chain_tokens.sum() / chain_steps.sum())
+    return {"ratio": round(float(point), 4), "ci95": [round(float(x), 4) for x in np.percentile(ratio, [2.5, 97.5])],
+            "requests": int(lat.num_requests), "resamples": resamples}
+
+
 def replay(args) -> int:
     lattices = {split: load_lattice(args.lattices / f"pair-{split}.npz") for split in SPLITS}
     grid = {split: [lat, cut(lat, 8)] for split, lat in lattices.items()}
@@ -119,6 +135,7 @@ def replay(args) -> int:
     for split in SPLITS:
         warm = [tempered(lat, best) for lat in grid[split]]
         result["tau"][split].update({f"calibrated-{k}": v for k, v in taus(warm, ["best-first"], [16, 32, 64]).items()})
+    result["ratio_bootstrap"] = {split: ratio_interval(lattices[split], grid[split][1]) for split in SPLITS}
     result["oracle"] = {split: taus(grid[split], ["oracle"], [16]) for split in SPLITS}
     result["along_true_path"] = {split: along_true_path(lat) for split, lat in lattices.items()}
     unseen = result["tau"]["unseen"]
@@ -129,12 +146,15 @@ def replay(args) -> int:
         "unseen calibrated best-first@32/p16": unseen["calibrated-best-first@32/p16"],
         "ratio best-first@32/p16 / chain@8": round(unseen["best-first@32/p16"] / chain8, 4),
         "ratio calibrated best-first@32/p16 / chain@8": round(unseen["calibrated-best-first@32/p16"] / chain8, 4),
+        "ratio 95% interval (bootstrap over requests)": result["ratio_bootstrap"]["unseen"]["ci95"],
     }
     result["targets"] = {"ratio >= ": 1.25}
     result["headline"] = (f"unseen τ: chain@8 {chain8:.2f}, best-first@32/p16 {unseen['best-first@32/p16']:.2f} "
                           f"({result['figures']['ratio best-first@32/p16 / chain@8']:.3f}x), calibrated T={best} "
                           f"{unseen['calibrated-best-first@32/p16']:.2f} "
-                          f"({result['figures']['ratio calibrated best-first@32/p16 / chain@8']:.3f}x)")
+                          f"({result['figures']['ratio calibrated best-first@32/p16 / chain@8']:.3f}x); "
+                          f"ratio 95% CI {result['ratio_bootstrap']['unseen']['ci95']} over "
+                          f"{result['ratio_bootstrap']['unseen']['requests']} requests")
     if args.figure:
         from specpilot_mem.replay.plot import plot_tau
 
