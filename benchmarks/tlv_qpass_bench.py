@@ -186,7 +186,7 @@ def summarize(shapes: dict, layers: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    parser.add_argument("--rows", default="1,16,32")
+    parser.add_argument("--rows", default="1,16,33", help="token rows (33: a 32-node tree and its root)")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--layers", type=int, default=64, help="projection layers a pass (27B-like: 64)")
     parser.add_argument("--replays", type=int, default=15)

@@ -31,7 +31,7 @@ from .gemm import interpreting
 from .mma import W12MmaTensor
 from .reference import qpass_weight_reference
 
-MAX_ROWS_PER_LAUNCH = 32  # token rows a launch (the MMA N side)
+MAX_ROWS_PER_LAUNCH = 64  # token rows a launch (the MMA N side): a 32-node tree and its root fit one
 LOW_BITS = {"truncated": 1, "midpoint": 2}
 
 
