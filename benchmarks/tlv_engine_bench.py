@@ -110,6 +110,7 @@ def main(argv=None) -> int:
     for name in systems:
         gens = generations[name]
         entry = {"tau_per_exact_pass": tau_per_pass(gens),
+                 "per_request": {"tokens": [sum(g.accepted) for g in gens], "exact_passes": [len(g.accepted) for g in gens]},
                  "identical_to_ar": sum(outputs[name][r.id].output_ids == outputs["ar"][r.id].output_ids for r in requests)}
         if name.startswith("tlv"):
             entry["mean_chain"] = sum(sum(g.chain) for g in gens) / sum(len(g.chain) for g in gens)
