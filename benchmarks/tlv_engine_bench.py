@@ -135,6 +135,9 @@ def main(argv=None) -> int:
             "tlv_verdict": tlv["token_forcing"]["verdict"],
             "accept_from_q_verdict": systems_out[f"tlv-accept-from-q-p{positions}"]["token_forcing"]["verdict"]}
     result["summary"] = summary
+    result["headline"] = "; ".join(
+        f"P={key[1:]}: tau/exact pass {v['tau_tlv']:.2f} vs best-first {v['tau_single_pass']:.2f} ({v['tau_ratio']:.2f}x), "
+        f"forcing {v['tlv_verdict']} / accept-from-Q {v['accept_from_q_verdict']}" for key, v in summary.items())
     print_result(result, args.out)
     return 0
 

@@ -96,6 +96,9 @@ def main(argv=None) -> int:
               "positions": args.positions, "tree_rows": args.tree_rows, "times": times,
               "q_over_exact": q / exact, "tau": taus, "gain": point, "gain_95_interval_over_requests": interval,
               "requests": requests}
+    result["headline"] = (f"modelled TLV gain over single-pass W12 + tree {point['tlv_over_single']:.3f}x "
+                          f"[{interval['tlv_over_single'][0]:.3f}, {interval['tlv_over_single'][1]:.3f}], over stock "
+                          f"{point['tlv_over_stock']:.2f}x; Q/exact {q / exact:.2f} at {args.tree_rows} rows")
     print_result(result, args.out)
     return 0
 

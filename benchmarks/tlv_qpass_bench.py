@@ -221,6 +221,9 @@ def main() -> None:
                        None)
         torch.cuda.empty_cache()
     result["summary"] = summarize(result["shapes"], args.layers)
+    result["headline"] = "; ".join(f"Q pass / exact W12 pass {key}: {value['qpass_over_exact']:.2f}x (INT8 copy "
+                                   f"{value['int8_over_exact']:.2f}x)" for key, value in result["summary"].items()
+                                   if "qpass_over_exact" in value) + " (target <= 0.75)"
     result["wall_s"] = time.monotonic() - started
     print_result(result, args.out)
 
