@@ -222,6 +222,59 @@ def batched(args, device, dtype, timer) -> dict:
     return out
 
 
+CHECK_OPTIONS = {
+    "stock": SystemOptions(positions=8),
+    "w12_linears_head": SystemOptions(positions=8, linears="w12", lm_head="w12"),
+    "certified_head": SystemOptions(positions=8, lm_head="certified"),
+    "gdn_path": SystemOptions(positions=8, gdn_verify="path"),
+    "best_first": SystemOptions(positions=8, tree="best-first", nodes=16),
+    "all": SystemOptions(positions=8, linears="w12", lm_head="certified", gdn_verify="path", tree="best-first",
+                         nodes=16),
+}
+
+
+def check(args, device) -> dict:
+    """The trained pair through the system: every option set's greedy tokens against the existing engine's AR
+    decode of the same prompts (batched, closed loop), per dtype."""
+    import json as _json
+
+    from specpilot_mem.engine.decode import SystemDecoder
+    from specpilot_mem.engine.engine import Engine
+    from specpilot_mem.engine.weights import DEFAULT_MODEL_DIR, has_trained_pair
+
+    if not has_trained_pair():
+        return {"error": "no trained pair under models/"}
+    prompts = [p[:args.check_prompt_len] for p in
+               _json.loads((DEFAULT_MODEL_DIR / "greedy-reference.json").read_text())["prompts"][:args.check_prompts]]
+    out = {"prompts": len(prompts), "new_tokens": args.check_tokens, "batch": args.check_batch, "by_dtype": {}}
+    dtypes = ("float32",) if device.type == "cpu" else ("bfloat16", "float32")
+    names = args.check_options.split(",") if args.check_options else list(CHECK_OPTIONS)
+    for dtype_name in dtypes:
+        engine = Engine.load_default(device=device, dtype=getattr(torch, dtype_name), max_len=512)
+        want = [g.output_ids for g in engine.generate(prompts, "ar", max_new_tokens=args.check_tokens)]
+        base = SystemDecoder(engine, SystemOptions(positions=8), batch=args.check_batch, max_len=512)
+        row = {}
+        ar = base.generate(prompts, "ar", args.check_tokens)
+        row["system_ar"] = agreement([g.output_ids for g in ar], want)
+        for name in names:
+            try:
+                runs = base.with_options(CHECK_OPTIONS[name]).generate(prompts, "spec", args.check_tokens)
+                row[name] = {**agreement([g.output_ids for g in runs], want),
+                             "tau": round(sum(sum(g.accepted) for g in runs) / max(1, sum(g.steps for g in runs)), 3)}
+            except Exception as exc:  # noqa: BLE001 - one failing option set keeps the others' figures
+                row[name] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+            progress(f"check {dtype_name} {name}: {row[name]}")
+        out["by_dtype"][dtype_name] = row
+    return out
+
+
+def agreement(got: list[list[int]], want: list[list[int]]) -> dict:
+    same = sum(a == b for a, b in zip(got, want))
+    tokens = sum(len(w) for w in want)
+    equal_tokens = sum(x == y for g, w in zip(got, want) for x, y in zip(g, w))
+    return {"identical_requests": same, "requests": len(want), "token_agreement": round(equal_tokens / tokens, 4)}
+
+
 def release() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -236,11 +289,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes with the same structure (CPU dry run)")
-    ap.add_argument("--sections", default="single,batched", help="comma-separated: check,single,batched,profile,speedup")
+    ap.add_argument("--sections", default="check,single,batched", help="comma-separated: check,single,batched,profile,speedup")
     ap.add_argument("--rows", default="1,4,8,17,32,33,64")
     ap.add_argument("--batches", default="8,16,32")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--check-prompts", type=int, default=8)
+    ap.add_argument("--check-prompt-len", type=int, default=64)
+    ap.add_argument("--check-tokens", type=int, default=48)
+    ap.add_argument("--check-batch", type=int, default=4)
+    ap.add_argument("--check-options", default="", help="comma-separated CHECK_OPTIONS names (default: all)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -249,12 +307,14 @@ def main(argv=None) -> int:
         args.rows = "1,5"
         args.batches = "2"
         args.iters = 1
+        args.check_prompts, args.check_prompt_len, args.check_tokens, args.check_batch = 2, 16, 6, 2
     dtype = torch.bfloat16
     timer = Timer(device, args.iters, bursts=1 if args.smoke else 5)
     result = {**result_header("system_bench"), "label": LABEL, "device_name": torch.cuda.get_device_name(device)
               if device.type == "cuda" else "cpu", "smoke": args.smoke, "dtype": "bfloat16",
               "acceptance": "pinned to each tree's deepest root path (the largest commit)"}
-    sections = {"single": lambda: single(args, device, dtype, timer),
+    sections = {"check": lambda: check(args, device),
+                "single": lambda: single(args, device, dtype, timer),
                 "batched": lambda: batched(args, device, dtype, timer)}
     for name in args.sections.split(","):
         if name not in sections:
