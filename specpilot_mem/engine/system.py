@@ -68,8 +68,9 @@ class Linear:
                 self._w12 = w12
 
     def __call__(self, x, mode: str = "bf16"):
-        """y = x W^T. mode: "bf16" (cuBLAS), "w12" (the W12 mma kernel, exact weights) or "q8" (the same kernel
-        over the 8-bit view only: the TLV Q pass's weights; on a CPU: not available)."""
+        """y = x W^T. mode: "bf16" (cuBLAS), "w12" (the W12 mma kernel, exact weights), or "q8_truncated" /
+        "q8_midpoint" (the same kernel over the 8-bit view, the dropped bits zero or at their midpoint: the TLV Q
+        pass's weights; GPU only)."""
         if mode == "bf16":
             return F.linear(x, self.weight)
         self._convert()
@@ -77,7 +78,7 @@ class Linear:
             from specpilot_kernels.w12 import w12_mma_gemm
 
             flat = x.reshape(-1, x.shape[-1]).contiguous()
-            y = w12_mma_gemm(flat, self._mma, low_bits="exact" if mode == "w12" else "truncated")
+            y = w12_mma_gemm(flat, self._mma, low_bits="exact" if mode == "w12" else mode.removeprefix("q8_"))
             return y.reshape(*x.shape[:-1], y.shape[-1])
         if mode != "w12":
             raise ValueError(f"linear mode {mode!r} needs the W12 mma kernel (a CUDA GPU and bf16 inputs)")
@@ -474,8 +475,8 @@ class SystemModel:
                 linear_mode: str | None = None):
         """Final hidden [B*T, d], drafter features [B, T, F] (or None) and each GDN layer's saved inputs.
 
-        Hooks: ``linear_mode`` runs every target linear in another mode ("q8": the W12 kernel over the 8-bit view,
-        the TLV Q pass); ``write_cache=False`` leaves KV, GDN states and conv windows as they are (the rows see
+        Hooks: ``linear_mode`` runs every target linear in another mode (``Linear.__call__``; "q8_midpoint": the W12
+        kernel over the 8-bit view, the TLV Q pass); ``write_cache=False`` leaves KV, GDN states and conv windows as they are (the rows see
         the cache and each other, nothing is stored), so a Q pass can precede the exact pass of the same rows."""
         mode = linear_mode or self.mode
         s, t = self.shape, self.w.t
