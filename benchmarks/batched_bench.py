@@ -69,6 +69,27 @@ def run_shape(lattices, costs: StepCosts, batches, args) -> dict:
     return out
 
 
+def budget_sweep(lattices, batches, per_request, args) -> dict:
+    """Tokens per step of the shared budget against equal-size per-request trees at the same total rows
+    (B roots + k x B nodes), independent of step costs: {B: {k: ratio}}."""
+    costs = StepCosts.roofline("4b")  # times are not read here
+    out = {}
+    for b in batches:
+        if b == 1:
+            continue  # one request: the shared and the equal trees are the same tree
+        out[str(b)] = {}
+        for k in per_request:
+            rows = b * (k + 1)
+            shared = simulate(lattices, costs, CONFIGS["shared-budget"], b, budget_rows=rows, stream=args.stream,
+                              verify_buffer=max(args.verify_buffer, rows))
+            equal = simulate(lattices, costs, CONFIGS["equal-trees"], b, budget_rows=rows, stream=args.stream,
+                             verify_buffer=max(args.verify_buffer, rows))
+            out[str(b)][str(k)] = {"shared_tau": shared.tau, "equal_tau": equal.tau, "ratio": shared.tau / equal.tau}
+        print(f"sweep B={b}: " + ", ".join(f"k={k} {v['ratio']:.3f}" for k, v in out[str(b)].items()),
+              file=sys.stderr, flush=True)
+    return out
+
+
 def targets(shapes: dict) -> dict:
     """The issue's numbers, checked on every shape and batch size measured."""
     mid = ("16", "24", "32")
@@ -126,6 +147,7 @@ def main(argv=None) -> int:
     ap.add_argument("--segment", type=int, default=64, help="prompt rows per admitted segment")
     ap.add_argument("--verify-buffer", type=int, default=2048)
     ap.add_argument("--stream", type=int, help="requests through the closed loop (default: all, at least 2 x B)")
+    ap.add_argument("--sweep", default="1,2,4,8", help="nodes per request of the cost-free shared-vs-equal sweep ('' skips)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--figure", type=Path, help="PNG (default: beside --out)")
     args = ap.parse_args(argv)
@@ -138,6 +160,8 @@ def main(argv=None) -> int:
            "lattices": {str(b): {"requests": int(lat.num_requests), "tokens": int(lat.greedy_tokens.shape[0]),
                                  "source": lat.source} for b, lat in sorted(lattices.items())},
            "prompt_rows": args.prompt_rows, "segment": args.segment, "shapes": {}}
+    if args.sweep:
+        doc["budget_sweep"] = budget_sweep(lattices, batches, [int(k) for k in args.sweep.split(",")], args)
     for shape in args.shapes.split(","):
         costs = StepCosts.from_measurement(measurement, shape) if measurement else StepCosts.roofline(shape)
         doc["shapes"][shape] = run_shape(lattices, costs, batches, args)
