@@ -23,7 +23,7 @@ from specpilot_mem.batching.costs import BatchingError, CostCurve
 class PromptAdmission:
     FLAG = "--prompt-segment"
 
-    def __init__(self, curve: CostCurve, verify_buffer: int, segment: int | None = 64, tolerance: float = 0.03,
+    def __init__(self, curve: CostCurve, verify_buffer: int, segment: int | None = 64, tolerance: float = 0.05,
                  always: bool = False):
         if segment is not None and not 1 <= segment <= verify_buffer:
             raise BatchingError(f"{self.FLAG}={segment} does not fit the verify buffers ({verify_buffer} rows)",
