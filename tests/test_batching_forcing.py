@@ -1,6 +1,8 @@
 """Token forcing on the trained pair accepts every batching mechanism, decoded live in lockstep on the
 pure-torch engine (CPU, float32) with the policies deciding shares, blocks and prompt segments."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -71,4 +73,27 @@ def test_token_forcing_accepts_each_mechanism(engine, requests, ar, name):
     stock = score_outputs(scorer, forcing_requests, forcing_outputs(ar.values()))
     system = score_outputs(scorer, forcing_requests, forcing_outputs(runs))
     verdict = TokenForcing(scorer, stock, delta=0.125).judge(name, system)
+    assert verdict.verdict == "accept", verdict.reasons
+
+
+@pytest.mark.parametrize("name", ["stock", "shared-budget", "drafter-block", "shared-budget+drafter-block"])
+def test_token_forcing_accepts_each_mechanism_in_the_system_decoder(engine, requests, ar, name):
+    from specpilot_mem.batching.system_decoder import PolicyDecoder
+
+    decoder = PolicyDecoder(engine, CONFIGS[name], COSTS, batch=3, max_len=256)
+    runs = decoder.generate([r.prompt_ids for r in requests], "spec", NEW_TOKENS)
+    runs = [replace(g, id=r.id) for g, r in zip(runs, requests)]
+    for g in runs:
+        assert g.output_ids == ar[g.id].output_ids  # float32 on one CPU: the greedy decode itself
+    shares = [step for step in decoder.stats["shares"] if len(step) > 1]
+    if CONFIGS[name].shared:
+        assert any(len(set(step)) > 1 for step in shares)
+        assert all(sum(step) + len(step) <= CURVE.plateau_end(len(step)) for step in shares)
+    if CONFIGS[name].blocks:
+        assert min(decoder.stats["blocks"]) < 16
+    forcing_requests = [ForcingRequest(r.id, "code", "dev", NEW_TOKENS, prompt_ids=tuple(r.prompt_ids)) for r in requests]
+    scorer = EngineScorer(engine)
+    stock = score_outputs(scorer, forcing_requests, forcing_outputs(ar.values()))
+    verdict = TokenForcing(scorer, stock, delta=0.125).judge(name, score_outputs(scorer, forcing_requests,
+                                                                                 forcing_outputs(runs)))
     assert verdict.verdict == "accept", verdict.reasons

@@ -288,12 +288,15 @@ def _speculative_step(lattices, lookups, slots: _Slots, decoding: np.ndarray, ch
 
 
 def step_trees(groups: list[tuple[np.ndarray, StepBatch]], n: int, config: Mechanisms,
-               nodes: int) -> tuple[DraftTrees, float]:
+               nodes: int, cap: int | None = None) -> tuple[DraftTrees, float]:
     """One step's drafts for ``n`` requests: ``groups`` pairs each block's requests (indices into the n)
     with their lattices. Stock's chain of each block, or best-first trees cut by the shared budget (or
-    the equal split) to ``nodes`` nodes in all. Returns the trees in request order and the expected
-    tokens of the budget's last nodes (what an admitted prompt row displaces)."""
+    the equal split) to ``nodes`` nodes in all, at most ``cap`` per request (a padded verify layout's
+    width). Returns the trees in request order and the expected tokens of the budget's last nodes (what
+    an admitted prompt row displaces)."""
     width = max(nodes, 1) if config.tree == "best-first" else STOCK_BLOCK
+    if cap is not None:
+        width = max(1, min(width, cap))
     order, parts = [], []
     for mine, batch in groups:
         built = best_first.build(batch, width) if config.tree == "best-first" else chain.build(batch, width)
