@@ -34,9 +34,9 @@ from specpilot_mem.controller.engine_system import EngineSystem  # noqa: E402
 from specpilot_mem.controller.requests import load_requests  # noqa: E402
 from specpilot_mem.engine.config import DrafterConfig, TargetConfig  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
-from specpilot_mem.engine.weights import DEFAULT_MODEL_DIR, has_trained_pair  # noqa: E402
+from specpilot_mem.engine.weights import has_trained_pair  # noqa: E402
 from specpilot_mem.forcing.calibrate import calibrate_delta  # noqa: E402
-from specpilot_mem.forcing.engine_adapter import EngineScorer, utf8_bytes  # noqa: E402
+from specpilot_mem.forcing.engine_adapter import EngineScorer, prompt_encoder  # noqa: E402
 from specpilot_mem.forcing.scorer import score_outputs  # noqa: E402
 from specpilot_mem.forcing.verdict import TokenForcing, Verdict  # noqa: E402
 
@@ -76,16 +76,6 @@ def summary(verdict: Verdict) -> dict:
         "stock_events": events.stock_events, "p_value": events.p_value, "event_reject": events.reject,
         "explained_by": verdict.explained_by,
     }
-
-
-def prompt_encoder(engine: Engine):
-    """The trained pair's tokenizer for text prompts; UTF-8 bytes for random weights (no tokenizer)."""
-    if engine.synthetic:
-        return utf8_bytes
-    from specpilot_mem.engine.train.corpus import load_tokenizer
-
-    tokenizer = load_tokenizer(DEFAULT_MODEL_DIR)
-    return lambda text: tokenizer.encode(text).ids
 
 
 def one_seed(seed: int, requests, args) -> dict:
