@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from specpilot_mem.controller.engine_system import EngineSystem
 from specpilot_mem.controller.requests import Request
@@ -128,3 +129,25 @@ def test_trained_engine_refuses_text_without_its_tokenizer(tmp_path):
     scorer = load_scorer(model=str(tmp_path))
     with pytest.raises(ForcingError, match="cannot encode a text prompt"):
         scorer.encode("def add(a, b):")
+
+
+def test_fault_options_change_only_what_they_name(engine):
+    """Each fault of the study changes the outputs of the requests it applies to; switched off, or on
+    requests fault_requests leaves out, the engine serves exactly stock's tokens."""
+    prompts = [[5 + i, 17, 33, 2 * i + 1] for i in range(6)]
+    stock = [g.output_ids for g in engine.generate(prompts, mode="spec", max_new_tokens=24)]
+    quantized = engine.with_options(verify_weights="int4")
+    assert quantized._verify_target is not engine.target  # a copy: stock's weights stay as they are
+    levels = [torch.unique(row).numel() for row in quantized._verify_target.blocks[0].mlp.down.weight]
+    assert max(levels) <= 15 and quantized._verify_target.blocks[0].mlp.down.weight.ne(engine.target.blocks[0].mlp.down.weight).any()
+    flips = engine.with_options(flip_rate=0.2, flip_seed=1)
+    flipped = [g.output_ids for g in flips.generate(prompts, mode="spec", max_new_tokens=24)]
+    assert flipped != stock and [g.output_ids for g in flips.generate(prompts, mode="spec", max_new_tokens=24)] == flipped
+    short = engine.with_options(stop_after=10).generate(prompts, mode="spec", max_new_tokens=24)
+    assert all(len(g.output_ids) == 10 and g.output_ids == s[:10] for g, s in zip(short, stock))
+    some = engine.with_options(flip_rate=0.2, fault_requests=0.5).generate(prompts, mode="spec", max_new_tokens=24)
+    changed = [g.output_ids != s for g, s in zip(some, stock)]
+    assert 0 < sum(changed) < len(prompts)
+    assert not engine.with_options(lm_head="splitk").lossy and engine.with_options(rope_offset=1).lossy
+    with pytest.raises(ValueError, match="unknown verify_weights"):
+        engine.with_options(verify_weights="fp4")
