@@ -5,7 +5,11 @@
         --scorer specpilot_mem.forcing.engine_adapter:load_scorer --scorer-arg model=default --plot fig4.png
 
 Outputs files are JSONL ``{"id": ..., "output_ids": [...]}`` (``specpilot_mem.controller.system``).
-δ is calibrated from the AR and stock outputs (``--ar``) or given (``--delta``).
+δ is calibrated from the AR and stock outputs (``--ar``) or given (``--delta``). Outputs of any length
+up to the scorer's context are scored, one batched whole-sequence pass each (a sealed final's long
+outputs: up to 4,096 tokens or the pair's context). Every verdict carries its power: ``inconclusive``
+(exit 3) when the sample could not have seen a 0.5-point rate excess or a doubling of large-margin
+events, with the sample that would suffice.
 """
 
 from __future__ import annotations
@@ -107,7 +111,9 @@ def run(args) -> int:
         "plot": plot,
     }
     emit(args, payload, _render)
-    return 1 if any(v.verdict == "reject" for v in verdicts) else 0
+    if any(v.verdict == "reject" for v in verdicts):
+        return 1
+    return 3 if any(v.verdict == "inconclusive" for v in verdicts) else 0
 
 
 def _pct(value: float) -> str:
@@ -116,8 +122,7 @@ def _pct(value: float) -> str:
 
 def _render(payload: dict) -> None:
     calibration = payload["calibration"]
-    source = (f"calibrated on {len(calibration['departures'])} first departures, largest gap {calibration['largest_gap']:.3f}"
-              if calibration else "given")
+    source = calibration["basis"] if calibration else "given"
     label = " (synthetic)" if payload["synthetic"] else ""
     console.print(f"δ = {payload['delta']:g} nats ({source}); {payload['requests']} requests{label}")
     rows = []
@@ -136,5 +141,11 @@ def _render(payload: dict) -> None:
     for v in payload["verdicts"]:
         for reason in v["reasons"]:
             console.print(f"[bold]{v['system']}[/]: {reason}", highlight=False)
+        if v["verdict"] != "inconclusive" and v.get("power_statement"):
+            console.print(f"[bold]{v['system']}[/] power: {v['power_statement']}", highlight=False)
+        flagged = [r["id"] for r in v.get("per_request", ()) if r["flagged"]]
+        if flagged:
+            console.print(f"[bold]{v['system']}[/]: {len(flagged)} request(s) mismatch far more than stock's pooled rate: "
+                          f"{', '.join(flagged[:8])}", highlight=False)
     if payload["plot"]:
         console.print(f"Figure 4 written to {Path(payload['plot'])}")

@@ -75,6 +75,7 @@ class ScoredOutput:
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
     scores: TokenScores
+    max_new_tokens: int | None = None  # the request's limit (the length rule's reference)
 
     @property
     def mismatch(self) -> np.ndarray:
@@ -128,7 +129,7 @@ def score_outputs(
                 f"scorer returned {len(scores.argmax)} positions for {len(output)} tokens",
                 where=f"request {request.id}", fix="the scorer must return one score per output token",
             )
-        scored[request.id] = ScoredOutput(request.id, tuple(prompt), tuple(output), scores)
+        scored[request.id] = ScoredOutput(request.id, tuple(prompt), tuple(output), scores, request.max_new_tokens)
         if on_request is not None:
             on_request()
     return scored
