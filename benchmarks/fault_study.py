@@ -41,6 +41,7 @@ import torch  # noqa: E402
 
 from specpilot_mem.controller.engine_system import EngineSystem  # noqa: E402
 from specpilot_mem.controller.requests import Request, load_requests  # noqa: E402
+from specpilot_mem.controller.system import RequestOutput  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
 from specpilot_mem.forcing.calibrate import calibrate_delta  # noqa: E402
 from specpilot_mem.forcing.engine_adapter import EngineScorer  # noqa: E402
@@ -161,6 +162,7 @@ def one_seed(seed: int, pool: list[Request], args, engine: Engine, with_faults: 
         "largest_gap": calibration.largest_gap, "stock_mismatch_rate": verdicts["splitk-head"].rate.stock_rate,
         "serve_seconds": seconds, "score_seconds": score_seconds,
         "verdicts": {name: summary(v) for name, v in verdicts.items()}, "effects": effects,
+        "outputs": {name: {rid: list(o.output_ids) for rid, o in outs.items()} for name, outs in outputs.items()},
         "full_verdicts": {name: v.to_dict() for name, v in verdicts.items()} if seed == args.first_seed else {},
     }
 
@@ -189,6 +191,46 @@ def rates(runs: list[dict]) -> dict:
     return table
 
 
+def pooled(doc: dict, group: int, engine: Engine, audit_sample: int) -> dict:
+    """Sealed-size checks: the outputs of ``group`` consecutive seeds (disjoint request samples where the
+    pool allows; a request drawn twice keeps its first seed's outputs) judged as one sample, δ
+    calibrated on that sample's AR and stock. Each group is one sealed check; its verdict per system,
+    and per system the share of groups that rejected."""
+    runs = doc["runs"]
+    by_id = {r.id: r for r in load_requests(ROOT / "requests" / doc["settings"]["requests"])}
+    limit = doc["settings"]["max_new_tokens"]
+    scorer = EngineScorer(engine)
+    checks = []
+    for first in range(0, len(runs) - group + 1, group):
+        members = runs[first:first + group]
+        names = [n for n in members[0]["outputs"] if all(n in m["outputs"] for m in members)]
+        ids: dict[str, int] = {}
+        for index, member in enumerate(members):
+            for rid in member["requests"]:
+                ids.setdefault(rid, index)
+        sample = [Request(rid, by_id[rid].benchmark, "unseen", limit, prompt_ids=by_id[rid].prompt_ids) for rid in sorted(ids)]
+        outputs = {name: {rid: RequestOutput(rid, tuple(members[ids[rid]]["outputs"][name][rid])) for rid in ids}
+                   for name in names}
+        scored = {name: score_outputs(scorer, sample, outs) for name, outs in outputs.items()}
+        calibration = calibrate_delta(scored["ar"], scored["stock"])
+        forcing = TokenForcing(scorer, scored["stock"], calibration.delta, audit_sample=audit_sample,
+                               seed=members[0]["seed"])
+        verdicts = {name: summary(forcing.judge(name, scored[name])) for name in names if name not in ("ar", "stock")}
+        checks.append({"seeds": [m["seed"] for m in members], "requests": len(sample),
+                       "tokens": sum(o.tokens for o in scored["stock"].values()), "delta": calibration.delta,
+                       "verdicts": verdicts})
+        log(f"pooled seeds {checks[-1]['seeds']}: {checks[-1]['tokens']} tokens; "
+            + ", ".join(f"{n} {v['verdict']}" for n, v in verdicts.items()))
+    table = {}
+    for name in [*CONTROLS, *FAULTS]:
+        seen = [c["verdicts"][name]["verdict"] for c in checks if name in c["verdicts"]]
+        if seen:
+            table[name] = {"kind": "control" if name in CONTROLS else "fault", "runs": len(seen),
+                           **{k: seen.count(k) for k in ("reject", "inconclusive", "accept")},
+                           "reject_rate": seen.count("reject") / len(seen)}
+    return {"group": group, "checks": checks, "systems": table}
+
+
 def figure(results_path: str, png: str) -> None:
     """Figure 4 of the study: per fault its detection (rejection) rate and inconclusive share, per
     control its false-reject rate, with the number of seeds."""
@@ -196,26 +238,32 @@ def figure(results_path: str, png: str) -> None:
 
     plt = pyplot("the fault study's Figure 4")
     results = json.loads(Path(results_path).read_text())
-    table = results["systems"]
-    names = [n for n in table if table[n]["kind"] == "control"] + [n for n in table if table[n]["kind"] == "fault"]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(names) + 2), 4.2))
-    for x, name in enumerate(names):
-        row = table[name]
-        reject, inconclusive = row["reject"] / row["runs"], row["inconclusive"] / row["runs"]
-        color = "#E8613C" if row["kind"] == "fault" else "#1F6FD6"
-        ax.bar(x, reject, color=color, edgecolor="black", linewidth=0.5)
-        ax.bar(x, inconclusive, bottom=reject, color="#E3B53B", edgecolor="black", linewidth=0.5)
-        mark = "" if row["meets_target"] else " ✗"
-        ax.annotate(f"n={row['runs']}{mark}", (x, reject + inconclusive), xytext=(0, 3), textcoords="offset points",
-                    ha="center", fontsize=7)
-    ax.axhline(0.95, color="black", linestyle="dashed", linewidth=0.8)
-    ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
-    ax.set_ylim(0, 1.12)
-    ax.set_ylabel("share of seeds")
     setting = results["settings"]
-    ax.set_title(f"Token forcing fault study ({results['device']}, {results['dtype']}; {setting['requests_per_seed']} req x "
-                 f"{setting['max_new_tokens']} tok per seed)\nred: faults rejected, blue: controls rejected, "
-                 "yellow: inconclusive; dashed: 95%", fontsize=8)
+    panels = [("per seed", results["systems"], f"{setting['requests_per_seed']} req x {setting['max_new_tokens']} tok")]
+    if results.get("pooled"):
+        checks = results["pooled"]["checks"]
+        tokens = sum(c["tokens"] for c in checks) // max(len(checks), 1)
+        panels.append(("sealed-size checks", results["pooled"]["systems"], f"{len(checks)} checks of ~{tokens} tokens"))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.5 * len(results["systems"]) + 2), 3.6 * len(panels)),
+                             squeeze=False)
+    for ax, (label, table, size) in zip(axes[:, 0], panels):
+        names = [n for n in table if table[n]["kind"] == "control"] + [n for n in table if table[n]["kind"] == "fault"]
+        for x, name in enumerate(names):
+            row = table[name]
+            reject, inconclusive = row["reject"] / row["runs"], row["inconclusive"] / row["runs"]
+            color = "#E8613C" if row["kind"] == "fault" else "#1F6FD6"
+            ax.bar(x, reject, color=color, edgecolor="black", linewidth=0.5)
+            ax.bar(x, inconclusive, bottom=reject, color="#E3B53B", edgecolor="black", linewidth=0.5)
+            ax.annotate(f"n={row['runs']}", (x, reject + inconclusive), xytext=(0, 3), textcoords="offset points",
+                        ha="center", fontsize=7)
+        ax.axhline(0.95, color="black", linestyle="dashed", linewidth=0.8)
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+        ax.set_ylim(0, 1.15)
+        ax.set_ylabel("share of checks")
+        ax.set_title(f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow)",
+                     fontsize=8)
+    fig.suptitle(f"Token forcing fault study, Figure 4 ({results['device']}, {results['dtype']}; {results['model']})",
+                 fontsize=9)
     fig.tight_layout()
     Path(png).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=150)
@@ -257,9 +305,8 @@ def write_requests(path: str, count: int, prompt_tokens: int) -> None:
 def merge(paths: list[str]) -> dict:
     parts = [json.loads(Path(p).read_text()) for p in paths]
     runs = sorted((r for part in parts for r in part["runs"]), key=lambda r: r["seed"])
-    doc = {**parts[0], "runs": runs, "systems": rates(runs), "wall_seconds": max(p["wall_seconds"] for p in parts),
-           "merged_from": [p["command"] for p in parts]}
-    return doc
+    return {**parts[0], "runs": runs, "systems": rates(runs), "wall_seconds": max(p["wall_seconds"] for p in parts),
+            "merged_from": [p["command"] for p in parts]}
 
 
 def main() -> int:
@@ -280,13 +327,19 @@ def main() -> int:
     parser.add_argument("--figure", nargs=2, metavar=("RESULTS_JSON", "PNG"), help="draw Figure 4 from a results file and exit")
     parser.add_argument("--merge", nargs="+", metavar="RESULTS_JSON", help="merge results of several runs and print them")
     parser.add_argument("--write-requests", metavar="JSONL", help="write the study's request set and exit")
+    parser.add_argument("--pool-size", type=int,
+                        help="also judge the outputs of this many seeds at a time as one sealed-size check")
+    parser.add_argument("--drop-outputs", action="store_true", help="leave the output token ids out of the JSON")
     args = parser.parse_args()
     if args.figure:
         figure(*args.figure)
         return 0
     if args.merge:
-        json.dump(merge(args.merge), sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        doc = merge(args.merge)
+        if args.pool_size:
+            engine = Engine.load_default(device=args.device, dtype=getattr(torch, doc["dtype"]))
+            doc["pooled"] = pooled(doc, args.pool_size, engine, args.audit_sample)
+        finish(doc, args)
         return 0
     if args.write_requests:
         write_requests(args.write_requests, 256, 48)
@@ -324,9 +377,18 @@ def main() -> int:
         "systems": rates(runs),
         "runs": runs,
     }
-    json.dump(result, sys.stdout, indent=1)
-    sys.stdout.write("\n")
+    if args.pool_size:
+        result["pooled"] = pooled(result, args.pool_size, engine, args.audit_sample)
+    finish(result, args)
     return 0
+
+
+def finish(doc: dict, args) -> None:
+    if args.drop_outputs:
+        for run in doc["runs"]:
+            run.pop("outputs", None)
+    json.dump(doc, sys.stdout, indent=1)
+    sys.stdout.write("\n")
 
 
 if __name__ == "__main__":

@@ -118,3 +118,33 @@ def test_an_output_may_end_early_on_a_stop_token():
     assert not verdict.length.reject
     assert any(row["stop"] == "stop" for row in verdict.per_request) or all(len(s) == 40 for s in sequences)
     assert np.all([row["mismatches"] == 0 for row in verdict.per_request])
+
+
+def test_the_sealed_final_is_not_accepted_on_an_inconclusive_verdict():
+    from test_controller_gains import ClockedSystem, make_requests
+
+    from specpilot_mem.controller.sealed import sealed_final
+
+    reqs, reference, scorer = make_case(requests=16, length=64, seed=48)
+    scored = _scored(scorer, reqs, outputs_from(reqs, [reference[r.prompt_ids] for r in reqs]))
+    small = TokenForcing(scorer, scored, delta=0.25).judge("final", scored)
+    assert small.verdict == "inconclusive"
+    unseen = make_requests({"code": 3, "math": 3}, split="unseen")
+    stock, fast = ClockedSystem("stock", {"code": 100.0, "math": 100.0}), ClockedSystem("final", {"code": 130.0, "math": 130.0})
+    final = sealed_final(fast, stock, unseen, forcing=lambda s, k: small, devices=["cpu"])
+    assert not final.accepted and any("would suffice" in reason for reason in final.reasons)
+    reported = sealed_final(fast, stock, unseen, forcing=lambda s, k: small, devices=["cpu"], require_conclusive=False)
+    assert reported.accepted and reported.verdict.verdict == "inconclusive"
+
+
+def test_the_long_output_pass_runs_to_4096_tokens_or_the_context():
+    from specpilot_mem.controller.requests import Request
+    from specpilot_mem.errors import RoundError
+    from specpilot_mem.rounds.controller import LONG_OUTPUT_TOKENS, long_outputs
+
+    requests = [Request("a", "code", "unseen", 128, prompt_ids=tuple(range(48))),
+                Request("b", "code", "unseen", 128, prompt_ids=tuple(range(10)))]
+    assert [r.max_new_tokens for r in long_outputs(requests, 2048, None)] == [2000, 2038]
+    assert [r.max_new_tokens for r in long_outputs(requests, 8192, None)] == [LONG_OUTPUT_TOKENS] * 2 == [4096] * 2
+    with pytest.raises(RoundError, match="no room"):
+        long_outputs(requests, 40, None)
