@@ -45,7 +45,7 @@ from specpilot_mem.controller.system import RequestOutput  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
 from specpilot_mem.forcing.calibrate import calibrate_delta  # noqa: E402
 from specpilot_mem.forcing.engine_adapter import EngineScorer  # noqa: E402
-from specpilot_mem.forcing.scorer import score_outputs  # noqa: E402
+from specpilot_mem.forcing.scorer import ForcingError, score_outputs  # noqa: E402
 from specpilot_mem.forcing.verdict import TokenForcing, Verdict  # noqa: E402
 
 REQUESTS = ROOT / "requests" / "fault-study-v1.jsonl"
@@ -146,7 +146,13 @@ def one_seed(seed: int, pool: list[Request], args, engine: Engine, with_faults: 
     start = time.perf_counter()
     scored = {name: score_outputs(scorer, sample, outs) for name, outs in outputs.items()}
     score_seconds = time.perf_counter() - start
-    calibration = calibrate_delta(scored["ar"], scored["stock"])
+    raw = {name: {rid: list(o.output_ids) for rid, o in outs.items()} for name, outs in outputs.items()}
+    try:
+        calibration = calibrate_delta(scored["ar"], scored["stock"])
+    except ForcingError as err:  # stock not lossless against AR on this sample: a finding, not a crash
+        log(f"seed {seed}: calibration refused: {err.what}")
+        return {"seed": seed, "requests": [r.id for r in sample], "error": err.to_dict(), "verdicts": {}, "effects": {},
+                "outputs": raw}
     forcing = TokenForcing(scorer, scored["stock"], calibration.delta, audit_sample=args.audit_sample, seed=seed)
     verdicts, effects = {}, {}
     for name in systems:
@@ -162,7 +168,7 @@ def one_seed(seed: int, pool: list[Request], args, engine: Engine, with_faults: 
         "largest_gap": calibration.largest_gap, "stock_mismatch_rate": verdicts["splitk-head"].rate.stock_rate,
         "serve_seconds": seconds, "score_seconds": score_seconds,
         "verdicts": {name: summary(v) for name, v in verdicts.items()}, "effects": effects,
-        "outputs": {name: {rid: list(o.output_ids) for rid, o in outs.items()} for name, outs in outputs.items()},
+        "outputs": raw,
         "full_verdicts": {name: v.to_dict() for name, v in verdicts.items()} if seed == args.first_seed else {},
     }
 
@@ -212,7 +218,11 @@ def pooled(doc: dict, group: int, engine: Engine, audit_sample: int) -> dict:
         outputs = {name: {rid: RequestOutput(rid, tuple(members[ids[rid]]["outputs"][name][rid])) for rid in ids}
                    for name in names}
         scored = {name: score_outputs(scorer, sample, outs) for name, outs in outputs.items()}
-        calibration = calibrate_delta(scored["ar"], scored["stock"])
+        try:
+            calibration = calibrate_delta(scored["ar"], scored["stock"])
+        except ForcingError as err:
+            checks.append({"seeds": [m["seed"] for m in members], "error": err.to_dict(), "verdicts": {}})
+            continue
         forcing = TokenForcing(scorer, scored["stock"], calibration.delta, audit_sample=audit_sample,
                                seed=members[0]["seed"])
         verdicts = {name: summary(forcing.judge(name, scored[name])) for name in names if name not in ("ar", "stock")}
