@@ -252,7 +252,7 @@ def figure(results_path: str, png: str) -> None:
     panels = [("per seed", results["systems"], f"{setting['requests_per_seed']} req x {setting['max_new_tokens']} tok")]
     if results.get("pooled"):
         checks = results["pooled"]["checks"]
-        tokens = sum(c["tokens"] for c in checks) // max(len(checks), 1)
+        tokens = sum(c.get("tokens", 0) for c in checks) // max(len(checks), 1)
         panels.append(("sealed-size checks", results["pooled"]["systems"], f"{len(checks)} checks of ~{tokens} tokens"))
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.5 * len(results["systems"]) + 2), 3.6 * len(panels)),
                              squeeze=False)
