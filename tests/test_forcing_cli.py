@@ -110,3 +110,11 @@ def test_tf_stock_paths_explain_events_stock_made_on_another_run(files, capsys):
     assert code == 1  # the rate rule still rejects: 3% mismatches against stock's 0.7%
     assert faulty["explained_by"]["stock-path"] == faulty["events"]["audited"] == 80
     assert not faulty["events"]["reject"] and faulty["rate"]["reject"]
+
+
+def test_tf_long_outputs_needs_outputs_of_the_long_pass(files, capsys):
+    """With --long-outputs every output must run to 4,096 tokens (or the scorer's context): a stock run of
+    200-token outputs is refused as the reference, and a system's short outputs fail the length rule."""
+    assert main(_args(files, "--delta", "0.25", "--json", "--long-outputs")) == 2
+    error = json.loads(capsys.readouterr().out)
+    assert error["where"] == "stock outputs" and "stop short" in error["what"]

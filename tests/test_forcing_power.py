@@ -139,12 +139,11 @@ def test_the_sealed_final_is_not_accepted_on_an_inconclusive_verdict():
 
 def test_the_long_output_pass_runs_to_4096_tokens_or_the_context():
     from specpilot_mem.controller.requests import Request
-    from specpilot_mem.errors import RoundError
-    from specpilot_mem.rounds.controller import LONG_OUTPUT_TOKENS, long_outputs
+    from specpilot_mem.forcing.scorer import LONG_OUTPUT_TOKENS, long_output_requests
 
     requests = [Request("a", "code", "unseen", 128, prompt_ids=tuple(range(48))),
                 Request("b", "code", "unseen", 128, prompt_ids=tuple(range(10)))]
-    assert [r.max_new_tokens for r in long_outputs(requests, 2048, None)] == [2000, 2038]
-    assert [r.max_new_tokens for r in long_outputs(requests, 8192, None)] == [LONG_OUTPUT_TOKENS] * 2 == [4096] * 2
-    with pytest.raises(RoundError, match="no room"):
-        long_outputs(requests, 40, None)
+    assert [r.max_new_tokens for r in long_output_requests(requests, 2048, None)] == [2000, 2038]
+    assert [r.max_new_tokens for r in long_output_requests(requests, 8192, None)] == [LONG_OUTPUT_TOKENS] * 2 == [4096] * 2
+    with pytest.raises(ForcingError, match="no room"):
+        long_output_requests(requests, 40, None)

@@ -41,6 +41,9 @@ def register(subparsers, common) -> None:
     parser.add_argument("--stock-engine-arg", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--audit-sample", type=int, help="events audited per system (default: 200, as in the paper)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the audit sample")
+    parser.add_argument("--long-outputs", action="store_true",
+                        help="the outputs come from the sealed final's long-output pass: each must run to 4,096 tokens or "
+                             "what the scorer's context leaves after its prompt (the length rule's limit)")
     parser.add_argument("--synthetic", action="store_true", help="label results synthetic (random weights, generated data)")
     parser.add_argument("--plot", metavar="PNG", help="write the paper's Figure 4 for these verdicts")
     parser.add_argument("--title", help="title of the plot")
@@ -67,7 +70,7 @@ def run(args) -> int:
     from specpilot_mem.controller.system import load_outputs
     from specpilot_mem.forcing.audit import AUDIT_SAMPLE
     from specpilot_mem.forcing.calibrate import calibrate_delta
-    from specpilot_mem.forcing.scorer import ForcingError, load_scorer, score_outputs
+    from specpilot_mem.forcing.scorer import ForcingError, load_scorer, long_output_requests, score_outputs
     from specpilot_mem.forcing.verdict import TokenForcing, Verdict
 
     if args.audit_sample is None:
@@ -81,6 +84,8 @@ def run(args) -> int:
     ar_outputs = load_outputs(args.ar) if args.ar else None
     extra_paths = [load_outputs(path) for path in args.stock_path]
     scorer = load_scorer(args.scorer, _pairs(args.scorer_arg, "--scorer-arg"))
+    if args.long_outputs:
+        requests = long_output_requests(requests, getattr(scorer, "max_len", None), getattr(scorer, "encode", None))
     stock_engine = load_scorer(args.stock_engine, _pairs(args.stock_engine_arg, "--stock-engine-arg")) if args.stock_engine else None
 
     to_score = 1 + len(systems) + (1 if ar_outputs else 0)

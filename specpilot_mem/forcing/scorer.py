@@ -29,6 +29,26 @@ class ForcingError(SpecPilotError):
     """Token forcing cannot run on the inputs it was given."""
 
 
+# The sealed final's long-output pass: outputs of up to 4,096 tokens, as in the paper's finals.
+LONG_OUTPUT_TOKENS = 4096
+
+
+def long_output_requests(requests: Sequence[Request], context: int | None,
+                         encode: Callable[[str], Sequence[int]] | None) -> list[Request]:
+    """The requests with ``max_new_tokens`` of the long-output pass: ``LONG_OUTPUT_TOKENS``, or what the
+    scorer's ``context`` leaves after each prompt when that is less."""
+    from dataclasses import replace
+
+    longer = []
+    for request in requests:
+        room = LONG_OUTPUT_TOKENS if context is None else min(LONG_OUTPUT_TOKENS, context - len(request.token_ids(encode)))
+        if room < 1:
+            raise ForcingError(f"request {request.id!r} leaves no room for an output in the scorer's context of {context}",
+                               where=f"request {request.id}", fix="shorten its prompt, or leave the long-output pass off")
+        longer.append(replace(request, max_new_tokens=room))
+    return longer
+
+
 @dataclass(frozen=True)
 class TokenScores:
     """Per output position (all arrays have shape (n,), n = number of output tokens)."""

@@ -33,7 +33,7 @@ from specpilot_mem.controller.sealed import judge_final
 from specpilot_mem.controller.system import RequestOutput, load_outputs, write_outputs
 from specpilot_mem.errors import RoundError, SpecPilotError
 from specpilot_mem.forcing.calibrate import calibrate_delta
-from specpilot_mem.forcing.scorer import score_outputs
+from specpilot_mem.forcing.scorer import long_output_requests, score_outputs
 from specpilot_mem.forcing.verdict import TokenForcing
 from specpilot_mem.home import Home
 from specpilot_mem.rounds.sandbox import Sandbox
@@ -42,8 +42,6 @@ from specpilot_mem.rounds.systems import open_system, system_spec
 
 PACKAGE = Path(__file__).resolve().parents[1]
 # The code that measures and judges: agents' changes to any of it would be reward hacking.
-# The sealed final's long-output pass (the paper's finals score outputs of up to 4,096 tokens).
-LONG_OUTPUT_TOKENS = 4096
 CONTROLLER_CODE = ("controller", "forcing", "rounds/controller.py", "rounds/systems.py", "rounds/sandbox.py",
                    "rounds/seal.py")
 
@@ -176,27 +174,14 @@ def measure(home: Home, job: dict) -> dict:
             "evidence": _evidence(run)}
 
 
-def long_outputs(requests: list[Request], context: int | None, encode) -> list[Request]:
-    """The sealed final's long-output pass: each request's output up to ``LONG_OUTPUT_TOKENS`` tokens or
-    what the scorer's context leaves after its prompt (at least the request's own limit's worth of
-    room is not promised: a prompt that fills the context is an error)."""
-    longer = []
-    for request in requests:
-        room = LONG_OUTPUT_TOKENS if context is None else min(LONG_OUTPUT_TOKENS, context - len(request.token_ids(encode)))
-        if room < 1:
-            raise RoundError(f"request {request.id!r} leaves no room for an output in the scorer's context of {context}",
-                             where=f"request {request.id}", fix="shorten its prompt, or turn the long-output pass off")
-        longer.append(replace(request, max_new_tokens=room))
-    return longer
-
-
 def sealed(home: Home, job: dict) -> dict:
     requests = _requests(job, "unseen")
     judge = Judge(home, job)
     scorer = judge.scorer()
     encode = judge.encoder(requests)
     if job.get("long_outputs"):
-        requests = long_outputs(requests, getattr(scorer, "max_len", None), encode or getattr(scorer, "encode", None))
+        requests = long_output_requests(requests, getattr(scorer, "max_len", None),
+                                        encode or getattr(scorer, "encode", None))
     run = pool_paired_run(_devices(job), _spec(home, job, "stock"), _spec(home, job, "candidate"), requests,
                           _policy(job, job["repeats"]), encode=encode)
 
