@@ -6,14 +6,41 @@ import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
-console = Console()
-err_console = Console(stderr=True)
+
+class _LazyConsole:
+    """A rich ``Console`` made on first use. Every command module imports the consoles, and importing rich is a
+    third of the CLI's start-up, which ``--help``, ``--json`` and most errors never print through."""
+
+    def __init__(self, **options):
+        self._options = options
+        self._console: Console | None = None
+
+    @property
+    def real(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.real, name, value)
+
+
+console = _LazyConsole()
+err_console = _LazyConsole(stderr=True)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -37,6 +64,8 @@ def emit(args, payload: Any, render: Callable[[Any], None]) -> None:
 
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    from rich.table import Table
+
     t = Table(title=title, show_lines=False, header_style="bold")
     for column in columns:
         t.add_column(column)
@@ -65,9 +94,11 @@ def progress(description: str, total: int | None, enabled: bool = True):
 
         yield _Null()
         return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err_console, transient=True,
+        console=err_console.real, transient=True,
     ) as bar:
         task = bar.add_task(description, total=total)
 
