@@ -287,7 +287,8 @@ class RoundRunner:
             f"SpecPilot-Threshold: {result['decision']['threshold']:.4f}\n"
             f"SpecPilot-Token-Forcing: {tf['verdict']} (mismatch {100 * rate['system_rate']:.2f}% vs stock "
             f"{100 * rate['stock_rate']:.2f}%)\n"
-            f"SpecPilot-Requests: {result['requests']} dev\n"
+            + (f"SpecPilot-Token-Forcing-Power: {tf['power_statement']}\n" if tf.get("power_statement") else "")
+            + f"SpecPilot-Requests: {result['requests']} dev\n"
             f"SpecPilot-Devices: {', '.join(result['devices'])}\n"
             f"SpecPilot-Tree: {tree}\n"
             f"SpecPilot-Audit: sha256:{audit} measurements/{key}.json\n"
