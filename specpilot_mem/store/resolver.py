@@ -22,7 +22,7 @@ from specpilot_mem.errors import ConflictError, DeltaError, ForkError, Reproduct
 from specpilot_mem.git import Repo, Signature, commit_content, object_id
 from specpilot_mem.home import Home
 from specpilot_mem.models import EntryRecord
-from specpilot_mem.store.delta import Delta, FileChange, apply_hunks, load_delta
+from specpilot_mem.store.delta import Delta, FileChange, apply_hunks, hunks_present, load_delta
 from specpilot_mem.store.fork import ENTRY_REF_PREFIX, Fork, open_fork
 from specpilot_mem.store.records import delta_path, load_entries
 from specpilot_mem.store.releases import RELEASE_REF_PREFIX, import_release, is_release_spec
@@ -30,11 +30,13 @@ from specpilot_mem.store.requirements import closure, order
 from specpilot_mem.store.stock import STOCK_TIMESTAMP
 from specpilot_mem.store.trees import BaseTree, Entry, base_tree, overlay_tree_id
 
-APPLIED, PRESENT, EMPTY, CONFLICT = "applied", "already present", "empty", "conflict"
+APPLIED, PRESENT, PARTLY, EMPTY, CONFLICT = "applied", "already present", "partly present", "empty", "conflict"
 # How one file of a delta went onto the accumulating tree: as recorded (the file was the delta's
 # pre-image), hunks (the file had changed, the hunks matched it exactly), merged (3-way merge needed),
-# present (the base already has the change), conflict.
-AS_RECORDED, BY_HUNKS, MERGED, ALREADY_THERE, FILE_CONFLICT = "as recorded", "hunks", "merged", "present", "conflict"
+# present (the base already has the change), partly present (some of its hunks were already there, the
+# rest went on), conflict.
+AS_RECORDED, BY_HUNKS, MERGED, ALREADY_THERE, PARTLY_THERE, FILE_CONFLICT = (
+    "as recorded", "hunks", "merged", "present", "partly present", "conflict")
 
 
 @dataclass
@@ -46,6 +48,7 @@ class EntryOutcome:
     reproduces: str | None = None  # the record's pinned tree
     tree: str | None = None  # what its own chain gave onto stock (checked against reproduces)
     files: dict[str, str] = field(default_factory=dict)  # every path of its delta -> how it went (AS_RECORDED ...)
+    present: list[str] = field(default_factory=list)  # what the base already had: "path" or "path: hunks 1, 3"
 
     @property
     def reproduced(self) -> bool | None:
@@ -174,7 +177,7 @@ class Resolver:
         prefix = self.fork.package_prefix
         overlay = dict(walk.overlay)
         touched = dict(walk.touched)
-        changed, conflicts, against, files = [], [], set(), {}
+        changed, conflicts, against, files, present = [], [], set(), {}, []
 
         def current(path: str) -> Entry | None:
             return overlay[path] if path in overlay else base.files.get(path)
@@ -182,7 +185,11 @@ class Resolver:
         for change in delta.changes:
             path = prefix + change.path
             now = current(path)
-            outcome, files[change.path] = self._apply_file(change, now)
+            outcome, files[change.path], hunks = self._apply_file(change, now)
+            if files[change.path] == ALREADY_THERE:
+                present.append(change.path)
+            elif hunks:
+                present.append(f"{change.path}: hunk{'s' if len(hunks) > 1 else ''} {', '.join(map(str, hunks))}")
             if outcome is _UNCHANGED:
                 continue
             if outcome is _CONFLICT:
@@ -199,57 +206,63 @@ class Resolver:
         elif not changed:
             status, paths = PRESENT, []
         else:
-            status, paths = APPLIED, changed
-        outcome = EntryOutcome(entry_id, status, paths, sorted(against), self.records[entry_id].reproduces, files=files)
+            status, paths = (PARTLY if present else APPLIED), changed
+        outcome = EntryOutcome(entry_id, status, paths, sorted(against), self.records[entry_id].reproduces, files=files,
+                               present=present if status != CONFLICT else [])
         if status == CONFLICT:  # the conflicting entry leaves the tree as it was
             overlay, touched = walk.overlay, walk.touched
         return Walk(overlay, touched, walk.outcomes + (outcome,))
 
-    def _apply_file(self, change: FileChange, now: Entry | None) -> tuple[object, str]:
-        """(the file's new entry, or _UNCHANGED / _CONFLICT; how it went)."""
+    def _apply_file(self, change: FileChange, now: Entry | None) -> tuple[object, str, tuple[int, ...]]:
+        """(the file's new entry, or _UNCHANGED / _CONFLICT; how it went; the hunks already there)."""
         if change.mode_only:
             if now is None:
-                return _CONFLICT, FILE_CONFLICT
+                return _CONFLICT, FILE_CONFLICT, ()
             if now[0] == change.new_mode:
-                return _UNCHANGED, ALREADY_THERE
-            return ((change.new_mode, now[1]), AS_RECORDED) if now[0] == change.old_mode else (_CONFLICT, FILE_CONFLICT)
+                return _UNCHANGED, ALREADY_THERE, ()
+            if now[0] == change.old_mode:
+                return (change.new_mode, now[1]), AS_RECORDED, ()
+            return _CONFLICT, FILE_CONFLICT, ()
         post = None if change.deleted else (change.new_mode, change.new_oid)
         pre = None if change.added else (change.old_mode, change.old_oid)
         if now == post:
-            return _UNCHANGED, ALREADY_THERE
+            return _UNCHANGED, ALREADY_THERE, ()
         if now == pre:
-            return post, AS_RECORDED
+            return post, AS_RECORDED, ()
         if now is None or pre is None or post is None or change.binary:
-            return _CONFLICT, FILE_CONFLICT
+            return _CONFLICT, FILE_CONFLICT, ()
         merged = self._merge(change, pre[1], now[1], post[1])
         if merged is None:
-            return _CONFLICT, FILE_CONFLICT
-        oid, how = merged
-        if oid == now[1]:  # the merge left the file as it was: the base already made this change
-            return _UNCHANGED, ALREADY_THERE
+            return _CONFLICT, FILE_CONFLICT, ()
+        oid, how, present = merged
+        if oid == now[1]:  # the file already had every change of the entry
+            return _UNCHANGED, ALREADY_THERE, ()
         mode = post[0] if now[0] == pre[0] else now[0]
-        return (mode, oid), how
+        return (mode, oid), (PARTLY_THERE if present else how), present
 
-    def _merge(self, change: FileChange, pre: str, now: str, post: str) -> tuple[str, str] | None:
-        """The entry's hunks applied to the current text (as ``git apply`` would); where they do not
-        match, a real 3-way merge of (pre, current, post) with ``git merge-file``. Memoized by blob ids.
-        Returns (merged blob id, BY_HUNKS or MERGED), or None on conflict."""
+    def _merge(self, change: FileChange, pre: str, now: str, post: str) -> tuple[str, str, tuple[int, ...]] | None:
+        """The entry's hunks applied to the current text (as ``git apply`` would, leaving a hunk that is
+        already there alone); where they do not match, a real 3-way merge of (pre, current, post) with
+        ``git merge-file``. Memoized by blob ids. Returns (merged blob id, BY_HUNKS or MERGED, the numbers
+        of the hunks the current text already had), or None on conflict."""
         key = (pre, now, post)
         if key not in _MERGES:
-            content, how = apply_hunks(self._blob(now), change.hunks), BY_HUNKS
-            if content is None:
+            current = self._blob(now)
+            applied, how = apply_hunks(current, change.hunks), BY_HUNKS
+            if applied is None:
                 merged = self.repo.merge_blobs(pre, now, post)
-                content = None if merged is None else self.repo.read_blobs([merged])[merged]
+                applied = None if merged is None else (self.repo.read_blobs([merged])[merged],
+                                                       hunks_present(current, change.hunks))
                 how = MERGED
-            _MERGES[key] = None if content is None else (object_id("blob", content), content, how)
+            _MERGES[key] = None if applied is None else (object_id("blob", applied[0]), applied[0], how, applied[1])
         if _MERGES[key] is None:
             return None
-        oid, content, how = _MERGES[key]
+        oid, content, how, present = _MERGES[key]
         if oid not in self._written:  # this fork may not have it yet
             self.repo.write_blob(content)
             self._written.add(oid)
             _BLOBS[oid] = content
-        return oid, how
+        return oid, how, present
 
     def _blob(self, oid: str) -> bytes:
         """Blob content, cached for the process; a miss fetches every blob the loaded deltas and
@@ -357,7 +370,7 @@ class Resolver:
 
 
 # Content-addressed, so valid across resolvers and forks of this process.
-_MERGES: dict[tuple[str, str, str], tuple[str, bytes, str] | None] = {}
+_MERGES: dict[tuple[str, str, str], tuple[str, bytes, str, tuple[int, ...]] | None] = {}
 _BLOBS: dict[str, bytes] = {}
 
 
