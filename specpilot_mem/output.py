@@ -1,4 +1,10 @@
-"""Output for people (rich tables) and for scripts (``--json``), and progress for long work."""
+"""Output for people (rich tables) and for scripts (``--json``), and progress for long work.
+
+Both consoles render no markup: ids, paths, record text and error messages are user data and are shown
+exactly as written (``[red]`` or ``[layers, rows]`` included). Styled text is built explicitly with
+``styled`` (one style) or ``marked`` (markup whose user parts went through ``escape``). Piped output has
+no width limit, so paths are never cut.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,43 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-console = Console()
-err_console = Console(stderr=True)
+# wide enough for any path, small enough that nothing is padded to an absurd width
+_PIPED_WIDTH = 4000
+
+
+class _Console(Console):
+    """A console with no markup whose width, when it does not write to a terminal, has no practical limit."""
+
+    def __init__(self, stderr: bool = False):
+        super().__init__(stderr=stderr, markup=False)
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        return size if self.is_terminal else ConsoleDimensions(_PIPED_WIDTH, size.height)
+
+
+console = _Console()
+err_console = _Console(stderr=True)
+
+
+def styled(text: str, style: str) -> Text:
+    """``text`` as it is (never parsed as markup) in ``style``."""
+    return Text(text, style=style)
+
+
+def marked(markup: str) -> Text:
+    """Markup written by this program; every user-given part of it must have gone through ``escape``."""
+    return Text.from_markup(markup)
+
+
+__all__ = ["Text", "console", "emit", "err_console", "escape", "marked", "print_error", "progress", "styled", "table"]
 
 
 def to_jsonable(value: Any) -> Any:
@@ -41,7 +78,7 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     for column in columns:
         t.add_column(column)
     for row in rows:
-        t.add_row(*("" if cell is None else str(cell) for cell in row))
+        t.add_row(*("" if cell is None else cell if isinstance(cell, Text) else str(cell) for cell in row))
     return t
 
 
@@ -49,7 +86,7 @@ def print_error(err, as_json: bool = False) -> None:
     if as_json:
         sys.stdout.write(json.dumps(err.to_dict(), indent=2) + "\n")
     else:
-        err_console.print(f"[bold red]error:[/] {err}", highlight=False, markup=True)
+        err_console.print(Text.assemble(("error:", "bold red"), " ", str(err)), highlight=False)
 
 
 @contextmanager
@@ -66,7 +103,7 @@ def progress(description: str, total: int | None, enabled: bool = True):
         yield _Null()
         return
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=err_console, transient=True,
     ) as bar:
         task = bar.add_task(description, total=total)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from specpilot_mem.output import console, emit, table
+from specpilot_mem.output import console, emit, escape, marked, styled, table
 
 
 def register(subparsers, common) -> None:
@@ -189,11 +189,9 @@ def _preference(suggestions, left_out) -> str:
 
 
 def _render_new(data: dict) -> None:
-    from rich.markup import escape
-
     if data["suggestions"]:
-        rows = [(s["id"], f"[{'green' if s['status'] == 'verified' else 'yellow'}]{s['status']}[/]", escape(s["title"]),
-                 escape("\n".join(s["reasons"])), "\n".join(f"[bold red]! {escape(f)}[/]" for f in s["flags"]))
+        rows = [(s["id"], styled(s["status"], "green" if s["status"] == "verified" else "yellow"), s["title"],
+                 "\n".join(s["reasons"]), marked("\n".join(f"[bold red]! {escape(f)}[/]" for f in s["flags"])))
                 for s in data["suggestions"]]
         console.print(table(f"suggested for {data['gpu']} ({data['arch']}), {data['model']}, {data['drafter']}, {data['regime']}",
                             ["entry", "status", "title", "why", "untested"], rows))

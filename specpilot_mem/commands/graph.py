@@ -6,7 +6,7 @@ from pathlib import Path
 
 from specpilot_mem.home import find_home
 from specpilot_mem.optional import pyplot
-from specpilot_mem.output import console, emit
+from specpilot_mem.output import Text, console, emit
 
 
 def register(subparsers, common) -> None:
@@ -84,6 +84,6 @@ def run(args) -> int:
         console.print(f"wrote {payload['png']}")
     else:
         for entry_id in ids:
-            console.print(f"{'  ' * layers(ids, requires)[entry_id]}{entry_id}"
-                          + (f"  [dim]requires {', '.join(requires[entry_id])}[/]" if requires[entry_id] else ""))
+            console.print(Text.assemble(f"{'  ' * layers(ids, requires)[entry_id]}{entry_id}",
+                                        (f"  requires {', '.join(requires[entry_id])}" if requires[entry_id] else "", "dim")))
     return 0

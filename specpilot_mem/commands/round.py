@@ -7,7 +7,7 @@ from pathlib import Path
 
 from specpilot_mem.errors import RoundError
 from specpilot_mem.home import find_home
-from specpilot_mem.output import console, emit, table
+from specpilot_mem.output import Text, console, emit, table
 
 
 def register(sub, common) -> None:
@@ -128,7 +128,8 @@ def _show(args, round_dir, state) -> int:
                               for d in directions]}
 
     def render(p):
-        console.print(f"[bold]{p['deployment']}[/] round {p['number']}  lineage {p['lineage']}  best {p['best'][:12]}")
+        console.print(Text.assemble((p["deployment"], "bold"),
+                                    f" round {p['number']}  lineage {p['lineage']}  best {p['best'][:12]}"))
         console.print(table("phases", ["phase", "state"],
                             [(ph, "done" if ph in p["done"] else ("next" if ph == p["next"] else "")) for ph in PHASES]))
         if p["directions"]:
