@@ -122,6 +122,8 @@ class Evidence(Record):
     round: str | None = Field(default=None, description="deployment/round-N where it was measured")
     results: str | None = Field(default=None, description="committed output file (e.g. benchmarks/results/...json)")
     synthetic: bool = Field(default=False, description="measured on synthetic data or random weights")
+    revalidate: str | None = Field(default=None, description="set when the figures were measured on code that has "
+                                   "changed since, e.g. 'base changed: re-validate' after a requirement was re-recorded")
 
 
 class Untested(Record):
