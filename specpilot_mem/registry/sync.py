@@ -11,7 +11,6 @@ rebuilt, not trusted. Every record is parsed before anything is written, so a ba
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -35,13 +34,13 @@ from specpilot_mem.home import Home
 from specpilot_mem.models import DeploymentRecord, EntryRecord
 from specpilot_mem.registry.schema import ENTRY_TABLES, SCHEMA_VERSION, TABLES
 from specpilot_mem.rounds.models import PromotionLog, RoundState
+from specpilot_mem.store.file_lock import file_lock
 from specpilot_mem.store.records import ENTRY_FILE, entry_path, load_entry, load_record_file
 
 DEPLOYMENT_FILE = "deployment.yaml"
 ROUND_DIR = re.compile(r"^round-([0-9]+)$")
 ROUND_FILE = "round.yaml"  # a folder is a round once it has this file (see specpilot_mem.rounds.files)
 PROMOTIONS_FILE = "promotions.yaml"
-LOCK_TIMEOUT_S = 60.0
 # Readers need no extensions (and loading them costs start-up time).
 READ_CONFIG = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
 
@@ -392,32 +391,15 @@ def _diff(current: dict[str, RecordFile], stored: dict[str, str]) -> tuple[list[
 
 
 @contextmanager
-def writer_lock(home: Home, timeout_s: float = LOCK_TIMEOUT_S):
-    """One registry writer at a time per home (an advisory flock on .specpilot/registry.lock)."""
-    lock_path = home.state / "registry.lock"
+def writer_lock(home: Home, timeout_s: float | None = None):
+    """One registry writer at a time per home (``store.file_lock`` on .specpilot/registry.lock)."""
     try:
         home.state.mkdir(parents=True, exist_ok=True)
-        handle = open(lock_path, "a+")
     except OSError as err:
-        raise RegistryError(f"cannot take the registry's writer lock: {err}", where=str(lock_path),
+        raise RegistryError(f"cannot take the registry's writer lock: {err}", where=str(home.state / "registry.lock"),
                             fix=f"make {home.state} a writable folder (it holds machine-local state)") from err
-    with handle:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise RegistryError(
-                        f"another process has been syncing the registry for over {timeout_s:.0f} s",
-                        where=str(lock_path), fix="wait for it to finish, or end it if it hung",
-                    ) from None
-                time.sleep(0.02)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with file_lock(home.state / "registry.lock", timeout_s=timeout_s, what="the registry"):
+        yield
 
 
 def _create_schema(con: duckdb.DuckDBPyConnection) -> None:

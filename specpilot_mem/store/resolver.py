@@ -410,7 +410,8 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
     if not ids:
         raise UnknownEntryError("no entries to apply", where="apply", fix="name at least one entry id, or pass --all")
     fork = resolver.fork if resolver else open_fork(home)
-    with fork.lock():
+    # only a target (or importing a release) changes the fork; a plain apply reads it beside other readers
+    with fork.lock(shared=not (branch or worktree or export or is_release_spec(onto))):
         resolver = resolver or Resolver(fork)
         order = resolver.chain(ids)
         release = None
