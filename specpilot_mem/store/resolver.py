@@ -402,8 +402,9 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
     """Apply ``ids`` with their requirements onto ``onto``: ``stock``, a fork revision, or an SGLang release
     (``sglang==X`` or a wheel path, imported beside stock by ``store.releases``; entries ported to it use their port).
 
-    Onto stock every entry of the chain must reproduce its record (``ReproductionError``) and a
-    conflict is an error; onto another base conflicts are reported in the result. ``branch`` writes
+    Onto stock every entry whose chain builds must reproduce its record (``ReproductionError``); on any
+    base, conflicts are reported in the result (per entry: status, paths, the entries it conflicts with),
+    and refuse a branch, worktree or export (``ConflictError``). ``branch`` writes
     ``refs/heads/<branch>``, ``worktree`` checks the result out there, ``export`` writes an SGLang
     package (``specpilot_mem.sglang.export``). Refs change only after every check passed.
     """
@@ -429,15 +430,12 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
         conflicts = [o for o in outcomes if o.status == CONFLICT]
         if release is not None and not conflicts:
             _check_ports(resolver, release, outcomes)
-        if on_stock and conflicts:
-            raise ConflictError(
-                "; ".join(f"{o.id} conflicts with {', '.join(o.conflicts_with) or 'stock'}" for o in conflicts),
-                where="files: " + ", ".join(p for o in conflicts for p in o.paths),
-                fix="these entries change the same lines: record one on top of the other (requires)",
-            )
         if on_stock:
             failed = []
+            conflicting = {o.id for o in conflicts}
             for outcome in outcomes:
+                if conflicting & set(resolver.chain([outcome.id])):
+                    continue  # its chain does not build: the conflict is the report
                 outcome.tree = resolver.reproduce(outcome.id).tree
                 if not outcome.reproduced:
                     failed.append(outcome)
@@ -450,20 +448,22 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
                 )
         result = ApplyResult(list(ids), order, onto, onto_commit, resolver.tree_id(onto_tree, walk), outcomes,
                              release=release.to_dict() if release else None)
+        if (branch or worktree or export) and conflicts:
+            target = "branch" if branch else "worktree" if worktree else "export"
+            raise ConflictError(
+                f"the result has conflicts, so no {target} was written: " + "; ".join(
+                    f"{o.id} conflicts with {', '.join(o.conflicts_with) or onto} in {', '.join(o.paths)}"
+                    for o in conflicts),
+                where="files: " + ", ".join(p for o in conflicts for p in o.paths),
+                fix="apply without --branch/--worktree/--export to see the report; record one entry on top of "
+                    "the other (requires), or leave one out")
         if branch or worktree:
-            if conflicts:
-                raise ConflictError("the result has conflicts, so no branch or worktree was written",
-                                    where="files: " + ", ".join(p for o in conflicts for p in o.paths),
-                                    fix="apply without --branch/--worktree to see the report, or leave out the entries")
             result.commit = _write_result(resolver, onto, onto_commit, onto_tree, walk, order)
             if branch:
                 result.branch = _write_branch(fork, branch, result.commit, force)
             if worktree:
                 result.worktree = _checkout(fork, Path(worktree), result.commit)
         if export:
-            if conflicts:
-                raise ConflictError("the result has conflicts, so nothing was exported",
-                                    where="files: " + ", ".join(p for o in conflicts for p in o.paths))
             from specpilot_mem.sglang.export import export_tree
 
             resolver.tree_id(onto_tree, walk, write=True)
