@@ -14,6 +14,8 @@ offset), and where they do not match, a 3-way merge of the (pre, current, post) 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -466,6 +468,8 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
         if export:
             from specpilot_mem.sglang.export import export_tree
 
+            check_leftovers(fork, Path(export).expanduser().resolve())
+
             resolver.tree_id(onto_tree, walk, write=True)
             result.export = export_tree(home, result.tree, Path(export), order)
         return result
@@ -513,17 +517,65 @@ def _write_branch(fork: Fork, branch: str, commit: str, force: bool) -> str:
     return ref
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_leftovers(fork: Fork, target: Path) -> None:
+    """Refuse to write ``target`` while a half-built copy of it from an interrupted run lies beside it
+    (``.<name>.worktree-PID`` or ``.<name>.export-PID`` of a process that is gone), naming the command
+    that removes it."""
+    for leftover in sorted(target.parent.glob(f".{target.name}.*-*")):
+        kind, _, pid = leftover.name[len(target.name) + 2:].rpartition("-")
+        if kind not in ("worktree", "export", "retired") or not pid.isdigit() or _pid_alive(int(pid)):
+            continue
+        remove = (f"git -C {fork.repo.path} worktree remove --force {leftover}" if (leftover / ".git").is_file()
+                  else f"rm -rf {leftover}")
+        raise ForkError(f"{leftover} is left over from an interrupted specpilot-mem run (pid {pid}, gone)",
+                        where=str(target), fix=f"remove it, then run the command again: {remove}")
+
+
 def _checkout(fork: Fork, path: Path, commit: str) -> str:
+    """Check ``commit`` out at ``path``: built beside it (``.<name>.worktree-PID``) and moved into place at
+    the end, so an interrupted run leaves ``path`` as it was."""
     path = path.expanduser().resolve()
-    if path.exists() and any(path.iterdir()):
+    check_leftovers(fork, path)
+    existing = path.exists() and (not path.is_dir() or any(path.iterdir()))
+    if existing:
         target = Repo(path)
-        if not target.exists() or target.common_dir.resolve() != fork.repo.common_dir.resolve():
+        if not path.is_dir() or not target.exists() or target.common_dir.resolve() != fork.repo.common_dir.resolve():
             raise ForkError(f"{path} exists and is not a work tree of the fork", where="--worktree",
                             fix="pass a new folder, or an existing worktree of sglang-fork")
         if target.is_dirty():
             raise ForkError(f"the work tree {path} has uncommitted changes", where="--worktree",
                             fix="commit or discard them first (git -C PATH status)")
-        target.git("checkout", "--quiet", "--detach", commit)
-    else:
-        fork.repo.git("worktree", "add", "--quiet", "--detach", str(path), commit)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ForkError(f"cannot create the folder for the work tree: {err}", where="--worktree",
+                        fix="pass a path in a writable folder") from None
+    scratch = path.parent / f".{path.name}.worktree-{os.getpid()}"
+    retired = path.parent / f".{path.name}.retired-{os.getpid()}"
+    try:
+        fork.repo.git("worktree", "add", "--quiet", "--detach", str(scratch), commit)
+        if existing:
+            fork.repo.git("worktree", "move", str(path), str(retired))
+        elif path.exists():
+            path.rmdir()  # an empty folder
+        fork.repo.git("worktree", "move", str(scratch), str(path))
+    except BaseException:
+        if retired.exists() and not path.exists():
+            fork.repo.git("worktree", "move", str(retired), str(path), check=False)
+        fork.repo.git("worktree", "remove", "--force", str(scratch), check=False)
+        shutil.rmtree(scratch, ignore_errors=True)
+        fork.repo.git("worktree", "prune", check=False)
+        raise
+    if retired.exists():
+        fork.repo.git("worktree", "remove", "--force", str(retired))
     return str(path)
