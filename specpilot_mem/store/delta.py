@@ -86,6 +86,23 @@ def check_path(path: str, where: str) -> str:
     return path
 
 
+SYMLINK_MODE = "120000"
+
+
+def check_symlink(path: str, target: bytes, where: str) -> None:
+    """A symlink an entry adds must point inside the tree: relative, and never climbing above the root."""
+    text = target.decode("utf-8", errors="replace")
+    depth = path.count("/")  # folders between the root and the link
+    for part in text.split("/"):
+        depth = depth - 1 if part == ".." else depth if part in ("", ".") else depth + 1
+        if depth < 0:
+            break
+    if text.startswith("/") or depth < 0 or "\0" in text or re.match(r"^[A-Za-z]:", text):
+        raise DeltaError(f"{path} is a symlink to {text!r}, which points outside the tree",
+                         where=where, fix="entries may only add symlinks to files inside the tree (relative, "
+                                          "without climbing above its root); copy the file in instead")
+
+
 def _unquote(text: str) -> str:
     """git's C-style path quoting (used for names with special characters)."""
     if not text.startswith('"'):

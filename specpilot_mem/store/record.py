@@ -31,7 +31,7 @@ from specpilot_mem.store.kernels import VENDOR_DIR
 from specpilot_mem.store.records import (delta_path, dump_record, entry_path, load_entries, load_record_file,
                                          validate_data, write_atomic)
 from specpilot_mem.store.requirements import closure
-from specpilot_mem.store.resolver import CONFLICT, Resolver
+from specpilot_mem.store.resolver import CONFLICT, Resolver, check_symlinks
 
 # Fields the store fills in; a draft may not set them.
 _STORE_FIELDS = ("id", "requires", "reproduces", "kernels", "recorded", "releases")
@@ -260,6 +260,7 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
         _check_built_on_requirements(fork, resolver, base_walk, source_tree, source)
         text = _diff(fork, base_tree, source_tree)
         delta = parse_delta(text, entry_id, f"entries/{entry_id}/{delta_path(home, entry_id).name}")
+        check_symlinks(fork.repo, delta, source)
 
         fields = existing.model_dump(exclude_defaults=True) if existing else {}
         if existing and delta_path(home, entry_id).is_file() and delta_path(home, entry_id).read_bytes() != text:

@@ -24,7 +24,8 @@ from specpilot_mem.errors import ConflictError, DeltaError, ForkError, Reproduct
 from specpilot_mem.git import Repo, Signature, commit_content, object_id
 from specpilot_mem.home import Home
 from specpilot_mem.models import EntryRecord
-from specpilot_mem.store.delta import Delta, FileChange, apply_hunks, hunks_present, load_delta
+from specpilot_mem.store.delta import (SYMLINK_MODE, Delta, FileChange, apply_hunks, check_symlink, hunks_present,
+                                      load_delta)
 from specpilot_mem.store.fork import ENTRY_REF_PREFIX, Fork, open_fork
 from specpilot_mem.store.records import delta_path, load_entries
 from specpilot_mem.store.releases import RELEASE_REF_PREFIX, import_release, is_release_spec
@@ -469,10 +470,20 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
             from specpilot_mem.sglang.export import export_tree
 
             check_leftovers(fork, Path(export).expanduser().resolve())
+            for entry_id in order:  # a symlink out of the tree is never written out, whatever the record says
+                check_symlinks(fork.repo, resolver.delta(entry_id), f"entries/{entry_id}")
 
             resolver.tree_id(onto_tree, walk, write=True)
             result.export = export_tree(home, result.tree, Path(export), order)
         return result
+
+
+def check_symlinks(repo: Repo, delta: Delta, where: str) -> None:
+    """Every symlink ``delta`` adds or changes must stay inside the tree (``delta.check_symlink``)."""
+    links = [c for c in delta.changes if c.new_mode == SYMLINK_MODE and c.new_oid]
+    blobs = repo.read_blobs(c.new_oid for c in links) if links else {}
+    for change in links:
+        check_symlink(change.path, blobs[change.new_oid], where)
 
 
 def _check_ports(resolver: Resolver, release, outcomes: list[EntryOutcome]) -> None:
