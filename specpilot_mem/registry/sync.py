@@ -373,14 +373,62 @@ def stored_hashes(db: Path, con: duckdb.DuckDBPyConnection | None = None) -> dic
             con.close()
 
 
-def _hashes_if_current(con: duckdb.DuckDBPyConnection) -> dict[str, str] | None:
+_SHAPE_SQL = ("SELECT table_name, column_index, column_name, data_type, is_nullable FROM duckdb_columns() "
+              "WHERE database_name = ? AND schema_name = 'main' ORDER BY table_name, column_index")
+_EXPECTED_SHAPE: list[tuple] = []
+
+
+def _expected_shape() -> list[tuple]:
+    """The tables and columns ``TABLES`` creates (built once per process in an empty in-memory database)."""
+    if not _EXPECTED_SHAPE:
+        con = duckdb.connect(":memory:")
+        try:
+            _create_schema(con)
+            _EXPECTED_SHAPE.extend(con.execute(_SHAPE_SQL, ["memory"]).fetchall())
+        finally:
+            con.close()
+    return _EXPECTED_SHAPE
+
+
+def _hashes_if_current(con: duckdb.DuckDBPyConnection, alias: str = "registry") -> dict[str, str] | None:
+    """The stored hashes, or None when the file is of another schema version or, at this version, of
+    another shape (a table or column missing, added or retyped), so it is rebuilt, not trusted."""
     try:
         version = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if version is None or version[0] != str(SCHEMA_VERSION):
             return None
+        if con.execute(_SHAPE_SQL, [alias]).fetchall() != _expected_shape():
+            return None
         return dict(con.execute("SELECT path, sha256 FROM files").fetchall())
     except duckdb.Error:
         return None
+
+
+def _content_digest(con: duckdb.DuckDBPyConnection, alias: str) -> str:
+    """A digest of every table's shape and rows (in a canonical order): equal digests, equal registries."""
+    digest = hashlib.sha256(repr(con.execute(_SHAPE_SQL, [alias]).fetchall()).encode())
+    for table in sorted(TABLES):
+        rows = con.execute(f"SELECT md5(coalesce(string_agg(CAST(t AS VARCHAR), chr(10) ORDER BY CAST(t AS VARCHAR)), ''))"
+                           f" FROM {alias}.main.{table} AS t").fetchone()[0]
+        digest.update(f"{table}:{rows}".encode())
+    return digest.hexdigest()
+
+
+def _unchanged(con: duckdb.DuckDBPyConnection, built_digest: str, registry: Path) -> bool:
+    """Whether the registry file already holds exactly what was built (then it is left byte-identical:
+    DuckDB writes a random database id into every new file)."""
+    if not registry.is_file():
+        return False
+    try:
+        con.execute("ATTACH ? AS current_registry (READ_ONLY)", [str(registry)])
+    except duckdb.Error:
+        return False
+    try:
+        return _content_digest(con, "current_registry") == built_digest
+    except duckdb.Error:
+        return False
+    finally:
+        _detach(con, "current_registry")
 
 
 def _diff(current: dict[str, RecordFile], stored: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
@@ -519,11 +567,13 @@ def _build_and_replace(home: Home, con: duckdb.DuckDBPyConnection, rows: dict[st
             con.execute("COMMIT")
             open_transaction = False
             con.execute("CHECKPOINT build")
+            built = _content_digest(con, "build")
         finally:
             if open_transaction:
                 con.execute("ROLLBACK")
             _detach(con, "build")
-        os.replace(tmp, home.registry)
+        if not _unchanged(con, built, home.registry):
+            os.replace(tmp, home.registry)
     finally:
         tmp.unlink(missing_ok=True)
         wal.unlink(missing_ok=True)
