@@ -25,10 +25,13 @@ _PIPED_WIDTH = 4000
 
 
 class _Console(Console):
-    """A console with no markup whose width, when it does not write to a terminal, has no practical limit."""
+    """A console with no markup or highlighting whose width, off a terminal, has no practical limit."""
 
     def __init__(self, stderr: bool = False):
-        super().__init__(stderr=stderr, markup=False)
+        # no highlighting either: rich's repr highlighter is quadratic in a long value, and user data is
+        # not Python reprs
+        # soft wrap: a long line is left to the terminal (or the reader of a pipe) instead of being cut
+        super().__init__(stderr=stderr, markup=False, highlight=False, soft_wrap=True)
 
     @property
     def size(self) -> ConsoleDimensions:

@@ -81,3 +81,14 @@ def markup_home(tmp_path_factory):
 def test_record_text_and_paths_come_out_as_written(markup_home, capsys, argv, verbatim):
     code, text = run_cli(capsys, [*argv, "--home", str(markup_home.root)])
     assert code == 0 and verbatim in text, text
+
+
+def test_long_values_are_printed_whole_and_unstyled(markup_home, capsys):
+    """A 20,000-character filter value comes back whole: no width cut, and no repr highlighting (whose
+    regular expressions are quadratic in the length of a value)."""
+    from specpilot_mem.output import console
+
+    long_value = "x1.5e3" * 3500
+    code, text = run_cli(capsys, ["query", "--model", long_value, "--home", str(markup_home.root)])
+    assert code == 0 and long_value in text
+    assert console._highlight is False  # rich keeps the setting private
