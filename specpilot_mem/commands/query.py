@@ -35,7 +35,14 @@ def register(subparsers, common) -> None:
 
 
 def filters_of(args):
+    from specpilot_mem.errors import SpecPilotError
     from specpilot_mem.registry.query import QueryFilters
+
+    for option in ("gpu", "arch", "model", "drafter", "requires", "text", "release"):
+        value = getattr(args, option)
+        if value is not None and not value.strip():
+            raise SpecPilotError(f"--{option} is empty", where=f"--{option}",
+                                 fix=f"give --{option} a value, or leave it out to not filter on it")
 
     return QueryFilters(gpu=args.gpu, arch=args.arch, model=args.model, drafter=args.drafter, regime=args.regime,
                         requires=args.requires, text=args.text, validated_only=args.validated_only,

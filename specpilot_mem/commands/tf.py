@@ -66,6 +66,9 @@ def run(args) -> int:
     from specpilot_mem.forcing.scorer import ForcingError, load_scorer, score_outputs
     from specpilot_mem.forcing.verdict import TokenForcing, Verdict
 
+    if args.delta is not None and not args.delta > 0:  # also NaN
+        raise ForcingError(f"--delta must be a positive number of nats, got {args.delta:g}", where="--delta",
+                           fix="pass the δ an earlier calibration printed, or calibrate it with --ar JSONL")
     if args.audit_sample is None:
         args.audit_sample = AUDIT_SAMPLE
     if args.audit_sample < 1:
