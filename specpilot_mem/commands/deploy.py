@@ -195,6 +195,12 @@ def _render_new(data: dict) -> None:
                 for s in data["suggestions"]]
         console.print(table(f"suggested for {data['gpu']} ({data['arch']}), {data['model']}, {data['drafter']}, {data['regime']}",
                             ["entry", "status", "title", "why", "untested"], rows))
+    if data["left_out"]:
+        console.print(table(f"left out ({len(data['left_out'])})", ["entry", "status", "why"],
+                            [(s["id"], s["status"], "; ".join(s["why"])) for s in data["left_out"]]))
+    if data["preference"] is not None and not data["suggestions"]:
+        console.print("nothing matched this deployment" + (" (the memory has no entries)" if not data["left_out"] else
+                      ": each entry above says why") + "; it starts from stock")
     if data["preference"]:
         console.print(data["preference"])
     elif data["entries"] == [] and not data["dry_run"]:
