@@ -2,7 +2,13 @@
 cuBLAS on the five 27B-class shapes (bursts, with escapes, and settled), and optionally a tune of the 33-256-row kernel.
 
     PYTHONPATH=kernels:. python benchmarks/w12_device_check.py --out benchmarks/results/w12-v2-device-check-h200.json
-        [--settle 1.0] [--tune] [--write-configs kernels/specpilot_kernels/w12/mma_configs.json] [--sections ...]
+        [--settle 1.0] [--tune [--tune-budget 120] [--multicast]] [--write-configs mma_configs.json] [--sections ...]
+
+--tune times, per shape and row range (17-32, 33-64, 65-128, 129-256), every bit-neutral choice (step plans, rings,
+warpgroups; the wide kernel's warpgroups, slots, stages, slab and multicast) with each candidate's bits checked, and
+times the shape with the winners; --write-configs writes mma_configs.json with them (scripts/device_stages/w12.sh puts
+it in $RESULTS to commit). ``--sections multicast`` checks the multicast configs' bits alone (the stage runs it first,
+in its own process).
 
 Every section catches its own error and the result file is rewritten after each (a failure keeps the rest). Method:
 CUDA-graph replay over rotating weight copies larger than L2, median of REPLAYS (the issue-4 method); W12 and cuBLAS
@@ -13,6 +19,7 @@ and huge values) at the stated fractions; the escape fraction each produced unde
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -27,7 +34,8 @@ from cuda_timing import ClockLog, graph_replay_us, record_section  # noqa: E402
 
 from specpilot_kernels.w12 import encode  # noqa: E402
 from specpilot_kernels.w12.mma import (  # noqa: E402
-    CSRC, SOURCES, MmaConfig, W12MmaTensor, select_mma_config, to_mma_layout, w12_mma_gemm,
+    CSRC, SOURCES, STEP_PLANS, TUNED_PATH, WIDE_BUCKETS, MmaConfig, W12MmaTensor, select_mma_config, to_mma_layout,
+    w12_mma_gemm, wide_token_tiles,
 )
 from specpilot_kernels.w12.reference import gemm_reference  # noqa: E402
 from specpilot_mem.provenance import result_header, write_result  # noqa: E402
@@ -41,11 +49,13 @@ ESCAPE_ROWS = (1, 8, 16, 32, 64, 128, 256)
 SETTLED_ROWS = (1, 16, 32)
 L2_BYTES = 60 * 2**20
 REPLAYS = 12
-# the wide kernel's (warpgroups a block, activation slots, weight stages) tried by --tune at 33-256 rows
-WIDE_CANDIDATES = ((1, 2, 3), (1, 2, 2), (1, 3, 2), (2, 2, 3), (2, 3, 2), (2, 2, 2), (4, 2, 2))
-TUNE_ROWS = (48, 64, 128, 256)
+# --tune: per shape, each bit-neutral choice of a row range timed at these rows (the winner by geometric mean)
+TUNE_BUCKETS = {"17-32": (17, 24, 32), "33-64": (33, 48, 64), "65-128": (96, 128), "129-256": (192, 256)}
+WIDE_TUNE = dict(groups=(4, 2, 1), slots=(4, 6, 3, 2), stages=(2, 3, 4))  # likeliest first: a budget may stop it
+TUNE_REPLAYS = 5
+SMEM_PER_SM = 227 * 1024  # the H200's shared memory a block may have
 # kernels compared for bits: the per-warp kernel 64 rows at a time is the reference every other must equal
-PLAIN = dict(wgmma=(0, 0, 0), shared_x_32=(0, 0), wide=(0, 2, 2))
+PLAIN = dict(wgmma=(0, 0, 0), shared_x_32=(0, 0), wide=(0, 2, 2), wide_rows=())
 CHECK_CONFIGS = {
     "n4_k1_s1": MmaConfig(4, 1, 1),
     "n1_k3_s1_wgmma": MmaConfig(1, 3, 1, wgmma=(1, 1, 1)),
@@ -54,7 +64,20 @@ CHECK_CONFIGS = {
     "n2_k4_s3_wide2": MmaConfig(2, 4, 3, wide=(2, 2, 3)),
     "n1_k2_s1_wide4": MmaConfig(1, 2, 1, wide=(4, 2, 2)),
     "tail": MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide=(1, 2, 3)),
+    "n1_k3_s2_one_slab": MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
+    "n1_k8_s2_deep": MmaConfig(1, 8, 2, wide_rows=((2, 6, 6, 8), (1, 6, 6, 16), (1, 2, 6, 24))),
 }
+# the wide kernel's activation multicast (clusters along x), checked in a process of its own first (section
+# "multicast"): a fault there must not cost the rest of the run
+MULTICAST_CONFIGS = {
+    "n1_k3_s2_multicast2": MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 2), (1, 2, 2, 32, 2))),
+    "n1_k1_s1_multicast4": MmaConfig(1, 1, 1, wide_rows=((1, 4, 2, 8, 4), (2, 2, 3, 16, 4), (1, 2, 2, 16, 4))),
+    "n1_k8_s1_multicast2": MmaConfig(1, 8, 1, wide_rows=((4, 2, 2, 8, 2), (2, 3, 2, 16, 2), (2, 2, 2, 32, 2))),
+    "tail_multicast": MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2),
+                                wide_rows=((1, 2, 2, 8, 2), (2, 2, 2, 16, 4), (1, 2, 2, 32, 2))),
+}
+# ... on weights of 1024 rows and of 1040 (65 tiles: clusters of tile groups with blocks past the last one)
+MULTICAST_ROWS = (1024, 1040)
 
 
 def log(*args):
@@ -107,12 +130,12 @@ def build() -> dict:
     return {"seconds": time.perf_counter() - start, "sources": list(SOURCES)}
 
 
-def check_bits() -> dict:
-    """Every config of CHECK_CONFIGS at every row count and escape fraction: y's bits equal the per-warp kernel's
-    (64 rows a launch), each row's bits do not depend on the row count, one-hot rows read the weights exactly, and
-    y is close to the fp32 reference. Q pass (midpoint) too, at a few row counts."""
+def check_bits(configs: dict[str, MmaConfig] = CHECK_CONFIGS, n: int = 1024) -> dict:
+    """Every config of ``configs`` at every row count and escape fraction on an [n, 1536] weight: y's bits equal the
+    per-warp kernel's (64 rows a launch), each row's bits do not depend on the row count, one-hot rows read the weights
+    exactly, and y is close to the fp32 reference. Q pass (midpoint) too, at a few row counts."""
     out = {}
-    n, k = 1024, 1536
+    k = 1536
     torch.manual_seed(1)
     base = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
     x = torch.randn(max(ROWS), k, device="cuda").bfloat16()
@@ -126,7 +149,7 @@ def check_bits() -> dict:
         onehot = torch.zeros(cols.numel(), k, device="cuda", dtype=torch.bfloat16)
         onehot[torch.arange(cols.numel()), cols] = 1
         expected = bits((w[:, cols].t().float() + 0.0).bfloat16())
-        for name, config in CHECK_CONFIGS.items():
+        for name, config in configs.items():
             try:
                 plain = replace(config, **PLAIN)
                 alone = bits(w12_mma_gemm(x[:1], mma, config=config))
@@ -158,6 +181,13 @@ def check_bits() -> dict:
     return out
 
 
+def check_multicast() -> dict:
+    """check_bits of the multicast configs on MULTICAST_ROWS-row weights; all_ok only if every one is."""
+    out = {f"n{n}": check_bits(MULTICAST_CONFIGS, n) for n in MULTICAST_ROWS}
+    out["all_ok"] = all(out[f"n{n}"]["all_ok"] for n in MULTICAST_ROWS)
+    return out
+
+
 class Shape:
     """One weight shape's tensors: BF16 copies for cuBLAS, W12 copies per escape fraction."""
 
@@ -186,12 +216,13 @@ class Shape:
                                            **stats}
         return self.w12[fraction]
 
-    def w12_us(self, m: int, fraction: float = 0.0, config: MmaConfig | None = None, settle_s: float = 0.0) -> float:
+    def w12_us(self, m: int, fraction: float = 0.0, config: MmaConfig | None = None, settle_s: float = 0.0,
+               replays: int = REPLAYS) -> float:
         mmas = self.mma(fraction)
         x = torch.randn(m, self.k, device="cuda").bfloat16()
         y = torch.empty(m, self.n, device="cuda", dtype=torch.bfloat16)
         return graph_replay_us(lambda i: w12_mma_gemm(x, mmas[i], config=config, out=y), len(mmas),
-                               max(len(mmas), 8), REPLAYS, settle_s)
+                               max(len(mmas), 8), replays, settle_s)
 
     def cublas_us(self, m: int, settle_s: float = 0.0) -> float:
         x = torch.randn(m, self.k, device="cuda").bfloat16()
@@ -233,26 +264,111 @@ def time_shape(shape: Shape, read_bw: float, settle_s: float, config: MmaConfig 
             "escapes_w12_us": escapes, "settled": settled, "encode": shape.stats}
 
 
-def tune_wide(shape: Shape) -> dict:
-    """The wide kernel's candidates at TUNE_ROWS, and the 64-rows-a-launch path at 33-64 (wide off): the winner by
-    geometric mean over TUNE_ROWS (no bit depends on the choice)."""
+def wide_fits(groups: int, slots: int, stages: int, slab_tiles: int, m: int) -> bool:
+    """Whether a wide block's shared memory (csrc/w12_wide.cu wide_smem_bytes) fits a multiprocessor at ``m`` rows."""
+    tiles, _ = wide_token_tiles(m, slab_tiles)
+    warps = 4 * groups
+    loop = slots * tiles * 2048 + warps * stages * 3072 + 16 * slots + warps * 1024
+    return max(loop, warps * 32 * tiles * 16) <= SMEM_PER_SM
+
+
+def tune_candidates(base: MmaConfig, bucket: str, multicast_too: bool = False) -> dict[str, MmaConfig]:
+    """Bit-neutral variants of ``base`` for one row range: step plans, shared activations and warpgroups at 17-32 rows;
+    the wide kernel's warpgroups, slots, stages (and at 129-256 one slab or two; with ``multicast_too`` activation
+    multicast to 2 or 4 tile groups) above, or 64 rows a launch of the per-warp / warpgroup kernels at 33-64."""
+    out = {"current": base}
+    if bucket == "17-32":
+        rings = {(0, 0), tuple(base.shared_x_32), (4, 4), (5, 6), (8, 4), (2, 8)}
+        for plan in STEP_PLANS[32]:
+            for ring in sorted(rings):
+                if ring[1] and (plan[1] != 1 or ring[0] * base.warps_k > 16):
+                    continue
+                out[f"plan{plan}_ring{ring}"] = replace(base, plan_32=plan, shared_x_32=ring, wgmma=(*base.wgmma[:1], 0,
+                                                                                                  base.wgmma[2]))
+        for groups in (1, 2, 4):
+            if 4 * groups * base.warps_k <= 32:
+                out[f"wgmma{groups}"] = replace(base, wgmma=(base.wgmma[0], groups, base.wgmma[2]))
+        return out
+    index = list(TUNE_BUCKETS).index(bucket) - 1
+    rows = base.wide_rows or tuple((*base.wide, 16) for _ in WIDE_BUCKETS)
+    top = WIDE_BUCKETS[index]
+    slabs = (16, 32) if bucket == "129-256" else (8,) if bucket == "33-64" else (16,)
+    for groups in WIDE_TUNE["groups"]:
+        for slots in WIDE_TUNE["slots"]:
+            for stages in WIDE_TUNE["stages"]:
+                for slab in slabs:
+                    if not wide_fits(groups, slots, stages, slab, top):
+                        continue
+                    setting = list(rows)
+                    setting[index] = (groups, slots, stages, slab)
+                    out[f"wide{(groups, slots, stages, slab)}"] = replace(base, wide_rows=tuple(setting))
+    cluster_y = base.warps_k * base.splits if base.warps_k * base.splits <= 8 else base.warps_k
+    for multicast in (2, 4) if multicast_too else ():
+        for groups in (4, 2, 1):
+            for slots in (4, 3, 2):
+                for stages in (2, 3):
+                    slab = slabs[-1]
+                    if multicast * cluster_y > 16 or not wide_fits(groups, slots, stages, slab, top):
+                        continue
+                    setting = list(rows)
+                    setting[index] = (groups, slots, stages, slab, multicast)
+                    out[f"wide{(groups, slots, stages, slab, multicast)}"] = replace(base, wide_rows=tuple(setting))
+    if bucket == "33-64":
+        for plan in STEP_PLANS[64]:
+            for groups in (0, 1, 2, 4):
+                if 4 * groups * base.warps_k > 32:
+                    continue
+                setting = list(rows)
+                setting[0] = (0, 2, 2, 8)
+                out[f"off_plan{plan}_wgmma{groups}"] = replace(base, plan_64=plan, wide_rows=tuple(setting),
+                                                              wgmma=(*base.wgmma[:2], groups))
+    return out
+
+
+def tune_shape(shape: Shape, deadline: float, multicast: bool = False) -> dict:
+    """Every row range's candidates (tune_candidates) timed at its TUNE_BUCKETS rows; a candidate whose bits differ
+    from the per-warp kernel's, or whose launch ran fewer warpgroups than asked, is recorded and not chosen. Returns the
+    times, the winners and the config made of them (the shape's partition unchanged: no bit depends on any choice).
+    Each row range may take its share of the time left to ``deadline`` (time.monotonic()), keeping the best so far;
+    the current config is always the first candidate, so a stopped range never ends worse than it was."""
     base = select_mma_config(shape.n, shape.k, torch.device("cuda"))
-    times, best = {}, None
-    for wide in WIDE_CANDIDATES:
-        option = replace(base, wide=wide)
-        try:
-            t = {m: shape.w12_us(m, config=option) for m in TUNE_ROWS}
-        except Exception as exc:  # noqa: BLE001 - e.g. a block that fits no multiprocessor
-            times[str(wide)] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
-            continue
-        score = math.exp(sum(map(math.log, t.values())) / len(t))
-        times[str(wide)] = {**t, "score": score}
-        if best is None or score < best[1]:
-            best = (wide, score)
-        log(shape.name, "wide", wide, times[str(wide)])
-    off = replace(base, wide=(0, 2, 2))
-    times["off_48_64"] = {m: shape.w12_us(m, config=off) for m in (48, 64)}
-    return {"times": times, "best": list(best[0]) if best else None}
+    mmas = shape.mma(0.0)
+    x = torch.randn(256, shape.k, device="cuda").bfloat16()
+    plain = replace(base, **PLAIN)
+    reference = {m: bits(w12_mma_gemm(x[:m], mmas[0], config=plain)) for b in TUNE_BUCKETS.values() for m in b}
+    chosen, report = base, {}
+    for index, (bucket, rows) in enumerate(TUNE_BUCKETS.items()):
+        times, best = {}, None
+        share = time.monotonic() + (deadline - time.monotonic()) / (len(TUNE_BUCKETS) - index)
+        for name, option in tune_candidates(chosen, bucket, multicast).items():
+            if time.monotonic() > share:
+                times["stopped"] = "tune budget spent"
+                break
+            try:
+                ran = []
+                w12_mma_gemm(x[:rows[-1]], mmas[0], config=option, launched=ran)
+                wide = option.uses_wide(rows[-1], (9, 0)) and option.wide_launch(rows[-1])[0]
+                if wide and ran[:1] != [wide]:  # fewer warpgroups fit: the same launch as another candidate
+                    times[name] = {"fell_back": ran}
+                    continue
+                bad = [m for m in rows if not torch.equal(bits(w12_mma_gemm(x[:m], mmas[0], config=option)),
+                                                          reference[m])]
+                if bad:
+                    times[name] = {"bits_differ_at": bad}
+                    continue
+                t = {m: shape.w12_us(m, config=option, replays=TUNE_REPLAYS) for m in rows}
+            except Exception as exc:  # noqa: BLE001 - e.g. a block that fits no multiprocessor
+                times[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+                continue
+            score = math.exp(sum(map(math.log, t.values())) / len(t))
+            times[name] = {**t, "score": score, "launched": ran}
+            if best is None or score < best[2]:
+                best = (name, option, score)
+        if best:
+            chosen = best[1]
+        report[bucket] = {"times": times, "best": best[0] if best else None, "score": best[2] if best else None}
+        log(shape.name, "tune", bucket, report[bucket]["best"], report[bucket]["score"])
+    return {"buckets": report, "config": asdict(chosen)}
 
 
 def summarize(doc: dict) -> dict:
@@ -267,6 +383,8 @@ def summarize(doc: dict) -> dict:
     out = {}
     proj = [r["speedup"] for nm in PROJECTIONS if nm in shapes for r in shapes[nm]["rows"] if r["M"] in (1, 2, 4, 8, 16, 32)]
     out["projections_1_32_geomean"], out["projections_1_32_min"] = geomean(proj), min(proj, default=None)
+    every = ratios(PROJECTIONS, 1, 32)  # every timed row count, 9 and 17 included
+    out["projections_1_32_min_every_row_count"] = min(every, default=None)
     head = ratios(["lm_head"], 1, 32)
     out["lm_head_1_32_min"] = min(head, default=None)
     mid = ratios(list(SHAPES), 33, 64)
@@ -281,7 +399,7 @@ def summarize(doc: dict) -> dict:
             if "error" in times:
                 continue
             esc.setdefault(fraction, {})[nm] = {
-                m: {"vs_escape_free": t / clean[m], "speedup_vs_cublas": cub[m] / t} for m, t in times.items()}
+                m: {"vs_escape_free": t / clean[int(m)], "speedup_vs_cublas": cub[int(m)] / t} for m, t in times.items()}
     out["escapes"] = esc
     settled = [v["speedup"] for nm in PROJECTIONS if nm in shapes for v in shapes[nm]["settled"].values()]
     out["settled_projections_geomean"] = geomean(settled)
@@ -289,14 +407,37 @@ def summarize(doc: dict) -> dict:
     return out
 
 
+def headline(doc: dict) -> str:
+    """One line of the summary for the results index."""
+    summary = doc.get("summary", {})
+    bits_ok = doc.get("bits", {}).get("all_ok")
+
+    def x(key):
+        value = summary.get(key)
+        return "-" if value is None else f"{value:.2f}x"
+
+    return (f"bits {'exact' if bits_ok else 'NOT exact' if bits_ok is False else 'unchecked'}; projections 1-32 rows "
+            f"{x('projections_1_32_geomean')} cuBLAS (min {x('projections_1_32_min')}); 33-64 rows "
+            f"{x('all_33_64_geomean')} (min {x('all_33_64_min')}); 65-256 min {x('all_65_256_min')}; settled "
+            f"{x('settled_projections_geomean')}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--sections", default="build,bits,timing", help="build, bits, timing (in this order)")
+    parser.add_argument("--sections", default="build,bits,timing",
+                        help="build, multicast (bits of the multicast configs alone), bits, timing (in this order)")
     parser.add_argument("--settle", type=float, default=1.0, help="seconds of untimed replays before settled timings")
-    parser.add_argument("--tune", action="store_true", help="also time the wide kernel's candidates at 33-256 rows")
-    parser.add_argument("--write-configs", type=Path, default=None, help="merge --tune's winners into this file")
+    parser.add_argument("--tune", action="store_true",
+                        help="before timing a shape, time every bit-neutral candidate of each row range 17-256 and use "
+                             "the winners")
+    parser.add_argument("--tune-budget", type=float, default=150.0, help="seconds --tune may take over all shapes")
+    parser.add_argument("--multicast", action="store_true",
+                        help="also check and tune the wide kernel's activation multicast (after a clean 'multicast' "
+                             "section in a process of its own)")
+    parser.add_argument("--write-configs", type=Path, default=None,
+                        help="write mma_configs.json with --tune's winners for this GPU to this path")
     args = parser.parse_args()
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 8))  # ninja builds the kernel files in parallel
     doc = {**result_header("w12_device_check"), "method": "CUDA-graph replay over rotating copies >= 4 x 60 MB, median "
@@ -305,19 +446,25 @@ def main() -> None:
     sections = args.sections.split(",")
     if "build" in sections:
         record_section(doc, "build", build, args.out)
+    if "multicast" in sections:
+        record_section(doc, "multicast", check_multicast, args.out)
     if "bits" in sections:
-        record_section(doc, "bits", check_bits, args.out)
+        record_section(doc, "bits", lambda: check_bits({**CHECK_CONFIGS, **(MULTICAST_CONFIGS if args.multicast else {})}),
+                       args.out)
     tuned = {}
+    deadline = time.monotonic() + args.tune_budget
+    names = args.shapes.split(",") if "timing" in sections else ()
     with ClockLog():
-        for name in args.shapes.split(",") if "timing" in sections else ():
+        for index, name in enumerate(names):
             shape = Shape(name, *SHAPES[name])
             config = None
-            if args.tune:
-                record_section(doc.setdefault("tune", {}), name, lambda s=shape: tune_wide(s), None)
-                best = doc["tune"][name].get("best")
-                if best:
-                    config = replace(select_mma_config(shape.n, shape.k, torch.device("cuda")), wide=tuple(best))
-                    tuned[f"{shape.n},{shape.k}"] = list(best)
+            if args.tune:  # each shape gets its share of what is left of the budget
+                share = time.monotonic() + (deadline - time.monotonic()) / (len(names) - index)
+                record_section(doc.setdefault("tune", {}), name,
+                               lambda s=shape, d=share: tune_shape(s, d, args.multicast), None)
+                if "config" in doc["tune"][name]:
+                    config = MmaConfig(**doc["tune"][name]["config"])
+                    tuned[f"{shape.n},{shape.k}"] = doc["tune"][name]["config"]
             record_section(doc["shapes"], name, lambda s=shape, c=config: time_shape(s, doc["read_bw_Bps"], args.settle, c),
                            None)
             doc["summary"] = summarize(doc)
@@ -325,22 +472,20 @@ def main() -> None:
             del shape
             torch.cuda.empty_cache()
     if args.write_configs and tuned:
-        import json
-
-        from specpilot_kernels.w12.mma import _tuned
-
-        configs = json.loads(args.write_configs.read_text())
-        gpu = torch.cuda.get_device_properties(0).name
-        for key, wide in tuned.items():  # only shapes tuned on file: a bare entry would change their partition
-            if key in configs.get(gpu, {}):
-                configs[gpu][key]["wide"] = wide
-        staged = args.write_configs.with_suffix(".tmp")
-        staged.write_text(json.dumps(configs, indent=1) + "\n")
-        os.replace(staged, args.write_configs)
-        _tuned.cache_clear()
+        write_configs(args.write_configs, tuned, torch.cuda.get_device_properties(0).name)
     doc["summary"] = summarize(doc)
+    doc["headline"] = headline(doc)
     write_result(doc, args.out)
     log(doc["summary"])
+
+
+def write_configs(path: Path, tuned: dict, gpu: str) -> None:
+    """The committed configs (mma_configs.json) with ``gpu``'s tuned shapes replaced, written atomically to ``path``."""
+    configs = json.loads(TUNED_PATH.read_text())
+    configs.setdefault(gpu, {}).update(tuned)
+    staged = path.with_name(path.name + ".tmp")
+    staged.write_text(json.dumps(configs, indent=1) + "\n")
+    os.replace(staged, path)
 
 
 if __name__ == "__main__":

@@ -393,16 +393,16 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
     result["autotune"] = tune
     rows = []
     for m in ROWS:
-        cub = timed_window(m, "cublas", lambda: time_cublas(m))
+        cub = timed_window(m, "cublas", lambda m=m: time_cublas(m))
         row = {"M": m, "cublas_us": cub * 1e6, "cublas_TBps": bf16_bytes / cub / 1e12,
                "cublas_frac_floor": bf16_bytes / read_bw / cub}
         if settle_s and m in SETTLED_ROWS:
-            row["cublas_settled_us"] = timed_window(m, "cublas_settled", lambda: time_cublas(m, settle_s)) * 1e6
+            row["cublas_settled_us"] = timed_window(m, "cublas_settled", lambda m=m: time_cublas(m, settle_s)) * 1e6
         for variant, (cfg, _) in best.items():
-            t = timed_window(m, variant, lambda: time_variant(variant, cfg, m))
+            t = timed_window(m, variant, lambda v=variant, c=cfg, m=m: time_variant(v, c, m))
             if settle_s and m in SETTLED_ROWS:
                 settled = timed_window(m, f"{variant}_settled",
-                                       lambda: time_variant(variant, cfg, m, settle_s=settle_s))
+                                       lambda v=variant, c=cfg, m=m: time_variant(v, c, m, settle_s=settle_s))
                 row[f"{variant}_settled_us"] = settled * 1e6
                 row[f"{variant}_settled_speedup"] = row["cublas_settled_us"] * 1e-6 / settled
                 row[f"{variant}_settled_frac_floor"] = w12_bytes / read_bw / settled
@@ -426,7 +426,8 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
             row["clock"] = {what: summary for (m, what), summary in clocks.items() if m == row["M"]}
     result["best"] = {v: asdict(c) for v, (c, _) in best.items()}
     result["rows"] = rows
-    del w12s, mmas, ws, wts
+    for copies_of in (w12s, mmas, ws, wts):  # the copies, before the next shape allocates its own
+        copies_of.clear()
     torch.cuda.empty_cache()
     return result
 

@@ -358,7 +358,7 @@ def measure_layout(model: nn.Module, prompts: dict[int, torch.Tensor], args, out
     memory_after = allocated_bytes(args.device)
     bytes_w12 = linear_bytes(model)
     measure("w12")
-    head_stats = convert_model(model, lm_head=True)  # only the head is still BF16; empty when tied
+    head_stats = convert_model(model, lm_head=True, decoder=False)  # empty when tied
     bytes_w12_head = linear_bytes(model)
     if head_stats:
         measure("w12_lm_head")

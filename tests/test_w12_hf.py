@@ -44,6 +44,9 @@ def test_layers_where_w12_does_not_pay_stay_bf16():
     assert kept == [f"model.layers.{i}.self_attn.{p}" for i in range(2) for p in ("k_proj", "v_proj")]
     assert type(model.model.layers[0].self_attn.k_proj) is torch.nn.Linear
     assert isinstance(model.model.layers[0].self_attn.q_proj, W12Linear)
+    head_stats = convert_model(model, lm_head=True, decoder=False)  # the kept layers are not encoded again
+    assert list(head_stats) == ["lm_head"] and isinstance(model.lm_head, W12Linear)
+    assert type(model.model.layers[0].self_attn.k_proj) is torch.nn.Linear
 
 
 def test_tied_head_stays_bf16():
@@ -80,7 +83,7 @@ def test_converted_llama_on_gpu_uses_the_mma_layout_and_matches_bf16():
 
 
 def test_fused_projections_match_and_convert_exactly():
-    model = tiny_llama(tie=False)
+    model = tiny_llama(tie=False, kv_heads=2)  # k, v alone would stay BF16; fused with q they fill two tiles
     ids = torch.randint(0, 128, (2, 7))
     with torch.no_grad():
         before = model(ids).logits
@@ -89,9 +92,10 @@ def test_fused_projections_match_and_convert_exactly():
         stats = convert_model(model)
         after = model(ids).logits
     attention = model.model.layers[0].self_attn
-    assert isinstance(attention.k_proj, ProjectionSlice) and attention.k_proj.out_features == 32
-    assert isinstance(attention.fused_q_k_v.fused, W12Linear) and attention.fused_q_k_v.sizes == [64, 32, 32]
+    assert isinstance(attention.k_proj, ProjectionSlice) and attention.k_proj.out_features == 64
+    assert isinstance(attention.fused_q_k_v.fused, W12Linear) and attention.fused_q_k_v.sizes == [128, 64, 64]
     assert len(stats) == 2 * 4  # the q/k/v group, o, the gate/up group, down per layer
+    assert not any(s["kept_bf16"] for s in stats.values())
     torch.testing.assert_close(fused, before, rtol=0, atol=1e-2)  # the same sums, maybe in another order
     assert torch.equal(after, fused)
 
@@ -100,12 +104,12 @@ def test_a_group_member_recomputes_for_another_or_modified_input():
     model = tiny_llama(tie=False)
     fuse_shared_input_projections(model)
     mlp = model.model.layers[0].mlp
-    x, other = torch.randn(3, 64, dtype=torch.bfloat16), torch.randn(3, 64, dtype=torch.bfloat16)
+    x, other = torch.randn(3, 128, dtype=torch.bfloat16), torch.randn(3, 128, dtype=torch.bfloat16)
     weight = mlp.fused_gate_up.fused.weight
     with torch.no_grad():
         gate = mlp.gate_proj(x)
         up_other = mlp.up_proj(other)  # not the gate's input: its own product, not the cached slice
-        assert torch.equal(up_other, torch.nn.functional.linear(other, weight[128:]))
+        assert torch.equal(up_other, torch.nn.functional.linear(other, weight[256:]))
         x.mul_(2)  # modified in place since the gate read it
-        assert torch.equal(mlp.up_proj(x), torch.nn.functional.linear(x, weight[128:]))
-    assert torch.equal(gate, torch.nn.functional.linear(x / 2, weight[:128]))
+        assert torch.equal(mlp.up_proj(x), torch.nn.functional.linear(x, weight[256:]))
+    assert torch.equal(gate, torch.nn.functional.linear(x / 2, weight[:256]))

@@ -1,9 +1,10 @@
 """W12 mma.sync kernel (CUDA C++; the sm_120 variant): fragment layout on CPU, kernel on the GPU, sm_120 build."""
 
+import json
 import re
 import shutil
 import subprocess
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -482,14 +483,23 @@ def test_kernel_escape_owner_mapping_matches_the_fragment_layout():
 def test_wide_launch_shapes_and_config():
     from specpilot_kernels.w12.mma import wide_token_tiles
 
-    assert [wide_token_tiles(m) for m in (33, 64, 65, 96, 97, 128, 129, 192, 193, 256)] == [
-        (8, 1), (8, 1), (12, 1), (12, 1), (16, 1), (16, 1), (12, 2), (12, 2), (16, 2), (16, 2)]
+    rows = (33, 48, 49, 64, 65, 96, 97, 128, 129, 192, 193, 256)
+    assert [wide_token_tiles(m) for m in rows] == [
+        (6, 1), (6, 1), (8, 1), (8, 1), (12, 1), (12, 1), (16, 1), (16, 1), (12, 2), (12, 2), (16, 2), (16, 2)]
+    assert [wide_token_tiles(m, 32) for m in (129, 192, 193, 256)] == [(24, 1), (24, 1), (32, 1), (32, 1)]
     assert MmaConfig(wide=[2, 3, 2]).wide == (2, 3, 2)
     assert MmaConfig().uses_wide(33, (9, 0)) and not MmaConfig().uses_wide(32, (9, 0))
     assert not MmaConfig().uses_wide(64, (12, 0)) and not MmaConfig(wide=(0, 2, 2)).uses_wide(64, (9, 0))
-    for bad in ((5, 2, 2), (1, 1, 2), (1, 2, 5), (1, 2)):
+    per_bucket = MmaConfig(wide_rows=[[4, 4, 2, 8], [0, 2, 2, 16], [2, 2, 2, 32]])
+    assert per_bucket.wide_launch(64) == (4, 4, 2, 8, 1) and per_bucket.wide_launch(200) == (2, 2, 2, 32, 1)
+    assert MmaConfig(wide_rows=[[1, 2, 2, 8, 4]] * 3).wide_launch(40) == (1, 2, 2, 8, 4)
+    assert per_bucket.uses_wide(48, (9, 0)) and not per_bucket.uses_wide(96, (9, 0))
+    for bad in ((5, 2, 2), (1, 1, 2), (1, 2, 7), (1, 2)):
         with pytest.raises(W12Error, match="wide"):
             MmaConfig(wide=bad)
+    for bad in (((1, 2, 2, 16),), ((1, 2, 2, 10),) * 3, ((1, 7, 2, 16),) * 3, ((1, 2, 2, 16, 3),) * 3):
+        with pytest.raises(W12Error, match="wide_rows"):
+            MmaConfig(wide_rows=bad)
 
 
 def with_outliers(w, fraction):
@@ -501,7 +511,9 @@ def with_outliers(w, fraction):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fraction", [0.0, 1e-4, 1e-3, 1e-2])
-@pytest.mark.parametrize("config", [MmaConfig(1, 3, 2, wide=(1, 2, 3)), MmaConfig(1, 8, 2, wgmma=(1, 1, 1), wide=(2, 3, 2))],
+@pytest.mark.parametrize("config", [MmaConfig(1, 3, 2, wide=(1, 2, 3)), MmaConfig(1, 8, 2, wgmma=(1, 1, 1), wide=(2, 3, 2)),
+                                    MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
+                                    MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 4), (1, 2, 2, 32, 2)))],
                          ids=str)
 def test_mma_rows_1_to_256_with_outliers_give_the_per_warp_bits(fraction, config):
     # every row count 1-256 (the wide kernel from 33 rows on sm_90a) against the per-warp kernel 64 rows at a time,
@@ -511,13 +523,50 @@ def test_mma_rows_1_to_256_with_outliers_give_the_per_warp_bits(fraction, config
     w = with_outliers(weight(n=1024, k=1536, device="cuda"), fraction)
     w[480:496, 256:900] = 0.0
     mma = to_mma_layout(encode(w))
-    plain = replace(config, wgmma=(0, 0, 0), shared_x_32=(0, 0), wide=(0, 2, 2))
+    plain = replace(config, wgmma=(0, 0, 0), shared_x_32=(0, 0), wide=(0, 2, 2), wide_rows=())
     x = torch.randn(256, 1536, device="cuda").bfloat16()
     alone = w12_mma_gemm(x[:1], mma, config=config).view(torch.int16)
-    for rows in (1, 8, 9, 16, 17, 32, 33, 48, 64, 65, 96, 128, 192, 256):
+    for rows in (1, 8, 9, 16, 17, 32, 33, 40, 48, 64, 65, 96, 128, 129, 192, 200, 256):
         y = w12_mma_gemm(x[:rows], mma, config=config).view(torch.int16)
         assert torch.equal(y, w12_mma_gemm(x[:rows], mma, config=plain).view(torch.int16)), rows
         assert torch.equal(y[:1], alone), rows
     onehot = torch.eye(1536, device="cuda", dtype=torch.bfloat16)[:256]
     expected = (w[:, :256].t().float() + 0.0).bfloat16()
     assert torch.equal(w12_mma_gemm(onehot, mma, config=config).view(torch.int16), expected.view(torch.int16))
+
+
+def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
+    # the H200 stage's --tune (benchmarks/w12_device_check.py) on the CPU: every row range of every tuned shape gets
+    # candidates, each a valid config with the shape's partition (no bit may depend on the choice), wide blocks that fit
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "w12_device_check.py"
+    spec = importlib.util.spec_from_file_location("w12_device_check", path)
+    check = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = check
+    spec.loader.exec_module(check)
+    tuned = json.loads(mma_module.TUNED_PATH.read_text())["NVIDIA H200"]
+    for key in ("10240,5120", "34816,5120", "248320,5120"):
+        base = MmaConfig(**tuned[key])
+        for bucket, rows in check.TUNE_BUCKETS.items():
+            options = check.tune_candidates(base, bucket, multicast_too=True)
+            assert len(options) >= 8, (key, bucket)
+            for option in options.values():
+                assert (option.warps_n, option.warps_k, option.splits) == (base.warps_n, base.warps_k, base.splits)
+                if bucket != "17-32" and option.uses_wide(rows[-1], (9, 0)):
+                    assert check.wide_fits(*option.wide_launch(rows[-1])[:4], rows[-1])
+    assert not check.wide_fits(4, 6, 4, 32, 256) and check.wide_fits(1, 2, 2, 8, 64)
+    # --write-configs: the committed file with the tuned shapes replaced, every config still loadable
+    config = asdict(check.tune_candidates(MmaConfig(**tuned["10240,5120"]), "33-64")["wide(4, 4, 2, 8)"])
+    out = tmp_path / "mma_configs.json"
+    check.write_configs(out, {"10240,5120": config}, "NVIDIA H200")
+    written = json.loads(out.read_text())["NVIDIA H200"]
+    assert written["10240,5120"] == json.loads(json.dumps(config)) and written["5120,8192"] == tuned["5120,8192"]
+    assert MmaConfig(**written["10240,5120"]).wide_launch(64) == (4, 4, 2, 8, 1)
+    # the summary and headline re-made from a committed H200 result
+    doc = json.loads((path.parent / "results" / "w12-v2-device-check-h200.json").read_text())
+    doc["summary"] = check.summarize(doc)
+    assert check.headline(doc).startswith("bits exact; projections 1-32 rows 1.34x cuBLAS")
+    assert 0.8 < doc["summary"]["projections_1_32_min_every_row_count"] < doc["summary"]["projections_1_32_min"]

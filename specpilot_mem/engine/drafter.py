@@ -95,15 +95,20 @@ class BlockDrafter(nn.Module):
             nn.init.normal_(p, std=0.02)
         nn.init.zeros_(self.pair_gate.weight)
 
-    def forward(self, embed, features, context_valid, anchors, anchor_pos):
+    def forward(self, embed, features, context_valid, anchors, anchor_pos, block: int | None = None):
         """Hidden states of the drafted positions.
 
         embed: the target's embedding module; features [N, W, feature_dim] (target features at the W
         positions before the anchor); context_valid [N, W] bool; anchors [N] token ids; anchor_pos [N]
-        absolute positions. Returns h [N, block_size, d] for positions anchor_pos + 1 ... + block_size.
+        absolute positions; block: masked positions in the forward (default the trained block_size; a
+        smaller block is fewer drafter rows, as a per-request drafter block drafts). Returns
+        h [N, block, d] for positions anchor_pos + 1 ... + block.
         """
         N, W, _ = features.shape
-        S = self.cfg.block_size + 1
+        block = self.cfg.block_size if block is None else block
+        if not 1 <= block <= self.cfg.block_size:
+            raise ValueError(f"block={block}: the drafter drafts 1..{self.cfg.block_size} positions per forward")
+        S = block + 1
         context = self.feature_proj(self.feature_norm(features))
         block = torch.cat([embed(anchors)[:, None], self.mask_embed.to(context.dtype).expand(N, S - 1, -1)], dim=1)
         offsets = torch.arange(-W, S, device=features.device)

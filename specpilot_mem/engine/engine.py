@@ -346,17 +346,20 @@ class Engine:
     @torch.no_grad()
     @_on_own_device
     def record_lattices(self, recorder, requests, positions: int = 16, max_new_tokens: int = 128,
-                        labels: list[str] | None = None, batch: int = 64) -> list[Generation]:
+                        labels: list[str] | None = None, batch: int = 64, block: int | None = None,
+                        greedy: list[Generation] | None = None) -> list[Generation]:
         """Record teacher-forced lattices at EVERY position of each request's greedy output into a
         ``specpilot_mem.replay.lattice.LatticeRecorder`` (kind "selector", ``positions`` positions).
 
         The step at position p (p output tokens committed) drafts after the last committed token from
-        the target's features of everything before it, exactly as a live step would. Returns the AR
-        generations (the greedy outputs) so callers can reuse them.
+        the target's features of everything before it, exactly as a live step would, with ``block``
+        masked positions in the drafter's forward (default its trained block). Returns the AR
+        generations (the greedy outputs) so callers can reuse them: passing them back as ``greedy``
+        records another block size on the same outputs without decoding again.
         """
         if self.drafter is None:
             raise ValueError("recording lattices needs a drafter")
-        runs = self.generate(requests, "ar", max_new_tokens)
+        runs = greedy if greedy is not None else self.generate(requests, "ar", max_new_tokens)
         W = self.drafter.cfg.context_window
         for index, run in enumerate(runs):
             seq = run.prompt_ids + run.output_ids
@@ -368,7 +371,8 @@ class Engine:
                 pos = anchor_pos[lo:lo + batch]
                 ctx = pos[:, None] - W + torch.arange(W, device=self.device)
                 anchors = torch.tensor(seq, device=self.device)[pos]
-                hidden = self.drafter(self.target.embed, self.cache.features[ctx.clamp(min=0)], ctx >= 0, anchors, pos)
+                hidden = self.drafter(self.target.embed, self.cache.features[ctx.clamp(min=0)], ctx >= 0, anchors, pos,
+                                     block)
                 base = lm_head(hidden, self.target.lm_head_weight)
                 cand, unary, pair = self.drafter.lattice_batch(hidden, base, anchors, positions)
                 recorder.add_batch([run.id] * pos.numel(), (pos - (P - 1)).tolist(), cand, unary, pair)

@@ -87,4 +87,7 @@ def rebuild_entry(home: Home, entry_id: str) -> EntryRecord:
     src_files(home, entry_id)  # an entry without src/ is refused before any work
     meta = {k: v for k, v in record.model_dump(mode="json", exclude_none=True).items()
             if k not in _STORE_FIELDS or k == "id"}
+    if record.options:  # an option's default of None (unset reproduces stock) is a value, not an absent field
+        meta["options"] = [{**option.model_dump(mode="json", exclude_none=True), "default": option.default}
+                           for option in record.options]
     return build_entry(home, entry_id, record.requires, meta=meta, kernels=vendored_sources(record))

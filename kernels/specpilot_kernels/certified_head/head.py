@@ -77,8 +77,8 @@ def exact_head_logits(x: torch.Tensor, weight: torch.Tensor, *, k_splits: int | 
     N = weight.shape[0]
     out = torch.empty((M, N), dtype=torch.float32, device=x.device)
     _exact_head_kernel[(M, triton.cdiv(N, EXACT_BLOCK_S))](
-        x, weight, out, N, K=K, SPLITS=k_splits or exact_k_splits(K), BS=EXACT_BLOCK_S, BLOCK_K=exact_block_k(K),
-        DOT_FP32=interpreting(), num_warps=EXACT_NUM_WARPS)
+        x, weight, out, N, out, K=K, SPLITS=k_splits or exact_k_splits(K), BS=EXACT_BLOCK_S,
+        BLOCK_K=exact_block_k(K), DOT_FP32=interpreting(), GUARDED=False, num_warps=EXACT_NUM_WARPS)
     return out
 
 
@@ -185,3 +185,32 @@ def certified_argmax(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int
         tokens[rows] = exact_head_logits(x[rows].contiguous(), head.weight, k_splits=tile.get("k_splits"),
                                          exact=tile.get("exact", "auto")).argmax(1)
     return tokens, count
+
+
+def certified_argmax_in_graph(x: torch.Tensor, head: CertifiedHead, fallback_logits: torch.Tensor, *,
+                              max_survivors: int = 4096, k_splits: int | None = None, **tile) -> torch.Tensor:
+    """The certified argmax with its fallback inside the same launches (no host synchronisation at all).
+
+    Args:
+        x: [M, K] bf16, M <= 32; head: :func:`.reference.quantize_head` of the [N, K] bf16 head with
+            ``exact_depth=K`` (the Triton exact head sums over all of K).
+        fallback_logits: [M, N] fp32 scratch, preallocated once (e.g. ``torch.empty(32, N, device="cuda")``).
+        max_survivors, tile: as :func:`certified_argmax_graphable` (its Triton exact head).
+    Returns:
+        tokens: [M] int64, the exact head's argmax (lowest index on ties). Rows whose survivor list overflowed
+        are recomputed by the guarded full exact head, whose programs return at once for every other row.
+
+    Example: ``tokens = certified_argmax_in_graph(h, quantize_head(w, exact_depth=w.shape[1]), scratch)``.
+    """
+    tokens, _ = certified_argmax_graphable(x, head, max_survivors=max_survivors, exact="triton", k_splits=k_splits,
+                                           **tile)
+    M, K = _check_rows(x, head)
+    N = head.vocab
+    if fallback_logits.shape[0] < M or fallback_logits.shape[1] != N or fallback_logits.dtype != torch.float32:
+        raise ValueError(f"fallback_logits must be fp32 [>= {M}, {N}], got {fallback_logits.dtype} "
+                         f"{tuple(fallback_logits.shape)}")
+    scratch = fallback_logits[:M]
+    _exact_head_kernel[(M, triton.cdiv(N, EXACT_BLOCK_S))](
+        x, head.weight, scratch, N, tokens, K=K, SPLITS=k_splits or exact_k_splits(K), BS=EXACT_BLOCK_S,
+        BLOCK_K=exact_block_k(K), DOT_FP32=interpreting(), GUARDED=True, num_warps=EXACT_NUM_WARPS)
+    return torch.where(tokens < 0, scratch.argmax(1), tokens)

@@ -61,9 +61,14 @@ def _exact_partial(x_row, weight, rid, keep, k_lo, K: tl.constexpr, K_RANGE: tl.
 
 
 @triton.jit
-def _exact_head_kernel(x, weight, out, N, K: tl.constexpr, SPLITS: tl.constexpr, BS: tl.constexpr,
-                       BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr):
+def _exact_head_kernel(x, weight, out, N, tokens, K: tl.constexpr, SPLITS: tl.constexpr, BS: tl.constexpr,
+                       BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr, GUARDED: tl.constexpr):
+    """Logits of input row m, vocabulary block pid. GUARDED: only rows whose ``tokens`` entry is negative
+    (the certified head's overflow flag) are computed, so the fallback can sit in a CUDA graph for free."""
     m, pid = tl.program_id(0), tl.program_id(1)
+    if GUARDED:
+        if tl.load(tokens + m) >= 0:
+            return
     rid = pid * BS + tl.arange(0, BS)
     keep = rid < N
     K_RANGE: tl.constexpr = K // SPLITS

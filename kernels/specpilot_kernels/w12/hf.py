@@ -3,6 +3,7 @@
     from specpilot_kernels.w12.hf import convert_model
     stats = convert_model(model)            # every BF16 nn.Linear except the LM head, checked bit for bit
     stats = convert_model(model, lm_head=True)
+    stats = convert_model(model, lm_head=True, decoder=False)  # later: only the head (kept layers stay as they are)
 
 Each converted layer becomes a :class:`W12Linear` holding the W12 planes (its BF16 weight is freed);
 its forward is :func:`specpilot_kernels.w12.w12_linear` (the W12 GEMM on CUDA, the exact decoded weight
@@ -59,15 +60,16 @@ class W12Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, W12"
 
 
-def convert_model(model: nn.Module, *, lm_head: bool = False) -> dict[str, dict]:
+def convert_model(model: nn.Module, *, lm_head: bool = False, decoder: bool = True) -> dict[str, dict]:
     """Replace every BF16 ``nn.Linear`` of ``model`` by a :class:`W12Linear` where W12 pays, in place.
 
     Each weight is encoded on its own device (format v2) and its decode compared with it bit for bit (``W12Error``
     naming the layer on any difference, before that layer is replaced); a layer whose W12 form would not pay
     (``encode_or_keep``: more than 90% of BF16's bytes, or more than 2% escapes) stays BF16. The output embedding
     (LM head) is converted only with ``lm_head=True``; a head tied to the input embedding stays BF16 because the
-    embedding needs it. Returns the conversion report per candidate layer (bits per weight with headers and
-    escapes, escape fraction, kept_bf16 and why).
+    embedding needs it. ``decoder=False`` leaves every other layer alone, so a model converted earlier gets its
+    head converted without its kept-as-BF16 layers being encoded (and reported) again. Returns the conversion
+    report per candidate layer (bits per weight with headers and escapes, escape fraction, kept_bf16 and why).
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -77,6 +79,8 @@ def convert_model(model: nn.Module, *, lm_head: bool = False) -> dict[str, dict]
         if not isinstance(module, nn.Linear) or module.weight.dtype != torch.bfloat16:
             continue
         if module is head and (not lm_head or tied):
+            continue
+        if module is not head and not decoder:
             continue
         targets.append(name)
     del head, embed

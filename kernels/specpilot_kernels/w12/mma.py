@@ -33,7 +33,11 @@ SOURCES = ("binding.cpp", "w12_launch.cu", "w12_warp.cu", "w12_shared_x.cu", "w1
 LOW_BITS_CODES = {"exact": 0, "truncated": 1, "midpoint": 2}
 MAX_ROWS_PER_LAUNCH = 64  # eight token tiles of 8 (the per-warp and warpgroup kernels)
 MAX_WIDE_ROWS = 256  # the wide kernel: two slabs of up to 128 token rows
-WIDE_TOKEN_TILES = (8, 12, 16)  # token tiles of 8 rows a slab the wide kernel is built for (wgmma N = 64, 96, 128)
+# token tiles of 8 rows a slab the wide kernel is built for (wgmma N = 48 ... 256)
+WIDE_TOKEN_TILES = (6, 8, 12, 16, 24, 32)
+WIDE_BUCKETS = (64, 128, 256)  # the wide kernel's row ranges with a launch setting each: 33-64, 65-128, 129-256
+MAX_WIDE_SLOTS = 6  # activation slots a wide block (csrc/w12_common.cuh kMaxWideSlots)
+MAX_WIDE_STAGES = 6  # weight stages a wide warp (kMaxWideStages)
 MAX_WIDE_GROUPS = 4  # warpgroups a wide block (16 warps)
 MAX_WARPS_PER_BLOCK = 16  # of the per-warp kernels (the warpgroup kernel: MAX_WGMMA_WARPS_PER_BLOCK)
 
@@ -189,8 +193,11 @@ MAX_SHARED_X_RING = 8
 # (9-16, 17-32, 33-64) a number of warpgroups of 4 tiles a K class a block (0: per-warp mma.sync). 4-tile warpgroups
 # make few blocks, which one-wave grids feel most, so it is per shape and row range.
 MAX_WGMMA_WARPS_PER_BLOCK = 32
-# sm_90a, 33-256 rows: the wide kernel, ``wide`` = (warpgroups a block, activation slots, weight stages a warp); the
-# launch picks the token slab from the row count. 0 warpgroups: 64 rows a launch of the kernels above.
+# sm_90a, 33-256 rows: the wide kernel, ``wide`` = (warpgroups a block, activation slots, weight stages a warp) at
+# every row count, or ``wide_rows`` = one (warpgroups, slots, stages, largest slab in token tiles of 8 rows[, multicast])
+# per WIDE_BUCKETS range; the launch picks the smallest built slab that holds the rows (one slab where the largest
+# allows, so each weight is decoded once). Multicast (1, 2 or 4, one slab only): that many neighbouring tile groups
+# form a cluster along x and share each activation copy. 0 warpgroups: 64 rows a launch of the kernels above.
 # Row regions: a grid whose blocks run in rounds (all resident at once, all as long) and end a little way into a last
 # round leaves most multiprocessors idle there: gate_up at 16 rows is 2.06 rounds of 16 warps a multiprocessor, so its
 # last 64 tiles ran alone for ~13 of 80 us. A shape's partition may therefore give its last rows (``tail_rows``) a
@@ -222,6 +229,9 @@ class MmaConfig:
     tail: tuple[int, int, int] = (0, 0, 0)
     # 33-256 rows (sm_90a): the wide kernel's (warpgroups a block, activation slots, weight stages); 0 warpgroups: off
     wide: tuple[int, int, int] = (1, 2, 3)
+    # per WIDE_BUCKETS range (33-64, 65-128, 129-256): (warpgroups, slots, stages, largest slab in token tiles
+    # [, multicast]); empty: ``wide`` everywhere with slabs of up to 16 token tiles, no multicast
+    wide_rows: tuple = ()
 
     def __post_init__(self):
         if not 0 <= self.staged_rows <= MAX_STAGED_ROWS:
@@ -242,9 +252,17 @@ class MmaConfig:
         object.__setattr__(self, "tail", tuple(self.tail))
         object.__setattr__(self, "wide", tuple(self.wide))
         groups, slots, stages = self.wide if len(self.wide) == 3 else (-1, 0, 0)
-        if not (groups == 0 or (1 <= groups <= MAX_WIDE_GROUPS and 2 <= slots <= 4 and 2 <= stages <= 4)):
-            raise W12Error(f"wide={self.wide}: (warpgroups a block 0-{MAX_WIDE_GROUPS}, activation slots 2-4, weight "
-                           "stages 2-4)", where="MmaConfig.wide", fix="use e.g. (1, 2, 3), or (0, 2, 2) for off")
+        if not _wide_setting_ok(groups, slots, stages, 16):
+            raise W12Error(f"wide={self.wide}: (warpgroups a block 0-{MAX_WIDE_GROUPS}, activation slots 2-"
+                           f"{MAX_WIDE_SLOTS}, weight stages 2-{MAX_WIDE_STAGES})", where="MmaConfig.wide",
+                           fix="use e.g. (1, 2, 3), or (0, 2, 2) for off")
+        object.__setattr__(self, "wide_rows", tuple(tuple(w) for w in self.wide_rows))
+        if self.wide_rows and (len(self.wide_rows) != len(WIDE_BUCKETS)
+                               or not all(len(w) in (4, 5) and _wide_setting_ok(*w) for w in self.wide_rows)):
+            raise W12Error(f"wide_rows={self.wide_rows}: one (warpgroups 0-{MAX_WIDE_GROUPS}, slots 2-{MAX_WIDE_SLOTS}, "
+                           f"stages 2-{MAX_WIDE_STAGES}, largest slab in {WIDE_TOKEN_TILES} token tiles[, multicast 1, "
+                           "2 or 4]) for each of 33-64, 65-128 and 129-256 rows", where="MmaConfig.wide_rows",
+                           fix="e.g. ((4, 4, 2, 8), (4, 3, 2, 16), (2, 2, 2, 32)), or () for `wide` everywhere")
         warps_n, warps_k, splits = self.tail if len(self.tail) == 3 else (-1, -1, -1)
         one_region = self.tail_rows == 0 and self.tail == (0, 0, 0)
         if not one_region and not (self.tail_rows > 0 and self.tail_rows % 16 == 0 and min(warps_n, warps_k, splits) >= 1
@@ -293,9 +311,17 @@ class MmaConfig:
         on it)."""
         return self.shared_x_32 if 16 < m <= 32 and self.shared_x_32[1] else (0, 0)
 
+    def wide_launch(self, m: int) -> tuple[int, int, int, int, int]:
+        """(warpgroups a block, activation slots, weight stages, largest slab in token tiles, multicast) of a wide
+        launch of ``m`` rows (33-256); 0 warpgroups: the wide kernel is off there."""
+        if self.wide_rows:
+            setting = self.wide_rows[next(i for i, top in enumerate(WIDE_BUCKETS) if m <= top)]
+            return (*setting, 1)[:5]
+        return (*self.wide, 16, 1)
+
     def uses_wide(self, m: int, capability: tuple[int, int]) -> bool:
         """Whether a launch of ``m`` rows runs the wide kernel (33-256 rows on sm_90a; no bit depends on it)."""
-        return m > 32 and capability[0] == 9 and self.wide[0] > 0
+        return 32 < m <= MAX_WIDE_ROWS and capability[0] == 9 and self.wide_launch(m)[0] > 0
 
     def warpgroups(self, m: int, capability: tuple[int, int]) -> int:
         """Warpgroups a K class a block of a launch of ``m`` rows with warpgroup MMAs on a GPU of this compute
@@ -340,10 +366,16 @@ def select_mma_config(n: int, k: int, device: torch.device) -> MmaConfig:
     return MmaConfig(**tuned) if tuned else default_mma_config(n, k, props.multi_processor_count)
 
 
-def wide_token_tiles(m: int) -> tuple[int, int]:
-    """(token tiles of 8 rows a slab, slabs) of a wide launch of ``m`` rows (33-256): one slab up to 128 rows, else
-    two; each slab the smallest built size that holds its share."""
-    slabs = 1 if m <= 128 else 2
+def _wide_setting_ok(groups: int, slots: int, stages: int, slab_tiles: int, multicast: int = 1) -> bool:
+    return groups == 0 or (1 <= groups <= MAX_WIDE_GROUPS and 2 <= slots <= MAX_WIDE_SLOTS
+                           and 2 <= stages <= MAX_WIDE_STAGES and slab_tiles in WIDE_TOKEN_TILES
+                           and multicast in (1, 2, 4))
+
+
+def wide_token_tiles(m: int, largest: int = 16) -> tuple[int, int]:
+    """(token tiles of 8 rows a slab, slabs) of a wide launch of ``m`` rows (33-256): as few slabs of at most
+    ``largest`` token tiles as hold m, each the smallest built size that holds its share."""
+    slabs = -(-m // (8 * largest))
     rows = -(-m // slabs)
     return next(t for t in WIDE_TOKEN_TILES if 8 * t >= rows), slabs
 
@@ -415,19 +447,19 @@ def _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launc
     """One launch a region of the wide kernel for up to 256 rows; False (nothing left to trust) where its block fits
     no multiprocessor, so the caller runs the rows 64 at a time."""
     m = xm.shape[0]
-    tiles8, slabs = wide_token_tiles(m)
+    tiles8, slabs = wide_token_tiles(m, regions[0][2].wide_launch(m)[3])
     image = torch.empty(slabs * (kp // STEP_K) * tiles8 * 8 * STEP_K, dtype=torch.bfloat16, device=xm.device)
     workspace = torch.empty(sum(s for s in splits if s > 1) * m * n, dtype=torch.float32, device=xm.device)
     ran, offset = [], 0
     for index, ((first, end, part, weights), part_splits) in enumerate(zip(regions, splits)):
         partial = workspace[offset: offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
         offset += partial.numel()
-        groups, slots, stages = part.wide
+        groups, slots, stages, _, multicast = part.wide_launch(m)
         got = ext.w12_mma_gemm(
             xm, weights.view, weights.nibbles, weights.base, weights.esc_tile, weights.esc_chunk, weights.esc_entry,
             ym[:, first:end], partial, n, weights.padded_shape[0], kp, part.warps_n, part.warps_k,
             part.chunks_per_split(kp), 4, 1, 0, 0, 0, 0, image, int(index > 0),
-            _overlap(overlap_prior, len(regions), index, False), code, groups, slots, stages, tiles8)
+            _overlap(overlap_prior, len(regions), index, False), code, groups, slots, stages, tiles8, multicast)
         if got < 0:
             return False
         ran.append(got)
@@ -457,7 +489,7 @@ def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior,
             part.warps_k, part.chunks_per_split(kp), *part.step_plan(m),
             int(part.stages_weights(m) and not warpgroups),
             *((0, 0) if warpgroups else part.shares_activations(m)), warpgroups, x_image, int(image_written),
-            overlap, code, 0, 0, 0, 0)
+            overlap, code, 0, 0, 0, 0, 1)
         image_written = image_written or groups > 0
         if launched is not None:
             launched.append(groups)

@@ -38,6 +38,8 @@ constexpr int kBlocksPerChunk = 4;  // 4 x 32 columns = one 128-column chunk (th
 constexpr int kMaxRows = 64;        // rows a launch of the per-warp and warpgroup kernels (8 token tiles of 8)
 constexpr int kMaxWideRows = 256;   // rows a launch of the wide kernel (two slabs of 128)
 constexpr int kMaxWideWarpsPerBlock = 16;
+constexpr int kMaxWideSlots = 6;   // activation slots a wide block
+constexpr int kMaxWideStages = 6;  // weight stages a wide warp
 constexpr int kMaxWarpsPerBlock = 16;  // the per-warp kernels
 constexpr int kMaxWgmmaWarpsPerBlock = 32;  // the warpgroup kernel: 4 x warpgroups x warps_k (1024 threads)
 constexpr int kMaxClusterSplits = 4;  // K splits reduced in a cluster by the per-warp kernels (more: a workspace)
@@ -361,20 +363,27 @@ __device__ __forceinline__ void reduce_and_store(float (&acc)[TP][MT][4], const 
 // a quarter-warp's 16-byte loads (two rows, 64 bytes each) fall on disjoint banks.
 __host__ __device__ __forceinline__ int shared_x_pitch(int warps_k) { return warps_k * 256 + 64; }
 
+// The blocks of a thread-block cluster (sm_90+): `y` along y (an int converts to that), times `x` along x.
+struct ClusterShape {
+  unsigned x = 1, y = 1;
+  ClusterShape(int y_) : y((unsigned)y_) {}  // NOLINT: implicit, as the launches pass a count along y
+  ClusterShape(int x_, int y_) : x((unsigned)x_), y((unsigned)y_) {}
+};
+
 // A launch that may overlap the kernel before it in the stream (programmatic dependent launch, sm_90+), and may group
-// `cluster_y` blocks along y into a thread-block cluster (sm_90+).
+// its blocks into thread-block clusters of `cluster` (sm_90+).
 template <typename Kernel, typename... Args>
 cudaError_t launch_overlapping(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool overlap,
-                               int cluster_y, Args... args) {
+                               ClusterShape cluster, Args... args) {
   cudaLaunchAttribute attributes[2];
   int count = 0;
   if (overlap) {
     attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attributes[count++].val.programmaticStreamSerializationAllowed = 1;
   }
-  if (cluster_y > 1) {
+  if (cluster.x * cluster.y > 1) {
     attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count++].val.clusterDim = {1, (unsigned)cluster_y, 1};
+    attributes[count++].val.clusterDim = {cluster.x, cluster.y, 1};
   }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;

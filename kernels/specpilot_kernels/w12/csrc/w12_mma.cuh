@@ -45,12 +45,13 @@ struct W12SharedActivations {
 };
 
 // 33-256 rows, sm_90a: the wide kernel (w12_wide.cu), `groups` warpgroups of 4 tiles a block, all of one K class and
-// split; 0: off. The launch picks the slab of token rows (token_tiles x 8 rows, up to 128) from m.
+// split; 0: off. The caller picks the slab of token rows (token_tiles x 8 rows, up to 256) from m.
 struct W12Wide {
   int groups = 0;
-  int slots = 3;   // activation slots a block (2-4)
-  int stages = 3;  // weight stages a warp (2-4)
-  int token_tiles = 0;  // 8, 12 or 16 token tiles of 8 rows a slab (set by the caller from m)
+  int slots = 3;   // activation slots a block (2-6)
+  int stages = 3;  // weight stages a warp (2-6)
+  int token_tiles = 0;  // 6, 8, 12, 16, 24 or 32 token tiles of 8 rows a slab (set by the caller from m)
+  int multicast = 1;  // 1, 2 or 4 neighbouring tile groups sharing each activation copy (one slab only; no bit changes)
   void* x_image = nullptr;  // device memory for every slab's chunk images: slabs x k_padded / 128 x token_tiles x 2 KB
   bool x_image_written = false;  // the image already holds x (written for the GEMM's first row region)
 };

@@ -1,20 +1,23 @@
-// The wide W12 kernel (sm_90a; 33-256 rows in one launch): warpgroup MMAs with up to 128 token rows a slab (wgmma
-// N = 64, 96 or 128), so each weight chunk is decoded once per slab and read from memory once per launch: the slabs of
-// one tile group are neighbouring blocks, so the second slab's weight reads hit L2.
+// The wide W12 kernel (sm_90a; 33-256 rows in one launch): warpgroup MMAs with slabs of 48-256 token rows (wgmma
+// N = 48 ... 256), so each weight chunk is decoded once per slab and read from memory once per launch: the slabs of one
+// tile group are neighbouring blocks, so a second slab's weight reads hit L2. Design reasons: docs/kernels/w12.md ("The
+// wide kernel").
 //
 // A block is `groups` warpgroups (4 consecutive 16-row tiles each) of ONE K class of ONE split, so blocks stay small
 // enough for several to share a multiprocessor whatever the partition; the K classes and splits of a tile group are
-// the blocks of one thread-block cluster, and the cluster's first block sums their partial sums through distributed
-// shared memory in the partition's order: classes in class order within each split, then splits in split order, as
-// the per-warp and warpgroup kernels do. So each row's bits equal those of every other kernel at every row count.
-// (Splits beyond a cluster of 8 blocks go through the workspace, summed in split order by split_reduce_kernel.)
+// the blocks of one thread-block cluster (along y), and the cluster's first block sums their partial sums through
+// distributed shared memory in the partition's order: classes in class order within each split, then splits in split
+// order, as the per-warp and warpgroup kernels do. So each row's bits equal those of every other kernel at every row
+// count. (Splits beyond a cluster of 8 blocks go through the workspace, summed in split order by split_reduce_kernel.)
+// With multicast the cluster also spans 2 or 4 neighbouring tile groups along x, which share each activation copy.
 //
-// Main loop, per warp: its tile's next chunks of weights arrive in its own cp.async ring (`stages` chunks, one to
-// three ahead); the block's first thread brings each chunk's activation image (written by w12_wide_permute_kernel)
-// into a ring of `slots` with one bulk copy, refilling a slot once every warp released it. Per 32-column block the warp
+// Main loop, per warp: its tile's next chunks of weights arrive in its own cp.async ring (`stages` chunks, one to five
+// ahead); the block's first thread brings each chunk's activation image (written by w12_wide_permute_kernel) into a
+// ring of `slots` with one bulk copy, refilling a slot once every warp released it. Per 32-column block the warp
 // decodes and patches the two k16 A fragments into one of two register sets and issues their MMAs, so the tensor
 // cores run block b's MMAs while the warp decodes block b + 1 (a wait on all but the latest group frees a set).
 #include "w12_common.cuh"
+#include "w12_wide_ptx.cuh"
 
 namespace w12 {
 namespace {
@@ -29,11 +32,12 @@ constexpr int kWideStageBytes = kBlocksPerChunk * kStagedBlockWords * 16;  // a 
 
 // What a launch fixes beyond W12MmaArgs (no bit depends on any of it).
 struct WideLaunch {
-  int slots;       // activation slots of the block (2-4)
-  int stages;      // weight stages a warp (2-4)
+  int slots;       // activation slots of the block (2-kMaxWideSlots)
+  int stages;      // weight stages a warp (2-kMaxWideStages)
   int slabs;       // token slabs of MT * 8 rows
-  int cluster;     // blocks a cluster: K classes x splits (or K classes alone; splits then through args.partial)
+  int cluster;     // blocks a cluster along y: K classes x splits (or K classes alone; splits then through args.partial)
   int splits;      // K splits of the partition
+  int multicast;   // blocks a cluster along x: neighbouring tile groups that share each activation copy
 };
 
 // Shared memory of a block (bytes): the main loop's (activation slots, weight stages, mbarriers, escape scratch) or the
@@ -59,7 +63,9 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
   switch (pending) {
     case 1: ptx::cp_async_wait<1>(); break;
     case 2: ptx::cp_async_wait<2>(); break;
-    default: ptx::cp_async_wait<3>(); break;
+    case 3: ptx::cp_async_wait<3>(); break;
+    case 4: ptx::cp_async_wait<4>(); break;
+    default: ptx::cp_async_wait<5>(); break;
   }
 }
 
@@ -117,14 +123,25 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
   const uint32_t full = stages_s + warps * launch.stages * kWideStageBytes;  // [slots] mbarriers, then [slots] empty ones
   const uint32_t empty = full + 8 * launch.slots;
   const uint32_t scratch = full + 16 * launch.slots + warp * kEscapeScratchBytes;
+  // Multicast: the x-neighbours of a cluster (same K class and split, neighbouring tile groups) read the same
+  // activations; the first of them (the leader) copies each chunk into all of their slots, once all of their warps
+  // released it. Ranks run x first: rank = x + y * multicast.
+  const int cx = launch.multicast;
+  const uint32_t rank = launch.cluster * cx > 1 ? ptx::cluster_rank() : 0;
+  const int xr = (int)rank % cx, yr = (int)rank / cx;
+  const bool leader = xr == 0;
+  const uint32_t leader_rank = rank - xr;
   if (threadIdx.x == 0) {
     for (int i = 0; i < launch.slots; ++i) {
       ptx::mbarrier_init(full + 8 * i, 1);
-      ptx::mbarrier_init(empty + 8 * i, warps);  // one arrival a warp
+      ptx::mbarrier_init(empty + 8 * i, warps * cx);  // one arrival a warp of each block sharing the slot
     }
     ptx::fence_mbarrier_init();
   }
-  __syncthreads();
+  if (cx > 1)
+    ptx::cluster_sync();  // every barrier initialized before a leader's copy or a warp's arrival reaches it
+  else
+    __syncthreads();
 
   float d[kAcc];
 #pragma unroll
@@ -150,11 +167,17 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
 
     const uint4* image = x_image + (size_t)slab * chunks * (kChunkBytes / 16);
     const bool copier = threadIdx.x == 0;
+    const uint16_t sharers = (uint16_t)(((1u << cx) - 1) << (yr * cx));
+    // chunk i into its slot: this block expects its bytes; the leader copies (to every sharer with multicast)
     auto copy_chunk = [&](int i) {
       const uint32_t slot = i % launch.slots;
       ptx::mbarrier_arrive_expecting(full + 8 * slot, kChunkBytes);
-      ptx::bulk_copy_to_shared(slots_s + slot * kChunkBytes, image + (size_t)(first + i * args.warps_k) * (kChunkBytes / 16),
-                               kChunkBytes, full + 8 * slot);
+      if (!leader) return;
+      const uint4* from = image + (size_t)(first + i * args.warps_k) * (kChunkBytes / 16);
+      if (cx > 1)
+        bulk_copy_multicast(slots_s + slot * kChunkBytes, from, kChunkBytes, full + 8 * slot, sharers);
+      else
+        ptx::bulk_copy_to_shared(slots_s + slot * kChunkBytes, from, kChunkBytes, full + 8 * slot);
     };
     if (copier) {  // every slot starts empty: the first chunks into all of them
       wait_before_reading_x(args);  // the image is the permute kernel's output
@@ -187,10 +210,19 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
         if (u == 1 && i > 0) {  // chunk i - 1's MMAs are done: release its slot, which then takes chunk i - 1 + slots
           __syncwarp();
           const int released = (i - 1) % launch.slots;
-          if (lane == 0) ptx::mbarrier_arrive(empty + 8 * released);
-          if (copier && i - 1 + launch.slots < count) {
-            ptx::mbarrier_wait(empty + 8 * released, ((i - 1) / launch.slots) & 1);
-            copy_chunk(i - 1 + launch.slots);
+          if (cx == 1) {
+            if (lane == 0) ptx::mbarrier_arrive(empty + 8 * released);
+            if (copier && i - 1 + launch.slots < count) {
+              ptx::mbarrier_wait(empty + 8 * released, ((i - 1) / launch.slots) & 1);
+              copy_chunk(i - 1 + launch.slots);
+            }
+          } else if (i - 1 + launch.slots < count) {  // only releases a refill waits for: none reaches a finished block
+            if (copier && !leader) copy_chunk(i - 1 + launch.slots);  // expects the bytes before releasing
+            if (lane == 0) mbarrier_arrive_remote(ptx::map_to_block(empty + 8 * released, leader_rank));
+            if (copier && leader) {
+              ptx::mbarrier_wait(empty + 8 * released, ((i - 1) / launch.slots) & 1);
+              copy_chunk(i - 1 + launch.slots);
+            }
           }
         }
         uint4 v;
@@ -201,7 +233,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
         ptx::wgmma_fence();
 #pragma unroll
         for (int s = 0; s < 2; ++s)
-          ptx::wgmma_bf16<8 * MT>(d, &set[0][4 * s], kDescHi | (desc_lo + (2 * u + s) * (wide_step_bytes<MT>() >> 4)));
+          wide_wgmma<8 * MT>(d, &set[0][4 * s], kDescHi | (desc_lo + (2 * u + s) * (wide_step_bytes<MT>() >> 4)));
         ptx::wgmma_commit();
         fence_accumulators(d);
       }
@@ -224,7 +256,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
     allow_next_grid();
     wait_for_prior_grid();
   }
-  const int rank = launch.cluster > 1 ? (int)ptx::cluster_rank() : 0;
+  if (cx > 1) ptx::cluster_sync();  // every sharer is past its loop: no copy or arrival still targets its shared memory
   if (launch.cluster > 1) {  // every block's partial sums into its own shared memory (the loop's, now free)
     __syncthreads();
     const uint32_t mine = slots_s + ((warp * MT) * 32 + lane) * 16;
@@ -232,15 +264,15 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
     for (int j = 0; j < MT; ++j) ptx::st_shared16(mine + j * 32 * 16, __float_as_uint(d[4 * j]), __float_as_uint(d[4 * j + 1]),
                                                   __float_as_uint(d[4 * j + 2]), __float_as_uint(d[4 * j + 3]));
     ptx::cluster_sync();
-    if (rank == 0) {  // classes in class order within each split of the cluster, then the splits in split order
+    if (yr == 0) {  // classes in class order within each split of the cluster, then the splits in split order
       const int cluster_splits = launch.cluster / args.warps_k;
       for (int sp = 0; sp < cluster_splits; ++sp) {
 #pragma unroll
         for (int j = 0; j < MT; ++j) {
           float4 sum = sp == 0 ? make_float4(d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3])
-                               : ptx::ld_cluster16(ptx::map_to_block(mine, sp * args.warps_k) + j * 32 * 16);
+                               : ptx::ld_cluster16(ptx::map_to_block(mine, xr + sp * args.warps_k * cx) + j * 32 * 16);
           for (int c = 1; c < args.warps_k; ++c) {
-            const float4 o = ptx::ld_cluster16(ptx::map_to_block(mine, sp * args.warps_k + c) + j * 32 * 16);
+            const float4 o = ptx::ld_cluster16(ptx::map_to_block(mine, xr + (sp * args.warps_k + c) * cx) + j * 32 * 16);
             sum.x += o.x, sum.y += o.y, sum.z += o.z, sum.w += o.w;
           }
           if (sp == 0) {
@@ -252,7 +284,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
       }
     }
     ptx::cluster_sync();  // no block leaves while the first one may still read its shared memory
-    if (rank != 0) return;
+    if (yr != 0) return;
   }
   if (tile >= tiles) return;
   const int m0 = slab * MT * 8;
@@ -276,22 +308,30 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
 }
 
 // The wide kernel's instantiations: token tiles of 8 rows a slab (wgmma N = 8 x MT).
-#define W12_WIDE_KERNELS(X) X(8) X(12) X(16)
+#define W12_WIDE_KERNELS(X) X(6) X(8) X(12) X(16) X(24) X(32)
 
 template <int MT, int LOW_BITS>
 cudaError_t launch_slabs(const W12MmaArgs& args, const W12Wide& wide, int groups, cudaStream_t stream) {
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
   const int splits = (chunks + args.chunks_per_split - 1) / args.chunks_per_split;
-  WideLaunch launch{wide.slots, wide.stages, (args.m + MT * 8 - 1) / (MT * 8), 0, splits};
+  WideLaunch launch{wide.slots, wide.stages, (args.m + MT * 8 - 1) / (MT * 8), 0, splits, 1};
   // K classes and splits in one cluster where they fit 8 blocks; else the classes, and the splits through the workspace
   launch.cluster = args.warps_k * splits <= 8 ? args.warps_k * splits : args.warps_k;
-  if (launch.cluster > 8 || launch.slots < 2 || launch.slots > 4 || launch.stages < 2 || launch.stages > 4)
+  if (launch.cluster > 8 || launch.slots < 2 || launch.slots > kMaxWideSlots || launch.stages < 2 ||
+      launch.stages > kMaxWideStages)
     return cudaErrorInvalidValue;
   if (launch.cluster < args.warps_k * splits && !args.partial) return cudaErrorInvalidValue;  // needs the workspace
+  // tile groups sharing activation copies: one slab (neighbouring blocks are then neighbouring tile groups), at most
+  // 16 blocks a cluster (more than 8: a non-portable cluster size)
+  if (wide.multicast != 1 && wide.multicast != 2 && wide.multicast != 4) return cudaErrorInvalidValue;
+  if (launch.slabs == 1 && wide.multicast * launch.cluster <= 16) launch.multicast = wide.multicast;
   W12MmaArgs launched = args;
   if (launch.cluster == args.warps_k * splits) launched.partial = nullptr;
-  dim3 grid(((tiles + 4 * groups - 1) / (4 * groups)) * launch.slabs, args.warps_k * splits);
+  const int tile_groups = (tiles + 4 * groups - 1) / (4 * groups);
+  const int cx = launch.multicast;
+  // a grid of whole clusters: blocks past the last tile group compute its tiles again and store nothing
+  dim3 grid((tile_groups + cx - 1) / cx * cx * launch.slabs, args.warps_k * splits);
   dim3 block(128 * groups);
   const size_t smem = wide_smem_bytes<MT, LOW_BITS>(groups, launch.slots, launch.stages);
   auto kernel = w12_wide_kernel<MT, LOW_BITS>;
@@ -309,8 +349,11 @@ cudaError_t launch_slabs(const W12MmaArgs& args, const W12Wide& wide, int groups
                              static_cast<uint32_t*>(wide.x_image));
     if (err != cudaSuccess) return err;
   }
-  err = launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, launch.cluster, launched, launch,
-                           static_cast<const uint4*>(wide.x_image));
+  if (cx * launch.cluster > 8 &&
+      (err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)) != cudaSuccess)
+    return err;
+  err = launch_overlapping(kernel, grid, block, smem, stream, args.overlap_prior, ClusterShape(cx, launch.cluster),
+                           launched, launch, static_cast<const uint4*>(wide.x_image));
   if (err != cudaSuccess || !launched.partial) return err;
   return launch_split_sums(launched, splits, stream);
 }

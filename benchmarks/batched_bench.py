@@ -1,0 +1,158 @@
+"""Batched serving, closed loop (issue 32): AR, stock, each batching mechanism and all of them at 1-64 requests
+in flight, at the 4B-like and 27B-like shapes; per batch size the speedup over AR and the gain over stock
+(Figure A2's form, as JSON and a PNG).
+
+    PYTHONPATH=kernels:. python3 benchmarks/batched_bench.py --lattices /tmp/batched-lattices \\
+        --costs benchmarks/results/batched-costs-h200-2026-12-02.json --out benchmarks/results/batched-2026-12-02.json
+
+tau: exact closed-loop replay (``specpilot_mem.batching.simulate``) on lattices of the trained pair recorded at
+every greedy position, once per drafter block (``benchmarks/batched_lattices.py``), with the batching policies'
+own torch code deciding rows, shares, blocks and prompt rows. Step times: c(R) of the target's and drafter's
+GEMMs measured on the H200 (``benchmarks/batched_costs.py``, ``--costs``), or the roofline model of
+``batching.costs`` without it (then every figure says ``measured: false``); the per-request KV/state term is
+modelled from bytes. Also reported: tokens per step of the shared budget against equal-size per-request trees
+at the same rows, and the per-request blocks' gain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specpilot_mem.batching.costs import StepCosts  # noqa: E402
+from specpilot_mem.batching.simulate import CONFIGS, concat_lattices, simulate, speedups  # noqa: E402
+from specpilot_mem.provenance import print_result, result_header  # noqa: E402
+from specpilot_mem.replay.lattice import load_lattice  # noqa: E402
+
+LABEL = ("timing: c(R) at the paper's shapes (random weights); tau: exact replay on the small pair trained here "
+         "(not comparable in absolute terms to the paper's)")
+PLOTTED = ("stock", "shared-budget", "drafter-block", "prompt-admission", "all")
+
+
+def load_blocks(folder: Path, splits: list[str]) -> dict:
+    blocks = {}
+    for path in sorted(Path(folder).glob("pair-*-block*.npz")):
+        split, block = path.stem.split("-")[1], int(path.stem.split("block")[1])
+        if split in splits:
+            blocks.setdefault(block, []).append(load_lattice(path))
+    return {b: concat_lattices(sorted(lats, key=lambda lat: lat.source)) for b, lats in blocks.items()}
+
+
+def run_shape(lattices, costs: StepCosts, batches, args) -> dict:
+    out = {"costs": costs.to_dict(), "batches": {}}
+    for b in batches:
+        started = time.perf_counter()
+        outcomes = {name: simulate(lattices, costs, cfg, b, prompt_rows=args.prompt_rows, segment=args.segment,
+                                   verify_buffer=args.verify_buffer, stream=args.stream)
+                    for name, cfg in CONFIGS.items()}
+        figures = speedups(outcomes)
+        shared, equal = outcomes["shared-budget"], outcomes["equal-trees"]
+        out["batches"][str(b)] = {
+            "configs": {name: {**o.to_dict(), **figures[name]} for name, o in outcomes.items()},
+            "shared_vs_equal_tokens_per_step": shared.tau / equal.tau,
+            "blocks_gain_over_shared": figures["shared-budget+drafter-block"]["tokens_per_s"]
+            / figures["shared-budget"]["tokens_per_s"],
+            "blocks_gain_over_stock": figures["drafter-block"]["over_stock"],
+            "admission_gain_over_stock": figures["prompt-admission"]["over_stock"],
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+        row = out["batches"][str(b)]
+        print(f"{costs.shape} B={b}: all {figures['all']['over_ar']:.2f}x AR, {figures['all']['over_stock']:.2f}x stock; "
+              f"shared/equal {row['shared_vs_equal_tokens_per_step']:.3f}; blocks {row['blocks_gain_over_shared']:.3f}; "
+              f"admission {row['admission_gain_over_stock']:.3f} ({row['seconds']} s)", file=sys.stderr, flush=True)
+    return out
+
+
+def targets(shapes: dict) -> dict:
+    """The issue's numbers, checked on every shape and batch size measured."""
+    mid = ("16", "24", "32")
+    rows = [(s, b, r) for s, d in shapes.items() for b, r in d["batches"].items()]
+    return {
+        "all_never_slower_than_ar": all(r["configs"]["all"]["over_ar"] >= 1.0 for _, _, r in rows),
+        "min_all_over_ar": min(r["configs"]["all"]["over_ar"] for _, _, r in rows),
+        "shared_vs_equal_at_16_32_min": min(r["shared_vs_equal_tokens_per_step"] for _, b, r in rows if b in mid),
+        "shared_vs_equal_target": 1.06,
+        "blocks_gain_at_16_32_min": min(r["blocks_gain_over_shared"] for _, b, r in rows if b in mid),
+        "blocks_target": 1.03,
+        "admission_never_negative": all(r["admission_gain_over_stock"] >= 1.0 - 1e-9 for _, _, r in rows),
+        "admission_max_gain": max(r["admission_gain_over_stock"] for _, _, r in rows),
+    }
+
+
+def plot(shapes: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(shapes), 2, figsize=(11, 3.6 * len(shapes)), squeeze=False)
+    for row, (shape, data) in enumerate(shapes.items()):
+        batches = [int(b) for b in data["batches"]]
+        for col, key in enumerate(("over_ar", "over_stock")):
+            ax = axes[row][col]
+            for name in PLOTTED:
+                if key == "over_stock" and name == "stock":
+                    continue
+                ax.plot(batches, [data["batches"][str(b)]["configs"][name][key] for b in batches], marker="o", label=name)
+            ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(batches, [str(b) for b in batches])
+            ax.set_xlabel("requests in flight")
+            ax.set_ylabel("speedup over AR" if key == "over_ar" else "gain over stock")
+            measured = "measured c(R)" if data["costs"]["measured"] else "roofline c(R)"
+            ax.set_title(f"{shape}-like, {measured}")
+            ax.grid(alpha=0.3)
+        axes[row][0].legend(fontsize=8)
+    fig.suptitle("Batched closed loop: " + LABEL, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lattices", type=Path, required=True, help="folder of batched_lattices.py's files")
+    ap.add_argument("--splits", default="dev,unseen")
+    ap.add_argument("--costs", type=Path, help="batched_costs.py's result (default: the roofline model)")
+    ap.add_argument("--shapes", default="4b,27b")
+    ap.add_argument("--batches", default="1,8,16,24,32,64")
+    ap.add_argument("--prompt-rows", type=int, default=512, help="prompt tokens of each new request")
+    ap.add_argument("--segment", type=int, default=64, help="prompt rows per admitted segment")
+    ap.add_argument("--verify-buffer", type=int, default=2048)
+    ap.add_argument("--stream", type=int, help="requests through the closed loop (default: all, at least 2 x B)")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--figure", type=Path, help="PNG (default: beside --out)")
+    args = ap.parse_args(argv)
+    lattices = load_blocks(args.lattices, args.splits.split(","))
+    measurement = json.loads(args.costs.read_text()) if args.costs else None
+    if measurement is not None:
+        measurement.setdefault("source", str(args.costs))
+    batches = [int(b) for b in args.batches.split(",")]
+    doc = {**result_header("batched_bench"), "label": LABEL, "synthetic_timing": True,
+           "lattices": {str(b): {"requests": int(lat.num_requests), "tokens": int(lat.greedy_tokens.shape[0]),
+                                 "source": lat.source} for b, lat in sorted(lattices.items())},
+           "prompt_rows": args.prompt_rows, "segment": args.segment, "shapes": {}}
+    for shape in args.shapes.split(","):
+        costs = StepCosts.from_measurement(measurement, shape) if measurement else StepCosts.roofline(shape)
+        doc["shapes"][shape] = run_shape(lattices, costs, batches, args)
+    doc["targets"] = targets(doc["shapes"])
+    t = doc["targets"]
+    doc["headline"] = (f"all mechanisms >= {t['min_all_over_ar']:.2f}x AR at 1-64 requests; shared budget "
+                       f"{t['shared_vs_equal_at_16_32_min']:.3f}x tokens/step vs equal trees at 16-32; blocks "
+                       f"{t['blocks_gain_at_16_32_min']:.3f}x; admission up to {t['admission_max_gain']:.3f}x stock")
+    figure = args.figure or (args.out.with_suffix(".png") if args.out else None)
+    if figure:
+        plot(doc["shapes"], figure)
+        doc["figure"] = str(figure)
+    print_result(doc, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,144 @@
+"""The batched best-first tree build (``specpilot_kernels.draft_tree``) timed and checked on a GPU.
+
+Sections (each survives the others' failures; ``--out`` holds everything measured so far):
+
+- ``parity``: the GPU kernel against the replay package's numpy builder (the reference the entry's contract
+  names) and the torch heap reference, on synthetic lattices: requests whose trees match node for node
+  (structure: parents, depths, ranks; scores to 1e-5), and on mismatch whether it is a near tie.
+- ``build``: µs per call by CUDA-graph replay of the build kernel alone, and of build + verify layout +
+  greedy acceptance (the step's whole tree work), for B requests x N nodes (K = 16, 16 drafted positions,
+  depth 15); beside it, in the same process, the numpy replay builder on the CPU for the same batch (wall).
+
+    PYTHONPATH=kernels:. python3 benchmarks/draft_tree_bench.py --out benchmarks/results/draft-tree-h200.json
+    TRITON_INTERPRET=1 PYTHONPATH=kernels:. python3 benchmarks/draft_tree_bench.py --device cpu   # dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specpilot_kernels.draft_tree import (  # noqa: E402
+    best_first_tree,
+    best_first_tree_reference,
+    greedy_accept,
+    lattice_edge_logp,
+    verify_layout,
+)
+from specpilot_mem.provenance import print_result, result_header  # noqa: E402
+from specpilot_mem.replay.trees import get_builder  # noqa: E402
+from specpilot_mem.replay.trees.base import StepBatch  # noqa: E402
+
+TARGET_US = 50.0  # 32-node trees for 32 requests, every step
+
+
+def synthetic_lattice(b: int, m: int, k: int, seed: int, device: str):
+    g = torch.Generator().manual_seed(seed)
+    pair = torch.randn(b, m, k, k, generator=g) * 2.0
+    pair[:, 0] = pair[:, 0, :1]
+    cand = torch.randint(0, 150_000, (b, m, k), generator=g)
+    return pair.to(device), cand.to(device)
+
+
+def parity(device: str, batch: int, nodes: int, depth: int) -> dict:
+    pair, cand = synthetic_lattice(batch, 16, 16, seed=1, device=device)
+    tree, tokens, _, _ = best_first_tree(pair, cand, nodes, depth)
+    sb = StepBatch.from_scores(cand.cpu(), np.zeros((batch, 16, 16), np.float32), pair.cpu().numpy())
+    replay = get_builder("best-first")(sb, nodes, depth)
+    heap = best_first_tree_reference(lattice_edge_logp(pair.cpu()), nodes, depth)
+    out = {"requests": batch, "nodes": nodes, "depth": depth}
+    for name, ref_parents, ref_ranks, ref_scores in (
+            ("replay", torch.from_numpy(replay.parents), torch.from_numpy(replay.ranks), torch.from_numpy(replay.scores)),
+            ("heap", heap.parents, heap.ranks, heap.scores)):
+        same = (tree.parents.cpu() == ref_parents).all(1) & (tree.ranks.cpu() == ref_ranks).all(1)
+        close = (tree.scores.cpu() - ref_scores).abs().max(1).values <= 1e-5
+        out[f"match_{name}"] = int((same & close).sum())
+        out[f"max_score_diff_{name}"] = float((tree.scores.cpu() - ref_scores).abs().max())
+    out["tokens_match_replay"] = int((tokens.cpu() == torch.from_numpy(replay.tokens)).all(1).sum())
+    return out
+
+
+def wall_us(fn, repeats: int) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats * 1e6
+
+
+def build(device: str, shapes: list[tuple[int, int]], depth: int, repeats: int) -> dict:
+    return {f"B{b}_N{n}": build_one(device, b, n, depth, repeats) for b, n in shapes}
+
+
+def build_one(device: str, b: int, n: int, depth: int, repeats: int) -> dict:
+    pair, cand = synthetic_lattice(b, 16, 16, seed=b * 100 + n, device=device)
+    roots = torch.arange(b, device=device) * 37 + 100
+    predict = torch.randint(0, 150_000, (b, n + 1), device=device)
+
+    def kernel_only(_i):
+        return best_first_tree(pair, cand, n, depth)
+
+    def whole_step(_i):
+        tree, tokens, nxt, sib = best_first_tree(pair, cand, n, depth)
+        verify_layout(tree, nxt, sib, roots)
+        return greedy_accept(tokens, tree.parents, tree.depths, tree.num_nodes, predict)
+
+    sb_cpu = StepBatch.from_scores(cand.cpu(), np.zeros((b, 16, 16), np.float32), pair.cpu().numpy())
+
+    def replay_cpu():
+        get_builder("best-first")(StepBatch.from_scores(sb_cpu.source_cand, sb_cpu.source_unary,
+                                                        sb_cpu.source_pair), n, depth)
+
+    row = {"batch": b, "nodes": n, "depth": depth}
+    if device.startswith("cuda"):
+        from cuda_timing import graph_replay_us
+
+        row["kernel_us"] = round(graph_replay_us(kernel_only, calls=10), 2)
+        row["step_us"] = round(graph_replay_us(whole_step, calls=10), 2)
+        if (b, n) == (32, 32):  # the target shape: how the frontier spreads over warps
+            row["kernel_us_by_warps"] = {w: round(graph_replay_us(
+                lambda _i, w=w: best_first_tree(pair, cand, n, depth, num_warps=w), calls=10), 2) for w in (1, 2, 8)}
+    else:  # the interpreter: a dry run of the same calls, wall time
+        row["kernel_us"] = round(wall_us(lambda: kernel_only(0), 1), 1)
+        row["step_us"] = round(wall_us(lambda: whole_step(0), 1), 1)
+    row["numpy_replay_builder_cpu_us"] = round(wall_us(replay_cpu, repeats), 1)
+    return row
+
+
+def main(argv=None) -> int:
+    from cuda_timing import record_section
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    gpu = args.device.startswith("cuda")
+    result = {**result_header("draft_tree_bench"), "synthetic": True,
+              "setting": "K=16 candidates, 16 drafted positions, depth 15, fp32 selector scores",
+              "targets": {"B32_N32 kernel_us <=": TARGET_US}}
+    out = str(args.out) if args.out else None
+    if gpu:
+        record_section(result, "parity", lambda: parity(args.device, 64, 32, 15), out)
+        shapes = [(1, 32), (8, 32), (32, 32), (64, 32), (32, 16), (32, 63)]
+        record_section(result, "build", lambda: build(args.device, shapes, 15, 20), out)
+    else:
+        record_section(result, "parity", lambda: parity(args.device, 2, 8, 4), out)
+        record_section(result, "build", lambda: build(args.device, [(2, 8)], 4, 2), out)
+    row = result.get("build", {}).get("B32_N32", {})
+    if "kernel_us" in row:
+        result["headline"] = (f"32-node trees x 32 requests: kernel {row['kernel_us']} µs, with layout + acceptance "
+                              f"{row['step_us']} µs (target {TARGET_US} µs); numpy replay builder "
+                              f"{row['numpy_replay_builder_cpu_us']} µs on the CPU")
+    print_result(result, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

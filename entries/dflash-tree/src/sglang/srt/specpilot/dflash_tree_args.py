@@ -1,0 +1,128 @@
+"""Server-argument checks of ``dflash-tree``: bad draft-tree flags are refused while SGLang parses its
+arguments (``handle_speculative_decoding``), naming the flag and the fix; nothing is resolved then.
+
+Imports nothing heavy at module level (server_args imports it); the tree kernel's limits are read only
+when a tree flag is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Verify tokens per request with the root: the gdn-tree verify scratch and the tree kernel's node columns.
+MAX_VERIFY_TOKENS = 64
+MAX_TREE_NODES = MAX_VERIFY_TOKENS - 1
+TREE_FLAGS = ("--specpilot-tree-nodes", "--specpilot-tree-depth", "--specpilot-tree-drafted-positions")
+
+
+class TreeArgumentError(ValueError):
+    """A tree flag SGLang cannot serve; the message names the flag and the fix."""
+
+    def __init__(self, flag: str, problem: str, fix: str):
+        super().__init__(f"{flag}: {problem}. Fix: {fix}.")
+        self.flag, self.problem, self.fix = flag, problem, fix
+
+
+@dataclass(frozen=True)
+class TreeSettings:
+    nodes: int
+    depth: int
+    drafted_positions: int
+    candidates: int
+
+    @property
+    def verify_tokens(self) -> int:
+        return self.nodes + 1
+
+
+def tree_settings(nodes, depth, drafted_positions, *, algorithm: str | None, trained_block: int | None,
+                  selector_top_k: int) -> TreeSettings | None:
+    """Checked settings from the flag values (None: trees off, stock's chain).
+
+    ``trained_block`` is the drafter's block (anchor + drafted positions) from its config; ``selector_top_k``
+    its CandidateSelector's K (0: a plain DFlash drafter without a lattice).
+    """
+    if nodes is None:
+        for flag, value in zip(TREE_FLAGS[1:], (depth, drafted_positions)):
+            if value is not None:
+                raise TreeArgumentError(flag, "is set without --specpilot-tree-nodes",
+                                        "give --specpilot-tree-nodes N (e.g. 32) to draft trees, or drop the flag")
+        return None
+    if algorithm != "DFLASH":
+        raise TreeArgumentError("--specpilot-tree-nodes", f"draft trees are built for DFLASH (DFlash2), not {algorithm}",
+                                "use --speculative-algorithm DFLASH with a DFlash2 (selector) drafter, or drop the flag")
+    if not selector_top_k:
+        raise TreeArgumentError("--specpilot-tree-nodes", "the draft model has no candidate lattice (plain DFlash: "
+                                "dflash_config has no selector_rank / selector_top_k)",
+                                "use a DFlash2 drafter (a CandidateSelector checkpoint), or drop the flag")
+    if nodes < 1 or nodes > MAX_TREE_NODES:
+        raise TreeArgumentError("--specpilot-tree-nodes", f"{nodes} is outside 1..{MAX_TREE_NODES} (the verify buffers "
+                                f"hold {MAX_VERIFY_TOKENS} tokens per request, the root included)",
+                                f"give a budget between 1 and {MAX_TREE_NODES} (32 is the tested default)")
+    if drafted_positions is None:
+        if trained_block is None:
+            raise TreeArgumentError("--specpilot-tree-drafted-positions", "the drafter's block size is unknown",
+                                    "give --specpilot-tree-drafted-positions P (e.g. 16)")
+        drafted_positions = int(trained_block) - 1
+    if drafted_positions < 1:
+        raise TreeArgumentError("--specpilot-tree-drafted-positions", f"{drafted_positions} drafts nothing",
+                                "give at least 1 drafted position")
+    from sglang.srt.specpilot.kernels.draft_tree.build import MAX_PATH_BITS, path_bits
+
+    bits = path_bits(selector_top_k)
+    if depth is None:  # as deep as the drafted positions and the kernel's tie-break code allow (15 at K = 16)
+        depth = min(drafted_positions, MAX_PATH_BITS // bits)
+    if depth < 1 or depth > drafted_positions:
+        raise TreeArgumentError("--specpilot-tree-depth", f"{depth} is outside 1..{drafted_positions} (the drafted "
+                                "positions: a level past them has no candidates)",
+                                f"give a depth between 1 and {drafted_positions}, or more drafted positions")
+    if selector_top_k & (selector_top_k - 1) or depth * bits > MAX_PATH_BITS:
+        raise TreeArgumentError("--specpilot-tree-depth", f"depth {depth} with K={selector_top_k} candidates does not "
+                                f"fit the tree kernel (power-of-two K, depth * log2 K <= {MAX_PATH_BITS})",
+                                f"give a depth of at most {MAX_PATH_BITS // bits}")
+    return TreeSettings(int(nodes), int(depth), int(drafted_positions), int(selector_top_k))
+
+
+def check_server_args(server_args) -> TreeSettings | None:
+    """Called by ``handle_speculative_decoding`` before any algorithm resolves: refuse bad tree flags
+    (nothing is changed then). With every tree flag unset it returns None at once: stock."""
+    nodes = getattr(server_args, "specpilot_tree_nodes", None)
+    depth = getattr(server_args, "specpilot_tree_depth", None)
+    drafted = getattr(server_args, "specpilot_tree_drafted_positions", None)
+    if nodes is None and depth is None and drafted is None:
+        return None
+    trained_block, top_k = None, 0
+    if nodes is not None and server_args.speculative_algorithm == "DFLASH":
+        trained_block, top_k = _draft_lattice_shape(server_args)
+    return tree_settings(nodes, depth, drafted, algorithm=server_args.speculative_algorithm,
+                         trained_block=trained_block, selector_top_k=top_k)
+
+
+def _draft_lattice_shape(server_args) -> tuple[int | None, int]:
+    """(block size, selector top-K) from the draft model's config; an unreadable config is refused."""
+    import json
+
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    try:
+        config = get_config(server_args.speculative_draft_model_path, trust_remote_code=server_args.trust_remote_code,
+                            revision=server_args.speculative_draft_model_revision,
+                            model_override_args=json.loads(server_args.json_model_override_args))
+    except Exception as err:  # noqa: BLE001 - any failure means the lattice cannot be confirmed
+        raise TreeArgumentError("--specpilot-tree-nodes", f"the draft model's config could not be read ({err})",
+                                "pass a readable DFlash2 --speculative-draft-model-path") from err
+    parsed = parse_dflash_draft_config(draft_hf_config=config)
+    return parsed.resolve_block_size(default=None), int(parsed.selector_top_k or 0)
+
+
+def declare_tree_resolution(server_args, settings: TreeSettings | None) -> None:
+    """After DFLASH resolved: the verify window (``speculative_num_draft_tokens``, which sizes the KV the
+    scheduler reserves per request and step) becomes the tree's N + 1 tokens when that exceeds the draft
+    block. No-op with trees off."""
+    if settings is None:
+        return
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    window = max(settings.verify_tokens, settings.drafted_positions + 1)
+    declare_resolution(server_args, "specpilot.dflash_tree", speculative_num_draft_tokens=window)

@@ -1,0 +1,27 @@
+"""Best-first draft trees on DFlash2 / DSpark lattices: build, verify layout, greedy acceptance.
+
+- :func:`best_first_tree` — the top-N nodes by path score of each request's lattice, one Triton program per
+  request (log-softmax of the selector or Markov-head scores given each node's parent, computed in the kernel),
+  with SGLang's ``retrieve_next_token`` / ``retrieve_next_sibling`` child lists.
+- :func:`verify_layout` — tree mask, positions, retrieve indices and parent columns of the verify pass.
+- :func:`greedy_accept` — the longest matching root path plus the bonus token, vectorised.
+``reference.py`` defines the exact semantics (a heap builder, brute-force layout, a walking acceptance).
+"""
+
+from .accept import greedy_accept
+from .build import best_first_tree, verify_layout
+from .reference import (
+    Acceptance,
+    DraftTree,
+    VerifyLayout,
+    best_first_tree_reference,
+    edge_logp_reference,
+    greedy_accept_reference,
+    lattice_edge_logp,
+    tree_tokens,
+    verify_layout_reference,
+)
+
+__all__ = ["Acceptance", "DraftTree", "VerifyLayout", "best_first_tree", "best_first_tree_reference",
+           "edge_logp_reference", "greedy_accept", "greedy_accept_reference", "lattice_edge_logp", "tree_tokens",
+           "verify_layout", "verify_layout_reference"]

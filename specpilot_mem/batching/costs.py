@@ -1,0 +1,205 @@
+"""Step costs of a batched server: the measured c(R) curves the policies decide from.
+
+A ``CostCurve`` is the time of one pass over R rows, measured at increasing row counts (the target's
+GEMMs are flat while the weight stream dominates, then step up tile by tile once compute does). A
+``StepCosts`` composes a step: the target's verify pass over R rows, the drafter's pass over its rows, and
+a per-request term (each request's KV cache and recurrent state read in the verify pass).
+
+Where no GPU measurement is at hand, ``StepCosts.roofline`` models the curves from the shapes (bytes at
+the H200's measured read bandwidth, FLOPs at a realistic tensor-core rate, rows rounded up to a tile);
+such costs say ``measured: False`` everywhere they are reported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from specpilot_mem.errors import SpecPilotError
+
+
+class BatchingError(SpecPilotError):
+    """A batching option or input outside what the policies, the drafter or the verify buffers support."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Linear shapes of a target (one layer's GEMMs as (in, out), repeated ``layers`` times) and its
+    DFlash-style drafter (``drafter_layers`` layers of the target's width plus the target's LM head)."""
+
+    name: str
+    d_model: int
+    layers: int
+    attn_layers: int
+    linears: tuple[tuple[int, int], ...]
+    vocab: int
+    kv_heads: int
+    head_dim: int
+    gdn_state_bytes: int  # one request's recurrent state over all GDN layers (fp32)
+    drafter_layers: int = 5
+
+    @property
+    def layer_params(self) -> int:
+        return sum(i * o for i, o in self.linears)
+
+    def kv_bytes(self, context: int) -> int:
+        """bf16 keys and values of one request over all attention layers."""
+        return self.attn_layers * 2 * context * self.kv_heads * self.head_dim * 2
+
+
+SHAPES = {
+    # Qwen3.5-27B-like hybrid: 48 GDN + 16 gated-attention layers (the shapes of the cuBLAS reference).
+    "27b": Shape("27b", 5120, 64, 16, ((5120, 10240), (8192, 5120), (5120, 34816), (17408, 5120)), 248320,
+                 4, 256, 48 * 32 * 128 * 128 * 4),
+    # Qwen3.5-4B-like hybrid: 24 GDN + 8 gated-attention layers.
+    "4b": Shape("4b", 2560, 32, 8, ((2560, 6144), (4096, 2560), (2560, 18432), (9216, 2560)), 248320,
+                4, 256, 24 * 16 * 128 * 128 * 4),
+}
+
+# Roofline constants of the H200 (bf16): read bandwidth measured by the cuBLAS reference
+# (/work/shared/reference/h200_cublas_issue_shapes.json, 4.46 TB/s) at the weight-stream efficiency cuBLAS
+# reaches there (~0.82); dense tensor-core rate cuBLAS sustains at large M; rows round up to its M tile.
+H200_READ_TBPS = 4.46 * 0.82
+H200_TFLOPS = 650.0
+M_TILE = 64
+LAUNCH_US = 4.0
+
+ROW_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768,
+            896, 1024, 1280, 1536, 1792, 2048)
+
+
+def roofline_gemm_ms(rows: int, k: int, n: int) -> float:
+    """Modelled time of a bf16 [rows, k] x [k, n] GEMM: the larger of its weight stream and its tiled FLOPs."""
+    stream = 2 * k * n / (H200_READ_TBPS * 1e12)
+    compute = 2 * math.ceil(rows / M_TILE) * M_TILE * k * n / (H200_TFLOPS * 1e12)
+    return (max(stream, compute) + LAUNCH_US * 1e-6) * 1e3
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """c(R) in ms for R rows, measured at increasing row counts ``rows``.
+
+    Between measured counts a pass costs what the next measured count costs (a GEMM's tile costs the
+    same however full); past the last, time grows in proportion to rows (compute-bound). Decisions use
+    the monotone envelope (running maximum), so measurement noise never makes more rows look cheaper.
+    """
+
+    rows: tuple[int, ...]
+    ms: tuple[float, ...]
+    source: str = ""
+
+    def __post_init__(self):
+        rows, ms = np.asarray(self.rows), np.asarray(self.ms, dtype=np.float64)
+        if rows.ndim != 1 or rows.size == 0 or rows.shape != ms.shape:
+            raise BatchingError("a cost curve needs one time per row count", where=self.source or "CostCurve",
+                                fix="give rows and ms as equal-length lists")
+        if rows[0] < 1 or np.any(np.diff(rows) <= 0) or not np.all(np.isfinite(ms)) or np.any(ms <= 0):
+            raise BatchingError("cost curve rows must increase from 1 and times be positive",
+                                where=self.source or "CostCurve", fix="measure c(R) at increasing row counts R >= 1")
+
+    @property
+    def envelope(self) -> np.ndarray:
+        return np.maximum.accumulate(np.asarray(self.ms, dtype=np.float64))
+
+    @property
+    def max_rows(self) -> int:
+        return int(self.rows[-1])
+
+    def at(self, rows: int) -> float:
+        """Time of a pass over ``rows`` rows (0 rows: no pass)."""
+        if rows <= 0:
+            return 0.0
+        env = self.envelope
+        i = int(np.searchsorted(self.rows, rows))
+        if i < len(self.rows):
+            return float(env[i])
+        return float(env[-1] * rows / self.rows[-1])
+
+    def plateau_end(self, rows: int, tolerance: float = 0.03, limit: int | None = None) -> int:
+        """The most rows that cost at most (1 + tolerance) x the pass over ``rows`` rows: the end of the
+        plateau ``rows`` is on (``rows`` itself when the next measured count already costs more).
+        ``limit`` caps the answer (e.g. the verify buffers)."""
+        top = self.max_rows if limit is None else min(limit, self.max_rows)
+        if rows >= top:
+            return int(rows)
+        ceiling = self.at(rows) * (1 + tolerance)
+        env = self.envelope
+        fits = [int(r) for r, t in zip(self.rows, env) if rows <= r <= top and t <= ceiling]
+        return max(fits, default=int(rows))
+
+    def to_dict(self) -> dict:
+        return {"rows": [int(r) for r in self.rows], "ms": [float(t) for t in self.ms], "source": self.source}
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """One batched step: verify_ms(R, B) = target(R) + B x per_request_ms; draft_ms(R) = drafter(R)."""
+
+    shape: str
+    target: CostCurve
+    drafter: CostCurve
+    per_request_ms: float
+    measured: bool
+    source: str = ""
+
+    def verify_ms(self, rows: int, requests: int) -> float:
+        return self.target.at(rows) + requests * self.per_request_ms
+
+    def draft_ms(self, rows: int) -> float:
+        return self.drafter.at(rows)
+
+    def ar_ms(self, requests: int) -> float:
+        return self.verify_ms(requests, requests)
+
+    def prefill_ms(self, prompt_rows: int) -> float:
+        """A separate prefill pass of one prompt (stock scheduling: prompts never share a verify pass)."""
+        return self.verify_ms(prompt_rows, 1)
+
+    @classmethod
+    def roofline(cls, shape: str, context: int = 1024) -> "StepCosts":
+        """Modelled costs of ``shape`` (see the module docstring): measured=False."""
+        s = _shape(shape)
+        target = [s.layers * sum(roofline_gemm_ms(r, i, o) for i, o in s.linears) + roofline_gemm_ms(r, s.d_model, s.vocab)
+                  for r in ROW_GRID]
+        drafter = [s.drafter_layers * sum(roofline_gemm_ms(r, i, o) for i, o in s.linears)
+                   + roofline_gemm_ms(r, s.d_model, s.vocab) for r in ROW_GRID]
+        return cls(shape, CostCurve(ROW_GRID, tuple(target), f"roofline {shape}"),
+                   CostCurve(ROW_GRID, tuple(drafter), f"roofline {shape} drafter"),
+                   per_request_ms(s, context), measured=False, source="roofline (H200 constants in batching.costs)")
+
+    @classmethod
+    def from_measurement(cls, doc: dict, shape: str, context: int = 1024) -> "StepCosts":
+        """From ``benchmarks/batched_costs.py``'s result: its per-shape ``layer_ms`` and ``lm_head_ms``
+        curves (CUDA-graph replay on the GPU), composed over the shape's layers."""
+        s = _shape(shape)
+        where = doc.get("source", "batched_costs result")
+        try:
+            part = doc["shapes"][shape]
+            rows = tuple(int(r) for r in part["rows"])
+            layer = np.asarray(part["layer_ms"], dtype=np.float64)
+            head = np.asarray(part["lm_head_ms"], dtype=np.float64)
+        except (KeyError, TypeError, ValueError) as err:
+            raise BatchingError(f"the cost measurement lacks shape {shape!r} ({err})", where=where,
+                                fix="run benchmarks/batched_costs.py for that shape on the GPU") from None
+        target = CostCurve(rows, tuple(s.layers * layer + head), f"{where}: {shape} target")
+        drafter = CostCurve(rows, tuple(s.drafter_layers * layer + head), f"{where}: {shape} drafter")
+        return cls(shape, target, drafter, per_request_ms(s, context), measured=True, source=where)
+
+    def to_dict(self) -> dict:
+        return {"shape": self.shape, "measured": self.measured, "source": self.source,
+                "per_request_ms": self.per_request_ms, "target": self.target.to_dict(), "drafter": self.drafter.to_dict()}
+
+
+def per_request_ms(shape: Shape, context: int) -> float:
+    """Each request's KV cache (read) and recurrent state (read and written) in one step, at the read
+    bandwidth: the part of a step that grows with requests, not rows (modelled)."""
+    return (shape.kv_bytes(context) + 2 * shape.gdn_state_bytes) / (H200_READ_TBPS * 1e12) * 1e3
+
+
+def _shape(name: str) -> Shape:
+    try:
+        return SHAPES[name]
+    except KeyError:
+        raise BatchingError(f"unknown shape {name!r}", where="--shapes", fix="use any of: " + ", ".join(SHAPES)) from None

@@ -1,0 +1,321 @@
+"""A batched server in closed loop, replayed exactly on recorded lattices, timed by measured step costs.
+
+B request slots stay busy: a finished request's slot takes the next request of the stream (the lattice
+file's requests, cycled). Every step, each decoding request builds its draft from the lattice recorded at
+its own position (from the file of the drafter block it drafts), the step verifies them against the
+target's greedy tokens, and each request moves on by its accepted nodes plus the bonus — the replay of
+``replay.replay``, with the batching policies of this package deciding rows, shares, blocks and prompts
+(their torch code, the same the engine runs). Time per step comes from ``StepCosts``:
+
+* a speculative step: the drafter's pass over its rows (block + anchor per request), then the verify
+  pass over roots + nodes + admitted prompt rows;
+* an AR step: the verify pass over the roots (and admitted prompt rows);
+* stock scheduling: a new request's prompt is prefilled in a pass of its own before the next step
+  (every request in flight waits for it); with admission its rows ride in verify steps instead, and when a
+  step has no spare rows (compute does not idle) waiting prompts are prefilled as stock does.
+
+Slots start staggered along their first request (as in a server long in steady state); the figures
+cover the steps until the stream runs out (B requests in flight throughout).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from specpilot_mem.batching.admission import PromptAdmission
+from specpilot_mem.batching.blocks import DrafterBlocks, share_depth
+from specpilot_mem.batching.budget import SharedBudget, equal_shares, shared_shares
+from specpilot_mem.batching.costs import BatchingError, StepCosts
+from specpilot_mem.replay.lattice import Lattice
+from specpilot_mem.replay.trees import best_first, chain
+from specpilot_mem.replay.trees.base import DraftTrees, StepBatch, pad_trees
+from specpilot_mem.replay.verify import verify_against_greedy
+
+STOCK_BLOCK = 16  # stock DFlash drafts its trained block (16 positions) every step
+
+
+@dataclass(frozen=True)
+class Mechanisms:
+    """One server configuration. tree: "chain" (stock's greedy chain of the block) or "best-first";
+    shared: best-first trees share the step's rows (else each request gets an equal share of them);
+    blocks: a drafter block per request (else every request drafts ``STOCK_BLOCK``); admission: prompt
+    rows in the verify step; gate: speculate only while it is estimated to beat AR."""
+
+    name: str
+    speculate: bool = True
+    tree: str = "chain"
+    shared: bool = False
+    blocks: bool = False
+    admission: bool = False
+    gate: bool = False
+
+
+CONFIGS = {m.name: m for m in (
+    Mechanisms("ar", speculate=False),
+    Mechanisms("stock"),
+    Mechanisms("equal-trees", tree="best-first"),
+    Mechanisms("shared-budget", tree="best-first", shared=True),
+    Mechanisms("drafter-block", blocks=True),
+    Mechanisms("shared-budget+drafter-block", tree="best-first", shared=True, blocks=True),
+    Mechanisms("prompt-admission", admission=True),
+    Mechanisms("all", tree="best-first", shared=True, blocks=True, admission=True, gate=True),
+)}
+
+
+@dataclass
+class Outcome:
+    config: str
+    requests_in_flight: int
+    tokens: int = 0
+    request_steps: int = 0  # decoding requests summed over steps (tau's denominator)
+    steps: int = 0
+    spec_steps: int = 0
+    request_steps_spec: int = 0
+    time_ms: float = 0.0
+    prefill_passes: int = 0
+    admitted_rows: int = 0
+    verify_rows: int = 0
+    drafter_rows: int = 0
+    blocks: dict = field(default_factory=dict)  # drafted block -> request-steps
+    tail_value: float = 0.0  # expected tokens of the last nodes a shared budget took (what a prompt row displaces)
+
+    @property
+    def tau(self) -> float:
+        return self.tokens / self.request_steps if self.request_steps else float("nan")
+
+    @property
+    def tokens_per_ms(self) -> float:
+        return self.tokens / self.time_ms if self.time_ms else float("nan")
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(tau=self.tau, tokens_per_s=self.tokens_per_ms * 1e3,
+                   mean_verify_rows=self.verify_rows / max(self.spec_steps, 1),
+                   mean_drafter_rows=self.drafter_rows / max(self.spec_steps, 1))
+        return out
+
+
+class SpeculationGate:
+    """Speculate while the estimated throughput beats AR: tau (tokens per request and step, a moving
+    average of speculative steps) x B / (draft + verify time) against B / AR step time. While AR wins, a
+    speculative step every ``probe`` steps keeps the estimate current."""
+
+    def __init__(self, probe: int = 8, decay: float = 0.8):
+        self.tau, self.probe, self.decay, self._since = None, probe, decay, 0
+
+    def speculate(self, spec_ms: float, ar_ms: float) -> bool:
+        if self.tau is None or self.tau / spec_ms >= 1 / ar_ms:
+            self._since = 0
+            return True
+        self._since += 1
+        if self._since >= self.probe:
+            self._since = 0
+            return True
+        return False
+
+    def observe(self, tau: float) -> None:
+        self.tau = tau if self.tau is None else self.decay * self.tau + (1 - self.decay) * tau
+
+
+def concat_lattices(lattices: list[Lattice]) -> Lattice:
+    """One lattice set of several files' requests (same kind and block), in file order."""
+    first = lattices[0]
+    if any(lat.positions != first.positions or lat.kind != first.kind for lat in lattices):
+        raise BatchingError("lattice files of different blocks or kinds", where=", ".join(lat.source for lat in lattices),
+                            fix="concatenate the files of one drafter block")
+    requests = np.cumsum([0] + [lat.num_requests for lat in lattices])
+    tokens = np.cumsum([0] + [lat.greedy_tokens.shape[0] for lat in lattices])
+    return Lattice(
+        meta=first.meta,
+        request_ids=np.concatenate([lat.request_ids for lat in lattices]),
+        labels=np.concatenate([lat.labels for lat in lattices]),
+        greedy_offsets=np.concatenate([[0]] + [lat.greedy_offsets[1:] + t for lat, t in zip(lattices, tokens)]),
+        greedy_tokens=np.concatenate([lat.greedy_tokens for lat in lattices]),
+        step_request=np.concatenate([lat.step_request + r for lat, r in zip(lattices, requests)]).astype(np.int32),
+        step_position=np.concatenate([lat.step_position for lat in lattices]),
+        cand=np.concatenate([lat.cand for lat in lattices]),
+        unary=np.concatenate([lat.unary for lat in lattices]),
+        pair=np.concatenate([lat.pair for lat in lattices]),
+        source="+".join(lat.source for lat in lattices))
+
+
+def check_block_lattices(lattices: dict[int, Lattice]) -> None:
+    """The per-block files must hold the same requests and greedy outputs, each with its block's positions."""
+    first = next(iter(lattices.values()))
+    for block, lat in lattices.items():
+        if lat.positions != block:
+            raise BatchingError(f"the block-{block} lattice drafts {lat.positions} positions", where=lat.source,
+                                fix="record one lattice file per drafter block (benchmarks/batched_lattices.py)")
+        if not (np.array_equal(lat.request_ids, first.request_ids) and np.array_equal(lat.greedy_tokens, first.greedy_tokens)):
+            raise BatchingError("the per-block lattices hold different requests or greedy outputs", where=lat.source,
+                                fix="record every block on the same greedy outputs (batched_lattices.py does)")
+
+
+class _Slots:
+    """Per-slot state: request index, position, prompt rows still to prefill, recent acceptance, confidence."""
+
+    def __init__(self, batch: int, lengths: np.ndarray, stream: int, largest_block: int):
+        self.lengths, self.stream, self.next = lengths, stream, batch
+        self.request = np.arange(batch) % lengths.size
+        self.position = (np.arange(batch) * lengths[self.request]) // batch  # staggered start
+        self.waiting = np.zeros(batch, dtype=np.int64)
+        self.recent = torch.full((batch,), float(largest_block))
+        self.confidence = torch.zeros(batch, dtype=torch.int64)
+        self.largest = largest_block
+
+    def refill(self, done: np.ndarray, prompt_rows: int) -> bool:
+        """Start the stream's next requests in the finished slots; False when the stream has run out."""
+        for slot in np.flatnonzero(done):
+            if self.next >= self.stream:
+                return False
+            self.request[slot] = self.next % self.lengths.size
+            self.position[slot] = 0
+            self.waiting[slot] = prompt_rows
+            self.recent[slot] = float(self.largest)
+            self.confidence[slot] = 0
+            self.next += 1
+        return True
+
+
+def simulate(lattices: dict[int, Lattice], costs: StepCosts, config: Mechanisms, batch: int,
+             prompt_rows: int = 512, verify_buffer: int = 2048, segment: int | None = 64,
+             stream: int | None = None, budget_rows: int | None = None) -> Outcome:
+    """Run ``config`` with ``batch`` requests in flight; see the module docstring."""
+    check_block_lattices(lattices)
+    if STOCK_BLOCK not in lattices:
+        raise BatchingError(f"no lattice of the stock block ({STOCK_BLOCK})", where="lattices",
+                            fix="record the 16-position block too")
+    base = lattices[STOCK_BLOCK]
+    lengths = np.diff(base.greedy_offsets)
+    lookups = {b: lat.step_lookup() for b, lat in lattices.items()}
+    budget = SharedBudget(costs.target, verify_buffer, budget_rows)
+    blocks = DrafterBlocks(STOCK_BLOCK, costs.drafter, sorted(lattices)) if config.blocks else None
+    admission = PromptAdmission(costs.target, verify_buffer, segment) if config.admission else None
+    gate = SpeculationGate() if config.gate else None
+    slots = _Slots(batch, lengths, stream or max(lengths.size, 2 * batch), STOCK_BLOCK)
+    out = Outcome(config.name, batch)
+    while True:
+        decoding = np.flatnonzero(slots.waiting == 0)
+        n = decoding.size
+        speculate = config.speculate and n > 0
+        chosen = np.full(n, STOCK_BLOCK)
+        if speculate and blocks is not None:
+            chosen = blocks.choose(slots.recent[decoding], slots.confidence[decoding]).numpy()
+        rows = budget.rows_for(max(n, 1)) if speculate else n
+        if speculate and gate is not None:
+            per_request = out.drafter_rows / out.request_steps_spec if out.request_steps_spec else STOCK_BLOCK + 1
+            spec_ms = costs.draft_ms(round(n * per_request)) + costs.verify_ms(rows, n)
+            speculate = gate.speculate(spec_ms, costs.verify_ms(n, n))
+        fixed = n + (int(chosen.sum()) if speculate and config.tree == "chain" else 0)
+        prompt_take = np.zeros(batch, dtype=np.int64)
+        queued = np.flatnonzero(slots.waiting > 0)
+        if queued.size and admission is not None and admission.pays(
+                fixed, int(slots.waiting[queued].sum()), n,
+                _step_estimate(costs, rows if speculate else n, n, chosen, speculate), costs.prefill_ms(prompt_rows),
+                out.tau if out.request_steps else 1.0, out.tail_value if config.tree == "best-first" else 0.0):
+            prompt_take[queued] = admission.plan(fixed, torch.from_numpy(slots.waiting[queued]))[0].numpy()
+        elif queued.size:  # stock scheduling: the waiting prompts' prefill pass, before the step
+            out.time_ms += costs.prefill_ms(int(slots.waiting[queued].sum()))
+            out.prefill_passes += 1
+            slots.waiting[queued] = 0  # they decode from the next step on
+        extra = int(prompt_take.sum())
+        gained = np.zeros(n, dtype=np.int64)
+        if speculate:
+            gained, step_ms = _speculative_step(lattices, lookups, slots, decoding, chosen, config, blocks,
+                                                rows, extra, costs, out)
+            out.spec_steps += 1
+            out.request_steps_spec += n
+            if gate is not None:
+                gate.observe(float(gained.mean()))
+        else:
+            gained[:] = 1
+            step_ms = costs.verify_ms(n + extra, n) if n + extra else 0.0
+        gained = np.minimum(gained, lengths[slots.request[decoding]] - slots.position[decoding])
+        slots.position[decoding] += gained
+        out.tokens += int(gained.sum())
+        out.request_steps += n
+        out.steps += 1
+        out.time_ms += step_ms
+        out.admitted_rows += extra
+        slots.waiting -= prompt_take
+        done = np.zeros(batch, dtype=bool)
+        done[decoding] = slots.position[decoding] >= lengths[slots.request[decoding]]
+        if done.any() and not slots.refill(done, prompt_rows):
+            return out
+
+
+def _step_estimate(costs: StepCosts, rows: int, requests: int, chosen: np.ndarray, speculate: bool) -> float:
+    """A step's time before drafting (verify rows at the budget, the drafter's rows of the chosen blocks)."""
+    if not speculate:
+        return costs.verify_ms(max(rows, 1), requests)
+    return costs.draft_ms(int((chosen + 1).sum())) + costs.verify_ms(rows, requests)
+
+
+def _speculative_step(lattices, lookups, slots: _Slots, decoding: np.ndarray, chosen: np.ndarray,
+                      config: Mechanisms, blocks: DrafterBlocks | None, rows: int, extra: int,
+                      costs: StepCosts, out: Outcome) -> tuple[np.ndarray, float]:
+    """Draft, share, verify one step of the decoding slots drafting ``chosen`` blocks; returns (tokens
+    gained per slot, step ms)."""
+    n = decoding.size
+    nodes = max(0, rows - n - extra)
+    width = max(nodes, 1) if config.tree == "best-first" else STOCK_BLOCK
+    parts: list[tuple[np.ndarray, DraftTrees, np.ndarray]] = []
+    for block in np.unique(chosen):
+        mine = np.flatnonzero(chosen == block)
+        slot = decoding[mine]
+        lat = lattices[int(block)]
+        steps = lookups[int(block)][lat.greedy_offsets[slots.request[slot]] + slots.position[slot]]
+        batch = StepBatch.from_lattice(lat, steps)
+        trees = best_first.build(batch, width) if config.tree == "best-first" else chain.build(batch, width)
+        parts.append((mine, pad_trees(trees, width), batch.greedy))
+    order = np.concatenate([p[0] for p in parts])
+    trees = _stack([p[1] for p in parts])
+    greedy = _pad_greedy([p[2] for p in parts], STOCK_BLOCK)
+    if config.tree == "best-first":
+        scores = torch.from_numpy(trees.scores)
+        counts = shared_shares(scores, nodes) if config.shared else equal_shares(torch.from_numpy(trees.num_nodes), nodes)
+        trees = trees.truncate(counts.numpy())
+        kept = np.sort(trees.scores[np.isfinite(trees.scores)])
+        out.tail_value = float(np.exp(kept[: max(1, kept.size // 4)]).mean()) if kept.size else 0.0
+    verdict = verify_against_greedy(trees, greedy)
+    gained = np.empty(n, dtype=np.int64)
+    gained[order] = verdict.accepted + 1
+    drafter_rows = int((chosen + 1).sum())
+    verify_rows = n + int(trees.num_nodes.sum()) + extra
+    if blocks is not None:
+        accepted = torch.zeros(n, dtype=torch.int64)
+        accepted[torch.from_numpy(order)] = torch.from_numpy(verdict.accepted)
+        depth = torch.zeros(n, dtype=torch.int64)
+        depth[torch.from_numpy(order)] = share_depth(torch.from_numpy(trees.depths), torch.from_numpy(trees.num_nodes))
+        slots.recent[decoding] = blocks.update(slots.recent[decoding], accepted)
+        slots.confidence[decoding] = depth if config.tree == "best-first" else accepted
+    for block in np.unique(chosen):
+        out.blocks[int(block)] = out.blocks.get(int(block), 0) + int((chosen == block).sum())
+    out.drafter_rows += drafter_rows
+    out.verify_rows += verify_rows
+    return gained, costs.draft_ms(drafter_rows) + costs.verify_ms(verify_rows, n)
+
+
+def _stack(parts: list[DraftTrees]) -> DraftTrees:
+    width = max(p.parents.shape[1] for p in parts)
+    parts = [pad_trees(p, width) for p in parts]
+    return DraftTrees(*(np.concatenate([getattr(p, f) for p in parts]) for f in
+                        ("parents", "depths", "ranks", "tokens", "scores", "num_nodes")))
+
+
+def _pad_greedy(parts: list[np.ndarray], width: int) -> np.ndarray:
+    return np.concatenate([np.pad(g, ((0, 0), (0, width - g.shape[1])), constant_values=-1) for g in parts])
+
+
+def speedups(outcomes: dict[str, Outcome]) -> dict[str, dict]:
+    """Per configuration: throughput, speedup over AR and gain over stock (Figure A2's two panels)."""
+    ar, stock = outcomes["ar"].tokens_per_ms, outcomes.get("stock")
+    rows = {}
+    for name, o in outcomes.items():
+        rows[name] = {"tau": o.tau, "tokens_per_s": o.tokens_per_ms * 1e3, "over_ar": o.tokens_per_ms / ar,
+                      "over_stock": o.tokens_per_ms / stock.tokens_per_ms if stock else math.nan}
+    return rows

@@ -1,0 +1,155 @@
+"""Batched greedy decoding through the system engine with the trained pair: a closed-loop client keeps up to
+``batch`` requests in flight, each with its own cache slot (KV, GDN state, conv window, drafter features);
+every step drafts for all of them, builds each one's chain or tree, and verifies all trees in one pass.
+
+    from specpilot_mem.engine import Engine
+    from specpilot_mem.engine.decode import SystemDecoder
+    decoder = SystemDecoder(Engine.load_default(), SystemOptions(gdn_verify="path"), batch=4)
+    runs = decoder.generate(prompts, mode="spec", max_new_tokens=64)     # list[Generation]
+
+AR, stock and SpecPilot decoders over the same weights run the same requests (``with_options``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specpilot_mem.engine.drafter import Lattice
+from specpilot_mem.engine.engine import Engine, Generation
+from specpilot_mem.engine.options import OptionsError, SystemOptions
+from specpilot_mem.engine.system import Caches, StepBuffers, SystemModel, Weights, pack_trees
+from specpilot_mem.engine.trees import build_tree
+
+PREFILL_CHUNK = 64  # prompt rows per prefill pass (path verify and its schedule take at most 64)
+
+
+class SystemDecoder:
+    def __init__(self, engine: Engine, options: SystemOptions | None = None, batch: int = 1, max_len: int = 1024,
+                 weights: Weights | None = None):
+        if engine.drafter is None:
+            raise OptionsError("the system decoder needs the pair's drafter", where="engine", fix="load the pair")
+        self.engine, self.batch, self.max_len = engine, batch, max_len
+        self.options = options or SystemOptions()
+        if weights is None:
+            _, weights = Weights.from_target(engine.target)
+        self.weights = weights
+        cfg = engine.target.cfg
+        self.options.validate(weights.shape, engine.drafter.cfg.block_size)
+        self.model = SystemModel(weights, self.options, feature_layers=tuple(cfg.feature_layers))
+        # the prompt goes in the way stock does it (SGLang's GDN, BF16 head): options change decoding only
+        self.prefill_model = self.model.with_options(self.options.replace(gdn_verify="snapshot", tree="chain",
+                                                                          lm_head="bf16"))
+        self.device, self.dtype = weights.device, weights.dtype
+        self.caches = Caches(weights.shape, batch, max_len, self.device, self.dtype, feature_dim=cfg.feature_dim)
+        self._buffers: dict = {}
+
+    def with_options(self, options: SystemOptions, batch: int | None = None) -> "SystemDecoder":
+        return SystemDecoder(self.engine, options, batch or self.batch, self.max_len, self.weights)
+
+    def _buffer(self, B: int, T: int) -> StepBuffers:
+        if (B, T) not in self._buffers:
+            self._buffers[B, T] = StepBuffers.empty(B, T, self.weights.shape.conv_size, self.device)
+        return self._buffers[B, T]
+
+    @torch.no_grad()
+    def prefill(self, slot: int, prompt: list[int]) -> int:
+        """Commit ``prompt`` into ``slot`` (reset first); returns the target's first output token."""
+        self.caches.reset(slot)
+        view, conv = self.caches.view(slot), self.weights.shape.conv_size
+        token = None
+        for start in range(0, len(prompt), PREFILL_CHUNK):
+            piece = prompt[start:start + PREFILL_CHUNK]
+            buf = StepBuffers.empty(1, len(piece), conv, self.device)
+            buf.fill(pack_trees([(piece, list(range(-1, len(piece) - 1)))], len(piece), conv))
+            buf.forced.fill_(len(piece) - 1)
+            out, accepted = self.prefill_model.step(buf, view)
+            token = out[0, len(piece) - 1]
+        return int(token)
+
+    @torch.no_grad()
+    def draft_trees(self, anchors: list[int], slots: list[int]) -> list[tuple[list[int], list[int]]]:
+        """Each request's verify rows: its pending token (the root) and the drafted chain or tree below it."""
+        opts, drafter = self.options, self.engine.drafter
+        W = drafter.cfg.context_window
+        lengths = self.caches.lengths[slots]
+        ctx = lengths[:, None] - W + torch.arange(W, device=self.device)
+        rows = torch.tensor(slots, device=self.device)[:, None]
+        feats = self.caches.features[rows, ctx.clamp(min=0)]
+        anchor_t = torch.tensor(anchors, device=self.device)
+        hidden = drafter(self.engine.target.embed, feats, ctx >= 0, anchor_t, lengths)
+        base = hidden @ self.engine.target.lm_head_weight.t()
+        cand, unary, pair = (x.cpu() for x in drafter.lattice_batch(hidden, base, anchor_t, opts.positions))
+        trees = []
+        for b, anchor in enumerate(anchors):
+            lattice = Lattice(cand[b], unary[b], pair[b])
+            if opts.tree == "chain":
+                chain = lattice.chain()
+                trees.append(([anchor] + chain, list(range(-1, len(chain)))))
+            else:
+                tokens, parents = build_tree(opts.tree, lattice, opts.nodes, opts.positions)
+                trees.append(([anchor] + tokens, [-1] + [p + 1 for p in parents]))
+        return trees
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], mode: str = "spec", max_new_tokens: int = 64) -> list[Generation]:
+        """Greedy decoding of every prompt, ``batch`` in flight (closed loop: a finished request's slot takes
+        the next prompt). ``mode``: "ar" (one row per request, SGLang's decode step) or "spec"."""
+        if mode not in ("ar", "spec"):
+            raise OptionsError(f"unknown mode {mode!r}", where="mode", fix="use 'ar' or 'spec'")
+        longest = max(len(p) for p in prompts) + max_new_tokens + self.options.rows + 1
+        if longest > self.max_len:
+            raise OptionsError(f"prompt + output need {longest} cache slots, the decoder has {self.max_len}",
+                               where="max_len", fix=f"use max_len >= {longest}")
+        B, T = self.batch, (1 if mode == "ar" else self.options.rows)
+        queue = list(range(len(prompts)))
+        slot_req = [-1] * B
+        outputs = [[] for _ in prompts]
+        started, finished, steps, accepted = [0.0] * len(prompts), [0.0] * len(prompts), [0] * len(prompts), [
+            [] for _ in prompts]
+        buf = self._buffer(B, T)
+
+        def admit(slot: int) -> None:
+            if not queue:
+                slot_req[slot] = -1
+                return
+            r = queue.pop(0)
+            slot_req[slot] = r
+            started[r] = time.perf_counter()
+            outputs[r].append(self.prefill(slot, prompts[r]))
+
+        for slot in range(B):
+            admit(slot)
+        while any(r >= 0 for r in slot_req):
+            for slot, r in enumerate(slot_req):
+                if r >= 0 and len(outputs[r]) >= max_new_tokens:
+                    finished[r] = time.perf_counter()
+                    admit(slot)
+            live = [s for s in range(B) if slot_req[s] >= 0]
+            if not live:
+                break
+            anchors = {s: outputs[slot_req[s]][-1] for s in live}
+            if mode == "ar":
+                trees = {s: ([anchors[s]], [-1]) for s in live}
+            else:
+                trees = dict(zip(live, self.draft_trees([anchors[s] for s in live], live)))
+            packed = pack_trees([trees.get(s, ([0], [-1])) for s in range(B)], T, self.weights.shape.conv_size)
+            buf.fill(packed)
+            buf.active.copy_(torch.tensor([slot_req[s] >= 0 for s in range(B)]))
+            buf.forced.fill_(-1)
+            out, lens = self.model.graphed(("decode", B, T, mode), lambda: self.model.step(buf, self.caches,
+                                                                                         ar=mode == "ar"))
+            out, lens = out.cpu(), lens.cpu()
+            for s in live:
+                r, n = slot_req[s], int(lens[s])
+                outputs[r].extend(out[s, :n].tolist())
+                steps[r] += 1
+                accepted[r].append(n)
+        runs = []
+        for r, prompt in enumerate(prompts):
+            total = finished[r] - started[r]
+            n = max_new_tokens
+            runs.append(Generation(str(r), list(prompt), outputs[r][:n], [total] * min(n, len(outputs[r])), total,
+                                   steps[r], accepted[r]))
+        return runs

@@ -1,0 +1,643 @@
+"""The system engine: one batched verify step at the paper's shapes, stock by default, each SpecPilot mechanism an
+option (``SystemOptions``), all of them under one CUDA graph per (requests, rows) bucket.
+
+A step takes B requests' draft trees (ragged: padded to T rows, ``num_nodes`` real), runs the target over all
+B*T rows at once against each request's cache (attention KV, GDN state, conv window), picks the accepted root
+path of every tree on the device, and commits it — no host synchronisation until the caller reads the tokens.
+
+- Linears: fused QKV(+gate) and gate_up; cuBLAS BF16 (stock) or the W12 mma kernel (``linears="w12"``).
+- GDN verify: SGLang 0.5.23's kernel writing a state snapshot per drafted position, commit = copy of the
+  accepted snapshot (stock); or ``specpilot_kernels.gdn_tree`` path verify + commit (``gdn_verify="path"``).
+  AR steps use SGLang's decode (state updated in place).
+- Attention: SDPA with the tree mask (GQA folded into the query rows, so no KV copy).
+- LM head: BF16 (stock), W12, or the certified head with fixed-size survivor buffers and the guarded exact
+  fallback in the graph (``certified_argmax_in_graph``).
+
+Hooks for other mechanisms (``docs/engine.md``): ``SystemModel.forward(..., weights_view=...)`` runs the pass
+over another view of the linears (the TLV Q pass over the W12 8-bit view) and ``write_cache=False`` leaves
+caches and states untouched; ``StepBuffers`` is what a batching policy fills per step.
+
+On a CPU the GDN kernels run under ``TRITON_INTERPRET=1`` where they can (path verify, commit) and otherwise as
+the kernels' own torch references (SGLang's kernel does not run in the interpreter); W12 linears decode exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specpilot_kernels.fused_ops import rms_norm, silu_mul
+from specpilot_mem.engine.model import rope
+from specpilot_mem.engine.options import SystemOptions
+from specpilot_mem.engine.shapes import SystemShape
+
+_CAPTURE_LOCK = threading.Lock()
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# -- weights ---------------------------------------------------------------------------------------------------
+
+
+class Linear:
+    """One fused linear: its BF16 weight [N, K] and, once asked for, its W12 forms (made on the weight's device)."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+        self._w12 = None
+        self._mma = None
+        self._decoded = None
+
+    def w12(self):
+        if self._w12 is None:
+            from specpilot_kernels.w12 import encode, to_mma_layout
+
+            self._w12 = encode(self.weight.to(torch.bfloat16).contiguous(), check=True)
+            if self.weight.is_cuda:
+                self._mma = to_mma_layout(self._w12)
+        return self._w12
+
+    def fp8_view(self):
+        from specpilot_kernels.w12 import fp8_view
+
+        return fp8_view(self.w12())
+
+    def __call__(self, x, mode: str = "bf16"):
+        if mode == "bf16":
+            return F.linear(x, self.weight)
+        w12 = self.w12()
+        if x.is_cuda and x.dtype == torch.bfloat16:
+            from specpilot_kernels.w12 import w12_linear
+
+            return w12_linear(x, self._mma)
+        if self._decoded is None or self._decoded.dtype != x.dtype:
+            from specpilot_kernels.w12 import decode
+
+            self._decoded = decode(w12).to(x.dtype)  # the library's exact CPU path, decoded once
+        return F.linear(x, self._decoded)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+
+class Weights:
+    """Every tensor of a target (and its synthetic drafter block) for one SystemShape."""
+
+    def __init__(self, shape: SystemShape, tensors: dict, device, dtype):
+        self.shape, self.device, self.dtype = shape, torch.device(device), dtype
+        self.t = tensors
+        self.linears = {name: Linear(w) for name, w in tensors.items() if name.endswith(".w")}
+        self._certified = None
+
+    def lin(self, name: str) -> Linear:
+        return self.linears[name]
+
+    @property
+    def head(self) -> torch.Tensor:
+        return self.t["embed"] if self.shape.tied_head else self.t["head"]
+
+    def head_linear(self) -> Linear:
+        if "head.w" not in self.linears:
+            self.linears["head.w"] = Linear(self.head)
+        return self.linears["head.w"]
+
+    def certified(self):
+        if self._certified is None:
+            from specpilot_kernels.certified_head import quantize_head
+
+            w = self.head.to(torch.bfloat16).contiguous()
+            self._certified = quantize_head(w, exact_depth=w.shape[1])
+        return self._certified
+
+    @classmethod
+    def synthetic(cls, shape: SystemShape, device, dtype=torch.bfloat16, seed: int = 0) -> "Weights":
+        """Seeded N(0, 0.02) weights made directly on ``device`` (25 B parameters never pass through the host)."""
+        device = torch.device(device)
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def normal(*size, std=0.02):
+            return (torch.randn(*size, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
+
+        def ones(n):
+            return torch.ones(n, device=device, dtype=dtype)
+
+        s, lin = shape, shape.linear_shapes()
+        t = {"embed": normal(s.vocab_size, s.d_model), "final_norm": ones(s.d_model)}
+        if not s.tied_head:
+            t["head"] = normal(s.vocab_size, s.d_model)
+        for i, kind in enumerate(s.layer_types):
+            p = f"layers.{i}."
+            t[p + "norm1"], t[p + "norm2"] = ones(s.d_model), ones(s.d_model)
+            for name in s.layer_linears(kind):
+                t[p + name + ".w"] = normal(*lin[name])
+            if kind == "gdn":
+                hv = s.gdn_value_heads
+                t[p + "conv"] = normal(s.gdn_conv_channels, s.conv_size, std=0.5)
+                t[p + "A_log"] = torch.log(torch.rand(hv, generator=gen, device=device) * 15 + 1)
+                t[p + "dt_bias"] = torch.rand(hv, generator=gen, device=device) * 0.5 - 4.0
+                t[p + "out_norm"] = ones(s.gdn_head_dim)
+            elif s.qk_norm:
+                t[p + "q_norm"], t[p + "k_norm"] = ones(s.attn_head_dim), ones(s.attn_head_dim)
+        for i in range(s.drafter_layers):
+            p = f"drafter.{i}."
+            t[p + "norm1"], t[p + "norm2"] = ones(s.d_model), ones(s.d_model)
+            for name in ("attn_qkv", "attn_out", "gate_up", "down"):
+                t[p + name + ".w"] = normal(*lin[name])
+            if s.qk_norm:
+                t[p + "q_norm"], t[p + "k_norm"] = ones(s.attn_head_dim), ones(s.attn_head_dim)
+        t["drafter.norm"] = ones(s.d_model)
+        return cls(shape, t, device, dtype)
+
+    @classmethod
+    def from_target(cls, target) -> tuple[SystemShape, "Weights"]:
+        """The trained pair's target (``specpilot_mem.engine.model.HybridTarget``) as system weights (same tensors)."""
+        cfg = target.cfg
+        shape = SystemShape(
+            name="trained-pair", d_model=cfg.d_model, layer_types=tuple(cfg.layer_types), ffn_dim=cfg.ffn_dim,
+            vocab_size=cfg.vocab_size, gdn_key_heads=cfg.gdn_heads, gdn_value_heads=cfg.gdn_heads,
+            gdn_head_dim=cfg.gdn_head_dim, conv_size=cfg.conv_size, attn_heads=cfg.attn_heads,
+            attn_kv_heads=cfg.attn_kv_heads, attn_head_dim=cfg.attn_head_dim, tied_head=True,
+            rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps, drafter_layers=0, synthetic=False)
+        p0 = next(target.parameters())
+        t = {"embed": target.embed.weight.data, "final_norm": target.norm.weight.data}
+        for i, block in enumerate(target.blocks):
+            p, m = f"layers.{i}.", block.mixer
+            t[p + "norm1"], t[p + "norm2"] = block.norm_mixer.weight.data, block.norm_mlp.weight.data
+            t[p + "gate_up.w"], t[p + "down.w"] = block.mlp.gate_up.weight.data, block.mlp.down.weight.data
+            if block.kind == "gdn":
+                t[p + "gdn_in.w"] = torch.cat([m.qkv.weight, m.z.weight, m.ab.weight]).data
+                t[p + "gdn_out.w"] = m.out.weight.data
+                t[p + "conv"] = m.conv_weight.data
+                t[p + "A_log"], t[p + "dt_bias"] = m.A_log.data.float(), m.dt_bias.data.float()
+                t[p + "out_norm"] = m.out_norm.weight.data
+            else:
+                t[p + "attn_qkv.w"] = torch.cat([m.q.weight, m.kv.weight]).data
+                t[p + "attn_out.w"] = m.out.weight.data
+                t[p + "q_norm"], t[p + "k_norm"] = m.q_norm.weight.data, m.k_norm.weight.data
+        return shape, cls(shape, t, p0.device, p0.dtype)
+
+
+# -- per-step inputs and per-request state ------------------------------------------------------------------------
+
+
+@dataclass
+class StepBuffers:
+    """One bucket's static inputs (device tensors, filled by ``fill`` before each replay).
+
+    tokens [B, T] long; parents [B, T] long (-1: the root, the request's pending token); depth [B, T] long;
+    anc [B, T, T] bool (ancestor-or-self); conv_idx [B, T, conv_size] long (each row's conv window as indices
+    into cat(conv state, rows)); num_nodes [B] int32 (real rows, the rest padding); slots32 [B] int32 (request b
+    uses cache slot b: the kernels' state indices); active [B] bool (inactive slots commit nothing); forced [B] long (>= 0: accept the root path to
+    that node whatever the target says; the benchmark's fixed acceptance).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depth: torch.Tensor
+    anc: torch.Tensor
+    conv_idx: torch.Tensor
+    num_nodes: torch.Tensor
+    slots32: torch.Tensor
+    active: torch.Tensor
+    forced: torch.Tensor
+
+    @classmethod
+    def empty(cls, B: int, T: int, conv_size: int, device) -> "StepBuffers":
+        z = dict(device=device, dtype=torch.long)
+        return cls(torch.zeros(B, T, **z), torch.full((B, T), -1, **z), torch.zeros(B, T, **z),
+                   torch.zeros(B, T, T, dtype=torch.bool, device=device), torch.zeros(B, T, conv_size, **z),
+                   torch.ones(B, dtype=torch.int32, device=device), torch.arange(B, dtype=torch.int32, device=device),
+                   torch.ones(B, dtype=torch.bool, device=device), torch.full((B,), -1, **z))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.tokens.shape)
+
+    def fill(self, packed: dict) -> None:
+        for name, value in packed.items():
+            getattr(self, name).copy_(torch.as_tensor(value), non_blocking=True)
+
+
+def pack_trees(trees: list[tuple[list[int], list[int]]], T: int, conv_size: int) -> dict:
+    """Host arrays of B trees (tokens, parents with -1 for the root), each padded to T rows as a chain after its
+    last node (padding is computed and never accepted)."""
+    B = len(trees)
+    tokens = np.zeros((B, T), np.int64)
+    parents = np.full((B, T), -1, np.int64)
+    depth = np.zeros((B, T), np.int64)
+    anc = np.zeros((B, T, T), bool)
+    conv_idx = np.zeros((B, T, conv_size), np.int64)
+    num = np.zeros(B, np.int32)
+    for b, (toks, pars) in enumerate(trees):
+        n = len(toks)
+        if n > T:
+            raise ValueError(f"tree {b} has {n} rows, the bucket {T}")
+        num[b] = n
+        full_p = list(pars) + [i - 1 for i in range(n, T)]
+        tokens[b, :n] = toks
+        for i, p in enumerate(full_p):
+            if p >= i:
+                raise ValueError(f"tree {b}: row {i} has parent {p}; parents must precede children")
+            parents[b, i] = p
+            if p >= 0:
+                anc[b, i] = anc[b, p]
+                depth[b, i] = depth[b, p] + 1
+            anc[b, i, i] = True
+            node, beyond = i, 0
+            for t in range(conv_size - 1, -1, -1):
+                if node >= 0:
+                    conv_idx[b, i, t] = (conv_size - 1) + node
+                    node = full_p[node]
+                else:
+                    beyond += 1
+                    conv_idx[b, i, t] = (conv_size - 1) - beyond
+    return {"tokens": tokens, "parents": parents, "depth": depth, "anc": anc, "conv_idx": conv_idx, "num_nodes": num}
+
+
+class Caches:
+    """Per-request state for ``slots`` requests: attention KV [slots, kv heads, max_len, head dim] per attention
+    layer, GDN states [slots, HV, V, K] (SGLang's pool layout, fp32) and conv windows per GDN layer, lengths."""
+
+    def __init__(self, shape: SystemShape, slots: int, max_len: int, device, dtype, feature_dim: int = 0):
+        s = shape
+        self.max_len = max_len
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
+        self.k, self.v, self.state, self.conv = {}, {}, {}, {}
+        for i, kind in enumerate(s.layer_types):
+            if kind == "attn":
+                self.k[i] = torch.zeros(slots, s.attn_kv_heads, max_len, s.attn_head_dim, device=device, dtype=dtype)
+                self.v[i] = torch.zeros_like(self.k[i])
+            else:
+                self.state[i] = torch.zeros(slots, s.gdn_value_heads, s.gdn_head_dim, s.gdn_head_dim, device=device)
+                self.conv[i] = torch.zeros(slots, s.conv_size - 1, s.gdn_conv_channels, device=device, dtype=dtype)
+        self.features = torch.zeros(slots, max_len, feature_dim, device=device, dtype=dtype) if feature_dim else None
+
+    def view(self, first: int, count: int = 1) -> "Caches":
+        """Slots first .. first + count - 1 as a Caches of their own (views: writes land in this one)."""
+        part = object.__new__(Caches)
+        part.max_len = self.max_len
+        rows = slice(first, first + count)
+        part.lengths = self.lengths[rows]
+        part.k, part.v = {i: t[rows] for i, t in self.k.items()}, {i: t[rows] for i, t in self.v.items()}
+        part.state, part.conv = {i: t[rows] for i, t in self.state.items()}, {i: t[rows] for i, t in self.conv.items()}
+        part.features = self.features[rows] if self.features is not None else None
+        return part
+
+    def reset(self, slot: int | None = None) -> None:
+        where = slice(None) if slot is None else slot
+        self.lengths[where] = 0
+        for buf in (*self.state.values(), *self.conv.values()):
+            buf[where] = 0
+
+    def randomize(self, context: int, seed: int = 0) -> None:
+        """Synthetic context for timing: ``context`` tokens' worth of random KV, states and conv windows."""
+        gen = torch.Generator(device=self.lengths.device).manual_seed(seed)
+        for buf in (*self.k.values(), *self.v.values(), *self.conv.values()):
+            buf.normal_(0, 1, generator=gen)
+        for buf in self.state.values():
+            buf.normal_(0, 0.05, generator=gen)
+        self.lengths.fill_(context)
+
+
+# -- the model ---------------------------------------------------------------------------------------------------
+
+
+class SystemModel:
+    """The target's verify pass, the acceptance walk and the commit, over StepBuffers and Caches."""
+
+    def __init__(self, weights: Weights, options: SystemOptions, feature_layers: tuple[int, ...] = ()):
+        self.w, self.shape = weights, weights.shape
+        self.options = options.validate(self.shape)
+        self.device, self.dtype = weights.device, weights.dtype
+        self.feature_layers = tuple(feature_layers)
+        self.mode = options.linears
+        self._inter: dict = {}
+        self._fallback = None
+        self._graphs: dict = {}
+        self._stream = None
+        self.graph_error: str | None = None
+
+    def with_options(self, options: SystemOptions) -> "SystemModel":
+        return SystemModel(self.w, options, self.feature_layers)
+
+    # -- layers -----------------------------------------------------------------------------------------------
+
+    def _gdn(self, i, h, buf: StepBuffers, caches: Caches, ar: bool, saved: dict, write_cache: bool):
+        s, t = self.shape, self.w.t
+        p = f"layers.{i}."
+        B, T = buf.shape
+        H, HV, D, C = s.gdn_key_heads, s.gdn_value_heads, s.gdn_head_dim, s.gdn_conv_channels
+        proj = self.w.lin(p + "gdn_in.w")(h, self.mode).view(B, T, -1)
+        qkv, z, ab = proj.split([C, HV * D, 2 * HV], dim=-1)
+        window = torch.cat([caches.conv[i][:B], qkv], dim=1)
+        cs = s.conv_size
+        win = window.gather(1, buf.conv_idx.view(B, T * cs, 1).expand(B, T * cs, C)).view(B, T, cs, C)
+        mixed = F.silu((win * t[p + "conv"].t().to(win.dtype)).sum(2))
+        q, k, v = (x.contiguous() for x in mixed.split([H * D, H * D, HV * D], dim=-1))
+        q, k, v = q.view(B, T, H, D), k.view(B, T, H, D), v.view(B, T, HV, D)
+        a, b = (x.contiguous() for x in ab.split([HV, HV], dim=-1))
+        A_log, dt_bias = t[p + "A_log"], t[p + "dt_bias"]
+        pool, slots32 = caches.state[i], buf.slots32
+        if ar:  # SGLang's decode: one token per request, state advanced in place
+            o = self._sglang(q, k, v, a, b, A_log, dt_bias, pool, slots32, None, None, update=write_cache)
+        elif self.options.gdn_verify == "snapshot":
+            inter = self._snapshots(i, B, T)
+            o = self._sglang(q, k, v, a, b, A_log, dt_bias, pool, slots32, inter, buf.parents)
+        else:
+            o = self._path_verify(q, k, v, a, b, A_log, dt_bias, pool, slots32, saved["schedule"])
+        saved[i] = (q, k, v, a, b, win)
+        o = rms_norm(o.to(h.dtype), t[p + "out_norm"], s.norm_eps) * F.silu(z).view(B, T, HV, D)
+        return self.w.lin(p + "gdn_out.w")(o.reshape(B * T, HV * D), self.mode)
+
+    def _snapshots(self, i, B, T):
+        key = (i, B, T)
+        if key not in self._inter:
+            s = self.shape
+            self._inter[key] = torch.empty(B, T, s.gdn_value_heads, s.gdn_head_dim, s.gdn_head_dim,
+                                           device=self.device)
+        return self._inter[key]
+
+    def _sglang(self, q, k, v, a, b, A_log, dt_bias, pool, slots, inter, parents, update=False):
+        """SGLang's kernel as its GDN backend calls it (target verify with snapshots, or decode)."""
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        if q.is_cuda:
+            from specpilot_mem.engine.sglang_kernels import fused_recurrent
+
+            tree = parents if (parents is not None and self.options.tree != "chain") else None
+            o = fused_recurrent()(
+                A_log=A_log, a=a.view(B * T, HV), dt_bias=dt_bias, softplus_beta=1.0, softplus_threshold=20.0,
+                q=q.view(1, B * T, H, K), k=k.view(1, B * T, H, K), v=v.view(1, B * T, HV, V), b=b.view(B * T, HV),
+                initial_state_source=pool, initial_state_indices=slots, use_qk_l2norm_in_kernel=True,
+                cu_seqlens=torch.arange(0, B * T + 1, T, dtype=torch.int32, device=q.device),
+                disable_state_update=inter is not None or not update, intermediate_states_buffer=inter,
+                intermediate_state_indices=torch.arange(B, dtype=torch.int32, device=q.device) if inter is not None
+                else None, cache_steps=T if inter is not None else None,
+                retrieve_parent_token=tree.to(torch.int32) if tree is not None else None)
+            return o.view(B, T, HV, V)
+        return _snapshot_reference(q, k, v, a, b, A_log, dt_bias, pool, slots, inter, parents, update)
+
+    def _path_verify(self, q, k, v, a, b, A_log, dt_bias, pool, slots, schedule):
+        from specpilot_kernels.gdn_tree import gdn_tree_path_verify
+        from specpilot_kernels.gdn_tree import reference as R
+
+        if q.is_cuda or interpreting():
+            extra = {} if q.is_cuda else {"block_v": v.shape[-1], "lanes_per_column": None}
+            return gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, schedule[0], **extra)
+        return R.path_verify_reference(q, k, v, a, b, A_log, dt_bias, pool, slots, schedule[1], schedule[2])
+
+    def _attn(self, i, h, buf: StepBuffers, caches: Caches | None, write_cache: bool, prefix: str = "layers",
+              mode: str | None = None):
+        s, t = self.shape, self.w.t
+        p = f"{prefix}.{i}."
+        B, T = buf.shape
+        hq, hkv, D = s.attn_heads, s.attn_kv_heads, s.attn_head_dim
+        mode = mode or self.mode
+        proj = self.w.lin(p + "attn_qkv.w")(h, mode).view(B, T, -1)
+        sizes = [hq * D] * (2 if s.attn_output_gate else 1) + [hkv * D, hkv * D]
+        parts = proj.split(sizes, dim=-1)
+        q, k, v = parts[0], parts[-2], parts[-1]
+        q, k, v = q.reshape(B, T, hq, D), k.reshape(B, T, hkv, D), v.reshape(B, T, hkv, D)
+        if s.qk_norm:
+            q, k = rms_norm(q, t[p + "q_norm"], s.norm_eps), rms_norm(k, t[p + "k_norm"], s.norm_eps)
+        rep = hq // hkv
+        if caches is None:  # the drafter's block: bidirectional over its own rows
+            q, k = rope(q, buf.depth, s.rope_theta), rope(k, buf.depth, s.rope_theta)
+            keys, values, mask = k.transpose(1, 2), v.transpose(1, 2), None
+        else:
+            lengths = caches.lengths[:B]
+            pos = lengths[:, None] + buf.depth
+            q, k = rope(q, pos, s.rope_theta), rope(k, pos, s.rope_theta)
+            L = caches.max_len
+            slots_t = lengths[:, None] + torch.arange(T, device=h.device)
+            kc, vc = caches.k[i][:B], caches.v[i][:B]
+            bidx = torch.arange(B, device=h.device)[:, None]
+            if write_cache:
+                kc[bidx, :, slots_t] = k.to(kc.dtype)
+                vc[bidx, :, slots_t] = v.to(vc.dtype)
+                keys, values = kc, vc
+            else:  # a pass that leaves the caches as they are (the TLV Q pass): its rows beside the cache
+                keys = torch.cat([kc[:, :, :L - T], k.transpose(1, 2).to(kc.dtype)], dim=2)
+                values = torch.cat([vc[:, :, :L - T], v.transpose(1, 2).to(vc.dtype)], dim=2)
+                slots_t = torch.arange(L - T, L, device=h.device).expand(B, T)
+                lengths = torch.minimum(lengths, torch.full_like(lengths, L - T))
+            cols = torch.arange(L, device=h.device)
+            rel = cols[None, :] - slots_t[:, :1]
+            in_tree = (rel >= 0) & (rel < T)
+            tree = buf.anc.gather(2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, L)) & in_tree[:, None, :]
+            mask = (cols[None, None, :] < lengths[:, None, None]) | tree
+            mask = mask[:, None].expand(B, rep, T, L).reshape(B, 1, rep * T, L)
+        qf = q.view(B, T, hkv, rep, D).permute(0, 2, 3, 1, 4).reshape(B, hkv, rep * T, D)
+        o = F.scaled_dot_product_attention(qf, keys.to(qf.dtype), values.to(qf.dtype), attn_mask=mask)
+        o = o.view(B, hkv, rep, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, hq * D)
+        if s.attn_output_gate:
+            o = o * torch.sigmoid(parts[1])
+        return self.w.lin(p + "attn_out.w")(o.reshape(B * T, hq * D), mode)
+
+    def _mlp(self, p, h, mode: str | None = None):
+        mode = mode or self.mode
+        return self.w.lin(p + "down.w")(silu_mul(self.w.lin(p + "gate_up.w")(h, mode)), mode)
+
+    def draft(self, buf: StepBuffers, positions: int, top_k: int = 8):
+        """The synthetic block drafter's pass (timing at the paper's shapes): BF16 dense layers over each request's
+        block (anchor + masked positions, ``buf.tokens`` [B, S], bidirectional), then the target's LM head on the
+        drafted positions and their top-k. Returns (top-k ids, top-k logits), each [B, positions, top_k]."""
+        s, t = self.shape, self.w.t
+        B, S = buf.shape
+        x = F.embedding(buf.tokens.view(-1), t["embed"])
+        for i in range(s.drafter_layers):
+            p = f"drafter.{i}."
+            x = x + self._attn(i, rms_norm(x, t[p + "norm1"], s.norm_eps), buf, None, False, "drafter", "bf16")
+            x = x + self._mlp(p, rms_norm(x, t[p + "norm2"], s.norm_eps), "bf16")
+        h = rms_norm(x, t["drafter.norm"], s.norm_eps).view(B, S, -1)[:, 1:positions + 1].reshape(B * positions, -1)
+        logits = self.w.head_linear()(h, "w12") if self.options.lm_head == "w12" else h @ self.w.head.t()
+        top = logits.view(B, positions, -1).topk(top_k, dim=-1)
+        return top.indices, top.values
+
+    # -- the pass ---------------------------------------------------------------------------------------------
+
+    def forward(self, buf: StepBuffers, caches: Caches, ar: bool = False, write_cache: bool = True):
+        """Final hidden [B*T, d], drafter features [B, T, F] (or None) and each GDN layer's saved inputs."""
+        s, t = self.shape, self.w.t
+        B, T = buf.shape
+        x = F.embedding(buf.tokens.view(-1), t["embed"])
+        saved: dict = {}
+        if s.gdn_layers and not ar and self.options.gdn_verify == "path":
+            from specpilot_kernels.gdn_tree import tree_schedule
+
+            kernels = buf.tokens.is_cuda or interpreting()
+            saved["schedule"] = (tree_schedule(buf.parents, buf.num_nodes) if kernels else None, buf.parents,
+                                 buf.num_nodes)
+        feats = []
+        for i, kind in enumerate(s.layer_types):
+            p = f"layers.{i}."
+            h = rms_norm(x, t[p + "norm1"], s.norm_eps)
+            x = x + (self._gdn(i, h, buf, caches, ar, saved, write_cache) if kind == "gdn"
+                     else self._attn(i, h, buf, caches, write_cache))
+            x = x + self._mlp(p, rms_norm(x, t[p + "norm2"], s.norm_eps))
+            if i in self.feature_layers:
+                feats.append(x.view(B, T, -1))
+        hidden = rms_norm(x, t["final_norm"], s.norm_eps)
+        return hidden, (torch.cat(feats, dim=-1) if feats else None), saved
+
+    def head_argmax(self, hidden: torch.Tensor, mode: str | None = None) -> torch.Tensor:
+        """The LM head's greedy token per row of hidden [M, d] -> [M] long."""
+        mode = mode or self.options.lm_head
+        if mode == "bf16":
+            return (hidden @ self.w.head.t()).argmax(-1)
+        if mode == "w12":
+            return self.w.head_linear()(hidden, "w12").argmax(-1)
+        from specpilot_kernels.certified_head import certified_argmax_in_graph
+
+        head = self.w.certified()
+        if self._fallback is None:
+            self._fallback = torch.empty(32, self.shape.vocab_size, device=self.device)
+        x = hidden.to(torch.bfloat16).contiguous()
+        return torch.cat([certified_argmax_in_graph(x[r:r + 32], head, self._fallback,
+                                                    max_survivors=self.options.max_survivors)
+                          for r in range(0, x.shape[0], 32)])
+
+    def accept(self, buf: StepBuffers, pred: torch.Tensor):
+        """The accepted root path of each tree, on the device. pred [B, T] (the target's token after each row).
+
+        Returns (accepted [B, T] node indices root first, accept_len [B], deepest [B], out_tokens [B, T]: the
+        tokens this step commits, the accepted drafted ones then the target's next)."""
+        B, T = buf.shape
+        dev = pred.device
+        valid = torch.arange(T, device=dev)[None, :] < buf.num_nodes[:, None].long()
+        ok = ((buf.parents < 0) | (buf.tokens == pred.gather(1, buf.parents.clamp(min=0)))) & valid
+        accepted_node = ~(buf.anc & ~ok[:, None, :]).any(-1) & valid
+        deepest = torch.where(accepted_node, buf.depth, -1).argmax(1)
+        deepest = torch.where(buf.forced >= 0, buf.forced, deepest)
+        on_path = buf.anc.gather(1, deepest[:, None, None].expand(B, 1, T))[:, 0]
+        accept_len = on_path.sum(1)
+        where = torch.where(on_path, buf.depth, T)
+        accepted = torch.zeros(B, T + 1, dtype=torch.long, device=dev)
+        accepted.scatter_(1, where, torch.arange(T, device=dev).expand(B, T).contiguous())
+        accepted = accepted[:, :T]
+        drafted = buf.tokens.gather(1, accepted)
+        out = torch.cat([drafted[:, 1:], torch.zeros(B, 1, dtype=torch.long, device=dev)], dim=1)
+        out.scatter_(1, (accept_len - 1)[:, None], pred.gather(1, deepest[:, None]))
+        accept_len = accept_len * buf.active
+        return accepted, accept_len, deepest, out
+
+    def commit(self, buf: StepBuffers, caches: Caches, saved: dict, feats, accepted, accept_len, deepest,
+               ar: bool = False):
+        """Keep each request's accepted path: KV moved to consecutive slots, GDN states and conv windows advanced,
+        features written, lengths grown (by 0 for inactive requests)."""
+        B, T = buf.shape
+        dev = accepted.device
+        lengths = caches.lengths[:B]
+        steps = torch.arange(T, device=dev)[None, :]
+        src = torch.where(steps < accept_len[:, None], accepted, steps)
+        bidx = torch.arange(B, device=dev)[:, None]
+        if self.options.tree != "chain" and not ar:
+            for i in caches.k:
+                for cache in (caches.k[i][:B], caches.v[i][:B]):
+                    cache[bidx, :, lengths[:, None] + steps] = cache[bidx, :, lengths[:, None] + src]
+        keep = (accept_len > 0)[:, None, None]
+        bar = torch.arange(B, device=dev)
+        for i in caches.state:
+            q, k, v, a, b, win = saved[i]
+            conv = caches.conv[i][:B]
+            conv.copy_(torch.where(keep, win[bar, deepest, 1:], conv))
+            if ar:
+                continue  # the decode kernel already advanced the state
+            pool = caches.state[i][:B]
+            if self.options.gdn_verify == "snapshot":
+                inter = self._snapshots(i, B, T)
+                pool.copy_(torch.where(keep[..., None], inter[bar, deepest], pool))
+            else:
+                self._commit_path(i, q, k, v, a, b, pool, buf.slots32, accepted, accept_len)
+        if caches.features is not None and feats is not None:
+            caches.features[:B][bidx, (lengths[:, None] + steps).clamp(max=caches.max_len - 1)] = feats.gather(
+                1, src[..., None].expand(B, T, feats.shape[-1]))
+        caches.lengths[:B] = lengths + accept_len
+
+    def _commit_path(self, i, q, k, v, a, b, pool, slots, accepted, accept_len):
+        from specpilot_kernels.gdn_tree import gdn_tree_commit
+        from specpilot_kernels.gdn_tree import reference as R
+
+        t, p = self.w.t, f"layers.{i}."
+        if q.is_cuda or interpreting():
+            extra = {} if q.is_cuda else {"block_v": v.shape[-1], "lanes_per_column": None}
+            gdn_tree_commit(q, k, v, a, b, t[p + "A_log"], t[p + "dt_bias"], pool, slots, accepted, accept_len,
+                            **extra)
+        else:
+            pool.copy_(R.commit_reference(k, v, a, b, t[p + "A_log"], t[p + "dt_bias"], pool, slots, accepted,
+                                          accept_len))
+
+    def step(self, buf: StepBuffers, caches: Caches, ar: bool = False):
+        """One whole step: verify, accept, commit. Returns (out_tokens [B, T], accept_len [B])."""
+        B, T = buf.shape
+        hidden, feats, saved = self.forward(buf, caches, ar=ar)
+        pred = self.head_argmax(hidden).view(B, T)
+        accepted, accept_len, deepest, out = self.accept(buf, pred)
+        self.commit(buf, caches, saved, feats, accepted, accept_len, deepest, ar=ar)
+        return out, accept_len
+
+    # -- CUDA graphs ------------------------------------------------------------------------------------------
+
+    def release_buffers(self) -> None:
+        """Drop the captured graphs and the per-bucket snapshot buffers (their memory goes back to the allocator)."""
+        self._graphs.clear()
+        self._inter.clear()
+
+    def graphed(self, key, fn):
+        """``fn`` captured once as a CUDA graph under ``key`` (replayed on later calls); eager on a CPU, or
+        when capture failed (``graph_error`` says why). ``fn`` must read only static buffers."""
+        if self.device.type != "cuda" or not self.options.cuda_graphs or self.graph_error:
+            return fn()
+        if key not in self._graphs:
+            with _CAPTURE_LOCK, torch.cuda.device(self.device):
+                if self._stream is None:
+                    self._stream = torch.cuda.Stream(self.device)
+                side, main = self._stream, torch.cuda.current_stream(self.device)
+                side.wait_stream(main)
+                with torch.cuda.stream(side):
+                    fn()  # warm-up: builds, autotuning and workspaces happen outside the capture
+                main.wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                try:
+                    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                        out = fn()
+                except RuntimeError as err:
+                    self.graph_error = f"{key}: {str(err)[:300]}"
+                    return fn()
+            self._graphs[key] = (graph, out)
+        graph, out = self._graphs[key]
+        graph.replay()
+        return out
+
+
+def _snapshot_reference(q, k, v, a, b, A_log, dt_bias, pool, slots, inter, parents, update):
+    """SGLang's kernel's semantics in torch (CPU only: the kernel does not run in the Triton interpreter):
+    outputs, each position's state snapshot into ``inter`` (tree rows from their parent's snapshot), the pool
+    advanced in place when ``update`` (decode)."""
+    from specpilot_kernels.gdn_tree import reference as R
+
+    qf, kf, vf, g, beta = R._prepare(q, k, v, a, b, A_log, dt_bias, None, True, 1.0, 20.0)
+    B, T = q.shape[:2]
+    o = torch.zeros(v.shape, dtype=torch.float32)
+    for r in range(B):
+        slot = int(slots[r])
+        states = []
+        for i in range(T):
+            parent = int(parents[r, i]) if parents is not None else i - 1
+            h = pool[slot].transpose(-1, -2).float() if parent < 0 else states[parent]
+            h = R.gdn_step(h, kf[r, i], vf[r, i], g[r, i], beta[r, i])
+            states.append(h)
+            o[r, i] = torch.einsum("hkv,hk->hv", h, qf[r, i])
+            if inter is not None:
+                inter[r, i] = h.transpose(-1, -2)
+        if update:
+            pool[slot] = states[-1].transpose(-1, -2).to(pool.dtype)
+    return o.to(q.dtype)
