@@ -43,6 +43,12 @@ def run(args) -> int:
     from specpilot_mem.store.releases import is_release_spec
     from specpilot_mem.store.resolver import apply_entries
 
+    from specpilot_mem.errors import SpecPilotError
+
+    for option in ("branch", "worktree", "export"):
+        if getattr(args, option) is not None and not getattr(args, option).strip():
+            raise SpecPilotError(f"--{option} is empty", where=f"--{option}",
+                                 fix=f"give --{option} a {'name' if option == 'branch' else 'path'}, or leave it out")
     home = find_home(args.home)
     ids = list(load_entries(home)) if args.all else args.ids
     if is_release_spec(args.onto):

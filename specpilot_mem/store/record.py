@@ -127,13 +127,15 @@ def _draft(meta: str | Path | dict | None) -> tuple[dict[str, Any], str | None]:
             text = path.read_text()
             data = yaml.safe_load(text) or {}
         except FileNotFoundError:
-            raise RecordError(f"no draft record at {path}", where="--meta") from None
+            raise RecordError(f"no draft record at {path}", where="--meta",
+                              fix="check the path; `specpilot-mem schema entry` prints a draft's fields") from None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             raise RecordError(f"malformed YAML: {getattr(err, 'problem', err)}",
                               where=f"{path}:{mark.line + 1 if mark else 1}", fix="fix the YAML syntax") from None
         if not isinstance(data, dict):
-            raise RecordError("a draft record must be a YAML mapping", where=f"{path}:1")
+            raise RecordError("a draft record must be a YAML mapping", where=f"{path}:1",
+                              fix="write it as `field: value` lines (title, summary, contract, ...)")
     bad = [k for k in _STORE_FIELDS if k in data and k != "id"]
     if bad:
         raise RecordError(f"the draft sets {', '.join(bad)}, which record fills in", where=str(meta),
@@ -237,7 +239,8 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
         existing = records.get(entry_id)
         draft, draft_text = _draft(meta)
         if draft.get("id", entry_id) != entry_id:
-            raise RecordError(f"the draft's id {draft['id']!r} is not {entry_id!r}", where=str(meta))
+            raise RecordError(f"the draft's id {draft['id']!r} is not {entry_id!r}", where=str(meta),
+                              fix=f"remove the id line from the draft, or record it as {draft['id']}")
         requires = list(existing.requires if existing and requires is None else (requires or []))
         for req in requires:
             if req not in records:

@@ -469,7 +469,12 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
         if export:
             from specpilot_mem.sglang.export import export_tree
 
-            check_leftovers(fork, Path(export).expanduser().resolve())
+            destination = Path(export).expanduser().resolve()
+            blocking = next((p for p in destination.parents if p.exists() and not p.is_dir()), None)
+            if blocking is not None:
+                raise ForkError(f"cannot export to {destination}: {blocking} is a file, not a folder",
+                                where="--export", fix="pass a path whose folders are folders")
+            check_leftovers(fork, destination)
             for entry_id in order:  # a symlink out of the tree is never written out, whatever the record says
                 check_symlinks(fork.repo, resolver.delta(entry_id), f"entries/{entry_id}")
 
