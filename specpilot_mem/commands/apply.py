@@ -9,7 +9,7 @@ clean, drift (applies, but files it touches changed upstream), conflict (with pa
 from __future__ import annotations
 
 from specpilot_mem.home import find_home
-from specpilot_mem.output import Text, console, emit, styled, table
+from specpilot_mem.output import assemble, console, emit, styled, table
 
 
 def register(subparsers, common) -> None:
@@ -116,7 +116,7 @@ def render_release(data: dict) -> None:
             details.append(line)
         if e["blocked_by"]:
             details.insert(0, f"requires {', '.join(e['blocked_by'])}, which do not apply")
-        verdict = Text.assemble((e["verdict"], VERDICT_STYLE[e["verdict"]]), " (port)" if e["ported"] else "")
+        verdict = assemble((e["verdict"], VERDICT_STYLE[e["verdict"]]), " (port)" if e["ported"] else "")
         rows.append((e["id"], verdict, len(e["files"]), "\n".join(details) or "-"))
     title = f"onto SGLang {release['version']} ({release['ref']} {release['commit'][:12]})"
     result = table(title, ["entry", "verdict", "files", "what changed upstream"], rows)

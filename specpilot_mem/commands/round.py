@@ -7,7 +7,7 @@ from pathlib import Path
 
 from specpilot_mem.errors import RoundError, SpecPilotError
 from specpilot_mem.home import find_home
-from specpilot_mem.output import Text, console, emit, table
+from specpilot_mem.output import assemble, console, emit, table
 
 
 def register(sub, common) -> None:
@@ -159,7 +159,7 @@ def _show(args, round_dir, state) -> int:
                               for d in directions]}
 
     def render(p):
-        console.print(Text.assemble((p["deployment"], "bold"),
+        console.print(assemble((p["deployment"], "bold"),
                                     f" round {p['number']}  lineage {p['lineage']}  best {p['best'][:12]}"))
         console.print(table("phases", ["phase", "state"],
                             [(ph, "done" if ph in p["done"] else ("next" if ph == p["next"] else "")) for ph in PHASES]))

@@ -18,8 +18,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from specpilot_mem.errors import RecordError, SpecPilotError
 from specpilot_mem.home import Home, find_home
 from specpilot_mem.output import console, emit, err_console, table
@@ -68,6 +66,8 @@ def split_rest(args) -> list[str]:
 
 
 def tuned_options(home: Home, name: str) -> dict[str, Any]:
+    import yaml  # here, not at the top: every command's module is imported for `--help`
+
     path = home.rounds / name / OPTIONS_FILE
     if not path.is_file():
         return {}

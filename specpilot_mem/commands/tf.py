@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specpilot_mem.output import Text, console, emit, progress, table
+from specpilot_mem.output import assemble, console, emit, progress, table
 
 
 def register(subparsers, common) -> None:
@@ -138,6 +138,6 @@ def _render(payload: dict) -> None:
                                          "unexpl.", "p"], rows))
     for v in payload["verdicts"]:
         for reason in v["reasons"]:
-            console.print(Text.assemble((v["system"], "bold"), f": {reason}"), highlight=False)
+            console.print(assemble((v["system"], "bold"), f": {reason}"))
     if payload["plot"]:
         console.print(f"Figure 4 written to {Path(payload['plot'])}")
