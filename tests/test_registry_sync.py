@@ -103,11 +103,12 @@ def test_bad_record_changes_nothing(home):
 
 
 def test_known_gpu_on_the_wrong_arch_is_refused(home):
-    bad = evidence("H200")
-    bad["deployment"]["arch"] = "sm_120"
-    save_entry(home, entry("wrong-arch", evidence_items=[bad]))
-    with pytest.raises(RecordError, match="H200 is sm_90, but the record says sm_120"):
+    save_entry(home, entry("wrong-arch", evidence_items=[evidence("H200")]))
+    path = home.entry_dir("wrong-arch") / "entry.yaml"
+    path.write_text(path.read_text().replace("arch: sm_90", "arch: sm_120"))  # edited by hand
+    with pytest.raises(RecordError, match="H200 is sm_90, not sm_120") as err:
         sync(home)
+    assert str(path) in err.value.where
 
 
 def test_readers_keep_a_consistent_snapshot_while_a_sync_replaces_the_file(home):

@@ -34,7 +34,7 @@ from specpilot_mem.home import Home
 from specpilot_mem.models import DeploymentRecord, EntryRecord
 from specpilot_mem.registry.schema import ENTRY_TABLES, SCHEMA_VERSION, TABLES
 from specpilot_mem.rounds.models import PromotionLog, RoundState
-from specpilot_mem.store.file_lock import file_lock
+from specpilot_mem.file_lock import file_lock
 from specpilot_mem.store.records import ENTRY_FILE, entry_path, load_entry, load_record_file
 
 DEPLOYMENT_FILE = "deployment.yaml"
@@ -440,7 +440,7 @@ def _diff(current: dict[str, RecordFile], stored: dict[str, str]) -> tuple[list[
 
 @contextmanager
 def writer_lock(home: Home, timeout_s: float | None = None):
-    """One registry writer at a time per home (``store.file_lock`` on .specpilot/registry.lock)."""
+    """One registry writer at a time per home (``specpilot_mem.file_lock`` on .specpilot/registry.lock)."""
     try:
         home.state.mkdir(parents=True, exist_ok=True)
     except OSError as err:
