@@ -22,20 +22,22 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import yaml
-from pydantic import ValidationError
 
 from specpilot_mem.errors import RecordError, RegistryError, SpecPilotError
 from specpilot_mem.gpus import GPUS, find_gpu
 from specpilot_mem.gpus import name_key  # the GPU table's name matching, reused for models and drafters
 from specpilot_mem.home import Home
-from specpilot_mem.models import DeploymentRecord, EntryRecord
 from specpilot_mem.registry.schema import ENTRY_TABLES, SCHEMA_VERSION, TABLES
-from specpilot_mem.rounds.models import PromotionLog, RoundState
 from specpilot_mem.file_lock import file_lock
 from specpilot_mem.store.records import ENTRY_FILE, entry_path, load_entry, load_record_file
+
+if TYPE_CHECKING:
+    from specpilot_mem.models import DeploymentRecord, EntryRecord
+    from specpilot_mem.rounds.models import PromotionLog, RoundState
 
 DEPLOYMENT_FILE = "deployment.yaml"
 ROUND_DIR = re.compile(r"^round-([0-9]+)$")
@@ -160,6 +162,10 @@ def read_entry(home: Home, entry_id: str) -> EntryRecord:
     The store's loader composes the YAML node tree in pure Python (~15 ms a record) to name the line of
     every error; a rebuild of 1,000 entries cannot afford that, so it runs only for a record that fails.
     """
+    from pydantic import ValidationError
+
+    from specpilot_mem.models import EntryRecord
+
     try:
         data = yaml.load(entry_path(home, entry_id).read_bytes(), Loader=yaml.CSafeLoader)
         record = EntryRecord.model_validate(data)
@@ -171,6 +177,8 @@ def read_entry(home: Home, entry_id: str) -> EntryRecord:
 
 
 def read_deployment(home: Home, name: str) -> DeploymentRecord:
+    from specpilot_mem.models import DeploymentRecord
+
     path = home.rounds / name / DEPLOYMENT_FILE
     record = load_record_file(path, DeploymentRecord)
     if record.name != name:
@@ -182,6 +190,8 @@ def read_deployment(home: Home, name: str) -> DeploymentRecord:
 
 
 def read_round(home: Home, deployment: str, number: int) -> tuple[RoundState, PromotionLog]:
+    from specpilot_mem.rounds.models import PromotionLog, RoundState
+
     folder = home.rounds / deployment / f"round-{number}"
     state = load_record_file(folder / ROUND_FILE, RoundState)
     if (state.deployment, state.number) != (deployment, number):
