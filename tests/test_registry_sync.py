@@ -254,3 +254,13 @@ def test_a_registry_of_the_right_version_and_wrong_shape_is_rebuilt(home, damage
         con.close()
     report = sync(home)
     assert not report.wrote and report.reason == "up to date"
+
+
+def test_evidence_marked_for_revalidation_no_longer_validates(tmp_path):
+    stale = {**evidence("H200"), "revalidate": "base changed: re-validate (options was re-recorded)"}
+    home = write_home(tmp_path, [entry("fresh", evidence_items=[evidence("H200")]), entry("stale", evidence_items=[stale])])
+    con = connect(home)
+    try:
+        assert dict(con.execute("SELECT id, validated FROM entries").fetchall()) == {"fresh": True, "stale": False}
+    finally:
+        con.close()

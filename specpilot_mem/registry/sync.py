@@ -206,7 +206,8 @@ def read_round(home: Home, deployment: str, number: int) -> tuple[RoundState, Pr
 def is_validated(record: EntryRecord) -> bool:
     """Validated: timed end to end on real weights (non-synthetic paired run) and never rejected."""
     rejected = any((e.verdict or "").strip().lower().startswith("reject") for e in record.evidence)
-    return not rejected and any(e.kind == "paired-run" and not e.synthetic for e in record.evidence)
+    # evidence marked for re-validation (its base changed since) no longer validates the entry
+    return not rejected and any(e.kind == "paired-run" and not e.synthetic and not e.revalidate for e in record.evidence)
 
 
 def _canonical_gpu(name: str, arch: str, where: str) -> str | None:
