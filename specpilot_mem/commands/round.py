@@ -33,6 +33,9 @@ def register(sub, common) -> None:
     start.add_argument("--repeats", type=int, default=2)
     start.add_argument("--max-new-tokens", type=int)
     start.add_argument("--sealed-max-new-tokens", type=int, help="longer outputs for the sealed final")
+    start.add_argument("--no-sealed-long-outputs", action="store_true",
+                       help="without --sealed-max-new-tokens, keep the dev output length for the sealed final instead of "
+                            "the long-output pass (4,096 tokens or the scorer's context)")
     start.add_argument("--system-repo", help="the system's git repo (default: the memory's sglang-fork)")
     start.set_defaults(func=run_start)
 
@@ -83,7 +86,7 @@ def run_start(args) -> int:
                          requests=str(Path(args.requests).resolve()), devices=_devices(args),
                          batch_sizes=[int(b) for b in args.batch_sizes.split(",")], repeats=args.repeats,
                          max_new_tokens=args.max_new_tokens, sealed_max_new_tokens=args.sealed_max_new_tokens,
-                         agent=agent, pool=_pool(args), fresh_workers=not args.reuse_workers,
+                         sealed_long_outputs=not args.no_sealed_long_outputs, agent=agent, pool=_pool(args), fresh_workers=not args.reuse_workers,
                          warmup_requests=args.warmup_requests)
     backend = _backend(config)
     runner = RoundRunner.start(home, args.deployment, config, backend)
