@@ -264,3 +264,18 @@ def test_evidence_marked_for_revalidation_no_longer_validates(tmp_path):
         assert dict(con.execute("SELECT id, validated FROM entries").fetchall()) == {"fresh": True, "stale": False}
     finally:
         con.close()
+
+
+def test_equal_registries_built_anywhere_are_equal_files(tmp_path):
+    """DuckDB writes a random id into each new file; the registry replaces it by one derived from the content,
+    so a rebuild in another checkout gives the committed bytes."""
+    records = [entry("alpha", evidence_items=[evidence("H200")]), entry("beta", requires=["alpha"])]
+    first, second = write_home(tmp_path / "one", records), write_home(tmp_path / "two", records)
+    sync(first, rebuild=True)
+    sync(second, rebuild=True)
+    assert first.registry.read_bytes() == second.registry.read_bytes()
+    con = connect(first)  # and DuckDB still opens it
+    try:
+        assert con.execute("SELECT count(*) FROM entries").fetchone()[0] == 2
+    finally:
+        con.close()

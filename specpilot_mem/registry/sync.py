@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -425,6 +426,34 @@ def _content_digest(con: duckdb.DuckDBPyConnection, alias: str) -> str:
     return digest.hexdigest()
 
 
+_HEADER_SIZE = 4096  # DuckDB's main file header: an 8-byte checksum, then the header fields
+_ID_OFFSET, _ID_SIZE = 124, 16  # the random database identifier DuckDB writes into every new file
+_CHECKSUM_MULTIPLIER = 0xBF58476D1CE4E5B9
+
+
+def _header_checksum(header: bytes) -> int:
+    """DuckDB's block checksum over the header after its checksum field (whole 8-byte words)."""
+    result = 5381
+    for (word,) in struct.iter_unpack("<Q", header[8:]):
+        result ^= (word * _CHECKSUM_MULTIPLIER) & 0xFFFFFFFFFFFFFFFF
+    return result
+
+
+def _normalize_header(path: Path, digest: str) -> None:
+    """Replace the random database identifier by one derived from the content, so that equal registries are
+    equal files wherever they were built. Only a header this code understands (magic and checksum check
+    out) is touched; any other is left as DuckDB wrote it."""
+    with open(path, "r+b") as handle:
+        header = bytearray(handle.read(_HEADER_SIZE))
+        if len(header) != _HEADER_SIZE or header[8:12] != b"DUCK" or \
+                struct.unpack_from("<Q", header)[0] != _header_checksum(bytes(header)):
+            return
+        header[_ID_OFFSET:_ID_OFFSET + _ID_SIZE] = hashlib.sha256(digest.encode()).digest()[:_ID_SIZE]
+        struct.pack_into("<Q", header, 0, _header_checksum(bytes(header)))
+        handle.seek(0)
+        handle.write(header)
+
+
 def _unchanged(con: duckdb.DuckDBPyConnection, built_digest: str, registry: Path) -> bool:
     """Whether the registry file already holds exactly what was built (then it is left byte-identical:
     DuckDB writes a random database id into every new file)."""
@@ -584,6 +613,7 @@ def _build_and_replace(home: Home, con: duckdb.DuckDBPyConnection, rows: dict[st
                 con.execute("ROLLBACK")
             _detach(con, "build")
         if not _unchanged(con, built, home.registry):
+            _normalize_header(tmp, built)
             os.replace(tmp, home.registry)
     finally:
         tmp.unlink(missing_ok=True)
