@@ -202,8 +202,10 @@ class StepBuffers:
     tokens [B, T] long; parents [B, T] long (-1: the root, the request's pending token); depth [B, T] long;
     anc [B, T, T] bool (ancestor-or-self); conv_idx [B, T, conv_size] long (each row's conv window as indices
     into cat(conv state, rows)); num_nodes [B] int32 (real rows, the rest padding); slots32 [B] int32 (request b
-    uses cache slot b: the kernels' state indices); active [B] bool (inactive slots commit nothing); forced [B] long (>= 0: accept the root path to
-    that node whatever the target says; the benchmark's fixed acceptance).
+    uses cache slot b: the kernels' state indices); active [B] bool (inactive slots commit nothing); forced [B] long
+    (>= 0: accept the root path to that node whatever the target says; the benchmark's fixed acceptance); out_len [B]
+    long (output tokens each request has, the pending one included: row i predicts output out_len + depth[i]; the
+    injected fault's trigger).
     """
 
     tokens: torch.Tensor
@@ -215,6 +217,7 @@ class StepBuffers:
     slots32: torch.Tensor
     active: torch.Tensor
     forced: torch.Tensor
+    out_len: torch.Tensor
 
     @classmethod
     def empty(cls, B: int, T: int, conv_size: int, device) -> "StepBuffers":
@@ -222,7 +225,7 @@ class StepBuffers:
         return cls(torch.zeros(B, T, **z), torch.full((B, T), -1, **z), torch.zeros(B, T, **z),
                    torch.zeros(B, T, T, dtype=torch.bool, device=device), torch.zeros(B, T, conv_size, **z),
                    torch.ones(B, dtype=torch.int32, device=device), torch.arange(B, dtype=torch.int32, device=device),
-                   torch.ones(B, dtype=torch.bool, device=device), torch.full((B,), -1, **z))
+                   torch.ones(B, dtype=torch.bool, device=device), torch.full((B,), -1, **z), torch.zeros(B, **z))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -501,13 +504,14 @@ class SystemModel:
         hidden = rms_norm(x, t["final_norm"], s.norm_eps)
         return hidden, (torch.cat(feats, dim=-1) if feats else None), saved
 
-    def head_argmax(self, hidden: torch.Tensor, mode: str | None = None) -> torch.Tensor:
-        """The LM head's greedy token per row of hidden [M, d] -> [M] long."""
+    def head_argmax(self, hidden: torch.Tensor, mode: str | None = None,
+                    predicted_index: torch.Tensor | None = None) -> torch.Tensor:
+        """The LM head's greedy token per row of hidden [M, d] -> [M] long. ``predicted_index`` [M]: the output
+        index each row predicts (the injected fault's trigger, when the options switch it on)."""
         mode = mode or self.options.lm_head
-        if mode == "bf16":
-            return (hidden @ self.w.head.t()).argmax(-1)
-        if mode == "w12":
-            return self.w.head_linear()(hidden, "w12").argmax(-1)
+        if mode in ("bf16", "w12"):
+            logits = hidden @ self.w.head.t() if mode == "bf16" else self.w.head_linear()(hidden, "w12")
+            return self._fault(logits, predicted_index).argmax(-1)
         from specpilot_kernels.certified_head import certified_argmax_in_graph
 
         head = self.w.certified()
@@ -517,6 +521,16 @@ class SystemModel:
         return torch.cat([certified_argmax_in_graph(x[r:r + 32], head, self._fallback,
                                                     max_survivors=self.options.max_survivors)
                           for r in range(0, x.shape[0], 32)])
+
+    def _fault(self, logits: torch.Tensor, predicted_index: torch.Tensor | None) -> torch.Tensor:
+        """The §6.2 fault: +fault_bias on every fault_stride-th vocabulary id for output indices >= fault_after."""
+        opts = self.options
+        if opts.fault_after < 0 or predicted_index is None:
+            return logits
+        hit = (predicted_index >= opts.fault_after).to(logits.dtype)[:, None]
+        bias = torch.zeros(logits.shape[-1], device=logits.device, dtype=logits.dtype)
+        bias[:: opts.fault_stride] = opts.fault_bias
+        return logits + hit * bias
 
     def accept(self, buf: StepBuffers, pred: torch.Tensor):
         """The accepted root path of each tree, on the device. pred [B, T] (the target's token after each row).
@@ -592,7 +606,7 @@ class SystemModel:
         """One whole step: verify, accept, commit. Returns (out_tokens [B, T], accept_len [B])."""
         B, T = buf.shape
         hidden, feats, saved = self.forward(buf, caches, ar=ar)
-        pred = self.head_argmax(hidden).view(B, T)
+        pred = self.head_argmax(hidden, predicted_index=(buf.out_len[:, None] + buf.depth).view(-1)).view(B, T)
         accepted, accept_len, deepest, out = self.accept(buf, pred)
         self.commit(buf, caches, saved, feats, accepted, accept_len, deepest, ar=ar)
         return out, accept_len
