@@ -87,6 +87,9 @@ class Timer:
     def ms(self, fn, reset=None) -> float:
         """Median over 5 bursts of the mean ms per call of ``fn`` (``reset`` runs before each call, untimed on
         the CPU, inside the burst on the GPU: a one-kernel copy)."""
+        if reset:
+            reset()
+        fn()  # untimed: the first call builds kernels and captures the graph
         samples = []
         for _ in range(self.bursts):
             if self.device.type == "cuda":

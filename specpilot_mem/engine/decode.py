@@ -99,7 +99,8 @@ class SystemDecoder:
         the next prompt). ``mode``: "ar" (one row per request, SGLang's decode step) or "spec"."""
         if mode not in ("ar", "spec"):
             raise OptionsError(f"unknown mode {mode!r}", where="mode", fix="use 'ar' or 'spec'")
-        longest = max(len(p) for p in prompts) + max_new_tokens + self.options.rows + 1
+        # a request may overshoot max_new_tokens by one step, and a finished slot's rows are still written
+        longest = max(len(p) for p in prompts) + max_new_tokens + 2 * self.options.rows + 1
         if longest > self.max_len:
             raise OptionsError(f"prompt + output need {longest} cache slots, the decoder has {self.max_len}",
                                where="max_len", fix=f"use max_len >= {longest}")

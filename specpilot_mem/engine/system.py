@@ -427,7 +427,8 @@ class SystemModel:
             pos = lengths[:, None] + buf.depth
             q, k = rope(q, pos, s.rope_theta), rope(k, pos, s.rope_theta)
             L = caches.max_len
-            slots_t = lengths[:, None] + torch.arange(T, device=h.device)
+            # clamped so that no write can leave the cache (callers keep lengths + T <= max_len; see SystemDecoder)
+            slots_t = (lengths[:, None] + torch.arange(T, device=h.device)).clamp(max=caches.max_len - 1)
             kc, vc = caches.k[i][:B], caches.v[i][:B]
             bidx = torch.arange(B, device=h.device)[:, None]
             if write_cache:
@@ -569,7 +570,9 @@ class SystemModel:
         if self.options.tree != "chain" and not ar:
             for i in caches.k:
                 for cache in (caches.k[i][:B], caches.v[i][:B]):
-                    cache[bidx, :, lengths[:, None] + steps] = cache[bidx, :, lengths[:, None] + src]
+                    top = caches.max_len - 1
+                    cache[bidx, :, (lengths[:, None] + steps).clamp(max=top)] = cache[
+                        bidx, :, (lengths[:, None] + src).clamp(max=top)]
         keep = (accept_len > 0)[:, None, None]
         bar = torch.arange(B, device=dev)
         for i in caches.state:
@@ -619,30 +622,35 @@ class SystemModel:
         self._inter.clear()
 
     def graphed(self, key, fn):
-        """``fn`` captured once as a CUDA graph under ``key`` (replayed on later calls); eager on a CPU, or
-        when capture failed (``graph_error`` says why). ``fn`` must read only static buffers."""
+        """``fn()``, as a CUDA graph captured under ``key`` and replayed on later calls; eager on a CPU, or when
+        capture failed (``graph_error`` says why). ``fn`` must read only static buffers.
+
+        The first call runs ``fn`` once eagerly — that run is the call's result (kernel builds, W12 conversion and
+        workspaces happen in it) — and then captures it; capturing executes nothing, so a step that commits
+        state commits exactly once per call."""
         if self.device.type != "cuda" or not self.options.cuda_graphs or self.graph_error:
             return fn()
-        if key not in self._graphs:
-            with _CAPTURE_LOCK, torch.cuda.device(self.device):
-                if self._stream is None:
-                    self._stream = torch.cuda.Stream(self.device)
-                side, main = self._stream, torch.cuda.current_stream(self.device)
-                side.wait_stream(main)
-                with torch.cuda.stream(side):
-                    fn()  # warm-up: builds, autotuning and workspaces happen outside the capture
-                main.wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                try:
-                    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-                        out = fn()
-                except RuntimeError as err:
-                    self.graph_error = f"{key}: {str(err)[:300]}"
-                    return fn()
+        if key in self._graphs:
+            graph, out = self._graphs[key]
+            graph.replay()
+            return out
+        with _CAPTURE_LOCK, torch.cuda.device(self.device):
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(self.device)
+            side, main = self._stream, torch.cuda.current_stream(self.device)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                result = fn()
+            main.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                    out = fn()
+            except RuntimeError as err:
+                self.graph_error = f"{key}: {str(err)[:300]}"
+                return result
             self._graphs[key] = (graph, out)
-        graph, out = self._graphs[key]
-        graph.replay()
-        return out
+        return result
 
 
 def _snapshot_reference(q, k, v, a, b, A_log, dt_bias, pool, slots, inter, parents, update):
