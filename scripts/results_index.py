@@ -252,7 +252,27 @@ def _cli_startup(doc: dict) -> str:
             f"`--help` {f['help_cpu_s']} s CPU ({f['help_s']} s wall); heavy imports: {f['heavy_imports'] or 'none'}")
 
 
+def _release_port(doc: dict) -> str:
+    runs = doc["releases"]
+    seconds = [run["seconds"] for run in runs.values()]
+    verdicts = sorted({v for run in runs.values() for v in run["verdicts"].values()})
+    return (f"{len(doc['entries'])} entries onto {', '.join(sorted(runs))}: {_span(seconds, 1)} s a release from the "
+            f"cached wheel, import included; verdicts {', '.join(verdicts)}")
+
+
+def _controller_pool(doc: dict) -> str:
+    # a section that failed records its error instead of its figures (record_section)
+    noise = {mode: (doc.get(f"{mode}/noise") or {}).get("noise") for mode in ("interleaved", "pool")}
+    if not all(noise.values()):
+        return "a noise section did not finish: " + "; ".join(
+            f"{mode}: {(doc.get(f'{mode}/noise') or {}).get('error', 'missing')}" for mode, n in noise.items() if not n)
+    slots = len(doc["pool/noise"]["slots"])
+    return (f"stock-vs-stock noise {noise['interleaved']['noise']:.1%} interleaved / {noise['pool']['noise']:.1%} "
+            f"pool of {slots} worker processes ({doc['pool_over_interleaved_noise']}x)")
+
+
 HEADLINES: dict[str, Callable[[dict], str]] = {
+    "release_port_bench": _release_port, "controller_pool_bench": _controller_pool,
     "store_bench": _store, "registry_bench": _registry, "replay_bench": _replay,
     "specpilot-mem replay --figure": _figure10, "sglang_export_bench": _sglang_export,
     "engine_pair_eval": _engine_pair, "engine_step_bench": _engine_step, "controller_paired_bench": _controller,
@@ -523,6 +543,10 @@ def outputs(index: dict) -> dict[Path, str]:
             INDEX_JSON: json.dumps(public, indent=1, ensure_ascii=False) + "\n"}
 
 
+# a line of a shell command that runs a Python script (a usage example), whose result paths are its arguments
+COMMAND_LINE = re.compile(r"\bpython3?\s+(-m\s+\S+|\S+\.py)\b|^\s*--")
+
+
 def stale_links(root: Path) -> tuple[list[str], list[str]]:
     """(links to results that moved to the archive, links to results that exist nowhere) in the repository's text."""
     current = {p.name for p in (root / RESULTS).iterdir()}
@@ -535,11 +559,16 @@ def stale_links(root: Path) -> tuple[list[str], list[str]]:
                 not rel.endswith((".md", ".py", ".yaml", ".patch", ".cu", ".cuh", ".sh", ".toml")):
             continue
         text = (root / rel).read_text(errors="replace")
+        lines = text.splitlines()
         for match in re.finditer(r"benchmarks/(archive/)?results/([A-Za-z0-9_.\-]+\.(?:json|png))", text):
             in_archive, name = match.group(1), match.group(2)
             if ".." in name or name.startswith("."):  # a pattern in prose (v4a..v4d, ...json), not a file name
                 continue
             line = text.count("\n", 0, match.start()) + 1
+            if COMMAND_LINE.search(lines[line - 1]):  # a usage example: the file a run would read or write
+                continue
+            if name in current and name in archived:  # a newer run under the same name: each link names one
+                continue
             if (name in archived and not in_archive) or (name in current and in_archive):
                 moved.append(f"{rel}:{line}: {match.group(0)} is now "
                              f"{'benchmarks/archive/results/' if name in archived else 'benchmarks/results/'}{name}")

@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
+from specpilot_mem.browse.headless import chromium_driver, missing_browser
 from specpilot_mem.browse.site import build_site
 from specpilot_mem.home import Home
 from specpilot_mem.main import main
@@ -21,17 +22,15 @@ from specpilot_mem.registry.sync import connect
 from specpilot_mem.registry.synthetic import generate_memory
 
 PROJECT = Path(__file__).resolve().parents[1]
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1280,900")
+SYNTHETIC = 60
+ENTRIES = SYNTHETIC + len(list((PROJECT / "entries").glob("*/entry.yaml")))  # this project's and the synthetic ones
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """A home with this project's entries (their results files linked in) and 60 synthetic entries, and its site."""
+    """A home with this project's entries (their results files linked in) and synthetic ones, and its site."""
     root = tmp_path_factory.mktemp("browse-home")
-    generate_memory(root, 60, seed=1, results=True)
+    generate_memory(root, SYNTHETIC, seed=1, results=True)
     for record in sorted((PROJECT / "entries").glob("*/entry.yaml")):
         shutil.copytree(record.parent, root / "entries" / record.parent.name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "src"))
@@ -47,7 +46,7 @@ def site(tmp_path_factory):
 
 def test_every_page_is_written_and_every_link_resolves(site):
     _home, report = site
-    assert report.entries == 64 and len(report.pages) == 67
+    assert report.entries == ENTRIES and len(report.pages) == ENTRIES + 3  # index, graph, one release page
     for page in report.pages:
         path = report.out / page
         html = path.read_text()
@@ -62,11 +61,18 @@ def test_every_page_is_written_and_every_link_resolves(site):
 
 
 def test_entry_pages_show_the_record_and_plot_the_evidence(site):
-    _, report = site
+    from specpilot_mem.store.records import load_entries
+
+    home, report = site
     w12 = (report.out / "entries/w12.html").read_text()
     for part in ("Scope and status", "Per-release status", "--specpilot-w12-lm-head", "Contract", "Limits", "Untested",
-                 "speedup by row count", "release-0.5.20", "options.html"):
+                 "speedup by row count", "options.html"):
         assert part in w12, part
+    checked = {i: r for i, r in load_entries(home).items() if r.releases and not i.startswith("syn-")}
+    assert checked  # this project's entries carry release checks (revalidate / port)
+    for entry_id, record in checked.items():
+        page = (report.out / "entries" / f"{entry_id}.html").read_text()
+        assert all(f'id="release-{c.release}"' in page for c in record.releases), entry_id
     syn = sorted(p.name for p in (report.out / "entries").glob("syn-*.html"))
     kinds = {kind: [n for n in syn if kind in (report.out / "entries" / n).read_text()]
              for kind in ("τ(N)", "token forcing", "speedup by row count")}
@@ -75,6 +81,26 @@ def test_entry_pages_show_the_record_and_plot_the_evidence(site):
     assert "<polyline" in replay and "best-first" in replay
     forcing = (report.out / "entries" / kinds["token forcing"][0]).read_text()
     assert forcing.count("<rect") > 3 and "injected-fault" in forcing
+
+
+def test_the_release_matrix_is_paged_and_every_entry_is_on_one_page(site, tmp_path, monkeypatch):
+    from specpilot_mem.browse import site as site_module
+
+    home, _ = site
+    monkeypatch.setattr(site_module, "RELEASE_ROWS", 25)
+    report = build_site(home, tmp_path / "paged")
+    pages = [p for p in report.pages if p.startswith("releases")]
+    count = -(-ENTRIES // 25)
+    assert count >= 3 and pages == ["releases.html"] + [f"releases-{n}.html" for n in range(2, count + 1)]
+    listed = []
+    for page in pages:
+        html = (report.out / page).read_text()
+        listed += re.findall(r'<tr><td><a href="entries/([^"]+)\.html">', html)
+        assert all(f'href="{other}"' in html for other in pages if other != page)  # links to the other pages
+    assert listed == sorted(page.removeprefix("entries/").removesuffix(".html")
+                            for page in report.pages if page.startswith("entries/"))
+    last = 25 * (count - 1) + 1
+    assert f"entries {last}–{ENTRIES} of {ENTRIES}" in (report.out / pages[-1]).read_text()
 
 
 def test_browse_command_refuses_a_folder_it_did_not_build(site, tmp_path, capsys):
@@ -88,32 +114,9 @@ def test_browse_command_refuses_a_folder_it_did_not_build(site, tmp_path, capsys
     assert (tmp_path / "fresh" / "index.html").is_file()
 
 
-def _missing() -> str | None:
-    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        if not path.is_file():
-            return f"needs Debian's {package} (apt-get install -y chromium chromium-driver; scripts/install.sh does it)"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "needs selenium==4.51.0 (pip; scripts/install.sh installs it)"
-    return None
-
-
-def chromium_driver(profile: Path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-
-
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    reason = _missing()
+    reason = missing_browser()
     if reason:
         pytest.skip(reason)
     driver = chromium_driver(tmp_path_factory.mktemp("chromium-profile"))
@@ -155,8 +158,9 @@ def test_pages_load_without_errors_and_show_content(site, browser, tmp_path):
 def test_links_resolve_in_the_browser(site, browser):
     _, report = site
     browser.get((report.out / "index.html").as_uri())
+    browser.find_element("id", "more").click()  # every row, not the first page alone
     hrefs = browser.execute_script("return [...document.querySelectorAll('a[href]')].map(a => a.href)")
-    assert len(hrefs) >= 64 + 3
+    assert len(hrefs) >= ENTRIES + 3
     for href in hrefs:
         assert Path(unquote(urlparse(href).path)).is_file(), href
     browser.find_element("css selector", 'a[href="entries/w12.html"]').click()
@@ -196,8 +200,11 @@ def test_submitting_the_form_filters_the_table(site, browser):
 
     _, report = site
     browser.get((report.out / "index.html").as_uri())
-    assert not browser.find_element("id", "more").is_displayed()  # 64 rows fit the first page
+    more = browser.find_element("id", "more")
+    assert more.is_displayed() and len(browser.find_elements("css selector", "#results tbody tr")) == 50  # a page
+    more.click()
     total = len(browser.find_elements("css selector", "#results tbody tr"))
+    assert total == ENTRIES and not more.is_displayed()
     form = browser.find_element("id", "query")
     form.find_element("name", "gpu").send_keys("H200")
     Select(form.find_element("name", "status")).select_by_visible_text("verified")

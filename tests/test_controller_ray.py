@@ -49,14 +49,19 @@ def _environment() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(root, "kernels"), env.get("PYTHONPATH", "")])
     env["RAY_USAGE_STATS_ENABLED"] = "0"
-    # the nodes run as this test's driver does (Ray reads the mode once, at import): a localhost-only cluster
-    env["RAY_AUTH_MODE"] = "disabled"
+    # The nodes must run in the driver's auth mode: a driver in token mode refuses the GCS's calls to it (the
+    # owner of the actors), and the GCS then destroys every actor it creates as orphaned ("died unexpectedly").
+    env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "disabled")
     env["RAY_worker_register_timeout_seconds"] = "300"  # a loaded CI machine starts Python workers slowly
     return env
 
 
 @pytest.fixture
-def local_ray():
+def local_ray(monkeypatch):
+    # A local ray.init with the mode unset switches this whole process to token auth (and writes
+    # ~/.ray/auth_token); the two-node cluster started later would then refuse its driver. An explicit mode
+    # keeps every cluster of this process in one mode.
+    monkeypatch.setenv("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE", "disabled"))
     ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": _environment()["PYTHONPATH"]}})
     yield

@@ -128,3 +128,14 @@ def test_readme_limits(project):
     assert any(":11: benchmarks/results/new.json records no commit" in p for p in problems)
     assert any(":12: a table cell of 201 characters" in p for p in problems)
     assert len(problems) == 6
+
+
+def test_a_link_to_a_missing_result_is_a_problem_but_a_usage_example_is_not(project):
+    root, repo = project
+    write(root, "benchmarks/results/a.json", "{}")
+    write(root, "docs/notes.md", "The figure is in benchmarks/results/a.json; the old one in benchmarks/results/gone.json.\n")
+    write(root, "benchmarks/new_bench.py", '"""A new benchmark.\n\n    python3 benchmarks/new_bench.py --in x \\\\\n'
+          '        --costs benchmarks/results/costs-to-come.json --out benchmarks/results/new-to-come.json\n"""\n')
+    commit_all(repo, "a result, a note and a benchmark whose results are still to be made")
+    moved, missing = results_index.stale_links(root)
+    assert moved == [] and missing == ["docs/notes.md:1: benchmarks/results/gone.json exists nowhere"]

@@ -7,7 +7,8 @@
   ``specpilot-mem query``: hardware match by GPU, arch or variant, model/drafter/regime fit, words, status);
 - ``entries/<id>.html``: the record — options, variants, contract, limits, untested regimes, its requirement
   chain as a graph, per-release status, and its evidence with plots (``browse.evidence``);
-- ``graph.html``: the requirement DAG; ``releases.html``: the status of every entry on every release.
+- ``graph.html``: the requirement DAG; ``releases.html`` (and ``releases-2.html``, ... a hundred entries a
+  page): the status of every entry on every release.
 
 The site is plain files (no server needed, every link relative); ``serve`` serves it on localhost.
 """
@@ -100,7 +101,8 @@ def dag_svg(ids: list[str], records: dict[str, EntryRecord], href: str, focus: s
     parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" class="dag" viewBox="0 0 {width} {height}" width="{width}" '
              f'height="{height}"><defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="6" '
              'markerHeight="6" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#8a94a3"/></marker></defs>')]
-    # one path for every edge: thousands of separate elements (and arrow markers) cost a large graph seconds to lay out
+    # One path for every edge and one for the boxes of each status: thousands of separate elements (and arrow
+    # markers) cost a large graph most of its load time. A node is then its label, linked to its page.
     edges = []
     for entry_id in ids:
         x0, y0 = pos[entry_id]
@@ -110,12 +112,19 @@ def dag_svg(ids: list[str], records: dict[str, EntryRecord], href: str, focus: s
     if edges:
         arrow = ' marker-end="url(#arrow)"' if len(edges) == 1 else ""
         parts.append(f'<path d="{"".join(edges)}" class="edge" fill="none"{arrow}/>')
+    boxes: dict[str, list[str]] = {}
     for entry_id in ids:
         x, y = pos[entry_id]
         css = "node focus" if entry_id == focus else f"node {STATUS_CLASS[records[entry_id].status]}"
-        parts.append(f'<a href="{escape(href % entry_id)}"><rect x="{x}" y="{y}" width="{node_w}" height="{node_h}" '
-                     f'rx="4" class="{css}"/><text x="{x + 6}" y="{y + 15}" class="node-label">{escape(entry_id[:22])}'
-                     f'</text><title>{escape(records[entry_id].title)}</title></a>')
+        boxes.setdefault(css, []).append(f"M{x},{y}h{node_w}v{node_h}h-{node_w}z")
+    parts += [f'<path class="{css}" d="{"".join(d)}"/>' for css, d in boxes.items()]
+    for entry_id in ids:
+        x, y = pos[entry_id]
+        label = entry_id if len(entry_id) <= 22 else entry_id[:21] + "…"
+        tip = f"<title>{escape(entry_id)}</title>" if label != entry_id else ""
+        css = "node-label focus" if entry_id == focus else "node-label"
+        parts.append(f'<a href="{escape(href % entry_id)}"><text x="{x + 6}" y="{y + 15}" class="{css}">'
+                     f"{escape(label)}</text>{tip}</a>")
     return "".join(parts + ["</svg>"])
 
 
@@ -231,6 +240,45 @@ def index_data(home: Home) -> tuple[dict, dict[str, EntryRecord]]:
             "gpus": [{"name": g.name, "aliases": list(g.aliases), "arch": g.arch} for g in GPUS]}, records
 
 
+def compact_index(data: dict) -> dict:
+    """``data`` as ``data/index.js`` holds it: each entry, evidence item, figure, variant and release check a list
+    in a fixed field order, and every repeated name (status, kind, GPU, arch, model, drafter, regime, date,
+    release) an index into one ``strings`` table. Cards as objects spell each key and name again in every row,
+    and parsing that was most of the index page's load on a large memory. ``static/query.js``'s
+    ``expand`` reads this layout back into the cards, field by field in the same order."""
+    strings: list[str] = []
+    index: dict[str, int] = {}
+
+    def name(value: str | None) -> int:
+        if value is None:
+            return -1
+        if value not in index:
+            index[value] = len(strings)
+            strings.append(value)
+        return index[value]
+
+    def figure(f: dict | None) -> list | int:
+        return 0 if f is None else [name(f["name"]), f["value"], name(f["unit"]), f["ci_low"], f["ci_high"]]
+
+    entries = [[e["id"], e["title"], int(e["validated"]), name(e["status"]), name(e["sglang"]), e["text"], e["requires"],
+                [[v["name"], [name(h) for h in v["hardware"]]] for v in e["variants"]],
+                [[ev["idx"], name(ev["kind"]), name(ev["gpu"]), name(ev["gpu_name"]), name(ev["arch"]), name(ev["target"]),
+                  name(ev["drafter"]), name(ev["regime"]), int(ev["synthetic"]), name(ev["date"]), figure(ev["figure"])]
+                 for ev in e["evidence"]],
+                [u["note"] for u in e["untested"]],
+                [[name(c["release"]), name(c["status"]), name(c["verdict"])] for c in e["releases"]]]
+               for e in data["entries"]]
+    return {"strings": strings, "entries": entries, "arches": data["arches"], "gpus": data["gpus"]}
+
+
+def index_script(data: dict) -> str:
+    """``data/index.js``: the compact index as a string that the page reads with ``JSON.parse``, several times
+    faster than a script parses the same object literal. Single-quoted, so JSON's own quotes need no escape."""
+    text = json.dumps(compact_index(data), separators=(",", ":"), ensure_ascii=False)
+    quoted = text.replace("\\", "\\\\").replace("'", "\\'")
+    return f"window.SPECPILOT_INDEX = JSON.parse('{quoted}');\n"
+
+
 def index_page(data: dict, releases: list[str]) -> str:
     options = "".join(f'<option value="{escape(r)}">{escape(r)}</option>' for r in releases)
     form = (
@@ -264,26 +312,41 @@ def graph_page(records: dict[str, EntryRecord]) -> str:
     return _page("Requirement graph", body)
 
 
-def releases_page(records: dict[str, EntryRecord]) -> str:
+RELEASE_ROWS = 100  # entries on one page of the release matrix: laying out a thousand rows is most of a page's load
+
+
+def release_pages(records: dict[str, EntryRecord]) -> dict[str, str]:
+    """The status of every entry on every release, ``RELEASE_ROWS`` entries a page: {page name: HTML}."""
     releases = _releases(records)
-    rows = []
-    for entry_id in sorted(records):
-        record = records[entry_id]
-        cells = [f'<a href="entries/{escape(entry_id)}.html">{escape(entry_id)}</a>']
-        for release in releases:
-            check = record.release_check(release)
-            if release == record.scope.sglang:
-                cells.append(f'<span class="{STATUS_CLASS[record.status]}">{record.status} (its own)</span>')
-            elif check:
-                cells.append(f'<a class="{STATUS_CLASS[check.status]}" href="entries/{escape(entry_id)}.html#release-'
-                             f'{escape(release)}">{check.status} · {check.verdict}{" · port" if check.port else ""}</a>')
-            else:
-                cells.append('<span class="muted">unchecked</span>')
-        rows.append(cells)
-    body = ("<h1>Status on every SGLang release</h1><p>Each entry's status on the release it was validated on, and "
-            "the verdict and status <code>specpilot-mem revalidate</code> or <code>port</code> left on the others.</p>"
-            + _table(["entry"] + [escape(r) for r in releases], rows, "matrix"))
-    return _page("Releases", body)
+    ids = sorted(records)
+    starts = range(0, max(len(ids), 1), RELEASE_ROWS)
+    names = ["releases.html" if n == 0 else f"releases-{n + 1}.html" for n in range(len(starts))]
+    pages = {}
+    for n, start in enumerate(starts):
+        rows = []
+        for entry_id in ids[start:start + RELEASE_ROWS]:
+            record = records[entry_id]
+            cells = [f'<a href="entries/{escape(entry_id)}.html">{escape(entry_id)}</a>']
+            for release in releases:
+                check = record.release_check(release)
+                if release == record.scope.sglang:
+                    cells.append(f'<span class="{STATUS_CLASS[record.status]}">{record.status} (its own)</span>')
+                elif check:
+                    cells.append(f'<a class="{STATUS_CLASS[check.status]}" href="entries/{escape(entry_id)}.html#release-'
+                                 f'{escape(release)}">{check.status} · {check.verdict}{" · port" if check.port else ""}</a>')
+                else:
+                    cells.append('<span class="muted">unchecked</span>')
+            rows.append(cells)
+        shown = f"entries {start + 1}–{min(start + RELEASE_ROWS, len(ids))} of {len(ids)}" if ids else "no entries"
+        nav = ('<p class="pages">' + shown + (" · page " + " ".join(
+            f"<b>{k + 1}</b>" if k == n else f'<a href="{name}">{k + 1}</a>' for k, name in enumerate(names))
+            if len(names) > 1 else "") + "</p>")
+        body = ("<h1>Status on every SGLang release</h1><p>Each entry's status on the release it was validated on, "
+                "and the verdict and status <code>specpilot-mem revalidate</code> or <code>port</code> left on the "
+                "others.</p>" + nav + _table(["entry"] + [escape(r) for r in releases], rows, "matrix")
+                + (nav if len(names) > 1 else ""))
+        pages[names[n]] = _page("Releases" if n == 0 else f"Releases, page {n + 1}", body)
+    return pages
 
 
 def build_site(home: Home, out: Path) -> BuildReport:
@@ -306,9 +369,9 @@ def build_site(home: Home, out: Path) -> BuildReport:
         (build / "data").mkdir()
         shutil.copytree(STATIC, build / "static")
         (build / MARKER).write_text("built by specpilot-mem browse\n")
-        (build / "data" / "index.js").write_text("window.SPECPILOT_INDEX = " + json.dumps(data, separators=(",", ":")) + ";\n")
+        (build / "data" / "index.js").write_text(index_script(data))
         for name, html in (("index.html", index_page(data, _releases(records))), ("graph.html", graph_page(records)),
-                           ("releases.html", releases_page(records))):
+                           *release_pages(records).items()):
             (build / name).write_text(html)
             pages.append(name)
         for entry_id, record in records.items():

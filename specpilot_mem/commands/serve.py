@@ -11,13 +11,12 @@ The server runs until Ctrl-C (or SIGTERM), then stops with its workers.
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import threading
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from specpilot_mem.errors import RecordError, SpecPilotError
 from specpilot_mem.home import Home, find_home
@@ -67,6 +66,8 @@ def split_rest(args) -> list[str]:
 
 
 def tuned_options(home: Home, name: str) -> dict[str, Any]:
+    import yaml  # here, not at the top: every command's module is imported for `--help`
+
     path = home.rounds / name / OPTIONS_FILE
     if not path.is_file():
         return {}
@@ -134,6 +135,9 @@ def run(args) -> int:
     export, manifest = deployment_export(home, args.name, show_progress=not args.json)
     argv = option_argv(tuned_options(home, args.name)) + list(user_args)
     check_flags(home, args.name, argv, manifest)
+    if shutil.which(args.python) is None:
+        raise SpecPilotError(f"no Python interpreter at {args.python}", where="--python",
+                             fix="pass the path of the Python that has SGLang's dependencies installed")
     runtime = check_runtime(args.python)
     server = SGLangServer(export, argv, gpu=args.gpu, python=args.python, host=args.host, port=args.port,
                           log_path=args.log)

@@ -5,7 +5,25 @@
 // summary or limits; the status is the one on the chosen release (its own release by default).
 "use strict";
 (function () {
-  const DATA = window.SPECPILOT_INDEX;
+  // data/index.js holds lists in a fixed field order and names as indices into one table
+  // (specpilot_mem/browse/site.py, compact_index); read back into the cards the query works on.
+  function expand(index) {
+    const s = index.strings;
+    const name = (i) => (i < 0 ? null : s[i]);
+    const figure = (f) => (f === 0 ? null : { name: name(f[0]), value: f[1], unit: name(f[2]), ci_low: f[3], ci_high: f[4] });
+    const entries = index.entries.map((e) => ({
+      id: e[0], title: e[1], validated: e[2] === 1, status: name(e[3]), sglang: name(e[4]), text: e[5], requires: e[6],
+      variants: e[7].map((v) => ({ name: v[0], hardware: v[1].map(name) })),
+      evidence: e[8].map((ev) => ({
+        idx: ev[0], kind: name(ev[1]), gpu: name(ev[2]), gpu_name: name(ev[3]), arch: name(ev[4]), target: name(ev[5]),
+        drafter: name(ev[6]), regime: name(ev[7]), synthetic: ev[8] === 1, date: name(ev[9]), figure: figure(ev[10]),
+      })),
+      untested: e[9].map((note) => ({ note })),
+      releases: e[10].map((c) => ({ release: name(c[0]), status: name(c[1]), verdict: name(c[2]) })),
+    }));
+    return { entries, arches: index.arches, gpus: index.gpus };
+  }
+  const DATA = expand(window.SPECPILOT_INDEX);
   const HARDWARE_RANK = { gpu: 0, arch: 1, variant: 2, none: 3 };
   const STATUS_RANK = { verified: 0, candidate: 1, unchecked: 2, superseded: 3 };
   const STATUS_CLASS = { verified: "ok", candidate: "warn", superseded: "info", unchecked: "muted" };
@@ -109,7 +127,7 @@
     return `${f.name} ${f.value}${f.unit}${ci}`;
   }
   // Rows beyond the first page are rendered on request: building a thousand rows' DOM costs the page its load time.
-  const PAGE_ROWS = 100;
+  const PAGE_ROWS = 50;
   let shown = [];
   function render(rows, limit = PAGE_ROWS) {
     shown = rows;
