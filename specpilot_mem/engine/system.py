@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 
 from specpilot_kernels.fused_ops import rms_norm, silu_mul
-from specpilot_mem.engine.model import rope
 from specpilot_mem.engine.options import SystemOptions
 from specpilot_mem.engine.shapes import SystemShape
 
@@ -41,6 +40,13 @@ _CAPTURE_LOCK = threading.Lock()
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def apply_rope(x, cos, sin):
+    """Rotary embedding of x [B, T, H, D] with cos/sin [B, T, 1, D/2] (model.rope's arithmetic, tables once a pass)."""
+    d = x.shape[-1]
+    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
 # -- weights ---------------------------------------------------------------------------------------------------
@@ -404,8 +410,36 @@ class SystemModel:
             return gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, schedule[0], **extra)
         return R.path_verify_reference(q, k, v, a, b, A_log, dt_bias, pool, slots, schedule[1], schedule[2])
 
-    def _attn(self, i, h, buf: StepBuffers, caches: Caches | None, write_cache: bool, prefix: str = "layers",
-              mode: str | None = None):
+    def _attn_context(self, buf: StepBuffers, caches: Caches | None, write_cache: bool) -> dict:
+        """What every attention layer of one pass shares: RoPE's cos/sin at each row's position, the cache slots
+        the rows write, and the tree mask over the cache (GQA-folded), computed once per pass."""
+        s = self.shape
+        B, T = buf.shape
+        dev = buf.tokens.device
+        D, rep = s.attn_head_dim, s.attn_heads // s.attn_kv_heads
+        inv = 1.0 / (s.rope_theta ** (torch.arange(0, D, 2, device=dev, dtype=torch.float32) / D))
+        if caches is None:  # the drafter's block: bidirectional over its own rows
+            ang = buf.depth.float()[..., None] * inv
+            return {"cos": ang.cos().unsqueeze(-2), "sin": ang.sin().unsqueeze(-2), "mask": None}
+        L = caches.max_len
+        lengths = caches.lengths[:B]
+        ang = (lengths[:, None] + buf.depth).float()[..., None] * inv
+        # clamped so that no write can leave the cache (callers keep lengths + T <= max_len; see SystemDecoder)
+        slots_t = (lengths[:, None] + torch.arange(T, device=dev)).clamp(max=L - 1)
+        ctx = {"cos": ang.cos().unsqueeze(-2), "sin": ang.sin().unsqueeze(-2), "slots": slots_t}
+        if not write_cache:  # the rows sit beside the cache, in its last T slots
+            slots_t = torch.arange(L - T, L, device=dev).expand(B, T)
+            lengths = torch.minimum(lengths, torch.full_like(lengths, L - T))
+        cols = torch.arange(L, device=dev)
+        rel = cols[None, :] - slots_t[:, :1]
+        in_tree = (rel >= 0) & (rel < T)
+        tree = buf.anc.gather(2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, L)) & in_tree[:, None, :]
+        mask = (cols[None, None, :] < lengths[:, None, None]) | tree
+        ctx["mask"] = mask[:, None].expand(B, rep, T, L).reshape(B, 1, rep * T, L)
+        return ctx
+
+    def _attn(self, i, h, buf: StepBuffers, caches: Caches | None, write_cache: bool, ctx: dict,
+              prefix: str = "layers", mode: str | None = None):
         s, t = self.shape, self.w.t
         p = f"{prefix}.{i}."
         B, T = buf.shape
@@ -419,33 +453,21 @@ class SystemModel:
         if s.qk_norm:
             q, k = rms_norm(q, t[p + "q_norm"], s.norm_eps), rms_norm(k, t[p + "k_norm"], s.norm_eps)
         rep = hq // hkv
-        if caches is None:  # the drafter's block: bidirectional over its own rows
-            q, k = rope(q, buf.depth, s.rope_theta), rope(k, buf.depth, s.rope_theta)
-            keys, values, mask = k.transpose(1, 2), v.transpose(1, 2), None
+        q, k = apply_rope(q, ctx["cos"], ctx["sin"]), apply_rope(k, ctx["cos"], ctx["sin"])
+        mask = ctx["mask"]
+        if caches is None:
+            keys, values = k.transpose(1, 2), v.transpose(1, 2)
         else:
-            lengths = caches.lengths[:B]
-            pos = lengths[:, None] + buf.depth
-            q, k = rope(q, pos, s.rope_theta), rope(k, pos, s.rope_theta)
             L = caches.max_len
-            # clamped so that no write can leave the cache (callers keep lengths + T <= max_len; see SystemDecoder)
-            slots_t = (lengths[:, None] + torch.arange(T, device=h.device)).clamp(max=caches.max_len - 1)
             kc, vc = caches.k[i][:B], caches.v[i][:B]
-            bidx = torch.arange(B, device=h.device)[:, None]
             if write_cache:
-                kc[bidx, :, slots_t] = k.to(kc.dtype)
-                vc[bidx, :, slots_t] = v.to(vc.dtype)
+                bidx = torch.arange(B, device=h.device)[:, None]
+                kc[bidx, :, ctx["slots"]] = k.to(kc.dtype)
+                vc[bidx, :, ctx["slots"]] = v.to(vc.dtype)
                 keys, values = kc, vc
             else:  # a pass that leaves the caches as they are (the TLV Q pass): its rows beside the cache
                 keys = torch.cat([kc[:, :, :L - T], k.transpose(1, 2).to(kc.dtype)], dim=2)
                 values = torch.cat([vc[:, :, :L - T], v.transpose(1, 2).to(vc.dtype)], dim=2)
-                slots_t = torch.arange(L - T, L, device=h.device).expand(B, T)
-                lengths = torch.minimum(lengths, torch.full_like(lengths, L - T))
-            cols = torch.arange(L, device=h.device)
-            rel = cols[None, :] - slots_t[:, :1]
-            in_tree = (rel >= 0) & (rel < T)
-            tree = buf.anc.gather(2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, L)) & in_tree[:, None, :]
-            mask = (cols[None, None, :] < lengths[:, None, None]) | tree
-            mask = mask[:, None].expand(B, rep, T, L).reshape(B, 1, rep * T, L)
         qf = q.view(B, T, hkv, rep, D).permute(0, 2, 3, 1, 4).reshape(B, hkv, rep * T, D)
         o = F.scaled_dot_product_attention(qf, keys.to(qf.dtype), values.to(qf.dtype), attn_mask=mask)
         o = o.view(B, hkv, rep, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, hq * D)
@@ -464,9 +486,10 @@ class SystemModel:
         s, t = self.shape, self.w.t
         B, S = buf.shape
         x = F.embedding(buf.tokens.view(-1), t["embed"])
+        ctx = self._attn_context(buf, None, False)
         for i in range(s.drafter_layers):
             p = f"drafter.{i}."
-            x = x + self._attn(i, rms_norm(x, t[p + "norm1"], s.norm_eps), buf, None, False, "drafter", "bf16")
+            x = x + self._attn(i, rms_norm(x, t[p + "norm1"], s.norm_eps), buf, None, False, ctx, "drafter", "bf16")
             x = x + self._mlp(p, rms_norm(x, t[p + "norm2"], s.norm_eps), "bf16")
         h = rms_norm(x, t["drafter.norm"], s.norm_eps).view(B, S, -1)[:, 1:positions + 1].reshape(B * positions, -1)
         logits = self.w.head_linear()(h, "w12") if self.options.lm_head == "w12" else h @ self.w.head.t()
@@ -494,11 +517,12 @@ class SystemModel:
             saved["schedule"] = (tree_schedule(buf.parents, buf.num_nodes) if kernels else None, buf.parents,
                                  buf.num_nodes)
         feats = []
+        ctx = self._attn_context(buf, caches, write_cache) if s.attn_layers else None
         for i, kind in enumerate(s.layer_types):
             p = f"layers.{i}."
             h = rms_norm(x, t[p + "norm1"], s.norm_eps)
             x = x + (self._gdn(i, h, buf, caches, ar, saved, write_cache, mode) if kind == "gdn"
-                     else self._attn(i, h, buf, caches, write_cache, mode=mode))
+                     else self._attn(i, h, buf, caches, write_cache, ctx, mode=mode))
             x = x + self._mlp(p, rms_norm(x, t[p + "norm2"], s.norm_eps), mode)
             if i in self.feature_layers:
                 feats.append(x.view(B, T, -1))
