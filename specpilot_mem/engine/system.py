@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specpilot_kernels.fused_ops import rms_norm, silu_mul
+from specpilot_kernels.fused_ops import add_rms_norm, rms_norm, silu_mul
 from specpilot_mem.engine.options import SystemOptions
 from specpilot_mem.engine.shapes import SystemShape
 
@@ -518,16 +518,18 @@ class SystemModel:
                                  buf.num_nodes)
         feats = []
         ctx = self._attn_context(buf, caches, write_cache) if s.attn_layers else None
+        h = rms_norm(x, t["layers.0.norm1"], s.norm_eps)
         for i, kind in enumerate(s.layer_types):
             p = f"layers.{i}."
-            h = rms_norm(x, t[p + "norm1"], s.norm_eps)
-            x = x + (self._gdn(i, h, buf, caches, ar, saved, write_cache, mode) if kind == "gdn"
-                     else self._attn(i, h, buf, caches, write_cache, ctx, mode=mode))
-            x = x + self._mlp(p, rms_norm(x, t[p + "norm2"], s.norm_eps), mode)
+            out = (self._gdn(i, h, buf, caches, ar, saved, write_cache, mode) if kind == "gdn"
+                   else self._attn(i, h, buf, caches, write_cache, ctx, mode=mode))
+            x, h = add_rms_norm(x, out, t[p + "norm2"], s.norm_eps)
+            # the residual add and the next norm (the next layer's, or the final one) in one launch
+            following = f"layers.{i + 1}.norm1" if i + 1 < s.n_layers else "final_norm"
+            x, h = add_rms_norm(x, self._mlp(p, h, mode), t[following], s.norm_eps)
             if i in self.feature_layers:
                 feats.append(x.view(B, T, -1))
-        hidden = rms_norm(x, t["final_norm"], s.norm_eps)
-        return hidden, (torch.cat(feats, dim=-1) if feats else None), saved
+        return h, (torch.cat(feats, dim=-1) if feats else None), saved
 
     def head_argmax(self, hidden: torch.Tensor, mode: str | None = None,
                     predicted_index: torch.Tensor | None = None) -> torch.Tensor:
