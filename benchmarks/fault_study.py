@@ -27,7 +27,6 @@ duckdb), so it runs on the lent GPU machine.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import random
 import sys
@@ -47,6 +46,7 @@ from specpilot_mem.forcing.calibrate import calibrate_delta  # noqa: E402
 from specpilot_mem.forcing.engine_adapter import EngineScorer  # noqa: E402
 from specpilot_mem.forcing.scorer import ForcingError, score_outputs  # noqa: E402
 from specpilot_mem.forcing.verdict import TokenForcing, Verdict  # noqa: E402
+from specpilot_mem.provenance import result_header  # noqa: E402
 
 REQUESTS = ROOT / "requests" / "fault-study-v1.jsonl"
 
@@ -272,7 +272,7 @@ def figure(results_path: str, png: str) -> None:
         ax.set_ylabel("share of checks")
         ax.set_title(f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow)",
                      fontsize=8)
-    fig.suptitle(f"Token forcing fault study, Figure 4 ({results['device']}, {results['dtype']}; {results['model']})",
+    fig.suptitle(f"Token forcing fault study, Figure 4 ({results['device_name']}, {results['dtype']}; {results['model']})",
                  fontsize=9)
     fig.tight_layout()
     Path(png).parent.mkdir(parents=True, exist_ok=True)
@@ -370,10 +370,8 @@ def main() -> int:
         runs.append(one_seed(seed, pool, args, engine, with_faults=seed - args.first_seed < fault_seeds))
     device = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else "cpu"
     result = {
-        "benchmark": "fault_study",
-        "device": device,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv),
+        **result_header("fault_study"),
+        "device_name": device,
         "synthetic": engine.synthetic,
         "model": "random weights" if engine.synthetic else
                  "trained pair (small models trained here, not comparable to the paper's)",
