@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specpilot_mem.output import console, emit, progress, table
+from specpilot_mem.output import assemble, console, emit, progress, table
 
 
 def register(subparsers, common) -> None:
@@ -73,6 +73,9 @@ def run(args) -> int:
     from specpilot_mem.forcing.scorer import ForcingError, load_scorer, long_output_requests, score_outputs
     from specpilot_mem.forcing.verdict import TokenForcing, Verdict
 
+    if args.delta is not None and not args.delta > 0:  # also NaN
+        raise ForcingError(f"--delta must be a positive number of nats, got {args.delta:g}", where="--delta",
+                           fix="pass the δ an earlier calibration printed, or calibrate it with --ar JSONL")
     if args.audit_sample is None:
         args.audit_sample = AUDIT_SAMPLE
     if args.audit_sample < 1:
@@ -145,12 +148,12 @@ def _render(payload: dict) -> None:
                                          "unexpl.", "p"], rows))
     for v in payload["verdicts"]:
         for reason in v["reasons"]:
-            console.print(f"[bold]{v['system']}[/]: {reason}", highlight=False)
+            console.print(assemble((v["system"], "bold"), f": {reason}"))
         if v["verdict"] != "inconclusive" and v.get("power_statement"):
-            console.print(f"[bold]{v['system']}[/] power: {v['power_statement']}", highlight=False)
+            console.print(assemble((v["system"], "bold"), f" power: {v['power_statement']}"))
         flagged = [r["id"] for r in v.get("per_request", ()) if r["flagged"]]
         if flagged:
-            console.print(f"[bold]{v['system']}[/]: {len(flagged)} request(s) mismatch far more than stock's pooled rate: "
-                          f"{', '.join(flagged[:8])}", highlight=False)
+            console.print(assemble((v["system"], "bold"), f": {len(flagged)} request(s) mismatch far more than "
+                                   f"stock's pooled rate: {', '.join(flagged[:8])}"))
     if payload["plot"]:
         console.print(f"Figure 4 written to {Path(payload['plot'])}")

@@ -253,32 +253,34 @@ class Engine:
                 return None
         return graph, out
 
-    def _draft_eager(self, anchor: torch.Tensor):
+    def _draft_eager(self, anchor: torch.Tensor, block: int | None = None):
         """anchor [1] token id at position cache.length -> (hidden [block, d], base logits [block, V])."""
         W = self.drafter.cfg.context_window
         idx = self.cache.length_t - W + torch.arange(W, device=self.device)
         valid = idx >= 0
         feats = self.cache.features[idx.clamp(min=0)][None]
-        hidden = self.drafter(self.target.embed, feats, valid[None], anchor, self.cache.length_t[None])[0]
+        hidden = self.drafter(self.target.embed, feats, valid[None], anchor, self.cache.length_t[None], block)[0]
         return hidden, lm_head(hidden, self.target.lm_head_weight)
 
     @torch.no_grad()
     @_on_own_device
-    def draft(self, anchor_token: int, positions: int) -> Lattice:
-        """The drafter's lattice for ``positions`` positions after ``anchor_token`` at cache.length."""
+    def draft(self, anchor_token: int, positions: int, block: int | None = None) -> Lattice:
+        """The drafter's lattice for ``positions`` positions after ``anchor_token`` at cache.length, from a
+        forward over ``block`` masked positions (default the drafter's trained block; >= positions)."""
         anchor = torch.tensor([anchor_token], device=self.device)
+        key = "draft" if block is None else ("draft", block)
         if self._use_graphs():
-            if "draft" not in self._graphs:
+            if key not in self._graphs:
                 static = anchor.clone()
-                captured = self._capture(lambda: self._draft_eager(static))
+                captured = self._capture(lambda: self._draft_eager(static, block))
                 if captured is not None:
-                    self._graphs["draft"] = (static, *captured)
-        if "draft" in self._graphs:
-            static, graph, (hidden, base) = self._graphs["draft"]
+                    self._graphs[key] = (static, *captured)
+        if key in self._graphs:
+            static, graph, (hidden, base) = self._graphs[key]
             static.copy_(anchor)
             graph.replay()
         else:
-            hidden, base = self._draft_eager(anchor)
+            hidden, base = self._draft_eager(anchor, block)
         return self.drafter.lattice(hidden, base, anchor_token, positions)
 
     def _fault(self, logits: torch.Tensor, predicted_index: torch.Tensor) -> torch.Tensor:
