@@ -35,8 +35,8 @@ SHAPES = {"qkv": (10240, 5120), "gate_up": (34816, 5120)}
 ROWS = (33, 64, 128, 256)
 # the wide kernel on at every row range: the settings the H200 tune chose where it chose the wide kernel
 WIDE_ROWS = ((1, 2, 2, 8), (2, 2, 2, 16), (2, 2, 3, 32))
-LEAN = [  # every variant: exact weights only, the slabs of ROWS (6 and 12 are never launched by them)
-    ("#define W12_WIDE_KERNELS(X) X(6) X(8) X(12) X(16) X(24) X(32)", "#define W12_WIDE_KERNELS(X) X(8) X(16) X(32)"),
+LEAN = [  # every variant: exact weights only, the slabs of ROWS (33 rows: 6 token tiles; 12 and 24 are never launched)
+    ("#define W12_WIDE_KERNELS(X) X(6) X(8) X(12) X(16) X(24) X(32)", "#define W12_WIDE_KERNELS(X) X(6) X(8) X(16) X(32)"),
     ("  return low_bits == 0 ? launch_low_bits<0>(args, wide, stream)\n"
      "         : low_bits == 1 ? launch_low_bits<1>(args, wide, stream)\n"
      "                         : launch_low_bits<2>(args, wide, stream);",
