@@ -137,7 +137,7 @@ PROBE = textwrap.dedent(r"""
     ref = greedy_accept_reference(step.tokens[:, 1:], step.tree.parents, step.tree.num_nodes, predict)
     out["accept_equal"] = all(bool(torch.equal(a, b)) for a, b in zip(acc, ref))
     out["accept_length"] = acc.accept_length.tolist()
-    tokens, commit_lens = step.commit_tokens(acc)
+    tokens, commit_lens = acc.commit_tokens, acc.accept_length + 1
     ok = True
     for b in range(B):
         path = [c for c in acc.accept_columns[b].tolist() if c >= 0][1:]
@@ -147,7 +147,7 @@ PROBE = textwrap.dedent(r"""
     req_to_token = torch.arange(4 * 64).view(4, 64) * 10
     pool_rows = torch.tensor([2, 0, 3])
     before = req_to_token.clone()
-    order = step.commit_order(acc)
+    order = acc.commit_order
     slots = permute_window_slots(req_to_token, pool_rows, prefix, order)
     ok = True
     for b in range(B):
