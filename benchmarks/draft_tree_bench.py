@@ -72,6 +72,11 @@ def parity(device: str, batch: int, nodes: int, depth: int) -> dict:
     out["accept_match_reference"] = int(torch.stack([(a.cpu() == w).reshape(batch, -1).all(1)
                                                      for a, w in zip(got, want)]).all(0).sum())
     out["mean_accept_length"] = float(want.accept_length.float().mean())
+    replay_parents, replay_ranks = torch.from_numpy(replay.parents), torch.from_numpy(replay.ranks)
+    for pre, fused in ((True, False), (False, True), (True, True)):
+        variant, _, _ = best_first_tree(pair, cand, nodes, depth, prenorm=pre, fused_pick=fused)
+        same = (variant.parents.cpu() == replay_parents).all(1) & (variant.ranks.cpu() == replay_ranks).all(1)
+        out[f"match_replay_prenorm{int(pre)}_fused{int(fused)}"] = int(same.sum())
     return out
 
 
@@ -126,10 +131,13 @@ def build_one(device: str, b: int, n: int, depth: int, repeats: int) -> dict:
 
         row["kernel_us"] = round(graph_replay_us(kernel_only, calls=10), 2)
         row["step_us"] = round(graph_replay_us(whole_step, calls=10), 2)
-        if (b, n) == (32, 32):  # the target shape: how the frontier spreads over warps
-            row["kernel_us_by_warps"] = {w: round(graph_replay_us(
-                lambda _i, w=w: best_first_tree(pair, cand, n, depth, root_positions=roots, num_warps=w), calls=10), 2)
-                for w in (2, 4, 16)}
+        if (b, n) == (32, 32):  # the target shape: warps, rows normalised up front, one-reduction pick
+            row["kernel_us_by_variant"] = {
+                f"warps{w}_prenorm{int(pre)}_fused{int(fused)}": round(graph_replay_us(
+                    lambda _i, w=w, pre=pre, fused=fused: best_first_tree(
+                        pair, cand, n, depth, root_positions=roots, num_warps=w, prenorm=pre, fused_pick=fused),
+                    calls=10), 2)
+                for w in (4, 8, 16) for pre in (False, True) for fused in (False, True)}
     else:  # the interpreter: a dry run of the same calls, wall time
         row["kernel_us"] = round(wall_us(lambda: kernel_only(0), 1), 1)
         row["step_us"] = round(wall_us(lambda: whole_step(0), 1), 1)

@@ -59,6 +59,20 @@ def test_build_equals_the_replay_builder_node_for_node(kind, ties, nodes, depth)
 
 
 @pytest.mark.parametrize("kind", ["selector", "markov"])
+@pytest.mark.parametrize("prenorm,fused_pick", [(True, False), (False, True), (True, True)])
+def test_build_variants_equal_the_replay_builder(kind, prenorm, fused_pick):
+    pair, unary, cand = lattice(2, 16, 16, seed=29, ties=True)
+    base, base_tokens, base_layout = best_first_tree(pair, cand, 32, 15, unary=unary, kind=kind)
+    tree, tokens, layout = best_first_tree(pair, cand, 32, 15, unary=unary, kind=kind, prenorm=prenorm,
+                                           fused_pick=fused_pick)
+    want = replay_tree(pair, unary, cand, kind, 32, 15)
+    assert np.array_equal(tree.parents.numpy(), want.parents) and np.array_equal(tree.ranks.numpy(), want.ranks)
+    assert np.array_equal(tree.scores.numpy(), want.scores) and np.array_equal(tokens.numpy(), want.tokens)
+    for a, b in zip(layout, base_layout):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["selector", "markov"])
 def test_build_equals_the_heap_reference(kind):
     pair, unary, cand = lattice(2, 16, 16, seed=7)
     tree, tokens, _ = best_first_tree(pair, cand, 32, 15, unary=unary, kind=kind)

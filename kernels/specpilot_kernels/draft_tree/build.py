@@ -44,12 +44,20 @@ def _normalised_row(pair_base, unary_base, level, rank, cols, K: tl.constexpr, M
 
 
 @triton.jit
-def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr,
+def _better(score_a, key_a, score_b, key_b):
+    """The frontier's order: higher score, then smaller key (shallower, then lexicographically smaller path)."""
+    take_a = (score_a > score_b) | ((score_a == score_b) & (key_a < key_b))
+    return tl.where(take_a, score_a, score_b), tl.where(take_a, key_a, key_b)
+
+
+@triton.jit
+def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr, norm_ptr,
                        parents_ptr, depths_ptr, ranks_ptr, scores_ptr, tokens_ptr, num_nodes_ptr, codes_ptr,
                        mask_ptr, positions_ptr, parent_col_ptr, next_token_ptr, next_sibling_ptr,
                        M, DEPTH,
                        N: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, NODES: tl.constexpr,
-                       COLS: tl.constexpr, BITS: tl.constexpr, MARKOV: tl.constexpr):
+                       COLS: tl.constexpr, BITS: tl.constexpr, MARKOV: tl.constexpr,
+                       LATTICE_ROWS: tl.constexpr, PRENORM: tl.constexpr, FUSED_PICK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, K)
@@ -57,8 +65,21 @@ def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr,
     code_mask = 0xFFFFFFFFFFFFFFF  # 60 bits
     pair_base = pair_ptr + b * M * K * K
     unary_base = unary_ptr + b * M * K
-
-    root_row = _normalised_row(pair_base, unary_base, 0, 0, cols, K, MARKOV)  # every parent row of d = 0 is equal
+    if PRENORM:  # every lattice row normalised once, up front: the step's dependent chain is then a plain load
+        lat_row = tl.arange(0, LATTICE_ROWS)
+        inside = (lat_row < M * K)[:, None]
+        x = tl.load(pair_base + lat_row[:, None] * K + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+        if MARKOV:
+            x = x + tl.load(unary_base + (lat_row // K)[:, None] * K + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+        top = tl.max(x, axis=1)
+        top = tl.where(top == neg_inf, 0.0, top)
+        total = tl.maximum(tl.sum(tl.exp(x - top[:, None]), axis=1), 1.0)
+        tl.store(norm_ptr + b * M * K * K + lat_row[:, None] * K + cols[None, :], (x - top[:, None]) - tl.log(total)[:, None],
+                 mask=inside)
+        tl.debug_barrier()
+        root_row = tl.load(norm_ptr + b * M * K * K + cols)
+    else:
+        root_row = _normalised_row(pair_base, unary_base, 0, 0, cols, K, MARKOV)  # every parent row of d = 0 is equal
     front = tl.where((rows[:, None] == 0) & (DEPTH > 0), root_row[None, :], neg_inf)
     # per frontier row: the key of its children without their last digit (depth field ^ 8, parent's path)
     prefix = tl.where(rows == 0, tl.full([ROWS], 1 ^ 8, tl.int64) << 60, 0)
@@ -67,17 +88,24 @@ def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr,
     node_score = tl.full([NODES], neg_inf, dtype=tl.float32)
     count = tl.zeros([], dtype=tl.int64)
     for t in range(N):
-        best = tl.max(tl.max(front, axis=1), axis=0)
-        alive = (best > neg_inf).to(tl.int32) != 0
         keys = prefix[:, None] | cols[None, :].to(tl.int64)
-        pick = tl.min(tl.min(tl.where(front == best, keys, 0x7FFFFFFFFFFFFFFF), axis=1), axis=0)
+        if FUSED_PICK:  # one reduction of (score, key) pairs
+            best, pick = tl.reduce((tl.reshape(front, [ROWS * K]), tl.reshape(keys, [ROWS * K])), 0, _better)
+        else:
+            best = tl.max(tl.max(front, axis=1), axis=0)
+            pick = tl.min(tl.min(tl.where(front == best, keys, 0x7FFFFFFFFFFFFFFF), axis=1), axis=0)
+        alive = (best > neg_inf).to(tl.int32) != 0
         level = ((pick >> 60) & 15) ^ 8
         rank = (pick & (K - 1)).to(tl.int32)
         node_key = tl.where((node == t) & alive, pick, node_key)
         node_score = tl.where((node == t) & alive, best, node_score)
         front = tl.where(keys == pick, neg_inf, front)
         grow = alive & (level < DEPTH)
-        child = best + _normalised_row(pair_base, unary_base, tl.where(grow, level, 0), rank, cols, K, MARKOV)
+        safe_level = tl.where(grow, level, 0)
+        if PRENORM:
+            child = best + tl.load(norm_ptr + b * M * K * K + (safe_level * K + rank) * K + cols)
+        else:
+            child = best + _normalised_row(pair_base, unary_base, safe_level, rank, cols, K, MARKOV)
         front = tl.where(((rows == t + 1) & grow)[:, None], child[None, :], front)
         child_prefix = (((level + 1) ^ 8) << 60) | ((pick & code_mask) << BITS)
         prefix = tl.where(rows == t + 1, child_prefix, prefix)
@@ -144,7 +172,8 @@ def max_tree_depth(candidates: int) -> int:
 
 def best_first_tree(pair: torch.Tensor, cand: torch.Tensor, nodes: int, depth: int | None = None,
                     unary: torch.Tensor | None = None, kind: str = "selector", root_positions: torch.Tensor | None = None,
-                    num_warps: int = 8) -> tuple[DraftTree, torch.Tensor, VerifyLayout]:
+                    num_warps: int = 8, prenorm: bool = False,
+                    fused_pick: bool = False) -> tuple[DraftTree, torch.Tensor, VerifyLayout]:
     """Best-first trees of a batch of lattices and their verify layout, in one launch.
 
     Args:
@@ -157,6 +186,9 @@ def best_first_tree(pair: torch.Tensor, cand: torch.Tensor, nodes: int, depth: i
         kind: "selector" (DFlash2) or "markov" (DSpark).
         root_positions: [B] int64 position of each root (the last committed token); default 0.
         num_warps: warps per request's program (the frontier of (N+1) x K scores is spread over them).
+        prenorm: normalise every lattice row before the loop (a scratch of B x m x K x K floats) instead of the
+            one each step selects.
+        fused_pick: take each step's best entry with one (score, key) reduction instead of two.
 
     Returns:
         (tree, tokens [B, N] int64 (-1 on padding), layout) — ``VerifyLayout`` with the mask [B, N+1, N+1],
@@ -191,12 +223,15 @@ def best_first_tree(pair: torch.Tensor, cand: torch.Tensor, nodes: int, depth: i
     num_nodes = torch.empty(b, **i64)
     mask = torch.empty((b, nodes + 1, nodes + 1), dtype=torch.int8, device=dev)
     positions, parent_col, next_token, next_sibling = (torch.empty((b, nodes + 1), **i64) for _ in range(4))
+    norm = torch.empty((b, m, k, k) if prenorm else (1,), dtype=torch.float32, device=dev)
     if b:
-        _best_first_kernel[(b,)](pair, unary_arg, cand.contiguous(), roots, parents, depths, ranks, scores, tokens,
+        _best_first_kernel[(b,)](pair, unary_arg, cand.contiguous(), roots, norm, parents, depths, ranks, scores, tokens,
                                  num_nodes, codes, mask, positions, parent_col, next_token, next_sibling, m, depth,
                                  N=nodes, K=k, ROWS=triton.next_power_of_2(nodes + 1),
                                  NODES=triton.next_power_of_2(nodes), COLS=triton.next_power_of_2(nodes + 1),
-                                 BITS=path_bits(k), MARKOV=kind == "markov", num_warps=num_warps)
+                                 BITS=path_bits(k), MARKOV=kind == "markov",
+                                 LATTICE_ROWS=triton.next_power_of_2(m * k), PRENORM=prenorm, FUSED_PICK=fused_pick,
+                                 num_warps=num_warps)
     index = torch.arange(b * (nodes + 1), **i64).view(b, nodes + 1)
     layout = VerifyLayout(mask.view(torch.bool), positions, index, next_token, next_sibling, parent_col)
     return DraftTree(parents, depths, ranks, scores, num_nodes), tokens, layout
