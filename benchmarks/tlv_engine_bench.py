@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -74,6 +75,9 @@ def main(argv=None) -> int:
     ap.add_argument("--nodes", type=int, default=32)
     ap.add_argument("--positions", default="8,16")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only", default=None, help="regex: run only the systems it matches (AR and stock always run)")
+    ap.add_argument("--lossy-truncated", action="store_true",
+                    help="also the accept-from-Q variant on the truncated view (a coarser Q pass)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -91,8 +95,12 @@ def main(argv=None) -> int:
         systems[f"best-first-p{positions}"] = (single, "spec")
         for name, opts in ((f"tlv-p{positions}", dict(measure_agreement=True)),
                            (f"tlv-truncated-p{positions}", dict(low_bits="truncated", measure_agreement=True)),
-                           (f"tlv-accept-from-q-p{positions}", dict(accept_from_qpass=True))):
+                           (f"tlv-accept-from-q-p{positions}", dict(accept_from_qpass=True)),
+                           *(((f"tlv-accept-from-q-truncated-p{positions}",
+                               dict(accept_from_qpass=True, low_bits="truncated")),) if args.lossy_truncated else ())):
             systems[name] = (TwoLevelEngine(engine, TlvOptions(nodes=args.nodes, positions=positions, **opts)), "tlv")
+    if args.only:
+        systems = {k: v for k, v in systems.items() if k in ("ar", "stock") or re.search(args.only, k)}
     batch = [{"prompt_ids": list(r.prompt_ids), "max_new_tokens": r.max_new_tokens, "id": r.id} for r in requests]
     outputs, generations = {}, {}
     for name, (decoder, mode) in systems.items():
@@ -110,6 +118,7 @@ def main(argv=None) -> int:
     for name in systems:
         gens = generations[name]
         entry = {"tau_per_exact_pass": tau_per_pass(gens),
+                 "per_request": {"tokens": [sum(g.accepted) for g in gens], "exact_passes": [len(g.accepted) for g in gens]},
                  "identical_to_ar": sum(outputs[name][r.id].output_ids == outputs["ar"][r.id].output_ids for r in requests)}
         if name.startswith("tlv"):
             entry["mean_chain"] = sum(sum(g.chain) for g in gens) / sum(len(g.chain) for g in gens)
@@ -127,6 +136,8 @@ def main(argv=None) -> int:
     result["systems"] = systems_out
     summary = {}
     for positions in (int(p) for p in args.positions.split(",")):
+        if f"best-first-p{positions}" not in systems_out or f"tlv-p{positions}" not in systems_out:
+            continue
         single, tlv = systems_out[f"best-first-p{positions}"], systems_out[f"tlv-p{positions}"]
         summary[f"p{positions}"] = {
             "tau_single_pass": single["tau_per_exact_pass"], "tau_tlv": tlv["tau_per_exact_pass"],
@@ -134,6 +145,11 @@ def main(argv=None) -> int:
             "tlv_verdict": tlv["token_forcing"]["verdict"],
             "accept_from_q_verdict": systems_out[f"tlv-accept-from-q-p{positions}"]["token_forcing"]["verdict"]}
     result["summary"] = summary
+    lossy = {name: entry["token_forcing"]["verdict"] for name, entry in systems_out.items() if "accept-from-q" in name}
+    result["accept_from_q_verdicts"] = lossy
+    result["headline"] = "; ".join(
+        f"P={key[1:]}: tau/exact pass {v['tau_tlv']:.2f} vs best-first {v['tau_single_pass']:.2f} ({v['tau_ratio']:.2f}x), "
+        f"forcing {v['tlv_verdict']} / accept-from-Q {v['accept_from_q_verdict']}" for key, v in summary.items())
     print_result(result, args.out)
     return 0
 

@@ -1,8 +1,14 @@
-# ~60 s (48 Triton compiles ~35 s, timing ~20 s) if the w12 stage built the W12 CUDA extension earlier in this call, else + that build
-# TLV Q pass vs the exact W12 pass at the 27B-like shapes, 1/16/32 rows: the Triton Q pass over the exact kernels'
+# ~70 s (~55 Triton compiles ~40 s, timing ~25 s) if the w12 stage built the W12 CUDA extension earlier in this call, else + that build
+# TLV Q pass vs the exact W12 pass at the 27B-like shapes, 1/16/33 rows: the Triton Q pass over the exact kernels'
 # records, the CUDA kernels' own Q mode, the INT8 copy variant (with its memory), cuBLAS BF16; correctness first.
+# Then the modelled single-request gain of TLV from those pass times and the trained pair's committed tau.
 set -euo pipefail
 export MAX_JOBS=$(nproc)
 DEVICE=${TLV_DEVICE:-cuda}
 python benchmarks/tlv_qpass_bench.py --device "$DEVICE" --out "$RESULTS/tlv-qpass-h200.json" ${TLV_ARGS:-} \
     | python -c "import json, sys; d = json.load(sys.stdin); print(json.dumps(d.get('summary', d.get('correctness')), indent=1))"
+ENGINE=benchmarks/results/tlv-engine-trained-pair-cpu-2026-12-02.json
+if [ "$DEVICE" = cuda ] && [ -f "$ENGINE" ]; then
+    python benchmarks/tlv_model.py --qpass "$RESULTS/tlv-qpass-h200.json" --engine "$ENGINE" \
+        --out "$RESULTS/tlv-model-h200.json" | python -c "import json, sys; print(json.load(sys.stdin)['headline'])"
+fi

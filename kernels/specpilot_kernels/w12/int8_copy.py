@@ -82,14 +82,15 @@ def _int8_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, stride_xm, stride_ou
         tl.store(out, acc.to(tl.bfloat16), mask=mask)
 
 
-def int8_qpass_gemm(x: torch.Tensor, copy: Int8Copy, *, block_n: int = 32, block_k: int = 256,
-                    splits: int | None = None, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
+def int8_qpass_gemm(x: torch.Tensor, copy: Int8Copy, *, block_n: int = 64, block_k: int = 128,
+                    splits: int | None = None, num_warps: int = 2, num_stages: int = 3) -> torch.Tensor:
     """y = x @ (weight * scale)^T from the INT8 copy, BF16 tensor-core MMA (INT8 values are exact in BF16), fp32 sums.
 
     Args:
         x: bf16 [M, K], unit column stride, on the copy's device (CUDA, or CPU under TRITON_INTERPRET=1).
         copy: :func:`int8_copy` of an N x K weight.
-        block_n, block_k, splits, num_warps, num_stages: the partition (default splits: from N and the GPU).
+        block_n, block_k, splits, num_warps, num_stages: the partition (default splits: about 16 warps a
+            multiprocessor).
 
     Returns y bf16 [M, N]. Example: ``y = int8_qpass_gemm(x, int8_copy(w))``.
     """
@@ -106,7 +107,8 @@ def int8_qpass_gemm(x: torch.Tensor, copy: Int8Copy, *, block_n: int = 32, block
     steps_total = -(-k // block_k)
     if splits is None:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-        splits = 1 if programs >= 4 * sms else max(1, min(steps_total // 8, -(-4 * sms // programs)))
+        # as the view's Q pass: about 16 warps a multiprocessor, at least 4 steps a split
+        splits = max(1, min(steps_total // 4, -(-16 * sms // (programs * num_warps))))
     splits = max(d for d in range(1, min(splits, steps_total) + 1) if steps_total % d == 0)
     steps = steps_total // splits
     workspace = torch.empty(splits * min(m, MAX_ROWS_PER_LAUNCH) * n, dtype=torch.float32,

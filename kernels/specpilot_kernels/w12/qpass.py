@@ -31,7 +31,7 @@ from .gemm import interpreting
 from .mma import W12MmaTensor
 from .reference import qpass_weight_reference
 
-MAX_ROWS_PER_LAUNCH = 32  # token rows a launch (the MMA N side)
+MAX_ROWS_PER_LAUNCH = 64  # token rows a launch (the MMA N side): a 32-node tree and its root fit one
 LOW_BITS = {"truncated": 1, "midpoint": 2}
 
 
@@ -74,12 +74,18 @@ class QpassConfig:
         return max(d for d in range(1, min(self.splits, steps) + 1) if steps % d == 0)
 
 
+WARPS_PER_SM = 16  # the decode sets the pace per warp: a multiprocessor needs about this many warps to stream the view
+
+
 def default_qpass_config(n: int, k: int, sms: int) -> QpassConfig:
-    """About four programs a multiprocessor: 32 rows a program, K split when the rows alone give too few."""
-    programs = -(-n // 32)
-    steps = -(-k // 128)
-    splits = 1 if programs >= 4 * sms else max(1, min(steps // 8, -(-4 * sms // programs)))
-    return QpassConfig(splits=splits)
+    """64 rows (two warps) a program and 64-column steps in 3 stages (12 KB of shared memory, so many programs fit a
+    multiprocessor), K split until about ``WARPS_PER_SM`` warps a multiprocessor stream the view, at least 4 steps a
+    split."""
+    tiles, blocks = 4, 2
+    warps = -(-n // (16 * tiles)) * (tiles // 2)
+    steps = -(-k // (32 * blocks))
+    splits = max(1, min(steps // 4, -(-WARPS_PER_SM * sms // warps)))
+    return QpassConfig(tiles=tiles, blocks=blocks, splits=splits, num_stages=3)
 
 
 def select_qpass_config(n: int, k: int, device: torch.device) -> QpassConfig:
@@ -168,12 +174,14 @@ def _qpass_kernel(
         # K splits: each program leaves its sums in the workspace; the last of a row block to finish (a counter)
         # adds them in split order and resets the counter, so no second launch and no order that depends on timing
         slot = (pid_n * RUNS + tl.arange(0, RUNS))[:, None] * (2 * M_PAD) + n2[None, :]
-        tl.store(work_ptr + pid_s * (tl.num_programs(0) * RUNS * 2 * M_PAD) + slot, acc)
+        rows_in = (m < M)[None, :]  # only the token rows there are travel through the workspace
+        tl.store(work_ptr + pid_s * (tl.num_programs(0) * RUNS * 2 * M_PAD) + slot, acc, mask=rows_in)
         tl.debug_barrier()
         if tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel") == SPLITS - 1:
             total = tl.zeros((RUNS, 2 * M_PAD), dtype=tl.float32)
             for split in range(SPLITS):
-                total += tl.load(work_ptr + split * (tl.num_programs(0) * RUNS * 2 * M_PAD) + slot, cache_modifier=".cg")
+                total += tl.load(work_ptr + split * (tl.num_programs(0) * RUNS * 2 * M_PAD) + slot, mask=rows_in,
+                                 other=0.0, cache_modifier=".cg")
             tl.store(out, total.to(tl.bfloat16), mask=mask)
             tl.atomic_xchg(count_ptr + pid_n, 0)
 

@@ -1,0 +1,107 @@
+"""The modelled single-request gain of TLV: the H200 pass times at the 27B-like shape (``tlv_qpass_bench.py``) combined
+with the trained pair's τ per exact pass (``tlv_engine_bench.py``), with a bootstrap interval over requests.
+
+    step time of a system = drafts x T_draft + its passes, each pass = the sum of its weight GEMMs
+    (layers x (qkv + o_proj + gate_up + down) + LM head, as tlv_qpass_bench sums them), at its row count
+    stock          : one draft, one BF16 (cuBLAS) pass over the chain (positions + 1 rows), τ of the stock chain
+    single-pass    : one draft, one exact W12 pass over the N-node tree (N + 1 rows), τ of best-first
+    TLV            : two drafts, one Q pass and one exact W12 pass over N + 1 rows, τ of TLV
+    gain           = (τ / step time) of one system over another's
+
+Only the weight GEMMs are modelled (attention over the cache, GDN state, norms and glue are the same bytes in every
+system but add to each step, so the real gains are smaller); the drafter is ``--drafter-layers`` layers of the
+target's projections in BF16 at ``--draft-rows`` rows plus the LM head at those rows in W12 (DFlash reuses the
+target's head) — an assumption, printed with the result.
+
+    PYTHONPATH=kernels:. python benchmarks/tlv_model.py --qpass QPASS.json --engine ENGINE.json [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specpilot_mem.provenance import print_result, result_header  # noqa: E402
+
+PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
+
+
+def row_entry(shape: dict, rows: int) -> dict:
+    for row in shape["rows"]:
+        if row["M"] == rows:
+            return row
+    raise SystemExit(f"the Q-pass result has no {rows}-row timing for N={shape['N']}, K={shape['K']}; "
+                     f"it has {[r['M'] for r in shape['rows']]}: rerun tlv_qpass_bench.py with --rows including {rows}")
+
+
+def pass_us(shapes: dict, rows: int, key: str, layers: int, head_key: str | None = None) -> float:
+    total = sum(layers * row_entry(shapes[name], rows)[key] for name in PROJECTIONS)
+    return total + row_entry(shapes["lm_head"], rows)[head_key or key]
+
+
+def tau(entry: dict, picks: list[int]) -> float:
+    per = entry["per_request"]
+    return sum(per["tokens"][i] for i in picks) / sum(per["exact_passes"][i] for i in picks)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--qpass", type=Path, required=True)
+    ap.add_argument("--engine", type=Path, required=True)
+    ap.add_argument("--tree-rows", type=int, default=33, help="rows of an N = 32 tree and its root")
+    ap.add_argument("--chain-rows", type=int, default=16, help="rows timed for stock's chain (8 positions + anchor: 16)")
+    ap.add_argument("--draft-rows", type=int, default=16)
+    ap.add_argument("--drafter-layers", type=int, default=5)
+    ap.add_argument("--positions", type=int, default=16, help="drafted positions of the compared systems")
+    ap.add_argument("--resamples", type=int, default=2000)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    qpass, engine = json.loads(args.qpass.read_text()), json.loads(args.engine.read_text())
+    shapes, layers = qpass["shapes"], qpass["layers"]
+    draft = (args.drafter_layers * sum(row_entry(shapes[n], args.draft_rows)["cublas_bf16_us"] for n in PROJECTIONS)
+             + row_entry(shapes["lm_head"], args.draft_rows)["exact_w12_us"])
+    exact = pass_us(shapes, args.tree_rows, "exact_w12_us", layers)
+    q = pass_us(shapes, args.tree_rows, "triton_qpass_midpoint_us", layers)
+    stock_pass = pass_us(shapes, args.chain_rows, "cublas_bf16_us", layers)
+    times = {"draft_us": draft, "exact_pass_us": exact, "q_pass_us": q, "stock_pass_us": stock_pass,
+             "stock_step_us": draft + stock_pass, "single_step_us": draft + exact, "tlv_cycle_us": 2 * draft + q + exact}
+    systems = engine["systems"]
+    names = {"stock": "stock", "single": f"best-first-p{args.positions}", "tlv": f"tlv-p{args.positions}"}
+    requests = len(systems["stock"]["per_request"]["tokens"])
+
+    def gains(picks):
+        t = {k: tau(systems[v], picks) for k, v in names.items()}
+        rate = {"stock": t["stock"] / times["stock_step_us"], "single": t["single"] / times["single_step_us"],
+                "tlv": t["tlv"] / times["tlv_cycle_us"]}
+        return t, {"tlv_over_single": rate["tlv"] / rate["single"], "tlv_over_stock": rate["tlv"] / rate["stock"],
+                   "single_over_stock": rate["single"] / rate["stock"]}
+
+    taus, point = gains(list(range(requests)))
+    rng = random.Random(0)
+    samples = [gains([rng.randrange(requests) for _ in range(requests)])[1] for _ in range(args.resamples)]
+    interval = {}
+    for key in point:
+        values = sorted(s[key] for s in samples)
+        interval[key] = [values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1]]
+    result = {**result_header("tlv_model"), "inputs": {"qpass": str(args.qpass), "engine": str(args.engine)},
+              "assumptions": {"drafter": f"{args.drafter_layers} layers of the target's projections (cuBLAS BF16) at "
+                                         f"{args.draft_rows} rows + the W12 LM head at {args.draft_rows} rows",
+                              "modelled": "weight GEMMs only; attention, GDN state, norms and glue left out",
+                              "tau": "the trained pair (CPU), not the 27B target", "gpu": qpass.get("gpu")},
+              "positions": args.positions, "tree_rows": args.tree_rows, "times": times,
+              "q_over_exact": q / exact, "tau": taus, "gain": point, "gain_95_interval_over_requests": interval,
+              "requests": requests}
+    result["headline"] = (f"modelled TLV gain over single-pass W12 + tree {point['tlv_over_single']:.3f}x "
+                          f"[{interval['tlv_over_single'][0]:.3f}, {interval['tlv_over_single'][1]:.3f}], over stock "
+                          f"{point['tlv_over_stock']:.2f}x; Q/exact {q / exact:.2f} at {args.tree_rows} rows")
+    print_result(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
