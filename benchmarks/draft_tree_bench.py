@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot_kernels.draft_tree import (  # noqa: E402
-    best_first_tree,
+    best_first_tree_layout,
     best_first_tree_reference,
     greedy_accept,
     greedy_accept_reference,
@@ -50,7 +50,7 @@ def synthetic_lattice(b: int, m: int, k: int, seed: int, device: str):
 
 def parity(device: str, batch: int, nodes: int, depth: int) -> dict:
     pair, cand = synthetic_lattice(batch, 16, 16, seed=1, device=device)
-    tree, tokens, layout = best_first_tree(pair, cand, nodes, depth)
+    tree, tokens, layout = best_first_tree_layout(pair, cand, nodes, depth)
     sb = StepBatch.from_scores(cand.cpu(), np.zeros((batch, 16, 16), np.float32), pair.cpu().numpy())
     replay = get_builder("best-first")(sb, nodes, depth)
     heap = best_first_tree_reference(lattice_edge_logp(pair.cpu()), nodes, depth)
@@ -74,7 +74,7 @@ def parity(device: str, batch: int, nodes: int, depth: int) -> dict:
     out["mean_accept_length"] = float(want.accept_length.float().mean())
     replay_parents, replay_ranks = torch.from_numpy(replay.parents), torch.from_numpy(replay.ranks)
     for pre, fused in ((True, False), (False, True), (True, True)):
-        variant, _, _ = best_first_tree(pair, cand, nodes, depth, prenorm=pre, fused_pick=fused)
+        variant, _, _ = best_first_tree_layout(pair, cand, nodes, depth, prenorm=pre, fused_pick=fused)
         same = (variant.parents.cpu() == replay_parents).all(1) & (variant.ranks.cpu() == replay_ranks).all(1)
         out[f"match_replay_prenorm{int(pre)}_fused{int(fused)}"] = int(same.sum())
     return out
@@ -113,10 +113,10 @@ def build_one(device: str, b: int, n: int, depth: int, repeats: int) -> dict:
     predict = torch.randint(0, 150_000, (b, n + 1), device=device)
 
     def kernel_only(_i):
-        return best_first_tree(pair, cand, n, depth, root_positions=roots)
+        return best_first_tree_layout(pair, cand, n, depth, root_positions=roots)
 
     def whole_step(_i):
-        tree, tokens, _ = best_first_tree(pair, cand, n, depth, root_positions=roots)
+        tree, tokens, _ = best_first_tree_layout(pair, cand, n, depth, root_positions=roots)
         return greedy_accept(tokens, tree.parents, tree.num_nodes, predict)
 
     sb_cpu = StepBatch.from_scores(cand.cpu(), np.zeros((b, 16, 16), np.float32), pair.cpu().numpy())
@@ -134,7 +134,7 @@ def build_one(device: str, b: int, n: int, depth: int, repeats: int) -> dict:
         if (b, n) == (32, 32):  # the target shape: warps, rows normalised up front, one-reduction pick
             row["kernel_us_by_variant"] = {
                 f"warps{w}_prenorm{int(pre)}_fused{int(fused)}": round(graph_replay_us(
-                    lambda _i, w=w, pre=pre, fused=fused: best_first_tree(
+                    lambda _i, w=w, pre=pre, fused=fused: best_first_tree_layout(
                         pair, cand, n, depth, root_positions=roots, num_warps=w, prenorm=pre, fused_pick=fused),
                     calls=10), 2)
                 for w in (4, 8, 16) for pre in (False, True) for fused in (False, True)}

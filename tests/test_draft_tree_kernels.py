@@ -14,6 +14,7 @@ import torch
 
 from specpilot_kernels.draft_tree import (
     best_first_tree,
+    best_first_tree_layout,
     best_first_tree_reference,
     child_lists,
     greedy_accept,
@@ -48,7 +49,7 @@ def replay_tree(pair, unary, cand, kind, nodes, depth):
 @pytest.mark.parametrize("nodes,depth", [(32, 15), (5, 2)])
 def test_build_equals_the_replay_builder_node_for_node(kind, ties, nodes, depth):
     pair, unary, cand = lattice(2, 16, 16, seed=nodes + depth, ties=ties)
-    tree, tokens, _ = best_first_tree(pair, cand, nodes, depth, unary=unary, kind=kind)
+    tree, tokens, _, _ = best_first_tree(pair, cand, nodes, depth, unary=unary, kind=kind)
     want = replay_tree(pair, unary, cand, kind, nodes, depth)
     assert np.array_equal(tree.num_nodes.numpy(), want.num_nodes)
     assert np.array_equal(tree.parents.numpy(), want.parents)
@@ -62,9 +63,9 @@ def test_build_equals_the_replay_builder_node_for_node(kind, ties, nodes, depth)
 @pytest.mark.parametrize("prenorm,fused_pick", [(True, False), (False, True), (True, True)])
 def test_build_variants_equal_the_replay_builder(kind, prenorm, fused_pick):
     pair, unary, cand = lattice(2, 16, 16, seed=29, ties=True)
-    base, base_tokens, base_layout = best_first_tree(pair, cand, 32, 15, unary=unary, kind=kind)
-    tree, tokens, layout = best_first_tree(pair, cand, 32, 15, unary=unary, kind=kind, prenorm=prenorm,
-                                           fused_pick=fused_pick)
+    base, base_tokens, base_layout = best_first_tree_layout(pair, cand, 32, 15, unary=unary, kind=kind)
+    tree, tokens, layout = best_first_tree_layout(pair, cand, 32, 15, unary=unary, kind=kind, prenorm=prenorm,
+                                                  fused_pick=fused_pick)
     want = replay_tree(pair, unary, cand, kind, 32, 15)
     assert np.array_equal(tree.parents.numpy(), want.parents) and np.array_equal(tree.ranks.numpy(), want.ranks)
     assert np.array_equal(tree.scores.numpy(), want.scores) and np.array_equal(tokens.numpy(), want.tokens)
@@ -75,7 +76,7 @@ def test_build_variants_equal_the_replay_builder(kind, prenorm, fused_pick):
 @pytest.mark.parametrize("kind", ["selector", "markov"])
 def test_build_equals_the_heap_reference(kind):
     pair, unary, cand = lattice(2, 16, 16, seed=7)
-    tree, tokens, _ = best_first_tree(pair, cand, 32, 15, unary=unary, kind=kind)
+    tree, tokens, _, _ = best_first_tree(pair, cand, 32, 15, unary=unary, kind=kind)
     ref = best_first_tree_reference(lattice_edge_logp(pair, unary, kind), 32, 15)
     for field in ("parents", "depths", "ranks", "num_nodes"):
         assert torch.equal(getattr(tree, field), getattr(ref, field)), field
@@ -85,7 +86,7 @@ def test_build_equals_the_heap_reference(kind):
 
 def test_best_first_tree_is_prefix_closed_and_best_first_ordered():
     pair, _, cand = lattice(2, 16, 16, seed=3)
-    tree, _, _ = best_first_tree(pair, cand, 32, 15)
+    tree, _, _, _ = best_first_tree(pair, cand, 32, 15)
     for b in range(2):
         for i in range(32):
             p = int(tree.parents[b, i])
@@ -98,7 +99,7 @@ def test_best_first_tree_is_prefix_closed_and_best_first_ordered():
 def test_candidates_without_tokens_are_never_taken():
     pair, _, cand = lattice(1, 4, 16, seed=5)
     pair[:, :, :, 2:] = float("-inf")  # two usable candidates per position: 2 + 4 + 8 + 16 = 30 nodes
-    tree, tokens, _ = best_first_tree(pair, cand, 32, 4)
+    tree, tokens, _, _ = best_first_tree(pair, cand, 32, 4)
     want = replay_tree(pair, torch.zeros(1, 4, 16), cand, "selector", 32, 4)
     assert int(tree.num_nodes[0]) == 30 == int(want.num_nodes[0])
     assert torch.all(tree.ranks[0, :30] < 2) and torch.all(tree.parents[0, 30:] == -1) and torch.all(tokens[0, 30:] == -1)
@@ -109,19 +110,19 @@ def test_layout_equals_brute_force():
     pair[1, :, :, 2:] = float("-inf")  # request 1: two candidates a position, depth 3 -> 14 nodes and padding
     pair[2, :, :, 1:] = float("-inf")  # request 2: a chain of 3
     roots = torch.tensor([0, 17, 300])
-    tree, _, got = best_first_tree(pair, cand, 32, 3, root_positions=roots)
+    tree, _, got = best_first_tree_layout(pair, cand, 32, 3, root_positions=roots)
     assert tree.num_nodes.tolist() == [32, 14, 3]
     want = verify_layout_reference(tree.parents, tree.num_nodes, roots)
     for field in want._fields:
         assert torch.equal(getattr(got, field), getattr(want, field)), field
-    again = verify_layout(tree.parents, tree.depths, tree.num_nodes, roots)  # the torch path, for trees from elsewhere
+    again = verify_layout(tree, *child_lists(tree.parents, tree.num_nodes), roots)  # torch: trees from elsewhere
     for field in want._fields:
         assert torch.equal(getattr(again, field), getattr(want, field)), field
 
 
 def test_full_trees_lay_out_as_brute_force():
     pair, _, cand = lattice(3, 16, 16, seed=13)
-    tree, _, got = best_first_tree(pair, cand, 32, 15)
+    tree, _, got = best_first_tree_layout(pair, cand, 32, 15)
     want = verify_layout_reference(tree.parents, tree.num_nodes, torch.zeros(3, dtype=torch.int64))
     for field in want._fields:
         assert torch.equal(getattr(got, field), getattr(want, field)), field
@@ -164,7 +165,7 @@ def built():
 
 @pytest.mark.parametrize("hit", [0.0, 0.6, 1.0])
 def test_acceptance_equals_the_walking_reference(built, hit):
-    tree, tokens, _ = built
+    tree, tokens, _, _ = built
     pred = _predict_following(tokens, tree.parents, tree.num_nodes, hit, 4096, seed=int(hit * 10))
     got = greedy_accept(tokens, tree.parents, tree.num_nodes, pred)
     want = greedy_accept_reference(tokens, tree.parents, tree.num_nodes, pred)

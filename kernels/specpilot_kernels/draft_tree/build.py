@@ -170,10 +170,10 @@ def max_tree_depth(candidates: int) -> int:
     return min(MAX_DEPTH, MAX_PATH_BITS // path_bits(candidates))
 
 
-def best_first_tree(pair: torch.Tensor, cand: torch.Tensor, nodes: int, depth: int | None = None,
-                    unary: torch.Tensor | None = None, kind: str = "selector", root_positions: torch.Tensor | None = None,
-                    num_warps: int = 8, prenorm: bool = False,
-                    fused_pick: bool = False) -> tuple[DraftTree, torch.Tensor, VerifyLayout]:
+def best_first_tree_layout(pair: torch.Tensor, cand: torch.Tensor, nodes: int, depth: int | None = None,
+                           unary: torch.Tensor | None = None, kind: str = "selector",
+                           root_positions: torch.Tensor | None = None, num_warps: int = 8, prenorm: bool = False,
+                           fused_pick: bool = False) -> tuple[DraftTree, torch.Tensor, VerifyLayout]:
     """Best-first trees of a batch of lattices and their verify layout, in one launch.
 
     Args:
@@ -195,7 +195,7 @@ def best_first_tree(pair: torch.Tensor, cand: torch.Tensor, nodes: int, depth: i
         positions, retrieve indices, child lists and parent columns (root column 0, node i at column i + 1).
 
     Example:
-        >>> tree, tokens, layout = best_first_tree(pair, cand, nodes=32, depth=15, root_positions=seq_lens)
+        >>> tree, tokens, layout = best_first_tree_layout(pair, cand, nodes=32, depth=15, root_positions=seq_lens)
     """
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r} is not one of {KINDS}")
@@ -237,6 +237,19 @@ def best_first_tree(pair: torch.Tensor, cand: torch.Tensor, nodes: int, depth: i
     return DraftTree(parents, depths, ranks, scores, num_nodes), tokens, layout
 
 
+def best_first_tree(pair: torch.Tensor, cand: torch.Tensor, nodes: int, depth: int | None = None,
+                    unary: torch.Tensor | None = None, kind: str = "selector",
+                    **options) -> tuple[DraftTree, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``best_first_tree_layout``'s trees with only their child lists: (tree, tokens [B, N], retrieve_next_token
+    [B, N+1], retrieve_next_sibling [B, N+1]); same arguments (``options``: root_positions, num_warps, ...).
+
+    Example:
+        >>> tree, tokens, next_token, next_sibling = best_first_tree(pair, cand, nodes=31, depth=15)
+    """
+    tree, tokens, layout = best_first_tree_layout(pair, cand, nodes, depth, unary=unary, kind=kind, **options)
+    return tree, tokens, layout.retrieve_next_token, layout.retrieve_next_sibling
+
+
 def child_lists(parents: torch.Tensor, num_nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """SGLang's ``retrieve_next_token`` / ``retrieve_next_sibling`` [B, N+1] for any batch of trees (torch, any
     device): columns are the root (0) and node i (i + 1), children in index order; what ``best_first_tree``
@@ -267,33 +280,33 @@ def child_lists(parents: torch.Tensor, num_nodes: torch.Tensor) -> tuple[torch.T
     return next_token[:, :cols], next_sibling[:, :cols]
 
 
-def verify_layout(parents: torch.Tensor, depths: torch.Tensor, num_nodes: torch.Tensor,
+def verify_layout(tree: DraftTree, next_token: torch.Tensor, next_sibling: torch.Tensor,
                   root_positions: torch.Tensor) -> VerifyLayout:
-    """The verify layout of trees built elsewhere (a combined tree, a chain; ``best_first_tree`` returns its own).
+    """The verify layout of trees built elsewhere (a combined tree, a chain; ``best_first_tree_layout`` returns
+    its own), with their child lists (``child_lists``).
 
     Args:
-        parents: [B, N] int64 parent node (-1: the root), parent < node.
-        depths: [B, N] int64 node depths (>= 1 on valid nodes).
-        num_nodes: [B] int64 valid nodes (the rest is padding).
+        tree: ``DraftTree`` [B, N] (parents, depths, num_nodes are read), parent < node.
+        next_token, next_sibling: [B, N+1] child lists.
         root_positions: [B] int64 position of the root (the last committed token).
 
     Torch, any device: the ancestor mask is closed by pointer doubling (log2 of the depth gathers); padding
     columns hang off the root and see only themselves and it.
     """
-    b, n = parents.shape
+    b, n = tree.parents.shape
     cols = n + 1
-    dev = parents.device
-    valid = torch.arange(n, device=dev)[None, :] < num_nodes[:, None]
+    dev = tree.parents.device
+    valid = torch.arange(n, device=dev)[None, :] < tree.num_nodes[:, None]
     parent_col = torch.cat([torch.full((b, 1), -1, dtype=torch.int64, device=dev),
-                            torch.where(valid, parents + 1, torch.zeros_like(parents))], dim=1)
+                            torch.where(valid, tree.parents + 1, torch.zeros_like(tree.parents))], dim=1)
     mask = torch.eye(cols, dtype=torch.bool, device=dev).expand(b, cols, cols).clone()
     mask[:, :, 0] = True
     jump = parent_col.clamp(min=0)
     for _ in range(max(1, int(n).bit_length())):  # after s rounds each row holds its 2^s nearest ancestors
         mask = mask | torch.gather(mask, 1, jump[:, :, None].expand(b, cols, cols))
         jump = torch.gather(jump, 1, jump)
-    depth_col = torch.cat([torch.zeros((b, 1), dtype=torch.int64, device=dev), torch.where(valid, depths, 1)], dim=1)
+    depth_col = torch.cat([torch.zeros((b, 1), dtype=torch.int64, device=dev),
+                           torch.where(valid, tree.depths, 1)], dim=1)
     positions = root_positions.to(torch.int64)[:, None] + depth_col
     index = torch.arange(b * cols, dtype=torch.int64, device=dev).view(b, cols)
-    next_token, next_sibling = child_lists(parents, num_nodes)
     return VerifyLayout(mask, positions, index, next_token, next_sibling, parent_col)

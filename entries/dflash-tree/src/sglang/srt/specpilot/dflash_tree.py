@@ -25,7 +25,8 @@ from sglang.srt.specpilot.kernels.draft_tree import (
     Acceptance,
     DraftTree,
     VerifyLayout,
-    best_first_tree,
+    best_first_tree_layout,
+    child_lists,
     greedy_accept,
     verify_layout,
 )
@@ -51,8 +52,8 @@ class TreeStep:
         """candidate_ids [B, P, K] and scores [B, P, K, K]: DFlash2's ``_selector_lattice`` (kind "selector"), or
         DSpark's ``markov_lattice`` pair with its unary [B, P, K] (kind "markov"); anchor_tokens [B]; prefix_lens
         [B] committed lengths (the anchor sits at position prefix_lens)."""
-        tree, node_tokens, layout = best_first_tree(scores, candidate_ids, settings.nodes, settings.depth, unary=unary,
-                                                    kind=kind, root_positions=prefix_lens)
+        tree, node_tokens, layout = best_first_tree_layout(scores, candidate_ids, settings.nodes, settings.depth,
+                                                           unary=unary, kind=kind, root_positions=prefix_lens)
         return cls(tree, with_root(anchor_tokens, node_tokens), layout)
 
     @classmethod
@@ -60,7 +61,8 @@ class TreeStep:
                   prefix_lens: torch.Tensor) -> "TreeStep":
         """A step for a tree built elsewhere (a combined tree, a chain): ``tree`` [B, N] in topological order
         (parent < node), node_tokens [B, N] (-1 on padding)."""
-        layout = verify_layout(tree.parents, tree.depths, tree.num_nodes, prefix_lens)
+        next_token, next_sibling = child_lists(tree.parents, tree.num_nodes)
+        layout = verify_layout(tree, next_token, next_sibling, prefix_lens)
         return cls(tree, with_root(anchor_tokens, node_tokens), layout)
 
     def custom_mask(self, prefix_lens: torch.Tensor) -> torch.Tensor:
@@ -83,6 +85,16 @@ class TreeStep:
         committed tokens (DFlash's ``_commit_accept`` form: accepted tokens, the bonus, zeros) and the column
         order the commit gathers the window's KV slots and hidden rows with."""
         return greedy_accept(self.tokens[:, 1:], self.tree.parents, self.tree.num_nodes, target_predict)
+
+    @staticmethod
+    def commit_tokens(acceptance: Acceptance) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out_tokens [B, N+1], commit_lens [B] int32): the accepted tokens then the bonus, zeros after."""
+        return acceptance.commit_tokens, (acceptance.accept_length + 1).to(torch.int32)
+
+    @staticmethod
+    def commit_order(acceptance: Acceptance) -> torch.Tensor:
+        """[B, N+1] the verify columns, accepted path first (root first), the rest after in index order."""
+        return acceptance.commit_order
 
 
 def with_root(anchor_tokens: torch.Tensor, node_tokens: torch.Tensor) -> torch.Tensor:
@@ -236,7 +248,7 @@ class TreeDecoder:
 
         # 3) accept, commit the recurrent state along the path, reorder the KV window, fill the draft KV
         acceptance = step.accept(target_predict)
-        out_tokens, commit_lens = acceptance.commit_tokens, (acceptance.accept_length + 1).to(torch.int32)
+        out_tokens, commit_lens = step.commit_tokens(acceptance)
         new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
         if w._need_mamba_verify_commit:
             deepest = acceptance.accept_columns.gather(1, acceptance.accept_length[:, None])[:, 0]
@@ -245,7 +257,7 @@ class TreeDecoder:
                 model=target_runner.model, req_pool_indices=batch.req_pool_indices[:bs])
         if on_publish is not None:
             on_publish(new_seq_lens)
-        order = acceptance.commit_order
+        order = step.commit_order(acceptance)
         committed_slots = permute_window_slots(req_to_token, batch.req_pool_indices, prefix_lens, order)
         target_hidden = logits_output.hidden_states.view(bs, window, -1)
         ordered_hidden = torch.gather(target_hidden, 1, order[:, :, None].expand(-1, -1, target_hidden.shape[-1]))
