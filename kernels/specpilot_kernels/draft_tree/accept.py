@@ -19,7 +19,7 @@ from .reference import Acceptance
 @triton.jit
 def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr,
                    length_ptr, columns_ptr, bonus_ptr, order_ptr, out_tokens_ptr,
-                   N: tl.constexpr, NODES: tl.constexpr, COLS: tl.constexpr):
+                   N: tl.constexpr, NODES: tl.constexpr, COLS: tl.constexpr, LEVELS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     width = N + 1
     node = tl.arange(0, NODES)
@@ -28,12 +28,13 @@ def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr,
     parent_col = tl.load(parents_ptr + b * N + node, mask=valid, other=-2) + 1
     token = tl.load(tokens_ptr + b * N + node, mask=valid, other=-1)
     col_ids = tl.arange(0, COLS)
+    predict = tl.load(predict_ptr + b * width + col_ids, mask=col_ids < width, other=-1)  # read once, then in registers
     slot = tl.where(col_ids == 0, 0, -1)  # path slot of each column (-1: not on the path)
     at = tl.zeros([], dtype=tl.int64)  # the column reached
     length = tl.zeros([], dtype=tl.int64)
     going = count >= 0
-    for _ in range(N):
-        want = tl.load(predict_ptr + b * width + at)
+    for _ in range(LEVELS):  # one level a step: a path is at most as deep as the tree
+        want = tl.sum(tl.where(col_ids == at, predict, 0), axis=0)
         first = tl.min(tl.where(valid & (parent_col == at) & (token == want), node, NODES), axis=0)
         found = going & (first < NODES)
         taken = tl.sum(tl.where(node == first, token, 0), axis=0)
@@ -42,7 +43,7 @@ def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr,
         at = tl.where(found, first + 1, at)
         slot = tl.where(found & (col_ids == at), length, slot)
         going = found
-    bonus = tl.load(predict_ptr + b * width + at)
+    bonus = tl.sum(tl.where(col_ids == at, predict, 0), axis=0)
     tl.store(out_tokens_ptr + b * width + length, bonus)
     tl.store(length_ptr + b, length)
     tl.store(bonus_ptr + b, bonus)
@@ -54,7 +55,7 @@ def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr,
 
 
 def greedy_accept(tree_tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
-                  target_predict: torch.Tensor) -> Acceptance:
+                  target_predict: torch.Tensor, max_depth: int | None = None) -> Acceptance:
     """Accept each request's longest matching root path plus the bonus token.
 
     Args:
@@ -63,6 +64,7 @@ def greedy_accept(tree_tokens: torch.Tensor, parents: torch.Tensor, num_nodes: t
         num_nodes: [B] int64 valid nodes.
         target_predict: [B, N+1] int64 target argmax at the root (column 0) and after node i (column i+1),
             from one verify pass over the tree.
+        max_depth: the trees' deepest level, if known (the walk's step count; default N).
 
     Returns:
         ``Acceptance``: accept_length [B], accept_columns [B, N+1] (root and accepted columns, -1 after), bonus [B],
@@ -83,5 +85,5 @@ def greedy_accept(tree_tokens: torch.Tensor, parents: torch.Tensor, num_nodes: t
         _accept_kernel[(b,)](tree_tokens.to(torch.int64).contiguous(), parents.contiguous(), num_nodes.contiguous(),
                              target_predict.to(torch.int64).contiguous(), length, columns, bonus, order, out_tokens,
                              N=n, NODES=triton.next_power_of_2(max(n, 1)), COLS=triton.next_power_of_2(n + 1),
-                             num_warps=1)
+                             LEVELS=n if max_depth is None else min(n, max_depth), num_warps=1)
     return Acceptance(length, columns, bonus, out_tokens, order)

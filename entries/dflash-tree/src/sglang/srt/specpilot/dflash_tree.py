@@ -44,6 +44,7 @@ class TreeStep:
     tree: DraftTree
     tokens: torch.Tensor
     layout: VerifyLayout
+    depth: int | None = None  # the deepest level the trees may have (bounds the acceptance walk)
 
     @classmethod
     def build(cls, settings: TreeSettings, candidate_ids: torch.Tensor, scores: torch.Tensor,
@@ -54,7 +55,7 @@ class TreeStep:
         [B] committed lengths (the anchor sits at position prefix_lens)."""
         tree, node_tokens, layout = best_first_tree_layout(scores, candidate_ids, settings.nodes, settings.depth,
                                                            unary=unary, kind=kind, root_positions=prefix_lens)
-        return cls(tree, with_root(anchor_tokens, node_tokens), layout)
+        return cls(tree, with_root(anchor_tokens, node_tokens), layout, settings.depth)
 
     @classmethod
     def from_tree(cls, tree: DraftTree, node_tokens: torch.Tensor, anchor_tokens: torch.Tensor,
@@ -84,7 +85,8 @@ class TreeStep:
         """target_predict [B, N+1]: the target's argmax at each verify column. The acceptance carries the
         committed tokens (DFlash's ``_commit_accept`` form: accepted tokens, the bonus, zeros) and the column
         order the commit gathers the window's KV slots and hidden rows with."""
-        return greedy_accept(self.tokens[:, 1:], self.tree.parents, self.tree.num_nodes, target_predict)
+        return greedy_accept(self.tokens[:, 1:], self.tree.parents, self.tree.num_nodes, target_predict,
+                             max_depth=self.depth)
 
     @staticmethod
     def commit_tokens(acceptance: Acceptance) -> tuple[torch.Tensor, torch.Tensor]:
