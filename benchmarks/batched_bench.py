@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -66,6 +67,51 @@ def run_shape(lattices, costs: StepCosts, batches, args) -> dict:
         print(f"{costs.shape} B={b}: all {figures['all']['over_ar']:.2f}x AR, {figures['all']['over_stock']:.2f}x stock; "
               f"shared/equal {row['shared_vs_equal_tokens_per_step']:.3f}; blocks {row['blocks_gain_over_shared']:.3f}; "
               f"admission {row['admission_gain_over_stock']:.3f} ({row['seconds']} s)", file=sys.stderr, flush=True)
+    return out
+
+
+def budget_sweep(lattices, batches, per_request, args) -> dict:
+    """Tokens per step of the shared budget against equal-size per-request trees at the same total rows
+    (B roots + k x B nodes), independent of step costs: {B: {k: ratio}}."""
+    costs = StepCosts.roofline("4b")  # times are not read here
+    out = {}
+    for b in batches:
+        if b == 1:
+            continue  # one request: the shared and the equal trees are the same tree
+        out[str(b)] = {}
+        for k in per_request:
+            rows = b * (k + 1)
+            shared = simulate(lattices, costs, CONFIGS["shared-budget"], b, budget_rows=rows, stream=args.stream,
+                              verify_buffer=max(args.verify_buffer, rows))
+            equal = simulate(lattices, costs, CONFIGS["equal-trees"], b, budget_rows=rows, stream=args.stream,
+                             verify_buffer=max(args.verify_buffer, rows))
+            out[str(b)][str(k)] = {"shared_tau": shared.tau, "equal_tau": equal.tau, "ratio": shared.tau / equal.tau}
+        print(f"sweep B={b}: " + ", ".join(f"k={k} {v['ratio']:.3f}" for k, v in out[str(b)].items()),
+              file=sys.stderr, flush=True)
+    return out
+
+
+def truncated_blocks(lattices: dict) -> dict:
+    """Blocks 12 and 8 as the first positions of the 16-block lattices: what a drafter trained on every block
+    would draft at least as well as (this pair's drafter was trained on 16-position blocks only)."""
+    full = lattices[16]
+    return {b: replace(full, cand=full.cand[:, :b], unary=full.unary[:, :b], pair=full.pair[:, :b],
+                       meta={**full.meta, "positions": b}, _lookup=None) if b != 16 else full for b in lattices}
+
+
+def blocks_bound(lattices, costs: StepCosts, batches, args) -> dict:
+    """The drafter block's gain over the shared budget with truncated blocks (``truncated_blocks``)."""
+    cut = truncated_blocks(lattices)
+    out = {}
+    for b in batches:
+        if b == 1:
+            continue
+        runs = {name: simulate(cut, costs, CONFIGS[name], b, prompt_rows=args.prompt_rows, segment=args.segment,
+                               verify_buffer=args.verify_buffer, stream=args.stream)
+                for name in ("shared-budget", "shared-budget+drafter-block")}
+        out[str(b)] = {"tau": {k: v.tau for k, v in runs.items()},
+                       "gain": runs["shared-budget+drafter-block"].tokens_per_ms / runs["shared-budget"].tokens_per_ms}
+        print(f"{costs.shape} truncated blocks B={b}: {out[str(b)]['gain']:.3f}", file=sys.stderr, flush=True)
     return out
 
 
@@ -126,6 +172,9 @@ def main(argv=None) -> int:
     ap.add_argument("--segment", type=int, default=64, help="prompt rows per admitted segment")
     ap.add_argument("--verify-buffer", type=int, default=2048)
     ap.add_argument("--stream", type=int, help="requests through the closed loop (default: all, at least 2 x B)")
+    ap.add_argument("--sweep", default="1,2,4,8", help="nodes per request of the cost-free shared-vs-equal sweep ('' skips)")
+    ap.add_argument("--blocks-bound", action="store_true",
+                    help="also the blocks' gain with 12/8 as the 16-block's first positions (a drafter trained on all)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--figure", type=Path, help="PNG (default: beside --out)")
     args = ap.parse_args(argv)
@@ -138,9 +187,13 @@ def main(argv=None) -> int:
            "lattices": {str(b): {"requests": int(lat.num_requests), "tokens": int(lat.greedy_tokens.shape[0]),
                                  "source": lat.source} for b, lat in sorted(lattices.items())},
            "prompt_rows": args.prompt_rows, "segment": args.segment, "shapes": {}}
+    if args.sweep:
+        doc["budget_sweep"] = budget_sweep(lattices, batches, [int(k) for k in args.sweep.split(",")], args)
     for shape in args.shapes.split(","):
         costs = StepCosts.from_measurement(measurement, shape) if measurement else StepCosts.roofline(shape)
         doc["shapes"][shape] = run_shape(lattices, costs, batches, args)
+        if args.blocks_bound:
+            doc["shapes"][shape]["blocks_truncated"] = blocks_bound(lattices, costs, batches, args)
     doc["targets"] = targets(doc["shapes"])
     t = doc["targets"]
     doc["headline"] = (f"all mechanisms >= {t['min_all_over_ar']:.2f}x AR at 1-64 requests; shared budget "

@@ -27,6 +27,38 @@ from specpilot_mem.provenance import print_result, result_header, write_result  
 SHAPE = "qwen3.5-4b-like"
 
 
+def isolated(args, doc: dict, argv: list[str]) -> int:
+    """Run every batch size in a child process of this script; merge what each measured (or how it failed)."""
+    import json
+    import subprocess
+    import tempfile
+
+    base = [a for a in argv if a != "--isolate"]
+    for flag in ("--batches", "--out"):
+        if flag in base:
+            i = base.index(flag)
+            del base[i:i + 2]
+    for b in args.batches.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            part = Path(tmp) / "part.json"
+            run = subprocess.run([sys.executable, __file__, *base, "--batches", b, "--out", str(part)],
+                                 capture_output=True, text=True)
+            if part.exists():
+                child = json.loads(part.read_text())
+                doc["by_batch"].update(child.get("by_batch", {}))
+                doc["errors"].update(child.get("errors", {}))
+                for key in ("shape", "skipped"):
+                    if key in child:
+                        doc[key] = child[key]
+            if run.returncode:
+                doc["errors"][f"process/{b}"] = f"exit {run.returncode}: {run.stderr.strip()[-300:]}"
+        print(f"B={b}: {doc['by_batch'].get(b, 'failed')}", file=sys.stderr, flush=True)
+        if args.out:
+            write_result(doc, args.out)
+    print_result(doc, args.out)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -37,9 +69,13 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--isolate", action="store_true",
+                    help="each batch size in its own process (a device-side assert poisons its CUDA context only)")
     args = ap.parse_args(argv)
     doc = {**result_header("batched_engine_costs"), "synthetic": True, "shape_name": SHAPE, "context": args.context,
            "by_batch": {}, "errors": {}}
+    if args.isolate:
+        return isolated(args, doc, argv if argv is not None else sys.argv[1:])
     try:
         from specpilot_mem.engine.options import SystemOptions
         from specpilot_mem.engine.shapes import get_shape

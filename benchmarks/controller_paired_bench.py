@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from cuda_timing import record_section  # noqa: E402
-from fault_study import prompt_encoder  # noqa: E402
+from specpilot_mem.forcing.engine_adapter import prompt_encoder  # noqa: E402
 from specpilot_mem.controller.engine_system import EngineSystem  # noqa: E402
 from specpilot_mem.controller.paired import PairedResult, paired_run, stock_noise  # noqa: E402
 from specpilot_mem.controller.promotion import PromotionRule  # noqa: E402

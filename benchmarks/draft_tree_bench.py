@@ -9,7 +9,7 @@ Sections (each survives the others' failures; ``--out`` holds everything measure
   greedy acceptance (the step's whole tree work), for B requests x N nodes (K = 16, 16 drafted positions,
   depth 15); beside it, in the same process, the numpy replay builder on the CPU for the same batch (wall).
 
-    PYTHONPATH=kernels:. python3 benchmarks/draft_tree_bench.py --out benchmarks/results/draft-tree-h200.json
+    PYTHONPATH=kernels:. python3 benchmarks/draft_tree_bench.py --out "$RESULTS/draft-tree-h200.json"
     TRITON_INTERPRET=1 PYTHONPATH=kernels:. python3 benchmarks/draft_tree_bench.py --device cpu   # dry run
 """
 

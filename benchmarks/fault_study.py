@@ -1,18 +1,27 @@
-"""Fault study (paper §6.2): does token forcing reject the injected fault and accept lossless variants?
+"""Fault study (paper §6.2, issue 38): what token forcing rejects, accepts and cannot tell.
 
-For each seed, the pure-torch engine (seeded random weights unless the trained pair is committed)
-serves a seeded sample of the project's requests as AR, stock (speculative, chain), the lossless
-variants and the faulty system (+2 logit bias on every 7th vocabulary id from output token
-``--fault-after`` on). The engine's teacher-forced scorer (FP32 LM head) scores every output, δ is
-calibrated on AR vs stock, and each system is judged against stock. Prints JSON: per-seed verdicts,
-and the fault's rejection rate and the lossless variants' false-rejection rate with sample sizes.
+Each seed draws a sample of the fault-study request set (token-id prompts cut from CPython
+standard-library files of the trained pair's unseen split, ``requests/fault-study-v1.jsonl``) and
+serves it through the composed engine (speculative, chain verify unless named) as AR, stock, the
+lossless controls (other reduction orders, tree builders and budgets, chunked prefill, path verify)
+and the faults (low-precision verify at several bit widths on the LM head and on all linears, rare
+flips to the runner-up at several rates, a RoPE position off by one, attention context cut beyond k
+tokens, faults on a share of the requests, outputs cut short, the paper's logit-bias fault). The
+engine's batched teacher-forced scorer (FP32 head) scores every output, δ is calibrated on AR vs
+stock, and every system is judged against stock with all four rules and the power statement.
 
-    python benchmarks/fault_study.py --device cuda --seeds 8 > benchmarks/results/fault_study-<date>.json
-    python benchmarks/fault_study.py --device cuda --dtype bfloat16 --seeds 12 --budget-seconds 60 > trained.json
-    python benchmarks/fault_study.py --figure benchmarks/results/fault_study-<date>.json figure4.png
+Prints JSON (per seed, per system: verdict, rule outcomes, the fault's real size) and, per system,
+the rejection, inconclusive and acceptance rates with sample sizes; ``--figure`` draws Figure 4
+(detection rate per fault, false-reject rate per control) from a results file.
+
+    python benchmarks/fault_study.py --device cpu --seeds 10 --fault-seeds 5 --requests-per-seed 4 --max-new-tokens 96
+    python benchmarks/fault_study.py --device cuda --dtype bfloat16 --seeds 4 --first-seed 8 > part.json
+    python benchmarks/fault_study.py --merge part*.json > all.json
+    python benchmarks/fault_study.py --figure all.json figure4.png
+    python benchmarks/fault_study.py --write-requests requests/fault-study-v1.jsonl   # needs tokenizers
 
 Imports only torch, numpy and this package's engine/forcing/controller modules (no rich, pydantic or
-scipy), so it runs on the lent GPU machine.
+duckdb), so it runs on the lent GPU machine.
 """
 
 from __future__ import annotations
@@ -31,129 +40,283 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from specpilot_mem.controller.engine_system import EngineSystem  # noqa: E402
-from specpilot_mem.controller.requests import load_requests  # noqa: E402
-from specpilot_mem.engine.config import DrafterConfig, TargetConfig  # noqa: E402
+from specpilot_mem.controller.requests import Request, load_requests  # noqa: E402
+from specpilot_mem.controller.system import RequestOutput  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
-from specpilot_mem.engine.weights import DEFAULT_MODEL_DIR, has_trained_pair  # noqa: E402
 from specpilot_mem.forcing.calibrate import calibrate_delta  # noqa: E402
-from specpilot_mem.forcing.engine_adapter import EngineScorer, utf8_bytes  # noqa: E402
-from specpilot_mem.forcing.scorer import score_outputs  # noqa: E402
+from specpilot_mem.forcing.engine_adapter import EngineScorer  # noqa: E402
+from specpilot_mem.forcing.scorer import ForcingError, score_outputs  # noqa: E402
 from specpilot_mem.forcing.verdict import TokenForcing, Verdict  # noqa: E402
 
-# Lossless variants: engine options that change floating-point reduction order or the verified
-# shape, never which tokens a correct system may accept.
-LOSSLESS = {
+REQUESTS = ROOT / "requests" / "fault-study-v1.jsonl"
+
+# Lossless controls: engine options that change floating-point reduction order, the verified shape
+# or the prefill's chunking, never which tokens a correct system may accept.
+CONTROLS = {
     "splitk-head": {"lm_head": "splitk"},
     "path-verify": {"gdn_verify": "path"},
-    "best-first-tree": {"tree": "best-first"},
+    "best-first-32": {"tree": "best-first", "nodes": 32},
+    "ddtree-16": {"tree": "ddtree", "nodes": 16},
+    "positions-4": {"positions": 4},
+    "prefill-chunk-16": {"chunk_size": 16},
 }
-# A small model for CPU smoke runs of this script (the default is the engine's default config).
-TINY_TARGET = TargetConfig(vocab_size=512, d_model=64, layer_types=("gdn", "attn"), ffn_dim=128, gdn_heads=2,
-                           gdn_head_dim=32, attn_heads=2, attn_kv_heads=1, attn_head_dim=32, feature_layers=(0, 1))
-TINY_DRAFTER = DrafterConfig(d_model=64, n_layers=1, heads=2, head_dim=32, ffn_dim=128, block_size=8,
-                             context_window=16, top_k=8, selector_rank=16)
+# Faults, each a lossy verify the issue names. ``{seed}`` in flip_seed is the run's seed.
+FAULTS = {
+    "fp8-head": {"verify_weights": "fp8", "verify_weight_scope": "head"},
+    "fp8-all": {"verify_weights": "fp8"},
+    "int8-all": {"verify_weights": "int8"},
+    "int6-all": {"verify_weights": "int6"},
+    "int4-head": {"verify_weights": "int4", "verify_weight_scope": "head"},
+    "int4-all": {"verify_weights": "int4"},
+    "flip-0.1%": {"flip_rate": 0.001},
+    "flip-0.3%": {"flip_rate": 0.003},
+    "flip-1%": {"flip_rate": 0.01},
+    "rope-off-by-one": {"rope_offset": 1},
+    "context-32": {"attn_window": 32},
+    "context-8": {"attn_window": 8},
+    "flip-2%-quarter-of-requests": {"flip_rate": 0.02, "fault_requests": 0.25},
+    "int4-all-quarter-of-requests": {"verify_weights": "int4", "fault_requests": 0.25},
+    "cut-short": {"stop_after": -4},  # negative: this many tokens before max_new_tokens
+    "bias-fault": {"fault_after": 32},
+}
+# The issue's targets: faults at least this large must be rejected in >= 95% of seeds.
+TARGET_CHANGED = 0.003
+TARGET_EVENTS_PER_1000 = 1.0
 
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def engine_for(seed: int, args) -> Engine:
-    dtype = getattr(torch, args.dtype)
-    if has_trained_pair() and not args.random_weights:
-        return Engine.load_default(device=args.device, dtype=dtype)
-    if args.tiny:
-        return Engine.random(seed, TINY_TARGET, TINY_DRAFTER, device=args.device, dtype=dtype)
-    return Engine.random(seed, device=args.device, dtype=dtype)
+def fault_options(name: str, seed: int, max_new_tokens: int) -> dict:
+    opts = dict(FAULTS[name])
+    if "flip_rate" in opts:
+        opts["flip_seed"] = seed
+    if opts.get("stop_after") is not None and opts["stop_after"] < 0:
+        opts["stop_after"] = max_new_tokens + opts["stop_after"]
+    return opts
 
 
 def summary(verdict: Verdict) -> dict:
-    rate, events = verdict.rate, verdict.events
+    rate, events, band, seen = verdict.rate, verdict.events, verdict.band, verdict.power
     return {
-        "verdict": verdict.verdict, "mismatch_rate": rate.system_rate, "mismatch_ci": [rate.system_low, rate.system_high],
-        "stock_rate": rate.stock_rate, "difference_low": rate.difference_low, "rate_reject": rate.reject,
+        "verdict": verdict.verdict, "mismatch_rate": rate.system_rate, "stock_rate": rate.stock_rate,
+        "difference_low": rate.difference_low, "rate_reject": rate.reject,
         "events": events.system_events, "audited": events.audited, "unexplained": events.unexplained,
         "stock_events": events.stock_events, "p_value": events.p_value, "event_reject": events.reject,
+        "band_mismatches": band.system_mismatches, "band_stock": band.stock_mismatches, "band_p": band.p_value,
+        "band_reject": band.reject, "length_reject": verdict.length.reject,
+        "rate_detectable": seen.rate_detectable, "events_needed": seen.events_needed, "event_power": seen.event_power,
+        "sufficient": seen.sufficient, "requests_needed": seen.requests_needed, "tokens_needed": seen.tokens_needed,
+        "flagged_requests": sum(1 for r in verdict.per_request if r["flagged"]),
         "explained_by": verdict.explained_by,
     }
 
 
-def prompt_encoder(engine: Engine):
-    """The trained pair's tokenizer for text prompts; UTF-8 bytes for random weights (no tokenizer)."""
-    if engine.synthetic:
-        return utf8_bytes
-    from specpilot_mem.engine.train.corpus import load_tokenizer
+def effect(system: dict, stock: dict, scored_sys, scored_stock, delta: float) -> dict:
+    """How large the fault really was on this sample: tokens it changed against stock's outputs (after
+    the first divergence everything differs, so this counts mismatches against the scorer beyond
+    stock's) and its large-margin events per 1,000 tokens."""
+    tokens = sum(o.tokens for o in scored_stock.values())
+    excess = (sum(int(o.mismatch.sum()) for o in scored_sys.values())
+              - sum(int(o.mismatch.sum()) for o in scored_stock.values())) / tokens
+    events = sum(int((o.margin > 2 * delta).sum()) for o in scored_sys.values())
+    changed = sum(system[rid].output_ids != stock[rid].output_ids for rid in stock)
+    shorter = sum(len(system[rid].output_ids) < len(stock[rid].output_ids) for rid in stock)
+    return {"excess_mismatch": excess, "events_per_1000": 1000 * events / tokens, "changed_requests": changed,
+            "shorter_requests": shorter}
 
-    tokenizer = load_tokenizer(DEFAULT_MODEL_DIR)
-    return lambda text: tokenizer.encode(text).ids
 
-
-def one_seed(seed: int, requests, args) -> dict:
-    engine = engine_for(seed, args)
-    encode = prompt_encoder(engine)
-    sample = sorted(random.Random(seed).sample(requests, min(args.requests_per_seed, len(requests))), key=lambda r: r.id)
-    sample = [type(r)(r.id, r.benchmark, r.split, args.max_new_tokens, prompt=r.prompt, prompt_ids=r.prompt_ids) for r in sample]
-    systems = {
-        "ar": EngineSystem("ar", engine, mode="ar", encode=encode),
-        "stock": EngineSystem("stock", engine, mode="spec", encode=encode),
-        **{name: EngineSystem(name, engine.with_options(**opts), mode="spec", encode=encode) for name, opts in LOSSLESS.items()},
-        "fault": EngineSystem("fault", engine.with_options(fault_after=args.fault_after), mode="spec", encode=encode),
-    }
+def one_seed(seed: int, pool: list[Request], args, engine: Engine, with_faults: bool) -> dict:
+    sample = sorted(random.Random(seed).sample(pool, min(args.requests_per_seed, len(pool))), key=lambda r: r.id)
+    sample = [Request(r.id, r.benchmark, "unseen", args.max_new_tokens, prompt_ids=r.prompt_ids) for r in sample]
+    systems = {"ar": EngineSystem("ar", engine, mode="ar"), "stock": EngineSystem("stock", engine, mode="spec")}
+    systems.update({name: EngineSystem(name, engine.with_options(**opts), mode="spec") for name, opts in CONTROLS.items()})
+    if with_faults:
+        systems.update({name: EngineSystem(name, engine.with_options(**fault_options(name, seed, args.max_new_tokens)),
+                                           mode="spec") for name in FAULTS})
     device = str(engine.device)
     outputs, seconds = {}, {}
     for name, system in systems.items():
         start = time.perf_counter()
         outputs[name] = {o.id: o for o in system.run(sample, batch_size=1, device=device)}
         seconds[name] = time.perf_counter() - start
-        log(f"seed {seed}: {name} served {len(sample)} requests in {seconds[name]:.1f} s")
-    scorer = EngineScorer(engine, encode=encode)
+    log(f"seed {seed}: served {len(systems)} systems x {len(sample)} requests in {sum(seconds.values()):.1f} s")
+    scorer = EngineScorer(engine)
+    start = time.perf_counter()
     scored = {name: score_outputs(scorer, sample, outs) for name, outs in outputs.items()}
-    calibration = calibrate_delta(scored["ar"], scored["stock"])
+    score_seconds = time.perf_counter() - start
+    raw = {name: {rid: list(o.output_ids) for rid, o in outs.items()} for name, outs in outputs.items()}
+    try:
+        calibration = calibrate_delta(scored["ar"], scored["stock"])
+    except ForcingError as err:  # stock not lossless against AR on this sample: a finding, not a crash
+        log(f"seed {seed}: calibration refused: {err.what}")
+        return {"seed": seed, "requests": [r.id for r in sample], "error": err.to_dict(), "verdicts": {}, "effects": {},
+                "outputs": raw}
     forcing = TokenForcing(scorer, scored["stock"], calibration.delta, audit_sample=args.audit_sample, seed=seed)
-    verdicts = {name: forcing.judge(name, scored[name], synthetic=engine.synthetic)
-                for name in [*LOSSLESS, "fault"]}
-    for name, verdict in verdicts.items():
-        log(f"seed {seed}: {name} -> {verdict.verdict} (mismatch {100 * verdict.rate.system_rate:.2f}%, "
-            f"events {verdict.events.system_events}, unexplained {verdict.events.unexplained})")
+    verdicts, effects = {}, {}
+    for name in systems:
+        if name in ("ar", "stock"):
+            continue
+        verdicts[name] = forcing.judge(name, scored[name], synthetic=engine.synthetic)
+        effects[name] = effect(outputs[name], outputs["stock"], scored[name], scored["stock"], calibration.delta)
+        log(f"seed {seed}: {name} -> {verdicts[name].verdict} (mismatch {100 * verdicts[name].rate.system_rate:.2f}%, "
+            f"events {verdicts[name].events.system_events}, band {verdicts[name].band.system_mismatches})")
     return {
-        "seed": seed, "synthetic": engine.synthetic, "requests": [r.id for r in sample],
-        "tokens": sum(s.tokens for s in scored["stock"].values()),
-        "delta": calibration.delta, "departures": len(calibration.departures), "largest_gap": calibration.largest_gap,
-        "stock_vs_ar_identical": sum(outputs["ar"][r.id].output_ids == outputs["stock"][r.id].output_ids for r in sample),
-        "fault_changed_requests": sum(outputs["fault"][r.id].output_ids != outputs["stock"][r.id].output_ids for r in sample),
-        "serve_seconds": seconds,
-        "verdicts": {name: summary(v) for name, v in verdicts.items()},
-        "full_verdicts": {name: v.to_dict() for name, v in verdicts.items()},
+        "seed": seed, "requests": [r.id for r in sample], "tokens": sum(s.tokens for s in scored["stock"].values()),
+        "delta": calibration.delta, "delta_basis": calibration.basis, "departures": len(calibration.departures),
+        "largest_gap": calibration.largest_gap, "stock_mismatch_rate": verdicts["splitk-head"].rate.stock_rate,
+        "serve_seconds": seconds, "score_seconds": score_seconds,
+        "verdicts": {name: summary(v) for name, v in verdicts.items()}, "effects": effects,
+        "outputs": raw,
+        "full_verdicts": {name: v.to_dict() for name, v in verdicts.items()} if seed == args.first_seed else {},
     }
 
 
 def rates(runs: list[dict]) -> dict:
-    """Rejection and false-rejection rates with their sample sizes. A fault that changed no output
-    token (its biased ids never overtook the argmax) leaves nothing to detect, so the fault's rate is
-    also given over the runs where it changed at least one request's output."""
-    fault = [r["verdicts"]["fault"]["verdict"] == "reject" for r in runs]
-    effective = [r["verdicts"]["fault"]["verdict"] == "reject" for r in runs if r["fault_changed_requests"] > 0]
-    lossless = {name: [r["verdicts"][name]["verdict"] == "reject" for r in runs] for name in LOSSLESS}
-    pooled = [x for values in lossless.values() for x in values]
-    return {
-        "fault_rejection_rate": sum(fault) / len(fault), "fault_runs": len(fault), "fault_rejected": sum(fault),
-        "fault_effective_runs": len(effective), "fault_effective_rejected": sum(effective),
-        "fault_effective_rejection_rate": sum(effective) / len(effective) if effective else None,
-        "lossless_false_rejection_rate": sum(pooled) / len(pooled), "lossless_runs": len(pooled),
-        "lossless_rejected": sum(pooled),
-        "per_variant": {name: {"runs": len(v), "rejected": sum(v)} for name, v in lossless.items()},
-    }
+    """Per system: runs, rejected, inconclusive, accepted; for faults the mean real effect and whether it
+    is at least the issue's target size (then the target is a >= 95% rejection rate)."""
+    table: dict[str, dict] = {}
+    for name in [*CONTROLS, *FAULTS]:
+        seen = [r for r in runs if name in r["verdicts"]]
+        if not seen:
+            continue
+        counts = {k: sum(r["verdicts"][name]["verdict"] == k for r in seen) for k in ("reject", "inconclusive", "accept")}
+        row = {"kind": "control" if name in CONTROLS else "fault", "runs": len(seen), **counts,
+               "reject_rate": counts["reject"] / len(seen)}
+        if name in FAULTS:
+            excess = sum(r["effects"][name]["excess_mismatch"] for r in seen) / len(seen)
+            events = sum(r["effects"][name]["events_per_1000"] for r in seen) / len(seen)
+            row.update(mean_excess_mismatch=excess, mean_events_per_1000=events,
+                       target_size=excess >= TARGET_CHANGED or events >= TARGET_EVENTS_PER_1000
+                       or any(r["effects"][name]["shorter_requests"] for r in seen))
+            row["meets_target"] = (row["reject_rate"] >= 0.95) if row["target_size"] else counts["accept"] == 0
+        else:
+            row["meets_target"] = counts["reject"] == 0
+        table[name] = row
+    return table
+
+
+def pooled(doc: dict, group: int, engine: Engine, audit_sample: int) -> dict:
+    """Sealed-size checks: the outputs of ``group`` consecutive seeds (disjoint request samples where the
+    pool allows; a request drawn twice keeps its first seed's outputs) judged as one sample, δ
+    calibrated on that sample's AR and stock. Each group is one sealed check; its verdict per system,
+    and per system the share of groups that rejected."""
+    runs = doc["runs"]
+    by_id = {r.id: r for r in load_requests(ROOT / "requests" / doc["settings"]["requests"])}
+    limit = doc["settings"]["max_new_tokens"]
+    scorer = EngineScorer(engine)
+    checks = []
+    for first in range(0, len(runs) - group + 1, group):
+        members = runs[first:first + group]
+        names = [n for n in members[0]["outputs"] if all(n in m["outputs"] for m in members)]
+        ids: dict[str, int] = {}
+        for index, member in enumerate(members):
+            for rid in member["requests"]:
+                ids.setdefault(rid, index)
+        sample = [Request(rid, by_id[rid].benchmark, "unseen", limit, prompt_ids=by_id[rid].prompt_ids) for rid in sorted(ids)]
+        outputs = {name: {rid: RequestOutput(rid, tuple(members[ids[rid]]["outputs"][name][rid])) for rid in ids}
+                   for name in names}
+        scored = {name: score_outputs(scorer, sample, outs) for name, outs in outputs.items()}
+        try:
+            calibration = calibrate_delta(scored["ar"], scored["stock"])
+        except ForcingError as err:
+            checks.append({"seeds": [m["seed"] for m in members], "error": err.to_dict(), "verdicts": {}})
+            continue
+        forcing = TokenForcing(scorer, scored["stock"], calibration.delta, audit_sample=audit_sample,
+                               seed=members[0]["seed"])
+        verdicts = {name: summary(forcing.judge(name, scored[name])) for name in names if name not in ("ar", "stock")}
+        checks.append({"seeds": [m["seed"] for m in members], "requests": len(sample),
+                       "tokens": sum(o.tokens for o in scored["stock"].values()), "delta": calibration.delta,
+                       "verdicts": verdicts})
+        log(f"pooled seeds {checks[-1]['seeds']}: {checks[-1]['tokens']} tokens; "
+            + ", ".join(f"{n} {v['verdict']}" for n, v in verdicts.items()))
+    table = {}
+    for name in [*CONTROLS, *FAULTS]:
+        seen = [c["verdicts"][name]["verdict"] for c in checks if name in c["verdicts"]]
+        if seen:
+            table[name] = {"kind": "control" if name in CONTROLS else "fault", "runs": len(seen),
+                           **{k: seen.count(k) for k in ("reject", "inconclusive", "accept")},
+                           "reject_rate": seen.count("reject") / len(seen)}
+    return {"group": group, "checks": checks, "systems": table}
 
 
 def figure(results_path: str, png: str) -> None:
-    from specpilot_mem.forcing.plot import plot_figure4
+    """Figure 4 of the study: per fault its detection (rejection) rate and inconclusive share, per
+    control its false-reject rate, with the number of seeds."""
+    from specpilot_mem.optional import pyplot
 
+    plt = pyplot("the fault study's Figure 4")
     results = json.loads(Path(results_path).read_text())
-    first = results["runs"][0]
-    verdicts = [Verdict.from_dict(v) for v in first["full_verdicts"].values()]
-    model = "synthetic" if results["synthetic"] else "small models trained here"
-    label = f"Fault study, seed {first['seed']} ({results['device']}, {results.get('dtype', 'float32')}; {model})"
-    print(plot_figure4(verdicts, png, title=label))
+    setting = results["settings"]
+    panels = [("per seed", results["systems"], f"{setting['requests_per_seed']} req x {setting['max_new_tokens']} tok")]
+    if results.get("pooled"):
+        checks = results["pooled"]["checks"]
+        tokens = sum(c.get("tokens", 0) for c in checks) // max(len(checks), 1)
+        panels.append(("sealed-size checks", results["pooled"]["systems"], f"{len(checks)} checks of ~{tokens} tokens"))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.5 * len(results["systems"]) + 2), 3.6 * len(panels)),
+                             squeeze=False)
+    for ax, (label, table, size) in zip(axes[:, 0], panels):
+        names = [n for n in table if table[n]["kind"] == "control"] + [n for n in table if table[n]["kind"] == "fault"]
+        for x, name in enumerate(names):
+            row = table[name]
+            reject, inconclusive = row["reject"] / row["runs"], row["inconclusive"] / row["runs"]
+            color = "#E8613C" if row["kind"] == "fault" else "#1F6FD6"
+            ax.bar(x, reject, color=color, edgecolor="black", linewidth=0.5)
+            ax.bar(x, inconclusive, bottom=reject, color="#E3B53B", edgecolor="black", linewidth=0.5)
+            ax.annotate(f"n={row['runs']}", (x, reject + inconclusive), xytext=(0, 3), textcoords="offset points",
+                        ha="center", fontsize=7)
+        ax.axhline(0.95, color="black", linestyle="dashed", linewidth=0.8)
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+        ax.set_ylim(0, 1.15)
+        ax.set_ylabel("share of checks")
+        ax.set_title(f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow)",
+                     fontsize=8)
+    fig.suptitle(f"Token forcing fault study, Figure 4 ({results['device']}, {results['dtype']}; {results['model']})",
+                 fontsize=9)
+    fig.tight_layout()
+    Path(png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=150)
+    plt.close(fig)
+    print(png)
+
+
+def write_requests(path: str, count: int, prompt_tokens: int) -> None:
+    """The fault study's request set: ``count`` windows of ``prompt_tokens`` tokens, seeded, from the
+    trained pair's unseen-split standard-library files as this machine has them (sha256-checked
+    against the corpus manifest), as token ids (the GPU machine has no tokenizer)."""
+    import hashlib
+    import sysconfig
+
+    from specpilot_mem.engine.train.corpus import load_tokenizer
+    from specpilot_mem.engine.weights import DEFAULT_MODEL_DIR
+
+    manifest = json.loads((DEFAULT_MODEL_DIR / "corpus-manifest.json").read_text())
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    tokenizer = load_tokenizer(DEFAULT_MODEL_DIR)
+    files = []
+    for entry in manifest["files"]:
+        path_ = stdlib / entry["path"]
+        if entry["split"] == "unseen" and path_.is_file() and hashlib.sha256(path_.read_bytes()).hexdigest() == entry["sha256"]:
+            ids = tokenizer.encode(path_.read_text(encoding="utf-8")).ids
+            if len(ids) > 4 * prompt_tokens:
+                files.append((entry["path"], ids))
+    rng = random.Random(38)
+    rows = []
+    for index in range(count):
+        name, ids = files[index % len(files)]
+        start = rng.randrange(0, len(ids) - prompt_tokens)
+        rows.append({"id": f"fs-{index:03d}", "benchmark": "stdlib-unseen", "split": "unseen", "max_new_tokens": 256,
+                     "prompt_ids": ids[start:start + prompt_tokens]})
+    Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"{len(rows)} requests from {len(files)} files -> {path}")
+
+
+def merge(paths: list[str]) -> dict:
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    runs = sorted((r for part in parts for r in part["runs"]), key=lambda r: r["seed"])
+    return {**parts[0], "runs": runs, "systems": rates(runs), "wall_seconds": max(p["wall_seconds"] for p in parts),
+            "merged_from": [p["command"] for p in parts]}
 
 
 def main() -> int:
@@ -161,54 +324,81 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="the served systems' and the scorer's passes (the scorer's LM head is float32 either way)")
-    parser.add_argument("--seeds", type=int, default=4, help="repeated runs (weights seed and request sample)")
+    parser.add_argument("--seeds", type=int, default=10, help="seeds with every control")
+    parser.add_argument("--fault-seeds", type=int, help="of those, the first this many also run every fault (default: all)")
     parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--requests", default=str(ROOT / "requests" / "specpilot-v1.jsonl"))
-    parser.add_argument("--requests-per-seed", type=int, default=24)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--fault-after", type=int, default=32, help="output position the fault starts at (paper: 2048)")
+    parser.add_argument("--requests", default=str(REQUESTS))
+    parser.add_argument("--requests-per-seed", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--audit-sample", type=int, default=200)
-    parser.add_argument("--tiny", action="store_true", help="a tiny random model (CPU smoke runs)")
-    parser.add_argument("--random-weights", action="store_true", help="random weights even if the trained pair exists")
     parser.add_argument("--budget-seconds", type=float,
                         help="start no further seed after this many seconds (a device lease); the JSON counts the runs made")
+    parser.add_argument("--threads", type=int, help="torch CPU threads")
     parser.add_argument("--figure", nargs=2, metavar=("RESULTS_JSON", "PNG"), help="draw Figure 4 from a results file and exit")
+    parser.add_argument("--merge", nargs="+", metavar="RESULTS_JSON", help="merge results of several runs and print them")
+    parser.add_argument("--write-requests", metavar="JSONL", help="write the study's request set and exit")
+    parser.add_argument("--pool-size", type=int,
+                        help="also judge the outputs of this many seeds at a time as one sealed-size check")
+    parser.add_argument("--drop-outputs", action="store_true", help="leave the output token ids out of the JSON")
     args = parser.parse_args()
     if args.figure:
         figure(*args.figure)
         return 0
+    if args.merge:
+        doc = merge(args.merge)
+        if args.pool_size:
+            engine = Engine.load_default(device=args.device, dtype=getattr(torch, doc["dtype"]))
+            doc["pooled"] = pooled(doc, args.pool_size, engine, args.audit_sample)
+        finish(doc, args)
+        return 0
+    if args.write_requests:
+        write_requests(args.write_requests, 256, 48)
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.device.startswith("cuda"):
         args.device = str(torch.device(args.device if ":" in args.device else "cuda:0"))
-    requests = load_requests(args.requests)
+    engine = Engine.load_default(device=args.device, dtype=getattr(torch, args.dtype))
+    pool = load_requests(args.requests)
+    fault_seeds = args.seeds if args.fault_seeds is None else args.fault_seeds
     started = time.perf_counter()
     runs = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         if runs and args.budget_seconds is not None and time.perf_counter() - started > args.budget_seconds:
             log(f"budget of {args.budget_seconds:.0f} s spent: stopping after {len(runs)} of {args.seeds} seeds")
             break
-        runs.append(one_seed(seed, requests, args))
-    device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
+        runs.append(one_seed(seed, pool, args, engine, with_faults=seed - args.first_seed < fault_seeds))
+    device = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else "cpu"
     result = {
         "benchmark": "fault_study",
         "device": device,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join(sys.argv),
-        "synthetic": any(r["synthetic"] for r in runs),
-        "model": "tiny random" if args.tiny else ("random weights" if any(r["synthetic"] for r in runs) else
-                                                  "trained pair (small models trained here, not comparable to the paper's)"),
-        "prompt_encoding": "UTF-8 bytes" if any(r["synthetic"] for r in runs) else "the trained pair's tokenizer",
+        "synthetic": engine.synthetic,
+        "model": "random weights" if engine.synthetic else
+                 "trained pair (small models trained here, not comparable to the paper's)",
         "dtype": args.dtype,
         "seeds_planned": args.seeds,
-        "settings": {"max_new_tokens": args.max_new_tokens, "fault_after": args.fault_after, "fault_bias": 2.0,
-                     "fault_stride": 7, "requests_per_seed": args.requests_per_seed, "audit_sample": args.audit_sample,
-                     "lossless_variants": LOSSLESS},
+        "settings": {"max_new_tokens": args.max_new_tokens, "requests_per_seed": args.requests_per_seed,
+                     "audit_sample": args.audit_sample, "requests": Path(args.requests).name, "controls": CONTROLS,
+                     "faults": FAULTS, "fault_seeds": fault_seeds, "target_changed": TARGET_CHANGED,
+                     "target_events_per_1000": TARGET_EVENTS_PER_1000},
         "wall_seconds": time.perf_counter() - started,
-        **rates(runs),
+        "systems": rates(runs),
         "runs": runs,
     }
-    json.dump(result, sys.stdout, indent=1)
-    sys.stdout.write("\n")
+    if args.pool_size:
+        result["pooled"] = pooled(result, args.pool_size, engine, args.audit_sample)
+    finish(result, args)
     return 0
+
+
+def finish(doc: dict, args) -> None:
+    if args.drop_outputs:
+        for run in doc["runs"]:
+            run.pop("outputs", None)
+    json.dump(doc, sys.stdout, indent=1)
+    sys.stdout.write("\n")
 
 
 if __name__ == "__main__":

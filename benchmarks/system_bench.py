@@ -222,6 +222,263 @@ def batched(args, device, dtype, timer) -> dict:
     return out
 
 
+CHECK_OPTIONS = {
+    "stock": SystemOptions(positions=8),
+    "w12_linears_head": SystemOptions(positions=8, linears="w12", lm_head="w12"),
+    "certified_head": SystemOptions(positions=8, lm_head="certified"),
+    "gdn_path": SystemOptions(positions=8, gdn_verify="path"),
+    "best_first": SystemOptions(positions=8, tree="best-first", nodes=16),
+    "all": SystemOptions(positions=8, linears="w12", lm_head="certified", gdn_verify="path", tree="best-first",
+                         nodes=16),
+}
+
+
+def check(args, device) -> dict:
+    """The trained pair through the system: every option set's greedy tokens against the existing engine's AR
+    decode of the same prompts (batched, closed loop), per dtype."""
+    import json as _json
+
+    from specpilot_mem.engine.decode import SystemDecoder
+    from specpilot_mem.engine.engine import Engine
+    from specpilot_mem.engine.weights import DEFAULT_MODEL_DIR, has_trained_pair
+
+    if not has_trained_pair():
+        return {"error": "no trained pair under models/"}
+    prompts = [p[:args.check_prompt_len] for p in
+               _json.loads((DEFAULT_MODEL_DIR / "greedy-reference.json").read_text())["prompts"][:args.check_prompts]]
+    out = {"prompts": len(prompts), "new_tokens": args.check_tokens, "batch": args.check_batch, "by_dtype": {}}
+    dtypes = ("float32",) if device.type == "cpu" else ("bfloat16", "float32")
+    names = args.check_options.split(",") if args.check_options else list(CHECK_OPTIONS)
+    for dtype_name in dtypes:
+        engine = Engine.load_default(device=device, dtype=getattr(torch, dtype_name), max_len=512)
+        want = [g.output_ids for g in engine.generate(prompts, "ar", max_new_tokens=args.check_tokens)]
+        base = SystemDecoder(engine, SystemOptions(positions=8), batch=args.check_batch, max_len=512)
+        row = {}
+        ar = base.generate(prompts, "ar", args.check_tokens)
+        row["system_ar"] = agreement([g.output_ids for g in ar], want)
+        for name in names:
+            try:
+                runs = base.with_options(CHECK_OPTIONS[name]).generate(prompts, "spec", args.check_tokens)
+                row[name] = {**agreement([g.output_ids for g in runs], want),
+                             "tau": round(sum(sum(g.accepted) for g in runs) / max(1, sum(g.steps for g in runs)), 3)}
+            except Exception as exc:  # noqa: BLE001 - one failing option set keeps the others' figures
+                row[name] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+            progress(f"check {dtype_name} {name}: {row[name]}")
+        out["by_dtype"][dtype_name] = row
+    return out
+
+
+def agreement(got: list[list[int]], want: list[list[int]]) -> dict:
+    same = sum(a == b for a, b in zip(got, want))
+    tokens = sum(len(w) for w in want)
+    equal_tokens = sum(x == y for g, w in zip(got, want) for x, y in zip(g, w))
+    return {"identical_requests": same, "requests": len(want), "token_agreement": round(equal_tokens / tokens, 4)}
+
+
+_LATTICE: dict = {}
+
+
+def pair_lattice(args, device):
+    """Lattices recorded from the trained pair (teacher-forced at every position of each greedy output, 16
+    drafted positions), saved beside the result so ``specpilot-mem ceiling`` can read them."""
+    cache = _LATTICE
+    if "lattice" not in cache:
+        import json as _json
+
+        from specpilot_mem.engine.engine import Engine
+        from specpilot_mem.engine.weights import DEFAULT_MODEL_DIR
+        from specpilot_mem.replay.lattice import LatticeRecorder
+
+        prompts = [p[:args.check_prompt_len] for p in _json.loads(
+            (DEFAULT_MODEL_DIR / "greedy-reference.json").read_text())["prompts"][:args.tau_prompts]]
+        engine = Engine.load_default(device=device, dtype=torch.float32, max_len=512)
+        path = (args.out.parent if args.out else Path(".")) / "system-pair-lattices.npz"
+        recorder = LatticeRecorder(path, kind="selector", positions=16,
+                                   meta={"target": "trained pair (models/)", "drafter": "trained pair (models/)"})
+        engine.record_lattices(recorder, prompts, positions=16, max_new_tokens=args.tau_tokens,
+                               labels=["greedy-reference"] * len(prompts))
+        cache["lattice"], cache["path"] = recorder.close(), path
+    return cache["lattice"], cache["path"]
+
+
+def replay_tau(lattice, builder: str, nodes: int, batch: int = 1) -> float:
+    from specpilot_mem.replay.replay import replay
+
+    steps, tokens = replay(lattice, builder, nodes, depth_cap=16 if builder != "chain" else None, batch=batch)
+    return round(float(tokens.sum()) / float(steps.sum()), 4)
+
+
+def speedup(args, device, result) -> dict:
+    """S(N) = tau(N) / c(N), c(N) = T_step(N) / T_AR with T_step(N) = draft + verify step of N + 1 rows; speedup over AR
+    and gain over stock per setting. tau(N): exact replay on the trained pair's lattices (chain for chain settings,
+    best-first otherwise; batched settings: best-first with the node budget shared by the batch)."""
+    lattice, path = pair_lattice(args, device)
+    out = {"label": LABEL, "lattices": str(path), "single": {}, "batched": {}}
+    single_run = result.get("single", {})
+    if "steps_ms" in single_run:
+        t_ar, t_draft = single_run["T_AR_ms"], single_run["T_draft_ms"]
+        for name, times in single_run["steps_ms"].items():
+            tree = SINGLE_OPTIONS[name].tree != "chain"
+            rows = {}
+            for r, t_verify in times.items():
+                nodes = int(r) - 1
+                if nodes < 1 or (not tree and nodes > 16):
+                    continue
+                tau = replay_tau(lattice, "best-first" if tree else "chain", nodes)
+                c = (t_draft + t_verify) / t_ar
+                rows[nodes] = {"tau": tau, "c": round(c, 4), "S": round(tau / c, 4)}
+            best = max(rows, key=lambda n: rows[n]["S"], default=None)
+            out["single"][name] = {"by_nodes": rows, "best_nodes": best,
+                                   "speedup_over_ar": rows[best]["S"] if best else None}
+        stock_best = out["single"].get("stock", {}).get("speedup_over_ar")
+        for entry in out["single"].values():
+            if stock_best and entry["speedup_over_ar"]:
+                entry["gain_over_stock"] = round(entry["speedup_over_ar"] / stock_best, 4)
+    for shape_name, run in result.get("batched", {}).items():
+        if not isinstance(run, dict) or "by_batch" not in run:
+            continue
+        rows = run["rows_per_request"]
+        table = {}
+        for B, entry in run["by_batch"].items():
+            tau_chain = replay_tau(lattice, "chain", rows - 1)
+            row = {"tau": tau_chain}
+            for name in BATCHED_OPTIONS:
+                key = f"T_verify_{name}_ms"
+                if key in entry:
+                    c = (entry["T_draft_ms"] + entry[key]) / entry["T_AR_ms"]
+                    row[name] = {"c": round(c, 4), "speedup_over_ar": round(tau_chain / c, 4)}
+            if "stock" in row and "specpilot" in row:
+                row["gain_over_stock"] = round(row["specpilot"]["speedup_over_ar"] / row["stock"]["speedup_over_ar"], 4)
+            table[B] = row
+        out["batched"][shape_name] = table
+    return out
+
+
+def kernel_classes(model: SystemModel, caches: Caches, B: int, rows: int, context: int, timer: Timer) -> dict:
+    """Each kernel class of one verify step timed alone at the step's shapes (CUDA-graph replay), with the bytes
+    it must move and its FLOPs: target GEMMs, LM head, GDN verify + commit, attention; rest = step - classes."""
+    s, dev, dt = model.shape, model.device, model.dtype
+    M = B * rows
+    gen = torch.Generator(device=dev).manual_seed(5)
+    opts = model.options
+    w_bytes = 1.5 if opts.linears == "w12" else 2.0
+    inputs = {}
+    for name, (_, n_in) in s.linear_shapes().items():
+        inputs[name] = torch.randn(M, n_in, generator=gen, device=dev).to(dt)
+
+    def gemms():
+        for i, kind in enumerate(s.layer_types):
+            for name in s.layer_linears(kind):
+                model.w.lin(f"layers.{i}.{name}.w")(inputs[name], model.mode)
+
+    hidden = torch.randn(M, s.d_model, generator=gen, device=dev).to(dt)
+    out = {}
+    params = s.params()["target_linears"]
+    out["target_gemm"] = {"time_ms": timer.ms(lambda: model.graphed("gemm", gemms)),
+                          "bytes": params * w_bytes, "flops": 2.0 * M * params, "dtype": "bf16"}
+    head_bytes = {"bf16": 2.0, "w12": 1.5, "certified": 1.0}[opts.lm_head] * s.vocab_size * s.d_model
+    out["lm_head"] = {"time_ms": timer.ms(lambda: model.graphed("head", lambda: model.head_argmax(hidden))),
+                      "bytes": head_bytes, "flops": 2.0 * M * s.vocab_size * s.d_model,
+                      "dtype": "int8" if opts.lm_head == "certified" else "bf16"}
+    if s.gdn_layers:
+        H, HV, D = s.gdn_key_heads, s.gdn_value_heads, s.gdn_head_dim
+        q, k = (torch.randn(B, rows, H, D, generator=gen, device=dev).to(dt) for _ in range(2))
+        v = torch.randn(B, rows, HV, D, generator=gen, device=dev).to(dt)
+        a, b = (torch.randn(B, rows, HV, generator=gen, device=dev).to(dt) for _ in range(2))
+        buf = StepBuffers.empty(B, rows, s.conv_size, dev)
+        trees, deepest = step_trees(B, rows, opts.tree != "chain", s.vocab_size)
+        buf.fill(pack_trees(trees, rows, s.conv_size))
+        buf.forced.copy_(torch.tensor(deepest))
+        accepted, accept_len, deepest_t, _ = model.accept(buf, torch.zeros(B, rows, dtype=torch.long, device=dev))
+        gdn_ids = [i for i, kind in enumerate(s.layer_types) if kind == "gdn"]
+        t = model.w.t
+
+        def gdn():
+            if opts.gdn_verify == "path":
+                from specpilot_kernels.gdn_tree import tree_schedule
+
+                schedule = (tree_schedule(buf.parents, buf.num_nodes), buf.parents, buf.num_nodes)
+            for i in gdn_ids:
+                A_log, dt_bias, pool = t[f"layers.{i}.A_log"], t[f"layers.{i}.dt_bias"], caches.state[i][:B]
+                if opts.gdn_verify == "snapshot":
+                    inter = model._snapshots(i, B, rows)
+                    model._sglang(q, k, v, a, b, A_log, dt_bias, pool, buf.slots32, inter, buf.parents)
+                    pool.copy_(inter[torch.arange(B, device=dev), deepest_t])
+                else:
+                    model._path_verify(q, k, v, a, b, A_log, dt_bias, pool, buf.slots32, schedule)
+                    model._commit_path(i, q, k, v, a, b, pool, buf.slots32, accepted, accept_len)
+
+        state = HV * D * D * 4
+        per_layer = B * state * (2 + (rows + 1 if opts.gdn_verify == "snapshot" else 0))
+        out["gdn_verify_commit"] = {"time_ms": timer.ms(lambda: model.graphed("gdn", gdn)),
+                                    "bytes": float(per_layer * s.gdn_layers),
+                                    "flops": float(4.0 * M * HV * D * D * s.gdn_layers * 2), "dtype": "bf16",
+                                    "peak_tflops": 60.0}
+    if s.attn_layers:
+        hq, hkv, D, L = s.attn_heads, s.attn_kv_heads, s.attn_head_dim, caches.max_len
+        rep = hq // hkv
+        qf = torch.randn(B, hkv, rep * rows, D, generator=gen, device=dev).to(dt)
+        mask = torch.ones(B, 1, rep * rows, L, dtype=torch.bool, device=dev)
+        attn_ids = [i for i, kind in enumerate(s.layer_types) if kind == "attn"]
+
+        def attention():
+            for i in attn_ids:
+                torch.nn.functional.scaled_dot_product_attention(qf, caches.k[i][:B], caches.v[i][:B], attn_mask=mask)
+
+        out["attention"] = {"time_ms": timer.ms(lambda: model.graphed("attn", attention)),
+                            "bytes": float(s.attn_layers * B * L * hkv * D * 2 * 2),
+                            "flops": float(4.0 * s.attn_layers * B * hq * rows * L * D), "dtype": "bf16"}
+    model.release_buffers()
+    return out
+
+
+def profile(args, device, dtype, timer, result) -> dict:
+    """Profiles (docs/profile-format.md) of the 27B-like single-request step, stock and all mechanisms."""
+    import datetime as _dt
+
+    shape = get_shape("qwen3.8-27b-like", args.smoke)
+    context = args.context
+    max_len = context + 64 + 8
+    weights = Weights.synthetic(shape, device, dtype)
+    caches = Caches(shape, 1, max_len, device, dtype)
+    caches.randomize(context)
+    stock = SystemModel(weights, SINGLE_OPTIONS["stock"])
+    t_ar = time_model(stock, caches, 1, 1, context, timer, ar=True)
+    t_draft = time_draft(stock, 1, timer)
+    lattice, lattice_path = pair_lattice(args, device)
+    folder = args.profile_dir or (args.out.parent if args.out else Path("."))
+    out = {"lattices": str(lattice_path)}
+    for name, options in (("stock", SINGLE_OPTIONS["stock"].replace(positions=16)), ("all", SINGLE_OPTIONS["all"])):
+        model = stock.with_options(options)
+        rows = options.rows
+        t_verify = time_model(model, caches, 1, rows, context, timer)
+        kernels = kernel_classes(model, caches, 1, rows, context, timer)
+        measured = sum(k["time_ms"] for k in kernels.values())
+        kernels["rest"] = {"time_ms": round(max(t_verify - measured, 0.0), 4), "bytes": 0.0, "flops": 0.0,
+                           "dtype": "bf16"}
+        kernels["drafter"] = {"time_ms": t_draft, "bytes": float(2 * shape.params()["drafter_linears"]
+                                                                 + 2 * shape.vocab_size * shape.d_model),
+                              "flops": float(2 * 17 * shape.params()["drafter_linears"]), "dtype": "bf16"}
+        builder = "chain" if options.tree == "chain" else "best-first"
+        doc = {"format": "specpilot-profile", "version": 1, "gpu": "H200" if device.type == "cuda" else "H100 SXM",
+               "system": f"system engine {options.label()}, {shape.name} (synthetic weights), one request, "
+                         f"{context}-token context; tau: the trained pair's exact replay ({builder})",
+               "synthetic": True, "nodes": rows - 1, "tau": replay_tau(lattice, builder, rows - 1),
+               "T_step_ms": round(t_draft + t_verify, 4), "T_AR_ms": t_ar, "kernels": kernels,
+               "command": " ".join(sys.argv), "date": _dt.date.today().isoformat()}
+        measured_steps = result.get("single", {}).get("steps_ms", {}).get(name, {})
+        if measured_steps:  # T_step(N) from the single section: the draft plus the verify step of N + 1 rows
+            doc["step_times_ms"] = {int(r) - 1: round(t_draft + t, 4) for r, t in measured_steps.items() if int(r) > 1}
+        path = Path(folder) / f"system-profile-{name}{'-smoke' if args.smoke else ''}.json"
+        write_result(doc, path)
+        out[name] = {"path": str(path), "T_verify_ms": t_verify, "T_prof_ms": round(measured + t_draft, 4),
+                     "kernels": kernels}
+        progress(f"profile {name}: {out[name]['T_prof_ms']} ms of {doc['T_step_ms']} ms")
+    del weights, caches, stock
+    release()
+    return out
+
+
 def release() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -236,11 +493,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes with the same structure (CPU dry run)")
-    ap.add_argument("--sections", default="single,batched", help="comma-separated: check,single,batched,profile,speedup")
+    ap.add_argument("--sections", default="check,single,batched,profile,speedup", help="comma-separated: check,single,batched,profile,speedup")
     ap.add_argument("--rows", default="1,4,8,17,32,33,64")
     ap.add_argument("--batches", default="8,16,32")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--check-prompts", type=int, default=8)
+    ap.add_argument("--check-prompt-len", type=int, default=64)
+    ap.add_argument("--check-tokens", type=int, default=48)
+    ap.add_argument("--check-batch", type=int, default=4)
+    ap.add_argument("--check-options", default="", help="comma-separated CHECK_OPTIONS names (default: all)")
+    ap.add_argument("--tau-prompts", type=int, default=16)
+    ap.add_argument("--tau-tokens", type=int, default=128)
+    ap.add_argument("--profile-dir", type=Path, help="where the profiles go (default: beside --out)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -249,13 +514,18 @@ def main(argv=None) -> int:
         args.rows = "1,5"
         args.batches = "2"
         args.iters = 1
+        args.check_prompts, args.check_prompt_len, args.check_tokens, args.check_batch = 2, 16, 6, 2
+        args.tau_prompts, args.tau_tokens = 2, 12
     dtype = torch.bfloat16
     timer = Timer(device, args.iters, bursts=1 if args.smoke else 5)
     result = {**result_header("system_bench"), "label": LABEL, "device_name": torch.cuda.get_device_name(device)
               if device.type == "cuda" else "cpu", "smoke": args.smoke, "dtype": "bfloat16",
               "acceptance": "pinned to each tree's deepest root path (the largest commit)"}
-    sections = {"single": lambda: single(args, device, dtype, timer),
-                "batched": lambda: batched(args, device, dtype, timer)}
+    sections = {"check": lambda: check(args, device),
+                "single": lambda: single(args, device, dtype, timer),
+                "batched": lambda: batched(args, device, dtype, timer),
+                "profile": lambda: profile(args, device, dtype, timer, result),
+                "speedup": lambda: speedup(args, device, result)}
     for name in args.sections.split(","):
         if name not in sections:
             result[name] = {"error": f"unknown section {name!r}; use {', '.join(sections)}"}

@@ -3,7 +3,7 @@ best-first trees at 16/32/64 nodes with 8 and 16 drafted positions, and best-fir
 calibrated by one temperature fitted on the dev split (the scoring the ``dflash-tree`` entry's kernel takes).
 
     PYTHONPATH=kernels:. python3 benchmarks/tree_tau_replay.py record --tokens .g1data/corpus.npz --lattices /tmp/pl
-    PYTHONPATH=kernels:. python3 benchmarks/tree_tau_replay.py replay --lattices /tmp/pl --out benchmarks/results/x.json
+    PYTHONPATH=kernels:. python3 benchmarks/tree_tau_replay.py replay --lattices /tmp/pl --out benchmarks/results/tree_tau_replay-pair12-cpu-2026-12-02.json
 
 ``record`` drafts 16 positions (the drafter's trained block) at every position of each request's greedy output
 (teacher-forced, CPU float32). The 8-position lattices are the same steps cut to their first 8 positions.
@@ -73,6 +73,50 @@ def taus(lattices, builders, nodes) -> dict[str, float]:
     return out
 
 
+def along_true_path(lat: Lattice) -> list[dict]:
+    """Per drafted position d, over the steps whose greedy path so far is in the lattice (each position's
+    candidate set holds the greedy token): how often position d's candidates hold it (top-K coverage), the
+    selector's probability of it given the true parent, how often it is the selector's top pick, and the
+    mean top probability (calibration: equal to the top-pick rate when calibrated)."""
+    from specpilot_mem.replay.trees.base import log_softmax
+
+    steps = np.arange(lat.num_steps)
+    greedy = lat.greedy_windows(lat.step_request.astype(np.int64), lat.step_position.astype(np.int64), lat.positions)
+    parent = np.zeros(lat.num_steps, dtype=np.int64)
+    alive = np.ones(lat.num_steps, dtype=bool)
+    rows = []
+    for d in range(lat.positions):
+        logp = log_softmax(lat.pair[steps, d, parent].astype(np.float32))
+        hit = lat.cand[:, d] == greedy[:, d:d + 1]
+        covered = hit.any(axis=1)
+        p_true = np.where(covered, np.exp(np.where(hit, logp, -np.inf).max(axis=1)), 0.0)
+        top_right = hit[steps, logp.argmax(axis=1)]
+        n = int(alive.sum())
+        rows.append({"position": d, "steps": n, "top_k_coverage": round(float(covered[alive].mean()), 4),
+                     "p_true": round(float(p_true[alive].mean()), 4),
+                     "top1_rate": round(float(top_right[alive].mean()), 4),
+                     "mean_top_p": round(float(np.exp(logp.max(axis=1))[alive].mean()), 4)})
+        parent = np.where(covered, hit.argmax(axis=1), 0)
+        alive &= covered
+    return rows
+
+
+def ratio_interval(lat: Lattice, short: Lattice, resamples: int = 2000, seed: int = 0) -> dict:
+    """τ(best-first@32, 16 positions) / τ(chain@8, 8 positions) with a 95% bootstrap interval over requests
+    (each request's steps and tokens resampled together, both builders on the same draw)."""
+    from specpilot_mem.replay.replay import replay as replay_one
+
+    tree_steps, tree_tokens = replay_one(lat, "best-first", 32)
+    chain_steps, chain_tokens = replay_one(short, "chain", 8)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, lat.num_requests, size=(resamples, lat.num_requests))
+    ratio = ((tree_tokens[draws].sum(1) / tree_steps[draws].sum(1))
+             / (chain_tokens[draws].sum(1) / chain_steps[draws].sum(1)))
+    point = (tree_tokens.sum() / tree_steps.sum()) / (chain_tokens.sum() / chain_steps.sum())
+    return {"ratio": round(float(point), 4), "ci95": [round(float(x), 4) for x in np.percentile(ratio, [2.5, 97.5])],
+            "requests": int(lat.num_requests), "resamples": resamples}
+
+
 def replay(args) -> int:
     lattices = {split: load_lattice(args.lattices / f"pair-{split}.npz") for split in SPLITS}
     grid = {split: [lat, cut(lat, 8)] for split, lat in lattices.items()}
@@ -91,6 +135,9 @@ def replay(args) -> int:
     for split in SPLITS:
         warm = [tempered(lat, best) for lat in grid[split]]
         result["tau"][split].update({f"calibrated-{k}": v for k, v in taus(warm, ["best-first"], [16, 32, 64]).items()})
+    result["ratio_bootstrap"] = {split: ratio_interval(lattices[split], grid[split][1]) for split in SPLITS}
+    result["oracle"] = {split: taus(grid[split], ["oracle"], [16]) for split in SPLITS}
+    result["along_true_path"] = {split: along_true_path(lat) for split, lat in lattices.items()}
     unseen = result["tau"]["unseen"]
     chain8 = unseen["chain@8/p8"]
     result["figures"] = {
@@ -99,12 +146,15 @@ def replay(args) -> int:
         "unseen calibrated best-first@32/p16": unseen["calibrated-best-first@32/p16"],
         "ratio best-first@32/p16 / chain@8": round(unseen["best-first@32/p16"] / chain8, 4),
         "ratio calibrated best-first@32/p16 / chain@8": round(unseen["calibrated-best-first@32/p16"] / chain8, 4),
+        "ratio 95% interval (bootstrap over requests)": result["ratio_bootstrap"]["unseen"]["ci95"],
     }
     result["targets"] = {"ratio >= ": 1.25}
     result["headline"] = (f"unseen τ: chain@8 {chain8:.2f}, best-first@32/p16 {unseen['best-first@32/p16']:.2f} "
                           f"({result['figures']['ratio best-first@32/p16 / chain@8']:.3f}x), calibrated T={best} "
                           f"{unseen['calibrated-best-first@32/p16']:.2f} "
-                          f"({result['figures']['ratio calibrated best-first@32/p16 / chain@8']:.3f}x)")
+                          f"({result['figures']['ratio calibrated best-first@32/p16 / chain@8']:.3f}x); "
+                          f"ratio 95% CI {result['ratio_bootstrap']['unseen']['ci95']} over "
+                          f"{result['ratio_bootstrap']['unseen']['requests']} requests")
     if args.figure:
         from specpilot_mem.replay.plot import plot_tau
 

@@ -47,15 +47,16 @@ def name_key(text: str) -> str:
     return "".join(ch for ch in text.lower() if ch.isalnum())
 
 
-def find_gpu(name: str) -> GPU:
-    """A GPU by name or alias, case and punctuation insensitive ("rtx-pro-6000" finds RTX PRO 6000)."""
+def find_gpu(name: str, where: str = "--gpu") -> GPU:
+    """A GPU by name or alias, case and punctuation insensitive ("rtx-pro-6000" finds RTX PRO 6000);
+    ``where`` is where an unknown name came from (an option, or a file and its field)."""
     wanted = name_key(name)
     for gpu in GPUS:
         if wanted in {name_key(gpu.name), *(name_key(a) for a in gpu.aliases)}:
             return gpu
     raise SpecPilotError(
         f"unknown GPU {name!r}",
-        where="--gpu",
+        where=where,
         fix="use one of: " + ", ".join(g.name for g in GPUS) + " or an arch id: " + ", ".join(ARCHES),
     )
 

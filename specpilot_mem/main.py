@@ -16,7 +16,7 @@ import pkgutil
 import sys
 
 from specpilot_mem import __version__
-from specpilot_mem.errors import SpecPilotError
+from specpilot_mem.errors import EXIT_ERROR, UsageError, error_handler
 from specpilot_mem.output import print_error
 
 
@@ -31,10 +31,17 @@ def common_options() -> argparse.ArgumentParser:
     return common
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors raised as ``UsageError`` (so ``--json`` gets them as JSON), not printed."""
+
+    def error(self, message: str):
+        raise UsageError(message, where=self.prog, fix=f"see `{self.prog} --help`")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from specpilot_mem import commands
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="specpilot-mem",
         description="Memory and patch management for speculative decoding on an SGLang fork.",
     )
@@ -48,21 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.home = getattr(args, "home", None)
-    args.json = getattr(args, "json", False)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    try:
-        return int(args.func(args) or 0)
-    except SpecPilotError as err:
-        print_error(err, as_json=getattr(args, "json", False))
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    argv = sys.argv[1:] if argv is None else list(argv)
+    as_json = "--json" in argv  # before parsing, so a usage error is JSON too
+    with error_handler(argv, as_json, lambda err: print_error(err, as_json=as_json)) as code:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        args.home = getattr(args, "home", None)
+        args.json = getattr(args, "json", False)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return EXIT_ERROR
+        code[0] = int(args.func(args) or 0)
+    return code[0]
 
 
 if __name__ == "__main__":

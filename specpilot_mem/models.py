@@ -101,6 +101,16 @@ class Deployment(Record):
     regime: Regime | None = None
     batch_sizes: list[int] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _known_gpu_on_its_arch(self) -> "Deployment":
+        """A GPU the table knows must be on its own arch (a newer GPU is indexed under the name given)."""
+        from specpilot_mem.gpus import GPUS, name_key
+
+        gpu = next((g for g in GPUS if name_key(self.gpu) in {name_key(n) for n in (g.name, *g.aliases)}), None)
+        if gpu is not None and gpu.arch != self.arch:
+            raise ValueError(f"{self.gpu} is {gpu.arch}, not {self.arch}: set arch: {gpu.arch}")
+        return self
+
 
 class Figure(Record):
     """One measured number, with its 95% interval when it has one."""
@@ -122,6 +132,8 @@ class Evidence(Record):
     round: str | None = Field(default=None, description="deployment/round-N where it was measured")
     results: str | None = Field(default=None, description="committed output file (e.g. benchmarks/results/...json)")
     synthetic: bool = Field(default=False, description="measured on synthetic data or random weights")
+    revalidate: str | None = Field(default=None, description="set when the figures were measured on code that has "
+                                   "changed since, e.g. 'base changed: re-validate' after a requirement was re-recorded")
 
 
 class Untested(Record):

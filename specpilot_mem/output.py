@@ -1,4 +1,11 @@
-"""Output for people (rich tables) and for scripts (``--json``), and progress for long work."""
+"""Output for people (rich tables) and for scripts (``--json``), and progress for long work.
+
+Both consoles render no markup: ids, paths, record text and error messages are user data and are shown
+exactly as written (``[red]`` or ``[layers, rows]`` included). Styled text is built explicitly with
+``styled`` (one style), ``assemble`` (plain and styled parts) or ``marked`` (markup whose user parts went
+through ``escape``). Piped output has no width limit, so paths are never cut. rich is imported on first
+use only (``--help`` and ``--json`` never need it).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+# wide enough for any path, small enough that nothing is padded to an absurd width
+_PIPED_WIDTH = 4000
 
 
 class _LazyConsole:
@@ -24,9 +35,7 @@ class _LazyConsole:
     @property
     def real(self) -> Console:
         if self._console is None:
-            from rich.console import Console
-
-            self._console = Console(**self._options)
+            self._console = _console_class()(**self._options)
         return self._console
 
     def __getattr__(self, name: str):
@@ -39,8 +48,59 @@ class _LazyConsole:
             setattr(self.real, name, value)
 
 
+def _console_class() -> type:
+    from rich.console import Console, ConsoleDimensions
+
+    class PlainConsole(Console):
+        """No markup (user text is shown as written), no repr highlighting (quadratic in a long value, and
+        user data is not Python reprs), soft wrap (a long line is left to the terminal or the reader of a
+        pipe), and off a terminal, unless COLUMNS or a test set a width, no practical width limit."""
+
+        def __init__(self, **options):
+            super().__init__(markup=False, highlight=False, soft_wrap=True, **options)
+
+        @property
+        def size(self) -> ConsoleDimensions:
+            size = super().size
+            return size if self.is_terminal or self._width is not None else ConsoleDimensions(_PIPED_WIDTH, size.height)
+
+        @size.setter
+        def size(self, new_size) -> None:
+            Console.size.fset(self, new_size)
+
+    return PlainConsole
+
+
 console = _LazyConsole()
 err_console = _LazyConsole(stderr=True)
+
+
+def escape(text: str) -> str:
+    """``text`` made safe to put inside markup (see ``marked``)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def styled(text: str, style: str) -> Text:
+    """``text`` as it is (never parsed as markup) in ``style``."""
+    from rich.text import Text
+
+    return Text(text, style=style)
+
+
+def assemble(*parts: str | tuple[str, str]) -> Text:
+    """Plain strings and (text, style) pairs joined, none of them parsed as markup."""
+    from rich.text import Text
+
+    return Text.assemble(*parts)
+
+
+def marked(markup: str) -> Text:
+    """Markup written by this program; every user-given part of it must have gone through ``escape``."""
+    from rich.text import Text
+
+    return Text.from_markup(markup)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -65,12 +125,13 @@ def emit(args, payload: Any, render: Callable[[Any], None]) -> None:
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title=title, show_lines=False, header_style="bold")
     for column in columns:
         t.add_column(column)
     for row in rows:
-        t.add_row(*("" if cell is None else str(cell) for cell in row))
+        t.add_row(*("" if cell is None else cell if isinstance(cell, Text) else str(cell) for cell in row))
     return t
 
 
@@ -78,7 +139,7 @@ def print_error(err, as_json: bool = False) -> None:
     if as_json:
         sys.stdout.write(json.dumps(err.to_dict(), indent=2) + "\n")
     else:
-        err_console.print(f"[bold red]error:[/] {err}", highlight=False, markup=True)
+        err_console.print(assemble(("error:", "bold red"), " ", str(err)))
 
 
 @contextmanager
@@ -97,7 +158,7 @@ def progress(description: str, total: int | None, enabled: bool = True):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=err_console.real, transient=True,
     ) as bar:
         task = bar.add_task(description, total=total)

@@ -84,6 +84,10 @@ def test_bad_profiles_are_clear_errors(tmp_path):
     bad.write_text("{")
     with pytest.raises(ProfileError, match="cannot read"):
         load_profile(bad)
+    bad.write_text(json.dumps({**APPENDIX_B_PROFILE, "gpu": "H300"}))
+    with pytest.raises(SpecPilotError, match="unknown GPU 'H300'") as err:
+        load_profile(bad)
+    assert err.value.where == f"{bad}: gpu"  # the profile's field, not an option the user never gave
 
 
 def test_ceiling_command(tmp_path, capsys):

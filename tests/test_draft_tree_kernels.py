@@ -15,6 +15,7 @@ import torch
 from specpilot_kernels.draft_tree import (
     best_first_tree,
     best_first_tree_reference,
+    child_lists,
     greedy_accept,
     greedy_accept_reference,
     lattice_edge_logp,
@@ -108,6 +109,18 @@ def test_kernel_child_lists_equal_brute_force():
     want = verify_layout_reference(tree.parents, tree.num_nodes, torch.zeros(3, dtype=torch.int64))
     assert torch.equal(nxt, want.retrieve_next_token)
     assert torch.equal(sib, want.retrieve_next_sibling)
+
+
+def test_child_lists_of_any_tree_equal_brute_force():
+    g = torch.Generator().manual_seed(23)
+    b, n = 4, 12
+    parents = torch.stack([torch.tensor([int(torch.randint(-1, i, (), generator=g)) for i in range(n)])
+                           for _ in range(b)])
+    num_nodes = torch.tensor([12, 7, 0, 1])
+    parents = torch.where(torch.arange(n)[None, :] < num_nodes[:, None], parents, -1)
+    nxt, sib = child_lists(parents, num_nodes)
+    want = verify_layout_reference(parents, num_nodes, torch.zeros(b, dtype=torch.int64))
+    assert torch.equal(nxt, want.retrieve_next_token) and torch.equal(sib, want.retrieve_next_sibling)
 
 
 def _predict_following(tokens, parents, num_nodes, hit, vocab, seed):

@@ -105,6 +105,8 @@ PROBE = textwrap.dedent(r"""
         "scores": bool(np.array_equal(step.tree.scores.numpy(), replay.scores)),
         "max_depth": int(step.tree.depths.max()),
     }
+    again = TreeStep.from_tree(step.tree, step.tokens[:, 1:].masked_fill(step.tokens[:, 1:] < 0, -1), anchor, prefix)
+    out["from_tree_equal"] = all(bool(torch.equal(a, b)) for a, b in zip(again.layout, step.layout))
     brute = verify_layout_reference(step.tree.parents, step.tree.num_nodes, prefix)
     out["layout_equal"] = {f: bool(torch.equal(getattr(step.layout, f), getattr(brute, f))) for f in brute._fields}
     flat = step.custom_mask(prefix)
@@ -294,6 +296,7 @@ def test_trees_from_a_candidate_selector_lattice_equal_the_replay_builder(probes
 
 def test_layout_and_custom_mask_equal_brute_force(probes):
     assert all(probes["main"]["layout_equal"].values()), probes["main"]["layout_equal"]
+    assert probes["main"]["from_tree_equal"]  # a tree handed in from elsewhere lays out the same
     assert probes["main"]["custom_mask_equal"]
 
 

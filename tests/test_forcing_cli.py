@@ -25,7 +25,7 @@ def scorer_from_file(path: str) -> PlantedScorer:
 
 @pytest.fixture()
 def files(tmp_path):
-    reqs, reference, _ = make_case(requests=30, length=120, seed=21)
+    reqs, reference, _ = make_case(requests=80, length=200, seed=21)
     rng = np.random.default_rng(22)
     ties, outputs = [], {"ar": [], "stock": [], "lossless": [], "faulty": []}
     for request in reqs:
@@ -63,7 +63,7 @@ def test_tf_json_accepts_lossless_rejects_faulty_and_plots(files, capsys):
     verdicts = {v["system"]: v for v in payload["verdicts"]}
     assert verdicts["lossless"]["verdict"] == "accept"
     assert verdicts["faulty"]["verdict"] == "reject"
-    assert verdicts["faulty"]["events"]["unexplained"] == 30
+    assert verdicts["faulty"]["events"]["unexplained"] == 80
     assert payload["delta"] == 0.125 and payload["calibration"]["largest_gap"] == pytest.approx(0.1, abs=1e-5)
     assert payload["synthetic"] and all(v["synthetic"] for v in payload["verdicts"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -108,5 +108,13 @@ def test_tf_stock_paths_explain_events_stock_made_on_another_run(files, capsys):
     code = main(_args(files, "--delta", "0.25", "--json", "--stock-path", str(files / "stock-run2.jsonl")))
     faulty = {v["system"]: v for v in json.loads(capsys.readouterr().out)["verdicts"]}["faulty"]
     assert code == 1  # the rate rule still rejects: 3% mismatches against stock's 0.7%
-    assert faulty["explained_by"]["stock-path"] == faulty["events"]["audited"] == 30
+    assert faulty["explained_by"]["stock-path"] == faulty["events"]["audited"] == 80
     assert not faulty["events"]["reject"] and faulty["rate"]["reject"]
+
+
+def test_tf_long_outputs_needs_outputs_of_the_long_pass(files, capsys):
+    """With --long-outputs every output must run to 4,096 tokens (or the scorer's context): a stock run of
+    200-token outputs is refused as the reference, and a system's short outputs fail the length rule."""
+    assert main(_args(files, "--delta", "0.25", "--json", "--long-outputs")) == 2
+    error = json.loads(capsys.readouterr().out)
+    assert error["where"] == "stock outputs" and "stop short" in error["what"]

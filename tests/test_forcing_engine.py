@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from specpilot_mem.controller.engine_system import EngineSystem
 from specpilot_mem.controller.requests import Request
@@ -77,3 +78,76 @@ def test_cli_factory_builds_an_engine_scorer():
     assert isinstance(scorer, Scorer) and isinstance(scorer, EngineScorer)
     assert scorer.fp32_head and scorer.engine.synthetic
     assert scorer.encode("ab") == [97, 98]
+
+
+def test_batched_scoring_agrees_with_the_engines_own_scorer(engine, requests):
+    ar = {o.id: o for o in EngineSystem("ar", engine, mode="ar", encode=utf8_bytes).run(requests, batch_size=1, device="cpu")}
+    scorer = EngineScorer(engine)
+    batched = score_outputs(scorer, requests, ar)
+    for request in requests:
+        one = scorer.score(batched[request.id].prompt_ids, batched[request.id].output_ids)
+        assert np.array_equal(one.argmax, batched[request.id].scores.argmax)
+        assert np.allclose(one.token_logprob, batched[request.id].scores.token_logprob, atol=1e-4)
+
+
+trained = pytest.mark.skipif(not __import__("specpilot_mem.engine.weights", fromlist=["x"]).has_trained_pair(),
+                             reason="the trained pair is not committed")
+
+
+@trained
+def test_cli_scorer_encodes_text_prompts_with_the_trained_tokenizer():
+    """The default CLI scorer must read a text prompt as the trained pair's tokens, not as UTF-8 bytes:
+    scored on byte ids, the trained model's own greedy output looks like a stream of mismatches."""
+    pytest.importorskip("tokenizers")
+    from specpilot_mem.controller.requests import load_requests
+    from specpilot_mem.engine.train.corpus import load_tokenizer
+    from specpilot_mem.engine.weights import DEFAULT_MODEL_DIR
+    from specpilot_mem.forcing.scorer import load_scorer
+
+    scorer = load_scorer("specpilot_mem.forcing.engine_adapter:load_scorer", {"model": "default"})
+    request = load_requests("requests/specpilot-v1.jsonl", split="unseen")[0]
+    ids = scorer.encode(request.prompt)
+    assert ids == load_tokenizer(DEFAULT_MODEL_DIR).encode(request.prompt).ids and ids != utf8_bytes(request.prompt)
+    short = type(request)(request.id, request.benchmark, request.split, 24, prompt=request.prompt)
+    ar = {o.id: o for o in EngineSystem("ar", scorer.engine, mode="ar", encode=scorer.encode).run([short], batch_size=1,
+                                                                                                   device="cpu")}
+    scored = score_outputs(scorer, [short], ar)
+    assert int(scored[short.id].mismatch.sum()) == 0  # the greedy output, scored on the tokens it was decoded from
+
+
+@trained
+def test_trained_engine_refuses_text_without_its_tokenizer(tmp_path):
+    """A trained model whose tokenizer is missing refuses text prompts instead of reading them as bytes."""
+    import shutil
+
+    from specpilot_mem.engine.weights import DEFAULT_MODEL_DIR
+    from specpilot_mem.forcing.engine_adapter import load_scorer
+    from specpilot_mem.forcing.scorer import ForcingError
+
+    for name in ("target.safetensors", "drafter.safetensors"):
+        shutil.copy(DEFAULT_MODEL_DIR / name, tmp_path / name)
+    scorer = load_scorer(model=str(tmp_path))
+    with pytest.raises(ForcingError, match="cannot encode a text prompt"):
+        scorer.encode("def add(a, b):")
+
+
+def test_fault_options_change_only_what_they_name(engine):
+    """Each fault of the study changes the outputs of the requests it applies to; switched off, or on
+    requests fault_requests leaves out, the engine serves exactly stock's tokens."""
+    prompts = [[5 + i, 17, 33, 2 * i + 1] for i in range(6)]
+    stock = [g.output_ids for g in engine.generate(prompts, mode="spec", max_new_tokens=24)]
+    quantized = engine.with_options(verify_weights="int4")
+    assert quantized._verify_target is not engine.target  # a copy: stock's weights stay as they are
+    levels = [torch.unique(row).numel() for row in quantized._verify_target.blocks[0].mlp.down.weight]
+    assert max(levels) <= 15 and quantized._verify_target.blocks[0].mlp.down.weight.ne(engine.target.blocks[0].mlp.down.weight).any()
+    flips = engine.with_options(flip_rate=0.2, flip_seed=1)
+    flipped = [g.output_ids for g in flips.generate(prompts, mode="spec", max_new_tokens=24)]
+    assert flipped != stock and [g.output_ids for g in flips.generate(prompts, mode="spec", max_new_tokens=24)] == flipped
+    short = engine.with_options(stop_after=10).generate(prompts, mode="spec", max_new_tokens=24)
+    assert all(len(g.output_ids) == 10 and g.output_ids == s[:10] for g, s in zip(short, stock))
+    some = engine.with_options(flip_rate=0.2, fault_requests=0.5).generate(prompts, mode="spec", max_new_tokens=24)
+    changed = [g.output_ids != s for g, s in zip(some, stock)]
+    assert 0 < sum(changed) < len(prompts)
+    assert not engine.with_options(lm_head="splitk").lossy and engine.with_options(rope_offset=1).lossy
+    with pytest.raises(ValueError, match="unknown verify_weights"):
+        engine.with_options(verify_weights="fp4")

@@ -141,7 +141,7 @@ def test_audit_explains_events_stock_reproduces_on_its_path(case):
     stock = {rid: out for rid, out in system.items()}  # stock made the very same departures
     forcing = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25)
     verdict = forcing.judge("same-as-stock", _scored(scorer, reqs, system))
-    assert verdict.verdict == "accept"
+    assert verdict.verdict != "reject"
     assert verdict.explained_by["stock-path"] == 12 and verdict.events.unexplained == 0
 
 
@@ -150,13 +150,27 @@ def test_audit_explains_prefill_sensitive_events(case):
     stock, _ = planted(reqs, reference, scorer, seed=11, tie_rate=0.007)
     system, sites = planted(reqs, reference, scorer, seed=12, tie_rate=0.007, events=12)
     by_id = {r.id: r for r in reqs}
-    for rid, position in sites:
-        scorer.prefill_sensitive.add((by_id[rid].prompt_ids, position))
+    for rid, position in sites:  # split at a prefill length, the scorer's argmax becomes the emitted token
+        scorer.prefill_sensitive[(by_id[rid].prompt_ids, position)] = system[rid].output_ids[position]
     scorer.calls.clear()
     verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25).judge("near-ties", _scored(scorer, reqs, system))
-    assert verdict.verdict == "accept"
+    assert verdict.events.unexplained == 0 and not verdict.events.reject
     assert verdict.explained_by["prefill-length"] == 12
     assert any(call is not None for call in scorer.calls)  # the audit did re-score at a prefill length
+
+
+def test_audit_does_not_explain_an_event_whose_argmax_moves_to_a_third_token(case):
+    """A scorer argmax that moves with the prefill length to some other token says nothing about the
+    emitted token, which stays far below the argmax: such events stay unexplained."""
+    reqs, reference, scorer = case
+    stock, _ = planted(reqs, reference, scorer, seed=11, tie_rate=0.007)
+    system, sites = planted(reqs, reference, scorer, seed=12, tie_rate=0.007, events=12)
+    by_id = {r.id: r for r in reqs}
+    for rid, position in sites:  # the argmax moves to reference + 1; the system emitted reference + 3
+        scorer.prefill_sensitive[(by_id[rid].prompt_ids, position)] = None
+    verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25).judge("elsewhere", _scored(scorer, reqs, system))
+    assert verdict.explained_by["prefill-length"] == 0
+    assert verdict.events.unexplained == 12 and verdict.events.reject
 
 
 def test_audit_explains_events_the_stock_engine_would_emit(case):
@@ -170,7 +184,7 @@ def test_audit_explains_events_the_stock_engine_would_emit(case):
         stock_engine.tie(prompt, position, system[rid].output_ids[position], -1.0)
     verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25, stock_engine=stock_engine).judge(
         "stock-engine", _scored(scorer, reqs, system))
-    assert verdict.explained_by["stock-margin"] == 6 and verdict.verdict == "accept"
+    assert verdict.explained_by["stock-margin"] == 6 and verdict.verdict != "reject"
 
 
 def test_audit_sample_is_seeded_and_capped(case):

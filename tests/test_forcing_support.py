@@ -4,7 +4,8 @@ The real scorer is the pure-torch engine's (or SGLang's) teacher-forced pass; th
 cases where the answer is known, so the logits are planted: at every position of a request the
 reference token has logit 0 and every other token -8 (so emitting another token is a large-margin
 mismatch), except where a near-tie gives one token logit -gap, or where a position is planted as
-prefill-sensitive (its argmax moves to the runner-up whenever the pass is split at a prefill length).
+prefill-sensitive (its argmax moves to a planted token, by default the reference + 1, whenever the pass
+is split at a prefill length).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class PlantedScorer:
     def __init__(self, reference: dict[tuple[int, ...], list[int]]):
         self.reference = reference
         self.ties: dict[tuple[int, ...], dict[int, tuple[int, float]]] = {}
-        self.prefill_sensitive: set[tuple[tuple[int, ...], int]] = set()
+        # (prompt, position) -> the token that becomes the argmax when the pass is split (None: reference + 1)
+        self.prefill_sensitive: dict[tuple[tuple[int, ...], int], int | None] = {}
         self.calls: list[int | None] = []
 
     def tie(self, prompt: tuple[int, ...], position: int, token: int, gap: float) -> None:
@@ -43,7 +45,8 @@ class PlantedScorer:
         if prefill_len is not None:
             for position in range(n):
                 if (prompt, position) in self.prefill_sensitive:
-                    logits[position, (int(reference[position]) + 1) % VOCAB] = 0.5
+                    moved = self.prefill_sensitive[(prompt, position)]
+                    logits[position, (int(reference[position]) + 1) % VOCAB if moved is None else moved] = 0.5
         return TokenScores.from_logits(logits, output_ids)
 
 

@@ -129,9 +129,9 @@ def test_a_record_that_cannot_be_written_takes_the_branch_back(home):
     assert open_fork(home).repo.rev_parse("refs/heads/deploy/unwritable") is None
 
 
-def test_from_and_suggest_exclude_each_other(home):
-    with pytest.raises(SystemExit):
-        main(["deploy", "new", "--home", str(home.root), "x", *SETTING, "--from", "alpha", "--suggest"])
+def test_from_and_suggest_exclude_each_other(home, capsys):
+    assert main(["deploy", "new", "--home", str(home.root), "x", *SETTING, "--from", "alpha", "--suggest"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_export_writes_the_recorded_tree(home, tmp_path, capsys):
@@ -145,3 +145,22 @@ def test_export_writes_the_recorded_tree(home, tmp_path, capsys):
     assert exported.endswith(b"# alpha\n# beta\n")
     assert main(["deploy", "export", "--home", str(home.root), "--json", "missing", str(tmp_path / "x")]) == 2
     assert "known deployments: shipped" in json.loads(capsys.readouterr().out)["fix"]
+
+
+def test_suggest_explains_every_entry_it_did_not_pick(home, capsys):
+    """The README's first example on a GPU nothing was measured on: not a silent stock-only deployment."""
+    code, data = deploy(home, "nothing-fits", "--gpu", "B200", "--model", "m", "--drafter", "d",
+                        "--regime", "single", "--suggest", "--dry-run")
+    assert code == 0 and data["suggestions"] == []
+    why = {s["id"]: s["why"] for s in data["left_out"]}
+    assert set(why) == {"alpha", "beta", "top", "clash"}
+    assert all(reasons and reasons[0].startswith("no evidence on B200") for reasons in why.values())
+    assert main(["deploy", "new", "--home", str(home.root), "nothing-fits", "--gpu", "B200", "--model", "m",
+                 "--drafter", "d", "--regime", "single", "--suggest", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "left out (4)" in out and "nothing matched this deployment: each entry above says why" in out
+    code, data = deploy(home, "wrong-regime", "--gpu", "H200", "--model", "m", "--drafter", "d",
+                        "--regime", "single", "--suggest", "--dry-run")
+    picked = {s["id"] for s in data["suggestions"]}
+    assert picked | {s["id"] for s in data["left_out"]} == {"alpha", "beta", "top", "clash"}
+    assert any("never measured in the single regime" in s["why"][0] for s in data["left_out"])

@@ -92,6 +92,9 @@ def test_requires_text_and_validated(home):
     assert set(run_query(home, requires="w12")) == {"certified-head", "tree-verify"}  # tree-verify through certified-head
     assert set(run_query(home, text="LM head bf16")) == {"w12"}  # every word, in the limits here
     assert set(run_query(home, text="W12 nowhere")) == set()
+    # many words, repeated or not, are one condition (the statement does not grow with the input)
+    assert set(run_query(home, text=" ".join(["bf16"] * 5000 + ["lm", "head"] * 2000))) == {"w12"}
+    assert set(run_query(home, text=" ".join(f"w{n}" for n in range(3000)))) == set()
     assert set(run_query(home, validated_only=True)) == {"w12", "certified-head", "tree-verify"}
 
 

@@ -147,3 +147,15 @@ def test_selector_boost_favours_the_greedy_child_given_the_greedy_parent():
     rows = np.flatnonzero(alive)
     given = batch.conditional_logp[rows, 1, ranks[rows, 0]]
     assert (np.argmax(given, axis=1) == ranks[rows, 1]).mean() > 0.95
+
+
+def test_a_truncated_or_damaged_lattice_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "whole.npz"
+    save_lattice(generate(SyntheticSpec(requests=2, length=16, positions=4, candidates=4, vocab=64)), path)
+    data = path.read_bytes()
+    for name, damaged in (("half", data[: len(data) // 2]), ("tail", data[:-10]), ("head", data[:30]),
+                          ("flipped", data[:200] + bytes(b ^ 0xFF for b in data[200:260]) + data[260:])):
+        bad = tmp_path / f"{name}.npz"
+        bad.write_bytes(damaged)
+        with pytest.raises(LatticeError, match="damaged or truncated|lacks arrays|not a"):
+            load_lattice(bad)

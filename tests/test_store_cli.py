@@ -135,3 +135,17 @@ def test_schema(capsys):
     schema = json.loads(capsys.readouterr().out)
     assert schema["title"] == "EntryRecord" and "reproduces" in schema["required"]
     assert main(["schema", "evidence"]) == 0 and json.loads(capsys.readouterr().out)["title"] == "Evidence"
+
+
+def test_a_conflict_onto_stock_is_data_too(capsys, memory):
+    """Which entries applied, which conflicted and on which paths: in --json and in the table, exit 1."""
+    stock = open_fork(memory).repo.git("cat-file", "blob", f"stock:{SERVER_ARGS}").stdout
+    record_entry(memory, "clash", source_on(memory, [], {SERVER_ARGS: stock + b"# clash\n"}), requires=[],
+                 meta={"title": "c", "summary": "s", "contract": {"level": "bit-exact", "statement": "x"}})
+    code, out = run_json(capsys, memory, "apply", "options", "clash")
+    assert code == 1
+    assert [(e["id"], e["status"], e["paths"], e["conflicts_with"]) for e in out["entries"]] == [
+        ("clash", "applied", [SERVER_ARGS], []), ("options", "conflict", [SERVER_ARGS], ["clash"])]
+    assert out["entries"][0]["reproduced"] is True and out["entries"][1]["reproduced"] is None
+    code, text = run(capsys, memory, "apply", "options", "clash")
+    assert code == 1 and "conflict" in text and "clash" in text and SERVER_ARGS in text

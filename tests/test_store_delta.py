@@ -84,9 +84,13 @@ def test_hunks_apply_at_an_offset_and_refuse_changed_context():
     from specpilot_mem.store.delta import apply_hunks
 
     hunks = parse_delta(MODIFY, "e", "d").changes[0].hunks
-    assert apply_hunks(b"one\nthree\n", hunks) == b"one\ntwo\nthree\n"
-    assert apply_hunks(b"zero\nextra\none\nthree\ntail\n", hunks) == b"zero\nextra\none\ntwo\nthree\ntail\n"
+    assert apply_hunks(b"one\nthree\n", hunks) == (b"one\ntwo\nthree\n", ())
+    assert apply_hunks(b"one\nthree\ntail\n", hunks) == (b"one\ntwo\nthree\ntail\n", ())
+    # a hunk at line 1 must match at the beginning, as in `git apply` (elsewhere it would be a guess)
+    assert apply_hunks(b"zero\nextra\none\nthree\ntail\n", hunks) is None
+    moved = parse_delta(MODIFY.replace(b"@@ -1,2 +1,3 @@", b"@@ -2,2 +2,3 @@"), "e", "d").changes[0].hunks
+    assert apply_hunks(b"zero\nextra\none\nthree\ntail\n", moved) == (b"zero\nextra\none\ntwo\nthree\ntail\n", ())
     assert apply_hunks(b"one\nTHREE\n", hunks) is None
     no_newline = parse_delta(MODIFY.replace(b" three\n", b" three\n\\ No newline at end of file\n"), "e", "d")
-    assert apply_hunks(b"one\nthree", no_newline.changes[0].hunks) == b"one\ntwo\nthree"
+    assert apply_hunks(b"one\nthree", no_newline.changes[0].hunks) == (b"one\ntwo\nthree", ())
     assert apply_hunks(b"one\nthree\n", no_newline.changes[0].hunks) is None

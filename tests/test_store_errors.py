@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 from test_store_support import DRAFT, append_line, source_on
 
-from specpilot_mem.errors import DeltaError, ForkError, RecordError, RequirementError, UnknownEntryError
+from specpilot_mem.errors import DeltaError, ForkError, LockTimeout, RecordError, RequirementError, UnknownEntryError
 from specpilot_mem.store import record_entry
 from specpilot_mem.store.fork import open_fork
 from specpilot_mem.store.resolver import apply_entries
+from specpilot_mem.store.verify import verify_memory
 
 SERVER_ARGS = "sglang/srt/server_args.py"
 
@@ -95,15 +97,36 @@ def test_missing_fork_says_to_run_init(tmp_path):
     assert "specpilot-mem init" in err.value.fix
 
 
-def test_second_process_is_locked_out(memory):
+def test_a_writer_waits_for_the_lock_and_names_its_holder(memory, monkeypatch):
     before = snapshot(memory)
+    monkeypatch.setenv("SPECPILOT_LOCK_TIMEOUT", "0.3")
     with open_fork(memory).lock():
-        with pytest.raises(ForkError, match="another specpilot-mem process"):
+        with pytest.raises(LockTimeout, match=rf"in use by pid {os.getpid()} \(specpilot-mem .*\) since .*waited 0.3 s"):
             apply_entries(memory, ["alpha"], branch="deploy/x")
+        with pytest.raises(LockTimeout):  # a reader waits for a writer too
+            verify_memory(memory)
         proc = subprocess.run([sys.executable, "-m", "specpilot_mem", "apply", "alpha", "--branch", "deploy/y",
-                               "--home", str(memory.root), "--json"], capture_output=True, text=True)
-        assert proc.returncode == 2 and '"ForkError"' in proc.stdout and "another specpilot-mem process" in proc.stdout
+                               "--home", str(memory.root), "--json"], capture_output=True, text=True,
+                              env={**os.environ, "SPECPILOT_LOCK_TIMEOUT": "0.3"})
+        assert proc.returncode == 2 and '"LockTimeout"' in proc.stdout and f"in use by pid {os.getpid()}" in proc.stdout
     assert snapshot(memory) == before
+
+
+def test_read_only_commands_run_side_by_side_and_a_writer_waits_for_them(memory, monkeypatch):
+    import threading
+
+    monkeypatch.setenv("SPECPILOT_LOCK_TIMEOUT", "0.3")
+    fork = open_fork(memory)
+    with fork.lock(shared=True):  # another reader holds it: readers go ahead, a writer waits
+        assert all(c.ok for c in verify_memory(memory))
+        assert apply_entries(memory, ["alpha"]).outcomes[0].id == "alpha"
+        with pytest.raises(LockTimeout, match="read-only specpilot-mem commands"):
+            apply_entries(memory, ["alpha"], branch="deploy/x")
+    monkeypatch.setenv("SPECPILOT_LOCK_TIMEOUT", "20")
+    held = fork.lock(shared=True)
+    held.__enter__()
+    threading.Timer(0.3, held.__exit__, (None, None, None)).start()
+    assert apply_entries(memory, ["alpha"], branch="deploy/after-wait").branch == "refs/heads/deploy/after-wait"
 
 
 def test_record_refuses_bad_input(memory):

@@ -66,16 +66,26 @@ def test_statuses_merges_and_conflicts(stock_home_copy):
     # rewrites the first line, which top's hunk has as context: neither a plain apply nor a 3-way merge works
     record_entry(home, "clash", source_on(home, [], {SERVER_ARGS: b"# clash\n" + stock_text.split(b"\n", 1)[1]}),
                  requires=[], meta=DRAFT)
-    # inserts where top inserts: top's hunk still applies at an offset, as `git apply --3way` would
+    # inserts where top inserts: a conflict, as with `git apply --3way` (a hunk at line 1 must match at the top)
     record_entry(home, "above", source_on(home, [], {SERVER_ARGS: b"# above\n" + stock_text}), requires=[], meta=DRAFT)
+    # inserts further down: the later hunk of "low" applies at an offset of one line
+    lines = stock_text.splitlines(keepends=True)
+    record_entry(home, "mid", source_on(home, [], {SERVER_ARGS: b"".join(lines[:10] + [b"# mid\n"] + lines[10:])}),
+                 requires=[], meta=DRAFT)
+    record_entry(home, "low", source_on(home, [], {SERVER_ARGS: b"".join(lines[:30] + [b"# low\n"] + lines[30:])}),
+                 requires=[], meta=DRAFT)
     record_entry(home, "same-as-top", source_on(home, [], {SERVER_ARGS: top}), requires=[], meta=DRAFT)
     result = apply_entries(home, ["bottom", "empty", "top"], branch="deploy/merged")
     assert {o.id: o.status for o in result.outcomes} == {"bottom": APPLIED, "empty": EMPTY, "top": APPLIED}
     text = fork.repo.git("cat-file", "blob", f"deploy/merged:{SERVER_ARGS}").stdout
     assert text == b"# top\n" + stock_text + b"# bottom\n"
     assert [o.status for o in apply_entries(home, ["same-as-top", "top"]).outcomes] == [APPLIED, PRESENT]
-    apply_entries(home, ["above", "top"], branch="deploy/offset")
-    assert fork.repo.git("cat-file", "blob", f"deploy/offset:{SERVER_ARGS}").stdout == b"# above\n# top\n" + stock_text
+    apply_entries(home, ["mid", "low"], branch="deploy/offset")
+    assert fork.repo.git("cat-file", "blob", f"deploy/offset:{SERVER_ARGS}").stdout == b"".join(
+        lines[:10] + [b"# mid\n"] + lines[10:30] + [b"# low\n"] + lines[30:])
+    clashing = apply_entries(home, ["above", "top"])  # onto stock, too, a conflict is data
+    assert [(o.id, o.status, o.paths, o.conflicts_with) for o in clashing.outcomes] == [
+        ("above", APPLIED, [SERVER_ARGS], []), ("top", CONFLICT, [SERVER_ARGS], ["above"])]
     refs = fork.repo.refs("refs")
     with pytest.raises(ConflictError) as err:
         apply_entries(home, ["clash", "top"], branch="deploy/x")

@@ -1,5 +1,6 @@
-# ~2 min (H200): c(R) of the 4B/27B-like target layer GEMMs and LM head at 1-2048 rows (batched_costs.py, ~40 s),
-# then the composed engine's T_AR, draft (blocks 16/12/8) and verify step at 2-17 rows for 1-64 requests (~80 s).
+# ~2.5 min (H200): c(R) of the 4B/27B-like target layer GEMMs and LM head at 1-2048 rows (batched_costs.py, ~40 s),
+# then the composed engine's T_AR, draft (blocks 16/12/8) and verify step at 2-17 rows for 1-64 requests, one process per
+# batch size (~100 s).
 # CPU dry run: BATCHING_DRY=1 RESULTS=/tmp/r PYTHONPATH=kernels:. TRITON_INTERPRET=1 bash scripts/device_stages/batching.sh
 set -euo pipefail
 if [ "${BATCHING_DRY:-0}" = 1 ]; then
@@ -12,5 +13,5 @@ fi
 mkdir -p "$RESULTS"
 python3 benchmarks/batched_costs.py $costs_args --out "$RESULTS/batched-costs-h200.json" >/dev/null
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(k, 'rows', v.get('rows', [])[-1:], 'layer_ms', [round(x, 4) for x in v.get('layer_ms', [])][:4], v.get('error', '')) for k, v in d['shapes'].items()]" "$RESULTS/batched-costs-h200.json"
-python3 benchmarks/batched_engine_costs.py $engine_args --out "$RESULTS/batched-engine-costs-h200.json" >/dev/null
+python3 benchmarks/batched_engine_costs.py --isolate $engine_args --out "$RESULTS/batched-engine-costs-h200.json" >/dev/null
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d.get('skipped') or {b: e['T_AR_ms'] for b, e in d['by_batch'].items()}, 'errors:', len(d.get('errors', {})))" "$RESULTS/batched-engine-costs-h200.json"

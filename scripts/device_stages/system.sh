@@ -1,11 +1,13 @@
-# ~6 min (H200): the composed system, stock vs each SpecPilot mechanism vs all, 27B-like x1 and 4B/8B-like x8-32.
-# Needs SGLang's GDN kernel vendored in .sglang_gdn (python -m specpilot_mem.engine.sglang_kernels prepare .sglang_gdn,
-# run where the wheel is cached; the folder is untracked, not ignored, so it travels with the working tree).
+# ~7 min on an H200 (CUDA builds of the W12/certified/GDN kernels included when not cached): the composed system.
+# check: the trained pair through every option set vs the engine's AR tokens (bf16, fp32); single: 27B-like, one
+# request, T_AR / draft / verify step at 1..64 rows, stock vs each mechanism vs all; batched: 4B-like and 8B-like
+# with 8/16/32 requests; profile: per kernel class in the cost model's format; speedup: S(N), gains. Needs .sglang_gdn (SGLang's GDN kernel, vendored here by
+# `python -m specpilot_mem.engine.sglang_kernels prepare .sglang_gdn`; untracked, not ignored: it travels).
 set -euo pipefail
 export MAX_JOBS=$(nproc)
 test -f .sglang_gdn/sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py || {
     echo "missing .sglang_gdn: run python -m specpilot_mem.engine.sglang_kernels prepare .sglang_gdn first" >&2; exit 2; }
-# fail fast (seconds) on the smoke shapes before the full shapes
+# the smoke shapes first (seconds): every kernel builds and every code path runs before the large shapes
 python benchmarks/system_bench.py --smoke --sections single,batched --out "$RESULTS/system-smoke-h200.json" >/dev/null
-python benchmarks/system_bench.py --sections ${SYSTEM_SECTIONS:-single,batched} --out "$RESULTS/system-h200.json" \
-    ${SYSTEM_ARGS:-} | tail -n 40
+python benchmarks/system_bench.py --sections ${SYSTEM_SECTIONS:-check,single,batched,profile,speedup} \
+    --out "$RESULTS/system-h200.json" ${SYSTEM_ARGS:-} | tail -n 60

@@ -23,11 +23,13 @@ from specpilot_mem.batching.costs import BatchingError, CostCurve
 class PromptAdmission:
     FLAG = "--prompt-segment"
 
-    def __init__(self, curve: CostCurve, verify_buffer: int, segment: int | None = 64, tolerance: float = 0.03):
+    def __init__(self, curve: CostCurve, verify_buffer: int, segment: int | None = 64, tolerance: float = 0.05,
+                 always: bool = False):
         if segment is not None and not 1 <= segment <= verify_buffer:
             raise BatchingError(f"{self.FLAG}={segment} does not fit the verify buffers ({verify_buffer} rows)",
                                 where=self.FLAG, fix=f"use a segment of 1..{verify_buffer} rows, or larger verify buffers")
         self.curve, self.verify_buffer, self.segment, self.tolerance = curve, verify_buffer, segment, tolerance
+        self.always = always  # admit whenever the plateau has spare rows, without weighing a prefill pass
 
     def spare_rows(self, rows: int) -> int:
         """Rows on the plateau past a step's ``rows`` verify rows (0: compute does not idle). A step with
@@ -70,5 +72,7 @@ class PromptAdmission:
             spare -= spare % self.segment
         if spare <= 0:
             return False
+        if self.always:
+            return True
         steps = -(-waiting_rows // spare)
         return steps * tau + waiting_rows * row_value < (requests + 1) * tau * prefill_ms / step_ms

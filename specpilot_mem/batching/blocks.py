@@ -58,7 +58,7 @@ class DrafterBlocks:
 
     FLAG = "--drafter-blocks"
 
-    def __init__(self, drafter_block: int, curve: CostCurve, choices=DEFAULT_BLOCKS, tolerance: float = 0.03,
+    def __init__(self, drafter_block: int, curve: CostCurve, choices=DEFAULT_BLOCKS, tolerance: float = 0.05,
                  decay: float = 0.75, headroom: int = 2):
         choices = sorted({int(c) for c in choices})
         bad = [c for c in choices if not 1 <= c <= drafter_block]

@@ -67,13 +67,13 @@ class SharedBudget:
     """Verify rows per step for B requests in flight, and their split.
 
     curve: the target's measured c(R) (``StepCosts.target``); verify_buffer: rows the verify buffers hold;
-    rows: a fixed budget (``--shared-budget-rows``), else each batch size's plateau end; tolerance: how
-    much dearer than the roots alone a plateau may be.
+    rows: a fixed budget (``--shared-budget-rows``), else each batch size's plateau end; tolerance: how much
+    dearer each next measured row count on a plateau may be (``CostCurve.plateau_end``).
     """
 
     FLAG = "--shared-budget-rows"
 
-    def __init__(self, curve: CostCurve, verify_buffer: int, rows: int | None = None, tolerance: float = 0.03):
+    def __init__(self, curve: CostCurve, verify_buffer: int, rows: int | None = None, tolerance: float = 0.05):
         if verify_buffer < 1:
             raise BatchingError(f"verify buffers of {verify_buffer} rows", where="--verify-buffer",
                                 fix="give the verify buffers at least one row per request")

@@ -117,17 +117,23 @@ class CostCurve:
             return float(env[i])
         return float(env[-1] * rows / self.rows[-1])
 
-    def plateau_end(self, rows: int, tolerance: float = 0.03, limit: int | None = None) -> int:
-        """The most rows that cost at most (1 + tolerance) x the pass over ``rows`` rows: the end of the
-        plateau ``rows`` is on (``rows`` itself when the next measured count already costs more).
-        ``limit`` caps the answer (e.g. the verify buffers)."""
+    def plateau_end(self, rows: int, tolerance: float = 0.05, limit: int | None = None) -> int:
+        """The end of the plateau a pass over ``rows`` rows is on: from the measured count that covers
+        ``rows``, onward while each next measured count costs at most (1 + tolerance) x the one before
+        (flat until the next tile step) and at most (1 + 4 x tolerance) x the start (no slow drift).
+        ``limit`` caps the answer (e.g. the verify buffers); ``rows`` itself when nothing further fits."""
         top = self.max_rows if limit is None else min(limit, self.max_rows)
         if rows >= top:
             return int(rows)
-        ceiling = self.at(rows) * (1 + tolerance)
-        env = self.envelope
-        fits = [int(r) for r, t in zip(self.rows, env) if rows <= r <= top and t <= ceiling]
-        return max(fits, default=int(rows))
+        env, counts = self.envelope, self.rows
+        i = int(np.searchsorted(counts, rows))
+        if counts[i] > top:
+            return int(rows)
+        end = i
+        while (end + 1 < len(counts) and counts[end + 1] <= top and env[end + 1] <= env[end] * (1 + tolerance)
+               and env[end + 1] <= env[i] * (1 + 4 * tolerance)):
+            end += 1
+        return max(int(rows), int(counts[end]))
 
     def to_dict(self) -> dict:
         return {"rows": [int(r) for r in self.rows], "ms": [float(t) for t in self.ms], "source": self.source}

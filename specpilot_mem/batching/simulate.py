@@ -261,54 +261,75 @@ def _speculative_step(lattices, lookups, slots: _Slots, decoding: np.ndarray, ch
     """Draft, share, verify one step of the decoding slots drafting ``chosen`` blocks; returns (tokens
     gained per slot, step ms)."""
     n = decoding.size
-    nodes = max(0, rows - n - extra)
-    width = max(nodes, 1) if config.tree == "best-first" else STOCK_BLOCK
-    parts: list[tuple[np.ndarray, DraftTrees, np.ndarray]] = []
+    groups = []
     for block in np.unique(chosen):
         mine = np.flatnonzero(chosen == block)
         slot = decoding[mine]
         lat = lattices[int(block)]
         steps = lookups[int(block)][lat.greedy_offsets[slots.request[slot]] + slots.position[slot]]
-        batch = StepBatch.from_lattice(lat, steps)
-        trees = best_first.build(batch, width) if config.tree == "best-first" else chain.build(batch, width)
-        parts.append((mine, pad_trees(trees, width), batch.greedy))
-    order = np.concatenate([p[0] for p in parts])
-    trees = _stack([p[1] for p in parts])
-    greedy = _pad_greedy([p[2] for p in parts], STOCK_BLOCK)
+        groups.append((mine, StepBatch.from_lattice(lat, steps)))
+    trees, tail = step_trees(groups, n, config, max(0, rows - n - extra))
     if config.tree == "best-first":
-        scores = torch.from_numpy(trees.scores)
-        counts = shared_shares(scores, nodes) if config.shared else equal_shares(torch.from_numpy(trees.num_nodes), nodes)
-        trees = trees.truncate(counts.numpy())
-        kept = np.sort(trees.scores[np.isfinite(trees.scores)])
-        out.tail_value = float(np.exp(kept[: max(1, kept.size // 4)]).mean()) if kept.size else 0.0
+        out.tail_value = tail
+    greedy = np.full((n, STOCK_BLOCK), -1, dtype=np.int64)
+    for mine, batch in groups:
+        greedy[mine, : batch.positions] = batch.greedy
     verdict = verify_against_greedy(trees, greedy)
-    gained = np.empty(n, dtype=np.int64)
-    gained[order] = verdict.accepted + 1
-    drafter_rows = int((chosen + 1).sum())
-    verify_rows = n + int(trees.num_nodes.sum()) + extra
     if blocks is not None:
-        accepted = torch.zeros(n, dtype=torch.int64)
-        accepted[torch.from_numpy(order)] = torch.from_numpy(verdict.accepted)
-        depth = torch.zeros(n, dtype=torch.int64)
-        depth[torch.from_numpy(order)] = share_depth(torch.from_numpy(trees.depths), torch.from_numpy(trees.num_nodes))
-        slots.recent[decoding] = blocks.update(slots.recent[decoding], accepted)
-        slots.confidence[decoding] = depth if config.tree == "best-first" else accepted
+        slots.recent[decoding], slots.confidence[decoding] = block_signals(blocks, slots.recent[decoding], trees,
+                                                                          verdict.accepted, config)
     for block in np.unique(chosen):
         out.blocks[int(block)] = out.blocks.get(int(block), 0) + int((chosen == block).sum())
+    drafter_rows = int((chosen + 1).sum())
+    verify_rows = n + int(trees.num_nodes.sum()) + extra
     out.drafter_rows += drafter_rows
     out.verify_rows += verify_rows
-    return gained, costs.draft_ms(drafter_rows) + costs.verify_ms(verify_rows, n)
+    return verdict.accepted + 1, costs.draft_ms(drafter_rows) + costs.verify_ms(verify_rows, n)
+
+
+def step_trees(groups: list[tuple[np.ndarray, StepBatch]], n: int, config: Mechanisms,
+               nodes: int, cap: int | None = None) -> tuple[DraftTrees, float]:
+    """One step's drafts for ``n`` requests: ``groups`` pairs each block's requests (indices into the n)
+    with their lattices. Stock's chain of each block, or best-first trees cut by the shared budget (or
+    the equal split) to ``nodes`` nodes in all, at most ``cap`` per request (a padded verify layout's
+    width). Returns the trees in request order and the expected tokens of the budget's last nodes (what
+    an admitted prompt row displaces)."""
+    width = max(nodes, 1) if config.tree == "best-first" else STOCK_BLOCK
+    if cap is not None:
+        width = max(1, min(width, cap))
+    order, parts = [], []
+    for mine, batch in groups:
+        built = best_first.build(batch, width) if config.tree == "best-first" else chain.build(batch, width)
+        order.append(mine)
+        parts.append(pad_trees(built, width))
+    back = np.argsort(np.concatenate(order))
+    stacked = _stack(parts)
+    trees = DraftTrees(*(getattr(stacked, f)[back] for f in TREE_FIELDS))
+    if config.tree != "best-first":
+        return trees, 0.0
+    scores = torch.from_numpy(trees.scores)
+    counts = shared_shares(scores, nodes) if config.shared else equal_shares(torch.from_numpy(trees.num_nodes), nodes)
+    trees = trees.truncate(counts.numpy())
+    kept = np.sort(trees.scores[np.isfinite(trees.scores)])
+    return trees, float(np.exp(kept[: max(1, kept.size // 4)]).mean()) if kept.size else 0.0
+
+
+def block_signals(blocks: DrafterBlocks, recent: torch.Tensor, trees: DraftTrees, accepted: np.ndarray,
+                  config: Mechanisms) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter-block state after a verified step: recent acceptance and the draft confidence depth
+    (the deepest node of each tree's share, or the accepted length of a chain)."""
+    accepted_t = torch.from_numpy(np.asarray(accepted, dtype=np.int64))
+    depth = share_depth(torch.from_numpy(trees.depths), torch.from_numpy(trees.num_nodes))
+    return blocks.update(recent, accepted_t), depth if config.tree == "best-first" else accepted_t
+
+
+TREE_FIELDS = ("parents", "depths", "ranks", "tokens", "scores", "num_nodes")
 
 
 def _stack(parts: list[DraftTrees]) -> DraftTrees:
     width = max(p.parents.shape[1] for p in parts)
     parts = [pad_trees(p, width) for p in parts]
-    return DraftTrees(*(np.concatenate([getattr(p, f) for p in parts]) for f in
-                        ("parents", "depths", "ranks", "tokens", "scores", "num_nodes")))
-
-
-def _pad_greedy(parts: list[np.ndarray], width: int) -> np.ndarray:
-    return np.concatenate([np.pad(g, ((0, 0), (0, width - g.shape[1])), constant_values=-1) for g in parts])
+    return DraftTrees(*(np.concatenate([getattr(p, f) for p in parts]) for f in TREE_FIELDS))
 
 
 def speedups(outcomes: dict[str, Outcome]) -> dict[str, dict]:

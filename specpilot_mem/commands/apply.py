@@ -9,7 +9,7 @@ clean, drift (applies, but files it touches changed upstream), conflict (with pa
 from __future__ import annotations
 
 from specpilot_mem.home import find_home
-from specpilot_mem.output import console, emit, table
+from specpilot_mem.output import assemble, console, emit, styled, table
 
 
 def register(subparsers, common) -> None:
@@ -33,7 +33,8 @@ def payload_of(result) -> dict:
         "tree": result.tree, "commit": result.commit, "branch": result.branch, "worktree": result.worktree,
         "export": result.export,
         "entries": [{"id": o.id, "status": o.status, "paths": o.paths, "conflicts_with": o.conflicts_with,
-                     "reproduces": o.reproduces, "tree": o.tree, "reproduced": o.reproduced} for o in result.outcomes],
+                     "present": o.present, "reproduces": o.reproduces, "tree": o.tree, "reproduced": o.reproduced}
+                    for o in result.outcomes],
     }
 
 
@@ -42,6 +43,12 @@ def run(args) -> int:
     from specpilot_mem.store.releases import is_release_spec
     from specpilot_mem.store.resolver import apply_entries
 
+    from specpilot_mem.errors import SpecPilotError
+
+    for option in ("branch", "worktree", "export"):
+        if getattr(args, option) is not None and not getattr(args, option).strip():
+            raise SpecPilotError(f"--{option} is empty", where=f"--{option}",
+                                 fix=f"give --{option} a {'name' if option == 'branch' else 'path'}, or leave it out")
     home = find_home(args.home)
     ids = list(load_entries(home)) if args.all else args.ids
     if is_release_spec(args.onto):
@@ -54,7 +61,8 @@ def run(args) -> int:
         for e in data["entries"]:
             check = {True: "yes", False: "NO", None: "-"}[e["reproduced"]]
             files = f"{len(e['paths'])}: {e['paths'][0]}" + (" ..." if len(e["paths"]) > 1 else "") if e["paths"] else "-"
-            rows.append((e["id"], e["status"], check, files, ", ".join(e["conflicts_with"])))
+            status = e["status"] + (f" ({'; '.join(e['present'])})" if e["status"] == "partly present" else "")
+            rows.append((e["id"], status, check, files, ", ".join(e["conflicts_with"])))
         console.print(table(f"apply onto {data['onto']} ({data['onto_commit'][:12]})",
                             ["entry", "status", "reproduces", "files", "conflicts with"], rows))
         console.print(f"result tree {data['tree']}")
@@ -95,8 +103,6 @@ def run_release(args, home, ids: list[str]) -> int:
 
 
 def render_release(data: dict) -> None:
-    from rich.markup import escape
-
     release = data["release"]
     rows = []
     for e in data["entries"]:
@@ -107,10 +113,10 @@ def render_release(data: dict) -> None:
             line = f"{f['path']}: {f['how']}" + (f" ({f['reason']})" if f["reason"] else "")
             touched = [h for h in f["hunks"] if h["touched"]]
             line += "".join(f"\n    hunk {h['index']} {h['header']} {h['first_change'][:60]}" for h in touched[:4])
-            details.append(escape(line))
+            details.append(line)
         if e["blocked_by"]:
             details.insert(0, f"requires {', '.join(e['blocked_by'])}, which do not apply")
-        verdict = f"[{VERDICT_STYLE[e['verdict']]}]{e['verdict']}[/]" + (" (port)" if e["ported"] else "")
+        verdict = assemble((e["verdict"], VERDICT_STYLE[e["verdict"]]), " (port)" if e["ported"] else "")
         rows.append((e["id"], verdict, len(e["files"]), "\n".join(details) or "-"))
     title = f"onto SGLang {release['version']} ({release['ref']} {release['commit'][:12]})"
     result = table(title, ["entry", "verdict", "files", "what changed upstream"], rows)
@@ -118,7 +124,7 @@ def render_release(data: dict) -> None:
     console.print(result)
     console.print(", ".join(f"{k}: {v}" for k, v in sorted(data["counts"].items())))
     if data.get("not_written"):
-        console.print(f"[bold red]{data['not_written']}[/]")
+        console.print(styled(data["not_written"], "bold red"))
     for key in ("branch", "worktree"):
         if data.get(key):
             console.print(f"{key}: {data[key]} at {data['commit'][:12]}")

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from specpilot_mem.output import console, emit, progress, table
+from specpilot_mem.output import assemble, console, emit, progress, table
 
 
 def register(subparsers, common) -> None:
@@ -40,7 +40,7 @@ def render(p: dict) -> None:
                         [["τ", f"{f['tau']:.2f}x", f"τ_best {p['tau_best']:.3f} ({p['tau_from']}) / τ {p['tau']:.3f}"],
                          ["kernel", f"{f['kernel']:.2f}x", f"T_prof {p['T_prof_ms']:.3f} ms / T_floor {p['T_floor_ms']:.3f} ms"],
                          ["overhead", f"{f['overhead']:.2f}x", f"T_step {p['T_step_ms']:.3f} ms / T_prof"]]))
-    console.print(f"leading factor: [bold]{p['leading']}[/]")
+    console.print(assemble("leading factor: ", (p["leading"], "bold")))
     console.print(table("byte floors", ["kernel class", "floor ms"],
                         [[k, f"{v:.4f}"] for k, v in p["floors_ms"].items()]))
     console.print(table("S(N) = τ(N) / c(N)", ["N", "τ(N)", "T_step ms", "c(N)", "S(N)", "step time"],

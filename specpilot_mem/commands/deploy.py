@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from specpilot_mem.output import console, emit, table
+from specpilot_mem.output import console, emit, escape, marked, styled, table
 
 
 def register(subparsers, common) -> None:
@@ -189,14 +189,18 @@ def _preference(suggestions, left_out) -> str:
 
 
 def _render_new(data: dict) -> None:
-    from rich.markup import escape
-
     if data["suggestions"]:
-        rows = [(s["id"], f"[{'green' if s['status'] == 'verified' else 'yellow'}]{s['status']}[/]", escape(s["title"]),
-                 escape("\n".join(s["reasons"])), "\n".join(f"[bold red]! {escape(f)}[/]" for f in s["flags"]))
+        rows = [(s["id"], styled(s["status"], "green" if s["status"] == "verified" else "yellow"), s["title"],
+                 "\n".join(s["reasons"]), marked("\n".join(f"[bold red]! {escape(f)}[/]" for f in s["flags"])))
                 for s in data["suggestions"]]
         console.print(table(f"suggested for {data['gpu']} ({data['arch']}), {data['model']}, {data['drafter']}, {data['regime']}",
                             ["entry", "status", "title", "why", "untested"], rows))
+    if data["left_out"]:
+        console.print(table(f"left out ({len(data['left_out'])})", ["entry", "status", "why"],
+                            [(s["id"], s["status"], "; ".join(s["why"])) for s in data["left_out"]]))
+    if data["preference"] is not None and not data["suggestions"]:
+        console.print("nothing matched this deployment" + (" (the memory has no entries)" if not data["left_out"] else
+                      ": each entry above says why") + "; it starts from stock")
     if data["preference"]:
         console.print(data["preference"])
     elif data["entries"] == [] and not data["dry_run"]:

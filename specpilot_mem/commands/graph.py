@@ -6,6 +6,7 @@ from pathlib import Path
 
 from specpilot_mem.home import find_home
 from specpilot_mem.optional import pyplot
+from specpilot_mem.errors import SpecPilotError
 from specpilot_mem.output import console, emit
 
 
@@ -13,7 +14,7 @@ def register(subparsers, common) -> None:
     parser = subparsers.add_parser("graph", parents=[common], help="the requirement graph", description=__doc__)
     parser.add_argument("ids", nargs="*", metavar="ID", help="only these entries and their requirements")
     parser.add_argument("--format", choices=["text", "dot", "png"], default="text")
-    parser.add_argument("--output", metavar="FILE", default="entry-graph.png", help="with --format png")
+    parser.add_argument("--output", metavar="FILE", help="where --format png writes the picture (required with it)")
     parser.set_defaults(func=run)
 
 
@@ -31,6 +32,30 @@ def to_dot(order: list[str], requires: dict[str, list[str]]) -> str:
         targets = requires[entry_id] or ["stock"]
         lines += [f'  "{entry_id}" -> "{t}";' for t in targets]
     return "\n".join(lines + ["}"]) + "\n"
+
+
+def to_tree(order: list[str], requires: dict[str, list[str]]) -> list[str]:
+    """The requirements as a tree under stock: each entry under every entry it requires (so one with two
+    requirements appears twice); a subtree already drawn is drawn once more as its root and "(see above)"."""
+    children: dict[str, list[str]] = {"stock": []}
+    for entry_id in order:
+        children.setdefault(entry_id, [])
+        for parent in requires[entry_id] or ["stock"]:
+            children[parent].append(entry_id)
+    lines, drawn = ["stock"], set()
+
+    def draw(node: str, indent: str) -> None:
+        kids = children[node]
+        for n, child in enumerate(kids):
+            last = n == len(kids) - 1
+            again = child in drawn and children[child]
+            lines.append(f"{indent}{'└── ' if last else '├── '}{child}{' (see above)' if again else ''}")
+            if not again:
+                drawn.add(child)
+                draw(child, indent + ("    " if last else "│   "))
+
+    draw("stock", "")
+    return lines
 
 
 def to_png(order: list[str], requires: dict[str, list[str]], path: Path) -> None:
@@ -73,9 +98,20 @@ def run(args) -> int:
     requires = {i: records[i].requires for i in ids}
     payload = {"entries": [{"id": i, "requires": requires[i], "depth": d} for i, d in layers(ids, requires).items()]}
     if args.format == "png":
-        out = Path(args.output)
+        if not args.output:
+            raise SpecPilotError("--format png needs --output FILE", where="--output",
+                                 fix="name the picture, e.g. --output entry-graph.png")
+        out = Path(args.output).expanduser()
+        if not out.parent.is_dir() or out.is_dir():
+            raise SpecPilotError(f"cannot write {out}: " + ("it is a folder" if out.is_dir() else
+                                 f"there is no folder {out.parent}"), where="--output",
+                                 fix="pass a file path in an existing folder (create the folder first)")
         to_png(ids, requires, out)
         payload["png"] = str(out)
+    elif args.output:
+        raise SpecPilotError("--output is only for --format png", where="--output",
+                             fix="leave it out, or add --format png (text and dot go to standard output)")
+    payload["tree"] = to_tree(ids, requires)
     if args.json:
         emit(args, payload, lambda d: None)
     elif args.format == "dot":
@@ -83,7 +119,6 @@ def run(args) -> int:
     elif args.format == "png":
         console.print(f"wrote {payload['png']}")
     else:
-        for entry_id in ids:
-            console.print(f"{'  ' * layers(ids, requires)[entry_id]}{entry_id}"
-                          + (f"  [dim]requires {', '.join(requires[entry_id])}[/]" if requires[entry_id] else ""))
+        for line in payload["tree"]:
+            console.print(line)
     return 0

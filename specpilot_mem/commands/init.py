@@ -34,7 +34,7 @@ def run(args) -> int:
     payload = {
         "fork": str(fork.repo.path), "built": result.built, "stock_commit": fork.stock_commit,
         "stock_tree": fork.stock_tree, "pinned": fork.pinned, "package_prefix": fork.package_prefix,
-        "gitlink": result.gitlink, "seconds": round(time.perf_counter() - started, 2),
+        "gitlink": result.gitlink, "wheel": result.wheel, "seconds": round(time.perf_counter() - started, 2),
         "branches": [{"id": b.id, "ref": b.ref, "commit": b.commit, "change": b.change, "problem": b.problem}
                      for b in result.branches],
     }
@@ -43,6 +43,8 @@ def run(args) -> int:
         console.print(f"fork {data['fork']} ({'built' if data['built'] else 'already there'}) in {data['seconds']} s")
         console.print(f"stock {data['stock_commit']} tree {data['stock_tree']}"
                       f" ({'pinned SGLang wheel' if data['pinned'] else 'your fork'}); project gitlink: {data['gitlink']}")
+        if data["wheel"]:
+            console.print(f"wheel {data['wheel']}")
         if data["branches"]:
             console.print(table("entry branches", ["entry", "commit", "change", "problem"],
                                 [(b["id"], (b["commit"] or "")[:12], b["change"], b["problem"]) for b in data["branches"]]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from specpilot_mem.output import console, emit, table
+from specpilot_mem.output import console, emit, escape, marked, table
 
 HARDWARE_LABEL = {"gpu": "this GPU", "arch": "same arch", "variant": "variant only", None: ""}
 STATUS_COLOUR = {"verified": "green", "candidate": "yellow", "superseded": "cyan", "unchecked": "dim"}
@@ -35,7 +35,14 @@ def register(subparsers, common) -> None:
 
 
 def filters_of(args):
+    from specpilot_mem.errors import SpecPilotError
     from specpilot_mem.registry.query import QueryFilters
+
+    for option in ("gpu", "arch", "model", "drafter", "requires", "text", "release"):
+        value = getattr(args, option)
+        if value is not None and not value.strip():
+            raise SpecPilotError(f"--{option} is empty", where=f"--{option}",
+                                 fix=f"give --{option} a value, or leave it out to not filter on it")
 
     return QueryFilters(gpu=args.gpu, arch=args.arch, model=args.model, drafter=args.drafter, regime=args.regime,
                         requires=args.requires, text=args.text, validated_only=args.validated_only,
@@ -68,33 +75,31 @@ def run(args) -> int:
 
 
 def render(data: dict, matches) -> None:
-    from rich.markup import escape
-
     where = " ".join(f"{k}={v}" for k, v in data["filters"].items())
     if not matches:
         console.print(f"no entries match {where or 'an empty memory'}")
         return
     rows = []
     for m in matches:
-        entry = f"[bold]{m.id}[/]\n{escape(m.title)}" + ("\n[green]validated[/]" if m.validated else "")
+        entry = marked(f"[bold]{escape(m.id)}[/]\n{escape(m.title)}" + ("\n[green]validated[/]" if m.validated else ""))
         colour = STATUS_COLOUR[m.release_status]
         status = f"[{colour}]{m.release_status}[/]\n" + escape(f"on {data['release'] or m.scope_sglang or 'no release'}")
         others = [f"{r['release']}: {r['status']}" for r in m.releases if r["release"] != data["release"]]
-        status += ("\n" + escape(", ".join(others))) if others else ""
+        status = marked(status + (("\n" + escape(", ".join(others))) if others else ""))
         hardware = ""
         if m.hardware:
             colour = {"gpu": "green", "arch": "yellow", "variant": "magenta"}[m.hardware]
-            hardware = f"[{colour}]{HARDWARE_LABEL[m.hardware]}[/]\n{escape(m.hardware_note)}"
+            hardware = marked(f"[{colour}]{HARDWARE_LABEL[m.hardware]}[/]\n{escape(m.hardware_note)}")
         evidence = ""
         if m.best:
             b = m.best
             setting = " ".join(x for x in (b.gpu, b.regime, b.drafter, b.target) if x)
-            evidence = escape(f"{b.headline()} {b.kind}{' (synthetic)' if b.synthetic else ''}\n{setting}")
+            evidence = f"{b.headline()} {b.kind}{' (synthetic)' if b.synthetic else ''}\n{setting}"
             if m.evidence_count > 1:
                 evidence += f"\n+{m.evidence_count - 1} more"
-        untested = "\n".join(
+        untested = marked("\n".join(
             (f"[bold red]! {escape(u['note'])}[/]" if u["relevant"] else escape(u["note"])) for u in m.untested
-        )
+        ))
         requires = ", ".join(m.requires[:3]) + (f" +{len(m.requires) - 3}" if len(m.requires) > 3 else "")
         rows.append((entry, status, hardware, evidence, untested, requires))
     title = f"{len(matches)} entr{'y' if len(matches) == 1 else 'ies'}" + (f" for {where}" if where else "")

@@ -3,6 +3,8 @@ exact replay (§6.4), and the paper's Figure 10 with ``--plot``."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from specpilot_mem.errors import SpecPilotError
 from specpilot_mem.output import console, emit, progress, table
 
@@ -43,6 +45,9 @@ def run(args) -> int:
     nodes = int_list(args.nodes)
     if args.batch < 1:
         raise SpecPilotError(f"--batch {args.batch} must be at least 1", where="--batch", fix="e.g. --batch 8")
+    if args.plot and not Path(args.plot).expanduser().parent.is_dir():
+        raise SpecPilotError(f"cannot write {args.plot}: there is no folder {Path(args.plot).expanduser().parent}",
+                             where="--plot", fix="create the folder first, or pass a path in an existing one")
     lattices = load_lattices(args.lattices)
     groups = len({lat.positions for lat in lattices})
     with progress("replay", groups * len(builders) * len(nodes), enabled=not args.json) as bar:

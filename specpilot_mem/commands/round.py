@@ -5,9 +5,9 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from specpilot_mem.errors import RoundError
+from specpilot_mem.errors import RoundError, SpecPilotError
 from specpilot_mem.home import find_home
-from specpilot_mem.output import console, emit, table
+from specpilot_mem.output import assemble, console, emit, table
 
 
 def register(sub, common) -> None:
@@ -33,6 +33,9 @@ def register(sub, common) -> None:
     start.add_argument("--repeats", type=int, default=2)
     start.add_argument("--max-new-tokens", type=int)
     start.add_argument("--sealed-max-new-tokens", type=int, help="longer outputs for the sealed final")
+    start.add_argument("--no-sealed-long-outputs", action="store_true",
+                       help="without --sealed-max-new-tokens, keep the dev output length for the sealed final instead of "
+                            "the long-output pass (4,096 tokens or the scorer's context)")
     start.add_argument("--system-repo", help="the system's git repo (default: the memory's sglang-fork)")
     start.set_defaults(func=run_start)
 
@@ -50,6 +53,15 @@ def register(sub, common) -> None:
 def _round_dir(home, args):
     from specpilot_mem.rounds.files import RoundDir, latest_round
 
+    from specpilot_mem.registry.sync import DEPLOYMENT_FILE
+
+    if not (home.rounds / args.deployment / DEPLOYMENT_FILE).is_file():
+        known = sorted(p.parent.name for p in home.rounds.glob(f"*/{DEPLOYMENT_FILE}")) if home.rounds.is_dir() else []
+        raise RoundError(f"there is no deployment {args.deployment!r}",
+                         where=str(home.rounds / args.deployment / DEPLOYMENT_FILE),
+                         fix=f"known deployments: {', '.join(known)}" if known else
+                             f"create it with `specpilot-mem deploy new {args.deployment} --gpu ... --model ... "
+                             "--drafter ... --regime ...`")
     number = args.round or latest_round(home, args.deployment)
     if number == 0:
         raise RoundError(f"deployment {args.deployment!r} has no rounds", where=str(home.rounds / args.deployment),
@@ -74,12 +86,34 @@ def run_start(args) -> int:
                          requests=str(Path(args.requests).resolve()), devices=_devices(args),
                          batch_sizes=[int(b) for b in args.batch_sizes.split(",")], repeats=args.repeats,
                          max_new_tokens=args.max_new_tokens, sealed_max_new_tokens=args.sealed_max_new_tokens,
-                         agent=agent, pool=_pool(args), fresh_workers=not args.reuse_workers,
+                         sealed_long_outputs=not args.no_sealed_long_outputs, agent=agent, pool=_pool(args), fresh_workers=not args.reuse_workers,
                          warmup_requests=args.warmup_requests)
     backend = _backend(config)
     runner = RoundRunner.start(home, args.deployment, config, backend)
-    state = runner.run()
+    try:
+        state = runner.run()
+    except BaseException as err:
+        if runner.state.done:  # past its first phase: `round resume` continues it
+            raise
+        _discard(runner)  # it never got its system going: keep nothing of it
+        if isinstance(err, SpecPilotError):
+            raise RoundError(f"round {runner.state.number} of {args.deployment} could not start: {err.what}; "
+                             "nothing of it was kept", where=err.where, fix=err.fix) from err
+        raise
     return _show(args, runner.dir, state)
+
+
+def _discard(runner) -> None:
+    """Remove a round that finished no phase: its folder, its lineage refs and any work trees it made."""
+    import shutil
+
+    from specpilot_mem.git import Repo
+
+    repo = Repo(runner.state.config.system_repo)
+    refs = repo.refs(f"refs/heads/{runner.state.lineage}")
+    repo.update_refs({ref: (oid, None) for ref, oid in refs.items()}, "specpilot: discard a round that did not start")
+    shutil.rmtree(runner.dir.path, ignore_errors=True)
+    repo.git("worktree", "prune", check=False)
 
 
 def _devices(args) -> list[str]:
@@ -128,7 +162,8 @@ def _show(args, round_dir, state) -> int:
                               for d in directions]}
 
     def render(p):
-        console.print(f"[bold]{p['deployment']}[/] round {p['number']}  lineage {p['lineage']}  best {p['best'][:12]}")
+        console.print(assemble((p["deployment"], "bold"),
+                                    f" round {p['number']}  lineage {p['lineage']}  best {p['best'][:12]}"))
         console.print(table("phases", ["phase", "state"],
                             [(ph, "done" if ph in p["done"] else ("next" if ph == p["next"] else "")) for ph in PHASES]))
         if p["directions"]:

@@ -11,6 +11,7 @@ The server runs until Ctrl-C (or SIGTERM), then stops with its workers.
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import threading
@@ -134,6 +135,9 @@ def run(args) -> int:
     export, manifest = deployment_export(home, args.name, show_progress=not args.json)
     argv = option_argv(tuned_options(home, args.name)) + list(user_args)
     check_flags(home, args.name, argv, manifest)
+    if shutil.which(args.python) is None:
+        raise SpecPilotError(f"no Python interpreter at {args.python}", where="--python",
+                             fix="pass the path of the Python that has SGLang's dependencies installed")
     runtime = check_runtime(args.python)
     server = SGLangServer(export, argv, gpu=args.gpu, python=args.python, host=args.host, port=args.port,
                           log_path=args.log)

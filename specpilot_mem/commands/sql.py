@@ -74,9 +74,7 @@ def run(args) -> int:
         con.close()
 
     def render(data) -> None:
-        from rich.markup import escape
-
-        cells = [["" if v is None else escape(str(v)) for v in row] for row in data["rows"]]
+        cells = [["" if v is None else str(v) for v in row] for row in data["rows"]]
         result = table(None, data["columns"], cells)
         for column in result.columns:
             column.overflow = "fold"  # wrap long values instead of cutting them off

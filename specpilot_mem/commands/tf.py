@@ -5,14 +5,18 @@
         --scorer specpilot_mem.forcing.engine_adapter:load_scorer --scorer-arg model=default --plot fig4.png
 
 Outputs files are JSONL ``{"id": ..., "output_ids": [...]}`` (``specpilot_mem.controller.system``).
-δ is calibrated from the AR and stock outputs (``--ar``) or given (``--delta``).
+δ is calibrated from the AR and stock outputs (``--ar``) or given (``--delta``). Outputs of any length
+up to the scorer's context are scored, one batched whole-sequence pass each (a sealed final's long
+outputs: up to 4,096 tokens or the pair's context). Every verdict carries its power: ``inconclusive``
+(exit 3) when the sample could not have seen a 0.5-point rate excess or a doubling of large-margin
+events, with the sample that would suffice.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from specpilot_mem.output import console, emit, progress, table
+from specpilot_mem.output import assemble, console, emit, progress, table
 
 
 def register(subparsers, common) -> None:
@@ -37,6 +41,9 @@ def register(subparsers, common) -> None:
     parser.add_argument("--stock-engine-arg", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--audit-sample", type=int, help="events audited per system (default: 200, as in the paper)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the audit sample")
+    parser.add_argument("--long-outputs", action="store_true",
+                        help="the outputs come from the sealed final's long-output pass: each must run to 4,096 tokens or "
+                             "what the scorer's context leaves after its prompt (the length rule's limit)")
     parser.add_argument("--synthetic", action="store_true", help="label results synthetic (random weights, generated data)")
     parser.add_argument("--plot", metavar="PNG", help="write the paper's Figure 4 for these verdicts")
     parser.add_argument("--title", help="title of the plot")
@@ -63,9 +70,12 @@ def run(args) -> int:
     from specpilot_mem.controller.system import load_outputs
     from specpilot_mem.forcing.audit import AUDIT_SAMPLE
     from specpilot_mem.forcing.calibrate import calibrate_delta
-    from specpilot_mem.forcing.scorer import ForcingError, load_scorer, score_outputs
+    from specpilot_mem.forcing.scorer import ForcingError, load_scorer, long_output_requests, score_outputs
     from specpilot_mem.forcing.verdict import TokenForcing, Verdict
 
+    if args.delta is not None and not args.delta > 0:  # also NaN
+        raise ForcingError(f"--delta must be a positive number of nats, got {args.delta:g}", where="--delta",
+                           fix="pass the δ an earlier calibration printed, or calibrate it with --ar JSONL")
     if args.audit_sample is None:
         args.audit_sample = AUDIT_SAMPLE
     if args.audit_sample < 1:
@@ -77,6 +87,8 @@ def run(args) -> int:
     ar_outputs = load_outputs(args.ar) if args.ar else None
     extra_paths = [load_outputs(path) for path in args.stock_path]
     scorer = load_scorer(args.scorer, _pairs(args.scorer_arg, "--scorer-arg"))
+    if args.long_outputs:
+        requests = long_output_requests(requests, getattr(scorer, "max_len", None), getattr(scorer, "encode", None))
     stock_engine = load_scorer(args.stock_engine, _pairs(args.stock_engine_arg, "--stock-engine-arg")) if args.stock_engine else None
 
     to_score = 1 + len(systems) + (1 if ar_outputs else 0)
@@ -107,7 +119,9 @@ def run(args) -> int:
         "plot": plot,
     }
     emit(args, payload, _render)
-    return 1 if any(v.verdict == "reject" for v in verdicts) else 0
+    if any(v.verdict == "reject" for v in verdicts):
+        return 1
+    return 3 if any(v.verdict == "inconclusive" for v in verdicts) else 0
 
 
 def _pct(value: float) -> str:
@@ -116,8 +130,7 @@ def _pct(value: float) -> str:
 
 def _render(payload: dict) -> None:
     calibration = payload["calibration"]
-    source = (f"calibrated on {len(calibration['departures'])} first departures, largest gap {calibration['largest_gap']:.3f}"
-              if calibration else "given")
+    source = calibration["basis"] if calibration else "given"
     label = " (synthetic)" if payload["synthetic"] else ""
     console.print(f"δ = {payload['delta']:g} nats ({source}); {payload['requests']} requests{label}")
     rows = []
@@ -135,6 +148,12 @@ def _render(payload: dict) -> None:
                                          "unexpl.", "p"], rows))
     for v in payload["verdicts"]:
         for reason in v["reasons"]:
-            console.print(f"[bold]{v['system']}[/]: {reason}", highlight=False)
+            console.print(assemble((v["system"], "bold"), f": {reason}"))
+        if v["verdict"] != "inconclusive" and v.get("power_statement"):
+            console.print(assemble((v["system"], "bold"), f" power: {v['power_statement']}"))
+        flagged = [r["id"] for r in v.get("per_request", ()) if r["flagged"]]
+        if flagged:
+            console.print(assemble((v["system"], "bold"), f": {len(flagged)} request(s) mismatch far more than "
+                                   f"stock's pooled rate: {', '.join(flagged[:8])}"))
     if payload["plot"]:
         console.print(f"Figure 4 written to {Path(payload['plot'])}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specpilot_mem.home import find_home
-from specpilot_mem.output import console, emit, progress, table
+from specpilot_mem.output import console, emit, progress, styled, table
 
 
 def register(subparsers, common) -> None:
@@ -37,7 +37,7 @@ def run(args) -> int:
                          ("behind: " + ", ".join(behind)) if behind else (f"{len(e['kernels'])} current" if e["kernels"] else "-"),
                          e["problem"]))
         console.print(table("verify", ["entry", "reproduces", "branch", "kernels", "problem"], rows))
-        console.print("all entries reproduce" if data["ok"] else "[bold red]some entries do not reproduce[/]")
+        console.print("all entries reproduce" if data["ok"] else styled("some entries do not reproduce", "bold red"))
 
     emit(args, payload, render)
     return 0 if payload["ok"] else 1

@@ -3,7 +3,9 @@
 It runs only ``unseen`` requests (a dev request in the list is an error), times the candidate
 against stock in paired runs (two by default, as in the paper), and reruns token forcing on the
 candidate's outputs. The final is accepted only if the gain's 95% lower bound is above 1 and token
-forcing accepts.
+forcing accepts: a verdict of ``inconclusive`` (the sample could not have seen a lossy system) is not
+an accept, and its reasons say what sample would suffice. ``require_conclusive=False`` reports an
+inconclusive verdict without refusing the final on it (smoke rounds on a few short outputs).
 """
 
 from __future__ import annotations
@@ -50,13 +52,15 @@ def sealed_final(
     repeats: int = 2,
     devices: Sequence[str] = ("cuda:0",),
     on_run: Callable[[Run], None] | None = None,
+    require_conclusive: bool = True,
 ) -> SealedFinal:
     require_split(requests, "unseen", "the sealed final")
     paired = paired_run(stock, candidate, requests, batch_sizes=batch_sizes, repeats=repeats, devices=devices, on_run=on_run)
-    return judge_final(paired, requests, forcing)
+    return judge_final(paired, requests, forcing, require_conclusive=require_conclusive)
 
 
-def judge_final(paired: PairedResult, requests: Sequence[Request], forcing: Forcing) -> SealedFinal:
+def judge_final(paired: PairedResult, requests: Sequence[Request], forcing: Forcing, *,
+                require_conclusive: bool = True) -> SealedFinal:
     """The sealed final's verdict on a paired run of stock (a) against the candidate (b), however it
     was run (in this process, or each system in its own worker process)."""
     require_split(requests, "unseen", "the sealed final")
@@ -65,6 +69,6 @@ def judge_final(paired: PairedResult, requests: Sequence[Request], forcing: Forc
     reasons = []
     if estimate.low <= 1.0:
         reasons.append(f"gain over stock {estimate.gain:.4f} has 95% lower bound {estimate.low:.4f}, not above 1")
-    if verdict.verdict == "reject":
+    if verdict.verdict == "reject" or (verdict.verdict == "inconclusive" and require_conclusive):
         reasons.extend(verdict.reasons)
     return SealedFinal(not reasons, tuple(reasons), estimate, verdict, paired)

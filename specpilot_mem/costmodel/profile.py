@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from specpilot_mem.errors import SpecPilotError
+from specpilot_mem.gpus import find_gpu
 
 FORMAT = "specpilot-profile"
 VERSION = 1
@@ -74,8 +75,10 @@ def load_profile(path: str | os.PathLike) -> Profile:
         raise ProfileError(f"not a profile (format {data.get('format') if isinstance(data, dict) else None!r})",
                            where=where, fix=f'the file must hold a JSON object with "format": "{FORMAT}"')
     try:
-        return Profile.model_validate(data)
+        profile = Profile.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
         raise ProfileError(f"invalid profile: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}",
                            where=where, fix="see docs/profile-format.md for every field") from err
+    find_gpu(profile.gpu, where=f"{where}: gpu")  # an unknown GPU is the profile's error, not an option's
+    return profile

@@ -92,5 +92,22 @@ class EngineOptions:
     gdn_verify: str = "wy"
     # Prompt tokens per prefill chunk of the GDN's chunked form.
     chunk_size: int = 64
+    # Lossy verify passes for token forcing's fault study (all off by default). Low-precision weights in
+    # the verify pass: verify_weights is "fp8" (E4M3), "int8", "int6" or "int4" (per-output-channel
+    # scales, rounded to nearest), on the LM head only (verify_weight_scope "head") or on every linear
+    # layer and the head ("all"). flip_rate: each output position's prediction is replaced by the
+    # verify logits' runner-up with this probability (seeded by flip_seed and the request). rope_offset:
+    # the verify pass rotates queries and keys this many positions too far. attn_window: the verify
+    # pass's attention sees only the last attn_window committed tokens. stop_after: outputs end after
+    # this many tokens. fault_requests: the share of requests (chosen by a hash of the prompt) that
+    # these faults and the §6.2 fault apply to; the rest are served as stock serves them.
+    verify_weights: str | None = None
+    verify_weight_scope: str = "all"
+    flip_rate: float = 0.0
+    flip_seed: int = 0
+    rope_offset: int = 0
+    attn_window: int | None = None
+    stop_after: int | None = None
+    fault_requests: float = 1.0
     # CUDA graphs for verify/draft passes (ignored on CPU).
     cuda_graphs: bool = True

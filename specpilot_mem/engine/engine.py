@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import functools
 import threading
+import zlib
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specpilot_mem.engine.config import DrafterConfig, EngineOptions, TargetConfig
 from specpilot_mem.engine.drafter import BlockDrafter, Lattice
-from specpilot_mem.engine.model import Cache, HybridTarget, Rows, chain_rows, lm_head, make_rows
+from specpilot_mem.engine.model import (WEIGHT_FORMATS, Cache, HybridTarget, Rows, chain_rows, lm_head, make_rows,
+                                        quantize_weight, quantized_copy)
 from specpilot_mem.engine import weights
 
 
@@ -112,6 +115,7 @@ class Engine:
             raise ValueError(f"positions={self.options.positions}: the drafter drafts 1..{drafter.cfg.block_size} positions")
         if self.options.lm_head not in ("dense", "splitk") or self.options.gdn_verify not in ("wy", "path"):
             raise ValueError(f"unknown lm_head {self.options.lm_head!r} or gdn_verify {self.options.gdn_verify!r}")
+        self._check_faults()
         self.synthetic = synthetic
         param = next(target.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -120,6 +124,16 @@ class Engine:
         self._graphs: dict = {}
         self._capture_stream = None  # created on the engine's device at its first capture
         self.graph_error: str | None = None  # why CUDA graphs were switched off, if a capture failed
+        # The verify pass's weights: stock's, unless a low-precision verify fault is switched on.
+        self._verify_target, self._verify_head = self.target, self.target.lm_head_weight
+        if self.options.verify_weights is not None:
+            if self.options.verify_weight_scope == "all":
+                self._verify_target = quantized_copy(self.target, self.options.verify_weights)
+                self._verify_head = self._verify_target.lm_head_weight
+            else:
+                self._verify_head = quantize_weight(self.target.lm_head_weight, self.options.verify_weights)
+        self._faulty = False  # whether the faults apply to the request being served (fault_requests)
+        self._flips: torch.Tensor | None = None  # per output index: replace the prediction by the runner-up
 
     # -- construction ------------------------------------------------------------------------------------
 
@@ -148,6 +162,24 @@ class Engine:
             return cls.load(weights.DEFAULT_MODEL_DIR, device, dtype, options, max_len)
         return cls.random(0, device=device, dtype=dtype, options=options, max_len=max_len)
 
+    def _check_faults(self) -> None:
+        opts = self.options
+        if opts.verify_weights is not None and opts.verify_weights not in WEIGHT_FORMATS:
+            raise ValueError(f"unknown verify_weights {opts.verify_weights!r}; use one of {WEIGHT_FORMATS}")
+        if opts.verify_weight_scope not in ("head", "all"):
+            raise ValueError(f"unknown verify_weight_scope {opts.verify_weight_scope!r}; use 'head' or 'all'")
+        if not 0.0 <= opts.flip_rate <= 1.0 or not 0.0 <= opts.fault_requests <= 1.0:
+            raise ValueError(f"flip_rate {opts.flip_rate} and fault_requests {opts.fault_requests} must lie in [0, 1]")
+        if (opts.attn_window is not None and opts.attn_window < 1) or (opts.stop_after is not None and opts.stop_after < 1):
+            raise ValueError(f"attn_window {opts.attn_window} and stop_after {opts.stop_after} must be positive")
+
+    @property
+    def lossy(self) -> bool:
+        """Whether any fault option is switched on (the §6.2 fault or the fault study's)."""
+        opts = self.options
+        return (opts.fault_after is not None or opts.verify_weights is not None or opts.flip_rate > 0
+                or opts.rope_offset != 0 or opts.attn_window is not None or opts.stop_after is not None)
+
     def with_options(self, **changes) -> "Engine":
         """Another engine over the same weights with some options changed (e.g. fault_after=32)."""
         return Engine(self.target, self.drafter, replace(self.options, **changes), self.max_len, self.synthetic)
@@ -164,9 +196,13 @@ class Engine:
                 and self.graph_error is None)
 
     def _verify_eager(self, rows: Rows, window: int):
-        hidden, pending = self.target.forward_rows(rows, self.cache, self.options.gdn_verify, window)
-        logits = lm_head(hidden[0], self.target.lm_head_weight, self.options.lm_head, self.options.splitk_chunks)
-        return logits, pending
+        opts = self.options
+        if not self._faulty:
+            hidden, pending = self.target.forward_rows(rows, self.cache, opts.gdn_verify, window)
+            return lm_head(hidden[0], self.target.lm_head_weight, opts.lm_head, opts.splitk_chunks), pending
+        hidden, pending = self._verify_target.forward_rows(rows, self.cache, opts.gdn_verify, window, opts.rope_offset,
+                                                           opts.attn_window)
+        return lm_head(hidden[0], self._verify_head, opts.lm_head, opts.splitk_chunks), pending
 
     @torch.no_grad()
     @_on_own_device
@@ -175,7 +211,7 @@ class Engine:
         cache.length + i, nothing committed (so repeating it is idempotent: benchmarks time it)."""
         if not self._use_graphs():
             return self._verify_eager(rows, self.cache.length + rows.count)
-        key = ("verify", rows.count)
+        key = ("verify", rows.count, self._faulty)
         if key not in self._graphs:
             static = Rows(rows.tokens.clone(), rows.depth.clone(), rows.anc.clone(), rows.conv_idx.clone(), rows.parents)
             captured = self._capture(lambda: self._verify_eager(static, self.max_len))
@@ -217,38 +253,40 @@ class Engine:
                 return None
         return graph, out
 
-    def _draft_eager(self, anchor: torch.Tensor):
+    def _draft_eager(self, anchor: torch.Tensor, block: int | None = None):
         """anchor [1] token id at position cache.length -> (hidden [block, d], base logits [block, V])."""
         W = self.drafter.cfg.context_window
         idx = self.cache.length_t - W + torch.arange(W, device=self.device)
         valid = idx >= 0
         feats = self.cache.features[idx.clamp(min=0)][None]
-        hidden = self.drafter(self.target.embed, feats, valid[None], anchor, self.cache.length_t[None])[0]
+        hidden = self.drafter(self.target.embed, feats, valid[None], anchor, self.cache.length_t[None], block)[0]
         return hidden, lm_head(hidden, self.target.lm_head_weight)
 
     @torch.no_grad()
     @_on_own_device
-    def draft(self, anchor_token: int, positions: int) -> Lattice:
-        """The drafter's lattice for ``positions`` positions after ``anchor_token`` at cache.length."""
+    def draft(self, anchor_token: int, positions: int, block: int | None = None) -> Lattice:
+        """The drafter's lattice for ``positions`` positions after ``anchor_token`` at cache.length, from a
+        forward over ``block`` masked positions (default the drafter's trained block; >= positions)."""
         anchor = torch.tensor([anchor_token], device=self.device)
+        key = "draft" if block is None else ("draft", block)
         if self._use_graphs():
-            if "draft" not in self._graphs:
+            if key not in self._graphs:
                 static = anchor.clone()
-                captured = self._capture(lambda: self._draft_eager(static))
+                captured = self._capture(lambda: self._draft_eager(static, block))
                 if captured is not None:
-                    self._graphs["draft"] = (static, *captured)
-        if "draft" in self._graphs:
-            static, graph, (hidden, base) = self._graphs["draft"]
+                    self._graphs[key] = (static, *captured)
+        if key in self._graphs:
+            static, graph, (hidden, base) = self._graphs[key]
             static.copy_(anchor)
             graph.replay()
         else:
-            hidden, base = self._draft_eager(anchor)
+            hidden, base = self._draft_eager(anchor, block)
         return self.drafter.lattice(hidden, base, anchor_token, positions)
 
     def _fault(self, logits: torch.Tensor, predicted_index: torch.Tensor) -> torch.Tensor:
         """The §6.2 fault: +bias on every fault_stride-th vocabulary id for output indices >= fault_after."""
         opts = self.options
-        if opts.fault_after is None:
+        if opts.fault_after is None or not self._faulty:
             return logits
         hit = (predicted_index >= opts.fault_after).to(logits.dtype)[:, None]
         bias = torch.zeros(logits.shape[-1], device=logits.device, dtype=logits.dtype)
@@ -295,6 +333,7 @@ class Engine:
             raise ValueError(f"request {request.id!r} has an empty prompt")
         if len(prompt) + request.max_new_tokens + self.options.nodes + 2 > self.max_len:
             raise ValueError(f"request {request.id!r}: prompt + output exceed the engine's max_len {self.max_len}")
+        self._start_request(request)
         self._sync()
         start = time.perf_counter()
         self.cache.reset()
@@ -302,7 +341,10 @@ class Engine:
         last = lm_head(hidden[-1:], self.target.lm_head_weight, self.options.lm_head, self.options.splitk_chunks)
         first = int(self._fault(last, torch.zeros(1, device=self.device)).argmax(-1))
         outputs, times, accepted = [first], [time.perf_counter() - start], []
-        while len(outputs) < request.max_new_tokens:
+        limit = request.max_new_tokens
+        if self._faulty and self.options.stop_after is not None:
+            limit = min(limit, self.options.stop_after)
+        while len(outputs) < limit:
             pending_token = outputs[-1]
             if mode == "ar":
                 tokens, parents = [pending_token], [-1]
@@ -311,7 +353,7 @@ class Engine:
             rows = make_rows(tokens, parents, self.target.cfg.conv_size, self.device)
             logits, pending = self.verify(rows)
             logits = self._fault(logits, len(outputs) + rows.depth)
-            best = logits.argmax(-1).tolist()
+            best = self._predict(logits, len(outputs) + rows.depth)
             path = [0]
             children: dict[int, list[int]] = {}
             for i, p in enumerate(parents):
@@ -328,8 +370,27 @@ class Engine:
             times.extend([now] * len(new))
             accepted.append(len(new))
         total = time.perf_counter() - start
-        n = request.max_new_tokens
+        n = limit
         return Generation(request.id, list(prompt), outputs[:n], times[:n], total, len(accepted), accepted)
+
+    def _start_request(self, request: Request) -> None:
+        """Whether the faults apply to this request (a hash of its prompt against fault_requests), and
+        its seeded flip positions."""
+        opts = self.options
+        key = zlib.crc32(np.asarray(request.prompt_ids, dtype=np.int64).tobytes())
+        self._faulty = self.lossy and (key % 100_000) / 100_000 < opts.fault_requests
+        self._flips = None
+        if self._faulty and opts.flip_rate > 0:
+            flips = np.random.default_rng([opts.flip_seed, key]).random(request.max_new_tokens + opts.nodes + 2)
+            self._flips = torch.as_tensor(flips < opts.flip_rate, device=self.device)
+
+    def _predict(self, logits: torch.Tensor, predicted_index: torch.Tensor) -> list[int]:
+        """Each row's prediction: the argmax, or the runner-up at the request's flip positions."""
+        if self._flips is None:
+            return logits.argmax(-1).tolist()
+        top2 = logits.topk(2, dim=-1).indices
+        flip = self._flips[predicted_index.clamp(max=self._flips.numel() - 1)]
+        return torch.where(flip, top2[:, 1], top2[:, 0]).tolist()
 
     def _draft_tree(self, anchor_token: int) -> tuple[list[int], list[int]]:
         """Rows to verify: the anchor (root, row 0) and the drafted chain or tree below it."""

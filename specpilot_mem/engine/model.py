@@ -248,13 +248,20 @@ class AttnLayer(nn.Module):
         q, k, v, gate = self._project(x, torch.arange(x.shape[1], device=x.device))
         return self._attend(q, k, v, gate, None)
 
-    def forward_rows(self, x, rows: Rows, keys, values, length_t, window: int):
+    def forward_rows(self, x, rows: Rows, keys, values, length_t, window: int, rope_offset: int = 0,
+                     attn_window: int | None = None):
+        """``rope_offset`` and ``attn_window`` are the fault study's position and context faults (0 and
+        None in every lossless pass): rotate this many positions too far; see only the last
+        ``attn_window`` committed tokens."""
         R = rows.count
-        q, k, v, gate = self._project(x, length_t + rows.depth)
+        q, k, v, gate = self._project(x, length_t + rows.depth + rope_offset)
         slots = length_t + torch.arange(R, device=x.device)
         keys.index_copy_(1, slots, k.to(keys.dtype))
         values.index_copy_(1, slots, v.to(values.dtype))
-        mask = torch.arange(window, device=x.device)[None, :] < length_t
+        committed = torch.arange(window, device=x.device)[None, :]
+        mask = committed < length_t
+        if attn_window is not None:
+            mask = mask & (committed >= length_t - attn_window)
         mask = mask.expand(R, window).index_copy(1, slots, rows.anc)
         return self._attend(q, keys[:, :window], values[:, :window], gate, mask)
 
@@ -300,8 +307,10 @@ class HybridTarget(nn.Module):
                 feats.append(x)
         return self.norm(x), torch.cat(feats, dim=-1)
 
-    def forward_rows(self, rows: Rows, cache: Cache, gdn_method: str = "wy", window: int | None = None):
-        """rows against cache -> (final normed hidden [1, R, d], Pending). Writes rows' keys/values."""
+    def forward_rows(self, rows: Rows, cache: Cache, gdn_method: str = "wy", window: int | None = None,
+                     rope_offset: int = 0, attn_window: int | None = None):
+        """rows against cache -> (final normed hidden [1, R, d], Pending). Writes rows' keys/values.
+        ``rope_offset`` and ``attn_window``: see ``AttnLayer.forward_rows`` (faults, off by default)."""
         window = cache.max_len if window is None else window
         x = self.embed(rows.tokens)
         feats, states, convs = [], {}, {}
@@ -310,7 +319,8 @@ class HybridTarget(nn.Module):
             if block.kind == "gdn":
                 out, states[i], convs[i] = block.mixer.forward_rows(h, rows, cache.state[i], cache.conv[i], gdn_method)
             else:
-                out = block.mixer.forward_rows(h, rows, cache.keys[i], cache.values[i], cache.length_t, window)
+                out = block.mixer.forward_rows(h, rows, cache.keys[i], cache.values[i], cache.length_t, window,
+                                               rope_offset, attn_window)
             x = x + out
             x = x + block.mlp(block.norm_mlp(x))
             if i in self.cfg.feature_layers:
@@ -336,3 +346,39 @@ def lm_head(hidden, weight, mode: str = "dense", chunks: int = 4, fp32: bool = F
             total = part if total is None else total + part
         return total.to(hidden.dtype)
     raise ValueError(f"unknown LM head mode {mode!r}; use 'dense' or 'splitk'")
+
+
+WEIGHT_FORMATS = ("fp8", "int8", "int6", "int4")
+
+
+def quantize_weight(weight: torch.Tensor, fmt: str) -> torch.Tensor:
+    """``weight`` [out, in] rounded to a low-precision format with one scale per output channel, back in
+    its own dtype (fake quantization: what a verify pass on such weights computes with). ``fp8`` is
+    E4M3 scaled so each row's largest magnitude maps to 448; ``intN`` rounds to the nearest of the
+    2^(N-1)-1 levels each side of zero."""
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12)
+    if fmt == "fp8":
+        scale = amax / 448.0
+        q = (w / scale).to(torch.float8_e4m3fn).float() * scale
+    elif fmt in ("int8", "int6", "int4"):
+        levels = 2 ** (int(fmt[3:]) - 1) - 1
+        scale = amax / levels
+        q = torch.round(w / scale).clamp(-levels, levels) * scale
+    else:
+        raise ValueError(f"unknown weight format {fmt!r}; use one of {WEIGHT_FORMATS}")
+    return q.to(weight.dtype)
+
+
+def quantized_copy(target: HybridTarget, fmt: str) -> HybridTarget:
+    """A copy of ``target`` with every linear layer's weight and the (tied) head in ``fmt``; norms, the
+    GDN's conv and gates stay as they are."""
+    import copy
+
+    clone = copy.deepcopy(target)
+    with torch.no_grad():
+        for module in clone.modules():
+            if isinstance(module, nn.Linear):
+                module.weight.copy_(quantize_weight(module.weight, fmt))
+        clone.embed.weight.copy_(quantize_weight(clone.embed.weight, fmt))
+    return clone.eval()

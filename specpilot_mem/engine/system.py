@@ -55,33 +55,40 @@ class Linear:
         self._mma = None
         self._decoded = None
 
-    def w12(self):
-        if self._w12 is None:
+    def _convert(self) -> None:
+        """The W12 form, made once on the weight's device: for a bf16 model on a GPU only the mma layout (the
+        planes' second copy would double the W12 bytes); else the W12Tensor too (fp32 inputs take its exact decode)."""
+        if self._w12 is None and self._mma is None:
             from specpilot_kernels.w12 import encode, to_mma_layout
 
-            self._w12 = encode(self.weight.to(torch.bfloat16).contiguous(), check=True)
+            w12 = encode(self.weight.to(torch.bfloat16).contiguous(), check=True)
             if self.weight.is_cuda:
-                self._mma = to_mma_layout(self._w12)
-        return self._w12
-
-    def fp8_view(self):
-        from specpilot_kernels.w12 import fp8_view
-
-        return fp8_view(self.w12())
+                self._mma = to_mma_layout(w12)
+            if not self.weight.is_cuda or self.weight.dtype != torch.bfloat16:
+                self._w12 = w12
 
     def __call__(self, x, mode: str = "bf16"):
+        """y = x W^T. mode: "bf16" (cuBLAS), "w12" (the W12 mma kernel, exact weights), or "q8_truncated" /
+        "q8_midpoint" (the same kernel over the 8-bit view, the dropped bits zero or at their midpoint: the TLV Q
+        pass's weights; GPU only)."""
         if mode == "bf16":
             return F.linear(x, self.weight)
-        w12 = self.w12()
-        if x.is_cuda and x.dtype == torch.bfloat16:
-            from specpilot_kernels.w12 import w12_linear
+        self._convert()
+        if self._mma is not None and x.dtype == torch.bfloat16:
+            from specpilot_kernels.w12 import w12_mma_gemm
 
-            return w12_linear(x, self._mma)
+            flat = x.reshape(-1, x.shape[-1]).contiguous()
+            y = w12_mma_gemm(flat, self._mma, low_bits="exact" if mode == "w12" else mode.removeprefix("q8_"))
+            return y.reshape(*x.shape[:-1], y.shape[-1])
+        if mode != "w12":
+            raise ValueError(f"linear mode {mode!r} needs the W12 mma kernel (a CUDA GPU and bf16 inputs)")
+        if self._w12 is None:
+            raise ValueError("a bf16 model's W12 linears take bf16 inputs (the mma kernel)")
         if self._decoded is None or self._decoded.dtype != x.dtype:
             from specpilot_kernels.w12 import decode
 
-            self._decoded = decode(w12).to(x.dtype)  # the library's exact CPU path, decoded once
-        return F.linear(x, self._decoded)
+            self._decoded = decode(self._w12).to(x.dtype)
+        return F.linear(x, self._decoded)  # the exact decoded weight (the library's CPU path; fp32 inputs)
 
     @property
     def nbytes(self) -> int:
@@ -123,8 +130,8 @@ class Weights:
         device = torch.device(device)
         gen = torch.Generator(device=device).manual_seed(seed)
 
-        def normal(*size, std=0.02):
-            return (torch.randn(*size, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
+        def normal(*size, std=0.02):  # a BF16 checkpoint's values, whatever dtype the engine runs in
+            return (torch.randn(*size, generator=gen, device=device, dtype=torch.float32) * std).bfloat16().to(dtype)
 
         def ones(n):
             return torch.ones(n, device=device, dtype=dtype)
@@ -330,12 +337,12 @@ class SystemModel:
 
     # -- layers -----------------------------------------------------------------------------------------------
 
-    def _gdn(self, i, h, buf: StepBuffers, caches: Caches, ar: bool, saved: dict, write_cache: bool):
+    def _gdn(self, i, h, buf: StepBuffers, caches: Caches, ar: bool, saved: dict, write_cache: bool, mode: str):
         s, t = self.shape, self.w.t
         p = f"layers.{i}."
         B, T = buf.shape
         H, HV, D, C = s.gdn_key_heads, s.gdn_value_heads, s.gdn_head_dim, s.gdn_conv_channels
-        proj = self.w.lin(p + "gdn_in.w")(h, self.mode).view(B, T, -1)
+        proj = self.w.lin(p + "gdn_in.w")(h, mode).view(B, T, -1)
         qkv, z, ab = proj.split([C, HV * D, 2 * HV], dim=-1)
         window = torch.cat([caches.conv[i][:B], qkv], dim=1)
         cs = s.conv_size
@@ -355,7 +362,7 @@ class SystemModel:
             o = self._path_verify(q, k, v, a, b, A_log, dt_bias, pool, slots32, saved["schedule"])
         saved[i] = (q, k, v, a, b, win)
         o = rms_norm(o.to(h.dtype), t[p + "out_norm"], s.norm_eps) * F.silu(z).view(B, T, HV, D)
-        return self.w.lin(p + "gdn_out.w")(o.reshape(B * T, HV * D), self.mode)
+        return self.w.lin(p + "gdn_out.w")(o.reshape(B * T, HV * D), mode)
 
     def _snapshots(self, i, B, T):
         key = (i, B, T)
@@ -464,8 +471,14 @@ class SystemModel:
 
     # -- the pass ---------------------------------------------------------------------------------------------
 
-    def forward(self, buf: StepBuffers, caches: Caches, ar: bool = False, write_cache: bool = True):
-        """Final hidden [B*T, d], drafter features [B, T, F] (or None) and each GDN layer's saved inputs."""
+    def forward(self, buf: StepBuffers, caches: Caches, ar: bool = False, write_cache: bool = True,
+                linear_mode: str | None = None):
+        """Final hidden [B*T, d], drafter features [B, T, F] (or None) and each GDN layer's saved inputs.
+
+        Hooks: ``linear_mode`` runs every target linear in another mode (``Linear.__call__``; "q8_midpoint": the W12
+        kernel over the 8-bit view, the TLV Q pass); ``write_cache=False`` leaves KV, GDN states and conv windows as they are (the rows see
+        the cache and each other, nothing is stored), so a Q pass can precede the exact pass of the same rows."""
+        mode = linear_mode or self.mode
         s, t = self.shape, self.w.t
         B, T = buf.shape
         x = F.embedding(buf.tokens.view(-1), t["embed"])
@@ -480,9 +493,9 @@ class SystemModel:
         for i, kind in enumerate(s.layer_types):
             p = f"layers.{i}."
             h = rms_norm(x, t[p + "norm1"], s.norm_eps)
-            x = x + (self._gdn(i, h, buf, caches, ar, saved, write_cache) if kind == "gdn"
-                     else self._attn(i, h, buf, caches, write_cache))
-            x = x + self._mlp(p, rms_norm(x, t[p + "norm2"], s.norm_eps))
+            x = x + (self._gdn(i, h, buf, caches, ar, saved, write_cache, mode) if kind == "gdn"
+                     else self._attn(i, h, buf, caches, write_cache, mode=mode))
+            x = x + self._mlp(p, rms_norm(x, t[p + "norm2"], s.norm_eps), mode)
             if i in self.feature_layers:
                 feats.append(x.view(B, T, -1))
         hidden = rms_norm(x, t["final_norm"], s.norm_eps)

@@ -7,8 +7,10 @@ below its argmax, further than rounding explains. The audit explains an event, i
   own runs (stock makes the same departure, so the system is no worse than stock there);
 - ``stock-margin``: the stock engine's own logits, teacher-forced on the system's prefix, have that
   token as their argmax (stock would have made the same choice had it reached this prefix);
-- ``prefill-length``: re-scoring with the prefill ending at the event (and one token earlier) moves
-  the scorer's argmax, so the scorer itself is at a near-tie that depends on kernel shape.
+- ``prefill-length``: re-scoring with the prefill ending at the event (and one token earlier) makes
+  the emitted token the scorer's argmax, so the scorer itself is at a near-tie between the emitted
+  token and its argmax that depends on kernel shape. An argmax that moves to some third token
+  explains nothing about the emitted one.
 
 Like the paper, a seeded sample of events is audited (200 by default); the event rule then uses
 the sampled counts.
@@ -95,7 +97,7 @@ def explain(event: Event, output: ScoredOutput, *, scorer: Scorer, stock_paths: 
     if stock_engine is not None and _argmax_at(stock_engine, output, event.position, None) == event.token:
         return "stock-margin"
     for prefill_len in _prefill_lengths(len(output.prompt_ids), event.position):
-        if _argmax_at(scorer, output, event.position, prefill_len) != event.argmax:
+        if _argmax_at(scorer, output, event.position, prefill_len) == event.token:
             return "prefill-length"
     return None
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from specpilot_mem.forcing.verdict import Verdict
 from specpilot_mem.optional import pyplot
 
-COLORS = {"stock": "#9AA1AB", "accept": "#1F6FD6", "reject": "#E8613C"}
+COLORS = {"stock": "#9AA1AB", "accept": "#1F6FD6", "reject": "#E8613C", "inconclusive": "#E3B53B"}
 
 
 def plot_figure4(verdicts: Sequence[Verdict], path: str | Path, title: str | None = None) -> Path:

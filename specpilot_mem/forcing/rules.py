@@ -11,6 +11,20 @@ equal rates would split their sum in proportion to the tokens each side exposed,
 count is Binomial(total, exposure share) under the null hypothesis. When only a sample of the events
 is audited, the system's exposure is scaled by the sampled fraction (thinning keeps the count
 Poisson), so the test uses audited counts only.
+
+Band rule (for lossy verifies whose flips all sit under 2δ): mismatches whose margin lies in the
+upper near-tie band (δ/2, 2δ] are counted per token, and the system is rejected if a one-sided
+binomial test at level 0.01 finds them more than ``BAND_RATIO`` (2) times as frequent as stock's.
+Rounding flips at near-ties concentrate below δ/2 and occur at stock's rate whatever the reduction
+order; a verify with coarser weights flips near-ties that are further apart, which moves its
+mismatches up into the band (see ``docs/token-forcing.md``, fault study).
+
+Length rule: every output runs to its request's ``max_new_tokens`` or ends on a stop token; an
+output cut short elsewhere (or one longer than its limit) is a fault whatever its tokens.
+
+Power: from stock's numbers and the sample, the smallest rate difference the rate rule detects with
+80% power, and the events the event rule needs; ``verdict.py`` says ``inconclusive`` rather than
+``accept`` when either rule could not have seen what it is there to see.
 """
 
 from __future__ import annotations
@@ -18,12 +32,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from specpilot_mem.controller.stats import binomial_upper_tail, clustered_ratio, clustered_ratio_difference
+import math
+
+from specpilot_mem.controller.stats import binomial_upper_tail, clustered_ratio, clustered_ratio_difference, t_quantile
 from specpilot_mem.forcing.scorer import ForcingError, ScoredOutput
 
 RATE_LIMIT = 0.005
 LEVEL = 0.95
 EVENT_ALPHA = 0.05
+BAND_ALPHA = 0.01
+BAND_RATIO = 2.0
+POWER = 0.8
+Z_POWER = 0.8416212335729143  # the standard normal's 80% quantile
+# The event rate the event rule must be able to see (per token) when stock has almost no events:
+# one large-margin event per 1,000 tokens.
+EVENT_FLOOR = 1e-3
 
 
 @dataclass(frozen=True)
@@ -103,3 +126,194 @@ def event_rule(
     p_value = binomial_upper_tail(unexplained, total, share)
     return EventResult(delta, 2 * delta, system_events, system_tokens, audited, unexplained, stock_events, stock_tokens,
                        p_value, alpha, reject=unexplained > 0 and p_value < alpha)
+
+
+def _needed_events(stock_events: int, share: float, alpha: float) -> int | None:
+    """The fewest unexplained events the binomial test rejects on, given stock's count (None: never)."""
+    for x in range(1, 10_000):
+        if binomial_upper_tail(x, x + stock_events, share) < alpha:
+            return x
+    return None
+
+
+def _poisson_at_least(k: int, mean: float) -> float:
+    """P(Poisson(mean) >= k)."""
+    if k <= 0:
+        return 1.0
+    term, below = math.exp(-mean), 0.0
+    for i in range(k):
+        below += term
+        term *= mean / (i + 1)
+    return max(0.0, 1.0 - below)
+
+
+@dataclass(frozen=True)
+class Power:
+    """What the sample can see. Rate rule: ``rate_detectable`` is the smallest mismatch-rate excess over
+    stock it rejects with 80% power (the limit plus (t + z_0.8) standard errors of the paired
+    difference, the larger of stock's calibrated one and the one observed); the sample suffices when
+    that is at most twice the limit (it can tell the 0.5-point margin from no excess at all).
+    Event rule: ``events_needed`` is the fewest unexplained events it rejects on given stock's count;
+    ``event_power`` the chance of seeing them if the system's unexplained events ran at twice stock's
+    rate (at least one per 1,000 tokens). ``requests_needed`` and ``tokens_needed`` say what would
+    suffice (the same tokens per request)."""
+
+    rate_se: float
+    rate_detectable: float
+    rate_sufficient: bool
+    events_needed: int | None
+    event_alternative: float
+    event_power: float
+    event_sufficient: bool
+    requests: int
+    tokens: int
+    requests_needed: int
+    tokens_needed: int
+
+    @property
+    def sufficient(self) -> bool:
+        return self.rate_sufficient and self.event_sufficient
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def statement(self) -> str:
+        """The power in words, with what sample would suffice."""
+        text = (f"rate rule detects an excess of {100 * self.rate_detectable:.2f} points with 80% power; event rule needs "
+                f"{self.events_needed} unexplained events and sees a rate of {1000 * self.event_alternative:.2g} per "
+                f"1,000 tokens with {100 * self.event_power:.0f}% power ({self.requests} requests, {self.tokens} tokens)")
+        if not self.sufficient:
+            text += (f"; the sample cannot tell: about {self.requests_needed} requests ({self.tokens_needed} tokens) "
+                     "would suffice")
+        return text
+
+
+def _rate_resolution(stock_m: list[int], stock_n: list[int], observed_se: float, level: float, limit: float) -> tuple[float, float]:
+    """(standard error, detectable excess) of the paired rate difference."""
+    requests, tokens = len(stock_n), sum(stock_n)
+    stock = clustered_ratio(stock_m, stock_n)
+    alternative = min(stock.value + 2 * limit, 1.0)
+    # A system like stock, independent of it, at rate stock + 2 * limit: the difference's variance is
+    # stock's twice over plus the binomial variance the extra mismatches add.
+    calibrated = math.sqrt(2 * stock.se**2 + alternative * (1 - alternative) / tokens) if requests > 1 else math.inf
+    se = max(calibrated, observed_se if math.isfinite(observed_se) else math.inf)
+    t = t_quantile(0.5 + level / 2, max(requests - 1, 1))
+    return se, limit + (t + Z_POWER) * se
+
+
+def _event_power(stock_events: int, stock_tokens: int, system_tokens: int, alpha: float) -> tuple[int | None, float, float]:
+    share = system_tokens / (system_tokens + stock_tokens)
+    needed = _needed_events(stock_events, share, alpha)
+    alternative = max(2 * stock_events / stock_tokens, EVENT_FLOOR)
+    power = 0.0 if needed is None else _poisson_at_least(needed, alternative * system_tokens)
+    return needed, alternative, power
+
+
+def power(system: Mapping[str, ScoredOutput], stock: Mapping[str, ScoredOutput], *, delta: float, rate: RateResult,
+          level: float = LEVEL, alpha: float = EVENT_ALPHA) -> Power:
+    """The power of the rate and event rules on this sample (``Power``)."""
+    ids = sorted(stock)
+    stock_m, stock_n = mismatch_counts(stock, ids)
+    requests, tokens = len(ids), sum(stock_n)
+    t = t_quantile(0.5 + level / 2, max(requests - 1, 1))
+    observed_se = (rate.difference_high - rate.difference) / t if requests > 1 else math.inf
+    se, detectable = _rate_resolution(stock_m, stock_n, observed_se, level, rate.limit)
+    stock_events = sum(int((o.margin > 2 * delta).sum()) for o in stock.values())
+    system_tokens = sum(o.tokens for o in system.values())
+    needed, alternative, event_power = _event_power(stock_events, tokens, system_tokens, alpha)
+    rate_ok, event_ok = detectable <= 2 * rate.limit, event_power >= POWER
+    scale = 1.0
+    if not rate_ok and math.isfinite(se):
+        scale = max(scale, ((t + Z_POWER) * se / rate.limit) ** 2)
+    if not event_ok:
+        factor = 1.0
+        while factor < 1e4:
+            factor *= 1.25
+            n_sys, n_stock = int(system_tokens * factor), int(tokens * factor)
+            k = round(stock_events * factor)
+            if _event_power(k, n_stock, n_sys, alpha)[2] >= POWER:
+                break
+        scale = max(scale, factor)
+    if not math.isfinite(scale):
+        scale = 1e4
+    return Power(se, detectable, rate_ok, needed, alternative, event_power, event_ok, requests, tokens,
+                 requests_needed=max(requests, math.ceil(requests * scale)),
+                 tokens_needed=max(tokens, math.ceil(tokens * scale)))
+
+
+@dataclass(frozen=True)
+class BandResult:
+    low: float  # the band is (low, high] nats of margin
+    high: float
+    system_mismatches: int
+    system_tokens: int
+    stock_mismatches: int
+    stock_tokens: int
+    ratio: float
+    p_value: float
+    alpha: float
+    reject: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def band_counts(scored: Mapping[str, ScoredOutput], low: float, high: float) -> int:
+    return sum(int(((o.margin > low) & (o.margin <= high)).sum()) for o in scored.values())
+
+
+def band_rule(system: Mapping[str, ScoredOutput], stock: Mapping[str, ScoredOutput], *, delta: float,
+              ratio: float = BAND_RATIO, alpha: float = BAND_ALPHA) -> BandResult:
+    """Reject if mismatches with margin in (δ/2, 2δ] are more than ``ratio`` times as frequent per token
+    as stock's: under that null, given both counts, the system's is Binomial(sum, π) with
+    π = ratio·N_sys / (ratio·N_sys + N_stock)."""
+    low, high = delta / 2, 2 * delta
+    x, s = band_counts(system, low, high), band_counts(stock, low, high)
+    n_sys, n_stock = sum(o.tokens for o in system.values()), sum(o.tokens for o in stock.values())
+    share = ratio * n_sys / (ratio * n_sys + n_stock)
+    p_value = binomial_upper_tail(x, x + s, share)
+    observed = (x / n_sys) / (s / n_stock) if s else (math.inf if x else 1.0)
+    return BandResult(low, high, x, n_sys, s, n_stock, observed, p_value, alpha, reject=x > 0 and p_value < alpha)
+
+
+@dataclass(frozen=True)
+class LengthResult:
+    """Outputs that stopped where stock could not have: short of ``max_new_tokens`` without a stop
+    token at their end, or longer than it."""
+
+    truncated: tuple[str, ...]
+    overlong: tuple[str, ...]
+    length_differs: int  # requests whose output length differs from stock's (any reason)
+    reject: bool
+
+    def to_dict(self) -> dict:
+        return {"truncated": list(self.truncated), "overlong": list(self.overlong),
+                "length_differs": self.length_differs, "reject": self.reject}
+
+
+def stop_reason(output: ScoredOutput, stop_ids: frozenset[int], limit: int | None) -> str:
+    """``length`` (ran to the limit), ``stop`` (ended on a stop token), ``overlong`` or ``truncated``."""
+    if limit is not None and output.tokens > limit:
+        return "overlong"
+    if output.output_ids and output.output_ids[-1] in stop_ids:
+        return "stop"
+    if limit is None or output.tokens == limit:
+        return "length"
+    return "truncated"
+
+
+def length_rule(system: Mapping[str, ScoredOutput], stock: Mapping[str, ScoredOutput],
+                stop_ids: frozenset[int] = frozenset()) -> LengthResult:
+    """Each output's stop reason against its request's limit (``ScoredOutput.max_new_tokens``, else
+    stock's length for that request)."""
+    truncated, overlong = [], []
+    for rid in sorted(system):
+        out, ref = system[rid], stock[rid]
+        limit = out.max_new_tokens if out.max_new_tokens is not None else ref.tokens
+        reason = stop_reason(out, stop_ids, limit)
+        if reason == "truncated":
+            truncated.append(rid)
+        elif reason == "overlong":
+            overlong.append(rid)
+    differs = sum(system[rid].tokens != stock[rid].tokens for rid in system)
+    return LengthResult(tuple(truncated), tuple(overlong), differs, reject=bool(truncated or overlong))

@@ -7,7 +7,8 @@ two log-probabilities. ``prefill_len`` moves where the first forward pass of pro
 (default: after the prompt); the rest follows in later passes, so the logits at a position come from
 a different kernel shape and chunking. The audit uses this to find near-ties that move with
 the prefill length. The pure-torch engine's scorer and the SGLang scorer client implement it; a
-scorer that also has ``encode(text) -> token ids`` lets request sets use text prompts.
+scorer that also has ``encode(text) -> token ids`` lets request sets use text prompts, and one with
+``score_batch`` scores whole request sets in batched passes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,26 @@ from specpilot_mem.errors import SpecPilotError
 
 class ForcingError(SpecPilotError):
     """Token forcing cannot run on the inputs it was given."""
+
+
+# The sealed final's long-output pass: outputs of up to 4,096 tokens, as in the paper's finals.
+LONG_OUTPUT_TOKENS = 4096
+
+
+def long_output_requests(requests: Sequence[Request], context: int | None,
+                         encode: Callable[[str], Sequence[int]] | None) -> list[Request]:
+    """The requests with ``max_new_tokens`` of the long-output pass: ``LONG_OUTPUT_TOKENS``, or what the
+    scorer's ``context`` leaves after each prompt when that is less."""
+    from dataclasses import replace
+
+    longer = []
+    for request in requests:
+        room = LONG_OUTPUT_TOKENS if context is None else min(LONG_OUTPUT_TOKENS, context - len(request.token_ids(encode)))
+        if room < 1:
+            raise ForcingError(f"request {request.id!r} leaves no room for an output in the scorer's context of {context}",
+                               where=f"request {request.id}", fix="shorten its prompt, or leave the long-output pass off")
+        longer.append(replace(request, max_new_tokens=room))
+    return longer
 
 
 @dataclass(frozen=True)
@@ -74,6 +95,7 @@ class ScoredOutput:
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
     scores: TokenScores
+    max_new_tokens: int | None = None  # the request's limit (the length rule's reference)
 
     @property
     def mismatch(self) -> np.ndarray:
@@ -101,26 +123,33 @@ def score_outputs(
     """Score every request's output; every request must have one, with at least one token.
 
     Text prompts are encoded with ``encode``, else with the scorer's own ``encode`` method if it has one.
+    A scorer with ``score_batch(items) -> list[TokenScores]`` scores all outputs in batched passes.
     """
     encode = encode or getattr(scorer, "encode", None)
     missing = [r.id for r in requests if r.id not in outputs]
     if missing:
         raise ForcingError(f"{len(missing)} request(s) have no output, e.g. {missing[:5]}", where="outputs",
                            fix="score the outputs of a run over this request set")
-    scored: dict[str, ScoredOutput] = {}
+    items = []
     for request in requests:
         output = outputs[request.id]
         if not output.output_ids:
             raise ForcingError(f"request {request.id!r} has an empty output", where=f"request {request.id}",
                                fix="every request must produce at least one token")
-        prompt = request.token_ids(encode)
-        scores = scorer.score(prompt, list(output.output_ids))
-        if len(scores.argmax) != len(output.output_ids):
+        items.append((request, request.token_ids(encode), list(output.output_ids)))
+    batch = getattr(scorer, "score_batch", None)
+    if batch is not None:  # one whole-sequence pass per output, many outputs per pass
+        all_scores = batch([(prompt, output) for _, prompt, output in items])
+    else:
+        all_scores = [scorer.score(prompt, output) for _, prompt, output in items]
+    scored: dict[str, ScoredOutput] = {}
+    for (request, prompt, output), scores in zip(items, all_scores):
+        if len(scores.argmax) != len(output):
             raise ForcingError(
-                f"scorer returned {len(scores.argmax)} positions for {len(output.output_ids)} tokens",
+                f"scorer returned {len(scores.argmax)} positions for {len(output)} tokens",
                 where=f"request {request.id}", fix="the scorer must return one score per output token",
             )
-        scored[request.id] = ScoredOutput(request.id, tuple(prompt), output.output_ids, scores)
+        scored[request.id] = ScoredOutput(request.id, tuple(prompt), tuple(output), scores, request.max_new_tokens)
         if on_request is not None:
             on_request()
     return scored

@@ -1,4 +1,9 @@
-"""Token forcing end to end: a system's scored outputs in, a verdict with all its numbers out."""
+"""Token forcing end to end: a system's scored outputs in, a verdict with all its numbers out.
+
+A verdict is ``reject`` when any rule rejects (rate, event, band, length), ``inconclusive`` when none
+does but the sample could not have seen a 0.5-point rate excess or a doubling of large-margin events
+(``rules.Power``), and ``accept`` only when none rejects and the sample was large enough to.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from specpilot_mem.forcing.audit import AUDIT_SAMPLE, audit, find_events
-from specpilot_mem.forcing.rules import EVENT_ALPHA, RATE_LIMIT, EventResult, RateResult, event_rule, rate_rule
+from specpilot_mem.controller.stats import binomial_upper_tail
+from specpilot_mem.forcing.rules import (
+    EVENT_ALPHA, RATE_LIMIT, BandResult, EventResult, LengthResult, Power, RateResult, band_rule, event_rule, length_rule,
+    power, rate_rule, stop_reason,
+)
 from specpilot_mem.controller.requests import Request
 from specpilot_mem.controller.system import RequestOutput
 from specpilot_mem.forcing.scorer import ForcingError, ScoredOutput, Scorer, score_outputs
@@ -21,7 +30,7 @@ class Verdict:
 
     system: str
     stock: str
-    verdict: Literal["accept", "reject"]
+    verdict: Literal["accept", "reject", "inconclusive"]
     reasons: tuple[str, ...]
     requests: int
     delta: float
@@ -30,6 +39,10 @@ class Verdict:
     explained_by: dict[str, int]
     unexplained_examples: tuple[dict, ...] = field(default_factory=tuple)
     synthetic: bool = False
+    band: BandResult | None = None
+    length: LengthResult | None = None
+    power: Power | None = None
+    per_request: tuple[dict, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict:
         return {
@@ -37,15 +50,24 @@ class Verdict:
             "requests": self.requests, "delta": self.delta, "synthetic": self.synthetic,
             "rate": self.rate.to_dict(), "events": self.events.to_dict(), "explained_by": dict(self.explained_by),
             "unexplained_examples": list(self.unexplained_examples),
+            "band": self.band.to_dict() if self.band else None, "length": self.length.to_dict() if self.length else None,
+            "power": self.power.to_dict() if self.power else None,
+            "power_statement": self.power.statement() if self.power else None, "per_request": list(self.per_request),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "Verdict":
+        length = data.get("length")
         return cls(
             system=data["system"], stock=data["stock"], verdict=data["verdict"], reasons=tuple(data["reasons"]),
             requests=data["requests"], delta=data["delta"], rate=RateResult(**data["rate"]),
             events=EventResult(**data["events"]), explained_by=dict(data["explained_by"]),
             unexplained_examples=tuple(data.get("unexplained_examples", ())), synthetic=data.get("synthetic", False),
+            band=BandResult(**data["band"]) if data.get("band") else None,
+            length=LengthResult(tuple(length["truncated"]), tuple(length["overlong"]), length["length_differs"],
+                                length["reject"]) if length else None,
+            power=Power(**data["power"]) if data.get("power") else None,
+            per_request=tuple(data.get("per_request", ())),
         )
 
 
@@ -68,12 +90,21 @@ class TokenForcing:
     seed: int = 0
     rate_limit: float = RATE_LIMIT
     alpha: float = EVENT_ALPHA
+    stop_ids: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if self.delta <= 0:
             raise ForcingError(f"δ must be positive, got {self.delta}", where="delta", fix="calibrate δ on AR and stock outputs")
         if self.stock_paths is None:
             self.stock_paths = {rid: [out.output_ids] for rid, out in self.stock.items()}
+        self.stop_ids = frozenset(self.stop_ids or getattr(self.scorer, "stop_ids", ()))
+        cut = [rid for rid, out in sorted(self.stock.items())
+               if stop_reason(out, self.stop_ids, out.max_new_tokens) in ("truncated", "overlong")]
+        if cut:
+            raise ForcingError(f"stock's outputs stop short of (or run past) their max_new_tokens on {len(cut)} "
+                               f"request(s), e.g. {cut[:5]}", where="stock outputs",
+                               fix="judge against a complete stock run: every output must run to max_new_tokens or "
+                                   "end on a stop token")
 
     def judge(self, name: str, system: Mapping[str, ScoredOutput], *, synthetic: bool = False,
               on_event: Callable[[], None] | None = None) -> Verdict:
@@ -87,6 +118,9 @@ class TokenForcing:
             stock_events=len(find_events(self.stock, self.delta)), stock_tokens=sum(o.tokens for o in self.stock.values()),
             alpha=self.alpha,
         )
+        band = band_rule(system, self.stock, delta=self.delta)
+        length = length_rule(system, self.stock, self.stop_ids)
+        seen = power(system, self.stock, delta=self.delta, rate=rate, alpha=self.alpha)
         reasons = []
         if rate.reject:
             reasons.append(
@@ -98,13 +132,51 @@ class TokenForcing:
                 f"event rule: {event.unexplained} of {event.audited} audited large-margin events (margin > {event.threshold:g}) "
                 f"unexplained, against {event.stock_events} stock events; binomial p = {event.p_value:.2g} < {event.alpha:g}"
             )
+        if band.reject:
+            reasons.append(
+                f"band rule: {band.system_mismatches} mismatches with margin in ({band.low:g}, {band.high:g}] against "
+                f"stock's {band.stock_mismatches} (ratio {band.ratio:.3g} per token); p = {band.p_value:.2g} < "
+                f"{band.alpha:g} for a ratio above 2"
+            )
+        if length.reject:
+            cut = [*length.truncated, *length.overlong]
+            reasons.append(f"length rule: {len(cut)} output(s) stop where no lossless system stops (not at "
+                           f"max_new_tokens, not on a stop token), e.g. {cut[:5]}")
+        if reasons:
+            outcome = "reject"
+        elif not seen.sufficient:
+            outcome = "inconclusive"
+            reasons.append("inconclusive: no rule rejects, but " + seen.statement())
+        else:
+            outcome = "accept"
         examples = tuple(a.to_dict() for a in audited.sampled if a.explained_by is None)[:UNEXPLAINED_EXAMPLES]
         return Verdict(
-            system=name, stock=self.stock_name, verdict="reject" if reasons else "accept", reasons=tuple(reasons),
+            system=name, stock=self.stock_name, verdict=outcome, reasons=tuple(reasons),
             requests=len(system), delta=self.delta, rate=rate, events=event, explained_by=audited.explained_by(),
-            unexplained_examples=examples, synthetic=synthetic,
+            unexplained_examples=examples, synthetic=synthetic, band=band, length=length, power=seen,
+            per_request=self._per_request(system, events),
         )
 
+    def _per_request(self, system: Mapping[str, ScoredOutput], events) -> tuple[dict, ...]:
+        """Each request's counts beside stock's, and how improbable its mismatches are at stock's pooled
+        rate (binomial tail; ``flagged`` below 0.05 / requests): a fault confined to a few requests
+        shows here even when the pooled rates hide it."""
+        tokens = sum(o.tokens for o in self.stock.values())
+        pooled = max(sum(int(o.mismatch.sum()) for o in self.stock.values()), 1) / max(tokens, 1)
+        per_event: dict[str, int] = {}
+        for event in events:
+            per_event[event.id] = per_event.get(event.id, 0) + 1
+        rows = []
+        for rid in sorted(system):
+            out, ref = system[rid], self.stock[rid]
+            mismatches = int(out.mismatch.sum())
+            p_value = binomial_upper_tail(mismatches, out.tokens, pooled)
+            rows.append({"id": rid, "tokens": out.tokens, "stock_tokens": ref.tokens, "mismatches": mismatches,
+                         "stock_mismatches": int(ref.mismatch.sum()), "events": per_event.get(rid, 0),
+                         "stop": stop_reason(out, self.stop_ids, out.max_new_tokens if out.max_new_tokens is not None
+                                             else ref.tokens),
+                         "p_value": p_value, "flagged": p_value < 0.05 / len(system)})
+        return tuple(rows)
 
 
 def judge_outputs(

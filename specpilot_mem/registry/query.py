@@ -140,9 +140,10 @@ def query_entries(con: duckdb.DuckDBPyConnection, filters: QueryFilters) -> list
         where.append(f"(id IN (SELECT entry_id FROM fit WHERE arch = $arch) OR ({variant_match}))")
     elif setting_given:
         where.append("id IN (SELECT entry_id FROM fit)")
-    for n, word in enumerate((filters.text or "").lower().split()):
-        params[f"word{n}"] = word
-        where.append(f"contains(search_text, $word{n})")
+    words = list(dict.fromkeys((filters.text or "").lower().split()))  # one condition, however many words
+    if words:
+        params["words"] = words
+        where.append("len(list_filter($words, lambda word: NOT contains(search_text, word))) = 0")
     if filters.validated_only:
         where.append("validated")
     if filters.status:

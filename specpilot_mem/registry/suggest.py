@@ -13,7 +13,9 @@ As the paper's master does (§3.4), a new deployment starts from stock plus vali
   entries that need it, and flagged when they would not have been proposed on their own;
 - verified entries are preferred: they come first and say so; a candidate is proposed after them with a
   flag (not verified on its release: re-measure first), or left out with ``verified_only``; a superseded
-  entry (upstream already has it) is never proposed.
+  entry (upstream already has it) is never proposed;
+- every other entry of the memory is left out with why: no evidence or variant for the hardware, not
+  validated, or never measured in the regime (so an empty suggestion is never silent).
 """
 
 from __future__ import annotations
@@ -101,6 +103,20 @@ def suggest_entries(con: duckdb.DuckDBPyConnection, *, gpu: GPU | None, arch: st
                 suggestion.flags.append(f"not measured in the {regime} regime")
             suggestion.flags.extend(_flags(match, gpu, arch, setting))
         pulled[entry_id] = suggestion
+    picked = {*proposed, *pulled, *(s.id for s in left_out)}
+    fits_hardware = {m.id for m in query_entries(con, QueryFilters(gpu=hardware))}
+    for entry_id, title, status, validated in con.execute(
+            "SELECT id, title, status, validated FROM entries ORDER BY id").fetchall():
+        if entry_id in picked:
+            continue
+        if entry_id not in fits_hardware:
+            why = f"no evidence on {hardware} or another {arch} GPU, and no variant built for {arch}"
+        elif not validated:
+            why = ("not validated: never timed end to end on real weights (a non-synthetic paired run), "
+                   "or a verdict rejected it")
+        else:
+            why = f"never measured in the {regime} regime"
+        left_out.append(Suggestion(entry_id, title, [why], status=status))
     return list(proposed.values()) + list(pulled.values()), left_out
 
 

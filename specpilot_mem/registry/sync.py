@@ -11,7 +11,6 @@ rebuilt, not trusted. Every record is parsed before anything is written, so a ba
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -35,13 +34,13 @@ from specpilot_mem.home import Home
 from specpilot_mem.models import DeploymentRecord, EntryRecord
 from specpilot_mem.registry.schema import ENTRY_TABLES, SCHEMA_VERSION, TABLES
 from specpilot_mem.rounds.models import PromotionLog, RoundState
+from specpilot_mem.store.file_lock import file_lock
 from specpilot_mem.store.records import ENTRY_FILE, entry_path, load_entry, load_record_file
 
 DEPLOYMENT_FILE = "deployment.yaml"
 ROUND_DIR = re.compile(r"^round-([0-9]+)$")
 ROUND_FILE = "round.yaml"  # a folder is a round once it has this file (see specpilot_mem.rounds.files)
 PROMOTIONS_FILE = "promotions.yaml"
-LOCK_TIMEOUT_S = 60.0
 # Readers need no extensions (and loading them costs start-up time).
 READ_CONFIG = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
 
@@ -374,14 +373,62 @@ def stored_hashes(db: Path, con: duckdb.DuckDBPyConnection | None = None) -> dic
             con.close()
 
 
-def _hashes_if_current(con: duckdb.DuckDBPyConnection) -> dict[str, str] | None:
+_SHAPE_SQL = ("SELECT table_name, column_index, column_name, data_type, is_nullable FROM duckdb_columns() "
+              "WHERE database_name = ? AND schema_name = 'main' ORDER BY table_name, column_index")
+_EXPECTED_SHAPE: list[tuple] = []
+
+
+def _expected_shape() -> list[tuple]:
+    """The tables and columns ``TABLES`` creates (built once per process in an empty in-memory database)."""
+    if not _EXPECTED_SHAPE:
+        con = duckdb.connect(":memory:")
+        try:
+            _create_schema(con)
+            _EXPECTED_SHAPE.extend(con.execute(_SHAPE_SQL, ["memory"]).fetchall())
+        finally:
+            con.close()
+    return _EXPECTED_SHAPE
+
+
+def _hashes_if_current(con: duckdb.DuckDBPyConnection, alias: str = "registry") -> dict[str, str] | None:
+    """The stored hashes, or None when the file is of another schema version or, at this version, of
+    another shape (a table or column missing, added or retyped), so it is rebuilt, not trusted."""
     try:
         version = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if version is None or version[0] != str(SCHEMA_VERSION):
             return None
+        if con.execute(_SHAPE_SQL, [alias]).fetchall() != _expected_shape():
+            return None
         return dict(con.execute("SELECT path, sha256 FROM files").fetchall())
     except duckdb.Error:
         return None
+
+
+def _content_digest(con: duckdb.DuckDBPyConnection, alias: str) -> str:
+    """A digest of every table's shape and rows (in a canonical order): equal digests, equal registries."""
+    digest = hashlib.sha256(repr(con.execute(_SHAPE_SQL, [alias]).fetchall()).encode())
+    for table in sorted(TABLES):
+        rows = con.execute(f"SELECT md5(coalesce(string_agg(CAST(t AS VARCHAR), chr(10) ORDER BY CAST(t AS VARCHAR)), ''))"
+                           f" FROM {alias}.main.{table} AS t").fetchone()[0]
+        digest.update(f"{table}:{rows}".encode())
+    return digest.hexdigest()
+
+
+def _unchanged(con: duckdb.DuckDBPyConnection, built_digest: str, registry: Path) -> bool:
+    """Whether the registry file already holds exactly what was built (then it is left byte-identical:
+    DuckDB writes a random database id into every new file)."""
+    if not registry.is_file():
+        return False
+    try:
+        con.execute("ATTACH ? AS current_registry (READ_ONLY)", [str(registry)])
+    except duckdb.Error:
+        return False
+    try:
+        return _content_digest(con, "current_registry") == built_digest
+    except duckdb.Error:
+        return False
+    finally:
+        _detach(con, "current_registry")
 
 
 def _diff(current: dict[str, RecordFile], stored: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
@@ -392,32 +439,15 @@ def _diff(current: dict[str, RecordFile], stored: dict[str, str]) -> tuple[list[
 
 
 @contextmanager
-def writer_lock(home: Home, timeout_s: float = LOCK_TIMEOUT_S):
-    """One registry writer at a time per home (an advisory flock on .specpilot/registry.lock)."""
-    lock_path = home.state / "registry.lock"
+def writer_lock(home: Home, timeout_s: float | None = None):
+    """One registry writer at a time per home (``store.file_lock`` on .specpilot/registry.lock)."""
     try:
         home.state.mkdir(parents=True, exist_ok=True)
-        handle = open(lock_path, "a+")
     except OSError as err:
-        raise RegistryError(f"cannot take the registry's writer lock: {err}", where=str(lock_path),
+        raise RegistryError(f"cannot take the registry's writer lock: {err}", where=str(home.state / "registry.lock"),
                             fix=f"make {home.state} a writable folder (it holds machine-local state)") from err
-    with handle:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise RegistryError(
-                        f"another process has been syncing the registry for over {timeout_s:.0f} s",
-                        where=str(lock_path), fix="wait for it to finish, or end it if it hung",
-                    ) from None
-                time.sleep(0.02)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with file_lock(home.state / "registry.lock", timeout_s=timeout_s, what="the registry"):
+        yield
 
 
 def _create_schema(con: duckdb.DuckDBPyConnection) -> None:
@@ -537,11 +567,13 @@ def _build_and_replace(home: Home, con: duckdb.DuckDBPyConnection, rows: dict[st
             con.execute("COMMIT")
             open_transaction = False
             con.execute("CHECKPOINT build")
+            built = _content_digest(con, "build")
         finally:
             if open_transaction:
                 con.execute("ROLLBACK")
             _detach(con, "build")
-        os.replace(tmp, home.registry)
+        if not _unchanged(con, built, home.registry):
+            os.replace(tmp, home.registry)
     finally:
         tmp.unlink(missing_ok=True)
         wal.unlink(missing_ok=True)

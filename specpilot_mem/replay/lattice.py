@@ -15,6 +15,8 @@ Engines write with ``LatticeRecorder``; everything else reads with ``load_lattic
 from __future__ import annotations
 
 import json
+import zipfile
+import zlib
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -175,9 +177,11 @@ def load_lattice(path: str | os.PathLike) -> Lattice:
                                    fix="write lattices with LatticeRecorder")
             meta = json.loads(str(data["meta"]))
             arrays = {name: data[name] for name in ARRAYS}
-    except (OSError, ValueError) as err:
-        raise LatticeError(f"cannot read lattice file: {err}", where=where,
-                           fix="pass a .npz file written by LatticeRecorder") from err
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
+        # a truncated or damaged .npz fails inside zipfile/zlib, not only with OSError
+        raise LatticeError(f"cannot read lattice file ({type(err).__name__}: {err}); it is damaged or truncated",
+                           where=where, fix="record it again, or pass a complete .npz file written by LatticeRecorder"
+                           ) from err
     lat = Lattice(meta=meta, source=where, **arrays)
     validate(lat, where)
     return lat

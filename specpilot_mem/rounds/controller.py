@@ -33,7 +33,7 @@ from specpilot_mem.controller.sealed import judge_final
 from specpilot_mem.controller.system import RequestOutput, load_outputs, write_outputs
 from specpilot_mem.errors import RoundError, SpecPilotError
 from specpilot_mem.forcing.calibrate import calibrate_delta
-from specpilot_mem.forcing.scorer import score_outputs
+from specpilot_mem.forcing.scorer import long_output_requests, score_outputs
 from specpilot_mem.forcing.verdict import TokenForcing
 from specpilot_mem.home import Home
 from specpilot_mem.rounds.sandbox import Sandbox
@@ -170,22 +170,27 @@ def measure(home: Home, job: dict) -> dict:
     rates = [o.rate for r in paired.runs_b for o in r.outputs]
     return {"kind": "measure", "gain": estimate.to_dict(), "divergent": divergent, "decision": decision.to_dict(),
             "token_forcing": verdict.to_dict(), "requests": len(requests), "devices": job["devices"],
-            "candidate_rate": sum(rates) / len(rates), "promote": decision.promote and verdict.verdict == "accept",
+            "candidate_rate": sum(rates) / len(rates), "promote": decision.promote and verdict.verdict != "reject",
             "evidence": _evidence(run)}
 
 
 def sealed(home: Home, job: dict) -> dict:
     requests = _requests(job, "unseen")
     judge = Judge(home, job)
-    run = pool_paired_run(_devices(job), _spec(home, job, "stock"), _spec(home, job, "candidate"), requests,
-                          _policy(job, job["repeats"]), encode=judge.encoder(requests))
     scorer = judge.scorer()
+    encode = judge.encoder(requests)
+    if job.get("long_outputs"):
+        requests = long_output_requests(requests, getattr(scorer, "max_len", None),
+                                        encode or getattr(scorer, "encode", None))
+    run = pool_paired_run(_devices(job), _spec(home, job, "stock"), _spec(home, job, "candidate"), requests,
+                          _policy(job, job["repeats"]), encode=encode)
 
     def forcing(candidate_outputs, stock_outputs):
         tokens = TokenForcing(scorer, score_outputs(scorer, requests, stock_outputs), job["delta"])
         return tokens.judge("final", score_outputs(scorer, requests, candidate_outputs))
 
-    result = judge_final(run.paired, requests, forcing).to_dict()
+    result = judge_final(run.paired, requests, forcing,
+                         require_conclusive=job.get("require_conclusive", True)).to_dict()
     result.pop("paired")
     return {"kind": "sealed", **result, "requests": len(requests), "evidence": _evidence(run)}
 

@@ -115,6 +115,11 @@ class RoundConfig(Record):
     noise_repeats: int = 2
     max_new_tokens: int | None = None
     sealed_max_new_tokens: int | None = Field(default=None, description="longer outputs for the sealed final")
+    sealed_long_outputs: bool = Field(
+        default=True, description="without sealed_max_new_tokens, the sealed final's outputs run to 4,096 tokens or the "
+                                  "scorer's context (the paper's long-output pass)")
+    sealed_require_conclusive: bool = Field(
+        default=True, description="accept the sealed final only on a token-forcing accept, not an inconclusive verdict")
     agent: dict[str, Any] = Field(default_factory=lambda: {"backend": "scripted"})
     protected_paths: list[str] = Field(
         default_factory=lambda: ["controller/", "bench/", "requests/"],

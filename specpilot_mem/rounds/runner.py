@@ -287,7 +287,8 @@ class RoundRunner:
             f"SpecPilot-Threshold: {result['decision']['threshold']:.4f}\n"
             f"SpecPilot-Token-Forcing: {tf['verdict']} (mismatch {100 * rate['system_rate']:.2f}% vs stock "
             f"{100 * rate['stock_rate']:.2f}%)\n"
-            f"SpecPilot-Requests: {result['requests']} dev\n"
+            + (f"SpecPilot-Token-Forcing-Power: {tf['power_statement']}\n" if tf.get("power_statement") else "")
+            + f"SpecPilot-Requests: {result['requests']} dev\n"
             f"SpecPilot-Devices: {', '.join(result['devices'])}\n"
             f"SpecPilot-Tree: {tree}\n"
             f"SpecPilot-Audit: sha256:{audit} measurements/{key}.json\n"
@@ -346,9 +347,11 @@ class RoundRunner:
             self.dir.save_state(self.state)
             return
         config = self.state.config
+        long = config.sealed_max_new_tokens is None and config.sealed_long_outputs
         job = self._job("sealed", candidate=self._side("candidate", self.state.best),
                         stock=self._side("stock", self.state.stock), delta=self._calibration()["delta"],
-                        max_new_tokens=config.sealed_max_new_tokens or config.max_new_tokens)
+                        max_new_tokens=config.sealed_max_new_tokens or (None if long else config.max_new_tokens),
+                        long_outputs=long, require_conclusive=config.sealed_require_conclusive)
         key, result = self._measured(job)
         self.state = self.state.model_copy(update={"sealed": {k: result[k] for k in ("accepted", "reasons", "gain")}
                                                    | {"verdict": result["verdict"]["verdict"], "measurement": key}})
@@ -409,7 +412,9 @@ class RoundRunner:
                 "policy": {"repeats": job["noise_repeats"] if job["kind"] == "calibrate" else job["repeats"],
                            "batch_sizes": job["batch_sizes"], "order": "ABBA", **job["policy"]},
                 "options": {"max_new_tokens": job["max_new_tokens"], "delta": job.get("delta"), "noise": job.get("noise"),
-                            "rule": job.get("rule", {}), "sealed_max_new_tokens": config.sealed_max_new_tokens}}
+                            "rule": job.get("rule", {}), "sealed_max_new_tokens": config.sealed_max_new_tokens,
+                            "long_outputs": job.get("long_outputs", False),
+                            "require_conclusive": job.get("require_conclusive", True)}}
 
     def _measured(self, job: dict) -> tuple[str, dict]:
         key = measurement_key(job["kind"], identity=job["identity"])

@@ -26,11 +26,14 @@ _ESCAPES = {"a": "\a", "b": "\b", "t": "\t", "n": "\n", "v": "\v", "f": "\f", "r
 
 @dataclass(frozen=True)
 class Hunk:
-    """One text hunk: the lines it expects (context and removed) and what replaces them, endings kept."""
+    """One text hunk: the lines it expects (context and removed) and what replaces them, endings kept.
+    ``trailing``: its context lines after the last change (none: the hunk ends at the end of the file)."""
 
     old_start: int
     before: tuple[bytes, ...]
     after: tuple[bytes, ...]
+    new_start: int = 0
+    trailing: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,23 @@ def check_path(path: str, where: str) -> str:
         raise DeltaError(f"the delta touches {path!r} inside .git/", where=where,
                          fix="re-record the entry; git's own files are never part of an entry")
     return path
+
+
+SYMLINK_MODE = "120000"
+
+
+def check_symlink(path: str, target: bytes, where: str) -> None:
+    """A symlink an entry adds must point inside the tree: relative, and never climbing above the root."""
+    text = target.decode("utf-8", errors="replace")
+    depth = path.count("/")  # folders between the root and the link
+    for part in text.split("/"):
+        depth = depth - 1 if part == ".." else depth if part in ("", ".") else depth + 1
+        if depth < 0:
+            break
+    if text.startswith("/") or depth < 0 or "\0" in text or re.match(r"^[A-Za-z]:", text):
+        raise DeltaError(f"{path} is a symlink to {text!r}, which points outside the tree",
+                         where=where, fix="entries may only add symlinks to files inside the tree (relative, "
+                                          "without climbing above its root); copy the file in instead")
 
 
 def _unquote(text: str) -> str:
@@ -202,11 +222,13 @@ def _read_hunks(lines: list[bytes], i: int, fail, hunks: list[Hunk]) -> int:
         before: list[bytes] = []
         after: list[bytes] = []
         last: list[list[bytes]] = []
+        trailing = 0
         i += 1
         while old_left > 0 or new_left > 0 or (i < len(lines) and lines[i][:1] == b"\\"):
             if i >= len(lines):
                 raise fail("the last hunk is cut short (truncated delta)", i - 1)
             tag, text = lines[i][:1], lines[i][1:] + b"\n"
+            trailing = trailing + 1 if tag == b" " else 0 if tag in (b"-", b"+") else trailing
             if tag == b" ":
                 old_left, new_left = old_left - 1, new_left - 1
                 before.append(text)
@@ -229,7 +251,7 @@ def _read_hunks(lines: list[bytes], i: int, fail, hunks: list[Hunk]) -> int:
             if old_left < 0 or new_left < 0:
                 raise fail("the hunk is longer than its header says", i)
             i += 1
-        hunks.append(Hunk(int(match.group(1)), tuple(before), tuple(after)))
+        hunks.append(Hunk(int(match.group(1)), tuple(before), tuple(after), int(match.group(3)), trailing))
     return i
 
 
@@ -242,32 +264,60 @@ def split_lines(data: bytes) -> list[bytes]:
     return lines
 
 
-def apply_hunks(content: bytes, hunks: tuple[Hunk, ...]) -> bytes | None:
+def apply_hunks(content: bytes, hunks: tuple[Hunk, ...]) -> tuple[bytes, tuple[int, ...]] | None:
     """Apply hunks as ``git apply`` does without fuzz: each hunk's lines must match exactly, at its
-    position shifted by the offset so far, searching outward; None if one does not match."""
+    position shifted by the offset so far, searching outward (a hunk starting at line 1 must match at
+    the beginning, one without trailing context at the end); None if one does not match.
+
+    A hunk whose post-image already stands there (it reverse-applies) is left alone, so a change the
+    content already has is never made twice. Returns (new content, 1-based numbers of those hunks).
+    """
     lines = split_lines(content)
     out: list[bytes] = []
+    present: list[int] = []
     pos = offset = 0
-    for hunk in hunks:
+    for number, hunk in enumerate(hunks, 1):
         size = len(hunk.before)
-        expected = max(hunk.old_start - 1, 0) + offset if size else max(hunk.old_start, 0) + offset
-        expected = min(max(expected, pos), len(lines))
+        origin = max(hunk.old_start - 1, 0) if size else max(hunk.old_start, 0)
+        expected = min(max(origin + offset, pos), len(lines))
+        # the post-image first: where both match (an insertion at the end), the change is already made
+        images = [(hunk.after, hunk.new_start, True)] if hunk.after else []
+        images.append((hunk.before, hunk.old_start, False))
+
+        def fits(start: int, image: tuple[bytes, ...], first_line: int, pos: int = pos, hunk: Hunk = hunk) -> bool:
+            end = start + len(image)
+            return (pos <= start and end <= len(lines) and (first_line > 1 or start == 0)
+                    and (hunk.trailing or end == len(lines)) and tuple(lines[start:end]) == image)
+
         found = None
         for distance in range(len(lines) + 1):
-            for start in ((expected,) if distance == 0 else (expected - distance, expected + distance)):
-                if pos <= start <= len(lines) - size and tuple(lines[start:start + size]) == hunk.before:
-                    found = start
-                    break
-            if found is not None or (expected - distance < pos and expected + distance > len(lines) - size):
+            starts = (expected,) if distance == 0 else (expected - distance, expected + distance)
+            found = next(((start, image, already) for start in starts for image, first_line, already in images
+                          if fits(start, image, first_line)), None)
+            if found or (expected - distance < pos and expected + distance > len(lines)):
                 break
         if found is None:
             return None
-        out.extend(lines[pos:found])
+        start, image, already = found
+        out.extend(lines[pos:start])
         out.extend(hunk.after)
-        pos = found + size
-        offset = found - (max(hunk.old_start - 1, 0) if size else max(hunk.old_start, 0))
+        if already:
+            present.append(number)
+        pos = start + len(image)
+        offset = pos - (origin + size)
     out.extend(lines[pos:])
-    return b"".join(out)
+    return b"".join(out), tuple(present)
+
+
+def hunks_present(content: bytes, hunks: tuple[Hunk, ...]) -> tuple[int, ...]:
+    """1-based numbers of the hunks whose post-image ``content`` holds and whose pre-image it does not
+    (naming what a 3-way merge found already made)."""
+    lines = split_lines(content)
+
+    def holds(image: tuple[bytes, ...]) -> bool:
+        return any(tuple(lines[i:i + len(image)]) == image for i in range(len(lines) - len(image) + 1))
+
+    return tuple(n for n, h in enumerate(hunks, 1) if h.after and holds(h.after) and not holds(h.before))
 
 
 def _check_binary(lines: list[bytes], i: int, fail) -> int:

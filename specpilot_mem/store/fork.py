@@ -7,7 +7,6 @@ against what was recorded at init instead of the pin.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 from collections.abc import Callable
@@ -38,27 +37,13 @@ class Fork:
     pinned: bool  # stock is the pinned wheel import
 
     @contextmanager
-    def lock(self):
-        """Exclusive use of the fork: a second specpilot-mem process on it fails at once, changing nothing."""
-        path = self.repo.common_dir / "specpilot.lock"
-        handle = open(path, "a+")
-        try:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "unknown"
-                raise ForkError(
-                    f"another specpilot-mem process (pid {holder}) is working on this fork",
-                    where=str(path), fix="wait for it to finish, then run the command again",
-                ) from None
-            handle.seek(0)
-            handle.truncate()
-            handle.write(str(os.getpid()))
-            handle.flush()
+    def lock(self, shared: bool = False):
+        """Use of the fork: ``shared`` for commands that only read it (they run side by side), else
+        exclusive; waits for a holder and names it when the wait runs out (``store.file_lock``)."""
+        from specpilot_mem.store.file_lock import file_lock
+
+        with file_lock(self.repo.common_dir / "specpilot.lock", shared=shared, what=f"the fork {self.repo.path}"):
             yield self
-        finally:
-            handle.close()
 
     def entry_ref(self, entry_id: str) -> str:
         return ENTRY_REF_PREFIX + entry_id

@@ -43,6 +43,7 @@ from specpilot_mem.store.resolver import (
     EMPTY,
     FILE_CONFLICT,
     MERGED,
+    PARTLY_THERE,
     PRESENT,
     Resolver,
 )
@@ -199,6 +200,8 @@ def _file_reports(fork: Fork, resolver: Resolver, base: ReleaseBase, chain: list
                                          else "the hunks do not apply and the 3-way merge conflicts")
                     elif how == ALREADY_THERE:
                         report.reason = "the release already makes this change"
+                    elif how == PARTLY_THERE:
+                        report.reason = "the release already makes part of this change"
                     elif touched:
                         report.reason = f"upstream changed lines in or beside hunk{'s' if len(touched) > 1 else ''} " \
                                         f"{', '.join(map(str, touched))}; merged 3-way"
@@ -217,7 +220,7 @@ def _verdict(status: str, files: list[FileReport], blocked_by: list[str]) -> str
         return "superseded"
     if status == EMPTY or all(f.how == AS_RECORDED for f in files):
         return "clean"
-    if any(f.how in (BY_HUNKS, MERGED, ALREADY_THERE) for f in files):
+    if any(f.how in (BY_HUNKS, MERGED, ALREADY_THERE, PARTLY_THERE) for f in files):
         return "drift"
     return "clean"
 

@@ -1,8 +1,10 @@
 """Recording and updating entries: what distillation after a round calls.
 
 ``record_entry`` turns a fork commit or a work tree built on an entry's requirements into an entry:
-the delta (base -> source), the record (``reproduces`` = the source's tree) and the branch. Updating
-an entry (a variant, evidence, a re-recorded delta) re-verifies every entry that requires it. All
+the delta (base -> source), the record (``reproduces`` = the source's tree) and the branch. Re-recording
+an entry that others require rebases them (TopGit's ``tg update``): each dependent, in requirement order,
+is re-recorded 3-way onto its new base, its evidence kept and marked for re-validation; a conflict in any
+of them changes nothing. Other updates (a variant, evidence) re-verify every entry that requires it. All
 checks run first; then the files are replaced atomically and the refs move in one transaction.
 """
 
@@ -17,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from specpilot_mem.errors import DeltaError, RecordError, ReproductionError, RequirementError, SpecPilotError
+from specpilot_mem.errors import (ConflictError, DeltaError, RecordError, ReproductionError, RequirementError,
+                                  SpecPilotError)
 from specpilot_mem.git import Repo
 from specpilot_mem.home import Home
 from specpilot_mem.models import ENTRY_ID, EntryRecord, Evidence, Variant
@@ -28,7 +31,7 @@ from specpilot_mem.store.kernels import VENDOR_DIR
 from specpilot_mem.store.records import (delta_path, dump_record, entry_path, load_entries, load_record_file,
                                          validate_data, write_atomic)
 from specpilot_mem.store.requirements import closure
-from specpilot_mem.store.resolver import Resolver
+from specpilot_mem.store.resolver import CONFLICT, Resolver, check_symlinks
 
 # Fields the store fills in; a draft may not set them.
 _STORE_FIELDS = ("id", "requires", "reproduces", "kernels", "recorded", "releases")
@@ -124,18 +127,76 @@ def _draft(meta: str | Path | dict | None) -> tuple[dict[str, Any], str | None]:
             text = path.read_text()
             data = yaml.safe_load(text) or {}
         except FileNotFoundError:
-            raise RecordError(f"no draft record at {path}", where="--meta") from None
+            raise RecordError(f"no draft record at {path}", where="--meta",
+                              fix="check the path; `specpilot-mem schema entry` prints a draft's fields") from None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             raise RecordError(f"malformed YAML: {getattr(err, 'problem', err)}",
                               where=f"{path}:{mark.line + 1 if mark else 1}", fix="fix the YAML syntax") from None
         if not isinstance(data, dict):
-            raise RecordError("a draft record must be a YAML mapping", where=f"{path}:1")
+            raise RecordError("a draft record must be a YAML mapping", where=f"{path}:1",
+                              fix="write it as `field: value` lines (title, summary, contract, ...)")
     bad = [k for k in _STORE_FIELDS if k in data and k != "id"]
     if bad:
         raise RecordError(f"the draft sets {', '.join(bad)}, which record fills in", where=str(meta),
                           fix="leave them out (use --requires for requirements)")
     return data, text
+
+
+BASE_CHANGED = "base changed: re-validate"
+
+
+def _rebase_dependents(fork: Fork, resolver: Resolver, entry_id: str, today: dt.date
+                       ) -> tuple[Resolver, dict[str, tuple[EntryRecord, bytes]]]:
+    """Re-record every entry that requires ``entry_id`` (whose record and delta ``resolver`` already holds)
+    onto its new base, in requirement order: each dependent's delta goes 3-way onto stock + its re-recorded
+    requirements, its ``reproduces`` becomes that tree, and its evidence is kept and marked
+    ``BASE_CHANGED``. All or nothing: any conflict raises, naming every dependent that conflicts (with its
+    paths) or is blocked by one. Returns the resolver holding the new records and {id: (record, delta text)}."""
+    dependents = resolver.order(_dependents(resolver, entry_id))
+    rebased: dict[str, tuple[EntryRecord, bytes]] = {}
+    problems: dict[str, str] = {}
+    for dependent in dependents:
+        record = resolver.records[dependent]
+        blocked = sorted(r for r in resolver.closure(record.requires) if r in problems)
+        if blocked:
+            problems[dependent] = f"blocked: it requires {', '.join(blocked)}"
+            continue
+        walk = resolver.walk(fork.stock_tree, resolver.chain([dependent]))
+        outcome = walk.outcomes[-1]
+        if outcome.status == CONFLICT:
+            against = ", ".join(outcome.conflicts_with) or "its new base"
+            problems[dependent] = f"conflicts with {against} in {', '.join(outcome.paths)}"
+            continue
+        tree = resolver.tree_id(fork.stock_tree, walk, write=True)
+        if tree == record.reproduces:
+            continue
+        base_walk = resolver.walk(fork.stock_tree, resolver.chain(record.requires))
+        base_tree = resolver.tree_id(fork.stock_tree, base_walk, write=True)
+        text = _diff(fork, base_tree, tree)
+        delta = parse_delta(text, dependent, f"entries/{dependent}/delta.patch")
+        fields = record.model_dump(exclude_defaults=True)
+        if text != resolver.delta(dependent).text:
+            fields.pop("releases", None)  # checks and ports on other releases were of the old delta
+        source = {k: v for k, v in fields.get("source", {}).items() if k != "commit"}  # no commit holds this tree
+        fields.update(reproduces=tree, kernels=_kernel_pins(fork, tree, delta), recorded=today, source=source,
+                      evidence=[{**e, "revalidate": f"{BASE_CHANGED} ({entry_id} was re-recorded)"}
+                                for e in fields.get("evidence", [])])
+        new = EntryRecord.model_validate(fields)
+        resolver = resolver.with_record(new, delta)
+        if not resolver.reproduce(dependent).reproduced:
+            raise ReproductionError(f"{dependent} rebased onto the new {entry_id} does not reproduce its own tree",
+                                    where=f"entries/{dependent}", fix="report this: the store could not rebase its own diff")
+        rebased[dependent] = (new, text)
+    if problems:
+        raise ConflictError(
+            f"re-recording {entry_id} would need its dependents rebased, and "
+            f"{len(problems)} cannot be: " + "; ".join(f"{d} {why}" for d, why in problems.items()),
+            where=", ".join(f"entries/{d}" for d in problems),
+            fix=f"nothing was changed; change {entry_id} so it leaves those lines alone, or re-record the "
+                "conflicting entries by hand on the new version (apply it with --worktree, edit, record --from)",
+        )
+    return resolver, rebased
 
 
 def _dependents(resolver: Resolver, entry_id: str) -> list[str]:
@@ -167,7 +228,7 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
 
     ``requires`` defaults to the existing record's; ``meta`` (a draft YAML path or dict) gives title,
     summary, contract, options, variants, evidence ... and overrides the existing record's fields.
-    Returns the saved record; every entry that requires it is re-verified first.
+    Returns the saved record; every entry that requires it is rebased onto it (``_rebase_dependents``).
     """
     if not re.match(ENTRY_ID, entry_id):
         raise RecordError(f"{entry_id!r} is not a valid entry id", where="ID",
@@ -178,7 +239,8 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
         existing = records.get(entry_id)
         draft, draft_text = _draft(meta)
         if draft.get("id", entry_id) != entry_id:
-            raise RecordError(f"the draft's id {draft['id']!r} is not {entry_id!r}", where=str(meta))
+            raise RecordError(f"the draft's id {draft['id']!r} is not {entry_id!r}", where=str(meta),
+                              fix=f"remove the id line from the draft, or record it as {draft['id']}")
         requires = list(existing.requires if existing and requires is None else (requires or []))
         for req in requires:
             if req not in records:
@@ -201,6 +263,7 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
         _check_built_on_requirements(fork, resolver, base_walk, source_tree, source)
         text = _diff(fork, base_tree, source_tree)
         delta = parse_delta(text, entry_id, f"entries/{entry_id}/{delta_path(home, entry_id).name}")
+        check_symlinks(fork.repo, delta, source)
 
         fields = existing.model_dump(exclude_defaults=True) if existing else {}
         if existing and delta_path(home, entry_id).is_file() and delta_path(home, entry_id).read_bytes() != text:
@@ -217,15 +280,21 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
                               where="--meta", fix="pass --meta draft.yaml (see `specpilot-mem schema` for the fields)")
         record = validate_data(fields, EntryRecord, str(meta or entry_path(home, entry_id)), draft_text)
 
-        # Prove it before writing anything: the new delta must rebuild the source, and dependents must hold.
+        # Prove it before writing anything: the new delta must rebuild the source, and dependents must rebase.
+        for dependent in _dependents(resolver, entry_id):
+            resolver.ensure_ready(dependent)  # proven against their old base, before that base changes
         trial = resolver.with_record(record, delta)
         outcome = trial.reproduce(entry_id)
         if not outcome.reproduced:
             raise ReproductionError(f"the recorded delta gives {outcome.tree}, not the source tree {source_tree}",
                                     where=str(source), fix="report this: the store could not reproduce its own diff")
+        trial, rebased = _rebase_dependents(fork, trial, entry_id, record.recorded)
         dependents = _check_dependents(trial, entry_id)
         write_atomic(delta_path(home, entry_id), text)
         write_atomic(entry_path(home, entry_id), dump_record(record))
+        for dependent, (new, new_text) in rebased.items():
+            write_atomic(delta_path(home, dependent), new_text)
+            write_atomic(entry_path(home, dependent), dump_record(new))
         sync_branches(trial, only={entry_id, *dependents})
         return record
 

@@ -102,7 +102,8 @@ def load_record_file(path: Path, model: type[Model]) -> Model:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise RecordError(f"no record at {path}", where=str(path)) from None
+        raise RecordError(f"no record at {path}", where=str(path),
+                          fix="check the path; `specpilot-mem schema` prints the fields such a record holds") from None
     return parse_record(text, model, str(path))
 
 

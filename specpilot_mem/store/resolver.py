@@ -14,6 +14,8 @@ offset), and where they do not match, a 3-way merge of the (pre, current, post) 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +24,8 @@ from specpilot_mem.errors import ConflictError, DeltaError, ForkError, Reproduct
 from specpilot_mem.git import Repo, Signature, commit_content, object_id
 from specpilot_mem.home import Home
 from specpilot_mem.models import EntryRecord
-from specpilot_mem.store.delta import Delta, FileChange, apply_hunks, load_delta
+from specpilot_mem.store.delta import (SYMLINK_MODE, Delta, FileChange, apply_hunks, check_symlink, hunks_present,
+                                      load_delta)
 from specpilot_mem.store.fork import ENTRY_REF_PREFIX, Fork, open_fork
 from specpilot_mem.store.records import delta_path, load_entries
 from specpilot_mem.store.releases import RELEASE_REF_PREFIX, import_release, is_release_spec
@@ -30,11 +33,13 @@ from specpilot_mem.store.requirements import closure, order
 from specpilot_mem.store.stock import STOCK_TIMESTAMP
 from specpilot_mem.store.trees import BaseTree, Entry, base_tree, overlay_tree_id
 
-APPLIED, PRESENT, EMPTY, CONFLICT = "applied", "already present", "empty", "conflict"
+APPLIED, PRESENT, PARTLY, EMPTY, CONFLICT = "applied", "already present", "partly present", "empty", "conflict"
 # How one file of a delta went onto the accumulating tree: as recorded (the file was the delta's
 # pre-image), hunks (the file had changed, the hunks matched it exactly), merged (3-way merge needed),
-# present (the base already has the change), conflict.
-AS_RECORDED, BY_HUNKS, MERGED, ALREADY_THERE, FILE_CONFLICT = "as recorded", "hunks", "merged", "present", "conflict"
+# present (the base already has the change), partly present (some of its hunks were already there, the
+# rest went on), conflict.
+AS_RECORDED, BY_HUNKS, MERGED, ALREADY_THERE, PARTLY_THERE, FILE_CONFLICT = (
+    "as recorded", "hunks", "merged", "present", "partly present", "conflict")
 
 
 @dataclass
@@ -46,6 +51,7 @@ class EntryOutcome:
     reproduces: str | None = None  # the record's pinned tree
     tree: str | None = None  # what its own chain gave onto stock (checked against reproduces)
     files: dict[str, str] = field(default_factory=dict)  # every path of its delta -> how it went (AS_RECORDED ...)
+    present: list[str] = field(default_factory=list)  # what the base already had: "path" or "path: hunks 1, 3"
 
     @property
     def reproduced(self) -> bool | None:
@@ -174,7 +180,7 @@ class Resolver:
         prefix = self.fork.package_prefix
         overlay = dict(walk.overlay)
         touched = dict(walk.touched)
-        changed, conflicts, against, files = [], [], set(), {}
+        changed, conflicts, against, files, present = [], [], set(), {}, []
 
         def current(path: str) -> Entry | None:
             return overlay[path] if path in overlay else base.files.get(path)
@@ -182,7 +188,11 @@ class Resolver:
         for change in delta.changes:
             path = prefix + change.path
             now = current(path)
-            outcome, files[change.path] = self._apply_file(change, now)
+            outcome, files[change.path], hunks = self._apply_file(change, now)
+            if files[change.path] == ALREADY_THERE:
+                present.append(change.path)
+            elif hunks:
+                present.append(f"{change.path}: hunk{'s' if len(hunks) > 1 else ''} {', '.join(map(str, hunks))}")
             if outcome is _UNCHANGED:
                 continue
             if outcome is _CONFLICT:
@@ -199,57 +209,63 @@ class Resolver:
         elif not changed:
             status, paths = PRESENT, []
         else:
-            status, paths = APPLIED, changed
-        outcome = EntryOutcome(entry_id, status, paths, sorted(against), self.records[entry_id].reproduces, files=files)
+            status, paths = (PARTLY if present else APPLIED), changed
+        outcome = EntryOutcome(entry_id, status, paths, sorted(against), self.records[entry_id].reproduces, files=files,
+                               present=present if status != CONFLICT else [])
         if status == CONFLICT:  # the conflicting entry leaves the tree as it was
             overlay, touched = walk.overlay, walk.touched
         return Walk(overlay, touched, walk.outcomes + (outcome,))
 
-    def _apply_file(self, change: FileChange, now: Entry | None) -> tuple[object, str]:
-        """(the file's new entry, or _UNCHANGED / _CONFLICT; how it went)."""
+    def _apply_file(self, change: FileChange, now: Entry | None) -> tuple[object, str, tuple[int, ...]]:
+        """(the file's new entry, or _UNCHANGED / _CONFLICT; how it went; the hunks already there)."""
         if change.mode_only:
             if now is None:
-                return _CONFLICT, FILE_CONFLICT
+                return _CONFLICT, FILE_CONFLICT, ()
             if now[0] == change.new_mode:
-                return _UNCHANGED, ALREADY_THERE
-            return ((change.new_mode, now[1]), AS_RECORDED) if now[0] == change.old_mode else (_CONFLICT, FILE_CONFLICT)
+                return _UNCHANGED, ALREADY_THERE, ()
+            if now[0] == change.old_mode:
+                return (change.new_mode, now[1]), AS_RECORDED, ()
+            return _CONFLICT, FILE_CONFLICT, ()
         post = None if change.deleted else (change.new_mode, change.new_oid)
         pre = None if change.added else (change.old_mode, change.old_oid)
         if now == post:
-            return _UNCHANGED, ALREADY_THERE
+            return _UNCHANGED, ALREADY_THERE, ()
         if now == pre:
-            return post, AS_RECORDED
+            return post, AS_RECORDED, ()
         if now is None or pre is None or post is None or change.binary:
-            return _CONFLICT, FILE_CONFLICT
+            return _CONFLICT, FILE_CONFLICT, ()
         merged = self._merge(change, pre[1], now[1], post[1])
         if merged is None:
-            return _CONFLICT, FILE_CONFLICT
-        oid, how = merged
-        if oid == now[1]:  # the merge left the file as it was: the base already made this change
-            return _UNCHANGED, ALREADY_THERE
+            return _CONFLICT, FILE_CONFLICT, ()
+        oid, how, present = merged
+        if oid == now[1]:  # the file already had every change of the entry
+            return _UNCHANGED, ALREADY_THERE, ()
         mode = post[0] if now[0] == pre[0] else now[0]
-        return (mode, oid), how
+        return (mode, oid), (PARTLY_THERE if present else how), present
 
-    def _merge(self, change: FileChange, pre: str, now: str, post: str) -> tuple[str, str] | None:
-        """The entry's hunks applied to the current text (as ``git apply`` would); where they do not
-        match, a real 3-way merge of (pre, current, post) with ``git merge-file``. Memoized by blob ids.
-        Returns (merged blob id, BY_HUNKS or MERGED), or None on conflict."""
+    def _merge(self, change: FileChange, pre: str, now: str, post: str) -> tuple[str, str, tuple[int, ...]] | None:
+        """The entry's hunks applied to the current text (as ``git apply`` would, leaving a hunk that is
+        already there alone); where they do not match, a real 3-way merge of (pre, current, post) with
+        ``git merge-file``. Memoized by blob ids. Returns (merged blob id, BY_HUNKS or MERGED, the numbers
+        of the hunks the current text already had), or None on conflict."""
         key = (pre, now, post)
         if key not in _MERGES:
-            content, how = apply_hunks(self._blob(now), change.hunks), BY_HUNKS
-            if content is None:
+            current = self._blob(now)
+            applied, how = apply_hunks(current, change.hunks), BY_HUNKS
+            if applied is None:
                 merged = self.repo.merge_blobs(pre, now, post)
-                content = None if merged is None else self.repo.read_blobs([merged])[merged]
+                applied = None if merged is None else (self.repo.read_blobs([merged])[merged],
+                                                       hunks_present(current, change.hunks))
                 how = MERGED
-            _MERGES[key] = None if content is None else (object_id("blob", content), content, how)
+            _MERGES[key] = None if applied is None else (object_id("blob", applied[0]), applied[0], how, applied[1])
         if _MERGES[key] is None:
             return None
-        oid, content, how = _MERGES[key]
+        oid, content, how, present = _MERGES[key]
         if oid not in self._written:  # this fork may not have it yet
             self.repo.write_blob(content)
             self._written.add(oid)
             _BLOBS[oid] = content
-        return oid, how
+        return oid, how, present
 
     def _blob(self, oid: str) -> bytes:
         """Blob content, cached for the process; a miss fetches every blob the loaded deltas and
@@ -357,7 +373,7 @@ class Resolver:
 
 
 # Content-addressed, so valid across resolvers and forks of this process.
-_MERGES: dict[tuple[str, str, str], tuple[str, bytes, str] | None] = {}
+_MERGES: dict[tuple[str, str, str], tuple[str, bytes, str, tuple[int, ...]] | None] = {}
 _BLOBS: dict[str, bytes] = {}
 
 
@@ -389,15 +405,17 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
     """Apply ``ids`` with their requirements onto ``onto``: ``stock``, a fork revision, or an SGLang release
     (``sglang==X`` or a wheel path, imported beside stock by ``store.releases``; entries ported to it use their port).
 
-    Onto stock every entry of the chain must reproduce its record (``ReproductionError``) and a
-    conflict is an error; onto another base conflicts are reported in the result. ``branch`` writes
+    Onto stock every entry whose chain builds must reproduce its record (``ReproductionError``); on any
+    base, conflicts are reported in the result (per entry: status, paths, the entries it conflicts with),
+    and refuse a branch, worktree or export (``ConflictError``). ``branch`` writes
     ``refs/heads/<branch>``, ``worktree`` checks the result out there, ``export`` writes an SGLang
     package (``specpilot_mem.sglang.export``). Refs change only after every check passed.
     """
     if not ids:
         raise UnknownEntryError("no entries to apply", where="apply", fix="name at least one entry id, or pass --all")
     fork = resolver.fork if resolver else open_fork(home)
-    with fork.lock():
+    # only a target (or importing a release) changes the fork; a plain apply reads it beside other readers
+    with fork.lock(shared=not (branch or worktree or export or is_release_spec(onto))):
         resolver = resolver or Resolver(fork)
         order = resolver.chain(ids)
         release = None
@@ -415,15 +433,12 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
         conflicts = [o for o in outcomes if o.status == CONFLICT]
         if release is not None and not conflicts:
             _check_ports(resolver, release, outcomes)
-        if on_stock and conflicts:
-            raise ConflictError(
-                "; ".join(f"{o.id} conflicts with {', '.join(o.conflicts_with) or 'stock'}" for o in conflicts),
-                where="files: " + ", ".join(p for o in conflicts for p in o.paths),
-                fix="these entries change the same lines: record one on top of the other (requires)",
-            )
         if on_stock:
             failed = []
+            conflicting = {o.id for o in conflicts}
             for outcome in outcomes:
+                if conflicting & set(resolver.chain([outcome.id])):
+                    continue  # its chain does not build: the conflict is the report
                 outcome.tree = resolver.reproduce(outcome.id).tree
                 if not outcome.reproduced:
                     failed.append(outcome)
@@ -436,25 +451,44 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
                 )
         result = ApplyResult(list(ids), order, onto, onto_commit, resolver.tree_id(onto_tree, walk), outcomes,
                              release=release.to_dict() if release else None)
+        if (branch or worktree or export) and conflicts:
+            target = "branch" if branch else "worktree" if worktree else "export"
+            raise ConflictError(
+                f"the result has conflicts, so no {target} was written: " + "; ".join(
+                    f"{o.id} conflicts with {', '.join(o.conflicts_with) or onto} in {', '.join(o.paths)}"
+                    for o in conflicts),
+                where="files: " + ", ".join(p for o in conflicts for p in o.paths),
+                fix="apply without --branch/--worktree/--export to see the report; record one entry on top of "
+                    "the other (requires), or leave one out")
         if branch or worktree:
-            if conflicts:
-                raise ConflictError("the result has conflicts, so no branch or worktree was written",
-                                    where="files: " + ", ".join(p for o in conflicts for p in o.paths),
-                                    fix="apply without --branch/--worktree to see the report, or leave out the entries")
             result.commit = _write_result(resolver, onto, onto_commit, onto_tree, walk, order)
             if branch:
                 result.branch = _write_branch(fork, branch, result.commit, force)
             if worktree:
                 result.worktree = _checkout(fork, Path(worktree), result.commit)
         if export:
-            if conflicts:
-                raise ConflictError("the result has conflicts, so nothing was exported",
-                                    where="files: " + ", ".join(p for o in conflicts for p in o.paths))
             from specpilot_mem.sglang.export import export_tree
+
+            destination = Path(export).expanduser().resolve()
+            blocking = next((p for p in destination.parents if p.exists() and not p.is_dir()), None)
+            if blocking is not None:
+                raise ForkError(f"cannot export to {destination}: {blocking} is a file, not a folder",
+                                where="--export", fix="pass a path whose folders are folders")
+            check_leftovers(fork, destination)
+            for entry_id in order:  # a symlink out of the tree is never written out, whatever the record says
+                check_symlinks(fork.repo, resolver.delta(entry_id), f"entries/{entry_id}")
 
             resolver.tree_id(onto_tree, walk, write=True)
             result.export = export_tree(home, result.tree, Path(export), order)
         return result
+
+
+def check_symlinks(repo: Repo, delta: Delta, where: str) -> None:
+    """Every symlink ``delta`` adds or changes must stay inside the tree (``delta.check_symlink``)."""
+    links = [c for c in delta.changes if c.new_mode == SYMLINK_MODE and c.new_oid]
+    blobs = repo.read_blobs(c.new_oid for c in links) if links else {}
+    for change in links:
+        check_symlink(change.path, blobs[change.new_oid], where)
 
 
 def _check_ports(resolver: Resolver, release, outcomes: list[EntryOutcome]) -> None:
@@ -499,17 +533,65 @@ def _write_branch(fork: Fork, branch: str, commit: str, force: bool) -> str:
     return ref
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_leftovers(fork: Fork, target: Path) -> None:
+    """Refuse to write ``target`` while a half-built copy of it from an interrupted run lies beside it
+    (``.<name>.worktree-PID`` or ``.<name>.export-PID`` of a process that is gone), naming the command
+    that removes it."""
+    for leftover in sorted(target.parent.glob(f".{target.name}.*-*")):
+        kind, _, pid = leftover.name[len(target.name) + 2:].rpartition("-")
+        if kind not in ("worktree", "export", "retired") or not pid.isdigit() or _pid_alive(int(pid)):
+            continue
+        remove = (f"git -C {fork.repo.path} worktree remove --force {leftover}" if (leftover / ".git").is_file()
+                  else f"rm -rf {leftover}")
+        raise ForkError(f"{leftover} is left over from an interrupted specpilot-mem run (pid {pid}, gone)",
+                        where=str(target), fix=f"remove it, then run the command again: {remove}")
+
+
 def _checkout(fork: Fork, path: Path, commit: str) -> str:
+    """Check ``commit`` out at ``path``: built beside it (``.<name>.worktree-PID``) and moved into place at
+    the end, so an interrupted run leaves ``path`` as it was."""
     path = path.expanduser().resolve()
-    if path.exists() and any(path.iterdir()):
+    check_leftovers(fork, path)
+    existing = path.exists() and (not path.is_dir() or any(path.iterdir()))
+    if existing:
         target = Repo(path)
-        if not target.exists() or target.common_dir.resolve() != fork.repo.common_dir.resolve():
+        if not path.is_dir() or not target.exists() or target.common_dir.resolve() != fork.repo.common_dir.resolve():
             raise ForkError(f"{path} exists and is not a work tree of the fork", where="--worktree",
                             fix="pass a new folder, or an existing worktree of sglang-fork")
         if target.is_dirty():
             raise ForkError(f"the work tree {path} has uncommitted changes", where="--worktree",
                             fix="commit or discard them first (git -C PATH status)")
-        target.git("checkout", "--quiet", "--detach", commit)
-    else:
-        fork.repo.git("worktree", "add", "--quiet", "--detach", str(path), commit)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ForkError(f"cannot create the folder for the work tree: {err}", where="--worktree",
+                        fix="pass a path in a writable folder") from None
+    scratch = path.parent / f".{path.name}.worktree-{os.getpid()}"
+    retired = path.parent / f".{path.name}.retired-{os.getpid()}"
+    try:
+        fork.repo.git("worktree", "add", "--quiet", "--detach", str(scratch), commit)
+        if existing:
+            fork.repo.git("worktree", "move", str(path), str(retired))
+        elif path.exists():
+            path.rmdir()  # an empty folder
+        fork.repo.git("worktree", "move", str(scratch), str(path))
+    except BaseException:
+        if retired.exists() and not path.exists():
+            fork.repo.git("worktree", "move", str(retired), str(path), check=False)
+        fork.repo.git("worktree", "remove", "--force", str(scratch), check=False)
+        shutil.rmtree(scratch, ignore_errors=True)
+        fork.repo.git("worktree", "prune", check=False)
+        raise
+    if retired.exists():
+        fork.repo.git("worktree", "remove", "--force", str(retired))
     return str(path)

@@ -90,8 +90,9 @@ def fetch_wheel(explicit: str | os.PathLike | None = None) -> Path:
         path = download_wheel(SGLANG_VERSION, WHEEL_NAME)
     digest = sha256_file(path)
     if digest != WHEEL_SHA256:
+        kind = "" if zipfile.is_zipfile(path) else " and is not a zip archive (so not a wheel at all)"
         raise ForkError(
-            f"{path.name} has sha256 {digest}, not the pinned {WHEEL_SHA256}",
+            f"{path.name} has sha256 {digest}, not the pinned {WHEEL_SHA256}{kind}",
             where=str(path), fix=f"delete it and run `specpilot-mem init` again (it is re-downloaded), or pass the real {WHEEL_NAME}",
         )
     return path

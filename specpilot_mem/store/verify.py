@@ -33,7 +33,7 @@ class EntryCheck:
 
 def verify_memory(home: Home, on_progress=None) -> list[EntryCheck]:
     fork = open_fork(home)
-    with fork.lock():
+    with fork.lock(shared=True):
         resolver = Resolver(fork)
         branch_trees = fork.repo.ref_trees("refs/heads/entry")
         try:

@@ -162,6 +162,36 @@ def best_first_tree(pair: torch.Tensor, cand: torch.Tensor, nodes: int, depth: i
     return DraftTree(parents, depths, ranks, scores, num_nodes), tokens, next_token, next_sibling
 
 
+def child_lists(parents: torch.Tensor, num_nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's ``retrieve_next_token`` / ``retrieve_next_sibling`` [B, N+1] for any batch of trees (torch, any
+    device): columns are the root (0) and node i (i + 1), children in index order; what ``best_first_tree``
+    returns for its own trees, for trees built elsewhere (a combined tree, a chain).
+
+    Args:
+        parents: [B, N] int64 parent node (-1: the root), parent < node.
+        num_nodes: [B] int64 valid nodes (the rest is padding, linked nowhere).
+    """
+    b, n = parents.shape
+    cols = n + 1
+    dev = parents.device
+    index = torch.arange(1, cols, device=dev).expand(b, n)
+    valid = index <= num_nodes[:, None]
+    parent_col = torch.where(valid, parents + 1, cols)  # padding sorts last
+    order = torch.argsort(parent_col * cols + index, dim=1)
+    sorted_parent = torch.gather(parent_col, 1, order)
+    sorted_col = torch.gather(index, 1, order)
+    follows = torch.cat([sorted_parent[:, 1:] == sorted_parent[:, :-1],
+                         torch.zeros((b, 1), dtype=torch.bool, device=dev)], dim=1)
+    after = torch.cat([sorted_col[:, 1:], torch.full((b, 1), -1, dtype=torch.int64, device=dev)], dim=1)
+    next_sibling = torch.full((b, cols + 1), -1, dtype=torch.int64, device=dev)  # last column: padding's sink
+    next_sibling.scatter_(1, torch.where(torch.gather(valid, 1, order), sorted_col, cols),
+                          torch.where(follows, after, -1))
+    first = torch.full((b, cols + 1), cols, dtype=torch.int64, device=dev)
+    first.scatter_reduce_(1, parent_col, torch.where(valid, index, cols), reduce="amin")
+    next_token = torch.where(first < cols, first, -1)
+    return next_token[:, :cols], next_sibling[:, :cols]
+
+
 def verify_layout(tree: DraftTree, next_token: torch.Tensor, next_sibling: torch.Tensor,
                   root_positions: torch.Tensor) -> VerifyLayout:
     """The verify pass's mask, positions and retrieve indices from a built tree (torch, any device).

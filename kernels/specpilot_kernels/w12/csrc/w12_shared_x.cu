@@ -1,7 +1,7 @@
 // Shared activations (17-32 rows, sm_90+, one tile a warp). The warps of a block that share a K class (warp_k) read
 // the same chunks in the same rounds: round r is chunks first + r * warps_k ... + warps_k - 1 of the block's split.
 // A producer warp (the block's last) copies each round's activations (MT * 8 token rows of warps_k * 128 columns,
-// rows past m repeat the last) into a slot of a shared-memory ring by bulk copies that complete on the slot's
+// rows past m repeat earlier ones) into a slot of a shared-memory ring by bulk copies that complete on the slot's
 // mbarrier, and refills a slot once every consumer warp has counted it released; the consumers read their
 // activations with 16-byte shared loads (rows g and g + 1 of a quarter-warp on disjoint banks) instead of 8-line
 // global loads, one copy a block instead of one a warp. The producer waits for nothing else, so the warps drift apart
@@ -78,7 +78,9 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
       if (lane == 0) ptx::mbarrier_arrive_expecting(bar, row_bytes * MT * 8);
       __syncwarp();
       for (int row = lane; row < MT * 8; row += 32) {
-        const __nv_bfloat16* src = args.x + (size_t)min(row, args.m - 1) * args.ldx + (size_t)c0 * 128;
+        // rows past m feed only token columns nobody stores; each takes a distinct real row, not all the last one:
+        // copies of one row at once queue on the same L2 lines (docs/kernels/w12.md, shared activations)
+        const __nv_bfloat16* src = args.x + (size_t)(row % args.m) * args.ldx + (size_t)c0 * 128;
         ptx::bulk_copy_to_shared(ring_s + slot * slot_bytes + row * pitch, src, row_bytes, bar);
       }
     }

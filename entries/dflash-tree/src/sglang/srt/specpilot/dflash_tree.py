@@ -26,6 +26,7 @@ from sglang.srt.specpilot.kernels.draft_tree import (
     DraftTree,
     VerifyLayout,
     best_first_tree,
+    child_lists,
     greedy_accept,
     verify_layout,
 )
@@ -53,6 +54,19 @@ class TreeStep:
         [B] committed lengths (the anchor sits at position prefix_lens)."""
         tree, node_tokens, next_token, next_sibling = best_first_tree(
             scores, candidate_ids, settings.nodes, settings.depth, unary=unary, kind=kind)
+        return cls.assemble(tree, node_tokens, next_token, next_sibling, anchor_tokens, prefix_lens)
+
+    @classmethod
+    def from_tree(cls, tree: DraftTree, node_tokens: torch.Tensor, anchor_tokens: torch.Tensor,
+                  prefix_lens: torch.Tensor) -> "TreeStep":
+        """A step for a tree built elsewhere (a combined tree, a chain): ``tree`` [B, N] in topological order
+        (parent < node), node_tokens [B, N] (-1 on padding)."""
+        next_token, next_sibling = child_lists(tree.parents, tree.num_nodes)
+        return cls.assemble(tree, node_tokens, next_token, next_sibling, anchor_tokens, prefix_lens)
+
+    @classmethod
+    def assemble(cls, tree: DraftTree, node_tokens: torch.Tensor, next_token: torch.Tensor,
+                 next_sibling: torch.Tensor, anchor_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> "TreeStep":
         anchor = anchor_tokens.to(torch.int64)[:, None]
         tokens = torch.cat([anchor, torch.where(node_tokens >= 0, node_tokens, anchor)], dim=1)
         layout = verify_layout(tree, next_token, next_sibling, prefix_lens.to(torch.int64))
