@@ -1,6 +1,7 @@
 """The TLV cycle's passes in the system engine at the 27B-like shape, one request: the Q pass (the whole forward —
 GDN layers, attention over the cache, MLPs and the LM head — with every W12 linear read from its 8-bit view by
-``w12_qpass_gemm``, caches left as they are) against the exact W12 pass (verify + accept + commit), and the draft.
+``w12_qpass_gemm``, caches left as they are; also through the engine's own ``linear_mode="q8_midpoint"`` hook, the
+CUDA kernels' Q mode) against the exact W12 pass (verify + accept + commit), and the draft.
 
     PYTHONPATH=kernels:. python benchmarks/tlv_cycle_bench.py --out FILE          # H200
     PYTHONPATH=kernels:. TRITON_INTERPRET=1 python benchmarks/tlv_cycle_bench.py --device cpu --smoke   # dry run
@@ -43,12 +44,12 @@ class QpassLinear:
         from specpilot_kernels.w12 import qpass_linear
         from specpilot_kernels.w12.qpass import w12_qpass_gemm
 
-        w12 = self.linear.w12()
+        self.linear._convert()  # the linear's own W12 form, made once (the exact pass reads the same records)
         if x.is_cuda and x.dtype == torch.bfloat16:
             flat = x.reshape(-1, x.shape[-1])
             out = w12_qpass_gemm(flat if flat.stride(-1) == 1 else flat.contiguous(), self.linear._mma, self.low_bits)
             return out.reshape(*x.shape[:-1], out.shape[-1])
-        return qpass_linear(x.to(torch.bfloat16), w12, self.low_bits).to(x.dtype)  # the CPU dry run (fp32)
+        return qpass_linear(x.to(torch.bfloat16), self.linear._w12, self.low_bits).to(x.dtype)  # CPU dry run (fp32)
 
     @property
     def nbytes(self) -> int:
@@ -63,8 +64,11 @@ def qpass_view(weights: Weights, low_bits: str) -> Weights:
     return view
 
 
-def time_qpass(qmodel: SystemModel, caches: Caches, rows: int, context: int, timer: Timer) -> float:
-    """ms of the Q pass over a ``rows``-row tree: forward without cache writes, the head's argmax, acceptance."""
+def time_qpass(qmodel: SystemModel, caches: Caches, rows: int, context: int, timer: Timer,
+               linear_mode: str | None = None) -> float:
+    """ms of the Q pass over a ``rows``-row tree: forward without cache writes, the head's argmax, acceptance.
+    ``linear_mode`` "q8_midpoint": the engine's own hook (the W12 CUDA kernels' Q mode) instead of ``qmodel``'s
+    linears."""
     shape = qmodel.shape
     buf = StepBuffers.empty(1, rows, shape.conv_size, qmodel.device)
     trees, _ = step_trees(1, rows, True, shape.vocab_size)
@@ -72,10 +76,11 @@ def time_qpass(qmodel: SystemModel, caches: Caches, rows: int, context: int, tim
     caches.lengths.fill_(context)
 
     def qpass():
-        hidden, _, _ = qmodel.forward(buf, caches, write_cache=False)
-        return qmodel.accept(buf, qmodel.head_argmax(hidden).view(1, rows))
+        hidden, _, _ = qmodel.forward(buf, caches, write_cache=False, linear_mode=linear_mode)
+        logits = qmodel.w.head_linear()(hidden, linear_mode or "w12")
+        return qmodel.accept(buf, logits.argmax(-1).view(1, rows))
 
-    ms = timer.ms(lambda: qmodel.graphed(("qpass", rows), qpass))
+    ms = timer.ms(lambda: qmodel.graphed(("qpass", rows, linear_mode), qpass))
     qmodel.release_buffers()
     return ms
 
@@ -105,6 +110,8 @@ def main(argv=None) -> int:
     qmodel = SystemModel(qpass_view(weights, "midpoint"), EXACT)
     result["T_qpass_ms"] = time_qpass(qmodel, caches, args.rows, args.context, timer)
     result["q_over_exact_step"] = result["T_qpass_ms"] / result["T_exact_step_ms"]
+    if device.type == "cuda":  # the engine's hook: the W12 CUDA kernels' own Q mode
+        result["T_qpass_cuda_q8_ms"] = time_qpass(exact, caches, args.rows, args.context, timer, "q8_midpoint")
     result["T_cycle_ms"] = 2 * result["T_draft_ms"] + result["T_qpass_ms"] + result["T_exact_step_ms"]
     result["T_single_step_ms"] = result["T_draft_ms"] + result["T_exact_step_ms"]
     result["cycle_over_single"] = result["T_cycle_ms"] / result["T_single_step_ms"]

@@ -1,4 +1,4 @@
-# ~130 s (Q-pass GEMMs ~70 s, the 27B-like cycle in the system engine ~60 s) if the w12 stage built the W12 CUDA extension earlier in this call, else + that build
+# ~150 s (Q-pass GEMMs ~90 s, the 27B-like cycle in the system engine ~60 s) if the w12 stage built the W12 CUDA extension earlier in this call, else + that build
 # TLV Q pass vs the exact W12 pass at the 27B-like shapes, 1/16/33 rows: the Triton Q pass over the exact kernels'
 # records, the CUDA kernels' own Q mode, the INT8 copy variant (with its memory), cuBLAS BF16; correctness first.
 # Then the modelled single-request gain of TLV from those pass times and the trained pair's committed tau, and the
