@@ -27,7 +27,6 @@ duckdb), so it runs on the lent GPU machine.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import random
 import sys
@@ -47,6 +46,7 @@ from specpilot_mem.forcing.calibrate import calibrate_delta  # noqa: E402
 from specpilot_mem.forcing.engine_adapter import EngineScorer  # noqa: E402
 from specpilot_mem.forcing.scorer import ForcingError, score_outputs  # noqa: E402
 from specpilot_mem.forcing.verdict import TokenForcing, Verdict  # noqa: E402
+from specpilot_mem.provenance import result_header  # noqa: E402
 
 REQUESTS = ROOT / "requests" / "fault-study-v1.jsonl"
 
@@ -250,10 +250,10 @@ def figure(results_path: str, png: str) -> None:
     results = json.loads(Path(results_path).read_text())
     setting = results["settings"]
     panels = [("per seed", results["systems"], f"{setting['requests_per_seed']} req x {setting['max_new_tokens']} tok")]
-    if results.get("pooled"):
-        checks = results["pooled"]["checks"]
+    for group in results.get("pooled", []):
+        checks = group["checks"]
         tokens = sum(c.get("tokens", 0) for c in checks) // max(len(checks), 1)
-        panels.append(("sealed-size checks", results["pooled"]["systems"], f"{len(checks)} checks of ~{tokens} tokens"))
+        panels.append((f"{group['group']} seeds pooled", group["systems"], f"{len(checks)} checks of ~{tokens} tokens"))
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.5 * len(results["systems"]) + 2), 3.6 * len(panels)),
                              squeeze=False)
     for ax, (label, table, size) in zip(axes[:, 0], panels):
@@ -272,7 +272,7 @@ def figure(results_path: str, png: str) -> None:
         ax.set_ylabel("share of checks")
         ax.set_title(f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow)",
                      fontsize=8)
-    fig.suptitle(f"Token forcing fault study, Figure 4 ({results['device']}, {results['dtype']}; {results['model']})",
+    fig.suptitle(f"Token forcing fault study, Figure 4 ({results['device_name']}, {results['dtype']}; {results['model']})",
                  fontsize=9)
     fig.tight_layout()
     Path(png).parent.mkdir(parents=True, exist_ok=True)
@@ -337,8 +337,8 @@ def main() -> int:
     parser.add_argument("--figure", nargs=2, metavar=("RESULTS_JSON", "PNG"), help="draw Figure 4 from a results file and exit")
     parser.add_argument("--merge", nargs="+", metavar="RESULTS_JSON", help="merge results of several runs and print them")
     parser.add_argument("--write-requests", metavar="JSONL", help="write the study's request set and exit")
-    parser.add_argument("--pool-size", type=int,
-                        help="also judge the outputs of this many seeds at a time as one sealed-size check")
+    parser.add_argument("--pool-size", type=int, action="append", default=[],
+                        help="also judge the outputs of this many seeds at a time as one sealed-size check (repeatable)")
     parser.add_argument("--drop-outputs", action="store_true", help="leave the output token ids out of the JSON")
     args = parser.parse_args()
     if args.figure:
@@ -348,7 +348,7 @@ def main() -> int:
         doc = merge(args.merge)
         if args.pool_size:
             engine = Engine.load_default(device=args.device, dtype=getattr(torch, doc["dtype"]))
-            doc["pooled"] = pooled(doc, args.pool_size, engine, args.audit_sample)
+            doc["pooled"] = [pooled(doc, size, engine, args.audit_sample) for size in args.pool_size]
         finish(doc, args)
         return 0
     if args.write_requests:
@@ -370,10 +370,8 @@ def main() -> int:
         runs.append(one_seed(seed, pool, args, engine, with_faults=seed - args.first_seed < fault_seeds))
     device = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else "cpu"
     result = {
-        "benchmark": "fault_study",
-        "device": device,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv),
+        **result_header("fault_study"),
+        "device_name": device,
         "synthetic": engine.synthetic,
         "model": "random weights" if engine.synthetic else
                  "trained pair (small models trained here, not comparable to the paper's)",
@@ -388,7 +386,7 @@ def main() -> int:
         "runs": runs,
     }
     if args.pool_size:
-        result["pooled"] = pooled(result, args.pool_size, engine, args.audit_sample)
+        result["pooled"] = [pooled(result, size, engine, args.audit_sample) for size in args.pool_size]
     finish(result, args)
     return 0
 

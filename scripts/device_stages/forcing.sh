@@ -2,7 +2,7 @@
 # at 300-600 tok/s per process, path verify ~70 tok/s; then ~20 s of pooled re-scoring and audits; the scoring bench ~10 s).
 # Token forcing (issue 38) in bf16 on the trained pair: the fault study's faults and lossless controls through the
 # composed engine, seeds spread over 10 worker processes sharing the GPU (batch-1 decoding leaves it mostly idle),
-# then sealed-size checks (5 seeds' outputs judged as one sample) and the batched scorer's speed on >= 100k tokens.
+# then sealed-size checks (5 and 10 seeds' outputs judged as one sample) and the batched scorer's speed on >= 100k tokens.
 # CPU dry run: FORCING_DEVICE=cpu bash scripts/device_stages/forcing.sh (2 workers, tiny sizes).
 set -euo pipefail
 DEVICE=${FORCING_DEVICE:-cuda}
@@ -22,7 +22,8 @@ for ((w = 0; w < WORKERS; w++)); do
         --threads "$THREADS" >"$part" 2>"$RESULTS/fault-study-worker$w.log" &
 done
 wait
-python3 benchmarks/fault_study.py --device "$DEVICE" --merge "${parts[@]}" --pool-size "$POOL" --audit-sample "$AUDIT" \
+python3 benchmarks/fault_study.py --device "$DEVICE" --merge "${parts[@]}" --pool-size "$POOL" --pool-size $((POOL * 2)) \
+    --audit-sample "$AUDIT" \
     >"$RESULTS/fault_study-$DEVICE-$DTYPE.json" 2>"$RESULTS/fault-study-pooled.log"
 rm -f "${parts[@]}"
 python3 benchmarks/forcing_score_bench.py --device "$DEVICE" --dtype "$DTYPE" --tokens "$BENCH_TOKENS" \
@@ -32,7 +33,10 @@ import json, sys
 doc = json.load(open(sys.argv[1]))
 print(f"{len(doc['runs'])} seeds; per seed (reject/inconclusive/accept):")
 for name, row in doc["systems"].items():
-    pooled = doc.get("pooled", {}).get("systems", {}).get(name)
-    extra = f"  pooled {pooled['reject']}/{pooled['inconclusive']}/{pooled['accept']}" if pooled else ""
+    extra = ""
+    for group in doc.get("pooled", []):
+        row = group["systems"].get(name)
+        if row:
+            extra += f"  x{group['group']} {row['reject']}/{row['inconclusive']}/{row['accept']}"
     print(f"  {name:30s} {row['reject']}/{row['inconclusive']}/{row['accept']}{extra}")
 PY
