@@ -391,7 +391,25 @@ def main() -> int:
     return 0
 
 
+def headline(doc: dict) -> str:
+    """The study's figure in one line (the results index shows it)."""
+    table = doc["systems"]
+    controls = [r for r in table.values() if r["kind"] == "control"]
+    target = [r for r in table.values() if r["kind"] == "fault" and r.get("target_size")]
+    text = (f"controls rejected in {sum(r['reject'] for r in controls)} of {sum(r['runs'] for r in controls)} seed runs; "
+            f"faults of the target size rejected in {sum(r['reject'] for r in target)} of {sum(r['runs'] for r in target)}, "
+            f"accepted in {sum(r['accept'] for r in table.values() if r['kind'] == 'fault')}")
+    for group in doc.get("pooled", []):
+        pooled = group["systems"]
+        names = [n for n, r in table.items() if r["kind"] == "fault" and r.get("target_size") and n in pooled]
+        if names:
+            text += (f"; {group['group']} seeds pooled: {sum(pooled[n]['reject'] for n in names)} of "
+                     f"{sum(pooled[n]['runs'] for n in names)} target-size fault checks rejected")
+    return text
+
+
 def finish(doc: dict, args) -> None:
+    doc["headline"] = headline(doc)
     if args.drop_outputs:
         for run in doc["runs"]:
             run.pop("outputs", None)
