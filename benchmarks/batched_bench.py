@@ -142,10 +142,11 @@ def plot(shapes: dict, path: Path) -> None:
         batches = [int(b) for b in data["batches"]]
         for col, key in enumerate(("over_ar", "over_stock")):
             ax = axes[row][col]
-            for name in PLOTTED:
+            for color, name in enumerate(PLOTTED):
                 if key == "over_stock" and name == "stock":
                     continue
-                ax.plot(batches, [data["batches"][str(b)]["configs"][name][key] for b in batches], marker="o", label=name)
+                ax.plot(batches, [data["batches"][str(b)]["configs"][name][key] for b in batches], marker="o",
+                        label=name, color=f"C{color}")
             ax.axhline(1.0, color="grey", lw=0.8, ls="--")
             ax.set_xscale("log", base=2)
             ax.set_xticks(batches, [str(b) for b in batches])
@@ -155,6 +156,7 @@ def plot(shapes: dict, path: Path) -> None:
             ax.set_title(f"{shape}-like, {measured}")
             ax.grid(alpha=0.3)
         axes[row][0].legend(fontsize=8)
+        axes[row][1].legend(fontsize=8)
     fig.suptitle("Batched closed loop: " + LABEL, fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -173,11 +175,16 @@ def main(argv=None) -> int:
     ap.add_argument("--verify-buffer", type=int, default=2048)
     ap.add_argument("--stream", type=int, help="requests through the closed loop (default: all, at least 2 x B)")
     ap.add_argument("--sweep", default="1,2,4,8", help="nodes per request of the cost-free shared-vs-equal sweep ('' skips)")
-    ap.add_argument("--blocks-bound", action="store_true",
-                    help="also the blocks' gain with 12/8 as the 16-block's first positions (a drafter trained on all)")
+    ap.add_argument("--sections", default="closed-loop,sweep",
+                    help="closed-loop, sweep, blocks-bound (the blocks' gain with 12/8 as the 16-block's first "
+                         "positions: the bound for a drafter trained on every block)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--figure", type=Path, help="PNG (default: beside --out)")
+    ap.add_argument("--replot", type=Path, help="only redraw the figure of this result (to --figure)")
     args = ap.parse_args(argv)
+    if args.replot:
+        plot(json.loads(args.replot.read_text())["shapes"], args.figure or args.replot.with_suffix(".png"))
+        return 0
     lattices = load_blocks(args.lattices, args.splits.split(","))
     measurement = json.loads(args.costs.read_text()) if args.costs else None
     if measurement is not None:
@@ -187,19 +194,25 @@ def main(argv=None) -> int:
            "lattices": {str(b): {"requests": int(lat.num_requests), "tokens": int(lat.greedy_tokens.shape[0]),
                                  "source": lat.source} for b, lat in sorted(lattices.items())},
            "prompt_rows": args.prompt_rows, "segment": args.segment, "shapes": {}}
-    if args.sweep:
+    sections = args.sections.split(",")
+    if "sweep" in sections and args.sweep:
         doc["budget_sweep"] = budget_sweep(lattices, batches, [int(k) for k in args.sweep.split(",")], args)
     for shape in args.shapes.split(","):
         costs = StepCosts.from_measurement(measurement, shape) if measurement else StepCosts.roofline(shape)
-        doc["shapes"][shape] = run_shape(lattices, costs, batches, args)
-        if args.blocks_bound:
-            doc["shapes"][shape]["blocks_truncated"] = blocks_bound(lattices, costs, batches, args)
-    doc["targets"] = targets(doc["shapes"])
-    t = doc["targets"]
-    doc["headline"] = (f"all mechanisms >= {t['min_all_over_ar']:.2f}x AR at 1-64 requests; shared budget "
-                       f"{t['shared_vs_equal_at_16_32_min']:.3f}x tokens/step vs equal trees at 16-32; blocks "
-                       f"{t['blocks_gain_at_16_32_min']:.3f}x; admission up to {t['admission_max_gain']:.3f}x stock")
-    figure = args.figure or (args.out.with_suffix(".png") if args.out else None)
+        if "closed-loop" in sections:
+            doc["shapes"][shape] = run_shape(lattices, costs, batches, args)
+        if "blocks-bound" in sections:
+            doc.setdefault("blocks_truncated", {})[shape] = blocks_bound(lattices, costs, batches, args)
+    if "closed-loop" in sections:
+        doc["targets"] = targets(doc["shapes"])
+        t = doc["targets"]
+        doc["headline"] = (f"all mechanisms >= {t['min_all_over_ar']:.2f}x AR at 1-64 requests; shared budget "
+                           f"{t['shared_vs_equal_at_16_32_min']:.3f}x tokens/step vs equal trees at 16-32; blocks "
+                           f"{t['blocks_gain_at_16_32_min']:.3f}x; admission up to {t['admission_max_gain']:.3f}x stock")
+    elif "blocks-bound" in sections:
+        gains = [r["gain"] for d in doc["blocks_truncated"].values() for b, r in d.items() if b in ("16", "24", "32")]
+        doc["headline"] = f"drafter blocks as truncated 16-blocks: {min(gains):.3f}-{max(gains):.3f}x over the shared budget at 16-32"
+    figure = args.figure or (args.out.with_suffix(".png") if args.out and doc["shapes"] else None)
     if figure:
         plot(doc["shapes"], figure)
         doc["figure"] = str(figure)

@@ -87,6 +87,9 @@ class Timer:
     def ms(self, fn, reset=None) -> float:
         """Median over 5 bursts of the mean ms per call of ``fn`` (``reset`` runs before each call, untimed on
         the CPU, inside the burst on the GPU: a one-kernel copy)."""
+        if reset:
+            reset()
+        fn()  # untimed: the first call builds kernels and captures the graph
         samples = []
         for _ in range(self.bursts):
             if self.device.type == "cuda":
@@ -266,6 +269,53 @@ def check(args, device) -> dict:
             progress(f"check {dtype_name} {name}: {row[name]}")
         out["by_dtype"][dtype_name] = row
     return out
+
+
+FORCING_SYSTEMS = {
+    "stock": SystemOptions(positions=8),
+    "w12_linears_head": SystemOptions(positions=8, linears="w12", lm_head="w12"),
+    "certified_head": SystemOptions(positions=8, lm_head="certified"),
+    "gdn_path": SystemOptions(positions=8, gdn_verify="path"),
+    "best_first": SystemOptions(positions=8, tree="best-first", nodes=16),
+    "all": SystemOptions(positions=8, linears="w12", lm_head="certified", gdn_verify="path", tree="best-first",
+                         nodes=16),
+    "fault": SystemOptions(positions=8, fault_after=32),  # the paper's §6.2 fault: token forcing must reject it
+}
+PROMPTS = Path(__file__).resolve().parent / "data" / "system_prompts.json"
+
+
+def forcing(args, device) -> dict:
+    """Outputs for token forcing (judged on the CPU by ``benchmarks/system_forcing.py``: the GPU machine has no
+    pydantic): the trained pair in bf16 through the system, AR and every system of FORCING_SYSTEMS, on
+    ``--forcing-seeds`` prompt sets of 16 prompts of the unseen split (closed loop, ``--check-batch`` in flight)."""
+    from specpilot_mem.engine.decode import SystemDecoder
+    from specpilot_mem.engine.engine import Engine
+
+    import json as _json
+
+    all_prompts = _json.loads(PROMPTS.read_text())["prompts"]
+    seeds = range(args.forcing_seeds)
+    requests = {f"s{seed}-{i}": all_prompts[(seed * 16 + i) % len(all_prompts)][:args.check_prompt_len - 8 * seed]
+                for seed in seeds for i in range(args.forcing_per_seed)}
+    ids, prompts = list(requests), list(requests.values())
+    engine = Engine.load_default(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
+                                 max_len=512)
+    base = SystemDecoder(engine, SystemOptions(positions=8), batch=args.check_batch, max_len=512)
+    outputs = {"ar": base.generate(prompts, "ar", args.forcing_tokens)}
+    for name, options in FORCING_SYSTEMS.items():
+        outputs[name] = base.with_options(options).generate(prompts, "spec", args.forcing_tokens)
+        progress(f"forcing outputs: {name}")
+    doc = {"dtype": str(base.dtype).removeprefix("torch."), "new_tokens": args.forcing_tokens,
+           "requests": [{"id": rid, "prompt_ids": p} for rid, p in zip(ids, prompts)],
+           "systems": {name: {rid: g.output_ids for rid, g in zip(ids, runs)} for name, runs in outputs.items()},
+           "tau": {name: round(sum(sum(g.accepted) for g in runs) / max(1, sum(g.steps for g in runs)), 3)
+                   for name, runs in outputs.items()},
+           "options": {name: o.label() for name, o in FORCING_SYSTEMS.items()}}
+    path = (args.out.parent if args.out else Path(".")) / f"system-forcing-outputs{'-smoke' if args.smoke else ''}.json"
+    write_result({**result_header("system_bench forcing outputs"), **doc}, path)
+    same = {name: sum(a == b for a, b in zip(doc["systems"][name].values(), doc["systems"]["ar"].values()))
+            for name in doc["systems"]}
+    return {"path": str(path), "requests": len(ids), "identical_to_ar": same, "tau": doc["tau"]}
 
 
 def agreement(got: list[list[int]], want: list[list[int]]) -> dict:
@@ -493,7 +543,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes with the same structure (CPU dry run)")
-    ap.add_argument("--sections", default="check,single,batched,profile,speedup", help="comma-separated: check,single,batched,profile,speedup")
+    ap.add_argument("--sections", default="check,forcing,single,batched,profile,speedup", help="comma-separated: check,single,batched,profile,speedup")
     ap.add_argument("--rows", default="1,4,8,17,32,33,64")
     ap.add_argument("--batches", default="8,16,32")
     ap.add_argument("--context", type=int, default=1024)
@@ -503,6 +553,9 @@ def main(argv=None) -> int:
     ap.add_argument("--check-tokens", type=int, default=48)
     ap.add_argument("--check-batch", type=int, default=4)
     ap.add_argument("--check-options", default="", help="comma-separated CHECK_OPTIONS names (default: all)")
+    ap.add_argument("--forcing-seeds", type=int, default=4)
+    ap.add_argument("--forcing-per-seed", type=int, default=16)
+    ap.add_argument("--forcing-tokens", type=int, default=96)
     ap.add_argument("--tau-prompts", type=int, default=16)
     ap.add_argument("--tau-tokens", type=int, default=128)
     ap.add_argument("--profile-dir", type=Path, help="where the profiles go (default: beside --out)")
@@ -516,6 +569,7 @@ def main(argv=None) -> int:
         args.iters = 1
         args.check_prompts, args.check_prompt_len, args.check_tokens, args.check_batch = 2, 16, 6, 2
         args.tau_prompts, args.tau_tokens = 2, 12
+        args.forcing_seeds, args.forcing_per_seed, args.forcing_tokens = 1, 2, 6
     dtype = torch.bfloat16
     timer = Timer(device, args.iters, bursts=1 if args.smoke else 5)
     result = {**result_header("system_bench"), "label": LABEL, "device_name": torch.cuda.get_device_name(device)
@@ -525,7 +579,8 @@ def main(argv=None) -> int:
                 "single": lambda: single(args, device, dtype, timer),
                 "batched": lambda: batched(args, device, dtype, timer),
                 "profile": lambda: profile(args, device, dtype, timer, result),
-                "speedup": lambda: speedup(args, device, result)}
+                "speedup": lambda: speedup(args, device, result),
+                "forcing": lambda: forcing(args, device)}
     for name in args.sections.split(","):
         if name not in sections:
             result[name] = {"error": f"unknown section {name!r}; use {', '.join(sections)}"}

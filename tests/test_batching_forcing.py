@@ -1,5 +1,6 @@
-"""Token forcing on the trained pair accepts every batching mechanism, decoded live in lockstep on the
-pure-torch engine (CPU, float32) with the policies deciding shares, blocks and prompt segments."""
+"""Every batching mechanism, decoded live on the trained pair (CPU, float32) with the policies deciding shares,
+blocks and prompt segments — in lockstep on the pure-torch engine and in the composed engine's batched
+decoder — gives the greedy decode itself, and token forcing finds nothing to reject."""
 
 from dataclasses import replace
 
@@ -44,6 +45,13 @@ def ar(engine, requests):
     return {g.id: g for g in engine.generate(requests, "ar")}
 
 
+def assert_not_rejected(verdict):
+    """No rule rejects and no output departs from stock; 64 tokens are too few for token forcing to accept
+    (its power rule asks for hundreds of requests: benchmarks/batched_forcing.py runs that many)."""
+    assert verdict.verdict == "inconclusive" and len(verdict.reasons) == 1, verdict.reasons
+    assert verdict.rate.system_rate == 0 and verdict.events.system_events == 0
+
+
 def forcing_outputs(generations):
     return {g.id: RequestOutput(g.id, tuple(g.output_ids), 0.0, tuple(g.token_times)) for g in generations}
 
@@ -73,8 +81,7 @@ def test_token_forcing_accepts_each_mechanism(engine, requests, ar, name):
     stock = score_outputs(scorer, forcing_requests, forcing_outputs(ar.values()))
     system = score_outputs(scorer, forcing_requests, forcing_outputs(runs))
     verdict = TokenForcing(scorer, stock, delta=0.125).judge(name, system)
-    # 4 requests x 16 tokens cannot show the power an accept needs: no rule rejects, nothing mismatches
-    assert verdict.verdict == "inconclusive" and verdict.rate.system_rate == 0.0, verdict.reasons
+    assert_not_rejected(verdict)
 
 
 @pytest.mark.parametrize("name", ["stock", "shared-budget", "drafter-block", "shared-budget+drafter-block"])
@@ -97,4 +104,4 @@ def test_token_forcing_accepts_each_mechanism_in_the_system_decoder(engine, requ
     stock = score_outputs(scorer, forcing_requests, forcing_outputs(ar.values()))
     verdict = TokenForcing(scorer, stock, delta=0.125).judge(name, score_outputs(scorer, forcing_requests,
                                                                                  forcing_outputs(runs)))
-    assert verdict.verdict == "inconclusive" and verdict.rate.system_rate == 0.0, verdict.reasons  # 64 tokens: no power
+    assert_not_rejected(verdict)

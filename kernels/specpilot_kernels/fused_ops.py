@@ -19,6 +19,12 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
+def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(x + delta, rms_norm(x + delta)): a residual add and the next norm."""
+    y = x + delta
+    return y, rms_norm_reference(y, weight, eps)
+
+
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return torch.nn.functional.silu(gate) * up
@@ -32,6 +38,21 @@ def _rms_norm_kernel(x, w, out, N, eps, BLOCK: tl.constexpr):
     xv = tl.load(x + row * N + cols, mask=keep, other=0.0).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=0) / N + eps)
     normed = (xv * inv).to(out.dtype.element_ty)
+    wv = tl.load(w + cols, mask=keep, other=0.0)
+    tl.store(out + row * N + cols, (normed * wv).to(out.dtype.element_ty), mask=keep)
+
+
+@triton.jit
+def _add_rms_norm_kernel(x, delta, w, y, out, N, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    keep = cols < N
+    total = (tl.load(x + row * N + cols, mask=keep, other=0.0).to(tl.float32)
+             + tl.load(delta + row * N + cols, mask=keep, other=0.0).to(tl.float32)).to(y.dtype.element_ty)
+    tl.store(y + row * N + cols, total, mask=keep)
+    yv = total.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(yv * yv, axis=0) / N + eps)
+    normed = (yv * inv).to(out.dtype.element_ty)
     wv = tl.load(w + cols, mask=keep, other=0.0)
     tl.store(out + row * N + cols, (normed * wv).to(out.dtype.element_ty), mask=keep)
 
@@ -64,6 +85,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _rms_norm_kernel[(x.numel() // N,)](x, weight, out, N, eps, BLOCK=triton.next_power_of_2(N),
                                         num_warps=8 if N >= 2048 else 4)
     return out
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    """A residual add and RMSNorm of its result in one launch on a GPU (the reference on a CPU).
+
+    Args:
+        x, delta: [..., N] of one dtype, contiguous (the residual stream and a layer's output); weight: [N].
+    Returns:
+        (x + delta, rms_norm(x + delta, weight, eps)), both [..., N] in x's dtype.
+        Example: ``x, h = add_rms_norm(x, attn_out, norm_weight, 1e-6)``.
+    """
+    if not x.is_cuda:
+        return add_rms_norm_reference(x, delta, weight, eps)
+    x, delta = x.contiguous(), delta.contiguous()
+    N = x.shape[-1]
+    y, out = torch.empty_like(x), torch.empty_like(x)
+    _add_rms_norm_kernel[(x.numel() // N,)](x, delta, weight, y, out, N, eps, BLOCK=triton.next_power_of_2(N),
+                                            num_warps=8 if N >= 2048 else 4)
+    return y, out
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

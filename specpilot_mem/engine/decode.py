@@ -64,6 +64,7 @@ class SystemDecoder:
             buf = StepBuffers.empty(1, len(piece), conv, self.device)
             buf.fill(pack_trees([(piece, list(range(-1, len(piece) - 1)))], len(piece), conv))
             buf.forced.fill_(len(piece) - 1)
+            buf.out_len.fill_(start - (len(prompt) - 1))  # the prompt's last row predicts output 0
             out, accepted = self.prefill_model.step(buf, view)
             token = out[0, len(piece) - 1]
         return int(token)
@@ -98,7 +99,8 @@ class SystemDecoder:
         the next prompt). ``mode``: "ar" (one row per request, SGLang's decode step) or "spec"."""
         if mode not in ("ar", "spec"):
             raise OptionsError(f"unknown mode {mode!r}", where="mode", fix="use 'ar' or 'spec'")
-        longest = max(len(p) for p in prompts) + max_new_tokens + self.options.rows + 1
+        # a request may overshoot max_new_tokens by one step, and a finished slot's rows are still written
+        longest = max(len(p) for p in prompts) + max_new_tokens + 2 * self.options.rows + 1
         if longest > self.max_len:
             raise OptionsError(f"prompt + output need {longest} cache slots, the decoder has {self.max_len}",
                                where="max_len", fix=f"use max_len >= {longest}")
@@ -138,6 +140,7 @@ class SystemDecoder:
             buf.fill(packed)
             buf.active.copy_(torch.tensor([slot_req[s] >= 0 for s in range(B)]))
             buf.forced.fill_(-1)
+            buf.out_len.copy_(torch.tensor([len(outputs[slot_req[s]]) if slot_req[s] >= 0 else 0 for s in range(B)]))
             out, lens = self.model.graphed(("decode", B, T, mode), lambda: self.model.step(buf, self.caches,
                                                                                          ar=mode == "ar"))
             out, lens = out.cpu(), lens.cpu()

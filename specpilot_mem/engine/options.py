@@ -48,6 +48,11 @@ class SystemOptions:
     # Certified head: survivors kept per row in the fixed-size buffers (beyond: the in-graph exact fallback).
     max_survivors: int = 2048
     cuda_graphs: bool = True
+    # The injected fault of the paper's §6.2 (a lossy system token forcing must reject): +fault_bias on every
+    # fault_stride-th vocabulary id once fault_after output tokens exist; -1 switches it off.
+    fault_after: int = -1
+    fault_bias: float = 2.0
+    fault_stride: int = 7
 
     @classmethod
     def parse(cls, text: str) -> "SystemOptions":
@@ -63,6 +68,8 @@ class SystemOptions:
             kind = known[name]
             if kind == "int":
                 values[name] = int(value)
+            elif kind == "float":
+                values[name] = float(value)
             elif kind == "bool":
                 values[name] = value.lower() in ("1", "true", "yes", "on")
             else:
@@ -103,6 +110,9 @@ class SystemOptions:
             if self.rows > 64:
                 raise OptionsError(f"{self.rows} verify rows per request: GDN path verify and its schedule take "
                                    "at most 64", where="nodes", fix="use nodes <= 63")
+        if self.fault_after >= 0 and self.lm_head == "certified":
+            raise OptionsError("the injected fault biases logits; the certified head returns only the argmax",
+                               where="fault_after with lm_head=certified", fix="inject the fault with lm_head=bf16 or w12")
         if self.max_survivors < 1:
             raise OptionsError("max_survivors must be positive", where="max_survivors", fix="use e.g. 2048")
         if shape.d_model % 64 and (self.linears == "w12" or self.lm_head in ("w12", "certified")):

@@ -31,8 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specpilot_kernels.fused_ops import rms_norm, silu_mul
-from specpilot_mem.engine.model import rope
+from specpilot_kernels.fused_ops import add_rms_norm, rms_norm, silu_mul
 from specpilot_mem.engine.options import SystemOptions
 from specpilot_mem.engine.shapes import SystemShape
 
@@ -41,6 +40,13 @@ _CAPTURE_LOCK = threading.Lock()
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def apply_rope(x, cos, sin):
+    """Rotary embedding of x [B, T, H, D] with cos/sin [B, T, 1, D/2] (model.rope's arithmetic, tables once a pass)."""
+    d = x.shape[-1]
+    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
 # -- weights ---------------------------------------------------------------------------------------------------
@@ -202,8 +208,10 @@ class StepBuffers:
     tokens [B, T] long; parents [B, T] long (-1: the root, the request's pending token); depth [B, T] long;
     anc [B, T, T] bool (ancestor-or-self); conv_idx [B, T, conv_size] long (each row's conv window as indices
     into cat(conv state, rows)); num_nodes [B] int32 (real rows, the rest padding); slots32 [B] int32 (request b
-    uses cache slot b: the kernels' state indices); active [B] bool (inactive slots commit nothing); forced [B] long (>= 0: accept the root path to
-    that node whatever the target says; the benchmark's fixed acceptance).
+    uses cache slot b: the kernels' state indices); active [B] bool (inactive slots commit nothing); forced [B] long
+    (>= 0: accept the root path to that node whatever the target says; the benchmark's fixed acceptance); out_len [B]
+    long (output tokens each request has, the pending one included: row i predicts output out_len + depth[i]; the
+    injected fault's trigger).
     """
 
     tokens: torch.Tensor
@@ -215,6 +223,7 @@ class StepBuffers:
     slots32: torch.Tensor
     active: torch.Tensor
     forced: torch.Tensor
+    out_len: torch.Tensor
 
     @classmethod
     def empty(cls, B: int, T: int, conv_size: int, device) -> "StepBuffers":
@@ -222,7 +231,7 @@ class StepBuffers:
         return cls(torch.zeros(B, T, **z), torch.full((B, T), -1, **z), torch.zeros(B, T, **z),
                    torch.zeros(B, T, T, dtype=torch.bool, device=device), torch.zeros(B, T, conv_size, **z),
                    torch.ones(B, dtype=torch.int32, device=device), torch.arange(B, dtype=torch.int32, device=device),
-                   torch.ones(B, dtype=torch.bool, device=device), torch.full((B,), -1, **z))
+                   torch.ones(B, dtype=torch.bool, device=device), torch.full((B,), -1, **z), torch.zeros(B, **z))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -401,8 +410,36 @@ class SystemModel:
             return gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, schedule[0], **extra)
         return R.path_verify_reference(q, k, v, a, b, A_log, dt_bias, pool, slots, schedule[1], schedule[2])
 
-    def _attn(self, i, h, buf: StepBuffers, caches: Caches | None, write_cache: bool, prefix: str = "layers",
-              mode: str | None = None):
+    def _attn_context(self, buf: StepBuffers, caches: Caches | None, write_cache: bool) -> dict:
+        """What every attention layer of one pass shares: RoPE's cos/sin at each row's position, the cache slots
+        the rows write, and the tree mask over the cache (GQA-folded), computed once per pass."""
+        s = self.shape
+        B, T = buf.shape
+        dev = buf.tokens.device
+        D, rep = s.attn_head_dim, s.attn_heads // s.attn_kv_heads
+        inv = 1.0 / (s.rope_theta ** (torch.arange(0, D, 2, device=dev, dtype=torch.float32) / D))
+        if caches is None:  # the drafter's block: bidirectional over its own rows
+            ang = buf.depth.float()[..., None] * inv
+            return {"cos": ang.cos().unsqueeze(-2), "sin": ang.sin().unsqueeze(-2), "mask": None}
+        L = caches.max_len
+        lengths = caches.lengths[:B]
+        ang = (lengths[:, None] + buf.depth).float()[..., None] * inv
+        # clamped so that no write can leave the cache (callers keep lengths + T <= max_len; see SystemDecoder)
+        slots_t = (lengths[:, None] + torch.arange(T, device=dev)).clamp(max=L - 1)
+        ctx = {"cos": ang.cos().unsqueeze(-2), "sin": ang.sin().unsqueeze(-2), "slots": slots_t}
+        if not write_cache:  # the rows sit beside the cache, in its last T slots
+            slots_t = torch.arange(L - T, L, device=dev).expand(B, T)
+            lengths = torch.minimum(lengths, torch.full_like(lengths, L - T))
+        cols = torch.arange(L, device=dev)
+        rel = cols[None, :] - slots_t[:, :1]
+        in_tree = (rel >= 0) & (rel < T)
+        tree = buf.anc.gather(2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, L)) & in_tree[:, None, :]
+        mask = (cols[None, None, :] < lengths[:, None, None]) | tree
+        ctx["mask"] = mask[:, None].expand(B, rep, T, L).reshape(B, 1, rep * T, L)
+        return ctx
+
+    def _attn(self, i, h, buf: StepBuffers, caches: Caches | None, write_cache: bool, ctx: dict,
+              prefix: str = "layers", mode: str | None = None):
         s, t = self.shape, self.w.t
         p = f"{prefix}.{i}."
         B, T = buf.shape
@@ -416,32 +453,21 @@ class SystemModel:
         if s.qk_norm:
             q, k = rms_norm(q, t[p + "q_norm"], s.norm_eps), rms_norm(k, t[p + "k_norm"], s.norm_eps)
         rep = hq // hkv
-        if caches is None:  # the drafter's block: bidirectional over its own rows
-            q, k = rope(q, buf.depth, s.rope_theta), rope(k, buf.depth, s.rope_theta)
-            keys, values, mask = k.transpose(1, 2), v.transpose(1, 2), None
+        q, k = apply_rope(q, ctx["cos"], ctx["sin"]), apply_rope(k, ctx["cos"], ctx["sin"])
+        mask = ctx["mask"]
+        if caches is None:
+            keys, values = k.transpose(1, 2), v.transpose(1, 2)
         else:
-            lengths = caches.lengths[:B]
-            pos = lengths[:, None] + buf.depth
-            q, k = rope(q, pos, s.rope_theta), rope(k, pos, s.rope_theta)
             L = caches.max_len
-            slots_t = lengths[:, None] + torch.arange(T, device=h.device)
             kc, vc = caches.k[i][:B], caches.v[i][:B]
-            bidx = torch.arange(B, device=h.device)[:, None]
             if write_cache:
-                kc[bidx, :, slots_t] = k.to(kc.dtype)
-                vc[bidx, :, slots_t] = v.to(vc.dtype)
+                bidx = torch.arange(B, device=h.device)[:, None]
+                kc[bidx, :, ctx["slots"]] = k.to(kc.dtype)
+                vc[bidx, :, ctx["slots"]] = v.to(vc.dtype)
                 keys, values = kc, vc
             else:  # a pass that leaves the caches as they are (the TLV Q pass): its rows beside the cache
                 keys = torch.cat([kc[:, :, :L - T], k.transpose(1, 2).to(kc.dtype)], dim=2)
                 values = torch.cat([vc[:, :, :L - T], v.transpose(1, 2).to(vc.dtype)], dim=2)
-                slots_t = torch.arange(L - T, L, device=h.device).expand(B, T)
-                lengths = torch.minimum(lengths, torch.full_like(lengths, L - T))
-            cols = torch.arange(L, device=h.device)
-            rel = cols[None, :] - slots_t[:, :1]
-            in_tree = (rel >= 0) & (rel < T)
-            tree = buf.anc.gather(2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, L)) & in_tree[:, None, :]
-            mask = (cols[None, None, :] < lengths[:, None, None]) | tree
-            mask = mask[:, None].expand(B, rep, T, L).reshape(B, 1, rep * T, L)
         qf = q.view(B, T, hkv, rep, D).permute(0, 2, 3, 1, 4).reshape(B, hkv, rep * T, D)
         o = F.scaled_dot_product_attention(qf, keys.to(qf.dtype), values.to(qf.dtype), attn_mask=mask)
         o = o.view(B, hkv, rep, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, hq * D)
@@ -460,9 +486,10 @@ class SystemModel:
         s, t = self.shape, self.w.t
         B, S = buf.shape
         x = F.embedding(buf.tokens.view(-1), t["embed"])
+        ctx = self._attn_context(buf, None, False)
         for i in range(s.drafter_layers):
             p = f"drafter.{i}."
-            x = x + self._attn(i, rms_norm(x, t[p + "norm1"], s.norm_eps), buf, None, False, "drafter", "bf16")
+            x = x + self._attn(i, rms_norm(x, t[p + "norm1"], s.norm_eps), buf, None, False, ctx, "drafter", "bf16")
             x = x + self._mlp(p, rms_norm(x, t[p + "norm2"], s.norm_eps), "bf16")
         h = rms_norm(x, t["drafter.norm"], s.norm_eps).view(B, S, -1)[:, 1:positions + 1].reshape(B * positions, -1)
         logits = self.w.head_linear()(h, "w12") if self.options.lm_head == "w12" else h @ self.w.head.t()
@@ -490,24 +517,28 @@ class SystemModel:
             saved["schedule"] = (tree_schedule(buf.parents, buf.num_nodes) if kernels else None, buf.parents,
                                  buf.num_nodes)
         feats = []
+        ctx = self._attn_context(buf, caches, write_cache) if s.attn_layers else None
+        h = rms_norm(x, t["layers.0.norm1"], s.norm_eps)
         for i, kind in enumerate(s.layer_types):
             p = f"layers.{i}."
-            h = rms_norm(x, t[p + "norm1"], s.norm_eps)
-            x = x + (self._gdn(i, h, buf, caches, ar, saved, write_cache, mode) if kind == "gdn"
-                     else self._attn(i, h, buf, caches, write_cache, mode=mode))
-            x = x + self._mlp(p, rms_norm(x, t[p + "norm2"], s.norm_eps), mode)
+            out = (self._gdn(i, h, buf, caches, ar, saved, write_cache, mode) if kind == "gdn"
+                   else self._attn(i, h, buf, caches, write_cache, ctx, mode=mode))
+            x, h = add_rms_norm(x, out, t[p + "norm2"], s.norm_eps)
+            # the residual add and the next norm (the next layer's, or the final one) in one launch
+            following = f"layers.{i + 1}.norm1" if i + 1 < s.n_layers else "final_norm"
+            x, h = add_rms_norm(x, self._mlp(p, h, mode), t[following], s.norm_eps)
             if i in self.feature_layers:
                 feats.append(x.view(B, T, -1))
-        hidden = rms_norm(x, t["final_norm"], s.norm_eps)
-        return hidden, (torch.cat(feats, dim=-1) if feats else None), saved
+        return h, (torch.cat(feats, dim=-1) if feats else None), saved
 
-    def head_argmax(self, hidden: torch.Tensor, mode: str | None = None) -> torch.Tensor:
-        """The LM head's greedy token per row of hidden [M, d] -> [M] long."""
+    def head_argmax(self, hidden: torch.Tensor, mode: str | None = None,
+                    predicted_index: torch.Tensor | None = None) -> torch.Tensor:
+        """The LM head's greedy token per row of hidden [M, d] -> [M] long. ``predicted_index`` [M]: the output
+        index each row predicts (the injected fault's trigger, when the options switch it on)."""
         mode = mode or self.options.lm_head
-        if mode == "bf16":
-            return (hidden @ self.w.head.t()).argmax(-1)
-        if mode == "w12":
-            return self.w.head_linear()(hidden, "w12").argmax(-1)
+        if mode in ("bf16", "w12"):
+            logits = hidden @ self.w.head.t() if mode == "bf16" else self.w.head_linear()(hidden, "w12")
+            return self._fault(logits, predicted_index).argmax(-1)
         from specpilot_kernels.certified_head import certified_argmax_in_graph
 
         head = self.w.certified()
@@ -517,6 +548,16 @@ class SystemModel:
         return torch.cat([certified_argmax_in_graph(x[r:r + 32], head, self._fallback,
                                                     max_survivors=self.options.max_survivors)
                           for r in range(0, x.shape[0], 32)])
+
+    def _fault(self, logits: torch.Tensor, predicted_index: torch.Tensor | None) -> torch.Tensor:
+        """The §6.2 fault: +fault_bias on every fault_stride-th vocabulary id for output indices >= fault_after."""
+        opts = self.options
+        if opts.fault_after < 0 or predicted_index is None:
+            return logits
+        hit = (predicted_index >= opts.fault_after).to(logits.dtype)[:, None]
+        bias = torch.zeros(logits.shape[-1], device=logits.device, dtype=logits.dtype)
+        bias[:: opts.fault_stride] = opts.fault_bias
+        return logits + hit * bias
 
     def accept(self, buf: StepBuffers, pred: torch.Tensor):
         """The accepted root path of each tree, on the device. pred [B, T] (the target's token after each row).
@@ -555,7 +596,9 @@ class SystemModel:
         if self.options.tree != "chain" and not ar:
             for i in caches.k:
                 for cache in (caches.k[i][:B], caches.v[i][:B]):
-                    cache[bidx, :, lengths[:, None] + steps] = cache[bidx, :, lengths[:, None] + src]
+                    top = caches.max_len - 1
+                    cache[bidx, :, (lengths[:, None] + steps).clamp(max=top)] = cache[
+                        bidx, :, (lengths[:, None] + src).clamp(max=top)]
         keep = (accept_len > 0)[:, None, None]
         bar = torch.arange(B, device=dev)
         for i in caches.state:
@@ -592,7 +635,7 @@ class SystemModel:
         """One whole step: verify, accept, commit. Returns (out_tokens [B, T], accept_len [B])."""
         B, T = buf.shape
         hidden, feats, saved = self.forward(buf, caches, ar=ar)
-        pred = self.head_argmax(hidden).view(B, T)
+        pred = self.head_argmax(hidden, predicted_index=(buf.out_len[:, None] + buf.depth).view(-1)).view(B, T)
         accepted, accept_len, deepest, out = self.accept(buf, pred)
         self.commit(buf, caches, saved, feats, accepted, accept_len, deepest, ar=ar)
         return out, accept_len
@@ -605,30 +648,35 @@ class SystemModel:
         self._inter.clear()
 
     def graphed(self, key, fn):
-        """``fn`` captured once as a CUDA graph under ``key`` (replayed on later calls); eager on a CPU, or
-        when capture failed (``graph_error`` says why). ``fn`` must read only static buffers."""
+        """``fn()``, as a CUDA graph captured under ``key`` and replayed on later calls; eager on a CPU, or when
+        capture failed (``graph_error`` says why). ``fn`` must read only static buffers.
+
+        The first call runs ``fn`` once eagerly — that run is the call's result (kernel builds, W12 conversion and
+        workspaces happen in it) — and then captures it; capturing executes nothing, so a step that commits
+        state commits exactly once per call."""
         if self.device.type != "cuda" or not self.options.cuda_graphs or self.graph_error:
             return fn()
-        if key not in self._graphs:
-            with _CAPTURE_LOCK, torch.cuda.device(self.device):
-                if self._stream is None:
-                    self._stream = torch.cuda.Stream(self.device)
-                side, main = self._stream, torch.cuda.current_stream(self.device)
-                side.wait_stream(main)
-                with torch.cuda.stream(side):
-                    fn()  # warm-up: builds, autotuning and workspaces happen outside the capture
-                main.wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                try:
-                    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-                        out = fn()
-                except RuntimeError as err:
-                    self.graph_error = f"{key}: {str(err)[:300]}"
-                    return fn()
+        if key in self._graphs:
+            graph, out = self._graphs[key]
+            graph.replay()
+            return out
+        with _CAPTURE_LOCK, torch.cuda.device(self.device):
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(self.device)
+            side, main = self._stream, torch.cuda.current_stream(self.device)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                result = fn()
+            main.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+                    out = fn()
+            except RuntimeError as err:
+                self.graph_error = f"{key}: {str(err)[:300]}"
+                return result
             self._graphs[key] = (graph, out)
-        graph, out = self._graphs[key]
-        graph.replay()
-        return out
+        return result
 
 
 def _snapshot_reference(q, k, v, a, b, A_log, dt_bias, pool, slots, inter, parents, update):
