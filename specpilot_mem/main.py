@@ -62,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         args.home = getattr(args, "home", None)
         args.json = getattr(args, "json", False)
-        if not getattr(args, "func", None):
+        if not getattr(args, "func", None):  # no verb, or a verb without its sub-verb (`entry`, `deploy` ...)
+            if as_json:
+                raise UsageError("no command given", where=" ".join(["specpilot-mem", *argv]),
+                                 fix="name a command (`specpilot-mem --help` lists them)")
             parser.print_help()
             return EXIT_ERROR
         code[0] = int(args.func(args) or 0)

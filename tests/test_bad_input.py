@@ -247,7 +247,7 @@ CASES: list[tuple[list[str], str, str]] = [
     (["replay", f"{F}/ok.npz", "--builders", "bogus"], DOMAIN, "bogus"),
     (["replay", f"{F}/ok.npz", "--nodes", "x"], DOMAIN, "--nodes"),
     (["replay", f"{F}/ok.npz", "--nodes", "8,-3"], DOMAIN, "--nodes"),
-    (["replay", f"{F}/ok.npz", "--plot", f"{F}/missing/p.png"], DOMAIN, "missing"),
+    (["replay", f"{F}/ok.npz", "--plot", f"{F}/afile/p.png"], DOMAIN, "afile"),
     (["replay"], USAGE, "the following arguments are required"),
     (["ceiling", f"{F}/missing.json", "--lattices", f"{F}/ok.npz"], DOMAIN, "cannot read profile"),
     (["ceiling", f"{F}/profile-bad.json", "--lattices", f"{F}/ok.npz"], DOMAIN, "cannot read profile"),

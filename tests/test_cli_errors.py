@@ -41,3 +41,9 @@ def test_a_defect_is_one_line_and_the_traceback_goes_to_the_log(capsys, tmp_path
     assert "Traceback (most recent call last)" in text and "command: specpilot-mem verify" in text
     assert main(["verify", "--json"]) == EXIT_DEFECT
     assert json.loads(capsys.readouterr().out)["error"] == "InternalError"
+
+
+def test_no_command_under_json_is_a_usage_error(capsys):
+    assert main(["--json"]) == EXIT_ERROR
+    assert json.loads(capsys.readouterr().out)["error"] == "UsageError"
+    assert main([]) == EXIT_ERROR and "usage: specpilot-mem" in capsys.readouterr().out

@@ -45,6 +45,10 @@ VERBS = [
     (["deploy", "new", "d1", "--gpu", MARKUP, "--model", "m", "--drafter", "d", "--regime", "single"], MARKUP),
     (["deploy", "export", MARKUP, "out"], MARKUP),
     (["ceiling", f"{MARKUP}.json", "--lattices", f"{MARKUP}.npz"], MARKUP),
+    (["tf", "--requests", f"{MARKUP}.jsonl", "--stock", "s", "--system", "a=b", "--delta", "1", "--scorer", "m:f"],
+     f"{MARKUP}.jsonl"),
+    (["schema", MARKUP], MARKUP),
+    (["registry", "sync", "--home", f"{MARKUP}-home"], f"{MARKUP}-home"),
     (["show", "gdn-tree"], "([layers, rows, draft tokens, HV, V, K])"),
 ]
 

@@ -20,7 +20,7 @@ def test_contract_commands_name_existing_files(entry_id):
     assert commands, f"{entry_id} has no contract command"
     for command in commands:
         words = shlex.split(command)
-        named = [w.split("::")[0] for w in words if w.startswith(("tests/", "benchmarks/", "scripts/"))]
+        named = [w.split("::")[0].rstrip("),;") for w in words if w.startswith(("tests/", "benchmarks/", "scripts/"))]
         assert named, f"{entry_id}: {command!r} names no file"
         missing = [w for w in named if not (PROJECT / w).exists()]
         assert not missing, f"{entry_id}: {command!r} names missing files {missing}"

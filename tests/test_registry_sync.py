@@ -103,11 +103,12 @@ def test_bad_record_changes_nothing(home):
 
 
 def test_known_gpu_on_the_wrong_arch_is_refused(home):
-    bad = evidence("H200")
-    bad["deployment"]["arch"] = "sm_120"
-    save_entry(home, entry("wrong-arch", evidence_items=[bad]))
-    with pytest.raises(RecordError, match="H200 is sm_90, but the record says sm_120"):
+    save_entry(home, entry("wrong-arch", evidence_items=[evidence("H200")]))
+    path = home.entry_dir("wrong-arch") / "entry.yaml"
+    path.write_text(path.read_text().replace("arch: sm_90", "arch: sm_120"))  # edited by hand
+    with pytest.raises(RecordError, match="H200 is sm_90, not sm_120") as err:
         sync(home)
+    assert str(path) in err.value.where
 
 
 def test_readers_keep_a_consistent_snapshot_while_a_sync_replaces_the_file(home):
@@ -253,3 +254,28 @@ def test_a_registry_of_the_right_version_and_wrong_shape_is_rebuilt(home, damage
         con.close()
     report = sync(home)
     assert not report.wrote and report.reason == "up to date"
+
+
+def test_evidence_marked_for_revalidation_no_longer_validates(tmp_path):
+    stale = {**evidence("H200"), "revalidate": "base changed: re-validate (options was re-recorded)"}
+    home = write_home(tmp_path, [entry("fresh", evidence_items=[evidence("H200")]), entry("stale", evidence_items=[stale])])
+    con = connect(home)
+    try:
+        assert dict(con.execute("SELECT id, validated FROM entries").fetchall()) == {"fresh": True, "stale": False}
+    finally:
+        con.close()
+
+
+def test_equal_registries_built_anywhere_are_equal_files(tmp_path):
+    """DuckDB writes a random id into each new file; the registry replaces it by one derived from the content,
+    so a rebuild in another checkout gives the committed bytes."""
+    records = [entry("alpha", evidence_items=[evidence("H200")]), entry("beta", requires=["alpha"])]
+    first, second = write_home(tmp_path / "one", records), write_home(tmp_path / "two", records)
+    sync(first, rebuild=True)
+    sync(second, rebuild=True)
+    assert first.registry.read_bytes() == second.registry.read_bytes()
+    con = connect(first)  # and DuckDB still opens it
+    try:
+        assert con.execute("SELECT count(*) FROM entries").fetchone()[0] == 2
+    finally:
+        con.close()

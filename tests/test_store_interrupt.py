@@ -87,3 +87,16 @@ def test_a_file_where_the_worktree_should_go_is_a_clear_error(memory, tmp_path):
     (tmp_path / "wt").write_text("a file")
     with pytest.raises(ForkError, match="exists and is not a work tree of the fork"):
         apply_entries(memory, ["alpha"], worktree=str(tmp_path / "wt"))
+
+
+def test_ctrl_c_during_an_export_leaves_nothing(memory, tmp_path, monkeypatch):
+    from specpilot_mem.sglang import export as export_module
+
+    def interrupted(built, dest):
+        raise KeyboardInterrupt  # everything is written beside the destination, the rename has not happened
+
+    monkeypatch.setattr(export_module, "replace_folder", interrupted)
+    out = tmp_path / "exports" / "out"
+    with pytest.raises(KeyboardInterrupt):
+        apply_entries(memory, ["alpha"], export=str(out))
+    assert not out.exists() and list(out.parent.iterdir()) == []

@@ -4,6 +4,7 @@ marked), or, when one conflicts, changes nothing and names each dependent with i
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 from test_store_support import DRAFT, fork_file, prefixed_source, set_slot, synthetic_home
@@ -96,7 +97,8 @@ def test_record_src_on_the_options_entry_rebases_every_entry_on_it(project_entri
     assert dependents
     source = root / "entries" / "options" / "src" / "sglang" / "srt" / "specpilot" / "__init__.py"
     source.write_text(source.read_text() + "# a comment: required entries can change\n")
-    assert main(["record", "options", "--src", "--home", str(root)]) == 0
+    assert main(["record", "options", "--src", "--json", "--home", str(root)]) == 0
+    assert json.loads(capsys.readouterr().out)["rebased"] == dependents
     after = load_entries(home)
     for dependent in dependents:
         assert after[dependent].reproduces != before[dependent].reproduces

@@ -61,7 +61,8 @@ def run(args) -> int:
         for e in data["entries"]:
             check = {True: "yes", False: "NO", None: "-"}[e["reproduced"]]
             files = f"{len(e['paths'])}: {e['paths'][0]}" + (" ..." if len(e["paths"]) > 1 else "") if e["paths"] else "-"
-            status = e["status"] + (f" ({'; '.join(e['present'])})" if e["status"] == "partly present" else "")
+            present = e["present"][:2] + ([f"+{len(e['present']) - 2} more"] if len(e["present"]) > 2 else [])
+            status = e["status"] + (f" ({'; '.join(present)})" if e["status"] == "partly present" else "")
             rows.append((e["id"], status, check, files, ", ".join(e["conflicts_with"])))
         console.print(table(f"apply onto {data['onto']} ({data['onto_commit'][:12]})",
                             ["entry", "status", "reproduces", "files", "conflicts with"], rows))

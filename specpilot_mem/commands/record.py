@@ -33,6 +33,9 @@ def run(args) -> int:
     from specpilot_mem.store import record_entry
 
     home = find_home(args.home)
+    from specpilot_mem.store import load_entries
+
+    before = {i: r.reproduces for i, r in load_entries(home).items()}
     if args.src:
         if args.requires is not None or args.meta is not None:
             raise SpecPilotError("--src keeps the record's requirements and metadata", where="record --src",
@@ -42,12 +45,17 @@ def run(args) -> int:
         requires = None if args.requires is None else [r.strip() for r in args.requires.split(",") if r.strip()]
         record = record_entry(home, args.id, args.source, requires=requires, meta=args.meta)
 
+    # the entries that require it were rebased onto it (store.record): say which
+    rebased = sorted(i for i, r in load_entries(home).items() if i != record.id and before.get(i) not in (None, r.reproduces))
+
     def render(data) -> None:
         console.print(table(f"recorded {data['id']}", ["field", "value"], [
             ("title", data["title"]), ("requires", ", ".join(data["requires"]) or "-"),
             ("reproduces", data["reproduces"]), ("source", (data["source"] or {}).get("commit") or "work tree"),
             ("kernels", len(data["kernels"])), ("files", f"entries/{data['id']}/entry.yaml, delta.patch"),
+            ("rebased", ", ".join(data["rebased"]) + " (their evidence is marked: base changed, re-validate)"
+             if data["rebased"] else "-"),
         ]))
 
-    emit(args, record.model_dump(mode="json"), render)
+    emit(args, {**record.model_dump(mode="json"), "rebased": rebased}, render)
     return 0

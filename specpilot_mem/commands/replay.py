@@ -45,9 +45,11 @@ def run(args) -> int:
     nodes = int_list(args.nodes)
     if args.batch < 1:
         raise SpecPilotError(f"--batch {args.batch} must be at least 1", where="--batch", fix="e.g. --batch 8")
-    if args.plot and not Path(args.plot).expanduser().parent.is_dir():
-        raise SpecPilotError(f"cannot write {args.plot}: there is no folder {Path(args.plot).expanduser().parent}",
-                             where="--plot", fix="create the folder first, or pass a path in an existing one")
+    if args.plot:
+        blocking = next((p for p in Path(args.plot).expanduser().resolve().parents if p.exists() and not p.is_dir()), None)
+        if blocking is not None:  # checked before the replay, not after it
+            raise SpecPilotError(f"cannot write {args.plot}: {blocking} is a file, not a folder", where="--plot",
+                                 fix="pass a path whose folders are folders (missing ones are created)")
     lattices = load_lattices(args.lattices)
     groups = len({lat.positions for lat in lattices})
     with progress("replay", groups * len(builders) * len(nodes), enabled=not args.json) as bar:

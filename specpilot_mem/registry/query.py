@@ -15,13 +15,16 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import duckdb
+
+if TYPE_CHECKING:
+    from specpilot_mem.models import Regime
 
 from specpilot_mem.errors import RegistryError, UnknownEntryError
 from specpilot_mem.gpus import GPU, resolve_gpu_or_arch
 from specpilot_mem.gpus import name_key  # the GPU table's name matching, reused for models and drafters
-from specpilot_mem.models import RELEASE, Regime
 
 HARDWARE_RANK = {"gpu": 0, "arch": 1, "variant": 2, None: 3}
 STATUS_RANK = {"verified": 0, "candidate": 1, "unchecked": 2, "superseded": 3}
@@ -158,9 +161,12 @@ def query_entries(con: duckdb.DuckDBPyConnection, filters: QueryFilters) -> list
     if filters.requires:
         params["requires"] = filters.requires
         where.append("id IN (SELECT entry_id FROM closure WHERE req = $requires)")
-    if filters.release and not re.match(RELEASE, filters.release):
-        raise RegistryError(f"--release {filters.release!r} is not an SGLang version", where="--release",
-                            fix="pass a version such as 0.5.20")
+    if filters.release:
+        from specpilot_mem.models import RELEASE  # here: the record models cost more than the rest of a query
+
+        if not re.match(RELEASE, filters.release):
+            raise RegistryError(f"--release {filters.release!r} is not an SGLang version", where="--release",
+                                fix="pass a version such as 0.5.20")
     params["release"] = filters.release
     sql = MATCH_SQL.format(closure=REQUIREMENT_CLOSURE if filters.requires else "", where=" AND ".join(where) or "true")
     rows = con.execute(sql, {k: v for k, v in params.items() if f"${k}" in sql}).fetchall()

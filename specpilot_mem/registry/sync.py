@@ -16,26 +16,29 @@ import json
 import os
 import re
 import shutil
+import struct
 import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import yaml
-from pydantic import ValidationError
 
 from specpilot_mem.errors import RecordError, RegistryError, SpecPilotError
 from specpilot_mem.gpus import GPUS, find_gpu
 from specpilot_mem.gpus import name_key  # the GPU table's name matching, reused for models and drafters
 from specpilot_mem.home import Home
-from specpilot_mem.models import DeploymentRecord, EntryRecord
 from specpilot_mem.registry.schema import ENTRY_TABLES, SCHEMA_VERSION, TABLES
-from specpilot_mem.rounds.models import PromotionLog, RoundState
-from specpilot_mem.store.file_lock import file_lock
+from specpilot_mem.file_lock import file_lock
 from specpilot_mem.store.records import ENTRY_FILE, entry_path, load_entry, load_record_file
+
+if TYPE_CHECKING:
+    from specpilot_mem.models import DeploymentRecord, EntryRecord
+    from specpilot_mem.rounds.models import PromotionLog, RoundState
 
 DEPLOYMENT_FILE = "deployment.yaml"
 ROUND_DIR = re.compile(r"^round-([0-9]+)$")
@@ -160,6 +163,10 @@ def read_entry(home: Home, entry_id: str) -> EntryRecord:
     The store's loader composes the YAML node tree in pure Python (~15 ms a record) to name the line of
     every error; a rebuild of 1,000 entries cannot afford that, so it runs only for a record that fails.
     """
+    from pydantic import ValidationError
+
+    from specpilot_mem.models import EntryRecord
+
     try:
         data = yaml.load(entry_path(home, entry_id).read_bytes(), Loader=yaml.CSafeLoader)
         record = EntryRecord.model_validate(data)
@@ -171,6 +178,8 @@ def read_entry(home: Home, entry_id: str) -> EntryRecord:
 
 
 def read_deployment(home: Home, name: str) -> DeploymentRecord:
+    from specpilot_mem.models import DeploymentRecord
+
     path = home.rounds / name / DEPLOYMENT_FILE
     record = load_record_file(path, DeploymentRecord)
     if record.name != name:
@@ -182,6 +191,8 @@ def read_deployment(home: Home, name: str) -> DeploymentRecord:
 
 
 def read_round(home: Home, deployment: str, number: int) -> tuple[RoundState, PromotionLog]:
+    from specpilot_mem.rounds.models import PromotionLog, RoundState
+
     folder = home.rounds / deployment / f"round-{number}"
     state = load_record_file(folder / ROUND_FILE, RoundState)
     if (state.deployment, state.number) != (deployment, number):
@@ -196,7 +207,8 @@ def read_round(home: Home, deployment: str, number: int) -> tuple[RoundState, Pr
 def is_validated(record: EntryRecord) -> bool:
     """Validated: timed end to end on real weights (non-synthetic paired run) and never rejected."""
     rejected = any((e.verdict or "").strip().lower().startswith("reject") for e in record.evidence)
-    return not rejected and any(e.kind == "paired-run" and not e.synthetic for e in record.evidence)
+    # evidence marked for re-validation (its base changed since) no longer validates the entry
+    return not rejected and any(e.kind == "paired-run" and not e.synthetic and not e.revalidate for e in record.evidence)
 
 
 def _canonical_gpu(name: str, arch: str, where: str) -> str | None:
@@ -414,6 +426,34 @@ def _content_digest(con: duckdb.DuckDBPyConnection, alias: str) -> str:
     return digest.hexdigest()
 
 
+_HEADER_SIZE = 4096  # DuckDB's main file header: an 8-byte checksum, then the header fields
+_ID_OFFSET, _ID_SIZE = 124, 16  # the random database identifier DuckDB writes into every new file
+_CHECKSUM_MULTIPLIER = 0xBF58476D1CE4E5B9
+
+
+def _header_checksum(header: bytes) -> int:
+    """DuckDB's block checksum over the header after its checksum field (whole 8-byte words)."""
+    result = 5381
+    for (word,) in struct.iter_unpack("<Q", header[8:]):
+        result ^= (word * _CHECKSUM_MULTIPLIER) & 0xFFFFFFFFFFFFFFFF
+    return result
+
+
+def _normalize_header(path: Path, digest: str) -> None:
+    """Replace the random database identifier by one derived from the content, so that equal registries are
+    equal files wherever they were built. Only a header this code understands (magic and checksum check
+    out) is touched; any other is left as DuckDB wrote it."""
+    with open(path, "r+b") as handle:
+        header = bytearray(handle.read(_HEADER_SIZE))
+        if len(header) != _HEADER_SIZE or header[8:12] != b"DUCK" or \
+                struct.unpack_from("<Q", header)[0] != _header_checksum(bytes(header)):
+            return
+        header[_ID_OFFSET:_ID_OFFSET + _ID_SIZE] = hashlib.sha256(digest.encode()).digest()[:_ID_SIZE]
+        struct.pack_into("<Q", header, 0, _header_checksum(bytes(header)))
+        handle.seek(0)
+        handle.write(header)
+
+
 def _unchanged(con: duckdb.DuckDBPyConnection, built_digest: str, registry: Path) -> bool:
     """Whether the registry file already holds exactly what was built (then it is left byte-identical:
     DuckDB writes a random database id into every new file)."""
@@ -440,7 +480,7 @@ def _diff(current: dict[str, RecordFile], stored: dict[str, str]) -> tuple[list[
 
 @contextmanager
 def writer_lock(home: Home, timeout_s: float | None = None):
-    """One registry writer at a time per home (``store.file_lock`` on .specpilot/registry.lock)."""
+    """One registry writer at a time per home (``specpilot_mem.file_lock`` on .specpilot/registry.lock)."""
     try:
         home.state.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -573,6 +613,7 @@ def _build_and_replace(home: Home, con: duckdb.DuckDBPyConnection, rows: dict[st
                 con.execute("ROLLBACK")
             _detach(con, "build")
         if not _unchanged(con, built, home.registry):
+            _normalize_header(tmp, built)
             os.replace(tmp, home.registry)
     finally:
         tmp.unlink(missing_ok=True)

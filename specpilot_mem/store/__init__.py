@@ -10,10 +10,19 @@ Public API (other packages call these; the CLI is a thin layer over them):
 - ``specpilot_mem.store.fork.open_fork(home) -> Fork``; ``specpilot_mem.store.verify.verify_memory(home)``
 """
 
-from specpilot_mem.store.init import InitResult, init_memory
-from specpilot_mem.store.kernels import vendor_kernels
-from specpilot_mem.store.record import add_evidence, add_variant, record_entry
-from specpilot_mem.store.records import load_entries, load_entry, save_entry
+# Loaded on first use (PEP 562): `query` reads records through store.records, and must not pay for the
+# resolver, git plumbing and init that importing the whole store costs.
+_PUBLIC = {
+    "InitResult": "init", "init_memory": "init", "vendor_kernels": "kernels", "add_evidence": "record",
+    "add_variant": "record", "record_entry": "record", "load_entries": "records", "load_entry": "records",
+    "save_entry": "records",
+}
+__all__ = sorted(_PUBLIC)
 
-__all__ = ["InitResult", "add_evidence", "add_variant", "init_memory", "load_entries", "load_entry",
-           "record_entry", "save_entry", "vendor_kernels"]
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)

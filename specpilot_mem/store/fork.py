@@ -39,8 +39,8 @@ class Fork:
     @contextmanager
     def lock(self, shared: bool = False):
         """Use of the fork: ``shared`` for commands that only read it (they run side by side), else
-        exclusive; waits for a holder and names it when the wait runs out (``store.file_lock``)."""
-        from specpilot_mem.store.file_lock import file_lock
+        exclusive; waits for a holder and names it when the wait runs out (``specpilot_mem.file_lock``)."""
+        from specpilot_mem.file_lock import file_lock
 
         with file_lock(self.repo.common_dir / "specpilot.lock", shared=shared, what=f"the fork {self.repo.path}"):
             yield self

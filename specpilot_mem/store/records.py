@@ -12,19 +12,24 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
 
 from specpilot_mem.errors import RecordError, UnknownEntryError
 from specpilot_mem.home import Home
-from specpilot_mem.models import ENTRY_ID, EntryRecord
 
 ENTRY_FILE = "entry.yaml"
 DELTA_FILE = "delta.patch"
 
-Model = TypeVar("Model", bound=BaseModel)
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from specpilot_mem.models import EntryRecord
+
+# pydantic and the record models are imported where a record is read or written, not with this module:
+# `query` reaches it through the registry and must not pay for them when the registry is current
+Model = TypeVar("Model", bound="BaseModel")
 # libyaml when present (it is in PyYAML's wheels): loading 140 records must not cost seconds
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -82,9 +87,11 @@ def parse_record(text: str, model: type[Model], where: str) -> Model:
 
 def validate_data(data: dict, model: type[Model], where: str, text: str | None = None) -> Model:
     """Validate ``data`` as ``model``; ``text`` (the YAML it came from) gives line numbers on errors."""
+    import pydantic
+
     try:
         return model.model_validate(data)
-    except ValidationError as err:
+    except pydantic.ValidationError as err:
         root = yaml.compose(text, Loader=_LOADER) if text else None
         problems = []
         for item in err.errors():
@@ -167,6 +174,8 @@ def delta_path(home: Home, entry_id: str) -> Path:
 
 def load_entry(home: Home, entry_id: str) -> EntryRecord:
     """``entries/<id>/entry.yaml``, validated; the id inside must match the folder."""
+    from specpilot_mem.models import EntryRecord
+
     path = entry_path(home, entry_id)
     if not path.is_file():
         known = sorted(p.parent.name for p in home.entries.glob(f"*/{ENTRY_FILE}"))
@@ -182,6 +191,8 @@ def load_entry(home: Home, entry_id: str) -> EntryRecord:
 
 def load_entries(home: Home) -> dict[str, EntryRecord]:
     """Every recorded entry by id (folders without ``entry.yaml`` are drafts and are skipped)."""
+    from specpilot_mem.models import ENTRY_ID
+
     records = {}
     for path in sorted(home.entries.glob(f"*/{ENTRY_FILE}")):
         entry_id = path.parent.name
