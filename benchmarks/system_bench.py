@@ -49,6 +49,7 @@ SINGLE_OPTIONS = {
     "certified_head": SystemOptions(lm_head="certified"),
     "gdn_path": SystemOptions(gdn_verify="path"),
     "all": SystemOptions(linears="w12", lm_head="certified", gdn_verify="path", tree="best-first", nodes=32),
+    "all_w12_head": SystemOptions(linears="w12", lm_head="w12", gdn_verify="path", tree="best-first", nodes=32),
 }
 BATCHED_OPTIONS = {
     "stock": SystemOptions(),
@@ -185,7 +186,7 @@ def single(args, device, dtype, timer) -> dict:
     out["stock_verify_1_row_frac_of_floor"] = round(out["weight_floor_ms"] / base["1"], 4) if "1" in base else None
     if "1" in base and "32" in base:
         out["stock_32_over_1"] = round(base["32"] / base["1"], 4)
-    for name in ("w12_linears_head", "all"):
+    for name in ("w12_linears_head", "all", "all_w12_head"):
         mine = out["steps_ms"][name]
         out[f"{name}_speedup_vs_stock"] = {r: round(base[r] / mine[r], 4) for r in mine if r in base}
     del weights, caches, stock

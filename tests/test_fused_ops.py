@@ -30,6 +30,24 @@ def test_kernels_match_the_references_in_fp32():
     torch.testing.assert_close(got, F.silu_mul_reference(gu), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
+def test_tree_conv_and_gated_norm_kernels_match_the_references_in_fp32():
+    from specpilot_mem.engine.system import pack_trees
+
+    gen = torch.Generator().manual_seed(1)
+    B, T, C, CS = 2, 5, 48, 4
+    state, x = torch.randn(B, CS - 1, C, generator=gen), torch.randn(B, T, C, generator=gen)
+    weight = torch.randn(C, CS, generator=gen)
+    idx = torch.as_tensor(pack_trees([([1, 2, 3, 4, 5], [-1, 0, 0, 1, 3]), ([1, 2], [-1, 0])], T, CS)["conv_idx"])
+    out = torch.empty_like(x)
+    F._tree_conv_silu_kernel[(B * T, 1)](state, x, idx, weight, out, T, C, CS=CS, BLOCK=64)
+    torch.testing.assert_close(out, F.tree_conv_silu_reference(state, x, idx, weight), rtol=1e-6, atol=1e-6)
+    o, z, w = torch.randn(4, 64, generator=gen), torch.randn(4, 64, generator=gen), torch.rand(64, generator=gen)
+    got = torch.empty_like(o)
+    F._gated_rms_norm_kernel[(4,)](o, w, z, got, 64, 1e-6, BLOCK=64)
+    torch.testing.assert_close(got, F.gated_rms_norm_reference(o, w, z, 1e-6), rtol=1e-6, atol=1e-6)
+
+
 COMPILE_FOR_SM90 = """
 import sys
 import triton
@@ -48,6 +66,10 @@ compile_for_sm90(F._rms_norm_kernel, {"x": ptr, "w": ptr, "out": ptr, "N": "i32"
 compile_for_sm90(F._add_rms_norm_kernel, {"x": ptr, "delta": ptr, "w": ptr, "y": ptr, "out": ptr, "N": "i32",
                                           "eps": "fp32"}, {"BLOCK": 8192})
 compile_for_sm90(F._silu_mul_kernel, {"gu": ptr, "out": ptr, "N": "i32"}, {"BLOCK": 1024})
+compile_for_sm90(F._tree_conv_silu_kernel, {"state": ptr, "x": ptr, "idx": "*i64", "w": ptr, "out": ptr, "T": "i32",
+                                            "C": "i32"}, {"CS": 4, "BLOCK": 1024})
+compile_for_sm90(F._gated_rms_norm_kernel, {"x": ptr, "w": ptr, "gate": ptr, "out": ptr, "N": "i32", "eps": "fp32"},
+                 {"BLOCK": 128})
 print("compiled")
 """
 

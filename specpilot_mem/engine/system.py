@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specpilot_kernels.fused_ops import add_rms_norm, rms_norm, silu_mul
+from specpilot_kernels.fused_ops import add_rms_norm, gated_rms_norm, rms_norm, silu_mul, tree_conv_silu
 from specpilot_mem.engine.options import SystemOptions
 from specpilot_mem.engine.shapes import SystemShape
 
@@ -353,10 +353,7 @@ class SystemModel:
         H, HV, D, C = s.gdn_key_heads, s.gdn_value_heads, s.gdn_head_dim, s.gdn_conv_channels
         proj = self.w.lin(p + "gdn_in.w")(h, mode).view(B, T, -1)
         qkv, z, ab = proj.split([C, HV * D, 2 * HV], dim=-1)
-        window = torch.cat([caches.conv[i][:B], qkv], dim=1)
-        cs = s.conv_size
-        win = window.gather(1, buf.conv_idx.view(B, T * cs, 1).expand(B, T * cs, C)).view(B, T, cs, C)
-        mixed = F.silu((win * t[p + "conv"].t().to(win.dtype)).sum(2))
+        mixed = tree_conv_silu(caches.conv[i][:B], qkv, buf.conv_idx, t[p + "conv"])
         q, k, v = (x.contiguous() for x in mixed.split([H * D, H * D, HV * D], dim=-1))
         q, k, v = q.view(B, T, H, D), k.view(B, T, H, D), v.view(B, T, HV, D)
         a, b = (x.contiguous() for x in ab.split([HV, HV], dim=-1))
@@ -369,8 +366,8 @@ class SystemModel:
             o = self._sglang(q, k, v, a, b, A_log, dt_bias, pool, slots32, inter, buf.parents)
         else:
             o = self._path_verify(q, k, v, a, b, A_log, dt_bias, pool, slots32, saved["schedule"])
-        saved[i] = (q, k, v, a, b, win)
-        o = rms_norm(o.to(h.dtype), t[p + "out_norm"], s.norm_eps) * F.silu(z).view(B, T, HV, D)
+        saved[i] = (q, k, v, a, b, qkv)
+        o = gated_rms_norm(o.to(h.dtype), t[p + "out_norm"], z.reshape(B, T, HV, D), s.norm_eps)
         return self.w.lin(p + "gdn_out.w")(o.reshape(B * T, HV * D), mode)
 
     def _snapshots(self, i, B, T):
@@ -602,9 +599,12 @@ class SystemModel:
         keep = (accept_len > 0)[:, None, None]
         bar = torch.arange(B, device=dev)
         for i in caches.state:
-            q, k, v, a, b, win = saved[i]
+            q, k, v, a, b, qkv = saved[i]
             conv = caches.conv[i][:B]
-            conv.copy_(torch.where(keep, win[bar, deepest, 1:], conv))
+            # the accepted row's conv window, the last conv_size - 1 inputs along its root path
+            window = torch.cat([conv, qkv], dim=1)
+            last = buf.conv_idx[bar, deepest, 1:]
+            conv.copy_(torch.where(keep, window.gather(1, last[..., None].expand(*last.shape, qkv.shape[-1])), conv))
             if ar:
                 continue  # the decode kernel already advanced the state
             pool = caches.state[i][:B]

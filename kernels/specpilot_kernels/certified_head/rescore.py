@@ -63,14 +63,15 @@ def _exact_partial(x_row, weight, rid, keep, k_lo, K: tl.constexpr, K_RANGE: tl.
 @triton.jit
 def _exact_head_kernel(x, weight, out, N, tokens, K: tl.constexpr, SPLITS: tl.constexpr, BS: tl.constexpr,
                        BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr, GUARDED: tl.constexpr):
-    """Logits of input row m, vocabulary block pid. GUARDED: only rows whose ``tokens`` entry is negative
-    (the certified head's overflow flag) load weights and store logits (predicated off elsewhere), so the
-    fallback can sit in a CUDA graph and cost a launch when no row overflowed."""
+    """Logits of input row m, vocabulary block pid. GUARDED: programs of rows whose ``tokens`` entry is not
+    negative (the certified head's overflow flag) return at once, so the fallback can sit in a CUDA graph and
+    cost about a launch when no row overflowed."""
     m, pid = tl.program_id(0), tl.program_id(1)
+    if GUARDED:
+        if tl.load(tokens + m) >= 0:
+            return
     rid = pid * BS + tl.arange(0, BS)
     keep = rid < N
-    if GUARDED:
-        keep = keep & (tl.load(tokens + m) < 0)
     K_RANGE: tl.constexpr = K // SPLITS
     logits = _exact_partial(x + m * K, weight, rid, keep, 0, K, K_RANGE, BS, BLOCK_K, DOT_FP32)
     for s in tl.static_range(1, SPLITS):  # the parts in range order, as the rescore's finalize adds them
