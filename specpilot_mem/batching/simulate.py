@@ -102,23 +102,18 @@ class Outcome:
 class SpeculationGate:
     """Speculate while the estimated throughput beats AR: tau (tokens per request and step, a moving
     average of speculative steps) x B / (draft + verify time) against B / AR step time. While AR wins, a
-    speculative probe keeps the estimate current, ``probe`` steps after the last one at first and twice as
-    long after each probe that loses (so a regime where speculation never pays costs ever less)."""
+    speculative step every ``probe`` steps keeps the estimate current."""
 
     def __init__(self, probe: int = 8, decay: float = 0.8):
-        self.tau, self.probe, self.decay = None, probe, decay
-        self._since, self._interval, self._probing = 0, probe, False
+        self.tau, self.probe, self.decay, self._since = None, probe, decay, 0
 
     def speculate(self, spec_ms: float, ar_ms: float) -> bool:
         if self.tau is None or self.tau / spec_ms >= 1 / ar_ms:
-            self._since, self._interval, self._probing = 0, self.probe, False
+            self._since = 0
             return True
-        if self._probing:  # the last probe lost
-            self._interval *= 2
-            self._probing = False
         self._since += 1
-        if self._since >= self._interval:
-            self._since, self._probing = 0, True
+        if self._since >= self.probe:
+            self._since = 0
             return True
         return False
 
