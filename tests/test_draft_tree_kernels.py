@@ -210,3 +210,43 @@ def test_bad_arguments_are_refused():
         best_first_tree(pair, cand, 0, 2)
     with pytest.raises(ValueError, match="markov"):
         best_first_tree(pair, cand, 8, 2, kind="markov")
+
+
+COMPILE_SM90 = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from specpilot_kernels.draft_tree import accept, build
+
+target = GPUTarget("cuda", 90, 32)
+outs = ["length_ptr", "columns_ptr", "bonus_ptr", "order_ptr", "out_tokens_ptr"]
+sig = {n: "*i64" for n in ["tokens_ptr", "parents_ptr", "num_nodes_ptr", "predict_ptr", *outs]}
+consts = {"N": 32, "NODES": 32, "COLS": 64, "LEVELS": 15}
+triton.compile(ASTSource(fn=accept._accept_kernel, signature=sig | dict.fromkeys(consts, "constexpr"),
+                         constexprs=consts), target=target)
+names = ["pair_ptr", "unary_ptr", "cand_ptr", "root_pos_ptr", "norm_ptr", "parents_ptr", "depths_ptr", "ranks_ptr",
+         "scores_ptr", "tokens_ptr", "num_nodes_ptr", "codes_ptr", "mask_ptr", "positions_ptr", "parent_col_ptr",
+         "next_token_ptr", "next_sibling_ptr"]
+types = ["*fp32", "*fp32", "*i64", "*i64", "*fp32", "*i64", "*i64", "*i64", "*fp32", "*i64", "*i64", "*i64", "*i8",
+         "*i64", "*i64", "*i64", "*i64"]
+for pre in (False, True):
+    for fused in (False, True):
+        consts = {"N": 32, "K": 16, "ROWS": 64, "NODES": 32, "COLS": 64, "BITS": 4, "MARKOV": False,
+                  "LATTICE_ROWS": 256, "PRENORM": pre, "FUSED_PICK": fused}
+        sig = dict(zip(names, types)) | {"M": "i32", "DEPTH": "i32"} | dict.fromkeys(consts, "constexpr")
+        triton.compile(ASTSource(fn=build._best_first_kernel, signature=sig, constexprs=consts), target=target)
+print("compiled")
+"""
+
+
+def test_kernels_compile_for_sm90():
+    """Triton's code generation for the H200 runs without a GPU (in a process without the interpreter, which skips
+    its type checks: a loop-carried int32 that became int64 failed on the H200 and passes the interpreter)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", COMPILE_SM90], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]

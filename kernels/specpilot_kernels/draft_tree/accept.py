@@ -29,7 +29,7 @@ def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr,
     token = tl.load(tokens_ptr + b * N + node, mask=valid, other=-1)
     col_ids = tl.arange(0, COLS)
     predict = tl.load(predict_ptr + b * width + col_ids, mask=col_ids < width, other=-1)  # read once, then in registers
-    slot = tl.where(col_ids == 0, 0, -1).to(tl.int64)  # path slot of each column (-1: not on the path)
+    slot = tl.where(col_ids == 0, 0, -1).to(tl.int64)  # path slot of each column (-1: not on the path); int64 as the loop writes it
     at = tl.zeros([], dtype=tl.int64)  # the column reached
     length = tl.zeros([], dtype=tl.int64)
     going = count >= 0
