@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specpilot_mem.batching.costs import StepCosts  # noqa: E402
+from specpilot_mem.batching.costs import EngineStepCosts, StepCosts  # noqa: E402
 from specpilot_mem.batching.simulate import CONFIGS, concat_lattices, simulate, speedups  # noqa: E402
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 from specpilot_mem.replay.lattice import load_lattice  # noqa: E402
@@ -152,7 +152,8 @@ def plot(shapes: dict, path: Path) -> None:
             ax.set_xticks(batches, [str(b) for b in batches])
             ax.set_xlabel("requests in flight")
             ax.set_ylabel("speedup over AR" if key == "over_ar" else "gain over stock")
-            measured = "measured c(R)" if data["costs"]["measured"] else "roofline c(R)"
+            measured = ("engine steps" if "engine steps" in data["costs"]["source"] else "measured c(R)") \
+                if data["costs"]["measured"] else "roofline c(R)"
             ax.set_title(f"{shape}-like, {measured}")
             ax.grid(alpha=0.3)
         axes[row][0].legend(fontsize=8)
@@ -168,6 +169,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lattices", type=Path, required=True, help="folder of batched_lattices.py's files")
     ap.add_argument("--splits", default="dev,unseen")
     ap.add_argument("--costs", type=Path, help="batched_costs.py's result (default: the roofline model)")
+    ap.add_argument("--engine-costs", type=Path,
+                    help="batched_engine_costs.py's result: time steps by the composed engine (its shape: 4b)")
     ap.add_argument("--shapes", default="4b,27b")
     ap.add_argument("--batches", default="1,8,16,24,32,64")
     ap.add_argument("--prompt-rows", type=int, default=512, help="prompt tokens of each new request")
@@ -199,6 +202,9 @@ def main(argv=None) -> int:
         doc["budget_sweep"] = budget_sweep(lattices, batches, [int(k) for k in args.sweep.split(",")], args)
     for shape in args.shapes.split(","):
         costs = StepCosts.from_measurement(measurement, shape) if measurement else StepCosts.roofline(shape)
+        if args.engine_costs:
+            engine_doc = {**json.loads(args.engine_costs.read_text()), "source": str(args.engine_costs)}
+            costs = EngineStepCosts(costs, engine_doc)
         if "closed-loop" in sections:
             doc["shapes"][shape] = run_shape(lattices, costs, batches, args)
         if "blocks-bound" in sections:

@@ -2,11 +2,11 @@
 
 Sections (each survives the others' failures; ``--out`` holds everything measured so far):
 
-- ``parity``: the GPU kernel against the replay package's numpy builder (the reference the entry's contract
-  names) and the torch heap reference, on synthetic lattices: requests whose trees match node for node
-  (structure: parents, depths, ranks; scores to 1e-5), and on mismatch whether it is a near tie.
-- ``build``: µs per call by CUDA-graph replay of the build kernel alone, and of build + verify layout +
-  greedy acceptance (the step's whole tree work), for B requests x N nodes (K = 16, 16 drafted positions,
+- ``parity``: the GPU kernels against the replay package's numpy builder (the reference the entry's contract
+  names), the torch heap reference, the brute-force layout and the walking acceptance, on synthetic lattices:
+  requests that match (trees: parents and ranks, scores to 1e-5; layout and acceptance exactly).
+- ``build``: µs per call by CUDA-graph replay of the build kernel (trees and their verify layout: one launch),
+  and of build + greedy acceptance (the step's whole tree work, two launches), for B requests x N nodes (K = 16, 16 drafted positions,
   depth 15); beside it, in the same process, the numpy replay builder on the CPU for the same batch (wall).
 
     PYTHONPATH=kernels:. python3 benchmarks/draft_tree_bench.py --out "$RESULTS/draft-tree-h200.json"
@@ -26,11 +26,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot_kernels.draft_tree import (  # noqa: E402
-    best_first_tree,
+    best_first_tree_layout,
     best_first_tree_reference,
     greedy_accept,
+    greedy_accept_reference,
     lattice_edge_logp,
-    verify_layout,
+    verify_layout_reference,
 )
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 from specpilot_mem.replay.trees import get_builder  # noqa: E402
@@ -49,7 +50,7 @@ def synthetic_lattice(b: int, m: int, k: int, seed: int, device: str):
 
 def parity(device: str, batch: int, nodes: int, depth: int) -> dict:
     pair, cand = synthetic_lattice(batch, 16, 16, seed=1, device=device)
-    tree, tokens, _, _ = best_first_tree(pair, cand, nodes, depth)
+    tree, tokens, layout = best_first_tree_layout(pair, cand, nodes, depth)
     sb = StepBatch.from_scores(cand.cpu(), np.zeros((batch, 16, 16), np.float32), pair.cpu().numpy())
     replay = get_builder("best-first")(sb, nodes, depth)
     heap = best_first_tree_reference(lattice_edge_logp(pair.cpu()), nodes, depth)
@@ -62,7 +63,36 @@ def parity(device: str, batch: int, nodes: int, depth: int) -> dict:
         out[f"match_{name}"] = int((same & close).sum())
         out[f"max_score_diff_{name}"] = float((tree.scores.cpu() - ref_scores).abs().max())
     out["tokens_match_replay"] = int((tokens.cpu() == torch.from_numpy(replay.tokens)).all(1).sum())
+    brute = verify_layout_reference(tree.parents.cpu(), tree.num_nodes.cpu(), torch.zeros(batch, dtype=torch.int64))
+    out["layout_match_brute_force"] = int(torch.stack([(getattr(layout, f).cpu() == getattr(brute, f)).flatten(1).all(1)
+                                                       for f in brute._fields]).all(0).sum())
+    predict = follow_some(tokens.cpu(), tree.parents.cpu(), tree.num_nodes.cpu())
+    got = greedy_accept(tokens, tree.parents, tree.num_nodes, predict.to(device))
+    want = greedy_accept_reference(tokens.cpu(), tree.parents.cpu(), tree.num_nodes.cpu(), predict)
+    out["accept_match_reference"] = int(torch.stack([(a.cpu() == w).reshape(batch, -1).all(1)
+                                                     for a, w in zip(got, want)]).all(0).sum())
+    out["mean_accept_length"] = float(want.accept_length.float().mean())
+    replay_parents, replay_ranks = torch.from_numpy(replay.parents), torch.from_numpy(replay.ranks)
+    for pre, fused in ((True, False), (False, True), (True, True)):
+        variant, _, _ = best_first_tree_layout(pair, cand, nodes, depth, prenorm=pre, fused_pick=fused)
+        same = (variant.parents.cpu() == replay_parents).all(1) & (variant.ranks.cpu() == replay_ranks).all(1)
+        out[f"match_replay_prenorm{int(pre)}_fused{int(fused)}"] = int(same.sum())
     return out
+
+
+def follow_some(tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor) -> torch.Tensor:
+    """Target argmax [B, N+1] that follows each tree along its first children for b % 5 levels, then misses."""
+    b, n = parents.shape
+    predict = torch.full((b, n + 1), -7, dtype=torch.int64)
+    for r in range(b):
+        col = 0
+        for _ in range(r % 5):
+            kids = [i for i in range(int(num_nodes[r])) if int(parents[r, i]) + 1 == col]
+            if not kids:
+                break
+            predict[r, col] = tokens[r, kids[0]]
+            col = kids[0] + 1
+    return predict
 
 
 def wall_us(fn, repeats: int) -> float:
@@ -83,12 +113,11 @@ def build_one(device: str, b: int, n: int, depth: int, repeats: int) -> dict:
     predict = torch.randint(0, 150_000, (b, n + 1), device=device)
 
     def kernel_only(_i):
-        return best_first_tree(pair, cand, n, depth)
+        return best_first_tree_layout(pair, cand, n, depth, root_positions=roots)
 
     def whole_step(_i):
-        tree, tokens, nxt, sib = best_first_tree(pair, cand, n, depth)
-        verify_layout(tree, nxt, sib, roots)
-        return greedy_accept(tokens, tree.parents, tree.depths, tree.num_nodes, predict)
+        tree, tokens, _ = best_first_tree_layout(pair, cand, n, depth, root_positions=roots)
+        return greedy_accept(tokens, tree.parents, tree.num_nodes, predict)
 
     sb_cpu = StepBatch.from_scores(cand.cpu(), np.zeros((b, 16, 16), np.float32), pair.cpu().numpy())
 
@@ -102,9 +131,13 @@ def build_one(device: str, b: int, n: int, depth: int, repeats: int) -> dict:
 
         row["kernel_us"] = round(graph_replay_us(kernel_only, calls=10), 2)
         row["step_us"] = round(graph_replay_us(whole_step, calls=10), 2)
-        if (b, n) == (32, 32):  # the target shape: how the frontier spreads over warps
-            row["kernel_us_by_warps"] = {w: round(graph_replay_us(
-                lambda _i, w=w: best_first_tree(pair, cand, n, depth, num_warps=w), calls=10), 2) for w in (1, 2, 8)}
+        if (b, n) == (32, 32):  # the target shape: warps, rows normalised up front, one-reduction pick
+            row["kernel_us_by_variant"] = {
+                f"warps{w}_prenorm{int(pre)}_fused{int(fused)}": round(graph_replay_us(
+                    lambda _i, w=w, pre=pre, fused=fused: best_first_tree_layout(
+                        pair, cand, n, depth, root_positions=roots, num_warps=w, prenorm=pre, fused_pick=fused),
+                    calls=10), 2)
+                for w in (4, 8, 16) for pre in (False, True) for fused in (False, True)}
     else:  # the interpreter: a dry run of the same calls, wall time
         row["kernel_us"] = round(wall_us(lambda: kernel_only(0), 1), 1)
         row["step_us"] = round(wall_us(lambda: whole_step(0), 1), 1)
@@ -133,7 +166,7 @@ def main(argv=None) -> int:
         record_section(result, "build", lambda: build(args.device, [(2, 8)], 4, 2), out)
     row = result.get("build", {}).get("B32_N32", {})
     if "kernel_us" in row:
-        result["headline"] = (f"32-node trees x 32 requests: kernel {row['kernel_us']} µs, with layout + acceptance "
+        result["headline"] = (f"32-node trees x 32 requests: build + layout {row['kernel_us']} µs, with acceptance "
                               f"{row['step_us']} µs (target {TARGET_US} µs); numpy replay builder "
                               f"{row['numpy_replay_builder_cpu_us']} µs on the CPU")
     print_result(result, out)

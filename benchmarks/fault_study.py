@@ -131,10 +131,12 @@ def one_seed(seed: int, pool: list[Request], args, engine: Engine, with_faults: 
     sample = sorted(random.Random(seed).sample(pool, min(args.requests_per_seed, len(pool))), key=lambda r: r.id)
     sample = [Request(r.id, r.benchmark, "unseen", args.max_new_tokens, prompt_ids=r.prompt_ids) for r in sample]
     systems = {"ar": EngineSystem("ar", engine, mode="ar"), "stock": EngineSystem("stock", engine, mode="spec")}
-    systems.update({name: EngineSystem(name, engine.with_options(**opts), mode="spec") for name, opts in CONTROLS.items()})
+    chosen = (lambda name: name in args.only) if args.only else (lambda name: True)
+    systems.update({name: EngineSystem(name, engine.with_options(**opts), mode="spec")
+                    for name, opts in CONTROLS.items() if chosen(name)})
     if with_faults:
         systems.update({name: EngineSystem(name, engine.with_options(**fault_options(name, seed, args.max_new_tokens)),
-                                           mode="spec") for name in FAULTS})
+                                           mode="spec") for name in FAULTS if chosen(name)})
     device = str(engine.device)
     outputs, seconds = {}, {}
     for name, system in systems.items():
@@ -340,6 +342,8 @@ def main() -> int:
     parser.add_argument("--pool-size", type=int, action="append", default=[],
                         help="also judge the outputs of this many seeds at a time as one sealed-size check (repeatable)")
     parser.add_argument("--drop-outputs", action="store_true", help="leave the output token ids out of the JSON")
+    parser.add_argument("--only", type=lambda text: set(text.split(",")),
+                        help="comma-separated controls and faults to run (default: all)")
     args = parser.parse_args()
     if args.figure:
         figure(*args.figure)
@@ -391,7 +395,25 @@ def main() -> int:
     return 0
 
 
+def headline(doc: dict) -> str:
+    """The study's figure in one line (the results index shows it)."""
+    table = doc["systems"]
+    controls = [r for r in table.values() if r["kind"] == "control"]
+    target = [r for r in table.values() if r["kind"] == "fault" and r.get("target_size")]
+    text = (f"controls rejected in {sum(r['reject'] for r in controls)} of {sum(r['runs'] for r in controls)} seed runs; "
+            f"faults of the target size rejected in {sum(r['reject'] for r in target)} of {sum(r['runs'] for r in target)}, "
+            f"accepted in {sum(r['accept'] for r in table.values() if r['kind'] == 'fault')}")
+    for group in doc.get("pooled", []):
+        pooled = group["systems"]
+        names = [n for n, r in table.items() if r["kind"] == "fault" and r.get("target_size") and n in pooled]
+        if names:
+            text += (f"; {group['group']} seeds pooled: {sum(pooled[n]['reject'] for n in names)} of "
+                     f"{sum(pooled[n]['runs'] for n in names)} target-size fault checks rejected")
+    return text
+
+
 def finish(doc: dict, args) -> None:
+    doc["headline"] = headline(doc)
     if args.drop_outputs:
         for run in doc["runs"]:
             run.pop("outputs", None)

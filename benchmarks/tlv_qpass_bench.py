@@ -53,12 +53,14 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def candidates(n: int, k: int, device: torch.device) -> list[QpassConfig]:
-    """The default partition and neighbours: 32 rows a program in 4 stages, 128 rows a program, twice the K splits."""
+    """The default partition and neighbours: 32 rows a program, 128 rows a program, more K splits, longer steps."""
     base = select_qpass_config(n, k, device)
     return list(dict.fromkeys((
         base, QpassConfig(tiles=2, blocks=2, splits=2 * base.splits, num_stages=4),
         QpassConfig(tiles=8, blocks=2, splits=max(1, base.splits // 2), num_stages=2),
-        QpassConfig(tiles=4, blocks=2, splits=2 * base.splits, num_stages=3))))
+        QpassConfig(tiles=4, blocks=2, splits=2 * base.splits, num_stages=3),
+        QpassConfig(tiles=2, blocks=2, splits=4 * base.splits, num_stages=3),
+        QpassConfig(tiles=4, blocks=4, splits=base.splits, num_stages=3))))
 
 
 def correctness(shapes: dict, device: str) -> dict:

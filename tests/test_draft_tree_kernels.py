@@ -14,6 +14,7 @@ import torch
 
 from specpilot_kernels.draft_tree import (
     best_first_tree,
+    best_first_tree_layout,
     best_first_tree_reference,
     child_lists,
     greedy_accept,
@@ -59,6 +60,20 @@ def test_build_equals_the_replay_builder_node_for_node(kind, ties, nodes, depth)
 
 
 @pytest.mark.parametrize("kind", ["selector", "markov"])
+@pytest.mark.parametrize("prenorm,fused_pick", [(True, False), (False, True), (True, True)])
+def test_build_variants_equal_the_replay_builder(kind, prenorm, fused_pick):
+    pair, unary, cand = lattice(2, 16, 16, seed=29, ties=True)
+    base, base_tokens, base_layout = best_first_tree_layout(pair, cand, 32, 15, unary=unary, kind=kind)
+    tree, tokens, layout = best_first_tree_layout(pair, cand, 32, 15, unary=unary, kind=kind, prenorm=prenorm,
+                                                  fused_pick=fused_pick)
+    want = replay_tree(pair, unary, cand, kind, 32, 15)
+    assert np.array_equal(tree.parents.numpy(), want.parents) and np.array_equal(tree.ranks.numpy(), want.ranks)
+    assert np.array_equal(tree.scores.numpy(), want.scores) and np.array_equal(tokens.numpy(), want.tokens)
+    for a, b in zip(layout, base_layout):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["selector", "markov"])
 def test_build_equals_the_heap_reference(kind):
     pair, unary, cand = lattice(2, 16, 16, seed=7)
     tree, tokens, _, _ = best_first_tree(pair, cand, 32, 15, unary=unary, kind=kind)
@@ -94,21 +109,23 @@ def test_layout_equals_brute_force():
     pair, _, cand = lattice(3, 16, 16, seed=11)
     pair[1, :, :, 2:] = float("-inf")  # request 1: two candidates a position, depth 3 -> 14 nodes and padding
     pair[2, :, :, 1:] = float("-inf")  # request 2: a chain of 3
-    tree, _, nxt, sib = best_first_tree(pair, cand, 32, 3)
-    assert tree.num_nodes.tolist() == [32, 14, 3]
     roots = torch.tensor([0, 17, 300])
-    got = verify_layout(tree, nxt, sib, roots)
+    tree, _, got = best_first_tree_layout(pair, cand, 32, 3, root_positions=roots)
+    assert tree.num_nodes.tolist() == [32, 14, 3]
     want = verify_layout_reference(tree.parents, tree.num_nodes, roots)
     for field in want._fields:
         assert torch.equal(getattr(got, field), getattr(want, field)), field
+    again = verify_layout(tree, *child_lists(tree.parents, tree.num_nodes), roots)  # torch: trees from elsewhere
+    for field in want._fields:
+        assert torch.equal(getattr(again, field), getattr(want, field)), field
 
 
-def test_kernel_child_lists_equal_brute_force():
+def test_full_trees_lay_out_as_brute_force():
     pair, _, cand = lattice(3, 16, 16, seed=13)
-    tree, _, nxt, sib = best_first_tree(pair, cand, 32, 15)
+    tree, _, got = best_first_tree_layout(pair, cand, 32, 15)
     want = verify_layout_reference(tree.parents, tree.num_nodes, torch.zeros(3, dtype=torch.int64))
-    assert torch.equal(nxt, want.retrieve_next_token)
-    assert torch.equal(sib, want.retrieve_next_sibling)
+    for field in want._fields:
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
 
 
 def test_child_lists_of_any_tree_equal_brute_force():
@@ -150,7 +167,7 @@ def built():
 def test_acceptance_equals_the_walking_reference(built, hit):
     tree, tokens, _, _ = built
     pred = _predict_following(tokens, tree.parents, tree.num_nodes, hit, 4096, seed=int(hit * 10))
-    got = greedy_accept(tokens, tree.parents, tree.depths, tree.num_nodes, pred)
+    got = greedy_accept(tokens, tree.parents, tree.num_nodes, pred)
     want = greedy_accept_reference(tokens, tree.parents, tree.num_nodes, pred)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
@@ -163,10 +180,9 @@ def test_acceptance_equals_the_walking_reference(built, hit):
 def test_acceptance_full_depth_chain_hit():
     b, n = 2, 15
     parents = torch.arange(-1, n - 1).expand(b, n).clone()
-    depths = torch.arange(1, n + 1).expand(b, n).clone()
     tokens = torch.randint(0, 100, (b, n))
     pred = torch.cat([tokens, torch.full((b, 1), 7)], dim=1)  # column i predicts node i's token, the last the bonus
-    got = greedy_accept(tokens, parents, depths, torch.full((b,), n), pred)
+    got = greedy_accept(tokens, parents, torch.full((b,), n), pred)
     assert torch.all(got.accept_length == n) and torch.all(got.bonus == 7)
     assert torch.equal(got.accept_columns, torch.arange(n + 1).expand(b, n + 1))
 
@@ -174,10 +190,9 @@ def test_acceptance_full_depth_chain_hit():
 def test_acceptance_sibling_ties_take_the_first_matching_child():
     # root -> nodes 0 and 1 share token 5; node 2 (child of 1) matches deeper, but node 0 comes first
     parents = torch.tensor([[-1, -1, 1]])
-    depths = torch.tensor([[1, 1, 2]])
     tokens = torch.tensor([[5, 5, 9]])
     pred = torch.tensor([[5, 3, 9, 4]])
-    got = greedy_accept(tokens, parents, depths, torch.tensor([3]), pred)
+    got = greedy_accept(tokens, parents, torch.tensor([3]), pred)
     want = greedy_accept_reference(tokens, parents, torch.tensor([3]), pred)
     assert int(got.accept_length[0]) == 1 and int(got.bonus[0]) == 3
     for a, b in zip(got, want):
@@ -188,6 +203,9 @@ def test_bad_arguments_are_refused():
     pair, _, cand = lattice(1, 4, 16, seed=1)
     with pytest.raises(ValueError, match="depth"):
         best_first_tree(pair, cand, 8, 5)
+    wide, _, wide_cand = lattice(1, 16, 16, seed=2)
+    with pytest.raises(ValueError, match="depth"):  # 16 levels of 4-bit digits: beyond the key's 60 bits
+        best_first_tree(wide, wide_cand, 8, 16)
     with pytest.raises(ValueError, match="nodes"):
         best_first_tree(pair, cand, 0, 2)
     with pytest.raises(ValueError, match="markov"):

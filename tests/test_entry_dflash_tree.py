@@ -137,7 +137,7 @@ PROBE = textwrap.dedent(r"""
     ref = greedy_accept_reference(step.tokens[:, 1:], step.tree.parents, step.tree.num_nodes, predict)
     out["accept_equal"] = all(bool(torch.equal(a, b)) for a, b in zip(acc, ref))
     out["accept_length"] = acc.accept_length.tolist()
-    tokens, commit_lens = step.commit_tokens(acc)
+    tokens, commit_lens = acc.commit_tokens, acc.accept_length + 1
     ok = True
     for b in range(B):
         path = [c for c in acc.accept_columns[b].tolist() if c >= 0][1:]
@@ -147,7 +147,7 @@ PROBE = textwrap.dedent(r"""
     req_to_token = torch.arange(4 * 64).view(4, 64) * 10
     pool_rows = torch.tensor([2, 0, 3])
     before = req_to_token.clone()
-    order = step.commit_order(acc)
+    order = acc.commit_order
     slots = permute_window_slots(req_to_token, pool_rows, prefix, order)
     ok = True
     for b in range(B):
@@ -221,11 +221,17 @@ PROBE_ON = textwrap.dedent(r"""
                                    block_size=33, use_compact_draft_cache=False,
                                    target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(
                                        server_args=types.SimpleNamespace(attention_backend="fa3"))))
+    out = {}
     try:
         TreeDecoder.from_worker(worker)
-        print(json.dumps({"refused": None}))
+        out["refused"] = None
     except ValueError as err:
-        print(json.dumps({"refused": str(err)}))
+        out["refused"] = str(err)
+    worker.target_worker.model_runner.server_args.attention_backend = "triton"
+    decoder = TreeDecoder.from_worker(worker)
+    out["triton"] = {"window": decoder.window, "draft_block": decoder.draft_block, "nodes": decoder.settings.nodes,
+                     "depth": decoder.settings.depth}
+    print(json.dumps(out))
 """)
 
 
@@ -321,3 +327,8 @@ def test_recurrent_markov_heads_are_refused(probes):
 def test_attention_backend_without_tree_mask_is_refused_at_start(probes):
     refused = probes["on"]["refused"]
     assert refused is not None and "--attention-backend fa3" in refused
+
+
+def test_tree_decoder_with_the_triton_backend(probes):
+    # 16 drafted positions (a block of 17 with the anchor), depth capped at 15 by the kernel key, window N + 1
+    assert probes["on"]["triton"] == {"window": 33, "draft_block": 17, "nodes": 32, "depth": 15}

@@ -230,7 +230,9 @@ def test_record_options_equal_the_flags_the_patched_server_args_exposes(results,
     probe = results["applied"]
     declared = probe["entries"]
     for entry_id in results["ids"]:
-        recorded = [o.model_dump(mode="json", exclude_none=True) for o in records[entry_id].options]
+        # a default of None (unset reproduces stock) is a value: kept, unlike the other None fields
+        recorded = [{**o.model_dump(mode="json", exclude_none=True), "default": o.default}
+                    for o in records[entry_id].options]
         assert declared.get(entry_id, []) == recorded, entry_id
     every = {o["name"]: o for options in declared.values() for o in options}
     assert set(probe["flags"]) == set(every)

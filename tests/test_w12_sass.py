@@ -61,7 +61,8 @@ def test_every_kernel_instantiation_is_counted(tmp_path, capsys):
     assert shared["chunks_per_iteration"] == 1.0 and shared["by_opcode"]["HMMA"] == 32
     # (the loop counted includes the escape overlay's path: its 16-byte stores and loads are the same in every kernel)
     assert shared["by_opcode"]["LDS"] == own["by_opcode"]["LDS"] + 16
-    assert shared["by_opcode"]["LDG"] == own["by_opcode"]["LDG"] - 16
+    # (+1: the ring kernel loads an escape-heavy chunk's second round of escapes before patching the first)
+    assert shared["by_opcode"]["LDG"] == own["by_opcode"]["LDG"] - 16 + 1
     assert shared["registers"] < own["registers"]  # one block's activations held at a time, not a whole step's
     # warpgroup MMAs at 32 rows: 8 wgmma a chunk for 4 tiles; a chunk's activations arrive by one bulk copy (the
     # class's copier) into shared memory, so no thread loads or holds them (its only shared stores are the escape

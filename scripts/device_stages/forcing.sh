@@ -1,5 +1,5 @@
-# Runtime estimate: ~2.3 min on one H200 (10 study workers, one seed each: 24 systems x 8 requests x 128 tokens, ~60-120 s
-# at 300-600 tok/s per process, path verify ~70 tok/s; then ~20 s of pooled re-scoring and audits; the scoring bench ~10 s).
+# Runtime estimate: ~1.5 min on one H200 (10 study workers, one seed each: 24 systems x 6 requests x 128 tokens, ~40-70 s
+# at 300-600 tok/s per process, path verify ~70 tok/s; then ~15 s of pooled re-scoring and audits; the scoring bench ~10 s).
 # Token forcing (issue 38) in bf16 on the trained pair: the fault study's faults and lossless controls through the
 # composed engine, seeds spread over 10 worker processes sharing the GPU (batch-1 decoding leaves it mostly idle),
 # then sealed-size checks (5 and 10 seeds' outputs judged as one sample) and the batched scorer's speed on >= 100k tokens.
@@ -11,7 +11,7 @@ mkdir -p "$RESULTS"
 if [ "$DEVICE" = cpu ]; then
     WORKERS=2 SEEDS=1 REQS=2 TOKENS=16 BUDGET=1 POOL=2 THREADS=1 AUDIT=10 BENCH_TOKENS=2000 DTYPE=float32
 else
-    WORKERS=10 SEEDS=1 REQS=8 TOKENS=128 BUDGET=1 POOL=5 THREADS=1 AUDIT=50 BENCH_TOKENS=120000 DTYPE=bfloat16
+    WORKERS=10 SEEDS=1 REQS=6 TOKENS=128 BUDGET=1 POOL=5 THREADS=1 AUDIT=50 BENCH_TOKENS=120000 DTYPE=bfloat16
 fi
 parts=()
 for ((w = 0; w < WORKERS; w++)); do

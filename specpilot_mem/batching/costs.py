@@ -153,7 +153,7 @@ class StepCosts:
     def verify_ms(self, rows: int, requests: int) -> float:
         return self.target.at(rows) + requests * self.per_request_ms
 
-    def draft_ms(self, rows: int) -> float:
+    def draft_ms(self, rows: int, requests: int | None = None) -> float:
         return self.drafter.at(rows)
 
     def ar_ms(self, requests: int) -> float:
@@ -196,6 +196,63 @@ class StepCosts:
     def to_dict(self) -> dict:
         return {"shape": self.shape, "measured": self.measured, "source": self.source,
                 "per_request_ms": self.per_request_ms, "target": self.target.to_dict(), "drafter": self.drafter.to_dict()}
+
+
+class EngineStepCosts(StepCosts):
+    """Step times of the composed engine itself (``benchmarks/batched_engine_costs.py``: T_AR(B), the draft
+    pass per block and the verify step at T rows per request, for B requests), interpolated bilinearly in
+    (B, rows per request); ``rows / B`` rows per request is a ragged verify's average. The policies still
+    decide from the GEMM curves (``target``, ``drafter``). A prompt is prefilled in 64-row passes of one
+    request, as the engine's decoder does (``engine.decode.PREFILL_CHUNK``)."""
+
+    def __init__(self, base: StepCosts, doc: dict):
+        super().__init__(base.shape, base.target, base.drafter, 0.0, measured=True,
+                         source=f"{doc.get('source', 'batched_engine_costs result')} (engine steps)")
+        rows = sorted({int(t) for e in doc["by_batch"].values() for t in e["T_step_ms"]})
+        blocks = sorted({int(k) for e in doc["by_batch"].values() for k in e["T_draft_ms"]})
+        complete = [b for b, e in doc["by_batch"].items()
+                    if len(e["T_step_ms"]) == len(rows) and len(e["T_draft_ms"]) == len(blocks)]
+        if not complete:
+            raise BatchingError("the engine measurement has no complete batch size", where=self.source,
+                                fix="rerun benchmarks/batched_engine_costs.py")
+        self.batches = np.array(sorted(int(b) for b in complete), dtype=np.float64)
+        self.rows = np.array([1] + rows, dtype=np.float64)
+        self.blocks = np.array(blocks, dtype=np.float64)
+        by = doc["by_batch"]
+        self.step = np.array([[by[str(int(b))]["T_AR_ms"]] + [by[str(int(b))]["T_step_ms"][str(t)] for t in rows]
+                              for b in self.batches])
+        self.draft = np.array([[by[str(int(b))]["T_draft_ms"][str(k)] for k in blocks] for b in self.batches])
+
+    @staticmethod
+    def _interp(grid_b, grid_x, table, b: float, x: float) -> float:
+        """Bilinear in (b, x); past the last point in x, linear from the last two."""
+        per_b = []
+        for row in table:
+            if x <= grid_x[-1]:
+                per_b.append(np.interp(x, grid_x, row))
+            else:
+                slope = (row[-1] - row[-2]) / (grid_x[-1] - grid_x[-2])
+                per_b.append(row[-1] + slope * (x - grid_x[-1]))
+        per_b = np.array(per_b)
+        if b <= grid_b[-1]:
+            return float(np.interp(b, grid_b, per_b))
+        return float(per_b[-1] * b / grid_b[-1])
+
+    def verify_ms(self, rows: int, requests: int) -> float:
+        requests = max(requests, 1)
+        return self._interp(self.batches, self.rows, self.step, requests, max(rows / requests, 1.0))
+
+    def draft_ms(self, rows: int, requests: int | None = None) -> float:
+        if rows <= 0:
+            return 0.0
+        requests = max(requests or 1, 1)
+        return self._interp(self.batches, self.blocks, self.draft, requests, rows / requests - 1)
+
+    def ar_ms(self, requests: int) -> float:
+        return self.verify_ms(requests, requests)
+
+    def prefill_ms(self, prompt_rows: int) -> float:
+        return math.ceil(prompt_rows / 64) * self.verify_ms(64, 1)
 
 
 def per_request_ms(shape: Shape, context: int) -> float:

@@ -128,7 +128,7 @@ class LockstepServer:
             left = torch.tensor([len(s.request.prompt_ids) - s.prefilled for s in waiting])
             admitted = [0] * len(waiting)
             if n and self.admission is not None:
-                step_ms = self.costs.draft_ms(n * (STOCK_BLOCK + 1)) + self.costs.verify_ms(self.budget.rows_for(n), n)
+                step_ms = self.costs.draft_ms(n * (STOCK_BLOCK + 1), n) + self.costs.verify_ms(self.budget.rows_for(n), n)
                 if self.admission.pays(n + chain_rows, int(left.sum()), n, step_ms,
                                        self.costs.prefill_ms(int(left.max()))):
                     admitted = self.admission.plan(n + chain_rows, left)[0].tolist()

@@ -102,18 +102,23 @@ class Outcome:
 class SpeculationGate:
     """Speculate while the estimated throughput beats AR: tau (tokens per request and step, a moving
     average of speculative steps) x B / (draft + verify time) against B / AR step time. While AR wins, a
-    speculative step every ``probe`` steps keeps the estimate current."""
+    speculative probe keeps the estimate current, ``probe`` steps after the last one at first and twice as
+    long after each probe that loses (so a regime where speculation never pays costs ever less)."""
 
     def __init__(self, probe: int = 8, decay: float = 0.8):
-        self.tau, self.probe, self.decay, self._since = None, probe, decay, 0
+        self.tau, self.probe, self.decay = None, probe, decay
+        self._since, self._interval, self._probing = 0, probe, False
 
     def speculate(self, spec_ms: float, ar_ms: float) -> bool:
         if self.tau is None or self.tau / spec_ms >= 1 / ar_ms:
-            self._since = 0
+            self._since, self._interval, self._probing = 0, self.probe, False
             return True
+        if self._probing:  # the last probe lost
+            self._interval *= 2
+            self._probing = False
         self._since += 1
-        if self._since >= self.probe:
-            self._since = 0
+        if self._since >= self._interval:
+            self._since, self._probing = 0, True
             return True
         return False
 
@@ -208,7 +213,7 @@ def simulate(lattices: dict[int, Lattice], costs: StepCosts, config: Mechanisms,
         rows = budget.rows_for(max(n, 1)) if speculate else n
         if speculate and gate is not None:
             per_request = out.drafter_rows / out.request_steps_spec if out.request_steps_spec else STOCK_BLOCK + 1
-            spec_ms = costs.draft_ms(round(n * per_request)) + costs.verify_ms(rows, n)
+            spec_ms = costs.draft_ms(round(n * per_request), n) + costs.verify_ms(rows, n)
             speculate = gate.speculate(spec_ms, costs.verify_ms(n, n))
         fixed = n + (int(chosen.sum()) if speculate and config.tree == "chain" else 0)
         prompt_take = np.zeros(batch, dtype=np.int64)
@@ -252,7 +257,7 @@ def _step_estimate(costs: StepCosts, rows: int, requests: int, chosen: np.ndarra
     """A step's time before drafting (verify rows at the budget, the drafter's rows of the chosen blocks)."""
     if not speculate:
         return costs.verify_ms(max(rows, 1), requests)
-    return costs.draft_ms(int((chosen + 1).sum())) + costs.verify_ms(rows, requests)
+    return costs.draft_ms(int((chosen + 1).sum()), requests) + costs.verify_ms(rows, requests)
 
 
 def _speculative_step(lattices, lookups, slots: _Slots, decoding: np.ndarray, chosen: np.ndarray,
@@ -284,7 +289,7 @@ def _speculative_step(lattices, lookups, slots: _Slots, decoding: np.ndarray, ch
     verify_rows = n + int(trees.num_nodes.sum()) + extra
     out.drafter_rows += drafter_rows
     out.verify_rows += verify_rows
-    return verdict.accepted + 1, costs.draft_ms(drafter_rows) + costs.verify_ms(verify_rows, n)
+    return verdict.accepted + 1, costs.draft_ms(drafter_rows, n) + costs.verify_ms(verify_rows, n)
 
 
 def step_trees(groups: list[tuple[np.ndarray, StepBatch]], n: int, config: Mechanisms,

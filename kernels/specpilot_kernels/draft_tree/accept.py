@@ -1,57 +1,89 @@
-"""Greedy acceptance of draft trees against the target's argmax, vectorised over the batch (torch, any device).
+"""Greedy acceptance of draft trees against the target's argmax (one Triton program per request).
 
-A node is accepted when its token is the target's argmax after its parent, its parent is accepted, and
-no sibling before it (lower index) also matches; the deepest accepted node's root path is taken and
-the bonus is the target's argmax after it. This equals walking the tree from the root taking the
-first matching child (``reference.greedy_accept_reference``), also when siblings repeat a token.
+Walk from the root: at each column take the first child (lowest index) whose token is the target's argmax
+there, until none matches; the bonus is the argmax at the last column taken. The same program writes what
+the commit needs: the committed tokens (accepted nodes' tokens, then the bonus) and the order of the verify
+columns with the accepted path first (root first) and every other column after it in index order. Equals
+``reference.greedy_accept_reference``, also when siblings repeat a token.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from .reference import Acceptance
 
 
-def greedy_accept(tree_tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, num_nodes: torch.Tensor,
-                  target_predict: torch.Tensor) -> Acceptance:
+@triton.jit
+def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr,
+                   length_ptr, columns_ptr, bonus_ptr, order_ptr, out_tokens_ptr,
+                   N: tl.constexpr, NODES: tl.constexpr, COLS: tl.constexpr, LEVELS: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    width = N + 1
+    node = tl.arange(0, NODES)
+    count = tl.load(num_nodes_ptr + b)
+    valid = node < count
+    parent_col = tl.load(parents_ptr + b * N + node, mask=valid, other=-2) + 1
+    token = tl.load(tokens_ptr + b * N + node, mask=valid, other=-1)
+    col_ids = tl.arange(0, COLS)
+    predict = tl.load(predict_ptr + b * width + col_ids, mask=col_ids < width, other=-1)  # read once, then in registers
+    slot = tl.where(col_ids == 0, 0, -1)  # path slot of each column (-1: not on the path)
+    at = tl.zeros([], dtype=tl.int64)  # the column reached
+    length = tl.zeros([], dtype=tl.int64)
+    going = count >= 0
+    for _ in range(LEVELS):  # one level a step: a path is at most as deep as the tree
+        want = tl.sum(tl.where(col_ids == at, predict, 0), axis=0)
+        first = tl.min(tl.where(valid & (parent_col == at) & (token == want), node, NODES), axis=0)
+        found = going & (first < NODES)
+        taken = tl.sum(tl.where(node == first, token, 0), axis=0)
+        tl.store(out_tokens_ptr + b * width + length, taken, mask=found)
+        length += found.to(tl.int64)
+        at = tl.where(found, first + 1, at)
+        slot = tl.where(found & (col_ids == at), length, slot)
+        going = found
+    bonus = tl.sum(tl.where(col_ids == at, predict, 0), axis=0)
+    tl.store(out_tokens_ptr + b * width + length, bonus)
+    tl.store(length_ptr + b, length)
+    tl.store(bonus_ptr + b, bonus)
+    on = col_ids < width
+    on_path = slot >= 0
+    tl.store(columns_ptr + b * width + tl.where(on_path, slot, 0), col_ids.to(tl.int64), mask=on & on_path)
+    rest = tl.cumsum((on & ~on_path).to(tl.int64), axis=0) - 1
+    tl.store(order_ptr + b * width + tl.where(on_path, slot, length + 1 + rest), col_ids.to(tl.int64), mask=on)
+
+
+def greedy_accept(tree_tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
+                  target_predict: torch.Tensor, max_depth: int | None = None) -> Acceptance:
     """Accept each request's longest matching root path plus the bonus token.
 
     Args:
         tree_tokens: [B, N] int64 node tokens (any value on padding).
         parents: [B, N] int64 parent node (-1: the root), parent < node.
-        depths: [B, N] int64 node depths (>= 1 on valid nodes).
         num_nodes: [B] int64 valid nodes.
         target_predict: [B, N+1] int64 target argmax at the root (column 0) and after node i (column i+1),
             from one verify pass over the tree.
+        max_depth: the trees' deepest level, if known (the walk's step count; default N).
 
     Returns:
-        ``Acceptance``: accept_length [B], accept_columns [B, D+1] (root and accepted columns, -1 after;
-        D = deepest possible level), bonus [B].
+        ``Acceptance``: accept_length [B], accept_columns [B, N+1] (root and accepted columns, -1 after), bonus [B],
+        commit_tokens [B, N+1] (accepted tokens then the bonus, 0 after), commit_order [B, N+1] (a permutation
+        of the columns: the accepted path, then the rest in index order).
 
     Example:
-        >>> acc = greedy_accept(tokens, tree.parents, tree.depths, tree.num_nodes, logits.argmax(-1))
+        >>> acc = greedy_accept(tokens, tree.parents, tree.num_nodes, logits.argmax(-1).view(B, N + 1))
     """
     b, n = parents.shape
     dev = parents.device
-    cols = n + 1
-    valid = torch.arange(n, device=dev)[None, :] < num_nodes[:, None]
-    parent_col = torch.where(valid, parents + 1, torch.zeros_like(parents))
-    matched = valid & (tree_tokens == torch.gather(target_predict, 1, parent_col))
-    # the first matching child of each column
-    index = torch.arange(n, device=dev).expand(b, n)
-    first = torch.full((b, cols), n, dtype=torch.int64, device=dev)
-    first = first.scatter_reduce(1, parent_col, torch.where(matched, index, n), reduce="amin")
-    chosen = matched & (torch.gather(first, 1, parent_col) == index)
-    # accepted = chosen all along the root path: closed by pointer doubling; the accepted set is one path
-    ok = torch.cat([torch.ones((b, 1), dtype=torch.bool, device=dev), chosen], dim=1)
-    jump = torch.cat([torch.zeros((b, 1), dtype=torch.int64, device=dev), parent_col], dim=1)
-    for _ in range(max(1, int(n).bit_length())):
-        ok = ok & torch.gather(ok, 1, jump)
-        jump = torch.gather(jump, 1, jump)
-    depth_col = torch.cat([torch.zeros((b, 1), dtype=torch.int64, device=dev), torch.where(valid, depths, 0)], dim=1)
-    length, deepest = torch.where(ok, depth_col, -1).max(dim=1)
-    bonus = torch.gather(target_predict, 1, deepest[:, None])[:, 0]
-    columns = torch.full((b, cols + 1), -1, dtype=torch.int64, device=dev)  # last column: a sink for the rest
-    columns.scatter_(1, torch.where(ok, depth_col, cols), torch.arange(cols, device=dev).expand(b, cols))
-    return Acceptance(length, columns[:, :cols], bonus)
+    i64 = dict(dtype=torch.int64, device=dev)
+    length, bonus = torch.empty(b, **i64), torch.empty(b, **i64)
+    columns = torch.full((b, n + 1), -1, **i64)
+    order = torch.empty((b, n + 1), **i64)
+    out_tokens = torch.zeros((b, n + 1), **i64)
+    if b:
+        _accept_kernel[(b,)](tree_tokens.to(torch.int64).contiguous(), parents.contiguous(), num_nodes.contiguous(),
+                             target_predict.to(torch.int64).contiguous(), length, columns, bonus, order, out_tokens,
+                             N=n, NODES=triton.next_power_of_2(max(n, 1)), COLS=triton.next_power_of_2(n + 1),
+                             LEVELS=n if max_depth is None else min(n, max_depth), num_warps=1)
+    return Acceptance(length, columns, bonus, out_tokens, order)

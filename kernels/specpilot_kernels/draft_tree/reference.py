@@ -57,13 +57,17 @@ class VerifyLayout(NamedTuple):
 
 
 class Acceptance(NamedTuple):
-    """accept_length [B] int64: accepted draft nodes (the bonus not counted); accept_columns [B, D+1]
-    int64: columns of the root and the accepted nodes, root first, -1 after; bonus [B] int64: the target's
-    token after the deepest accepted column."""
+    """accept_length [B] int64: accepted draft nodes (the bonus not counted); accept_columns [B, N+1] int64:
+    columns of the root and the accepted nodes, root first, -1 after; bonus [B] int64: the target's token after
+    the deepest accepted column; commit_tokens [B, N+1] int64: the accepted nodes' tokens then the bonus, 0 after;
+    commit_order [B, N+1] int64: the verify columns with the accepted path first (root first), then the others in
+    index order (gather a request's window slots or hidden rows with it to commit)."""
 
     accept_length: torch.Tensor
     accept_columns: torch.Tensor
     bonus: torch.Tensor
+    commit_tokens: torch.Tensor
+    commit_order: torch.Tensor
 
 
 def edge_logp_reference(scores: torch.Tensor, unary: torch.Tensor | None = None, kind: str = "selector") -> torch.Tensor:
@@ -191,10 +195,11 @@ def greedy_accept_reference(tree_tokens_: torch.Tensor, parents: torch.Tensor, n
         target_predict: [B, N+1] int64, the target's argmax at the root (column 0) and after node i (column i+1).
     """
     b, n = parents.shape
-    max_depth = n
     length = torch.zeros(b, dtype=torch.int64)
-    columns = torch.full((b, max_depth + 1), -1, dtype=torch.int64)
+    columns = torch.full((b, n + 1), -1, dtype=torch.int64)
     bonus = torch.zeros(b, dtype=torch.int64)
+    commit_tokens = torch.zeros((b, n + 1), dtype=torch.int64)
+    commit_order = torch.zeros((b, n + 1), dtype=torch.int64)
     for r in range(b):
         col, path = 0, [0]
         while True:
@@ -208,4 +213,7 @@ def greedy_accept_reference(tree_tokens_: torch.Tensor, parents: torch.Tensor, n
         length[r] = len(path) - 1
         columns[r, :len(path)] = torch.tensor(path)
         bonus[r] = int(target_predict[r, col])
-    return Acceptance(length, columns, bonus)
+        committed = [int(tree_tokens_[r, c - 1]) for c in path[1:]] + [int(bonus[r])]
+        commit_tokens[r, :len(committed)] = torch.tensor(committed)
+        commit_order[r] = torch.tensor(path + [c for c in range(n + 1) if c not in path])
+    return Acceptance(length, columns, bonus, commit_tokens, commit_order)

@@ -212,15 +212,22 @@ struct EscapeStream {
   // Patches the chunk's escapes that fall in blocks first_block .. first_block + BLOCKS - 1 into their decoded
   // fragments a[0 .. BLOCKS - 1]; `scratch`: the warp's kEscapeScratchBytes of shared memory.
   // `i`: the chunk's place among the warp's chunks (those of ``begin``).
-  template <int BLOCKS>
+  template <int BLOCKS, bool EARLY_SECOND = false>
   __device__ __forceinline__ void patch(uint32_t (&a)[BLOCKS][8], int first_block, const W12MmaArgs& args, int i,
                                         int first, int stride, uint32_t scratch, int lane) {
     const uint32_t w = word(args, i, first, stride);
     const int count = w & 0xFFFu;
     if (count == 0) return;  // warp-uniform
     uint32_t entry = mine;
+    // EARLY_SECOND: with more than 32 escapes in the chunk the second 32 are loaded before the first are patched, so
+    // their latency hides behind that round; it costs registers, so only a kernel with them to spare asks for it.
+    // Any further 32 (and the second without it) are loaded when reached.
+    const uint32_t second =
+        EARLY_SECOND && count > 32 && lane + 32 < count ? __ldg(args.esc_entry + start + (w >> 12) + 32 + lane) : 0u;
     for (int done = 0; done < count; done += 32) {
-      if (done > 0)  // more than 32 escapes in the chunk (rare): the next 32, loaded here
+      if (EARLY_SECOND && done == 32)
+        entry = second;
+      else if (done > 0)
         entry = lane + done < count ? __ldg(args.esc_entry + start + (w >> 12) + done + lane) : 0u;
       const bool have = lane + done < count;
       const int group = (entry >> 24) & 7;

@@ -132,7 +132,8 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
           uint32_t a[kBlocks][8];
 #pragma unroll
           for (int u = 0; u < kBlocks; ++u) decode_block<LOW_BITS>(a[u], v[u], nb[u], base_lo, base_hi);
-          if (LOW_BITS == 0) esc.template patch<kBlocks>(a, part * kBlocks, args, r, first, args.warps_k, scratch, lane);
+          if (LOW_BITS == 0)  // escape-heavy chunks: the ring kernel has the registers for their second round early
+            esc.template patch<kBlocks, true>(a, part * kBlocks, args, r, first, args.warps_k, scratch, lane);
 #pragma unroll
           for (int u = 0; u < kBlocks; ++u) {
             uint4 xb[MT];

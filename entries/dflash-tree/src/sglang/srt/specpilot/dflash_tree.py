@@ -25,7 +25,7 @@ from sglang.srt.specpilot.kernels.draft_tree import (
     Acceptance,
     DraftTree,
     VerifyLayout,
-    best_first_tree,
+    best_first_tree_layout,
     child_lists,
     greedy_accept,
     verify_layout,
@@ -44,6 +44,7 @@ class TreeStep:
     tree: DraftTree
     tokens: torch.Tensor
     layout: VerifyLayout
+    depth: int | None = None  # the deepest level the trees may have (bounds the acceptance walk)
 
     @classmethod
     def build(cls, settings: TreeSettings, candidate_ids: torch.Tensor, scores: torch.Tensor,
@@ -52,9 +53,9 @@ class TreeStep:
         """candidate_ids [B, P, K] and scores [B, P, K, K]: DFlash2's ``_selector_lattice`` (kind "selector"), or
         DSpark's ``markov_lattice`` pair with its unary [B, P, K] (kind "markov"); anchor_tokens [B]; prefix_lens
         [B] committed lengths (the anchor sits at position prefix_lens)."""
-        tree, node_tokens, next_token, next_sibling = best_first_tree(
-            scores, candidate_ids, settings.nodes, settings.depth, unary=unary, kind=kind)
-        return cls.assemble(tree, node_tokens, next_token, next_sibling, anchor_tokens, prefix_lens)
+        tree, node_tokens, layout = best_first_tree_layout(scores, candidate_ids, settings.nodes, settings.depth,
+                                                           unary=unary, kind=kind, root_positions=prefix_lens)
+        return cls(tree, with_root(anchor_tokens, node_tokens), layout, settings.depth)
 
     @classmethod
     def from_tree(cls, tree: DraftTree, node_tokens: torch.Tensor, anchor_tokens: torch.Tensor,
@@ -62,15 +63,8 @@ class TreeStep:
         """A step for a tree built elsewhere (a combined tree, a chain): ``tree`` [B, N] in topological order
         (parent < node), node_tokens [B, N] (-1 on padding)."""
         next_token, next_sibling = child_lists(tree.parents, tree.num_nodes)
-        return cls.assemble(tree, node_tokens, next_token, next_sibling, anchor_tokens, prefix_lens)
-
-    @classmethod
-    def assemble(cls, tree: DraftTree, node_tokens: torch.Tensor, next_token: torch.Tensor,
-                 next_sibling: torch.Tensor, anchor_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> "TreeStep":
-        anchor = anchor_tokens.to(torch.int64)[:, None]
-        tokens = torch.cat([anchor, torch.where(node_tokens >= 0, node_tokens, anchor)], dim=1)
-        layout = verify_layout(tree, next_token, next_sibling, prefix_lens.to(torch.int64))
-        return cls(tree, tokens, layout)
+        layout = verify_layout(tree, next_token, next_sibling, prefix_lens)
+        return cls(tree, with_root(anchor_tokens, node_tokens), layout)
 
     def custom_mask(self, prefix_lens: torch.Tensor) -> torch.Tensor:
         """SGLang's flat target-verify mask (Triton / FlashInfer backends): per request, N+1 rows of
@@ -88,34 +82,27 @@ class TreeStep:
         return out
 
     def accept(self, target_predict: torch.Tensor) -> Acceptance:
-        """target_predict [B, N+1]: the target's argmax at each verify column."""
-        return greedy_accept(self.tokens[:, 1:], self.tree.parents, self.tree.depths, self.tree.num_nodes,
-                             target_predict)
+        """target_predict [B, N+1]: the target's argmax at each verify column. The acceptance carries the
+        committed tokens (DFlash's ``_commit_accept`` form: accepted tokens, the bonus, zeros) and the column
+        order the commit gathers the window's KV slots and hidden rows with."""
+        return greedy_accept(self.tokens[:, 1:], self.tree.parents, self.tree.num_nodes, target_predict,
+                             max_depth=self.depth)
 
-    def commit_order(self, acceptance: Acceptance) -> torch.Tensor:
-        """[B, N+1] int64 permutation of the verify columns: the accepted path (root first) then every
-        other column in index order. Gathering a request's verify-window KV slots and hidden rows with it puts
-        the committed tokens at positions prefix .. prefix + accept_length and the rejected nodes' slots after
-        them (free: the next step writes its window over them)."""
-        b, cols = self.tokens.shape
-        columns = acceptance.accept_columns
-        dev = columns.device
-        key = torch.cat([cols + torch.arange(cols, device=dev).expand(b, cols),
-                         torch.zeros((b, 1), dtype=torch.int64, device=dev)], dim=1)  # last column: a sink
-        path_slot = torch.arange(columns.shape[1], device=dev).expand_as(columns)
-        key.scatter_(1, torch.where(columns >= 0, columns, cols), path_slot)
-        return torch.argsort(key[:, :cols], dim=1)
+    @staticmethod
+    def commit_tokens(acceptance: Acceptance) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out_tokens [B, N+1], commit_lens [B] int32): the accepted tokens then the bonus, zeros after."""
+        return acceptance.commit_tokens, (acceptance.accept_length + 1).to(torch.int32)
 
-    def commit_tokens(self, acceptance: Acceptance) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out_tokens [B, N+1], commit_lens [B] int32) in DFlash's ``_commit_accept`` form: the accepted
-        nodes' tokens then the bonus, zeros after."""
-        b, cols = self.tokens.shape
-        path = acceptance.accept_columns[:, 1:]
-        tokens = torch.where(path >= 0, torch.gather(self.tokens, 1, path.clamp(min=0)), 0)
-        out = torch.zeros((b, cols), dtype=torch.int64, device=tokens.device)
-        out[:, : tokens.shape[1]] = tokens
-        out.scatter_(1, acceptance.accept_length[:, None], acceptance.bonus[:, None])
-        return out, (acceptance.accept_length + 1).to(torch.int32)
+    @staticmethod
+    def commit_order(acceptance: Acceptance) -> torch.Tensor:
+        """[B, N+1] the verify columns, accepted path first (root first), the rest after in index order."""
+        return acceptance.commit_order
+
+
+def with_root(anchor_tokens: torch.Tensor, node_tokens: torch.Tensor) -> torch.Tensor:
+    """[B, N+1] verify tokens: the anchor (root) then the nodes; padding columns carry the anchor's token."""
+    anchor = anchor_tokens.to(torch.int64)[:, None]
+    return torch.cat([anchor, torch.where(node_tokens >= 0, node_tokens, anchor)], dim=1)
 
 
 def permute_window_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,

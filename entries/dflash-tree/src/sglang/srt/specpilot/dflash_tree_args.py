@@ -67,19 +67,21 @@ def tree_settings(nodes, depth, drafted_positions, *, algorithm: str | None, tra
     if drafted_positions < 1:
         raise TreeArgumentError("--specpilot-tree-drafted-positions", f"{drafted_positions} drafts nothing",
                                 "give at least 1 drafted position")
-    from sglang.srt.specpilot.kernels.draft_tree.build import MAX_PATH_BITS, path_bits
+    from sglang.srt.specpilot.kernels.draft_tree.build import max_tree_depth
 
-    bits = path_bits(selector_top_k)
-    if depth is None:  # as deep as the drafted positions and the kernel's tie-break code allow (15 at K = 16)
-        depth = min(drafted_positions, MAX_PATH_BITS // bits)
+    if selector_top_k & (selector_top_k - 1):
+        raise TreeArgumentError("--specpilot-tree-nodes", f"the drafter's K={selector_top_k} candidates is not a power "
+                                "of two (the tree kernel's path key)", "use a drafter with a power-of-two selector_top_k")
+    deepest = max_tree_depth(selector_top_k)
+    if depth is None:  # as deep as the drafted positions and the kernel's path key allow (15 at K = 16)
+        depth = min(drafted_positions, deepest)
     if depth < 1 or depth > drafted_positions:
         raise TreeArgumentError("--specpilot-tree-depth", f"{depth} is outside 1..{drafted_positions} (the drafted "
                                 "positions: a level past them has no candidates)",
                                 f"give a depth between 1 and {drafted_positions}, or more drafted positions")
-    if selector_top_k & (selector_top_k - 1) or depth * bits > MAX_PATH_BITS:
+    if depth > deepest:
         raise TreeArgumentError("--specpilot-tree-depth", f"depth {depth} with K={selector_top_k} candidates does not "
-                                f"fit the tree kernel (power-of-two K, depth * log2 K <= {MAX_PATH_BITS})",
-                                f"give a depth of at most {MAX_PATH_BITS // bits}")
+                                f"fit the tree kernel's path key ({deepest} levels)", f"give a depth of at most {deepest}")
     return TreeSettings(int(nodes), int(depth), int(drafted_positions), int(selector_top_k))
 
 
