@@ -3,7 +3,8 @@ each system against stock, with the trained pair's FP32 scorer and δ calibrated
 
     PYTHONPATH=kernels:. python benchmarks/system_forcing.py OUTPUTS.json --out benchmarks/results/system-forcing.json
 
-Every lossless system must be accepted and the injected §6.2 fault rejected.
+No lossless system may be rejected (accepted, or inconclusive where the sample is too small) and the injected §6.2
+fault must be rejected.
 """
 
 from __future__ import annotations
@@ -41,12 +42,14 @@ def main(argv=None) -> int:
     calibration = calibrate_delta(scored["ar"], scored["stock"])
     forcing = TokenForcing(scorer, scored["stock"], calibration.delta)
     verdicts = {name: forcing.judge(name, scored[name]).to_dict() for name in doc["systems"] if name not in ("ar", "stock")}
-    expected = {name: "reject" if name in LOSSY else "accept" for name in verdicts}
+    # lossless systems must not be rejected (accepted, or inconclusive when the sample is too small to tell);
+    # the fault must be rejected
+    ok = {name: (v["verdict"] == "reject") if name in LOSSY else (v["verdict"] != "reject") for name, v in verdicts.items()}
     result = {**result_header("system_forcing"), "outputs": str(args.outputs), "outputs_commit": doc.get("git_commit"),
               "outputs_device": doc.get("device"), "dtype": doc["dtype"], "requests": len(requests),
               "calibration": calibration.to_dict(), "tau": doc.get("tau"),
               "verdicts": {name: v["verdict"] for name, v in verdicts.items()},
-              "as_expected": all(verdicts[n]["verdict"] == want for n, want in expected.items()),
+              "as_expected": all(ok.values()), "as_expected_by_system": ok,
               "details": verdicts}
     print_result(result, args.out)
     return 0
