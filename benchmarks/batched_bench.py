@@ -31,8 +31,10 @@ from specpilot_mem.batching.simulate import CONFIGS, concat_lattices, simulate, 
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 from specpilot_mem.replay.lattice import load_lattice  # noqa: E402
 
-LABEL = ("timing: c(R) at the paper's shapes (random weights); tau: exact replay on the small pair trained here "
-         "(not comparable in absolute terms to the paper's)")
+LABEL = (
+    "timing: c(R) at the paper's shapes (random weights); tau: exact replay on the small pair trained here "
+    "(not comparable in absolute terms to the paper's)"
+)
 PLOTTED = ("stock", "shared-budget", "drafter-block", "prompt-admission", "all")
 
 
@@ -49,9 +51,19 @@ def run_shape(lattices, costs: StepCosts, batches, args) -> dict:
     out = {"costs": costs.to_dict(), "batches": {}}
     for b in batches:
         started = time.perf_counter()
-        outcomes = {name: simulate(lattices, costs, cfg, b, prompt_rows=args.prompt_rows, segment=args.segment,
-                                   verify_buffer=args.verify_buffer, stream=args.stream)
-                    for name, cfg in CONFIGS.items()}
+        outcomes = {
+            name: simulate(
+                lattices,
+                costs,
+                cfg,
+                b,
+                prompt_rows=args.prompt_rows,
+                segment=args.segment,
+                verify_buffer=args.verify_buffer,
+                stream=args.stream,
+            )
+            for name, cfg in CONFIGS.items()
+        }
         figures = speedups(outcomes)
         shared, equal = outcomes["shared-budget"], outcomes["equal-trees"]
         out["batches"][str(b)] = {
@@ -64,9 +76,13 @@ def run_shape(lattices, costs: StepCosts, batches, args) -> dict:
             "seconds": round(time.perf_counter() - started, 1),
         }
         row = out["batches"][str(b)]
-        print(f"{costs.shape} B={b}: all {figures['all']['over_ar']:.2f}x AR, {figures['all']['over_stock']:.2f}x stock; "
-              f"shared/equal {row['shared_vs_equal_tokens_per_step']:.3f}; blocks {row['blocks_gain_over_shared']:.3f}; "
-              f"admission {row['admission_gain_over_stock']:.3f} ({row['seconds']} s)", file=sys.stderr, flush=True)
+        print(
+            f"{costs.shape} B={b}: all {figures['all']['over_ar']:.2f}x AR, {figures['all']['over_stock']:.2f}x stock; "
+            f"shared/equal {row['shared_vs_equal_tokens_per_step']:.3f}; blocks {row['blocks_gain_over_shared']:.3f}; "
+            f"admission {row['admission_gain_over_stock']:.3f} ({row['seconds']} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     return out
 
 
@@ -81,13 +97,30 @@ def budget_sweep(lattices, batches, per_request, args) -> dict:
         out[str(b)] = {}
         for k in per_request:
             rows = b * (k + 1)
-            shared = simulate(lattices, costs, CONFIGS["shared-budget"], b, budget_rows=rows, stream=args.stream,
-                              verify_buffer=max(args.verify_buffer, rows))
-            equal = simulate(lattices, costs, CONFIGS["equal-trees"], b, budget_rows=rows, stream=args.stream,
-                             verify_buffer=max(args.verify_buffer, rows))
+            shared = simulate(
+                lattices,
+                costs,
+                CONFIGS["shared-budget"],
+                b,
+                budget_rows=rows,
+                stream=args.stream,
+                verify_buffer=max(args.verify_buffer, rows),
+            )
+            equal = simulate(
+                lattices,
+                costs,
+                CONFIGS["equal-trees"],
+                b,
+                budget_rows=rows,
+                stream=args.stream,
+                verify_buffer=max(args.verify_buffer, rows),
+            )
             out[str(b)][str(k)] = {"shared_tau": shared.tau, "equal_tau": equal.tau, "ratio": shared.tau / equal.tau}
-        print(f"sweep B={b}: " + ", ".join(f"k={k} {v['ratio']:.3f}" for k, v in out[str(b)].items()),
-              file=sys.stderr, flush=True)
+        print(
+            f"sweep B={b}: " + ", ".join(f"k={k} {v['ratio']:.3f}" for k, v in out[str(b)].items()),
+            file=sys.stderr,
+            flush=True,
+        )
     return out
 
 
@@ -95,8 +128,19 @@ def truncated_blocks(lattices: dict) -> dict:
     """Blocks 12 and 8 as the first positions of the 16-block lattices: what a drafter trained on every block
     would draft at least as well as (this pair's drafter was trained on 16-position blocks only)."""
     full = lattices[16]
-    return {b: replace(full, cand=full.cand[:, :b], unary=full.unary[:, :b], pair=full.pair[:, :b],
-                       meta={**full.meta, "positions": b}, _lookup=None) if b != 16 else full for b in lattices}
+    return {
+        b: replace(
+            full,
+            cand=full.cand[:, :b],
+            unary=full.unary[:, :b],
+            pair=full.pair[:, :b],
+            meta={**full.meta, "positions": b},
+            _lookup=None,
+        )
+        if b != 16
+        else full
+        for b in lattices
+    }
 
 
 def blocks_bound(lattices, costs: StepCosts, batches, args) -> dict:
@@ -106,11 +150,23 @@ def blocks_bound(lattices, costs: StepCosts, batches, args) -> dict:
     for b in batches:
         if b == 1:
             continue
-        runs = {name: simulate(cut, costs, CONFIGS[name], b, prompt_rows=args.prompt_rows, segment=args.segment,
-                               verify_buffer=args.verify_buffer, stream=args.stream)
-                for name in ("shared-budget", "shared-budget+drafter-block")}
-        out[str(b)] = {"tau": {k: v.tau for k, v in runs.items()},
-                       "gain": runs["shared-budget+drafter-block"].tokens_per_ms / runs["shared-budget"].tokens_per_ms}
+        runs = {
+            name: simulate(
+                cut,
+                costs,
+                CONFIGS[name],
+                b,
+                prompt_rows=args.prompt_rows,
+                segment=args.segment,
+                verify_buffer=args.verify_buffer,
+                stream=args.stream,
+            )
+            for name in ("shared-budget", "shared-budget+drafter-block")
+        }
+        out[str(b)] = {
+            "tau": {k: v.tau for k, v in runs.items()},
+            "gain": runs["shared-budget+drafter-block"].tokens_per_ms / runs["shared-budget"].tokens_per_ms,
+        }
         print(f"{costs.shape} truncated blocks B={b}: {out[str(b)]['gain']:.3f}", file=sys.stderr, flush=True)
     return out
 
@@ -145,15 +201,23 @@ def plot(shapes: dict, path: Path) -> None:
             for color, name in enumerate(PLOTTED):
                 if key == "over_stock" and name == "stock":
                     continue
-                ax.plot(batches, [data["batches"][str(b)]["configs"][name][key] for b in batches], marker="o",
-                        label=name, color=f"C{color}")
+                ax.plot(
+                    batches,
+                    [data["batches"][str(b)]["configs"][name][key] for b in batches],
+                    marker="o",
+                    label=name,
+                    color=f"C{color}",
+                )
             ax.axhline(1.0, color="grey", lw=0.8, ls="--")
             ax.set_xscale("log", base=2)
             ax.set_xticks(batches, [str(b) for b in batches])
             ax.set_xlabel("requests in flight")
             ax.set_ylabel("speedup over AR" if key == "over_ar" else "gain over stock")
-            measured = ("engine steps" if "engine steps" in data["costs"]["source"] else "measured c(R)") \
-                if data["costs"]["measured"] else "roofline c(R)"
+            measured = (
+                ("engine steps" if "engine steps" in data["costs"]["source"] else "measured c(R)")
+                if data["costs"]["measured"]
+                else "roofline c(R)"
+            )
             ax.set_title(f"{shape}-like, {measured}")
             ax.grid(alpha=0.3)
         axes[row][0].legend(fontsize=8)
@@ -169,18 +233,26 @@ def main(argv=None) -> int:
     ap.add_argument("--lattices", type=Path, required=True, help="folder of batched_lattices.py's files")
     ap.add_argument("--splits", default="dev,unseen")
     ap.add_argument("--costs", type=Path, help="batched_costs.py's result (default: the roofline model)")
-    ap.add_argument("--engine-costs", type=Path,
-                    help="batched_engine_costs.py's result: time steps by the composed engine (its shape: 4b)")
+    ap.add_argument(
+        "--engine-costs",
+        type=Path,
+        help="batched_engine_costs.py's result: time steps by the composed engine (its shape: 4b)",
+    )
     ap.add_argument("--shapes", default="4b,27b")
     ap.add_argument("--batches", default="1,8,16,24,32,64")
     ap.add_argument("--prompt-rows", type=int, default=512, help="prompt tokens of each new request")
     ap.add_argument("--segment", type=int, default=64, help="prompt rows per admitted segment")
     ap.add_argument("--verify-buffer", type=int, default=2048)
     ap.add_argument("--stream", type=int, help="requests through the closed loop (default: all, at least 2 x B)")
-    ap.add_argument("--sweep", default="1,2,4,8", help="nodes per request of the cost-free shared-vs-equal sweep ('' skips)")
-    ap.add_argument("--sections", default="closed-loop,sweep",
-                    help="closed-loop, sweep, blocks-bound (the blocks' gain with 12/8 as the 16-block's first "
-                         "positions: the bound for a drafter trained on every block)")
+    ap.add_argument(
+        "--sweep", default="1,2,4,8", help="nodes per request of the cost-free shared-vs-equal sweep ('' skips)"
+    )
+    ap.add_argument(
+        "--sections",
+        default="closed-loop,sweep",
+        help="closed-loop, sweep, blocks-bound (the blocks' gain with 12/8 as the 16-block's first "
+        "positions: the bound for a drafter trained on every block)",
+    )
     ap.add_argument("--out", type=Path)
     ap.add_argument("--figure", type=Path, help="PNG (default: beside --out)")
     ap.add_argument("--replot", type=Path, help="only redraw the figure of this result (to --figure)")
@@ -193,10 +265,18 @@ def main(argv=None) -> int:
     if measurement is not None:
         measurement.setdefault("source", str(args.costs))
     batches = [int(b) for b in args.batches.split(",")]
-    doc = {**result_header("batched_bench"), "label": LABEL, "synthetic_timing": True,
-           "lattices": {str(b): {"requests": int(lat.num_requests), "tokens": int(lat.greedy_tokens.shape[0]),
-                                 "source": lat.source} for b, lat in sorted(lattices.items())},
-           "prompt_rows": args.prompt_rows, "segment": args.segment, "shapes": {}}
+    doc = {
+        **result_header("batched_bench"),
+        "label": LABEL,
+        "synthetic_timing": True,
+        "lattices": {
+            str(b): {"requests": int(lat.num_requests), "tokens": int(lat.greedy_tokens.shape[0]), "source": lat.source}
+            for b, lat in sorted(lattices.items())
+        },
+        "prompt_rows": args.prompt_rows,
+        "segment": args.segment,
+        "shapes": {},
+    }
     sections = args.sections.split(",")
     if "sweep" in sections and args.sweep:
         doc["budget_sweep"] = budget_sweep(lattices, batches, [int(k) for k in args.sweep.split(",")], args)
@@ -212,12 +292,16 @@ def main(argv=None) -> int:
     if "closed-loop" in sections:
         doc["targets"] = targets(doc["shapes"])
         t = doc["targets"]
-        doc["headline"] = (f"all mechanisms >= {t['min_all_over_ar']:.2f}x AR at 1-64 requests; shared budget "
-                           f"{t['shared_vs_equal_at_16_32_min']:.3f}x tokens/step vs equal trees at 16-32; blocks "
-                           f"{t['blocks_gain_at_16_32_min']:.3f}x; admission up to {t['admission_max_gain']:.3f}x stock")
+        doc["headline"] = (
+            f"all mechanisms >= {t['min_all_over_ar']:.2f}x AR at 1-64 requests; shared budget "
+            f"{t['shared_vs_equal_at_16_32_min']:.3f}x tokens/step vs equal trees at 16-32; blocks "
+            f"{t['blocks_gain_at_16_32_min']:.3f}x; admission up to {t['admission_max_gain']:.3f}x stock"
+        )
     elif "blocks-bound" in sections:
         gains = [r["gain"] for d in doc["blocks_truncated"].values() for b, r in d.items() if b in ("16", "24", "32")]
-        doc["headline"] = f"drafter blocks as truncated 16-blocks: {min(gains):.3f}-{max(gains):.3f}x over the shared budget at 16-32"
+        doc["headline"] = (
+            f"drafter blocks as truncated 16-blocks: {min(gains):.3f}-{max(gains):.3f}x over the shared budget at 16-32"
+        )
     figure = args.figure or (args.out.with_suffix(".png") if args.out and doc["shapes"] else None)
     if figure:
         plot(doc["shapes"], figure)

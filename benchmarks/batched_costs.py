@@ -57,8 +57,17 @@ def measure_shape(name: str, rows: list[int], device: torch.device, dtype: torch
     head = torch.randn(vocab, d, device=device, dtype=dtype) * 0.02
     widest = max(i for i, _ in linears)
     x = torch.randn(max(rows), widest, device=device, dtype=dtype)
-    out = {"rows": rows, "layer_ms": [], "lm_head_ms": [], "copies": copies, "scale": scale,
-           "linears": [list(p) for p in linears], "vocab": vocab, "d_model": d}
+    out = {
+        "rows": rows,
+        "layer_ms": [],
+        "lm_head_ms": [],
+        "copies": copies,
+        "scale": scale,
+        "linears": [list(p) for p in linears],
+        "vocab": vocab,
+        "d_model": d,
+    }
+
     def layer_pass(xm):
         return lambda c: [F.linear(xm[:, :i], w) for w, (i, _) in zip(layer[c], linears)]
 
@@ -82,8 +91,13 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows = [int(r) for r in args.rows.split(",")] if args.rows else list(ROW_GRID)
-    doc = {**result_header("batched_costs"), "synthetic": True, "dtype": str(dtype).replace("torch.", ""),
-           "what": "target layer GEMMs and LM head at R rows (random weights at the named shapes)", "shapes": {}}
+    doc = {
+        **result_header("batched_costs"),
+        "synthetic": True,
+        "dtype": str(dtype).replace("torch.", ""),
+        "what": "target layer GEMMs and LM head at R rows (random weights at the named shapes)",
+        "shapes": {},
+    }
     if device.type == "cuda":
         doc["device_name"] = torch.cuda.get_device_name(device)
     for name in args.shapes.split(","):

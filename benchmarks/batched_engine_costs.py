@@ -37,12 +37,13 @@ def isolated(args, doc: dict, argv: list[str]) -> int:
     for flag in ("--batches", "--out"):
         if flag in base:
             i = base.index(flag)
-            del base[i:i + 2]
+            del base[i : i + 2]
     for b in args.batches.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             part = Path(tmp) / "part.json"
-            run = subprocess.run([sys.executable, __file__, *base, "--batches", b, "--out", str(part)],
-                                 capture_output=True, text=True)
+            run = subprocess.run(
+                [sys.executable, __file__, *base, "--batches", b, "--out", str(part)], capture_output=True, text=True
+            )
             if part.exists():
                 child = json.loads(part.read_text())
                 doc["by_batch"].update(child.get("by_batch", {}))
@@ -69,11 +70,20 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--isolate", action="store_true",
-                    help="each batch size in its own process (a device-side assert poisons its CUDA context only)")
+    ap.add_argument(
+        "--isolate",
+        action="store_true",
+        help="each batch size in its own process (a device-side assert poisons its CUDA context only)",
+    )
     args = ap.parse_args(argv)
-    doc = {**result_header("batched_engine_costs"), "synthetic": True, "shape_name": SHAPE, "context": args.context,
-           "by_batch": {}, "errors": {}}
+    doc = {
+        **result_header("batched_engine_costs"),
+        "synthetic": True,
+        "shape_name": SHAPE,
+        "context": args.context,
+        "by_batch": {},
+        "errors": {},
+    }
     if args.isolate:
         return isolated(args, doc, argv if argv is not None else sys.argv[1:])
     try:
@@ -100,8 +110,11 @@ def main(argv=None) -> int:
     doc["shape"] = shape.to_dict()
     for b in batches:
         started = time.perf_counter()
-        entry = {"T_AR_ms": time_model(stock, caches, b, 1, args.context, timer, ar=True), "T_draft_ms": {},
-                 "T_step_ms": {}}
+        entry = {
+            "T_AR_ms": time_model(stock, caches, b, 1, args.context, timer, ar=True),
+            "T_draft_ms": {},
+            "T_step_ms": {},
+        }
         for block in blocks:
             try:
                 entry["T_draft_ms"][str(block)] = time_draft(stock, b, timer, positions=block)

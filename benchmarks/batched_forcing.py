@@ -42,7 +42,7 @@ def windows(stream: np.ndarray, length: int, stride: int, eot_id: int = 0) -> li
     starts = np.concatenate([[0], np.flatnonzero(stream == eot_id) + 1])
     out = []
     for a, b in zip(starts[:-1], starts[1:]):
-        out.extend(stream[s:s + length].astype(np.int64).tolist() for s in range(a, b - length - 1, stride))
+        out.extend(stream[s : s + length].astype(np.int64).tolist() for s in range(a, b - length - 1, stride))
     return out
 
 
@@ -67,36 +67,50 @@ def main(argv=None) -> int:
     requests = [Request(f"r{i}", "stdlib", "dev", args.new_tokens, prompt_ids=tuple(p)) for i, p in enumerate(prompts)]
     max_len = args.prompt_len + args.new_tokens + 40
     scorer = EngineScorer(engine)
-    doc = {**result_header("batched_forcing"), "label": "the small pair trained here, float32 on the CPU",
-           "requests": len(requests), "new_tokens": args.new_tokens, "batch": args.batch, "costs": costs.source,
-           "runs": {}, "verdicts": {}}
+    doc = {
+        **result_header("batched_forcing"),
+        "label": "the small pair trained here, float32 on the CPU",
+        "requests": len(requests),
+        "new_tokens": args.new_tokens,
+        "batch": args.batch,
+        "costs": costs.source,
+        "runs": {},
+        "verdicts": {},
+    }
 
     def decode(decoder, mode):
         start = time.perf_counter()
         runs = decoder.generate(prompts, mode, args.new_tokens)
-        outputs = {r.id: RequestOutput(r.id, tuple(g.output_ids), 0.0, tuple(g.token_times)) for r, g in zip(requests, runs)}
+        outputs = {
+            r.id: RequestOutput(r.id, tuple(g.output_ids), 0.0, tuple(g.token_times)) for r, g in zip(requests, runs)
+        }
         tokens, steps = sum(len(g.output_ids) for g in runs), sum(g.steps for g in runs)
         return outputs, {"seconds": round(time.perf_counter() - start, 1), "tau": tokens / max(steps, 1)}
 
     base = SystemDecoder(engine, batch=args.batch, max_len=max_len)
     ar, doc["runs"]["ar"] = decode(base, "ar")
-    stock, doc["runs"]["stock"] = decode(PolicyDecoder(engine, CONFIGS["stock"], costs, args.batch, max_len=max_len,
-                                                       weights=base.weights), "spec")
+    stock, doc["runs"]["stock"] = decode(
+        PolicyDecoder(engine, CONFIGS["stock"], costs, args.batch, max_len=max_len, weights=base.weights), "spec"
+    )
     ar_scored, stock_scored = score_outputs(scorer, requests, ar), score_outputs(scorer, requests, stock)
     calibration = calibrate_delta(ar_scored, stock_scored)
     doc["delta"] = calibration.delta
     forcing = TokenForcing(scorer, stock_scored, delta=calibration.delta)
     for name in JUDGED:
-        outputs, doc["runs"][name] = decode(PolicyDecoder(engine, CONFIGS[name], costs, args.batch, max_len=max_len,
-                                                          weights=base.weights), "spec")
+        outputs, doc["runs"][name] = decode(
+            PolicyDecoder(engine, CONFIGS[name], costs, args.batch, max_len=max_len, weights=base.weights), "spec"
+        )
         doc["runs"][name]["identical_to_ar"] = sum(outputs[r].output_ids == ar[r].output_ids for r in ar)
         verdict = forcing.judge(name, score_outputs(scorer, requests, outputs))
         doc["verdicts"][name] = {"verdict": verdict.verdict, "reasons": list(verdict.reasons)}
         print(f"{name}: {verdict.verdict} {doc['runs'][name]}", file=sys.stderr, flush=True)
         if args.out:
             write_result(doc, args.out)
-    doc["headline"] = "token forcing: " + ", ".join(f"{k} {v['verdict']}" for k, v in doc["verdicts"].items()) + \
-        f" ({len(requests)} requests x {args.new_tokens} tokens, B={args.batch})"
+    doc["headline"] = (
+        "token forcing: "
+        + ", ".join(f"{k} {v['verdict']}" for k, v in doc["verdicts"].items())
+        + f" ({len(requests)} requests x {args.new_tokens} tokens, B={args.batch})"
+    )
     print_result(doc, args.out)
     return 0
 

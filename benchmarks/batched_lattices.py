@@ -59,14 +59,33 @@ def main(argv=None) -> int:
         greedy = engine.generate(requests, "ar", args.new_tokens)
         for block in BLOCKS:
             path = lattice_path(args.out, split, block)
-            recorder = LatticeRecorder(path, kind="selector", positions=block,
-                                       meta={"target": "models/target.safetensors", "drafter": "models/drafter.safetensors",
-                                             "drafter_block": block, "synthetic": False, "label": LABEL})
-            engine.record_lattices(recorder, requests, positions=block, labels=[f"stdlib/{split}"] * len(requests),
-                                   block=block, greedy=greedy)
+            recorder = LatticeRecorder(
+                path,
+                kind="selector",
+                positions=block,
+                meta={
+                    "target": "models/target.safetensors",
+                    "drafter": "models/drafter.safetensors",
+                    "drafter_block": block,
+                    "synthetic": False,
+                    "label": LABEL,
+                },
+            )
+            engine.record_lattices(
+                recorder,
+                requests,
+                positions=block,
+                labels=[f"stdlib/{split}"] * len(requests),
+                block=block,
+                greedy=greedy,
+            )
             recorder.close()
-            doc["files"][path.name] = {"split": split, "block": block, "requests": len(requests),
-                                       "tokens": sum(len(g.output_ids) for g in greedy)}
+            doc["files"][path.name] = {
+                "split": split,
+                "block": block,
+                "requests": len(requests),
+                "tokens": sum(len(g.output_ids) for g in greedy),
+            }
         doc["files"][f"{split}-seconds"] = round(time.perf_counter() - started, 1)
         print(f"{split}: {len(requests)} requests in {doc['files'][f'{split}-seconds']} s", file=sys.stderr, flush=True)
     print_result(doc, args.json_out)

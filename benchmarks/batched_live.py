@@ -39,7 +39,7 @@ def prompts(count: int, length: int) -> list[list[int]]:
     for offset in range(0, 10_000):
         for p in reference:
             if len(out) < count and len(p) >= offset + length:
-                out.append(list(p[offset:offset + length]))
+                out.append(list(p[offset : offset + length]))
         if len(out) >= count:
             return out
     raise SystemExit(f"the reference prompts give only {len(out)} prompts of {length} tokens")
@@ -68,37 +68,58 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     engine = Engine.load_default(device, dtype)
-    costs = (StepCosts.from_measurement({**json.loads(args.costs.read_text()), "source": str(args.costs)}, "4b")
-             if args.costs.exists() else StepCosts.roofline("4b"))
+    costs = (
+        StepCosts.from_measurement({**json.loads(args.costs.read_text()), "source": str(args.costs)}, "4b")
+        if args.costs.exists()
+        else StepCosts.roofline("4b")
+    )
     pool = prompts(args.requests, args.prompt_len)
     max_len = args.prompt_len + args.new_tokens + 40
-    doc = {**result_header("batched_live"), "dtype": str(dtype).replace("torch.", ""), "requests": len(pool),
-           "new_tokens": args.new_tokens, "costs": costs.source, "costs_measured": costs.measured,
-           "label": "live: the small pair trained here (launch-bound), policies deciding from the 4B-like c(R)",
-           "by_batch": {}, "errors": {}}
+    doc = {
+        **result_header("batched_live"),
+        "dtype": str(dtype).replace("torch.", ""),
+        "requests": len(pool),
+        "new_tokens": args.new_tokens,
+        "costs": costs.source,
+        "costs_measured": costs.measured,
+        "label": "live: the small pair trained here (launch-bound), policies deciding from the 4B-like c(R)",
+        "by_batch": {},
+        "errors": {},
+    }
     for b in [int(x) for x in args.batches.split(",")]:
         row = {}
-        requests = pool[:max(8, 2 * b)]
+        requests = pool[: max(8, 2 * b)]
         try:
             ar_decoder = SystemDecoder(engine, batch=b, max_len=max_len)
             ar, seconds = timed(ar_decoder, requests, "ar", args.new_tokens, device)
-            row["ar"] = {"tokens_per_s": sum(len(r.output_ids) for r in ar) / seconds, "tau": 1.0,
-                         "requests": len(requests)}
+            row["ar"] = {
+                "tokens_per_s": sum(len(r.output_ids) for r in ar) / seconds,
+                "tau": 1.0,
+                "requests": len(requests),
+            }
             for name in LIVE:
-                decoder = PolicyDecoder(engine, CONFIGS[name], costs, batch=b, max_len=max_len, weights=ar_decoder.weights)
+                decoder = PolicyDecoder(
+                    engine, CONFIGS[name], costs, batch=b, max_len=max_len, weights=ar_decoder.weights
+                )
                 runs, seconds = timed(decoder, requests, "spec", args.new_tokens, device)
                 tokens = sum(len(r.output_ids) for r in runs)
                 same = sum(x == y for r, a in zip(runs, ar) for x, y in zip(r.output_ids, a.output_ids))
                 steps = sum(r.steps for r in runs)
-                row[name] = {"tokens_per_s": tokens / seconds, "tau": tokens / max(steps, 1),
-                             "over_ar": tokens / seconds / row["ar"]["tokens_per_s"],
-                             "token_agreement_with_ar": same / max(tokens, 1),
-                             "blocks": decoder.stats["blocks"]}
+                row[name] = {
+                    "tokens_per_s": tokens / seconds,
+                    "tau": tokens / max(steps, 1),
+                    "over_ar": tokens / seconds / row["ar"]["tokens_per_s"],
+                    "token_agreement_with_ar": same / max(tokens, 1),
+                    "blocks": decoder.stats["blocks"],
+                }
         except Exception as exc:  # noqa: BLE001 - keep the batch sizes measured so far
             doc["errors"][str(b)] = f"{type(exc).__name__}: {exc}"[:400]
         doc["by_batch"][str(b)] = row
-        print(f"B={b}: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in row.items()), file=sys.stderr,
-              flush=True)
+        print(
+            f"B={b}: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tok/s" for k, v in row.items()),
+            file=sys.stderr,
+            flush=True,
+        )
         if args.out:
             write_result(doc, args.out)
     print_result(doc, args.out)

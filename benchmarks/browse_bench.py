@@ -36,14 +36,20 @@ from specpilot_mem.registry.synthetic import generate_memory
 
 def summary(values: list[float]) -> dict:
     ordered = sorted(values)
-    return {"pages": len(values), "max_s": round(ordered[-1], 4), "p95_s": round(ordered[int(0.95 * (len(ordered) - 1))], 4),
-            "median_s": round(statistics.median(ordered), 4)}
+    return {
+        "pages": len(values),
+        "max_s": round(ordered[-1], 4),
+        "p95_s": round(ordered[int(0.95 * (len(ordered) - 1))], 4),
+        "median_s": round(statistics.median(ordered), 4),
+    }
 
 
 # the load (request start to the end of the load event) and the first contentful paint, in ms from navigation start
-TIMING = ("const nav = performance.getEntriesByType('navigation')[0];"
-          "const paint = performance.getEntriesByName('first-contentful-paint');"
-          "return [nav.duration, paint.length ? paint[0].startTime : 0];")
+TIMING = (
+    "const nav = performance.getEntriesByType('navigation')[0];"
+    "const paint = performance.getEntriesByName('first-contentful-paint');"
+    "return [nav.duration, paint.length ? paint[0].startTime : 0];"
+)
 
 
 def page_kind(page: str) -> str:
@@ -73,8 +79,12 @@ def main() -> int:
         doc["registry_sync_s"] = round(time.perf_counter() - started, 3)
         cpu, started = time.process_time(), time.perf_counter()
         report = build_site(home, Path(tmp) / "site")
-        doc.update(build_s=round(time.perf_counter() - started, 3), build_cpu_s=round(time.process_time() - cpu, 3),
-                   pages=len(report.pages), plots=report.plots)
+        doc.update(
+            build_s=round(time.perf_counter() - started, 3),
+            build_cpu_s=round(time.process_time() - cpu, 3),
+            pages=len(report.pages),
+            plots=report.plots,
+        )
         print(f"built {len(report.pages)} pages in {doc['build_s']} s", file=sys.stderr)
         driver = chromium_driver(Path(tmp) / "profile")
         loads: dict[str, list[float]] = {}
@@ -107,9 +117,11 @@ def main() -> int:
     doc["slowest_page"] = {"page": slowest[0], "s": round(slowest[1], 4)}
     doc["within_targets"] = doc["build_s"] <= 10.0 and slowest[1] <= 1.0  # slowest: load or paint
     big = max(doc["painted_s"][k]["max_s"] for k in ("index.html", "graph.html", "releases.html"))
-    doc["headline"] = (f"{args.entries:,} synthetic entries: build {doc['build_s']:.1f} s; index/graph/releases load "
-                       f"<= {big:.2f} s, entry pages p95 {doc['painted_s']['entries']['p95_s']:.2f} s "
-                       f"(slowest page {slowest[1]:.2f} s) at load average {doc['load_average'][0]:.0f}")
+    doc["headline"] = (
+        f"{args.entries:,} synthetic entries: build {doc['build_s']:.1f} s; index/graph/releases load "
+        f"<= {big:.2f} s, entry pages p95 {doc['painted_s']['entries']['p95_s']:.2f} s "
+        f"(slowest page {slowest[1]:.2f} s) at load average {doc['load_average'][0]:.0f}"
+    )
     print(json.dumps(doc, indent=1))
     if args.out:
         write_result(doc, args.out)

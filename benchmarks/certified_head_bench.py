@@ -42,12 +42,20 @@ from specpilot_mem.provenance import print_result, result_header
 
 VOCAB, HIDDEN = 248320, 5120
 ROW_COUNTS = (1, 2, 4, 8, 16, 32)
-TILES = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
-         for bn, bk, w, s in ((64, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4), (32, 128, 4, 4))]
+TILES = [
+    dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
+    for bn, bk, w, s in ((64, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4), (32, 128, 4, 4))
+]
 # the first two run the batched kernel, the others the general one
-CUDA_CONFIGS = [CudaPassConfig(t, wpb, st, wps, xs, cpb)
-                for t, wpb, st, wps, xs, cpb in (
-                    (2, 8, 3, 16, True, 8), (1, 8, 3, 16, True, 8), (2, 8, 3, 16, True, 4), (2, 8, 4, 16, True, 4))]
+CUDA_CONFIGS = [
+    CudaPassConfig(t, wpb, st, wps, xs, cpb)
+    for t, wpb, st, wps, xs, cpb in (
+        (2, 8, 3, 16, True, 8),
+        (1, 8, 3, 16, True, 8),
+        (2, 8, 3, 16, True, 4),
+        (2, 8, 4, 16, True, 4),
+    )
+]
 SECTIONS = ("stages", "cuda_tuning", "tuning", "variants", "rows", "rescore_tuning", "property_check")
 # side by side in interleaved rounds: the whole certified call (c:; s: the same with the pass's compaction launch
 # before the rescore instead of the rescore compacting the lists itself), the INT8 pass alone (p:) or the BF16 head
@@ -78,7 +86,7 @@ def exact_argmax_prefiltered(x: torch.Tensor, weight: torch.Tensor, row_norms: t
     M, K = x.shape
     approx = F.linear(x, weight).float()  # bf16 output: relative error <= 2^-8 plus accumulation
     x_norm = x.float().norm(dim=1, keepdim=True)
-    err = approx.abs() * 2.0 ** -8 + 2 * accumulation_gamma(K) * x_norm * row_norms[None, :]
+    err = approx.abs() * 2.0**-8 + 2 * accumulation_gamma(K) * x_norm * row_norms[None, :]
     best = (approx - err).amax(1, keepdim=True)
     keep = approx + err >= best
     counts = keep.sum(1).to(torch.int32)
@@ -95,10 +103,12 @@ def exact_argmax_prefiltered(x: torch.Tensor, weight: torch.Tensor, row_norms: t
     return rescore(x, weight, best_lower, counts, order, upper, programs=1, dot_fp32=interpreting())
 
 
-def property_check(head, pairs, rows: int, gen: torch.Generator, cuda_config: CudaPassConfig | None,
-                   chunk: int = 1024) -> dict:
-    row_norms = torch.cat([torch.linalg.vector_norm(head.weight[s:s + 8192].float(), dim=1)
-                           for s in range(0, head.vocab, 8192)])
+def property_check(
+    head, pairs, rows: int, gen: torch.Generator, cuda_config: CudaPassConfig | None, chunk: int = 1024
+) -> dict:
+    row_norms = torch.cat(
+        [torch.linalg.vector_norm(head.weight[s : s + 8192].float(), dim=1) for s in range(0, head.vocab, 8192)]
+    )
     disagreements = torch.zeros((), dtype=torch.int64, device="cuda")
     fallback = torch.zeros((), dtype=torch.int64, device="cuda")
     candidates, done = [], 0
@@ -106,16 +116,22 @@ def property_check(head, pairs, rows: int, gen: torch.Generator, cuda_config: Cu
         x = adversarial_inputs(head.weight, pairs, chunk, gen)
         want = exact_argmax_prefiltered(x, head.weight, row_norms)
         for s in range(0, chunk, 32):
-            tokens, count = certified_argmax_graphable(x[s:s + 32], head, cuda_config=cuda_config)
+            tokens, count = certified_argmax_graphable(x[s : s + 32], head, cuda_config=cuda_config)
             fallback += (tokens < 0).sum()
-            disagreements += ((tokens != want[s:s + 32]) & (tokens >= 0)).sum()
+            disagreements += ((tokens != want[s : s + 32]) & (tokens >= 0)).sum()
             candidates.append(count)
         done += chunk
     counts = torch.cat(candidates).float()
-    return {"rows": done, "int8_pass": "cuda" if uses_cuda_pass(x, head, "auto") else "triton",
-            "cuda_config": vars(cuda_config) if cuda_config else "default",
-            "disagreements": int(disagreements), "fallback_rows": int(fallback),
-            "candidates_mean": counts.mean().item(), "candidates_max": int(counts.max()), "synthetic": True}
+    return {
+        "rows": done,
+        "int8_pass": "cuda" if uses_cuda_pass(x, head, "auto") else "triton",
+        "cuda_config": vars(cuda_config) if cuda_config else "default",
+        "disagreements": int(disagreements),
+        "fallback_rows": int(fallback),
+        "candidates_mean": counts.mean().item(),
+        "candidates_max": int(counts.max()),
+        "synthetic": True,
+    }
 
 
 def tune(heads, gen, no_tune: bool) -> tuple[dict, dict]:
@@ -126,17 +142,31 @@ def tune(heads, gen, no_tune: bool) -> tuple[dict, dict]:
         timings = []
         for tile in TILES[:1] if no_tune else TILES:
             try:
-                us = triton.testing.do_bench(
-                    lambda m=m, tile=tile: certified_argmax_graphable(probe[:m], heads[0], backend="triton", **tile),
-                    warmup=10, rep=60, return_mode="median") * 1e3
+                us = (
+                    triton.testing.do_bench(
+                        lambda m=m, tile=tile: certified_argmax_graphable(
+                            probe[:m], heads[0], backend="triton", **tile
+                        ),
+                        warmup=10,
+                        rep=60,
+                        return_mode="median",
+                    )
+                    * 1e3
+                )
             except Exception as exc:  # a tile that does not fit (shared memory) is skipped, and said so
                 print(f"tile {tile} failed at M={m}: {exc}", file=sys.stderr)
                 continue
             timings.append((us, tile))
         best_tiles[m] = min(timings, key=lambda t: t[0])[1]
         timings_out[m] = [{"us": us, **tile} for us, tile in timings]
-        print(f"M={m}: " + ", ".join(f"{t['block_n']}x{t['block_k']}w{t['num_warps']}s{t['num_stages']} {us:.0f} us"
-                                      for us, t in timings), file=sys.stderr, flush=True)
+        print(
+            f"M={m}: "
+            + ", ".join(
+                f"{t['block_n']}x{t['block_k']}w{t['num_warps']}s{t['num_stages']} {us:.0f} us" for us, t in timings
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
     return best_tiles, timings_out
 
 
@@ -152,19 +182,30 @@ def tune_cuda(heads, gen, copies: int, repeats: int) -> tuple[dict, dict]:
         for _ in range(repeats):
             for config in list(runs):
                 try:
-                    runs[config].append(graph_replay_us(
-                        lambda i, xs=xs, config=config: int8_pass(xs[i], heads[i], backend="cuda", cuda_config=config),
-                        copies))
+                    runs[config].append(
+                        graph_replay_us(
+                            lambda i, xs=xs, config=config: int8_pass(
+                                xs[i], heads[i], backend="cuda", cuda_config=config
+                            ),
+                            copies,
+                        )
+                    )
                 except Exception as exc:  # a partition that does not fit is skipped, and said so
                     print(f"CUDA partition {config} failed at M={m}: {exc}", file=sys.stderr)
                     del runs[config]
         medians = {config: statistics.median(us) for config, us in runs.items()}
         best[m] = min(medians, key=medians.get)
         timings_out[m] = [{"us": medians[config], "runs_us": us, **vars(config)} for config, us in runs.items()]
-        print(f"M={m} CUDA: " + ", ".join(f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}x{c.warps_per_sm}"
-                                          f"{'X' if c.shared_activations else ''}b{c.chunks_per_barrier} {us:.0f} us"
-                                          for c, us in medians.items()),
-              file=sys.stderr, flush=True)
+        print(
+            f"M={m} CUDA: "
+            + ", ".join(
+                f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}x{c.warps_per_sm}"
+                f"{'X' if c.shared_activations else ''}b{c.chunks_per_barrier} {us:.0f} us"
+                for c, us in medians.items()
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
     return best, timings_out
 
 
@@ -189,8 +230,10 @@ def compare_variants(heads, gen, copies: int, repeats: int) -> dict:
     """Every VARIANTS entry per row count by CUDA-graph replay, ``repeats`` interleaved rounds (the median counts),
     every other round in reverse order, so that clock drift under the power limit falls on all of them alike; and
     the rows each radius keeps."""
-    by_radius = {"warp": heads, "any": [dataclasses.replace(h, radius_coef=radius_coefficients(h.weight),
-                                                             exact_depth=None) for h in heads]}
+    by_radius = {
+        "warp": heads,
+        "any": [dataclasses.replace(h, radius_coef=radius_coefficients(h.weight), exact_depth=None) for h in heads],
+    }
     if heads[0].exact_depth is None:
         raise RuntimeError("the default head carries the radius for any order: the CUDA exact head did not build")
     out = {}
@@ -211,11 +254,17 @@ def compare_variants(heads, gen, copies: int, repeats: int) -> dict:
 
                 runs[name].append(graph_replay_us(call, copies))
         out[m] = {name: {"us": statistics.median(us), "runs_us": us} for name, us in runs.items()}
-        out[m]["rescored_per_row"] = {radius: int8_pass(xs[0], hs[0])[1].float().mean().item()
-                                      for radius, hs in by_radius.items()}
+        out[m]["rescored_per_row"] = {
+            radius: int8_pass(xs[0], hs[0])[1].float().mean().item() for radius, hs in by_radius.items()
+        }
         out[m]["rescored_per_row"]["warp_incumbent"] = rescored_after_incumbent(xs[0], heads[0])
-        print(f"M={m} variants: " + ", ".join(f"{name} {statistics.median(us):.1f} us" for name, us in runs.items())
-              + f"; rows kept per input row {out[m]['rescored_per_row']}", file=sys.stderr, flush=True)
+        print(
+            f"M={m} variants: "
+            + ", ".join(f"{name} {statistics.median(us):.1f} us" for name, us in runs.items())
+            + f"; rows kept per input row {out[m]['rescored_per_row']}",
+            file=sys.stderr,
+            flush=True,
+        )
     return out
 
 
@@ -246,6 +295,7 @@ def kernel_trace(fn_for_copy, copies: int, replays: int = 10) -> dict:
         prof.export_chrome_trace(fh.name)
         trace = json.load(open(fh.name))
     kernels = sorted((e for e in trace["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+
     def short(name: str) -> str:
         return next((k for k in KERNEL_NAMES if k in name), name[:60])
 
@@ -254,12 +304,14 @@ def kernel_trace(fn_for_copy, copies: int, replays: int = 10) -> dict:
         durations.setdefault(short(nxt["name"]), []).append(nxt["dur"])
         if prev is not None:
             gaps.setdefault(f"{short(prev['name'])} -> {short(nxt['name'])}", []).append(
-                nxt["ts"] - prev["ts"] - prev["dur"])
-    return {"kernels": len(kernels),
-            "duration_us": {k: statistics.median(v) for k, v in durations.items()},
-            "gap_us": {k: statistics.median(v) for k, v in gaps.items()},
-            "replay_span_us": (kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"]) / replays if kernels
-            else None}
+                nxt["ts"] - prev["ts"] - prev["dur"]
+            )
+    return {
+        "kernels": len(kernels),
+        "duration_us": {k: statistics.median(v) for k, v in durations.items()},
+        "gap_us": {k: statistics.median(v) for k, v in gaps.items()},
+        "replay_span_us": (kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"]) / replays if kernels else None,
+    }
 
 
 def stages(heads, gen, copies: int, repeats: int) -> dict:
@@ -273,9 +325,14 @@ def stages(heads, gen, copies: int, repeats: int) -> dict:
         runs = {blocks: [] for blocks in (0, 1, 2)}  # 0: the rescore's own choice
         for _ in range(repeats):
             for blocks in runs:
-                runs[blocks].append(graph_replay_us(
-                    lambda i, xs=xs, lists=lists, blocks=blocks: rescore_cuda(xs[i], heads[i].weight, *lists[i],
-                                                                              blocks_per_sm=blocks), copies))
+                runs[blocks].append(
+                    graph_replay_us(
+                        lambda i, xs=xs, lists=lists, blocks=blocks: rescore_cuda(
+                            xs[i], heads[i].weight, *lists[i], blocks_per_sm=blocks
+                        ),
+                        copies,
+                    )
+                )
         entry["rescore_alone_us"] = {f"blocks_per_sm_{b}": statistics.median(us) for b, us in runs.items()}
         entry["rescored_per_row"] = lists[0][1].float().mean().item()
         out[m] = entry
@@ -283,9 +340,17 @@ def stages(heads, gen, copies: int, repeats: int) -> dict:
     return out
 
 
-RESCORE_TILES = [(1, 32, 256, 4, 64), (1, 32, 256, 4, 32), (1, 64, 256, 4, 32), (2, 32, 256, 4, 32),
-                 (4, 32, 256, 4, 16), (4, 32, 256, 4, 64), (5, 32, 256, 4, 16), (4, 16, 256, 4, 32),
-                 (2, 32, 512, 4, 32)]  # (K splits, candidates per block, K slice, warps, programs per row)
+RESCORE_TILES = [
+    (1, 32, 256, 4, 64),
+    (1, 32, 256, 4, 32),
+    (1, 64, 256, 4, 32),
+    (2, 32, 256, 4, 32),
+    (4, 32, 256, 4, 16),
+    (4, 32, 256, 4, 64),
+    (5, 32, 256, 4, 16),
+    (4, 16, 256, 4, 32),
+    (2, 32, 512, 4, 32),
+]  # (K splits, candidates per block, K slice, warps, programs per row)
 
 
 def tune_rescore(heads, gen, copies: int) -> dict:
@@ -301,8 +366,11 @@ def tune_rescore(heads, gen, copies: int) -> dict:
             shape = {"exact": "cuda", "blocks_per_sm": blocks_per_sm}
             try:
                 shape["us"] = graph_replay_us(
-                    lambda i, xs=xs, lists=lists, blocks=blocks_per_sm: rescore_cuda(xs[i], heads[i].weight, *lists[i],
-                                                                                     blocks_per_sm=blocks), copies)
+                    lambda i, xs=xs, lists=lists, blocks=blocks_per_sm: rescore_cuda(
+                        xs[i], heads[i].weight, *lists[i], blocks_per_sm=blocks
+                    ),
+                    copies,
+                )
             except Exception as exc:
                 shape["error"] = f"{type(exc).__name__}: {exc}"
             timings.append(shape)
@@ -311,8 +379,11 @@ def tune_rescore(heads, gen, copies: int) -> dict:
             shape = dict(tiling)
             try:
                 shape["us"] = graph_replay_us(
-                    lambda i, xs=xs, lists=lists, tiling=tiling: rescore(xs[i], heads[i].weight, *lists[i],
-                                                                         dot_fp32=False, **tiling), copies)
+                    lambda i, xs=xs, lists=lists, tiling=tiling: rescore(
+                        xs[i], heads[i].weight, *lists[i], dot_fp32=False, **tiling
+                    ),
+                    copies,
+                )
             except Exception as exc:
                 shape["error"] = f"{type(exc).__name__}: {exc}"
             timings.append(shape)
@@ -330,21 +401,29 @@ def timing(heads, gen, best_tiles: dict, best_cuda: dict, copies: int, bandwidth
         floor_us = (int8_bytes + m * HIDDEN * 2) / bandwidth * 1e6
         bf16_floor_us = (VOCAB * HIDDEN * 2 + m * VOCAB * 2) / bandwidth * 1e6
         bf16_us = graph_replay_us(lambda i, xs=xs: F.linear(xs[i], heads[i].weight), copies)
-        row = {"M": m, "bf16_head_us": bf16_us, "int8_floor_us": floor_us,
-               "bf16_frac_of_floor": bf16_floor_us / bf16_us}
+        row = {
+            "M": m,
+            "bf16_head_us": bf16_us,
+            "int8_floor_us": floor_us,
+            "bf16_frac_of_floor": bf16_floor_us / bf16_us,
+        }
         passes = {"triton": dict(backend="triton", **best_tiles[m])}
         if m in best_cuda:
             passes["cuda"] = dict(backend="cuda", cuda_config=best_cuda[m])
         for name, options in passes.items():
             cert_us = graph_replay_us(
-                lambda i, xs=xs, options=options: certified_argmax_graphable(xs[i], heads[i], **options), copies)
+                lambda i, xs=xs, options=options: certified_argmax_graphable(xs[i], heads[i], **options), copies
+            )
             int8_us = graph_replay_us(lambda i, xs=xs, options=options: int8_pass(xs[i], heads[i], **options), copies)
             best_lower, count, _, cand_upper = int8_pass(xs[0], heads[0], **options)
             listed = torch.arange(cand_upper.shape[1], device="cuda")[None, :] < count[:, None]
             rescored = (listed & (cand_upper >= best_lower[:, None])).sum(1)
             row[name] = {
-                "certified_us": cert_us, "speedup": bf16_us / cert_us, "int8_pass_us": int8_us,
-                "certified_frac_of_int8_floor": floor_us / cert_us, "int8_pass_frac_of_int8_floor": floor_us / int8_us,
+                "certified_us": cert_us,
+                "speedup": bf16_us / cert_us,
+                "int8_pass_us": int8_us,
+                "certified_frac_of_int8_floor": floor_us / cert_us,
+                "int8_pass_frac_of_int8_floor": floor_us / int8_us,
                 "partition": vars(best_cuda[m]) if name == "cuda" else tile,
                 "candidates_listed_per_row": count.float().mean().item(),
                 "candidates_rescored_per_row": rescored.float().mean().item(),
@@ -362,10 +441,16 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--no-tune", action="store_true", help="use the first Triton INT8 tile for every row count")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved timings of every CUDA partition")
-    parser.add_argument("--sections", default=",".join(SECTIONS),
-                        help=f"comma-separated sections to run, in this order: {', '.join(SECTIONS)}")
-    parser.add_argument("--row-counts", default=",".join(map(str, ROW_COUNTS)),
-                        help="comma-separated row counts the timing sections run (the property check takes 32)")
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections to run, in this order: {', '.join(SECTIONS)}",
+    )
+    parser.add_argument(
+        "--row-counts",
+        default=",".join(map(str, ROW_COUNTS)),
+        help="comma-separated row counts the timing sections run (the property check takes 32)",
+    )
     args = parser.parse_args()
     ROW_COUNTS = tuple(int(m) for m in args.row_counts.split(","))
     sections = args.sections.split(",")
@@ -381,9 +466,11 @@ def main() -> None:
     result = {
         **result_header("certified_head_bench"),
         "synthetic": "timing: random bf16 head 0.02 * N(0,1) and N(0,1) inputs (flat logits, no token stands out); "
-                     "property check: that head plus duplicate, near-duplicate, outlier and rescaled rows, with "
-                     "inputs aimed at tied pairs and of extreme norms",
-        "shape": [VOCAB, HIDDEN], "read_bandwidth_TBps": bandwidth / 1e12, "copies": args.copies,
+        "property check: that head plus duplicate, near-duplicate, outlier and rescaled rows, with "
+        "inputs aimed at tied pairs and of extreme norms",
+        "shape": [VOCAB, HIDDEN],
+        "read_bandwidth_TBps": bandwidth / 1e12,
+        "copies": args.copies,
         "exact_k_splits": exact_k_splits(HIDDEN),
         "timing": "CUDA-graph replay over rotating weight copies (each copy >= 1.2 GB, L2 60 MB), median of 20",
     }
@@ -408,11 +495,15 @@ def main() -> None:
         # in calls of 32 rows, through the 32-row partition the tuning picked (the default without tuning)
         return property_check(quantize_head(weight), pairs, args.rows_checked, gen, best_cuda.get(32))
 
-    runs = {"stages": lambda: stages(heads, gen, args.copies, args.repeats), "cuda_tuning": run_cuda_tuning,
-            "tuning": run_tuning,
-            "rows": lambda: timing(heads, gen, best_tiles, best_cuda, args.copies, bandwidth),
-            "rescore_tuning": lambda: tune_rescore(heads, gen, args.copies), "property_check": run_check,
-            "variants": lambda: compare_variants(heads, gen, args.copies, args.repeats)}
+    runs = {
+        "stages": lambda: stages(heads, gen, args.copies, args.repeats),
+        "cuda_tuning": run_cuda_tuning,
+        "tuning": run_tuning,
+        "rows": lambda: timing(heads, gen, best_tiles, best_cuda, args.copies, bandwidth),
+        "rescore_tuning": lambda: tune_rescore(heads, gen, args.copies),
+        "property_check": run_check,
+        "variants": lambda: compare_variants(heads, gen, args.copies, args.repeats),
+    }
     for name in SECTIONS:
         if name not in sections:
             continue

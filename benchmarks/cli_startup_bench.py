@@ -33,8 +33,10 @@ from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
 HEAVY = ("anthropic", "matplotlib", "torch", "triton")
 TARGET_S = 0.5
-LOADED = ("import json, sys\nimport specpilot_mem.main as main\nmain.build_parser()\n"
-          f"print(json.dumps([name for name in {HEAVY!r} if name in sys.modules]))")
+LOADED = (
+    "import json, sys\nimport specpilot_mem.main as main\nmain.build_parser()\n"
+    f"print(json.dumps([name for name in {HEAVY!r} if name in sys.modules]))"
+)
 
 
 def environment() -> dict:
@@ -55,8 +57,12 @@ def timed_runs(command: list[str], repeats: int) -> dict:
         wall.append(time.perf_counter() - start)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return {"median_s": round(statistics.median(wall), 3), "max_s": round(max(wall), 3),
-            "median_cpu_s": round(statistics.median(cpu), 3), "repeats": repeats}
+    return {
+        "median_s": round(statistics.median(wall), 3),
+        "max_s": round(max(wall), 3),
+        "median_cpu_s": round(statistics.median(cpu), 3),
+        "repeats": repeats,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,16 +84,22 @@ def main(argv: list[str] | None = None) -> int:
     figures = {f"{name}_s": run["median_s"] for name, run in runs.items()}
     figures |= {f"{name}_cpu_s": run["median_cpu_s"] for name, run in runs.items()}
     figures["heavy_imports"] = heavy
-    print_result({
-        **result_header("cli_startup_bench", argv=[__file__, *(argv if argv is not None else sys.argv[1:])]),
-        "load_average": os.getloadavg(),
-        "console_script": console,
-        "runs": runs,
-        "figures": figures,
-        # on a shared machine the wall clock includes waiting for a core: the CPU seconds are what start-up costs
-        "targets": {name: {"wall": figures[f"{name}_s"] <= TARGET_S, "cpu": figures[f"{name}_cpu_s"] <= TARGET_S}
-                    for name in ("import_main", "help")} | {"no_heavy_imports": not heavy},
-    }, args.out)
+    print_result(
+        {
+            **result_header("cli_startup_bench", argv=[__file__, *(argv if argv is not None else sys.argv[1:])]),
+            "load_average": os.getloadavg(),
+            "console_script": console,
+            "runs": runs,
+            "figures": figures,
+            # on a shared machine the wall clock includes waiting for a core: the CPU seconds are what start-up costs
+            "targets": {
+                name: {"wall": figures[f"{name}_s"] <= TARGET_S, "cpu": figures[f"{name}_cpu_s"] <= TARGET_S}
+                for name in ("import_main", "help")
+            }
+            | {"no_heavy_imports": not heavy},
+        },
+        args.out,
+    )
     return 0
 
 

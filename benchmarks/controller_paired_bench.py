@@ -62,8 +62,10 @@ def device_rates(result: PairedResult) -> dict:
     rates: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for run in (*result.runs_a, *result.runs_b):
         rates[run.system][run.device].extend(o.rate for o in run.outputs)
-    return {system: {device: round(statistics.fmean(values), 2) for device, values in by_device.items()}
-            for system, by_device in rates.items()}
+    return {
+        system: {device: round(statistics.fmean(values), 2) for device, values in by_device.items()}
+        for system, by_device in rates.items()
+    }
 
 
 def measure(stock, variant, requests, devices, repeats: int) -> dict:
@@ -73,8 +75,10 @@ def measure(stock, variant, requests, devices, repeats: int) -> dict:
     result = paired_run(variant, stock, requests, repeats=repeats, devices=devices)
     estimate = result.gain(requests)
     decision = PromotionRule().decide(estimate, noise.noise, result.divergent())
-    log(f"{devices}: stock over {variant.name} {estimate.gain:.3f} [{estimate.low:.3f}, {estimate.high:.3f}], "
-        f"promote={decision.promote}")
+    log(
+        f"{devices}: stock over {variant.name} {estimate.gain:.3f} [{estimate.low:.3f}, {estimate.high:.3f}], "
+        f"promote={decision.promote}"
+    )
     return {
         "devices": list(devices),
         "mode": "pool" if len(devices) > 1 else "interleaved",
@@ -108,7 +112,9 @@ def main() -> None:
     engines = {d: Engine.random(0, device=d) if args.random_weights else Engine.load_default(device=d) for d in devices}
     encode = prompt_encoder(engines[devices[0]])
     stock = EngineSystem("stock", engines, encode=encode)
-    variant = EngineSystem("path-verify", {d: e.with_options(gdn_verify="path") for d, e in engines.items()}, encode=encode)
+    variant = EngineSystem(
+        "path-verify", {d: e.with_options(gdn_verify="path") for d, e in engines.items()}, encode=encode
+    )
     start = time.perf_counter()
     for system in (stock, variant):  # warm-up: CUDA graph capture counts against neither side
         for device in devices:
@@ -124,8 +130,12 @@ def main() -> None:
         "synthetic": synthetic,
         "label": LABEL,
         "dtype": str(engines[devices[0]].dtype),
-        "requests": {"file": str(args.requests.relative_to(ROOT)) if args.requests.is_relative_to(ROOT) else str(args.requests),
-                     "split": args.split, "ids": [r.id for r in requests], "max_new_tokens": args.max_new_tokens},
+        "requests": {
+            "file": str(args.requests.relative_to(ROOT)) if args.requests.is_relative_to(ROOT) else str(args.requests),
+            "split": args.split,
+            "ids": [r.id for r in requests],
+            "max_new_tokens": args.max_new_tokens,
+        },
         "repeats": args.repeats,
         "variant": "path-verify: GDN verify by the path recurrence, eager (slower by construction)",
         "warmup_seconds": round(warmup, 2),
@@ -137,7 +147,10 @@ def main() -> None:
     record["cuda_graphs"] = {d: {"captured": e.captured_graphs, "error": e.graph_error} for d, e in engines.items()}
     if all("error" not in record[mode] for mode in modes) and "pool" in modes:
         record["pool_over_interleaved_gain"] = round(
-            record["pool"]["gain_stock_over_variant"]["gain"] / record["interleaved"]["gain_stock_over_variant"]["gain"], 4)
+            record["pool"]["gain_stock_over_variant"]["gain"]
+            / record["interleaved"]["gain_stock_over_variant"]["gain"],
+            4,
+        )
     print_result(record, args.out)
 
 

@@ -59,17 +59,28 @@ def slot_rates(run) -> dict:
     rates: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for each in (*run.paired.runs_a, *run.paired.runs_b):
         rates[each.system][each.device].extend(o.rate for o in each.outputs)
-    return {system: {slot: round(statistics.fmean(values), 2) for slot, values in by_slot.items()}
-            for system, by_slot in rates.items()}
+    return {
+        system: {slot: round(statistics.fmean(values), 2) for slot, values in by_slot.items()}
+        for system, by_slot in rates.items()
+    }
 
 
 def noise_section(devices, stock, requests, policy, encode) -> dict:
     start = time.perf_counter()
     noise, run = pool_stock_noise(devices, stock, requests, policy, encode=encode)
-    log(f"{devices.slots}: stock-vs-stock noise {noise.noise:.4f} [{noise.estimate.low:.4f}, {noise.estimate.high:.4f}]")
-    return {"slots": devices.slots, "noise": noise.to_dict(), "rates_tokens_per_s": slot_rates(run),
-            "placement": run.placement, "reruns": run.reruns, "workers": run.workers, "worker_info": run.info,
-            "seconds": round(time.perf_counter() - start, 2)}
+    log(
+        f"{devices.slots}: stock-vs-stock noise {noise.noise:.4f} [{noise.estimate.low:.4f}, {noise.estimate.high:.4f}]"
+    )
+    return {
+        "slots": devices.slots,
+        "noise": noise.to_dict(),
+        "rates_tokens_per_s": slot_rates(run),
+        "placement": run.placement,
+        "reruns": run.reruns,
+        "workers": run.workers,
+        "worker_info": run.info,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
 
 
 def variant_section(devices, stock, variant, requests, policy, encode, noise: float) -> dict:
@@ -77,16 +88,26 @@ def variant_section(devices, stock, variant, requests, policy, encode, noise: fl
     run = pool_paired_run(devices, stock, variant, requests, policy, encode=encode)
     estimate = run.paired.gain(requests)
     decision = PromotionRule().decide(estimate, noise, run.paired.divergent())
-    log(f"{devices.slots}: {variant['name']} over stock {estimate.gain:.4f} [{estimate.low:.4f}, {estimate.high:.4f}], "
-        f"promote={decision.promote}")
-    return {"options": variant["options"], "gain_over_stock": estimate.to_dict(), "decision": decision.to_dict(),
-            "divergent_requests": run.paired.divergent(), "rates_tokens_per_s": slot_rates(run),
-            "reruns": run.reruns, "seconds": round(time.perf_counter() - start, 2)}
+    log(
+        f"{devices.slots}: {variant['name']} over stock {estimate.gain:.4f} [{estimate.low:.4f}, {estimate.high:.4f}], "
+        f"promote={decision.promote}"
+    )
+    return {
+        "options": variant["options"],
+        "gain_over_stock": estimate.to_dict(),
+        "decision": decision.to_dict(),
+        "divergent_requests": run.paired.divergent(),
+        "rates_tokens_per_s": slot_rates(run),
+        "reruns": run.reruns,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--devices", required=True, help="pool slots, comma-separated (cpu:0,cpu:1 / cuda:0#0,cuda:0#1 / cuda:0,cuda:1)")
+    ap.add_argument(
+        "--devices", required=True, help="pool slots, comma-separated (cpu:0,cpu:1 / cuda:0#0,cuda:0#1 / cuda:0,cuda:1)"
+    )
     ap.add_argument("--requests", type=Path, default=ROOT / "requests" / "specpilot-v1.jsonl")
     ap.add_argument("--split", default="dev")
     ap.add_argument("--per-benchmark", type=int, default=4, help="requests per benchmark (at least 2)")
@@ -95,24 +116,43 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--random-weights", action="store_true", help="seeded random weights (synthetic)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker")
-    ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
-                    help="an engine variant to judge against stock: its name and EngineOptions changes as JSON")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help="an engine variant to judge against stock: its name and EngineOptions changes as JSON",
+    )
     ap.add_argument("--out", help="also write the JSON here, after each section and at the end")
     args = ap.parse_args()
     slots = args.devices.split(",")
     requests = pick_requests(args)
     encode = encoder(args)
-    stock = {"name": "stock", "adapter": "engine", "model": "random" if args.random_weights else "default",
-             "dtype": args.dtype, "mode": "spec", "threads": args.threads, "options": {}}
+    stock = {
+        "name": "stock",
+        "adapter": "engine",
+        "model": "random" if args.random_weights else "default",
+        "dtype": args.dtype,
+        "mode": "spec",
+        "threads": args.threads,
+        "options": {},
+    }
     variants = []
     for item in args.variant:
         name, _, options = item.partition("=")
         variants.append({**stock, "name": name, "options": json.loads(options or "{}")})
     policy = RepetitionPolicy(repeats=args.repeats)
     record = result_header("controller_pool_bench") | {
-        "label": LABEL, "weights": stock["model"], "dtype": args.dtype, "threads_per_worker": args.threads,
-        "requests": {"file": str(args.requests.relative_to(ROOT)) if args.requests.is_relative_to(ROOT) else str(args.requests),
-                     "split": args.split, "ids": [r.id for r in requests], "max_new_tokens": args.max_new_tokens},
+        "label": LABEL,
+        "weights": stock["model"],
+        "dtype": args.dtype,
+        "threads_per_worker": args.threads,
+        "requests": {
+            "file": str(args.requests.relative_to(ROOT)) if args.requests.is_relative_to(ROOT) else str(args.requests),
+            "split": args.split,
+            "ids": [r.id for r in requests],
+            "max_new_tokens": args.max_new_tokens,
+        },
         "policy": policy.to_dict(),
     }
     interleaved = [slots[0].split("#", 1)[0]]
@@ -120,14 +160,22 @@ def main() -> None:
     for mode, mode_slots in modes.items():
         devices = ProcessDevices(mode_slots)
         try:
-            record_section(record, f"{mode}/noise",
-                           lambda devices=devices: noise_section(devices, stock, requests, policy, encode), args.out)
+            record_section(
+                record,
+                f"{mode}/noise",
+                lambda devices=devices: noise_section(devices, stock, requests, policy, encode),
+                args.out,
+            )
             noise = record[f"{mode}/noise"].get("noise", {}).get("noise")
             for variant in variants:
-                record_section(record, f"{mode}/{variant['name']}",
-                               lambda devices=devices, variant=variant, noise=noise: variant_section(
-                                   devices, stock, variant, requests, policy, encode, noise if noise is not None else 0.0),
-                               args.out)
+                record_section(
+                    record,
+                    f"{mode}/{variant['name']}",
+                    lambda devices=devices, variant=variant, noise=noise: variant_section(
+                        devices, stock, variant, requests, policy, encode, noise if noise is not None else 0.0
+                    ),
+                    args.out,
+                )
         finally:
             devices.shutdown()
     if "pool" in modes and all("error" not in record[f"{m}/noise"] for m in modes):

@@ -28,8 +28,13 @@ import torch
 from specpilot_mem.provenance import write_result
 
 
-def graph_replay_us(fn_for_copy: Callable[[int], object], copies: int = 1, calls: int | None = None,
-                    replays: int = 20, settle_s: float = 0.0) -> float:
+def graph_replay_us(
+    fn_for_copy: Callable[[int], object],
+    copies: int = 1,
+    calls: int | None = None,
+    replays: int = 20,
+    settle_s: float = 0.0,
+) -> float:
     """Median µs per call of ``fn_for_copy`` under CUDA-graph replay (``calls`` defaults to ``copies``), timed after
     ``settle_s`` seconds of untimed replays."""
     calls = calls or copies
@@ -89,8 +94,11 @@ class ClockLog:
         smi = shutil.which("nvidia-smi")
         if smi:
             self.file = tempfile.NamedTemporaryFile("w+", suffix=".csv")
-            self.process = subprocess.Popen([smi, f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
-                                             f"-lms={self.period_ms}"], stdout=self.file, stderr=subprocess.DEVNULL)
+            self.process = subprocess.Popen(
+                [smi, f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits", f"-lms={self.period_ms}"],
+                stdout=self.file,
+                stderr=subprocess.DEVNULL,
+            )
         return self
 
     def __exit__(self, *exc) -> None:
@@ -110,8 +118,14 @@ class ClockLog:
             for row in csv.reader(fh):
                 try:
                     stamp, fraction = row[0].strip().split(".")  # local time, as time.mktime reads it
-                    rows.append((time.mktime(time.strptime(stamp, "%Y/%m/%d %H:%M:%S")) + float("0." + fraction),
-                                 float(row[1]), float(row[2]), int(row[3], 16)))
+                    rows.append(
+                        (
+                            time.mktime(time.strptime(stamp, "%Y/%m/%d %H:%M:%S")) + float("0." + fraction),
+                            float(row[1]),
+                            float(row[2]),
+                            int(row[3], 16),
+                        )
+                    )
                 except (IndexError, ValueError):  # a line being written, or a field the GPU does not report
                     continue
         return rows
@@ -124,8 +138,15 @@ class ClockLog:
         out = {}
         for key, (start, end) in windows.items():
             window = [s for s in samples if start <= s[0] <= end + self.period_ms / 1000]
-            out[key] = {"sm_mhz": statistics.median(s[1] for s in window), "sm_mhz_min": min(s[1] for s in window),
-                        "power_w": max(s[2] for s in window),
-                        "power_capped": any(s[3] & self.POWER_CAP for s in window),
-                        "samples": len(window)} if window else None
+            out[key] = (
+                {
+                    "sm_mhz": statistics.median(s[1] for s in window),
+                    "sm_mhz_min": min(s[1] for s in window),
+                    "power_w": max(s[2] for s in window),
+                    "power_capped": any(s[3] & self.POWER_CAP for s in window),
+                    "samples": len(window),
+                }
+                if window
+                else None
+            )
         return out

@@ -56,21 +56,26 @@ def parity(device: str, batch: int, nodes: int, depth: int) -> dict:
     heap = best_first_tree_reference(lattice_edge_logp(pair.cpu()), nodes, depth)
     out = {"requests": batch, "nodes": nodes, "depth": depth}
     for name, ref_parents, ref_ranks, ref_scores in (
-            ("replay", torch.from_numpy(replay.parents), torch.from_numpy(replay.ranks), torch.from_numpy(replay.scores)),
-            ("heap", heap.parents, heap.ranks, heap.scores)):
+        ("replay", torch.from_numpy(replay.parents), torch.from_numpy(replay.ranks), torch.from_numpy(replay.scores)),
+        ("heap", heap.parents, heap.ranks, heap.scores),
+    ):
         same = (tree.parents.cpu() == ref_parents).all(1) & (tree.ranks.cpu() == ref_ranks).all(1)
         close = (tree.scores.cpu() - ref_scores).abs().max(1).values <= 1e-5
         out[f"match_{name}"] = int((same & close).sum())
         out[f"max_score_diff_{name}"] = float((tree.scores.cpu() - ref_scores).abs().max())
     out["tokens_match_replay"] = int((tokens.cpu() == torch.from_numpy(replay.tokens)).all(1).sum())
     brute = verify_layout_reference(tree.parents.cpu(), tree.num_nodes.cpu(), torch.zeros(batch, dtype=torch.int64))
-    out["layout_match_brute_force"] = int(torch.stack([(getattr(layout, f).cpu() == getattr(brute, f)).flatten(1).all(1)
-                                                       for f in brute._fields]).all(0).sum())
+    out["layout_match_brute_force"] = int(
+        torch.stack([(getattr(layout, f).cpu() == getattr(brute, f)).flatten(1).all(1) for f in brute._fields])
+        .all(0)
+        .sum()
+    )
     predict = follow_some(tokens.cpu(), tree.parents.cpu(), tree.num_nodes.cpu())
     got = greedy_accept(tokens, tree.parents, tree.num_nodes, predict.to(device))
     want = greedy_accept_reference(tokens.cpu(), tree.parents.cpu(), tree.num_nodes.cpu(), predict)
-    out["accept_match_reference"] = int(torch.stack([(a.cpu() == w).reshape(batch, -1).all(1)
-                                                     for a, w in zip(got, want)]).all(0).sum())
+    out["accept_match_reference"] = int(
+        torch.stack([(a.cpu() == w).reshape(batch, -1).all(1) for a, w in zip(got, want)]).all(0).sum()
+    )
     out["mean_accept_length"] = float(want.accept_length.float().mean())
     replay_parents, replay_ranks = torch.from_numpy(replay.parents), torch.from_numpy(replay.ranks)
     for pre, fused in ((True, False), (False, True), (True, True)):
@@ -122,8 +127,9 @@ def build_one(device: str, b: int, n: int, depth: int, repeats: int) -> dict:
     sb_cpu = StepBatch.from_scores(cand.cpu(), np.zeros((b, 16, 16), np.float32), pair.cpu().numpy())
 
     def replay_cpu():
-        get_builder("best-first")(StepBatch.from_scores(sb_cpu.source_cand, sb_cpu.source_unary,
-                                                        sb_cpu.source_pair), n, depth)
+        get_builder("best-first")(
+            StepBatch.from_scores(sb_cpu.source_cand, sb_cpu.source_unary, sb_cpu.source_pair), n, depth
+        )
 
     row = {"batch": b, "nodes": n, "depth": depth}
     if device.startswith("cuda"):
@@ -133,11 +139,19 @@ def build_one(device: str, b: int, n: int, depth: int, repeats: int) -> dict:
         row["step_us"] = round(graph_replay_us(whole_step, calls=10), 2)
         if (b, n) == (32, 32):  # the target shape: warps, rows normalised up front, one-reduction pick
             row["kernel_us_by_variant"] = {
-                f"warps{w}_prenorm{int(pre)}_fused{int(fused)}": round(graph_replay_us(
-                    lambda _i, w=w, pre=pre, fused=fused: best_first_tree_layout(
-                        pair, cand, n, depth, root_positions=roots, num_warps=w, prenorm=pre, fused_pick=fused),
-                    calls=10), 2)
-                for w in (4, 8, 16) for pre in (False, True) for fused in (False, True)}
+                f"warps{w}_prenorm{int(pre)}_fused{int(fused)}": round(
+                    graph_replay_us(
+                        lambda _i, w=w, pre=pre, fused=fused: best_first_tree_layout(
+                            pair, cand, n, depth, root_positions=roots, num_warps=w, prenorm=pre, fused_pick=fused
+                        ),
+                        calls=10,
+                    ),
+                    2,
+                )
+                for w in (4, 8, 16)
+                for pre in (False, True)
+                for fused in (False, True)
+            }
     else:  # the interpreter: a dry run of the same calls, wall time
         row["kernel_us"] = round(wall_us(lambda: kernel_only(0), 1), 1)
         row["step_us"] = round(wall_us(lambda: whole_step(0), 1), 1)
@@ -153,9 +167,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     gpu = args.device.startswith("cuda")
-    result = {**result_header("draft_tree_bench"), "synthetic": True,
-              "setting": "K=16 candidates, 16 drafted positions, depth 15, fp32 selector scores",
-              "targets": {"B32_N32 kernel_us <=": TARGET_US}}
+    result = {
+        **result_header("draft_tree_bench"),
+        "synthetic": True,
+        "setting": "K=16 candidates, 16 drafted positions, depth 15, fp32 selector scores",
+        "targets": {"B32_N32 kernel_us <=": TARGET_US},
+    }
     out = str(args.out) if args.out else None
     if gpu:
         record_section(result, "parity", lambda: parity(args.device, 64, 32, 15), out)
@@ -166,9 +183,11 @@ def main(argv=None) -> int:
         record_section(result, "build", lambda: build(args.device, [(2, 8)], 4, 2), out)
     row = result.get("build", {}).get("B32_N32", {})
     if "kernel_us" in row:
-        result["headline"] = (f"32-node trees x 32 requests: build + layout {row['kernel_us']} µs, with acceptance "
-                              f"{row['step_us']} µs (target {TARGET_US} µs); numpy replay builder "
-                              f"{row['numpy_replay_builder_cpu_us']} µs on the CPU")
+        result["headline"] = (
+            f"32-node trees x 32 requests: build + layout {row['kernel_us']} µs, with acceptance "
+            f"{row['step_us']} µs (target {TARGET_US} µs); numpy replay builder "
+            f"{row['numpy_replay_builder_cpu_us']} µs on the CPU"
+        )
     print_result(result, out)
     return 0
 

@@ -61,18 +61,28 @@ def main(argv=None) -> int:
         "threads": args.threads,
         "label": LABEL,
         "training": json.loads((args.model_dir / "training-log.json").read_text())[-1],
-        "replay": {}, "live": {},
+        "replay": {},
+        "live": {},
     }
     lattices = []
     for split in ("dev", "unseen"):
         prompts = file_prompts(data[split], args.requests, args.prompt_len)
         requests = [{"prompt_ids": p, "id": f"{split}-{i}"} for i, p in enumerate(prompts)]
         path = args.lattices / f"pair-{split}.npz"
-        recorder = LatticeRecorder(path, kind="selector", positions=16,
-                                   meta={"target": "models/target.safetensors", "drafter": "models/drafter.safetensors",
-                                         "synthetic": False, "label": LABEL})
-        ar = engine.record_lattices(recorder, requests, positions=16, max_new_tokens=args.new_tokens,
-                                    labels=[f"stdlib/{split}"] * len(requests))
+        recorder = LatticeRecorder(
+            path,
+            kind="selector",
+            positions=16,
+            meta={
+                "target": "models/target.safetensors",
+                "drafter": "models/drafter.safetensors",
+                "synthetic": False,
+                "label": LABEL,
+            },
+        )
+        ar = engine.record_lattices(
+            recorder, requests, positions=16, max_new_tokens=args.new_tokens, labels=[f"stdlib/{split}"] * len(requests)
+        )
         recorder.close()
         lattices.append(load_lattice(path))
         chain_engine = engine.with_options(tree="chain", positions=8)
@@ -98,9 +108,10 @@ def main(argv=None) -> int:
         for run in replay_set(lattices, [builder], budgets):
             for label, tau in run.tau_by_label().items():
                 result["replay"].setdefault(label, {})[f"{builder}@{run.nodes}"] = round(tau, 4)
-    result["replay_tokens"] = {label: int(sum(np.diff(lat.greedy_offsets).sum() for lat in lattices
-                                              if label in lat.labels))
-                               for label in result["replay"]}
+    result["replay_tokens"] = {
+        label: int(sum(np.diff(lat.greedy_offsets).sum() for lat in lattices if label in lat.labels))
+        for label in result["replay"]
+    }
     print_result(result, args.out)
     return 0
 

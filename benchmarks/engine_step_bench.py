@@ -77,12 +77,12 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     trained = weights.has_trained_pair(args.model_dir)
-    engine = (Engine.load(args.model_dir, device, dtype) if trained else Engine.random(0, device=device, dtype=dtype))
+    engine = Engine.load(args.model_dir, device, dtype) if trained else Engine.random(0, device=device, dtype=dtype)
     vocab = engine.target.cfg.vocab_size
     if args.tokens:
         unseen = np.load(args.tokens)["unseen"].astype(np.int64)
         stride = max(1, (unseen.size - args.prompt_len) // args.requests)
-        prompts = [unseen[i * stride:i * stride + args.prompt_len].tolist() for i in range(args.requests)]
+        prompts = [unseen[i * stride : i * stride + args.prompt_len].tolist() for i in range(args.requests)]
     else:
         g = torch.Generator().manual_seed(0)
         prompts = [torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.requests)]
@@ -134,7 +134,8 @@ def main(argv=None) -> int:
         runs[name].update(
             tokens_per_s_per_request=round(statistics.mean(g.output_rate for g in gens), 2),
             tau=round(sum(sum(g.accepted) for g in gens) / max(1, sum(len(g.accepted) for g in gens)), 4)
-            if name != "ar" else 1.0,
+            if name != "ar"
+            else 1.0,
             tokens=tokens,
         )
         if name != "ar":
@@ -143,9 +144,15 @@ def main(argv=None) -> int:
             runs[name]["identical_outputs"] = sum(a["equal"] for a in agree)
             runs[name]["token_agreement"] = round(same / tokens, 4)
             runs[name]["first_divergences"] = [a["first_divergence"] for a in agree]
-            runs[name]["speedup_over_ar"] = round(runs[name]["tokens_per_s_per_request"] / runs["ar"]["tokens_per_s_per_request"], 3)
-    result["generate"] = {"requests": len(prompts), "new_tokens": args.new_tokens,
-                          "prompts": "unseen split" if args.tokens else "random ids", "runs": runs}
+            runs[name]["speedup_over_ar"] = round(
+                runs[name]["tokens_per_s_per_request"] / runs["ar"]["tokens_per_s_per_request"], 3
+            )
+    result["generate"] = {
+        "requests": len(prompts),
+        "new_tokens": args.new_tokens,
+        "prompts": "unseen split" if args.tokens else "random ids",
+        "runs": runs,
+    }
     print_result(result, args.out)
     return 0
 

@@ -100,14 +100,28 @@ def fault_options(name: str, seed: int, max_new_tokens: int) -> dict:
 def summary(verdict: Verdict) -> dict:
     rate, events, band, seen = verdict.rate, verdict.events, verdict.band, verdict.power
     return {
-        "verdict": verdict.verdict, "mismatch_rate": rate.system_rate, "stock_rate": rate.stock_rate,
-        "difference_low": rate.difference_low, "rate_reject": rate.reject,
-        "events": events.system_events, "audited": events.audited, "unexplained": events.unexplained,
-        "stock_events": events.stock_events, "p_value": events.p_value, "event_reject": events.reject,
-        "band_mismatches": band.system_mismatches, "band_stock": band.stock_mismatches, "band_p": band.p_value,
-        "band_reject": band.reject, "length_reject": verdict.length.reject,
-        "rate_detectable": seen.rate_detectable, "events_needed": seen.events_needed, "event_power": seen.event_power,
-        "sufficient": seen.sufficient, "requests_needed": seen.requests_needed, "tokens_needed": seen.tokens_needed,
+        "verdict": verdict.verdict,
+        "mismatch_rate": rate.system_rate,
+        "stock_rate": rate.stock_rate,
+        "difference_low": rate.difference_low,
+        "rate_reject": rate.reject,
+        "events": events.system_events,
+        "audited": events.audited,
+        "unexplained": events.unexplained,
+        "stock_events": events.stock_events,
+        "p_value": events.p_value,
+        "event_reject": events.reject,
+        "band_mismatches": band.system_mismatches,
+        "band_stock": band.stock_mismatches,
+        "band_p": band.p_value,
+        "band_reject": band.reject,
+        "length_reject": verdict.length.reject,
+        "rate_detectable": seen.rate_detectable,
+        "events_needed": seen.events_needed,
+        "event_power": seen.event_power,
+        "sufficient": seen.sufficient,
+        "requests_needed": seen.requests_needed,
+        "tokens_needed": seen.tokens_needed,
         "flagged_requests": sum(1 for r in verdict.per_request if r["flagged"]),
         "explained_by": verdict.explained_by,
     }
@@ -118,13 +132,19 @@ def effect(system: dict, stock: dict, scored_sys, scored_stock, delta: float) ->
     the first divergence everything differs, so this counts mismatches against the scorer beyond
     stock's) and its large-margin events per 1,000 tokens."""
     tokens = sum(o.tokens for o in scored_stock.values())
-    excess = (sum(int(o.mismatch.sum()) for o in scored_sys.values())
-              - sum(int(o.mismatch.sum()) for o in scored_stock.values())) / tokens
+    excess = (
+        sum(int(o.mismatch.sum()) for o in scored_sys.values())
+        - sum(int(o.mismatch.sum()) for o in scored_stock.values())
+    ) / tokens
     events = sum(int((o.margin > 2 * delta).sum()) for o in scored_sys.values())
     changed = sum(system[rid].output_ids != stock[rid].output_ids for rid in stock)
     shorter = sum(len(system[rid].output_ids) < len(stock[rid].output_ids) for rid in stock)
-    return {"excess_mismatch": excess, "events_per_1000": 1000 * events / tokens, "changed_requests": changed,
-            "shorter_requests": shorter}
+    return {
+        "excess_mismatch": excess,
+        "events_per_1000": 1000 * events / tokens,
+        "changed_requests": changed,
+        "shorter_requests": shorter,
+    }
 
 
 def one_seed(seed: int, pool: list[Request], args, engine: Engine, with_faults: bool) -> dict:
@@ -132,11 +152,23 @@ def one_seed(seed: int, pool: list[Request], args, engine: Engine, with_faults: 
     sample = [Request(r.id, r.benchmark, "unseen", args.max_new_tokens, prompt_ids=r.prompt_ids) for r in sample]
     systems = {"ar": EngineSystem("ar", engine, mode="ar"), "stock": EngineSystem("stock", engine, mode="spec")}
     chosen = (lambda name: name in args.only) if args.only else (lambda name: True)
-    systems.update({name: EngineSystem(name, engine.with_options(**opts), mode="spec")
-                    for name, opts in CONTROLS.items() if chosen(name)})
+    systems.update(
+        {
+            name: EngineSystem(name, engine.with_options(**opts), mode="spec")
+            for name, opts in CONTROLS.items()
+            if chosen(name)
+        }
+    )
     if with_faults:
-        systems.update({name: EngineSystem(name, engine.with_options(**fault_options(name, seed, args.max_new_tokens)),
-                                           mode="spec") for name in FAULTS if chosen(name)})
+        systems.update(
+            {
+                name: EngineSystem(
+                    name, engine.with_options(**fault_options(name, seed, args.max_new_tokens)), mode="spec"
+                )
+                for name in FAULTS
+                if chosen(name)
+            }
+        )
     device = str(engine.device)
     outputs, seconds = {}, {}
     for name, system in systems.items():
@@ -153,8 +185,14 @@ def one_seed(seed: int, pool: list[Request], args, engine: Engine, with_faults: 
         calibration = calibrate_delta(scored["ar"], scored["stock"])
     except ForcingError as err:  # stock not lossless against AR on this sample: a finding, not a crash
         log(f"seed {seed}: calibration refused: {err.what}")
-        return {"seed": seed, "requests": [r.id for r in sample], "error": err.to_dict(), "verdicts": {}, "effects": {},
-                "outputs": raw}
+        return {
+            "seed": seed,
+            "requests": [r.id for r in sample],
+            "error": err.to_dict(),
+            "verdicts": {},
+            "effects": {},
+            "outputs": raw,
+        }
     forcing = TokenForcing(scorer, scored["stock"], calibration.delta, audit_sample=args.audit_sample, seed=seed)
     verdicts, effects = {}, {}
     for name in systems:
@@ -162,14 +200,23 @@ def one_seed(seed: int, pool: list[Request], args, engine: Engine, with_faults: 
             continue
         verdicts[name] = forcing.judge(name, scored[name], synthetic=engine.synthetic)
         effects[name] = effect(outputs[name], outputs["stock"], scored[name], scored["stock"], calibration.delta)
-        log(f"seed {seed}: {name} -> {verdicts[name].verdict} (mismatch {100 * verdicts[name].rate.system_rate:.2f}%, "
-            f"events {verdicts[name].events.system_events}, band {verdicts[name].band.system_mismatches})")
+        log(
+            f"seed {seed}: {name} -> {verdicts[name].verdict} (mismatch {100 * verdicts[name].rate.system_rate:.2f}%, "
+            f"events {verdicts[name].events.system_events}, band {verdicts[name].band.system_mismatches})"
+        )
     return {
-        "seed": seed, "requests": [r.id for r in sample], "tokens": sum(s.tokens for s in scored["stock"].values()),
-        "delta": calibration.delta, "delta_basis": calibration.basis, "departures": len(calibration.departures),
-        "largest_gap": calibration.largest_gap, "stock_mismatch_rate": verdicts["splitk-head"].rate.stock_rate,
-        "serve_seconds": seconds, "score_seconds": score_seconds,
-        "verdicts": {name: summary(v) for name, v in verdicts.items()}, "effects": effects,
+        "seed": seed,
+        "requests": [r.id for r in sample],
+        "tokens": sum(s.tokens for s in scored["stock"].values()),
+        "delta": calibration.delta,
+        "delta_basis": calibration.basis,
+        "departures": len(calibration.departures),
+        "largest_gap": calibration.largest_gap,
+        "stock_mismatch_rate": verdicts["splitk-head"].rate.stock_rate,
+        "serve_seconds": seconds,
+        "score_seconds": score_seconds,
+        "verdicts": {name: summary(v) for name, v in verdicts.items()},
+        "effects": effects,
         "outputs": raw,
         "full_verdicts": {name: v.to_dict() for name, v in verdicts.items()} if seed == args.first_seed else {},
     }
@@ -183,15 +230,25 @@ def rates(runs: list[dict]) -> dict:
         seen = [r for r in runs if name in r["verdicts"]]
         if not seen:
             continue
-        counts = {k: sum(r["verdicts"][name]["verdict"] == k for r in seen) for k in ("reject", "inconclusive", "accept")}
-        row = {"kind": "control" if name in CONTROLS else "fault", "runs": len(seen), **counts,
-               "reject_rate": counts["reject"] / len(seen)}
+        counts = {
+            k: sum(r["verdicts"][name]["verdict"] == k for r in seen) for k in ("reject", "inconclusive", "accept")
+        }
+        row = {
+            "kind": "control" if name in CONTROLS else "fault",
+            "runs": len(seen),
+            **counts,
+            "reject_rate": counts["reject"] / len(seen),
+        }
         if name in FAULTS:
             excess = sum(r["effects"][name]["excess_mismatch"] for r in seen) / len(seen)
             events = sum(r["effects"][name]["events_per_1000"] for r in seen) / len(seen)
-            row.update(mean_excess_mismatch=excess, mean_events_per_1000=events,
-                       target_size=excess >= TARGET_CHANGED or events >= TARGET_EVENTS_PER_1000
-                       or any(r["effects"][name]["shorter_requests"] for r in seen))
+            row.update(
+                mean_excess_mismatch=excess,
+                mean_events_per_1000=events,
+                target_size=excess >= TARGET_CHANGED
+                or events >= TARGET_EVENTS_PER_1000
+                or any(r["effects"][name]["shorter_requests"] for r in seen),
+            )
             row["meets_target"] = (row["reject_rate"] >= 0.95) if row["target_size"] else counts["accept"] == 0
         else:
             row["meets_target"] = counts["reject"] == 0
@@ -210,36 +267,52 @@ def pooled(doc: dict, group: int, engine: Engine, audit_sample: int) -> dict:
     scorer = EngineScorer(engine)
     checks = []
     for first in range(0, len(runs) - group + 1, group):
-        members = runs[first:first + group]
+        members = runs[first : first + group]
         names = [n for n in members[0]["outputs"] if all(n in m["outputs"] for m in members)]
         ids: dict[str, int] = {}
         for index, member in enumerate(members):
             for rid in member["requests"]:
                 ids.setdefault(rid, index)
-        sample = [Request(rid, by_id[rid].benchmark, "unseen", limit, prompt_ids=by_id[rid].prompt_ids) for rid in sorted(ids)]
-        outputs = {name: {rid: RequestOutput(rid, tuple(members[ids[rid]]["outputs"][name][rid])) for rid in ids}
-                   for name in names}
+        sample = [
+            Request(rid, by_id[rid].benchmark, "unseen", limit, prompt_ids=by_id[rid].prompt_ids) for rid in sorted(ids)
+        ]
+        outputs = {
+            name: {rid: RequestOutput(rid, tuple(members[ids[rid]]["outputs"][name][rid])) for rid in ids}
+            for name in names
+        }
         scored = {name: score_outputs(scorer, sample, outs) for name, outs in outputs.items()}
         try:
             calibration = calibrate_delta(scored["ar"], scored["stock"])
         except ForcingError as err:
             checks.append({"seeds": [m["seed"] for m in members], "error": err.to_dict(), "verdicts": {}})
             continue
-        forcing = TokenForcing(scorer, scored["stock"], calibration.delta, audit_sample=audit_sample,
-                               seed=members[0]["seed"])
+        forcing = TokenForcing(
+            scorer, scored["stock"], calibration.delta, audit_sample=audit_sample, seed=members[0]["seed"]
+        )
         verdicts = {name: summary(forcing.judge(name, scored[name])) for name in names if name not in ("ar", "stock")}
-        checks.append({"seeds": [m["seed"] for m in members], "requests": len(sample),
-                       "tokens": sum(o.tokens for o in scored["stock"].values()), "delta": calibration.delta,
-                       "verdicts": verdicts})
-        log(f"pooled seeds {checks[-1]['seeds']}: {checks[-1]['tokens']} tokens; "
-            + ", ".join(f"{n} {v['verdict']}" for n, v in verdicts.items()))
+        checks.append(
+            {
+                "seeds": [m["seed"] for m in members],
+                "requests": len(sample),
+                "tokens": sum(o.tokens for o in scored["stock"].values()),
+                "delta": calibration.delta,
+                "verdicts": verdicts,
+            }
+        )
+        log(
+            f"pooled seeds {checks[-1]['seeds']}: {checks[-1]['tokens']} tokens; "
+            + ", ".join(f"{n} {v['verdict']}" for n, v in verdicts.items())
+        )
     table = {}
     for name in [*CONTROLS, *FAULTS]:
         seen = [c["verdicts"][name]["verdict"] for c in checks if name in c["verdicts"]]
         if seen:
-            table[name] = {"kind": "control" if name in CONTROLS else "fault", "runs": len(seen),
-                           **{k: seen.count(k) for k in ("reject", "inconclusive", "accept")},
-                           "reject_rate": seen.count("reject") / len(seen)}
+            table[name] = {
+                "kind": "control" if name in CONTROLS else "fault",
+                "runs": len(seen),
+                **{k: seen.count(k) for k in ("reject", "inconclusive", "accept")},
+                "reject_rate": seen.count("reject") / len(seen),
+            }
     return {"group": group, "checks": checks, "systems": table}
 
 
@@ -256,8 +329,9 @@ def figure(results_path: str, png: str) -> None:
         checks = group["checks"]
         tokens = sum(c.get("tokens", 0) for c in checks) // max(len(checks), 1)
         panels.append((f"{group['group']} seeds pooled", group["systems"], f"{len(checks)} checks of ~{tokens} tokens"))
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.5 * len(results["systems"]) + 2), 3.6 * len(panels)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(max(6.0, 0.5 * len(results["systems"]) + 2), 3.6 * len(panels)), squeeze=False
+    )
     for ax, (label, table, size) in zip(axes[:, 0], panels):
         names = [n for n in table if table[n]["kind"] == "control"] + [n for n in table if table[n]["kind"] == "fault"]
         for x, name in enumerate(names):
@@ -266,16 +340,25 @@ def figure(results_path: str, png: str) -> None:
             color = "#E8613C" if row["kind"] == "fault" else "#1F6FD6"
             ax.bar(x, reject, color=color, edgecolor="black", linewidth=0.5)
             ax.bar(x, inconclusive, bottom=reject, color="#E3B53B", edgecolor="black", linewidth=0.5)
-            ax.annotate(f"n={row['runs']}", (x, reject + inconclusive), xytext=(0, 3), textcoords="offset points",
-                        ha="center", fontsize=7)
+            ax.annotate(
+                f"n={row['runs']}",
+                (x, reject + inconclusive),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+            )
         ax.axhline(0.95, color="black", linestyle="dashed", linewidth=0.8)
         ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
         ax.set_ylim(0, 1.15)
         ax.set_ylabel("share of checks")
-        ax.set_title(f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow)",
-                     fontsize=8)
-    fig.suptitle(f"Token forcing fault study, Figure 4 ({results['device_name']}, {results['dtype']}; {results['model']})",
-                 fontsize=9)
+        ax.set_title(
+            f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow)", fontsize=8
+        )
+    fig.suptitle(
+        f"Token forcing fault study, Figure 4 ({results['device_name']}, {results['dtype']}; {results['model']})",
+        fontsize=9,
+    )
     fig.tight_layout()
     Path(png).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=150)
@@ -299,7 +382,11 @@ def write_requests(path: str, count: int, prompt_tokens: int) -> None:
     files = []
     for entry in manifest["files"]:
         path_ = stdlib / entry["path"]
-        if entry["split"] == "unseen" and path_.is_file() and hashlib.sha256(path_.read_bytes()).hexdigest() == entry["sha256"]:
+        if (
+            entry["split"] == "unseen"
+            and path_.is_file()
+            and hashlib.sha256(path_.read_bytes()).hexdigest() == entry["sha256"]
+        ):
             ids = tokenizer.encode(path_.read_text(encoding="utf-8")).ids
             if len(ids) > 4 * prompt_tokens:
                 files.append((entry["path"], ids))
@@ -308,8 +395,15 @@ def write_requests(path: str, count: int, prompt_tokens: int) -> None:
     for index in range(count):
         name, ids = files[index % len(files)]
         start = rng.randrange(0, len(ids) - prompt_tokens)
-        rows.append({"id": f"fs-{index:03d}", "benchmark": "stdlib-unseen", "split": "unseen", "max_new_tokens": 256,
-                     "prompt_ids": ids[start:start + prompt_tokens]})
+        rows.append(
+            {
+                "id": f"fs-{index:03d}",
+                "benchmark": "stdlib-unseen",
+                "split": "unseen",
+                "max_new_tokens": 256,
+                "prompt_ids": ids[start : start + prompt_tokens],
+            }
+        )
     Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"{len(rows)} requests from {len(files)} files -> {path}")
 
@@ -317,33 +411,59 @@ def write_requests(path: str, count: int, prompt_tokens: int) -> None:
 def merge(paths: list[str]) -> dict:
     parts = [json.loads(Path(p).read_text()) for p in paths]
     runs = sorted((r for part in parts for r in part["runs"]), key=lambda r: r["seed"])
-    return {**parts[0], "runs": runs, "systems": rates(runs), "wall_seconds": max(p["wall_seconds"] for p in parts),
-            "merged_from": [p["command"] for p in parts]}
+    return {
+        **parts[0],
+        "runs": runs,
+        "systems": rates(runs),
+        "wall_seconds": max(p["wall_seconds"] for p in parts),
+        "merged_from": [p["command"] for p in parts],
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="the served systems' and the scorer's passes (the scorer's LM head is float32 either way)")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the served systems' and the scorer's passes (the scorer's LM head is float32 either way)",
+    )
     parser.add_argument("--seeds", type=int, default=10, help="seeds with every control")
-    parser.add_argument("--fault-seeds", type=int, help="of those, the first this many also run every fault (default: all)")
+    parser.add_argument(
+        "--fault-seeds", type=int, help="of those, the first this many also run every fault (default: all)"
+    )
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--requests", default=str(REQUESTS))
     parser.add_argument("--requests-per-seed", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--audit-sample", type=int, default=200)
-    parser.add_argument("--budget-seconds", type=float,
-                        help="start no further seed after this many seconds (a device lease); the JSON counts the runs made")
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        help="start no further seed after this many seconds (a device lease); the JSON counts the runs made",
+    )
     parser.add_argument("--threads", type=int, help="torch CPU threads")
-    parser.add_argument("--figure", nargs=2, metavar=("RESULTS_JSON", "PNG"), help="draw Figure 4 from a results file and exit")
-    parser.add_argument("--merge", nargs="+", metavar="RESULTS_JSON", help="merge results of several runs and print them")
+    parser.add_argument(
+        "--figure", nargs=2, metavar=("RESULTS_JSON", "PNG"), help="draw Figure 4 from a results file and exit"
+    )
+    parser.add_argument(
+        "--merge", nargs="+", metavar="RESULTS_JSON", help="merge results of several runs and print them"
+    )
     parser.add_argument("--write-requests", metavar="JSONL", help="write the study's request set and exit")
-    parser.add_argument("--pool-size", type=int, action="append", default=[],
-                        help="also judge the outputs of this many seeds at a time as one sealed-size check (repeatable)")
+    parser.add_argument(
+        "--pool-size",
+        type=int,
+        action="append",
+        default=[],
+        help="also judge the outputs of this many seeds at a time as one sealed-size check (repeatable)",
+    )
     parser.add_argument("--drop-outputs", action="store_true", help="leave the output token ids out of the JSON")
-    parser.add_argument("--only", type=lambda text: set(text.split(",")),
-                        help="comma-separated controls and faults to run (default: all)")
+    parser.add_argument(
+        "--only",
+        type=lambda text: set(text.split(",")),
+        help="comma-separated controls and faults to run (default: all)",
+    )
     args = parser.parse_args()
     if args.figure:
         figure(*args.figure)
@@ -377,14 +497,22 @@ def main() -> int:
         **result_header("fault_study"),
         "device_name": device,
         "synthetic": engine.synthetic,
-        "model": "random weights" if engine.synthetic else
-                 "trained pair (small models trained here, not comparable to the paper's)",
+        "model": "random weights"
+        if engine.synthetic
+        else "trained pair (small models trained here, not comparable to the paper's)",
         "dtype": args.dtype,
         "seeds_planned": args.seeds,
-        "settings": {"max_new_tokens": args.max_new_tokens, "requests_per_seed": args.requests_per_seed,
-                     "audit_sample": args.audit_sample, "requests": Path(args.requests).name, "controls": CONTROLS,
-                     "faults": FAULTS, "fault_seeds": fault_seeds, "target_changed": TARGET_CHANGED,
-                     "target_events_per_1000": TARGET_EVENTS_PER_1000},
+        "settings": {
+            "max_new_tokens": args.max_new_tokens,
+            "requests_per_seed": args.requests_per_seed,
+            "audit_sample": args.audit_sample,
+            "requests": Path(args.requests).name,
+            "controls": CONTROLS,
+            "faults": FAULTS,
+            "fault_seeds": fault_seeds,
+            "target_changed": TARGET_CHANGED,
+            "target_events_per_1000": TARGET_EVENTS_PER_1000,
+        },
         "wall_seconds": time.perf_counter() - started,
         "systems": rates(runs),
         "runs": runs,
@@ -400,15 +528,19 @@ def headline(doc: dict) -> str:
     table = doc["systems"]
     controls = [r for r in table.values() if r["kind"] == "control"]
     target = [r for r in table.values() if r["kind"] == "fault" and r.get("target_size")]
-    text = (f"controls rejected in {sum(r['reject'] for r in controls)} of {sum(r['runs'] for r in controls)} seed runs; "
-            f"faults of the target size rejected in {sum(r['reject'] for r in target)} of {sum(r['runs'] for r in target)}, "
-            f"accepted in {sum(r['accept'] for r in table.values() if r['kind'] == 'fault')}")
+    text = (
+        f"controls rejected in {sum(r['reject'] for r in controls)} of {sum(r['runs'] for r in controls)} seed runs; "
+        f"faults of the target size rejected in {sum(r['reject'] for r in target)} of {sum(r['runs'] for r in target)}, "
+        f"accepted in {sum(r['accept'] for r in table.values() if r['kind'] == 'fault')}"
+    )
     for group in doc.get("pooled", []):
         pooled = group["systems"]
         names = [n for n, r in table.items() if r["kind"] == "fault" and r.get("target_size") and n in pooled]
         if names:
-            text += (f"; {group['group']} seeds pooled: {sum(pooled[n]['reject'] for n in names)} of "
-                     f"{sum(pooled[n]['runs'] for n in names)} target-size fault checks rejected")
+            text += (
+                f"; {group['group']} seeds pooled: {sum(pooled[n]['reject'] for n in names)} of "
+                f"{sum(pooled[n]['runs'] for n in names)} target-size fault checks rejected"
+            )
     return text
 
 

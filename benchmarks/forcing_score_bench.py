@@ -57,9 +57,13 @@ def main() -> int:
     rng = np.random.default_rng(0)
     per = min(args.output_tokens, engine.max_len - max(len(r.prompt_ids) for r in pool))
     count = -(-args.tokens // per)
-    requests = [Request(f"b{i:04d}", "bench", "unseen", per, prompt_ids=pool[i % len(pool)].prompt_ids) for i in range(count)]
-    outputs = {r.id: RequestOutput(r.id, tuple(int(t) for t in rng.integers(1, engine.target.cfg.vocab_size, per)))
-               for r in requests}
+    requests = [
+        Request(f"b{i:04d}", "bench", "unseen", per, prompt_ids=pool[i % len(pool)].prompt_ids) for i in range(count)
+    ]
+    outputs = {
+        r.id: RequestOutput(r.id, tuple(int(t) for t in rng.integers(1, engine.target.cfg.vocab_size, per)))
+        for r in requests
+    }
     warm = requests[:1]
     score_outputs(scorer, warm, outputs)
     _sync(device)
@@ -77,20 +81,35 @@ def main() -> int:
     baseline_s = time.perf_counter() - start
     baseline_per_token = baseline_s / (base_n * per)
     doc = result_header("forcing_score_bench")
-    doc.update({
-        "model": "trained pair (small models trained here)", "dtype": args.dtype, "threads": torch.get_num_threads(),
-        "tokens": tokens, "outputs": len(requests), "tokens_per_output": per, "batch_tokens": BATCH_TOKENS,
-        "batched": {"seconds": batched_s, "cpu_seconds": batched_cpu_s, "tokens_per_second": tokens / batched_s},
-        "per_request_baseline": {"tokens": base_n * per, "seconds": baseline_s, "tokens_per_second": 1 / baseline_per_token},
-        "speedup": baseline_per_token * tokens / batched_s,
-        "projected_seconds_for_100k": 100_000 * batched_s / tokens,
-        "target": "100,000 scored tokens <= 600 s on a 2-core machine",
-    })
-    doc["headline"] = (f"{tokens} tokens scored in {batched_s:.0f} s ({tokens / batched_s:.0f} tok/s batched, "
-                       f"{doc['speedup']:.1f}x the per-request scorer; {args.dtype}, {doc['threads']} thread(s))")
+    doc.update(
+        {
+            "model": "trained pair (small models trained here)",
+            "dtype": args.dtype,
+            "threads": torch.get_num_threads(),
+            "tokens": tokens,
+            "outputs": len(requests),
+            "tokens_per_output": per,
+            "batch_tokens": BATCH_TOKENS,
+            "batched": {"seconds": batched_s, "cpu_seconds": batched_cpu_s, "tokens_per_second": tokens / batched_s},
+            "per_request_baseline": {
+                "tokens": base_n * per,
+                "seconds": baseline_s,
+                "tokens_per_second": 1 / baseline_per_token,
+            },
+            "speedup": baseline_per_token * tokens / batched_s,
+            "projected_seconds_for_100k": 100_000 * batched_s / tokens,
+            "target": "100,000 scored tokens <= 600 s on a 2-core machine",
+        }
+    )
+    doc["headline"] = (
+        f"{tokens} tokens scored in {batched_s:.0f} s ({tokens / batched_s:.0f} tok/s batched, "
+        f"{doc['speedup']:.1f}x the per-request scorer; {args.dtype}, {doc['threads']} thread(s))"
+    )
     write_result(doc, args.out)
-    print(f"scored {tokens} tokens in {batched_s:.1f} s ({tokens / batched_s:.0f} tok/s, batched); per-request baseline "
-          f"{1 / baseline_per_token:.0f} tok/s; 100k tokens -> {doc['projected_seconds_for_100k']:.0f} s")
+    print(
+        f"scored {tokens} tokens in {batched_s:.1f} s ({tokens / batched_s:.0f} tok/s, batched); per-request baseline "
+        f"{1 / baseline_per_token:.0f} tok/s; 100k tokens -> {doc['projected_seconds_for_100k']:.0f} s"
+    )
     return 0
 
 

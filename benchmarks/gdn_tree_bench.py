@@ -41,7 +41,7 @@ WHEEL_SHA256 = "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937
 KERNEL = "sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py"
 SHIMS = {
     # the five helpers the kernel module imports, with SGLang 0.5.23's semantics on an NVIDIA GPU
-    "sglang/srt/utils.py": '''import torch
+    "sglang/srt/utils.py": """import torch
 
 
 def is_hip():
@@ -64,13 +64,13 @@ def is_gfx95_supported():
 def is_sm90_supported():
     cuda = tuple(int(p) for p in (torch.version.cuda or "0.0").split(".")[:2])
     return is_cuda() and torch.cuda.get_device_capability()[0] == 9 and cuda >= (12, 3)
-''',
-    "sglang/kernels/jit/utils.py": '''import torch
+""",
+    "sglang/kernels/jit/utils.py": """import torch
 
 
 def is_arch_support_pdl():
     return torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9
-''',
+""",
 }
 
 
@@ -109,23 +109,79 @@ VERIFY_CONFIGS = [
     # without prefetch: fewer registers per program (96 / 72 instead of 125 / 117), more resident warps
     dict(name="kept8_bv4", max_saved=8, prefetch=False, block_v=4, num_warps=1, commit_prefetch=False),
     # 64 registers: 32 one-warp programs per SM (the block limit) instead of 16; no spills without prefetch
-    dict(name="kept8_bv4_r64", max_saved=8, prefetch=False, block_v=4, num_warps=1, maxnreg=64,
-         commit_prefetch=False, commit_maxnreg=64),
-    dict(name="prep_prefetch_bv4", max_saved=8, prefetch=True, block_v=4, num_warps=1, prepare=True,
-         commit_prefetch=True),
-    dict(name="prep_bv4_r64", max_saved=8, prefetch=False, block_v=4, num_warps=1, prepare=True, maxnreg=64,
-         commit_prefetch=False, commit_maxnreg=64),
+    dict(
+        name="kept8_bv4_r64",
+        max_saved=8,
+        prefetch=False,
+        block_v=4,
+        num_warps=1,
+        maxnreg=64,
+        commit_prefetch=False,
+        commit_maxnreg=64,
+    ),
+    dict(
+        name="prep_prefetch_bv4", max_saved=8, prefetch=True, block_v=4, num_warps=1, prepare=True, commit_prefetch=True
+    ),
+    dict(
+        name="prep_bv4_r64",
+        max_saved=8,
+        prefetch=False,
+        block_v=4,
+        num_warps=1,
+        prepare=True,
+        maxnreg=64,
+        commit_prefetch=False,
+        commit_maxnreg=64,
+    ),
     # the same verify with the faster commit (prefetch; 64 registers made the commit slower)
-    dict(name="prep_bv4_r64_cpf", max_saved=8, prefetch=False, block_v=4, num_warps=1, prepare=True, maxnreg=64,
-         commit_prefetch=True),
+    dict(
+        name="prep_bv4_r64_cpf",
+        max_saved=8,
+        prefetch=False,
+        block_v=4,
+        num_warps=1,
+        prepare=True,
+        maxnreg=64,
+        commit_prefetch=True,
+    ),
     # the step loop in CUDA with lanes along V (gdn_tree/lanes.py): P lanes per value column, W warps per block
-    *[dict(name=f"lanes{p}_w{w}", max_saved=8, prefetch=True, block_v=4, num_warps=1, lanes=p, warps=w,
-           commit_prefetch=True) for p, w in ((4, 4), (8, 4), (8, 8), (16, 8), (8, 16), (4, 8))],
+    *[
+        dict(
+            name=f"lanes{p}_w{w}",
+            max_saved=8,
+            prefetch=True,
+            block_v=4,
+            num_warps=1,
+            lanes=p,
+            warps=w,
+            commit_prefetch=True,
+        )
+        for p, w in ((4, 4), (8, 4), (8, 8), (16, 8), (8, 16), (4, 8))
+    ],
     # the commit in CUDA too (its state must stay SGLang's bit for bit: see the parity section)
-    *[dict(name=f"lanes{p}_w{w}_clanes{c}w{cw}", max_saved=8, prefetch=True, block_v=4, num_warps=1, lanes=p,
-           warps=w, commit_prefetch=True, commit_lanes=c, commit_warps=cw)
-      for p, w, c, cw in ((4, 4, 4, 4), (8, 8, 8, 8), (8, 8, 16, 8), (16, 8, 16, 4), (8, 16, 8, 16), (4, 8, 4, 8),
-                          (8, 8, 8, 4))],
+    *[
+        dict(
+            name=f"lanes{p}_w{w}_clanes{c}w{cw}",
+            max_saved=8,
+            prefetch=True,
+            block_v=4,
+            num_warps=1,
+            lanes=p,
+            warps=w,
+            commit_prefetch=True,
+            commit_lanes=c,
+            commit_warps=cw,
+        )
+        for p, w, c, cw in (
+            (4, 4, 4, 4),
+            (8, 8, 8, 8),
+            (8, 8, 16, 8),
+            (16, 8, 16, 4),
+            (8, 16, 8, 16),
+            (4, 8, 4, 8),
+            (8, 8, 8, 4),
+        )
+    ],
 ]
 
 
@@ -143,30 +199,43 @@ def _tile(cfg: dict) -> dict:
     """The path-verify options of a variant."""
     if cfg.get("defaults"):
         return {}
-    return {"prefetch": cfg["prefetch"], "block_v": cfg["block_v"], "num_warps": cfg["num_warps"],
-            "prepare_inputs": cfg.get("prepare", False), "max_registers": cfg.get("maxnreg"),
-            "lanes_per_column": cfg.get("lanes"), "warps_per_block": cfg.get("warps", 4)}
+    return {
+        "prefetch": cfg["prefetch"],
+        "block_v": cfg["block_v"],
+        "num_warps": cfg["num_warps"],
+        "prepare_inputs": cfg.get("prepare", False),
+        "max_registers": cfg.get("maxnreg"),
+        "lanes_per_column": cfg.get("lanes"),
+        "warps_per_block": cfg.get("warps", 4),
+    }
 
 
 def _commit_options(cfg: dict) -> dict:
     """The commit's options of a variant (bit parity with SGLang's commit is its contract: see the parity section)."""
     if cfg.get("defaults"):
         return {}
-    return {"prefetch": cfg["commit_prefetch"], "max_registers": cfg.get("commit_maxnreg"),
-            "lanes_per_column": cfg.get("commit_lanes"), "warps_per_block": cfg.get("commit_warps", 4)}
+    return {
+        "prefetch": cfg["commit_prefetch"],
+        "max_registers": cfg.get("commit_maxnreg"),
+        "lanes_per_column": cfg.get("commit_lanes"),
+        "warps_per_block": cfg.get("commit_warps", 4),
+    }
 
 
 def random_tree(n: int, gen: torch.Generator, chain_bias: float = 0.6) -> list[int]:
     """One root (parent -1); node i hangs under i-1 with probability chain_bias, else under a random earlier node."""
     parents = [-1]
     for i in range(1, n):
-        parents.append(i - 1 if torch.rand((), generator=gen) < chain_bias else int(torch.randint(0, i, (), generator=gen)))
+        parents.append(
+            i - 1 if torch.rand((), generator=gen) < chain_bias else int(torch.randint(0, i, (), generator=gen))
+        )
     return parents
 
 
 def make_inputs(B: int, T: int, gen: torch.Generator, state_dtype=torch.float32, layers: int = 1):
     def r(*shape, s=1.0):
         return (torch.randn(*shape, generator=gen) * s).to(torch.bfloat16).cuda()
+
     q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, HV, V)
     a, b = r(B, T, HV), r(B, T, HV)
     A_log = (torch.rand(HV, generator=gen) * 2 - 1).cuda()
@@ -179,21 +248,37 @@ def make_inputs(B: int, T: int, gen: torch.Generator, state_dtype=torch.float32,
 def sglang_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, inter, parents=None):
     """SGLang 0.5.23's target-verify call (as gdn_backend makes it): outputs [B, T, HV, V]; fills ``inter``."""
     from sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent import (
-        fused_sigmoid_gating_delta_rule_update)
+        fused_sigmoid_gating_delta_rule_update,
+    )
+
     B, T = q.shape[:2]
     o = fused_sigmoid_gating_delta_rule_update(
-        A_log=A_log, a=a.view(B * T, HV), dt_bias=dt_bias, softplus_beta=1.0, softplus_threshold=20.0,
-        q=q.view(1, B * T, H, K), k=k.view(1, B * T, H, K), v=v.view(1, B * T, HV, V), b=b.view(B * T, HV),
-        initial_state_source=pool, initial_state_indices=idx, use_qk_l2norm_in_kernel=True,
-        cu_seqlens=torch.arange(0, B * T + 1, T, dtype=torch.int32, device="cuda"), disable_state_update=True,
-        intermediate_states_buffer=inter, intermediate_state_indices=torch.arange(B, dtype=torch.int32, device="cuda"),
-        cache_steps=T, retrieve_parent_token=parents)
+        A_log=A_log,
+        a=a.view(B * T, HV),
+        dt_bias=dt_bias,
+        softplus_beta=1.0,
+        softplus_threshold=20.0,
+        q=q.view(1, B * T, H, K),
+        k=k.view(1, B * T, H, K),
+        v=v.view(1, B * T, HV, V),
+        b=b.view(B * T, HV),
+        initial_state_source=pool,
+        initial_state_indices=idx,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=torch.arange(0, B * T + 1, T, dtype=torch.int32, device="cuda"),
+        disable_state_update=True,
+        intermediate_states_buffer=inter,
+        intermediate_state_indices=torch.arange(B, dtype=torch.int32, device="cuda"),
+        cache_steps=T,
+        retrieve_parent_token=parents,
+    )
     return o.view(B, T, HV, V)
 
 
 def parity(gen, variants: str = "") -> dict:
     """Bit parity with SGLang's kernel: committed states and outputs on chains, outputs on trees (each variant)."""
     from specpilot_kernels.gdn_tree import gdn_tree_commit, gdn_tree_path_verify, tree_schedule
+
     configs = _selected(variants)
     out = {}
     for state_dtype in (torch.float32, torch.bfloat16):
@@ -209,22 +294,55 @@ def parity(gen, variants: str = "") -> dict:
         commit_options = [_commit_options({"commit_prefetch": prefetch}) for prefetch in (False, True)]
         commit_options += [o for o in map(_commit_options, configs) if o not in commit_options]
         for options in commit_options:
-            tag = name + ("_default" if not options else f"_prefetch{int(options['prefetch'])}" + (
-                f"_r{options['max_registers']}" if options["max_registers"] else "") + (
-                f"_lanes{options['lanes_per_column']}w{options['warps_per_block']}" if options["lanes_per_column"] else ""))
+            tag = name + (
+                "_default"
+                if not options
+                else f"_prefetch{int(options['prefetch'])}"
+                + (f"_r{options['max_registers']}" if options["max_registers"] else "")
+                + (
+                    f"_lanes{options['lanes_per_column']}w{options['warps_per_block']}"
+                    if options["lanes_per_column"]
+                    else ""
+                )
+            )
             committed_ours = pool.clone()
             try:
-                gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, committed_ours, idx,
-                                torch.arange(T, device="cuda").repeat(B, 1), accept_len, **options)
+                gdn_tree_commit(
+                    q,
+                    k,
+                    v,
+                    a,
+                    b,
+                    A_log,
+                    dt_bias,
+                    committed_ours,
+                    idx,
+                    torch.arange(T, device="cuda").repeat(B, 1),
+                    accept_len,
+                    **options,
+                )
             except Exception as exc:  # a failing option (e.g. its CUDA build) leaves the others' checks
                 out[f"chain_commit_error_{tag}"] = f"{type(exc).__name__}: {exc}"
                 continue
             out[f"chain_commit_bit_identical_{tag}"] = bool(torch.equal(committed_ours, committed_sglang))
-            out[f"chain_commit_max_abs_diff_{tag}"] = (committed_ours.float() - committed_sglang.float()).abs().max().item()
+            out[f"chain_commit_max_abs_diff_{tag}"] = (
+                (committed_ours.float() - committed_sglang.float()).abs().max().item()
+            )
         for cfg in configs:
             try:
-                o_ours = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx,
-                                              tree_schedule(chain, max_saved=cfg["max_saved"]), **_tile(cfg))
+                o_ours = gdn_tree_path_verify(
+                    q,
+                    k,
+                    v,
+                    a,
+                    b,
+                    A_log,
+                    dt_bias,
+                    pool,
+                    idx,
+                    tree_schedule(chain, max_saved=cfg["max_saved"]),
+                    **_tile(cfg),
+                )
                 out[f"chain_outputs_bit_identical_{name}_{cfg['name']}"] = bool(torch.equal(o_ours, o_sglang))
             except Exception as exc:  # a failing variant (e.g. its CUDA build) leaves the others' checks
                 out[f"chain_outputs_error_{name}_{cfg['name']}"] = f"{type(exc).__name__}: {exc}"
@@ -237,14 +355,27 @@ def parity(gen, variants: str = "") -> dict:
         o_first = None
         for cfg in configs:
             try:
-                o_ours = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx,
-                                              tree_schedule(parents, max_saved=cfg["max_saved"]), **_tile(cfg))
+                o_ours = gdn_tree_path_verify(
+                    q,
+                    k,
+                    v,
+                    a,
+                    b,
+                    A_log,
+                    dt_bias,
+                    pool,
+                    idx,
+                    tree_schedule(parents, max_saved=cfg["max_saved"]),
+                    **_tile(cfg),
+                )
             except Exception as exc:
                 out[f"tree_outputs_error_{name}_{cfg['name']}"] = f"{type(exc).__name__}: {exc}"
                 continue
             o_first = o_ours if o_first is None else o_first
             out[f"tree_outputs_bit_identical_{name}_{cfg['name']}"] = bool(torch.equal(o_ours, o_sglang))
-            out[f"tree_outputs_max_abs_diff_{name}_{cfg['name']}"] = (o_ours.float() - o_sglang.float()).abs().max().item()
+            out[f"tree_outputs_max_abs_diff_{name}_{cfg['name']}"] = (
+                (o_ours.float() - o_sglang.float()).abs().max().item()
+            )
             out[f"tree_outputs_equal_first_variant_{name}_{cfg['name']}"] = bool(torch.equal(o_ours, o_first))
     return out
 
@@ -252,18 +383,31 @@ def parity(gen, variants: str = "") -> dict:
 def accuracy(gen) -> dict:
     from specpilot_kernels.gdn_tree import gdn_tree_path_verify, tree_schedule
     from specpilot_kernels.gdn_tree import reference as R
+
     B, T = 2, 24
     q, k, v, a, b, A_log, dt_bias, (pool,), idx = make_inputs(B, T, gen)
     parents = torch.tensor([random_tree(T, gen, 0.3) for _ in range(B)], device="cuda")
     o = gdn_tree_path_verify(q.float(), k.float(), v.float(), a, b, A_log, dt_bias, pool, idx, tree_schedule(parents))
-    ref = R.path_verify_reference(q.double(), k.double(), v.double(), a.double(), b.double(), A_log.double(),
-                                  dt_bias.double(), pool.double(), idx, parents, torch.full((B,), T))
+    ref = R.path_verify_reference(
+        q.double(),
+        k.double(),
+        v.double(),
+        a.double(),
+        b.double(),
+        A_log.double(),
+        dt_bias.double(),
+        pool.double(),
+        idx,
+        parents,
+        torch.full((B,), T),
+    )
     err = (o.double() - ref.double()).norm() / ref.double().norm()
     return {"path_verify_fp32_inputs_rel_l2_vs_fp64_reference": err.item()}
 
 
-def timing(gen, layers: int, variants: str = "", batches: tuple[int, ...] = (1, 4, 8, 16, 32),
-           on_row=lambda rows: None) -> list[dict]:
+def timing(
+    gen, layers: int, variants: str = "", batches: tuple[int, ...] = (1, 4, 8, 16, 32), on_row=lambda rows: None
+) -> list[dict]:
     """Each batch's row; ``on_row(rows so far)`` after each, so a run cut short keeps its finished batches."""
     rows = []
     for B in batches:
@@ -290,6 +434,7 @@ def deepest_root_paths(parents: torch.Tensor) -> list[list[int]]:
 def time_batch(gen, B: int, T: int, layers: int, variants: str) -> dict:
     """One batch's row: SGLang's snapshot verify + commit, then each variant's verify + commit, verify and commit."""
     from specpilot_kernels.gdn_tree import gdn_tree_commit, gdn_tree_path_verify, tree_schedule
+
     q, k, v, a, b, A_log, dt_bias, pools, idx = make_inputs(B, T, gen, layers=layers)
     pool_before = pools[0].clone()  # the timed commits change the pools
     parents = torch.tensor([random_tree(T, gen) for _ in range(B)], device="cuda")
@@ -318,9 +463,15 @@ def time_batch(gen, B: int, T: int, layers: int, variants: str) -> dict:
         commit_only(cfg)
 
     stock_us = graph_replay_us(lambda _: stock())
-    row = {"B": B, "T": T, "layers": layers, "sglang_snapshot_verify_plus_commit_us": stock_us,
-           "sglang_per_node_state_bytes": layers * B * T * HV * V * K * 4, "accept_len": accept_len.tolist(),
-           "variants": []}
+    row = {
+        "B": B,
+        "T": T,
+        "layers": layers,
+        "sglang_snapshot_verify_plus_commit_us": stock_us,
+        "sglang_per_node_state_bytes": layers * B * T * HV * V * K * 4,
+        "accept_len": accept_len.tolist(),
+        "variants": [],
+    }
     o_reference = None
     for cfg in _selected(variants):
         try:
@@ -329,19 +480,27 @@ def time_batch(gen, B: int, T: int, layers: int, variants: str) -> dict:
             commit_us = graph_replay_us(lambda _, cfg=cfg: commit_only(cfg))
             schedule = tree_schedule(parents, max_saved=cfg["max_saved"])
             # every variant must give the first one's outputs (the schedules do not change results)
-            o_first_layer = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool_before, idx, schedule, **_tile(cfg))
+            o_first_layer = gdn_tree_path_verify(
+                q, k, v, a, b, A_log, dt_bias, pool_before, idx, schedule, **_tile(cfg)
+            )
             if o_reference is None:
                 o_reference = o_first_layer
             same_outputs = bool(torch.equal(o_first_layer, o_reference))
-            row["variants"].append({
-                **cfg, "ours_path_verify_plus_commit_us": ours_us, "ours_verify_only_us": verify_us,
-                "ours_commit_only_us": commit_us, "outputs_equal_first_variant": same_outputs,
-                "speedup": stock_us / ours_us, "ours_per_node_state_bytes": 0,
-                # kept branch states: a scratch of max_saved states per request, live during one layer's call
-                "ours_branch_state_scratch_bytes": B * cfg["max_saved"] * HV * V * K * 4,
-                "steps_per_request_with_replays": schedule.replayed_steps().tolist(),
-                "states_kept_per_request": (schedule.save_slot >= 0).sum(1).tolist(),
-            })
+            row["variants"].append(
+                {
+                    **cfg,
+                    "ours_path_verify_plus_commit_us": ours_us,
+                    "ours_verify_only_us": verify_us,
+                    "ours_commit_only_us": commit_us,
+                    "outputs_equal_first_variant": same_outputs,
+                    "speedup": stock_us / ours_us,
+                    "ours_per_node_state_bytes": 0,
+                    # kept branch states: a scratch of max_saved states per request, live during one layer's call
+                    "ours_branch_state_scratch_bytes": B * cfg["max_saved"] * HV * V * K * 4,
+                    "steps_per_request_with_replays": schedule.replayed_steps().tolist(),
+                    "states_kept_per_request": (schedule.save_slot >= 0).sum(1).tolist(),
+                }
+            )
         except Exception as exc:  # a failing variant (e.g. its CUDA build) leaves the others' figures
             row["variants"].append({"name": cfg["name"], "error": f"{type(exc).__name__}: {exc}"})
         print(json.dumps({"B": B, **row["variants"][-1]}), file=sys.stderr, flush=True)
@@ -353,7 +512,7 @@ def time_batch(gen, B: int, T: int, layers: int, variants: str) -> dict:
 
 def bf16_ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     """|got - want| in units of want's bf16 ulp (2^(e-7) for |want| in [2^e, 2^(e+1)))."""
-    _, exponent = torch.frexp(want.float().abs().clamp_min(2.0 ** -120))
+    _, exponent = torch.frexp(want.float().abs().clamp_min(2.0**-120))
     return (got.float() - want.float()).abs() / torch.ldexp(torch.ones_like(want.float()), exponent - 8)
 
 
@@ -369,6 +528,7 @@ def wy_vs_path(gen, layers: int) -> list[dict]:
 def wy_row(gen, T: int, B: int, layers: int) -> dict:
     """The WY kernel against the path kernel (default options) on one batch of random trees: time and bf16 ulps."""
     from specpilot_kernels.gdn_tree import gdn_tree_path_verify, gdn_tree_wy_verify, tree_ancestors, tree_schedule
+
     q, k, v, a, b, A_log, dt_bias, pools, idx = make_inputs(B, T, gen, layers=layers)
     parents = torch.tensor([random_tree(T, gen) for _ in range(B)], device="cuda")
     schedule, ancestors = tree_schedule(parents), tree_ancestors(parents)
@@ -385,10 +545,17 @@ def wy_row(gen, T: int, B: int, layers: int) -> dict:
             gdn_tree_wy_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, ancestors)
 
     path_us, wy_us = graph_replay_us(lambda _: path_all()), graph_replay_us(lambda _: wy_all())
-    return {"T": T, "B": B, "layers": layers, "path_verify_us": path_us, "wy_verify_us": wy_us,
-            "wy_speedup": path_us / wy_us, "wy_vs_path_max_bf16_ulps": ulps.max().item(),
-            "wy_vs_path_frac_within_1_ulp": (ulps <= 1).float().mean().item(),
-            "path_steps_per_request": schedule.replayed_steps().tolist()}
+    return {
+        "T": T,
+        "B": B,
+        "layers": layers,
+        "path_verify_us": path_us,
+        "wy_verify_us": wy_us,
+        "wy_speedup": path_us / wy_us,
+        "wy_vs_path_max_bf16_ulps": ulps.max().item(),
+        "wy_vs_path_frac_within_1_ulp": (ulps <= 1).float().mean().item(),
+        "path_steps_per_request": schedule.replayed_steps().tolist(),
+    }
 
 
 def commit_ptx_digests(nodes: int = 16) -> dict[str, str]:
@@ -407,23 +574,59 @@ def commit_ptx_digests(nodes: int = 16) -> dict[str, str]:
     digests = {}
     for pool in ("fp32", "bf16"):
         for prefetch in (False, True):
-            constants = dict(write_state=1, T=nodes, H=H, HV=HV, K=K, V=V, BK=K, BV=4, USE_QK_L2NORM=True,
-                             MAX_SAVED=0, PREFETCH=prefetch, PREPARED=False)
-            types = {**{name: "*i32" for name in ("state_indices", "order", "replay_len", "replay", "restore_slot",
-                                                  "save_slot", "num_nodes")},
-                     **{name: "*bf16" for name in ("q", "k", "v", "a", "b", "o")},
-                     "A_log": "*fp32", "dt_bias": "*fp32", "saved": "*fp32", "state_pool": f"*{pool}",
-                     "softplus_beta": "fp32", "softplus_threshold": "fp32", "scale": "fp32"}
+            constants = dict(
+                write_state=1,
+                T=nodes,
+                H=H,
+                HV=HV,
+                K=K,
+                V=V,
+                BK=K,
+                BV=4,
+                USE_QK_L2NORM=True,
+                MAX_SAVED=0,
+                PREFETCH=prefetch,
+                PREPARED=False,
+            )
+            types = {
+                **{
+                    name: "*i32"
+                    for name in (
+                        "state_indices",
+                        "order",
+                        "replay_len",
+                        "replay",
+                        "restore_slot",
+                        "save_slot",
+                        "num_nodes",
+                    )
+                },
+                **{name: "*bf16" for name in ("q", "k", "v", "a", "b", "o")},
+                "A_log": "*fp32",
+                "dt_bias": "*fp32",
+                "saved": "*fp32",
+                "state_pool": f"*{pool}",
+                "softplus_beta": "fp32",
+                "softplus_threshold": "fp32",
+                "scale": "fp32",
+            }
             signature = {name: "constexpr" if name in constants else types[name] for name in names}
-            source = ASTSource(_path_verify_kernel, signature,
-                               constexprs={(names.index(name),): value for name, value in constants.items()},
-                               attrs={(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
-                                      if signature[name].startswith("*")})
+            source = ASTSource(
+                _path_verify_kernel,
+                signature,
+                constexprs={(names.index(name),): value for name, value in constants.items()},
+                attrs={
+                    (i,): [["tt.divisibility", 16]] for i, name in enumerate(names) if signature[name].startswith("*")
+                },
+            )
             ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "num_stages": 3})
             code = [line.strip() for line in ptx.asm["ptx"].split(".section")[0].splitlines()]
             # line records and the labels the debug info points at (they move with inlining, code does not)
-            text = "\n".join(line for line in code if line and not line.startswith((".loc", ".file", "//"))
-                             and not re.fullmatch(r"\$L__tmp\d+:", line))
+            text = "\n".join(
+                line
+                for line in code
+                if line and not line.startswith((".loc", ".file", "//")) and not re.fullmatch(r"\$L__tmp\d+:", line)
+            )
             digests[f"{pool}_prefetch{int(prefetch)}"] = hashlib.sha256(text.encode()).hexdigest()
     return digests
 
@@ -436,17 +639,27 @@ def _save_partial(result: dict, name: str, figures, out: str | None) -> None:
 
 def run_all(args) -> dict:
     gen = torch.Generator().manual_seed(0)
-    result = {**result_header("gdn_tree_bench"),
-              "synthetic": "random bf16 inputs, random FP32 states, random trees",
-              "shape": {"H": H, "HV": HV, "K": K, "V": V},
-              "timing": "CUDA-graph replay of one verify step over all layers, median of 20"}
-    sections = [("parity_with_sglang_0_5_23", lambda: parity(gen, args.variants)),
-                ("accuracy", lambda: accuracy(gen)),
-                ("verify_plus_commit", lambda: timing(gen, args.layers, args.variants,
-                                                      tuple(int(x) for x in args.batches.split(",")),
-                                                      lambda rows: _save_partial(result, "verify_plus_commit", rows,
-                                                                                 args.out))),
-                ("wy_vs_path", lambda: wy_vs_path(gen, args.layers))]
+    result = {
+        **result_header("gdn_tree_bench"),
+        "synthetic": "random bf16 inputs, random FP32 states, random trees",
+        "shape": {"H": H, "HV": HV, "K": K, "V": V},
+        "timing": "CUDA-graph replay of one verify step over all layers, median of 20",
+    }
+    sections = [
+        ("parity_with_sglang_0_5_23", lambda: parity(gen, args.variants)),
+        ("accuracy", lambda: accuracy(gen)),
+        (
+            "verify_plus_commit",
+            lambda: timing(
+                gen,
+                args.layers,
+                args.variants,
+                tuple(int(x) for x in args.batches.split(",")),
+                lambda rows: _save_partial(result, "verify_plus_commit", rows, args.out),
+            ),
+        ),
+        ("wy_vs_path", lambda: wy_vs_path(gen, args.layers)),
+    ]
     for name, run in sections:
         if args.sections and name not in args.sections.split(","):
             continue
@@ -463,11 +676,18 @@ def main() -> None:
     run = sub.add_parser("run")
     run.add_argument("--out", default=None)
     run.add_argument("--layers", type=int, default=48)
-    run.add_argument("--sections", default="", help="comma-separated sections to run (default: all): "
-                     "parity_with_sglang_0_5_23, accuracy, verify_plus_commit, wy_vs_path")
+    run.add_argument(
+        "--sections",
+        default="",
+        help="comma-separated sections to run (default: all): "
+        "parity_with_sglang_0_5_23, accuracy, verify_plus_commit, wy_vs_path",
+    )
     run.add_argument("--batches", default="1,4,8,16,32", help="comma-separated batch sizes timed")
-    run.add_argument("--variants", default=DEFAULT_VARIANTS, help="comma-separated VERIFY_CONFIGS names to check "
-                     f"and time, or all (default: {DEFAULT_VARIANTS})")
+    run.add_argument(
+        "--variants",
+        default=DEFAULT_VARIANTS,
+        help=f"comma-separated VERIFY_CONFIGS names to check and time, or all (default: {DEFAULT_VARIANTS})",
+    )
     args = parser.parse_args()
     if args.verb == "prepare-sglang":
         prepare_sglang(args.target)

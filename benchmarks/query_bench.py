@@ -47,8 +47,12 @@ def timed_runs(args: list[str], repeats: int) -> dict:
         wall.append(time.perf_counter() - start)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return {"median_s": round(statistics.median(wall), 3), "max_s": round(max(wall), 3),
-            "median_cpu_s": round(statistics.median(cpu), 3), "repeats": repeats}
+    return {
+        "median_s": round(statistics.median(wall), 3),
+        "max_s": round(max(wall), 3),
+        "median_cpu_s": round(statistics.median(cpu), 3),
+        "repeats": repeats,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,20 +70,29 @@ def main(argv: list[str] | None = None) -> int:
     for n in (10_000, 40_000):
         runs[f"model_chars_{n}"] = timed_runs(["--model", "x" * n], args.repeats)
     scaling = {
-        "text_words_4000_over_1000_cpu": round(runs["text_words_4000"]["median_cpu_s"] / runs["text_words_1000"]["median_cpu_s"], 2),
-        "model_chars_40000_over_10000_cpu": round(runs["model_chars_40000"]["median_cpu_s"] / runs["model_chars_10000"]["median_cpu_s"], 2),
+        "text_words_4000_over_1000_cpu": round(
+            runs["text_words_4000"]["median_cpu_s"] / runs["text_words_1000"]["median_cpu_s"], 2
+        ),
+        "model_chars_40000_over_10000_cpu": round(
+            runs["model_chars_40000"]["median_cpu_s"] / runs["model_chars_10000"]["median_cpu_s"], 2
+        ),
     }
-    print_result({
-        **result_header("query_bench", argv=[__file__, *(argv if argv is not None else sys.argv[1:])]),
-        "load_average": {"before": load_before, "after": os.getloadavg()},
-        "cpus": os.cpu_count(),
-        "runs": runs,
-        "figures": {f"{name}_s": run["median_s"] for name, run in runs.items()}
-                   | {f"{name}_cpu_s": run["median_cpu_s"] for name, run in runs.items()},
-        "scaling": scaling,
-        "targets": {"gpu_sm120_wall_le_1s": runs["gpu_sm120"]["median_s"] <= TARGET_S,
-                    "linear_in_input": all(ratio <= 4 for ratio in scaling.values())},
-    }, args.out)
+    print_result(
+        {
+            **result_header("query_bench", argv=[__file__, *(argv if argv is not None else sys.argv[1:])]),
+            "load_average": {"before": load_before, "after": os.getloadavg()},
+            "cpus": os.cpu_count(),
+            "runs": runs,
+            "figures": {f"{name}_s": run["median_s"] for name, run in runs.items()}
+            | {f"{name}_cpu_s": run["median_cpu_s"] for name, run in runs.items()},
+            "scaling": scaling,
+            "targets": {
+                "gpu_sm120_wall_le_1s": runs["gpu_sm120"]["median_s"] <= TARGET_S,
+                "linear_in_input": all(ratio <= 4 for ratio in scaling.values()),
+            },
+        },
+        args.out,
+    )
     return 0
 
 

@@ -45,8 +45,12 @@ def timed(fn, repeats: int) -> dict:
         fn()
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
-    return {"median_ms": round(statistics.median(wall) * 1000, 2), "max_ms": round(max(wall) * 1000, 2),
-            "median_cpu_ms": round(statistics.median(cpu) * 1000, 2), "repeats": repeats}
+    return {
+        "median_ms": round(statistics.median(wall) * 1000, 2),
+        "max_ms": round(max(wall) * 1000, 2),
+        "median_cpu_ms": round(statistics.median(cpu) * 1000, 2),
+        "repeats": repeats,
+    }
 
 
 def timed_command(command: list[str], repeats: int) -> dict:
@@ -59,8 +63,12 @@ def timed_command(command: list[str], repeats: int) -> dict:
         wall.append(time.perf_counter() - start)
         after = os.times()
         cpu.append((after.children_user - before.children_user) + (after.children_system - before.children_system))
-    return {"median_ms": round(statistics.median(wall) * 1000, 2), "max_ms": round(max(wall) * 1000, 2),
-            "median_cpu_ms": round(statistics.median(cpu) * 1000, 2), "repeats": repeats}
+    return {
+        "median_ms": round(statistics.median(wall) * 1000, 2),
+        "max_ms": round(max(wall) * 1000, 2),
+        "median_cpu_ms": round(statistics.median(cpu) * 1000, 2),
+        "repeats": repeats,
+    }
 
 
 def main() -> None:
@@ -99,7 +107,9 @@ def main() -> None:
                 c.close()
 
         for name, filters in QUERIES.items():
-            figures["queries"][name]["connect_check_freshness_and_query"] = timed(lambda f=filters: connect_and_query(f), args.repeats)
+            figures["queries"][name]["connect_check_freshness_and_query"] = timed(
+                lambda f=filters: connect_and_query(f), args.repeats
+            )
 
         command = [sys.executable, "-m", "specpilot_mem", "query", "--home", str(root), "--gpu", "sm_120", "--json"]
         figures["cli_query_gpu_sm_120"] = timed_command(command, max(5, args.repeats // 3))
@@ -118,21 +128,31 @@ def main() -> None:
 
     worst_query = max(q["query_on_open_connection"]["median_ms"] for q in figures["queries"].values())
     worst_query_cpu = max(q["query_on_open_connection"]["median_cpu_ms"] for q in figures["queries"].values())
-    print_result({
-        **result_header("registry_bench"),
-        "synthetic": True,
-        "data": f"{args.entries} generated entry records (specpilot_mem.registry.synthetic, seed 0); nothing in them "
-                "was measured",
-        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
-        "figures": figures,
-        "targets": {
-            "query_in_process_le_50ms": {"wall": worst_query <= 50, "cpu": worst_query_cpu <= 50},
-            "cli_query_le_1s": {"wall": figures["cli_query_gpu_sm_120"]["median_ms"] <= 1000,
-                                "cpu": figures["cli_query_gpu_sm_120"]["median_cpu_ms"] <= 1000},
-            "incremental_sync_le_200ms": {"wall": figures["incremental_sync_one_record"]["median_ms"] <= 200,
-                                          "cpu": figures["incremental_sync_one_record"]["median_cpu_ms"] <= 200},
+    print_result(
+        {
+            **result_header("registry_bench"),
+            "synthetic": True,
+            "data": f"{args.entries} generated entry records (specpilot_mem.registry.synthetic, seed 0); nothing in them "
+            "was measured",
+            "load_average": {
+                "before": [round(x, 2) for x in load_before],
+                "after": [round(x, 2) for x in os.getloadavg()],
+            },
+            "figures": figures,
+            "targets": {
+                "query_in_process_le_50ms": {"wall": worst_query <= 50, "cpu": worst_query_cpu <= 50},
+                "cli_query_le_1s": {
+                    "wall": figures["cli_query_gpu_sm_120"]["median_ms"] <= 1000,
+                    "cpu": figures["cli_query_gpu_sm_120"]["median_cpu_ms"] <= 1000,
+                },
+                "incremental_sync_le_200ms": {
+                    "wall": figures["incremental_sync_one_record"]["median_ms"] <= 200,
+                    "cpu": figures["incremental_sync_one_record"]["median_cpu_ms"] <= 200,
+                },
+            },
         },
-    }, args.out)
+        args.out,
+    )
 
 
 if __name__ == "__main__":

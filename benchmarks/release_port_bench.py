@@ -62,9 +62,14 @@ def main() -> int:
                 verdicts = check_entries(fork, release_resolver(fork, records, base), base, order)
             done = time.perf_counter()
         doc["releases"][version] = {
-            "wheel": PINS[version].wheel, "sha256": PINS[version].sha256, "commit": base.commit, "tree": base.tree,
-            "seconds": round(done - started, 3), "import_s": round(imported - started, 3),
-            "check_s": round(done - imported, 3), "within_target": done - started <= 30.0,
+            "wheel": PINS[version].wheel,
+            "sha256": PINS[version].sha256,
+            "commit": base.commit,
+            "tree": base.tree,
+            "seconds": round(done - started, 3),
+            "import_s": round(imported - started, 3),
+            "check_s": round(done - imported, 3),
+            "within_target": done - started <= 30.0,
             "verdicts": {v.id: v.verdict for v in verdicts},
             "entries": [v.to_dict() for v in verdicts],
         }

@@ -47,11 +47,22 @@ def bench_build(steps: int, batch: int, nodes: int, depth_cap: int, repeats: int
             wall, cpu = wall + w, cpu + c
         walls.append(wall / lat.num_steps * 1e6)
         cpus.append(cpu / lat.num_steps * 1e6)
-    return {"what": "best-first build", "nodes": nodes, "depth_cap": depth_cap, "positions": 16, "candidates": 16,
-            "request_steps": lat.num_steps, "batch": batch, "repeats": repeats,
-            "us_per_step_wall_median": statistics.median(walls), "us_per_step_wall_min": min(walls),
-            "us_per_step_cpu_median": statistics.median(cpus), "us_per_step_cpu_min": min(cpus),
-            "mean_nodes": float(trees.num_nodes.mean()), "target_us": 50.0}
+    return {
+        "what": "best-first build",
+        "nodes": nodes,
+        "depth_cap": depth_cap,
+        "positions": 16,
+        "candidates": 16,
+        "request_steps": lat.num_steps,
+        "batch": batch,
+        "repeats": repeats,
+        "us_per_step_wall_median": statistics.median(walls),
+        "us_per_step_wall_min": min(walls),
+        "us_per_step_cpu_median": statistics.median(cpus),
+        "us_per_step_cpu_min": min(cpus),
+        "mean_nodes": float(trees.num_nodes.mean()),
+        "target_us": 50.0,
+    }
 
 
 def bench_replay(steps: int, builder: str, nodes: int, requests: int) -> dict:
@@ -59,12 +70,22 @@ def bench_replay(steps: int, builder: str, nodes: int, requests: int) -> dict:
     options = builder_options(builder, [lat])
     (replayed, tokens), wall, cpu = timed(lambda: replay(lat, builder, nodes, None, 1, options))
     done = int(replayed.sum())
-    return {"what": "exact replay", "builder": builder, "nodes": nodes, "lattice_steps": lat.num_steps,
-            "requests": requests, "replayed_steps": done, "tau": float(tokens.sum() / done),
-            "seconds_wall": wall, "seconds_cpu": cpu,
-            "us_per_replayed_step_wall": wall / done * 1e6, "us_per_replayed_step_cpu": cpu / done * 1e6,
-            "seconds_wall_per_100k_replayed_steps": wall / done * 1e5,
-            "seconds_cpu_per_100k_replayed_steps": cpu / done * 1e5, "target_s": 10.0}
+    return {
+        "what": "exact replay",
+        "builder": builder,
+        "nodes": nodes,
+        "lattice_steps": lat.num_steps,
+        "requests": requests,
+        "replayed_steps": done,
+        "tau": float(tokens.sum() / done),
+        "seconds_wall": wall,
+        "seconds_cpu": cpu,
+        "us_per_replayed_step_wall": wall / done * 1e6,
+        "us_per_replayed_step_cpu": cpu / done * 1e6,
+        "seconds_wall_per_100k_replayed_steps": wall / done * 1e5,
+        "seconds_cpu_per_100k_replayed_steps": cpu / done * 1e5,
+        "target_s": 10.0,
+    }
 
 
 def main() -> int:

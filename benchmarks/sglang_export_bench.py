@@ -24,8 +24,10 @@ from specpilot_mem.sglang.cpu_import import import_environment, write_torchvisio
 from specpilot_mem.sglang.entry_src import sglang_entry_ids
 from specpilot_mem.store.resolver import apply_entries
 
-PARSE = ("from sglang.srt.server_args import prepare_server_args\n"
-         "args = prepare_server_args(['--model-path', 'm', '--quantization', 'w12'])\n")
+PARSE = (
+    "from sglang.srt.server_args import prepare_server_args\n"
+    "args = prepare_server_args(['--model-path', 'm', '--quantization', 'w12'])\n"
+)
 
 
 def timed(fn):

@@ -62,7 +62,9 @@ def random_tree(n: int, seed: int, chain_bias: float = 0.6) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     parents = [-1]
     for i in range(1, n):
-        parents.append(i - 1 if torch.rand((), generator=gen) < chain_bias else int(torch.randint(0, i, (), generator=gen)))
+        parents.append(
+            i - 1 if torch.rand((), generator=gen) < chain_bias else int(torch.randint(0, i, (), generator=gen))
+        )
     return parents
 
 
@@ -115,8 +117,9 @@ class Timer:
         return round(statistics.median(samples), 4)
 
 
-def time_model(model: SystemModel, caches: Caches, B: int, rows: int, context: int, timer: Timer,
-               ar: bool = False) -> float:
+def time_model(
+    model: SystemModel, caches: Caches, B: int, rows: int, context: int, timer: Timer, ar: bool = False
+) -> float:
     """ms of one verify step (verify + accept + commit) of B requests with ``rows`` rows each, as one CUDA graph."""
     shape = model.shape
     buf = StepBuffers.empty(B, rows, shape.conv_size, model.device)
@@ -138,8 +141,7 @@ def time_model(model: SystemModel, caches: Caches, B: int, rows: int, context: i
 def time_draft(model: SystemModel, B: int, timer: Timer, positions: int = 16) -> float:
     shape = model.shape
     buf = StepBuffers.empty(B, positions + 1, shape.conv_size, model.device)
-    buf.fill(pack_trees([(list(range(positions + 1)), list(range(-1, positions)))] * B, positions + 1,
-                        shape.conv_size))
+    buf.fill(pack_trees([(list(range(positions + 1)), list(range(-1, positions)))] * B, positions + 1, shape.conv_size))
     ms = timer.ms(lambda: model.graphed(("draft", B), lambda: model.draft(buf, positions)))
     model.release_buffers()
     return ms
@@ -156,8 +158,14 @@ def single(args, device, dtype, timer) -> dict:
     shape = get_shape("qwen3.8-27b-like", args.smoke)
     rows_list = [int(r) for r in args.rows.split(",")]
     context, max_len = args.context, args.context + max(rows_list) + 8
-    out = {"shape": shape.to_dict(), "context": context, "requests": 1,
-           "weight_floor_ms": round(shape.weight_floor_ms(READ_BW), 4), "steps_ms": {}, "errors": {}}
+    out = {
+        "shape": shape.to_dict(),
+        "context": context,
+        "requests": 1,
+        "weight_floor_ms": round(shape.weight_floor_ms(READ_BW), 4),
+        "steps_ms": {},
+        "errors": {},
+    }
     check_fits(memory_needed(shape, SINGLE_OPTIONS["all"], 1, max_len), free_bytes(device), "single")
     t0 = time.perf_counter()
     weights = Weights.synthetic(shape, device, dtype)
@@ -201,21 +209,30 @@ def batched(args, device, dtype, timer) -> dict:
         batches = [int(b) for b in args.batches.split(",")]
         rows = SystemOptions().rows
         max_len = args.context + rows + 8
-        row = {"shape": shape.to_dict(), "context": args.context, "rows_per_request": rows, "by_batch": {},
-               "errors": {}}
-        check_fits(memory_needed(shape, BATCHED_OPTIONS["specpilot"], max(batches), max_len), free_bytes(device),
-                   shape_name)
+        row = {
+            "shape": shape.to_dict(),
+            "context": args.context,
+            "rows_per_request": rows,
+            "by_batch": {},
+            "errors": {},
+        }
+        check_fits(
+            memory_needed(shape, BATCHED_OPTIONS["specpilot"], max(batches), max_len), free_bytes(device), shape_name
+        )
         weights = Weights.synthetic(shape, device, dtype)
         caches = Caches(shape, max(batches), max_len, device, dtype)
         caches.randomize(args.context)
         stock = SystemModel(weights, BATCHED_OPTIONS["stock"])
         for B in batches:
-            entry = {"T_AR_ms": time_model(stock, caches, B, 1, args.context, timer, ar=True),
-                     "T_draft_ms": time_draft(stock, B, timer)}
+            entry = {
+                "T_AR_ms": time_model(stock, caches, B, 1, args.context, timer, ar=True),
+                "T_draft_ms": time_draft(stock, B, timer),
+            }
             for name, options in BATCHED_OPTIONS.items():
                 try:
-                    entry[f"T_verify_{name}_ms"] = time_model(stock.with_options(options), caches, B, rows,
-                                                              args.context, timer)
+                    entry[f"T_verify_{name}_ms"] = time_model(
+                        stock.with_options(options), caches, B, rows, args.context, timer
+                    )
                 except Exception as exc:  # noqa: BLE001
                     row["errors"][f"{name}/{B}"] = f"{type(exc).__name__}: {exc}"[:400]
             row["by_batch"][str(B)] = entry
@@ -232,8 +249,9 @@ CHECK_OPTIONS = {
     "certified_head": SystemOptions(positions=8, lm_head="certified"),
     "gdn_path": SystemOptions(positions=8, gdn_verify="path"),
     "best_first": SystemOptions(positions=8, tree="best-first", nodes=16),
-    "all": SystemOptions(positions=8, linears="w12", lm_head="certified", gdn_verify="path", tree="best-first",
-                         nodes=16),
+    "all": SystemOptions(
+        positions=8, linears="w12", lm_head="certified", gdn_verify="path", tree="best-first", nodes=16
+    ),
 }
 
 
@@ -248,8 +266,10 @@ def check(args, device) -> dict:
 
     if not has_trained_pair():
         return {"error": "no trained pair under models/"}
-    prompts = [p[:args.check_prompt_len] for p in
-               _json.loads((DEFAULT_MODEL_DIR / "greedy-reference.json").read_text())["prompts"][:args.check_prompts]]
+    prompts = [
+        p[: args.check_prompt_len]
+        for p in _json.loads((DEFAULT_MODEL_DIR / "greedy-reference.json").read_text())["prompts"][: args.check_prompts]
+    ]
     out = {"prompts": len(prompts), "new_tokens": args.check_tokens, "batch": args.check_batch, "by_dtype": {}}
     dtypes = ("float32",) if device.type == "cpu" else ("bfloat16", "float32")
     names = args.check_options.split(",") if args.check_options else list(CHECK_OPTIONS)
@@ -263,8 +283,10 @@ def check(args, device) -> dict:
         for name in names:
             try:
                 runs = base.with_options(CHECK_OPTIONS[name]).generate(prompts, "spec", args.check_tokens)
-                row[name] = {**agreement([g.output_ids for g in runs], want),
-                             "tau": round(sum(sum(g.accepted) for g in runs) / max(1, sum(g.steps for g in runs)), 3)}
+                row[name] = {
+                    **agreement([g.output_ids for g in runs], want),
+                    "tau": round(sum(sum(g.accepted) for g in runs) / max(1, sum(g.steps for g in runs)), 3),
+                }
             except Exception as exc:  # noqa: BLE001 - one failing option set keeps the others' figures
                 row[name] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
             progress(f"check {dtype_name} {name}: {row[name]}")
@@ -278,8 +300,9 @@ FORCING_SYSTEMS = {
     "certified_head": SystemOptions(positions=8, lm_head="certified"),
     "gdn_path": SystemOptions(positions=8, gdn_verify="path"),
     "best_first": SystemOptions(positions=8, tree="best-first", nodes=16),
-    "all": SystemOptions(positions=8, linears="w12", lm_head="certified", gdn_verify="path", tree="best-first",
-                         nodes=16),
+    "all": SystemOptions(
+        positions=8, linears="w12", lm_head="certified", gdn_verify="path", tree="best-first", nodes=16
+    ),
     "fault": SystemOptions(positions=8, fault_after=32),  # the paper's §6.2 fault: token forcing must reject it
 }
 PROMPTS = Path(__file__).resolve().parent / "data" / "system_prompts.json"
@@ -296,26 +319,37 @@ def forcing(args, device) -> dict:
 
     all_prompts = _json.loads(PROMPTS.read_text())["prompts"]
     seeds = range(args.forcing_seeds)
-    requests = {f"s{seed}-{i}": all_prompts[(seed * 16 + i) % len(all_prompts)][:args.check_prompt_len - 8 * seed]
-                for seed in seeds for i in range(args.forcing_per_seed)}
+    requests = {
+        f"s{seed}-{i}": all_prompts[(seed * 16 + i) % len(all_prompts)][: args.check_prompt_len - 8 * seed]
+        for seed in seeds
+        for i in range(args.forcing_per_seed)
+    }
     ids, prompts = list(requests), list(requests.values())
-    engine = Engine.load_default(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
-                                 max_len=512)
+    engine = Engine.load_default(
+        device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32, max_len=512
+    )
     base = SystemDecoder(engine, SystemOptions(positions=8), batch=args.check_batch, max_len=512)
     outputs = {"ar": base.generate(prompts, "ar", args.forcing_tokens)}
     for name, options in FORCING_SYSTEMS.items():
         outputs[name] = base.with_options(options).generate(prompts, "spec", args.forcing_tokens)
         progress(f"forcing outputs: {name}")
-    doc = {"dtype": str(base.dtype).removeprefix("torch."), "new_tokens": args.forcing_tokens,
-           "requests": [{"id": rid, "prompt_ids": p} for rid, p in zip(ids, prompts)],
-           "systems": {name: {rid: g.output_ids for rid, g in zip(ids, runs)} for name, runs in outputs.items()},
-           "tau": {name: round(sum(sum(g.accepted) for g in runs) / max(1, sum(g.steps for g in runs)), 3)
-                   for name, runs in outputs.items()},
-           "options": {name: o.label() for name, o in FORCING_SYSTEMS.items()}}
+    doc = {
+        "dtype": str(base.dtype).removeprefix("torch."),
+        "new_tokens": args.forcing_tokens,
+        "requests": [{"id": rid, "prompt_ids": p} for rid, p in zip(ids, prompts)],
+        "systems": {name: {rid: g.output_ids for rid, g in zip(ids, runs)} for name, runs in outputs.items()},
+        "tau": {
+            name: round(sum(sum(g.accepted) for g in runs) / max(1, sum(g.steps for g in runs)), 3)
+            for name, runs in outputs.items()
+        },
+        "options": {name: o.label() for name, o in FORCING_SYSTEMS.items()},
+    }
     path = (args.out.parent if args.out else Path(".")) / f"system-forcing-outputs{'-smoke' if args.smoke else ''}.json"
     write_result({**result_header("system_bench forcing outputs"), **doc}, path)
-    same = {name: sum(a == b for a, b in zip(doc["systems"][name].values(), doc["systems"]["ar"].values()))
-            for name in doc["systems"]}
+    same = {
+        name: sum(a == b for a, b in zip(doc["systems"][name].values(), doc["systems"]["ar"].values()))
+        for name in doc["systems"]
+    }
     return {"path": str(path), "requests": len(ids), "identical_to_ar": same, "tau": doc["tau"]}
 
 
@@ -340,14 +374,23 @@ def pair_lattice(args, device):
         from specpilot_mem.engine.weights import DEFAULT_MODEL_DIR
         from specpilot_mem.replay.lattice import LatticeRecorder
 
-        prompts = [p[:args.check_prompt_len] for p in _json.loads(
-            (DEFAULT_MODEL_DIR / "greedy-reference.json").read_text())["prompts"][:args.tau_prompts]]
+        prompts = [
+            p[: args.check_prompt_len]
+            for p in _json.loads((DEFAULT_MODEL_DIR / "greedy-reference.json").read_text())["prompts"][
+                : args.tau_prompts
+            ]
+        ]
         engine = Engine.load_default(device=device, dtype=torch.float32, max_len=512)
         path = (args.out.parent if args.out else Path(".")) / "system-pair-lattices.npz"
-        recorder = LatticeRecorder(path, kind="selector", positions=16,
-                                   meta={"target": "trained pair (models/)", "drafter": "trained pair (models/)"})
-        engine.record_lattices(recorder, prompts, positions=16, max_new_tokens=args.tau_tokens,
-                               labels=["greedy-reference"] * len(prompts))
+        recorder = LatticeRecorder(
+            path,
+            kind="selector",
+            positions=16,
+            meta={"target": "trained pair (models/)", "drafter": "trained pair (models/)"},
+        )
+        engine.record_lattices(
+            recorder, prompts, positions=16, max_new_tokens=args.tau_tokens, labels=["greedy-reference"] * len(prompts)
+        )
         cache["lattice"], cache["path"] = recorder.close(), path
     return cache["lattice"], cache["path"]
 
@@ -379,8 +422,11 @@ def speedup(args, device, result) -> dict:
                 c = (t_draft + t_verify) / t_ar
                 rows[nodes] = {"tau": tau, "c": round(c, 4), "S": round(tau / c, 4)}
             best = max(rows, key=lambda n: rows[n]["S"], default=None)
-            out["single"][name] = {"by_nodes": rows, "best_nodes": best,
-                                   "speedup_over_ar": rows[best]["S"] if best else None}
+            out["single"][name] = {
+                "by_nodes": rows,
+                "best_nodes": best,
+                "speedup_over_ar": rows[best]["S"] if best else None,
+            }
         stock_best = out["single"].get("stock", {}).get("speedup_over_ar")
         for entry in out["single"].values():
             if stock_best and entry["speedup_over_ar"]:
@@ -425,12 +471,19 @@ def kernel_classes(model: SystemModel, caches: Caches, B: int, rows: int, contex
     hidden = torch.randn(M, s.d_model, generator=gen, device=dev).to(dt)
     out = {}
     params = s.params()["target_linears"]
-    out["target_gemm"] = {"time_ms": timer.ms(lambda: model.graphed("gemm", gemms)),
-                          "bytes": params * w_bytes, "flops": 2.0 * M * params, "dtype": "bf16"}
+    out["target_gemm"] = {
+        "time_ms": timer.ms(lambda: model.graphed("gemm", gemms)),
+        "bytes": params * w_bytes,
+        "flops": 2.0 * M * params,
+        "dtype": "bf16",
+    }
     head_bytes = {"bf16": 2.0, "w12": 1.5, "certified": 1.0}[opts.lm_head] * s.vocab_size * s.d_model
-    out["lm_head"] = {"time_ms": timer.ms(lambda: model.graphed("head", lambda: model.head_argmax(hidden))),
-                      "bytes": head_bytes, "flops": 2.0 * M * s.vocab_size * s.d_model,
-                      "dtype": "int8" if opts.lm_head == "certified" else "bf16"}
+    out["lm_head"] = {
+        "time_ms": timer.ms(lambda: model.graphed("head", lambda: model.head_argmax(hidden))),
+        "bytes": head_bytes,
+        "flops": 2.0 * M * s.vocab_size * s.d_model,
+        "dtype": "int8" if opts.lm_head == "certified" else "bf16",
+    }
     if s.gdn_layers:
         H, HV, D = s.gdn_key_heads, s.gdn_value_heads, s.gdn_head_dim
         q, k = (torch.randn(B, rows, H, D, generator=gen, device=dev).to(dt) for _ in range(2))
@@ -461,10 +514,13 @@ def kernel_classes(model: SystemModel, caches: Caches, B: int, rows: int, contex
 
         state = HV * D * D * 4
         per_layer = B * state * (2 + (rows + 1 if opts.gdn_verify == "snapshot" else 0))
-        out["gdn_verify_commit"] = {"time_ms": timer.ms(lambda: model.graphed("gdn", gdn)),
-                                    "bytes": float(per_layer * s.gdn_layers),
-                                    "flops": float(4.0 * M * HV * D * D * s.gdn_layers * 2), "dtype": "bf16",
-                                    "peak_tflops": 60.0}
+        out["gdn_verify_commit"] = {
+            "time_ms": timer.ms(lambda: model.graphed("gdn", gdn)),
+            "bytes": float(per_layer * s.gdn_layers),
+            "flops": float(4.0 * M * HV * D * D * s.gdn_layers * 2),
+            "dtype": "bf16",
+            "peak_tflops": 60.0,
+        }
     if s.attn_layers:
         hq, hkv, D, L = s.attn_heads, s.attn_kv_heads, s.attn_head_dim, caches.max_len
         rep = hq // hkv
@@ -476,9 +532,12 @@ def kernel_classes(model: SystemModel, caches: Caches, B: int, rows: int, contex
             for i in attn_ids:
                 torch.nn.functional.scaled_dot_product_attention(qf, caches.k[i][:B], caches.v[i][:B], attn_mask=mask)
 
-        out["attention"] = {"time_ms": timer.ms(lambda: model.graphed("attn", attention)),
-                            "bytes": float(s.attn_layers * B * L * hkv * D * 2 * 2),
-                            "flops": float(4.0 * s.attn_layers * B * hq * rows * L * D), "dtype": "bf16"}
+        out["attention"] = {
+            "time_ms": timer.ms(lambda: model.graphed("attn", attention)),
+            "bytes": float(s.attn_layers * B * L * hkv * D * 2 * 2),
+            "flops": float(4.0 * s.attn_layers * B * hq * rows * L * D),
+            "dtype": "bf16",
+        }
     model.release_buffers()
     return out
 
@@ -505,25 +564,45 @@ def profile(args, device, dtype, timer, result) -> dict:
         t_verify = time_model(model, caches, 1, rows, context, timer)
         kernels = kernel_classes(model, caches, 1, rows, context, timer)
         measured = sum(k["time_ms"] for k in kernels.values())
-        kernels["rest"] = {"time_ms": round(max(t_verify - measured, 0.0), 4), "bytes": 0.0, "flops": 0.0,
-                           "dtype": "bf16"}
-        kernels["drafter"] = {"time_ms": t_draft, "bytes": float(2 * shape.params()["drafter_linears"]
-                                                                 + 2 * shape.vocab_size * shape.d_model),
-                              "flops": float(2 * 17 * shape.params()["drafter_linears"]), "dtype": "bf16"}
+        kernels["rest"] = {
+            "time_ms": round(max(t_verify - measured, 0.0), 4),
+            "bytes": 0.0,
+            "flops": 0.0,
+            "dtype": "bf16",
+        }
+        kernels["drafter"] = {
+            "time_ms": t_draft,
+            "bytes": float(2 * shape.params()["drafter_linears"] + 2 * shape.vocab_size * shape.d_model),
+            "flops": float(2 * 17 * shape.params()["drafter_linears"]),
+            "dtype": "bf16",
+        }
         builder = "chain" if options.tree == "chain" else "best-first"
-        doc = {"format": "specpilot-profile", "version": 1, "gpu": "H200" if device.type == "cuda" else "H100 SXM",
-               "system": f"system engine {options.label()}, {shape.name} (synthetic weights), one request, "
-                         f"{context}-token context; tau: the trained pair's exact replay ({builder})",
-               "synthetic": True, "nodes": rows - 1, "tau": replay_tau(lattice, builder, rows - 1),
-               "T_step_ms": round(t_draft + t_verify, 4), "T_AR_ms": t_ar, "kernels": kernels,
-               "command": " ".join(sys.argv), "date": _dt.date.today().isoformat()}
+        doc = {
+            "format": "specpilot-profile",
+            "version": 1,
+            "gpu": "H200" if device.type == "cuda" else "H100 SXM",
+            "system": f"system engine {options.label()}, {shape.name} (synthetic weights), one request, "
+            f"{context}-token context; tau: the trained pair's exact replay ({builder})",
+            "synthetic": True,
+            "nodes": rows - 1,
+            "tau": replay_tau(lattice, builder, rows - 1),
+            "T_step_ms": round(t_draft + t_verify, 4),
+            "T_AR_ms": t_ar,
+            "kernels": kernels,
+            "command": " ".join(sys.argv),
+            "date": _dt.date.today().isoformat(),
+        }
         measured_steps = result.get("single", {}).get("steps_ms", {}).get(name, {})
         if measured_steps:  # T_step(N) from the single section: the draft plus the verify step of N + 1 rows
             doc["step_times_ms"] = {int(r) - 1: round(t_draft + t, 4) for r, t in measured_steps.items() if int(r) > 1}
         path = Path(folder) / f"system-profile-{name}{'-smoke' if args.smoke else ''}.json"
         write_result(doc, path)
-        out[name] = {"path": str(path), "T_verify_ms": t_verify, "T_prof_ms": round(measured + t_draft, 4),
-                     "kernels": kernels}
+        out[name] = {
+            "path": str(path),
+            "T_verify_ms": t_verify,
+            "T_prof_ms": round(measured + t_draft, 4),
+            "kernels": kernels,
+        }
         progress(f"profile {name}: {out[name]['T_prof_ms']} ms of {doc['T_step_ms']} ms")
     del weights, caches, stock
     release()
@@ -544,7 +623,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes with the same structure (CPU dry run)")
-    ap.add_argument("--sections", default="check,forcing,single,batched,profile,speedup", help="comma-separated: check,single,batched,profile,speedup")
+    ap.add_argument(
+        "--sections",
+        default="check,forcing,single,batched,profile,speedup",
+        help="comma-separated: check,single,batched,profile,speedup",
+    )
     ap.add_argument("--rows", default="1,4,8,17,32,33,64")
     ap.add_argument("--batches", default="8,16,32")
     ap.add_argument("--context", type=int, default=1024)
@@ -573,15 +656,22 @@ def main(argv=None) -> int:
         args.forcing_seeds, args.forcing_per_seed, args.forcing_tokens = 1, 2, 6
     dtype = torch.bfloat16
     timer = Timer(device, args.iters, bursts=1 if args.smoke else 5)
-    result = {**result_header("system_bench"), "label": LABEL, "device_name": torch.cuda.get_device_name(device)
-              if device.type == "cuda" else "cpu", "smoke": args.smoke, "dtype": "bfloat16",
-              "acceptance": "pinned to each tree's deepest root path (the largest commit)"}
-    sections = {"check": lambda: check(args, device),
-                "single": lambda: single(args, device, dtype, timer),
-                "batched": lambda: batched(args, device, dtype, timer),
-                "profile": lambda: profile(args, device, dtype, timer, result),
-                "speedup": lambda: speedup(args, device, result),
-                "forcing": lambda: forcing(args, device)}
+    result = {
+        **result_header("system_bench"),
+        "label": LABEL,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "smoke": args.smoke,
+        "dtype": "bfloat16",
+        "acceptance": "pinned to each tree's deepest root path (the largest commit)",
+    }
+    sections = {
+        "check": lambda: check(args, device),
+        "single": lambda: single(args, device, dtype, timer),
+        "batched": lambda: batched(args, device, dtype, timer),
+        "profile": lambda: profile(args, device, dtype, timer, result),
+        "speedup": lambda: speedup(args, device, result),
+        "forcing": lambda: forcing(args, device),
+    }
     for name in args.sections.split(","):
         if name not in sections:
             result[name] = {"error": f"unknown section {name!r}; use {', '.join(sections)}"}

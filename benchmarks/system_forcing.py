@@ -34,23 +34,40 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     doc = json.loads(args.outputs.read_text())
-    requests = [Request(r["id"], "stdlib", "unseen", doc["new_tokens"], prompt_ids=tuple(r["prompt_ids"]))
-                for r in doc["requests"]]
+    requests = [
+        Request(r["id"], "stdlib", "unseen", doc["new_tokens"], prompt_ids=tuple(r["prompt_ids"]))
+        for r in doc["requests"]
+    ]
     scorer = EngineScorer(Engine.load_default())
-    scored = {name: score_outputs(scorer, requests, {rid: RequestOutput(rid, tuple(ids)) for rid, ids in runs.items()})
-              for name, runs in doc["systems"].items()}
+    scored = {
+        name: score_outputs(scorer, requests, {rid: RequestOutput(rid, tuple(ids)) for rid, ids in runs.items()})
+        for name, runs in doc["systems"].items()
+    }
     calibration = calibrate_delta(scored["ar"], scored["stock"])
     forcing = TokenForcing(scorer, scored["stock"], calibration.delta)
-    verdicts = {name: forcing.judge(name, scored[name]).to_dict() for name in doc["systems"] if name not in ("ar", "stock")}
+    verdicts = {
+        name: forcing.judge(name, scored[name]).to_dict() for name in doc["systems"] if name not in ("ar", "stock")
+    }
     # lossless systems must not be rejected (accepted, or inconclusive when the sample is too small to tell);
     # the fault must be rejected
-    ok = {name: (v["verdict"] == "reject") if name in LOSSY else (v["verdict"] != "reject") for name, v in verdicts.items()}
-    result = {**result_header("system_forcing"), "outputs": str(args.outputs), "outputs_commit": doc.get("git_commit"),
-              "outputs_device": doc.get("device"), "dtype": doc["dtype"], "requests": len(requests),
-              "calibration": calibration.to_dict(), "tau": doc.get("tau"),
-              "verdicts": {name: v["verdict"] for name, v in verdicts.items()},
-              "as_expected": all(ok.values()), "as_expected_by_system": ok,
-              "details": verdicts}
+    ok = {
+        name: (v["verdict"] == "reject") if name in LOSSY else (v["verdict"] != "reject")
+        for name, v in verdicts.items()
+    }
+    result = {
+        **result_header("system_forcing"),
+        "outputs": str(args.outputs),
+        "outputs_commit": doc.get("git_commit"),
+        "outputs_device": doc.get("device"),
+        "dtype": doc["dtype"],
+        "requests": len(requests),
+        "calibration": calibration.to_dict(),
+        "tau": doc.get("tau"),
+        "verdicts": {name: v["verdict"] for name, v in verdicts.items()},
+        "as_expected": all(ok.values()),
+        "as_expected_by_system": ok,
+        "details": verdicts,
+    }
     print_result(result, args.out)
     return 0
 

@@ -64,8 +64,9 @@ def qpass_view(weights: Weights, low_bits: str) -> Weights:
     return view
 
 
-def time_qpass(qmodel: SystemModel, caches: Caches, rows: int, context: int, timer: Timer,
-               linear_mode: str | None = None) -> float:
+def time_qpass(
+    qmodel: SystemModel, caches: Caches, rows: int, context: int, timer: Timer, linear_mode: str | None = None
+) -> float:
     """ms of the Q pass over a ``rows``-row tree: forward without cache writes, the head's argmax, acceptance.
     ``linear_mode`` "q8_midpoint": the engine's own hook (the W12 CUDA kernels' Q mode) instead of ``qmodel``'s
     linears."""
@@ -98,8 +99,14 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     timer = Timer(device, args.iters if device.type == "cuda" else 1, bursts=5 if device.type == "cuda" else 1)
     shape = get_shape("qwen3.8-27b-like", args.smoke)
-    result = {**result_header("tlv_cycle_bench"), "shape": shape.to_dict(), "context": args.context, "rows": args.rows,
-              "weights": "synthetic: seeded N(0, 0.02)", "dry_run": device.type != "cuda"}
+    result = {
+        **result_header("tlv_cycle_bench"),
+        "shape": shape.to_dict(),
+        "context": args.context,
+        "rows": args.rows,
+        "weights": "synthetic: seeded N(0, 0.02)",
+        "dry_run": device.type != "cuda",
+    }
     started = time.perf_counter()
     weights = Weights.synthetic(shape, device, dtype)
     caches = Caches(shape, 1, args.context + args.rows + 8, device, dtype)
@@ -116,9 +123,11 @@ def main(argv=None) -> int:
     result["T_single_step_ms"] = result["T_draft_ms"] + result["T_exact_step_ms"]
     result["cycle_over_single"] = result["T_cycle_ms"] / result["T_single_step_ms"]
     result["break_even_tau_ratio"] = result["cycle_over_single"]
-    result["headline"] = (f"27B-like, 1 request, {args.rows} rows: Q pass {result['T_qpass_ms']:.2f} ms vs exact step "
-                          f"{result['T_exact_step_ms']:.2f} ms ({result['q_over_exact_step']:.2f}x); cycle "
-                          f"{result['T_cycle_ms']:.2f} ms = {result['cycle_over_single']:.2f}x a single-pass step")
+    result["headline"] = (
+        f"27B-like, 1 request, {args.rows} rows: Q pass {result['T_qpass_ms']:.2f} ms vs exact step "
+        f"{result['T_exact_step_ms']:.2f} ms ({result['q_over_exact_step']:.2f}x); cycle "
+        f"{result['T_cycle_ms']:.2f} ms = {result['cycle_over_single']:.2f}x a single-pass step"
+    )
     if qmodel.graph_error or exact.graph_error:
         result["graph_error"] = qmodel.graph_error or exact.graph_error
     result["wall_s"] = time.perf_counter() - started

@@ -76,28 +76,46 @@ def main(argv=None) -> int:
     ap.add_argument("--positions", default="8,16")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", default=None, help="regex: run only the systems it matches (AR and stock always run)")
-    ap.add_argument("--lossy-truncated", action="store_true",
-                    help="also the accept-from-Q variant on the truncated view (a coarser Q pass)")
+    ap.add_argument(
+        "--lossy-truncated",
+        action="store_true",
+        help="also the accept-from-Q variant on the truncated view (a coarser Q pass)",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     engine = Engine.load(args.model_dir)
     prompts = unseen_prompts(args.model_dir, args.requests, args.prompt_len)
-    requests = [Request(f"unseen-{i}", "corpus", "unseen", args.new_tokens, prompt_ids=tuple(p))
-                for i, p in enumerate(prompts)]
-    result = {**result_header("tlv_engine_bench"), "label": LABEL, "model_dir": str(args.model_dir),
-              "requests": len(requests), "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-              "nodes": args.nodes, "builder": "best-first", "device": "cpu", "dtype": "float32"}
+    requests = [
+        Request(f"unseen-{i}", "corpus", "unseen", args.new_tokens, prompt_ids=tuple(p)) for i, p in enumerate(prompts)
+    ]
+    result = {
+        **result_header("tlv_engine_bench"),
+        "label": LABEL,
+        "model_dir": str(args.model_dir),
+        "requests": len(requests),
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "nodes": args.nodes,
+        "builder": "best-first",
+        "device": "cpu",
+        "dtype": "float32",
+    }
     # (decoder, mode) per system: AR, stock (the engine's default chain), single-pass best-first, TLV variants
     systems = {"ar": (engine, "ar"), "stock": (engine, "spec")}
     for positions in (int(p) for p in args.positions.split(",")):
         single = engine.with_options(tree="best-first", positions=positions, nodes=args.nodes)
         systems[f"best-first-p{positions}"] = (single, "spec")
-        for name, opts in ((f"tlv-p{positions}", dict(measure_agreement=True)),
-                           (f"tlv-truncated-p{positions}", dict(low_bits="truncated", measure_agreement=True)),
-                           (f"tlv-accept-from-q-p{positions}", dict(accept_from_qpass=True)),
-                           *(((f"tlv-accept-from-q-truncated-p{positions}",
-                               dict(accept_from_qpass=True, low_bits="truncated")),) if args.lossy_truncated else ())):
+        for name, opts in (
+            (f"tlv-p{positions}", dict(measure_agreement=True)),
+            (f"tlv-truncated-p{positions}", dict(low_bits="truncated", measure_agreement=True)),
+            (f"tlv-accept-from-q-p{positions}", dict(accept_from_qpass=True)),
+            *(
+                ((f"tlv-accept-from-q-truncated-p{positions}", dict(accept_from_qpass=True, low_bits="truncated")),)
+                if args.lossy_truncated
+                else ()
+            ),
+        ):
             systems[name] = (TwoLevelEngine(engine, TlvOptions(nodes=args.nodes, positions=positions, **opts)), "tlv")
     if args.only:
         systems = {k: v for k, v in systems.items() if k in ("ar", "stock") or re.search(args.only, k)}
@@ -106,9 +124,12 @@ def main(argv=None) -> int:
     for name, (decoder, mode) in systems.items():
         start = time.perf_counter()
         generations[name] = decoder.generate(batch, mode=mode)
-        outputs[name] = {g.id: RequestOutput(g.id, tuple(g.output_ids), 0.0, tuple(g.token_times))
-                         for g in generations[name]}
-        log(f"{name}: {len(requests)} requests in {time.perf_counter() - start:.1f} s, tau {tau_per_pass(generations[name]):.2f}")
+        outputs[name] = {
+            g.id: RequestOutput(g.id, tuple(g.output_ids), 0.0, tuple(g.token_times)) for g in generations[name]
+        }
+        log(
+            f"{name}: {len(requests)} requests in {time.perf_counter() - start:.1f} s, tau {tau_per_pass(generations[name]):.2f}"
+        )
     scorer = EngineScorer(engine)
     scored = {name: score_outputs(scorer, requests, outs) for name, outs in outputs.items()}
     calibration = calibrate_delta(scored["ar"], scored["stock"])
@@ -117,9 +138,11 @@ def main(argv=None) -> int:
     systems_out = {}
     for name in systems:
         gens = generations[name]
-        entry = {"tau_per_exact_pass": tau_per_pass(gens),
-                 "per_request": {"tokens": [sum(g.accepted) for g in gens], "exact_passes": [len(g.accepted) for g in gens]},
-                 "identical_to_ar": sum(outputs[name][r.id].output_ids == outputs["ar"][r.id].output_ids for r in requests)}
+        entry = {
+            "tau_per_exact_pass": tau_per_pass(gens),
+            "per_request": {"tokens": [sum(g.accepted) for g in gens], "exact_passes": [len(g.accepted) for g in gens]},
+            "identical_to_ar": sum(outputs[name][r.id].output_ids == outputs["ar"][r.id].output_ids for r in requests),
+        }
         if name.startswith("tlv"):
             entry["mean_chain"] = sum(sum(g.chain) for g in gens) / sum(len(g.chain) for g in gens)
             entry["median_cycle_s"] = step_seconds(gens)
@@ -129,9 +152,14 @@ def main(argv=None) -> int:
             entry["qpass_agreement_over_tree"] = sum(g.agree for g in gens) / tree if tree else None
         if name not in ("ar", "stock"):
             verdict = forcing.judge(name, scored[name], synthetic=engine.synthetic)
-            entry["token_forcing"] = {"verdict": verdict.verdict, "reasons": list(verdict.reasons),
-                                      "mismatch_rate": verdict.rate.system_rate, "stock_rate": verdict.rate.stock_rate,
-                                      "events": verdict.events.system_events, "unexplained": verdict.events.unexplained}
+            entry["token_forcing"] = {
+                "verdict": verdict.verdict,
+                "reasons": list(verdict.reasons),
+                "mismatch_rate": verdict.rate.system_rate,
+                "stock_rate": verdict.rate.stock_rate,
+                "events": verdict.events.system_events,
+                "unexplained": verdict.events.unexplained,
+            }
         systems_out[name] = entry
     result["systems"] = systems_out
     summary = {}
@@ -140,16 +168,21 @@ def main(argv=None) -> int:
             continue
         single, tlv = systems_out[f"best-first-p{positions}"], systems_out[f"tlv-p{positions}"]
         summary[f"p{positions}"] = {
-            "tau_single_pass": single["tau_per_exact_pass"], "tau_tlv": tlv["tau_per_exact_pass"],
-            "tau_ratio": tlv["tau_per_exact_pass"] / single["tau_per_exact_pass"], "target_ratio": 1.6,
+            "tau_single_pass": single["tau_per_exact_pass"],
+            "tau_tlv": tlv["tau_per_exact_pass"],
+            "tau_ratio": tlv["tau_per_exact_pass"] / single["tau_per_exact_pass"],
+            "target_ratio": 1.6,
             "tlv_verdict": tlv["token_forcing"]["verdict"],
-            "accept_from_q_verdict": systems_out[f"tlv-accept-from-q-p{positions}"]["token_forcing"]["verdict"]}
+            "accept_from_q_verdict": systems_out[f"tlv-accept-from-q-p{positions}"]["token_forcing"]["verdict"],
+        }
     result["summary"] = summary
     lossy = {name: entry["token_forcing"]["verdict"] for name, entry in systems_out.items() if "accept-from-q" in name}
     result["accept_from_q_verdicts"] = lossy
     result["headline"] = "; ".join(
         f"P={key[1:]}: tau/exact pass {v['tau_tlv']:.2f} vs best-first {v['tau_single_pass']:.2f} ({v['tau_ratio']:.2f}x), "
-        f"forcing {v['tlv_verdict']} / accept-from-Q {v['accept_from_q_verdict']}" for key, v in summary.items())
+        f"forcing {v['tlv_verdict']} / accept-from-Q {v['accept_from_q_verdict']}"
+        for key, v in summary.items()
+    )
     print_result(result, args.out)
     return 0
 

@@ -35,8 +35,10 @@ def row_entry(shape: dict, rows: int) -> dict:
     for row in shape["rows"]:
         if row["M"] == rows:
             return row
-    raise SystemExit(f"the Q-pass result has no {rows}-row timing for N={shape['N']}, K={shape['K']}; "
-                     f"it has {[r['M'] for r in shape['rows']]}: rerun tlv_qpass_bench.py with --rows including {rows}")
+    raise SystemExit(
+        f"the Q-pass result has no {rows}-row timing for N={shape['N']}, K={shape['K']}; "
+        f"it has {[r['M'] for r in shape['rows']]}: rerun tlv_qpass_bench.py with --rows including {rows}"
+    )
 
 
 def pass_us(shapes: dict, rows: int, key: str, layers: int, head_key: str | None = None) -> float:
@@ -54,7 +56,9 @@ def main(argv=None) -> int:
     ap.add_argument("--qpass", type=Path, required=True)
     ap.add_argument("--engine", type=Path, required=True)
     ap.add_argument("--tree-rows", type=int, default=33, help="rows of an N = 32 tree and its root")
-    ap.add_argument("--chain-rows", type=int, default=16, help="rows timed for stock's chain (8 positions + anchor: 16)")
+    ap.add_argument(
+        "--chain-rows", type=int, default=16, help="rows timed for stock's chain (8 positions + anchor: 16)"
+    )
     ap.add_argument("--draft-rows", type=int, default=16)
     ap.add_argument("--drafter-layers", type=int, default=5)
     ap.add_argument("--positions", type=int, default=16, help="drafted positions of the compared systems")
@@ -63,23 +67,38 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     qpass, engine = json.loads(args.qpass.read_text()), json.loads(args.engine.read_text())
     shapes, layers = qpass["shapes"], qpass["layers"]
-    draft = (args.drafter_layers * sum(row_entry(shapes[n], args.draft_rows)["cublas_bf16_us"] for n in PROJECTIONS)
-             + row_entry(shapes["lm_head"], args.draft_rows)["exact_w12_us"])
+    draft = (
+        args.drafter_layers * sum(row_entry(shapes[n], args.draft_rows)["cublas_bf16_us"] for n in PROJECTIONS)
+        + row_entry(shapes["lm_head"], args.draft_rows)["exact_w12_us"]
+    )
     exact = pass_us(shapes, args.tree_rows, "exact_w12_us", layers)
     q = pass_us(shapes, args.tree_rows, "triton_qpass_midpoint_us", layers)
     stock_pass = pass_us(shapes, args.chain_rows, "cublas_bf16_us", layers)
-    times = {"draft_us": draft, "exact_pass_us": exact, "q_pass_us": q, "stock_pass_us": stock_pass,
-             "stock_step_us": draft + stock_pass, "single_step_us": draft + exact, "tlv_cycle_us": 2 * draft + q + exact}
+    times = {
+        "draft_us": draft,
+        "exact_pass_us": exact,
+        "q_pass_us": q,
+        "stock_pass_us": stock_pass,
+        "stock_step_us": draft + stock_pass,
+        "single_step_us": draft + exact,
+        "tlv_cycle_us": 2 * draft + q + exact,
+    }
     systems = engine["systems"]
     names = {"stock": "stock", "single": f"best-first-p{args.positions}", "tlv": f"tlv-p{args.positions}"}
     requests = len(systems["stock"]["per_request"]["tokens"])
 
     def gains(picks):
         t = {k: tau(systems[v], picks) for k, v in names.items()}
-        rate = {"stock": t["stock"] / times["stock_step_us"], "single": t["single"] / times["single_step_us"],
-                "tlv": t["tlv"] / times["tlv_cycle_us"]}
-        return t, {"tlv_over_single": rate["tlv"] / rate["single"], "tlv_over_stock": rate["tlv"] / rate["stock"],
-                   "single_over_stock": rate["single"] / rate["stock"]}
+        rate = {
+            "stock": t["stock"] / times["stock_step_us"],
+            "single": t["single"] / times["single_step_us"],
+            "tlv": t["tlv"] / times["tlv_cycle_us"],
+        }
+        return t, {
+            "tlv_over_single": rate["tlv"] / rate["single"],
+            "tlv_over_stock": rate["tlv"] / rate["stock"],
+            "single_over_stock": rate["single"] / rate["stock"],
+        }
 
     taus, point = gains(list(range(requests)))
     rng = random.Random(0)
@@ -88,17 +107,30 @@ def main(argv=None) -> int:
     for key in point:
         values = sorted(s[key] for s in samples)
         interval[key] = [values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1]]
-    result = {**result_header("tlv_model"), "inputs": {"qpass": str(args.qpass), "engine": str(args.engine)},
-              "assumptions": {"drafter": f"{args.drafter_layers} layers of the target's projections (cuBLAS BF16) at "
-                                         f"{args.draft_rows} rows + the W12 LM head at {args.draft_rows} rows",
-                              "modelled": "weight GEMMs only; attention, GDN state, norms and glue left out",
-                              "tau": "the trained pair (CPU), not the 27B target", "gpu": qpass.get("gpu")},
-              "positions": args.positions, "tree_rows": args.tree_rows, "times": times,
-              "q_over_exact": q / exact, "tau": taus, "gain": point, "gain_95_interval_over_requests": interval,
-              "requests": requests}
-    result["headline"] = (f"modelled TLV gain over single-pass W12 + tree {point['tlv_over_single']:.3f}x "
-                          f"[{interval['tlv_over_single'][0]:.3f}, {interval['tlv_over_single'][1]:.3f}], over stock "
-                          f"{point['tlv_over_stock']:.2f}x; Q/exact {q / exact:.2f} at {args.tree_rows} rows")
+    result = {
+        **result_header("tlv_model"),
+        "inputs": {"qpass": str(args.qpass), "engine": str(args.engine)},
+        "assumptions": {
+            "drafter": f"{args.drafter_layers} layers of the target's projections (cuBLAS BF16) at "
+            f"{args.draft_rows} rows + the W12 LM head at {args.draft_rows} rows",
+            "modelled": "weight GEMMs only; attention, GDN state, norms and glue left out",
+            "tau": "the trained pair (CPU), not the 27B target",
+            "gpu": qpass.get("gpu"),
+        },
+        "positions": args.positions,
+        "tree_rows": args.tree_rows,
+        "times": times,
+        "q_over_exact": q / exact,
+        "tau": taus,
+        "gain": point,
+        "gain_95_interval_over_requests": interval,
+        "requests": requests,
+    }
+    result["headline"] = (
+        f"modelled TLV gain over single-pass W12 + tree {point['tlv_over_single']:.3f}x "
+        f"[{interval['tlv_over_single'][0]:.3f}, {interval['tlv_over_single'][1]:.3f}], over stock "
+        f"{point['tlv_over_stock']:.2f}x; Q/exact {q / exact:.2f} at {args.tree_rows} rows"
+    )
     print_result(result, args.out)
     return 0
 

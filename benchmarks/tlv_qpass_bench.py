@@ -32,13 +32,21 @@ from cuda_timing import graph_replay_us, record_section  # noqa: E402
 from specpilot_kernels.w12 import encode, to_mma_layout, w12_mma_gemm  # noqa: E402
 from specpilot_kernels.w12.int8_copy import int8_copy, int8_qpass_gemm, int8_weight_reference  # noqa: E402
 from specpilot_kernels.w12.qpass import (  # noqa: E402
-    QpassConfig, qpass_gemm_reference, select_qpass_config, w12_qpass_gemm,
+    QpassConfig,
+    qpass_gemm_reference,
+    select_qpass_config,
+    w12_qpass_gemm,
 )
 from specpilot_kernels.w12.reference import qpass_weight_reference  # noqa: E402
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
-SHAPES = {"qkv": (10240, 5120), "o_proj": (5120, 8192), "gate_up": (34816, 5120), "down": (5120, 17408),
-          "lm_head": (248320, 5120)}
+SHAPES = {
+    "qkv": (10240, 5120),
+    "o_proj": (5120, 8192),
+    "gate_up": (34816, 5120),
+    "down": (5120, 17408),
+    "lm_head": (248320, 5120),
+}
 TINY_SHAPES = {"qkv": (320, 256), "down": (128, 640)}
 PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
 L2_BYTES = 60 * 2**20
@@ -55,12 +63,18 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 def candidates(n: int, k: int, device: torch.device) -> list[QpassConfig]:
     """The default partition and neighbours: 32 rows a program, 128 rows a program, more K splits, longer steps."""
     base = select_qpass_config(n, k, device)
-    return list(dict.fromkeys((
-        base, QpassConfig(tiles=2, blocks=2, splits=2 * base.splits, num_stages=4),
-        QpassConfig(tiles=8, blocks=2, splits=max(1, base.splits // 2), num_stages=2),
-        QpassConfig(tiles=4, blocks=2, splits=2 * base.splits, num_stages=3),
-        QpassConfig(tiles=2, blocks=2, splits=4 * base.splits, num_stages=3),
-        QpassConfig(tiles=4, blocks=4, splits=base.splits, num_stages=3))))
+    return list(
+        dict.fromkeys(
+            (
+                base,
+                QpassConfig(tiles=2, blocks=2, splits=2 * base.splits, num_stages=4),
+                QpassConfig(tiles=8, blocks=2, splits=max(1, base.splits // 2), num_stages=2),
+                QpassConfig(tiles=4, blocks=2, splits=2 * base.splits, num_stages=3),
+                QpassConfig(tiles=2, blocks=2, splits=4 * base.splits, num_stages=3),
+                QpassConfig(tiles=4, blocks=4, splits=base.splits, num_stages=3),
+            )
+        )
+    )
 
 
 def correctness(shapes: dict, device: str) -> dict:
@@ -85,8 +99,9 @@ def correctness(shapes: dict, device: str) -> dict:
             two, all_rows = y_mid(x[:2], mma), y_mid(x, mma)[:2]  # 2 rows: not Triton's specialization for 1
             entry["row_bits_independent_of_rows"] = torch.equal(two.view(torch.int16), all_rows.view(torch.int16))
             entry["rows_2_vs_16_differing"] = int((two.view(torch.int16) != all_rows.view(torch.int16)).sum())
-            entry["rows_2_vs_16_max_rel_diff"] = ((two.float() - all_rows.float()).abs().max()
-                                                  / all_rows.float().abs().max()).item()
+            entry["rows_2_vs_16_max_rel_diff"] = (
+                (two.float() - all_rows.float()).abs().max() / all_rows.float().abs().max()
+            ).item()
             cols = torch.arange(0, k, max(1, k // 16), device=device)[:16]
             onehot = torch.zeros(cols.numel(), k, device=device, dtype=torch.bfloat16)
             onehot[torch.arange(cols.numel(), device=device), cols] = 1.0
@@ -95,7 +110,7 @@ def correctness(shapes: dict, device: str) -> dict:
             entry["one_hot_rows_bit_exact"] = torch.equal(got.view(torch.int16), expected.view(torch.int16))
             # the view's zero code reads as a signed zero in the reference; a sum of +0 and -0 products is +0
             entry["one_hot_rows_equal_values"] = torch.equal(got.float(), expected.float())
-            entry["one_hot_differing_nonzero"] = int(((got.float() != expected.float())).sum())
+            entry["one_hot_differing_nonzero"] = int((got.float() != expected.float()).sum())
         copy = int8_copy(w)
         entry["int8_rel_err"] = rel_err(int8_qpass_gemm(x, copy), x.float() @ int8_weight_reference(copy).t())
         # how far each Q-pass weight set is from the exact product
@@ -132,9 +147,16 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], replays: int, device
     int8s = [int8_copy(w)] + [int8_copy(f) for f in fresh]
     bf16s = [w] + fresh
     xs = {m: torch.randn(m, k, device=device).bfloat16() for m in rows}
-    entry = {"N": n, "K": k, "copies": copies, "w12_bytes": w12_bytes, "view_bytes": mmas[0].view.numel(),
-             "int8_copy_bytes": int8s[0].nbytes(), "bf16_bytes": 2 * n * k,
-             "int8_copy_extra_bits_per_weight": 8.0 * int8s[0].nbytes() / (n * k)}
+    entry = {
+        "N": n,
+        "K": k,
+        "copies": copies,
+        "w12_bytes": w12_bytes,
+        "view_bytes": mmas[0].view.numel(),
+        "int8_copy_bytes": int8s[0].nbytes(),
+        "bf16_bytes": 2 * n * k,
+        "int8_copy_extra_bits_per_weight": 8.0 * int8s[0].nbytes() / (n * k),
+    }
     clock = graph_replay_us if cuda else wall_us
 
     def timed(fn):
@@ -149,16 +171,20 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], replays: int, device
     entry["rows"] = []
     for m in rows:
         x = xs[m]
-        row = {"M": m,
-               "exact_w12_us": timed(lambda i, x=x: w12_mma_gemm(x, mmas[i])) if cuda else None,
-               "cublas_bf16_us": timed(lambda i, x=x: torch.nn.functional.linear(x, bf16s[i])),
-               "cuda_qpass_midpoint_us": timed(lambda i, x=x: w12_mma_gemm(x, mmas[i], low_bits="midpoint"))
-               if cuda else None,
-               "triton_qpass_midpoint_us": timed(lambda i, x=x: w12_qpass_gemm(x, mmas[i], "midpoint", config=config)),
-               "int8_copy_us": timed(lambda i, x=x: int8_qpass_gemm(x, int8s[i]))}
+        row = {
+            "M": m,
+            "exact_w12_us": timed(lambda i, x=x: w12_mma_gemm(x, mmas[i])) if cuda else None,
+            "cublas_bf16_us": timed(lambda i, x=x: torch.nn.functional.linear(x, bf16s[i])),
+            "cuda_qpass_midpoint_us": timed(lambda i, x=x: w12_mma_gemm(x, mmas[i], low_bits="midpoint"))
+            if cuda
+            else None,
+            "triton_qpass_midpoint_us": timed(lambda i, x=x: w12_qpass_gemm(x, mmas[i], "midpoint", config=config)),
+            "int8_copy_us": timed(lambda i, x=x: int8_qpass_gemm(x, int8s[i])),
+        }
         if m == rows[0]:
             row["triton_qpass_truncated_us"] = timed(
-                lambda i, x=x: w12_qpass_gemm(x, mmas[i], "truncated", config=config))
+                lambda i, x=x: w12_qpass_gemm(x, mmas[i], "truncated", config=config)
+            )
         exact = row["exact_w12_us"] or row["cublas_bf16_us"]
         row["qpass_over_exact"] = row["triton_qpass_midpoint_us"] / exact
         row["int8_over_exact"] = row["int8_copy_us"] / exact
@@ -175,20 +201,33 @@ def summarize(shapes: dict, layers: int) -> dict:
     for i, row in enumerate(present[0]["rows"]):
         m = row["M"]
         totals = {}
-        for key in ("exact_w12_us", "triton_qpass_midpoint_us", "cuda_qpass_midpoint_us", "int8_copy_us",
-                    "cublas_bf16_us"):
-            values = [(name, shape["rows"][i][key]) for name, shape in shapes.items()
-                      if isinstance(shape, dict) and "rows" in shape]
-            totals[key] = None if any(v is None for _, v in values) else sum(
-                (layers if name in PROJECTIONS else 1) * v for name, v in values)
+        for key in (
+            "exact_w12_us",
+            "triton_qpass_midpoint_us",
+            "cuda_qpass_midpoint_us",
+            "int8_copy_us",
+            "cublas_bf16_us",
+        ):
+            values = [
+                (name, shape["rows"][i][key])
+                for name, shape in shapes.items()
+                if isinstance(shape, dict) and "rows" in shape
+            ]
+            totals[key] = (
+                None
+                if any(v is None for _, v in values)
+                else sum((layers if name in PROJECTIONS else 1) * v for name, v in values)
+            )
         if totals["exact_w12_us"] is None:  # the CPU dry run: no exact CUDA pass to compare with
             summary[f"M={m}"] = {"pass_us": totals}
             continue
-        summary[f"M={m}"] = {"pass_us": totals,
-                             "qpass_over_exact": totals["triton_qpass_midpoint_us"] / totals["exact_w12_us"],
-                             "cuda_qpass_over_exact": totals["cuda_qpass_midpoint_us"] / totals["exact_w12_us"],
-                             "int8_over_exact": totals["int8_copy_us"] / totals["exact_w12_us"],
-                             "target_qpass_over_exact": 0.75}
+        summary[f"M={m}"] = {
+            "pass_us": totals,
+            "qpass_over_exact": totals["triton_qpass_midpoint_us"] / totals["exact_w12_us"],
+            "cuda_qpass_over_exact": totals["cuda_qpass_midpoint_us"] / totals["exact_w12_us"],
+            "int8_over_exact": totals["int8_copy_us"] / totals["exact_w12_us"],
+            "target_qpass_over_exact": 0.75,
+        }
     return summary
 
 
@@ -202,10 +241,14 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
-    result = {**result_header("tlv_qpass_bench"), "device_used": args.device, "layers": args.layers,
-              "weights": "synthetic: seeded N(0, 0.02) BF16",
-              "method": "CUDA-graph replay over rotating copies >= 2x60 MB, median of --replays; pass = layers x "
-                        "projections + lm_head"}
+    result = {
+        **result_header("tlv_qpass_bench"),
+        "device_used": args.device,
+        "layers": args.layers,
+        "weights": "synthetic: seeded N(0, 0.02) BF16",
+        "method": "CUDA-graph replay over rotating copies >= 2x60 MB, median of --replays; pass = layers x "
+        "projections + lm_head",
+    }
     if args.device == "cpu":
         result["dry_run"] = "CPU, Triton interpreter, tiny shapes: correctness only, no timing"
         record_section(result, "correctness", lambda: correctness(TINY_SHAPES, "cpu"), args.out)
@@ -215,17 +258,25 @@ def main() -> None:
         return
     result["gpu"] = torch.cuda.get_device_name()
     started = time.monotonic()
-    record_section(result, "correctness", lambda: correctness({"qkv": SHAPES["qkv"], "down": SHAPES["down"]},
-                                                               "cuda"), args.out)
+    record_section(
+        result, "correctness", lambda: correctness({"qkv": SHAPES["qkv"], "down": SHAPES["down"]}, "cuda"), args.out
+    )
     result["shapes"] = {}
     for name in args.shapes.split(","):
-        record_section(result["shapes"], name, lambda name=name: bench_shape(name, *SHAPES[name], rows, args.replays),
-                       None)
+        record_section(
+            result["shapes"], name, lambda name=name: bench_shape(name, *SHAPES[name], rows, args.replays), None
+        )
         torch.cuda.empty_cache()
     result["summary"] = summarize(result["shapes"], args.layers)
-    result["headline"] = "; ".join(f"Q pass / exact W12 pass {key}: {value['qpass_over_exact']:.2f}x (INT8 copy "
-                                   f"{value['int8_over_exact']:.2f}x)" for key, value in result["summary"].items()
-                                   if "qpass_over_exact" in value) + " (target <= 0.75)"
+    result["headline"] = (
+        "; ".join(
+            f"Q pass / exact W12 pass {key}: {value['qpass_over_exact']:.2f}x (INT8 copy "
+            f"{value['int8_over_exact']:.2f}x)"
+            for key, value in result["summary"].items()
+            if "qpass_over_exact" in value
+        )
+        + " (target <= 0.75)"
+    )
     result["wall_s"] = time.monotonic() - started
     print_result(result, args.out)
 

@@ -43,12 +43,25 @@ def record(args) -> int:
     for split in SPLITS:
         prompts = file_prompts(data[split], args.requests, args.prompt_len)
         requests = [{"prompt_ids": p, "id": f"{split}-{i}"} for i, p in enumerate(prompts)]
-        recorder = LatticeRecorder(args.lattices / f"pair-{split}.npz", kind="selector", positions=16,
-                                   meta={"target": "models/target.safetensors", "drafter": "models/drafter.safetensors",
-                                         "synthetic": False, "label": LABEL})
+        recorder = LatticeRecorder(
+            args.lattices / f"pair-{split}.npz",
+            kind="selector",
+            positions=16,
+            meta={
+                "target": "models/target.safetensors",
+                "drafter": "models/drafter.safetensors",
+                "synthetic": False,
+                "label": LABEL,
+            },
+        )
         with torch.no_grad():
-            engine.record_lattices(recorder, requests, positions=16, max_new_tokens=args.new_tokens,
-                                   labels=[f"stdlib/{split}"] * len(requests))
+            engine.record_lattices(
+                recorder,
+                requests,
+                positions=16,
+                max_new_tokens=args.new_tokens,
+                labels=[f"stdlib/{split}"] * len(requests),
+            )
         recorder.close()
         print(f"recorded {split}", file=sys.stderr, flush=True)
     return 0
@@ -57,8 +70,14 @@ def record(args) -> int:
 def cut(lat: Lattice, positions: int) -> Lattice:
     """The same steps with only their first ``positions`` drafted positions."""
     meta = {**lat.meta, "positions": positions}
-    return dataclasses.replace(lat, meta=meta, cand=lat.cand[:, :positions], unary=lat.unary[:, :positions],
-                               pair=lat.pair[:, :positions], _lookup=None)
+    return dataclasses.replace(
+        lat,
+        meta=meta,
+        cand=lat.cand[:, :positions],
+        unary=lat.unary[:, :positions],
+        pair=lat.pair[:, :positions],
+        _lookup=None,
+    )
 
 
 def tempered(lat: Lattice, temperature: float) -> Lattice:
@@ -87,15 +106,21 @@ def along_true_path(lat: Lattice) -> list[dict]:
     rows = []
     for d in range(lat.positions):
         logp = log_softmax(lat.pair[steps, d, parent].astype(np.float32))
-        hit = lat.cand[:, d] == greedy[:, d:d + 1]
+        hit = lat.cand[:, d] == greedy[:, d : d + 1]
         covered = hit.any(axis=1)
         p_true = np.where(covered, np.exp(np.where(hit, logp, -np.inf).max(axis=1)), 0.0)
         top_right = hit[steps, logp.argmax(axis=1)]
         n = int(alive.sum())
-        rows.append({"position": d, "steps": n, "top_k_coverage": round(float(covered[alive].mean()), 4),
-                     "p_true": round(float(p_true[alive].mean()), 4),
-                     "top1_rate": round(float(top_right[alive].mean()), 4),
-                     "mean_top_p": round(float(np.exp(logp.max(axis=1))[alive].mean()), 4)})
+        rows.append(
+            {
+                "position": d,
+                "steps": n,
+                "top_k_coverage": round(float(covered[alive].mean()), 4),
+                "p_true": round(float(p_true[alive].mean()), 4),
+                "top1_rate": round(float(top_right[alive].mean()), 4),
+                "mean_top_p": round(float(np.exp(logp.max(axis=1))[alive].mean()), 4),
+            }
+        )
         parent = np.where(covered, hit.argmax(axis=1), 0)
         alive &= covered
     return rows
@@ -110,28 +135,50 @@ def ratio_interval(lat: Lattice, short: Lattice, resamples: int = 2000, seed: in
     chain_steps, chain_tokens = replay_one(short, "chain", 8)
     rng = np.random.default_rng(seed)
     draws = rng.integers(0, lat.num_requests, size=(resamples, lat.num_requests))
-    ratio = ((tree_tokens[draws].sum(1) / tree_steps[draws].sum(1))
-             / (chain_tokens[draws].sum(1) / chain_steps[draws].sum(1)))
+    ratio = (tree_tokens[draws].sum(1) / tree_steps[draws].sum(1)) / (
+        chain_tokens[draws].sum(1) / chain_steps[draws].sum(1)
+    )
     point = (tree_tokens.sum() / tree_steps.sum()) / (chain_tokens.sum() / chain_steps.sum())
-    return {"ratio": round(float(point), 4), "ci95": [round(float(x), 4) for x in np.percentile(ratio, [2.5, 97.5])],
-            "requests": int(lat.num_requests), "resamples": resamples}
+    return {
+        "ratio": round(float(point), 4),
+        "ci95": [round(float(x), 4) for x in np.percentile(ratio, [2.5, 97.5])],
+        "requests": int(lat.num_requests),
+        "resamples": resamples,
+    }
 
 
 def replay(args) -> int:
     lattices = {split: load_lattice(args.lattices / f"pair-{split}.npz") for split in SPLITS}
     grid = {split: [lat, cut(lat, 8)] for split, lat in lattices.items()}
-    result = {**result_header("tree_tau_replay"), "label": LABEL, "synthetic": False,
-              "lattices": {s: {"steps": int(lat.num_steps), "requests": int(lat.num_requests),
-                               "tokens": int(np.diff(lat.greedy_offsets).sum())} for s, lat in lattices.items()},
-              "tau": {}, "calibration": {}}
+    result = {
+        **result_header("tree_tau_replay"),
+        "label": LABEL,
+        "synthetic": False,
+        "lattices": {
+            s: {
+                "steps": int(lat.num_steps),
+                "requests": int(lat.num_requests),
+                "tokens": int(np.diff(lat.greedy_offsets).sum()),
+            }
+            for s, lat in lattices.items()
+        },
+        "tau": {},
+        "calibration": {},
+    }
     for split in SPLITS:
-        result["tau"][split] = {**taus(grid[split], ["chain"], [8, 16]),
-                                **taus(grid[split], ["best-first"], [16, 32, 64])}
+        result["tau"][split] = {
+            **taus(grid[split], ["chain"], [8, 16]),
+            **taus(grid[split], ["best-first"], [16, 32, 64]),
+        }
     # one temperature for every edge score, fitted on dev at best-first@32 with 16 positions
     fit = {t: taus([tempered(lattices["dev"], t)], ["best-first"], [32])["best-first@32/p16"] for t in TEMPERATURES}
     best = max(fit, key=fit.get)
-    result["calibration"] = {"fitted_on": "stdlib/dev", "criterion": "best-first@32/p16 tau", "dev_tau": fit,
-                             "temperature": best}
+    result["calibration"] = {
+        "fitted_on": "stdlib/dev",
+        "criterion": "best-first@32/p16 tau",
+        "dev_tau": fit,
+        "temperature": best,
+    }
     for split in SPLITS:
         warm = [tempered(lat, best) for lat in grid[split]]
         result["tau"][split].update({f"calibrated-{k}": v for k, v in taus(warm, ["best-first"], [16, 32, 64]).items()})
@@ -149,12 +196,14 @@ def replay(args) -> int:
         "ratio 95% interval (bootstrap over requests)": result["ratio_bootstrap"]["unseen"]["ci95"],
     }
     result["targets"] = {"ratio >= ": 1.25}
-    result["headline"] = (f"unseen τ: chain@8 {chain8:.2f}, best-first@32/p16 {unseen['best-first@32/p16']:.2f} "
-                          f"({result['figures']['ratio best-first@32/p16 / chain@8']:.3f}x), calibrated T={best} "
-                          f"{unseen['calibrated-best-first@32/p16']:.2f} "
-                          f"({result['figures']['ratio calibrated best-first@32/p16 / chain@8']:.3f}x); "
-                          f"ratio 95% CI {result['ratio_bootstrap']['unseen']['ci95']} over "
-                          f"{result['ratio_bootstrap']['unseen']['requests']} requests")
+    result["headline"] = (
+        f"unseen τ: chain@8 {chain8:.2f}, best-first@32/p16 {unseen['best-first@32/p16']:.2f} "
+        f"({result['figures']['ratio best-first@32/p16 / chain@8']:.3f}x), calibrated T={best} "
+        f"{unseen['calibrated-best-first@32/p16']:.2f} "
+        f"({result['figures']['ratio calibrated best-first@32/p16 / chain@8']:.3f}x); "
+        f"ratio 95% CI {result['ratio_bootstrap']['unseen']['ci95']} over "
+        f"{result['ratio_bootstrap']['unseen']['requests']} requests"
+    )
     if args.figure:
         from specpilot_mem.replay.plot import plot_tau
 

@@ -35,8 +35,13 @@ def weight_matrices(path: str):
         graph = onnx.load(path).graph
         # weights are initializers, or (exported that way) the values of Constant nodes
         named = [(init.name, init) for init in graph.initializer]
-        named += [(node.output[0], attr.t) for node in graph.node if node.op_type == "Constant"
-                  for attr in node.attribute if attr.name == "value"]
+        named += [
+            (node.output[0], attr.t)
+            for node in graph.node
+            if node.op_type == "Constant"
+            for attr in node.attribute
+            if attr.name == "value"
+        ]
         for name, proto in named:
             array = numpy_helper.to_array(proto)
             if array.ndim >= 2 and array.dtype.kind == "f":
@@ -65,9 +70,14 @@ def checkpoint_stats(path: str, device: str = "cpu") -> dict:
         w12, report = encode_or_keep(w, name=name)
         v2 = encode(w, check=w12 is None, name=name).stats() if w12 is None else w12.stats()  # checked either way
         v1 = encode(w, check=True, name=name, version=1).stats()
-        entry = {**v2, "source_dtype": dtype, "v1_bits_per_weight": v1["bits_per_weight"],
-                 "v1_escape_fraction": v1["escape_fraction"], "kept_bf16": report["kept_bf16"],
-                 "stored_bits_per_weight": 16.0 if report["kept_bf16"] else v2["bits_per_weight"]}
+        entry = {
+            **v2,
+            "source_dtype": dtype,
+            "v1_bits_per_weight": v1["bits_per_weight"],
+            "v1_escape_fraction": v1["escape_fraction"],
+            "kept_bf16": report["kept_bf16"],
+            "stored_bits_per_weight": 16.0 if report["kept_bf16"] else v2["bits_per_weight"],
+        }
         if report["kept_bf16"]:
             entry["kept_reason"] = report["reason"]
         tensors[name] = entry
@@ -75,8 +85,17 @@ def checkpoint_stats(path: str, device: str = "cpu") -> dict:
         weights += count
         stored_w12_only += v2["bytes"]
         stored_choice += count * entry["stored_bits_per_weight"] / 8
-        cls = classes.setdefault(tensor_class(name), {"tensors": 0, "weights": 0, "stored_bits": 0.0, "kept_bf16": 0,
-                                                     "escapes": 0, "max_stored_bits_per_weight": 0.0})
+        cls = classes.setdefault(
+            tensor_class(name),
+            {
+                "tensors": 0,
+                "weights": 0,
+                "stored_bits": 0.0,
+                "kept_bf16": 0,
+                "escapes": 0,
+                "max_stored_bits_per_weight": 0.0,
+            },
+        )
         cls["tensors"] += 1
         cls["weights"] += count
         cls["stored_bits"] += count * entry["stored_bits_per_weight"]
@@ -86,11 +105,16 @@ def checkpoint_stats(path: str, device: str = "cpu") -> dict:
     for cls in classes.values():
         cls["bits_per_weight"] = cls.pop("stored_bits") / cls["weights"]
         cls["escape_fraction"] = cls.pop("escapes") / cls["weights"]
-    return {"checkpoint": path, "tensors": tensors, "classes": classes, "weights": weights,
-            "bits_per_weight": 8.0 * stored_choice / max(weights, 1),
-            "bits_per_weight_all_w12": 8.0 * stored_w12_only / max(weights, 1),
-            "escape_fraction": sum(s["escapes"] for s in tensors.values()) / max(weights, 1),
-            "max_stored_bits_per_weight": max((s["stored_bits_per_weight"] for s in tensors.values()), default=0.0)}
+    return {
+        "checkpoint": path,
+        "tensors": tensors,
+        "classes": classes,
+        "weights": weights,
+        "bits_per_weight": 8.0 * stored_choice / max(weights, 1),
+        "bits_per_weight_all_w12": 8.0 * stored_w12_only / max(weights, 1),
+        "escape_fraction": sum(s["escapes"] for s in tensors.values()) / max(weights, 1),
+        "max_stored_bits_per_weight": max((s["stored_bits_per_weight"] for s in tensors.values()), default=0.0),
+    }
 
 
 def main() -> None:
@@ -106,9 +130,12 @@ def main() -> None:
         stats = checkpoint_stats(path, args.device)
         stats["what"] = labels.get(Path(path).name, "")
         doc["checkpoints"].append(stats)
-        print(f"{path}: {stats['bits_per_weight']:.4f} bits/weight with the per-tensor choice "
-              f"({stats['bits_per_weight_all_w12']:.4f} all W12), escapes {stats['escape_fraction']:.2e}, "
-              f"max {stats['max_stored_bits_per_weight']:.2f}", file=sys.stderr)
+        print(
+            f"{path}: {stats['bits_per_weight']:.4f} bits/weight with the per-tensor choice "
+            f"({stats['bits_per_weight_all_w12']:.4f} all W12), escapes {stats['escape_fraction']:.2e}, "
+            f"max {stats['max_stored_bits_per_weight']:.2f}",
+            file=sys.stderr,
+        )
         if args.out:
             write_result(doc, args.out)
     if not args.out:

@@ -34,14 +34,28 @@ from cuda_timing import ClockLog, graph_replay_us, record_section  # noqa: E402
 
 from specpilot_kernels.w12 import encode  # noqa: E402
 from specpilot_kernels.w12.mma import (  # noqa: E402
-    CSRC, SOURCES, STEP_PLANS, TUNED_PATH, WIDE_BUCKETS, MmaConfig, W12MmaTensor, select_mma_config, to_mma_layout,
-    w12_mma_gemm, wide_token_tiles,
+    CSRC,
+    SOURCES,
+    STEP_PLANS,
+    TUNED_PATH,
+    WIDE_BUCKETS,
+    MmaConfig,
+    W12MmaTensor,
+    select_mma_config,
+    to_mma_layout,
+    w12_mma_gemm,
+    wide_token_tiles,
 )
 from specpilot_kernels.w12.reference import gemm_reference  # noqa: E402
 from specpilot_mem.provenance import result_header, write_result  # noqa: E402
 
-SHAPES = {"qkv": (10240, 5120), "o_proj": (5120, 8192), "gate_up": (34816, 5120), "down": (5120, 17408),
-          "lm_head": (248320, 5120)}
+SHAPES = {
+    "qkv": (10240, 5120),
+    "o_proj": (5120, 8192),
+    "gate_up": (34816, 5120),
+    "down": (5120, 17408),
+    "lm_head": (248320, 5120),
+}
 PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
 ROWS = (1, 2, 4, 8, 9, 16, 17, 32, 33, 48, 64, 65, 96, 128, 192, 256)
 ESCAPE_FRACTIONS = (0.0, 1e-4, 1e-3, 1e-2)
@@ -73,8 +87,15 @@ MULTICAST_CONFIGS = {
     "n1_k3_s2_multicast2": MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 2), (1, 2, 2, 32, 2))),
     "n1_k1_s1_multicast4": MmaConfig(1, 1, 1, wide_rows=((1, 4, 2, 8, 4), (2, 2, 3, 16, 4), (1, 2, 2, 16, 4))),
     "n1_k8_s1_multicast2": MmaConfig(1, 8, 1, wide_rows=((4, 2, 2, 8, 2), (2, 3, 2, 16, 2), (2, 2, 2, 32, 2))),
-    "tail_multicast": MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2),
-                                wide_rows=((1, 2, 2, 8, 2), (2, 2, 2, 16, 4), (1, 2, 2, 32, 2))),
+    "tail_multicast": MmaConfig(
+        1,
+        2,
+        1,
+        wgmma=(1, 2, 2),
+        tail_rows=256,
+        tail=(1, 8, 2),
+        wide_rows=((1, 2, 2, 8, 2), (2, 2, 2, 16, 4), (1, 2, 2, 32, 2)),
+    ),
 }
 # ... on weights of 1024 rows and of 1040 (65 tiles: clusters of tile groups with blocks past the last one)
 MULTICAST_ROWS = (1024, 1040)
@@ -100,8 +121,11 @@ def with_outliers(w: torch.Tensor, fraction: float, seed: int = 3) -> torch.Tens
 
 
 def clone_mma(mma: W12MmaTensor) -> W12MmaTensor:
-    return W12MmaTensor(mma.shape, mma.padded_shape, *(t.clone() for t in (
-        mma.view, mma.nibbles, mma.base, mma.esc_tile, mma.esc_chunk, mma.esc_entry)))
+    return W12MmaTensor(
+        mma.shape,
+        mma.padded_shape,
+        *(t.clone() for t in (mma.view, mma.nibbles, mma.base, mma.esc_tile, mma.esc_chunk, mma.esc_entry)),
+    )
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -171,8 +195,12 @@ def check_bits(configs: dict[str, MmaConfig] = CHECK_CONFIGS, n: int = 1024) -> 
                         failures.append(f"Q pass rows {m}: differs from the per-warp kernel")
                 launched = []
                 w12_mma_gemm(x[:256], mma, config=config, launched=launched)
-                entry[name] = {"ok": not failures, "failures": failures[:12], "max_rel_err": worst,
-                               "launched_at_256": launched}
+                entry[name] = {
+                    "ok": not failures,
+                    "failures": failures[:12],
+                    "max_rel_err": worst,
+                    "launched_at_256": launched,
+                }
             except Exception as exc:  # noqa: BLE001 - record and go on with the other configs
                 entry[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
             log("bits", fraction, name, entry[name])
@@ -195,7 +223,9 @@ class Shape:
         self.name, self.n, self.k = name, n, k
         torch.manual_seed(0)
         self.w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
-        self.bf16 = [self.w.t()] + [self.w.clone().t() for _ in range(max(1, math.ceil(4 * L2_BYTES / (2 * n * k))) - 1)]
+        self.bf16 = [self.w.t()] + [
+            self.w.clone().t() for _ in range(max(1, math.ceil(4 * L2_BYTES / (2 * n * k))) - 1)
+        ]
         self.w12 = {}
         self.stats = {}
 
@@ -212,23 +242,34 @@ class Shape:
             del w12
             copies = max(1, math.ceil(4 * L2_BYTES / one.nbytes()))
             self.w12 = {fraction: [one] + [clone_mma(one) for _ in range(copies - 1)]}  # one fraction held at a time
-            self.stats[f"{fraction:g}"] = {"encode_checked_s": seconds, "weights_per_s": self.n * self.k / seconds,
-                                           **stats}
+            self.stats[f"{fraction:g}"] = {
+                "encode_checked_s": seconds,
+                "weights_per_s": self.n * self.k / seconds,
+                **stats,
+            }
         return self.w12[fraction]
 
-    def w12_us(self, m: int, fraction: float = 0.0, config: MmaConfig | None = None, settle_s: float = 0.0,
-               replays: int = REPLAYS) -> float:
+    def w12_us(
+        self,
+        m: int,
+        fraction: float = 0.0,
+        config: MmaConfig | None = None,
+        settle_s: float = 0.0,
+        replays: int = REPLAYS,
+    ) -> float:
         mmas = self.mma(fraction)
         x = torch.randn(m, self.k, device="cuda").bfloat16()
         y = torch.empty(m, self.n, device="cuda", dtype=torch.bfloat16)
-        return graph_replay_us(lambda i: w12_mma_gemm(x, mmas[i], config=config, out=y), len(mmas),
-                               max(len(mmas), 8), replays, settle_s)
+        return graph_replay_us(
+            lambda i: w12_mma_gemm(x, mmas[i], config=config, out=y), len(mmas), max(len(mmas), 8), replays, settle_s
+        )
 
     def cublas_us(self, m: int, settle_s: float = 0.0) -> float:
         x = torch.randn(m, self.k, device="cuda").bfloat16()
         y = torch.empty(m, self.n, device="cuda", dtype=torch.bfloat16)
-        return graph_replay_us(lambda i: torch.matmul(x, self.bf16[i], out=y), len(self.bf16),
-                               max(len(self.bf16), 8), REPLAYS, settle_s)
+        return graph_replay_us(
+            lambda i: torch.matmul(x, self.bf16[i], out=y), len(self.bf16), max(len(self.bf16), 8), REPLAYS, settle_s
+        )
 
 
 def time_shape(shape: Shape, read_bw: float, settle_s: float, config: MmaConfig | None) -> dict:
@@ -236,8 +277,9 @@ def time_shape(shape: Shape, read_bw: float, settle_s: float, config: MmaConfig 
     mmas = shape.mma(0.0)
     config = config or select_mma_config(n, k, torch.device("cuda"))
     x = torch.randn(256, k, device="cuda").bfloat16()
-    same = torch.equal(bits(w12_mma_gemm(x[:1], mmas[0], config=config)),
-                       bits(w12_mma_gemm(x, mmas[0], config=config)[:1]))
+    same = torch.equal(
+        bits(w12_mma_gemm(x[:1], mmas[0], config=config)), bits(w12_mma_gemm(x, mmas[0], config=config)[:1])
+    )
     floor_s = mmas[0].nbytes() / read_bw
     rows = []
     for m in ROWS:
@@ -257,11 +299,21 @@ def time_shape(shape: Shape, read_bw: float, settle_s: float, config: MmaConfig 
     settled = {}
     if settle_s:
         for m in SETTLED_ROWS:
-            settled[m] = {"cublas_us": shape.cublas_us(m, settle_s), "w12_us": shape.w12_us(m, config=config,
-                                                                                              settle_s=settle_s)}
+            settled[m] = {
+                "cublas_us": shape.cublas_us(m, settle_s),
+                "w12_us": shape.w12_us(m, config=config, settle_s=settle_s),
+            }
             settled[m]["speedup"] = settled[m]["cublas_us"] / settled[m]["w12_us"]
-    return {"N": n, "K": k, "config": asdict(config), "row_bits_same_at_1_and_256": same, "rows": rows,
-            "escapes_w12_us": escapes, "settled": settled, "encode": shape.stats}
+    return {
+        "N": n,
+        "K": k,
+        "config": asdict(config),
+        "row_bits_same_at_1_and_256": same,
+        "rows": rows,
+        "escapes_w12_us": escapes,
+        "settled": settled,
+        "encode": shape.stats,
+    }
 
 
 def wide_fits(groups: int, slots: int, stages: int, slab_tiles: int, m: int) -> bool:
@@ -283,8 +335,9 @@ def tune_candidates(base: MmaConfig, bucket: str, multicast_too: bool = False) -
             for ring in sorted(rings):
                 if ring[1] and (plan[1] != 1 or ring[0] * base.warps_k > 16):
                     continue
-                out[f"plan{plan}_ring{ring}"] = replace(base, plan_32=plan, shared_x_32=ring, wgmma=(*base.wgmma[:1], 0,
-                                                                                                  base.wgmma[2]))
+                out[f"plan{plan}_ring{ring}"] = replace(
+                    base, plan_32=plan, shared_x_32=ring, wgmma=(*base.wgmma[:1], 0, base.wgmma[2])
+                )
         for groups in (1, 2, 4):
             if 4 * groups * base.warps_k <= 32:
                 out[f"wgmma{groups}"] = replace(base, wgmma=(base.wgmma[0], groups, base.wgmma[2]))
@@ -320,8 +373,9 @@ def tune_candidates(base: MmaConfig, bucket: str, multicast_too: bool = False) -
                     continue
                 setting = list(rows)
                 setting[0] = (0, 2, 2, 8)
-                out[f"off_plan{plan}_wgmma{groups}"] = replace(base, plan_64=plan, wide_rows=tuple(setting),
-                                                              wgmma=(*base.wgmma[:2], groups))
+                out[f"off_plan{plan}_wgmma{groups}"] = replace(
+                    base, plan_64=plan, wide_rows=tuple(setting), wgmma=(*base.wgmma[:2], groups)
+                )
     return out
 
 
@@ -346,13 +400,14 @@ def tune_shape(shape: Shape, deadline: float, multicast: bool = False) -> dict:
                 break
             try:
                 ran = []
-                w12_mma_gemm(x[:rows[-1]], mmas[0], config=option, launched=ran)
+                w12_mma_gemm(x[: rows[-1]], mmas[0], config=option, launched=ran)
                 wide = option.uses_wide(rows[-1], (9, 0)) and option.wide_launch(rows[-1])[0]
                 if wide and ran[:1] != [wide]:  # fewer warpgroups fit: the same launch as another candidate
                     times[name] = {"fell_back": ran}
                     continue
-                bad = [m for m in rows if not torch.equal(bits(w12_mma_gemm(x[:m], mmas[0], config=option)),
-                                                          reference[m])]
+                bad = [
+                    m for m in rows if not torch.equal(bits(w12_mma_gemm(x[:m], mmas[0], config=option)), reference[m])
+                ]
                 if bad:
                     times[name] = {"bits_differ_at": bad}
                     continue
@@ -381,7 +436,9 @@ def summarize(doc: dict) -> dict:
         return math.exp(sum(map(math.log, v)) / len(v)) if v else None
 
     out = {}
-    proj = [r["speedup"] for nm in PROJECTIONS if nm in shapes for r in shapes[nm]["rows"] if r["M"] in (1, 2, 4, 8, 16, 32)]
+    proj = [
+        r["speedup"] for nm in PROJECTIONS if nm in shapes for r in shapes[nm]["rows"] if r["M"] in (1, 2, 4, 8, 16, 32)
+    ]
     out["projections_1_32_geomean"], out["projections_1_32_min"] = geomean(proj), min(proj, default=None)
     every = ratios(PROJECTIONS, 1, 32)  # every timed row count, 9 and 17 included
     out["projections_1_32_min_every_row_count"] = min(every, default=None)
@@ -399,7 +456,8 @@ def summarize(doc: dict) -> dict:
             if "error" in times:
                 continue
             esc.setdefault(fraction, {})[nm] = {
-                m: {"vs_escape_free": t / clean[int(m)], "speedup_vs_cublas": cub[int(m)] / t} for m, t in times.items()}
+                m: {"vs_escape_free": t / clean[int(m)], "speedup_vs_cublas": cub[int(m)] / t} for m, t in times.items()
+            }
     out["escapes"] = esc
     settled = [v["speedup"] for nm in PROJECTIONS if nm in shapes for v in shapes[nm]["settled"].values()]
     out["settled_projections_geomean"] = geomean(settled)
@@ -416,32 +474,50 @@ def headline(doc: dict) -> str:
         value = summary.get(key)
         return "-" if value is None else f"{value:.2f}x"
 
-    return (f"bits {'exact' if bits_ok else 'NOT exact' if bits_ok is False else 'unchecked'}; projections 1-32 rows "
-            f"{x('projections_1_32_geomean')} cuBLAS (min {x('projections_1_32_min')}); 33-64 rows "
-            f"{x('all_33_64_geomean')} (min {x('all_33_64_min')}); 65-256 min {x('all_65_256_min')}; settled "
-            f"{x('settled_projections_geomean')}")
+    return (
+        f"bits {'exact' if bits_ok else 'NOT exact' if bits_ok is False else 'unchecked'}; projections 1-32 rows "
+        f"{x('projections_1_32_geomean')} cuBLAS (min {x('projections_1_32_min')}); 33-64 rows "
+        f"{x('all_33_64_geomean')} (min {x('all_33_64_min')}); 65-256 min {x('all_65_256_min')}; settled "
+        f"{x('settled_projections_geomean')}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--sections", default="build,bits,timing",
-                        help="build, multicast (bits of the multicast configs alone), bits, timing (in this order)")
+    parser.add_argument(
+        "--sections",
+        default="build,bits,timing",
+        help="build, multicast (bits of the multicast configs alone), bits, timing (in this order)",
+    )
     parser.add_argument("--settle", type=float, default=1.0, help="seconds of untimed replays before settled timings")
-    parser.add_argument("--tune", action="store_true",
-                        help="before timing a shape, time every bit-neutral candidate of each row range 17-256 and use "
-                             "the winners")
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="before timing a shape, time every bit-neutral candidate of each row range 17-256 and use the winners",
+    )
     parser.add_argument("--tune-budget", type=float, default=150.0, help="seconds --tune may take over all shapes")
-    parser.add_argument("--multicast", action="store_true",
-                        help="also check and tune the wide kernel's activation multicast (after a clean 'multicast' "
-                             "section in a process of its own)")
-    parser.add_argument("--write-configs", type=Path, default=None,
-                        help="write mma_configs.json with --tune's winners for this GPU to this path")
+    parser.add_argument(
+        "--multicast",
+        action="store_true",
+        help="also check and tune the wide kernel's activation multicast (after a clean 'multicast' "
+        "section in a process of its own)",
+    )
+    parser.add_argument(
+        "--write-configs",
+        type=Path,
+        default=None,
+        help="write mma_configs.json with --tune's winners for this GPU to this path",
+    )
     args = parser.parse_args()
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 8))  # ninja builds the kernel files in parallel
-    doc = {**result_header("w12_device_check"), "method": "CUDA-graph replay over rotating copies >= 4 x 60 MB, median "
-           f"of {REPLAYS}; settled: after --settle seconds of untimed replays", "shapes": {}}
+    doc = {
+        **result_header("w12_device_check"),
+        "method": "CUDA-graph replay over rotating copies >= 4 x 60 MB, median "
+        f"of {REPLAYS}; settled: after --settle seconds of untimed replays",
+        "shapes": {},
+    }
     record_section(doc, "read_bw_Bps", read_bandwidth, args.out)
     sections = args.sections.split(",")
     if "build" in sections:
@@ -449,8 +525,12 @@ def main() -> None:
     if "multicast" in sections:
         record_section(doc, "multicast", check_multicast, args.out)
     if "bits" in sections:
-        record_section(doc, "bits", lambda: check_bits({**CHECK_CONFIGS, **(MULTICAST_CONFIGS if args.multicast else {})}),
-                       args.out)
+        record_section(
+            doc,
+            "bits",
+            lambda: check_bits({**CHECK_CONFIGS, **(MULTICAST_CONFIGS if args.multicast else {})}),
+            args.out,
+        )
     tuned = {}
     deadline = time.monotonic() + args.tune_budget
     names = args.shapes.split(",") if "timing" in sections else ()
@@ -460,13 +540,15 @@ def main() -> None:
             config = None
             if args.tune:  # each shape gets its share of what is left of the budget
                 share = time.monotonic() + (deadline - time.monotonic()) / (len(names) - index)
-                record_section(doc.setdefault("tune", {}), name,
-                               lambda s=shape, d=share: tune_shape(s, d, args.multicast), None)
+                record_section(
+                    doc.setdefault("tune", {}), name, lambda s=shape, d=share: tune_shape(s, d, args.multicast), None
+                )
                 if "config" in doc["tune"][name]:
                     config = MmaConfig(**doc["tune"][name]["config"])
                     tuned[f"{shape.n},{shape.k}"] = doc["tune"][name]["config"]
-            record_section(doc["shapes"], name, lambda s=shape, c=config: time_shape(s, doc["read_bw_Bps"], args.settle, c),
-                           None)
+            record_section(
+                doc["shapes"], name, lambda s=shape, c=config: time_shape(s, doc["read_bw_Bps"], args.settle, c), None
+            )
             doc["summary"] = summarize(doc)
             write_result(doc, args.out)
             del shape

@@ -30,13 +30,24 @@ from specpilot_kernels.w12 import encode, w12_gemm
 from specpilot_kernels.w12.configs import GemmConfig, select_config
 from specpilot_kernels.w12.gemm import launch
 from specpilot_kernels.w12.mma import (
-    MAX_STAGED_ROWS, MAX_WGMMA_WARPS_PER_BLOCK, STEP_PLANS, MmaConfig, default_mma_config, select_mma_config,
-    to_mma_layout, w12_mma_gemm,
+    MAX_STAGED_ROWS,
+    MAX_WGMMA_WARPS_PER_BLOCK,
+    STEP_PLANS,
+    MmaConfig,
+    default_mma_config,
+    select_mma_config,
+    to_mma_layout,
+    w12_mma_gemm,
 )
 from specpilot_kernels.w12.reference import gemm_reference
 
-SHAPES = {"qkv": (10240, 5120), "o_proj": (5120, 8192), "gate_up": (34816, 5120), "down": (5120, 17408),
-          "lm_head": (248320, 5120)}
+SHAPES = {
+    "qkv": (10240, 5120),
+    "o_proj": (5120, 8192),
+    "gate_up": (34816, 5120),
+    "down": (5120, 17408),
+    "lm_head": (248320, 5120),
+}
 PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
 ROWS = (1, 2, 4, 8, 16, 32, 48, 64)
 L2_BYTES = 60 * 2**20
@@ -122,8 +133,11 @@ def tail_candidates(cfg: MmaConfig, n: int, k: int, sms: int) -> list[MmaConfig]
         per_round = sms * warps // (cfg.warps_k * min(cfg.splits, chunks))  # tiles a round of blocks computes
         whole = tiles // per_round * per_round
         if 0 < whole < tiles:
-            out += [replace(cfg, tail_rows=16 * (tiles - whole), tail=part) for part in TAIL_PARTITIONS
-                    if chunks >= 2 * part[1] * part[2]]
+            out += [
+                replace(cfg, tail_rows=16 * (tiles - whole), tail=part)
+                for part in TAIL_PARTITIONS
+                if chunks >= 2 * part[1] * part[2]
+            ]
     return list(dict.fromkeys(out))
 
 
@@ -141,15 +155,28 @@ def correctness(sms: int, variants) -> dict:
     w[700, :] = (torch.randn(k, device="cuda") * 1e-39).bfloat16()
     w12 = encode(w)
     mma = to_mma_layout(w12)
-    kernels = [(f"triton_bn{c.block_n}_s{c.splits}_asm{int(c.use_asm)}", lambda x, c=c: w12_gemm(x, w12, config=c))
-               for c in (GemmConfig(64, 2, 4, 3, True), GemmConfig(64, 2, 4, 3, False), GemmConfig(128, 1, 4, 3, True))]
-    kernels += [(f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}_p{''.join(map(str, c.plan_32 + c.plan_64))}"
-                 f"{f'_staged{c.staged_rows}' if c.staged_rows else ''}"
-                 f"{'_wgmma' + ''.join(map(str, c.wgmma)) if any(c.wgmma) else ''}",
-                 lambda x, c=c: w12_mma_gemm(x, mma, config=c))
-                for c in (MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2), MmaConfig(1, 5, 1, (2, 1)),
-                          MmaConfig(2, 2, 1, (2, 2), (2, 2)), MmaConfig(2, 4, 3, staged_rows=16),
-                          MmaConfig(1, 8, 2, staged_rows=8), MmaConfig(2, 4, 3, wgmma=(1, 2, 1)))]
+    kernels = [
+        (f"triton_bn{c.block_n}_s{c.splits}_asm{int(c.use_asm)}", lambda x, c=c: w12_gemm(x, w12, config=c))
+        for c in (GemmConfig(64, 2, 4, 3, True), GemmConfig(64, 2, 4, 3, False), GemmConfig(128, 1, 4, 3, True))
+    ]
+    kernels += [
+        (
+            f"mma_n{c.warps_n}_k{c.warps_k}_s{c.splits}_p{''.join(map(str, c.plan_32 + c.plan_64))}"
+            f"{f'_staged{c.staged_rows}' if c.staged_rows else ''}"
+            f"{'_wgmma' + ''.join(map(str, c.wgmma)) if any(c.wgmma) else ''}",
+            lambda x, c=c: w12_mma_gemm(x, mma, config=c),
+        )
+        for c in (
+            MmaConfig(4, 1, 1),
+            MmaConfig(2, 4, 3),
+            MmaConfig(1, 8, 2),
+            MmaConfig(1, 5, 1, (2, 1)),
+            MmaConfig(2, 2, 1, (2, 2), (2, 2)),
+            MmaConfig(2, 4, 3, staged_rows=16),
+            MmaConfig(1, 8, 2, staged_rows=8),
+            MmaConfig(2, 4, 3, wgmma=(1, 2, 1)),
+        )
+    ]
     for key, gemm in kernels:
         if key.split("_")[0] not in variants:
             continue
@@ -176,8 +203,9 @@ def correctness(sms: int, variants) -> dict:
     return report
 
 
-def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=False, settle_s=0.0,
-                clock=None) -> dict:
+def bench_shape(
+    name, n, k, sms, read_bw, quick, variants, tune_variants, tails=False, settle_s=0.0, clock=None
+) -> dict:
     torch.manual_seed(0)
     w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
     torch.cuda.synchronize()
@@ -196,13 +224,24 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
     mmas = [to_mma_layout(t) for t in w12s]
     ws = [w] + [w.clone() for _ in range(max(2, math.ceil(4 * L2_BYTES / bf16_bytes)) - 1)]
     wts = [t.t() for t in ws]
-    result = {"N": n, "K": k, "w12": stats, "encode_s": encode_s, "encode_checked_s": encode_checked_s,
-              "copies_w12": copies, "copies_bf16": len(ws)}
+    result = {
+        "N": n,
+        "K": k,
+        "w12": stats,
+        "encode_s": encode_s,
+        "encode_checked_s": encode_checked_s,
+        "copies_w12": copies,
+        "copies_bf16": len(ws),
+    }
     gemms = {  # variant -> (configs, call on copy i); "triton": Triton (wgmma on sm_90), "mma": CUDA mma.sync (sm_120 variant)
-        "triton": (candidate_configs(n, k, sms),
-                   lambda cfg, x, y, i, lb: w12_gemm(x, w12s[i], config=cfg, low_bits=lb, out=y)),
-        "mma": (mma_candidates(n, k, sms),
-                lambda cfg, x, y, i, lb, **options: w12_mma_gemm(x, mmas[i], config=cfg, low_bits=lb, out=y, **options)),
+        "triton": (
+            candidate_configs(n, k, sms),
+            lambda cfg, x, y, i, lb: w12_gemm(x, w12s[i], config=cfg, low_bits=lb, out=y),
+        ),
+        "mma": (
+            mma_candidates(n, k, sms),
+            lambda cfg, x, y, i, lb, **options: w12_mma_gemm(x, mmas[i], config=cfg, low_bits=lb, out=y, **options),
+        ),
     }
     fixed = {"triton": select_config(n, k, torch.device("cuda")), "mma": select_mma_config(n, k, torch.device("cuda"))}
 
@@ -210,8 +249,12 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
         x = torch.randn(m, k, device="cuda").bfloat16()
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         call = gemms[variant][1]
-        return graph_replay_us(lambda i: call(cfg, x, y, i, low_bits, **options), copies, max(copies, 8), REPLAYS,
-                               settle_s) * 1e-6
+        return (
+            graph_replay_us(
+                lambda i: call(cfg, x, y, i, low_bits, **options), copies, max(copies, 8), REPLAYS, settle_s
+            )
+            * 1e-6
+        )
 
     def ran_as_asked(cfg, m):
         """Whether cfg's launch at m rows ran the warpgroups it asks for (a block that fits no multiprocessor runs
@@ -221,15 +264,18 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
         w12_mma_gemm(torch.randn(m, k, device="cuda").bfloat16(), mmas[0], config=cfg, launched=launched)
         asked = [part.warpgroups(m, torch.cuda.get_device_capability()) for _, _, part in cfg.regions(n)]
         if launched != asked:
-            result.setdefault("wgmma_fell_back", []).append({"rows": m, "wgmma": cfg.wgmma, "tail": cfg.tail,
-                                                             "asked": asked, "ran": launched})
+            result.setdefault("wgmma_fell_back", []).append(
+                {"rows": m, "wgmma": cfg.wgmma, "tail": cfg.tail, "asked": asked, "ran": launched}
+            )
         return launched[0] == asked[0]
 
     def time_cublas(m, settle_s=0.0):
         x = torch.randn(m, k, device="cuda").bfloat16()
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        return graph_replay_us(lambda i: torch.matmul(x, wts[i], out=y), len(ws), max(len(ws), 8), REPLAYS,
-                               settle_s) * 1e-6
+        return (
+            graph_replay_us(lambda i: torch.matmul(x, wts[i], out=y), len(ws), max(len(ws), 8), REPLAYS, settle_s)
+            * 1e-6
+        )
 
     windows = {}  # (M, what) -> the wall-clock window it was timed in, for the clock log
 
@@ -257,8 +303,9 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
         entry = {"variant": variant, **asdict(cfg)}
         try:
             for m in TUNE_ROWS:
-                entry[f"t{m}_us"] = (same_below_17[f"t{m}_us"] if same_below_17 and m <= 16
-                                     else time_variant(variant, cfg, m) * 1e6)
+                entry[f"t{m}_us"] = (
+                    same_below_17[f"t{m}_us"] if same_below_17 and m <= 16 else time_variant(variant, cfg, m) * 1e6
+                )
             entry["score"] = tune_score({m: entry[f"t{m}_us"] for m in TUNE_ROWS})
             if variant not in best or entry["score"] < best[variant][1]["score"]:
                 best[variant] = (cfg, entry)
@@ -277,15 +324,18 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
             try_config(variant, cfg)
         if variant == "mma":  # the other step plans at 17-32 rows, for the best partitions
             bases = sorted((e for e in tune if e["variant"] == "mma" and "score" in e), key=lambda e: e["score"])
-            for base in bases[:1 if quick else PLAN_BASES]:
+            for base in bases[: 1 if quick else PLAN_BASES]:
                 for plan in STEP_PLANS[32][1:]:
-                    cfg = MmaConfig(base["warps_n"], base["warps_k"], base["splits"], plan_32=plan, staged_rows=base["staged_rows"])
+                    cfg = MmaConfig(
+                        base["warps_n"], base["warps_k"], base["splits"], plan_32=plan, staged_rows=base["staged_rows"]
+                    )
                     try_config(variant, cfg, same_below_17=base)
         ranked = sorted((e for e in tune if e["variant"] == variant and "score" in e), key=lambda e: e["score"])
         # distinct, best first; then the best that were no slower than cuBLAS at every tuned row count
         finalists = list(dict.fromkeys(config_of(e) for e in ranked))[:FINALISTS]
-        finalists += [c for c in dict.fromkeys(config_of(e) for e in ranked if beats_cublas(e))
-                      if c not in finalists][:FINALISTS // 2]
+        finalists += [c for c in dict.fromkeys(config_of(e) for e in ranked if beats_cublas(e)) if c not in finalists][
+            : FINALISTS // 2
+        ]
         if len(finalists) > 1:
             times = {i: {} for i in range(len(finalists))}
             for m in TUNE_ROWS:  # each row count timed for every finalist back to back
@@ -294,7 +344,8 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
             scores = [tune_score(times[i]) for i in range(len(finalists))]
             result.setdefault("finalists", {})[variant] = [
                 {**asdict(cfg), **{f"t{m}_us": t for m, t in times[i].items()}, "score": scores[i]}
-                for i, cfg in enumerate(finalists)]
+                for i, cfg in enumerate(finalists)
+            ]
             # the issue's two targets in order: no row count slower than cuBLAS, then the weighted geomean
             feasible = [i for i in range(len(finalists)) if beats_cublas({f"t{m}_us": t for m, t in times[i].items()})]
             i = min(feasible or range(len(finalists)), key=scores.__getitem__)
@@ -306,8 +357,13 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
             best[variant] = (replace(cfg, plan_64=min(plan_us, key=plan_us.get)), best[variant][1])
     if "mma" in best:  # up to how many rows to stage the weights through shared memory (tuned or not: no bit changes)
         cfg = replace(best["mma"][0], wgmma=(0, 0, 0))  # per-warp kernels first; warpgroup MMAs are chosen last
-        staged_us = {m: {staged: time_variant("mma", replace(cfg, staged_rows=MAX_STAGED_ROWS if staged else 0), m) * 1e6
-                         for staged in (True, False)} for m in (1, 2, 4, 8, 16)}
+        staged_us = {
+            m: {
+                staged: time_variant("mma", replace(cfg, staged_rows=MAX_STAGED_ROWS if staged else 0), m) * 1e6
+                for staged in (True, False)
+            }
+            for m in (1, 2, 4, 8, 16)
+        }
         result["staged_us"] = {m: {"staged": t[True], "registers": t[False]} for m, t in staged_us.items()}
         # stage up to the row count that saves the most in the geometric mean over the timed counts (ties: fewer)
         saved, total = {0: 0.0}, 0.0
@@ -344,8 +400,10 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
                     option = replace(cfg, wgmma=tuple(groups if i == slot else 0 for i in range(3)))
                     if ran_as_asked(option, m):
                         options[groups] = option
-                times = {groups: min(time_variant("mma", option, m) for _ in range(2)) * 1e6
-                         for groups, option in options.items()}
+                times = {
+                    groups: min(time_variant("mma", option, m) for _ in range(2)) * 1e6
+                    for groups, option in options.items()
+                }
                 wgmma_us[m] = {("per_warp" if groups == 0 else f"warpgroups{groups}"): t for groups, t in times.items()}
                 chosen[slot] = min(times, key=times.get)
             result["wgmma_us"] = wgmma_us
@@ -356,12 +414,17 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
         # time is the faster of two
         if "mma" in tune_variants or tails:
             cfg = best["mma"][0]
-            groups_32 = [g for g in dict.fromkeys((cfg.wgmma[1], 0, *WGMMA_GROUPS))
-                         if torch.cuda.get_device_capability()[0] == 9 or g == 0]
+            groups_32 = [
+                g
+                for g in dict.fromkeys((cfg.wgmma[1], 0, *WGMMA_GROUPS))
+                if torch.cuda.get_device_capability()[0] == 9 or g == 0
+            ]
             tail_us, scores = [], {}
             for option in [replace(cfg, tail_rows=0, tail=(0, 0, 0))] + tail_candidates(cfg, n, k, sms):
                 try:
-                    times = {m: min(time_variant("mma", option, m) for _ in range(2)) * 1e6 for m in TUNE_ROWS if m < 32}
+                    times = {
+                        m: min(time_variant("mma", option, m) for _ in range(2)) * 1e6 for m in TUNE_ROWS if m < 32
+                    }
                 except RuntimeError as exc:  # e.g. a block larger than the register file
                     tail_us.append({"tail_rows": option.tail_rows, "tail": option.tail, "error": repr(exc)[:300]})
                     continue
@@ -394,15 +457,20 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
     rows = []
     for m in ROWS:
         cub = timed_window(m, "cublas", lambda m=m: time_cublas(m))
-        row = {"M": m, "cublas_us": cub * 1e6, "cublas_TBps": bf16_bytes / cub / 1e12,
-               "cublas_frac_floor": bf16_bytes / read_bw / cub}
+        row = {
+            "M": m,
+            "cublas_us": cub * 1e6,
+            "cublas_TBps": bf16_bytes / cub / 1e12,
+            "cublas_frac_floor": bf16_bytes / read_bw / cub,
+        }
         if settle_s and m in SETTLED_ROWS:
             row["cublas_settled_us"] = timed_window(m, "cublas_settled", lambda m=m: time_cublas(m, settle_s)) * 1e6
         for variant, (cfg, _) in best.items():
             t = timed_window(m, variant, lambda v=variant, c=cfg, m=m: time_variant(v, c, m))
             if settle_s and m in SETTLED_ROWS:
-                settled = timed_window(m, f"{variant}_settled",
-                                       lambda v=variant, c=cfg, m=m: time_variant(v, c, m, settle_s=settle_s))
+                settled = timed_window(
+                    m, f"{variant}_settled", lambda v=variant, c=cfg, m=m: time_variant(v, c, m, settle_s=settle_s)
+                )
                 row[f"{variant}_settled_us"] = settled * 1e6
                 row[f"{variant}_settled_speedup"] = row["cublas_settled_us"] * 1e-6 / settled
                 row[f"{variant}_settled_frac_floor"] = w12_bytes / read_bw / settled
@@ -415,9 +483,13 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
             if variant == "mma":  # launched without overlapping the kernel before it, and the other step plans
                 row["mma_no_overlap_us"] = time_variant(variant, cfg, m, overlap_prior=False) * 1e6
                 if m in (32, 64):  # each plan with each warp loading its own activations
-                    row["mma_plan_us"] = {",".join(map(str, p)): time_variant(
-                        variant, replace(cfg, shared_x_32=(0, 0), wgmma=(0, 0, 0), **{f"plan_{m}": p}), m) * 1e6
-                        for p in STEP_PLANS[m]}
+                    row["mma_plan_us"] = {
+                        ",".join(map(str, p)): time_variant(
+                            variant, replace(cfg, shared_x_32=(0, 0), wgmma=(0, 0, 0), **{f"plan_{m}": p}), m
+                        )
+                        * 1e6
+                        for p in STEP_PLANS[m]
+                    }
         rows.append(row)
         log(name, row)
     if clock:  # each timing's SM clock, power and power-cap throttling (its samples are all written by now)
@@ -434,8 +506,12 @@ def bench_shape(name, n, k, sms, read_bw, quick, variants, tune_variants, tails=
 
 def summarize(shapes: dict) -> dict:
     def ratios(names, variant, ms=(1, 2, 4, 8, 16, 32)):
-        return [r[f"{variant}_speedup"] for nm in names for r in shapes[nm]["rows"]
-                if r["M"] in ms and f"{variant}_speedup" in r]
+        return [
+            r[f"{variant}_speedup"]
+            for nm in names
+            for r in shapes[nm]["rows"]
+            if r["M"] in ms and f"{variant}_speedup" in r
+        ]
 
     def geomean(values):
         return math.exp(sum(map(math.log, values)) / len(values))
@@ -452,11 +528,21 @@ def summarize(shapes: dict) -> dict:
             out[f"{variant}_lm_head_min_speedup_1_32"] = min(head)
         for nm in ("lm_head", "gate_up"):
             if nm in shapes:
-                fr = [r[f"{variant}_frac_floor"] for r in shapes[nm]["rows"] if r["M"] <= 32 and f"{variant}_frac_floor" in r]
+                fr = [
+                    r[f"{variant}_frac_floor"]
+                    for r in shapes[nm]["rows"]
+                    if r["M"] <= 32 and f"{variant}_frac_floor" in r
+                ]
                 if fr:
                     out[f"{variant}_{nm}_frac_floor_1_32_min"] = min(fr)
-        settled = {nm: {r["M"]: round(r[f"{variant}_settled_speedup"], 3) for r in shape["rows"]
-                        if f"{variant}_settled_speedup" in r} for nm, shape in shapes.items()}
+        settled = {
+            nm: {
+                r["M"]: round(r[f"{variant}_settled_speedup"], 3)
+                for r in shape["rows"]
+                if f"{variant}_settled_speedup" in r
+            }
+            for nm, shape in shapes.items()
+        }
         if any(settled.values()):
             out[f"{variant}_settled_speedup"] = settled
     return out
@@ -480,17 +566,33 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="few configs (smoke test)")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"names ({', '.join(SHAPES)}) or NxK")
-    parser.add_argument("--write-configs", type=Path, default=None,
-                        help="merge each shape's tuned mma partition into this mma_configs.json (under the GPU's name)")
+    parser.add_argument(
+        "--write-configs",
+        type=Path,
+        default=None,
+        help="merge each shape's tuned mma partition into this mma_configs.json (under the GPU's name)",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--variants", default="triton,mma", help="kernels to time: triton, mma")
-    parser.add_argument("--tails", action="store_true",
-                        help="time tail partitions (mma.py, row regions) for the mma partition even when it is not tuned")
-    parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
-                        help=f"also time rows {', '.join(map(str, SETTLED_ROWS))} after SECONDS of untimed replays: "
-                             "the pace at the SM clock each kernel's power settles at under the board's power cap")
-    parser.add_argument("--tune", default=None, help="variants to autotune (default: all timed; none: no variant); "
-                                                     "the others run their tuned partition on file")
+    parser.add_argument(
+        "--tails",
+        action="store_true",
+        help="time tail partitions (mma.py, row regions) for the mma partition even when it is not tuned",
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help=f"also time rows {', '.join(map(str, SETTLED_ROWS))} after SECONDS of untimed replays: "
+        "the pace at the SM clock each kernel's power settles at under the board's power cap",
+    )
+    parser.add_argument(
+        "--tune",
+        default=None,
+        help="variants to autotune (default: all timed; none: no variant); "
+        "the others run their tuned partition on file",
+    )
     args = parser.parse_args()
     tune = args.variants if args.tune is None else "" if args.tune == "none" else args.tune
     for flag, names in (("--variants", args.variants), ("--tune", tune)):
@@ -501,15 +603,21 @@ def main() -> None:
         if name not in SHAPES and not re.fullmatch(r"\d+x\d+", name):
             parser.error(f"--shapes: {name!r} is neither a named shape ({', '.join(SHAPES)}) nor NxK (e.g. 4096x14336)")
     props = torch.cuda.get_device_properties(0)
-    doc = {"benchmark": "w12_gemm_bench", "device": props.name, "sms": props.multi_processor_count,
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": "PYTHONPATH=kernels:. python benchmarks/w12_gemm_bench.py " + " ".join(sys.argv[1:]),
-           "torch": torch.__version__, "triton": triton.__version__, "weights": "synthetic: seeded N(0, 0.02) BF16",
-           "method": f"CUDA-graph replay over rotating copies >= 4x{L2_BYTES >> 20} MB, median of {REPLAYS}; on sm_90+ "
-                     "each mma launch overlaps the tail of the call before it (programmatic dependent launch; "
-                     "mma_no_overlap_us: the same calls launched without); with --settle, *_settled_*: rows "
-                     f"{', '.join(map(str, SETTLED_ROWS))} timed after that many seconds of untimed replays; clock: "
-                     "each timing's SM clock, power and power-cap throttling (nvidia-smi, 100 ms samples)"}
+    doc = {
+        "benchmark": "w12_gemm_bench",
+        "device": props.name,
+        "sms": props.multi_processor_count,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "PYTHONPATH=kernels:. python benchmarks/w12_gemm_bench.py " + " ".join(sys.argv[1:]),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "weights": "synthetic: seeded N(0, 0.02) BF16",
+        "method": f"CUDA-graph replay over rotating copies >= 4x{L2_BYTES >> 20} MB, median of {REPLAYS}; on sm_90+ "
+        "each mma launch overlaps the tail of the call before it (programmatic dependent launch; "
+        "mma_no_overlap_us: the same calls launched without); with --settle, *_settled_*: rows "
+        f"{', '.join(map(str, SETTLED_ROWS))} timed after that many seconds of untimed replays; clock: "
+        "each timing's SM clock, power and power-cap throttling (nvidia-smi, 100 ms samples)",
+    }
     doc["read_bw_Bps"] = read_bandwidth()
     log("read bw", doc["read_bw_Bps"] / 1e12)
     doc["correctness"] = correctness(props.multi_processor_count, args.variants.split(","))
@@ -518,8 +626,19 @@ def main() -> None:
     with ClockLog() as clock:
         for name in args.shapes.split(","):
             n, k = SHAPES[name] if name in SHAPES else map(int, name.split("x"))
-            doc["shapes"][name] = bench_shape(name, n, k, props.multi_processor_count, doc["read_bw_Bps"], args.quick,
-                                              args.variants.split(","), tune.split(","), args.tails, args.settle, clock)
+            doc["shapes"][name] = bench_shape(
+                name,
+                n,
+                k,
+                props.multi_processor_count,
+                doc["read_bw_Bps"],
+                args.quick,
+                args.variants.split(","),
+                tune.split(","),
+                args.tails,
+                args.settle,
+                clock,
+            )
             doc["summary"] = summarize(doc["shapes"])
             if args.out:
                 with open(args.out, "w") as fh:
@@ -528,9 +647,12 @@ def main() -> None:
                 write_config(args.write_configs, props.name, doc["shapes"][name])  # its tuning
     enc = [(s["N"] * s["K"], s["encode_s"]) for s in doc["shapes"].values()]
     rate = sum(e for e, _ in enc) / sum(t for _, t in enc)
-    doc["encode"] = {"weights_per_s": rate, "extrapolated_27e9_weights_s": 27e9 / rate,
-                     "note": "extrapolated from the timed shapes' encode throughput (GPU, unchecked encode); "
-                             "the checked encode adds one decode + compare per tensor"}
+    doc["encode"] = {
+        "weights_per_s": rate,
+        "extrapolated_27e9_weights_s": 27e9 / rate,
+        "note": "extrapolated from the timed shapes' encode throughput (GPU, unchecked encode); "
+        "the checked encode adds one decode + compare per tensor",
+    }
     doc["summary"] = summarize(doc["shapes"])
     text = json.dumps(doc, indent=1)
     if args.out:
@@ -539,11 +661,19 @@ def main() -> None:
         for name, shape in doc["shapes"].items():  # a short table last; the full document is in --out
             log(name, shape["best"], shape["w12"])
             for r in shape["rows"]:
-                log("  M=%-3d cublas %7.1f us" % (r["M"], r["cublas_us"]), " ".join(
-                    f"{v} {r[v + '_us']:7.1f} us x{r[v + '_speedup']:.2f} floor {r[v + '_frac_floor']:.2f}"
-                    + (f" settled x{r[v + '_settled_speedup']:.2f} floor {r[v + '_settled_frac_floor']:.2f}"
-                       if v + "_settled_us" in r else "")
-                    for v in ("triton", "mma") if v + "_us" in r))
+                log(
+                    "  M=%-3d cublas %7.1f us" % (r["M"], r["cublas_us"]),
+                    " ".join(
+                        f"{v} {r[v + '_us']:7.1f} us x{r[v + '_speedup']:.2f} floor {r[v + '_frac_floor']:.2f}"
+                        + (
+                            f" settled x{r[v + '_settled_speedup']:.2f} floor {r[v + '_settled_frac_floor']:.2f}"
+                            if v + "_settled_us" in r
+                            else ""
+                        )
+                        for v in ("triton", "mma")
+                        if v + "_us" in r
+                    ),
+                )
         log(json.dumps({"summary": doc["summary"], "encode": doc["encode"], "read_bw": doc["read_bw_Bps"]}))
     else:
         print(text)

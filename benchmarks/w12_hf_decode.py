@@ -41,15 +41,38 @@ from torch import nn
 from specpilot_kernels.w12.hf import W12Linear, convert_model, fuse_shared_input_projections
 from specpilot_mem.provenance import print_result, result_header, write_result
 
-LLAMA_31_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                   num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
-                   rms_norm_eps=1e-5, tie_word_embeddings=False,
-                   rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
-                                        high_freq_factor=4.0, original_max_position_embeddings=8192))
-QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                rms_norm_eps=1e-6, tie_word_embeddings=False,
-                rope_parameters=dict(rope_type="default", rope_theta=1000000.0))
+LLAMA_31_8B = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    rope_parameters=dict(
+        rope_type="llama3",
+        rope_theta=500000.0,
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=8192,
+    ),
+)
+QWEN3_8B = dict(
+    vocab_size=151936,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+)
 SHAPES = {"llama-3.1-8b": ("LlamaConfig", LLAMA_31_8B), "qwen3-8b": ("Qwen3Config", QWEN3_8B)}
 
 # prompt i of a checkpoint with a tokenizer starts at word 3*i of this text (distinct natural prompts)
@@ -129,8 +152,9 @@ def make_prompts(vocab: int, tokenizer, batch: int, prompt_len: int, device: str
         generator = torch.Generator().manual_seed(1)
         return torch.randint(0, vocab, (batch, prompt_len), generator=generator).to(device)
     words = PROMPT_TEXT.split()
-    rows = [tokenizer(" ".join(words[(3 * i) % len(words):]), add_special_tokens=True)["input_ids"]
-            for i in range(batch)]
+    rows = [
+        tokenizer(" ".join(words[(3 * i) % len(words) :]), add_special_tokens=True)["input_ids"] for i in range(batch)
+    ]
     length = min(prompt_len, *(len(r) for r in rows))
     return torch.tensor([r[:length] for r in rows], device=device)
 
@@ -227,8 +251,11 @@ def step_profile(model: nn.Module, prompts: torch.Tensor, top: int = 12) -> dict
             torch.cuda.synchronize()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     kernels = sorted((e for e in prof.key_averages() if getattr(e, key) > 0), key=lambda e: -getattr(e, key))
-    return {"kernel_us_total": sum(getattr(e, key) for e in kernels), "launches": sum(e.count for e in kernels),
-            "top": [{"name": e.key[:120], "us": getattr(e, key), "count": e.count} for e in kernels[:top]]}
+    return {
+        "kernel_us_total": sum(getattr(e, key) for e in kernels),
+        "launches": sum(e.count for e in kernels),
+        "top": [{"name": e.key[:120], "us": getattr(e, key), "count": e.count} for e in kernels[:top]],
+    }
 
 
 @contextlib.contextmanager
@@ -288,9 +315,13 @@ def agreement(reference: Decode, other: Decode) -> dict:
         diverged = (~equal).nonzero()
         first.append(int(diverged[0]) if len(diverged) else None)
         margin_there.append(None if first[-1] is None else float(reference.margins[row, first[-1]]))
-    return {"tokens_agree": int(same.sum()), "tokens": same.numel(),
-            "requests_identical": sum(f is None for f in first), "first_divergence": first,
-            "bf16_margin_at_divergence": margin_there}
+    return {
+        "tokens_agree": int(same.sum()),
+        "tokens": same.numel(),
+        "requests_identical": sum(f is None for f in first),
+        "first_divergence": first,
+        "bf16_margin_at_divergence": margin_there,
+    }
 
 
 @torch.no_grad()
@@ -312,16 +343,22 @@ def forced_agreement(reference: tuple[torch.Tensor, torch.Tensor], other: tuple[
     result = {"positions": ids.numel(), "agree": int((~differ).sum()), "bf16_median_margin": float(margins.median())}
     if differ.any():
         worst = float(margins[differ].max())
-        result.update(max_bf16_margin_where_differ=worst,
-                      positions_with_bf16_margin_at_most_that=int((margins <= worst).sum()))
+        result.update(
+            max_bf16_margin_where_differ=worst, positions_with_bf16_margin_at_most_that=int((margins <= worst).sum())
+        )
     return result
 
 
 def timing(decode: Decode, batch: int) -> dict:
     mean = statistics.fmean(decode.step_s)
-    return {"ms_per_step_mean": mean * 1e3, "ms_per_step_median": statistics.median(decode.step_s) * 1e3,
-            "tokens_per_s": batch / mean, "steps_timed": len(decode.step_s), "cuda_graph": decode.cuda_graph,
-            **({"graph_error": decode.graph_error} if decode.graph_error else {})}
+    return {
+        "ms_per_step_mean": mean * 1e3,
+        "ms_per_step_median": statistics.median(decode.step_s) * 1e3,
+        "tokens_per_s": batch / mean,
+        "steps_timed": len(decode.step_s),
+        "cuda_graph": decode.cuda_graph,
+        **({"graph_error": decode.graph_error} if decode.graph_error else {}),
+    }
 
 
 VARIANTS = ("bf16", "w12", "w12_lm_head")  # BF16; decoder linears in W12; the LM head too
@@ -366,18 +403,31 @@ def measure_layout(model: nn.Module, prompts: dict[int, torch.Tensor], args, out
     bits = [s["bits_per_weight"] for s in stats.values()]
     escapes = [s["escape_fraction"] for s in stats.values()]
     return {
-        "runs": runs, "forced": forced, "profiles": profiles,
-        "conversion": {"layers": len(stats), "seconds": convert_s, "lm_head_layers": len(head_stats),
-                       "bits_per_weight": [min(bits), max(bits)], "escape_fraction": [min(escapes), max(escapes)],
-                       "checked_bit_for_bit": True},
+        "runs": runs,
+        "forced": forced,
+        "profiles": profiles,
+        "conversion": {
+            "layers": len(stats),
+            "seconds": convert_s,
+            "lm_head_layers": len(head_stats),
+            "bits_per_weight": [min(bits), max(bits)],
+            "escape_fraction": [min(escapes), max(escapes)],
+            "checked_bit_for_bit": True,
+        },
         "weight_memory": {
-            "bf16_linear_bytes": bytes_bf16["bf16"], "w12_decoder_linear_bytes": bytes_w12["w12"],
+            "bf16_linear_bytes": bytes_bf16["bf16"],
+            "w12_decoder_linear_bytes": bytes_w12["w12"],
             "bf16_lm_head_bytes": bytes_bf16["lm_head"],
             "w12_lm_head_bytes": bytes_w12_head["lm_head"] if head_stats else None,
-            "linear_bytes_read_per_step": {"bf16": bytes_bf16["bf16"], "w12": bytes_w12["w12"] + bytes_w12["bf16"],
-                                           "w12_lm_head": bytes_w12_head["w12"] + bytes_w12_head["bf16"]},
+            "linear_bytes_read_per_step": {
+                "bf16": bytes_bf16["bf16"],
+                "w12": bytes_w12["w12"] + bytes_w12["bf16"],
+                "w12_lm_head": bytes_w12_head["w12"] + bytes_w12_head["bf16"],
+            },
             "freed_bytes_decoder_linears": None if memory_before is None else memory_before - memory_after,
-            "freed_bytes_with_lm_head": None if memory_before is None else memory_before - memory_head}}
+            "freed_bytes_with_lm_head": None if memory_before is None else memory_before - memory_head,
+        },
+    }
 
 
 def summarize(layout: dict, batch: int, rest_s: float, read_bw: float | None) -> dict:
@@ -403,14 +453,17 @@ def summarize(layout: dict, batch: int, rest_s: float, read_bw: float | None) ->
                 figures["speedup_at_linear_floor"] = bf16_step / (rest_s + read / read_bw)
                 figures["linear_ms_needed_for_1.15x"] = (bf16_step / 1.15 - rest_s) * 1e3
             figures["agreement"] = agreement(layout["runs"]["bf16"][batch], layout["runs"][variant][batch])
-            figures["forced_agreement"] = forced_agreement(layout["forced"]["bf16"][batch],
-                                                           layout["forced"][variant][batch])
+            figures["forced_agreement"] = forced_agreement(
+                layout["forced"]["bf16"][batch], layout["forced"][variant][batch]
+            )
         result[variant] = figures
     return result
 
 
-LAYOUTS = {"per_layer": "one W12 layer per HF linear layer, as loaded",
-           "fused": "q/k/v and gate/up fused into one GEMM each (fuse_shared_input_projections), in BF16 and W12 alike"}
+LAYOUTS = {
+    "per_layer": "one W12 layer per HF linear layer, as loaded",
+    "fused": "q/k/v and gate/up fused into one GEMM each (fuse_shared_input_projections), in BF16 and W12 alike",
+}
 
 
 def bench_model(label: str, load, prompts: dict[int, torch.Tensor], args, read_bw: float | None) -> dict:
@@ -421,9 +474,20 @@ def bench_model(label: str, load, prompts: dict[int, torch.Tensor], args, read_b
     for layout in args.layouts:
         model = load()
         if "config" not in entry:
-            entry["config"] = {k: getattr(model.config, k, None) for k in (
-                "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")}
+            entry["config"] = {
+                k: getattr(model.config, k, None)
+                for k in (
+                    "model_type",
+                    "vocab_size",
+                    "hidden_size",
+                    "intermediate_size",
+                    "num_hidden_layers",
+                    "num_attention_heads",
+                    "num_key_value_heads",
+                    "head_dim",
+                    "tie_word_embeddings",
+                )
+            }
             entry["parameters"] = sum(p.numel() for p in model.parameters())
         if layout == "fused":
             entry["fused_groups"] = fuse_shared_input_projections(model)
@@ -433,31 +497,45 @@ def bench_model(label: str, load, prompts: dict[int, torch.Tensor], args, read_b
         gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    entry["layouts"] = {name: {"what": LAYOUTS[name], "conversion": data["conversion"],
-                               "weight_memory": data["weight_memory"]} for name, data in layouts.items()}
+    entry["layouts"] = {
+        name: {"what": LAYOUTS[name], "conversion": data["conversion"], "weight_memory": data["weight_memory"]}
+        for name, data in layouts.items()
+    }
     entry["eager_step_profiles"] = {name: data["profiles"] for name, data in layouts.items() if data["profiles"]}
     entry["batches"] = {}
     for b in prompts:
         rest = statistics.fmean(outside[b].step_s)
-        entry["batches"][b] = {"prompt_len": prompts[b].shape[1], "outside_linears_ms": rest * 1e3,
-                               **{name: summarize(data, b, rest, read_bw) for name, data in layouts.items()}}
-        log(label, b, {name: {v: round(f["ms_per_step_mean"], 3) for v, f in entry["batches"][b][name].items()}
-                       for name in layouts})
+        entry["batches"][b] = {
+            "prompt_len": prompts[b].shape[1],
+            "outside_linears_ms": rest * 1e3,
+            **{name: summarize(data, b, rest, read_bw) for name, data in layouts.items()},
+        }
+        log(
+            label,
+            b,
+            {
+                name: {v: round(f["ms_per_step_mean"], 3) for v, f in entry["batches"][b][name].items()}
+                for name in layouts
+            },
+        )
     return entry
 
 
 def markdown_tables(doc: dict) -> str:
     """The README tables of a result file: decode speed per model, layout and batch; weight memory."""
+
     def gb(count: int) -> str:
         return f"{count / 1e9:.2f}"
 
     def floor(figures: dict) -> str:
         return f"{100 * figures['linear_fraction_of_floor']:.0f}" if "linear_fraction_of_floor" in figures else "-"
 
-    lines = ["| model | layout | requests | BF16 ms/token | W12 ms/token (x BF16) | W12 + LM head (x BF16) | "
-             "tokens/s BF16 -> W12 | outside linears ms | BF16 / W12 linears, % of byte floor | "
-             "same-prefix top-1 agreement | free-running identical requests |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| model | layout | requests | BF16 ms/token | W12 ms/token (x BF16) | W12 + LM head (x BF16) | "
+        "tokens/s BF16 -> W12 | outside linears ms | BF16 / W12 linears, % of byte floor | "
+        "same-prefix top-1 agreement | free-running identical requests |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for model, entry in doc["models"].items():
         for batch, result in entry["batches"].items():
             for layout in entry["layouts"]:
@@ -469,9 +547,14 @@ def markdown_tables(doc: dict) -> str:
                     + (f"{head['ms_per_step_mean']:.2f} ({head['speedup']:.2f}x) | " if head else "- | ")
                     + f"{bf16['tokens_per_s']:.0f} -> {w12['tokens_per_s']:.0f} | {result['outside_linears_ms']:.2f} | "
                     f"{floor(bf16)} / {floor(w12)} | {forced['agree']}/{forced['positions']} | "
-                    f"{w12['agreement']['requests_identical']}/{batch} |")
-    lines += ["", "| model | BF16 linear weights GB | W12 decoder linears GB (+ LM head) | allocator bytes freed GB "
-              "(+ LM head) | bits per weight |", "| --- | --- | --- | --- | --- |"]
+                    f"{w12['agreement']['requests_identical']}/{batch} |"
+                )
+    lines += [
+        "",
+        "| model | BF16 linear weights GB | W12 decoder linears GB (+ LM head) | allocator bytes freed GB "
+        "(+ LM head) | bits per weight |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for model, entry in doc["models"].items():
         first = entry["layouts"].get("per_layer") or next(iter(entry["layouts"].values()))
         memory, conversion = first["weight_memory"], first["conversion"]
@@ -480,23 +563,31 @@ def markdown_tables(doc: dict) -> str:
             f"| {model} | {gb(memory['bf16_linear_bytes'])} | {gb(memory['w12_decoder_linear_bytes'])} "
             f"(+ {gb(memory['w12_lm_head_bytes'] or 0)}) | "
             + (f"{gb(freed)} (+ {gb(memory['freed_bytes_with_lm_head'] - freed)}) | " if freed is not None else "- | ")
-            + f"{conversion['bits_per_weight'][0]:.3f}-{conversion['bits_per_weight'][1]:.3f} |")
+            + f"{conversion['bits_per_weight'][0]:.3f}-{conversion['bits_per_weight'][1]:.3f} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", action="append", default=None,
-                        help=f"a shape ({', '.join(SHAPES)}) or a local checkpoint directory; repeatable "
-                             "(default: both shapes)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help=f"a shape ({', '.join(SHAPES)}) or a local checkpoint directory; repeatable (default: both shapes)",
+    )
     parser.add_argument("--batches", default="1,32", help="requests decoded together, comma-separated")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64, help="greedy tokens per request (>= 3)")
     parser.add_argument("--layouts", default="per_layer,fused", help=f"comma-separated: {', '.join(LAYOUTS)}")
-    parser.add_argument("--profile", action="store_true",
-                        help="also profile one eager decode step per batch (BF16 and W12, first layout)")
-    parser.add_argument("--table", type=Path, default=None,
-                        help="print the markdown tables of a result file (no measuring) and exit")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile one eager decode step per batch (BF16 and W12, first layout)",
+    )
+    parser.add_argument(
+        "--table", type=Path, default=None, help="print the markdown tables of a result file (no measuring) and exit"
+    )
     parser.add_argument("--layers", type=int, default=None, help="fewer decoder layers of a shape (smoke tests)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here (after each model too)")
@@ -524,10 +615,12 @@ def main() -> None:
 
     doc = result_header("w12_hf_decode")
     doc["versions"]["transformers"] = transformers.__version__
-    doc |= {"read_bandwidth_tb_s": None if read_bw is None else read_bw / 1e12,
-           "kernel_sources": kernel_sources(),
-           "decode": "greedy, StaticCache, " + ("each step replayed from a CUDA graph" if cuda else "eager steps"),
-           "models": {}}
+    doc |= {
+        "read_bandwidth_tb_s": None if read_bw is None else read_bw / 1e12,
+        "kernel_sources": kernel_sources(),
+        "decode": "greedy, StaticCache, " + ("each step replayed from a CUDA graph" if cuda else "eager steps"),
+        "models": {},
+    }
     for spec in specs:
         if spec in SHAPES:
             load = lambda spec=spec: synthetic_model(spec, args.device, args.layers)  # noqa: E731

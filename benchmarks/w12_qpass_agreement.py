@@ -49,8 +49,12 @@ def agreement(target: nn.Module, tokens: torch.Tensor, low_bits: str, head: bool
         head_weight = qpass_weight_reference(encode(head_weight.to(torch.bfloat16)), low_bits)
     q_top = (q_hidden.float() @ head_weight.float().t()).argmax(-1)
     same = (q_top == exact_top).float()
-    return {"low_bits": low_bits, "lm_head_on_view": head, "positions": int(same.numel()),
-            "top1_agreement": same.mean().item()}
+    return {
+        "low_bits": low_bits,
+        "lm_head_on_view": head,
+        "positions": int(same.numel()),
+        "top1_agreement": same.mean().item(),
+    }
 
 
 def held_out_tokens(model_dir: Path, split: str, sequences: int, length: int) -> torch.Tensor:
@@ -100,8 +104,9 @@ def main() -> None:
         doc["weights"] = f"trained: {target_path}"
         doc["split"] = args.split
     tokens = tokens.to(args.device)
-    doc["results"] = [agreement(target, tokens, low_bits, head)
-                      for low_bits in ("midpoint", "truncated") for head in (False, True)]
+    doc["results"] = [
+        agreement(target, tokens, low_bits, head) for low_bits in ("midpoint", "truncated") for head in (False, True)
+    ]
     print_result(doc, args.out)
 
 

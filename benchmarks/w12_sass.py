@@ -46,8 +46,11 @@ def loop_instructions(sass: str) -> list[str]:
     over the patch loop, which runs only when a step holds an escape)."""
     lines = [(int(m.group(1), 16), m.group(3), line) for line in sass.splitlines() if (m := ADDRESS.search(line))]
     last_mma = max(i for i, (_, op, _) in enumerate(lines) if op.startswith(MMA_OPCODES))
-    back = next(i for i in range(last_mma, len(lines))
-                if (b := BRANCH.search(lines[i][2])) and int(b.group(1), 16) <= lines[last_mma][0])
+    back = next(
+        i
+        for i in range(last_mma, len(lines))
+        if (b := BRANCH.search(lines[i][2])) and int(b.group(1), 16) <= lines[last_mma][0]
+    )
     start_address = int(BRANCH.search(lines[back][2]).group(1), 16)
     start = next(i for i, (address, _, _) in enumerate(lines) if address == start_address)
     ops, i = [], start
@@ -55,7 +58,7 @@ def loop_instructions(sass: str) -> list[str]:
         ops.append(lines[i][1])
         if lines[i][1].startswith("VOTE.ANY"):
             branch = next(k for k in range(i + 1, i + 4) if BRANCH.search(lines[k][2]))
-            ops += [op for _, op, _ in lines[i + 1:branch + 1]]
+            ops += [op for _, op, _ in lines[i + 1 : branch + 1]]
             skip_to = int(BRANCH.search(lines[branch][2]).group(1), 16)
             i = branch + 1
             while i <= back and lines[i][0] < skip_to:
@@ -72,13 +75,16 @@ def tool(name: str) -> str:
         places.append(Path(shutil.which("nvcc")).resolve().with_name(name))
     try:
         import triton
+
         places.append(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
     except ImportError:
         pass
     for place in places:
         if place and Path(place).exists():
             return str(place)
-    sys.exit(f"error: {name} not found on PATH or beside nvcc; install the CUDA toolkit (12.8+) or put its bin/ on PATH")
+    sys.exit(
+        f"error: {name} not found on PATH or beside nvcc; install the CUDA toolkit (12.8+) or put its bin/ on PATH"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,16 +96,34 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for source in KERNEL_FILES:
             cubin = Path(tmp) / f"{source}.cubin"
-            build = subprocess.run([tool("nvcc"), f"-arch={args.arch}", "-std=c++17", "-O3", "-cubin", "-Xptxas", "-v",
-                                    f"-I{SHARED_HEADERS}", f"-I{CSRC}", str(CSRC / source), "-o", str(cubin)],
-                                   capture_output=True, text=True)
+            build = subprocess.run(
+                [
+                    tool("nvcc"),
+                    f"-arch={args.arch}",
+                    "-std=c++17",
+                    "-O3",
+                    "-cubin",
+                    "-Xptxas",
+                    "-v",
+                    f"-I{SHARED_HEADERS}",
+                    f"-I{CSRC}",
+                    str(CSRC / source),
+                    "-o",
+                    str(cubin),
+                ],
+                capture_output=True,
+                text=True,
+            )
             if build.returncode:
                 sys.exit(f"error: nvcc failed on {source}:\n{build.stderr[-2000:]}")
             stderr += build.stderr
-            sass += subprocess.run([tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
-                                   check=True).stdout
-    registers = {m.group(1): int(m.group(2)) for m in re.finditer(
-        r"Compiling entry function '(\w+)'.*?Used (\d+) registers", stderr, re.S)}
+            sass += subprocess.run(
+                [tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True
+            ).stdout
+    registers = {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", stderr, re.S)
+    }
     kernels = []
     for function in re.split(r"\n\s*Function : ", sass)[1:]:
         name = function.split("\n", 1)[0].strip()
@@ -120,16 +144,32 @@ def main(argv: list[str] | None = None) -> int:
             mmas_per_chunk = 8  # one wgmma a k16 step covers every token tile
             key = "wgmma <{}>".format(", ".join(warpgroup.groups()))
         chunks = sum(op.startswith(MMA_OPCODES) for op in ops) / mmas_per_chunk
-        kernels.append({"kernel": key, "registers": registers.get(name),
-                        "loop_instructions": len(ops), "chunks_per_iteration": chunks,
-                        "instructions_per_chunk": round(len(ops) / chunks, 1),
-                        "by_opcode": dict(Counter(op.split(".")[0] for op in ops).most_common())})
-    kernels.sort(key=lambda k: (k["kernel"].split(" <")[0] if " <" in k["kernel"] else "",
-                                tuple(int(v) for v in k["kernel"].split("<")[1].strip(">").split(", "))))
-    nvcc_version = subprocess.run([tool("nvcc"), "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+        kernels.append(
+            {
+                "kernel": key,
+                "registers": registers.get(name),
+                "loop_instructions": len(ops),
+                "chunks_per_iteration": chunks,
+                "instructions_per_chunk": round(len(ops) / chunks, 1),
+                "by_opcode": dict(Counter(op.split(".")[0] for op in ops).most_common()),
+            }
+        )
+    kernels.sort(
+        key=lambda k: (
+            k["kernel"].split(" <")[0] if " <" in k["kernel"] else "",
+            tuple(int(v) for v in k["kernel"].split("<")[1].strip(">").split(", ")),
+        )
+    )
+    nvcc_version = (
+        subprocess.run([tool("nvcc"), "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    )
     command = [__file__, *(argv if argv is not None else sys.argv[1:])]
-    doc = {**result_header("w12_sass", command), "arch": args.arch,
-           "nvcc": nvcc_version[-1] if nvcc_version else None, "kernels": kernels}
+    doc = {
+        **result_header("w12_sass", command),
+        "arch": args.arch,
+        "nvcc": nvcc_version[-1] if nvcc_version else None,
+        "kernels": kernels,
+    }
     print_result(doc, args.out)
     return 0
 

@@ -42,12 +42,22 @@ GENERATED = {INDEX_MD.name, INDEX_JSON.name}
 
 # Legacy files name their benchmark informally; the file name's prefix says which script wrote it.
 PREFIXES = (
-    ("certified_head", "certified_head_bench"), ("controller-paired", "controller_paired_bench"),
-    ("engine-pair", "engine_pair_eval"), ("engine-step-bench", "engine_step_bench"), ("fault_study", "fault_study"),
-    ("gdn_tree", "gdn_tree_bench"), ("gpu-tests", "pytest -m gpu"), ("registry", "registry_bench"),
-    ("replay_bench", "replay_bench"), ("replay_fig10", "specpilot-mem replay --figure"),
-    ("sglang-export", "sglang_export_bench"), ("store_bench", "store_bench"), ("w12-gemm-speedup", "scripts/w12_plot.py"),
-    ("w12-gemm", "w12_gemm_bench"), ("w12-hf-decode", "w12_hf_decode"), ("w12-qpass", "w12_qpass_agreement"),
+    ("certified_head", "certified_head_bench"),
+    ("controller-paired", "controller_paired_bench"),
+    ("engine-pair", "engine_pair_eval"),
+    ("engine-step-bench", "engine_step_bench"),
+    ("fault_study", "fault_study"),
+    ("gdn_tree", "gdn_tree_bench"),
+    ("gpu-tests", "pytest -m gpu"),
+    ("registry", "registry_bench"),
+    ("replay_bench", "replay_bench"),
+    ("replay_fig10", "specpilot-mem replay --figure"),
+    ("sglang-export", "sglang_export_bench"),
+    ("store_bench", "store_bench"),
+    ("w12-gemm-speedup", "scripts/w12_plot.py"),
+    ("w12-gemm", "w12_gemm_bench"),
+    ("w12-hf-decode", "w12_hf_decode"),
+    ("w12-qpass", "w12_qpass_agreement"),
     ("w12-sass", "w12_sass"),
 )
 # A commit touching code here committed results with the code they measured (see History.derived).
@@ -62,6 +72,7 @@ class ResultsIndexError(SpecPilotError):
 
 # -- reading result files ------------------------------------------------------------------------------------------
 
+
 def load(path: Path) -> dict | None:
     """The JSON document of a result file (None for a picture)."""
     if path.suffix != ".json":
@@ -69,8 +80,9 @@ def load(path: Path) -> dict | None:
     try:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise ResultsIndexError(f"not valid JSON ({exc})", where=str(path),
-                                fix="write results with specpilot_mem.provenance.write_result") from exc
+        raise ResultsIndexError(
+            f"not valid JSON ({exc})", where=str(path), fix="write results with specpilot_mem.provenance.write_result"
+        ) from exc
     return doc if isinstance(doc, dict) else {"content": doc}
 
 
@@ -122,34 +134,44 @@ def device_of(name: str, doc: dict | None) -> str:
 
 # -- headline figures: one extractor per benchmark, for the current files ------------------------------------------
 
+
 def _r(value: float, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
 def _span(values: list[float], digits: int = 2, unit: str = "") -> str:
     low, high = min(values), max(values)
-    return f"{_r(low, digits)}{unit}" if _r(low, digits) == _r(high, digits) else \
-        f"{_r(low, digits)}–{_r(high, digits)}{unit}"
+    return (
+        f"{_r(low, digits)}{unit}"
+        if _r(low, digits) == _r(high, digits)
+        else f"{_r(low, digits)}–{_r(high, digits)}{unit}"
+    )
 
 
 def _store(doc: dict) -> str:
     f = doc["figures"]
-    return (f"init {f['init_s']} s; apply a {f['apply_chain_entries']}-entry chain {f['apply_chain_in_process_s']} s "
-            f"in process, {f['apply_chain_cli_s']} s as a command; verify {f['verify_entries']} entries "
-            f"{f['verify_s']} s")
+    return (
+        f"init {f['init_s']} s; apply a {f['apply_chain_entries']}-entry chain {f['apply_chain_in_process_s']} s "
+        f"in process, {f['apply_chain_cli_s']} s as a command; verify {f['verify_entries']} entries "
+        f"{f['verify_s']} s"
+    )
 
 
 def _registry(doc: dict) -> str:
     f = doc["figures"]
     queries = [q["query_on_open_connection"]["median_ms"] for q in f["queries"].values()]
     command_ms = f["cli_query_gpu_sm_120"]["median_ms"]
-    return (f"query {_span(queries, 0)} ms in process; `query` command {command_ms:.0f} ms; "
-            f"incremental sync {f['incremental_sync_one_record']['median_ms']:.0f} ms")
+    return (
+        f"query {_span(queries, 0)} ms in process; `query` command {command_ms:.0f} ms; "
+        f"incremental sync {f['incremental_sync_one_record']['median_ms']:.0f} ms"
+    )
 
 
 def _replay(doc: dict) -> str:
-    return (f"best-first build {_r(doc['build']['us_per_step_wall_median'], 1)} µs a request-step; replay of "
-            f"{doc['replay']['lattice_steps']:,} lattice steps {_r(doc['replay']['seconds_wall'])} s")
+    return (
+        f"best-first build {_r(doc['build']['us_per_step_wall_median'], 1)} µs a request-step; replay of "
+        f"{doc['replay']['lattice_steps']:,} lattice steps {_r(doc['replay']['seconds_wall'])} s"
+    )
 
 
 def _figure10(doc: dict) -> str:
@@ -158,14 +180,18 @@ def _figure10(doc: dict) -> str:
 
 
 def _sglang_export(doc: dict) -> str:
-    return (f"apply + export {doc['apply_and_export_cold']['wall_s']} s; import server_args "
-            f"{doc['import_server_args_warm_bytecode']['cpu_s']} s CPU (warm bytecode)")
+    return (
+        f"apply + export {doc['apply_and_export_cold']['wall_s']} s; import server_args "
+        f"{doc['import_server_args_warm_bytecode']['cpu_s']} s CPU (warm bytecode)"
+    )
 
 
 def _engine_pair(doc: dict) -> str:
     unseen = doc["replay"]["stdlib/unseen"]
-    return (f"replay τ on unseen: chain@8 {_r(unseen['chain@8'])}, best-first@32 {_r(unseen['best-first@32'])}, "
-            f"oracle@16 {_r(unseen['oracle@16'])}")
+    return (
+        f"replay τ on unseen: chain@8 {_r(unseen['chain@8'])}, best-first@32 {_r(unseen['best-first@32'])}, "
+        f"oracle@16 {_r(unseen['oracle@16'])}"
+    )
 
 
 def _engine_step(doc: dict) -> str:
@@ -182,13 +208,17 @@ def _engine_step(doc: dict) -> str:
 def _controller(doc: dict) -> str:
     noise = [doc[mode]["noise"]["noise"] * 100 for mode in ("interleaved", "pool")]
     gain = doc["interleaved"]["decision"]
-    return (f"stock-vs-stock noise {_r(noise[0])}% interleaved / {_r(noise[1])}% pool; gain {_r(gain['gain'])}x "
-            f"[{_r(gain['low'])}, {_r(gain['high'])}]")
+    return (
+        f"stock-vs-stock noise {_r(noise[0])}% interleaved / {_r(noise[1])}% pool; gain {_r(gain['gain'])}x "
+        f"[{_r(gain['low'])}, {_r(gain['high'])}]"
+    )
 
 
 def _fault_study(doc: dict) -> str:
-    return (f"fault rejected in {doc['fault_rejected']} of {doc['fault_runs']} runs; lossless variants rejected in "
-            f"{doc['lossless_rejected']} of {doc['lossless_runs']}")
+    return (
+        f"fault rejected in {doc['fault_rejected']} of {doc['fault_runs']} runs; lossless variants rejected in "
+        f"{doc['lossless_rejected']} of {doc['lossless_runs']}"
+    )
 
 
 def _gdn_tree(doc: dict) -> str:
@@ -196,27 +226,37 @@ def _gdn_tree(doc: dict) -> str:
         return f"WY verify {_span([r['wy_speedup'] for r in doc['wy_vs_path']])}x the path kernel's speed"
     rows = doc["verify_plus_commit"]
     speedups = [v["speedup"] for r in rows for v in r["variants"] if v.get("defaults")]
-    return (f"path verify + commit {_span(speedups)}x SGLang's snapshot verify at B = "
-            f"{rows[0]['B']}–{rows[-1]['B']}; no per-node state")
+    return (
+        f"path verify + commit {_span(speedups)}x SGLang's snapshot verify at B = "
+        f"{rows[0]['B']}–{rows[-1]['B']}; no per-node state"
+    )
 
 
 def _certified_head(doc: dict) -> str:
     speedups = {int(m): v["b:bf16_head"]["us"] / v["c:warp_cuda_exact"]["us"] for m, v in doc["variants"].items()}
     check = doc.get("property_check", {})
-    return (f"{_span(list(speedups.values()))}x the BF16 head at {min(speedups)}–{max(speedups)} rows; "
-            f"{check.get('rows', 0):,} adversarial rows, {check.get('disagreements')} disagreements")
+    return (
+        f"{_span(list(speedups.values()))}x the BF16 head at {min(speedups)}–{max(speedups)} rows; "
+        f"{check.get('rows', 0):,} adversarial rows, {check.get('disagreements')} disagreements"
+    )
 
 
 def _w12_gemm(doc: dict) -> str:
     summary = doc.get("summary") or {}
     if "mma_geomean_speedup_projections_1_32" in summary:
-        return (f"projections 1–32 rows {_r(summary['mma_geomean_speedup_projections_1_32'], 3)}x cuBLAS geomean "
-                f"(slowest {_r(summary['mma_min_speedup_projections_1_32'])}x); LM head ≥ "
-                f"{_r(summary['mma_lm_head_min_speedup_1_32'])}x at ≥ "
-                f"{summary['mma_lm_head_frac_floor_1_32_min']:.1%} of its floor; gate_up ≥ "
-                f"{summary['mma_gate_up_frac_floor_1_32_min']:.1%} of its floor")
-    speedups = [row["mma_speedup"] for shape in doc["shapes"].values() for row in shape.get("rows", [])
-                if "mma_speedup" in row and row["M"] <= 32]
+        return (
+            f"projections 1–32 rows {_r(summary['mma_geomean_speedup_projections_1_32'], 3)}x cuBLAS geomean "
+            f"(slowest {_r(summary['mma_min_speedup_projections_1_32'])}x); LM head ≥ "
+            f"{_r(summary['mma_lm_head_min_speedup_1_32'])}x at ≥ "
+            f"{summary['mma_lm_head_frac_floor_1_32_min']:.1%} of its floor; gate_up ≥ "
+            f"{summary['mma_gate_up_frac_floor_1_32_min']:.1%} of its floor"
+        )
+    speedups = [
+        row["mma_speedup"]
+        for shape in doc["shapes"].values()
+        for row in shape.get("rows", [])
+        if "mma_speedup" in row and row["M"] <= 32
+    ]
     return f"{len(doc['shapes'])} shapes: {_span(speedups)}x cuBLAS at 1–32 rows"
 
 
@@ -225,15 +265,19 @@ def _w12_hf(doc: dict) -> str:
     for model, figures in doc["models"].items():
         by_batch = figures["batches"]
         speedups = [by_batch[b]["per_layer"]["w12"]["speedup"] for b in sorted(by_batch, key=int)]
-        parts.append(f"{model}: {_r(speedups[0], 3)}x BF16 at {min(by_batch, key=int)} request, {_r(speedups[-1], 3)}x "
-                     f"at {max(by_batch, key=int)}")
+        parts.append(
+            f"{model}: {_r(speedups[0], 3)}x BF16 at {min(by_batch, key=int)} request, {_r(speedups[-1], 3)}x "
+            f"at {max(by_batch, key=int)}"
+        )
     return "; ".join(parts)
 
 
 def _w12_qpass(doc: dict) -> str:
     by = {(r["low_bits"], r["lm_head_on_view"]): r["top1_agreement"] for r in doc["results"]}
-    return (f"top-1 agreement {by['midpoint', False]:.1%} (dropped bits at midpoint), {by['truncated', False]:.1%} "
-            f"(truncated)")
+    return (
+        f"top-1 agreement {by['midpoint', False]:.1%} (dropped bits at midpoint), {by['truncated', False]:.1%} "
+        f"(truncated)"
+    )
 
 
 def _w12_sass(doc: dict) -> str:
@@ -248,16 +292,20 @@ def _gpu_tests(doc: dict) -> str:
 
 def _cli_startup(doc: dict) -> str:
     f = doc["figures"]
-    return (f"`import specpilot_mem.main` {f['import_main_cpu_s']} s CPU ({f['import_main_s']} s wall); "
-            f"`--help` {f['help_cpu_s']} s CPU ({f['help_s']} s wall); heavy imports: {f['heavy_imports'] or 'none'}")
+    return (
+        f"`import specpilot_mem.main` {f['import_main_cpu_s']} s CPU ({f['import_main_s']} s wall); "
+        f"`--help` {f['help_cpu_s']} s CPU ({f['help_s']} s wall); heavy imports: {f['heavy_imports'] or 'none'}"
+    )
 
 
 def _release_port(doc: dict) -> str:
     runs = doc["releases"]
     seconds = [run["seconds"] for run in runs.values()]
     verdicts = sorted({v for run in runs.values() for v in run["verdicts"].values()})
-    return (f"{len(doc['entries'])} entries onto {', '.join(sorted(runs))}: {_span(seconds, 1)} s a release from the "
-            f"cached wheel, import included; verdicts {', '.join(verdicts)}")
+    return (
+        f"{len(doc['entries'])} entries onto {', '.join(sorted(runs))}: {_span(seconds, 1)} s a release from the "
+        f"cached wheel, import included; verdicts {', '.join(verdicts)}"
+    )
 
 
 def _controller_pool(doc: dict) -> str:
@@ -265,20 +313,35 @@ def _controller_pool(doc: dict) -> str:
     noise = {mode: (doc.get(f"{mode}/noise") or {}).get("noise") for mode in ("interleaved", "pool")}
     if not all(noise.values()):
         return "a noise section did not finish: " + "; ".join(
-            f"{mode}: {(doc.get(f'{mode}/noise') or {}).get('error', 'missing')}" for mode, n in noise.items() if not n)
+            f"{mode}: {(doc.get(f'{mode}/noise') or {}).get('error', 'missing')}" for mode, n in noise.items() if not n
+        )
     slots = len(doc["pool/noise"]["slots"])
-    return (f"stock-vs-stock noise {noise['interleaved']['noise']:.1%} interleaved / {noise['pool']['noise']:.1%} "
-            f"pool of {slots} worker processes ({doc['pool_over_interleaved_noise']}x)")
+    return (
+        f"stock-vs-stock noise {noise['interleaved']['noise']:.1%} interleaved / {noise['pool']['noise']:.1%} "
+        f"pool of {slots} worker processes ({doc['pool_over_interleaved_noise']}x)"
+    )
 
 
 HEADLINES: dict[str, Callable[[dict], str]] = {
-    "release_port_bench": _release_port, "controller_pool_bench": _controller_pool,
-    "store_bench": _store, "registry_bench": _registry, "replay_bench": _replay,
-    "specpilot-mem replay --figure": _figure10, "sglang_export_bench": _sglang_export,
-    "engine_pair_eval": _engine_pair, "engine_step_bench": _engine_step, "controller_paired_bench": _controller,
-    "fault_study": _fault_study, "gdn_tree_bench": _gdn_tree, "certified_head_bench": _certified_head,
-    "w12_gemm_bench": _w12_gemm, "w12_hf_decode": _w12_hf, "w12_qpass_agreement": _w12_qpass,
-    "w12_sass": _w12_sass, "pytest -m gpu": _gpu_tests, "cli_startup_bench": _cli_startup,
+    "release_port_bench": _release_port,
+    "controller_pool_bench": _controller_pool,
+    "store_bench": _store,
+    "registry_bench": _registry,
+    "replay_bench": _replay,
+    "specpilot-mem replay --figure": _figure10,
+    "sglang_export_bench": _sglang_export,
+    "engine_pair_eval": _engine_pair,
+    "engine_step_bench": _engine_step,
+    "controller_paired_bench": _controller,
+    "fault_study": _fault_study,
+    "gdn_tree_bench": _gdn_tree,
+    "certified_head_bench": _certified_head,
+    "w12_gemm_bench": _w12_gemm,
+    "w12_hf_decode": _w12_hf,
+    "w12_qpass_agreement": _w12_qpass,
+    "w12_sass": _w12_sass,
+    "pytest -m gpu": _gpu_tests,
+    "cli_startup_bench": _cli_startup,
 }
 
 
@@ -294,12 +357,15 @@ def headline(benchmark: str, name: str, doc: dict | None) -> str:
     try:
         return extract(doc)
     except (KeyError, TypeError, ValueError, IndexError, StopIteration, ZeroDivisionError) as exc:
-        raise ResultsIndexError(f"the {benchmark} headline cannot be read ({type(exc).__name__}: {exc})",
-                                where=str(RESULTS / name),
-                                fix="add a `headline` field to the result, or update its extractor here") from exc
+        raise ResultsIndexError(
+            f"the {benchmark} headline cannot be read ({type(exc).__name__}: {exc})",
+            where=str(RESULTS / name),
+            fix="add a `headline` field to the result, or update its extractor here",
+        ) from exc
 
 
 # -- git provenance ------------------------------------------------------------------------------------------------
+
 
 class History:
     """Which commit wrote each result file's content (following renames into the archive), from one ``git log``."""
@@ -329,9 +395,15 @@ class History:
         if written is None:
             return {"commit": None, "dirty": None, "source": "not committed yet"}
         measured = written if self.code[written] or self.parent[written] is None else self.parent[written]
-        return {"commit": measured, "dirty": None, "source": "derived", "committed_in": written,
-                "rule": "the commit that wrote the file (it also changed code)" if measured == written
-                else "the parent of the commit that wrote the file (which changed no code)"}
+        return {
+            "commit": measured,
+            "dirty": None,
+            "source": "derived",
+            "committed_in": written,
+            "rule": "the commit that wrote the file (it also changed code)"
+            if measured == written
+            else "the parent of the commit that wrote the file (which changed no code)",
+        }
 
 
 def is_code(path: str) -> bool:
@@ -352,8 +424,10 @@ def provenance(doc: dict | None, path: str, history: History | None) -> dict:
 
 # -- probe harnesses -----------------------------------------------------------------------------------------------
 
+
 def embedded_probes(doc: dict | None) -> Iterator[tuple[str, str]]:
     """(JSON path, code) of every harness, script or diff a result document holds as a multi-line string."""
+
     def walk(node, path):
         if isinstance(node, dict):
             for key, value in node.items():
@@ -363,6 +437,7 @@ def embedded_probes(doc: dict | None) -> Iterator[tuple[str, str]]:
                 yield from walk(value, [*path, str(i)])
         elif isinstance(node, str) and "\n" in node and any(PROBE_KEY.search(p) for p in path[-2:]):
             yield "/".join(path), node
+
     yield from walk(doc or {}, [])
 
 
@@ -399,6 +474,7 @@ def probe_files(root: Path) -> dict[str, str]:
 
 # -- the index -----------------------------------------------------------------------------------------------------
 
+
 def readme_rows(root: Path) -> dict[str, list[str]]:
     """{result file name: first cells of the README rows that link it}."""
     rows: dict[str, list[str]] = {}
@@ -423,15 +499,22 @@ def build(root: Path) -> dict:
             doc = load(path)
             described = doc if doc is not None else load_sibling(path)  # a figure: the run it was drawn from
             benchmark = benchmark_of(path.name, described)
-            row = {"file": rel, "benchmark": benchmark, "git": provenance(doc, rel, history),
-                   "device": device_of(path.name, described) if described is not None else "—",
-                   "date": date_of(path.name, described), "probes": []}
+            row = {
+                "file": rel,
+                "benchmark": benchmark,
+                "git": provenance(doc, rel, history),
+                "device": device_of(path.name, described) if described is not None else "—",
+                "date": date_of(path.name, described),
+                "probes": [],
+            }
             for key, code in embedded_probes(doc):
                 found = probes.get(digest(code))
                 row["probes"].append({"key": key, "file": found})
                 if found is None:
-                    index["problems"].append(f"{rel}: the harness at '{key}' is not code under {PROBES}/ "
-                                             "(run scripts/results_index.py --extract-probes)")
+                    index["problems"].append(
+                        f"{rel}: the harness at '{key}' is not code under {PROBES}/ "
+                        "(run scripts/results_index.py --extract-probes)"
+                    )
             if kind == "current":
                 row["headline"] = headline(benchmark, path.name, doc)
                 row["readme_rows"] = readme.get(path.name, [])
@@ -464,8 +547,10 @@ def readme_problems(root: Path, index: dict) -> list[str]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         for cell_text in cells:
             if len(cell_text) > README_MAX_CELL:
-                problems.append(f"README.md:{number}: a table cell of {len(cell_text)} characters (at most "
-                                f"{README_MAX_CELL}): give the current figure once and link its result")
+                problems.append(
+                    f"README.md:{number}: a table cell of {len(cell_text)} characters (at most "
+                    f"{README_MAX_CELL}): give the current figure once and link its result"
+                )
         if section != "Performance" or set(line) <= set("|- ") or cells[0] == "what":
             continue
         linked = RESULT_LINK.findall(line)
@@ -477,8 +562,10 @@ def readme_problems(root: Path, index: dict) -> list[str]:
             elif name not in commits:
                 problems.append(f"README.md:{number}: benchmarks/results/{name} does not exist")
             elif not commits[name]:
-                problems.append(f"README.md:{number}: benchmarks/results/{name} records no commit and none can be "
-                                "derived (commit it, or rerun through specpilot_mem.provenance)")
+                problems.append(
+                    f"README.md:{number}: benchmarks/results/{name} records no commit and none can be "
+                    "derived (commit it, or rerun through specpilot_mem.provenance)"
+                )
     return problems
 
 
@@ -511,8 +598,10 @@ def render_current(index: dict) -> str:
     ]
     for row in index["current"]:
         name = Path(row["file"]).name
-        lines.append(f"| {row['benchmark']} | [{name}]({name}) | {commit_cell(row['git'])} | {cell(row['device'])} | "
-                     f"{row['date']} | {cell(row['headline'])} | {cell('; '.join(row['readme_rows'])) or '—'} |")
+        lines.append(
+            f"| {row['benchmark']} | [{name}]({name}) | {commit_cell(row['git'])} | {cell(row['device'])} | "
+            f"{row['date']} | {cell(row['headline'])} | {cell('; '.join(row['readme_rows'])) or '—'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -532,15 +621,20 @@ def render_archive(index: dict) -> str:
         name = Path(row["file"]).name
         probes = sorted({p["file"] for p in row["probes"] if p["file"]})
         links = ", ".join(f"[{Path(p).name}](../../{p})" for p in probes) or "—"
-        lines.append(f"| {row['benchmark']} | [{name}](results/{name}) | {commit_cell(row['git'])} | "
-                     f"{cell(row['device'])} | {row['date']} | {links} |")
+        lines.append(
+            f"| {row['benchmark']} | [{name}](results/{name}) | {commit_cell(row['git'])} | "
+            f"{cell(row['device'])} | {row['date']} | {links} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def outputs(index: dict) -> dict[Path, str]:
     public = {k: v for k, v in index.items() if k != "problems"}
-    return {INDEX_MD: render_current(index), ARCHIVE_MD: render_archive(index),
-            INDEX_JSON: json.dumps(public, indent=1, ensure_ascii=False) + "\n"}
+    return {
+        INDEX_MD: render_current(index),
+        ARCHIVE_MD: render_archive(index),
+        INDEX_JSON: json.dumps(public, indent=1, ensure_ascii=False) + "\n",
+    }
 
 
 # a line of a shell command that runs a Python script (a usage example), whose result paths are its arguments
@@ -555,8 +649,9 @@ def stale_links(root: Path) -> tuple[list[str], list[str]]:
     tracked = Repo(root).out("ls-files").splitlines()
     for rel in tracked:
         # the results themselves, the fork, and tests (which build projects of their own) name no repository result
-        if rel.startswith(("benchmarks/results/", "benchmarks/archive/", "sglang-fork", "tests/")) or \
-                not rel.endswith((".md", ".py", ".yaml", ".patch", ".cu", ".cuh", ".sh", ".toml")):
+        if rel.startswith(("benchmarks/results/", "benchmarks/archive/", "sglang-fork", "tests/")) or not rel.endswith(
+            (".md", ".py", ".yaml", ".patch", ".cu", ".cuh", ".sh", ".toml")
+        ):
             continue
         text = (root / rel).read_text(errors="replace")
         lines = text.splitlines()
@@ -570,8 +665,10 @@ def stale_links(root: Path) -> tuple[list[str], list[str]]:
             if name in current and name in archived:  # a newer run under the same name: each link names one
                 continue
             if (name in archived and not in_archive) or (name in current and in_archive):
-                moved.append(f"{rel}:{line}: {match.group(0)} is now "
-                             f"{'benchmarks/archive/results/' if name in archived else 'benchmarks/results/'}{name}")
+                moved.append(
+                    f"{rel}:{line}: {match.group(0)} is now "
+                    f"{'benchmarks/archive/results/' if name in archived else 'benchmarks/results/'}{name}"
+                )
             elif name not in current and name not in archived:
                 missing.append(f"{rel}:{line}: {match.group(0)} exists nowhere")
     return moved, missing
@@ -598,8 +695,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is stale or missing")
     parser.add_argument("--extract-probes", action="store_true", help="write embedded harnesses to benchmarks/probes/")
-    parser.add_argument("--links", action="store_true",
-                        help="also list every link that names a result by its path before it moved to the archive")
+    parser.add_argument(
+        "--links",
+        action="store_true",
+        help="also list every link that names a result by its path before it moved to the archive",
+    )
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     root = args.root
@@ -625,8 +725,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in moved:
             print(f"note: {line}", file=sys.stderr)
     elif moved:
-        print(f"note: {len(moved)} links name a result by its path before it moved (--links lists them)",
-              file=sys.stderr)
+        print(
+            f"note: {len(moved)} links name a result by its path before it moved (--links lists them)", file=sys.stderr
+        )
     for line in problems:
         print(f"error: {line}", file=sys.stderr)
     return 1 if problems else 0

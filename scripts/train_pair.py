@@ -33,17 +33,40 @@ def main() -> int:
     ap.add_argument("--prepare-only", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target-seconds", type=float, default=70)
-    ap.add_argument("--rollout-seconds", type=float, default=15, help="greedy rollouts of the target to distil the drafter on")
+    ap.add_argument(
+        "--rollout-seconds", type=float, default=15, help="greedy rollouts of the target to distil the drafter on"
+    )
     ap.add_argument("--drafter-seconds", type=float, default=140)
     args = ap.parse_args()
     print(json.dumps(prepare(args.models, args.tokens, rescan=args.rescan)), flush=True)
     if args.prepare_only:
         return 0
-    train.main(["--tokens", str(args.tokens), "--out", str(args.models), "--seed", str(args.seed),
-                "--target-seconds", str(args.target_seconds), "--rollout-seconds", str(args.rollout_seconds),
-                "--drafter-seconds", str(args.drafter_seconds)])
-    return reference.main(["--model-dir", str(args.models), "--tokens", str(args.tokens),
-                           "--out", str(args.models / "greedy-reference.json")])
+    train.main(
+        [
+            "--tokens",
+            str(args.tokens),
+            "--out",
+            str(args.models),
+            "--seed",
+            str(args.seed),
+            "--target-seconds",
+            str(args.target_seconds),
+            "--rollout-seconds",
+            str(args.rollout_seconds),
+            "--drafter-seconds",
+            str(args.drafter_seconds),
+        ]
+    )
+    return reference.main(
+        [
+            "--model-dir",
+            str(args.models),
+            "--tokens",
+            str(args.tokens),
+            "--out",
+            str(args.models / "greedy-reference.json"),
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -37,11 +37,15 @@ def read_speedups(path: Path, variant: str) -> dict[str, list[tuple[int, float]]
     if not isinstance(shapes, dict) or not shapes:
         raise PlotInputError(f"{path}: no 'shapes' section; pass a file written by benchmarks/w12_gemm_bench.py")
     key = f"{variant}_speedup"
-    out = {name: [(row["M"], row[key]) for row in shape.get("rows", []) if key in row and "M" in row]
-           for name, shape in shapes.items()}
+    out = {
+        name: [(row["M"], row[key]) for row in shape.get("rows", []) if key in row and "M" in row]
+        for name, shape in shapes.items()
+    }
     if not any(out.values()):
-        raise PlotInputError(f"{path}: no '{key}' figures; the file timed other kernels (try --variant triton), or "
-                             "was run without --settle (the *_settled figures)")
+        raise PlotInputError(
+            f"{path}: no '{key}' figures; the file timed other kernels (try --variant triton), or "
+            "was run without --settle (the *_settled figures)"
+        )
     return out
 
 
@@ -68,16 +72,22 @@ def plot_speedups(files: list[Path], labels: list[str], out: Path, variants: lis
         ax.set_xlabel("rows", fontsize=8)
         ax.set_ylabel("speedup over cuBLAS", fontsize=8)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"W12 GEMM ({', '.join(dict.fromkeys(variants))}) vs cuBLAS BF16, H200, synthetic N(0, 0.02) weights",
-                 fontsize=10)
+    fig.suptitle(
+        f"W12 GEMM ({', '.join(dict.fromkeys(variants))}) vs cuBLAS BF16, H200, synthetic N(0, 0.02) weights",
+        fontsize=10,
+    )
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    provenance = {**result_header("w12_plot"),
-                  "inputs": [{"file": str(path), "variant": variant, "label": label, "git": input_git(path)}
-                             for path, variant, label in zip(files, variants, labels)]}
+    provenance = {
+        **result_header("w12_plot"),
+        "inputs": [
+            {"file": str(path), "variant": variant, "label": label, "git": input_git(path)}
+            for path, variant, label in zip(files, variants, labels)
+        ],
+    }
     fig.savefig(out, metadata={"Description": json.dumps(provenance)})
     plt.close(fig)
     return out
@@ -92,11 +102,16 @@ def input_git(path: Path) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", type=Path, help="w12_gemm_bench JSON files, one line each")
-    parser.add_argument("--label", action="append", default=None,
-                        help="a legend label per file, in order (default: the file names)")
-    parser.add_argument("--variant", action="append", default=None,
-                        help="the figures to plot: mma (default), triton or mma_settled; once for every file or once "
-                             "per file, in order")
+    parser.add_argument(
+        "--label", action="append", default=None, help="a legend label per file, in order (default: the file names)"
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=None,
+        help="the figures to plot: mma (default), triton or mma_settled; once for every file or once "
+        "per file, in order",
+    )
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
     args = parser.parse_args(argv)
     labels = args.label or [path.stem for path in args.files]

@@ -112,9 +112,11 @@ def error_handler(argv: list[str], as_json: bool, report) -> Iterator[list[int]]
         path = log_path()
         from specpilot_mem import __version__
 
-        entry = (f"### {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} specpilot-mem {__version__}"
-                 f" (python {platform.python_version()}, {platform.platform()})\n"
-                 f"command: specpilot-mem {' '.join(argv)}\n\n{traceback.format_exc()}\n")
+        entry = (
+            f"### {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')} specpilot-mem {__version__}"
+            f" (python {platform.python_version()}, {platform.platform()})\n"
+            f"command: specpilot-mem {' '.join(argv)}\n\n{traceback.format_exc()}\n"
+        )
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a") as handle:
@@ -127,7 +129,12 @@ def error_handler(argv: list[str], as_json: bool, report) -> Iterator[list[int]]
         if as_json:
             import json
 
-            sys.stdout.write(json.dumps({"error": "InternalError", "what": summary, "where": where,
-                                         "fix": "report it with that log"}, indent=2) + "\n")
+            sys.stdout.write(
+                json.dumps(
+                    {"error": "InternalError", "what": summary, "where": where, "fix": "report it with that log"},
+                    indent=2,
+                )
+                + "\n"
+            )
         else:
             print(f"error: an unexpected error occurred ({summary}); {where} - please report it", file=sys.stderr)

@@ -32,8 +32,11 @@ def lock_timeout() -> float:
     except ValueError:
         value = -1.0
     if not value >= 0:
-        raise SpecPilotError(f"SPECPILOT_LOCK_TIMEOUT={raw!r} is not a number of seconds", where="environment",
-                             fix="set it to a number >= 0 (0: fail at once), or unset it for 60 s")
+        raise SpecPilotError(
+            f"SPECPILOT_LOCK_TIMEOUT={raw!r} is not a number of seconds",
+            where="environment",
+            fix="set it to a number >= 0 (0: fail at once), or unset it for 60 s",
+        )
     return value
 
 
@@ -44,8 +47,9 @@ def _holder(handle) -> str:
 
 
 @contextmanager
-def file_lock(path: Path, *, shared: bool = False, timeout_s: float | None = None,
-              what: str = "the memory") -> Iterator[None]:
+def file_lock(
+    path: Path, *, shared: bool = False, timeout_s: float | None = None, what: str = "the memory"
+) -> Iterator[None]:
     """Hold ``path`` shared (a reader) or exclusive (a writer) for the block; ``LockTimeout`` naming the
     holder if it is not free within ``timeout_s`` (default ``lock_timeout()``)."""
     timeout_s = lock_timeout() if timeout_s is None else timeout_s
@@ -53,8 +57,9 @@ def file_lock(path: Path, *, shared: bool = False, timeout_s: float | None = Non
         path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(path, "a+")
     except OSError as err:
-        raise SpecPilotError(f"cannot open the lock of {what}: {err}", where=str(path),
-                             fix=f"make {path.parent} a writable folder") from None
+        raise SpecPilotError(
+            f"cannot open the lock of {what}: {err}", where=str(path), fix=f"make {path.parent} a writable folder"
+        ) from None
     with handle:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -67,7 +72,7 @@ def file_lock(path: Path, *, shared: bool = False, timeout_s: float | None = Non
                         f"{what} is in use by {_holder(handle)}; waited {timeout_s:g} s",
                         where=str(path),
                         fix="wait for it to finish and run the command again, end that process if it hung, "
-                            "or wait longer with SPECPILOT_LOCK_TIMEOUT=SECONDS",
+                        "or wait longer with SPECPILOT_LOCK_TIMEOUT=SECONDS",
                     ) from None
                 time.sleep(_POLL_S)
         try:

@@ -36,8 +36,18 @@ _ENV_CLEAN = {
     "GIT_COMMITTER_NAME": IDENTITY_NAME,
     "GIT_COMMITTER_EMAIL": IDENTITY_EMAIL,
 }
-_CONFIG = ("-c", "core.autocrlf=false", "-c", "commit.gpgsign=false", "-c", "core.hooksPath=/dev/null",
-           "-c", "core.quotepath=false", "-c", "advice.detachedHead=false")
+_CONFIG = (
+    "-c",
+    "core.autocrlf=false",
+    "-c",
+    "commit.gpgsign=false",
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.quotepath=false",
+    "-c",
+    "advice.detachedHead=false",
+)
 
 
 class GitError(SpecPilotError):
@@ -52,8 +62,14 @@ def _environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_git(args: Iterable[str], cwd: str | os.PathLike, *, input: bytes | None = None,
-            env: Mapping[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def run_git(
+    args: Iterable[str],
+    cwd: str | os.PathLike,
+    *,
+    input: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
     argv = ["git", *_CONFIG, *args]
     proc = subprocess.run(argv, cwd=cwd, input=input, capture_output=True, env=_environment(env))
     if check and proc.returncode != 0:
@@ -71,6 +87,7 @@ def object_id(kind: str, content: bytes) -> str:
 
 def tree_content(entries: Mapping[str, tuple[str, str]]) -> bytes:
     """Serialized tree object from {name: (mode, oid)}; git sorts subtrees as if named ``name/``."""
+
     def sort_key(item):
         name, (mode, _) = item
         return name + "/" if mode == "40000" else name
@@ -88,8 +105,8 @@ def parse_tree_content(content: bytes) -> dict[str, tuple[str, str]]:
         space = content.index(b" ", pos)
         nul = content.index(b"\0", space)
         mode = content[pos:space].decode()
-        name = content[space + 1:nul].decode()
-        entries[name] = (mode, content[nul + 1:nul + 21].hex())
+        name = content[space + 1 : nul].decode()
+        entries[name] = (mode, content[nul + 1 : nul + 21].hex())
         pos = nul + 21
     return entries
 
@@ -104,8 +121,15 @@ class Signature:
 
 
 def commit_content(tree: str, parents: Iterable[str], message: str, when: Signature) -> bytes:
-    lines = [f"tree {tree}", *(f"parent {p}" for p in parents),
-             f"author {when.line()}", f"committer {when.line()}", "", message.rstrip("\n"), ""]
+    lines = [
+        f"tree {tree}",
+        *(f"parent {p}" for p in parents),
+        f"author {when.line()}",
+        f"committer {when.line()}",
+        "",
+        message.rstrip("\n"),
+        "",
+    ]
     return "\n".join(lines).encode()
 
 
@@ -116,8 +140,9 @@ class Repo:
         self.path = Path(path)
 
     # -- plumbing -------------------------------------------------------------------------------------
-    def git(self, *args: str, input: bytes | None = None, env: Mapping[str, str] | None = None,
-            check: bool = True) -> subprocess.CompletedProcess:
+    def git(
+        self, *args: str, input: bytes | None = None, env: Mapping[str, str] | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
         return run_git(args, self.path, input=input, env=env, check=check)
 
     def out(self, *args: str, input: bytes | None = None, env: Mapping[str, str] | None = None) -> str:
@@ -188,7 +213,7 @@ class Repo:
                     continue
                 raise GitError(f"object {oid} is missing from {self.path}")
             size = int(header[2])
-            blobs[oid] = raw[header_end + 1:header_end + 1 + size]
+            blobs[oid] = raw[header_end + 1 : header_end + 1 + size]
             pos = header_end + 1 + size + 1
         return blobs
 
@@ -200,7 +225,9 @@ class Repo:
                 Path(tmp, name).write_bytes(blobs[oid])
             proc = run_git(["merge-file", "-p", "-q", "ours", "base", "theirs"], tmp, check=False)
         if proc.returncode < 0 or proc.returncode >= 128:
-            raise GitError(f"git merge-file failed: {proc.stderr.decode(errors='replace').strip()}", where=str(self.path))
+            raise GitError(
+                f"git merge-file failed: {proc.stderr.decode(errors='replace').strip()}", where=str(self.path)
+            )
         return None if proc.returncode else self.write_blob(proc.stdout)
 
     def write_blob(self, content: bytes) -> str:
@@ -248,7 +275,8 @@ class Repo:
         if proc.returncode != 0:
             raise ForkError(
                 "the fork's refs changed while this command ran; nothing was updated",
-                where=str(self.path), fix=f"run the command again ({proc.stderr.decode().strip()})",
+                where=str(self.path),
+                fix=f"run the command again ({proc.stderr.decode().strip()})",
             )
 
     def refs(self, prefix: str) -> dict[str, str]:
@@ -276,7 +304,10 @@ class Repo:
         proc = subprocess.Popen(
             # zlib level 1: the object ids do not depend on it, and it halves the import's CPU time
             ["git", *_CONFIG, "-c", "pack.compression=1", "fast-import", "--quiet", "--date-format=raw", "--done"],
-            cwd=self.path, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=_environment(),
+            cwd=self.path,
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_environment(),
         )
         try:
             for chunk in stream:

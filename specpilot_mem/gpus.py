@@ -33,8 +33,19 @@ class GPU:
 GPUS: tuple[GPU, ...] = (
     GPU("H100 SXM", ("H100", "H100-SXM", "H100 SXM5"), "sm_90", 989.0, 1979.0, 3.35, 132, 50, 227, True),
     GPU("H200", ("H200 SXM", "H200-SXM"), "sm_90", 989.0, 1979.0, 4.8, 132, 60, 227, True, measured_tbps=4.46),
-    GPU("RTX PRO 6000", ("RTX PRO 6000 Blackwell", "RTX PRO 6000 Blackwell Server", "RTX-PRO-6000", "PRO 6000"),
-        "sm_120", 503.8, 1007.6, 1.792, 188, 128, 99, False, measured_tbps=1.51),
+    GPU(
+        "RTX PRO 6000",
+        ("RTX PRO 6000 Blackwell", "RTX PRO 6000 Blackwell Server", "RTX-PRO-6000", "PRO 6000"),
+        "sm_120",
+        503.8,
+        1007.6,
+        1.792,
+        188,
+        128,
+        99,
+        False,
+        measured_tbps=1.51,
+    ),
     GPU("B200", ("B200 SXM",), "sm_100", 2250.0, 4500.0, 8.0, 148, 126, 227, False),
     GPU("A100 SXM", ("A100", "A100-SXM", "A100 80GB"), "sm_80", 312.0, 0.0, 2.039, 108, 40, 163, False),
 )
@@ -67,7 +78,8 @@ def resolve_gpu_or_arch(text: str) -> tuple[GPU | None, str]:
     if lowered.startswith("sm_"):
         if lowered not in ARCHES:
             raise SpecPilotError(
-                f"unknown arch {text!r}", where="--gpu/--arch",
+                f"unknown arch {text!r}",
+                where="--gpu/--arch",
                 fix="use one of: " + ", ".join(ARCHES) + " or a GPU name: " + ", ".join(g.name for g in GPUS),
             )
         return None, lowered

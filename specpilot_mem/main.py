@@ -24,10 +24,15 @@ def common_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: a nested verb (`registry sync`) has these at both levels, and a sub-parser's default would
     # overwrite a value given at the outer level (`registry --json sync`); main() fills the defaults in.
-    common.add_argument("--home", metavar="DIR", default=argparse.SUPPRESS,
-                        help="memory home (default: $SPECPILOT_HOME, else the nearest folder with entries/)")
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                        help="print machine-readable JSON instead of tables")
+    common.add_argument(
+        "--home",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="memory home (default: $SPECPILOT_HOME, else the nearest folder with entries/)",
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print machine-readable JSON instead of tables"
+    )
     return common
 
 
@@ -64,8 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         args.json = getattr(args, "json", False)
         if not getattr(args, "func", None):  # no verb, or a verb without its sub-verb (`entry`, `deploy` ...)
             if as_json:
-                raise UsageError("no command given", where=" ".join(["specpilot-mem", *argv]),
-                                 fix="name a command (`specpilot-mem --help` lists them)")
+                raise UsageError(
+                    "no command given",
+                    where=" ".join(["specpilot-mem", *argv]),
+                    fix="name a command (`specpilot-mem --help` lists them)",
+                )
             parser.print_help()
             return EXIT_ERROR
         code[0] = int(args.func(args) or 0)

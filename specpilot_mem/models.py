@@ -132,8 +132,11 @@ class Evidence(Record):
     round: str | None = Field(default=None, description="deployment/round-N where it was measured")
     results: str | None = Field(default=None, description="committed output file (e.g. benchmarks/results/...json)")
     synthetic: bool = Field(default=False, description="measured on synthetic data or random weights")
-    revalidate: str | None = Field(default=None, description="set when the figures were measured on code that has "
-                                   "changed since, e.g. 'base changed: re-validate' after a requirement was re-recorded")
+    revalidate: str | None = Field(
+        default=None,
+        description="set when the figures were measured on code that has "
+        "changed since, e.g. 'base changed: re-validate' after a requirement was re-recorded",
+    )
 
 
 class Untested(Record):
@@ -164,6 +167,7 @@ class Scope(Record):
     target: list[str] = Field(default_factory=list, description="target models validated with")
     drafter: list[str] = Field(default_factory=list)
     regime: list[Regime] = Field(default_factory=list)
+
 
 class Port(Record):
     """A ported variant of the entry's delta for another release, written when its 3-way merge was clean.
@@ -208,7 +212,9 @@ class EntryRecord(Record):
     limits: list[str] = Field(default_factory=list)
     untested: list[Untested] = Field(default_factory=list)
     source: Source = Field(default_factory=Source)
-    reproduces: str = Field(pattern=SHA1, description="tree id that applying the entry (with its requirements) to stock must give")
+    reproduces: str = Field(
+        pattern=SHA1, description="tree id that applying the entry (with its requirements) to stock must give"
+    )
     kernels: dict[str, str] = Field(
         default_factory=dict, description="vendored file path in the fork -> sha256 of its content"
     )

@@ -26,8 +26,9 @@ def optional_import(module: str, needed_for: str) -> ModuleType:
     except ImportError as exc:
         extra = EXTRAS.get(package)
         fix = f"pip install 'specpilot[{extra}]'" if extra else f"pip install {package}"
-        raise MissingExtraError(f"{needed_for} needs {package}, which is not installed ({exc})", where=needed_for,
-                                fix=fix) from None
+        raise MissingExtraError(
+            f"{needed_for} needs {package}, which is not installed ({exc})", where=needed_for, fix=fix
+        ) from None
 
 
 def pyplot(needed_for: str) -> ModuleType:

@@ -146,6 +146,7 @@ def print_error(err, as_json: bool = False) -> None:
 def progress(description: str, total: int | None, enabled: bool = True):
     """A rich progress bar on stderr (silent when ``enabled`` is false, e.g. under ``--json``)."""
     if not enabled or not err_console.is_terminal:
+
         class _Null:
             def advance(self, n: int = 1) -> None:
                 pass
@@ -158,8 +159,12 @@ def progress(description: str, total: int | None, enabled: bool = True):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
-        TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err_console.real, transient=True,
+        TextColumn("{task.description}", style="bold", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console.real,
+        transient=True,
     ) as bar:
         task = bar.add_task(description, total=total)
 

@@ -33,8 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def _git_state() -> dict:
     commit = os.environ.get("SPECPILOT_GIT_COMMIT")
     if commit:
-        return {"commit": commit, "dirty": os.environ.get("SPECPILOT_GIT_DIRTY", "unknown") == "1",
-                "source": "SPECPILOT_GIT_COMMIT"}
+        return {
+            "commit": commit,
+            "dirty": os.environ.get("SPECPILOT_GIT_DIRTY", "unknown") == "1",
+            "source": "SPECPILOT_GIT_COMMIT",
+        }
     try:
         from specpilot_mem.git import Repo
 
@@ -79,8 +82,10 @@ def _clocks() -> dict | None:
         return None
     if done.returncode or len(values) != len(CLOCK_FIELDS):
         return None
-    return {name: (float(value) if value.replace(".", "", 1).isdigit() else value)
-            for name, value in zip(CLOCK_FIELDS, values)}
+    return {
+        name: (float(value) if value.replace(".", "", 1).isdigit() else value)
+        for name, value in zip(CLOCK_FIELDS, values)
+    }
 
 
 def _device() -> dict:
@@ -89,10 +94,15 @@ def _device() -> dict:
 
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(0)
-            return {"kind": "cuda", "name": props.name, "sms": props.multi_processor_count,
-                    "memory_gib": round(props.total_memory / 2**30, 1),
-                    "capability": f"sm_{props.major}{props.minor}", "count": torch.cuda.device_count(),
-                    "clocks": _clocks()}
+            return {
+                "kind": "cuda",
+                "name": props.name,
+                "sms": props.multi_processor_count,
+                "memory_gib": round(props.total_memory / 2**30, 1),
+                "capability": f"sm_{props.major}{props.minor}",
+                "count": torch.cuda.device_count(),
+                "clocks": _clocks(),
+            }
     except ImportError:
         pass
     return {"kind": "cpu", "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}

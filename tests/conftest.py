@@ -54,7 +54,9 @@ def _shared_fork_home(stock_fork_home, root):
     from specpilot_mem.git import Repo, run_git
     from specpilot_mem.home import Home
 
-    run_git(["clone", "--quiet", "--shared", "--no-checkout", str(stock_fork_home.fork), str(root / "sglang-fork")], root)
+    run_git(
+        ["clone", "--quiet", "--shared", "--no-checkout", str(stock_fork_home.fork), str(root / "sglang-fork")], root
+    )
     source, copy = Repo(stock_fork_home.fork), Repo(root / "sglang-fork")
     copy.git("update-ref", "refs/heads/stock", source.rev_parse("refs/heads/stock"))
     for key in ("specpilot.stock", "specpilot.packageprefix", "specpilot.pinned"):
@@ -76,8 +78,9 @@ def project_entries_home(stock_fork_home, tmp_path_factory):
     root = tmp_path_factory.mktemp("project-entries-home")
     (root / "entries").mkdir()
     for record in sorted((project / "entries").glob("*/entry.yaml")):
-        shutil.copytree(record.parent, root / "entries" / record.parent.name,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(
+            record.parent, root / "entries" / record.parent.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
     (root / "kernels").symlink_to(project / "kernels")
     home = _shared_fork_home(stock_fork_home, root)
     init_memory(home, checkout=False)  # the resolver never reads the work tree

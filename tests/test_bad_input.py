@@ -33,12 +33,42 @@ def bad_home(stock_fork_home, tmp_path_factory):
     root = tmp_path_factory.mktemp("bad-input")
     (root / "home" / "entries").mkdir(parents=True)
     home = _shared_fork_home(stock_fork_home, root / "home")
-    record_entry(home, "alpha", source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# alpha")}),
-                 requires=[], meta=DRAFT)
-    record_entry(home, "beta", source_on(home, ["alpha"], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# beta", ["alpha"])}),
-                 requires=["alpha"], meta=DRAFT)
-    assert main(["deploy", "new", "dep", "--home", str(home.root), "--gpu", "H200", "--model", "m", "--drafter", "d",
-                 "--regime", "single", "--from", "alpha"]) == 0
+    record_entry(
+        home,
+        "alpha",
+        source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# alpha")}),
+        requires=[],
+        meta=DRAFT,
+    )
+    record_entry(
+        home,
+        "beta",
+        source_on(home, ["alpha"], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# beta", ["alpha"])}),
+        requires=["alpha"],
+        meta=DRAFT,
+    )
+    assert (
+        main(
+            [
+                "deploy",
+                "new",
+                "dep",
+                "--home",
+                str(home.root),
+                "--gpu",
+                "H200",
+                "--model",
+                "m",
+                "--drafter",
+                "d",
+                "--regime",
+                "single",
+                "--from",
+                "alpha",
+            ]
+        )
+        == 0
+    )
     assert main(["apply", "alpha", "--branch", "deploy/existing", "--home", str(home.root)]) == 0
     files = root / "files"
     files.mkdir()
@@ -84,8 +114,11 @@ def snapshot(home) -> tuple[dict, dict]:
     from specpilot_mem.git import Repo
 
     refs = Repo(home.fork).refs("refs")
-    state = {str(p.relative_to(home.root)): p.read_bytes() for p in sorted(home.root.rglob("*"))
-             if p.is_file() and p.relative_to(home.root).parts[0] not in ("sglang-fork", ".specpilot")}
+    state = {
+        str(p.relative_to(home.root)): p.read_bytes()
+        for p in sorted(home.root.rglob("*"))
+        if p.is_file() and p.relative_to(home.root).parts[0] not in ("sglang-fork", ".specpilot")
+    }
     return refs, state
 
 
@@ -203,19 +236,124 @@ CASES: list[tuple[list[str], str, str]] = [
     (["sql", ""], DOMAIN, "SQL"),
     (["sql"], USAGE, "the following arguments are required"),
     # deploy new / export
-    (["deploy", "new", "d2", "--gpu", "H300", "--model", "m", "--drafter", "d", "--regime", "single"], DOMAIN, "unknown GPU 'H300'"),
-    (["deploy", "new", "d2", "--gpu", "sm_90", "--model", "m", "--drafter", "d", "--regime", "single"], DOMAIN, "is an arch"),
-    (["deploy", "new", "d2", "--gpu", "", "--model", "m", "--drafter", "d", "--regime", "single"], DOMAIN, "unknown GPU ''"),
-    (["deploy", "new", "d2", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "batch"], DOMAIN, "needs --batch-sizes"),
-    (["deploy", "new", "d2", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "batch", "--batch-sizes", "0"], DOMAIN, "batch"),
-    (["deploy", "new", "d2", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "batch", "--batch-sizes", "a,b"], DOMAIN, "batch"),
-    (["deploy", "new", "Bad Name", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "single"], DOMAIN, "Bad Name"),
-    (["deploy", "new", "../up", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "single"], DOMAIN, "../up"),
+    (
+        ["deploy", "new", "d2", "--gpu", "H300", "--model", "m", "--drafter", "d", "--regime", "single"],
+        DOMAIN,
+        "unknown GPU 'H300'",
+    ),
+    (
+        ["deploy", "new", "d2", "--gpu", "sm_90", "--model", "m", "--drafter", "d", "--regime", "single"],
+        DOMAIN,
+        "is an arch",
+    ),
+    (
+        ["deploy", "new", "d2", "--gpu", "", "--model", "m", "--drafter", "d", "--regime", "single"],
+        DOMAIN,
+        "unknown GPU ''",
+    ),
+    (
+        ["deploy", "new", "d2", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "batch"],
+        DOMAIN,
+        "needs --batch-sizes",
+    ),
+    (
+        [
+            "deploy",
+            "new",
+            "d2",
+            "--gpu",
+            "H200",
+            "--model",
+            "m",
+            "--drafter",
+            "d",
+            "--regime",
+            "batch",
+            "--batch-sizes",
+            "0",
+        ],
+        DOMAIN,
+        "batch",
+    ),
+    (
+        [
+            "deploy",
+            "new",
+            "d2",
+            "--gpu",
+            "H200",
+            "--model",
+            "m",
+            "--drafter",
+            "d",
+            "--regime",
+            "batch",
+            "--batch-sizes",
+            "a,b",
+        ],
+        DOMAIN,
+        "batch",
+    ),
+    (
+        ["deploy", "new", "Bad Name", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "single"],
+        DOMAIN,
+        "Bad Name",
+    ),
+    (
+        ["deploy", "new", "../up", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "single"],
+        DOMAIN,
+        "../up",
+    ),
     (["deploy", "new", "dep", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "single"], DOMAIN, "dep"),
-    (["deploy", "new", "d2", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "single", "--from", "nope"], DOMAIN, "unknown entry: nope"),
-    (["deploy", "new", "d2", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "single", "--from", "alpha", "--suggest"], USAGE, "not allowed with argument"),
-    (["deploy", "new", "d2", "--gpu", "H200", "--drafter", "d", "--regime", "single"], USAGE, "the following arguments are required: --model"),
-    (["deploy", "new", "d2", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "twice"], USAGE, "invalid choice: 'twice'"),
+    (
+        [
+            "deploy",
+            "new",
+            "d2",
+            "--gpu",
+            "H200",
+            "--model",
+            "m",
+            "--drafter",
+            "d",
+            "--regime",
+            "single",
+            "--from",
+            "nope",
+        ],
+        DOMAIN,
+        "unknown entry: nope",
+    ),
+    (
+        [
+            "deploy",
+            "new",
+            "d2",
+            "--gpu",
+            "H200",
+            "--model",
+            "m",
+            "--drafter",
+            "d",
+            "--regime",
+            "single",
+            "--from",
+            "alpha",
+            "--suggest",
+        ],
+        USAGE,
+        "not allowed with argument",
+    ),
+    (
+        ["deploy", "new", "d2", "--gpu", "H200", "--drafter", "d", "--regime", "single"],
+        USAGE,
+        "the following arguments are required: --model",
+    ),
+    (
+        ["deploy", "new", "d2", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "twice"],
+        USAGE,
+        "invalid choice: 'twice'",
+    ),
     (["deploy", "export", "nope", "out"], DOMAIN, "nope"),
     (["deploy", "export", "dep", f"{F}/afile"], DOMAIN, "afile"),
     (["deploy", "export", "dep", f"{F}/full"], DOMAIN, "full"),
@@ -232,8 +370,16 @@ CASES: list[tuple[list[str], str, str]] = [
     (["round", "start", "dep", "--requests", f"{F}/requests-bad.jsonl"], DOMAIN, "requests-bad.jsonl"),
     (["round", "start", "dep", "--requests", f"{F}/requests-empty.jsonl"], DOMAIN, "requests-empty.jsonl"),
     (["round", "start", "dep", "--requests", f"{F}/requests-fields.jsonl"], DOMAIN, "requests-fields.jsonl"),
-    (["round", "start", "dep", "--requests", "r.jsonl", "--pool", "ray", "--devices", "x"], DOMAIN, "--devices is the number of GPUs"),
-    (["round", "start", "dep", "--requests", "r.jsonl", "--address", "10.0.0.1:6379"], DOMAIN, "--address names a Ray cluster"),
+    (
+        ["round", "start", "dep", "--requests", "r.jsonl", "--pool", "ray", "--devices", "x"],
+        DOMAIN,
+        "--devices is the number of GPUs",
+    ),
+    (
+        ["round", "start", "dep", "--requests", "r.jsonl", "--address", "10.0.0.1:6379"],
+        DOMAIN,
+        "--address names a Ray cluster",
+    ),
     (["round", "start", "dep", "--requests", "r.jsonl", "--pool", "bogus"], USAGE, "invalid choice: 'bogus'"),
     (["round", "start", "dep"], USAGE, "the following arguments are required: --requests"),
     (["round", "start", "dep", "--requests", "r.jsonl", "--repeats", "x"], USAGE, "invalid int value: 'x'"),
@@ -254,20 +400,170 @@ CASES: list[tuple[list[str], str, str]] = [
     (["ceiling", f"{F}/profile-format.json", "--lattices", f"{F}/ok.npz"], DOMAIN, "not a profile"),
     (["ceiling", f"{F}/profile-gpu.json", "--lattices", f"{F}/ok.npz"], DOMAIN, "unknown GPU 'H300'"),
     (["ceiling", f"{F}/profile-gpu.json", "--lattices", f"{F}/truncated.npz"], DOMAIN, "unknown GPU 'H300'"),
-    (["ceiling", f"{F}/profile-gpu.json", "--setting", "bogus", "--lattices", f"{F}/ok.npz"], USAGE, "invalid choice: 'bogus'"),
+    (
+        ["ceiling", f"{F}/profile-gpu.json", "--setting", "bogus", "--lattices", f"{F}/ok.npz"],
+        USAGE,
+        "invalid choice: 'bogus'",
+    ),
     (["ceiling", f"{F}/profile-gpu.json"], USAGE, "the following arguments are required: --lattices"),
     # tf
-    (["tf", "--requests", f"{F}/afile", "--stock", f"{F}/afile", "--system", "s=x", "--delta", "-1", "--scorer", "m:f"], DOMAIN, "--delta must be a positive number"),
-    (["tf", "--requests", f"{F}/afile", "--stock", f"{F}/afile", "--system", "s=x", "--delta", "nan", "--scorer", "m:f"], DOMAIN, "--delta must be a positive number"),
-    (["tf", "--requests", f"{F}/afile", "--stock", f"{F}/afile", "--system", "s=x", "--delta", "0", "--scorer", "m:f"], DOMAIN, "--delta must be a positive number"),
-    (["tf", "--requests", f"{F}/missing.jsonl", "--stock", "x", "--system", "s=x", "--delta", "1", "--scorer", "m:f"], DOMAIN, "missing.jsonl"),
-    (["tf", "--requests", f"{F}/requests-bad.jsonl", "--stock", "x", "--system", "s=x", "--delta", "1", "--scorer", "m:f"], DOMAIN, "requests-bad.jsonl"),
-    (["tf", "--requests", "r", "--stock", "x", "--system", "noequals", "--delta", "1", "--scorer", "m:f"], DOMAIN, "noequals"),
-    (["tf", "--requests", "r", "--stock", "x", "--system", "a=x", "--system", "a=y", "--delta", "1", "--scorer", "m:f"], DOMAIN, "twice"),
-    (["tf", "--requests", "r", "--stock", "x", "--system", "a=x", "--delta", "1", "--scorer", "m:f", "--audit-sample", "0"], DOMAIN, "--audit-sample must be positive"),
-    (["tf", "--requests", "r", "--stock", "x", "--system", "a=x", "--delta", "1", "--scorer", "m:f", "--split", "bogus"], USAGE, "invalid choice: 'bogus'"),
-    (["tf", "--requests", "r", "--stock", "x", "--system", "a=x", "--scorer", "m:f"], USAGE, "one of the arguments --ar --delta is required"),
-    (["tf", "--requests", "r", "--stock", "x", "--system", "a=x", "--delta", "abc", "--scorer", "m:f"], USAGE, "invalid float value: 'abc'"),
+    (
+        [
+            "tf",
+            "--requests",
+            f"{F}/afile",
+            "--stock",
+            f"{F}/afile",
+            "--system",
+            "s=x",
+            "--delta",
+            "-1",
+            "--scorer",
+            "m:f",
+        ],
+        DOMAIN,
+        "--delta must be a positive number",
+    ),
+    (
+        [
+            "tf",
+            "--requests",
+            f"{F}/afile",
+            "--stock",
+            f"{F}/afile",
+            "--system",
+            "s=x",
+            "--delta",
+            "nan",
+            "--scorer",
+            "m:f",
+        ],
+        DOMAIN,
+        "--delta must be a positive number",
+    ),
+    (
+        [
+            "tf",
+            "--requests",
+            f"{F}/afile",
+            "--stock",
+            f"{F}/afile",
+            "--system",
+            "s=x",
+            "--delta",
+            "0",
+            "--scorer",
+            "m:f",
+        ],
+        DOMAIN,
+        "--delta must be a positive number",
+    ),
+    (
+        [
+            "tf",
+            "--requests",
+            f"{F}/missing.jsonl",
+            "--stock",
+            "x",
+            "--system",
+            "s=x",
+            "--delta",
+            "1",
+            "--scorer",
+            "m:f",
+        ],
+        DOMAIN,
+        "missing.jsonl",
+    ),
+    (
+        [
+            "tf",
+            "--requests",
+            f"{F}/requests-bad.jsonl",
+            "--stock",
+            "x",
+            "--system",
+            "s=x",
+            "--delta",
+            "1",
+            "--scorer",
+            "m:f",
+        ],
+        DOMAIN,
+        "requests-bad.jsonl",
+    ),
+    (
+        ["tf", "--requests", "r", "--stock", "x", "--system", "noequals", "--delta", "1", "--scorer", "m:f"],
+        DOMAIN,
+        "noequals",
+    ),
+    (
+        [
+            "tf",
+            "--requests",
+            "r",
+            "--stock",
+            "x",
+            "--system",
+            "a=x",
+            "--system",
+            "a=y",
+            "--delta",
+            "1",
+            "--scorer",
+            "m:f",
+        ],
+        DOMAIN,
+        "twice",
+    ),
+    (
+        [
+            "tf",
+            "--requests",
+            "r",
+            "--stock",
+            "x",
+            "--system",
+            "a=x",
+            "--delta",
+            "1",
+            "--scorer",
+            "m:f",
+            "--audit-sample",
+            "0",
+        ],
+        DOMAIN,
+        "--audit-sample must be positive",
+    ),
+    (
+        [
+            "tf",
+            "--requests",
+            "r",
+            "--stock",
+            "x",
+            "--system",
+            "a=x",
+            "--delta",
+            "1",
+            "--scorer",
+            "m:f",
+            "--split",
+            "bogus",
+        ],
+        USAGE,
+        "invalid choice: 'bogus'",
+    ),
+    (
+        ["tf", "--requests", "r", "--stock", "x", "--system", "a=x", "--scorer", "m:f"],
+        USAGE,
+        "one of the arguments --ar --delta is required",
+    ),
+    (
+        ["tf", "--requests", "r", "--stock", "x", "--system", "a=x", "--delta", "abc", "--scorer", "m:f"],
+        USAGE,
+        "invalid float value: 'abc'",
+    ),
     # schema, init, port, revalidate, serve, browse, verify, the top level
     (["schema", "bogus"], USAGE, "invalid choice: 'bogus'"),
     (["init", "--wheel", f"{F}/garbage.whl"], DOMAIN, "is not a zip archive"),
@@ -311,8 +607,10 @@ def restore(home, before) -> None:
     refs, files = before
     now_refs, now_files = snapshot(home)
     repo = Repo(home.fork)
-    repo.update_refs({ref: (now_refs.get(ref), refs.get(ref)) for ref in {*refs, *now_refs}
-                      if refs.get(ref) != now_refs.get(ref)}, "test: restore")
+    repo.update_refs(
+        {ref: (now_refs.get(ref), refs.get(ref)) for ref in {*refs, *now_refs} if refs.get(ref) != now_refs.get(ref)},
+        "test: restore",
+    )
     for path in now_files.keys() - files.keys():
         (home.root / path).unlink()
     for path, data in files.items():
@@ -322,8 +620,9 @@ def restore(home, before) -> None:
 
 
 @pytest.mark.parametrize("argv,kind,what", CASES, ids=[" ".join(c[0])[:70] for c in CASES])
-def test_bad_input_is_refused_clearly_and_changes_nothing(bad_home, before, argv, kind, what, capsys, monkeypatch,
-                                                          tmp_path):
+def test_bad_input_is_refused_clearly_and_changes_nothing(
+    bad_home, before, argv, kind, what, capsys, monkeypatch, tmp_path
+):
     home, files = bad_home
     monkeypatch.setenv("SPECPILOT_HOME", str(home.root))
     monkeypatch.chdir(tmp_path)  # relative paths in the cases name nothing

@@ -18,8 +18,10 @@ from specpilot_mem.forcing.engine_adapter import EngineScorer
 from specpilot_mem.forcing.scorer import score_outputs
 from specpilot_mem.forcing.verdict import TokenForcing
 
-pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
-              pytest.mark.skipif(not weights.has_trained_pair(), reason="needs the trained pair in models/")]
+pytestmark = [
+    pytest.mark.usefixtures("one_torch_thread"),
+    pytest.mark.skipif(not weights.has_trained_pair(), reason="needs the trained pair in models/"),
+]
 
 NEW_TOKENS = 16
 # A small plateau (48 rows) so that three requests compete for the budget, the drafter rows overflow
@@ -37,7 +39,7 @@ def engine():
 def requests():
     text = b"import os\nimport sys\n\n\ndef main(argv):\n    parser = argparse.ArgumentParser(description="
     ids = list(text)  # byte values are valid ids of the pair's 4096-token vocabulary
-    return [Request(ids[i:i + 40], NEW_TOKENS, f"r{i}") for i in range(0, 16, 4)]
+    return [Request(ids[i : i + 40], NEW_TOKENS, f"r{i}") for i in range(0, 16, 4)]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +78,9 @@ def test_token_forcing_accepts_each_mechanism(engine, requests, ar, name):
         assert stats["admitted_steps"] > 0
     else:
         assert stats["admitted_steps"] == 0 and set(stats["prefill_rows"]) == {40}
-    forcing_requests = [ForcingRequest(r.id, "code", "dev", NEW_TOKENS, prompt_ids=tuple(r.prompt_ids)) for r in requests]
+    forcing_requests = [
+        ForcingRequest(r.id, "code", "dev", NEW_TOKENS, prompt_ids=tuple(r.prompt_ids)) for r in requests
+    ]
     scorer = EngineScorer(engine)
     stock = score_outputs(scorer, forcing_requests, forcing_outputs(ar.values()))
     system = score_outputs(scorer, forcing_requests, forcing_outputs(runs))
@@ -99,9 +103,12 @@ def test_token_forcing_accepts_each_mechanism_in_the_system_decoder(engine, requ
         assert all(sum(step) + len(step) <= CURVE.plateau_end(len(step)) for step in shares)
     if CONFIGS[name].blocks:
         assert min(decoder.stats["blocks"]) < 16
-    forcing_requests = [ForcingRequest(r.id, "code", "dev", NEW_TOKENS, prompt_ids=tuple(r.prompt_ids)) for r in requests]
+    forcing_requests = [
+        ForcingRequest(r.id, "code", "dev", NEW_TOKENS, prompt_ids=tuple(r.prompt_ids)) for r in requests
+    ]
     scorer = EngineScorer(engine)
     stock = score_outputs(scorer, forcing_requests, forcing_outputs(ar.values()))
-    verdict = TokenForcing(scorer, stock, delta=0.125).judge(name, score_outputs(scorer, forcing_requests,
-                                                                                 forcing_outputs(runs)))
+    verdict = TokenForcing(scorer, stock, delta=0.125).judge(
+        name, score_outputs(scorer, forcing_requests, forcing_outputs(runs))
+    )
     assert_not_rejected(verdict)

@@ -9,7 +9,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpilot_mem.batching import CostCurve, DrafterBlocks, PromptAdmission, SharedBudget, StepCosts, equal_shares, shared_shares
+from specpilot_mem.batching import (
+    CostCurve,
+    DrafterBlocks,
+    PromptAdmission,
+    SharedBudget,
+    StepCosts,
+    equal_shares,
+    shared_shares,
+)
 from specpilot_mem.batching.blocks import confident_depth, share_depth
 from specpilot_mem.batching.budget import expected_tokens
 from specpilot_mem.batching.costs import BatchingError
@@ -54,7 +62,9 @@ def test_shared_shares_expect_at_least_the_tokens_of_equal_trees(seed, steps, no
     shared_counts = shared_shares(scores, nodes)
     equal_counts = equal_shares(torch.from_numpy(trees.num_nodes), nodes)
     assert int(shared_counts.sum()) >= int(equal_counts.sum())
-    assert float(expected_tokens(scores, shared_counts).sum()) >= float(expected_tokens(scores, equal_counts).sum()) - 1e-5
+    assert (
+        float(expected_tokens(scores, shared_counts).sum()) >= float(expected_tokens(scores, equal_counts).sum()) - 1e-5
+    )
 
 
 def test_shared_shares_take_the_best_nodes_across_requests():
@@ -79,7 +89,9 @@ def test_expected_tokens_sum_path_probabilities():
 def test_cost_curve_steps_up_and_finds_the_plateau_end():
     assert CURVE.at(65) == pytest.approx(12.0) and CURVE.at(64) == pytest.approx(10.2)
     assert CURVE.at(1024) == pytest.approx(80.0)  # past the last measurement: proportional to rows
-    assert CURVE.plateau_end(1) == 64 and CURVE.plateau_end(70) == 128 and CURVE.plateau_end(200) == 256  # 200 rows cost what 256 do
+    assert (
+        CURVE.plateau_end(1) == 64 and CURVE.plateau_end(70) == 128 and CURVE.plateau_end(200) == 256
+    )  # 200 rows cost what 256 do
     assert CURVE.plateau_end(1, limit=40) == 32  # the verify buffers cap it
     noisy = CostCurve((1, 8, 16), (10.0, 9.0, 10.1))
     assert noisy.at(8) == 10.0  # the monotone envelope: noise never makes more rows cheaper
@@ -98,7 +110,9 @@ def test_roofline_costs_are_flat_then_compute_bound():
 def test_shared_budget_rows_at_the_plateau_and_refusals():
     budget = SharedBudget(CURVE, verify_buffer=512)
     assert budget.rows_for(8) == 64 and budget.rows_for(64) == 64 and budget.rows_for(100) == 128
-    scores = torch.log(torch.rand(8, 20, generator=torch.Generator().manual_seed(0))).sort(dim=1, descending=True).values
+    scores = (
+        torch.log(torch.rand(8, 20, generator=torch.Generator().manual_seed(0))).sort(dim=1, descending=True).values
+    )
     assert int(budget.shares(scores).sum()) == 64 - 8
     with pytest.raises(BatchingError, match="smaller than the 16 requests") as err:
         SharedBudget(CURVE, verify_buffer=512, rows=8).rows_for(16)
@@ -177,7 +191,8 @@ def test_policies_run_on_the_gpu_without_host_sync():
     scores = torch.randn(32, 64, device="cuda").sort(dim=1, descending=True).values
     counts = shared_shares(scores, torch.tensor(96, device="cuda"))
     assert counts.device.type == "cuda" and int(counts.sum()) == 96
-    blocks = DrafterBlocks(16, CURVE).choose(torch.rand(32, device="cuda") * 16,
-                                             torch.zeros(32, dtype=torch.int64, device="cuda"))
+    blocks = DrafterBlocks(16, CURVE).choose(
+        torch.rand(32, device="cuda") * 16, torch.zeros(32, dtype=torch.int64, device="cuda")
+    )
     assert blocks.device.type == "cuda" and int((blocks + 1).sum()) <= CostCurve.plateau_end(CURVE, 32 * 9)
     assert math.isfinite(float(expected_tokens(scores.clamp(max=0), counts).sum()))

@@ -13,8 +13,14 @@ from specpilot_mem.replay.synthetic import SyntheticSpec, generate
 
 def cut(lat, block):
     """The first ``block`` positions of a lattice: a valid lattice of that block (synthetic stand-in)."""
-    return replace(lat, cand=lat.cand[:, :block], unary=lat.unary[:, :block], pair=lat.pair[:, :block],
-                   meta={**lat.meta, "positions": block}, _lookup=None)
+    return replace(
+        lat,
+        cand=lat.cand[:, :block],
+        unary=lat.unary[:, :block],
+        pair=lat.pair[:, :block],
+        meta={**lat.meta, "positions": block},
+        _lookup=None,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +54,11 @@ def test_shared_budget_and_equal_trees_verify_the_same_rows(lattices, costs):
 
 
 def test_admission_is_off_where_compute_never_idles(lattices):
-    linear = CostCurve((1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
-                       tuple(float(r) for r in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)), "linear")
+    linear = CostCurve(
+        (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
+        tuple(float(r) for r in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)),
+        "linear",
+    )
     saturated = StepCosts("linear", linear, linear, 0.0, measured=False)
     admitted = simulate(lattices, saturated, CONFIGS["prompt-admission"], 4, prompt_rows=64, stream=12)
     stock = simulate(lattices, saturated, CONFIGS["stock"], 4, prompt_rows=64, stream=12)

@@ -32,8 +32,11 @@ def site(tmp_path_factory):
     root = tmp_path_factory.mktemp("browse-home")
     generate_memory(root, SYNTHETIC, seed=1, results=True)
     for record in sorted((PROJECT / "entries").glob("*/entry.yaml")):
-        shutil.copytree(record.parent, root / "entries" / record.parent.name,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "src"))
+        shutil.copytree(
+            record.parent,
+            root / "entries" / record.parent.name,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "src"),
+        )
     for name in ("benchmarks/results",):
         for path in (PROJECT / name).glob("*.json"):
             (root / name).mkdir(parents=True, exist_ok=True)
@@ -65,8 +68,16 @@ def test_entry_pages_show_the_record_and_plot_the_evidence(site):
 
     home, report = site
     w12 = (report.out / "entries/w12.html").read_text()
-    for part in ("Scope and status", "Per-release status", "--specpilot-w12-lm-head", "Contract", "Limits", "Untested",
-                 "speedup by row count", "options.html"):
+    for part in (
+        "Scope and status",
+        "Per-release status",
+        "--specpilot-w12-lm-head",
+        "Contract",
+        "Limits",
+        "Untested",
+        "speedup by row count",
+        "options.html",
+    ):
         assert part in w12, part
     checked = {i: r for i, r in load_entries(home).items() if r.releases and not i.startswith("syn-")}
     assert checked  # this project's entries carry release checks (revalidate / port)
@@ -74,8 +85,10 @@ def test_entry_pages_show_the_record_and_plot_the_evidence(site):
         page = (report.out / "entries" / f"{entry_id}.html").read_text()
         assert all(f'id="release-{c.release}"' in page for c in record.releases), entry_id
     syn = sorted(p.name for p in (report.out / "entries").glob("syn-*.html"))
-    kinds = {kind: [n for n in syn if kind in (report.out / "entries" / n).read_text()]
-             for kind in ("τ(N)", "token forcing", "speedup by row count")}
+    kinds = {
+        kind: [n for n in syn if kind in (report.out / "entries" / n).read_text()]
+        for kind in ("τ(N)", "token forcing", "speedup by row count")
+    }
     assert all(kinds.values()), kinds
     replay = (report.out / "entries" / kinds["τ(N)"][0]).read_text()
     assert "<polyline" in replay and "best-first" in replay
@@ -97,8 +110,9 @@ def test_the_release_matrix_is_paged_and_every_entry_is_on_one_page(site, tmp_pa
         html = (report.out / page).read_text()
         listed += re.findall(r'<tr><td><a href="entries/([^"]+)\.html">', html)
         assert all(f'href="{other}"' in html for other in pages if other != page)  # links to the other pages
-    assert listed == sorted(page.removeprefix("entries/").removesuffix(".html")
-                            for page in report.pages if page.startswith("entries/"))
+    assert listed == sorted(
+        page.removeprefix("entries/").removesuffix(".html") for page in report.pages if page.startswith("entries/")
+    )
     last = 25 * (count - 1) + 1
     assert f"entries {last}–{ENTRIES} of {ENTRIES}" in (report.out / pages[-1]).read_text()
 
@@ -170,10 +184,18 @@ def test_links_resolve_in_the_browser(site, browser):
 
 
 FILTERS = [
-    {}, {"gpu": "H200"}, {"gpu": "sm_120"}, {"status": "verified"}, {"status": "superseded"},
-    {"release": "0.5.20", "status": "candidate"}, {"release": "0.5.22", "status": "unchecked"},
-    {"gpu": "H100", "regime": "batch", "model": "qwen3.8"}, {"drafter": "eagle", "status": "verified"},
-    {"text": "lossless weight"}, {"requires": "options"}, {"gpu": "B200", "validated": True},
+    {},
+    {"gpu": "H200"},
+    {"gpu": "sm_120"},
+    {"status": "verified"},
+    {"status": "superseded"},
+    {"release": "0.5.20", "status": "candidate"},
+    {"release": "0.5.22", "status": "unchecked"},
+    {"gpu": "H100", "regime": "batch", "model": "qwen3.8"},
+    {"drafter": "eagle", "status": "verified"},
+    {"text": "lossless weight"},
+    {"requires": "options"},
+    {"gpu": "B200", "validated": True},
 ]
 
 
@@ -183,10 +205,23 @@ def test_the_query_form_filters_as_the_registry_does(site, browser, filters):
     home, report = site
     con = connect(home)
     try:
-        expected = [m.id for m in query_entries(con, QueryFilters(
-            gpu=filters.get("gpu"), model=filters.get("model"), drafter=filters.get("drafter"),
-            regime=filters.get("regime"), requires=filters.get("requires"), text=filters.get("text"),
-            validated_only=filters.get("validated", False), status=filters.get("status"), release=filters.get("release")))]
+        expected = [
+            m.id
+            for m in query_entries(
+                con,
+                QueryFilters(
+                    gpu=filters.get("gpu"),
+                    model=filters.get("model"),
+                    drafter=filters.get("drafter"),
+                    regime=filters.get("regime"),
+                    requires=filters.get("requires"),
+                    text=filters.get("text"),
+                    validated_only=filters.get("validated", False),
+                    status=filters.get("status"),
+                    release=filters.get("release"),
+                ),
+            )
+        ]
     finally:
         con.close()
     browser.get((report.out / "index.html").as_uri())

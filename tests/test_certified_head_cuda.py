@@ -4,13 +4,23 @@ itself against the reference and the exact argmax on the GPU (``gpu`` tests)."""
 import pytest
 import torch
 
-from specpilot_kernels.certified_head import (certified_argmax, certified_argmax_graphable, exact_head_logits,
-                                              int8_pass, quantize_head)
+from specpilot_kernels.certified_head import (
+    certified_argmax,
+    certified_argmax_graphable,
+    exact_head_logits,
+    int8_pass,
+    quantize_head,
+)
 from specpilot_kernels.certified_head import reference as R
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
 from specpilot_kernels.certified_head.cuda_pass import CudaPassConfig
-from specpilot_kernels.certified_head.fragments import (activation_fragments, fragment_index, from_fragments,
-                                                       to_fragments, token_tiles)
+from specpilot_kernels.certified_head.fragments import (
+    activation_fragments,
+    fragment_index,
+    from_fragments,
+    to_fragments,
+    token_tiles,
+)
 from specpilot_kernels.certified_head.head import uses_cuda_pass
 
 
@@ -37,11 +47,11 @@ def _warp_mma(frag_block: torch.Tensor, x_block: torch.Tensor) -> torch.Tensor:
         values = frag_block[lane].double() - 128  # prmt under 0x64, minus 1152
         halves = x_block[lane].double()  # one 16-byte load
         for step in range(2):
-            regs = values[8 * step: 8 * step + 8].view(4, 2)  # a0..a3, low half first
+            regs = values[8 * step : 8 * step + 8].view(4, 2)  # a0..a3, low half first
             for a_reg, (row, slot) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
-                a[step, row, slot: slot + 2] = regs[a_reg]
-            b[step, 2 * t: 2 * t + 2, g] = halves[4 * step: 4 * step + 2]  # b0
-            b[step, 2 * t + 8: 2 * t + 10, g] = halves[4 * step + 2: 4 * step + 4]  # b1
+                a[step, row, slot : slot + 2] = regs[a_reg]
+            b[step, 2 * t : 2 * t + 2, g] = halves[4 * step : 4 * step + 2]  # b0
+            b[step, 2 * t + 8 : 2 * t + 10, g] = halves[4 * step + 2 : 4 * step + 4]  # b1
     return a[0] @ b[0] + a[1] @ b[1]
 
 
@@ -55,24 +65,24 @@ def test_fragment_layout_feeds_the_mma_the_right_products():
     for tile in range(4):
         for j in range(2):
             got = sum(_warp_mma(frags[tile, blk], x_frags[blk, j]) for blk in range(2))
-            tokens = x[8 * j: 8 * j + 8].double()
-            want = q[16 * tile: 16 * tile + 16].double() @ tokens.T
+            tokens = x[8 * j : 8 * j + 8].double()
+            want = q[16 * tile : 16 * tile + 16].double() @ tokens.T
             assert torch.equal(got[:, : tokens.shape[0]], want)
-            assert not got[:, tokens.shape[0]:].any()  # padding rows are zero
+            assert not got[:, tokens.shape[0] :].any()  # padding rows are zero
 
 
 def test_scaled_rows_are_exact_and_unrepresentable_rows_are_flagged():
     gen = torch.Generator().manual_seed(9)
     x = (torch.randn(8, 256, generator=gen) * torch.logspace(-12, 12, 8, base=2)[:, None]).to(torch.bfloat16)
-    x[4, 7] = 2.0 ** -40 * float(x[4].float().abs().max())  # 2^-40 below the max: under fp16's range
+    x[4, 7] = 2.0**-40 * float(x[4].float().abs().max())  # 2^-40 below the max: under fp16's range
     x[5] = 0  # nothing to scale
     x[6, 3] = float("inf")
-    x[7] *= 2.0 ** 60  # max above 2^50
+    x[7] *= 2.0**60  # max above 2^50
     x16, inv_scale, ok = R.scaled_fp16_rows(x)
     assert ok.tolist() == [True, True, True, True, False, False, False, False]
     assert torch.equal((x16[ok].float() * inv_scale[ok, None]), x[ok].float())
     amax = x16[ok].float().abs().amax(1)
-    assert ((amax >= 2 ** 14) & (amax < 2 ** 15)).all()
+    assert ((amax >= 2**14) & (amax < 2**15)).all()
     assert torch.equal(inv_scale, torch.pow(2.0, torch.log2(inv_scale).round()))  # powers of two
 
 
@@ -97,13 +107,21 @@ def test_backend_choice():
         int8_pass(x, quantize_head(w, fragments=False), backend="cutlass")
 
 
-CONFIGS = [CudaPassConfig(1, 4, 4, 16, False), CudaPassConfig(2, 2, 3, 8, False), CudaPassConfig(4, 8, 6, 8, False),
-           CudaPassConfig(2, 8, 3, 16, True, 1), CudaPassConfig(4, 4, 3, 8, True, 1), CudaPassConfig(1, 8, 2, 24, True),
-           # activation batches of 4 and 8 chunks a barrier; 16 lowered to 8 (a unit has 8 chunks at K=1024, T=1)
-           CudaPassConfig(2, 8, 3, 16, True, 4), CudaPassConfig(4, 4, 5, 8, True, 8),
-           CudaPassConfig(1, 8, 2, 24, True, 16),
-           # the batched kernel (3 stages, batches of 8, 1-2 tiles): the default, one tile in 4-warp blocks
-           CudaPassConfig(), CudaPassConfig(1, 4, 3, 16, True, 8)]
+CONFIGS = [
+    CudaPassConfig(1, 4, 4, 16, False),
+    CudaPassConfig(2, 2, 3, 8, False),
+    CudaPassConfig(4, 8, 6, 8, False),
+    CudaPassConfig(2, 8, 3, 16, True, 1),
+    CudaPassConfig(4, 4, 3, 8, True, 1),
+    CudaPassConfig(1, 8, 2, 24, True),
+    # activation batches of 4 and 8 chunks a barrier; 16 lowered to 8 (a unit has 8 chunks at K=1024, T=1)
+    CudaPassConfig(2, 8, 3, 16, True, 4),
+    CudaPassConfig(4, 4, 5, 8, True, 8),
+    CudaPassConfig(1, 8, 2, 24, True, 16),
+    # the batched kernel (3 stages, batches of 8, 1-2 tiles): the default, one tile in 4-warp blocks
+    CudaPassConfig(),
+    CudaPassConfig(1, 4, 3, 16, True, 8),
+]
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +132,14 @@ def gpu_head():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}"
-                                                        f"{'x' if c.shared_activations else ''}b{c.chunks_per_barrier}")
+@pytest.mark.parametrize(
+    "config",
+    CONFIGS,
+    ids=lambda c: (
+        f"t{c.tiles_per_warp}w{c.warps_per_block}s{c.stages}"
+        f"{'x' if c.shared_activations else ''}b{c.chunks_per_barrier}"
+    ),
+)
 @pytest.mark.parametrize("rows", [1, 6, 13, 32])
 def test_cuda_pass_bounds_and_candidates_agree_with_the_reference(gpu_head, config, rows):
     head, pairs, gen = gpu_head
@@ -139,7 +163,7 @@ def test_cuda_prologue_matches_its_reference(gpu_head):
 
     head, pairs, gen = gpu_head
     x = adversarial_inputs(head.weight, pairs, 8, gen)
-    x[2, 5] = 2.0 ** -40 * float(x[2].float().abs().max())
+    x[2, 5] = 2.0**-40 * float(x[2].float().abs().max())
     x[3] = 0
     m, k = x.shape
     x16 = torch.empty((k // 32, token_tiles(m), 32, 8), dtype=torch.float16, device="cuda")
@@ -150,9 +174,31 @@ def test_cuda_prologue_matches_its_reference(gpu_head):
     stage_upper = torch.empty((m, stage_cap), device="cuda")
     cand_idx = torch.empty((m, cap), dtype=torch.int32, device="cuda")
     cand_upper = torch.empty((m, cap), device="cuda")
-    _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, best, stage_count,
-                           stage_idx, stage_upper, count, cand_idx, cand_upper, R.BOUND_SLACK, R.NORM_INFLATION,
-                           1, 4, 4, 16, False, 1, True)
+    _extension().int8_pass(
+        x,
+        x16,
+        inv_scale,
+        norm,
+        head.fragments,
+        head.scale,
+        head.radius_coef,
+        best,
+        stage_count,
+        stage_idx,
+        stage_upper,
+        count,
+        cand_idx,
+        cand_upper,
+        R.BOUND_SLACK,
+        R.NORM_INFLATION,
+        1,
+        4,
+        4,
+        16,
+        False,
+        1,
+        True,
+    )
     want_x16, want_inv, ok = R.scaled_fp16_rows(x)
     assert torch.equal((stage_count > stage_cap).cpu(), ~ok.cpu()) and not ok[2] and not ok[3]
     assert (count[~ok] == cap + 1).all()
@@ -164,8 +210,11 @@ def test_cuda_prologue_matches_its_reference(gpu_head):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [None, CudaPassConfig(1, 4, 3, 16, False), CudaPassConfig(2, 8, 3, 16, True, 4)],
-                         ids=["default", "l1", "general"])
+@pytest.mark.parametrize(
+    "config",
+    [None, CudaPassConfig(1, 4, 3, 16, False), CudaPassConfig(2, 8, 3, 16, True, 4)],
+    ids=["default", "l1", "general"],
+)
 def test_cuda_pass_keeps_the_exact_argmax_on_adversarial_rows(gpu_head, config):
     """4096 adversarial rows in calls of 32 through the CUDA pass: the token is the exact head's argmax
     (the exact head kernel computes the same bits as the rescoring); flagged rows take the full head."""
@@ -174,9 +223,8 @@ def test_cuda_pass_keeps_the_exact_argmax_on_adversarial_rows(gpu_head, config):
     for call in range(128):
         x = adversarial_inputs(head.weight, pairs, 32, gen)
         if call % 16 == 0:
-            x[0, 1] = 2.0 ** -40 * float(x[0].float().abs().max())  # not exact in fp16: the full head
-        graph_tokens, count = certified_argmax_graphable(x, head, max_survivors=512, backend="cuda",
-                                                         cuda_config=config)
+            x[0, 1] = 2.0**-40 * float(x[0].float().abs().max())  # not exact in fp16: the full head
+        graph_tokens, count = certified_argmax_graphable(x, head, max_survivors=512, backend="cuda", cuda_config=config)
         tokens, _ = certified_argmax(x, head, max_survivors=512, backend="cuda", cuda_config=config)
         fallbacks += int((graph_tokens < 0).sum())
         mismatches += int((tokens != exact_head_logits(x, head.weight).argmax(1)).sum())

@@ -8,9 +8,13 @@ from specpilot_kernels.certified_head import certified_argmax_graphable, quantiz
 from specpilot_kernels.certified_head import reference as R
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
 from specpilot_kernels.certified_head.cuda_pass import int8_pass_cuda, run_cuda_pass
-from specpilot_kernels.certified_head.exact_cuda import (_rescore_state, certified_tokens_cuda,
-                                                         compact_and_rescore_cuda, exact_head_logits_cuda,
-                                                         rescore_cuda)
+from specpilot_kernels.certified_head.exact_cuda import (
+    _rescore_state,
+    certified_tokens_cuda,
+    compact_and_rescore_cuda,
+    exact_head_logits_cuda,
+    rescore_cuda,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -69,8 +73,9 @@ def test_rescore_skips_rows_below_the_bound_and_flags_overflow(head_and_inputs):
 
 @pytest.mark.parametrize("rows", [1, 13, 32])
 @pytest.mark.parametrize("incumbent_min_pairs", [-1, 0])
-def test_rescore_that_compacts_gives_the_compaction_launchs_lists_and_tokens(head_and_inputs, rows,
-                                                                            incumbent_min_pairs):
+def test_rescore_that_compacts_gives_the_compaction_launchs_lists_and_tokens(
+    head_and_inputs, rows, incumbent_min_pairs
+):
     """The pass without its compaction launch, then the rescore that compacts the stage lists itself, without and
     with incumbents (each row's listed row of largest upper bound settled exactly first, then only the candidates
     reaching its logit rescored): the same count and candidate set per row as the pass's compaction launch and the
@@ -79,7 +84,7 @@ def test_rescore_that_compacts_gives_the_compaction_launchs_lists_and_tokens(hea
     go back to zero)."""
     head, x = head_and_inputs
     x = x[:rows].clone()
-    x[0, 1] = 2.0 ** -40 * float(x[0].float().abs().max())  # not exact in fp16: the full head
+    x[0, 1] = 2.0**-40 * float(x[0].float().abs().max())  # not exact in fp16: the full head
     best_lower, count, cand_idx, cand_upper = int8_pass_cuda(x, head, max_survivors=3000)
     want = rescore_cuda(x, head.weight, best_lower, count, cand_idx, cand_upper)
     assert count[0] == 3001 and want[0] == -1

@@ -3,8 +3,13 @@
 import pytest
 import torch
 
-from specpilot_kernels.certified_head import (certified_argmax, certified_argmax_graphable, exact_head_logits,
-                                              int8_pass, quantize_head)
+from specpilot_kernels.certified_head import (
+    certified_argmax,
+    certified_argmax_graphable,
+    exact_head_logits,
+    int8_pass,
+    quantize_head,
+)
 from specpilot_kernels.certified_head import reference as R
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
 from specpilot_kernels.certified_head.head import interpreting, uses_cuda_exact
@@ -23,8 +28,9 @@ def test_exact_head_kernel_matches_reference(small_head):
     head, pairs, gen = small_head
     x = adversarial_inputs(head.weight, pairs, 8, gen)
     got = exact_head_logits(x, head.weight)
-    want = R.exact_head_reference(x.cpu(), R.CertifiedHead(head.weight.cpu(), head.qweight.cpu(), head.scale.cpu(),
-                                                           head.radius_coef.cpu()))
+    want = R.exact_head_reference(
+        x.cpu(), R.CertifiedHead(head.weight.cpu(), head.qweight.cpu(), head.scale.cpu(), head.radius_coef.cpu())
+    )
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
@@ -104,8 +110,9 @@ def test_k_split_exact_head_and_rescore_agree(k_splits):
     head = quantize_head(w.to(DEVICE), exact_depth=1024)  # the Triton exact head's radius: any order
     x = adversarial_inputs(head.weight, pairs.to(DEVICE), 8, gen)
     exact = exact_head_logits(x, head.weight, k_splits=k_splits)
-    want = R.exact_head_reference(x.cpu(), R.CertifiedHead(head.weight.cpu(), head.qweight.cpu(), head.scale.cpu(),
-                                                           head.radius_coef.cpu()))
+    want = R.exact_head_reference(
+        x.cpu(), R.CertifiedHead(head.weight.cpu(), head.qweight.cpu(), head.scale.cpu(), head.radius_coef.cpu())
+    )
     torch.testing.assert_close(exact.cpu(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
     tokens, _ = certified_argmax(x, head, block_k=128, rescore_programs=2, k_splits=k_splits)
     assert torch.equal(tokens, exact.argmax(1))

@@ -74,8 +74,9 @@ def test_tight_radius_keeps_the_warp_order_argmax_at_a_deep_hidden_size():
     w, pairs = adversarial_head(64, 2048, gen)
     head = R.quantize_head(w, exact_depth=R.warp_order_depth(2048))
     chunks = (adversarial_inputs(w, pairs, 4096, gen) for _ in range(4))
-    stats = R.certified_argmax_chunked(chunks, head, max_survivors=48,
-                                       exact=lambda xs, h: R.exact_head_warp_order(xs, h.weight))
+    stats = R.certified_argmax_chunked(
+        chunks, head, max_survivors=48, exact=lambda xs, h: R.exact_head_warp_order(xs, h.weight)
+    )
     assert stats["rows"] == 16384 and stats["bound_violations"] == 0 and stats["disagreements"] == 0
     assert stats["survivors_max"] >= 2
 

@@ -8,8 +8,13 @@ from specpilot_mem.main import main
 
 def test_each_entry_is_drawn_under_every_entry_it_requires():
     order = ["options", "kernels", "head", "tree", "both"]
-    requires = {"options": [], "kernels": [], "head": ["options"], "tree": ["options", "kernels"],
-                "both": ["head", "tree"]}
+    requires = {
+        "options": [],
+        "kernels": [],
+        "head": ["options"],
+        "tree": ["options", "kernels"],
+        "both": ["head", "tree"],
+    }
     assert to_tree(order, requires) == [
         "stock",
         "├── options",
@@ -32,6 +37,18 @@ def test_png_without_output_writes_nothing(project_entries_home, capsys, tmp_pat
     monkeypatch.chdir(tmp_path)
     assert main(["graph", "--format", "png", "--home", str(project_entries_home.root)]) == 2
     assert "--format png needs --output FILE" in capsys.readouterr().err and list(tmp_path.iterdir()) == []
-    assert main(["graph", "--format", "png", "--output", str(tmp_path / "no" / "g.png"),
-                 "--home", str(project_entries_home.root)]) == 2
+    assert (
+        main(
+            [
+                "graph",
+                "--format",
+                "png",
+                "--output",
+                str(tmp_path / "no" / "g.png"),
+                "--home",
+                str(project_entries_home.root),
+            ]
+        )
+        == 2
+    )
     assert f"there is no folder {tmp_path / 'no'}" in capsys.readouterr().err and list(tmp_path.iterdir()) == []

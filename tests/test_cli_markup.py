@@ -11,7 +11,9 @@ from specpilot_mem.store import record_entry
 
 MARKUP = "[red]x[/red]"
 BROKEN = "[/]"
-LONG_PATH = "sglang/" + "deeply_nested_folder/" * 8 + "a_module_with_a_long_name.py"  # far wider than 80 columns  # rich raises MarkupError on this, if it ever parses it
+LONG_PATH = (
+    "sglang/" + "deeply_nested_folder/" * 8 + "a_module_with_a_long_name.py"
+)  # far wider than 80 columns  # rich raises MarkupError on this, if it ever parses it
 
 
 def run_cli(capsys, argv: list[str]) -> tuple[int, str]:
@@ -45,8 +47,10 @@ VERBS = [
     (["deploy", "new", "d1", "--gpu", MARKUP, "--model", "m", "--drafter", "d", "--regime", "single"], MARKUP),
     (["deploy", "export", MARKUP, "out"], MARKUP),
     (["ceiling", f"{MARKUP}.json", "--lattices", f"{MARKUP}.npz"], MARKUP),
-    (["tf", "--requests", f"{MARKUP}.jsonl", "--stock", "s", "--system", "a=b", "--delta", "1", "--scorer", "m:f"],
-     f"{MARKUP}.jsonl"),
+    (
+        ["tf", "--requests", f"{MARKUP}.jsonl", "--stock", "s", "--system", "a=b", "--delta", "1", "--scorer", "m:f"],
+        f"{MARKUP}.jsonl",
+    ),
     (["schema", MARKUP], MARKUP),
     (["registry", "sync", "--home", f"{MARKUP}-home"], f"{MARKUP}-home"),
     (["show", "gdn-tree"], "([layers, rows, draft tokens, HV, V, K])"),
@@ -67,21 +71,25 @@ def markup_home(tmp_path_factory):
     """A user fork with an entry whose title, summary and file path look like markup."""
     home = synthetic_home(tmp_path_factory.mktemp("markup"))
     draft = {**DRAFT, "title": f"title {MARKUP}", "summary": "keeps [layers, rows] and [bold]this[/bold]"}
-    record_entry(home, "marked", prefixed_source(home, [], {f"sglang/{MARKUP}.py": b"X = 1\n"}), requires=[],
-                 meta=draft)
+    record_entry(
+        home, "marked", prefixed_source(home, [], {f"sglang/{MARKUP}.py": b"X = 1\n"}), requires=[], meta=draft
+    )
     record_entry(home, "long-path", prefixed_source(home, [], {LONG_PATH: b"Y = 2\n"}), requires=[], meta=DRAFT)
     return home
 
 
-@pytest.mark.parametrize("argv,verbatim", [
-    (["show", "marked"], f"title {MARKUP}"),
-    (["show", "marked"], "keeps [layers, rows] and [bold]this[/bold]"),
-    (["apply", "marked"], f"sglang/{MARKUP}.py"),
-    (["verify"], "marked"),
-    (["graph"], "marked"),
-    (["query", "--text", "title"], f"title {MARKUP}"),
-    (["apply", "long-path"], LONG_PATH),  # piped output is not cut at 80 columns
-])
+@pytest.mark.parametrize(
+    "argv,verbatim",
+    [
+        (["show", "marked"], f"title {MARKUP}"),
+        (["show", "marked"], "keeps [layers, rows] and [bold]this[/bold]"),
+        (["apply", "marked"], f"sglang/{MARKUP}.py"),
+        (["verify"], "marked"),
+        (["graph"], "marked"),
+        (["query", "--text", "title"], f"title {MARKUP}"),
+        (["apply", "long-path"], LONG_PATH),  # piped output is not cut at 80 columns
+    ],
+)
 def test_record_text_and_paths_come_out_as_written(markup_home, capsys, argv, verbatim):
     code, text = run_cli(capsys, [*argv, "--home", str(markup_home.root)])
     assert code == 0 and verbatim in text, text

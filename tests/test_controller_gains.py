@@ -19,7 +19,11 @@ from specpilot_mem.errors import RoundError
 
 
 def make_requests(per_benchmark: dict[str, int], split: str = "dev") -> list[Request]:
-    return [Request(f"{name}-{i}", name, split, 32, prompt_ids=(1, 2, i)) for name, n in per_benchmark.items() for i in range(n)]
+    return [
+        Request(f"{name}-{i}", name, split, 32, prompt_ids=(1, 2, i))
+        for name, n in per_benchmark.items()
+        for i in range(n)
+    ]
 
 
 class ClockedSystem:
@@ -48,8 +52,10 @@ class ClockedSystem:
 
 
 def runs_of(system, requests, batch_size=1, repeats=1):
-    return [Run(system.name, "cpu", batch_size, r, tuple(system.run(requests, batch_size=batch_size, device="cpu")))
-            for r in range(repeats)]
+    return [
+        Run(system.name, "cpu", batch_size, r, tuple(system.run(requests, batch_size=batch_size, device="cpu")))
+        for r in range(repeats)
+    ]
 
 
 def test_gain_is_the_equal_weight_geometric_mean_over_benchmarks():
@@ -66,7 +72,11 @@ def test_gain_is_the_equal_weight_geometric_mean_over_benchmarks():
 def test_gain_groups_by_batch_size_too():
     requests = make_requests({"code": 3})
     base, cand = ClockedSystem("a", {"code": 100.0}), ClockedSystem("b", {"code": 150.0})
-    estimate = gain(runs_of(base, requests, 1) + runs_of(base, requests, 8), runs_of(cand, requests, 1) + runs_of(cand, requests, 8), requests)
+    estimate = gain(
+        runs_of(base, requests, 1) + runs_of(base, requests, 8),
+        runs_of(cand, requests, 1) + runs_of(cand, requests, 8),
+        requests,
+    )
     assert [(g.benchmark, g.batch_size) for g in estimate.groups] == [("code", 1), ("code", 8)]
     assert estimate.gain == pytest.approx(1.5)
 
@@ -94,8 +104,12 @@ def test_schedule_interleaves_on_one_device_and_swaps_on_a_pool():
     assert schedule(2, ["cuda:0"]) == [[("a", "cuda:0")], [("b", "cuda:0")], [("b", "cuda:0")], [("a", "cuda:0")]]
     assert schedule(2, ["cuda:0", "cuda:1"]) == [[("a", "cuda:0"), ("b", "cuda:1")], [("a", "cuda:1"), ("b", "cuda:0")]]
     # a paired run keeps to the pool's first two devices, A/B/B/A on each
-    assert schedule(4, ["g0", "g1", "g2"]) == [[("a", "g0"), ("b", "g1")], [("a", "g1"), ("b", "g0")],
-                                               [("a", "g1"), ("b", "g0")], [("a", "g0"), ("b", "g1")]]
+    assert schedule(4, ["g0", "g1", "g2"]) == [
+        [("a", "g0"), ("b", "g1")],
+        [("a", "g1"), ("b", "g0")],
+        [("a", "g1"), ("b", "g0")],
+        [("a", "g0"), ("b", "g1")],
+    ]
     with pytest.raises(RoundError):
         schedule(0, ["cuda:0"])
     with pytest.raises(RoundError):
@@ -151,7 +165,9 @@ def test_paired_run_rejects_a_system_that_drops_requests():
             return super().run(requests, batch_size=batch_size, device=device)[:-1]
 
     with pytest.raises(RoundError, match="one output per request"):
-        paired_run(ClockedSystem("a", {"code": 1.0}), Dropping("b", {"code": 1.0}), requests, repeats=1, devices=["cpu"])
+        paired_run(
+            ClockedSystem("a", {"code": 1.0}), Dropping("b", {"code": 1.0}), requests, repeats=1, devices=["cpu"]
+        )
 
 
 def _verdict(name: str, verdict: str):
@@ -160,8 +176,17 @@ def _verdict(name: str, verdict: str):
 
     rate = RateResult(0.007, 0.005, 0.009, 0.007, 0.005, 0.009, 0.0, -0.002, 0.002, 0.005, verdict == "reject")
     events = EventResult(0.25, 0.5, 0, 1000, 0, 0, 0, 1000, 1.0, 0.05, False)
-    return Verdict(name, "stock", verdict, ("rate rule: planted",) if verdict == "reject" else (), 4, 0.25, rate, events,
-                   {"stock-path": 0, "stock-margin": 0, "prefill-length": 0})
+    return Verdict(
+        name,
+        "stock",
+        verdict,
+        ("rate rule: planted",) if verdict == "reject" else (),
+        4,
+        0.25,
+        rate,
+        events,
+        {"stock-path": 0, "stock-margin": 0, "prefill-length": 0},
+    )
 
 
 def test_sealed_final_runs_only_unseen_requests_and_needs_both_checks():
@@ -169,8 +194,9 @@ def test_sealed_final_runs_only_unseen_requests_and_needs_both_checks():
     stock = ClockedSystem("stock", {"code": 100.0, "math": 100.0})
     fast = ClockedSystem("final", {"code": 130.0, "math": 120.0})
     seen = []
-    accepted = sealed_final(fast, stock, unseen, forcing=lambda s, k: seen.append((s, k)) or _verdict("final", "accept"),
-                            devices=["cpu"])
+    accepted = sealed_final(
+        fast, stock, unseen, forcing=lambda s, k: seen.append((s, k)) or _verdict("final", "accept"), devices=["cpu"]
+    )
     assert accepted.accepted and accepted.gain.gain == pytest.approx(math.sqrt(1.3 * 1.2))
     system_outputs, stock_outputs = seen[0]
     assert set(system_outputs) == set(stock_outputs) == {r.id for r in unseen}
@@ -179,4 +205,6 @@ def test_sealed_final_runs_only_unseen_requests_and_needs_both_checks():
     slow = sealed_final(stock, fast, unseen, forcing=lambda s, k: _verdict("final", "accept"), devices=["cpu"])
     assert not slow.accepted and "not above 1" in slow.reasons[0]
     with pytest.raises(RequestSetError, match="only unseen requests"):
-        sealed_final(fast, stock, make_requests({"code": 2}), forcing=lambda s, k: _verdict("x", "accept"), devices=["cpu"])
+        sealed_final(
+            fast, stock, make_requests({"code": 2}), forcing=lambda s, k: _verdict("x", "accept"), devices=["cpu"]
+        )

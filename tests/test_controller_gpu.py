@@ -57,10 +57,14 @@ def _check(devices):
     assert faster.divergent() == []
     decision = PromotionRule().decide(estimate, noise.noise, faster.divergent())
     assert estimate.low > 1.2 and decision.promote
-    slower = PromotionRule().decide(paired_run(stock, slow, REQUESTS, repeats=2, devices=devices).gain(REQUESTS), noise.noise)
+    slower = PromotionRule().decide(
+        paired_run(stock, slow, REQUESTS, repeats=2, devices=devices).gain(REQUESTS), noise.noise
+    )
     assert not slower.promote and slower.gain < 0.85
-    print(f"devices={devices} noise={noise.noise:.4f} gain={estimate.gain:.3f} [{estimate.low:.3f}, {estimate.high:.3f}] "
-          f"reverse={slower.gain:.3f}")
+    print(
+        f"devices={devices} noise={noise.noise:.4f} gain={estimate.gain:.3f} [{estimate.low:.3f}, {estimate.high:.3f}] "
+        f"reverse={slower.gain:.3f}"
+    )
 
 
 def test_paired_run_interleaved_on_one_gpu():

@@ -16,10 +16,22 @@ from specpilot_mem.engine.engine import Engine
 from specpilot_mem.errors import RoundError
 from specpilot_mem.forcing.engine_adapter import utf8_bytes
 
-TINY = TargetConfig(vocab_size=512, d_model=64, layer_types=("gdn", "attn"), ffn_dim=128, gdn_heads=2, gdn_head_dim=16,
-                    attn_heads=2, attn_kv_heads=1, attn_head_dim=16, feature_layers=(0, 1), max_seq_len=256)
-TINY_DRAFTER = DrafterConfig(d_model=64, n_layers=1, heads=2, head_dim=16, ffn_dim=128, block_size=8, context_window=16,
-                             top_k=8, selector_rank=8)
+TINY = TargetConfig(
+    vocab_size=512,
+    d_model=64,
+    layer_types=("gdn", "attn"),
+    ffn_dim=128,
+    gdn_heads=2,
+    gdn_head_dim=16,
+    attn_heads=2,
+    attn_kv_heads=1,
+    attn_head_dim=16,
+    feature_layers=(0, 1),
+    max_seq_len=256,
+)
+TINY_DRAFTER = DrafterConfig(
+    d_model=64, n_layers=1, heads=2, head_dim=16, ffn_dim=128, block_size=8, context_window=16, top_k=8, selector_rank=8
+)
 REQUESTS = [
     Request("code-1", "code", "dev", 12, prompt="def merge(intervals):"),
     Request("code-2", "code", "dev", 12, prompt="class RingBuffer:"),
@@ -41,14 +53,17 @@ def engines():
 @pytest.fixture(scope="module")
 def greedy(engines):
     """Each request's greedy AR output, served alone on one slot."""
-    outputs = EngineSystem("ar", engines["cpu:0"], mode="ar", encode=utf8_bytes).run(REQUESTS, batch_size=1, device="cpu")
+    outputs = EngineSystem("ar", engines["cpu:0"], mode="ar", encode=utf8_bytes).run(
+        REQUESTS, batch_size=1, device="cpu"
+    )
     return {o.id: o.output_ids for o in outputs}
 
 
 def systems(engines):
     stock = EngineSystem("stock", engines, encode=utf8_bytes)
-    path = EngineSystem("path-verify", {slot: e.with_options(gdn_verify="path") for slot, e in engines.items()},
-                        encode=utf8_bytes)
+    path = EngineSystem(
+        "path-verify", {slot: e.with_options(gdn_verify="path") for slot, e in engines.items()}, encode=utf8_bytes
+    )
     return stock, path
 
 
@@ -59,7 +74,9 @@ def test_pool_run_swaps_slots_and_serves_both_systems_at_once(engines, greedy):
     # repeat r: a on pool[(r + 1) // 2 mod 2] (A/B/B/A on each slot), b on the other slot
     assert [(r.repeat, r.device) for r in result.runs_a] == [(0, "cpu:0"), (1, "cpu:1"), (2, "cpu:1")]
     assert [(r.repeat, r.device) for r in result.runs_b] == [(0, "cpu:1"), (1, "cpu:0"), (2, "cpu:0")]
-    assert sorted((r.system, r.repeat) for r in seen) == sorted((s, k) for s in ("stock", "path-verify") for k in range(3))
+    assert sorted((r.system, r.repeat) for r in seen) == sorted(
+        (s, k) for s in ("stock", "path-verify") for k in range(3)
+    )
     # two engines served from two threads at once, each on its own cache: every run is the greedy decode
     for run in (*result.runs_a, *result.runs_b):
         assert {o.id: o.output_ids for o in run.outputs} == greedy
@@ -68,8 +85,13 @@ def test_pool_run_swaps_slots_and_serves_both_systems_at_once(engines, greedy):
 
 def test_pool_noise_and_promotion_decision(engines):
     stock, path = systems(engines)
-    noise = stock_noise(stock, REQUESTS, stock_b=EngineSystem("stock-b", {s: e.with_options() for s, e in engines.items()},
-                                                              encode=utf8_bytes), repeats=2, devices=POOL)
+    noise = stock_noise(
+        stock,
+        REQUESTS,
+        stock_b=EngineSystem("stock-b", {s: e.with_options() for s, e in engines.items()}, encode=utf8_bytes),
+        repeats=2,
+        devices=POOL,
+    )
     assert noise.noise == abs(noise.estimate.gain - 1.0)
     assert noise.estimate.low <= noise.estimate.gain <= noise.estimate.high
     result = paired_run(path, stock, REQUESTS, repeats=2, devices=POOL)

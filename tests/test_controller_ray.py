@@ -40,8 +40,13 @@ def _sealed(tmp_path, name: str, extra: str = "") -> dict:
     if extra:
         system = folder / "sglang" / "system.py"
         system.write_text(system.read_text() + textwrap.dedent(extra))
-    return {"name": name, "adapter": "python", "checkout": str(folder), "module": "sglang/system.py",
-            "tree": directory_tree_id(folder)}
+    return {
+        "name": name,
+        "adapter": "python",
+        "checkout": str(folder),
+        "module": "sglang/system.py",
+        "tree": directory_tree_id(folder),
+    }
 
 
 def _environment() -> dict:
@@ -62,8 +67,14 @@ def local_ray(monkeypatch):
     # ~/.ray/auth_token); the two-node cluster started later would then refuse its driver. An explicit mode
     # keeps every cluster of this process in one mode.
     monkeypatch.setenv("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE", "disabled"))
-    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": _environment()["PYTHONPATH"]}})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": _environment()["PYTHONPATH"]}},
+    )
     yield
     ray.shutdown()
 
@@ -74,7 +85,10 @@ def test_ray_actors_one_per_gpu_serve_a_paired_run_and_a_killed_actor_is_replace
     marker = tmp_path / "killed-once"
     stock = _sealed(tmp_path, "stock")
     # the first time it serves request dev-0, it kills the actor hosting it (what a lost node looks like)
-    dies = _sealed(tmp_path, "kills-its-actor", f'''
+    dies = _sealed(
+        tmp_path,
+        "kills-its-actor",
+        f"""
         import os as _os, signal as _signal
         _generate = System.generate
         def _killing(self, prompt_ids, max_new_tokens, on_token):
@@ -83,7 +97,8 @@ def test_ray_actors_one_per_gpu_serve_a_paired_run_and_a_killed_actor_is_replace
                 _os.kill(_os.getppid(), _signal.SIGKILL)
             _generate(self, prompt_ids, max_new_tokens, on_token)
         System.generate = _killing
-    ''')
+    """,
+    )
     devices = RayDevices(2, run_on="cpu", strategy="PACK")
     try:
         placement = devices.placement()
@@ -95,7 +110,9 @@ def test_ray_actors_one_per_gpu_serve_a_paired_run_and_a_killed_actor_is_replace
         assert all({o.id: o.output_ids for o in r.outputs} == first for r in (*run.paired.runs_a, *run.paired.runs_b))
         again = pool_paired_run(devices, stock, dies, REQUESTS, POLICY)
         assert marker.exists() and len(again.reruns) == 1 and "died" in again.reruns[0]["why"]
-        assert all({o.id: o.output_ids for o in r.outputs} == first for r in (*again.paired.runs_a, *again.paired.runs_b))
+        assert all(
+            {o.id: o.output_ids for o in r.outputs} == first for r in (*again.paired.runs_a, *again.paired.runs_b)
+        )
     finally:
         devices.shutdown()
 
@@ -108,9 +125,22 @@ def _free_port() -> int:
 
 def _start_node(args: list[str], log: Path) -> subprocess.Popen:
     with open(log, "wb") as out:
-        return subprocess.Popen(["ray", "start", "--block", "--num-cpus=1", "--num-gpus=1", "--disable-usage-stats",
-                                 "--node-ip-address=127.0.0.1", *args], env=_environment(), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [
+                "ray",
+                "start",
+                "--block",
+                "--num-cpus=1",
+                "--num-gpus=1",
+                "--disable-usage-stats",
+                "--node-ip-address=127.0.0.1",
+                *args,
+            ],
+            env=_environment(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _wait_started(node: subprocess.Popen, log: Path, deadline: float) -> None:
@@ -147,8 +177,9 @@ def two_node_cluster(tmp_path):
         _wait_started(nodes[0], logs[0], deadline)
         nodes.append(_start_node([f"--address={address}"], logs[1]))
         _wait_started(nodes[1], logs[1], deadline)
-        ray.init(address=address, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": _environment()["PYTHONPATH"]}})
+        ray.init(
+            address=address, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": _environment()["PYTHONPATH"]}}
+        )
         while len([n for n in ray.nodes() if n["Alive"]]) < 2:
             if time.monotonic() > deadline:
                 pytest.fail(f"the second node did not join: {logs[1].read_text(errors='replace')[-2000:]}")

@@ -30,18 +30,21 @@ def test_project_set_has_dev_and_unseen_requests_for_every_benchmark():
 GOOD = {"id": "a-1", "benchmark": "code", "split": "dev", "prompt": "hi", "max_new_tokens": 8}
 
 
-@pytest.mark.parametrize("line, message", [
-    ("{not json", "not valid JSON"),
-    (json.dumps([1, 2]), "must be a JSON object"),
-    (json.dumps({**GOOD, "extra": 1}), "unknown field"),
-    (json.dumps({k: v for k, v in GOOD.items() if k != "split"}), "missing field 'split'"),
-    (json.dumps({**GOOD, "split": "test"}), "bad split"),
-    (json.dumps({**GOOD, "benchmark": "Code Bench"}), "bad benchmark name"),
-    (json.dumps({**GOOD, "max_new_tokens": 0}), "max_new_tokens"),
-    (json.dumps({**GOOD, "prompt_ids": [1, 2]}), "exactly one of"),
-    (json.dumps({k: v for k, v in {**GOOD, "prompt_ids": [1, -2]}.items() if k != "prompt"}), "non-negative"),
-    (json.dumps(GOOD), "duplicate id 'a-1' (first on line 1)"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "not valid JSON"),
+        (json.dumps([1, 2]), "must be a JSON object"),
+        (json.dumps({**GOOD, "extra": 1}), "unknown field"),
+        (json.dumps({k: v for k, v in GOOD.items() if k != "split"}), "missing field 'split'"),
+        (json.dumps({**GOOD, "split": "test"}), "bad split"),
+        (json.dumps({**GOOD, "benchmark": "Code Bench"}), "bad benchmark name"),
+        (json.dumps({**GOOD, "max_new_tokens": 0}), "max_new_tokens"),
+        (json.dumps({**GOOD, "prompt_ids": [1, 2]}), "exactly one of"),
+        (json.dumps({k: v for k, v in {**GOOD, "prompt_ids": [1, -2]}.items() if k != "prompt"}), "non-negative"),
+        (json.dumps(GOOD), "duplicate id 'a-1' (first on line 1)"),
+    ],
+)
 def test_malformed_lines_name_the_file_and_line(tmp_path, line, message):
     path = tmp_path / "set.jsonl"
     path.write_text(json.dumps(GOOD) + "\n\n" + line + "\n")

@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from specpilot_mem.controller.stats import (
-    binomial_upper_tail, clustered_ratio, clustered_ratio_difference, t_quantile,
+    binomial_upper_tail,
+    clustered_ratio,
+    clustered_ratio_difference,
+    t_quantile,
 )
 
 
@@ -21,7 +24,9 @@ def test_t_quantile_matches_scipy(df, tolerance, p):
     assert t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), abs=tolerance)
 
 
-@pytest.mark.parametrize("k, n, p", [(0, 10, 0.3), (5, 10, 0.3), (11, 10, 0.3), (50, 100_000, 3e-4), (3, 7, 0.999), (2, 2, 0.5)])
+@pytest.mark.parametrize(
+    "k, n, p", [(0, 10, 0.3), (5, 10, 0.3), (11, 10, 0.3), (50, 100_000, 3e-4), (3, 7, 0.999), (2, 2, 0.5)]
+)
 def test_binomial_upper_tail_matches_scipy(k, n, p):
     assert binomial_upper_tail(k, n, p) == pytest.approx(stats.binom.sf(k - 1, n, p), rel=1e-9, abs=1e-300)
 
@@ -82,7 +87,14 @@ def test_event_p_value_falls_as_unexplained_events_rise(stock_events, unexplaine
     from specpilot_mem.forcing.rules import event_rule
 
     def p(count):
-        return event_rule(delta=0.25, system_events=40, system_tokens=tokens, audited=40, unexplained=count,
-                          stock_events=stock_events, stock_tokens=tokens).p_value
+        return event_rule(
+            delta=0.25,
+            system_events=40,
+            system_tokens=tokens,
+            audited=40,
+            unexplained=count,
+            stock_events=stock_events,
+            stock_tokens=tokens,
+        ).p_value
 
     assert p(min(unexplained + 1, 40)) <= p(unexplained) + 1e-12

@@ -16,8 +16,15 @@ import textwrap
 
 import pytest
 
-from specpilot_mem.controller.pool import (ProcessDevices, RepetitionPolicy, WorkerDied, open_devices,
-                                           perturbed, pool_paired_run, pool_stock_noise)
+from specpilot_mem.controller.pool import (
+    ProcessDevices,
+    RepetitionPolicy,
+    WorkerDied,
+    open_devices,
+    perturbed,
+    pool_paired_run,
+    pool_stock_noise,
+)
 from specpilot_mem.controller.requests import Request
 from specpilot_mem.errors import RoundError
 from test_rounds_e2e import FIXTURE
@@ -46,8 +53,14 @@ def two_slots():
 
 def test_pool_swaps_slots_abba_with_a_fresh_worker_per_run(two_slots):
     seen = []
-    run = pool_paired_run(two_slots, _spec("stock"), _spec("stock-b"), REQUESTS,
-                          RepetitionPolicy(repeats=4, warmup_requests=1), on_run=seen.append)
+    run = pool_paired_run(
+        two_slots,
+        _spec("stock"),
+        _spec("stock-b"),
+        REQUESTS,
+        RepetitionPolicy(repeats=4, warmup_requests=1),
+        on_run=seen.append,
+    )
     # each slot serves A, B, B, A over four repeats; A and B run at once on different slots
     assert [r.device for r in run.paired.runs_a] == ["cpu:0", "cpu:1", "cpu:1", "cpu:0"]
     assert [r.device for r in run.paired.runs_b] == ["cpu:1", "cpu:0", "cpu:0", "cpu:1"]
@@ -63,8 +76,9 @@ def test_pool_swaps_slots_abba_with_a_fresh_worker_per_run(two_slots):
 def test_one_slot_interleaves_and_noise_comes_from_two_copies_of_stock():
     devices = ProcessDevices(["cpu"])
     try:
-        noise, run = pool_stock_noise(devices, _spec("stock"), REQUESTS, RepetitionPolicy(repeats=2, fresh_workers=False,
-                                                                                         warmup_requests=0))
+        noise, run = pool_stock_noise(
+            devices, _spec("stock"), REQUESTS, RepetitionPolicy(repeats=2, fresh_workers=False, warmup_requests=0)
+        )
     finally:
         devices.shutdown()
     assert run.workers == 2  # one worker per system, kept for both repeats
@@ -75,7 +89,10 @@ def test_one_slot_interleaves_and_noise_comes_from_two_copies_of_stock():
 
 def test_a_worker_that_dies_is_replaced_once_then_reported(tmp_path):
     marker = tmp_path / "died-once"
-    once = _system(tmp_path, "dies-once", f'''
+    once = _system(
+        tmp_path,
+        "dies-once",
+        f"""
         import os as _os
         _generate = System.generate
         def _dying(self, prompt_ids, max_new_tokens, on_token):
@@ -84,13 +101,17 @@ def test_a_worker_that_dies_is_replaced_once_then_reported(tmp_path):
                 _os._exit(3)
             _generate(self, prompt_ids, max_new_tokens, on_token)
         System.generate = _dying
-    ''')
+    """,
+    )
     devices = ProcessDevices(["cpu"], pin_cpus=False)
     try:
         run = pool_paired_run(devices, _spec("stock"), once, REQUESTS, POLICY)
         assert len(run.reruns) == 1 and "exit code 3" in run.reruns[0]["why"] and run.reruns[0]["repeat"] == 0
         assert len(run.paired.runs_b) == 2
-        always = _system(tmp_path, "dies-always", '''
+        always = _system(
+            tmp_path,
+            "dies-always",
+            """
             import os as _os
             _generate = System.generate
             def _dying(self, prompt_ids, max_new_tokens, on_token):
@@ -98,7 +119,8 @@ def test_a_worker_that_dies_is_replaced_once_then_reported(tmp_path):
                     _os._exit(4)
                 _generate(self, prompt_ids, max_new_tokens, on_token)
             System.generate = _dying
-        ''')
+        """,
+        )
         always = {**always, "name": "dies-always"}
         with pytest.raises(WorkerDied, match=r"exit code 4.*again, after a re-run"):
             pool_paired_run(devices, _spec("stock"), always, REQUESTS, POLICY)
@@ -107,18 +129,26 @@ def test_a_worker_that_dies_is_replaced_once_then_reported(tmp_path):
 
 
 def test_a_system_that_breaks_the_protocol_is_refused(tmp_path):
-    greedy = _system(tmp_path, "greedy", '''
+    greedy = _system(
+        tmp_path,
+        "greedy",
+        """
         _generate = System.generate
         def _more(self, prompt_ids, max_new_tokens, on_token):
             _generate(self, prompt_ids, max_new_tokens, on_token)
             on_token(1)  # one token more than asked for
         System.generate = _more
-    ''')
-    liar = _system(tmp_path, "liar", '''
+    """,
+    )
+    liar = _system(
+        tmp_path,
+        "liar",
+        """
         def _not_ids(self, prompt_ids, max_new_tokens, on_token):
             on_token(-5)
         System.generate = _not_ids
-    ''')
+    """,
+    )
     devices = ProcessDevices(["cpu"], pin_cpus=False)
     try:
         with pytest.raises(RoundError, match="more than 5 tokens"):
@@ -150,12 +180,22 @@ def test_the_sglang_adapter_is_served_through_a_worker(tmp_path, monkeypatch):
     (export / "sglang" / "__init__.py").write_text("")
     (export / "sglang" / "launch_server.py").write_text(FAKE_LAUNCH_SERVER)
     monkeypatch.setenv("FAKE_ARGV_LOG", str(tmp_path / "argv.json"))
-    spec = {"adapter": "sglang", "export_dir": str(export), "server_args": ["--model-path", "toy"], "startup_timeout": 120}
+    spec = {
+        "adapter": "sglang",
+        "export_dir": str(export),
+        "server_args": ["--model-path", "toy"],
+        "startup_timeout": 120,
+    }
     requests = [Request(f"r{i}", "synthetic", "dev", 7, prompt_ids=(i + 1, 2, 3)) for i in range(3)]
     devices = ProcessDevices(["cuda:3"], pin_cpus=False)
     try:
-        run = pool_paired_run(devices, {**spec, "name": "stock"}, {**spec, "name": "candidate"}, requests,
-                              RepetitionPolicy(repeats=2, batch_sizes=(2,)))
+        run = pool_paired_run(
+            devices,
+            {**spec, "name": "stock"},
+            {**spec, "name": "candidate"},
+            requests,
+            RepetitionPolicy(repeats=2, batch_sizes=(2,)),
+        )
     finally:
         devices.shutdown()
     loader = importlib.util.spec_from_file_location("toy_server", export / "sglang" / "launch_server.py")
@@ -170,8 +210,10 @@ def test_the_sglang_adapter_is_served_through_a_worker(tmp_path, monkeypatch):
 
 
 def test_no_ray_import_unless_a_ray_pool_is_asked_for():
-    code = ("import sys; from specpilot_mem.controller.pool import open_devices; import specpilot_mem.rounds.controller; "
-            "d = open_devices({'kind': 'process'}, ['cpu']); print('ray' in sys.modules)")
+    code = (
+        "import sys; from specpilot_mem.controller.pool import open_devices; import specpilot_mem.rounds.controller; "
+        "d = open_devices({'kind': 'process'}, ['cpu']); print('ray' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -18,13 +18,23 @@ from specpilot_mem.replay.synthetic import SyntheticSpec, generate
 # linear layers 44.67 GB in BF16 (§4.1), LM head 248320 x 5120 taking 878 µs (§4.1), drafts of 1.05 ms
 # (App. C); the remaining class times are set so that the profile gives the factors the paper states.
 APPENDIX_B_PROFILE = {
-    "format": "specpilot-profile", "version": 1, "gpu": "H100 SXM",
+    "format": "specpilot-profile",
+    "version": 1,
+    "gpu": "H100 SXM",
     "system": "stock DFlash2 + Qwen3.8-27B BF16, one request (inputs consistent with Appendix B)",
-    "nodes": 8, "tau": 4.48, "T_step_ms": 20.58, "T_AR_ms": 19.9,
+    "nodes": 8,
+    "tau": 4.48,
+    "T_step_ms": 20.58,
+    "T_AR_ms": 19.9,
     "kernels": {
         "target_gemm": {"time_ms": 17.20, "bytes": 44.67e9, "flops": 2 * 27e9 * 9, "dtype": "bf16"},
         "lm_head": {"time_ms": 0.878, "bytes": 248320 * 5120 * 2, "flops": 2 * 248320 * 5120 * 9, "dtype": "bf16"},
-        "gdn_recurrent": {"time_ms": 0.42, "bytes": 48 * 32 * 128 * 128 * 4 * 2, "flops": 48 * 32 * 128 * 128 * 36, "dtype": "bf16"},
+        "gdn_recurrent": {
+            "time_ms": 0.42,
+            "bytes": 48 * 32 * 128 * 128 * 4 * 2,
+            "flops": 48 * 32 * 128 * 128 * 36,
+            "dtype": "bf16",
+        },
         "attention": {"time_ms": 0.21, "bytes": 0.15e9, "flops": 2e9, "dtype": "bf16"},
         "drafter": {"time_ms": 1.05, "bytes": 1.2e9, "flops": 2 * 0.6e9 * 16, "dtype": "bf16"},
         "rest": {"time_ms": 0.62, "bytes": 0.35e9, "flops": 1e9, "dtype": "bf16"},
@@ -75,7 +85,9 @@ def test_speedup_uses_per_budget_step_times_when_present():
 
 def test_bad_profiles_are_clear_errors(tmp_path):
     bad = tmp_path / "p.json"
-    bad.write_text(json.dumps({**APPENDIX_B_PROFILE, "kernels": {"x": {"time_ms": 1, "bytes": 1, "flops": 1, "dtype": "fp4"}}}))
+    bad.write_text(
+        json.dumps({**APPENDIX_B_PROFILE, "kernels": {"x": {"time_ms": 1, "bytes": 1, "flops": 1, "dtype": "fp4"}}})
+    )
     with pytest.raises(ProfileError, match="kernels.x.dtype"):
         load_profile(bad)
     bad.write_text(json.dumps({"format": "other"}))
@@ -101,7 +113,9 @@ def test_ceiling_command(tmp_path, capsys):
     assert out["tau_best"] == max(r["tau"] for r in out["speedup"])
     assert out["leading"] in ("tau", "kernel", "overhead")
     assert [r["nodes"] for r in out["speedup"]] == [8, 16]
-    assert out["ceiling"] == pytest.approx(out["factors"]["tau"] * out["factors"]["kernel"] * out["factors"]["overhead"])
+    assert out["ceiling"] == pytest.approx(
+        out["factors"]["tau"] * out["factors"]["kernel"] * out["factors"]["overhead"]
+    )
     assert main(["ceiling", str(profile), "--lattices", str(lattice), "--setting", "appendix-b", "--json"]) == 0
     oracle = json.loads(capsys.readouterr().out)
     assert oracle["tau_best"] == oracle["oracle_tau"] >= out["tau_best"]

@@ -35,7 +35,7 @@ def lattice(b: int, m: int, k: int, seed: int, ties: bool = False):
         pair = torch.round(pair)
     pair[:, 0] = pair[:, 0, :1]  # one parent (the committed token) at position 0
     unary = torch.randn(b, m, k, generator=g)
-    cand = torch.stack([torch.randperm(4096, generator=g)[:m * k].view(m, k) for _ in range(b)])
+    cand = torch.stack([torch.randperm(4096, generator=g)[: m * k].view(m, k) for _ in range(b)])
     return pair, unary, cand
 
 
@@ -64,8 +64,9 @@ def test_build_equals_the_replay_builder_node_for_node(kind, ties, nodes, depth)
 def test_build_variants_equal_the_replay_builder(kind, prenorm, fused_pick):
     pair, unary, cand = lattice(2, 16, 16, seed=29, ties=True)
     base, base_tokens, base_layout = best_first_tree_layout(pair, cand, 32, 15, unary=unary, kind=kind)
-    tree, tokens, layout = best_first_tree_layout(pair, cand, 32, 15, unary=unary, kind=kind, prenorm=prenorm,
-                                                  fused_pick=fused_pick)
+    tree, tokens, layout = best_first_tree_layout(
+        pair, cand, 32, 15, unary=unary, kind=kind, prenorm=prenorm, fused_pick=fused_pick
+    )
     want = replay_tree(pair, unary, cand, kind, 32, 15)
     assert np.array_equal(tree.parents.numpy(), want.parents) and np.array_equal(tree.ranks.numpy(), want.ranks)
     assert np.array_equal(tree.scores.numpy(), want.scores) and np.array_equal(tokens.numpy(), want.tokens)
@@ -102,7 +103,9 @@ def test_candidates_without_tokens_are_never_taken():
     tree, tokens, _, _ = best_first_tree(pair, cand, 32, 4)
     want = replay_tree(pair, torch.zeros(1, 4, 16), cand, "selector", 32, 4)
     assert int(tree.num_nodes[0]) == 30 == int(want.num_nodes[0])
-    assert torch.all(tree.ranks[0, :30] < 2) and torch.all(tree.parents[0, 30:] == -1) and torch.all(tokens[0, 30:] == -1)
+    assert (
+        torch.all(tree.ranks[0, :30] < 2) and torch.all(tree.parents[0, 30:] == -1) and torch.all(tokens[0, 30:] == -1)
+    )
 
 
 def test_layout_equals_brute_force():
@@ -131,8 +134,9 @@ def test_full_trees_lay_out_as_brute_force():
 def test_child_lists_of_any_tree_equal_brute_force():
     g = torch.Generator().manual_seed(23)
     b, n = 4, 12
-    parents = torch.stack([torch.tensor([int(torch.randint(-1, i, (), generator=g)) for i in range(n)])
-                           for _ in range(b)])
+    parents = torch.stack(
+        [torch.tensor([int(torch.randint(-1, i, (), generator=g)) for i in range(n)]) for _ in range(b)]
+    )
     num_nodes = torch.tensor([12, 7, 0, 1])
     parents = torch.where(torch.arange(n)[None, :] < num_nodes[:, None], parents, -1)
     nxt, sib = child_lists(parents, num_nodes)

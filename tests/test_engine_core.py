@@ -11,10 +11,29 @@ from specpilot_mem.engine.config import DrafterConfig, TargetConfig
 from specpilot_mem.engine.engine import Engine
 from specpilot_mem.engine.model import Cache, HybridTarget, chain_rows, make_rows
 
-SMALL = TargetConfig(vocab_size=512, d_model=64, ffn_dim=128, gdn_heads=2, gdn_head_dim=16, attn_heads=2,
-                     attn_kv_heads=1, attn_head_dim=16, feature_layers=(1, 3, 5), max_seq_len=512)
-SMALL_DRAFTER = DrafterConfig(d_model=64, n_layers=1, heads=2, head_dim=16, ffn_dim=128, block_size=8,
-                              context_window=16, top_k=16, selector_rank=8)
+SMALL = TargetConfig(
+    vocab_size=512,
+    d_model=64,
+    ffn_dim=128,
+    gdn_heads=2,
+    gdn_head_dim=16,
+    attn_heads=2,
+    attn_kv_heads=1,
+    attn_head_dim=16,
+    feature_layers=(1, 3, 5),
+    max_seq_len=512,
+)
+SMALL_DRAFTER = DrafterConfig(
+    d_model=64,
+    n_layers=1,
+    heads=2,
+    head_dim=16,
+    ffn_dim=128,
+    block_size=8,
+    context_window=16,
+    top_k=16,
+    selector_rank=8,
+)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -80,9 +99,10 @@ def test_row_passes_match_training_forward(small_target):
     cache = Cache(SMALL, 128, "cpu", torch.float32)
     pieces = []
     for start in range(0, 40, 13):
-        piece = tokens[0, start:start + 13].tolist()
-        hidden, pending = small_target.forward_rows(chain_rows(piece, SMALL.conv_size, "cpu"), cache,
-                                                    window=cache.length + len(piece))
+        piece = tokens[0, start : start + 13].tolist()
+        hidden, pending = small_target.forward_rows(
+            chain_rows(piece, SMALL.conv_size, "cpu"), cache, window=cache.length + len(piece)
+        )
         cache.commit(pending, list(range(len(piece))))
         pieces.append(hidden[0])
     assert torch.allclose(torch.cat(pieces), hidden_ref[0], atol=1e-5)
@@ -99,9 +119,12 @@ def test_tree_commit_equals_chain_along_accepted_path(small_target, method):
     chain_cache = copy.deepcopy(cache)
     tokens, parents = [5, 6, 7, 8, 9, 10, 11], [-1, 0, 0, 1, 2, 4, 4]
     path = [0, 2, 4, 5]
-    tree_hidden, tree_pending = small_target.forward_rows(make_rows(tokens, parents, SMALL.conv_size, "cpu"), cache, method)
+    tree_hidden, tree_pending = small_target.forward_rows(
+        make_rows(tokens, parents, SMALL.conv_size, "cpu"), cache, method
+    )
     chain_hidden, chain_pending = small_target.forward_rows(
-        chain_rows([tokens[i] for i in path], SMALL.conv_size, "cpu"), chain_cache, method)
+        chain_rows([tokens[i] for i in path], SMALL.conv_size, "cpu"), chain_cache, method
+    )
     assert torch.allclose(tree_hidden[0, path], chain_hidden[0], atol=1e-5)
     cache.commit(tree_pending, path)
     chain_cache.commit(chain_pending, list(range(len(path))))
@@ -110,8 +133,8 @@ def test_tree_commit_equals_chain_along_accepted_path(small_target, method):
         assert torch.allclose(cache.state[i], chain_cache.state[i], atol=1e-6)
         assert torch.allclose(cache.conv[i], chain_cache.conv[i], atol=1e-6)
     for i in cache.keys:
-        assert torch.allclose(cache.keys[i][:, :cache.length], chain_cache.keys[i][:, :cache.length], atol=1e-6)
-    assert torch.allclose(cache.features[:cache.length], chain_cache.features[:cache.length], atol=1e-5)
+        assert torch.allclose(cache.keys[i][:, : cache.length], chain_cache.keys[i][:, : cache.length], atol=1e-6)
+    assert torch.allclose(cache.features[: cache.length], chain_cache.features[: cache.length], atol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -197,11 +220,11 @@ def test_recorded_lattices_match_live_drafts(engine, prompts, tmp_path):
     lat = load_lattice(tmp_path / "lat.npz")
     assert lat.num_steps == 48 and list(lat.labels) == ["a/dev", "b/unseen"]
     out = runs[1].output_ids
-    assert lat.greedy_tokens[lat.greedy_offsets[1]:lat.greedy_offsets[2]].tolist() == out
+    assert lat.greedy_tokens[lat.greedy_offsets[1] : lat.greedy_offsets[2]].tolist() == out
     lookup = lat.step_lookup()
     for p in (1, 9, 23):
         engine.cache.reset()
-        engine.prefill(prompts[1] + out[:p - 1])
+        engine.prefill(prompts[1] + out[: p - 1])
         live = engine.draft(out[p - 1], 8)
         step = lookup[lat.greedy_offsets[1] + p]
         assert lat.cand[step].tolist() == live.cand.tolist()

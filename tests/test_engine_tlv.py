@@ -14,10 +14,21 @@ from specpilot_mem.engine.model import make_rows
 from specpilot_mem.engine.tlv import TlvOptions, TwoLevelEngine, matching_path, qpass_weights
 from specpilot_mem.errors import SpecPilotError
 
-TARGET = TargetConfig(vocab_size=256, d_model=32, layer_types=("gdn", "attn"), ffn_dim=64, gdn_heads=2, gdn_head_dim=16,
-                      attn_heads=2, attn_kv_heads=1, attn_head_dim=16, feature_layers=(0, 1))
-DRAFTER = DrafterConfig(d_model=32, n_layers=1, heads=2, head_dim=16, ffn_dim=64, block_size=4, context_window=8,
-                        top_k=4, selector_rank=8)
+TARGET = TargetConfig(
+    vocab_size=256,
+    d_model=32,
+    layer_types=("gdn", "attn"),
+    ffn_dim=64,
+    gdn_heads=2,
+    gdn_head_dim=16,
+    attn_heads=2,
+    attn_kv_heads=1,
+    attn_head_dim=16,
+    feature_layers=(0, 1),
+)
+DRAFTER = DrafterConfig(
+    d_model=32, n_layers=1, heads=2, head_dim=16, ffn_dim=64, block_size=4, context_window=8, top_k=4, selector_rank=8
+)
 PROMPTS = [[5, 17, 33, 2, 90, 41], [200, 3, 3, 7]]
 
 
@@ -48,8 +59,15 @@ def test_the_qpass_writes_nothing(engine):
     engine.cache.reset()
     engine.prefill([5, 17, 33, 2])
     cache = engine.cache
-    before = {name: [t.clone() for t in group.values()] for name, group in
-              (("keys", cache.keys), ("values", cache.values), ("state", cache.state), ("conv", cache.conv))}
+    before = {
+        name: [t.clone() for t in group.values()]
+        for name, group in (
+            ("keys", cache.keys),
+            ("values", cache.values),
+            ("state", cache.state),
+            ("conv", cache.conv),
+        )
+    }
     features, length = cache.features.clone(), cache.length
     rows = make_rows([90, 4, 8, 9], [-1, 0, 0, 1], TARGET.conv_size, engine.device)
     logits, feats = tlv.qpass(rows)
@@ -71,8 +89,9 @@ def test_qpass_weights_are_the_8_bit_view(engine):
     expected = qpass_weight_reference(encode(linear.detach().bfloat16())).float()
     assert torch.equal(blocks["blocks.0.mixer.qkv.weight"], expected)
     assert not torch.equal(expected, linear)  # the view drops low mantissa bits
-    assert set(blocks) == {f"blocks.{n}" for n, p in engine.target.blocks.named_parameters()
-                           if p.dim() == 2 and n.endswith(".weight")}
+    assert set(blocks) == {
+        f"blocks.{n}" for n, p in engine.target.blocks.named_parameters() if p.dim() == 2 and n.endswith(".weight")
+    }
     assert head.shape == engine.target.lm_head_weight.shape
 
 

@@ -12,10 +12,21 @@ from specpilot_mem.engine.engine import Engine
 from specpilot_mem.engine.model import HybridTarget
 from specpilot_mem.engine.train import train
 
-TINY_TARGET = TargetConfig(vocab_size=256, d_model=32, layer_types=("gdn", "attn"), ffn_dim=64, gdn_heads=2,
-                           gdn_head_dim=16, attn_heads=2, attn_kv_heads=1, attn_head_dim=16, feature_layers=(0, 1))
-TINY_DRAFTER = DrafterConfig(d_model=32, n_layers=1, heads=2, head_dim=16, ffn_dim=64, block_size=4,
-                             context_window=8, top_k=4, selector_rank=8)
+TINY_TARGET = TargetConfig(
+    vocab_size=256,
+    d_model=32,
+    layer_types=("gdn", "attn"),
+    ffn_dim=64,
+    gdn_heads=2,
+    gdn_head_dim=16,
+    attn_heads=2,
+    attn_kv_heads=1,
+    attn_head_dim=16,
+    feature_layers=(0, 1),
+)
+TINY_DRAFTER = DrafterConfig(
+    d_model=32, n_layers=1, heads=2, head_dim=16, ffn_dim=64, block_size=4, context_window=8, top_k=4, selector_rank=8
+)
 # Top-2 log-prob gap below which two float32 evaluation orders may pick different tokens.
 NEAR_TIE_NATS = 1e-4
 
@@ -48,8 +59,9 @@ def test_drafter_blocks_are_labelled_with_the_rollout_tokens_after_the_anchor():
     positions = torch.arange(length, dtype=torch.float32)[None, :, None].expand(2, length, 3)
     rows = torch.tensor([0.0, 100.0])[:, None, None]
     pool = train.Rollouts(tokens, positions + rows, prompt_len)
-    features, valid, anchors, anchor_pos, labels, labelled = train.drafter_batch(pool, TINY_DRAFTER, 5, 7,
-                                                                                 torch.Generator().manual_seed(0))
+    features, valid, anchors, anchor_pos, labels, labelled = train.drafter_batch(
+        pool, TINY_DRAFTER, 5, 7, torch.Generator().manual_seed(0)
+    )
     assert bool(labelled.all())
     assert labels.shape == (35, TINY_DRAFTER.block_size) and features.shape == (35, TINY_DRAFTER.context_window, 3)
     assert bool((anchor_pos >= prompt_len - 1).all()) and bool((anchor_pos + TINY_DRAFTER.block_size < length).all())
@@ -76,40 +88,114 @@ def test_corpus_blocks_label_a_slot_only_while_the_corpus_follows_the_target_arg
     for n in range(row.numel()):
         r, a = int(row[n]), int(anchor_pos[n])
         assert int(anchors[n]) == int(corpus[r, a])
-        assert labels[n].tolist() == greedy[r, a:a + TINY_DRAFTER.block_size].tolist()
+        assert labels[n].tolist() == greedy[r, a : a + TINY_DRAFTER.block_size].tolist()
         followed = [bool(corpus[r, a + i + 1] == greedy[r, a + i]) for i in range(TINY_DRAFTER.block_size - 1)]
         expected = [True] + [all(followed[:j]) for j in range(1, TINY_DRAFTER.block_size)]
         assert labelled[n].tolist() == expected
     assert bool(labelled[:, 1:].any()) and not bool(labelled.all())
-    torch.testing.assert_close(features[valid], feats[row[:, None].expand_as(valid), (anchor_pos[:, None] - TINY_DRAFTER.context_window + torch.arange(TINY_DRAFTER.context_window)).clamp(min=0)][valid])
+    torch.testing.assert_close(
+        features[valid],
+        feats[
+            row[:, None].expand_as(valid),
+            (anchor_pos[:, None] - TINY_DRAFTER.context_window + torch.arange(TINY_DRAFTER.context_window)).clamp(
+                min=0
+            ),
+        ][valid],
+    )
 
 
 def test_seeded_tiny_run_writes_a_pair_the_engine_loads(tmp_path):
     gen = np.random.default_rng(0)
     tokens = tmp_path / "corpus.npz"
-    np.savez(tokens, **{s: gen.integers(1, TINY_TARGET.vocab_size, 3000).astype(np.uint16) for s in ("train", "dev", "unseen")})
+    np.savez(
+        tokens,
+        **{s: gen.integers(1, TINY_TARGET.vocab_size, 3000).astype(np.uint16) for s in ("train", "dev", "unseen")},
+    )
     out = tmp_path / "pair"
-    train.main(["--tokens", str(tokens), "--out", str(out), "--seq-len", "32", "--batch", "4", "--target-steps", "4",
-                "--prompt-len", "8", "--rollout-tokens", "8", "--rollout-batch", "4", "--rollout-rounds", "2",
-                "--drafter-steps", "4", "--anchors", "2", "--eval-tokens", "256",
-                "--target-config", TINY_TARGET.to_json(), "--drafter-config", TINY_DRAFTER.to_json()])
+    train.main(
+        [
+            "--tokens",
+            str(tokens),
+            "--out",
+            str(out),
+            "--seq-len",
+            "32",
+            "--batch",
+            "4",
+            "--target-steps",
+            "4",
+            "--prompt-len",
+            "8",
+            "--rollout-tokens",
+            "8",
+            "--rollout-batch",
+            "4",
+            "--rollout-rounds",
+            "2",
+            "--drafter-steps",
+            "4",
+            "--anchors",
+            "2",
+            "--eval-tokens",
+            "256",
+            "--target-config",
+            TINY_TARGET.to_json(),
+            "--drafter-config",
+            TINY_DRAFTER.to_json(),
+        ]
+    )
     log = json.loads((out / "training-log.json").read_text())
     rollouts = next(e for e in log if e.get("phase") == "rollouts")
     assert rollouts["rounds"] == 2 and rollouts["greedy_tokens"] == 2 * 4 * 8
     done = log[-1]
     assert done["event"] == "done" and (done["target_steps"], done["drafter_steps"]) == (4, 4)
-    assert np.isfinite(done["unseen_loss_nats"]) and len(done["unseen_drafter"]["slot_accuracy"]) == TINY_DRAFTER.block_size
+    assert (
+        np.isfinite(done["unseen_loss_nats"])
+        and len(done["unseen_drafter"]["slot_accuracy"]) == TINY_DRAFTER.block_size
+    )
     engine = Engine.load(out, options=EngineOptions(positions=TINY_DRAFTER.block_size))
     assert engine.target.cfg == TINY_TARGET and engine.drafter.cfg == TINY_DRAFTER
     run = engine.generate([[5, 6, 7, 8, 9]], "spec", max_new_tokens=6)[0]
-    assert len(run.output_ids) == 6 and run.output_ids == engine.generate([[5, 6, 7, 8, 9]], "ar", max_new_tokens=6)[0].output_ids
+    assert (
+        len(run.output_ids) == 6
+        and run.output_ids == engine.generate([[5, 6, 7, 8, 9]], "ar", max_new_tokens=6)[0].output_ids
+    )
 
     # A second run retrains only the drafter on the committed target; the log keeps both runs.
     before = {name: t.clone() for name, t in engine.target.state_dict().items()}
-    train.main(["--tokens", str(tokens), "--out", str(out), "--init-from", str(out), "--new-drafter", "--target-steps", "0",
-                "--seq-len", "32", "--batch", "4", "--prompt-len", "8", "--rollout-tokens", "8", "--rollout-batch", "4",
-                "--rollout-rounds", "1", "--drafter-steps", "3", "--anchors", "2", "--eval-tokens", "256",
-                "--drafter-config", TINY_DRAFTER.to_json()])
+    train.main(
+        [
+            "--tokens",
+            str(tokens),
+            "--out",
+            str(out),
+            "--init-from",
+            str(out),
+            "--new-drafter",
+            "--target-steps",
+            "0",
+            "--seq-len",
+            "32",
+            "--batch",
+            "4",
+            "--prompt-len",
+            "8",
+            "--rollout-tokens",
+            "8",
+            "--rollout-batch",
+            "4",
+            "--rollout-rounds",
+            "1",
+            "--drafter-steps",
+            "3",
+            "--anchors",
+            "2",
+            "--eval-tokens",
+            "256",
+            "--drafter-config",
+            TINY_DRAFTER.to_json(),
+        ]
+    )
     log = json.loads((out / "training-log.json").read_text())
     assert [e["event"] for e in log if e.get("event") in ("start", "done")] == ["start", "done", "start", "done"]
     assert (log[-1]["target_steps"], log[-1]["drafter_steps"]) == (4, 3)
@@ -119,16 +205,29 @@ def test_seeded_tiny_run_writes_a_pair_the_engine_loads(tmp_path):
 
 def test_rollouts_must_be_longer_than_a_drafter_block(tmp_path):
     with pytest.raises(SystemExit):
-        train.main(["--tokens", str(tmp_path / "none.npz"), "--out", str(tmp_path), "--rollout-tokens", "4",
-                    "--drafter-config", TINY_DRAFTER.to_json()])
+        train.main(
+            [
+                "--tokens",
+                str(tmp_path / "none.npz"),
+                "--out",
+                str(tmp_path),
+                "--rollout-tokens",
+                "4",
+                "--drafter-config",
+                TINY_DRAFTER.to_json(),
+            ]
+        )
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--target-config", '{"d_modle": 64}', "--target-config has no field d_modle"),
-    ("--drafter-config", "{block_size: 4}", "--drafter-config is not JSON"),
-    ("--drafter-config", "[4]", "--drafter-config must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--target-config", '{"d_modle": 64}', "--target-config has no field d_modle"),
+        ("--drafter-config", "{block_size: 4}", "--drafter-config is not JSON"),
+        ("--drafter-config", "[4]", "--drafter-config must be a JSON object"),
+    ],
+)
 def test_bad_config_overrides_stop_before_any_work(tmp_path, capsys, flag, value, message):
     out = tmp_path / "pair"
     with pytest.raises(SystemExit):

@@ -35,7 +35,9 @@ def test_cpu_greedy_tokens_match_recorded_reference():
         for i, (got, want) in enumerate(zip(run.output_ids, expected)):
             if got != want:
                 # Only a near-tie on the GPU may differ; the sequences part there.
-                assert margins[i] < NEAR_TIE_NATS, f"prompt {r} token {i}: {got} != {want} (top-2 gap {margins[i]:.4f} on {ref['device']})"
+                assert margins[i] < NEAR_TIE_NATS, (
+                    f"prompt {r} token {i}: {got} != {want} (top-2 gap {margins[i]:.4f} on {ref['device']})"
+                )
                 near_ties.append((r, i))
                 break
             compared += 1

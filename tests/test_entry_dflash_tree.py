@@ -237,16 +237,41 @@ PROBE_ON = textwrap.dedent(r"""
 
 def write_models(root):
     """Config files only: a small Qwen3 target, a DFlash2 drafter (selector) and a plain DFlash one."""
-    common = {"model_type": "qwen3", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 4096, "max_position_embeddings": 4096,
-              "head_dim": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "torch_dtype": "bfloat16"}
+    common = {
+        "model_type": "qwen3",
+        "hidden_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "intermediate_size": 512,
+        "vocab_size": 4096,
+        "max_position_embeddings": 4096,
+        "head_dim": 64,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "torch_dtype": "bfloat16",
+    }
     configs = {
         "target": {**common, "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 6},
-        "dflash2": {**common, "architectures": ["DFlashDraftModel"], "block_size": 16, "num_target_layers": 6,
-                    "dflash_config": {"block_size": 16, "selector_rank": 64, "selector_top_k": 16,
-                                      "target_layer_ids": [1, 3, 5]}},
-        "dflash": {**common, "architectures": ["DFlashDraftModel"], "block_size": 16, "num_target_layers": 6,
-                   "dflash_config": {"block_size": 16, "target_layer_ids": [1, 3, 5]}},
+        "dflash2": {
+            **common,
+            "architectures": ["DFlashDraftModel"],
+            "block_size": 16,
+            "num_target_layers": 6,
+            "dflash_config": {
+                "block_size": 16,
+                "selector_rank": 64,
+                "selector_top_k": 16,
+                "target_layer_ids": [1, 3, 5],
+            },
+        },
+        "dflash": {
+            **common,
+            "architectures": ["DFlashDraftModel"],
+            "block_size": 16,
+            "num_target_layers": 6,
+            "dflash_config": {"block_size": 16, "target_layer_ids": [1, 3, 5]},
+        },
     }
     for name, config in configs.items():
         (root / name).mkdir()
@@ -262,9 +287,16 @@ def probes(sglang_entries_export, tmp_path_factory):
     models = write_models(tmp_path_factory.mktemp("models"))
     env = {**import_environment(export, standin), "TORCHDYNAMO_DISABLE": "1", "TRITON_INTERPRET": "1"}
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], os.getcwd()])  # the replay builder to compare with
-    runs = {name: subprocess.Popen([sys.executable, "-c", code, str(models)], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, env=env, text=True)
-            for name, code in (("main", PROBE), ("on", PROBE_ON))}
+    runs = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", code, str(models)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for name, code in (("main", PROBE), ("on", PROBE_ON))
+    }
     out = {}
     for name, proc in runs.items():
         stdout, stderr = proc.communicate(timeout=900)
@@ -284,10 +316,17 @@ def test_tree_flags_widen_the_verify_window(probes):
     assert probes["main"]["tree"] == {"nodes": 32, "window": 33}
 
 
-@pytest.mark.parametrize("case,flag", [
-    ("budget_zero", "--specpilot-tree-nodes"), ("budget_over_buffers", "--specpilot-tree-nodes"),
-    ("depth_over_positions", "--specpilot-tree-depth"), ("no_lattice", "--specpilot-tree-nodes"),
-    ("not_dflash", "--specpilot-tree-nodes"), ("depth_without_nodes", "--specpilot-tree-depth")])
+@pytest.mark.parametrize(
+    "case,flag",
+    [
+        ("budget_zero", "--specpilot-tree-nodes"),
+        ("budget_over_buffers", "--specpilot-tree-nodes"),
+        ("depth_over_positions", "--specpilot-tree-depth"),
+        ("no_lattice", "--specpilot-tree-nodes"),
+        ("not_dflash", "--specpilot-tree-nodes"),
+        ("depth_without_nodes", "--specpilot-tree-depth"),
+    ],
+)
 def test_bad_tree_flags_are_refused_while_parsing(probes, case, flag):
     refused = probes["main"]["refused"][case]
     assert refused is not None, f"{case} was accepted"

@@ -231,9 +231,16 @@ def probes(sglang_entries_export, tmp_path_factory):
     export, order = sglang_entries_export
     assert "gdn-tree" in order, "entries/gdn-tree is missing from the memory"
     standin = write_torchvision_standin(tmp_path_factory.mktemp("standin"))
-    runs = {mode: subprocess.Popen([sys.executable, "-c", PROBE, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   env=import_environment(export, standin), text=True)
-            for mode in ("on", "off")}
+    runs = {
+        mode: subprocess.Popen(
+            [sys.executable, "-c", PROBE, mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=import_environment(export, standin),
+            text=True,
+        )
+        for mode in ("on", "off")
+    }
     out = {}
     for mode, proc in runs.items():
         stdout, stderr = proc.communicate(timeout=600)

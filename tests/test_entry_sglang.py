@@ -25,8 +25,22 @@ from specpilot_mem.store.resolver import apply_entries
 pytestmark = pytest.mark.sglang
 
 # A stock command line with flags from several namespaces.
-STOCK_ARGV = ["--model-path", "/models/target", "--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens",
-              "16", "--tp-size", "1", "--mem-fraction-static", "0.8", "--quantization", "fp8", "--port", "31000"]
+STOCK_ARGV = [
+    "--model-path",
+    "/models/target",
+    "--speculative-algorithm",
+    "DFLASH",
+    "--speculative-num-draft-tokens",
+    "16",
+    "--tp-size",
+    "1",
+    "--mem-fraction-static",
+    "0.8",
+    "--quantization",
+    "fp8",
+    "--port",
+    "31000",
+]
 
 PARSE = textwrap.dedent("""
     import json, sys
@@ -167,8 +181,13 @@ def results(project_entries_home, sglang_entries_export, tmp_path_factory):
     exports = {"stock": cached_export(home, "stock")}
     exports["applied"], order = sglang_entries_export
     runs = {
-        name: subprocess.Popen([sys.executable, "-c", script, json.dumps(STOCK_ARGV)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, env=import_environment(exports[name], standin), text=True)
+        name: subprocess.Popen(
+            [sys.executable, "-c", script, json.dumps(STOCK_ARGV)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=import_environment(exports[name], standin),
+            text=True,
+        )
         for name, script in (("stock", PARSE), ("applied", PROBE))
     }
     out = {}
@@ -231,8 +250,9 @@ def test_record_options_equal_the_flags_the_patched_server_args_exposes(results,
     declared = probe["entries"]
     for entry_id in results["ids"]:
         # a default of None (unset reproduces stock) is a value: kept, unlike the other None fields
-        recorded = [{**o.model_dump(mode="json", exclude_none=True), "default": o.default}
-                    for o in records[entry_id].options]
+        recorded = [
+            {**o.model_dump(mode="json", exclude_none=True), "default": o.default} for o in records[entry_id].options
+        ]
         assert declared.get(entry_id, []) == recorded, entry_id
     every = {o["name"]: o for options in declared.values() for o in options}
     assert set(probe["flags"]) == set(every)
@@ -285,8 +305,16 @@ def test_w12_in_the_fork_reads_the_tuned_partitions(results):
 def test_certified_head_runs_only_where_the_argmax_is_all_that_is_read(results):
     assert "certified-head" in results["ids"], "entries/certified-head is missing from the memory"
     gate = results["applied"]["certified_head"]["gate"]
-    assert gate == {"decode": True, "verify": True, "sampling": False, "logprob": False, "draft": False,
-                    "prefill": False, "logit_bias": False, "metadata_default": False}
+    assert gate == {
+        "decode": True,
+        "verify": True,
+        "sampling": False,
+        "logprob": False,
+        "draft": False,
+        "prefill": False,
+        "logit_bias": False,
+        "metadata_default": False,
+    }
 
 
 def test_certified_head_logits_carry_the_exact_heads_argmax(results):
@@ -297,12 +325,23 @@ def test_certified_head_logits_carry_the_exact_heads_argmax(results):
     assert head["cached"]
 
 
-@pytest.mark.parametrize("module", ["sglang.srt.mem_cache.memory_pool", "sglang.srt.layers.attention.linear.gdn_backend",
-                                    "sglang.srt.layers.quantization"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "sglang.srt.mem_cache.memory_pool",
+        "sglang.srt.layers.attention.linear.gdn_backend",
+        "sglang.srt.layers.quantization",
+    ],
+)
 def test_patched_modules_import_first_in_a_fresh_process(sglang_entries_export, tmp_path, module):
     """Entries must not add import cycles: SGLang imports these modules in this order at start-up."""
     export, _ = sglang_entries_export
     standin = write_torchvision_standin(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=600,
-                          env=import_environment(export, standin))
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import {module}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=import_environment(export, standin),
+    )
     assert proc.returncode == 0, f"importing {module} first failed:\n{proc.stderr[-3000:]}"

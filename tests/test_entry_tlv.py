@@ -215,8 +215,9 @@ def probe(sglang_entries_export, tmp_path_factory):
     standin = write_torchvision_standin(tmp_path_factory.mktemp("standin"))
     models = write_models(tmp_path_factory.mktemp("models"))
     env = {**import_environment(export, standin), "TORCHDYNAMO_DISABLE": "1", "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(models)], capture_output=True, env=env, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, str(models)], capture_output=True, env=env, text=True, timeout=900
+    )
     assert proc.returncode == 0, f"probe failed:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -231,8 +232,14 @@ def test_tlv_widens_the_window_for_the_second_draft(probe):
     assert probe["on"]["window"] == max(32 + 1, 15 + 16 + 2)
 
 
-@pytest.mark.parametrize("case, flag", [("no_w12", "--quantization"), ("no_tree_budget", "--specpilot-tree-nodes"),
-                                        ("other_backend", "--attention-backend")])
+@pytest.mark.parametrize(
+    "case, flag",
+    [
+        ("no_w12", "--quantization"),
+        ("no_tree_budget", "--specpilot-tree-nodes"),
+        ("other_backend", "--attention-backend"),
+    ],
+)
 def test_missing_requirements_are_refused_while_parsing(probe, case, flag):
     refused = probe["refused"][case]
     assert refused is not None, f"{case} was accepted"
@@ -277,16 +284,42 @@ def test_apply_and_deploy_from_the_memory(stock_fork_home, tmp_path):
     root = tmp_path / "home"
     (root / "entries").mkdir(parents=True)
     for record in sorted((project / "entries").glob("*/entry.yaml")):
-        shutil.copytree(record.parent, root / "entries" / record.parent.name,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(
+            record.parent, root / "entries" / record.parent.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
     (root / "kernels").symlink_to(project / "kernels")
     home = _shared_fork_home(stock_fork_home, root)
     init_memory(home, checkout=False)
     assert main(["apply", "w12", "tlv", "--onto", "stock", "--home", str(root), "--json"]) == 0
-    assert main(["deploy", "new", "tlv-demo", "--home", str(root), "--gpu", "H200", "--model", "Qwen3.8-27B",
-                 "--drafter", "DFlash2", "--regime", "single", "--from", "w12,tlv", "--json"]) == 0
+    assert (
+        main(
+            [
+                "deploy",
+                "new",
+                "tlv-demo",
+                "--home",
+                str(root),
+                "--gpu",
+                "H200",
+                "--model",
+                "Qwen3.8-27B",
+                "--drafter",
+                "DFlash2",
+                "--regime",
+                "single",
+                "--from",
+                "w12,tlv",
+                "--json",
+            ]
+        )
+        == 0
+    )
     deployment = (root / "rounds" / "tlv-demo" / "deployment.yaml").read_text()
     assert "tlv" in deployment and "dflash-tree" in deployment and "w12" in deployment
-    branches = subprocess.run(["git", "-C", str(home.fork), "branch", "--list", "deploy/tlv-demo"],
-                              capture_output=True, text=True, env={**os.environ}).stdout
+    branches = subprocess.run(
+        ["git", "-C", str(home.fork), "branch", "--list", "deploy/tlv-demo"],
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+    ).stdout
     assert "deploy/tlv-demo" in branches

@@ -9,8 +9,20 @@ from specpilot_mem.forcing.calibrate import calibrate_delta, first_departure, ro
 from specpilot_mem.forcing.scorer import ForcingError, score_outputs
 
 
-@pytest.mark.parametrize("gap, delta", [(0.232, 0.25), (0.25, 0.25), (0.26, 0.375), (0.07, 0.125), (0.05, 0.0625),
-                                        (3e-6, 2.0**-10), (0.003, 2.0**-8), (0.0, 2.0**-10), (1.01, 1.125)])
+@pytest.mark.parametrize(
+    "gap, delta",
+    [
+        (0.232, 0.25),
+        (0.25, 0.25),
+        (0.26, 0.375),
+        (0.07, 0.125),
+        (0.05, 0.0625),
+        (3e-6, 2.0**-10),
+        (0.003, 2.0**-8),
+        (0.0, 2.0**-10),
+        (1.01, 1.125),
+    ],
+)
 def test_round_up_to_a_multiple_of_an_eighth(gap, delta):
     assert round_up_to_step(gap) == delta
 

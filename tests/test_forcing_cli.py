@@ -42,17 +42,36 @@ def files(tmp_path):
                     sequence[position] = other_token(ref[position], 3)
             outputs[name].append(sequence)
     (tmp_path / "requests.jsonl").write_text("".join(json.dumps(r.to_dict()) + "\n" for r in reqs))
-    (tmp_path / "scorer.json").write_text(json.dumps(
-        {"requests": [{"prompt": list(r.prompt_ids), "reference": reference[r.prompt_ids]} for r in reqs], "ties": ties}))
+    (tmp_path / "scorer.json").write_text(
+        json.dumps(
+            {
+                "requests": [{"prompt": list(r.prompt_ids), "reference": reference[r.prompt_ids]} for r in reqs],
+                "ties": ties,
+            }
+        )
+    )
     for name, sequences in outputs.items():
         write_outputs(tmp_path / f"{name}.jsonl", [RequestOutput(r.id, tuple(s)) for r, s in zip(reqs, sequences)])
     return tmp_path
 
 
 def _args(d, *extra):
-    return ["tf", "--requests", str(d / "requests.jsonl"), "--stock", str(d / "stock.jsonl"),
-            "--system", f"lossless={d / 'lossless.jsonl'}", "--system", f"faulty={d / 'faulty.jsonl'}",
-            "--scorer", "test_forcing_cli:scorer_from_file", "--scorer-arg", f"path={d / 'scorer.json'}", *extra]
+    return [
+        "tf",
+        "--requests",
+        str(d / "requests.jsonl"),
+        "--stock",
+        str(d / "stock.jsonl"),
+        "--system",
+        f"lossless={d / 'lossless.jsonl'}",
+        "--system",
+        f"faulty={d / 'faulty.jsonl'}",
+        "--scorer",
+        "test_forcing_cli:scorer_from_file",
+        "--scorer-arg",
+        f"path={d / 'scorer.json'}",
+        *extra,
+    ]
 
 
 def test_tf_json_accepts_lossless_rejects_faulty_and_plots(files, capsys):

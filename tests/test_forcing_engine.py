@@ -15,10 +15,21 @@ from specpilot_mem.forcing.engine_adapter import EngineScorer, utf8_bytes
 from specpilot_mem.forcing.scorer import score_outputs
 from specpilot_mem.forcing.verdict import TokenForcing
 
-TARGET = TargetConfig(vocab_size=256, d_model=32, layer_types=("gdn", "attn"), ffn_dim=64, gdn_heads=2, gdn_head_dim=16,
-                      attn_heads=2, attn_kv_heads=1, attn_head_dim=16, feature_layers=(0, 1))
-DRAFTER = DrafterConfig(d_model=32, n_layers=1, heads=2, head_dim=16, ffn_dim=64, block_size=4, context_window=8,
-                        top_k=4, selector_rank=8)
+TARGET = TargetConfig(
+    vocab_size=256,
+    d_model=32,
+    layer_types=("gdn", "attn"),
+    ffn_dim=64,
+    gdn_heads=2,
+    gdn_head_dim=16,
+    attn_heads=2,
+    attn_kv_heads=1,
+    attn_head_dim=16,
+    feature_layers=(0, 1),
+)
+DRAFTER = DrafterConfig(
+    d_model=32, n_layers=1, heads=2, head_dim=16, ffn_dim=64, block_size=4, context_window=8, top_k=4, selector_rank=8
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +39,10 @@ def engine():
 
 @pytest.fixture(scope="module")
 def requests():
-    return [Request("code-1", "code", "dev", 12, prompt="def add(a, b):"),
-            Request("prose-1", "prose", "dev", 12, prompt_ids=tuple(utf8_bytes("The harbour at dawn")))]
+    return [
+        Request("code-1", "code", "dev", 12, prompt="def add(a, b):"),
+        Request("prose-1", "prose", "dev", 12, prompt_ids=tuple(utf8_bytes("The harbour at dawn"))),
+    ]
 
 
 def test_engine_system_serves_with_timestamps(engine, requests):
@@ -44,7 +57,10 @@ def test_engine_system_serves_with_timestamps(engine, requests):
 
 
 def test_engine_scorer_agrees_with_the_engines_greedy_decode(engine, requests):
-    ar = {o.id: o for o in EngineSystem("ar", engine, mode="ar", encode=utf8_bytes).run(requests, batch_size=1, device="cpu")}
+    ar = {
+        o.id: o
+        for o in EngineSystem("ar", engine, mode="ar", encode=utf8_bytes).run(requests, batch_size=1, device="cpu")
+    }
     scorer = EngineScorer(engine)
     scored = score_outputs(scorer, requests, ar)
     for output in scored.values():
@@ -53,14 +69,22 @@ def test_engine_scorer_agrees_with_the_engines_greedy_decode(engine, requests):
         assert np.all(output.scores.top2_margin >= 0)
     # AR is the target's greedy decode; with random weights there are no near-ties to flip
     assert sum(int(o.mismatch.sum()) for o in scored.values()) == 0
-    prefill = scorer.score(scored["code-1"].prompt_ids, scored["code-1"].output_ids, prefill_len=len(scored["code-1"].prompt_ids) + 5)
+    prefill = scorer.score(
+        scored["code-1"].prompt_ids, scored["code-1"].output_ids, prefill_len=len(scored["code-1"].prompt_ids) + 5
+    )
     assert prefill.argmax.shape == (12,)
 
 
 def test_the_injected_fault_shows_up_as_mismatches_after_its_position(engine, requests):
     faulty = engine.with_options(fault_after=4, fault_bias=50.0)  # a large bias so the tiny model surely flips
-    outputs = {o.id: o for o in EngineSystem("fault", faulty, mode="ar", encode=utf8_bytes).run(requests, batch_size=1, device="cpu")}
-    stock = {o.id: o for o in EngineSystem("stock", engine, mode="ar", encode=utf8_bytes).run(requests, batch_size=1, device="cpu")}
+    outputs = {
+        o.id: o
+        for o in EngineSystem("fault", faulty, mode="ar", encode=utf8_bytes).run(requests, batch_size=1, device="cpu")
+    }
+    stock = {
+        o.id: o
+        for o in EngineSystem("stock", engine, mode="ar", encode=utf8_bytes).run(requests, batch_size=1, device="cpu")
+    }
     scorer = EngineScorer(engine)
     scored, stock_scored = score_outputs(scorer, requests, outputs), score_outputs(scorer, requests, stock)
     for output in scored.values():
@@ -81,7 +105,10 @@ def test_cli_factory_builds_an_engine_scorer():
 
 
 def test_batched_scoring_agrees_with_the_engines_own_scorer(engine, requests):
-    ar = {o.id: o for o in EngineSystem("ar", engine, mode="ar", encode=utf8_bytes).run(requests, batch_size=1, device="cpu")}
+    ar = {
+        o.id: o
+        for o in EngineSystem("ar", engine, mode="ar", encode=utf8_bytes).run(requests, batch_size=1, device="cpu")
+    }
     scorer = EngineScorer(engine)
     batched = score_outputs(scorer, requests, ar)
     for request in requests:
@@ -90,8 +117,10 @@ def test_batched_scoring_agrees_with_the_engines_own_scorer(engine, requests):
         assert np.allclose(one.token_logprob, batched[request.id].scores.token_logprob, atol=1e-4)
 
 
-trained = pytest.mark.skipif(not __import__("specpilot_mem.engine.weights", fromlist=["x"]).has_trained_pair(),
-                             reason="the trained pair is not committed")
+trained = pytest.mark.skipif(
+    not __import__("specpilot_mem.engine.weights", fromlist=["x"]).has_trained_pair(),
+    reason="the trained pair is not committed",
+)
 
 
 @trained
@@ -109,8 +138,12 @@ def test_cli_scorer_encodes_text_prompts_with_the_trained_tokenizer():
     ids = scorer.encode(request.prompt)
     assert ids == load_tokenizer(DEFAULT_MODEL_DIR).encode(request.prompt).ids and ids != utf8_bytes(request.prompt)
     short = type(request)(request.id, request.benchmark, request.split, 24, prompt=request.prompt)
-    ar = {o.id: o for o in EngineSystem("ar", scorer.engine, mode="ar", encode=scorer.encode).run([short], batch_size=1,
-                                                                                                   device="cpu")}
+    ar = {
+        o.id: o
+        for o in EngineSystem("ar", scorer.engine, mode="ar", encode=scorer.encode).run(
+            [short], batch_size=1, device="cpu"
+        )
+    }
     scored = score_outputs(scorer, [short], ar)
     assert int(scored[short.id].mismatch.sum()) == 0  # the greedy output, scored on the tokens it was decoded from
 
@@ -139,10 +172,15 @@ def test_fault_options_change_only_what_they_name(engine):
     quantized = engine.with_options(verify_weights="int4")
     assert quantized._verify_target is not engine.target  # a copy: stock's weights stay as they are
     levels = [torch.unique(row).numel() for row in quantized._verify_target.blocks[0].mlp.down.weight]
-    assert max(levels) <= 15 and quantized._verify_target.blocks[0].mlp.down.weight.ne(engine.target.blocks[0].mlp.down.weight).any()
+    assert (
+        max(levels) <= 15
+        and quantized._verify_target.blocks[0].mlp.down.weight.ne(engine.target.blocks[0].mlp.down.weight).any()
+    )
     flips = engine.with_options(flip_rate=0.2, flip_seed=1)
     flipped = [g.output_ids for g in flips.generate(prompts, mode="spec", max_new_tokens=24)]
-    assert flipped != stock and [g.output_ids for g in flips.generate(prompts, mode="spec", max_new_tokens=24)] == flipped
+    assert (
+        flipped != stock and [g.output_ids for g in flips.generate(prompts, mode="spec", max_new_tokens=24)] == flipped
+    )
     short = engine.with_options(stop_after=10).generate(prompts, mode="spec", max_new_tokens=24)
     assert all(len(g.output_ids) == 10 and g.output_ids == s[:10] for g, s in zip(short, stock))
     some = engine.with_options(flip_rate=0.2, fault_requests=0.5).generate(prompts, mode="spec", max_new_tokens=24)

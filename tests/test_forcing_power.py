@@ -22,7 +22,9 @@ def test_four_events_against_stocks_none_is_inconclusive_not_accept():
     reqs, reference, scorer = make_case(requests=16, length=64, seed=30)
     stock, _ = planted(reqs, reference, scorer, seed=31, tie_rate=0.006)
     system, _ = planted(reqs, reference, scorer, seed=32, tie_rate=0.006, events=4)
-    verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25).judge("flips", _scored(scorer, reqs, system))
+    verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25).judge(
+        "flips", _scored(scorer, reqs, system)
+    )
     assert verdict.events.unexplained == 4 and not verdict.events.reject
     assert verdict.verdict == "inconclusive"
     assert verdict.power.events_needed == 5 and verdict.power.event_power < 0.8
@@ -34,7 +36,9 @@ def test_a_large_sample_accepts_a_lossless_system_and_its_power_says_why():
     reqs, reference, scorer = make_case(requests=120, length=200, seed=33)
     stock, _ = planted(reqs, reference, scorer, seed=34, tie_rate=0.006)
     lossless, _ = planted(reqs, reference, scorer, seed=35, tie_rate=0.006)
-    verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25).judge("ok", _scored(scorer, reqs, lossless))
+    verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25).judge(
+        "ok", _scored(scorer, reqs, lossless)
+    )
     assert verdict.verdict == "accept", verdict.reasons
     seen = verdict.power
     assert seen.rate_sufficient and seen.rate_detectable <= 0.01 and seen.event_power >= 0.8
@@ -62,7 +66,9 @@ def test_a_fault_on_a_few_requests_is_never_accepted_and_is_flagged():
     verdict inconclusive at worst, and the per-request results name the four requests."""
     reqs, reference, scorer = make_case(requests=64, length=120, seed=39)
     stock, _ = planted(reqs, reference, scorer, seed=40, tie_rate=0.005)
-    faulty = {rid: list(out.output_ids) for rid, out in planted(reqs, reference, scorer, seed=41, tie_rate=0.005)[0].items()}
+    faulty = {
+        rid: list(out.output_ids) for rid, out in planted(reqs, reference, scorer, seed=41, tie_rate=0.005)[0].items()
+    }
     hit = [r for r in reqs[:4]]
     for request in hit:
         for position in range(10, 120, 3):  # a near-tie fault: each flip planted as a 0.2-nat tie
@@ -70,7 +76,8 @@ def test_a_fault_on_a_few_requests_is_never_accepted_and_is_flagged():
             scorer.tie(request.prompt_ids, position, token, 0.2)
             faulty[request.id][position] = token
     verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25).judge(
-        "few", _scored(scorer, reqs, outputs_from(reqs, [faulty[r.id] for r in reqs])))
+        "few", _scored(scorer, reqs, outputs_from(reqs, [faulty[r.id] for r in reqs]))
+    )
     assert verdict.verdict in ("reject", "inconclusive")
     flagged = {row["id"] for row in verdict.per_request if row["flagged"]}
     assert flagged == {r.id for r in hit}
@@ -130,7 +137,10 @@ def test_the_sealed_final_is_not_accepted_on_an_inconclusive_verdict():
     small = TokenForcing(scorer, scored, delta=0.25).judge("final", scored)
     assert small.verdict == "inconclusive"
     unseen = make_requests({"code": 3, "math": 3}, split="unseen")
-    stock, fast = ClockedSystem("stock", {"code": 100.0, "math": 100.0}), ClockedSystem("final", {"code": 130.0, "math": 130.0})
+    stock, fast = (
+        ClockedSystem("stock", {"code": 100.0, "math": 100.0}),
+        ClockedSystem("final", {"code": 130.0, "math": 130.0}),
+    )
     final = sealed_final(fast, stock, unseen, forcing=lambda s, k: small, devices=["cpu"])
     assert not final.accepted and any("would suffice" in reason for reason in final.reasons)
     reported = sealed_final(fast, stock, unseen, forcing=lambda s, k: small, devices=["cpu"], require_conclusive=False)
@@ -141,9 +151,13 @@ def test_the_long_output_pass_runs_to_4096_tokens_or_the_context():
     from specpilot_mem.controller.requests import Request
     from specpilot_mem.forcing.scorer import LONG_OUTPUT_TOKENS, long_output_requests
 
-    requests = [Request("a", "code", "unseen", 128, prompt_ids=tuple(range(48))),
-                Request("b", "code", "unseen", 128, prompt_ids=tuple(range(10)))]
+    requests = [
+        Request("a", "code", "unseen", 128, prompt_ids=tuple(range(48))),
+        Request("b", "code", "unseen", 128, prompt_ids=tuple(range(10))),
+    ]
     assert [r.max_new_tokens for r in long_output_requests(requests, 2048, None)] == [2000, 2038]
-    assert [r.max_new_tokens for r in long_output_requests(requests, 8192, None)] == [LONG_OUTPUT_TOKENS] * 2 == [4096] * 2
+    assert (
+        [r.max_new_tokens for r in long_output_requests(requests, 8192, None)] == [LONG_OUTPUT_TOKENS] * 2 == [4096] * 2
+    )
     with pytest.raises(ForcingError, match="no room"):
         long_output_requests(requests, 40, None)

@@ -21,9 +21,17 @@ def planted(reqs, reference, scorer, *, seed, tie_rate=0.0, events=0, gap=0.1):
     each planted in the scorer with ``gap``) and ``events`` large-margin mismatches."""
     rng = np.random.default_rng(seed)
     sequences, event_sites = [], []
-    event_requests = set(rng.choice(len(reqs), size=min(events, len(reqs)), replace=False).tolist()) if events else set()
-    per_request_events = {i: events // len(event_requests) + (1 if k < events % len(event_requests) else 0)
-                          for k, i in enumerate(sorted(event_requests))} if events else {}
+    event_requests = (
+        set(rng.choice(len(reqs), size=min(events, len(reqs)), replace=False).tolist()) if events else set()
+    )
+    per_request_events = (
+        {
+            i: events // len(event_requests) + (1 if k < events % len(event_requests) else 0)
+            for k, i in enumerate(sorted(event_requests))
+        }
+        if events
+        else {}
+    )
     for index, request in enumerate(reqs):
         sequence = list(reference[request.prompt_ids])
         ties = rng.binomial(len(sequence), tie_rate) if tie_rate else 0
@@ -109,8 +117,15 @@ def test_rate_rule_needs_the_same_requests(case):
 
 
 def test_event_rule_p_value_is_the_binomial_tail():
-    result = event_rule(delta=0.25, system_events=400, system_tokens=100_000, audited=200, unexplained=12,
-                        stock_events=3, stock_tokens=100_000)
+    result = event_rule(
+        delta=0.25,
+        system_events=400,
+        system_tokens=100_000,
+        audited=200,
+        unexplained=12,
+        stock_events=3,
+        stock_tokens=100_000,
+    )
     exposure = 100_000 * 200 / 400
     expected = stats.binom.sf(12 - 1, 12 + 3, exposure / (exposure + 100_000))
     assert math.isclose(result.p_value, expected, rel_tol=1e-9)
@@ -118,8 +133,9 @@ def test_event_rule_p_value_is_the_binomial_tail():
 
 
 def test_event_rule_accepts_when_nothing_is_unexplained():
-    result = event_rule(delta=0.25, system_events=5, system_tokens=1000, audited=5, unexplained=0,
-                        stock_events=0, stock_tokens=1000)
+    result = event_rule(
+        delta=0.25, system_events=5, system_tokens=1000, audited=5, unexplained=0, stock_events=0, stock_tokens=1000
+    )
     assert not result.reject and result.p_value == 1.0
 
 
@@ -153,7 +169,9 @@ def test_audit_explains_prefill_sensitive_events(case):
     for rid, position in sites:  # split at a prefill length, the scorer's argmax becomes the emitted token
         scorer.prefill_sensitive[(by_id[rid].prompt_ids, position)] = system[rid].output_ids[position]
     scorer.calls.clear()
-    verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25).judge("near-ties", _scored(scorer, reqs, system))
+    verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25).judge(
+        "near-ties", _scored(scorer, reqs, system)
+    )
     assert verdict.events.unexplained == 0 and not verdict.events.reject
     assert verdict.explained_by["prefill-length"] == 12
     assert any(call is not None for call in scorer.calls)  # the audit did re-score at a prefill length
@@ -168,7 +186,9 @@ def test_audit_does_not_explain_an_event_whose_argmax_moves_to_a_third_token(cas
     by_id = {r.id: r for r in reqs}
     for rid, position in sites:  # the argmax moves to reference + 1; the system emitted reference + 3
         scorer.prefill_sensitive[(by_id[rid].prompt_ids, position)] = None
-    verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25).judge("elsewhere", _scored(scorer, reqs, system))
+    verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25).judge(
+        "elsewhere", _scored(scorer, reqs, system)
+    )
     assert verdict.explained_by["prefill-length"] == 0
     assert verdict.events.unexplained == 12 and verdict.events.reject
 
@@ -183,7 +203,8 @@ def test_audit_explains_events_the_stock_engine_would_emit(case):
         prompt = by_id[rid].prompt_ids
         stock_engine.tie(prompt, position, system[rid].output_ids[position], -1.0)
     verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25, stock_engine=stock_engine).judge(
-        "stock-engine", _scored(scorer, reqs, system))
+        "stock-engine", _scored(scorer, reqs, system)
+    )
     assert verdict.explained_by["stock-margin"] == 6 and verdict.verdict != "reject"
 
 

@@ -82,6 +82,7 @@ def test_kernels_compile_for_the_h200(dtype):
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90, dtype], env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_SM90, dtype], env=env, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-2000:]

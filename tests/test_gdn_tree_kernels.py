@@ -28,6 +28,7 @@ def _random_tree(gen, n, chain_bias=0.5):
 def _inputs(gen, B, T, H, HV, K, V, dtype=torch.bfloat16, slots=6):
     def r(*shape, s=1.0):
         return (torch.randn(*shape, generator=gen) * s).to(dtype)
+
     q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, HV, V)
     a, b = r(B, T, HV), r(B, T, HV)
     A_log, dt_bias = torch.randn(HV, generator=gen) * 0.5, torch.randn(HV, generator=gen) * 0.5
@@ -85,21 +86,34 @@ def test_schedule_of_a_chain_never_replays():
     assert int(s.replayed_steps()[0]) == 16
 
 
-@pytest.mark.parametrize("T,chain_bias,max_saved,prefetch", [(8, 0.5, 8, True), (16, 0.2, 2, True), (16, 0.2, 0, False),
-                                                          (12, 1.0, 8, True)])
+@pytest.mark.parametrize(
+    "T,chain_bias,max_saved,prefetch", [(8, 0.5, 8, True), (16, 0.2, 2, True), (16, 0.2, 0, False), (12, 1.0, 8, True)]
+)
 def test_path_verify_matches_reference(T, chain_bias, max_saved, prefetch):
     gen = torch.Generator().manual_seed(T)
     B, H, HV, K, V = 2, 2, 4, 32, 16
     q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V)
     parents = torch.tensor([_random_tree(gen, T, chain_bias) for _ in range(B)])
     num_nodes = torch.tensor([T, T - 3])
-    o = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx,
-                             tree_schedule(parents, num_nodes, max_saved=max_saved), block_v=8, num_warps=1,
-                             prefetch=prefetch)
+    o = gdn_tree_path_verify(
+        q,
+        k,
+        v,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        pool,
+        idx,
+        tree_schedule(parents, num_nodes, max_saved=max_saved),
+        block_v=8,
+        num_warps=1,
+        prefetch=prefetch,
+    )
     ref = R.path_verify_reference(q, k, v, a, b, A_log, dt_bias, pool, idx, parents, num_nodes)
     assert o.dtype == torch.bfloat16
     torch.testing.assert_close(o.float(), ref.float(), atol=2e-2, rtol=1e-2)
-    assert (o[1, T - 3:] == 0).all()
+    assert (o[1, T - 3 :] == 0).all()
 
 
 def test_path_verify_fp32_is_tight_and_state_untouched():
@@ -114,7 +128,9 @@ def test_path_verify_fp32_is_tight_and_state_untouched():
     assert torch.equal(pool, before)
 
 
-@pytest.mark.parametrize("pool_dtype,prefetch", [(torch.float32, False), (torch.bfloat16, False), (torch.float32, True)])
+@pytest.mark.parametrize(
+    "pool_dtype,prefetch", [(torch.float32, False), (torch.bfloat16, False), (torch.float32, True)]
+)
 def test_commit_replays_the_accepted_path(pool_dtype, prefetch):
     gen = torch.Generator().manual_seed(7)
     B, T, H, HV, K, V = 3, 8, 2, 4, 16, 16
@@ -138,8 +154,12 @@ def test_kept_branch_states_give_the_same_bits_as_replaying():
     B, T, H, HV, K, V = 2, 14, 1, 2, 16, 16
     q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V, dtype=torch.float32)
     parents = torch.tensor([_random_tree(gen, T, 0.3) for _ in range(B)])
-    outs = [gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(parents, max_saved=m),
-                                 block_v=16, prefetch=m > 0) for m in (0, 1, 8)]
+    outs = [
+        gdn_tree_path_verify(
+            q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(parents, max_saved=m), block_v=16, prefetch=m > 0
+        )
+        for m in (0, 1, 8)
+    ]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
@@ -151,8 +171,9 @@ def test_commit_after_path_verify_continues_the_recurrence():
     chain = torch.tensor([[-1, 0, 1, 2, 3, 4]])
     o_full = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(chain), block_v=16)
     committed = pool.clone()
-    gdn_tree_commit(q, k, v, a, b, A_log, dt_bias, committed, idx, torch.tensor([[0, 1, 2, 0, 0, 0]]),
-                    torch.tensor([3]), block_v=16)
+    gdn_tree_commit(
+        q, k, v, a, b, A_log, dt_bias, committed, idx, torch.tensor([[0, 1, 2, 0, 0, 0]]), torch.tensor([3]), block_v=16
+    )
     shifted = [t[:, 3:].contiguous() for t in (q, k, v, a, b)]
     o_rest = gdn_tree_path_verify(*shifted, A_log, dt_bias, committed, idx, tree_schedule(chain[:, :3]), block_v=16)
     torch.testing.assert_close(o_rest, o_full[:, 3:], atol=1e-6, rtol=1e-6)
@@ -173,8 +194,9 @@ def test_bad_shapes_are_rejected():
     gen = torch.Generator().manual_seed(0)
     q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, 1, 4, 1, 2, 16, 16)
     with pytest.raises(ValueError, match="state_pool"):
-        gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool[:, :1].contiguous(), idx,
-                             tree_schedule(torch.tensor([[-1, 0, 1, 2]])))
+        gdn_tree_path_verify(
+            q, k, v, a, b, A_log, dt_bias, pool[:, :1].contiguous(), idx, tree_schedule(torch.tensor([[-1, 0, 1, 2]]))
+        )
     with pytest.raises(ValueError, match="64 nodes"):
         tree_schedule(torch.full((1, 65), -1))
 
@@ -188,14 +210,16 @@ def test_wy_verify_matches_path_verify(T):
     q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V)
     parents = torch.tensor([_random_tree(gen, T, 0.4) for _ in range(B)])
     num_nodes = torch.tensor([T, T - 5])
-    wy = gdn_tree_wy_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_ancestors(parents, num_nodes), num_nodes,
-                            block_v=16, num_warps=4)
-    path = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(parents, num_nodes),
-                                block_v=16).double()
+    wy = gdn_tree_wy_verify(
+        q, k, v, a, b, A_log, dt_bias, pool, idx, tree_ancestors(parents, num_nodes), num_nodes, block_v=16, num_warps=4
+    )
+    path = gdn_tree_path_verify(
+        q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(parents, num_nodes), block_v=16
+    ).double()
     ulp = torch.ldexp(torch.ones_like(path), torch.frexp(path.abs().clamp_min(1e-30))[1] - 8)
     # within one bf16 ulp of the path kernel (plus FP32-level slack where outputs cancel to near zero)
     assert ((wy.double() - path).abs() <= ulp + 1e-6 * path.abs().max()).all()
-    assert (wy[1, T - 5:] == 0).all()
+    assert (wy[1, T - 5 :] == 0).all()
 
 
 def test_tree_ancestors_is_the_root_path_mask():
@@ -216,8 +240,12 @@ def test_prepared_inputs_give_the_same_bits(max_saved, prefetch):
     q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, B, T, H, HV, K, V)
     parents = torch.tensor([_random_tree(gen, T, 0.3) for _ in range(B)])
     schedule = tree_schedule(parents, torch.tensor([T, T - 2]), max_saved=max_saved)
-    outs = [gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, block_v=8, prefetch=prefetch,
-                                 prepare_inputs=prepared) for prepared in (False, True)]
+    outs = [
+        gdn_tree_path_verify(
+            q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, block_v=8, prefetch=prefetch, prepare_inputs=prepared
+        )
+        for prepared in (False, True)
+    ]
     assert torch.equal(outs[0], outs[1])
 
 
@@ -240,8 +268,9 @@ def test_lanes_kernel_refuses_inputs_it_does_not_take():
     gen = torch.Generator().manual_seed(23)
     q, k, v, a, b, A_log, dt_bias, pool, idx = _inputs(gen, 1, 4, 1, 2, 16, 16)
     with pytest.raises(ValueError, match="CUDA kernel"):
-        gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(torch.tensor([[-1, 0, 1, 2]])),
-                             lanes_per_column=8)
+        gdn_tree_path_verify(
+            q, k, v, a, b, A_log, dt_bias, pool, idx, tree_schedule(torch.tensor([[-1, 0, 1, 2]])), lanes_per_column=8
+        )
 
 
 @pytest.mark.gpu
@@ -259,8 +288,9 @@ def test_lanes_kernel_gives_the_triton_kernels_bits(pool_dtype, max_saved):
     for lanes, warps in ((4, 4), (8, 8), (16, 2), (32, 1)):
         if pool_dtype == torch.bfloat16 and lanes == 32:
             continue  # a bf16 pool's sums run over 16 runs of 8 elements
-        got = gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, lanes_per_column=lanes,
-                                   warps_per_block=warps)
+        got = gdn_tree_path_verify(
+            q, k, v, a, b, A_log, dt_bias, pool, idx, schedule, lanes_per_column=lanes, warps_per_block=warps
+        )
         assert torch.equal(got, want), (lanes, (got.float() - want.float()).abs().max().item())
 
 
@@ -315,6 +345,12 @@ def test_commit_ptx_is_the_one_verified_against_sglang():
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, do not interpret
     env["PYTHONPATH"] = os.pathsep.join([str(root / "kernels"), str(root), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, str(root / "benchmarks" / "gdn_tree_bench.py"), "commit-ptx"], env=env,
-                          capture_output=True, text=True, timeout=300, check=True)
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "gdn_tree_bench.py"), "commit-ptx"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     assert json.loads(done.stdout) == COMMIT_PTX_SHA256

@@ -8,8 +8,10 @@ import pytest
 
 from specpilot_mem.optional import MissingExtraError, optional_import, pyplot
 
-LOADED = ("import json, sys\nimport specpilot_mem.main as main\nmain.build_parser()\n"
-          "print(json.dumps(sorted(m for m in ('anthropic', 'matplotlib', 'torch', 'triton') if m in sys.modules)))")
+LOADED = (
+    "import json, sys\nimport specpilot_mem.main as main\nmain.build_parser()\n"
+    "print(json.dumps(sorted(m for m in ('anthropic', 'matplotlib', 'torch', 'triton') if m in sys.modules)))"
+)
 
 
 def test_building_every_verbs_parser_imports_no_optional_or_heavy_package():

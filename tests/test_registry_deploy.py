@@ -21,13 +21,31 @@ SERVER_ARGS = "sglang/srt/server_args.py"
 @pytest.fixture
 def home(stock_home_copy):
     home = stock_home_copy
-    record_entry(home, "alpha", source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# alpha")}), requires=[],
-                 meta={**DRAFT, "evidence": [evidence("H200", "batch", "DFlash2")],
-                       "untested": [{"note": "never run with EAGLE-3", "drafter": "EAGLE-3"}]})
-    record_entry(home, "beta", source_on(home, ["alpha"], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# beta", ["alpha"])}),
-                 requires=["alpha"], meta={**DRAFT, "evidence": [evidence("H100", "batch", "DSpark")]})
-    record_entry(home, "top", source_on(home, [], {SERVER_ARGS: b"# top\n"}), requires=[],
-                 meta={**DRAFT, "evidence": [evidence("RTX PRO 6000", "single")]})
+    record_entry(
+        home,
+        "alpha",
+        source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# alpha")}),
+        requires=[],
+        meta={
+            **DRAFT,
+            "evidence": [evidence("H200", "batch", "DFlash2")],
+            "untested": [{"note": "never run with EAGLE-3", "drafter": "EAGLE-3"}],
+        },
+    )
+    record_entry(
+        home,
+        "beta",
+        source_on(home, ["alpha"], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# beta", ["alpha"])}),
+        requires=["alpha"],
+        meta={**DRAFT, "evidence": [evidence("H100", "batch", "DSpark")]},
+    )
+    record_entry(
+        home,
+        "top",
+        source_on(home, [], {SERVER_ARGS: b"# top\n"}),
+        requires=[],
+        meta={**DRAFT, "evidence": [evidence("RTX PRO 6000", "single")]},
+    )
     record_entry(home, "clash", source_on(home, [], {SERVER_ARGS: b"# clash\n"}), requires=[], meta=DRAFT)
     return home
 
@@ -42,7 +60,18 @@ def deploy(home, *args: str) -> tuple[int, dict]:
     return code, json.loads(out.getvalue())
 
 
-SETTING = ("--gpu", "H200", "--model", "Qwen3.8-27B", "--drafter", "DSpark", "--regime", "batch", "--batch-sizes", "16,8")
+SETTING = (
+    "--gpu",
+    "H200",
+    "--model",
+    "Qwen3.8-27B",
+    "--drafter",
+    "DSpark",
+    "--regime",
+    "batch",
+    "--batch-sizes",
+    "16,8",
+)
 
 
 def test_new_from_entries_records_the_deployment_and_its_branch(home):
@@ -50,7 +79,12 @@ def test_new_from_entries_records_the_deployment_and_its_branch(home):
     assert code == 0 and data["entries"] == ["alpha", "beta"]  # beta's requirement comes along, in order
     record = read_deployment(home, "h200-dspark")
     fork = open_fork(home)
-    assert (record.gpu, record.arch, record.batch_sizes, record.branch) == ("H200", "sm_90", [8, 16], "deploy/h200-dspark")
+    assert (record.gpu, record.arch, record.batch_sizes, record.branch) == (
+        "H200",
+        "sm_90",
+        [8, 16],
+        "deploy/h200-dspark",
+    )
     assert record.base == fork.stock_commit
     assert fork.repo.rev_parse("refs/heads/deploy/h200-dspark^{tree}") == record.tree
     text = fork.repo.git("cat-file", "blob", f"deploy/h200-dspark:{SERVER_ARGS}").stdout
@@ -64,8 +98,21 @@ def test_new_deployment_is_indexed(home, capsys):
 
 
 def test_suggest_gives_reasons_and_flags(home, capsys):
-    code, data = deploy(home, "suggested", "--gpu", "H100", "--model", "Qwen3.8-27B", "--drafter", "EAGLE-3",
-                        "--regime", "batch", "--batch-sizes", "8", "--suggest")
+    code, data = deploy(
+        home,
+        "suggested",
+        "--gpu",
+        "H100",
+        "--model",
+        "Qwen3.8-27B",
+        "--drafter",
+        "EAGLE-3",
+        "--regime",
+        "batch",
+        "--batch-sizes",
+        "8",
+        "--suggest",
+    )
     assert code == 0
     reasons = {s["id"]: s for s in data["suggestions"]}
     assert set(reasons) == {"alpha", "beta"}  # top: other arch; clash: no evidence
@@ -91,18 +138,27 @@ def test_dry_run_and_stock_only(home, capsys, monkeypatch):
     assert code == 0 and data["entries"] == [] and read_deployment(home, "plain").base == open_fork(home).stock_commit
 
 
-@pytest.mark.parametrize("args, message", [
-    (("Bad_Name", *SETTING), "not a valid deployment name"),
-    (("a..b", *SETTING), "not a valid deployment name"),
-    (("x", *SETTING, "--from", "nope"), "unknown entry: nope"),
-    (("x", *SETTING, "--from", "alpha,alpha"), "more than once"),
-    (("x", *SETTING, "--from", "top,clash"), "top conflicts with clash"),
-    (("x", "--gpu", "H300", "--model", "m", "--drafter", "d", "--regime", "single"), "unknown GPU"),
-    (("x", "--gpu", "sm_90", "--model", "m", "--drafter", "d", "--regime", "single"), "sm_90 is an arch"),
-    (("x", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "batch"), "needs --batch-sizes"),
-    (("x", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "single", "--batch-sizes", "8"), "serves one request"),
-    (("x", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "batch", "--batch-sizes", "8,x"), "not a comma-separated"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("Bad_Name", *SETTING), "not a valid deployment name"),
+        (("a..b", *SETTING), "not a valid deployment name"),
+        (("x", *SETTING, "--from", "nope"), "unknown entry: nope"),
+        (("x", *SETTING, "--from", "alpha,alpha"), "more than once"),
+        (("x", *SETTING, "--from", "top,clash"), "top conflicts with clash"),
+        (("x", "--gpu", "H300", "--model", "m", "--drafter", "d", "--regime", "single"), "unknown GPU"),
+        (("x", "--gpu", "sm_90", "--model", "m", "--drafter", "d", "--regime", "single"), "sm_90 is an arch"),
+        (("x", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "batch"), "needs --batch-sizes"),
+        (
+            ("x", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "single", "--batch-sizes", "8"),
+            "serves one request",
+        ),
+        (
+            ("x", "--gpu", "H200", "--model", "m", "--drafter", "d", "--regime", "batch", "--batch-sizes", "8,x"),
+            "not a comma-separated",
+        ),
+    ],
+)
 def test_bad_input_writes_nothing(home, args, message):
     refs = open_fork(home).repo.refs("refs")
     code, data = deploy(home, *args)
@@ -149,18 +205,62 @@ def test_export_writes_the_recorded_tree(home, tmp_path, capsys):
 
 def test_suggest_explains_every_entry_it_did_not_pick(home, capsys):
     """The README's first example on a GPU nothing was measured on: not a silent stock-only deployment."""
-    code, data = deploy(home, "nothing-fits", "--gpu", "B200", "--model", "m", "--drafter", "d",
-                        "--regime", "single", "--suggest", "--dry-run")
+    code, data = deploy(
+        home,
+        "nothing-fits",
+        "--gpu",
+        "B200",
+        "--model",
+        "m",
+        "--drafter",
+        "d",
+        "--regime",
+        "single",
+        "--suggest",
+        "--dry-run",
+    )
     assert code == 0 and data["suggestions"] == []
     why = {s["id"]: s["why"] for s in data["left_out"]}
     assert set(why) == {"alpha", "beta", "top", "clash"}
     assert all(reasons and reasons[0].startswith("no evidence on B200") for reasons in why.values())
-    assert main(["deploy", "new", "--home", str(home.root), "nothing-fits", "--gpu", "B200", "--model", "m",
-                 "--drafter", "d", "--regime", "single", "--suggest", "--dry-run"]) == 0
+    assert (
+        main(
+            [
+                "deploy",
+                "new",
+                "--home",
+                str(home.root),
+                "nothing-fits",
+                "--gpu",
+                "B200",
+                "--model",
+                "m",
+                "--drafter",
+                "d",
+                "--regime",
+                "single",
+                "--suggest",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "left out (4)" in out and "nothing matched this deployment: each entry above says why" in out
-    code, data = deploy(home, "wrong-regime", "--gpu", "H200", "--model", "m", "--drafter", "d",
-                        "--regime", "single", "--suggest", "--dry-run")
+    code, data = deploy(
+        home,
+        "wrong-regime",
+        "--gpu",
+        "H200",
+        "--model",
+        "m",
+        "--drafter",
+        "d",
+        "--regime",
+        "single",
+        "--suggest",
+        "--dry-run",
+    )
     picked = {s["id"] for s in data["suggestions"]}
     assert picked | {s["id"] for s in data["left_out"]} == {"alpha", "beta", "top", "clash"}
     assert any("never measured in the single regime" in s["why"][0] for s in data["left_out"])

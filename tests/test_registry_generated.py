@@ -46,10 +46,13 @@ def reference(records, gpu_text=None, regime=None, drafter=None, model=None, tex
     setting = regime or drafter or model
     expected = {}
     for record in records.values():
-        fits = [e for e in record.evidence
-                if (regime is None or e.deployment.regime == regime)
-                and (drafter is None or name_key(drafter) in name_key(e.deployment.drafter or "\0"))
-                and (model is None or name_key(model) in name_key(e.deployment.target or "\0"))]
+        fits = [
+            e
+            for e in record.evidence
+            if (regime is None or e.deployment.regime == regime)
+            and (drafter is None or name_key(drafter) in name_key(e.deployment.drafter or "\0"))
+            and (model is None or name_key(model) in name_key(e.deployment.target or "\0"))
+        ]
         hardware = None
         if arch:
             on_arch = [e for e in fits if e.deployment.arch == arch]
@@ -66,22 +69,26 @@ def reference(records, gpu_text=None, regime=None, drafter=None, model=None, tex
         words = "\n".join([record.title, record.summary, *record.limits]).lower()
         if text and not all(w in words for w in text.lower().split()):
             continue
-        validated = (any(e.kind == "paired-run" and not e.synthetic for e in record.evidence)
-                     and not any((e.verdict or "").startswith("reject") for e in record.evidence))
+        validated = any(e.kind == "paired-run" and not e.synthetic for e in record.evidence) and not any(
+            (e.verdict or "").startswith("reject") for e in record.evidence
+        )
         if validated_only and not validated:
             continue
         expected[record.id] = hardware
     return expected
 
 
-@pytest.mark.parametrize("filters", [
-    {"gpu_text": "sm_120"},
-    {"gpu_text": "H200"},
-    {"gpu_text": "H100", "regime": "batch", "model": "qwen3.8"},
-    {"regime": "batch", "drafter": "DSpark"},
-    {"text": "lossless weight"},
-    {"gpu_text": "B200", "drafter": "eagle", "validated_only": True},
-])
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {"gpu_text": "sm_120"},
+        {"gpu_text": "H200"},
+        {"gpu_text": "H100", "regime": "batch", "model": "qwen3.8"},
+        {"regime": "batch", "drafter": "DSpark"},
+        {"text": "lossless weight"},
+        {"gpu_text": "B200", "drafter": "eagle", "validated_only": True},
+    ],
+)
 def test_generated_memory_matches_reference(generated, filters):
     home, records = generated
     expected = reference(records, **filters)
@@ -100,7 +107,11 @@ def test_incremental_sync_equals_rebuild(generated, tmp_path):
     shutil.rmtree(home.entry_dir(removed))
     report = sync(home)
     assert (report.rebuilt, report.changed, report.removed, report.added) == (
-        False, [f"entries/{edited}/entry.yaml"], [f"entries/{removed}/entry.yaml"], [])
+        False,
+        [f"entries/{edited}/entry.yaml"],
+        [f"entries/{removed}/entry.yaml"],
+        [],
+    )
     assert sync(home).wrote is False
     incremental = table_contents(home.registry)
     sync(home, rebuild=True)

@@ -16,22 +16,37 @@ from specpilot_mem.registry.sync import connect
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     records = [
-        entry("w12", title="W12 weights", evidence_items=[
-            evidence("H200", "single", "DFlash2", "Qwen3.8-27B"),
-            evidence("RTX PRO 6000", "single", "DFlash2", "Muse-Glimmer-30B"),
-        ], variants={"sm90-wgmma": ["sm_90"], "sm120-mma": ["sm_120"]},
+        entry(
+            "w12",
+            title="W12 weights",
+            evidence_items=[
+                evidence("H200", "single", "DFlash2", "Qwen3.8-27B"),
+                evidence("RTX PRO 6000", "single", "DFlash2", "Muse-Glimmer-30B"),
+            ],
+            variants={"sm90-wgmma": ["sm_90"], "sm120-mma": ["sm_120"]},
             limits=["the LM head stays BF16 on H100"],
-            untested=[{"note": "never timed with batching", "regime": "batch"}]),
-        entry("certified-head", requires=["w12"], evidence_items=[evidence("H100", "single", "DSpark")],
-              untested=[{"note": "slower than BF16 on the RTX PRO 6000", "gpu": "RTX PRO 6000"}]),
-        entry("tree-verify", requires=["certified-head"],
-              evidence_items=[evidence("H100 SXM", "batch", "EAGLE-3", "Gemma-4-12B")],
-              variants={"sm90": ["sm_90"], "sm120": ["sm_120"]},
-              untested=[{"note": "DSpark batching never timed", "regime": "batch", "drafter": "DSpark"}]),
+            untested=[{"note": "never timed with batching", "regime": "batch"}],
+        ),
+        entry(
+            "certified-head",
+            requires=["w12"],
+            evidence_items=[evidence("H100", "single", "DSpark")],
+            untested=[{"note": "slower than BF16 on the RTX PRO 6000", "gpu": "RTX PRO 6000"}],
+        ),
+        entry(
+            "tree-verify",
+            requires=["certified-head"],
+            evidence_items=[evidence("H100 SXM", "batch", "EAGLE-3", "Gemma-4-12B")],
+            variants={"sm90": ["sm_90"], "sm120": ["sm_120"]},
+            untested=[{"note": "DSpark batching never timed", "regime": "batch", "drafter": "DSpark"}],
+        ),
         entry("batch-share", evidence_items=[evidence("H200", "batch", "DSpark", synthetic=True)]),
         entry("rejected", evidence_items=[evidence("H200", verdict="reject")]),
-        entry("blackwell-only", evidence_items=[evidence("RTX PRO 6000", kind="microbenchmark")],
-              variants={"sm120": ["sm_120"]}),
+        entry(
+            "blackwell-only",
+            evidence_items=[evidence("RTX PRO 6000", kind="microbenchmark")],
+            variants={"sm120": ["sm_120"]},
+        ),
     ]
     return write_home(tmp_path_factory.mktemp("hand-made"), records)
 
@@ -50,8 +65,13 @@ def classes(matches) -> dict[str, str | None]:
 
 def test_gpu_match_tells_this_gpu_from_same_arch(home):
     found = run_query(home, gpu="H200")
-    assert classes(found) == {"w12": "gpu", "batch-share": "gpu", "rejected": "gpu",
-                              "certified-head": "arch", "tree-verify": "arch"}
+    assert classes(found) == {
+        "w12": "gpu",
+        "batch-share": "gpu",
+        "rejected": "gpu",
+        "certified-head": "arch",
+        "tree-verify": "arch",
+    }
     assert found["certified-head"].hardware_note == "measured on H100 SXM (sm_90), not on H200"
     assert found["w12"].best.gpu == "H200"  # the evidence shown is the one on the asked GPU
     on_h100 = run_query(home, gpu="h100")
@@ -74,7 +94,13 @@ def test_setting_filters_apply_to_one_evidence_row(home):
     assert classes(run_query(home, gpu="H200", regime="batch")) == {"batch-share": "gpu", "tree-verify": "arch"}
     assert set(run_query(home, drafter="eagle")) == {"tree-verify"}  # EAGLE-3, case and punctuation ignored
     assert set(run_query(home, drafter="dspark", regime="batch")) == {"batch-share"}
-    assert set(run_query(home, model="qwen3.8")) == {"w12", "certified-head", "batch-share", "rejected", "blackwell-only"}
+    assert set(run_query(home, model="qwen3.8")) == {
+        "w12",
+        "certified-head",
+        "batch-share",
+        "rejected",
+        "blackwell-only",
+    }
     # a variant for the arch counts only when the entry was measured in the asked setting somewhere
     assert run_query(home, gpu="sm_120", drafter="DSpark") == {}
 
@@ -85,11 +111,16 @@ def test_untested_items_the_query_names_are_flagged(home):
     assert found["batch-share"].flagged == []
     w12 = run_query(home, gpu="H200")["w12"]
     assert w12.untested[0]["note"] == "never timed with batching" and w12.flagged == []
-    assert [u["note"] for u in run_query(home, requires="w12")["certified-head"].untested] == ["slower than BF16 on the RTX PRO 6000"]
+    assert [u["note"] for u in run_query(home, requires="w12")["certified-head"].untested] == [
+        "slower than BF16 on the RTX PRO 6000"
+    ]
 
 
 def test_requires_text_and_validated(home):
-    assert set(run_query(home, requires="w12")) == {"certified-head", "tree-verify"}  # tree-verify through certified-head
+    assert set(run_query(home, requires="w12")) == {
+        "certified-head",
+        "tree-verify",
+    }  # tree-verify through certified-head
     assert set(run_query(home, text="LM head bf16")) == {"w12"}  # every word, in the limits here
     assert set(run_query(home, text="W12 nowhere")) == set()
     # many words, repeated or not, are one condition (the statement does not grow with the input)
@@ -129,8 +160,18 @@ def test_query_command_json_and_table(home, capsys, monkeypatch):
 
 
 def test_sql_reads_and_refuses_writes(home, capsys):
-    assert main(["sql", "--home", str(home.root), "--json",
-                 "WITH t AS (SELECT entry_id, count(*) AS n FROM evidence GROUP BY entry_id) SELECT * FROM t ORDER BY entry_id"]) == 0
+    assert (
+        main(
+            [
+                "sql",
+                "--home",
+                str(home.root),
+                "--json",
+                "WITH t AS (SELECT entry_id, count(*) AS n FROM evidence GROUP BY entry_id) SELECT * FROM t ORDER BY entry_id",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["columns"] == ["entry_id", "n"] and ["w12", 2] in data["rows"]
     before = home.registry.read_bytes()

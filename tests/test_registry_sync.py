@@ -27,10 +27,13 @@ SHA = "ab" * 20
 
 @pytest.fixture
 def home(tmp_path):
-    return write_home(tmp_path, [
-        entry("alpha", evidence_items=[evidence("H200")]),
-        entry("beta", requires=["alpha"], evidence_items=[evidence("H100", "batch", "DSpark")]),
-    ])
+    return write_home(
+        tmp_path,
+        [
+            entry("alpha", evidence_items=[evidence("H200")]),
+            entry("beta", requires=["alpha"], evidence_items=[evidence("H100", "batch", "DSpark")]),
+        ],
+    )
 
 
 def ids(home) -> list[str]:
@@ -54,13 +57,20 @@ def test_first_sync_builds_then_only_changes_are_reindexed(home):
     save_entry(home, entry("gamma"))
     changed = sync(home)
     assert (changed.rebuilt, changed.added, changed.changed, changed.removed) == (
-        False, ["entries/gamma/entry.yaml"], ["entries/alpha/entry.yaml"], [])
+        False,
+        ["entries/gamma/entry.yaml"],
+        ["entries/alpha/entry.yaml"],
+        [],
+    )
     (home.entry_dir("beta") / "entry.yaml").unlink()
     assert sync(home).removed == ["entries/beta/entry.yaml"]
 
     con = connect(home)
     try:
-        assert con.execute("SELECT id, title FROM entries ORDER BY id").fetchall() == [("alpha", "renamed"), ("gamma", "mechanism gamma")]
+        assert con.execute("SELECT id, title FROM entries ORDER BY id").fetchall() == [
+            ("alpha", "renamed"),
+            ("gamma", "mechanism gamma"),
+        ]
         assert con.execute("SELECT count(*) FROM evidence WHERE entry_id = 'beta'").fetchone() == (0,)
         assert con.execute("SELECT count(*) FROM requirements").fetchone() == (0,)
     finally:
@@ -143,30 +153,69 @@ def test_one_writer_at_a_time(home):
 def test_deployments_rounds_and_promotions_are_indexed(home, capsys):
     sync(home)
     deployment = DeploymentRecord(
-        name="h200-qwen", gpu="H200", arch="sm_90", model="Qwen3.8-27B", drafter="DFlash2", regime="single",
-        batch_sizes=[1], entries=["alpha"], suggested={"alpha": "measured on H200"}, base=SHA, branch="deploy/h200-qwen",
-        tree=SHA, created=dt.date(2026, 11, 30),
+        name="h200-qwen",
+        gpu="H200",
+        arch="sm_90",
+        model="Qwen3.8-27B",
+        drafter="DFlash2",
+        regime="single",
+        batch_sizes=[1],
+        entries=["alpha"],
+        suggested={"alpha": "measured on H200"},
+        base=SHA,
+        branch="deploy/h200-qwen",
+        tree=SHA,
+        created=dt.date(2026, 11, 30),
     )
     write_atomic(home.rounds / "h200-qwen" / "deployment.yaml", dump_record(deployment))
     round_dir = home.rounds / "h200-qwen" / "round-1"
     state = RoundState(
-        deployment="h200-qwen", number=1,
+        deployment="h200-qwen",
+        number=1,
         config=RoundConfig(system_repo="sglang-fork", requests="requests/dev.jsonl", devices=["cuda:0", "cuda:1"]),
-        start=SHA, lineage="round/h200-qwen/1", best=SHA, stock=SHA, done=["cost-model", "explore"],
-        started=dt.datetime(2026, 11, 30, 9, 0, tzinfo=dt.timezone.utc), distilled=["alpha"],
+        start=SHA,
+        lineage="round/h200-qwen/1",
+        best=SHA,
+        stock=SHA,
+        done=["cost-model", "explore"],
+        started=dt.datetime(2026, 11, 30, 9, 0, tzinfo=dt.timezone.utc),
+        distilled=["alpha"],
     )
     write_atomic(round_dir / "round.yaml", dump_record(state))
-    promotion = PromotionRecord(order=1, direction="w12", phase="explore", candidate=SHA, merge=SHA, previous_best=SHA,
-                                gain=1.076, ci_low=1.05, ci_high=1.10, noise=0.001, threshold=1.012,
-                                token_forcing="accept", requests=64, devices=["cuda:0", "cuda:1"])
+    promotion = PromotionRecord(
+        order=1,
+        direction="w12",
+        phase="explore",
+        candidate=SHA,
+        merge=SHA,
+        previous_best=SHA,
+        gain=1.076,
+        ci_low=1.05,
+        ci_high=1.10,
+        noise=0.001,
+        threshold=1.012,
+        token_forcing="accept",
+        requests=64,
+        devices=["cuda:0", "cuda:1"],
+    )
     write_atomic(round_dir / "promotions.yaml", dump_record(PromotionLog(promotions=[promotion])))
     (home.rounds / "h200-qwen" / "round-2").mkdir()  # no round.yaml yet: not a round
 
     report = sync(home)
     assert report.added == ["rounds/h200-qwen/deployment.yaml", "rounds/h200-qwen/round-1/"]
-    assert main(["sql", "--home", str(home.root), "--json",
-                 "SELECT d.name, r.round, p.direction, p.gain, r.distilled FROM deployments d "
-                 "JOIN rounds r ON r.deployment = d.name JOIN promotions p USING (deployment, round)"]) == 0
+    assert (
+        main(
+            [
+                "sql",
+                "--home",
+                str(home.root),
+                "--json",
+                "SELECT d.name, r.round, p.direction, p.gain, r.distilled FROM deployments d "
+                "JOIN rounds r ON r.deployment = d.name JOIN promotions p USING (deployment, round)",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["rows"] == [["h200-qwen", 1, "w12", 1.076, ["alpha"]]]
 
     promotion.gain = 1.08
@@ -217,8 +266,15 @@ def test_incremental_sync_always_equals_a_rebuild(tmp_path_factory, steps):
         else:
             gpu = ("H100", "H200", "RTX PRO 6000", "B200")[(k + n) % 4]
             requires = ["e0"] if k and (home.entry_dir("e0") / "entry.yaml").exists() else []
-            save_entry(home, entry(f"e{k}", title=f"{action} {n}", requires=requires,
-                                   evidence_items=[evidence(gpu, ("single", "batch")[n % 2])]))
+            save_entry(
+                home,
+                entry(
+                    f"e{k}",
+                    title=f"{action} {n}",
+                    requires=requires,
+                    evidence_items=[evidence(gpu, ("single", "batch")[n % 2])],
+                ),
+            )
         assert not sync(home).rebuilt
         incremental = table_contents(home.registry)
         assert sync(home, rebuild=True).rebuilt
@@ -235,11 +291,14 @@ def test_rebuilding_an_unchanged_memory_leaves_the_file_byte_identical(home):
     assert home.registry.read_bytes() != before
 
 
-@pytest.mark.parametrize("damage", [
-    "ALTER TABLE entries DROP COLUMN title",
-    "ALTER TABLE entries ADD COLUMN extra INTEGER",
-    "DROP TABLE evidence",
-])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "ALTER TABLE entries DROP COLUMN title",
+        "ALTER TABLE entries ADD COLUMN extra INTEGER",
+        "DROP TABLE evidence",
+    ],
+)
 def test_a_registry_of_the_right_version_and_wrong_shape_is_rebuilt(home, damage):
     sync(home)
     con = duckdb.connect(str(home.registry))
@@ -258,7 +317,9 @@ def test_a_registry_of_the_right_version_and_wrong_shape_is_rebuilt(home, damage
 
 def test_evidence_marked_for_revalidation_no_longer_validates(tmp_path):
     stale = {**evidence("H200"), "revalidate": "base changed: re-validate (options was re-recorded)"}
-    home = write_home(tmp_path, [entry("fresh", evidence_items=[evidence("H200")]), entry("stale", evidence_items=[stale])])
+    home = write_home(
+        tmp_path, [entry("fresh", evidence_items=[evidence("H200")]), entry("stale", evidence_items=[stale])]
+    )
     con = connect(home)
     try:
         assert dict(con.execute("SELECT id, validated FROM entries").fetchall()) == {"fresh": True, "stale": False}

@@ -61,26 +61,54 @@ def memory(stock_home_copy, tmp_path):
     first_utils = utils.splitlines(keepends=True)[0]
     first_http = http.splitlines(keepends=True)[0]
     # drift: "tail" appends to server_args.py; upstream edits its first line (away from the entry's hunk)
-    record_entry(home, "tail", source_on(home, [], {ARGS: args + b"# tail\n"}), requires=[],
-                 meta={**DRAFT, **VERIFIED, "evidence": [evidence("H200", "batch", "DFlash2")]})
+    record_entry(
+        home,
+        "tail",
+        source_on(home, [], {ARGS: args + b"# tail\n"}),
+        requires=[],
+        meta={**DRAFT, **VERIFIED, "evidence": [evidence("H200", "batch", "DFlash2")]},
+    )
     # clean: "stays" adds a file of its own
-    record_entry(home, "stays", source_on(home, ["tail"], {"sglang/srt/specpilot_stays.py": b"X = 1\n"}), requires=["tail"],
-                 meta={**DRAFT, **VERIFIED})
+    record_entry(
+        home,
+        "stays",
+        source_on(home, ["tail"], {"sglang/srt/specpilot_stays.py": b"X = 1\n"}),
+        requires=["tail"],
+        meta={**DRAFT, **VERIFIED},
+    )
     # superseded: upstream made the same change to utils
-    record_entry(home, "upstreamed", source_on(home, [], {UTILS: edit_line(utils, first_utils, b"# upstreamed\n")}),
-                 requires=[], meta=DRAFT)
+    record_entry(
+        home,
+        "upstreamed",
+        source_on(home, [], {UTILS: edit_line(utils, first_utils, b"# upstreamed\n")}),
+        requires=[],
+        meta=DRAFT,
+    )
     # conflict: upstream changed the same line of http_server.py differently; "after" requires it: blocked
-    record_entry(home, "clash", source_on(home, [], {HTTP: edit_line(http, first_http, b"# ours\n")}), requires=[],
-                 meta={**DRAFT, **VERIFIED})
-    record_entry(home, "after", source_on(home, ["clash"], {"sglang/srt/specpilot_after.py": b""}), requires=["clash"],
-                 meta=DRAFT)
-    wheel = make_release_wheel(tmp_path / f"sglang-{VERSION}-py3-none-any.whl", {
-        "sglang/__init__.py": b"",
-        ARGS: b"# upstream header\n" + args.split(b"\n", 1)[1],
-        UTILS: edit_line(utils, first_utils, b"# upstreamed\n"),
-        HTTP: edit_line(http, first_http, b"# theirs\n"),
-        ENGINE: engine,
-    })
+    record_entry(
+        home,
+        "clash",
+        source_on(home, [], {HTTP: edit_line(http, first_http, b"# ours\n")}),
+        requires=[],
+        meta={**DRAFT, **VERIFIED},
+    )
+    record_entry(
+        home,
+        "after",
+        source_on(home, ["clash"], {"sglang/srt/specpilot_after.py": b""}),
+        requires=["clash"],
+        meta=DRAFT,
+    )
+    wheel = make_release_wheel(
+        tmp_path / f"sglang-{VERSION}-py3-none-any.whl",
+        {
+            "sglang/__init__.py": b"",
+            ARGS: b"# upstream header\n" + args.split(b"\n", 1)[1],
+            UTILS: edit_line(utils, first_utils, b"# upstreamed\n"),
+            HTTP: edit_line(http, first_http, b"# theirs\n"),
+            ENGINE: engine,
+        },
+    )
     return home, wheel
 
 
@@ -92,7 +120,9 @@ def cli(home, *args: str) -> tuple[int, dict]:
 
 
 def snapshot(home) -> tuple[dict, dict]:
-    files = {p.relative_to(home.root).as_posix(): p.read_bytes() for p in sorted(home.entries.rglob("*")) if p.is_file()}
+    files = {
+        p.relative_to(home.root).as_posix(): p.read_bytes() for p in sorted(home.entries.rglob("*")) if p.is_file()
+    }
     return open_fork(home).repo.refs("refs"), files
 
 
@@ -102,12 +132,21 @@ def test_apply_onto_a_wheel_reports_every_verdict(memory):
     assert code == 1  # conflicts are reported, and the exit status says there were some
     verdicts = {e["id"]: e for e in data["entries"]}
     assert {k: v["verdict"] for k, v in verdicts.items()} == {
-        "tail": "drift", "stays": "clean", "upstreamed": "superseded", "clash": "conflict", "after": "blocked"}
+        "tail": "drift",
+        "stays": "clean",
+        "upstreamed": "superseded",
+        "clash": "conflict",
+        "after": "blocked",
+    }
     tail = verdicts["tail"]["files"][0]
     assert (tail["path"], tail["how"], tail["upstream"]) == (ARGS, "hunks", "changed")
     assert not tail["hunks"][0]["touched"] and "away from the entry's lines" in tail["reason"]
     clash = verdicts["clash"]["files"][0]
-    assert verdicts["clash"]["conflicts"] == [HTTP] and clash["hunks"][0]["touched"] and clash["hunks"][0]["old_start"] == 1
+    assert (
+        verdicts["clash"]["conflicts"] == [HTTP]
+        and clash["hunks"][0]["touched"]
+        and clash["hunks"][0]["old_start"] == 1
+    )
     assert verdicts["after"]["blocked_by"] == ["clash"]
     release = data["release"]
     assert release["ref"] == f"refs/heads/release/{VERSION}" and not release["pinned"]
@@ -147,12 +186,15 @@ def test_port_writes_a_variant_that_applies_exactly(memory):
     assert cli(home, "port", "tail", "--onto", str(wheel))[1]["entries"][0]["already_ported"]
 
 
-@pytest.mark.parametrize("ids, message", [
-    (["clash"], "clash conflicts in sglang/srt/entrypoints/http_server.py"),
-    (["after"], "after is blocked by clash"),
-    (["upstreamed"], "already upstream (superseded)"),
-    (["tail", "nope"], "unknown entry 'nope'"),
-])
+@pytest.mark.parametrize(
+    "ids, message",
+    [
+        (["clash"], "clash conflicts in sglang/srt/entrypoints/http_server.py"),
+        (["after"], "after is blocked by clash"),
+        (["upstreamed"], "already upstream (superseded)"),
+        (["tail", "nope"], "unknown entry 'nope'"),
+    ],
+)
 def test_port_refuses_and_writes_nothing(memory, ids, message):
     home, wheel = memory
     cli(home, "apply", "tail", "--onto", str(wheel))  # the release is imported: only the port is under test
@@ -168,11 +210,16 @@ def test_revalidate_demotes_what_it_cannot_confirm(memory):
     assert code == 0
     result = {e["id"]: e for e in data["entries"]}
     assert {k: (v["verdict"], v["before"], v["after"]) for k, v in result.items()} == {
-        "tail": ("drift", None, "candidate"), "stays": ("clean", None, "candidate"),
-        "upstreamed": ("superseded", None, "superseded"), "clash": ("conflict", None, "candidate"),
-        "after": ("blocked", None, "candidate")}
+        "tail": ("drift", None, "candidate"),
+        "stays": ("clean", None, "candidate"),
+        "upstreamed": ("superseded", None, "superseded"),
+        "clash": ("conflict", None, "candidate"),
+        "after": ("blocked", None, "candidate"),
+    }
     assert "once tail is confirmed" in result["stays"]["action"]
-    assert [(m["entry"], m["gpu"], m["regime"]) for m in data["remeasure"] if m["entry"] == "tail"] == [("tail", "H200", "batch")]
+    assert [(m["entry"], m["gpu"], m["regime"]) for m in data["remeasure"] if m["entry"] == "tail"] == [
+        ("tail", "H200", "batch")
+    ]
     assert load_entry(home, "tail").status == "verified"  # its own release's status is untouched
     assert load_entry(home, "clash").release_check(VERSION).conflicts == [HTTP]
     # after re-measuring, tail is confirmed there; a second pass keeps it and confirms stays on top of it
@@ -204,37 +251,68 @@ def test_query_and_registry_show_status(memory):
     assert len(data["entries"]) == 5
     code, data = cli(home, "query", "--release", "latest")
     assert code == 2 and "not an SGLang version" in data["what"]
-    code, data = cli(home, "sql", f"SELECT entry_id, verdict FROM releases WHERE release = '{VERSION}' ORDER BY entry_id")
-    assert data["rows"] == [["after", "blocked"], ["clash", "conflict"], ["stays", "clean"], ["tail", "drift"],
-                            ["upstreamed", "superseded"]]
+    code, data = cli(
+        home, "sql", f"SELECT entry_id, verdict FROM releases WHERE release = '{VERSION}' ORDER BY entry_id"
+    )
+    assert data["rows"] == [
+        ["after", "blocked"],
+        ["clash", "conflict"],
+        ["stays", "clean"],
+        ["tail", "drift"],
+        ["upstreamed", "superseded"],
+    ]
 
 
 def test_suggest_prefers_verified_entries(stock_home_copy):
     home = stock_home_copy
     for entry_id, status in (("sure", "verified"), ("maybe", "candidate"), ("gone", "superseded")):
-        meta = {**DRAFT, "status": status, "scope": {"sglang": "0.5.23"},
-                "evidence": [{**evidence("H200", "batch", "DFlash2"), "kind": "paired-run", "synthetic": False}]}
-        record_entry(home, entry_id, source_on(home, [], {f"sglang/srt/{entry_id}.py": b"X = 1\n"}), requires=[], meta=meta)
-    setting = ("--gpu", "H200", "--model", "Qwen3.8-27B", "--drafter", "DFlash2", "--regime", "batch",
-               "--batch-sizes", "8", "--suggest", "--dry-run")
+        meta = {
+            **DRAFT,
+            "status": status,
+            "scope": {"sglang": "0.5.23"},
+            "evidence": [{**evidence("H200", "batch", "DFlash2"), "kind": "paired-run", "synthetic": False}],
+        }
+        record_entry(
+            home, entry_id, source_on(home, [], {f"sglang/srt/{entry_id}.py": b"X = 1\n"}), requires=[], meta=meta
+        )
+    setting = (
+        "--gpu",
+        "H200",
+        "--model",
+        "Qwen3.8-27B",
+        "--drafter",
+        "DFlash2",
+        "--regime",
+        "batch",
+        "--batch-sizes",
+        "8",
+        "--suggest",
+        "--dry-run",
+    )
     code, data = cli(home, "deploy", "new", "pick", *setting)
     assert code == 0 and [s["id"] for s in data["suggestions"]] == ["sure", "maybe"]
     assert "verified on SGLang 0.5.23" in data["suggestions"][0]["reasons"]
     assert any("a candidate on SGLang 0.5.23" in f for f in data["suggestions"][1]["flags"])
     assert [s["id"] for s in data["left_out"]] == ["gone"] and "verified entries preferred" in data["preference"]
     code, data = cli(home, "deploy", "new", "pick", *setting, "--verified-only")
-    assert [s["id"] for s in data["suggestions"]] == ["sure"] and {s["id"] for s in data["left_out"]} == {"gone", "maybe"}
+    assert [s["id"] for s in data["suggestions"]] == ["sure"] and {s["id"] for s in data["left_out"]} == {
+        "gone",
+        "maybe",
+    }
 
 
-@pytest.mark.parametrize("case, message", [
-    ("unknown", "sglang==9.9.9 is not a pinned release"),
-    ("missing", "no wheel at"),
-    ("not-a-zip", "is not a readable wheel"),
-    ("not-sglang", "not of SGLang"),
-    ("bad-hash", "not the pinned"),
-    ("layout", "has no sglang/srt/ package"),
-    ("unknown-entry", "unknown entry 'nope'"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("unknown", "sglang==9.9.9 is not a pinned release"),
+        ("missing", "no wheel at"),
+        ("not-a-zip", "is not a readable wheel"),
+        ("not-sglang", "not of SGLang"),
+        ("bad-hash", "not the pinned"),
+        ("layout", "has no sglang/srt/ package"),
+        ("unknown-entry", "unknown entry 'nope'"),
+    ],
+)
 def test_bad_release_input_writes_nothing(memory, tmp_path, case, message):
     home, wheel = memory
     spec = {"unknown": "sglang==9.9.9", "missing": str(tmp_path / "gone.whl")}.get(case, str(wheel))
@@ -245,12 +323,21 @@ def test_bad_release_input_writes_nothing(memory, tmp_path, case, message):
     elif case == "not-sglang":
         spec = str(make_release_wheel(tmp_path / "other-1.0-py3-none-any.whl", {"other/srt/x.py": b""}, "other", "1.0"))
     elif case == "bad-hash":  # claims to be the pinned 0.5.20, with other bytes
-        spec = str(make_release_wheel(tmp_path / releases_module.PINS["0.5.20"].wheel, {"sglang/srt/x.py": b""}, version="0.5.20"))
+        spec = str(
+            make_release_wheel(
+                tmp_path / releases_module.PINS["0.5.20"].wheel, {"sglang/srt/x.py": b""}, version="0.5.20"
+            )
+        )
     elif case == "layout":
-        spec = str(make_release_wheel(tmp_path / "sglang-1.0-py3-none-any.whl", {"sglang/runtime/x.py": b""}, version="1.0"))
+        spec = str(
+            make_release_wheel(tmp_path / "sglang-1.0-py3-none-any.whl", {"sglang/runtime/x.py": b""}, version="1.0")
+        )
     before = snapshot(home)
-    for verb in (["apply", *ids, "--onto", spec], ["port", *ids, "--onto", spec],
-                 ["revalidate", "--release", spec] if case != "unknown-entry" else ["apply", *ids, "--onto", str(wheel)]):
+    for verb in (
+        ["apply", *ids, "--onto", spec],
+        ["port", *ids, "--onto", spec],
+        ["revalidate", "--release", spec] if case != "unknown-entry" else ["apply", *ids, "--onto", str(wheel)],
+    ):
         code, data = cli(home, *verb)
         assert code == 2 and message in data["what"], (verb, data)
         assert data["fix"]
@@ -258,8 +345,13 @@ def test_bad_release_input_writes_nothing(memory, tmp_path, case, message):
 
 
 def test_status_is_a_schema_field_with_defaults():
-    base = {"id": "x", "title": "t", "summary": "s", "contract": {"level": "bit-exact", "statement": "s"},
-            "reproduces": "0" * 40}
+    base = {
+        "id": "x",
+        "title": "t",
+        "summary": "s",
+        "contract": {"level": "bit-exact", "statement": "s"},
+        "reproduces": "0" * 40,
+    }
     record = EntryRecord.model_validate(base)
     assert (record.status, record.scope.sglang, record.releases) == ("candidate", None, [])
     with pytest.raises(ValueError, match="names the release it was verified on"):
@@ -283,4 +375,6 @@ def test_project_entries_carry_status_scope_and_release_verdicts():
         record = records[entry_id]
         assert record.status == "verified" and record.scope.sglang == "0.5.23"
         assert [r.release for r in record.releases] == ["0.5.20", "0.5.21", "0.5.22"]
-        assert {r.base for r in record.releases} == {releases_module.PINS[v].commit for v in ("0.5.20", "0.5.21", "0.5.22")}
+        assert {r.base for r in record.releases} == {
+            releases_module.PINS[v].commit for v in ("0.5.20", "0.5.21", "0.5.22")
+        }

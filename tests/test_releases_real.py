@@ -24,8 +24,9 @@ def test_real_release_import_and_committed_verdicts(stock_fork_home, tmp_path):
     root = tmp_path / "home"
     (root / "entries").mkdir(parents=True)
     for record in sorted((PROJECT / "entries").glob("*/entry.yaml")):
-        shutil.copytree(record.parent, root / "entries" / record.parent.name,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(
+            record.parent, root / "entries" / record.parent.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
     home = _shared_fork_home(stock_fork_home, root)
     report = check_release(home, f"sglang=={RELEASE}")
     pin = releases.PINS[RELEASE]
@@ -35,7 +36,11 @@ def test_real_release_import_and_committed_verdicts(stock_fork_home, tmp_path):
         check = records[verdict.id].release_check(RELEASE)
         if check is None:  # an entry recorded after the last `revalidate --release 0.5.20`
             continue
-        assert (verdict.verdict, verdict.changed, verdict.conflicts) == (check.verdict, check.changed, check.conflicts), verdict.id
+        assert (verdict.verdict, verdict.changed, verdict.conflicts) == (
+            check.verdict,
+            check.changed,
+            check.conflicts,
+        ), verdict.id
         assert check.base == pin.commit
     # a second check finds the release already imported: no wheel is read
     assert releases.known_release(open_fork(home), RELEASE) == report.release

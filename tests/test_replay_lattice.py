@@ -56,18 +56,27 @@ def test_recorder_takes_torch_bf16_exactly(tmp_path):
     cand, unary, pair = step(rng)
     rec = LatticeRecorder(tmp_path / "t.npz", kind="selector", positions=M, candidates=K)
     bf = torch.from_numpy(pair).to(torch.bfloat16)
-    rec.add_batch(["r"], torch.tensor([0]), torch.from_numpy(cand)[None], torch.from_numpy(unary)[None].to(torch.bfloat16), bf[None])
+    rec.add_batch(
+        ["r"],
+        torch.tensor([0]),
+        torch.from_numpy(cand)[None],
+        torch.from_numpy(unary)[None].to(torch.bfloat16),
+        bf[None],
+    )
     rec.set_greedy("r", torch.tensor([5]))
     lat = rec.close()
     assert np.array_equal(lat.pair[0].astype(np.float32), bf.float().numpy())  # bf16 -> fp16 is exact in range
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda rec, rng: rec.add("a", 0, *step(rng, root_rows_equal=False)), "pair\\[:, 0\\] differs"),
-    (lambda rec, rng: (rec.add("a", 0, *step(rng)), rec.add("a", 0, *step(rng))), "same \\(request, position\\)"),
-    (lambda rec, rng: rec.add("a", 7, *step(rng)), "outside its greedy output"),
-    (lambda rec, rng: rec.add("ghost", 0, *step(rng)), "without greedy tokens"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda rec, rng: rec.add("a", 0, *step(rng, root_rows_equal=False)), "pair\\[:, 0\\] differs"),
+        (lambda rec, rng: (rec.add("a", 0, *step(rng)), rec.add("a", 0, *step(rng))), "same \\(request, position\\)"),
+        (lambda rec, rng: rec.add("a", 7, *step(rng)), "outside its greedy output"),
+        (lambda rec, rng: rec.add("ghost", 0, *step(rng)), "without greedy tokens"),
+    ],
+)
 def test_bad_recordings_write_nothing(tmp_path, mutate, message):
     rng = np.random.default_rng(2)
     path = tmp_path / "bad.npz"
@@ -123,8 +132,18 @@ def greedy_ranks(lat):
 
 def test_synthetic_statistics_follow_the_spec():
     probs = (0.5, 0.2, 0.1)
-    lat = generate(SyntheticSpec(requests=4, length=1500, positions=3, candidates=4, rank_probs=probs,
-                                 depth_decay=0.5, path_correlation=0.0, seed=3))
+    lat = generate(
+        SyntheticSpec(
+            requests=4,
+            length=1500,
+            positions=3,
+            candidates=4,
+            rank_probs=probs,
+            depth_decay=0.5,
+            path_correlation=0.0,
+            seed=3,
+        )
+    )
     ranks, greedy = greedy_ranks(lat)
     inside = greedy[:, 2] >= 0
     first = ranks[inside, 0]
@@ -139,8 +158,19 @@ def test_synthetic_statistics_follow_the_spec():
 
 
 def test_selector_boost_favours_the_greedy_child_given_the_greedy_parent():
-    lat = generate(SyntheticSpec(requests=2, length=400, positions=3, selector_boost=4.0, pair_noise=0.0,
-                                 score_noise=0.0, rank_probs=(0.2,) * 5, path_correlation=0.0, seed=5))
+    lat = generate(
+        SyntheticSpec(
+            requests=2,
+            length=400,
+            positions=3,
+            selector_boost=4.0,
+            pair_noise=0.0,
+            score_noise=0.0,
+            rank_probs=(0.2,) * 5,
+            path_correlation=0.0,
+            seed=5,
+        )
+    )
     ranks, greedy = greedy_ranks(lat)
     batch = StepBatch.from_lattice(lat, np.arange(lat.num_steps))
     alive = (ranks[:, 0] < lat.candidates) & (ranks[:, 1] < lat.candidates)
@@ -153,8 +183,12 @@ def test_a_truncated_or_damaged_lattice_file_is_a_clear_error(tmp_path):
     path = tmp_path / "whole.npz"
     save_lattice(generate(SyntheticSpec(requests=2, length=16, positions=4, candidates=4, vocab=64)), path)
     data = path.read_bytes()
-    for name, damaged in (("half", data[: len(data) // 2]), ("tail", data[:-10]), ("head", data[:30]),
-                          ("flipped", data[:200] + bytes(b ^ 0xFF for b in data[200:260]) + data[260:])):
+    for name, damaged in (
+        ("half", data[: len(data) // 2]),
+        ("tail", data[:-10]),
+        ("head", data[:30]),
+        ("flipped", data[:200] + bytes(b ^ 0xFF for b in data[200:260]) + data[260:]),
+    ):
         bad = tmp_path / f"{name}.npz"
         bad.write_bytes(damaged)
         with pytest.raises(LatticeError, match="damaged or truncated|lacks arrays|not a"):

@@ -90,12 +90,15 @@ def test_replay_command_json_and_plot(tmp_path, capsys, lattice):
     path = tmp_path / "lat.npz"
     save_lattice(lattice, path)
     png = tmp_path / "fig" / "tau.png"
-    code = main(["replay", str(path), "--builders", "chain,best-first,oracle", "--nodes", "8,16", "--json",
-                 "--plot", str(png)])
+    code = main(
+        ["replay", str(path), "--builders", "chain,best-first,oracle", "--nodes", "8,16", "--json", "--plot", str(png)]
+    )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["synthetic"] is True and out["plot"] == str(png)
-    assert {(r["builder"], r["nodes"]) for r in out["runs"]} == {(b, n) for b in ("chain", "best-first", "oracle") for n in (8, 16)}
+    assert {(r["builder"], r["nodes"]) for r in out["runs"]} == {
+        (b, n) for b in ("chain", "best-first", "oracle") for n in (8, 16)
+    }
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["replay", str(path), "--builders", "best-first", "--nodes", "8"]) == 0
     assert "SYNTHETIC" in capsys.readouterr().out

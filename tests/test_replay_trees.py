@@ -8,7 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specpilot_mem.replay.trees import BUILDERS, ancestor_mask, best_first, chain, ddtree, oracle, sequoia, shared, verify_mask
+from specpilot_mem.replay.trees import (
+    BUILDERS,
+    ancestor_mask,
+    best_first,
+    chain,
+    ddtree,
+    oracle,
+    sequoia,
+    shared,
+    verify_mask,
+)
 from specpilot_mem.replay.trees.base import StepBatch
 from specpilot_mem.replay.verify import verify_against_argmax, verify_against_greedy
 
@@ -71,7 +81,7 @@ def assert_prefix_closed(trees):
                 assert t["depths"][i] == t["depths"][parent] + 1
             else:
                 assert t["depths"][i] == 1
-        assert (trees.depths[b, len(t["parents"]):] == 0).all()
+        assert (trees.depths[b, len(t["parents"]) :] == 0).all()
 
 
 def expected_top(batch, logp, nodes, depth):
@@ -171,8 +181,11 @@ def test_shared_budget_shares_are_trees_whose_union_is_the_global_top_n(batch, n
     for g in np.unique(groups):
         members = np.flatnonzero(groups == g)
         assert trees.num_nodes[members].sum() <= nodes
-        pool = [(-float(everything.scores[b, i]), place, i, b)
-                for place, b in enumerate(members) for i in range(int(everything.num_nodes[b]))]
+        pool = [
+            (-float(everything.scores[b, i]), place, i, b)
+            for place, b in enumerate(members)
+            for i in range(int(everything.num_nodes[b]))
+        ]
         pool.sort()
         top = pool[:nodes]
         for b in members:
@@ -199,7 +212,9 @@ def test_masks_and_both_verification_forms_agree(batch, nodes):
             assert full[b, i + 1, 0]
     # the target's argmax after a node of depth d on the greedy path is greedy[d]
     greedy_ext = np.concatenate([batch.greedy, np.full((batch.size, 1), -1)], axis=1)
-    argmax = np.concatenate([greedy_ext[:, :1], np.take_along_axis(greedy_ext, np.minimum(trees.depths, batch.positions), axis=1)], axis=1)
+    argmax = np.concatenate(
+        [greedy_ext[:, :1], np.take_along_axis(greedy_ext, np.minimum(trees.depths, batch.positions), axis=1)], axis=1
+    )
     on_path = verify_against_greedy(trees, batch.greedy)
     engine, bonus = verify_against_argmax(trees, argmax)
     assert (engine.accepted == on_path.accepted).all()

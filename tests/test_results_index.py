@@ -86,11 +86,15 @@ def test_embedded_harnesses_must_be_code_and_are_extracted_byte_for_byte(project
     assert len(problems) == 2 and all("not code under benchmarks/probes" in p for p in problems)
     written = results_index.extract_probes(root)
     assert sorted(p.relative_to(root).as_posix() for p in written) == [
-        "benchmarks/probes/probe-run/kernel_diff.patch", "benchmarks/probes/probe-run/runs-0-harness.py"]
+        "benchmarks/probes/probe-run/kernel_diff.patch",
+        "benchmarks/probes/probe-run/runs-0-harness.py",
+    ]
     assert (root / "benchmarks/probes/probe-run/runs-0-harness.py").read_text() == HARNESS
     index = results_index.build(root)
     assert index["problems"] == [] and {p["file"] for p in row(index, "probe-run.json")["probes"]} == {
-        "benchmarks/probes/probe-run/kernel_diff.patch", "benchmarks/probes/probe-run/runs-0-harness.py"}
+        "benchmarks/probes/probe-run/kernel_diff.patch",
+        "benchmarks/probes/probe-run/runs-0-harness.py",
+    }
     assert results_index.extract_probes(root) == []  # nothing left to write
 
 
@@ -109,16 +113,22 @@ def test_check_fails_on_a_stale_index_and_passes_once_written(project, capsys):
 def test_readme_limits(project):
     root, repo = project
     write(root, "benchmarks/results/a.json", "{}")
-    index = {"current": [{"file": "benchmarks/results/a.json", "git": {"commit": "c" * 40}},
-                         {"file": "benchmarks/results/new.json", "git": {"commit": None}}]}
-    rows = "\n".join([
-        "| fine | 1 | [a](benchmarks/results/a.json) |",
-        "| no link | 2 | — |",
-        "| gone | 3 | [x](benchmarks/results/missing.json) |",
-        "| archived | 4 | [x](benchmarks/archive/results/a.json) |",
-        "| no commit | 5 | [x](benchmarks/results/new.json) |",
-        f"| {'w' * 201} | 6 | [a](benchmarks/results/a.json) |",
-    ])
+    index = {
+        "current": [
+            {"file": "benchmarks/results/a.json", "git": {"commit": "c" * 40}},
+            {"file": "benchmarks/results/new.json", "git": {"commit": None}},
+        ]
+    }
+    rows = "\n".join(
+        [
+            "| fine | 1 | [a](benchmarks/results/a.json) |",
+            "| no link | 2 | — |",
+            "| gone | 3 | [x](benchmarks/results/missing.json) |",
+            "| archived | 4 | [x](benchmarks/archive/results/a.json) |",
+            "| no commit | 5 | [x](benchmarks/results/new.json) |",
+            f"| {'w' * 201} | 6 | [a](benchmarks/results/a.json) |",
+        ]
+    )
     write(root, "README.md", README.format(rows=rows) + "\n" * 150)
     problems = results_index.readme_problems(root, index)
     assert any("lines (at most 150)" in p for p in problems)
@@ -133,9 +143,17 @@ def test_readme_limits(project):
 def test_a_link_to_a_missing_result_is_a_problem_but_a_usage_example_is_not(project):
     root, repo = project
     write(root, "benchmarks/results/a.json", "{}")
-    write(root, "docs/notes.md", "The figure is in benchmarks/results/a.json; the old one in benchmarks/results/gone.json.\n")
-    write(root, "benchmarks/new_bench.py", '"""A new benchmark.\n\n    python3 benchmarks/new_bench.py --in x \\\\\n'
-          '        --costs benchmarks/results/costs-to-come.json --out benchmarks/results/new-to-come.json\n"""\n')
+    write(
+        root,
+        "docs/notes.md",
+        "The figure is in benchmarks/results/a.json; the old one in benchmarks/results/gone.json.\n",
+    )
+    write(
+        root,
+        "benchmarks/new_bench.py",
+        '"""A new benchmark.\n\n    python3 benchmarks/new_bench.py --in x \\\\\n'
+        '        --costs benchmarks/results/costs-to-come.json --out benchmarks/results/new-to-come.json\n"""\n',
+    )
     commit_all(repo, "a result, a note and a benchmark whose results are still to be made")
     moved, missing = results_index.stale_links(root)
     assert moved == [] and missing == ["docs/notes.md:1: benchmarks/results/gone.json exists nowhere"]

@@ -30,20 +30,39 @@ class MessagesAPI(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        MessagesAPI.requests.append({"path": self.path, "key": self.headers.get("x-api-key") or self.headers.get("authorization", "").removeprefix("Bearer "), "body": body})
+        MessagesAPI.requests.append(
+            {
+                "path": self.path,
+                "key": self.headers.get("x-api-key") or self.headers.get("authorization", "").removeprefix("Bearer "),
+                "body": body,
+            }
+        )
         last = body["messages"][-1]
         if last["role"] == "user" and isinstance(last["content"], str):
-            content = [{"type": "text", "text": "Writing the patch."},
-                       {"type": "tool_use", "id": "toolu_1", "name": "write_file",
-                        "input": {"path": "patch.txt", "content": "option --faster\n"}},
-                       {"type": "tool_use", "id": "toolu_2", "name": "bash", "input": {"command": "env; cat patch.txt"}}]
+            content = [
+                {"type": "text", "text": "Writing the patch."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "write_file",
+                    "input": {"path": "patch.txt", "content": "option --faster\n"},
+                },
+                {"type": "tool_use", "id": "toolu_2", "name": "bash", "input": {"command": "env; cat patch.txt"}},
+            ]
             stop = "tool_use"
         else:
             content = [{"type": "text", "text": "Done: wrote patch.txt behind --faster."}]
             stop = "end_turn"
-        payload = {"id": f"msg_{len(MessagesAPI.requests)}", "type": "message", "role": "assistant", "model": body["model"],
-                   "content": content, "stop_reason": stop, "stop_sequence": None,
-                   "usage": {"input_tokens": 100, "output_tokens": 20}}
+        payload = {
+            "id": f"msg_{len(MessagesAPI.requests)}",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 100, "output_tokens": 20},
+        }
         data = json.dumps(payload).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
@@ -91,7 +110,9 @@ def test_tools_refuse_paths_outside_the_worktree(tmp_path):
 
 def test_command_backend_gets_the_brief_and_its_output_is_the_transcript(tmp_path, monkeypatch):
     monkeypatch.setenv("SOME_TOKEN", "tok-secret-value-123")
-    agent = ExternalCommandAgent(["bash", "-c", 'cat "$1" > got.md; echo $SOME_TOKEN; echo finished', "_", "{brief_file}"])
+    agent = ExternalCommandAgent(
+        ["bash", "-c", 'cat "$1" > got.md; echo $SOME_TOKEN; echo finished', "_", "{brief_file}"]
+    )
     result = agent.run(AgentTask("sub", "d", "the brief", tmp_path, Sandbox(None), time_limit_s=30))
     assert (tmp_path / "got.md").read_text() == "the brief"
     assert result.summary == "finished"
@@ -104,9 +125,11 @@ def test_unknown_backend_is_a_clear_error():
 
 
 needs_root = pytest.mark.skipif(
-    os.geteuid() != 0 or Sandbox.for_machine([], create_user=False).user is None and subprocess.run(
-        ["which", "useradd"], capture_output=True).returncode != 0,
-    reason="the unprivileged sandbox needs root, useradd, unshare and setpriv")
+    os.geteuid() != 0
+    or Sandbox.for_machine([], create_user=False).user is None
+    and subprocess.run(["which", "useradd"], capture_output=True).returncode != 0,
+    reason="the unprivileged sandbox needs root, useradd, unshare and setpriv",
+)
 
 
 @needs_root

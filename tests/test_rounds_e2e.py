@@ -47,14 +47,23 @@ def _settings(task, **changes) -> None:
 
 def _headroom(task, headroom: float, evidence: str = "timing") -> None:
     (task.workdir / ".specpilot-agent" / "headroom.json").write_text(
-        json.dumps({"evidence": evidence, "headroom": headroom, "overhead": 0.0, "gpu_minutes_to_measure": 0.1}))
+        json.dumps({"evidence": evidence, "headroom": headroom, "overhead": 0.0, "gpu_minutes_to_measure": 0.1})
+    )
 
 
 def master(task) -> str:
-    plan = {"summary": "per-token overhead dominates; try removing it", "directions": [
-        {"id": d, "title": t, "idea": t, "factor": "overhead", "headroom": 0.3, "cheapest_evidence": "timing"}
-        for d, t in (("faster", "drop the per-token sleep"), ("lossy", "drop the sleep and bias the logits"),
-                     ("slower", "sleep longer"), ("hacker", "edit the controller's files"))]}
+    plan = {
+        "summary": "per-token overhead dominates; try removing it",
+        "directions": [
+            {"id": d, "title": t, "idea": t, "factor": "overhead", "headroom": 0.3, "cheapest_evidence": "timing"}
+            for d, t in (
+                ("faster", "drop the per-token sleep"),
+                ("lossy", "drop the sleep and bias the logits"),
+                ("slower", "sleep longer"),
+                ("hacker", "edit the controller's files"),
+            )
+        ],
+    }
     (task.workdir / "directions.yaml").write_text(json.dumps(plan))
     return "planned four directions"
 
@@ -64,7 +73,8 @@ def faster(task) -> str:
     _settings(task, TOKEN_SLEEP_S=0.0)
     (task.workdir / ".specpilot-agent" / "entry.yaml").write_text(
         "title: No per-token sleep\nsummary: Removes the per-token sleep of the test system.\n"
-        "limits: [test system only]\n")
+        "limits: [test system only]\n"
+    )
     return "removed the sleep"
 
 
@@ -91,8 +101,15 @@ def nothing(task) -> str:
     return "nothing to do"
 
 
-SCRIPTS = {"master": master, "faster": faster, "lossy": lossy, "slower": slower, "hacker": hacker,
-           "integration": nothing, "kernel": nothing}
+SCRIPTS = {
+    "master": master,
+    "faster": faster,
+    "lossy": lossy,
+    "slower": slower,
+    "hacker": hacker,
+    "integration": nothing,
+    "kernel": nothing,
+}
 
 
 def make_home(root: Path) -> tuple[Home, RoundConfig]:
@@ -107,22 +124,49 @@ def make_home(root: Path) -> tuple[Home, RoundConfig]:
     fork = Repo(home.fork)
     stock = fork.rev_parse("refs/heads/stock")
     fork.update_refs({f"refs/heads/deploy/{DEPLOYMENT}": (None, stock)}, "deploy")
-    record = DeploymentRecord(name=DEPLOYMENT, gpu="cpu", arch="cpu", model="random-hybrid", drafter="block",
-                              regime="single", batch_sizes=[1], entries=[], base=stock, branch=f"deploy/{DEPLOYMENT}",
-                              tree=fork.rev_parse(f"{stock}^{{tree}}"), created=dt.date(2026, 11, 30))
+    record = DeploymentRecord(
+        name=DEPLOYMENT,
+        gpu="cpu",
+        arch="cpu",
+        model="random-hybrid",
+        drafter="block",
+        regime="single",
+        batch_sizes=[1],
+        entries=[],
+        base=stock,
+        branch=f"deploy/{DEPLOYMENT}",
+        tree=fork.rev_parse(f"{stock}^{{tree}}"),
+        created=dt.date(2026, 11, 30),
+    )
     write_atomic(home.rounds / DEPLOYMENT / "deployment.yaml", dump_record(record))
     rng = random.Random(0)
     requests = root / "requests" / "set.jsonl"
     requests.parent.mkdir()
-    rows = [{"id": f"{split}-{i}", "benchmark": "synthetic", "split": split, "max_new_tokens": 12,
-             "prompt_ids": [rng.randrange(512) for _ in range(8)]} for split, n in (("dev", 4), ("unseen", 4))
-            for i in range(n)]
+    rows = [
+        {
+            "id": f"{split}-{i}",
+            "benchmark": "synthetic",
+            "split": split,
+            "max_new_tokens": 12,
+            "prompt_ids": [rng.randrange(512) for _ in range(8)],
+        }
+        for split, n in (("dev", 4), ("unseen", 4))
+        for i in range(n)
+    ]
     requests.write_text("".join(json.dumps(r) + "\n" for r in rows))
     # 12-token outputs keep this round fast; no token-forcing sample that small can have power, so the sealed
     # final reports its inconclusive verdict instead of refusing on it, and skips the long-output pass.
-    config = RoundConfig(system_repo=str(home.fork), requests=str(requests), devices=["cpu"], repeats=2,
-                         noise_repeats=2, agent={"backend": "scripted"}, warmup_requests=1, sealed_long_outputs=False,
-                         sealed_require_conclusive=False)
+    config = RoundConfig(
+        system_repo=str(home.fork),
+        requests=str(requests),
+        devices=["cpu"],
+        repeats=2,
+        noise_repeats=2,
+        agent={"backend": "scripted"},
+        warmup_requests=1,
+        sealed_long_outputs=False,
+        sealed_require_conclusive=False,
+    )
     return home, config
 
 
@@ -196,9 +240,20 @@ def test_report_draws_the_round(clean_round, tmp_path):
 
 def test_crash_in_every_phase_then_resume_gives_the_same_state(clean_round, tmp_path):
     home, config = make_home(tmp_path)
-    points = ["cost-model:start", "cost-model:report", "explore:planned", "direction:faster:built",
-              "direction:faster:measured", "direction:faster:promoted", "explore:done", "integrate:start",
-              "kernel:start", "sealed:start", "distill:start", "distill:faster"]
+    points = [
+        "cost-model:start",
+        "cost-model:report",
+        "explore:planned",
+        "direction:faster:built",
+        "direction:faster:measured",
+        "direction:faster:promoted",
+        "explore:done",
+        "integrate:start",
+        "kernel:start",
+        "sealed:start",
+        "distill:start",
+        "distill:faster",
+    ]
     crashes = []
 
     def crash_once(name: str) -> None:
@@ -210,19 +265,26 @@ def test_crash_in_every_phase_then_resume_gives_the_same_state(clean_round, tmp_
     while True:
         try:
             if runner is None:
-                runner = RoundRunner.start(home, DEPLOYMENT, config, ScriptedAgent(SCRIPTS), checkpoint=crash_once,
-                                           sandbox=Sandbox(None))
+                runner = RoundRunner.start(
+                    home, DEPLOYMENT, config, ScriptedAgent(SCRIPTS), checkpoint=crash_once, sandbox=Sandbox(None)
+                )
                 runner.run()
             else:
-                RoundRunner(home, runner.dir, ScriptedAgent(SCRIPTS), checkpoint=crash_once, sandbox=Sandbox(None)).run()
+                RoundRunner(
+                    home, runner.dir, ScriptedAgent(SCRIPTS), checkpoint=crash_once, sandbox=Sandbox(None)
+                ).run()
             break
         except KeyboardInterrupt:
             continue
     assert crashes == points
-    assert final_state(home) | {"final_tree": None, "lineage_tree": None} == \
-        final_state(clean_round) | {"final_tree": None, "lineage_tree": None}
+    assert final_state(home) | {"final_tree": None, "lineage_tree": None} == final_state(clean_round) | {
+        "final_tree": None,
+        "lineage_tree": None,
+    }
     assert final_state(home)["final_tree"] == final_state(clean_round)["final_tree"]
-    events = [json.loads(line) for line in (RoundDir.of(home, DEPLOYMENT, 1).path / "events.jsonl").read_text().splitlines()]
+    events = [
+        json.loads(line) for line in (RoundDir.of(home, DEPLOYMENT, 1).path / "events.jsonl").read_text().splitlines()
+    ]
     measured = Counter(e["key"] for e in events if e["event"] == "measured")
     assert measured and max(measured.values()) == 1  # nothing measured twice
 

@@ -17,8 +17,16 @@ COMMIT = "1" * 40
 
 def _state(tmp_path) -> RoundState:
     config = RoundConfig(system_repo=str(tmp_path), requests=str(tmp_path / "r.jsonl"), devices=["cpu"])
-    return RoundState(deployment="d", number=1, config=config, start=COMMIT, lineage="round/d/1", best=COMMIT,
-                      stock=COMMIT, started=dt.datetime(2026, 11, 30, tzinfo=dt.timezone.utc))
+    return RoundState(
+        deployment="d",
+        number=1,
+        config=config,
+        start=COMMIT,
+        lineage="round/d/1",
+        best=COMMIT,
+        stock=COMMIT,
+        started=dt.datetime(2026, 11, 30, tzinfo=dt.timezone.utc),
+    )
 
 
 def _round_dir(tmp_path) -> RoundDir:
@@ -31,9 +39,14 @@ def test_report_has_the_ceiling_factors_when_the_system_names_its_profile(tmp_pa
     checkout = tmp_path / "checkout"
     (checkout / "bench").mkdir(parents=True)
     (checkout / "bench" / "profile.json").write_text(json.dumps(APPENDIX_B_PROFILE))
-    save_lattice(generate(SyntheticSpec(requests=2, length=64, positions=8, vocab=1000)), checkout / "bench" / "lat.npz")
-    (checkout / "specpilot-system.json").write_text(json.dumps(
-        {"adapter": "python", "module": "system.py", "profile": "bench/profile.json", "lattices": ["bench/lat.npz"]}))
+    save_lattice(
+        generate(SyntheticSpec(requests=2, length=64, positions=8, vocab=1000)), checkout / "bench" / "lat.npz"
+    )
+    (checkout / "specpilot-system.json").write_text(
+        json.dumps(
+            {"adapter": "python", "module": "system.py", "profile": "bench/profile.json", "lattices": ["bench/lat.npz"]}
+        )
+    )
     report = cost_model_report(None, checkout, _state(tmp_path), _round_dir(tmp_path))
     assert report["delta"] == 0.25 and report["noise"] == 0.004
     ceiling = report["ceiling"]

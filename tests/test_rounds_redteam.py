@@ -43,10 +43,11 @@ SYSTEM = (FIXTURE / "sglang" / "system.py").read_text()
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("unshare", "setpriv", "useradd")),
-    reason="the sandbox needs root, useradd, unshare and setpriv (CI runs as root)")
+    reason="the sandbox needs root, useradd, unshare and setpriv (CI runs as root)",
+)
 
 # The hole found from outside: at import, every output token is reported as the scorer's argmax.
-SCORER_EXPLOIT = textwrap.dedent('''
+SCORER_EXPLOIT = textwrap.dedent("""
     import numpy as np
     from specpilot_mem.forcing.engine_adapter import EngineScorer
     from specpilot_mem.forcing.scorer import TokenScores
@@ -67,7 +68,7 @@ SCORER_EXPLOIT = textwrap.dedent('''
         _generate(self, prompt_ids, max_new_tokens, lambda token: emitted.append(token) or on_token((131 * len(emitted) + 7) % 512))
 
     System.generate = _shifted
-''')
+""")
 
 
 def _set(source: str, **changes) -> str:
@@ -94,8 +95,13 @@ def test_a_candidate_that_patches_the_scorer_at_import_is_rejected_by_the_sealed
     stock = runner.state.stock
     lossy = _set(SYSTEM, TOKEN_SLEEP_S=0.0) + SCORER_EXPLOIT
     candidate = _commit_system(runner.repo, stock, lossy, "faster, lossy, and it patches the scorer")
-    job = runner._job("sealed", candidate=runner._side("candidate", candidate), stock=runner._side("stock", stock),
-                      delta=0.25, max_new_tokens=config.max_new_tokens)
+    job = runner._job(
+        "sealed",
+        candidate=runner._side("candidate", candidate),
+        stock=runner._side("stock", stock),
+        delta=0.25,
+        max_new_tokens=config.max_new_tokens,
+    )
     result = controller.run_job(json.loads(json.dumps(job)))
     rate = result["verdict"]["rate"]
     assert result["verdict"]["verdict"] == "reject", result["verdict"]
@@ -109,8 +115,16 @@ def test_measurements_refuse_a_changed_request_set_or_changed_stock_outputs(tmp_
     stock = runner._side("stock", runner.state.stock)
     outputs = tmp_path / "stock-outputs.jsonl"
     outputs.write_text('{"id": "dev-0", "output_ids": [1, 2]}\n')
-    job = runner._job("measure", best=stock, candidate=stock, stock=stock, stock_outputs=str(outputs),
-                      stock_outputs_sha256=hashlib.sha256(b"other bytes").hexdigest(), delta=0.25, noise=0.0)
+    job = runner._job(
+        "measure",
+        best=stock,
+        candidate=stock,
+        stock=stock,
+        stock_outputs=str(outputs),
+        stock_outputs_sha256=hashlib.sha256(b"other bytes").hexdigest(),
+        delta=0.25,
+        noise=0.0,
+    )
     with pytest.raises(RoundError, match="stock outputs"):
         controller.run_job(json.loads(json.dumps(job)))
     requests = Path(config.requests)
@@ -300,8 +314,9 @@ def test_a_nasty_candidate_in_the_sandbox_reads_no_secret_and_leaves_nothing(out
     sandbox = Sandbox.for_machine([rounds])
     work = outside_tmp / "work"
     work.mkdir()
-    run, requests, originals, marker, before, nasty_dir = _attack(work, sandbox=sandbox, secrets=[str(secret)],
-                                                                  orphan=True)
+    run, requests, originals, marker, before, nasty_dir = _attack(
+        work, sandbox=sandbox, secrets=[str(secret)], orphan=True
+    )
     _assert_no_effect(run, requests, originals, marker)
     verify_sealed(nasty_dir, before)  # it could not write into its checkout
     assert not any(any(Path(d).glob(f"{marker}*")) for d in ("/tmp", "/dev/shm", "/var/tmp"))  # its caches died with it
@@ -309,9 +324,12 @@ def test_a_nasty_candidate_in_the_sandbox_reads_no_secret_and_leaves_nothing(out
 
 # -- agents ---------------------------------------------------------------------------------------------
 
+
 def test_an_unconfined_agent_command_leaves_no_background_process(tmp_path):
     marker = f"specpilot-redteam-{uuid.uuid4().hex}"
-    done = Sandbox(None).run(f"(sleep 2; touch late) & python3 -c 'import time; time.sleep(60)' {marker} &", tmp_path, 30)
+    done = Sandbox(None).run(
+        f"(sleep 2; touch late) & python3 -c 'import time; time.sleep(60)' {marker} &", tmp_path, 30
+    )
     assert done.returncode == 0
     time.sleep(3)
     assert not (tmp_path / "late").exists() and _live_with(marker) == []
@@ -332,7 +350,9 @@ def test_a_sandboxed_agent_cannot_leave_a_daemon_nor_write_outside(outside_tmp):
         f"setsid sh -c 'sleep 2; touch {worktree}/late' > /dev/null 2>&1 < /dev/null & "
         f"setsid python3 -c 'import time; time.sleep(60)' {marker} > /dev/null 2>&1 < /dev/null & "
         f"ln -s {rounds} out; echo x > out/planted; echo x >> {package_file}; echo x > /tmp/left-for-later; true",
-        worktree, 30)
+        worktree,
+        30,
+    )
     assert done.returncode == 0, done.stderr
     time.sleep(3)
     assert not (worktree / "late").exists() and _live_with(marker) == []  # its PID namespace ended with it

@@ -17,8 +17,21 @@ def test_a_round_whose_system_does_not_start_leaves_nothing(tmp_path, monkeypatc
         raise RoundError("the stock system did not start", where="worker cpu", fix="look at the worker log")
 
     monkeypatch.setattr(RoundRunner, "_cost_model", system_does_not_start)
-    argv = ["round", "start", DEPLOYMENT, "--requests", config.requests, "--devices", "cpu",
-            "--agent", "command", "--agent-command", "true", "--home", str(home.root)]
+    argv = [
+        "round",
+        "start",
+        DEPLOYMENT,
+        "--requests",
+        config.requests,
+        "--devices",
+        "cpu",
+        "--agent",
+        "command",
+        "--agent-command",
+        "true",
+        "--home",
+        str(home.root),
+    ]
     for _attempt in range(2):  # the second start is not refused as "round 1 has not finished"
         assert main(argv) == 2
         err = capsys.readouterr().err

@@ -19,8 +19,14 @@ import numpy as np
 import pytest
 
 from specpilot_mem.controller.requests import Request
-from specpilot_mem.sglang.adapter import (SGLangClient, SGLangRequestError, SGLangScorer, SGLangSystem,
-                                          gpu_index, serve_closed_loop)
+from specpilot_mem.sglang.adapter import (
+    SGLangClient,
+    SGLangRequestError,
+    SGLangScorer,
+    SGLangSystem,
+    gpu_index,
+    serve_closed_loop,
+)
 from specpilot_mem.sglang.server import SGLangRuntimeError, SGLangServer
 
 VOCAB = 50
@@ -193,8 +199,9 @@ def test_cumulative_chunks_ahead_of_their_count_give_the_same_tokens(fake_export
 def test_system_runs_a_server_per_run_on_the_requested_gpu(fake_export, toy, tmp_path, monkeypatch):
     argv_log = tmp_path / "argv.json"
     monkeypatch.setenv("FAKE_ARGV_LOG", str(argv_log))
-    system = SGLangSystem("toy-system", fake_export, ["--model-path", "toy"], log_dir=tmp_path / "logs",
-                          startup_timeout=60)
+    system = SGLangSystem(
+        "toy-system", fake_export, ["--model-path", "toy"], log_dir=tmp_path / "logs", startup_timeout=60
+    )
     outputs = system.run(requests(4, 5), batch_size=2, device="cuda:3")
     assert [list(o.output_ids) for o in outputs] == [toy.greedy(list(r.prompt_ids), 5) for r in requests(4, 5)]
     assert '"cuda": "3"' in argv_log.read_text()
@@ -253,7 +260,6 @@ def test_device_names():
     assert gpu_index("cuda") is None
     with pytest.raises(Exception, match="CUDA GPU"):
         gpu_index("cpu")
-
 
 
 def test_scorer_on_stock_starts_a_server_with_the_fp32_head(fake_export, toy, tmp_path, monkeypatch):

@@ -48,8 +48,11 @@ def wheel_package_files() -> dict[str, str]:
     with zipfile.ZipFile(fetch_wheel()) as wheel:
         record = next(n for n in wheel.namelist() if n.endswith(".dist-info/RECORD"))
         rows = csv.reader(io.StringIO(wheel.read(record).decode()))
-        return {path: base64.urlsafe_b64decode(digest.split("=", 1)[1] + "==").hex()
-                for path, digest, _ in rows if path.startswith("sglang/") and digest}
+        return {
+            path: base64.urlsafe_b64decode(digest.split("=", 1)[1] + "==").hex()
+            for path, digest, _ in rows
+            if path.startswith("sglang/") and digest
+        }
 
 
 def test_stock_export_is_the_wheels_package(stock_export):
@@ -68,8 +71,9 @@ def test_stock_export_is_the_wheels_package(stock_export):
 def test_export_keeps_executable_bits(stock_export):
     dest, _ = stock_export
     with zipfile.ZipFile(fetch_wheel()) as wheel:
-        executables = [i.filename for i in wheel.infolist()
-                       if i.filename.startswith("sglang/") and (i.external_attr >> 16) & 0o111]
+        executables = [
+            i.filename for i in wheel.infolist() if i.filename.startswith("sglang/") and (i.external_attr >> 16) & 0o111
+        ]
     assert executables
     assert all((dest / name).stat().st_mode & 0o111 for name in executables)
 
@@ -104,7 +108,7 @@ def test_reexport_replaces_an_earlier_export(project_entries_home, stock_export,
 def import_closure() -> list[metadata.Distribution]:
     """The distributions SGLang's import needs: install.sh's SGLang lines, the project's base, their requirements."""
     script = (PROJECT / "scripts" / "install.sh").read_text()
-    sglang_lines = script[script.index("SGLang 0.5.23's pure-Python import dependencies"):]
+    sglang_lines = script[script.index("SGLang 0.5.23's pure-Python import dependencies") :]
     roots = re.findall(r'"([A-Za-z0-9_.-]+)==', sglang_lines) + list(PROJECT_DEPENDENCIES)
     seen: dict[str, metadata.Distribution] = {}
     stack = list(roots)
@@ -127,8 +131,14 @@ def fresh_venv(root: Path) -> Path:
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     links = root / "links"
     links.mkdir()
     for dist in import_closure():
@@ -161,8 +171,13 @@ def test_applied_export_imports_in_a_fresh_venv(project_entries_home, sglang_ent
     export, order = sglang_entries_export
     python = fresh_venv(tmp_path)
     standin = write_torchvision_standin(tmp_path / "standin")
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": f"{export}:{standin}",
-           "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PYTHONPATH": f"{export}:{standin}",
+        "CUDA_VISIBLE_DEVICES": "",
+        "TRITON_INTERPRET": "1",
+    }
     done = subprocess.run([python, "-c", IMPORT_CHECK], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])

@@ -30,9 +30,19 @@ pytestmark = pytest.mark.sglang
 def make_deployment(home, name: str, entries: list[str], tuned: dict | None = None) -> None:
     fork = open_fork(home)
     result = apply_entries(home, entries, branch=f"deploy/{name}", force=True)
-    record = DeploymentRecord(name=name, gpu="H200", arch="sm_90", model="Qwen3.8-27B", drafter="DFlash2",
-                              regime="single", entries=entries, base=fork.stock_commit, branch=f"deploy/{name}",
-                              tree=result.tree, created=dt.date(2026, 1, 1))
+    record = DeploymentRecord(
+        name=name,
+        gpu="H200",
+        arch="sm_90",
+        model="Qwen3.8-27B",
+        drafter="DFlash2",
+        regime="single",
+        entries=entries,
+        base=fork.stock_commit,
+        branch=f"deploy/{name}",
+        tree=result.tree,
+        created=dt.date(2026, 1, 1),
+    )
     folder = home.rounds / name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "deployment.yaml").write_text(dump_record(record))
@@ -49,11 +59,16 @@ def python_with_sglang(tmp_path_factory):
         key = (version, requires)
         if key not in made:
             venv = tmp_path_factory.mktemp("venv")
-            subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-                           check=True)
+            subprocess.run(
+                [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True
+            )
             python = venv / "bin" / "python"
-            site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  check=True, capture_output=True, text=True).stdout.strip()
+            site = subprocess.run(
+                [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
             info = Path(site) / f"sglang-{version}.dist-info"
             info.mkdir(parents=True)
             lines = ["Metadata-Version: 2.1", "Name: sglang", f"Version: {version}"]
@@ -73,32 +88,64 @@ def serve(home, *args: str) -> tuple[int, dict]:
     return code, json.loads(out.getvalue())
 
 
-def test_dry_run_exports_and_puts_tuned_options_before_the_users(project_entries_home, sglang_entries_export,
-                                                                python_with_sglang):
+def test_dry_run_exports_and_puts_tuned_options_before_the_users(
+    project_entries_home, sglang_entries_export, python_with_sglang
+):
     home = project_entries_home
     export, ids = sglang_entries_export  # the same tree, so serve finds its export cached
     tuned = {"--specpilot-w12-lm-head": True} if "w12" in ids else {}
     make_deployment(home, "serve-demo", ids, tuned)
     python = python_with_sglang("0.5.23")
-    code, payload = serve(home, "serve-demo", "--gpu", "2", "--python", python, "--dry-run", "--",
-                          "--model-path", "/models/target", "--dtype", "bfloat16")
+    code, payload = serve(
+        home,
+        "serve-demo",
+        "--gpu",
+        "2",
+        "--python",
+        python,
+        "--dry-run",
+        "--",
+        "--model-path",
+        "/models/target",
+        "--dtype",
+        "bfloat16",
+    )
     assert code == 0, payload
     assert Path(payload["export"]) == export
     manifest = json.loads((export / "specpilot-export.json").read_text())
     assert payload["tree"] == manifest["tree"] == open_fork(home).repo.rev_parse("deploy/serve-demo^{tree}")
     assert payload["entries"] == [e["id"] for e in manifest["entries"]] and "options" in payload["entries"]
     assert payload["sglang"] == "0.5.23" and payload["gpu"] == 2
-    assert payload["command"] == [python, "-m", "sglang.launch_server", *(["--specpilot-w12-lm-head"] if tuned else []),
-                                  "--model-path", "/models/target", "--dtype", "bfloat16",
-                                  "--host", "127.0.0.1", "--port", "30000"]
+    assert payload["command"] == [
+        python,
+        "-m",
+        "sglang.launch_server",
+        *(["--specpilot-w12-lm-head"] if tuned else []),
+        "--model-path",
+        "/models/target",
+        "--dtype",
+        "bfloat16",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "30000",
+    ]
     assert (export / "sglang" / "srt" / "server_args.py").is_file()
 
 
 def test_option_of_an_entry_not_applied_is_refused(project_entries_home, python_with_sglang):
     home = project_entries_home
     make_deployment(home, "serve-options-only", ["options"])
-    code, error = serve(home, "serve-options-only", "--python", python_with_sglang("0.5.23"), "--dry-run", "--",
-                        "--specpilot-w12-lm-head", "--specpilot-no-such-flag=1")
+    code, error = serve(
+        home,
+        "serve-options-only",
+        "--python",
+        python_with_sglang("0.5.23"),
+        "--dry-run",
+        "--",
+        "--specpilot-w12-lm-head",
+        "--specpilot-no-such-flag=1",
+    )
     assert code == 2
     assert "--specpilot-no-such-flag (no entry declares it)" in error["what"]
     if (home.entries / "w12" / "entry.yaml").is_file():
@@ -108,8 +155,9 @@ def test_option_of_an_entry_not_applied_is_refused(project_entries_home, python_
 
 def test_wrong_installed_sglang_is_refused(project_entries_home, python_with_sglang):
     make_deployment(project_entries_home, "serve-options-only", ["options"])
-    code, error = serve(project_entries_home, "serve-options-only", "--python", python_with_sglang("0.5.22"),
-                        "--dry-run")
+    code, error = serve(
+        project_entries_home, "serve-options-only", "--python", python_with_sglang("0.5.22"), "--dry-run"
+    )
     assert code == 2 and "0.5.22, not the pinned 0.5.23" in error["what"]
 
 
@@ -135,7 +183,9 @@ def test_unknown_deployment(project_entries_home):
 def test_malformed_tuned_options(project_entries_home, python_with_sglang):
     make_deployment(project_entries_home, "serve-bad-options", ["options"])
     (project_entries_home.rounds / "serve-bad-options" / "options.yaml").write_text("- not a mapping\n")
-    code, error = serve(project_entries_home, "serve-bad-options", "--python", python_with_sglang("0.5.23"), "--dry-run")
+    code, error = serve(
+        project_entries_home, "serve-bad-options", "--python", python_with_sglang("0.5.23"), "--dry-run"
+    )
     assert code == 2 and "map flags to values" in error["what"]
 
 
@@ -162,8 +212,9 @@ ThreadingHTTPServer((args.host, args.port), Health).serve_forever()
 """
 
 
-def test_serve_runs_until_sigterm_then_stops_the_server(project_entries_home, python_with_sglang, tmp_path,
-                                                         monkeypatch):
+def test_serve_runs_until_sigterm_then_stops_the_server(
+    project_entries_home, python_with_sglang, tmp_path, monkeypatch
+):
     """The run loop end to end. SGLang's server cannot run here, so the deployment's export is replaced
     by a package whose ``sglang.launch_server`` only answers /health; everything else is production."""
     import os
@@ -198,8 +249,19 @@ def test_serve_runs_until_sigterm_then_stops_the_server(project_entries_home, py
     before = signal.getsignal(signal.SIGTERM)
     stopper = threading.Thread(target=stop_when_healthy)
     stopper.start()
-    code, payload = serve(project_entries_home, "serve-options-only", "--gpu", "1", "--port", str(port),
-                          "--python", python_with_sglang("0.5.23"), "--", "--model-path", "/models/target")
+    code, payload = serve(
+        project_entries_home,
+        "serve-options-only",
+        "--gpu",
+        "1",
+        "--port",
+        str(port),
+        "--python",
+        python_with_sglang("0.5.23"),
+        "--",
+        "--model-path",
+        "/models/target",
+    )
     stopper.join()
     assert code == 0 and payload["url"] == f"http://127.0.0.1:{port}"
     launched = json.loads((tmp_path / "standin.json").read_text())

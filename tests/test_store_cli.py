@@ -33,9 +33,16 @@ def memory(stock_home_copy, tmp_path):
     (kernel / "reference.py").write_text("def toy(x):\n    return x\n")
     (kernel / "toy.py").write_text("from .reference import toy\n")
     draft = tmp_path / "draft.yaml"
-    draft.write_text("title: Options\nsummary: |\n  flags\ncontract:\n  level: bit-exact\n  statement: stock by default\n")
-    record_entry(home, "options", source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# options")}),
-                 requires=[], meta=draft)
+    draft.write_text(
+        "title: Options\nsummary: |\n  flags\ncontract:\n  level: bit-exact\n  statement: stock by default\n"
+    )
+    record_entry(
+        home,
+        "options",
+        source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# options")}),
+        requires=[],
+        meta=draft,
+    )
     return home
 
 
@@ -46,11 +53,17 @@ def test_the_cuda_loader_is_vendored_with_the_shared_headers(memory, tmp_path):
     (library / "csrc").mkdir()
     (library / "csrc" / "pdl.cuh").write_text("#pragma once\n")
     pins = vendor_kernels(memory, tmp_path / "wt", ["toy", "cuda_extension.py"])
-    assert sorted(pins) == [f"{VENDOR_DIR}/csrc/pdl.cuh", f"{VENDOR_DIR}/cuda_extension.py",
-                            f"{VENDOR_DIR}/toy/reference.py", f"{VENDOR_DIR}/toy/toy.py"]
+    assert sorted(pins) == [
+        f"{VENDOR_DIR}/csrc/pdl.cuh",
+        f"{VENDOR_DIR}/cuda_extension.py",
+        f"{VENDOR_DIR}/toy/reference.py",
+        f"{VENDOR_DIR}/toy/toy.py",
+    ]
     assert (tmp_path / "wt" / VENDOR_DIR / "csrc" / "pdl.cuh").read_text() == "#pragma once\n"
-    assert sorted(vendor_kernels(memory, tmp_path / "wt2", ["toy"])) == [f"{VENDOR_DIR}/toy/reference.py",
-                                                                         f"{VENDOR_DIR}/toy/toy.py"]
+    assert sorted(vendor_kernels(memory, tmp_path / "wt2", ["toy"])) == [
+        f"{VENDOR_DIR}/toy/reference.py",
+        f"{VENDOR_DIR}/toy/toy.py",
+    ]
 
 
 def test_record_vendor_apply_show_graph_verify(capsys, memory, tmp_path):
@@ -65,13 +78,25 @@ def test_record_vendor_apply_show_graph_verify(capsys, memory, tmp_path):
     files[f"{VENDOR_DIR}/__init__.py"] = b""
     files["sglang/srt/specpilot/__init__.py"] = b""
     (tmp_path / "toy.yaml").write_text("title: Toy\nsummary: toy kernel\ncontract: {level: bit-exact, statement: s}\n")
-    code, out = run_json(capsys, home, "record", "toy", "--from", source_on(home, ["options"], files),
-                         "--requires", "options", "--meta", str(tmp_path / "toy.yaml"))
+    code, out = run_json(
+        capsys,
+        home,
+        "record",
+        "toy",
+        "--from",
+        source_on(home, ["options"], files),
+        "--requires",
+        "options",
+        "--meta",
+        str(tmp_path / "toy.yaml"),
+    )
     assert code == 0 and out["kernels"] == pins and out["requires"] == ["options"]
 
     code, out = run_json(capsys, home, "apply", "toy")
     assert code == 0 and [(e["id"], e["status"], e["reproduced"]) for e in out["entries"]] == [
-        ("options", "applied", True), ("toy", "applied", True)]
+        ("options", "applied", True),
+        ("toy", "applied", True),
+    ]
     code, out = run(capsys, home, "apply", "--all")
     assert code == 0 and "apply onto stock" in out and "toy" in out
 
@@ -86,7 +111,9 @@ def test_record_vendor_apply_show_graph_verify(capsys, memory, tmp_path):
     assert '"toy" -> "options";' in out and '"options" -> "stock";' in out
     code, out = run_json(capsys, home, "graph", "--format", "png", "--output", str(tmp_path / "g.png"))
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG" and {e["id"]: e["depth"] for e in out["entries"]} == {
-        "options": 0, "toy": 1}
+        "options": 0,
+        "toy": 1,
+    }
 
     # the library moves on: verify reports the vendored copy as behind, but the entry still reproduces
     (home.kernels / "toy" / "reference.py").write_text("def toy(x):\n    return 2 * x\n")
@@ -101,8 +128,9 @@ def test_entry_updates_through_the_cli(capsys, memory, tmp_path):
     (tmp_path / "v.yaml").write_text("name: hopper\nhardware: [sm_90]\n")
     code, out = run_json(capsys, memory, "entry", "add-variant", "options", str(tmp_path / "v.yaml"))
     assert code == 0 and out["variants"] == [{"name": "hopper", "options": {}, "hardware": ["sm_90"], "notes": ""}]
-    (tmp_path / "e.yaml").write_text("kind: paired-run\ndeployment: {gpu: H200, arch: sm_90}\ncommand: x\n"
-                                     "date: 2026-11-30\nsynthetic: true\n")
+    (tmp_path / "e.yaml").write_text(
+        "kind: paired-run\ndeployment: {gpu: H200, arch: sm_90}\ncommand: x\ndate: 2026-11-30\nsynthetic: true\n"
+    )
     code, out = run_json(capsys, memory, "entry", "add-evidence", "options", str(tmp_path / "e.yaml"))
     assert code == 0 and out["evidence"][0]["deployment"]["gpu"] == "H200"
     code, out = run_json(capsys, memory, "entry", "add-evidence", "options", str(tmp_path / "e.yaml"))
@@ -140,12 +168,19 @@ def test_schema(capsys):
 def test_a_conflict_onto_stock_is_data_too(capsys, memory):
     """Which entries applied, which conflicted and on which paths: in --json and in the table, exit 1."""
     stock = open_fork(memory).repo.git("cat-file", "blob", f"stock:{SERVER_ARGS}").stdout
-    record_entry(memory, "clash", source_on(memory, [], {SERVER_ARGS: stock + b"# clash\n"}), requires=[],
-                 meta={"title": "c", "summary": "s", "contract": {"level": "bit-exact", "statement": "x"}})
+    record_entry(
+        memory,
+        "clash",
+        source_on(memory, [], {SERVER_ARGS: stock + b"# clash\n"}),
+        requires=[],
+        meta={"title": "c", "summary": "s", "contract": {"level": "bit-exact", "statement": "x"}},
+    )
     code, out = run_json(capsys, memory, "apply", "options", "clash")
     assert code == 1
     assert [(e["id"], e["status"], e["paths"], e["conflicts_with"]) for e in out["entries"]] == [
-        ("clash", "applied", [SERVER_ARGS], []), ("options", "conflict", [SERVER_ARGS], ["clash"])]
+        ("clash", "applied", [SERVER_ARGS], []),
+        ("options", "conflict", [SERVER_ARGS], ["clash"]),
+    ]
     assert out["entries"][0]["reproduced"] is True and out["entries"][1]["reproduced"] is None
     code, text = run(capsys, memory, "apply", "options", "clash")
     assert code == 1 and "conflict" in text and "clash" in text and SERVER_ARGS in text

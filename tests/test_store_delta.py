@@ -19,7 +19,7 @@ index {A}..{B} 100644
 """.encode()
 ADD_BINARY = f"""diff --git a/sglang/b.bin b/sglang/b.bin
 new file mode 100644
-index {'0' * 40}..{B}
+index {"0" * 40}..{B}
 GIT binary patch
 literal 5
 McmYdfNMc9^00VOYCjbBd
@@ -30,7 +30,7 @@ HcmV?d00001
 """.encode()
 DELETE_EMPTY = f"""diff --git a/sglang/e.py b/sglang/e.py
 deleted file mode 100644
-index {EMPTY}..{'0' * 40}
+index {EMPTY}..{"0" * 40}
 """.encode()
 MODE_ONLY = b"""diff --git a/sglang/run.py b/sglang/run.py
 old mode 100644
@@ -48,15 +48,18 @@ def test_parses_every_kind_of_change():
     assert parse_delta(b"", "e", "delta.patch").changes == ()
 
 
-@pytest.mark.parametrize("text, message, line", [
-    (MODIFY[:-3], "does not end with a newline", 8),
-    (MODIFY.rsplit(b"\n", 2)[0] + b"\n", "cut short", 7),
-    (MODIFY.replace(b"@@ -1,2 +1,3 @@", b"@@ -1,2 +1,4 @@"), "cut short", 8),
-    (MODIFY.replace(b" three", b"?three"), "shorter than its header", 8),
-    (ADD_BINARY[:-30] + b"\n", "cut short|wrong length|literal", None),
-    (MODIFY.replace(b"index " + A.encode(), b"index 12ab"), "unexpected header line", 2),
-    (b"garbage\n", "expected 'diff --git'", 1),
-])
+@pytest.mark.parametrize(
+    "text, message, line",
+    [
+        (MODIFY[:-3], "does not end with a newline", 8),
+        (MODIFY.rsplit(b"\n", 2)[0] + b"\n", "cut short", 7),
+        (MODIFY.replace(b"@@ -1,2 +1,3 @@", b"@@ -1,2 +1,4 @@"), "cut short", 8),
+        (MODIFY.replace(b" three", b"?three"), "shorter than its header", 8),
+        (ADD_BINARY[:-30] + b"\n", "cut short|wrong length|literal", None),
+        (MODIFY.replace(b"index " + A.encode(), b"index 12ab"), "unexpected header line", 2),
+        (b"garbage\n", "expected 'diff --git'", 1),
+    ],
+)
 def test_damage_is_caught_with_its_line(text, message, line):
     with pytest.raises(DeltaError, match=message) as err:
         parse_delta(text, "e", "entries/e/delta.patch")
@@ -65,8 +68,17 @@ def test_damage_is_caught_with_its_line(text, message, line):
     assert "re-record" in err.value.fix
 
 
-@pytest.mark.parametrize("path", ["/etc/passwd", "../outside.py", "sglang/../../x", ".git/config",
-                                  "sglang/.git/hooks/post-checkout", "sglang/./x.py"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc/passwd",
+        "../outside.py",
+        "sglang/../../x",
+        ".git/config",
+        "sglang/.git/hooks/post-checkout",
+        "sglang/./x.py",
+    ],
+)
 def test_paths_outside_the_tree_or_in_git_are_refused(path):
     text = MODIFY.replace(b"sglang/x.py", path.encode())
     with pytest.raises(DeltaError, match="outside the tree|inside .git"):
@@ -76,7 +88,9 @@ def test_paths_outside_the_tree_or_in_git_are_refused(path):
 def test_quoted_and_spaced_paths():
     spaced = MODIFY.replace(b"sglang/x.py", b"sglang/a b.py")
     assert parse_delta(spaced, "e", "d").changes[0].path == "sglang/a b.py"
-    quoted = MODIFY.replace(b"diff --git a/sglang/x.py b/sglang/x.py", b'diff --git "a/sglang/t\\tab.py" "b/sglang/t\\tab.py"')
+    quoted = MODIFY.replace(
+        b"diff --git a/sglang/x.py b/sglang/x.py", b'diff --git "a/sglang/t\\tab.py" "b/sglang/t\\tab.py"'
+    )
     assert parse_delta(quoted, "e", "d").changes[0].path == "sglang/t\tab.py"
 
 

@@ -22,10 +22,20 @@ SERVER_ARGS = "sglang/srt/server_args.py"
 def memory(stock_home_copy):
     """alpha, and beta requiring it, recorded on the real stock."""
     home = stock_home_copy
-    record_entry(home, "alpha", source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# alpha")}),
-                 requires=[], meta=DRAFT)
-    record_entry(home, "beta", source_on(home, ["alpha"], {"sglang/srt/specpilot/beta.py": b"B = 1\n"}),
-                 requires=["alpha"], meta=DRAFT)
+    record_entry(
+        home,
+        "alpha",
+        source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# alpha")}),
+        requires=[],
+        meta=DRAFT,
+    )
+    record_entry(
+        home,
+        "beta",
+        source_on(home, ["alpha"], {"sglang/srt/specpilot/beta.py": b"B = 1\n"}),
+        requires=["alpha"],
+        meta=DRAFT,
+    )
     return home
 
 
@@ -67,12 +77,15 @@ def test_malformed_record_names_the_line(memory):
     assert "entries/alpha/entry.yaml:" in err.value.where
 
 
-@pytest.mark.parametrize("old, new, message", [
-    (b"+# alpha\n", b"+# alphA\n", "comes out as"),  # a flipped byte in a hunk: caught by git apply's result
-    (b"+# alpha\n", b"", "cut short"),  # truncated
-    (b"a/sglang/srt/server_args.py b/sglang/srt/server_args.py", b"a/.git/config b/.git/config", "inside .git"),
-    (b"a/sglang/srt/server_args.py b/sglang/srt/server_args.py", b"a/../x.py b/../x.py", "outside the tree"),
-])
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        (b"+# alpha\n", b"+# alphA\n", "comes out as"),  # a flipped byte in a hunk: caught by git apply's result
+        (b"+# alpha\n", b"", "cut short"),  # truncated
+        (b"a/sglang/srt/server_args.py b/sglang/srt/server_args.py", b"a/.git/config b/.git/config", "inside .git"),
+        (b"a/sglang/srt/server_args.py b/sglang/srt/server_args.py", b"a/../x.py b/../x.py", "outside the tree"),
+    ],
+)
 def test_damaged_deltas(memory, old, new, message):
     edit(memory, "alpha", old, new, name="delta.patch")
     before = snapshot(memory)
@@ -101,13 +114,29 @@ def test_a_writer_waits_for_the_lock_and_names_its_holder(memory, monkeypatch):
     before = snapshot(memory)
     monkeypatch.setenv("SPECPILOT_LOCK_TIMEOUT", "0.3")
     with open_fork(memory).lock():
-        with pytest.raises(LockTimeout, match=rf"in use by pid {os.getpid()} \(specpilot-mem .*\) since .*waited 0.3 s"):
+        with pytest.raises(
+            LockTimeout, match=rf"in use by pid {os.getpid()} \(specpilot-mem .*\) since .*waited 0.3 s"
+        ):
             apply_entries(memory, ["alpha"], branch="deploy/x")
         with pytest.raises(LockTimeout):  # a reader waits for a writer too
             verify_memory(memory)
-        proc = subprocess.run([sys.executable, "-m", "specpilot_mem", "apply", "alpha", "--branch", "deploy/y",
-                               "--home", str(memory.root), "--json"], capture_output=True, text=True,
-                              env={**os.environ, "SPECPILOT_LOCK_TIMEOUT": "0.3"})
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "specpilot_mem",
+                "apply",
+                "alpha",
+                "--branch",
+                "deploy/y",
+                "--home",
+                str(memory.root),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "SPECPILOT_LOCK_TIMEOUT": "0.3"},
+        )
         assert proc.returncode == 2 and '"LockTimeout"' in proc.stdout and f"in use by pid {os.getpid()}" in proc.stdout
     assert snapshot(memory) == before
 
@@ -163,8 +192,11 @@ def test_init_builds_what_reproduces_and_reports_the_rest(memory):
     fork.repo.git("update-ref", "-d", "refs/heads/entry/beta")
     record = (memory.entries / "beta" / "entry.yaml").read_text()
     (memory.entries / "beta" / "entry.yaml").write_text(
-        "\n".join("reproduces: " + "0a" * 20 if line.startswith("reproduces:") else line
-                  for line in record.splitlines()) + "\n")
+        "\n".join(
+            "reproduces: " + "0a" * 20 if line.startswith("reproduces:") else line for line in record.splitlines()
+        )
+        + "\n"
+    )
     result = init_memory(memory)
     states = {b.id: b.change for b in result.branches}
     assert states == {"alpha": "created", "beta": "failed"}

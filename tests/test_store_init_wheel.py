@@ -13,7 +13,9 @@ from specpilot_mem.store.stock import fetch_wheel
 
 
 def test_a_wrong_wheel_is_refused_on_an_existing_fork(stock_home_copy, tmp_path):
-    refs = (stock_home_copy.fork / "packed-refs").read_bytes() if (stock_home_copy.fork / "packed-refs").exists() else b""
+    refs = (
+        (stock_home_copy.fork / "packed-refs").read_bytes() if (stock_home_copy.fork / "packed-refs").exists() else b""
+    )
     not_zip = tmp_path / "sglang-0.5.23-py3-none-any.whl"
     not_zip.write_bytes(b"not a wheel")
     with pytest.raises(ForkError, match="not the pinned .* and is not a zip archive"):
@@ -22,7 +24,9 @@ def test_a_wrong_wheel_is_refused_on_an_existing_fork(stock_home_copy, tmp_path)
         init_memory(stock_home_copy, wheel=str(tmp_path / "missing.whl"))
     with pytest.raises(ForkError, match="exclude each other"):
         init_memory(stock_home_copy, wheel=str(not_zip), fork_url=str(tmp_path), stock_rev="main")
-    after = (stock_home_copy.fork / "packed-refs").read_bytes() if (stock_home_copy.fork / "packed-refs").exists() else b""
+    after = (
+        (stock_home_copy.fork / "packed-refs").read_bytes() if (stock_home_copy.fork / "packed-refs").exists() else b""
+    )
     assert after == refs
 
 
@@ -30,4 +34,7 @@ def test_the_right_wheel_is_checked_and_reported(stock_home_copy, capsys):
     wheel = fetch_wheel()  # the cached pinned wheel
     assert main(["init", "--wheel", str(wheel), "--no-checkout", "--json", "--home", str(stock_home_copy.root)]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["built"] is False and data["wheel"] == f"{wheel}: sha256 matches the pin; the fork already exists, so nothing was rebuilt"
+    assert (
+        data["built"] is False
+        and data["wheel"] == f"{wheel}: sha256 matches the pin; the fork already exists, so nothing was rebuilt"
+    )

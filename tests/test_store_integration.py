@@ -32,21 +32,39 @@ def test_init_gives_the_pinned_stock_and_is_idempotent(stock_fork_home):
 
 def test_record_then_apply_reproduces_and_builds_branches(stock_home_copy):
     home = stock_home_copy
-    alpha = record_entry(home, "alpha", source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# alpha")}),
-                         requires=[], meta=DRAFT)
-    beta_src = source_on(home, ["alpha"], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# beta", ["alpha"]),
-                                           "sglang/srt/specpilot/beta.py": b"BETA = 1\n", README: None})
+    alpha = record_entry(
+        home,
+        "alpha",
+        source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# alpha")}),
+        requires=[],
+        meta=DRAFT,
+    )
+    beta_src = source_on(
+        home,
+        ["alpha"],
+        {
+            SERVER_ARGS: append_line(home, SERVER_ARGS, "# beta", ["alpha"]),
+            "sglang/srt/specpilot/beta.py": b"BETA = 1\n",
+            README: None,
+        },
+    )
     beta = record_entry(home, "beta", beta_src, requires=["alpha"], meta=DRAFT)
     fork = open_fork(home)
     assert beta.reproduces == fork.repo.rev_parse(f"{beta_src}^{{tree}}") and beta.source.commit == beta_src
     result = apply_entries(home, ["beta"])
     assert result.order == ["alpha", "beta"]
-    assert [(o.id, o.status, o.reproduced) for o in result.outcomes] == [("alpha", APPLIED, True), ("beta", APPLIED, True)]
+    assert [(o.id, o.status, o.reproduced) for o in result.outcomes] == [
+        ("alpha", APPLIED, True),
+        ("beta", APPLIED, True),
+    ]
     assert result.tree == beta.reproduces
     tip = fork.repo.rev_parse("entry/beta")
     assert fork.repo.rev_parse(f"{tip}^{{tree}}") == beta.reproduces
     assert fork.repo.rev_parse(f"{tip}^") != fork.stock_commit  # base = merge of stock and alpha's tip
-    assert fork.repo.out("rev-list", "--parents", "-n1", f"{tip}^").split()[1:] == [fork.stock_commit, fork.repo.rev_parse("entry/alpha")]
+    assert fork.repo.out("rev-list", "--parents", "-n1", f"{tip}^").split()[1:] == [
+        fork.stock_commit,
+        fork.repo.rev_parse("entry/alpha"),
+    ]
     assert fork.repo.rev_parse("entry/alpha^{tree}") == alpha.reproduces
     # a second init, and a fresh resolver, change nothing
     refs = fork.repo.refs("refs/heads")
@@ -62,18 +80,35 @@ def test_statuses_merges_and_conflicts(stock_home_copy):
     stock_text = fork.repo.git("cat-file", "blob", f"stock:{SERVER_ARGS}").stdout
     top = b"# top\n" + stock_text
     record_entry(home, "top", source_on(home, [], {SERVER_ARGS: top}), requires=[], meta=DRAFT)
-    record_entry(home, "bottom", source_on(home, [], {SERVER_ARGS: stock_text + b"# bottom\n"}), requires=[], meta=DRAFT)
+    record_entry(
+        home, "bottom", source_on(home, [], {SERVER_ARGS: stock_text + b"# bottom\n"}), requires=[], meta=DRAFT
+    )
     # rewrites the first line, which top's hunk has as context: neither a plain apply nor a 3-way merge works
-    record_entry(home, "clash", source_on(home, [], {SERVER_ARGS: b"# clash\n" + stock_text.split(b"\n", 1)[1]}),
-                 requires=[], meta=DRAFT)
+    record_entry(
+        home,
+        "clash",
+        source_on(home, [], {SERVER_ARGS: b"# clash\n" + stock_text.split(b"\n", 1)[1]}),
+        requires=[],
+        meta=DRAFT,
+    )
     # inserts where top inserts: a conflict, as with `git apply --3way` (a hunk at line 1 must match at the top)
     record_entry(home, "above", source_on(home, [], {SERVER_ARGS: b"# above\n" + stock_text}), requires=[], meta=DRAFT)
     # inserts further down: the later hunk of "low" applies at an offset of one line
     lines = stock_text.splitlines(keepends=True)
-    record_entry(home, "mid", source_on(home, [], {SERVER_ARGS: b"".join(lines[:10] + [b"# mid\n"] + lines[10:])}),
-                 requires=[], meta=DRAFT)
-    record_entry(home, "low", source_on(home, [], {SERVER_ARGS: b"".join(lines[:30] + [b"# low\n"] + lines[30:])}),
-                 requires=[], meta=DRAFT)
+    record_entry(
+        home,
+        "mid",
+        source_on(home, [], {SERVER_ARGS: b"".join(lines[:10] + [b"# mid\n"] + lines[10:])}),
+        requires=[],
+        meta=DRAFT,
+    )
+    record_entry(
+        home,
+        "low",
+        source_on(home, [], {SERVER_ARGS: b"".join(lines[:30] + [b"# low\n"] + lines[30:])}),
+        requires=[],
+        meta=DRAFT,
+    )
     record_entry(home, "same-as-top", source_on(home, [], {SERVER_ARGS: top}), requires=[], meta=DRAFT)
     result = apply_entries(home, ["bottom", "empty", "top"], branch="deploy/merged")
     assert {o.id: o.status for o in result.outcomes} == {"bottom": APPLIED, "empty": EMPTY, "top": APPLIED}
@@ -82,10 +117,13 @@ def test_statuses_merges_and_conflicts(stock_home_copy):
     assert [o.status for o in apply_entries(home, ["same-as-top", "top"]).outcomes] == [APPLIED, PRESENT]
     apply_entries(home, ["mid", "low"], branch="deploy/offset")
     assert fork.repo.git("cat-file", "blob", f"deploy/offset:{SERVER_ARGS}").stdout == b"".join(
-        lines[:10] + [b"# mid\n"] + lines[10:30] + [b"# low\n"] + lines[30:])
+        lines[:10] + [b"# mid\n"] + lines[10:30] + [b"# low\n"] + lines[30:]
+    )
     clashing = apply_entries(home, ["above", "top"])  # onto stock, too, a conflict is data
     assert [(o.id, o.status, o.paths, o.conflicts_with) for o in clashing.outcomes] == [
-        ("above", APPLIED, [SERVER_ARGS], []), ("top", CONFLICT, [SERVER_ARGS], ["above"])]
+        ("above", APPLIED, [SERVER_ARGS], []),
+        ("top", CONFLICT, [SERVER_ARGS], ["above"]),
+    ]
     refs = fork.repo.refs("refs")
     with pytest.raises(ConflictError) as err:
         apply_entries(home, ["clash", "top"], branch="deploy/x")
@@ -112,14 +150,31 @@ def test_branch_output_is_deterministic(stock_home_copy):
 
 def test_updates_reverify_dependents(stock_home_copy, tmp_path):
     home = stock_home_copy
-    record_entry(home, "alpha", source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# alpha")}),
-                 requires=[], meta=DRAFT)
-    record_entry(home, "beta", source_on(home, ["alpha"], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# beta", ["alpha"])}),
-                 requires=["alpha"], meta=DRAFT)
+    record_entry(
+        home,
+        "alpha",
+        source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# alpha")}),
+        requires=[],
+        meta=DRAFT,
+    )
+    record_entry(
+        home,
+        "beta",
+        source_on(home, ["alpha"], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# beta", ["alpha"])}),
+        requires=["alpha"],
+        meta=DRAFT,
+    )
     variant = Variant(name="hopper", options={}, hardware=["sm_90"])
     assert add_variant(home, "alpha", variant).variants == [variant]
-    evidence = Evidence.model_validate({"kind": "microbenchmark", "deployment": {"gpu": "H200", "arch": "sm_90"},
-                                        "command": "python benchmarks/x.py", "date": "2026-11-30", "synthetic": True})
+    evidence = Evidence.model_validate(
+        {
+            "kind": "microbenchmark",
+            "deployment": {"gpu": "H200", "arch": "sm_90"},
+            "command": "python benchmarks/x.py",
+            "date": "2026-11-30",
+            "synthetic": True,
+        }
+    )
     assert len(add_evidence(home, "alpha", evidence).evidence) == 1
     before = (home.entries / "alpha" / "delta.patch").read_bytes(), open_fork(home).repo.refs("refs")
     # re-recording alpha so that beta's delta no longer applies must be refused, changing nothing

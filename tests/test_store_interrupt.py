@@ -19,8 +19,13 @@ GONE_PID = 999_999_999  # above any pid_max
 @pytest.fixture
 def memory(stock_home_copy):
     home = stock_home_copy
-    record_entry(home, "alpha", source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# alpha")}),
-                 requires=[], meta=DRAFT)
+    record_entry(
+        home,
+        "alpha",
+        source_on(home, [], {SERVER_ARGS: append_line(home, SERVER_ARGS, "# alpha")}),
+        requires=[],
+        meta=DRAFT,
+    )
     return home
 
 
@@ -28,7 +33,7 @@ def _interrupt_at(monkeypatch, *words):
     real = Repo.git
 
     def git(self, *args, **kwargs):
-        if args[:len(words)] == words:
+        if args[: len(words)] == words:
             raise KeyboardInterrupt
         return real(self, *args, **kwargs)
 
@@ -36,8 +41,11 @@ def _interrupt_at(monkeypatch, *words):
 
 
 def _worktrees(home) -> list[str]:
-    return [line for line in open_fork(home).repo.out("worktree", "list", "--porcelain").splitlines()
-            if line.startswith("worktree ")]
+    return [
+        line
+        for line in open_fork(home).repo.out("worktree", "list", "--porcelain").splitlines()
+        if line.startswith("worktree ")
+    ]
 
 
 def test_ctrl_c_during_a_new_worktree_leaves_nothing(memory, tmp_path, monkeypatch):

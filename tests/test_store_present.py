@@ -64,14 +64,17 @@ def test_some_hunks_already_there_are_named_and_not_repeated(user_home):
 
 
 def test_apply_hunks_leaves_a_present_insertion_alone():
-    delta = (b"diff --git a/f b/f\nindex " + b"1" * 40 + b".." + b"2" * 40 + b" 100644\n--- a/f\n+++ b/f\n"
-             b"@@ -1,2 +1,3 @@\n one\n+two\n three\n")
+    delta = (
+        b"diff --git a/f b/f\nindex " + b"1" * 40 + b".." + b"2" * 40 + b" 100644\n--- a/f\n+++ b/f\n"
+        b"@@ -1,2 +1,3 @@\n one\n+two\n three\n"
+    )
     hunks = parse_delta(delta, "e", "d").changes[0].hunks
     assert apply_hunks(b"one\nthree\n", hunks) == (b"one\ntwo\nthree\n", ())
     assert apply_hunks(b"one\ntwo\nthree\nfour\n", hunks) == (b"one\ntwo\nthree\nfour\n", (1,))
 
 
 # -- the property: the in-memory application agrees with `git apply --3way` on every outcome ---------------
+
 
 def _random_case(rng: random.Random) -> tuple[bytes, bytes, bytes]:
     """(pre, post, now): a file with repeated lines, an entry's edits to it, and a base that has some of
@@ -93,7 +96,7 @@ def _random_case(rng: random.Random) -> tuple[bytes, bytes, bytes]:
     def edited(edits) -> list[str]:
         lines = list(pre)
         for at, removed, new in sorted(edits, key=lambda e: e[0], reverse=True):
-            lines[at:at + removed] = new
+            lines[at : at + removed] = new
         return lines
 
     entry_edits = random_edits(rng.randint(1, 3), "E", [], 1)
@@ -111,7 +114,9 @@ def plain_resolver(user_home):
     return Resolver(open_fork(user_home), records={})
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_in_memory_apply_agrees_with_git_apply_3way(plain_resolver, seed):
     pre, post, now = _random_case(random.Random(seed))

@@ -28,8 +28,10 @@ def build(home, requires):
     and sets slot i in each required entry's file (pre-images that only exist after the requirement)."""
     for i, reqs in enumerate(requires):
         req_ids = [f"e{r}" for r in reqs]
-        files = {"sglang/shared.py": set_slot(fork_file(home, req_ids, "sglang/shared.py"), "shared", i, f"e{i}"),
-                 f"sglang/e{i}.py": slotted(f"e{i}")}
+        files = {
+            "sglang/shared.py": set_slot(fork_file(home, req_ids, "sglang/shared.py"), "shared", i, f"e{i}"),
+            f"sglang/e{i}.py": slotted(f"e{i}"),
+        }
         for r in reqs:
             files[f"sglang/e{r}.py"] = set_slot(fork_file(home, req_ids, f"sglang/e{r}.py"), f"e{r}", i, f"e{i}")
         record_entry(home, f"e{i}", prefixed_source(home, req_ids, files), requires=req_ids, meta=DRAFT)

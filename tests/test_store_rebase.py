@@ -18,8 +18,13 @@ from specpilot_mem.store.resolver import apply_entries
 from specpilot_mem.store.verify import verify_memory
 
 SHARED = "sglang/shared.py"
-EVIDENCE = {"kind": "microbenchmark", "deployment": {"gpu": "H200", "arch": "sm_90"}, "command": "python bench.py",
-            "date": dt.date(2026, 1, 2), "figures": []}
+EVIDENCE = {
+    "kind": "microbenchmark",
+    "deployment": {"gpu": "H200", "arch": "sm_90"},
+    "command": "python bench.py",
+    "date": dt.date(2026, 1, 2),
+    "figures": [],
+}
 
 
 def _slot(home, requires, slot, text, extra=None):
@@ -32,8 +37,13 @@ def chain_home(tmp_path):
     """base <- middle <- top (and side <- base), each changing its own slot of one shared file."""
     home = synthetic_home(tmp_path)
     record_entry(home, "base", _slot(home, [], 1, "base v1"), requires=[], meta=DRAFT)
-    record_entry(home, "middle", _slot(home, ["base"], 5, "middle", {"sglang/middle.py": b"M = 1\n"}),
-                 requires=["base"], meta={**DRAFT, "evidence": [EVIDENCE]})
+    record_entry(
+        home,
+        "middle",
+        _slot(home, ["base"], 5, "middle", {"sglang/middle.py": b"M = 1\n"}),
+        requires=["base"],
+        meta={**DRAFT, "evidence": [EVIDENCE]},
+    )
     record_entry(home, "top", _slot(home, ["middle"], 9, "top"), requires=["middle"], meta=DRAFT)
     record_entry(home, "side", _slot(home, ["base"], 11, "side"), requires=["base"], meta=DRAFT)
     return home

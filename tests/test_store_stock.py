@@ -50,12 +50,18 @@ def test_import_checks_record_modes_exclusions_and_fails_on_the_pin(tmp_path):
     # the tree it built (still in the object store) has what the design says
     repo.fast_import(stock.import_stream(wheel))
     listing = {row[3]: row[0] for row in repo.ls_tree(stock.IMPORT_REF) if row[1] == "blob"}
-    assert listing == {".gitattributes": "100644", stock.WHEEL_EXCLUDED: "100644",
-                       "sglang/__init__.py": "100644", "sglang/launch.py": "100755"}
+    assert listing == {
+        ".gitattributes": "100644",
+        stock.WHEEL_EXCLUDED: "100644",
+        "sglang/__init__.py": "100644",
+        "sglang/launch.py": "100755",
+    }
     assert repo.git("cat-file", "blob", f"{stock.IMPORT_REF}:sglang/__init__.py").stdout == b"VERSION = 1\r\n"
     excluded = stock.excluded_files(repo, stock.IMPORT_REF)
-    assert [r.path for r in excluded] == ["sglang-0.5.23.dist-info/METADATA",
-                                          "sglang/srt/fast.cpython-311-x86_64-linux-gnu.so"]
+    assert [r.path for r in excluded] == [
+        "sglang-0.5.23.dist-info/METADATA",
+        "sglang/srt/fast.cpython-311-x86_64-linux-gnu.so",
+    ]
     assert excluded[1].sha256 == hashlib.sha256(b"\x7fELF").hexdigest()
 
 

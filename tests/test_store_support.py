@@ -7,8 +7,11 @@ from specpilot_mem.home import Home
 from specpilot_mem.store.fork import open_fork
 from specpilot_mem.store.resolver import Resolver
 
-DRAFT = {"title": "test entry", "summary": "made by the store tests",
-         "contract": {"level": "bit-exact", "statement": "with defaults it behaves as stock"}}
+DRAFT = {
+    "title": "test entry",
+    "summary": "made by the store tests",
+    "contract": {"level": "bit-exact", "statement": "with defaults it behaves as stock"},
+}
 
 
 def commit_files(repo: Repo, base: str, files: dict[str, bytes | None], message: str = "edit") -> str:
@@ -64,10 +67,17 @@ def make_user_fork(folder) -> str:
     from specpilot_mem.git import init_repo
 
     repo = init_repo(folder)
-    commit = commit_files(repo, "4b825dc642cb6eb9a060e54bf8d69288fbee4904", {
-        "README.md": b"my fork\n", "python/sglang/__init__.py": b"", "python/sglang/shared.py": slotted("shared"),
-        "python/sglang/srt/server_args.py": b"ARGS = []\n",
-    }, "stock")
+    commit = commit_files(
+        repo,
+        "4b825dc642cb6eb9a060e54bf8d69288fbee4904",
+        {
+            "README.md": b"my fork\n",
+            "python/sglang/__init__.py": b"",
+            "python/sglang/shared.py": slotted("shared"),
+            "python/sglang/srt/server_args.py": b"ARGS = []\n",
+        },
+        "stock",
+    )
     repo.git("update-ref", "refs/heads/main", commit)
     return commit
 

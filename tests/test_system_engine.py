@@ -22,13 +22,16 @@ def test_default_options_are_stock_and_parse_round_trips():
     assert SystemOptions.parse("") == SystemOptions()
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("linears=fp8", "linears='fp8' is not an option"),
-    ("lm_head=int4", "lm_head='int4'"),
-    ("tree=best-first,nodes=8,positions=16", "cannot reach depth 16"),
-    ("positions=17", "drafts 16 positions"),
-    ("tree=best-first,nodes=64", "at most 64"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("linears=fp8", "linears='fp8' is not an option"),
+        ("lm_head=int4", "lm_head='int4'"),
+        ("tree=best-first,nodes=8,positions=16", "cannot reach depth 16"),
+        ("positions=17", "drafts 16 positions"),
+        ("tree=best-first,nodes=64", "at most 64"),
+    ],
+)
 def test_impossible_options_are_clear_errors(text, fragment):
     with pytest.raises(OptionsError, match=fragment.replace("(", r"\(").replace("[", r"\[")):
         SystemOptions.parse(text).validate(SHAPES["qwen3.8-27b-like"])
@@ -183,8 +186,10 @@ def test_composed_mechanisms_are_token_identical_in_fp32():
 def test_cuda_graph_step_equals_eager_step():
     shape = get_shape("qwen3.8-27b-like", smoke=True)
     weights = Weights.synthetic(shape, "cuda", torch.bfloat16)
-    for options in (SystemOptions(), SystemOptions(linears="w12", lm_head="certified", gdn_verify="path",
-                                                   tree="best-first", nodes=16)):
+    for options in (
+        SystemOptions(),
+        SystemOptions(linears="w12", lm_head="certified", gdn_verify="path", tree="best-first", nodes=16),
+    ):
         results = []
         for graphs in (False, True):
             caches = Caches(shape, 2, 64, "cuda", torch.bfloat16)

@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from specpilot_kernels.w12 import (
-    FORMAT_VERSION, W12Error, check_roundtrip, decode, encode, fp8_view, from_canonical, to_canonical,
+    FORMAT_VERSION,
+    W12Error,
+    check_roundtrip,
+    decode,
+    encode,
+    fp8_view,
+    from_canonical,
+    to_canonical,
 )
 from specpilot_kernels.w12.format import RECORD_BYTES, STEP_K, W12Tensor, escape_positions
 from specpilot_kernels.w12.codec import encode_or_keep
@@ -15,7 +22,8 @@ from specpilot_kernels.w12.convert import convert_tensors, load_converted
 from specpilot_kernels.w12.reference import _in_window, choose_base, qpass_weight_reference
 
 _spec = importlib.util.spec_from_file_location(
-    "w12_checkpoint_stats", Path(__file__).resolve().parents[1] / "benchmarks" / "w12_checkpoint_stats.py")
+    "w12_checkpoint_stats", Path(__file__).resolve().parents[1] / "benchmarks" / "w12_checkpoint_stats.py"
+)
 _stats_module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_stats_module)
 checkpoint_stats = _stats_module.checkpoint_stats
@@ -40,11 +48,19 @@ def test_specials_roundtrip_inside_ordinary_weights():
     torch.manual_seed(0)
     w = (torch.randn(300, 700) * 0.02).bfloat16()
     specials = {
-        (0, 0): 0x0000, (0, 1): 0x8000,  # +-0
-        (1, 2): 0x0001, (1, 3): 0x807F, (2, 4): 0x0040,  # denormals
-        (3, 5): 0x7F80, (3, 6): 0xFF80,  # +-Inf
-        (4, 7): 0x7FC0, (4, 8): 0x7F81, (5, 9): 0xFFFF, (6, 10): 0x7FA5,  # NaNs with payloads
-        (7, 11): 0x7F7F, (8, 12): 0x0080,  # largest and smallest normals
+        (0, 0): 0x0000,
+        (0, 1): 0x8000,  # +-0
+        (1, 2): 0x0001,
+        (1, 3): 0x807F,
+        (2, 4): 0x0040,  # denormals
+        (3, 5): 0x7F80,
+        (3, 6): 0xFF80,  # +-Inf
+        (4, 7): 0x7FC0,
+        (4, 8): 0x7F81,
+        (5, 9): 0xFFFF,
+        (6, 10): 0x7FA5,  # NaNs with payloads
+        (7, 11): 0x7F7F,
+        (8, 12): 0x0080,  # largest and smallest normals
     }
     raw = bits(w).clone()
     for (r, c), pattern in specials.items():
@@ -69,7 +85,7 @@ def test_window_moves_up_when_the_top_binade_would_hit_the_nan_code():
     # Row 0: many weights 1.875..1.99 (exponent E, mantissa 111: the excluded E4M3 NaN code at offset 15);
     # shifting the window up by one binade costs only the one tiny weight.
     row = torch.full((1, 256), 1.9).bfloat16()
-    row[0, 0] = 2.0 ** -14
+    row[0, 0] = 2.0**-14
     base = choose_base(bits(row))
     exponent_of_1_9 = 127
     assert int(base[0]) == exponent_of_1_9 + 1 - 15
@@ -108,7 +124,10 @@ def test_canonical_records_roundtrip_and_are_12kb_per_tile():
     w[10, 20] = 0
     w12 = encode(w)
     disk = to_canonical(w12)
-    assert disk["records"].shape == (2 * 6, RECORD_BYTES)  # 200 -> 256 rows, 300 -> 384 columns and RECORD_BYTES == 12288
+    assert disk["records"].shape == (
+        2 * 6,
+        RECORD_BYTES,
+    )  # 200 -> 256 rows, 300 -> 384 columns and RECORD_BYTES == 12288
     assert int(disk["header"][0]) == FORMAT_VERSION
     # the first record's first 8 KB is tile (0, 0) of the 8-bit view, row-major
     assert torch.equal(disk["records"][0, :8192].view(128, 64), w12.view[:128, :64])
@@ -182,8 +201,14 @@ def test_checkpoint_stats_cover_every_matrix(tmp_path):
 
     torch.manual_seed(6)
     path = tmp_path / "tiny.safetensors"
-    save_file({"a.weight": (torch.randn(64, 96) * 0.02).bfloat16(), "b.weight": torch.randn(32, 128) * 0.1,
-               "norm.weight": torch.ones(64)}, str(path))
+    save_file(
+        {
+            "a.weight": (torch.randn(64, 96) * 0.02).bfloat16(),
+            "b.weight": torch.randn(32, 128) * 0.1,
+            "norm.weight": torch.ones(64),
+        },
+        str(path),
+    )
     stats = checkpoint_stats(str(path))
     assert set(stats["tensors"]) == {"a.weight", "b.weight"}  # 1-D tensors are not linear weights
     assert stats["tensors"]["b.weight"]["source_dtype"] == "float32"
@@ -212,11 +237,15 @@ def brute_force_counts(row_bits: torch.Tensor) -> torch.Tensor:
 
 def test_v2_window_covers_the_most_weights_ties_to_the_lowest_base():
     torch.manual_seed(8)
-    rows = torch.cat([
-        (torch.randn(3, 512) * torch.logspace(-30, 30, 512)).bfloat16().view(torch.int16),  # exponents over 200 binades
-        (torch.randn(2, 512) * 0.02).bfloat16().view(torch.int16),
-        torch.zeros(1, 512, dtype=torch.int16),  # no normal weight: base 0
-    ])
+    rows = torch.cat(
+        [
+            (torch.randn(3, 512) * torch.logspace(-30, 30, 512))
+            .bfloat16()
+            .view(torch.int16),  # exponents over 200 binades
+            (torch.randn(2, 512) * 0.02).bfloat16().view(torch.int16),
+            torch.zeros(1, 512, dtype=torch.int16),  # no normal weight: base 0
+        ]
+    )
     rows[3, :5] = torch.tensor([300.0, -1e4, 2e5, 1e-30, 0.0]).bfloat16().view(torch.int16)  # outliers in a row
     bases = choose_base(rows)
     for r in range(rows.shape[0]):
@@ -240,7 +269,9 @@ def test_tensors_are_kept_bf16_where_w12_does_not_pay():
     sparse = good.clone()
     sparse[:, ::4] = 0.0  # a quarter of the weights are zeros: escapes
     w12, report = encode_or_keep(sparse, name="pruned")
-    assert w12 is None and report["kept_bf16"] and "bits a weight" in report["reason"] and report["bits_per_weight"] > 14.4
+    assert (
+        w12 is None and report["kept_bf16"] and "bits a weight" in report["reason"] and report["bits_per_weight"] > 14.4
+    )
     some = good.clone()
     some[:, ::32] = 0.0  # 3% zeros: small enough in bytes, too many escapes for the GEMM's budget
     w12, report = encode_or_keep(some, name="pruned")
@@ -251,8 +282,12 @@ def test_converted_checkpoint_roundtrips_and_reports_every_candidate():
     torch.manual_seed(10)
     pruned = (torch.randn(128, 256) * 0.02).bfloat16()
     pruned[:, ::2] = 0.0
-    tensors = {"a.weight": (torch.randn(250, 256) * 0.02).bfloat16(), "pruned.weight": pruned,
-               "norm.weight": torch.ones(300).bfloat16(), "f32.weight": torch.randn(8, 8)}
+    tensors = {
+        "a.weight": (torch.randn(250, 256) * 0.02).bfloat16(),
+        "pruned.weight": pruned,
+        "norm.weight": torch.ones(300).bfloat16(),
+        "f32.weight": torch.randn(8, 8),
+    }
     stored, reports = convert_tensors(tensors)
     assert [r["name"] for r in reports] == ["a.weight", "pruned.weight"]
     assert "a.weight" not in stored and "a.weight.w12.records" in stored and stored["pruned.weight"] is pruned
@@ -274,7 +309,9 @@ def test_gpu_encode_equals_cpu_encode():
         assert torch.equal(getattr(cpu, name), getattr(gpu, name)), name
 
 
-TRAINED = [Path(__file__).resolve().parents[1] / "models" / name for name in ("target.safetensors", "drafter.safetensors")]
+TRAINED = [
+    Path(__file__).resolve().parents[1] / "models" / name for name in ("target.safetensors", "drafter.safetensors")
+]
 
 
 @pytest.mark.parametrize("path", TRAINED, ids=lambda p: p.name)
@@ -286,7 +323,9 @@ def test_trained_network_weights_roundtrip(path):
     # Rows pad to 128 and columns to the kernel layout's 128-column step (STEP_K), so e.g. a [4096, 64]
     # selector embedding stores twice its size; tensors that need no padding must cost about 12 bits per
     # weight, headers, bases and escapes included.
-    whole = {name: t for name, t in stats["tensors"].items() if t["shape"][0] % 128 == 0 and t["shape"][1] % STEP_K == 0}
+    whole = {
+        name: t for name, t in stats["tensors"].items() if t["shape"][0] % 128 == 0 and t["shape"][1] % STEP_K == 0
+    }
     assert whole and all(t["bits_per_weight"] < 12.2 for t in whole.values()), whole
 
 

@@ -83,7 +83,7 @@ def test_qpass_reads_the_view_only(low_bits):
     w12 = encode(weight_with_escapes(seed=2))
     torch.manual_seed(3)
     x = torch.randn(4, 300, device=DEVICE).bfloat16()
-    ref = (x.float() @ qpass_weight_reference(w12, low_bits).float().t())
+    ref = x.float() @ qpass_weight_reference(w12, low_bits).float().t()
     assert rel_err(w12_gemm(x, w12, low_bits=low_bits, config=CONFIGS[0]), ref) < TOLERANCE
     assert rel_err(qpass_linear(x, w12, low_bits), ref) < TOLERANCE
 
@@ -105,6 +105,7 @@ def test_gemm_rejects_wrong_input_dtype():
 def test_interpreter_upcast_is_off_on_gpu():
     # bf16 tl.dot is only upcast to fp32 under the interpreter; on the GPU the MMA takes bf16 directly.
     from specpilot_kernels.w12.gemm import launch
+
     assert not interpreting()
     w12 = encode(weight_with_escapes())
     x = torch.randn(3, 300, device="cuda").bfloat16()

@@ -11,8 +11,15 @@ from specpilot_kernels.w12.hf import ProjectionSlice, W12Linear, convert_model, 
 
 def tiny_llama(tie: bool, kv_heads: int = 4):
     # every projection a whole number of 128-row tiles, so W12 pays for each (kv_heads=2: k/v have 64 rows)
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=kv_heads, tie_word_embeddings=tie)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        tie_word_embeddings=tie,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
 

@@ -19,8 +19,15 @@ bench = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = bench  # its dataclass looks its module up
 spec.loader.exec_module(bench)
 
-SMALL = dict(vocab_size=200, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=32)
+SMALL = dict(
+    vocab_size=200,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+)
 
 
 def run_main(monkeypatch, capsys, *argv) -> dict:
@@ -38,8 +45,19 @@ def checkpoint(tmp_path):
 
 
 def test_checkpoint_decodes_the_same_tokens_in_bf16_and_w12(monkeypatch, capsys, checkpoint, tmp_path):
-    doc = run_main(monkeypatch, capsys, "--model", str(checkpoint), "--batches", "1,2", "--new-tokens", "4",
-                   "--prompt-len", "5", "--profile")
+    doc = run_main(
+        monkeypatch,
+        capsys,
+        "--model",
+        str(checkpoint),
+        "--batches",
+        "1,2",
+        "--new-tokens",
+        "4",
+        "--prompt-len",
+        "5",
+        "--profile",
+    )
     (tmp_path / "result.json").write_text(json.dumps(doc))
     monkeypatch.setattr(sys, "argv", ["w12_hf_decode.py", "--table", str(tmp_path / "result.json")])
     bench.main()
@@ -53,12 +71,16 @@ def test_checkpoint_decodes_the_same_tokens_in_bf16_and_w12(monkeypatch, capsys,
     assert per_layer["conversion"]["lm_head_layers"] == fused["conversion"]["lm_head_layers"] == 1
     memory = per_layer["weight_memory"]
     # q, o: 128x128; k, v: 64x128; gate, up, down: 256x128 per layer, the head 200x128, two bytes a weight
-    assert memory["bf16_linear_bytes"] == fused["weight_memory"]["bf16_linear_bytes"] == 2 * (
-        2 * (2 * 128 * 128 + 2 * 64 * 128 + 3 * 256 * 128) + 200 * 128)
+    assert (
+        memory["bf16_linear_bytes"]
+        == fused["weight_memory"]["bf16_linear_bytes"]
+        == 2 * (2 * (2 * 128 * 128 + 2 * 64 * 128 + 3 * 256 * 128) + 200 * 128)
+    )
     # per layer, k and v (64 rows, half a 128-row tile) do not pay as W12 and stay BF16; fused with q they do
     kept_kv_bytes = 2 * (2 * 2 * 64 * 128)
     assert memory["linear_bytes_read_per_step"]["w12"] == (
-        memory["w12_decoder_linear_bytes"] + 2 * 200 * 128 + kept_kv_bytes)
+        memory["w12_decoder_linear_bytes"] + 2 * 200 * 128 + kept_kv_bytes
+    )
     fused_memory = fused["weight_memory"]
     assert fused_memory["linear_bytes_read_per_step"]["w12"] == fused_memory["w12_decoder_linear_bytes"] + 2 * 200 * 128
     profiles = entry["eager_step_profiles"]
@@ -78,8 +100,9 @@ def test_checkpoint_decodes_the_same_tokens_in_bf16_and_w12(monkeypatch, capsys,
 def test_config_built_shapes_are_synthetic_and_agree(monkeypatch, capsys):
     shrunk = {name: (cls, dict(kwargs, **SMALL)) for name, (cls, kwargs) in bench.SHAPES.items()}
     monkeypatch.setattr(bench, "SHAPES", shrunk)
-    doc = run_main(monkeypatch, capsys, "--batches", "2", "--new-tokens", "3", "--prompt-len", "4",
-                   "--layouts", "per_layer")
+    doc = run_main(
+        monkeypatch, capsys, "--batches", "2", "--new-tokens", "3", "--prompt-len", "4", "--layouts", "per_layer"
+    )
     assert set(doc["models"]) == {"llama-3.1-8b", "qwen3-8b"}
     assert doc["models"]["qwen3-8b"]["config"]["model_type"] == "qwen3"
     for entry in doc["models"].values():
@@ -118,8 +141,10 @@ def test_linears_skipped_returns_zeros_and_restores_the_layers():
         assert torch.equal(model(ids).logits, before)
 
 
-@pytest.mark.parametrize("argv, message", [(["--model", "missing-dir"], "neither a shape"),
-                                           (["--layouts", "per_layer,packed"], "choose from")])
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--model", "missing-dir"], "neither a shape"), (["--layouts", "per_layer,packed"], "choose from")],
+)
 def test_bad_arguments_are_usage_errors(monkeypatch, capsys, argv, message):
     with pytest.raises(SystemExit):
         run_main(monkeypatch, capsys, *argv)

@@ -14,15 +14,25 @@ from specpilot_kernels.w12 import encode
 from specpilot_kernels.w12 import mma as mma_module
 from specpilot_kernels.w12.format import W12Error, escape_positions, nibbles_from_kernel_layout
 from specpilot_kernels.w12.mma import (
-    CSRC, MmaConfig, default_mma_config, escape_entries, planes_from_mma_layout, to_mma_layout, w12_mma_gemm,
+    CSRC,
+    MmaConfig,
+    default_mma_config,
+    escape_entries,
+    planes_from_mma_layout,
+    to_mma_layout,
+    w12_mma_gemm,
 )
 from specpilot_kernels.w12.reference import gemm_reference, qpass_weight_reference
 
 CONFIGS = [MmaConfig(4, 1, 1), MmaConfig(2, 4, 3), MmaConfig(1, 8, 2)]
 # the same K partitions with other step plans (K = 1536: 12 chunks, odd and even counts a warp; 63 tiles: an odd
 # count, so with two tiles a warp the last warp repeats a tile and stores nothing for it)
-PLAN_CONFIGS = [MmaConfig(4, 1, 1, (2, 2), (2, 2)), MmaConfig(2, 4, 3, (2, 1), (2, 2)), MmaConfig(1, 5, 1, (2, 2), (4, 1)),
-                MmaConfig(3, 3, 2, (2, 1), (2, 2))]
+PLAN_CONFIGS = [
+    MmaConfig(4, 1, 1, (2, 2), (2, 2)),
+    MmaConfig(2, 4, 3, (2, 1), (2, 2)),
+    MmaConfig(1, 5, 1, (2, 2), (4, 1)),
+    MmaConfig(3, 3, 2, (2, 1), (2, 2)),
+]
 
 
 def weight(n=200, k=300, seed=0, device="cpu"):
@@ -55,7 +65,7 @@ def test_escape_entries_are_found_by_tile_and_chunk_words():
         tile, chunk = r // 16, c // 128
         word = int(mma.esc_chunk[tile * chunks + chunk])
         begin = int(mma.esc_tile[tile]) + (word >> 12)
-        entries = mma.esc_entry[begin:begin + (word & 0xFFF)]
+        entries = mma.esc_entry[begin : begin + (word & 0xFFF)]
         position, _ = escape_entries(torch.tensor([r]), torch.tensor([c]), w12.esc_val[:1])
         assert int(position) in (entries >> 16).tolist()  # the escape is in its chunk's list
         assert torch.all(entries[1:] > entries[:-1])  # sorted by fragment position
@@ -80,8 +90,24 @@ KERNEL_33_64 = re.compile(r"w12_mma_kernelILi8E")  # <8 token tiles, ...>: the 3
 def test_kernel_builds_for_sm_120(tmp_path):
     out = tmp_path / "w12_mma_sm120.o"
     result = subprocess.run(
-        ["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_120,code=sm_120", "-Xptxas", "-v", f"-I{SHARED_HEADERS}",
-         f"-I{CSRC}", "-c", str(CSRC / "w12_warp.cu"), "-o", str(out)], capture_output=True, text=True, timeout=600)
+        [
+            "nvcc",
+            "-O3",
+            "-std=c++17",
+            "-gencode=arch=compute_120,code=sm_120",
+            "-Xptxas",
+            "-v",
+            f"-I{SHARED_HEADERS}",
+            f"-I{CSRC}",
+            "-c",
+            str(CSRC / "w12_warp.cu"),
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     stores = dict(re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", result.stderr, re.S))
     spilled = sorted(name for name, count in stores.items() if count != "0")
@@ -134,12 +160,16 @@ def test_mma_step_plans_give_the_same_bits(config):
         assert torch.equal(planned.view(torch.int16), w12_mma_gemm(x[:rows], mma, config=whole).view(torch.int16)), rows
     for low_bits in ("truncated", "midpoint"):
         for rows in (32, 64):
-            assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16),
-                               w12_mma_gemm(x[:rows], mma, config=whole, low_bits=low_bits).view(torch.int16))
+            assert torch.equal(
+                w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16),
+                w12_mma_gemm(x[:rows], mma, config=whole, low_bits=low_bits).view(torch.int16),
+            )
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", CONFIGS + [MmaConfig(3, 3, 2)], ids=lambda c: f"n{c.warps_n}_k{c.warps_k}_s{c.splits}")
+@pytest.mark.parametrize(
+    "config", CONFIGS + [MmaConfig(3, 3, 2)], ids=lambda c: f"n{c.warps_n}_k{c.warps_k}_s{c.splits}"
+)
 def test_mma_staged_weights_give_the_same_bits(config):
     # weights staged through shared memory (up to 16 rows) against registers: the same order of sums, so the same
     # bits, escapes (more than a window's worth in some chunks) and the Q pass's low bits included
@@ -150,13 +180,20 @@ def test_mma_staged_weights_give_the_same_bits(config):
     x = torch.randn(16, 1536, device="cuda").bfloat16()
     for low_bits in ("exact", "truncated", "midpoint"):
         for rows in (1, 3, 8, 9, 16):
-            assert torch.equal(w12_mma_gemm(x[:rows], mma, config=staged, low_bits=low_bits).view(torch.int16),
-                               w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16)), rows
+            assert torch.equal(
+                w12_mma_gemm(x[:rows], mma, config=staged, low_bits=low_bits).view(torch.int16),
+                w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16),
+            ), rows
 
 
-SHARED_X_CONFIGS = [MmaConfig(1, 3, 1, shared_x_32=(5, 4)), MmaConfig(1, 3, 2, shared_x_32=(5, 6)),
-                    MmaConfig(1, 2, 3, (2, 1), shared_x_32=(3, 2)), MmaConfig(4, 1, 1, shared_x_32=(8, 3)),
-                    MmaConfig(1, 4, 5, shared_x_32=(2, 2)), MmaConfig(1, 2, 6, shared_x_32=(2, 2))]
+SHARED_X_CONFIGS = [
+    MmaConfig(1, 3, 1, shared_x_32=(5, 4)),
+    MmaConfig(1, 3, 2, shared_x_32=(5, 6)),
+    MmaConfig(1, 2, 3, (2, 1), shared_x_32=(3, 2)),
+    MmaConfig(4, 1, 1, shared_x_32=(8, 3)),
+    MmaConfig(1, 4, 5, shared_x_32=(2, 2)),
+    MmaConfig(1, 2, 6, shared_x_32=(2, 2)),
+]
 
 
 @pytest.mark.gpu
@@ -173,13 +210,19 @@ def test_mma_shared_activations_give_the_same_bits(config):
     x = torch.randn(32, 1536, device="cuda").bfloat16()
     for low_bits in ("exact", "truncated", "midpoint"):
         for rows in (17, 24, 31, 32, 32):
-            assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16),
-                               w12_mma_gemm(x[:rows], mma, config=plain, low_bits=low_bits).view(torch.int16)), rows
+            assert torch.equal(
+                w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16),
+                w12_mma_gemm(x[:rows], mma, config=plain, low_bits=low_bits).view(torch.int16),
+            ), rows
 
 
 def test_shared_activations_outside_what_the_kernel_is_built_for_are_refused():
-    for bad in (dict(shared_x_32=(5, 1)), dict(shared_x_32=(5, 9)), dict(warps_k=4, shared_x_32=(5, 4)),
-                dict(plan_32=(2, 2), shared_x_32=(4, 4))):
+    for bad in (
+        dict(shared_x_32=(5, 1)),
+        dict(shared_x_32=(5, 9)),
+        dict(warps_k=4, shared_x_32=(5, 4)),
+        dict(plan_32=(2, 2), shared_x_32=(4, 4)),
+    ):
         with pytest.raises(W12Error, match="shared_x_32"):
             MmaConfig(**{"warps_n": 1, "warps_k": 3, **bad})
     assert MmaConfig(1, 3, 1, shared_x_32=[5, 4]).shares_activations(17) == (5, 4)
@@ -187,14 +230,21 @@ def test_shared_activations_outside_what_the_kernel_is_built_for_are_refused():
     assert MmaConfig(1, 3, 1, shared_x_32=(5, 4)).shares_activations(33) == (0, 0)
 
 
-WGMMA_CONFIGS = [MmaConfig(4, 1, 1, wgmma=(1, 2, 1)), MmaConfig(2, 4, 3, wgmma=(1, 2, 1)),
-                 MmaConfig(1, 3, 1, wgmma=(2, 1, 1)), MmaConfig(1, 2, 6, wgmma=(3, 1, 2)),
-                 MmaConfig(1, 8, 2, wgmma=(1, 1, 1)), MmaConfig(4, 1, 1, wgmma=(1, 5, 1))]
+WGMMA_CONFIGS = [
+    MmaConfig(4, 1, 1, wgmma=(1, 2, 1)),
+    MmaConfig(2, 4, 3, wgmma=(1, 2, 1)),
+    MmaConfig(1, 3, 1, wgmma=(2, 1, 1)),
+    MmaConfig(1, 2, 6, wgmma=(3, 1, 2)),
+    MmaConfig(1, 8, 2, wgmma=(1, 1, 1)),
+    MmaConfig(4, 1, 1, wgmma=(1, 5, 1)),
+]
 
 
 # wgmma exists on sm_90a only; elsewhere the per-warp kernel runs with the same bits (the other GPU tests cover it)
-needs_wgmma = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                                 reason="needs an sm_90a GPU: warpgroup MMAs run there only (elsewhere the per-warp kernel runs)")
+needs_wgmma = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+    reason="needs an sm_90a GPU: warpgroup MMAs run there only (elsewhere the per-warp kernel runs)",
+)
 
 
 @pytest.mark.gpu
@@ -212,13 +262,17 @@ def test_mma_warpgroup_mmas_give_the_same_bits(config):
     x = torch.randn(64, 1536, device="cuda").bfloat16()
     for low_bits in ("exact", "truncated", "midpoint"):
         for rows in (9, 16, 17, 24, 32, 33, 48, 64):
-            assert torch.equal(w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16),
-                               w12_mma_gemm(x[:rows], mma, config=plain, low_bits=low_bits).view(torch.int16)), rows
+            assert torch.equal(
+                w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16),
+                w12_mma_gemm(x[:rows], mma, config=plain, low_bits=low_bits).view(torch.int16),
+            ), rows
     # activations read in place from a wider tensor (row stride 1600, not K): the permute kernel follows the stride
     wide = torch.randn(64, 1600, device="cuda").bfloat16()[:, :1536]
     for rows in (12, 32, 40):
-        assert torch.equal(w12_mma_gemm(wide[:rows], mma, config=config).view(torch.int16),
-                           w12_mma_gemm(wide[:rows], mma, config=plain).view(torch.int16)), rows
+        assert torch.equal(
+            w12_mma_gemm(wide[:rows], mma, config=config).view(torch.int16),
+            w12_mma_gemm(wide[:rows], mma, config=plain).view(torch.int16),
+        ), rows
 
 
 @pytest.mark.gpu
@@ -226,14 +280,16 @@ def test_mma_warpgroup_mmas_give_the_same_bits(config):
 def test_mma_reports_the_warpgroups_each_launch_ran():
     mma = to_mma_layout(encode(weight(n=1024, k=1536, device="cuda")))
     x = torch.randn(70, 1536, device="cuda").bfloat16()
-    cases = [(MmaConfig(1, 2, 1, wgmma=(0, 2, 0)), 32, [2]),
-             (MmaConfig(1, 1, 1, wgmma=(0, 5, 0)), 32, [5]),  # 20 warps: one block a multiprocessor, weights staged
-             # 8 K classes of one warpgroup: 32 warps of over 100 registers fit no multiprocessor, so per-warp
-             (MmaConfig(1, 8, 1, wgmma=(0, 1, 0)), 32, [0]),
-             (MmaConfig(1, 2, 1, wgmma=(0, 2, 0), tail_rows=256, tail=(1, 8, 1)), 32, [2, 0]),
-             (MmaConfig(1, 8, 1, wgmma=(0, 1, 0), tail_rows=256, tail=(1, 2, 1)), 32, [0, 1]),
-             (MmaConfig(1, 2, 1, wgmma=(0, 2, 2), tail_rows=256, tail=(2, 2, 1)), 70, [2, 2, 0, 0]),  # 64 + 6 rows
-             (MmaConfig(1, 2, 1, wgmma=(2, 2, 2)), 8, [0])]  # up to 8 rows: per-warp
+    cases = [
+        (MmaConfig(1, 2, 1, wgmma=(0, 2, 0)), 32, [2]),
+        (MmaConfig(1, 1, 1, wgmma=(0, 5, 0)), 32, [5]),  # 20 warps: one block a multiprocessor, weights staged
+        # 8 K classes of one warpgroup: 32 warps of over 100 registers fit no multiprocessor, so per-warp
+        (MmaConfig(1, 8, 1, wgmma=(0, 1, 0)), 32, [0]),
+        (MmaConfig(1, 2, 1, wgmma=(0, 2, 0), tail_rows=256, tail=(1, 8, 1)), 32, [2, 0]),
+        (MmaConfig(1, 8, 1, wgmma=(0, 1, 0), tail_rows=256, tail=(1, 2, 1)), 32, [0, 1]),
+        (MmaConfig(1, 2, 1, wgmma=(0, 2, 2), tail_rows=256, tail=(2, 2, 1)), 70, [2, 2, 0, 0]),  # 64 + 6 rows
+        (MmaConfig(1, 2, 1, wgmma=(2, 2, 2)), 8, [0]),
+    ]  # up to 8 rows: per-warp
     for config, rows, expected in cases:
         launched = []
         w12_mma_gemm(x[:rows], mma, config=config, launched=launched)
@@ -251,8 +307,15 @@ def test_warpgroup_mmas_outside_what_the_kernel_is_built_for_are_refused():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [MmaConfig(2, 4, 3, (2, 1)), MmaConfig(2, 4, 3, (2, 1), staged_rows=16),
-                                    MmaConfig(2, 4, 3, (2, 1), wgmma=(1, 1, 1), tail_rows=512, tail=(1, 8, 1))], ids=str)
+@pytest.mark.parametrize(
+    "config",
+    [
+        MmaConfig(2, 4, 3, (2, 1)),
+        MmaConfig(2, 4, 3, (2, 1), staged_rows=16),
+        MmaConfig(2, 4, 3, (2, 1), wgmma=(1, 1, 1), tail_rows=512, tail=(1, 8, 1)),
+    ],
+    ids=str,
+)
 def test_mma_overlapped_launches_wait_for_the_kernel_before(config):
     # a chain where each product is the next one's input (square weight): launched to overlap the kernel before
     # (programmatic dependent launch), each must still read its input only once the previous one has written it;
@@ -298,8 +361,8 @@ def test_row_regions_are_views_of_the_weight():
         assert torch.equal(region_view, view[first:end]) and torch.equal(region_low, low[first:end])
         # the escape offsets stay absolute: bucket (tile t, chunk c) of the region is bucket (first // 16 + t, c)
         chunks = mma.padded_shape[1] // 128
-        assert torch.equal(region.esc_tile, mma.esc_tile[first // 16:end // 16 + 1])
-        assert torch.equal(region.esc_chunk, mma.esc_chunk[first // 16 * chunks:end // 16 * chunks])
+        assert torch.equal(region.esc_tile, mma.esc_tile[first // 16 : end // 16 + 1])
+        assert torch.equal(region.esc_chunk, mma.esc_chunk[first // 16 * chunks : end // 16 * chunks])
         assert region.esc_entry is mma.esc_entry
         assert mma.rows(first, end) is region  # made once: a GEMM with a tail asks on every call
     for first, end in ((8, 64), (0, 1000), (512, 512), (0, 1040)):
@@ -308,16 +371,22 @@ def test_row_regions_are_views_of_the_weight():
 
 
 def test_tails_partition_the_last_rows_and_keep_the_rest_of_the_config():
-    config = MmaConfig(1, 2, 1, (4, 1), (4, 1), staged_rows=8, shared_x_32=(6, 4), wgmma=(0, 2, 2), tail_rows=1024,
-                       tail=[1, 8, 1])
+    config = MmaConfig(
+        1, 2, 1, (4, 1), (4, 1), staged_rows=8, shared_x_32=(6, 4), wgmma=(0, 2, 2), tail_rows=1024, tail=[1, 8, 1]
+    )
     (a, b, first), (c, d, tail) = config.regions(34816)
     assert (a, b, c, d) == (0, 33792, 33792, 34816)
     assert first == MmaConfig(1, 2, 1, (4, 1), (4, 1), staged_rows=8, shared_x_32=(6, 4), wgmma=(0, 2, 2))
     # 8 K classes: 1 warpgroup a class fills a block; activations read warp by warp
     assert tail == MmaConfig(1, 8, 1, (4, 1), (4, 1), staged_rows=8, wgmma=(0, 1, 1))
     assert MmaConfig(1, 2, 1).regions(100) == ((0, 100, MmaConfig(1, 2, 1)),)
-    for bad in (dict(tail_rows=1000, tail=(1, 8, 1)), dict(tail_rows=16), dict(tail=(1, 2, 1)),
-                dict(tail_rows=16, tail=(4, 8, 1)), dict(tail_rows=16, tail=(1, 0, 1))):
+    for bad in (
+        dict(tail_rows=1000, tail=(1, 8, 1)),
+        dict(tail_rows=16),
+        dict(tail=(1, 2, 1)),
+        dict(tail_rows=16, tail=(4, 8, 1)),
+        dict(tail_rows=16, tail=(1, 0, 1)),
+    ):
         with pytest.raises(W12Error, match="tail"):
             MmaConfig(**bad)
     for n in (1024, 1000):  # no first region; N not whole tiles
@@ -328,11 +397,13 @@ def test_tails_partition_the_last_rows_and_keep_the_rest_of_the_config():
 # (first region's partition, tail): K splits in a cluster (2) and through the workspace (6, and two tiles a warp at
 # 33-64 rows), warpgroup MMAs in both regions or (a first region whose warpgroup block fits no multiprocessor) only in
 # the tail, which then writes the activation image itself, shared activations
-TAIL_CONFIGS = [MmaConfig(2, 4, 3, tail_rows=256, tail=(1, 8, 1)),
-                MmaConfig(4, 1, 1, (2, 2), (2, 2), tail_rows=512, tail=(1, 4, 2)),
-                MmaConfig(1, 2, 1, staged_rows=8, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 2, 6)),
-                MmaConfig(1, 8, 1, wgmma=(1, 1, 1), tail_rows=256, tail=(1, 2, 1)),
-                MmaConfig(1, 3, 1, shared_x_32=(5, 4), tail_rows=768, tail=(4, 1, 2))]
+TAIL_CONFIGS = [
+    MmaConfig(2, 4, 3, tail_rows=256, tail=(1, 8, 1)),
+    MmaConfig(4, 1, 1, (2, 2), (2, 2), tail_rows=512, tail=(1, 4, 2)),
+    MmaConfig(1, 2, 1, staged_rows=8, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 2, 6)),
+    MmaConfig(1, 8, 1, wgmma=(1, 1, 1), tail_rows=256, tail=(1, 2, 1)),
+    MmaConfig(1, 3, 1, shared_x_32=(5, 4), tail_rows=768, tail=(4, 1, 2)),
+]
 
 
 @pytest.mark.gpu
@@ -369,7 +440,9 @@ def test_mma_blocks_with_more_warps_than_registers_allow_still_run():
     x = torch.randn(64, 1536, device="cuda").bfloat16()
     for rows in (32, 64):
         wide = w12_mma_gemm(x[:rows], mma, config=MmaConfig(8, 2, 1))
-        assert torch.equal(wide.view(torch.int16), w12_mma_gemm(x[:rows], mma, config=MmaConfig(1, 2, 1)).view(torch.int16))
+        assert torch.equal(
+            wide.view(torch.int16), w12_mma_gemm(x[:rows], mma, config=MmaConfig(1, 2, 1)).view(torch.int16)
+        )
 
 
 @pytest.mark.gpu
@@ -384,11 +457,12 @@ def test_mma_chunks_with_more_escapes_than_a_window():
     for config in CONFIGS + PLAN_CONFIGS:
         assert torch.equal(w12_mma_gemm(onehot, mma, config=config).view(torch.int16), expected.view(torch.int16))
         wide = torch.cat((onehot, onehot))  # 64 rows a launch
-        assert torch.equal(w12_mma_gemm(wide, mma, config=config).view(torch.int16),
-                           torch.cat((expected, expected)).view(torch.int16))
+        assert torch.equal(
+            w12_mma_gemm(wide, mma, config=config).view(torch.int16), torch.cat((expected, expected)).view(torch.int16)
+        )
         for r0 in range(0, 32, 4):
-            y = w12_mma_gemm(onehot[r0:r0 + 4], mma, config=config).view(torch.int16)
-            assert torch.equal(y, expected[r0:r0 + 4].view(torch.int16)), (config, r0)
+            y = w12_mma_gemm(onehot[r0 : r0 + 4], mma, config=config).view(torch.int16)
+            assert torch.equal(y, expected[r0 : r0 + 4].view(torch.int16)), (config, r0)
 
 
 @pytest.mark.gpu
@@ -416,8 +490,12 @@ def emulate_kernel_decode(mma, patch=False):
         source = nibs[..., w >> 1] if w % 2 == 0 else (nibs[..., w >> 1] << 4) & 0xFFFFFFFF
         for p in range(2):
             byte = lambda value, i: (value >> (8 * i)) & 0xFF  # noqa: E731
-            v = (byte(source, 2 * p) | byte(words[..., w], 2 * p) << 8
-                 | byte(source, 2 * p + 1) << 16 | byte(words[..., w], 2 * p + 1) << 24)  # prmt 0x1504 / 0x3726
+            v = (
+                byte(source, 2 * p)
+                | byte(words[..., w], 2 * p) << 8
+                | byte(source, 2 * p + 1) << 16
+                | byte(words[..., w], 2 * p + 1) << 24
+            )  # prmt 0x1504 / 0x3726
             row_base = base[..., lane // 4 + 8 * p].expand(tiles, blocks, 32) * 0x00800080
             regs[..., 2 * w + p] = (((v & 0x7FF07FF0) >> 4) + ((v & 0x80008000) | row_base)) & 0xFFFFFFFF
     if patch:  # the kernel's overlay: halfword (lane << 3 | (register & 3) << 1 | half) of group 2 x block + step
@@ -426,7 +504,7 @@ def emulate_kernel_decode(mma, patch=False):
             for chunk in range(chunks):
                 word = int(mma.esc_chunk[tile * chunks + chunk])
                 begin = int(mma.esc_tile[tile]) + (word >> 12)
-                for entry in mma.esc_entry[begin:begin + (word & 0xFFF)].tolist():
+                for entry in mma.esc_entry[begin : begin + (word & 0xFFF)].tolist():
                     position, value = entry >> 16, entry & 0xFFFF
                     group, lane_, reg, half = position >> 8, (position >> 3) & 31, (position >> 1) & 3, position & 1
                     block, reg = chunk * 4 + (group >> 1), 4 * (group & 1) + reg
@@ -485,7 +563,19 @@ def test_wide_launch_shapes_and_config():
 
     rows = (33, 48, 49, 64, 65, 96, 97, 128, 129, 192, 193, 256)
     assert [wide_token_tiles(m) for m in rows] == [
-        (6, 1), (6, 1), (8, 1), (8, 1), (12, 1), (12, 1), (16, 1), (16, 1), (12, 2), (12, 2), (16, 2), (16, 2)]
+        (6, 1),
+        (6, 1),
+        (8, 1),
+        (8, 1),
+        (12, 1),
+        (12, 1),
+        (16, 1),
+        (16, 1),
+        (12, 2),
+        (12, 2),
+        (16, 2),
+        (16, 2),
+    ]
     assert [wide_token_tiles(m, 32) for m in (129, 192, 193, 256)] == [(24, 1), (24, 1), (32, 1), (32, 1)]
     assert MmaConfig(wide=[2, 3, 2]).wide == (2, 3, 2)
     assert MmaConfig().uses_wide(33, (9, 0)) and not MmaConfig().uses_wide(32, (9, 0))
@@ -511,10 +601,16 @@ def with_outliers(w, fraction):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fraction", [0.0, 1e-4, 1e-3, 1e-2])
-@pytest.mark.parametrize("config", [MmaConfig(1, 3, 2, wide=(1, 2, 3)), MmaConfig(1, 8, 2, wgmma=(1, 1, 1), wide=(2, 3, 2)),
-                                    MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
-                                    MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 4), (1, 2, 2, 32, 2)))],
-                         ids=str)
+@pytest.mark.parametrize(
+    "config",
+    [
+        MmaConfig(1, 3, 2, wide=(1, 2, 3)),
+        MmaConfig(1, 8, 2, wgmma=(1, 1, 1), wide=(2, 3, 2)),
+        MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
+        MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 4), (1, 2, 2, 32, 2))),
+    ],
+    ids=str,
+)
 def test_mma_rows_1_to_256_with_outliers_give_the_per_warp_bits(fraction, config):
     # every row count 1-256 (the wide kernel from 33 rows on sm_90a) against the per-warp kernel 64 rows at a time,
     # with escape fractions 0 to 1e-2 (parallel patching, chunks with more than 32 escapes), K splits in a cluster

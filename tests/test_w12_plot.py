@@ -60,6 +60,23 @@ def test_one_file_twice_shows_burst_and_settled_figures(tmp_path):
     settled = read_speedups(V20, "mma_settled")
     assert [m for m, _ in settled["lm_head"]] == [1, 16, 32, 64]
     out = tmp_path / "w12.png"
-    assert main([str(V20), str(V20), "--variant", "mma", "--variant", "mma_settled", "--label", "burst",
-                 "--label", "settled", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                str(V20),
+                str(V20),
+                "--variant",
+                "mma",
+                "--variant",
+                "mma_settled",
+                "--label",
+                "burst",
+                "--label",
+                "settled",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -16,8 +16,18 @@ spec.loader.exec_module(qpass)
 
 def tiny_target():
     torch.manual_seed(0)
-    cfg = TargetConfig(vocab_size=256, d_model=64, layer_types=("gdn", "attn"), ffn_dim=128, gdn_heads=2,
-                       gdn_head_dim=32, attn_heads=2, attn_kv_heads=1, attn_head_dim=32, feature_layers=(0, 1))
+    cfg = TargetConfig(
+        vocab_size=256,
+        d_model=64,
+        layer_types=("gdn", "attn"),
+        ffn_dim=128,
+        gdn_heads=2,
+        gdn_head_dim=32,
+        attn_heads=2,
+        attn_kv_heads=1,
+        attn_head_dim=32,
+        feature_layers=(0, 1),
+    )
     return HybridTarget(cfg).to(torch.bfloat16).eval()
 
 

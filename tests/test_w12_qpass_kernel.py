@@ -14,8 +14,11 @@ from specpilot_kernels.w12.qpass import QpassConfig, qpass_gemm_reference, w12_q
 from specpilot_kernels.w12.reference import qpass_weight_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-CONFIGS = [QpassConfig(tiles=2, blocks=2, splits=1), QpassConfig(tiles=2, blocks=4, splits=3),
-           QpassConfig(tiles=8, blocks=2, splits=2)]
+CONFIGS = [
+    QpassConfig(tiles=2, blocks=2, splits=1),
+    QpassConfig(tiles=2, blocks=4, splits=3),
+    QpassConfig(tiles=8, blocks=2, splits=2),
+]
 # The interpreter converts fp32 to bf16 by truncation (up to 2**-8 relative), the GPU rounds to nearest.
 ROUNDING = 2.0**-7 if interpreting() else 2.0**-8
 

@@ -33,8 +33,16 @@ SASS = """
 
 def test_loop_counts_one_pass_without_the_escape_patch():
     ops = w12_sass.loop_instructions(SASS)
-    assert ops == ["LDG.E.128", "LOP3.LUT", "ISETP.NE.AND", "VOTE.ANY", "BRA", "HMMA.16816.F32.BF16",
-                   "ISETP.GE.AND", "BRA"]
+    assert ops == [
+        "LDG.E.128",
+        "LOP3.LUT",
+        "ISETP.NE.AND",
+        "VOTE.ANY",
+        "BRA",
+        "HMMA.16816.F32.BF16",
+        "ISETP.GE.AND",
+        "BRA",
+    ]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA 12.8+)")

@@ -12,5 +12,12 @@ from specpilot_mem.batching.blocks import DrafterBlocks
 from specpilot_mem.batching.budget import SharedBudget, equal_shares, shared_shares
 from specpilot_mem.batching.costs import CostCurve, StepCosts
 
-__all__ = ["CostCurve", "DrafterBlocks", "PromptAdmission", "SharedBudget", "StepCosts", "equal_shares",
-           "shared_shares"]
+__all__ = [
+    "CostCurve",
+    "DrafterBlocks",
+    "PromptAdmission",
+    "SharedBudget",
+    "StepCosts",
+    "equal_shares",
+    "shared_shares",
+]

@@ -23,11 +23,20 @@ from specpilot_mem.batching.costs import BatchingError, CostCurve
 class PromptAdmission:
     FLAG = "--prompt-segment"
 
-    def __init__(self, curve: CostCurve, verify_buffer: int, segment: int | None = 64, tolerance: float = 0.05,
-                 always: bool = False):
+    def __init__(
+        self,
+        curve: CostCurve,
+        verify_buffer: int,
+        segment: int | None = 64,
+        tolerance: float = 0.05,
+        always: bool = False,
+    ):
         if segment is not None and not 1 <= segment <= verify_buffer:
-            raise BatchingError(f"{self.FLAG}={segment} does not fit the verify buffers ({verify_buffer} rows)",
-                                where=self.FLAG, fix=f"use a segment of 1..{verify_buffer} rows, or larger verify buffers")
+            raise BatchingError(
+                f"{self.FLAG}={segment} does not fit the verify buffers ({verify_buffer} rows)",
+                where=self.FLAG,
+                fix=f"use a segment of 1..{verify_buffer} rows, or larger verify buffers",
+            )
         self.curve, self.verify_buffer, self.segment, self.tolerance = curve, verify_buffer, segment, tolerance
         self.always = always  # admit whenever the plateau has spare rows, without weighing a prefill pass
 
@@ -60,8 +69,16 @@ class PromptAdmission:
         given = (spare // self.segment - seg_before).clamp(min=0).minimum(segments)
         return (given * self.segment).minimum(waiting), given.sum() * self.segment
 
-    def pays(self, rows: int, waiting_rows: int, requests: int, step_ms: float, prefill_ms: float,
-             tau: float = 1.0, row_value: float = 0.0) -> bool:
+    def pays(
+        self,
+        rows: int,
+        waiting_rows: int,
+        requests: int,
+        step_ms: float,
+        prefill_ms: float,
+        tau: float = 1.0,
+        row_value: float = 0.0,
+    ) -> bool:
         """Whether admitting beats a prefill pass of its own, in tokens lost. Admission: the waiting
         prompts' slots idle for the steps their rows take to enter (``waiting_rows`` over the plateau's
         spare rows, segment-rounded), each losing ``tau`` tokens, and every admitted row displaces a tree

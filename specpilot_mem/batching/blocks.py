@@ -58,14 +58,24 @@ class DrafterBlocks:
 
     FLAG = "--drafter-blocks"
 
-    def __init__(self, drafter_block: int, curve: CostCurve, choices=DEFAULT_BLOCKS, tolerance: float = 0.05,
-                 decay: float = 0.75, headroom: int = 2):
+    def __init__(
+        self,
+        drafter_block: int,
+        curve: CostCurve,
+        choices=DEFAULT_BLOCKS,
+        tolerance: float = 0.05,
+        decay: float = 0.75,
+        headroom: int = 2,
+    ):
         choices = sorted({int(c) for c in choices})
         bad = [c for c in choices if not 1 <= c <= drafter_block]
         if not choices or bad:
-            raise BatchingError(f"{self.FLAG}: block {bad[0] if bad else '(none)'} cannot be drafted: the drafter "
-                                f"drafts 1..{drafter_block} positions per forward", where=self.FLAG,
-                                fix=f"choose blocks between 1 and {drafter_block}, e.g. 16,12,8")
+            raise BatchingError(
+                f"{self.FLAG}: block {bad[0] if bad else '(none)'} cannot be drafted: the drafter "
+                f"drafts 1..{drafter_block} positions per forward",
+                where=self.FLAG,
+                fix=f"choose blocks between 1 and {drafter_block}, e.g. 16,12,8",
+            )
         self.choices = torch.tensor(choices, dtype=torch.int64)
         self.drafter_block, self.curve, self.tolerance = drafter_block, curve, tolerance
         self.decay, self.headroom = decay, headroom

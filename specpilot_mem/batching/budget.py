@@ -75,24 +75,36 @@ class SharedBudget:
 
     def __init__(self, curve: CostCurve, verify_buffer: int, rows: int | None = None, tolerance: float = 0.05):
         if verify_buffer < 1:
-            raise BatchingError(f"verify buffers of {verify_buffer} rows", where="--verify-buffer",
-                                fix="give the verify buffers at least one row per request")
+            raise BatchingError(
+                f"verify buffers of {verify_buffer} rows",
+                where="--verify-buffer",
+                fix="give the verify buffers at least one row per request",
+            )
         if rows is not None and rows > verify_buffer:
-            raise BatchingError(f"{self.FLAG}={rows} is larger than the verify buffers ({verify_buffer} rows)",
-                                where=self.FLAG, fix=f"use at most {verify_buffer} rows, or larger verify buffers")
+            raise BatchingError(
+                f"{self.FLAG}={rows} is larger than the verify buffers ({verify_buffer} rows)",
+                where=self.FLAG,
+                fix=f"use at most {verify_buffer} rows, or larger verify buffers",
+            )
         self.curve, self.verify_buffer, self.fixed, self.tolerance = curve, verify_buffer, rows, tolerance
 
     def rows_for(self, requests: int) -> int:
         """Verify rows (roots included) of a step with ``requests`` requests in flight."""
         if requests > self.verify_buffer:
-            raise BatchingError(f"{requests} requests in flight need {requests} root rows; the verify buffers hold "
-                                f"{self.verify_buffer}", where="--verify-buffer",
-                                fix=f"run at most {self.verify_buffer} requests, or larger verify buffers")
+            raise BatchingError(
+                f"{requests} requests in flight need {requests} root rows; the verify buffers hold "
+                f"{self.verify_buffer}",
+                where="--verify-buffer",
+                fix=f"run at most {self.verify_buffer} requests, or larger verify buffers",
+            )
         if self.fixed is not None:
             if self.fixed < requests:
-                raise BatchingError(f"{self.FLAG}={self.fixed} is smaller than the {requests} requests in flight "
-                                    "(each needs its root row)", where=self.FLAG,
-                                    fix=f"use at least {requests} rows, or fewer requests in flight")
+                raise BatchingError(
+                    f"{self.FLAG}={self.fixed} is smaller than the {requests} requests in flight "
+                    "(each needs its root row)",
+                    where=self.FLAG,
+                    fix=f"use at least {requests} rows, or fewer requests in flight",
+                )
             return self.fixed
         return self.curve.plateau_end(requests, self.tolerance, self.verify_buffer)
 

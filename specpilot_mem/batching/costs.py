@@ -51,11 +51,29 @@ class Shape:
 
 SHAPES = {
     # Qwen3.5-27B-like hybrid: 48 GDN + 16 gated-attention layers (the shapes of the cuBLAS reference).
-    "27b": Shape("27b", 5120, 64, 16, ((5120, 10240), (8192, 5120), (5120, 34816), (17408, 5120)), 248320,
-                 4, 256, 48 * 32 * 128 * 128 * 4),
+    "27b": Shape(
+        "27b",
+        5120,
+        64,
+        16,
+        ((5120, 10240), (8192, 5120), (5120, 34816), (17408, 5120)),
+        248320,
+        4,
+        256,
+        48 * 32 * 128 * 128 * 4,
+    ),
     # Qwen3.5-4B-like hybrid: 24 GDN + 8 gated-attention layers.
-    "4b": Shape("4b", 2560, 32, 8, ((2560, 6144), (4096, 2560), (2560, 18432), (9216, 2560)), 248320,
-                4, 256, 24 * 16 * 128 * 128 * 4),
+    "4b": Shape(
+        "4b",
+        2560,
+        32,
+        8,
+        ((2560, 6144), (4096, 2560), (2560, 18432), (9216, 2560)),
+        248320,
+        4,
+        256,
+        24 * 16 * 128 * 128 * 4,
+    ),
 }
 
 # Roofline constants of the H200 (bf16): read bandwidth measured by the cuBLAS reference
@@ -66,8 +84,37 @@ H200_TFLOPS = 650.0
 M_TILE = 64
 LAUNCH_US = 4.0
 
-ROW_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768,
-            896, 1024, 1280, 1536, 1792, 2048)
+ROW_GRID = (
+    1,
+    2,
+    4,
+    8,
+    16,
+    24,
+    32,
+    48,
+    64,
+    80,
+    96,
+    112,
+    128,
+    160,
+    192,
+    224,
+    256,
+    320,
+    384,
+    448,
+    512,
+    640,
+    768,
+    896,
+    1024,
+    1280,
+    1536,
+    1792,
+    2048,
+)
 
 
 def roofline_gemm_ms(rows: int, k: int, n: int) -> float:
@@ -93,11 +140,17 @@ class CostCurve:
     def __post_init__(self):
         rows, ms = np.asarray(self.rows), np.asarray(self.ms, dtype=np.float64)
         if rows.ndim != 1 or rows.size == 0 or rows.shape != ms.shape:
-            raise BatchingError("a cost curve needs one time per row count", where=self.source or "CostCurve",
-                                fix="give rows and ms as equal-length lists")
+            raise BatchingError(
+                "a cost curve needs one time per row count",
+                where=self.source or "CostCurve",
+                fix="give rows and ms as equal-length lists",
+            )
         if rows[0] < 1 or np.any(np.diff(rows) <= 0) or not np.all(np.isfinite(ms)) or np.any(ms <= 0):
-            raise BatchingError("cost curve rows must increase from 1 and times be positive",
-                                where=self.source or "CostCurve", fix="measure c(R) at increasing row counts R >= 1")
+            raise BatchingError(
+                "cost curve rows must increase from 1 and times be positive",
+                where=self.source or "CostCurve",
+                fix="measure c(R) at increasing row counts R >= 1",
+            )
 
     @property
     def envelope(self) -> np.ndarray:
@@ -130,8 +183,12 @@ class CostCurve:
         if counts[i] > top:
             return int(rows)
         end = i
-        while (end + 1 < len(counts) and counts[end + 1] <= top and env[end + 1] <= env[end] * (1 + tolerance)
-               and env[end + 1] <= env[i] * (1 + 4 * tolerance)):
+        while (
+            end + 1 < len(counts)
+            and counts[end + 1] <= top
+            and env[end + 1] <= env[end] * (1 + tolerance)
+            and env[end + 1] <= env[i] * (1 + 4 * tolerance)
+        ):
             end += 1
         return max(int(rows), int(counts[end]))
 
@@ -167,13 +224,23 @@ class StepCosts:
     def roofline(cls, shape: str, context: int = 1024) -> "StepCosts":
         """Modelled costs of ``shape`` (see the module docstring): measured=False."""
         s = _shape(shape)
-        target = [s.layers * sum(roofline_gemm_ms(r, i, o) for i, o in s.linears) + roofline_gemm_ms(r, s.d_model, s.vocab)
-                  for r in ROW_GRID]
-        drafter = [s.drafter_layers * sum(roofline_gemm_ms(r, i, o) for i, o in s.linears)
-                   + roofline_gemm_ms(r, s.d_model, s.vocab) for r in ROW_GRID]
-        return cls(shape, CostCurve(ROW_GRID, tuple(target), f"roofline {shape}"),
-                   CostCurve(ROW_GRID, tuple(drafter), f"roofline {shape} drafter"),
-                   per_request_ms(s, context), measured=False, source="roofline (H200 constants in batching.costs)")
+        target = [
+            s.layers * sum(roofline_gemm_ms(r, i, o) for i, o in s.linears) + roofline_gemm_ms(r, s.d_model, s.vocab)
+            for r in ROW_GRID
+        ]
+        drafter = [
+            s.drafter_layers * sum(roofline_gemm_ms(r, i, o) for i, o in s.linears)
+            + roofline_gemm_ms(r, s.d_model, s.vocab)
+            for r in ROW_GRID
+        ]
+        return cls(
+            shape,
+            CostCurve(ROW_GRID, tuple(target), f"roofline {shape}"),
+            CostCurve(ROW_GRID, tuple(drafter), f"roofline {shape} drafter"),
+            per_request_ms(s, context),
+            measured=False,
+            source="roofline (H200 constants in batching.costs)",
+        )
 
     @classmethod
     def from_measurement(cls, doc: dict, shape: str, context: int = 1024) -> "StepCosts":
@@ -187,15 +254,24 @@ class StepCosts:
             layer = np.asarray(part["layer_ms"], dtype=np.float64)
             head = np.asarray(part["lm_head_ms"], dtype=np.float64)
         except (KeyError, TypeError, ValueError) as err:
-            raise BatchingError(f"the cost measurement lacks shape {shape!r} ({err})", where=where,
-                                fix="run benchmarks/batched_costs.py for that shape on the GPU") from None
+            raise BatchingError(
+                f"the cost measurement lacks shape {shape!r} ({err})",
+                where=where,
+                fix="run benchmarks/batched_costs.py for that shape on the GPU",
+            ) from None
         target = CostCurve(rows, tuple(s.layers * layer + head), f"{where}: {shape} target")
         drafter = CostCurve(rows, tuple(s.drafter_layers * layer + head), f"{where}: {shape} drafter")
         return cls(shape, target, drafter, per_request_ms(s, context), measured=True, source=where)
 
     def to_dict(self) -> dict:
-        return {"shape": self.shape, "measured": self.measured, "source": self.source,
-                "per_request_ms": self.per_request_ms, "target": self.target.to_dict(), "drafter": self.drafter.to_dict()}
+        return {
+            "shape": self.shape,
+            "measured": self.measured,
+            "source": self.source,
+            "per_request_ms": self.per_request_ms,
+            "target": self.target.to_dict(),
+            "drafter": self.drafter.to_dict(),
+        }
 
 
 class EngineStepCosts(StepCosts):
@@ -206,21 +282,34 @@ class EngineStepCosts(StepCosts):
     request, as the engine's decoder does (``engine.decode.PREFILL_CHUNK``)."""
 
     def __init__(self, base: StepCosts, doc: dict):
-        super().__init__(base.shape, base.target, base.drafter, 0.0, measured=True,
-                         source=f"{doc.get('source', 'batched_engine_costs result')} (engine steps)")
+        super().__init__(
+            base.shape,
+            base.target,
+            base.drafter,
+            0.0,
+            measured=True,
+            source=f"{doc.get('source', 'batched_engine_costs result')} (engine steps)",
+        )
         rows = sorted({int(t) for e in doc["by_batch"].values() for t in e["T_step_ms"]})
         blocks = sorted({int(k) for e in doc["by_batch"].values() for k in e["T_draft_ms"]})
-        complete = [b for b, e in doc["by_batch"].items()
-                    if len(e["T_step_ms"]) == len(rows) and len(e["T_draft_ms"]) == len(blocks)]
+        complete = [
+            b
+            for b, e in doc["by_batch"].items()
+            if len(e["T_step_ms"]) == len(rows) and len(e["T_draft_ms"]) == len(blocks)
+        ]
         if not complete:
-            raise BatchingError("the engine measurement has no complete batch size", where=self.source,
-                                fix="rerun benchmarks/batched_engine_costs.py")
+            raise BatchingError(
+                "the engine measurement has no complete batch size",
+                where=self.source,
+                fix="rerun benchmarks/batched_engine_costs.py",
+            )
         self.batches = np.array(sorted(int(b) for b in complete), dtype=np.float64)
         self.rows = np.array([1] + rows, dtype=np.float64)
         self.blocks = np.array(blocks, dtype=np.float64)
         by = doc["by_batch"]
-        self.step = np.array([[by[str(int(b))]["T_AR_ms"]] + [by[str(int(b))]["T_step_ms"][str(t)] for t in rows]
-                              for b in self.batches])
+        self.step = np.array(
+            [[by[str(int(b))]["T_AR_ms"]] + [by[str(int(b))]["T_step_ms"][str(t)] for t in rows] for b in self.batches]
+        )
         self.draft = np.array([[by[str(int(b))]["T_draft_ms"][str(k)] for k in blocks] for b in self.batches])
 
     @staticmethod
@@ -265,4 +354,6 @@ def _shape(name: str) -> Shape:
     try:
         return SHAPES[name]
     except KeyError:
-        raise BatchingError(f"unknown shape {name!r}", where="--shapes", fix="use any of: " + ", ".join(SHAPES)) from None
+        raise BatchingError(
+            f"unknown shape {name!r}", where="--shapes", fix="use any of: " + ", ".join(SHAPES)
+        ) from None

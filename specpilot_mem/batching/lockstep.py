@@ -47,7 +47,7 @@ class _Slot:
     def prefill(self, rows: int) -> None:
         """The next ``rows`` prompt tokens; the first output token once the prompt is in."""
         prompt = self.request.prompt_ids
-        hidden = self.engine.prefill(prompt[self.prefilled:self.prefilled + rows])
+        hidden = self.engine.prefill(prompt[self.prefilled : self.prefilled + rows])
         self.prefilled += min(rows, len(prompt) - self.prefilled)
         if self.decoding:
             head = self.engine.target.lm_head_weight
@@ -67,8 +67,12 @@ class _Slot:
         rows = make_rows(tokens, parents, self.engine.target.cfg.conv_size, self.engine.device)
         logits, pending = self.engine.verify(rows)
         argmax = logits.argmax(-1).cpu().numpy()[None]
-        single = DraftTrees(*(np.asarray(getattr(trees, f)[b:b + 1]) for f in
-                              ("parents", "depths", "ranks", "tokens", "scores", "num_nodes")))
+        single = DraftTrees(
+            *(
+                np.asarray(getattr(trees, f)[b : b + 1])
+                for f in ("parents", "depths", "ranks", "tokens", "scores", "num_nodes")
+            )
+        )
         verdict, bonus = verify_against_argmax(single, argmax)
         path = verdict.path(single, 0)
         self.engine.cache.commit(pending, [0] + [i + 1 for i in path])
@@ -80,26 +84,46 @@ class _Slot:
     def generation(self) -> Generation:
         n = self.request.max_new_tokens
         total = time.perf_counter() - self.start
-        return Generation(self.request.id, list(self.request.prompt_ids), self.outputs[:n], self.times[:n], total,
-                          len(self.accepted), self.accepted)
+        return Generation(
+            self.request.id,
+            list(self.request.prompt_ids),
+            self.outputs[:n],
+            self.times[:n],
+            total,
+            len(self.accepted),
+            self.accepted,
+        )
 
 
 class LockstepServer:
     """``batch`` request slots over ``engine``'s weights, decoding ``config`` (``simulate.CONFIGS``) with the
     policies deciding from ``costs``. ``segment``: prompt rows per admitted segment."""
 
-    def __init__(self, engine: Engine, config: Mechanisms, costs: StepCosts, batch: int, segment: int | None = 64,
-                 verify_buffer: int = 2048, budget_rows: int | None = None, admit_always: bool = False):
+    def __init__(
+        self,
+        engine: Engine,
+        config: Mechanisms,
+        costs: StepCosts,
+        batch: int,
+        segment: int | None = 64,
+        verify_buffer: int = 2048,
+        budget_rows: int | None = None,
+        admit_always: bool = False,
+    ):
         if engine.drafter is None and config.speculate:
             raise BatchingError("speculative batching needs a drafter", where="engine", fix="load the trained pair")
         if config.speculate and engine.drafter.cfg.block_size < STOCK_BLOCK:
-            raise BatchingError(f"the drafter drafts {engine.drafter.cfg.block_size} positions; stock drafts "
-                                f"{STOCK_BLOCK}", where="engine", fix="use a drafter trained on 16-position blocks")
+            raise BatchingError(
+                f"the drafter drafts {engine.drafter.cfg.block_size} positions; stock drafts {STOCK_BLOCK}",
+                where="engine",
+                fix="use a drafter trained on 16-position blocks",
+            )
         self.engine, self.config, self.costs, self.batch = engine, config, costs, batch
         self.budget = SharedBudget(costs.target, verify_buffer, budget_rows)
         self.blocks = DrafterBlocks(STOCK_BLOCK, costs.drafter) if config.blocks else None
-        self.admission = PromptAdmission(costs.target, verify_buffer, segment, always=admit_always) \
-            if config.admission else None
+        self.admission = (
+            PromptAdmission(costs.target, verify_buffer, segment, always=admit_always) if config.admission else None
+        )
         # what the policies decided: blocks drafted, prompt rows per prefill, nodes per request per step
         self.stats = {"blocks": {}, "prefill_rows": [], "shares": [], "admitted_steps": 0}
 
@@ -128,9 +152,12 @@ class LockstepServer:
             left = torch.tensor([len(s.request.prompt_ids) - s.prefilled for s in waiting])
             admitted = [0] * len(waiting)
             if n and self.admission is not None:
-                step_ms = self.costs.draft_ms(n * (STOCK_BLOCK + 1), n) + self.costs.verify_ms(self.budget.rows_for(n), n)
-                if self.admission.pays(n + chain_rows, int(left.sum()), n, step_ms,
-                                       self.costs.prefill_ms(int(left.max()))):
+                step_ms = self.costs.draft_ms(n * (STOCK_BLOCK + 1), n) + self.costs.verify_ms(
+                    self.budget.rows_for(n), n
+                )
+                if self.admission.pays(
+                    n + chain_rows, int(left.sum()), n, step_ms, self.costs.prefill_ms(int(left.max()))
+                ):
                     admitted = self.admission.plan(n + chain_rows, left)[0].tolist()
                     self.stats["admitted_steps"] += int(any(admitted))
             if not any(admitted):  # no spare rows, or admitting does not pay: prefill as stock does
@@ -142,8 +169,10 @@ class LockstepServer:
         if not decoding:
             return
         if not self.config.speculate:
-            empty = DraftTrees(*(np.zeros((n, 0), dtype=d) for d in (np.int64, np.int64, np.int64, np.int64,
-                                                                          np.float32)), np.zeros(n, np.int64))
+            empty = DraftTrees(
+                *(np.zeros((n, 0), dtype=d) for d in (np.int64, np.int64, np.int64, np.int64, np.float32)),
+                np.zeros(n, np.int64),
+            )
             for b, slot in enumerate(decoding):
                 slot.verify(empty, b)
             return
@@ -155,10 +184,19 @@ class LockstepServer:
         groups = []
         for block in np.unique(chosen):
             mine = np.flatnonzero(chosen == block)
-            lattices = [decoding[i].engine.draft(decoding[i].outputs[-1], int(block), int(block)).to("cpu") for i in mine]
-            groups.append((mine, StepBatch.from_scores(torch.stack([lat.cand for lat in lattices]),
-                                                       torch.stack([lat.unary for lat in lattices]),
-                                                       torch.stack([lat.pair for lat in lattices]))))
+            lattices = [
+                decoding[i].engine.draft(decoding[i].outputs[-1], int(block), int(block)).to("cpu") for i in mine
+            ]
+            groups.append(
+                (
+                    mine,
+                    StepBatch.from_scores(
+                        torch.stack([lat.cand for lat in lattices]),
+                        torch.stack([lat.unary for lat in lattices]),
+                        torch.stack([lat.pair for lat in lattices]),
+                    ),
+                )
+            )
         rows = self.budget.rows_for(n)
         trees, _ = step_trees(groups, n, self.config, max(0, rows - n))
         self.stats["shares"].append(trees.num_nodes.tolist())
@@ -166,7 +204,8 @@ class LockstepServer:
             self.stats["blocks"][block] = self.stats["blocks"].get(block, 0) + 1
         accepted = np.array([slot.verify(trees, b) for b, slot in enumerate(decoding)])
         if self.blocks is not None:
-            recent, confidence = block_signals(self.blocks, torch.tensor([s.recent for s in decoding]), trees,
-                                               accepted, self.config)
+            recent, confidence = block_signals(
+                self.blocks, torch.tensor([s.recent for s in decoding]), trees, accepted, self.config
+            )
             for b, slot in enumerate(decoding):
                 slot.recent, slot.confidence = float(recent[b]), int(confidence[b])

@@ -54,16 +54,19 @@ class Mechanisms:
     gate: bool = False
 
 
-CONFIGS = {m.name: m for m in (
-    Mechanisms("ar", speculate=False),
-    Mechanisms("stock"),
-    Mechanisms("equal-trees", tree="best-first"),
-    Mechanisms("shared-budget", tree="best-first", shared=True),
-    Mechanisms("drafter-block", blocks=True),
-    Mechanisms("shared-budget+drafter-block", tree="best-first", shared=True, blocks=True),
-    Mechanisms("prompt-admission", admission=True),
-    Mechanisms("all", tree="best-first", shared=True, blocks=True, admission=True, gate=True),
-)}
+CONFIGS = {
+    m.name: m
+    for m in (
+        Mechanisms("ar", speculate=False),
+        Mechanisms("stock"),
+        Mechanisms("equal-trees", tree="best-first"),
+        Mechanisms("shared-budget", tree="best-first", shared=True),
+        Mechanisms("drafter-block", blocks=True),
+        Mechanisms("shared-budget+drafter-block", tree="best-first", shared=True, blocks=True),
+        Mechanisms("prompt-admission", admission=True),
+        Mechanisms("all", tree="best-first", shared=True, blocks=True, admission=True, gate=True),
+    )
+}
 
 
 @dataclass
@@ -93,9 +96,12 @@ class Outcome:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out.update(tau=self.tau, tokens_per_s=self.tokens_per_ms * 1e3,
-                   mean_verify_rows=self.verify_rows / max(self.spec_steps, 1),
-                   mean_drafter_rows=self.drafter_rows / max(self.spec_steps, 1))
+        out.update(
+            tau=self.tau,
+            tokens_per_s=self.tokens_per_ms * 1e3,
+            mean_verify_rows=self.verify_rows / max(self.spec_steps, 1),
+            mean_drafter_rows=self.drafter_rows / max(self.spec_steps, 1),
+        )
         return out
 
 
@@ -125,8 +131,11 @@ def concat_lattices(lattices: list[Lattice]) -> Lattice:
     """One lattice set of several files' requests (same kind and block), in file order."""
     first = lattices[0]
     if any(lat.positions != first.positions or lat.kind != first.kind for lat in lattices):
-        raise BatchingError("lattice files of different blocks or kinds", where=", ".join(lat.source for lat in lattices),
-                            fix="concatenate the files of one drafter block")
+        raise BatchingError(
+            "lattice files of different blocks or kinds",
+            where=", ".join(lat.source for lat in lattices),
+            fix="concatenate the files of one drafter block",
+        )
     requests = np.cumsum([0] + [lat.num_requests for lat in lattices])
     tokens = np.cumsum([0] + [lat.greedy_tokens.shape[0] for lat in lattices])
     return Lattice(
@@ -140,7 +149,8 @@ def concat_lattices(lattices: list[Lattice]) -> Lattice:
         cand=np.concatenate([lat.cand for lat in lattices]),
         unary=np.concatenate([lat.unary for lat in lattices]),
         pair=np.concatenate([lat.pair for lat in lattices]),
-        source="+".join(lat.source for lat in lattices))
+        source="+".join(lat.source for lat in lattices),
+    )
 
 
 def check_block_lattices(lattices: dict[int, Lattice]) -> None:
@@ -148,11 +158,20 @@ def check_block_lattices(lattices: dict[int, Lattice]) -> None:
     first = next(iter(lattices.values()))
     for block, lat in lattices.items():
         if lat.positions != block:
-            raise BatchingError(f"the block-{block} lattice drafts {lat.positions} positions", where=lat.source,
-                                fix="record one lattice file per drafter block (benchmarks/batched_lattices.py)")
-        if not (np.array_equal(lat.request_ids, first.request_ids) and np.array_equal(lat.greedy_tokens, first.greedy_tokens)):
-            raise BatchingError("the per-block lattices hold different requests or greedy outputs", where=lat.source,
-                                fix="record every block on the same greedy outputs (batched_lattices.py does)")
+            raise BatchingError(
+                f"the block-{block} lattice drafts {lat.positions} positions",
+                where=lat.source,
+                fix="record one lattice file per drafter block (benchmarks/batched_lattices.py)",
+            )
+        if not (
+            np.array_equal(lat.request_ids, first.request_ids)
+            and np.array_equal(lat.greedy_tokens, first.greedy_tokens)
+        ):
+            raise BatchingError(
+                "the per-block lattices hold different requests or greedy outputs",
+                where=lat.source,
+                fix="record every block on the same greedy outputs (batched_lattices.py does)",
+            )
 
 
 class _Slots:
@@ -181,14 +200,23 @@ class _Slots:
         return True
 
 
-def simulate(lattices: dict[int, Lattice], costs: StepCosts, config: Mechanisms, batch: int,
-             prompt_rows: int = 512, verify_buffer: int = 2048, segment: int | None = 64,
-             stream: int | None = None, budget_rows: int | None = None) -> Outcome:
+def simulate(
+    lattices: dict[int, Lattice],
+    costs: StepCosts,
+    config: Mechanisms,
+    batch: int,
+    prompt_rows: int = 512,
+    verify_buffer: int = 2048,
+    segment: int | None = 64,
+    stream: int | None = None,
+    budget_rows: int | None = None,
+) -> Outcome:
     """Run ``config`` with ``batch`` requests in flight; see the module docstring."""
     check_block_lattices(lattices)
     if STOCK_BLOCK not in lattices:
-        raise BatchingError(f"no lattice of the stock block ({STOCK_BLOCK})", where="lattices",
-                            fix="record the 16-position block too")
+        raise BatchingError(
+            f"no lattice of the stock block ({STOCK_BLOCK})", where="lattices", fix="record the 16-position block too"
+        )
     base = lattices[STOCK_BLOCK]
     lengths = np.diff(base.greedy_offsets)
     lookups = {b: lat.step_lookup() for b, lat in lattices.items()}
@@ -213,10 +241,19 @@ def simulate(lattices: dict[int, Lattice], costs: StepCosts, config: Mechanisms,
         fixed = n + (int(chosen.sum()) if speculate and config.tree == "chain" else 0)
         prompt_take = np.zeros(batch, dtype=np.int64)
         queued = np.flatnonzero(slots.waiting > 0)
-        if queued.size and admission is not None and admission.pays(
-                fixed, int(slots.waiting[queued].sum()), n,
-                _step_estimate(costs, rows if speculate else n, n, chosen, speculate), costs.prefill_ms(prompt_rows),
-                out.tau if out.request_steps else 1.0, out.tail_value if config.tree == "best-first" else 0.0):
+        if (
+            queued.size
+            and admission is not None
+            and admission.pays(
+                fixed,
+                int(slots.waiting[queued].sum()),
+                n,
+                _step_estimate(costs, rows if speculate else n, n, chosen, speculate),
+                costs.prefill_ms(prompt_rows),
+                out.tau if out.request_steps else 1.0,
+                out.tail_value if config.tree == "best-first" else 0.0,
+            )
+        ):
             prompt_take[queued] = admission.plan(fixed, torch.from_numpy(slots.waiting[queued]))[0].numpy()
         elif queued.size:  # stock scheduling: the waiting prompts' prefill pass, before the step
             out.time_ms += costs.prefill_ms(int(slots.waiting[queued].sum()))
@@ -225,8 +262,9 @@ def simulate(lattices: dict[int, Lattice], costs: StepCosts, config: Mechanisms,
         extra = int(prompt_take.sum())
         gained = np.zeros(n, dtype=np.int64)
         if speculate:
-            gained, step_ms = _speculative_step(lattices, lookups, slots, decoding, chosen, config, blocks,
-                                                rows, extra, costs, out)
+            gained, step_ms = _speculative_step(
+                lattices, lookups, slots, decoding, chosen, config, blocks, rows, extra, costs, out
+            )
             out.spec_steps += 1
             out.request_steps_spec += n
             if gate is not None:
@@ -255,9 +293,19 @@ def _step_estimate(costs: StepCosts, rows: int, requests: int, chosen: np.ndarra
     return costs.draft_ms(int((chosen + 1).sum()), requests) + costs.verify_ms(rows, requests)
 
 
-def _speculative_step(lattices, lookups, slots: _Slots, decoding: np.ndarray, chosen: np.ndarray,
-                      config: Mechanisms, blocks: DrafterBlocks | None, rows: int, extra: int,
-                      costs: StepCosts, out: Outcome) -> tuple[np.ndarray, float]:
+def _speculative_step(
+    lattices,
+    lookups,
+    slots: _Slots,
+    decoding: np.ndarray,
+    chosen: np.ndarray,
+    config: Mechanisms,
+    blocks: DrafterBlocks | None,
+    rows: int,
+    extra: int,
+    costs: StepCosts,
+    out: Outcome,
+) -> tuple[np.ndarray, float]:
     """Draft, share, verify one step of the decoding slots drafting ``chosen`` blocks; returns (tokens
     gained per slot, step ms)."""
     n = decoding.size
@@ -276,8 +324,9 @@ def _speculative_step(lattices, lookups, slots: _Slots, decoding: np.ndarray, ch
         greedy[mine, : batch.positions] = batch.greedy
     verdict = verify_against_greedy(trees, greedy)
     if blocks is not None:
-        slots.recent[decoding], slots.confidence[decoding] = block_signals(blocks, slots.recent[decoding], trees,
-                                                                          verdict.accepted, config)
+        slots.recent[decoding], slots.confidence[decoding] = block_signals(
+            blocks, slots.recent[decoding], trees, verdict.accepted, config
+        )
     for block in np.unique(chosen):
         out.blocks[int(block)] = out.blocks.get(int(block), 0) + int((chosen == block).sum())
     drafter_rows = int((chosen + 1).sum())
@@ -287,8 +336,9 @@ def _speculative_step(lattices, lookups, slots: _Slots, decoding: np.ndarray, ch
     return verdict.accepted + 1, costs.draft_ms(drafter_rows, n) + costs.verify_ms(verify_rows, n)
 
 
-def step_trees(groups: list[tuple[np.ndarray, StepBatch]], n: int, config: Mechanisms,
-               nodes: int, cap: int | None = None) -> tuple[DraftTrees, float]:
+def step_trees(
+    groups: list[tuple[np.ndarray, StepBatch]], n: int, config: Mechanisms, nodes: int, cap: int | None = None
+) -> tuple[DraftTrees, float]:
     """One step's drafts for ``n`` requests: ``groups`` pairs each block's requests (indices into the n)
     with their lattices. Stock's chain of each block, or best-first trees cut by the shared budget (or
     the equal split) to ``nodes`` nodes in all, at most ``cap`` per request (a padded verify layout's
@@ -314,8 +364,9 @@ def step_trees(groups: list[tuple[np.ndarray, StepBatch]], n: int, config: Mecha
     return trees, float(np.exp(kept[: max(1, kept.size // 4)]).mean()) if kept.size else 0.0
 
 
-def block_signals(blocks: DrafterBlocks, recent: torch.Tensor, trees: DraftTrees, accepted: np.ndarray,
-                  config: Mechanisms) -> tuple[torch.Tensor, torch.Tensor]:
+def block_signals(
+    blocks: DrafterBlocks, recent: torch.Tensor, trees: DraftTrees, accepted: np.ndarray, config: Mechanisms
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The drafter-block state after a verified step: recent acceptance and the draft confidence depth
     (the deepest node of each tree's share, or the accepted length of a chain)."""
     accepted_t = torch.from_numpy(np.asarray(accepted, dtype=np.int64))
@@ -337,6 +388,10 @@ def speedups(outcomes: dict[str, Outcome]) -> dict[str, dict]:
     ar, stock = outcomes["ar"].tokens_per_ms, outcomes.get("stock")
     rows = {}
     for name, o in outcomes.items():
-        rows[name] = {"tau": o.tau, "tokens_per_s": o.tokens_per_ms * 1e3, "over_ar": o.tokens_per_ms / ar,
-                      "over_stock": o.tokens_per_ms / stock.tokens_per_ms if stock else math.nan}
+        rows[name] = {
+            "tau": o.tau,
+            "tokens_per_s": o.tokens_per_ms * 1e3,
+            "over_ar": o.tokens_per_ms / ar,
+            "over_stock": o.tokens_per_ms / stock.tokens_per_ms if stock else math.nan,
+        }
     return rows

@@ -27,13 +27,25 @@ from specpilot_mem.replay.trees.base import DraftTrees, StepBatch
 class PolicyDecoder(SystemDecoder):
     """``SystemDecoder`` drafting ``config``'s trees (``simulate.CONFIGS``), deciding from ``costs``."""
 
-    def __init__(self, engine: Engine, config: Mechanisms, costs: StepCosts, batch: int = 1,
-                 options: SystemOptions | None = None, max_len: int = 1024, weights=None):
+    def __init__(
+        self,
+        engine: Engine,
+        config: Mechanisms,
+        costs: StepCosts,
+        batch: int = 1,
+        options: SystemOptions | None = None,
+        max_len: int = 1024,
+        weights=None,
+    ):
         if config.admission:
-            raise BatchingError("prompt admission is not wired into the system decoder", where="config",
-                                fix="use a configuration without admission (the replay and lockstep decoder have it)")
-        options = options or SystemOptions(tree="best-first" if config.tree == "best-first" else "chain",
-                                           positions=STOCK_BLOCK, nodes=STOCK_BLOCK)
+            raise BatchingError(
+                "prompt admission is not wired into the system decoder",
+                where="config",
+                fix="use a configuration without admission (the replay and lockstep decoder have it)",
+            )
+        options = options or SystemOptions(
+            tree="best-first" if config.tree == "best-first" else "chain", positions=STOCK_BLOCK, nodes=STOCK_BLOCK
+        )
         super().__init__(engine, options, batch, max_len, weights)
         self.config, self.costs = config, costs
         self.budget = SharedBudget(costs.target, verify_buffer=batch * self.options.rows)
@@ -91,8 +103,13 @@ class PolicyDecoder(SystemDecoder):
             if last is None:
                 continue
             base, trees, row = last
-            one = DraftTrees(*(np.asarray(getattr(trees, f)[row:row + 1]) for f in
-                               ("parents", "depths", "ranks", "tokens", "scores", "num_nodes")))
-            recent, confidence = block_signals(self.blocks, self._recent[slot:slot + 1], one,
-                                               np.array([length - base - 1]), self.config)
+            one = DraftTrees(
+                *(
+                    np.asarray(getattr(trees, f)[row : row + 1])
+                    for f in ("parents", "depths", "ranks", "tokens", "scores", "num_nodes")
+                )
+            )
+            recent, confidence = block_signals(
+                self.blocks, self._recent[slot : slot + 1], one, np.array([length - base - 1]), self.config
+            )
             self._recent[slot], self._confidence[slot] = float(recent[0]), int(confidence[0])

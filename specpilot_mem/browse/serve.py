@@ -21,8 +21,11 @@ def make_server(root: Path, port: int) -> http.server.ThreadingHTTPServer:
     try:
         return http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
     except OSError as err:
-        raise SpecPilotError(f"cannot listen on 127.0.0.1:{port}: {err.strerror}", where="--port",
-                             fix="pick another port, or --port 0 for a free one") from None
+        raise SpecPilotError(
+            f"cannot listen on 127.0.0.1:{port}: {err.strerror}",
+            where="--port",
+            fix="pick another port, or --port 0 for a free one",
+        ) from None
 
 
 def serve(root: Path, port: int, announce: Callable[[str], None]) -> None:

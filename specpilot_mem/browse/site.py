@@ -49,12 +49,14 @@ class BuildReport:
 def _page(title: str, body: str, depth: int = 0, scripts: tuple[str, ...] = ()) -> str:
     up = "../" * depth
     tags = "".join(f'<script src="{up}{s}"></script>' for s in scripts)
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)} · SpecPilot memory</title>'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f'<link rel="icon" href="data:,"><link rel="stylesheet" href="{up}static/site.css"></head><body>'
-            f'<header><a class="brand" href="{up}index.html">SpecPilot memory</a><nav>'
-            f'<a href="{up}index.html">Entries &amp; query</a><a href="{up}graph.html">Requirement graph</a>'
-            f'<a href="{up}releases.html">Releases</a></nav></header><main>{body}</main>{tags}</body></html>')
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)} · SpecPilot memory</title>'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<link rel="icon" href="data:,"><link rel="stylesheet" href="{up}static/site.css"></head><body>'
+        f'<header><a class="brand" href="{up}index.html">SpecPilot memory</a><nav>'
+        f'<a href="{up}index.html">Entries &amp; query</a><a href="{up}graph.html">Requirement graph</a>'
+        f'<a href="{up}releases.html">Releases</a></nav></header><main>{body}</main>{tags}</body></html>'
+    )
 
 
 def badge(text: str | None, css: str) -> str:
@@ -73,8 +75,13 @@ def _list(items: list[str]) -> str:
 def _table(head: list[str], rows: list[list[str]], css: str = "") -> str:
     if not rows:
         return '<p class="muted">none</p>'
-    return (f'<table class="{css}"><thead><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"
-            + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows) + "</tbody></table>")
+    return (
+        f'<table class="{css}"><thead><tr>'
+        + "".join(f"<th>{h}</th>" for h in head)
+        + "</tr></thead><tbody>"
+        + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+        + "</tbody></table>"
+    )
 
 
 def depths(order: list[str], records: dict[str, EntryRecord]) -> dict[str, int]:
@@ -98,9 +105,13 @@ def dag_svg(ids: list[str], records: dict[str, EntryRecord], href: str, focus: s
             pos[entry_id] = (10 + level * (node_w + gap_x), 10 + n * (node_h + gap_y))
     width = 20 + (max(columns, default=0) + 1) * (node_w + gap_x)
     height = 20 + max((len(m) for m in columns.values()), default=1) * (node_h + gap_y)
-    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" class="dag" viewBox="0 0 {width} {height}" width="{width}" '
-             f'height="{height}"><defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="6" '
-             'markerHeight="6" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#8a94a3"/></marker></defs>')]
+    parts = [
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" class="dag" viewBox="0 0 {width} {height}" width="{width}" '
+            f'height="{height}"><defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="6" '
+            'markerHeight="6" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#8a94a3"/></marker></defs>'
+        )
+    ]
     # One path for every edge and one for the boxes of each status: thousands of separate elements (and arrow
     # markers) cost a large graph most of its load time. A node is then its label, linked to its page.
     edges = []
@@ -123,8 +134,10 @@ def dag_svg(ids: list[str], records: dict[str, EntryRecord], href: str, focus: s
         label = entry_id if len(entry_id) <= 22 else entry_id[:21] + "…"
         tip = f"<title>{escape(entry_id)}</title>" if label != entry_id else ""
         css = "node-label focus" if entry_id == focus else "node-label"
-        parts.append(f'<a href="{escape(href % entry_id)}"><text x="{x + 6}" y="{y + 15}" class="{css}">'
-                     f"{escape(label)}</text>{tip}</a>")
+        parts.append(
+            f'<a href="{escape(href % entry_id)}"><text x="{x + 6}" y="{y + 15}" class="{css}">'
+            f"{escape(label)}</text>{tip}</a>"
+        )
     return "".join(parts + ["</svg>"])
 
 
@@ -138,7 +151,9 @@ def _neighbourhood(entry_id: str, records: dict[str, EntryRecord], required_by: 
     """The entry, what it requires and what requires it, as a small requirement-closed graph to draw."""
     members = [*records[entry_id].requires, entry_id, *required_by]
     shown = set(members)
-    local = {i: records[i].model_copy(update={"requires": [r for r in records[i].requires if r in shown]}) for i in members}
+    local = {
+        i: records[i].model_copy(update={"requires": [r for r in records[i].requires if r in shown]}) for i in members
+    }
     for req in records[entry_id].requires:
         local[req] = records[req].model_copy(update={"requires": []})
     for dependent in required_by:
@@ -152,69 +167,167 @@ def _releases(records: dict[str, EntryRecord]) -> list[str]:
     return sorted(seen, key=version_key)
 
 
-def entry_page(home: Home, record: EntryRecord, records: dict[str, EntryRecord], required_by: list[str]) -> tuple[str, int]:
+def entry_page(
+    home: Home, record: EntryRecord, records: dict[str, EntryRecord], required_by: list[str]
+) -> tuple[str, int]:
     """The HTML of one entry's page and its number of plots."""
     r = record
+
     def link(i):
         return f'<a href="{escape(i)}.html">{escape(i)}</a>'
-    parts = [f'<h1>{escape(r.id)} {status_badge(r.status)}</h1><p class="title">{escape(r.title)}</p>',
-             f'<p>{escape(r.summary)}</p>']
+
+    parts = [
+        f'<h1>{escape(r.id)} {status_badge(r.status)}</h1><p class="title">{escape(r.title)}</p>',
+        f"<p>{escape(r.summary)}</p>",
+    ]
     scope = r.scope
-    parts.append("<h2>Scope and status</h2>" + _table(["SGLang", "arch", "target", "drafter", "regime", "status"], [[
-        escape(scope.sglang or "-"), escape(", ".join(scope.arch) or "any"), escape(", ".join(scope.target) or "any"),
-        escape(", ".join(scope.drafter) or "any"), escape(", ".join(scope.regime) or "any"), status_badge(r.status)]]))
-    rows = [[f'<span id="release-{escape(c.release)}">{escape(c.release)}</span>', status_badge(c.status),
-             badge(c.verdict, VERDICT_CLASS[c.verdict]), escape(str(c.checked)),
-             escape(", ".join(c.conflicts) or ", ".join(c.changed) or "-") + (
-                 f"<br>blocked by {', '.join(link(b) for b in c.blocked_by)}" if c.blocked_by else ""),
-             escape(f"{c.port.delta} (from {c.port.source}, tree {c.port.reproduces[:12]})") if c.port else "-"]
-            for c in r.releases]
-    parts.append("<h2>Per-release status</h2>" + _table(["release", "status", "verdict", "checked", "files", "port"], rows))
+    parts.append(
+        "<h2>Scope and status</h2>"
+        + _table(
+            ["SGLang", "arch", "target", "drafter", "regime", "status"],
+            [
+                [
+                    escape(scope.sglang or "-"),
+                    escape(", ".join(scope.arch) or "any"),
+                    escape(", ".join(scope.target) or "any"),
+                    escape(", ".join(scope.drafter) or "any"),
+                    escape(", ".join(scope.regime) or "any"),
+                    status_badge(r.status),
+                ]
+            ],
+        )
+    )
+    rows = [
+        [
+            f'<span id="release-{escape(c.release)}">{escape(c.release)}</span>',
+            status_badge(c.status),
+            badge(c.verdict, VERDICT_CLASS[c.verdict]),
+            escape(str(c.checked)),
+            escape(", ".join(c.conflicts) or ", ".join(c.changed) or "-")
+            + (f"<br>blocked by {', '.join(link(b) for b in c.blocked_by)}" if c.blocked_by else ""),
+            escape(f"{c.port.delta} (from {c.port.source}, tree {c.port.reproduces[:12]})") if c.port else "-",
+        ]
+        for c in r.releases
+    ]
+    parts.append(
+        "<h2>Per-release status</h2>" + _table(["release", "status", "verdict", "checked", "files", "port"], rows)
+    )
     chain = _order(records, [r.id])
     shown, local = _neighbourhood(r.id, records, required_by)
-    parts.append("<h2>Requirements</h2><p>requires: " + (", ".join(link(i) for i in r.requires) or "nothing (stock)")
-                 + "</p><p>required by: " + (", ".join(link(i) for i in required_by) or "no entry") + "</p>"
-                 + f"<p>applied as the chain of {len(chain)}: " + " → ".join(link(i) for i in chain) + "</p>"
-                 + (f'<div class="scroll">{dag_svg(shown, local, "%s.html", focus=r.id)}</div>' if len(shown) > 1 else ""))
-    parts.append("<h2>Options</h2>" + _table(["flag", "type", "default", "help"], [
-        [f"<code>{escape(o.name)}</code>", escape(o.type), f"<code>{escape(json.dumps(o.default))}</code>", escape(o.help)]
-        for o in r.options]))
-    parts.append("<h2>Variants</h2>" + _table(["name", "hardware", "options", "notes"], [
-        [escape(v.name), escape(", ".join(v.hardware)), f"<code>{escape(json.dumps(v.options))}</code>", escape(v.notes)]
-        for v in r.variants]))
-    parts.append(f'<h2>Contract</h2><p>{badge(r.contract.level, "info")} {escape(r.contract.statement)}</p>'
-                 + _list([f"<code>{escape(c)}</code>" for c in r.contract.commands]))
+    parts.append(
+        "<h2>Requirements</h2><p>requires: "
+        + (", ".join(link(i) for i in r.requires) or "nothing (stock)")
+        + "</p><p>required by: "
+        + (", ".join(link(i) for i in required_by) or "no entry")
+        + "</p>"
+        + f"<p>applied as the chain of {len(chain)}: "
+        + " → ".join(link(i) for i in chain)
+        + "</p>"
+        + (f'<div class="scroll">{dag_svg(shown, local, "%s.html", focus=r.id)}</div>' if len(shown) > 1 else "")
+    )
+    parts.append(
+        "<h2>Options</h2>"
+        + _table(
+            ["flag", "type", "default", "help"],
+            [
+                [
+                    f"<code>{escape(o.name)}</code>",
+                    escape(o.type),
+                    f"<code>{escape(json.dumps(o.default))}</code>",
+                    escape(o.help),
+                ]
+                for o in r.options
+            ],
+        )
+    )
+    parts.append(
+        "<h2>Variants</h2>"
+        + _table(
+            ["name", "hardware", "options", "notes"],
+            [
+                [
+                    escape(v.name),
+                    escape(", ".join(v.hardware)),
+                    f"<code>{escape(json.dumps(v.options))}</code>",
+                    escape(v.notes),
+                ]
+                for v in r.variants
+            ],
+        )
+    )
+    parts.append(
+        f"<h2>Contract</h2><p>{badge(r.contract.level, 'info')} {escape(r.contract.statement)}</p>"
+        + _list([f"<code>{escape(c)}</code>" for c in r.contract.commands])
+    )
     parts.append("<h2>Limits</h2>" + _list([escape(x) for x in r.limits]))
-    parts.append("<h2>Untested</h2>" + _list([escape(u.note) + "".join(
-        f' {badge(f"{k}: {v}", "muted")}' for k, v in u.model_dump().items() if k != "note" and v) for u in r.untested]))
+    parts.append(
+        "<h2>Untested</h2>"
+        + _list(
+            [
+                escape(u.note)
+                + "".join(f" {badge(f'{k}: {v}', 'muted')}" for k, v in u.model_dump().items() if k != "note" and v)
+                for u in r.untested
+            ]
+        )
+    )
     parts.append("<h2>Evidence</h2>")
     plots = 0
     if not r.evidence:
         parts.append('<p class="muted">no evidence recorded</p>')
     for n, ev in enumerate(r.evidence):
         dep = ev.deployment
-        setting = ", ".join(x for x in (f"{dep.gpu} ({dep.arch})", dep.target, dep.drafter, dep.regime,
-                                        f"batch {', '.join(map(str, dep.batch_sizes))}" if dep.batch_sizes else None) if x)
-        figures = _table(["figure", "value", "95% interval"], [
-            [escape(f.name), escape(f"{f.value:g} {f.unit}"),
-             escape(f"[{f.ci_low:g}, {f.ci_high:g}]") if f.ci_low is not None and f.ci_high is not None else "-"]
-            for f in ev.figures], "figures")
+        setting = ", ".join(
+            x
+            for x in (
+                f"{dep.gpu} ({dep.arch})",
+                dep.target,
+                dep.drafter,
+                dep.regime,
+                f"batch {', '.join(map(str, dep.batch_sizes))}" if dep.batch_sizes else None,
+            )
+            if x
+        )
+        figures = _table(
+            ["figure", "value", "95% interval"],
+            [
+                [
+                    escape(f.name),
+                    escape(f"{f.value:g} {f.unit}"),
+                    escape(f"[{f.ci_low:g}, {f.ci_high:g}]") if f.ci_low is not None and f.ci_high is not None else "-",
+                ]
+                for f in ev.figures
+            ],
+            "figures",
+        )
         found, problem = evidence_plots(ev, home.root)
         plots += len(found)
-        svgs = "".join(f'<figure>{p.svg()}<figcaption>{escape(p.kind)} · from {escape(p.source)}</figcaption></figure>'
-                       for p in found)
+        svgs = "".join(
+            f"<figure>{p.svg()}<figcaption>{escape(p.kind)} · from {escape(p.source)}</figcaption></figure>"
+            for p in found
+        )
         parts.append(
             f'<section class="evidence" id="evidence-{n}"><h3>{escape(ev.kind)} · {escape(str(ev.date))}'
-            f'{" " + badge("synthetic", "muted") if ev.synthetic else ""}</h3><p>{escape(setting)}</p>'
+            f"{' ' + badge('synthetic', 'muted') if ev.synthetic else ''}</h3><p>{escape(setting)}</p>"
             + (f"<p><b>verdict:</b> {escape(ev.verdict)}</p>" if ev.verdict else "")
-            + f'<p><b>command:</b> <code>{escape(ev.command)}</code></p>'
+            + f"<p><b>command:</b> <code>{escape(ev.command)}</code></p>"
             + (f"<p><b>results:</b> <code>{escape(ev.results)}</code></p>" if ev.results else "")
             + (f'<p class="bad-text">{escape(problem)}</p>' if problem else "")
-            + f'<div class="plots">{svgs}</div>' + figures + "</section>")
-    parts.append("<h2>Source</h2>" + _table(["field", "value"], [
-        ["reproduces", f"<code>{r.reproduces}</code>"], ["recorded", escape(str(r.recorded or "-"))],
-        ["source", escape(", ".join(f"{k}: {v}" for k, v in r.source.model_dump().items() if v) or "-")],
-        ["vendored kernels", escape(str(len(r.kernels)))]]))
+            + f'<div class="plots">{svgs}</div>'
+            + figures
+            + "</section>"
+        )
+    parts.append(
+        "<h2>Source</h2>"
+        + _table(
+            ["field", "value"],
+            [
+                ["reproduces", f"<code>{r.reproduces}</code>"],
+                ["recorded", escape(str(r.recorded or "-"))],
+                ["source", escape(", ".join(f"{k}: {v}" for k, v in r.source.model_dump().items() if v) or "-")],
+                ["vendored kernels", escape(str(len(r.kernels)))],
+            ],
+        )
+    )
     return _page(r.id, "".join(parts), depth=1), plots
 
 
@@ -225,19 +338,35 @@ def index_data(home: Home) -> tuple[dict, dict[str, EntryRecord]]:
 
     con = connect(home)
     try:
-        rows = con.execute("SELECT id, title, validated, status, scope_sglang, search_text, card, record FROM entries "
-                           "ORDER BY id").fetchall()
+        rows = con.execute(
+            "SELECT id, title, validated, status, scope_sglang, search_text, card, record FROM entries ORDER BY id"
+        ).fetchall()
     finally:
         con.close()
     entries, records = [], {}
     for entry_id, title, validated, status, sglang, search_text, card, record in rows:
         records[entry_id] = EntryRecord.model_validate_json(record)
         card = json.loads(card)
-        entries.append({"id": entry_id, "title": title, "validated": validated, "status": status, "sglang": sglang,
-                        "text": search_text, "requires": card["requires"], "variants": card["variants"],
-                        "evidence": card["evidence"], "untested": card["untested"], "releases": card["releases"]})
-    return {"entries": entries, "arches": list(ARCHES),
-            "gpus": [{"name": g.name, "aliases": list(g.aliases), "arch": g.arch} for g in GPUS]}, records
+        entries.append(
+            {
+                "id": entry_id,
+                "title": title,
+                "validated": validated,
+                "status": status,
+                "sglang": sglang,
+                "text": search_text,
+                "requires": card["requires"],
+                "variants": card["variants"],
+                "evidence": card["evidence"],
+                "untested": card["untested"],
+                "releases": card["releases"],
+            }
+        )
+    return {
+        "entries": entries,
+        "arches": list(ARCHES),
+        "gpus": [{"name": g.name, "aliases": list(g.aliases), "arch": g.arch} for g in GPUS],
+    }, records
 
 
 def compact_index(data: dict) -> dict:
@@ -260,14 +389,37 @@ def compact_index(data: dict) -> dict:
     def figure(f: dict | None) -> list | int:
         return 0 if f is None else [name(f["name"]), f["value"], name(f["unit"]), f["ci_low"], f["ci_high"]]
 
-    entries = [[e["id"], e["title"], int(e["validated"]), name(e["status"]), name(e["sglang"]), e["text"], e["requires"],
-                [[v["name"], [name(h) for h in v["hardware"]]] for v in e["variants"]],
-                [[ev["idx"], name(ev["kind"]), name(ev["gpu"]), name(ev["gpu_name"]), name(ev["arch"]), name(ev["target"]),
-                  name(ev["drafter"]), name(ev["regime"]), int(ev["synthetic"]), name(ev["date"]), figure(ev["figure"])]
-                 for ev in e["evidence"]],
-                [u["note"] for u in e["untested"]],
-                [[name(c["release"]), name(c["status"]), name(c["verdict"])] for c in e["releases"]]]
-               for e in data["entries"]]
+    entries = [
+        [
+            e["id"],
+            e["title"],
+            int(e["validated"]),
+            name(e["status"]),
+            name(e["sglang"]),
+            e["text"],
+            e["requires"],
+            [[v["name"], [name(h) for h in v["hardware"]]] for v in e["variants"]],
+            [
+                [
+                    ev["idx"],
+                    name(ev["kind"]),
+                    name(ev["gpu"]),
+                    name(ev["gpu_name"]),
+                    name(ev["arch"]),
+                    name(ev["target"]),
+                    name(ev["drafter"]),
+                    name(ev["regime"]),
+                    int(ev["synthetic"]),
+                    name(ev["date"]),
+                    figure(ev["figure"]),
+                ]
+                for ev in e["evidence"]
+            ],
+            [u["note"] for u in e["untested"]],
+            [[name(c["release"]), name(c["status"]), name(c["verdict"])] for c in e["releases"]],
+        ]
+        for e in data["entries"]
+    ]
     return {"strings": strings, "entries": entries, "arches": data["arches"], "gpus": data["gpus"]}
 
 
@@ -288,27 +440,35 @@ def index_page(data: dict, releases: list[str]) -> str:
         '<label>drafter <input name="drafter" placeholder="EAGLE-3"></label>'
         '<label>regime <select name="regime"><option value="">any</option><option>single</option><option>batch</option></select></label>'
         '<label>status <select name="status"><option value="">any</option><option>verified</option><option>candidate</option>'
-        '<option>superseded</option><option>unchecked</option></select></label>'
+        "<option>superseded</option><option>unchecked</option></select></label>"
         f'<label>on release <select name="release"><option value="">its own</option>{options}</select></label>'
         '<label>requires <input name="requires" placeholder="entry id"></label>'
         '<label>words <input name="text" placeholder="lm head"></label>'
         '<label class="check"><input type="checkbox" name="validated"> validated only</label>'
         '<button type="submit">Query</button> <button type="reset">Clear</button></form>'
-        '<p id="query-error" class="bad-text" hidden></p><p id="count" class="muted"></p>')
-    head = "".join(f"<th>{h}</th>" for h in ("entry", "status", "releases", "hardware", "best evidence", "untested", "requires"))
-    body = (f'<h1>Entries</h1><p>{len(data["entries"])} entries. The query form filters the registry\'s rows as '
-            '<code>specpilot-mem query</code> does.</p>' + form
-            + f'<table id="results"><thead><tr>{head}</tr></thead><tbody></tbody></table>'
-            '<button id="more" type="button" hidden></button>')
+        '<p id="query-error" class="bad-text" hidden></p><p id="count" class="muted"></p>'
+    )
+    head = "".join(
+        f"<th>{h}</th>" for h in ("entry", "status", "releases", "hardware", "best evidence", "untested", "requires")
+    )
+    body = (
+        f"<h1>Entries</h1><p>{len(data['entries'])} entries. The query form filters the registry's rows as "
+        "<code>specpilot-mem query</code> does.</p>"
+        + form
+        + f'<table id="results"><thead><tr>{head}</tr></thead><tbody></tbody></table>'
+        '<button id="more" type="button" hidden></button>'
+    )
     return _page("Entries", body, scripts=("data/index.js", "static/query.js"))
 
 
 def graph_page(records: dict[str, EntryRecord]) -> str:
     ids = _order(records, records)
-    body = (f"<h1>Requirement graph</h1><p>{len(ids)} entries in columns by depth; a line joins an entry to what it "
-            "requires, in a column to its left (entries in the first column require only stock). Colours give each "
-            "entry's status.</p>"
-            f'<div class="scroll">{dag_svg(ids, records, "entries/%s.html")}</div>')
+    body = (
+        f"<h1>Requirement graph</h1><p>{len(ids)} entries in columns by depth; a line joins an entry to what it "
+        "requires, in a column to its left (entries in the first column require only stock). Colours give each "
+        "entry's status.</p>"
+        f'<div class="scroll">{dag_svg(ids, records, "entries/%s.html")}</div>'
+    )
     return _page("Requirement graph", body)
 
 
@@ -324,7 +484,7 @@ def release_pages(records: dict[str, EntryRecord]) -> dict[str, str]:
     pages = {}
     for n, start in enumerate(starts):
         rows = []
-        for entry_id in ids[start:start + RELEASE_ROWS]:
+        for entry_id in ids[start : start + RELEASE_ROWS]:
             record = records[entry_id]
             cells = [f'<a href="entries/{escape(entry_id)}.html">{escape(entry_id)}</a>']
             for release in releases:
@@ -332,19 +492,35 @@ def release_pages(records: dict[str, EntryRecord]) -> dict[str, str]:
                 if release == record.scope.sglang:
                     cells.append(f'<span class="{STATUS_CLASS[record.status]}">{record.status} (its own)</span>')
                 elif check:
-                    cells.append(f'<a class="{STATUS_CLASS[check.status]}" href="entries/{escape(entry_id)}.html#release-'
-                                 f'{escape(release)}">{check.status} · {check.verdict}{" · port" if check.port else ""}</a>')
+                    cells.append(
+                        f'<a class="{STATUS_CLASS[check.status]}" href="entries/{escape(entry_id)}.html#release-'
+                        f'{escape(release)}">{check.status} · {check.verdict}{" · port" if check.port else ""}</a>'
+                    )
                 else:
                     cells.append('<span class="muted">unchecked</span>')
             rows.append(cells)
         shown = f"entries {start + 1}–{min(start + RELEASE_ROWS, len(ids))} of {len(ids)}" if ids else "no entries"
-        nav = ('<p class="pages">' + shown + (" · page " + " ".join(
-            f"<b>{k + 1}</b>" if k == n else f'<a href="{name}">{k + 1}</a>' for k, name in enumerate(names))
-            if len(names) > 1 else "") + "</p>")
-        body = ("<h1>Status on every SGLang release</h1><p>Each entry's status on the release it was validated on, "
-                "and the verdict and status <code>specpilot-mem revalidate</code> or <code>port</code> left on the "
-                "others.</p>" + nav + _table(["entry"] + [escape(r) for r in releases], rows, "matrix")
-                + (nav if len(names) > 1 else ""))
+        nav = (
+            '<p class="pages">'
+            + shown
+            + (
+                " · page "
+                + " ".join(
+                    f"<b>{k + 1}</b>" if k == n else f'<a href="{name}">{k + 1}</a>' for k, name in enumerate(names)
+                )
+                if len(names) > 1
+                else ""
+            )
+            + "</p>"
+        )
+        body = (
+            "<h1>Status on every SGLang release</h1><p>Each entry's status on the release it was validated on, "
+            "and the verdict and status <code>specpilot-mem revalidate</code> or <code>port</code> left on the "
+            "others.</p>"
+            + nav
+            + _table(["entry"] + [escape(r) for r in releases], rows, "matrix")
+            + (nav if len(names) > 1 else "")
+        )
         pages[names[n]] = _page("Releases" if n == 0 else f"Releases, page {n + 1}", body)
     return pages
 
@@ -354,8 +530,11 @@ def build_site(home: Home, out: Path) -> BuildReport:
     started = time.perf_counter()
     out = Path(out).expanduser().resolve()
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
-        raise SpecPilotError(f"{out} exists and is not a site this command built", where="--out",
-                             fix="pass a new or empty folder (a built site is replaced whole)")
+        raise SpecPilotError(
+            f"{out} exists and is not a site this command built",
+            where="--out",
+            fix="pass a new or empty folder (a built site is replaced whole)",
+        )
     data, records = index_data(home)
     required_by: dict[str, list[str]] = {i: [] for i in records}
     for entry_id, record in records.items():
@@ -370,8 +549,11 @@ def build_site(home: Home, out: Path) -> BuildReport:
         shutil.copytree(STATIC, build / "static")
         (build / MARKER).write_text("built by specpilot-mem browse\n")
         (build / "data" / "index.js").write_text(index_script(data))
-        for name, html in (("index.html", index_page(data, _releases(records))), ("graph.html", graph_page(records)),
-                           *release_pages(records).items()):
+        for name, html in (
+            ("index.html", index_page(data, _releases(records))),
+            ("graph.html", graph_page(records)),
+            *release_pages(records).items(),
+        ):
             (build / name).write_text(html)
             pages.append(name)
         for entry_id, record in records.items():

@@ -13,12 +13,17 @@ from specpilot_mem.output import assemble, console, emit, styled, table
 
 
 def register(subparsers, common) -> None:
-    parser = subparsers.add_parser("apply", parents=[common], help="apply entries (with requirements) onto a base",
-                                   description=__doc__)
+    parser = subparsers.add_parser(
+        "apply", parents=[common], help="apply entries (with requirements) onto a base", description=__doc__
+    )
     parser.add_argument("ids", nargs="*", metavar="ID", help="entry ids")
     parser.add_argument("--all", action="store_true", help="every recorded entry")
-    parser.add_argument("--onto", default="stock", metavar="stock|REV|sglang==X|WHEEL",
-                        help="base: stock (default), a fork revision, a pinned SGLang release or an SGLang wheel's path")
+    parser.add_argument(
+        "--onto",
+        default="stock",
+        metavar="stock|REV|sglang==X|WHEEL",
+        help="base: stock (default), a fork revision, a pinned SGLang release or an SGLang wheel's path",
+    )
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--branch", metavar="deploy/NAME", help="write the result as this fork branch")
     target.add_argument("--worktree", metavar="PATH", help="check the result out in this (new or clean) work tree")
@@ -29,12 +34,28 @@ def register(subparsers, common) -> None:
 
 def payload_of(result) -> dict:
     return {
-        "requested": result.requested, "order": result.order, "onto": result.onto, "onto_commit": result.onto_commit,
-        "tree": result.tree, "commit": result.commit, "branch": result.branch, "worktree": result.worktree,
+        "requested": result.requested,
+        "order": result.order,
+        "onto": result.onto,
+        "onto_commit": result.onto_commit,
+        "tree": result.tree,
+        "commit": result.commit,
+        "branch": result.branch,
+        "worktree": result.worktree,
         "export": result.export,
-        "entries": [{"id": o.id, "status": o.status, "paths": o.paths, "conflicts_with": o.conflicts_with,
-                     "present": o.present, "reproduces": o.reproduces, "tree": o.tree, "reproduced": o.reproduced}
-                    for o in result.outcomes],
+        "entries": [
+            {
+                "id": o.id,
+                "status": o.status,
+                "paths": o.paths,
+                "conflicts_with": o.conflicts_with,
+                "present": o.present,
+                "reproduces": o.reproduces,
+                "tree": o.tree,
+                "reproduced": o.reproduced,
+            }
+            for o in result.outcomes
+        ],
     }
 
 
@@ -47,25 +68,36 @@ def run(args) -> int:
 
     for option in ("branch", "worktree", "export"):
         if getattr(args, option) is not None and not getattr(args, option).strip():
-            raise SpecPilotError(f"--{option} is empty", where=f"--{option}",
-                                 fix=f"give --{option} a {'name' if option == 'branch' else 'path'}, or leave it out")
+            raise SpecPilotError(
+                f"--{option} is empty",
+                where=f"--{option}",
+                fix=f"give --{option} a {'name' if option == 'branch' else 'path'}, or leave it out",
+            )
     home = find_home(args.home)
     ids = list(load_entries(home)) if args.all else args.ids
     if is_release_spec(args.onto):
         return run_release(args, home, ids)
-    result = apply_entries(home, ids, onto=args.onto, branch=args.branch, worktree=args.worktree,
-                           export=args.export, force=args.force)
+    result = apply_entries(
+        home, ids, onto=args.onto, branch=args.branch, worktree=args.worktree, export=args.export, force=args.force
+    )
 
     def render(data) -> None:
         rows = []
         for e in data["entries"]:
             check = {True: "yes", False: "NO", None: "-"}[e["reproduced"]]
-            files = f"{len(e['paths'])}: {e['paths'][0]}" + (" ..." if len(e["paths"]) > 1 else "") if e["paths"] else "-"
+            files = (
+                f"{len(e['paths'])}: {e['paths'][0]}" + (" ..." if len(e["paths"]) > 1 else "") if e["paths"] else "-"
+            )
             present = e["present"][:2] + ([f"+{len(e['present']) - 2} more"] if len(e["present"]) > 2 else [])
             status = e["status"] + (f" ({'; '.join(present)})" if e["status"] == "partly present" else "")
             rows.append((e["id"], status, check, files, ", ".join(e["conflicts_with"])))
-        console.print(table(f"apply onto {data['onto']} ({data['onto_commit'][:12]})",
-                            ["entry", "status", "reproduces", "files", "conflicts with"], rows))
+        console.print(
+            table(
+                f"apply onto {data['onto']} ({data['onto_commit'][:12]})",
+                ["entry", "status", "reproduces", "files", "conflicts with"],
+                rows,
+            )
+        )
         console.print(f"result tree {data['tree']}")
         for key in ("branch", "worktree"):
             if data[key]:
@@ -77,7 +109,13 @@ def run(args) -> int:
     return 1 if result.conflicts else 0
 
 
-VERDICT_STYLE = {"clean": "green", "drift": "yellow", "conflict": "bold red", "superseded": "cyan", "blocked": "magenta"}
+VERDICT_STYLE = {
+    "clean": "green",
+    "drift": "yellow",
+    "conflict": "bold red",
+    "superseded": "cyan",
+    "blocked": "magenta",
+}
 
 
 def run_release(args, home, ids: list[str]) -> int:
@@ -89,14 +127,21 @@ def run_release(args, home, ids: list[str]) -> int:
     if not ids:
         raise UnknownEntryError("no entries to apply", where="apply", fix="name at least one entry id, or pass --all")
     report = check_release(home, args.onto, ids)
-    payload = {"requested": ids, "onto": args.onto, "release": report.release.to_dict(), "counts": report.counts(),
-               "entries": [v.to_dict() for v in report.entries]}
+    payload = {
+        "requested": ids,
+        "onto": args.onto,
+        "release": report.release.to_dict(),
+        "counts": report.counts(),
+        "entries": [v.to_dict() for v in report.entries],
+    }
     blocked = [v for v in report.entries if v.verdict in ("conflict", "blocked")]
     if (args.branch or args.worktree or args.export) and not blocked:
-        result = apply_entries(home, ids, onto=args.onto, branch=args.branch, worktree=args.worktree,
-                               export=args.export, force=args.force)
-        payload.update(tree=result.tree, commit=result.commit, branch=result.branch, worktree=result.worktree,
-                       export=result.export)
+        result = apply_entries(
+            home, ids, onto=args.onto, branch=args.branch, worktree=args.worktree, export=args.export, force=args.force
+        )
+        payload.update(
+            tree=result.tree, commit=result.commit, branch=result.branch, worktree=result.worktree, export=result.export
+        )
     elif args.branch or args.worktree or args.export:
         payload["not_written"] = "the result has conflicts, so no branch, worktree or export was written"
     emit(args, payload, render_release)

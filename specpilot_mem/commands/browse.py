@@ -12,8 +12,9 @@ from specpilot_mem.output import console, emit
 
 
 def register(subparsers, common) -> None:
-    parser = subparsers.add_parser("browse", parents=[common], help="write (or serve) the memory browser",
-                                   description=__doc__)
+    parser = subparsers.add_parser(
+        "browse", parents=[common], help="write (or serve) the memory browser", description=__doc__
+    )
     parser.add_argument("--out", metavar="DIR", help="where to write the site (default: <home>/.specpilot/site)")
     parser.add_argument("--serve", action="store_true", help="serve the site on localhost after building it")
     parser.add_argument("--port", type=int, default=8765, help="with --serve (0 picks a free port)")
@@ -30,11 +31,22 @@ def run(args) -> int:
     home = find_home(args.home)
     out = Path(args.out) if args.out else home.state / "site"
     report = build_site(home, out)
-    payload = {"out": str(report.out), "index": str(report.out / "index.html"), "entries": report.entries,
-               "pages": len(report.pages), "plots": report.plots, "seconds": round(report.seconds, 3)}
-    emit(args, payload, lambda d: console.print(
-        f"wrote {d['pages']} pages ({d['entries']} entries, {d['plots']} plots) to {d['out']} in {d['seconds']:.2f} s; "
-        f"open {d['index']}"))
+    payload = {
+        "out": str(report.out),
+        "index": str(report.out / "index.html"),
+        "entries": report.entries,
+        "pages": len(report.pages),
+        "plots": report.plots,
+        "seconds": round(report.seconds, 3),
+    }
+    emit(
+        args,
+        payload,
+        lambda d: console.print(
+            f"wrote {d['pages']} pages ({d['entries']} entries, {d['plots']} plots) to {d['out']} in {d['seconds']:.2f} s; "
+            f"open {d['index']}"
+        ),
+    )
     if args.serve:
         serve(report.out, args.port, lambda url: console.print(f"serving {url} (Ctrl-C stops)"))
     return 0

@@ -27,7 +27,12 @@ def layers(order: list[str], requires: dict[str, list[str]]) -> dict[str, int]:
 
 
 def to_dot(order: list[str], requires: dict[str, list[str]]) -> str:
-    lines = ["digraph entries {", "  rankdir=BT;", '  node [shape=box, fontname="Helvetica"];', '  "stock" [shape=ellipse];']
+    lines = [
+        "digraph entries {",
+        "  rankdir=BT;",
+        '  node [shape=box, fontname="Helvetica"];',
+        '  "stock" [shape=ellipse];',
+    ]
     for entry_id in order:
         targets = requires[entry_id] or ["stock"]
         lines += [f'  "{entry_id}" -> "{t}";' for t in targets]
@@ -74,11 +79,19 @@ def to_png(order: list[str], requires: dict[str, list[str]], path: Path) -> None
     for entry_id in order:
         for target in requires[entry_id] or ["stock"]:
             (x0, y0), (x1, y1) = pos[entry_id], pos[target]
-            ax.annotate("", xy=(x1, y1 + 0.12), xytext=(x0, y0 - 0.12),
-                        arrowprops={"arrowstyle": "->", "color": "0.45"})
+            ax.annotate(
+                "", xy=(x1, y1 + 0.12), xytext=(x0, y0 - 0.12), arrowprops={"arrowstyle": "->", "color": "0.45"}
+            )
     for name, (x, y) in pos.items():
-        ax.text(x, y, name, ha="center", va="center", fontsize=10,
-                bbox={"boxstyle": "round", "fc": "#dde8f5" if name != "stock" else "#eeeeee", "ec": "0.3"})
+        ax.text(
+            x,
+            y,
+            name,
+            ha="center",
+            va="center",
+            fontsize=10,
+            bbox={"boxstyle": "round", "fc": "#dde8f5" if name != "stock" else "#eeeeee", "ec": "0.3"},
+        )
     ax.set_xlim(-width / 2 - 0.5, width / 2 + 0.5)
     ax.set_ylim(-1.6, len(rows) - 0.4)
     ax.axis("off")
@@ -99,18 +112,26 @@ def run(args) -> int:
     payload = {"entries": [{"id": i, "requires": requires[i], "depth": d} for i, d in layers(ids, requires).items()]}
     if args.format == "png":
         if not args.output:
-            raise SpecPilotError("--format png needs --output FILE", where="--output",
-                                 fix="name the picture, e.g. --output entry-graph.png")
+            raise SpecPilotError(
+                "--format png needs --output FILE",
+                where="--output",
+                fix="name the picture, e.g. --output entry-graph.png",
+            )
         out = Path(args.output).expanduser()
         if not out.parent.is_dir() or out.is_dir():
-            raise SpecPilotError(f"cannot write {out}: " + ("it is a folder" if out.is_dir() else
-                                 f"there is no folder {out.parent}"), where="--output",
-                                 fix="pass a file path in an existing folder (create the folder first)")
+            raise SpecPilotError(
+                f"cannot write {out}: " + ("it is a folder" if out.is_dir() else f"there is no folder {out.parent}"),
+                where="--output",
+                fix="pass a file path in an existing folder (create the folder first)",
+            )
         to_png(ids, requires, out)
         payload["png"] = str(out)
     elif args.output:
-        raise SpecPilotError("--output is only for --format png", where="--output",
-                             fix="leave it out, or add --format png (text and dot go to standard output)")
+        raise SpecPilotError(
+            "--output is only for --format png",
+            where="--output",
+            fix="leave it out, or add --format png (text and dot go to standard output)",
+        )
     payload["tree"] = to_tree(ids, requires)
     if args.json:
         emit(args, payload, lambda d: None)

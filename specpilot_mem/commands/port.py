@@ -13,10 +13,13 @@ from specpilot_mem.output import console, emit, table
 
 
 def register(subparsers, common) -> None:
-    parser = subparsers.add_parser("port", parents=[common], help="write ported entry variants for another SGLang release",
-                                   description=__doc__)
+    parser = subparsers.add_parser(
+        "port", parents=[common], help="write ported entry variants for another SGLang release", description=__doc__
+    )
     parser.add_argument("ids", nargs="+", metavar="ID", help="entry ids (their requirements must apply there too)")
-    parser.add_argument("--onto", required=True, metavar="sglang==X|WHEEL", help="the release: a pinned version or a wheel's path")
+    parser.add_argument(
+        "--onto", required=True, metavar="sglang==X|WHEEL", help="the release: a pinned version or a wheel's path"
+    )
     parser.set_defaults(func=run)
 
 
@@ -26,19 +29,45 @@ def run(args) -> int:
     from specpilot_mem.store.releases import ReleaseError, is_release_spec
 
     if not is_release_spec(args.onto):
-        raise ReleaseError(f"--onto {args.onto!r} names no SGLang release", where="--onto",
-                           fix="pass sglang==X (a pinned release) or the path of an SGLang wheel")
+        raise ReleaseError(
+            f"--onto {args.onto!r} names no SGLang release",
+            where="--onto",
+            fix="pass sglang==X (a pinned release) or the path of an SGLang wheel",
+        )
     home = find_home(args.home)
     base, ported = port_entries(home, args.ids, args.onto)
-    payload = {"release": base.to_dict(), "entries": [
-        {"id": v.id, "verdict": v.verdict, "already_ported": v.port_reproduces is None, "reproduces": v.port_reproduces,
-         "changed": v.changed, "delta": f"entries/{v.id}/ports/sglang-{base.version}.patch"} for v in ported]}
+    payload = {
+        "release": base.to_dict(),
+        "entries": [
+            {
+                "id": v.id,
+                "verdict": v.verdict,
+                "already_ported": v.port_reproduces is None,
+                "reproduces": v.port_reproduces,
+                "changed": v.changed,
+                "delta": f"entries/{v.id}/ports/sglang-{base.version}.patch",
+            }
+            for v in ported
+        ],
+    }
 
     def render(data) -> None:
-        rows = [(e["id"], e["verdict"], "already ported" if e["already_ported"] else e["delta"],
-                 ", ".join(e["changed"]) or "-") for e in data["entries"]]
-        console.print(table(f"ported onto SGLang {data['release']['version']} (status candidate: re-validation pending)",
-                            ["entry", "3-way merge", "ported delta", "files changed upstream"], rows))
+        rows = [
+            (
+                e["id"],
+                e["verdict"],
+                "already ported" if e["already_ported"] else e["delta"],
+                ", ".join(e["changed"]) or "-",
+            )
+            for e in data["entries"]
+        ]
+        console.print(
+            table(
+                f"ported onto SGLang {data['release']['version']} (status candidate: re-validation pending)",
+                ["entry", "3-way merge", "ported delta", "files changed upstream"],
+                rows,
+            )
+        )
 
     emit(args, payload, render)
     return 0

@@ -17,19 +17,32 @@ STATUS_COLOUR = {"verified": "green", "candidate": "yellow", "superseded": "cyan
 
 
 def register(subparsers, common) -> None:
-    parser = subparsers.add_parser("query", parents=[common], help="find entries for a GPU, model, drafter or regime",
-                                   description=__doc__)
-    parser.add_argument("--gpu", metavar="NAME|ARCH", help='a GPU name (H100, H200, "RTX PRO 6000", B200) or an arch id (sm_90)')
+    parser = subparsers.add_parser(
+        "query", parents=[common], help="find entries for a GPU, model, drafter or regime", description=__doc__
+    )
+    parser.add_argument(
+        "--gpu", metavar="NAME|ARCH", help='a GPU name (H100, H200, "RTX PRO 6000", B200) or an arch id (sm_90)'
+    )
     parser.add_argument("--arch", metavar="ARCH", help="an arch id: sm_80, sm_90, sm_100, sm_120")
-    parser.add_argument("--model", metavar="NAME", help="target model the evidence was measured on (substring, case-insensitive)")
-    parser.add_argument("--drafter", metavar="NAME", help="drafter the evidence was measured with (substring, case-insensitive)")
+    parser.add_argument(
+        "--model", metavar="NAME", help="target model the evidence was measured on (substring, case-insensitive)"
+    )
+    parser.add_argument(
+        "--drafter", metavar="NAME", help="drafter the evidence was measured with (substring, case-insensitive)"
+    )
     parser.add_argument("--regime", choices=("single", "batch"), help="serving regime of the evidence")
     parser.add_argument("--requires", metavar="ID", help="entries that need this entry (directly or through others)")
     parser.add_argument("--text", metavar="WORDS", help="words that must all appear in the title, summary or limits")
-    parser.add_argument("--validated-only", action="store_true",
-                        help="only entries timed end to end on real weights (non-synthetic paired run) and never rejected")
-    parser.add_argument("--status", choices=("verified", "candidate", "superseded", "unchecked"),
-                        help="entries with this status (on --release when given, else on each entry's own release)")
+    parser.add_argument(
+        "--validated-only",
+        action="store_true",
+        help="only entries timed end to end on real weights (non-synthetic paired run) and never rejected",
+    )
+    parser.add_argument(
+        "--status",
+        choices=("verified", "candidate", "superseded", "unchecked"),
+        help="entries with this status (on --release when given, else on each entry's own release)",
+    )
     parser.add_argument("--release", metavar="X", help="an SGLang release: show (and filter) each entry's status there")
     parser.set_defaults(func=run)
 
@@ -41,12 +54,24 @@ def filters_of(args):
     for option in ("gpu", "arch", "model", "drafter", "requires", "text", "release"):
         value = getattr(args, option)
         if value is not None and not value.strip():
-            raise SpecPilotError(f"--{option} is empty", where=f"--{option}",
-                                 fix=f"give --{option} a value, or leave it out to not filter on it")
+            raise SpecPilotError(
+                f"--{option} is empty",
+                where=f"--{option}",
+                fix=f"give --{option} a value, or leave it out to not filter on it",
+            )
 
-    return QueryFilters(gpu=args.gpu, arch=args.arch, model=args.model, drafter=args.drafter, regime=args.regime,
-                        requires=args.requires, text=args.text, validated_only=args.validated_only,
-                        status=args.status, release=args.release)
+    return QueryFilters(
+        gpu=args.gpu,
+        arch=args.arch,
+        model=args.model,
+        drafter=args.drafter,
+        regime=args.regime,
+        requires=args.requires,
+        text=args.text,
+        validated_only=args.validated_only,
+        status=args.status,
+        release=args.release,
+    )
 
 
 def run(args) -> int:
@@ -83,7 +108,9 @@ def render(data: dict, matches) -> None:
     for m in matches:
         entry = marked(f"[bold]{escape(m.id)}[/]\n{escape(m.title)}" + ("\n[green]validated[/]" if m.validated else ""))
         colour = STATUS_COLOUR[m.release_status]
-        status = f"[{colour}]{m.release_status}[/]\n" + escape(f"on {data['release'] or m.scope_sglang or 'no release'}")
+        status = f"[{colour}]{m.release_status}[/]\n" + escape(
+            f"on {data['release'] or m.scope_sglang or 'no release'}"
+        )
         others = [f"{r['release']}: {r['status']}" for r in m.releases if r["release"] != data["release"]]
         status = marked(status + (("\n" + escape(", ".join(others))) if others else ""))
         hardware = ""
@@ -97,9 +124,11 @@ def render(data: dict, matches) -> None:
             evidence = f"{b.headline()} {b.kind}{' (synthetic)' if b.synthetic else ''}\n{setting}"
             if m.evidence_count > 1:
                 evidence += f"\n+{m.evidence_count - 1} more"
-        untested = marked("\n".join(
-            (f"[bold red]! {escape(u['note'])}[/]" if u["relevant"] else escape(u["note"])) for u in m.untested
-        ))
+        untested = marked(
+            "\n".join(
+                (f"[bold red]! {escape(u['note'])}[/]" if u["relevant"] else escape(u["note"])) for u in m.untested
+            )
+        )
         requires = ", ".join(m.requires[:3]) + (f" +{len(m.requires) - 3}" if len(m.requires) > 3 else "")
         rows.append((entry, status, hardware, evidence, untested, requires))
     title = f"{len(matches)} entr{'y' if len(matches) == 1 else 'ies'}" + (f" for {where}" if where else "")

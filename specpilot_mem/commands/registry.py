@@ -14,11 +14,16 @@ from specpilot_mem.output import console, emit, table
 
 
 def register(subparsers, common) -> None:
-    parser = subparsers.add_parser("registry", parents=[common], help="sync or rebuild registry.duckdb",
-                                   description=__doc__)
+    parser = subparsers.add_parser(
+        "registry", parents=[common], help="sync or rebuild registry.duckdb", description=__doc__
+    )
     verbs = parser.add_subparsers(dest="registry_command", metavar="sync|rebuild", required=True)
-    verbs.add_parser("sync", parents=[common], help="re-index the records that changed").set_defaults(func=run, rebuild=False)
-    verbs.add_parser("rebuild", parents=[common], help="re-index every record from scratch").set_defaults(func=run, rebuild=True)
+    verbs.add_parser("sync", parents=[common], help="re-index the records that changed").set_defaults(
+        func=run, rebuild=False
+    )
+    verbs.add_parser("rebuild", parents=[common], help="re-index every record from scratch").set_defaults(
+        func=run, rebuild=True
+    )
 
 
 def run(args) -> int:
@@ -33,10 +38,14 @@ def run(args) -> int:
         if not data["wrote"]:
             console.print(f"registry up to date ({data['records']} records, {data['seconds'] * 1000:.0f} ms)")
             return
-        rows = [(kind, len(data[kind]), ", ".join(data[kind][:5]) + (" ..." if len(data[kind]) > 5 else ""))
-                for kind in ("added", "changed", "removed")]
+        rows = [
+            (kind, len(data[kind]), ", ".join(data[kind][:5]) + (" ..." if len(data[kind]) > 5 else ""))
+            for kind in ("added", "changed", "removed")
+        ]
         how = f"rebuilt ({data['reason']})" if data["rebuilt"] else "synced"
-        console.print(table(f"registry {how}: {data['records']} records in {data['seconds']:.2f} s", ["", "files", "paths"], rows))
+        console.print(
+            table(f"registry {how}: {data['records']} records in {data['seconds']:.2f} s", ["", "files", "paths"], rows)
+        )
 
     emit(args, payload, render)
     return 0

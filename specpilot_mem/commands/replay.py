@@ -15,21 +15,30 @@ def int_list(text: str) -> list[int]:
     except ValueError:
         values = []
     if not values or any(v < 0 for v in values):
-        raise SpecPilotError(f"{text!r} is not a comma-separated list of node budgets", where="--nodes",
-                             fix="e.g. --nodes 8,16,32,64")
+        raise SpecPilotError(
+            f"{text!r} is not a comma-separated list of node budgets", where="--nodes", fix="e.g. --nodes 8,16,32,64"
+        )
     return values
 
 
 def register(subparsers, common) -> None:
-    parser = subparsers.add_parser("replay", parents=[common], help="exact replay of draft trees on recorded lattices",
-                                   description=__doc__)
+    parser = subparsers.add_parser(
+        "replay", parents=[common], help="exact replay of draft trees on recorded lattices", description=__doc__
+    )
     parser.add_argument("lattices", nargs="+", metavar="LATTICES", help="lattice files (.npz, docs/lattice-format.md)")
-    parser.add_argument("--builders", default="chain,best-first,ddtree,eagle2,sequoia,oracle",
-                        help="comma-separated: chain, best-first, ddtree, eagle2, sequoia, oracle")
+    parser.add_argument(
+        "--builders",
+        default="chain,best-first,ddtree,eagle2,sequoia,oracle",
+        help="comma-separated: chain, best-first, ddtree, eagle2, sequoia, oracle",
+    )
     parser.add_argument("--nodes", default="8,16,32,64", help="node budgets N (default 8,16,32,64)")
     parser.add_argument("--depth-cap", type=int, default=None, help="deepest node (default: the lattice's positions)")
-    parser.add_argument("--batch", type=int, default=1,
-                        help="requests in flight sharing one node budget per step, closed loop (best-first only; default 1)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="requests in flight sharing one node budget per step, closed loop (best-first only; default 1)",
+    )
     parser.add_argument("--plot", metavar="PNG", help="draw Figure 10 (τ against N) to this PNG")
     parser.set_defaults(func=run)
 
@@ -46,10 +55,15 @@ def run(args) -> int:
     if args.batch < 1:
         raise SpecPilotError(f"--batch {args.batch} must be at least 1", where="--batch", fix="e.g. --batch 8")
     if args.plot:
-        blocking = next((p for p in Path(args.plot).expanduser().resolve().parents if p.exists() and not p.is_dir()), None)
+        blocking = next(
+            (p for p in Path(args.plot).expanduser().resolve().parents if p.exists() and not p.is_dir()), None
+        )
         if blocking is not None:  # checked before the replay, not after it
-            raise SpecPilotError(f"cannot write {args.plot}: {blocking} is a file, not a folder", where="--plot",
-                                 fix="pass a path whose folders are folders (missing ones are created)")
+            raise SpecPilotError(
+                f"cannot write {args.plot}: {blocking} is a file, not a folder",
+                where="--plot",
+                fix="pass a path whose folders are folders (missing ones are created)",
+            )
     lattices = load_lattices(args.lattices)
     groups = len({lat.positions for lat in lattices})
     with progress("replay", groups * len(builders) * len(nodes), enabled=not args.json) as bar:
@@ -57,6 +71,7 @@ def run(args) -> int:
     plot = None
     if args.plot:
         from specpilot_mem.replay.plot import plot_tau
+
         plot = str(plot_tau(runs, args.plot))
     payload = {"synthetic": any(r.synthetic for r in runs), "runs": [r.to_dict() for r in runs], "plot": plot}
     emit(args, payload, render)
@@ -66,9 +81,17 @@ def run(args) -> int:
 def render(payload: dict) -> None:
     labels = sorted({label for r in payload["runs"] for label in r["tau_by_label"]})
     title = "τ in exact replay" + (" — SYNTHETIC lattices" if payload["synthetic"] else "")
-    rows = [[r["positions"], r["builder"], r["nodes"], f"{r['tau']:.3f}", r["steps"],
-             *(f"{r['tau_by_label'][lab]:.3f}" if lab in r["tau_by_label"] else "" for lab in labels)]
-            for r in payload["runs"]]
+    rows = [
+        [
+            r["positions"],
+            r["builder"],
+            r["nodes"],
+            f"{r['tau']:.3f}",
+            r["steps"],
+            *(f"{r['tau_by_label'][lab]:.3f}" if lab in r["tau_by_label"] else "" for lab in labels),
+        ]
+        for r in payload["runs"]
+    ]
     console.print(table(title, ["positions", "builder", "N", "τ", "steps", *labels], rows))
     if payload["plot"]:
         console.print(f"plot: {payload['plot']}")

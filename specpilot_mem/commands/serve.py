@@ -26,13 +26,15 @@ OPTIONS_FILE = "options.yaml"
 
 
 def register(subparsers, common) -> None:
-    parser = subparsers.add_parser("serve", parents=[common], help="run a deployment's SGLang server",
-                                   description=__doc__)
+    parser = subparsers.add_parser(
+        "serve", parents=[common], help="run a deployment's SGLang server", description=__doc__
+    )
     parser.add_argument("name", metavar="NAME", help="deployment name (rounds/NAME/deployment.yaml)")
     add_serve_options(parser)
     # Everything after NAME: serve's own options, then `--` and SGLang's arguments (split in `run`).
-    parser.add_argument("rest", nargs=argparse.REMAINDER, metavar="-- SGLANG_ARGS",
-                        help="SGLang server arguments, after --")
+    parser.add_argument(
+        "rest", nargs=argparse.REMAINDER, metavar="-- SGLANG_ARGS", help="SGLang server arguments, after --"
+    )
     parser.set_defaults(func=run)
 
 
@@ -40,8 +42,12 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", type=int, metavar="N", help="GPU index (sets CUDA_VISIBLE_DEVICES)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--python", default=sys.executable, metavar="PATH",
-                        help="interpreter with sglang==0.5.23 installed (default: this one)")
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        metavar="PATH",
+        help="interpreter with sglang==0.5.23 installed (default: this one)",
+    )
     parser.add_argument("--log", metavar="FILE", help="write the server's output here (default: the terminal)")
     parser.add_argument("--dry-run", action="store_true", help="export and check, print the command, start nothing")
 
@@ -50,18 +56,20 @@ def split_rest(args) -> list[str]:
     """Parse serve's options given after NAME into ``args``; return SGLang's arguments (after ``--``)."""
     rest = list(args.rest)
     cut = rest.index("--") if "--" in rest else len(rest)
-    own, server_args = rest[:cut], rest[cut + 1:]
+    own, server_args = rest[:cut], rest[cut + 1 :]
     if own:
         from specpilot_mem.main import common_options
 
-        late = argparse.ArgumentParser(prog="specpilot-mem serve NAME", parents=[common_options()], add_help=False,
-                                       exit_on_error=False)
+        late = argparse.ArgumentParser(
+            prog="specpilot-mem serve NAME", parents=[common_options()], add_help=False, exit_on_error=False
+        )
         add_serve_options(late)
         try:
             late.parse_args(own, namespace=args)
         except argparse.ArgumentError as err:
-            raise SpecPilotError(f"cannot read serve's options: {err}", where=" ".join(own),
-                                 fix="put SGLang's own arguments after `--`") from None
+            raise SpecPilotError(
+                f"cannot read serve's options: {err}", where=" ".join(own), fix="put SGLang's own arguments after `--`"
+            ) from None
     return server_args
 
 
@@ -75,11 +83,17 @@ def tuned_options(home: Home, name: str) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        raise RecordError(f"malformed YAML: {getattr(err, 'problem', err)}",
-                          where=f"{path}:{mark.line + 1 if mark else 1}", fix="fix the YAML syntax") from None
+        raise RecordError(
+            f"malformed YAML: {getattr(err, 'problem', err)}",
+            where=f"{path}:{mark.line + 1 if mark else 1}",
+            fix="fix the YAML syntax",
+        ) from None
     if not isinstance(data, dict) or not all(isinstance(k, str) and k.startswith("--") for k in data):
-        raise RecordError("tuned options must map flags to values, e.g. `--specpilot-w12-lm-head: true`",
-                          where=str(path), fix="one `--flag: value` per line")
+        raise RecordError(
+            "tuned options must map flags to values, e.g. `--specpilot-w12-lm-head: true`",
+            where=str(path),
+            fix="one `--flag: value` per line",
+        )
     return data
 
 
@@ -103,7 +117,9 @@ def check_flags(home: Home, name: str, argv: list[str], manifest: dict) -> None:
     if not unknown:
         return
     owners = {o.name: r.id for r in load_entries(home).values() for o in r.options}
-    named = [f"{flag} (entry {owners[flag]})" if flag in owners else f"{flag} (no entry declares it)" for flag in unknown]
+    named = [
+        f"{flag} (entry {owners[flag]})" if flag in owners else f"{flag} (no entry declares it)" for flag in unknown
+    ]
     applied = ", ".join(e["id"] for e in manifest["entries"]) or "none"
     raise SpecPilotError(
         f"deployment {name} does not apply the entries these options belong to: {'; '.join(named)}",
@@ -120,8 +136,9 @@ def deployment_export(home: Home, name: str, show_progress: bool) -> tuple[Path,
 
     path = home.rounds / name / "deployment.yaml"
     if not path.is_file():
-        raise SpecPilotError(f"no deployment {name!r}", where=str(path),
-                             fix="create it with `specpilot-mem deploy new NAME ...`")
+        raise SpecPilotError(
+            f"no deployment {name!r}", where=str(path), fix="create it with `specpilot-mem deploy new NAME ...`"
+        )
     record = load_record_file(path, DeploymentRecord)
     export = cached_export(home, record.branch, record.entries, show_progress=show_progress)
     return export, read_manifest(export)
@@ -136,21 +153,42 @@ def run(args) -> int:
     argv = option_argv(tuned_options(home, args.name)) + list(user_args)
     check_flags(home, args.name, argv, manifest)
     if shutil.which(args.python) is None:
-        raise SpecPilotError(f"no Python interpreter at {args.python}", where="--python",
-                             fix="pass the path of the Python that has SGLang's dependencies installed")
+        raise SpecPilotError(
+            f"no Python interpreter at {args.python}",
+            where="--python",
+            fix="pass the path of the Python that has SGLang's dependencies installed",
+        )
     runtime = check_runtime(args.python)
-    server = SGLangServer(export, argv, gpu=args.gpu, python=args.python, host=args.host, port=args.port,
-                          log_path=args.log)
-    payload = {"deployment": args.name, "export": str(export), "tree": manifest["tree"],
-               "entries": [e["id"] for e in manifest["entries"]], "sglang": runtime["sglang"],
-               "command": launch_argv(args.python, argv, args.host, args.port), "gpu": args.gpu, "url": server.url}
+    server = SGLangServer(
+        export, argv, gpu=args.gpu, python=args.python, host=args.host, port=args.port, log_path=args.log
+    )
+    payload = {
+        "deployment": args.name,
+        "export": str(export),
+        "tree": manifest["tree"],
+        "entries": [e["id"] for e in manifest["entries"]],
+        "sglang": runtime["sglang"],
+        "command": launch_argv(args.python, argv, args.host, args.port),
+        "gpu": args.gpu,
+        "url": server.url,
+    }
 
     def render(data) -> None:
-        console.print(table(f"serve {data['deployment']}", ["field", "value"], [
-            ("export", data["export"]), ("tree", data["tree"]), ("entries", ", ".join(data["entries"]) or "-"),
-            ("sglang", data["sglang"]), ("gpu", "-" if data["gpu"] is None else data["gpu"]), ("url", data["url"]),
-            ("command", " ".join(data["command"])),
-        ]))
+        console.print(
+            table(
+                f"serve {data['deployment']}",
+                ["field", "value"],
+                [
+                    ("export", data["export"]),
+                    ("tree", data["tree"]),
+                    ("entries", ", ".join(data["entries"]) or "-"),
+                    ("sglang", data["sglang"]),
+                    ("gpu", "-" if data["gpu"] is None else data["gpu"]),
+                    ("url", data["url"]),
+                    ("command", " ".join(data["command"])),
+                ],
+            )
+        )
 
     if args.dry_run:
         emit(args, payload, render)
@@ -163,8 +201,11 @@ def run(args) -> int:
             err_console.print(f"serving {args.name} at {server.url}; Ctrl-C stops it")
             while not stop.wait(0.5):
                 if server.process.poll() is not None:
-                    raise SpecPilotError(f"the SGLang server exited with status {server.process.returncode}",
-                                         where=server.url, fix="read its log" + (f" at {args.log}" if args.log else ""))
+                    raise SpecPilotError(
+                        f"the SGLang server exited with status {server.process.returncode}",
+                        where=server.url,
+                        fix="read its log" + (f" at {args.log}" if args.log else ""),
+                    )
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

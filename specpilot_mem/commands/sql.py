@@ -15,8 +15,9 @@ from specpilot_mem.output import console, emit, table
 
 
 def register(subparsers, common) -> None:
-    parser = subparsers.add_parser("sql", parents=[common], help="run a read-only SQL query over the registry",
-                                   description=__doc__)
+    parser = subparsers.add_parser(
+        "sql", parents=[common], help="run a read-only SQL query over the registry", description=__doc__
+    )
     parser.add_argument("statement", metavar="SQL", help='one SELECT statement, e.g. "SELECT id, title FROM entries"')
     parser.set_defaults(func=run)
 
@@ -36,7 +37,8 @@ def check_read_only(statement: str) -> str:
     kind = parsed[0].type
     if kind != duckdb.StatementType.SELECT:
         raise RegistryError(
-            f"only SELECT statements run here; this is {kind.name}", where="SQL",
+            f"only SELECT statements run here; this is {kind.name}",
+            where="SQL",
             fix="the registry is rebuilt from the records: change entries/ or rounds/ and run `specpilot-mem registry sync`",
         )
     return statement

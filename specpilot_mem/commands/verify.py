@@ -7,8 +7,9 @@ from specpilot_mem.output import console, emit, progress, styled, table
 
 
 def register(subparsers, common) -> None:
-    parser = subparsers.add_parser("verify", parents=[common], help="check that every entry reproduces",
-                                   description=__doc__)
+    parser = subparsers.add_parser(
+        "verify", parents=[common], help="check that every entry reproduces", description=__doc__
+    )
     parser.set_defaults(func=run)
 
 
@@ -21,21 +22,48 @@ def run(args) -> int:
         checks = verify_memory(home, on_progress=bar.advance)
     payload = {
         "ok": all(c.ok for c in checks),
-        "entries": [{"id": c.id, "ok": c.ok, "reproduces": c.reproduces, "tree": c.tree, "problem": c.problem,
-                     "branch": c.branch,
-                     "kernels": [{"vendored": k.vendored, "library": k.library, "pinned": k.pinned,
-                                  "current": k.current, "status": k.status} for k in c.kernels]}
-                    for c in checks],
+        "entries": [
+            {
+                "id": c.id,
+                "ok": c.ok,
+                "reproduces": c.reproduces,
+                "tree": c.tree,
+                "problem": c.problem,
+                "branch": c.branch,
+                "kernels": [
+                    {
+                        "vendored": k.vendored,
+                        "library": k.library,
+                        "pinned": k.pinned,
+                        "current": k.current,
+                        "status": k.status,
+                    }
+                    for k in c.kernels
+                ],
+            }
+            for c in checks
+        ],
     }
 
     def render(data) -> None:
         rows = []
         for e in data["entries"]:
-            behind = [k["vendored"].rsplit("/", 2)[-2] + "/" + k["vendored"].rsplit("/", 1)[-1]
-                      for k in e["kernels"] if k["status"] != "current"]
-            rows.append((e["id"], "ok" if e["ok"] else "FAIL", e["branch"],
-                         ("behind: " + ", ".join(behind)) if behind else (f"{len(e['kernels'])} current" if e["kernels"] else "-"),
-                         e["problem"]))
+            behind = [
+                k["vendored"].rsplit("/", 2)[-2] + "/" + k["vendored"].rsplit("/", 1)[-1]
+                for k in e["kernels"]
+                if k["status"] != "current"
+            ]
+            rows.append(
+                (
+                    e["id"],
+                    "ok" if e["ok"] else "FAIL",
+                    e["branch"],
+                    ("behind: " + ", ".join(behind))
+                    if behind
+                    else (f"{len(e['kernels'])} current" if e["kernels"] else "-"),
+                    e["problem"],
+                )
+            )
         console.print(table("verify", ["entry", "reproduces", "branch", "kernels", "problem"], rows))
         console.print("all entries reproduce" if data["ok"] else styled("some entries do not reproduce", "bold red"))
 

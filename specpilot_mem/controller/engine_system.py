@@ -30,25 +30,43 @@ class EngineSystem:
     def __init__(self, name: str, engines, *, mode: str = "spec", encode: Callable[[str], Sequence[int]] | None = None):
         self.name = name
         self.engines: Mapping[str, object] = engines if isinstance(engines, Mapping) else {str(engines.device): engines}
-        misplaced = [f"{slot} (engine on {engine.device})" for slot, engine in self.engines.items() if not _on(slot, engine.device)]
+        misplaced = [
+            f"{slot} (engine on {engine.device})"
+            for slot, engine in self.engines.items()
+            if not _on(slot, engine.device)
+        ]
         if misplaced:
-            raise RoundError(f"system {name!r} lists engines under the wrong device: {', '.join(misplaced)}",
-                             where=f"system {name}", fix="key each engine by the device its weights are on")
+            raise RoundError(
+                f"system {name!r} lists engines under the wrong device: {', '.join(misplaced)}",
+                where=f"system {name}",
+                fix="key each engine by the device its weights are on",
+            )
         if len({id(engine) for engine in self.engines.values()}) < len(self.engines):
             # two pool slots would drive one cache from two threads at once
-            raise RoundError(f"system {name!r} lists one engine under several devices", where=f"system {name}",
-                             fix="give each device its own engine (Engine.with_options() makes one over the same weights)")
+            raise RoundError(
+                f"system {name!r} lists one engine under several devices",
+                where=f"system {name}",
+                fix="give each device its own engine (Engine.with_options() makes one over the same weights)",
+            )
         self.mode = mode
         self.encode = encode
 
     def run(self, requests: Sequence[Request], *, batch_size: int, device: str) -> list[RequestOutput]:
         if batch_size != 1:
-            raise RoundError(f"the pure-torch engine serves one request at a time, not {batch_size}",
-                             where=f"system {self.name}", fix="time it at batch size 1")
+            raise RoundError(
+                f"the pure-torch engine serves one request at a time, not {batch_size}",
+                where=f"system {self.name}",
+                fix="time it at batch size 1",
+            )
         if device not in self.engines:
-            raise RoundError(f"system {self.name!r} has no engine on {device}", where=f"system {self.name}",
-                             fix=f"use one of {sorted(self.engines)} or pass an engine per device")
-        batch = [{"prompt_ids": r.token_ids(self.encode), "max_new_tokens": r.max_new_tokens, "id": r.id} for r in requests]
+            raise RoundError(
+                f"system {self.name!r} has no engine on {device}",
+                where=f"system {self.name}",
+                fix=f"use one of {sorted(self.engines)} or pass an engine per device",
+            )
+        batch = [
+            {"prompt_ids": r.token_ids(self.encode), "max_new_tokens": r.max_new_tokens, "id": r.id} for r in requests
+        ]
         generations = self.engines[device].generate(batch, mode=self.mode)
         # token_times are seconds from each request's own start
         return [RequestOutput(g.id, tuple(g.output_ids), 0.0, tuple(g.token_times)) for g in generations]

@@ -34,7 +34,10 @@ class Run:
 
     def to_dict(self) -> dict:
         return {
-            "system": self.system, "device": self.device, "batch_size": self.batch_size, "repeat": self.repeat,
+            "system": self.system,
+            "device": self.device,
+            "batch_size": self.batch_size,
+            "repeat": self.repeat,
             "outputs": [o.to_dict() for o in self.outputs],
         }
 
@@ -80,21 +83,27 @@ def _interval(mean: float, variance: float, df: int, level: float) -> tuple[floa
     return mean - half, mean + half
 
 
-def gain(baseline: Sequence[Run], candidate: Sequence[Run], requests: Sequence[Request], level: float = 0.95) -> GainEstimate:
+def gain(
+    baseline: Sequence[Run], candidate: Sequence[Run], requests: Sequence[Request], level: float = 0.95
+) -> GainEstimate:
     """Gain of ``candidate`` over ``baseline`` (>1 means faster), both run on ``requests``."""
     base, cand = _mean_log_rates(baseline), _mean_log_rates(candidate)
     if set(base) != set(cand):
         missing = sorted(set(base) ^ set(cand))[:5]
         raise RequestSetError(
             "the two systems were not run on the same requests and batch sizes",
-            where=f"e.g. (batch size, request) {missing}", fix="time both systems in one paired run",
+            where=f"e.g. (batch size, request) {missing}",
+            fix="time both systems in one paired run",
         )
     by_id = {r.id: r for r in requests}
     groups: dict[tuple[str, int], list[float]] = defaultdict(list)
     for (batch_size, rid), log_rate in base.items():
         if rid not in by_id:
-            raise RequestSetError(f"request {rid!r} was run but is not in the request set", where="gain",
-                                  fix="pass the request list the systems served")
+            raise RequestSetError(
+                f"request {rid!r} was run but is not in the request set",
+                where="gain",
+                fix="pass the request list the systems served",
+            )
         groups[(by_id[rid].benchmark, batch_size)].append(cand[(batch_size, rid)] - log_rate)
     if not groups:
         raise RequestSetError("no timed requests to take a gain over", where="gain", fix="run both systems first")
@@ -102,7 +111,8 @@ def gain(baseline: Sequence[Run], candidate: Sequence[Run], requests: Sequence[R
     if small:
         raise RequestSetError(
             f"benchmark/batch-size group(s) {small} have fewer than 2 requests, so their noise cannot be estimated",
-            where="request set", fix="give every benchmark at least two requests",
+            where="request set",
+            fix="give every benchmark at least two requests",
         )
     group_gains, means, variances, df = [], [], [], 0
     for (benchmark, batch_size), ratios in sorted(groups.items()):
@@ -117,8 +127,12 @@ def gain(baseline: Sequence[Run], candidate: Sequence[Run], requests: Sequence[R
     log_gain = sum(means) / count
     low, high = _interval(log_gain, sum(variances) / count**2, df, level)
     return GainEstimate(
-        math.exp(log_gain), math.exp(low), math.exp(high),
-        requests=len({rid for _, rid in base}), groups=tuple(group_gains), level=level,
+        math.exp(log_gain),
+        math.exp(low),
+        math.exp(high),
+        requests=len({rid for _, rid in base}),
+        groups=tuple(group_gains),
+        level=level,
     )
 
 

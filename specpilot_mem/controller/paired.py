@@ -27,7 +27,9 @@ Slot = tuple[str, str]  # ("a" or "b", device)
 def schedule(repeats: int, devices: Sequence[str]) -> list[list[Slot]]:
     """The order of a paired run: a list of steps, each a list of (system, device) that run together."""
     if repeats < 1:
-        raise RoundError(f"a paired run needs at least one repeat, got {repeats}", where="repeats", fix="use repeats >= 1")
+        raise RoundError(
+            f"a paired run needs at least one repeat, got {repeats}", where="repeats", fix="use repeats >= 1"
+        )
     if not devices:
         raise RoundError("a paired run needs a device", where="devices", fix="pass e.g. ['cuda:0'] or ['cpu']")
     if len(set(devices)) != len(devices):
@@ -58,22 +60,31 @@ class PairedResult:
         return divergent_requests(self.runs_a, self.runs_b)
 
     def to_dict(self) -> dict:
-        return {"a": self.a, "b": self.b, "runs_a": [r.to_dict() for r in self.runs_a], "runs_b": [r.to_dict() for r in self.runs_b]}
+        return {
+            "a": self.a,
+            "b": self.b,
+            "runs_a": [r.to_dict() for r in self.runs_a],
+            "runs_b": [r.to_dict() for r in self.runs_b],
+        }
 
 
-def _checked(system: System, requests: Sequence[Request], outputs: list[RequestOutput], device: str) -> tuple[RequestOutput, ...]:
+def _checked(
+    system: System, requests: Sequence[Request], outputs: list[RequestOutput], device: str
+) -> tuple[RequestOutput, ...]:
     got = [o.id for o in outputs]
     wanted = [r.id for r in requests]
     if got != wanted:
         raise RoundError(
             f"system {system.name!r} on {device} returned outputs for {got[:5]}... instead of {wanted[:5]}...",
-            where=f"system {system.name}", fix="System.run must return one output per request, in request order",
+            where=f"system {system.name}",
+            fix="System.run must return one output per request, in request order",
         )
     return tuple(outputs)
 
 
-def _serve(which: str, system: System, requests: Sequence[Request], batch_size: int, repeat: int,
-           device: str) -> tuple[str, Run]:
+def _serve(
+    which: str, system: System, requests: Sequence[Request], batch_size: int, repeat: int, device: str
+) -> tuple[str, Run]:
     outputs = system.run(list(requests), batch_size=batch_size, device=device)
     return which, Run(system.name, device, batch_size, repeat, _checked(system, requests, outputs, device))
 
@@ -131,8 +142,13 @@ class Noise:
 
 
 def stock_noise(
-    stock: System, requests: Sequence[Request], *, stock_b: System | None = None,
-    batch_sizes: Sequence[int] = (1,), repeats: int = 2, devices: Sequence[str] = ("cuda:0",),
+    stock: System,
+    requests: Sequence[Request],
+    *,
+    stock_b: System | None = None,
+    batch_sizes: Sequence[int] = (1,),
+    repeats: int = 2,
+    devices: Sequence[str] = ("cuda:0",),
     on_run: Callable[[Run], None] | None = None,
 ) -> Noise:
     """|gain - 1| of stock over itself: the systematic error a paired run shows when there is nothing to find.
@@ -140,6 +156,8 @@ def stock_noise(
     The candidate's own sampling error is already in its interval, so the noise term of the
     promotion rule covers what an interval cannot see (device and order effects).
     """
-    result = paired_run(stock, stock_b or stock, requests, batch_sizes=batch_sizes, repeats=repeats, devices=devices, on_run=on_run)
+    result = paired_run(
+        stock, stock_b or stock, requests, batch_sizes=batch_sizes, repeats=repeats, devices=devices, on_run=on_run
+    )
     estimate = result.gain(requests)
     return Noise(abs(estimate.gain - 1.0), estimate, result)

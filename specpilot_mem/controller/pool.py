@@ -81,8 +81,13 @@ class PoolRun:
     info: dict[str, dict] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"paired": self.paired.to_dict(), "placement": self.placement, "reruns": self.reruns,
-                "workers": self.workers, "info": self.info}
+        return {
+            "paired": self.paired.to_dict(),
+            "placement": self.placement,
+            "reruns": self.reruns,
+            "workers": self.workers,
+            "info": self.info,
+        }
 
 
 class Devices(Protocol):
@@ -102,6 +107,7 @@ class Devices(Protocol):
 
 # -- one worker process, host side ------------------------------------------------------------------
 
+
 def process_tree(root: int) -> list[int]:
     """``root`` and every process below it (from /proc): what a pause or a kill must reach."""
     children: dict[int, list[int]] = {}
@@ -113,7 +119,7 @@ def process_tree(root: int) -> list[int]:
                 stat = handle.read()
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(entry))
     tree, todo = [], [root]
     while todo:
@@ -138,16 +144,30 @@ def _signal_tree(root: int, signum: int) -> None:
 class WorkerProcess:
     """A spawned worker (``python -m specpilot_mem.controller.worker``) and the clock that times it."""
 
-    def __init__(self, spec: dict, slot: str, warmup: list[dict], *, sandbox=None, scratch: Path,
-                 cpus: set[int] | None = None, env: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        spec: dict,
+        slot: str,
+        warmup: list[dict],
+        *,
+        sandbox=None,
+        scratch: Path,
+        cpus: set[int] | None = None,
+        env: Mapping[str, str] | None = None,
+    ):
         self.spec, self.slot, self.cpus = spec, slot, cpus
         self.home = Path(tempfile.mkdtemp(prefix="worker-", dir=scratch))
         self.log_path = self.home / "stderr.log"
         environment = scrubbed_environment(env)
         paths = [str(PACKAGE_ROOT), str(PACKAGE_ROOT / "kernels")]
-        environment.update(PYTHONPATH=os.pathsep.join(paths + [p for p in environment.get("PYTHONPATH", "").split(os.pathsep)
-                                                                 if p and p not in paths]),
-                           PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1", SPECPILOT_WORKER_SLOT=slot)
+        environment.update(
+            PYTHONPATH=os.pathsep.join(
+                paths + [p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p and p not in paths]
+            ),
+            PYTHONDONTWRITEBYTECODE="1",
+            PYTHONUNBUFFERED="1",
+            SPECPILOT_WORKER_SLOT=slot,
+        )
         command = [sys.executable, "-m", "specpilot_mem.controller.worker"]
         cwd = Path(spec.get("checkout") or self.home)
         if sandbox is not None and getattr(sandbox, "user", None):
@@ -161,8 +181,15 @@ class WorkerProcess:
         if shutil.which("setpriv"):  # the worker tree dies with this process
             argv = ["setpriv", "--pdeathsig", "KILL", "--", *argv]
         self.log = open(self.log_path, "wb")  # noqa: SIM115 -- the worker's stderr for its whole life; closed in close()
-        self.proc = subprocess.Popen(argv, cwd=cwd, env=environment, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=environment,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            start_new_session=True,
+        )
         self.messages: queue.Queue = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True, name=f"worker-{slot}")
         self.reader.start()
@@ -200,28 +227,40 @@ class WorkerProcess:
             pass
         self.log.flush()
         tail = self.log_path.read_text(errors="replace")[-1500:] if self.log_path.exists() else ""
-        return WorkerDied(f"the worker of {self.spec.get('name', 'a system')} on {self.slot} ended {when} "
-                          f"(exit code {self.proc.returncode}): {tail.strip()}", where=f"worker {self.slot}",
-                          fix="see the worker's stderr above; a worker that dies twice in one step is not re-run")
+        return WorkerDied(
+            f"the worker of {self.spec.get('name', 'a system')} on {self.slot} ended {when} "
+            f"(exit code {self.proc.returncode}): {tail.strip()}",
+            where=f"worker {self.slot}",
+            fix="see the worker's stderr above; a worker that dies twice in one step is not re-run",
+        )
 
     def _next(self, deadline: float) -> tuple[float, dict]:
         try:
             arrived, message = self.messages.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
-            raise RoundError(f"the worker of {self.spec.get('name')} on {self.slot} did not answer in time",
-                             where=f"worker {self.slot}", fix="raise run_timeout_s or fix the system") from None
+            raise RoundError(
+                f"the worker of {self.spec.get('name')} on {self.slot} did not answer in time",
+                where=f"worker {self.slot}",
+                fix="raise run_timeout_s or fix the system",
+            ) from None
         if message is None:
             raise self._died("before answering")
         if message.get("ev") == "error":
-            raise RoundError(f"system {self.spec.get('name')!r} failed on {self.slot}: {message.get('what')}",
-                             where=f"worker {self.slot}", fix="fix the system; its stderr is in the worker log")
+            raise RoundError(
+                f"system {self.spec.get('name')!r} failed on {self.slot}: {message.get('what')}",
+                where=f"worker {self.slot}",
+                fix="fix the system; its stderr is in the worker log",
+            )
         return arrived, message
 
     def _expect(self, event: str, deadline: float) -> dict:
         _, message = self._next(deadline)
         if message.get("ev") != event:
-            raise RoundError(f"worker on {self.slot} sent {message.get('ev')!r} where {event!r} was due",
-                             where=f"worker {self.slot}", fix="the worker protocol was broken; see its log")
+            raise RoundError(
+                f"worker on {self.slot} sent {message.get('ev')!r} where {event!r} was due",
+                where=f"worker {self.slot}",
+                fix="the worker protocol was broken; see its log",
+            )
         return message
 
     def wait_opened(self, timeout_s: float = 1800.0) -> dict:
@@ -271,29 +310,44 @@ class WorkerProcess:
             arrived, message = self._next(deadline)
             index = message.get("i")
             if index not in in_flight:
-                raise RoundError(f"worker on {self.slot} answered for request {index!r}, which is not in flight",
-                                 where=f"worker {self.slot}", fix="the worker protocol was broken")
+                raise RoundError(
+                    f"worker on {self.slot} answered for request {index!r}, which is not in flight",
+                    where=f"worker {self.slot}",
+                    fix="the worker protocol was broken",
+                )
             if message.get("ev") == "tokens":
                 new = message.get("ids")
                 if not isinstance(new, list) or not all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in new):
-                    raise RoundError(f"worker on {self.slot} sent token ids that are not ids: {str(new)[:80]}",
-                                     where=f"worker {self.slot}", fix="a system hands over integer token ids")
+                    raise RoundError(
+                        f"worker on {self.slot} sent token ids that are not ids: {str(new)[:80]}",
+                        where=f"worker {self.slot}",
+                        fix="a system hands over integer token ids",
+                    )
                 ids[index].extend(new)
                 times[index].extend([arrived] * len(new))
                 if len(ids[index]) > prompts[index]["max_new_tokens"]:
-                    raise RoundError(f"system {self.spec.get('name')!r} returned more than "
-                                     f"{prompts[index]['max_new_tokens']} tokens", where=f"worker {self.slot}",
-                                     fix="a system stops at max_new_tokens")
+                    raise RoundError(
+                        f"system {self.spec.get('name')!r} returned more than "
+                        f"{prompts[index]['max_new_tokens']} tokens",
+                        where=f"worker {self.slot}",
+                        fix="a system stops at max_new_tokens",
+                    )
             elif message.get("ev") == "done":
                 in_flight.discard(index)
                 if not ids[index]:
-                    raise RoundError(f"system {self.spec.get('name')!r} returned no token for request {index}",
-                                     where=f"worker {self.slot}", fix="every request needs at least one token")
+                    raise RoundError(
+                        f"system {self.spec.get('name')!r} returned no token for request {index}",
+                        where=f"worker {self.slot}",
+                        fix="every request needs at least one token",
+                    )
                 if waiting:
                     dispatch()
             else:
-                raise RoundError(f"worker on {self.slot} sent {message.get('ev')!r} during a run",
-                                 where=f"worker {self.slot}", fix="the worker protocol was broken")
+                raise RoundError(
+                    f"worker on {self.slot} sent {message.get('ev')!r} during a run",
+                    where=f"worker {self.slot}",
+                    fix="the worker protocol was broken",
+                )
         self._send(op="end")
         self.info = self._expect("ended", deadline).get("info", self.info)
         return [(tuple(ids[i]), starts[i], tuple(times[i])) for i in range(len(prompts))]
@@ -315,11 +369,14 @@ class WorkerProcess:
 
 # -- the process pool ----------------------------------------------------------------------------------
 
+
 def slot_cpus(slots: Sequence[str]) -> dict[str, set[int]]:
     """Disjoint core sets, one per slot, from the cores this process may use."""
     cores = sorted(os.sched_getaffinity(0))
     share = max(1, len(cores) // len(slots))
-    return {slot: set(cores[(i * share) % len(cores):(i * share) % len(cores) + share]) for i, slot in enumerate(slots)}
+    return {
+        slot: set(cores[(i * share) % len(cores) : (i * share) % len(cores) + share]) for i, slot in enumerate(slots)
+    }
 
 
 class ProcessDevices:
@@ -328,11 +385,21 @@ class ProcessDevices:
 
     kind = "process"
 
-    def __init__(self, slots: Sequence[str], *, sandbox=None, scratch: Path | None = None, pin_cpus: bool = True,
-                 env: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        slots: Sequence[str],
+        *,
+        sandbox=None,
+        scratch: Path | None = None,
+        pin_cpus: bool = True,
+        env: Mapping[str, str] | None = None,
+    ):
         if not slots or len(set(slots)) != len(slots):
-            raise RoundError(f"a pool needs distinct device slots, got {list(slots)}", where="devices",
-                             fix="e.g. cuda:0,cuda:1 or cuda:0#0,cuda:0#1 for two slots on one GPU")
+            raise RoundError(
+                f"a pool needs distinct device slots, got {list(slots)}",
+                where="devices",
+                fix="e.g. cuda:0,cuda:1 or cuda:0#0,cuda:0#1 for two slots on one GPU",
+            )
         self.slots = list(slots)
         self.sandbox = sandbox
         self._scratch = tempfile.TemporaryDirectory(prefix="specpilot-pool-") if scratch is None else None
@@ -343,8 +410,9 @@ class ProcessDevices:
         self.env = env
 
     def start(self, spec: dict, slot: str, warmup: list[dict]) -> WorkerProcess:
-        return WorkerProcess(spec, slot, warmup, sandbox=self.sandbox, scratch=self.scratch,
-                             cpus=self.cpus.get(slot), env=self.env)
+        return WorkerProcess(
+            spec, slot, warmup, sandbox=self.sandbox, scratch=self.scratch, cpus=self.cpus.get(slot), env=self.env
+        )
 
     def wait_opened(self, worker: WorkerProcess) -> dict:
         return worker.wait_opened()
@@ -363,8 +431,15 @@ class ProcessDevices:
 
     def placement(self) -> dict[str, dict]:
         host = os.uname().nodename
-        return {slot: {"backend": "process", "host": host, "device": slot.split("#", 1)[0],
-                       "cpus": sorted(self.cpus.get(slot, ()))} for slot in self.slots}
+        return {
+            slot: {
+                "backend": "process",
+                "host": host,
+                "device": slot.split("#", 1)[0],
+                "cpus": sorted(self.cpus.get(slot, ())),
+            }
+            for slot in self.slots
+        }
 
     def shutdown(self) -> None:
         if self._scratch is not None:
@@ -372,6 +447,7 @@ class ProcessDevices:
 
 
 # -- the paired-run driver -----------------------------------------------------------------------------
+
 
 def perturbed(request: Request) -> Request:
     """A warm-up copy of ``request``: the same length and limits, its prompt reversed, so warming up
@@ -395,20 +471,32 @@ def wire_requests(requests: Sequence[Request], encode: Callable[[str], Sequence[
 
 def _check_spec(spec: dict) -> None:
     if not isinstance(spec.get("name"), str) or spec.get("adapter") not in ("python", "engine", "sglang"):
-        raise RoundError(f"a pool system needs a name and an adapter (python, engine, sglang): {spec}",
-                         where="system spec", fix='e.g. {"name": "stock", "adapter": "engine", "model": "default"}')
+        raise RoundError(
+            f"a pool system needs a name and an adapter (python, engine, sglang): {spec}",
+            where="system spec",
+            fix='e.g. {"name": "stock", "adapter": "engine", "model": "default"}',
+        )
 
 
-def pool_paired_run(devices: Devices, a: dict, b: dict, requests: Sequence[Request], policy: RepetitionPolicy, *,
-                    encode: Callable[[str], Sequence[int]] | None = None,
-                    on_run: Callable[[Run], None] | None = None) -> PoolRun:
+def pool_paired_run(
+    devices: Devices,
+    a: dict,
+    b: dict,
+    requests: Sequence[Request],
+    policy: RepetitionPolicy,
+    *,
+    encode: Callable[[str], Sequence[int]] | None = None,
+    on_run: Callable[[Run], None] | None = None,
+) -> PoolRun:
     """Time system specs ``a`` and ``b`` on ``requests`` per ``paired.schedule``, each in its own workers."""
     for spec in (a, b):
         _check_spec(spec)
     if not requests:
         raise RoundError("a paired run needs requests", where="requests", fix="load a request set")
     if not policy.batch_sizes or any(size < 1 for size in policy.batch_sizes):
-        raise RoundError(f"bad batch sizes {list(policy.batch_sizes)}", where="batch_sizes", fix="use positive integers")
+        raise RoundError(
+            f"bad batch sizes {list(policy.batch_sizes)}", where="batch_sizes", fix="use positive integers"
+        )
     steps = schedule(policy.repeats, devices.slots)
     per_repeat = len(steps) // policy.repeats
     specs = {"a": a, "b": b}
@@ -416,8 +504,12 @@ def pool_paired_run(devices: Devices, a: dict, b: dict, requests: Sequence[Reque
     count = len(requests) if policy.warmup_requests is None else policy.warmup_requests
     warmup = wire_requests([perturbed(r) for r in requests[:count]], encode)
     # (which, slot, repeat, batch size) of every timed run, and the worker that serves it
-    runs = [(which, slot, index // per_repeat, size) for index, step in enumerate(steps)
-            for size in policy.batch_sizes for which, slot in step]
+    runs = [
+        (which, slot, index // per_repeat, size)
+        for index, step in enumerate(steps)
+        for size in policy.batch_sizes
+        for which, slot in step
+    ]
     key = (lambda r: r) if policy.fresh_workers else (lambda r: (r[0], r[1]))
     workers: dict = {}
     opened = 0
@@ -457,10 +549,19 @@ def pool_paired_run(devices: Devices, a: dict, b: dict, requests: Sequence[Reque
                         break
                     except WorkerDied as died:
                         if attempt == 2:
-                            raise WorkerDied(f"{died.what} (again, after a re-run of repeat {repeat})",
-                                             where=died.where, fix=died.fix) from None
-                        reruns.append({"repeat": repeat, "batch_size": size, "slots": [j[1] for j in jobs],
-                                       "why": died.what[:500]})
+                            raise WorkerDied(
+                                f"{died.what} (again, after a re-run of repeat {repeat})",
+                                where=died.where,
+                                fix=died.fix,
+                            ) from None
+                        reruns.append(
+                            {
+                                "repeat": repeat,
+                                "batch_size": size,
+                                "slots": [j[1] for j in jobs],
+                                "why": died.what[:500],
+                            }
+                        )
                         fresh = {}
                         for job in jobs:
                             devices.close(workers.pop(key(job)))
@@ -480,8 +581,16 @@ def pool_paired_run(devices: Devices, a: dict, b: dict, requests: Sequence[Reque
     return PoolRun(paired, devices.placement(), reruns, opened, info)
 
 
-def _timed_step(devices: Devices, workers: dict, key, jobs: list[tuple], specs: dict, prompts: list[dict],
-                requests: Sequence[Request], policy: RepetitionPolicy) -> list[tuple[str, Run]]:
+def _timed_step(
+    devices: Devices,
+    workers: dict,
+    key,
+    jobs: list[tuple],
+    specs: dict,
+    prompts: list[dict],
+    requests: Sequence[Request],
+    policy: RepetitionPolicy,
+) -> list[tuple[str, Run]]:
     """One step of the schedule: its runs at once (one per slot), every other worker stopped."""
     chosen = [workers[key(job)] for job in jobs]
     for worker in chosen:
@@ -503,8 +612,14 @@ def _timed_step(devices: Devices, workers: dict, key, jobs: list[tuple], specs: 
             devices.pause(worker)
 
 
-def pool_stock_noise(devices: Devices, stock: dict, requests: Sequence[Request], policy: RepetitionPolicy, *,
-                     encode: Callable[[str], Sequence[int]] | None = None) -> tuple[Noise, PoolRun]:
+def pool_stock_noise(
+    devices: Devices,
+    stock: dict,
+    requests: Sequence[Request],
+    policy: RepetitionPolicy,
+    *,
+    encode: Callable[[str], Sequence[int]] | None = None,
+) -> tuple[Noise, PoolRun]:
     """|gain - 1| of stock over a second copy of itself, each copy in its own workers."""
     run = pool_paired_run(devices, stock, {**stock, "name": f"{stock['name']}-b"}, requests, policy, encode=encode)
     estimate = run.paired.gain(requests)
@@ -523,9 +638,17 @@ def open_devices(pool: Mapping[str, Any], slots: Sequence[str], *, sandbox=None)
         except ImportError as err:
             if "ray" not in str(err):
                 raise
-            raise RoundError(f"a Ray pool needs Ray, which does not import here ({err})", where="pool",
-                             fix="pip install 'specpilot[ray]' (pins ray==2.60.0), or use the process pool") from None
+            raise RoundError(
+                f"a Ray pool needs Ray, which does not import here ({err})",
+                where="pool",
+                fix="pip install 'specpilot[ray]' (pins ray==2.60.0), or use the process pool",
+            ) from None
 
-        return RayDevices(len(slots), address=pool.get("address"), run_on=pool.get("run_on", "cuda"),
-                          strategy=pool.get("strategy", "SPREAD"), sandbox=sandbox)
+        return RayDevices(
+            len(slots),
+            address=pool.get("address"),
+            run_on=pool.get("run_on", "cuda"),
+            strategy=pool.get("strategy", "SPREAD"),
+            sandbox=sandbox,
+        )
     raise RoundError(f"unknown pool {kind!r}", where="pool", fix="use 'process' or 'ray'")

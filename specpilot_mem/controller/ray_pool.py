@@ -67,8 +67,11 @@ class DeviceHost:
             with tarfile.open(fileobj=io.BytesIO(packed)) as tar:
                 tar.extractall(scratch, filter="data")
             if directory_tree_id(scratch) != spec["tree"]:
-                raise RoundError(f"the sealed tree {spec['tree']} arrived with other bytes", where=self.slot,
-                                 fix="resend it; nothing is measured on other bytes")
+                raise RoundError(
+                    f"the sealed tree {spec['tree']} arrived with other bytes",
+                    where=self.slot,
+                    fix="resend it; nothing is measured on other bytes",
+                )
             os.replace(scratch, dest)
         verify_sealed(dest, spec["tree"])
         return {**spec, "checkout": str(dest)}
@@ -95,9 +98,15 @@ class DeviceHost:
 
     def placement(self) -> dict:
         context = ray.get_runtime_context()
-        return {"backend": "ray", "node_id": context.get_node_id(), "host": os.uname().nodename,
-                "ip": ray.util.get_node_ip_address(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-                "device": self.slot, "pid": os.getpid()}
+        return {
+            "backend": "ray",
+            "node_id": context.get_node_id(),
+            "host": os.uname().nodename,
+            "ip": ray.util.get_node_ip_address(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "device": self.slot,
+            "pid": os.getpid(),
+        }
 
 
 class RayDevices:
@@ -105,14 +114,25 @@ class RayDevices:
 
     kind = "ray"
 
-    def __init__(self, n: int, *, address: str | None = None, run_on: str = "cuda", strategy: str = "SPREAD",
-                 sandbox=None, call_timeout_s: float = 3600.0):
+    def __init__(
+        self,
+        n: int,
+        *,
+        address: str | None = None,
+        run_on: str = "cuda",
+        strategy: str = "SPREAD",
+        sandbox=None,
+        call_timeout_s: float = 3600.0,
+    ):
         if run_on not in ("cuda", "cpu"):
             raise RoundError(f"run_on must be 'cuda' or 'cpu', not {run_on!r}", where="pool", fix="use cuda")
         if not ray.is_initialized():
             paths = [str(PACKAGE_ROOT), str(PACKAGE_ROOT / "kernels"), os.environ.get("PYTHONPATH", "")]
-            ray.init(address=address or "auto", log_to_driver=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}})
+            ray.init(
+                address=address or "auto",
+                log_to_driver=False,
+                runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}},
+            )
         self.slots = [f"gpu:{i}" for i in range(n)]
         self.run_on = run_on
         self.sandbox = sandbox.to_dict() if sandbox is not None and hasattr(sandbox, "to_dict") else None
@@ -122,9 +142,11 @@ class RayDevices:
             ray.get(self.group.ready(), timeout=PLACEMENT_TIMEOUT_S)
         except GetTimeoutError:
             remove_placement_group(self.group)
-            raise RoundError(f"Ray could not place {n} one-GPU bundles ({strategy}) in {PLACEMENT_TIMEOUT_S:.0f} s",
-                             where=f"ray cluster {address or 'auto'}",
-                             fix=f"check `ray status`: the cluster needs {n} free GPUs (and a CPU each)") from None
+            raise RoundError(
+                f"Ray could not place {n} one-GPU bundles ({strategy}) in {PLACEMENT_TIMEOUT_S:.0f} s",
+                where=f"ray cluster {address or 'auto'}",
+                fix=f"check `ray status`: the cluster needs {n} free GPUs (and a CPU each)",
+            ) from None
         self.actors = {slot: self._actor(i) for i, slot in enumerate(self.slots)}
         self.generation = dict.fromkeys(self.slots, 0)  # bumped when a slot's actor is replaced
         self.started: dict[int, tuple] = {}
@@ -143,21 +165,30 @@ class RayDevices:
 
     def _actor(self, index: int):
         strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
-        return ray.remote(num_gpus=1, num_cpus=1, max_restarts=0)(DeviceHost).options(
-            scheduling_strategy=strategy).remote(self.run_on, self.sandbox)
+        return (
+            ray.remote(num_gpus=1, num_cpus=1, max_restarts=0)(DeviceHost)
+            .options(scheduling_strategy=strategy)
+            .remote(self.run_on, self.sandbox)
+        )
 
     def _call(self, slot: str, method, *args, timeout_s: float | None = None):
         try:
             return ray.get(method.remote(*args), timeout=timeout_s or self.call_timeout_s)
         except (RayActorError, WorkerCrashedError) as err:
-            raise WorkerDied(f"the Ray actor of {slot} died: {str(err).splitlines()[0][:300]}", where=f"ray {slot}",
-                             fix="check the node's logs (`ray logs`); a step whose actor dies twice is not re-run") from None
+            raise WorkerDied(
+                f"the Ray actor of {slot} died: {str(err).splitlines()[0][:300]}",
+                where=f"ray {slot}",
+                fix="check the node's logs (`ray logs`); a step whose actor dies twice is not re-run",
+            ) from None
         except ray.exceptions.RayTaskError as err:
             cause = err.cause if isinstance(getattr(err, "cause", None), Exception) else None
             if isinstance(cause, RoundError):
                 raise cause from None
-            raise RoundError(f"the Ray actor of {slot} failed: {str(err).splitlines()[0][:500]}",
-                             where=f"ray {slot}", fix="see the actor's log") from None
+            raise RoundError(
+                f"the Ray actor of {slot} failed: {str(err).splitlines()[0][:500]}",
+                where=f"ray {slot}",
+                fix="see the actor's log",
+            ) from None
 
     def _replace_actor(self, slot: str) -> None:
         ray.kill(self.actors[slot])
@@ -197,7 +228,9 @@ class RayDevices:
 
     def run(self, worker, prompts: list[dict], batch_size: int, timeout_s: float) -> list[tuple]:
         slot, worker_id, _ = worker
-        return self._call(slot, self.actors[slot].run, worker_id, prompts, batch_size, timeout_s, timeout_s=timeout_s + 60)
+        return self._call(
+            slot, self.actors[slot].run, worker_id, prompts, batch_size, timeout_s, timeout_s=timeout_s + 60
+        )
 
     def close(self, worker) -> None:
         slot, worker_id, generation = worker

@@ -81,21 +81,31 @@ def parse_request(row: object, where: str) -> Request:
     if not isinstance(rid, str) or not REQUEST_ID.match(rid):
         raise _fail(f"bad id {rid!r}", where, "ids are 1-128 letters, digits, '.', '_', ':' or '-', starting alnum")
     if not isinstance(benchmark, str) or not BENCHMARK_NAME.match(benchmark):
-        raise _fail(f"bad benchmark name {benchmark!r}", where, "benchmark names are lower-case, e.g. code, prose, math")
+        raise _fail(
+            f"bad benchmark name {benchmark!r}", where, "benchmark names are lower-case, e.g. code, prose, math"
+        )
     if split not in SPLITS:
         raise _fail(f"bad split {split!r}", where, "split is 'dev' (agents see it) or 'unseen' (sealed final only)")
     if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
-        raise _fail(f"max_new_tokens must be a positive integer, got {max_new!r}", where, "e.g. \"max_new_tokens\": 128")
+        raise _fail(f"max_new_tokens must be a positive integer, got {max_new!r}", where, 'e.g. "max_new_tokens": 128')
     has_text, has_ids = "prompt" in row, "prompt_ids" in row
     if has_text == has_ids:
-        raise _fail("give exactly one of 'prompt' and 'prompt_ids'", where, "text prompts use 'prompt', token ids 'prompt_ids'")
+        raise _fail(
+            "give exactly one of 'prompt' and 'prompt_ids'", where, "text prompts use 'prompt', token ids 'prompt_ids'"
+        )
     if has_text:
         if not isinstance(row["prompt"], str) or not row["prompt"]:
             raise _fail("'prompt' must be a non-empty string", where, "write the prompt text, or use prompt_ids")
         return Request(rid, benchmark, split, max_new, prompt=row["prompt"])
     ids = row["prompt_ids"]
-    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-        raise _fail("'prompt_ids' must be a non-empty list of non-negative integers", where, "e.g. \"prompt_ids\": [17, 4, 99]")
+    if (
+        not isinstance(ids, list)
+        or not ids
+        or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
+    ):
+        raise _fail(
+            "'prompt_ids' must be a non-empty list of non-negative integers", where, 'e.g. "prompt_ids": [17, 4, 99]'
+        )
     return Request(rid, benchmark, split, max_new, prompt_ids=tuple(ids))
 
 
@@ -119,14 +129,20 @@ def jsonl_rows(path: str | Path, what: str) -> Iterator[tuple[str, int, object]]
             raise _fail(f"not valid JSON: {err.msg} (column {err.colno})", where, "one JSON object per line") from None
 
 
-def load_requests(path: str | Path, *, split: Split | None = None, benchmarks: Iterable[str] | None = None) -> list[Request]:
+def load_requests(
+    path: str | Path, *, split: Split | None = None, benchmarks: Iterable[str] | None = None
+) -> list[Request]:
     """Every request in ``path`` (in file order), optionally only one split and some benchmarks."""
     requests: list[Request] = []
     seen: dict[str, int] = {}
     for where, number, row in jsonl_rows(path, "request set"):
         request = parse_request(row, where)
         if request.id in seen:
-            raise _fail(f"duplicate id {request.id!r} (first on line {seen[request.id]})", where, "give every request its own id")
+            raise _fail(
+                f"duplicate id {request.id!r} (first on line {seen[request.id]})",
+                where,
+                "give every request its own id",
+            )
         seen[request.id] = number
         requests.append(request)
     if not requests:
@@ -150,4 +166,6 @@ def require_split(requests: Sequence[Request], split: Split, purpose: str) -> No
             fix=f"load the set with split={split!r}",
         )
     if not requests:
-        raise RequestSetError(f"{purpose} got no {split} requests", where="request set", fix=f"add {split} requests to the set")
+        raise RequestSetError(
+            f"{purpose} got no {split} requests", where="request set", fix=f"add {split} requests to the set"
+        )

@@ -32,8 +32,13 @@ class SealedFinal:
     paired: PairedResult
 
     def to_dict(self) -> dict:
-        return {"accepted": self.accepted, "reasons": list(self.reasons), "gain": self.gain.to_dict(),
-                "verdict": self.verdict.to_dict(), "paired": self.paired.to_dict()}
+        return {
+            "accepted": self.accepted,
+            "reasons": list(self.reasons),
+            "gain": self.gain.to_dict(),
+            "verdict": self.verdict.to_dict(),
+            "paired": self.paired.to_dict(),
+        }
 
 
 def _first_outputs(runs: Sequence[Run]) -> dict[str, RequestOutput]:
@@ -55,12 +60,15 @@ def sealed_final(
     require_conclusive: bool = True,
 ) -> SealedFinal:
     require_split(requests, "unseen", "the sealed final")
-    paired = paired_run(stock, candidate, requests, batch_sizes=batch_sizes, repeats=repeats, devices=devices, on_run=on_run)
+    paired = paired_run(
+        stock, candidate, requests, batch_sizes=batch_sizes, repeats=repeats, devices=devices, on_run=on_run
+    )
     return judge_final(paired, requests, forcing, require_conclusive=require_conclusive)
 
 
-def judge_final(paired: PairedResult, requests: Sequence[Request], forcing: Forcing, *,
-                require_conclusive: bool = True) -> SealedFinal:
+def judge_final(
+    paired: PairedResult, requests: Sequence[Request], forcing: Forcing, *, require_conclusive: bool = True
+) -> SealedFinal:
     """The sealed final's verdict on a paired run of stock (a) against the candidate (b), however it
     was run (in this process, or each system in its own worker process)."""
     require_split(requests, "unseen", "the sealed final")

@@ -99,8 +99,10 @@ def clustered_ratio(numerators: Sequence[float], denominators: Sequence[float]) 
 
 
 def clustered_ratio_difference(
-    numerators_a: Sequence[float], denominators_a: Sequence[float],
-    numerators_b: Sequence[float], denominators_b: Sequence[float],
+    numerators_a: Sequence[float],
+    denominators_a: Sequence[float],
+    numerators_b: Sequence[float],
+    denominators_b: Sequence[float],
 ) -> RatioEstimate:
     """ratio_a - ratio_b where cluster i of a and b is the same request (paired clusters).
 

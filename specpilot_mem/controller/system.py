@@ -41,13 +41,15 @@ class RequestOutput:
         """
         if self.start is None or not self.token_times:
             raise RequestSetError(
-                f"output of request {self.id!r} has no timestamps", where=f"request {self.id}",
+                f"output of request {self.id!r} has no timestamps",
+                where=f"request {self.id}",
                 fix="time the run (the system must report start and token_times)",
             )
         elapsed = self.token_times[-1] - self.start
         if elapsed <= 0:
             raise RequestSetError(
-                f"output of request {self.id!r} ends {elapsed:.3g} s after it starts", where=f"request {self.id}",
+                f"output of request {self.id!r} ends {elapsed:.3g} s after it starts",
+                where=f"request {self.id}",
                 fix="timestamps must come from one monotonic clock (time.perf_counter)",
             )
         return len(self.output_ids) / elapsed
@@ -92,16 +94,26 @@ def load_outputs(path: str | Path) -> dict[str, RequestOutput]:
     """An outputs file as {request id: output}; errors name the file and line."""
     outputs: dict[str, RequestOutput] = {}
     for where, _, row in jsonl_rows(path, "outputs file"):
-        if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not isinstance(row.get("output_ids"), list):
-            raise RequestSetError("each line needs 'id' (string) and 'output_ids' (list)", where=where,
-                                  fix='e.g. {"id": "code-003", "output_ids": [11, 52, 7]}')
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("id"), str)
+            or not isinstance(row.get("output_ids"), list)
+        ):
+            raise RequestSetError(
+                "each line needs 'id' (string) and 'output_ids' (list)",
+                where=where,
+                fix='e.g. {"id": "code-003", "output_ids": [11, 52, 7]}',
+            )
         ids = row["output_ids"]
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise RequestSetError("'output_ids' must hold non-negative integers", where=where, fix="write token ids")
         times = row.get("token_times")
         if times is not None and (not isinstance(times, list) or len(times) != len(ids)):
-            raise RequestSetError("'token_times' must have one time per output token", where=where,
-                                  fix="drop token_times or give one per token")
+            raise RequestSetError(
+                "'token_times' must have one time per output token",
+                where=where,
+                fix="drop token_times or give one per token",
+            )
         if row["id"] in outputs:
             raise RequestSetError(f"duplicate id {row['id']!r}", where=where, fix="one line per request")
         outputs[row["id"]] = RequestOutput(

@@ -118,13 +118,19 @@ class EngineAdapter:
         yield
 
     def serve(self, request: dict, emit) -> None:
-        (generation,) = self.engine.generate([{"prompt_ids": list(request["prompt_ids"]),
-                                               "max_new_tokens": int(request["max_new_tokens"])}], mode=self.mode)
+        (generation,) = self.engine.generate(
+            [{"prompt_ids": list(request["prompt_ids"]), "max_new_tokens": int(request["max_new_tokens"])}],
+            mode=self.mode,
+        )
         emit([int(t) for t in generation.output_ids])
 
     def info(self) -> dict:
-        return {"synthetic": self.engine.synthetic, "dtype": str(self.engine.dtype),
-                "cuda_graphs": self.engine.captured_graphs, "graph_error": self.engine.graph_error}
+        return {
+            "synthetic": self.engine.synthetic,
+            "dtype": str(self.engine.dtype),
+            "cuda_graphs": self.engine.captured_graphs,
+            "graph_error": self.engine.graph_error,
+        }
 
 
 class SGLangAdapter:
@@ -135,8 +141,13 @@ class SGLangAdapter:
     def __init__(self, spec: dict, device: str):
         from specpilot_mem.sglang.adapter import SGLangSystem, gpu_index
 
-        self.system = SGLangSystem(spec.get("name", "system"), spec["export_dir"], spec.get("server_args", []),
-                                   log_dir=spec.get("log_dir"), startup_timeout=float(spec.get("startup_timeout", 900)))
+        self.system = SGLangSystem(
+            spec.get("name", "system"),
+            spec["export_dir"],
+            spec.get("server_args", []),
+            log_dir=spec.get("log_dir"),
+            startup_timeout=float(spec.get("startup_timeout", 900)),
+        )
         self.gpu = gpu_index(torch_device(device))
         self.client = None
 
@@ -156,9 +167,19 @@ class SGLangAdapter:
         from specpilot_mem.sglang.adapter import stream_request
 
         ids = request.get("prompt_ids")
-        stream_request(self.client, Request(f"r{request['i']}", "worker", "dev", int(request["max_new_tokens"]),
-                                            prompt=request.get("prompt"), prompt_ids=tuple(ids) if ids else None),
-                       None, lambda chunk: emit(list(chunk.new_ids)))
+        stream_request(
+            self.client,
+            Request(
+                f"r{request['i']}",
+                "worker",
+                "dev",
+                int(request["max_new_tokens"]),
+                prompt=request.get("prompt"),
+                prompt_ids=tuple(ids) if ids else None,
+            ),
+            None,
+            lambda chunk: emit(list(chunk.new_ids)),
+        )
 
     def info(self) -> dict:
         return {"export_dir": str(self.system.export_dir)}

@@ -36,8 +36,11 @@ class Ceiling:
 
     @property
     def factors(self) -> dict[str, float]:
-        return {"tau": self.tau_best / self.tau, "kernel": self.T_prof_ms / self.T_floor_ms,
-                "overhead": self.T_step_ms / self.T_prof_ms}
+        return {
+            "tau": self.tau_best / self.tau,
+            "kernel": self.T_prof_ms / self.T_floor_ms,
+            "overhead": self.T_step_ms / self.T_prof_ms,
+        }
 
     @property
     def ceiling(self) -> float:
@@ -50,17 +53,28 @@ class Ceiling:
         return max(f, key=f.get)
 
     def to_dict(self) -> dict:
-        return {"setting": self.setting.name, "flop_fraction": self.setting.flop_fraction,
-                "byte_fraction": self.setting.byte_fraction, "tau_from": self.setting.tau_from,
-                "tau": self.tau, "tau_best": self.tau_best, "T_step_ms": self.T_step_ms,
-                "T_prof_ms": self.T_prof_ms, "T_floor_ms": self.T_floor_ms, "floors_ms": self.floors_ms,
-                "factors": self.factors, "ceiling": self.ceiling, "leading": self.leading}
+        return {
+            "setting": self.setting.name,
+            "flop_fraction": self.setting.flop_fraction,
+            "byte_fraction": self.setting.byte_fraction,
+            "tau_from": self.setting.tau_from,
+            "tau": self.tau,
+            "tau_best": self.tau_best,
+            "T_step_ms": self.T_step_ms,
+            "T_prof_ms": self.T_prof_ms,
+            "T_floor_ms": self.T_floor_ms,
+            "floors_ms": self.floors_ms,
+            "factors": self.factors,
+            "ceiling": self.ceiling,
+            "leading": self.leading,
+        }
 
 
 def factorize(profile: Profile, tau_best: float, setting: Setting) -> Ceiling:
     gpu = find_gpu(profile.gpu)
-    floors = {name: byte_floor_ms(k, gpu, setting.flop_fraction, setting.byte_fraction)
-              for name, k in profile.kernels.items()}
+    floors = {
+        name: byte_floor_ms(k, gpu, setting.flop_fraction, setting.byte_fraction) for name, k in profile.kernels.items()
+    }
     return Ceiling(setting, profile.tau, tau_best, profile.T_step_ms, profile.T_prof_ms, sum(floors.values()), floors)
 
 
@@ -72,14 +86,27 @@ def speedups(profile: Profile, tau_by_nodes: dict[int, float]) -> list[dict]:
         measured = profile.step_times_ms.get(n)
         step = measured if measured is not None else profile.T_step_ms
         c = step / profile.T_AR_ms
-        rows.append({"nodes": n, "tau": tau, "T_step_ms": step, "c": c, "S": tau / c,
-                     "step_time": "measured" if measured is not None else "T_step"})
+        rows.append(
+            {
+                "nodes": n,
+                "tau": tau,
+                "T_step_ms": step,
+                "c": c,
+                "S": tau / c,
+                "step_time": "measured" if measured is not None else "T_step",
+            }
+        )
     return rows
 
 
-def ceiling_report(profile_path: str | os.PathLike, lattice_paths: Sequence[str | os.PathLike],
-                   setting: str = "section-3.1", nodes: Sequence[int] = DEFAULT_NODES,
-                   depth_cap: int | None = None, progress=None) -> dict:
+def ceiling_report(
+    profile_path: str | os.PathLike,
+    lattice_paths: Sequence[str | os.PathLike],
+    setting: str = "section-3.1",
+    nodes: Sequence[int] = DEFAULT_NODES,
+    depth_cap: int | None = None,
+    progress=None,
+) -> dict:
     """Phase 0's numbers from a profile and the lattices of the same system: the factors, the leading
     one, τ_best (and where it came from), the oracle's τ and S(N) per node budget (JSON-ready)."""
     from specpilot_mem.replay.lattice import load_lattices
@@ -89,8 +116,11 @@ def ceiling_report(profile_path: str | os.PathLike, lattice_paths: Sequence[str 
     chosen = SETTINGS[setting]
     lattices = load_lattices(lattice_paths)
     if len({lat.positions for lat in lattices}) != 1:
-        raise SpecPilotError("the lattices mix drafter block sizes", where="--lattices",
-                             fix="pass the lattices recorded from the profiled system only (one number of positions)")
+        raise SpecPilotError(
+            "the lattices mix drafter block sizes",
+            where="--lattices",
+            fix="pass the lattices recorded from the profiled system only (one number of positions)",
+        )
     positions = lattices[0].positions
     best_first = replay_set(lattices, ["best-first"], list(nodes), depth_cap, progress=progress)
     oracle = replay_set(lattices, ["oracle"], [positions], depth_cap, progress=progress)[0]

@@ -13,10 +13,15 @@ from specpilot_mem.gpus import GPU
 def peak_tflops(gpu: GPU, kernel: KernelClass) -> float:
     if kernel.peak_tflops is not None:
         return kernel.peak_tflops
-    peak = {"bf16": gpu.bf16_tflops, "fp16": gpu.bf16_tflops, "fp8": gpu.fp8_tflops, "int8": gpu.fp8_tflops}[kernel.dtype]
+    peak = {"bf16": gpu.bf16_tflops, "fp16": gpu.bf16_tflops, "fp8": gpu.fp8_tflops, "int8": gpu.fp8_tflops}[
+        kernel.dtype
+    ]
     if peak <= 0:
-        raise ProfileError(f"{gpu.name} has no {kernel.dtype} tensor cores in the GPU table", where="profile kernels",
-                           fix="give the class a peak_tflops, or the dtype it really runs in")
+        raise ProfileError(
+            f"{gpu.name} has no {kernel.dtype} tensor cores in the GPU table",
+            where="profile kernels",
+            fix="give the class a peak_tflops, or the dtype it really runs in",
+        )
     return peak
 
 

@@ -30,8 +30,9 @@ class KernelClass(BaseModel):
     bytes: float = Field(ge=0, description="bytes the class must move from/to device memory in one step")
     flops: float = Field(ge=0, description="floating-point operations of the class in one step")
     dtype: Dtype = Field(description="tensor-core input type that sets the FLOP peak")
-    peak_tflops: float | None = Field(default=None, gt=0,
-                                      description="override the GPU table's peak (e.g. a CUDA-core fp32 class)")
+    peak_tflops: float | None = Field(
+        default=None, gt=0, description="override the GPU table's peak (e.g. a CUDA-core fp32 class)"
+    )
 
 
 class Profile(BaseModel):
@@ -46,8 +47,9 @@ class Profile(BaseModel):
     T_step_ms: float = Field(gt=0, description="step time with drafting")
     T_AR_ms: float = Field(gt=0, description="one autoregressive step on the same engine")
     kernels: dict[str, KernelClass] = Field(min_length=1)
-    step_times_ms: dict[int, float] = Field(default_factory=dict,
-                                            description="T_step(N) per node budget N, when measured")
+    step_times_ms: dict[int, float] = Field(
+        default_factory=dict, description="T_step(N) per node budget N, when measured"
+    )
     command: str = ""
     date: str = ""
 
@@ -69,16 +71,23 @@ def load_profile(path: str | os.PathLike) -> Profile:
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise ProfileError(f"cannot read profile: {err}", where=where,
-                           fix="pass a JSON profile as described in docs/profile-format.md") from err
+        raise ProfileError(
+            f"cannot read profile: {err}", where=where, fix="pass a JSON profile as described in docs/profile-format.md"
+        ) from err
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ProfileError(f"not a profile (format {data.get('format') if isinstance(data, dict) else None!r})",
-                           where=where, fix=f'the file must hold a JSON object with "format": "{FORMAT}"')
+        raise ProfileError(
+            f"not a profile (format {data.get('format') if isinstance(data, dict) else None!r})",
+            where=where,
+            fix=f'the file must hold a JSON object with "format": "{FORMAT}"',
+        )
     try:
         profile = Profile.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
-        raise ProfileError(f"invalid profile: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}",
-                           where=where, fix="see docs/profile-format.md for every field") from err
+        raise ProfileError(
+            f"invalid profile: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}",
+            where=where,
+            fix="see docs/profile-format.md for every field",
+        ) from err
     find_gpu(profile.gpu, where=f"{where}: gpu")  # an unknown GPU is the profile's error, not an option's
     return profile

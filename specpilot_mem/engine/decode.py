@@ -26,8 +26,14 @@ PREFILL_CHUNK = 64  # prompt rows per prefill pass (path verify and its schedule
 
 
 class SystemDecoder:
-    def __init__(self, engine: Engine, options: SystemOptions | None = None, batch: int = 1, max_len: int = 1024,
-                 weights: Weights | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        options: SystemOptions | None = None,
+        batch: int = 1,
+        max_len: int = 1024,
+        weights: Weights | None = None,
+    ):
         if engine.drafter is None:
             raise OptionsError("the system decoder needs the pair's drafter", where="engine", fix="load the pair")
         self.engine, self.batch, self.max_len = engine, batch, max_len
@@ -39,8 +45,9 @@ class SystemDecoder:
         self.options.validate(weights.shape, engine.drafter.cfg.block_size)
         self.model = SystemModel(weights, self.options, feature_layers=tuple(cfg.feature_layers))
         # the prompt goes in the way stock does it (SGLang's GDN, BF16 head): options change decoding only
-        self.prefill_model = self.model.with_options(self.options.replace(gdn_verify="snapshot", tree="chain",
-                                                                          lm_head="bf16"))
+        self.prefill_model = self.model.with_options(
+            self.options.replace(gdn_verify="snapshot", tree="chain", lm_head="bf16")
+        )
         self.device, self.dtype = weights.device, weights.dtype
         self.caches = Caches(weights.shape, batch, max_len, self.device, self.dtype, feature_dim=cfg.feature_dim)
         self._buffers: dict = {}
@@ -60,7 +67,7 @@ class SystemDecoder:
         view, conv = self.caches.view(slot), self.weights.shape.conv_size
         token = None
         for start in range(0, len(prompt), PREFILL_CHUNK):
-            piece = prompt[start:start + PREFILL_CHUNK]
+            piece = prompt[start : start + PREFILL_CHUNK]
             buf = StepBuffers.empty(1, len(piece), conv, self.device)
             buf.fill(pack_trees([(piece, list(range(-1, len(piece) - 1)))], len(piece), conv))
             buf.forced.fill_(len(piece) - 1)
@@ -102,14 +109,21 @@ class SystemDecoder:
         # a request may overshoot max_new_tokens by one step, and a finished slot's rows are still written
         longest = max(len(p) for p in prompts) + max_new_tokens + 2 * self.options.rows + 1
         if longest > self.max_len:
-            raise OptionsError(f"prompt + output need {longest} cache slots, the decoder has {self.max_len}",
-                               where="max_len", fix=f"use max_len >= {longest}")
+            raise OptionsError(
+                f"prompt + output need {longest} cache slots, the decoder has {self.max_len}",
+                where="max_len",
+                fix=f"use max_len >= {longest}",
+            )
         B, T = self.batch, (1 if mode == "ar" else self.options.rows)
         queue = list(range(len(prompts)))
         slot_req = [-1] * B
         outputs = [[] for _ in prompts]
-        started, finished, steps, accepted = [0.0] * len(prompts), [0.0] * len(prompts), [0] * len(prompts), [
-            [] for _ in prompts]
+        started, finished, steps, accepted = (
+            [0.0] * len(prompts),
+            [0.0] * len(prompts),
+            [0] * len(prompts),
+            [[] for _ in prompts],
+        )
         buf = self._buffer(B, T)
 
         def admit(slot: int) -> None:
@@ -141,8 +155,9 @@ class SystemDecoder:
             buf.active.copy_(torch.tensor([slot_req[s] >= 0 for s in range(B)]))
             buf.forced.fill_(-1)
             buf.out_len.copy_(torch.tensor([len(outputs[slot_req[s]]) if slot_req[s] >= 0 else 0 for s in range(B)]))
-            out, lens = self.model.graphed(("decode", B, T, mode), lambda: self.model.step(buf, self.caches,
-                                                                                         ar=mode == "ar"))
+            out, lens = self.model.graphed(
+                ("decode", B, T, mode), lambda: self.model.step(buf, self.caches, ar=mode == "ar")
+            )
             out, lens = out.cpu(), lens.cpu()
             for s in live:
                 r, n = slot_req[s], int(lens[s])
@@ -153,6 +168,15 @@ class SystemDecoder:
         for r, prompt in enumerate(prompts):
             total = finished[r] - started[r]
             n = max_new_tokens
-            runs.append(Generation(str(r), list(prompt), outputs[r][:n], [total] * min(n, len(outputs[r])), total,
-                                   steps[r], accepted[r]))
+            runs.append(
+                Generation(
+                    str(r),
+                    list(prompt),
+                    outputs[r][:n],
+                    [total] * min(n, len(outputs[r])),
+                    total,
+                    steps[r],
+                    accepted[r],
+                )
+            )
         return runs

@@ -20,8 +20,17 @@ import torch
 
 from specpilot_mem.engine.config import DrafterConfig, EngineOptions, TargetConfig
 from specpilot_mem.engine.drafter import BlockDrafter, Lattice
-from specpilot_mem.engine.model import (WEIGHT_FORMATS, Cache, HybridTarget, Rows, chain_rows, lm_head, make_rows,
-                                        quantize_weight, quantized_copy)
+from specpilot_mem.engine.model import (
+    WEIGHT_FORMATS,
+    Cache,
+    HybridTarget,
+    Rows,
+    chain_rows,
+    lm_head,
+    make_rows,
+    quantize_weight,
+    quantized_copy,
+)
 from specpilot_mem.engine import weights
 
 
@@ -100,19 +109,30 @@ def _as_request(item, index: int, max_new_tokens: int) -> Request:
     if isinstance(item, Request):
         return item
     if isinstance(item, dict):
-        return Request(prompt_ids=list(item["prompt_ids"]), max_new_tokens=int(item.get("max_new_tokens", max_new_tokens)),
-                       id=str(item.get("id", index)))
+        return Request(
+            prompt_ids=list(item["prompt_ids"]),
+            max_new_tokens=int(item.get("max_new_tokens", max_new_tokens)),
+            id=str(item.get("id", index)),
+        )
     return Request(prompt_ids=list(item), max_new_tokens=max_new_tokens, id=str(index))
 
 
 class Engine:
-    def __init__(self, target: HybridTarget, drafter: BlockDrafter | None, options: EngineOptions | None = None,
-                 max_len: int = 2048, synthetic: bool = False):
+    def __init__(
+        self,
+        target: HybridTarget,
+        drafter: BlockDrafter | None,
+        options: EngineOptions | None = None,
+        max_len: int = 2048,
+        synthetic: bool = False,
+    ):
         self.target = target.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         self.options = options or EngineOptions()
         if drafter is not None and not 1 <= self.options.positions <= drafter.cfg.block_size:
-            raise ValueError(f"positions={self.options.positions}: the drafter drafts 1..{drafter.cfg.block_size} positions")
+            raise ValueError(
+                f"positions={self.options.positions}: the drafter drafts 1..{drafter.cfg.block_size} positions"
+            )
         if self.options.lm_head not in ("dense", "splitk") or self.options.gdn_verify not in ("wy", "path"):
             raise ValueError(f"unknown lm_head {self.options.lm_head!r} or gdn_verify {self.options.gdn_verify!r}")
         self._check_faults()
@@ -138,25 +158,42 @@ class Engine:
     # -- construction ------------------------------------------------------------------------------------
 
     @classmethod
-    def random(cls, seed: int = 0, target_cfg: TargetConfig | None = None, drafter_cfg: DrafterConfig | None = None,
-               device="cpu", dtype=torch.float32, options: EngineOptions | None = None, max_len: int = 2048) -> "Engine":
+    def random(
+        cls,
+        seed: int = 0,
+        target_cfg: TargetConfig | None = None,
+        drafter_cfg: DrafterConfig | None = None,
+        device="cpu",
+        dtype=torch.float32,
+        options: EngineOptions | None = None,
+        max_len: int = 2048,
+    ) -> "Engine":
         """Seeded random weights (synthetic: flat logits, no real acceptance or near-ties)."""
         torch.manual_seed(seed)
         target_cfg = target_cfg or TargetConfig()
         target = HybridTarget(target_cfg).to(device=device, dtype=dtype)
-        drafter = BlockDrafter(drafter_cfg or DrafterConfig(d_model=target_cfg.d_model), target_cfg).to(device=device, dtype=dtype)
+        drafter = BlockDrafter(drafter_cfg or DrafterConfig(d_model=target_cfg.d_model), target_cfg).to(
+            device=device, dtype=dtype
+        )
         return cls(target, drafter, options, max_len=max_len, synthetic=True)
 
     @classmethod
-    def load(cls, model_dir: Path, device="cpu", dtype=torch.float32, options: EngineOptions | None = None,
-             max_len: int = 2048) -> "Engine":
+    def load(
+        cls,
+        model_dir: Path,
+        device="cpu",
+        dtype=torch.float32,
+        options: EngineOptions | None = None,
+        max_len: int = 2048,
+    ) -> "Engine":
         target = weights.load_target(Path(model_dir) / weights.TARGET_FILE, device, dtype)
         drafter = weights.load_drafter(Path(model_dir) / weights.DRAFTER_FILE, target.cfg, device, dtype)
         return cls(target, drafter, options, max_len=max_len, synthetic=False)
 
     @classmethod
-    def load_default(cls, device="cpu", dtype=torch.float32, options: EngineOptions | None = None,
-                     max_len: int = 2048) -> "Engine":
+    def load_default(
+        cls, device="cpu", dtype=torch.float32, options: EngineOptions | None = None, max_len: int = 2048
+    ) -> "Engine":
         """The committed trained pair under models/ when present, else seeded random weights (synthetic)."""
         if weights.has_trained_pair():
             return cls.load(weights.DEFAULT_MODEL_DIR, device, dtype, options, max_len)
@@ -170,15 +207,23 @@ class Engine:
             raise ValueError(f"unknown verify_weight_scope {opts.verify_weight_scope!r}; use 'head' or 'all'")
         if not 0.0 <= opts.flip_rate <= 1.0 or not 0.0 <= opts.fault_requests <= 1.0:
             raise ValueError(f"flip_rate {opts.flip_rate} and fault_requests {opts.fault_requests} must lie in [0, 1]")
-        if (opts.attn_window is not None and opts.attn_window < 1) or (opts.stop_after is not None and opts.stop_after < 1):
+        if (opts.attn_window is not None and opts.attn_window < 1) or (
+            opts.stop_after is not None and opts.stop_after < 1
+        ):
             raise ValueError(f"attn_window {opts.attn_window} and stop_after {opts.stop_after} must be positive")
 
     @property
     def lossy(self) -> bool:
         """Whether any fault option is switched on (the §6.2 fault or the fault study's)."""
         opts = self.options
-        return (opts.fault_after is not None or opts.verify_weights is not None or opts.flip_rate > 0
-                or opts.rope_offset != 0 or opts.attn_window is not None or opts.stop_after is not None)
+        return (
+            opts.fault_after is not None
+            or opts.verify_weights is not None
+            or opts.flip_rate > 0
+            or opts.rope_offset != 0
+            or opts.attn_window is not None
+            or opts.stop_after is not None
+        )
 
     def with_options(self, **changes) -> "Engine":
         """Another engine over the same weights with some options changed (e.g. fault_after=32)."""
@@ -192,16 +237,21 @@ class Engine:
         return sorted(key if isinstance(key, str) else "/".join(map(str, key)) for key in self._graphs)
 
     def _use_graphs(self) -> bool:
-        return (self.device.type == "cuda" and self.options.cuda_graphs and self.options.gdn_verify == "wy"
-                and self.graph_error is None)
+        return (
+            self.device.type == "cuda"
+            and self.options.cuda_graphs
+            and self.options.gdn_verify == "wy"
+            and self.graph_error is None
+        )
 
     def _verify_eager(self, rows: Rows, window: int):
         opts = self.options
         if not self._faulty:
             hidden, pending = self.target.forward_rows(rows, self.cache, opts.gdn_verify, window)
             return lm_head(hidden[0], self.target.lm_head_weight, opts.lm_head, opts.splitk_chunks), pending
-        hidden, pending = self._verify_target.forward_rows(rows, self.cache, opts.gdn_verify, window, opts.rope_offset,
-                                                           opts.attn_window)
+        hidden, pending = self._verify_target.forward_rows(
+            rows, self.cache, opts.gdn_verify, window, opts.rope_offset, opts.attn_window
+        )
         return lm_head(hidden[0], self._verify_head, opts.lm_head, opts.splitk_chunks), pending
 
     @torch.no_grad()
@@ -213,7 +263,9 @@ class Engine:
             return self._verify_eager(rows, self.cache.length + rows.count)
         key = ("verify", rows.count, self._faulty)
         if key not in self._graphs:
-            static = Rows(rows.tokens.clone(), rows.depth.clone(), rows.anc.clone(), rows.conv_idx.clone(), rows.parents)
+            static = Rows(
+                rows.tokens.clone(), rows.depth.clone(), rows.anc.clone(), rows.conv_idx.clone(), rows.parents
+            )
             captured = self._capture(lambda: self._verify_eager(static, self.max_len))
             if captured is None:
                 return self._verify_eager(rows, self.cache.length + rows.count)
@@ -303,7 +355,7 @@ class Engine:
         hidden = []
         for a, b in zip(bounds[:-1], bounds[1:]):
             for s in range(a, b, size):
-                piece = tokens[s:min(s + size, b)]
+                piece = tokens[s : min(s + size, b)]
                 rows = chain_rows(piece, self.target.cfg.conv_size, self.device)
                 h, pending = self.target.forward_rows(rows, self.cache, "wy", self.cache.length + rows.count)
                 self.cache.commit(pending, list(range(len(piece))))
@@ -406,9 +458,17 @@ class Engine:
 
     @torch.no_grad()
     @_on_own_device
-    def record_lattices(self, recorder, requests, positions: int = 16, max_new_tokens: int = 128,
-                        labels: list[str] | None = None, batch: int = 64, block: int | None = None,
-                        greedy: list[Generation] | None = None) -> list[Generation]:
+    def record_lattices(
+        self,
+        recorder,
+        requests,
+        positions: int = 16,
+        max_new_tokens: int = 128,
+        labels: list[str] | None = None,
+        batch: int = 64,
+        block: int | None = None,
+        greedy: list[Generation] | None = None,
+    ) -> list[Generation]:
         """Record teacher-forced lattices at EVERY position of each request's greedy output into a
         ``specpilot_mem.replay.lattice.LatticeRecorder`` (kind "selector", ``positions`` positions).
 
@@ -429,11 +489,12 @@ class Engine:
             P, n = len(run.prompt_ids), len(run.output_ids)
             anchor_pos = torch.arange(P - 1, P - 1 + n, device=self.device)
             for lo in range(0, n, batch):
-                pos = anchor_pos[lo:lo + batch]
+                pos = anchor_pos[lo : lo + batch]
                 ctx = pos[:, None] - W + torch.arange(W, device=self.device)
                 anchors = torch.tensor(seq, device=self.device)[pos]
-                hidden = self.drafter(self.target.embed, self.cache.features[ctx.clamp(min=0)], ctx >= 0, anchors, pos,
-                                     block)
+                hidden = self.drafter(
+                    self.target.embed, self.cache.features[ctx.clamp(min=0)], ctx >= 0, anchors, pos, block
+                )
                 base = lm_head(hidden, self.target.lm_head_weight)
                 cand, unary, pair = self.drafter.lattice_batch(hidden, base, anchors, positions)
                 recorder.add_batch([run.id] * pos.numel(), (pos - (P - 1)).tolist(), cand, unary, pair)
@@ -442,8 +503,9 @@ class Engine:
 
     @torch.no_grad()
     @_on_own_device
-    def score(self, prompt_ids: list[int], output_ids: list[int], fp32_head: bool = True,
-              prefill_len: int | None = None) -> Score:
+    def score(
+        self, prompt_ids: list[int], output_ids: list[int], fp32_head: bool = True, prefill_len: int | None = None
+    ) -> Score:
         """Teacher-forced scorer (stock passes, FP32 LM head by default): feeds prompt + output through the
         target and scores each output token. ``prefill_len`` moves the boundary of the first forward
         (default: the prompt's length), which changes chunking and so rounding (the audit's check)."""
@@ -459,7 +521,7 @@ class Engine:
         size = self.options.chunk_size
         starts = list(range(0, split, size)) + list(range(split, len(seq), size))
         hidden = self.prefill(seq, sorted(set(starts)))
-        predicting = hidden[len(prompt_ids) - 1: len(seq) - 1]
+        predicting = hidden[len(prompt_ids) - 1 : len(seq) - 1]
         logits = lm_head(predicting, self.target.lm_head_weight, "dense", fp32=fp32_head)
         logp = torch.log_softmax(logits.float(), dim=-1)
         given = torch.tensor(output_ids, device=logp.device)

@@ -89,8 +89,14 @@ def chunked(q, k, v, log_decay, beta, state, chunk_size: int = 64):
         n = end - start
         causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
         o, state = masked_wy(
-            q[:, :, start:end], k[:, :, start:end], v[:, :, start:end],
-            log_decay[:, :, start:end], beta[:, :, start:end], state, causal, all_end_states=False,
+            q[:, :, start:end],
+            k[:, :, start:end],
+            v[:, :, start:end],
+            log_decay[:, :, start:end],
+            beta[:, :, start:end],
+            state,
+            causal,
+            all_end_states=False,
         )
         outs.append(o)
     return torch.cat(outs, dim=2), state

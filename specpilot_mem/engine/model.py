@@ -40,7 +40,7 @@ def rope(x, positions, theta: float):
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
     ang = positions.float()[..., None] * inv  # [(B,) T, D/2]
     cos, sin = ang.cos().unsqueeze(-2), ang.sin().unsqueeze(-2)
-    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
+    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
@@ -141,13 +141,13 @@ class Cache:
         src = torch.tensor(path, dtype=torch.long, device=self.length_t.device)
         if path != list(range(n)):  # a tree path: move its keys/values to consecutive slots
             for i in self.keys:
-                self.keys[i][:, L:L + n] = self.keys[i][:, L + src]
-                self.values[i][:, L:L + n] = self.values[i][:, L + src]
+                self.keys[i][:, L : L + n] = self.keys[i][:, L + src]
+                self.values[i][:, L : L + n] = self.values[i][:, L + src]
         last = path[-1]
         for i in self.state:
             self.state[i].copy_(pending.states[i][:, :, last])
             self.conv[i].copy_(pending.conv[i][:, last])
-        self.features[L:L + n] = pending.features[0, src]
+        self.features[L : L + n] = pending.features[0, src]
         self.length += n
         self.length_t.fill_(self.length)
 
@@ -185,7 +185,7 @@ class GDNLayer(nn.Module):
     def _split(self, mixed):
         B, T, _ = mixed.shape
         q, k, v = mixed.view(B, T, 3, self.heads, self.head_dim).unbind(2)
-        q = F.normalize(q.float(), dim=-1) * self.head_dim ** -0.5
+        q = F.normalize(q.float(), dim=-1) * self.head_dim**-0.5
         k = F.normalize(k.float(), dim=-1)
         return (t.transpose(1, 2) for t in (q, k, v.float()))  # [B, H, T, D]
 
@@ -197,8 +197,9 @@ class GDNLayer(nn.Module):
     def forward_train(self, x, chunk_size: int):
         T = x.shape[1]
         mixed = self.qkv(x).transpose(1, 2)
-        mixed = F.conv1d(mixed, self.conv_weight.to(mixed.dtype)[:, None, :], padding=self.conv_size - 1,
-                         groups=mixed.shape[1])[..., :T]
+        mixed = F.conv1d(
+            mixed, self.conv_weight.to(mixed.dtype)[:, None, :], padding=self.conv_size - 1, groups=mixed.shape[1]
+        )[..., :T]
         q, k, v = self._split(F.silu(mixed.transpose(1, 2)))
         log_decay, beta = self._gates(x)
         state = x.new_zeros(x.shape[0], self.heads, self.head_dim, self.head_dim, dtype=torch.float32)
@@ -248,8 +249,9 @@ class AttnLayer(nn.Module):
         q, k, v, gate = self._project(x, torch.arange(x.shape[1], device=x.device))
         return self._attend(q, k, v, gate, None)
 
-    def forward_rows(self, x, rows: Rows, keys, values, length_t, window: int, rope_offset: int = 0,
-                     attn_window: int | None = None):
+    def forward_rows(
+        self, x, rows: Rows, keys, values, length_t, window: int, rope_offset: int = 0, attn_window: int | None = None
+    ):
         """``rope_offset`` and ``attn_window`` are the fault study's position and context faults (0 and
         None in every lossless pass): rotate this many positions too far; see only the last
         ``attn_window`` committed tokens."""
@@ -289,7 +291,12 @@ class HybridTarget(nn.Module):
         nn.init.normal_(self.embed.weight, std=0.02)
         for name, p in self.named_parameters():
             if p.dim() == 2 and "embed" not in name:
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers) if name.endswith("out.weight") or name.endswith("down.weight") else 0.02)
+                nn.init.normal_(
+                    p,
+                    std=0.02 / math.sqrt(2 * cfg.n_layers)
+                    if name.endswith("out.weight") or name.endswith("down.weight")
+                    else 0.02,
+                )
 
     @property
     def lm_head_weight(self):
@@ -307,8 +314,15 @@ class HybridTarget(nn.Module):
                 feats.append(x)
         return self.norm(x), torch.cat(feats, dim=-1)
 
-    def forward_rows(self, rows: Rows, cache: Cache, gdn_method: str = "wy", window: int | None = None,
-                     rope_offset: int = 0, attn_window: int | None = None):
+    def forward_rows(
+        self,
+        rows: Rows,
+        cache: Cache,
+        gdn_method: str = "wy",
+        window: int | None = None,
+        rope_offset: int = 0,
+        attn_window: int | None = None,
+    ):
         """rows against cache -> (final normed hidden [1, R, d], Pending). Writes rows' keys/values.
         ``rope_offset`` and ``attn_window``: see ``AttnLayer.forward_rows`` (faults, off by default)."""
         window = cache.max_len if window is None else window
@@ -319,8 +333,9 @@ class HybridTarget(nn.Module):
             if block.kind == "gdn":
                 out, states[i], convs[i] = block.mixer.forward_rows(h, rows, cache.state[i], cache.conv[i], gdn_method)
             else:
-                out = block.mixer.forward_rows(h, rows, cache.keys[i], cache.values[i], cache.length_t, window,
-                                               rope_offset, attn_window)
+                out = block.mixer.forward_rows(
+                    h, rows, cache.keys[i], cache.values[i], cache.length_t, window, rope_offset, attn_window
+                )
             x = x + out
             x = x + block.mlp(block.norm_mlp(x))
             if i in self.cfg.feature_layers:

@@ -79,8 +79,11 @@ class SystemOptions:
     def replace(self, **changes) -> "SystemOptions":
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:
-            raise OptionsError(f"unknown option(s) {', '.join(sorted(unknown))}", where="SystemOptions",
-                               fix=f"use one of {', '.join(f.name for f in fields(self))}")
+            raise OptionsError(
+                f"unknown option(s) {', '.join(sorted(unknown))}",
+                where="SystemOptions",
+                fix=f"use one of {', '.join(f.name for f in fields(self))}",
+            )
         return replace(self, **changes)
 
     @property
@@ -97,27 +100,45 @@ class SystemOptions:
         """Raise OptionsError on a value or combination that cannot work on ``shape``; returns self."""
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
-                raise OptionsError(f"{name}={getattr(self, name)!r} is not an option", where=name,
-                                   fix=f"use one of {', '.join(allowed)}")
+                raise OptionsError(
+                    f"{name}={getattr(self, name)!r} is not an option",
+                    where=name,
+                    fix=f"use one of {', '.join(allowed)}",
+                )
         block = drafter_block if drafter_block is not None else shape.drafter_block
         if not 1 <= self.positions <= block:
-            raise OptionsError(f"positions={self.positions}: the drafter drafts {block} positions per pass",
-                               where="positions", fix=f"use 1..{block}")
+            raise OptionsError(
+                f"positions={self.positions}: the drafter drafts {block} positions per pass",
+                where="positions",
+                fix=f"use 1..{block}",
+            )
         if self.tree != "chain":
             if self.nodes < self.positions:
-                raise OptionsError(f"a tree of {self.nodes} nodes cannot reach depth {self.positions}",
-                                   where="nodes", fix=f"use nodes >= positions ({self.positions})")
+                raise OptionsError(
+                    f"a tree of {self.nodes} nodes cannot reach depth {self.positions}",
+                    where="nodes",
+                    fix=f"use nodes >= positions ({self.positions})",
+                )
             if self.rows > 64:
-                raise OptionsError(f"{self.rows} verify rows per request: GDN path verify and its schedule take "
-                                   "at most 64", where="nodes", fix="use nodes <= 63")
+                raise OptionsError(
+                    f"{self.rows} verify rows per request: GDN path verify and its schedule take at most 64",
+                    where="nodes",
+                    fix="use nodes <= 63",
+                )
         if self.fault_after >= 0 and self.lm_head == "certified":
-            raise OptionsError("the injected fault biases logits; the certified head returns only the argmax",
-                               where="fault_after with lm_head=certified", fix="inject the fault with lm_head=bf16 or w12")
+            raise OptionsError(
+                "the injected fault biases logits; the certified head returns only the argmax",
+                where="fault_after with lm_head=certified",
+                fix="inject the fault with lm_head=bf16 or w12",
+            )
         if self.max_survivors < 1:
             raise OptionsError("max_survivors must be positive", where="max_survivors", fix="use e.g. 2048")
         if shape.d_model % 64 and (self.linears == "w12" or self.lm_head in ("w12", "certified")):
-            raise OptionsError(f"d_model={shape.d_model}: W12 and the certified head need multiples of 64",
-                               where="d_model", fix="use bf16 linears and head for this shape")
+            raise OptionsError(
+                f"d_model={shape.d_model}: W12 and the certified head need multiples of 64",
+                where="d_model",
+                fix="use bf16 linears and head for this shape",
+            )
         return self
 
 
@@ -134,18 +155,26 @@ def memory_needed(shape: SystemShape, options: SystemOptions, batch: int, max_le
     if options.lm_head == "certified":
         weights += p["embedding"] + 8 * shape.vocab_size
     kv = shape.attn_layers * batch * max_len * 2 * shape.attn_kv_heads * shape.attn_head_dim * bf16
-    state = shape.gdn_value_heads * shape.gdn_head_dim ** 2 * 4
+    state = shape.gdn_value_heads * shape.gdn_head_dim**2 * 4
     gdn = shape.gdn_layers * batch * state * (2 if options.gdn_verify == "path" else 1)
     snapshots = shape.gdn_layers * rows * state if options.gdn_verify == "snapshot" else 0
     widest = max(o for o, _ in shape.linear_shapes().values())
     activations = rows * (widest * 4 + shape.vocab_size * 4) + rows * shape.gdn_layers * shape.gdn_conv_channels * 12
-    return {"weights": weights, "kv_cache": kv, "gdn_states": gdn, "gdn_snapshots": snapshots,
-            "activations": activations, "total": weights + kv + gdn + snapshots + activations}
+    return {
+        "weights": weights,
+        "kv_cache": kv,
+        "gdn_states": gdn,
+        "gdn_snapshots": snapshots,
+        "activations": activations,
+        "total": weights + kv + gdn + snapshots + activations,
+    }
 
 
 def check_fits(needed: dict[str, int], free_bytes: int, where: str) -> None:
     if needed["total"] > free_bytes:
         parts = ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in needed.items() if k != "total")
-        raise OptionsError(f"{where} needs {needed['total'] / 2**30:.1f} GiB ({parts}); the GPU has "
-                           f"{free_bytes / 2**30:.1f} GiB free", where=where,
-                           fix="use fewer requests, a shorter context, or one option set at a time")
+        raise OptionsError(
+            f"{where} needs {needed['total'] / 2**30:.1f} GiB ({parts}); the GPU has {free_bytes / 2**30:.1f} GiB free",
+            where=where,
+            fix="use fewer requests, a shorter context, or one option set at a time",
+        )

@@ -89,35 +89,59 @@ def profile_engine(engine: Engine, prompt: list[int], gpu: str, new_tokens: int 
             F.scaled_dot_product_attention(q, k, v)
 
     kernels = {
-        "target_gemm": {"time_ms": time_ms(gemms, dev, iters), "bytes": gemm_params * elt,
-                        "flops": 2 * rows_n * gemm_params},
-        "gdn_recurrent": {"time_ms": time_ms(gdn_verify, dev, iters),
-                          # committed state in, one end state per row out, float32
-                          "bytes": len(gdn_layers) * H * D * D * 4 * (1 + rows_n),
-                          "flops": len(gdn_layers) * H * (4 * rows_n * rows_n * D + 2 * rows_n * rows_n * D * D)},
-        "attention": {"time_ms": time_ms(attention, dev, iters),
-                      "bytes": len(attn_layers) * 2 * (L + rows_n) * cfg.attn_kv_heads * cfg.attn_head_dim * elt,
-                      "flops": len(attn_layers) * 4 * rows_n * (L + rows_n) * cfg.attn_heads * cfg.attn_head_dim},
-        "lm_head": {"time_ms": time_ms(lambda: x[0, :, :cfg.d_model] @ head.t(), dev, iters), "bytes": head.numel() * elt,
-                    "flops": 2 * rows_n * head.numel()},
-        "drafter": {"time_ms": time_ms(lambda: engine.draft(prompt[-1], opts.positions), dev, iters),
-                    "bytes": sum(p.numel() for p in engine.drafter.parameters()) * elt + head.numel() * elt,
-                    "flops": 2 * (engine.drafter.cfg.block_size + 1) * (sum(p.numel() for p in engine.drafter.parameters()) + head.numel())},
+        "target_gemm": {
+            "time_ms": time_ms(gemms, dev, iters),
+            "bytes": gemm_params * elt,
+            "flops": 2 * rows_n * gemm_params,
+        },
+        "gdn_recurrent": {
+            "time_ms": time_ms(gdn_verify, dev, iters),
+            # committed state in, one end state per row out, float32
+            "bytes": len(gdn_layers) * H * D * D * 4 * (1 + rows_n),
+            "flops": len(gdn_layers) * H * (4 * rows_n * rows_n * D + 2 * rows_n * rows_n * D * D),
+        },
+        "attention": {
+            "time_ms": time_ms(attention, dev, iters),
+            "bytes": len(attn_layers) * 2 * (L + rows_n) * cfg.attn_kv_heads * cfg.attn_head_dim * elt,
+            "flops": len(attn_layers) * 4 * rows_n * (L + rows_n) * cfg.attn_heads * cfg.attn_head_dim,
+        },
+        "lm_head": {
+            "time_ms": time_ms(lambda: x[0, :, : cfg.d_model] @ head.t(), dev, iters),
+            "bytes": head.numel() * elt,
+            "flops": 2 * rows_n * head.numel(),
+        },
+        "drafter": {
+            "time_ms": time_ms(lambda: engine.draft(prompt[-1], opts.positions), dev, iters),
+            "bytes": sum(p.numel() for p in engine.drafter.parameters()) * elt + head.numel() * elt,
+            "flops": 2
+            * (engine.drafter.cfg.block_size + 1)
+            * (sum(p.numel() for p in engine.drafter.parameters()) + head.numel()),
+        },
     }
     verify_ms = time_ms(lambda: engine.verify(rows), dev, iters)
     timed = sum(kernels[k]["time_ms"] for k in ("target_gemm", "gdn_recurrent", "attention", "lm_head"))
-    kernels["rest"] = {"time_ms": max(0.0, verify_ms - timed), "bytes": 24 * rows_n * cfg.d_model * cfg.n_layers * elt,
-                       "flops": 40 * rows_n * cfg.d_model * cfg.n_layers}
+    kernels["rest"] = {
+        "time_ms": max(0.0, verify_ms - timed),
+        "bytes": 24 * rows_n * cfg.d_model * cfg.n_layers * elt,
+        "flops": 40 * rows_n * cfg.d_model * cfg.n_layers,
+    }
     # The cost model's classes are tensor-core types; float32 runs (CPU tests) are filed as bf16.
     dtype = "fp16" if engine.dtype == torch.float16 else "bf16"
     for k in kernels:
         kernels[k] = {key: float(v) for key, v in kernels[k].items()} | {"dtype": dtype}
     return {
-        "format": "specpilot-profile", "version": 1, "gpu": gpu,
+        "format": "specpilot-profile",
+        "version": 1,
+        "gpu": gpu,
         "system": f"specpilot pure-torch engine, {opts.tree} ({opts.positions} positions, {opts.nodes} nodes), "
-                  f"{engine.dtype}, one request",
-        "synthetic": engine.synthetic, "nodes": rows_n - 1, "tau": run.tau, "T_step_ms": t_step, "T_AR_ms": t_ar,
-        "kernels": kernels, "date": dt.date.today().isoformat(),
+        f"{engine.dtype}, one request",
+        "synthetic": engine.synthetic,
+        "nodes": rows_n - 1,
+        "tau": run.tau,
+        "T_step_ms": t_step,
+        "T_AR_ms": t_ar,
+        "kernels": kernels,
+        "date": dt.date.today().isoformat(),
     }
 
 
@@ -135,9 +159,13 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     engine = Engine.load_default(device, dtype)
     engine = engine.with_options(tree=args.tree, positions=args.positions, nodes=args.nodes)
-    prompt = torch.randint(0, engine.target.cfg.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = torch.randint(
+        0, engine.target.cfg.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0)
+    ).tolist()
     payload = profile_engine(engine, prompt, args.gpu)
-    payload["command"] = " ".join(["python3 -m specpilot_mem.engine.profile"] + (argv if argv is not None else sys.argv[1:]))
+    payload["command"] = " ".join(
+        ["python3 -m specpilot_mem.engine.profile"] + (argv if argv is not None else sys.argv[1:])
+    )
     args.out.write_text(json.dumps(payload, indent=1) + "\n")
     print(json.dumps(payload))
     return 0

@@ -31,7 +31,7 @@ DEFAULT_DIR = Path(__file__).resolve().parents[2] / ".sglang_gdn"
 SHIMS = {
     # the five helpers the kernel module imports, with SGLang 0.5.23's semantics on an NVIDIA GPU (and False
     # without one, so the module imports on a CPU machine for the Triton interpreter)
-    "sglang/srt/utils.py": '''import torch
+    "sglang/srt/utils.py": """import torch
 
 
 def is_hip():
@@ -54,13 +54,13 @@ def is_gfx95_supported():
 def is_sm90_supported():
     cuda = tuple(int(p) for p in (torch.version.cuda or "0.0").split(".")[:2])
     return is_cuda() and torch.cuda.get_device_capability()[0] == 9 and cuda >= (12, 3)
-''',
-    "sglang/kernels/jit/utils.py": '''import torch
+""",
+    "sglang/kernels/jit/utils.py": """import torch
 
 
 def is_arch_support_pdl():
     return torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9
-''',
+""",
 }
 
 
@@ -71,13 +71,19 @@ class SGLangKernelMissing(SpecPilotError):
 def prepare(target: str | os.PathLike = DEFAULT_DIR, wheel: str = WHEEL) -> dict:
     """Vendor SGLang's GDN kernel from the pinned wheel into ``target`` (checked by sha256)."""
     if not os.path.exists(wheel):
-        raise SGLangKernelMissing(f"the pinned SGLang wheel is not at {wheel}", where=wheel,
-                                  fix="run scripts/install.sh (it caches the wheel) on this machine")
+        raise SGLangKernelMissing(
+            f"the pinned SGLang wheel is not at {wheel}",
+            where=wheel,
+            fix="run scripts/install.sh (it caches the wheel) on this machine",
+        )
     with open(wheel, "rb") as fh:
         digest = hashlib.sha256(fh.read()).hexdigest()
     if digest != WHEEL_SHA256:
-        raise SGLangKernelMissing(f"{wheel}: sha256 {digest}, expected {WHEEL_SHA256}", where=wheel,
-                                  fix="download the pinned sglang 0.5.23 wheel again")
+        raise SGLangKernelMissing(
+            f"{wheel}: sha256 {digest}, expected {WHEEL_SHA256}",
+            where=wheel,
+            fix="download the pinned sglang 0.5.23 wheel again",
+        )
     with zipfile.ZipFile(wheel) as archive:
         source = archive.read(KERNEL)
     files = {KERNEL: source, **{path: text.encode() for path, text in SHIMS.items()}}
@@ -103,9 +109,12 @@ def fused_recurrent(directory: str | os.PathLike | None = None):
         pass
     folder = Path(directory or os.environ.get("SPECPILOT_SGLANG_GDN", DEFAULT_DIR))
     if not (folder / KERNEL).exists():
-        raise SGLangKernelMissing(f"SGLang's GDN kernel is not vendored in {folder}", where=str(folder / KERNEL),
-                                  fix="run `python -m specpilot_mem.engine.sglang_kernels prepare .sglang_gdn` "
-                                      "where the wheel is cached, and carry .sglang_gdn to the GPU machine")
+        raise SGLangKernelMissing(
+            f"SGLang's GDN kernel is not vendored in {folder}",
+            where=str(folder / KERNEL),
+            fix="run `python -m specpilot_mem.engine.sglang_kernels prepare .sglang_gdn` "
+            "where the wheel is cached, and carry .sglang_gdn to the GPU machine",
+        )
     sys.path.insert(0, str(folder))
     return importlib.import_module(KERNEL_MODULE).fused_sigmoid_gating_delta_rule_update
 

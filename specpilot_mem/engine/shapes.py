@@ -79,11 +79,16 @@ class SystemShape:
         """Parameter counts: target linears (streamed every step), embedding, LM head, drafter linears."""
         shapes = self.linear_shapes()
         linears = sum(shapes[n][0] * shapes[n][1] for kind in self.layer_types for n in self.layer_linears(kind))
-        drafter = self.drafter_layers * sum(shapes[n][0] * shapes[n][1]
-                                            for n in ("attn_qkv", "attn_out", "gate_up", "down"))
+        drafter = self.drafter_layers * sum(
+            shapes[n][0] * shapes[n][1] for n in ("attn_qkv", "attn_out", "gate_up", "down")
+        )
         embed = self.vocab_size * self.d_model
-        return {"target_linears": linears, "embedding": embed, "lm_head": 0 if self.tied_head else embed,
-                "drafter_linears": drafter}
+        return {
+            "target_linears": linears,
+            "embedding": embed,
+            "lm_head": 0 if self.tied_head else embed,
+            "drafter_linears": drafter,
+        }
 
     def weight_floor_ms(self, bandwidth_Bps: float, bytes_per_weight: float = 2.0) -> float:
         """Time to stream the target's linears and LM head once at ``bandwidth_Bps`` (the verify pass's floor)."""
@@ -105,26 +110,68 @@ def _hybrid(layers: int, every: int = 4) -> tuple[str, ...]:
 SHAPES: dict[str, SystemShape] = {
     # Qwen3.6/3.8-27B-like: 64 layers (48 GDN + 16 attention), d 5120, ffn 17408, vocab 248320.
     "qwen3.8-27b-like": SystemShape(
-        name="qwen3.8-27b-like", d_model=5120, layer_types=_hybrid(64), ffn_dim=17408, vocab_size=248320,
-        gdn_key_heads=16, gdn_value_heads=48, gdn_head_dim=128, attn_heads=24, attn_kv_heads=4, attn_head_dim=256,
-        drafter_layers=5),
+        name="qwen3.8-27b-like",
+        d_model=5120,
+        layer_types=_hybrid(64),
+        ffn_dim=17408,
+        vocab_size=248320,
+        gdn_key_heads=16,
+        gdn_value_heads=48,
+        gdn_head_dim=128,
+        attn_heads=24,
+        attn_kv_heads=4,
+        attn_head_dim=256,
+        drafter_layers=5,
+    ),
     # Qwen3.5-4B-like: 32 layers (24 GDN + 8 attention), d 2560, ffn 9216, tied head.
     "qwen3.5-4b-like": SystemShape(
-        name="qwen3.5-4b-like", d_model=2560, layer_types=_hybrid(32), ffn_dim=9216, vocab_size=248320,
-        gdn_key_heads=16, gdn_value_heads=32, gdn_head_dim=128, attn_heads=16, attn_kv_heads=4, attn_head_dim=256,
-        tied_head=True, drafter_layers=5),
+        name="qwen3.5-4b-like",
+        d_model=2560,
+        layer_types=_hybrid(32),
+        ffn_dim=9216,
+        vocab_size=248320,
+        gdn_key_heads=16,
+        gdn_value_heads=32,
+        gdn_head_dim=128,
+        attn_heads=16,
+        attn_kv_heads=4,
+        attn_head_dim=256,
+        tied_head=True,
+        drafter_layers=5,
+    ),
     # Llama-3.1-8B-like dense target: 32 attention layers, d 4096, ffn 14336, vocab 128256, no gate or qk norm.
     "llama-3.1-8b-like": SystemShape(
-        name="llama-3.1-8b-like", d_model=4096, layer_types=("attn",) * 32, ffn_dim=14336, vocab_size=128256,
-        attn_heads=32, attn_kv_heads=8, attn_head_dim=128, attn_output_gate=False, qk_norm=False,
-        rope_theta=500000.0, drafter_layers=5),
+        name="llama-3.1-8b-like",
+        d_model=4096,
+        layer_types=("attn",) * 32,
+        ffn_dim=14336,
+        vocab_size=128256,
+        attn_heads=32,
+        attn_kv_heads=8,
+        attn_head_dim=128,
+        attn_output_gate=False,
+        qk_norm=False,
+        rope_theta=500000.0,
+        drafter_layers=5,
+    ),
 }
 
 # Tiny stand-ins with the same structure, for the CPU dry run (--smoke): every code path, seconds.
 SMOKE_SHAPES: dict[str, SystemShape] = {
-    name: replace(shape, d_model=128, layer_types=shape.layer_types[:4] if "gdn" in shape.layer_types
-                  else ("attn",) * 2, ffn_dim=256, vocab_size=1024, gdn_key_heads=2, gdn_value_heads=4,
-                  gdn_head_dim=32, attn_heads=4, attn_kv_heads=2, attn_head_dim=32, drafter_layers=1)
+    name: replace(
+        shape,
+        d_model=128,
+        layer_types=shape.layer_types[:4] if "gdn" in shape.layer_types else ("attn",) * 2,
+        ffn_dim=256,
+        vocab_size=1024,
+        gdn_key_heads=2,
+        gdn_value_heads=4,
+        gdn_head_dim=32,
+        attn_heads=4,
+        attn_kv_heads=2,
+        attn_head_dim=32,
+        drafter_layers=1,
+    )
     for name, shape in SHAPES.items()
 }
 

@@ -45,7 +45,7 @@ def interpreting() -> bool:
 def apply_rope(x, cos, sin):
     """Rotary embedding of x [B, T, H, D] with cos/sin [B, T, 1, D/2] (model.rope's arithmetic, tables once a pass)."""
     d = x.shape[-1]
-    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2:]
+    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
@@ -174,11 +174,24 @@ class Weights:
         """The trained pair's target (``specpilot_mem.engine.model.HybridTarget``) as system weights (same tensors)."""
         cfg = target.cfg
         shape = SystemShape(
-            name="trained-pair", d_model=cfg.d_model, layer_types=tuple(cfg.layer_types), ffn_dim=cfg.ffn_dim,
-            vocab_size=cfg.vocab_size, gdn_key_heads=cfg.gdn_heads, gdn_value_heads=cfg.gdn_heads,
-            gdn_head_dim=cfg.gdn_head_dim, conv_size=cfg.conv_size, attn_heads=cfg.attn_heads,
-            attn_kv_heads=cfg.attn_kv_heads, attn_head_dim=cfg.attn_head_dim, tied_head=True,
-            rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps, drafter_layers=0, synthetic=False)
+            name="trained-pair",
+            d_model=cfg.d_model,
+            layer_types=tuple(cfg.layer_types),
+            ffn_dim=cfg.ffn_dim,
+            vocab_size=cfg.vocab_size,
+            gdn_key_heads=cfg.gdn_heads,
+            gdn_value_heads=cfg.gdn_heads,
+            gdn_head_dim=cfg.gdn_head_dim,
+            conv_size=cfg.conv_size,
+            attn_heads=cfg.attn_heads,
+            attn_kv_heads=cfg.attn_kv_heads,
+            attn_head_dim=cfg.attn_head_dim,
+            tied_head=True,
+            rope_theta=cfg.rope_theta,
+            norm_eps=cfg.norm_eps,
+            drafter_layers=0,
+            synthetic=False,
+        )
         p0 = next(target.parameters())
         t = {"embed": target.embed.weight.data, "final_norm": target.norm.weight.data}
         for i, block in enumerate(target.blocks):
@@ -228,10 +241,18 @@ class StepBuffers:
     @classmethod
     def empty(cls, B: int, T: int, conv_size: int, device) -> "StepBuffers":
         z = dict(device=device, dtype=torch.long)
-        return cls(torch.zeros(B, T, **z), torch.full((B, T), -1, **z), torch.zeros(B, T, **z),
-                   torch.zeros(B, T, T, dtype=torch.bool, device=device), torch.zeros(B, T, conv_size, **z),
-                   torch.ones(B, dtype=torch.int32, device=device), torch.arange(B, dtype=torch.int32, device=device),
-                   torch.ones(B, dtype=torch.bool, device=device), torch.full((B,), -1, **z), torch.zeros(B, **z))
+        return cls(
+            torch.zeros(B, T, **z),
+            torch.full((B, T), -1, **z),
+            torch.zeros(B, T, **z),
+            torch.zeros(B, T, T, dtype=torch.bool, device=device),
+            torch.zeros(B, T, conv_size, **z),
+            torch.ones(B, dtype=torch.int32, device=device),
+            torch.arange(B, dtype=torch.int32, device=device),
+            torch.ones(B, dtype=torch.bool, device=device),
+            torch.full((B,), -1, **z),
+            torch.zeros(B, **z),
+        )
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -374,8 +395,7 @@ class SystemModel:
         key = (i, B, T)
         if key not in self._inter:
             s = self.shape
-            self._inter[key] = torch.empty(B, T, s.gdn_value_heads, s.gdn_head_dim, s.gdn_head_dim,
-                                           device=self.device)
+            self._inter[key] = torch.empty(B, T, s.gdn_value_heads, s.gdn_head_dim, s.gdn_head_dim, device=self.device)
         return self._inter[key]
 
     def _sglang(self, q, k, v, a, b, A_log, dt_bias, pool, slots, inter, parents, update=False):
@@ -387,14 +407,27 @@ class SystemModel:
 
             tree = parents if (parents is not None and self.options.tree != "chain") else None
             o = fused_recurrent()(
-                A_log=A_log, a=a.view(B * T, HV), dt_bias=dt_bias, softplus_beta=1.0, softplus_threshold=20.0,
-                q=q.view(1, B * T, H, K), k=k.view(1, B * T, H, K), v=v.view(1, B * T, HV, V), b=b.view(B * T, HV),
-                initial_state_source=pool, initial_state_indices=slots, use_qk_l2norm_in_kernel=True,
+                A_log=A_log,
+                a=a.view(B * T, HV),
+                dt_bias=dt_bias,
+                softplus_beta=1.0,
+                softplus_threshold=20.0,
+                q=q.view(1, B * T, H, K),
+                k=k.view(1, B * T, H, K),
+                v=v.view(1, B * T, HV, V),
+                b=b.view(B * T, HV),
+                initial_state_source=pool,
+                initial_state_indices=slots,
+                use_qk_l2norm_in_kernel=True,
                 cu_seqlens=torch.arange(0, B * T + 1, T, dtype=torch.int32, device=q.device),
-                disable_state_update=inter is not None or not update, intermediate_states_buffer=inter,
-                intermediate_state_indices=torch.arange(B, dtype=torch.int32, device=q.device) if inter is not None
-                else None, cache_steps=T if inter is not None else None,
-                retrieve_parent_token=tree.to(torch.int32) if tree is not None else None)
+                disable_state_update=inter is not None or not update,
+                intermediate_states_buffer=inter,
+                intermediate_state_indices=torch.arange(B, dtype=torch.int32, device=q.device)
+                if inter is not None
+                else None,
+                cache_steps=T if inter is not None else None,
+                retrieve_parent_token=tree.to(torch.int32) if tree is not None else None,
+            )
             return o.view(B, T, HV, V)
         return _snapshot_reference(q, k, v, a, b, A_log, dt_bias, pool, slots, inter, parents, update)
 
@@ -435,8 +468,17 @@ class SystemModel:
         ctx["mask"] = mask[:, None].expand(B, rep, T, L).reshape(B, 1, rep * T, L)
         return ctx
 
-    def _attn(self, i, h, buf: StepBuffers, caches: Caches | None, write_cache: bool, ctx: dict,
-              prefix: str = "layers", mode: str | None = None):
+    def _attn(
+        self,
+        i,
+        h,
+        buf: StepBuffers,
+        caches: Caches | None,
+        write_cache: bool,
+        ctx: dict,
+        prefix: str = "layers",
+        mode: str | None = None,
+    ):
         s, t = self.shape, self.w.t
         p = f"{prefix}.{i}."
         B, T = buf.shape
@@ -463,8 +505,8 @@ class SystemModel:
                 vc[bidx, :, ctx["slots"]] = v.to(vc.dtype)
                 keys, values = kc, vc
             else:  # a pass that leaves the caches as they are (the TLV Q pass): its rows beside the cache
-                keys = torch.cat([kc[:, :, :L - T], k.transpose(1, 2).to(kc.dtype)], dim=2)
-                values = torch.cat([vc[:, :, :L - T], v.transpose(1, 2).to(vc.dtype)], dim=2)
+                keys = torch.cat([kc[:, :, : L - T], k.transpose(1, 2).to(kc.dtype)], dim=2)
+                values = torch.cat([vc[:, :, : L - T], v.transpose(1, 2).to(vc.dtype)], dim=2)
         qf = q.view(B, T, hkv, rep, D).permute(0, 2, 3, 1, 4).reshape(B, hkv, rep * T, D)
         o = F.scaled_dot_product_attention(qf, keys.to(qf.dtype), values.to(qf.dtype), attn_mask=mask)
         o = o.view(B, hkv, rep, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, hq * D)
@@ -488,15 +530,21 @@ class SystemModel:
             p = f"drafter.{i}."
             x = x + self._attn(i, rms_norm(x, t[p + "norm1"], s.norm_eps), buf, None, False, ctx, "drafter", "bf16")
             x = x + self._mlp(p, rms_norm(x, t[p + "norm2"], s.norm_eps), "bf16")
-        h = rms_norm(x, t["drafter.norm"], s.norm_eps).view(B, S, -1)[:, 1:positions + 1].reshape(B * positions, -1)
+        h = rms_norm(x, t["drafter.norm"], s.norm_eps).view(B, S, -1)[:, 1 : positions + 1].reshape(B * positions, -1)
         logits = self.w.head_linear()(h, "w12") if self.options.lm_head == "w12" else h @ self.w.head.t()
         top = logits.view(B, positions, -1).topk(top_k, dim=-1)
         return top.indices, top.values
 
     # -- the pass ---------------------------------------------------------------------------------------------
 
-    def forward(self, buf: StepBuffers, caches: Caches, ar: bool = False, write_cache: bool = True,
-                linear_mode: str | None = None):
+    def forward(
+        self,
+        buf: StepBuffers,
+        caches: Caches,
+        ar: bool = False,
+        write_cache: bool = True,
+        linear_mode: str | None = None,
+    ):
         """Final hidden [B*T, d], drafter features [B, T, F] (or None) and each GDN layer's saved inputs.
 
         Hooks: ``linear_mode`` runs every target linear in another mode (``Linear.__call__``; "q8_midpoint": the W12
@@ -511,15 +559,21 @@ class SystemModel:
             from specpilot_kernels.gdn_tree import tree_schedule
 
             kernels = buf.tokens.is_cuda or interpreting()
-            saved["schedule"] = (tree_schedule(buf.parents, buf.num_nodes) if kernels else None, buf.parents,
-                                 buf.num_nodes)
+            saved["schedule"] = (
+                tree_schedule(buf.parents, buf.num_nodes) if kernels else None,
+                buf.parents,
+                buf.num_nodes,
+            )
         feats = []
         ctx = self._attn_context(buf, caches, write_cache) if s.attn_layers else None
         h = rms_norm(x, t["layers.0.norm1"], s.norm_eps)
         for i, kind in enumerate(s.layer_types):
             p = f"layers.{i}."
-            out = (self._gdn(i, h, buf, caches, ar, saved, write_cache, mode) if kind == "gdn"
-                   else self._attn(i, h, buf, caches, write_cache, ctx, mode=mode))
+            out = (
+                self._gdn(i, h, buf, caches, ar, saved, write_cache, mode)
+                if kind == "gdn"
+                else self._attn(i, h, buf, caches, write_cache, ctx, mode=mode)
+            )
             x, h = add_rms_norm(x, out, t[p + "norm2"], s.norm_eps)
             # the residual add and the next norm (the next layer's, or the final one) in one launch
             following = f"layers.{i + 1}.norm1" if i + 1 < s.n_layers else "final_norm"
@@ -528,8 +582,9 @@ class SystemModel:
                 feats.append(x.view(B, T, -1))
         return h, (torch.cat(feats, dim=-1) if feats else None), saved
 
-    def head_argmax(self, hidden: torch.Tensor, mode: str | None = None,
-                    predicted_index: torch.Tensor | None = None) -> torch.Tensor:
+    def head_argmax(
+        self, hidden: torch.Tensor, mode: str | None = None, predicted_index: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The LM head's greedy token per row of hidden [M, d] -> [M] long. ``predicted_index`` [M]: the output
         index each row predicts (the injected fault's trigger, when the options switch it on)."""
         mode = mode or self.options.lm_head
@@ -542,9 +597,12 @@ class SystemModel:
         if self._fallback is None:
             self._fallback = torch.empty(32, self.shape.vocab_size, device=self.device)
         x = hidden.to(torch.bfloat16).contiguous()
-        return torch.cat([certified_argmax_in_graph(x[r:r + 32], head, self._fallback,
-                                                    max_survivors=self.options.max_survivors)
-                          for r in range(0, x.shape[0], 32)])
+        return torch.cat(
+            [
+                certified_argmax_in_graph(x[r : r + 32], head, self._fallback, max_survivors=self.options.max_survivors)
+                for r in range(0, x.shape[0], 32)
+            ]
+        )
 
     def _fault(self, logits: torch.Tensor, predicted_index: torch.Tensor | None) -> torch.Tensor:
         """The §6.2 fault: +fault_bias on every fault_stride-th vocabulary id for output indices >= fault_after."""
@@ -580,8 +638,9 @@ class SystemModel:
         accept_len = accept_len * buf.active
         return accepted, accept_len, deepest, out
 
-    def commit(self, buf: StepBuffers, caches: Caches, saved: dict, feats, accepted, accept_len, deepest,
-               ar: bool = False):
+    def commit(
+        self, buf: StepBuffers, caches: Caches, saved: dict, feats, accepted, accept_len, deepest, ar: bool = False
+    ):
         """Keep each request's accepted path: KV moved to consecutive slots, GDN states and conv windows advanced,
         features written, lengths grown (by 0 for inactive requests)."""
         B, T = buf.shape
@@ -595,7 +654,8 @@ class SystemModel:
                 for cache in (caches.k[i][:B], caches.v[i][:B]):
                     top = caches.max_len - 1
                     cache[bidx, :, (lengths[:, None] + steps).clamp(max=top)] = cache[
-                        bidx, :, (lengths[:, None] + src).clamp(max=top)]
+                        bidx, :, (lengths[:, None] + src).clamp(max=top)
+                    ]
         keep = (accept_len > 0)[:, None, None]
         bar = torch.arange(B, device=dev)
         for i in caches.state:
@@ -615,7 +675,8 @@ class SystemModel:
                 self._commit_path(i, q, k, v, a, b, pool, buf.slots32, accepted, accept_len)
         if caches.features is not None and feats is not None:
             caches.features[:B][bidx, (lengths[:, None] + steps).clamp(max=caches.max_len - 1)] = feats.gather(
-                1, src[..., None].expand(B, T, feats.shape[-1]))
+                1, src[..., None].expand(B, T, feats.shape[-1])
+            )
         caches.lengths[:B] = lengths + accept_len
 
     def _commit_path(self, i, q, k, v, a, b, pool, slots, accepted, accept_len):
@@ -625,11 +686,11 @@ class SystemModel:
         t, p = self.w.t, f"layers.{i}."
         if q.is_cuda or interpreting():
             extra = {} if q.is_cuda else {"block_v": v.shape[-1], "lanes_per_column": None}
-            gdn_tree_commit(q, k, v, a, b, t[p + "A_log"], t[p + "dt_bias"], pool, slots, accepted, accept_len,
-                            **extra)
+            gdn_tree_commit(q, k, v, a, b, t[p + "A_log"], t[p + "dt_bias"], pool, slots, accepted, accept_len, **extra)
         else:
-            pool.copy_(R.commit_reference(k, v, a, b, t[p + "A_log"], t[p + "dt_bias"], pool, slots, accepted,
-                                          accept_len))
+            pool.copy_(
+                R.commit_reference(k, v, a, b, t[p + "A_log"], t[p + "dt_bias"], pool, slots, accepted, accept_len)
+            )
 
     def step(self, buf: StepBuffers, caches: Caches, ar: bool = False):
         """One whole step: verify, accept, commit. Returns (out_tokens [B, T], accept_len [B])."""

@@ -73,8 +73,11 @@ def qpass_weights(target: HybridTarget, low_bits: str = "midpoint") -> tuple[dic
     def view_of(weight: torch.Tensor) -> torch.Tensor:
         return qpass_weight_reference(encode(weight.detach().to(torch.bfloat16)), low_bits).to(weight.dtype)
 
-    blocks = {f"blocks.{name}": view_of(p) for name, p in target.blocks.named_parameters()
-              if p.dim() == 2 and name.endswith(".weight")}
+    blocks = {
+        f"blocks.{name}": view_of(p)
+        for name, p in target.blocks.named_parameters()
+        if p.dim() == 2 and name.endswith(".weight")
+    }
     return blocks, view_of(target.lm_head_weight)
 
 
@@ -126,17 +129,26 @@ class TwoLevelEngine:
 
     def __init__(self, engine: Engine, options: TlvOptions | None = None):
         if engine.drafter is None:
-            raise SpecPilotError("two-level verification needs a drafter", where="TwoLevelEngine(engine)",
-                                 fix="load the pair with its drafter (Engine.load_default())")
+            raise SpecPilotError(
+                "two-level verification needs a drafter",
+                where="TwoLevelEngine(engine)",
+                fix="load the pair with its drafter (Engine.load_default())",
+            )
         self.engine = engine
         self.options = options or TlvOptions()
         opts = self.options
         if not 1 <= opts.positions <= engine.drafter.cfg.block_size:
-            raise SpecPilotError(f"positions={opts.positions}: the drafter drafts 1..{engine.drafter.cfg.block_size}",
-                                 where="TlvOptions.positions", fix="draft at most the drafter's block size")
+            raise SpecPilotError(
+                f"positions={opts.positions}: the drafter drafts 1..{engine.drafter.cfg.block_size}",
+                where="TlvOptions.positions",
+                fix="draft at most the drafter's block size",
+            )
         if opts.nodes < 1 or opts.low_bits not in ("midpoint", "truncated"):
-            raise SpecPilotError(f"nodes={opts.nodes}, low_bits={opts.low_bits!r}", where="TlvOptions",
-                                 fix="use nodes >= 1 and low_bits 'midpoint' or 'truncated'")
+            raise SpecPilotError(
+                f"nodes={opts.nodes}, low_bits={opts.low_bits!r}",
+                where="TlvOptions",
+                fix="use nodes >= 1 and low_bits 'midpoint' or 'truncated'",
+            )
         self._rows_module = _ReadOnlyRows(engine.target)
         blocks, self._q_head = qpass_weights(engine.target, opts.low_bits)
         self._q_params = {f"target.{name}": w for name, w in blocks.items()}
@@ -163,8 +175,13 @@ class TwoLevelEngine:
         window = engine.drafter.cfg.context_window
         idx = anchor_pos - window + torch.arange(window, device=engine.device)
         feats = features[idx.clamp(min=0)][None]
-        hidden = engine.drafter(engine.target.embed, feats, (idx >= 0)[None], torch.tensor([anchor], device=engine.device),
-                                torch.tensor([anchor_pos], device=engine.device))[0]
+        hidden = engine.drafter(
+            engine.target.embed,
+            feats,
+            (idx >= 0)[None],
+            torch.tensor([anchor], device=engine.device),
+            torch.tensor([anchor_pos], device=engine.device),
+        )[0]
         base = lm_head(hidden, engine.target.lm_head_weight)
         return engine.drafter.lattice(hidden, base, anchor, self.options.positions)
 
@@ -179,11 +196,11 @@ class TwoLevelEngine:
         q_best = q_logits.argmax(-1).tolist()
         q_path = matching_path(t1_tokens, t1_parents, q_best)
         chain = [t1_tokens[i] for i in q_path[1:]] + [q_best[q_path[-1]]]  # C: the Q pass's path and its bonus
-        chain = chain[:opts.nodes]
+        chain = chain[: opts.nodes]
         budget = opts.nodes - len(chain)
         tokens, parents = [pending_token] + chain, list(range(-1, len(chain)))
         if budget > 0:
-            context = torch.cat([cache.features[:cache.length], q_feats[q_path]], dim=0)
+            context = torch.cat([cache.features[: cache.length], q_feats[q_path]], dim=0)
             second = self._draft_from(context, chain[-1], cache.length + len(chain)).to("cpu")
             sub_tokens, sub_parents = build_tree(opts.builder, second, budget)
             tokens += sub_tokens
@@ -214,19 +231,28 @@ class TwoLevelEngine:
     def generate(self, requests, mode: str = "tlv", max_new_tokens: int = 128) -> list[TlvGeneration]:
         """Greedy decoding of each request with the TLV cycle (``mode`` "tlv"; requests as for Engine.generate)."""
         if mode != "tlv":
-            raise SpecPilotError(f"unknown mode {mode!r} for the two-level engine", where="TwoLevelEngine.generate",
-                                 fix="use mode='tlv' (the wrapped engine serves 'ar' and 'spec')")
+            raise SpecPilotError(
+                f"unknown mode {mode!r} for the two-level engine",
+                where="TwoLevelEngine.generate",
+                fix="use mode='tlv' (the wrapped engine serves 'ar' and 'spec')",
+            )
         return [self._generate_one(_as_request(r, i, max_new_tokens)) for i, r in enumerate(requests)]
 
     def _generate_one(self, request: Request) -> TlvGeneration:
         engine = self.engine
         prompt = request.prompt_ids
         if not prompt:
-            raise SpecPilotError(f"request {request.id!r} has an empty prompt", where="TwoLevelEngine.generate",
-                                 fix="give every request at least one prompt token")
+            raise SpecPilotError(
+                f"request {request.id!r} has an empty prompt",
+                where="TwoLevelEngine.generate",
+                fix="give every request at least one prompt token",
+            )
         if len(prompt) + request.max_new_tokens + self.options.nodes + 2 > engine.max_len:
-            raise SpecPilotError(f"request {request.id!r}: prompt + output exceed the engine's max_len {engine.max_len}",
-                                 where="TwoLevelEngine.generate", fix="build the engine with a larger max_len")
+            raise SpecPilotError(
+                f"request {request.id!r}: prompt + output exceed the engine's max_len {engine.max_len}",
+                where="TwoLevelEngine.generate",
+                fix="build the engine with a larger max_len",
+            )
         engine._sync()
         start = time.perf_counter()
         engine.cache.reset()

@@ -21,7 +21,9 @@ TARGET_FILE = "target.safetensors"
 DRAFTER_FILE = "drafter.safetensors"
 
 
-def save_module(module: torch.nn.Module, path: Path, config_json: str, extra: dict | None = None, dtype=torch.bfloat16) -> None:
+def save_module(
+    module: torch.nn.Module, path: Path, config_json: str, extra: dict | None = None, dtype=torch.bfloat16
+) -> None:
     """Write ``module``'s weights (as ``dtype``) atomically, with its config and ``extra`` as metadata."""
     tensors = {name: t.detach().to("cpu", dtype).contiguous() for name, t in module.state_dict().items()}
     meta = {"config": config_json, **{k: json.dumps(v) for k, v in (extra or {}).items()}}

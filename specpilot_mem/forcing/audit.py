@@ -90,8 +90,14 @@ def _prefill_lengths(prompt_len: int, position: int) -> list[int]:
     return [p for p in (end, end - 1) if p >= 1]
 
 
-def explain(event: Event, output: ScoredOutput, *, scorer: Scorer, stock_paths: Sequence[Sequence[int]],
-            stock_engine: Scorer | None) -> str | None:
+def explain(
+    event: Event,
+    output: ScoredOutput,
+    *,
+    scorer: Scorer,
+    stock_paths: Sequence[Sequence[int]],
+    stock_engine: Scorer | None,
+) -> str | None:
     if _stock_path(event, output, stock_paths):
         return "stock-path"
     if stock_engine is not None and _argmax_at(stock_engine, output, event.position, None) == event.token:
@@ -118,8 +124,9 @@ def audit(
     chosen.sort(key=lambda e: (e.id, e.position))
     audited = []
     for event in chosen:
-        reason = explain(event, scored[event.id], scorer=scorer, stock_paths=stock_paths.get(event.id, ()),
-                         stock_engine=stock_engine)
+        reason = explain(
+            event, scored[event.id], scorer=scorer, stock_paths=stock_paths.get(event.id, ()), stock_engine=stock_engine
+        )
         audited.append(AuditedEvent(event, reason))
         if on_event is not None:
             on_event()

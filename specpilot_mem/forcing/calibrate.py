@@ -49,12 +49,20 @@ class Calibration:
         """Where δ comes from, in words (printed with every verdict)."""
         if not self.departures:
             return f"floor 2^-10: stock never departed from AR on {self.requests} requests"
-        return (f"largest gap {self.largest_gap:.3g} nats at {len(self.departures)} first departures on "
-                f"{self.requests} requests, rounded up")
+        return (
+            f"largest gap {self.largest_gap:.3g} nats at {len(self.departures)} first departures on "
+            f"{self.requests} requests, rounded up"
+        )
 
     def to_dict(self) -> dict:
-        return {"delta": self.delta, "requests": self.requests, "largest_gap": self.largest_gap, "basis": self.basis,
-                "delta_max": DELTA_MAX, "departures": [asdict(d) for d in self.departures]}
+        return {
+            "delta": self.delta,
+            "requests": self.requests,
+            "largest_gap": self.largest_gap,
+            "basis": self.basis,
+            "delta_max": DELTA_MAX,
+            "departures": [asdict(d) for d in self.departures],
+        }
 
 
 def first_departure(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
@@ -76,8 +84,11 @@ def round_up_to_step(gap: float) -> float:
 def calibrate_delta(ar: Mapping[str, ScoredOutput], stock: Mapping[str, ScoredOutput]) -> Calibration:
     """δ from scored AR and stock outputs of the same requests (Phase 0)."""
     if set(ar) != set(stock):
-        raise ForcingError("AR and stock outputs cover different requests", where="calibration",
-                           fix="run AR and stock on the same request set")
+        raise ForcingError(
+            "AR and stock outputs cover different requests",
+            where="calibration",
+            fix="run AR and stock on the same request set",
+        )
     if not ar:
         raise ForcingError("no requests to calibrate δ on", where="calibration", fix="run AR and stock first")
     departures = []
@@ -95,5 +106,6 @@ def calibrate_delta(ar: Mapping[str, ScoredOutput], stock: Mapping[str, ScoredOu
             f"{len(wide)} of stock's first departures from AR are not near-ties (gap > {DELTA_MAX:g} nat): {examples}",
             where="calibration",
             fix="stock must be lossless against AR: check that stock's and AR's outputs come from the same model and "
-                "request set, and that stock carries no fault; δ is not calibrated on such a run")
+            "request set, and that stock carries no fault; δ is not calibrated on such a run",
+        )
     return Calibration(round_up_to_step(largest), len(ar), tuple(departures))

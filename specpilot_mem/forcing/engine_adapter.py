@@ -51,8 +51,11 @@ def prompt_encoder(engine, model_dir: Path | None = None) -> Callable[[str], lis
 
 def _refuse_text(why: str) -> Callable[[str], list[int]]:
     def refuse(text: str) -> list[int]:
-        raise ForcingError(f"cannot encode a text prompt for the trained model: {why}", where="prompt encoding",
-                           fix="install tokenizers (pip install tokenizers), or give the requests as prompt_ids")
+        raise ForcingError(
+            f"cannot encode a text prompt for the trained model: {why}",
+            where="prompt encoding",
+            fix="install tokenizers (pip install tokenizers), or give the requests as prompt_ids",
+        )
 
     return refuse
 
@@ -71,8 +74,12 @@ class EngineScorer:
         """Longest prompt + output the scorer takes: the engine's context."""
         return self.engine.max_len
 
-    def score(self, prompt_ids: Sequence[int], output_ids: Sequence[int], prefill_len: int | None = None) -> TokenScores:
-        scored = self.engine.score(list(prompt_ids), list(output_ids), fp32_head=self.fp32_head, prefill_len=prefill_len)
+    def score(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], prefill_len: int | None = None
+    ) -> TokenScores:
+        scored = self.engine.score(
+            list(prompt_ids), list(output_ids), fp32_head=self.fp32_head, prefill_len=prefill_len
+        )
         logprob = np.asarray(scored.logprob, dtype=np.float64)
         return TokenScores(
             token_logprob=logprob,
@@ -91,12 +98,18 @@ class EngineScorer:
         engine = self.engine
         for prompt, output in items:
             if not prompt or not output:
-                raise ForcingError("score needs a non-empty prompt and output", where="EngineScorer.score_batch",
-                                   fix="every request needs a prompt and at least one output token")
+                raise ForcingError(
+                    "score needs a non-empty prompt and output",
+                    where="EngineScorer.score_batch",
+                    fix="every request needs a prompt and at least one output token",
+                )
             if len(prompt) + len(output) > engine.max_len:
-                raise ForcingError(f"prompt + output ({len(prompt) + len(output)} tokens) exceed the scorer's context "
-                                   f"of {engine.max_len}", where="EngineScorer.score_batch",
-                                   fix=f"cap max_new_tokens at {engine.max_len} - the prompt's length")
+                raise ForcingError(
+                    f"prompt + output ({len(prompt) + len(output)} tokens) exceed the scorer's context "
+                    f"of {engine.max_len}",
+                    where="EngineScorer.score_batch",
+                    fix=f"cap max_new_tokens at {engine.max_len} - the prompt's length",
+                )
         order = sorted(range(len(items)), key=lambda i: -(len(items[i][0]) + len(items[i][1])))
         results: list[TokenScores | None] = [None] * len(items)
         start = 0
@@ -104,23 +117,24 @@ class EngineScorer:
             while start < len(order):
                 longest = len(items[order[start]][0]) + len(items[order[start]][1])
                 count = max(1, min(len(order) - start, BATCH_TOKENS // longest))
-                chunk = order[start:start + count]
+                chunk = order[start : start + count]
                 tokens = torch.zeros(len(chunk), longest, dtype=torch.long)
                 for row, index in enumerate(chunk):
                     seq = list(items[index][0]) + list(items[index][1])
-                    tokens[row, :len(seq)] = torch.as_tensor(seq)
+                    tokens[row, : len(seq)] = torch.as_tensor(seq)
                 hidden, _ = engine.target.forward_train(tokens.to(engine.device), engine.options.chunk_size)
                 for row, index in enumerate(chunk):
                     prompt, output = items[index]
-                    predicting = hidden[row, len(prompt) - 1: len(prompt) + len(output) - 1]
+                    predicting = hidden[row, len(prompt) - 1 : len(prompt) + len(output) - 1]
                     logits = lm_head(predicting, engine.target.lm_head_weight, "dense", fp32=self.fp32_head)
                     results[index] = TokenScores.from_logits(logits, output)
                 start += count
         return results  # type: ignore[return-value]
 
 
-def load_scorer(model: str = "default", seed: str = "0", device: str = "cpu", fp32_head: str = "true",
-                dtype: str = "float32") -> EngineScorer:
+def load_scorer(
+    model: str = "default", seed: str = "0", device: str = "cpu", fp32_head: str = "true", dtype: str = "float32"
+) -> EngineScorer:
     """CLI factory (``--scorer specpilot_mem.forcing.engine_adapter:load_scorer``): ``model`` is
     ``default`` (the committed trained pair, else seeded random weights), ``random`` (seeded random
     weights) or a folder holding target.safetensors and drafter.safetensors (and tokenizer.json, for
@@ -139,4 +153,6 @@ def load_scorer(model: str = "default", seed: str = "0", device: str = "cpu", fp
     else:
         folder = Path(model)
         engine = Engine.load(folder, device=device, dtype=torch_dtype)
-    return EngineScorer(engine, fp32_head=fp32_head.lower() in ("1", "true", "yes"), encode=prompt_encoder(engine, folder))
+    return EngineScorer(
+        engine, fp32_head=fp32_head.lower() in ("1", "true", "yes"), encode=prompt_encoder(engine, folder)
+    )

@@ -34,10 +34,19 @@ def plot_figure4(verdicts: Sequence[Verdict], path: str | Path, title: str | Non
         limit = 100 * (first.stock_rate + first.limit)
         for name, rate, low, high, kind, verdict in bars:
             ax.bar(x, 100 * rate, width=0.8, color=COLORS[kind], edgecolor="black", linewidth=0.5)
-            ax.errorbar(x, 100 * rate, yerr=[[100 * (rate - low)], [100 * (high - rate)]], fmt="none", ecolor="black", capsize=3)
+            ax.errorbar(
+                x, 100 * rate, yerr=[[100 * (rate - low)], [100 * (high - rate)]], fmt="none", ecolor="black", capsize=3
+            )
             if verdict is not None:
-                ax.annotate(f"{verdict.verdict}\n{verdict.events.system_events} events", (x, max(100 * high, limit)),
-                            xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=8)
+                ax.annotate(
+                    f"{verdict.verdict}\n{verdict.events.system_events} events",
+                    (x, max(100 * high, limit)),
+                    xytext=(0, 4),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                )
             ticks.append(x)
             labels.append(name)
             top = max(top, 100 * high)

@@ -72,12 +72,17 @@ def mismatch_counts(scored: Mapping[str, ScoredOutput], ids: list[str]) -> tuple
     return [int(scored[i].mismatch.sum()) for i in ids], [scored[i].tokens for i in ids]
 
 
-def rate_rule(system: Mapping[str, ScoredOutput], stock: Mapping[str, ScoredOutput], limit: float = RATE_LIMIT,
-              level: float = LEVEL) -> RateResult:
+def rate_rule(
+    system: Mapping[str, ScoredOutput],
+    stock: Mapping[str, ScoredOutput],
+    limit: float = RATE_LIMIT,
+    level: float = LEVEL,
+) -> RateResult:
     if set(system) != set(stock):
         raise ForcingError(
             f"system and stock were scored on different requests ({len(set(system) ^ set(stock))} differ)",
-            where="rate rule", fix="score both systems' outputs on the same request set",
+            where="rate rule",
+            fix="score both systems' outputs on the same request set",
         )
     ids = sorted(system)
     sys_m, sys_n = mismatch_counts(system, ids)
@@ -88,8 +93,17 @@ def rate_rule(system: Mapping[str, ScoredOutput], stock: Mapping[str, ScoredOutp
     sys_low, sys_high = sys_rate.interval(level)
     stock_low, stock_high = stock_rate.interval(level)
     return RateResult(
-        sys_rate.value, max(sys_low, 0.0), sys_high, stock_rate.value, max(stock_low, 0.0), stock_high,
-        diff.value, diff_low, diff_high, limit, reject=diff_low > limit,
+        sys_rate.value,
+        max(sys_low, 0.0),
+        sys_high,
+        stock_rate.value,
+        max(stock_low, 0.0),
+        stock_high,
+        diff.value,
+        diff_low,
+        diff_high,
+        limit,
+        reject=diff_low > limit,
     )
 
 
@@ -112,20 +126,41 @@ class EventResult:
 
 
 def event_rule(
-    *, delta: float, system_events: int, system_tokens: int, audited: int, unexplained: int,
-    stock_events: int, stock_tokens: int, alpha: float = EVENT_ALPHA,
+    *,
+    delta: float,
+    system_events: int,
+    system_tokens: int,
+    audited: int,
+    unexplained: int,
+    stock_events: int,
+    stock_tokens: int,
+    alpha: float = EVENT_ALPHA,
 ) -> EventResult:
     if not 0 <= unexplained <= audited <= system_events:
-        raise ForcingError(f"inconsistent audit counts: {unexplained} unexplained of {audited} audited of {system_events}",
-                           where="event rule", fix="audit a sample of the system's events")
+        raise ForcingError(
+            f"inconsistent audit counts: {unexplained} unexplained of {audited} audited of {system_events}",
+            where="event rule",
+            fix="audit a sample of the system's events",
+        )
     if system_tokens <= 0 or stock_tokens <= 0:
         raise ForcingError("no tokens to take an event rate over", where="event rule", fix="score non-empty outputs")
     exposure = system_tokens * (audited / system_events) if system_events else 0.0
     total = unexplained + stock_events
     share = exposure / (exposure + stock_tokens) if exposure else 0.0
     p_value = binomial_upper_tail(unexplained, total, share)
-    return EventResult(delta, 2 * delta, system_events, system_tokens, audited, unexplained, stock_events, stock_tokens,
-                       p_value, alpha, reject=unexplained > 0 and p_value < alpha)
+    return EventResult(
+        delta,
+        2 * delta,
+        system_events,
+        system_tokens,
+        audited,
+        unexplained,
+        stock_events,
+        stock_tokens,
+        p_value,
+        alpha,
+        reject=unexplained > 0 and p_value < alpha,
+    )
 
 
 def _needed_events(stock_events: int, share: float, alpha: float) -> int | None:
@@ -179,16 +214,22 @@ class Power:
 
     def statement(self) -> str:
         """The power in words, with what sample would suffice."""
-        text = (f"rate rule detects an excess of {100 * self.rate_detectable:.2f} points with 80% power; event rule needs "
-                f"{self.events_needed} unexplained events and sees a rate of {1000 * self.event_alternative:.2g} per "
-                f"1,000 tokens with {100 * self.event_power:.0f}% power ({self.requests} requests, {self.tokens} tokens)")
+        text = (
+            f"rate rule detects an excess of {100 * self.rate_detectable:.2f} points with 80% power; event rule needs "
+            f"{self.events_needed} unexplained events and sees a rate of {1000 * self.event_alternative:.2g} per "
+            f"1,000 tokens with {100 * self.event_power:.0f}% power ({self.requests} requests, {self.tokens} tokens)"
+        )
         if not self.sufficient:
-            text += (f"; the sample cannot tell: about {self.requests_needed} requests ({self.tokens_needed} tokens) "
-                     "would suffice")
+            text += (
+                f"; the sample cannot tell: about {self.requests_needed} requests ({self.tokens_needed} tokens) "
+                "would suffice"
+            )
         return text
 
 
-def _rate_resolution(stock_m: list[int], stock_n: list[int], observed_se: float, level: float, limit: float) -> tuple[float, float]:
+def _rate_resolution(
+    stock_m: list[int], stock_n: list[int], observed_se: float, level: float, limit: float
+) -> tuple[float, float]:
     """(standard error, detectable excess) of the paired rate difference."""
     requests, tokens = len(stock_n), sum(stock_n)
     stock = clustered_ratio(stock_m, stock_n)
@@ -201,7 +242,9 @@ def _rate_resolution(stock_m: list[int], stock_n: list[int], observed_se: float,
     return se, limit + (t + Z_POWER) * se
 
 
-def _event_power(stock_events: int, stock_tokens: int, system_tokens: int, alpha: float) -> tuple[int | None, float, float]:
+def _event_power(
+    stock_events: int, stock_tokens: int, system_tokens: int, alpha: float
+) -> tuple[int | None, float, float]:
     share = system_tokens / (system_tokens + stock_tokens)
     needed = _needed_events(stock_events, share, alpha)
     alternative = max(2 * stock_events / stock_tokens, EVENT_FLOOR)
@@ -209,8 +252,15 @@ def _event_power(stock_events: int, stock_tokens: int, system_tokens: int, alpha
     return needed, alternative, power
 
 
-def power(system: Mapping[str, ScoredOutput], stock: Mapping[str, ScoredOutput], *, delta: float, rate: RateResult,
-          level: float = LEVEL, alpha: float = EVENT_ALPHA) -> Power:
+def power(
+    system: Mapping[str, ScoredOutput],
+    stock: Mapping[str, ScoredOutput],
+    *,
+    delta: float,
+    rate: RateResult,
+    level: float = LEVEL,
+    alpha: float = EVENT_ALPHA,
+) -> Power:
     """The power of the rate and event rules on this sample (``Power``)."""
     ids = sorted(stock)
     stock_m, stock_n = mismatch_counts(stock, ids)
@@ -236,9 +286,19 @@ def power(system: Mapping[str, ScoredOutput], stock: Mapping[str, ScoredOutput],
         scale = max(scale, factor)
     if not math.isfinite(scale):
         scale = 1e4
-    return Power(se, detectable, rate_ok, needed, alternative, event_power, event_ok, requests, tokens,
-                 requests_needed=max(requests, math.ceil(requests * scale)),
-                 tokens_needed=max(tokens, math.ceil(tokens * scale)))
+    return Power(
+        se,
+        detectable,
+        rate_ok,
+        needed,
+        alternative,
+        event_power,
+        event_ok,
+        requests,
+        tokens,
+        requests_needed=max(requests, math.ceil(requests * scale)),
+        tokens_needed=max(tokens, math.ceil(tokens * scale)),
+    )
 
 
 @dataclass(frozen=True)
@@ -262,8 +322,14 @@ def band_counts(scored: Mapping[str, ScoredOutput], low: float, high: float) -> 
     return sum(int(((o.margin > low) & (o.margin <= high)).sum()) for o in scored.values())
 
 
-def band_rule(system: Mapping[str, ScoredOutput], stock: Mapping[str, ScoredOutput], *, delta: float,
-              ratio: float = BAND_RATIO, alpha: float = BAND_ALPHA) -> BandResult:
+def band_rule(
+    system: Mapping[str, ScoredOutput],
+    stock: Mapping[str, ScoredOutput],
+    *,
+    delta: float,
+    ratio: float = BAND_RATIO,
+    alpha: float = BAND_ALPHA,
+) -> BandResult:
     """Reject if mismatches with margin in (δ/2, 2δ] are more than ``ratio`` times as frequent per token
     as stock's: under that null, given both counts, the system's is Binomial(sum, π) with
     π = ratio·N_sys / (ratio·N_sys + N_stock)."""
@@ -287,8 +353,12 @@ class LengthResult:
     reject: bool
 
     def to_dict(self) -> dict:
-        return {"truncated": list(self.truncated), "overlong": list(self.overlong),
-                "length_differs": self.length_differs, "reject": self.reject}
+        return {
+            "truncated": list(self.truncated),
+            "overlong": list(self.overlong),
+            "length_differs": self.length_differs,
+            "reject": self.reject,
+        }
 
 
 def stop_reason(output: ScoredOutput, stop_ids: frozenset[int], limit: int | None) -> str:
@@ -302,8 +372,9 @@ def stop_reason(output: ScoredOutput, stop_ids: frozenset[int], limit: int | Non
     return "truncated"
 
 
-def length_rule(system: Mapping[str, ScoredOutput], stock: Mapping[str, ScoredOutput],
-                stop_ids: frozenset[int] = frozenset()) -> LengthResult:
+def length_rule(
+    system: Mapping[str, ScoredOutput], stock: Mapping[str, ScoredOutput], stop_ids: frozenset[int] = frozenset()
+) -> LengthResult:
     """Each output's stop reason against its request's limit (``ScoredOutput.max_new_tokens``, else
     stock's length for that request)."""
     truncated, overlong = [], []

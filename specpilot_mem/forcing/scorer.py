@@ -33,18 +33,24 @@ class ForcingError(SpecPilotError):
 LONG_OUTPUT_TOKENS = 4096
 
 
-def long_output_requests(requests: Sequence[Request], context: int | None,
-                         encode: Callable[[str], Sequence[int]] | None) -> list[Request]:
+def long_output_requests(
+    requests: Sequence[Request], context: int | None, encode: Callable[[str], Sequence[int]] | None
+) -> list[Request]:
     """The requests with ``max_new_tokens`` of the long-output pass: ``LONG_OUTPUT_TOKENS``, or what the
     scorer's ``context`` leaves after each prompt when that is less."""
     from dataclasses import replace
 
     longer = []
     for request in requests:
-        room = LONG_OUTPUT_TOKENS if context is None else min(LONG_OUTPUT_TOKENS, context - len(request.token_ids(encode)))
+        room = (
+            LONG_OUTPUT_TOKENS if context is None else min(LONG_OUTPUT_TOKENS, context - len(request.token_ids(encode)))
+        )
         if room < 1:
-            raise ForcingError(f"request {request.id!r} leaves no room for an output in the scorer's context of {context}",
-                               where=f"request {request.id}", fix="shorten its prompt, or leave the long-output pass off")
+            raise ForcingError(
+                f"request {request.id!r} leaves no room for an output in the scorer's context of {context}",
+                where=f"request {request.id}",
+                fix="shorten its prompt, or leave the long-output pass off",
+            )
         longer.append(replace(request, max_new_tokens=room))
     return longer
 
@@ -61,8 +67,11 @@ class TokenScores:
     def __post_init__(self) -> None:
         lengths = {len(self.token_logprob), len(self.argmax), len(self.argmax_logprob), len(self.top2_margin)}
         if len(lengths) != 1:
-            raise ForcingError(f"scorer returned arrays of different lengths {sorted(lengths)}", where="Scorer.score",
-                               fix="return one value per output token in every array")
+            raise ForcingError(
+                f"scorer returned arrays of different lengths {sorted(lengths)}",
+                where="Scorer.score",
+                fix="return one value per output token in every array",
+            )
 
     @classmethod
     def from_logits(cls, logits: Any, output_ids: Sequence[int]) -> "TokenScores":
@@ -82,7 +91,9 @@ class TokenScores:
 
 @runtime_checkable
 class Scorer(Protocol):
-    def score(self, prompt_ids: Sequence[int], output_ids: Sequence[int], prefill_len: int | None = None) -> TokenScores:
+    def score(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], prefill_len: int | None = None
+    ) -> TokenScores:
         """Teacher-forced scores of ``output_ids`` after ``prompt_ids`` (see the module docstring)."""
         ...
 
@@ -128,14 +139,20 @@ def score_outputs(
     encode = encode or getattr(scorer, "encode", None)
     missing = [r.id for r in requests if r.id not in outputs]
     if missing:
-        raise ForcingError(f"{len(missing)} request(s) have no output, e.g. {missing[:5]}", where="outputs",
-                           fix="score the outputs of a run over this request set")
+        raise ForcingError(
+            f"{len(missing)} request(s) have no output, e.g. {missing[:5]}",
+            where="outputs",
+            fix="score the outputs of a run over this request set",
+        )
     items = []
     for request in requests:
         output = outputs[request.id]
         if not output.output_ids:
-            raise ForcingError(f"request {request.id!r} has an empty output", where=f"request {request.id}",
-                               fix="every request must produce at least one token")
+            raise ForcingError(
+                f"request {request.id!r} has an empty output",
+                where=f"request {request.id}",
+                fix="every request must produce at least one token",
+            )
         items.append((request, request.token_ids(encode), list(output.output_ids)))
     batch = getattr(scorer, "score_batch", None)
     if batch is not None:  # one whole-sequence pass per output, many outputs per pass
@@ -147,7 +164,8 @@ def score_outputs(
         if len(scores.argmax) != len(output):
             raise ForcingError(
                 f"scorer returned {len(scores.argmax)} positions for {len(output)} tokens",
-                where=f"request {request.id}", fix="the scorer must return one score per output token",
+                where=f"request {request.id}",
+                fix="the scorer must return one score per output token",
             )
         scored[request.id] = ScoredOutput(request.id, tuple(prompt), tuple(output), scores, request.max_new_tokens)
         if on_request is not None:
@@ -159,15 +177,24 @@ def load_scorer(spec: str, options: Mapping[str, str] | None = None) -> Scorer:
     """A scorer from ``module:factory``, called as ``factory(**options)`` (how the CLI picks a backend)."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise ForcingError(f"scorer {spec!r} is not of the form module:factory", where="--scorer",
-                           fix="e.g. --scorer specpilot_mem.forcing.engine_adapter:load_scorer --scorer-arg model=default")
+        raise ForcingError(
+            f"scorer {spec!r} is not of the form module:factory",
+            where="--scorer",
+            fix="e.g. --scorer specpilot_mem.forcing.engine_adapter:load_scorer --scorer-arg model=default",
+        )
     try:
         factory = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as err:
-        raise ForcingError(f"cannot load scorer {spec!r}: {err}", where="--scorer",
-                           fix="check the module path and that its dependencies are installed") from None
+        raise ForcingError(
+            f"cannot load scorer {spec!r}: {err}",
+            where="--scorer",
+            fix="check the module path and that its dependencies are installed",
+        ) from None
     scorer = factory(**dict(options or {}))
     if not isinstance(scorer, Scorer):
-        raise ForcingError(f"{spec} returned {type(scorer).__name__}, which has no score() method", where="--scorer",
-                           fix="the factory must return an object with score(prompt_ids, output_ids, prefill_len=None)")
+        raise ForcingError(
+            f"{spec} returned {type(scorer).__name__}, which has no score() method",
+            where="--scorer",
+            fix="the factory must return an object with score(prompt_ids, output_ids, prefill_len=None)",
+        )
     return scorer

@@ -14,8 +14,19 @@ from typing import Literal
 from specpilot_mem.forcing.audit import AUDIT_SAMPLE, audit, find_events
 from specpilot_mem.controller.stats import binomial_upper_tail
 from specpilot_mem.forcing.rules import (
-    EVENT_ALPHA, RATE_LIMIT, BandResult, EventResult, LengthResult, Power, RateResult, band_rule, event_rule, length_rule,
-    power, rate_rule, stop_reason,
+    EVENT_ALPHA,
+    RATE_LIMIT,
+    BandResult,
+    EventResult,
+    LengthResult,
+    Power,
+    RateResult,
+    band_rule,
+    event_rule,
+    length_rule,
+    power,
+    rate_rule,
+    stop_reason,
 )
 from specpilot_mem.controller.requests import Request
 from specpilot_mem.controller.system import RequestOutput
@@ -46,26 +57,45 @@ class Verdict:
 
     def to_dict(self) -> dict:
         return {
-            "system": self.system, "stock": self.stock, "verdict": self.verdict, "reasons": list(self.reasons),
-            "requests": self.requests, "delta": self.delta, "synthetic": self.synthetic,
-            "rate": self.rate.to_dict(), "events": self.events.to_dict(), "explained_by": dict(self.explained_by),
+            "system": self.system,
+            "stock": self.stock,
+            "verdict": self.verdict,
+            "reasons": list(self.reasons),
+            "requests": self.requests,
+            "delta": self.delta,
+            "synthetic": self.synthetic,
+            "rate": self.rate.to_dict(),
+            "events": self.events.to_dict(),
+            "explained_by": dict(self.explained_by),
             "unexplained_examples": list(self.unexplained_examples),
-            "band": self.band.to_dict() if self.band else None, "length": self.length.to_dict() if self.length else None,
+            "band": self.band.to_dict() if self.band else None,
+            "length": self.length.to_dict() if self.length else None,
             "power": self.power.to_dict() if self.power else None,
-            "power_statement": self.power.statement() if self.power else None, "per_request": list(self.per_request),
+            "power_statement": self.power.statement() if self.power else None,
+            "per_request": list(self.per_request),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "Verdict":
         length = data.get("length")
         return cls(
-            system=data["system"], stock=data["stock"], verdict=data["verdict"], reasons=tuple(data["reasons"]),
-            requests=data["requests"], delta=data["delta"], rate=RateResult(**data["rate"]),
-            events=EventResult(**data["events"]), explained_by=dict(data["explained_by"]),
-            unexplained_examples=tuple(data.get("unexplained_examples", ())), synthetic=data.get("synthetic", False),
+            system=data["system"],
+            stock=data["stock"],
+            verdict=data["verdict"],
+            reasons=tuple(data["reasons"]),
+            requests=data["requests"],
+            delta=data["delta"],
+            rate=RateResult(**data["rate"]),
+            events=EventResult(**data["events"]),
+            explained_by=dict(data["explained_by"]),
+            unexplained_examples=tuple(data.get("unexplained_examples", ())),
+            synthetic=data.get("synthetic", False),
             band=BandResult(**data["band"]) if data.get("band") else None,
-            length=LengthResult(tuple(length["truncated"]), tuple(length["overlong"]), length["length_differs"],
-                                length["reject"]) if length else None,
+            length=LengthResult(
+                tuple(length["truncated"]), tuple(length["overlong"]), length["length_differs"], length["reject"]
+            )
+            if length
+            else None,
             power=Power(**data["power"]) if data.get("power") else None,
             per_request=tuple(data.get("per_request", ())),
         )
@@ -94,28 +124,54 @@ class TokenForcing:
 
     def __post_init__(self) -> None:
         if self.delta <= 0:
-            raise ForcingError(f"δ must be positive, got {self.delta}", where="delta", fix="calibrate δ on AR and stock outputs")
+            raise ForcingError(
+                f"δ must be positive, got {self.delta}", where="delta", fix="calibrate δ on AR and stock outputs"
+            )
         if self.stock_paths is None:
             self.stock_paths = {rid: [out.output_ids] for rid, out in self.stock.items()}
         self.stop_ids = frozenset(self.stop_ids or getattr(self.scorer, "stop_ids", ()))
-        cut = [rid for rid, out in sorted(self.stock.items())
-               if stop_reason(out, self.stop_ids, out.max_new_tokens) in ("truncated", "overlong")]
+        cut = [
+            rid
+            for rid, out in sorted(self.stock.items())
+            if stop_reason(out, self.stop_ids, out.max_new_tokens) in ("truncated", "overlong")
+        ]
         if cut:
-            raise ForcingError(f"stock's outputs stop short of (or run past) their max_new_tokens on {len(cut)} "
-                               f"request(s), e.g. {cut[:5]}", where="stock outputs",
-                               fix="judge against a complete stock run: every output must run to max_new_tokens or "
-                                   "end on a stop token")
+            raise ForcingError(
+                f"stock's outputs stop short of (or run past) their max_new_tokens on {len(cut)} "
+                f"request(s), e.g. {cut[:5]}",
+                where="stock outputs",
+                fix="judge against a complete stock run: every output must run to max_new_tokens or "
+                "end on a stop token",
+            )
 
-    def judge(self, name: str, system: Mapping[str, ScoredOutput], *, synthetic: bool = False,
-              on_event: Callable[[], None] | None = None) -> Verdict:
+    def judge(
+        self,
+        name: str,
+        system: Mapping[str, ScoredOutput],
+        *,
+        synthetic: bool = False,
+        on_event: Callable[[], None] | None = None,
+    ) -> Verdict:
         rate = rate_rule(system, self.stock, limit=self.rate_limit)
         events = find_events(system, self.delta)
-        audited = audit(events, system, scorer=self.scorer, stock_paths=self.stock_paths, stock_engine=self.stock_engine,
-                        sample=self.audit_sample, seed=self.seed, on_event=on_event)
+        audited = audit(
+            events,
+            system,
+            scorer=self.scorer,
+            stock_paths=self.stock_paths,
+            stock_engine=self.stock_engine,
+            sample=self.audit_sample,
+            seed=self.seed,
+            on_event=on_event,
+        )
         event = event_rule(
-            delta=self.delta, system_events=len(events), system_tokens=sum(o.tokens for o in system.values()),
-            audited=len(audited.sampled), unexplained=audited.unexplained,
-            stock_events=len(find_events(self.stock, self.delta)), stock_tokens=sum(o.tokens for o in self.stock.values()),
+            delta=self.delta,
+            system_events=len(events),
+            system_tokens=sum(o.tokens for o in system.values()),
+            audited=len(audited.sampled),
+            unexplained=audited.unexplained,
+            stock_events=len(find_events(self.stock, self.delta)),
+            stock_tokens=sum(o.tokens for o in self.stock.values()),
             alpha=self.alpha,
         )
         band = band_rule(system, self.stock, delta=self.delta)
@@ -140,8 +196,10 @@ class TokenForcing:
             )
         if length.reject:
             cut = [*length.truncated, *length.overlong]
-            reasons.append(f"length rule: {len(cut)} output(s) stop where no lossless system stops (not at "
-                           f"max_new_tokens, not on a stop token), e.g. {cut[:5]}")
+            reasons.append(
+                f"length rule: {len(cut)} output(s) stop where no lossless system stops (not at "
+                f"max_new_tokens, not on a stop token), e.g. {cut[:5]}"
+            )
         if reasons:
             outcome = "reject"
         elif not seen.sufficient:
@@ -151,9 +209,20 @@ class TokenForcing:
             outcome = "accept"
         examples = tuple(a.to_dict() for a in audited.sampled if a.explained_by is None)[:UNEXPLAINED_EXAMPLES]
         return Verdict(
-            system=name, stock=self.stock_name, verdict=outcome, reasons=tuple(reasons),
-            requests=len(system), delta=self.delta, rate=rate, events=event, explained_by=audited.explained_by(),
-            unexplained_examples=examples, synthetic=synthetic, band=band, length=length, power=seen,
+            system=name,
+            stock=self.stock_name,
+            verdict=outcome,
+            reasons=tuple(reasons),
+            requests=len(system),
+            delta=self.delta,
+            rate=rate,
+            events=event,
+            explained_by=audited.explained_by(),
+            unexplained_examples=examples,
+            synthetic=synthetic,
+            band=band,
+            length=length,
+            power=seen,
             per_request=self._per_request(system, events),
         )
 
@@ -171,11 +240,21 @@ class TokenForcing:
             out, ref = system[rid], self.stock[rid]
             mismatches = int(out.mismatch.sum())
             p_value = binomial_upper_tail(mismatches, out.tokens, pooled)
-            rows.append({"id": rid, "tokens": out.tokens, "stock_tokens": ref.tokens, "mismatches": mismatches,
-                         "stock_mismatches": int(ref.mismatch.sum()), "events": per_event.get(rid, 0),
-                         "stop": stop_reason(out, self.stop_ids, out.max_new_tokens if out.max_new_tokens is not None
-                                             else ref.tokens),
-                         "p_value": p_value, "flagged": p_value < 0.05 / len(system)})
+            rows.append(
+                {
+                    "id": rid,
+                    "tokens": out.tokens,
+                    "stock_tokens": ref.tokens,
+                    "mismatches": mismatches,
+                    "stock_mismatches": int(ref.mismatch.sum()),
+                    "events": per_event.get(rid, 0),
+                    "stop": stop_reason(
+                        out, self.stop_ids, out.max_new_tokens if out.max_new_tokens is not None else ref.tokens
+                    ),
+                    "p_value": p_value,
+                    "flagged": p_value < 0.05 / len(system),
+                }
+            )
         return tuple(rows)
 
 

@@ -48,12 +48,18 @@ class QueryFilters:
         gpu, arch = resolve_gpu_or_arch(self.gpu) if self.gpu else (None, None)
         if self.arch:
             if not self.arch.strip().lower().startswith("sm_"):
-                raise RegistryError(f"--arch takes an arch id, not {self.arch!r}", where="--arch",
-                                    fix="pass an arch id such as sm_90, or the GPU name with --gpu")
+                raise RegistryError(
+                    f"--arch takes an arch id, not {self.arch!r}",
+                    where="--arch",
+                    fix="pass an arch id such as sm_90, or the GPU name with --gpu",
+                )
             _, only_arch = resolve_gpu_or_arch(self.arch)
             if arch is not None and arch != only_arch:
-                raise RegistryError(f"--gpu {self.gpu} is {arch}, which contradicts --arch {only_arch}",
-                                    where="--gpu/--arch", fix="drop one of them, or make them agree")
+                raise RegistryError(
+                    f"--gpu {self.gpu} is {arch}, which contradicts --arch {only_arch}",
+                    where="--gpu/--arch",
+                    fix="drop one of them, or make them agree",
+                )
             arch = only_arch
         return gpu, arch
 
@@ -78,7 +84,11 @@ class EvidenceHit:
         if self.figure is None:
             return self.kind
         fig = self.figure
-        ci = f" [{fig['ci_low']:g}, {fig['ci_high']:g}]" if fig["ci_low"] is not None and fig["ci_high"] is not None else ""
+        ci = (
+            f" [{fig['ci_low']:g}, {fig['ci_high']:g}]"
+            if fig["ci_low"] is not None and fig["ci_high"] is not None
+            else ""
+        )
         return f"{fig['name']} {fig['value']:g}{fig['unit']}{ci}"
 
 
@@ -100,7 +110,9 @@ class EntryMatch:
     regimes: list[str]  # regimes of the fitting evidence
     drafters: list[str]
     evidence_count: int  # fitting evidence rows
-    untested: list[dict]  # each with 'relevant': the query's regime/arch/GPU/drafter/model is one the entry never ran in
+    untested: list[
+        dict
+    ]  # each with 'relevant': the query's regime/arch/GPU/drafter/model is one the entry never ran in
 
     @property
     def flagged(self) -> list[dict]:
@@ -116,7 +128,8 @@ def require_known(con: duckdb.DuckDBPyConnection, ids: list[str], where: str) ->
     unknown = [i for i in ids if i not in known]
     if unknown:
         raise UnknownEntryError(
-            f"unknown entr{'y' if len(unknown) == 1 else 'ies'}: {', '.join(unknown)}", where=where,
+            f"unknown entr{'y' if len(unknown) == 1 else 'ies'}: {', '.join(unknown)}",
+            where=where,
             fix="list the entries with `specpilot-mem query` (the registry indexes entries/<id>/entry.yaml)",
         )
 
@@ -132,7 +145,10 @@ def query_entries(con: duckdb.DuckDBPyConnection, filters: QueryFilters) -> list
     if filters.requires:
         require_known(con, [filters.requires], "--requires")
     params: dict = {
-        "model": _key(filters.model), "drafter": _key(filters.drafter), "regime": filters.regime, "arch": arch,
+        "model": _key(filters.model),
+        "drafter": _key(filters.drafter),
+        "regime": filters.regime,
+        "arch": arch,
     }
     setting_given = any((filters.model, filters.drafter, filters.regime))
     where: list[str] = []
@@ -151,11 +167,17 @@ def query_entries(con: duckdb.DuckDBPyConnection, filters: QueryFilters) -> list
         where.append("validated")
     if filters.status:
         if filters.status not in STATUSES:
-            raise RegistryError(f"--status {filters.status!r} is not a status", where="--status",
-                                fix=f"pass one of {', '.join(STATUSES)}")
+            raise RegistryError(
+                f"--status {filters.status!r} is not a status",
+                where="--status",
+                fix=f"pass one of {', '.join(STATUSES)}",
+            )
         if filters.status == "unchecked" and not filters.release:
-            raise RegistryError("--status unchecked needs --release", where="--status",
-                                fix="name the release, e.g. --release 0.5.20 --status unchecked")
+            raise RegistryError(
+                "--status unchecked needs --release",
+                where="--status",
+                fix="name the release, e.g. --release 0.5.20 --status unchecked",
+            )
         params["status"] = filters.status
         where.append("release_status = $status")
     if filters.requires:
@@ -165,8 +187,11 @@ def query_entries(con: duckdb.DuckDBPyConnection, filters: QueryFilters) -> list
         from specpilot_mem.models import RELEASE  # here: the record models cost more than the rest of a query
 
         if not re.match(RELEASE, filters.release):
-            raise RegistryError(f"--release {filters.release!r} is not an SGLang version", where="--release",
-                                fix="pass a version such as 0.5.20")
+            raise RegistryError(
+                f"--release {filters.release!r} is not an SGLang version",
+                where="--release",
+                fix="pass a version such as 0.5.20",
+            )
     params["release"] = filters.release
     sql = MATCH_SQL.format(closure=REQUIREMENT_CLOSURE if filters.requires else "", where=" AND ".join(where) or "true")
     rows = con.execute(sql, {k: v for k, v in params.items() if f"${k}" in sql}).fetchall()
@@ -227,13 +252,31 @@ def _match(row: tuple, gpu: GPU | None, arch: str | None, filters: QueryFilters)
         note = f"variant {names} built for {arch}, " + ("not run on it in this setting" if ran else "never run on it")
     best = max(pool, key=lambda e: (e["kind"] == "paired-run", not e["synthetic"], e["date"], -e["idx"]), default=None)
     return EntryMatch(
-        id=entry_id, title=title, summary=summary, validated=validated, status=card["status"],
-        scope_sglang=card["scope"]["sglang"], release_status=release_status, releases=card["releases"],
+        id=entry_id,
+        title=title,
+        summary=summary,
+        validated=validated,
+        status=card["status"],
+        scope_sglang=card["scope"]["sglang"],
+        release_status=release_status,
+        releases=card["releases"],
         requires=card["requires"],
-        hardware=hardware, hardware_note=note,
-        best=None if best is None else EvidenceHit(
-            best["kind"], best["gpu"], best["arch"], best["target"], best["drafter"], best["regime"], best["batch_sizes"],
-            best["verdict"], best["synthetic"], best["date"], best["figure"],
+        hardware=hardware,
+        hardware_note=note,
+        best=None
+        if best is None
+        else EvidenceHit(
+            best["kind"],
+            best["gpu"],
+            best["arch"],
+            best["target"],
+            best["drafter"],
+            best["regime"],
+            best["batch_sizes"],
+            best["verdict"],
+            best["synthetic"],
+            best["date"],
+            best["figure"],
         ),
         measured_on=sorted({e["gpu"] for e in fit}),
         regimes=sorted({e["regime"] for e in fit if e["regime"]}),

@@ -167,4 +167,3 @@ TABLES: dict[str, str] = {
 
 # Rows of these tables belong to one entry (column entry_id) and are replaced together when its record changes.
 ENTRY_TABLES = ("requirements", "releases", "options", "variants", "evidence", "figures", "untested")
-

@@ -26,7 +26,12 @@ import duckdb
 
 from specpilot_mem.gpus import GPU
 from specpilot_mem.registry.query import (
-    REQUIREMENT_CLOSURE, STATUS_RANK, EntryMatch, QueryFilters, query_entries, untested_relevant,
+    REQUIREMENT_CLOSURE,
+    STATUS_RANK,
+    EntryMatch,
+    QueryFilters,
+    query_entries,
+    untested_relevant,
 )
 from specpilot_mem.registry.sync import drafter_family
 
@@ -45,8 +50,16 @@ class Suggestion:
         return "; ".join(self.reasons + [f"untested: {f}" for f in self.flags])
 
 
-def suggest_entries(con: duckdb.DuckDBPyConnection, *, gpu: GPU | None, arch: str, model: str, drafter: str,
-                    regime: str, verified_only: bool = False) -> tuple[list[Suggestion], list[Suggestion]]:
+def suggest_entries(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    gpu: GPU | None,
+    arch: str,
+    model: str,
+    drafter: str,
+    regime: str,
+    verified_only: bool = False,
+) -> tuple[list[Suggestion], list[Suggestion]]:
     """(proposed entries: verified proposals, then candidates, then pulled-in requirements; each with reasons
     and flags — and the fitting entries left out, with why)."""
     hardware = gpu.name if gpu else arch
@@ -65,12 +78,16 @@ def suggest_entries(con: duckdb.DuckDBPyConnection, *, gpu: GPU | None, arch: st
         flags = _flags(match, gpu, arch, setting)
         on = f"SGLang {match.scope_sglang}" if match.scope_sglang else "its release"
         if match.status == "superseded":
-            left_out.append(Suggestion(entry_id, match.title, [f"superseded on {on}: upstream already has it"], status="superseded"))
+            left_out.append(
+                Suggestion(entry_id, match.title, [f"superseded on {on}: upstream already has it"], status="superseded")
+            )
             continue
         if match.status == "verified":
             reasons.append(f"verified on {on}")
         elif verified_only:
-            left_out.append(Suggestion(entry_id, match.title, [f"a candidate on {on}, and only verified entries were asked for"]))
+            left_out.append(
+                Suggestion(entry_id, match.title, [f"a candidate on {on}, and only verified entries were asked for"])
+            )
             continue
         else:
             flags.append(f"a candidate on {on}, not verified: re-measure before relying on it")
@@ -78,7 +95,9 @@ def suggest_entries(con: duckdb.DuckDBPyConnection, *, gpu: GPU | None, arch: st
         if family in families:
             reasons.append(f"measured with the {family} drafter family")
         else:
-            flags.append(f"never measured with the {family} drafter family (measured with {', '.join(match.drafters) or 'no drafter'})")
+            flags.append(
+                f"never measured with the {family} drafter family (measured with {', '.join(match.drafters) or 'no drafter'})"
+            )
         if entry_id in same_model:
             reasons.append(f"measured on {model}")
         proposed[entry_id] = Suggestion(entry_id, match.title, reasons, flags, status=match.status)
@@ -90,10 +109,13 @@ def suggest_entries(con: duckdb.DuckDBPyConnection, *, gpu: GPU | None, arch: st
             proposed[entry_id].required_by = needed_by
             continue
         title, status = con.execute("SELECT title, status FROM entries WHERE id = ?", [entry_id]).fetchone()
-        suggestion = Suggestion(entry_id, title, [f"required by {', '.join(needed_by)}"], required_by=needed_by,
-                                status=status)
+        suggestion = Suggestion(
+            entry_id, title, [f"required by {', '.join(needed_by)}"], required_by=needed_by, status=status
+        )
         if status != "verified":
-            suggestion.flags.append(f"a {status} entry, pulled in because {', '.join(needed_by)} need{'s' if len(needed_by) == 1 else ''} it")
+            suggestion.flags.append(
+                f"a {status} entry, pulled in because {', '.join(needed_by)} need{'s' if len(needed_by) == 1 else ''} it"
+            )
         match = matches.get(entry_id)
         if match is None:
             suggestion.flags.append(f"not validated on {hardware} on its own")
@@ -106,14 +128,17 @@ def suggest_entries(con: duckdb.DuckDBPyConnection, *, gpu: GPU | None, arch: st
     picked = {*proposed, *pulled, *(s.id for s in left_out)}
     fits_hardware = {m.id for m in query_entries(con, QueryFilters(gpu=hardware))}
     for entry_id, title, status, validated in con.execute(
-            "SELECT id, title, status, validated FROM entries ORDER BY id").fetchall():
+        "SELECT id, title, status, validated FROM entries ORDER BY id"
+    ).fetchall():
         if entry_id in picked:
             continue
         if entry_id not in fits_hardware:
             why = f"no evidence on {hardware} or another {arch} GPU, and no variant built for {arch}"
         elif not validated:
-            why = ("not validated: never timed end to end on real weights (a non-synthetic paired run), "
-                   "or a verdict rejected it")
+            why = (
+                "not validated: never timed end to end on real weights (a non-synthetic paired run), "
+                "or a verdict rejected it"
+            )
         else:
             why = f"never measured in the {regime} regime"
         left_out.append(Suggestion(entry_id, title, [why], status=status))

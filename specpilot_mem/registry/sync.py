@@ -75,6 +75,7 @@ class SyncReport:
 
 # ----------------------------------------------------------------------------------------------- scanning
 
+
 class _HashCache:
     """sha256 of record files, reused while a file's (size, mtime, inode) is unchanged, as git's index does.
 
@@ -157,6 +158,7 @@ def scan_records(home: Home) -> dict[str, RecordFile]:
 
 # ------------------------------------------------------------------------------------------------ parsing
 
+
 def read_entry(home: Home, entry_id: str) -> EntryRecord:
     """The store's ``load_entry``, with the YAML parsed by libyaml first.
 
@@ -184,7 +186,8 @@ def read_deployment(home: Home, name: str) -> DeploymentRecord:
     record = load_record_file(path, DeploymentRecord)
     if record.name != name:
         raise RecordError(
-            f"the deployment record's name {record.name!r} does not match its folder {name!r}", where=str(path),
+            f"the deployment record's name {record.name!r} does not match its folder {name!r}",
+            where=str(path),
             fix=f"rename the folder to rounds/{record.name}/ or set name: {name}",
         )
     return record
@@ -198,7 +201,8 @@ def read_round(home: Home, deployment: str, number: int) -> tuple[RoundState, Pr
     if (state.deployment, state.number) != (deployment, number):
         raise RecordError(
             f"the round record says {state.deployment}/round-{state.number} but lives in {deployment}/round-{number}",
-            where=str(folder / ROUND_FILE), fix="move the folder or correct deployment/number",
+            where=str(folder / ROUND_FILE),
+            fix="move the folder or correct deployment/number",
         )
     promotions = folder / PROMOTIONS_FILE
     return state, (load_record_file(promotions, PromotionLog) if promotions.is_file() else PromotionLog())
@@ -208,7 +212,9 @@ def is_validated(record: EntryRecord) -> bool:
     """Validated: timed end to end on real weights (non-synthetic paired run) and never rejected."""
     rejected = any((e.verdict or "").strip().lower().startswith("reject") for e in record.evidence)
     # evidence marked for re-validation (its base changed since) no longer validates the entry
-    return not rejected and any(e.kind == "paired-run" and not e.synthetic and not e.revalidate for e in record.evidence)
+    return not rejected and any(
+        e.kind == "paired-run" and not e.synthetic and not e.revalidate for e in record.evidence
+    )
 
 
 def _canonical_gpu(name: str, arch: str, where: str) -> str | None:
@@ -220,7 +226,8 @@ def _canonical_gpu(name: str, arch: str, where: str) -> str | None:
         return None
     if gpu.arch != arch:
         raise RecordError(
-            f"{name} is {gpu.arch}, but the record says {arch}", where=where,
+            f"{name} is {gpu.arch}, but the record says {arch}",
+            where=where,
             fix=f"set arch: {gpu.arch} (known GPUs: {', '.join(sorted(known))})",
         )
     return gpu.name
@@ -242,19 +249,48 @@ def _entry_rows(record: EntryRecord, where: str) -> dict[str, list[tuple]]:
     for idx, ev in enumerate(record.evidence):
         dep = ev.deployment
         gpu_name = _canonical_gpu(dep.gpu, dep.arch, f"{where} field evidence.{idx}.deployment")
-        rows["evidence"].append((
-            record.id, idx, ev.kind, dep.gpu, gpu_name, dep.arch, dep.target, dep.drafter, _key(dep.target),
-            _key(dep.drafter), drafter_family(dep.drafter), dep.regime, dep.batch_sizes, ev.verdict, ev.command,
-            ev.date, ev.round, ev.results, ev.synthetic,
-        ))
+        rows["evidence"].append(
+            (
+                record.id,
+                idx,
+                ev.kind,
+                dep.gpu,
+                gpu_name,
+                dep.arch,
+                dep.target,
+                dep.drafter,
+                _key(dep.target),
+                _key(dep.drafter),
+                drafter_family(dep.drafter),
+                dep.regime,
+                dep.batch_sizes,
+                ev.verdict,
+                ev.command,
+                ev.date,
+                ev.round,
+                ev.results,
+                ev.synthetic,
+            )
+        )
         for position, fig in enumerate(ev.figures):
             rows["figures"].append((record.id, idx, position, fig.name, fig.value, fig.unit, fig.ci_low, fig.ci_high))
-        evidence_cards.append({
-            "idx": idx, "kind": ev.kind, "gpu": gpu_name or dep.gpu, "gpu_name": gpu_name, "arch": dep.arch,
-            "target": dep.target, "drafter": dep.drafter, "regime": dep.regime, "batch_sizes": dep.batch_sizes,
-            "verdict": ev.verdict, "synthetic": ev.synthetic, "date": ev.date.isoformat(),
-            "figure": ev.figures[0].model_dump(mode="json") if ev.figures else None,
-        })
+        evidence_cards.append(
+            {
+                "idx": idx,
+                "kind": ev.kind,
+                "gpu": gpu_name or dep.gpu,
+                "gpu_name": gpu_name,
+                "arch": dep.arch,
+                "target": dep.target,
+                "drafter": dep.drafter,
+                "regime": dep.regime,
+                "batch_sizes": dep.batch_sizes,
+                "verdict": ev.verdict,
+                "synthetic": ev.synthetic,
+                "date": ev.date.isoformat(),
+                "figure": ev.figures[0].model_dump(mode="json") if ev.figures else None,
+            }
+        )
     card = {
         "requires": record.requires,
         "variants": [{"name": v.name, "hardware": v.hardware} for v in record.variants],
@@ -262,29 +298,65 @@ def _entry_rows(record: EntryRecord, where: str) -> dict[str, list[tuple]]:
         "untested": [u.model_dump(mode="json") for u in record.untested],
         "status": record.status,
         "scope": record.scope.model_dump(mode="json"),
-        "releases": [{"release": r.release, "status": r.status, "verdict": r.verdict, "ported": r.port is not None}
-                     for r in record.releases],
+        "releases": [
+            {"release": r.release, "status": r.status, "verdict": r.verdict, "ported": r.port is not None}
+            for r in record.releases
+        ],
     }
     search_text = "\n".join([record.title, record.summary, *record.limits]).lower()
-    rows["entries"].append((
-        record.id, record.title, record.summary, record.contract.level, record.contract.statement,
-        record.contract.commands, record.limits, record.reproduces, record.source.round, record.source.commit,
-        json.dumps(record.kernels, sort_keys=True), is_validated(record), record.status, record.scope.sglang,
-        json.dumps(record.scope.model_dump(mode="json")), search_text, json.dumps(card),
-        json.dumps(record.model_dump(mode="json", exclude_defaults=True)),
-    ))
+    rows["entries"].append(
+        (
+            record.id,
+            record.title,
+            record.summary,
+            record.contract.level,
+            record.contract.statement,
+            record.contract.commands,
+            record.limits,
+            record.reproduces,
+            record.source.round,
+            record.source.commit,
+            json.dumps(record.kernels, sort_keys=True),
+            is_validated(record),
+            record.status,
+            record.scope.sglang,
+            json.dumps(record.scope.model_dump(mode="json")),
+            search_text,
+            json.dumps(card),
+            json.dumps(record.model_dump(mode="json", exclude_defaults=True)),
+        )
+    )
     for check in record.releases:
-        rows["releases"].append((record.id, check.release, check.status, check.verdict, check.port is not None, check.base,
-                                 check.checked, check.changed, check.conflicts))
+        rows["releases"].append(
+            (
+                record.id,
+                check.release,
+                check.status,
+                check.verdict,
+                check.port is not None,
+                check.base,
+                check.checked,
+                check.changed,
+                check.conflicts,
+            )
+        )
     for position, required in enumerate(record.requires):
         rows["requirements"].append((record.id, required, position))
     for option in record.options:
-        rows["options"].append((
-            record.id, option.name, option.type, json.dumps(option.default),
-            option.help, None if option.choices is None else json.dumps(option.choices),
-        ))
+        rows["options"].append(
+            (
+                record.id,
+                option.name,
+                option.type,
+                json.dumps(option.default),
+                option.help,
+                None if option.choices is None else json.dumps(option.choices),
+            )
+        )
     for variant in record.variants:
-        rows["variants"].append((record.id, variant.name, json.dumps(variant.options, sort_keys=True), variant.hardware, variant.notes))
+        rows["variants"].append(
+            (record.id, variant.name, json.dumps(variant.options, sort_keys=True), variant.hardware, variant.notes)
+        )
     for item in record.untested:
         rows["untested"].append((record.id, item.note, item.regime, item.arch, item.gpu, item.drafter, item.model))
     return rows
@@ -292,8 +364,19 @@ def _entry_rows(record: EntryRecord, where: str) -> dict[str, list[tuple]]:
 
 def _deployment_row(record: DeploymentRecord) -> tuple:
     return (
-        record.name, record.gpu, record.arch, record.model, record.drafter, record.regime, record.batch_sizes,
-        record.entries, json.dumps(record.suggested, sort_keys=True), record.base, record.branch, record.tree, record.created,
+        record.name,
+        record.gpu,
+        record.arch,
+        record.model,
+        record.drafter,
+        record.regime,
+        record.batch_sizes,
+        record.entries,
+        json.dumps(record.suggested, sort_keys=True),
+        record.base,
+        record.branch,
+        record.tree,
+        record.created,
     )
 
 
@@ -301,13 +384,39 @@ def _round_rows(home: Home, rec: RecordFile) -> tuple[tuple, list[tuple]]:
     deployment, folder = rec.key.split("/")
     state, log = read_round(home, deployment, int(ROUND_DIR.match(folder)[1]))
     round_row = (
-        deployment, state.number, rec.path.rstrip("/"), state.start, state.lineage, state.best, state.stock,
-        list(state.done), state.started, state.finished, None if state.sealed is None else json.dumps(state.sealed, default=str),
+        deployment,
+        state.number,
+        rec.path.rstrip("/"),
+        state.start,
+        state.lineage,
+        state.best,
+        state.stock,
+        list(state.done),
+        state.started,
+        state.finished,
+        None if state.sealed is None else json.dumps(state.sealed, default=str),
         state.distilled,
     )
     promotion_rows = [
-        (deployment, state.number, p.order, p.direction, p.phase, p.candidate, p.merge, p.previous_best, p.gain,
-         p.ci_low, p.ci_high, p.noise, p.threshold, p.token_forcing, p.requests, p.devices, p.rate)
+        (
+            deployment,
+            state.number,
+            p.order,
+            p.direction,
+            p.phase,
+            p.candidate,
+            p.merge,
+            p.previous_best,
+            p.gain,
+            p.ci_low,
+            p.ci_high,
+            p.noise,
+            p.threshold,
+            p.token_forcing,
+            p.requests,
+            p.devices,
+            p.rate,
+        )
         for p in log.promotions
     ]
     return round_row, promotion_rows
@@ -348,6 +457,7 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[tuple]) -> No
 # instance serves a whole call (reading the stored hashes, writing, reading again), because creating
 # an instance costs more CPU than a query.
 
+
 def _instance() -> duckdb.DuckDBPyConnection:
     return duckdb.connect(":memory:", config=READ_CONFIG)
 
@@ -385,8 +495,10 @@ def stored_hashes(db: Path, con: duckdb.DuckDBPyConnection | None = None) -> dic
             con.close()
 
 
-_SHAPE_SQL = ("SELECT table_name, column_index, column_name, data_type, is_nullable FROM duckdb_columns() "
-              "WHERE database_name = ? AND schema_name = 'main' ORDER BY table_name, column_index")
+_SHAPE_SQL = (
+    "SELECT table_name, column_index, column_name, data_type, is_nullable FROM duckdb_columns() "
+    "WHERE database_name = ? AND schema_name = 'main' ORDER BY table_name, column_index"
+)
 _EXPECTED_SHAPE: list[tuple] = []
 
 
@@ -420,8 +532,10 @@ def _content_digest(con: duckdb.DuckDBPyConnection, alias: str) -> str:
     """A digest of every table's shape and rows (in a canonical order): equal digests, equal registries."""
     digest = hashlib.sha256(repr(con.execute(_SHAPE_SQL, [alias]).fetchall()).encode())
     for table in sorted(TABLES):
-        rows = con.execute(f"SELECT md5(coalesce(string_agg(CAST(t AS VARCHAR), chr(10) ORDER BY CAST(t AS VARCHAR)), ''))"
-                           f" FROM {alias}.main.{table} AS t").fetchone()[0]
+        rows = con.execute(
+            f"SELECT md5(coalesce(string_agg(CAST(t AS VARCHAR), chr(10) ORDER BY CAST(t AS VARCHAR)), ''))"
+            f" FROM {alias}.main.{table} AS t"
+        ).fetchone()[0]
         digest.update(f"{table}:{rows}".encode())
     return digest.hexdigest()
 
@@ -445,10 +559,13 @@ def _normalize_header(path: Path, digest: str) -> None:
     out) is touched; any other is left as DuckDB wrote it."""
     with open(path, "r+b") as handle:
         header = bytearray(handle.read(_HEADER_SIZE))
-        if len(header) != _HEADER_SIZE or header[8:12] != b"DUCK" or \
-                struct.unpack_from("<Q", header)[0] != _header_checksum(bytes(header)):
+        if (
+            len(header) != _HEADER_SIZE
+            or header[8:12] != b"DUCK"
+            or struct.unpack_from("<Q", header)[0] != _header_checksum(bytes(header))
+        ):
             return
-        header[_ID_OFFSET:_ID_OFFSET + _ID_SIZE] = hashlib.sha256(digest.encode()).digest()[:_ID_SIZE]
+        header[_ID_OFFSET : _ID_OFFSET + _ID_SIZE] = hashlib.sha256(digest.encode()).digest()[:_ID_SIZE]
         struct.pack_into("<Q", header, 0, _header_checksum(bytes(header)))
         handle.seek(0)
         handle.write(header)
@@ -484,8 +601,11 @@ def writer_lock(home: Home, timeout_s: float | None = None):
     try:
         home.state.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise RegistryError(f"cannot take the registry's writer lock: {err}", where=str(home.state / "registry.lock"),
-                            fix=f"make {home.state} a writable folder (it holds machine-local state)") from err
+        raise RegistryError(
+            f"cannot take the registry's writer lock: {err}",
+            where=str(home.state / "registry.lock"),
+            fix=f"make {home.state} a writable folder (it holds machine-local state)",
+        ) from err
     with file_lock(home.state / "registry.lock", timeout_s=timeout_s, what="the registry"):
         yield
 
@@ -508,7 +628,10 @@ def _delete_records(con: duckdb.DuckDBPyConnection, records: list[tuple[str, str
         else:
             deployment, folder = key.split("/")
             for table in ("rounds", "promotions"):
-                con.execute(f"DELETE FROM {table} WHERE deployment = ? AND round = ?", [deployment, int(ROUND_DIR.match(folder)[1])])
+                con.execute(
+                    f"DELETE FROM {table} WHERE deployment = ? AND round = ?",
+                    [deployment, int(ROUND_DIR.match(folder)[1])],
+                )
 
 
 def _file_identity(path: Path) -> tuple[int, int, int] | None:
@@ -527,13 +650,24 @@ def sync(home: Home, *, rebuild: bool = False, show_progress: bool = False) -> S
     con = _instance()
     try:
         stored = None if rebuild else stored_hashes(home.registry, con)
-        return _sync(home, con, current, stored, seen_file, rebuild=rebuild, show_progress=show_progress, started=started)
+        return _sync(
+            home, con, current, stored, seen_file, rebuild=rebuild, show_progress=show_progress, started=started
+        )
     finally:
         con.close()
 
 
-def _sync(home: Home, con: duckdb.DuckDBPyConnection, current: dict[str, RecordFile], stored: dict[str, str] | None,
-          seen_file, *, rebuild: bool, show_progress: bool, started: float) -> SyncReport:
+def _sync(
+    home: Home,
+    con: duckdb.DuckDBPyConnection,
+    current: dict[str, RecordFile],
+    stored: dict[str, str] | None,
+    seen_file,
+    *,
+    rebuild: bool,
+    show_progress: bool,
+    started: float,
+) -> SyncReport:
     """Sync given the scanned records and the hashes read from the registry file whose identity was ``seen_file``."""
     if stored is not None and not any(_diff(current, stored)):
         return SyncReport(False, "up to date", records=len(current), seconds=time.perf_counter() - started)
@@ -542,24 +676,45 @@ def _sync(home: Home, con: duckdb.DuckDBPyConnection, current: dict[str, RecordF
             # Another writer replaced the registry while this one waited: diff against what is there now.
             stored = stored_hashes(home.registry, con)
         if stored is None:
-            reason = "rebuild requested" if rebuild else (
-                "no registry yet" if not home.registry.exists() else "registry unreadable or of another schema version"
+            reason = (
+                "rebuild requested"
+                if rebuild
+                else (
+                    "no registry yet"
+                    if not home.registry.exists()
+                    else "registry unreadable or of another schema version"
+                )
             )
             report = SyncReport(True, reason, added=sorted(current))
             _write(home, con, list(current.values()), stale=[], fresh=True, show_progress=show_progress)
         else:
             added, changed, removed = _diff(current, stored)
-            report = SyncReport(False, "records changed" if added or changed or removed else "up to date", added, changed, removed)
+            report = SyncReport(
+                False, "records changed" if added or changed or removed else "up to date", added, changed, removed
+            )
             if report.wrote:
-                _write(home, con, [current[p] for p in added + changed], stale=changed + removed, fresh=False,
-                       show_progress=show_progress)
+                _write(
+                    home,
+                    con,
+                    [current[p] for p in added + changed],
+                    stale=changed + removed,
+                    fresh=False,
+                    show_progress=show_progress,
+                )
     report.records = len(current)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _write(home: Home, con: duckdb.DuckDBPyConnection, records: list[RecordFile], *, stale: list[str], fresh: bool,
-           show_progress: bool) -> None:
+def _write(
+    home: Home,
+    con: duckdb.DuckDBPyConnection,
+    records: list[RecordFile],
+    *,
+    stale: list[str],
+    fresh: bool,
+    show_progress: bool,
+) -> None:
     """Index ``records`` (replacing the rows of the ``stale`` record paths) into a temp file, then rename it into place.
 
     Runs under the writer lock.
@@ -571,12 +726,16 @@ def _write(home: Home, con: duckdb.DuckDBPyConnection, records: list[RecordFile]
     try:
         _build_and_replace(home, con, rows, stale=stale, fresh=fresh)
     except (OSError, duckdb.IOException) as err:
-        raise RegistryError(f"cannot write the registry: {err}", where=str(home.registry),
-                            fix=f"make {home.root} and {home.state} writable, or free disk space") from err
+        raise RegistryError(
+            f"cannot write the registry: {err}",
+            where=str(home.registry),
+            fix=f"make {home.root} and {home.state} writable, or free disk space",
+        ) from err
 
 
-def _build_and_replace(home: Home, con: duckdb.DuckDBPyConnection, rows: dict[str, list[tuple]], *, stale: list[str],
-                       fresh: bool) -> None:
+def _build_and_replace(
+    home: Home, con: duckdb.DuckDBPyConnection, rows: dict[str, list[tuple]], *, stale: list[str], fresh: bool
+) -> None:
     home.state.mkdir(parents=True, exist_ok=True)
     for leftover in home.state.glob("registry-build-*"):
         leftover.unlink(missing_ok=True)  # a crashed writer's: this one holds the writer lock, so none is in use
@@ -599,7 +758,9 @@ def _build_and_replace(home: Home, con: duckdb.DuckDBPyConnection, rows: dict[st
             if fresh:
                 _create_schema(con)
             else:
-                stale_keys = con.execute("SELECT kind, record_key FROM files WHERE list_contains(?, path)", [stale]).fetchall()
+                stale_keys = con.execute(
+                    "SELECT kind, record_key FROM files WHERE list_contains(?, path)", [stale]
+                ).fetchall()
                 _delete_records(con, stale_keys)
                 con.execute("DELETE FROM files WHERE list_contains(?, path)", [stale])
             for table, table_rows in rows.items():
@@ -635,8 +796,11 @@ def connect(home: Home) -> duckdb.DuckDBPyConnection:
             _detach(con)
         _sync(home, con, current, stored, seen_file, rebuild=False, show_progress=False, started=started)
         if not _attach_read_only(con, home.registry):
-            raise RegistryError("cannot open the registry after syncing it", where=str(home.registry),
-                                fix="run `specpilot-mem registry rebuild`")
+            raise RegistryError(
+                "cannot open the registry after syncing it",
+                where=str(home.registry),
+                fix="run `specpilot-mem registry rebuild`",
+            )
         return con
     except BaseException:
         con.close()

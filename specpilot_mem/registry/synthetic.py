@@ -52,20 +52,36 @@ def synthetic_entry(index: int, existing: list[str], rng: random.Random) -> Entr
         gpu = rng.choice(gpus)
         regime = rng.choice(("single", "batch"))
         gain = round(rng.uniform(1.0, 1.2), 3)
-        evidence.append({
-            "kind": rng.choice(("paired-run", "paired-run", "microbenchmark", "replay")),
-            "deployment": {
-                "gpu": gpu.name, "arch": gpu.arch, "target": rng.choice(TARGETS), "drafter": rng.choice(DRAFTERS),
-                "regime": regime, "batch_sizes": [1] if regime == "single" else sorted(rng.sample([8, 16, 24, 32], k=2)),
-            },
-            "figures": [{"name": "gain", "value": gain, "unit": "x", "ci_low": round(gain - 0.01, 3), "ci_high": round(gain + 0.01, 3)}],
-            "verdict": rng.choice(("accept", "accept", "accept", "reject")),
-            "command": SYNTHETIC_COMMAND,
-            "date": (dt.date(2026, 1, 1) + dt.timedelta(days=index % 300 + n)).isoformat(),
-            "round": f"syn-deploy-{index % 7}/round-{1 + n % 3}",
-            "synthetic": rng.random() < 0.2,
-        })
-    arches = sorted({g.arch for g in gpus} | ({rng.choice(("sm_90", "sm_120", "sm_100"))} if rng.random() < 0.5 else set()))
+        evidence.append(
+            {
+                "kind": rng.choice(("paired-run", "paired-run", "microbenchmark", "replay")),
+                "deployment": {
+                    "gpu": gpu.name,
+                    "arch": gpu.arch,
+                    "target": rng.choice(TARGETS),
+                    "drafter": rng.choice(DRAFTERS),
+                    "regime": regime,
+                    "batch_sizes": [1] if regime == "single" else sorted(rng.sample([8, 16, 24, 32], k=2)),
+                },
+                "figures": [
+                    {
+                        "name": "gain",
+                        "value": gain,
+                        "unit": "x",
+                        "ci_low": round(gain - 0.01, 3),
+                        "ci_high": round(gain + 0.01, 3),
+                    }
+                ],
+                "verdict": rng.choice(("accept", "accept", "accept", "reject")),
+                "command": SYNTHETIC_COMMAND,
+                "date": (dt.date(2026, 1, 1) + dt.timedelta(days=index % 300 + n)).isoformat(),
+                "round": f"syn-deploy-{index % 7}/round-{1 + n % 3}",
+                "synthetic": rng.random() < 0.2,
+            }
+        )
+    arches = sorted(
+        {g.arch for g in gpus} | ({rng.choice(("sm_90", "sm_120", "sm_100"))} if rng.random() < 0.5 else set())
+    )
     option = f"--specpilot-{key}-{index:04d}"
     regime_untested = "batch" if all(e["deployment"]["regime"] == "single" for e in evidence) else None
     record = {
@@ -75,7 +91,10 @@ def synthetic_entry(index: int, existing: list[str], rng: random.Random) -> Entr
         "requires": rng.sample(existing, k=min(len(existing), rng.choice((0, 0, 1, 1, 2, 3, 12)))),
         "options": [{"name": option, "type": "bool", "default": False, "help": f"enable {title}"}],
         "variants": [{"name": arch, "options": {option: True}, "hardware": [arch]} for arch in arches],
-        "contract": {"level": rng.choice(("bit-exact", "reduction-order", "token-forcing")), "statement": f"{title} is lossless"},
+        "contract": {
+            "level": rng.choice(("bit-exact", "reduction-order", "token-forcing")),
+            "statement": f"{title} is lossless",
+        },
         "evidence": evidence,
         "limits": [f"slower than stock below {rng.choice((2, 4, 8))} requests on {area}"],
         "untested": [{"note": "never timed with batching", "regime": regime_untested}] if regime_untested else [],
@@ -90,10 +109,13 @@ def _status_fields(entry_id: str, evidence: list[dict]) -> dict:
     """Status, scope and checks on other releases, from an RNG of their own (the rest of the record is unchanged by them)."""
     rng = random.Random(f"{entry_id}-status")
     status = rng.choices(("verified", "candidate", "superseded"), (6, 3, 1))[0]
-    scope = {"sglang": STOCK_RELEASE, "arch": sorted({e["deployment"]["arch"] for e in evidence}),
-             "target": sorted({e["deployment"]["target"] for e in evidence}),
-             "drafter": sorted({e["deployment"]["drafter"] for e in evidence}),
-             "regime": sorted({e["deployment"]["regime"] for e in evidence})}
+    scope = {
+        "sglang": STOCK_RELEASE,
+        "arch": sorted({e["deployment"]["arch"] for e in evidence}),
+        "target": sorted({e["deployment"]["target"] for e in evidence}),
+        "drafter": sorted({e["deployment"]["drafter"] for e in evidence}),
+        "regime": sorted({e["deployment"]["regime"] for e in evidence}),
+    }
     checks = []
     for release in RELEASES:
         if rng.random() < 0.5:
@@ -101,9 +123,17 @@ def _status_fields(entry_id: str, evidence: list[dict]) -> dict:
         verdict = rng.choices(("clean", "drift", "conflict", "superseded", "blocked"), (5, 3, 2, 1, 1))[0]
         after = {"clean": status, "superseded": "superseded"}.get(verdict, "candidate")
         path = "sglang/srt/server_args.py"
-        checks.append({"release": release, "status": after, "verdict": verdict, "base": _sha1(f"release-{release}"),
-                       "checked": "2026-12-01", "changed": [path] if verdict in ("drift", "conflict") else [],
-                       "conflicts": [path] if verdict == "conflict" else []})
+        checks.append(
+            {
+                "release": release,
+                "status": after,
+                "verdict": verdict,
+                "base": _sha1(f"release-{release}"),
+                "checked": "2026-12-01",
+                "changed": [path] if verdict in ("drift", "conflict") else [],
+                "conflicts": [path] if verdict == "conflict" else [],
+            }
+        )
     return {"status": status, "scope": scope, "releases": checks}
 
 
@@ -114,27 +144,68 @@ def _results(root: Path, index: int, record: EntryRecord) -> EntryRecord:
     base = {"command": SYNTHETIC_COMMAND, "date": dt.date(2026, 11, 30), "synthetic": True, "deployment": deployment}
     kind = index % 10
     if kind == 3:  # replay: τ(N) per tree builder
-        runs = [{"builder": builder, "nodes": nodes, "batch": 1, "synthetic": True,
-                 "tau": round(scale * (1 + 2.2 * (1 - 0.8 ** (nodes / 4))) + rng.uniform(-0.05, 0.05), 3)}
-                for builder, scale in (("chain", 0.9), ("best-first", 1.0), ("ddtree", 0.97)) for nodes in (8, 16, 32, 64)]
+        runs = [
+            {
+                "builder": builder,
+                "nodes": nodes,
+                "batch": 1,
+                "synthetic": True,
+                "tau": round(scale * (1 + 2.2 * (1 - 0.8 ** (nodes / 4))) + rng.uniform(-0.05, 0.05), 3),
+            }
+            for builder, scale in (("chain", 0.9), ("best-first", 1.0), ("ddtree", 0.97))
+            for nodes in (8, 16, 32, 64)
+        ]
         name, doc = "replay", {"what": "synthetic replay", "synthetic": True, "replay": {"runs": runs}}
         evidence = {**base, "kind": "replay", "figures": [{"name": "tau, N=32", "value": runs[2]["tau"]}]}
     elif kind == 7:  # token forcing: stock and the systems judged against it
         stock_rate = rng.uniform(0.01, 0.03)
         verdicts = []
-        for system, extra, verdict in (("entry", rng.uniform(-0.002, 0.002), "accept"), ("injected-fault", 0.02, "reject")):
+        for system, extra, verdict in (
+            ("entry", rng.uniform(-0.002, 0.002), "accept"),
+            ("injected-fault", 0.02, "reject"),
+        ):
             rate = stock_rate + extra
-            verdicts.append({"system": system, "stock": "stock", "verdict": verdict, "rate": {
-                "stock_rate": stock_rate, "stock_low": stock_rate - 0.004, "stock_high": stock_rate + 0.004,
-                "system_rate": rate, "system_low": rate - 0.004, "system_high": rate + 0.004, "limit": 0.005}})
+            verdicts.append(
+                {
+                    "system": system,
+                    "stock": "stock",
+                    "verdict": verdict,
+                    "rate": {
+                        "stock_rate": stock_rate,
+                        "stock_low": stock_rate - 0.004,
+                        "stock_high": stock_rate + 0.004,
+                        "system_rate": rate,
+                        "system_low": rate - 0.004,
+                        "system_high": rate + 0.004,
+                        "limit": 0.005,
+                    },
+                }
+            )
         name, doc = "token-forcing", {"what": "synthetic token forcing", "synthetic": True, "verdicts": verdicts}
-        evidence = {**base, "kind": "token-forcing", "verdict": "accept",
-                    "figures": [{"name": "mismatch rate", "value": round(100 * verdicts[0]["rate"]["system_rate"], 3), "unit": "%"}]}
+        evidence = {
+            **base,
+            "kind": "token-forcing",
+            "verdict": "accept",
+            "figures": [
+                {"name": "mismatch rate", "value": round(100 * verdicts[0]["rate"]["system_rate"], 3), "unit": "%"}
+            ],
+        }
     elif kind == 5:  # a microbenchmark by row count, in the record's figures only
-        evidence = {**base, "kind": "microbenchmark", "figures": [
-            {"name": f"speedup over stock, {rows} rows", "value": round(1.4 - 0.1 * n + rng.uniform(-0.03, 0.03), 3), "unit": "x"}
-            for n, rows in enumerate((1, 2, 4, 8, 16, 32))]}
-        return record.model_copy(update={"evidence": record.evidence + [type(record.evidence[0]).model_validate(evidence)]})
+        evidence = {
+            **base,
+            "kind": "microbenchmark",
+            "figures": [
+                {
+                    "name": f"speedup over stock, {rows} rows",
+                    "value": round(1.4 - 0.1 * n + rng.uniform(-0.03, 0.03), 3),
+                    "unit": "x",
+                }
+                for n, rows in enumerate((1, 2, 4, 8, 16, 32))
+            ],
+        }
+        return record.model_copy(
+            update={"evidence": record.evidence + [type(record.evidence[0]).model_validate(evidence)]}
+        )
     else:
         return record
     rel = f"{RESULTS_DIR}/{record.id}-{name}.json"

@@ -32,8 +32,17 @@ VERSION = 1
 KINDS = ("selector", "markov")
 SCORE_DTYPE = np.float16  # bf16 engine scores convert exactly (fp16 has more mantissa bits) in range
 VALIDATE_CHUNK = 8192  # steps checked at once
-ARRAYS = ("request_ids", "labels", "greedy_offsets", "greedy_tokens", "step_request", "step_position",
-          "cand", "unary", "pair")
+ARRAYS = (
+    "request_ids",
+    "labels",
+    "greedy_offsets",
+    "greedy_tokens",
+    "step_request",
+    "step_position",
+    "cand",
+    "unary",
+    "pair",
+)
 
 
 class LatticeError(SpecPilotError):
@@ -119,11 +128,17 @@ def conditional(kind: str, pair: np.ndarray, unary: np.ndarray) -> np.ndarray:
 
 def _check_meta(meta: dict, where: str) -> None:
     if meta.get("format") != FORMAT:
-        raise LatticeError(f"not a lattice file (format {meta.get('format')!r})", where=where,
-                           fix=f"write lattices with specpilot_mem.replay.lattice.LatticeRecorder (format {FORMAT!r})")
+        raise LatticeError(
+            f"not a lattice file (format {meta.get('format')!r})",
+            where=where,
+            fix=f"write lattices with specpilot_mem.replay.lattice.LatticeRecorder (format {FORMAT!r})",
+        )
     if meta.get("version") != VERSION:
-        raise LatticeError(f"lattice format version {meta.get('version')!r} is not supported (this reader: {VERSION})",
-                           where=where, fix="re-record the lattice with this version of specpilot-mem")
+        raise LatticeError(
+            f"lattice format version {meta.get('version')!r} is not supported (this reader: {VERSION})",
+            where=where,
+            fix="re-record the lattice with this version of specpilot-mem",
+        )
     if meta.get("kind") not in KINDS:
         raise LatticeError(f"unknown lattice kind {meta.get('kind')!r}", where=where, fix=f"use one of {KINDS}")
 
@@ -133,38 +148,61 @@ def validate(lat: Lattice, where: str) -> None:
     _check_meta(lat.meta, where)
     s, m, k = lat.cand.shape
     if lat.unary.shape != (s, m, k) or lat.pair.shape != (s, m, k, k):
-        raise LatticeError(f"unary {lat.unary.shape} / pair {lat.pair.shape} do not match cand {lat.cand.shape}",
-                           where=where, fix="unary must be [S, m, K] and pair [S, m, K, K]")
+        raise LatticeError(
+            f"unary {lat.unary.shape} / pair {lat.pair.shape} do not match cand {lat.cand.shape}",
+            where=where,
+            fix="unary must be [S, m, K] and pair [S, m, K, K]",
+        )
     r = lat.request_ids.shape[0]
     if lat.labels.shape != (r,) or lat.greedy_offsets.shape != (r + 1,):
-        raise LatticeError("labels / greedy_offsets do not match request_ids", where=where,
-                           fix="one label per request and R+1 greedy offsets")
+        raise LatticeError(
+            "labels / greedy_offsets do not match request_ids",
+            where=where,
+            fix="one label per request and R+1 greedy offsets",
+        )
     if lat.step_request.shape != (s,) or lat.step_position.shape != (s,):
-        raise LatticeError("step_request / step_position must have one entry per step", where=where,
-                           fix="record every step through LatticeRecorder.add")
+        raise LatticeError(
+            "step_request / step_position must have one entry per step",
+            where=where,
+            fix="record every step through LatticeRecorder.add",
+        )
     if s and (lat.step_request.min() < 0 or lat.step_request.max() >= r):
-        raise LatticeError("a step names a request the file does not hold", where=where,
-                           fix="call set_greedy for every request that has steps")
+        raise LatticeError(
+            "a step names a request the file does not hold",
+            where=where,
+            fix="call set_greedy for every request that has steps",
+        )
     lengths = np.diff(lat.greedy_offsets)
     if s and (lat.step_position.min() < 0 or np.any(lat.step_position >= lengths[lat.step_request])):
         bad = int(np.flatnonzero((lat.step_position < 0) | (lat.step_position >= lengths[lat.step_request]))[0])
         raise LatticeError(
             f"step {bad} of request {lat.request_ids[lat.step_request[bad]]!r} is at position "
             f"{int(lat.step_position[bad])}, outside its greedy output of {int(lengths[lat.step_request[bad]])} tokens",
-            where=where, fix="positions count committed output tokens: 0 <= position < len(greedy)")
+            where=where,
+            fix="positions count committed output tokens: 0 <= position < len(greedy)",
+        )
     flat = lat.greedy_offsets[lat.step_request] + lat.step_position
     if np.unique(flat).shape[0] != s:
-        raise LatticeError("two steps recorded at the same (request, position)", where=where,
-                           fix="record each position of the greedy output once")
+        raise LatticeError(
+            "two steps recorded at the same (request, position)",
+            where=where,
+            fix="record each position of the greedy output once",
+        )
     for lo in range(0, s, VALIDATE_CHUNK):  # chunked: a full-size boolean temporary would double memory
         part = slice(lo, lo + VALIDATE_CHUNK)
         unary, pair = lat.unary[part], lat.pair[part]
         if np.isnan(unary).any() or np.isnan(pair).any() or (unary == np.inf).any() or (pair == np.inf).any():
-            raise LatticeError("the lattice holds NaN or +inf scores", where=where,
-                               fix="record finite scores (-inf marks a candidate slot that holds no token)")
+            raise LatticeError(
+                "the lattice holds NaN or +inf scores",
+                where=where,
+                fix="record finite scores (-inf marks a candidate slot that holds no token)",
+            )
         if not np.all(lat.pair[part, 0] == lat.pair[part, 0, :1]):
-            raise LatticeError("pair[:, 0] differs between rows", where=where,
-                               fix="position 0 has one parent (the committed token): repeat its scores in every row")
+            raise LatticeError(
+                "pair[:, 0] differs between rows",
+                where=where,
+                fix="position 0 has one parent (the committed token): repeat its scores in every row",
+            )
 
 
 def load_lattice(path: str | os.PathLike) -> Lattice:
@@ -173,15 +211,18 @@ def load_lattice(path: str | os.PathLike) -> Lattice:
         with np.load(path, allow_pickle=False) as data:
             missing = [name for name in ("meta", *ARRAYS) if name not in data.files]
             if missing:
-                raise LatticeError(f"lattice file lacks arrays {missing}", where=where,
-                                   fix="write lattices with LatticeRecorder")
+                raise LatticeError(
+                    f"lattice file lacks arrays {missing}", where=where, fix="write lattices with LatticeRecorder"
+                )
             meta = json.loads(str(data["meta"]))
             arrays = {name: data[name] for name in ARRAYS}
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
         # a truncated or damaged .npz fails inside zipfile/zlib, not only with OSError
-        raise LatticeError(f"cannot read lattice file ({type(err).__name__}: {err}); it is damaged or truncated",
-                           where=where, fix="record it again, or pass a complete .npz file written by LatticeRecorder"
-                           ) from err
+        raise LatticeError(
+            f"cannot read lattice file ({type(err).__name__}: {err}); it is damaged or truncated",
+            where=where,
+            fix="record it again, or pass a complete .npz file written by LatticeRecorder",
+        ) from err
     lat = Lattice(meta=meta, source=where, **arrays)
     validate(lat, where)
     return lat
@@ -195,8 +236,11 @@ def save_lattice(lat: Lattice, path: str | os.PathLike) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".lattice-", suffix=".npz", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, meta=np.array(json.dumps(lat.meta, sort_keys=True)),
-                     **{name: getattr(lat, name) for name in ARRAYS})
+            np.savez(
+                handle,
+                meta=np.array(json.dumps(lat.meta, sort_keys=True)),
+                **{name: getattr(lat, name) for name in ARRAYS},
+            )
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -205,8 +249,14 @@ def save_lattice(lat: Lattice, path: str | os.PathLike) -> None:
 
 def make_meta(kind: str, positions: int, candidates: int, meta: dict | None = None) -> dict:
     base = dict(meta or {})
-    base.update(format=FORMAT, version=VERSION, kind=kind, positions=positions, candidates=candidates,
-                score_dtype=np.dtype(SCORE_DTYPE).name)
+    base.update(
+        format=FORMAT,
+        version=VERSION,
+        kind=kind,
+        positions=positions,
+        candidates=candidates,
+        score_dtype=np.dtype(SCORE_DTYPE).name,
+    )
     base.setdefault("synthetic", False)
     return base
 
@@ -224,11 +274,13 @@ class LatticeRecorder:
     has checked everything.
     """
 
-    def __init__(self, path: str | os.PathLike, kind: str, positions: int, candidates: int = 16,
-                 meta: dict | None = None):
+    def __init__(
+        self, path: str | os.PathLike, kind: str, positions: int, candidates: int = 16, meta: dict | None = None
+    ):
         if kind not in KINDS:
-            raise LatticeError(f"unknown lattice kind {kind!r}", where="LatticeRecorder(kind=...)",
-                               fix=f"use one of {KINDS}")
+            raise LatticeError(
+                f"unknown lattice kind {kind!r}", where="LatticeRecorder(kind=...)", fix=f"use one of {KINDS}"
+            )
         self.path = Path(path)
         self.meta = make_meta(kind, positions, candidates, meta)
         self.m, self.k = positions, candidates
@@ -246,14 +298,27 @@ class LatticeRecorder:
             raise LatticeError("the recorder is closed", where=str(self.path), fix="open a new LatticeRecorder")
         cand, un, pr = _np(cand_tokens), _np(unary), _np(pair)
         b = len(request_ids)
-        want = {"cand_tokens": (cand, (b, self.m, self.k)), "unary": (un, (b, self.m, self.k)),
-                "pair": (pr, (b, self.m, self.k, self.k))}
+        want = {
+            "cand_tokens": (cand, (b, self.m, self.k)),
+            "unary": (un, (b, self.m, self.k)),
+            "pair": (pr, (b, self.m, self.k, self.k)),
+        }
         for name, (arr, shape) in want.items():
             if arr.shape != shape:
-                raise LatticeError(f"{name} has shape {arr.shape}, expected {shape}", where=f"{self.path}: add",
-                                   fix=f"m={self.m} positions and K={self.k} candidates, as the recorder was opened")
-        self._steps.append((np.asarray([str(x) for x in request_ids], dtype=object), np.asarray(_np(positions), dtype=np.int64),
-                            cand.astype(np.int32), un.astype(SCORE_DTYPE), pr.astype(SCORE_DTYPE)))
+                raise LatticeError(
+                    f"{name} has shape {arr.shape}, expected {shape}",
+                    where=f"{self.path}: add",
+                    fix=f"m={self.m} positions and K={self.k} candidates, as the recorder was opened",
+                )
+        self._steps.append(
+            (
+                np.asarray([str(x) for x in request_ids], dtype=object),
+                np.asarray(_np(positions), dtype=np.int64),
+                cand.astype(np.int32),
+                un.astype(SCORE_DTYPE),
+                pr.astype(SCORE_DTYPE),
+            )
+        )
 
     def set_greedy(self, request_id: str, tokens, label: str = "") -> None:
         """The target's greedy output of the request (the committed sequence) and its benchmark/split label."""
@@ -271,8 +336,11 @@ class LatticeRecorder:
         ids = np.concatenate([chunk[0] for chunk in self._steps]) if self._steps else np.empty(0, dtype=object)
         unknown = sorted({str(x) for x in ids} - set(index))
         if unknown:
-            raise LatticeError(f"steps recorded for requests without greedy tokens: {unknown[:5]}",
-                               where=str(self.path), fix="call set_greedy(request_id, tokens) for each request")
+            raise LatticeError(
+                f"steps recorded for requests without greedy tokens: {unknown[:5]}",
+                where=str(self.path),
+                fix="call set_greedy(request_id, tokens) for each request",
+            )
         k, m = self.k, self.m
 
         def cat(i, shape, dtype):
@@ -285,8 +353,9 @@ class LatticeRecorder:
             request_ids=np.array(names, dtype=np.str_),
             labels=np.array([self._greedy[n][1] for n in names], dtype=np.str_),
             greedy_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-            greedy_tokens=(np.concatenate([self._greedy[n][0] for n in names]) if names
-                           else np.empty(0, np.int32)).astype(np.int32),
+            greedy_tokens=(
+                np.concatenate([self._greedy[n][0] for n in names]) if names else np.empty(0, np.int32)
+            ).astype(np.int32),
             step_request=np.array([index[str(x)] for x in ids], dtype=np.int32),
             step_position=cat(1, (0,), np.int64).astype(np.int32),
             cand=cat(2, (0, m, k), np.int32),

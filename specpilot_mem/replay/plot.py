@@ -11,8 +11,14 @@ from pathlib import Path
 from specpilot_mem.optional import pyplot
 from specpilot_mem.replay.replay import ReplayRun
 
-COLORS = {"chain": "0.55", "oracle": "black", "best-first": "tab:blue", "ddtree": "tab:orange",
-          "eagle2": "tab:green", "sequoia": "tab:red"}
+COLORS = {
+    "chain": "0.55",
+    "oracle": "black",
+    "best-first": "tab:blue",
+    "ddtree": "tab:orange",
+    "eagle2": "tab:green",
+    "sequoia": "tab:red",
+}
 LINESTYLES = ("-", "--", "-.", ":")  # by lattice positions, most positions first
 
 
@@ -26,9 +32,15 @@ def plot_tau(runs: list[ReplayRun], path: str | os.PathLike) -> Path:
     sizes = sorted({r.positions for r in runs}, reverse=True)
     for (positions, builder), members in sorted(series.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
         members.sort(key=lambda r: r.nodes)
-        ax.plot([r.nodes for r in members], [r.tau for r in members], marker="o", markersize=3,
-                color=COLORS.get(builder), linestyle=LINESTYLES[sizes.index(positions) % len(LINESTYLES)],
-                label=f"{builder}, {positions} positions")
+        ax.plot(
+            [r.nodes for r in members],
+            [r.tau for r in members],
+            marker="o",
+            markersize=3,
+            color=COLORS.get(builder),
+            linestyle=LINESTYLES[sizes.index(positions) % len(LINESTYLES)],
+            label=f"{builder}, {positions} positions",
+        )
     ax.set_xscale("log", base=2)
     budgets = sorted({r.nodes for r in runs})
     ax.set_xticks(budgets, [str(n) for n in budgets])

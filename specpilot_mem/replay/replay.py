@@ -45,10 +45,19 @@ class ReplayRun:
         return {label: self.tokens[label] / self.steps[label] for label in sorted(self.steps) if self.steps[label]}
 
     def to_dict(self) -> dict:
-        return {"builder": self.builder, "nodes": self.nodes, "positions": self.positions,
-                "depth_cap": self.depth_cap, "batch": self.batch, "synthetic": self.synthetic,
-                "tau": self.tau, "tau_by_label": self.tau_by_label(),
-                "steps": sum(self.steps.values()), "tokens": sum(self.tokens.values()), "sources": self.sources}
+        return {
+            "builder": self.builder,
+            "nodes": self.nodes,
+            "positions": self.positions,
+            "depth_cap": self.depth_cap,
+            "batch": self.batch,
+            "synthetic": self.synthetic,
+            "tau": self.tau,
+            "tau_by_label": self.tau_by_label(),
+            "steps": sum(self.steps.values()),
+            "tokens": sum(self.tokens.values()),
+            "sources": self.sources,
+        }
 
 
 def builder_options(name: str, lattices: Sequence[Lattice]) -> dict:
@@ -58,8 +67,9 @@ def builder_options(name: str, lattices: Sequence[Lattice]) -> dict:
     return {}
 
 
-def replay(lat: Lattice, builder: str, nodes: int, depth_cap: int | None = None, batch: int = 1,
-           options: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+def replay(
+    lat: Lattice, builder: str, nodes: int, depth_cap: int | None = None, batch: int = 1, options: dict | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Replay every request of one lattice file; returns (steps [R], tokens [R]).
 
     batch = 1: every request on its own, all stepping together (one build per round of steps).
@@ -70,14 +80,17 @@ def replay(lat: Lattice, builder: str, nodes: int, depth_cap: int | None = None,
     build = get_builder(builder)
     options = options or {}
     if batch > 1 and builder != "best-first":
-        raise LatticeError(f"a shared node budget is defined for best-first trees, not {builder!r}",
-                           where="--batch", fix="use --builders best-first with --batch, or --batch 1")
+        raise LatticeError(
+            f"a shared node budget is defined for best-first trees, not {builder!r}",
+            where="--batch",
+            fix="use --builders best-first with --batch, or --batch 1",
+        )
     state = _Progress(lat)
     if batch == 1:
         active = np.flatnonzero(state.lengths > 0)
         while active.size:
             for lo in range(0, active.size, MAX_BATCH):
-                reqs = active[lo:lo + MAX_BATCH]
+                reqs = active[lo : lo + MAX_BATCH]
                 sb = StepBatch.from_lattice(lat, state.step_ids(reqs))
                 state.advance(reqs, sb, build(sb, nodes, depth_cap, **options))
             active = active[state.position[active] < state.lengths[active]]
@@ -111,7 +124,9 @@ class _Progress:
             r = reqs[missing[0]]
             raise LatticeError(
                 f"no lattice recorded for request {self.lat.request_ids[r]!r} at position {int(self.position[r])}",
-                where=self.lat.source, fix="record a teacher-forced step at every position of the greedy output")
+                where=self.lat.source,
+                fix="record a teacher-forced step at every position of the greedy output",
+            )
         return ids
 
     def advance(self, reqs: np.ndarray, sb: StepBatch, trees) -> None:
@@ -123,8 +138,14 @@ class _Progress:
         self.steps[reqs] += 1
 
 
-def replay_set(lattices: Sequence[Lattice], builders: Sequence[str], nodes: Sequence[int],
-               depth_cap: int | None = None, batch: int = 1, progress=None) -> list[ReplayRun]:
+def replay_set(
+    lattices: Sequence[Lattice],
+    builders: Sequence[str],
+    nodes: Sequence[int],
+    depth_cap: int | None = None,
+    batch: int = 1,
+    progress=None,
+) -> list[ReplayRun]:
     """τ for every (lattice group, builder, node budget); lattices group by their number of positions.
     ``progress`` (``output.progress``) advances once per run."""
     groups: dict[int, list[Lattice]] = {}
@@ -136,8 +157,15 @@ def replay_set(lattices: Sequence[Lattice], builders: Sequence[str], nodes: Sequ
             get_builder(name)
             options = builder_options(name, members)
             for n in nodes:
-                run = ReplayRun(name, int(n), positions, depth_cap, batch, any(m.synthetic for m in members),
-                                [m.source for m in members])
+                run = ReplayRun(
+                    name,
+                    int(n),
+                    positions,
+                    depth_cap,
+                    batch,
+                    any(m.synthetic for m in members),
+                    [m.source for m in members],
+                )
                 for lat in members:
                     steps, tokens = replay(lat, name, int(n), depth_cap, batch, options)
                     for label in np.unique(lat.labels):

@@ -33,8 +33,24 @@ class SyntheticSpec:
     candidates: int = 16
     vocab: int = 32000
     kind: str = "selector"
-    rank_probs: tuple[float, ...] = (0.62, 0.12, 0.06, 0.04, 0.025, 0.02, 0.015, 0.01,
-                                     0.008, 0.006, 0.005, 0.004, 0.003, 0.003, 0.002, 0.002)
+    rank_probs: tuple[float, ...] = (
+        0.62,
+        0.12,
+        0.06,
+        0.04,
+        0.025,
+        0.02,
+        0.015,
+        0.01,
+        0.008,
+        0.006,
+        0.005,
+        0.004,
+        0.003,
+        0.003,
+        0.002,
+        0.002,
+    )
     depth_decay: float = 0.97
     path_correlation: float = 0.3
     confidence: float = 2.0
@@ -67,12 +83,25 @@ def generate(spec: SyntheticSpec) -> Lattice:
         c, u, p = _chunk(spec, probs, greedy, req, pos, rng)
         cand[start:stop], unary[start:stop], pair[start:stop] = c, u, p
     labels = np.array([spec.labels[i % len(spec.labels)] for i in range(r)], dtype=np.str_)
-    meta = make_meta(spec.kind, m, k, {"synthetic": True, "generator": _jsonable(asdict(spec)),
-                                       "source": "specpilot_mem.replay.synthetic"})
-    lat = Lattice(meta=meta, request_ids=np.array([f"synthetic-{i}" for i in range(r)], dtype=np.str_),
-                  labels=labels, greedy_offsets=np.arange(r + 1, dtype=np.int64) * spec.length,
-                  greedy_tokens=greedy.reshape(-1).astype(np.int32), step_request=step_request,
-                  step_position=step_position, cand=cand, unary=unary, pair=pair, source="synthetic")
+    meta = make_meta(
+        spec.kind,
+        m,
+        k,
+        {"synthetic": True, "generator": _jsonable(asdict(spec)), "source": "specpilot_mem.replay.synthetic"},
+    )
+    lat = Lattice(
+        meta=meta,
+        request_ids=np.array([f"synthetic-{i}" for i in range(r)], dtype=np.str_),
+        labels=labels,
+        greedy_offsets=np.arange(r + 1, dtype=np.int64) * spec.length,
+        greedy_tokens=greedy.reshape(-1).astype(np.int32),
+        step_request=step_request,
+        step_position=step_position,
+        cand=cand,
+        unary=unary,
+        pair=pair,
+        source="synthetic",
+    )
     validate(lat, "synthetic")
     return lat
 
@@ -83,7 +112,7 @@ def _chunk(spec: SyntheticSpec, probs, greedy, req, pos, rng):
     # ranks of the greedy token along the drafted positions (k = not among the candidates)
     ranks = np.empty((b, m), dtype=np.int64)
     for d in range(m):
-        p_d = probs * spec.depth_decay ** d
+        p_d = probs * spec.depth_decay**d
         cdf = np.cumsum(np.append(p_d, 1.0 - p_d.sum()))
         fresh = np.minimum(np.searchsorted(cdf, rng.random(b), side="right"), k)
         if d == 0:
@@ -102,8 +131,9 @@ def _chunk(spec: SyntheticSpec, probs, greedy, req, pos, rng):
     placed = ranks < k
     rows, cols = np.nonzero(placed)
     cand[rows, cols, ranks[rows, cols]] = truth[rows, cols]
-    unary = -spec.confidence * np.log1p(np.arange(k, dtype=np.float32))[None, None, :] \
-        + spec.score_noise * rng.standard_normal((b, m, k), dtype=np.float32)
+    unary = -spec.confidence * np.log1p(np.arange(k, dtype=np.float32))[
+        None, None, :
+    ] + spec.score_noise * rng.standard_normal((b, m, k), dtype=np.float32)
     unary = -np.sort(-unary, axis=2)
     # uniform noise with standard deviation pair_noise (int8 draws: Gaussian ones cost 20x more here)
     term = rng.integers(-128, 128, size=(b, m, k, k), dtype=np.int8).astype(np.float32)

@@ -6,13 +6,18 @@ import json
 
 from specpilot_mem.home import Home
 from specpilot_mem.rounds.files import RoundDir
-from specpilot_mem.rounds.models import (MAX_GPU_MINUTES_TO_CLOSE_UNMEASURED, MIN_NET_HEADROOM, DirectionRecord,
-                                         DirectionSpec, RoundState)
+from specpilot_mem.rounds.models import (
+    MAX_GPU_MINUTES_TO_CLOSE_UNMEASURED,
+    MIN_NET_HEADROOM,
+    DirectionRecord,
+    DirectionSpec,
+    RoundState,
+)
 
 _HEADROOM = (
     "Before building, check the headroom with the cheapest evidence (exact replay, a microbenchmark, or "
-    "one timing run) and write `{notes}/headroom.json`: {{\"evidence\": \"replay|microbenchmark|timing|"
-    "byte-arithmetic\", \"headroom\": 0.12, \"overhead\": 0.02, \"gpu_minutes_to_measure\": 3, \"notes\": \"...\"}} "
+    'one timing run) and write `{notes}/headroom.json`: {{"evidence": "replay|microbenchmark|timing|'
+    'byte-arithmetic", "headroom": 0.12, "overhead": 0.02, "gpu_minutes_to_measure": 3, "notes": "..."}} '
     "(fractions: 0.12 = 12%). Build only if headroom minus overhead is at least {min_net:.0%}. If you build, "
     "the controller measures it; if measuring would take over {max_min:g} GPU-minutes you may close the "
     "direction unbuilt and say so there."
@@ -27,15 +32,19 @@ _RULES = (
 
 
 def _common(state: RoundState, notes: str) -> str:
-    return (_HEADROOM.format(notes=notes, min_net=MIN_NET_HEADROOM, max_min=MAX_GPU_MINUTES_TO_CLOSE_UNMEASURED)
-            + "\n\n" + _RULES.format(notes=notes, protected=", ".join(state.config.protected_paths)))
+    return (
+        _HEADROOM.format(notes=notes, min_net=MIN_NET_HEADROOM, max_min=MAX_GPU_MINUTES_TO_CLOSE_UNMEASURED)
+        + "\n\n"
+        + _RULES.format(notes=notes, protected=", ".join(state.config.protected_paths))
+    )
 
 
 def master_brief(home: Home, state: RoundState, report: dict, closed: list[dict]) -> str:
     from specpilot_mem.store import load_entries
 
-    entries = [{"id": e.id, "title": e.title, "requires": e.requires, "limits": e.limits}
-               for e in load_entries(home).values()]
+    entries = [
+        {"id": e.id, "title": e.title, "requires": e.requires, "limits": e.limits} for e in load_entries(home).values()
+    ]
     return (
         f"You are the master agent of round {state.number} of deployment {state.deployment!r}.\n\n"
         f"Cost-model report (phase 0):\n{json.dumps(report, indent=2)}\n\n"
@@ -61,8 +70,15 @@ def integration_brief(state: RoundState, leftovers: list[DirectionRecord], round
     parts = []
     for record in leftovers:
         measured = [json.loads(round_dir.measurement_file(k).read_text())["gain"] for k in record.measurements]
-        parts.append({"direction": record.spec.id, "branch": record.branch, "patch": record.patch,
-                      "gains": measured, "why_not_promoted": record.decision})
+        parts.append(
+            {
+                "direction": record.spec.id,
+                "branch": record.branch,
+                "patch": record.patch,
+                "gains": measured,
+                "why_not_promoted": record.decision,
+            }
+        )
     return (
         "Integration: these patches gained too little to be promoted alone. Stack the ones that add up onto "
         f"the current best (your worktree), e.g. with `git cherry-pick -n <patch>`:\n{json.dumps(parts, indent=2)}\n\n"

@@ -42,8 +42,14 @@ from specpilot_mem.rounds.systems import open_system, system_spec
 
 PACKAGE = Path(__file__).resolve().parents[1]
 # The code that measures and judges: agents' changes to any of it would be reward hacking.
-CONTROLLER_CODE = ("controller", "forcing", "rounds/controller.py", "rounds/systems.py", "rounds/sandbox.py",
-                   "rounds/seal.py")
+CONTROLLER_CODE = (
+    "controller",
+    "forcing",
+    "rounds/controller.py",
+    "rounds/systems.py",
+    "rounds/sandbox.py",
+    "rounds/seal.py",
+)
 
 
 def controller_files(requests: Path) -> list[Path]:
@@ -60,18 +66,27 @@ def hash_files(files: list[Path]) -> dict[str, str]:
 
 def code_hash(hashes: dict[str, str], requests: str) -> str:
     """One digest of the controller's code (every file but the request set), by path inside the package."""
-    rows = sorted((str(Path(path).relative_to(PACKAGE)), digest) for path, digest in hashes.items()
-                  if path != str(Path(requests).resolve()))
+    rows = sorted(
+        (str(Path(path).relative_to(PACKAGE)), digest)
+        for path, digest in hashes.items()
+        if path != str(Path(requests).resolve())
+    )
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 
 def check_hashes(recorded: dict[str, str]) -> None:
     """Refuse to measure if any controller file changed since the round started."""
-    changed = [path for path, digest in recorded.items()
-               if not Path(path).is_file() or hashlib.sha256(Path(path).read_bytes()).hexdigest() != digest]
+    changed = [
+        path
+        for path, digest in recorded.items()
+        if not Path(path).is_file() or hashlib.sha256(Path(path).read_bytes()).hexdigest() != digest
+    ]
     if changed:
-        raise RoundError(f"controller files changed since the round started: {changed}", where="controller",
-                         fix="restore them (git checkout) and resume; measurements are not taken on changed code")
+        raise RoundError(
+            f"controller files changed since the round started: {changed}",
+            where="controller",
+            fix="restore them (git checkout) and resume; measurements are not taken on changed code",
+        )
 
 
 def _requests(job: dict, split: str) -> list[Request]:
@@ -92,8 +107,12 @@ def _spec(home: Home, job: dict, role: str) -> dict:
         return {"name": role, "adapter": "python", "checkout": str(checkout), "module": spec.get("module", "system.py")}
     from specpilot_mem.sglang.export import cached_export
 
-    return {"name": role, "adapter": "sglang", "export_dir": str(cached_export(home, side["commit"])),
-            "server_args": spec.get("server_args", [])}
+    return {
+        "name": role,
+        "adapter": "sglang",
+        "export_dir": str(cached_export(home, side["commit"])),
+        "server_args": spec.get("server_args", []),
+    }
 
 
 class Judge:
@@ -119,7 +138,9 @@ def _policy(job: dict, repeats: int) -> RepetitionPolicy:
 
 
 def _devices(job: dict):
-    return open_devices(job.get("pool", {"kind": "process"}), job["devices"], sandbox=Sandbox.from_dict(job.get("sandbox")))
+    return open_devices(
+        job.get("pool", {"kind": "process"}), job["devices"], sandbox=Sandbox.from_dict(job.get("sandbox"))
+    )
 
 
 def _first(runs) -> dict[str, RequestOutput]:
@@ -130,37 +151,65 @@ def _first(runs) -> dict[str, RequestOutput]:
 def _forcing(job: dict, scorer, requests: list[Request]) -> TokenForcing:
     """Token forcing against stock's dev outputs, recorded by ``calibrate``."""
     stock_outputs = load_outputs(job["stock_outputs"])
-    return TokenForcing(scorer, score_outputs(scorer, requests, {r.id: stock_outputs[r.id] for r in requests}), job["delta"])
+    return TokenForcing(
+        scorer, score_outputs(scorer, requests, {r.id: stock_outputs[r.id] for r in requests}), job["delta"]
+    )
 
 
 def _evidence(run) -> dict:
     """Where each run ran, what was re-run, and every per-request rate (the audit's raw numbers)."""
-    return {"placement": run.placement, "reruns": run.reruns, "workers": run.workers,
-            "runs": [{"system": r.system, "device": r.device, "repeat": r.repeat, "batch_size": r.batch_size,
-                      "rates": {o.id: o.rate for o in r.outputs}} for r in (*run.paired.runs_a, *run.paired.runs_b)]}
+    return {
+        "placement": run.placement,
+        "reruns": run.reruns,
+        "workers": run.workers,
+        "runs": [
+            {
+                "system": r.system,
+                "device": r.device,
+                "repeat": r.repeat,
+                "batch_size": r.batch_size,
+                "rates": {o.id: o.rate for o in r.outputs},
+            }
+            for r in (*run.paired.runs_a, *run.paired.runs_b)
+        ],
+    }
 
 
 def calibrate(home: Home, job: dict) -> dict:
     requests = _requests(job, "dev")
     judge = Judge(home, job)
     encode = judge.encoder(requests)
-    noise, run = pool_stock_noise(_devices(job), _spec(home, job, "stock"), requests, _policy(job, job["noise_repeats"]),
-                                  encode=encode)
+    noise, run = pool_stock_noise(
+        _devices(job), _spec(home, job, "stock"), requests, _policy(job, job["noise_repeats"]), encode=encode
+    )
     stock_outputs = _first(run.paired.runs_a)
     written = write_outputs(job["stock_outputs"], [stock_outputs[r.id] for r in requests])
     scorer = judge.scorer()
     ar = judge.system.ar_outputs(requests, judge.device)
     calibration = calibrate_delta(score_outputs(scorer, requests, ar), score_outputs(scorer, requests, stock_outputs))
-    return {"kind": "calibrate", "noise": noise.to_dict(), "calibration": calibration.to_dict(),
-            "delta": calibration.delta, "stock_outputs": job["stock_outputs"], "requests": len(requests),
-            "stock_outputs_sha256": hashlib.sha256(written.read_bytes()).hexdigest(), "evidence": _evidence(run)}
+    return {
+        "kind": "calibrate",
+        "noise": noise.to_dict(),
+        "calibration": calibration.to_dict(),
+        "delta": calibration.delta,
+        "stock_outputs": job["stock_outputs"],
+        "requests": len(requests),
+        "stock_outputs_sha256": hashlib.sha256(written.read_bytes()).hexdigest(),
+        "evidence": _evidence(run),
+    }
 
 
 def measure(home: Home, job: dict) -> dict:
     requests = _requests(job, "dev")
     judge = Judge(home, job)
-    run = pool_paired_run(_devices(job), _spec(home, job, "best"), _spec(home, job, "candidate"), requests,
-                          _policy(job, job["repeats"]), encode=judge.encoder(requests))
+    run = pool_paired_run(
+        _devices(job),
+        _spec(home, job, "best"),
+        _spec(home, job, "candidate"),
+        requests,
+        _policy(job, job["repeats"]),
+        encode=judge.encoder(requests),
+    )
     paired = run.paired
     estimate = paired.gain(requests)
     divergent = paired.divergent()
@@ -168,10 +217,18 @@ def measure(home: Home, job: dict) -> dict:
     scorer = judge.scorer()
     verdict = _forcing(job, scorer, requests).judge("candidate", score_outputs(scorer, requests, _first(paired.runs_b)))
     rates = [o.rate for r in paired.runs_b for o in r.outputs]
-    return {"kind": "measure", "gain": estimate.to_dict(), "divergent": divergent, "decision": decision.to_dict(),
-            "token_forcing": verdict.to_dict(), "requests": len(requests), "devices": job["devices"],
-            "candidate_rate": sum(rates) / len(rates), "promote": decision.promote and verdict.verdict != "reject",
-            "evidence": _evidence(run)}
+    return {
+        "kind": "measure",
+        "gain": estimate.to_dict(),
+        "divergent": divergent,
+        "decision": decision.to_dict(),
+        "token_forcing": verdict.to_dict(),
+        "requests": len(requests),
+        "devices": job["devices"],
+        "candidate_rate": sum(rates) / len(rates),
+        "promote": decision.promote and verdict.verdict != "reject",
+        "evidence": _evidence(run),
+    }
 
 
 def sealed(home: Home, job: dict) -> dict:
@@ -180,17 +237,25 @@ def sealed(home: Home, job: dict) -> dict:
     scorer = judge.scorer()
     encode = judge.encoder(requests)
     if job.get("long_outputs"):
-        requests = long_output_requests(requests, getattr(scorer, "max_len", None),
-                                        encode or getattr(scorer, "encode", None))
-    run = pool_paired_run(_devices(job), _spec(home, job, "stock"), _spec(home, job, "candidate"), requests,
-                          _policy(job, job["repeats"]), encode=encode)
+        requests = long_output_requests(
+            requests, getattr(scorer, "max_len", None), encode or getattr(scorer, "encode", None)
+        )
+    run = pool_paired_run(
+        _devices(job),
+        _spec(home, job, "stock"),
+        _spec(home, job, "candidate"),
+        requests,
+        _policy(job, job["repeats"]),
+        encode=encode,
+    )
 
     def forcing(candidate_outputs, stock_outputs):
         tokens = TokenForcing(scorer, score_outputs(scorer, requests, stock_outputs), job["delta"])
         return tokens.judge("final", score_outputs(scorer, requests, candidate_outputs))
 
-    result = judge_final(run.paired, requests, forcing,
-                         require_conclusive=job.get("require_conclusive", True)).to_dict()
+    result = judge_final(
+        run.paired, requests, forcing, require_conclusive=job.get("require_conclusive", True)
+    ).to_dict()
     result.pop("paired")
     return {"kind": "sealed", **result, "requests": len(requests), "evidence": _evidence(run)}
 
@@ -203,10 +268,17 @@ def _check_identity(job: dict) -> None:
     identity = job.get("identity") or {}
     trees = {role: job[role]["tree"] for role in ("stock", "best", "candidate") if role in job}
     digest = job["controller_hashes"].get(str(Path(job["requests"]).resolve()))
-    if (identity.get("systems") != trees or identity.get("controller") != code_hash(job["controller_hashes"], job["requests"])
-            or identity.get("requests") != digest or identity.get("devices") != job["devices"]):
-        raise RoundError("the job's identity does not match the systems, code and requests it names",
-                         where="controller job", fix="the runner builds the identity; resume the round")
+    if (
+        identity.get("systems") != trees
+        or identity.get("controller") != code_hash(job["controller_hashes"], job["requests"])
+        or identity.get("requests") != digest
+        or identity.get("devices") != job["devices"]
+    ):
+        raise RoundError(
+            "the job's identity does not match the systems, code and requests it names",
+            where="controller job",
+            fix="the runner builds the identity; resume the round",
+        )
 
 
 def _check_stock_outputs(job: dict) -> None:
@@ -215,9 +287,12 @@ def _check_stock_outputs(job: dict) -> None:
     if job["kind"] == "measure" and expected is not None:
         path = Path(job["stock_outputs"])
         if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != expected:
-            raise RoundError(f"the stock outputs {path} changed since calibration", where=str(path),
-                             fix="nothing is judged against changed outputs; remove the calibration measurement "
-                                 "and resume to calibrate again")
+            raise RoundError(
+                f"the stock outputs {path} changed since calibration",
+                where=str(path),
+                fix="nothing is judged against changed outputs; remove the calibration measurement "
+                "and resume to calibrate again",
+            )
 
 
 def run_job(job: dict[str, Any]) -> dict:

@@ -46,8 +46,11 @@ class RoundDir:
 
     def load_state(self) -> RoundState:
         if not self.exists():
-            raise RoundError(f"no round at {self.path}", where=str(self.path),
-                             fix="start one with `specpilot-mem round start DEPLOYMENT`")
+            raise RoundError(
+                f"no round at {self.path}",
+                where=str(self.path),
+                fix="start one with `specpilot-mem round start DEPLOYMENT`",
+            )
         return load_record_file(self.state_file, RoundState)
 
     def save_state(self, state: RoundState) -> None:
@@ -78,8 +81,11 @@ class RoundDir:
         folder = self.path / "directions"
         if not folder.is_dir():
             return []
-        return [load_record_file(p / "direction.yaml", DirectionRecord)
-                for p in sorted(folder.iterdir()) if (p / "direction.yaml").is_file()]
+        return [
+            load_record_file(p / "direction.yaml", DirectionRecord)
+            for p in sorted(folder.iterdir())
+            if (p / "direction.yaml").is_file()
+        ]
 
     # -- promotions -------------------------------------------------------------------------------
     @property
@@ -110,16 +116,20 @@ class RoundDir:
                 stored = json.loads(path.read_text())
             except json.JSONDecodeError:
                 stored = None
-            if identity is None or (isinstance(stored, dict) and stored.get("complete") is True
-                                    and stored.get("identity") == identity):
+            if identity is None or (
+                isinstance(stored, dict) and stored.get("complete") is True and stored.get("identity") == identity
+            ):
                 return stored
             n = len(list(path.parent.glob(f"{path.name}.discarded-*"))) + 1
             path.rename(path.with_name(f"{path.name}.discarded-{n}"))
             self.log("measurement discarded", key=key, why="incomplete or of another identity")
         result = measure()
         if identity is not None and (result.get("complete") is not True or result.get("identity") != identity):
-            raise RoundError(f"measurement {key} came back incomplete or for another identity; it is not used",
-                             where=str(path), fix="resume the round to measure it again")
+            raise RoundError(
+                f"measurement {key} came back incomplete or for another identity; it is not used",
+                where=str(path),
+                fix="resume the round to measure it again",
+            )
         write_atomic(path, json.dumps(result, indent=2, sort_keys=True))
         self.log("measured", key=key)
         return result
@@ -133,8 +143,10 @@ class RoundDir:
     def log(self, event: str, **fields: Any) -> None:
         """Append one line to ``events.jsonl`` (a human-readable trail; the state files are authoritative)."""
         self.path.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "event": event,
-                           **fields}, default=str)
+        line = json.dumps(
+            {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "event": event, **fields},
+            default=str,
+        )
         with open(self.path / "events.jsonl", "a", encoding="utf-8") as handle:
             handle.write(line + "\n")
 

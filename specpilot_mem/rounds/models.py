@@ -116,21 +116,27 @@ class RoundConfig(Record):
     max_new_tokens: int | None = None
     sealed_max_new_tokens: int | None = Field(default=None, description="longer outputs for the sealed final")
     sealed_long_outputs: bool = Field(
-        default=True, description="without sealed_max_new_tokens, the sealed final's outputs run to 4,096 tokens or the "
-                                  "scorer's context (the paper's long-output pass)")
+        default=True,
+        description="without sealed_max_new_tokens, the sealed final's outputs run to 4,096 tokens or the "
+        "scorer's context (the paper's long-output pass)",
+    )
     sealed_require_conclusive: bool = Field(
-        default=True, description="accept the sealed final only on a token-forcing accept, not an inconclusive verdict")
+        default=True, description="accept the sealed final only on a token-forcing accept, not an inconclusive verdict"
+    )
     agent: dict[str, Any] = Field(default_factory=lambda: {"backend": "scripted"})
     protected_paths: list[str] = Field(
         default_factory=lambda: ["controller/", "bench/", "requests/"],
         description="paths in the system repo that directions must not touch",
     )
     agent_time_limit_s: float = 1800.0
-    pool: dict[str, Any] = Field(default_factory=lambda: {"kind": "process"},
-                                 description='the device pool: {"kind": "process"} or {"kind": "ray", "address": ...}')
+    pool: dict[str, Any] = Field(
+        default_factory=lambda: {"kind": "process"},
+        description='the device pool: {"kind": "process"} or {"kind": "ray", "address": ...}',
+    )
     fresh_workers: bool = Field(default=True, description="a new worker process for every timed run")
-    warmup_requests: int | None = Field(default=None, ge=0,
-                                        description="perturbed warm-up requests per worker (default: one per request)")
+    warmup_requests: int | None = Field(
+        default=None, ge=0, description="perturbed warm-up requests per worker (default: one per request)"
+    )
 
 
 class RoundState(Record):

@@ -25,16 +25,32 @@ def round_report(round_dir: RoundDir) -> dict:
             usage = {k: usage[k] + data.get(k, 0) for k in usage}
     end = state.finished
     wall_hours = ((end - state.started).total_seconds() / 3600) if end else None
-    calibration = next((json.loads(p.read_text()) for p in (round_dir.path / "measurements").glob("calibrate-*.json")), None)
+    calibration = next(
+        (json.loads(p.read_text()) for p in (round_dir.path / "measurements").glob("calibrate-*.json")), None
+    )
     return {
-        "deployment": state.deployment, "round": state.number, "phases_done": state.done,
+        "deployment": state.deployment,
+        "round": state.number,
+        "phases_done": state.done,
         "promotions": [p.model_dump(mode="json") for p in promotions],
-        "directions": [{"id": d.spec.id, "kind": d.kind, "status": d.status, "decision": d.decision,
-                        "headroom": d.headroom.net if d.headroom else None} for d in directions],
+        "directions": [
+            {
+                "id": d.spec.id,
+                "kind": d.kind,
+                "status": d.status,
+                "decision": d.decision,
+                "headroom": d.headroom.net if d.headroom else None,
+            }
+            for d in directions
+        ],
         "sealed": state.sealed,
-        "cost": {"wall_hours": wall_hours, "gpu_hours": device_seconds / 3600,
-                 "code_changes": sum(1 for d in directions if d.patch), "promotions": len(promotions),
-                 "agent_tokens": usage},
+        "cost": {
+            "wall_hours": wall_hours,
+            "gpu_hours": device_seconds / 3600,
+            "code_changes": sum(1 for d in directions if d.patch),
+            "promotions": len(promotions),
+            "agent_tokens": usage,
+        },
         "delta": calibration["delta"] if calibration else None,
         "noise": calibration["noise"]["noise"] if calibration else None,
     }

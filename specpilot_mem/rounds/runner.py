@@ -39,9 +39,20 @@ from specpilot_mem.rounds.controller import code_hash, controller_files, hash_fi
 from specpilot_mem.rounds.distill import DRAFT_FILE, distill_promotion
 from specpilot_mem.rounds.files import RoundDir, latest_round, measurement_key
 from specpilot_mem.rounds.phase0 import cost_model_report
-from specpilot_mem.rounds.models import (MAX_GPU_MINUTES_TO_CLOSE_UNMEASURED, MIN_NET_HEADROOM, PHASES,
-                                         DirectionKind, DirectionPlan, DirectionRecord, DirectionSpec,
-                                         HeadroomCheck, Phase, PromotionRecord, RoundConfig, RoundState)
+from specpilot_mem.rounds.models import (
+    MAX_GPU_MINUTES_TO_CLOSE_UNMEASURED,
+    MIN_NET_HEADROOM,
+    PHASES,
+    DirectionKind,
+    DirectionPlan,
+    DirectionRecord,
+    DirectionSpec,
+    HeadroomCheck,
+    Phase,
+    PromotionRecord,
+    RoundConfig,
+    RoundState,
+)
 from specpilot_mem.rounds.sandbox import Sandbox
 from specpilot_mem.rounds.seal import SealError, escaping_symlinks, seal_tree
 from specpilot_mem.store.fork import STOCK_REF
@@ -55,8 +66,15 @@ def deployment_record(home: Home, deployment: str) -> DeploymentRecord:
 
 
 class RoundRunner:
-    def __init__(self, home: Home, round_dir: RoundDir, backend: AgentBackend, *,
-                 checkpoint: Callable[[str], None] | None = None, sandbox: Sandbox | None = None):
+    def __init__(
+        self,
+        home: Home,
+        round_dir: RoundDir,
+        backend: AgentBackend,
+        *,
+        checkpoint: Callable[[str], None] | None = None,
+        sandbox: Sandbox | None = None,
+    ):
         self.home = home
         self.dir = round_dir
         self.backend = backend
@@ -76,19 +94,32 @@ class RoundRunner:
         if number > 1:
             previous = RoundDir.of(home, deployment, number - 1).load_state()
             if previous.finished is None:
-                raise RoundError(f"round {number - 1} of {deployment} has not finished",
-                                 where=str(RoundDir.of(home, deployment, number - 1).path),
-                                 fix=f"finish it with `specpilot-mem round resume {deployment}` first")
+                raise RoundError(
+                    f"round {number - 1} of {deployment} has not finished",
+                    where=str(RoundDir.of(home, deployment, number - 1).path),
+                    fix=f"finish it with `specpilot-mem round resume {deployment}` first",
+                )
             start = previous.best
         stock = repo.rev_parse(STOCK_REF)
         if start is None or stock is None:
-            raise RoundError(f"the system repo has no branch {record.branch} or no stock", where=config.system_repo,
-                             fix=f"create the deployment with `specpilot-mem deploy new {deployment} ...`")
+            raise RoundError(
+                f"the system repo has no branch {record.branch} or no stock",
+                where=config.system_repo,
+                fix=f"create the deployment with `specpilot-mem deploy new {deployment} ...`",
+            )
         load_requests(config.requests)  # a malformed request set fails here, before anything is written
         lineage = f"round/{deployment}/{number}"
-        state = RoundState(deployment=deployment, number=number, config=config, start=start, lineage=lineage,
-                           best=start, stock=stock, started=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
-                           controller_hashes=hash_files(controller_files(Path(config.requests))))
+        state = RoundState(
+            deployment=deployment,
+            number=number,
+            config=config,
+            start=start,
+            lineage=lineage,
+            best=start,
+            stock=stock,
+            started=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
+            controller_hashes=hash_files(controller_files(Path(config.requests))),
+        )
         round_dir = RoundDir.of(home, deployment, number)
         repo.update_refs({f"refs/heads/{lineage}": (None, start)}, f"specpilot: start round {number} of {deployment}")
         round_dir.save_state(state)
@@ -104,7 +135,9 @@ class RoundRunner:
             getattr(self, "_" + phase.replace("-", "_"))()
             self.state = self.state.model_copy(update={"done": [*self.state.done, phase]})
             if phase == PHASES[-1]:
-                self.state = self.state.model_copy(update={"finished": dt.datetime.now(dt.timezone.utc).replace(microsecond=0)})
+                self.state = self.state.model_copy(
+                    update={"finished": dt.datetime.now(dt.timezone.utc).replace(microsecond=0)}
+                )
             self.dir.save_state(self.state)
             self.dir.log("phase done", phase=phase)
             self.checkpoint(f"{phase}:done")
@@ -119,8 +152,11 @@ class RoundRunner:
         self.checkpoint("cost-model:report")
 
     def _calibration(self) -> dict:
-        job = self._job("calibrate", stock=self._side("stock", self.state.stock),
-                        stock_outputs=str(self.dir.path / "controller" / "stock-dev-outputs.jsonl"))
+        job = self._job(
+            "calibrate",
+            stock=self._side("stock", self.state.stock),
+            stock_outputs=str(self.dir.path / "controller" / "stock-dev-outputs.jsonl"),
+        )
         return self._measured(job)[1]
 
     # -- phase 1 ----------------------------------------------------------------------------------
@@ -138,18 +174,25 @@ class RoundRunner:
 
     def _ask_master(self) -> DirectionPlan:
         workdir = self._scratch("master")
-        brief = master_brief(self.home, self.state, json.loads((self.dir.path / "cost-model.json").read_text()),
-                             self._closed_elsewhere())
+        brief = master_brief(
+            self.home, self.state, json.loads((self.dir.path / "cost-model.json").read_text()), self._closed_elsewhere()
+        )
         result = self._run_agent("master", "master", brief, workdir)
         plan_file = workdir / "directions.yaml"
         if not plan_file.is_file():
-            raise RoundError("the master agent wrote no directions.yaml", where=str(workdir),
-                             fix="resume to ask it again; its transcript is in the round's master/ folder")
+            raise RoundError(
+                "the master agent wrote no directions.yaml",
+                where=str(workdir),
+                fix="resume to ask it again; its transcript is in the round's master/ folder",
+            )
         plan = parse_record(plan_file.read_text(), DirectionPlan, "master: directions.yaml")
         ids = [d.id for d in plan.directions]
         if len(set(ids)) != len(ids):
-            raise RoundError(f"the master proposed duplicate direction ids {ids}", where="directions.yaml",
-                             fix="resume to ask it again")
+            raise RoundError(
+                f"the master proposed duplicate direction ids {ids}",
+                where="directions.yaml",
+                fix="resume to ask it again",
+            )
         self.dir.save_plan(plan)
         self.dir.log("directions planned", directions=ids, summary=result.summary)
         return plan
@@ -172,8 +215,13 @@ class RoundRunner:
         (notes / "brief.md").write_text(brief or direction_brief(self.state, spec, AGENT_FOLDER))
         self._dev_requests(notes / "requests-dev.jsonl")
         (notes / "cost-model.json").write_text((self.dir.path / "cost-model.json").read_text())
-        self._run_agent(kind if kind != "explore" else "sub", spec.id, (notes / "brief.md").read_text(), worktree,
-                        record_to=self.dir.direction_dir(spec.id))
+        self._run_agent(
+            kind if kind != "explore" else "sub",
+            spec.id,
+            (notes / "brief.md").read_text(),
+            worktree,
+            record_to=self.dir.direction_dir(spec.id),
+        )
         record = self._commit_patch(record, worktree)
         self.checkpoint(f"direction:{spec.id}:built")
         return record
@@ -197,7 +245,9 @@ class RoundRunner:
             tree = wt.out("write-tree")
             message = f"{record.spec.title}\n\nSpecPilot-Direction: {record.spec.id}\n"
             patch = self._commit(tree, [record.base], message, order=1)
-            self.repo.update_refs({f"refs/heads/{record.branch}": (record.base, patch)}, f"specpilot: patch {record.spec.id}")
+            self.repo.update_refs(
+                {f"refs/heads/{record.branch}": (record.base, patch)}, f"specpilot: patch {record.spec.id}"
+            )
         changed = self.repo.out("diff", "--name-only", record.base, patch).splitlines() if patch else []
         record = record.model_copy(update={"patch": patch, "headroom": headroom, "changed_paths": changed})
         self.dir.save_direction(record)
@@ -226,10 +276,15 @@ class RoundRunner:
         except SealError as err:
             self._close(record, "rejected", f"cannot be sealed for measuring: {err.what}")
             return
-        job = self._job("measure", **sides, stock=self._side("stock", self.state.stock),
-                        stock_outputs=str(self.dir.path / "controller" / "stock-dev-outputs.jsonl"),
-                        stock_outputs_sha256=self._calibration().get("stock_outputs_sha256"),
-                        delta=self._calibration()["delta"], noise=self._calibration()["noise"]["noise"])
+        job = self._job(
+            "measure",
+            **sides,
+            stock=self._side("stock", self.state.stock),
+            stock_outputs=str(self.dir.path / "controller" / "stock-dev-outputs.jsonl"),
+            stock_outputs_sha256=self._calibration().get("stock_outputs_sha256"),
+            delta=self._calibration()["delta"],
+            noise=self._calibration()["noise"]["noise"],
+        )
         key, result = self._measured(job)
         record = record.model_copy(update={"measurements": [*record.measurements, key]})
         self.dir.save_direction(record)
@@ -240,13 +295,19 @@ class RoundRunner:
             reasons = [result["decision"]["reason"]]
             if result["token_forcing"]["verdict"] == "reject":
                 reasons = ["token forcing rejected it: " + "; ".join(result["token_forcing"]["reasons"]), *reasons]
-            self._close(record, "rejected" if result["token_forcing"]["verdict"] == "reject" else "not-promoted",
-                        "; ".join(reasons))
+            self._close(
+                record,
+                "rejected" if result["token_forcing"]["verdict"] == "reject" else "not-promoted",
+                "; ".join(reasons),
+            )
 
     def _rules(self, record: DirectionRecord) -> tuple[str, str] | None:
         """The paper's rules for sub-agents; (status, why) when they stop a direction before measuring."""
-        protected = [p for p in record.changed_paths
-                     if any(p == q.rstrip("/") or p.startswith(q) for q in self.state.config.protected_paths)]
+        protected = [
+            p
+            for p in record.changed_paths
+            if any(p == q.rstrip("/") or p.startswith(q) for q in self.state.config.protected_paths)
+        ]
         if protected:
             return "rejected", f"touches controller, bench or request files: {protected}"
         escaping = escaping_symlinks(self.repo, record.patch) if record.patch else []
@@ -257,13 +318,19 @@ class RoundRunner:
             if check is None:
                 return "closed", "the agent proposed nothing"
             if check.net < MIN_NET_HEADROOM:
-                return "closed", (f"headroom {check.headroom:.1%} net of {check.overhead:.1%} overhead is "
-                                  f"{check.net:.1%} < {MIN_NET_HEADROOM:.0%} by {check.evidence}: not built")
+                return "closed", (
+                    f"headroom {check.headroom:.1%} net of {check.overhead:.1%} overhead is "
+                    f"{check.net:.1%} < {MIN_NET_HEADROOM:.0%} by {check.evidence}: not built"
+                )
             if check.gpu_minutes_to_measure > MAX_GPU_MINUTES_TO_CLOSE_UNMEASURED:
-                return "closed", (f"not measured: measuring would take {check.gpu_minutes_to_measure:g} GPU-minutes "
-                                  f"> {MAX_GPU_MINUTES_TO_CLOSE_UNMEASURED:g}")
-            return "rejected", (f"net headroom {check.net:.1%} >= {MIN_NET_HEADROOM:.0%} but nothing was built: a "
-                                "direction is closed only after measuring it")
+                return "closed", (
+                    f"not measured: measuring would take {check.gpu_minutes_to_measure:g} GPU-minutes "
+                    f"> {MAX_GPU_MINUTES_TO_CLOSE_UNMEASURED:g}"
+                )
+            return "rejected", (
+                f"net headroom {check.net:.1%} >= {MIN_NET_HEADROOM:.0%} but nothing was built: a "
+                "direction is closed only after measuring it"
+            )
         if check is None:
             return "rejected", "built without headroom evidence: the cheapest evidence must come first"
         if check.net < MIN_NET_HEADROOM:
@@ -273,8 +340,11 @@ class RoundRunner:
     def _promote(self, record: DirectionRecord, tree: str, result: dict, key: str) -> None:
         measured_tree = result["identity"]["systems"]["candidate"]
         if measured_tree != tree:
-            raise RoundError(f"the merge of {record.spec.id} would carry tree {tree}, not the measured {measured_tree}",
-                             where=str(self.dir.measurement_file(key)), fix="resume: the candidate is measured again")
+            raise RoundError(
+                f"the merge of {record.spec.id} would carry tree {tree}, not the measured {measured_tree}",
+                where=str(self.dir.measurement_file(key)),
+                fix="resume: the candidate is measured again",
+            )
         audit = hashlib.sha256(self.dir.measurement_file(key).read_bytes()).hexdigest()
         gain, tf = result["gain"], result["token_forcing"]
         rate = tf["rate"]
@@ -298,12 +368,27 @@ class RoundRunner:
         merge = self._commit(tree, [previous, record.patch], message, order=10 + len(log.promotions))
         lineage = f"refs/heads/{self.state.lineage}"
         self.repo.update_refs({lineage: (previous, merge)}, f"specpilot: promote {record.spec.id}")
-        log.promotions.append(PromotionRecord(
-            order=len(log.promotions) + 1, direction=record.spec.id, phase=self._phase_of(record.kind),
-            candidate=record.patch, merge=merge, previous_best=previous, gain=gain["gain"], ci_low=gain["low"],
-            ci_high=gain["high"], noise=result["decision"]["noise"], threshold=result["decision"]["threshold"],
-            token_forcing=tf["verdict"], requests=result["requests"], devices=result["devices"],
-            rate=result.get("candidate_rate"), measurement=key, audit_sha256=audit))
+        log.promotions.append(
+            PromotionRecord(
+                order=len(log.promotions) + 1,
+                direction=record.spec.id,
+                phase=self._phase_of(record.kind),
+                candidate=record.patch,
+                merge=merge,
+                previous_best=previous,
+                gain=gain["gain"],
+                ci_low=gain["low"],
+                ci_high=gain["high"],
+                noise=result["decision"]["noise"],
+                threshold=result["decision"]["threshold"],
+                token_forcing=tf["verdict"],
+                requests=result["requests"],
+                devices=result["devices"],
+                rate=result.get("candidate_rate"),
+                measurement=key,
+                audit_sha256=audit,
+            )
+        )
         self.dir.save_promotions(log)
         self.state = self.state.model_copy(update={"best": merge})
         self.dir.save_state(self.state)
@@ -324,37 +409,56 @@ class RoundRunner:
         if not leftovers:
             self.dir.log("integration skipped", why="no patch was left unpromoted")
             return
-        spec = DirectionSpec(id="integration", title="Stack the patches that gained too little alone",
-                             idea=", ".join(d.spec.id for d in leftovers), factor="other", headroom=0.0,
-                             cheapest_evidence="timing")
+        spec = DirectionSpec(
+            id="integration",
+            title="Stack the patches that gained too little alone",
+            idea=", ".join(d.spec.id for d in leftovers),
+            factor="other",
+            headroom=0.0,
+            cheapest_evidence="timing",
+        )
         self._build(spec, "integration", integration_brief(self.state, leftovers, self.dir, AGENT_FOLDER))
         self._decide(spec.id)
 
     def _kernel(self) -> None:
         report = json.loads((self.dir.path / "cost-model.json").read_text())
-        spec = DirectionSpec(id="kernel-tuning", title="Tune the kernels furthest from their byte floors",
-                             idea="profile the current best and tune its slowest kernel classes", factor="kernel",
-                             headroom=float(report.get("factors", {}).get("kernel", 1.0)) - 1.0,
-                             cheapest_evidence="microbenchmark")
+        spec = DirectionSpec(
+            id="kernel-tuning",
+            title="Tune the kernels furthest from their byte floors",
+            idea="profile the current best and tune its slowest kernel classes",
+            factor="kernel",
+            headroom=float(report.get("factors", {}).get("kernel", 1.0)) - 1.0,
+            cheapest_evidence="microbenchmark",
+        )
         self._build(spec, "kernel", kernel_brief(self.state, report, AGENT_FOLDER))
         self._decide(spec.id)
 
     # -- phase 4 and distillation -----------------------------------------------------------------
     def _sealed(self) -> None:
         if self.state.best == self.state.start:
-            self.state = self.state.model_copy(update={"sealed": {"accepted": False, "skipped": True,
-                                                                  "reasons": ["nothing was promoted this round"]}})
+            self.state = self.state.model_copy(
+                update={"sealed": {"accepted": False, "skipped": True, "reasons": ["nothing was promoted this round"]}}
+            )
             self.dir.save_state(self.state)
             return
         config = self.state.config
         long = config.sealed_max_new_tokens is None and config.sealed_long_outputs
-        job = self._job("sealed", candidate=self._side("candidate", self.state.best),
-                        stock=self._side("stock", self.state.stock), delta=self._calibration()["delta"],
-                        max_new_tokens=config.sealed_max_new_tokens or (None if long else config.max_new_tokens),
-                        long_outputs=long, require_conclusive=config.sealed_require_conclusive)
+        job = self._job(
+            "sealed",
+            candidate=self._side("candidate", self.state.best),
+            stock=self._side("stock", self.state.stock),
+            delta=self._calibration()["delta"],
+            max_new_tokens=config.sealed_max_new_tokens or (None if long else config.max_new_tokens),
+            long_outputs=long,
+            require_conclusive=config.sealed_require_conclusive,
+        )
         key, result = self._measured(job)
-        self.state = self.state.model_copy(update={"sealed": {k: result[k] for k in ("accepted", "reasons", "gain")}
-                                                   | {"verdict": result["verdict"]["verdict"], "measurement": key}})
+        self.state = self.state.model_copy(
+            update={
+                "sealed": {k: result[k] for k in ("accepted", "reasons", "gain")}
+                | {"verdict": result["verdict"]["verdict"], "measurement": key}
+            }
+        )
         self.dir.save_state(self.state)
 
     def _distill(self) -> None:
@@ -384,14 +488,21 @@ class RoundRunner:
 
     def _job(self, kind: str, **fields) -> dict:
         config = self.state.config
-        job = {"kind": kind, "home": str(self.home.root), "requests": str(Path(config.requests).resolve()),
-               "devices": config.devices, "batch_sizes": config.batch_sizes, "repeats": config.repeats,
-               "noise_repeats": config.noise_repeats, "max_new_tokens": config.max_new_tokens,
-               "pool": config.pool, "policy": {"fresh_workers": config.fresh_workers,
-                                               "warmup_requests": config.warmup_requests},
-               "sandbox": Sandbox(self.sandbox.user, [*self.sandbox.hidden, self.home.state / "worktrees"]).to_dict(),
-               "judge_device": self._judge_device(),
-               "controller_hashes": self.state.controller_hashes} | fields
+        job = {
+            "kind": kind,
+            "home": str(self.home.root),
+            "requests": str(Path(config.requests).resolve()),
+            "devices": config.devices,
+            "batch_sizes": config.batch_sizes,
+            "repeats": config.repeats,
+            "noise_repeats": config.noise_repeats,
+            "max_new_tokens": config.max_new_tokens,
+            "pool": config.pool,
+            "policy": {"fresh_workers": config.fresh_workers, "warmup_requests": config.warmup_requests},
+            "sandbox": Sandbox(self.sandbox.user, [*self.sandbox.hidden, self.home.state / "worktrees"]).to_dict(),
+            "judge_device": self._judge_device(),
+            "controller_hashes": self.state.controller_hashes,
+        } | fields
         return job | {"identity": self._identity(job)}
 
     def _judge_device(self) -> str | None:
@@ -405,16 +516,29 @@ class RoundRunner:
         """Everything a measurement depends on: the systems' tree ids, the controller's code, the request
         set, the options, the devices and the repetition policy. Its digest is the measurement's key."""
         config = self.state.config
-        return {"kind": job["kind"],
-                "systems": {role: job[role]["tree"] for role in ("stock", "best", "candidate") if role in job},
-                "controller": code_hash(self.state.controller_hashes, job["requests"]),
-                "requests": self._requests_digest(), "devices": job["devices"], "pool": job["pool"],
-                "policy": {"repeats": job["noise_repeats"] if job["kind"] == "calibrate" else job["repeats"],
-                           "batch_sizes": job["batch_sizes"], "order": "ABBA", **job["policy"]},
-                "options": {"max_new_tokens": job["max_new_tokens"], "delta": job.get("delta"), "noise": job.get("noise"),
-                            "rule": job.get("rule", {}), "sealed_max_new_tokens": config.sealed_max_new_tokens,
-                            "long_outputs": job.get("long_outputs", False),
-                            "require_conclusive": job.get("require_conclusive", True)}}
+        return {
+            "kind": job["kind"],
+            "systems": {role: job[role]["tree"] for role in ("stock", "best", "candidate") if role in job},
+            "controller": code_hash(self.state.controller_hashes, job["requests"]),
+            "requests": self._requests_digest(),
+            "devices": job["devices"],
+            "pool": job["pool"],
+            "policy": {
+                "repeats": job["noise_repeats"] if job["kind"] == "calibrate" else job["repeats"],
+                "batch_sizes": job["batch_sizes"],
+                "order": "ABBA",
+                **job["policy"],
+            },
+            "options": {
+                "max_new_tokens": job["max_new_tokens"],
+                "delta": job.get("delta"),
+                "noise": job.get("noise"),
+                "rule": job.get("rule", {}),
+                "sealed_max_new_tokens": config.sealed_max_new_tokens,
+                "long_outputs": job.get("long_outputs", False),
+                "require_conclusive": job.get("require_conclusive", True),
+            },
+        }
 
     def _measured(self, job: dict) -> tuple[str, dict]:
         key = measurement_key(job["kind"], identity=job["identity"])
@@ -428,16 +552,25 @@ class RoundRunner:
             job_file, result_file = Path(scratch) / "job.json", Path(scratch) / "result.json"
             job_file.write_text(json.dumps(job))
             started = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "specpilot_mem.rounds.controller", str(job_file),
-                                   str(result_file)], capture_output=True, text=True)
+            proc = subprocess.run(
+                [sys.executable, "-m", "specpilot_mem.rounds.controller", str(job_file), str(result_file)],
+                capture_output=True,
+                text=True,
+            )
             if not result_file.is_file():
-                raise RoundError(f"the controller crashed on a {job['kind']} job: {proc.stderr.strip()[-2000:]}",
-                                 where="controller process", fix="fix the cause and `round resume`")
+                raise RoundError(
+                    f"the controller crashed on a {job['kind']} job: {proc.stderr.strip()[-2000:]}",
+                    where="controller process",
+                    fix="fix the cause and `round resume`",
+                )
             result = json.loads(result_file.read_text())
         if "error" in result:
             error = result["error"]
-            raise RoundError(f"the controller refused a {job['kind']} job: {error['what']}", where=error.get("where"),
-                             fix=error.get("fix"))
+            raise RoundError(
+                f"the controller refused a {job['kind']} job: {error['what']}",
+                where=error.get("where"),
+                fix=error.get("fix"),
+            )
         result["device_seconds"] = round((time.monotonic() - started) * len(job["devices"]), 3)
         return result
 
@@ -483,14 +616,28 @@ class RoundRunner:
 
     def _run_agent(self, role: str, name: str, brief: str, workdir: Path, record_to: Path | None = None):
         record_to = record_to or self.dir.path / name
-        task = AgentTask(role=role, name=name, brief=brief, workdir=workdir, sandbox=self.sandbox,
-                         time_limit_s=self.state.config.agent_time_limit_s)
+        task = AgentTask(
+            role=role,
+            name=name,
+            brief=brief,
+            workdir=workdir,
+            sandbox=self.sandbox,
+            time_limit_s=self.state.config.agent_time_limit_s,
+        )
         result = self.backend.run(task)
         record_to.mkdir(parents=True, exist_ok=True)
-        (record_to / "transcript.jsonl").write_text("".join(json.dumps(m, default=str) + "\n" for m in result.transcript))
-        self.dir.write_json(str((record_to / "agent.json").relative_to(self.dir.path)),
-                            {"backend": self.backend.name, "summary": result.summary,
-                             "usage": result.usage.model_dump(), "isolation": self.sandbox.isolation})
+        (record_to / "transcript.jsonl").write_text(
+            "".join(json.dumps(m, default=str) + "\n" for m in result.transcript)
+        )
+        self.dir.write_json(
+            str((record_to / "agent.json").relative_to(self.dir.path)),
+            {
+                "backend": self.backend.name,
+                "summary": result.summary,
+                "usage": result.usage.model_dump(),
+                "isolation": self.sandbox.isolation,
+            },
+        )
         if record_to != self.dir.path / name:
             record = self.dir.load_direction(name)
             self.dir.save_direction(record.model_copy(update={"usage": result.usage}))
@@ -513,7 +660,9 @@ class RoundRunner:
         closed = []
         for number in range(1, self.state.number):
             earlier = RoundDir.of(self.home, self.state.deployment, number)
-            closed.extend({"round": number, "direction": d.spec.id, "status": d.status, "why": d.decision}
-                          for d in earlier.directions() if d.status in ("closed", "rejected", "not-promoted"))
+            closed.extend(
+                {"round": number, "direction": d.spec.id, "status": d.status, "why": d.decision}
+                for d in earlier.directions()
+                if d.status in ("closed", "rejected", "not-promoted")
+            )
         return closed
-

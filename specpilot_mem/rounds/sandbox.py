@@ -80,8 +80,11 @@ class Sandbox:
         except KeyError:
             if not create_user or not shutil.which("useradd"):
                 return cls(None)
-            proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                                   AGENT_USER], capture_output=True, text=True)
+            proc = subprocess.run(
+                ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", AGENT_USER],
+                capture_output=True,
+                text=True,
+            )
             if proc.returncode != 0 and "already exists" not in proc.stderr:
                 return cls(None)
         return cls(AGENT_USER, [Path(p).resolve() for p in hidden])
@@ -105,16 +108,36 @@ class Sandbox:
         entry = pwd.getpwnam(self.user)
         cwd = Path(cwd).resolve()
         mounts = _exposing(expose)
-        mounts += [f"mount -t tmpfs -o size=1m,mode=000 specpilot-hidden {shlex.quote(str(p))}"
-                   for p in self.hidden if p.exists() and p != cwd and p not in cwd.parents]
+        mounts += [
+            f"mount -t tmpfs -o size=1m,mode=000 specpilot-hidden {shlex.quote(str(p))}"
+            for p in self.hidden
+            if p.exists() and p != cwd and p not in cwd.parents
+        ]
         # a scratch folder that holds the working folder itself stays (homes kept under /tmp)
-        mounts += [f"mount -t tmpfs -o mode=1777 specpilot-scratch {folder}" for folder in PRIVATE_SCRATCH
-                   if os.path.isdir(folder) and Path(folder) not in cwd.parents]
-        drop = (f"exec setpriv --reuid={entry.pw_uid} --regid={entry.pw_gid} --clear-groups "
-                f"--inh-caps=-all --no-new-privs -- bash -c {shlex.quote(command)}")
+        mounts += [
+            f"mount -t tmpfs -o mode=1777 specpilot-scratch {folder}"
+            for folder in PRIVATE_SCRATCH
+            if os.path.isdir(folder) and Path(folder) not in cwd.parents
+        ]
+        drop = (
+            f"exec setpriv --reuid={entry.pw_uid} --regid={entry.pw_gid} --clear-groups "
+            f"--inh-caps=-all --no-new-privs -- bash -c {shlex.quote(command)}"
+        )
         inner = " && ".join([*mounts, f"cd {shlex.quote(str(cwd))}", drop])
-        return ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child", "--mount-proc",
-                "--", "bash", "-c", inner]
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            "--",
+            "bash",
+            "-c",
+            inner,
+        ]
 
     def run(self, command: str, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess:
         """Run an agent's shell command in its worktree; a time-out kills it and says so. Whatever it
@@ -123,8 +146,15 @@ class Sandbox:
         env["HOME"] = str(cwd)
         # files, not pipes: a background process holding a pipe open must not keep the turn alive
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(self.command(command, cwd), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=err, start_new_session=True)
+            proc = subprocess.Popen(
+                self.command(command, cwd),
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
             try:
                 code = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -153,8 +183,11 @@ def _exposing(paths: Iterable[Path]) -> list[str]:
         return []
     stage = next((d for d in ("/mnt", "/media", "/srv") if os.path.isdir(d)), None)
     if stage is None:
-        raise RoundError("the sandbox needs an empty mount point (/mnt, /media or /srv) to stage folders on",
-                         where="sandbox", fix="create /mnt")
+        raise RoundError(
+            "the sandbox needs an empty mount point (/mnt, /media or /srv) to stage folders on",
+            where="sandbox",
+            fix="create /mnt",
+        )
     staged = [path for paths_below in covered.values() for path in paths_below]
     mounts = [f"mount -t tmpfs -o mode=755 specpilot-stage {stage}"]
     for index, path in enumerate(staged):
@@ -185,6 +218,9 @@ def confine(root: Path, relative: str) -> Path:
     root = root.resolve()
     path = (root / relative).resolve()
     if path != root and root not in path.parents:
-        raise RoundError(f"path {relative!r} is outside the worktree", where=str(root),
-                         fix="agents may only read and write inside their own worktree")
+        raise RoundError(
+            f"path {relative!r} is outside the worktree",
+            where=str(root),
+            fix="agents may only read and write inside their own worktree",
+        )
     return path

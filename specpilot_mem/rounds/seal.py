@@ -50,15 +50,21 @@ def directory_tree_id(root: Path) -> str:
             entries[name] = (SYMLINK, object_id("blob", os.fsencode(os.readlink(path))))
         elif stat.S_ISDIR(info.st_mode):
             if not os.listdir(path):
-                raise SealError(f"sealed folder holds an empty folder {path}, which no git tree has", where=str(root),
-                                fix="re-seal the tree")
+                raise SealError(
+                    f"sealed folder holds an empty folder {path}, which no git tree has",
+                    where=str(root),
+                    fix="re-seal the tree",
+                )
             entries[name] = (TREE, directory_tree_id(path))
         elif stat.S_ISREG(info.st_mode):
             mode = EXECUTABLE if info.st_mode & stat.S_IXUSR else REGULAR
             entries[name] = (mode, object_id("blob", path.read_bytes()))
         else:
-            raise SealError(f"sealed folder holds {path}, which is neither a file, a folder nor a symlink",
-                            where=str(root), fix="re-seal the tree")
+            raise SealError(
+                f"sealed folder holds {path}, which is neither a file, a folder nor a symlink",
+                where=str(root),
+                fix="re-seal the tree",
+            )
     return object_id("tree", tree_content(entries))
 
 
@@ -66,8 +72,11 @@ def _write_tree(repo: Repo, tree: str, dest: Path) -> None:
     rows = repo.ls_tree(tree)
     gitlinks = [path for mode, _, _, path in rows if mode == "160000"]
     if gitlinks:
-        raise SealError(f"tree {tree} holds submodules {gitlinks[:3]}", where=str(repo.path),
-                        fix="a measured system's tree must hold its files, not submodules")
+        raise SealError(
+            f"tree {tree} holds submodules {gitlinks[:3]}",
+            where=str(repo.path),
+            fix="a measured system's tree must hold its files, not submodules",
+        )
     blobs = repo.read_blobs([oid for _, kind, oid, _ in rows if kind == "blob"])
     for mode, kind, oid, path in rows:
         target = dest / path
@@ -95,8 +104,11 @@ def seal_tree(repo: Repo, commit: str, root: Path) -> tuple[str, Path]:
         raise SealError(f"commit {commit} is not in {repo.path}", where=str(repo.path), fix="record the patch first")
     escaping = escaping_symlinks(repo, tree)
     if escaping:
-        raise SealError(f"tree {tree} has symlinks that point outside it: {escaping}", where=str(repo.path),
-                        fix="a system may only link within its own tree")
+        raise SealError(
+            f"tree {tree} has symlinks that point outside it: {escaping}",
+            where=str(repo.path),
+            fix="a system may only link within its own tree",
+        )
     dest = root / tree
     if dest.is_dir():
         try:
@@ -111,7 +123,9 @@ def seal_tree(repo: Repo, commit: str, root: Path) -> tuple[str, Path]:
     _write_tree(repo, tree, scratch)
     got = directory_tree_id(scratch)
     if got != tree:
-        raise SealError(f"the export of {tree} hashes to {got}", where=str(scratch), fix="report this: git and the export disagree")
+        raise SealError(
+            f"the export of {tree} hashes to {got}", where=str(scratch), fix="report this: git and the export disagree"
+        )
     _read_only(scratch)
     os.replace(scratch, dest)
     return tree, dest
@@ -121,5 +135,8 @@ def verify_sealed(folder: Path, tree: str) -> None:
     """Refuse to measure ``folder`` unless its bytes are exactly ``tree``."""
     got = directory_tree_id(Path(folder))
     if got != tree:
-        raise SealError(f"the sealed folder {folder} hashes to tree {got}, not {tree}: its bytes changed",
-                        where=str(folder), fix="nothing is measured on changed bytes; `round resume` seals it again")
+        raise SealError(
+            f"the sealed folder {folder} hashes to tree {got}, not {tree}: its bytes changed",
+            where=str(folder),
+            fix="nothing is measured on changed bytes; `round resume` seals it again",
+        )

@@ -41,8 +41,11 @@ def system_spec(checkout: Path) -> dict[str, Any]:
     try:
         spec = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise RoundError(f"{SYSTEM_FILE} is not valid JSON: {err.msg}", where=f"{path}:{err.lineno}",
-                         fix='e.g. {"adapter": "python", "module": "system.py"}') from None
+        raise RoundError(
+            f"{SYSTEM_FILE} is not valid JSON: {err.msg}",
+            where=f"{path}:{err.lineno}",
+            fix='e.g. {"adapter": "python", "module": "system.py"}',
+        ) from None
     if spec.get("adapter") not in ("python", "sglang"):
         raise RoundError(f"unknown adapter {spec.get('adapter')!r}", where=str(path), fix="use 'python' or 'sglang'")
     return spec
@@ -53,7 +56,9 @@ def load_system_module(checkout: Path, relative: str, name: str):
     for stock's scorer)."""
     path = checkout / relative
     if not path.is_file():
-        raise RoundError(f"system module {relative} is missing", where=str(checkout), fix=f"add it or fix {SYSTEM_FILE}")
+        raise RoundError(
+            f"system module {relative} is missing", where=str(checkout), fix=f"add it or fix {SYSTEM_FILE}"
+        )
     module_name = f"specpilot_system_{name}_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
@@ -77,8 +82,11 @@ class PythonSystem:
 
     def run(self, requests: Sequence[Request], *, batch_size: int, device: str) -> list[RequestOutput]:
         if batch_size != 1:
-            raise RoundError(f"system {self.name!r} serves one request at a time, not {batch_size}",
-                             where=SYSTEM_FILE, fix="use batch size 1 or an adapter that batches (sglang)")
+            raise RoundError(
+                f"system {self.name!r} serves one request at a time, not {batch_size}",
+                where=SYSTEM_FILE,
+                fix="use batch size 1 or an adapter that batches (sglang)",
+            )
         system = self.instance(device)
         encode = getattr(system, "encode", None)
         outputs = []
@@ -98,8 +106,10 @@ class PythonSystem:
     def ar_outputs(self, requests: Sequence[Request], device: str) -> dict[str, RequestOutput]:
         system = self.instance(device)
         encode = getattr(system, "encode", None)
-        return {r.id: RequestOutput(r.id, tuple(system.generate_ar(r.token_ids(encode), r.max_new_tokens)))
-                for r in requests}
+        return {
+            r.id: RequestOutput(r.id, tuple(system.generate_ar(r.token_ids(encode), r.max_new_tokens)))
+            for r in requests
+        }
 
     def scorer(self, device: str):
         return self.instance(device).scorer()

@@ -65,8 +65,11 @@ class SGLangClient:
         if response.status != 200:
             text = response.read().decode(errors="replace")[:500]
             connection.close()
-            raise SGLangRequestError(f"{self.url}{path} answered {response.status}: {text}", where=self.url,
-                                     fix="check the request against the server's log")
+            raise SGLangRequestError(
+                f"{self.url}{path} answered {response.status}: {text}",
+                where=self.url,
+                fix="check the request against the server's log",
+            )
         return connection, response
 
     def health(self) -> bool:
@@ -114,15 +117,16 @@ class SGLangClient:
                 ids = [int(t) for t in chunk.get("output_ids") or []]
                 meta = chunk.get("meta_info", {})
                 total = meta.get("completion_tokens", len(received) + len(ids))
-                if received and len(ids) >= total and ids[:len(received)] == received:
-                    new = ids[len(received):]  # cumulative
+                if received and len(ids) >= total and ids[: len(received)] == received:
+                    new = ids[len(received) :]  # cumulative
                 elif not received or len(ids) == total - len(received):
                     new = ids  # the first chunk, or a disjoint segment
                 else:
                     raise SGLangRequestError(
                         f"a streamed chunk of {len(ids)} tokens fits neither cumulative nor incremental output "
                         f"after {len(received)} tokens (completion_tokens {total})",
-                        where=self.url, fix="report this with the server's version and flags",
+                        where=self.url,
+                        fix="report this with the server's version and flags",
                     )
                 received += new
                 yield StreamChunk(arrived, tuple(new), meta.get("finish_reason"))
@@ -140,8 +144,12 @@ def generate_body(request: Request, encode: Callable[[str], Sequence[int]] | Non
     return body
 
 
-def stream_request(client: SGLangClient, request: Request, encode: Callable[[str], Sequence[int]] | None,
-                   on_chunk: Callable[[StreamChunk], None] | None = None) -> RequestOutput:
+def stream_request(
+    client: SGLangClient,
+    request: Request,
+    encode: Callable[[str], Sequence[int]] | None,
+    on_chunk: Callable[[StreamChunk], None] | None = None,
+) -> RequestOutput:
     """Serve one request, streamed; ``on_chunk`` sees each chunk as it arrives (a pool worker forwards
     it to the host, whose clock times it)."""
     body = generate_body(request, encode)
@@ -156,8 +164,12 @@ def stream_request(client: SGLangClient, request: Request, encode: Callable[[str
     return RequestOutput(request.id, tuple(ids), start, tuple(times))
 
 
-def serve_closed_loop(client: SGLangClient, requests: Sequence[Request], batch_size: int,
-                      encode: Callable[[str], Sequence[int]] | None = None) -> list[RequestOutput]:
+def serve_closed_loop(
+    client: SGLangClient,
+    requests: Sequence[Request],
+    batch_size: int,
+    encode: Callable[[str], Sequence[int]] | None = None,
+) -> list[RequestOutput]:
     """Serve ``requests`` with ``batch_size`` in flight: a slot takes the next request as soon as its last one ends."""
     if batch_size < 1:
         raise SpecPilotError(f"batch size {batch_size} is not positive", where="batch_size", fix="use 1 or more")
@@ -168,9 +180,17 @@ def serve_closed_loop(client: SGLangClient, requests: Sequence[Request], batch_s
 class SGLangSystem:
     """A system under test: SGLang from an export of a system commit, one server per ``run``."""
 
-    def __init__(self, name: str, export_dir: str | Path, server_args: Sequence[str], *,
-                 encode: Callable[[str], Sequence[int]] | None = None, python: str | None = None,
-                 log_dir: str | Path | None = None, startup_timeout: float = 900.0):
+    def __init__(
+        self,
+        name: str,
+        export_dir: str | Path,
+        server_args: Sequence[str],
+        *,
+        encode: Callable[[str], Sequence[int]] | None = None,
+        python: str | None = None,
+        log_dir: str | Path | None = None,
+        startup_timeout: float = 900.0,
+    ):
         self.name = name
         self.export_dir = Path(export_dir)
         self.server_args = list(server_args)
@@ -180,8 +200,9 @@ class SGLangSystem:
         self.startup_timeout = startup_timeout
 
     @classmethod
-    def from_commit(cls, home, name: str, commit: str, server_args: Sequence[str], *,
-                    entries: Sequence[str] = (), **kwargs) -> "SGLangSystem":
+    def from_commit(
+        cls, home, name: str, commit: str, server_args: Sequence[str], *, entries: Sequence[str] = (), **kwargs
+    ) -> "SGLangSystem":
         """Export ``commit`` of the fork (cached by tree id under the home's state folder) and wrap it."""
         from specpilot_mem.sglang.export import cached_export
 
@@ -192,8 +213,9 @@ class SGLangSystem:
         log = self.log_dir / f"{self.name}-gpu{gpu}.log" if self.log_dir else None
         if log:
             log.parent.mkdir(parents=True, exist_ok=True)
-        return SGLangServer(self.export_dir, self.server_args, gpu=gpu, log_path=log,
-                            startup_timeout=self.startup_timeout, **extra)
+        return SGLangServer(
+            self.export_dir, self.server_args, gpu=gpu, log_path=log, startup_timeout=self.startup_timeout, **extra
+        )
 
     def run(self, requests: Sequence[Request], *, batch_size: int, device: str) -> list[RequestOutput]:
         with self.server(gpu_index(device)) as server:
@@ -219,48 +241,58 @@ class SGLangScorer:
 
     @classmethod
     @contextmanager
-    def on_stock(cls, export_dir: str | Path, server_args: Sequence[str], *, gpu: int | None = None,
-                 **server_kwargs) -> Iterator["SGLangScorer"]:
+    def on_stock(
+        cls, export_dir: str | Path, server_args: Sequence[str], *, gpu: int | None = None, **server_kwargs
+    ) -> Iterator["SGLangScorer"]:
         """Start SGLang from a stock export with the FP32 LM head on ``gpu`` and yield its scorer."""
         with SGLangServer(export_dir, [*server_args, *cls.SERVER_ARGS], gpu=gpu, **server_kwargs) as server:
             yield cls(SGLangClient(server.url))
 
-    def _forced(self, tokens: Sequence[int], start: int, expected: Sequence[int]) -> list[tuple[float, int, float, float]]:
+    def _forced(
+        self, tokens: Sequence[int], start: int, expected: Sequence[int]
+    ) -> list[tuple[float, int, float, float]]:
         """(token logprob, argmax, argmax logprob, top-2 margin) of ``tokens[start:]``, one pass.
 
         SGLang returns input log-probs from ``input_ids[logprob_start_len]`` on, the first being None
         (no logits precede it), so the request starts one token earlier and that entry is dropped.
         """
         if start < 1:
-            raise SGLangRequestError("a forced token needs at least one token before it", where="prompt_ids",
-                                     fix="give a non-empty prompt")
-        answer = self.client.generate({
-            "input_ids": list(tokens),
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-            "return_logprob": True,
-            "logprob_start_len": start - 1,
-            "top_logprobs_num": 2,
-        })
+            raise SGLangRequestError(
+                "a forced token needs at least one token before it", where="prompt_ids", fix="give a non-empty prompt"
+            )
+        answer = self.client.generate(
+            {
+                "input_ids": list(tokens),
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                "return_logprob": True,
+                "logprob_start_len": start - 1,
+                "top_logprobs_num": 2,
+            }
+        )
         meta = answer.get("meta_info", {})
         token_lp = (meta.get("input_token_logprobs") or [])[1:]
         top_lp = (meta.get("input_top_logprobs") or [])[1:]
         if len(token_lp) != len(expected) or len(top_lp) != len(expected):
             raise SGLangRequestError(
                 f"the server returned {len(token_lp)} input log-probs for {len(expected)} forced tokens",
-                where=self.client.url, fix="the server must be SGLang 0.5.23 (logprob_start_len semantics)",
+                where=self.client.url,
+                fix="the server must be SGLang 0.5.23 (logprob_start_len semantics)",
             )
         rows = []
         for position, (own, top, token) in enumerate(zip(token_lp, top_lp, expected)):
             if own[1] != token or own[0] is None or top is None or len(top) < 2:
                 raise SGLangRequestError(
                     f"forced position {position}: the server scored token {own[1]} (expected {token}) "
-                    f"with {0 if top is None else len(top)} top log-probs", where=self.client.url,
+                    f"with {0 if top is None else len(top)} top log-probs",
+                    where=self.client.url,
                     fix="the server must be SGLang 0.5.23 started without speculative decoding",
                 )
             rows.append((float(own[0]), int(top[0][1]), float(top[0][0]), float(top[0][0]) - float(top[1][0])))
         return rows
 
-    def score(self, prompt_ids: Sequence[int], output_ids: Sequence[int], prefill_len: int | None = None) -> TokenScores:
+    def score(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], prefill_len: int | None = None
+    ) -> TokenScores:
         """Scores of ``output_ids`` after ``prompt_ids``.
 
         With ``prefill_len``, the tokens before it are scored in one pass over ``tokens[:prefill_len]``

@@ -34,14 +34,25 @@ def src_files(home: Home, entry_id: str) -> dict[str, Path]:
     """Fork path -> file under ``entries/<id>/src/`` (caches left out)."""
     root = src_dir(home, entry_id)
     if not root.is_dir():
-        raise SpecPilotError(f"entry {entry_id} has no source files", where=str(root),
-                             fix="put the files the entry adds or changes there, at their fork paths")
-    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
+        raise SpecPilotError(
+            f"entry {entry_id} has no source files",
+            where=str(root),
+            fix="put the files the entry adds or changes there, at their fork paths",
+        )
+    return {
+        p.relative_to(root).as_posix(): p
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    }
 
 
-def build_entry(home: Home, entry_id: str, requires: Sequence[str], meta: str | Path | dict | None = None,
-                kernels: Sequence[str] = ()) -> EntryRecord:
+def build_entry(
+    home: Home,
+    entry_id: str,
+    requires: Sequence[str],
+    meta: str | Path | dict | None = None,
+    kernels: Sequence[str] = (),
+) -> EntryRecord:
     """Record ``entry_id`` from its ``src/`` files (plus vendored ``kernels``) on top of ``requires``."""
     from specpilot_mem.store.fork import open_fork
     from specpilot_mem.store.kernels import vendor_kernels
@@ -74,7 +85,7 @@ def vendored_sources(record: EntryRecord) -> list[str]:
     to the op since are taken too) and each top-level library file (e.g. ``cuda_extension.py``)."""
     from specpilot_mem.store.kernels import VENDOR_DIR
 
-    return sorted({path[len(VENDOR_DIR) + 1:].split("/")[0] for path in record.kernels})
+    return sorted({path[len(VENDOR_DIR) + 1 :].split("/")[0] for path in record.kernels})
 
 
 def rebuild_entry(home: Home, entry_id: str) -> EntryRecord:
@@ -85,9 +96,14 @@ def rebuild_entry(home: Home, entry_id: str) -> EntryRecord:
 
     record = load_entry(home, entry_id)
     src_files(home, entry_id)  # an entry without src/ is refused before any work
-    meta = {k: v for k, v in record.model_dump(mode="json", exclude_none=True).items()
-            if k not in _STORE_FIELDS or k == "id"}
+    meta = {
+        k: v
+        for k, v in record.model_dump(mode="json", exclude_none=True).items()
+        if k not in _STORE_FIELDS or k == "id"
+    }
     if record.options:  # an option's default of None (unset reproduces stock) is a value, not an absent field
-        meta["options"] = [{**option.model_dump(mode="json", exclude_none=True), "default": option.default}
-                           for option in record.options]
+        meta["options"] = [
+            {**option.model_dump(mode="json", exclude_none=True), "default": option.default}
+            for option in record.options
+        ]
     return build_entry(home, entry_id, record.requires, meta=meta, kernels=vendored_sources(record))

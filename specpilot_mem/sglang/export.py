@@ -63,15 +63,21 @@ def _check_dest(dest: Path) -> None:
 def _write_sources(repo, tree_id: str, prefix: str, root: Path, show_progress: bool) -> int:
     """Write ``<prefix>sglang/`` of ``tree_id`` under ``root/sglang``; returns the number of files."""
     package = f"{prefix}{PACKAGE}/"
-    rows = [(mode, oid, path) for mode, kind, oid, path in repo.ls_tree(tree_id)
-            if kind == "blob" and path.startswith(package)]
+    rows = [
+        (mode, oid, path)
+        for mode, kind, oid, path in repo.ls_tree(tree_id)
+        if kind == "blob" and path.startswith(package)
+    ]
     if not rows:
-        raise ForkError(f"tree {tree_id} has no {package} package", where=str(repo.path),
-                        fix="export a tree of the SGLang fork (stock, an entry, or a deployment branch)")
+        raise ForkError(
+            f"tree {tree_id} has no {package} package",
+            where=str(repo.path),
+            fix="export a tree of the SGLang fork (stock, an entry, or a deployment branch)",
+        )
     blobs = repo.read_blobs(oid for _, oid, _ in rows)
     with progress("writing sources", len(rows), enabled=show_progress) as bar:
         for mode, oid, path in rows:
-            target = root / PACKAGE / path[len(package):]
+            target = root / PACKAGE / path[len(package) :]
             target.parent.mkdir(parents=True, exist_ok=True)
             if mode == "120000":
                 os.symlink(blobs[oid].decode(), target)
@@ -97,8 +103,11 @@ def _restore_compiled(wheel_path: Path, root: Path) -> dict[str, str]:
             payload = wheel.read(info)
             row = record.get(name)
             if row is None or hashlib.sha256(payload).hexdigest() != row.sha256 or len(payload) != row.size:
-                raise ForkError(f"{name} in {wheel_path.name} does not match the wheel's RECORD", where=str(wheel_path),
-                                fix="the wheel is damaged: delete it and run `specpilot-mem init` again to re-download it")
+                raise ForkError(
+                    f"{name} in {wheel_path.name} does not match the wheel's RECORD",
+                    where=str(wheel_path),
+                    fix="the wheel is damaged: delete it and run `specpilot-mem init` again to re-download it",
+                )
             target = root / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(payload)
@@ -107,8 +116,15 @@ def _restore_compiled(wheel_path: Path, root: Path) -> dict[str, str]:
     return restored
 
 
-def export_tree(home: Home, tree_id: str, dest: str | os.PathLike, entries: Sequence[EntryRecord | str],
-                *, wheel: str | os.PathLike | None = None, show_progress: bool = False) -> dict[str, Any]:
+def export_tree(
+    home: Home,
+    tree_id: str,
+    dest: str | os.PathLike,
+    entries: Sequence[EntryRecord | str],
+    *,
+    wheel: str | os.PathLike | None = None,
+    show_progress: bool = False,
+) -> dict[str, Any]:
     """Write ``tree_id`` of the fork as an importable ``sglang`` package under ``dest``; return the manifest.
 
     ``entries`` are the entries applied in that tree (ids or records); the manifest lists them with
@@ -123,8 +139,11 @@ def export_tree(home: Home, tree_id: str, dest: str | os.PathLike, entries: Sequ
     fork = open_fork(home)
     resolved = fork.repo.rev_parse(f"{tree_id}^{{tree}}")
     if resolved is None:
-        raise ForkError(f"{tree_id} is not a tree, commit or branch of the fork", where=str(fork.repo.path),
-                        fix="pass the tree id that `specpilot-mem apply --json` printed, or a deployment branch")
+        raise ForkError(
+            f"{tree_id} is not a tree, commit or branch of the fork",
+            where=str(fork.repo.path),
+            fix="pass the tree id that `specpilot-mem apply --json` printed, or a deployment branch",
+        )
     records = _entry_records(fork, entries)
     wheel_path = fetch_wheel(wheel)
 
@@ -143,9 +162,12 @@ def export_tree(home: Home, tree_id: str, dest: str | os.PathLike, entries: Sequ
             "source_files": files,
             "compiled_files": compiled,
             "entries": [
-                {"id": r.id, "reproduces": r.reproduces,
-                 "options": [o.model_dump(mode="json", exclude_none=True) for o in r.options],
-                 "kernels": dict(r.kernels)}
+                {
+                    "id": r.id,
+                    "reproduces": r.reproduces,
+                    "options": [o.model_dump(mode="json", exclude_none=True) for o in r.options],
+                    "kernels": dict(r.kernels),
+                }
                 for r in records
             ],
             "options": options,
@@ -157,16 +179,20 @@ def export_tree(home: Home, tree_id: str, dest: str | os.PathLike, entries: Sequ
     return manifest
 
 
-def cached_export(home: Home, revision: str, entries: Sequence[EntryRecord | str] = (),
-                  *, show_progress: bool = False) -> Path:
+def cached_export(
+    home: Home, revision: str, entries: Sequence[EntryRecord | str] = (), *, show_progress: bool = False
+) -> Path:
     """An export of ``revision`` under ``<home>/.specpilot/exports/<tree id>``, written once per tree."""
     from specpilot_mem.store.fork import open_fork
 
     fork = open_fork(home)
     tree = fork.repo.rev_parse(f"{revision}^{{tree}}")
     if tree is None:
-        raise ForkError(f"the fork has no revision {revision!r}", where=str(fork.repo.path),
-                        fix="pass a branch, commit or tree id of sglang-fork")
+        raise ForkError(
+            f"the fork has no revision {revision!r}",
+            where=str(fork.repo.path),
+            fix="pass a branch, commit or tree id of sglang-fork",
+        )
     dest = home.state / "exports" / tree
     if not (dest / MANIFEST).is_file() or read_manifest(dest)["tree"] != tree:
         export_tree(home, tree, dest, entries, show_progress=show_progress)

@@ -61,23 +61,29 @@ def check_runtime(python: str = sys.executable) -> dict:
     """Check that ``python`` has the pinned SGLang release and all its dependencies; return what it found."""
     done = subprocess.run([python, "-c", _RUNTIME_PROBE], capture_output=True, text=True)
     if done.returncode != 0:
-        raise SGLangRuntimeError(f"could not run {python}", where=python,
-                                 fix=f"pass a working Python interpreter ({done.stderr.strip()[-300:]})")
+        raise SGLangRuntimeError(
+            f"could not run {python}",
+            where=python,
+            fix=f"pass a working Python interpreter ({done.stderr.strip()[-300:]})",
+        )
     found = json.loads(done.stdout)
     if found["sglang"] is None:
         raise SGLangRuntimeError(
-            "SGLang is not installed", where=python,
+            "SGLang is not installed",
+            where=python,
             fix=f"on the GPU machine: `pip install sglang=={PINNED_VERSION}` (the export supplies the patched sources; "
-                "the installed release supplies its dependencies)",
+            "the installed release supplies its dependencies)",
         )
     if found["sglang"] != PINNED_VERSION:
         raise SGLangRuntimeError(
-            f"the installed SGLang is {found['sglang']}, not the pinned {PINNED_VERSION}", where=python,
+            f"the installed SGLang is {found['sglang']}, not the pinned {PINNED_VERSION}",
+            where=python,
             fix=f"`pip install sglang=={PINNED_VERSION}`: the entries were recorded against that release",
         )
     if found["missing"]:
         raise SGLangRuntimeError(
-            f"SGLang's dependencies are missing: {', '.join(found['missing'])}", where=python,
+            f"SGLang's dependencies are missing: {', '.join(found['missing'])}",
+            where=python,
             fix=f"`pip install sglang=={PINNED_VERSION}` with its dependencies (not --no-deps)",
         )
     return found
@@ -96,10 +102,20 @@ def launch_argv(python: str, server_args: Sequence[str], host: str, port: int) -
 class SGLangServer:
     """One SGLang server process from an export; use as a context manager (``with SGLangServer(...) as s``)."""
 
-    def __init__(self, export_dir: str | os.PathLike, server_args: Sequence[str], *, gpu: int | None = None,
-                 python: str = sys.executable, host: str = "127.0.0.1", port: int | None = None,
-                 log_path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None,
-                 startup_timeout: float = 900.0, stop_timeout: float = 30.0):
+    def __init__(
+        self,
+        export_dir: str | os.PathLike,
+        server_args: Sequence[str],
+        *,
+        gpu: int | None = None,
+        python: str = sys.executable,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        log_path: str | os.PathLike | None = None,
+        env: Mapping[str, str] | None = None,
+        startup_timeout: float = 900.0,
+        stop_timeout: float = 30.0,
+    ):
         self.export_dir = Path(export_dir).resolve()
         self.server_args = list(server_args)
         self.gpu = gpu
@@ -130,8 +146,11 @@ class SGLangServer:
         # Without a log file the server writes to this process's terminal.
         self._log = open(self.log_path, "ab") if self.log_path else None
         self.process = subprocess.Popen(
-            launch_argv(self.python, self.server_args, self.host, self.port), env=self.environment(),
-            stdout=self._log, stderr=subprocess.STDOUT if self._log else None, stdin=subprocess.DEVNULL,
+            launch_argv(self.python, self.server_args, self.host, self.port),
+            env=self.environment(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT if self._log else None,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         return self
@@ -149,15 +168,19 @@ class SGLangServer:
             code = self.process.poll()
             if code is not None:
                 raise SGLangRuntimeError(
-                    f"the SGLang server exited with status {code} before it became healthy", where=self.url,
+                    f"the SGLang server exited with status {code} before it became healthy",
+                    where=self.url,
                     fix=f"read its log{f' at {self.log_path}' if self.log_path else ' (pass a log path)'}",
                 )
             if self.healthy():
                 return
             time.sleep(0.5)
         self.stop()
-        raise SGLangRuntimeError(f"the SGLang server did not answer /health within {self.startup_timeout:.0f} s",
-                                 where=self.url, fix="check its log; large models need a longer startup timeout")
+        raise SGLangRuntimeError(
+            f"the SGLang server did not answer /health within {self.startup_timeout:.0f} s",
+            where=self.url,
+            fix="check its log; large models need a longer startup timeout",
+        )
 
     def stop(self) -> int | None:
         """SIGTERM to the server's process group, SIGKILL after the grace period; returns the exit status."""

@@ -13,8 +13,14 @@ Public API (other packages call these; the CLI is a thin layer over them):
 # Loaded on first use (PEP 562): `query` reads records through store.records, and must not pay for the
 # resolver, git plumbing and init that importing the whole store costs.
 _PUBLIC = {
-    "InitResult": "init", "init_memory": "init", "vendor_kernels": "kernels", "add_evidence": "record",
-    "add_variant": "record", "record_entry": "record", "load_entries": "records", "load_entry": "records",
+    "InitResult": "init",
+    "init_memory": "init",
+    "vendor_kernels": "kernels",
+    "add_evidence": "record",
+    "add_variant": "record",
+    "record_entry": "record",
+    "load_entries": "records",
+    "load_entry": "records",
     "save_entry": "records",
 }
 __all__ = sorted(_PUBLIC)

@@ -35,9 +35,15 @@ def entry_commits(resolver: Resolver, entry_id: str, tips: dict[str, str]) -> tu
         walk = resolver.walk(stock, resolver.chain(record.requires))
         base_tree = resolver.tree_id(stock, walk, write=True)
         message = f"base of {entry_id}: stock + {' + '.join(record.requires)}"
-        base = resolver.repo.write_object("commit", commit_content(
-            base_tree, [fork.stock_commit] + [tips[r] for r in record.requires], message,
-            commit_date(resolver.records[r] for r in resolver.chain(record.requires))))
+        base = resolver.repo.write_object(
+            "commit",
+            commit_content(
+                base_tree,
+                [fork.stock_commit] + [tips[r] for r in record.requires],
+                message,
+                commit_date(resolver.records[r] for r in resolver.chain(record.requires)),
+            ),
+        )
     else:
         base = fork.stock_commit
     walk = resolver.walk(stock, resolver.chain([entry_id]))
@@ -47,8 +53,9 @@ def entry_commits(resolver: Resolver, entry_id: str, tips: dict[str, str]) -> tu
     return base, tip
 
 
-def plan_branches(resolver: Resolver, only: set[str] | None = None
-                  ) -> tuple[dict[str, tuple[str | None, str | None]], list[BranchState]]:
+def plan_branches(
+    resolver: Resolver, only: set[str] | None = None
+) -> tuple[dict[str, tuple[str | None, str | None]], list[BranchState]]:
     """The ref updates that make ``entry/*`` match the memory, and what happens to each branch.
 
     An entry whose chain does not reproduce its record (or whose delta is damaged) gets no branch
@@ -83,7 +90,7 @@ def plan_branches(resolver: Resolver, only: set[str] | None = None
             updates[ref] = (old, tip)
         states.append(BranchState(entry_id, ref, tip, change))
     for ref, old in sorted(existing.items()):
-        entry_id = ref[len(ENTRY_REF_PREFIX):]
+        entry_id = ref[len(ENTRY_REF_PREFIX) :]
         if entry_id not in resolver.records and only is None:
             updates[ref] = (old, None)
             states.append(BranchState(entry_id, ref, None, "deleted"))

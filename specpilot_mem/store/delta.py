@@ -76,13 +76,25 @@ class Delta:
 def check_path(path: str, where: str) -> str:
     """A delta path must be relative, inside the tree, and never under ``.git``."""
     parts = path.split("/")
-    if (not path or path.startswith("/") or "\\" in path or "\0" in path
-            or any(p in ("", ".", "..") for p in parts) or re.match(r"^[A-Za-z]:", path)):
-        raise DeltaError(f"the delta touches {path!r}, which is outside the tree (absolute or with '..'/'.' parts)",
-                         where=where, fix="re-record the entry from a fork commit; deltas only hold paths inside the tree")
+    if (
+        not path
+        or path.startswith("/")
+        or "\\" in path
+        or "\0" in path
+        or any(p in ("", ".", "..") for p in parts)
+        or re.match(r"^[A-Za-z]:", path)
+    ):
+        raise DeltaError(
+            f"the delta touches {path!r}, which is outside the tree (absolute or with '..'/'.' parts)",
+            where=where,
+            fix="re-record the entry from a fork commit; deltas only hold paths inside the tree",
+        )
     if any(p.lower() == ".git" for p in parts):
-        raise DeltaError(f"the delta touches {path!r} inside .git/", where=where,
-                         fix="re-record the entry; git's own files are never part of an entry")
+        raise DeltaError(
+            f"the delta touches {path!r} inside .git/",
+            where=where,
+            fix="re-record the entry; git's own files are never part of an entry",
+        )
     return path
 
 
@@ -98,9 +110,12 @@ def check_symlink(path: str, target: bytes, where: str) -> None:
         if depth < 0:
             break
     if text.startswith("/") or depth < 0 or "\0" in text or re.match(r"^[A-Za-z]:", text):
-        raise DeltaError(f"{path} is a symlink to {text!r}, which points outside the tree",
-                         where=where, fix="entries may only add symlinks to files inside the tree (relative, "
-                                          "without climbing above its root); copy the file in instead")
+        raise DeltaError(
+            f"{path} is a symlink to {text!r}, which points outside the tree",
+            where=where,
+            fix="entries may only add symlinks to files inside the tree (relative, "
+            "without climbing above its root); copy the file in instead",
+        )
 
 
 def _unquote(text: str) -> str:
@@ -113,7 +128,7 @@ def _unquote(text: str) -> str:
         if ch == "\\":
             nxt = body[i + 1]
             if nxt in "01234567":
-                out.append(int(body[i + 1:i + 4], 8))
+                out.append(int(body[i + 1 : i + 4], 8))
                 i += 4
                 continue
             out += _ESCAPES[nxt].encode()
@@ -125,28 +140,34 @@ def _unquote(text: str) -> str:
 
 
 def _header_path(line: str) -> str:
-    rest = line[len("diff --git "):]
+    rest = line[len("diff --git ") :]
     if rest.startswith('"'):
         end = rest.index('" ', 1)
-        return _unquote(rest[:end + 1])[2:]
+        return _unquote(rest[: end + 1])[2:]
     # no renames: "a/X b/X", so X has length (len - 5) / 2 even when it holds spaces
     length = (len(rest) - 5) // 2
-    return rest[2:2 + length]
+    return rest[2 : 2 + length]
 
 
 def parse_delta(text: bytes, entry_id: str, where: str) -> Delta:
     """Parse and structurally check a delta; any damage raises ``DeltaError`` naming the line."""
     lines = text.split(b"\n")
     if text and not text.endswith(b"\n"):
-        raise DeltaError("the delta is truncated (it does not end with a newline)", where=f"{where}:{len(lines)}",
-                         fix=f"restore it from git, or re-record the entry with `specpilot-mem record {entry_id}`")
+        raise DeltaError(
+            "the delta is truncated (it does not end with a newline)",
+            where=f"{where}:{len(lines)}",
+            fix=f"restore it from git, or re-record the entry with `specpilot-mem record {entry_id}`",
+        )
     lines = lines[:-1] if text else []
     changes: list[FileChange] = []
     i = 0
 
     def fail(message: str, at: int) -> DeltaError:
-        return DeltaError(f"corrupted delta: {message}", where=f"{where}:{at + 1}",
-                          fix=f"restore it from git, or re-record the entry with `specpilot-mem record {entry_id}`")
+        return DeltaError(
+            f"corrupted delta: {message}",
+            where=f"{where}:{at + 1}",
+            fix=f"restore it from git, or re-record the entry with `specpilot-mem record {entry_id}`",
+        )
 
     while i < len(lines):
         line = lines[i]
@@ -156,7 +177,9 @@ def parse_delta(text: bytes, entry_id: str, where: str) -> Delta:
         i += 1
         old_mode = new_mode = old_oid = new_oid = None
         added = deleted = False
-        while i < len(lines) and not lines[i].startswith((b"diff --git ", b"--- ", b"GIT binary patch", b"Binary files")):
+        while i < len(lines) and not lines[i].startswith(
+            (b"diff --git ", b"--- ", b"GIT binary patch", b"Binary files")
+        ):
             meta = lines[i]
             if meta.startswith(b"new file mode "):
                 added, new_mode = True, meta.split()[-1].decode()
@@ -166,7 +189,7 @@ def parse_delta(text: bytes, entry_id: str, where: str) -> Delta:
                 old_mode = meta.split()[-1].decode()
             elif meta.startswith(b"new mode "):
                 new_mode = meta.split()[-1].decode()
-            elif (match := _INDEX.match(meta)):
+            elif match := _INDEX.match(meta):
                 old_oid, new_oid = match.group(1).decode(), match.group(2).decode()
                 if match.group(3):
                     old_mode = new_mode = match.group(3).decode()
@@ -196,8 +219,11 @@ def parse_delta(text: bytes, entry_id: str, where: str) -> Delta:
             if i + 1 >= len(lines) or not lines[i + 1].startswith(b"+++ "):
                 raise fail(f"{path}: '---' without '+++'", i)
             i = _read_hunks(lines, i + 2, fail, hunks)
-        elif (old_oid is not None or new_oid is not None) and old_oid != new_oid \
-                and _EMPTY_BLOB not in (old_oid if deleted else None, new_oid if added else None):
+        elif (
+            (old_oid is not None or new_oid is not None)
+            and old_oid != new_oid
+            and _EMPTY_BLOB not in (old_oid if deleted else None, new_oid if added else None)
+        ):
             raise fail(f"{path}: the content changes but the delta has no hunks", i)
         changes.append(FileChange(path, old_mode, new_mode, old_oid, new_oid, binary, tuple(hunks)))
     seen = [c.path for c in changes]
@@ -286,14 +312,26 @@ def apply_hunks(content: bytes, hunks: tuple[Hunk, ...]) -> tuple[bytes, tuple[i
 
         def fits(start: int, image: tuple[bytes, ...], first_line: int, pos: int = pos, hunk: Hunk = hunk) -> bool:
             end = start + len(image)
-            return (pos <= start and end <= len(lines) and (first_line > 1 or start == 0)
-                    and (hunk.trailing or end == len(lines)) and tuple(lines[start:end]) == image)
+            return (
+                pos <= start
+                and end <= len(lines)
+                and (first_line > 1 or start == 0)
+                and (hunk.trailing or end == len(lines))
+                and tuple(lines[start:end]) == image
+            )
 
         found = None
         for distance in range(len(lines) + 1):
             starts = (expected,) if distance == 0 else (expected - distance, expected + distance)
-            found = next(((start, image, already) for start in starts for image, first_line, already in images
-                          if fits(start, image, first_line)), None)
+            found = next(
+                (
+                    (start, image, already)
+                    for start in starts
+                    for image, first_line, already in images
+                    if fits(start, image, first_line)
+                ),
+                None,
+            )
             if found or (expected - distance < pos and expected + distance > len(lines)):
                 break
         if found is None:
@@ -315,7 +353,7 @@ def hunks_present(content: bytes, hunks: tuple[Hunk, ...]) -> tuple[int, ...]:
     lines = split_lines(content)
 
     def holds(image: tuple[bytes, ...]) -> bool:
-        return any(tuple(lines[i:i + len(image)]) == image for i in range(len(lines) - len(image) + 1))
+        return any(tuple(lines[i : i + len(image)]) == image for i in range(len(lines) - len(image) + 1))
 
     return tuple(n for n, h in enumerate(hunks, 1) if h.after and holds(h.after) and not holds(h.before))
 
@@ -342,6 +380,9 @@ def load_delta(path: Path, entry_id: str) -> Delta:
     try:
         text = path.read_bytes()
     except FileNotFoundError:
-        raise DeltaError(f"entry {entry_id} has no delta", where=str(path),
-                         fix=f"re-record it with `specpilot-mem record {entry_id} --from REV`") from None
+        raise DeltaError(
+            f"entry {entry_id} has no delta",
+            where=str(path),
+            fix=f"re-record it with `specpilot-mem record {entry_id} --from REV`",
+        ) from None
     return parse_delta(text, entry_id, str(path))

@@ -54,8 +54,11 @@ def open_fork(home: Home) -> Fork:
     repo = Repo(home.fork)
     config = repo.config_section("specpilot") if repo.exists() else {}
     if "specpilot.stock" not in config:
-        raise ForkError(f"no SGLang fork at {home.fork}", where=str(home.fork),
-                        fix="run `specpilot-mem init` (it builds the fork from the pinned SGLang wheel)")
+        raise ForkError(
+            f"no SGLang fork at {home.fork}",
+            where=str(home.fork),
+            fix="run `specpilot-mem init` (it builds the fork from the pinned SGLang wheel)",
+        )
     recorded = config["specpilot.stock"]
     pinned = config.get("specpilot.pinned") == "true"
     current, tree = repo.rev_parse_many([STOCK_REF, f"{STOCK_REF}^{{tree}}"])
@@ -65,11 +68,14 @@ def open_fork(home: Home) -> Fork:
             f"the fork's stock branch is at {current}, not the {'pinned' if pinned else 'recorded'} stock {expected}",
             where=f"{home.fork} ({STOCK_REF})",
             fix=f"restore it with `git -C {home.fork} update-ref {STOCK_REF} {expected}`, or rebuild the fork "
-                "(move sglang-fork away and run `specpilot-mem init`)",
+            "(move sglang-fork away and run `specpilot-mem init`)",
         )
     if pinned and tree != stock_import.STOCK_TREE:
-        raise ForkError(f"the fork's stock tree is {tree}, not the pinned {stock_import.STOCK_TREE}",
-                        where=str(home.fork), fix="move sglang-fork away and run `specpilot-mem init`")
+        raise ForkError(
+            f"the fork's stock tree is {tree}, not the pinned {stock_import.STOCK_TREE}",
+            where=str(home.fork),
+            fix="move sglang-fork away and run `specpilot-mem init`",
+        )
     return Fork(home, repo, current, tree, config.get("specpilot.packageprefix", ""), pinned)
 
 
@@ -77,8 +83,11 @@ def _place(built: Path, target: Path) -> None:
     """Move a freshly built fork into place; an empty folder (a cloned submodule path) is replaced."""
     if target.exists():
         if any(target.iterdir()):
-            raise ForkError(f"{target} exists and is not a SpecPilot fork", where=str(target),
-                            fix="move it away, then run `specpilot-mem init` again")
+            raise ForkError(
+                f"{target} exists and is not a SpecPilot fork",
+                where=str(target),
+                fix="move it away, then run `specpilot-mem init` again",
+            )
         target.rmdir()
     os.replace(built, target)
 
@@ -105,8 +114,9 @@ def write_excludes(repo: Repo) -> None:
         exclude.write_text(IGNORED)
 
 
-def build_pinned_fork(home: Home, wheel: str | None, checkout: bool = True,
-                      progress: Callable[[int, int], None] | None = None) -> Fork:
+def build_pinned_fork(
+    home: Home, wheel: str | None, checkout: bool = True, progress: Callable[[int, int], None] | None = None
+) -> Fork:
     """Import the pinned wheel into a new fork at ``home.fork`` (built aside, moved in when complete).
 
     ``checkout=False`` leaves the work tree empty: the resolver never needs it, and writing ~5,800
@@ -137,16 +147,25 @@ def build_user_fork(home: Home, url: str, stock_rev: str, package_prefix: str) -
     try:
         proc = run_git(["clone", "--quiet", "--no-checkout", url, str(scratch)], home.root, check=False)
         if proc.returncode != 0:
-            raise ForkError(f"could not clone {url}: {proc.stderr.decode().strip()}", where="--fork-url",
-                            fix="pass a git URL or a local path of your SGLang fork")
+            raise ForkError(
+                f"could not clone {url}: {proc.stderr.decode().strip()}",
+                where="--fork-url",
+                fix="pass a git URL or a local path of your SGLang fork",
+            )
         repo = Repo(scratch)
         commit = repo.rev_parse(f"{stock_rev}^{{commit}}") or repo.rev_parse(f"origin/{stock_rev}^{{commit}}")
         if commit is None:
-            raise ForkError(f"{url} has no revision {stock_rev!r}", where="--stock-rev",
-                            fix="name a branch, tag or commit of your fork")
+            raise ForkError(
+                f"{url} has no revision {stock_rev!r}",
+                where="--stock-rev",
+                fix="name a branch, tag or commit of your fork",
+            )
         if repo.rev_parse(f"{commit}:{prefix}sglang") is None:
-            raise ForkError(f"{stock_rev} has no {prefix}sglang/ package", where="--package-prefix",
-                            fix="pass the folder that holds sglang/ in your fork, e.g. --package-prefix python/")
+            raise ForkError(
+                f"{stock_rev} has no {prefix}sglang/ package",
+                where="--package-prefix",
+                fix="pass the folder that holds sglang/ in your fork, e.g. --package-prefix python/",
+            )
         old = repo.rev_parse(STOCK_REF)
         repo.update_refs({STOCK_REF: (old, commit)}, "specpilot: stock from the user's fork")
         repo.git("symbolic-ref", "HEAD", STOCK_REF)

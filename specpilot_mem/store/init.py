@@ -44,39 +44,64 @@ def project_gitlink(home: Home) -> str | None:
     return line.split()[1]
 
 
-def init_memory(home: Home, wheel: str | None = None, fork_url: str | None = None, stock_rev: str | None = None,
-                package_prefix: str = "", checkout: bool = True,
-                progress: Callable[[int, int], None] | None = None) -> InitResult:
+def init_memory(
+    home: Home,
+    wheel: str | None = None,
+    fork_url: str | None = None,
+    stock_rev: str | None = None,
+    package_prefix: str = "",
+    checkout: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> InitResult:
     """Build the fork if needed, then the entry branches; ``progress(done, total)`` follows the import."""
     if fork_url and wheel:
-        raise ForkError("--wheel and --fork-url exclude each other", where="--wheel",
-                        fix="pass --wheel to build stock from the pinned SGLang wheel, or --fork-url for your own fork")
+        raise ForkError(
+            "--wheel and --fork-url exclude each other",
+            where="--wheel",
+            fix="pass --wheel to build stock from the pinned SGLang wheel, or --fork-url for your own fork",
+        )
     if fork_url and not stock_rev:
-        raise ForkError("--fork-url needs --stock-rev", where="--stock-rev",
-                        fix="name the branch, tag or commit of your fork that is its stock")
+        raise ForkError(
+            "--fork-url needs --stock-rev",
+            where="--stock-rev",
+            fix="name the branch, tag or commit of your fork that is its stock",
+        )
     built = False
     try:
         fork = open_fork(home)
     except ForkError:
         if (home.fork / ".git").exists():
             if Repo(home.fork).config_get("specpilot.stock") is None:
-                raise ForkError(f"{home.fork} is a git repository that specpilot-mem did not build", where=str(home.fork),
-                                fix="move it away and run `specpilot-mem init`; for your own SGLang fork pass "
-                                    "--fork-url PATH --stock-rev REV") from None
+                raise ForkError(
+                    f"{home.fork} is a git repository that specpilot-mem did not build",
+                    where=str(home.fork),
+                    fix="move it away and run `specpilot-mem init`; for your own SGLang fork pass "
+                    "--fork-url PATH --stock-rev REV",
+                ) from None
             raise
-        fork = build_user_fork(home, fork_url, stock_rev, package_prefix) if fork_url else build_pinned_fork(home, wheel, checkout, progress)
+        fork = (
+            build_user_fork(home, fork_url, stock_rev, package_prefix)
+            if fork_url
+            else build_pinned_fork(home, wheel, checkout, progress)
+        )
         built = True
     if fork_url and not built and fork.pinned:
-        raise ForkError(f"{home.fork} already holds another stock", where=str(home.fork),
-                            fix="move sglang-fork away to build a fork from --fork-url")
+        raise ForkError(
+            f"{home.fork} already holds another stock",
+            where=str(home.fork),
+            fix="move sglang-fork away to build a fork from --fork-url",
+        )
     note = None
     if wheel is not None:
         path = fetch_wheel(wheel)  # sha256 against the pin (and whether it is a zip at all), built or not
         if built:
             note = f"{path}: sha256 matches the pin; stock was built from it"
         elif not fork.pinned:
-            raise ForkError(f"{home.fork} was built from your fork, not from the pinned wheel", where="--wheel",
-                            fix="leave out --wheel (it only builds stock from the pinned SGLang wheel)")
+            raise ForkError(
+                f"{home.fork} was built from your fork, not from the pinned wheel",
+                where="--wheel",
+                fix="leave out --wheel (it only builds stock from the pinned SGLang wheel)",
+            )
         else:
             note = f"{path}: sha256 matches the pin; the fork already exists, so nothing was rebuilt"
     with fork.lock():

@@ -32,7 +32,7 @@ _PACKAGE_MARKERS = ("sglang/srt/specpilot/__init__.py", f"{VENDOR_DIR}/__init__.
 
 def library_path(home: Home, vendored: str) -> Path:
     """The library file a vendored path was copied from."""
-    return home.kernels / vendored[len(VENDOR_DIR) + 1:]
+    return home.kernels / vendored[len(VENDOR_DIR) + 1 :]
 
 
 def vendor_kernels(home: Home, worktree: str | Path, files: list[str], package_prefix: str = "") -> dict[str, str]:
@@ -45,18 +45,25 @@ def vendor_kernels(home: Home, worktree: str | Path, files: list[str], package_p
     """
     root = Path(worktree) / package_prefix
     chosen: list[Path] = []
-    names = list(files) + [_COMPANIONS[name] for name in files
-                           if name in _COMPANIONS and (home.kernels / _COMPANIONS[name]).is_dir()]
+    names = list(files) + [
+        _COMPANIONS[name] for name in files if name in _COMPANIONS and (home.kernels / _COMPANIONS[name]).is_dir()
+    ]
     for name in dict.fromkeys(names):
         source = home.kernels / name
         if source.is_dir():
-            chosen += sorted(p for p in source.rglob("*") if p.is_file() and p.suffix in _VENDORED_SUFFIXES
-                             and "__pycache__" not in p.parts)
+            chosen += sorted(
+                p
+                for p in source.rglob("*")
+                if p.is_file() and p.suffix in _VENDORED_SUFFIXES and "__pycache__" not in p.parts
+            )
         elif source.is_file():
             chosen.append(source)
         else:
-            raise SpecPilotError(f"no kernel file or op folder {name!r} in the library", where=str(home.kernels),
-                                 fix="name a path under kernels/specpilot_kernels/, e.g. w12 or w12/gemm.py")
+            raise SpecPilotError(
+                f"no kernel file or op folder {name!r} in the library",
+                where=str(home.kernels),
+                fix="name a path under kernels/specpilot_kernels/, e.g. w12 or w12/gemm.py",
+            )
     pins = {}
     for marker in _PACKAGE_MARKERS:
         target = root / marker

@@ -98,12 +98,34 @@ class EntryVerdict:
         return [f.path for f in self.files if f.how == FILE_CONFLICT]
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "verdict": self.verdict, "blocked_by": self.blocked_by, "ported": self.ported,
-                "tree": self.tree, "changed": self.changed, "conflicts": self.conflicts,
-                "files": [{"path": f.path, "how": f.how, "upstream": f.upstream, "reason": f.reason,
-                           "hunks": [{"index": h.index, "header": h.header, "old_start": h.old_start,
-                                      "touched": h.touched, "first_change": h.first_change} for h in f.hunks]}
-                          for f in self.files]}
+        return {
+            "id": self.id,
+            "verdict": self.verdict,
+            "blocked_by": self.blocked_by,
+            "ported": self.ported,
+            "tree": self.tree,
+            "changed": self.changed,
+            "conflicts": self.conflicts,
+            "files": [
+                {
+                    "path": f.path,
+                    "how": f.how,
+                    "upstream": f.upstream,
+                    "reason": f.reason,
+                    "hunks": [
+                        {
+                            "index": h.index,
+                            "header": h.header,
+                            "old_start": h.old_start,
+                            "touched": h.touched,
+                            "first_change": h.first_change,
+                        }
+                        for h in f.hunks
+                    ],
+                }
+                for f in self.files
+            ],
+        }
 
 
 @dataclass
@@ -135,10 +157,13 @@ def release_resolver(fork: Fork, records: dict[str, EntryRecord], base: ReleaseB
                 path = fork.home.entry_dir(entry_id) / check.port.delta
                 delta = load_delta(path, entry_id)
                 if delta.sha256 != check.port.sha256:
-                    raise PortError(f"the port of {entry_id} to SGLang {base.version} has sha256 {delta.sha256}, "
-                                    f"the record says {check.port.sha256}", where=str(path),
-                                    fix=f"restore it from git, or port it again: specpilot-mem port {entry_id} "
-                                        f"--onto sglang=={base.version}")
+                    raise PortError(
+                        f"the port of {entry_id} to SGLang {base.version} has sha256 {delta.sha256}, "
+                        f"the record says {check.port.sha256}",
+                        where=str(path),
+                        fix=f"restore it from git, or port it again: specpilot-mem port {entry_id} "
+                        f"--onto sglang=={base.version}",
+                    )
                 ports[entry_id] = (delta, base.tree)
     return Resolver(fork, records, ports)
 
@@ -168,8 +193,9 @@ def _hunk_reports(change: FileChange, ranges: list[tuple[int, int]]) -> list[Hun
     return reports
 
 
-def _file_reports(fork: Fork, resolver: Resolver, base: ReleaseBase, chain: list[str], files: dict[str, str]
-                  ) -> list[FileReport]:
+def _file_reports(
+    fork: Fork, resolver: Resolver, base: ReleaseBase, chain: list[str], files: dict[str, str]
+) -> list[FileReport]:
     """What happened to each file of the last entry of ``chain``, and how upstream changed it."""
     entry_id = chain[-1]
     before = resolver.walk(base.tree, chain[:-1]).overlay
@@ -195,16 +221,21 @@ def _file_reports(fork: Fork, resolver: Resolver, base: ReleaseBase, chain: list
                     report.hunks = _hunk_reports(change, _upstream_ranges(fork, pre[1], now[1]))
                     touched = [h.index for h in report.hunks if h.touched]
                     if how == FILE_CONFLICT:
-                        report.reason = (f"upstream changed the lines of hunk{'s' if len(touched) > 1 else ''} "
-                                         f"{', '.join(map(str, touched))} differently" if touched
-                                         else "the hunks do not apply and the 3-way merge conflicts")
+                        report.reason = (
+                            f"upstream changed the lines of hunk{'s' if len(touched) > 1 else ''} "
+                            f"{', '.join(map(str, touched))} differently"
+                            if touched
+                            else "the hunks do not apply and the 3-way merge conflicts"
+                        )
                     elif how == ALREADY_THERE:
                         report.reason = "the release already makes this change"
                     elif how == PARTLY_THERE:
                         report.reason = "the release already makes part of this change"
                     elif touched:
-                        report.reason = f"upstream changed lines in or beside hunk{'s' if len(touched) > 1 else ''} " \
-                                        f"{', '.join(map(str, touched))}; merged 3-way"
+                        report.reason = (
+                            f"upstream changed lines in or beside hunk{'s' if len(touched) > 1 else ''} "
+                            f"{', '.join(map(str, touched))}; merged 3-way"
+                        )
                     else:
                         report.reason = "upstream changed the file away from the entry's lines"
         reports.append(report)
@@ -234,8 +265,9 @@ def check_entries(fork: Fork, resolver: Resolver, base: ReleaseBase, ids: list[s
         outcome = walk.outcomes[-1]
         blocked = sorted(r for r in chain[:-1] if verdicts[r].verdict in ("conflict", "blocked"))
         files = _file_reports(fork, resolver, base, chain, outcome.files)
-        verdict = EntryVerdict(entry_id, _verdict(outcome.status, files, blocked), files, blocked,
-                               ported=entry_id in resolver.ports)
+        verdict = EntryVerdict(
+            entry_id, _verdict(outcome.status, files, blocked), files, blocked, ported=entry_id in resolver.ports
+        )
         if verdict.verdict not in ("conflict", "blocked"):
             verdict.tree = resolver.tree_id(base.tree, walk)
         verdicts[entry_id] = verdict
@@ -254,9 +286,20 @@ def check_release(home: Home, spec: str, ids: list[str] | None = None, progress=
         return ReleaseReport(base, check_entries(fork, resolver, base, order))
 
 
-def _check_record(verdict: EntryVerdict, base: ReleaseBase, status: str, today: dt.date, port: Port | None) -> ReleaseCheck:
-    return ReleaseCheck(release=base.version, status=status, verdict=verdict.verdict, base=base.commit, checked=today,
-                        changed=verdict.changed, conflicts=verdict.conflicts, blocked_by=verdict.blocked_by, port=port)
+def _check_record(
+    verdict: EntryVerdict, base: ReleaseBase, status: str, today: dt.date, port: Port | None
+) -> ReleaseCheck:
+    return ReleaseCheck(
+        release=base.version,
+        status=status,
+        verdict=verdict.verdict,
+        base=base.commit,
+        checked=today,
+        changed=verdict.changed,
+        conflicts=verdict.conflicts,
+        blocked_by=verdict.blocked_by,
+        port=port,
+    )
 
 
 def _with_check(record: EntryRecord, check: ReleaseCheck) -> EntryRecord:
@@ -269,35 +312,48 @@ def _with_check(record: EntryRecord, check: ReleaseCheck) -> EntryRecord:
     return record.model_copy(update={"releases": releases})
 
 
-def port_entries(home: Home, ids: list[str], spec: str, today: dt.date | None = None) -> tuple[ReleaseBase, list[EntryVerdict]]:
+def port_entries(
+    home: Home, ids: list[str], spec: str, today: dt.date | None = None
+) -> tuple[ReleaseBase, list[EntryVerdict]]:
     """Write a ported delta for each of ``ids`` onto the release; all must merge cleanly, else nothing is written."""
     today = today or dt.datetime.now(dt.UTC).date()
     records = load_entries(home)
     for entry_id in ids:
         if entry_id not in records:
-            raise UnknownEntryError(f"unknown entry {entry_id!r}", where=str(home.entries),
-                                    fix="known entries: " + (", ".join(sorted(records)) or "(none yet)"))
+            raise UnknownEntryError(
+                f"unknown entry {entry_id!r}",
+                where=str(home.entries),
+                fix="known entries: " + (", ".join(sorted(records)) or "(none yet)"),
+            )
     fork = open_fork(home)
     with fork.lock():
         order = Resolver(fork, records).chain(ids)
         base = import_release(fork, spec)
         if base.stock:
-            raise PortError(f"SGLang {base.version} is this memory's stock: its entries are recorded against it",
-                            where="--onto", fix="port onto another release, e.g. --onto sglang==0.5.20")
+            raise PortError(
+                f"SGLang {base.version} is this memory's stock: its entries are recorded against it",
+                where="--onto",
+                fix="port onto another release, e.g. --onto sglang==0.5.20",
+            )
         resolver = release_resolver(fork, records, base)
         verdicts = {v.id: v for v in check_entries(fork, resolver, base, order)}
         wanted = [i for i in order if i in ids]
         refused = [verdicts[i] for i in wanted if verdicts[i].verdict in ("conflict", "blocked", "superseded")]
         if refused:
+
             def why(v: EntryVerdict) -> str:
                 if v.verdict == "conflict":
                     return f"{v.id} conflicts in {', '.join(v.conflicts)}"
                 if v.verdict == "blocked":
                     return f"{v.id} is blocked by {', '.join(v.blocked_by)}"
                 return f"{v.id} is already upstream (superseded): there is nothing to port"
-            raise PortError("; ".join(why(v) for v in refused), where=f"--onto sglang=={base.version}",
-                            fix="only entries whose 3-way merge is clean are ported; see `specpilot-mem apply "
-                                f"{' '.join(wanted)} --onto sglang=={base.version}` for the paths and hunks")
+
+            raise PortError(
+                "; ".join(why(v) for v in refused),
+                where=f"--onto sglang=={base.version}",
+                fix="only entries whose 3-way merge is clean are ported; see `specpilot-mem apply "
+                f"{' '.join(wanted)} --onto sglang=={base.version}` for the paths and hunks",
+            )
         writes: list[tuple[Path, bytes | str]] = []
         ported = []
         from specpilot_mem.store.record import (
@@ -309,21 +365,31 @@ def port_entries(home: Home, ids: list[str], spec: str, today: dt.date | None = 
             if verdict.ported:  # already ported: the port applies as recorded
                 ported.append(verdict)
                 continue
-            base_tree = resolver.tree_id(base.tree, resolver.walk(base.tree, resolver.chain(record.requires)), write=True)
+            base_tree = resolver.tree_id(
+                base.tree, resolver.walk(base.tree, resolver.chain(record.requires)), write=True
+            )
             walk = resolver.walk(base.tree, resolver.chain([entry_id]))
             result_tree = resolver.tree_id(base.tree, walk, write=True)
             path = port_path(home, entry_id, base.version)
             text = tree_delta(fork, base_tree, result_tree)
             delta = parse_delta(text, entry_id, str(path))
-            port = Port(source=record.scope.sglang or _stock_version(), delta=path.relative_to(home.entry_dir(entry_id)).as_posix(),
-                        sha256=delta.sha256, reproduces=result_tree, ported=today)
+            port = Port(
+                source=record.scope.sglang or _stock_version(),
+                delta=path.relative_to(home.entry_dir(entry_id)).as_posix(),
+                sha256=delta.sha256,
+                reproduces=result_tree,
+                ported=today,
+            )
             # the port must give the same tree when applied as a port (proved before anything is written)
             trial = Resolver(fork, records, {**resolver.ports, entry_id: (delta, base.tree)})
             trial.ensure_ready(entry_id)
             got = trial.tree_id(base.tree, trial.walk(base.tree, trial.chain([entry_id])))
             if got != result_tree:
-                raise PortError(f"the ported delta of {entry_id} gives {got}, not the merged tree {result_tree}",
-                                where=str(path), fix="report this: the store could not reproduce its own diff")
+                raise PortError(
+                    f"the ported delta of {entry_id} gives {got}, not the merged tree {result_tree}",
+                    where=str(path),
+                    fix="report this: the store could not reproduce its own diff",
+                )
             check = _check_record(verdict, base, "candidate", today, port)
             records[entry_id] = _with_check(record, check)
             writes += [(path, text), (entry_path(home, entry_id), dump_record(records[entry_id]))]
@@ -374,17 +440,37 @@ def remeasure_plan(record: EntryRecord) -> list[dict]:
         key = (dep.gpu, dep.arch, dep.target, dep.drafter, dep.regime, ev.command)
         if key not in seen:
             seen.add(key)
-            items.append({"gpu": dep.gpu, "arch": dep.arch, "target": dep.target, "drafter": dep.drafter,
-                          "regime": dep.regime, "kind": ev.kind, "command": ev.command})
+            items.append(
+                {
+                    "gpu": dep.gpu,
+                    "arch": dep.arch,
+                    "target": dep.target,
+                    "drafter": dep.drafter,
+                    "regime": dep.regime,
+                    "kind": ev.kind,
+                    "command": ev.command,
+                }
+            )
     if not items:
         arches = sorted({a for v in record.variants for a in v.hardware}) or ["any"]
-        items = [{"gpu": None, "arch": a, "target": None, "drafter": None, "regime": None, "kind": "contract",
-                  "command": "; ".join(record.contract.commands) or None} for a in arches]
+        items = [
+            {
+                "gpu": None,
+                "arch": a,
+                "target": None,
+                "drafter": None,
+                "regime": None,
+                "kind": "contract",
+                "command": "; ".join(record.contract.commands) or None,
+            }
+            for a in arches
+        ]
     return items
 
 
-def revalidate(home: Home, spec: str, today: dt.date | None = None, dry_run: bool = False
-               ) -> tuple[ReleaseBase, list[Revalidation]]:
+def revalidate(
+    home: Home, spec: str, today: dt.date | None = None, dry_run: bool = False
+) -> tuple[ReleaseBase, list[Revalidation]]:
     """Run the port check for every entry on the release, record each one's verdict and status there, and
     demote what the check cannot confirm to ``candidate``. Records are written at the end, all checks done."""
     today = today or dt.datetime.now(dt.UTC).date()
@@ -406,7 +492,11 @@ def revalidate(home: Home, spec: str, today: dt.date | None = None, dry_run: boo
             old = None if own else record.release_check(base.version)
             before = record.status if own else (old.status if old else None)
             action = ACTIONS[verdict.verdict]
-            same = old is not None and (old.base, old.verdict, old.changed) == (base.commit, verdict.verdict, verdict.changed)
+            same = old is not None and (old.base, old.verdict, old.changed) == (
+                base.commit,
+                verdict.verdict,
+                verdict.changed,
+            )
             if verdict.verdict == "superseded":
                 after = "superseded"
             elif verdict.verdict == "drift" and same:
@@ -429,11 +519,15 @@ def revalidate(home: Home, spec: str, today: dt.date | None = None, dry_run: boo
             if own:
                 new = record.model_copy(update={"status": after})
             else:
-                new = _with_check(record, _check_record(verdict, base, after, today, old.port if verdict.ported else None))
+                new = _with_check(
+                    record, _check_record(verdict, base, after, today, old.port if verdict.ported else None)
+                )
             if new != record:
                 updated[verdict.id] = new
             needs = after == "candidate"
-            results.append(Revalidation(verdict.id, verdict, before, after, action, remeasure_plan(record) if needs else []))
+            results.append(
+                Revalidation(verdict.id, verdict, before, after, action, remeasure_plan(record) if needs else [])
+            )
         if not dry_run:
             for entry_id, record in updated.items():
                 write_atomic(entry_path(home, entry_id), dump_record(EntryRecord.model_validate(record.model_dump())))
@@ -445,8 +539,11 @@ def set_status(home: Home, entry_id: str, status: str, release: str | None = Non
     ``release``, where it must have been checked (``revalidate``) and apply (clean, drift, or a port)."""
     records = load_entries(home)
     if entry_id not in records:
-        raise UnknownEntryError(f"unknown entry {entry_id!r}", where=str(home.entries),
-                                fix="known entries: " + (", ".join(sorted(records)) or "(none yet)"))
+        raise UnknownEntryError(
+            f"unknown entry {entry_id!r}",
+            where=str(home.entries),
+            fix="known entries: " + (", ".join(sorted(records)) or "(none yet)"),
+        )
     record = records[entry_id]
     fork = open_fork(home)
     with fork.lock():
@@ -455,12 +552,17 @@ def set_status(home: Home, entry_id: str, status: str, release: str | None = Non
         else:
             check = record.release_check(release)
             if check is None:
-                raise PortError(f"{entry_id} was never checked on SGLang {release}", where=f"entries/{entry_id}/entry.yaml",
-                                fix=f"run `specpilot-mem revalidate --release {release}` first")
+                raise PortError(
+                    f"{entry_id} was never checked on SGLang {release}",
+                    where=f"entries/{entry_id}/entry.yaml",
+                    fix=f"run `specpilot-mem revalidate --release {release}` first",
+                )
             if status == "verified" and check.verdict not in ("clean", "drift"):
-                raise PortError(f"{entry_id} does not apply on SGLang {release} ({check.verdict}), so it cannot be verified there",
-                                where=f"entries/{entry_id}/entry.yaml",
-                                fix=f"re-record it on the release or port its requirements first (`specpilot-mem port ... --onto sglang=={release}`)")
+                raise PortError(
+                    f"{entry_id} does not apply on SGLang {release} ({check.verdict}), so it cannot be verified there",
+                    where=f"entries/{entry_id}/entry.yaml",
+                    fix=f"re-record it on the release or port its requirements first (`specpilot-mem port ... --onto sglang=={release}`)",
+                )
             new = _with_check(record, check.model_copy(update={"status": status}))
         from specpilot_mem.store.records import validate_data
 

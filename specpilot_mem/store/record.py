@@ -19,8 +19,14 @@ from typing import Any
 
 import yaml
 
-from specpilot_mem.errors import (ConflictError, DeltaError, RecordError, ReproductionError, RequirementError,
-                                  SpecPilotError)
+from specpilot_mem.errors import (
+    ConflictError,
+    DeltaError,
+    RecordError,
+    ReproductionError,
+    RequirementError,
+    SpecPilotError,
+)
 from specpilot_mem.git import Repo
 from specpilot_mem.home import Home
 from specpilot_mem.models import ENTRY_ID, EntryRecord, Evidence, Variant
@@ -28,8 +34,15 @@ from specpilot_mem.store.branches import sync_branches
 from specpilot_mem.store.delta import parse_delta
 from specpilot_mem.store.fork import Fork, open_fork
 from specpilot_mem.store.kernels import VENDOR_DIR
-from specpilot_mem.store.records import (delta_path, dump_record, entry_path, load_entries, load_record_file,
-                                         validate_data, write_atomic)
+from specpilot_mem.store.records import (
+    delta_path,
+    dump_record,
+    entry_path,
+    load_entries,
+    load_record_file,
+    validate_data,
+    write_atomic,
+)
 from specpilot_mem.store.requirements import closure
 from specpilot_mem.store.resolver import CONFLICT, Resolver, check_symlinks
 
@@ -44,8 +57,11 @@ def snapshot_tree(fork: Fork, source: str) -> tuple[str, str | None]:
     if path.is_dir():
         target = Repo(path.resolve())
         if not target.exists() or target.common_dir.resolve() != fork.repo.common_dir.resolve():
-            raise SpecPilotError(f"{path} is not a work tree of the fork", where="--from",
-                                 fix=f"pass a fork revision, or a worktree made with `git -C {fork.repo.path} worktree add`")
+            raise SpecPilotError(
+                f"{path} is not a work tree of the fork",
+                where="--from",
+                fix=f"pass a fork revision, or a worktree made with `git -C {fork.repo.path} worktree add`",
+            )
         with target.temporary_index() as env:
             real_index = target.git_dir / "index"
             if real_index.exists():
@@ -56,8 +72,11 @@ def snapshot_tree(fork: Fork, source: str) -> tuple[str, str | None]:
             return target.out("write-tree", env=env), None
     commit = fork.repo.rev_parse(f"{source}^{{commit}}")
     if commit is None:
-        raise SpecPilotError(f"the fork has no revision {source!r} and there is no such folder", where="--from",
-                             fix="pass a branch, tag or commit of sglang-fork, or a worktree path")
+        raise SpecPilotError(
+            f"the fork has no revision {source!r} and there is no such folder",
+            where="--from",
+            fix="pass a branch, tag or commit of sglang-fork, or a worktree path",
+        )
     return fork.repo.rev_parse(f"{commit}^{{tree}}"), commit
 
 
@@ -67,10 +86,24 @@ def _diff(fork: Fork, base_tree: str, source_tree: str) -> bytes:
         outside = fork.repo.out("diff-tree", "-r", "--name-only", "--no-renames", base_tree, source_tree)
         stray = [p for p in outside.splitlines() if not p.startswith(prefix)]
         if stray:
-            raise DeltaError(f"the source changes files outside {prefix}: {', '.join(stray[:5])}", where="--from",
-                             fix=f"entries change only the SGLang package under {prefix}; move those changes out")
-    args = ["diff-tree", "-r", "-p", "--binary", "--full-index", "--no-renames", "--no-color", "--no-ext-diff",
-            "--no-textconv", "--src-prefix=a/", "--dst-prefix=b/"]
+            raise DeltaError(
+                f"the source changes files outside {prefix}: {', '.join(stray[:5])}",
+                where="--from",
+                fix=f"entries change only the SGLang package under {prefix}; move those changes out",
+            )
+    args = [
+        "diff-tree",
+        "-r",
+        "-p",
+        "--binary",
+        "--full-index",
+        "--no-renames",
+        "--no-color",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--src-prefix=a/",
+        "--dst-prefix=b/",
+    ]
     if prefix:
         args.append(f"--relative={prefix}")
     return fork.repo.git(*args, base_tree, source_tree).stdout
@@ -78,8 +111,11 @@ def _diff(fork: Fork, base_tree: str, source_tree: str) -> bytes:
 
 def _kernel_pins(fork: Fork, source_tree: str, delta) -> dict[str, str]:
     """sha256 of every vendored kernel file the delta adds or changes."""
-    vendored = [c for c in delta.changes if c.path.startswith(VENDOR_DIR + "/") and not c.deleted
-                and not c.path.endswith("/__init__.py")]
+    vendored = [
+        c
+        for c in delta.changes
+        if c.path.startswith(VENDOR_DIR + "/") and not c.deleted and not c.path.endswith("/__init__.py")
+    ]
     blobs = fork.repo.read_blobs(c.new_oid for c in vendored if c.new_oid)
     pins = {}
     for change in vendored:
@@ -127,27 +163,40 @@ def _draft(meta: str | Path | dict | None) -> tuple[dict[str, Any], str | None]:
             text = path.read_text()
             data = yaml.safe_load(text) or {}
         except FileNotFoundError:
-            raise RecordError(f"no draft record at {path}", where="--meta",
-                              fix="check the path; `specpilot-mem schema entry` prints a draft's fields") from None
+            raise RecordError(
+                f"no draft record at {path}",
+                where="--meta",
+                fix="check the path; `specpilot-mem schema entry` prints a draft's fields",
+            ) from None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
-            raise RecordError(f"malformed YAML: {getattr(err, 'problem', err)}",
-                              where=f"{path}:{mark.line + 1 if mark else 1}", fix="fix the YAML syntax") from None
+            raise RecordError(
+                f"malformed YAML: {getattr(err, 'problem', err)}",
+                where=f"{path}:{mark.line + 1 if mark else 1}",
+                fix="fix the YAML syntax",
+            ) from None
         if not isinstance(data, dict):
-            raise RecordError("a draft record must be a YAML mapping", where=f"{path}:1",
-                              fix="write it as `field: value` lines (title, summary, contract, ...)")
+            raise RecordError(
+                "a draft record must be a YAML mapping",
+                where=f"{path}:1",
+                fix="write it as `field: value` lines (title, summary, contract, ...)",
+            )
     bad = [k for k in _STORE_FIELDS if k in data and k != "id"]
     if bad:
-        raise RecordError(f"the draft sets {', '.join(bad)}, which record fills in", where=str(meta),
-                          fix="leave them out (use --requires for requirements)")
+        raise RecordError(
+            f"the draft sets {', '.join(bad)}, which record fills in",
+            where=str(meta),
+            fix="leave them out (use --requires for requirements)",
+        )
     return data, text
 
 
 BASE_CHANGED = "base changed: re-validate"
 
 
-def _rebase_dependents(fork: Fork, resolver: Resolver, entry_id: str, today: dt.date
-                       ) -> tuple[Resolver, dict[str, tuple[EntryRecord, bytes]]]:
+def _rebase_dependents(
+    fork: Fork, resolver: Resolver, entry_id: str, today: dt.date
+) -> tuple[Resolver, dict[str, tuple[EntryRecord, bytes]]]:
     """Re-record every entry that requires ``entry_id`` (whose record and delta ``resolver`` already holds)
     onto its new base, in requirement order: each dependent's delta goes 3-way onto stock + its re-recorded
     requirements, its ``reproduces`` becomes that tree, and its evidence is kept and marked
@@ -179,14 +228,23 @@ def _rebase_dependents(fork: Fork, resolver: Resolver, entry_id: str, today: dt.
         if text != resolver.delta(dependent).text:
             fields.pop("releases", None)  # checks and ports on other releases were of the old delta
         source = {k: v for k, v in fields.get("source", {}).items() if k != "commit"}  # no commit holds this tree
-        fields.update(reproduces=tree, kernels=_kernel_pins(fork, tree, delta), recorded=today, source=source,
-                      evidence=[{**e, "revalidate": f"{BASE_CHANGED} ({entry_id} was re-recorded)"}
-                                for e in fields.get("evidence", [])])
+        fields.update(
+            reproduces=tree,
+            kernels=_kernel_pins(fork, tree, delta),
+            recorded=today,
+            source=source,
+            evidence=[
+                {**e, "revalidate": f"{BASE_CHANGED} ({entry_id} was re-recorded)"} for e in fields.get("evidence", [])
+            ],
+        )
         new = EntryRecord.model_validate(fields)
         resolver = resolver.with_record(new, delta)
         if not resolver.reproduce(dependent).reproduced:
-            raise ReproductionError(f"{dependent} rebased onto the new {entry_id} does not reproduce its own tree",
-                                    where=f"entries/{dependent}", fix="report this: the store could not rebase its own diff")
+            raise ReproductionError(
+                f"{dependent} rebased onto the new {entry_id} does not reproduce its own tree",
+                where=f"entries/{dependent}",
+                fix="report this: the store could not rebase its own diff",
+            )
         rebased[dependent] = (new, text)
     if problems:
         raise ConflictError(
@@ -194,7 +252,7 @@ def _rebase_dependents(fork: Fork, resolver: Resolver, entry_id: str, today: dt.
             f"{len(problems)} cannot be: " + "; ".join(f"{d} {why}" for d, why in problems.items()),
             where=", ".join(f"entries/{d}" for d in problems),
             fix=f"nothing was changed; change {entry_id} so it leaves those lines alone, or re-record the "
-                "conflicting entries by hand on the new version (apply it with --worktree, edit, record --from)",
+            "conflicting entries by hand on the new version (apply it with --worktree, edit, record --from)",
         )
     return resolver, rebased
 
@@ -222,8 +280,14 @@ def _check_dependents(resolver: Resolver, entry_id: str) -> list[str]:
     return dependents
 
 
-def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | None = None,
-                 meta: str | Path | dict | None = None, today: dt.date | None = None) -> EntryRecord:
+def record_entry(
+    home: Home,
+    entry_id: str,
+    source: str,
+    requires: list[str] | None = None,
+    meta: str | Path | dict | None = None,
+    today: dt.date | None = None,
+) -> EntryRecord:
     """Record (or re-record) ``entry_id`` from ``source`` (fork revision or fork work tree).
 
     ``requires`` defaults to the existing record's; ``meta`` (a draft YAML path or dict) gives title,
@@ -231,32 +295,47 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
     Returns the saved record; every entry that requires it is rebased onto it (``_rebase_dependents``).
     """
     if not re.match(ENTRY_ID, entry_id):
-        raise RecordError(f"{entry_id!r} is not a valid entry id", where="ID",
-                          fix="use lower-case words joined by '-', e.g. certified-head")
+        raise RecordError(
+            f"{entry_id!r} is not a valid entry id",
+            where="ID",
+            fix="use lower-case words joined by '-', e.g. certified-head",
+        )
     fork = open_fork(home)
     with fork.lock():
         records = load_entries(home)
         existing = records.get(entry_id)
         draft, draft_text = _draft(meta)
         if draft.get("id", entry_id) != entry_id:
-            raise RecordError(f"the draft's id {draft['id']!r} is not {entry_id!r}", where=str(meta),
-                              fix=f"remove the id line from the draft, or record it as {draft['id']}")
+            raise RecordError(
+                f"the draft's id {draft['id']!r} is not {entry_id!r}",
+                where=str(meta),
+                fix=f"remove the id line from the draft, or record it as {draft['id']}",
+            )
         requires = list(existing.requires if existing and requires is None else (requires or []))
         for req in requires:
             if req not in records:
-                raise RequirementError(f"{entry_id} requires {req!r}, which the memory does not hold",
-                                       where="--requires", fix="record it first, or correct the id")
+                raise RequirementError(
+                    f"{entry_id} requires {req!r}, which the memory does not hold",
+                    where="--requires",
+                    fix="record it first, or correct the id",
+                )
         resolver = Resolver(fork, records)
         for req in requires:
             if entry_id in resolver.closure([req]):
-                raise RequirementError(f"requirement cycle: {entry_id} -> {req} -> ... -> {entry_id}",
-                                       where="--requires", fix=f"{req} already requires {entry_id}")
+                raise RequirementError(
+                    f"requirement cycle: {entry_id} -> {req} -> ... -> {entry_id}",
+                    where="--requires",
+                    fix=f"{req} already requires {entry_id}",
+                )
         resolver.prepare(resolver.chain(requires))
         for req in resolver.chain(requires):
             outcome = resolver.reproduce(req)
             if not outcome.reproduced:
-                raise ReproductionError(f"requirement {req} does not reproduce its record", where=f"entries/{req}",
-                                        fix="run `specpilot-mem verify` and fix it first")
+                raise ReproductionError(
+                    f"requirement {req} does not reproduce its record",
+                    where=f"entries/{req}",
+                    fix="run `specpilot-mem verify` and fix it first",
+                )
         source_tree, source_commit = snapshot_tree(fork, source)
         base_walk = resolver.walk(fork.stock_tree, resolver.chain(requires))
         base_tree = resolver.tree_id(fork.stock_tree, base_walk, write=True)
@@ -272,12 +351,19 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
         # the source commit is this recording's (a work tree has none, so an older one must not linger)
         source_fields = {k: v for k, v in fields.get("source", {}).items() if k != "commit"}
         fields["source"] = {**source_fields, "commit": source_commit} if source_commit else source_fields
-        fields.update(id=entry_id, requires=requires, reproduces=source_tree,
-                      kernels=_kernel_pins(fork, source_tree, delta),
-                      recorded=today or dt.datetime.now(dt.timezone.utc).date())
+        fields.update(
+            id=entry_id,
+            requires=requires,
+            reproduces=source_tree,
+            kernels=_kernel_pins(fork, source_tree, delta),
+            recorded=today or dt.datetime.now(dt.timezone.utc).date(),
+        )
         if not existing and not draft:
-            raise RecordError(f"{entry_id} is a new entry and has no title, summary or contract yet",
-                              where="--meta", fix="pass --meta draft.yaml (see `specpilot-mem schema` for the fields)")
+            raise RecordError(
+                f"{entry_id} is a new entry and has no title, summary or contract yet",
+                where="--meta",
+                fix="pass --meta draft.yaml (see `specpilot-mem schema` for the fields)",
+            )
         record = validate_data(fields, EntryRecord, str(meta or entry_path(home, entry_id)), draft_text)
 
         # Prove it before writing anything: the new delta must rebuild the source, and dependents must rebase.
@@ -286,8 +372,11 @@ def record_entry(home: Home, entry_id: str, source: str, requires: list[str] | N
         trial = resolver.with_record(record, delta)
         outcome = trial.reproduce(entry_id)
         if not outcome.reproduced:
-            raise ReproductionError(f"the recorded delta gives {outcome.tree}, not the source tree {source_tree}",
-                                    where=str(source), fix="report this: the store could not reproduce its own diff")
+            raise ReproductionError(
+                f"the recorded delta gives {outcome.tree}, not the source tree {source_tree}",
+                where=str(source),
+                fix="report this: the store could not reproduce its own diff",
+            )
         trial, rebased = _rebase_dependents(fork, trial, entry_id, record.recorded)
         dependents = _check_dependents(trial, entry_id)
         write_atomic(delta_path(home, entry_id), text)

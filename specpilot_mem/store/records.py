@@ -78,8 +78,11 @@ def parse_record(text: str, model: type[Model], where: str) -> Model:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
-        raise RecordError(f"malformed YAML: {getattr(err, 'problem', None) or err}", where=f"{where}{line}",
-                          fix="fix the YAML syntax at that line") from None
+        raise RecordError(
+            f"malformed YAML: {getattr(err, 'problem', None) or err}",
+            where=f"{where}{line}",
+            fix="fix the YAML syntax at that line",
+        ) from None
     if not isinstance(data, dict):
         raise RecordError("the record must be a YAML mapping", where=f"{where}:1", fix="see `specpilot-mem schema`")
     return validate_data(data, model, where, text)
@@ -101,7 +104,8 @@ def validate_data(data: dict, model: type[Model], where: str, text: str | None =
             problems.append(f"{where}{f':{line}' if line else ''}: {field}: {item['msg']}")
         raise RecordError(
             f"invalid {model.__name__}: " + "; ".join(p.split(": ", 1)[1] for p in problems),
-            where="\n         ".join(problems), fix="correct those fields (`specpilot-mem schema` prints the schema)",
+            where="\n         ".join(problems),
+            fix="correct those fields (`specpilot-mem schema` prints the schema)",
         ) from None
 
 
@@ -109,8 +113,11 @@ def load_record_file(path: Path, model: type[Model]) -> Model:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise RecordError(f"no record at {path}", where=str(path),
-                          fix="check the path; `specpilot-mem schema` prints the fields such a record holds") from None
+        raise RecordError(
+            f"no record at {path}",
+            where=str(path),
+            fix="check the path; `specpilot-mem schema` prints the fields such a record holds",
+        ) from None
     return parse_record(text, model, str(path))
 
 
@@ -179,13 +186,19 @@ def load_entry(home: Home, entry_id: str) -> EntryRecord:
     path = entry_path(home, entry_id)
     if not path.is_file():
         known = sorted(p.parent.name for p in home.entries.glob(f"*/{ENTRY_FILE}"))
-        raise UnknownEntryError(f"unknown entry {entry_id!r}", where=str(home.entries),
-                                fix="known entries: " + (", ".join(known) or "(none yet)"))
+        raise UnknownEntryError(
+            f"unknown entry {entry_id!r}",
+            where=str(home.entries),
+            fix="known entries: " + (", ".join(known) or "(none yet)"),
+        )
     record = load_record_file(path, EntryRecord)
     if record.id != entry_id:
         line = node_line(yaml.compose(path.read_text(), Loader=_LOADER), ("id",))
-        raise RecordError(f"the record's id {record.id!r} does not match its folder {entry_id!r}",
-                          where=f"{path}:{line}", fix="rename the folder or correct the id")
+        raise RecordError(
+            f"the record's id {record.id!r} does not match its folder {entry_id!r}",
+            where=f"{path}:{line}",
+            fix="rename the folder or correct the id",
+        )
     return record
 
 
@@ -197,8 +210,11 @@ def load_entries(home: Home) -> dict[str, EntryRecord]:
     for path in sorted(home.entries.glob(f"*/{ENTRY_FILE}")):
         entry_id = path.parent.name
         if not re.match(ENTRY_ID, entry_id):
-            raise RecordError(f"entry folder {entry_id!r} is not a valid entry id", where=str(path.parent),
-                              fix="use lower-case words joined by '-', e.g. certified-head")
+            raise RecordError(
+                f"entry folder {entry_id!r} is not a valid entry id",
+                where=str(path.parent),
+                fix="use lower-case words joined by '-', e.g. certified-head",
+            )
         records[entry_id] = load_entry(home, entry_id)
     return records
 

@@ -41,33 +41,68 @@ class ReleasePin:
     commit: str
 
 
-PINS: dict[str, ReleasePin] = {pin.version: pin for pin in (
-    ReleasePin("0.5.15", "sglang-0.5.15-cp311-cp311-manylinux_2_34_x86_64.whl",
-               "21492759b4b99e117bd81610f633422f3fdae2896c2cde6931eab886deccc44f",
-               "eac162d1f5f2bebd7007eec9f4a5c56fc6d545d9", "4b96ae1662d2ab7626621237f2ff0153350d1e29"),
-    ReleasePin("0.5.16", "sglang-0.5.16-cp311-cp311-manylinux_2_34_x86_64.whl",
-               "d5f345a18953dd35df568ac56bdcb7f5ee910ab39efea4469b714556d1070713",
-               "a236a6d12619720f6cd31b700ceb8ee8d0e7d52d", "53d0bf9369bb228e03ba17942b9b9f9fd26d9a92"),
-    ReleasePin("0.5.17", "sglang-0.5.17-cp311-cp311-manylinux_2_34_x86_64.whl",
-               "575e38f5683624ded3b4bb267f637a098e5ed37d13a1d1ff5ea09bd781a04d16",
-               "3152945311da3033fc20e134d4265746542da651", "6ac88d88577f0609a21b4ce134f7e8f21323338b"),
-    ReleasePin("0.5.18", "sglang-0.5.18-cp311-cp311-manylinux_2_34_x86_64.whl",
-               "e97b585dd2d5db2802599feba47c84cce972f5e1231a6816fef996200207b5cf",
-               "91d30261b23fcd91e28bd0ea3c07932913255415", "5fbff66285e776a129cb4ba99632f7beb0dccc72"),
-    ReleasePin("0.5.19", "sglang-0.5.19-cp311-cp311-manylinux_2_34_x86_64.whl",
-               "425e87377e725d03db8262382008f3fd9561a6cf5d82f485f8b9929f02ffe12b",
-               "b670925d60dff3bde90cf9e71fbe74f87215ae75", "4082fb16d58678433f2a666f8a3d39473108f986"),
-    ReleasePin("0.5.20", "sglang-0.5.20-cp311-cp311-manylinux_2_34_x86_64.whl",
-               "1573527042f4f6b4ead838302818595fc77fdc611dbcc2e40cd150fbc8f8513c",
-               "770235a733ea61ac77aefe34915783a6ad9c9d28", "c1c2fb526b493cbddd8dc13ea93a5436672a133c"),
-    ReleasePin("0.5.21", "sglang-0.5.21-cp311-cp311-manylinux_2_34_x86_64.whl",
-               "96c029f75dec99baa33a5db3d41b1bebefdd6bcfba3a2f7c807fe1cf49a87c20",
-               "ef9eb19b0b9814e69f8e35f9c2908113d9135800", "43d1ac9c03af66262897bef8c9da544ad973312d"),
-    ReleasePin("0.5.22", "sglang-0.5.22-cp311-cp311-manylinux_2_34_x86_64.whl",
-               "cc9a0f15bd8f877a0584fdb7a1702240177a1f1cc8d17c978715161717b9037b",
-               "08d73c4904ebe59bcaf8db6577ce28693039bfcf", "6532bba14a894793633854a5b7fd39f844891301"),
-    ReleasePin(stock.SGLANG_VERSION, stock.WHEEL_NAME, stock.WHEEL_SHA256, stock.STOCK_TREE, stock.STOCK_COMMIT),
-)}
+PINS: dict[str, ReleasePin] = {
+    pin.version: pin
+    for pin in (
+        ReleasePin(
+            "0.5.15",
+            "sglang-0.5.15-cp311-cp311-manylinux_2_34_x86_64.whl",
+            "21492759b4b99e117bd81610f633422f3fdae2896c2cde6931eab886deccc44f",
+            "eac162d1f5f2bebd7007eec9f4a5c56fc6d545d9",
+            "4b96ae1662d2ab7626621237f2ff0153350d1e29",
+        ),
+        ReleasePin(
+            "0.5.16",
+            "sglang-0.5.16-cp311-cp311-manylinux_2_34_x86_64.whl",
+            "d5f345a18953dd35df568ac56bdcb7f5ee910ab39efea4469b714556d1070713",
+            "a236a6d12619720f6cd31b700ceb8ee8d0e7d52d",
+            "53d0bf9369bb228e03ba17942b9b9f9fd26d9a92",
+        ),
+        ReleasePin(
+            "0.5.17",
+            "sglang-0.5.17-cp311-cp311-manylinux_2_34_x86_64.whl",
+            "575e38f5683624ded3b4bb267f637a098e5ed37d13a1d1ff5ea09bd781a04d16",
+            "3152945311da3033fc20e134d4265746542da651",
+            "6ac88d88577f0609a21b4ce134f7e8f21323338b",
+        ),
+        ReleasePin(
+            "0.5.18",
+            "sglang-0.5.18-cp311-cp311-manylinux_2_34_x86_64.whl",
+            "e97b585dd2d5db2802599feba47c84cce972f5e1231a6816fef996200207b5cf",
+            "91d30261b23fcd91e28bd0ea3c07932913255415",
+            "5fbff66285e776a129cb4ba99632f7beb0dccc72",
+        ),
+        ReleasePin(
+            "0.5.19",
+            "sglang-0.5.19-cp311-cp311-manylinux_2_34_x86_64.whl",
+            "425e87377e725d03db8262382008f3fd9561a6cf5d82f485f8b9929f02ffe12b",
+            "b670925d60dff3bde90cf9e71fbe74f87215ae75",
+            "4082fb16d58678433f2a666f8a3d39473108f986",
+        ),
+        ReleasePin(
+            "0.5.20",
+            "sglang-0.5.20-cp311-cp311-manylinux_2_34_x86_64.whl",
+            "1573527042f4f6b4ead838302818595fc77fdc611dbcc2e40cd150fbc8f8513c",
+            "770235a733ea61ac77aefe34915783a6ad9c9d28",
+            "c1c2fb526b493cbddd8dc13ea93a5436672a133c",
+        ),
+        ReleasePin(
+            "0.5.21",
+            "sglang-0.5.21-cp311-cp311-manylinux_2_34_x86_64.whl",
+            "96c029f75dec99baa33a5db3d41b1bebefdd6bcfba3a2f7c807fe1cf49a87c20",
+            "ef9eb19b0b9814e69f8e35f9c2908113d9135800",
+            "43d1ac9c03af66262897bef8c9da544ad973312d",
+        ),
+        ReleasePin(
+            "0.5.22",
+            "sglang-0.5.22-cp311-cp311-manylinux_2_34_x86_64.whl",
+            "cc9a0f15bd8f877a0584fdb7a1702240177a1f1cc8d17c978715161717b9037b",
+            "08d73c4904ebe59bcaf8db6577ce28693039bfcf",
+            "6532bba14a894793633854a5b7fd39f844891301",
+        ),
+        ReleasePin(stock.SGLANG_VERSION, stock.WHEEL_NAME, stock.WHEEL_SHA256, stock.STOCK_TREE, stock.STOCK_COMMIT),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -84,8 +119,16 @@ class ReleaseBase:
     stock: bool  # the release is the fork's own stock
 
     def to_dict(self) -> dict:
-        return {"version": self.version, "ref": self.ref, "commit": self.commit, "tree": self.tree,
-                "wheel": self.wheel, "sha256": self.sha256, "pinned": self.pinned, "stock": self.stock}
+        return {
+            "version": self.version,
+            "ref": self.ref,
+            "commit": self.commit,
+            "tree": self.tree,
+            "wheel": self.wheel,
+            "sha256": self.sha256,
+            "pinned": self.pinned,
+            "stock": self.stock,
+        }
 
 
 def is_release_spec(text: str) -> bool:
@@ -94,9 +137,12 @@ def is_release_spec(text: str) -> bool:
 
 
 def _unknown(version: str) -> ReleaseError:
-    return ReleaseError(f"sglang=={version} is not a pinned release", where="--onto",
-                        fix=f"pinned releases: {', '.join(sorted(PINS, key=version_key))}; for another one pass the "
-                            "path of its wheel (pip download --no-deps sglang==X)")
+    return ReleaseError(
+        f"sglang=={version} is not a pinned release",
+        where="--onto",
+        fix=f"pinned releases: {', '.join(sorted(PINS, key=version_key))}; for another one pass the "
+        "path of its wheel (pip download --no-deps sglang==X)",
+    )
 
 
 def version_key(version: str) -> tuple:
@@ -111,12 +157,18 @@ def _wheel_metadata(path: Path) -> tuple[str, str, list[str]]:
             names = wheel.namelist()
             metadata = [n for n in names if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
             if len(metadata) != 1:
-                raise ReleaseError(f"{path.name} has no single *.dist-info/METADATA, so it is not a wheel",
-                                   where=str(path), fix="pass an SGLang wheel (.whl) from the package index")
+                raise ReleaseError(
+                    f"{path.name} has no single *.dist-info/METADATA, so it is not a wheel",
+                    where=str(path),
+                    fix="pass an SGLang wheel (.whl) from the package index",
+                )
             fields = email.parser.BytesHeaderParser().parsebytes(wheel.read(metadata[0]))
     except (zipfile.BadZipFile, OSError) as err:
-        raise ReleaseError(f"{path.name} is not a readable wheel ({err})", where=str(path),
-                           fix="pass an SGLang wheel (.whl); download it again if it is damaged") from None
+        raise ReleaseError(
+            f"{path.name} is not a readable wheel ({err})",
+            where=str(path),
+            fix="pass an SGLang wheel (.whl); download it again if it is damaged",
+        ) from None
     return (fields.get("Name") or "").strip(), (fields.get("Version") or "").strip(), names
 
 
@@ -131,31 +183,43 @@ class _Wheel:
 def locate_wheel(spec: str) -> _Wheel:
     """The checked wheel of ``sglang==X`` (cache, else downloaded) or of a wheel path; nothing is written."""
     if spec.startswith(SPEC_PREFIX):
-        version = spec[len(SPEC_PREFIX):].strip()
+        version = spec[len(SPEC_PREFIX) :].strip()
         if version not in PINS:
             raise _unknown(version)
         path = stock.download_wheel(version, PINS[version].wheel)
     else:
         path = Path(spec).expanduser().resolve()
         if not path.is_file():
-            raise ReleaseError(f"no wheel at {path}", where="--onto", fix="pass sglang==X or the path of an SGLang wheel")
+            raise ReleaseError(
+                f"no wheel at {path}", where="--onto", fix="pass sglang==X or the path of an SGLang wheel"
+            )
     name, version, names = _wheel_metadata(path)
     if name.lower().replace("_", "-") != "sglang":
-        raise ReleaseError(f"{path.name} is the wheel of {name or 'an unnamed package'!r}, not of SGLang", where=str(path),
-                           fix="pass an SGLang wheel (pip download --no-deps sglang==X)")
-    if spec.startswith(SPEC_PREFIX) and version != spec[len(SPEC_PREFIX):].strip():
-        raise ReleaseError(f"{path.name} holds SGLang {version}, not {spec}", where=str(path),
-                           fix="delete it from the wheel cache; it is downloaded again")
+        raise ReleaseError(
+            f"{path.name} is the wheel of {name or 'an unnamed package'!r}, not of SGLang",
+            where=str(path),
+            fix="pass an SGLang wheel (pip download --no-deps sglang==X)",
+        )
+    if spec.startswith(SPEC_PREFIX) and version != spec[len(SPEC_PREFIX) :].strip():
+        raise ReleaseError(
+            f"{path.name} holds SGLang {version}, not {spec}",
+            where=str(path),
+            fix="delete it from the wheel cache; it is downloaded again",
+        )
     pin = PINS.get(version)
     digest = stock.sha256_file(path)
     if pin is not None and digest != pin.sha256:
-        raise ReleaseError(f"{path.name} has sha256 {digest}, not the pinned {pin.sha256} of SGLang {version}",
-                           where=str(path), fix=f"delete it and pass sglang=={version} (it is downloaded again), "
-                                                f"or the real {pin.wheel}")
+        raise ReleaseError(
+            f"{path.name} has sha256 {digest}, not the pinned {pin.sha256} of SGLang {version}",
+            where=str(path),
+            fix=f"delete it and pass sglang=={version} (it is downloaded again), or the real {pin.wheel}",
+        )
     if not any(n.startswith(LAYOUT) for n in names):
-        raise ReleaseError(f"SGLang {version}'s wheel has no {LAYOUT} package, the layout every entry's paths assume",
-                           where=str(path), fix="this release's package layout differs: its entries must be recorded "
-                                                "against it, not ported")
+        raise ReleaseError(
+            f"SGLang {version}'s wheel has no {LAYOUT} package, the layout every entry's paths assume",
+            where=str(path),
+            fix="this release's package layout differs: its entries must be recorded against it, not ported",
+        )
     return _Wheel(path, version, digest, pin)
 
 
@@ -176,7 +240,9 @@ def known_release(fork: Fork, version: str) -> ReleaseBase | None:
     if pin is None:
         return None
     if fork.pinned and version == stock.SGLANG_VERSION:
-        return ReleaseBase(version, "refs/heads/stock", fork.stock_commit, fork.stock_tree, pin.wheel, pin.sha256, True, True)
+        return ReleaseBase(
+            version, "refs/heads/stock", fork.stock_commit, fork.stock_tree, pin.wheel, pin.sha256, True, True
+        )
     commit = fork.repo.rev_parse(release_ref(version))
     if commit != pin.commit:
         return None
@@ -190,7 +256,7 @@ def import_release(fork: Fork, spec: str, progress: Callable[[int, int], None] |
     import) passes before the branch is written; a failed import leaves the refs as they were.
     """
     if spec.startswith(SPEC_PREFIX):
-        version = spec[len(SPEC_PREFIX):].strip()
+        version = spec[len(SPEC_PREFIX) :].strip()
         if version not in PINS:
             raise _unknown(version)
         found = known_release(fork, version)
@@ -209,13 +275,16 @@ def import_release(fork: Fork, spec: str, progress: Callable[[int, int], None] |
     if wheel.pin is not None and (tree, commit) != (wheel.pin.tree, wheel.pin.commit):
         raise ForkError(
             f"the import of SGLang {wheel.version} gave tree {tree} / commit {commit}, not the pinned "
-            f"{wheel.pin.tree} / {wheel.pin.commit}", where=str(wheel.path),
+            f"{wheel.pin.tree} / {wheel.pin.commit}",
+            where=str(wheel.path),
             fix="the import is no longer deterministic (different wheel, git or code): report it; nothing was kept",
         )
     if existing is not None and existing != commit:
-        raise ForkError(f"the fork's {ref} holds another import of SGLang {wheel.version} ({existing[:12]})",
-                        where=f"{fork.repo.path} ({ref})",
-                        fix=f"delete it (git -C {fork.repo.path} update-ref -d {ref}) to import this wheel instead")
+        raise ForkError(
+            f"the fork's {ref} holds another import of SGLang {wheel.version} ({existing[:12]})",
+            where=f"{fork.repo.path} ({ref})",
+            fix=f"delete it (git -C {fork.repo.path} update-ref -d {ref}) to import this wheel instead",
+        )
     if existing != commit:
         fork.repo.update_refs({ref: (existing, commit)}, f"specpilot: SGLang {wheel.version} beside stock")
     return ReleaseBase(wheel.version, ref, commit, tree, wheel.path.name, wheel.sha256, wheel.pin is not None, False)
@@ -223,4 +292,4 @@ def import_release(fork: Fork, spec: str, progress: Callable[[int, int], None] |
 
 def release_of(spec: str) -> str:
     """The version a ``sglang==X`` spec names (for messages before anything is imported)."""
-    return spec[len(SPEC_PREFIX):].strip() if spec.startswith(SPEC_PREFIX) else os.path.basename(spec)
+    return spec[len(SPEC_PREFIX) :].strip() if spec.startswith(SPEC_PREFIX) else os.path.basename(spec)

@@ -21,8 +21,11 @@ def closure(records: Mapping[str, EntryRecord], ids: Iterable[str], home: Home |
     wanted = list(ids)
     for entry_id in wanted:
         if entry_id not in records:
-            raise UnknownEntryError(f"unknown entry {entry_id!r}", where=str(home.entries) if home else "entries/",
-                                    fix="known entries: " + (", ".join(sorted(records)) or "(none yet)"))
+            raise UnknownEntryError(
+                f"unknown entry {entry_id!r}",
+                where=str(home.entries) if home else "entries/",
+                fix="known entries: " + (", ".join(sorted(records)) or "(none yet)"),
+            )
     done: set[str] = set()
     stack: list[str] = []
 
@@ -30,16 +33,20 @@ def closure(records: Mapping[str, EntryRecord], ids: Iterable[str], home: Home |
         if entry_id in done:
             return
         if entry_id in stack:
-            cycle = stack[stack.index(entry_id):] + [entry_id]
-            raise RequirementError("requirement cycle: " + " -> ".join(cycle),
-                                   where=", ".join(f"entries/{c}/entry.yaml" for c in cycle[:-1]),
-                                   fix="remove one of these requirements")
+            cycle = stack[stack.index(entry_id) :] + [entry_id]
+            raise RequirementError(
+                "requirement cycle: " + " -> ".join(cycle),
+                where=", ".join(f"entries/{c}/entry.yaml" for c in cycle[:-1]),
+                fix="remove one of these requirements",
+            )
         stack.append(entry_id)
         for req in records[entry_id].requires:
             if req not in records:
-                raise RequirementError(f"entry {entry_id!r} requires {req!r}, which the memory does not hold",
-                                       where=f"entries/{entry_id}/entry.yaml (requires)",
-                                       fix=f"record {req!r} first, or drop it from {entry_id}'s requires")
+                raise RequirementError(
+                    f"entry {entry_id!r} requires {req!r}, which the memory does not hold",
+                    where=f"entries/{entry_id}/entry.yaml (requires)",
+                    fix=f"record {req!r} first, or drop it from {entry_id}'s requires",
+                )
             visit(req)
         stack.pop()
         done.add(entry_id)

@@ -24,8 +24,15 @@ from specpilot_mem.errors import ConflictError, DeltaError, ForkError, Reproduct
 from specpilot_mem.git import Repo, Signature, commit_content, object_id
 from specpilot_mem.home import Home
 from specpilot_mem.models import EntryRecord
-from specpilot_mem.store.delta import (SYMLINK_MODE, Delta, FileChange, apply_hunks, check_symlink, hunks_present,
-                                      load_delta)
+from specpilot_mem.store.delta import (
+    SYMLINK_MODE,
+    Delta,
+    FileChange,
+    apply_hunks,
+    check_symlink,
+    hunks_present,
+    load_delta,
+)
 from specpilot_mem.store.fork import ENTRY_REF_PREFIX, Fork, open_fork
 from specpilot_mem.store.records import delta_path, load_entries
 from specpilot_mem.store.releases import RELEASE_REF_PREFIX, import_release, is_release_spec
@@ -39,7 +46,13 @@ APPLIED, PRESENT, PARTLY, EMPTY, CONFLICT = "applied", "already present", "partl
 # present (the base already has the change), partly present (some of its hunks were already there, the
 # rest went on), conflict.
 AS_RECORDED, BY_HUNKS, MERGED, ALREADY_THERE, PARTLY_THERE, FILE_CONFLICT = (
-    "as recorded", "hunks", "merged", "present", "partly present", "conflict")
+    "as recorded",
+    "hunks",
+    "merged",
+    "present",
+    "partly present",
+    "conflict",
+)
 
 
 @dataclass
@@ -99,8 +112,12 @@ def commit_date(records: Iterable[EntryRecord]) -> Signature:
 class Resolver:
     """Resolves entry chains of one fork; memoizes parsed deltas, base trees and prefix walks."""
 
-    def __init__(self, fork: Fork, records: dict[str, EntryRecord] | None = None,
-                 ports: dict[str, tuple[Delta, str]] | None = None):
+    def __init__(
+        self,
+        fork: Fork,
+        records: dict[str, EntryRecord] | None = None,
+        ports: dict[str, tuple[Delta, str]] | None = None,
+    ):
         """``ports``: entry id -> (ported delta, the release tree it was ported onto), used in place of the
         recorded delta (which is against stock) where given."""
         self.fork = fork
@@ -167,7 +184,7 @@ class Resolver:
         for n in range(start, len(order)):
             self.ensure_ready(order[n])
             walk = self._step(base_tree, walk, order[n])
-            self._walks[(base_tree, tuple(order[:n + 1]))] = walk
+            self._walks[(base_tree, tuple(order[: n + 1]))] = walk
         return walk
 
     def stock_tree(self, ids: Iterable[str]) -> str:
@@ -210,8 +227,15 @@ class Resolver:
             status, paths = PRESENT, []
         else:
             status, paths = (PARTLY if present else APPLIED), changed
-        outcome = EntryOutcome(entry_id, status, paths, sorted(against), self.records[entry_id].reproduces, files=files,
-                               present=present if status != CONFLICT else [])
+        outcome = EntryOutcome(
+            entry_id,
+            status,
+            paths,
+            sorted(against),
+            self.records[entry_id].reproduces,
+            files=files,
+            present=present if status != CONFLICT else [],
+        )
         if status == CONFLICT:  # the conflicting entry leaves the tree as it was
             overlay, touched = walk.overlay, walk.touched
         return Walk(overlay, touched, walk.outcomes + (outcome,))
@@ -254,8 +278,11 @@ class Resolver:
             applied, how = apply_hunks(current, change.hunks), BY_HUNKS
             if applied is None:
                 merged = self.repo.merge_blobs(pre, now, post)
-                applied = None if merged is None else (self.repo.read_blobs([merged])[merged],
-                                                       hunks_present(current, change.hunks))
+                applied = (
+                    None
+                    if merged is None
+                    else (self.repo.read_blobs([merged])[merged], hunks_present(current, change.hunks))
+                )
                 how = MERGED
             _MERGES[key] = None if applied is None else (object_id("blob", applied[0]), applied[0], how, applied[1])
         if _MERGES[key] is None:
@@ -306,7 +333,9 @@ class Resolver:
             self._ready.add(entry_id)
             return
         requirements = self.chain(self.records[entry_id].requires)
-        origin = self.ports[entry_id][1] if entry_id in self.ports else self.fork.stock_tree  # what the delta is against
+        origin = (
+            self.ports[entry_id][1] if entry_id in self.ports else self.fork.stock_tree
+        )  # what the delta is against
         base_walk = self.walk(origin, requirements)
         base = self.base(origin)
         prefix = self.fork.package_prefix
@@ -333,10 +362,12 @@ class Resolver:
             args = ["apply", "--cached", "--whitespace=nowarn"] + ([f"--directory={prefix}"] if prefix else []) + ["-"]
             proc = self.repo.git(*args, input=delta.text, env=env, check=False)
             if proc.returncode != 0:
-                raise DeltaError(f"the delta of {entry_id} does not apply to its own base: "
-                                 f"{proc.stderr.decode(errors='replace').strip()[:500]}",
-                                 where=str(delta_path(self.fork.home, entry_id)),
-                                 fix=f"restore it from git, or re-record it with `specpilot-mem record {entry_id}`")
+                raise DeltaError(
+                    f"the delta of {entry_id} does not apply to its own base: "
+                    f"{proc.stderr.decode(errors='replace').strip()[:500]}",
+                    where=str(delta_path(self.fork.home, entry_id)),
+                    fix=f"restore it from git, or re-record it with `specpilot-mem record {entry_id}`",
+                )
             result = {}
             for line in self.repo.git("ls-files", "-s", "-z", env=env).stdout.split(b"\0"):
                 if line:
@@ -347,9 +378,11 @@ class Resolver:
             got = result.get(prefix + change.path)
             want = None if change.deleted else (change.new_mode, change.new_oid or before(prefix + change.path)[1])
             if got != want:
-                raise DeltaError(f"corrupted delta: {change.path} comes out as {got}, but the delta declares {want}",
-                                 where=str(delta_path(self.fork.home, entry_id)),
-                                 fix=f"restore it from git, or re-record it with `specpilot-mem record {entry_id}`")
+                raise DeltaError(
+                    f"corrupted delta: {change.path} comes out as {got}, but the delta declares {want}",
+                    where=str(delta_path(self.fork.home, entry_id)),
+                    fix=f"restore it from git, or re-record it with `specpilot-mem record {entry_id}`",
+                )
         self._verified.add(delta.sha256)
         self._verified_file.parent.mkdir(exist_ok=True)
         with open(self._verified_file, "a") as handle:
@@ -365,7 +398,8 @@ class Resolver:
         if bad is not None:
             raise ConflictError(
                 f"{bad.id} conflicts with {', '.join(bad.conflicts_with) or 'stock'} in the chain of {entry_id}",
-                where="files: " + ", ".join(bad.paths), fix=f"re-record {bad.id} on top of its requirements",
+                where="files: " + ", ".join(bad.paths),
+                fix=f"re-record {bad.id} on top of its requirements",
             )
         outcome = walk.outcomes[-1]
         outcome.tree = self.tree_id(self.fork.stock_tree, walk)
@@ -394,14 +428,24 @@ def _onto(fork: Fork, onto: str) -> tuple[str, str]:
         return fork.stock_commit, fork.stock_tree
     commit = fork.repo.rev_parse(f"{onto}^{{commit}}")
     if commit is None:
-        raise ForkError(f"the fork has no revision {onto!r}", where="--onto",
-                        fix="pass `stock`, a branch, a tag or a commit of the fork")
+        raise ForkError(
+            f"the fork has no revision {onto!r}",
+            where="--onto",
+            fix="pass `stock`, a branch, a tag or a commit of the fork",
+        )
     return commit, fork.repo.rev_parse(f"{commit}^{{tree}}")
 
 
-def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str | None = None,
-                  worktree: str | None = None, export: str | None = None, force: bool = False,
-                  resolver: Resolver | None = None) -> ApplyResult:
+def apply_entries(
+    home: Home,
+    ids: list[str],
+    onto: str = "stock",
+    branch: str | None = None,
+    worktree: str | None = None,
+    export: str | None = None,
+    force: bool = False,
+    resolver: Resolver | None = None,
+) -> ApplyResult:
     """Apply ``ids`` with their requirements onto ``onto``: ``stock``, a fork revision, or an SGLang release
     (``sglang==X`` or a wheel path, imported beside stock by ``store.releases``; entries ported to it use their port).
 
@@ -449,17 +493,27 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
                     where=", ".join(f"entries/{o.id}" for o in failed),
                     fix="run `specpilot-mem verify` for details; re-record them with `specpilot-mem record`",
                 )
-        result = ApplyResult(list(ids), order, onto, onto_commit, resolver.tree_id(onto_tree, walk), outcomes,
-                             release=release.to_dict() if release else None)
+        result = ApplyResult(
+            list(ids),
+            order,
+            onto,
+            onto_commit,
+            resolver.tree_id(onto_tree, walk),
+            outcomes,
+            release=release.to_dict() if release else None,
+        )
         if (branch or worktree or export) and conflicts:
             target = "branch" if branch else "worktree" if worktree else "export"
             raise ConflictError(
-                f"the result has conflicts, so no {target} was written: " + "; ".join(
+                f"the result has conflicts, so no {target} was written: "
+                + "; ".join(
                     f"{o.id} conflicts with {', '.join(o.conflicts_with) or onto} in {', '.join(o.paths)}"
-                    for o in conflicts),
+                    for o in conflicts
+                ),
                 where="files: " + ", ".join(p for o in conflicts for p in o.paths),
                 fix="apply without --branch/--worktree/--export to see the report; record one entry on top of "
-                    "the other (requires), or leave one out")
+                "the other (requires), or leave one out",
+            )
         if branch or worktree:
             result.commit = _write_result(resolver, onto, onto_commit, onto_tree, walk, order)
             if branch:
@@ -472,8 +526,11 @@ def apply_entries(home: Home, ids: list[str], onto: str = "stock", branch: str |
             destination = Path(export).expanduser().resolve()
             blocking = next((p for p in destination.parents if p.exists() and not p.is_dir()), None)
             if blocking is not None:
-                raise ForkError(f"cannot export to {destination}: {blocking} is a file, not a folder",
-                                where="--export", fix="pass a path whose folders are folders")
+                raise ForkError(
+                    f"cannot export to {destination}: {blocking} is a file, not a folder",
+                    where="--export",
+                    fix="pass a path whose folders are folders",
+                )
             check_leftovers(fork, destination)
             for entry_id in order:  # a symlink out of the tree is never written out, whatever the record says
                 check_symlinks(fork.repo, resolver.delta(entry_id), f"entries/{entry_id}")
@@ -526,8 +583,11 @@ def _write_branch(fork: Fork, branch: str, commit: str, force: bool) -> str:
         raise ForkError(f"{branch!r} is not a valid branch name", where="--branch", fix="use a name like deploy/NAME")
     old = fork.repo.rev_parse(ref)
     if old and old != commit and not force:
-        raise ForkError(f"branch {branch} already exists at {old[:12]}", where="--branch",
-                        fix="choose another name, or pass --force to move it")
+        raise ForkError(
+            f"branch {branch} already exists at {old[:12]}",
+            where="--branch",
+            fix="choose another name, or pass --force to move it",
+        )
     if old != commit:
         fork.repo.update_refs({ref: (old, commit)}, f"specpilot apply: {branch}")
     return ref
@@ -548,13 +608,19 @@ def check_leftovers(fork: Fork, target: Path) -> None:
     (``.<name>.worktree-PID`` or ``.<name>.export-PID`` of a process that is gone), naming the command
     that removes it."""
     for leftover in sorted(target.parent.glob(f".{target.name}.*-*")):
-        kind, _, pid = leftover.name[len(target.name) + 2:].rpartition("-")
+        kind, _, pid = leftover.name[len(target.name) + 2 :].rpartition("-")
         if kind not in ("worktree", "export", "retired") or not pid.isdigit() or _pid_alive(int(pid)):
             continue
-        remove = (f"git -C {fork.repo.path} worktree remove --force {leftover}" if (leftover / ".git").is_file()
-                  else f"rm -rf {leftover}")
-        raise ForkError(f"{leftover} is left over from an interrupted specpilot-mem run (pid {pid}, gone)",
-                        where=str(target), fix=f"remove it, then run the command again: {remove}")
+        remove = (
+            f"git -C {fork.repo.path} worktree remove --force {leftover}"
+            if (leftover / ".git").is_file()
+            else f"rm -rf {leftover}"
+        )
+        raise ForkError(
+            f"{leftover} is left over from an interrupted specpilot-mem run (pid {pid}, gone)",
+            where=str(target),
+            fix=f"remove it, then run the command again: {remove}",
+        )
 
 
 def _checkout(fork: Fork, path: Path, commit: str) -> str:
@@ -566,16 +632,25 @@ def _checkout(fork: Fork, path: Path, commit: str) -> str:
     if existing:
         target = Repo(path)
         if not path.is_dir() or not target.exists() or target.common_dir.resolve() != fork.repo.common_dir.resolve():
-            raise ForkError(f"{path} exists and is not a work tree of the fork", where="--worktree",
-                            fix="pass a new folder, or an existing worktree of sglang-fork")
+            raise ForkError(
+                f"{path} exists and is not a work tree of the fork",
+                where="--worktree",
+                fix="pass a new folder, or an existing worktree of sglang-fork",
+            )
         if target.is_dirty():
-            raise ForkError(f"the work tree {path} has uncommitted changes", where="--worktree",
-                            fix="commit or discard them first (git -C PATH status)")
+            raise ForkError(
+                f"the work tree {path} has uncommitted changes",
+                where="--worktree",
+                fix="commit or discard them first (git -C PATH status)",
+            )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ForkError(f"cannot create the folder for the work tree: {err}", where="--worktree",
-                        fix="pass a path in a writable folder") from None
+        raise ForkError(
+            f"cannot create the folder for the work tree: {err}",
+            where="--worktree",
+            fix="pass a path in a writable folder",
+        ) from None
     scratch = path.parent / f".{path.name}.worktree-{os.getpid()}"
     retired = path.parent / f".{path.name}.retired-{os.getpid()}"
     try:

@@ -66,10 +66,29 @@ def download_wheel(version: str, wheel_name: str) -> Path:
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
-             "--only-binary=:all:", "--platform", "manylinux_2_34_x86_64", "--python-version", "3.11",
-             "--implementation", "cp", "--abi", "cp311", "--dest", str(folder), f"sglang=={version}"],
-            capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--platform",
+                "manylinux_2_34_x86_64",
+                "--python-version",
+                "3.11",
+                "--implementation",
+                "cp",
+                "--abi",
+                "cp311",
+                "--dest",
+                str(folder),
+                f"sglang=={version}",
+            ],
+            capture_output=True,
+            text=True,
         )
         if proc.returncode != 0 or not path.is_file():
             raise SpecPilotError(
@@ -93,7 +112,8 @@ def fetch_wheel(explicit: str | os.PathLike | None = None) -> Path:
         kind = "" if zipfile.is_zipfile(path) else " and is not a zip archive (so not a wheel at all)"
         raise ForkError(
             f"{path.name} has sha256 {digest}, not the pinned {WHEEL_SHA256}{kind}",
-            where=str(path), fix=f"delete it and run `specpilot-mem init` again (it is re-downloaded), or pass the real {WHEEL_NAME}",
+            where=str(path),
+            fix=f"delete it and run `specpilot-mem init` again (it is re-downloaded), or pass the real {WHEEL_NAME}",
         )
     return path
 
@@ -121,20 +141,28 @@ def _data(payload: bytes) -> bytes:
     return b"data %d\n" % len(payload) + payload + b"\n"
 
 
-def import_stream(wheel_path: Path, progress: Callable[[int, int], None] | None = None, message: str = STOCK_MESSAGE,
-                  ref: str = IMPORT_REF) -> Iterator[bytes]:
+def import_stream(
+    wheel_path: Path,
+    progress: Callable[[int, int], None] | None = None,
+    message: str = STOCK_MESSAGE,
+    ref: str = IMPORT_REF,
+) -> Iterator[bytes]:
     """``git fast-import`` commands for the stock commit (or, with another ``message``, another release's),
     each file checked against RECORD on the way; ``progress(done, total)`` is called per wheel file."""
     with zipfile.ZipFile(wheel_path) as wheel:
         record = read_record(wheel)
         members = [info for info in wheel.infolist() if not info.is_dir()]
-        unlisted = [info.filename for info in members if info.filename not in record
-                    and not info.filename.endswith(".dist-info/RECORD")]
+        unlisted = [
+            info.filename
+            for info in members
+            if info.filename not in record and not info.filename.endswith(".dist-info/RECORD")
+        ]
         missing = sorted(set(record) - {info.filename for info in members})
         if unlisted or missing:
             raise ForkError(
                 f"the wheel's RECORD does not match its files (unlisted: {unlisted[:3]}, missing: {missing[:3]})",
-                where=str(wheel_path), fix="the wheel is damaged: delete it and download it again",
+                where=str(wheel_path),
+                fix="the wheel is damaged: delete it and download it again",
             )
         when = f"{IDENTITY_NAME} <{IDENTITY_EMAIL}> {STOCK_TIMESTAMP} +0000"
         yield (f"commit {ref}\nauthor {when}\ncommitter {when}\n").encode() + _data(message.encode())
@@ -150,8 +178,11 @@ def import_stream(wheel_path: Path, progress: Callable[[int, int], None] | None 
                 continue
             payload = wheel.read(info)
             if hashlib.sha256(payload).hexdigest() != row.sha256 or len(payload) != row.size:
-                raise ForkError(f"{info.filename} does not match the wheel's RECORD", where=str(wheel_path),
-                                fix="the wheel is damaged: delete it and download it again")
+                raise ForkError(
+                    f"{info.filename} does not match the wheel's RECORD",
+                    where=str(wheel_path),
+                    fix="the wheel is damaged: delete it and download it again",
+                )
             mode = "100755" if (info.external_attr >> 16) & 0o111 else "100644"
             yield f"M {mode} inline {info.filename}\n".encode() + _data(payload)
         yield f"M 100644 inline {WHEEL_EXCLUDED}\n".encode() + _data(("\n".join(excluded_lines) + "\n").encode())

@@ -52,8 +52,9 @@ def base_tree(repo: Repo, tree_id: str) -> BaseTree:
 _SUBDIR = object()
 
 
-def overlay_tree_id(base: BaseTree, overlay: Mapping[str, Entry | None],
-                    write: Callable[[bytes], str] | None = None) -> str:
+def overlay_tree_id(
+    base: BaseTree, overlay: Mapping[str, Entry | None], write: Callable[[bytes], str] | None = None
+) -> str:
     """The id of ``base`` with ``overlay`` (path -> entry, or None for deleted) applied.
 
     ``write`` receives every new tree object's content (to store it), deepest first.

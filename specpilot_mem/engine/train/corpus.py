@@ -72,8 +72,12 @@ def train_tokenizer(train_texts: list[str], vocab_size: int = VOCAB_SIZE):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(train_texts, trainer=trainer)
     return tok
 
@@ -137,7 +141,7 @@ def file_prompts(stream: np.ndarray, count: int, length: int, eot_id: int = 0) -
     prompts = []
     for a, b in zip(starts[:-1], starts[1:]):
         if b - a > length and len(prompts) < count:
-            prompts.append(stream[a:a + length].astype(np.int64).tolist())
+            prompts.append(stream[a : a + length].astype(np.int64).tolist())
     return prompts
 
 

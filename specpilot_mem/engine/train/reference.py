@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     unseen = np.load(args.tokens)["unseen"].astype(np.int64)
-    prompts = [unseen[o % (unseen.size - PROMPT_LEN):][:PROMPT_LEN].tolist() for o in PROMPT_OFFSETS]
+    prompts = [unseen[o % (unseen.size - PROMPT_LEN) :][:PROMPT_LEN].tolist() for o in PROMPT_OFFSETS]
     # float32 eager passes: the same arithmetic the CPU test runs, so only rounding differs.
     engine = Engine.load(args.model_dir, device=device, dtype=torch.float32, options=EngineOptions(cuda_graphs=False))
     runs = engine.generate(prompts, "ar", max_new_tokens=NEW_TOKENS)

@@ -73,8 +73,9 @@ class Rollouts:
 
 
 @torch.no_grad()
-def greedy_rollouts(target: HybridTarget, stream: torch.Tensor, count: int, prompt_len: int, new_tokens: int,
-                    generator: torch.Generator) -> Rollouts:
+def greedy_rollouts(
+    target: HybridTarget, stream: torch.Tensor, count: int, prompt_len: int, new_tokens: int, generator: torch.Generator
+) -> Rollouts:
     """``count`` prompts at random offsets of ``stream``, each continued by ``new_tokens`` greedy tokens.
 
     Whole-sequence passes per token (no cache: forward_train is batched, the engine's cache is not)."""
@@ -89,8 +90,17 @@ def greedy_rollouts(target: HybridTarget, stream: torch.Tensor, count: int, prom
     return Rollouts(tokens, features, prompt_len)
 
 
-def rollout_pool(target: HybridTarget, stream: torch.Tensor, round_size: int, prompt_len: int, new_tokens: int,
-                 rounds: int | None, seconds: float, generator: torch.Generator, log: list) -> Rollouts:
+def rollout_pool(
+    target: HybridTarget,
+    stream: torch.Tensor,
+    round_size: int,
+    prompt_len: int,
+    new_tokens: int,
+    rounds: int | None,
+    seconds: float,
+    generator: torch.Generator,
+    log: list,
+) -> Rollouts:
     """Rounds of ``round_size`` rollouts: ``rounds`` of them, or as many as fit in ``seconds`` (at least one)."""
     start = time.perf_counter()
     parts: list[Rollouts] = []
@@ -101,8 +111,14 @@ def rollout_pool(target: HybridTarget, stream: torch.Tensor, round_size: int, pr
         if rounds is None and time.perf_counter() - start >= seconds:
             break
     pool = Rollouts(torch.cat([p.tokens for p in parts]), torch.cat([p.features for p in parts]), prompt_len)
-    entry = {"phase": "rollouts", "event": "rounds", "rounds": len(parts), "sequences": pool.tokens.shape[0],
-             "greedy_tokens": pool.tokens.shape[0] * new_tokens, "elapsed_s": round(time.perf_counter() - start, 2)}
+    entry = {
+        "phase": "rollouts",
+        "event": "rounds",
+        "rounds": len(parts),
+        "sequences": pool.tokens.shape[0],
+        "greedy_tokens": pool.tokens.shape[0] * new_tokens,
+        "elapsed_s": round(time.perf_counter() - start, 2),
+    }
     log.append(entry)
     print(json.dumps(entry), flush=True)
     return pool
@@ -119,20 +135,29 @@ def drafter_batch(pool: Rollouts, cfg: DrafterConfig, rows: int, anchors_per_seq
     device = pool.tokens.device
     N, T = pool.tokens.shape
     seq = torch.randint(0, N, (rows, 1), generator=generator).to(device)
-    anchor_pos = torch.randint(pool.prompt_len - 1, T - cfg.block_size, (rows, anchors_per_seq), generator=generator).to(device)
+    anchor_pos = torch.randint(
+        pool.prompt_len - 1, T - cfg.block_size, (rows, anchors_per_seq), generator=generator
+    ).to(device)
     ctx = anchor_pos[..., None] - cfg.context_window + torch.arange(cfg.context_window, device=device)
     valid = ctx >= 0
     features = pool.features[seq[..., None], ctx.clamp(min=0)]
     labels = pool.tokens[seq[..., None], anchor_pos[..., None] + 1 + torch.arange(cfg.block_size, device=device)]
     flat = lambda x: x.reshape(rows * anchors_per_seq, *x.shape[2:])  # noqa: E731
     labels = flat(labels)
-    return (flat(features), flat(valid), flat(pool.tokens[seq, anchor_pos]), flat(anchor_pos), labels,
-            torch.ones_like(labels, dtype=torch.bool))
+    return (
+        flat(features),
+        flat(valid),
+        flat(pool.tokens[seq, anchor_pos]),
+        flat(anchor_pos),
+        labels,
+        torch.ones_like(labels, dtype=torch.bool),
+    )
 
 
 @torch.no_grad()
-def corpus_batch(target: HybridTarget, cfg: DrafterConfig, tokens: torch.Tensor, anchors_per_seq: int,
-                 generator: torch.Generator):
+def corpus_batch(
+    target: HybridTarget, cfg: DrafterConfig, tokens: torch.Tensor, anchors_per_seq: int, generator: torch.Generator
+):
     """Drafter blocks on corpus sequences ``tokens`` [B, T], labelled by the frozen target's argmax.
 
     Slot j's label, the target's argmax after the corpus token at anchor + j, is the target's greedy
@@ -153,8 +178,14 @@ def corpus_batch(target: HybridTarget, cfg: DrafterConfig, tokens: torch.Tensor,
     on_path = follows[rows, slots[..., :-1]].int().cumprod(-1).bool()
     labelled = torch.cat([torch.ones_like(on_path[..., :1]), on_path], dim=-1)
     flat = lambda x: x.reshape(B * anchors_per_seq, *x.shape[2:])  # noqa: E731
-    return (flat(feats[rows, ctx.clamp(min=0)]), flat(valid), flat(tokens[rows[..., 0], anchor_pos]), flat(anchor_pos),
-            flat(greedy[rows, slots]), flat(labelled))
+    return (
+        flat(feats[rows, ctx.clamp(min=0)]),
+        flat(valid),
+        flat(tokens[rows[..., 0], anchor_pos]),
+        flat(anchor_pos),
+        flat(greedy[rows, slots]),
+        flat(labelled),
+    )
 
 
 def drafter_loss(target: HybridTarget, drafter: BlockDrafter, batch, slot_decay: float = 0.9):
@@ -232,7 +263,12 @@ def run_phase(name, params, step_fn, steps: int | None, seconds: float, lr: floa
             total = max(WARMUP_STEPS + 1, int((seconds - (time.perf_counter() - start)) / per_step) + WARMUP_STEPS)
             log.append({"phase": name, "event": "steps_chosen", "seconds_per_step": per_step, "steps": total})
         if step % 50 == 0 or step == total:
-            entry = {"phase": name, "step": step, "loss": loss.item(), "elapsed_s": round(time.perf_counter() - start, 2)}
+            entry = {
+                "phase": name,
+                "step": step,
+                "loss": loss.item(),
+                "elapsed_s": round(time.perf_counter() - start, 2),
+            }
             if extra is not None:
                 entry["slot_accuracy"] = [round(float(a), 4) for a in extra[:8]]
             log.append(entry)
@@ -271,7 +307,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rollout-batch", type=int, default=512, help="rollouts per round")
     ap.add_argument("--rollout-rounds", type=int)
     ap.add_argument("--rollout-seconds", type=float, default=15)
-    ap.add_argument("--rollout-rows", type=int, default=16, help="rollouts per drafter step (besides --batch corpus sequences)")
+    ap.add_argument(
+        "--rollout-rows", type=int, default=16, help="rollouts per drafter step (besides --batch corpus sequences)"
+    )
     ap.add_argument("--drafter-steps", type=int)
     ap.add_argument("--drafter-seconds", type=float, default=140)
     ap.add_argument("--drafter-lr", type=float, default=2e-3)
@@ -280,13 +318,19 @@ def main(argv=None) -> int:
     ap.add_argument("--target-config", default="{}", help="JSON overrides of TargetConfig fields")
     ap.add_argument("--drafter-config", default="{}", help="JSON overrides of DrafterConfig fields")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
-    ap.add_argument("--init-from", type=Path, help="continue from the pair in this folder (its configs win; its log is kept)")
-    ap.add_argument("--new-drafter", action="store_true", help="with --init-from: a fresh drafter (--drafter-config) on its target")
+    ap.add_argument(
+        "--init-from", type=Path, help="continue from the pair in this folder (its configs win; its log is kept)"
+    )
+    ap.add_argument(
+        "--new-drafter", action="store_true", help="with --init-from: a fresh drafter (--drafter-config) on its target"
+    )
     args = ap.parse_args(argv)
     drafter_cfg = config_overrides(ap, DrafterConfig, "--drafter-config", args.drafter_config)
     target_cfg = config_overrides(ap, TargetConfig, "--target-config", args.target_config)
     if args.rollout_tokens <= drafter_cfg.block_size:
-        ap.error(f"--rollout-tokens {args.rollout_tokens} must exceed the drafter's block ({drafter_cfg.block_size}) to label a block")
+        ap.error(
+            f"--rollout-tokens {args.rollout_tokens} must exceed the drafter's block ({drafter_cfg.block_size}) to label a block"
+        )
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.threads:
@@ -310,42 +354,79 @@ def main(argv=None) -> int:
     else:
         target = HybridTarget(target_cfg).to(device)
         drafter = BlockDrafter(drafter_cfg, target_cfg).to(device)
-    log: list[dict] = earlier + [{"event": "start", "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                        "torch": torch.__version__, "args": {k: str(v) for k, v in vars(args).items()},
-                        "target_params": sum(p.numel() for p in target.parameters()),
-                        "drafter_params": sum(p.numel() for p in drafter.parameters()),
-                        "train_tokens": int(streams["train"].numel())}]
+    log: list[dict] = earlier + [
+        {
+            "event": "start",
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "target_params": sum(p.numel() for p in target.parameters()),
+            "drafter_params": sum(p.numel() for p in drafter.parameters()),
+            "train_tokens": int(streams["train"].numel()),
+        }
+    ]
     print(json.dumps(log[len(earlier)]), flush=True)
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")  # noqa: E731
 
     def target_step():
-        tokens = take(streams["train"], batch_starts(streams["train"].numel(), args.seq_len + 1, args.batch, gen).to(device),
-                      args.seq_len + 1)
+        tokens = take(
+            streams["train"],
+            batch_starts(streams["train"].numel(), args.seq_len + 1, args.batch, gen).to(device),
+            args.seq_len + 1,
+        )
         with autocast():
             return target_loss(target, tokens), None
 
     t0 = time.perf_counter()
     target.train()
-    target_steps = run_phase("target", list(target.parameters()), target_step, args.target_steps,
-                             args.target_seconds, args.target_lr, log, device)
+    target_steps = run_phase(
+        "target",
+        list(target.parameters()),
+        target_step,
+        args.target_steps,
+        args.target_seconds,
+        args.target_lr,
+        log,
+        device,
+    )
     target.eval()
     for p in target.parameters():
         p.requires_grad_(False)
 
-    pool = rollout_pool(target, streams["train"], args.rollout_batch, args.prompt_len, args.rollout_tokens,
-                        args.rollout_rounds, args.rollout_seconds, gen, log)
+    pool = rollout_pool(
+        target,
+        streams["train"],
+        args.rollout_batch,
+        args.prompt_len,
+        args.rollout_tokens,
+        args.rollout_rounds,
+        args.rollout_seconds,
+        gen,
+        log,
+    )
 
     def drafter_step():
-        tokens = take(streams["train"], batch_starts(streams["train"].numel(), args.seq_len, args.batch, gen).to(device),
-                      args.seq_len)
+        tokens = take(
+            streams["train"],
+            batch_starts(streams["train"].numel(), args.seq_len, args.batch, gen).to(device),
+            args.seq_len,
+        )
         with autocast():
             corpus = corpus_batch(target, drafter_cfg, tokens, args.anchors, gen)
             rolled = drafter_batch(pool, drafter_cfg, args.rollout_rows, args.anchors, gen)
             return drafter_loss(target, drafter, tuple(torch.cat(pair) for pair in zip(corpus, rolled)))
 
     drafter.train()
-    drafter_steps = run_phase("drafter", list(drafter.parameters()), drafter_step, args.drafter_steps,
-                              args.drafter_seconds, args.drafter_lr, log, device)
+    drafter_steps = run_phase(
+        "drafter",
+        list(drafter.parameters()),
+        drafter_step,
+        args.drafter_steps,
+        args.drafter_seconds,
+        args.drafter_lr,
+        log,
+        device,
+    )
     drafter.eval()
     train_seconds = time.perf_counter() - t0
 
@@ -354,18 +435,32 @@ def main(argv=None) -> int:
     before = next((e for e in reversed(earlier) if e.get("event") == "done"), {})
     target_steps += before.get("target_steps", 0)
     drafter_steps += 0 if args.new_drafter else before.get("drafter_steps", 0)
-    meta = {"seed": args.seed, "target_steps": target_steps, "drafter_steps": drafter_steps,
-            "seq_len": args.seq_len, "batch": args.batch, "label": "small models trained here"}
+    meta = {
+        "seed": args.seed,
+        "target_steps": target_steps,
+        "drafter_steps": drafter_steps,
+        "seq_len": args.seq_len,
+        "batch": args.batch,
+        "label": "small models trained here",
+    }
     weights.save_module(target, args.out / weights.TARGET_FILE, target_cfg.to_json(), meta)
     weights.save_module(drafter, args.out / weights.DRAFTER_FILE, drafter_cfg.to_json(), meta)
     target = weights.load_target(args.out / weights.TARGET_FILE, device)
     drafter = weights.load_drafter(args.out / weights.DRAFTER_FILE, target_cfg, device)
-    evals = {f"{s}_loss_nats": evaluate_target(target, streams[s], args.seq_len, args.eval_tokens) for s in ("train", "dev", "unseen")}
+    evals = {
+        f"{s}_loss_nats": evaluate_target(target, streams[s], args.seq_len, args.eval_tokens)
+        for s in ("train", "dev", "unseen")
+    }
     eval_gen = torch.Generator().manual_seed(args.seed + 1)
     held_out = greedy_rollouts(target, streams["unseen"], 64, args.prompt_len, args.rollout_tokens, eval_gen)
     evals["unseen_drafter"] = evaluate_drafter(target, drafter, held_out, 8, eval_gen)
-    summary = {"event": "done", "train_seconds": round(train_seconds, 1), "target_steps": target_steps,
-               "drafter_steps": drafter_steps, **evals}
+    summary = {
+        "event": "done",
+        "train_seconds": round(train_seconds, 1),
+        "target_steps": target_steps,
+        "drafter_steps": drafter_steps,
+        **evals,
+    }
     log.append(summary)
     print(json.dumps(summary), flush=True)
     (args.out / "training-log.json").write_text(json.dumps(log, indent=1) + "\n")

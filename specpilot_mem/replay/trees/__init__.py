@@ -28,5 +28,6 @@ def get_builder(name: str):
     try:
         return BUILDERS[name]
     except KeyError:
-        raise SpecPilotError(f"unknown tree builder {name!r}", where="--builders",
-                             fix="use any of: " + ", ".join(BUILDERS)) from None
+        raise SpecPilotError(
+            f"unknown tree builder {name!r}", where="--builders", fix="use any of: " + ", ".join(BUILDERS)
+        ) from None

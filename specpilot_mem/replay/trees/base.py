@@ -67,23 +67,27 @@ class StepBatch:
         steps = np.asarray(steps, dtype=np.int64)
         greedy = None
         if with_greedy:
-            greedy = lat.greedy_windows(lat.step_request[steps].astype(np.int64),
-                                        lat.step_position[steps].astype(np.int64), lat.positions)
+            greedy = lat.greedy_windows(
+                lat.step_request[steps].astype(np.int64), lat.step_position[steps].astype(np.int64), lat.positions
+            )
         return cls(lat.cand, lat.unary, lat.pair, steps, lat.kind, greedy)
 
     @classmethod
     def from_scores(cls, cand, unary, pair, kind: str = "selector", greedy=None) -> "StepBatch":
         """From an engine's tensors (numpy or torch): cand [B,m,K], unary [B,m,K], pair [B,m,K,K]."""
+
         def to_np(t, dtype=None):
             if hasattr(t, "detach"):
                 t = t.detach().cpu()
                 t = t.float() if t.is_floating_point() else t
                 t = t.numpy()
             return np.asarray(t, dtype=dtype)
+
         cand_np = to_np(cand, np.int64)
         greedy_np = None if greedy is None else to_np(greedy, np.int64)
-        return cls(cand_np, to_np(unary, np.float32), to_np(pair, np.float32), np.arange(cand_np.shape[0]),
-                   kind, greedy_np)
+        return cls(
+            cand_np, to_np(unary, np.float32), to_np(pair, np.float32), np.arange(cand_np.shape[0]), kind, greedy_np
+        )
 
     @property
     def size(self) -> int:
@@ -121,8 +125,11 @@ class StepBatch:
         table maps (row, candidate) to its slot in a store of computed rows. (Gathers use
         ``np.take``, several times faster than fancy indexing here.)"""
         k, m = self.candidates, self.positions
-        table, store, used = self._rows.get(d) or (np.full(self.size * k, -1, dtype=np.int64),
-                                                   np.empty((self.size * k, k), dtype=np.float32), 0)
+        table, store, used = self._rows.get(d) or (
+            np.full(self.size * k, -1, dtype=np.int64),
+            np.empty((self.size * k, k), dtype=np.float32),
+            0,
+        )
         key = rows * k + parent_rank
         missing = key[table.take(key) < 0]
         if missing.size:
@@ -132,7 +139,7 @@ class StepBatch:
             step = self.steps.take(fresh // k)
             pair = self._pair_rows.take((step * m + d) * k + fresh % k, axis=0)
             unary = self._unary_rows.take(step * m + d, axis=0)
-            store[used:used + fresh.size] = log_softmax(conditional(self.kind, pair, unary))
+            store[used : used + fresh.size] = log_softmax(conditional(self.kind, pair, unary))
             table[fresh] = used + np.arange(fresh.size)
             used += fresh.size
         self._rows[d] = (table, store, used)
@@ -192,14 +199,24 @@ class DraftTrees:
         """Keep the first ``num_nodes[b]`` nodes of each tree (valid for best-first order)."""
         keep = np.minimum(np.asarray(num_nodes, dtype=np.int64), self.num_nodes)
         mask = np.arange(self.parents.shape[1])[None, :] < keep[:, None]
-        return DraftTrees(np.where(mask, self.parents, -1), np.where(mask, self.depths, 0),
-                          np.where(mask, self.ranks, -1), np.where(mask, self.tokens, -1),
-                          np.where(mask, self.scores, -np.inf).astype(np.float32), keep)
+        return DraftTrees(
+            np.where(mask, self.parents, -1),
+            np.where(mask, self.depths, 0),
+            np.where(mask, self.ranks, -1),
+            np.where(mask, self.tokens, -1),
+            np.where(mask, self.scores, -np.inf).astype(np.float32),
+            keep,
+        )
 
     def tree(self, b: int) -> dict[str, np.ndarray]:
         n = int(self.num_nodes[b])
-        return {"parents": self.parents[b, :n], "depths": self.depths[b, :n], "ranks": self.ranks[b, :n],
-                "tokens": self.tokens[b, :n], "scores": self.scores[b, :n]}
+        return {
+            "parents": self.parents[b, :n],
+            "depths": self.depths[b, :n],
+            "ranks": self.ranks[b, :n],
+            "tokens": self.tokens[b, :n],
+            "scores": self.scores[b, :n],
+        }
 
 
 def ancestor_mask(trees: DraftTrees) -> np.ndarray:
@@ -262,8 +279,11 @@ def select_top(scores: np.ndarray, count: int) -> np.ndarray:
     """[B, count] columns of the ``count`` best entries per row, best first: higher score, then lower
     column (exact under ties)."""
     if scores.shape[1] > _INDEX_MASK + 1:
-        raise TreeError(f"selection over {scores.shape[1]} entries is too large", where="replay.trees",
-                        fix="use a smaller node budget or depth cap")
+        raise TreeError(
+            f"selection over {scores.shape[1]} entries is too large",
+            where="replay.trees",
+            fix="use a smaller node budget or depth cap",
+        )
     cols = select_columns(scores, min(count, scores.shape[1]))
     keys = descending_keys(np.take_along_axis(scores, cols, axis=1), cols)
     return np.sort(keys, axis=1) & _INDEX_MASK
@@ -410,15 +430,26 @@ def assemble_levels(levels, batch: StepBatch, nodes: int) -> DraftTrees:
     sel_depth = np.where(valid, depth.take(ids), 0)
     sel_rank = np.where(valid, rank.take(ids), -1)
     tokens = np.where(valid, batch.tokens(rows, np.maximum(sel_depth - 1, 0), np.maximum(sel_rank, 0)), -1)
-    trees = DraftTrees(parents, sel_depth, sel_rank, tokens.astype(np.int64),
-                       np.where(valid, sel_score, -np.inf).astype(np.float32), valid.sum(axis=1).astype(np.int64))
+    trees = DraftTrees(
+        parents,
+        sel_depth,
+        sel_rank,
+        tokens.astype(np.int64),
+        np.where(valid, sel_score, -np.inf).astype(np.float32),
+        valid.sum(axis=1).astype(np.int64),
+    )
     return pad_trees(trees, nodes)
 
 
 def empty_trees(b: int, nodes: int) -> DraftTrees:
-    return DraftTrees(np.full((b, nodes), -1, np.int64), np.zeros((b, nodes), np.int64),
-                      np.full((b, nodes), -1, np.int64), np.full((b, nodes), -1, np.int64),
-                      np.full((b, nodes), -np.inf, np.float32), np.zeros(b, np.int64))
+    return DraftTrees(
+        np.full((b, nodes), -1, np.int64),
+        np.zeros((b, nodes), np.int64),
+        np.full((b, nodes), -1, np.int64),
+        np.full((b, nodes), -1, np.int64),
+        np.full((b, nodes), -np.inf, np.float32),
+        np.zeros(b, np.int64),
+    )
 
 
 def pad_trees(trees: DraftTrees, nodes: int) -> DraftTrees:
@@ -427,8 +458,14 @@ def pad_trees(trees: DraftTrees, nodes: int) -> DraftTrees:
     if extra <= 0:
         return trees
     pad = lambda a, v: np.concatenate([a, np.full((a.shape[0], extra), v, dtype=a.dtype)], axis=1)  # noqa: E731
-    return DraftTrees(pad(trees.parents, -1), pad(trees.depths, 0), pad(trees.ranks, -1), pad(trees.tokens, -1),
-                      pad(trees.scores, -np.inf), trees.num_nodes)
+    return DraftTrees(
+        pad(trees.parents, -1),
+        pad(trees.depths, 0),
+        pad(trees.ranks, -1),
+        pad(trees.tokens, -1),
+        pad(trees.scores, -np.inf),
+        trees.num_nodes,
+    )
 
 
 def chain_trees(ranks: np.ndarray, scores: np.ndarray, batch: StepBatch, lengths: np.ndarray, nodes: int) -> DraftTrees:
@@ -439,7 +476,12 @@ def chain_trees(ranks: np.ndarray, scores: np.ndarray, batch: StepBatch, lengths
     rows = np.arange(b)[:, None]
     depth = np.broadcast_to(idx + 1, (b, length))
     tokens = batch.tokens(rows, np.minimum(depth - 1, batch.positions - 1), np.maximum(ranks, 0)) if length else ranks
-    trees = DraftTrees(np.where(valid, idx - 1, -1), np.where(valid, depth, 0), np.where(valid, ranks, -1),
-                       np.where(valid, tokens, -1).astype(np.int64),
-                       np.where(valid, scores, -np.inf).astype(np.float32), lengths.astype(np.int64))
+    trees = DraftTrees(
+        np.where(valid, idx - 1, -1),
+        np.where(valid, depth, 0),
+        np.where(valid, ranks, -1),
+        np.where(valid, tokens, -1).astype(np.int64),
+        np.where(valid, scores, -np.inf).astype(np.float32),
+        lengths.astype(np.int64),
+    )
     return pad_trees(trees, nodes)

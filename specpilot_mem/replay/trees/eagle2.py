@@ -28,8 +28,15 @@ def build(batch: StepBatch, nodes: int, depth_cap: int | None = None, top_k: int
         edge = batch.edge_logp(d, parent_rank)  # [B, P, K]
         child = select_columns(edge.reshape(-1, k), width).reshape(b, p, width)  # candidate order
         score = (parent_score[:, :, None] + np.take_along_axis(edge, child, axis=2)).reshape(b, p * width)
-        levels.append((np.repeat(np.arange(b), p * width), child.reshape(-1), score.reshape(-1),
-                       np.repeat(parent_id, width, axis=1).reshape(-1), d + 1))
+        levels.append(
+            (
+                np.repeat(np.arange(b), p * width),
+                child.reshape(-1),
+                score.reshape(-1),
+                np.repeat(parent_id, width, axis=1).reshape(-1),
+                d + 1,
+            )
+        )
         cols = select_columns(score, width)  # the depth's k best, in lexicographic order
         parent_rank = np.take_along_axis(child.reshape(b, -1), cols, axis=1)
         parent_score = np.take_along_axis(score, cols, axis=1)

@@ -12,8 +12,11 @@ from specpilot_mem.replay.trees.base import DraftTrees, StepBatch, TreeError, ch
 
 def build(batch: StepBatch, nodes: int, depth_cap: int | None = None) -> DraftTrees:
     if batch.greedy is None:
-        raise TreeError("the oracle needs the target's greedy tokens", where="StepBatch.greedy",
-                        fix="build the batch with StepBatch.from_lattice(..., with_greedy=True)")
+        raise TreeError(
+            "the oracle needs the target's greedy tokens",
+            where="StepBatch.greedy",
+            fix="build the batch with StepBatch.from_lattice(..., with_greedy=True)",
+        )
     length = min(nodes, batch.positions, batch.positions if depth_cap is None else depth_cap)
     hit = batch.cand[:, :length, :] == batch.greedy[:, :length, None]  # [B, L, K]
     present = hit.any(axis=2)
@@ -22,5 +25,5 @@ def build(batch: StepBatch, nodes: int, depth_cap: int | None = None) -> DraftTr
     prev = np.concatenate([np.zeros((batch.size, 1), np.int64), ranks[:, :-1]], axis=1)
     edge = np.zeros((batch.size, length), dtype=np.float32)
     for d in range(length):
-        edge[:, d] = np.take_along_axis(batch.edge_logp(d, prev[:, d:d + 1])[:, 0], ranks[:, d:d + 1], axis=1)[:, 0]
+        edge[:, d] = np.take_along_axis(batch.edge_logp(d, prev[:, d : d + 1])[:, 0], ranks[:, d : d + 1], axis=1)[:, 0]
     return chain_trees(ranks, np.cumsum(edge, axis=1, dtype=np.float32), batch, run, nodes)

@@ -35,8 +35,9 @@ def fit_acceptance(lattices, max_steps: int = FIT_STEPS, seed: int = 0) -> np.nd
         hits = counts if hits is None else hits + counts
         alive_total += int(alive.sum())
     if not alive_total:
-        raise TreeError("no lattice steps to fit Sequoia's acceptance vector", where="LATTICES",
-                        fix="pass lattices that hold steps")
+        raise TreeError(
+            "no lattice steps to fit Sequoia's acceptance vector", where="LATTICES", fix="pass lattices that hold steps"
+        )
     return hits / alive_total
 
 
@@ -57,7 +58,9 @@ def true_ranks(batch: StepBatch) -> np.ndarray:
 
 
 @lru_cache(maxsize=64)
-def tree_shape(acceptance: tuple[float, ...], nodes: int, depth: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+def tree_shape(
+    acceptance: tuple[float, ...], nodes: int, depth: int
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """(parents, child ranks, depths) of the expected-acceptance-maximising shape, parents first.
 
     best[D][n]: max expected accepted nodes below an accepted node with at most n nodes and depth D.
@@ -104,11 +107,15 @@ def tree_shape(acceptance: tuple[float, ...], nodes: int, depth: int) -> tuple[t
 
 def build(batch: StepBatch, nodes: int, depth_cap: int | None = None, acceptance=None) -> DraftTrees:
     if acceptance is None:
-        raise TreeError("Sequoia needs the acceptance probability of each child rank", where="sequoia.build",
-                        fix="pass acceptance=fit_acceptance(lattices) (replay does this for you)")
+        raise TreeError(
+            "Sequoia needs the acceptance probability of each child rank",
+            where="sequoia.build",
+            fix="pass acceptance=fit_acceptance(lattices) (replay does this for you)",
+        )
     depth = min(batch.positions, batch.positions if depth_cap is None else depth_cap)
-    parents, child_rank, depths = (np.asarray(x, dtype=np.int64) for x in
-                                   tree_shape(tuple(float(a) for a in acceptance), nodes, depth))
+    parents, child_rank, depths = (
+        np.asarray(x, dtype=np.int64) for x in tree_shape(tuple(float(a) for a in acceptance), nodes, depth)
+    )
     b, n = batch.size, parents.shape[0]
     if n == 0:
         return empty_trees(b, nodes)
@@ -139,9 +146,14 @@ def build(batch: StepBatch, nodes: int, depth_cap: int | None = None, acceptance
     par = parents[order]
     new_par = np.where(par >= 0, np.take_along_axis(old_to_new, np.maximum(par, 0), axis=1), -1)
     tokens = batch.tokens(rows[:, None], depths[order] - 1, np.take_along_axis(cand_index, order, axis=1))
-    return pad_trees(DraftTrees(
-        parents=np.where(keep, new_par, -1), depths=np.where(keep, depths[order], 0),
-        ranks=np.where(keep, np.take_along_axis(cand_index, order, axis=1), -1),
-        tokens=np.where(keep, tokens, -1).astype(np.int64),
-        scores=np.where(keep, np.take_along_axis(scores, order, axis=1), -np.inf).astype(np.float32),
-        num_nodes=keep.sum(axis=1).astype(np.int64)), nodes)
+    return pad_trees(
+        DraftTrees(
+            parents=np.where(keep, new_par, -1),
+            depths=np.where(keep, depths[order], 0),
+            ranks=np.where(keep, np.take_along_axis(cand_index, order, axis=1), -1),
+            tokens=np.where(keep, tokens, -1).astype(np.int64),
+            scores=np.where(keep, np.take_along_axis(scores, order, axis=1), -np.inf).astype(np.float32),
+            num_nodes=keep.sum(axis=1).astype(np.int64),
+        ),
+        nodes,
+    )

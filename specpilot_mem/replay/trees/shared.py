@@ -35,8 +35,11 @@ def shares(trees: DraftTrees, groups: np.ndarray, nodes: int) -> np.ndarray:
     chosen_score = np.take_along_axis(pool, chosen, axis=1)
     counted = np.zeros((gid.shape[0], width), dtype=np.int64)
     owner = chosen // n
-    np.add.at(counted, (np.repeat(np.arange(gid.shape[0]), take), owner.reshape(-1)),
-              (chosen_score > -np.inf).reshape(-1).astype(np.int64))
+    np.add.at(
+        counted,
+        (np.repeat(np.arange(gid.shape[0]), take), owner.reshape(-1)),
+        (chosen_score > -np.inf).reshape(-1).astype(np.int64),
+    )
     out = np.empty(b, dtype=np.int64)
     out[order] = counted[row, member]
     return out

@@ -41,8 +41,11 @@ class AnthropicAgent:
             try:
                 self._client = anthropic.Anthropic()
             except anthropic.AnthropicError as err:
-                raise RoundError(f"cannot create the Anthropic client: {err}", where=AGENT_BACKEND,
-                                 fix="set ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL for a proxy)") from None
+                raise RoundError(
+                    f"cannot create the Anthropic client: {err}",
+                    where=AGENT_BACKEND,
+                    fix="set ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL for a proxy)",
+                ) from None
         return self._client
 
     def run(self, task: AgentTask) -> AgentResult:
@@ -60,17 +63,25 @@ class AnthropicAgent:
                 break
             try:
                 response = self.client().messages.create(
-                    model=self.model, max_tokens=self.max_tokens, system=SYSTEM_PROMPT, tools=TOOL_SCHEMAS,
+                    model=self.model,
+                    max_tokens=self.max_tokens,
+                    system=SYSTEM_PROMPT,
+                    tools=TOOL_SCHEMAS,
                     messages=messages,
                 )
             except anthropic.APIError as err:
-                raise RoundError(f"the Anthropic API failed: {redact(str(err), secrets)}",
-                                 where=f"agent {task.name}", fix="check the model name, key and network; then resume") from None
-            usage = usage.model_copy(update={
-                "input_tokens": usage.input_tokens + response.usage.input_tokens,
-                "output_tokens": usage.output_tokens + response.usage.output_tokens,
-                "turns": usage.turns + 1,
-            })
+                raise RoundError(
+                    f"the Anthropic API failed: {redact(str(err), secrets)}",
+                    where=f"agent {task.name}",
+                    fix="check the model name, key and network; then resume",
+                ) from None
+            usage = usage.model_copy(
+                update={
+                    "input_tokens": usage.input_tokens + response.usage.input_tokens,
+                    "output_tokens": usage.output_tokens + response.usage.output_tokens,
+                    "turns": usage.turns + 1,
+                }
+            )
             content = [block.model_dump(mode="json", exclude_none=True) for block in response.content]
             messages.append({"role": "assistant", "content": content})
             transcript.append({"role": "assistant", "content": _redacted(content, secrets)})

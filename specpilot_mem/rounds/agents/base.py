@@ -44,22 +44,32 @@ def make_backend(spec: Mapping[str, Any], scripts: Mapping[str, Any] | None = No
     if kind == "anthropic":
         from specpilot_mem.rounds.agents.anthropic_api import AnthropicAgent
 
-        return AnthropicAgent(model=spec.get("model", "claude-opus-4-5"), max_turns=int(spec.get("max_turns", 60)),
-                              max_tokens=int(spec.get("max_tokens", 8192)))
+        return AnthropicAgent(
+            model=spec.get("model", "claude-opus-4-5"),
+            max_turns=int(spec.get("max_turns", 60)),
+            max_tokens=int(spec.get("max_tokens", 8192)),
+        )
     if kind == "command":
         from specpilot_mem.rounds.agents.external import ExternalCommandAgent
 
         command = spec.get("command")
         if not command or not isinstance(command, list):
-            raise RoundError("the command backend needs 'command': a list of arguments", where="round config: agent",
-                             fix='e.g. {"backend": "command", "command": ["claude", "-p", "{brief}"]}')
+            raise RoundError(
+                "the command backend needs 'command': a list of arguments",
+                where="round config: agent",
+                fix='e.g. {"backend": "command", "command": ["claude", "-p", "{brief}"]}',
+            )
         return ExternalCommandAgent(command=[str(c) for c in command])
     if kind == "scripted":
         from specpilot_mem.rounds.agents.scripted import ScriptedAgent
 
         if scripts is None:
-            raise RoundError("the scripted backend needs scripts (it is for tests and demos)",
-                             where="round config: agent", fix="pass scripts= when starting the round from Python")
+            raise RoundError(
+                "the scripted backend needs scripts (it is for tests and demos)",
+                where="round config: agent",
+                fix="pass scripts= when starting the round from Python",
+            )
         return ScriptedAgent(scripts)
-    raise RoundError(f"unknown agent backend {kind!r}", where="round config: agent",
-                     fix="use 'anthropic', 'command' or 'scripted'")
+    raise RoundError(
+        f"unknown agent backend {kind!r}", where="round config: agent", fix="use 'anthropic', 'command' or 'scripted'"
+    )

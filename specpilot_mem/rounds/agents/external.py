@@ -30,15 +30,24 @@ class ExternalCommandAgent:
             brief_file.write_text(task.brief)
             brief_file.chmod(0o644)
             Path(folder).chmod(0o755)
-            argv = [part.replace("{brief_file}", str(brief_file)).replace("{brief}", task.brief) for part in self.command]
+            argv = [
+                part.replace("{brief_file}", str(brief_file)).replace("{brief}", task.brief) for part in self.command
+            ]
             started = time.monotonic()
             proc = task.sandbox.run(shlex.join(argv), task.workdir, task.time_limit_s)
         secrets = secret_values()
         out = redact(proc.stdout, secrets)[-KEPT_OUTPUT:]
         err = redact(proc.stderr, secrets)[-KEPT_OUTPUT:]
-        transcript = [{"role": "user", "content": redact(task.brief, secrets)},
-                      {"role": "command", "argv": [redact(a, secrets) for a in self.command], "exit_code": proc.returncode,
-                       "stdout": out, "stderr": err}]
+        transcript = [
+            {"role": "user", "content": redact(task.brief, secrets)},
+            {
+                "role": "command",
+                "argv": [redact(a, secrets) for a in self.command],
+                "exit_code": proc.returncode,
+                "stdout": out,
+                "stderr": err,
+            },
+        ]
         usage = AgentUsage(turns=1, seconds=round(time.monotonic() - started, 3))
         summary = out.strip().splitlines()[-1] if out.strip() else f"exit code {proc.returncode}"
         return AgentResult(summary=summary, transcript=transcript, usage=usage)

@@ -20,9 +20,14 @@ class ScriptedAgent:
     def run(self, task: AgentTask) -> AgentResult:
         script = self.scripts.get(task.name) or self.scripts.get(task.role)
         if script is None:
-            raise RoundError(f"no script for agent {task.name!r} (role {task.role})", where="scripted backend",
-                             fix="give a script for each direction id, or one per role")
+            raise RoundError(
+                f"no script for agent {task.name!r} (role {task.role})",
+                where="scripted backend",
+                fix="give a script for each direction id, or one per role",
+            )
         summary = script(task)
-        return AgentResult(summary=summary, transcript=[{"role": "user", "content": task.brief},
-                                                        {"role": "assistant", "content": summary}],
-                           usage=AgentUsage(turns=1))
+        return AgentResult(
+            summary=summary,
+            transcript=[{"role": "user", "content": task.brief}, {"role": "assistant", "content": summary}],
+            usage=AgentUsage(turns=1),
+        )

@@ -12,19 +12,38 @@ MAX_OUTPUT = 20_000
 BASH_TIMEOUT_S = 600.0
 
 TOOL_SCHEMAS: list[dict[str, Any]] = [
-    {"name": "read_file", "description": "Read a text file of the worktree.",
-     "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}},
-    {"name": "write_file", "description": "Create or overwrite a file of the worktree.",
-     "input_schema": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                      "required": ["path", "content"]}},
-    {"name": "edit_file", "description": "Replace one exact, unique occurrence of old_text with new_text in a file.",
-     "input_schema": {"type": "object", "properties": {"path": {"type": "string"}, "old_text": {"type": "string"},
-                                                       "new_text": {"type": "string"}},
-                      "required": ["path", "old_text", "new_text"]}},
-    {"name": "bash", "description": "Run a shell command in the worktree (time-limited; its output is returned).",
-     "input_schema": {"type": "object", "properties": {"command": {"type": "string"},
-                                                       "timeout_s": {"type": "number"}},
-                      "required": ["command"]}},
+    {
+        "name": "read_file",
+        "description": "Read a text file of the worktree.",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+    {
+        "name": "write_file",
+        "description": "Create or overwrite a file of the worktree.",
+        "input_schema": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["path", "content"],
+        },
+    },
+    {
+        "name": "edit_file",
+        "description": "Replace one exact, unique occurrence of old_text with new_text in a file.",
+        "input_schema": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "old_text": {"type": "string"}, "new_text": {"type": "string"}},
+            "required": ["path", "old_text", "new_text"],
+        },
+    },
+    {
+        "name": "bash",
+        "description": "Run a shell command in the worktree (time-limited; its output is returned).",
+        "input_schema": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "timeout_s": {"type": "number"}},
+            "required": ["command"],
+        },
+    },
 ]
 
 
@@ -67,4 +86,4 @@ class WorktreeTools:
     def _bash(self, command: str, timeout_s: float | None = None) -> str:
         limit = min(float(timeout_s or self.time_limit_s), self.time_limit_s)
         proc = self.sandbox.run(command, self.root, limit)
-        return f"exit code {proc.returncode}\n--- stdout\n{proc.stdout[-MAX_OUTPUT // 2:]}\n--- stderr\n{proc.stderr[-MAX_OUTPUT // 4:]}"
+        return f"exit code {proc.returncode}\n--- stdout\n{proc.stdout[-MAX_OUTPUT // 2 :]}\n--- stderr\n{proc.stderr[-MAX_OUTPUT // 4 :]}"
