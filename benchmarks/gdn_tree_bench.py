@@ -26,75 +26,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
-import zipfile
 
 import torch
 import triton
 from cuda_timing import graph_replay_us, record_section
 
+from specpilot_mem.engine.sglang_kernels import prepare as prepare_sglang
 from specpilot_mem.provenance import print_result, result_header, write_result
-
-WHEEL = os.path.expanduser("~/.cache/specpilot/wheels/sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl")
-WHEEL_SHA256 = "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"
-KERNEL = "sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py"
-SHIMS = {
-    # the five helpers the kernel module imports, with SGLang 0.5.23's semantics on an NVIDIA GPU
-    "sglang/srt/utils.py": """import torch
-
-
-def is_hip():
-    return torch.version.hip is not None
-
-
-def is_cuda():
-    return torch.cuda.is_available() and torch.version.cuda is not None
-
-
-def get_device_sm():
-    major, minor = torch.cuda.get_device_capability()
-    return major * 10 + minor
-
-
-def is_gfx95_supported():
-    return False
-
-
-def is_sm90_supported():
-    cuda = tuple(int(p) for p in (torch.version.cuda or "0.0").split(".")[:2])
-    return is_cuda() and torch.cuda.get_device_capability()[0] == 9 and cuda >= (12, 3)
-""",
-    "sglang/kernels/jit/utils.py": """import torch
-
-
-def is_arch_support_pdl():
-    return torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9
-""",
-}
-
-
-def prepare_sglang(target: str) -> None:
-    with open(WHEEL, "rb") as fh:
-        digest = hashlib.sha256(fh.read()).hexdigest()
-    if digest != WHEEL_SHA256:
-        raise SystemExit(f"{WHEEL}: sha256 {digest}, expected {WHEEL_SHA256}")
-    with zipfile.ZipFile(WHEEL) as wheel:
-        source = wheel.read(KERNEL)
-    files = {KERNEL: source, **{path: text.encode() for path, text in SHIMS.items()}}
-    for path, data in files.items():
-        full = os.path.join(target, path)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "wb") as fh:
-            fh.write(data)
-        package = os.path.dirname(path)
-        while package:
-            init = os.path.join(target, package, "__init__.py")
-            if not os.path.exists(init):
-                open(init, "w").close()
-            package = os.path.dirname(package)
-    print(json.dumps({"vendored": KERNEL, "from": WHEEL, "sha256": digest, "into": target}))
-
 
 H, HV, K, V = 16, 32, 128, 128  # Qwen3-Next / Qwen3.5 linear-attention heads (SGLang configs/qwen3_next.py)
 # path-verify variants timed side by side: last session's (replays every restart from the committed state),
@@ -690,7 +629,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.verb == "prepare-sglang":
-        prepare_sglang(args.target)
+        print(json.dumps(prepare_sglang(args.target)))
     elif args.verb == "commit-ptx":
         print(json.dumps(commit_ptx_digests(), indent=1))
     else:
