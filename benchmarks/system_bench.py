@@ -591,6 +591,7 @@ def profile(args, device, dtype, timer, result) -> dict:
             "kernels": kernels,
             "command": " ".join(sys.argv),
             "date": _dt.date.today().isoformat(),
+            "git": result_header("system-profile")["git"],
         }
         measured_steps = result.get("single", {}).get("steps_ms", {}).get(name, {})
         if measured_steps:  # T_step(N) from the single section: the draft plus the verify step of N + 1 rows

@@ -52,6 +52,7 @@ class Profile(BaseModel):
     )
     command: str = ""
     date: str = ""
+    git: dict = Field(default_factory=dict, description="the commit measured (specpilot_mem.provenance's git state)")
 
     @field_validator("step_times_ms")
     @classmethod
