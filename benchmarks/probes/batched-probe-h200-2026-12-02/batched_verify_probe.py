@@ -113,6 +113,7 @@ def step_setting(model, caches, B, rows, context, timer, ar, reps):
     table = kernel_table(graph_step, reps, model.device)
     out["profiled"] = "graph replay"
     if table["kernels_seen"] < 10:  # the profiler did not see inside the graph: profile eager steps
+
         def eager():
             reset()
             model.step(buf, caches, ar=ar)
@@ -145,7 +146,7 @@ def isolated(model, caches, B, rows, timer) -> dict:
             def run(inter=inter):
                 model._sglang(q, k, v, a, b, t[f"layers.{i}.A_log"], t[f"layers.{i}.dt_bias"], pool, slots, inter, None)
 
-            out[f"gdn_layer_{name}_ms"] = timer.ms(lambda run=run: model.graphed(("iso", name, B, rows), run))
+            out[f"gdn_layer_{name}_ms"] = timer.ms(lambda run=run, key=("iso", name, B, rows): model.graphed(key, run))
             del inter
         out["snapshot_bytes_per_layer_fp32"] = B * rows * HV * D * D * 4
     if s.attn_layers:
@@ -162,7 +163,9 @@ def isolated(model, caches, B, rows, timer) -> dict:
         }
         for name, fn in forms.items():
             try:
-                out[f"attn_layer_{name}_ms"] = timer.ms(lambda fn=fn: model.graphed(("attn", name, B, rows), fn))
+                out[f"attn_layer_{name}_ms"] = timer.ms(
+                    lambda fn=fn, key=("attn", name, B, rows): model.graphed(key, fn)
+                )
             except Exception as exc:  # noqa: BLE001 - keep the other forms
                 out[f"attn_layer_{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
     model.release_buffers()
