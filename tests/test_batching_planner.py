@@ -88,3 +88,27 @@ def test_bad_buckets_are_refused():
         BudgetPlanner(Costs(0.1), per_request=(1, 5))
     with pytest.raises(BatchingError, match="requests in flight"):
         BudgetPlanner(Costs(0.1)).rows_for(0)
+
+
+def engine_doc(path: bool) -> dict:
+    entry = lambda b: {  # noqa: E731
+        "T_AR_ms": 5.0 + b / 16,
+        "T_draft_ms": {"16": 1.0, "8": 0.8},
+        "T_step_ms": {"2": 8.0 + b / 4, "17": 12.0 + b},
+        **({"T_step_path_ms": {"2": 6.0 + b / 8, "17": 9.0 + b / 2}} if path else {}),
+    }
+    return {"source": "toy", "by_batch": {str(b): entry(b) for b in (1, 8, 32)}}
+
+
+def test_engine_costs_per_option_set():
+    from specpilot_mem.batching.costs import EngineStepCosts, StepCosts
+
+    base = StepCosts.roofline("4b")
+    stock = EngineStepCosts(base, engine_doc(True), "stock")
+    path = EngineStepCosts(base, engine_doc(True), "path")
+    assert stock.ar_ms(8) == path.ar_ms(8) == pytest.approx(5.5)
+    assert stock.verify_ms(8 * 17, 8) == pytest.approx(20.0) and path.verify_ms(8 * 17, 8) == pytest.approx(13.0)
+    with pytest.raises(BatchingError, match="T_step_path_ms"):
+        EngineStepCosts(base, engine_doc(False), "path")
+    with pytest.raises(BatchingError, match="unknown engine variant"):
+        EngineStepCosts(base, engine_doc(True), "w12")

@@ -45,9 +45,14 @@ class Mechanisms:
     shared: best-first trees share the step's rows (else each request gets an equal share of them);
     blocks: a drafter block per request (else every request drafts ``STOCK_BLOCK``); admission: prompt
     rows in the verify step; plan: the verify rows per request (AR among them) chosen each step by the
-    batch-size-aware planner (``planner.BudgetPlanner``) from the step costs and the trees' expected tokens."""
+    batch-size-aware planner (``planner.BudgetPlanner``) from the step costs and the trees' expected tokens.
+    The configuration ``path-verify`` is stock's chain on SpecPilot's engine option set: what the option set
+    alone gains, against which each batching mechanism's own gain reads."""
 
     name: str
+    # which engine option set times it where the step costs have both (``batching.costs.EngineStepCosts``):
+    # "stock" (SGLang's snapshot GDN verify) or "path" (SpecPilot's batched option set, GDN path verify)
+    engine: str = "path"
     speculate: bool = True
     tree: str = "chain"
     shared: bool = False
@@ -59,8 +64,9 @@ class Mechanisms:
 CONFIGS = {
     m.name: m
     for m in (
-        Mechanisms("ar", speculate=False),
-        Mechanisms("stock"),
+        Mechanisms("ar", engine="stock", speculate=False),
+        Mechanisms("stock", engine="stock"),
+        Mechanisms("path-verify"),
         Mechanisms("equal-trees", tree="best-first"),
         Mechanisms("shared-budget", tree="best-first", shared=True),
         Mechanisms("drafter-block", blocks=True),
