@@ -210,7 +210,7 @@ def simulate(
     lookups = {b: lat.step_lookup() for b, lat in lattices.items()}
     budget = SharedBudget(costs.target, verify_buffer, budget_rows)
     blocks = DrafterBlocks(STOCK_BLOCK, costs.drafter, sorted(lattices)) if config.blocks else None
-    admission = PromptAdmission(costs.target, verify_buffer, segment) if config.admission else None
+    admission = PromptAdmission(costs.rows_curve(batch), verify_buffer, segment) if config.admission else None
     planner = BudgetPlanner(costs, plan_rows, blocks=tuple(sorted(lattices))) if config.plan else None
     slots = _Slots(batch, lengths, stream or max(lengths.size, 2 * batch), STOCK_BLOCK)
     out = Outcome(config.name, batch)
