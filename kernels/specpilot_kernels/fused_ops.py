@@ -25,8 +25,9 @@ def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.T
     return y, rms_norm_reference(y, weight, eps)
 
 
-def tree_conv_silu_reference(conv_state: torch.Tensor, x: torch.Tensor, conv_idx: torch.Tensor,
-                             weight: torch.Tensor) -> torch.Tensor:
+def tree_conv_silu_reference(
+    conv_state: torch.Tensor, x: torch.Tensor, conv_idx: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
     """silu of the causal depthwise conv along each row's root path: window = cat(conv_state, x) gathered by
     conv_idx, times weight, summed over the window (the products rounded to x's dtype, as torch does)."""
     B, T, C = x.shape
@@ -63,8 +64,10 @@ def _add_rms_norm_kernel(x, delta, w, y, out, N, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     keep = cols < N
-    total = (tl.load(x + row * N + cols, mask=keep, other=0.0).to(tl.float32)
-             + tl.load(delta + row * N + cols, mask=keep, other=0.0).to(tl.float32)).to(y.dtype.element_ty)
+    total = (
+        tl.load(x + row * N + cols, mask=keep, other=0.0).to(tl.float32)
+        + tl.load(delta + row * N + cols, mask=keep, other=0.0).to(tl.float32)
+    ).to(y.dtype.element_ty)
     tl.store(y + row * N + cols, total, mask=keep)
     yv = total.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(yv * yv, axis=0) / N + eps)
@@ -132,8 +135,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.contiguous()
     N = x.shape[-1]
     out = torch.empty_like(x)
-    _rms_norm_kernel[(x.numel() // N,)](x, weight, out, N, eps, BLOCK=triton.next_power_of_2(N),
-                                        num_warps=8 if N >= 2048 else 4)
+    _rms_norm_kernel[(x.numel() // N,)](
+        x, weight, out, N, eps, BLOCK=triton.next_power_of_2(N), num_warps=8 if N >= 2048 else 4
+    )
     return out
 
 
@@ -151,13 +155,15 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     x, delta = x.contiguous(), delta.contiguous()
     N = x.shape[-1]
     y, out = torch.empty_like(x), torch.empty_like(x)
-    _add_rms_norm_kernel[(x.numel() // N,)](x, delta, weight, y, out, N, eps, BLOCK=triton.next_power_of_2(N),
-                                            num_warps=8 if N >= 2048 else 4)
+    _add_rms_norm_kernel[(x.numel() // N,)](
+        x, delta, weight, y, out, N, eps, BLOCK=triton.next_power_of_2(N), num_warps=8 if N >= 2048 else 4
+    )
     return y, out
 
 
-def tree_conv_silu(conv_state: torch.Tensor, x: torch.Tensor, conv_idx: torch.Tensor,
-                   weight: torch.Tensor) -> torch.Tensor:
+def tree_conv_silu(
+    conv_state: torch.Tensor, x: torch.Tensor, conv_idx: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
     """The GDN's causal conv + silu over draft-tree rows in one launch on a GPU (the reference on a CPU).
 
     Args:
@@ -174,8 +180,9 @@ def tree_conv_silu(conv_state: torch.Tensor, x: torch.Tensor, conv_idx: torch.Te
     conv_state, x, conv_idx, weight = (t.contiguous() for t in (conv_state, x, conv_idx, weight))
     out = torch.empty_like(x)
     block = min(1024, triton.next_power_of_2(C))
-    _tree_conv_silu_kernel[(B * T, triton.cdiv(C, block))](conv_state, x, conv_idx, weight, out, T, C, CS=CS,
-                                                           BLOCK=block, num_warps=4)
+    _tree_conv_silu_kernel[(B * T, triton.cdiv(C, block))](
+        conv_state, x, conv_idx, weight, out, T, C, CS=CS, BLOCK=block, num_warps=4
+    )
     return out
 
 
@@ -191,8 +198,9 @@ def gated_rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, ep
     x, gate = x.contiguous(), gate.contiguous()
     N = x.shape[-1]
     out = torch.empty_like(x)
-    _gated_rms_norm_kernel[(x.numel() // N,)](x, weight, gate, out, N, eps, BLOCK=triton.next_power_of_2(N),
-                                              num_warps=4)
+    _gated_rms_norm_kernel[(x.numel() // N,)](
+        x, weight, gate, out, N, eps, BLOCK=triton.next_power_of_2(N), num_warps=4
+    )
     return out
 
 
