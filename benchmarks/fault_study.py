@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from specpilot_mem.bench.runs import log  # noqa: E402
 from specpilot_mem.controller.engine_system import EngineSystem  # noqa: E402
 from specpilot_mem.controller.requests import Request, load_requests  # noqa: E402
 from specpilot_mem.controller.system import RequestOutput  # noqa: E402
@@ -82,10 +83,6 @@ FAULTS = {
 # The targets: faults at least this large must be rejected in >= 95% of seeds.
 TARGET_CHANGED = 0.003
 TARGET_EVENTS_PER_1000 = 1.0
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def fault_options(name: str, seed: int, max_new_tokens: int) -> dict:
