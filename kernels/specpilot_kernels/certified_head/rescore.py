@@ -25,7 +25,7 @@ FINALIZE_BLOCK = 512  # candidates per step of the finalize
 
 def exact_block_k(k: int) -> int:
     """The exact head's K slice for hidden size ``k``: 256 where it divides k (half the serial steps of 128,
-    the faster rescore on the H200: ``benchmarks/results/certified_head-cuda2-2026-11-30.json``), else 128.
+    the faster rescore on the H200: ``benchmarks/archive/results/certified_head-cuda2-2026-11-30.json``), else 128.
     A function of k alone, so the full head and the rescoring always sum in the same order."""
     return 256 if k % 256 == 0 else K_MULTIPLE
 
