@@ -262,6 +262,20 @@ def test_a_re_record_runs_the_release_checks_again(memory):
     assert snapshot(home)[1] == records
 
 
+def test_a_re_record_names_the_release_checks_it_could_not_run(memory):
+    """A check on a release the fork no longer holds (an unpinned wheel's import, its branch deleted) cannot run
+    again: it is dropped, and `record` names the release and the command that checks it."""
+    home, wheel = memory
+    assert cli(home, "revalidate", "--release", str(wheel))[0] == 0
+    fork = open_fork(home)
+    fork.repo.git("update-ref", "-d", f"refs/heads/release/{VERSION}")
+    source = source_on(home, ["tail"], {"sglang/srt/specpilot_stays.py": b"X = 3\n"})
+    code, data = cli(home, "record", "stays", "--from", source)
+    assert code == 0 and data["dropped_releases"] == [VERSION]
+    assert load_entry(home, "stays").release_check(VERSION) is None
+    assert load_entry(home, "tail").release_check(VERSION) is not None  # not re-recorded: its check stands
+
+
 def test_revalidate_on_stock_checks_reproduction(memory):
     home, _ = memory
     code, data = cli(home, "revalidate", "--release", "0.5.23")
