@@ -37,17 +37,10 @@ from specpilot_kernels.w12.qpass import (  # noqa: E402
 from specpilot_kernels.w12.reference import qpass_weight_reference  # noqa: E402
 from specpilot_mem.bench.cuda_timing import graph_replay_us, record_section  # noqa: E402
 from specpilot_mem.bench.runs import log  # noqa: E402
+from specpilot_mem.bench.shapes import PROJECTIONS, SHAPES  # noqa: E402
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
-SHAPES = {
-    "qkv": (10240, 5120),
-    "o_proj": (5120, 8192),
-    "gate_up": (34816, 5120),
-    "down": (5120, 17408),
-    "lm_head": (248320, 5120),
-}
 TINY_SHAPES = {"qkv": (320, 256), "down": (128, 640)}
-PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
 L2_BYTES = 60 * 2**20
 
 

@@ -46,16 +46,9 @@ from specpilot_kernels.w12.mma import (  # noqa: E402
 from specpilot_kernels.w12.reference import gemm_reference  # noqa: E402
 from specpilot_mem.bench.cuda_timing import ClockLog, graph_replay_us, read_bandwidth, record_section  # noqa: E402
 from specpilot_mem.bench.runs import log  # noqa: E402
+from specpilot_mem.bench.shapes import PROJECTIONS, SHAPES  # noqa: E402
 from specpilot_mem.provenance import result_header, write_result  # noqa: E402
 
-SHAPES = {
-    "qkv": (10240, 5120),
-    "o_proj": (5120, 8192),
-    "gate_up": (34816, 5120),
-    "down": (5120, 17408),
-    "lm_head": (248320, 5120),
-}
-PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
 ROWS = (1, 2, 4, 8, 9, 16, 17, 32, 33, 48, 64, 65, 96, 128, 192, 256)
 ESCAPE_FRACTIONS = (0.0, 1e-4, 1e-3, 1e-2)
 ESCAPE_ROWS = (1, 8, 16, 32, 64, 128, 256)

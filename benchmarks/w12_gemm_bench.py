@@ -40,15 +40,8 @@ from specpilot_kernels.w12.mma import (
 from specpilot_kernels.w12.reference import gemm_reference
 from specpilot_mem.bench.cuda_timing import ClockLog, graph_replay_us, read_bandwidth
 from specpilot_mem.bench.runs import log
+from specpilot_mem.bench.shapes import PROJECTIONS, SHAPES
 
-SHAPES = {
-    "qkv": (10240, 5120),
-    "o_proj": (5120, 8192),
-    "gate_up": (34816, 5120),
-    "down": (5120, 17408),
-    "lm_head": (248320, 5120),
-}
-PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
 ROWS = (1, 2, 4, 8, 16, 32, 48, 64)
 L2_BYTES = 60 * 2**20
 REPLAYS = 15
