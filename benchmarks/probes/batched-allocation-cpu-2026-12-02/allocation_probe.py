@@ -29,6 +29,7 @@ compares each block's exact tokens per step with the 16-block's first positions 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -308,6 +309,27 @@ def main(argv=None) -> int:
                 trees = best_first.build(sb, nodes, depth_cap=blk)
                 acc = verify_against_greedy(trees, sb.greedy[:, :blk]).accepted
                 doc["blocks"][f"block {blk}/{name}/best-first {nodes} nodes"] = 1 + float(acc.mean())
+    # drafter-block rules in the closed loop (real 12/8-block lattices): gain in tokens/s over the shared budget
+    real = {blk: load_lattice(args.lattices / f"pair-unseen-block{blk}.npz") for blk in (16, 12, 8)}
+    doc["block_rules"] = {}
+    for shape in ("4b", "27b"):
+        costs = StepCosts.from_measurement(measured, shape)
+        for b in batches:
+            base = simulate({16: real[16]}, costs, CONFIGS["shared-budget"], b).tokens_per_ms
+            row = {}
+            for name, choices, headroom in (("16,12,8 headroom 2 (the policy)", (16, 12, 8), 2),
+                                            ("16,12 headroom 2", (16, 12), 2), ("16,8 headroom 2", (16, 8), 2),
+                                            ("16,12,8 headroom 4", (16, 12, 8), 4), ("16,12 headroom 4", (16, 12), 4)):
+                original = simulate_module.DrafterBlocks
+                simulate_module.DrafterBlocks = functools.partial(original, headroom=headroom)
+                try:
+                    run = simulate({k: real[k] for k in choices}, costs, CONFIGS["shared-budget+drafter-block"], b)
+                finally:
+                    simulate_module.DrafterBlocks = original
+                row[name] = {"gain": run.tokens_per_ms / base, "tau": run.tau,
+                             "drafter_rows": run.drafter_rows / max(run.spec_steps, 1)}
+            doc["block_rules"][f"{shape}/B={b}"] = row
+            print(shape, b, {k: round(v["gain"], 3) for k, v in row.items()}, file=sys.stderr, flush=True)
     doc["seconds"] = round(time.perf_counter() - started, 1)
     print_result(doc, args.out)
     return 0
