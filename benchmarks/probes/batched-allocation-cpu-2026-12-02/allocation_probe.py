@@ -263,6 +263,9 @@ def main(argv=None) -> int:
     ap.add_argument("--costs", type=Path, required=True)
     ap.add_argument("--batches", default="16,24,32")
     ap.add_argument("--sweep", default="", help="nodes per request to sweep, e.g. 2,4,12")
+    ap.add_argument("--fit-split", default="dev", help="the split the calibration is fitted on")
+    ap.add_argument("--eval-split", default="unseen", help="the split every rule is replayed on")
+    ap.add_argument("--skip-blocks", action="store_true", help="leave out the drafter-block sections")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     started = time.perf_counter()
@@ -274,13 +277,14 @@ def main(argv=None) -> int:
     fit_costs = StepCosts.from_measurement(measured, "4b")
     calibration = Calibration(*(np.concatenate(v) for v in zip(*[
         [np.concatenate(r.samples[k]) for k in ("q", "accepted", "depth", "hist")]
-        for r in (run_rule(lat["dev"], fit_costs, b, "fit")[1] for b in (16, 32))])))
+        for r in (run_rule(lat[args.fit_split], fit_costs, b, "fit")[1] for b in (16, 32))])))
     doc = {
         **result_header("batched_allocation_probe"),
         "harness": "benchmarks/probes/batched-allocation-cpu-2026-12-02/allocation_probe.py",
         "label": "exact replay on the small pair trained here (lattices of 40 dev + 40 unseen requests, 128 "
         "tokens each); timing curves measured on the H200 (random weights at the paper's shapes)",
-        "calibration": {"fit": "dev split, closed loop with the shared budget at 16 and 32 requests (4B-like "
+        "splits": {"fit": args.fit_split, "eval": args.eval_split},
+        "calibration": {"fit": f"{args.fit_split} split, closed loop with the shared budget at 16 and 32 requests (4B-like "
                         "plateau)", **calibration.to_dict()},
         "closed_loop": {}, "blocks": {},
     }
@@ -289,13 +293,17 @@ def main(argv=None) -> int:
         rows = {shape: StepCosts.from_measurement(measured, shape).target.plateau_end(b) for shape in ("4b", "27b")}
         for r in sorted(set(rows.values())):
             key = f"B={b}/plateau rows={r} ({', '.join(s for s in rows if rows[s] == r)}-like c(R))"
-            doc["closed_loop"][key] = closed_loop(lat["unseen"], fit_costs, b, calibration, rows=r)
+            doc["closed_loop"][key] = closed_loop(lat[args.eval_split], fit_costs, b, calibration, rows=r)
             print(key, {k: round(v, 3) for k, v in doc["closed_loop"][key].items()}, file=sys.stderr, flush=True)
     for b in batches:
         for k in (int(x) for x in args.sweep.split(",") if x):
             key = f"B={b}/{k} nodes per request"
-            doc["closed_loop"][key] = closed_loop(lat["unseen"], fit_costs, b, calibration, rows=b * (k + 1))
+            doc["closed_loop"][key] = closed_loop(lat[args.eval_split], fit_costs, b, calibration, rows=b * (k + 1))
             print(key, {kk: round(v, 3) for kk, v in doc["closed_loop"][key].items()}, file=sys.stderr, flush=True)
+    if args.skip_blocks:
+        doc["seconds"] = round(time.perf_counter() - started, 1)
+        print_result(doc, args.out)
+        return 0
     # drafter blocks: each block's own lattice vs the 16-block cut to its first positions, chains (tau per step)
     blocks = {blk: load_lattice(args.lattices / f"pair-unseen-block{blk}.npz") for blk in (16, 12, 8)
               if (args.lattices / f"pair-unseen-block{blk}.npz").exists()}
