@@ -300,6 +300,15 @@ def main(argv=None) -> int:
             key = f"B={b}/{k} nodes per request"
             doc["closed_loop"][key] = closed_loop(lat[args.eval_split], fit_costs, b, calibration, rows=b * (k + 1))
             print(key, {kk: round(v, 3) for kk, v in doc["closed_loop"][key].items()}, file=sys.stderr, flush=True)
+    plateau = {k: v for k, v in doc["closed_loop"].items() if "plateau" in k}
+
+    def span(rule):
+        values = [v[f"{rule} over equal"] for v in plateau.values()]
+        return f"{100 * (min(values) - 1):+.1f}..{100 * (max(values) - 1):+.1f}%"
+
+    doc["headline"] = (f"tokens/step over equal trees at the plateau budget, {args.batches} requests "
+                       f"({args.eval_split} split): shared {span('shared-budget')}, depth-calibrated "
+                       f"{span('calibrated')}, history-calibrated {span('history')}, oracle split {span('oracle')}")
     if args.skip_blocks:
         doc["seconds"] = round(time.perf_counter() - started, 1)
         print_result(doc, args.out)
@@ -338,6 +347,10 @@ def main(argv=None) -> int:
                              "drafter_rows": run.drafter_rows / max(run.spec_steps, 1)}
             doc["block_rules"][f"{shape}/B={b}"] = row
             print(shape, b, {k: round(v["gain"], 3) for k, v in row.items()}, file=sys.stderr, flush=True)
+    gains = {name: [r[name]["gain"] for r in doc["block_rules"].values()] for name in row}
+    best = max(gains, key=lambda name: min(gains[name]))
+    doc["headline"] += (f"; drafter blocks over the shared budget: {min(gains[best]):.3f}-{max(gains[best]):.3f}x "
+                        f"(best rule: {best})")
     doc["seconds"] = round(time.perf_counter() - started, 1)
     print_result(doc, args.out)
     return 0
