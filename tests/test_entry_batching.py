@@ -296,7 +296,11 @@ def probe(sglang_entries_export, tmp_path_factory):
     env = {**import_environment(export, standin), "TORCHDYNAMO_DISABLE": "1", "TRITON_INTERPRET": "1"}
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], os.getcwd()])  # the project's policies to compare with
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE, str(models), str(costs), str(drafter)], capture_output=True, text=True, env=env, timeout=900
+        [sys.executable, "-c", PROBE, str(models), str(costs), str(drafter)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
     )
     assert proc.returncode == 0, f"probe failed:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
