@@ -31,9 +31,8 @@ class BatchingArgumentError(ValueError):
 
 @dataclass(frozen=True)
 class CostCurve:
-    """c(R) in ms at increasing measured row counts; between counts a pass costs what the next count costs,
-    past the last it grows in proportion to rows. Decisions read the running maximum (noise never makes more
-    rows look cheaper)."""
+    """c(R) in ms at increasing measured row counts (a pass costs what the next measured count costs). Decisions
+    read the running maximum (noise never makes more rows look cheaper)."""
 
     rows: tuple[int, ...]
     ms: tuple[float, ...]
@@ -46,30 +45,17 @@ class CostCurve:
             out.append(top)
         return out
 
-    def at(self, rows: int) -> float:
-        if rows <= 0:
-            return 0.0
-        env = self.envelope
-        for count, t in zip(self.rows, env):
-            if count >= rows:
-                return t
-        return env[-1] * rows / self.rows[-1]
-
-    def plateau_end(self, rows: int, tolerance: float = PLATEAU_TOLERANCE, limit: int | None = None) -> int:
+    def plateau_end(self, rows: int, tolerance: float = PLATEAU_TOLERANCE) -> int:
         """The most rows that cost what ``rows`` costs: from the measured count covering ``rows``, onward while
         each next count costs at most (1 + tolerance) x the one before and (1 + 4 x tolerance) x the start;
-        ``limit`` caps the answer; ``rows`` itself when nothing further fits."""
-        top = self.rows[-1] if limit is None else min(limit, self.rows[-1])
-        if rows >= top:
+        ``rows`` itself past the last measured count."""
+        if rows >= self.rows[-1]:
             return int(rows)
         env = self.envelope
         i = next(k for k, count in enumerate(self.rows) if count >= rows)
-        if self.rows[i] > top:
-            return int(rows)
         end = i
         while (
             end + 1 < len(self.rows)
-            and self.rows[end + 1] <= top
             and env[end + 1] <= env[end] * (1 + tolerance)
             and env[end + 1] <= env[i] * (1 + 4 * tolerance)
         ):
@@ -78,8 +64,9 @@ class CostCurve:
 
 
 def load_cost_curve(path: str, flag: str) -> CostCurve:
-    """A c(R) file: JSON ``{"rows": [1, 2, ...], "ms": [...]}`` (e.g. one curve of
-    ``benchmarks/batched_costs.py``'s result); anything else is refused naming ``flag``."""
+    """A c(R) file: JSON ``{"rows": [1, 2, ...], "ms": [...]}`` (e.g. the project's
+    ``StepCosts.from_measurement(doc, shape).target.to_dict()`` of ``benchmarks/batched_costs.py``'s result);
+    anything else is refused naming ``flag``."""
     try:
         with open(path) as handle:
             doc = json.load(handle)
@@ -92,13 +79,6 @@ def load_cost_curve(path: str, flag: str) -> CostCurve:
         raise BatchingArgumentError(flag, f"{path}: rows must increase from 1 with one positive time each",
                                     "measure c(R) at increasing row counts R >= 1")
     return CostCurve(tuple(rows), tuple(ms))
-
-
-def verify_buffer_tokens(cfg, window: int) -> int | None:
-    """Tokens the verify buffers hold per step: ``--max-running-requests`` x the verify window the scheduler
-    reserves per request (None while the request cap is not given)."""
-    requests = getattr(cfg, "max_running_requests", None)
-    return None if requests is None else int(requests) * int(window)
 
 
 def check_server_args(server_args) -> None:
