@@ -49,6 +49,7 @@ from specpilot_mem.forcing.verdict import TokenForcing, Verdict  # noqa: E402
 from specpilot_mem.provenance import result_header  # noqa: E402
 
 REQUESTS = ROOT / "requests" / "fault-study-v1.jsonl"
+STARTED = time.perf_counter()  # the process's start: a lease's budget counts the engine's loading too
 
 # Lossless controls: engine options that change floating-point reduction order, the verified shape
 # or the prefill's chunking, never which tokens a correct system may accept.
@@ -441,7 +442,13 @@ def main() -> int:
     parser.add_argument(
         "--budget-seconds",
         type=float,
-        help="start no further seed after this many seconds (a device lease); the JSON counts the runs made",
+        help="start no further seed once this many seconds have passed since the process started (a device "
+        "lease); the JSON counts the runs made",
+    )
+    parser.add_argument(
+        "--part-out",
+        metavar="JSON",
+        help="also rewrite this file with the seeds finished so far after every seed (for --merge)",
     )
     parser.add_argument("--threads", type=int, help="torch CPU threads")
     parser.add_argument(
@@ -485,15 +492,29 @@ def main() -> int:
     engine = Engine.load_default(device=args.device, dtype=getattr(torch, args.dtype))
     pool = load_requests(args.requests)
     fault_seeds = args.seeds if args.fault_seeds is None else args.fault_seeds
-    started = time.perf_counter()
     runs = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        if runs and args.budget_seconds is not None and time.perf_counter() - started > args.budget_seconds:
+        if runs and args.budget_seconds is not None and time.perf_counter() - STARTED > args.budget_seconds:
             log(f"budget of {args.budget_seconds:.0f} s spent: stopping after {len(runs)} of {args.seeds} seeds")
             break
         runs.append(one_seed(seed, pool, args, engine, with_faults=seed - args.first_seed < fault_seeds))
+        if args.part_out:
+            # rewritten after every seed, so a worker stopped at a device lease's hard limit keeps its finished seeds
+            part = Path(args.part_out)
+            scratch = part.with_name(part.name + ".tmp")
+            scratch.write_text(json.dumps(study_doc(args, engine, runs, fault_seeds)))
+            scratch.replace(part)
+    result = study_doc(args, engine, runs, fault_seeds)
+    if args.pool_size:
+        result["pooled"] = [pooled(result, size, engine, args.audit_sample) for size in args.pool_size]
+    finish(result, args)
+    return 0
+
+
+def study_doc(args, engine: Engine, runs: list[dict], fault_seeds: int) -> dict:
+    """The study's JSON for the seeds run so far."""
     device = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else "cpu"
-    result = {
+    return {
         **result_header("fault_study"),
         "device_name": device,
         "synthetic": engine.synthetic,
@@ -513,14 +534,10 @@ def main() -> int:
             "target_changed": TARGET_CHANGED,
             "target_events_per_1000": TARGET_EVENTS_PER_1000,
         },
-        "wall_seconds": time.perf_counter() - started,
+        "wall_seconds": time.perf_counter() - STARTED,
         "systems": rates(runs),
-        "runs": runs,
+        "runs": list(runs),
     }
-    if args.pool_size:
-        result["pooled"] = [pooled(result, size, engine, args.audit_sample) for size in args.pool_size]
-    finish(result, args)
-    return 0
 
 
 def headline(doc: dict) -> str:
