@@ -90,6 +90,10 @@ compile_for_sm90(F._select_states_kernel, {"dst": "*fp32", "src": "*fp32", "inde
 compile_for_sm90(F._conv_commit_kernel, {"conv": ptr, "raw": ptr, "idx": "*i64", "deepest": "*i64", "keep": "*u8",
                                          "B": "i32", "T": "i32", "C": "i32", "conv_g": "i64", "conv_b": "i32"},
                  {"CS": 4, "WP": 4, "BLOCK": 1024})
+compile_for_sm90(F._tree_accept_kernel, {"tokens": "*i64", "parents": "*i64", "depth": "*i64", "anc": "*u8",
+                                         "num_nodes": "*i32", "forced": "*i64", "active": "*u8", "pred": "*i64",
+                                         "accepted": "*i64", "accept_len": "*i64", "deepest": "*i64", "out": "*i64",
+                                         "T": "i32"}, {"TP": 64})
 print("compiled")
 """
 
@@ -195,3 +199,27 @@ def test_layer_stacked_commits_match_the_references():
     assert torch.equal(pool, want_pool) and torch.equal(conv, want_conv)
     assert torch.equal(want_pool[:, 1], snaps[:, 0, 4]) and not torch.equal(want_pool[:, 2], snaps[:, 1, 1])
     assert torch.equal(want_conv[:, 1, 2], raw[:, 0, 4]) and torch.equal(want_conv[:, 1, 1], raw[:, 0, 3])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
+def test_tree_accept_kernel_matches_the_reference():
+    """Random ragged trees (padding, forced nodes, an inactive request) against random target tokens."""
+    from specpilot_mem.engine.system import pack_trees
+
+    gen = torch.Generator().manual_seed(5)
+    T, trees = 7, []
+    for b in range(5):
+        n = [7, 5, 3, 7, 1][b]
+        parents = [-1] + [int(torch.randint(0, i, (), generator=gen)) for i in range(1, n)]
+        trees.append((torch.randint(0, 3, (n,), generator=gen).tolist(), parents))
+    packed = {k: torch.as_tensor(v) for k, v in pack_trees(trees, T, 4).items()}
+    pred = torch.randint(0, 3, (5, T), generator=gen)
+    forced = torch.tensor([-1, -1, 2, -1, -1])
+    active = torch.tensor([True, True, True, False, True])
+    args = (packed["tokens"], packed["parents"], packed["depth"], packed["anc"], packed["num_nodes"], forced, active)
+    want = F.tree_accept_reference(*args, pred)
+    with _interpreted():
+        got = F.tree_accept(*args, pred)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b), (a, b)
+    assert want[1].tolist()[3] == 0 and want[1].max() > 1  # the inactive request commits nothing; some accept

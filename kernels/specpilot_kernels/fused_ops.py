@@ -640,3 +640,88 @@ def conv_commit(conv: torch.Tensor, raw: torch.Tensor, conv_idx: torch.Tensor, d
                                                         keep.contiguous().view(torch.uint8), B, T, C, conv.stride(0),
                                                         conv.stride(1), CS=W + 1, WP=triton.next_power_of_2(W),
                                                         BLOCK=block, num_warps=4)
+
+
+# -- acceptance --------------------------------------------------------------------------------------------------
+
+
+def tree_accept_reference(tokens, parents, depth, anc, num_nodes, forced, active, pred):
+    """Each tree's longest root path whose drafted tokens match the target's (or the path to ``forced[b]`` >= 0).
+
+    tokens, parents (-1: root), depth [B, T] long; anc [B, T, T] bool; num_nodes [B] int; forced [B] long;
+    active [B] bool; pred [B, T] long (the target's token after each row). Returns (accepted [B, T] the path's
+    nodes root first, accept_len [B] (0 when inactive), deepest [B], out [B, T]: the accepted drafted tokens,
+    then the target's next)."""
+    B, T = tokens.shape
+    dev = pred.device
+    valid = torch.arange(T, device=dev)[None, :] < num_nodes[:, None].long()
+    ok = ((parents < 0) | (tokens == pred.gather(1, parents.clamp(min=0)))) & valid
+    accepted_node = ~(anc & ~ok[:, None, :]).any(-1) & valid
+    deepest = torch.where(accepted_node, depth, -1).argmax(1)
+    deepest = torch.where(forced >= 0, forced, deepest)
+    on_path = anc.gather(1, deepest[:, None, None].expand(B, 1, T))[:, 0]
+    accept_len = on_path.sum(1)
+    where = torch.where(on_path, depth, T)
+    accepted = torch.zeros(B, T + 1, dtype=torch.long, device=dev)
+    accepted.scatter_(1, where, torch.arange(T, device=dev).expand(B, T).contiguous())
+    accepted = accepted[:, :T]
+    drafted = tokens.gather(1, accepted)
+    out = torch.cat([drafted[:, 1:], torch.zeros(B, 1, dtype=torch.long, device=dev)], dim=1)
+    out.scatter_(1, (accept_len - 1)[:, None], pred.gather(1, deepest[:, None]))
+    return accepted, accept_len * active, deepest, out
+
+
+@triton.jit
+def _tree_accept_kernel(tokens, parents, depth, anc, num_nodes, forced, active, pred, accepted, accept_len,
+                        deepest, out, T, TP: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, TP)  # rows
+    j = tl.arange(0, TP)  # columns (ancestors, or output positions)
+    inside = i < T
+    valid = i < tl.load(num_nodes + b)
+    par = tl.load(parents + b * T + i, mask=inside, other=0)
+    tok = tl.load(tokens + b * T + i, mask=inside, other=0)
+    dep = tl.load(depth + b * T + i, mask=inside, other=0)
+    pred_par = tl.load(pred + b * T + tl.maximum(par, 0), mask=inside, other=-1)
+    ok = ((par < 0) | (tok == pred_par)) & valid
+    both = inside[:, None] & (j < T)[None, :]
+    a = tl.load(anc + (b * T + i)[:, None] * T + j[None, :], mask=both, other=0) != 0
+    ok_col = tl.where(valid, ok, False)  # ok as a row vector over the columns j (same index range)
+    bad = tl.sum((a & ~ok_col[None, :]).to(tl.int32), axis=1)
+    node_ok = (bad == 0) & valid
+    score = tl.where(node_ok, dep, -1)
+    best = tl.max(score, axis=0)
+    first = tl.min(tl.where(score == best, i, TP), axis=0)  # argmax: the first row of the largest depth
+    f = tl.load(forced + b)
+    deep = tl.where(f >= 0, f, first.to(tl.int64))
+    on_path = tl.load(anc + (b * T + deep) * T + i, mask=inside, other=0) != 0
+    n = tl.sum(on_path.to(tl.int64), axis=0)
+    # accepted[d] = the path's node at depth d (0 past the path), out[d] = tokens[accepted[d + 1]]
+    at = on_path[:, None] & (dep[:, None] == j[None, :])
+    acc = tl.sum(tl.where(at, i[:, None], 0), axis=0).to(tl.int64)
+    at_next = on_path[:, None] & (dep[:, None] == (j + 1)[None, :])
+    tok0 = tl.load(tokens + b * T)
+    nxt = tl.where(tl.sum(at_next.to(tl.int32), axis=0) > 0, tl.sum(tl.where(at_next, tok[:, None], 0), axis=0),
+                   tok0)
+    nxt = tl.where(j + 1 < T, nxt, 0)
+    nxt = tl.where(j == n - 1, tl.load(pred + b * T + deep), nxt)
+    keep = j < T
+    tl.store(accepted + b * T + j, acc, mask=keep)
+    tl.store(out + b * T + j, nxt, mask=keep)
+    tl.store(deepest + b, deep)
+    tl.store(accept_len + b, n * (tl.load(active + b) != 0).to(tl.int64))
+
+
+def tree_accept(tokens, parents, depth, anc, num_nodes, forced, active, pred):
+    """``tree_accept_reference`` in one launch on a GPU (one program per request; the reference on a CPU)."""
+    if not _kernels(pred):
+        return tree_accept_reference(tokens, parents, depth, anc, num_nodes, forced, active, pred)
+    B, T = tokens.shape
+    dev = pred.device
+    accepted, out = (torch.empty(B, T, dtype=torch.long, device=dev) for _ in range(2))
+    accept_len, deepest = (torch.empty(B, dtype=torch.long, device=dev) for _ in range(2))
+    _tree_accept_kernel[(B,)](tokens.contiguous(), parents.contiguous(), depth.contiguous(),
+                              anc.contiguous().view(torch.uint8), num_nodes.contiguous(), forced.contiguous(),
+                              active.contiguous().view(torch.uint8), pred.contiguous(), accepted, accept_len,
+                              deepest, out, T, TP=max(16, triton.next_power_of_2(T)), num_warps=4)
+    return accepted, accept_len, deepest, out

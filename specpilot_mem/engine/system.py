@@ -40,6 +40,7 @@ from specpilot_kernels.fused_ops import (
     rms_norm,
     select_states,
     silu_mul,
+    tree_accept,
     tree_attention,
     tree_conv_silu,
 )
@@ -645,25 +646,11 @@ class SystemModel:
         """The accepted root path of each tree, on the device. pred [B, T] (the target's token after each row).
 
         Returns (accepted [B, T] node indices root first, accept_len [B], deepest [B], out_tokens [B, T]: the
-        tokens this step commits, the accepted drafted ones then the target's next)."""
-        B, T = buf.shape
-        dev = pred.device
-        valid = torch.arange(T, device=dev)[None, :] < buf.num_nodes[:, None].long()
-        ok = ((buf.parents < 0) | (buf.tokens == pred.gather(1, buf.parents.clamp(min=0)))) & valid
-        accepted_node = ~(buf.anc & ~ok[:, None, :]).any(-1) & valid
-        deepest = torch.where(accepted_node, buf.depth, -1).argmax(1)
-        deepest = torch.where(buf.forced >= 0, buf.forced, deepest)
-        on_path = buf.anc.gather(1, deepest[:, None, None].expand(B, 1, T))[:, 0]
-        accept_len = on_path.sum(1)
-        where = torch.where(on_path, buf.depth, T)
-        accepted = torch.zeros(B, T + 1, dtype=torch.long, device=dev)
-        accepted.scatter_(1, where, torch.arange(T, device=dev).expand(B, T).contiguous())
-        accepted = accepted[:, :T]
-        drafted = buf.tokens.gather(1, accepted)
-        out = torch.cat([drafted[:, 1:], torch.zeros(B, 1, dtype=torch.long, device=dev)], dim=1)
-        out.scatter_(1, (accept_len - 1)[:, None], pred.gather(1, deepest[:, None]))
-        accept_len = accept_len * buf.active
-        return accepted, accept_len, deepest, out
+        tokens this step commits, the accepted drafted ones then the target's next); one launch on a GPU
+        (``fused_ops.tree_accept``)."""
+        return tree_accept(
+            buf.tokens, buf.parents, buf.depth, buf.anc, buf.num_nodes, buf.forced, buf.active, pred.contiguous()
+        )
 
     def commit(
         self, buf: StepBuffers, caches: Caches, saved: dict, feats, accepted, accept_len, deepest, ar: bool = False
