@@ -56,6 +56,7 @@ from triton.compiler import ASTSource
 from specpilot_kernels import fused_ops as F
 
 def compile_for_sm90(fn, types, constants):
+    constants = {"PDL": True, **constants}  # the variant the H200 launches
     names = fn.arg_names
     signature = {n: ("constexpr" if n in constants else types[n]) for n in names}
     source = ASTSource(fn, signature, constexprs={(names.index(n),): v for n, v in constants.items()})

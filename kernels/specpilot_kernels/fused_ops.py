@@ -41,6 +41,29 @@ def _kernels(x: torch.Tensor) -> bool:
     return x.is_cuda or _INTERPRETED
 
 
+_PDL_DEVICES: dict = {}
+
+
+def _pdl(x: torch.Tensor) -> dict:
+    """Launch options for programmatic dependent launch (Hopper and newer; ``SPECPILOT_PDL=0`` switches it off):
+    the kernel is launched while its producer still runs and waits in ``_pdl_start`` for the producer's writes,
+    so the launch latency between the step's hundreds of small dependent kernels overlaps the work before them
+    (SGLang launches its GDN kernel the same way)."""
+    if not x.is_cuda or os.environ.get("SPECPILOT_PDL", "1") == "0":
+        return {}
+    if x.device not in _PDL_DEVICES:
+        _PDL_DEVICES[x.device] = torch.cuda.get_device_capability(x.device)[0] >= 9
+    return {"PDL": True, "launch_pdl": True} if _PDL_DEVICES[x.device] else {}
+
+
+@triton.jit
+def _pdl_start(PDL: tl.constexpr, TRIGGER: tl.constexpr = True):
+    if PDL:  # before any load or store: the producer's writes are visible after the wait
+        tl.extra.cuda.gdc_wait()
+        if TRIGGER:  # let the next PDL kernel launch now (it waits for this one the same way)
+            tl.extra.cuda.gdc_launch_dependents()
+
+
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """(x * rsqrt(mean(x^2) + eps)) rounded to x's dtype, times weight (the engine's model.py RMSNorm)."""
     xf = x.float()
@@ -75,7 +98,8 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rms_norm_kernel(x, w, out, N, eps, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x, w, out, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     keep = cols < N
@@ -87,7 +111,8 @@ def _rms_norm_kernel(x, w, out, N, eps, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _add_rms_norm_kernel(x, delta, w, y, out, N, eps, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(x, delta, w, y, out, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     keep = cols < N
@@ -103,7 +128,8 @@ def _add_rms_norm_kernel(x, delta, w, y, out, N, eps, BLOCK: tl.constexpr):
 
 @triton.jit
 def _tree_conv_silu_kernel(state, x, idx, w, out, raw, T, C, sx, CS: tl.constexpr, BLOCK: tl.constexpr,
-                           RAW: tl.constexpr):
+                           RAW: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
     bt = tl.program_id(0).to(tl.int64)
     b = bt // T
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -126,7 +152,8 @@ def _tree_conv_silu_kernel(state, x, idx, w, out, raw, T, C, sx, CS: tl.constexp
 
 
 @triton.jit
-def _gated_rms_norm_kernel(x, w, gate, out, N, HEADS, sg, eps, BLOCK: tl.constexpr):
+def _gated_rms_norm_kernel(x, w, gate, out, N, HEADS, sg, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     keep = cols < N
@@ -140,7 +167,8 @@ def _gated_rms_norm_kernel(x, w, gate, out, N, HEADS, sg, eps, BLOCK: tl.constex
 
 
 @triton.jit
-def _silu_mul_kernel(gu, out, N, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu, out, N, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     keep = cols < N
@@ -165,7 +193,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     N = x.shape[-1]
     out = torch.empty_like(x)
     _rms_norm_kernel[(x.numel() // N,)](x, weight, out, N, eps, BLOCK=triton.next_power_of_2(N),
-                                        num_warps=8 if N >= 2048 else 4)
+                                        **_pdl(x), num_warps=8 if N >= 2048 else 4)
     return out
 
 
@@ -184,7 +212,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     N = x.shape[-1]
     y, out = torch.empty_like(x), torch.empty_like(x)
     _add_rms_norm_kernel[(x.numel() // N,)](x, delta, weight, y, out, N, eps, BLOCK=triton.next_power_of_2(N),
-                                            num_warps=8 if N >= 2048 else 4)
+                                            **_pdl(x), num_warps=8 if N >= 2048 else 4)
     return y, out
 
 
@@ -214,7 +242,7 @@ def tree_conv_silu(conv_state: torch.Tensor, x: torch.Tensor, conv_idx: torch.Te
     block = min(1024, triton.next_power_of_2(C))
     _tree_conv_silu_kernel[(B * T, triton.cdiv(C, block))](conv_state, x, conv_idx, weight, out,
                                                            out if raw is None else raw, T, C, x.stride(1), CS=CS,
-                                                           BLOCK=block, RAW=raw is not None, num_warps=4)
+                                                           BLOCK=block, RAW=raw is not None, **_pdl(x), num_warps=4)
     return out
 
 
@@ -239,7 +267,7 @@ def gated_rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, ep
         g3 = g3.contiguous()
     out = torch.empty_like(x)
     _gated_rms_norm_kernel[(x.numel() // N,)](x, weight, g3, out, N, heads, g3.stride(0), eps,
-                                              BLOCK=triton.next_power_of_2(N), num_warps=4)
+                                              BLOCK=triton.next_power_of_2(N), **_pdl(x), num_warps=4)
     return out
 
 
@@ -258,7 +286,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows = gate_up.numel() // (2 * N)
     out = torch.empty(*gate_up.shape[:-1], N, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(N))
-    _silu_mul_kernel[(rows, triton.cdiv(N, block))](gate_up, out, N, BLOCK=block, num_warps=4)
+    _silu_mul_kernel[(rows, triton.cdiv(N, block))](gate_up, out, N, BLOCK=block, **_pdl(gate_up), num_warps=4)
     return out
 
 
@@ -289,7 +317,8 @@ def qk_norm_rope_reference(q, k, v, cos, sin, q_weight, k_weight, eps, k_cache=N
 @triton.jit
 def _qk_norm_rope_kernel(q, k, v, cos, sin, qw, kw, q_out, k_out, v_out, kc, vc, slots, sq, sk, sv, kc_b, kc_h,
                          T, HQ, HKV, eps, D: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr,
-                         WRITE: tl.constexpr):
+                         WRITE: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
     bt = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     is_q = h < HQ
@@ -366,7 +395,7 @@ def qk_norm_rope(q, k, v, cos, sin, q_weight, k_weight, eps, k_cache=None, v_cac
         q, k, v, cos.contiguous(), sin.contiguous(), q_weight if norm else q, k_weight if norm else q, q_out, k_out,
         v_out, k_cache if write else q_out, v_cache if write else q_out, slots.contiguous() if write else cos,
         q.stride(1), k.stride(1), v.stride(1), k_cache.stride(0) if write else 0, k_cache.stride(1) if write else 0,
-        T, HQ, HKV, eps, D=D, HALF=D // 2, QK_NORM=norm, WRITE=write, num_warps=1 if D <= 128 else 2)
+        T, HQ, HKV, eps, D=D, HALF=D // 2, QK_NORM=norm, WRITE=write, **_pdl(q), num_warps=1 if D <= 128 else 2)
     return q_out, k_out, v_out
 
 
@@ -398,7 +427,8 @@ def tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, 
 def _tree_attention_split_kernel(q, kc, vc, kr, vr, lengths, anc, part_o, part_m, part_l, T, R, HQ, HKV, REP,
                                  kc_b, kc_h, S, scale, CHUNK: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                                  BM: tl.constexpr, BN: tl.constexpr, HAS_CACHE: tl.constexpr,
-                                 IEEE: tl.constexpr):
+                                 IEEE: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)  # request * HKV + kv head
     blk = tl.program_id(1)
     split = tl.program_id(2)
@@ -464,7 +494,9 @@ def _tree_attention_split_kernel(q, kc, vc, kr, vr, lengths, anc, part_o, part_m
 
 @triton.jit
 def _tree_attention_combine_kernel(part_o, part_m, part_l, gate, out, T, R, HQ, HKV, REP, S, sg,
-                                   D: tl.constexpr, BD: tl.constexpr, SP: tl.constexpr, HAS_GATE: tl.constexpr):
+                                   D: tl.constexpr, BD: tl.constexpr, SP: tl.constexpr, HAS_GATE: tl.constexpr,
+                                   PDL: tl.constexpr = False):
+    _pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)
     r = tl.program_id(1)
     b = pid // HKV
@@ -532,14 +564,15 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None)
         q, k_cache if has_cache else q, v_cache if has_cache else q, k_rows, v_rows,
         lengths if has_cache else anc8, anc8, part_o, part_m, part_l, T, R, HQ, HKV, REP,
         k_cache.stride(0) if has_cache else 0, k_cache.stride(1) if has_cache else 0, S, 1.0 / math.sqrt(D),
-        CHUNK=chunk, D=D, BD=BD, BM=BM, BN=64 if BD <= 128 else 32, HAS_CACHE=has_cache, IEEE=ieee, num_warps=warps)
+        CHUNK=chunk, D=D, BD=BD, BM=BM, BN=64 if BD <= 128 else 32, HAS_CACHE=has_cache, IEEE=ieee, **_pdl(q),
+        num_warps=warps)
     out = torch.empty(B, T, HQ * D, dtype=q.dtype, device=dev)
     if gate is not None and (gate.stride(2) != 1 or gate.stride(0) != T * gate.stride(1)):
         gate = gate.contiguous()
     _tree_attention_combine_kernel[(B * HKV, R)](
         part_o, part_m, part_l, gate if gate is not None else out, out, T, R, HQ, HKV, REP, S,
         gate.stride(1) if gate is not None else 0, D=D, BD=BD, SP=triton.next_power_of_2(S),
-        HAS_GATE=gate is not None, num_warps=2 if BD <= 128 else 4)
+        HAS_GATE=gate is not None, **_pdl(out), num_warps=2 if BD <= 128 else 4)
     return out
 
 
@@ -554,7 +587,9 @@ def select_states_reference(dst, src, index, keep):
 
 
 @triton.jit
-def _select_states_kernel(dst, src, index, keep, B, T, E, dst_g, dst_b, BLOCK: tl.constexpr):
+def _select_states_kernel(dst, src, index, keep, B, T, E, dst_g, dst_b, BLOCK: tl.constexpr,
+                          PDL: tl.constexpr = False):
+    _pdl_start(PDL, False)
     gb = tl.program_id(0).to(tl.int64)
     g = gb // B
     b = gb % B
@@ -583,7 +618,7 @@ def select_states(dst: torch.Tensor, src: torch.Tensor, index: torch.Tensor, kee
         raise ValueError("select_states needs contiguous snapshots and contiguous per-(layer, request) items")
     block = 4096
     _select_states_kernel[(G * B, triton.cdiv(E, block))](dst, src, index.contiguous(), keep.contiguous().view(
-        torch.uint8), B, T, E, dst.stride(0), dst.stride(1), BLOCK=block, num_warps=8)
+        torch.uint8), B, T, E, dst.stride(0), dst.stride(1), BLOCK=block, **_pdl(dst), num_warps=8)
 
 
 def conv_commit_reference(conv, raw, conv_idx, deepest, keep):
@@ -599,7 +634,8 @@ def conv_commit_reference(conv, raw, conv_idx, deepest, keep):
 
 @triton.jit
 def _conv_commit_kernel(conv, raw, idx, deepest, keep, B, T, C, conv_g, conv_b, CS: tl.constexpr,
-                        WP: tl.constexpr, BLOCK: tl.constexpr):
+                        WP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
     gb = tl.program_id(0).to(tl.int64)
     g = gb // B
     b = gb % B
@@ -639,7 +675,7 @@ def conv_commit(conv: torch.Tensor, raw: torch.Tensor, conv_idx: torch.Tensor, d
     _conv_commit_kernel[(G * B, triton.cdiv(C, block))](conv, raw, conv_idx.contiguous(), deepest.contiguous(),
                                                         keep.contiguous().view(torch.uint8), B, T, C, conv.stride(0),
                                                         conv.stride(1), CS=W + 1, WP=triton.next_power_of_2(W),
-                                                        BLOCK=block, num_warps=4)
+                                                        BLOCK=block, **_pdl(conv), num_warps=4)
 
 
 # -- acceptance --------------------------------------------------------------------------------------------------
@@ -673,7 +709,8 @@ def tree_accept_reference(tokens, parents, depth, anc, num_nodes, forced, active
 
 @triton.jit
 def _tree_accept_kernel(tokens, parents, depth, anc, num_nodes, forced, active, pred, accepted, accept_len,
-                        deepest, out, T, TP: tl.constexpr):
+                        deepest, out, T, TP: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
     b = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, TP)  # rows
     j = tl.arange(0, TP)  # columns (ancestors, or output positions)
@@ -723,5 +760,5 @@ def tree_accept(tokens, parents, depth, anc, num_nodes, forced, active, pred):
     _tree_accept_kernel[(B,)](tokens.contiguous(), parents.contiguous(), depth.contiguous(),
                               anc.contiguous().view(torch.uint8), num_nodes.contiguous(), forced.contiguous(),
                               active.contiguous().view(torch.uint8), pred.contiguous(), accepted, accept_len,
-                              deepest, out, T, TP=max(16, triton.next_power_of_2(T)), num_warps=4)
+                              deepest, out, T, TP=max(16, triton.next_power_of_2(T)), **_pdl(pred), num_warps=4)
     return accepted, accept_len, deepest, out
