@@ -141,23 +141,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    doc = {
-        **result_header("w12_wide_breakdown"),
-        "method": "CUDA-graph replay over rotating copies >= 4 x 60 MB, "
-        "median of 12; variants compute wrong products: times only",
-        "shapes": {},
-        "reference": {},
-        "variants": {},
-    }
     real_loader = mma_module.load_cuda_extension
     with tempfile.TemporaryDirectory() as work:
         folders = {variant: prepare(variant, patches, Path(work)) for variant, patches in VARIANTS.items()}
         start = time.perf_counter()
-        # forked before this process touches CUDA; each worker's ninja runs the variant's sources side by side
-        with ProcessPoolExecutor(len(folders), mp_context=multiprocessing.get_context("fork")) as pool:
+        # forked before this process touches CUDA (the result header queries the device, so it comes after); each
+        # worker's ninja runs its variant's sources side by side
+        context = multiprocessing.get_context("spawn" if torch.cuda.is_initialized() else "fork")
+        with ProcessPoolExecutor(len(folders), mp_context=context) as pool:
             failed = dict(zip(folders, pool.map(build_in_worker, folders, folders.values())))
-        doc["build_s"] = time.perf_counter() - start
-        print(f"built {len(folders)} variants in {doc['build_s']:.0f} s", file=sys.stderr, flush=True)
+        build_s = time.perf_counter() - start
+        doc = {
+            **result_header("w12_wide_breakdown"),
+            "method": "CUDA-graph replay over rotating copies >= 4 x 60 MB, "
+            "median of 12; variants compute wrong products: times only",
+            "shapes": {},
+            "reference": {},
+            "variants": {},
+        }
+        doc["build_s"] = build_s
+        print(f"built {len(folders)} variants in {build_s:.0f} s", file=sys.stderr, flush=True)
         device = torch.device("cuda")
         shapes, bf16 = {}, {}
         for name, (n, k) in SHAPES.items():
