@@ -154,7 +154,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
   if (threadIdx.x == 0) {
     for (int i = 0; i < launch.slots; ++i) {
       ptx::mbarrier_init(full + 8 * i, 1);
-      ptx::mbarrier_init(empty + 8 * i, warps * cx);  // one arrival an MMA warp of each block sharing the slot
+      ptx::mbarrier_init(empty + 8 * i, warps * cx);  // one arrival a warp of each block sharing the slot
     }
     ptx::fence_mbarrier_init();
   }
