@@ -65,8 +65,8 @@ L2_BYTES = 60 * 2**20
 REPLAYS = 12
 # --tune: per shape, each bit-neutral choice of a row range timed at these rows (the winner by geometric mean)
 TUNE_BUCKETS = {"17-32": (17, 24, 32), "33-64": (33, 48, 64), "65-128": (96, 128), "129-256": (192, 256)}
-WIDE_TUNE = dict(groups=(4, 2, 1), slots=(4, 6, 3, 2), stages=(2, 3, 4, 0))  # likeliest first: a budget may stop it
-# (0 weight stages: a producer warp brings each chunk's weights with its activations)
+WIDE_TUNE = dict(groups=(4, 2, 1), slots=(4, 6, 3, 2), stages=(2, 3, 4, 0, 1))  # likeliest first: a budget may stop it
+# (0 or 1 weight stages: each chunk's weights carried in the activation slots, a slot a chunk or half of one)
 TUNE_REPLAYS = 5
 SMEM_PER_SM = 227 * 1024  # the H200's shared memory a block may have
 # kernels compared for bits: the per-warp kernel 64 rows at a time is the reference every other must equal
@@ -321,8 +321,9 @@ def wide_fits(groups: int, slots: int, stages: int, slab_tiles: int, m: int) -> 
     """Whether a wide block's shared memory (csrc/w12_wide.cuh wide_smem_bytes) fits a multiprocessor at ``m`` rows."""
     tiles, _ = wide_token_tiles(m, slab_tiles)
     warps = 4 * groups
-    slot = tiles * 2048 + (warps * 3072 if stages == 0 else 0)  # 0 stages: the weights ride in the activation slots
-    loop = slots * slot + warps * stages * 3072 + 16 * slots + warps * 1024
+    slot = tiles * 2048 + (warps * 3072 if stages < 2 else 0)  # 0 or 1 stages: the weights ride in the slots
+    slot //= 2 if stages == 1 else 1  # ... each holding half a chunk
+    loop = slots * slot + (warps * stages * 3072 if stages >= 2 else 0) + 16 * slots + warps * 1024
     return max(loop, warps * 32 * tiles * 16) <= SMEM_PER_SM
 
 

@@ -31,19 +31,21 @@ from specpilot_kernels.w12.mma import MmaConfig, select_mma_config, w12_mma_gemm
 from specpilot_mem.provenance import result_header, write_result  # noqa: E402
 
 BUCKETS = {"33-64": (33, 48, 64), "65-128": (96, 128), "129-256": (192, 256)}
-# (warpgroups, slots, largest slab in token tiles) per range, likeliest first; weight stages 0 (carried)
+# (warpgroups, slots, weight stages, largest slab in token tiles) per range, likeliest first; stages 0: a slot holds a
+# chunk's activations and weights, 1: half a chunk's
 CANDIDATES = {
-    "33-64": [(4, 3, 8), (4, 2, 8), (2, 2, 8), (2, 4, 8), (1, 2, 8), (1, 3, 8), (2, 3, 8)],
-    "65-128": [(4, 2, 16), (2, 2, 16), (2, 3, 16), (1, 2, 16), (4, 2, 8), (2, 2, 8)],
-    "129-256": [(4, 2, 16), (2, 2, 16), (2, 2, 32), (1, 2, 32), (4, 2, 8), (2, 3, 16)],
+    "33-64": [(4, 3, 0, 8), (4, 6, 1, 8), (4, 2, 0, 8), (4, 4, 1, 8), (2, 4, 1, 8), (2, 2, 0, 8), (1, 4, 1, 8)],
+    "65-128": [(4, 2, 0, 16), (4, 4, 1, 16), (4, 5, 1, 16), (2, 3, 1, 16), (4, 6, 1, 8), (2, 2, 0, 16)],
+    "129-256": [(4, 4, 1, 16), (4, 5, 1, 16), (4, 2, 0, 16), (2, 3, 1, 32), (2, 4, 1, 32), (4, 6, 1, 8)],
 }
-# partitions the bits are checked on, each with carried settings at every range
+# partitions the bits are checked on, each with carried settings at every range (whole and half-chunk slots)
 BIT_CONFIGS = {
     "n1_k3_s1_g4": MmaConfig(1, 3, 1, wide_rows=((4, 3, 0, 8), (4, 2, 0, 16), (4, 2, 0, 16))),
+    "n1_k3_s1_g4_half": MmaConfig(1, 3, 1, wide_rows=((4, 6, 1, 8), (4, 4, 1, 16), (2, 3, 1, 32))),
     "n1_k3_s2_g2": MmaConfig(1, 3, 2, wide_rows=((2, 2, 0, 8), (2, 2, 0, 16), (2, 2, 0, 32))),
-    "n1_k8_s2_workspace_g1": MmaConfig(1, 8, 2, wide_rows=((1, 2, 0, 8), (1, 3, 0, 16), (1, 2, 0, 32))),
-    "n2_k4_s3_g2": MmaConfig(2, 4, 3, wide_rows=((2, 4, 0, 8), (2, 2, 0, 8), (2, 2, 0, 16))),
-    "n1_k1_s1_g4": MmaConfig(1, 1, 1, wide_rows=((4, 2, 0, 8), (4, 2, 0, 16), (2, 2, 0, 32))),
+    "n1_k8_s2_workspace_g1_half": MmaConfig(1, 8, 2, wide_rows=((1, 2, 1, 8), (1, 3, 1, 16), (1, 2, 0, 32))),
+    "n2_k4_s3_g2": MmaConfig(2, 4, 3, wide_rows=((2, 4, 1, 8), (2, 2, 0, 8), (2, 2, 1, 16))),
+    "n1_k1_s1_g4": MmaConfig(1, 1, 1, wide_rows=((4, 2, 0, 8), (4, 5, 1, 16), (2, 2, 0, 32))),
 }
 
 
@@ -71,11 +73,11 @@ def time_shape(name: str, deadline: float) -> dict:
             if time.monotonic() > deadline:
                 entry["candidates"][label] = "budget spent"
                 continue
-            groups, slots, slab = setting
-            if not check.wide_fits(groups, slots, 0, slab, rows[-1]):
+            groups, slots, stages, slab = setting
+            if not check.wide_fits(groups, slots, stages, slab, rows[-1]):
                 entry["candidates"][label] = "shared memory does not fit"
                 continue
-            option = with_setting(base, bucket, (groups, slots, 0, slab))
+            option = with_setting(base, bucket, setting)
             try:
                 ran = []
                 w12_mma_gemm(x[: rows[-1]], mmas[0], config=option, launched=ran)
@@ -127,7 +129,7 @@ def main() -> None:
     doc = {
         **result_header("w12_wide_carried"),
         "method": "CUDA-graph replay over rotating copies >= 4 x 60 MB, "
-        f"median of {check.REPLAYS}; candidates = (warpgroups, slots, largest slab), weight stages 0",
+        f"median of {check.REPLAYS}; candidates = (warpgroups, slots, weight stages, largest slab)",
         "shapes": {},
     }
     record_section(doc, "build", check.build, args.out)

@@ -194,8 +194,8 @@ MAX_SHARED_X_RING = 8
 # (9-16, 17-32, 33-64) a number of warpgroups of 4 tiles a K class a block (0: per-warp mma.sync). 4-tile warpgroups
 # make few blocks, which one-wave grids feel most, so it is per shape and row range.
 MAX_WGMMA_WARPS_PER_BLOCK = 32
-# sm_90a, 33-256 rows: the wide kernel, ``wide`` = (warpgroups a block, activation slots, weight stages a warp; 0
-# stages: a producer warp brings each chunk's weights into the activation slot with it) at
+# sm_90a, 33-256 rows: the wide kernel, ``wide`` = (warpgroups a block, activation slots, weight stages a warp; 0 or 1
+# stages: each chunk's weights carried in the activation slots, a slot holding the whole chunk (0) or half of it (1)) at
 # every row count, or ``wide_rows`` = one (warpgroups, slots, stages, largest slab in token tiles of 8 rows[, multicast])
 # per WIDE_BUCKETS range; the launch picks the smallest built slab that holds the rows (one slab where the largest
 # allows, so each weight is decoded once). Multicast (1, 2 or 4, one slab only): that many neighbouring tile groups
@@ -256,14 +256,14 @@ class MmaConfig:
         groups, slots, stages = self.wide if len(self.wide) == 3 else (-1, 0, 0)
         if not _wide_setting_ok(groups, slots, stages, 16):
             raise W12Error(f"wide={self.wide}: (warpgroups a block 0-{MAX_WIDE_GROUPS}, activation slots 2-"
-                           f"{MAX_WIDE_SLOTS}, weight stages 2-{MAX_WIDE_STAGES} or 0)", where="MmaConfig.wide",
+                           f"{MAX_WIDE_SLOTS}, weight stages 0-{MAX_WIDE_STAGES})", where="MmaConfig.wide",
                            fix="use e.g. (1, 2, 3), or (0, 2, 2) for off")
         object.__setattr__(self, "wide_rows", tuple(tuple(w) for w in self.wide_rows))
         if self.wide_rows and (len(self.wide_rows) != len(WIDE_BUCKETS)
                                or not all(len(w) in (4, 5) and _wide_setting_ok(*w) for w in self.wide_rows)):
             raise W12Error(f"wide_rows={self.wide_rows}: one (warpgroups 0-{MAX_WIDE_GROUPS}, slots 2-{MAX_WIDE_SLOTS}, "
-                           f"stages 2-{MAX_WIDE_STAGES} or 0, largest slab in {WIDE_TOKEN_TILES} token tiles[, multicast 1, "
-                           "2 or 4]) for each of 33-64, 65-128 and 129-256 rows", where="MmaConfig.wide_rows",
+                           f"stages 0-{MAX_WIDE_STAGES}, largest slab in {WIDE_TOKEN_TILES} token tiles[, multicast 1, "
+                           "2 or 4 with 2+ stages]) for each of 33-64, 65-128 and 129-256 rows", where="MmaConfig.wide_rows",
                            fix="e.g. ((4, 4, 2, 8), (4, 3, 2, 16), (2, 2, 2, 32)), or () for `wide` everywhere")
         warps_n, warps_k, splits = self.tail if len(self.tail) == 3 else (-1, -1, -1)
         one_region = self.tail_rows == 0 and self.tail == (0, 0, 0)
@@ -370,8 +370,8 @@ def select_mma_config(n: int, k: int, device: torch.device) -> MmaConfig:
 
 def _wide_setting_ok(groups: int, slots: int, stages: int, slab_tiles: int, multicast: int = 1) -> bool:
     return groups == 0 or (1 <= groups <= MAX_WIDE_GROUPS and 2 <= slots <= MAX_WIDE_SLOTS
-                           and (2 <= stages <= MAX_WIDE_STAGES or stages == 0) and slab_tiles in WIDE_TOKEN_TILES
-                           and multicast in ((1,) if stages == 0 else (1, 2, 4)))
+                           and 0 <= stages <= MAX_WIDE_STAGES and slab_tiles in WIDE_TOKEN_TILES
+                           and multicast in ((1,) if stages < 2 else (1, 2, 4)))
 
 
 def wide_token_tiles(m: int, largest: int = 16) -> tuple[int, int]:

@@ -42,16 +42,19 @@ __host__ __device__ constexpr int wide_chunk_bytes() { return 8 * wide_step_byte
 constexpr int kWideStageBytes = kBlocksPerChunk * kStagedBlockWords * 16;  // a warp's chunk of weights, staged
 constexpr int kWideViewBytes = kBlocksPerChunk * 32 * 16;  // a tile's chunk of view words (then its nibble words)
 
-// Bytes of a ring slot: the chunk's activation image, then (stages = 0) every warp's chunk of weights.
+// Bytes of a ring slot: the chunk's activation image, then (stages = 0) every warp's chunk of weights; with 1
+// stage half of each (a slot holds half a chunk).
 template <int MT>
 __host__ __device__ __forceinline__ int wide_slot_bytes(int warps, int stages) {
-  return wide_chunk_bytes<MT>() + (stages == 0 ? warps * kWideStageBytes : 0);
+  return stages == 0   ? wide_chunk_bytes<MT>() + warps * kWideStageBytes
+         : stages == 1 ? (wide_chunk_bytes<MT>() + warps * kWideStageBytes) / 2
+                       : wide_chunk_bytes<MT>();
 }
 
 // What a launch fixes beyond W12MmaArgs (no bit depends on any of it).
 struct WideLaunch {
   int slots;       // activation slots of the block (2-kMaxWideSlots)
-  int stages;      // weight stages a warp (2-kMaxWideStages); 0: the weights come in the activation slots
+  int stages;      // weight stages a warp (2-kMaxWideStages); 0 (1): weights in the slots, a slot a chunk (half)
   int slabs;       // token slabs of MT * 8 rows
   int cluster;     // blocks a cluster along y: K classes x splits (or K classes alone; splits then through args.partial)
   int splits;      // K splits of the partition
@@ -63,8 +66,9 @@ struct WideLaunch {
 template <int MT, int LOW_BITS>
 __host__ __device__ __forceinline__ size_t wide_smem_bytes(int groups, int slots, int stages) {
   const size_t warps = 4 * groups;
-  const size_t loop = (size_t)slots * wide_slot_bytes<MT>((int)warps, stages) + warps * stages * kWideStageBytes +
-                      16 * slots + (LOW_BITS == 0 ? warps * kEscapeScratchBytes : 0);
+  const size_t rings = stages >= 2 ? warps * stages * kWideStageBytes : 0;  // weight stages of the warps' own
+  const size_t loop = (size_t)slots * wide_slot_bytes<MT>((int)warps, stages) + rings + 16 * slots +
+                      (LOW_BITS == 0 ? warps * kEscapeScratchBytes : 0);
   const size_t sums = warps * 32 * MT * 16;
   return loop > sums ? loop : sums;
 }
@@ -123,7 +127,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
-  constexpr bool carried = CARRIED;  // the weights come in the activation slots (launch.stages = 0)
+  constexpr bool carried = CARRIED;  // the weights come in the activation slots (launch.stages 0 or 1)
   const int g = lane >> 2, t = lane & 3;
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
@@ -139,8 +143,9 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
   const uint32_t slots_s = ptx::shared_address(base);
   const int slot_bytes = wide_slot_bytes<MT>(warps, launch.stages);
   const uint32_t stages_s = slots_s + launch.slots * slot_bytes;
-  const uint32_t warp_stages = stages_s + warp * launch.stages * kWideStageBytes;
-  const uint32_t full = stages_s + warps * launch.stages * kWideStageBytes;  // [slots] mbarriers, then [slots] empty ones
+  const int own_stages = carried ? 0 : launch.stages;  // the warps' own weight stages
+  const uint32_t warp_stages = stages_s + warp * own_stages * kWideStageBytes;
+  const uint32_t full = stages_s + warps * own_stages * kWideStageBytes;  // [slots] mbarriers, then [slots] empty ones
   const uint32_t empty = full + 8 * launch.slots;
   const uint32_t scratch = full + 16 * launch.slots + warp * kEscapeScratchBytes;
   // Multicast: the x-neighbours of a cluster (same K class and split, neighbouring tile groups) read the same
@@ -183,7 +188,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
       }
       ptx::cp_async_commit();
     };
-    for (int i = 0; i < launch.stages - 1; ++i) copy_weights(i < count, i);  // none when carried
+    for (int i = 0; i < (carried ? 0 : launch.stages - 1); ++i) copy_weights(i < count, i);
 
     const uint4* image = x_image + (size_t)slab * chunks * (kChunkBytes / 16);
     const bool copier = !carried && threadIdx.x == 0;
@@ -203,41 +208,47 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
       wait_before_reading_x(args);  // the image is the permute kernel's output
       for (int i = 0; i < min(count, launch.slots); ++i) copy_chunk(i);
     }
-    // Carried weights: warp 0 fills chunk i's slot, lane l < warps with tile l's weights, the last lane with the image.
-    const uint32_t carried_bytes = slot_bytes - (LOW_BITS == 0 ? 0 : warps * (kWideStageBytes - kWideViewBytes));
+    // Carried weights: a slot holds a piece of a chunk (the whole chunk, or with 1 "stage" half of it: 2 of its 4
+    // 32-column blocks), piece n = chunk n / pieces's part n % pieces; warp 0 fills piece n's slot, lane l < warps
+    // with that piece of tile l's weights, the last lane with that piece of the image (each contiguous).
+    const int pieces = carried && launch.stages == 1 ? 2 : 1;
+    const int piece_bytes = kChunkBytes / pieces, piece_weights = kWideStageBytes / pieces;
+    const uint32_t carried_bytes = slot_bytes - (LOW_BITS == 0 ? 0 : warps * (kWideStageBytes - kWideViewBytes) / pieces);
     const size_t tile_words = (size_t)min((blockIdx.x / launch.slabs) * warps + min(lane, warps - 1), tiles - 1) *
                               (chunks * kBlocksPerChunk) * 32;
     const uint4* my_view = reinterpret_cast<const uint4*>(args.view) + tile_words;
     const uint2* my_nibs = reinterpret_cast<const uint2*>(args.nibbles) + tile_words;
-    auto fill_weights = [&](int i) {
-      const int s = i % launch.slots;
+    auto fill_weights = [&](int n) {
+      const int s = n % launch.slots;
       if (lane == 0) ptx::mbarrier_arrive_expecting(full + 8 * s, carried_bytes);
       __syncwarp();  // the bytes are expected before any copy completes
       if (lane < warps) {
         const uint64_t read_once = ptx::evict_first_policy();
-        const size_t at = (size_t)(first + i * args.warps_k) * kBlocksPerChunk * 32;
-        const uint32_t words = slots_s + s * slot_bytes + kChunkBytes + lane * kWideStageBytes;
-        bulk_copy_hinted(words, my_view + at, kWideViewBytes, full + 8 * s, read_once);
+        const size_t at = ((size_t)(first + n / pieces * args.warps_k) * kBlocksPerChunk + n % pieces * 2) * 32;
+        const uint32_t words = slots_s + s * slot_bytes + piece_bytes + lane * piece_weights;
+        bulk_copy_hinted(words, my_view + at, kWideViewBytes / pieces, full + 8 * s, read_once);
         if (LOW_BITS == 0)
-          bulk_copy_hinted(words + kWideViewBytes, my_nibs + at, kWideStageBytes - kWideViewBytes, full + 8 * s,
-                           read_once);
+          bulk_copy_hinted(words + kWideViewBytes / pieces, my_nibs + at, (kWideStageBytes - kWideViewBytes) / pieces,
+                           full + 8 * s, read_once);
       }
     };
-    auto fill_x = [&](int i) {
-      const int s = i % launch.slots;
+    auto fill_x = [&](int n) {
+      const int s = n % launch.slots;
       if (lane == 31)
-        ptx::bulk_copy_to_shared(slots_s + s * slot_bytes, image + (size_t)(first + i * args.warps_k) * (kChunkBytes / 16),
-                                 kChunkBytes, full + 8 * s);
+        ptx::bulk_copy_to_shared(slots_s + s * slot_bytes,
+                                 image + ((size_t)(first + n / pieces * args.warps_k) * kChunkBytes + n % pieces *
+                                          piece_bytes) / 16, piece_bytes, full + 8 * s);
     };
-    int next_fill = carried ? min(count, launch.slots) : count;  // warp 0: the next chunk whose slot it fills
+    const int total = count * pieces;  // pieces of the loop
+    int next_fill = carried ? min(total, launch.slots) : total;  // warp 0: the next piece whose slot it fills
     if (carried && warp == 0) {  // the weights need no wait for the kernel before (written long before); x does
-      for (int i = 0; i < next_fill; ++i) fill_weights(i);
+      for (int n = 0; n < next_fill; ++n) fill_weights(n);
       if (lane == 31) wait_before_reading_x(args);  // the image is the permute kernel's output
-      for (int i = 0; i < next_fill; ++i) fill_x(i);
+      for (int n = 0; n < next_fill; ++n) fill_x(n);
     }
-    // Warp 0 refills the next slot once every warp released its chunk: at once if `wait`, else only if that happened.
+    // Warp 0 refills the next slot once every warp released its piece: at once if `wait`, else only if that happened.
     auto refill = [&](bool wait) {
-      if (!carried || warp != 0 || next_fill >= count) return;
+      if (!carried || warp != 0 || next_fill >= total) return;
       const int s = next_fill % launch.slots;
       const uint32_t parity = ((next_fill / launch.slots) - 1) & 1;
       if (wait) {
@@ -249,6 +260,10 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
       fill_x(next_fill);
       ++next_fill;
     };
+    auto release = [&](int n) {  // carried: piece n's MMAs are done, its slot free for piece n + slots
+      __syncwarp();
+      if (lane == 0) ptx::mbarrier_arrive(empty + 8 * (n % launch.slots));
+    };
     const uint32_t desc_lo0 = ((slots_s & 0x3FFFF) >> 4) | ((MT * 128 >> 4) << 16);  // slot 0's image
     constexpr uint64_t kDescHi = (uint64_t)(128 >> 4) << 32;
     uint32_t a[2][1][8];  // two register sets of one block's A fragments: block b's MMAs run while b + 1 is decoded
@@ -259,11 +274,8 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
         esc.advance();
         if (i + 1 < count) esc.fetch(args, i + 1, first, args.warps_k);
       }
-      uint32_t words;  // this warp's chunk of weights
-      if (carried) {
-        while (next_fill <= i) refill(true);  // warp 0 needs chunk i itself: its slot must be filled now
-        words = slots_s + slot * slot_bytes + kChunkBytes + warp * kWideStageBytes;
-      } else {
+      uint32_t words = 0, desc_lo = 0;  // this warp's weights (carried: of the piece) and the image's descriptor
+      if (!carried) {
         // chunk i + stages - 1 into the stage chunk i - 1 left (every lane read it before the last __syncwarp), then
         // wait for chunk i's own copy group
         copy_weights(i + launch.stages - 1 < count, previous);
@@ -271,16 +283,25 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
         __syncwarp();
         words = warp_stages + stage * kWideStageBytes;
       }
-      // carried: its weights too
-      ptx::mbarrier_wait(full + 8 * slot, phase);  // the chunk's activations have landed
-      const uint32_t desc_lo = desc_lo0 + slot * (slot_bytes >> 4);
 #pragma unroll
       for (int u = 0; u < kBlocksPerChunk; ++u) {
         uint32_t(&set)[1][8] = a[u & 1];
+        const int u0 = pieces == 2 ? u & 2 : 0;  // the piece's first block
+        if (u == u0) {  // a piece (the chunk, or its half) begins: its slot's bytes must have landed
+          if (carried) {
+            while (next_fill <= i * pieces + u0 / 2) refill(true);  // warp 0 needs this piece itself: fill it now
+            words = slots_s + slot * slot_bytes + piece_bytes + warp * piece_weights;
+          }
+          ptx::mbarrier_wait(full + 8 * slot, phase);  // the chunk's activations (carried: and weights) have landed
+          desc_lo = desc_lo0 + slot * (slot_bytes >> 4);
+        }
         // free this register set: all but the latest group done (block u - 2's MMAs, of this chunk or the last)
         ptx::wgmma_wait<1>();
         fence_accumulators(d);
-        if (u == 1 && i > 0) {  // chunk i - 1's MMAs are done: release its slot, which then takes chunk i - 1 + slots
+        if (carried) {  // the pieces whose MMAs are now done: chunk i - 1's last, or chunk i's first half
+          if (u == 1 && i > 0) release(i * pieces - 1);
+          if (pieces == 2 && u == 3) release(2 * i);
+        } else if (u == 1 && i > 0) {  // chunk i - 1's MMAs are done: release its slot, which then takes chunk i - 1 + slots
           __syncwarp();
           const int released = (i - 1) % launch.slots;
           if (cx == 1) {
@@ -301,22 +322,28 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
         refill(false);
         uint4 v;
         uint2 nb;
-        read_staged_block<kBlocksPerChunk, LOW_BITS>(words, u, lane, v, nb);
+        if (pieces == 2)
+          read_staged_block<kBlocksPerChunk / 2, LOW_BITS>(words, u - u0, lane, v, nb);
+        else
+          read_staged_block<kBlocksPerChunk, LOW_BITS>(words, u, lane, v, nb);
         decode_block<LOW_BITS>(set[0], v, nb, one.base_lo, one.base_hi);
         if (LOW_BITS == 0) esc.template patch<1>(set, u, args, i, first, args.warps_k, scratch, lane);
         ptx::wgmma_fence();
 #pragma unroll
         for (int s = 0; s < 2; ++s)
-          wide_wgmma<8 * MT>(d, &set[0][4 * s], kDescHi | (desc_lo + (2 * u + s) * (wide_step_bytes<MT>() >> 4)));
+          wide_wgmma<8 * MT>(d, &set[0][4 * s],
+                             kDescHi | (desc_lo + (2 * (u - u0) + s) * (wide_step_bytes<MT>() >> 4)));
         ptx::wgmma_commit();
         fence_accumulators(d);
+        if (u == kBlocksPerChunk - 1 || (pieces == 2 && u == 1)) {  // the piece is done: the next one's slot
+          if (++slot == launch.slots) {
+            slot = 0;
+            phase ^= 1;
+          }
+        }
       }
       previous = stage;
       stage = stage + 1 >= launch.stages ? 0 : stage + 1;
-      if (++slot == launch.slots) {
-        slot = 0;
-        phase ^= 1;
-      }
     }
     ptx::wgmma_wait<0>();
     fence_accumulators(d);
@@ -393,13 +420,14 @@ cudaError_t launch_slabs(const W12MmaArgs& args, const W12Wide& wide, int groups
   // K classes and splits in one cluster where they fit 8 blocks; else the classes, and the splits through the workspace
   launch.cluster = args.warps_k * splits <= 8 ? args.warps_k * splits : args.warps_k;
   if (launch.cluster > 8 || launch.slots < 2 || launch.slots > kMaxWideSlots ||
-      (launch.stages != 0 && (launch.stages < 2 || launch.stages > kMaxWideStages)))
+      launch.stages < 0 || launch.stages > kMaxWideStages)
     return cudaErrorInvalidValue;
   if (launch.cluster < args.warps_k * splits && !args.partial) return cudaErrorInvalidValue;  // needs the workspace
+  if (CARRIED != (launch.stages < 2)) return cudaErrorInvalidValue;  // 0 or 1 stages: the carried instantiation
   // tile groups sharing activation copies: one slab (neighbouring blocks are then neighbouring tile groups), at most
   // 16 blocks a cluster (more than 8: a non-portable cluster size)
   if (wide.multicast != 1 && wide.multicast != 2 && wide.multicast != 4) return cudaErrorInvalidValue;
-  if (wide.multicast != 1 && wide.stages == 0) return cudaErrorInvalidValue;  // carried weights: one block's own
+  if (wide.multicast != 1 && wide.stages < 2) return cudaErrorInvalidValue;  // carried weights: one block's own
   if (launch.slabs == 1 && wide.multicast * launch.cluster <= 16) launch.multicast = wide.multicast;
   W12MmaArgs launched = args;
   if (launch.cluster == args.warps_k * splits) launched.partial = nullptr;

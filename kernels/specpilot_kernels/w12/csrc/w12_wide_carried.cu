@@ -1,4 +1,5 @@
-// The wide kernel's launches with the weights carried in the activation slots (weight stages 0; w12_wide.cuh).
+// The wide kernel's launches with the weights carried in the activation slots (weight stages 0: a slot a chunk, 1:
+// a slot half a chunk; w12_wide.cuh).
 #include "w12_wide.cuh"
 
 namespace w12 {
