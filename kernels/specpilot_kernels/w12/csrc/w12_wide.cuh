@@ -289,7 +289,8 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
         const int u0 = pieces == 2 ? u & 2 : 0;  // the piece's first block
         if (u == u0) {  // a piece (the chunk, or its half) begins: its slot's bytes must have landed
           if (carried) {
-            while (next_fill <= i * pieces + u0 / 2) refill(true);  // warp 0 needs this piece itself: fill it now
+            if (warp == 0)  // warp 0 needs this piece itself: it fills it now (its next_fill alone is kept)
+              while (next_fill <= i * pieces + u0 / 2) refill(true);
             words = slots_s + slot * slot_bytes + piece_bytes + warp * piece_weights;
           }
           ptx::mbarrier_wait(full + 8 * slot, phase);  // the chunk's activations (carried: and weights) have landed
