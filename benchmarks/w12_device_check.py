@@ -323,7 +323,8 @@ def wide_fits(groups: int, slots: int, stages: int, slab_tiles: int, m: int) -> 
     warps = 4 * groups
     slot = tiles * 2048 + (warps * 3072 if stages < 2 else 0)  # 0 or 1 stages: the weights ride in the slots
     slot //= 2 if stages == 1 else 1  # ... each holding half a chunk
-    loop = slots * slot + (warps * stages * 3072 if stages >= 2 else 0) + 16 * slots + warps * 1024
+    rings = warps * stages * 3072 if stages >= 2 else warps * slots * 8  # own stages, or own weight barriers
+    loop = slots * slot + rings + 16 * slots + warps * 1024
     return max(loop, warps * 32 * tiles * 16) <= SMEM_PER_SM
 
 

@@ -67,7 +67,8 @@ template <int MT, int LOW_BITS>
 __host__ __device__ __forceinline__ size_t wide_smem_bytes(int groups, int slots, int stages) {
   const size_t warps = 4 * groups;
   const size_t rings = stages >= 2 ? warps * stages * kWideStageBytes : 0;  // weight stages of the warps' own
-  const size_t loop = (size_t)slots * wide_slot_bytes<MT>((int)warps, stages) + rings + 16 * slots +
+  const size_t own_bars = stages < 2 ? warps * slots * 8 : 0;  // carried: each warp's barriers of its weights
+  const size_t loop = (size_t)slots * wide_slot_bytes<MT>((int)warps, stages) + rings + 16 * slots + own_bars +
                       (LOW_BITS == 0 ? warps * kEscapeScratchBytes : 0);
   const size_t sums = warps * 32 * MT * 16;
   return loop > sums ? loop : sums;
@@ -147,7 +148,9 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
   const uint32_t warp_stages = stages_s + warp * own_stages * kWideStageBytes;
   const uint32_t full = stages_s + warps * own_stages * kWideStageBytes;  // [slots] mbarriers, then [slots] empty ones
   const uint32_t empty = full + 8 * launch.slots;
-  const uint32_t scratch = full + 16 * launch.slots + warp * kEscapeScratchBytes;
+  const uint32_t own_full = empty + 8 * launch.slots + warp * launch.slots * 8;  // carried: [warps][slots] mbarriers
+  const uint32_t scratch =
+      full + 16 * launch.slots + (carried ? warps * launch.slots * 8 : 0) + warp * kEscapeScratchBytes;
   // Multicast: the x-neighbours of a cluster (same K class and split, neighbouring tile groups) read the same
   // activations; the first of them (the leader) copies each chunk into all of their slots, once all of their warps
   // released it. Ranks run x first: rank = x + y * multicast.
@@ -161,6 +164,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
       ptx::mbarrier_init(full + 8 * i, 1);
       ptx::mbarrier_init(empty + 8 * i, warps * cx);  // one arrival a warp of each block sharing the slot
     }
+    for (int i = 0; carried && i < warps * launch.slots; ++i) ptx::mbarrier_init(empty + 8 * launch.slots + 8 * i, 1);
     ptx::fence_mbarrier_init();
   }
   if (cx > 1)
@@ -209,44 +213,44 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
       for (int i = 0; i < min(count, launch.slots); ++i) copy_chunk(i);
     }
     // Carried weights: a slot holds a piece of a chunk (the whole chunk, or with 1 "stage" half of it: 2 of its 4
-    // 32-column blocks), piece n = chunk n / pieces's part n % pieces; warp 0 fills piece n's slot, lane l < warps
-    // with that piece of tile l's weights, the last lane with that piece of the image (each contiguous).
+    // 32-column blocks), piece n = chunk n / pieces's part n % pieces: that piece of the image, then of each warp's
+    // tile's weights (each contiguous). The image part is shared: warp 0 refills it once every warp released it
+    // (full / empty barriers). A warp's weight part is read by that warp alone, so the warp refills it itself as soon
+    // as it released the piece (its own barrier a slot): no warp waits for another's weights.
     const int pieces = carried && launch.stages == 1 ? 2 : 1;
     const int piece_bytes = kChunkBytes / pieces, piece_weights = kWideStageBytes / pieces;
-    const uint32_t carried_bytes = slot_bytes - (LOW_BITS == 0 ? 0 : warps * (kWideStageBytes - kWideViewBytes) / pieces);
-    const size_t tile_words = (size_t)min((blockIdx.x / launch.slabs) * warps + min(lane, warps - 1), tiles - 1) *
-                              (chunks * kBlocksPerChunk) * 32;
-    const uint4* my_view = reinterpret_cast<const uint4*>(args.view) + tile_words;
-    const uint2* my_nibs = reinterpret_cast<const uint2*>(args.nibbles) + tile_words;
-    auto fill_weights = [&](int n) {
+    const uint32_t own_bytes = (LOW_BITS == 0 ? kWideStageBytes : kWideViewBytes) / pieces;
+    const size_t own_words = (size_t)min(tile, tiles - 1) * (chunks * kBlocksPerChunk) * 32;  // the tile's fragments
+    const int total = count * pieces;  // pieces of the loop
+    auto fill_own = [&](int n) {  // this warp's weights of piece n into its part of piece n's slot
       const int s = n % launch.slots;
-      if (lane == 0) ptx::mbarrier_arrive_expecting(full + 8 * s, carried_bytes);
+      if (lane == 0) ptx::mbarrier_arrive_expecting(own_full + 8 * s, own_bytes);
       __syncwarp();  // the bytes are expected before any copy completes
-      if (lane < warps) {
-        const uint64_t read_once = ptx::evict_first_policy();
-        const size_t at = ((size_t)(first + n / pieces * args.warps_k) * kBlocksPerChunk + n % pieces * 2) * 32;
-        const uint32_t words = slots_s + s * slot_bytes + piece_bytes + lane * piece_weights;
-        bulk_copy_hinted(words, my_view + at, kWideViewBytes / pieces, full + 8 * s, read_once);
-        if (LOW_BITS == 0)
-          bulk_copy_hinted(words + kWideViewBytes / pieces, my_nibs + at, (kWideStageBytes - kWideViewBytes) / pieces,
-                           full + 8 * s, read_once);
-      }
+      const size_t at = own_words + ((size_t)(first + n / pieces * args.warps_k) * kBlocksPerChunk + n % pieces * 2) * 32;
+      const uint32_t words = slots_s + s * slot_bytes + piece_bytes + warp * piece_weights;
+      if (lane == 0)
+        bulk_copy_hinted(words, reinterpret_cast<const uint4*>(args.view) + at, kWideViewBytes / pieces, own_full + 8 * s,
+                         ptx::evict_first_policy());
+      if (LOW_BITS == 0 && lane == 1)
+        bulk_copy_hinted(words + kWideViewBytes / pieces, reinterpret_cast<const uint2*>(args.nibbles) + at,
+                         (kWideStageBytes - kWideViewBytes) / pieces, own_full + 8 * s, ptx::evict_first_policy());
     };
-    auto fill_x = [&](int n) {
+    auto fill_x = [&](int n) {  // warp 0: piece n of the image into its slot
       const int s = n % launch.slots;
-      if (lane == 31)
+      if (lane == 31) {
+        ptx::mbarrier_arrive_expecting(full + 8 * s, piece_bytes);
         ptx::bulk_copy_to_shared(slots_s + s * slot_bytes,
                                  image + ((size_t)(first + n / pieces * args.warps_k) * kChunkBytes + n % pieces *
                                           piece_bytes) / 16, piece_bytes, full + 8 * s);
+      }
     };
-    const int total = count * pieces;  // pieces of the loop
-    int next_fill = carried ? min(total, launch.slots) : total;  // warp 0: the next piece whose slot it fills
-    if (carried && warp == 0) {  // the weights need no wait for the kernel before (written long before); x does
-      for (int n = 0; n < next_fill; ++n) fill_weights(n);
-      if (lane == 31) wait_before_reading_x(args);  // the image is the permute kernel's output
-      for (int n = 0; n < next_fill; ++n) fill_x(n);
+    int next_fill = carried ? min(total, launch.slots) : total;  // warp 0: the next piece whose image it fills
+    if (carried) {  // the weights need no wait for the kernel before (written long before); the image does
+      for (int n = 0; n < next_fill; ++n) fill_own(n);
+      if (warp == 0 && lane == 31) wait_before_reading_x(args);  // the image is the permute kernel's output
+      for (int n = 0; warp == 0 && n < next_fill; ++n) fill_x(n);
     }
-    // Warp 0 refills the next slot once every warp released its piece: at once if `wait`, else only if that happened.
+    // Warp 0 refills the next image slot once every warp released it: at once if `wait`, else only if that happened.
     auto refill = [&](bool wait) {
       if (!carried || warp != 0 || next_fill >= total) return;
       const int s = next_fill % launch.slots;
@@ -256,13 +260,13 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
       } else if (!__shfl_sync(kFullWarp, lane == 0 ? mbarrier_ready(empty + 8 * s, parity) : 0, 0)) {
         return;
       }
-      fill_weights(next_fill);
       fill_x(next_fill);
       ++next_fill;
     };
-    auto release = [&](int n) {  // carried: piece n's MMAs are done, its slot free for piece n + slots
+    auto release = [&](int n) {  // carried: piece n's MMAs are done: its image part to warp 0, its weights refilled
       __syncwarp();
       if (lane == 0) ptx::mbarrier_arrive(empty + 8 * (n % launch.slots));
+      if (n + launch.slots < total) fill_own(n + launch.slots);
     };
     const uint32_t desc_lo0 = ((slots_s & 0x3FFFF) >> 4) | ((MT * 128 >> 4) << 16);  // slot 0's image
     constexpr uint64_t kDescHi = (uint64_t)(128 >> 4) << 32;
@@ -293,7 +297,8 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
               while (next_fill <= i * pieces + u0 / 2) refill(true);
             words = slots_s + slot * slot_bytes + piece_bytes + warp * piece_weights;
           }
-          ptx::mbarrier_wait(full + 8 * slot, phase);  // the chunk's activations (carried: and weights) have landed
+          if (carried) ptx::mbarrier_wait(own_full + 8 * slot, phase);  // this warp's weights of the piece have landed
+          ptx::mbarrier_wait(full + 8 * slot, phase);  // the chunk's activations have landed
           desc_lo = desc_lo0 + slot * (slot_bytes >> 4);
         }
         // free this register set: all but the latest group done (block u - 2's MMAs, of this chunk or the last)
