@@ -17,15 +17,16 @@
 // decodes and patches the two k16 A fragments into one of two register sets and issues their MMAs, so the tensor
 // cores run block b's MMAs while the warp decodes block b + 1 (a wait on all but the latest group frees a set).
 //
-// With 0 weight stages (`stages` = 0) each ring slot carries a chunk's activations AND that chunk's weights of every
-// tile of the block (bulk copies of each tile's contiguous 2 KB view and 1 KB nibble runs), one full barrier a slot for
-// both, and the block's first warp refills a slot as soon as every warp released it: it checks at every 32-column
-// block without waiting, and waits only when it needs that very chunk itself. So no warp waits on an empty barrier
-// while it has work (the copier of the mode above waits there, which holds its warpgroup, and through the ring the
-// block, to the pace of the slowest warp), no warp issues weight copies of its own, and the slots, not per-warp rings,
-// set how far ahead the weights are. (A separate producer warp would cost a block four warps' worth of registers:
-// warps are allocated registers a multiprocessor quarter at a time.) The same sums in the same order: only where the
-// operands come from changes.
+// With 0 weight stages each ring slot carries a chunk's activations AND that chunk's weights of every tile of the
+// block (bulk copies of each tile's contiguous 2 KB view and 1 KB nibble runs); with 1 stage a slot holds half of each
+// (two of the chunk's four 32-column blocks). A warp's weights in a slot are read by that warp alone, so it refills
+// them itself as soon as it released the slot (a barrier a warp and slot); the activations are shared, so the
+// block's first warp refills them once every warp released the slot, checking at every 32-column block without
+// waiting and waiting only when it needs that very piece itself. No warp waits for another's weights, and no warp
+// waits on an empty barrier while it has work (the copier of the mode above does, which holds its warpgroup, and
+// through the ring the block, to the pace of the slowest warp). (A separate producer warp would cost a block four
+// warps' worth of registers: warps are allocated registers a multiprocessor quarter at a time.) The same sums in the
+// same order: only where the operands come from changes.
 #pragma once
 #include "w12_common.cuh"
 #include "w12_wide_ptx.cuh"
