@@ -81,6 +81,11 @@ CHECK_CONFIGS = {
     "tail": MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide=(1, 2, 3)),
     "n1_k3_s2_one_slab": MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
     "n1_k8_s2_deep": MmaConfig(1, 8, 2, wide_rows=((2, 6, 6, 8), (1, 6, 6, 16), (1, 2, 6, 24))),
+    # weights carried in the activation slots: a chunk a slot (0 stages), half a chunk (1), and a tail's workspace
+    "n1_k3_s2_carried": MmaConfig(1, 3, 2, wide_rows=((4, 3, 0, 8), (4, 4, 1, 16), (2, 3, 1, 32))),
+    "tail_carried": MmaConfig(
+        1, 2, 1, tail_rows=256, tail=(1, 8, 2), wide_rows=((4, 6, 1, 8), (4, 2, 0, 16), (4, 5, 1, 16))
+    ),
 }
 # the wide kernel's activation multicast (clusters along x), checked in a process of its own first (section
 # "multicast"): a fault there must not cost the rest of the run
