@@ -123,7 +123,7 @@ def time_shape(name: str, deadline: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--shapes", default="qkv,o_proj,down,gate_up")
+    parser.add_argument("--shapes", default="qkv,o_proj,down,gate_up,lm_head")
     parser.add_argument("--budget", type=float, default=150.0, help="seconds the timing may take over all shapes")
     args = parser.parse_args()
     doc = {
