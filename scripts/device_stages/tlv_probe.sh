@@ -10,6 +10,8 @@ python benchmarks/tlv_qpass_probe.py --out "$RESULTS/tlv-qpass-probe-h200.json" 
 import json, sys
 d = json.load(sys.stdin)
 for name, s in d.get('gemm', {}).items():
+    if 'rows' not in s:
+        continue
     print(name, 'floor view %.1f us (%.2f TB/s), planes %.1f us' % (s['stream_view_us'], s['stream_view_TBps'], s['stream_planes_us']))
     for r in s['rows']:
         print('  M=%d exact %.1f cudaQ %.1f (default cfg %.1f) tritonQ %.1f' % (r['M'], r['exact_us'], r['cuda_q_midpoint_us'], r['cuda_q_midpoint_default_config_us'], r['triton_q_midpoint_us']))
