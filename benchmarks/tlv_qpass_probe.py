@@ -5,7 +5,8 @@ Per shape (qkv, gate_up, down, lm_head) and row count (1, 16, 33), under CUDA-gr
 than L2 (``cuda_timing.graph_replay_us``):
 
 - the **floor**: a plain streaming read of the view plane alone, and of both planes (what the exact pass reads);
-- the exact W12 CUDA kernel; its Q mode (midpoint, truncated) with the exact partition and with the untuned default;
+- the exact W12 CUDA kernel; its Q mode (midpoint, truncated) with the exact partition, the untuned default, and
+  two partitions with more warps (twice the K splits; twice the warps a tile);
 - the Triton Q pass (``w12_qpass_gemm``, default partition).
 
 Then the system engine (27B-like, synthetic weights, 1,024-token context): the exact step and the Q pass (the CUDA Q
@@ -24,6 +25,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
@@ -80,7 +82,8 @@ def gemm_section(shapes: dict, rows: list[int], replays: int, cuda: bool) -> dic
 
 def bench_shape(name: str, n: int, k: int, rows: list[int], replays: int, cuda: bool) -> dict:
     from specpilot_kernels.w12 import encode, to_mma_layout, w12_mma_gemm
-    from specpilot_kernels.w12.mma import default_mma_config
+    from specpilot_kernels.w12.format import W12Error
+    from specpilot_kernels.w12.mma import default_mma_config, select_mma_config
     from specpilot_kernels.w12.qpass import w12_qpass_gemm
 
     device = "cuda" if cuda else "cpu"
@@ -104,6 +107,17 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], replays: int, cuda: 
     entry["stream_view_TBps"] = view_bytes / entry["stream_view_us"] / 1e6
     entry["stream_planes_TBps"] = plane_bytes / entry["stream_planes_us"] / 1e6
     default = default_mma_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    tuned = select_mma_config(n, k, mmas[0].device)
+    # more warps in flight for the same bytes: the Q mode streams 2/3 of the exact pass's bytes a step
+    wider = {}
+    for label, change in (
+        ("splits2x", {"splits": 2 * tuned.splits}),
+        ("warps_k2x", {"warps_k": min(16 // tuned.warps_n, 2 * tuned.warps_k), "shared_x_32": (0, 0)}),
+    ):
+        try:
+            wider[label] = replace(tuned, **change)
+        except W12Error as err:
+            entry[f"skipped_{label}"] = str(err)[:200]
     entry["rows"] = []
     for m in rows:
         x = torch.randn(m, k, device=device).bfloat16()
@@ -117,6 +131,10 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], replays: int, cuda: 
             ),
             "triton_q_midpoint_us": timed(lambda i, x=x: w12_qpass_gemm(x, mmas[i], "midpoint")),
         }
+        for label, config in wider.items():
+            row[f"cuda_q_midpoint_{label}_us"] = timed(
+                lambda i, x=x, config=config: w12_mma_gemm(x, mmas[i], low_bits="midpoint", config=config)
+            )
         row["exact_TBps"] = plane_bytes / row["exact_us"] / 1e6
         row["cuda_q_TBps"] = view_bytes / row["cuda_q_midpoint_us"] / 1e6
         row["triton_q_TBps"] = view_bytes / row["triton_q_midpoint_us"] / 1e6
