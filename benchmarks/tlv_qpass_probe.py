@@ -84,7 +84,7 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], replays: int, cuda: 
     from specpilot_kernels.w12 import encode, to_mma_layout, w12_mma_gemm
     from specpilot_kernels.w12.format import W12Error
     from specpilot_kernels.w12.mma import default_mma_config, select_mma_config
-    from specpilot_kernels.w12.qpass import w12_qpass_gemm
+    from specpilot_kernels.w12.qpass import qpass_gemm_reference, w12_qpass_gemm
 
     device = "cuda" if cuda else "cpu"
     torch.manual_seed(0)
@@ -106,6 +106,20 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], replays: int, cuda: 
     entry["stream_planes_us"] = timed(lambda i: stream([mmas[i].view, mmas[i].nibbles], sink))
     entry["stream_view_TBps"] = view_bytes / entry["stream_view_us"] / 1e6
     entry["stream_planes_TBps"] = plane_bytes / entry["stream_planes_us"] / 1e6
+    # correctness first: the CUDA Q mode against the fp32 reference of its weights, and one-hot rows (single weights)
+    x16 = torch.randn(16, k, device=device).bfloat16()
+    for low_bits in ("midpoint", "truncated"):
+        ref = qpass_gemm_reference(x16, mmas[0], low_bits)
+        got = w12_mma_gemm(x16, mmas[0], low_bits=low_bits).float()
+        entry[f"cuda_q_{low_bits}_rel_err"] = ((got - ref).norm() / ref.norm()).item()
+    cols = torch.arange(0, k, max(1, k // 16), device=device)[:16]
+    onehot = torch.zeros(cols.numel(), k, device=device, dtype=torch.bfloat16)
+    onehot[torch.arange(cols.numel(), device=device), cols] = 1.0
+    expected = qpass_gemm_reference(onehot, mmas[0], "midpoint").bfloat16().float()
+    entry["cuda_q_one_hot_equal_values"] = torch.equal(
+        w12_mma_gemm(onehot, mmas[0], low_bits="midpoint").float(), expected
+    )
+    log(name, {key: value for key, value in entry.items() if key.startswith("cuda_q")})
     default = default_mma_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
     tuned = select_mma_config(n, k, mmas[0].device)
     # more warps in flight for the same bytes: the Q mode streams 2/3 of the exact pass's bytes a step

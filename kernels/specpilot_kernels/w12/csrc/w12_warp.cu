@@ -3,7 +3,8 @@
 // decodes and multiplies the current one, and reads its activations through L1 (shared by the warps of a
 // multiprocessor). Staged launches (up to 16 rows) copy the next step into the warp's own shared-memory double buffer
 // instead (cp.async, L2 only): the same bytes in flight without the registers that hold them, so more warps fit a
-// multiprocessor.
+// multiprocessor. The Q pass (LOW_BITS 1, 2) runs here alone: it loads the view plane only, decodes three instructions a
+// register (decode_block_q), patches the zero codes from the escape list and scales each row's sums by its window.
 #include "w12_common.cuh"
 
 namespace w12 {
@@ -61,12 +62,12 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
 #pragma unroll
     for (int p = 0; p < TP; ++p) {
       const int tile = min(first_tile + p, tiles - 1);
-      base_lo[p] = uint32_t(args.base[tile * 16 + g]) * 0x00800080u;  // base << 7, both lanes
+      base_lo[p] = uint32_t(args.base[tile * 16 + g]) * 0x00800080u;  // base << 7, both lanes (exact weights)
       base_hi[p] = uint32_t(args.base[tile * 16 + g + 8]) * 0x00800080u;
       const size_t start = ((size_t)tile * kblocks + (size_t)first * kBlocksPerChunk) * 32 + lane;
       view_next[p] = reinterpret_cast<const uint4*>(args.view) + start;
       nibs_next[p] = reinterpret_cast<const uint2*>(args.nibbles) + start;
-      if (LOW_BITS == 0) esc[p].begin(args, tile, first, last, args.warps_k, scratch, p, lane);
+      esc[p].begin(args, tile, first, last, args.warps_k, scratch, p, lane);
     }
 
     // Weights are read once: no L1 allocation, so L1 keeps the activations. The next step loads while this
@@ -108,12 +109,11 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     // launch; without it this returns at once).
     wait_before_reading_x(args);
     for (int chunk = first, ordinal = 0; chunk < last; chunk += args.warps_k, ++ordinal) {
-      if (LOW_BITS == 0) {  // this chunk's escapes were fetched with its weights; fetch the next chunk's
+      // this chunk's escapes were fetched with its weights; fetch the next chunk's
 #pragma unroll
-        for (int p = 0; p < TP; ++p) {
-          esc[p].advance();
-          if (chunk + args.warps_k < last) esc[p].fetch(args, ordinal + 1, first, args.warps_k);
-        }
+      for (int p = 0; p < TP; ++p) {
+        esc[p].advance();
+        if (chunk + args.warps_k < last) esc[p].fetch(args, ordinal + 1, first, args.warps_k);
       }
 #pragma unroll
       for (int part = 0; part < kStepsPerChunk; ++part) {
@@ -160,8 +160,14 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
         for (int p = 0; p < TP; ++p) {
           uint32_t a[kBlocks][8];
 #pragma unroll
-          for (int u = 0; u < kBlocks; ++u) decode_block<LOW_BITS>(a[u], v[p][u], nb[p][u], base_lo[p], base_hi[p]);
-          if (LOW_BITS == 0) esc[p].template patch<kBlocks>(a, part * kBlocks, args, ordinal, first, args.warps_k, scratch, lane);
+          for (int u = 0; u < kBlocks; ++u) {
+            if constexpr (LOW_BITS == 0)
+              decode_block(a[u], v[p][u], nb[p][u], base_lo[p], base_hi[p]);
+            else
+              decode_block_q<LOW_BITS>(a[u], v[p][u]);
+          }
+          esc[p].template patch<kBlocks, false, LOW_BITS != 0>(a, part * kBlocks, args, ordinal, first, args.warps_k,
+                                                                scratch, lane);
 #pragma unroll
           for (int u = 0; u < kBlocks; ++u) {
 #pragma unroll
@@ -172,6 +178,20 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
                 ptx::mma_bf16_16816(acc[p][j], frag, s ? xv[u][j].z : xv[u][j].x, s ? xv[u][j].w : xv[u][j].y);
             }
           }
+        }
+      }
+    }
+    if constexpr (LOW_BITS != 0) {  // the Q pass's sums times their rows' windows (decode_block_q), before any reduction
+#pragma unroll
+      for (int p = 0; p < TP; ++p) {
+        const int tile = min(first_tile + p, tiles - 1);
+        const float lo = qpass_row_scale(args.base[tile * 16 + g]), hi = qpass_row_scale(args.base[tile * 16 + g + 8]);
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+          acc[p][j][0] *= lo;
+          acc[p][j][1] *= lo;
+          acc[p][j][2] *= hi;
+          acc[p][j][3] *= hi;
         }
       }
     }
@@ -194,7 +214,7 @@ cudaError_t launch_plan(const W12MmaArgs& args, cudaStream_t stream) {
   // escape scratch
   const size_t smem = (size_t)epilogue_words<MT, TP>(args, block.x) * 16 +
                       (STAGED ? (size_t)(block.x / 32) * 2 * TP * STEP_BLOCKS * kStagedBlockWords * 16 : 0) +
-                      (LOW_BITS == 0 ? (size_t)(block.x / 32) * kEscapeScratchBytes : 0);
+                      (size_t)(block.x / 32) * kEscapeScratchBytes;
   auto kernel = w12_mma_kernel<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED, CLUSTER>;
   int resident = 0;
   const cudaError_t err = resident_blocks(reinterpret_cast<const void*>(kernel), block.x, smem, &resident);

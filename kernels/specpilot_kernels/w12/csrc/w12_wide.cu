@@ -228,7 +228,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
         uint4 v;
         uint2 nb;
         read_staged_block<kBlocksPerChunk, LOW_BITS>(words, u, lane, v, nb);
-        decode_block<LOW_BITS>(set[0], v, nb, one.base_lo, one.base_hi);
+        decode_block(set[0], v, nb, one.base_lo, one.base_hi);
         if (LOW_BITS == 0) esc.template patch<1>(set, u, args, i, first, args.warps_k, scratch, lane);
         ptx::wgmma_fence();
 #pragma unroll
@@ -371,9 +371,8 @@ cudaError_t launch_low_bits(const W12MmaArgs& args, const W12Wide& wide, cudaStr
 
 cudaError_t launch_wide(const W12MmaArgs& args, int low_bits, const W12Wide& wide, cudaStream_t stream) {
   if (!wide.x_image || wide.groups < 1 || 4 * wide.groups > kMaxWideWarpsPerBlock) return cudaErrorInvalidValue;
-  return low_bits == 0 ? launch_low_bits<0>(args, wide, stream)
-         : low_bits == 1 ? launch_low_bits<1>(args, wide, stream)
-                         : launch_low_bits<2>(args, wide, stream);
+  // exact weights only: the Q pass runs on the per-warp kernel (w12_warp.cu, decode_block_q)
+  return low_bits == 0 ? launch_low_bits<0>(args, wide, stream) : cudaErrorNotSupported;
 }
 
 }  // namespace w12
