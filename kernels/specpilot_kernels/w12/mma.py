@@ -489,7 +489,7 @@ def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior,
             xm, weights.view, weights.nibbles, weights.base, weights.esc_tile, weights.esc_chunk, weights.esc_entry,
             ym[:, first:end], partial, n, weights.padded_shape[0], kp, part.warps_n,
             part.warps_k, part.chunks_per_split(kp), *part.step_plan(m),
-            int(part.stages_weights(m) and not warpgroups),
+            int(part.stages_weights(m) and not warpgroups and code == 0),  # Q: two register steps in flight
             *((0, 0) if warpgroups or code else part.shares_activations(m)), warpgroups, x_image, int(image_written),
             overlap, code, 0, 0, 0, 0, 1)
         image_written = image_written or groups > 0

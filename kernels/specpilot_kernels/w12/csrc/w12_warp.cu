@@ -76,8 +76,13 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     // its nibble words (copied as one contiguous run, read by other lanes: __syncwarp before reading and refilling).
     const uint32_t stage_base = ptx::shared_address(shared_words + epilogue_words<MT, TP>(args, blockDim.x) +
                                                     warp * 2 * kStageWords);
-    uint4 v_next[TP][kBlocks];
-    uint2 n_next[TP][kBlocks];
+    // The Q pass's register steps are two thirds the bytes (view only): it keeps two steps in flight, not one, so a
+    // warp has as many bytes on their way as the exact pass's (the register path only; the host never stages Q).
+    constexpr int kAhead = LOW_BITS != 0 && !STAGED ? 2 : 1;
+    uint4 v_next[kAhead][TP][kBlocks];  // [0]: the next step, [1]: the one after (Q pass)
+    uint2 n_next[kAhead][TP][kBlocks];
+    const int total_steps = first < last ? (last - first + args.warps_k - 1) / args.warps_k * kStepsPerChunk : 0;
+    int loaded = 0;     // steps loaded so far (kAhead 2)
     int load_part = 0;  // which step of its chunk the next load is
     int stage = 0;      // the buffer half the next load fills
     auto load_step = [&]() {
@@ -88,9 +93,11 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
               stage_base + (uint32_t)((stage * kStageWords + p * kBlocks * kStagedBlockWords) * 16), view_next[p],
               nibs_next[p], lane);
         } else {
-          load_step_registers<kBlocks, LOW_BITS>(v_next[p], n_next[p], view_next[p], nibs_next[p]);
+          load_step_registers<kBlocks, LOW_BITS>(v_next[kAhead - 1][p], n_next[kAhead - 1][p], view_next[p],
+                                                 nibs_next[p]);
         }
       }
+      ++loaded;
       if (STAGED) {
         ptx::cp_async_commit();
         stage ^= 1;
@@ -104,6 +111,13 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
       load_part = (load_part + 1) & (kStepsPerChunk - 1);
     };
     if (first < last) load_step();
+    if constexpr (kAhead == 2) {  // the first step moves up, the second loads behind it
+#pragma unroll
+      for (int p = 0; p < TP; ++p)
+#pragma unroll
+        for (int u = 0; u < kBlocks; ++u) v_next[0][p][u] = v_next[1][p][u];
+      if (loaded < total_steps) load_step();
+    }
     // Everything above reads only the weights. Activations (and the outputs below) may belong to the kernel before
     // this one in the stream: wait for it here, when it was launched to overlap (sm_90+: programmatic dependent
     // launch; without it this returns at once).
@@ -135,11 +149,16 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
           for (int p = 0; p < TP; ++p)
 #pragma unroll
             for (int u = 0; u < kBlocks; ++u) {
-              v[p][u] = v_next[p][u];
-              nb[p][u] = n_next[p][u];
+              v[p][u] = v_next[0][p][u];
+              nb[p][u] = n_next[0][p][u];
+              if constexpr (kAhead == 2) v_next[0][p][u] = v_next[1][p][u];
             }
         }
-        if (part + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
+        if constexpr (kAhead == 1) {
+          if (part + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
+        } else if (loaded < total_steps) {
+          load_step();
+        }
         // activations of this step: one 16-byte load per token row and 32-column block. Lanes past the last
         // row read it again: their MMA columns are outputs that are never stored (no predicates, no zeroing).
         uint4 xv[kBlocks][MT];
