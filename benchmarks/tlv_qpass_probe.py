@@ -9,8 +9,8 @@ than L2 (``cuda_timing.graph_replay_us``):
   two partitions with more warps (twice the K splits; twice the warps a tile);
 - the Triton Q pass (``w12_qpass_gemm``, default partition).
 
-Then the system engine (27B-like, synthetic weights, 1,024-token context): the exact step and the Q pass (the CUDA Q
-mode hook) at 1 and 33 rows, each one CUDA graph, the projections of a forward alone in each mode (``gemm``), the LM
+Then the system engine (27B-like, synthetic weights, 1,024-token context): the draft, the exact step and the Q pass
+(the CUDA Q mode hook) at 1 and 33 rows, the cycle (two drafts, Q pass, exact step) against a single-pass step, each one CUDA graph, the projections of a forward alone in each mode (``gemm``), the LM
 head alone, and the rest (norms, GDN and attention kernels, conv, glue) as pass - gemm - head; and a kernel table of
 one eager Q pass (torch.profiler, top kernels by device time).
 
@@ -162,6 +162,7 @@ def system_section(smoke: bool, cuda: bool, context: int, rows_list: list[int]) 
     from system_bench import Timer, step_trees
     from tlv_cycle_bench import EXACT
 
+    from specpilot_mem.engine.options import SystemOptions
     from specpilot_mem.engine.shapes import get_shape
     from specpilot_mem.engine.system import Caches, StepBuffers, SystemModel, Weights, pack_trees
 
@@ -177,6 +178,16 @@ def system_section(smoke: bool, cuda: bool, context: int, rows_list: list[int]) 
     out = {}
     for rows in rows_list:
         out[f"rows={rows}"] = system_rows(model, caches, rows, context, timer, q_mode)
+    # stock's step for the model's "over stock": one draft, the BF16 chain of 16 positions and its anchor
+    from system_bench import time_draft, time_model
+
+    stock = SystemModel(weights, SystemOptions())
+    out["stock"] = {
+        "rows": stock.options.rows,
+        "draft_ms": time_draft(stock, 1, timer),
+        "step_ms": time_model(stock, caches, 1, stock.options.rows, context, timer),
+    }
+    stock.release_buffers()
     if cuda:  # one eager Q pass under the profiler: the kernels by device time
         rows = rows_list[-1]
         buf = StepBuffers.empty(1, rows, shape.conv_size, device)
@@ -213,7 +224,7 @@ def system_rows(model, caches, rows: int, context: int, timer, q_mode: str | Non
     """The exact step, the Q pass, and each one's projections and LM head alone, at ``rows`` rows."""
     from tlv_cycle_bench import time_qpass
 
-    from system_bench import time_model
+    from system_bench import time_draft, time_model
 
     shape, weights, device, dtype = model.shape, model.w, model.device, model.dtype
     gen = torch.Generator(device=device).manual_seed(5)
@@ -229,6 +240,7 @@ def system_rows(model, caches, rows: int, context: int, timer, q_mode: str | Non
                 weights.lin(f"layers.{i}.{name}.w")(inputs[name], mode)
 
     entry = {"rows": rows}
+    entry["draft_ms"] = time_draft(model, 1, timer)
     entry["exact_step_ms"] = time_model(model, caches, 1, rows, context, timer)
     entry["qpass_ms"] = time_qpass(model, caches, rows, context, timer, q_mode)
     for label, mode in (("exact", "w12"), ("q", q_mode or "w12")):
@@ -240,6 +252,9 @@ def system_rows(model, caches, rows: int, context: int, timer, q_mode: str | Non
     entry["exact_rest_ms"] = entry["exact_step_ms"] - entry["exact_gemm_ms"] - entry["exact_head_ms"]
     entry["q_rest_ms"] = entry["qpass_ms"] - entry["q_gemm_ms"] - entry["q_head_ms"]
     entry["q_over_exact"] = entry["qpass_ms"] / entry["exact_step_ms"]
+    # a TLV cycle (two drafts, the Q pass, the exact step) against a single-pass step (one draft, the exact step)
+    entry["cycle_ms"] = 2 * entry["draft_ms"] + entry["qpass_ms"] + entry["exact_step_ms"]
+    entry["cycle_over_single"] = entry["cycle_ms"] / (entry["draft_ms"] + entry["exact_step_ms"])
     log("system", entry)
     return entry
 

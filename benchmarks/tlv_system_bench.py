@@ -131,6 +131,7 @@ def main(argv=None) -> int:
         entry = {
             "tau_per_exact_pass": tau_per_pass(gens),
             "exact_passes": sum(len(g.accepted) for g in gens),
+            "per_request": {"tokens": [sum(g.accepted) for g in gens], "exact_passes": [len(g.accepted) for g in gens]},
             "identical_to_ar": sum(outputs[name][r.id].output_ids == outputs["ar"][r.id].output_ids for r in requests),
         }
         if name.startswith("tlv"):
