@@ -266,9 +266,11 @@ template <int LOW_BITS>
 cudaError_t launch_low_bits(const W12MmaArgs& args, cudaStream_t stream) {
   const int tiles8 = token_tiles(args.m);
   const bool staged = args.staged_weights != 0;
-#define W12_WARP_CALL_IF(MT, STEP_BLOCKS, TP, STAGED)                                                        \
-  if (tiles8 == MT && args.step_blocks == STEP_BLOCKS && args.tiles_per_warp == TP && staged == STAGED) \
-    return launch_plan<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED>(args, stream);
+  // the Q pass is never staged (two register steps in flight instead): no staged Q kernels are built
+#define W12_WARP_CALL_IF(MT, STEP_BLOCKS, TP, STAGED)                                                          \
+  if constexpr (LOW_BITS == 0 || !(STAGED))                                                                 \
+    if (tiles8 == MT && args.step_blocks == STEP_BLOCKS && args.tiles_per_warp == TP && staged == STAGED) \
+      return launch_plan<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED>(args, stream);
   W12_WARP_KERNELS(W12_WARP_CALL_IF)
 #undef W12_WARP_CALL_IF
   return cudaErrorInvalidValue;  // a plan not built for this many token tiles
