@@ -1,7 +1,7 @@
 """Where the Q pass's time goes, one request at the 27B-like shapes: the GEMMs against the bytes they read, and the
 whole Q pass against its GEMMs.
 
-Per shape (qkv, gate_up, down, lm_head) and row count (1, 16, 33), under CUDA-graph replay over rotating copies larger
+Per shape (qkv, gate_up, down, lm_head) and row count (1, 16, 32, 33), under CUDA-graph replay over rotating copies larger
 than L2 (``cuda_timing.graph_replay_us``):
 
 - the **floor**: a plain streaming read of the view plane alone, and of both planes (what the exact pass reads);
@@ -10,7 +10,7 @@ than L2 (``cuda_timing.graph_replay_us``):
 - the Triton Q pass (``w12_qpass_gemm``, default partition).
 
 Then the system engine (27B-like, synthetic weights, 1,024-token context): the draft, the exact step and the Q pass
-(the CUDA Q mode hook) at 1 and 33 rows, the cycle (two drafts, Q pass, exact step) against a single-pass step, each one CUDA graph, the projections of a forward alone in each mode (``gemm``), the LM
+(the CUDA Q mode hook) at 1, 32 and 33 rows, the cycle (two drafts, Q pass, exact step) against a single-pass step, each one CUDA graph, the projections of a forward alone in each mode (``gemm``), the LM
 head alone, and the rest (norms, GDN and attention kernels, conv, glue) as pass - gemm - head; and a kernel table of
 one eager Q pass (torch.profiler, top kernels by device time).
 
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--rows", default="1,16,33")
+    ap.add_argument("--rows", default="1,16,32,33")  # 32: a 31-node tree and its root, the 4-token-tile kernels
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--sections", default="gemm,system")
@@ -278,7 +278,7 @@ def main(argv=None) -> int:
         result["gemm"] = gemm_section(SHAPES if cuda else TINY_SHAPES, rows, args.replays, cuda)
     if "system" in sections:
         result["system"] = system_section(
-            args.smoke or not cuda, cuda, args.context if cuda else 16, [1, rows[-1]] if cuda else [1, 3]
+            args.smoke or not cuda, cuda, args.context if cuda else 16, [1, *rows[-2:]] if cuda else [1, 3]
         )
     result["wall_s"] = round(time.perf_counter() - started, 1)
     print_result(result, args.out)
