@@ -546,6 +546,50 @@ def test_kernel_escape_patch_reproduces_weights_with_many_outliers():
     assert torch.equal(emulate_kernel_decode(mma, patch=True)[:64, :512], w.view(torch.int16).to(torch.int64) & 0xFFFF)
 
 
+def emulate_qpass_decode(mma, low_bits):
+    """The Q mode's decode in torch (csrc/w12_common.cuh decode_block_q, then the escape patch's zero codes, then the
+    rows' windows on the sums): fp32 weights [Np, Kp] as the kernel's MMA effectively multiplies them."""
+    words = mma.view.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [T, B, 32, 4]
+    tiles, blocks = words.shape[:2]
+    bias = 0x38083808 if low_bits == "midpoint" else 0x38003800
+    regs = torch.empty(tiles, blocks, 32, 8, dtype=torch.int64)
+    for w in range(4):
+        for p in range(2):
+            b0, b1 = ((words[..., w] >> (8 * (2 * p + i))) & 0xFF for i in range(2))
+            sign = lambda b: torch.where(b >= 0x80, 0xFF, 0)  # noqa: E731 - prmt's sign-replicate selector
+            u = b0 | sign(b0) << 8 | b1 << 16 | sign(b1) << 24  # prmt 0x9180 / 0xB3A2
+            regs[..., 2 * w + p] = (((u << 4) & 0x87F087F0) | bias) & 0xFFFFFFFF
+    halves = torch.stack((regs & 0xFFFF, regs >> 16), dim=-1).view(tiles, blocks, 32, 16)
+    rows, cols = mma_module._fragment_index("cpu")
+    out = torch.empty(tiles, blocks, 16, 32, dtype=torch.int64)
+    out[:, :, rows, cols] = halves
+    np_, kp = mma.padded_shape
+    bits = out.permute(0, 2, 1, 3).reshape(np_, kp)
+    # the patch sets a listed escape's halfword to its sign where it decoded as the zero code (no offset, no mantissa);
+    # inside the tensor every zero code is a listed escape (the test below checks it), so all of them here
+    zero_code = (bits & 0x07F0) == 0
+    bits = torch.where(zero_code, bits & 0x8000, bits)
+    values = (bits.to(torch.int32) << 16).view(torch.float32)
+    scale = ((mma.base.to(torch.int32) + 15) << 23).view(torch.float32)
+    return values * scale[:, None], zero_code
+
+
+@pytest.mark.parametrize("low_bits", ["truncated", "midpoint"])
+def test_qpass_decode_arithmetic_reproduces_the_views_weights(low_bits):
+    torch.manual_seed(5)
+    w = with_outliers((torch.randn(96, 640) * 0.02).bfloat16(), 0.02)  # zeros, tiny, huge: every escape kind
+    w12 = encode(w)
+    mma = to_mma_layout(w12)
+    got, zero_code = emulate_qpass_decode(mma, low_bits)
+    want = qpass_weight_reference(w12, low_bits).float()
+    assert torch.equal(got[:96, :640], want)
+    # every code the patch zeroes is an escape below the window (the patch reads only the escape list)
+    rows, cols = escape_positions(w12)
+    listed = torch.zeros_like(zero_code)
+    listed[rows, cols] = True
+    assert not (zero_code[:96, :640] & ~listed[:96, :640]).any() and zero_code[:96, :640].any()
+
+
 def test_kernel_escape_owner_mapping_matches_the_fragment_layout():
     # the kernels patch escape (row r, column c of a 128-column chunk) into lane (r % 8) * 4 + (c >> 3) % 4,
     # register 4 s + 2 q + r // 8 (s, q: bits 2 and 1 of c), half c % 2, of block c >> 5; that byte of the

@@ -464,7 +464,8 @@ def w12_mma_gemm(
         x: bf16 [M, K] on CUDA, unit column stride (any M: up to 256 rows a launch on sm_90a, 64 elsewhere).
         mma: :func:`to_mma_layout` of the weight, N x K.
         config: the partition (default: ``select_mma_config`` from (N, K, GPU), never from M).
-        low_bits: "exact" (the lossless weights) or the Q pass's "truncated" / "midpoint" 8-bit view.
+        low_bits: "exact" (the lossless weights) or the Q pass's "truncated" / "midpoint" 8-bit view: the view plane
+            alone (and the escape list's zero codes) through the per-warp kernel, 64 rows a launch.
         out: optional bf16 [M, N] contiguous output.
 
     Returns y bf16 [M, N]. Example: ``y = w12_mma_gemm(x, to_mma_layout(encode(w)))``.
@@ -501,7 +502,7 @@ def w12_mma_gemm(
     splits = [-(-(kp // STEP_K) // part.chunks_per_split(kp)) for _, _, part, _ in regions]
     r0 = 0
     while r0 < m_total:
-        wide = m_total - r0 > 32 and config.uses_wide(min(m_total - r0, MAX_WIDE_ROWS), capability)
+        wide = code == 0 and m_total - r0 > 32 and config.uses_wide(min(m_total - r0, MAX_WIDE_ROWS), capability)
         rows = min(m_total - r0, MAX_WIDE_ROWS if wide else MAX_ROWS_PER_LAUNCH)
         xm, ym = x[r0 : r0 + rows], y[r0 : r0 + rows]
         if not (wide and _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launched)):
@@ -590,7 +591,8 @@ def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior,
     workspace = torch.empty(sum(s for s in splits if s > 1) * m * n, dtype=torch.float32, device=xm.device)
     # warpgroup MMAs: every chunk's activations as wgmma's B image (token rows padded to 16, 32 or 64), written by
     # the first region's launch and read by both
-    wants_image = any(part.warpgroups(m, capability) for _, _, part, _ in regions)
+    # the Q pass (code != 0) runs on the per-warp kernel alone (csrc/w12_warp.cu), never warpgroups or a shared ring
+    wants_image = code == 0 and any(part.warpgroups(m, capability) for _, _, part, _ in regions)
     x_image = torch.empty(
         (kp // STEP_K) * max(16, 1 << (m - 1).bit_length()) * STEP_K if wants_image else 0,
         dtype=torch.bfloat16,
@@ -600,7 +602,7 @@ def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior,
     for index, ((first, end, part, weights), part_splits) in enumerate(zip(regions, splits)):
         partial = workspace[offset : offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
         offset += partial.numel()
-        warpgroups = part.warpgroups(m, capability)  # when on, in place of staged weights or a shared ring
+        warpgroups = part.warpgroups(m, capability) if code == 0 else 0  # in place of staged weights or a ring
         overlap = _overlap(overlap_prior, len(regions), index, bool(warpgroups) and not image_written)
         groups = ext.w12_mma_gemm(
             xm,
@@ -619,8 +621,8 @@ def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior,
             part.warps_k,
             part.chunks_per_split(kp),
             *part.step_plan(m),
-            int(part.stages_weights(m) and not warpgroups),
-            *((0, 0) if warpgroups else part.shares_activations(m)),
+            int(part.stages_weights(m) and not warpgroups and code == 0),  # Q: two register steps in flight
+            *((0, 0) if warpgroups or code else part.shares_activations(m)),
             warpgroups,
             x_image,
             int(image_written),

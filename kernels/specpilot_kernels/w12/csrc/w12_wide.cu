@@ -6,10 +6,9 @@ namespace w12 {
 
 cudaError_t launch_wide(const W12MmaArgs& args, int low_bits, const W12Wide& wide, cudaStream_t stream) {
   if (!wide.x_image || wide.groups < 1 || 4 * wide.groups > kMaxWideWarpsPerBlock) return cudaErrorInvalidValue;
+  // exact weights only: the Q pass runs on the per-warp kernel (w12_warp.cu, decode_block_q)
   if (wide.stages < 2) return launch_wide_carried(args, low_bits, wide, stream);  // 0 or 1: carried weights
-  return low_bits == 0 ? launch_low_bits<0, false>(args, wide, stream)
-         : low_bits == 1 ? launch_low_bits<1, false>(args, wide, stream)
-                         : launch_low_bits<2, false>(args, wide, stream);
+  return low_bits == 0 ? launch_low_bits<0, false>(args, wide, stream) : cudaErrorNotSupported;
 }
 
 }  // namespace w12

@@ -333,7 +333,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
           read_staged_block<kBlocksPerChunk / 2, LOW_BITS>(words, u - u0, lane, v, nb);
         else
           read_staged_block<kBlocksPerChunk, LOW_BITS>(words, u, lane, v, nb);
-        decode_block<LOW_BITS>(set[0], v, nb, one.base_lo, one.base_hi);
+        decode_block(set[0], v, nb, one.base_lo, one.base_hi);
         if (LOW_BITS == 0) esc.template patch<1>(set, u, args, i, first, args.warps_k, scratch, lane);
         ptx::wgmma_fence();
 #pragma unroll

@@ -5,9 +5,7 @@
 namespace w12 {
 
 cudaError_t launch_wide_carried(const W12MmaArgs& args, int low_bits, const W12Wide& wide, cudaStream_t stream) {
-  return low_bits == 0 ? launch_low_bits<0, true>(args, wide, stream)
-         : low_bits == 1 ? launch_low_bits<1, true>(args, wide, stream)
-                         : launch_low_bits<2, true>(args, wide, stream);
+  return low_bits == 0 ? launch_low_bits<0, true>(args, wide, stream) : cudaErrorNotSupported;
 }
 
 }  // namespace w12
