@@ -60,12 +60,15 @@ def test_build_equals_the_replay_builder_node_for_node(kind, ties, nodes, depth)
 
 
 @pytest.mark.parametrize("kind", ["selector", "markov"])
-@pytest.mark.parametrize("prenorm,fused_pick", [(True, False), (False, True), (True, True)])
-def test_build_variants_equal_the_replay_builder(kind, prenorm, fused_pick):
+@pytest.mark.parametrize(
+    "source,fused_pick",
+    [("scratch", False), ("step", True), ("scratch", True), ("registers", False), ("registers", True)],
+)
+def test_build_variants_equal_the_replay_builder(kind, source, fused_pick):
     pair, unary, cand = lattice(2, 16, 16, seed=29, ties=True)
     base, base_tokens, base_layout = best_first_tree_layout(pair, cand, 32, 15, unary=unary, kind=kind)
     tree, tokens, layout = best_first_tree_layout(
-        pair, cand, 32, 15, unary=unary, kind=kind, prenorm=prenorm, fused_pick=fused_pick
+        pair, cand, 32, 15, unary=unary, kind=kind, lattice=source, fused_pick=fused_pick
     )
     want = replay_tree(pair, unary, cand, kind, 32, 15)
     assert np.array_equal(tree.parents.numpy(), want.parents) and np.array_equal(tree.ranks.numpy(), want.ranks)
@@ -230,14 +233,14 @@ consts = {"N": 32, "NODES": 32, "COLS": 64, "LEVELS": 15}
 triton.compile(ASTSource(fn=accept._accept_kernel, signature=sig | dict.fromkeys(consts, "constexpr"),
                          constexprs=consts), target=target)
 names = ["pair_ptr", "unary_ptr", "cand_ptr", "root_pos_ptr", "norm_ptr", "parents_ptr", "depths_ptr", "ranks_ptr",
-         "scores_ptr", "tokens_ptr", "num_nodes_ptr", "codes_ptr", "mask_ptr", "positions_ptr", "parent_col_ptr",
-         "next_token_ptr", "next_sibling_ptr"]
+         "scores_ptr", "tokens_ptr", "num_nodes_ptr", "codes_ptr", "mask_ptr", "positions_ptr", "index_ptr",
+         "parent_col_ptr", "next_token_ptr", "next_sibling_ptr"]
 types = ["*fp32", "*fp32", "*i64", "*i64", "*fp32", "*i64", "*i64", "*i64", "*fp32", "*i64", "*i64", "*i64", "*i8",
-         "*i64", "*i64", "*i64", "*i64"]
-for pre in (False, True):
+         "*i64", "*i64", "*i64", "*i64", "*i64"]
+for source in (0, 1, 2):
     for fused in (False, True):
-        consts = {"N": 32, "K": 16, "ROWS": 64, "NODES": 32, "COLS": 64, "BITS": 4, "MARKOV": False,
-                  "LATTICE_ROWS": 256, "PRENORM": pre, "FUSED_PICK": fused}
+        consts = {"N": 32, "K": 16, "ROWS": 32, "NODES": 32, "COLS": 64, "BITS": 4, "MARKOV": False,
+                  "LATTICE_ROWS": 256, "LATTICE": source, "FUSED_PICK": fused}
         sig = dict(zip(names, types)) | {"M": "i32", "DEPTH": "i32"} | dict.fromkeys(consts, "constexpr")
         triton.compile(ASTSource(fn=build._best_first_kernel, signature=sig, constexprs=consts), target=target)
 print("compiled")

@@ -1,7 +1,7 @@
 """Batched best-first tree build on a lattice (one Triton program per request), with its verify layout.
 
-Each program keeps a frontier of ``(N + 1) x K`` path scores in registers: row 0 holds the root's children,
-row ``t + 1`` the children of node ``t``. Every entry has a key, one int64: its depth in the top four bits
+Each program keeps a frontier of ``N x K`` path scores in registers: row 0 holds the root's children,
+row ``t + 1`` the children of node ``t`` (the last node's children are never taken). Every entry has a key, one int64: its depth in the top four bits
 (sign bit flipped, so signed order is depth order) and its candidate path below them, ``BITS`` bits a level
 (base ``2^BITS`` digits: numeric order is lexicographic order at equal depth). Step ``t`` takes the best
 score and, among entries at it, the smallest key (ties: shallower, then the lexicographically smaller
@@ -14,7 +14,8 @@ are the top ``N`` by path score, prefix-closed, in the reference's order
 After the loop the same program derives, from the nodes' keys, everything the verify needs: parents (the node
 whose key is the path minus its last digit), tokens, the ancestor mask (j is an ancestor of i when j's path
 is a prefix of i's), positions, parent columns and SGLang's ``retrieve_next_token`` /
-``retrieve_next_sibling`` (children in index order). One launch for the step's whole tree work.
+``retrieve_next_sibling`` (children in index order), retrieve indices included: one launch for the step's whole
+tree work, nothing else on the stream.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .reference import KINDS, DraftTree, VerifyLayout
 MAX_DEPTH = 15  # the key's depth field: four bits
 MAX_PATH_BITS = 60  # the key's path field
 CODE_MASK = (1 << MAX_PATH_BITS) - 1
+LATTICE_SOURCES = ("step", "scratch", "registers")  # the kernel's LATTICE constexpr, in this order
 
 
 @triton.jit
@@ -53,11 +55,11 @@ def _better(score_a, key_a, score_b, key_b):
 @triton.jit
 def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr, norm_ptr,
                        parents_ptr, depths_ptr, ranks_ptr, scores_ptr, tokens_ptr, num_nodes_ptr, codes_ptr,
-                       mask_ptr, positions_ptr, parent_col_ptr, next_token_ptr, next_sibling_ptr,
+                       mask_ptr, positions_ptr, index_ptr, parent_col_ptr, next_token_ptr, next_sibling_ptr,
                        M, DEPTH,
                        N: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, NODES: tl.constexpr,
                        COLS: tl.constexpr, BITS: tl.constexpr, MARKOV: tl.constexpr,
-                       LATTICE_ROWS: tl.constexpr, PRENORM: tl.constexpr, FUSED_PICK: tl.constexpr):
+                       LATTICE_ROWS: tl.constexpr, LATTICE: tl.constexpr, FUSED_PICK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, K)
@@ -65,7 +67,7 @@ def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr, norm_ptr,
     code_mask = 0xFFFFFFFFFFFFFFF  # 60 bits
     pair_base = pair_ptr + b * M * K * K
     unary_base = unary_ptr + b * M * K
-    if PRENORM:  # every lattice row normalised once, up front: the step's dependent chain is then a plain load
+    if LATTICE != 0:  # every lattice row normalised once, up front: the step's dependent chain then only selects
         lat_row = tl.arange(0, LATTICE_ROWS)
         inside = (lat_row < M * K)[:, None]
         x = tl.load(pair_base + lat_row[:, None] * K + cols[None, :], mask=inside, other=0.0).to(tl.float32)
@@ -74,10 +76,13 @@ def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr, norm_ptr,
         top = tl.max(x, axis=1)
         top = tl.where(top == neg_inf, 0.0, top)
         total = tl.maximum(tl.sum(tl.exp(x - top[:, None]), axis=1), 1.0)
-        tl.store(norm_ptr + b * M * K * K + lat_row[:, None] * K + cols[None, :], (x - top[:, None]) - tl.log(total)[:, None],
-                 mask=inside)
-        tl.debug_barrier()
-        root_row = tl.load(norm_ptr + b * M * K * K + cols)
+        normed = (x - top[:, None]) - tl.log(total)[:, None]
+        if LATTICE == 1:  # into a scratch buffer, a plain load a step
+            tl.store(norm_ptr + b * M * K * K + lat_row[:, None] * K + cols[None, :], normed, mask=inside)
+            tl.debug_barrier()
+            root_row = tl.load(norm_ptr + b * M * K * K + cols)
+        else:  # kept in registers, a row selected by a masked reduction a step (no memory in the chain)
+            root_row = tl.max(tl.where(lat_row[:, None] == 0, normed, neg_inf), axis=0)
     else:
         root_row = _normalised_row(pair_base, unary_base, 0, 0, cols, K, MARKOV)  # every parent row of d = 0 is equal
     front = tl.where((rows[:, None] == 0) & (DEPTH > 0), root_row[None, :], neg_inf)
@@ -89,8 +94,9 @@ def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr, norm_ptr,
     count = tl.zeros([], dtype=tl.int64)
     for t in range(N):
         keys = prefix[:, None] | cols[None, :].to(tl.int64)
-        if FUSED_PICK:  # one reduction of (score, key) pairs
-            best, pick = tl.reduce((tl.reshape(front, [ROWS * K]), tl.reshape(keys, [ROWS * K])), 0, _better)
+        if FUSED_PICK:  # one reduction of (score, key) pairs (by axis: a reshape to 1-D would move the frontier)
+            row_best, row_pick = tl.reduce((front, keys), 1, _better)
+            best, pick = tl.reduce((row_best, row_pick), 0, _better)
         else:
             best = tl.max(tl.max(front, axis=1), axis=0)
             pick = tl.min(tl.min(tl.where(front == best, keys, 0x7FFFFFFFFFFFFFFF), axis=1), axis=0)
@@ -102,8 +108,10 @@ def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr, norm_ptr,
         front = tl.where(keys == pick, neg_inf, front)
         grow = alive & (level < DEPTH)
         safe_level = tl.where(grow, level, 0)
-        if PRENORM:
+        if LATTICE == 1:
             child = best + tl.load(norm_ptr + b * M * K * K + (safe_level * K + rank) * K + cols)
+        elif LATTICE == 2:
+            child = best + tl.max(tl.where(lat_row[:, None] == safe_level * K + rank, normed, neg_inf), axis=0)
         else:
             child = best + _normalised_row(pair_base, unary_base, safe_level, rank, cols, K, MARKOV)
         front = tl.where(((rows == t + 1) & grow)[:, None], child[None, :], front)
@@ -150,6 +158,7 @@ def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr, norm_ptr,
     position = root + tl.where(col == 0, 0, tl.where(in_tree, c_depth, 1))
     on = col < width
     tl.store(positions_ptr + b * width + col, position.to(tl.int64), mask=on)
+    tl.store(index_ptr + b * width + col, b * width + col, mask=on)
     tl.store(parent_col_ptr + b * width + col, c_parent.to(tl.int64), mask=on)
     # children in column order: first child of each column, next child of the same parent
     child_of = in_tree[None, :] & (c_parent[None, :] == col[:, None])  # [parent column, child column]
@@ -172,7 +181,7 @@ def max_tree_depth(candidates: int) -> int:
 
 def best_first_tree_layout(pair: torch.Tensor, cand: torch.Tensor, nodes: int, depth: int | None = None,
                            unary: torch.Tensor | None = None, kind: str = "selector",
-                           root_positions: torch.Tensor | None = None, num_warps: int = 8, prenorm: bool = False,
+                           root_positions: torch.Tensor | None = None, num_warps: int = 8, lattice: str = "step",
                            fused_pick: bool = False) -> tuple[DraftTree, torch.Tensor, VerifyLayout]:
     """Best-first trees of a batch of lattices and their verify layout, in one launch.
 
@@ -186,8 +195,9 @@ def best_first_tree_layout(pair: torch.Tensor, cand: torch.Tensor, nodes: int, d
         kind: "selector" (DFlash2) or "markov" (DSpark).
         root_positions: [B] int64 position of each root (the last committed token); default 0.
         num_warps: warps per request's program (the frontier of (N+1) x K scores is spread over them).
-        prenorm: normalise every lattice row before the loop (a scratch of B x m x K x K floats) instead of the
-            one each step selects.
+        lattice: where a step's children row comes from: "step" (loaded and normalised in the step), "scratch"
+            (every row normalised before the loop into a scratch of B x m x K x K floats, a load a step) or
+            "registers" (normalised before the loop and kept in registers, selected by a reduction a step).
         fused_pick: take each step's best entry with one (score, key) reduction instead of two.
 
     Returns:
@@ -199,6 +209,8 @@ def best_first_tree_layout(pair: torch.Tensor, cand: torch.Tensor, nodes: int, d
     """
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+    if lattice not in LATTICE_SOURCES:
+        raise ValueError(f"lattice {lattice!r} is not one of {LATTICE_SOURCES}")
     b, m, k, k2 = pair.shape
     if k2 != k or cand.shape != (b, m, k):
         raise ValueError(f"pair must be [B, m, K, K] and cand [B, m, K]; got {tuple(pair.shape)} and {tuple(cand.shape)}")
@@ -223,16 +235,17 @@ def best_first_tree_layout(pair: torch.Tensor, cand: torch.Tensor, nodes: int, d
     num_nodes = torch.empty(b, **i64)
     mask = torch.empty((b, nodes + 1, nodes + 1), dtype=torch.int8, device=dev)
     positions, parent_col, next_token, next_sibling = (torch.empty((b, nodes + 1), **i64) for _ in range(4))
-    norm = torch.empty((b, m, k, k) if prenorm else (1,), dtype=torch.float32, device=dev)
+    norm = torch.empty((b, m, k, k) if lattice == "scratch" else (1,), dtype=torch.float32, device=dev)
+    index = torch.empty((b, nodes + 1), **i64)
     if b:
         _best_first_kernel[(b,)](pair, unary_arg, cand.contiguous(), roots, norm, parents, depths, ranks, scores, tokens,
-                                 num_nodes, codes, mask, positions, parent_col, next_token, next_sibling, m, depth,
-                                 N=nodes, K=k, ROWS=triton.next_power_of_2(nodes + 1),
+                                 num_nodes, codes, mask, positions, index, parent_col, next_token, next_sibling, m,
+                                 depth, N=nodes, K=k, ROWS=triton.next_power_of_2(nodes),
                                  NODES=triton.next_power_of_2(nodes), COLS=triton.next_power_of_2(nodes + 1),
                                  BITS=path_bits(k), MARKOV=kind == "markov",
-                                 LATTICE_ROWS=triton.next_power_of_2(m * k), PRENORM=prenorm, FUSED_PICK=fused_pick,
+                                 LATTICE_ROWS=triton.next_power_of_2(m * k), LATTICE=LATTICE_SOURCES.index(lattice),
+                                 FUSED_PICK=fused_pick,
                                  num_warps=num_warps)
-    index = torch.arange(b * (nodes + 1), **i64).view(b, nodes + 1)
     layout = VerifyLayout(mask.view(torch.bool), positions, index, next_token, next_sibling, parent_col)
     return DraftTree(parents, depths, ranks, scores, num_nodes), tokens, layout
 
