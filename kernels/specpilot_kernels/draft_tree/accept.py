@@ -80,9 +80,9 @@ def greedy_accept(tree_tokens: torch.Tensor, parents: torch.Tensor, num_nodes: t
     """
     b, n = parents.shape
     dev = parents.device
-    i64 = dict(dtype=torch.int64, device=dev)
-    length, bonus = torch.empty(b, **i64), torch.empty(b, **i64)
-    columns, order, out_tokens = (torch.empty((b, n + 1), **i64) for _ in range(3))
+    flat = torch.empty(b * (2 + 3 * (n + 1)), dtype=torch.int64, device=dev)  # one allocation, five views
+    length, bonus = flat[:b], flat[b:2 * b]
+    columns, order, out_tokens = flat[2 * b:].view(3, b, n + 1).unbind(0)
     if b:
         _accept_kernel[(b,)](tree_tokens.to(torch.int64).contiguous(), parents.contiguous(), num_nodes.contiguous(),
                              target_predict.to(torch.int64).contiguous(), length, columns, bonus, order, out_tokens,

@@ -20,6 +20,8 @@ tree work, nothing else on the stream.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -228,15 +230,14 @@ def best_first_tree_layout(pair: torch.Tensor, cand: torch.Tensor, nodes: int, d
     unary_arg = unary.contiguous() if kind == "markov" else pair
     roots = (torch.zeros(b, dtype=torch.int64, device=dev) if root_positions is None
              else root_positions.to(device=dev, dtype=torch.int64).contiguous())
-    i64 = dict(dtype=torch.int64, device=dev)
-    parents, depths, ranks = (torch.empty((b, nodes), **i64) for _ in range(3))
-    scores = torch.empty((b, nodes), dtype=torch.float32, device=dev)
-    tokens, codes = torch.empty((b, nodes), **i64), torch.empty((b, nodes), **i64)
-    num_nodes = torch.empty(b, **i64)
+    # the outputs as views of three allocations (each torch.empty is a few µs of Python on an eager step)
+    shapes = [(b, nodes)] * 5 + [(b,)] + [(b, nodes + 1)] * 5
+    flat = torch.empty(sum(math.prod(s) for s in shapes), dtype=torch.int64, device=dev)
+    parents, depths, ranks, tokens, codes, num_nodes, positions, index, parent_col, next_token, next_sibling = (
+        part.view(s) for part, s in zip(flat.split([math.prod(s) for s in shapes]), shapes))
+    floats = torch.empty(b * nodes + (b * m * k * k if lattice == "scratch" else 1), dtype=torch.float32, device=dev)
+    scores, norm = floats[:b * nodes].view(b, nodes), floats[b * nodes:]
     mask = torch.empty((b, nodes + 1, nodes + 1), dtype=torch.int8, device=dev)
-    positions, parent_col, next_token, next_sibling = (torch.empty((b, nodes + 1), **i64) for _ in range(4))
-    norm = torch.empty((b, m, k, k) if lattice == "scratch" else (1,), dtype=torch.float32, device=dev)
-    index = torch.empty((b, nodes + 1), **i64)
     if b:
         _best_first_kernel[(b,)](pair, unary_arg, cand.contiguous(), roots, norm, parents, depths, ranks, scores, tokens,
                                  num_nodes, codes, mask, positions, index, parent_col, next_token, next_sibling, m,
