@@ -219,14 +219,14 @@ def test_bad_arguments_are_refused():
         best_first_tree(pair, cand, 8, 2, kind="markov")
 
 
-COMPILE_SM90 = """
+COMPILE = """
 import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from specpilot_kernels.draft_tree import accept, build
 
-target = GPUTarget("cuda", 90, 32)
+target = GPUTarget("cuda", int(sys.argv[1]), 32)
 outs = ["length_ptr", "columns_ptr", "bonus_ptr", "order_ptr", "out_tokens_ptr"]
 sig = {n: "*i64" for n in ["tokens_ptr", "parents_ptr", "num_nodes_ptr", "predict_ptr", *outs]}
 consts = {"N": 32, "NODES": 32, "COLS": 64, "LEVELS": 15}
@@ -247,13 +247,17 @@ print("compiled")
 """
 
 
-def test_kernels_compile_for_sm90():
-    """Triton's code generation for the H200 runs without a GPU (in a process without the interpreter, which skips
-    its type checks: a loop-carried int32 that became int64 failed on the H200 and passes the interpreter)."""
+@pytest.mark.parametrize("arch", [90, 120])
+def test_kernels_compile_for_sm90_and_sm120(arch):
+    """Triton's code generation down to a cubin runs without a GPU, in a process without the interpreter (which
+    skips its type checks: a loop-carried int32 that became int64 failed on the H200 and passes the interpreter):
+    sm_90 for the H200, sm_120 for the entry's RTX PRO 6000 variant (compiled here, never run)."""
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", COMPILE_SM90], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", COMPILE, str(arch)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
