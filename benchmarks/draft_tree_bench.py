@@ -9,7 +9,7 @@ Sections (each survives the others' failures; ``--out`` holds everything measure
   greedy acceptance (the step's whole tree work: two launches), by CUDA-graph replay (the figure a captured decode
   step sees: launch gaps count, Python does not) and eager (Python launch overhead included), for B requests x N
   nodes (K = 16, 16 drafted positions, depth 15). At 32 x 32 every kernel variant (where a step's lattice row comes
-  from, one- or two-reduction pick, warps) is timed; the fastest by graph replay times the other shapes. Beside it,
+  from, warps) is timed; the fastest by graph replay times the other shapes. Beside it,
   in the same process, the numpy replay builder on the CPU for the same batch (wall).
 
     PYTHONPATH=kernels:. python3 benchmarks/draft_tree_bench.py --out "$RESULTS/draft-tree-h200.json"
@@ -41,18 +41,10 @@ from specpilot_mem.replay.trees import get_builder  # noqa: E402
 from specpilot_mem.replay.trees.base import StepBatch  # noqa: E402
 
 TARGET_US = 50.0  # 32-node trees for 32 requests, every step
-# the build kernel's variants timed at the target shape: lattice row source, pick, warps
+# the build kernel's variants timed at the target shape: lattice rows normalised into a scratch or in the step, warps
 VARIANTS = {
-    f"{lattice}_{'fused' if fused else 'two'}_w{warps}": dict(lattice=lattice, fused_pick=fused, num_warps=warps)
-    for lattice, fused, warps in (
-        ("step", False, 8),
-        ("scratch", True, 4),
-        ("scratch", True, 8),
-        ("registers", True, 2),
-        ("registers", True, 4),
-        ("registers", True, 8),
-        ("registers", False, 4),
-    )
+    f"{'scratch' if scratch else 'step'}_w{warps}": dict(scratch=scratch, num_warps=warps)
+    for scratch, warps in ((True, 8), (True, 4), (False, 8))
 }
 
 

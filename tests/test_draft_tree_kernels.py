@@ -60,15 +60,12 @@ def test_build_equals_the_replay_builder_node_for_node(kind, ties, nodes, depth)
 
 
 @pytest.mark.parametrize("kind", ["selector", "markov"])
-@pytest.mark.parametrize(
-    "source,fused_pick",
-    [("scratch", False), ("step", True), ("scratch", True), ("registers", False), ("registers", True)],
-)
-def test_build_variants_equal_the_replay_builder(kind, source, fused_pick):
+@pytest.mark.parametrize("warps", [4, 8])
+def test_rows_normalised_in_the_step_equal_the_scratch_and_the_replay_builder(kind, warps):
     pair, unary, cand = lattice(2, 16, 16, seed=29, ties=True)
     base, base_tokens, base_layout = best_first_tree_layout(pair, cand, 32, 15, unary=unary, kind=kind)
     tree, tokens, layout = best_first_tree_layout(
-        pair, cand, 32, 15, unary=unary, kind=kind, lattice=source, fused_pick=fused_pick
+        pair, cand, 32, 15, unary=unary, kind=kind, scratch=False, num_warps=warps
     )
     want = replay_tree(pair, unary, cand, kind, 32, 15)
     assert np.array_equal(tree.parents.numpy(), want.parents) and np.array_equal(tree.ranks.numpy(), want.ranks)
@@ -227,22 +224,17 @@ from triton.compiler import ASTSource
 from specpilot_kernels.draft_tree import accept, build
 
 target = GPUTarget("cuda", int(sys.argv[1]), 32)
-outs = ["length_ptr", "columns_ptr", "bonus_ptr", "order_ptr", "out_tokens_ptr"]
-sig = {n: "*i64" for n in ["tokens_ptr", "parents_ptr", "num_nodes_ptr", "predict_ptr", *outs]}
+sig = {n: "*i64" for n in ["tokens_ptr", "parents_ptr", "num_nodes_ptr", "predict_ptr", "out_ptr"]} | {"B": "i32"}
 consts = {"N": 32, "NODES": 32, "COLS": 64, "LEVELS": 15}
 triton.compile(ASTSource(fn=accept._accept_kernel, signature=sig | dict.fromkeys(consts, "constexpr"),
                          constexprs=consts), target=target)
-names = ["pair_ptr", "unary_ptr", "cand_ptr", "root_pos_ptr", "norm_ptr", "parents_ptr", "depths_ptr", "ranks_ptr",
-         "scores_ptr", "tokens_ptr", "num_nodes_ptr", "codes_ptr", "mask_ptr", "positions_ptr", "index_ptr",
-         "parent_col_ptr", "next_token_ptr", "next_sibling_ptr"]
-types = ["*fp32", "*fp32", "*i64", "*i64", "*fp32", "*i64", "*i64", "*i64", "*fp32", "*i64", "*i64", "*i64", "*i8",
-         "*i64", "*i64", "*i64", "*i64", "*i64"]
-for source in (0, 1, 2):
-    for fused in (False, True):
-        consts = {"N": 32, "K": 16, "ROWS": 32, "NODES": 32, "COLS": 64, "BITS": 4, "MARKOV": False,
-                  "LATTICE_ROWS": 256, "LATTICE": source, "FUSED_PICK": fused}
-        sig = dict(zip(names, types)) | {"M": "i32", "DEPTH": "i32"} | dict.fromkeys(consts, "constexpr")
-        triton.compile(ASTSource(fn=build._best_first_kernel, signature=sig, constexprs=consts), target=target)
+names = ["pair_ptr", "unary_ptr", "cand_ptr", "root_pos_ptr", "ints_ptr", "floats_ptr", "mask_ptr"]
+types = ["*fp32", "*fp32", "*i64", "*i64", "*i64", "*fp32", "*i8"]
+for scratch in (False, True):
+    consts = {"N": 32, "K": 16, "ROWS": 32, "NODES": 32, "COLS": 64, "BITS": 4, "MARKOV": False,
+              "LATTICE_ROWS": 256, "SCRATCH": scratch}
+    sig = dict(zip(names, types)) | {"B": "i32", "M": "i32", "DEPTH": "i32"} | dict.fromkeys(consts, "constexpr")
+    triton.compile(ASTSource(fn=build._best_first_kernel, signature=sig, constexprs=consts), target=target)
 print("compiled")
 """
 

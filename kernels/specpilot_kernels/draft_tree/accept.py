@@ -17,11 +17,13 @@ from .reference import Acceptance
 
 
 @triton.jit
-def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr,
-                   length_ptr, columns_ptr, bonus_ptr, order_ptr, out_tokens_ptr,
+def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr, out_ptr, B,
                    N: tl.constexpr, NODES: tl.constexpr, COLS: tl.constexpr, LEVELS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     width = N + 1
+    # the outputs: parts of one int64 buffer (few arguments: each costs Python time a launch)
+    length_ptr, bonus_ptr, columns_ptr = out_ptr, out_ptr + B, out_ptr + 2 * B
+    order_ptr, out_tokens_ptr = columns_ptr + B * width, columns_ptr + 2 * B * width
     node = tl.arange(0, NODES)
     count = tl.load(num_nodes_ptr + b)
     valid = node < count
@@ -80,12 +82,13 @@ def greedy_accept(tree_tokens: torch.Tensor, parents: torch.Tensor, num_nodes: t
     """
     b, n = parents.shape
     dev = parents.device
-    flat = torch.empty(b * (2 + 3 * (n + 1)), dtype=torch.int64, device=dev)  # one allocation, five views
+    flat = torch.empty(b * (2 + 3 * (n + 1)), dtype=torch.int64, device=dev)  # one allocation, five views, in the
+    # kernel's order
     length, bonus = flat[:b], flat[b:2 * b]
     columns, order, out_tokens = flat[2 * b:].view(3, b, n + 1).unbind(0)
     if b:
         _accept_kernel[(b,)](tree_tokens.to(torch.int64).contiguous(), parents.contiguous(), num_nodes.contiguous(),
-                             target_predict.to(torch.int64).contiguous(), length, columns, bonus, order, out_tokens,
+                             target_predict.to(torch.int64).contiguous(), flat, b,
                              N=n, NODES=triton.next_power_of_2(max(n, 1)), COLS=triton.next_power_of_2(n + 1),
                              LEVELS=n if max_depth is None else min(n, max_depth), num_warps=1)
     return Acceptance(length, columns, bonus, out_tokens, order)

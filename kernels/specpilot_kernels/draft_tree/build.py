@@ -1,13 +1,13 @@
 """Batched best-first tree build on a lattice (one Triton program per request), with its verify layout.
 
 Each program keeps a frontier of ``N x K`` path scores in registers: row 0 holds the root's children,
-row ``t + 1`` the children of node ``t`` (the last node's children are never taken). Every entry has a key, one int64: its depth in the top four bits
-(sign bit flipped, so signed order is depth order) and its candidate path below them, ``BITS`` bits a level
+row ``t + 1`` the children of node ``t`` (the last node's children are never taken). Every entry has a key,
+one int64: its depth in the top four bits (sign bit flipped, so signed order is depth order) and its candidate path below them, ``BITS`` bits a level
 (base ``2^BITS`` digits: numeric order is lexicographic order at equal depth). Step ``t`` takes the best
 score and, among entries at it, the smallest key (ties: shallower, then the lexicographically smaller
 path, the replay builders' rule), appends that node, removes it and fills row ``t + 1`` with its children:
-the log-softmax of the lattice row its candidate selects, normalised in the kernel. Two reductions a step;
-the key carries everything else (depth, candidate, parent's path). Edges are <= 0, so the ``N`` nodes taken
+the log-softmax of the lattice row its candidate selects, normalised in the kernel. One (score, key) reduction
+a step; the key carries everything else (depth, candidate, parent's path). Edges are <= 0, so the ``N`` nodes taken
 are the top ``N`` by path score, prefix-closed, in the reference's order
 (``reference.best_first_tree_reference``).
 
@@ -31,7 +31,6 @@ from .reference import KINDS, DraftTree, VerifyLayout
 MAX_DEPTH = 15  # the key's depth field: four bits
 MAX_PATH_BITS = 60  # the key's path field
 CODE_MASK = (1 << MAX_PATH_BITS) - 1
-LATTICE_SOURCES = ("step", "scratch", "registers")  # the kernel's LATTICE constexpr, in this order
 
 
 @triton.jit
@@ -55,21 +54,26 @@ def _better(score_a, key_a, score_b, key_b):
 
 
 @triton.jit
-def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr, norm_ptr,
-                       parents_ptr, depths_ptr, ranks_ptr, scores_ptr, tokens_ptr, num_nodes_ptr, codes_ptr,
-                       mask_ptr, positions_ptr, index_ptr, parent_col_ptr, next_token_ptr, next_sibling_ptr,
-                       M, DEPTH,
+def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr, ints_ptr, floats_ptr, mask_ptr, B, M, DEPTH,
                        N: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr, NODES: tl.constexpr,
                        COLS: tl.constexpr, BITS: tl.constexpr, MARKOV: tl.constexpr,
-                       LATTICE_ROWS: tl.constexpr, LATTICE: tl.constexpr, FUSED_PICK: tl.constexpr):
+                       LATTICE_ROWS: tl.constexpr, SCRATCH: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
+    # the outputs: parts of one int64 and one float32 buffer (few arguments: each costs Python time a launch)
+    per_node, per_col = B * N, B * (N + 1)
+    parents_ptr, depths_ptr, ranks_ptr = ints_ptr, ints_ptr + per_node, ints_ptr + 2 * per_node
+    tokens_ptr, codes_ptr, num_nodes_ptr = ints_ptr + 3 * per_node, ints_ptr + 4 * per_node, ints_ptr + 5 * per_node
+    positions_ptr = num_nodes_ptr + B
+    index_ptr, parent_col_ptr = positions_ptr + per_col, positions_ptr + 2 * per_col
+    next_token_ptr, next_sibling_ptr = positions_ptr + 3 * per_col, positions_ptr + 4 * per_col
+    scores_ptr, norm_ptr = floats_ptr, floats_ptr + per_node
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, K)
     neg_inf = float("-inf")
     code_mask = 0xFFFFFFFFFFFFFFF  # 60 bits
     pair_base = pair_ptr + b * M * K * K
     unary_base = unary_ptr + b * M * K
-    if LATTICE != 0:  # every lattice row normalised once, up front: the step's dependent chain then only selects
+    if SCRATCH:  # every lattice row normalised once, up front, into a scratch: the step's chain is then a load
         lat_row = tl.arange(0, LATTICE_ROWS)
         inside = (lat_row < M * K)[:, None]
         x = tl.load(pair_base + lat_row[:, None] * K + cols[None, :], mask=inside, other=0.0).to(tl.float32)
@@ -78,13 +82,10 @@ def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr, norm_ptr,
         top = tl.max(x, axis=1)
         top = tl.where(top == neg_inf, 0.0, top)
         total = tl.maximum(tl.sum(tl.exp(x - top[:, None]), axis=1), 1.0)
-        normed = (x - top[:, None]) - tl.log(total)[:, None]
-        if LATTICE == 1:  # into a scratch buffer, a plain load a step
-            tl.store(norm_ptr + b * M * K * K + lat_row[:, None] * K + cols[None, :], normed, mask=inside)
-            tl.debug_barrier()
-            root_row = tl.load(norm_ptr + b * M * K * K + cols)
-        else:  # kept in registers, a row selected by a masked reduction a step (no memory in the chain)
-            root_row = tl.max(tl.where(lat_row[:, None] == 0, normed, neg_inf), axis=0)
+        tl.store(norm_ptr + b * M * K * K + lat_row[:, None] * K + cols[None, :], (x - top[:, None]) - tl.log(total)[:, None],
+                 mask=inside)
+        tl.debug_barrier()
+        root_row = tl.load(norm_ptr + b * M * K * K + cols)
     else:
         root_row = _normalised_row(pair_base, unary_base, 0, 0, cols, K, MARKOV)  # every parent row of d = 0 is equal
     front = tl.where((rows[:, None] == 0) & (DEPTH > 0), root_row[None, :], neg_inf)
@@ -96,12 +97,9 @@ def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr, norm_ptr,
     count = tl.zeros([], dtype=tl.int64)
     for t in range(N):
         keys = prefix[:, None] | cols[None, :].to(tl.int64)
-        if FUSED_PICK:  # one reduction of (score, key) pairs (by axis: a reshape to 1-D would move the frontier)
-            row_best, row_pick = tl.reduce((front, keys), 1, _better)
-            best, pick = tl.reduce((row_best, row_pick), 0, _better)
-        else:
-            best = tl.max(tl.max(front, axis=1), axis=0)
-            pick = tl.min(tl.min(tl.where(front == best, keys, 0x7FFFFFFFFFFFFFFF), axis=1), axis=0)
+        # one reduction of (score, key) pairs, by axis (a reshape to 1-D would move the frontier through memory)
+        row_best, row_pick = tl.reduce((front, keys), 1, _better)
+        best, pick = tl.reduce((row_best, row_pick), 0, _better)
         alive = (best > neg_inf).to(tl.int32) != 0
         level = ((pick >> 60) & 15) ^ 8
         rank = (pick & (K - 1)).to(tl.int32)
@@ -110,10 +108,8 @@ def _best_first_kernel(pair_ptr, unary_ptr, cand_ptr, root_pos_ptr, norm_ptr,
         front = tl.where(keys == pick, neg_inf, front)
         grow = alive & (level < DEPTH)
         safe_level = tl.where(grow, level, 0)
-        if LATTICE == 1:
+        if SCRATCH:
             child = best + tl.load(norm_ptr + b * M * K * K + (safe_level * K + rank) * K + cols)
-        elif LATTICE == 2:
-            child = best + tl.max(tl.where(lat_row[:, None] == safe_level * K + rank, normed, neg_inf), axis=0)
         else:
             child = best + _normalised_row(pair_base, unary_base, safe_level, rank, cols, K, MARKOV)
         front = tl.where(((rows == t + 1) & grow)[:, None], child[None, :], front)
@@ -183,8 +179,8 @@ def max_tree_depth(candidates: int) -> int:
 
 def best_first_tree_layout(pair: torch.Tensor, cand: torch.Tensor, nodes: int, depth: int | None = None,
                            unary: torch.Tensor | None = None, kind: str = "selector",
-                           root_positions: torch.Tensor | None = None, num_warps: int = 8, lattice: str = "step",
-                           fused_pick: bool = False) -> tuple[DraftTree, torch.Tensor, VerifyLayout]:
+                           root_positions: torch.Tensor | None = None, num_warps: int = 8,
+                           scratch: bool = True) -> tuple[DraftTree, torch.Tensor, VerifyLayout]:
     """Best-first trees of a batch of lattices and their verify layout, in one launch.
 
     Args:
@@ -197,10 +193,8 @@ def best_first_tree_layout(pair: torch.Tensor, cand: torch.Tensor, nodes: int, d
         kind: "selector" (DFlash2) or "markov" (DSpark).
         root_positions: [B] int64 position of each root (the last committed token); default 0.
         num_warps: warps per request's program (the frontier of (N+1) x K scores is spread over them).
-        lattice: where a step's children row comes from: "step" (loaded and normalised in the step), "scratch"
-            (every row normalised before the loop into a scratch of B x m x K x K floats, a load a step) or
-            "registers" (normalised before the loop and kept in registers, selected by a reduction a step).
-        fused_pick: take each step's best entry with one (score, key) reduction instead of two.
+        scratch: normalise every lattice row once before the loop into a scratch of B x m x K x K floats (a load
+            a step; the faster on the H200) instead of loading and normalising the row each step selects.
 
     Returns:
         (tree, tokens [B, N] int64 (-1 on padding), layout) — ``VerifyLayout`` with the mask [B, N+1, N+1],
@@ -211,8 +205,6 @@ def best_first_tree_layout(pair: torch.Tensor, cand: torch.Tensor, nodes: int, d
     """
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r} is not one of {KINDS}")
-    if lattice not in LATTICE_SOURCES:
-        raise ValueError(f"lattice {lattice!r} is not one of {LATTICE_SOURCES}")
     b, m, k, k2 = pair.shape
     if k2 != k or cand.shape != (b, m, k):
         raise ValueError(f"pair must be [B, m, K, K] and cand [B, m, K]; got {tuple(pair.shape)} and {tuple(cand.shape)}")
@@ -230,22 +222,20 @@ def best_first_tree_layout(pair: torch.Tensor, cand: torch.Tensor, nodes: int, d
     unary_arg = unary.contiguous() if kind == "markov" else pair
     roots = (torch.zeros(b, dtype=torch.int64, device=dev) if root_positions is None
              else root_positions.to(device=dev, dtype=torch.int64).contiguous())
-    # the outputs as views of three allocations (each torch.empty is a few µs of Python on an eager step)
+    # the outputs as views of three allocations (each torch.empty is a few µs of Python on an eager step), in the
+    # order the kernel finds them
     shapes = [(b, nodes)] * 5 + [(b,)] + [(b, nodes + 1)] * 5
     flat = torch.empty(sum(math.prod(s) for s in shapes), dtype=torch.int64, device=dev)
     parents, depths, ranks, tokens, codes, num_nodes, positions, index, parent_col, next_token, next_sibling = (
         part.view(s) for part, s in zip(flat.split([math.prod(s) for s in shapes]), shapes))
-    floats = torch.empty(b * nodes + (b * m * k * k if lattice == "scratch" else 1), dtype=torch.float32, device=dev)
-    scores, norm = floats[:b * nodes].view(b, nodes), floats[b * nodes:]
+    floats = torch.empty(b * nodes + (b * m * k * k if scratch else 1), dtype=torch.float32, device=dev)  # + scratch
+    scores = floats[:b * nodes].view(b, nodes)
     mask = torch.empty((b, nodes + 1, nodes + 1), dtype=torch.int8, device=dev)
     if b:
-        _best_first_kernel[(b,)](pair, unary_arg, cand.contiguous(), roots, norm, parents, depths, ranks, scores, tokens,
-                                 num_nodes, codes, mask, positions, index, parent_col, next_token, next_sibling, m,
-                                 depth, N=nodes, K=k, ROWS=triton.next_power_of_2(nodes),
-                                 NODES=triton.next_power_of_2(nodes), COLS=triton.next_power_of_2(nodes + 1),
+        _best_first_kernel[(b,)](pair, unary_arg, cand.contiguous(), roots, flat, floats, mask, b, m, depth, N=nodes,
+                                 K=k, ROWS=triton.next_power_of_2(nodes), NODES=triton.next_power_of_2(nodes), COLS=triton.next_power_of_2(nodes + 1),
                                  BITS=path_bits(k), MARKOV=kind == "markov",
-                                 LATTICE_ROWS=triton.next_power_of_2(m * k), LATTICE=LATTICE_SOURCES.index(lattice),
-                                 FUSED_PICK=fused_pick,
+                                 LATTICE_ROWS=triton.next_power_of_2(m * k), SCRATCH=scratch,
                                  num_warps=num_warps)
     layout = VerifyLayout(mask.view(torch.bool), positions, index, next_token, next_sibling, parent_col)
     return DraftTree(parents, depths, ranks, scores, num_nodes), tokens, layout
