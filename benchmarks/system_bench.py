@@ -181,7 +181,12 @@ def single(args, device, dtype, timer) -> dict:
     out["T_AR_ms"] = time_model(stock, caches, 1, 1, context, timer, ar=True)
     out["T_draft_ms"] = time_draft(stock, 1, timer)
     progress(f"single: T_AR {out['T_AR_ms']} ms, draft {out['T_draft_ms']} ms")
-    for name, options in SINGLE_OPTIONS.items():
+    names = args.single_options.split(",") if args.single_options else list(SINGLE_OPTIONS)
+    unknown = [n for n in names if n not in SINGLE_OPTIONS]
+    if unknown or "stock" not in names:
+        raise ValueError(f"--single-options {args.single_options!r}: needs stock, from {', '.join(SINGLE_OPTIONS)}")
+    for name in names:
+        options = SINGLE_OPTIONS[name]
         model = stock.with_options(options)
         times = {}
         for rows in rows_list:
@@ -200,6 +205,8 @@ def single(args, device, dtype, timer) -> dict:
     if "1" in base and "32" in base:
         out["stock_32_over_1"] = round(base["32"] / base["1"], 4)
     for name in ("w12_linears_head", "all", "all_w12_head"):
+        if name not in out["steps_ms"]:
+            continue
         mine = out["steps_ms"][name]
         out[f"{name}_speedup_vs_stock"] = {r: round(base[r] / mine[r], 4) for r in mine if r in base}
     del weights, caches, stock
@@ -688,6 +695,7 @@ def main(argv=None) -> int:
         help="comma-separated: check,single,batched,profile,speedup",
     )
     ap.add_argument("--rows", default="1,4,8,17,32,33,64")
+    ap.add_argument("--single-options", default="", help="comma-separated SINGLE_OPTIONS names (default: all)")
     ap.add_argument("--batches", default="8,16,32")
     ap.add_argument("--batched-shapes", default="qwen3.5-4b-like,llama-3.1-8b-like")
     ap.add_argument("--context", type=int, default=1024)
