@@ -753,8 +753,30 @@ def main(argv=None) -> int:
         progress(f"{name}: {result[name + '_s']} s")
         if args.out:
             write_result(result, args.out)
+    headline = batched_headline(result)
+    if headline:
+        result["headline"] = headline
+        if args.out:
+            write_result(result, args.out)
     print_result(result, args.out)
     return 0
+
+
+def batched_headline(result: dict) -> str | None:
+    """The batched speedups over AR per shape (the index's headline), when the speedup section has them."""
+    parts = []
+    for shape, table in (
+        result.get("speedup", {}).get("batched", {}).items() if isinstance(result.get("speedup"), dict) else []
+    ):
+        rows = [r for r in table.values() if "speedup_over_ar" in r.get("stock", {}) and "specpilot" in r]
+        if rows:
+            stock = [r["stock"]["speedup_over_ar"] for r in rows]
+            mine = [r["specpilot"]["speedup_over_ar"] for r in rows]
+            parts.append(
+                f"{shape} at {'/'.join(table)} requests: stock {min(stock):.2f}-{max(stock):.2f}x AR, "
+                f"SpecPilot {min(mine):.2f}-{max(mine):.2f}x AR"
+            )
+    return "; ".join(parts) if parts else None
 
 
 if __name__ == "__main__":
