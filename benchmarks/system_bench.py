@@ -291,6 +291,10 @@ def batched_speedup(run: dict, lattice) -> dict:
             fixed = str(options.rows)
             if name == "stock" and fixed in by_rows:  # stock as it runs: its chain, every step
                 mine["rows"], mine["speedup_over_ar"] = int(fixed), by_rows[fixed]["S"]
+                # the best static chain length, had stock a flag for it (SGLang's DFlash verifies its drafter's
+                # whole block); its tau truncates the 16-block chain, an upper bound for a drafter run at that block
+                best = max(by_rows, key=lambda r: by_rows[r]["S"])
+                mine["best_static_chain_bound"] = {"rows": int(best), "speedup_over_ar": by_rows[best]["S"]}
             elif name != "stock":
                 costs = _MeasuredSteps(t_ar, t_draft, {int(r): t for r, t in steps.items()}, int(B))
                 planner = BudgetPlanner(costs, tuple(int(r) for r in steps))
