@@ -108,6 +108,8 @@ def test_engine_costs_per_option_set():
     path = EngineStepCosts(base, engine_doc(True), "path")
     assert stock.ar_ms(8) == path.ar_ms(8) == pytest.approx(5.5)
     assert stock.verify_ms(8 * 17, 8) == pytest.approx(20.0) and path.verify_ms(8 * 17, 8) == pytest.approx(13.0)
+    best = EngineStepCosts(base, engine_doc(True), "best")
+    assert best.verify_ms(8 * 17, 8) == pytest.approx(13.0) and best.verify_ms(8 * 2, 8) == pytest.approx(7.0)
     with pytest.raises(BatchingError, match="T_step_path_ms"):
         EngineStepCosts(base, engine_doc(False), "path")
     with pytest.raises(BatchingError, match="unknown engine variant"):

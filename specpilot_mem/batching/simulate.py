@@ -51,7 +51,8 @@ class Mechanisms:
 
     name: str
     # which engine option set times it where the step costs have both (``batching.costs.EngineStepCosts``):
-    # "stock" (SGLang's snapshot GDN verify) or "path" (SpecPilot's batched option set, GDN path verify)
+    # "stock" (SGLang's snapshot GDN verify) or "path" (SpecPilot's batched option set: per bucket the faster of
+    # GDN path verify and the snapshot kernel)
     engine: str = "path"
     speculate: bool = True
     tree: str = "chain"
