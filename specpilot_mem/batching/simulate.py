@@ -259,7 +259,7 @@ def simulate(
             out.spec_steps += 1
             out.request_steps_spec += n
             if planner is not None:
-                planner.observe(gained - 1, depth)
+                planner.observe(gained - 1, depth, per_request)
         else:
             gained[:] = 1
             step_ms = costs.verify_ms(n + extra, n) if n + extra else 0.0
