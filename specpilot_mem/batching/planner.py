@@ -19,7 +19,8 @@ one-request prior at depth d - 1's rate), and tau(k) = 1 + sum over d <= k of th
 chain's expected tokens (a lower bound for a tree of k nodes). Depths no step verified lately take about the
 shallower depths' rate, so the estimate is optimistic where it has not looked and corrects itself once it has. (The drafter's own path probabilities
 were tried first: the trained pair's drafter is underconfident below the first position, so they planned
-far too few rows.) A bucket that steps have verified takes the tokens per request they realised instead:
+far too few rows.) A bucket that steps have verified takes the tokens per request they realised instead (fading back into
+the estimate as other buckets are verified):
 a shared budget gives its deep nodes to the confident requests, so the per-depth rates flatter the buckets
 not yet verified. The first step verifies the smallest bucket (the cheapest look). While AR wins, a speculative step now and
 then keeps the estimate current: after ``probe`` AR steps at first, at the best bucket while it is
@@ -76,6 +77,7 @@ class BudgetPlanner:
         # per bucket: the tokens per request its steps realised (a decaying average; NaN: never verified). A shared
         # budget gives deep nodes to confident requests, so the per-depth rates flatter the buckets not verified
         self._realized = np.full(len(self.buckets), np.nan)
+        self._age = np.zeros(len(self.buckets))  # observed steps since each bucket was last verified
         self._since = 0
 
     def draft_block(self, rows: int) -> int:
@@ -87,10 +89,12 @@ class BudgetPlanner:
         share verified; ``rows``: the bucket it verified. Updates the per-depth acceptance the expected tokens
         come from, and the bucket's realised tokens per request."""
         accepted, depth = np.asarray(accepted, dtype=np.int64), np.asarray(depth, dtype=np.int64)
+        self._age += 1
         if rows in self.buckets:
             i, tau = self.buckets.index(rows), 1.0 + float(accepted.mean())
             seen = self._realized[i]
             self._realized[i] = tau if np.isnan(seen) else self.decay * seen + (1 - self.decay) * tau
+            self._age[i] = 0
         d = np.arange(1, self._num.size)[:, None]
         reached = (accepted[None, :] >= d - 1) & (depth[None, :] >= d)
         self._den[1:] = self.decay * self._den[1:] + reached.sum(1)
@@ -116,7 +120,9 @@ class BudgetPlanner:
             return None
         reach = np.cumprod(rate)
         model = np.array([1.0 + reach[: rows - 1].sum() for rows in self.buckets])
-        return np.where(np.isnan(self._realized), model, self._realized)
+        # a bucket's realised figure fades into the model as other buckets are verified (it may be stale)
+        weight = np.where(np.isnan(self._realized), 0.0, self.decay**self._age)
+        return weight * np.nan_to_num(self._realized) + (1 - weight) * model
 
     def table(self, requests: int, tau: np.ndarray | None = None) -> list[dict]:
         """Per bucket: rows per request, estimated tokens per ms, and AR's (rows 1) first."""
