@@ -49,7 +49,7 @@ def encode(
 
     Args:
         weight: bf16 [N, K], the linear layer's [out_features, in_features] weight.
-        version: the format version's window rule (2: the window covering the most weights).
+        version: the format version's window rule (3 and 2: the window covering the most weights; 1: v1's).
 
     Example: ``w12 = encode(layer.weight.data, name="layers.0.q_proj")``.
     """
@@ -59,9 +59,10 @@ def encode(
     return w12
 
 
-# A tensor is stored as W12 only where that pays: its W12 form at most this share of BF16's bytes (14.4 bits a
-# weight) and at most MAX_ESCAPE_FRACTION of its weights escaped (where the GEMM's escape patching stays cheap;
-# measured up to 1e-2). Otherwise it stays BF16.
+# A tensor is stored as W12 only where that pays: its W12 form in memory (the kernel layout, padded to 128 x 128:
+# what the GEMM holds and reads) at most this share of BF16's bytes (14.4 bits a weight) and at most
+# MAX_ESCAPE_FRACTION of its weights escaped (where the GEMM's escape patching stays cheap; measured up to 1e-2).
+# Otherwise it stays BF16. The stored record is never larger than the memory form, so it pays too.
 W12_MAX_SHARE_OF_BF16 = 0.90
 MAX_ESCAPE_FRACTION = 0.02
 
@@ -72,8 +73,8 @@ def encode_or_keep(weight: torch.Tensor, *, name: str = "weight") -> tuple[W12Te
     Args:
         weight: bf16 [N, K] (CPU or GPU), encoded and checked bit for bit when kept as W12.
 
-    The report: name, shape, bits_per_weight (of the W12 form, headers and escapes included), escape_fraction,
-    kept_bf16 and, when kept, the reason. Example: ``w12, report = encode_or_keep(w, name="lm_head")``.
+    The report: name, shape, bits_per_weight (of the stored W12 record, every byte), memory_bits_per_weight (of
+    the kernel layout, which the rule judges), escape_fraction, kept_bf16 and, when kept, the reason. Example: ``w12, report = encode_or_keep(w, name="lm_head")``.
     """
     w12 = encode(weight, check=False, name=name)
     stats = w12.stats()
@@ -81,14 +82,15 @@ def encode_or_keep(weight: torch.Tensor, *, name: str = "weight") -> tuple[W12Te
         "name": name,
         "shape": stats["shape"],
         "bits_per_weight": stats["bits_per_weight"],
+        "memory_bits_per_weight": stats["memory_bits_per_weight"],
         "escape_fraction": stats["escape_fraction"],
         "escapes": stats["escapes"],
         "kept_bf16": False,
     }
-    if stats["bits_per_weight"] > 16.0 * W12_MAX_SHARE_OF_BF16:
+    if stats["memory_bits_per_weight"] > 16.0 * W12_MAX_SHARE_OF_BF16:
         report.update(
             kept_bf16=True,
-            reason=f"W12 needs {stats['bits_per_weight']:.2f} bits a weight, more than "
+            reason=f"W12 needs {stats['memory_bits_per_weight']:.2f} bits a weight in memory, more than "
             f"{W12_MAX_SHARE_OF_BF16:.0%} of BF16's 16",
         )
     elif stats["escape_fraction"] > MAX_ESCAPE_FRACTION:

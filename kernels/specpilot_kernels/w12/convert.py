@@ -2,12 +2,13 @@
 
     python -m specpilot_kernels.w12.convert CHECKPOINT.safetensors OUT.safetensors [--device cuda] [--report R.json]
 
-Every 2-D BF16 tensor is encoded (checked bit for bit) and stored as its canonical records
-(``NAME.w12.records``, ``.base``, ``.escapes``, ``.escape_bits``, ``.header``) where W12 pays
+Every 2-D BF16 tensor is encoded (checked bit for bit) and stored as its canonical record, format version 3
+(one uint8 tensor ``NAME.w12.record``), where W12 pays
 (:func:`~specpilot_kernels.w12.codec.encode_or_keep`); every other tensor, and each W12 candidate that does not
 pay, is copied unchanged. The report (printed as JSON, or written to ``--report``) lists per tensor its shape,
-bits per weight, escape fraction and whether it was kept as BF16 (and why). :func:`load_converted` reads such a
-file back, refusing records it cannot trust.
+bits per weight (stored and in memory), escape fraction and whether it was kept as BF16 (and why).
+:func:`load_converted` reads such a file back, and files of versions 1 and 2 (tile records ``NAME.w12.records``,
+``.base``, ``.escapes``, ``.escape_bits``, ``.header``), refusing records it cannot trust.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .codec import encode_or_keep
 from .format import W12Error, W12Tensor, from_canonical, to_canonical
 
 W12_SUFFIX = ".w12."
-RECORD_FIELDS = ("records", "base", "escapes", "escape_bits", "header")
+TILE_RECORD_FIELDS = ("records", "base", "escapes", "escape_bits", "header")  # versions 1 and 2
 
 
 def convert_tensors(
@@ -45,8 +46,8 @@ def convert_tensors(
 
 
 def load_converted(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | W12Tensor]:
-    """The checkpoint :func:`convert_tensors` wrote: W12 tensors by name (checked by ``from_canonical``), the rest as
-    stored. A record with a missing field is refused naming it."""
+    """The checkpoint :func:`convert_tensors` wrote (or one of versions 1 and 2): W12 tensors by name (checked by
+    ``from_canonical``), the rest as stored. A version 1/2 record with a missing field is refused naming it."""
     out, groups = {}, {}
     for key, value in tensors.items():
         if W12_SUFFIX in key:
@@ -55,7 +56,7 @@ def load_converted(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor |
         else:
             out[key] = value
     for name, fields in groups.items():
-        missing = [f for f in RECORD_FIELDS if f not in fields]
+        missing = [] if "record" in fields else [f for f in TILE_RECORD_FIELDS if f not in fields]
         if missing:
             raise W12Error(
                 f"W12 tensor {name} lacks {', '.join(missing)}",
