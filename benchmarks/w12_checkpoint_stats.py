@@ -9,10 +9,11 @@ im2col GEMM multiplies. Float32 / float16 weights are rounded to BF16 first (rou
 ``.to(torch.bfloat16)``; reported as the source dtype). Per tensor: bits per weight of its stored W12 record (every
 byte of the version 3 record, each section apart: header, view and nibble planes, bases, base exceptions, escape bits
 and gaps), of its kernel layout in memory (planes padded to 128 x 128, a base byte a row, bucketed escapes: what
-version 2's stats counted); the escape fraction; and the per-tensor choice (``encode_or_keep``): kept as BF16 where
-W12 does not pay, which stores it at 16 bits. Every record is written, read back and decoded bit for bit. Totals per
-checkpoint and per tensor class (the name's last component before ``weight``), both with that choice, and the
-bits of each record section per class.
+version 2's stats counted); the escape fraction; and the per-tensor choice on disk (``encode_for_storage``): kept as
+BF16 where the record does not pay, which stores it at 16 bits, and whether a stored record loads as BF16 (the W12
+GEMM would not pay in memory). Every record is written, read back and decoded bit for bit. Totals per checkpoint and
+per tensor class (the name's last component before ``weight``), both with that choice, the bits of each record section
+per class, and the bits held in memory after loading (kernel layout, or 16 where a tensor runs as BF16).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from specpilot_kernels.w12 import check_roundtrip, encode, encode_or_keep, from_canonical, to_canonical  # noqa: E402
+from specpilot_kernels.w12 import check_roundtrip, encode, from_canonical, to_canonical  # noqa: E402
+from specpilot_kernels.w12.codec import encode_for_storage  # noqa: E402
 from specpilot_mem.provenance import result_header, write_result  # noqa: E402
 
 
@@ -70,11 +72,11 @@ SECTIONS = ("header", "view", "nibbles", "base", "base_exceptions", "escape_bits
 
 def checkpoint_stats(path: str, device: str = "cpu") -> dict:
     tensors, classes = {}, {}
-    weights = stored_w12_only = stored_choice = 0
+    weights = stored_w12_only = stored_choice = loaded = 0
     sections = dict.fromkeys(SECTIONS, 0)
     for name, dtype, matrix in weight_matrices(path):
         w = matrix.to(device=device, dtype=torch.bfloat16)
-        w12, report = encode_or_keep(w, name=name)
+        w12, report = encode_for_storage(w, name=name)
         if w12 is None:
             w12 = encode(w, check=True, name=name)
         record = to_canonical(w12)
@@ -86,14 +88,19 @@ def checkpoint_stats(path: str, device: str = "cpu") -> dict:
             "source_dtype": dtype,
             "kept_bf16": report["kept_bf16"],
             "stored_bits_per_weight": 16.0 if report["kept_bf16"] else stats["bits_per_weight"],
+            "loads_as_bf16": report.get("loads_as_bf16", True),
         }
+        entry["loaded_bits_per_weight"] = 16.0 if entry["loads_as_bf16"] else stats["memory_bits_per_weight"]
         if report["kept_bf16"]:
             entry["kept_reason"] = report["reason"]
+        elif report["loads_as_bf16"]:
+            entry["load_reason"] = report["load_reason"]
         tensors[name] = entry
         count = w.numel()
         weights += count
         stored_w12_only += stats["bytes"]
         stored_choice += count * entry["stored_bits_per_weight"] / 8
+        loaded += count * entry["loaded_bits_per_weight"] / 8
         cls = classes.setdefault(
             tensor_class(name),
             {
@@ -102,6 +109,7 @@ def checkpoint_stats(path: str, device: str = "cpu") -> dict:
                 "stored_bits": 0.0,
                 "kept_bf16": 0,
                 "kept_bf16_weights": 0,
+                "loads_as_bf16": 0,
                 "escapes": 0,
                 "max_stored_bits_per_weight": 0.0,
                 "sections": dict.fromkeys(SECTIONS, 0),
@@ -111,6 +119,7 @@ def checkpoint_stats(path: str, device: str = "cpu") -> dict:
         cls["weights"] += count
         cls["stored_bits"] += count * entry["stored_bits_per_weight"]
         cls["kept_bf16"] += int(report["kept_bf16"])
+        cls["loads_as_bf16"] += int(entry["loads_as_bf16"] and not report["kept_bf16"])
         cls["escapes"] += stats["escapes"]
         cls["max_stored_bits_per_weight"] = max(cls["max_stored_bits_per_weight"], entry["stored_bits_per_weight"])
         if report["kept_bf16"]:
@@ -137,6 +146,7 @@ def checkpoint_stats(path: str, device: str = "cpu") -> dict:
         "weights": weights,
         "bits_per_weight": 8.0 * stored_choice / max(weights, 1),
         "bits_per_weight_all_w12": 8.0 * stored_w12_only / max(weights, 1),
+        "loaded_bits_per_weight": 8.0 * loaded / max(weights, 1),
         "bits_per_weight_without_embeddings": (
             sum(t["shape"][0] * t["shape"][1] * t["stored_bits_per_weight"] for t in rest) / rest_weights
             if rest_weights
@@ -164,7 +174,8 @@ def main() -> None:
         print(
             f"{path}: {stats['bits_per_weight']:.4f} bits/weight with the per-tensor choice "
             f"({stats['bits_per_weight_all_w12']:.4f} all W12, {stats['bits_per_weight_without_embeddings']} without "
-            f"embeddings), escapes {stats['escape_fraction']:.2e}, "
+            f"embeddings; {stats['loaded_bits_per_weight']:.4f} in memory once loaded), escapes "
+            f"{stats['escape_fraction']:.2e}, "
             f"max {stats['max_stored_bits_per_weight']:.2f}",
             file=sys.stderr,
         )
