@@ -324,7 +324,10 @@ def test_gpu_encode_equals_cpu_encode():
     torch.manual_seed(5)
     w = (torch.randn(1000, 3000) * 0.02).bfloat16()
     cpu = encode(w)
-    gpu = encode(w.cuda()).to("cpu")
+    gpu = encode(w.cuda())
+    assert torch.equal(to_canonical(gpu)["record"].cpu(), to_canonical(cpu)["record"])
+    assert torch.equal(bits(decode(from_canonical(to_canonical(gpu)))).cpu(), bits(w))
+    gpu = gpu.to("cpu")
     for name in ("view", "nibbles", "base", "esc_ptr", "esc_loc", "esc_val"):
         assert torch.equal(getattr(cpu, name), getattr(gpu, name)), name
 
