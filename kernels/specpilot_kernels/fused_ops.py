@@ -239,10 +239,12 @@ def tree_conv_silu(conv_state: torch.Tensor, x: torch.Tensor, conv_idx: torch.Te
         x = x.contiguous()
     conv_state, conv_idx, weight = (t.contiguous() for t in (conv_state, conv_idx, weight))
     out = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    block = min(1024, triton.next_power_of_2(C))
+    # few rows: narrower blocks, so that a decode-sized step still spreads over the SMs
+    block = min(256 if B * T < 16 else 1024, triton.next_power_of_2(C))
     _tree_conv_silu_kernel[(B * T, triton.cdiv(C, block))](conv_state, x, conv_idx, weight, out,
                                                            out if raw is None else raw, T, C, x.stride(1), CS=CS,
-                                                           BLOCK=block, RAW=raw is not None, **_pdl(x), num_warps=4)
+                                                           BLOCK=block, RAW=raw is not None, **_pdl(x),
+                                                           num_warps=4 if block >= 1024 else 2)
     return out
 
 
