@@ -133,7 +133,7 @@ def build_one(device: str, b: int, n: int, depth: int, repeats: int) -> dict:
 
     row = {"batch": b, "nodes": n, "depth": depth}
     if device.startswith("cuda"):
-        from cuda_timing import graph_replay_us
+        from specpilot_mem.bench.cuda_timing import graph_replay_us
 
         row["kernel_us"] = round(graph_replay_us(kernel_only, calls=10), 2)
         row["step_us"] = round(graph_replay_us(whole_step, calls=10), 2)
@@ -160,7 +160,7 @@ def build_one(device: str, b: int, n: int, depth: int, repeats: int) -> dict:
 
 
 def main(argv=None) -> int:
-    from cuda_timing import record_section
+    from specpilot_mem.bench.cuda_timing import record_section
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")

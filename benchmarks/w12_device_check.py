@@ -22,15 +22,12 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuda_timing import ClockLog, graph_replay_us, record_section  # noqa: E402
 
 from specpilot_kernels.w12 import encode  # noqa: E402
 from specpilot_kernels.w12.mma import (  # noqa: E402
@@ -47,16 +44,11 @@ from specpilot_kernels.w12.mma import (  # noqa: E402
     wide_token_tiles,
 )
 from specpilot_kernels.w12.reference import gemm_reference  # noqa: E402
+from specpilot_mem.bench.cuda_timing import ClockLog, graph_replay_us, read_bandwidth, record_section  # noqa: E402
+from specpilot_mem.bench.runs import log  # noqa: E402
+from specpilot_mem.bench.shapes import PROJECTIONS, SHAPES  # noqa: E402
 from specpilot_mem.provenance import result_header, write_result  # noqa: E402
 
-SHAPES = {
-    "qkv": (10240, 5120),
-    "o_proj": (5120, 8192),
-    "gate_up": (34816, 5120),
-    "down": (5120, 17408),
-    "lm_head": (248320, 5120),
-}
-PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
 ROWS = (1, 2, 4, 8, 9, 16, 17, 32, 33, 48, 64, 65, 96, 128, 192, 256)
 ESCAPE_FRACTIONS = (0.0, 1e-4, 1e-3, 1e-2)
 ESCAPE_ROWS = (1, 8, 16, 32, 64, 128, 256)
@@ -101,10 +93,6 @@ MULTICAST_CONFIGS = {
 MULTICAST_ROWS = (1024, 1040)
 
 
-def log(*args):
-    print(*args, file=sys.stderr, flush=True)
-
-
 def with_outliers(w: torch.Tensor, fraction: float, seed: int = 3) -> torch.Tensor:
     """w with ``fraction`` of its weights replaced by values no 16-binade window of a N(0, 0.02) row holds: zeros,
     tiny (1e-30) and huge (+-3e4) weights, in equal shares at random positions."""
@@ -130,20 +118,6 @@ def clone_mma(mma: W12MmaTensor) -> W12MmaTensor:
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16)
-
-
-def read_bandwidth() -> float:
-    buf = torch.empty(2**31, device="cuda", dtype=torch.bfloat16).normal_()
-    times = []
-    for _ in range(8):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        buf.sum(dtype=torch.float32)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del buf
-    return 2**32 / sorted(times)[len(times) // 2]
 
 
 def build() -> dict:

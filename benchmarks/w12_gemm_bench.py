@@ -16,7 +16,6 @@ import json
 import math
 import os
 import re
-import statistics
 import sys
 import time
 from dataclasses import asdict, replace
@@ -25,7 +24,6 @@ from pathlib import Path
 import torch
 import triton
 
-from cuda_timing import ClockLog, graph_replay_us
 from specpilot_kernels.w12 import encode, w12_gemm
 from specpilot_kernels.w12.configs import GemmConfig, select_config
 from specpilot_kernels.w12.gemm import launch
@@ -40,15 +38,10 @@ from specpilot_kernels.w12.mma import (
     w12_mma_gemm,
 )
 from specpilot_kernels.w12.reference import gemm_reference
+from specpilot_mem.bench.cuda_timing import ClockLog, graph_replay_us, read_bandwidth
+from specpilot_mem.bench.runs import log
+from specpilot_mem.bench.shapes import PROJECTIONS, SHAPES
 
-SHAPES = {
-    "qkv": (10240, 5120),
-    "o_proj": (5120, 8192),
-    "gate_up": (34816, 5120),
-    "down": (5120, 17408),
-    "lm_head": (248320, 5120),
-}
-PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
 ROWS = (1, 2, 4, 8, 16, 32, 48, 64)
 L2_BYTES = 60 * 2**20
 REPLAYS = 15
@@ -68,28 +61,6 @@ SETTLED_ROWS = (1, 16, 32, 64)  # --settle: rows also timed at the clock the pow
 def tune_score(times_us: dict) -> float:
     """Weighted geometric mean of a partition's times at TUNE_ROWS (the 1-32-row geomean's row weights)."""
     return math.exp(sum(w * math.log(times_us[m]) for m, w in TUNE_ROWS.items()) / sum(TUNE_ROWS.values()))
-
-
-def log(*args):
-    print(*args, file=sys.stderr, flush=True)
-
-
-def read_bandwidth() -> float:
-    """Bytes/s of a read-only reduction over 4 GiB (the denominator of the byte floors)."""
-    buf = torch.randn(2**31 // 1, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        buf.sum(dtype=torch.float32)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        buf.sum(dtype=torch.float32)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    bw = buf.numel() * 2 / statistics.median(times)
-    del buf
-    return bw
 
 
 def candidate_configs(n: int, k: int, sms: int) -> list[GemmConfig]:

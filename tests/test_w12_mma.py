@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -634,15 +635,8 @@ def test_mma_rows_1_to_256_with_outliers_give_the_per_warp_bits(fraction, config
 def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
     # the H200 stage's --tune (benchmarks/w12_device_check.py) on the CPU: every row range of every tuned shape gets
     # candidates, each a valid config with the shape's partition (no bit may depend on the choice), wide blocks that fit
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from benchmarks import w12_device_check as check
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "w12_device_check.py"
-    spec = importlib.util.spec_from_file_location("w12_device_check", path)
-    check = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = check
-    spec.loader.exec_module(check)
     tuned = json.loads(mma_module.TUNED_PATH.read_text())["NVIDIA H200"]
     for key in ("10240,5120", "34816,5120", "248320,5120"):
         base = MmaConfig(**tuned[key])
@@ -662,7 +656,7 @@ def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
     assert written["10240,5120"] == json.loads(json.dumps(config)) and written["5120,8192"] == tuned["5120,8192"]
     assert MmaConfig(**written["10240,5120"]).wide_launch(64) == (4, 4, 2, 8, 1)
     # the summary and headline re-made from a committed H200 result
-    doc = json.loads((path.parent / "results" / "w12-v2-device-check-h200.json").read_text())
+    doc = json.loads((Path(check.__file__).parent / "results" / "w12-v2-device-check-h200.json").read_text())
     doc["summary"] = check.summarize(doc)
     assert check.headline(doc).startswith("bits exact; projections 1-32 rows 1.34x cuBLAS")
     assert 0.8 < doc["summary"]["projections_1_32_min_every_row_count"] < doc["summary"]["projections_1_32_min"]

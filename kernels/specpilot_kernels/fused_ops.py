@@ -76,8 +76,9 @@ def add_rms_norm_reference(x: torch.Tensor, delta: torch.Tensor, weight: torch.T
     return y, rms_norm_reference(y, weight, eps)
 
 
-def tree_conv_silu_reference(conv_state: torch.Tensor, x: torch.Tensor, conv_idx: torch.Tensor,
-                             weight: torch.Tensor) -> torch.Tensor:
+def tree_conv_silu_reference(
+    conv_state: torch.Tensor, x: torch.Tensor, conv_idx: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
     """silu of the causal depthwise conv along each row's root path: window = cat(conv_state, x) gathered by
     conv_idx, times weight, summed over the window (the products rounded to x's dtype, as torch does)."""
     B, T, C = x.shape
@@ -116,8 +117,10 @@ def _add_rms_norm_kernel(x, delta, w, y, out, N, eps, BLOCK: tl.constexpr, PDL: 
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     keep = cols < N
-    total = (tl.load(x + row * N + cols, mask=keep, other=0.0).to(tl.float32)
-             + tl.load(delta + row * N + cols, mask=keep, other=0.0).to(tl.float32)).to(y.dtype.element_ty)
+    total = (
+        tl.load(x + row * N + cols, mask=keep, other=0.0).to(tl.float32)
+        + tl.load(delta + row * N + cols, mask=keep, other=0.0).to(tl.float32)
+    ).to(y.dtype.element_ty)
     tl.store(y + row * N + cols, total, mask=keep)
     yv = total.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(yv * yv, axis=0) / N + eps)
@@ -127,8 +130,21 @@ def _add_rms_norm_kernel(x, delta, w, y, out, N, eps, BLOCK: tl.constexpr, PDL: 
 
 
 @triton.jit
-def _tree_conv_silu_kernel(state, x, idx, w, out, raw, T, C, sx, CS: tl.constexpr, BLOCK: tl.constexpr,
-                           RAW: tl.constexpr, PDL: tl.constexpr = False):
+def _tree_conv_silu_kernel(
+    state,
+    x,
+    idx,
+    w,
+    out,
+    raw,
+    T,
+    C,
+    sx,
+    CS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RAW: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     _pdl_start(PDL)
     bt = tl.program_id(0).to(tl.int64)
     b = bt // T
@@ -192,8 +208,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.contiguous()
     N = x.shape[-1]
     out = torch.empty_like(x)
-    _rms_norm_kernel[(x.numel() // N,)](x, weight, out, N, eps, BLOCK=triton.next_power_of_2(N),
-                                        **_pdl(x), num_warps=8 if N >= 2048 else 4)
+    _rms_norm_kernel[(x.numel() // N,)](
+        x, weight, out, N, eps, BLOCK=triton.next_power_of_2(N), **_pdl(x), num_warps=8 if N >= 2048 else 4
+    )
     return out
 
 
@@ -211,13 +228,19 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     x, delta = x.contiguous(), delta.contiguous()
     N = x.shape[-1]
     y, out = torch.empty_like(x), torch.empty_like(x)
-    _add_rms_norm_kernel[(x.numel() // N,)](x, delta, weight, y, out, N, eps, BLOCK=triton.next_power_of_2(N),
-                                            **_pdl(x), num_warps=8 if N >= 2048 else 4)
+    _add_rms_norm_kernel[(x.numel() // N,)](
+        x, delta, weight, y, out, N, eps, BLOCK=triton.next_power_of_2(N), **_pdl(x), num_warps=8 if N >= 2048 else 4
+    )
     return y, out
 
 
-def tree_conv_silu(conv_state: torch.Tensor, x: torch.Tensor, conv_idx: torch.Tensor, weight: torch.Tensor,
-                   raw: torch.Tensor | None = None) -> torch.Tensor:
+def tree_conv_silu(
+    conv_state: torch.Tensor,
+    x: torch.Tensor,
+    conv_idx: torch.Tensor,
+    weight: torch.Tensor,
+    raw: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The GDN's causal conv + silu over draft-tree rows in one launch on a GPU (the reference on a CPU).
 
     Args:
@@ -241,10 +264,22 @@ def tree_conv_silu(conv_state: torch.Tensor, x: torch.Tensor, conv_idx: torch.Te
     out = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
     # few rows: narrower blocks, so that a decode-sized step still spreads over the SMs
     block = min(256 if B * T < 16 else 1024, triton.next_power_of_2(C))
-    _tree_conv_silu_kernel[(B * T, triton.cdiv(C, block))](conv_state, x, conv_idx, weight, out,
-                                                           out if raw is None else raw, T, C, x.stride(1), CS=CS,
-                                                           BLOCK=block, RAW=raw is not None, **_pdl(x),
-                                                           num_warps=4 if block >= 1024 else 2)
+    _tree_conv_silu_kernel[(B * T, triton.cdiv(C, block))](
+        conv_state,
+        x,
+        conv_idx,
+        weight,
+        out,
+        out if raw is None else raw,
+        T,
+        C,
+        x.stride(1),
+        CS=CS,
+        BLOCK=block,
+        RAW=raw is not None,
+        **_pdl(x),
+        num_warps=4 if block >= 1024 else 2,
+    )
     return out
 
 
@@ -268,8 +303,9 @@ def gated_rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, ep
     if g3.stride(2) != 1 or g3.stride(1) != N:
         g3 = g3.contiguous()
     out = torch.empty_like(x)
-    _gated_rms_norm_kernel[(x.numel() // N,)](x, weight, g3, out, N, heads, g3.stride(0), eps,
-                                              BLOCK=triton.next_power_of_2(N), **_pdl(x), num_warps=4)
+    _gated_rms_norm_kernel[(x.numel() // N,)](
+        x, weight, g3, out, N, heads, g3.stride(0), eps, BLOCK=triton.next_power_of_2(N), **_pdl(x), num_warps=4
+    )
     return out
 
 
@@ -317,9 +353,35 @@ def qk_norm_rope_reference(q, k, v, cos, sin, q_weight, k_weight, eps, k_cache=N
 
 
 @triton.jit
-def _qk_norm_rope_kernel(q, k, v, cos, sin, qw, kw, q_out, k_out, v_out, kc, vc, slots, sq, sk, sv, kc_b, kc_h,
-                         T, HQ, HKV, eps, D: tl.constexpr, HALF: tl.constexpr, QK_NORM: tl.constexpr,
-                         WRITE: tl.constexpr, PDL: tl.constexpr = False):
+def _qk_norm_rope_kernel(
+    q,
+    k,
+    v,
+    cos,
+    sin,
+    qw,
+    kw,
+    q_out,
+    k_out,
+    v_out,
+    kc,
+    vc,
+    slots,
+    sq,
+    sk,
+    sv,
+    kc_b,
+    kc_h,
+    T,
+    HQ,
+    HKV,
+    eps,
+    D: tl.constexpr,
+    HALF: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    WRITE: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     _pdl_start(PDL)
     bt = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -327,10 +389,16 @@ def _qk_norm_rope_kernel(q, k, v, cos, sin, qw, kw, q_out, k_out, v_out, kc, vc,
     is_k = h >= HQ
     kh = tl.maximum(h - HQ, 0)
     j = tl.arange(0, HALF)
-    x1 = tl.where(is_q, tl.load(q + bt * sq + h * D + j, mask=is_q, other=0.0),
-                  tl.load(k + bt * sk + kh * D + j, mask=is_k, other=0.0)).to(tl.float32)
-    x2 = tl.where(is_q, tl.load(q + bt * sq + h * D + HALF + j, mask=is_q, other=0.0),
-                  tl.load(k + bt * sk + kh * D + HALF + j, mask=is_k, other=0.0)).to(tl.float32)
+    x1 = tl.where(
+        is_q,
+        tl.load(q + bt * sq + h * D + j, mask=is_q, other=0.0),
+        tl.load(k + bt * sk + kh * D + j, mask=is_k, other=0.0),
+    ).to(tl.float32)
+    x2 = tl.where(
+        is_q,
+        tl.load(q + bt * sq + h * D + HALF + j, mask=is_q, other=0.0),
+        tl.load(k + bt * sk + kh * D + HALF + j, mask=is_k, other=0.0),
+    ).to(tl.float32)
     dt = q_out.dtype.element_ty
     if QK_NORM:
         inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
@@ -394,15 +462,41 @@ def qk_norm_rope(q, k, v, cos, sin, q_weight, k_weight, eps, k_cache=None, v_cac
         raise ValueError("qk_norm_rope writes caches laid out [B, HKV, L, D] with unit token stride D")
     norm = q_weight is not None
     _qk_norm_rope_kernel[(B * T, HQ + HKV)](
-        q, k, v, cos.contiguous(), sin.contiguous(), q_weight if norm else q, k_weight if norm else q, q_out, k_out,
-        v_out, k_cache if write else q_out, v_cache if write else q_out, slots.contiguous() if write else cos,
-        q.stride(1), k.stride(1), v.stride(1), k_cache.stride(0) if write else 0, k_cache.stride(1) if write else 0,
-        T, HQ, HKV, eps, D=D, HALF=D // 2, QK_NORM=norm, WRITE=write, **_pdl(q), num_warps=1 if D <= 128 else 2)
+        q,
+        k,
+        v,
+        cos.contiguous(),
+        sin.contiguous(),
+        q_weight if norm else q,
+        k_weight if norm else q,
+        q_out,
+        k_out,
+        v_out,
+        k_cache if write else q_out,
+        v_cache if write else q_out,
+        slots.contiguous() if write else cos,
+        q.stride(1),
+        k.stride(1),
+        v.stride(1),
+        k_cache.stride(0) if write else 0,
+        k_cache.stride(1) if write else 0,
+        T,
+        HQ,
+        HKV,
+        eps,
+        D=D,
+        HALF=D // 2,
+        QK_NORM=norm,
+        WRITE=write,
+        **_pdl(q),
+        num_warps=1 if D <= 128 else 2,
+    )
     return q_out, k_out, v_out
 
 
-def tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None):
-    """Each row attends to its request's first ``lengths`` cache keys and to the rows it descends from (``anc``).
+def tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None, window=0):
+    """Each row attends to its request's first ``lengths`` cache keys (the last ``window`` of them when window > 0)
+    and to the rows it descends from (``anc``).
 
     q [B, T, HQ, D]; k_cache/v_cache [B, HKV, L, D] or None (no context); k_rows/v_rows [B, T, HKV, D];
     lengths [B] long or None; anc [B, T, T] bool; gate [B, T, HQ * D] or None (o * sigmoid(gate)).
@@ -416,7 +510,11 @@ def tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, 
         L = k_cache.shape[2]
         keys = torch.cat([k_cache.to(q.dtype), keys], dim=2)
         values = torch.cat([v_cache.to(q.dtype), values], dim=2)
-        ctx = (torch.arange(L, device=q.device)[None, :] < lengths[:, None])[:, None, None, :].expand(B, 1, T, L)
+        cols = torch.arange(L, device=q.device)[None, :]
+        seen = cols < lengths[:, None]
+        if window:
+            seen = seen & (cols >= lengths[:, None] - window)
+        ctx = seen[:, None, None, :].expand(B, 1, T, L)
         mask = torch.cat([ctx, mask], dim=-1)
     mask = mask.expand(B, rep, T, mask.shape[-1]).reshape(B, 1, rep * T, mask.shape[-1])
     qf = q.view(B, T, HKV, rep, D).permute(0, 2, 3, 1, 4).reshape(B, HKV, rep * T, D)
@@ -426,10 +524,36 @@ def tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, 
 
 
 @triton.jit
-def _tree_attention_split_kernel(q, kc, vc, kr, vr, lengths, anc, part_o, part_m, part_l, T, R, HQ, HKV, REP,
-                                 kc_b, kc_h, S, scale, CHUNK: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                                 BM: tl.constexpr, BN: tl.constexpr, HAS_CACHE: tl.constexpr,
-                                 IEEE: tl.constexpr, PDL: tl.constexpr = False):
+def _tree_attention_split_kernel(
+    q,
+    kc,
+    vc,
+    kr,
+    vr,
+    lengths,
+    anc,
+    part_o,
+    part_m,
+    part_l,
+    T,
+    R,
+    HQ,
+    HKV,
+    REP,
+    kc_b,
+    kc_h,
+    S,
+    scale,
+    WINDOW,
+    CHUNK: tl.constexpr,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    HAS_CACHE: tl.constexpr,
+    IEEE: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     _pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)  # request * HKV + kv head
     blk = tl.program_id(1)
@@ -442,13 +566,15 @@ def _tree_attention_split_kernel(q, kc, vc, kr, vr, lengths, anc, part_o, part_m
     head = kh * REP + rows // T
     d = tl.arange(0, BD)
     keep_d = d < D
-    qt = tl.load(q + ((b * T + t) * HQ + head)[:, None] * D + d[None, :], mask=keep_r[:, None] & keep_d[None, :],
-                 other=0.0)
+    qt = tl.load(
+        q + ((b * T + t) * HQ + head)[:, None] * D + d[None, :], mask=keep_r[:, None] & keep_d[None, :], other=0.0
+    )
     if HAS_CACHE:
         length = tl.load(lengths + b)
     else:
         length = 0
     start = split * CHUNK
+    lo = tl.where(WINDOW > 0, length - WINDOW, 0)  # the first context key seen (attn_window: the last WINDOW)
     end = tl.minimum(start + CHUNK, length + T)
     m = tl.full([BM], -1.0e30, dtype=tl.float32)
     lsum = tl.zeros([BM], dtype=tl.float32)
@@ -457,14 +583,20 @@ def _tree_attention_split_kernel(q, kc, vc, kr, vr, lengths, anc, part_o, part_m
         n0 = start + it * BN
         if n0 < end:
             j = n0 + tl.arange(0, BN)
-            in_ctx = j < length
+            in_ctx = (j < length) & (j >= lo)
             tr = j - length
             in_tree = (j >= length) & (tr < T)
             tr = tl.where(in_tree, tr, 0)
-            kt = tl.load(kr + ((b * T + tr) * HKV + kh)[:, None] * D + d[None, :],
-                         mask=in_tree[:, None] & keep_d[None, :], other=0.0)
-            vt = tl.load(vr + ((b * T + tr) * HKV + kh)[:, None] * D + d[None, :],
-                         mask=in_tree[:, None] & keep_d[None, :], other=0.0)
+            kt = tl.load(
+                kr + ((b * T + tr) * HKV + kh)[:, None] * D + d[None, :],
+                mask=in_tree[:, None] & keep_d[None, :],
+                other=0.0,
+            )
+            vt = tl.load(
+                vr + ((b * T + tr) * HKV + kh)[:, None] * D + d[None, :],
+                mask=in_tree[:, None] & keep_d[None, :],
+                other=0.0,
+            )
             if HAS_CACHE:
                 jc = tl.where(in_ctx, j, 0)
                 off = b * kc_b + kh * kc_h + jc[:, None] * D + d[None, :]
@@ -475,8 +607,9 @@ def _tree_attention_split_kernel(q, kc, vc, kr, vr, lengths, anc, part_o, part_m
                 s = tl.dot(qt, tl.trans(kt), input_precision="ieee")
             else:
                 s = tl.dot(qt, tl.trans(kt))
-            anc_ok = tl.load(anc + (b * T + t)[:, None] * T + tr[None, :], mask=keep_r[:, None] & in_tree[None, :],
-                             other=0)
+            anc_ok = tl.load(
+                anc + (b * T + t)[:, None] * T + tr[None, :], mask=keep_r[:, None] & in_tree[None, :], other=0
+            )
             visible = in_ctx[None, :] | (in_tree[None, :] & (anc_ok != 0))
             s = tl.where(visible, s * scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -495,9 +628,25 @@ def _tree_attention_split_kernel(q, kc, vc, kr, vr, lengths, anc, part_o, part_m
 
 
 @triton.jit
-def _tree_attention_combine_kernel(part_o, part_m, part_l, gate, out, T, R, HQ, HKV, REP, S, sg,
-                                   D: tl.constexpr, BD: tl.constexpr, SP: tl.constexpr, HAS_GATE: tl.constexpr,
-                                   PDL: tl.constexpr = False):
+def _tree_attention_combine_kernel(
+    part_o,
+    part_m,
+    part_l,
+    gate,
+    out,
+    T,
+    R,
+    HQ,
+    HKV,
+    REP,
+    S,
+    sg,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    SP: tl.constexpr,
+    HAS_GATE: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     _pdl_start(PDL)
     pid = tl.program_id(0).to(tl.int64)
     r = tl.program_id(1)
@@ -532,9 +681,9 @@ def _attention_split(B: int, HKV: int, R: int, keys: int) -> tuple[int, int, int
     return BM, warps, triton.cdiv(keys, chunk), chunk
 
 
-def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None):
+def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None, window: int = 0):
     """Tree attention of verify rows over a dense per-request cache, no mask tensor: each row sees its request's
-    first ``lengths`` cache keys and the rows it descends from. Split over the keys (flash-decoding: few query
+    first ``lengths`` cache keys (the last ``window`` of them when window > 0) and the rows it descends from. Split over the keys (flash-decoding: few query
     rows, ~1k keys) and combined with the output gate in a second launch on a GPU (the reference on a CPU).
 
     Args:
@@ -545,7 +694,7 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None)
         [B, T, HQ * D] in q's dtype. Example: ``o = tree_attention(q, kc, vc, k, v, caches.lengths[:B], buf.anc)``.
     """
     if not _kernels(q):
-        return tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate)
+        return tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate, window)
     B, T, HQ, D = q.shape
     HKV = k_rows.shape[2]
     REP, R = HQ // HKV, HQ // HKV * T
@@ -563,18 +712,59 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None)
     anc8 = anc.contiguous().view(torch.uint8)
     ieee = q.dtype == torch.float32
     _tree_attention_split_kernel[(B * HKV, triton.cdiv(R, BM), S)](
-        q, k_cache if has_cache else q, v_cache if has_cache else q, k_rows, v_rows,
-        lengths if has_cache else anc8, anc8, part_o, part_m, part_l, T, R, HQ, HKV, REP,
-        k_cache.stride(0) if has_cache else 0, k_cache.stride(1) if has_cache else 0, S, 1.0 / math.sqrt(D),
-        CHUNK=chunk, D=D, BD=BD, BM=BM, BN=64 if BD <= 128 else 32, HAS_CACHE=has_cache, IEEE=ieee, **_pdl(q),
-        num_warps=warps)
+        q,
+        k_cache if has_cache else q,
+        v_cache if has_cache else q,
+        k_rows,
+        v_rows,
+        lengths if has_cache else anc8,
+        anc8,
+        part_o,
+        part_m,
+        part_l,
+        T,
+        R,
+        HQ,
+        HKV,
+        REP,
+        k_cache.stride(0) if has_cache else 0,
+        k_cache.stride(1) if has_cache else 0,
+        S,
+        1.0 / math.sqrt(D),
+        window,
+        CHUNK=chunk,
+        D=D,
+        BD=BD,
+        BM=BM,
+        BN=64 if BD <= 128 else 32,
+        HAS_CACHE=has_cache,
+        IEEE=ieee,
+        **_pdl(q),
+        num_warps=warps,
+    )
     out = torch.empty(B, T, HQ * D, dtype=q.dtype, device=dev)
     if gate is not None and (gate.stride(2) != 1 or gate.stride(0) != T * gate.stride(1)):
         gate = gate.contiguous()
     _tree_attention_combine_kernel[(B * HKV, R)](
-        part_o, part_m, part_l, gate if gate is not None else out, out, T, R, HQ, HKV, REP, S,
-        gate.stride(1) if gate is not None else 0, D=D, BD=BD, SP=triton.next_power_of_2(S),
-        HAS_GATE=gate is not None, **_pdl(out), num_warps=2 if BD <= 128 else 4)
+        part_o,
+        part_m,
+        part_l,
+        gate if gate is not None else out,
+        out,
+        T,
+        R,
+        HQ,
+        HKV,
+        REP,
+        S,
+        gate.stride(1) if gate is not None else 0,
+        D=D,
+        BD=BD,
+        SP=triton.next_power_of_2(S),
+        HAS_GATE=gate is not None,
+        **_pdl(out),
+        num_warps=2 if BD <= 128 else 4,
+    )
     return out
 
 
@@ -589,8 +779,7 @@ def select_states_reference(dst, src, index, keep):
 
 
 @triton.jit
-def _select_states_kernel(dst, src, index, keep, B, T, E, dst_g, dst_b, BLOCK: tl.constexpr,
-                          PDL: tl.constexpr = False):
+def _select_states_kernel(dst, src, index, keep, B, T, E, dst_g, dst_b, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     _pdl_start(PDL, False)
     gb = tl.program_id(0).to(tl.int64)
     g = gb // B
@@ -619,8 +808,20 @@ def select_states(dst: torch.Tensor, src: torch.Tensor, index: torch.Tensor, kee
     if not src.is_contiguous() or not dst[0, 0].is_contiguous():
         raise ValueError("select_states needs contiguous snapshots and contiguous per-(layer, request) items")
     block = 4096
-    _select_states_kernel[(G * B, triton.cdiv(E, block))](dst, src, index.contiguous(), keep.contiguous().view(
-        torch.uint8), B, T, E, dst.stride(0), dst.stride(1), BLOCK=block, **_pdl(dst), num_warps=8)
+    _select_states_kernel[(G * B, triton.cdiv(E, block))](
+        dst,
+        src,
+        index.contiguous(),
+        keep.contiguous().view(torch.uint8),
+        B,
+        T,
+        E,
+        dst.stride(0),
+        dst.stride(1),
+        BLOCK=block,
+        **_pdl(dst),
+        num_warps=8,
+    )
 
 
 def conv_commit_reference(conv, raw, conv_idx, deepest, keep):
@@ -635,8 +836,22 @@ def conv_commit_reference(conv, raw, conv_idx, deepest, keep):
 
 
 @triton.jit
-def _conv_commit_kernel(conv, raw, idx, deepest, keep, B, T, C, conv_g, conv_b, CS: tl.constexpr,
-                        WP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _conv_commit_kernel(
+    conv,
+    raw,
+    idx,
+    deepest,
+    keep,
+    B,
+    T,
+    C,
+    conv_g,
+    conv_b,
+    CS: tl.constexpr,
+    WP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     _pdl_start(PDL)
     gb = tl.program_id(0).to(tl.int64)
     g = gb // B
@@ -651,14 +866,17 @@ def _conv_commit_kernel(conv, raw, idx, deepest, keep, B, T, C, conv_g, conv_b, 
         ok = keep_w[:, None] & (cols < C)[None, :]
         base = conv + g * conv_g + b * conv_b
         old = tl.load(base + tl.where(from_conv, src, 0)[:, None] * C + cols[None, :], mask=ok & from_conv[:, None])
-        new = tl.load(raw + ((g * B + b) * T + tl.where(from_conv, 0, src - (CS - 1)))[:, None] * C + cols[None, :],
-                      mask=ok & (src >= CS - 1)[:, None])
+        new = tl.load(
+            raw + ((g * B + b) * T + tl.where(from_conv, 0, src - (CS - 1)))[:, None] * C + cols[None, :],
+            mask=ok & (src >= CS - 1)[:, None],
+        )
         # all of the window is loaded before any of it is stored: the new window reads the old one
         tl.store(base + w[:, None] * C + cols[None, :], tl.where(from_conv[:, None], old, new.to(old.dtype)), mask=ok)
 
 
-def conv_commit(conv: torch.Tensor, raw: torch.Tensor, conv_idx: torch.Tensor, deepest: torch.Tensor,
-                keep: torch.Tensor) -> None:
+def conv_commit(
+    conv: torch.Tensor, raw: torch.Tensor, conv_idx: torch.Tensor, deepest: torch.Tensor, keep: torch.Tensor
+) -> None:
     """The conv-window commit of every GDN layer in one launch on a GPU (the reference on a CPU), in place.
 
     Args:
@@ -674,10 +892,23 @@ def conv_commit(conv: torch.Tensor, raw: torch.Tensor, conv_idx: torch.Tensor, d
     if not raw.is_contiguous() or not conv[0, 0].is_contiguous():
         raise ValueError("conv_commit needs contiguous raw inputs and contiguous per-(layer, request) windows")
     block = min(1024, triton.next_power_of_2(C))
-    _conv_commit_kernel[(G * B, triton.cdiv(C, block))](conv, raw, conv_idx.contiguous(), deepest.contiguous(),
-                                                        keep.contiguous().view(torch.uint8), B, T, C, conv.stride(0),
-                                                        conv.stride(1), CS=W + 1, WP=triton.next_power_of_2(W),
-                                                        BLOCK=block, **_pdl(conv), num_warps=4)
+    _conv_commit_kernel[(G * B, triton.cdiv(C, block))](
+        conv,
+        raw,
+        conv_idx.contiguous(),
+        deepest.contiguous(),
+        keep.contiguous().view(torch.uint8),
+        B,
+        T,
+        C,
+        conv.stride(0),
+        conv.stride(1),
+        CS=W + 1,
+        WP=triton.next_power_of_2(W),
+        BLOCK=block,
+        **_pdl(conv),
+        num_warps=4,
+    )
 
 
 # -- acceptance --------------------------------------------------------------------------------------------------
@@ -710,8 +941,23 @@ def tree_accept_reference(tokens, parents, depth, anc, num_nodes, forced, active
 
 
 @triton.jit
-def _tree_accept_kernel(tokens, parents, depth, anc, num_nodes, forced, active, pred, accepted, accept_len,
-                        deepest, out, T, TP: tl.constexpr, PDL: tl.constexpr = False):
+def _tree_accept_kernel(
+    tokens,
+    parents,
+    depth,
+    anc,
+    num_nodes,
+    forced,
+    active,
+    pred,
+    accepted,
+    accept_len,
+    deepest,
+    out,
+    T,
+    TP: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     _pdl_start(PDL)
     b = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, TP)  # rows
@@ -740,8 +986,7 @@ def _tree_accept_kernel(tokens, parents, depth, anc, num_nodes, forced, active, 
     acc = tl.sum(tl.where(at, i[:, None], 0), axis=0).to(tl.int64)
     at_next = on_path[:, None] & (dep[:, None] == (j + 1)[None, :])
     tok0 = tl.load(tokens + b * T)
-    nxt = tl.where(tl.sum(at_next.to(tl.int32), axis=0) > 0, tl.sum(tl.where(at_next, tok[:, None], 0), axis=0),
-                   tok0)
+    nxt = tl.where(tl.sum(at_next.to(tl.int32), axis=0) > 0, tl.sum(tl.where(at_next, tok[:, None], 0), axis=0), tok0)
     nxt = tl.where(j + 1 < T, nxt, 0)
     nxt = tl.where(j == n - 1, tl.load(pred + b * T + deep), nxt)
     keep = j < T
@@ -759,8 +1004,22 @@ def tree_accept(tokens, parents, depth, anc, num_nodes, forced, active, pred):
     dev = pred.device
     accepted, out = (torch.empty(B, T, dtype=torch.long, device=dev) for _ in range(2))
     accept_len, deepest = (torch.empty(B, dtype=torch.long, device=dev) for _ in range(2))
-    _tree_accept_kernel[(B,)](tokens.contiguous(), parents.contiguous(), depth.contiguous(),
-                              anc.contiguous().view(torch.uint8), num_nodes.contiguous(), forced.contiguous(),
-                              active.contiguous().view(torch.uint8), pred.contiguous(), accepted, accept_len,
-                              deepest, out, T, TP=max(16, triton.next_power_of_2(T)), **_pdl(pred), num_warps=4)
+    _tree_accept_kernel[(B,)](
+        tokens.contiguous(),
+        parents.contiguous(),
+        depth.contiguous(),
+        anc.contiguous().view(torch.uint8),
+        num_nodes.contiguous(),
+        forced.contiguous(),
+        active.contiguous().view(torch.uint8),
+        pred.contiguous(),
+        accepted,
+        accept_len,
+        deepest,
+        out,
+        T,
+        TP=max(16, triton.next_power_of_2(T)),
+        **_pdl(pred),
+        num_warps=4,
+    )
     return accepted, accept_len, deepest, out

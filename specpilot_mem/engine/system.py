@@ -120,7 +120,22 @@ class Weights:
 
     @property
     def head(self) -> torch.Tensor:
-        return self.t["embed"] if self.shape.tied_head else self.t["head"]
+        # a tied head's own tensor when one is set: the fault study's head-only low-precision verify
+        return self.t["head"] if "head" in self.t else self.t["embed"]
+
+    def quantized(self, fmt: str, scope: str = "all") -> "Weights":
+        """A copy whose target linears, embedding and head (``scope`` "all") or only the head ("head") are rounded
+        to ``fmt`` (``engine.model.quantize_weight``): the fault study's low-precision verify pass."""
+        from specpilot_mem.engine.model import quantize_weight
+
+        t = dict(self.t)
+        t["head"] = quantize_weight(self.head, fmt)
+        if scope == "all":
+            for name, w in self.t.items():
+                if name.endswith(".w") and name.startswith("layers."):
+                    t[name] = quantize_weight(w, fmt)
+            t["embed"] = quantize_weight(self.t["embed"], fmt)
+        return Weights(self.shape, t, self.device, self.dtype)
 
     def head_linear(self) -> Linear:
         if "head.w" not in self.linears:
@@ -490,11 +505,18 @@ class SystemModel:
         if caches is None:  # the drafter's block: bidirectional over its own rows
             ang = buf.depth.float()[..., None] * inv
             full = torch.ones(B, T, T, dtype=torch.bool, device=dev)
-            return {"cos": ang.cos(), "sin": ang.sin(), "lengths": None, "anc": full, "slots": None}
+            return {"cos": ang.cos(), "sin": ang.sin(), "lengths": None, "anc": full, "slots": None, "window": 0}
         L = caches.max_len
         lengths = caches.lengths[:B]
-        ang = (lengths[:, None] + buf.depth).float()[..., None] * inv
-        ctx = {"cos": ang.cos(), "sin": ang.sin(), "lengths": lengths, "anc": buf.anc}
+        ang = (lengths[:, None] + buf.depth + self.options.rope_offset).float()[..., None] * inv
+        # attn_window (the context fault): only the last attn_window committed tokens are seen (0: all)
+        ctx = {
+            "cos": ang.cos(),
+            "sin": ang.sin(),
+            "lengths": lengths,
+            "anc": buf.anc,
+            "window": self.options.attn_window,
+        }
         # clamped so that no write can leave the cache (callers keep lengths + T <= max_len; see SystemDecoder)
         ctx["slots"] = (lengths[:, None] + torch.arange(T, device=dev)).clamp(max=L - 1) if write_cache else None
         return ctx
@@ -539,7 +561,7 @@ class SystemModel:
             ctx["slots"],
         )
         gate = parts[1] if s.attn_output_gate else None
-        o = tree_attention(q, kc, vc, k, v, ctx["lengths"], ctx["anc"], gate)
+        o = tree_attention(q, kc, vc, k, v, ctx["lengths"], ctx["anc"], gate, window=ctx["window"])
         return self.w.lin(p + "attn_out.w")(o.reshape(B * T, hq * D), mode)
 
     def _mlp(self, p, h, mode: str | None = None):
@@ -611,14 +633,25 @@ class SystemModel:
         return h, (torch.cat(feats, dim=-1) if feats else None), saved
 
     def head_argmax(
-        self, hidden: torch.Tensor, mode: str | None = None, predicted_index: torch.Tensor | None = None
+        self,
+        hidden: torch.Tensor,
+        mode: str | None = None,
+        predicted_index: torch.Tensor | None = None,
+        flips: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The LM head's greedy token per row of hidden [M, d] -> [M] long. ``predicted_index`` [M]: the output
-        index each row predicts (the injected fault's trigger, when the options switch it on)."""
+        index each row predicts (the injected fault's trigger, when the options switch it on). ``flips`` [B, L]
+        bool: per request (rows are B blocks of M / B) the output indices whose prediction is the runner-up."""
         mode = mode or self.options.lm_head
         if mode in ("bf16", "w12"):
             logits = hidden @ self.w.head.t() if mode == "bf16" else self.w.head_linear()(hidden, "w12")
-            return self._fault(logits, predicted_index).argmax(-1)
+            logits = self._fault(logits, predicted_index)
+            if flips is None or predicted_index is None:
+                return logits.argmax(-1)
+            top2 = logits.topk(2, dim=-1).indices
+            slot = torch.arange(logits.shape[0], device=logits.device) // (logits.shape[0] // flips.shape[0])
+            flip = flips[slot, predicted_index.clamp(0, flips.shape[1] - 1)]
+            return torch.where(flip, top2[:, 1], top2[:, 0])
         from specpilot_kernels.certified_head import certified_argmax_in_graph
 
         head = self.w.certified()
@@ -701,11 +734,13 @@ class SystemModel:
                 R.commit_reference(k, v, a, b, t[p + "A_log"], t[p + "dt_bias"], pool, slots, accepted, accept_len)
             )
 
-    def step(self, buf: StepBuffers, caches: Caches, ar: bool = False):
-        """One whole step: verify, accept, commit. Returns (out_tokens [B, T], accept_len [B])."""
+    def step(self, buf: StepBuffers, caches: Caches, ar: bool = False, flips: torch.Tensor | None = None):
+        """One whole step: verify, accept, commit. Returns (out_tokens [B, T], accept_len [B]). ``flips``: the flip
+        fault's table (``head_argmax``), a static [B, L] buffer."""
         B, T = buf.shape
         hidden, feats, saved = self.forward(buf, caches, ar=ar)
-        pred = self.head_argmax(hidden, predicted_index=(buf.out_len[:, None] + buf.depth).view(-1)).view(B, T)
+        index = (buf.out_len[:, None] + buf.depth).view(-1)
+        pred = self.head_argmax(hidden, predicted_index=index, flips=flips).view(B, T)
         accepted, accept_len, deepest, out = self.accept(buf, pred)
         self.commit(buf, caches, saved, feats, accepted, accept_len, deepest, ar=ar)
         return out, accept_len

@@ -17,9 +17,21 @@ from .reference import Acceptance
 
 
 @triton.jit
-def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr,
-                   length_ptr, columns_ptr, bonus_ptr, order_ptr, out_tokens_ptr,
-                   N: tl.constexpr, NODES: tl.constexpr, COLS: tl.constexpr, LEVELS: tl.constexpr):
+def _accept_kernel(
+    tokens_ptr,
+    parents_ptr,
+    num_nodes_ptr,
+    predict_ptr,
+    length_ptr,
+    columns_ptr,
+    bonus_ptr,
+    order_ptr,
+    out_tokens_ptr,
+    N: tl.constexpr,
+    NODES: tl.constexpr,
+    COLS: tl.constexpr,
+    LEVELS: tl.constexpr,
+):
     b = tl.program_id(0).to(tl.int64)
     width = N + 1
     node = tl.arange(0, NODES)
@@ -29,7 +41,9 @@ def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr,
     token = tl.load(tokens_ptr + b * N + node, mask=valid, other=-1)
     col_ids = tl.arange(0, COLS)
     predict = tl.load(predict_ptr + b * width + col_ids, mask=col_ids < width, other=-1)  # read once, then in registers
-    slot = tl.where(col_ids == 0, 0, -1).to(tl.int64)  # path slot of each column (-1: not on the path); int64 as the loop writes it
+    slot = tl.where(col_ids == 0, 0, -1).to(
+        tl.int64
+    )  # path slot of each column (-1: not on the path); int64 as the loop writes it
     at = tl.zeros([], dtype=tl.int64)  # the column reached
     length = tl.zeros([], dtype=tl.int64)
     going = count >= 0
@@ -54,8 +68,13 @@ def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr,
     tl.store(order_ptr + b * width + tl.where(on_path, slot, length + 1 + rest), col_ids.to(tl.int64), mask=on)
 
 
-def greedy_accept(tree_tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
-                  target_predict: torch.Tensor, max_depth: int | None = None) -> Acceptance:
+def greedy_accept(
+    tree_tokens: torch.Tensor,
+    parents: torch.Tensor,
+    num_nodes: torch.Tensor,
+    target_predict: torch.Tensor,
+    max_depth: int | None = None,
+) -> Acceptance:
     """Accept each request's longest matching root path plus the bonus token.
 
     Args:
@@ -82,8 +101,20 @@ def greedy_accept(tree_tokens: torch.Tensor, parents: torch.Tensor, num_nodes: t
     order = torch.empty((b, n + 1), **i64)
     out_tokens = torch.zeros((b, n + 1), **i64)
     if b:
-        _accept_kernel[(b,)](tree_tokens.to(torch.int64).contiguous(), parents.contiguous(), num_nodes.contiguous(),
-                             target_predict.to(torch.int64).contiguous(), length, columns, bonus, order, out_tokens,
-                             N=n, NODES=triton.next_power_of_2(max(n, 1)), COLS=triton.next_power_of_2(n + 1),
-                             LEVELS=n if max_depth is None else min(n, max_depth), num_warps=1)
+        _accept_kernel[(b,)](
+            tree_tokens.to(torch.int64).contiguous(),
+            parents.contiguous(),
+            num_nodes.contiguous(),
+            target_predict.to(torch.int64).contiguous(),
+            length,
+            columns,
+            bonus,
+            order,
+            out_tokens,
+            N=n,
+            NODES=triton.next_power_of_2(max(n, 1)),
+            COLS=triton.next_power_of_2(n + 1),
+            LEVELS=n if max_depth is None else min(n, max_depth),
+            num_warps=1,
+        )
     return Acceptance(length, columns, bonus, out_tokens, order)
