@@ -1,23 +1,26 @@
 """Batched best-first tree build on a lattice (one Triton program per request), with its verify layout.
 
-Each program keeps a frontier of ``(N + 1) x K`` path scores in registers: row 0 holds the root's children,
-row ``t + 1`` the children of node ``t``. Every entry has a key, one int64: its depth in the top four bits
-(sign bit flipped, so signed order is depth order) and its candidate path below them, ``BITS`` bits a level
+Each program keeps a frontier of ``N x K`` path scores in registers: row 0 holds the root's children,
+row ``t + 1`` the children of node ``t`` (the last node's children are never taken). Every entry has a key,
+one int64: its depth in the top four bits (sign bit flipped, so signed order is depth order) and its candidate path below them, ``BITS`` bits a level
 (base ``2^BITS`` digits: numeric order is lexicographic order at equal depth). Step ``t`` takes the best
 score and, among entries at it, the smallest key (ties: shallower, then the lexicographically smaller
 path, the replay builders' rule), appends that node, removes it and fills row ``t + 1`` with its children:
-the log-softmax of the lattice row its candidate selects, normalised in the kernel. Two reductions a step;
-the key carries everything else (depth, candidate, parent's path). Edges are <= 0, so the ``N`` nodes taken
+the log-softmax of the lattice row its candidate selects, normalised in the kernel. One (score, key) reduction
+a step; the key carries everything else (depth, candidate, parent's path). Edges are <= 0, so the ``N`` nodes taken
 are the top ``N`` by path score, prefix-closed, in the reference's order
 (``reference.best_first_tree_reference``).
 
 After the loop the same program derives, from the nodes' keys, everything the verify needs: parents (the node
 whose key is the path minus its last digit), tokens, the ancestor mask (j is an ancestor of i when j's path
 is a prefix of i's), positions, parent columns and SGLang's ``retrieve_next_token`` /
-``retrieve_next_sibling`` (children in index order). One launch for the step's whole tree work.
+``retrieve_next_sibling`` (children in index order), retrieve indices included: one launch for the step's whole
+tree work, nothing else on the stream.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -56,19 +59,10 @@ def _best_first_kernel(
     unary_ptr,
     cand_ptr,
     root_pos_ptr,
-    norm_ptr,
-    parents_ptr,
-    depths_ptr,
-    ranks_ptr,
-    scores_ptr,
-    tokens_ptr,
-    num_nodes_ptr,
-    codes_ptr,
+    ints_ptr,
+    floats_ptr,
     mask_ptr,
-    positions_ptr,
-    parent_col_ptr,
-    next_token_ptr,
-    next_sibling_ptr,
+    B,
     M,
     DEPTH,
     N: tl.constexpr,
@@ -79,17 +73,24 @@ def _best_first_kernel(
     BITS: tl.constexpr,
     MARKOV: tl.constexpr,
     LATTICE_ROWS: tl.constexpr,
-    PRENORM: tl.constexpr,
-    FUSED_PICK: tl.constexpr,
+    SCRATCH: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
+    # the outputs: parts of one int64 and one float32 buffer (few arguments: each costs Python time a launch)
+    per_node, per_col = B * N, B * (N + 1)
+    parents_ptr, depths_ptr, ranks_ptr = ints_ptr, ints_ptr + per_node, ints_ptr + 2 * per_node
+    tokens_ptr, codes_ptr, num_nodes_ptr = ints_ptr + 3 * per_node, ints_ptr + 4 * per_node, ints_ptr + 5 * per_node
+    positions_ptr = num_nodes_ptr + B
+    index_ptr, parent_col_ptr = positions_ptr + per_col, positions_ptr + 2 * per_col
+    next_token_ptr, next_sibling_ptr = positions_ptr + 3 * per_col, positions_ptr + 4 * per_col
+    scores_ptr, norm_ptr = floats_ptr, floats_ptr + per_node
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, K)
     neg_inf = float("-inf")
     code_mask = 0xFFFFFFFFFFFFFFF  # 60 bits
     pair_base = pair_ptr + b * M * K * K
     unary_base = unary_ptr + b * M * K
-    if PRENORM:  # every lattice row normalised once, up front: the step's dependent chain is then a plain load
+    if SCRATCH:  # every lattice row normalised once, up front, into a scratch: the step's chain is then a load
         lat_row = tl.arange(0, LATTICE_ROWS)
         inside = (lat_row < M * K)[:, None]
         x = tl.load(pair_base + lat_row[:, None] * K + cols[None, :], mask=inside, other=0.0).to(tl.float32)
@@ -118,11 +119,9 @@ def _best_first_kernel(
     count = tl.zeros([], dtype=tl.int64)
     for t in range(N):
         keys = prefix[:, None] | cols[None, :].to(tl.int64)
-        if FUSED_PICK:  # one reduction of (score, key) pairs
-            best, pick = tl.reduce((tl.reshape(front, [ROWS * K]), tl.reshape(keys, [ROWS * K])), 0, _better)
-        else:
-            best = tl.max(tl.max(front, axis=1), axis=0)
-            pick = tl.min(tl.min(tl.where(front == best, keys, 0x7FFFFFFFFFFFFFFF), axis=1), axis=0)
+        # one reduction of (score, key) pairs, by axis (a reshape to 1-D would move the frontier through memory)
+        row_best, row_pick = tl.reduce((front, keys), 1, _better)
+        best, pick = tl.reduce((row_best, row_pick), 0, _better)
         alive = (best > neg_inf).to(tl.int32) != 0
         level = ((pick >> 60) & 15) ^ 8
         rank = (pick & (K - 1)).to(tl.int32)
@@ -131,7 +130,7 @@ def _best_first_kernel(
         front = tl.where(keys == pick, neg_inf, front)
         grow = alive & (level < DEPTH)
         safe_level = tl.where(grow, level, 0)
-        if PRENORM:
+        if SCRATCH:
             child = best + tl.load(norm_ptr + b * M * K * K + (safe_level * K + rank) * K + cols)
         else:
             child = best + _normalised_row(pair_base, unary_base, safe_level, rank, cols, K, MARKOV)
@@ -180,6 +179,7 @@ def _best_first_kernel(
     position = root + tl.where(col == 0, 0, tl.where(in_tree, c_depth, 1))
     on = col < width
     tl.store(positions_ptr + b * width + col, position.to(tl.int64), mask=on)
+    tl.store(index_ptr + b * width + col, b * width + col, mask=on)
     tl.store(parent_col_ptr + b * width + col, c_parent.to(tl.int64), mask=on)
     # children in column order: first child of each column, next child of the same parent
     child_of = in_tree[None, :] & (c_parent[None, :] == col[:, None])  # [parent column, child column]
@@ -210,8 +210,7 @@ def best_first_tree_layout(
     kind: str = "selector",
     root_positions: torch.Tensor | None = None,
     num_warps: int = 8,
-    prenorm: bool = False,
-    fused_pick: bool = False,
+    scratch: bool = True,
 ) -> tuple[DraftTree, torch.Tensor, VerifyLayout]:
     """Best-first trees of a batch of lattices and their verify layout, in one launch.
 
@@ -225,9 +224,8 @@ def best_first_tree_layout(
         kind: "selector" (DFlash2) or "markov" (DSpark).
         root_positions: [B] int64 position of each root (the last committed token); default 0.
         num_warps: warps per request's program (the frontier of (N+1) x K scores is spread over them).
-        prenorm: normalise every lattice row before the loop (a scratch of B x m x K x K floats) instead of the
-            one each step selects.
-        fused_pick: take each step's best entry with one (score, key) reduction instead of two.
+        scratch: normalise every lattice row once before the loop into a scratch of B x m x K x K floats (a load
+            a step; the faster on the H200) instead of loading and normalising the row each step selects.
 
     Returns:
         (tree, tokens [B, N] int64 (-1 on padding), layout) — ``VerifyLayout`` with the mask [B, N+1, N+1],
@@ -261,48 +259,39 @@ def best_first_tree_layout(
         if root_positions is None
         else root_positions.to(device=dev, dtype=torch.int64).contiguous()
     )
-    i64 = dict(dtype=torch.int64, device=dev)
-    parents, depths, ranks = (torch.empty((b, nodes), **i64) for _ in range(3))
-    scores = torch.empty((b, nodes), dtype=torch.float32, device=dev)
-    tokens, codes = torch.empty((b, nodes), **i64), torch.empty((b, nodes), **i64)
-    num_nodes = torch.empty(b, **i64)
+    # the outputs as views of three allocations (each torch.empty is a few µs of Python on an eager step), in the
+    # order the kernel finds them
+    shapes = [(b, nodes)] * 5 + [(b,)] + [(b, nodes + 1)] * 5
+    flat = torch.empty(sum(math.prod(s) for s in shapes), dtype=torch.int64, device=dev)
+    parents, depths, ranks, tokens, codes, num_nodes, positions, index, parent_col, next_token, next_sibling = (
+        part.view(s) for part, s in zip(flat.split([math.prod(s) for s in shapes]), shapes)
+    )
+    floats = torch.empty(b * nodes + (b * m * k * k if scratch else 1), dtype=torch.float32, device=dev)  # + scratch
+    scores = floats[: b * nodes].view(b, nodes)
     mask = torch.empty((b, nodes + 1, nodes + 1), dtype=torch.int8, device=dev)
-    positions, parent_col, next_token, next_sibling = (torch.empty((b, nodes + 1), **i64) for _ in range(4))
-    norm = torch.empty((b, m, k, k) if prenorm else (1,), dtype=torch.float32, device=dev)
     if b:
         _best_first_kernel[(b,)](
             pair,
             unary_arg,
             cand.contiguous(),
             roots,
-            norm,
-            parents,
-            depths,
-            ranks,
-            scores,
-            tokens,
-            num_nodes,
-            codes,
+            flat,
+            floats,
             mask,
-            positions,
-            parent_col,
-            next_token,
-            next_sibling,
+            b,
             m,
             depth,
             N=nodes,
             K=k,
-            ROWS=triton.next_power_of_2(nodes + 1),
+            ROWS=triton.next_power_of_2(nodes),
             NODES=triton.next_power_of_2(nodes),
             COLS=triton.next_power_of_2(nodes + 1),
             BITS=path_bits(k),
             MARKOV=kind == "markov",
             LATTICE_ROWS=triton.next_power_of_2(m * k),
-            PRENORM=prenorm,
-            FUSED_PICK=fused_pick,
+            SCRATCH=scratch,
             num_warps=num_warps,
         )
-    index = torch.arange(b * (nodes + 1), **i64).view(b, nodes + 1)
     layout = VerifyLayout(mask.view(torch.bool), positions, index, next_token, next_sibling, parent_col)
     return DraftTree(parents, depths, ranks, scores, num_nodes), tokens, layout
 

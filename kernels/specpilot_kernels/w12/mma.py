@@ -12,7 +12,7 @@ Inside each 32-column block the MMA's k order is permuted so that lane t's activ
 8t .. 8t+7 (one 16-byte load). On sm_90a a shape's config may run 9-64 rows as warpgroup MMAs instead (wgmma, the
 decoded fragments as its register operand; a small kernel first writes the activations in the same permuted k order,
 and each K class brings a chunk of them into shared memory with one bulk copy), and 33-256 rows through the wide
-kernel (csrc/w12_wide.cu: up to 128 token rows a wgmma, every weight read once a launch, the K classes and splits of a
+kernel (csrc/w12_wide.cuh: up to 256 token rows a wgmma, every weight read once a launch, the K classes and splits of a
 tile group reduced in one cluster): the same bits at every row count.
 """
 
@@ -29,7 +29,15 @@ from ..cuda_extension import load_cuda_extension
 from .format import STEP_K, W12Error, W12Tensor, escape_positions, nibbles_from_kernel_layout
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("binding.cpp", "w12_launch.cu", "w12_warp.cu", "w12_shared_x.cu", "w12_wgmma.cu", "w12_wide.cu")
+SOURCES = (
+    "binding.cpp",
+    "w12_launch.cu",
+    "w12_warp.cu",
+    "w12_shared_x.cu",
+    "w12_wgmma.cu",
+    "w12_wide.cu",
+    "w12_wide_carried.cu",
+)
 LOW_BITS_CODES = {"exact": 0, "truncated": 1, "midpoint": 2}
 MAX_ROWS_PER_LAUNCH = 64  # eight token tiles of 8 (the per-warp and warpgroup kernels)
 MAX_WIDE_ROWS = 256  # the wide kernel: two slabs of up to 128 token rows
@@ -211,7 +219,8 @@ MAX_SHARED_X_RING = 8
 # (9-16, 17-32, 33-64) a number of warpgroups of 4 tiles a K class a block (0: per-warp mma.sync). 4-tile warpgroups
 # make few blocks, which one-wave grids feel most, so it is per shape and row range.
 MAX_WGMMA_WARPS_PER_BLOCK = 32
-# sm_90a, 33-256 rows: the wide kernel, ``wide`` = (warpgroups a block, activation slots, weight stages a warp) at
+# sm_90a, 33-256 rows: the wide kernel, ``wide`` = (warpgroups a block, activation slots, weight stages a warp; 0 or 1
+# stages: each chunk's weights carried in the activation slots, a slot holding the whole chunk (0) or half of it (1)) at
 # every row count, or ``wide_rows`` = one (warpgroups, slots, stages, largest slab in token tiles of 8 rows[, multicast])
 # per WIDE_BUCKETS range; the launch picks the smallest built slab that holds the rows (one slab where the largest
 # allows, so each weight is decoded once). Multicast (1, 2 or 4, one slab only): that many neighbouring tile groups
@@ -283,7 +292,7 @@ class MmaConfig:
         if not _wide_setting_ok(groups, slots, stages, 16):
             raise W12Error(
                 f"wide={self.wide}: (warpgroups a block 0-{MAX_WIDE_GROUPS}, activation slots 2-"
-                f"{MAX_WIDE_SLOTS}, weight stages 2-{MAX_WIDE_STAGES})",
+                f"{MAX_WIDE_SLOTS}, weight stages 0-{MAX_WIDE_STAGES})",
                 where="MmaConfig.wide",
                 fix="use e.g. (1, 2, 3), or (0, 2, 2) for off",
             )
@@ -294,8 +303,8 @@ class MmaConfig:
         ):
             raise W12Error(
                 f"wide_rows={self.wide_rows}: one (warpgroups 0-{MAX_WIDE_GROUPS}, slots 2-{MAX_WIDE_SLOTS}, "
-                f"stages 2-{MAX_WIDE_STAGES}, largest slab in {WIDE_TOKEN_TILES} token tiles[, multicast 1, "
-                "2 or 4]) for each of 33-64, 65-128 and 129-256 rows",
+                f"stages 0-{MAX_WIDE_STAGES}, largest slab in {WIDE_TOKEN_TILES} token tiles[, multicast 1, "
+                "2 or 4 with 2+ stages]) for each of 33-64, 65-128 and 129-256 rows",
                 where="MmaConfig.wide_rows",
                 fix="e.g. ((4, 4, 2, 8), (4, 3, 2, 16), (2, 2, 2, 32)), or () for `wide` everywhere",
             )
@@ -425,9 +434,9 @@ def _wide_setting_ok(groups: int, slots: int, stages: int, slab_tiles: int, mult
     return groups == 0 or (
         1 <= groups <= MAX_WIDE_GROUPS
         and 2 <= slots <= MAX_WIDE_SLOTS
-        and 2 <= stages <= MAX_WIDE_STAGES
+        and 0 <= stages <= MAX_WIDE_STAGES
         and slab_tiles in WIDE_TOKEN_TILES
-        and multicast in (1, 2, 4)
+        and multicast in ((1,) if stages < 2 else (1, 2, 4))
     )
 
 
@@ -455,7 +464,8 @@ def w12_mma_gemm(
         x: bf16 [M, K] on CUDA, unit column stride (any M: up to 256 rows a launch on sm_90a, 64 elsewhere).
         mma: :func:`to_mma_layout` of the weight, N x K.
         config: the partition (default: ``select_mma_config`` from (N, K, GPU), never from M).
-        low_bits: "exact" (the lossless weights) or the Q pass's "truncated" / "midpoint" 8-bit view.
+        low_bits: "exact" (the lossless weights) or the Q pass's "truncated" / "midpoint" 8-bit view: the view plane
+            alone (and the escape list's zero codes) through the per-warp kernel, 64 rows a launch.
         out: optional bf16 [M, N] contiguous output.
 
     Returns y bf16 [M, N]. Example: ``y = w12_mma_gemm(x, to_mma_layout(encode(w)))``.
@@ -492,7 +502,7 @@ def w12_mma_gemm(
     splits = [-(-(kp // STEP_K) // part.chunks_per_split(kp)) for _, _, part, _ in regions]
     r0 = 0
     while r0 < m_total:
-        wide = m_total - r0 > 32 and config.uses_wide(min(m_total - r0, MAX_WIDE_ROWS), capability)
+        wide = code == 0 and m_total - r0 > 32 and config.uses_wide(min(m_total - r0, MAX_WIDE_ROWS), capability)
         rows = min(m_total - r0, MAX_WIDE_ROWS if wide else MAX_ROWS_PER_LAUNCH)
         xm, ym = x[r0 : r0 + rows], y[r0 : r0 + rows]
         if not (wide and _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launched)):
@@ -581,7 +591,8 @@ def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior,
     workspace = torch.empty(sum(s for s in splits if s > 1) * m * n, dtype=torch.float32, device=xm.device)
     # warpgroup MMAs: every chunk's activations as wgmma's B image (token rows padded to 16, 32 or 64), written by
     # the first region's launch and read by both
-    wants_image = any(part.warpgroups(m, capability) for _, _, part, _ in regions)
+    # the Q pass (code != 0) runs on the per-warp kernel alone (csrc/w12_warp.cu), never warpgroups or a shared ring
+    wants_image = code == 0 and any(part.warpgroups(m, capability) for _, _, part, _ in regions)
     x_image = torch.empty(
         (kp // STEP_K) * max(16, 1 << (m - 1).bit_length()) * STEP_K if wants_image else 0,
         dtype=torch.bfloat16,
@@ -591,7 +602,7 @@ def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior,
     for index, ((first, end, part, weights), part_splits) in enumerate(zip(regions, splits)):
         partial = workspace[offset : offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
         offset += partial.numel()
-        warpgroups = part.warpgroups(m, capability)  # when on, in place of staged weights or a shared ring
+        warpgroups = part.warpgroups(m, capability) if code == 0 else 0  # in place of staged weights or a ring
         overlap = _overlap(overlap_prior, len(regions), index, bool(warpgroups) and not image_written)
         groups = ext.w12_mma_gemm(
             xm,
@@ -610,8 +621,8 @@ def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior,
             part.warps_k,
             part.chunks_per_split(kp),
             *part.step_plan(m),
-            int(part.stages_weights(m) and not warpgroups),
-            *((0, 0) if warpgroups else part.shares_activations(m)),
+            int(part.stages_weights(m) and not warpgroups and code == 0),  # Q: two register steps in flight
+            *((0, 0) if warpgroups or code else part.shares_activations(m)),
             warpgroups,
             x_image,
             int(image_written),
