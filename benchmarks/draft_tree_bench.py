@@ -133,7 +133,7 @@ def eager_us(fn, calls: int = 200) -> float:
 def timers(device: str) -> dict:
     """How calls are timed: graph replay and eager on a GPU; under the interpreter one wall-timed call (a dry run)."""
     if device.startswith("cuda"):
-        from cuda_timing import graph_replay_us
+        from specpilot_mem.bench.cuda_timing import graph_replay_us
 
         return {"graph": lambda fn: graph_replay_us(fn, calls=10), "eager": eager_us}
     return {"wall": lambda fn: wall_us(lambda: fn(0), 1)}
@@ -185,7 +185,7 @@ def build_one(device: str, b: int, n: int, depth: int, repeats: int, variants: d
 
 
 def main(argv=None) -> int:
-    from cuda_timing import record_section
+    from specpilot_mem.bench.cuda_timing import record_section
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")

@@ -17,8 +17,18 @@ from .reference import Acceptance
 
 
 @triton.jit
-def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr, out_ptr, B,
-                   N: tl.constexpr, NODES: tl.constexpr, COLS: tl.constexpr, LEVELS: tl.constexpr):
+def _accept_kernel(
+    tokens_ptr,
+    parents_ptr,
+    num_nodes_ptr,
+    predict_ptr,
+    out_ptr,
+    B,
+    N: tl.constexpr,
+    NODES: tl.constexpr,
+    COLS: tl.constexpr,
+    LEVELS: tl.constexpr,
+):
     b = tl.program_id(0).to(tl.int64)
     width = N + 1
     # the outputs: parts of one int64 buffer (few arguments: each costs Python time a launch)
@@ -31,7 +41,9 @@ def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr, out_ptr,
     token = tl.load(tokens_ptr + b * N + node, mask=valid, other=-1)
     col_ids = tl.arange(0, COLS)
     predict = tl.load(predict_ptr + b * width + col_ids, mask=col_ids < width, other=-1)  # read once, then in registers
-    slot = tl.where(col_ids == 0, 0, -1).to(tl.int64)  # path slot of each column (-1: not on the path); int64 as the loop writes it
+    slot = tl.where(col_ids == 0, 0, -1).to(
+        tl.int64
+    )  # path slot of each column (-1: not on the path); int64 as the loop writes it
     path_cols = tl.where(col_ids == 0, 0, -1).to(tl.int64)  # the accepted columns, root first
     path_tokens = tl.zeros([COLS], dtype=tl.int64)  # their tokens, then the bonus
     at = tl.zeros([], dtype=tl.int64)  # the column reached
@@ -60,8 +72,13 @@ def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr, out_ptr,
     tl.store(order_ptr + b * width + tl.where(on_path, slot, length + 1 + rest), col_ids.to(tl.int64), mask=on)
 
 
-def greedy_accept(tree_tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
-                  target_predict: torch.Tensor, max_depth: int | None = None) -> Acceptance:
+def greedy_accept(
+    tree_tokens: torch.Tensor,
+    parents: torch.Tensor,
+    num_nodes: torch.Tensor,
+    target_predict: torch.Tensor,
+    max_depth: int | None = None,
+) -> Acceptance:
     """Accept each request's longest matching root path plus the bonus token.
 
     Args:
@@ -84,11 +101,20 @@ def greedy_accept(tree_tokens: torch.Tensor, parents: torch.Tensor, num_nodes: t
     dev = parents.device
     flat = torch.empty(b * (2 + 3 * (n + 1)), dtype=torch.int64, device=dev)  # one allocation, five views, in the
     # kernel's order
-    length, bonus = flat[:b], flat[b:2 * b]
-    columns, order, out_tokens = flat[2 * b:].view(3, b, n + 1).unbind(0)
+    length, bonus = flat[:b], flat[b : 2 * b]
+    columns, order, out_tokens = flat[2 * b :].view(3, b, n + 1).unbind(0)
     if b:
-        _accept_kernel[(b,)](tree_tokens.to(torch.int64).contiguous(), parents.contiguous(), num_nodes.contiguous(),
-                             target_predict.to(torch.int64).contiguous(), flat, b,
-                             N=n, NODES=triton.next_power_of_2(max(n, 1)), COLS=triton.next_power_of_2(n + 1),
-                             LEVELS=n if max_depth is None else min(n, max_depth), num_warps=1)
+        _accept_kernel[(b,)](
+            tree_tokens.to(torch.int64).contiguous(),
+            parents.contiguous(),
+            num_nodes.contiguous(),
+            target_predict.to(torch.int64).contiguous(),
+            flat,
+            b,
+            N=n,
+            NODES=triton.next_power_of_2(max(n, 1)),
+            COLS=triton.next_power_of_2(n + 1),
+            LEVELS=n if max_depth is None else min(n, max_depth),
+            num_warps=1,
+        )
     return Acceptance(length, columns, bonus, out_tokens, order)
