@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from specpilot_mem.bench.runs import log  # noqa: E402
 from specpilot_mem.controller.engine_system import EngineSystem  # noqa: E402
 from specpilot_mem.controller.requests import Request, load_requests  # noqa: E402
 from specpilot_mem.controller.system import RequestOutput  # noqa: E402
@@ -49,6 +50,7 @@ from specpilot_mem.forcing.verdict import TokenForcing, Verdict  # noqa: E402
 from specpilot_mem.provenance import result_header  # noqa: E402
 
 REQUESTS = ROOT / "requests" / "fault-study-v1.jsonl"
+STARTED = time.perf_counter()  # the process's start: a lease's budget counts the engine's loading too
 
 # Lossless controls: engine options that change floating-point reduction order, the verified shape
 # or the prefill's chunking, never which tokens a correct system may accept.
@@ -59,6 +61,18 @@ CONTROLS = {
     "ddtree-16": {"tree": "ddtree", "nodes": 16},
     "positions-4": {"positions": 4},
     "prefill-chunk-16": {"chunk_size": 16},
+}
+# The same study through the composed system engine (``specpilot_mem.engine.system`` driven by ``decode.SystemDecoder``:
+# every request of every seed in flight at once, CUDA graphs): its stock is SystemOptions(positions=8) (the pure-torch
+# engine's chain of 8) and its lossless controls are its own mechanisms; the faults are FAULTS as SystemOptions.
+SYSTEM_STOCK = {"positions": 8}
+SYSTEM_CONTROLS = {
+    "path-verify": {"gdn_verify": "path"},
+    "best-first-32": {"tree": "best-first", "nodes": 32},
+    "ddtree-16": {"tree": "ddtree", "nodes": 16},
+    "positions-4": {"positions": 4},
+    "w12-linears-head": {"linears": "w12", "lm_head": "w12"},
+    "certified-head": {"lm_head": "certified"},
 }
 # Faults, each a lossy verify the issue names. ``{seed}`` in flip_seed is the run's seed.
 FAULTS = {
@@ -79,13 +93,29 @@ FAULTS = {
     "cut-short": {"stop_after": -4},  # negative: this many tokens before max_new_tokens
     "bias-fault": {"fault_after": 32},
 }
+ALL_CONTROLS = {**CONTROLS, **SYSTEM_CONTROLS}
+# The system study serves faults in this order (a lease's budget may stop it early): the issue's hard cases first.
+SYSTEM_FAULT_ORDER = (
+    "fp8-head",
+    "flip-0.3%",
+    "fp8-all",
+    "flip-0.1%",
+    "int8-all",
+    "rope-off-by-one",
+    "flip-1%",
+    "int6-all",
+    "context-32",
+    "flip-2%-quarter-of-requests",
+    "int4-head",
+    "int4-all",
+    "int4-all-quarter-of-requests",
+    "context-8",
+    "cut-short",
+    "bias-fault",
+)
 # The issue's targets: faults at least this large must be rejected in >= 95% of seeds.
 TARGET_CHANGED = 0.003
 TARGET_EVENTS_PER_1000 = 1.0
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def fault_options(name: str, seed: int, max_new_tokens: int) -> dict:
@@ -147,9 +177,15 @@ def effect(system: dict, stock: dict, scored_sys, scored_stock, delta: float) ->
     }
 
 
-def one_seed(seed: int, pool: list[Request], args, engine: Engine, with_faults: bool) -> dict:
+def seed_sample(seed: int, pool: list[Request], args) -> list[Request]:
+    """The seed's requests: a seeded sample of the pool, with the study's output length."""
     sample = sorted(random.Random(seed).sample(pool, min(args.requests_per_seed, len(pool))), key=lambda r: r.id)
-    sample = [Request(r.id, r.benchmark, "unseen", args.max_new_tokens, prompt_ids=r.prompt_ids) for r in sample]
+    return [Request(r.id, r.benchmark, "unseen", args.max_new_tokens, prompt_ids=r.prompt_ids) for r in sample]
+
+
+def one_seed(seed: int, pool: list[Request], args, engine: Engine, with_faults: bool) -> dict:
+    """One seed through the pure-torch engine (batch 1): serve every system on the seed's sample, then judge."""
+    sample = seed_sample(seed, pool, args)
     systems = {"ar": EngineSystem("ar", engine, mode="ar"), "stock": EngineSystem("stock", engine, mode="spec")}
     chosen = (lambda name: name in args.only) if args.only else (lambda name: True)
     systems.update(
@@ -176,6 +212,78 @@ def one_seed(seed: int, pool: list[Request], args, engine: Engine, with_faults: 
         outputs[name] = {o.id: o for o in system.run(sample, batch_size=1, device=device)}
         seconds[name] = time.perf_counter() - start
     log(f"seed {seed}: served {len(systems)} systems x {len(sample)} requests in {sum(seconds.values()):.1f} s")
+    return judge_seed(seed, sample, outputs, seconds, engine, args)
+
+
+def faulty_requests(requests: list[Request], share: float) -> set[str]:
+    """The requests a fault confined to ``share`` of them applies to: the pure-torch engine's choice (a hash of
+    the prompt, ``Engine._start_request``)."""
+    import zlib
+
+    import numpy as np
+
+    chosen = set()
+    for r in requests:
+        key = zlib.crc32(np.asarray(r.prompt_ids, dtype=np.int64).tobytes())
+        if (key % 100_000) / 100_000 < share:
+            chosen.add(r.id)
+    return chosen
+
+
+def system_outputs(seeds: list[int], pool: list[Request], args, engine: Engine) -> tuple[dict, dict, dict, dict]:
+    """Every system through the composed system engine, all seeds' requests in flight at once (a request drawn by
+    two seeds is served once). A fault confined to a share of the requests is served on that share; the other
+    requests keep stock's outputs (what a system whose fault skips them emits). Systems are served in the order
+    AR, stock, then controls and faults alternating, and no new one starts after ``--budget-seconds``.
+    Returns (outputs per system and request id, serving seconds and SystemOptions label per system, samples per
+    seed)."""
+    from specpilot_mem.engine.decode import SystemDecoder
+    from specpilot_mem.engine.options import SystemOptions
+
+    samples = {seed: seed_sample(seed, pool, args) for seed in seeds}
+    union = {r.id: r for sample in samples.values() for r in sample}
+    requests = [union[rid] for rid in sorted(union)]
+    chosen = (lambda name: name in args.only) if args.only else (lambda name: True)
+    controls = [(n, dict(SYSTEM_STOCK, **o)) for n, o in SYSTEM_CONTROLS.items() if chosen(n)]
+    faults = []
+    for name in SYSTEM_FAULT_ORDER:
+        if chosen(name):
+            opts = fault_options(name, seeds[0], args.max_new_tokens)
+            faults.append((name, dict(SYSTEM_STOCK, **opts)))
+    order = [("ar", dict(SYSTEM_STOCK)), ("stock", dict(SYSTEM_STOCK))]
+    for pair in zip(controls + [None] * len(faults), faults + [None] * len(controls)):
+        order.extend(item for item in pair if item is not None)
+    rows = max(SystemOptions(**{k: v for k, v in o.items() if k != "fault_requests"}).rows for _, o in order)
+    max_len = max(len(r.prompt_ids) for r in requests) + args.max_new_tokens + 2 * rows + 1
+    base = SystemDecoder(engine, SystemOptions(**SYSTEM_STOCK), batch=min(args.batch, len(requests)), max_len=max_len)
+    outputs, seconds, labels = {}, {}, {}
+    for name, opts in order:
+        if outputs and args.budget_seconds is not None and time.perf_counter() - STARTED > args.budget_seconds:
+            log(f"budget of {args.budget_seconds:.0f} s spent: {name} and the systems after it not served")
+            break
+        share = opts.pop("fault_requests", 1.0)
+        options = SystemOptions(**opts)
+        serve = requests if share >= 1.0 else [r for r in requests if r.id in faulty_requests(requests, share)]
+        start = time.perf_counter()
+        runs = (
+            base.with_options(options).generate(
+                [list(r.prompt_ids) for r in serve], "ar" if name == "ar" else "spec", args.max_new_tokens
+            )
+            if serve
+            else []
+        )
+        got = {r.id: RequestOutput(r.id, tuple(g.output_ids)) for r, g in zip(serve, runs)}
+        if share < 1.0:
+            got = {rid: got.get(rid, outputs["stock"][rid]) for rid in union}
+        outputs[name], seconds[name] = got, time.perf_counter() - start
+        labels[name] = options.label() + (f",fault_requests={share}" if share < 1.0 else "")
+        log(f"system engine: {name} ({labels[name]}) served {len(serve)} requests in {seconds[name]:.1f} s")
+    return outputs, seconds, labels, samples
+
+
+def judge_seed(seed: int, sample: list[Request], outputs: dict, seconds: dict, engine: Engine, args) -> dict:
+    """Score one seed's outputs with the engine's batched scorer, calibrate δ on its AR and stock, and judge every
+    other system against stock with all the rules and the power."""
     scorer = EngineScorer(engine)
     start = time.perf_counter()
     scored = {name: score_outputs(scorer, sample, outs) for name, outs in outputs.items()}
@@ -195,7 +303,7 @@ def one_seed(seed: int, pool: list[Request], args, engine: Engine, with_faults: 
         }
     forcing = TokenForcing(scorer, scored["stock"], calibration.delta, audit_sample=args.audit_sample, seed=seed)
     verdicts, effects = {}, {}
-    for name in systems:
+    for name in outputs:
         if name in ("ar", "stock"):
             continue
         verdicts[name] = forcing.judge(name, scored[name], synthetic=engine.synthetic)
@@ -212,7 +320,7 @@ def one_seed(seed: int, pool: list[Request], args, engine: Engine, with_faults: 
         "delta_basis": calibration.basis,
         "departures": len(calibration.departures),
         "largest_gap": calibration.largest_gap,
-        "stock_mismatch_rate": verdicts["splitk-head"].rate.stock_rate,
+        "stock_mismatch_rate": next(iter(verdicts.values())).rate.stock_rate if verdicts else None,
         "serve_seconds": seconds,
         "score_seconds": score_seconds,
         "verdicts": {name: summary(v) for name, v in verdicts.items()},
@@ -226,7 +334,7 @@ def rates(runs: list[dict]) -> dict:
     """Per system: runs, rejected, inconclusive, accepted; for faults the mean real effect and whether it
     is at least the issue's target size (then the target is a >= 95% rejection rate)."""
     table: dict[str, dict] = {}
-    for name in [*CONTROLS, *FAULTS]:
+    for name in [*ALL_CONTROLS, *FAULTS]:
         seen = [r for r in runs if name in r["verdicts"]]
         if not seen:
             continue
@@ -234,7 +342,7 @@ def rates(runs: list[dict]) -> dict:
             k: sum(r["verdicts"][name]["verdict"] == k for r in seen) for k in ("reject", "inconclusive", "accept")
         }
         row = {
-            "kind": "control" if name in CONTROLS else "fault",
+            "kind": "control" if name in ALL_CONTROLS else "fault",
             "runs": len(seen),
             **counts,
             "reject_rate": counts["reject"] / len(seen),
@@ -256,17 +364,21 @@ def rates(runs: list[dict]) -> dict:
     return table
 
 
-def pooled(doc: dict, group: int, engine: Engine, audit_sample: int) -> dict:
+def pooled(doc: dict, group: int, engine: Engine, audit_sample: int, until: float | None = None) -> dict:
     """Sealed-size checks: the outputs of ``group`` consecutive seeds (disjoint request samples where the
     pool allows; a request drawn twice keeps its first seed's outputs) judged as one sample, δ
     calibrated on that sample's AR and stock. Each group is one sealed check; its verdict per system,
-    and per system the share of groups that rejected."""
+    and per system the share of groups that rejected. No check starts once ``until`` seconds have passed since
+    the process started."""
     runs = doc["runs"]
     by_id = {r.id: r for r in load_requests(ROOT / "requests" / doc["settings"]["requests"])}
     limit = doc["settings"]["max_new_tokens"]
     scorer = EngineScorer(engine)
     checks = []
     for first in range(0, len(runs) - group + 1, group):
+        if until is not None and checks and time.perf_counter() - STARTED > until:
+            log(f"pooled checks of {group} seeds stopped after {len(checks)} ({until:.0f} s)")
+            break
         members = runs[first : first + group]
         names = [n for n in members[0]["outputs"] if all(n in m["outputs"] for m in members)]
         ids: dict[str, int] = {}
@@ -304,11 +416,11 @@ def pooled(doc: dict, group: int, engine: Engine, audit_sample: int) -> dict:
             + ", ".join(f"{n} {v['verdict']}" for n, v in verdicts.items())
         )
     table = {}
-    for name in [*CONTROLS, *FAULTS]:
+    for name in [*ALL_CONTROLS, *FAULTS]:
         seen = [c["verdicts"][name]["verdict"] for c in checks if name in c["verdicts"]]
         if seen:
             table[name] = {
-                "kind": "control" if name in CONTROLS else "fault",
+                "kind": "control" if name in ALL_CONTROLS else "fault",
                 "runs": len(seen),
                 **{k: seen.count(k) for k in ("reject", "inconclusive", "accept")},
                 "reject_rate": seen.count("reject") / len(seen),
@@ -441,7 +553,13 @@ def main() -> int:
     parser.add_argument(
         "--budget-seconds",
         type=float,
-        help="start no further seed after this many seconds (a device lease); the JSON counts the runs made",
+        help="start no further seed once this many seconds have passed since the process started (a device "
+        "lease); the JSON counts the runs made",
+    )
+    parser.add_argument(
+        "--part-out",
+        metavar="JSON",
+        help="also rewrite this file with the seeds finished so far after every seed (for --merge)",
     )
     parser.add_argument("--threads", type=int, help="torch CPU threads")
     parser.add_argument(
@@ -458,6 +576,19 @@ def main() -> int:
         default=[],
         help="also judge the outputs of this many seeds at a time as one sealed-size check (repeatable)",
     )
+    parser.add_argument(
+        "--engine",
+        choices=["pure", "system"],
+        default="pure",
+        help="pure: the pure-torch engine, batch 1, one seed after another; system: the composed system engine "
+        "(SystemDecoder), every seed's requests in flight at once",
+    )
+    parser.add_argument("--batch", type=int, default=256, help="system engine: requests in flight at most")
+    parser.add_argument(
+        "--judge-until", type=float, help="system engine: judge no further seed after this many seconds (from start)"
+    )
+    parser.add_argument("--pool-until", type=float, help="start no further pooled check after this many seconds")
+    parser.add_argument("--pool-audit-sample", type=int, help="events audited per system in a pooled check")
     parser.add_argument("--drop-outputs", action="store_true", help="leave the output token ids out of the JSON")
     parser.add_argument(
         "--only",
@@ -472,7 +603,10 @@ def main() -> int:
         doc = merge(args.merge)
         if args.pool_size:
             engine = Engine.load_default(device=args.device, dtype=getattr(torch, doc["dtype"]))
-            doc["pooled"] = [pooled(doc, size, engine, args.audit_sample) for size in args.pool_size]
+            doc["pooled"] = [
+                pooled(doc, size, engine, args.pool_audit_sample or args.audit_sample, args.pool_until)
+                for size in args.pool_size
+            ]
         finish(doc, args)
         return 0
     if args.write_requests:
@@ -485,15 +619,52 @@ def main() -> int:
     engine = Engine.load_default(device=args.device, dtype=getattr(torch, args.dtype))
     pool = load_requests(args.requests)
     fault_seeds = args.seeds if args.fault_seeds is None else args.fault_seeds
-    started = time.perf_counter()
     runs = []
-    for seed in range(args.first_seed, args.first_seed + args.seeds):
-        if runs and args.budget_seconds is not None and time.perf_counter() - started > args.budget_seconds:
+    if args.engine == "system":
+        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+        outputs, seconds, labels, samples = system_outputs(seeds, pool, args, engine)
+        args.system_labels, args.system_seconds = labels, seconds
+        for seed in seeds:
+            if runs and args.judge_until is not None and time.perf_counter() - STARTED > args.judge_until:
+                log(f"judging stopped after {len(runs)} of {len(seeds)} seeds ({args.judge_until:.0f} s)")
+                break
+            sample = samples[seed]
+            mine = {name: {r.id: outs[r.id] for r in sample} for name, outs in outputs.items()}
+            runs.append(judge_seed(seed, sample, mine, {}, engine, args))
+            write_part(args, engine, runs, fault_seeds)
+        seeds = []  # served and judged above
+    else:
+        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    for seed in seeds:
+        if runs and args.budget_seconds is not None and time.perf_counter() - STARTED > args.budget_seconds:
             log(f"budget of {args.budget_seconds:.0f} s spent: stopping after {len(runs)} of {args.seeds} seeds")
             break
         runs.append(one_seed(seed, pool, args, engine, with_faults=seed - args.first_seed < fault_seeds))
+        write_part(args, engine, runs, fault_seeds)
+    result = study_doc(args, engine, runs, fault_seeds)
+    if args.pool_size:
+        result["pooled"] = [
+            pooled(result, size, engine, args.pool_audit_sample or args.audit_sample, args.pool_until)
+            for size in args.pool_size
+        ]
+    finish(result, args)
+    return 0
+
+
+def write_part(args, engine: Engine, runs: list[dict], fault_seeds: int) -> None:
+    """``--part-out``: rewritten after every seed, so a run stopped at a device lease's hard limit keeps its
+    finished seeds."""
+    if args.part_out:
+        part = Path(args.part_out)
+        scratch = part.with_name(part.name + ".tmp")
+        scratch.write_text(json.dumps(study_doc(args, engine, runs, fault_seeds)))
+        scratch.replace(part)
+
+
+def study_doc(args, engine: Engine, runs: list[dict], fault_seeds: int) -> dict:
+    """The study's JSON for the seeds run so far."""
     device = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else "cpu"
-    result = {
+    return {
         **result_header("fault_study"),
         "device_name": device,
         "synthetic": engine.synthetic,
@@ -507,20 +678,20 @@ def main() -> int:
             "requests_per_seed": args.requests_per_seed,
             "audit_sample": args.audit_sample,
             "requests": Path(args.requests).name,
-            "controls": CONTROLS,
+            "engine": args.engine,
+            "controls": SYSTEM_CONTROLS if args.engine == "system" else CONTROLS,
             "faults": FAULTS,
+            "system_stock": SYSTEM_STOCK if args.engine == "system" else None,
+            "system_options": getattr(args, "system_labels", None),
+            "system_serve_seconds": getattr(args, "system_seconds", None),
             "fault_seeds": fault_seeds,
             "target_changed": TARGET_CHANGED,
             "target_events_per_1000": TARGET_EVENTS_PER_1000,
         },
-        "wall_seconds": time.perf_counter() - started,
+        "wall_seconds": time.perf_counter() - STARTED,
         "systems": rates(runs),
-        "runs": runs,
+        "runs": list(runs),
     }
-    if args.pool_size:
-        result["pooled"] = [pooled(result, size, engine, args.audit_sample) for size in args.pool_size]
-    finish(result, args)
-    return 0
 
 
 def headline(doc: dict) -> str:

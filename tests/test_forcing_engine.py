@@ -8,6 +8,7 @@ import torch
 
 from specpilot_mem.controller.engine_system import EngineSystem
 from specpilot_mem.controller.requests import Request
+from specpilot_mem.controller.system import RequestOutput
 from specpilot_mem.engine.config import DrafterConfig, EngineOptions, TargetConfig
 from specpilot_mem.engine.engine import Engine
 from specpilot_mem.errors import RoundError
@@ -189,3 +190,53 @@ def test_fault_options_change_only_what_they_name(engine):
     assert not engine.with_options(lm_head="splitk").lossy and engine.with_options(rope_offset=1).lossy
     with pytest.raises(ValueError, match="unknown verify_weights"):
         engine.with_options(verify_weights="fp4")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_logprobs_are_the_re_scores_bit_for_bit(dtype):
+    """The audit's prefill-length re-scores from one shared pass equal ``score(..., prefill_len=...)`` exactly: the
+    same log-probabilities at the event's row, for prefills ending on, before and across chunk boundaries."""
+    engine = Engine.random(
+        5, TARGET, DRAFTER, dtype=dtype, options=EngineOptions(positions=4, chunk_size=8), max_len=256
+    )
+    prompt = list(range(3, 22))  # 19 tokens: the prompt ends inside the third chunk
+    output = [int(t) for t in torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1))]
+    queries = [(p, s) for p in (0, 5, 13, 39) for s in (19 + p, 19 + p - 1, 8, 1) if 0 < s <= 20 + p]
+    rows = engine.prefill_logprobs(prompt, output, queries)
+    for (position, split), row in zip(queries, rows):
+        want = engine.score(prompt, output[: position + 1], prefill_len=split)
+        top2 = row.topk(2)
+        assert int(top2.indices[0]) == want.argmax[position]
+        assert float(row[output[position]]) == want.logprob[position]
+        assert float(top2.values[0] - top2.values[1]) == want.top2_margin[position]
+    assert engine.prefill_argmax(prompt, output, queries) == [int(r.argmax()) for r in rows]
+    with pytest.raises(ValueError, match="outside"):
+        engine.prefill_logprobs(prompt, output, [(40, 10)])
+
+
+def test_audit_with_the_shared_prefill_pass_explains_what_per_event_re_scores_explain(engine):
+    """The audit's batched prefill-length check (``EngineScorer.prefill_argmax``) reaches the same explanations
+    as one ``score`` per event and prefill length."""
+    from specpilot_mem.forcing.audit import audit, find_events
+
+    class PerEvent:  # the same scorer without the shared pass
+        def __init__(self, inner):
+            self.inner = inner
+
+        def score(self, prompt_ids, output_ids, prefill_len=None):
+            return self.inner.score(prompt_ids, output_ids, prefill_len=prefill_len)
+
+    scorer = EngineScorer(engine)
+    prompt = list(range(5, 30))
+    rng = torch.Generator().manual_seed(2)
+    outs = {
+        f"r{i}": RequestOutput(f"r{i}", tuple(torch.randint(0, 256, (30,), generator=rng).tolist())) for i in range(2)
+    }
+    reqs = [Request(rid, "code", "dev", 30, prompt_ids=tuple(prompt)) for rid in outs]
+    scored = score_outputs(scorer, reqs, outs)
+    events = find_events(scored, 0.01)
+    assert len(events) > 20
+    paths = {rid: [] for rid in outs}
+    fast = audit(events, scored, scorer=scorer, stock_paths=paths, sample=40)
+    slow = audit(events, scored, scorer=PerEvent(scorer), stock_paths=paths, sample=40)
+    assert fast == slow

@@ -202,3 +202,66 @@ def test_cuda_graph_step_equals_eager_step():
             results.append((out.clone(), n.clone(), caches.lengths.clone()))
             assert model.graph_error is None
         assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+@needs_pair
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "faults",
+    [
+        {"flip_rate": 0.2, "flip_seed": 3},
+        {"rope_offset": 7},
+        {"attn_window": 4},
+        {"verify_weights": "int4"},
+        {"verify_weights": "fp8", "verify_weight_scope": "head"},
+        {"stop_after": 5},
+    ],
+    ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()),
+)
+def test_fault_study_faults_in_the_system_engine_match_the_pure_torch_engines(faults):
+    """The fault study's verify faults wired into the composed system engine are the pure-torch engine's faults:
+    in fp32 both emit the same tokens (and the faults do change them)."""
+    from specpilot_mem.engine import Engine
+    from specpilot_mem.engine.decode import SystemDecoder
+
+    engine = Engine.load_default()
+    prompts = _pair_prompts(2, 24)
+    want = [g.output_ids for g in engine.with_options(positions=6, **faults).generate(prompts, "spec", 10)]
+    decoder = SystemDecoder(engine, SystemOptions(positions=6, **faults), batch=2, max_len=128)
+    assert [g.output_ids for g in decoder.generate(prompts, "spec", 10)] == want
+    assert want != [g.output_ids for g in engine.generate(prompts, "ar", 10)]
+
+
+def test_fault_options_are_checked():
+    shape = SHAPES["qwen3.8-27b-like"]
+    for text, fragment in [
+        ("verify_weights=int3", "not a weight format"),
+        ("flip_rate=1.5", "not a share"),
+        ("stop_after=0", "stop_after >= 1"),
+        ("lm_head=certified,flip_rate=0.01", "certified head returns only the argmax"),
+        ("linears=w12,verify_weights=int8", "replaces the BF16 weights"),
+    ]:
+        with pytest.raises(OptionsError, match=fragment):
+            SystemOptions.parse(text).validate(shape)
+    assert SystemOptions(flip_rate=0.01, attn_window=32).verify_faults == {"flip_rate": 0.01, "attn_window": 32}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
+@pytest.mark.parametrize("shape_name", ["qwen3.8-27b-like", "llama-3.1-8b-like"])
+def test_step_through_the_fused_kernels_matches_the_torch_references(shape_name):
+    """The whole stock step (a tree and a padded chain) with every fused kernel run by the Triton interpreter in
+    fp32 vs the same step through the torch references: same tokens, caches, states and conv windows."""
+    from specpilot_kernels.fused_ops import interpreted_kernels
+
+    options = SystemOptions(tree="best-first", nodes=16)
+    out_r, len_r, c_r = _smoke_step(options, shape_name)
+    with interpreted_kernels():
+        out_k, len_k, c_k = _smoke_step(options, shape_name)
+    assert torch.equal(out_r, out_k) and torch.equal(len_r, len_k)
+    assert torch.equal(c_r.lengths, c_k.lengths)
+    for i in c_r.k:
+        for b, n in enumerate(c_r.lengths.tolist()):
+            torch.testing.assert_close(c_k.k[i][b, :, :n], c_r.k[i][b, :, :n], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(c_k.v[i][b, :, :n], c_r.v[i][b, :, :n], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(c_k.state_all, c_r.state_all, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(c_k.conv_all, c_r.conv_all, rtol=1e-5, atol=1e-5)

@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -628,10 +629,20 @@ def test_wide_launch_shapes_and_config():
     assert per_bucket.wide_launch(64) == (4, 4, 2, 8, 1) and per_bucket.wide_launch(200) == (2, 2, 2, 32, 1)
     assert MmaConfig(wide_rows=[[1, 2, 2, 8, 4]] * 3).wide_launch(40) == (1, 2, 2, 8, 4)
     assert per_bucket.uses_wide(48, (9, 0)) and not per_bucket.uses_wide(96, (9, 0))
-    for bad in ((5, 2, 2), (1, 1, 2), (1, 2, 7), (1, 2)):
+    # 0 weight stages: the weights carried in the activation slots (no multicast: a block fills its own)
+    assert MmaConfig(wide_rows=[[4, 3, 0, 8]] * 3).wide_launch(40) == (4, 3, 0, 8, 1)
+    assert MmaConfig(wide=(2, 2, 0)).wide_launch(100) == (2, 2, 0, 16, 1)
+    assert MmaConfig(wide=(4, 6, 1)).wide == (4, 6, 1)  # 1 stage: each slot holds half a chunk
+    for bad in ((5, 2, 2), (1, 1, 2), (1, 2, 7), (1, 2), (1, 2, -1)):
         with pytest.raises(W12Error, match="wide"):
             MmaConfig(wide=bad)
-    for bad in (((1, 2, 2, 16),), ((1, 2, 2, 10),) * 3, ((1, 7, 2, 16),) * 3, ((1, 2, 2, 16, 3),) * 3):
+    for bad in (
+        ((1, 2, 2, 16),),
+        ((1, 2, 2, 10),) * 3,
+        ((1, 7, 2, 16),) * 3,
+        ((1, 2, 2, 16, 3),) * 3,
+        ((1, 2, 0, 16, 2),) * 3,
+    ):
         with pytest.raises(W12Error, match="wide_rows"):
             MmaConfig(wide_rows=bad)
 
@@ -652,6 +663,9 @@ def with_outliers(w, fraction):
         MmaConfig(1, 8, 2, wgmma=(1, 1, 1), wide=(2, 3, 2)),
         MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
         MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 4), (1, 2, 2, 32, 2))),
+        MmaConfig(1, 3, 2, wide_rows=((4, 3, 0, 8), (4, 2, 0, 16), (2, 2, 0, 32))),  # weights carried in the slots
+        MmaConfig(1, 8, 2, wide=(1, 3, 0)),
+        MmaConfig(1, 3, 1, wide_rows=((4, 6, 1, 8), (4, 4, 1, 16), (2, 3, 1, 32))),  # half a chunk a slot
     ],
     ids=str,
 )
@@ -678,15 +692,8 @@ def test_mma_rows_1_to_256_with_outliers_give_the_per_warp_bits(fraction, config
 def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
     # the H200 stage's --tune (benchmarks/w12_device_check.py) on the CPU: every row range of every tuned shape gets
     # candidates, each a valid config with the shape's partition (no bit may depend on the choice), wide blocks that fit
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from benchmarks import w12_device_check as check
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "w12_device_check.py"
-    spec = importlib.util.spec_from_file_location("w12_device_check", path)
-    check = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = check
-    spec.loader.exec_module(check)
     tuned = json.loads(mma_module.TUNED_PATH.read_text())["NVIDIA H200"]
     for key in ("10240,5120", "34816,5120", "248320,5120"):
         base = MmaConfig(**tuned[key])
@@ -706,7 +713,7 @@ def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
     assert written["10240,5120"] == json.loads(json.dumps(config)) and written["5120,8192"] == tuned["5120,8192"]
     assert MmaConfig(**written["10240,5120"]).wide_launch(64) == (4, 4, 2, 8, 1)
     # the summary and headline re-made from a committed H200 result
-    doc = json.loads((path.parent / "results" / "w12-v2-device-check-h200.json").read_text())
+    doc = json.loads((Path(check.__file__).parent / "results" / "w12-v2-device-check-h200.json").read_text())
     doc["summary"] = check.summarize(doc)
     assert check.headline(doc).startswith("bits exact; projections 1-32 rows 1.34x cuBLAS")
     assert 0.8 < doc["summary"]["projections_1_32_min_every_row_count"] < doc["summary"]["projections_1_32_min"]

@@ -1,16 +1,12 @@
 """The SASS loop counter behind the W12 notes' instruction counts (benchmarks/w12_sass.py)."""
 
-import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-_path = Path(__file__).resolve().parents[1] / "benchmarks" / "w12_sass.py"
-_spec = importlib.util.spec_from_file_location("w12_sass", _path)  # a script, not a package
-w12_sass = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(w12_sass)
+from benchmarks import w12_sass
+
 
 # a main loop from 0x0040 to the backward branch at 0x00f0, with an escape check whose patch (0x00a0-0x00c0)
 # is branched over when no lane holds an escape

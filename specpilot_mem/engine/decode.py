@@ -13,7 +13,9 @@ AR, stock and SpecPilot decoders over the same weights run the same requests (``
 from __future__ import annotations
 
 import time
+import zlib
 
+import numpy as np
 import torch
 
 from specpilot_mem.engine.drafter import Lattice
@@ -42,14 +44,32 @@ class SystemDecoder:
             _, weights = Weights.from_target(engine.target)
         self.weights = weights
         cfg = engine.target.cfg
-        self.options.validate(weights.shape, engine.drafter.cfg.block_size)
-        self.model = SystemModel(weights, self.options, feature_layers=tuple(cfg.feature_layers))
-        # the prompt goes in the way stock does it (SGLang's GDN, BF16 head): options change decoding only
-        self.prefill_model = self.model.with_options(
-            self.options.replace(gdn_verify="snapshot", tree="chain", lm_head="bf16")
+        opts = self.options.validate(weights.shape, engine.drafter.cfg.block_size)
+        verify = (
+            weights
+            if opts.verify_weights == "none"
+            else weights.quantized(opts.verify_weights, opts.verify_weight_scope)
+        )
+        self.model = SystemModel(verify, opts, feature_layers=tuple(cfg.feature_layers))
+        # the prompt goes in the way stock does it (SGLang's GDN, BF16 head, stock's weights, none of the fault
+        # study's verify faults): options change decoding only
+        self.prefill_model = SystemModel(
+            weights,
+            opts.replace(
+                gdn_verify="snapshot",
+                tree="chain",
+                lm_head="bf16",
+                verify_weights="none",
+                flip_rate=0.0,
+                rope_offset=0,
+                attn_window=0,
+            ),
+            feature_layers=tuple(cfg.feature_layers),
         )
         self.device, self.dtype = weights.device, weights.dtype
         self.caches = Caches(weights.shape, batch, max_len, self.device, self.dtype, feature_dim=cfg.feature_dim)
+        # the flip fault's table, per slot and output index (static: the captured step reads it)
+        self.flips = torch.zeros(batch, max_len, dtype=torch.bool, device=self.device) if opts.flip_rate > 0 else None
         self._buffers: dict = {}
 
     def with_options(self, options: SystemOptions, batch: int | None = None) -> "SystemDecoder":
@@ -59,6 +79,13 @@ class SystemDecoder:
         if (B, T) not in self._buffers:
             self._buffers[B, T] = StepBuffers.empty(B, T, self.weights.shape.conv_size, self.device)
         return self._buffers[B, T]
+
+    def _draw_flips(self, slot: int, prompt: list[int]) -> None:
+        """The request's flip positions, drawn as the pure-torch engine draws them (the same prompt and flip_seed
+        flip the same output indices)."""
+        key = zlib.crc32(np.asarray(prompt, dtype=np.int64).tobytes())
+        draws = np.random.default_rng([self.options.flip_seed, key]).random(self.max_len)
+        self.flips[slot].copy_(torch.as_tensor(draws < self.options.flip_rate))
 
     @torch.no_grad()
     def prefill(self, slot: int, prompt: list[int]) -> int:
@@ -115,6 +142,7 @@ class SystemDecoder:
                 fix=f"use max_len >= {longest}",
             )
         B, T = self.batch, (1 if mode == "ar" else self.options.rows)
+        limit = max_new_tokens if self.options.stop_after < 0 else min(max_new_tokens, self.options.stop_after)
         queue = list(range(len(prompts)))
         slot_req = [-1] * B
         outputs = [[] for _ in prompts]
@@ -133,13 +161,15 @@ class SystemDecoder:
             r = queue.pop(0)
             slot_req[slot] = r
             started[r] = time.perf_counter()
+            if self.flips is not None:
+                self._draw_flips(slot, prompts[r])
             outputs[r].append(self.prefill(slot, prompts[r]))
 
         for slot in range(B):
             admit(slot)
         while any(r >= 0 for r in slot_req):
             for slot, r in enumerate(slot_req):
-                if r >= 0 and len(outputs[r]) >= max_new_tokens:
+                if r >= 0 and len(outputs[r]) >= limit:
                     finished[r] = time.perf_counter()
                     admit(slot)
             live = [s for s in range(B) if slot_req[s] >= 0]
@@ -156,7 +186,7 @@ class SystemDecoder:
             buf.forced.fill_(-1)
             buf.out_len.copy_(torch.tensor([len(outputs[slot_req[s]]) if slot_req[s] >= 0 else 0 for s in range(B)]))
             out, lens = self.model.graphed(
-                ("decode", B, T, mode), lambda: self.model.step(buf, self.caches, ar=mode == "ar")
+                ("decode", B, T, mode), lambda: self.model.step(buf, self.caches, ar=mode == "ar", flips=self.flips)
             )
             out, lens = out.cpu(), lens.cpu()
             for s in live:
@@ -167,7 +197,7 @@ class SystemDecoder:
         runs = []
         for r, prompt in enumerate(prompts):
             total = finished[r] - started[r]
-            n = max_new_tokens
+            n = limit
             runs.append(
                 Generation(
                     str(r),

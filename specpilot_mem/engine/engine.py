@@ -503,6 +503,84 @@ class Engine:
 
     @torch.no_grad()
     @_on_own_device
+    def prefill_argmax(
+        self, prompt_ids: list[int], output_ids: list[int], queries: list[tuple[int, int]], fp32_head: bool = True
+    ) -> list[int]:
+        """For each (position, prefill_len): the argmax ``score(prompt_ids, output_ids[:position + 1],
+        prefill_len=prefill_len)`` gives at ``position`` (``prefill_logprobs``)."""
+        rows = self.prefill_logprobs(prompt_ids, output_ids, queries, fp32_head)
+        return [int(row.argmax()) for row in rows]
+
+    @torch.no_grad()
+    @_on_own_device
+    def prefill_logprobs(
+        self, prompt_ids: list[int], output_ids: list[int], queries: list[tuple[int, int]], fp32_head: bool = True
+    ) -> list[torch.Tensor]:
+        """For each (position, prefill_len): the log-probabilities [V] that ``score(prompt_ids,
+        output_ids[:position + 1], prefill_len=prefill_len)`` computes at ``position``, bit for bit, without
+        re-running the whole prefix per query.
+
+        ``score`` chunks the sequence from 0 in chunk_size pieces up to prefill_len, then from prefill_len on. Every
+        piece that ends at or before the last multiple of chunk_size below prefill_len is the plain grid's, so one
+        pass over the sequence on the plain grid, with the cache saved at those boundaries, serves every query: a
+        query restores its boundary, runs the piece up to prefill_len and, where the row it asks about lies beyond,
+        the pieces after prefill_len up to it; then the same LM head and softmax over the same rows as ``score``.
+        The audit's prefill-length check asks this for every event of a request at once (a 4,096-token output's
+        events cost a piece or two each, not a whole re-score)."""
+        seq = list(prompt_ids) + list(output_ids)
+        P, size = len(prompt_ids), self.options.chunk_size
+        plan = []
+        for position, split in queries:
+            end = P + position + 1  # the query's sequence: prompt + output[: position + 1]
+            if not 0 <= position < len(output_ids) or not 0 < split <= end:
+                raise ValueError(f"query ({position}, {split}) outside the output / sequence")
+            plan.append((position, split, end, (split - 1) // size * size))
+        if not plan:
+            return []
+        boundaries = {b for *_, b in plan}
+        self.cache.reset()
+        saved, hidden = {}, []
+        for start in range(0, max(boundaries) + 1, size):
+            if start in boundaries:
+                saved[start] = (
+                    {i: t.clone() for i, t in self.cache.state.items()},
+                    {i: t.clone() for i, t in self.cache.conv.items()},
+                )
+            if start == max(boundaries):
+                break
+            hidden.append(self._commit_piece(seq[start : start + size]))
+        base = torch.cat(hidden, dim=0) if hidden else None
+        answers: list[torch.Tensor | None] = [None] * len(plan)
+        # latest boundary first: a query rewrites the keys and values from its boundary on, which later queries
+        # (at earlier boundaries) never read
+        for index in sorted(range(len(plan)), key=lambda q: -plan[q][3]):
+            position, split, end, boundary = plan[index]
+            states, convs = saved[boundary]
+            for i in self.cache.state:
+                self.cache.state[i].copy_(states[i])
+                self.cache.conv[i].copy_(convs[i])
+            self.cache.length = boundary
+            self.cache.length_t.fill_(boundary)
+            rows = [base[:boundary]] if boundary else []
+            rows.append(self._commit_piece(seq[boundary:split]))
+            start = split
+            while start < end - 1:  # the row asked about (end - 2) lies in the pieces after the prefill
+                rows.append(self._commit_piece(seq[start : min(start + size, end)]))
+                start += size
+            predicting = torch.cat(rows, dim=0)[P - 1 : end - 1]
+            logits = lm_head(predicting, self.target.lm_head_weight, "dense", fp32=fp32_head)
+            answers[index] = torch.log_softmax(logits.float(), dim=-1)[position]
+        return answers  # type: ignore[return-value]
+
+    def _commit_piece(self, piece: list[int]) -> torch.Tensor:
+        """One prefill piece through the target, committed (``prefill``'s inner step); its hidden [n, d]."""
+        rows = chain_rows(piece, self.target.cfg.conv_size, self.device)
+        h, pending = self.target.forward_rows(rows, self.cache, "wy", self.cache.length + rows.count)
+        self.cache.commit(pending, list(range(len(piece))))
+        return h[0]
+
+    @torch.no_grad()
+    @_on_own_device
     def score(
         self, prompt_ids: list[int], output_ids: list[int], fp32_head: bool = True, prefill_len: int | None = None
     ) -> Score:

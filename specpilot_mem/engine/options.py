@@ -53,6 +53,21 @@ class SystemOptions:
     fault_after: int = -1
     fault_bias: float = 2.0
     fault_stride: int = 7
+    # Lossy verify passes for token forcing's fault study (issue 38; the pure-torch engine's EngineOptions has the
+    # same ones), all off by default and never in the prefill. verify_weights: the verify pass's linears (and head)
+    # rounded to "fp8" (E4M3), "int8", "int6" or "int4" with one scale per output channel, on every linear and the
+    # head (verify_weight_scope "all") or the head only ("head"). flip_rate: at that share of output indices the
+    # prediction is the verify logits' runner-up (drawn per request from flip_seed and a hash of its prompt, as the
+    # pure-torch engine draws them). rope_offset: the verify pass rotates queries and keys this many positions too
+    # far. attn_window: its attention sees only the last attn_window committed tokens (0: all of them).
+    # stop_after: every output ends after this many tokens (-1: at max_new_tokens).
+    verify_weights: str = "none"
+    verify_weight_scope: str = "all"
+    flip_rate: float = 0.0
+    flip_seed: int = 0
+    rope_offset: int = 0
+    attn_window: int = 0
+    stop_after: int = -1
 
     @classmethod
     def parse(cls, text: str) -> "SystemOptions":
@@ -131,6 +146,7 @@ class SystemOptions:
                 where="fault_after with lm_head=certified",
                 fix="inject the fault with lm_head=bf16 or w12",
             )
+        self._validate_faults()
         if self.max_survivors < 1:
             raise OptionsError("max_survivors must be positive", where="max_survivors", fix="use e.g. 2048")
         if shape.d_model % 64 and (self.linears == "w12" or self.lm_head in ("w12", "certified")):
@@ -140,6 +156,47 @@ class SystemOptions:
                 fix="use bf16 linears and head for this shape",
             )
         return self
+
+    @property
+    def verify_faults(self) -> dict:
+        """The fault study's verify-pass faults that are switched on (the prefill runs without them)."""
+        stock = SystemOptions()
+        names = ("verify_weights", "flip_rate", "rope_offset", "attn_window")
+        return {name: getattr(self, name) for name in names if getattr(self, name) != getattr(stock, name)}
+
+    def _validate_faults(self) -> None:
+        from specpilot_mem.engine.model import WEIGHT_FORMATS
+
+        if self.verify_weights not in ("none", *WEIGHT_FORMATS):
+            raise OptionsError(
+                f"verify_weights={self.verify_weights!r} is not a weight format",
+                where="verify_weights",
+                fix=f"use none or one of {', '.join(WEIGHT_FORMATS)}",
+            )
+        if self.verify_weight_scope not in ("all", "head"):
+            raise OptionsError(
+                f"verify_weight_scope={self.verify_weight_scope!r}", where="verify_weight_scope", fix="use all or head"
+            )
+        if not 0.0 <= self.flip_rate <= 1.0:
+            raise OptionsError(f"flip_rate={self.flip_rate} is not a share", where="flip_rate", fix="use 0..1")
+        if self.attn_window < 0 or self.stop_after < -1 or self.stop_after == 0:
+            raise OptionsError(
+                f"attn_window={self.attn_window}, stop_after={self.stop_after}",
+                where="attn_window / stop_after",
+                fix="use attn_window >= 0 (0: off) and stop_after >= 1 (-1: off)",
+            )
+        if (self.flip_rate > 0 or self.verify_weights != "none") and self.lm_head == "certified":
+            raise OptionsError(
+                "flips and low-precision verify weights need the head's logits; the certified head returns only the argmax",
+                where="flip_rate / verify_weights with lm_head=certified",
+                fix="inject them with lm_head=bf16",
+            )
+        if self.verify_weights != "none" and (self.linears != "bf16" or self.lm_head != "bf16"):
+            raise OptionsError(
+                "verify_weights replaces the BF16 weights of the verify pass",
+                where="verify_weights with linears/lm_head other than bf16",
+                fix="inject it with linears=bf16 and lm_head=bf16",
+            )
 
 
 def memory_needed(shape: SystemShape, options: SystemOptions, batch: int, max_len: int) -> dict[str, int]:

@@ -13,7 +13,8 @@ below its argmax, further than rounding explains. The audit explains an event, i
   explains nothing about the emitted one.
 
 Like the paper, a seeded sample of events is audited (200 by default); the event rule then uses
-the sampled counts.
+the sampled counts. The prefill-length re-scores of one output's events share one pass where the scorer
+offers ``prefill_argmax`` (the pure-torch engine's: bit for bit what ``score`` gives).
 """
 
 from __future__ import annotations
@@ -90,6 +91,38 @@ def _prefill_lengths(prompt_len: int, position: int) -> list[int]:
     return [p for p in (end, end - 1) if p >= 1]
 
 
+def _explained_by_stock(
+    event: Event, output: ScoredOutput, stock_paths: Sequence[Sequence[int]], stock_engine: Scorer | None
+) -> str | None:
+    if _stock_path(event, output, stock_paths):
+        return "stock-path"
+    if stock_engine is not None and _argmax_at(stock_engine, output, event.position, None) == event.token:
+        return "stock-margin"
+    return None
+
+
+def _prefill_explained(scorer: Scorer, output: ScoredOutput, events: Sequence[Event]) -> list[bool]:
+    """Whether re-scoring at either prefill length makes each event's emitted token the argmax. A scorer with
+    ``prefill_argmax(prompt_ids, output_ids, [(position, prefill_len), ...])`` answers all of one output's
+    events from one shared pass (the same argmaxes ``score`` gives); else one ``score`` per event and length."""
+    queries = [(e.position, p) for e in events for p in _prefill_lengths(len(output.prompt_ids), e.position)]
+    batched = getattr(scorer, "prefill_argmax", None)
+    if batched is not None:
+        found = dict(zip(queries, batched(list(output.prompt_ids), list(output.output_ids), queries)))
+    else:
+        found = {}
+    explained = []
+    for e in events:
+        hit = False
+        for p in _prefill_lengths(len(output.prompt_ids), e.position):
+            argmax = found[(e.position, p)] if batched is not None else _argmax_at(scorer, output, e.position, p)
+            if argmax == e.token:
+                hit = True
+                break
+        explained.append(hit)
+    return explained
+
+
 def explain(
     event: Event,
     output: ScoredOutput,
@@ -98,14 +131,10 @@ def explain(
     stock_paths: Sequence[Sequence[int]],
     stock_engine: Scorer | None,
 ) -> str | None:
-    if _stock_path(event, output, stock_paths):
-        return "stock-path"
-    if stock_engine is not None and _argmax_at(stock_engine, output, event.position, None) == event.token:
-        return "stock-margin"
-    for prefill_len in _prefill_lengths(len(output.prompt_ids), event.position):
-        if _argmax_at(scorer, output, event.position, prefill_len) == event.token:
-            return "prefill-length"
-    return None
+    reason = _explained_by_stock(event, output, stock_paths, stock_engine)
+    if reason is None and _prefill_explained(scorer, output, [event])[0]:
+        reason = "prefill-length"
+    return reason
 
 
 def audit(
@@ -122,12 +151,18 @@ def audit(
     """Audit a seeded sample of at most ``sample`` events (all of them when there are fewer)."""
     chosen = list(events) if len(events) <= sample else random.Random(seed).sample(list(events), sample)
     chosen.sort(key=lambda e: (e.id, e.position))
+    reasons = {}
+    for event in chosen:
+        reasons[event] = _explained_by_stock(event, scored[event.id], stock_paths.get(event.id, ()), stock_engine)
+    # the prefill-length check for what stock does not explain, one output's events at a time
+    for rid in sorted({e.id for e in chosen}):
+        left = [e for e in chosen if e.id == rid and reasons[e] is None]
+        if left:
+            for event, hit in zip(left, _prefill_explained(scorer, scored[rid], left)):
+                reasons[event] = "prefill-length" if hit else None
     audited = []
     for event in chosen:
-        reason = explain(
-            event, scored[event.id], scorer=scorer, stock_paths=stock_paths.get(event.id, ()), stock_engine=stock_engine
-        )
-        audited.append(AuditedEvent(event, reason))
+        audited.append(AuditedEvent(event, reasons[event]))
         if on_event is not None:
             on_event()
     return Audit(len(events), tuple(audited))

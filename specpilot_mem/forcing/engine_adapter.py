@@ -88,6 +88,13 @@ class EngineScorer:
             top2_margin=np.asarray(scored.top2_margin, dtype=np.float64),
         )
 
+    def prefill_argmax(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], queries: Sequence[tuple[int, int]]
+    ) -> list[int]:
+        """For each (position, prefill_len), the argmax ``score(prompt_ids, output_ids[:position + 1], prefill_len)``
+        gives at ``position``, from one shared pass (the audit's prefill-length check)."""
+        return self.engine.prefill_argmax(list(prompt_ids), list(output_ids), list(queries), fp32_head=self.fp32_head)
+
     def score_batch(self, items: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[TokenScores]:
         """Scores of many (prompt_ids, output_ids) pairs, one whole-sequence pass each, batched up to
         ``BATCH_TOKENS`` tokens per pass (longest first, so padding stays small)."""
