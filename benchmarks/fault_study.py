@@ -590,6 +590,14 @@ def main() -> int:
     parser.add_argument(
         "--judge-until", type=float, help="system engine: judge no further seed after this many seconds (from start)"
     )
+    parser.add_argument(
+        "--outputs-out", metavar="JSON", help="system engine: write every system's outputs here once served"
+    )
+    parser.add_argument(
+        "--from-outputs",
+        metavar="JSON",
+        help="system engine: judge the outputs an --outputs-out file holds (same seeds and sizes) instead of serving",
+    )
     parser.add_argument("--pool-until", type=float, help="start no further pooled check after this many seconds")
     parser.add_argument("--pool-audit-sample", type=int, help="events audited per system in a pooled check")
     parser.add_argument("--drop-outputs", action="store_true", help="leave the output token ids out of the JSON")
@@ -625,7 +633,34 @@ def main() -> int:
     runs = []
     if args.engine == "system":
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-        outputs, seconds, labels, samples = system_outputs(seeds, pool, args, engine)
+        if args.from_outputs:  # judge what an earlier run served (e.g. on the GPU), here
+            served = json.loads(Path(args.from_outputs).read_text())
+            by_id = {r.id: r for r in pool}
+            outputs = {
+                name: {rid: RequestOutput(rid, tuple(ids)) for rid, ids in outs.items()}
+                for name, outs in served["outputs"].items()
+            }
+            samples = {seed: seed_sample(seed, pool, args) for seed in seeds}
+            if any(r.id not in outputs["stock"] or r.id not in by_id for s_ in samples.values() for r in s_):
+                raise SystemExit(f"{args.from_outputs} was served for other seeds or request counts")
+            labels, seconds = served["options"], served["serve_seconds"]
+        else:
+            outputs, seconds, labels, samples = system_outputs(seeds, pool, args, engine)
+            if args.outputs_out:
+                Path(args.outputs_out).write_text(
+                    json.dumps(
+                        {
+                            "seeds": seeds,
+                            "requests_per_seed": args.requests_per_seed,
+                            "max_new_tokens": args.max_new_tokens,
+                            "options": labels,
+                            "serve_seconds": seconds,
+                            "outputs": {
+                                n: {r: list(o.output_ids) for r, o in outs.items()} for n, outs in outputs.items()
+                            },
+                        }
+                    )
+                )
         args.system_labels, args.system_seconds = labels, seconds
         for seed in seeds:
             if runs and args.judge_until is not None and time.perf_counter() - STARTED > args.judge_until:

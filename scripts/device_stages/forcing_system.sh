@@ -1,6 +1,8 @@
 # Runtime: at most ~150 s on one H200 by construction: one process under a 145 s hard limit; no new system is
-# served after 80 s (Triton builds of SGLang's GDN kernel, path verify, W12 and the certified head included), no new
-# seed judged after 115 s, no new pooled check after 130 s; what is finished is kept (--part-out after every seed).
+# served after 75 s (Triton builds of SGLang's GDN kernel, path verify, W12 and the certified head included), then
+# every system's outputs are written (fault_study-system-outputs-*.json: the seeds not judged here are judged on the
+# CPU from it), no new seed judged after 125 s, no pooled check started after 128 s; what is finished is kept
+# (--part-out after every judged seed).
 # Token forcing (issue 38) in bf16 on the trained pair through the composed system engine (SystemDecoder over
 # specpilot_mem.engine.system: drafter, batched verify, CUDA graphs): AR, stock (chain of 8), 6 lossless controls
 # (path verify, best-first 32, DDTree 16, 4 positions, W12 linears + head, certified head) and the fault study's 16
@@ -16,17 +18,19 @@ if [ "$DEVICE" = cpu ]; then
     # path verify and the certified head need Triton's interpreter on a CPU (minutes): left out of the dry run
     SIZE=(--seeds 2 --requests-per-seed 3 --max-new-tokens 8 --threads 1 --dtype float32
         --only positions-4,best-first-32,w12-linears-head,fp8-head,flip-1%,int4-all-quarter-of-requests,cut-short)
-    LIMITS=(--budget-seconds 60 --judge-until 120 --pool-until 140) HARD=170 POOLS=(--pool-size 2)
+    LIMITS=(--budget-seconds 60 --judge-until 120 --pool-until 140) HARD=170 POOLS=(--pool-size 2) AUDIT=5
 else
     SIZE=(--seeds 10 --requests-per-seed 12 --max-new-tokens 256 --batch 120 --dtype bfloat16)
-    LIMITS=(--budget-seconds 80 --judge-until 115 --pool-until 130) HARD=145 POOLS=(--pool-size 5 --pool-size 10)
+    # the audit's re-scores are the judging's cost on the GPU (eager 64-token pieces): 5 events per system and seed
+    LIMITS=(--budget-seconds 75 --judge-until 125 --pool-until 128) HARD=145 POOLS=(--pool-size 10) AUDIT=5
 fi
 OUT="$RESULTS/fault_study-system-$DEVICE.json"
 PART="$RESULTS/.fault-study-system-part.json"
 rm -f "$PART"
 started=$SECONDS
 if timeout -s INT "$HARD" python3 benchmarks/fault_study.py --engine system --device "$DEVICE" "${SIZE[@]}" \
-    --audit-sample 10 --pool-audit-sample 20 "${LIMITS[@]}" "${POOLS[@]}" --part-out "$PART" \
+    --audit-sample "$AUDIT" --pool-audit-sample 10 "${LIMITS[@]}" "${POOLS[@]}" --part-out "$PART" \
+    --outputs-out "$RESULTS/fault_study-system-outputs-$DEVICE.json" \
     >"$OUT.tmp" 2>"$RESULTS/fault-study-system.log"; then
     mv "$OUT.tmp" "$OUT"
 elif [ -s "$PART" ]; then
