@@ -44,6 +44,7 @@ from specpilot_mem.controller.system import RequestOutput  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
 from specpilot_mem.forcing.calibrate import calibrate_delta  # noqa: E402
 from specpilot_mem.forcing.engine_adapter import EngineScorer  # noqa: E402
+from specpilot_mem.forcing.rules import EVENT_ALPHA, needed_events, poisson_at_least  # noqa: E402
 from specpilot_mem.forcing.scorer import ForcingError, score_outputs  # noqa: E402
 from specpilot_mem.forcing.verdict import TokenForcing, Verdict  # noqa: E402
 from specpilot_mem.provenance import result_header  # noqa: E402
@@ -115,6 +116,10 @@ SYSTEM_FAULT_ORDER = (
 # The issue's targets: faults at least this large must be rejected in >= 95% of seeds.
 TARGET_CHANGED = 0.003
 TARGET_EVENTS_PER_1000 = 1.0
+# The default sealed sample: the 12 requests of requests/specpilot-v1.jsonl's unseen split with the long-output pass,
+# each run to the trained pair's 2,048-token context less its prompt (tokenized with the pair's tokenizer; the GPU
+# machine has none, so the sum is kept here and checked in tests/test_fault_study.py).
+SEALED_REQUESTS, SEALED_TOKENS = 12, 24_262
 
 
 def log(message: str) -> None:
@@ -353,18 +358,42 @@ def rates(runs: list[dict]) -> dict:
         if name in FAULTS:
             excess = sum(r["effects"][name]["excess_mismatch"] for r in seen) / len(seen)
             events = sum(r["effects"][name]["events_per_1000"] for r in seen) / len(seen)
+            # the events the fault adds: its large-margin events beyond stock's (stock has some in BF16)
+            added = sum(
+                r["effects"][name]["events_per_1000"]
+                - (1000 * r["verdicts"][name].get("stock_events", 0) / r["tokens"] if r.get("tokens") else 0.0)
+                for r in seen
+            ) / len(seen)
+            shorter = any(r["effects"][name]["shorter_requests"] for r in seen)
             row.update(
                 mean_excess_mismatch=excess,
                 mean_events_per_1000=events,
-                target_size=excess >= TARGET_CHANGED
-                or events >= TARGET_EVENTS_PER_1000
-                or any(r["effects"][name]["shorter_requests"] for r in seen),
+                mean_added_events_per_1000=added,
+                target_size=excess >= TARGET_CHANGED or added >= TARGET_EVENTS_PER_1000 or shorter,
+                sealed_event_power=1.0 if shorter else sealed_event_power(seen, name),
             )
             row["meets_target"] = (row["reject_rate"] >= 0.95) if row["target_size"] else counts["accept"] == 0
         else:
             row["meets_target"] = counts["reject"] == 0
         table[name] = row
     return table
+
+
+def sealed_event_power(seen: list[dict], name: str) -> float | None:
+    """Projected from these runs: the chance that the event rule alone rejects the fault on one default sealed
+    sample (SEALED_TOKENS output tokens, stock on the same requests), if its unexplained large-margin events and
+    stock's large-margin events occur at the rates measured here (Poisson counts; the fewest unexplained events
+    the binomial test rejects on, given stock's expected count). A projection, not a measurement: the length
+    rule (certain for outputs cut short) and the rate and band rules only add to it. Under the length rule
+    (outputs cut short) the caller records 1."""
+    tokens = sum(r.get("tokens", 0) for r in seen)
+    if not tokens:
+        return None
+    verdicts = [r["verdicts"][name] for r in seen]
+    unexplained = sum(v["events"] * v["unexplained"] / v["audited"] for v in verdicts if v.get("audited"))
+    stock = sum(v.get("stock_events", 0) for v in verdicts)
+    needed = needed_events(round(stock / tokens * SEALED_TOKENS), 0.5, EVENT_ALPHA)
+    return None if needed is None else poisson_at_least(needed, unexplained / tokens * SEALED_TOKENS)
 
 
 def pooled(doc: dict, group: int, engine: Engine, audit_sample: int, until: float | None = None) -> dict:

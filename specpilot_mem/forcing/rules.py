@@ -165,7 +165,7 @@ def event_rule(
     )
 
 
-def _needed_events(stock_events: int, share: float, alpha: float) -> int | None:
+def needed_events(stock_events: int, share: float, alpha: float) -> int | None:
     """The fewest unexplained events the binomial test rejects on, given stock's count (None: never)."""
     for x in range(1, 10_000):
         if binomial_upper_tail(x, x + stock_events, share) < alpha:
@@ -173,7 +173,7 @@ def _needed_events(stock_events: int, share: float, alpha: float) -> int | None:
     return None
 
 
-def _poisson_at_least(k: int, mean: float) -> float:
+def poisson_at_least(k: int, mean: float) -> float:
     """P(Poisson(mean) >= k)."""
     if k <= 0:
         return 1.0
@@ -248,9 +248,9 @@ def _event_power(
     stock_events: int, stock_tokens: int, system_tokens: int, alpha: float
 ) -> tuple[int | None, float, float]:
     share = system_tokens / (system_tokens + stock_tokens)
-    needed = _needed_events(stock_events, share, alpha)
+    needed = needed_events(stock_events, share, alpha)
     alternative = max(2 * stock_events / stock_tokens, EVENT_FLOOR)
-    power = 0.0 if needed is None else _poisson_at_least(needed, alternative * system_tokens)
+    power = 0.0 if needed is None else poisson_at_least(needed, alternative * system_tokens)
     return needed, alternative, power
 
 
