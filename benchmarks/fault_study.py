@@ -396,12 +396,14 @@ def sealed_event_power(seen: list[dict], name: str) -> float | None:
     return None if needed is None else poisson_at_least(needed, unexplained / tokens * SEALED_TOKENS)
 
 
-def pooled(doc: dict, group: int, engine: Engine, audit_sample: int, until: float | None = None) -> dict:
+def pooled(
+    doc: dict, group: int, engine: Engine, audit_sample: int, until: float | None = None, only: set | None = None
+) -> dict:
     """Sealed-size checks: the outputs of ``group`` consecutive seeds (disjoint request samples where the
     pool allows; a request drawn twice keeps its first seed's outputs) judged as one sample, δ
     calibrated on that sample's AR and stock. Each group is one sealed check; its verdict per system,
     and per system the share of groups that rejected. No check starts once ``until`` seconds have passed since
-    the process started."""
+    the process started. ``only``: judge just these systems (several processes may share the checks out)."""
     runs = doc["runs"]
     by_id = {r.id: r for r in load_requests(ROOT / "requests" / doc["settings"]["requests"])}
     limit = doc["settings"]["max_new_tokens"]
@@ -412,7 +414,11 @@ def pooled(doc: dict, group: int, engine: Engine, audit_sample: int, until: floa
             log(f"pooled checks of {group} seeds stopped after {len(checks)} ({until:.0f} s)")
             break
         members = runs[first : first + group]
-        names = [n for n in members[0]["outputs"] if all(n in m["outputs"] for m in members)]
+        names = [
+            n
+            for n in members[0]["outputs"]
+            if all(n in m["outputs"] for m in members) and (only is None or n in only or n in ("ar", "stock"))
+        ]
         ids: dict[str, int] = {}
         for index, member in enumerate(members):
             for rid in member["requests"]:
@@ -627,6 +633,13 @@ def main() -> int:
         metavar="JSON",
         help="system engine: judge the outputs an --outputs-out file holds (same seeds and sizes) instead of serving",
     )
+    parser.add_argument("--serve-only", action="store_true", help="system engine: serve, write --outputs-out, stop")
+    parser.add_argument(
+        "--pool-only", action="store_true", help="system engine: only the pooled checks (of --only's systems)"
+    )
+    parser.add_argument(
+        "--pooled-from", nargs="+", metavar="RESULTS_JSON", help="with --merge: join these files' pooled checks in"
+    )
     parser.add_argument("--pool-until", type=float, help="start no further pooled check after this many seconds")
     parser.add_argument("--pool-audit-sample", type=int, help="events audited per system in a pooled check")
     parser.add_argument("--drop-outputs", action="store_true", help="leave the output token ids out of the JSON")
@@ -641,6 +654,15 @@ def main() -> int:
         return 0
     if args.merge:
         doc = merge(args.merge)
+        for path in args.pooled_from or ():  # pooled checks judged by other processes, system subsets joined
+            for group in json.loads(Path(path).read_text()).get("pooled", []):
+                mine = next((g for g in doc.setdefault("pooled", []) if g["group"] == group["group"]), None)
+                if mine is None:
+                    doc["pooled"].append(group)
+                    continue
+                for check, other in zip(mine["checks"], group["checks"]):
+                    check.setdefault("verdicts", {}).update(other.get("verdicts", {}))
+                mine["systems"].update(group["systems"])
         if args.pool_size:
             engine = Engine.load_default(device=args.device, dtype=getattr(torch, doc["dtype"]))
             doc["pooled"] = [
@@ -691,6 +713,23 @@ def main() -> int:
                     )
                 )
         args.system_labels, args.system_seconds = labels, seconds
+        if args.serve_only:
+            log("served; judging is left to --from-outputs runs")
+            return 0
+        if args.pool_only:  # the seeds' outputs as bare runs, for the pooled checks alone
+            runs = [
+                {
+                    "seed": seed,
+                    "requests": [r.id for r in samples[seed]],
+                    "verdicts": {},
+                    "effects": {},
+                    "outputs": {
+                        n: {r.id: list(outs[r.id].output_ids) for r in samples[seed]} for n, outs in outputs.items()
+                    },
+                }
+                for seed in seeds
+            ]
+            seeds = []
         for seed in seeds:
             if runs and args.judge_until is not None and time.perf_counter() - STARTED > args.judge_until:
                 log(f"judging stopped after {len(runs)} of {len(seeds)} seeds ({args.judge_until:.0f} s)")
@@ -711,7 +750,7 @@ def main() -> int:
     result = study_doc(args, engine, runs, fault_seeds)
     if args.pool_size:
         result["pooled"] = [
-            pooled(result, size, engine, args.pool_audit_sample or args.audit_sample, args.pool_until)
+            pooled(result, size, engine, args.pool_audit_sample or args.audit_sample, args.pool_until, args.only)
             for size in args.pool_size
         ]
     finish(result, args)
