@@ -79,3 +79,45 @@ def test_target_size_counts_the_events_a_fault_adds_to_stocks():
     row = fault_study.rates([run])["int8-all"]
     assert row["mean_added_events_per_1000"] == 0.0 and not row["target_size"]  # stock has as many
     assert row["sealed_event_power"] == 0.0  # none unexplained: the event rule has nothing to see
+
+
+def test_faults_on_a_share_of_requests_pick_the_pure_engines_requests():
+    """The system study serves a request-confined fault on the requests the pure-torch engine applies it to."""
+    import torch
+
+    from specpilot_mem.controller.requests import Request
+    from specpilot_mem.engine.config import DrafterConfig, EngineOptions, TargetConfig
+    from specpilot_mem.engine.engine import Engine, Request as EngineRequest
+
+    target = TargetConfig(
+        vocab_size=64,
+        d_model=32,
+        layer_types=("gdn", "attn"),
+        ffn_dim=64,
+        gdn_heads=2,
+        gdn_head_dim=16,
+        attn_heads=2,
+        attn_kv_heads=1,
+        attn_head_dim=16,
+        feature_layers=(0, 1),
+    )
+    drafter = DrafterConfig(
+        d_model=32,
+        n_layers=1,
+        heads=2,
+        head_dim=16,
+        ffn_dim=64,
+        block_size=4,
+        context_window=8,
+        top_k=4,
+        selector_rank=8,
+    )
+    engine = Engine.random(0, target, drafter, options=EngineOptions(positions=4, flip_rate=0.1, fault_requests=0.25))
+    prompts = [torch.randint(0, 64, (6,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(40)]
+    requests = [Request(f"r{i}", "code", "dev", 8, prompt_ids=tuple(p)) for i, p in enumerate(prompts)]
+    chosen = set()
+    for r in requests:
+        engine._start_request(EngineRequest(list(r.prompt_ids), 8, r.id))
+        if engine._faulty:
+            chosen.add(r.id)
+    assert fault_study.faulty_requests(requests, 0.25) == chosen and 0 < len(chosen) < 40
