@@ -275,7 +275,10 @@ def system_outputs(seeds: list[int], pool: list[Request], args, engine: Engine) 
         start = time.perf_counter()
         runs = (
             base.with_options(options).generate(
-                [list(r.prompt_ids) for r in serve], "ar" if name == "ar" else "spec", args.max_new_tokens
+                [list(r.prompt_ids) for r in serve],
+                "ar" if name == "ar" else "spec",
+                args.max_new_tokens,
+                batched_prefill=True,  # the study's prompts have one length: one prefill pass per system
             )
             if serve
             else []
