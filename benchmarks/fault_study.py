@@ -66,13 +66,13 @@ CONTROLS = {
 # every request of every seed in flight at once, CUDA graphs): its stock is SystemOptions(positions=8) (the pure-torch
 # engine's chain of 8) and its lossless controls are its own mechanisms; the faults are FAULTS as SystemOptions.
 SYSTEM_STOCK = {"positions": 8}
-SYSTEM_CONTROLS = {
+SYSTEM_CONTROLS = {  # served in this order; the trees last (their builders run per request on the host)
     "path-verify": {"gdn_verify": "path"},
-    "best-first-32": {"tree": "best-first", "nodes": 32},
-    "ddtree-16": {"tree": "ddtree", "nodes": 16},
     "positions-4": {"positions": 4},
     "w12-linears-head": {"linears": "w12", "lm_head": "w12"},
     "certified-head": {"lm_head": "certified"},
+    "best-first-32": {"tree": "best-first", "nodes": 32},
+    "ddtree-16": {"tree": "ddtree", "nodes": 16},
 }
 # Faults, each a lossy verify the issue names. ``{seed}`` in flip_seed is the run's seed.
 FAULTS = {
