@@ -35,7 +35,7 @@ LABEL = (
     "timing: c(R) at the paper's shapes (random weights); tau: exact replay on the small pair trained here "
     "(not comparable in absolute terms to the paper's)"
 )
-PLOTTED = ("stock", "shared-budget", "drafter-block", "prompt-admission", "all")
+PLOTTED = ("stock", "path-verify", "shared-budget", "planned-budget", "drafter-block", "prompt-admission", "all")
 
 
 def load_blocks(folder: Path, splits: list[str]) -> dict:
@@ -47,14 +47,18 @@ def load_blocks(folder: Path, splits: list[str]) -> dict:
     return {b: concat_lattices(sorted(lats, key=lambda lat: lat.source)) for b, lats in blocks.items()}
 
 
-def run_shape(lattices, costs: StepCosts, batches, args) -> dict:
-    out = {"costs": costs.to_dict(), "batches": {}}
+def run_shape(lattices, costs: dict, batches, args) -> dict:
+    """``costs``: the step costs per engine option set ("stock", "path"); a configuration takes its own
+    (``Mechanisms.engine``), or the stock one where only that exists."""
+    out = {"costs": costs["stock"].to_dict(), "batches": {}}
+    if "path" in costs:
+        out["costs_path"] = costs["path"].to_dict()
     for b in batches:
         started = time.perf_counter()
         outcomes = {
             name: simulate(
                 lattices,
-                costs,
+                costs.get(cfg.engine, costs["stock"]),
                 cfg,
                 b,
                 prompt_rows=args.prompt_rows,
@@ -178,6 +182,8 @@ def targets(shapes: dict) -> dict:
     return {
         "all_never_slower_than_ar": all(r["configs"]["all"]["over_ar"] >= 1.0 for _, _, r in rows),
         "min_all_over_ar": min(r["configs"]["all"]["over_ar"] for _, _, r in rows),
+        "min_planned_budget_over_ar": min(r["configs"]["planned-budget"]["over_ar"] for _, _, r in rows),
+        "min_stock_over_ar": min(r["configs"]["stock"]["over_ar"] for _, _, r in rows),
         "shared_vs_equal_at_16_32_min": min(r["shared_vs_equal_tokens_per_step"] for _, b, r in rows if b in mid),
         "shared_vs_equal_target": 1.06,
         "blocks_gain_at_16_32_min": min(r["blocks_gain_over_shared"] for _, b, r in rows if b in mid),
@@ -282,13 +288,16 @@ def main(argv=None) -> int:
         doc["budget_sweep"] = budget_sweep(lattices, batches, [int(k) for k in args.sweep.split(",")], args)
     for shape in args.shapes.split(","):
         costs = StepCosts.from_measurement(measurement, shape) if measurement else StepCosts.roofline(shape)
+        by_engine = {"stock": costs}
         if args.engine_costs:
             engine_doc = {**json.loads(args.engine_costs.read_text()), "source": str(args.engine_costs)}
-            costs = EngineStepCosts(costs, engine_doc)
+            by_engine = {"stock": EngineStepCosts(costs, engine_doc, "stock")}
+            if any("T_step_path_ms" in e for e in engine_doc["by_batch"].values()):
+                by_engine["path"] = EngineStepCosts(costs, engine_doc, "path")
         if "closed-loop" in sections:
-            doc["shapes"][shape] = run_shape(lattices, costs, batches, args)
+            doc["shapes"][shape] = run_shape(lattices, by_engine, batches, args)
         if "blocks-bound" in sections:
-            doc.setdefault("blocks_truncated", {})[shape] = blocks_bound(lattices, costs, batches, args)
+            doc.setdefault("blocks_truncated", {})[shape] = blocks_bound(lattices, by_engine["stock"], batches, args)
     if "closed-loop" in sections:
         doc["targets"] = targets(doc["shapes"])
         t = doc["targets"]

@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from specpilot_mem.batching.costs import ROW_GRID, SHAPES  # noqa: E402
 from specpilot_mem.provenance import print_result, result_header, write_result  # noqa: E402
@@ -33,7 +32,7 @@ WEIGHT_SET_BYTES = 400 * 2**20  # the rotating weight copies exceed L2 several t
 def time_ms(fn_for_copy, copies: int, device: torch.device) -> float:
     """Median ms per call of ``fn_for_copy(i)`` over the copies: CUDA-graph replay on the GPU, wall clock on the CPU."""
     if device.type == "cuda":
-        from cuda_timing import graph_replay_us
+        from specpilot_mem.bench.cuda_timing import graph_replay_us
 
         return graph_replay_us(fn_for_copy, copies=copies, replays=15) / 1e3
     samples = []

@@ -1,6 +1,8 @@
 """Step times of the composed engine (``specpilot_mem.engine.system``) at the rows the batching policies use:
 T_AR(B), the drafter's pass at blocks 16/12/8 and the verify step (verify + accept + commit, one CUDA graph)
 with T rows per request, for B requests in flight, at the 4B-like shape (synthetic weights made on the GPU).
+Per option set (``--variants``): ``stock`` (SGLang's snapshot GDN verify: ``T_step_ms``) and ``path`` (SpecPilot's
+batched option set, GDN path verify: ``T_step_path_ms``), both best-first trees, cuBLAS BF16 linears and head.
 
     PYTHONPATH=kernels:. python3 benchmarks/batched_engine_costs.py --out batched-engine-costs-h200.json
     PYTHONPATH=kernels:. TRITON_INTERPRET=1 python3 benchmarks/batched_engine_costs.py --device cpu --smoke   # dry run
@@ -69,6 +71,8 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", default="16,12,8")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--bursts", type=int, default=5)
+    ap.add_argument("--variants", default="stock,path", help="option sets: stock (T_step_ms), path (T_step_path_ms)")
     ap.add_argument("--out", type=Path)
     ap.add_argument(
         "--isolate",
@@ -101,30 +105,40 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     rows = [int(r) for r in args.rows.split(",")]
     blocks = [int(b) for b in args.blocks.split(",")]
-    timer = Timer(device, 2 if args.smoke else args.iters)
+    timer = Timer(device, 2 if args.smoke else args.iters, bursts=1 if args.smoke else args.bursts)
     weights = Weights.synthetic(shape, device, dtype)
     caches = Caches(shape, max(batches), args.context + max(rows) + 8, device, dtype)
     caches.randomize(args.context)
     stock = SystemModel(weights, SystemOptions())
-    tree = stock.with_options(SystemOptions(tree="best-first", positions=max(rows) - 1, nodes=max(rows) - 1))
+    tree_options = SystemOptions(tree="best-first", positions=max(rows) - 1, nodes=max(rows) - 1)
+    variants = {
+        "stock": ("T_step_ms", stock.with_options(tree_options)),
+        "path": ("T_step_path_ms", stock.with_options(tree_options.replace(gdn_verify="path"))),
+    }
+    chosen = [v for v in args.variants.split(",") if v]
+    unknown = set(chosen) - set(variants)
+    if unknown:
+        raise SystemExit(f"--variants: unknown {', '.join(sorted(unknown))}; use stock, path")
     doc["shape"] = shape.to_dict()
     for b in batches:
         started = time.perf_counter()
         entry = {
             "T_AR_ms": time_model(stock, caches, b, 1, args.context, timer, ar=True),
             "T_draft_ms": {},
-            "T_step_ms": {},
+            **{variants[v][0]: {} for v in chosen},
         }
         for block in blocks:
             try:
                 entry["T_draft_ms"][str(block)] = time_draft(stock, b, timer, positions=block)
             except Exception as exc:  # noqa: BLE001 - keep the other figures
                 doc["errors"][f"draft/{b}/{block}"] = f"{type(exc).__name__}: {exc}"[:300]
-        for r in rows:
-            try:
-                entry["T_step_ms"][str(r)] = time_model(tree, caches, b, r, args.context, timer)
-            except Exception as exc:  # noqa: BLE001
-                doc["errors"][f"step/{b}/{r}"] = f"{type(exc).__name__}: {exc}"[:300]
+        for v in chosen:
+            key, model = variants[v]
+            for r in rows:
+                try:
+                    entry[key][str(r)] = time_model(model, caches, b, r, args.context, timer)
+                except Exception as exc:  # noqa: BLE001
+                    doc["errors"][f"step/{v}/{b}/{r}"] = f"{type(exc).__name__}: {exc}"[:300]
         entry["seconds"] = round(time.perf_counter() - started, 1)
         doc["by_batch"][str(b)] = entry
         print(f"B={b}: {entry}", file=sys.stderr, flush=True)

@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from cuda_timing import graph_replay_us, record_section
 from specpilot_kernels.certified_head import certified_argmax_graphable, int8_pass, quantize_head
 from specpilot_kernels.certified_head.adversarial import adversarial_head, adversarial_inputs
 from specpilot_kernels.certified_head.cuda_pass import CudaPassConfig, cuda_pass_available
@@ -38,6 +37,7 @@ from specpilot_kernels.certified_head.exact_cuda import exact_head_logits_cuda, 
 from specpilot_kernels.certified_head.head import interpreting, uses_cuda_exact, uses_cuda_pass
 from specpilot_kernels.certified_head.reference import accumulation_gamma, radius_coefficients
 from specpilot_kernels.certified_head.rescore import exact_k_splits, rescore
+from specpilot_mem.bench.cuda_timing import graph_replay_us, read_bandwidth, record_section
 from specpilot_mem.provenance import print_result, result_header
 
 VOCAB, HIDDEN = 248320, 5120
@@ -71,13 +71,6 @@ VARIANTS = {
     "p:warp": ("warp", dict(cuda_config=CudaPassConfig())),
     "b:bf16_head": ("warp", {}),
 }
-
-
-def read_bandwidth() -> float:
-    """Bytes/s of a 4 GiB read-only reduction (median of 10)."""
-    buf = torch.ones(1 << 31, dtype=torch.bfloat16, device="cuda")
-    ms = triton.testing.do_bench(lambda: buf.sum(dtype=torch.float32), warmup=25, rep=200, return_mode="median")
-    return (1 << 32) / (ms * 1e-3)
 
 
 def exact_argmax_prefiltered(x: torch.Tensor, weight: torch.Tensor, row_norms: torch.Tensor, cap: int = 256):

@@ -18,17 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from specpilot_mem.bench.runs import checkout_environment, fresh_process_times  # noqa: E402
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
 HEAVY = ("anthropic", "matplotlib", "torch", "triton")
@@ -39,38 +37,17 @@ LOADED = (
 )
 
 
-def environment() -> dict:
-    """This checkout first on the path, as the tests and benchmarks run it."""
-    paths = [str(ROOT), str(ROOT / "kernels"), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-
-
-def timed_runs(command: list[str], repeats: int) -> dict:
-    """Median and max wall seconds and median CPU seconds of ``command`` over ``repeats`` fresh processes."""
-    env = environment()
-    subprocess.run(command, env=env, check=True, capture_output=True)  # warm the file cache and bytecode
-    wall, cpu = [], []
-    for _ in range(repeats):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        subprocess.run(command, env=env, check=True, capture_output=True)
-        wall.append(time.perf_counter() - start)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return {
-        "median_s": round(statistics.median(wall), 3),
-        "max_s": round(max(wall), 3),
-        "median_cpu_s": round(statistics.median(cpu), 3),
-        "repeats": repeats,
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
     python = sys.executable
+    env = checkout_environment(ROOT)
+
+    def timed_runs(command: list[str], repeats: int) -> dict:
+        return fresh_process_times(command, repeats, env)
+
     runs = {
         "python": timed_runs([python, "-c", "pass"], args.repeats),
         "import_main": timed_runs([python, "-c", "import specpilot_mem.main"], args.repeats),
@@ -79,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     console = shutil.which("specpilot-mem")
     if console:
         runs["console_script_help"] = timed_runs([console, "--help"], args.repeats)
-    loaded = subprocess.run([python, "-c", LOADED], env=environment(), check=True, capture_output=True, text=True)
+    loaded = subprocess.run([python, "-c", LOADED], env=env, check=True, capture_output=True, text=True)
     heavy = json.loads(loaded.stdout)
     figures = {f"{name}_s": run["median_s"] for name, run in runs.items()}
     figures |= {f"{name}_cpu_s": run["median_cpu_s"] for name, run in runs.items()}

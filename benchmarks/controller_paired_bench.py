@@ -18,7 +18,6 @@ random (labelled synthetic).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time
@@ -30,31 +29,16 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from cuda_timing import record_section  # noqa: E402
 from specpilot_mem.forcing.engine_adapter import prompt_encoder  # noqa: E402
 from specpilot_mem.controller.engine_system import EngineSystem  # noqa: E402
 from specpilot_mem.controller.paired import PairedResult, paired_run, stock_noise  # noqa: E402
 from specpilot_mem.controller.promotion import PromotionRule  # noqa: E402
-from specpilot_mem.controller.requests import load_requests  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
+from specpilot_mem.bench.cuda_timing import record_section  # noqa: E402
+from specpilot_mem.bench.runs import log, pick_requests  # noqa: E402
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
 LABEL = "small models trained here: speeds are not comparable in absolute terms to the paper's"
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def pick_requests(args):
-    """The first ``per_benchmark`` requests of each benchmark in the split, capped at ``max_new_tokens``."""
-    taken: dict[str, int] = defaultdict(int)
-    picked = []
-    for request in load_requests(args.requests, split=args.split):
-        if taken[request.benchmark] < args.per_benchmark:
-            taken[request.benchmark] += 1
-            picked.append(dataclasses.replace(request, max_new_tokens=min(request.max_new_tokens, args.max_new_tokens)))
-    return picked
 
 
 def device_rates(result: PairedResult) -> dict:

@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from controller_paired_bench import log, pick_requests  # noqa: E402
-from cuda_timing import record_section  # noqa: E402
+from specpilot_mem.bench.cuda_timing import record_section  # noqa: E402
+from specpilot_mem.bench.runs import log, pick_requests  # noqa: E402
 from specpilot_mem.controller.pool import ProcessDevices, RepetitionPolicy, pool_paired_run, pool_stock_noise  # noqa: E402
 from specpilot_mem.controller.promotion import PromotionRule  # noqa: E402
 from specpilot_mem.provenance import result_header, write_result  # noqa: E402

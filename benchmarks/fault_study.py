@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from specpilot_mem.bench.runs import log  # noqa: E402
 from specpilot_mem.controller.engine_system import EngineSystem  # noqa: E402
 from specpilot_mem.controller.requests import Request, load_requests  # noqa: E402
 from specpilot_mem.controller.system import RequestOutput  # noqa: E402
@@ -120,10 +121,6 @@ TARGET_EVENTS_PER_1000 = 1.0
 # each run to the trained pair's 2,048-token context less its prompt (tokenized with the pair's tokenizer; the GPU
 # machine has none, so the sum is kept here and checked in tests/test_fault_study.py).
 SEALED_REQUESTS, SEALED_TOKENS = 12, 24_262
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def fault_options(name: str, seed: int, max_new_tokens: int) -> dict:

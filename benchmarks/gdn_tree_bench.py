@@ -30,8 +30,8 @@ import sys
 
 import torch
 import triton
-from cuda_timing import graph_replay_us, record_section
 
+from specpilot_mem.bench.cuda_timing import graph_replay_us, record_section
 from specpilot_mem.engine.sglang_kernels import prepare as prepare_sglang
 from specpilot_mem.provenance import print_result, result_header, write_result
 

@@ -15,44 +15,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from specpilot_mem.bench.runs import checkout_environment, fresh_process_times  # noqa: E402
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
 TARGET_S = 1.0
-
-
-def environment() -> dict:
-    paths = [str(ROOT), str(ROOT / "kernels"), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), "SPECPILOT_HOME": str(ROOT)}
-
-
-def timed_runs(args: list[str], repeats: int) -> dict:
-    command = [sys.executable, "-m", "specpilot_mem", "query", *args]
-    env = environment()
-    subprocess.run(command, env=env, check=True, capture_output=True)  # warm caches and bring the registry up to date
-    wall, cpu = [], []
-    for _ in range(repeats):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        subprocess.run(command, env=env, check=True, capture_output=True)
-        wall.append(time.perf_counter() - start)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return {
-        "median_s": round(statistics.median(wall), 3),
-        "max_s": round(max(wall), 3),
-        "median_cpu_s": round(statistics.median(cpu), 3),
-        "repeats": repeats,
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
+    env = checkout_environment(ROOT, SPECPILOT_HOME=str(ROOT))
+
+    def timed_runs(query_args: list[str], repeats: int) -> dict:
+        return fresh_process_times([sys.executable, "-m", "specpilot_mem", "query", *query_args], repeats, env)
+
     load_before = os.getloadavg()
     runs = {
         "gpu_sm120": timed_runs(["--gpu", "sm_120"], args.repeats),

@@ -51,10 +51,15 @@ SINGLE_OPTIONS = {
     "all": SystemOptions(linears="w12", lm_head="certified", gdn_verify="path", tree="best-first", nodes=32),
     "all_w12_head": SystemOptions(linears="w12", lm_head="w12", gdn_verify="path", tree="best-first", nodes=32),
 }
+# Batched: stock verifies its drafter's 16-chain every step; SpecPilot verifies best-first trees of a node budget
+# the planner chooses per batch size from the measured steps (AR among the choices), with only the mechanisms
+# that pay at batch rows: cuBLAS BF16 linears and head (W12 at 136-544 rows is slower than cuBLAS), GDN path
+# verify (no per-node state snapshots). The rows per request each option set is timed at:
 BATCHED_OPTIONS = {
     "stock": SystemOptions(),
-    "specpilot": SystemOptions(linears="w12", lm_head="w12", gdn_verify="path"),
+    "specpilot": SystemOptions(gdn_verify="path", tree="best-first", nodes=16),
 }
+BATCHED_ROWS = {"stock": (2, 3, 5, 9, 17), "specpilot": (2, 3, 5, 9, 17)}
 
 
 def random_tree(n: int, seed: int, chain_bias: float = 0.6) -> list[int]:
@@ -176,7 +181,12 @@ def single(args, device, dtype, timer) -> dict:
     out["T_AR_ms"] = time_model(stock, caches, 1, 1, context, timer, ar=True)
     out["T_draft_ms"] = time_draft(stock, 1, timer)
     progress(f"single: T_AR {out['T_AR_ms']} ms, draft {out['T_draft_ms']} ms")
-    for name, options in SINGLE_OPTIONS.items():
+    names = args.single_options.split(",") if args.single_options else list(SINGLE_OPTIONS)
+    unknown = [n for n in names if n not in SINGLE_OPTIONS]
+    if unknown or "stock" not in names:
+        raise ValueError(f"--single-options {args.single_options!r}: needs stock, from {', '.join(SINGLE_OPTIONS)}")
+    for name in names:
+        options = SINGLE_OPTIONS[name]
         model = stock.with_options(options)
         times = {}
         for rows in rows_list:
@@ -195,6 +205,8 @@ def single(args, device, dtype, timer) -> dict:
     if "1" in base and "32" in base:
         out["stock_32_over_1"] = round(base["32"] / base["1"], 4)
     for name in ("w12_linears_head", "all", "all_w12_head"):
+        if name not in out["steps_ms"]:
+            continue
         mine = out["steps_ms"][name]
         out[f"{name}_speedup_vs_stock"] = {r: round(base[r] / mine[r], 4) for r in mine if r in base}
     del weights, caches, stock
@@ -203,21 +215,26 @@ def single(args, device, dtype, timer) -> dict:
 
 
 def batched(args, device, dtype, timer) -> dict:
+    """T_AR, the draft pass and each option set's verify step at ``BATCHED_ROWS`` rows per request, per batch size
+    (stock's own setting is its 16-chain, 17 rows; the other rows are what a planner chooses from)."""
     out = {}
-    for shape_name in ("qwen3.5-4b-like", "llama-3.1-8b-like"):
+    for shape_name in args.batched_shapes.split(","):
         shape = get_shape(shape_name, args.smoke)
         batches = [int(b) for b in args.batches.split(",")]
-        rows = SystemOptions().rows
-        max_len = args.context + rows + 8
+        widest = max(max(r) for r in BATCHED_ROWS.values())
+        max_len = args.context + widest + 8
         row = {
             "shape": shape.to_dict(),
             "context": args.context,
-            "rows_per_request": rows,
+            "rows_per_request": SystemOptions().rows,
+            "options": {name: options.label() for name, options in BATCHED_OPTIONS.items()},
             "by_batch": {},
             "errors": {},
         }
         check_fits(
-            memory_needed(shape, BATCHED_OPTIONS["specpilot"], max(batches), max_len), free_bytes(device), shape_name
+            memory_needed(shape, BATCHED_OPTIONS["stock"].replace(positions=widest - 1), max(batches), max_len),
+            free_bytes(device),
+            shape_name,
         )
         weights = Weights.synthetic(shape, device, dtype)
         caches = Caches(shape, max(batches), max_len, device, dtype)
@@ -229,18 +246,80 @@ def batched(args, device, dtype, timer) -> dict:
                 "T_draft_ms": time_draft(stock, B, timer),
             }
             for name, options in BATCHED_OPTIONS.items():
-                try:
-                    entry[f"T_verify_{name}_ms"] = time_model(
-                        stock.with_options(options), caches, B, rows, args.context, timer
-                    )
-                except Exception as exc:  # noqa: BLE001
-                    row["errors"][f"{name}/{B}"] = f"{type(exc).__name__}: {exc}"[:400]
+                model = stock.with_options(options)
+                steps = {}
+                for rows in BATCHED_ROWS[name]:
+                    try:
+                        steps[str(rows)] = time_model(model, caches, B, rows, args.context, timer)
+                    except Exception as exc:  # noqa: BLE001
+                        row["errors"][f"{name}/{B}/{rows}"] = f"{type(exc).__name__}: {exc}"[:400]
+                entry[f"T_verify_{name}_ms"] = steps
+                if model.graph_error:
+                    row["errors"][f"{name}/{B}/graph"] = model.graph_error
             row["by_batch"][str(B)] = entry
             progress(f"batched {shape_name} B={B}: {entry}")
         out[shape_name] = row
         del weights, caches, stock
         release()
     return out
+
+
+def batched_speedup(run: dict, lattice) -> dict:
+    """Per batch size: stock (its 16-chain) and SpecPilot (best-first trees, the planner's rows per request from the
+    measured steps and replayed tau, AR included: ``batching.planner.BudgetPlanner``), speedup over AR and gain
+    over stock. tau: the trained pair's exact replay of per-request trees (a shared budget brings more: the batched
+    bench's closed loop measures that)."""
+    import numpy as np
+
+    from specpilot_mem.batching.planner import BudgetPlanner
+
+    table = {}
+    for B, entry in run["by_batch"].items():
+        t_ar, t_draft = entry["T_AR_ms"], entry["T_draft_ms"]
+        row = {"T_AR_ms": t_ar}
+        for name, options in BATCHED_OPTIONS.items():
+            steps = entry.get(f"T_verify_{name}_ms", {})
+            if not isinstance(steps, dict) or not steps:
+                continue
+            builder = "chain" if options.tree == "chain" else "best-first"
+            by_rows = {}
+            for r, t_verify in steps.items():
+                tau = replay_tau(lattice, builder, int(r) - 1)
+                c = (t_draft + t_verify) / t_ar
+                by_rows[r] = {"tau": tau, "c": round(c, 4), "S": round(tau / c, 4)}
+            mine = {"by_rows": by_rows}
+            fixed = str(options.rows)
+            if name == "stock" and fixed in by_rows:  # stock as it runs: its chain, every step
+                mine["rows"], mine["speedup_over_ar"] = int(fixed), by_rows[fixed]["S"]
+            elif name != "stock":
+                costs = _MeasuredSteps(t_ar, t_draft, {int(r): t for r, t in steps.items()}, int(B))
+                planner = BudgetPlanner(costs, tuple(int(r) for r in steps))
+                tau = np.array([by_rows[str(r)]["tau"] for r in planner.buckets])
+                rows = planner.rows_for(int(B), tau)
+                mine["rows"] = rows
+                mine["speedup_over_ar"] = 1.0 if rows == 1 else by_rows[str(rows)]["S"]
+                mine["plan"] = "AR" if rows == 1 else f"{rows - 1} nodes per request"
+            row[name] = mine
+        if "speedup_over_ar" in row.get("stock", {}) and "speedup_over_ar" in row.get("specpilot", {}):
+            row["gain_over_stock"] = round(row["specpilot"]["speedup_over_ar"] / row["stock"]["speedup_over_ar"], 4)
+        table[B] = row
+    return table
+
+
+class _MeasuredSteps:
+    """One batch size's measured step times as the planner's step costs (``BudgetPlanner``'s interface)."""
+
+    def __init__(self, t_ar: float, t_draft: float, verify: dict[int, float], requests: int):
+        self.t_ar, self.t_draft, self.verify, self.requests = t_ar, t_draft, verify, requests
+
+    def ar_ms(self, requests: int) -> float:
+        return self.t_ar
+
+    def draft_ms(self, rows: int, requests: int) -> float:
+        return self.t_draft
+
+    def verify_ms(self, rows: int, requests: int) -> float:
+        return self.verify[rows // requests]
 
 
 CHECK_OPTIONS = {
@@ -432,22 +511,8 @@ def speedup(args, device, result) -> dict:
             if stock_best and entry["speedup_over_ar"]:
                 entry["gain_over_stock"] = round(entry["speedup_over_ar"] / stock_best, 4)
     for shape_name, run in result.get("batched", {}).items():
-        if not isinstance(run, dict) or "by_batch" not in run:
-            continue
-        rows = run["rows_per_request"]
-        table = {}
-        for B, entry in run["by_batch"].items():
-            tau_chain = replay_tau(lattice, "chain", rows - 1)
-            row = {"tau": tau_chain}
-            for name in BATCHED_OPTIONS:
-                key = f"T_verify_{name}_ms"
-                if key in entry:
-                    c = (entry["T_draft_ms"] + entry[key]) / entry["T_AR_ms"]
-                    row[name] = {"c": round(c, 4), "speedup_over_ar": round(tau_chain / c, 4)}
-            if "stock" in row and "specpilot" in row:
-                row["gain_over_stock"] = round(row["specpilot"]["speedup_over_ar"] / row["stock"]["speedup_over_ar"], 4)
-            table[B] = row
-        out["batched"][shape_name] = table
+        if isinstance(run, dict) and "by_batch" in run:
+            out["batched"][shape_name] = batched_speedup(run, lattice)
     return out
 
 
@@ -630,7 +695,9 @@ def main(argv=None) -> int:
         help="comma-separated: check,single,batched,profile,speedup",
     )
     ap.add_argument("--rows", default="1,4,8,17,32,33,64")
+    ap.add_argument("--single-options", default="", help="comma-separated SINGLE_OPTIONS names (default: all)")
     ap.add_argument("--batches", default="8,16,32")
+    ap.add_argument("--batched-shapes", default="qwen3.5-4b-like,llama-3.1-8b-like")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--check-prompts", type=int, default=8)

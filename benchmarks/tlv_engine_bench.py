@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specpilot_mem.bench.runs import log  # noqa: E402
 from specpilot_mem.controller.requests import Request  # noqa: E402
 from specpilot_mem.controller.system import RequestOutput  # noqa: E402
 from specpilot_mem.engine import weights  # noqa: E402
@@ -37,10 +38,6 @@ from specpilot_mem.forcing.verdict import TokenForcing  # noqa: E402
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
 LABEL = "small models trained here, CPU float32 — tau and agreement are the pair's, times are not GPU figures"
-
-
-def log(*args) -> None:
-    print(*args, file=sys.stderr, flush=True)
 
 
 def unseen_prompts(model_dir: Path, count: int, length: int) -> list[list[int]]:

@@ -1,5 +1,8 @@
-"""The modelled single-request gain of TLV: the H200 pass times at the 27B-like shape (``tlv_qpass_bench.py``) combined
-with the trained pair's τ per exact pass (``tlv_engine_bench.py``), with a bootstrap interval over requests.
+"""The modelled single-request gain of TLV: the H200 pass times at the 27B-like shape combined with the trained pair's
+τ per exact pass (``tlv_engine_bench.py`` or ``tlv_system_bench.py``), with a bootstrap interval over requests.
+
+Pass times: ``--system`` takes the system engine's whole passes (``tlv_qpass_probe.py``: draft, Q pass, exact step,
+stock step, each a CUDA graph of every kernel); ``--qpass`` the weight GEMMs alone (``tlv_qpass_bench.py``), below.
 
     step time of a system = drafts x T_draft + its passes, each pass = the sum of its weight GEMMs
     (layers x (qkv + o_proj + gate_up + down) + LM head, as tlv_qpass_bench sums them), at its row count
@@ -13,7 +16,7 @@ system but add to each step, so the real gains are smaller); the drafter is ``--
 target's projections in BF16 at ``--draft-rows`` rows plus the LM head at those rows in W12 (DFlash reuses the
 target's head) — an assumption, printed with the result.
 
-    PYTHONPATH=kernels:. python benchmarks/tlv_model.py --qpass QPASS.json --engine ENGINE.json [--out FILE]
+    PYTHONPATH=kernels:. python benchmarks/tlv_model.py (--system PROBE.json | --qpass QPASS.json) --engine ENGINE.json
 """
 
 from __future__ import annotations
@@ -53,7 +56,13 @@ def tau(entry: dict, picks: list[int]) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--qpass", type=Path, required=True)
+    ap.add_argument("--qpass", type=Path, help="tlv_qpass_bench.py's GEMM times (the GEMM-only model)")
+    ap.add_argument(
+        "--system",
+        type=Path,
+        help="tlv_qpass_probe.py's system section instead: whole passes in the system engine (draft, Q pass, exact "
+        "step, stock step), every kernel of a step included",
+    )
     ap.add_argument("--engine", type=Path, required=True)
     ap.add_argument("--tree-rows", type=int, default=33, help="rows of an N = 32 tree and its root")
     ap.add_argument(
@@ -65,21 +74,40 @@ def main(argv=None) -> int:
     ap.add_argument("--resamples", type=int, default=2000)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    qpass, engine = json.loads(args.qpass.read_text()), json.loads(args.engine.read_text())
-    shapes, layers = qpass["shapes"], qpass["layers"]
-    draft = (
-        args.drafter_layers * sum(row_entry(shapes[n], args.draft_rows)["cublas_bf16_us"] for n in PROJECTIONS)
-        + row_entry(shapes["lm_head"], args.draft_rows)["exact_w12_us"]
-    )
-    exact = pass_us(shapes, args.tree_rows, "exact_w12_us", layers)
-    q = pass_us(shapes, args.tree_rows, "triton_qpass_midpoint_us", layers)
-    stock_pass = pass_us(shapes, args.chain_rows, "cublas_bf16_us", layers)
+    if (args.qpass is None) == (args.system is None):
+        raise SystemExit("give one of --qpass (GEMM times) or --system (the system engine's whole passes)")
+    engine = json.loads(args.engine.read_text())
+    if args.system:
+        probe = json.loads(args.system.read_text())
+        passes, stock = probe["system"].get(f"rows={args.tree_rows}"), probe["system"].get("stock")
+        if passes is None or stock is None:
+            raise SystemExit(
+                f"{args.system} has no system timing at {args.tree_rows} rows and of stock: rerun tlv_qpass_probe.py "
+                "with its system section"
+            )
+        ms = 1000.0
+        draft, exact, q = ms * passes["draft_ms"], ms * passes["exact_step_ms"], ms * passes["qpass_ms"]
+        stock_draft, stock_pass = ms * stock["draft_ms"], ms * stock["step_ms"]
+        gpu = probe.get("device", {}).get("name")
+        modelled = "whole passes in the system engine (every kernel, one CUDA graph each); host tree build left out"
+    else:
+        qpass = json.loads(args.qpass.read_text())
+        shapes, layers = qpass["shapes"], qpass["layers"]
+        draft = (
+            args.drafter_layers * sum(row_entry(shapes[n], args.draft_rows)["cublas_bf16_us"] for n in PROJECTIONS)
+            + row_entry(shapes["lm_head"], args.draft_rows)["exact_w12_us"]
+        )
+        exact = pass_us(shapes, args.tree_rows, "exact_w12_us", layers)
+        q = pass_us(shapes, args.tree_rows, "triton_qpass_midpoint_us", layers)
+        stock_draft, stock_pass = draft, pass_us(shapes, args.chain_rows, "cublas_bf16_us", layers)
+        gpu = qpass.get("gpu")
+        modelled = "weight GEMMs only; attention, GDN state, norms and glue left out"
     times = {
         "draft_us": draft,
         "exact_pass_us": exact,
         "q_pass_us": q,
         "stock_pass_us": stock_pass,
-        "stock_step_us": draft + stock_pass,
+        "stock_step_us": stock_draft + stock_pass,
         "single_step_us": draft + exact,
         "tlv_cycle_us": 2 * draft + q + exact,
     }
@@ -109,13 +137,15 @@ def main(argv=None) -> int:
         interval[key] = [values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1]]
     result = {
         **result_header("tlv_model"),
-        "inputs": {"qpass": str(args.qpass), "engine": str(args.engine)},
+        "inputs": {"qpass": str(args.qpass or ""), "system": str(args.system or ""), "engine": str(args.engine)},
         "assumptions": {
             "drafter": f"{args.drafter_layers} layers of the target's projections (cuBLAS BF16) at "
-            f"{args.draft_rows} rows + the W12 LM head at {args.draft_rows} rows",
-            "modelled": "weight GEMMs only; attention, GDN state, norms and glue left out",
+            f"{args.draft_rows} rows + the W12 LM head at {args.draft_rows} rows"
+            if args.qpass
+            else "the system engine's synthetic drafter block (docs/engine.md)",
+            "modelled": modelled,
             "tau": "the trained pair (CPU), not the 27B target",
-            "gpu": qpass.get("gpu"),
+            "gpu": gpu,
         },
         "positions": args.positions,
         "tree_rows": args.tree_rows,

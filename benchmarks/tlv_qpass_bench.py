@@ -19,15 +19,12 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 
 if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuda_timing import graph_replay_us, record_section  # noqa: E402
 
 from specpilot_kernels.w12 import encode, to_mma_layout, w12_mma_gemm  # noqa: E402
 from specpilot_kernels.w12.int8_copy import int8_copy, int8_qpass_gemm, int8_weight_reference  # noqa: E402
@@ -38,22 +35,13 @@ from specpilot_kernels.w12.qpass import (  # noqa: E402
     w12_qpass_gemm,
 )
 from specpilot_kernels.w12.reference import qpass_weight_reference  # noqa: E402
+from specpilot_mem.bench.cuda_timing import graph_replay_us, record_section  # noqa: E402
+from specpilot_mem.bench.runs import log  # noqa: E402
+from specpilot_mem.bench.shapes import PROJECTIONS, SHAPES  # noqa: E402
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
-SHAPES = {
-    "qkv": (10240, 5120),
-    "o_proj": (5120, 8192),
-    "gate_up": (34816, 5120),
-    "down": (5120, 17408),
-    "lm_head": (248320, 5120),
-}
 TINY_SHAPES = {"qkv": (320, 256), "down": (128, 640)}
-PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
 L2_BYTES = 60 * 2**20
-
-
-def log(*args) -> None:
-    print(*args, file=sys.stderr, flush=True)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

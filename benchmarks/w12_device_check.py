@@ -22,15 +22,12 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuda_timing import ClockLog, graph_replay_us, record_section  # noqa: E402
 
 from specpilot_kernels.w12 import encode  # noqa: E402
 from specpilot_kernels.w12.mma import (  # noqa: E402
@@ -47,16 +44,11 @@ from specpilot_kernels.w12.mma import (  # noqa: E402
     wide_token_tiles,
 )
 from specpilot_kernels.w12.reference import gemm_reference  # noqa: E402
+from specpilot_mem.bench.cuda_timing import ClockLog, graph_replay_us, read_bandwidth, record_section  # noqa: E402
+from specpilot_mem.bench.runs import log  # noqa: E402
+from specpilot_mem.bench.shapes import PROJECTIONS, SHAPES  # noqa: E402
 from specpilot_mem.provenance import result_header, write_result  # noqa: E402
 
-SHAPES = {
-    "qkv": (10240, 5120),
-    "o_proj": (5120, 8192),
-    "gate_up": (34816, 5120),
-    "down": (5120, 17408),
-    "lm_head": (248320, 5120),
-}
-PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
 ROWS = (1, 2, 4, 8, 9, 16, 17, 32, 33, 48, 64, 65, 96, 128, 192, 256)
 ESCAPE_FRACTIONS = (0.0, 1e-4, 1e-3, 1e-2)
 ESCAPE_ROWS = (1, 8, 16, 32, 64, 128, 256)
@@ -65,7 +57,8 @@ L2_BYTES = 60 * 2**20
 REPLAYS = 12
 # --tune: per shape, each bit-neutral choice of a row range timed at these rows (the winner by geometric mean)
 TUNE_BUCKETS = {"17-32": (17, 24, 32), "33-64": (33, 48, 64), "65-128": (96, 128), "129-256": (192, 256)}
-WIDE_TUNE = dict(groups=(4, 2, 1), slots=(4, 6, 3, 2), stages=(2, 3, 4))  # likeliest first: a budget may stop it
+WIDE_TUNE = dict(groups=(4, 2, 1), slots=(4, 6, 3, 2), stages=(2, 3, 4, 0, 1))  # likeliest first: a budget may stop it
+# (0 or 1 weight stages: each chunk's weights carried in the activation slots, a slot a chunk or half of one)
 TUNE_REPLAYS = 5
 SMEM_PER_SM = 227 * 1024  # the H200's shared memory a block may have
 # kernels compared for bits: the per-warp kernel 64 rows at a time is the reference every other must equal
@@ -80,6 +73,11 @@ CHECK_CONFIGS = {
     "tail": MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide=(1, 2, 3)),
     "n1_k3_s2_one_slab": MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
     "n1_k8_s2_deep": MmaConfig(1, 8, 2, wide_rows=((2, 6, 6, 8), (1, 6, 6, 16), (1, 2, 6, 24))),
+    # weights carried in the activation slots: a chunk a slot (0 stages), half a chunk (1), and a tail's workspace
+    "n1_k3_s2_carried": MmaConfig(1, 3, 2, wide_rows=((4, 3, 0, 8), (4, 4, 1, 16), (2, 3, 1, 32))),
+    "tail_carried": MmaConfig(
+        1, 2, 1, tail_rows=256, tail=(1, 8, 2), wide_rows=((4, 6, 1, 8), (4, 2, 0, 16), (4, 5, 1, 16))
+    ),
 }
 # the wide kernel's activation multicast (clusters along x), checked in a process of its own first (section
 # "multicast"): a fault there must not cost the rest of the run
@@ -99,10 +97,6 @@ MULTICAST_CONFIGS = {
 }
 # ... on weights of 1024 rows and of 1040 (65 tiles: clusters of tile groups with blocks past the last one)
 MULTICAST_ROWS = (1024, 1040)
-
-
-def log(*args):
-    print(*args, file=sys.stderr, flush=True)
 
 
 def with_outliers(w: torch.Tensor, fraction: float, seed: int = 3) -> torch.Tensor:
@@ -130,20 +124,6 @@ def clone_mma(mma: W12MmaTensor) -> W12MmaTensor:
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16)
-
-
-def read_bandwidth() -> float:
-    buf = torch.empty(2**31, device="cuda", dtype=torch.bfloat16).normal_()
-    times = []
-    for _ in range(8):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        buf.sum(dtype=torch.float32)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del buf
-    return 2**32 / sorted(times)[len(times) // 2]
 
 
 def build() -> dict:
@@ -317,10 +297,13 @@ def time_shape(shape: Shape, read_bw: float, settle_s: float, config: MmaConfig 
 
 
 def wide_fits(groups: int, slots: int, stages: int, slab_tiles: int, m: int) -> bool:
-    """Whether a wide block's shared memory (csrc/w12_wide.cu wide_smem_bytes) fits a multiprocessor at ``m`` rows."""
+    """Whether a wide block's shared memory (csrc/w12_wide.cuh wide_smem_bytes) fits a multiprocessor at ``m`` rows."""
     tiles, _ = wide_token_tiles(m, slab_tiles)
     warps = 4 * groups
-    loop = slots * tiles * 2048 + warps * stages * 3072 + 16 * slots + warps * 1024
+    slot = tiles * 2048 + (warps * 3072 if stages < 2 else 0)  # 0 or 1 stages: the weights ride in the slots
+    slot //= 2 if stages == 1 else 1  # ... each holding half a chunk
+    rings = warps * stages * 3072 if stages >= 2 else warps * slots * 8  # own stages, or own weight barriers
+    loop = slots * slot + rings + 16 * slots + warps * 1024
     return max(loop, warps * 32 * tiles * 16) <= SMEM_PER_SM
 
 

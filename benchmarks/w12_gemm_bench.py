@@ -1,6 +1,6 @@
 """W12 GEMM vs cuBLAS BF16 on the GPU: correctness, autotune and timing in one call.
 
-Prints one JSON document (device, date, command, figures). Weights are seeded random N(0, 0.02)
+Prints one JSON document (the shared result header, then the figures). Weights are seeded random N(0, 0.02)
 BF16: the timings are synthetic-weight timings (speed does not depend on values except through the
 escape count, which is reported). Method: CUDA-graph replay over rotating weight copies (>= 4x L2 in
 total), median of >= 10 replays; W12 and cuBLAS (torch.matmul) timed the same way in one run.
@@ -11,21 +11,16 @@ total), median of >= 10 replays; W12 and cuBLAS (torch.matmul) timed the same wa
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
 import re
-import statistics
-import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
-import triton
 
-from cuda_timing import ClockLog, graph_replay_us
 from specpilot_kernels.w12 import encode, w12_gemm
 from specpilot_kernels.w12.configs import GemmConfig, select_config
 from specpilot_kernels.w12.gemm import launch
@@ -40,15 +35,11 @@ from specpilot_kernels.w12.mma import (
     w12_mma_gemm,
 )
 from specpilot_kernels.w12.reference import gemm_reference
+from specpilot_mem.bench.cuda_timing import ClockLog, graph_replay_us, read_bandwidth
+from specpilot_mem.bench.runs import log
+from specpilot_mem.bench.shapes import PROJECTIONS, SHAPES
+from specpilot_mem.provenance import result_header, write_result
 
-SHAPES = {
-    "qkv": (10240, 5120),
-    "o_proj": (5120, 8192),
-    "gate_up": (34816, 5120),
-    "down": (5120, 17408),
-    "lm_head": (248320, 5120),
-}
-PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
 ROWS = (1, 2, 4, 8, 16, 32, 48, 64)
 L2_BYTES = 60 * 2**20
 REPLAYS = 15
@@ -68,28 +59,6 @@ SETTLED_ROWS = (1, 16, 32, 64)  # --settle: rows also timed at the clock the pow
 def tune_score(times_us: dict) -> float:
     """Weighted geometric mean of a partition's times at TUNE_ROWS (the 1-32-row geomean's row weights)."""
     return math.exp(sum(w * math.log(times_us[m]) for m, w in TUNE_ROWS.items()) / sum(TUNE_ROWS.values()))
-
-
-def log(*args):
-    print(*args, file=sys.stderr, flush=True)
-
-
-def read_bandwidth() -> float:
-    """Bytes/s of a read-only reduction over 4 GiB (the denominator of the byte floors)."""
-    buf = torch.randn(2**31 // 1, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        buf.sum(dtype=torch.float32)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        buf.sum(dtype=torch.float32)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    bw = buf.numel() * 2 / statistics.median(times)
-    del buf
-    return bw
 
 
 def candidate_configs(n: int, k: int, sms: int) -> list[GemmConfig]:
@@ -604,13 +573,7 @@ def main() -> None:
             parser.error(f"--shapes: {name!r} is neither a named shape ({', '.join(SHAPES)}) nor NxK (e.g. 4096x14336)")
     props = torch.cuda.get_device_properties(0)
     doc = {
-        "benchmark": "w12_gemm_bench",
-        "device": props.name,
-        "sms": props.multi_processor_count,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "PYTHONPATH=kernels:. python benchmarks/w12_gemm_bench.py " + " ".join(sys.argv[1:]),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
+        **result_header("w12_gemm_bench"),
         "weights": "synthetic: seeded N(0, 0.02) BF16",
         "method": f"CUDA-graph replay over rotating copies >= 4x{L2_BYTES >> 20} MB, median of {REPLAYS}; on sm_90+ "
         "each mma launch overlaps the tail of the call before it (programmatic dependent launch; "
@@ -641,8 +604,7 @@ def main() -> None:
             )
             doc["summary"] = summarize(doc["shapes"])
             if args.out:
-                with open(args.out, "w") as fh:
-                    json.dump(doc, fh, indent=1)
+                write_result(doc, args.out)
             if args.write_configs and "mma" in doc["shapes"][name]["best"]:  # after every shape: a cut-off run keeps
                 write_config(args.write_configs, props.name, doc["shapes"][name])  # its tuning
     enc = [(s["N"] * s["K"], s["encode_s"]) for s in doc["shapes"].values()]
@@ -654,10 +616,8 @@ def main() -> None:
         "the checked encode adds one decode + compare per tensor",
     }
     doc["summary"] = summarize(doc["shapes"])
-    text = json.dumps(doc, indent=1)
     if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
+        write_result(doc, args.out)
         for name, shape in doc["shapes"].items():  # a short table last; the full document is in --out
             log(name, shape["best"], shape["w12"])
             for r in shape["rows"]:
@@ -676,7 +636,7 @@ def main() -> None:
                 )
         log(json.dumps({"summary": doc["summary"], "encode": doc["encode"], "read_bw": doc["read_bw_Bps"]}))
     else:
-        print(text)
+        print(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

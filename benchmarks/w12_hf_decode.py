@@ -608,7 +608,7 @@ def main() -> None:
     cuda = args.device == "cuda"
     read_bw = None
     if cuda:
-        from w12_gemm_bench import read_bandwidth  # the same byte-floor denominator as the GEMM benchmark
+        from specpilot_mem.bench.cuda_timing import read_bandwidth  # the byte floors' one denominator
 
         read_bw = read_bandwidth()
     import transformers

@@ -1,19 +1,14 @@
-"""The GPU benchmarks' clock log (benchmarks/cuda_timing.py): nvidia-smi's samples summarized per timing window.
+"""The GPU benchmarks' clock log (specpilot_mem.bench.cuda_timing): nvidia-smi's samples summarized per timing window.
 nvidia-smi cannot run here, so a script on PATH prints what it prints; the parsing and summary are the real code."""
 
-import importlib.util
 import os
 import stat
 import sys
 import textwrap
 import time
-from pathlib import Path
 
-_path = Path(__file__).resolve().parents[1] / "benchmarks" / "cuda_timing.py"
-_spec = importlib.util.spec_from_file_location("cuda_timing", _path)  # a script beside the benchmarks, not a package
-cuda_timing = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cuda_timing)
-ClockLog = cuda_timing.ClockLog
+from specpilot_mem.bench.cuda_timing import ClockLog
+
 
 # nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active --format=csv,noheader,nounits
 # -lms=100: one line a period; here 1980 MHz and no throttling until the test creates the file CAPPED, then the power

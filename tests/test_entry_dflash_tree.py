@@ -55,6 +55,12 @@ PROBE = textwrap.dedent(r"""
     with_tree = resolved(tree)
     out["tree"] = {"nodes": resolving_view(with_tree).specpilot_tree_nodes,
                    "window": resolving_view(with_tree).speculative_num_draft_tokens}
+    dspark = base + ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(models / "dspark")]
+    dspark_stock, dspark_tree = resolved(dspark), resolved(dspark + tree[len(dflash):])
+    out["dspark_stock"] = {"nodes": resolving_view(dspark_stock).specpilot_tree_nodes,
+                           "window": resolving_view(dspark_stock).speculative_num_draft_tokens}
+    out["dspark_tree"] = {"nodes": resolving_view(dspark_tree).specpilot_tree_nodes,
+                          "window": resolving_view(dspark_tree).speculative_num_draft_tokens}
     bad = {
         "budget_zero": dflash + ["--specpilot-tree-nodes", "0"],
         "budget_over_buffers": dflash + ["--specpilot-tree-nodes", "64"],
@@ -64,6 +70,10 @@ PROBE = textwrap.dedent(r"""
         "not_dflash": base + ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path",
                               str(models / "dflash2"), "--specpilot-tree-nodes", "32"],
         "depth_without_nodes": dflash + ["--specpilot-tree-depth", "4"],
+        "dspark_recurrent_head": base + ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path",
+                                         str(models / "dspark_rnn"), "--specpilot-tree-nodes", "32"],
+        "dspark_depth_over_positions": dspark + ["--specpilot-tree-nodes", "32", "--specpilot-tree-drafted-positions",
+                                                 "8", "--specpilot-tree-depth", "9"],
     }
     out["refused"] = {}
     for name, argv in bad.items():
@@ -193,6 +203,71 @@ PROBE = textwrap.dedent(r"""
     except ValueError as err:
         out["markov"]["rnn_refused"] = str(err)
 
+    # DSpark's tree step through DSparkTreeDecoder.draft_trees: the block through the drafter (a stand-in runner
+    # that records the ForwardBatch and returns fixed hidden rows), the base logits of the rows after the anchor,
+    # Eq. (1) with SGLang's VanillaMarkov head, the trees: equal to the replay builder on the same lattice
+    import contextlib
+    from sglang.srt.specpilot.dflash_tree import DSparkTreeDecoder
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    get_context().set_server_args(dspark_tree)
+    head = VanillaMarkov(vocab_size=V, markov_rank=8)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.7)
+    lm_head = torch.randn(V, H)
+    rows = torch.randn(B * 17, H)
+    seen = {}
+
+    def draft_forward(forward_batch):
+        seen["batch"] = forward_batch
+        return types.SimpleNamespace(logits_output=types.SimpleNamespace(hidden_states=rows))
+
+    plans = types.SimpleNamespace(plan=lambda **kw: types.SimpleNamespace(bind=lambda *a: None))
+    dworker = types.SimpleNamespace(
+        draft_model=types.SimpleNamespace(markov_head=head, embed_tokens=torch.nn.Embedding(V, H),
+                                          compute_base_logits=lambda h: (h @ lm_head.T, h)),
+        draft_model_runner=types.SimpleNamespace(model_config=types.SimpleNamespace(
+            hf_config=get_config(str(models / "dspark"), trust_remote_code=False)), forward=draft_forward,
+            kv_index_translator=None),
+        target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(
+            server_args=types.SimpleNamespace(attention_backend="triton"), kv_index_translator=plans)),
+        sample_from_anchor=False, _target_is_mambaish=False, _deferred_commit=lambda: None, _draft_is_moe=False,
+        verify_num_draft_tokens=33, device="cpu", _mask_token_id=V - 1,
+        _proposer=types.SimpleNamespace(_base_logits_context=contextlib.nullcontext))
+    decoder = DSparkTreeDecoder.from_worker(dworker)
+    out["dspark_decoder"] = {"window": decoder.window, "draft_block": decoder.draft_block,
+                             "nodes": decoder.settings.nodes, "depth": decoder.settings.depth,
+                             "candidates": decoder.settings.candidates}
+    window_slots = torch.arange(B * 33).view(B, 33) + 1000
+    dbatch = types.SimpleNamespace(seq_lens=prefix, req_pool_indices=torch.tensor([2, 0, 3]))
+    d_step = decoder.draft_trees(dbatch, types.SimpleNamespace(bonus_tokens=anchor), window_slots, None)
+    fb = seen["batch"]
+    want_ids = torch.full((B, 17), V - 1)
+    want_ids[:, 0] = anchor
+    out["dspark_draft_batch"] = {
+        "ids": bool(torch.equal(fb.input_ids, want_ids.flatten())),
+        "slots": bool(torch.equal(fb.out_cache_loc, window_slots[:, :17].reshape(-1))),
+        "positions": bool(torch.equal(fb.positions, (prefix[:, None] + torch.arange(17)).reshape(-1))),
+        "algorithm": str(fb.spec_algorithm)}
+    hidden = rows.view(B, 17, H)[:, 1:]
+    with torch.no_grad():
+        d_cand, d_unary, d_pair = markov_lattice(head, hidden @ lm_head.T, anchor, hidden, 16)
+    d_replay = get_builder("best-first")(StepBatch.from_scores(d_cand, d_unary.numpy(), d_pair.numpy(),
+                                                               kind="markov"), 32, 15)
+    out["dspark_tree_equal"] = bool(np.array_equal(d_step.tree.parents.numpy(), d_replay.parents)
+                                    and np.array_equal(d_step.tokens[:, 1:].numpy(), d_replay.tokens)
+                                    and np.array_equal(d_step.tree.scores.numpy(), d_replay.scores))
+    dworker.target_worker.model_runner.server_args.attention_backend = "fa3"
+    dworker._target_is_mambaish = True
+    try:
+        DSparkTreeDecoder.from_worker(dworker)
+        out["dspark_refused"] = None
+    except ValueError as err:
+        out["dspark_refused"] = str(err)
+    get_context().set_server_args(dspark_stock)
+    out["dspark_decoder_flags_unset"] = DSparkTreeDecoder.from_worker(dworker) is None
+
     # the worker's decoder: None with the flags unset, refused with a backend that ignores the tree mask
     from sglang.srt.specpilot.dflash_tree import TreeDecoder
     worker = types.SimpleNamespace(selector=selector, draft_model=types.SimpleNamespace(block_size=16), block_size=33,
@@ -273,6 +348,19 @@ def write_models(root):
             "dflash_config": {"block_size": 16, "target_layer_ids": [1, 3, 5]},
         },
     }
+    for name, head in (("dspark", "vanilla"), ("dspark_rnn", "rnn")):  # DSpark drafters: gamma 16, Markov heads
+        configs[name] = {
+            **common,
+            "architectures": ["DSparkDraftModel"],
+            "num_target_layers": 6,
+            "dflash_config": {
+                "block_size": 16,
+                "target_layer_ids": [1, 3, 5],
+                "markov_rank": 8,
+                "markov_head_type": head,
+                "mask_token_id": 4095,
+            },
+        }
     for name, config in configs.items():
         (root / name).mkdir()
         (root / name / "config.json").write_text(json.dumps(config))
@@ -325,12 +413,36 @@ def test_tree_flags_widen_the_verify_window(probes):
         ("no_lattice", "--specpilot-tree-nodes"),
         ("not_dflash", "--specpilot-tree-nodes"),
         ("depth_without_nodes", "--specpilot-tree-depth"),
+        ("dspark_recurrent_head", "--specpilot-tree-nodes"),
+        ("dspark_depth_over_positions", "--specpilot-tree-depth"),
     ],
 )
 def test_bad_tree_flags_are_refused_while_parsing(probes, case, flag):
     refused = probes["main"]["refused"][case]
     assert refused is not None, f"{case} was accepted"
     assert refused["flag"] == flag and refused["message"].startswith(flag) and "Fix:" in refused["message"]
+
+
+def test_dspark_tree_flags(probes):
+    main = probes["main"]
+    assert main["dspark_stock"] == {"nodes": None, "window": 17}  # stock DSpark: gamma 16 + the anchor
+    assert main["dspark_tree"] == {"nodes": 32, "window": 33}
+    assert "recurrent" in main["refused"]["dspark_recurrent_head"]["message"]
+
+
+def test_dspark_decoder_builds_eq1_trees_through_the_drafter(probes):
+    main = probes["main"]
+    assert main["dspark_decoder"] == {"window": 33, "draft_block": 17, "nodes": 32, "depth": 15, "candidates": 16}
+    assert main["dspark_draft_batch"] == {
+        "ids": True,
+        "slots": True,
+        "positions": True,
+        "algorithm": "SpeculativeAlgorithm.DSPARK",
+    }
+    assert main["dspark_tree_equal"]
+    refused = main["dspark_refused"]
+    assert refused is not None and "--attention-backend fa3" in refused and "hybrid" in refused
+    assert main["dspark_decoder_flags_unset"] is True
 
 
 def test_trees_from_a_candidate_selector_lattice_equal_the_replay_builder(probes):

@@ -40,11 +40,11 @@ def test_tree_conv_and_gated_norm_kernels_match_the_references_in_fp32():
     weight = torch.randn(C, CS, generator=gen)
     idx = torch.as_tensor(pack_trees([([1, 2, 3, 4, 5], [-1, 0, 0, 1, 3]), ([1, 2], [-1, 0])], T, CS)["conv_idx"])
     out = torch.empty_like(x)
-    F._tree_conv_silu_kernel[(B * T, 1)](state, x, idx, weight, out, T, C, CS=CS, BLOCK=64)
+    F._tree_conv_silu_kernel[(B * T, 1)](state, x, idx, weight, out, out, T, C, C, CS=CS, BLOCK=64, RAW=False)
     torch.testing.assert_close(out, F.tree_conv_silu_reference(state, x, idx, weight), rtol=1e-6, atol=1e-6)
     o, z, w = torch.randn(4, 64, generator=gen), torch.randn(4, 64, generator=gen), torch.rand(64, generator=gen)
     got = torch.empty_like(o)
-    F._gated_rms_norm_kernel[(4,)](o, w, z, got, 64, 1e-6, BLOCK=64)
+    F._gated_rms_norm_kernel[(4,)](o, w, z, got, 64, 1, 64, 1e-6, BLOCK=64)
     torch.testing.assert_close(got, F.gated_rms_norm_reference(o, w, z, 1e-6), rtol=1e-6, atol=1e-6)
 
 
@@ -56,6 +56,7 @@ from triton.compiler import ASTSource
 from specpilot_kernels import fused_ops as F
 
 def compile_for_sm90(fn, types, constants):
+    constants = {"PDL": True, **constants}  # the variant the H200 launches
     names = fn.arg_names
     signature = {n: ("constexpr" if n in constants else types[n]) for n in names}
     source = ASTSource(fn, signature, constexprs={(names.index(n),): v for n, v in constants.items()})
@@ -66,10 +67,34 @@ compile_for_sm90(F._rms_norm_kernel, {"x": ptr, "w": ptr, "out": ptr, "N": "i32"
 compile_for_sm90(F._add_rms_norm_kernel, {"x": ptr, "delta": ptr, "w": ptr, "y": ptr, "out": ptr, "N": "i32",
                                           "eps": "fp32"}, {"BLOCK": 8192})
 compile_for_sm90(F._silu_mul_kernel, {"gu": ptr, "out": ptr, "N": "i32"}, {"BLOCK": 1024})
-compile_for_sm90(F._tree_conv_silu_kernel, {"state": ptr, "x": ptr, "idx": "*i64", "w": ptr, "out": ptr, "T": "i32",
-                                            "C": "i32"}, {"CS": 4, "BLOCK": 1024})
-compile_for_sm90(F._gated_rms_norm_kernel, {"x": ptr, "w": ptr, "gate": ptr, "out": ptr, "N": "i32", "eps": "fp32"},
-                 {"BLOCK": 128})
+compile_for_sm90(F._tree_conv_silu_kernel, {"state": ptr, "x": ptr, "idx": "*i64", "w": ptr, "out": ptr, "raw": ptr,
+                                            "T": "i32", "C": "i32", "sx": "i32"}, {"CS": 4, "BLOCK": 1024, "RAW": True})
+compile_for_sm90(F._gated_rms_norm_kernel, {"x": ptr, "w": ptr, "gate": ptr, "out": ptr, "N": "i32", "HEADS": "i32",
+                                            "sg": "i32", "eps": "fp32"}, {"BLOCK": 128})
+compile_for_sm90(F._qk_norm_rope_kernel, {"q": ptr, "k": ptr, "v": ptr, "cos": "*fp32", "sin": "*fp32", "qw": ptr,
+                                          "kw": ptr, "q_out": ptr, "k_out": ptr, "v_out": ptr, "kc": ptr, "vc": ptr,
+                                          "slots": "*i64", "sq": "i32", "sk": "i32", "sv": "i32", "kc_b": "i64",
+                                          "kc_h": "i32", "T": "i32", "HQ": "i32", "HKV": "i32", "eps": "fp32"},
+                 {"D": 256, "HALF": 128, "QK_NORM": True, "WRITE": True})
+split_types = {"q": ptr, "kc": ptr, "vc": ptr, "kr": ptr, "vr": ptr, "lengths": "*i64", "anc": "*u8",
+               "part_o": "*fp32", "part_m": "*fp32", "part_l": "*fp32", "T": "i32", "R": "i32", "HQ": "i32",
+               "HKV": "i32", "REP": "i32", "kc_b": "i64", "kc_h": "i32", "S": "i32", "scale": "fp32"}
+for bm, bn in ((16, 32), (64, 32)):
+    compile_for_sm90(F._tree_attention_split_kernel, split_types, {"CHUNK": 128, "D": 256, "BD": 256, "BM": bm, "BN": bn,
+                     "HAS_CACHE": True, "IEEE": sys.argv[1] == "fp32"})
+compile_for_sm90(F._tree_attention_combine_kernel, {"part_o": "*fp32", "part_m": "*fp32", "part_l": "*fp32",
+                                                    "gate": ptr, "out": ptr, "T": "i32", "R": "i32", "HQ": "i32",
+                                                    "HKV": "i32", "REP": "i32", "S": "i32", "sg": "i32"},
+                 {"D": 256, "BD": 256, "SP": 32, "HAS_GATE": True})
+compile_for_sm90(F._select_states_kernel, {"dst": "*fp32", "src": "*fp32", "index": "*i64", "keep": "*u8", "B": "i32",
+                                           "T": "i32", "E": "i32", "dst_g": "i64", "dst_b": "i64"}, {"BLOCK": 4096})
+compile_for_sm90(F._conv_commit_kernel, {"conv": ptr, "raw": ptr, "idx": "*i64", "deepest": "*i64", "keep": "*u8",
+                                         "B": "i32", "T": "i32", "C": "i32", "conv_g": "i64", "conv_b": "i32"},
+                 {"CS": 4, "WP": 4, "BLOCK": 1024})
+compile_for_sm90(F._tree_accept_kernel, {"tokens": "*i64", "parents": "*i64", "depth": "*i64", "anc": "*u8",
+                                         "num_nodes": "*i32", "forced": "*i64", "active": "*u8", "pred": "*i64",
+                                         "accepted": "*i64", "accept_len": "*i64", "deepest": "*i64", "out": "*i64",
+                                         "T": "i32"}, {"TP": 64})
 print("compiled")
 """
 
@@ -86,3 +111,116 @@ def test_kernels_compile_for_the_h200(dtype):
         [sys.executable, "-c", COMPILE_FOR_SM90, dtype], env=env, capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-2000:]
+
+
+def _interpreted():
+    return F.interpreted_kernels()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
+def test_strided_conv_and_gated_norm_read_the_projection_in_place():
+    """The conv and the gated norm read views of one projection (no copies) and match the references."""
+    from specpilot_mem.engine.system import pack_trees
+
+    gen = torch.Generator().manual_seed(2)
+    B, T, C, CS, HV, N = 2, 5, 48, 4, 3, 16
+    proj = torch.randn(B, T, C + HV * N + 7, generator=gen)
+    x, z = proj[..., :C], proj[..., C : C + HV * N].view(B, T, HV, N)
+    state, weight = torch.randn(B, CS - 1, C, generator=gen), torch.randn(C, CS, generator=gen)
+    idx = torch.as_tensor(pack_trees([([1, 2, 3, 4, 5], [-1, 0, 0, 1, 3]), ([1, 2], [-1, 0])], T, CS)["conv_idx"])
+    raw = torch.empty(B, T, C)
+    with _interpreted():
+        got = F.tree_conv_silu(state, x, idx, weight, raw=raw)
+        o = torch.randn(B, T, HV, N, generator=gen)
+        w = torch.rand(N, generator=gen)
+        normed = F.gated_rms_norm(o, w, z, 1e-6)
+    torch.testing.assert_close(got, F.tree_conv_silu_reference(state, x, idx, weight), rtol=1e-6, atol=1e-6)
+    assert torch.equal(raw, x)
+    torch.testing.assert_close(normed, F.gated_rms_norm_reference(o, w, z, 1e-6), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
+def test_qk_norm_rope_and_tree_attention_match_the_references(norm):
+    """q/k norm + RoPE + cache write, then tree attention with the output gate: a tree of 5 rows and a chain of 2
+    padded to 5, over caches of different lengths, and without a cache (the drafter's block)."""
+    from specpilot_mem.engine.system import pack_trees
+
+    gen = torch.Generator().manual_seed(3)
+    B, T, HQ, HKV, D, L = 2, 5, 4, 2, 32, 40
+    sizes = [HQ * D, HQ * D, HKV * D, HKV * D]
+    proj = torch.randn(B, T, sum(sizes), generator=gen)
+    q, gate, k, v = proj.split(sizes, dim=-1)
+    q, k, v = q.view(B, T, HQ, D), k.view(B, T, HKV, D), v.view(B, T, HKV, D)
+    pos = torch.tensor([[7, 8, 8, 9, 10], [30, 31, 32, 33, 34]])
+    inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    ang = pos.float()[..., None] * inv
+    cos, sin = ang.cos(), ang.sin()
+    qw, kw = (torch.rand(D, generator=gen) + 0.5 if norm else None for _ in range(2))
+    lengths = torch.tensor([7, 30])
+    slots = lengths[:, None] + torch.arange(T)
+    anc = torch.as_tensor(pack_trees([([1, 2, 3, 4, 5], [-1, 0, 0, 1, 3]), ([1, 2], [-1, 0])], T, 4)["anc"])
+    caches = [torch.randn(B, HKV, L, D, generator=gen) for _ in range(2)]
+    want_caches = [c.clone() for c in caches]
+    want = F.qk_norm_rope_reference(q, k, v, cos, sin, qw, kw, 1e-6, *want_caches, slots)
+    with _interpreted():
+        got = F.qk_norm_rope(q, k, v, cos, sin, qw, kw, 1e-6, *caches, slots)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    for a, b in zip(caches, want_caches):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    qr, kr, vr = want
+    for cache, length, g in ((caches, lengths, gate), ((None, None), None, None)):
+        ref = F.tree_attention_reference(qr, *cache, kr, vr, length, anc, g)
+        with _interpreted():
+            out = F.tree_attention(qr, *cache, kr, vr, length, anc, g)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
+def test_layer_stacked_commits_match_the_references():
+    """Every layer's snapshot and conv-window commit in one launch each, on slices of stacked pools; an inactive
+    request keeps its state."""
+    from specpilot_mem.engine.system import pack_trees
+
+    gen = torch.Generator().manual_seed(4)
+    G, slots, B, T, CS, C = 3, 4, 2, 5, 4, 24
+    pool = torch.randn(G, slots, 2, 3, 3, generator=gen)
+    snaps = torch.randn(G, B, T, 2, 3, 3, generator=gen)
+    conv = torch.randn(G, slots, CS - 1, C, generator=gen)
+    raw = torch.randn(G, B, T, C, generator=gen)
+    idx = torch.as_tensor(pack_trees([([1, 2, 3, 4, 5], [-1, 0, 0, 1, 3]), ([1, 2], [-1, 0])], T, CS)["conv_idx"])
+    deepest, keep = torch.tensor([4, 1]), torch.tensor([True, False])
+    want_pool, want_conv = pool.clone(), conv.clone()
+    F.select_states_reference(want_pool[:, 1 : 1 + B], snaps, deepest, keep)
+    F.conv_commit_reference(want_conv[:, 1 : 1 + B], raw, idx, deepest, keep)
+    with _interpreted():
+        F.select_states(pool[:, 1 : 1 + B], snaps, deepest, keep)
+        F.conv_commit(conv[:, 1 : 1 + B], raw, idx, deepest, keep)
+    assert torch.equal(pool, want_pool) and torch.equal(conv, want_conv)
+    assert torch.equal(want_pool[:, 1], snaps[:, 0, 4]) and not torch.equal(want_pool[:, 2], snaps[:, 1, 1])
+    assert torch.equal(want_conv[:, 1, 2], raw[:, 0, 4]) and torch.equal(want_conv[:, 1, 1], raw[:, 0, 3])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
+def test_tree_accept_kernel_matches_the_reference():
+    """Random ragged trees (padding, forced nodes, an inactive request) against random target tokens."""
+    from specpilot_mem.engine.system import pack_trees
+
+    gen = torch.Generator().manual_seed(5)
+    T, trees = 7, []
+    for b in range(5):
+        n = [7, 5, 3, 7, 1][b]
+        parents = [-1] + [int(torch.randint(0, i, (), generator=gen)) for i in range(1, n)]
+        trees.append((torch.randint(0, 3, (n,), generator=gen).tolist(), parents))
+    packed = {k: torch.as_tensor(v) for k, v in pack_trees(trees, T, 4).items()}
+    pred = torch.randint(0, 3, (5, T), generator=gen)
+    forced = torch.tensor([-1, -1, 2, -1, -1])
+    active = torch.tensor([True, True, True, False, True])
+    args = (packed["tokens"], packed["parents"], packed["depth"], packed["anc"], packed["num_nodes"], forced, active)
+    want = F.tree_accept_reference(*args, pred)
+    with _interpreted():
+        got = F.tree_accept(*args, pred)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b), (a, b)
+    assert want[1].tolist()[3] == 0 and want[1].max() > 1  # the inactive request commits nothing; some accept

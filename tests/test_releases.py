@@ -232,6 +232,50 @@ def test_revalidate_demotes_what_it_cannot_confirm(memory):
     assert code == 2 and "does not apply" in data["what"]
 
 
+def test_a_re_record_runs_the_release_checks_again(memory):
+    """Re-recording used to drop an entry's release checks (they were of the old delta), so every re-record
+    needed a `revalidate` per release. Now the checks the entry and its dependents hold run again: the same
+    records as a `revalidate` afterwards would write, and a port of the old delta is dropped."""
+    home, wheel = memory
+    assert cli(home, "revalidate", "--release", str(wheel))[0] == 0
+    assert cli(home, "port", "tail", "--onto", str(wheel))[0] == 0
+    assert load_entry(home, "tail").release_check(VERSION).port is not None
+    before = {i: load_entry(home, i).release_check(VERSION) for i in ("clash", "after", "stays")}
+    assert (before["clash"].verdict, before["after"].verdict) == ("conflict", "blocked")
+    # clash now edits http_server.py's last line, away from upstream's change of its first: it merges
+    http = stock_text(home, HTTP)
+    last = http.splitlines(keepends=True)[-1]
+    record_entry(home, "clash", source_on(home, [], {HTTP: http[: -len(last)] + b"# ours, at the end\n"}))
+    clash, after = load_entry(home, "clash").release_check(VERSION), load_entry(home, "after").release_check(VERSION)
+    assert (clash.verdict, clash.conflicts, clash.changed) == ("drift", [], [HTTP])
+    assert (after.verdict, after.blocked_by) == ("clean", [])
+    # stays' own new file changes its delta, not its verdict: the check stands as it was
+    record_entry(home, "stays", source_on(home, ["tail"], {"sglang/srt/specpilot_stays.py": b"X = 2\n"}))
+    assert load_entry(home, "stays").release_check(VERSION) == before["stays"]
+    # a new delta of tail: its port was of the old one, so it goes, and the check runs on the recorded delta
+    args = stock_text(home, ARGS)
+    record_entry(home, "tail", source_on(home, [], {ARGS: args + b"# tail, second version\n"}))
+    tail = load_entry(home, "tail").release_check(VERSION)
+    assert tail.port is None and tail.verdict == "drift"
+    records = snapshot(home)[1]
+    assert cli(home, "revalidate", "--release", str(wheel))[0] == 0
+    assert snapshot(home)[1] == records
+
+
+def test_a_re_record_names_the_release_checks_it_could_not_run(memory):
+    """A check on a release the fork no longer holds (an unpinned wheel's import, its branch deleted) cannot run
+    again: it is dropped, and `record` names the release and the command that checks it."""
+    home, wheel = memory
+    assert cli(home, "revalidate", "--release", str(wheel))[0] == 0
+    fork = open_fork(home)
+    fork.repo.git("update-ref", "-d", f"refs/heads/release/{VERSION}")
+    source = source_on(home, ["tail"], {"sglang/srt/specpilot_stays.py": b"X = 3\n"})
+    code, data = cli(home, "record", "stays", "--from", source)
+    assert code == 0 and data["dropped_releases"] == [VERSION]
+    assert load_entry(home, "stays").release_check(VERSION) is None
+    assert load_entry(home, "tail").release_check(VERSION) is not None  # not re-recorded: its check stands
+
+
 def test_revalidate_on_stock_checks_reproduction(memory):
     home, _ = memory
     code, data = cli(home, "revalidate", "--release", "0.5.23")

@@ -116,3 +116,67 @@ def test_record_src_on_the_options_entry_rebases_every_entry_on_it(project_entri
         assert len(after[dependent].evidence) == len(before[dependent].evidence)
     capsys.readouterr()
     assert main(["verify", "--home", str(root)]) == 0
+
+
+HEADER = "sglang/srt/specpilot/kernels/csrc/pdl.cuh"  # a vendored library file (store.kernels.VENDOR_DIR)
+
+
+@pytest.fixture
+def vendoring_home(tmp_path):
+    """gpu-a and gpu-b each vendor the same library header (identical copies); top requires both and
+    changes its own slot of a shared file."""
+    home = synthetic_home(tmp_path)
+    header = b"// shared header\n"
+    for entry_id in ("gpu-a", "gpu-b"):
+        own = {f"sglang/{entry_id.replace('-', '_')}.py": b"X = 1\n", HEADER: header}
+        record_entry(home, entry_id, prefixed_source(home, [], own), requires=[], meta=DRAFT)
+    record_entry(
+        home,
+        "top",
+        _slot(home, ["gpu-a", "gpu-b"], 3, "top"),
+        requires=["gpu-a", "gpu-b"],
+        meta={**DRAFT, "evidence": [EVIDENCE]},
+    )
+    return home
+
+
+def _blob(home, tree, path):
+    return open_fork(home).repo.git("cat-file", "blob", f"{tree}:python/{path}").stdout
+
+
+@pytest.mark.parametrize("changed", ["gpu-a", "gpu-b"])
+def test_a_vendored_copy_rerecorded_by_one_entry_rebases_entries_that_carry_another(vendoring_home, changed):
+    """The reported case: w12 re-vendored a shared header that gdn-tree vendors too, and tlv (which requires
+    both) could not be rebased. Each entry owns its copy; in a chain the entry applied later replaces the
+    copy of one before it, so the dependent rebases with no conflict and every chain reproduces."""
+    home = vendoring_home
+    before = load_entries(home)
+    new_header = b"// shared header, a comment changed\n"
+    record_entry(home, changed, prefixed_source(home, [changed], {HEADER: new_header}))
+    after = load_entries(home)
+    assert after[changed].kernels[HEADER] != before[changed].kernels[HEADER]
+    # top's chain is gpu-a, gpu-b, top: gpu-b's copy is the one its tree holds
+    want = new_header if changed == "gpu-b" else b"// shared header\n"
+    assert _blob(home, after["top"].reproduces, HEADER) == want
+    assert b"shared slot 3: top" in _blob(home, after["top"].reproduces, SHARED)
+    result = apply_entries(home, ["top"])
+    assert result.tree == after["top"].reproduces
+    assert {o.id: o.files.get(HEADER) for o in result.outcomes}["gpu-b"] == "vendored copy replaced"
+    assert all(c.ok and c.branch == "current" for c in verify_memory(home))
+    rebased = after["top"].reproduces != before["top"].reproduces
+    assert rebased == (changed == "gpu-b")  # gpu-a's new copy is replaced in top's chain: top's tree is as it was
+    assert after["top"].evidence[0].revalidate == (f"{BASE_CHANGED} (gpu-b was re-recorded)" if rebased else None)
+
+
+def test_two_different_copies_of_a_file_that_is_not_vendored_still_conflict(tmp_path):
+    """Replacing a copy is for vendored kernel files only: two entries adding the same other file with
+    different contents conflict, and the error names the first conflict of the dependent's chain."""
+    home = synthetic_home(tmp_path)
+    for entry_id in ("gpu-a", "gpu-b"):
+        record_entry(home, entry_id, prefixed_source(home, [], {"sglang/copy.py": b"X = 1\n"}), requires=[], meta=DRAFT)
+    record_entry(home, "top", _slot(home, ["gpu-a", "gpu-b"], 3, "top"), requires=["gpu-a", "gpu-b"], meta=DRAFT)
+    state = _state(home)
+    with pytest.raises(ConflictError) as err:
+        record_entry(home, "gpu-a", prefixed_source(home, ["gpu-a"], {"sglang/copy.py": b"X = 2\n"}))
+    assert "top conflicts with gpu-a (in its chain, gpu-b) in sglang/copy.py" in err.value.what
+    assert _state(home) == state

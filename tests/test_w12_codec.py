@@ -1,11 +1,11 @@
 """W12 codec: every BF16 bit pattern round-trips, the view is FP8-readable, the on-disk form is stable."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks.w12_checkpoint_stats import checkpoint_stats
 from specpilot_kernels.w12 import (
     FORMAT_VERSION,
     W12Error,
@@ -20,13 +20,6 @@ from specpilot_kernels.w12.format import RECORD_BYTES, STEP_K, W12Tensor, escape
 from specpilot_kernels.w12.codec import encode_or_keep
 from specpilot_kernels.w12.convert import convert_tensors, load_converted
 from specpilot_kernels.w12.reference import _in_window, choose_base, qpass_weight_reference
-
-_spec = importlib.util.spec_from_file_location(
-    "w12_checkpoint_stats", Path(__file__).resolve().parents[1] / "benchmarks" / "w12_checkpoint_stats.py"
-)
-_stats_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_stats_module)
-checkpoint_stats = _stats_module.checkpoint_stats
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

@@ -4,20 +4,15 @@ On the CPU a W12 layer computes with its exact decoded weight, so BF16 and W12 g
 everywhere; the GPU run (CUDA graphs, the mma.sync kernel) is the benchmark itself on the H200.
 """
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "w12_hf_decode.py"
-spec = importlib.util.spec_from_file_location("w12_hf_decode", BENCH)
-bench = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = bench  # its dataclass looks its module up
-spec.loader.exec_module(bench)
+from benchmarks import w12_hf_decode as bench
+
 
 SMALL = dict(
     vocab_size=200,

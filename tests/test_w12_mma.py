@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -545,6 +546,50 @@ def test_kernel_escape_patch_reproduces_weights_with_many_outliers():
     assert torch.equal(emulate_kernel_decode(mma, patch=True)[:64, :512], w.view(torch.int16).to(torch.int64) & 0xFFFF)
 
 
+def emulate_qpass_decode(mma, low_bits):
+    """The Q mode's decode in torch (csrc/w12_common.cuh decode_block_q, then the escape patch's zero codes, then the
+    rows' windows on the sums): fp32 weights [Np, Kp] as the kernel's MMA effectively multiplies them."""
+    words = mma.view.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [T, B, 32, 4]
+    tiles, blocks = words.shape[:2]
+    bias = 0x38083808 if low_bits == "midpoint" else 0x38003800
+    regs = torch.empty(tiles, blocks, 32, 8, dtype=torch.int64)
+    for w in range(4):
+        for p in range(2):
+            b0, b1 = ((words[..., w] >> (8 * (2 * p + i))) & 0xFF for i in range(2))
+            sign = lambda b: torch.where(b >= 0x80, 0xFF, 0)  # noqa: E731 - prmt's sign-replicate selector
+            u = b0 | sign(b0) << 8 | b1 << 16 | sign(b1) << 24  # prmt 0x9180 / 0xB3A2
+            regs[..., 2 * w + p] = (((u << 4) & 0x87F087F0) | bias) & 0xFFFFFFFF
+    halves = torch.stack((regs & 0xFFFF, regs >> 16), dim=-1).view(tiles, blocks, 32, 16)
+    rows, cols = mma_module._fragment_index("cpu")
+    out = torch.empty(tiles, blocks, 16, 32, dtype=torch.int64)
+    out[:, :, rows, cols] = halves
+    np_, kp = mma.padded_shape
+    bits = out.permute(0, 2, 1, 3).reshape(np_, kp)
+    # the patch sets a listed escape's halfword to its sign where it decoded as the zero code (no offset, no mantissa);
+    # inside the tensor every zero code is a listed escape (the test below checks it), so all of them here
+    zero_code = (bits & 0x07F0) == 0
+    bits = torch.where(zero_code, bits & 0x8000, bits)
+    values = (bits.to(torch.int32) << 16).view(torch.float32)
+    scale = ((mma.base.to(torch.int32) + 15) << 23).view(torch.float32)
+    return values * scale[:, None], zero_code
+
+
+@pytest.mark.parametrize("low_bits", ["truncated", "midpoint"])
+def test_qpass_decode_arithmetic_reproduces_the_views_weights(low_bits):
+    torch.manual_seed(5)
+    w = with_outliers((torch.randn(96, 640) * 0.02).bfloat16(), 0.02)  # zeros, tiny, huge: every escape kind
+    w12 = encode(w)
+    mma = to_mma_layout(w12)
+    got, zero_code = emulate_qpass_decode(mma, low_bits)
+    want = qpass_weight_reference(w12, low_bits).float()
+    assert torch.equal(got[:96, :640], want)
+    # every code the patch zeroes is an escape below the window (the patch reads only the escape list)
+    rows, cols = escape_positions(w12)
+    listed = torch.zeros_like(zero_code)
+    listed[rows, cols] = True
+    assert not (zero_code[:96, :640] & ~listed[:96, :640]).any() and zero_code[:96, :640].any()
+
+
 def test_kernel_escape_owner_mapping_matches_the_fragment_layout():
     # the kernels patch escape (row r, column c of a 128-column chunk) into lane (r % 8) * 4 + (c >> 3) % 4,
     # register 4 s + 2 q + r // 8 (s, q: bits 2 and 1 of c), half c % 2, of block c >> 5; that byte of the
@@ -584,10 +629,20 @@ def test_wide_launch_shapes_and_config():
     assert per_bucket.wide_launch(64) == (4, 4, 2, 8, 1) and per_bucket.wide_launch(200) == (2, 2, 2, 32, 1)
     assert MmaConfig(wide_rows=[[1, 2, 2, 8, 4]] * 3).wide_launch(40) == (1, 2, 2, 8, 4)
     assert per_bucket.uses_wide(48, (9, 0)) and not per_bucket.uses_wide(96, (9, 0))
-    for bad in ((5, 2, 2), (1, 1, 2), (1, 2, 7), (1, 2)):
+    # 0 weight stages: the weights carried in the activation slots (no multicast: a block fills its own)
+    assert MmaConfig(wide_rows=[[4, 3, 0, 8]] * 3).wide_launch(40) == (4, 3, 0, 8, 1)
+    assert MmaConfig(wide=(2, 2, 0)).wide_launch(100) == (2, 2, 0, 16, 1)
+    assert MmaConfig(wide=(4, 6, 1)).wide == (4, 6, 1)  # 1 stage: each slot holds half a chunk
+    for bad in ((5, 2, 2), (1, 1, 2), (1, 2, 7), (1, 2), (1, 2, -1)):
         with pytest.raises(W12Error, match="wide"):
             MmaConfig(wide=bad)
-    for bad in (((1, 2, 2, 16),), ((1, 2, 2, 10),) * 3, ((1, 7, 2, 16),) * 3, ((1, 2, 2, 16, 3),) * 3):
+    for bad in (
+        ((1, 2, 2, 16),),
+        ((1, 2, 2, 10),) * 3,
+        ((1, 7, 2, 16),) * 3,
+        ((1, 2, 2, 16, 3),) * 3,
+        ((1, 2, 0, 16, 2),) * 3,
+    ):
         with pytest.raises(W12Error, match="wide_rows"):
             MmaConfig(wide_rows=bad)
 
@@ -608,6 +663,9 @@ def with_outliers(w, fraction):
         MmaConfig(1, 8, 2, wgmma=(1, 1, 1), wide=(2, 3, 2)),
         MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
         MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 4), (1, 2, 2, 32, 2))),
+        MmaConfig(1, 3, 2, wide_rows=((4, 3, 0, 8), (4, 2, 0, 16), (2, 2, 0, 32))),  # weights carried in the slots
+        MmaConfig(1, 8, 2, wide=(1, 3, 0)),
+        MmaConfig(1, 3, 1, wide_rows=((4, 6, 1, 8), (4, 4, 1, 16), (2, 3, 1, 32))),  # half a chunk a slot
     ],
     ids=str,
 )
@@ -634,15 +692,8 @@ def test_mma_rows_1_to_256_with_outliers_give_the_per_warp_bits(fraction, config
 def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
     # the H200 stage's --tune (benchmarks/w12_device_check.py) on the CPU: every row range of every tuned shape gets
     # candidates, each a valid config with the shape's partition (no bit may depend on the choice), wide blocks that fit
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from benchmarks import w12_device_check as check
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "w12_device_check.py"
-    spec = importlib.util.spec_from_file_location("w12_device_check", path)
-    check = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = check
-    spec.loader.exec_module(check)
     tuned = json.loads(mma_module.TUNED_PATH.read_text())["NVIDIA H200"]
     for key in ("10240,5120", "34816,5120", "248320,5120"):
         base = MmaConfig(**tuned[key])
@@ -662,7 +713,7 @@ def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
     assert written["10240,5120"] == json.loads(json.dumps(config)) and written["5120,8192"] == tuned["5120,8192"]
     assert MmaConfig(**written["10240,5120"]).wide_launch(64) == (4, 4, 2, 8, 1)
     # the summary and headline re-made from a committed H200 result
-    doc = json.loads((path.parent / "results" / "w12-v2-device-check-h200.json").read_text())
+    doc = json.loads((Path(check.__file__).parent / "results" / "w12-v2-device-check-h200.json").read_text())
     doc["summary"] = check.summarize(doc)
     assert check.headline(doc).startswith("bits exact; projections 1-32 rows 1.34x cuBLAS")
     assert 0.8 < doc["summary"]["projections_1_32_min_every_row_count"] < doc["summary"]["projections_1_32_min"]

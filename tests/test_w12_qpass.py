@@ -1,17 +1,11 @@
 """Q-pass agreement measurement (benchmarks/w12_qpass_agreement.py) on a tiny seeded engine model."""
 
-import importlib.util
-from pathlib import Path
-
 import torch
+
+from benchmarks import w12_qpass_agreement as qpass
 
 from specpilot_mem.engine import TargetConfig
 from specpilot_mem.engine.model import HybridTarget
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "w12_qpass_agreement.py"
-spec = importlib.util.spec_from_file_location("w12_qpass_agreement", BENCH)
-qpass = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(qpass)
 
 
 def tiny_target():

@@ -1,16 +1,12 @@
 """The SASS loop counter behind the W12 notes' instruction counts (benchmarks/w12_sass.py)."""
 
-import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-_path = Path(__file__).resolve().parents[1] / "benchmarks" / "w12_sass.py"
-_spec = importlib.util.spec_from_file_location("w12_sass", _path)  # a script, not a package
-w12_sass = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(w12_sass)
+from benchmarks import w12_sass
+
 
 # a main loop from 0x0040 to the backward branch at 0x00f0, with an escape check whose patch (0x00a0-0x00c0)
 # is branched over when no lane holds an escape
@@ -51,12 +47,17 @@ def test_every_kernel_instantiation_is_counted(tmp_path, capsys):
     assert w12_sass.main(["--out", str(out)]) == 0
     kernels = {k["kernel"]: k for k in json.loads(out.read_text())["kernels"]}
     # 9 (token tiles, plan) pairs (2 of them staged weights), 7 of one tile a warp also reducing K splits in a
-    # cluster: 16 kernels x 3 low-bit modes; and the shared-activation kernel: 2 step sizes x cluster or not x 3
-    assert len([k for k in kernels if "<" == k[0]]) == 48
-    assert len([k for k in kernels if k.startswith("shared_x")]) == 12
-    # the warpgroup kernel: 3 token-tile counts (9-64 rows) x 3 low-bit modes x cluster or not x weights in registers
+    # cluster: 16 kernels exact and 12 (never staged) for each of the Q pass's 2 low-bit modes; the shared-activation
+    # kernel (exact only): 2 step sizes x cluster or not
+    assert len([k for k in kernels if "<" == k[0]]) == 16 + 2 * 12
+    assert len([k for k in kernels if k.startswith("shared_x")]) == 4
+    # the warpgroup kernel (exact only): 3 token-tile counts (9-64 rows) x cluster or not x weights in registers
     # or staged through shared memory
-    assert len([k for k in kernels if k.startswith("wgmma")]) == 36
+    assert len([k for k in kernels if k.startswith("wgmma")]) == 12
+    # the Q pass: one permute a register as the exact decode, no nibble loads (4 view loads a chunk, not 4 + 4)
+    q_row = kernels["<1, 2, 4, 1, 0, 0>"]
+    assert q_row["by_opcode"]["PRMT"] == 32 and q_row["by_opcode"]["HMMA"] == 8
+    assert q_row["by_opcode"]["LDG"] == kernels["<1, 0, 4, 1, 0, 0>"]["by_opcode"]["LDG"] - 4
     one_row = kernels["<1, 0, 4, 1, 0, 0>"]
     assert one_row["chunks_per_iteration"] == 1.0 and one_row["by_opcode"]["HMMA"] == 8
     assert one_row["by_opcode"]["PRMT"] == 32  # one byte permute per pair of weights: 64 weights a lane a chunk

@@ -42,7 +42,8 @@ def cuda_extension_builds(name: str, csrc: Path, sources: tuple[str, ...], what:
     try:
         load_cuda_extension(name, csrc, sources)
     except Exception as exc:  # noqa: BLE001 - any build failure means: use the fallback
-        warnings.warn(f"{what} did not build ({type(exc).__name__}: {exc}); using {fallback}", RuntimeWarning,
-                      stacklevel=3)
+        warnings.warn(
+            f"{what} did not build ({type(exc).__name__}: {exc}); using {fallback}", RuntimeWarning, stacklevel=3
+        )
         return False
     return True

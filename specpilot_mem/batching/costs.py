@@ -279,36 +279,44 @@ class EngineStepCosts(StepCosts):
     pass per block and the verify step at T rows per request, for B requests), interpolated bilinearly in
     (B, rows per request); ``rows / B`` rows per request is a ragged verify's average. The policies still
     decide from the GEMM curves (``target``, ``drafter``). A prompt is prefilled in 64-row passes of one
-    request, as the engine's decoder does (``engine.decode.PREFILL_CHUNK``)."""
+    request, as the engine's decoder does (``engine.decode.PREFILL_CHUNK``). ``variant``: the option set whose
+    verify steps to use (``VARIANTS``: stock's snapshot GDN verify, or SpecPilot's path verify)."""
 
-    def __init__(self, base: StepCosts, doc: dict):
+    VARIANTS = {"stock": "T_step_ms", "path": "T_step_path_ms"}
+
+    def __init__(self, base: StepCosts, doc: dict, variant: str = "stock"):
+        where = f"{doc.get('source', 'batched_engine_costs result')}"
+        if variant not in self.VARIANTS:
+            raise BatchingError(f"unknown engine variant {variant!r}", where=where, fix="use stock or path")
+        key = self.VARIANTS[variant]
         super().__init__(
             base.shape,
             base.target,
             base.drafter,
             0.0,
             measured=True,
-            source=f"{doc.get('source', 'batched_engine_costs result')} (engine steps)",
+            source=f"{where} (engine steps, {variant})",
         )
-        rows = sorted({int(t) for e in doc["by_batch"].values() for t in e["T_step_ms"]})
+        self.variant = variant
+        rows = sorted({int(t) for e in doc["by_batch"].values() for t in e.get(key, {})})
         blocks = sorted({int(k) for e in doc["by_batch"].values() for k in e["T_draft_ms"]})
         complete = [
             b
             for b, e in doc["by_batch"].items()
-            if len(e["T_step_ms"]) == len(rows) and len(e["T_draft_ms"]) == len(blocks)
+            if rows and len(e.get(key, {})) == len(rows) and len(e["T_draft_ms"]) == len(blocks)
         ]
         if not complete:
             raise BatchingError(
-                "the engine measurement has no complete batch size",
+                f"the engine measurement has no batch size with every row count of {key} and every draft block",
                 where=self.source,
-                fix="rerun benchmarks/batched_engine_costs.py",
+                fix=f"rerun benchmarks/batched_engine_costs.py (--variants {variant})",
             )
         self.batches = np.array(sorted(int(b) for b in complete), dtype=np.float64)
         self.rows = np.array([1] + rows, dtype=np.float64)
         self.blocks = np.array(blocks, dtype=np.float64)
         by = doc["by_batch"]
         self.step = np.array(
-            [[by[str(int(b))]["T_AR_ms"]] + [by[str(int(b))]["T_step_ms"][str(t)] for t in rows] for b in self.batches]
+            [[by[str(int(b))]["T_AR_ms"]] + [by[str(int(b))][key][str(t)] for t in rows] for b in self.batches]
         )
         self.draft = np.array([[by[str(int(b))]["T_draft_ms"][str(k)] for k in blocks] for b in self.batches])
 

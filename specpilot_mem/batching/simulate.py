@@ -30,6 +30,7 @@ from specpilot_mem.batching.admission import PromptAdmission
 from specpilot_mem.batching.blocks import DrafterBlocks, share_depth
 from specpilot_mem.batching.budget import SharedBudget, equal_shares, shared_shares
 from specpilot_mem.batching.costs import BatchingError, StepCosts
+from specpilot_mem.batching.planner import BudgetPlanner
 from specpilot_mem.replay.lattice import Lattice
 from specpilot_mem.replay.trees import best_first, chain
 from specpilot_mem.replay.trees.base import DraftTrees, StepBatch, pad_trees
@@ -43,28 +44,36 @@ class Mechanisms:
     """One server configuration. tree: "chain" (stock's greedy chain of the block) or "best-first";
     shared: best-first trees share the step's rows (else each request gets an equal share of them);
     blocks: a drafter block per request (else every request drafts ``STOCK_BLOCK``); admission: prompt
-    rows in the verify step; gate: speculate only while it is estimated to beat AR."""
+    rows in the verify step; plan: the verify rows per request (AR among them) chosen each step by the
+    batch-size-aware planner (``planner.BudgetPlanner``) from the step costs and the trees' expected tokens.
+    The configuration ``path-verify`` is stock's chain on SpecPilot's engine option set: what the option set
+    alone gains, against which each batching mechanism's own gain reads."""
 
     name: str
+    # which engine option set times it where the step costs have both (``batching.costs.EngineStepCosts``):
+    # "stock" (SGLang's snapshot GDN verify) or "path" (SpecPilot's batched option set, GDN path verify)
+    engine: str = "path"
     speculate: bool = True
     tree: str = "chain"
     shared: bool = False
     blocks: bool = False
     admission: bool = False
-    gate: bool = False
+    plan: bool = False
 
 
 CONFIGS = {
     m.name: m
     for m in (
-        Mechanisms("ar", speculate=False),
-        Mechanisms("stock"),
+        Mechanisms("ar", engine="stock", speculate=False),
+        Mechanisms("stock", engine="stock"),
+        Mechanisms("path-verify"),
         Mechanisms("equal-trees", tree="best-first"),
         Mechanisms("shared-budget", tree="best-first", shared=True),
         Mechanisms("drafter-block", blocks=True),
         Mechanisms("shared-budget+drafter-block", tree="best-first", shared=True, blocks=True),
         Mechanisms("prompt-admission", admission=True),
-        Mechanisms("all", tree="best-first", shared=True, blocks=True, admission=True, gate=True),
+        Mechanisms("planned-budget", tree="best-first", shared=True, plan=True),
+        Mechanisms("all", tree="best-first", shared=True, blocks=True, admission=True, plan=True),
     )
 }
 
@@ -103,28 +112,6 @@ class Outcome:
             mean_drafter_rows=self.drafter_rows / max(self.spec_steps, 1),
         )
         return out
-
-
-class SpeculationGate:
-    """Speculate while the estimated throughput beats AR: tau (tokens per request and step, a moving
-    average of speculative steps) x B / (draft + verify time) against B / AR step time. While AR wins, a
-    speculative step every ``probe`` steps keeps the estimate current."""
-
-    def __init__(self, probe: int = 8, decay: float = 0.8):
-        self.tau, self.probe, self.decay, self._since = None, probe, decay, 0
-
-    def speculate(self, spec_ms: float, ar_ms: float) -> bool:
-        if self.tau is None or self.tau / spec_ms >= 1 / ar_ms:
-            self._since = 0
-            return True
-        self._since += 1
-        if self._since >= self.probe:
-            self._since = 0
-            return True
-        return False
-
-    def observe(self, tau: float) -> None:
-        self.tau = tau if self.tau is None else self.decay * self.tau + (1 - self.decay) * tau
 
 
 def concat_lattices(lattices: list[Lattice]) -> Lattice:
@@ -210,6 +197,7 @@ def simulate(
     segment: int | None = 64,
     stream: int | None = None,
     budget_rows: int | None = None,
+    plan_rows: tuple[int, ...] = (2, 3, 5, 9, 17),
 ) -> Outcome:
     """Run ``config`` with ``batch`` requests in flight; see the module docstring."""
     check_block_lattices(lattices)
@@ -223,7 +211,7 @@ def simulate(
     budget = SharedBudget(costs.target, verify_buffer, budget_rows)
     blocks = DrafterBlocks(STOCK_BLOCK, costs.drafter, sorted(lattices)) if config.blocks else None
     admission = PromptAdmission(costs.target, verify_buffer, segment) if config.admission else None
-    gate = SpeculationGate() if config.gate else None
+    planner = BudgetPlanner(costs, plan_rows, blocks=tuple(sorted(lattices))) if config.plan else None
     slots = _Slots(batch, lengths, stream or max(lengths.size, 2 * batch), STOCK_BLOCK)
     out = Outcome(config.name, batch)
     while True:
@@ -234,10 +222,12 @@ def simulate(
         if speculate and blocks is not None:
             chosen = blocks.choose(slots.recent[decoding], slots.confidence[decoding]).numpy()
         rows = budget.rows_for(max(n, 1)) if speculate else n
-        if speculate and gate is not None:
-            per_request = out.drafter_rows / out.request_steps_spec if out.request_steps_spec else STOCK_BLOCK + 1
-            spec_ms = costs.draft_ms(round(n * per_request), n) + costs.verify_ms(rows, n)
-            speculate = gate.speculate(spec_ms, costs.verify_ms(n, n))
+        per_request = 0
+        if speculate and planner is not None:
+            per_request = planner.rows_for(n)
+            speculate = per_request > 1
+            rows = n * per_request if speculate else n
+            chosen = np.minimum(chosen, planner.draft_block(per_request))
         fixed = n + (int(chosen.sum()) if speculate and config.tree == "chain" else 0)
         prompt_take = np.zeros(batch, dtype=np.int64)
         queued = np.flatnonzero(slots.waiting > 0)
@@ -262,13 +252,14 @@ def simulate(
         extra = int(prompt_take.sum())
         gained = np.zeros(n, dtype=np.int64)
         if speculate:
-            gained, step_ms = _speculative_step(
-                lattices, lookups, slots, decoding, chosen, config, blocks, rows, extra, costs, out
+            width = planner.buckets[-1] - 1 if planner is not None else None
+            gained, step_ms, scores = _speculative_step(
+                lattices, lookups, slots, decoding, chosen, config, blocks, rows, extra, costs, out, width
             )
             out.spec_steps += 1
             out.request_steps_spec += n
-            if gate is not None:
-                gate.observe(float(gained.mean()))
+            if planner is not None:
+                planner.observe(scores, per_request, float(gained.mean()) - 1.0)
         else:
             gained[:] = 1
             step_ms = costs.verify_ms(n + extra, n) if n + extra else 0.0
@@ -305,9 +296,11 @@ def _speculative_step(
     extra: int,
     costs: StepCosts,
     out: Outcome,
-) -> tuple[np.ndarray, float]:
+    width: int | None = None,
+) -> tuple[np.ndarray, float, torch.Tensor]:
     """Draft, share, verify one step of the decoding slots drafting ``chosen`` blocks; returns (tokens
-    gained per slot, step ms)."""
+    gained per slot, step ms, the best-first trees' path scores before the budget cut them). ``width``:
+    nodes per request the trees are built to at least (the planner's largest bucket)."""
     n = decoding.size
     groups = []
     for block in np.unique(chosen):
@@ -316,7 +309,7 @@ def _speculative_step(
         lat = lattices[int(block)]
         steps = lookups[int(block)][lat.greedy_offsets[slots.request[slot]] + slots.position[slot]]
         groups.append((mine, StepBatch.from_lattice(lat, steps)))
-    trees, tail = step_trees(groups, n, config, max(0, rows - n - extra))
+    trees, tail, scores = step_trees(groups, n, config, max(0, rows - n - extra), width=width)
     if config.tree == "best-first":
         out.tail_value = tail
     greedy = np.full((n, STOCK_BLOCK), -1, dtype=np.int64)
@@ -333,12 +326,17 @@ def _speculative_step(
     verify_rows = n + int(trees.num_nodes.sum()) + extra
     out.drafter_rows += drafter_rows
     out.verify_rows += verify_rows
-    return verdict.accepted + 1, costs.draft_ms(drafter_rows, n) + costs.verify_ms(verify_rows, n)
+    return verdict.accepted + 1, costs.draft_ms(drafter_rows, n) + costs.verify_ms(verify_rows, n), scores
 
 
 def step_trees(
-    groups: list[tuple[np.ndarray, StepBatch]], n: int, config: Mechanisms, nodes: int, cap: int | None = None
-) -> tuple[DraftTrees, float]:
+    groups: list[tuple[np.ndarray, StepBatch]],
+    n: int,
+    config: Mechanisms,
+    nodes: int,
+    cap: int | None = None,
+    width: int | None = None,
+) -> tuple[DraftTrees, float, torch.Tensor]:
     """One step's drafts for ``n`` requests: ``groups`` pairs each block's requests (indices into the n)
     with their lattices. Stock's chain of each block, or best-first trees cut by the shared budget (or
     the equal split) to ``nodes`` nodes in all, at most ``cap`` per request (a padded verify layout's
@@ -355,13 +353,13 @@ def step_trees(
     back = np.argsort(np.concatenate(order))
     stacked = _stack(parts)
     trees = DraftTrees(*(getattr(stacked, f)[back] for f in TREE_FIELDS))
-    if config.tree != "best-first":
-        return trees, 0.0
     scores = torch.from_numpy(trees.scores)
+    if config.tree != "best-first":
+        return trees, 0.0, scores
     counts = shared_shares(scores, nodes) if config.shared else equal_shares(torch.from_numpy(trees.num_nodes), nodes)
     trees = trees.truncate(counts.numpy())
     kept = np.sort(trees.scores[np.isfinite(trees.scores)])
-    return trees, float(np.exp(kept[: max(1, kept.size // 4)]).mean()) if kept.size else 0.0
+    return trees, float(np.exp(kept[: max(1, kept.size // 4)]).mean()) if kept.size else 0.0, scores
 
 
 def block_signals(

@@ -77,7 +77,7 @@ class PolicyDecoder(SystemDecoder):
             cand, unary, pair = drafter.lattice_batch(hidden, base, anchor_t[idx], int(block))
             groups.append((mine, StepBatch.from_scores(cand, unary, pair)))
         rows = self.budget.rows_for(n)
-        trees, _ = step_trees(groups, n, self.config, max(0, rows - n), cap=self.options.rows - 1)
+        trees, _, _ = step_trees(groups, n, self.config, max(0, rows - n), cap=self.options.rows - 1)
         self.stats["shares"].append(trees.num_nodes.tolist())
         for block in chosen.tolist():
             self.stats["blocks"][block] = self.stats["blocks"].get(block, 0) + 1

@@ -16,7 +16,7 @@ def register(subparsers, common) -> None:
         help="record an entry from a fork commit or work tree",
         description=__doc__ + "\n\nThe source must be built on stock with its requirements "
         "applied (e.g. `apply A B --worktree PATH`, then edit). Re-recording an existing "
-        "entry re-verifies every entry that requires it.",
+        "entry rebases every entry that requires it and runs their checks on other SGLang releases again.",
     )
     parser.add_argument("id", metavar="ID")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -49,7 +49,8 @@ def run(args) -> int:
     home = find_home(args.home)
     from specpilot_mem.store import load_entries
 
-    before = {i: r.reproduces for i, r in load_entries(home).items()}
+    old = load_entries(home)
+    before = {i: r.reproduces for i, r in old.items()}
     if args.src:
         if args.requires is not None or args.meta is not None:
             raise SpecPilotError(
@@ -63,8 +64,16 @@ def run(args) -> int:
         record = record_entry(home, args.id, args.source, requires=requires, meta=args.meta)
 
     # the entries that require it were rebased onto it (store.record): say which
-    rebased = sorted(
-        i for i, r in load_entries(home).items() if i != record.id and before.get(i) not in (None, r.reproduces)
+    after = load_entries(home)
+    rebased = sorted(i for i, r in after.items() if i != record.id and before.get(i) not in (None, r.reproduces))
+    # release checks are run again on the new records; one whose release could not be imported is dropped
+    dropped = sorted(
+        {
+            c.release
+            for i, r in old.items()
+            for c in r.releases
+            if i in after and after[i].release_check(c.release) is None
+        }
     )
 
     def render(data) -> None:
@@ -85,9 +94,17 @@ def run(args) -> int:
                         if data["rebased"]
                         else "-",
                     ),
+                    (
+                        "releases",
+                        ", ".join(f"{c['release']} {c['verdict']}" for c in data["releases"]) or "-",
+                    ),
+                ]
+                + [
+                    ("dropped", f"the checks on {v}: run `specpilot-mem revalidate --release {v}`")
+                    for v in data["dropped_releases"]
                 ],
             )
         )
 
-    emit(args, {**record.model_dump(mode="json"), "rebased": rebased}, render)
+    emit(args, {**record.model_dump(mode="json"), "rebased": rebased, "dropped_releases": dropped}, render)
     return 0

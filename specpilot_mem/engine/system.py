@@ -9,7 +9,8 @@ path of every tree on the device, and commits it — no host synchronisation unt
 - GDN verify: SGLang 0.5.23's kernel writing a state snapshot per drafted position, commit = copy of the
   accepted snapshot (stock); or ``specpilot_kernels.gdn_tree`` path verify + commit (``gdn_verify="path"``).
   AR steps use SGLang's decode (state updated in place).
-- Attention: SDPA with the tree mask (GQA folded into the query rows, so no KV copy).
+- Attention: q/k norm + RoPE + the rows' cache write in one kernel, then tree attention over the dense cache
+  split over the keys (``fused_ops.tree_attention``: the tree mask from ``anc`` and the lengths, no mask tensor).
 - LM head: BF16 (stock), W12, or the certified head with fixed-size survivor buffers and the guarded exact
   fallback in the graph (``certified_argmax_in_graph``).
 
@@ -31,7 +32,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specpilot_kernels.fused_ops import add_rms_norm, gated_rms_norm, rms_norm, silu_mul, tree_conv_silu
+from specpilot_kernels.fused_ops import (
+    add_rms_norm,
+    conv_commit,
+    gated_rms_norm,
+    qk_norm_rope,
+    rms_norm,
+    select_states,
+    silu_mul,
+    tree_accept,
+    tree_attention,
+    tree_conv_silu,
+)
 from specpilot_mem.engine.options import SystemOptions
 from specpilot_mem.engine.shapes import SystemShape
 
@@ -40,13 +52,6 @@ _CAPTURE_LOCK = threading.Lock()
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def apply_rope(x, cos, sin):
-    """Rotary embedding of x [B, T, H, D] with cos/sin [B, T, 1, D/2] (model.rope's arithmetic, tables once a pass)."""
-    d = x.shape[-1]
-    x1, x2 = x.float()[..., : d // 2], x.float()[..., d // 2 :]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
 # -- weights ---------------------------------------------------------------------------------------------------
@@ -316,20 +321,26 @@ def pack_trees(trees: list[tuple[list[int], list[int]]], T: int, conv_size: int)
 
 class Caches:
     """Per-request state for ``slots`` requests: attention KV [slots, kv heads, max_len, head dim] per attention
-    layer, GDN states [slots, HV, V, K] (SGLang's pool layout, fp32) and conv windows per GDN layer, lengths."""
+    layer, GDN states [slots, HV, V, K] (SGLang's pool layout, fp32) and conv windows per GDN layer, lengths.
+
+    The GDN states and conv windows of all layers are one tensor each (``state_all`` [G, slots, HV, V, K],
+    ``conv_all`` [G, slots, CS-1, C], SGLang's layer-stacked mamba pool), so a step commits every layer in one
+    launch; ``state[i]`` / ``conv[i]`` are layer i's views of them."""
 
     def __init__(self, shape: SystemShape, slots: int, max_len: int, device, dtype, feature_dim: int = 0):
         s = shape
         self.max_len = max_len
         self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
-        self.k, self.v, self.state, self.conv = {}, {}, {}, {}
+        self.k, self.v = {}, {}
+        self.gdn_ids = tuple(i for i, kind in enumerate(s.layer_types) if kind == "gdn")
+        G, D = s.gdn_layers, s.gdn_head_dim
+        self.state_all = torch.zeros(G, slots, s.gdn_value_heads, D, D, device=device)
+        self.conv_all = torch.zeros(G, slots, s.conv_size - 1, s.gdn_conv_channels, device=device, dtype=dtype)
         for i, kind in enumerate(s.layer_types):
             if kind == "attn":
                 self.k[i] = torch.zeros(slots, s.attn_kv_heads, max_len, s.attn_head_dim, device=device, dtype=dtype)
                 self.v[i] = torch.zeros_like(self.k[i])
-            else:
-                self.state[i] = torch.zeros(slots, s.gdn_value_heads, s.gdn_head_dim, s.gdn_head_dim, device=device)
-                self.conv[i] = torch.zeros(slots, s.conv_size - 1, s.gdn_conv_channels, device=device, dtype=dtype)
+        self._gdn_views()
         self.features = torch.zeros(slots, max_len, feature_dim, device=device, dtype=dtype) if feature_dim else None
 
     def view(self, first: int, count: int = 1) -> "Caches":
@@ -339,9 +350,15 @@ class Caches:
         rows = slice(first, first + count)
         part.lengths = self.lengths[rows]
         part.k, part.v = {i: t[rows] for i, t in self.k.items()}, {i: t[rows] for i, t in self.v.items()}
-        part.state, part.conv = {i: t[rows] for i, t in self.state.items()}, {i: t[rows] for i, t in self.conv.items()}
+        part.gdn_ids = self.gdn_ids
+        part.state_all, part.conv_all = self.state_all[:, rows], self.conv_all[:, rows]
+        part._gdn_views()
         part.features = self.features[rows] if self.features is not None else None
         return part
+
+    def _gdn_views(self) -> None:
+        self.state = {i: self.state_all[g] for g, i in enumerate(self.gdn_ids)}
+        self.conv = {i: self.conv_all[g] for g, i in enumerate(self.gdn_ids)}
 
     def reset(self, slot: int | None = None) -> None:
         where = slice(None) if slot is None else slot
@@ -371,7 +388,10 @@ class SystemModel:
         self.device, self.dtype = weights.device, weights.dtype
         self.feature_layers = tuple(feature_layers)
         self.mode = options.linears
-        self._inter: dict = {}
+        self._gdn_index = {i: g for g, i in enumerate(i for i, k in enumerate(self.shape.layer_types) if k == "gdn")}
+        self._inter: dict = {}  # per (B, T): every GDN layer's state snapshots [G, B, T, HV, V, K] (stock verify)
+        self._raw: dict = {}  # per (B, T): every GDN layer's conv inputs of the rows [G, B, T, C] (the conv commit)
+        self._indices: dict = {}  # per (B, T): SGLang's kernel's cu_seqlens and snapshot indices
         self._fallback = None
         self._graphs: dict = {}
         self._stream = None
@@ -389,10 +409,13 @@ class SystemModel:
         H, HV, D, C = s.gdn_key_heads, s.gdn_value_heads, s.gdn_head_dim, s.gdn_conv_channels
         proj = self.w.lin(p + "gdn_in.w")(h, mode).view(B, T, -1)
         qkv, z, ab = proj.split([C, HV * D, 2 * HV], dim=-1)
-        mixed = tree_conv_silu(caches.conv[i][:B], qkv, buf.conv_idx, t[p + "conv"])
-        q, k, v = (x.contiguous() for x in mixed.split([H * D, H * D, HV * D], dim=-1))
+        # the conv reads qkv inside the projection and keeps a copy of it for the commit (a write pass only)
+        raw = self._raw_inputs(B, T)[self._gdn_index[i]] if write_cache else None
+        mixed = tree_conv_silu(caches.conv[i][:B], qkv, buf.conv_idx, t[p + "conv"], raw=raw)
+        # views, as SGLang's backend passes them: its kernel reads q, k, v, a, b through their token strides
+        q, k, v = mixed.split([H * D, H * D, HV * D], dim=-1)
         q, k, v = q.view(B, T, H, D), k.view(B, T, H, D), v.view(B, T, HV, D)
-        a, b = (x.contiguous() for x in ab.split([HV, HV], dim=-1))
+        a, b = ab.split([HV, HV], dim=-1)
         A_log, dt_bias = t[p + "A_log"], t[p + "dt_bias"]
         pool, slots32 = caches.state[i], buf.slots32
         if ar:  # SGLang's decode: one token per request, state advanced in place
@@ -400,18 +423,35 @@ class SystemModel:
         elif self.options.gdn_verify == "snapshot":
             inter = self._snapshots(i, B, T)
             o = self._sglang(q, k, v, a, b, A_log, dt_bias, pool, slots32, inter, buf.parents)
-        else:
+        else:  # the path kernels take contiguous rows
+            q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
             o = self._path_verify(q, k, v, a, b, A_log, dt_bias, pool, slots32, saved["schedule"])
-        saved[i] = (q, k, v, a, b, qkv)
-        o = gated_rms_norm(o.to(h.dtype), t[p + "out_norm"], z.reshape(B, T, HV, D), s.norm_eps)
+            saved[i] = (q, k, v, a, b)
+        o = gated_rms_norm(o.to(h.dtype), t[p + "out_norm"], z.view(B, T, HV, D), s.norm_eps)
         return self.w.lin(p + "gdn_out.w")(o.reshape(B * T, HV * D), mode)
 
     def _snapshots(self, i, B, T):
-        key = (i, B, T)
-        if key not in self._inter:
+        """Layer i's view of the per-bucket snapshot buffer (all GDN layers in one tensor: one commit launch)."""
+        if (B, T) not in self._inter:
             s = self.shape
-            self._inter[key] = torch.empty(B, T, s.gdn_value_heads, s.gdn_head_dim, s.gdn_head_dim, device=self.device)
-        return self._inter[key]
+            D = s.gdn_head_dim
+            self._inter[B, T] = torch.empty(s.gdn_layers, B, T, s.gdn_value_heads, D, D, device=self.device)
+        return self._inter[B, T][self._gdn_index[i]]
+
+    def _raw_inputs(self, B, T):
+        if (B, T) not in self._raw:
+            s = self.shape
+            self._raw[B, T] = torch.empty(s.gdn_layers, B, T, s.gdn_conv_channels, device=self.device, dtype=self.dtype)
+        return self._raw[B, T]
+
+    def _sglang_indices(self, B, T, device):
+        """cu_seqlens and snapshot indices of a bucket, made once (not two arange launches per layer and step)."""
+        if (B, T) not in self._indices:
+            self._indices[B, T] = (
+                torch.arange(0, B * T + 1, T, dtype=torch.int32, device=device),
+                torch.arange(B, dtype=torch.int32, device=device),
+            )
+        return self._indices[B, T]
 
     def _sglang(self, q, k, v, a, b, A_log, dt_bias, pool, slots, inter, parents, update=False):
         """SGLang's kernel as its GDN backend calls it (target verify with snapshots, or decode)."""
@@ -421,6 +461,7 @@ class SystemModel:
             from specpilot_mem.engine.sglang_kernels import fused_recurrent
 
             tree = parents if (parents is not None and self.options.tree != "chain") else None
+            cu_seqlens, inter_idx = self._sglang_indices(B, T, q.device)
             o = fused_recurrent()(
                 A_log=A_log,
                 a=a.view(B * T, HV),
@@ -434,12 +475,10 @@ class SystemModel:
                 initial_state_source=pool,
                 initial_state_indices=slots,
                 use_qk_l2norm_in_kernel=True,
-                cu_seqlens=torch.arange(0, B * T + 1, T, dtype=torch.int32, device=q.device),
+                cu_seqlens=cu_seqlens,
                 disable_state_update=inter is not None or not update,
                 intermediate_states_buffer=inter,
-                intermediate_state_indices=torch.arange(B, dtype=torch.int32, device=q.device)
-                if inter is not None
-                else None,
+                intermediate_state_indices=inter_idx if inter is not None else None,
                 cache_steps=T if inter is not None else None,
                 retrieve_parent_token=tree.to(torch.int32) if tree is not None else None,
             )
@@ -456,34 +495,23 @@ class SystemModel:
         return R.path_verify_reference(q, k, v, a, b, A_log, dt_bias, pool, slots, schedule[1], schedule[2])
 
     def _attn_context(self, buf: StepBuffers, caches: Caches | None, write_cache: bool) -> dict:
-        """What every attention layer of one pass shares: RoPE's cos/sin at each row's position, the cache slots
-        the rows write, and the tree mask over the cache (GQA-folded), computed once per pass."""
+        """What every attention layer of one pass shares, computed once per pass: RoPE's cos/sin at each row's
+        position, the cache slots the rows write, the cache lengths they see and their ancestor mask."""
         s = self.shape
         B, T = buf.shape
         dev = buf.tokens.device
-        D, rep = s.attn_head_dim, s.attn_heads // s.attn_kv_heads
+        D = s.attn_head_dim
         inv = 1.0 / (s.rope_theta ** (torch.arange(0, D, 2, device=dev, dtype=torch.float32) / D))
         if caches is None:  # the drafter's block: bidirectional over its own rows
             ang = buf.depth.float()[..., None] * inv
-            return {"cos": ang.cos().unsqueeze(-2), "sin": ang.sin().unsqueeze(-2), "mask": None}
+            full = torch.ones(B, T, T, dtype=torch.bool, device=dev)
+            return {"cos": ang.cos(), "sin": ang.sin(), "lengths": None, "anc": full, "slots": None}
         L = caches.max_len
         lengths = caches.lengths[:B]
         ang = (lengths[:, None] + buf.depth + self.options.rope_offset).float()[..., None] * inv
+        ctx = {"cos": ang.cos(), "sin": ang.sin(), "lengths": lengths, "anc": buf.anc}
         # clamped so that no write can leave the cache (callers keep lengths + T <= max_len; see SystemDecoder)
-        slots_t = (lengths[:, None] + torch.arange(T, device=dev)).clamp(max=L - 1)
-        ctx = {"cos": ang.cos().unsqueeze(-2), "sin": ang.sin().unsqueeze(-2), "slots": slots_t}
-        if not write_cache:  # the rows sit beside the cache, in its last T slots
-            slots_t = torch.arange(L - T, L, device=dev).expand(B, T)
-            lengths = torch.minimum(lengths, torch.full_like(lengths, L - T))
-        cols = torch.arange(L, device=dev)
-        rel = cols[None, :] - slots_t[:, :1]
-        in_tree = (rel >= 0) & (rel < T)
-        tree = buf.anc.gather(2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, L)) & in_tree[:, None, :]
-        committed = cols[None, None, :] < lengths[:, None, None]
-        if self.options.attn_window:  # the context fault: only the last attn_window committed tokens
-            committed = committed & (cols[None, None, :] >= lengths[:, None, None] - self.options.attn_window)
-        mask = committed | tree
-        ctx["mask"] = mask[:, None].expand(B, rep, T, L).reshape(B, 1, rep * T, L)
+        ctx["slots"] = (lengths[:, None] + torch.arange(T, device=dev)).clamp(max=L - 1) if write_cache else None
         return ctx
 
     def _attn(
@@ -505,31 +533,31 @@ class SystemModel:
         proj = self.w.lin(p + "attn_qkv.w")(h, mode).view(B, T, -1)
         sizes = [hq * D] * (2 if s.attn_output_gate else 1) + [hkv * D, hkv * D]
         parts = proj.split(sizes, dim=-1)
-        q, k, v = parts[0], parts[-2], parts[-1]
-        q, k, v = q.reshape(B, T, hq, D), k.reshape(B, T, hkv, D), v.reshape(B, T, hkv, D)
-        if s.qk_norm:
-            q, k = rms_norm(q, t[p + "q_norm"], s.norm_eps), rms_norm(k, t[p + "k_norm"], s.norm_eps)
-        rep = hq // hkv
-        q, k = apply_rope(q, ctx["cos"], ctx["sin"]), apply_rope(k, ctx["cos"], ctx["sin"])
-        mask = ctx["mask"]
-        if caches is None:
-            keys, values = k.transpose(1, 2), v.transpose(1, 2)
-        else:
-            L = caches.max_len
+        q, k, v = parts[0].view(B, T, hq, D), parts[-2].view(B, T, hkv, D), parts[-1].view(B, T, hkv, D)
+        norms = (t[p + "q_norm"], t[p + "k_norm"]) if s.qk_norm else (None, None)
+        kc = vc = None
+        if caches is not None:
             kc, vc = caches.k[i][:B], caches.v[i][:B]
-            if write_cache:
-                bidx = torch.arange(B, device=h.device)[:, None]
-                kc[bidx, :, ctx["slots"]] = k.to(kc.dtype)
-                vc[bidx, :, ctx["slots"]] = v.to(vc.dtype)
-                keys, values = kc, vc
-            else:  # a pass that leaves the caches as they are (the TLV Q pass): its rows beside the cache
-                keys = torch.cat([kc[:, :, : L - T], k.transpose(1, 2).to(kc.dtype)], dim=2)
-                values = torch.cat([vc[:, :, : L - T], v.transpose(1, 2).to(vc.dtype)], dim=2)
-        qf = q.view(B, T, hkv, rep, D).permute(0, 2, 3, 1, 4).reshape(B, hkv, rep * T, D)
-        o = F.scaled_dot_product_attention(qf, keys.to(qf.dtype), values.to(qf.dtype), attn_mask=mask)
-        o = o.view(B, hkv, rep, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, hq * D)
-        if s.attn_output_gate:
-            o = o * torch.sigmoid(parts[1])
+        # one launch: q/k norms, RoPE at length + depth, the rows' K/V written at length + i (a write pass only);
+        # the attention then reads the cache's first `length` keys and the rows' own keys beside it
+        write = ctx["slots"] is not None
+        q, k, v = qk_norm_rope(
+            q,
+            k,
+            v,
+            ctx["cos"],
+            ctx["sin"],
+            *norms,
+            s.norm_eps,
+            kc if write else None,
+            vc if write else None,
+            ctx["slots"],
+        )
+        gate = parts[1] if s.attn_output_gate else None
+        lengths = ctx["lengths"]
+        if self.options.attn_window and kc is not None:  # the context fault: only the last attn_window committed keys
+            kc, vc, lengths = _last_keys(kc, vc, lengths, self.options.attn_window)
+        o = tree_attention(q, kc, vc, k, v, lengths, ctx["anc"], gate)
         return self.w.lin(p + "attn_out.w")(o.reshape(B * T, hq * D), mode)
 
     def _mlp(self, p, h, mode: str | None = None):
@@ -647,25 +675,11 @@ class SystemModel:
         """The accepted root path of each tree, on the device. pred [B, T] (the target's token after each row).
 
         Returns (accepted [B, T] node indices root first, accept_len [B], deepest [B], out_tokens [B, T]: the
-        tokens this step commits, the accepted drafted ones then the target's next)."""
-        B, T = buf.shape
-        dev = pred.device
-        valid = torch.arange(T, device=dev)[None, :] < buf.num_nodes[:, None].long()
-        ok = ((buf.parents < 0) | (buf.tokens == pred.gather(1, buf.parents.clamp(min=0)))) & valid
-        accepted_node = ~(buf.anc & ~ok[:, None, :]).any(-1) & valid
-        deepest = torch.where(accepted_node, buf.depth, -1).argmax(1)
-        deepest = torch.where(buf.forced >= 0, buf.forced, deepest)
-        on_path = buf.anc.gather(1, deepest[:, None, None].expand(B, 1, T))[:, 0]
-        accept_len = on_path.sum(1)
-        where = torch.where(on_path, buf.depth, T)
-        accepted = torch.zeros(B, T + 1, dtype=torch.long, device=dev)
-        accepted.scatter_(1, where, torch.arange(T, device=dev).expand(B, T).contiguous())
-        accepted = accepted[:, :T]
-        drafted = buf.tokens.gather(1, accepted)
-        out = torch.cat([drafted[:, 1:], torch.zeros(B, 1, dtype=torch.long, device=dev)], dim=1)
-        out.scatter_(1, (accept_len - 1)[:, None], pred.gather(1, deepest[:, None]))
-        accept_len = accept_len * buf.active
-        return accepted, accept_len, deepest, out
+        tokens this step commits, the accepted drafted ones then the target's next); one launch on a GPU
+        (``fused_ops.tree_accept``)."""
+        return tree_accept(
+            buf.tokens, buf.parents, buf.depth, buf.anc, buf.num_nodes, buf.forced, buf.active, pred.contiguous()
+        )
 
     def commit(
         self, buf: StepBuffers, caches: Caches, saved: dict, feats, accepted, accept_len, deepest, ar: bool = False
@@ -685,23 +699,18 @@ class SystemModel:
                     cache[bidx, :, (lengths[:, None] + steps).clamp(max=top)] = cache[
                         bidx, :, (lengths[:, None] + src).clamp(max=top)
                     ]
-        keep = (accept_len > 0)[:, None, None]
-        bar = torch.arange(B, device=dev)
-        for i in caches.state:
-            q, k, v, a, b, qkv = saved[i]
-            conv = caches.conv[i][:B]
-            # the accepted row's conv window, the last conv_size - 1 inputs along its root path
-            window = torch.cat([conv, qkv], dim=1)
-            last = buf.conv_idx[bar, deepest, 1:]
-            conv.copy_(torch.where(keep, window.gather(1, last[..., None].expand(*last.shape, qkv.shape[-1])), conv))
-            if ar:
-                continue  # the decode kernel already advanced the state
-            pool = caches.state[i][:B]
-            if self.options.gdn_verify == "snapshot":
-                inter = self._snapshots(i, B, T)
-                pool.copy_(torch.where(keep[..., None], inter[bar, deepest], pool))
-            else:
-                self._commit_path(i, q, k, v, a, b, pool, buf.slots32, accepted, accept_len)
+        if caches.state:
+            keep = accept_len > 0
+            # every GDN layer at once: the accepted row's conv window (the last conv_size - 1 inputs along its root
+            # path), and in stock the accepted position's state snapshot (SGLang's one index copy over its
+            # layer-stacked pool); the decode kernel advanced AR's states already, path verify replays per layer
+            conv_commit(caches.conv_all[:, :B], self._raw_inputs(B, T), buf.conv_idx, deepest, keep)
+            if not ar and self.options.gdn_verify == "snapshot":
+                select_states(caches.state_all[:, :B], self._inter[B, T], deepest, keep)
+            elif not ar:
+                for i in caches.state:
+                    q, k, v, a, b = saved[i]
+                    self._commit_path(i, q, k, v, a, b, caches.state[i][:B], buf.slots32, accepted, accept_len)
         if caches.features is not None and feats is not None:
             caches.features[:B][bidx, (lengths[:, None] + steps).clamp(max=caches.max_len - 1)] = feats.gather(
                 1, src[..., None].expand(B, T, feats.shape[-1])
@@ -738,6 +747,7 @@ class SystemModel:
         """Drop the captured graphs and the per-bucket snapshot buffers (their memory goes back to the allocator)."""
         self._graphs.clear()
         self._inter.clear()
+        self._raw.clear()
 
     def graphed(self, key, fn):
         """``fn()``, as a CUDA graph captured under ``key`` and replayed on later calls; eager on a CPU, or when
@@ -769,6 +779,15 @@ class SystemModel:
                 return result
             self._graphs[key] = (graph, out)
         return result
+
+
+def _last_keys(k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, window: int):
+    """Each request's last ``window`` committed keys and values (k_cache, v_cache: [B, HKV, L, D]) gathered to the
+    front of a [B, HKV, window, D] copy, with the lengths that copy holds: the fault study's context fault."""
+    start = (lengths - window).clamp(min=0)
+    idx = (start[:, None] + torch.arange(window, device=lengths.device)).clamp(max=k_cache.shape[2] - 1)
+    idx = idx[:, None, :, None].expand(-1, k_cache.shape[1], -1, k_cache.shape[3])
+    return k_cache.gather(2, idx), v_cache.gather(2, idx), lengths - start
 
 
 def _snapshot_reference(q, k, v, a, b, A_log, dt_bias, pool, slots, inter, parents, update):

@@ -34,7 +34,7 @@ from specpilot_mem.store.records import (
     load_entries,
     write_atomic,
 )
-from specpilot_mem.store.releases import ReleaseBase, import_release, version_key
+from specpilot_mem.store.releases import ReleaseBase, available_release, import_release, version_key
 from specpilot_mem.store.resolver import (
     ALREADY_THERE,
     AS_RECORDED,
@@ -45,6 +45,7 @@ from specpilot_mem.store.resolver import (
     MERGED,
     PARTLY_THERE,
     PRESENT,
+    REPLACED,
     Resolver,
 )
 
@@ -73,7 +74,7 @@ class HunkReport:
 @dataclass
 class FileReport:
     path: str
-    how: str  # as recorded | hunks | merged | present | conflict
+    how: str  # as recorded | hunks | merged | present | partly present | vendored copy replaced | conflict
     upstream: str  # unchanged | changed | missing (the release lacks the file) | exists (the entry adds it; the release has one)
     reason: str = ""
     hunks: list[HunkReport] = field(default_factory=list)
@@ -147,8 +148,11 @@ def port_path(home: Home, entry_id: str, release: str) -> Path:
     return home.entry_dir(entry_id) / PORTS_DIR / f"sglang-{release}.patch"
 
 
-def release_resolver(fork: Fork, records: dict[str, EntryRecord], base: ReleaseBase) -> Resolver:
-    """A resolver that applies each entry's port for ``base`` where it has one, else its recorded delta."""
+def release_resolver(
+    fork: Fork, records: dict[str, EntryRecord], base: ReleaseBase, parsed: Resolver | None = None
+) -> Resolver:
+    """A resolver that applies each entry's port for ``base`` where it has one, else its recorded delta (the one
+    ``parsed`` holds where given: a re-record's, before it is written)."""
     ports: dict[str, tuple[Delta, str]] = {}
     if not base.stock:
         for entry_id, record in records.items():
@@ -165,7 +169,7 @@ def release_resolver(fork: Fork, records: dict[str, EntryRecord], base: ReleaseB
                         f"--onto sglang=={base.version}",
                     )
                 ports[entry_id] = (delta, base.tree)
-    return Resolver(fork, records, ports)
+    return parsed.with_ports(records, ports) if parsed is not None else Resolver(fork, records, ports)
 
 
 def _upstream_ranges(fork: Fork, pre: str, now: str) -> list[tuple[int, int]]:
@@ -208,7 +212,11 @@ def _file_reports(
         pre = None if change.added else (change.old_mode, change.old_oid)
         how = files.get(change.path, FILE_CONFLICT)
         report = FileReport(change.path, how, "unchanged")
-        if now != pre and not change.mode_only:
+        if how == REPLACED:  # an earlier entry's vendored copy, not upstream's file
+            report.reason = "a vendored kernel copy: it replaces the copy an entry before it vendored"
+            if path in tree:
+                report.upstream = "exists"
+        elif now != pre and not change.mode_only:
             if now is None:
                 report.upstream, report.reason = "missing", "the release has no such file"
             elif pre is None:
@@ -479,59 +487,101 @@ def revalidate(
     with fork.lock():
         order = Resolver(fork, records).chain(records)
         base = import_release(fork, spec)
-        resolver = release_resolver(fork, records, base)
-        verdicts = check_entries(fork, resolver, base, order)
-        if base.stock:  # the release the entries were recorded on: they must reproduce there
-            for verdict in verdicts:
-                if verdict.verdict == "clean" and verdict.tree != records[verdict.id].reproduces:
-                    verdict.verdict = "drift"
-        results, updated, statuses = [], {}, {}
-        for verdict in verdicts:
-            record = records[verdict.id]
-            own = base.version == (record.scope.sglang or _stock_version())  # the release its status is about
-            old = None if own else record.release_check(base.version)
-            before = record.status if own else (old.status if old else None)
-            action = ACTIONS[verdict.verdict]
-            same = old is not None and (old.base, old.verdict, old.changed) == (
-                base.commit,
-                verdict.verdict,
-                verdict.changed,
-            )
-            if verdict.verdict == "superseded":
-                after = "superseded"
-            elif verdict.verdict == "drift" and same:
-                after = old.status  # the same merge as last time: a confirmation after re-measuring stands
-                action = "none: confirmed on this release" if after == "verified" else action
-            elif verdict.verdict != "clean":
-                after = "candidate"
-            elif own and verdict.tree != record.reproduces:
-                after, action = "candidate", "it does not reproduce its record here: run `specpilot-mem verify`"
-            elif verdict.ported and old is not None:
-                after = old.status  # a port stays candidate until it is re-measured and confirmed
-                action = "none" if after == "verified" else "re-measure the port on the release"
-            else:
-                after = record.status  # unchanged code keeps the entry's own status
-            unconfirmed = [r for r in record.requires if statuses.get(r) != "verified"]
-            if after == "verified" and unconfirmed:  # its chain runs their code too
-                after = "candidate"
-                action = f"re-measure once {', '.join(unconfirmed)} {'is' if len(unconfirmed) == 1 else 'are'} confirmed here"
-            statuses[verdict.id] = after
-            if own:
-                new = record.model_copy(update={"status": after})
-            else:
-                new = _with_check(
-                    record, _check_record(verdict, base, after, today, old.port if verdict.ported else None)
-                )
-            if new != record:
-                updated[verdict.id] = new
-            needs = after == "candidate"
-            results.append(
-                Revalidation(verdict.id, verdict, before, after, action, remeasure_plan(record) if needs else [])
-            )
+        results, updated = _revalidated(fork, records, base, order, today)
         if not dry_run:
             for entry_id, record in updated.items():
                 write_atomic(entry_path(home, entry_id), dump_record(EntryRecord.model_validate(record.model_dump())))
         return base, results
+
+
+def _revalidated(
+    fork: Fork,
+    records: dict[str, EntryRecord],
+    base: ReleaseBase,
+    order: list[str],
+    today: dt.date,
+    parsed: Resolver | None = None,
+) -> tuple[list[Revalidation], dict[str, EntryRecord]]:
+    """The port check of ``order`` (requirement-closed, in order) on ``base`` and what it makes of each entry's
+    status there: (one ``Revalidation`` per entry, {id: record with its new check or status} where it changed).
+    ``parsed``: the resolver whose deltas to check (``release_resolver``)."""
+    resolver = release_resolver(fork, records, base, parsed)
+    verdicts = check_entries(fork, resolver, base, order)
+    if base.stock:  # the release the entries were recorded on: they must reproduce there
+        for verdict in verdicts:
+            if verdict.verdict == "clean" and verdict.tree != records[verdict.id].reproduces:
+                verdict.verdict = "drift"
+    results, updated, statuses = [], {}, {}
+    for verdict in verdicts:
+        record = records[verdict.id]
+        own = base.version == (record.scope.sglang or _stock_version())  # the release its status is about
+        old = None if own else record.release_check(base.version)
+        before = record.status if own else (old.status if old else None)
+        action = ACTIONS[verdict.verdict]
+        same = old is not None and (old.base, old.verdict, old.changed) == (
+            base.commit,
+            verdict.verdict,
+            verdict.changed,
+        )
+        if verdict.verdict == "superseded":
+            after = "superseded"
+        elif verdict.verdict == "drift" and same:
+            after = old.status  # the same merge as last time: a confirmation after re-measuring stands
+            action = "none: confirmed on this release" if after == "verified" else action
+        elif verdict.verdict != "clean":
+            after = "candidate"
+        elif own and verdict.tree != record.reproduces:
+            after, action = "candidate", "it does not reproduce its record here: run `specpilot-mem verify`"
+        elif verdict.ported and old is not None:
+            after = old.status  # a port stays candidate until it is re-measured and confirmed
+            action = "none" if after == "verified" else "re-measure the port on the release"
+        else:
+            after = record.status  # unchanged code keeps the entry's own status
+        unconfirmed = [r for r in record.requires if statuses.get(r) != "verified"]
+        if after == "verified" and unconfirmed:  # its chain runs their code too
+            after = "candidate"
+            action = (
+                f"re-measure once {', '.join(unconfirmed)} {'is' if len(unconfirmed) == 1 else 'are'} confirmed here"
+            )
+        statuses[verdict.id] = after
+        if own:
+            new = record.model_copy(update={"status": after})
+        else:
+            new = _with_check(record, _check_record(verdict, base, after, today, old.port if verdict.ported else None))
+        if new != record:
+            updated[verdict.id] = new
+        needs = after == "candidate"
+        results.append(
+            Revalidation(verdict.id, verdict, before, after, action, remeasure_plan(record) if needs else [])
+        )
+    return results, updated
+
+
+def recheck_releases(resolver: Resolver, ids: list[str], today: dt.date) -> dict[str, EntryRecord]:
+    """Run again, as ``revalidate`` would, the release checks that the entries ``ids`` hold, on the records and
+    deltas of ``resolver`` (a re-record's, not yet written: each record still holds its old checks, a changed
+    delta's ports taken out).
+
+    A pinned release is imported if needed (``releases.available_release``); where that fails (no wheel and no
+    network) or another release's import is gone, the entries' checks on it are dropped, to be re-run with
+    ``revalidate``. The caller holds the fork's lock. Returns the records with the checks of ``ids`` renewed."""
+    fork, records = resolver.fork, dict(resolver.records)
+    versions = sorted({c.release for i in ids for c in records[i].releases}, key=version_key)
+    order = resolver.chain(ids)
+    for version in versions:
+        holders = [i for i in ids if records[i].release_check(version) is not None]
+        try:
+            base = available_release(fork, version)
+        except SpecPilotError:
+            base = None
+        if base is None:
+            for entry_id in holders:
+                kept = [c for c in records[entry_id].releases if c.release != version]
+                records[entry_id] = records[entry_id].model_copy(update={"releases": kept})
+            continue
+        _results, updated = _revalidated(fork, records, base, order, today, resolver)
+        records.update({i: updated[i] for i in holders if i in updated})
+    return records
 
 
 def set_status(home: Home, entry_id: str, status: str, release: str | None = None) -> EntryRecord:

@@ -4,8 +4,10 @@
 the delta (base -> source), the record (``reproduces`` = the source's tree) and the branch. Re-recording
 an entry that others require rebases them (TopGit's ``tg update``): each dependent, in requirement order,
 is re-recorded 3-way onto its new base, its evidence kept and marked for re-validation; a conflict in any
-of them changes nothing. Other updates (a variant, evidence) re-verify every entry that requires it. All
-checks run first; then the files are replaced atomically and the refs move in one transaction.
+of them changes nothing. The checks on other SGLang releases that the entry and its dependents hold are run
+again on the new records (``port.recheck_releases``), so a re-record keeps them current. Other updates (a
+variant, evidence) re-verify every entry that requires it. All checks run first; then the files are replaced
+atomically and the refs move in one transaction.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from specpilot_mem.store.branches import sync_branches
 from specpilot_mem.store.delta import parse_delta
 from specpilot_mem.store.fork import Fork, open_fork
 from specpilot_mem.store.kernels import VENDOR_DIR
+from specpilot_mem.store.port import recheck_releases
 from specpilot_mem.store.records import (
     delta_path,
     dump_record,
@@ -194,6 +197,13 @@ def _draft(meta: str | Path | dict | None) -> tuple[dict[str, Any], str | None]:
 BASE_CHANGED = "base changed: re-validate"
 
 
+def _drop_ports(fields: dict) -> None:
+    """A new delta's release checks: kept, to be run again (``recheck_releases``), without the ports, which
+    were of the old delta (``specpilot-mem port`` makes new ones)."""
+    if fields.get("releases"):
+        fields["releases"] = [{k: v for k, v in check.items() if k != "port"} for check in fields["releases"]]
+
+
 def _rebase_dependents(
     fork: Fork, resolver: Resolver, entry_id: str, today: dt.date
 ) -> tuple[Resolver, dict[str, tuple[EntryRecord, bytes]]]:
@@ -212,10 +222,11 @@ def _rebase_dependents(
             problems[dependent] = f"blocked: it requires {', '.join(blocked)}"
             continue
         walk = resolver.walk(fork.stock_tree, resolver.chain([dependent]))
-        outcome = walk.outcomes[-1]
-        if outcome.status == CONFLICT:
-            against = ", ".join(outcome.conflicts_with) or "its new base"
-            problems[dependent] = f"conflicts with {against} in {', '.join(outcome.paths)}"
+        bad = next((o for o in walk.outcomes if o.status == CONFLICT), None)
+        if bad is not None:  # the first conflict of its chain (what follows it only lacks that entry's files)
+            against = ", ".join(bad.conflicts_with) or "its new base"
+            where = "" if bad.id == dependent else f" (in its chain, {bad.id})"
+            problems[dependent] = f"conflicts with {against}{where} in {', '.join(bad.paths)}"
             continue
         tree = resolver.tree_id(fork.stock_tree, walk, write=True)
         if tree == record.reproduces:
@@ -226,7 +237,7 @@ def _rebase_dependents(
         delta = parse_delta(text, dependent, f"entries/{dependent}/delta.patch")
         fields = record.model_dump(exclude_defaults=True)
         if text != resolver.delta(dependent).text:
-            fields.pop("releases", None)  # checks and ports on other releases were of the old delta
+            _drop_ports(fields)
         source = {k: v for k, v in fields.get("source", {}).items() if k != "commit"}  # no commit holds this tree
         fields.update(
             reproduces=tree,
@@ -346,7 +357,7 @@ def record_entry(
 
         fields = existing.model_dump(exclude_defaults=True) if existing else {}
         if existing and delta_path(home, entry_id).is_file() and delta_path(home, entry_id).read_bytes() != text:
-            fields.pop("releases", None)  # checks and ports on other releases were of the old delta
+            _drop_ports(fields)
         fields.update(draft)
         # the source commit is this recording's (a work tree has none, so an older one must not linger)
         source_fields = {k: v for k, v in fields.get("source", {}).items() if k != "commit"}
@@ -379,11 +390,16 @@ def record_entry(
             )
         trial, rebased = _rebase_dependents(fork, trial, entry_id, record.recorded)
         dependents = _check_dependents(trial, entry_id)
+        # its checks on other releases, and its dependents' (whose chains changed), run again on the new records
+        checked = recheck_releases(trial, [entry_id, *dependents], record.recorded)
+        record = checked[entry_id]
         write_atomic(delta_path(home, entry_id), text)
         write_atomic(entry_path(home, entry_id), dump_record(record))
-        for dependent, (new, new_text) in rebased.items():
+        for dependent, (_new, new_text) in rebased.items():
             write_atomic(delta_path(home, dependent), new_text)
-            write_atomic(entry_path(home, dependent), dump_record(new))
+        for dependent in dependents:
+            if checked[dependent] != records[dependent]:
+                write_atomic(entry_path(home, dependent), dump_record(checked[dependent]))
         sync_branches(trial, only={entry_id, *dependents})
         return record
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import email.parser
 import os
+import re
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -247,6 +248,32 @@ def known_release(fork: Fork, version: str) -> ReleaseBase | None:
     if commit != pin.commit:
         return None
     return ReleaseBase(version, release_ref(version), commit, pin.tree, pin.wheel, pin.sha256, True, False)
+
+
+_IMPORT_MESSAGE = re.compile(r"^release: SGLang \S+ from \S+ \((?P<wheel>[^,]+), sha256 (?P<sha256>[0-9a-f]{64})\)")
+
+
+def available_release(fork: Fork, version: str) -> ReleaseBase | None:
+    """SGLang ``version`` as a base: a pinned release imported as ``import_release`` does (from the wheel cache,
+    else downloaded), another one from the branch an earlier import of its wheel left (None without one).
+    The caller holds the fork's lock."""
+    if version in PINS:
+        return import_release(fork, SPEC_PREFIX + version)
+    ref = release_ref(version)
+    commit = fork.repo.rev_parse(ref)
+    if commit is None:
+        return None
+    found = _IMPORT_MESSAGE.match(fork.repo.out("log", "-1", "--format=%B", commit))
+    return ReleaseBase(
+        version,
+        ref,
+        commit,
+        fork.repo.rev_parse(f"{commit}^{{tree}}"),
+        found["wheel"] if found else "",
+        found["sha256"] if found else "",
+        False,
+        False,
+    )
 
 
 def import_release(fork: Fork, spec: str, progress: Callable[[int, int], None] | None = None) -> ReleaseBase:

@@ -8,7 +8,10 @@ Application, per file of an entry's delta, against the accumulating tree (never 
 the semantics of ``git apply --3way``: current == post-image -> already there; current == pre-image
 -> take the post-image; otherwise the entry's hunks applied to the current text (exact lines, at an
 offset), and where they do not match, a 3-way merge of the (pre, current, post) blobs with
-``git merge-file``; anything else is a conflict.
+``git merge-file``; anything else is a conflict. A vendored kernel file (``store.kernels.VENDOR_DIR``) is a
+byte copy of a library file owned by the entry that vendors it, never merged: where an earlier entry of the
+chain vendored another copy of the same file, the entry's copy replaces it (entries that vendor the same
+library file, e.g. the shared ``csrc/`` headers, compose whatever versions of it they were recorded with).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from specpilot_mem.store.delta import (
     load_delta,
 )
 from specpilot_mem.store.fork import ENTRY_REF_PREFIX, Fork, open_fork
+from specpilot_mem.store.kernels import VENDOR_DIR
 from specpilot_mem.store.records import delta_path, load_entries
 from specpilot_mem.store.releases import RELEASE_REF_PREFIX, import_release, is_release_spec
 from specpilot_mem.store.requirements import closure, order
@@ -44,13 +48,14 @@ APPLIED, PRESENT, PARTLY, EMPTY, CONFLICT = "applied", "already present", "partl
 # How one file of a delta went onto the accumulating tree: as recorded (the file was the delta's
 # pre-image), hunks (the file had changed, the hunks matched it exactly), merged (3-way merge needed),
 # present (the base already has the change), partly present (some of its hunks were already there, the
-# rest went on), conflict.
-AS_RECORDED, BY_HUNKS, MERGED, ALREADY_THERE, PARTLY_THERE, FILE_CONFLICT = (
+# rest went on), vendored copy replaced (an earlier entry's copy of the same vendored kernel file), conflict.
+AS_RECORDED, BY_HUNKS, MERGED, ALREADY_THERE, PARTLY_THERE, REPLACED, FILE_CONFLICT = (
     "as recorded",
     "hunks",
     "merged",
     "present",
     "partly present",
+    "vendored copy replaced",
     "conflict",
 )
 
@@ -143,6 +148,14 @@ class Resolver:
         other._written = self._written
         return other
 
+    def with_ports(self, records: dict[str, EntryRecord], ports: dict[str, tuple[Delta, str]]) -> Resolver:
+        """A resolver of ``records`` (the same entries) with this one's parsed deltas (a re-record's, before
+        they are written), applying ``ports`` where given."""
+        other = Resolver(self.fork, records, ports)
+        other._deltas = dict(self._deltas)
+        other._written = self._written
+        return other
+
     # -- requirements ------------------------------------------------------------------------------
     def closure(self, ids: Iterable[str]) -> set[str]:
         return closure(self.records, ids, self.fork.home)
@@ -205,7 +218,7 @@ class Resolver:
         for change in delta.changes:
             path = prefix + change.path
             now = current(path)
-            outcome, files[change.path], hunks = self._apply_file(change, now)
+            outcome, files[change.path], hunks = self._apply_file(change, now, change.path.startswith(_VENDORED))
             if files[change.path] == ALREADY_THERE:
                 present.append(change.path)
             elif hunks:
@@ -240,8 +253,11 @@ class Resolver:
             overlay, touched = walk.overlay, walk.touched
         return Walk(overlay, touched, walk.outcomes + (outcome,))
 
-    def _apply_file(self, change: FileChange, now: Entry | None) -> tuple[object, str, tuple[int, ...]]:
-        """(the file's new entry, or _UNCHANGED / _CONFLICT; how it went; the hunks already there)."""
+    def _apply_file(
+        self, change: FileChange, now: Entry | None, vendored: bool = False
+    ) -> tuple[object, str, tuple[int, ...]]:
+        """(the file's new entry, or _UNCHANGED / _CONFLICT; how it went; the hunks already there).
+        ``vendored``: the path is a vendored kernel copy, which replaces another copy instead of merging."""
         if change.mode_only:
             if now is None:
                 return _CONFLICT, FILE_CONFLICT, ()
@@ -256,6 +272,8 @@ class Resolver:
             return _UNCHANGED, ALREADY_THERE, ()
         if now == pre:
             return post, AS_RECORDED, ()
+        if vendored and now is not None and post is not None:
+            return post, REPLACED, ()
         if now is None or pre is None or post is None or change.binary:
             return _CONFLICT, FILE_CONFLICT, ()
         merged = self._merge(change, pre[1], now[1], post[1])
@@ -406,6 +424,7 @@ class Resolver:
         return outcome
 
 
+_VENDORED = VENDOR_DIR + "/"
 # Content-addressed, so valid across resolvers and forks of this process.
 _MERGES: dict[tuple[str, str, str], tuple[str, bytes, str, tuple[int, ...]] | None] = {}
 _BLOBS: dict[str, bytes] = {}

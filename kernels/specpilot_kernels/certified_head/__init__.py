@@ -14,5 +14,13 @@ from .cuda_pass import CudaPassConfig
 from .head import certified_argmax, certified_argmax_graphable, certified_argmax_in_graph, exact_head_logits, int8_pass
 from .reference import CertifiedHead, quantize_head
 
-__all__ = ["CertifiedHead", "CudaPassConfig", "certified_argmax", "certified_argmax_graphable", "certified_argmax_in_graph", "exact_head_logits",
-           "int8_pass", "quantize_head"]
+__all__ = [
+    "CertifiedHead",
+    "CudaPassConfig",
+    "certified_argmax",
+    "certified_argmax_graphable",
+    "certified_argmax_in_graph",
+    "exact_head_logits",
+    "int8_pass",
+    "quantize_head",
+]

@@ -20,7 +20,7 @@ def adversarial_head(vocab: int, k: int, gen: torch.Generator) -> tuple[torch.Te
     picks = torch.randperm(vocab, generator=gen, device=dev)[: 4 * n_special].view(4, n_special)
     dup_src, dup_dst, outliers, rescaled = picks
     w[dup_dst] = w[dup_src]
-    near = dup_dst[n_special // 2:]
+    near = dup_dst[n_special // 2 :]
     col = torch.randint(0, k, (near.numel(),), generator=gen, device=dev)
     bits = w[near, col].view(torch.int16) + 1  # one ulp away in magnitude
     w[near, col] = bits.view(torch.bfloat16)
@@ -41,8 +41,8 @@ def adversarial_inputs(weight: torch.Tensor, pairs: torch.Tensor, rows: int, gen
     w = weight.to(dev)
     target = w[pick[:, 0]].float() + w[pick[:, 1]].float()
     target = target / target.norm(dim=1, keepdim=True).clamp_min(1e-30)
-    x = torch.where(aimed[:, None], target * k ** 0.5 * 4 + x * 0.05, x)
+    x = torch.where(aimed[:, None], target * k**0.5 * 4 + x * 0.05, x)
     extreme = torch.rand(rows, generator=gen, device=dev) < 0.25
     exponent = torch.randint(-3, 4, (rows,), generator=gen, device=dev).float()
-    scale = torch.where(extreme, 10.0 ** exponent, torch.ones_like(exponent))
+    scale = torch.where(extreme, 10.0**exponent, torch.ones_like(exponent))
     return (x * scale[:, None]).to(torch.bfloat16).to(weight.device)

@@ -80,8 +80,9 @@ class PassLists:
     stage_upper: torch.Tensor
 
 
-def run_cuda_pass(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int, config: CudaPassConfig | None,
-                  compact: bool) -> PassLists:
+def run_cuda_pass(
+    x: torch.Tensor, head: CertifiedHead, *, max_survivors: int, config: CudaPassConfig | None, compact: bool
+) -> PassLists:
     """The prologue and the pass, and (compact) the compaction into count and the candidate lists; without it count
     is left zero and the lists unwritten for :func:`.exact_cuda.certified_tokens_cuda`'s rescore, which compacts
     them itself. Shapes as :func:`int8_pass_cuda`'s."""
@@ -100,17 +101,39 @@ def run_cuda_pass(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int, c
         cand_upper=torch.empty((M, max_survivors), dtype=torch.float32, device=dev),
         stage_count=torch.empty(M, dtype=torch.int32, device=dev),
         stage_idx=torch.empty((M, STAGE_FACTOR * max_survivors), dtype=torch.int32, device=dev),
-        stage_upper=torch.empty((M, STAGE_FACTOR * max_survivors), dtype=torch.float32, device=dev))
-    _extension().int8_pass(x, x16, inv_scale, norm, head.fragments, head.scale, head.radius_coef, lists.best_lower,
-                           lists.stage_count, lists.stage_idx, lists.stage_upper, lists.count, lists.cand_idx,
-                           lists.cand_upper, BOUND_SLACK, NORM_INFLATION, config.tiles_per_warp,
-                           config.warps_per_block, config.stages, config.warps_per_sm, config.shared_activations,
-                           config.chunks_per_barrier, compact)
+        stage_upper=torch.empty((M, STAGE_FACTOR * max_survivors), dtype=torch.float32, device=dev),
+    )
+    _extension().int8_pass(
+        x,
+        x16,
+        inv_scale,
+        norm,
+        head.fragments,
+        head.scale,
+        head.radius_coef,
+        lists.best_lower,
+        lists.stage_count,
+        lists.stage_idx,
+        lists.stage_upper,
+        lists.count,
+        lists.cand_idx,
+        lists.cand_upper,
+        BOUND_SLACK,
+        NORM_INFLATION,
+        config.tiles_per_warp,
+        config.warps_per_block,
+        config.stages,
+        config.warps_per_sm,
+        config.shared_activations,
+        config.chunks_per_barrier,
+        compact,
+    )
     return lists
 
 
-def int8_pass_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,
-                   config: CudaPassConfig | None = None):
+def int8_pass_cuda(
+    x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096, config: CudaPassConfig | None = None
+):
     """The CUDA INT8 pass: bounds and candidate lists, no rescoring.
 
     Args:

@@ -63,9 +63,16 @@ def _rescore_state(x: torch.Tensor) -> torch.Tensor:
     return state
 
 
-def rescore_cuda(x: torch.Tensor, weight: torch.Tensor, best_lower: torch.Tensor, count: torch.Tensor,
-                 cand_idx: torch.Tensor, cand_upper: torch.Tensor, *,
-                 blocks_per_sm: int = RESCORE_BLOCKS_PER_SM) -> torch.Tensor:
+def rescore_cuda(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    best_lower: torch.Tensor,
+    count: torch.Tensor,
+    cand_idx: torch.Tensor,
+    cand_upper: torch.Tensor,
+    *,
+    blocks_per_sm: int = RESCORE_BLOCKS_PER_SM,
+) -> torch.Tensor:
     """The exact head's argmax over each row's candidates that reach its best lower bound (one graphable launch).
 
     Args:
@@ -77,14 +84,29 @@ def rescore_cuda(x: torch.Tensor, weight: torch.Tensor, best_lower: torch.Tensor
         tokens: [M] int64, lowest index on ties (INT32_MAX for a row with no candidate reaching its bound).
     """
     tokens = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
-    _extension().rescore(x, weight, best_lower, count, cand_idx, cand_upper, tokens, _rescore_state(x), blocks_per_sm,
-                         overlaps_prior_launch(x.device))
+    _extension().rescore(
+        x,
+        weight,
+        best_lower,
+        count,
+        cand_idx,
+        cand_upper,
+        tokens,
+        _rescore_state(x),
+        blocks_per_sm,
+        overlaps_prior_launch(x.device),
+    )
     return tokens
 
 
-def compact_and_rescore_cuda(x: torch.Tensor, weight: torch.Tensor, lists: PassLists, *,
-                             blocks_per_sm: int = RESCORE_BLOCKS_PER_SM,
-                             incumbent_min_pairs: int = INCUMBENT_MIN_PAIRS) -> torch.Tensor:
+def compact_and_rescore_cuda(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    lists: PassLists,
+    *,
+    blocks_per_sm: int = RESCORE_BLOCKS_PER_SM,
+    incumbent_min_pairs: int = INCUMBENT_MIN_PAIRS,
+) -> torch.Tensor:
     """The rescore of a CUDA pass run without its compaction launch (:func:`.cuda_pass.run_cuda_pass`, compact=False):
     one launch whose grid first compacts the stage lists into ``lists.count`` and the candidate lists, as the
     compaction launch would, meets (a grid barrier; the launch is cooperative, so all its blocks are resident at once,
@@ -100,16 +122,33 @@ def compact_and_rescore_cuda(x: torch.Tensor, weight: torch.Tensor, lists: PassL
         tokens: [M] int64, as :func:`rescore_cuda`'s.
     """
     tokens = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
-    _extension().compact_and_rescore(x, weight, lists.best_lower, lists.stage_count, lists.stage_idx,
-                                     lists.stage_upper, lists.count, lists.cand_idx, lists.cand_upper, tokens,
-                                     _rescore_state(x), blocks_per_sm, incumbent_min_pairs,
-                                     overlaps_prior_launch(x.device))
+    _extension().compact_and_rescore(
+        x,
+        weight,
+        lists.best_lower,
+        lists.stage_count,
+        lists.stage_idx,
+        lists.stage_upper,
+        lists.count,
+        lists.cand_idx,
+        lists.cand_upper,
+        tokens,
+        _rescore_state(x),
+        blocks_per_sm,
+        incumbent_min_pairs,
+        overlaps_prior_launch(x.device),
+    )
     return tokens
 
 
-def certified_tokens_cuda(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,
-                          config: CudaPassConfig | None = None,
-                          incumbent_min_pairs: int = INCUMBENT_MIN_PAIRS) -> tuple[torch.Tensor, torch.Tensor]:
+def certified_tokens_cuda(
+    x: torch.Tensor,
+    head: CertifiedHead,
+    *,
+    max_survivors: int = 4096,
+    config: CudaPassConfig | None = None,
+    incumbent_min_pairs: int = INCUMBENT_MIN_PAIRS,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The certified argmax through the CUDA pass and this arithmetic in three launches: the pass's prologue, the
     pass, and :func:`compact_and_rescore_cuda` (no compaction launch between them).
 

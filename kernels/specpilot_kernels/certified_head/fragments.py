@@ -38,8 +38,9 @@ def to_fragments(qweight: torch.Tensor, chunk_rows: int = 8192) -> torch.Tensor:
     uint8 [ceil(N / 64) * 4, K / 32, 32, 16], on qweight's device."""
     n, k = qweight.shape
     if qweight.dtype != torch.int8 or k % 32:
-        raise ValueError(f"qweight must be int8 [N, K] with K a multiple of 32, got {qweight.dtype} "
-                         f"{tuple(qweight.shape)}")
+        raise ValueError(
+            f"qweight must be int8 [N, K] with K a multiple of 32, got {qweight.dtype} {tuple(qweight.shape)}"
+        )
     n_padded = -(-n // ROW_PAD) * ROW_PAD
     rows, cols = fragment_index(qweight.device)
     out = torch.empty((n_padded // 16, k // 32, 32, 16), dtype=torch.uint8, device=qweight.device)
@@ -47,10 +48,10 @@ def to_fragments(qweight: torch.Tensor, chunk_rows: int = 8192) -> torch.Tensor:
     for start in range(0, n_padded, step):
         stop = min(start + step, n_padded)
         block = torch.full((stop - start, k), OFFSET, dtype=torch.uint8, device=qweight.device)
-        real = qweight[start:min(stop, n)]
+        real = qweight[start : min(stop, n)]
         block[: real.shape[0]] = (real.to(torch.int16) + OFFSET).to(torch.uint8)
         tiles = block.view((stop - start) // 16, 16, k // 32, 32).permute(0, 2, 1, 3)  # [T, B, 16, 32]
-        out[start // 16: stop // 16] = tiles[:, :, rows, cols]
+        out[start // 16 : stop // 16] = tiles[:, :, rows, cols]
     return out
 
 

@@ -21,8 +21,15 @@ from .cuda_pass import CudaPassConfig, cuda_pass_available, int8_pass_cuda
 from .exact_cuda import INCUMBENT_MIN_PAIRS, certified_tokens_cuda, exact_head_logits_cuda, rescore_cuda
 from .int8_bound import _int8_bound_kernel
 from .reference import BOUND_SLACK, NORM_INFLATION, CertifiedHead, warp_order_depth
-from .rescore import (EXACT_BLOCK_S, EXACT_NUM_WARPS, K_MULTIPLE, _exact_head_kernel, exact_block_k, exact_k_splits,
-                      rescore)
+from .rescore import (
+    EXACT_BLOCK_S,
+    EXACT_NUM_WARPS,
+    K_MULTIPLE,
+    _exact_head_kernel,
+    exact_block_k,
+    exact_k_splits,
+    rescore,
+)
 
 MAX_ROWS = 32
 
@@ -62,8 +69,9 @@ def uses_cuda_exact(x: torch.Tensor, exact: str, k_splits: int | None) -> bool:
     return exact == "cuda"
 
 
-def exact_head_logits(x: torch.Tensor, weight: torch.Tensor, *, k_splits: int | None = None,
-                      exact: str = "auto") -> torch.Tensor:
+def exact_head_logits(
+    x: torch.Tensor, weight: torch.Tensor, *, k_splits: int | None = None, exact: str = "auto"
+) -> torch.Tensor:
     """The exact head: logits [M, N] fp32 of x [M, K] bf16 against weight [N, K] bf16.
 
     Every logit is computed by the same arithmetic as the certified head's rescoring (bitwise) with the
@@ -77,8 +85,19 @@ def exact_head_logits(x: torch.Tensor, weight: torch.Tensor, *, k_splits: int | 
     N = weight.shape[0]
     out = torch.empty((M, N), dtype=torch.float32, device=x.device)
     _exact_head_kernel[(M, triton.cdiv(N, EXACT_BLOCK_S))](
-        x, weight, out, N, out, K=K, SPLITS=k_splits or exact_k_splits(K), BS=EXACT_BLOCK_S,
-        BLOCK_K=exact_block_k(K), DOT_FP32=interpreting(), GUARDED=False, num_warps=EXACT_NUM_WARPS)
+        x,
+        weight,
+        out,
+        N,
+        out,
+        K=K,
+        SPLITS=k_splits or exact_k_splits(K),
+        BS=EXACT_BLOCK_S,
+        BLOCK_K=exact_block_k(K),
+        DOT_FP32=interpreting(),
+        GUARDED=False,
+        num_warps=EXACT_NUM_WARPS,
+    )
     return out
 
 
@@ -93,9 +112,18 @@ def uses_cuda_pass(x: torch.Tensor, head: CertifiedHead, backend: str) -> bool:
     return backend == "cuda"
 
 
-def int8_pass(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096, backend: str = "auto",
-              cuda_config: CudaPassConfig | None = None, block_n: int = 64, block_k: int = 128, num_warps: int = 4,
-              num_stages: int = 4):
+def int8_pass(
+    x: torch.Tensor,
+    head: CertifiedHead,
+    *,
+    max_survivors: int = 4096,
+    backend: str = "auto",
+    cuda_config: CudaPassConfig | None = None,
+    block_n: int = 64,
+    block_k: int = 128,
+    num_warps: int = 4,
+    num_stages: int = 4,
+):
     """The INT8 pass alone (its reset included): bounds and candidate lists, no rescoring.
 
     Args:
@@ -118,19 +146,46 @@ def int8_pass(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096
     cand_idx = torch.empty((M, max_survivors), dtype=torch.int32, device=dev)
     cand_upper = torch.empty((M, max_survivors), dtype=torch.float32, device=dev)
     _int8_bound_kernel[(triton.cdiv(N, block_n),)](
-        x, head.qweight, head.scale, head.radius_coef, best_lower, count, cand_idx, cand_upper, M, N,
-        K=K, CAP=max_survivors, SLACK=BOUND_SLACK, NORM_INFLATION=NORM_INFLATION, BLOCK_N=block_n, BLOCK_K=block_k,
-        BLOCK_M=max(16, triton.next_power_of_2(M)), DOT_FP32=interpreting(), num_warps=num_warps,
-        num_stages=num_stages)
+        x,
+        head.qweight,
+        head.scale,
+        head.radius_coef,
+        best_lower,
+        count,
+        cand_idx,
+        cand_upper,
+        M,
+        N,
+        K=K,
+        CAP=max_survivors,
+        SLACK=BOUND_SLACK,
+        NORM_INFLATION=NORM_INFLATION,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        BLOCK_M=max(16, triton.next_power_of_2(M)),
+        DOT_FP32=interpreting(),
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     return best_lower, count, cand_idx, cand_upper
 
 
-def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,
-                               backend: str = "auto", cuda_config: CudaPassConfig | None = None,
-                               block_n: int = 64, block_k: int = 128, num_warps: int = 4,
-                               num_stages: int = 4, rescore_programs: int = 64,
-                               k_splits: int | None = None, exact: str = "auto",
-                               incumbent_min_pairs: int = INCUMBENT_MIN_PAIRS) -> tuple[torch.Tensor, torch.Tensor]:
+def certified_argmax_graphable(
+    x: torch.Tensor,
+    head: CertifiedHead,
+    *,
+    max_survivors: int = 4096,
+    backend: str = "auto",
+    cuda_config: CudaPassConfig | None = None,
+    block_n: int = 64,
+    block_k: int = 128,
+    num_warps: int = 4,
+    num_stages: int = 4,
+    rescore_programs: int = 64,
+    k_splits: int | None = None,
+    exact: str = "auto",
+    incumbent_min_pairs: int = INCUMBENT_MIN_PAIRS,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The certified argmax without host synchronisation (CUDA-graph capturable).
 
     Args:
@@ -153,26 +208,47 @@ def certified_argmax_graphable(x: torch.Tensor, head: CertifiedHead, *, max_surv
     cuda_exact = uses_cuda_exact(x, exact, k_splits)
     depth = warp_order_depth(x.shape[1]) if cuda_exact else x.shape[1]
     if depth > head.max_exact_depth:  # the radius would not cover this exact head's float error
-        raise ValueError(f"the head's radius covers exact heads whose sums pass through at most "
-                         f"{head.max_exact_depth} additions, the {'CUDA' if cuda_exact else 'Triton'} one takes "
-                         f"{depth}: quantize the head with exact_depth={depth} (or exact='cuda')")
+        raise ValueError(
+            f"the head's radius covers exact heads whose sums pass through at most "
+            f"{head.max_exact_depth} additions, the {'CUDA' if cuda_exact else 'Triton'} one takes "
+            f"{depth}: quantize the head with exact_depth={depth} (or exact='cuda')"
+        )
     if cuda_exact and uses_cuda_pass(x, head, backend):  # the rescore compacts the pass's lists: no launch between
         _check_rows(x, head)
-        return certified_tokens_cuda(x, head, max_survivors=max_survivors, config=cuda_config,
-                                     incumbent_min_pairs=incumbent_min_pairs)
-    best_lower, count, cand_idx, cand_upper = int8_pass(x, head, max_survivors=max_survivors, backend=backend,
-                                                        cuda_config=cuda_config, block_n=block_n, block_k=block_k,
-                                                        num_warps=num_warps, num_stages=num_stages)
+        return certified_tokens_cuda(
+            x, head, max_survivors=max_survivors, config=cuda_config, incumbent_min_pairs=incumbent_min_pairs
+        )
+    best_lower, count, cand_idx, cand_upper = int8_pass(
+        x,
+        head,
+        max_survivors=max_survivors,
+        backend=backend,
+        cuda_config=cuda_config,
+        block_n=block_n,
+        block_k=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
     if cuda_exact:
         tokens = rescore_cuda(x, head.weight, best_lower, count, cand_idx, cand_upper)
     else:
-        tokens = rescore(x, head.weight, best_lower, count, cand_idx, cand_upper, programs=rescore_programs,
-                         dot_fp32=interpreting(), k_splits=k_splits)
+        tokens = rescore(
+            x,
+            head.weight,
+            best_lower,
+            count,
+            cand_idx,
+            cand_upper,
+            programs=rescore_programs,
+            dot_fp32=interpreting(),
+            k_splits=k_splits,
+        )
     return tokens, count
 
 
-def certified_argmax(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096,
-                     **tile) -> tuple[torch.Tensor, torch.Tensor]:
+def certified_argmax(
+    x: torch.Tensor, head: CertifiedHead, *, max_survivors: int = 4096, **tile
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Argmax of the exact head ``x @ head.weight.T`` (lowest index on ties), certified from the INT8 copy.
 
     x: [M, K] bf16 (M <= 32). Returns (tokens [M] int64, candidates [M] int32). Rows whose candidate
@@ -182,13 +258,21 @@ def certified_argmax(x: torch.Tensor, head: CertifiedHead, *, max_survivors: int
     overflow = count > max_survivors
     if bool(overflow.any()):
         rows = overflow.nonzero().squeeze(1)
-        tokens[rows] = exact_head_logits(x[rows].contiguous(), head.weight, k_splits=tile.get("k_splits"),
-                                         exact=tile.get("exact", "auto")).argmax(1)
+        tokens[rows] = exact_head_logits(
+            x[rows].contiguous(), head.weight, k_splits=tile.get("k_splits"), exact=tile.get("exact", "auto")
+        ).argmax(1)
     return tokens, count
 
 
-def certified_argmax_in_graph(x: torch.Tensor, head: CertifiedHead, fallback_logits: torch.Tensor, *,
-                              max_survivors: int = 4096, k_splits: int | None = None, **tile) -> torch.Tensor:
+def certified_argmax_in_graph(
+    x: torch.Tensor,
+    head: CertifiedHead,
+    fallback_logits: torch.Tensor,
+    *,
+    max_survivors: int = 4096,
+    k_splits: int | None = None,
+    **tile,
+) -> torch.Tensor:
     """The certified argmax with its fallback inside the same launches (no host synchronisation at all).
 
     Args:
@@ -202,15 +286,28 @@ def certified_argmax_in_graph(x: torch.Tensor, head: CertifiedHead, fallback_log
 
     Example: ``tokens = certified_argmax_in_graph(h, quantize_head(w, exact_depth=w.shape[1]), scratch)``.
     """
-    tokens, _ = certified_argmax_graphable(x, head, max_survivors=max_survivors, exact="triton", k_splits=k_splits,
-                                           **tile)
+    tokens, _ = certified_argmax_graphable(
+        x, head, max_survivors=max_survivors, exact="triton", k_splits=k_splits, **tile
+    )
     M, K = _check_rows(x, head)
     N = head.vocab
     if fallback_logits.shape[0] < M or fallback_logits.shape[1] != N or fallback_logits.dtype != torch.float32:
-        raise ValueError(f"fallback_logits must be fp32 [>= {M}, {N}], got {fallback_logits.dtype} "
-                         f"{tuple(fallback_logits.shape)}")
+        raise ValueError(
+            f"fallback_logits must be fp32 [>= {M}, {N}], got {fallback_logits.dtype} {tuple(fallback_logits.shape)}"
+        )
     scratch = fallback_logits[:M]
     _exact_head_kernel[(M, triton.cdiv(N, EXACT_BLOCK_S))](
-        x, head.weight, scratch, N, tokens, K=K, SPLITS=k_splits or exact_k_splits(K), BS=EXACT_BLOCK_S,
-        BLOCK_K=exact_block_k(K), DOT_FP32=interpreting(), GUARDED=True, num_warps=EXACT_NUM_WARPS)
+        x,
+        head.weight,
+        scratch,
+        N,
+        tokens,
+        K=K,
+        SPLITS=k_splits or exact_k_splits(K),
+        BS=EXACT_BLOCK_S,
+        BLOCK_K=exact_block_k(K),
+        DOT_FP32=interpreting(),
+        GUARDED=True,
+        num_warps=EXACT_NUM_WARPS,
+    )
     return torch.where(tokens < 0, scratch.argmax(1), tokens)

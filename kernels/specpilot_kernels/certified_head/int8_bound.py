@@ -15,10 +15,26 @@ import triton.language as tl
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel per tile for every row count (M=1 included)
-def _int8_bound_kernel(x, qweight, scale, radius_coef, best_lower, count, cand_idx, cand_upper, M, N,
-                       K: tl.constexpr, CAP: tl.constexpr, SLACK: tl.constexpr, NORM_INFLATION: tl.constexpr,
-                       BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, DOT_FP32: tl.constexpr):
+def _int8_bound_kernel(
+    x,
+    qweight,
+    scale,
+    radius_coef,
+    best_lower,
+    count,
+    cand_idx,
+    cand_upper,
+    M,
+    N,
+    K: tl.constexpr,
+    CAP: tl.constexpr,
+    SLACK: tl.constexpr,
+    NORM_INFLATION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N

@@ -31,9 +31,9 @@ import torch
 
 from .fragments import to_fragments
 
-ACCUMULATION_UNIT = 2.0 ** -23
-BOUND_SLACK = 2.0 ** -16  # relative slack for the FP32 arithmetic of the bound itself
-NORM_INFLATION = 1.0 + 2.0 ** -10  # ||x|| computed in FP32: relative error <= ~K * 2^-24 / 2
+ACCUMULATION_UNIT = 2.0**-23
+BOUND_SLACK = 2.0**-16  # relative slack for the FP32 arithmetic of the bound itself
+NORM_INFLATION = 1.0 + 2.0**-10  # ||x|| computed in FP32: relative error <= ~K * 2^-24 / 2
 
 
 def accumulation_gamma(k: int) -> float:
@@ -90,12 +90,17 @@ def _quantize_rows(weight: torch.Tensor, exact_depth: int) -> tuple[torch.Tensor
 def radius_coefficients(weight: torch.Tensor, exact_depth: int | None = None, chunk_rows: int = 8192) -> torch.Tensor:
     """``c_r`` [N] fp32 of the bf16 head [N, K] for exact heads of summation depth up to ``exact_depth`` (None: K)."""
     depth = exact_depth or weight.shape[1]
-    return torch.cat([_quantize_rows(weight[start:start + chunk_rows], depth)[2]
-                      for start in range(0, weight.shape[0], chunk_rows)])
+    return torch.cat(
+        [
+            _quantize_rows(weight[start : start + chunk_rows], depth)[2]
+            for start in range(0, weight.shape[0], chunk_rows)
+        ]
+    )
 
 
-def quantize_head(weight: torch.Tensor, chunk_rows: int = 8192, fragments: bool | None = None,
-                  exact_depth: int | None = None) -> CertifiedHead:
+def quantize_head(
+    weight: torch.Tensor, chunk_rows: int = 8192, fragments: bool | None = None, exact_depth: int | None = None
+) -> CertifiedHead:
     """INT8 copy with per-row scale and the per-row radius coefficient, computed in FP64 per row chunk.
 
     weight: [N, K] bf16 on any device. Returns a :class:`CertifiedHead` on the same device. ``fragments``
@@ -118,9 +123,14 @@ def quantize_head(weight: torch.Tensor, chunk_rows: int = 8192, fragments: bool 
         qweight[rows], scale[rows], coef[rows] = _quantize_rows(weight[rows], exact_depth)
     if fragments is None:
         fragments = weight.is_cuda and K % 128 == 0 and torch.cuda.get_device_capability(weight.device) >= (8, 0)
-    return CertifiedHead(weight=weight, qweight=qweight, scale=scale, radius_coef=coef,
-                         fragments=to_fragments(qweight, chunk_rows) if fragments else None,
-                         exact_depth=None if exact_depth >= K else exact_depth)
+    return CertifiedHead(
+        weight=weight,
+        qweight=qweight,
+        scale=scale,
+        radius_coef=coef,
+        fragments=to_fragments(qweight, chunk_rows) if fragments else None,
+        exact_depth=None if exact_depth >= K else exact_depth,
+    )
 
 
 def input_norm(x: torch.Tensor) -> torch.Tensor:
@@ -129,7 +139,7 @@ def input_norm(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(xf, dim=-1).mul_(NORM_INFLATION)
 
 
-SCALED_RANGE = (2.0 ** -50, 2.0 ** 50)  # max|x| outside it: the row takes the full head in the CUDA pass
+SCALED_RANGE = (2.0**-50, 2.0**50)  # max|x| outside it: the row takes the full head in the CUDA pass
 
 
 def scaled_fp16_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -216,16 +226,23 @@ def certified_argmax_reference(x: torch.Tensor, head: CertifiedHead, max_survivo
     return certify(exact_head_reference(x, head), *int8_logits_and_radius(x, head), max_survivors)
 
 
-def certified_argmax_chunked(chunks, head: CertifiedHead, max_survivors: int = 4096,
-                             exact=exact_head_reference) -> dict:
+def certified_argmax_chunked(
+    chunks, head: CertifiedHead, max_survivors: int = 4096, exact=exact_head_reference
+) -> dict:
     """Vectorized check over many inputs (an iterable of [m, K] bf16 chunks) against the exact head
     (``exact(x, head)``: logits [m, N]; by default the FP64 one, which a radius for any order covers).
 
     Returns counts: rows, disagreements with the exact argmax, bound violations (an exact logit outside
     [I - r, I + r]), rows that fell back, and the total / largest survivor counts.
     """
-    stats = {"rows": 0, "disagreements": 0, "bound_violations": 0, "fallback_rows": 0,
-             "survivors_sum": 0, "survivors_max": 0}
+    stats = {
+        "rows": 0,
+        "disagreements": 0,
+        "bound_violations": 0,
+        "fallback_rows": 0,
+        "survivors_sum": 0,
+        "survivors_max": 0,
+    }
     for xs in chunks:
         exact_logits = exact(xs, head)
         approx, radius = int8_logits_and_radius(xs, head)

@@ -25,7 +25,7 @@ FINALIZE_BLOCK = 512  # candidates per step of the finalize
 
 def exact_block_k(k: int) -> int:
     """The exact head's K slice for hidden size ``k``: 256 where it divides k (half the serial steps of 128,
-    the faster rescore on the H200: ``benchmarks/results/certified_head-cuda2-2026-11-30.json``), else 128.
+    the faster rescore on the H200: ``benchmarks/archive/results/certified_head-cuda2-2026-11-30.json``), else 128.
     A function of k alone, so the full head and the rescoring always sum in the same order."""
     return 256 if k % 256 == 0 else K_MULTIPLE
 
@@ -38,8 +38,18 @@ def exact_k_splits(k: int) -> int:
 
 
 @triton.jit
-def _exact_partial(x_row, weight, rid, keep, k_lo, K: tl.constexpr, K_RANGE: tl.constexpr, BS: tl.constexpr,
-                   BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr):
+def _exact_partial(
+    x_row,
+    weight,
+    rid,
+    keep,
+    k_lo,
+    K: tl.constexpr,
+    K_RANGE: tl.constexpr,
+    BS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
     o_k = tl.arange(0, BLOCK_K)
     x_row += k_lo
     w_ptrs = weight + rid[:, None].to(tl.int64) * K + k_lo + o_k[None, :]
@@ -61,8 +71,19 @@ def _exact_partial(x_row, weight, rid, keep, k_lo, K: tl.constexpr, K_RANGE: tl.
 
 
 @triton.jit
-def _exact_head_kernel(x, weight, out, N, tokens, K: tl.constexpr, SPLITS: tl.constexpr, BS: tl.constexpr,
-                       BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr, GUARDED: tl.constexpr):
+def _exact_head_kernel(
+    x,
+    weight,
+    out,
+    N,
+    tokens,
+    K: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    GUARDED: tl.constexpr,
+):
     """Logits of input row m, vocabulary block pid. GUARDED: programs of rows whose ``tokens`` entry is not
     negative (the certified head's overflow flag) return at once, so the fallback can sit in a CUDA graph and
     cost about a launch when no row overflowed."""
@@ -90,9 +111,22 @@ def _survivors(cand_idx, cand_upper, m, offs, n, best, CAP: tl.constexpr):
 
 
 @triton.jit
-def _rescore_kernel(x, weight, best_lower, count, cand_idx, cand_upper, partial, K: tl.constexpr, CAP: tl.constexpr,
-                    G: tl.constexpr, SPLITS: tl.constexpr, BS: tl.constexpr, BLOCK_K: tl.constexpr,
-                    DOT_FP32: tl.constexpr):
+def _rescore_kernel(
+    x,
+    weight,
+    best_lower,
+    count,
+    cand_idx,
+    cand_upper,
+    partial,
+    K: tl.constexpr,
+    CAP: tl.constexpr,
+    G: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
     """Program (m, g, s): part s of the logits of candidates g*BS, (g+G)*BS, ... of input row m that reach
     the final best, into partial[m, candidate, s].
 
@@ -113,8 +147,17 @@ def _rescore_kernel(x, weight, best_lower, count, cand_idx, cand_upper, partial,
 
 
 @triton.jit
-def _finalize_kernel(partial, best_lower, count, cand_idx, cand_upper, tokens, CAP: tl.constexpr,
-                     SPLITS: tl.constexpr, BLOCK_C: tl.constexpr):
+def _finalize_kernel(
+    partial,
+    best_lower,
+    count,
+    cand_idx,
+    cand_upper,
+    tokens,
+    CAP: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     """Token of input row m (program m): each rescored candidate's parts added in range order (the full
     head's order), the largest logit, lowest index on ties; -1 if the row overflowed."""
     m = tl.program_id(0)
@@ -142,10 +185,21 @@ def _finalize_kernel(partial, best_lower, count, cand_idx, cand_upper, tokens, C
     tl.store(tokens + m, tl.where(overflow, -1, best_idx).to(tl.int64))
 
 
-def rescore(x: torch.Tensor, weight: torch.Tensor, best_lower: torch.Tensor, count: torch.Tensor,
-            cand_idx: torch.Tensor, cand_upper: torch.Tensor, *, programs: int, dot_fp32: bool,
-            k_splits: int | None = None, block_s: int = EXACT_BLOCK_S, block_k: int | None = None,
-            num_warps: int = EXACT_NUM_WARPS) -> torch.Tensor:
+def rescore(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    best_lower: torch.Tensor,
+    count: torch.Tensor,
+    cand_idx: torch.Tensor,
+    cand_upper: torch.Tensor,
+    *,
+    programs: int,
+    dot_fp32: bool,
+    k_splits: int | None = None,
+    block_s: int = EXACT_BLOCK_S,
+    block_k: int | None = None,
+    num_warps: int = EXACT_NUM_WARPS,
+) -> torch.Tensor:
     """The exact head's argmax over each row's candidates that reach its best lower bound (graphable).
 
     Args:
@@ -163,9 +217,32 @@ def rescore(x: torch.Tensor, weight: torch.Tensor, best_lower: torch.Tensor, cou
     block_k = block_k or exact_block_k(K)
     partial = torch.empty((M, cap, k_splits), dtype=torch.float32, device=x.device)
     tokens = torch.empty(M, dtype=torch.int64, device=x.device)
-    _rescore_kernel[(M, programs, k_splits)](x, weight, best_lower, count, cand_idx, cand_upper, partial, K=K, CAP=cap,
-                                             G=programs, SPLITS=k_splits, BS=block_s, BLOCK_K=block_k,
-                                             DOT_FP32=dot_fp32, num_warps=num_warps)
-    _finalize_kernel[(M,)](partial, best_lower, count, cand_idx, cand_upper, tokens, CAP=cap, SPLITS=k_splits,
-                           BLOCK_C=min(FINALIZE_BLOCK, triton.next_power_of_2(cap)))
+    _rescore_kernel[(M, programs, k_splits)](
+        x,
+        weight,
+        best_lower,
+        count,
+        cand_idx,
+        cand_upper,
+        partial,
+        K=K,
+        CAP=cap,
+        G=programs,
+        SPLITS=k_splits,
+        BS=block_s,
+        BLOCK_K=block_k,
+        DOT_FP32=dot_fp32,
+        num_warps=num_warps,
+    )
+    _finalize_kernel[(M,)](
+        partial,
+        best_lower,
+        count,
+        cand_idx,
+        cand_upper,
+        tokens,
+        CAP=cap,
+        SPLITS=k_splits,
+        BLOCK_C=min(FINALIZE_BLOCK, triton.next_power_of_2(cap)),
+    )
     return tokens

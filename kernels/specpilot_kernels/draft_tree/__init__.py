@@ -25,6 +25,20 @@ from .reference import (
     verify_layout_reference,
 )
 
-__all__ = ["Acceptance", "DraftTree", "VerifyLayout", "best_first_tree", "best_first_tree_layout", "child_lists", "max_tree_depth", "best_first_tree_reference",
-           "edge_logp_reference", "greedy_accept", "greedy_accept_reference", "lattice_edge_logp", "tree_tokens",
-           "verify_layout", "verify_layout_reference"]
+__all__ = [
+    "Acceptance",
+    "DraftTree",
+    "VerifyLayout",
+    "best_first_tree",
+    "best_first_tree_layout",
+    "child_lists",
+    "max_tree_depth",
+    "best_first_tree_reference",
+    "edge_logp_reference",
+    "greedy_accept",
+    "greedy_accept_reference",
+    "lattice_edge_logp",
+    "tree_tokens",
+    "verify_layout",
+    "verify_layout_reference",
+]

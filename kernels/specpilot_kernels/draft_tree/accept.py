@@ -17,11 +17,23 @@ from .reference import Acceptance
 
 
 @triton.jit
-def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr,
-                   length_ptr, columns_ptr, bonus_ptr, order_ptr, out_tokens_ptr,
-                   N: tl.constexpr, NODES: tl.constexpr, COLS: tl.constexpr, LEVELS: tl.constexpr):
+def _accept_kernel(
+    tokens_ptr,
+    parents_ptr,
+    num_nodes_ptr,
+    predict_ptr,
+    out_ptr,
+    B,
+    N: tl.constexpr,
+    NODES: tl.constexpr,
+    COLS: tl.constexpr,
+    LEVELS: tl.constexpr,
+):
     b = tl.program_id(0).to(tl.int64)
     width = N + 1
+    # the outputs: parts of one int64 buffer (few arguments: each costs Python time a launch)
+    length_ptr, bonus_ptr, columns_ptr = out_ptr, out_ptr + B, out_ptr + 2 * B
+    order_ptr, out_tokens_ptr = columns_ptr + B * width, columns_ptr + 2 * B * width
     node = tl.arange(0, NODES)
     count = tl.load(num_nodes_ptr + b)
     valid = node < count
@@ -29,7 +41,11 @@ def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr,
     token = tl.load(tokens_ptr + b * N + node, mask=valid, other=-1)
     col_ids = tl.arange(0, COLS)
     predict = tl.load(predict_ptr + b * width + col_ids, mask=col_ids < width, other=-1)  # read once, then in registers
-    slot = tl.where(col_ids == 0, 0, -1).to(tl.int64)  # path slot of each column (-1: not on the path); int64 as the loop writes it
+    slot = tl.where(col_ids == 0, 0, -1).to(
+        tl.int64
+    )  # path slot of each column (-1: not on the path); int64 as the loop writes it
+    path_cols = tl.where(col_ids == 0, 0, -1).to(tl.int64)  # the accepted columns, root first
+    path_tokens = tl.zeros([COLS], dtype=tl.int64)  # their tokens, then the bonus
     at = tl.zeros([], dtype=tl.int64)  # the column reached
     length = tl.zeros([], dtype=tl.int64)
     going = count >= 0
@@ -38,24 +54,31 @@ def _accept_kernel(tokens_ptr, parents_ptr, num_nodes_ptr, predict_ptr,
         first = tl.min(tl.where(valid & (parent_col == at) & (token == want), node, NODES), axis=0)
         found = going & (first < NODES)
         taken = tl.sum(tl.where(node == first, token, 0), axis=0)
-        tl.store(out_tokens_ptr + b * width + length, taken, mask=found)
+        path_tokens = tl.where(found & (col_ids == length), taken, path_tokens)
         length += found.to(tl.int64)
         at = tl.where(found, first + 1, at)
         slot = tl.where(found & (col_ids == at), length, slot)
+        path_cols = tl.where(found & (col_ids == length), at, path_cols)
         going = found
     bonus = tl.sum(tl.where(col_ids == at, predict, 0), axis=0)
-    tl.store(out_tokens_ptr + b * width + length, bonus)
+    path_tokens = tl.where(col_ids == length, bonus, path_tokens)
     tl.store(length_ptr + b, length)
     tl.store(bonus_ptr + b, bonus)
     on = col_ids < width
     on_path = slot >= 0
-    tl.store(columns_ptr + b * width + tl.where(on_path, slot, 0), col_ids.to(tl.int64), mask=on & on_path)
+    tl.store(columns_ptr + b * width + col_ids, path_cols, mask=on)  # every slot written: no fill launch before
+    tl.store(out_tokens_ptr + b * width + col_ids, path_tokens, mask=on)
     rest = tl.cumsum((on & ~on_path).to(tl.int64), axis=0) - 1
     tl.store(order_ptr + b * width + tl.where(on_path, slot, length + 1 + rest), col_ids.to(tl.int64), mask=on)
 
 
-def greedy_accept(tree_tokens: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
-                  target_predict: torch.Tensor, max_depth: int | None = None) -> Acceptance:
+def greedy_accept(
+    tree_tokens: torch.Tensor,
+    parents: torch.Tensor,
+    num_nodes: torch.Tensor,
+    target_predict: torch.Tensor,
+    max_depth: int | None = None,
+) -> Acceptance:
     """Accept each request's longest matching root path plus the bonus token.
 
     Args:
@@ -76,14 +99,22 @@ def greedy_accept(tree_tokens: torch.Tensor, parents: torch.Tensor, num_nodes: t
     """
     b, n = parents.shape
     dev = parents.device
-    i64 = dict(dtype=torch.int64, device=dev)
-    length, bonus = torch.empty(b, **i64), torch.empty(b, **i64)
-    columns = torch.full((b, n + 1), -1, **i64)
-    order = torch.empty((b, n + 1), **i64)
-    out_tokens = torch.zeros((b, n + 1), **i64)
+    flat = torch.empty(b * (2 + 3 * (n + 1)), dtype=torch.int64, device=dev)  # one allocation, five views, in the
+    # kernel's order
+    length, bonus = flat[:b], flat[b : 2 * b]
+    columns, order, out_tokens = flat[2 * b :].view(3, b, n + 1).unbind(0)
     if b:
-        _accept_kernel[(b,)](tree_tokens.to(torch.int64).contiguous(), parents.contiguous(), num_nodes.contiguous(),
-                             target_predict.to(torch.int64).contiguous(), length, columns, bonus, order, out_tokens,
-                             N=n, NODES=triton.next_power_of_2(max(n, 1)), COLS=triton.next_power_of_2(n + 1),
-                             LEVELS=n if max_depth is None else min(n, max_depth), num_warps=1)
+        _accept_kernel[(b,)](
+            tree_tokens.to(torch.int64).contiguous(),
+            parents.contiguous(),
+            num_nodes.contiguous(),
+            target_predict.to(torch.int64).contiguous(),
+            flat,
+            b,
+            N=n,
+            NODES=triton.next_power_of_2(max(n, 1)),
+            COLS=triton.next_power_of_2(n + 1),
+            LEVELS=n if max_depth is None else min(n, max_depth),
+            num_warps=1,
+        )
     return Acceptance(length, columns, bonus, out_tokens, order)

@@ -70,7 +70,9 @@ class Acceptance(NamedTuple):
     commit_order: torch.Tensor
 
 
-def edge_logp_reference(scores: torch.Tensor, unary: torch.Tensor | None = None, kind: str = "selector") -> torch.Tensor:
+def edge_logp_reference(
+    scores: torch.Tensor, unary: torch.Tensor | None = None, kind: str = "selector"
+) -> torch.Tensor:
     """[..., K] float32 log-softmax over the last axis of the (Markov: unary + pair) scores.
 
     Same steps as the replay's numpy ``log_softmax``: shift by the row max (0 for a row without a
@@ -114,8 +116,9 @@ def best_first_tree_reference(edge_logp: torch.Tensor, nodes: int, depth: int | 
     for r in range(b):
         heap: list[tuple[float, int, tuple[int, ...], int, torch.Tensor]] = []
 
-        def push(heap: list, parent: int, level: int, path: tuple[int, ...], base: torch.Tensor,
-                 row: torch.Tensor) -> None:
+        def push(
+            heap: list, parent: int, level: int, path: tuple[int, ...], base: torch.Tensor, row: torch.Tensor
+        ) -> None:
             for j in range(k):
                 total = base + row[j]  # float32 scalar add, root to node
                 if total.item() > float("-inf"):
@@ -138,11 +141,17 @@ def tree_tokens(cand: torch.Tensor, tree: DraftTree) -> torch.Tensor:
     """[B, N] int64 node tokens (-1 on padding) from cand [B, m, K]."""
     b, m, _ = cand.shape
     pos = (tree.depths - 1).clamp(0, m - 1)
-    tok = cand.long().gather(1, pos[:, :, None].expand(-1, -1, cand.shape[2])).gather(2, tree.ranks.clamp(min=0)[:, :, None])
+    tok = (
+        cand.long()
+        .gather(1, pos[:, :, None].expand(-1, -1, cand.shape[2]))
+        .gather(2, tree.ranks.clamp(min=0)[:, :, None])
+    )
     return torch.where(tree.ranks >= 0, tok[:, :, 0], torch.full_like(tok[:, :, 0], -1))
 
 
-def verify_layout_reference(parents: torch.Tensor, num_nodes: torch.Tensor, root_positions: torch.Tensor) -> VerifyLayout:
+def verify_layout_reference(
+    parents: torch.Tensor, num_nodes: torch.Tensor, root_positions: torch.Tensor
+) -> VerifyLayout:
     """The layout by brute force: walk each node's parent chain and scan for children and siblings.
 
     Args:
@@ -183,8 +192,9 @@ def verify_layout_reference(parents: torch.Tensor, num_nodes: torch.Tensor, root
     return VerifyLayout(mask, positions, index, next_token, next_sibling, parent_col)
 
 
-def greedy_accept_reference(tree_tokens_: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor,
-                            target_predict: torch.Tensor) -> Acceptance:
+def greedy_accept_reference(
+    tree_tokens_: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor, target_predict: torch.Tensor
+) -> Acceptance:
     """Greedy acceptance by walking the tree from the root: take the first child (lowest index) whose
     token is the target's argmax after its parent, until none matches; the bonus is the argmax there.
 
@@ -204,16 +214,22 @@ def greedy_accept_reference(tree_tokens_: torch.Tensor, parents: torch.Tensor, n
         col, path = 0, [0]
         while True:
             want = int(target_predict[r, col])
-            nxt = next((i for i in range(int(num_nodes[r])) if int(parents[r, i]) + 1 == col
-                        and int(tree_tokens_[r, i]) == want), None)
+            nxt = next(
+                (
+                    i
+                    for i in range(int(num_nodes[r]))
+                    if int(parents[r, i]) + 1 == col and int(tree_tokens_[r, i]) == want
+                ),
+                None,
+            )
             if nxt is None:
                 break
             col = nxt + 1
             path.append(col)
         length[r] = len(path) - 1
-        columns[r, :len(path)] = torch.tensor(path)
+        columns[r, : len(path)] = torch.tensor(path)
         bonus[r] = int(target_predict[r, col])
         committed = [int(tree_tokens_[r, c - 1]) for c in path[1:]] + [int(bonus[r])]
-        commit_tokens[r, :len(committed)] = torch.tensor(committed)
+        commit_tokens[r, : len(committed)] = torch.tensor(committed)
         commit_order[r] = torch.tensor(path + [c for c in range(n + 1) if c not in path])
     return Acceptance(length, columns, bonus, commit_tokens, commit_order)

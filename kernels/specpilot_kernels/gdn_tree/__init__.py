@@ -14,5 +14,12 @@ from .commit import gdn_tree_commit
 from .path_verify import TreeSchedule, gdn_tree_path_verify, prepare_node_inputs, tree_schedule
 from .wy_verify import gdn_tree_wy_verify, tree_ancestors
 
-__all__ = ["TreeSchedule", "gdn_tree_commit", "gdn_tree_path_verify", "gdn_tree_wy_verify", "prepare_node_inputs",
-           "tree_ancestors", "tree_schedule"]
+__all__ = [
+    "TreeSchedule",
+    "gdn_tree_commit",
+    "gdn_tree_path_verify",
+    "gdn_tree_wy_verify",
+    "prepare_node_inputs",
+    "tree_ancestors",
+    "tree_schedule",
+]

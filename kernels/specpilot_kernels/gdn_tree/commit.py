@@ -48,13 +48,30 @@ def _triton_commit_fits_one_wave(B: int, HV: int, V: int, block_v: int, device: 
     return programs <= 16 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                    A_log: torch.Tensor, dt_bias: torch.Tensor, state_pool: torch.Tensor, state_indices: torch.Tensor,
-                    accepted: torch.Tensor, accept_len: torch.Tensor, *, scale: float | None = None,
-                    use_qk_l2norm: bool = True, softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
-                    block_v: int = 4, num_warps: int = 1, prefetch: bool = True,
-                    max_registers: int | None = None, lanes_per_column: int | str | None = "auto",
-                    warps_per_block: int = DEFAULT_WARPS_PER_BLOCK) -> None:
+def gdn_tree_commit(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_pool: torch.Tensor,
+    state_indices: torch.Tensor,
+    accepted: torch.Tensor,
+    accept_len: torch.Tensor,
+    *,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+    softplus_beta: float = 1.0,
+    softplus_threshold: float = 20.0,
+    block_v: int = 4,
+    num_warps: int = 1,
+    prefetch: bool = True,
+    max_registers: int | None = None,
+    lanes_per_column: int | str | None = "auto",
+    warps_per_block: int = DEFAULT_WARPS_PER_BLOCK,
+) -> None:
     """Advance each request's committed state over its accepted root path, in place.
 
     Args:
@@ -75,33 +92,89 @@ def gdn_tree_commit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.
     """
     B, T, H, HV, K, V = _check_inputs(q, k, v, a, b, state_pool, state_indices)
     if accepted.shape != (B, T) or accept_len.shape != (B,):
-        raise ValueError(f"accepted must be [{B}, {T}] and accept_len [{B}], got {tuple(accepted.shape)} and "
-                         f"{tuple(accept_len.shape)}")
+        raise ValueError(
+            f"accepted must be [{B}, {T}] and accept_len [{B}], got {tuple(accepted.shape)} and "
+            f"{tuple(accept_len.shape)}"
+        )
     # the accepted path as a schedule that never restarts; int32, as the kernel measured bit-identical ran
     # (the commit's float code is sensitive to its surroundings: it is kept exactly as verified on the H200)
     order, lengths = accepted.to(torch.int32).contiguous(), accept_len.to(torch.int32).contiguous()
     continue_all = _continue_all(B * T, q.device)
-    scale = scale if scale is not None else K ** -0.5
+    scale = scale if scale is not None else K**-0.5
     if lanes_per_column == "auto" and q.is_cuda and _triton_commit_fits_one_wave(B, HV, V, block_v, q.device):
         lanes_per_column = None
     lanes_per_column = resolve_lanes(lanes_per_column, q, v, state_pool)
     if lanes_per_column is not None:
         if not lanes_kernel_applies(q, v, state_pool):
-            raise ValueError("the CUDA commit (lanes_per_column) takes bf16 q and v with K = 128 on a GPU and an FP32 "
-                             f"or bf16 pool; got q {q.dtype} on {q.device}, v {v.dtype}, K = {K}, pool {state_pool.dtype}")
-        prepared = prepare_node_inputs(q, k, a, b, A_log, dt_bias, scale=scale, use_qk_l2norm=use_qk_l2norm,
-                                       softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
+            raise ValueError(
+                "the CUDA commit (lanes_per_column) takes bf16 q and v with K = 128 on a GPU and an FP32 "
+                f"or bf16 pool; got q {q.dtype} on {q.device}, v {v.dtype}, K = {K}, pool {state_pool.dtype}"
+            )
+        prepared = prepare_node_inputs(
+            q,
+            k,
+            a,
+            b,
+            A_log,
+            dt_bias,
+            scale=scale,
+            use_qk_l2norm=use_qk_l2norm,
+            softplus_beta=softplus_beta,
+            softplus_threshold=softplus_threshold,
+        )
         no_restarts = continue_all.view(B, T)
         chain = TreeSchedule(order, no_restarts, no_restarts, lengths, no_restarts, no_restarts)
         untouched = torch.empty(0, device=q.device)  # outputs and kept states: the commit has neither
-        path_verify_lanes(*prepared[:2], v, *prepared[2:], state_pool, state_indices, chain, untouched, untouched,
-                          lanes_per_column=lanes_per_column, warps_per_block=warps_per_block, write_state=True)
+        path_verify_lanes(
+            *prepared[:2],
+            v,
+            *prepared[2:],
+            state_pool,
+            state_indices,
+            chain,
+            untouched,
+            untouched,
+            lanes_per_column=lanes_per_column,
+            warps_per_block=warps_per_block,
+            write_state=True,
+        )
         return
     scratch = torch.empty(v.shape, dtype=q.dtype, device=q.device)  # the path's outputs, not needed here
     grid = (triton.cdiv(V, block_v), B, HV)
     _path_verify_kernel[grid](  # MAX_SAVED=0: the kept-state arrays are never read
-        q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, order, continue_all, continue_all, continue_all,
-        continue_all, continue_all, lengths, scratch, 1, softplus_beta, softplus_threshold, scale,
-        T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, USE_QK_L2NORM=use_qk_l2norm,
-        MAX_SAVED=0, PREFETCH=prefetch, PREPARED=False, num_warps=num_warps, num_stages=3, maxnreg=max_registers,
+        q,
+        k,
+        v,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        state_pool,
+        state_indices,
+        order,
+        continue_all,
+        continue_all,
+        continue_all,
+        continue_all,
+        continue_all,
+        lengths,
+        scratch,
+        1,
+        softplus_beta,
+        softplus_threshold,
+        scale,
+        T=T,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BK=triton.next_power_of_2(K),
+        BV=block_v,
+        USE_QK_L2NORM=use_qk_l2norm,
+        MAX_SAVED=0,
+        PREFETCH=prefetch,
+        PREPARED=False,
+        num_warps=num_warps,
+        num_stages=3,
+        maxnreg=max_registers,
     )

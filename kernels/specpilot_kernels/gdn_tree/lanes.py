@@ -37,8 +37,13 @@ def _extension():
 
 def lanes_kernel_applies(q: torch.Tensor, v: torch.Tensor, state_pool: torch.Tensor) -> bool:
     """Whether the CUDA kernel takes these inputs: CUDA, bf16 q and v, K = 128, an FP32 or bf16 pool."""
-    return (q.is_cuda and q.dtype == torch.bfloat16 and v.dtype == torch.bfloat16 and q.shape[-1] == 128
-            and state_pool.dtype in (torch.float32, torch.bfloat16))
+    return (
+        q.is_cuda
+        and q.dtype == torch.bfloat16
+        and v.dtype == torch.bfloat16
+        and q.shape[-1] == 128
+        and state_pool.dtype in (torch.float32, torch.bfloat16)
+    )
 
 
 def lanes_kernel_available() -> bool:
@@ -58,10 +63,22 @@ def resolve_lanes(lanes_per_column, q: torch.Tensor, v: torch.Tensor, state_pool
     return None
 
 
-def path_verify_lanes(q_prepared: torch.Tensor, k_prepared: torch.Tensor, v: torch.Tensor, decay: torch.Tensor,
-                      beta: torch.Tensor, state_pool: torch.Tensor, state_indices: torch.Tensor, schedule,
-                      o: torch.Tensor, saved: torch.Tensor, *, lanes_per_column: int, warps_per_block: int,
-                      write_state: bool = False) -> None:
+def path_verify_lanes(
+    q_prepared: torch.Tensor,
+    k_prepared: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+    state_pool: torch.Tensor,
+    state_indices: torch.Tensor,
+    schedule,
+    o: torch.Tensor,
+    saved: torch.Tensor,
+    *,
+    lanes_per_column: int,
+    warps_per_block: int,
+    write_state: bool = False,
+) -> None:
     """Fill ``o`` [B, T, HV, V] bf16 from prepared inputs (q, k FP32 [B, T, H, 128]; decay, beta FP32 [B, T, HV]).
 
     ``saved``: FP32 [B, max_saved, HV, V, 128] scratch for kept branch states (any tensor when max_saved is 0).
@@ -74,9 +91,28 @@ def path_verify_lanes(q_prepared: torch.Tensor, k_prepared: torch.Tensor, v: tor
         raise ValueError("a bf16 pool takes at most 16 lanes per column (its sums run over 16 runs of 8 elements)")
     columns = warps_per_block * 32 // lanes_per_column
     if v.shape[-1] % columns:
-        raise ValueError(f"V = {v.shape[-1]} is not a multiple of a block's {columns} columns "
-                         f"({warps_per_block} warps x {32 // lanes_per_column})")
+        raise ValueError(
+            f"V = {v.shape[-1]} is not a multiple of a block's {columns} columns "
+            f"({warps_per_block} warps x {32 // lanes_per_column})"
+        )
     _extension().path_verify_lanes(
-        q_prepared, k_prepared, v, decay, beta, state_pool, state_indices.to(torch.int32).contiguous(),
-        schedule.order, schedule.replay_len, schedule.replay, schedule.restore_slot, schedule.save_slot,
-        schedule.num_nodes, saved, o, schedule.max_saved, write_state, lanes_per_column, warps_per_block)
+        q_prepared,
+        k_prepared,
+        v,
+        decay,
+        beta,
+        state_pool,
+        state_indices.to(torch.int32).contiguous(),
+        schedule.order,
+        schedule.replay_len,
+        schedule.replay,
+        schedule.restore_slot,
+        schedule.save_slot,
+        schedule.num_nodes,
+        saved,
+        o,
+        schedule.max_saved,
+        write_state,
+        lanes_per_column,
+        warps_per_block,
+    )

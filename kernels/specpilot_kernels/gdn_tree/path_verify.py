@@ -28,8 +28,19 @@ from .lanes import DEFAULT_WARPS_PER_BLOCK, lanes_kernel_applies, path_verify_la
 
 
 @triton.jit
-def _tree_schedule_kernel(parents, num_nodes, order, replay_len, replay, restore_slot, save_slot,
-                          T: tl.constexpr, NP2_T: tl.constexpr, MAX_SAVED: tl.constexpr, NP2_S: tl.constexpr):
+def _tree_schedule_kernel(
+    parents,
+    num_nodes,
+    order,
+    replay_len,
+    replay,
+    restore_slot,
+    save_slot,
+    T: tl.constexpr,
+    NP2_T: tl.constexpr,
+    MAX_SAVED: tl.constexpr,
+    NP2_S: tl.constexpr,
+):
     """Depth-first visiting order of one request's tree, what to restore and replay before each visit.
 
     Next node: the lowest-index unvisited child of the node just visited; after a leaf, the
@@ -158,15 +169,43 @@ def tree_schedule(parents: torch.Tensor, num_nodes: torch.Tensor | None = None, 
     replay = torch.full((B, T, T), -1, dtype=torch.int32, device=parents.device)
     restore_slot = torch.full((B, T), -1, dtype=torch.int32, device=parents.device)
     save_slot = torch.full((B, T), -1, dtype=torch.int32, device=parents.device)
-    _tree_schedule_kernel[(B,)](parents, num_nodes, order, replay_len, replay, restore_slot, save_slot, T=T,
-                                NP2_T=triton.next_power_of_2(T), MAX_SAVED=max_saved,
-                                NP2_S=triton.next_power_of_2(max(max_saved, 1)), num_warps=1)  # serial: one warp
+    _tree_schedule_kernel[(B,)](
+        parents,
+        num_nodes,
+        order,
+        replay_len,
+        replay,
+        restore_slot,
+        save_slot,
+        T=T,
+        NP2_T=triton.next_power_of_2(T),
+        MAX_SAVED=max_saved,
+        NP2_S=triton.next_power_of_2(max(max_saved, 1)),
+        num_warps=1,
+    )  # serial: one warp
     return TreeSchedule(order, replay_len, replay, num_nodes, restore_slot, save_slot, max_saved)
 
 
 @triton.jit
-def _load_node(node, q, k, v, a, b, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v, H: tl.constexpr, HV: tl.constexpr,
-               K: tl.constexpr, V: tl.constexpr):
+def _load_node(
+    node,
+    q,
+    k,
+    v,
+    a,
+    b,
+    bos,
+    i_h,
+    i_hv,
+    o_k,
+    o_v,
+    mask_k,
+    mask_v,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+):
     """The inputs of token ``bos + node`` in FP32: (q [BK], k [BK], v [BV], a, b)."""
     t = bos + node
     b_q = tl.load(q + (t * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
@@ -203,8 +242,21 @@ def _normalise_qk(b_q, b_k, scale, USE_QK_L2NORM: tl.constexpr):
 
 
 @triton.jit
-def _gdn_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold, scale,
-              USE_QK_L2NORM: tl.constexpr, PREPARED: tl.constexpr):
+def _gdn_step(
+    b_h,
+    b_q,
+    b_k,
+    b_v,
+    b_a,
+    b_b,
+    b_A_log,
+    b_dt_bias,
+    softplus_beta,
+    softplus_threshold,
+    scale,
+    USE_QK_L2NORM: tl.constexpr,
+    PREPARED: tl.constexpr,
+):
     """One GDN step on the state tile ``b_h [BK, BV]`` from a token's inputs; returns (state, scaled q).
 
     Operation order is SGLang 0.5.23's (``fused_sigmoid_gating_delta_rule_update_kernel``, GDN). PREPARED:
@@ -225,9 +277,26 @@ def _gdn_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A_log, b_dt_bias, softplus_beta, s
 
 
 @triton.jit
-def _prepare_node_inputs_kernel(q, k, a, b, A_log, dt_bias, q_out, k_out, decay_out, beta_out, softplus_beta,
-                                softplus_threshold, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                                BK: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+def _prepare_node_inputs_kernel(
+    q,
+    k,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    q_out,
+    k_out,
+    decay_out,
+    beta_out,
+    softplus_beta,
+    softplus_threshold,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+):
     """One program per (token, key head): normalised q/k and the gates of the key head's value heads."""
     t, i_h = tl.program_id(0), tl.program_id(1)
     o_k = tl.arange(0, BK)
@@ -239,47 +308,118 @@ def _prepare_node_inputs_kernel(q, k, a, b, A_log, dt_bias, q_out, k_out, decay_
     tl.store(k_out + (t * H + i_h) * K + o_k, b_k, mask=mask_k)
     for j in tl.static_range(HV // H):
         i_hv = i_h * (HV // H) + j
-        b_g, b_beta = _gdn_gates(tl.load(a + t * HV + i_hv).to(tl.float32), tl.load(b + t * HV + i_hv).to(tl.float32),
-                                 tl.load(A_log + i_hv).to(tl.float32), tl.load(dt_bias + i_hv).to(tl.float32),
-                                 softplus_beta, softplus_threshold)
+        b_g, b_beta = _gdn_gates(
+            tl.load(a + t * HV + i_hv).to(tl.float32),
+            tl.load(b + t * HV + i_hv).to(tl.float32),
+            tl.load(A_log + i_hv).to(tl.float32),
+            tl.load(dt_bias + i_hv).to(tl.float32),
+            softplus_beta,
+            softplus_threshold,
+        )
         tl.store(decay_out + t * HV + i_hv, tl.exp(b_g))
         tl.store(beta_out + t * HV + i_hv, b_beta)
 
 
 @triton.jit
-def _gdn_node_update(b_h, node, q, k, v, a, b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold, scale,
-                     bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
-                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                     USE_QK_L2NORM: tl.constexpr, PREPARED: tl.constexpr):
+def _gdn_node_update(
+    b_h,
+    node,
+    q,
+    k,
+    v,
+    a,
+    b,
+    b_A_log,
+    b_dt_bias,
+    softplus_beta,
+    softplus_threshold,
+    scale,
+    bos,
+    i_h,
+    i_hv,
+    o_k,
+    o_v,
+    mask_k,
+    mask_v,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    PREPARED: tl.constexpr,
+):
     """One GDN step on the state tile ``b_h [BK, BV]`` for token ``bos + node``; returns (state, scaled q)."""
     b_q, b_k, b_v, b_a, b_b = _load_node(node, q, k, v, a, b, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v, H, HV, K, V)
-    return _gdn_step(b_h, b_q, b_k, b_v, b_a, b_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold, scale,
-                     USE_QK_L2NORM, PREPARED)
+    return _gdn_step(
+        b_h,
+        b_q,
+        b_k,
+        b_v,
+        b_a,
+        b_b,
+        b_A_log,
+        b_dt_bias,
+        softplus_beta,
+        softplus_threshold,
+        scale,
+        USE_QK_L2NORM,
+        PREPARED,
+    )
 
 
 @triton.jit
-def _load_state_tile(state_pool, state_indices, i_b, i_hv, o_k, o_v, mask_h, HV: tl.constexpr, K: tl.constexpr,
-                     V: tl.constexpr):
+def _load_state_tile(
+    state_pool, state_indices, i_b, i_hv, o_k, o_v, mask_h, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr
+):
     slot = tl.load(state_indices + i_b).to(tl.int64)
     p_h = state_pool + slot * (HV * K * V) + i_hv * K * V + o_v[None, :] * K + o_k[:, None]
     return tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
 
 
 @triton.jit
-def _saved_tile(saved, i_b, slot, i_hv, o_k, o_v, MAX_SAVED: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                V: tl.constexpr):
+def _saved_tile(
+    saved, i_b, slot, i_hv, o_k, o_v, MAX_SAVED: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr
+):
     """Pointers to this program's tile of a kept branch state: ``saved`` is [B, MAX_SAVED, HV, V, K] FP32."""
     base = ((i_b * MAX_SAVED + slot).to(tl.int64) * HV + i_hv) * (K * V)
     return saved + base + o_v[None, :] * K + o_k[:, None]
 
 
 @triton.jit
-def _path_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, order, replay_len, replay,
-                        restore_slot, save_slot, saved, num_nodes, o, write_state, softplus_beta,
-                        softplus_threshold, scale,
-                        T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                        BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, MAX_SAVED: tl.constexpr,
-                        PREFETCH: tl.constexpr, PREPARED: tl.constexpr):
+def _path_verify_kernel(
+    q,
+    k,
+    v,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    state_pool,
+    state_indices,
+    order,
+    replay_len,
+    replay,
+    restore_slot,
+    save_slot,
+    saved,
+    num_nodes,
+    o,
+    write_state,
+    softplus_beta,
+    softplus_threshold,
+    scale,
+    T: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    MAX_SAVED: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PREPARED: tl.constexpr,
+):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
@@ -298,8 +438,9 @@ def _path_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices
         # after it is read from the schedule one step earlier still, so no load waits on another
         next_node = tl.maximum(tl.load(order + bos), 0)
         after_node = tl.load(order + bos + 1, mask=n > 1, other=next_node)
-        n_q, n_k, n_v, n_a, n_b = _load_node(next_node, q, k, v, a, b, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
-                                             H, HV, K, V)
+        n_q, n_k, n_v, n_a, n_b = _load_node(
+            next_node, q, k, v, a, b, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v, H, HV, K, V
+        )
     j = 0
     while j < n:
         if PREFETCH:
@@ -307,8 +448,9 @@ def _path_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices
             c_q, c_k, c_v, c_a, c_b = n_q, n_k, n_v, n_a, n_b
             next_node = after_node
             after_node = tl.load(order + bos + j + 2, mask=j + 2 < n, other=next_node)
-            n_q, n_k, n_v, n_a, n_b = _load_node(next_node, q, k, v, a, b, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
-                                                 H, HV, K, V)
+            n_q, n_k, n_v, n_a, n_b = _load_node(
+                next_node, q, k, v, a, b, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v, H, HV, K, V
+            )
         else:
             node = tl.load(order + bos + j)
         n_replay = tl.load(replay_len + bos + j)
@@ -318,22 +460,84 @@ def _path_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices
                 src = tl.load(restore_slot + bos + j)
                 if src >= 0:
                     tl.debug_barrier()  # the slot may have been written by other threads of this program
-                    b_h = tl.load(_saved_tile(saved, i_b, src, i_hv, o_k, o_v, MAX_SAVED, HV, K, V), mask=mask_h,
-                                  other=0)
+                    b_h = tl.load(
+                        _saved_tile(saved, i_b, src, i_hv, o_k, o_v, MAX_SAVED, HV, K, V), mask=mask_h, other=0
+                    )
             d = 0
             while d < n_replay:
                 ancestor = tl.load(replay + (bos + j) * T + d)
-                b_h, _ = _gdn_node_update(b_h, ancestor, q, k, v, a, b, b_A_log, b_dt_bias, softplus_beta,
-                                          softplus_threshold, scale, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
-                                          H, HV, K, V, USE_QK_L2NORM, PREPARED)
+                b_h, _ = _gdn_node_update(
+                    b_h,
+                    ancestor,
+                    q,
+                    k,
+                    v,
+                    a,
+                    b,
+                    b_A_log,
+                    b_dt_bias,
+                    softplus_beta,
+                    softplus_threshold,
+                    scale,
+                    bos,
+                    i_h,
+                    i_hv,
+                    o_k,
+                    o_v,
+                    mask_k,
+                    mask_v,
+                    H,
+                    HV,
+                    K,
+                    V,
+                    USE_QK_L2NORM,
+                    PREPARED,
+                )
                 d += 1
         if PREFETCH:
-            b_h, b_q = _gdn_step(b_h, c_q, c_k, c_v, c_a, c_b, b_A_log, b_dt_bias, softplus_beta, softplus_threshold,
-                                 scale, USE_QK_L2NORM, PREPARED)
+            b_h, b_q = _gdn_step(
+                b_h,
+                c_q,
+                c_k,
+                c_v,
+                c_a,
+                c_b,
+                b_A_log,
+                b_dt_bias,
+                softplus_beta,
+                softplus_threshold,
+                scale,
+                USE_QK_L2NORM,
+                PREPARED,
+            )
         else:
-            b_h, b_q = _gdn_node_update(b_h, node, q, k, v, a, b, b_A_log, b_dt_bias, softplus_beta,
-                                        softplus_threshold, scale, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v,
-                                        H, HV, K, V, USE_QK_L2NORM, PREPARED)
+            b_h, b_q = _gdn_node_update(
+                b_h,
+                node,
+                q,
+                k,
+                v,
+                a,
+                b,
+                b_A_log,
+                b_dt_bias,
+                softplus_beta,
+                softplus_threshold,
+                scale,
+                bos,
+                i_h,
+                i_hv,
+                o_k,
+                o_v,
+                mask_k,
+                mask_v,
+                H,
+                HV,
+                K,
+                V,
+                USE_QK_L2NORM,
+                PREPARED,
+            )
         b_o = tl.sum(b_h * b_q[:, None], 0)
         tl.store(o + ((bos + node) * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
         if MAX_SAVED > 0:
@@ -343,8 +547,9 @@ def _path_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices
                 tl.store(_saved_tile(saved, i_b, dst, i_hv, o_k, o_v, MAX_SAVED, HV, K, V), b_h, mask=mask_h)
         j += 1
     while j < T:
-        tl.store(o + ((bos + j) * HV + i_hv) * V + o_v, tl.zeros([BV], dtype=tl.float32).to(o.dtype.element_ty),
-                 mask=mask_v)
+        tl.store(
+            o + ((bos + j) * HV + i_hv) * V + o_v, tl.zeros([BV], dtype=tl.float32).to(o.dtype.element_ty), mask=mask_v
+        )
         j += 1
     if write_state != 0:  # commit: the state after the last visited node goes back into the pool
         slot = tl.load(state_indices + i_b).to(tl.int64)
@@ -358,20 +563,34 @@ def _check_inputs(q, k, v, a, b, state_pool, state_indices):
     if q is not None and q.shape != k.shape:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ")
     if v.shape[:2] != (B, T) or a.shape != (B, T, HV) or b.shape != (B, T, HV) or HV % H:
-        raise ValueError(f"shapes disagree: k {tuple(k.shape)}, v {tuple(v.shape)}, a {tuple(a.shape)}, "
-                         f"b {tuple(b.shape)} (HV must be a multiple of H)")
+        raise ValueError(
+            f"shapes disagree: k {tuple(k.shape)}, v {tuple(v.shape)}, a {tuple(a.shape)}, "
+            f"b {tuple(b.shape)} (HV must be a multiple of H)"
+        )
     if state_pool.shape[1:] != (HV, V, K) or state_indices.shape != (B,):
-        raise ValueError(f"state_pool must be [slots, {HV}, {V}, {K}] and state_indices [{B}], got "
-                         f"{tuple(state_pool.shape)} and {tuple(state_indices.shape)}")
+        raise ValueError(
+            f"state_pool must be [slots, {HV}, {V}, {K}] and state_indices [{B}], got "
+            f"{tuple(state_pool.shape)} and {tuple(state_indices.shape)}"
+        )
     tensors = [t for t in (q, k, v, a, b, state_pool) if t is not None]
     if not all(t.is_contiguous() for t in tensors):
         raise ValueError("q, k, v, a, b and state_pool must be contiguous")
     return B, T, H, HV, K, V
 
 
-def prepare_node_inputs(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
-                        dt_bias: torch.Tensor, *, scale: float, use_qk_l2norm: bool = True, softplus_beta: float = 1.0,
-                        softplus_threshold: float = 20.0):
+def prepare_node_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    *,
+    scale: float,
+    use_qk_l2norm: bool = True,
+    softplus_beta: float = 1.0,
+    softplus_threshold: float = 20.0,
+):
     """Per-token inputs of the recurrence, once per token instead of once per value tile of every head.
 
     Args: q, k [B, T, H, K]; a, b [B, T, HV]; A_log, dt_bias [HV].
@@ -384,19 +603,54 @@ def prepare_node_inputs(q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: to
     k_out = torch.empty_like(q_out)
     decay = torch.empty((B, T, HV), dtype=torch.float32, device=q.device)
     beta = torch.empty_like(decay)
-    _prepare_node_inputs_kernel[(B * T, H)](q, k, a, b, A_log, dt_bias, q_out, k_out, decay, beta, softplus_beta,
-                                            softplus_threshold, scale, H=H, HV=HV, K=K, BK=triton.next_power_of_2(K),
-                                            USE_QK_L2NORM=use_qk_l2norm, num_warps=1)  # one warp: SGLang's q/k layout
+    _prepare_node_inputs_kernel[(B * T, H)](
+        q,
+        k,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        q_out,
+        k_out,
+        decay,
+        beta,
+        softplus_beta,
+        softplus_threshold,
+        scale,
+        H=H,
+        HV=HV,
+        K=K,
+        BK=triton.next_power_of_2(K),
+        USE_QK_L2NORM=use_qk_l2norm,
+        num_warps=1,
+    )  # one warp: SGLang's q/k layout
     return q_out, k_out, decay, beta
 
 
-def gdn_tree_path_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                         A_log: torch.Tensor, dt_bias: torch.Tensor, state_pool: torch.Tensor,
-                         state_indices: torch.Tensor, schedule: TreeSchedule, *, scale: float | None = None,
-                         use_qk_l2norm: bool = True, softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
-                         block_v: int = 4, num_warps: int = 1, prefetch: bool = True, prepare_inputs: bool = False,
-                         max_registers: int | None = None, lanes_per_column: int | str | None = "auto",
-                         warps_per_block: int = DEFAULT_WARPS_PER_BLOCK) -> torch.Tensor:
+def gdn_tree_path_verify(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_pool: torch.Tensor,
+    state_indices: torch.Tensor,
+    schedule: TreeSchedule,
+    *,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+    softplus_beta: float = 1.0,
+    softplus_threshold: float = 20.0,
+    block_v: int = 4,
+    num_warps: int = 1,
+    prefetch: bool = True,
+    prepare_inputs: bool = False,
+    max_registers: int | None = None,
+    lanes_per_column: int | str | None = "auto",
+    warps_per_block: int = DEFAULT_WARPS_PER_BLOCK,
+) -> torch.Tensor:
     """Gated-delta-rule output of every tree node along its root path; stores no per-node state.
 
     Args:
@@ -426,28 +680,82 @@ def gdn_tree_path_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: t
     if schedule.order.shape != (B, T):
         raise ValueError(f"schedule is for {tuple(schedule.order.shape)} trees, inputs are [{B}, {T}]")
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    scale = scale if scale is not None else K ** -0.5
+    scale = scale if scale is not None else K**-0.5
     lanes_per_column = resolve_lanes(lanes_per_column, q, v, state_pool)
     if lanes_per_column is not None and not lanes_kernel_applies(q, v, state_pool):
-        raise ValueError("the CUDA kernel (lanes_per_column) takes bf16 q and v with K = 128 on a GPU and an FP32 "
-                         f"or bf16 pool; got q {q.dtype} on {q.device}, v {v.dtype}, K = {K}, pool {state_pool.dtype}")
+        raise ValueError(
+            "the CUDA kernel (lanes_per_column) takes bf16 q and v with K = 128 on a GPU and an FP32 "
+            f"or bf16 pool; got q {q.dtype} on {q.device}, v {v.dtype}, K = {K}, pool {state_pool.dtype}"
+        )
     if prepare_inputs or lanes_per_column is not None:
-        q, k, a, b = prepare_node_inputs(q, k, a, b, A_log, dt_bias, scale=scale, use_qk_l2norm=use_qk_l2norm,
-                                         softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
+        q, k, a, b = prepare_node_inputs(
+            q,
+            k,
+            a,
+            b,
+            A_log,
+            dt_bias,
+            scale=scale,
+            use_qk_l2norm=use_qk_l2norm,
+            softplus_beta=softplus_beta,
+            softplus_threshold=softplus_threshold,
+        )
     # kept branch states live only during this call (shared by the layers through the allocator)
-    saved = torch.empty((B, schedule.max_saved, HV, V, K) if schedule.max_saved else (1,), dtype=torch.float32,
-                        device=o.device)
+    saved = torch.empty(
+        (B, schedule.max_saved, HV, V, K) if schedule.max_saved else (1,), dtype=torch.float32, device=o.device
+    )
     if lanes_per_column is not None:
-        path_verify_lanes(q, k, v, a, b, state_pool, state_indices, schedule, o, saved,
-                          lanes_per_column=lanes_per_column, warps_per_block=warps_per_block)
+        path_verify_lanes(
+            q,
+            k,
+            v,
+            a,
+            b,
+            state_pool,
+            state_indices,
+            schedule,
+            o,
+            saved,
+            lanes_per_column=lanes_per_column,
+            warps_per_block=warps_per_block,
+        )
         return o
     grid = (triton.cdiv(V, block_v), B, HV)
     _path_verify_kernel[grid](
-        q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, schedule.order, schedule.replay_len,
-        schedule.replay, schedule.restore_slot, schedule.save_slot, saved, schedule.num_nodes, o, 0,
-        softplus_beta, softplus_threshold, scale,
-        T=T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, USE_QK_L2NORM=use_qk_l2norm,
-        MAX_SAVED=schedule.max_saved, PREFETCH=prefetch, PREPARED=prepare_inputs, num_warps=num_warps, num_stages=3,
+        q,
+        k,
+        v,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        state_pool,
+        state_indices,
+        schedule.order,
+        schedule.replay_len,
+        schedule.replay,
+        schedule.restore_slot,
+        schedule.save_slot,
+        saved,
+        schedule.num_nodes,
+        o,
+        0,
+        softplus_beta,
+        softplus_threshold,
+        scale,
+        T=T,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BK=triton.next_power_of_2(K),
+        BV=block_v,
+        USE_QK_L2NORM=use_qk_l2norm,
+        MAX_SAVED=schedule.max_saved,
+        PREFETCH=prefetch,
+        PREPARED=prepare_inputs,
+        num_warps=num_warps,
+        num_stages=3,
         maxnreg=max_registers,
     )
     return o

@@ -68,16 +68,33 @@ def root_path(parents_row: list[int], node: int) -> list[int]:
     return path[::-1]
 
 
-def path_verify_reference(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, parents, num_nodes, *,
-                          scale=None, use_qk_l2norm=True, softplus_beta=1.0, softplus_threshold=20.0):
+def path_verify_reference(
+    q,
+    k,
+    v,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    state_pool,
+    state_indices,
+    parents,
+    num_nodes,
+    *,
+    scale=None,
+    use_qk_l2norm=True,
+    softplus_beta=1.0,
+    softplus_threshold=20.0,
+):
     """Output of every tree node along its root path from the committed state.
 
     q, k: [B, T, H, K]; v: [B, T, HV, V]; a, b: [B, T, HV]; A_log, dt_bias: [HV];
     state_pool: [slots, HV, V, K] (FP32 or BF16); state_indices: [B]; parents: [B, T]; num_nodes: [B].
     Returns o: [B, T, HV, V] in q's dtype; padding nodes (``i >= num_nodes[b]``) are zero.
     """
-    qf, kf, vf, g, beta = _prepare(q, k, v, a, b, A_log, dt_bias, scale, use_qk_l2norm, softplus_beta,
-                                   softplus_threshold)
+    qf, kf, vf, g, beta = _prepare(
+        q, k, v, a, b, A_log, dt_bias, scale, use_qk_l2norm, softplus_beta, softplus_threshold
+    )
     B, T = q.shape[:2]
     out = torch.zeros(v.shape, dtype=qf.dtype, device=v.device)
     for r in range(B):
@@ -91,8 +108,22 @@ def path_verify_reference(q, k, v, a, b, A_log, dt_bias, state_pool, state_indic
     return out.to(q.dtype)
 
 
-def commit_reference(k, v, a, b, A_log, dt_bias, state_pool, state_indices, accepted, accept_len, *,
-                     use_qk_l2norm=True, softplus_beta=1.0, softplus_threshold=20.0):
+def commit_reference(
+    k,
+    v,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    state_pool,
+    state_indices,
+    accepted,
+    accept_len,
+    *,
+    use_qk_l2norm=True,
+    softplus_beta=1.0,
+    softplus_threshold=20.0,
+):
     """The state pool after replaying each request's accepted root path (a new tensor; input unchanged).
 
     k: [B, T, H, K]; v: [B, T, HV, V]; a, b: [B, T, HV]; accepted: [B, T] node indices, root first;
@@ -114,8 +145,24 @@ def commit_reference(k, v, a, b, A_log, dt_bias, state_pool, state_indices, acce
     return new_pool
 
 
-def wy_verify_reference(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, parents, num_nodes, *,
-                             scale=None, use_qk_l2norm=True, softplus_beta=1.0, softplus_threshold=20.0):
+def wy_verify_reference(
+    q,
+    k,
+    v,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    state_pool,
+    state_indices,
+    parents,
+    num_nodes,
+    *,
+    scale=None,
+    use_qk_l2norm=True,
+    softplus_beta=1.0,
+    softplus_threshold=20.0,
+):
     """The same outputs as :func:`path_verify_reference`, computed in the WY (chunked) form in float64.
 
     With ``G_i`` the decay summed along node i's root path and ``M`` the ancestor-or-self mask
@@ -124,8 +171,9 @@ def wy_verify_reference(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices
         O = diag(exp G) Q S + (M * exp(G_i - G_j) * Q K^T) U
     This is the identity the WY kernel implements; the test that it equals the recurrence pins it.
     """
-    qf, kf, vf, g, beta = _prepare(q, k, v, a, b, A_log, dt_bias, scale, use_qk_l2norm, softplus_beta,
-                                   softplus_threshold)
+    qf, kf, vf, g, beta = _prepare(
+        q, k, v, a, b, A_log, dt_bias, scale, use_qk_l2norm, softplus_beta, softplus_threshold
+    )
     B, T = q.shape[:2]
     out = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
     for r in range(B):

@@ -79,11 +79,33 @@ def _dot_split(a_hi, a_lo, s_hi, s_mid, s_lo, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
-def _wy_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, ancestors, num_nodes, o,
-                      softplus_beta, softplus_threshold, scale,
-                      T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-                      DOT_FP32: tl.constexpr):
+def _wy_verify_kernel(
+    q,
+    k,
+    v,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    state_pool,
+    state_indices,
+    ancestors,
+    num_nodes,
+    o,
+    softplus_beta,
+    softplus_threshold,
+    scale,
+    T: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     n = tl.load(num_nodes + i_b)
@@ -96,12 +118,15 @@ def _wy_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, 
     mask_v = o_v < V
     tok = i_b * T + rows
 
-    b_q = tl.load(q + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=row_ok[:, None] & mask_k[None, :],
-                  other=0).to(tl.float32)
-    b_k = tl.load(k + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=row_ok[:, None] & mask_k[None, :],
-                  other=0).to(tl.float32)
-    b_v = tl.load(v + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=row_ok[:, None] & mask_v[None, :],
-                  other=0).to(tl.float32)
+    b_q = tl.load(q + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=row_ok[:, None] & mask_k[None, :], other=0).to(
+        tl.float32
+    )
+    b_k = tl.load(k + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=row_ok[:, None] & mask_k[None, :], other=0).to(
+        tl.float32
+    )
+    b_v = tl.load(
+        v + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=row_ok[:, None] & mask_v[None, :], other=0
+    ).to(tl.float32)
     if USE_QK_L2NORM:
         b_q = b_q * (1.0 / tl.sqrt(tl.sum(b_q * b_q, axis=1) + 1e-6))[:, None]
         b_k = b_k * (1.0 / tl.sqrt(tl.sum(b_k * b_k, axis=1) + 1e-6))[:, None]
@@ -112,11 +137,15 @@ def _wy_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, 
     beta_x = softplus_beta * x
     softplus_x = tl.where(beta_x <= softplus_threshold, (1.0 / softplus_beta) * tl.log(1.0 + tl.exp(beta_x)), x)
     b_g = tl.where(row_ok, -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * softplus_x, 0.0)
-    b_beta = tl.where(row_ok, 1.0 / (1.0 + tl.exp(-tl.load(b + tok * HV + i_hv, mask=row_ok, other=0).to(tl.float32))),
-                      0.0)
+    b_beta = tl.where(
+        row_ok, 1.0 / (1.0 + tl.exp(-tl.load(b + tok * HV + i_hv, mask=row_ok, other=0).to(tl.float32))), 0.0
+    )
 
-    anc = tl.load(ancestors + (i_b * T + rows[:, None]) * T + cols[None, :],
-                  mask=(rows[:, None] < T) & (cols[None, :] < T), other=0.0)  # [BT, BT] ancestor-or-self
+    anc = tl.load(
+        ancestors + (i_b * T + rows[:, None]) * T + cols[None, :],
+        mask=(rows[:, None] < T) & (cols[None, :] < T),
+        other=0.0,
+    )  # [BT, BT] ancestor-or-self
     G = tl.sum(anc * b_g[None, :], axis=1)
     G_col = tl.sum(tl.where(rows[:, None] == cols[None, :], G[:, None], 0.0), axis=0)  # G indexed by column
     decay = tl.where(anc > 0, tl.exp(tl.where(anc > 0, G[:, None] - G_col[None, :], 0.0)), 0.0)
@@ -124,8 +153,11 @@ def _wy_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, 
 
     # the committed state tile S [BK, BV], FP32 in three bf16 parts
     slot = tl.load(state_indices + i_b).to(tl.int64)
-    b_s = tl.load(state_pool + slot * (HV * K * V) + i_hv * K * V + o_v[None, :] * K + o_k[:, None],
-                  mask=mask_k[:, None] & mask_v[None, :], other=0).to(tl.float32)
+    b_s = tl.load(
+        state_pool + slot * (HV * K * V) + i_hv * K * V + o_v[None, :] * K + o_k[:, None],
+        mask=mask_k[:, None] & mask_v[None, :],
+        other=0,
+    ).to(tl.float32)
     s_hi, s_mid, s_lo = _split3(b_s)
     k_hi, k_lo = _split2(b_k)
     q_hi, q_lo = _split2(b_q)
@@ -149,15 +181,33 @@ def _wy_verify_kernel(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, 
         i += 1
 
     out = exp_G[:, None] * qs + tl.dot(decay * qkt, U, input_precision="ieee")
-    tl.store(o + (tok[:, None] * HV + i_hv) * V + o_v[None, :], out.to(o.dtype.element_ty),
-             mask=(rows[:, None] < T) & mask_v[None, :])
+    tl.store(
+        o + (tok[:, None] * HV + i_hv) * V + o_v[None, :],
+        out.to(o.dtype.element_ty),
+        mask=(rows[:, None] < T) & mask_v[None, :],
+    )
 
 
-def gdn_tree_wy_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                       A_log: torch.Tensor, dt_bias: torch.Tensor, state_pool: torch.Tensor,
-                       state_indices: torch.Tensor, ancestors: torch.Tensor, num_nodes: torch.Tensor | None = None,
-                       *, scale: float | None = None, use_qk_l2norm: bool = True, softplus_beta: float = 1.0,
-                       softplus_threshold: float = 20.0, block_v: int = 32, num_warps: int = 8) -> torch.Tensor:
+def gdn_tree_wy_verify(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_pool: torch.Tensor,
+    state_indices: torch.Tensor,
+    ancestors: torch.Tensor,
+    num_nodes: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+    softplus_beta: float = 1.0,
+    softplus_threshold: float = 20.0,
+    block_v: int = 32,
+    num_warps: int = 8,
+) -> torch.Tensor:
     """The outputs of :func:`.path_verify.gdn_tree_path_verify`, computed for all nodes at once (WY form).
 
     Args:
@@ -176,9 +226,31 @@ def gdn_tree_wy_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: tor
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     grid = (triton.cdiv(V, block_v), B, HV)
     _wy_verify_kernel[grid](
-        q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, ancestors, num_nodes.to(torch.int32).contiguous(),
-        o, softplus_beta, softplus_threshold, scale if scale is not None else K ** -0.5,
-        T=T, H=H, HV=HV, K=K, V=V, BT=max(16, triton.next_power_of_2(T)), BK=triton.next_power_of_2(K),
-        BV=block_v, USE_QK_L2NORM=use_qk_l2norm, DOT_FP32=q.device.type == "cpu", num_warps=num_warps,
+        q,
+        k,
+        v,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        state_pool,
+        state_indices,
+        ancestors,
+        num_nodes.to(torch.int32).contiguous(),
+        o,
+        softplus_beta,
+        softplus_threshold,
+        scale if scale is not None else K**-0.5,
+        T=T,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BT=max(16, triton.next_power_of_2(T)),
+        BK=triton.next_power_of_2(K),
+        BV=block_v,
+        USE_QK_L2NORM=use_qk_l2norm,
+        DOT_FP32=q.device.type == "cpu",
+        num_warps=num_warps,
     )
     return o

@@ -30,8 +30,22 @@ def w12_gemm(*args, **kwargs):
 
     return triton_gemm(*args, **kwargs)
 
+
 __all__ = [
-    "FORMAT_VERSION", "W12Error", "W12MmaTensor", "W12Tensor", "check_roundtrip", "decode", "encode", "encode_or_keep",
+    "FORMAT_VERSION",
+    "W12Error",
+    "W12MmaTensor",
+    "W12Tensor",
+    "check_roundtrip",
+    "decode",
+    "encode",
+    "encode_or_keep",
     "fp8_view",
-    "from_canonical", "qpass_linear", "to_canonical", "to_mma_layout", "w12_gemm", "w12_linear", "w12_mma_gemm",
+    "from_canonical",
+    "qpass_linear",
+    "to_canonical",
+    "to_mma_layout",
+    "w12_gemm",
+    "w12_linear",
+    "w12_mma_gemm",
 ]

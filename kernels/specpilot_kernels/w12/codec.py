@@ -25,19 +25,26 @@ def check_roundtrip(weight: torch.Tensor, w12: W12Tensor, name: str = "weight") 
     decoded = decode(w12).view(torch.int16)
     source = weight.contiguous().view(torch.int16).to(decoded.device)
     if decoded.shape != source.shape:
-        raise W12Error(f"W12 tensor {name} decodes to shape {tuple(decoded.shape)}, source is {tuple(source.shape)}",
-                       where=name, fix="re-encode this tensor")
+        raise W12Error(
+            f"W12 tensor {name} decodes to shape {tuple(decoded.shape)}, source is {tuple(source.shape)}",
+            where=name,
+            fix="re-encode this tensor",
+        )
     diff = decoded != source
     if bool(diff.any()):
         row, col = (int(v) for v in torch.nonzero(diff)[0])
         raise W12Error(
             f"W12 tensor {name} differs from its BF16 source at {int(diff.sum())} positions, first at "
             f"[{row}, {col}]: {int(decoded[row, col]) & 0xFFFF:#06x} != {int(source[row, col]) & 0xFFFF:#06x}",
-            where=f"{name}[{row}, {col}]", fix="re-encode from the BF16 checkpoint; the stored planes are corrupt")
+            where=f"{name}[{row}, {col}]",
+            fix="re-encode from the BF16 checkpoint; the stored planes are corrupt",
+        )
     return w12.stats()
 
 
-def encode(weight: torch.Tensor, *, check: bool = True, name: str = "weight", version: int = FORMAT_VERSION) -> W12Tensor:
+def encode(
+    weight: torch.Tensor, *, check: bool = True, name: str = "weight", version: int = FORMAT_VERSION
+) -> W12Tensor:
     """Encode a BF16 weight [N, K] (CPU or GPU) to W12 on the same device, checked bit for bit.
 
     Args:
@@ -70,14 +77,26 @@ def encode_or_keep(weight: torch.Tensor, *, name: str = "weight") -> tuple[W12Te
     """
     w12 = encode(weight, check=False, name=name)
     stats = w12.stats()
-    report = {"name": name, "shape": stats["shape"], "bits_per_weight": stats["bits_per_weight"],
-              "escape_fraction": stats["escape_fraction"], "escapes": stats["escapes"], "kept_bf16": False}
+    report = {
+        "name": name,
+        "shape": stats["shape"],
+        "bits_per_weight": stats["bits_per_weight"],
+        "escape_fraction": stats["escape_fraction"],
+        "escapes": stats["escapes"],
+        "kept_bf16": False,
+    }
     if stats["bits_per_weight"] > 16.0 * W12_MAX_SHARE_OF_BF16:
-        report.update(kept_bf16=True, reason=f"W12 needs {stats['bits_per_weight']:.2f} bits a weight, more than "
-                      f"{W12_MAX_SHARE_OF_BF16:.0%} of BF16's 16")
+        report.update(
+            kept_bf16=True,
+            reason=f"W12 needs {stats['bits_per_weight']:.2f} bits a weight, more than "
+            f"{W12_MAX_SHARE_OF_BF16:.0%} of BF16's 16",
+        )
     elif stats["escape_fraction"] > MAX_ESCAPE_FRACTION:
-        report.update(kept_bf16=True, reason=f"{stats['escape_fraction']:.2%} of its weights escape the window "
-                      f"(more than {MAX_ESCAPE_FRACTION:.0%})")
+        report.update(
+            kept_bf16=True,
+            reason=f"{stats['escape_fraction']:.2%} of its weights escape the window "
+            f"(more than {MAX_ESCAPE_FRACTION:.0%})",
+        )
     if report["kept_bf16"]:
         return None, report
     check_roundtrip(weight, w12, name)

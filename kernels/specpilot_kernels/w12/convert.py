@@ -25,7 +25,9 @@ W12_SUFFIX = ".w12."
 RECORD_FIELDS = ("records", "base", "escapes", "escape_bits", "header")
 
 
-def convert_tensors(tensors: dict[str, torch.Tensor], device: str = "cpu") -> tuple[dict[str, torch.Tensor], list[dict]]:
+def convert_tensors(
+    tensors: dict[str, torch.Tensor], device: str = "cpu"
+) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """(stored tensors, per-tensor reports): W12 records for the 2-D BF16 tensors where W12 pays, the rest as given."""
     out, reports = {}, []
     for name, tensor in tensors.items():
@@ -55,8 +57,11 @@ def load_converted(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor |
     for name, fields in groups.items():
         missing = [f for f in RECORD_FIELDS if f not in fields]
         if missing:
-            raise W12Error(f"W12 tensor {name} lacks {', '.join(missing)}", where=f"{name}{W12_SUFFIX}*",
-                           fix="the file is incomplete: convert the BF16 checkpoint again")
+            raise W12Error(
+                f"W12 tensor {name} lacks {', '.join(missing)}",
+                where=f"{name}{W12_SUFFIX}*",
+                fix="the file is incomplete: convert the BF16 checkpoint again",
+            )
         out[name] = from_canonical(fields, name=name)
     return out
 

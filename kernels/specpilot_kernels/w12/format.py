@@ -184,54 +184,97 @@ def from_canonical(tensors: dict[str, torch.Tensor], name: str = "w12") -> W12Te
     Refused with what, where and how to fix (:class:`W12Error`), the input left as it was: a missing or
     mistyped field, an unknown format version, records or bases of the wrong size, escape counts that
     disagree with the header, escape positions outside the tensor or repeated, bases above 239."""
-    for field, dtype in (("header", torch.int64), ("records", torch.uint8), ("base", torch.uint8),
-                         ("escapes", torch.int64), ("escape_bits", torch.int16)):
-        _require(field in tensors and isinstance(tensors[field], torch.Tensor) and tensors[field].dtype == dtype,
-                 f"W12 record {name}: field {field!r} is missing or not {dtype}", f"{name}.{field}")
+    for field, dtype in (
+        ("header", torch.int64),
+        ("records", torch.uint8),
+        ("base", torch.uint8),
+        ("escapes", torch.int64),
+        ("escape_bits", torch.int16),
+    ):
+        _require(
+            field in tensors and isinstance(tensors[field], torch.Tensor) and tensors[field].dtype == dtype,
+            f"W12 record {name}: field {field!r} is missing or not {dtype}",
+            f"{name}.{field}",
+        )
     header = tensors["header"]
-    _require(header.shape == (4,), f"W12 record {name}: header has shape {tuple(header.shape)}, expected (4,)",
-             f"{name}.header")
+    _require(
+        header.shape == (4,),
+        f"W12 record {name}: header has shape {tuple(header.shape)}, expected (4,)",
+        f"{name}.header",
+    )
     version, n, k, count = (int(v) for v in header.tolist())
     if version not in SUPPORTED_VERSIONS:
-        raise W12Error(f"W12 record {name} has format version {version}; this code reads versions "
-                       f"{sorted(SUPPORTED_VERSIONS)}", where=f"{name}.header[0]",
-                       fix="re-convert the BF16 checkpoint with this code: " + CONVERT_COMMAND)
-    _require(n > 0 and k > 0 and count >= 0, f"W12 record {name}: header shape ({n}, {k}) / {count} escapes is invalid",
-             f"{name}.header")
+        raise W12Error(
+            f"W12 record {name} has format version {version}; this code reads versions {sorted(SUPPORTED_VERSIONS)}",
+            where=f"{name}.header[0]",
+            fix="re-convert the BF16 checkpoint with this code: " + CONVERT_COMMAND,
+        )
+    _require(
+        n > 0 and k > 0 and count >= 0,
+        f"W12 record {name}: header shape ({n}, {k}) / {count} escapes is invalid",
+        f"{name}.header",
+    )
     np_, kp = padded(n, TILE_N), padded(k, STEP_K)
     records, base = tensors["records"], tensors["base"]
     tiles = (np_ // TILE_N) * (kp // TILE_K)
-    _require(tuple(records.shape) == (tiles, RECORD_BYTES),
-             f"W12 record {name}: records have shape {tuple(records.shape)}, the header's ({n}, {k}) needs "
-             f"({tiles}, {RECORD_BYTES}) (12 KB per 128x64 tile)", f"{name}.records",
-             "the file is truncated or the records belong to another tensor: " + CONVERT_COMMAND)
-    _require(tuple(base.shape) == (np_,), f"W12 record {name}: base has {base.numel()} entries, expected {np_}",
-             f"{name}.base")
-    _require(int(base.max()) <= 254 - MAX_OFFSET if base.numel() else True,
-             f"W12 record {name}: a window base is {int(base.max())}, above {254 - MAX_OFFSET}", f"{name}.base")
+    _require(
+        tuple(records.shape) == (tiles, RECORD_BYTES),
+        f"W12 record {name}: records have shape {tuple(records.shape)}, the header's ({n}, {k}) needs "
+        f"({tiles}, {RECORD_BYTES}) (12 KB per 128x64 tile)",
+        f"{name}.records",
+        "the file is truncated or the records belong to another tensor: " + CONVERT_COMMAND,
+    )
+    _require(
+        tuple(base.shape) == (np_,),
+        f"W12 record {name}: base has {base.numel()} entries, expected {np_}",
+        f"{name}.base",
+    )
+    _require(
+        int(base.max()) <= 254 - MAX_OFFSET if base.numel() else True,
+        f"W12 record {name}: a window base is {int(base.max())}, above {254 - MAX_OFFSET}",
+        f"{name}.base",
+    )
     escapes, bits = tensors["escapes"], tensors["escape_bits"]
-    _require(tuple(escapes.shape) == (count, 2) and tuple(bits.shape) == (count,),
-             f"W12 record {name}: {tuple(escapes.shape)} escape positions and {bits.numel()} escape values, the "
-             f"header says {count}", f"{name}.escapes")
+    _require(
+        tuple(escapes.shape) == (count, 2) and tuple(bits.shape) == (count,),
+        f"W12 record {name}: {tuple(escapes.shape)} escape positions and {bits.numel()} escape values, the "
+        f"header says {count}",
+        f"{name}.escapes",
+    )
     if count:
         rows, cols = escapes[:, 0], escapes[:, 1]
         inside = (rows >= 0) & (rows < n) & (cols >= 0) & (cols < k)
         if not bool(inside.all()):
             bad = int(torch.nonzero(~inside)[0, 0])
-            raise W12Error(f"W12 record {name}: escape {bad} at ({int(rows[bad])}, {int(cols[bad])}) is outside the "
-                           f"({n}, {k}) tensor", where=f"{name}.escapes[{bad}]",
-                           fix="the escape list is corrupt: " + CONVERT_COMMAND)
+            raise W12Error(
+                f"W12 record {name}: escape {bad} at ({int(rows[bad])}, {int(cols[bad])}) is outside the "
+                f"({n}, {k}) tensor",
+                where=f"{name}.escapes[{bad}]",
+                fix="the escape list is corrupt: " + CONVERT_COMMAND,
+            )
         flat = rows * kp + cols
-        _require(bool((flat[1:] > flat[:-1]).all()), f"W12 record {name}: escape positions are not strictly "
-                 "increasing (row-major, no repeats)", f"{name}.escapes", "the escape list is corrupt: " + CONVERT_COMMAND)
+        _require(
+            bool((flat[1:] > flat[:-1]).all()),
+            f"W12 record {name}: escape positions are not strictly increasing (row-major, no repeats)",
+            f"{name}.escapes",
+            "the escape list is corrupt: " + CONVERT_COMMAND,
+        )
     grid = (np_ // TILE_N, kp // TILE_K)
     view = records[:, : TILE_N * TILE_K].reshape(*grid, TILE_N, TILE_K).permute(0, 2, 1, 3).reshape(np_, kp)
-    packed = records[:, TILE_N * TILE_K:].reshape(*grid, TILE_N, TILE_K // 2).permute(0, 2, 1, 3)
+    packed = records[:, TILE_N * TILE_K :].reshape(*grid, TILE_N, TILE_K // 2).permute(0, 2, 1, 3)
     nib = torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(np_, kp)
     rows, cols = escapes[:, 0], escapes[:, 1]
     esc_ptr, esc_loc, esc_val = bucket_escapes(rows, cols, bits, np_, kp)
-    return W12Tensor((n, k), view.contiguous(), nibbles_to_kernel_layout(nib.contiguous()),
-                     base.clone(), esc_ptr, esc_loc, esc_val, version)
+    return W12Tensor(
+        (n, k),
+        view.contiguous(),
+        nibbles_to_kernel_layout(nib.contiguous()),
+        base.clone(),
+        esc_ptr,
+        esc_loc,
+        esc_val,
+        version,
+    )
 
 
 def bucket_escapes(rows: torch.Tensor, cols: torch.Tensor, bits: torch.Tensor, np_: int, kp: int):

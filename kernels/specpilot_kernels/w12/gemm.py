@@ -69,10 +69,28 @@ def _decode_half(view, nib, base):
 
 @triton.jit
 def _w12_gemm_kernel(
-    x_ptr, view_ptr, nib_ptr, base_ptr, esc_ptr_ptr, esc_loc_ptr, esc_val_ptr, out_ptr,
-    M, N, K, Kp, stride_xm, stride_out_split, stride_out_m,
-    BLOCK_N: tl.constexpr, M_PAD: tl.constexpr, STEPS: tl.constexpr, LOW_BITS: tl.constexpr, USE_ASM: tl.constexpr,
-    PARTIAL: tl.constexpr, DOT_FP32: tl.constexpr,
+    x_ptr,
+    view_ptr,
+    nib_ptr,
+    base_ptr,
+    esc_ptr_ptr,
+    esc_loc_ptr,
+    esc_val_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    Kp,
+    stride_xm,
+    stride_out_split,
+    stride_out_m,
+    BLOCK_N: tl.constexpr,
+    M_PAD: tl.constexpr,
+    STEPS: tl.constexpr,
+    LOW_BITS: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
     # LOW_BITS: 0 exact (nibbles + escapes), 1 truncated, 2 midpoint (Q-pass reads only the view).
     pid_n = tl.program_id(0)
@@ -128,8 +146,13 @@ def _w12_gemm_kernel(
             nib = tl.full((BLOCK_N, 64), 0x88 if LOW_BITS == 2 else 0, tl.uint8)
         if USE_ASM:
             w_lo, w_hi = tl.inline_asm_elementwise(
-                DECODE_ASM, "=r,=r,=r,=r,r,r,r,r", [v_lo, v_hi, nib, base],
-                dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+                DECODE_ASM,
+                "=r,=r,=r,=r,r,r,r,r",
+                [v_lo, v_hi, nib, base],
+                dtype=(tl.bfloat16, tl.bfloat16),
+                is_pure=True,
+                pack=4,
+            )
         else:
             w_lo = _decode_half(v_lo, nib & 0xF, base)
             w_hi = _decode_half(v_hi, nib >> 4, base)
@@ -195,10 +218,30 @@ def launch(x, w12, y, config: GemmConfig, low_bits: int, workspace: torch.Tensor
     out = workspace[: splits * m * n].view(splits, m, n) if partial else y
     grid = (np_ // config.block_n, splits)
     compiled = _w12_gemm_kernel[grid](
-        x, w12.view, w12.nibbles, w12.base, w12.esc_ptr, w12.esc_loc, w12.esc_val, out,
-        m, n, k, kp, x.stride(0), out.stride(0) if partial else 0, out.stride(-2),
-        BLOCK_N=config.block_n, M_PAD=m_pad, STEPS=steps, LOW_BITS=low_bits, USE_ASM=config.use_asm and not interp,
-        PARTIAL=partial, DOT_FP32=interp, num_warps=config.num_warps, num_stages=config.num_stages,
+        x,
+        w12.view,
+        w12.nibbles,
+        w12.base,
+        w12.esc_ptr,
+        w12.esc_loc,
+        w12.esc_val,
+        out,
+        m,
+        n,
+        k,
+        kp,
+        x.stride(0),
+        out.stride(0) if partial else 0,
+        out.stride(-2),
+        BLOCK_N=config.block_n,
+        M_PAD=m_pad,
+        STEPS=steps,
+        LOW_BITS=low_bits,
+        USE_ASM=config.use_asm and not interp,
+        PARTIAL=partial,
+        DOT_FP32=interp,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     if partial:
         total = m * n
@@ -207,8 +250,14 @@ def launch(x, w12, y, config: GemmConfig, low_bits: int, workspace: torch.Tensor
     return compiled
 
 
-def w12_gemm(x: torch.Tensor, w12: W12Tensor, *, config: GemmConfig | None = None,
-             low_bits: str = "exact", out: torch.Tensor | None = None) -> torch.Tensor:
+def w12_gemm(
+    x: torch.Tensor,
+    w12: W12Tensor,
+    *,
+    config: GemmConfig | None = None,
+    low_bits: str = "exact",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """y = x @ W^T with W stored as W12, decoded in registers.
 
     x    bf16 [M, K] (any M; launched in chunks of 64 rows), row stride free, unit column stride
@@ -220,12 +269,18 @@ def w12_gemm(x: torch.Tensor, w12: W12Tensor, *, config: GemmConfig | None = Non
     """
     n, k = w12.shape
     if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.bfloat16 or x.stride(1) != 1:
-        raise W12Error(f"w12_gemm needs x bf16 [M, {k}] with unit column stride, got {x.dtype} "
-                       f"{tuple(x.shape)} strides {tuple(x.stride())}", where="w12_gemm(x)",
-                       fix="pass x.contiguous().to(torch.bfloat16) flattened to 2-D")
+        raise W12Error(
+            f"w12_gemm needs x bf16 [M, {k}] with unit column stride, got {x.dtype} "
+            f"{tuple(x.shape)} strides {tuple(x.stride())}",
+            where="w12_gemm(x)",
+            fix="pass x.contiguous().to(torch.bfloat16) flattened to 2-D",
+        )
     if x.device != w12.device:
-        raise W12Error(f"x is on {x.device} but the W12 weight is on {w12.device}", where="w12_gemm",
-                       fix="move both to the same device")
+        raise W12Error(
+            f"x is on {x.device} but the W12 weight is on {w12.device}",
+            where="w12_gemm",
+            fix="move both to the same device",
+        )
     m = x.shape[0]
     y = out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     if m == 0:
@@ -239,4 +294,3 @@ def w12_gemm(x: torch.Tensor, w12: W12Tensor, *, config: GemmConfig | None = Non
         r1 = min(m, r0 + MAX_ROWS_PER_LAUNCH)
         launch(x[r0:r1], w12, y[r0:r1], config, LOW_BITS_CODES[low_bits], workspace)
     return y
-

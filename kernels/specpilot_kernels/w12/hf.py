@@ -27,6 +27,7 @@ from .format import W12Tensor
 from .linear import w12_linear
 from .mma import W12MmaTensor, to_mma_layout
 
+
 class W12Linear(nn.Module):
     """A drop-in for a BF16 ``nn.Linear`` whose weight is stored as W12 (the tensors are buffers).
 
@@ -156,9 +157,13 @@ def fuse_shared_input_projections(model: nn.Module) -> int:
             if not all(type(layer) is nn.Linear for layer in layers):
                 continue
             first = layers[0]
-            if any(layer.in_features != first.in_features or layer.weight.dtype != first.weight.dtype
-                   or layer.weight.device != first.weight.device or (layer.bias is None) != (first.bias is None)
-                   for layer in layers):
+            if any(
+                layer.in_features != first.in_features
+                or layer.weight.dtype != first.weight.dtype
+                or layer.weight.device != first.weight.device
+                or (layer.bias is None) != (first.bias is None)
+                for layer in layers
+            ):
                 continue
             sizes = [layer.out_features for layer in layers]
             fused = nn.Linear(first.in_features, sum(sizes), bias=first.bias is not None, device="meta")

@@ -12,7 +12,7 @@ Inside each 32-column block the MMA's k order is permuted so that lane t's activ
 8t .. 8t+7 (one 16-byte load). On sm_90a a shape's config may run 9-64 rows as warpgroup MMAs instead (wgmma, the
 decoded fragments as its register operand; a small kernel first writes the activations in the same permuted k order,
 and each K class brings a chunk of them into shared memory with one bulk copy), and 33-256 rows through the wide
-kernel (csrc/w12_wide.cu: up to 128 token rows a wgmma, every weight read once a launch, the K classes and splits of a
+kernel (csrc/w12_wide.cuh: up to 256 token rows a wgmma, every weight read once a launch, the K classes and splits of a
 tile group reduced in one cluster): the same bits at every row count.
 """
 
@@ -29,7 +29,15 @@ from ..cuda_extension import load_cuda_extension
 from .format import STEP_K, W12Error, W12Tensor, escape_positions, nibbles_from_kernel_layout
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("binding.cpp", "w12_launch.cu", "w12_warp.cu", "w12_shared_x.cu", "w12_wgmma.cu", "w12_wide.cu")
+SOURCES = (
+    "binding.cpp",
+    "w12_launch.cu",
+    "w12_warp.cu",
+    "w12_shared_x.cu",
+    "w12_wgmma.cu",
+    "w12_wide.cu",
+    "w12_wide_carried.cu",
+)
 LOW_BITS_CODES = {"exact": 0, "truncated": 1, "midpoint": 2}
 MAX_ROWS_PER_LAUNCH = 64  # eight token tiles of 8 (the per-warp and warpgroup kernels)
 MAX_WIDE_ROWS = 256  # the wide kernel: two slabs of up to 128 token rows
@@ -83,8 +91,10 @@ class W12MmaTensor:
         return self.view.device
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.view, self.nibbles, self.base, self.esc_tile,
-                                                           self.esc_chunk, self.esc_entry))
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.view, self.nibbles, self.base, self.esc_tile, self.esc_chunk, self.esc_entry)
+        )
 
     def rows(self, first: int, end: int) -> W12MmaTensor:
         """Rows ``first`` .. ``end`` of W (multiples of 16, or ``end`` = N): views of the planes, no copy. The escape
@@ -93,13 +103,24 @@ class W12MmaTensor:
             return self._row_views[first, end]
         n, k = self.shape
         if first % 16 or not 0 <= first < end <= n or (end % 16 and end != n):
-            raise W12Error(f"rows {first}..{end} of a W12 weight with {n} rows: a region starts on a 16-row tile and "
-                           "ends on one or at N", where="W12MmaTensor.rows", fix="use multiples of 16")
+            raise W12Error(
+                f"rows {first}..{end} of a W12 weight with {n} rows: a region starts on a 16-row tile and "
+                "ends on one or at N",
+                where="W12MmaTensor.rows",
+                fix="use multiples of 16",
+            )
         t0, t1 = first // 16, -(-end // 16)
         chunks = self.padded_shape[1] // STEP_K
-        region = W12MmaTensor((end - first, k), (16 * (t1 - t0), self.padded_shape[1]), self.view[t0:t1],
-                              self.nibbles[t0:t1], self.base[first:16 * t1], self.esc_tile[t0:t1 + 1],
-                              self.esc_chunk[t0 * chunks:t1 * chunks], self.esc_entry)
+        region = W12MmaTensor(
+            (end - first, k),
+            (16 * (t1 - t0), self.padded_shape[1]),
+            self.view[t0:t1],
+            self.nibbles[t0:t1],
+            self.base[first : 16 * t1],
+            self.esc_tile[t0 : t1 + 1],
+            self.esc_chunk[t0 * chunks : t1 * chunks],
+            self.esc_entry,
+        )
         self._row_views[first, end] = region
         return region
 
@@ -141,14 +162,19 @@ def to_mma_layout(w12: W12Tensor) -> W12MmaTensor:
     counts = torch.bincount(bucket, minlength=tiles * chunks).view(tiles, chunks)
     per_tile = counts.sum(1)
     if per_tile.numel() and int(per_tile.max()) >= MAX_ESCAPES_PER_TILE:
-        raise W12Error(f"a 16-row tile has {int(per_tile.max())} escapes, more than the kernel layout's "
-                       f"{MAX_ESCAPES_PER_TILE - 1}", where="to_mma_layout", fix="keep this tensor in BF16")
+        raise W12Error(
+            f"a 16-row tile has {int(per_tile.max())} escapes, more than the kernel layout's "
+            f"{MAX_ESCAPES_PER_TILE - 1}",
+            where="to_mma_layout",
+            fix="keep this tensor in BF16",
+        )
     esc_tile = torch.zeros(tiles + 1, dtype=torch.int64, device=w12.device)
     esc_tile[1:] = torch.cumsum(per_tile, 0)
     within = torch.cumsum(counts, 1) - counts  # each chunk's first entry relative to its tile's
     esc_chunk = ((within << 12) | counts).view(-1).to(torch.int32)
-    return W12MmaTensor(w12.shape, (np_, kp), view, nibbles, w12.base, esc_tile.to(torch.int32), esc_chunk,
-                        entry[order].to(torch.int32))
+    return W12MmaTensor(
+        w12.shape, (np_, kp), view, nibbles, w12.base, esc_tile.to(torch.int32), esc_chunk, entry[order].to(torch.int32)
+    )
 
 
 def _pack_nibbles(nib: torch.Tensor) -> torch.Tensor:
@@ -193,7 +219,8 @@ MAX_SHARED_X_RING = 8
 # (9-16, 17-32, 33-64) a number of warpgroups of 4 tiles a K class a block (0: per-warp mma.sync). 4-tile warpgroups
 # make few blocks, which one-wave grids feel most, so it is per shape and row range.
 MAX_WGMMA_WARPS_PER_BLOCK = 32
-# sm_90a, 33-256 rows: the wide kernel, ``wide`` = (warpgroups a block, activation slots, weight stages a warp) at
+# sm_90a, 33-256 rows: the wide kernel, ``wide`` = (warpgroups a block, activation slots, weight stages a warp; 0 or 1
+# stages: each chunk's weights carried in the activation slots, a slot holding the whole chunk (0) or half of it (1)) at
 # every row count, or ``wide_rows`` = one (warpgroups, slots, stages, largest slab in token tiles of 8 rows[, multicast])
 # per WIDE_BUCKETS range; the launch picks the smallest built slab that holds the rows (one slab where the largest
 # allows, so each weight is decoded once). Multicast (1, 2 or 4, one slab only): that many neighbouring tile groups
@@ -235,47 +262,79 @@ class MmaConfig:
 
     def __post_init__(self):
         if not 0 <= self.staged_rows <= MAX_STAGED_ROWS:
-            raise W12Error(f"staged_rows={self.staged_rows}: the staged kernel is built for up to {MAX_STAGED_ROWS} rows",
-                           where="MmaConfig.staged_rows", fix=f"use 0 (never) to {MAX_STAGED_ROWS}")
+            raise W12Error(
+                f"staged_rows={self.staged_rows}: the staged kernel is built for up to {MAX_STAGED_ROWS} rows",
+                where="MmaConfig.staged_rows",
+                fix=f"use 0 (never) to {MAX_STAGED_ROWS}",
+            )
         for rows, built in STEP_PLANS.items():
             plan = tuple(getattr(self, f"plan_{rows}"))
             if plan not in built:
-                raise W12Error(f"step plan {plan} for up to {rows} rows is not built into the kernel",
-                               where=f"MmaConfig.plan_{rows}", fix=f"use one of {list(built)}")
+                raise W12Error(
+                    f"step plan {plan} for up to {rows} rows is not built into the kernel",
+                    where=f"MmaConfig.plan_{rows}",
+                    fix=f"use one of {list(built)}",
+                )
             object.__setattr__(self, f"plan_{rows}", plan)  # JSON lists become tuples
         object.__setattr__(self, "shared_x_32", tuple(self.shared_x_32))  # JSON lists become tuples
         object.__setattr__(self, "wgmma", tuple(self.wgmma))
         if len(self.wgmma) != 3 or any(g < 0 or 4 * g * self.warps_k > MAX_WGMMA_WARPS_PER_BLOCK for g in self.wgmma):
-            raise W12Error(f"wgmma={self.wgmma} with warps_k={self.warps_k}: warpgroups a K class a block at 9-16, "
-                           f"17-32 and 33-64 rows, each 0 (off) or with 4 x warpgroups x warps_k <= {MAX_WGMMA_WARPS_PER_BLOCK}"
-                           " warps", where="MmaConfig.wgmma", fix="use e.g. (0, 0, 1) or fewer warpgroups")
+            raise W12Error(
+                f"wgmma={self.wgmma} with warps_k={self.warps_k}: warpgroups a K class a block at 9-16, "
+                f"17-32 and 33-64 rows, each 0 (off) or with 4 x warpgroups x warps_k <= {MAX_WGMMA_WARPS_PER_BLOCK}"
+                " warps",
+                where="MmaConfig.wgmma",
+                fix="use e.g. (0, 0, 1) or fewer warpgroups",
+            )
         object.__setattr__(self, "tail", tuple(self.tail))
         object.__setattr__(self, "wide", tuple(self.wide))
         groups, slots, stages = self.wide if len(self.wide) == 3 else (-1, 0, 0)
         if not _wide_setting_ok(groups, slots, stages, 16):
-            raise W12Error(f"wide={self.wide}: (warpgroups a block 0-{MAX_WIDE_GROUPS}, activation slots 2-"
-                           f"{MAX_WIDE_SLOTS}, weight stages 2-{MAX_WIDE_STAGES})", where="MmaConfig.wide",
-                           fix="use e.g. (1, 2, 3), or (0, 2, 2) for off")
+            raise W12Error(
+                f"wide={self.wide}: (warpgroups a block 0-{MAX_WIDE_GROUPS}, activation slots 2-"
+                f"{MAX_WIDE_SLOTS}, weight stages 0-{MAX_WIDE_STAGES})",
+                where="MmaConfig.wide",
+                fix="use e.g. (1, 2, 3), or (0, 2, 2) for off",
+            )
         object.__setattr__(self, "wide_rows", tuple(tuple(w) for w in self.wide_rows))
-        if self.wide_rows and (len(self.wide_rows) != len(WIDE_BUCKETS)
-                               or not all(len(w) in (4, 5) and _wide_setting_ok(*w) for w in self.wide_rows)):
-            raise W12Error(f"wide_rows={self.wide_rows}: one (warpgroups 0-{MAX_WIDE_GROUPS}, slots 2-{MAX_WIDE_SLOTS}, "
-                           f"stages 2-{MAX_WIDE_STAGES}, largest slab in {WIDE_TOKEN_TILES} token tiles[, multicast 1, "
-                           "2 or 4]) for each of 33-64, 65-128 and 129-256 rows", where="MmaConfig.wide_rows",
-                           fix="e.g. ((4, 4, 2, 8), (4, 3, 2, 16), (2, 2, 2, 32)), or () for `wide` everywhere")
+        if self.wide_rows and (
+            len(self.wide_rows) != len(WIDE_BUCKETS)
+            or not all(len(w) in (4, 5) and _wide_setting_ok(*w) for w in self.wide_rows)
+        ):
+            raise W12Error(
+                f"wide_rows={self.wide_rows}: one (warpgroups 0-{MAX_WIDE_GROUPS}, slots 2-{MAX_WIDE_SLOTS}, "
+                f"stages 0-{MAX_WIDE_STAGES}, largest slab in {WIDE_TOKEN_TILES} token tiles[, multicast 1, "
+                "2 or 4 with 2+ stages]) for each of 33-64, 65-128 and 129-256 rows",
+                where="MmaConfig.wide_rows",
+                fix="e.g. ((4, 4, 2, 8), (4, 3, 2, 16), (2, 2, 2, 32)), or () for `wide` everywhere",
+            )
         warps_n, warps_k, splits = self.tail if len(self.tail) == 3 else (-1, -1, -1)
         one_region = self.tail_rows == 0 and self.tail == (0, 0, 0)
-        if not one_region and not (self.tail_rows > 0 and self.tail_rows % 16 == 0 and min(warps_n, warps_k, splits) >= 1
-                                   and warps_n * warps_k <= MAX_WARPS_PER_BLOCK):
-            raise W12Error(f"tail_rows={self.tail_rows}, tail={self.tail}: a tail is a positive multiple of 16 rows with "
-                           f"a partition (warps_n, warps_k, splits) of at most {MAX_WARPS_PER_BLOCK} warps a block",
-                           where="MmaConfig.tail", fix="e.g. tail_rows=1024, tail=(1, 8, 1); or 0 and (0, 0, 0)")
+        if not one_region and not (
+            self.tail_rows > 0
+            and self.tail_rows % 16 == 0
+            and min(warps_n, warps_k, splits) >= 1
+            and warps_n * warps_k <= MAX_WARPS_PER_BLOCK
+        ):
+            raise W12Error(
+                f"tail_rows={self.tail_rows}, tail={self.tail}: a tail is a positive multiple of 16 rows with "
+                f"a partition (warps_n, warps_k, splits) of at most {MAX_WARPS_PER_BLOCK} warps a block",
+                where="MmaConfig.tail",
+                fix="e.g. tail_rows=1024, tail=(1, 8, 1); or 0 and (0, 0, 0)",
+            )
         tiles, ring = self.shared_x_32
-        if ring and not (2 <= ring <= MAX_SHARED_X_RING and tiles >= 1 and tiles * self.warps_k <= MAX_WARPS_PER_BLOCK
-                         and self.plan_32[1] == 1):
-            raise W12Error(f"shared_x_32={self.shared_x_32} with warps_k={self.warps_k}, plan_32={self.plan_32}: "
-                           "shared activations need 2-8 ring slots, at most 16 warps a block and one tile a warp",
-                           where="MmaConfig.shared_x_32", fix="use (0, 0) (off) or fewer tiles a block, or plan_32 (4, 1)")
+        if ring and not (
+            2 <= ring <= MAX_SHARED_X_RING
+            and tiles >= 1
+            and tiles * self.warps_k <= MAX_WARPS_PER_BLOCK
+            and self.plan_32[1] == 1
+        ):
+            raise W12Error(
+                f"shared_x_32={self.shared_x_32} with warps_k={self.warps_k}, plan_32={self.plan_32}: "
+                "shared activations need 2-8 ring slots, at most 16 warps a block and one tile a warp",
+                where="MmaConfig.shared_x_32",
+                fix="use (0, 0) (off) or fewer tiles a block, or plan_32 (4, 1)",
+            )
 
     @lru_cache(maxsize=256)  # noqa: B019 - configs are few, frozen and hashable; a GEMM with a tail asks every call
     def regions(self, n: int) -> tuple[tuple[int, int, MmaConfig], ...]:
@@ -286,13 +345,18 @@ class MmaConfig:
             return ((0, n, self),)
         split = n - self.tail_rows
         if split <= 0 or n % 16:
-            raise W12Error(f"tail_rows={self.tail_rows} for N={n}: a tail leaves a first region of whole 16-row tiles",
-                           where="MmaConfig.tail_rows", fix="use fewer tail rows, or no tail where N % 16 != 0")
+            raise W12Error(
+                f"tail_rows={self.tail_rows} for N={n}: a tail leaves a first region of whole 16-row tiles",
+                where="MmaConfig.tail_rows",
+                fix="use fewer tail rows, or no tail where N % 16 != 0",
+            )
         warps_n, warps_k, splits = self.tail
         wgmma = tuple(min(g, MAX_WGMMA_WARPS_PER_BLOCK // (4 * warps_k)) for g in self.wgmma)
         one = replace(self, tail_rows=0, tail=(0, 0, 0))
-        return ((0, split, one), (split, n, replace(one, warps_n=warps_n, warps_k=warps_k, splits=splits,
-                                                    shared_x_32=(0, 0), wgmma=wgmma)))
+        return (
+            (0, split, one),
+            (split, n, replace(one, warps_n=warps_n, warps_k=warps_k, splits=splits, shared_x_32=(0, 0), wgmma=wgmma)),
+        )
 
     def chunks_per_split(self, kp: int) -> int:
         chunks = kp // STEP_K
@@ -367,9 +431,13 @@ def select_mma_config(n: int, k: int, device: torch.device) -> MmaConfig:
 
 
 def _wide_setting_ok(groups: int, slots: int, stages: int, slab_tiles: int, multicast: int = 1) -> bool:
-    return groups == 0 or (1 <= groups <= MAX_WIDE_GROUPS and 2 <= slots <= MAX_WIDE_SLOTS
-                           and 2 <= stages <= MAX_WIDE_STAGES and slab_tiles in WIDE_TOKEN_TILES
-                           and multicast in (1, 2, 4))
+    return groups == 0 or (
+        1 <= groups <= MAX_WIDE_GROUPS
+        and 2 <= slots <= MAX_WIDE_SLOTS
+        and 0 <= stages <= MAX_WIDE_STAGES
+        and slab_tiles in WIDE_TOKEN_TILES
+        and multicast in ((1,) if stages < 2 else (1, 2, 4))
+    )
 
 
 def wide_token_tiles(m: int, largest: int = 16) -> tuple[int, int]:
@@ -380,16 +448,24 @@ def wide_token_tiles(m: int, largest: int = 16) -> tuple[int, int]:
     return next(t for t in WIDE_TOKEN_TILES if 8 * t >= rows), slabs
 
 
-def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None = None,
-                 low_bits: str = "exact", out: torch.Tensor | None = None,
-                 overlap_prior: bool | None = None, launched: list[int] | None = None) -> torch.Tensor:
+def w12_mma_gemm(
+    x: torch.Tensor,
+    mma: W12MmaTensor,
+    *,
+    config: MmaConfig | None = None,
+    low_bits: str = "exact",
+    out: torch.Tensor | None = None,
+    overlap_prior: bool | None = None,
+    launched: list[int] | None = None,
+) -> torch.Tensor:
     """y = x @ W^T through the W12 CUDA kernels, for any number of rows.
 
     Args:
         x: bf16 [M, K] on CUDA, unit column stride (any M: up to 256 rows a launch on sm_90a, 64 elsewhere).
         mma: :func:`to_mma_layout` of the weight, N x K.
         config: the partition (default: ``select_mma_config`` from (N, K, GPU), never from M).
-        low_bits: "exact" (the lossless weights) or the Q pass's "truncated" / "midpoint" 8-bit view.
+        low_bits: "exact" (the lossless weights) or the Q pass's "truncated" / "midpoint" 8-bit view: the view plane
+            alone (and the escape list's zero codes) through the per-warp kernel, 64 rows a launch.
         out: optional bf16 [M, N] contiguous output.
 
     Returns y bf16 [M, N]. Example: ``y = w12_mma_gemm(x, to_mma_layout(encode(w)))``.
@@ -404,8 +480,11 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
     """
     n, k = mma.shape
     if not x.is_cuda or x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
-        raise W12Error(f"w12_mma_gemm needs CUDA bf16 x [M, {k}], got {x.dtype} {tuple(x.shape)} on {x.device}",
-                       where="w12_mma_gemm(x)", fix="pass a contiguous CUDA bf16 2-D input")
+        raise W12Error(
+            f"w12_mma_gemm needs CUDA bf16 x [M, {k}], got {x.dtype} {tuple(x.shape)} on {x.device}",
+            where="w12_mma_gemm(x)",
+            fix="pass a contiguous CUDA bf16 2-D input",
+        )
     kp = mma.padded_shape[1]
     config = config or select_mma_config(n, k, x.device)
     if k != kp or x.stride(0) % 8 or x.data_ptr() % 16:  # the kernel reads Kp columns in 16-byte rows
@@ -423,13 +502,24 @@ def w12_mma_gemm(x: torch.Tensor, mma: W12MmaTensor, *, config: MmaConfig | None
     splits = [-(-(kp // STEP_K) // part.chunks_per_split(kp)) for _, _, part, _ in regions]
     r0 = 0
     while r0 < m_total:
-        wide = m_total - r0 > 32 and config.uses_wide(min(m_total - r0, MAX_WIDE_ROWS), capability)
+        wide = code == 0 and m_total - r0 > 32 and config.uses_wide(min(m_total - r0, MAX_WIDE_ROWS), capability)
         rows = min(m_total - r0, MAX_WIDE_ROWS if wide else MAX_ROWS_PER_LAUNCH)
-        xm, ym = x[r0:r0 + rows], y[r0:r0 + rows]
+        xm, ym = x[r0 : r0 + rows], y[r0 : r0 + rows]
         if not (wide and _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launched)):
             for c0 in range(0, rows, MAX_ROWS_PER_LAUNCH):  # 64 rows a launch: the same bits
-                _launch_rows(ext, xm[c0:c0 + MAX_ROWS_PER_LAUNCH], ym[c0:c0 + MAX_ROWS_PER_LAUNCH], regions, splits,
-                             kp, n, capability, overlap_prior, code, launched)
+                _launch_rows(
+                    ext,
+                    xm[c0 : c0 + MAX_ROWS_PER_LAUNCH],
+                    ym[c0 : c0 + MAX_ROWS_PER_LAUNCH],
+                    regions,
+                    splits,
+                    kp,
+                    n,
+                    capability,
+                    overlap_prior,
+                    code,
+                    launched,
+                )
         r0 += rows
     return y
 
@@ -452,14 +542,41 @@ def _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launc
     workspace = torch.empty(sum(s for s in splits if s > 1) * m * n, dtype=torch.float32, device=xm.device)
     ran, offset = [], 0
     for index, ((first, end, part, weights), part_splits) in enumerate(zip(regions, splits)):
-        partial = workspace[offset: offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
+        partial = workspace[offset : offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
         offset += partial.numel()
         groups, slots, stages, _, multicast = part.wide_launch(m)
         got = ext.w12_mma_gemm(
-            xm, weights.view, weights.nibbles, weights.base, weights.esc_tile, weights.esc_chunk, weights.esc_entry,
-            ym[:, first:end], partial, n, weights.padded_shape[0], kp, part.warps_n, part.warps_k,
-            part.chunks_per_split(kp), 4, 1, 0, 0, 0, 0, image, int(index > 0),
-            _overlap(overlap_prior, len(regions), index, False), code, groups, slots, stages, tiles8, multicast)
+            xm,
+            weights.view,
+            weights.nibbles,
+            weights.base,
+            weights.esc_tile,
+            weights.esc_chunk,
+            weights.esc_entry,
+            ym[:, first:end],
+            partial,
+            n,
+            weights.padded_shape[0],
+            kp,
+            part.warps_n,
+            part.warps_k,
+            part.chunks_per_split(kp),
+            4,
+            1,
+            0,
+            0,
+            0,
+            0,
+            image,
+            int(index > 0),
+            _overlap(overlap_prior, len(regions), index, False),
+            code,
+            groups,
+            slots,
+            stages,
+            tiles8,
+            multicast,
+        )
         if got < 0:
             return False
         ran.append(got)
@@ -474,22 +591,49 @@ def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior,
     workspace = torch.empty(sum(s for s in splits if s > 1) * m * n, dtype=torch.float32, device=xm.device)
     # warpgroup MMAs: every chunk's activations as wgmma's B image (token rows padded to 16, 32 or 64), written by
     # the first region's launch and read by both
-    wants_image = any(part.warpgroups(m, capability) for _, _, part, _ in regions)
-    x_image = torch.empty((kp // STEP_K) * max(16, 1 << (m - 1).bit_length()) * STEP_K if wants_image else 0,
-                          dtype=torch.bfloat16, device=xm.device)
+    # the Q pass (code != 0) runs on the per-warp kernel alone (csrc/w12_warp.cu), never warpgroups or a shared ring
+    wants_image = code == 0 and any(part.warpgroups(m, capability) for _, _, part, _ in regions)
+    x_image = torch.empty(
+        (kp // STEP_K) * max(16, 1 << (m - 1).bit_length()) * STEP_K if wants_image else 0,
+        dtype=torch.bfloat16,
+        device=xm.device,
+    )
     image_written, offset = False, 0
     for index, ((first, end, part, weights), part_splits) in enumerate(zip(regions, splits)):
-        partial = workspace[offset: offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
+        partial = workspace[offset : offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
         offset += partial.numel()
-        warpgroups = part.warpgroups(m, capability)  # when on, in place of staged weights or a shared ring
+        warpgroups = part.warpgroups(m, capability) if code == 0 else 0  # in place of staged weights or a ring
         overlap = _overlap(overlap_prior, len(regions), index, bool(warpgroups) and not image_written)
         groups = ext.w12_mma_gemm(
-            xm, weights.view, weights.nibbles, weights.base, weights.esc_tile, weights.esc_chunk, weights.esc_entry,
-            ym[:, first:end], partial, n, weights.padded_shape[0], kp, part.warps_n,
-            part.warps_k, part.chunks_per_split(kp), *part.step_plan(m),
-            int(part.stages_weights(m) and not warpgroups),
-            *((0, 0) if warpgroups else part.shares_activations(m)), warpgroups, x_image, int(image_written),
-            overlap, code, 0, 0, 0, 0, 1)
+            xm,
+            weights.view,
+            weights.nibbles,
+            weights.base,
+            weights.esc_tile,
+            weights.esc_chunk,
+            weights.esc_entry,
+            ym[:, first:end],
+            partial,
+            n,
+            weights.padded_shape[0],
+            kp,
+            part.warps_n,
+            part.warps_k,
+            part.chunks_per_split(kp),
+            *part.step_plan(m),
+            int(part.stages_weights(m) and not warpgroups and code == 0),  # Q: two register steps in flight
+            *((0, 0) if warpgroups or code else part.shares_activations(m)),
+            warpgroups,
+            x_image,
+            int(image_written),
+            overlap,
+            code,
+            0,
+            0,
+            0,
+            0,
+            1,
+        )
         image_written = image_written or groups > 0
         if launched is not None:
             launched.append(groups)

@@ -39,11 +39,20 @@ def _qpass_asm(midpoint: bool) -> str:
     """4 view bytes ($2) -> 4 BF16 weights ($0: bytes 0-1, $1: bytes 2-3). Per pair: prmt spreads two bytes into
     16-bit lanes [sign byte | view byte]; << 4 and a mask leave s | eeee mmm << 4 (s from the sign byte's copy); an
     FMA by 2**120 (0x7B80) with -0 rescales it; midpoint: + (w & sign|exponent) * 1/16 (0x3D80)."""
-    lines = ["{", ".reg .b32 u, e, c, z, h;", "mov.b32 c, 0x7B807B80;", "mov.b32 z, 0x80008000;",
-             "mov.b32 h, 0x3D803D80;"]
+    lines = [
+        "{",
+        ".reg .b32 u, e, c, z, h;",
+        "mov.b32 c, 0x7B807B80;",
+        "mov.b32 z, 0x80008000;",
+        "mov.b32 h, 0x3D803D80;",
+    ]
     for out, sel in ((0, "0x9180"), (1, "0xB3A2")):
-        lines += [f"prmt.b32 u, $2, 0, {sel};", "shl.b32 u, u, 4;", "and.b32 u, u, 0x87F087F0;",
-                  f"fma.rn.bf16x2 ${out}, u, c, z;"]
+        lines += [
+            f"prmt.b32 u, $2, 0, {sel};",
+            "shl.b32 u, u, 4;",
+            "and.b32 u, u, 0x87F087F0;",
+            f"fma.rn.bf16x2 ${out}, u, c, z;",
+        ]
         if midpoint:
             lines += [f"and.b32 e, ${out}, 0xFF80FF80;", f"fma.rn.bf16x2 ${out}, e, h, ${out};"]
     lines.append("}")
@@ -65,8 +74,11 @@ class QpassConfig:
 
     def __post_init__(self):
         if self.tiles not in (2, 4, 8):
-            raise W12Error(f"QpassConfig(tiles={self.tiles}): a program takes 2, 4 or 8 tiles of 16 rows (the MMA needs "
-                           "16 runs)", where="QpassConfig.tiles", fix="use tiles=2, 4 or 8")
+            raise W12Error(
+                f"QpassConfig(tiles={self.tiles}): a program takes 2, 4 or 8 tiles of 16 rows (the MMA needs 16 runs)",
+                where="QpassConfig.tiles",
+                fix="use tiles=2, 4 or 8",
+            )
 
     def effective_splits(self, kp: int) -> int:
         """The largest divisor of the step count not above ``splits``: splits of equal length."""
@@ -119,9 +131,26 @@ def _decode(v, LOW: tl.constexpr, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _qpass_kernel(
-    x_ptr, view_ptr, base_ptr, out_ptr, work_ptr, count_ptr, M, N, K, BLOCKS_K, stride_xm, stride_out_m,
-    TILES: tl.constexpr, BLOCKS: tl.constexpr, M_PAD: tl.constexpr, STEPS: tl.constexpr, SPLITS: tl.constexpr,
-    LOW: tl.constexpr, USE_ASM: tl.constexpr, DOT_FP32: tl.constexpr,
+    x_ptr,
+    view_ptr,
+    base_ptr,
+    out_ptr,
+    work_ptr,
+    count_ptr,
+    M,
+    N,
+    K,
+    BLOCKS_K,
+    stride_xm,
+    stride_out_m,
+    TILES: tl.constexpr,
+    BLOCKS: tl.constexpr,
+    M_PAD: tl.constexpr,
+    STEPS: tl.constexpr,
+    SPLITS: tl.constexpr,
+    LOW: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -180,14 +209,24 @@ def _qpass_kernel(
         if tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel") == SPLITS - 1:
             total = tl.zeros((RUNS, 2 * M_PAD), dtype=tl.float32)
             for split in range(SPLITS):
-                total += tl.load(work_ptr + split * (tl.num_programs(0) * RUNS * 2 * M_PAD) + slot, mask=rows_in,
-                                 other=0.0, cache_modifier=".cg")
+                total += tl.load(
+                    work_ptr + split * (tl.num_programs(0) * RUNS * 2 * M_PAD) + slot,
+                    mask=rows_in,
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
             tl.store(out, total.to(tl.bfloat16), mask=mask)
             tl.atomic_xchg(count_ptr + pid_n, 0)
 
 
-def w12_qpass_gemm(x: torch.Tensor, mma: W12MmaTensor, low_bits: str = "midpoint", *,
-                   config: QpassConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def w12_qpass_gemm(
+    x: torch.Tensor,
+    mma: W12MmaTensor,
+    low_bits: str = "midpoint",
+    *,
+    config: QpassConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The Q pass's product y = x @ Wq^T, Wq the 8-bit view of ``mma`` with the 4 dropped bits at their midpoint
     ("midpoint", 1000) or zero ("truncated"); reads the view plane only, where the exact kernels read it.
 
@@ -203,16 +242,25 @@ def w12_qpass_gemm(x: torch.Tensor, mma: W12MmaTensor, low_bits: str = "midpoint
     ``x.float() @ qpass_weight_reference(encode(w)).float().t()`` (:func:`qpass_gemm_reference`).
     """
     if low_bits not in LOW_BITS:
-        raise W12Error(f"unknown Q-pass low_bits {low_bits!r}", where="w12_qpass_gemm(low_bits)",
-                       fix="use 'midpoint' (the paper's choice) or 'truncated'")
+        raise W12Error(
+            f"unknown Q-pass low_bits {low_bits!r}",
+            where="w12_qpass_gemm(low_bits)",
+            fix="use 'midpoint' (the paper's choice) or 'truncated'",
+        )
     if not isinstance(mma, W12MmaTensor):
-        raise W12Error(f"w12_qpass_gemm reads a W12MmaTensor (the exact kernels' records), got {type(mma).__name__}",
-                       where="w12_qpass_gemm(mma)", fix="pass to_mma_layout(w12), the tensor the exact pass reads")
+        raise W12Error(
+            f"w12_qpass_gemm reads a W12MmaTensor (the exact kernels' records), got {type(mma).__name__}",
+            where="w12_qpass_gemm(mma)",
+            fix="pass to_mma_layout(w12), the tensor the exact pass reads",
+        )
     n, k = mma.shape
     if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.bfloat16 or x.stride(1) != 1 or x.device != mma.device:
-        raise W12Error(f"w12_qpass_gemm needs x bf16 [M, {k}] with unit column stride on {mma.device}, got {x.dtype} "
-                       f"{tuple(x.shape)} strides {tuple(x.stride())} on {x.device}", where="w12_qpass_gemm(x)",
-                       fix="pass x.contiguous().to(torch.bfloat16) flattened to 2-D, on the weight's device")
+        raise W12Error(
+            f"w12_qpass_gemm needs x bf16 [M, {k}] with unit column stride on {mma.device}, got {x.dtype} "
+            f"{tuple(x.shape)} strides {tuple(x.stride())} on {x.device}",
+            where="w12_qpass_gemm(x)",
+            fix="pass x.contiguous().to(torch.bfloat16) flattened to 2-D, on the weight's device",
+        )
     m = x.shape[0]
     y = out if out is not None else torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     if m == 0:
@@ -225,17 +273,36 @@ def w12_qpass_gemm(x: torch.Tensor, mma: W12MmaTensor, low_bits: str = "midpoint
     programs = np_ // (16 * config.tiles)
     work = counts = y
     if splits > 1:
-        work = torch.empty(splits * programs * 8 * config.tiles * 2 * MAX_ROWS_PER_LAUNCH, dtype=torch.float32,
-                           device=x.device)
+        work = torch.empty(
+            splits * programs * 8 * config.tiles * 2 * MAX_ROWS_PER_LAUNCH, dtype=torch.float32, device=x.device
+        )
         counts = _counters(x.device, programs)
     for r0 in range(0, m, MAX_ROWS_PER_LAUNCH):
-        xm, ym = x[r0:r0 + MAX_ROWS_PER_LAUNCH], y[r0:r0 + MAX_ROWS_PER_LAUNCH]
+        xm, ym = x[r0 : r0 + MAX_ROWS_PER_LAUNCH], y[r0 : r0 + MAX_ROWS_PER_LAUNCH]
         rows = xm.shape[0]
         _qpass_kernel[(programs, splits)](
-            xm, mma.view, mma.base, ym, work, counts, rows, n, k, kp // 32, xm.stride(0), ym.stride(0),
-            TILES=config.tiles, BLOCKS=config.blocks, STEPS=steps, SPLITS=splits,
-            M_PAD=max(16, triton.next_power_of_2(rows)), LOW=LOW_BITS[low_bits], USE_ASM=config.use_asm and not interp,
-            DOT_FP32=interp, num_warps=config.num_warps or max(1, config.tiles // 2), num_stages=config.num_stages,
+            xm,
+            mma.view,
+            mma.base,
+            ym,
+            work,
+            counts,
+            rows,
+            n,
+            k,
+            kp // 32,
+            xm.stride(0),
+            ym.stride(0),
+            TILES=config.tiles,
+            BLOCKS=config.blocks,
+            STEPS=steps,
+            SPLITS=splits,
+            M_PAD=max(16, triton.next_power_of_2(rows)),
+            LOW=LOW_BITS[low_bits],
+            USE_ASM=config.use_asm and not interp,
+            DOT_FP32=interp,
+            num_warps=config.num_warps or max(1, config.tiles // 2),
+            num_stages=config.num_stages,
         )
     return y
 
@@ -261,12 +328,16 @@ def qpass_gemm_reference(x: torch.Tensor, w12: W12Tensor | W12MmaTensor, low_bit
         from .mma import planes_from_mma_layout
 
         view, _ = planes_from_mma_layout(w12)
-        w12 = W12Tensor(w12.shape, view, torch.zeros(view.shape[0], view.shape[1] // 2, dtype=torch.uint8,
-                                                     device=view.device), w12.base,
-                        torch.zeros(1, dtype=torch.int32), torch.zeros(0, dtype=torch.int16),
-                        torch.zeros(0, dtype=torch.int16))
+        w12 = W12Tensor(
+            w12.shape,
+            view,
+            torch.zeros(view.shape[0], view.shape[1] // 2, dtype=torch.uint8, device=view.device),
+            w12.base,
+            torch.zeros(1, dtype=torch.int32),
+            torch.zeros(0, dtype=torch.int16),
+            torch.zeros(0, dtype=torch.int16),
+        )
     return x.float() @ qpass_weight_reference(w12, low_bits).float().t()
 
 
-__all__ = ["QpassConfig", "default_qpass_config", "qpass_gemm_reference", "select_qpass_config",
-           "w12_qpass_gemm"]
+__all__ = ["QpassConfig", "default_qpass_config", "qpass_gemm_reference", "select_qpass_config", "w12_qpass_gemm"]

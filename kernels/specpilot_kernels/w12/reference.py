@@ -8,8 +8,20 @@ from __future__ import annotations
 import torch
 
 from .format import (
-    ESCAPE_HIGH_BYTE, ESCAPE_LOW_BYTE, FORMAT_VERSION, MAX_OFFSET, STEP_K, SUPPORTED_VERSIONS, TILE_N, W12Error, W12Tensor,
-    bucket_escapes, escape_positions, nibbles_from_kernel_layout, nibbles_to_kernel_layout, padded,
+    ESCAPE_HIGH_BYTE,
+    ESCAPE_LOW_BYTE,
+    FORMAT_VERSION,
+    MAX_OFFSET,
+    STEP_K,
+    SUPPORTED_VERSIONS,
+    TILE_N,
+    W12Error,
+    W12Tensor,
+    bucket_escapes,
+    escape_positions,
+    nibbles_from_kernel_layout,
+    nibbles_to_kernel_layout,
+    padded,
 )
 
 ROW_CHUNK = 16384  # rows encoded at once: bounds the int32 temporaries to ~8 bytes x 16384 x K
@@ -36,8 +48,11 @@ def window_counts(bits: torch.Tensor) -> torch.Tensor:
     """
     rows = bits.shape[0]
     _, exp, man = _fields(bits)
-    key = (torch.arange(rows, device=bits.device, dtype=torch.int32)[:, None] * 512 + exp * 2
-           + ((man >> 4) == 7).to(torch.int32))
+    key = (
+        torch.arange(rows, device=bits.device, dtype=torch.int32)[:, None] * 512
+        + exp * 2
+        + ((man >> 4) == 7).to(torch.int32)
+    )
     hist = torch.bincount(key.reshape(-1), minlength=rows * 512).view(rows, 256, 2)
     normal = hist.sum(-1)
     normal[:, 0] = 0  # zeros and denormals
@@ -79,13 +94,23 @@ def encode_reference(weight: torch.Tensor, version: int = FORMAT_VERSION) -> W12
     ``version`` picks the window rule: 2 (the default) the window covering the most weights, 1 the v1 rule (the
     planes are laid out alike; only the chosen bases, and so the escapes, differ)."""
     if not isinstance(weight, torch.Tensor) or weight.dtype != torch.bfloat16 or weight.dim() != 2:
-        got = f"{weight.dtype} of shape {tuple(weight.shape)}" if isinstance(weight, torch.Tensor) else type(weight).__name__
-        raise W12Error(f"W12 encodes 2-D bfloat16 weights, got {got}",
-                       where="encode(weight)", fix="pass the linear layer's [out_features, in_features] BF16 weight "
-                       "(convert float32/float16 checkpoints with .to(torch.bfloat16) first, if that is the model's dtype)")
+        got = (
+            f"{weight.dtype} of shape {tuple(weight.shape)}"
+            if isinstance(weight, torch.Tensor)
+            else type(weight).__name__
+        )
+        raise W12Error(
+            f"W12 encodes 2-D bfloat16 weights, got {got}",
+            where="encode(weight)",
+            fix="pass the linear layer's [out_features, in_features] BF16 weight "
+            "(convert float32/float16 checkpoints with .to(torch.bfloat16) first, if that is the model's dtype)",
+        )
     if version not in SUPPORTED_VERSIONS:
-        raise W12Error(f"W12 format version {version} is not one this code writes ({sorted(SUPPORTED_VERSIONS)})",
-                       where="encode(version=)", fix=f"use version={FORMAT_VERSION}")
+        raise W12Error(
+            f"W12 format version {version} is not one this code writes ({sorted(SUPPORTED_VERSIONS)})",
+            where="encode(version=)",
+            fix=f"use version={FORMAT_VERSION}",
+        )
     window = choose_base if version == 2 else choose_base_v1
     n, k = weight.shape
     np_, kp = padded(n, TILE_N), padded(k, STEP_K)
@@ -96,15 +121,15 @@ def encode_reference(weight: torch.Tensor, version: int = FORMAT_VERSION) -> W12
     esc_rows, esc_cols, esc_bits = [], [], []
     raw = weight.contiguous().view(torch.int16)
     for r0 in range(0, n, ROW_CHUNK):
-        bits = raw[r0:r0 + ROW_CHUNK]
+        bits = raw[r0 : r0 + ROW_CHUNK]
         sign, exp, man = _fields(bits)
         row_base = window(bits)[:, None]
         ok = _in_window(exp, man, row_base)
         byte = (sign << 7) | ((exp - row_base) << 3) | (man >> 4)
         escaped_byte = (sign << 7) | torch.where(exp > row_base, ESCAPE_HIGH_BYTE, ESCAPE_LOW_BYTE)
-        view[r0:r0 + bits.shape[0], :k] = torch.where(ok, byte, escaped_byte).to(torch.uint8)
-        nib[r0:r0 + bits.shape[0], :k] = torch.where(ok, man & 0xF, 0).to(torch.uint8)
-        base[r0:r0 + bits.shape[0]] = row_base[:, 0].to(torch.uint8)
+        view[r0 : r0 + bits.shape[0], :k] = torch.where(ok, byte, escaped_byte).to(torch.uint8)
+        nib[r0 : r0 + bits.shape[0], :k] = torch.where(ok, man & 0xF, 0).to(torch.uint8)
+        base[r0 : r0 + bits.shape[0]] = row_base[:, 0].to(torch.uint8)
         r, c = torch.nonzero(~ok, as_tuple=True)
         esc_rows.append(r + r0)
         esc_cols.append(c)

@@ -197,6 +197,17 @@ __device__ __forceinline__ void load_row_factors(const Int8PassArgs& a, int t, f
     }
 }
 
+// Every accumulator of the T weight tiles x MT token tiles to zero (a kernel's start).
+template <int MT, int T>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[T][MT][4]) {
+#pragma unroll
+  for (int i = 0; i < T; ++i)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
+}
+
 // One 2 KB chunk into the accumulators: this lane's 16 bytes of each (tile i, block b) fragment at
 // slot + (i * 4/T + b) * 512, times the token tiles' activations load_x(b, j) (the B registers of block b).
 template <int MT, int T, typename LoadX>
@@ -403,12 +414,7 @@ __global__ void __launch_bounds__(256, MT * T >= 16 ? 1 : 2) int8_pass_kernel(In
   load_row_factors<MT>(a, t, inv_scale, norm);
 
   float acc[T][MT][4];
-#pragma unroll
-  for (int i = 0; i < T; ++i)
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
+  zero_accumulators(acc);
 
   int read_slot = 0, write_slot = stages - 1;
   int in_batch = 0, batch_slot = 0;  // position p is chunk in_batch of the activation batch in batch_slot
@@ -537,12 +543,7 @@ __global__ void __launch_bounds__(256, 2) int8_pass_batched_kernel(Int8PassArgs 
   float inv_scale[MT][2], norm[MT][2];
   load_row_factors<MT>(a, t, inv_scale, norm);
   float acc[T][MT][4];
-#pragma unroll
-  for (int i = 0; i < T; ++i)
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
+  zero_accumulators(acc);
   float row_scale[T][2], row_coef[T][2], known[MT][2];
 
   // The slot read next, the one read last (refilled next: it is STAGES - 1 chunks ahead), the batch slot.

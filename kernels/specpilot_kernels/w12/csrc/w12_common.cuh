@@ -21,8 +21,9 @@
 // many token rows one MMA covers change no order of sums, so a row's bits are the same at every row count. No atomics.
 //
 // Kernel families, one file each: w12_warp.cu (per-warp mma.sync, 1-64 rows), w12_shared_x.cu (17-32 rows, a block's
-// activations shared through a ring), w12_wgmma.cu (sm_90a warpgroup MMAs, 9-64 rows), w12_wide.cu (sm_90a warpgroup
-// MMAs for 33-256 rows, every weight read once a launch); w12_launch.cu picks one.
+// activations shared through a ring), w12_wgmma.cu (sm_90a warpgroup MMAs, 9-64 rows), w12_wide.cuh (sm_90a warpgroup
+// MMAs for 33-256 rows, every weight read once a launch; launched from w12_wide.cu and w12_wide_carried.cu);
+// w12_launch.cu picks one.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -59,36 +60,49 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t view, uint32_t nibs, ui
   return ((v & 0x7FF07FF0u) >> 4) + ((v & 0x80008000u) | base2);
 }
 
-// The Q pass reads the view as E4M3 with zero low bits (truncated) or 8 (midpoint): view bytes s.0000.000
-// are E4M3 zeros (signed), not 2^(base) (whose BF16 bits the decode would give them).
-template <int P>
-__device__ __forceinline__ uint32_t zero_fix(uint32_t bits, uint32_t view) {
-  const uint32_t x = ptx::permute_bytes(view, 0, P == 0 ? 0x9180u : 0xB3A2u);  // [sign x8 | s eeee mmm] per lane
-  if ((x & 0x7Fu) == 0) bits = (bits & 0xFFFF0000u) | (x & 0x8000u);
-  if ((x & 0x007F0000u) == 0) bits = (bits & 0x0000FFFFu) | (x & 0x80000000u);
-  return bits;
-}
-
-// Escape `loc` (chunk << 11 | block << 9 | row << 5 | column % 32) with exact BF16 bits `value`: the lane
-// One 32-column block's A fragments (two k16 steps): view words w = 0..3 give registers 2w (row g) and
+// One 32-column block's A fragments (two k16 steps), exact weights: view words w = 0..3 give registers 2w (row g) and
 // 2w+1 (row g+8); words 0-1 take their nibbles from nibble word 0 (as is, then shifted), words 2-3 from word 1.
-template <int LOW_BITS>
 __device__ __forceinline__ void decode_block(uint32_t (&a)[8], uint4 view, uint2 nib, uint32_t base_lo,
                                              uint32_t base_hi) {
-  constexpr uint32_t kQpassNibbles = LOW_BITS == 2 ? 0x88888888u : 0u;  // midpoint: low bits 1000
-  const uint32_t n0 = LOW_BITS == 0 ? nib.x : kQpassNibbles;
-  const uint32_t n1 = LOW_BITS == 0 ? nib.y : kQpassNibbles;
   const uint32_t words[4] = {view.x, view.y, view.z, view.w};
-  const uint32_t sources[4] = {n0, n0 << 4, n1, n1 << 4};
+  const uint32_t sources[4] = {nib.x, nib.x << 4, nib.y, nib.y << 4};
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
     a[2 * w] = decode_pair<0>(words[w], sources[w], base_lo);
     a[2 * w + 1] = decode_pair<1>(words[w], sources[w], base_hi);
-    if (LOW_BITS != 0) {
-      a[2 * w] = zero_fix<0>(a[2 * w], words[w]);
-      a[2 * w + 1] = zero_fix<1>(a[2 * w + 1], words[w]);
-    }
   }
+}
+
+// The Q pass (LOW_BITS 1: the dropped bits zero, 2: at their midpoint 1000) reads the view bytes alone, three SASS
+// instructions a register: one prmt spreads two bytes into 16-bit lanes [sign x8 | s eeee mmm], one shift by 4 and
+// one LOP3 (mask, then OR the exponent bias 112 and the midpoint bit) give the BF16 number s | (112 + eeee) << 7 |
+// mmm << 4 [| 1000] = the weight / 2^(base - 112): normal for every code, so every product with an activation is exact
+// in fp32, and the row's window 2^(base - 112) multiplies the fp32 sums instead (qpass_row_scale: a power of two,
+// exact). The zero code s.0000.000 reads as 2^-15 here; every byte carrying it is an escape below the window (the
+// format never stores a weight at offset 0), so the warp's escape patch sets it to a signed zero (EscapeStream::patch).
+template <int LOW_BITS>
+__device__ __forceinline__ uint32_t qpass_pair(uint32_t view, uint32_t select) {
+  constexpr uint32_t kBias = LOW_BITS == 2 ? 0x38083808u : 0x38003800u;
+  const uint32_t u = ptx::permute_bytes(view, 0, select);
+  return ((u << 4) & 0x87F087F0u) | kBias;
+}
+template <int LOW_BITS>
+__device__ __forceinline__ void decode_block_q(uint32_t (&a)[8], uint4 view) {
+  static_assert(LOW_BITS == 1 || LOW_BITS == 2, "the Q pass's view: truncated (1) or midpoint (2)");
+  const uint32_t words[4] = {view.x, view.y, view.z, view.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    a[2 * w] = qpass_pair<LOW_BITS>(words[w], 0x9180u);      // bytes 0, 1: row g
+    a[2 * w + 1] = qpass_pair<LOW_BITS>(words[w], 0xB3A2u);  // bytes 2, 3: row g + 8
+  }
+}
+// 2^(base - 112) as an fp32 (biased exponent base + 15 <= 254: always normal), the factor of a row's Q-pass sums.
+__device__ __forceinline__ float qpass_row_scale(uint8_t base) { return __uint_as_float((uint32_t(base) + 15u) << 23); }
+
+__device__ __forceinline__ uint32_t ld_shared2(uint32_t at) {
+  unsigned short v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(at) : "memory");
+  return v;
 }
 
 // acc += another warp's or split's sums of the same tiles, stored in acc's order.
@@ -156,7 +170,7 @@ __device__ __forceinline__ size_t step_advance(int part, int warps_k) {
   return part == kSteps - 1 ? (size_t)(warps_k * kBlocksPerChunk - (kSteps - 1) * BLOCKS) * 32 : (size_t)BLOCKS * 32;
 }
 
-// Escapes (exact weights only). The kernel layout (mma.py) lists each (16-row tile, 128-column chunk)'s escapes as
+// Escapes (exact weights; the Q pass's zero codes). The kernel layout (mma.py) lists each (16-row tile, 128-column chunk)'s escapes as
 // entries `position << 16 | exact BF16 bits` with position = group << 8 | lane << 3 | (register & 3) << 1 | half: group
 // = 2 x block + k16 step names one m16n8k16 A fragment (four registers a lane) of the chunk, and lane, register and half
 // the weight's place in it. A chunk word, (first entry - the tile's first) << 12 | count, locates a chunk's entries.
@@ -212,7 +226,9 @@ struct EscapeStream {
   // Patches the chunk's escapes that fall in blocks first_block .. first_block + BLOCKS - 1 into their decoded
   // fragments a[0 .. BLOCKS - 1]; `scratch`: the warp's kEscapeScratchBytes of shared memory.
   // `i`: the chunk's place among the warp's chunks (those of ``begin``).
-  template <int BLOCKS, bool EARLY_SECOND = false>
+  // QPASS: the Q pass's decode (decode_block_q) instead, whose escapes keep their view reading except the zero code,
+  // which becomes a signed zero (the entry's exact bits are not the Q pass's weight).
+  template <int BLOCKS, bool EARLY_SECOND = false, bool QPASS = false>
   __device__ __forceinline__ void patch(uint32_t (&a)[BLOCKS][8], int first_block, const W12MmaArgs& args, int i,
                                         int first, int stride, uint32_t scratch, int lane) {
     const uint32_t w = word(args, i, first, stride);
@@ -240,7 +256,15 @@ struct EscapeStream {
           if (groups & (1u << g)) {  // warp-uniform
             ptx::st_shared16(scratch + lane * 16, a[u][4 * s], a[u][4 * s + 1], a[u][4 * s + 2], a[u][4 * s + 3]);
             __syncwarp();
-            if (have && group == g) ptx::st_shared2(scratch + ((entry >> 16) & 0xFFu) * 2, entry);
+            if (have && group == g) {
+              const uint32_t at = scratch + ((entry >> 16) & 0xFFu) * 2;
+              if (!QPASS) {
+                ptx::st_shared2(at, entry);
+              } else {
+                const uint32_t read = ld_shared2(at);  // the zero code decodes with no exponent offset or mantissa
+                if ((read & 0x07F0u) == 0) ptx::st_shared2(at, read & 0x8000u);
+              }
+            }
             __syncwarp();
             const uint4 r = ptx::ld_shared16(scratch + lane * 16);
             a[u][4 * s] = r.x;
@@ -413,6 +437,7 @@ cudaError_t launch_shared_x(const W12MmaArgs& args, int low_bits, const W12Share
 // cudaErrorNotSupported: no warpgroup block fits a multiprocessor (the caller runs the per-warp kernel).
 cudaError_t launch_wgmma(const W12MmaArgs& args, int low_bits, W12SharedActivations& shared_x, cudaStream_t stream);
 cudaError_t launch_wide(const W12MmaArgs& args, int low_bits, const W12Wide& wide, cudaStream_t stream);
+cudaError_t launch_wide_carried(const W12MmaArgs& args, int low_bits, const W12Wide& wide, cudaStream_t stream);
 // y = the sum of args.partial's `splits` K splits in split order (w12_launch.cu).
 cudaError_t launch_split_sums(const W12MmaArgs& args, int splits, cudaStream_t stream);
 

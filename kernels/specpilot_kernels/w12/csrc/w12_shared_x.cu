@@ -131,7 +131,7 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
           if (part + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
           uint32_t a[kBlocks][8];
 #pragma unroll
-          for (int u = 0; u < kBlocks; ++u) decode_block<LOW_BITS>(a[u], v[u], nb[u], base_lo, base_hi);
+          for (int u = 0; u < kBlocks; ++u) decode_block(a[u], v[u], nb[u], base_lo, base_hi);
           if (LOW_BITS == 0)  // escape-heavy chunks: the ring kernel has the registers for their second round early
             esc.template patch<kBlocks, true>(a, part * kBlocks, args, r, first, args.warps_k, scratch, lane);
 #pragma unroll
@@ -209,9 +209,8 @@ cudaError_t launch_low_bits(const W12MmaArgs& args, const W12SharedActivations& 
 
 cudaError_t launch_shared_x(const W12MmaArgs& args, int low_bits, const W12SharedActivations& shared_x,
                             cudaStream_t stream) {
-  return low_bits == 0 ? launch_low_bits<0>(args, shared_x, stream)
-         : low_bits == 1 ? launch_low_bits<1>(args, shared_x, stream)
-                         : launch_low_bits<2>(args, shared_x, stream);
+  // exact weights only: the Q pass runs on the per-warp kernel (w12_warp.cu, decode_block_q)
+  return low_bits == 0 ? launch_low_bits<0>(args, shared_x, stream) : cudaErrorNotSupported;
 }
 
 }  // namespace w12

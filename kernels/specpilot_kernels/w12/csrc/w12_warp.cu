@@ -3,7 +3,8 @@
 // decodes and multiplies the current one, and reads its activations through L1 (shared by the warps of a
 // multiprocessor). Staged launches (up to 16 rows) copy the next step into the warp's own shared-memory double buffer
 // instead (cp.async, L2 only): the same bytes in flight without the registers that hold them, so more warps fit a
-// multiprocessor.
+// multiprocessor. The Q pass (LOW_BITS 1, 2) runs here alone: it loads the view plane only, decodes three instructions a
+// register (decode_block_q), patches the zero codes from the escape list and scales each row's sums by its window.
 #include "w12_common.cuh"
 
 namespace w12 {
@@ -61,12 +62,12 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
 #pragma unroll
     for (int p = 0; p < TP; ++p) {
       const int tile = min(first_tile + p, tiles - 1);
-      base_lo[p] = uint32_t(args.base[tile * 16 + g]) * 0x00800080u;  // base << 7, both lanes
+      base_lo[p] = uint32_t(args.base[tile * 16 + g]) * 0x00800080u;  // base << 7, both lanes (exact weights)
       base_hi[p] = uint32_t(args.base[tile * 16 + g + 8]) * 0x00800080u;
       const size_t start = ((size_t)tile * kblocks + (size_t)first * kBlocksPerChunk) * 32 + lane;
       view_next[p] = reinterpret_cast<const uint4*>(args.view) + start;
       nibs_next[p] = reinterpret_cast<const uint2*>(args.nibbles) + start;
-      if (LOW_BITS == 0) esc[p].begin(args, tile, first, last, args.warps_k, scratch, p, lane);
+      esc[p].begin(args, tile, first, last, args.warps_k, scratch, p, lane);
     }
 
     // Weights are read once: no L1 allocation, so L1 keeps the activations. The next step loads while this
@@ -75,8 +76,13 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     // its nibble words (copied as one contiguous run, read by other lanes: __syncwarp before reading and refilling).
     const uint32_t stage_base = ptx::shared_address(shared_words + epilogue_words<MT, TP>(args, blockDim.x) +
                                                     warp * 2 * kStageWords);
-    uint4 v_next[TP][kBlocks];
-    uint2 n_next[TP][kBlocks];
+    // The Q pass's register steps are two thirds the bytes (view only): it keeps two steps in flight, not one, so a
+    // warp has as many bytes on their way as the exact pass's (the register path only; the host never stages Q).
+    constexpr int kAhead = LOW_BITS != 0 && !STAGED ? 2 : 1;
+    uint4 v_next[kAhead][TP][kBlocks];  // [0]: the next step, [1]: the one after (Q pass)
+    uint2 n_next[kAhead][TP][kBlocks];
+    const int total_steps = first < last ? (last - first + args.warps_k - 1) / args.warps_k * kStepsPerChunk : 0;
+    int loaded = 0;     // steps loaded so far (kAhead 2)
     int load_part = 0;  // which step of its chunk the next load is
     int stage = 0;      // the buffer half the next load fills
     auto load_step = [&]() {
@@ -87,9 +93,11 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
               stage_base + (uint32_t)((stage * kStageWords + p * kBlocks * kStagedBlockWords) * 16), view_next[p],
               nibs_next[p], lane);
         } else {
-          load_step_registers<kBlocks, LOW_BITS>(v_next[p], n_next[p], view_next[p], nibs_next[p]);
+          load_step_registers<kBlocks, LOW_BITS>(v_next[kAhead - 1][p], n_next[kAhead - 1][p], view_next[p],
+                                                 nibs_next[p]);
         }
       }
+      ++loaded;
       if (STAGED) {
         ptx::cp_async_commit();
         stage ^= 1;
@@ -103,17 +111,23 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
       load_part = (load_part + 1) & (kStepsPerChunk - 1);
     };
     if (first < last) load_step();
+    if constexpr (kAhead == 2) {  // the first step moves up, the second loads behind it
+#pragma unroll
+      for (int p = 0; p < TP; ++p)
+#pragma unroll
+        for (int u = 0; u < kBlocks; ++u) v_next[0][p][u] = v_next[1][p][u];
+      if (loaded < total_steps) load_step();
+    }
     // Everything above reads only the weights. Activations (and the outputs below) may belong to the kernel before
     // this one in the stream: wait for it here, when it was launched to overlap (sm_90+: programmatic dependent
     // launch; without it this returns at once).
     wait_before_reading_x(args);
     for (int chunk = first, ordinal = 0; chunk < last; chunk += args.warps_k, ++ordinal) {
-      if (LOW_BITS == 0) {  // this chunk's escapes were fetched with its weights; fetch the next chunk's
+      // this chunk's escapes were fetched with its weights; fetch the next chunk's
 #pragma unroll
-        for (int p = 0; p < TP; ++p) {
-          esc[p].advance();
-          if (chunk + args.warps_k < last) esc[p].fetch(args, ordinal + 1, first, args.warps_k);
-        }
+      for (int p = 0; p < TP; ++p) {
+        esc[p].advance();
+        if (chunk + args.warps_k < last) esc[p].fetch(args, ordinal + 1, first, args.warps_k);
       }
 #pragma unroll
       for (int part = 0; part < kStepsPerChunk; ++part) {
@@ -135,11 +149,16 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
           for (int p = 0; p < TP; ++p)
 #pragma unroll
             for (int u = 0; u < kBlocks; ++u) {
-              v[p][u] = v_next[p][u];
-              nb[p][u] = n_next[p][u];
+              v[p][u] = v_next[0][p][u];
+              nb[p][u] = n_next[0][p][u];
+              if constexpr (kAhead == 2) v_next[0][p][u] = v_next[1][p][u];
             }
         }
-        if (part + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
+        if constexpr (kAhead == 1) {
+          if (part + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
+        } else if (loaded < total_steps) {
+          load_step();
+        }
         // activations of this step: one 16-byte load per token row and 32-column block. Lanes past the last
         // row read it again: their MMA columns are outputs that are never stored (no predicates, no zeroing).
         uint4 xv[kBlocks][MT];
@@ -160,8 +179,14 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
         for (int p = 0; p < TP; ++p) {
           uint32_t a[kBlocks][8];
 #pragma unroll
-          for (int u = 0; u < kBlocks; ++u) decode_block<LOW_BITS>(a[u], v[p][u], nb[p][u], base_lo[p], base_hi[p]);
-          if (LOW_BITS == 0) esc[p].template patch<kBlocks>(a, part * kBlocks, args, ordinal, first, args.warps_k, scratch, lane);
+          for (int u = 0; u < kBlocks; ++u) {
+            if constexpr (LOW_BITS == 0)
+              decode_block(a[u], v[p][u], nb[p][u], base_lo[p], base_hi[p]);
+            else
+              decode_block_q<LOW_BITS>(a[u], v[p][u]);
+          }
+          esc[p].template patch<kBlocks, false, LOW_BITS != 0>(a, part * kBlocks, args, ordinal, first, args.warps_k,
+                                                                scratch, lane);
 #pragma unroll
           for (int u = 0; u < kBlocks; ++u) {
 #pragma unroll
@@ -172,6 +197,20 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
                 ptx::mma_bf16_16816(acc[p][j], frag, s ? xv[u][j].z : xv[u][j].x, s ? xv[u][j].w : xv[u][j].y);
             }
           }
+        }
+      }
+    }
+    if constexpr (LOW_BITS != 0) {  // the Q pass's sums times their rows' windows (decode_block_q), before any reduction
+#pragma unroll
+      for (int p = 0; p < TP; ++p) {
+        const int tile = min(first_tile + p, tiles - 1);
+        const float lo = qpass_row_scale(args.base[tile * 16 + g]), hi = qpass_row_scale(args.base[tile * 16 + g + 8]);
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+          acc[p][j][0] *= lo;
+          acc[p][j][1] *= lo;
+          acc[p][j][2] *= hi;
+          acc[p][j][3] *= hi;
         }
       }
     }
@@ -194,7 +233,7 @@ cudaError_t launch_plan(const W12MmaArgs& args, cudaStream_t stream) {
   // escape scratch
   const size_t smem = (size_t)epilogue_words<MT, TP>(args, block.x) * 16 +
                       (STAGED ? (size_t)(block.x / 32) * 2 * TP * STEP_BLOCKS * kStagedBlockWords * 16 : 0) +
-                      (LOW_BITS == 0 ? (size_t)(block.x / 32) * kEscapeScratchBytes : 0);
+                      (size_t)(block.x / 32) * kEscapeScratchBytes;
   auto kernel = w12_mma_kernel<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED, CLUSTER>;
   int resident = 0;
   const cudaError_t err = resident_blocks(reinterpret_cast<const void*>(kernel), block.x, smem, &resident);
@@ -227,9 +266,11 @@ template <int LOW_BITS>
 cudaError_t launch_low_bits(const W12MmaArgs& args, cudaStream_t stream) {
   const int tiles8 = token_tiles(args.m);
   const bool staged = args.staged_weights != 0;
-#define W12_WARP_CALL_IF(MT, STEP_BLOCKS, TP, STAGED)                                                        \
-  if (tiles8 == MT && args.step_blocks == STEP_BLOCKS && args.tiles_per_warp == TP && staged == STAGED) \
-    return launch_plan<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED>(args, stream);
+  // the Q pass is never staged (two register steps in flight instead): no staged Q kernels are built
+#define W12_WARP_CALL_IF(MT, STEP_BLOCKS, TP, STAGED)                                                          \
+  if constexpr (LOW_BITS == 0 || !(STAGED))                                                                 \
+    if (tiles8 == MT && args.step_blocks == STEP_BLOCKS && args.tiles_per_warp == TP && staged == STAGED) \
+      return launch_plan<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED>(args, stream);
   W12_WARP_KERNELS(W12_WARP_CALL_IF)
 #undef W12_WARP_CALL_IF
   return cudaErrorInvalidValue;  // a plan not built for this many token tiles

@@ -173,13 +173,13 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
           uint4 v;
           uint2 nb;
           read_staged_block<kBlocksPerChunk, LOW_BITS>(warp_stages + stage, u, lane, v, nb);
-          decode_block<LOW_BITS>(a[u], v, nb, base_lo, base_hi);
+          decode_block(a[u], v, nb, base_lo, base_hi);
         }
         previous = stage;
         stage = stage == (kStages - 1) * kWgmmaStageBytes ? 0 : stage + kWgmmaStageBytes;
       } else {  // decoded, the chunk's weights leave their registers for the next chunk's loads
 #pragma unroll
-        for (int u = 0; u < kBlocksPerChunk; ++u) decode_block<LOW_BITS>(a[u], v_next[u], n_next[u], base_lo, base_hi);
+        for (int u = 0; u < kBlocksPerChunk; ++u) decode_block(a[u], v_next[u], n_next[u], base_lo, base_hi);
       }
       if (LOW_BITS == 0) esc.template patch<kBlocksPerChunk>(a, 0, args, i, first, args.warps_k, scratch, lane);
       ptx::mbarrier_wait(full + 8 * slot, phase);  // the chunk's activations have landed
@@ -288,9 +288,8 @@ cudaError_t launch_low_bits(const W12MmaArgs& args, W12SharedActivations& shared
 }  // namespace
 
 cudaError_t launch_wgmma(const W12MmaArgs& args, int low_bits, W12SharedActivations& shared_x, cudaStream_t stream) {
-  return low_bits == 0 ? launch_low_bits<0>(args, shared_x, stream)
-         : low_bits == 1 ? launch_low_bits<1>(args, shared_x, stream)
-                         : launch_low_bits<2>(args, shared_x, stream);
+  // exact weights only: the Q pass runs on the per-warp kernel (w12_warp.cu, decode_block_q)
+  return low_bits == 0 ? launch_low_bits<0>(args, shared_x, stream) : cudaErrorNotSupported;
 }
 
 }  // namespace w12

@@ -30,7 +30,7 @@ from sglang.srt.specpilot.kernels.draft_tree import (
     greedy_accept,
     verify_layout,
 )
-from sglang.srt.specpilot.dflash_tree_args import TreeSettings
+from sglang.srt.specpilot.dflash_tree_args import DSPARK_TREE_CANDIDATES, TreeSettings
 
 @dataclass
 class TreeStep:
@@ -130,10 +130,10 @@ class TreeDecoder:
     columns' target hidden states into the draft KV at those slots.
     """
 
-    def __init__(self, worker, settings: TreeSettings):
+    def __init__(self, worker, settings: TreeSettings, window: int):
         self.worker = worker
         self.settings = settings
-        self.window = int(worker.block_size)
+        self.window = int(window)  # the verify window the scheduler reserves per request and step
         self.draft_block = settings.drafted_positions + 1
 
     @classmethod
@@ -164,16 +164,13 @@ class TreeDecoder:
             problems.append("tensor parallelism is not covered")
         if problems:
             raise ValueError("dflash-tree cannot serve this configuration: " + "; ".join(problems))
-        return cls(worker, settings)
+        return cls(worker, settings, worker.block_size)
 
     def decode(self, batch, draft_input, on_publish=None):
         from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
         from sglang.srt.managers.scheduler import GenerationBatchResult
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
         from sglang.srt.speculative.dflash_info import DFlashVerifyInput
-        from sglang.srt.speculative.dflash_worker_v2 import _resolve_dflash_embedding_module, _selector_lattice
-        from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         w = self.worker
         sampling_info = batch.sampling_info
@@ -182,7 +179,7 @@ class TreeDecoder:
                              "serve those without --specpilot-tree-nodes")
         if batch.mamba_track_indices is not None:
             raise ValueError("dflash-tree does not cover mamba radix tracking; disable the radix cache for hybrid targets")
-        bs, device, window, block = len(batch.seq_lens), w.device, self.window, self.draft_block
+        bs, device, window = len(batch.seq_lens), w.device, self.window
         prefix_lens = batch.seq_lens
         req_to_token = w.model_runner.req_to_token_pool.req_to_token
         target_runner = w.target_worker.model_runner
@@ -191,38 +188,10 @@ class TreeDecoder:
             end_offset=prefix_lens + window, batch_size=bs, draft_token_num=window, device=device).view(bs, window)
         host_lens = None if batch.seq_lens_cpu is None else batch.seq_lens_cpu
 
-        # 1) the draft block: anchor + P masks, into the window's first P + 1 slots
-        block_ids = torch.full((bs, block), int(w._mask_token_id), dtype=torch.int64, device=device)
-        block_ids[:, 0] = draft_input.bonus_tokens
-        offsets = torch.arange(block, device=device)
-        draft_positions = (prefix_lens[:, None].to(torch.int64) + offsets[None, :]).reshape(-1)
-        embed_module = _resolve_dflash_embedding_module(w.draft_model, target_runner.model)
-        embeds = (torch.nn.functional.embedding(block_ids, w._full_embed_gpu) if w._full_embed_gpu is not None
-                  else embed_module(block_ids))
-        if w._noise_embed_scale != 1.0:
-            embeds = embeds * w._noise_embed_scale
-        draft_slots = window_slots[:, :block].reshape(-1)
-        draft_plan = target_runner.kv_index_translator.plan(
-            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
-            seq_lens_cpu=None if host_lens is None else host_lens + block, write_virtual=draft_slots, read_extent=block)
-        draft_batch = ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=block_ids.flatten(),
-            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens, out_cache_loc=draft_slots,
-            seq_lens_sum=int((host_lens + block).sum()) if host_lens is not None else int(prefix_lens.sum()) + bs * block,
-            seq_lens_cpu=None if host_lens is None else host_lens + block, positions=draft_positions,
-            input_embeds=embeds.view(-1, embeds.shape[-1]), spec_algorithm=SpeculativeAlgorithm.DFLASH,
-            spec_info=make_draft_block_spec_info(draft_token_num=block, device=device),
-            capture_hidden_mode=CaptureHiddenMode.NULL, can_run_decode_cuda_graph=False)
-        draft_plan.bind(draft_batch, w.draft_model_runner.kv_index_translator)
-        with torch.inference_mode():
-            draft_out = w.draft_model_runner.forward(draft_batch)
-        hidden = draft_out.logits_output.hidden_states.view(bs, block, -1)[:, 1:, :]
-        if w.draft_model.lm_head is None:
-            w.draft_model.lm_head = unwrap_head(target_runner.model)
-        candidate_ids, scores = _selector_lattice(w.draft_model, hidden, block_ids[:, 0])
+        # 1) the draft block (anchor + P masks, into the window's first P + 1 slots), its lattice and the trees
+        step = self.draft_trees(batch, draft_input, window_slots, host_lens)
 
-        # 2) the trees and their verify
-        step = TreeStep.build(self.settings, candidate_ids, scores, block_ids[:, 0], prefix_lens)
+        # 2) their verify
         verify_plan = target_runner.kv_index_translator.plan(
             req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
             seq_lens_cpu=None if host_lens is None else host_lens + window, write_virtual=window_slots.reshape(-1),
@@ -252,11 +221,7 @@ class TreeDecoder:
         acceptance = step.accept(target_predict)
         out_tokens, commit_lens = step.commit_tokens(acceptance)
         new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
-        if w._need_mamba_verify_commit:
-            deepest = acceptance.accept_columns.gather(1, acceptance.accept_length[:, None])[:, 0]
-            target_runner.attn_backend.update_mamba_state_after_mtp_verify(
-                last_correct_step_indices=deepest, mamba_track_indices=None, mamba_steps_to_track=None,
-                model=target_runner.model, req_pool_indices=batch.req_pool_indices[:bs])
+        self.commit_recurrent_state(batch, acceptance)
         if on_publish is not None:
             on_publish(new_seq_lens)
         order = step.commit_order(acceptance)
@@ -266,19 +231,181 @@ class TreeDecoder:
         commit_plan = target_runner.kv_index_translator.plan(
             req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens,
             seq_lens_cpu=None if host_lens is None else host_lens + window, write_virtual=committed_slots.reshape(-1), read_extent=window)
-        cache_loc = w._draft_write_ids(commit_plan)
-        w._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=ordered_hidden.reshape(-1, ordered_hidden.shape[-1]), cache_loc=cache_loc,
-            cache_loc_2d=cache_loc.view(bs, window),
-            positions=(prefix_lens[:, None].to(torch.int64) + torch.arange(window, device=device)[None, :]).reshape(-1),
-            commit_lens=commit_lens)
+        positions = (prefix_lens[:, None].to(torch.int64) + torch.arange(window, device=device)[None, :]).reshape(-1)
+        self.write_draft_kv(batch, commit_plan, ordered_hidden.reshape(-1, ordered_hidden.shape[-1]), positions,
+                            commit_lens)
         logits_output.hidden_states = None
         return GenerationBatchResult(
             logits_output=logits_output, next_token_ids=out_tokens.reshape(-1), accept_lens=commit_lens,
-            can_run_cuda_graph=False,
-            next_draft_input=w._make_next_draft_input_decode(bonus_tokens=acceptance.bonus, new_seq_lens=new_seq_lens),
+            can_run_cuda_graph=False, next_draft_input=self.next_draft_input(acceptance.bonus, new_seq_lens),
             speculative_num_draft_tokens=window, new_seq_lens=new_seq_lens,
             routed_experts_output=target_out.routed_experts_output, indexer_topk_output=target_out.indexer_topk_output)
+
+    # What differs between drafters: the draft forward and its lattice, the draft KV write, the next step's input.
+
+    def draft_trees(self, batch, draft_input, window_slots, host_lens) -> TreeStep:
+        """DFlash2: the block through the drafter, the CandidateSelector lattice of its hidden states, the trees."""
+        from sglang.srt.speculative.dflash_worker_v2 import _resolve_dflash_embedding_module, _selector_lattice
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        w = self.worker
+        target_runner = w.target_worker.model_runner
+        block_ids = self.block_ids(draft_input)
+        embed_module = _resolve_dflash_embedding_module(w.draft_model, target_runner.model)
+        embeds = (torch.nn.functional.embedding(block_ids, w._full_embed_gpu) if w._full_embed_gpu is not None
+                  else embed_module(block_ids))
+        if w._noise_embed_scale != 1.0:
+            embeds = embeds * w._noise_embed_scale
+        draft_out = self.draft_forward(batch, block_ids, embeds, window_slots, host_lens, SpeculativeAlgorithm.DFLASH)
+        hidden = draft_out.logits_output.hidden_states.view(len(block_ids), self.draft_block, -1)[:, 1:, :]
+        if w.draft_model.lm_head is None:
+            w.draft_model.lm_head = unwrap_head(target_runner.model)
+        candidate_ids, scores = _selector_lattice(w.draft_model, hidden, block_ids[:, 0])
+        return TreeStep.build(self.settings, candidate_ids, scores, block_ids[:, 0], batch.seq_lens)
+
+    def block_ids(self, draft_input) -> torch.Tensor:
+        """[B, P + 1] the draft block's ids: the anchor (last committed token), then P mask tokens."""
+        bs = len(draft_input.bonus_tokens)
+        ids = torch.full((bs, self.draft_block), int(self.worker._mask_token_id), dtype=torch.int64,
+                         device=self.worker.device)
+        ids[:, 0] = draft_input.bonus_tokens.view(-1)
+        return ids
+
+    def draft_forward(self, batch, block_ids, embeds, window_slots, host_lens, algorithm, **forward_fields):
+        """The drafter over the block (one eager TARGET_VERIFY of P + 1 queries, its KV into the window's first
+        P + 1 slots)."""
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+        from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
+
+        w = self.worker
+        bs, block, device = len(block_ids), self.draft_block, block_ids.device
+        prefix_lens = batch.seq_lens
+        positions = (prefix_lens[:, None].to(torch.int64) + torch.arange(block, device=device)[None, :]).reshape(-1)
+        draft_slots = window_slots[:, :block].reshape(-1)
+        lens_cpu = None if host_lens is None else host_lens + block
+        plan = w.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens, seq_lens_cpu=lens_cpu,
+            write_virtual=draft_slots, read_extent=block)
+        draft_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens, out_cache_loc=draft_slots,
+            seq_lens_sum=int(lens_cpu.sum()) if lens_cpu is not None else int(prefix_lens.sum()) + bs * block,
+            seq_lens_cpu=lens_cpu, positions=positions,
+            input_embeds=None if embeds is None else embeds.view(-1, embeds.shape[-1]), spec_algorithm=algorithm,
+            spec_info=make_draft_block_spec_info(draft_token_num=block, device=device),
+            capture_hidden_mode=CaptureHiddenMode.NULL, can_run_decode_cuda_graph=False, **forward_fields)
+        plan.bind(draft_batch, w.draft_model_runner.kv_index_translator)
+        with torch.inference_mode():
+            return w.draft_model_runner.forward(draft_batch)
+
+    def commit_recurrent_state(self, batch, acceptance: Acceptance) -> None:
+        """Hybrid targets: the recurrent state of the accepted path's deepest column becomes the request's."""
+        w = self.worker
+        if w._need_mamba_verify_commit:
+            deepest = acceptance.accept_columns.gather(1, acceptance.accept_length[:, None])[:, 0]
+            runner = w.target_worker.model_runner
+            runner.attn_backend.update_mamba_state_after_mtp_verify(
+                last_correct_step_indices=deepest, mamba_track_indices=None, mamba_steps_to_track=None,
+                model=runner.model, req_pool_indices=batch.req_pool_indices[:len(batch.seq_lens)])
+
+    def write_draft_kv(self, batch, commit_plan, hidden, positions, commit_lens) -> None:
+        """The committed columns' target hidden states (committed path first) into the draft KV at their slots."""
+        w = self.worker
+        cache_loc = w._draft_write_ids(commit_plan)
+        w._append_target_hidden_to_draft_kv_by_loc(target_hidden=hidden, cache_loc=cache_loc,
+                                                   cache_loc_2d=cache_loc.view(len(batch.seq_lens), self.window),
+                                                   positions=positions, commit_lens=commit_lens)
+
+    def next_draft_input(self, bonus, new_seq_lens):
+        return self.worker._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
+
+
+class DSparkTreeDecoder(TreeDecoder):
+    """The decode step of ``DSparkWorkerV2`` with draft trees: the same verify, acceptance and KV commit as
+    DFlash2's; the lattice is DSpark's Eq. (1) (``markov_lattice``: the block's base logits plus the first-order
+    Markov head's bias with each node's parent as x_{s-1}), scored by the same kernel (``kind="markov"``)."""
+
+    @classmethod
+    def from_worker(cls, worker) -> "DSparkTreeDecoder | None":
+        """None with the tree flags unset (stock); refuses, at start-up, what the tree step does not cover."""
+        from sglang.srt.models.dspark import GatedMarkovHead, VanillaMarkov
+        from sglang.srt.specpilot import option_value
+        from sglang.srt.specpilot.dflash_tree_args import tree_settings
+        from sglang.srt.speculative.dspark_components.dspark_config import parse_dspark_draft_config
+
+        nodes = option_value("--specpilot-tree-nodes")
+        if nodes is None:
+            return None
+        head = worker.draft_model.markov_head
+        config = parse_dspark_draft_config(draft_hf_config=worker.draft_model_runner.model_config.hf_config)
+        gamma = config.resolve_gamma(default=None)
+        settings = tree_settings(nodes, option_value("--specpilot-tree-depth"),
+                                 option_value("--specpilot-tree-drafted-positions"), algorithm="DSPARK",
+                                 trained_block=None if gamma is None else int(gamma) + 1,
+                                 selector_top_k=DSPARK_TREE_CANDIDATES if type(head) in (VanillaMarkov, GatedMarkovHead)
+                                 else 0)
+        problems = []
+        backend = str(worker.target_worker.model_runner.server_args.attention_backend)
+        if backend not in TREE_ATTENTION_BACKENDS:
+            problems.append(f"--attention-backend {backend}: tree verify needs one of {TREE_ATTENTION_BACKENDS}")
+        if worker.sample_from_anchor:
+            problems.append("a drafter that samples from the anchor (no anchor row in its block) is not covered")
+        if worker._target_is_mambaish:
+            problems.append("hybrid (recurrent-state) targets are not covered under DSpark trees")
+        if worker._deferred_commit() is not None:
+            problems.append("SGLANG_DSPARK_DEFER_CONTEXT_KV: the deferred draft-KV commit is not covered")
+        if head.vocab_shard is not None or worker._draft_is_moe:
+            problems.append("a vocab-sharded Markov head or a MoE drafter is not covered")
+        if int(worker.verify_num_draft_tokens) < max(settings.verify_tokens, settings.drafted_positions + 1):
+            problems.append(f"speculative_num_draft_tokens {worker.verify_num_draft_tokens} is below the tree's window")
+        from sglang.srt.runtime_context import get_parallel
+
+        if get_parallel().tp_size != 1 or get_parallel().attn_dp_enabled:
+            problems.append("tensor and data parallelism are not covered")
+        if problems:
+            raise ValueError("dflash-tree (DSpark) cannot serve this configuration: " + "; ".join(problems))
+        return cls(worker, settings, worker.verify_num_draft_tokens)
+
+    def draft_trees(self, batch, draft_input, window_slots, host_lens) -> TreeStep:
+        """The block through the DSpark drafter, its base logits, the Markov lattice of Eq. (1), the trees."""
+        from sglang.srt.lora.layers import unwrap_lora_layer
+        from sglang.srt.speculative.dspark_components.dspark_draft import _make_num_token_non_padded
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        w = self.worker
+        bs, positions = len(batch.seq_lens), self.settings.drafted_positions
+        block_ids = self.block_ids(draft_input)
+        embeds = unwrap_lora_layer(w.draft_model.embed_tokens)(block_ids)
+        tokens = bs * self.draft_block
+        draft_out = self.draft_forward(
+            batch, block_ids, embeds, window_slots, host_lens, SpeculativeAlgorithm.DSPARK,
+            global_num_token_non_padded=_make_num_token_non_padded(tokens, w.device),
+            global_num_token_non_padded_cpu=tokens)
+        hidden = draft_out.logits_output.hidden_states.view(bs, self.draft_block, -1)[:, 1:, :].contiguous()
+        with w._proposer._base_logits_context():
+            base_logits, _ = w.draft_model.compute_base_logits(hidden.view(bs * positions, -1))
+        cand, unary, pair = markov_lattice(w.draft_model.markov_head, base_logits.view(bs, positions, -1),
+                                           block_ids[:, 0], hidden, self.settings.candidates)
+        return TreeStep.build(self.settings, cand, pair, block_ids[:, 0], batch.seq_lens, unary=unary, kind="markov")
+
+    def commit_recurrent_state(self, batch, acceptance: Acceptance) -> None:
+        """No recurrent target state: hybrid targets are refused at start-up."""
+
+    def write_draft_kv(self, batch, commit_plan, hidden, positions, commit_lens) -> None:
+        """DSpark's own injection of target hidden states into the draft KV, committed path first."""
+        injector = self.worker._kv_injector
+        cache_loc = injector.ids_for(commit_plan)
+        bs = len(batch.seq_lens)
+        state_slot = (None if injector.swa_ring_size is None
+                      else batch.req_pool_indices[:bs].view(-1, 1).expand(bs, self.window).reshape(-1))
+        injector.inject_target_hidden(target_hidden=hidden, cache_loc=cache_loc,
+                                      cache_loc_2d=cache_loc.view(bs, self.window), positions=positions,
+                                      commit_lens=commit_lens, state_slot=state_slot)
+
+    def next_draft_input(self, bonus, new_seq_lens):
+        from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
+
+        return make_next_draft_input(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
 
 
 def unwrap_head(target_model):

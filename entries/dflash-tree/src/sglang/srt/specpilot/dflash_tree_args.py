@@ -35,12 +35,23 @@ class TreeSettings:
         return self.nodes + 1
 
 
+TREE_ALGORITHMS = ("DFLASH", "DSPARK")
+NO_LATTICE = {  # why a drafter of each algorithm can have no lattice, and the fix
+    "DFLASH": ("the draft model has no candidate lattice (plain DFlash: dflash_config has no selector_rank / "
+               "selector_top_k)", "use a DFlash2 drafter (a CandidateSelector checkpoint), or drop the flag"),
+    "DSPARK": ("the DSpark drafter's Markov head is recurrent (markov_head_type rnn): its bias depends on the whole "
+               "path, not only the parent, so it gives no lattice", "use a DSpark drafter with a vanilla or gated "
+               "(first-order) Markov head, or drop the flag"),
+}
+
+
 def tree_settings(nodes, depth, drafted_positions, *, algorithm: str | None, trained_block: int | None,
                   selector_top_k: int) -> TreeSettings | None:
     """Checked settings from the flag values (None: trees off, stock's chain).
 
     ``trained_block`` is the drafter's block (anchor + drafted positions) from its config; ``selector_top_k``
-    its CandidateSelector's K (0: a plain DFlash drafter without a lattice).
+    the lattice's K: DFlash2's CandidateSelector top-K, DSpark's candidates of a first-order Markov head
+    (0: no lattice: a plain DFlash drafter, a recurrent DSpark head).
     """
     if nodes is None:
         for flag, value in zip(TREE_FLAGS[1:], (depth, drafted_positions)):
@@ -48,13 +59,12 @@ def tree_settings(nodes, depth, drafted_positions, *, algorithm: str | None, tra
                 raise TreeArgumentError(flag, "is set without --specpilot-tree-nodes",
                                         "give --specpilot-tree-nodes N (e.g. 32) to draft trees, or drop the flag")
         return None
-    if algorithm != "DFLASH":
-        raise TreeArgumentError("--specpilot-tree-nodes", f"draft trees are built for DFLASH (DFlash2), not {algorithm}",
-                                "use --speculative-algorithm DFLASH with a DFlash2 (selector) drafter, or drop the flag")
+    if algorithm not in TREE_ALGORITHMS:
+        raise TreeArgumentError("--specpilot-tree-nodes", f"draft trees are built for DFLASH (DFlash2) and DSPARK, "
+                                f"not {algorithm}", "use --speculative-algorithm DFLASH with a DFlash2 (selector) "
+                                "drafter or DSPARK with a first-order Markov head, or drop the flag")
     if not selector_top_k:
-        raise TreeArgumentError("--specpilot-tree-nodes", "the draft model has no candidate lattice (plain DFlash: "
-                                "dflash_config has no selector_rank / selector_top_k)",
-                                "use a DFlash2 drafter (a CandidateSelector checkpoint), or drop the flag")
+        raise TreeArgumentError("--specpilot-tree-nodes", *NO_LATTICE[algorithm])
     if nodes < 1 or nodes > MAX_TREE_NODES:
         raise TreeArgumentError("--specpilot-tree-nodes", f"{nodes} is outside 1..{MAX_TREE_NODES} (the verify buffers "
                                 f"hold {MAX_VERIFY_TOKENS} tokens per request, the root included)",
@@ -96,6 +106,8 @@ def check_server_args(server_args) -> TreeSettings | None:
     trained_block, top_k = None, 0
     if nodes is not None and server_args.speculative_algorithm == "DFLASH":
         trained_block, top_k = _draft_lattice_shape(server_args)
+    if nodes is not None and server_args.speculative_algorithm == "DSPARK":
+        trained_block, top_k = _dspark_lattice_shape(server_args)
     return tree_settings(nodes, depth, drafted, algorithm=server_args.speculative_algorithm,
                          trained_block=trained_block, selector_top_k=top_k)
 
@@ -118,8 +130,28 @@ def _draft_lattice_shape(server_args) -> tuple[int | None, int]:
     return parsed.resolve_block_size(default=None), int(parsed.selector_top_k or 0)
 
 
+DSPARK_TREE_CANDIDATES = 16  # a DSpark lattice's candidates per position: the top-16 of its base logits
+FIRST_ORDER_MARKOV_HEADS = ("vanilla", "gated")  # their bias reads only x_{s-1} (the node's parent)
+
+
+def _dspark_lattice_shape(server_args) -> tuple[int | None, int]:
+    """(block size, candidates) of a DSpark drafter: its block is gamma + 1; a first-order Markov head gives a
+    lattice of ``DSPARK_TREE_CANDIDATES``, a recurrent one none. An unreadable config is refused."""
+    from sglang.srt.speculative.dspark_components.dspark_config import read_draft_checkpoint_config
+
+    try:
+        config = read_draft_checkpoint_config(server_args=server_args)
+    except Exception as err:  # noqa: BLE001 - any failure means the lattice cannot be confirmed
+        raise TreeArgumentError("--specpilot-tree-nodes", f"the DSpark draft model's config could not be read ({err})",
+                                "pass a readable DSpark --speculative-draft-model-path") from err
+    gamma = config.resolve_gamma(default=None)
+    head = str(config.markov_head_type or "vanilla").lower()  # SGLang's default head (build_markov_head)
+    top_k = DSPARK_TREE_CANDIDATES if config.require_markov() and head in FIRST_ORDER_MARKOV_HEADS else 0
+    return None if gamma is None else int(gamma) + 1, top_k
+
+
 def declare_tree_resolution(server_args, settings: TreeSettings | None) -> None:
-    """After DFLASH resolved: the verify window (``speculative_num_draft_tokens``, which sizes the KV the
+    """After DFLASH / DSPARK resolved: the verify window (``speculative_num_draft_tokens``, which sizes the KV the
     scheduler reserves per request and step) becomes the tree's N + 1 tokens when that exceeds the draft
     block. No-op with trees off."""
     if settings is None:
