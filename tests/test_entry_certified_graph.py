@@ -55,6 +55,13 @@ PROBE = textwrap.dedent("""
 
     def gate():
         target = types.SimpleNamespace(is_draft_worker=False)
+        lm_bf16, lm_fp32 = torch.nn.Module(), torch.nn.Module()
+        lm_bf16.weight = torch.nn.Parameter(torch.zeros(8, 256, dtype=torch.bfloat16), requires_grad=False)
+        lm_fp32.weight = torch.nn.Parameter(torch.zeros(8, 256), requires_grad=False)
+        def model(lm, sharded=False):
+            proc = types.SimpleNamespace(do_tensor_parallel_all_gather=sharded, use_fp32_lm_head=False)
+            return types.SimpleNamespace(is_draft_worker=False,
+                                         model=types.SimpleNamespace(logits_processor=proc, lm_head=lm))
         draft = types.SimpleNamespace(is_draft_worker=True)
         capture = types.SimpleNamespace(specpilot_capture_argmax_only=True, forward_mode=ForwardMode.DECODE,
                                         sampling_info=None, return_logprob=False, spec_info=None)
@@ -65,6 +72,9 @@ PROBE = textwrap.dedent("""
             "verify": ch.certified_graphs(target, ForwardMode.TARGET_VERIFY),
             "draft_worker": ch.certified_graphs(draft, ForwardMode.TARGET_VERIFY),
             "dllm": ch.certified_graphs(target, ForwardMode.DLLM_EXTEND),
+            "eligible_head": ch.certified_graphs(model(lm_bf16), ForwardMode.DECODE),
+            "fp32_head": ch.certified_graphs(model(lm_fp32), ForwardMode.DECODE),
+            "sharded_head": ch.certified_graphs(model(lm_bf16, sharded=True), ForwardMode.DECODE),
             "capture_batch": ch.argmax_only(capture),
             "unmarked_capture_batch": ch.argmax_only(unmarked),
             # a target decode runner as __init__ decides it, asked about batches of each kind
@@ -181,6 +191,8 @@ def test_with_the_flag_the_target_graphs_hold_the_certified_head_and_replay_only
     gate = probe["set"]
     assert gate["decode"] and gate["verify"]
     assert not gate["draft_worker"] and not gate["dllm"]
+    # an ineligible head is captured stock: its full-logit batches keep replaying
+    assert gate["eligible_head"] and not gate["fp32_head"] and not gate["sharded_head"]
     assert gate["capture_batch"] and not gate["unmarked_capture_batch"]
     assert probe["runner_marks_capture"]
     assert gate["replay"] == {"greedy": True, "sampling": False, "logprob": False, "too_big": False}
@@ -188,7 +200,7 @@ def test_with_the_flag_the_target_graphs_hold_the_certified_head_and_replay_only
 
 def test_with_the_flag_unset_capture_and_replay_are_stock(probe):
     gate = probe["unset"]
-    assert not gate["decode"] and not gate["verify"]
+    assert not gate["decode"] and not gate["verify"] and not gate["eligible_head"]
     # a runner that did not capture the certified head replays every batch it fits, as stock does
     assert gate["replay"] == {"greedy": True, "sampling": True, "logprob": True, "too_big": False}
     assert probe["unset_logits"] == "None"

@@ -58,14 +58,34 @@ def argmax_only(forward_batch) -> bool:
     return orchestrator is None or not orchestrator.is_required
 
 
+def head_eligible(processor, lm_head: torch.nn.Module, embedding_bias: Optional[torch.Tensor] = None) -> bool:
+    """Whether the certified head can stand in for this model's LM head (else the stock head runs)."""
+    weight = getattr(lm_head, "weight", None)
+    return not (
+        embedding_bias is not None
+        or weight is None
+        or weight.dtype != torch.bfloat16
+        or weight.shape[1] % K_TILE
+        or processor.do_tensor_parallel_all_gather
+        or processor.use_fp32_lm_head
+        or hasattr(lm_head, "set_lora")
+    )
+
+
 def certified_graphs(model_runner, capture_forward_mode) -> bool:
-    """Whether a decode graph runner captures its graphs with the certified head: the flag is on and
-    the runner serves the target model's decode or verify (never a draft worker)."""
+    """Whether a decode graph runner captures its graphs with the certified head: the flag is on, the
+    runner serves the target model's decode or verify (never a draft worker) and the model's head is
+    eligible (a model whose head or logits processor is not where SGLang's models keep them is assumed
+    eligible: its full-logit batches then run eager, which is always correct)."""
     if getattr(model_runner, "is_draft_worker", False):
         return False
     if not (capture_forward_mode.is_decode() or capture_forward_mode.is_target_verify()):
         return False
-    return bool(option_value(FLAG))
+    if not option_value(FLAG):
+        return False
+    model = getattr(model_runner, "model", None)
+    processor, lm_head = getattr(model, "logits_processor", None), getattr(model, "lm_head", None)
+    return processor is None or lm_head is None or head_eligible(processor, lm_head)
 
 
 def replay_allowed(certified: bool, forward_batch) -> bool:
@@ -137,17 +157,7 @@ def certified_logits(
         return None
     if not option_value(FLAG):
         return None
-    weight = getattr(lm_head, "weight", None)
-    if (
-        embedding_bias is not None
-        or weight is None
-        or weight.dtype != torch.bfloat16
-        or weight.shape[1] % K_TILE
-        or not hidden_states.is_cuda
-        or processor.do_tensor_parallel_all_gather
-        or processor.use_fp32_lm_head
-        or hasattr(lm_head, "set_lora")
-    ):
+    if not hidden_states.is_cuda or not head_eligible(processor, lm_head, embedding_bias):
         return None
     state = certified_copy(lm_head, processor.vocab_size)
-    return certified_argmax_logits(state, hidden_states, weight.shape[0], out=out)
+    return certified_argmax_logits(state, hidden_states, lm_head.weight.shape[0], out=out)
