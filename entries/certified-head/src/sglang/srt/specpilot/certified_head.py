@@ -16,6 +16,10 @@ graphs are captured with it: the decode graph runner marks its capture batch as 
 fallback's scratch are built at the first eligible forward (the capture's eager warm-up at the latest)
 and shared by every captured size, whose graphs replay one at a time on one stream.
 
+Forwards of more than 32 rows (a decode batch of more than 32 requests, a verify of more than 32 tokens
+in all) keep the stock head: each 32-row call streams the whole INT8 copy, so two calls already read as
+many bytes as the BF16 head.
+
 The token is the argmax of the exact FP32-accumulated head (lowest index on ties). Stock SGLang
 takes the argmax of BF16-rounded logits, so the two can differ only where the top logits round to
 the same BF16 value: lossless at the token-forcing level, not bit-identical to stock. With a
@@ -153,7 +157,8 @@ def certified_logits(
     out: Optional[torch.Tensor] = None,
 ) -> Optional[torch.Tensor]:
     """The certified head's logits for this forward, or None where the stock head must run."""
-    if not logits_metadata.specpilot_argmax_only or hidden_states.shape[0] == 0:
+    # Beyond one kernel call's rows each call streams the INT8 copy again: the BF16 head is cheaper.
+    if not logits_metadata.specpilot_argmax_only or not 0 < hidden_states.shape[0] <= MAX_ROWS:
         return None
     if not option_value(FLAG):
         return None
