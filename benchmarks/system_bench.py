@@ -292,6 +292,10 @@ def batched_speedup(run: dict, lattice) -> dict:
             fixed = str(options.rows)
             if name == "stock" and fixed in by_rows:  # stock as it runs: its chain, every step
                 mine["rows"], mine["speedup_over_ar"] = int(fixed), by_rows[fixed]["S"]
+                # the best static chain length, had stock a flag for it (SGLang's DFlash verifies its drafter's
+                # whole block); its tau truncates the 16-block chain, an upper bound for a drafter run at that block
+                best = max(by_rows, key=lambda r: by_rows[r]["S"])
+                mine["best_static_chain_bound"] = {"rows": int(best), "speedup_over_ar": by_rows[best]["S"]}
             elif name != "stock":
                 costs = _MeasuredSteps(t_ar, t_draft, {int(r): t for r, t in steps.items()}, int(B))
                 planner = BudgetPlanner(costs, tuple(int(r) for r in steps))
@@ -757,8 +761,30 @@ def main(argv=None) -> int:
         progress(f"{name}: {result[name + '_s']} s")
         if args.out:
             write_result(result, args.out)
+    headline = batched_headline(result)
+    if headline:
+        result["headline"] = headline
+        if args.out:
+            write_result(result, args.out)
     print_result(result, args.out)
     return 0
+
+
+def batched_headline(result: dict) -> str | None:
+    """The batched speedups over AR per shape (the index's headline), when the speedup section has them."""
+    parts = []
+    for shape, table in (
+        result.get("speedup", {}).get("batched", {}).items() if isinstance(result.get("speedup"), dict) else []
+    ):
+        rows = [r for r in table.values() if "speedup_over_ar" in r.get("stock", {}) and "specpilot" in r]
+        if rows:
+            stock = [r["stock"]["speedup_over_ar"] for r in rows]
+            mine = [r["specpilot"]["speedup_over_ar"] for r in rows]
+            parts.append(
+                f"{shape} at {'/'.join(table)} requests: stock {min(stock):.2f}-{max(stock):.2f}x AR, "
+                f"SpecPilot {min(mine):.2f}-{max(mine):.2f}x AR"
+            )
+    return "; ".join(parts) if parts else None
 
 
 if __name__ == "__main__":
