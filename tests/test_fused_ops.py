@@ -179,6 +179,14 @@ def test_qk_norm_rope_and_tree_attention_match_the_references(norm):
         with _interpreted():
             out = F.tree_attention(qr, *cache, kr, vr, length, anc, g, window)
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # a longer context: the key range split over several programs, then combined
+    long_k, long_v = (torch.randn(B, HKV, 300, D, generator=gen) for _ in range(2))
+    long_len = torch.tensor([250, 37])
+    ref = F.tree_attention_reference(qr, long_k, long_v, kr, vr, long_len, anc, gate)
+    assert F._attention_split(B, HKV, HQ // HKV * T, 300 + T, D, 132)[2] > 1
+    with _interpreted():
+        out = F.tree_attention(qr, long_k, long_v, kr, vr, long_len, anc, gate)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
