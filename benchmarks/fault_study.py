@@ -503,7 +503,8 @@ def figure(results_path: str, png: str) -> None:
         ax.set_ylim(0, 1.15)
         ax.set_ylabel("share of checks")
         ax.set_title(
-            f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow)", fontsize=8
+            f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow), accepted (no bar)",
+            fontsize=8,
         )
     fig.suptitle(
         f"Token forcing fault study, Figure 4 ({results['device_name']}, {results['dtype']}; {results['model']})",
