@@ -81,7 +81,7 @@ def run_shape(lattices, costs: dict, batches, args) -> dict:
         }
         row = out["batches"][str(b)]
         print(
-            f"{costs.shape} B={b}: all {figures['all']['over_ar']:.2f}x AR, {figures['all']['over_stock']:.2f}x stock; "
+            f"{costs['stock'].shape} B={b}: all {figures['all']['over_ar']:.2f}x AR, {figures['all']['over_stock']:.2f}x stock; "
             f"shared/equal {row['shared_vs_equal_tokens_per_step']:.3f}; blocks {row['blocks_gain_over_shared']:.3f}; "
             f"admission {row['admission_gain_over_stock']:.3f} ({row['seconds']} s)",
             file=sys.stderr,

@@ -1,11 +1,8 @@
 """The batch-size-aware budget planner (batching.planner): it takes the bucket of most expected tokens per
 ms, AR when no bucket beats AR, backs off its probes where speculation cannot pay, and refuses bad buckets."""
 
-import math
-
 import numpy as np
 import pytest
-import torch
 
 from specpilot_mem.batching.costs import BatchingError
 from specpilot_mem.batching.planner import BudgetPlanner
@@ -57,25 +54,28 @@ def test_drafter_blocks_follow_the_bucket():
     assert [planner.draft_block(r) for r in (2, 9, 10, 13, 17)] == [8, 8, 12, 12, 16]
 
 
-def scores(B: int, p: float, n: int = 16) -> torch.Tensor:
-    """Chains whose i-th node has path probability p^i."""
-    return (torch.arange(1, n + 1, dtype=torch.float32) * math.log(p)).expand(B, n).contiguous()
-
-
-def test_estimates_from_tree_scores_and_calibration():
-    planner = BudgetPlanner(Costs(growth=0.01))
-    curve = planner.estimate(scores(4, 0.5))
-    want = [1 + sum(0.5**i for i in range(1, r)) for r in planner.buckets]
-    np.testing.assert_allclose(curve, want, rtol=1e-5)
-    for _ in range(30):  # the drafter is twice as confident as its acceptance
-        planner.observe(scores(4, 0.5), 5, 0.5 * (want[2] - 1))
-    assert planner.calibration == pytest.approx(0.5, rel=1e-3)
-    np.testing.assert_allclose(planner.expected(), 1 + 0.5 * (np.array(want) - 1), rtol=1e-3)
+def test_expected_tokens_from_per_depth_acceptance():
+    planner = BudgetPlanner(Costs(growth=0.001))
+    assert planner.expected() is None and planner.rows_for(8) == planner.buckets[-1]  # first look: the deepest
+    # chains verified 4 deep: per depth half of those reaching it accept it
+    for _ in range(40):
+        planner.observe(np.array([0, 1, 2, 4, 0, 1, 2, 4]), np.full(8, 4))
+    rate = planner.acceptance()
+    steady = 1 / (1 - planner.decay)  # the decaying sums' weight of one step
+    want, prior = [], 0.5
+    for num, den in ((6, 8), (4, 6), (2, 4), (2, 2)):
+        prior = (num * steady + planner.PRIOR * prior) / (den * steady + planner.PRIOR)
+        want.append(prior)
+    np.testing.assert_allclose(rate[:4], want, rtol=1e-4)
+    np.testing.assert_allclose(rate[:4], [6 / 8, 4 / 6, 2 / 4, 2 / 2], atol=0.05)
+    np.testing.assert_allclose(rate[4:], rate[3])  # unverified depths take the deepest verified one's rate
+    reach = np.cumprod(rate)
+    np.testing.assert_allclose(planner.expected(), [1 + reach[: r - 1].sum() for r in planner.buckets])
 
 
 def test_probes_back_off_where_speculation_cannot_pay():
     planner = BudgetPlanner(Costs(growth=3.0), probe=2, max_probe=16)
-    planner.observe(scores(8, 0.5), 2, 0.5)
+    planner.observe(np.array([1, 0, 1, 0]), np.array([1, 1, 1, 1]))
     picks = [planner.rows_for(8) for _ in range(64)]
     probes = [i for i, r in enumerate(picks) if r > 1]
     assert probes and all(picks[i] == planner.buckets[0] for i in probes)

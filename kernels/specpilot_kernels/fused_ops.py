@@ -262,7 +262,8 @@ def tree_conv_silu(
         x = x.contiguous()
     conv_state, conv_idx, weight = (t.contiguous() for t in (conv_state, conv_idx, weight))
     out = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    block = min(1024, triton.next_power_of_2(C))
+    # few rows: narrower blocks, so that a decode-sized step still spreads over the SMs
+    block = min(256 if B * T < 16 else 1024, triton.next_power_of_2(C))
     _tree_conv_silu_kernel[(B * T, triton.cdiv(C, block))](
         conv_state,
         x,
@@ -277,7 +278,7 @@ def tree_conv_silu(
         BLOCK=block,
         RAW=raw is not None,
         **_pdl(x),
-        num_warps=4,
+        num_warps=4 if block >= 1024 else 2,
     )
     return out
 
@@ -493,8 +494,9 @@ def qk_norm_rope(q, k, v, cos, sin, q_weight, k_weight, eps, k_cache=None, v_cac
     return q_out, k_out, v_out
 
 
-def tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None):
-    """Each row attends to its request's first ``lengths`` cache keys and to the rows it descends from (``anc``).
+def tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None, window=0):
+    """Each row attends to its request's first ``lengths`` cache keys (the last ``window`` of them when window > 0)
+    and to the rows it descends from (``anc``).
 
     q [B, T, HQ, D]; k_cache/v_cache [B, HKV, L, D] or None (no context); k_rows/v_rows [B, T, HKV, D];
     lengths [B] long or None; anc [B, T, T] bool; gate [B, T, HQ * D] or None (o * sigmoid(gate)).
@@ -508,7 +510,11 @@ def tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, 
         L = k_cache.shape[2]
         keys = torch.cat([k_cache.to(q.dtype), keys], dim=2)
         values = torch.cat([v_cache.to(q.dtype), values], dim=2)
-        ctx = (torch.arange(L, device=q.device)[None, :] < lengths[:, None])[:, None, None, :].expand(B, 1, T, L)
+        cols = torch.arange(L, device=q.device)[None, :]
+        seen = cols < lengths[:, None]
+        if window:
+            seen = seen & (cols >= lengths[:, None] - window)
+        ctx = seen[:, None, None, :].expand(B, 1, T, L)
         mask = torch.cat([ctx, mask], dim=-1)
     mask = mask.expand(B, rep, T, mask.shape[-1]).reshape(B, 1, rep * T, mask.shape[-1])
     qf = q.view(B, T, HKV, rep, D).permute(0, 2, 3, 1, 4).reshape(B, HKV, rep * T, D)
@@ -538,6 +544,7 @@ def _tree_attention_split_kernel(
     kc_h,
     S,
     scale,
+    WINDOW,
     CHUNK: tl.constexpr,
     D: tl.constexpr,
     BD: tl.constexpr,
@@ -567,6 +574,7 @@ def _tree_attention_split_kernel(
     else:
         length = 0
     start = split * CHUNK
+    lo = tl.where(WINDOW > 0, length - WINDOW, 0)  # the first context key seen (attn_window: the last WINDOW)
     end = tl.minimum(start + CHUNK, length + T)
     m = tl.full([BM], -1.0e30, dtype=tl.float32)
     lsum = tl.zeros([BM], dtype=tl.float32)
@@ -575,7 +583,7 @@ def _tree_attention_split_kernel(
         n0 = start + it * BN
         if n0 < end:
             j = n0 + tl.arange(0, BN)
-            in_ctx = j < length
+            in_ctx = (j < length) & (j >= lo)
             tr = j - length
             in_tree = (j >= length) & (tr < T)
             tr = tl.where(in_tree, tr, 0)
@@ -673,9 +681,9 @@ def _attention_split(B: int, HKV: int, R: int, keys: int) -> tuple[int, int, int
     return BM, warps, triton.cdiv(keys, chunk), chunk
 
 
-def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None):
+def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None, window: int = 0):
     """Tree attention of verify rows over a dense per-request cache, no mask tensor: each row sees its request's
-    first ``lengths`` cache keys and the rows it descends from. Split over the keys (flash-decoding: few query
+    first ``lengths`` cache keys (the last ``window`` of them when window > 0) and the rows it descends from. Split over the keys (flash-decoding: few query
     rows, ~1k keys) and combined with the output gate in a second launch on a GPU (the reference on a CPU).
 
     Args:
@@ -686,7 +694,7 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None)
         [B, T, HQ * D] in q's dtype. Example: ``o = tree_attention(q, kc, vc, k, v, caches.lengths[:B], buf.anc)``.
     """
     if not _kernels(q):
-        return tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate)
+        return tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate, window)
     B, T, HQ, D = q.shape
     HKV = k_rows.shape[2]
     REP, R = HQ // HKV, HQ // HKV * T
@@ -723,6 +731,7 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None)
         k_cache.stride(1) if has_cache else 0,
         S,
         1.0 / math.sqrt(D),
+        window,
         CHUNK=chunk,
         D=D,
         BD=BD,

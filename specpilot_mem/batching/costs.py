@@ -220,6 +220,11 @@ class StepCosts:
         """A separate prefill pass of one prompt (stock scheduling: prompts never share a verify pass)."""
         return self.verify_ms(prompt_rows, 1)
 
+    def rows_curve(self, requests: int) -> CostCurve:
+        """c(R) of a verify step of ``requests`` requests over R rows: where its plateaus are is what prompt
+        admission reads (here the target's GEMMs: the per-request term does not grow with rows)."""
+        return self.target
+
     @classmethod
     def roofline(cls, shape: str, context: int = 1024) -> "StepCosts":
         """Modelled costs of ``shape`` (see the module docstring): measured=False."""
@@ -350,6 +355,15 @@ class EngineStepCosts(StepCosts):
 
     def prefill_ms(self, prompt_rows: int) -> float:
         return math.ceil(prompt_rows / 64) * self.verify_ms(64, 1)
+
+    def rows_curve(self, requests: int) -> CostCurve:
+        """The engine's measured step over R rows at ``requests`` requests: every row past the roots costs what
+        the engine pays for it (KV, GDN, attention as well as the GEMMs), so admission sees no free rows where
+        the engine has none."""
+        requests = max(requests, 1)
+        grid = tuple(r for r in ROW_GRID if r >= requests)
+        rows = (requests, *[r for r in grid if r > requests])
+        return CostCurve(rows, tuple(self.verify_ms(r, requests) for r in rows), f"{self.source} at B={requests}")
 
 
 def per_request_ms(shape: Shape, context: int) -> float:

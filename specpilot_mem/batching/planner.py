@@ -13,22 +13,21 @@ where k is the nodes per request the bucket holds and tau(k) the expected tokens
 budget of B k nodes. AR is one of the choices, so the plan is never estimated to be slower than AR; the
 benchmarks measure whether it is.
 
-tau(k) comes from the trees themselves: each speculative step's best-first trees give, for every bucket,
-1 + the mean path probability mass of the global top-(B k) nodes (``budget.expected_tokens`` over
-``shared_shares``: a calibrated drafter's expected accepted length). One calibration factor (an average
-of accepted over predicted tokens at the buckets actually verified) corrects a drafter whose scores are
-over- or under-confident. While AR wins, a speculative step at the smallest bucket now and then keeps
-the estimate current: after ``probe`` AR steps at first, the interval doubling after every probe that AR
-still wins by far (estimated below 0.8x AR; up to ``max_probe``), so where speculation cannot pay its
-probes cost next to nothing; near the break-even the probe takes the best bucket at the first interval.
+tau(k) comes from what the verify steps accepted: per depth d, the share of requests whose accepted path
+reached depth d - 1 with a node at depth d verified that accepted it (a decaying average over steps, with a
+one-request prior at depth d - 1's rate), and tau(k) = 1 + sum over d <= k of the product of those rates, a
+chain's expected tokens (a lower bound for a tree of k nodes). Depths no step verified lately take about the
+shallower depths' rate, so the estimate is optimistic where it has not looked and corrects itself once it has. (The drafter's own path probabilities
+were tried first: the trained pair's drafter is underconfident below the first position, so they planned
+far too few rows.) The first step verifies the largest bucket. While AR wins, a speculative step now and
+then keeps the estimate current: after ``probe`` AR steps at first, at the best bucket while it is
+estimated near AR, or at the smallest with the interval doubling (up to ``max_probe``) while it is
+estimated below 0.8x AR, so where speculation cannot pay its probes cost next to nothing.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
-
-from specpilot_mem.batching.budget import expected_tokens, shared_shares
 from specpilot_mem.batching.costs import BatchingError
 
 
@@ -45,6 +44,7 @@ class BudgetPlanner:
     """
 
     FLAG = "--plan-rows"
+    PRIOR = 1.0  # requests' worth of prior weight per depth in the acceptance estimate
 
     def __init__(
         self,
@@ -66,44 +66,45 @@ class BudgetPlanner:
         self.blocks = tuple(sorted(set(int(b) for b in blocks)))
         self.margin, self.probe, self.max_probe, self.decay = margin, probe, max_probe, decay
         self._interval = probe
-        self.tau: np.ndarray | None = None  # expected tokens per request at each bucket (uncalibrated)
-        self.calibration = (
-            1.0  # running accepted / predicted nodes (ratio of the two averages: one bad step moves it little)
-        )
-        self._accepted = self._predicted = 0.0
+        depth = self.buckets[-1] - 1
+        # per depth d: requests whose accepted path reached depth d - 1 with a node at depth d verified (den) and
+        # those that accepted it (num), decaying averages over steps
+        self._num = np.zeros(depth + 1)
+        self._den = np.zeros(depth + 1)
         self._since = 0
 
     def draft_block(self, rows: int) -> int:
         """The drafter block a bucket of ``rows`` rows per request drafts."""
         return next((b for b in self.blocks if b >= rows - 1), self.blocks[-1])
 
-    def estimate(self, scores: torch.Tensor) -> np.ndarray:
-        """Expected tokens per request at each bucket from one step's best-first trees (scores [B, N] path
-        log-probabilities in best-first order, -inf past a tree); one host read per step."""
-        B = scores.shape[0]
-        per_bucket = []
-        for rows in self.buckets:
-            counts = shared_shares(scores, B * (rows - 1))
-            per_bucket.append(expected_tokens(scores, counts).mean())
-        return torch.stack(per_bucket).cpu().numpy().astype(np.float64)
+    def observe(self, accepted: np.ndarray, depth: np.ndarray) -> None:
+        """After a speculative step: each request's accepted nodes (the bonus excluded) and the deepest node its
+        share verified. Updates the per-depth acceptance the expected tokens come from."""
+        accepted, depth = np.asarray(accepted, dtype=np.int64), np.asarray(depth, dtype=np.int64)
+        d = np.arange(1, self._num.size)[:, None]
+        reached = (accepted[None, :] >= d - 1) & (depth[None, :] >= d)
+        self._den[1:] = self.decay * self._den[1:] + reached.sum(1)
+        self._num[1:] = self.decay * self._num[1:] + (reached & (accepted[None, :] >= d)).sum(1)
 
-    def observe(self, scores: torch.Tensor, rows: int, accepted_mean: float) -> None:
-        """After a speculative step at ``rows`` per request whose requests accepted ``accepted_mean`` nodes
-        on average (the bonus excluded): update the expected-token curve and the calibration."""
-        curve = self.estimate(scores)
-        self.tau = curve if self.tau is None else self.decay * self.tau + (1 - self.decay) * curve
-        if rows in self.buckets:
-            predicted = float(curve[self.buckets.index(rows)]) - 1.0
-            self._accepted = self.decay * self._accepted + (1 - self.decay) * accepted_mean
-            self._predicted = self.decay * self._predicted + (1 - self.decay) * predicted
-            if self._predicted > 1e-6:
-                self.calibration = min(max(self._accepted / self._predicted, 0.1), 2.0)
+    def acceptance(self) -> np.ndarray | None:
+        """[depth] conditional acceptance of a node at each depth given its parent's (index 0: depth 1): the
+        observed rate with a prior of weight ``PRIOR`` at the previous depth's rate (0.5 at depth 1), so a depth
+        seen once or never takes mostly the shallower one's rate. None before any observation."""
+        if self._den[1] <= 0:
+            return None
+        rate, prior = np.empty(self._num.size - 1), 0.5
+        for d in range(1, self._num.size):
+            prior = rate[d - 1] = (self._num[d] + self.PRIOR * prior) / (self._den[d] + self.PRIOR)
+        return rate
 
     def expected(self) -> np.ndarray | None:
-        """Calibrated expected tokens per request at each bucket (None before any observation)."""
-        if self.tau is None:
+        """Expected tokens per request at each bucket, 1 + sum over depths of the product of the acceptances
+        (a chain of the bucket's nodes: a lower bound for a tree of as many nodes); None before any observation."""
+        rate = self.acceptance()
+        if rate is None:
             return None
-        return 1.0 + self.calibration * (self.tau - 1.0)
+        reach = np.cumprod(rate)
+        return np.array([1.0 + reach[: rows - 1].sum() for rows in self.buckets])
 
     def table(self, requests: int, tau: np.ndarray | None = None) -> list[dict]:
         """Per bucket: rows per request, estimated tokens per ms, and AR's (rows 1) first."""
@@ -123,8 +124,8 @@ class BudgetPlanner:
         each bucket (default: the running calibrated estimate). Before any estimate: the smallest bucket."""
         if requests < 1:
             raise BatchingError(f"{requests} requests in flight", where="BudgetPlanner", fix="plan for >= 1")
-        if tau is None and self.tau is None:
-            return self.buckets[0]
+        if tau is None and self.acceptance() is None:
+            return self.buckets[-1]
         table = self.table(requests, tau)
         best = max(table[1:], key=lambda r: r["tokens_per_ms"])
         if best["tokens_per_ms"] >= table[0]["tokens_per_ms"] * (1 + self.margin):

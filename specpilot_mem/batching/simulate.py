@@ -210,7 +210,7 @@ def simulate(
     lookups = {b: lat.step_lookup() for b, lat in lattices.items()}
     budget = SharedBudget(costs.target, verify_buffer, budget_rows)
     blocks = DrafterBlocks(STOCK_BLOCK, costs.drafter, sorted(lattices)) if config.blocks else None
-    admission = PromptAdmission(costs.target, verify_buffer, segment) if config.admission else None
+    admission = PromptAdmission(costs.rows_curve(batch), verify_buffer, segment) if config.admission else None
     planner = BudgetPlanner(costs, plan_rows, blocks=tuple(sorted(lattices))) if config.plan else None
     slots = _Slots(batch, lengths, stream or max(lengths.size, 2 * batch), STOCK_BLOCK)
     out = Outcome(config.name, batch)
@@ -252,14 +252,13 @@ def simulate(
         extra = int(prompt_take.sum())
         gained = np.zeros(n, dtype=np.int64)
         if speculate:
-            width = planner.buckets[-1] - 1 if planner is not None else None
-            gained, step_ms, scores = _speculative_step(
-                lattices, lookups, slots, decoding, chosen, config, blocks, rows, extra, costs, out, width
+            gained, step_ms, depth = _speculative_step(
+                lattices, lookups, slots, decoding, chosen, config, blocks, rows, extra, costs, out
             )
             out.spec_steps += 1
             out.request_steps_spec += n
             if planner is not None:
-                planner.observe(scores, per_request, float(gained.mean()) - 1.0)
+                planner.observe(gained - 1, depth)
         else:
             gained[:] = 1
             step_ms = costs.verify_ms(n + extra, n) if n + extra else 0.0
@@ -296,11 +295,9 @@ def _speculative_step(
     extra: int,
     costs: StepCosts,
     out: Outcome,
-    width: int | None = None,
-) -> tuple[np.ndarray, float, torch.Tensor]:
+) -> tuple[np.ndarray, float, np.ndarray]:
     """Draft, share, verify one step of the decoding slots drafting ``chosen`` blocks; returns (tokens
-    gained per slot, step ms, the best-first trees' path scores before the budget cut them). ``width``:
-    nodes per request the trees are built to at least (the planner's largest bucket)."""
+    gained per slot, step ms, the deepest node each slot's share verified)."""
     n = decoding.size
     groups = []
     for block in np.unique(chosen):
@@ -309,7 +306,7 @@ def _speculative_step(
         lat = lattices[int(block)]
         steps = lookups[int(block)][lat.greedy_offsets[slots.request[slot]] + slots.position[slot]]
         groups.append((mine, StepBatch.from_lattice(lat, steps)))
-    trees, tail, scores = step_trees(groups, n, config, max(0, rows - n - extra), width=width)
+    trees, tail = step_trees(groups, n, config, max(0, rows - n - extra))
     if config.tree == "best-first":
         out.tail_value = tail
     greedy = np.full((n, STOCK_BLOCK), -1, dtype=np.int64)
@@ -326,17 +323,13 @@ def _speculative_step(
     verify_rows = n + int(trees.num_nodes.sum()) + extra
     out.drafter_rows += drafter_rows
     out.verify_rows += verify_rows
-    return verdict.accepted + 1, costs.draft_ms(drafter_rows, n) + costs.verify_ms(verify_rows, n), scores
+    depth = share_depth(torch.from_numpy(trees.depths), torch.from_numpy(trees.num_nodes)).numpy()
+    return verdict.accepted + 1, costs.draft_ms(drafter_rows, n) + costs.verify_ms(verify_rows, n), depth
 
 
 def step_trees(
-    groups: list[tuple[np.ndarray, StepBatch]],
-    n: int,
-    config: Mechanisms,
-    nodes: int,
-    cap: int | None = None,
-    width: int | None = None,
-) -> tuple[DraftTrees, float, torch.Tensor]:
+    groups: list[tuple[np.ndarray, StepBatch]], n: int, config: Mechanisms, nodes: int, cap: int | None = None
+) -> tuple[DraftTrees, float]:
     """One step's drafts for ``n`` requests: ``groups`` pairs each block's requests (indices into the n)
     with their lattices. Stock's chain of each block, or best-first trees cut by the shared budget (or
     the equal split) to ``nodes`` nodes in all, at most ``cap`` per request (a padded verify layout's
@@ -353,13 +346,13 @@ def step_trees(
     back = np.argsort(np.concatenate(order))
     stacked = _stack(parts)
     trees = DraftTrees(*(getattr(stacked, f)[back] for f in TREE_FIELDS))
-    scores = torch.from_numpy(trees.scores)
     if config.tree != "best-first":
-        return trees, 0.0, scores
+        return trees, 0.0
+    scores = torch.from_numpy(trees.scores)
     counts = shared_shares(scores, nodes) if config.shared else equal_shares(torch.from_numpy(trees.num_nodes), nodes)
     trees = trees.truncate(counts.numpy())
     kept = np.sort(trees.scores[np.isfinite(trees.scores)])
-    return trees, float(np.exp(kept[: max(1, kept.size // 4)]).mean()) if kept.size else 0.0, scores
+    return trees, float(np.exp(kept[: max(1, kept.size // 4)]).mean()) if kept.size else 0.0
 
 
 def block_signals(

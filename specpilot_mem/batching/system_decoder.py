@@ -6,7 +6,8 @@ the step's node budget — the same ``step_trees`` / ``block_signals`` the close
 The decoder verifies all requests in one pass over a padded [B, T] layout (T = 1 + ``options.nodes``), so a
 share is capped at ``options.nodes`` nodes; the budget (``SharedBudget``, the plateau of the target's c(R))
 decides how the rows are split, not yet how many the pass computes. Prompts are prefilled in the decoder's
-own passes (no prompt rows in its verify step: admission is not wired here).
+own passes (no prompt rows in its verify step: admission is not wired here), and the budget planner's
+rows per step (``planner.BudgetPlanner``) would need a bucket per row count: not wired here either.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ class PolicyDecoder(SystemDecoder):
                 where="config",
                 fix="use a configuration without admission (the replay and lockstep decoder have it)",
             )
+        if config.plan:
+            raise BatchingError(
+                "the budget planner is not wired into the system decoder (its step has one [B, T] bucket)",
+                where="config",
+                fix="use a configuration without plan (the closed-loop replay and system_bench run the planner)",
+            )
         options = options or SystemOptions(
             tree="best-first" if config.tree == "best-first" else "chain", positions=STOCK_BLOCK, nodes=STOCK_BLOCK
         )
@@ -77,7 +84,7 @@ class PolicyDecoder(SystemDecoder):
             cand, unary, pair = drafter.lattice_batch(hidden, base, anchor_t[idx], int(block))
             groups.append((mine, StepBatch.from_scores(cand, unary, pair)))
         rows = self.budget.rows_for(n)
-        trees, _, _ = step_trees(groups, n, self.config, max(0, rows - n), cap=self.options.rows - 1)
+        trees, _ = step_trees(groups, n, self.config, max(0, rows - n), cap=self.options.rows - 1)
         self.stats["shares"].append(trees.num_nodes.tolist())
         for block in chosen.tolist():
             self.stats["blocks"][block] = self.stats["blocks"].get(block, 0) + 1
