@@ -503,7 +503,8 @@ def figure(results_path: str, png: str) -> None:
         ax.set_ylim(0, 1.15)
         ax.set_ylabel("share of checks")
         ax.set_title(
-            f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow)", fontsize=8
+            f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow), accepted (no bar)",
+            fontsize=8,
         )
     fig.suptitle(
         f"Token forcing fault study, Figure 4 ({results['device_name']}, {results['dtype']}; {results['model']})",
@@ -559,8 +560,22 @@ def write_requests(path: str, count: int, prompt_tokens: int) -> None:
 
 
 def merge(paths: list[str]) -> dict:
+    """Several results files as one. Runs of one seed from different files (other systems served on the same
+    requests, e.g. a second lease for the faults the first did not reach) become one run: their verdicts,
+    effects and outputs joined; a system judged twice keeps the first file's."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
-    runs = sorted((r for part in parts for r in part["runs"]), key=lambda r: r["seed"])
+    by_seed: dict[int, dict] = {}
+    for part in parts:
+        for run in part["runs"]:
+            mine = by_seed.setdefault(run["seed"], run)
+            if mine is run:
+                continue
+            if mine.get("requests") != run.get("requests"):
+                raise SystemExit(f"seed {run['seed']} was served on other requests in another file")
+            for key in ("verdicts", "effects", "outputs", "full_verdicts", "serve_seconds"):
+                if key in run:
+                    mine[key] = {**run[key], **mine.get(key, {})}
+    runs = [by_seed[seed] for seed in sorted(by_seed)]
     return {
         **parts[0],
         "runs": runs,

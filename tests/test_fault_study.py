@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -121,3 +122,17 @@ def test_faults_on_a_share_of_requests_pick_the_pure_engines_requests():
         if engine._faulty:
             chosen.add(r.id)
     assert fault_study.faulty_requests(requests, 0.25) == chosen and 0 < len(chosen) < 40
+
+
+def test_merge_joins_one_seeds_runs_from_two_leases(tmp_path):
+    first = _run(0, {"fp8-head": "accept"}, {"fp8-head": (0.0003, 0.2, 0)})
+    second = _run(0, {"int4-all": "reject"}, {"int4-all": (0.04, 40.0, 0)})
+    paths = []
+    for index, run in enumerate((first, second)):
+        run["requests"] = ["fs-001", "fs-002"]
+        path = tmp_path / f"part{index}.json"
+        path.write_text(json.dumps({"runs": [run], "wall_seconds": 1.0, "command": f"call {index}"}))
+        paths.append(str(path))
+    doc = fault_study.merge(paths)
+    assert len(doc["runs"]) == 1 and set(doc["runs"][0]["verdicts"]) == {"fp8-head", "int4-all"}
+    assert doc["systems"]["int4-all"]["reject"] == 1 and doc["merged_from"] == ["call 0", "call 1"]

@@ -21,7 +21,9 @@ if [ "$DEVICE" = cpu ]; then
     SERVE_LIMIT=170 JUDGE_LIMIT=170
 else
     SEEDS=10 SIZE=(--requests-per-seed 12 --max-new-tokens 256 --batch 120 --dtype bfloat16 --threads 1)
-    SERVE=(--budget-seconds 65) ONLY=""
+    # FORCING_ONLY: a comma-separated subset of the controls and faults (a second lease for those the first did not
+    # reach; fault_study.py --merge joins the two files' runs by seed)
+    SERVE=(--budget-seconds 65) ONLY=${FORCING_ONLY:-}
     GROUPS_=("path-verify,best-first-32,ddtree-16,positions-4" "w12-linears-head,certified-head,fp8-head,fp8-all"
         "int8-all,int6-all,flip-0.1%,flip-0.3%" "flip-1%,rope-off-by-one,context-32,context-8"
         "int4-head,int4-all,flip-2%-quarter-of-requests" "int4-all-quarter-of-requests,cut-short,bias-fault")
