@@ -56,7 +56,7 @@ def test_drafter_blocks_follow_the_bucket():
 
 def test_expected_tokens_from_per_depth_acceptance():
     planner = BudgetPlanner(Costs(growth=0.001))
-    assert planner.expected() is None and planner.rows_for(8) == planner.buckets[-1]  # first look: the deepest
+    assert planner.expected() is None and planner.rows_for(8) == planner.buckets[0]  # first look: the cheapest
     # chains verified 4 deep: per depth half of those reaching it accept it
     for _ in range(40):
         planner.observe(np.array([0, 1, 2, 4, 0, 1, 2, 4]), np.full(8, 4))
@@ -71,6 +71,8 @@ def test_expected_tokens_from_per_depth_acceptance():
     np.testing.assert_allclose(rate[4:], rate[3])  # unverified depths take the deepest verified one's rate
     reach = np.cumprod(rate)
     np.testing.assert_allclose(planner.expected(), [1 + reach[: r - 1].sum() for r in planner.buckets])
+    planner.observe(np.array([0, 1]), np.array([4, 4]), rows=5)  # a verified bucket takes what it realised
+    assert planner.expected()[planner.buckets.index(5)] == pytest.approx(1.5)
 
 
 def test_probes_back_off_where_speculation_cannot_pay():
@@ -108,6 +110,8 @@ def test_engine_costs_per_option_set():
     path = EngineStepCosts(base, engine_doc(True), "path")
     assert stock.ar_ms(8) == path.ar_ms(8) == pytest.approx(5.5)
     assert stock.verify_ms(8 * 17, 8) == pytest.approx(20.0) and path.verify_ms(8 * 17, 8) == pytest.approx(13.0)
+    best = EngineStepCosts(base, engine_doc(True), "best")
+    assert best.verify_ms(8 * 17, 8) == pytest.approx(13.0) and best.verify_ms(8 * 2, 8) == pytest.approx(7.0)
     with pytest.raises(BatchingError, match="T_step_path_ms"):
         EngineStepCosts(base, engine_doc(False), "path")
     with pytest.raises(BatchingError, match="unknown engine variant"):

@@ -285,15 +285,31 @@ class EngineStepCosts(StepCosts):
     (B, rows per request); ``rows / B`` rows per request is a ragged verify's average. The policies still
     decide from the GEMM curves (``target``, ``drafter``). A prompt is prefilled in 64-row passes of one
     request, as the engine's decoder does (``engine.decode.PREFILL_CHUNK``). ``variant``: the option set whose
-    verify steps to use (``VARIANTS``: stock's snapshot GDN verify, or SpecPilot's path verify)."""
+    verify steps to use (``VARIANTS``: stock's snapshot GDN verify, SpecPilot's path verify; or "best": per
+    bucket the faster of the two, as an engine capturing each (B, rows) bucket with its own option would)."""
 
     VARIANTS = {"stock": "T_step_ms", "path": "T_step_path_ms"}
 
     def __init__(self, base: StepCosts, doc: dict, variant: str = "stock"):
         where = f"{doc.get('source', 'batched_engine_costs result')}"
-        if variant not in self.VARIANTS:
-            raise BatchingError(f"unknown engine variant {variant!r}", where=where, fix="use stock or path")
-        key = self.VARIANTS[variant]
+        if variant == "best":  # per (B, rows) bucket the faster GDN verify of the two (each graph captures its own)
+            doc = {
+                **doc,
+                "by_batch": {
+                    b: {
+                        **e,
+                        "T_step_best_ms": {
+                            r: min(t, e.get("T_step_path_ms", {}).get(r, t)) for r, t in e.get("T_step_ms", {}).items()
+                        },
+                    }
+                    for b, e in doc["by_batch"].items()
+                },
+            }
+            key = "T_step_best_ms"
+        elif variant in self.VARIANTS:
+            key = self.VARIANTS[variant]
+        else:
+            raise BatchingError(f"unknown engine variant {variant!r}", where=where, fix="use stock, path or best")
         super().__init__(
             base.shape,
             base.target,

@@ -19,7 +19,10 @@ one-request prior at depth d - 1's rate), and tau(k) = 1 + sum over d <= k of th
 chain's expected tokens (a lower bound for a tree of k nodes). Depths no step verified lately take about the
 shallower depths' rate, so the estimate is optimistic where it has not looked and corrects itself once it has. (The drafter's own path probabilities
 were tried first: the trained pair's drafter is underconfident below the first position, so they planned
-far too few rows.) The first step verifies the largest bucket. While AR wins, a speculative step now and
+far too few rows.) A bucket that steps have verified takes the tokens per request they realised instead (fading back into
+the estimate as other buckets are verified):
+a shared budget gives its deep nodes to the confident requests, so the per-depth rates flatter the buckets
+not yet verified. The first step verifies the smallest bucket (the cheapest look). While AR wins, a speculative step now and
 then keeps the estimate current: after ``probe`` AR steps at first, at the best bucket while it is
 estimated near AR, or at the smallest with the interval doubling (up to ``max_probe``) while it is
 estimated below 0.8x AR, so where speculation cannot pay its probes cost next to nothing.
@@ -71,16 +74,27 @@ class BudgetPlanner:
         # those that accepted it (num), decaying averages over steps
         self._num = np.zeros(depth + 1)
         self._den = np.zeros(depth + 1)
+        # per bucket: the tokens per request its steps realised (a decaying average; NaN: never verified). A shared
+        # budget gives deep nodes to confident requests, so the per-depth rates flatter the buckets not verified
+        self._realized = np.full(len(self.buckets), np.nan)
+        self._age = np.zeros(len(self.buckets))  # observed steps since each bucket was last verified
         self._since = 0
 
     def draft_block(self, rows: int) -> int:
         """The drafter block a bucket of ``rows`` rows per request drafts."""
         return next((b for b in self.blocks if b >= rows - 1), self.blocks[-1])
 
-    def observe(self, accepted: np.ndarray, depth: np.ndarray) -> None:
+    def observe(self, accepted: np.ndarray, depth: np.ndarray, rows: int | None = None) -> None:
         """After a speculative step: each request's accepted nodes (the bonus excluded) and the deepest node its
-        share verified. Updates the per-depth acceptance the expected tokens come from."""
+        share verified; ``rows``: the bucket it verified. Updates the per-depth acceptance the expected tokens
+        come from, and the bucket's realised tokens per request."""
         accepted, depth = np.asarray(accepted, dtype=np.int64), np.asarray(depth, dtype=np.int64)
+        self._age += 1
+        if rows in self.buckets:
+            i, tau = self.buckets.index(rows), 1.0 + float(accepted.mean())
+            seen = self._realized[i]
+            self._realized[i] = tau if np.isnan(seen) else self.decay * seen + (1 - self.decay) * tau
+            self._age[i] = 0
         d = np.arange(1, self._num.size)[:, None]
         reached = (accepted[None, :] >= d - 1) & (depth[None, :] >= d)
         self._den[1:] = self.decay * self._den[1:] + reached.sum(1)
@@ -98,13 +112,17 @@ class BudgetPlanner:
         return rate
 
     def expected(self) -> np.ndarray | None:
-        """Expected tokens per request at each bucket, 1 + sum over depths of the product of the acceptances
-        (a chain of the bucket's nodes: a lower bound for a tree of as many nodes); None before any observation."""
+        """Expected tokens per request at each bucket: the realised average where steps verified it, else 1 + the
+        sum over depths of the product of the acceptances (a chain of the bucket's nodes); None before any
+        observation."""
         rate = self.acceptance()
         if rate is None:
             return None
         reach = np.cumprod(rate)
-        return np.array([1.0 + reach[: rows - 1].sum() for rows in self.buckets])
+        model = np.array([1.0 + reach[: rows - 1].sum() for rows in self.buckets])
+        # a bucket's realised figure fades into the model as other buckets are verified (it may be stale)
+        weight = np.where(np.isnan(self._realized), 0.0, self.decay**self._age)
+        return weight * np.nan_to_num(self._realized) + (1 - weight) * model
 
     def table(self, requests: int, tau: np.ndarray | None = None) -> list[dict]:
         """Per bucket: rows per request, estimated tokens per ms, and AR's (rows 1) first."""
@@ -125,7 +143,7 @@ class BudgetPlanner:
         if requests < 1:
             raise BatchingError(f"{requests} requests in flight", where="BudgetPlanner", fix="plan for >= 1")
         if tau is None and self.acceptance() is None:
-            return self.buckets[-1]
+            return self.buckets[0]
         table = self.table(requests, tau)
         best = max(table[1:], key=lambda r: r["tokens_per_ms"])
         if best["tokens_per_ms"] >= table[0]["tokens_per_ms"] * (1 + self.margin):

@@ -51,7 +51,8 @@ class Mechanisms:
 
     name: str
     # which engine option set times it where the step costs have both (``batching.costs.EngineStepCosts``):
-    # "stock" (SGLang's snapshot GDN verify) or "path" (SpecPilot's batched option set, GDN path verify)
+    # "stock" (SGLang's snapshot GDN verify) or "path" (SpecPilot's batched option set: per bucket the faster of
+    # GDN path verify and the snapshot kernel)
     engine: str = "path"
     speculate: bool = True
     tree: str = "chain"
@@ -258,7 +259,7 @@ def simulate(
             out.spec_steps += 1
             out.request_steps_spec += n
             if planner is not None:
-                planner.observe(gained - 1, depth)
+                planner.observe(gained - 1, depth, per_request)
         else:
             gained[:] = 1
             step_ms = costs.verify_ms(n + extra, n) if n + extra else 0.0
