@@ -45,6 +45,7 @@ from specpilot_mem.controller.system import RequestOutput  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
 from specpilot_mem.forcing.calibrate import calibrate_delta  # noqa: E402
 from specpilot_mem.forcing.engine_adapter import EngineScorer  # noqa: E402
+from specpilot_mem.forcing.rules import EVENT_ALPHA, needed_events, poisson_at_least  # noqa: E402
 from specpilot_mem.forcing.scorer import ForcingError, score_outputs  # noqa: E402
 from specpilot_mem.forcing.verdict import TokenForcing, Verdict  # noqa: E402
 from specpilot_mem.provenance import result_header  # noqa: E402
@@ -66,13 +67,13 @@ CONTROLS = {
 # every request of every seed in flight at once, CUDA graphs): its stock is SystemOptions(positions=8) (the pure-torch
 # engine's chain of 8) and its lossless controls are its own mechanisms; the faults are FAULTS as SystemOptions.
 SYSTEM_STOCK = {"positions": 8}
-SYSTEM_CONTROLS = {
+SYSTEM_CONTROLS = {  # served in this order; the trees last (their builders run per request on the host)
     "path-verify": {"gdn_verify": "path"},
-    "best-first-32": {"tree": "best-first", "nodes": 32},
-    "ddtree-16": {"tree": "ddtree", "nodes": 16},
     "positions-4": {"positions": 4},
     "w12-linears-head": {"linears": "w12", "lm_head": "w12"},
     "certified-head": {"lm_head": "certified"},
+    "best-first-32": {"tree": "best-first", "nodes": 32},
+    "ddtree-16": {"tree": "ddtree", "nodes": 16},
 }
 # Faults, each a lossy verify the issue names. ``{seed}`` in flip_seed is the run's seed.
 FAULTS = {
@@ -116,6 +117,10 @@ SYSTEM_FAULT_ORDER = (
 # The issue's targets: faults at least this large must be rejected in >= 95% of seeds.
 TARGET_CHANGED = 0.003
 TARGET_EVENTS_PER_1000 = 1.0
+# The default sealed sample: the 12 requests of requests/specpilot-v1.jsonl's unseen split with the long-output pass,
+# each run to the trained pair's 2,048-token context less its prompt (tokenized with the pair's tokenizer; the GPU
+# machine has none, so the sum is kept here and checked in tests/test_fault_study.py).
+SEALED_REQUESTS, SEALED_TOKENS = 12, 24_262
 
 
 def fault_options(name: str, seed: int, max_new_tokens: int) -> dict:
@@ -267,7 +272,10 @@ def system_outputs(seeds: list[int], pool: list[Request], args, engine: Engine) 
         start = time.perf_counter()
         runs = (
             base.with_options(options).generate(
-                [list(r.prompt_ids) for r in serve], "ar" if name == "ar" else "spec", args.max_new_tokens
+                [list(r.prompt_ids) for r in serve],
+                "ar" if name == "ar" else "spec",
+                args.max_new_tokens,
+                batched_prefill=True,  # the study's prompts have one length: one prefill pass per system
             )
             if serve
             else []
@@ -350,12 +358,19 @@ def rates(runs: list[dict]) -> dict:
         if name in FAULTS:
             excess = sum(r["effects"][name]["excess_mismatch"] for r in seen) / len(seen)
             events = sum(r["effects"][name]["events_per_1000"] for r in seen) / len(seen)
+            # the events the fault adds: its large-margin events beyond stock's (stock has some in BF16)
+            added = sum(
+                r["effects"][name]["events_per_1000"]
+                - (1000 * r["verdicts"][name].get("stock_events", 0) / r["tokens"] if r.get("tokens") else 0.0)
+                for r in seen
+            ) / len(seen)
+            shorter = any(r["effects"][name]["shorter_requests"] for r in seen)
             row.update(
                 mean_excess_mismatch=excess,
                 mean_events_per_1000=events,
-                target_size=excess >= TARGET_CHANGED
-                or events >= TARGET_EVENTS_PER_1000
-                or any(r["effects"][name]["shorter_requests"] for r in seen),
+                mean_added_events_per_1000=added,
+                target_size=excess >= TARGET_CHANGED or added >= TARGET_EVENTS_PER_1000 or shorter,
+                sealed_event_power=1.0 if shorter else sealed_event_power(seen, name),
             )
             row["meets_target"] = (row["reject_rate"] >= 0.95) if row["target_size"] else counts["accept"] == 0
         else:
@@ -364,12 +379,31 @@ def rates(runs: list[dict]) -> dict:
     return table
 
 
-def pooled(doc: dict, group: int, engine: Engine, audit_sample: int, until: float | None = None) -> dict:
+def sealed_event_power(seen: list[dict], name: str) -> float | None:
+    """Projected from these runs: the chance that the event rule alone rejects the fault on one default sealed
+    sample (SEALED_TOKENS output tokens, stock on the same requests), if its unexplained large-margin events and
+    stock's large-margin events occur at the rates measured here (Poisson counts; the fewest unexplained events
+    the binomial test rejects on, given stock's expected count). A projection, not a measurement: the length
+    rule (certain for outputs cut short) and the rate and band rules only add to it. Under the length rule
+    (outputs cut short) the caller records 1."""
+    tokens = sum(r.get("tokens", 0) for r in seen)
+    if not tokens:
+        return None
+    verdicts = [r["verdicts"][name] for r in seen]
+    unexplained = sum(v["events"] * v["unexplained"] / v["audited"] for v in verdicts if v.get("audited"))
+    stock = sum(v.get("stock_events", 0) for v in verdicts)
+    needed = needed_events(round(stock / tokens * SEALED_TOKENS), 0.5, EVENT_ALPHA)
+    return None if needed is None else poisson_at_least(needed, unexplained / tokens * SEALED_TOKENS)
+
+
+def pooled(
+    doc: dict, group: int, engine: Engine, audit_sample: int, until: float | None = None, only: set | None = None
+) -> dict:
     """Sealed-size checks: the outputs of ``group`` consecutive seeds (disjoint request samples where the
     pool allows; a request drawn twice keeps its first seed's outputs) judged as one sample, δ
     calibrated on that sample's AR and stock. Each group is one sealed check; its verdict per system,
     and per system the share of groups that rejected. No check starts once ``until`` seconds have passed since
-    the process started."""
+    the process started. ``only``: judge just these systems (several processes may share the checks out)."""
     runs = doc["runs"]
     by_id = {r.id: r for r in load_requests(ROOT / "requests" / doc["settings"]["requests"])}
     limit = doc["settings"]["max_new_tokens"]
@@ -380,7 +414,11 @@ def pooled(doc: dict, group: int, engine: Engine, audit_sample: int, until: floa
             log(f"pooled checks of {group} seeds stopped after {len(checks)} ({until:.0f} s)")
             break
         members = runs[first : first + group]
-        names = [n for n in members[0]["outputs"] if all(n in m["outputs"] for m in members)]
+        names = [
+            n
+            for n in members[0]["outputs"]
+            if all(n in m["outputs"] for m in members) and (only is None or n in only or n in ("ar", "stock"))
+        ]
         ids: dict[str, int] = {}
         for index, member in enumerate(members):
             for rid in member["requests"]:
@@ -465,7 +503,8 @@ def figure(results_path: str, png: str) -> None:
         ax.set_ylim(0, 1.15)
         ax.set_ylabel("share of checks")
         ax.set_title(
-            f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow)", fontsize=8
+            f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow), accepted (no bar)",
+            fontsize=8,
         )
     fig.suptitle(
         f"Token forcing fault study, Figure 4 ({results['device_name']}, {results['dtype']}; {results['model']})",
@@ -521,8 +560,22 @@ def write_requests(path: str, count: int, prompt_tokens: int) -> None:
 
 
 def merge(paths: list[str]) -> dict:
+    """Several results files as one. Runs of one seed from different files (other systems served on the same
+    requests, e.g. a second lease for the faults the first did not reach) become one run: their verdicts,
+    effects and outputs joined; a system judged twice keeps the first file's."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
-    runs = sorted((r for part in parts for r in part["runs"]), key=lambda r: r["seed"])
+    by_seed: dict[int, dict] = {}
+    for part in parts:
+        for run in part["runs"]:
+            mine = by_seed.setdefault(run["seed"], run)
+            if mine is run:
+                continue
+            if mine.get("requests") != run.get("requests"):
+                raise SystemExit(f"seed {run['seed']} was served on other requests in another file")
+            for key in ("verdicts", "effects", "outputs", "full_verdicts", "serve_seconds"):
+                if key in run:
+                    mine[key] = {**run[key], **mine.get(key, {})}
+    runs = [by_seed[seed] for seed in sorted(by_seed)]
     return {
         **parts[0],
         "runs": runs,
@@ -587,6 +640,21 @@ def main() -> int:
     parser.add_argument(
         "--judge-until", type=float, help="system engine: judge no further seed after this many seconds (from start)"
     )
+    parser.add_argument(
+        "--outputs-out", metavar="JSON", help="system engine: write every system's outputs here once served"
+    )
+    parser.add_argument(
+        "--from-outputs",
+        metavar="JSON",
+        help="system engine: judge the outputs an --outputs-out file holds (same seeds and sizes) instead of serving",
+    )
+    parser.add_argument("--serve-only", action="store_true", help="system engine: serve, write --outputs-out, stop")
+    parser.add_argument(
+        "--pool-only", action="store_true", help="system engine: only the pooled checks (of --only's systems)"
+    )
+    parser.add_argument(
+        "--pooled-from", nargs="+", metavar="RESULTS_JSON", help="with --merge: join these files' pooled checks in"
+    )
     parser.add_argument("--pool-until", type=float, help="start no further pooled check after this many seconds")
     parser.add_argument("--pool-audit-sample", type=int, help="events audited per system in a pooled check")
     parser.add_argument("--drop-outputs", action="store_true", help="leave the output token ids out of the JSON")
@@ -601,6 +669,15 @@ def main() -> int:
         return 0
     if args.merge:
         doc = merge(args.merge)
+        for path in args.pooled_from or ():  # pooled checks judged by other processes, system subsets joined
+            for group in json.loads(Path(path).read_text()).get("pooled", []):
+                mine = next((g for g in doc.setdefault("pooled", []) if g["group"] == group["group"]), None)
+                if mine is None:
+                    doc["pooled"].append(group)
+                    continue
+                for check, other in zip(mine["checks"], group["checks"]):
+                    check.setdefault("verdicts", {}).update(other.get("verdicts", {}))
+                mine["systems"].update(group["systems"])
         if args.pool_size:
             engine = Engine.load_default(device=args.device, dtype=getattr(torch, doc["dtype"]))
             doc["pooled"] = [
@@ -622,8 +699,52 @@ def main() -> int:
     runs = []
     if args.engine == "system":
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-        outputs, seconds, labels, samples = system_outputs(seeds, pool, args, engine)
+        if args.from_outputs:  # judge what an earlier run served (e.g. on the GPU), here
+            served = json.loads(Path(args.from_outputs).read_text())
+            by_id = {r.id: r for r in pool}
+            outputs = {
+                name: {rid: RequestOutput(rid, tuple(ids)) for rid, ids in outs.items()}
+                for name, outs in served["outputs"].items()
+            }
+            samples = {seed: seed_sample(seed, pool, args) for seed in seeds}
+            if any(r.id not in outputs["stock"] or r.id not in by_id for s_ in samples.values() for r in s_):
+                raise SystemExit(f"{args.from_outputs} was served for other seeds or request counts")
+            labels, seconds = served["options"], served["serve_seconds"]
+        else:
+            outputs, seconds, labels, samples = system_outputs(seeds, pool, args, engine)
+            if args.outputs_out:
+                Path(args.outputs_out).write_text(
+                    json.dumps(
+                        {
+                            "seeds": seeds,
+                            "requests_per_seed": args.requests_per_seed,
+                            "max_new_tokens": args.max_new_tokens,
+                            "options": labels,
+                            "serve_seconds": seconds,
+                            "outputs": {
+                                n: {r: list(o.output_ids) for r, o in outs.items()} for n, outs in outputs.items()
+                            },
+                        }
+                    )
+                )
         args.system_labels, args.system_seconds = labels, seconds
+        if args.serve_only:
+            log("served; judging is left to --from-outputs runs")
+            return 0
+        if args.pool_only:  # the seeds' outputs as bare runs, for the pooled checks alone
+            runs = [
+                {
+                    "seed": seed,
+                    "requests": [r.id for r in samples[seed]],
+                    "verdicts": {},
+                    "effects": {},
+                    "outputs": {
+                        n: {r.id: list(outs[r.id].output_ids) for r in samples[seed]} for n, outs in outputs.items()
+                    },
+                }
+                for seed in seeds
+            ]
+            seeds = []
         for seed in seeds:
             if runs and args.judge_until is not None and time.perf_counter() - STARTED > args.judge_until:
                 log(f"judging stopped after {len(runs)} of {len(seeds)} seeds ({args.judge_until:.0f} s)")
@@ -644,7 +765,7 @@ def main() -> int:
     result = study_doc(args, engine, runs, fault_seeds)
     if args.pool_size:
         result["pooled"] = [
-            pooled(result, size, engine, args.pool_audit_sample or args.audit_sample, args.pool_until)
+            pooled(result, size, engine, args.pool_audit_sample or args.audit_sample, args.pool_until, args.only)
             for size in args.pool_size
         ]
     finish(result, args)

@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specpilot_kernels.fused_ops import select_states, tree_attention  # noqa: E402
 from specpilot_mem.engine.options import SystemOptions, check_fits, memory_needed  # noqa: E402
 from specpilot_mem.engine.shapes import get_shape  # noqa: E402
 from specpilot_mem.engine.system import Caches, StepBuffers, SystemModel, Weights, pack_trees  # noqa: E402
@@ -576,10 +577,11 @@ def kernel_classes(model: SystemModel, caches: Caches, B: int, rows: int, contex
                 if opts.gdn_verify == "snapshot":
                     inter = model._snapshots(i, B, rows)
                     model._sglang(q, k, v, a, b, A_log, dt_bias, pool, buf.slots32, inter, buf.parents)
-                    pool.copy_(inter[torch.arange(B, device=dev), deepest_t])
                 else:
                     model._path_verify(q, k, v, a, b, A_log, dt_bias, pool, buf.slots32, schedule)
                     model._commit_path(i, q, k, v, a, b, pool, buf.slots32, accepted, accept_len)
+            if opts.gdn_verify == "snapshot":  # the step's commit: every layer's accepted snapshot in one launch
+                select_states(caches.state_all[:, :B], model._inter[B, rows], deepest_t, accept_len > 0)
 
         state = HV * D * D * 4
         per_layer = B * state * (2 + (rows + 1 if opts.gdn_verify == "snapshot" else 0))
@@ -592,14 +594,16 @@ def kernel_classes(model: SystemModel, caches: Caches, B: int, rows: int, contex
         }
     if s.attn_layers:
         hq, hkv, D, L = s.attn_heads, s.attn_kv_heads, s.attn_head_dim, caches.max_len
-        rep = hq // hkv
-        qf = torch.randn(B, hkv, rep * rows, D, generator=gen, device=dev).to(dt)
-        mask = torch.ones(B, 1, rep * rows, L, dtype=torch.bool, device=dev)
+        q = torch.randn(B, rows, hq, D, generator=gen, device=dev).to(dt)
+        k_rows, v_rows = (torch.randn(B, rows, hkv, D, generator=gen, device=dev).to(dt) for _ in range(2))
+        gate = torch.randn(B, rows, hq * D, generator=gen, device=dev).to(dt) if s.attn_output_gate else None
+        lengths = torch.full((B,), context, dtype=torch.long, device=dev)
+        anc = torch.ones(rows, rows, dtype=torch.bool, device=dev).tril().expand(B, rows, rows).contiguous()
         attn_ids = [i for i, kind in enumerate(s.layer_types) if kind == "attn"]
 
-        def attention():
+        def attention():  # the step's tree attention (split over the keys + combine with the gate)
             for i in attn_ids:
-                torch.nn.functional.scaled_dot_product_attention(qf, caches.k[i][:B], caches.v[i][:B], attn_mask=mask)
+                tree_attention(q, caches.k[i][:B], caches.v[i][:B], k_rows, v_rows, lengths, anc, gate)
 
         out["attention"] = {
             "time_ms": timer.ms(lambda: model.graphed("attn", attention)),

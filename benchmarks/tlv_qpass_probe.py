@@ -38,8 +38,7 @@ import triton.language as tl  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cuda_timing import graph_replay_us  # noqa: E402
-
+from specpilot_mem.bench.cuda_timing import graph_replay_us  # noqa: E402
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
 SHAPES = {"qkv": (10240, 5120), "gate_up": (34816, 5120), "down": (5120, 17408), "lm_head": (248320, 5120)}

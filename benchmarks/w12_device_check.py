@@ -57,8 +57,7 @@ L2_BYTES = 60 * 2**20
 REPLAYS = 12
 # --tune: per shape, each bit-neutral choice of a row range timed at these rows (the winner by geometric mean)
 TUNE_BUCKETS = {"17-32": (17, 24, 32), "33-64": (33, 48, 64), "65-128": (96, 128), "129-256": (192, 256)}
-WIDE_TUNE = dict(groups=(4, 2, 1), slots=(4, 6, 3, 2), stages=(2, 3, 4, 0, 1))  # likeliest first: a budget may stop it
-# (0 or 1 weight stages: each chunk's weights carried in the activation slots, a slot a chunk or half of one)
+WIDE_TUNE = dict(groups=(4, 2, 1), slots=(4, 6, 3, 2), stages=(2, 3, 4))  # likeliest first: a budget may stop it
 TUNE_REPLAYS = 5
 SMEM_PER_SM = 227 * 1024  # the H200's shared memory a block may have
 # kernels compared for bits: the per-warp kernel 64 rows at a time is the reference every other must equal
@@ -73,11 +72,6 @@ CHECK_CONFIGS = {
     "tail": MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide=(1, 2, 3)),
     "n1_k3_s2_one_slab": MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
     "n1_k8_s2_deep": MmaConfig(1, 8, 2, wide_rows=((2, 6, 6, 8), (1, 6, 6, 16), (1, 2, 6, 24))),
-    # weights carried in the activation slots: a chunk a slot (0 stages), half a chunk (1), and a tail's workspace
-    "n1_k3_s2_carried": MmaConfig(1, 3, 2, wide_rows=((4, 3, 0, 8), (4, 4, 1, 16), (2, 3, 1, 32))),
-    "tail_carried": MmaConfig(
-        1, 2, 1, tail_rows=256, tail=(1, 8, 2), wide_rows=((4, 6, 1, 8), (4, 2, 0, 16), (4, 5, 1, 16))
-    ),
 }
 # the wide kernel's activation multicast (clusters along x), checked in a process of its own first (section
 # "multicast"): a fault there must not cost the rest of the run
@@ -297,13 +291,10 @@ def time_shape(shape: Shape, read_bw: float, settle_s: float, config: MmaConfig 
 
 
 def wide_fits(groups: int, slots: int, stages: int, slab_tiles: int, m: int) -> bool:
-    """Whether a wide block's shared memory (csrc/w12_wide.cuh wide_smem_bytes) fits a multiprocessor at ``m`` rows."""
+    """Whether a wide block's shared memory (csrc/w12_wide.cu wide_smem_bytes) fits a multiprocessor at ``m`` rows."""
     tiles, _ = wide_token_tiles(m, slab_tiles)
     warps = 4 * groups
-    slot = tiles * 2048 + (warps * 3072 if stages < 2 else 0)  # 0 or 1 stages: the weights ride in the slots
-    slot //= 2 if stages == 1 else 1  # ... each holding half a chunk
-    rings = warps * stages * 3072 if stages >= 2 else warps * slots * 8  # own stages, or own weight barriers
-    loop = slots * slot + rings + 16 * slots + warps * 1024
+    loop = slots * tiles * 2048 + warps * stages * 3072 + 16 * slots + warps * 1024
     return max(loop, warps * 32 * tiles * 16) <= SMEM_PER_SM
 
 

@@ -161,3 +161,27 @@ def test_the_long_output_pass_runs_to_4096_tokens_or_the_context():
     )
     with pytest.raises(ForcingError, match="no room"):
         long_output_requests(requests, 40, None)
+
+
+def test_reported_stop_reasons_are_compared_with_stocks():
+    """A system must stop for reasons stock gives, and its reported reason must agree with its output: an
+    'abort' stock never reports, or 'length' on an output short of its limit, is rejected; a lossless run
+    that reports what stock reports is not."""
+    from dataclasses import replace
+
+    reqs, reference, scorer = make_case(requests=12, length=40, seed=48)
+    full = {
+        rid: replace(o, stop_reason="length")
+        for rid, o in outputs_from(reqs, [reference[r.prompt_ids] for r in reqs]).items()
+    }
+    stock = _scored(scorer, reqs, full)
+    forcing = TokenForcing(scorer, stock, delta=0.25)
+    same = forcing.judge("same", stock)
+    assert not same.length.reject and same.length.stop_differs == 0
+    assert same.per_request[0]["reported_stop"] == "length" == same.per_request[0]["stock_reported_stop"]
+    aborted = dict(full, **{reqs[0].id: replace(full[reqs[0].id], stop_reason="abort")})
+    verdict = forcing.judge("aborted", _scored(scorer, reqs, aborted))
+    assert verdict.verdict == "reject" and verdict.length.stop_inconsistent == (reqs[0].id,)
+    assert verdict.length.stop_differs == 1 and not verdict.length.truncated
+    assert any("stop reason stock never gives" in r for r in verdict.reasons)
+    assert type(verdict).from_dict(verdict.to_dict()).length == verdict.length

@@ -78,7 +78,7 @@ compile_for_sm90(F._qk_norm_rope_kernel, {"q": ptr, "k": ptr, "v": ptr, "cos": "
                  {"D": 256, "HALF": 128, "QK_NORM": True, "WRITE": True})
 split_types = {"q": ptr, "kc": ptr, "vc": ptr, "kr": ptr, "vr": ptr, "lengths": "*i64", "anc": "*u8",
                "part_o": "*fp32", "part_m": "*fp32", "part_l": "*fp32", "T": "i32", "R": "i32", "HQ": "i32",
-               "HKV": "i32", "REP": "i32", "kc_b": "i64", "kc_h": "i32", "S": "i32", "scale": "fp32"}
+               "HKV": "i32", "REP": "i32", "kc_b": "i64", "kc_h": "i32", "S": "i32", "scale": "fp32", "WINDOW": "i32"}
 for bm, bn in ((16, 32), (64, 32)):
     compile_for_sm90(F._tree_attention_split_kernel, split_types, {"CHUNK": 128, "D": 256, "BD": 256, "BM": bm, "BN": bn,
                      "HAS_CACHE": True, "IEEE": sys.argv[1] == "fp32"})
@@ -170,11 +170,23 @@ def test_qk_norm_rope_and_tree_attention_match_the_references(norm):
     for a, b in zip(caches, want_caches):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
     qr, kr, vr = want
-    for cache, length, g in ((caches, lengths, gate), ((None, None), None, None)):
-        ref = F.tree_attention_reference(qr, *cache, kr, vr, length, anc, g)
+    for cache, length, g, window in (
+        (caches, lengths, gate, 0),
+        (caches, lengths, None, 5),
+        ((None, None), None, None, 0),
+    ):
+        ref = F.tree_attention_reference(qr, *cache, kr, vr, length, anc, g, window)
         with _interpreted():
-            out = F.tree_attention(qr, *cache, kr, vr, length, anc, g)
+            out = F.tree_attention(qr, *cache, kr, vr, length, anc, g, window)
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # a longer context: the key range split over several programs, then combined
+    long_k, long_v = (torch.randn(B, HKV, 300, D, generator=gen) for _ in range(2))
+    long_len = torch.tensor([250, 37])
+    ref = F.tree_attention_reference(qr, long_k, long_v, kr, vr, long_len, anc, gate)
+    assert F._attention_split(B, HKV, HQ // HKV * T, 300 + T, D, 132)[2] > 1
+    with _interpreted():
+        out = F.tree_attention(qr, long_k, long_v, kr, vr, long_len, anc, gate)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")

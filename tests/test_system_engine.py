@@ -246,6 +246,20 @@ def test_fault_options_are_checked():
     assert SystemOptions(flip_rate=0.01, attn_window=32).verify_faults == {"flip_rate": 0.01, "attn_window": 32}
 
 
+@needs_pair
+def test_batched_prefill_of_a_full_batch_gives_the_same_tokens():
+    from specpilot_mem.engine import Engine
+    from specpilot_mem.engine.decode import SystemDecoder
+
+    engine = Engine.load_default()
+    prompts = _pair_prompts(3, 20)
+    decoder = SystemDecoder(engine, SystemOptions(positions=6, flip_rate=0.2), batch=3, max_len=128)
+    want = [g.output_ids for g in decoder.generate(prompts, "spec", 8)]
+    assert [g.output_ids for g in decoder.generate(prompts, "spec", 8, batched_prefill=True)] == want
+    with pytest.raises(OptionsError, match="one length"):
+        decoder.prefill_batch([prompts[0][:5], prompts[1][:6]])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
 @pytest.mark.parametrize("shape_name", ["qwen3.8-27b-like", "llama-3.1-8b-like"])
 def test_step_through_the_fused_kernels_matches_the_torch_references(shape_name):

@@ -629,11 +629,7 @@ def test_wide_launch_shapes_and_config():
     assert per_bucket.wide_launch(64) == (4, 4, 2, 8, 1) and per_bucket.wide_launch(200) == (2, 2, 2, 32, 1)
     assert MmaConfig(wide_rows=[[1, 2, 2, 8, 4]] * 3).wide_launch(40) == (1, 2, 2, 8, 4)
     assert per_bucket.uses_wide(48, (9, 0)) and not per_bucket.uses_wide(96, (9, 0))
-    # 0 weight stages: the weights carried in the activation slots (no multicast: a block fills its own)
-    assert MmaConfig(wide_rows=[[4, 3, 0, 8]] * 3).wide_launch(40) == (4, 3, 0, 8, 1)
-    assert MmaConfig(wide=(2, 2, 0)).wide_launch(100) == (2, 2, 0, 16, 1)
-    assert MmaConfig(wide=(4, 6, 1)).wide == (4, 6, 1)  # 1 stage: each slot holds half a chunk
-    for bad in ((5, 2, 2), (1, 1, 2), (1, 2, 7), (1, 2), (1, 2, -1)):
+    for bad in ((5, 2, 2), (1, 1, 2), (1, 2, 7), (1, 2)):
         with pytest.raises(W12Error, match="wide"):
             MmaConfig(wide=bad)
     for bad in (
@@ -641,7 +637,6 @@ def test_wide_launch_shapes_and_config():
         ((1, 2, 2, 10),) * 3,
         ((1, 7, 2, 16),) * 3,
         ((1, 2, 2, 16, 3),) * 3,
-        ((1, 2, 0, 16, 2),) * 3,
     ):
         with pytest.raises(W12Error, match="wide_rows"):
             MmaConfig(wide_rows=bad)
@@ -663,9 +658,6 @@ def with_outliers(w, fraction):
         MmaConfig(1, 8, 2, wgmma=(1, 1, 1), wide=(2, 3, 2)),
         MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
         MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 4), (1, 2, 2, 32, 2))),
-        MmaConfig(1, 3, 2, wide_rows=((4, 3, 0, 8), (4, 2, 0, 16), (2, 2, 0, 32))),  # weights carried in the slots
-        MmaConfig(1, 8, 2, wide=(1, 3, 0)),
-        MmaConfig(1, 3, 1, wide_rows=((4, 6, 1, 8), (4, 4, 1, 16), (2, 3, 1, 32))),  # half a chunk a slot
     ],
     ids=str,
 )

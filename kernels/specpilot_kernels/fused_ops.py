@@ -44,16 +44,19 @@ def _kernels(x: torch.Tensor) -> bool:
 _PDL_DEVICES: dict = {}
 
 
-def _pdl(x: torch.Tensor) -> dict:
+def _pdl(x: torch.Tensor, *grid: int) -> dict:
     """Launch options for programmatic dependent launch (Hopper and newer; ``SPECPILOT_PDL=0`` switches it off):
-    the kernel is launched while its producer still runs and waits in ``_pdl_start`` for the producer's writes,
-    so the launch latency between the step's hundreds of small dependent kernels overlaps the work before them
-    (SGLang launches its GDN kernel the same way)."""
+    a kernel of at most one program per SM is launched while its producer still runs and waits in ``_pdl_start``
+    for the producer's writes, so the launch latency between a decode step's hundreds of small dependent kernels
+    overlaps the work before them (SGLang launches its GDN kernel the same way). Larger grids launch normally:
+    their programs would wait resident on the SMs the producer still needs (on the H200 that made 33-row steps
+    slower, while 1-row steps gained)."""
     if not x.is_cuda or os.environ.get("SPECPILOT_PDL", "1") == "0":
         return {}
     if x.device not in _PDL_DEVICES:
-        _PDL_DEVICES[x.device] = torch.cuda.get_device_capability(x.device)[0] >= 9
-    return {"PDL": True, "launch_pdl": True} if _PDL_DEVICES[x.device] else {}
+        props = torch.cuda.get_device_properties(x.device)
+        _PDL_DEVICES[x.device] = props.multi_processor_count if props.major >= 9 else 0
+    return {"PDL": True, "launch_pdl": True} if math.prod(grid) <= _PDL_DEVICES[x.device] else {}
 
 
 @triton.jit
@@ -209,7 +212,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     N = x.shape[-1]
     out = torch.empty_like(x)
     _rms_norm_kernel[(x.numel() // N,)](
-        x, weight, out, N, eps, BLOCK=triton.next_power_of_2(N), **_pdl(x), num_warps=8 if N >= 2048 else 4
+        x,
+        weight,
+        out,
+        N,
+        eps,
+        BLOCK=triton.next_power_of_2(N),
+        **_pdl(x, x.numel() // N),
+        num_warps=8 if N >= 2048 else 4,
     )
     return out
 
@@ -229,7 +239,16 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     N = x.shape[-1]
     y, out = torch.empty_like(x), torch.empty_like(x)
     _add_rms_norm_kernel[(x.numel() // N,)](
-        x, delta, weight, y, out, N, eps, BLOCK=triton.next_power_of_2(N), **_pdl(x), num_warps=8 if N >= 2048 else 4
+        x,
+        delta,
+        weight,
+        y,
+        out,
+        N,
+        eps,
+        BLOCK=triton.next_power_of_2(N),
+        **_pdl(x, x.numel() // N),
+        num_warps=8 if N >= 2048 else 4,
     )
     return y, out
 
@@ -262,7 +281,8 @@ def tree_conv_silu(
         x = x.contiguous()
     conv_state, conv_idx, weight = (t.contiguous() for t in (conv_state, conv_idx, weight))
     out = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    block = min(1024, triton.next_power_of_2(C))
+    # few rows: narrower blocks, so that a decode-sized step still spreads over the SMs
+    block = min(256 if B * T < 16 else 1024, triton.next_power_of_2(C))
     _tree_conv_silu_kernel[(B * T, triton.cdiv(C, block))](
         conv_state,
         x,
@@ -276,8 +296,8 @@ def tree_conv_silu(
         CS=CS,
         BLOCK=block,
         RAW=raw is not None,
-        **_pdl(x),
-        num_warps=4,
+        **_pdl(x, B * T, triton.cdiv(C, block)),
+        num_warps=4 if block >= 1024 else 2,
     )
     return out
 
@@ -303,7 +323,17 @@ def gated_rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, ep
         g3 = g3.contiguous()
     out = torch.empty_like(x)
     _gated_rms_norm_kernel[(x.numel() // N,)](
-        x, weight, g3, out, N, heads, g3.stride(0), eps, BLOCK=triton.next_power_of_2(N), **_pdl(x), num_warps=4
+        x,
+        weight,
+        g3,
+        out,
+        N,
+        heads,
+        g3.stride(0),
+        eps,
+        BLOCK=triton.next_power_of_2(N),
+        **_pdl(x, x.numel() // N),
+        num_warps=4,
     )
     return out
 
@@ -323,7 +353,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows = gate_up.numel() // (2 * N)
     out = torch.empty(*gate_up.shape[:-1], N, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(N))
-    _silu_mul_kernel[(rows, triton.cdiv(N, block))](gate_up, out, N, BLOCK=block, **_pdl(gate_up), num_warps=4)
+    _silu_mul_kernel[(rows, triton.cdiv(N, block))](
+        gate_up, out, N, BLOCK=block, **_pdl(gate_up, rows, triton.cdiv(N, block)), num_warps=4
+    )
     return out
 
 
@@ -487,14 +519,15 @@ def qk_norm_rope(q, k, v, cos, sin, q_weight, k_weight, eps, k_cache=None, v_cac
         HALF=D // 2,
         QK_NORM=norm,
         WRITE=write,
-        **_pdl(q),
+        **_pdl(q, B * T, HQ + HKV),
         num_warps=1 if D <= 128 else 2,
     )
     return q_out, k_out, v_out
 
 
-def tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None):
-    """Each row attends to its request's first ``lengths`` cache keys and to the rows it descends from (``anc``).
+def tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None, window=0):
+    """Each row attends to its request's first ``lengths`` cache keys (the last ``window`` of them when window > 0)
+    and to the rows it descends from (``anc``).
 
     q [B, T, HQ, D]; k_cache/v_cache [B, HKV, L, D] or None (no context); k_rows/v_rows [B, T, HKV, D];
     lengths [B] long or None; anc [B, T, T] bool; gate [B, T, HQ * D] or None (o * sigmoid(gate)).
@@ -508,7 +541,11 @@ def tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, 
         L = k_cache.shape[2]
         keys = torch.cat([k_cache.to(q.dtype), keys], dim=2)
         values = torch.cat([v_cache.to(q.dtype), values], dim=2)
-        ctx = (torch.arange(L, device=q.device)[None, :] < lengths[:, None])[:, None, None, :].expand(B, 1, T, L)
+        cols = torch.arange(L, device=q.device)[None, :]
+        seen = cols < lengths[:, None]
+        if window:
+            seen = seen & (cols >= lengths[:, None] - window)
+        ctx = seen[:, None, None, :].expand(B, 1, T, L)
         mask = torch.cat([ctx, mask], dim=-1)
     mask = mask.expand(B, rep, T, mask.shape[-1]).reshape(B, 1, rep * T, mask.shape[-1])
     qf = q.view(B, T, HKV, rep, D).permute(0, 2, 3, 1, 4).reshape(B, HKV, rep * T, D)
@@ -538,6 +575,7 @@ def _tree_attention_split_kernel(
     kc_h,
     S,
     scale,
+    WINDOW,
     CHUNK: tl.constexpr,
     D: tl.constexpr,
     BD: tl.constexpr,
@@ -567,6 +605,7 @@ def _tree_attention_split_kernel(
     else:
         length = 0
     start = split * CHUNK
+    lo = tl.where(WINDOW > 0, length - WINDOW, 0)  # the first context key seen (attn_window: the last WINDOW)
     end = tl.minimum(start + CHUNK, length + T)
     m = tl.full([BM], -1.0e30, dtype=tl.float32)
     lsum = tl.zeros([BM], dtype=tl.float32)
@@ -575,7 +614,7 @@ def _tree_attention_split_kernel(
         n0 = start + it * BN
         if n0 < end:
             j = n0 + tl.arange(0, BN)
-            in_ctx = j < length
+            in_ctx = (j < length) & (j >= lo)
             tr = j - length
             in_tree = (j >= length) & (tr < T)
             tr = tl.where(in_tree, tr, 0)
@@ -664,18 +703,24 @@ def _tree_attention_combine_kernel(
     tl.store(out + ((b * T + t) * HQ + head) * D + d, o, mask=keep_d)
 
 
-def _attention_split(B: int, HKV: int, R: int, keys: int) -> tuple[int, int, int, int]:
-    """(BM, num_warps, splits, keys per split): about two programs per H200 SM over the key range."""
+def _attention_block_n(D: int) -> int:
+    return 64 if triton.next_power_of_2(D) <= 128 else 32
+
+
+def _attention_split(B: int, HKV: int, R: int, keys: int, D: int, sms: int) -> tuple[int, int, int, int]:
+    """(BM, num_warps, splits, keys per split): about two programs per SM over the key range, down to one key
+    block a program (a decode step's few query rows)."""
     BM, warps = (16, 4) if R <= 48 else (32, 4) if R <= 128 else (64, 8)
     blocks = triton.cdiv(R, BM)
-    splits = max(1, min(triton.cdiv(keys, 64), triton.cdiv(264, B * HKV * blocks)))
-    chunk = triton.cdiv(triton.cdiv(keys, splits), 64) * 64
+    bn = _attention_block_n(D)
+    splits = max(1, min(triton.cdiv(keys, bn), triton.cdiv(2 * sms, B * HKV * blocks)))
+    chunk = triton.cdiv(triton.cdiv(keys, splits), bn) * bn
     return BM, warps, triton.cdiv(keys, chunk), chunk
 
 
-def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None):
+def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None, window: int = 0):
     """Tree attention of verify rows over a dense per-request cache, no mask tensor: each row sees its request's
-    first ``lengths`` cache keys and the rows it descends from. Split over the keys (flash-decoding: few query
+    first ``lengths`` cache keys (the last ``window`` of them when window > 0) and the rows it descends from. Split over the keys (flash-decoding: few query
     rows, ~1k keys) and combined with the output gate in a second launch on a GPU (the reference on a CPU).
 
     Args:
@@ -686,7 +731,7 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None)
         [B, T, HQ * D] in q's dtype. Example: ``o = tree_attention(q, kc, vc, k, v, caches.lengths[:B], buf.anc)``.
     """
     if not _kernels(q):
-        return tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate)
+        return tree_attention_reference(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate, window)
     B, T, HQ, D = q.shape
     HKV = k_rows.shape[2]
     REP, R = HQ // HKV, HQ // HKV * T
@@ -694,7 +739,8 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None)
     if has_cache and (k_cache.stride(3) != 1 or k_cache.stride(2) != D or v_cache.stride() != k_cache.stride()):
         raise ValueError("tree_attention reads caches laid out [B, HKV, L, D] with unit token stride D")
     L = k_cache.shape[2] if has_cache else 0
-    BM, warps, S, chunk = _attention_split(B, HKV, R, L + T)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
+    BM, warps, S, chunk = _attention_split(B, HKV, R, L + T, D, sms)
     BD = triton.next_power_of_2(D)
     dev = q.device
     part_o = torch.empty(B * HKV, S, R, BD, dtype=torch.float32, device=dev)
@@ -723,14 +769,15 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None)
         k_cache.stride(1) if has_cache else 0,
         S,
         1.0 / math.sqrt(D),
+        window,
         CHUNK=chunk,
         D=D,
         BD=BD,
         BM=BM,
-        BN=64 if BD <= 128 else 32,
+        BN=_attention_block_n(D),
         HAS_CACHE=has_cache,
         IEEE=ieee,
-        **_pdl(q),
+        **_pdl(q, B * HKV, triton.cdiv(R, BM), S),
         num_warps=warps,
     )
     out = torch.empty(B, T, HQ * D, dtype=q.dtype, device=dev)
@@ -753,7 +800,7 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None)
         BD=BD,
         SP=triton.next_power_of_2(S),
         HAS_GATE=gate is not None,
-        **_pdl(out),
+        **_pdl(out, B * HKV, R),
         num_warps=2 if BD <= 128 else 4,
     )
     return out
@@ -810,7 +857,7 @@ def select_states(dst: torch.Tensor, src: torch.Tensor, index: torch.Tensor, kee
         dst.stride(0),
         dst.stride(1),
         BLOCK=block,
-        **_pdl(dst),
+        **_pdl(dst, G * B, triton.cdiv(E, block)),
         num_warps=8,
     )
 
@@ -897,7 +944,7 @@ def conv_commit(
         CS=W + 1,
         WP=triton.next_power_of_2(W),
         BLOCK=block,
-        **_pdl(conv),
+        **_pdl(conv, G * B, triton.cdiv(C, block)),
         num_warps=4,
     )
 
@@ -1010,7 +1057,7 @@ def tree_accept(tokens, parents, depth, anc, num_nodes, forced, active, pred):
         out,
         T,
         TP=max(16, triton.next_power_of_2(T)),
-        **_pdl(pred),
+        **_pdl(pred, B),
         num_warps=4,
     )
     return accepted, accept_len, deepest, out

@@ -68,5 +68,16 @@ class EngineSystem:
             {"prompt_ids": r.token_ids(self.encode), "max_new_tokens": r.max_new_tokens, "id": r.id} for r in requests
         ]
         generations = self.engines[device].generate(batch, mode=self.mode)
-        # token_times are seconds from each request's own start
-        return [RequestOutput(g.id, tuple(g.output_ids), 0.0, tuple(g.token_times)) for g in generations]
+        # token_times are seconds from each request's own start; the engine has no stop tokens, so an output ends
+        # at its limit ("length") unless an injected fault stops it earlier
+        limits = {r.id: r.max_new_tokens for r in requests}
+        return [
+            RequestOutput(
+                g.id,
+                tuple(g.output_ids),
+                0.0,
+                tuple(g.token_times),
+                "length" if len(g.output_ids) >= limits[g.id] else "stop_after",
+            )
+            for g in generations
+        ]

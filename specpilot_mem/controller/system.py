@@ -6,10 +6,13 @@ pure-torch engine and the SGLang adapter implement it; the controller only times
 
 Outputs file (JSONL, one request per line)::
 
-    {"id": "code-003", "output_ids": [11, 52, 7], "start": 0.0, "token_times": [0.021, 0.022, 0.030]}
+    {"id": "code-003", "output_ids": [11, 52, 7], "start": 0.0, "token_times": [0.021, 0.022, 0.030],
+     "stop_reason": "length"}
 
 ``start`` and ``token_times`` are seconds on one monotonic clock; token forcing needs only
-``output_ids``, so they may be left out of files written for it.
+``output_ids``, so they may be left out of files written for it. ``stop_reason`` is why the system says
+the output ended ("length": at max_new_tokens, "stop": on a stop token, or the server's own word);
+optional, and token forcing's length rule compares it with stock's where both report one.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class RequestOutput:
     output_ids: tuple[int, ...]
     start: float | None = None
     token_times: tuple[float, ...] | None = None
+    stop_reason: str | None = None
 
     @property
     def rate(self) -> float:
@@ -60,6 +64,8 @@ class RequestOutput:
             row["start"] = self.start
         if self.token_times is not None:
             row["token_times"] = list(self.token_times)
+        if self.stop_reason is not None:
+            row["stop_reason"] = self.stop_reason
         return row
 
 
@@ -114,10 +120,19 @@ def load_outputs(path: str | Path) -> dict[str, RequestOutput]:
                 where=where,
                 fix="drop token_times or give one per token",
             )
+        reason = row.get("stop_reason")
+        if reason is not None and not isinstance(reason, str):
+            raise RequestSetError(
+                "'stop_reason' must be a string", where=where, fix='e.g. "length" or "stop", or leave it out'
+            )
         if row["id"] in outputs:
             raise RequestSetError(f"duplicate id {row['id']!r}", where=where, fix="one line per request")
         outputs[row["id"]] = RequestOutput(
-            row["id"], tuple(ids), row.get("start"), tuple(float(t) for t in times) if times is not None else None
+            row["id"],
+            tuple(ids),
+            row.get("start"),
+            tuple(float(t) for t in times) if times is not None else None,
+            reason,
         )
     if not outputs:
         raise RequestSetError(f"outputs file {path} is empty", where=str(path), fix="run the system first")

@@ -104,6 +104,32 @@ class SystemDecoder:
         return int(token)
 
     @torch.no_grad()
+    def prefill_batch(self, prompts: list[list[int]]) -> list[int]:
+        """Commit equal-length ``prompts`` into slots 0 .. len(prompts) - 1 (reset first), all of them in each
+        chunk's pass (what a server does when a full batch arrives at once); returns each one's first output token."""
+        n, length, conv = len(prompts), len(prompts[0]), self.weights.shape.conv_size
+        if any(len(p) != length for p in prompts) or n > self.batch:
+            raise OptionsError(
+                "a batched prefill takes at most `batch` prompts of one length",
+                where="prefill_batch",
+                fix="prefill them one by one (prefill)",
+            )
+        for slot in range(n):
+            self.caches.reset(slot)
+        view = self.caches.view(0, n)
+        tokens = None
+        for start in range(0, length, PREFILL_CHUNK):
+            pieces = [p[start : start + PREFILL_CHUNK] for p in prompts]
+            T = len(pieces[0])
+            buf = StepBuffers.empty(n, T, conv, self.device)
+            buf.fill(pack_trees([(piece, list(range(-1, T - 1))) for piece in pieces], T, conv))
+            buf.forced.fill_(T - 1)
+            buf.out_len.fill_(start - (length - 1))  # the prompt's last row predicts output 0
+            out, accepted = self.prefill_model.step(buf, view)
+            tokens = out[:, T - 1]
+        return [int(t) for t in tokens.tolist()]
+
+    @torch.no_grad()
     def draft_trees(self, anchors: list[int], slots: list[int]) -> list[tuple[list[int], list[int]]]:
         """Each request's verify rows: its pending token (the root) and the drafted chain or tree below it."""
         opts, drafter = self.options, self.engine.drafter
@@ -128,9 +154,13 @@ class SystemDecoder:
         return trees
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], mode: str = "spec", max_new_tokens: int = 64) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], mode: str = "spec", max_new_tokens: int = 64, batched_prefill: bool = False
+    ) -> list[Generation]:
         """Greedy decoding of every prompt, ``batch`` in flight (closed loop: a finished request's slot takes
-        the next prompt). ``mode``: "ar" (one row per request, SGLang's decode step) or "spec"."""
+        the next prompt). ``mode``: "ar" (one row per request, SGLang's decode step) or "spec".
+        ``batched_prefill``: the first batch's prompts, when they have one length, go in together
+        (``prefill_batch``); later admissions one by one."""
         if mode not in ("ar", "spec"):
             raise OptionsError(f"unknown mode {mode!r}", where="mode", fix="use 'ar' or 'spec'")
         # a request may overshoot max_new_tokens by one step, and a finished slot's rows are still written
@@ -165,8 +195,18 @@ class SystemDecoder:
                 self._draw_flips(slot, prompts[r])
             outputs[r].append(self.prefill(slot, prompts[r]))
 
+        first = queue[:B]
+        if batched_prefill and first and len({len(prompts[r]) for r in first}) == 1:
+            for slot, r in enumerate(first):
+                slot_req[slot] = queue.pop(0)
+                started[r] = time.perf_counter()
+                if self.flips is not None:
+                    self._draw_flips(slot, prompts[r])
+            for r, token in zip(first, self.prefill_batch([prompts[r] for r in first])):
+                outputs[r].append(token)
         for slot in range(B):
-            admit(slot)
+            if slot_req[slot] < 0:
+                admit(slot)
         while any(r >= 0 for r in slot_req):
             for slot, r in enumerate(slot_req):
                 if r >= 0 and len(outputs[r]) >= limit:

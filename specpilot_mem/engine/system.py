@@ -505,11 +505,18 @@ class SystemModel:
         if caches is None:  # the drafter's block: bidirectional over its own rows
             ang = buf.depth.float()[..., None] * inv
             full = torch.ones(B, T, T, dtype=torch.bool, device=dev)
-            return {"cos": ang.cos(), "sin": ang.sin(), "lengths": None, "anc": full, "slots": None}
+            return {"cos": ang.cos(), "sin": ang.sin(), "lengths": None, "anc": full, "slots": None, "window": 0}
         L = caches.max_len
         lengths = caches.lengths[:B]
         ang = (lengths[:, None] + buf.depth + self.options.rope_offset).float()[..., None] * inv
-        ctx = {"cos": ang.cos(), "sin": ang.sin(), "lengths": lengths, "anc": buf.anc}
+        # attn_window (the context fault): only the last attn_window committed tokens are seen (0: all)
+        ctx = {
+            "cos": ang.cos(),
+            "sin": ang.sin(),
+            "lengths": lengths,
+            "anc": buf.anc,
+            "window": self.options.attn_window,
+        }
         # clamped so that no write can leave the cache (callers keep lengths + T <= max_len; see SystemDecoder)
         ctx["slots"] = (lengths[:, None] + torch.arange(T, device=dev)).clamp(max=L - 1) if write_cache else None
         return ctx
@@ -554,10 +561,7 @@ class SystemModel:
             ctx["slots"],
         )
         gate = parts[1] if s.attn_output_gate else None
-        lengths = ctx["lengths"]
-        if self.options.attn_window and kc is not None:  # the context fault: only the last attn_window committed keys
-            kc, vc, lengths = _last_keys(kc, vc, lengths, self.options.attn_window)
-        o = tree_attention(q, kc, vc, k, v, lengths, ctx["anc"], gate)
+        o = tree_attention(q, kc, vc, k, v, ctx["lengths"], ctx["anc"], gate, window=ctx["window"])
         return self.w.lin(p + "attn_out.w")(o.reshape(B * T, hq * D), mode)
 
     def _mlp(self, p, h, mode: str | None = None):
@@ -779,15 +783,6 @@ class SystemModel:
                 return result
             self._graphs[key] = (graph, out)
         return result
-
-
-def _last_keys(k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor, window: int):
-    """Each request's last ``window`` committed keys and values (k_cache, v_cache: [B, HKV, L, D]) gathered to the
-    front of a [B, HKV, window, D] copy, with the lengths that copy holds: the fault study's context fault."""
-    start = (lengths - window).clamp(min=0)
-    idx = (start[:, None] + torch.arange(window, device=lengths.device)).clamp(max=k_cache.shape[2] - 1)
-    idx = idx[:, None, :, None].expand(-1, k_cache.shape[1], -1, k_cache.shape[3])
-    return k_cache.gather(2, idx), v_cache.gather(2, idx), lengths - start
 
 
 def _snapshot_reference(q, k, v, a, b, A_log, dt_bias, pool, slots, inter, parents, update):

@@ -20,7 +20,9 @@ order; a verify with coarser weights flips near-ties that are further apart, whi
 mismatches up into the band (see ``docs/token-forcing.md``, fault study).
 
 Length rule: every output runs to its request's ``max_new_tokens`` or ends on a stop token; an
-output cut short elsewhere (or one longer than its limit) is a fault whatever its tokens.
+output cut short elsewhere (or one longer than its limit) is a fault whatever its tokens. Where the
+system and stock report stop reasons, a system's reason must be one stock gives and must agree with
+its output ("length" only at the limit, "stop" only on a stop token when the stop tokens are known).
 
 Power: from stock's numbers and the sample, the smallest rate difference the rate rule detects with
 80% power, and the events the event rule needs; ``verdict.py`` says ``inconclusive`` rather than
@@ -163,7 +165,7 @@ def event_rule(
     )
 
 
-def _needed_events(stock_events: int, share: float, alpha: float) -> int | None:
+def needed_events(stock_events: int, share: float, alpha: float) -> int | None:
     """The fewest unexplained events the binomial test rejects on, given stock's count (None: never)."""
     for x in range(1, 10_000):
         if binomial_upper_tail(x, x + stock_events, share) < alpha:
@@ -171,7 +173,7 @@ def _needed_events(stock_events: int, share: float, alpha: float) -> int | None:
     return None
 
 
-def _poisson_at_least(k: int, mean: float) -> float:
+def poisson_at_least(k: int, mean: float) -> float:
     """P(Poisson(mean) >= k)."""
     if k <= 0:
         return 1.0
@@ -246,9 +248,9 @@ def _event_power(
     stock_events: int, stock_tokens: int, system_tokens: int, alpha: float
 ) -> tuple[int | None, float, float]:
     share = system_tokens / (system_tokens + stock_tokens)
-    needed = _needed_events(stock_events, share, alpha)
+    needed = needed_events(stock_events, share, alpha)
     alternative = max(2 * stock_events / stock_tokens, EVENT_FLOOR)
-    power = 0.0 if needed is None else _poisson_at_least(needed, alternative * system_tokens)
+    power = 0.0 if needed is None else poisson_at_least(needed, alternative * system_tokens)
     return needed, alternative, power
 
 
@@ -351,6 +353,9 @@ class LengthResult:
     overlong: tuple[str, ...]
     length_differs: int  # requests whose output length differs from stock's (any reason)
     reject: bool
+    # requests whose reported stop reason stock never gives, or that their own output contradicts
+    stop_inconsistent: tuple[str, ...] = ()
+    stop_differs: int = 0  # requests whose reported stop reason differs from stock's (both reported)
 
     def to_dict(self) -> dict:
         return {
@@ -358,7 +363,20 @@ class LengthResult:
             "overlong": list(self.overlong),
             "length_differs": self.length_differs,
             "reject": self.reject,
+            "stop_inconsistent": list(self.stop_inconsistent),
+            "stop_differs": self.stop_differs,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "LengthResult":
+        return cls(
+            tuple(data["truncated"]),
+            tuple(data["overlong"]),
+            data["length_differs"],
+            data["reject"],
+            tuple(data.get("stop_inconsistent", ())),
+            data.get("stop_differs", 0),
+        )
 
 
 def stop_reason(output: ScoredOutput, stop_ids: frozenset[int], limit: int | None) -> str:
@@ -376,8 +394,9 @@ def length_rule(
     system: Mapping[str, ScoredOutput], stock: Mapping[str, ScoredOutput], stop_ids: frozenset[int] = frozenset()
 ) -> LengthResult:
     """Each output's stop reason against its request's limit (``ScoredOutput.max_new_tokens``, else
-    stock's length for that request)."""
-    truncated, overlong = [], []
+    stock's length for that request), and the stop reasons the system reports against stock's."""
+    truncated, overlong, inconsistent = [], [], []
+    stock_reasons = {o.stop_reason for o in stock.values() if o.stop_reason is not None}
     for rid in sorted(system):
         out, ref = system[rid], stock[rid]
         limit = out.max_new_tokens if out.max_new_tokens is not None else ref.tokens
@@ -386,5 +405,25 @@ def length_rule(
             truncated.append(rid)
         elif reason == "overlong":
             overlong.append(rid)
+        said = out.stop_reason
+        if said is not None and stock_reasons:
+            unknown = said not in stock_reasons
+            contradicted = (said == "length" and out.tokens != limit) or (
+                said == "stop" and bool(stop_ids) and not (out.output_ids and out.output_ids[-1] in stop_ids)
+            )
+            if unknown or contradicted:
+                inconsistent.append(rid)
     differs = sum(system[rid].tokens != stock[rid].tokens for rid in system)
-    return LengthResult(tuple(truncated), tuple(overlong), differs, reject=bool(truncated or overlong))
+    stop_differs = sum(
+        system[rid].stop_reason != stock[rid].stop_reason
+        for rid in system
+        if system[rid].stop_reason is not None and stock[rid].stop_reason is not None
+    )
+    return LengthResult(
+        tuple(truncated),
+        tuple(overlong),
+        differs,
+        reject=bool(truncated or overlong or inconsistent),
+        stop_inconsistent=tuple(inconsistent),
+        stop_differs=stop_differs,
+    )

@@ -107,6 +107,7 @@ class ScoredOutput:
     output_ids: tuple[int, ...]
     scores: TokenScores
     max_new_tokens: int | None = None  # the request's limit (the length rule's reference)
+    stop_reason: str | None = None  # why the system says the output ended (``RequestOutput.stop_reason``)
 
     @property
     def mismatch(self) -> np.ndarray:
@@ -167,7 +168,14 @@ def score_outputs(
                 where=f"request {request.id}",
                 fix="the scorer must return one score per output token",
             )
-        scored[request.id] = ScoredOutput(request.id, tuple(prompt), tuple(output), scores, request.max_new_tokens)
+        scored[request.id] = ScoredOutput(
+            request.id,
+            tuple(prompt),
+            tuple(output),
+            scores,
+            request.max_new_tokens,
+            getattr(outputs[request.id], "stop_reason", None),
+        )
         if on_request is not None:
             on_request()
     return scored

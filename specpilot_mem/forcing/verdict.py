@@ -91,11 +91,7 @@ class Verdict:
             unexplained_examples=tuple(data.get("unexplained_examples", ())),
             synthetic=data.get("synthetic", False),
             band=BandResult(**data["band"]) if data.get("band") else None,
-            length=LengthResult(
-                tuple(length["truncated"]), tuple(length["overlong"]), length["length_differs"], length["reject"]
-            )
-            if length
-            else None,
+            length=LengthResult.from_dict(length) if length else None,
             power=Power(**data["power"]) if data.get("power") else None,
             per_request=tuple(data.get("per_request", ())),
         )
@@ -194,11 +190,16 @@ class TokenForcing:
                 f"stock's {band.stock_mismatches} (ratio {band.ratio:.3g} per token); p = {band.p_value:.2g} < "
                 f"{band.alpha:g} for a ratio above 2"
             )
-        if length.reject:
+        if length.truncated or length.overlong:
             cut = [*length.truncated, *length.overlong]
             reasons.append(
                 f"length rule: {len(cut)} output(s) stop where no lossless system stops (not at "
                 f"max_new_tokens, not on a stop token), e.g. {cut[:5]}"
+            )
+        if length.stop_inconsistent:
+            reasons.append(
+                f"length rule: {len(length.stop_inconsistent)} output(s) report a stop reason stock never gives or "
+                f"that their own output contradicts, e.g. {list(length.stop_inconsistent[:5])}"
             )
         if reasons:
             outcome = "reject"
@@ -251,6 +252,8 @@ class TokenForcing:
                     "stop": stop_reason(
                         out, self.stop_ids, out.max_new_tokens if out.max_new_tokens is not None else ref.tokens
                     ),
+                    "reported_stop": out.stop_reason,
+                    "stock_reported_stop": ref.stop_reason,
                     "p_value": p_value,
                     "flagged": p_value < 0.05 / len(system),
                 }

@@ -156,12 +156,21 @@ def stream_request(
     start = time.perf_counter()
     ids: list[int] = []
     times: list[float] = []
+    finish = None
     for chunk in client.stream(body):
         ids.extend(chunk.new_ids)
         times.extend([chunk.arrived] * len(chunk.new_ids))
+        finish = chunk.finish_reason if chunk.finish_reason is not None else finish
         if on_chunk is not None:
             on_chunk(chunk)
-    return RequestOutput(request.id, tuple(ids), start, tuple(times))
+    return RequestOutput(request.id, tuple(ids), start, tuple(times), finish_reason_name(finish))
+
+
+def finish_reason_name(finish: Any) -> str | None:
+    """SGLang's ``meta_info.finish_reason`` ({"type": "length", ...}, or a bare string) as a stop reason."""
+    if isinstance(finish, dict):
+        finish = finish.get("type")
+    return str(finish) if finish is not None else None
 
 
 def serve_closed_loop(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import math
 import multiprocessing
-import re
 import shutil
 import sys
 import tempfile
@@ -55,10 +54,13 @@ LEAN = [  # every variant: exact weights only, the slabs of ROWS (33 rows: 6 tok
         "#define W12_WIDE_KERNELS(X) X(6) X(8) X(12) X(16) X(24) X(32)",
         "#define W12_WIDE_KERNELS(X) X(6) X(8) X(16) X(32)",
     ),
+    (
+        "  return low_bits == 0 ? launch_low_bits<0>(args, wide, stream)\n"
+        "         : low_bits == 1 ? launch_low_bits<1>(args, wide, stream)\n"
+        "                         : launch_low_bits<2>(args, wide, stream);",
+        "  return launch_low_bits<0>(args, wide, stream);",
+    ),
 ]
-# ... and only the exact-weights launches (the kernel's launch file, and where it has one the carried-weights file)
-EXACT_ONLY = re.compile(r"return low_bits == 0 \? launch_low_bits<0(, (?:true|false))?>\(args, wide, stream\)\n.*\n.*;")
-KERNEL_FILES = ("w12_wide.cuh", "w12_wide.cu", "w12_wide_carried.cu")  # where the kernel's text may be
 VARIANTS = {
     "as_is": [],
     # the MMAs: their A registers kept live so the decode stays
@@ -102,15 +104,13 @@ VARIANTS = {
 def prepare(name: str, patches: list[tuple[str, str]], work: Path) -> Path:
     folder = work / name
     shutil.copytree(CSRC, folder)
-    files = {f: (folder / f).read_text() for f in KERNEL_FILES if (folder / f).exists()}
+    wide = folder / "w12_wide.cu"
+    text = wide.read_text()
     for old, new in LEAN + patches:
-        holder = next((f for f, text in files.items() if old in text), None)
-        if holder is None:
-            raise SystemExit(f"variant {name}: the text to patch is not in {list(files)} (the kernel changed): {old!r}")
-        files[holder] = files[holder].replace(old, new)
-    for f, text in files.items():
-        text = EXACT_ONLY.sub(lambda m: f"return launch_low_bits<0{m.group(1) or ''}>(args, wide, stream);", text)
-        (folder / f).write_text(text)
+        if old not in text:
+            raise SystemExit(f"variant {name}: the text to patch is not in w12_wide.cu (the kernel changed): {old!r}")
+        text = text.replace(old, new)
+    wide.write_text(text)
     return folder
 
 

@@ -25,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import w12_device_check as check  # noqa: E402
-from cuda_timing import record_section  # noqa: E402
+from specpilot_mem.bench.cuda_timing import record_section  # noqa: E402
 
 from specpilot_kernels.w12.mma import MmaConfig, select_mma_config, w12_mma_gemm  # noqa: E402
 from specpilot_mem.provenance import result_header, write_result  # noqa: E402

@@ -11,7 +11,8 @@ Public API (used by the SGLang ``w12`` method and the HF converter):
                                        for a W12Tensor on CUDA, exact decode + F.linear on the CPU
     w12_gemm(x, w12), w12_mma_gemm(x, mma)   the GEMMs themselves, x bf16 [M, K] -> [M, N]
     fp8_view(w12), qpass_linear(...)   the 8-bit view as Q-pass weights, no copy
-    to_canonical / from_canonical      the on-disk form (12 KB records per 128x64 tile)
+    to_canonical / from_canonical      the on-disk form (version 3: one unpadded byte record per tensor;
+                                       versions 1 and 2's 12 KB tile records still load)
 
 The format is specified in docs/w12-format.md.
 """

@@ -2,12 +2,14 @@
 
     python -m specpilot_kernels.w12.convert CHECKPOINT.safetensors OUT.safetensors [--device cuda] [--report R.json]
 
-Every 2-D BF16 tensor is encoded (checked bit for bit) and stored as its canonical records
-(``NAME.w12.records``, ``.base``, ``.escapes``, ``.escape_bits``, ``.header``) where W12 pays
-(:func:`~specpilot_kernels.w12.codec.encode_or_keep`); every other tensor, and each W12 candidate that does not
+Every 2-D BF16 tensor is encoded (checked bit for bit) and stored as its canonical record, format version 3
+(one uint8 tensor ``NAME.w12.record``), where the record pays
+(:func:`~specpilot_kernels.w12.codec.encode_for_storage`); every other tensor, and each W12 candidate that does not
 pay, is copied unchanged. The report (printed as JSON, or written to ``--report``) lists per tensor its shape,
-bits per weight, escape fraction and whether it was kept as BF16 (and why). :func:`load_converted` reads such a
-file back, refusing records it cannot trust.
+bits per weight (stored and in memory), escape fraction, whether it was kept as BF16 (and why) and whether its
+record loads as BF16 (and why: the W12 GEMM would not pay in memory).
+:func:`load_converted` reads such a file back, and files of versions 1 and 2 (tile records ``NAME.w12.records``,
+``.base``, ``.escapes``, ``.escape_bits``, ``.header``), refusing records it cannot trust.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ import sys
 
 import torch
 
-from .codec import encode_or_keep
+from .codec import decode, encode_for_storage, runs_as_bf16
 from .format import W12Error, W12Tensor, from_canonical, to_canonical
 
 W12_SUFFIX = ".w12."
-RECORD_FIELDS = ("records", "base", "escapes", "escape_bits", "header")
+TILE_RECORD_FIELDS = ("records", "base", "escapes", "escape_bits", "header")  # versions 1 and 2
 
 
 def convert_tensors(
@@ -34,7 +36,7 @@ def convert_tensors(
         if tensor.dim() != 2 or tensor.dtype != torch.bfloat16:
             out[name] = tensor
             continue
-        w12, report = encode_or_keep(tensor.to(device), name=name)
+        w12, report = encode_for_storage(tensor.to(device), name=name)
         reports.append(report)
         if w12 is None:
             out[name] = tensor
@@ -45,8 +47,10 @@ def convert_tensors(
 
 
 def load_converted(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | W12Tensor]:
-    """The checkpoint :func:`convert_tensors` wrote: W12 tensors by name (checked by ``from_canonical``), the rest as
-    stored. A record with a missing field is refused naming it."""
+    """The checkpoint :func:`convert_tensors` wrote (or one of versions 1 and 2): W12 tensors by name (checked by
+    ``from_canonical``) where the W12 GEMM pays in memory, the others decoded exactly to BF16
+    (:func:`~specpilot_kernels.w12.codec.runs_as_bf16`), the rest as stored. A version 1/2 record with a missing
+    field is refused naming it."""
     out, groups = {}, {}
     for key, value in tensors.items():
         if W12_SUFFIX in key:
@@ -55,14 +59,15 @@ def load_converted(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor |
         else:
             out[key] = value
     for name, fields in groups.items():
-        missing = [f for f in RECORD_FIELDS if f not in fields]
+        missing = [] if "record" in fields else [f for f in TILE_RECORD_FIELDS if f not in fields]
         if missing:
             raise W12Error(
                 f"W12 tensor {name} lacks {', '.join(missing)}",
                 where=f"{name}{W12_SUFFIX}*",
                 fix="the file is incomplete: convert the BF16 checkpoint again",
             )
-        out[name] = from_canonical(fields, name=name)
+        w12 = from_canonical(fields, name=name)
+        out[name] = decode(w12) if runs_as_bf16(w12.stats()) else w12
     return out
 
 
@@ -84,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(text)
     kept = sum(r["kept_bf16"] for r in reports)
-    print(f"{len(reports) - kept} tensors as W12, {kept} kept as BF16", file=sys.stderr)
+    loads = sum(r.get("loads_as_bf16", False) for r in reports)
+    print(f"{len(reports) - kept} tensors as W12 ({loads} of them load as BF16), {kept} kept as BF16", file=sys.stderr)
     return 0
 
 

@@ -24,8 +24,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
-FORMAT_VERSION = 2  # the window covering the most weights; the planes are laid out as in version 1
-SUPPORTED_VERSIONS = frozenset({1, 2})  # both decode alike: a record's bases say where its windows are
+FORMAT_VERSION = 3  # version 2's window in one compact byte record (planes unpadded, bases and escapes packed)
+SUPPORTED_VERSIONS = frozenset({1, 2, 3})  # all decode alike: a record's bases say where its windows are
+TILE_RECORD_VERSIONS = frozenset({1, 2})  # the versions stored as 12 KB tile records plus side tensors
 CONVERT_COMMAND = "python -m specpilot_kernels.w12.convert CHECKPOINT.safetensors OUT.safetensors"
 
 TILE_N = 128  # canonical record tile: 128 output channels x 64 input columns
@@ -36,7 +37,11 @@ BUCKET = 128  # escapes are bucketed by 128x128 blocks so a kernel program finds
 MAX_OFFSET = 15
 ESCAPE_LOW_BYTE = 0x00  # s.0000.000: E4M3 zero, for zeros, denormals and weights below the window
 ESCAPE_HIGH_BYTE = 0x7E  # s.1111.110: E4M3 448, for Inf/NaN and the excluded s.1111.111 code
-HEADER_BYTES = 64  # magic, version, N, K, escape count: counted in bits per weight
+HEADER_BYTES = 64  # the in-memory tensor's shape, version and escape count, counted in its memory size
+RECORD_MAGIC = 0x52323157  # b"W12R" read as a little-endian int32: the first word of a version 3 record
+RECORD_HEADER_WORDS = 8  # int32: magic, version, N, K, base0 | width << 8, base exceptions, escapes, gap bytes
+RECORD_HEADER_BYTES = 4 * RECORD_HEADER_WORDS
+MAX_BASE = 254 - MAX_OFFSET  # base + 15 <= 254: the decode's add never carries into the sign
 
 
 class W12Error(ValueError):
@@ -105,18 +110,30 @@ class W12Tensor:
         return W12Tensor(**moved)
 
     def nbytes(self) -> int:
-        """Every stored byte: both planes (padding included), bases, escapes, pointers and header."""
+        """Bytes held in memory in this (kernel) layout: both planes (padding included), bases, escapes, pointers
+        and header. What a GEMM reads; the stored record (:meth:`stored_nbytes`) is smaller."""
         tensors = (self.view, self.nibbles, self.base, self.esc_ptr, self.esc_loc, self.esc_val)
         return HEADER_BYTES + sum(t.numel() * t.element_size() for t in tensors)
 
+    def stored_nbytes(self) -> int:
+        """Bytes of the version 3 record :func:`to_canonical` writes (every byte on disk)."""
+        return sum(record_sections(self).values())
+
     def stats(self) -> dict:
+        """bits_per_weight: the stored record's; memory_bits_per_weight: this kernel layout's (what the GEMM
+        reads, and what :func:`~specpilot_kernels.w12.codec.encode_or_keep` judges)."""
         n, k = self.shape
+        sections = record_sections(self)
+        stored = sum(sections.values())
         return {
             "shape": [n, k],
-            "bits_per_weight": 8.0 * self.nbytes() / (n * k),
+            "bits_per_weight": 8.0 * stored / (n * k),
+            "memory_bits_per_weight": 8.0 * self.nbytes() / (n * k),
             "escapes": self.num_escapes,
             "escape_fraction": self.num_escapes / (n * k),
-            "bytes": self.nbytes(),
+            "bytes": stored,
+            "memory_bytes": self.nbytes(),
+            "record_bytes": sections,
         }
 
 
@@ -146,8 +163,11 @@ def escape_positions(w12: W12Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rows, cols
 
 
-def to_canonical(w12: W12Tensor) -> dict[str, torch.Tensor]:
-    """The canonical on-disk form (safetensors-ready): one 12 KB record per 128x64 tile.
+def to_tile_records(w12: W12Tensor) -> dict[str, torch.Tensor]:
+    """Format versions 1 and 2's on-disk form (safetensors-ready): one 12 KB record per 128x64 tile.
+
+    Kept so that checkpoints written before version 3 can be re-created and their reader tested;
+    :func:`to_canonical` writes version 3.
 
     records  uint8 [Np//128 * Kp//64, 12288]: tiles in row-major tile order; each record is the
              tile's 8-bit view (128 rows x 64 bytes, row-major) then its nibbles (128 rows x 32 bytes,
@@ -169,7 +189,7 @@ def to_canonical(w12: W12Tensor) -> dict[str, torch.Tensor]:
         "base": w12.base.clone(),
         "escapes": torch.stack((rows[order], cols[order]), dim=1),
         "escape_bits": w12.esc_val[order].clone(),
-        "header": torch.tensor([w12.version, n, k, w12.num_escapes], dtype=torch.int64),
+        "header": torch.tensor([min(w12.version, 2), n, k, w12.num_escapes], dtype=torch.int64),  # v3 = v2's window
     }
 
 
@@ -178,8 +198,8 @@ def _require(ok: bool, what: str, where: str, fix: str = "re-convert the BF16 ch
         raise W12Error(what, where=where, fix=fix)
 
 
-def from_canonical(tensors: dict[str, torch.Tensor], name: str = "w12") -> W12Tensor:
-    """Rebuild the kernel-layout tensor from :func:`to_canonical`'s form, checking everything before using it.
+def _from_tile_records(tensors: dict[str, torch.Tensor], name: str) -> W12Tensor:
+    """Rebuild the kernel-layout tensor from :func:`to_tile_records`'s form, checking everything before using it.
 
     Refused with what, where and how to fix (:class:`W12Error`), the input left as it was: a missing or
     mistyped field, an unknown format version, records or bases of the wrong size, escape counts that
@@ -203,9 +223,10 @@ def from_canonical(tensors: dict[str, torch.Tensor], name: str = "w12") -> W12Te
         f"{name}.header",
     )
     version, n, k, count = (int(v) for v in header.tolist())
-    if version not in SUPPORTED_VERSIONS:
+    if version not in TILE_RECORD_VERSIONS:
         raise W12Error(
-            f"W12 record {name} has format version {version}; this code reads versions {sorted(SUPPORTED_VERSIONS)}",
+            f"W12 record {name} has format version {version} in tile records; this code reads tile records of "
+            f"versions {sorted(TILE_RECORD_VERSIONS)} (version 3 is one byte record, {name}.record)",
             where=f"{name}.header[0]",
             fix="re-convert the BF16 checkpoint with this code: " + CONVERT_COMMAND,
         )
@@ -230,8 +251,8 @@ def from_canonical(tensors: dict[str, torch.Tensor], name: str = "w12") -> W12Te
         f"{name}.base",
     )
     _require(
-        int(base.max()) <= 254 - MAX_OFFSET if base.numel() else True,
-        f"W12 record {name}: a window base is {int(base.max())}, above {254 - MAX_OFFSET}",
+        int(base.max()) <= MAX_BASE if base.numel() else True,
+        f"W12 record {name}: a window base is {int(base.max())}, above {MAX_BASE}",
         f"{name}.base",
     )
     escapes, bits = tensors["escapes"], tensors["escape_bits"]
@@ -275,6 +296,286 @@ def from_canonical(tensors: dict[str, torch.Tensor], name: str = "w12") -> W12Te
         esc_val,
         version,
     )
+
+
+# Version 3: one uint8 record per tensor, every byte counted in bits per weight (docs/w12-format.md):
+#   header   int32 [8], little-endian: RECORD_MAGIC, 3, N, K, base0 | width << 8, base exceptions X, escapes E,
+#            escape-gap bytes G
+#   view     N * K bytes, row-major, unpadded
+#   nibbles  ceil(N * K / 2) bytes: weight i (row-major) in byte i // 2, low nibble when i is even
+#   base     ceil(N * width / 8) bytes: per row a width-bit code (little-endian bit stream), base = base0 + code;
+#            the code 2**width - 1 marks a row whose base is the next byte of the exception list
+#   base exceptions  X bytes, in row order
+#   escape bits      E int16, the exact BF16 bits, in row-major position order
+#   escape gaps      G bytes: per escape the distance from the previous one less 1 (the first: its position),
+#                    LEB128 (7 bits a byte, high bit set on all but the last byte)
+# The loader pads the planes and buckets the escapes into the kernel layout; padding is never stored.
+MAX_GAP_BYTES = 9  # 63 bits: every row-major position of an int64-indexed tensor
+
+
+def _pack_codes(codes: torch.Tensor, width: int) -> torch.Tensor:
+    """uint8 bit stream of width-bit codes: bit j of code i is bit i * width + j of the stream."""
+    if width == 0 or codes.numel() == 0:
+        return torch.zeros(0, dtype=torch.uint8, device=codes.device)
+    bits = (codes.long()[:, None] >> torch.arange(width, device=codes.device)) & 1
+    bits = torch.nn.functional.pad(bits.reshape(-1), (0, -bits.numel() % 8))
+    return (bits.view(-1, 8) << torch.arange(8, device=codes.device)).sum(1).to(torch.uint8)
+
+
+def _unpack_codes(stream: torch.Tensor, width: int, count: int) -> torch.Tensor:
+    bits = (stream.long()[:, None] >> torch.arange(8, device=stream.device)) & 1
+    bits = bits.reshape(-1)[: count * width].view(count, width)
+    return (bits << torch.arange(width, device=stream.device)).sum(1)
+
+
+def choose_base_code(base: torch.Tensor) -> tuple[int, int]:
+    """(base0, width) of the smallest base stream for the row bases uint8 [N]: ceil(N * width / 8) bytes of codes
+    plus one byte per row outside base0 .. base0 + 2**width - 2. width 0 stores nothing (every row is base0).
+
+    One histogram of the bases scores every (base0, width) at once (O(rows), on the bases' device). Ties: the
+    smaller width, then the lower base0."""
+    n = base.numel()
+    hist = torch.bincount(base.long(), minlength=MAX_BASE + 1)[: MAX_BASE + 1]
+    cum = torch.nn.functional.pad(torch.cumsum(hist, 0), (1, 0))  # cum[b] = rows whose base is below b
+    starts = torch.arange(MAX_BASE + 1, device=base.device)
+    spans = (1 << torch.arange(1, 9, device=base.device)) - 1
+    cover = cum[(starts[None, :] + spans[:, None]).clamp(max=MAX_BASE + 1)] - cum[starts][None, :]  # [8, 240]
+    best = torch.argmax(cover, dim=1)  # the first maximum: the lowest base0
+    covered = cover.gather(1, best[:, None])[:, 0]
+    uniform = torch.argmax(hist)
+    best_l, covered_l, top, b0 = best.tolist(), covered.tolist(), int(hist[uniform]), int(uniform)
+    choices = [(0 if top == n else float("inf"), 0, b0)]
+    choices += [(-(-n * w // 8) + n - covered_l[w - 1], w, best_l[w - 1]) for w in range(1, 9)]
+    _, width, base0 = min(choices, key=lambda c: (c[0], c[1]))
+    return base0, width
+
+
+def _side_streams(w12: W12Tensor) -> dict[str, torch.Tensor]:
+    """The version 3 record's sections other than the planes, as uint8 tensors on the tensor's device."""
+    n, k = w12.shape
+    device = w12.device
+    base = w12.base[:n].long()
+    base0, width = choose_base_code(w12.base[:n])
+    if width:
+        escape_code = (1 << width) - 1
+        delta = base - base0
+        outside = (delta < 0) | (delta >= escape_code)
+        codes = torch.where(outside, escape_code, delta)
+        exceptions = w12.base[:n][outside].contiguous()
+    else:
+        codes = base[:0]
+        exceptions = w12.base[:0]
+    rows, cols = escape_positions(w12)
+    flat = rows * k + cols
+    order = torch.argsort(flat)
+    flat = flat[order]
+    gaps = flat - torch.nn.functional.pad(flat[:-1], (1, 0), value=-1) - 1 if flat.numel() else flat
+    slot = torch.arange(MAX_GAP_BYTES, device=device)
+    chunks = gaps[:, None] >> (7 * slot)
+    length = (chunks > 0).sum(1).clamp(min=1)
+    leb = (chunks & 0x7F) | ((slot < (length - 1)[:, None]).long() << 7)
+    gap_stream = leb[slot < length[:, None]].to(torch.uint8)
+    header = torch.tensor(
+        [RECORD_MAGIC, 3, n, k, base0 | width << 8, exceptions.numel(), flat.numel(), gap_stream.numel()],
+        dtype=torch.int32,
+        device=device,
+    )
+    return {
+        "header": header.view(torch.uint8),
+        "base": _pack_codes(codes, width),
+        "base_exceptions": exceptions,
+        "escape_bits": w12.esc_val[order].contiguous().view(torch.uint8),
+        "escape_gaps": gap_stream,
+    }
+
+
+def record_sections(w12: W12Tensor) -> dict[str, int]:
+    """Bytes of each section of the version 3 record (the planes are sized, not built)."""
+    n, k = w12.shape
+    sizes = {name: t.numel() for name, t in _side_streams(w12).items()}
+    return {"header": sizes.pop("header"), "view": n * k, "nibbles": -(-n * k // 2), **sizes}
+
+
+def to_canonical(w12: W12Tensor) -> dict[str, torch.Tensor]:
+    """The canonical on-disk form, version 3 (safetensors-ready): ``{"record": uint8 [bytes]}``, on the tensor's
+    device. Layout: the comment above; docs/w12-format.md. Every byte of it is counted in bits per weight."""
+    n, k = w12.shape
+    side = _side_streams(w12)
+    view = w12.view[:n, :k].reshape(-1)
+    nib = nibbles_from_kernel_layout(w12.nibbles)[:n, :k].reshape(-1)
+    nib = torch.nn.functional.pad(nib, (0, nib.numel() % 2)).view(-1, 2)
+    nib = nib[:, 0] | (nib[:, 1] << 4)
+    parts = (side["header"], view, nib, side["base"], side["base_exceptions"], side["escape_bits"], side["escape_gaps"])
+    return {"record": torch.cat(parts)}
+
+
+def _from_record(record: torch.Tensor, name: str) -> W12Tensor:
+    """Rebuild the kernel-layout tensor from a version 3 record, checking everything before using it."""
+    where = f"{name}.record"
+    reconvert = "re-convert the BF16 checkpoint: " + CONVERT_COMMAND
+    _require(
+        record.dim() == 1 and record.numel() >= RECORD_HEADER_BYTES,
+        f"W12 record {name}: {record.numel()} bytes of shape {tuple(record.shape)}, not a 1-D record with its "
+        f"{RECORD_HEADER_BYTES}-byte header",
+        where,
+        "the file is truncated: " + CONVERT_COMMAND,
+    )
+    magic, version, n, k, code, exceptions, count, gap_bytes = (
+        record[:RECORD_HEADER_BYTES].clone().view(torch.int32).tolist()
+    )
+    _require(magic == RECORD_MAGIC, f"W12 record {name} does not start with the W12 magic", f"{where}[0:4]", reconvert)
+    if version != 3:
+        raise W12Error(
+            f"W12 record {name} has format version {version}; this code reads byte records of version 3 "
+            f"(versions 1 and 2 are tile records: {name}.records, .base, .escapes, .escape_bits, .header)",
+            where=f"{where}[4:8]",
+            fix="re-convert the BF16 checkpoint with this code: " + CONVERT_COMMAND,
+        )
+    base0, width = code & 0xFF, code >> 8
+    _require(
+        n > 0 and k > 0 and 0 <= width <= 8 and base0 <= MAX_BASE and min(exceptions, count, gap_bytes) >= 0,
+        f"W12 record {name}: header (N {n}, K {k}, base0 {base0}, width {width}, {exceptions} base exceptions, "
+        f"{count} escapes, {gap_bytes} gap bytes) is invalid",
+        f"{where}[0:{RECORD_HEADER_BYTES}]",
+        reconvert,
+    )
+    sizes = (n * k, -(-n * k // 2), -(-n * width // 8), exceptions, 2 * count, gap_bytes)
+    expected = RECORD_HEADER_BYTES + sum(sizes)
+    _require(
+        record.numel() == expected,
+        f"W12 record {name} is {record.numel()} bytes; its header's ({n}, {k}) planes, {width}-bit bases, "
+        f"{exceptions} base exceptions and {count} escapes ({gap_bytes} gap bytes) need {expected}",
+        where,
+        "the file is truncated or the record belongs to another tensor: " + CONVERT_COMMAND,
+    )
+    offsets = [RECORD_HEADER_BYTES]
+    for size in sizes:
+        offsets.append(offsets[-1] + size)
+    view_s, nib_s, base_s, exc_s, bits_s, gaps_s = (record[a:b] for a, b in zip(offsets, offsets[1:]))
+    if width:
+        codes = _unpack_codes(base_s, width, n)
+        marked = codes == (1 << width) - 1
+        _require(
+            int(marked.sum()) == exceptions,
+            f"W12 record {name}: the base stream marks {int(marked.sum())} rows as exceptions, the header says "
+            f"{exceptions}",
+            f"{where} (base stream)",
+            "the base stream is corrupt: " + CONVERT_COMMAND,
+        )
+        base = torch.where(marked, 0, codes + base0)
+        base[marked] = exc_s.long()
+    else:
+        _require(
+            exceptions == 0,
+            f"W12 record {name}: {exceptions} base exceptions with a 0-bit base stream",
+            f"{where} (base stream)",
+            "the base stream is corrupt: " + CONVERT_COMMAND,
+        )
+        base = torch.full((n,), base0, dtype=torch.long, device=record.device)
+    if bool((base > MAX_BASE).any()):
+        row = int(torch.nonzero(base > MAX_BASE)[0, 0])
+        raise W12Error(
+            f"W12 record {name}: row {row}'s window base is {int(base[row])}, above {MAX_BASE}",
+            where=f"{where} (base stream, row {row})",
+            fix="the base stream is corrupt: " + CONVERT_COMMAND,
+        )
+    flat = _escape_positions_from_gaps(gaps_s, count, n * k, name, where)
+    bits = bits_s.clone().view(torch.int16)
+    view_flat = view_s
+    if count:
+        code7 = view_flat[flat].long() & 0x7F
+        bad = (code7 != ESCAPE_LOW_BYTE) & (code7 != ESCAPE_HIGH_BYTE)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0, 0])
+            raise W12Error(
+                f"W12 record {name}: escape {i} at ({int(flat[i]) // k}, {int(flat[i]) % k}) sits on a stored "
+                f"weight's view byte",
+                where=f"{where} (escape {i})",
+                fix="the escape list is corrupt: " + CONVERT_COMMAND,
+            )
+        low = int((code7 == ESCAPE_LOW_BYTE).sum())
+    else:
+        low = 0
+    _require(
+        int(((view_flat & 0x7F) == ESCAPE_LOW_BYTE).sum()) == low,
+        f"W12 record {name}: the view holds escape codes at positions the escape list does not name",
+        f"{where} (escape list)",
+        "the escape list is corrupt: " + CONVERT_COMMAND,
+    )
+    np_, kp = padded(n, TILE_N), padded(k, STEP_K)
+    view = torch.zeros(np_, kp, dtype=torch.uint8, device=record.device)
+    view[:n, :k] = view_s.view(n, k)
+    pairs = torch.stack((nib_s & 0xF, nib_s >> 4), dim=1).reshape(-1)[: n * k]
+    nib = torch.zeros(np_, kp, dtype=torch.uint8, device=record.device)
+    nib[:n, :k] = pairs.view(n, k)
+    full_base = torch.zeros(np_, dtype=torch.uint8, device=record.device)
+    full_base[:n] = base.to(torch.uint8)
+    esc_ptr, esc_loc, esc_val = bucket_escapes(flat // k, flat % k, bits, np_, kp)
+    return W12Tensor((n, k), view, nibbles_to_kernel_layout(nib), full_base, esc_ptr, esc_loc, esc_val, 3)
+
+
+def _escape_positions_from_gaps(stream: torch.Tensor, count: int, size: int, name: str, where: str) -> torch.Tensor:
+    """Row-major int64 positions of the escapes from their LEB128 gap stream, refused unless it holds exactly
+    count gaps and every position lies inside the tensor."""
+    fix = "the escape list is corrupt: " + CONVERT_COMMAND
+    b = stream.long()
+    last = (b & 0x80) == 0
+    complete = int(last.sum())
+    _require(
+        complete == count and (count == 0 or bool(last[-1])),
+        f"W12 record {name}: the escape gap stream holds {complete} complete gaps"
+        + ("" if count == 0 or bool(last[-1]) else " and ends inside one")
+        + f", the header says {count} escapes",
+        f"{where} (escape gaps)",
+        fix,
+    )
+    if not count:
+        return b[:0]
+    first = torch.ones_like(last)
+    first[1:] = last[:-1]
+    starts = torch.nonzero(first)[:, 0]
+    group = torch.cumsum(first.long(), 0) - 1
+    slot = torch.arange(b.numel(), device=b.device) - starts[group]
+    _require(
+        int(slot.max()) < MAX_GAP_BYTES,
+        f"W12 record {name}: an escape gap runs over {MAX_GAP_BYTES} bytes",
+        f"{where} (escape gaps)",
+        fix,
+    )
+    gaps = torch.zeros(count, dtype=torch.long, device=b.device).index_add_(0, group, (b & 0x7F) << (7 * slot))
+    # the float sum bounds the exact cumsum below, which cannot then overflow
+    _require(
+        float((gaps.double() + 1).sum()) <= size + 1,
+        f"W12 record {name}: the escape gaps run past the {size}-weight tensor",
+        f"{where} (escape gaps)",
+        fix,
+    )
+    flat = torch.cumsum(gaps + 1, 0) - 1
+    if int(flat[-1]) >= size:
+        raise W12Error(
+            f"W12 record {name}: escape {count - 1} at position {int(flat[-1])} is outside the {size}-weight tensor",
+            where=f"{where} (escape {count - 1})",
+            fix=fix,
+        )
+    return flat
+
+
+def from_canonical(tensors: dict[str, torch.Tensor], name: str = "w12") -> W12Tensor:
+    """Rebuild the kernel-layout tensor from the stored form: a version 3 ``{"record": uint8}`` (:func:`to_canonical`)
+    or versions 1 and 2's tile records (:func:`to_tile_records`), on the record's device.
+
+    Refused with what, where and how to fix (:class:`W12Error`), the input left as it was: a missing or mistyped
+    field, an unknown format version, planes of the wrong size, a corrupt base stream, escapes outside the tensor,
+    repeated, or not on escape codes of the view."""
+    if "record" in tensors:
+        record = tensors["record"]
+        _require(
+            isinstance(record, torch.Tensor) and record.dtype == torch.uint8,
+            f"W12 record {name}: field 'record' is not torch.uint8",
+            f"{name}.record",
+        )
+        return _from_record(record, name)
+    return _from_tile_records(tensors, name)
 
 
 def bucket_escapes(rows: torch.Tensor, cols: torch.Tensor, bits: torch.Tensor, np_: int, kp: int):

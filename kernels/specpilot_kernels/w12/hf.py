@@ -64,9 +64,9 @@ class W12Linear(nn.Module):
 def convert_model(model: nn.Module, *, lm_head: bool = False, decoder: bool = True) -> dict[str, dict]:
     """Replace every BF16 ``nn.Linear`` of ``model`` by a :class:`W12Linear` where W12 pays, in place.
 
-    Each weight is encoded on its own device (format v2) and its decode compared with it bit for bit (``W12Error``
+    Each weight is encoded on its own device (format v3) and its decode compared with it bit for bit (``W12Error``
     naming the layer on any difference, before that layer is replaced); a layer whose W12 form would not pay
-    (``encode_or_keep``: more than 90% of BF16's bytes, or more than 2% escapes) stays BF16. The output embedding
+    (``encode_or_keep``: more than 90% of BF16's bytes in memory, or more than 2% escapes) stays BF16. The output embedding
     (LM head) is converted only with ``lm_head=True``; a head tied to the input embedding stays BF16 because the
     embedding needs it. ``decoder=False`` leaves every other layer alone, so a model converted earlier gets its
     head converted without its kept-as-BF16 layers being encoded (and reported) again. Returns the conversion

@@ -12,7 +12,7 @@ Inside each 32-column block the MMA's k order is permuted so that lane t's activ
 8t .. 8t+7 (one 16-byte load). On sm_90a a shape's config may run 9-64 rows as warpgroup MMAs instead (wgmma, the
 decoded fragments as its register operand; a small kernel first writes the activations in the same permuted k order,
 and each K class brings a chunk of them into shared memory with one bulk copy), and 33-256 rows through the wide
-kernel (csrc/w12_wide.cuh: up to 256 token rows a wgmma, every weight read once a launch, the K classes and splits of a
+kernel (csrc/w12_wide.cu: up to 256 token rows a wgmma, every weight read once a launch, the K classes and splits of a
 tile group reduced in one cluster): the same bits at every row count.
 """
 
@@ -36,7 +36,6 @@ SOURCES = (
     "w12_shared_x.cu",
     "w12_wgmma.cu",
     "w12_wide.cu",
-    "w12_wide_carried.cu",
 )
 LOW_BITS_CODES = {"exact": 0, "truncated": 1, "midpoint": 2}
 MAX_ROWS_PER_LAUNCH = 64  # eight token tiles of 8 (the per-warp and warpgroup kernels)
@@ -219,8 +218,7 @@ MAX_SHARED_X_RING = 8
 # (9-16, 17-32, 33-64) a number of warpgroups of 4 tiles a K class a block (0: per-warp mma.sync). 4-tile warpgroups
 # make few blocks, which one-wave grids feel most, so it is per shape and row range.
 MAX_WGMMA_WARPS_PER_BLOCK = 32
-# sm_90a, 33-256 rows: the wide kernel, ``wide`` = (warpgroups a block, activation slots, weight stages a warp; 0 or 1
-# stages: each chunk's weights carried in the activation slots, a slot holding the whole chunk (0) or half of it (1)) at
+# sm_90a, 33-256 rows: the wide kernel, ``wide`` = (warpgroups a block, activation slots, weight stages a warp) at
 # every row count, or ``wide_rows`` = one (warpgroups, slots, stages, largest slab in token tiles of 8 rows[, multicast])
 # per WIDE_BUCKETS range; the launch picks the smallest built slab that holds the rows (one slab where the largest
 # allows, so each weight is decoded once). Multicast (1, 2 or 4, one slab only): that many neighbouring tile groups
@@ -292,7 +290,7 @@ class MmaConfig:
         if not _wide_setting_ok(groups, slots, stages, 16):
             raise W12Error(
                 f"wide={self.wide}: (warpgroups a block 0-{MAX_WIDE_GROUPS}, activation slots 2-"
-                f"{MAX_WIDE_SLOTS}, weight stages 0-{MAX_WIDE_STAGES})",
+                f"{MAX_WIDE_SLOTS}, weight stages 2-{MAX_WIDE_STAGES})",
                 where="MmaConfig.wide",
                 fix="use e.g. (1, 2, 3), or (0, 2, 2) for off",
             )
@@ -303,8 +301,8 @@ class MmaConfig:
         ):
             raise W12Error(
                 f"wide_rows={self.wide_rows}: one (warpgroups 0-{MAX_WIDE_GROUPS}, slots 2-{MAX_WIDE_SLOTS}, "
-                f"stages 0-{MAX_WIDE_STAGES}, largest slab in {WIDE_TOKEN_TILES} token tiles[, multicast 1, "
-                "2 or 4 with 2+ stages]) for each of 33-64, 65-128 and 129-256 rows",
+                f"stages 2-{MAX_WIDE_STAGES}, largest slab in {WIDE_TOKEN_TILES} token tiles[, multicast 1, "
+                "2 or 4]) for each of 33-64, 65-128 and 129-256 rows",
                 where="MmaConfig.wide_rows",
                 fix="e.g. ((4, 4, 2, 8), (4, 3, 2, 16), (2, 2, 2, 32)), or () for `wide` everywhere",
             )
@@ -434,9 +432,9 @@ def _wide_setting_ok(groups: int, slots: int, stages: int, slab_tiles: int, mult
     return groups == 0 or (
         1 <= groups <= MAX_WIDE_GROUPS
         and 2 <= slots <= MAX_WIDE_SLOTS
-        and 0 <= stages <= MAX_WIDE_STAGES
+        and 2 <= stages <= MAX_WIDE_STAGES
         and slab_tiles in WIDE_TOKEN_TILES
-        and multicast in ((1,) if stages < 2 else (1, 2, 4))
+        and multicast in (1, 2, 4)
     )
 
 

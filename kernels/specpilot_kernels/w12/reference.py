@@ -11,6 +11,7 @@ from .format import (
     ESCAPE_HIGH_BYTE,
     ESCAPE_LOW_BYTE,
     FORMAT_VERSION,
+    MAX_BASE,
     MAX_OFFSET,
     STEP_K,
     SUPPORTED_VERSIONS,
@@ -58,7 +59,7 @@ def window_counts(bits: torch.Tensor) -> torch.Tensor:
     normal[:, 0] = 0  # zeros and denormals
     normal[:, 255] = 0  # Inf and NaN
     cum = torch.nn.functional.pad(torch.cumsum(normal, dim=1), (1, 0))  # cum[:, e] = weights with exponent < e
-    bases = torch.arange(254 - MAX_OFFSET + 1, device=bits.device)
+    bases = torch.arange(MAX_BASE + 1, device=bits.device)
     tops = bases + MAX_OFFSET
     return (cum[:, tops + 1] - cum[:, bases + 1] - hist[:, tops, 1]).to(torch.int32)
 
@@ -81,8 +82,8 @@ def choose_base_v1(bits: torch.Tensor) -> torch.Tensor:
     _, exp, man = _fields(bits)
     normal = (exp >= 1) & (exp <= 254)
     e_max = torch.where(normal, exp, torch.zeros_like(exp)).amax(dim=1)
-    base_a = (e_max - MAX_OFFSET).clamp(0, 254 - MAX_OFFSET)
-    base_b = (base_a + 1).clamp(max=254 - MAX_OFFSET)
+    base_a = (e_max - MAX_OFFSET).clamp(0, MAX_BASE)
+    base_b = (base_a + 1).clamp(max=MAX_BASE)
     esc_a = (~_in_window(exp, man, base_a[:, None])).sum(1)
     esc_b = (~_in_window(exp, man, base_b[:, None])).sum(1)
     return torch.where(esc_b < esc_a, base_b, base_a)
@@ -91,8 +92,9 @@ def choose_base_v1(bits: torch.Tensor) -> torch.Tensor:
 def encode_reference(weight: torch.Tensor, version: int = FORMAT_VERSION) -> W12Tensor:
     """Encode a BF16 weight ``[N, K]`` (any device) into a :class:`W12Tensor` on the same device.
 
-    ``version`` picks the window rule: 2 (the default) the window covering the most weights, 1 the v1 rule (the
-    planes are laid out alike; only the chosen bases, and so the escapes, differ)."""
+    ``version`` picks the window rule: 3 (the default) and 2 the window covering the most weights, 1 the v1 rule
+    (the planes are laid out alike; only the chosen bases, and so the escapes, differ). Version 3 differs from 2
+    only in its stored record (:func:`~specpilot_kernels.w12.format.to_canonical`)."""
     if not isinstance(weight, torch.Tensor) or weight.dtype != torch.bfloat16 or weight.dim() != 2:
         got = (
             f"{weight.dtype} of shape {tuple(weight.shape)}"
@@ -111,7 +113,7 @@ def encode_reference(weight: torch.Tensor, version: int = FORMAT_VERSION) -> W12
             where="encode(version=)",
             fix=f"use version={FORMAT_VERSION}",
         )
-    window = choose_base if version == 2 else choose_base_v1
+    window = choose_base_v1 if version == 1 else choose_base
     n, k = weight.shape
     np_, kp = padded(n, TILE_N), padded(k, STEP_K)
     device = weight.device

@@ -10,9 +10,9 @@
 // activation image already holds x (the second row region of one GEMM).
 // esc_tile int32 [tiles + 1], esc_chunk int32 [tiles * chunks], esc_entry int32 [E]: the kernel layout's escapes
 // (mma.py). wide_groups > 0: the wide kernel (33-256 rows, sm_90a) with that many warpgroups a block, wide_slots
-// activation slots, wide_stages weight stages a warp (0 or 1: the weights carried in the slots), wide_token_tiles token
-// tiles of 8 rows a slab and wide_multicast neighbouring tile groups sharing each activation copy (1, 2 or 4); x_image
-// then holds slabs x chunks x wide_token_tiles x 2 KB.
+// activation slots, wide_stages weight stages, wide_token_tiles token tiles of 8 rows a slab and wide_multicast
+// neighbouring tile groups sharing each activation copy (1, 2 or 4); x_image then holds slabs x chunks x
+// wide_token_tiles x 2 KB.
 int64_t w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, torch::Tensor base,
                   torch::Tensor esc_tile, torch::Tensor esc_chunk, torch::Tensor esc_entry, torch::Tensor y,
                   torch::Tensor workspace, int64_t n, int64_t n_padded, int64_t k_padded, int64_t warps_n,

@@ -21,9 +21,8 @@
 // many token rows one MMA covers change no order of sums, so a row's bits are the same at every row count. No atomics.
 //
 // Kernel families, one file each: w12_warp.cu (per-warp mma.sync, 1-64 rows), w12_shared_x.cu (17-32 rows, a block's
-// activations shared through a ring), w12_wgmma.cu (sm_90a warpgroup MMAs, 9-64 rows), w12_wide.cuh (sm_90a warpgroup
-// MMAs for 33-256 rows, every weight read once a launch; launched from w12_wide.cu and w12_wide_carried.cu);
-// w12_launch.cu picks one.
+// activations shared through a ring), w12_wgmma.cu (sm_90a warpgroup MMAs, 9-64 rows), w12_wide.cu (sm_90a warpgroup
+// MMAs for 33-256 rows, every weight read once a launch); w12_launch.cu picks one.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -437,7 +436,6 @@ cudaError_t launch_shared_x(const W12MmaArgs& args, int low_bits, const W12Share
 // cudaErrorNotSupported: no warpgroup block fits a multiprocessor (the caller runs the per-warp kernel).
 cudaError_t launch_wgmma(const W12MmaArgs& args, int low_bits, W12SharedActivations& shared_x, cudaStream_t stream);
 cudaError_t launch_wide(const W12MmaArgs& args, int low_bits, const W12Wide& wide, cudaStream_t stream);
-cudaError_t launch_wide_carried(const W12MmaArgs& args, int low_bits, const W12Wide& wide, cudaStream_t stream);
 // y = the sum of args.partial's `splits` K splits in split order (w12_launch.cu).
 cudaError_t launch_split_sums(const W12MmaArgs& args, int splits, cudaStream_t stream);
 

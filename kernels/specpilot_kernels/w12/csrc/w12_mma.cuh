@@ -49,8 +49,7 @@ struct W12SharedActivations {
 struct W12Wide {
   int groups = 0;
   int slots = 3;   // activation slots a block (2-6)
-  int stages = 3;  // weight stages a warp (2-6; 0 or 1: the weights carried in the activation slots, which
-                   // hold a whole chunk (0) or half a chunk (1))
+  int stages = 3;  // weight stages a warp (2-6)
   int token_tiles = 0;  // 6, 8, 12, 16, 24 or 32 token tiles of 8 rows a slab (set by the caller from m)
   int multicast = 1;  // 1, 2 or 4 neighbouring tile groups sharing each activation copy (one slab only; no bit changes)
   void* x_image = nullptr;  // device memory for every slab's chunk images: slabs x k_padded / 128 x token_tiles x 2 KB

@@ -1,7 +1,7 @@
 // PTX the wide kernel needs beyond the shared header (csrc/ptx.cuh, which other kernels vendor and is left as it is):
 // warpgroup MMAs of its token slabs (m64nNk16, BF16 in, FP32 accumulators, A from registers, B from a shared-memory
-// descriptor without swizzle, D += A B), the bulk copy multicast to several blocks of a cluster, the bulk copy under an
-// L2 cache policy, an mbarrier arrival on another block's barrier and a look at a barrier's phase without waiting. docs/kernels/w12.md ("The wide kernel") says why.
+// descriptor without swizzle, D += A B), the bulk copy multicast to several blocks of a cluster, and an mbarrier
+// arrival on another block's barrier. docs/kernels/w12.md ("The wide kernel") says why.
 #pragma once
 #include <stdint.h>
 
@@ -58,30 +58,6 @@ __device__ __forceinline__ void bulk_copy_multicast(uint32_t dst, const void* sr
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
       ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(blocks) : "memory");
 #endif
-}
-
-// `bytes` from global `src` to shared `dst` completing on the mbarrier at `bar`, under the L2 cache `policy` (the
-// weights: read once, first in line for eviction).
-__device__ __forceinline__ void bulk_copy_hinted(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                                 uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy) : "memory");
-#endif
-}
-
-// Whether the phase of parity `phase` of the mbarrier at `bar` has completed (no wait).
-__device__ __forceinline__ uint32_t mbarrier_ready(uint32_t bar, uint32_t phase) {
-  uint32_t ready = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n\t.reg .pred done;\n\t"
-      "mbarrier.test_wait.parity.shared::cta.b64 done, [%1], %2;\n\t"
-      "selp.u32 %0, 1, 0, done;\n}"
-      : "=r"(ready) : "r"(bar), "r"(phase) : "memory");
-#endif
-  return ready;
 }
 
 // One arrival on the mbarrier at shared::cluster address `remote` (ptx::map_to_block of a barrier of any block).

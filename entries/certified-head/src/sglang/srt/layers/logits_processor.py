@@ -1002,7 +1002,12 @@ class LogitsProcessor(nn.Module):
         )
         with get_forward().scoped(lora_batch_layout=lora_batch_layout):
             logits = certified_logits(
-                self, hidden_states, lm_head, logits_metadata, embedding_bias
+                self,
+                hidden_states,
+                lm_head,
+                logits_metadata,
+                embedding_bias,
+                out=logits_buffer,
             )
             if logits is None:
                 logits = self._compute_lm_head(

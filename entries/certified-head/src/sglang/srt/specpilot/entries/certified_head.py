@@ -10,7 +10,8 @@ ENTRY = EntrySpec(
             "bool",
             False,
             "Greedy target forwards that need no log-probs take the LM head's argmax from its INT8 copy with "
-            "a per-row error bound and exact rescoring of the survivors (eager forwards, one GPU head).",
+            "a per-row error bound and exact rescoring of the survivors (eager and CUDA-graph forwards, one GPU "
+            "head).",
         ),
     ),
 )
