@@ -63,29 +63,80 @@ def step_seconds(generations) -> float:
     return statistics.median(t for g in generations for t in getattr(g, "step_times", []))
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_run_arguments(ap: argparse.ArgumentParser, requests: int) -> None:
+    """The arguments both TLV benches take: the pair, the unseen prompts, the tree, which systems, the output."""
     ap.add_argument("--model-dir", type=Path, default=weights.DEFAULT_MODEL_DIR)
-    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=requests)
     ap.add_argument("--prompt-len", type=int, default=96)
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--nodes", type=int, default=32)
     ap.add_argument("--positions", default="8,16")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", default=None, help="regex: run only the systems it matches (AR and stock always run)")
+    ap.add_argument("--out", type=Path)
+
+
+def unseen_requests(prompts: list[list[int]], new_tokens: int) -> list[Request]:
+    return [Request(f"unseen-{i}", "corpus", "unseen", new_tokens, prompt_ids=tuple(p)) for i, p in enumerate(prompts)]
+
+
+def only_systems(systems: dict, only: str | None) -> dict:
+    """``systems`` cut to those ``only`` matches, AR and stock kept (the forcing reference and δ need them)."""
+    if not only:
+        return systems
+    return {k: v for k, v in systems.items() if k in ("ar", "stock") or re.search(only, k)}
+
+
+def stock_forcing(engine: Engine, requests: list[Request], outputs: dict) -> tuple[dict, TokenForcing]:
+    """Every system's outputs scored by the engine's exact pass, and token forcing against stock with δ calibrated
+    on AR vs stock."""
+    scorer = EngineScorer(engine)
+    scored = {name: score_outputs(scorer, requests, outs) for name, outs in outputs.items()}
+    calibration = calibrate_delta(scored["ar"], scored["stock"])
+    return scored, TokenForcing(scorer, scored["stock"], calibration.delta)
+
+
+def system_entry(name, generations, requests, outputs, scored, forcing, *, synthetic) -> dict:
+    """One system's result: τ per exact pass, per-request counts, identity to AR; the TLV cycle's chain and Q-pass
+    agreement along it; token forcing for every system but the two references."""
+    entry = {
+        "tau_per_exact_pass": tau_per_pass(generations),
+        "per_request": {
+            "tokens": [sum(g.accepted) for g in generations],
+            "exact_passes": [len(g.accepted) for g in generations],
+        },
+        "identical_to_ar": sum(outputs[name][r.id].output_ids == outputs["ar"][r.id].output_ids for r in requests),
+    }
+    if name.startswith("tlv"):
+        entry["mean_chain"] = sum(sum(g.chain) for g in generations) / sum(len(g.chain) for g in generations)
+        compared = sum(g.chain_compared for g in generations)
+        entry["qpass_agreement_along_chain"] = sum(g.chain_agree for g in generations) / compared if compared else None
+    if name not in ("ar", "stock"):
+        verdict = forcing.judge(name, scored[name], synthetic=synthetic)
+        entry["token_forcing"] = {
+            "verdict": verdict.verdict,
+            "reasons": list(verdict.reasons),
+            "mismatch_rate": verdict.rate.system_rate,
+            "stock_rate": verdict.rate.stock_rate,
+            "events": verdict.events.system_events,
+            "unexplained": verdict.events.unexplained,
+        }
+    return entry
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_arguments(ap, requests=8)
     ap.add_argument(
         "--lossy-truncated",
         action="store_true",
         help="also the accept-from-Q variant on the truncated view (a coarser Q pass)",
     )
-    ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     engine = Engine.load(args.model_dir)
     prompts = unseen_prompts(args.model_dir, args.requests, args.prompt_len)
-    requests = [
-        Request(f"unseen-{i}", "corpus", "unseen", args.new_tokens, prompt_ids=tuple(p)) for i, p in enumerate(prompts)
-    ]
+    requests = unseen_requests(prompts, args.new_tokens)
     result = {
         **result_header("tlv_engine_bench"),
         "label": LABEL,
@@ -114,8 +165,7 @@ def main(argv=None) -> int:
             ),
         ):
             systems[name] = (TwoLevelEngine(engine, TlvOptions(nodes=args.nodes, positions=positions, **opts)), "tlv")
-    if args.only:
-        systems = {k: v for k, v in systems.items() if k in ("ar", "stock") or re.search(args.only, k)}
+    systems = only_systems(systems, args.only)
     batch = [{"prompt_ids": list(r.prompt_ids), "max_new_tokens": r.max_new_tokens, "id": r.id} for r in requests]
     outputs, generations = {}, {}
     for name, (decoder, mode) in systems.items():
@@ -127,36 +177,16 @@ def main(argv=None) -> int:
         log(
             f"{name}: {len(requests)} requests in {time.perf_counter() - start:.1f} s, tau {tau_per_pass(generations[name]):.2f}"
         )
-    scorer = EngineScorer(engine)
-    scored = {name: score_outputs(scorer, requests, outs) for name, outs in outputs.items()}
-    calibration = calibrate_delta(scored["ar"], scored["stock"])
-    forcing = TokenForcing(scorer, scored["stock"], calibration.delta)
-    result["delta"] = calibration.delta
+    scored, forcing = stock_forcing(engine, requests, outputs)
+    result["delta"] = forcing.delta
     systems_out = {}
     for name in systems:
         gens = generations[name]
-        entry = {
-            "tau_per_exact_pass": tau_per_pass(gens),
-            "per_request": {"tokens": [sum(g.accepted) for g in gens], "exact_passes": [len(g.accepted) for g in gens]},
-            "identical_to_ar": sum(outputs[name][r.id].output_ids == outputs["ar"][r.id].output_ids for r in requests),
-        }
+        entry = system_entry(name, gens, requests, outputs, scored, forcing, synthetic=engine.synthetic)
         if name.startswith("tlv"):
-            entry["mean_chain"] = sum(sum(g.chain) for g in gens) / sum(len(g.chain) for g in gens)
             entry["median_cycle_s"] = step_seconds(gens)
-            compared = sum(g.chain_compared for g in gens)
-            entry["qpass_agreement_along_chain"] = sum(g.chain_agree for g in gens) / compared if compared else None
             tree = sum(g.compared for g in gens)
             entry["qpass_agreement_over_tree"] = sum(g.agree for g in gens) / tree if tree else None
-        if name not in ("ar", "stock"):
-            verdict = forcing.judge(name, scored[name], synthetic=engine.synthetic)
-            entry["token_forcing"] = {
-                "verdict": verdict.verdict,
-                "reasons": list(verdict.reasons),
-                "mismatch_rate": verdict.rate.system_rate,
-                "stock_rate": verdict.rate.stock_rate,
-                "events": verdict.events.system_events,
-                "unexplained": verdict.events.unexplained,
-            }
         systems_out[name] = entry
     result["systems"] = systems_out
     summary = {}

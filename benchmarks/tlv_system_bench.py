@@ -14,7 +14,6 @@ first ``--prompt-len`` tokens of files of the unseen split. AR and stock always 
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import time
@@ -25,27 +24,26 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tlv_engine_bench import tau_per_pass, unseen_prompts  # noqa: E402
+from tlv_engine_bench import (  # noqa: E402
+    add_run_arguments,
+    only_systems,
+    stock_forcing,
+    system_entry,
+    tau_per_pass,
+    unseen_prompts,
+    unseen_requests,
+)
 
-from specpilot_mem.controller.requests import Request  # noqa: E402
+from specpilot_mem.bench.runs import log  # noqa: E402
 from specpilot_mem.controller.system import RequestOutput  # noqa: E402
-from specpilot_mem.engine import weights  # noqa: E402
 from specpilot_mem.engine.decode import SystemDecoder  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
 from specpilot_mem.engine.options import SystemOptions  # noqa: E402
 from specpilot_mem.engine.tlv_system import SystemTwoLevel  # noqa: E402
-from specpilot_mem.forcing.calibrate import calibrate_delta  # noqa: E402
-from specpilot_mem.forcing.engine_adapter import EngineScorer  # noqa: E402
-from specpilot_mem.forcing.scorer import score_outputs  # noqa: E402
-from specpilot_mem.forcing.verdict import TokenForcing  # noqa: E402
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
 LABEL = "small models trained here, CPU float32 (weights rounded to BF16) — tau and agreement are the pair's"
 LOSSY = "accept-from-q"
-
-
-def log(*args) -> None:
-    print(*args, file=sys.stderr, flush=True)
 
 
 def exact_options(positions: int, nodes: int) -> SystemOptions:
@@ -56,15 +54,7 @@ def exact_options(positions: int, nodes: int) -> SystemOptions:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-dir", type=Path, default=weights.DEFAULT_MODEL_DIR)
-    ap.add_argument("--requests", type=int, default=12)
-    ap.add_argument("--prompt-len", type=int, default=96)
-    ap.add_argument("--new-tokens", type=int, default=96)
-    ap.add_argument("--nodes", type=int, default=32)
-    ap.add_argument("--positions", default="8,16")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--only", default=None, help="regex: run only the systems it matches (AR and stock always run)")
-    ap.add_argument("--out", type=Path)
+    add_run_arguments(ap, requests=12)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -73,9 +63,7 @@ def main(argv=None) -> int:
         for p in engine.target.parameters():
             p.copy_(p.to(torch.bfloat16).to(p.dtype))
     prompts = unseen_prompts(args.model_dir, args.requests, args.prompt_len)
-    requests = [
-        Request(f"unseen-{i}", "corpus", "unseen", args.new_tokens, prompt_ids=tuple(p)) for i, p in enumerate(prompts)
-    ]
+    requests = unseen_requests(prompts, args.new_tokens)
     max_len = args.prompt_len + args.new_tokens + 4 * (args.nodes + 1) + 8
     positions_list = [int(p) for p in args.positions.split(",")]
     base = SystemDecoder(engine, exact_options(positions_list[0], args.nodes), batch=1, max_len=max_len)
@@ -98,8 +86,7 @@ def main(argv=None) -> int:
         systems[f"tlv-{LOSSY}-p{positions}"] = lambda dec=dec: SystemTwoLevel(dec, accept_from_qpass=True).generate(
             prompts, args.new_tokens
         )
-    if args.only:
-        systems = {k: v for k, v in systems.items() if k in ("ar", "stock") or re.search(args.only, k)}
+    systems = only_systems(systems, args.only)
     result = {
         **result_header("tlv_system_bench"),
         "label": LABEL,
@@ -121,34 +108,14 @@ def main(argv=None) -> int:
             r.id: RequestOutput(r.id, tuple(g.output_ids)) for r, g in zip(requests, generations[name], strict=True)
         }
         log(f"{name}: {time.perf_counter() - t0:.1f} s, tau {tau_per_pass(generations[name]):.2f}")
-    scorer = EngineScorer(engine)
-    scored = {name: score_outputs(scorer, requests, outs) for name, outs in outputs.items()}
-    calibration = calibrate_delta(scored["ar"], scored["stock"])
-    forcing = TokenForcing(scorer, scored["stock"], calibration.delta)
-    result["delta"] = calibration.delta
+    scored, forcing = stock_forcing(engine, requests, outputs)
+    result["delta"] = forcing.delta
     out = {}
     for name, gens in generations.items():
-        entry = {
-            "tau_per_exact_pass": tau_per_pass(gens),
-            "exact_passes": sum(len(g.accepted) for g in gens),
-            "per_request": {"tokens": [sum(g.accepted) for g in gens], "exact_passes": [len(g.accepted) for g in gens]},
-            "identical_to_ar": sum(outputs[name][r.id].output_ids == outputs["ar"][r.id].output_ids for r in requests),
-        }
+        entry = system_entry(name, gens, requests, outputs, scored, forcing, synthetic=engine.synthetic)
+        entry["exact_passes"] = sum(len(g.accepted) for g in gens)
         if name.startswith("tlv"):
-            entry["mean_chain"] = sum(sum(g.chain) for g in gens) / sum(len(g.chain) for g in gens)
             entry["median_cycle_s_cpu"] = statistics.median(t for g in gens for t in g.step_times)
-            compared = sum(g.chain_compared for g in gens)
-            entry["qpass_agreement_along_chain"] = sum(g.chain_agree for g in gens) / compared if compared else None
-        if name not in ("ar", "stock"):
-            verdict = forcing.judge(name, scored[name])
-            entry["token_forcing"] = {
-                "verdict": verdict.verdict,
-                "reasons": list(verdict.reasons),
-                "mismatch_rate": verdict.rate.system_rate,
-                "stock_rate": verdict.rate.stock_rate,
-                "events": verdict.events.system_events,
-                "unexplained": verdict.events.unexplained,
-            }
         out[name] = entry
     result["systems"] = out
     summary = {}
