@@ -190,6 +190,30 @@ def test_qk_norm_rope_and_tree_attention_match_the_references(norm):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
+def test_tree_attention_window_holds_across_key_splits():
+    """The context fault's window (attn_window, SystemOptions) inside the split kernel: a request whose last 100
+    keys lie in several programs' key ranges sees only those, one whose cache is shorter than the window sees it
+    all; the rows' own keys stay visible."""
+    from specpilot_mem.engine.system import pack_trees
+
+    gen = torch.Generator().manual_seed(4)
+    B, T, HQ, HKV, D, L = 2, 5, 4, 2, 32, 300
+    q = torch.randn(B, T, HQ, D, generator=gen)
+    k_rows, v_rows = (torch.randn(B, T, HKV, D, generator=gen) for _ in range(2))
+    k_cache, v_cache = (torch.randn(B, HKV, L, D, generator=gen) for _ in range(2))
+    lengths, window = torch.tensor([250, 37]), 100
+    anc = torch.as_tensor(pack_trees([([1, 2, 3, 4, 5], [-1, 0, 0, 1, 3]), ([1, 2], [-1, 0])], T, 4)["anc"])
+    assert F._attention_split(B, HKV, HQ // HKV * T, L + T, D, 132)[2] > 1
+    args = (q, k_cache, v_cache, k_rows, v_rows, lengths, anc, None)
+    with _interpreted():
+        windowed, full = F.tree_attention(*args, window), F.tree_attention(*args)
+    torch.testing.assert_close(windowed, F.tree_attention_reference(*args, window), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(full, F.tree_attention_reference(*args), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(windowed[0], full[0], atol=1e-3)  # request 0 lost its first 150 keys
+    torch.testing.assert_close(windowed[1], full[1], rtol=0, atol=0)  # 37 keys: all inside the window
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
 def test_layer_stacked_commits_match_the_references():
     """Every layer's snapshot and conv-window commit in one launch each, on slices of stacked pools; an inactive
     request keeps its state."""

@@ -720,13 +720,15 @@ def _attention_split(B: int, HKV: int, R: int, keys: int, D: int, sms: int) -> t
 
 def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None, window: int = 0):
     """Tree attention of verify rows over a dense per-request cache, no mask tensor: each row sees its request's
-    first ``lengths`` cache keys (the last ``window`` of them when window > 0) and the rows it descends from. Split over the keys (flash-decoding: few query
-    rows, ~1k keys) and combined with the output gate in a second launch on a GPU (the reference on a CPU).
+    first ``lengths`` cache keys (the last ``window`` of them when window > 0: the fault study's context fault)
+    and the rows it descends from. Split over the keys (flash-decoding: few query rows, ~1k keys) and combined
+    with the output gate in a second launch on a GPU (the reference on a CPU).
 
     Args:
         q: [B, T, HQ, D] contiguous; k_cache, v_cache: [B, HKV, L, D] (unit token stride D) or None (no context);
         k_rows, v_rows: [B, T, HKV, D] contiguous (the rows' own keys, in the cache or not); lengths: [B] int64
-        or None; anc: [B, T, T] bool ancestor-or-self; gate: [B, T, HQ * D] (a view is read in place) or None.
+        or None; anc: [B, T, T] bool ancestor-or-self; gate: [B, T, HQ * D] (a view is read in place) or None;
+        window: int, 0 (every committed key) or how many of the last committed keys each row sees.
     Returns:
         [B, T, HQ * D] in q's dtype. Example: ``o = tree_attention(q, kc, vc, k, v, caches.lengths[:B], buf.anc)``.
     """
