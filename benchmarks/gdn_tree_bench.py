@@ -171,16 +171,28 @@ def random_tree(n: int, gen: torch.Generator, chain_bias: float = 0.6) -> list[i
     return parents
 
 
-def make_inputs(B: int, T: int, gen: torch.Generator, state_dtype=torch.float32, layers: int = 1):
-    def r(*shape, s=1.0):
-        return (torch.randn(*shape, generator=gen) * s).to(torch.bfloat16).cuda()
+def make_inputs(
+    B: int,
+    T: int,
+    gen: torch.Generator,
+    state_dtype=torch.float32,
+    layers: int = 1,
+    heads: tuple[int, int, int, int] = (H, HV, K, V),
+    device: str = "cuda",
+):
+    """Random bf16 inputs of one verify step (CPU generator, then ``device``): q, k, v, a, b, A_log, dt_bias, one
+    state pool per layer and the slot indices; ``heads`` is (H, HV, K, V)."""
+    nh, nhv, nk, nv = heads
 
-    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, HV, V)
-    a, b = r(B, T, HV), r(B, T, HV)
-    A_log = (torch.rand(HV, generator=gen) * 2 - 1).cuda()
-    dt_bias = (torch.randn(HV, generator=gen) * 0.5).cuda()
-    pools = [(torch.randn(B, HV, V, K, generator=gen) * 0.1).to(state_dtype).cuda() for _ in range(layers)]
-    idx = torch.arange(B, dtype=torch.int32, device="cuda")
+    def r(*shape, s=1.0):
+        return (torch.randn(*shape, generator=gen) * s).to(torch.bfloat16).to(device)
+
+    q, k, v = r(B, T, nh, nk), r(B, T, nh, nk), r(B, T, nhv, nv)
+    a, b = r(B, T, nhv), r(B, T, nhv)
+    A_log = (torch.rand(nhv, generator=gen) * 2 - 1).to(device)
+    dt_bias = (torch.randn(nhv, generator=gen) * 0.5).to(device)
+    pools = [(torch.randn(B, nhv, nv, nk, generator=gen) * 0.1).to(state_dtype).to(device) for _ in range(layers)]
+    idx = torch.arange(B, dtype=torch.int32, device=device)
     return q, k, v, a, b, A_log, dt_bias, pools, idx
 
 
@@ -497,19 +509,63 @@ def wy_row(gen, T: int, B: int, layers: int) -> dict:
     }
 
 
-def commit_ptx_digests(nodes: int = 16) -> dict[str, str]:
-    """sha256 of the Triton commit's PTX code per specialisation (pool dtype x prefetch), compiled here, no GPU
-    needed, for sm_90 as ``gdn_tree_commit`` launches it at the parity section's shape: pointers 16-byte
-    aligned (Triton assumes it at launch, and it changes the layouts), ``write_state`` = 1 specialised.
-    Debug sections, line records and debug labels are left out, so only the instructions count. The commit's float
-    order is fragile (docs/kernels/gdn-tree.md): a new digest means the parity section must run on the GPU again.
+def sm90_ptx_sha256(kernel, types: dict, constants: dict, num_warps: int, num_stages: int) -> str:
+    """sha256 of ``kernel``'s PTX code compiled here for sm_90 (no GPU needed) with ``constants`` specialised and
+    every pointer 16-byte aligned (Triton assumes it at launch, and it changes the layouts). Debug sections, line
+    records and debug labels are left out (they move with inlining, the code does not), so only instructions count.
     """
     import re
+
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    names = kernel.arg_names
+    signature = {name: "constexpr" if name in constants else types[name] for name in names}
+    source = ASTSource(
+        kernel,
+        signature,
+        constexprs={(names.index(name),): value for name, value in constants.items()},
+        attrs={(i,): [["tt.divisibility", 16]] for i, name in enumerate(names) if signature[name].startswith("*")},
+    )
+    ptx = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
+    )
+    code = [line.strip() for line in ptx.asm["ptx"].split(".section")[0].splitlines()]
+    text = "\n".join(
+        line
+        for line in code
+        if line and not line.startswith((".loc", ".file", "//")) and not re.fullmatch(r"\$L__tmp\d+:", line)
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def path_kernel_types(pool: str) -> dict:
+    """The argument types ``gdn_tree_path_verify`` / ``gdn_tree_commit`` launch the path kernel with (bf16 inputs)."""
+    return {
+        **{
+            name: "*i32"
+            for name in ("state_indices", "order", "replay_len", "replay", "restore_slot", "save_slot", "num_nodes")
+        },
+        **{name: "*bf16" for name in ("q", "k", "v", "a", "b", "o")},
+        "A_log": "*fp32",
+        "dt_bias": "*fp32",
+        "saved": "*fp32",
+        "state_pool": f"*{pool}",
+        "write_state": "i32",
+        "softplus_beta": "fp32",
+        "softplus_threshold": "fp32",
+        "scale": "fp32",
+    }
+
+
+def commit_ptx_digests(nodes: int = 16) -> dict[str, str]:
+    """sha256 of the Triton commit's PTX code per specialisation (pool dtype x prefetch), compiled here for sm_90
+    as ``gdn_tree_commit`` launches it at the parity section's shape, ``write_state`` = 1 specialised
+    (:func:`sm90_ptx_sha256`). The commit's float order is fragile (docs/kernels/gdn-tree.md): a new digest means
+    the parity section must run on the GPU again.
+    """
     from specpilot_kernels.gdn_tree.path_verify import _path_verify_kernel
 
-    names = _path_verify_kernel.arg_names
     digests = {}
     for pool in ("fp32", "bf16"):
         for prefetch in (False, True):
@@ -527,46 +583,9 @@ def commit_ptx_digests(nodes: int = 16) -> dict[str, str]:
                 PREFETCH=prefetch,
                 PREPARED=False,
             )
-            types = {
-                **{
-                    name: "*i32"
-                    for name in (
-                        "state_indices",
-                        "order",
-                        "replay_len",
-                        "replay",
-                        "restore_slot",
-                        "save_slot",
-                        "num_nodes",
-                    )
-                },
-                **{name: "*bf16" for name in ("q", "k", "v", "a", "b", "o")},
-                "A_log": "*fp32",
-                "dt_bias": "*fp32",
-                "saved": "*fp32",
-                "state_pool": f"*{pool}",
-                "softplus_beta": "fp32",
-                "softplus_threshold": "fp32",
-                "scale": "fp32",
-            }
-            signature = {name: "constexpr" if name in constants else types[name] for name in names}
-            source = ASTSource(
-                _path_verify_kernel,
-                signature,
-                constexprs={(names.index(name),): value for name, value in constants.items()},
-                attrs={
-                    (i,): [["tt.divisibility", 16]] for i, name in enumerate(names) if signature[name].startswith("*")
-                },
+            digests[f"{pool}_prefetch{int(prefetch)}"] = sm90_ptx_sha256(
+                _path_verify_kernel, path_kernel_types(pool), constants, num_warps=1, num_stages=3
             )
-            ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "num_stages": 3})
-            code = [line.strip() for line in ptx.asm["ptx"].split(".section")[0].splitlines()]
-            # line records and the labels the debug info points at (they move with inlining, code does not)
-            text = "\n".join(
-                line
-                for line in code
-                if line and not line.startswith((".loc", ".file", "//")) and not re.fullmatch(r"\$L__tmp\d+:", line)
-            )
-            digests[f"{pool}_prefetch{int(prefetch)}"] = hashlib.sha256(text.encode()).hexdigest()
     return digests
 
 

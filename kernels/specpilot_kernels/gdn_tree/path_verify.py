@@ -28,6 +28,18 @@ from .lanes import DEFAULT_WARPS_PER_BLOCK, lanes_kernel_applies, path_verify_la
 
 
 @triton.jit
+def _at(values, idx, i):
+    """``values[i]`` of a register vector indexed by ``idx`` (0 where no index matches)."""
+    return tl.sum(tl.where(idx == i, values, 0))
+
+
+@triton.jit
+def _first_open_child(open_, par, node, idx, NP2_T: tl.constexpr):
+    """The lowest-index unvisited child of ``node`` (``NP2_T``: none)."""
+    return tl.min(tl.where(open_ & (par == node), idx, NP2_T))
+
+
+@triton.jit
 def _tree_schedule_kernel(
     parents,
     num_nodes,
@@ -63,8 +75,7 @@ def _tree_schedule_kernel(
     i = 0
     while i < n:
         p = tl.load(row + i)
-        d_parent = tl.sum(tl.where(idx == p, depth, 0))
-        depth = tl.where(idx == i, d_parent + 1, depth)
+        depth = tl.where(idx == i, _at(depth, idx, p) + 1, depth)
         i += 1
     children = tl.zeros([NP2_T], dtype=tl.int32)
     i = 0
@@ -80,21 +91,19 @@ def _tree_schedule_kernel(
     j = 0
     while j < n:
         open_ = valid & (visited == 0)
-        nxt = tl.min(tl.where(open_ & (par == cur), idx, NP2_T))
+        nxt = _first_open_child(open_, par, cur, idx, NP2_T)
         if nxt == NP2_T:
             u = tl.load(row + cur)
-            nxt = tl.min(tl.where(open_ & (par == u), idx, NP2_T))
+            nxt = _first_open_child(open_, par, u, idx, NP2_T)
             while nxt == NP2_T:
                 u = tl.load(row + u)
-                nxt = tl.min(tl.where(open_ & (par == u), idx, NP2_T))
-            u_depth = tl.sum(tl.where(idx == u, depth, 0))
+                nxt = _first_open_child(open_, par, u, idx, NP2_T)
+            u_depth = _at(depth, idx, u)
             # drop kept states below u: their subtrees are finished
-            top = tl.sum(tl.where(slots == live - 1, stack, 0))
-            top_depth = tl.sum(tl.where(idx == top, depth, 0))
+            top_depth = _at(depth, idx, _at(stack, slots, live - 1))
             while (live > 0) & (top_depth > u_depth):
                 live -= 1
-                top = tl.sum(tl.where(slots == live - 1, stack, 0))
-                top_depth = tl.sum(tl.where(idx == top, depth, 0))
+                top_depth = _at(depth, idx, _at(stack, slots, live - 1))
             if live > 0:
                 tl.store(restore_slot + i_b * T + j, live - 1)
             else:
@@ -115,8 +124,7 @@ def _tree_schedule_kernel(
         else:
             tl.store(replay_len + i_b * T + j, -1)
             tl.store(restore_slot + i_b * T + j, -1)
-        n_children = tl.sum(tl.where(idx == nxt, children, 0))
-        if (n_children >= 2) & (live < MAX_SAVED):
+        if (_at(children, idx, nxt) >= 2) & (live < MAX_SAVED):
             tl.store(save_slot + i_b * T + j, live)
             stack = tl.where(slots == live, nxt, stack)
             live += 1
@@ -368,12 +376,10 @@ def _gdn_node_update(
 
 
 @triton.jit
-def _load_state_tile(
-    state_pool, state_indices, i_b, i_hv, o_k, o_v, mask_h, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr
-):
+def _state_tile(state_pool, state_indices, i_b, i_hv, o_k, o_v, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """Pointers [BK, BV] to this program's tile of request ``i_b``'s committed state (pool [slots, HV, V, K])."""
     slot = tl.load(state_indices + i_b).to(tl.int64)
-    p_h = state_pool + slot * (HV * K * V) + i_hv * K * V + o_v[None, :] * K + o_k[:, None]
-    return tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
+    return state_pool + slot * (HV * K * V) + i_hv * K * V + o_v[None, :] * K + o_k[:, None]
 
 
 @triton.jit
@@ -430,7 +436,9 @@ def _path_verify_kernel(
     bos = i_b * T
     b_A_log = tl.load(A_log + i_hv).to(tl.float32)
     b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
-    h0 = _load_state_tile(state_pool, state_indices, i_b, i_hv, o_k, o_v, mask_h, HV, K, V)
+    h0 = tl.load(_state_tile(state_pool, state_indices, i_b, i_hv, o_k, o_v, HV, K, V), mask=mask_h, other=0).to(
+        tl.float32
+    )
     b_h = h0
     n = tl.load(num_nodes + i_b)
     if PREFETCH:
@@ -494,50 +502,25 @@ def _path_verify_kernel(
                     PREPARED,
                 )
                 d += 1
-        if PREFETCH:
-            b_h, b_q = _gdn_step(
-                b_h,
-                c_q,
-                c_k,
-                c_v,
-                c_a,
-                c_b,
-                b_A_log,
-                b_dt_bias,
-                softplus_beta,
-                softplus_threshold,
-                scale,
-                USE_QK_L2NORM,
-                PREPARED,
+        if not PREFETCH:  # loaded here, after the replay, so they hold no registers during it
+            c_q, c_k, c_v, c_a, c_b = _load_node(
+                node, q, k, v, a, b, bos, i_h, i_hv, o_k, o_v, mask_k, mask_v, H, HV, K, V
             )
-        else:
-            b_h, b_q = _gdn_node_update(
-                b_h,
-                node,
-                q,
-                k,
-                v,
-                a,
-                b,
-                b_A_log,
-                b_dt_bias,
-                softplus_beta,
-                softplus_threshold,
-                scale,
-                bos,
-                i_h,
-                i_hv,
-                o_k,
-                o_v,
-                mask_k,
-                mask_v,
-                H,
-                HV,
-                K,
-                V,
-                USE_QK_L2NORM,
-                PREPARED,
-            )
+        b_h, b_q = _gdn_step(
+            b_h,
+            c_q,
+            c_k,
+            c_v,
+            c_a,
+            c_b,
+            b_A_log,
+            b_dt_bias,
+            softplus_beta,
+            softplus_threshold,
+            scale,
+            USE_QK_L2NORM,
+            PREPARED,
+        )
         b_o = tl.sum(b_h * b_q[:, None], 0)
         tl.store(o + ((bos + node) * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
         if MAX_SAVED > 0:
@@ -552,8 +535,8 @@ def _path_verify_kernel(
         )
         j += 1
     if write_state != 0:  # commit: the state after the last visited node goes back into the pool
-        slot = tl.load(state_indices + i_b).to(tl.int64)
-        p_h = state_pool + slot * (HV * K * V) + i_hv * K * V + o_v[None, :] * K + o_k[:, None]
+        # the tile's pointers formed again here rather than kept live through the loop (registers)
+        p_h = _state_tile(state_pool, state_indices, i_b, i_hv, o_k, o_v, HV, K, V)
         tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_h)
 
 

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .path_verify import _check_inputs
+from .path_verify import _check_inputs, _gdn_gates, _state_tile
 
 
 def tree_ancestors(parents: torch.Tensor, num_nodes: torch.Tensor | None = None) -> torch.Tensor:
@@ -133,13 +133,16 @@ def _wy_verify_kernel(
     b_q = b_q * scale
 
     # gates, as the recurrence computes them; padding nodes get g = 0, beta = 0
-    x = tl.load(a + tok * HV + i_hv, mask=row_ok, other=0).to(tl.float32) + tl.load(dt_bias + i_hv).to(tl.float32)
-    beta_x = softplus_beta * x
-    softplus_x = tl.where(beta_x <= softplus_threshold, (1.0 / softplus_beta) * tl.log(1.0 + tl.exp(beta_x)), x)
-    b_g = tl.where(row_ok, -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * softplus_x, 0.0)
-    b_beta = tl.where(
-        row_ok, 1.0 / (1.0 + tl.exp(-tl.load(b + tok * HV + i_hv, mask=row_ok, other=0).to(tl.float32))), 0.0
+    b_g, b_beta = _gdn_gates(
+        tl.load(a + tok * HV + i_hv, mask=row_ok, other=0).to(tl.float32),
+        tl.load(b + tok * HV + i_hv, mask=row_ok, other=0).to(tl.float32),
+        tl.load(A_log + i_hv).to(tl.float32),
+        tl.load(dt_bias + i_hv).to(tl.float32),
+        softplus_beta,
+        softplus_threshold,
     )
+    b_g = tl.where(row_ok, b_g, 0.0)
+    b_beta = tl.where(row_ok, b_beta, 0.0)
 
     anc = tl.load(
         ancestors + (i_b * T + rows[:, None]) * T + cols[None, :],
@@ -152,9 +155,8 @@ def _wy_verify_kernel(
     strict = tl.where(rows[:, None] > cols[None, :], decay, 0.0)
 
     # the committed state tile S [BK, BV], FP32 in three bf16 parts
-    slot = tl.load(state_indices + i_b).to(tl.int64)
     b_s = tl.load(
-        state_pool + slot * (HV * K * V) + i_hv * K * V + o_v[None, :] * K + o_k[:, None],
+        _state_tile(state_pool, state_indices, i_b, i_hv, o_k, o_v, HV, K, V),
         mask=mask_k[:, None] & mask_v[None, :],
         other=0,
     ).to(tl.float32)
