@@ -95,6 +95,31 @@ PROBE = textwrap.dedent("""
                                                    types.SimpleNamespace(specpilot_argmax_only=True), None))
     flagged(["--specpilot-certified-head"])
     out["set"] = gate()
+
+    # a DFlash draft worker's block forward, built as dflash_worker_v2 builds it: TARGET_VERIFY mode, the draft
+    # block's spec input (a DFlashVerifyInput), no sampling_info; then the same batch with a target's greedy info
+    from sglang.srt.layers.logits_processor import LogitsMetadata
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
+    from sglang.srt.models import dflash as dflash_models, dspark as dspark_models
+    from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    bs, block = 2, 4
+    draft_block = ForwardBatch(
+        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=torch.zeros(bs * block, dtype=torch.long),
+        req_pool_indices=torch.arange(bs), seq_lens=torch.tensor([5, 7]), out_cache_loc=torch.arange(bs * block),
+        seq_lens_sum=12, seq_lens_cpu=torch.tensor([9, 11]), positions=torch.arange(bs * block),
+        spec_algorithm=SpeculativeAlgorithm.DFLASH,
+        spec_info=make_draft_block_spec_info(draft_token_num=block, device=torch.device("cpu")),
+        capture_hidden_mode=CaptureHiddenMode.NULL)
+    draft = {"no_sampling_info": draft_block.sampling_info is None,
+             "eager_gate": ch.argmax_only(draft_block),
+             "logits_metadata": LogitsMetadata.from_forward_batch(draft_block).specpilot_argmax_only,
+             "draft_models_import_no_logits_processor": not any(hasattr(m, "LogitsProcessor")
+                                                                for m in (dflash_models, dspark_models))}
+    draft_block.sampling_info = batch().sampling_info
+    draft["eager_gate_given_greedy_sampling_info"] = ch.argmax_only(draft_block)
+    out["draft_block"] = draft
     # the capture mark is set from the runner's decision on the batch every capture builds
     prepare = inspect.getsource(Runner.capture_prepare)
     init = inspect.getsource(Runner.__init__)
@@ -196,6 +221,18 @@ def test_with_the_flag_the_target_graphs_hold_the_certified_head_and_replay_only
     assert gate["capture_batch"] and not gate["unmarked_capture_batch"]
     assert probe["runner_marks_capture"]
     assert gate["replay"] == {"greedy": True, "sampling": False, "logprob": False, "too_big": False}
+
+
+def test_a_draft_workers_target_verify_forward_never_takes_the_certified_head(probe):
+    """DFlash's draft forwards run in TARGET_VERIFY mode, as the target's verify does. The eager gate keeps them
+    out because the worker builds their batches without sampling_info (a target verify batch carries the requests');
+    their models (DFlash, DSpark) build no LogitsProcessor, and their graph runner captures the stock head."""
+    draft = probe["draft_block"]
+    assert draft["no_sampling_info"] and not draft["eager_gate"] and not draft["logits_metadata"]
+    assert draft["draft_models_import_no_logits_processor"]
+    assert not probe["set"]["draft_worker"]
+    # what the gate rests on: the same batch carrying greedy sampling info would pass it
+    assert draft["eager_gate_given_greedy_sampling_info"]
 
 
 def test_with_the_flag_unset_capture_and_replay_are_stock(probe):

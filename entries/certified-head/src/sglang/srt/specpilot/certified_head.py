@@ -54,6 +54,9 @@ def argmax_only(forward_batch) -> bool:
     if not (mode.is_target_verify() or (mode.is_decode() and getattr(forward_batch, "spec_info", None) is None)):
         return False  # prefill, draft models and anything else keep full logits
     info = getattr(forward_batch, "sampling_info", None)
+    # A draft worker's block forward in TARGET_VERIFY mode (DFlash, DSpark, UNO) is built without sampling_info
+    # and so stops here (its models' heads do not run through a LogitsProcessor either); its graph runner never
+    # captures the certified head (certified_graphs).
     if forward_batch.return_logprob or info is None or not info.is_all_greedy:
         return False
     if info.logit_bias is not None or any(g is not None for g in (info.grammars or ())):
