@@ -16,6 +16,7 @@ from specpilot_kernels.w12 import mma as mma_module
 from specpilot_kernels.w12.format import W12Error, escape_positions, nibbles_from_kernel_layout
 from specpilot_kernels.w12.mma import (
     CSRC,
+    WIDE_FEEDS,
     MmaConfig,
     default_mma_config,
     escape_entries,
@@ -626,8 +627,12 @@ def test_wide_launch_shapes_and_config():
     assert MmaConfig().uses_wide(33, (9, 0)) and not MmaConfig().uses_wide(32, (9, 0))
     assert not MmaConfig().uses_wide(64, (12, 0)) and not MmaConfig(wide=(0, 2, 2)).uses_wide(64, (9, 0))
     per_bucket = MmaConfig(wide_rows=[[4, 4, 2, 8], [0, 2, 2, 16], [2, 2, 2, 32]])
-    assert per_bucket.wide_launch(64) == (4, 4, 2, 8, 1) and per_bucket.wide_launch(200) == (2, 2, 2, 32, 1)
-    assert MmaConfig(wide_rows=[[1, 2, 2, 8, 4]] * 3).wide_launch(40) == (1, 2, 2, 8, 4)
+    assert per_bucket.wide_launch(64) == (4, 4, 2, 8, 1, 0) and per_bucket.wide_launch(200) == (2, 2, 2, 32, 1, 0)
+    assert MmaConfig(wide_rows=[[1, 2, 2, 8, 4]] * 3).wide_launch(40) == (1, 2, 2, 8, 4, 0)
+    # a producer warp (whole or half-chunk slots) feeds its own block only: no multicast
+    halves = WIDE_FEEDS["producer_halves"]
+    assert MmaConfig(wide_rows=[[2, 4, 2, 8, 1, halves]] * 3).wide_launch(40) == (2, 4, 2, 8, 1, halves)
+    assert MmaConfig().wide_launch(40) == (1, 2, 3, 16, 1, WIDE_FEEDS["copier"])
     assert per_bucket.uses_wide(48, (9, 0)) and not per_bucket.uses_wide(96, (9, 0))
     for bad in ((5, 2, 2), (1, 1, 2), (1, 2, 7), (1, 2)):
         with pytest.raises(W12Error, match="wide"):
@@ -637,6 +642,9 @@ def test_wide_launch_shapes_and_config():
         ((1, 2, 2, 10),) * 3,
         ((1, 7, 2, 16),) * 3,
         ((1, 2, 2, 16, 3),) * 3,
+        ((1, 2, 2, 16, 1, 3),) * 3,
+        ((1, 2, 2, 16, 2, WIDE_FEEDS["producer"]),) * 3,
+        ((1, 2, 2, 16, 1, 0, 0),) * 3,
     ):
         with pytest.raises(W12Error, match="wide_rows"):
             MmaConfig(wide_rows=bad)
@@ -658,6 +666,9 @@ def with_outliers(w, fraction):
         MmaConfig(1, 8, 2, wgmma=(1, 1, 1), wide=(2, 3, 2)),
         MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
         MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 4), (1, 2, 2, 32, 2))),
+        # a producer warp: whole-chunk slots, half-chunk slots, and half-chunk slots with splits through the workspace
+        MmaConfig(1, 3, 2, wide_rows=((2, 2, 2, 8, 1, 1), (2, 4, 2, 16, 1, 2), (1, 3, 3, 32, 1, 2))),
+        MmaConfig(1, 8, 2, wide_rows=((1, 4, 2, 8, 1, 2), (1, 2, 2, 16, 1, 1), (2, 5, 2, 16, 1, 2))),
     ],
     ids=str,
 )
@@ -703,7 +714,7 @@ def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
     check.write_configs(out, {"10240,5120": config}, "NVIDIA H200")
     written = json.loads(out.read_text())["NVIDIA H200"]
     assert written["10240,5120"] == json.loads(json.dumps(config)) and written["5120,8192"] == tuned["5120,8192"]
-    assert MmaConfig(**written["10240,5120"]).wide_launch(64) == (4, 4, 2, 8, 1)
+    assert MmaConfig(**written["10240,5120"]).wide_launch(64) == (4, 4, 2, 8, 1, 0)
     # the summary and headline re-made from a committed H200 result
     doc = json.loads((Path(check.__file__).parent / "results" / "w12-v2-device-check-h200.json").read_text())
     doc["summary"] = check.summarize(doc)
