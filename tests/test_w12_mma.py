@@ -629,7 +629,7 @@ def test_wide_launch_shapes_and_config():
     per_bucket = MmaConfig(wide_rows=[[4, 4, 2, 8], [0, 2, 2, 16], [2, 2, 2, 32]])
     assert per_bucket.wide_launch(64) == (4, 4, 2, 8, 1, 0) and per_bucket.wide_launch(200) == (2, 2, 2, 32, 1, 0)
     assert MmaConfig(wide_rows=[[1, 2, 2, 8, 4]] * 3).wide_launch(40) == (1, 2, 2, 8, 4, 0)
-    # a producer warp (whole or half-chunk slots) feeds its own block only: no multicast
+    # a producer warp (whole or half-chunk slots), with or without multicast
     halves = WIDE_FEEDS["producer_halves"]
     assert MmaConfig(wide_rows=[[2, 4, 2, 8, 1, halves]] * 3).wide_launch(40) == (2, 4, 2, 8, 1, halves)
     assert MmaConfig().wide_launch(40) == (1, 2, 3, 16, 1, WIDE_FEEDS["copier"])
@@ -643,7 +643,6 @@ def test_wide_launch_shapes_and_config():
         ((1, 7, 2, 16),) * 3,
         ((1, 2, 2, 16, 3),) * 3,
         ((1, 2, 2, 16, 1, 3),) * 3,
-        ((1, 2, 2, 16, 2, WIDE_FEEDS["producer"]),) * 3,
         ((1, 2, 2, 16, 1, 0, 0),) * 3,
     ):
         with pytest.raises(W12Error, match="wide_rows"):
@@ -669,6 +668,7 @@ def with_outliers(w, fraction):
         # a producer warp: whole-chunk slots, half-chunk slots, and half-chunk slots with splits through the workspace
         MmaConfig(1, 3, 2, wide_rows=((2, 2, 2, 8, 1, 1), (2, 4, 2, 16, 1, 2), (1, 3, 3, 32, 1, 2))),
         MmaConfig(1, 8, 2, wide_rows=((1, 4, 2, 8, 1, 2), (1, 2, 2, 16, 1, 1), (2, 5, 2, 16, 1, 2))),
+        MmaConfig(1, 3, 2, wide_rows=((1, 4, 2, 8, 2, 2), (2, 2, 2, 16, 4, 1), (1, 4, 2, 32, 2, 2))),
     ],
     ids=str,
 )

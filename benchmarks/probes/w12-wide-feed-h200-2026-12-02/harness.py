@@ -1,12 +1,13 @@
 """The wide W12 kernel's activation feed: the block's first thread refilling on release (as tuned) against a
-producer warp (whole- or half-chunk slots), across warpgroups, slots and stages, at 48-256 rows.
+producer warp (whole- or half-chunk slots, with or without multicast), across warpgroups, slots and stages, at
+48-256 rows.
 
     PYTHONPATH=kernels:. python benchmarks/probes/w12-wide-feed-h200-2026-12-02/harness.py --out RESULT.json
 
 The library's csrc/ is built as it is (every variant below is a launch setting of it, none changes a bit: each one's
 outputs are compared with the library's own choice, bit for bit) and once more with the producer's copies and the MMA
 warps' waits for them taken out ("no_ring", wrong products, three producer settings: its times say what the ring
-costs). Both builds run side
+costs), and a third time without the weight copies either ("no_feed": decode, escapes and MMAs alone). Both builds run side
 by side in worker processes before anything is timed. Timing as the device check: CUDA-graph replay over rotating
 copies > L2, median of 12, cuBLAS BF16 beside each.
 """
@@ -48,22 +49,32 @@ SHAPES = {"qkv": (10240, 5120), "o_proj": (5120, 8192), "down": (5120, 17408), "
 ROWS = (48, 64, 128, 256)
 LARGEST = (8, 16, 32)  # largest slab (token tiles) a bucket: one slab at every row count, each weight decoded once
 COPIER, PRODUCER, HALVES = WIDE_FEEDS["copier"], WIDE_FEEDS["producer"], WIDE_FEEDS["producer_halves"]
-# (warpgroups, slots, stages, feed): the same setting in every bucket
+# (warpgroups, slots, stages, multicast, feed): the same setting in every bucket
 SETTINGS = {
-    "copier_g2_s2_w2": (2, 2, 2, COPIER),
-    "producer_g2_s2_w2": (2, 2, 2, PRODUCER),
-    "producer_g2_s3_w2": (2, 3, 2, PRODUCER),
-    "producer_g4_s3_w2": (4, 3, 2, PRODUCER),
-    "halves_g2_s4_w2": (2, 4, 2, HALVES),
-    "halves_g2_s6_w2": (2, 6, 2, HALVES),
-    "halves_g4_s4_w2": (4, 4, 2, HALVES),
-    "halves_g2_s4_w3": (2, 4, 3, HALVES),
-    "halves_g1_s4_w3": (1, 4, 3, HALVES),
+    "copier_g2_s2_w2": (2, 2, 2, 1, COPIER),
+    "producer_g2_s2_w2": (2, 2, 2, 1, PRODUCER),
+    "producer_g2_s3_w2": (2, 3, 2, 1, PRODUCER),
+    "producer_g4_s3_w2": (4, 3, 2, 1, PRODUCER),
+    "halves_g2_s4_w2": (2, 4, 2, 1, HALVES),
+    "halves_g2_s6_w2": (2, 6, 2, 1, HALVES),
+    "halves_g4_s4_w2": (4, 4, 2, 1, HALVES),
+    "halves_g2_s4_w3": (2, 4, 3, 1, HALVES),
+    "halves_g1_s4_w3": (1, 4, 3, 1, HALVES),
+    "halves_g2_s4_w2_mc2": (2, 4, 2, 2, HALVES),
+    "halves_g2_s4_w2_mc4": (2, 4, 2, 4, HALVES),
 }
 NO_RING_SETTINGS = ("producer_g2_s2_w2", "halves_g2_s4_w2", "halves_g4_s4_w2")
 NO_RING = [
     ("    if (lane == 0 && count > 0) {\n      const uint4* image", "    if (false) {\n      const uint4* image"),
     ("      ptx::mbarrier_wait(full + 8 * wait_slot, wait_phase);\n", ""),
+]
+# ... and the weight copies too: what is left is the decode, the escape stream and the MMAs
+NO_FEED = NO_RING + [
+    (
+        "        stage_step<kBlocksPerChunk, LOW_BITS>(warp_stages + stage * kWideStageBytes, view_next, nibs_next, "
+        "lane);\n",
+        "",
+    )
 ]
 
 
@@ -88,9 +99,9 @@ def build_in_worker(name: str, folder: Path) -> str:
     return ""
 
 
-def with_setting(base: MmaConfig, setting: tuple[int, int, int, int]) -> MmaConfig:
-    groups, slots, stages, feed = setting
-    return replace(base, wide_rows=tuple((groups, slots, stages, top, 1, feed) for top in LARGEST))
+def with_setting(base: MmaConfig, setting: tuple[int, int, int, int, int]) -> MmaConfig:
+    groups, slots, stages, multicast, feed = setting
+    return replace(base, wide_rows=tuple((groups, slots, stages, top, multicast, feed) for top in LARGEST))
 
 
 def timed(fn, copies: int) -> float:
@@ -103,7 +114,10 @@ def main() -> None:
     args = parser.parse_args()
     real_loader = mma_module.load_cuda_extension
     with tempfile.TemporaryDirectory() as work:
-        folders = {"as_is": prepare("as_is", [], Path(work)), "no_ring": prepare("no_ring", NO_RING, Path(work))}
+        folders = {
+            name: prepare(name, patches, Path(work))
+            for name, patches in (("as_is", []), ("no_ring", NO_RING), ("no_feed", NO_FEED))
+        }
         start = time.perf_counter()
         context = multiprocessing.get_context("spawn" if torch.cuda.is_initialized() else "fork")
         with ProcessPoolExecutor(len(folders), mp_context=context) as pool:
@@ -111,7 +125,7 @@ def main() -> None:
         doc = {
             **result_header("w12_wide_feed"),
             "method": "CUDA-graph replay over rotating copies >= 4 x 60 MB, median of 12; each setting's outputs "
-            "compared bit for bit with the library's choice (no_ring: times only)",
+            "compared bit for bit with the library's choice (no_ring, no_feed: times only)",
             "build_s": time.perf_counter() - start,
             "build_errors": {k: v for k, v in failed.items() if v},
             "settings": {name: list(s) for name, s in SETTINGS.items()},
@@ -157,10 +171,10 @@ def main() -> None:
                 for ext_name, ext in exts.items():
                     mma_module.load_cuda_extension = lambda *a, e=ext: e
                     for sname, setting in SETTINGS.items():
-                        if ext_name == "no_ring" and sname not in NO_RING_SETTINGS:
+                        if ext_name != "as_is" and sname not in NO_RING_SETTINGS:
                             continue
                         config = with_setting(library, setting)
-                        key = sname if ext_name == "as_is" else f"no_ring_{sname}"
+                        key = sname if ext_name == "as_is" else f"{ext_name}_{sname}"
                         try:
                             ran = []
                             got = w12_mma_gemm(x, mmas[0], config=config, launched=ran)
@@ -177,7 +191,7 @@ def main() -> None:
                 mma_module.load_cuda_extension = real_loader
                 entry["rows"][str(m)] = row
                 best = min(
-                    ((k2, r["us"]) for k2, r in row["settings"].items() if "us" in r and not k2.startswith("no_ring")),
+                    ((k2, r["us"]) for k2, r in row["settings"].items() if "us" in r and not k2.startswith("no_")),
                     key=lambda kv: kv[1],
                     default=("none", float("nan")),
                 )

@@ -47,7 +47,7 @@ MAX_WIDE_SLOTS = 6  # activation slots a wide block (csrc/w12_common.cuh kMaxWid
 MAX_WIDE_STAGES = 6  # weight stages a wide warp (kMaxWideStages)
 MAX_WIDE_GROUPS = 4  # warpgroups a wide block (16 warps)
 # how a wide block refills its activation ring (csrc/w12_mma.cuh W12WideFeed): its first thread once every warp released
-# a slot (the only one multicast runs with), or one more warp that does only that, with whole- or half-chunk slots
+# a slot, or one more warp that does only that, with whole- or half-chunk slots
 WIDE_FEEDS = {"copier": 0, "producer": 1, "producer_halves": 2}
 MAX_WARPS_PER_BLOCK = 16  # of the per-warp kernels (the warpgroup kernel: MAX_WGMMA_WARPS_PER_BLOCK)
 
@@ -305,7 +305,7 @@ class MmaConfig:
             raise W12Error(
                 f"wide_rows={self.wide_rows}: one (warpgroups 0-{MAX_WIDE_GROUPS}, slots 2-{MAX_WIDE_SLOTS}, "
                 f"stages 2-{MAX_WIDE_STAGES}, largest slab in {WIDE_TOKEN_TILES} token tiles[, multicast 1, "
-                f"2 or 4[, feed {sorted(WIDE_FEEDS.values())}: a producer only with multicast 1]]) for each of "
+                f"2 or 4[, feed {sorted(WIDE_FEEDS.values())}]]) for each of "
                 "33-64, 65-128 and 129-256 rows",
                 where="MmaConfig.wide_rows",
                 fix="e.g. ((4, 4, 2, 8), (4, 3, 2, 16), (2, 2, 2, 32)), or () for `wide` everywhere",
@@ -440,7 +440,6 @@ def _wide_setting_ok(groups: int, slots: int, stages: int, slab_tiles: int, mult
         and slab_tiles in WIDE_TOKEN_TILES
         and multicast in (1, 2, 4)
         and feed in WIDE_FEEDS.values()
-        and (multicast == 1 or feed == WIDE_FEEDS["copier"])
     )
 
 

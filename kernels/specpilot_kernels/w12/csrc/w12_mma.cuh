@@ -45,8 +45,8 @@ struct W12SharedActivations {
 };
 
 // How the wide kernel's activation ring is kept full. kFeedCopier: the block's first thread refills a slot once every
-// warp released it (multicast needs this one). kFeedProducer: one more warp a block does only that, so no MMA warp ever
-// waits for a release; kFeedProducerHalves: the same with half-chunk slots (each slot's bytes in flight sooner).
+// warp released it. kFeedProducer: one more warp a block does only that, so no MMA warp ever waits for a release;
+// kFeedProducerHalves: the same with half-chunk slots (each slot's bytes in flight sooner). Multicast works with all.
 enum W12WideFeed { kFeedCopier = 0, kFeedProducer = 1, kFeedProducerHalves = 2 };
 
 // 33-256 rows, sm_90a: the wide kernel (w12_wide.cu), `groups` warpgroups of 4 tiles a block, all of one K class and

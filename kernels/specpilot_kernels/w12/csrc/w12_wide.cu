@@ -138,7 +138,9 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
   if (threadIdx.x == 0) {
     for (int i = 0; i < launch.slots; ++i) {
       ptx::mbarrier_init(full + 8 * i, 1);
-      ptx::mbarrier_init(empty + 8 * i, warps * cx);  // one arrival a warp of each block sharing the slot
+      // the copier's: one arrival a warp of each block sharing the slot; a producer's: its own warps, and the leader's
+      // also one from each other sharer's producer (sent once that block's warps released the slot)
+      ptx::mbarrier_init(empty + 8 * i, launch.feed == kFeedCopier ? warps * cx : warps + (leader ? cx - 1 : 0));
     }
     ptx::fence_mbarrier_init();
   }
@@ -154,14 +156,23 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
   if (producer) {  // keeps the ring full: piece p into slot p % slots once the MMA warps released its previous piece
     if (lane == 0 && count > 0) {
       const uint4* image = x_image + (size_t)slab * chunks * (kChunkBytes / 16);
+      const uint16_t sharers = (uint16_t)(((1u << cx) - 1) << (yr * cx));
       wait_before_reading_x(args);  // the image is the permute kernel's output
       for (int p = 0, slot = 0, use = 0; p < count * launch.pieces; ++p) {
         if (p >= launch.slots) ptx::mbarrier_wait(empty + 8 * slot, (use - 1) & 1);
+        // this block expects the piece's bytes (which may land first: the phase completes on both); with multicast the
+        // other sharers tell the leader their slot is free, and the leader copies into all of them
         ptx::mbarrier_arrive_expecting(full + 8 * slot, piece_bytes);
-        const int chunk = first + (p / launch.pieces) * args.warps_k;
-        ptx::bulk_copy_to_shared(slots_s + slot * piece_bytes,
-                                 image + (size_t)chunk * (kChunkBytes / 16) + (p % launch.pieces) * (piece_bytes / 16),
-                                 piece_bytes, full + 8 * slot);
+        if (!leader) {
+          if (p >= launch.slots) mbarrier_arrive_remote(ptx::map_to_block(empty + 8 * slot, leader_rank));
+        } else {
+          const int chunk = first + (p / launch.pieces) * args.warps_k;
+          const uint4* from = image + (size_t)chunk * (kChunkBytes / 16) + (p % launch.pieces) * (piece_bytes / 16);
+          if (cx > 1)
+            bulk_copy_multicast(slots_s + slot * piece_bytes, from, piece_bytes, full + 8 * slot, sharers);
+          else
+            ptx::bulk_copy_to_shared(slots_s + slot * piece_bytes, from, piece_bytes, full + 8 * slot);
+        }
         if (++slot == launch.slots) slot = 0, ++use;
       }
     }
@@ -367,9 +378,7 @@ cudaError_t launch_slabs(const W12MmaArgs& args, const W12Wide& wide, int groups
   // tile groups sharing activation copies: one slab (neighbouring blocks are then neighbouring tile groups), at most
   // 16 blocks a cluster (more than 8: a non-portable cluster size)
   if (wide.multicast != 1 && wide.multicast != 2 && wide.multicast != 4) return cudaErrorInvalidValue;
-  // a producer warp feeds its own block only
-  if (wide.feed < kFeedCopier || wide.feed > kFeedProducerHalves || (wide.feed != kFeedCopier && wide.multicast != 1))
-    return cudaErrorInvalidValue;
+  if (wide.feed < kFeedCopier || wide.feed > kFeedProducerHalves) return cudaErrorInvalidValue;
   if (launch.slabs == 1 && wide.multicast * launch.cluster <= 16) launch.multicast = wide.multicast;
   W12MmaArgs launched = args;
   if (launch.cluster == args.warps_k * splits) launched.partial = nullptr;
