@@ -62,6 +62,8 @@ SETTINGS = {
     "halves_g1_s4_w3": (1, 4, 3, 1, HALVES),
     "halves_g2_s4_w2_mc2": (2, 4, 2, 2, HALVES),
     "halves_g2_s4_w2_mc4": (2, 4, 2, 4, HALVES),
+    "halves_g2_s4_w4": (2, 4, 4, 1, HALVES),
+    "halves_g2_s4_w3_mc2": (2, 4, 3, 2, HALVES),
 }
 NO_RING_SETTINGS = ("producer_g2_s2_w2", "halves_g2_s4_w2", "halves_g4_s4_w2")
 NO_RING = [
