@@ -1,5 +1,5 @@
 """The wide W12 kernel's activation feed: the block's first thread refilling on release (as tuned) against a
-producer warp (whole- or half-chunk slots, with or without multicast), across warpgroups, slots and stages, at
+producer warp (whole-, half- or quarter-chunk slots, with or without multicast), across warpgroups, slots and stages, at
 48-256 rows.
 
     PYTHONPATH=kernels:. python benchmarks/probes/w12-wide-feed-h200-2026-12-02/harness.py --out RESULT.json
@@ -48,7 +48,8 @@ from specpilot_mem.provenance import result_header, write_result  # noqa: E402
 SHAPES = {"qkv": (10240, 5120), "o_proj": (5120, 8192), "down": (5120, 17408), "gate_up": (34816, 5120)}
 ROWS = (48, 64, 128, 256)
 LARGEST = (8, 16, 32)  # largest slab (token tiles) a bucket: one slab at every row count, each weight decoded once
-COPIER, PRODUCER, HALVES = WIDE_FEEDS["copier"], WIDE_FEEDS["producer"], WIDE_FEEDS["producer_halves"]
+COPIER, PRODUCER = WIDE_FEEDS["copier"], WIDE_FEEDS["producer"]
+HALVES, QUARTERS = WIDE_FEEDS["producer_halves"], WIDE_FEEDS["producer_quarters"]
 # (warpgroups, slots, stages, multicast, feed): the same setting in every bucket
 SETTINGS = {
     "copier_g2_s2_w2": (2, 2, 2, 1, COPIER),
@@ -64,6 +65,8 @@ SETTINGS = {
     "halves_g2_s4_w2_mc4": (2, 4, 2, 4, HALVES),
     "halves_g2_s4_w4": (2, 4, 4, 1, HALVES),
     "halves_g2_s4_w3_mc2": (2, 4, 3, 2, HALVES),
+    "quarters_g2_s6_w3": (2, 6, 3, 1, QUARTERS),
+    "quarters_g2_s6_w2_mc2": (2, 6, 2, 2, QUARTERS),
 }
 NO_RING_SETTINGS = ("producer_g2_s2_w2", "halves_g2_s4_w2", "halves_g4_s4_w2")
 NO_RING = [

@@ -47,8 +47,8 @@ MAX_WIDE_SLOTS = 6  # activation slots a wide block (csrc/w12_common.cuh kMaxWid
 MAX_WIDE_STAGES = 6  # weight stages a wide warp (kMaxWideStages)
 MAX_WIDE_GROUPS = 4  # warpgroups a wide block (16 warps)
 # how a wide block refills its activation ring (csrc/w12_mma.cuh W12WideFeed): its first thread once every warp released
-# a slot, or one more warp that does only that, with whole- or half-chunk slots
-WIDE_FEEDS = {"copier": 0, "producer": 1, "producer_halves": 2}
+# a slot, or one more warp that does only that, with whole-, half- or quarter-chunk slots
+WIDE_FEEDS = {"copier": 0, "producer": 1, "producer_halves": 2, "producer_quarters": 3}
 MAX_WARPS_PER_BLOCK = 16  # of the per-warp kernels (the warpgroup kernel: MAX_WGMMA_WARPS_PER_BLOCK)
 
 

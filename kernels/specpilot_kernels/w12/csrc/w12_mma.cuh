@@ -46,8 +46,9 @@ struct W12SharedActivations {
 
 // How the wide kernel's activation ring is kept full. kFeedCopier: the block's first thread refills a slot once every
 // warp released it. kFeedProducer: one more warp a block does only that, so no MMA warp ever waits for a release;
-// kFeedProducerHalves: the same with half-chunk slots (each slot's bytes in flight sooner). Multicast works with all.
-enum W12WideFeed { kFeedCopier = 0, kFeedProducer = 1, kFeedProducerHalves = 2 };
+// kFeedProducerHalves / kFeedProducerQuarters: the same with half- or quarter-chunk slots (more of the ring in flight for
+// the same shared memory). Multicast works with all.
+enum W12WideFeed { kFeedCopier = 0, kFeedProducer = 1, kFeedProducerHalves = 2, kFeedProducerQuarters = 3 };
 
 // 33-256 rows, sm_90a: the wide kernel (w12_wide.cu), `groups` warpgroups of 4 tiles a block, all of one K class and
 // split; 0: off. The caller picks the slab of token rows (token_tiles x 8 rows, up to 256) from m.

@@ -38,8 +38,8 @@ struct WideLaunch {
   int cluster;     // blocks a cluster along y: K classes x splits (or K classes alone; splits then through args.partial)
   int splits;      // K splits of the partition
   int multicast;   // blocks a cluster along x: neighbouring tile groups that share each activation copy
-  int feed;        // kFeedCopier, kFeedProducer or kFeedProducerHalves (W12Wide::feed)
-  int pieces;      // ring pieces a chunk: 1, or 2 with kFeedProducerHalves
+  int feed;        // a W12WideFeed
+  int pieces;      // ring pieces a chunk: 1 (the copier, kFeedProducer), 2 (halves) or 4 (quarters)
 };
 
 // Shared memory of a block (bytes): the main loop's (activation slots, weight stages, mbarriers, escape scratch) or the
@@ -251,11 +251,11 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
         ptx::wgmma_wait<1>();
         fence_accumulators(d);
         if (launch.feed != kFeedCopier) {
-          // blocks 0-1 and 2-3 are a chunk's halves: a piece is released once its last block's MMAs are done (block
-          // u - 2's, by the wait above) and waited for before its first block
-          if (u == 1 && i > 0) release_piece();
-          if (u == 3 && launch.pieces == 2) release_piece();
-          if (u == 0 || (u == 2 && launch.pieces == 2)) wait_piece();
+          // a piece is 4 / pieces consecutive blocks: released once its last block's MMAs are done (block u - 2's,
+          // of this chunk or the one before, by the wait above), waited for before its first block
+          const int per_piece = kBlocksPerChunk / launch.pieces;
+          if ((u + kBlocksPerChunk - 1) % per_piece == 0 && (u >= 2 || i > 0)) release_piece();
+          if (u % per_piece == 0) wait_piece();
         } else if (u == 1 && i > 0) {  // chunk i - 1's MMAs are done: release its slot, which then takes chunk i - 1 + slots
           __syncwarp();
           const int released = (i - 1) % launch.slots;
@@ -280,9 +280,11 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
         decode_block(set[0], v, nb, one.base_lo, one.base_hi);
         if (LOW_BITS == 0) esc.template patch<1>(set, u, args, i, first, args.warps_k, scratch, lane);
         ptx::wgmma_fence();
-        // the k16 step's B image: in the chunk's slot, or in its piece's (a half chunk holds steps 4 (u & 2) / 2 on)
-        const uint32_t step_lo = launch.feed == kFeedCopier ? desc_lo + 2 * u * (wide_step_bytes<MT>() >> 4)
-                                 : piece_lo + (launch.pieces == 2 ? 2 * (u & 1) : 2 * u) * (wide_step_bytes<MT>() >> 4);
+        // the k16 steps' B image: in the chunk's slot, or in its piece's (block u is block u % (4 / pieces) of it)
+        const uint32_t step_lo =
+            launch.feed == kFeedCopier
+                ? desc_lo + 2 * u * (wide_step_bytes<MT>() >> 4)
+                : piece_lo + 2 * (u % (kBlocksPerChunk / launch.pieces)) * (wide_step_bytes<MT>() >> 4);
 #pragma unroll
         for (int s = 0; s < 2; ++s)
           wide_wgmma<8 * MT>(d, &set[0][4 * s], kDescHi | (step_lo + s * (wide_step_bytes<MT>() >> 4)));
@@ -368,7 +370,7 @@ cudaError_t launch_slabs(const W12MmaArgs& args, const W12Wide& wide, int groups
   const int chunks = args.k_padded / 128;
   const int splits = (chunks + args.chunks_per_split - 1) / args.chunks_per_split;
   WideLaunch launch{wide.slots, wide.stages, (args.m + MT * 8 - 1) / (MT * 8), 0, splits, 1, wide.feed,
-                    wide.feed == kFeedProducerHalves ? 2 : 1};
+                    wide.feed == kFeedProducerQuarters ? 4 : wide.feed == kFeedProducerHalves ? 2 : 1};
   // K classes and splits in one cluster where they fit 8 blocks; else the classes, and the splits through the workspace
   launch.cluster = args.warps_k * splits <= 8 ? args.warps_k * splits : args.warps_k;
   if (launch.cluster > 8 || launch.slots < 2 || launch.slots > kMaxWideSlots || launch.stages < 2 ||
@@ -378,7 +380,7 @@ cudaError_t launch_slabs(const W12MmaArgs& args, const W12Wide& wide, int groups
   // tile groups sharing activation copies: one slab (neighbouring blocks are then neighbouring tile groups), at most
   // 16 blocks a cluster (more than 8: a non-portable cluster size)
   if (wide.multicast != 1 && wide.multicast != 2 && wide.multicast != 4) return cudaErrorInvalidValue;
-  if (wide.feed < kFeedCopier || wide.feed > kFeedProducerHalves) return cudaErrorInvalidValue;
+  if (wide.feed < kFeedCopier || wide.feed > kFeedProducerQuarters) return cudaErrorInvalidValue;
   if (launch.slabs == 1 && wide.multicast * launch.cluster <= 16) launch.multicast = wide.multicast;
   W12MmaArgs launched = args;
   if (launch.cluster == args.warps_k * splits) launched.partial = nullptr;
