@@ -642,7 +642,7 @@ def test_wide_launch_shapes_and_config():
         ((1, 2, 2, 10),) * 3,
         ((1, 7, 2, 16),) * 3,
         ((1, 2, 2, 16, 3),) * 3,
-        ((1, 2, 2, 16, 1, 3),) * 3,
+        ((1, 2, 2, 16, 1, 4),) * 3,
         ((1, 2, 2, 16, 1, 0, 0),) * 3,
     ):
         with pytest.raises(W12Error, match="wide_rows"):
