@@ -36,7 +36,6 @@ from specpilot_kernels.w12.mma import (  # noqa: E402
     STEP_PLANS,
     TUNED_PATH,
     WIDE_BUCKETS,
-    WIDE_FEEDS,
     MmaConfig,
     W12MmaTensor,
     select_mma_config,
@@ -73,9 +72,6 @@ CHECK_CONFIGS = {
     "tail": MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide=(1, 2, 3)),
     "n1_k3_s2_one_slab": MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
     "n1_k8_s2_deep": MmaConfig(1, 8, 2, wide_rows=((2, 6, 6, 8), (1, 6, 6, 16), (1, 2, 6, 24))),
-    # the producer feeds: whole, half and quarter-chunk slots, K splits in a cluster and through the workspace
-    "n1_k3_s2_producer": MmaConfig(1, 3, 2, wide_rows=((2, 2, 2, 8, 1, 1), (2, 4, 2, 16, 1, 2), (1, 3, 3, 32, 1, 2))),
-    "n1_k8_s2_quarters": MmaConfig(1, 8, 2, wide_rows=((1, 6, 2, 8, 1, 3), (2, 5, 2, 16, 1, 3), (1, 4, 2, 32, 1, 3))),
 }
 # the wide kernel's activation multicast (clusters along x), checked in a process of its own first (section
 # "multicast"): a fault there must not cost the rest of the run
@@ -91,9 +87,6 @@ MULTICAST_CONFIGS = {
         tail_rows=256,
         tail=(1, 8, 2),
         wide_rows=((1, 2, 2, 8, 2), (2, 2, 2, 16, 4), (1, 2, 2, 32, 2)),
-    ),
-    "n1_k3_s1_producer_multicast": MmaConfig(
-        1, 3, 1, wide_rows=((2, 4, 2, 8, 2, 2), (2, 6, 2, 16, 4, 3), (1, 4, 2, 32, 2, 2))
     ),
 }
 # ... on weights of 1024 rows and of 1040 (65 tiles: clusters of tile groups with blocks past the last one)
@@ -297,13 +290,11 @@ def time_shape(shape: Shape, read_bw: float, settle_s: float, config: MmaConfig 
     }
 
 
-def wide_fits(groups: int, slots: int, stages: int, slab_tiles: int, m: int, feed: int = 0) -> bool:
-    """Whether a wide block's shared memory (csrc/w12_wide.cu wide_smem_bytes) fits a multiprocessor at ``m`` rows
-    (``feed``: a WIDE_FEEDS value, whose half- and quarter-chunk slots hold a half and a quarter of a chunk)."""
+def wide_fits(groups: int, slots: int, stages: int, slab_tiles: int, m: int) -> bool:
+    """Whether a wide block's shared memory (csrc/w12_wide.cu wide_smem_bytes) fits a multiprocessor at ``m`` rows."""
     tiles, _ = wide_token_tiles(m, slab_tiles)
     warps = 4 * groups
-    pieces = {WIDE_FEEDS["producer_halves"]: 2, WIDE_FEEDS["producer_quarters"]: 4}.get(feed, 1)
-    loop = slots * tiles * 2048 // pieces + warps * stages * 3072 + 16 * slots + warps * 1024
+    loop = slots * tiles * 2048 + warps * stages * 3072 + 16 * slots + warps * 1024
     return max(loop, warps * 32 * tiles * 16) <= SMEM_PER_SM
 
 

@@ -16,7 +16,6 @@ from specpilot_kernels.w12 import mma as mma_module
 from specpilot_kernels.w12.format import W12Error, escape_positions, nibbles_from_kernel_layout
 from specpilot_kernels.w12.mma import (
     CSRC,
-    WIDE_FEEDS,
     MmaConfig,
     default_mma_config,
     escape_entries,
@@ -627,12 +626,8 @@ def test_wide_launch_shapes_and_config():
     assert MmaConfig().uses_wide(33, (9, 0)) and not MmaConfig().uses_wide(32, (9, 0))
     assert not MmaConfig().uses_wide(64, (12, 0)) and not MmaConfig(wide=(0, 2, 2)).uses_wide(64, (9, 0))
     per_bucket = MmaConfig(wide_rows=[[4, 4, 2, 8], [0, 2, 2, 16], [2, 2, 2, 32]])
-    assert per_bucket.wide_launch(64) == (4, 4, 2, 8, 1, 0) and per_bucket.wide_launch(200) == (2, 2, 2, 32, 1, 0)
-    assert MmaConfig(wide_rows=[[1, 2, 2, 8, 4]] * 3).wide_launch(40) == (1, 2, 2, 8, 4, 0)
-    # a producer warp (whole or half-chunk slots), with or without multicast
-    halves = WIDE_FEEDS["producer_halves"]
-    assert MmaConfig(wide_rows=[[2, 4, 2, 8, 1, halves]] * 3).wide_launch(40) == (2, 4, 2, 8, 1, halves)
-    assert MmaConfig().wide_launch(40) == (1, 2, 3, 16, 1, WIDE_FEEDS["copier"])
+    assert per_bucket.wide_launch(64) == (4, 4, 2, 8, 1) and per_bucket.wide_launch(200) == (2, 2, 2, 32, 1)
+    assert MmaConfig(wide_rows=[[1, 2, 2, 8, 4]] * 3).wide_launch(40) == (1, 2, 2, 8, 4)
     assert per_bucket.uses_wide(48, (9, 0)) and not per_bucket.uses_wide(96, (9, 0))
     for bad in ((5, 2, 2), (1, 1, 2), (1, 2, 7), (1, 2)):
         with pytest.raises(W12Error, match="wide"):
@@ -642,8 +637,6 @@ def test_wide_launch_shapes_and_config():
         ((1, 2, 2, 10),) * 3,
         ((1, 7, 2, 16),) * 3,
         ((1, 2, 2, 16, 3),) * 3,
-        ((1, 2, 2, 16, 1, 4),) * 3,
-        ((1, 2, 2, 16, 1, 0, 0),) * 3,
     ):
         with pytest.raises(W12Error, match="wide_rows"):
             MmaConfig(wide_rows=bad)
@@ -665,11 +658,6 @@ def with_outliers(w, fraction):
         MmaConfig(1, 8, 2, wgmma=(1, 1, 1), wide=(2, 3, 2)),
         MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
         MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 4), (1, 2, 2, 32, 2))),
-        # a producer warp: whole-chunk slots, half-chunk slots, and half-chunk slots with splits through the workspace
-        MmaConfig(1, 3, 2, wide_rows=((2, 2, 2, 8, 1, 1), (2, 4, 2, 16, 1, 2), (1, 3, 3, 32, 1, 2))),
-        MmaConfig(1, 8, 2, wide_rows=((1, 4, 2, 8, 1, 2), (1, 2, 2, 16, 1, 1), (2, 5, 2, 16, 1, 2))),
-        MmaConfig(1, 3, 2, wide_rows=((1, 4, 2, 8, 2, 2), (2, 2, 2, 16, 4, 1), (1, 4, 2, 32, 2, 2))),
-        MmaConfig(1, 3, 1, wide_rows=((2, 6, 3, 8, 1, 3), (2, 5, 2, 16, 2, 3), (2, 2, 2, 32, 1, 3))),
     ],
     ids=str,
 )
@@ -715,7 +703,7 @@ def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
     check.write_configs(out, {"10240,5120": config}, "NVIDIA H200")
     written = json.loads(out.read_text())["NVIDIA H200"]
     assert written["10240,5120"] == json.loads(json.dumps(config)) and written["5120,8192"] == tuned["5120,8192"]
-    assert MmaConfig(**written["10240,5120"]).wide_launch(64) == (4, 4, 2, 8, 1, 0)
+    assert MmaConfig(**written["10240,5120"]).wide_launch(64) == (4, 4, 2, 8, 1)
     # the summary and headline re-made from a committed H200 result
     doc = json.loads((Path(check.__file__).parent / "results" / "w12-v2-device-check-h200.json").read_text())
     doc["summary"] = check.summarize(doc)
@@ -727,15 +715,15 @@ def test_device_check_refuses_unknown_tune_buckets_and_check_configs(monkeypatch
     # bad --tune-buckets / --check-configs stop the run before it touches a GPU, naming the entry and the valid ones
     from benchmarks import w12_device_check as check
 
-    for bad in (["--tune-buckets", "33-64,1-999"], ["--check-configs", "n1_k3_s2_producer,nope"]):
+    for bad in (["--tune-buckets", "33-64,1-999"], ["--check-configs", "n1_k3_s2_one_slab,nope"]):
         monkeypatch.setattr("sys.argv", ["w12_device_check.py", "--out", "unused.json", *bad])
         with pytest.raises(SystemExit):
             check.main()
         err = capsys.readouterr().err
-        assert bad[1].split(",")[-1] in err and "n1_k3_s2_producer" in err
+        assert bad[1].split(",")[-1] in err and "n1_k3_s2_one_slab" in err
     # the multicast configs are offered only with --multicast
     monkeypatch.setattr(
-        "sys.argv", ["w12_device_check.py", "--out", "unused.json", "--check-configs", "n1_k3_s1_producer_multicast"]
+        "sys.argv", ["w12_device_check.py", "--out", "unused.json", "--check-configs", "n1_k3_s2_multicast2"]
     )
     with pytest.raises(SystemExit):
         check.main()

@@ -46,9 +46,6 @@ WIDE_BUCKETS = (64, 128, 256)  # the wide kernel's row ranges with a launch sett
 MAX_WIDE_SLOTS = 6  # activation slots a wide block (csrc/w12_common.cuh kMaxWideSlots)
 MAX_WIDE_STAGES = 6  # weight stages a wide warp (kMaxWideStages)
 MAX_WIDE_GROUPS = 4  # warpgroups a wide block (16 warps)
-# how a wide block refills its activation ring (csrc/w12_mma.cuh W12WideFeed): its first thread once every warp released
-# a slot, or one more warp that does only that, with whole-, half- or quarter-chunk slots
-WIDE_FEEDS = {"copier": 0, "producer": 1, "producer_halves": 2, "producer_quarters": 3}
 MAX_WARPS_PER_BLOCK = 16  # of the per-warp kernels (the warpgroup kernel: MAX_WGMMA_WARPS_PER_BLOCK)
 
 
@@ -222,8 +219,8 @@ MAX_SHARED_X_RING = 8
 # make few blocks, which one-wave grids feel most, so it is per shape and row range.
 MAX_WGMMA_WARPS_PER_BLOCK = 32
 # sm_90a, 33-256 rows: the wide kernel, ``wide`` = (warpgroups a block, activation slots, weight stages a warp) at
-# every row count, or ``wide_rows`` = one (warpgroups, slots, stages, largest slab in token tiles of 8 rows[, multicast
-# [, feed]]) per WIDE_BUCKETS range; the launch picks the smallest built slab that holds the rows (one slab where the largest
+# every row count, or ``wide_rows`` = one (warpgroups, slots, stages, largest slab in token tiles of 8 rows[, multicast])
+# per WIDE_BUCKETS range; the launch picks the smallest built slab that holds the rows (one slab where the largest
 # allows, so each weight is decoded once). Multicast (1, 2 or 4, one slab only): that many neighbouring tile groups
 # form a cluster along x and share each activation copy. 0 warpgroups: 64 rows a launch of the kernels above.
 # Row regions: a grid whose blocks run in rounds (all resident at once, all as long) and end a little way into a last
@@ -300,13 +297,12 @@ class MmaConfig:
         object.__setattr__(self, "wide_rows", tuple(tuple(w) for w in self.wide_rows))
         if self.wide_rows and (
             len(self.wide_rows) != len(WIDE_BUCKETS)
-            or not all(len(w) in (4, 5, 6) and _wide_setting_ok(*w) for w in self.wide_rows)
+            or not all(len(w) in (4, 5) and _wide_setting_ok(*w) for w in self.wide_rows)
         ):
             raise W12Error(
                 f"wide_rows={self.wide_rows}: one (warpgroups 0-{MAX_WIDE_GROUPS}, slots 2-{MAX_WIDE_SLOTS}, "
                 f"stages 2-{MAX_WIDE_STAGES}, largest slab in {WIDE_TOKEN_TILES} token tiles[, multicast 1, "
-                f"2 or 4[, feed {sorted(WIDE_FEEDS.values())}]]) for each of "
-                "33-64, 65-128 and 129-256 rows",
+                "2 or 4]) for each of 33-64, 65-128 and 129-256 rows",
                 where="MmaConfig.wide_rows",
                 fix="e.g. ((4, 4, 2, 8), (4, 3, 2, 16), (2, 2, 2, 32)), or () for `wide` everywhere",
             )
@@ -377,13 +373,13 @@ class MmaConfig:
         on it)."""
         return self.shared_x_32 if 16 < m <= 32 and self.shared_x_32[1] else (0, 0)
 
-    def wide_launch(self, m: int) -> tuple[int, int, int, int, int, int]:
-        """(warpgroups a block, activation slots, weight stages, largest slab in token tiles, multicast, feed) of a
-        wide launch of ``m`` rows (33-256); 0 warpgroups: the wide kernel is off there."""
+    def wide_launch(self, m: int) -> tuple[int, int, int, int, int]:
+        """(warpgroups a block, activation slots, weight stages, largest slab in token tiles, multicast) of a wide
+        launch of ``m`` rows (33-256); 0 warpgroups: the wide kernel is off there."""
         if self.wide_rows:
             setting = self.wide_rows[next(i for i, top in enumerate(WIDE_BUCKETS) if m <= top)]
-            return (*setting, *(1, WIDE_FEEDS["copier"])[len(setting) - 4 :])
-        return (*self.wide, 16, 1, WIDE_FEEDS["copier"])
+            return (*setting, 1)[:5]
+        return (*self.wide, 16, 1)
 
     def uses_wide(self, m: int, capability: tuple[int, int]) -> bool:
         """Whether a launch of ``m`` rows runs the wide kernel (33-256 rows on sm_90a; no bit depends on it)."""
@@ -432,14 +428,13 @@ def select_mma_config(n: int, k: int, device: torch.device) -> MmaConfig:
     return MmaConfig(**tuned) if tuned else default_mma_config(n, k, props.multi_processor_count)
 
 
-def _wide_setting_ok(groups: int, slots: int, stages: int, slab_tiles: int, multicast: int = 1, feed: int = 0) -> bool:
+def _wide_setting_ok(groups: int, slots: int, stages: int, slab_tiles: int, multicast: int = 1) -> bool:
     return groups == 0 or (
         1 <= groups <= MAX_WIDE_GROUPS
         and 2 <= slots <= MAX_WIDE_SLOTS
         and 2 <= stages <= MAX_WIDE_STAGES
         and slab_tiles in WIDE_TOKEN_TILES
         and multicast in (1, 2, 4)
-        and feed in WIDE_FEEDS.values()
     )
 
 
@@ -547,7 +542,7 @@ def _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launc
     for index, ((first, end, part, weights), part_splits) in enumerate(zip(regions, splits)):
         partial = workspace[offset : offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
         offset += partial.numel()
-        groups, slots, stages, _, multicast, feed = part.wide_launch(m)
+        groups, slots, stages, _, multicast = part.wide_launch(m)
         got = ext.w12_mma_gemm(
             xm,
             weights.view,
@@ -579,7 +574,6 @@ def _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launc
             stages,
             tiles8,
             multicast,
-            feed,
         )
         if got < 0:
             return False
@@ -637,7 +631,6 @@ def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior,
             0,
             0,
             1,
-            WIDE_FEEDS["copier"],
         )
         image_written = image_written or groups > 0
         if launched is not None:

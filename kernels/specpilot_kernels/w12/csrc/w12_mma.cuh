@@ -44,12 +44,6 @@ struct W12SharedActivations {
   bool x_image_written = false;  // the image already holds x (written for the GEMM's first row region)
 };
 
-// How the wide kernel's activation ring is kept full. kFeedCopier: the block's first thread refills a slot once every
-// warp released it. kFeedProducer: one more warp a block does only that, so no MMA warp ever waits for a release;
-// kFeedProducerHalves / kFeedProducerQuarters: the same with half- or quarter-chunk slots (more of the ring in flight for
-// the same shared memory). Multicast works with all.
-enum W12WideFeed { kFeedCopier = 0, kFeedProducer = 1, kFeedProducerHalves = 2, kFeedProducerQuarters = 3 };
-
 // 33-256 rows, sm_90a: the wide kernel (w12_wide.cu), `groups` warpgroups of 4 tiles a block, all of one K class and
 // split; 0: off. The caller picks the slab of token rows (token_tiles x 8 rows, up to 256) from m.
 struct W12Wide {
@@ -58,7 +52,6 @@ struct W12Wide {
   int stages = 3;  // weight stages a warp (2-6)
   int token_tiles = 0;  // 6, 8, 12, 16, 24 or 32 token tiles of 8 rows a slab (set by the caller from m)
   int multicast = 1;  // 1, 2 or 4 neighbouring tile groups sharing each activation copy (one slab only; no bit changes)
-  int feed = 0;  // how the activation ring is refilled: a W12WideFeed (no bit changes)
   void* x_image = nullptr;  // device memory for every slab's chunk images: slabs x k_padded / 128 x token_tiles x 2 KB
   bool x_image_written = false;  // the image already holds x (written for the GEMM's first row region)
 };

@@ -38,16 +38,14 @@ struct WideLaunch {
   int cluster;     // blocks a cluster along y: K classes x splits (or K classes alone; splits then through args.partial)
   int splits;      // K splits of the partition
   int multicast;   // blocks a cluster along x: neighbouring tile groups that share each activation copy
-  int feed;        // a W12WideFeed
-  int pieces;      // ring pieces a chunk: 1 (the copier, kFeedProducer), 2 (halves) or 4 (quarters)
 };
 
 // Shared memory of a block (bytes): the main loop's (activation slots, weight stages, mbarriers, escape scratch) or the
 // epilogue's partial sums, which reuse it, whichever is larger.
 template <int MT, int LOW_BITS>
-__host__ __device__ __forceinline__ size_t wide_smem_bytes(int groups, int slots, int stages, int pieces) {
+__host__ __device__ __forceinline__ size_t wide_smem_bytes(int groups, int slots, int stages) {
   const size_t warps = 4 * groups;
-  const size_t loop = (size_t)slots * (wide_chunk_bytes<MT>() / pieces) + warps * stages * kWideStageBytes + 16 * slots +
+  const size_t loop = (size_t)slots * wide_chunk_bytes<MT>() + warps * stages * kWideStageBytes + 16 * slots +
                       (LOW_BITS == 0 ? warps * kEscapeScratchBytes : 0);
   const size_t sums = warps * 32 * MT * 16;
   return loop > sums ? loop : sums;
@@ -98,7 +96,7 @@ __global__ void w12_wide_permute_kernel(const __nv_bfloat16* x, int m, int ldx, 
 
 // args: the partition and the GEMM (W12MmaArgs), m up to 256; launch: slots, stages, slabs, cluster (WideLaunch);
 // x_image: [slabs][chunks][wide_chunk_bytes<MT>()] from w12_wide_permute_kernel. Grid: (tile groups x slabs, K classes
-// x splits), cluster (1, launch.cluster, 1); block: 4 x groups warps, and with a producer feed one more (the last).
+// x splits), cluster (1, launch.cluster, 1); block: 4 x groups warps.
 template <int MT, int LOW_BITS>
 __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4* x_image) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -106,9 +104,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
   constexpr int kAcc = MT * 4;  // accumulators a thread: 64 tile rows x 8 MT tokens over 128 threads
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int warps = (blockDim.x >> 5) - (launch.feed != kFeedCopier);  // the MMA warps (a producer warp is the last)
-  const bool producer = warp == warps;
-  const int piece_bytes = kChunkBytes / launch.pieces;
+  const int warps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
@@ -122,7 +118,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
   extern __shared__ uint4 shared_words[];
   uint8_t* base = reinterpret_cast<uint8_t*>(shared_words);
   const uint32_t slots_s = ptx::shared_address(base);
-  const uint32_t stages_s = slots_s + launch.slots * piece_bytes;
+  const uint32_t stages_s = slots_s + launch.slots * kChunkBytes;
   const uint32_t warp_stages = stages_s + warp * launch.stages * kWideStageBytes;
   const uint32_t full = stages_s + warps * launch.stages * kWideStageBytes;  // [slots] mbarriers, then [slots] empty ones
   const uint32_t empty = full + 8 * launch.slots;
@@ -138,9 +134,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
   if (threadIdx.x == 0) {
     for (int i = 0; i < launch.slots; ++i) {
       ptx::mbarrier_init(full + 8 * i, 1);
-      // the copier's: one arrival a warp of each block sharing the slot; a producer's: its own warps, and the leader's
-      // also one from each other sharer's producer (sent once that block's warps released the slot)
-      ptx::mbarrier_init(empty + 8 * i, launch.feed == kFeedCopier ? warps * cx : warps + (leader ? cx - 1 : 0));
+      ptx::mbarrier_init(empty + 8 * i, warps * cx);  // one arrival a warp of each block sharing the slot
     }
     ptx::fence_mbarrier_init();
   }
@@ -153,31 +147,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) d[i] = 0.f;
 
-  if (producer) {  // keeps the ring full: piece p into slot p % slots once the MMA warps released its previous piece
-    if (lane == 0 && count > 0) {
-      const uint4* image = x_image + (size_t)slab * chunks * (kChunkBytes / 16);
-      const uint16_t sharers = (uint16_t)(((1u << cx) - 1) << (yr * cx));
-      wait_before_reading_x(args);  // the image is the permute kernel's output
-      for (int p = 0, slot = 0, use = 0; p < count * launch.pieces; ++p) {
-        if (p >= launch.slots) ptx::mbarrier_wait(empty + 8 * slot, (use - 1) & 1);
-        // this block expects the piece's bytes (which may land first: the phase completes on both); with multicast the
-        // other sharers tell the leader their slot is free, and the leader copies into all of them
-        ptx::mbarrier_arrive_expecting(full + 8 * slot, piece_bytes);
-        if (!leader) {
-          if (p >= launch.slots) mbarrier_arrive_remote(ptx::map_to_block(empty + 8 * slot, leader_rank));
-        } else {
-          const int chunk = first + (p / launch.pieces) * args.warps_k;
-          const uint4* from = image + (size_t)chunk * (kChunkBytes / 16) + (p % launch.pieces) * (piece_bytes / 16);
-          if (cx > 1)
-            bulk_copy_multicast(slots_s + slot * piece_bytes, from, piece_bytes, full + 8 * slot, sharers);
-          else
-            ptx::bulk_copy_to_shared(slots_s + slot * piece_bytes, from, piece_bytes, full + 8 * slot);
-        }
-        if (++slot == launch.slots) slot = 0, ++use;
-      }
-    }
-    __syncwarp();
-  } else if (count > 0) {  // a K class has chunks or not as a whole; warps past the last tile repeat it and store nothing
+  if (count > 0) {  // a K class has chunks or not as a whole; warps past the last tile repeat it and store nothing
     const OneTile one(args, min(tile, tiles - 1), first, lane);
     const uint4* view_next = one.view;
     const uint2* nibs_next = one.nibs;
@@ -209,7 +179,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
       else
         ptx::bulk_copy_to_shared(slots_s + slot * kChunkBytes, from, kChunkBytes, full + 8 * slot);
     };
-    if (copier && launch.feed == kFeedCopier) {  // every slot starts empty: the first chunks into all of them
+    if (copier) {  // every slot starts empty: the first chunks into all of them
       wait_before_reading_x(args);  // the image is the permute kernel's output
       for (int i = 0; i < min(count, launch.slots); ++i) copy_chunk(i);
     }
@@ -218,19 +188,6 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
     uint32_t a[2][1][8];  // two register sets of one block's A fragments: block b's MMAs run while b + 1 is decoded
     int slot = 0, stage = 0, previous = launch.stages - 1;
     uint32_t phase = 0;
-    // a producer feed: the piece waited for (slot and parity) and the next one to release, in piece order
-    int wait_slot = 0, release_slot = 0;
-    uint32_t wait_phase = 0, piece_lo = desc_lo0;
-    const auto wait_piece = [&]() {
-      ptx::mbarrier_wait(full + 8 * wait_slot, wait_phase);
-      piece_lo = desc_lo0 + wait_slot * (piece_bytes >> 4);
-      if (++wait_slot == launch.slots) wait_slot = 0, wait_phase ^= 1;
-    };
-    const auto release_piece = [&]() {
-      __syncwarp();
-      if (lane == 0) ptx::mbarrier_arrive(empty + 8 * release_slot);
-      if (++release_slot == launch.slots) release_slot = 0;
-    };
     for (int i = 0; i < count; ++i) {
       if (LOW_BITS == 0) {  // this chunk's escapes were fetched with its weights; fetch the next chunk's
         esc.advance();
@@ -242,7 +199,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
       cp_async_wait_pending(launch.stages - 1);
       __syncwarp();
       const uint32_t words = warp_stages + stage * kWideStageBytes;
-      if (launch.feed == kFeedCopier) ptx::mbarrier_wait(full + 8 * slot, phase);  // the chunk's activations landed
+      ptx::mbarrier_wait(full + 8 * slot, phase);  // the chunk's activations have landed
       const uint32_t desc_lo = desc_lo0 + slot * (kChunkBytes >> 4);
 #pragma unroll
       for (int u = 0; u < kBlocksPerChunk; ++u) {
@@ -250,13 +207,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
         // free this register set: all but the latest group done (block u - 2's MMAs, of this chunk or the last)
         ptx::wgmma_wait<1>();
         fence_accumulators(d);
-        if (launch.feed != kFeedCopier) {
-          // a piece is 4 / pieces consecutive blocks: released once its last block's MMAs are done (block u - 2's,
-          // of this chunk or the one before, by the wait above), waited for before its first block
-          const int per_piece = kBlocksPerChunk / launch.pieces;
-          if ((u + kBlocksPerChunk - 1) % per_piece == 0 && (u >= 2 || i > 0)) release_piece();
-          if (u % per_piece == 0) wait_piece();
-        } else if (u == 1 && i > 0) {  // chunk i - 1's MMAs are done: release its slot, which then takes chunk i - 1 + slots
+        if (u == 1 && i > 0) {  // chunk i - 1's MMAs are done: release its slot, which then takes chunk i - 1 + slots
           __syncwarp();
           const int released = (i - 1) % launch.slots;
           if (cx == 1) {
@@ -280,14 +231,9 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
         decode_block(set[0], v, nb, one.base_lo, one.base_hi);
         if (LOW_BITS == 0) esc.template patch<1>(set, u, args, i, first, args.warps_k, scratch, lane);
         ptx::wgmma_fence();
-        // the k16 steps' B image: in the chunk's slot, or in its piece's (block u is block u % (4 / pieces) of it)
-        const uint32_t step_lo =
-            launch.feed == kFeedCopier
-                ? desc_lo + 2 * u * (wide_step_bytes<MT>() >> 4)
-                : piece_lo + 2 * (u % (kBlocksPerChunk / launch.pieces)) * (wide_step_bytes<MT>() >> 4);
 #pragma unroll
         for (int s = 0; s < 2; ++s)
-          wide_wgmma<8 * MT>(d, &set[0][4 * s], kDescHi | (step_lo + s * (wide_step_bytes<MT>() >> 4)));
+          wide_wgmma<8 * MT>(d, &set[0][4 * s], kDescHi | (desc_lo + (2 * u + s) * (wide_step_bytes<MT>() >> 4)));
         ptx::wgmma_commit();
         fence_accumulators(d);
       }
@@ -315,10 +261,10 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
     __syncthreads();
     const uint32_t mine = slots_s + ((warp * MT) * 32 + lane) * 16;
 #pragma unroll
-    for (int j = 0; j < MT && !producer; ++j) ptx::st_shared16(mine + j * 32 * 16, __float_as_uint(d[4 * j]), __float_as_uint(d[4 * j + 1]),
+    for (int j = 0; j < MT; ++j) ptx::st_shared16(mine + j * 32 * 16, __float_as_uint(d[4 * j]), __float_as_uint(d[4 * j + 1]),
                                                   __float_as_uint(d[4 * j + 2]), __float_as_uint(d[4 * j + 3]));
     ptx::cluster_sync();
-    if (yr == 0 && !producer) {  // classes in class order within each split of the cluster, then splits in split order
+    if (yr == 0) {  // classes in class order within each split of the cluster, then the splits in split order
       const int cluster_splits = launch.cluster / args.warps_k;
       for (int sp = 0; sp < cluster_splits; ++sp) {
 #pragma unroll
@@ -340,7 +286,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
     ptx::cluster_sync();  // no block leaves while the first one may still read its shared memory
     if (yr != 0) return;
   }
-  if (producer || tile >= tiles) return;
+  if (tile >= tiles) return;
   const int m0 = slab * MT * 8;
   const int out_split = launch.cluster > 1 ? split / (launch.cluster / args.warps_k) : split;
 #pragma unroll
@@ -369,8 +315,7 @@ cudaError_t launch_slabs(const W12MmaArgs& args, const W12Wide& wide, int groups
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
   const int splits = (chunks + args.chunks_per_split - 1) / args.chunks_per_split;
-  WideLaunch launch{wide.slots, wide.stages, (args.m + MT * 8 - 1) / (MT * 8), 0, splits, 1, wide.feed,
-                    wide.feed == kFeedProducerQuarters ? 4 : wide.feed == kFeedProducerHalves ? 2 : 1};
+  WideLaunch launch{wide.slots, wide.stages, (args.m + MT * 8 - 1) / (MT * 8), 0, splits, 1};
   // K classes and splits in one cluster where they fit 8 blocks; else the classes, and the splits through the workspace
   launch.cluster = args.warps_k * splits <= 8 ? args.warps_k * splits : args.warps_k;
   if (launch.cluster > 8 || launch.slots < 2 || launch.slots > kMaxWideSlots || launch.stages < 2 ||
@@ -380,7 +325,6 @@ cudaError_t launch_slabs(const W12MmaArgs& args, const W12Wide& wide, int groups
   // tile groups sharing activation copies: one slab (neighbouring blocks are then neighbouring tile groups), at most
   // 16 blocks a cluster (more than 8: a non-portable cluster size)
   if (wide.multicast != 1 && wide.multicast != 2 && wide.multicast != 4) return cudaErrorInvalidValue;
-  if (wide.feed < kFeedCopier || wide.feed > kFeedProducerQuarters) return cudaErrorInvalidValue;
   if (launch.slabs == 1 && wide.multicast * launch.cluster <= 16) launch.multicast = wide.multicast;
   W12MmaArgs launched = args;
   if (launch.cluster == args.warps_k * splits) launched.partial = nullptr;
@@ -388,8 +332,8 @@ cudaError_t launch_slabs(const W12MmaArgs& args, const W12Wide& wide, int groups
   const int cx = launch.multicast;
   // a grid of whole clusters: blocks past the last tile group compute its tiles again and store nothing
   dim3 grid((tile_groups + cx - 1) / cx * cx * launch.slabs, args.warps_k * splits);
-  dim3 block(128 * groups + (wide.feed != kFeedCopier ? 32 : 0));
-  const size_t smem = wide_smem_bytes<MT, LOW_BITS>(groups, launch.slots, launch.stages, launch.pieces);
+  dim3 block(128 * groups);
+  const size_t smem = wide_smem_bytes<MT, LOW_BITS>(groups, launch.slots, launch.stages);
   auto kernel = w12_wide_kernel<MT, LOW_BITS>;
   int resident = 0;
   cudaError_t err = resident_blocks(reinterpret_cast<const void*>(kernel), block.x, smem, &resident);
