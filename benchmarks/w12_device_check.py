@@ -353,7 +353,9 @@ def tune_candidates(base: MmaConfig, bucket: str, multicast_too: bool = False) -
     return out
 
 
-def tune_shape(shape: Shape, deadline: float, multicast: bool = False) -> dict:
+def tune_shape(
+    shape: Shape, deadline: float, multicast: bool = False, buckets: tuple[str, ...] = tuple(TUNE_BUCKETS)
+) -> dict:
     """Every row range's candidates (tune_candidates) timed at its TUNE_BUCKETS rows; a candidate whose bits differ
     from the per-warp kernel's, or whose launch ran fewer warpgroups than asked, is recorded and not chosen. Returns the
     times, the winners and the config made of them (the shape's partition unchanged: no bit depends on any choice).
@@ -363,11 +365,12 @@ def tune_shape(shape: Shape, deadline: float, multicast: bool = False) -> dict:
     mmas = shape.mma(0.0)
     x = torch.randn(256, shape.k, device="cuda").bfloat16()
     plain = replace(base, **PLAIN)
-    reference = {m: bits(w12_mma_gemm(x[:m], mmas[0], config=plain)) for b in TUNE_BUCKETS.values() for m in b}
+    tuned = {bucket: TUNE_BUCKETS[bucket] for bucket in buckets}
+    reference = {m: bits(w12_mma_gemm(x[:m], mmas[0], config=plain)) for b in tuned.values() for m in b}
     chosen, report = base, {}
-    for index, (bucket, rows) in enumerate(TUNE_BUCKETS.items()):
+    for index, (bucket, rows) in enumerate(tuned.items()):
         times, best = {}, None
-        share = time.monotonic() + (deadline - time.monotonic()) / (len(TUNE_BUCKETS) - index)
+        share = time.monotonic() + (deadline - time.monotonic()) / (len(tuned) - index)
         for name, option in tune_candidates(chosen, bucket, multicast).items():
             if time.monotonic() > share:
                 times["stopped"] = "tune budget spent"
@@ -473,6 +476,15 @@ def main() -> None:
     )
     parser.add_argument("--tune-budget", type=float, default=150.0, help="seconds --tune may take over all shapes")
     parser.add_argument(
+        "--tune-buckets", default=",".join(TUNE_BUCKETS), help=f"the row ranges --tune tunes, of {list(TUNE_BUCKETS)}"
+    )
+    parser.add_argument(
+        "--check-configs",
+        default=None,
+        help=f"the bits section's configs (default: all of {list(CHECK_CONFIGS)}, with --multicast also the "
+        "multicast ones)",
+    )
+    parser.add_argument(
         "--multicast",
         action="store_true",
         help="also check and tune the wide kernel's activation multicast (after a clean 'multicast' "
@@ -485,6 +497,16 @@ def main() -> None:
         help="write mma_configs.json with --tune's winners for this GPU to this path",
     )
     args = parser.parse_args()
+    buckets = tuple(args.tune_buckets.split(","))
+    offered = {**CHECK_CONFIGS, **(MULTICAST_CONFIGS if args.multicast else {})}
+    checked = offered if args.check_configs is None else dict.fromkeys(args.check_configs.split(","))
+    unknown = [b for b in buckets if b not in TUNE_BUCKETS] + [c for c in checked if c not in offered]
+    if unknown:
+        parser.error(
+            f"unknown --tune-buckets / --check-configs entries {unknown}: use names of {list(TUNE_BUCKETS)} / "
+            f"{list(offered)} (multicast configs need --multicast)"
+        )
+    checked = {name: offered[name] for name in checked}
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 8))  # ninja builds the kernel files in parallel
     doc = {
         **result_header("w12_device_check"),
@@ -502,7 +524,7 @@ def main() -> None:
         record_section(
             doc,
             "bits",
-            lambda: check_bits({**CHECK_CONFIGS, **(MULTICAST_CONFIGS if args.multicast else {})}),
+            lambda: check_bits(checked),
             args.out,
         )
     tuned = {}
@@ -515,7 +537,10 @@ def main() -> None:
             if args.tune:  # each shape gets its share of what is left of the budget
                 share = time.monotonic() + (deadline - time.monotonic()) / (len(names) - index)
                 record_section(
-                    doc.setdefault("tune", {}), name, lambda s=shape, d=share: tune_shape(s, d, args.multicast), None
+                    doc.setdefault("tune", {}),
+                    name,
+                    lambda s=shape, d=share: tune_shape(s, d, args.multicast, buckets),
+                    None,
                 )
                 if "config" in doc["tune"][name]:
                     config = MmaConfig(**doc["tune"][name]["config"])

@@ -709,3 +709,22 @@ def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
     doc["summary"] = check.summarize(doc)
     assert check.headline(doc).startswith("bits exact; projections 1-32 rows 1.34x cuBLAS")
     assert 0.8 < doc["summary"]["projections_1_32_min_every_row_count"] < doc["summary"]["projections_1_32_min"]
+
+
+def test_device_check_refuses_unknown_tune_buckets_and_check_configs(monkeypatch, capsys):
+    # bad --tune-buckets / --check-configs stop the run before it touches a GPU, naming the entry and the valid ones
+    from benchmarks import w12_device_check as check
+
+    for bad in (["--tune-buckets", "33-64,1-999"], ["--check-configs", "n1_k3_s2_one_slab,nope"]):
+        monkeypatch.setattr("sys.argv", ["w12_device_check.py", "--out", "unused.json", *bad])
+        with pytest.raises(SystemExit):
+            check.main()
+        err = capsys.readouterr().err
+        assert bad[1].split(",")[-1] in err and "n1_k3_s2_one_slab" in err
+    # the multicast configs are offered only with --multicast
+    monkeypatch.setattr(
+        "sys.argv", ["w12_device_check.py", "--out", "unused.json", "--check-configs", "n1_k3_s2_multicast2"]
+    )
+    with pytest.raises(SystemExit):
+        check.main()
+    assert "need --multicast" in capsys.readouterr().err
