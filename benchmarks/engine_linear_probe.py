@@ -58,36 +58,57 @@ def graph_us(fn, replays: int) -> float:
     return round(sorted(samples)[2], 2)
 
 
+def borrowed_configs(n: int, k: int, tuned: dict) -> dict:
+    """For a shape with no tuned partition: the tuned partitions of shapes with the same K or the same N (their
+    second row region dropped: it is sized for the other N), and the default with warpgroup MMAs at 9-64 rows."""
+    from dataclasses import replace
+
+    from specpilot_kernels.w12.mma import MmaConfig, default_mma_config
+
+    out = {}
+    for key, cfg in tuned.items():
+        tn, tk = map(int, key.split(","))
+        if (tn, tk) != (n, k) and (tk == k or tn == n):
+            out[f"from {key}"] = replace(MmaConfig(**cfg), tail_rows=0, tail=(0, 0, 0))
+    base = default_mma_config(n, k, 132)
+    fit = 32 // (4 * base.warps_k)  # warpgroups a K class that fit a block of at most 32 warps
+    for wg in sorted({1, min(2, fit)}) if fit else ():
+        out[f"default + wgmma {wg},{wg},{wg}"] = replace(base, wgmma=(wg, wg, wg))
+    return out
+
+
+def rotating(call, count: int):
+    """A call over ``count`` weight copies in turn (a weight that fits L2 would otherwise be timed from it)."""
+    state = {"i": 0}
+
+    def fn():
+        state["i"] += 1
+        return call(state["i"] % count)
+
+    return fn
+
+
 def linears(shape, rows: list[int], device, replays: int) -> dict:
     from specpilot_kernels.w12 import encode, to_mma_layout, w12_mma_gemm
     from specpilot_kernels.w12.mma import _tuned
 
     out = {}
     gen = torch.Generator(device=device).manual_seed(0)
-    gpu = torch.cuda.get_device_name(device)
+    tuned = _tuned().get(torch.cuda.get_device_name(device), {})
     table = dict(shape.linear_shapes())
     table["head"] = (shape.vocab_size, shape.d_model)
     for name, (n, k) in table.items():
         w = (torch.randn(n, k, generator=gen, device=device) * 0.02).bfloat16()
-        copies = 1 if w.numel() * 2 > L2_BYTES else 2  # rotate two copies of a weight that would stay in L2
+        copies = 1 if w.numel() * 2 > L2_BYTES else 2
         ws = [w] + [w.clone() for _ in range(copies - 1)]
         mmas = [to_mma_layout(encode(x.contiguous(), check=True)) for x in ws]
-        entry = {"N": n, "K": k, "tuned": f"{n},{k}" in _tuned().get(gpu, {}), "rows": {}}
-        for m in rows:
-            x = (torch.randn(m, k, generator=gen, device=device) * 0.5).bfloat16()
+        xs = {m: (torch.randn(m, k, generator=gen, device=device) * 0.5).bfloat16() for m in rows}
+        entry = {"N": n, "K": k, "tuned": f"{n},{k}" in tuned, "rows": {}}
+        for m, x in xs.items():
             launched: list[int] = []
             w12_mma_gemm(x, mmas[0], launched=launched)
-            state = {"i": 0}
-
-            def cublas(state=state, x=x, ws=ws):
-                state["i"] += 1
-                return F.linear(x, ws[state["i"] % len(ws)])
-
-            def w12(state=state, x=x, mmas=mmas):
-                state["i"] += 1
-                return w12_mma_gemm(x, mmas[state["i"] % len(mmas)])
-
-            cb, wt = graph_us(cublas, replays * copies), graph_us(w12, replays * copies)
+            cb = graph_us(rotating(lambda i, x=x, ws=ws: F.linear(x, ws[i]), copies), replays * copies)
+            wt = graph_us(rotating(lambda i, x=x, mmas=mmas: w12_mma_gemm(x, mmas[i]), copies), replays * copies)
             entry["rows"][str(m)] = {
                 "cublas_us": cb,
                 "w12_us": wt,
@@ -95,9 +116,19 @@ def linears(shape, rows: list[int], device, replays: int) -> dict:
                 "w12_launches": len(launched),
                 "w12_warpgroups": launched,
             }
+        if not entry["tuned"]:  # would another shape's partition serve this one?
+            entry["borrowed"] = {}
+            for label, cfg in borrowed_configs(n, k, tuned).items():
+                times = {}
+                for m, x in xs.items():
+                    try:
+                        fn = rotating(lambda i, x=x, mmas=mmas, cfg=cfg: w12_mma_gemm(x, mmas[i], config=cfg), copies)
+                        times[str(m)] = graph_us(fn, replays * copies)
+                    except Exception as exc:  # noqa: BLE001 - a partition this shape cannot take
+                        times[str(m)] = f"{type(exc).__name__}: {exc}"[:200]
+                entry["borrowed"][label] = times
         out[name] = entry
-        print(f"{name} {n}x{k} tuned={entry['tuned']}: {entry['rows']}", file=sys.stderr, flush=True)
-        del ws, mmas
+        print(f"{name} {n}x{k} tuned={entry['tuned']}: {entry['rows']} {entry.get('borrowed')}", file=sys.stderr)
         torch.cuda.empty_cache()
     return out
 
