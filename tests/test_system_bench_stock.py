@@ -62,6 +62,7 @@ def test_batched_speedup_reports_both_stocks_and_the_gains_over_each(tmp_path):
             "8": {
                 "T_AR_ms": 1.0,
                 "T_draft_ms": 0.5,
+                "T_draft_tree_ms": 0.6,
                 "T_draft_by_block_ms": {"2": 0.2, "4": 0.25, "16": 0.5},
                 "T_verify_stock_ms": steps,
                 "T_verify_specpilot_ms": steps,
@@ -71,7 +72,8 @@ def test_batched_speedup_reports_both_stocks_and_the_gains_over_each(tmp_path):
     row = bench.batched_speedup(run, sixteen, blocks)["8"]
     stock, tuned = row["stock"], row["stock_tuned"]
     assert stock["rows"] == 17 and stock["speedup_over_ar"] == stock["by_rows"]["17"]["S"]  # the default, kept
-    assert stock["by_rows"]["17"]["c"] == 3.5  # its draft at the 16-block
+    assert stock["by_rows"]["17"]["c"] == 3.5  # its draft at the 16-block (argmax a position)
+    assert row["specpilot"]["by_rows"]["17"]["c"] == 3.6  # the trees' draft (top-8 a position)
     assert tuned["speedup_over_ar"] == max(b["S"] for b in tuned["by_block"].values())
     assert tuned["by_block"]["16"]["S"] == stock["speedup_over_ar"]  # the default block is one of the choices
     mine = row["specpilot"]["speedup_over_ar"]
