@@ -187,7 +187,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--shape", default="qwen3.8-27b-like")
-    ap.add_argument("--rows", default="1,8,16,17,24,32,33")
+    ap.add_argument("--rows", default="1,8,16,17,32,33")
     ap.add_argument("--attention-rows", default="1,17,33")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--replays", type=int, default=20)
