@@ -144,11 +144,13 @@ def time_model(
     return ms
 
 
-def time_draft(model: SystemModel, B: int, timer: Timer, positions: int = 16) -> float:
+def time_draft(model: SystemModel, B: int, timer: Timer, positions: int = 16, top_k: int = 8) -> float:
+    """ms of the drafter's pass over B blocks of ``positions`` masked positions; ``top_k`` candidates a position
+    (1 for a chain: its argmax; trees take 8)."""
     shape = model.shape
     buf = StepBuffers.empty(B, positions + 1, shape.conv_size, model.device)
     buf.fill(pack_trees([(list(range(positions + 1)), list(range(-1, positions)))] * B, positions + 1, shape.conv_size))
-    ms = timer.ms(lambda: model.graphed(("draft", B), lambda: model.draft(buf, positions)))
+    ms = timer.ms(lambda: model.graphed(("draft", B, positions), lambda: model.draft(buf, positions, top_k)))
     model.release_buffers()
     return ms
 
@@ -180,8 +182,9 @@ def single(args, device, dtype, timer) -> dict:
     out["weights_s"] = round(time.perf_counter() - t0, 2)
     stock = SystemModel(weights, SINGLE_OPTIONS["stock"])
     out["T_AR_ms"] = time_model(stock, caches, 1, 1, context, timer, ar=True)
-    out["T_draft_ms"] = time_draft(stock, 1, timer)
-    progress(f"single: T_AR {out['T_AR_ms']} ms, draft {out['T_draft_ms']} ms")
+    out["T_draft_ms"] = time_draft(stock, 1, timer, top_k=1)  # the chain's drafter pass (argmax a position)
+    out["T_draft_tree_ms"] = time_draft(stock, 1, timer)  # a tree's (top-8 a position)
+    progress(f"single: T_AR {out['T_AR_ms']} ms, draft {out['T_draft_ms']} ms (trees {out['T_draft_tree_ms']} ms)")
     names = args.single_options.split(",") if args.single_options else list(SINGLE_OPTIONS)
     unknown = [n for n in names if n not in SINGLE_OPTIONS]
     if unknown or "stock" not in names:
@@ -244,7 +247,13 @@ def batched(args, device, dtype, timer) -> dict:
         for B in batches:
             entry = {
                 "T_AR_ms": time_model(stock, caches, B, 1, args.context, timer, ar=True),
-                "T_draft_ms": time_draft(stock, B, timer),
+                "T_draft_ms": time_draft(stock, B, timer, top_k=1),  # stock's chain: each position's argmax
+                "T_draft_tree_ms": time_draft(stock, B, timer),  # SpecPilot's trees: top-8 a position
+            }
+            # stock run with a smaller block (--speculative-num-draft-tokens): the drafter's pass over that block
+            entry["T_draft_by_block_ms"] = {
+                str(rows - 1): entry["T_draft_ms"] if rows - 1 == 16 else time_draft(stock, B, timer, rows - 1, 1)
+                for rows in BATCHED_ROWS["stock"]
             }
             for name, options in BATCHED_OPTIONS.items():
                 model = stock.with_options(options)
@@ -265,24 +274,28 @@ def batched(args, device, dtype, timer) -> dict:
     return out
 
 
-def batched_speedup(run: dict, lattice) -> dict:
-    """Per batch size: stock (its 16-chain) and SpecPilot (best-first trees, the planner's rows per request from the
-    measured steps and replayed tau, AR included: ``batching.planner.BudgetPlanner``), speedup over AR and gain
-    over stock. tau: the trained pair's exact replay of per-request trees (a shared budget brings more: the batched
-    bench's closed loop measures that)."""
+def batched_speedup(run: dict, lattice, block_lattices: dict | None = None) -> dict:
+    """Per batch size: stock as configured by default (its drafter's 16-chain every step), stock tuned (the best
+    static block for that batch size, as an SGLang user sets ``--speculative-num-draft-tokens``: the drafter's pass
+    over that block, tau from lattices the pair's drafter recorded at that block — ``block_lattices`` {block:
+    lattice}) and SpecPilot (best-first trees, the planner's rows per request from the measured steps and replayed
+    tau, AR included: ``batching.planner.BudgetPlanner``); speedup over AR and gain over both stocks. tau: the
+    trained pair's exact replay of per-request trees (a shared budget brings more: the batched bench's closed loop
+    measures that)."""
     import numpy as np
 
     from specpilot_mem.batching.planner import BudgetPlanner
 
     table = {}
     for B, entry in run["by_batch"].items():
-        t_ar, t_draft = entry["T_AR_ms"], entry["T_draft_ms"]
+        t_ar = entry["T_AR_ms"]
         row = {"T_AR_ms": t_ar}
         for name, options in BATCHED_OPTIONS.items():
             steps = entry.get(f"T_verify_{name}_ms", {})
             if not isinstance(steps, dict) or not steps:
                 continue
             builder = "chain" if options.tree == "chain" else "best-first"
+            t_draft = entry["T_draft_ms"] if builder == "chain" else entry.get("T_draft_tree_ms", entry["T_draft_ms"])
             by_rows = {}
             for r, t_verify in steps.items():
                 tau = replay_tau(lattice, builder, int(r) - 1)
@@ -290,12 +303,11 @@ def batched_speedup(run: dict, lattice) -> dict:
                 by_rows[r] = {"tau": tau, "c": round(c, 4), "S": round(tau / c, 4)}
             mine = {"by_rows": by_rows}
             fixed = str(options.rows)
-            if name == "stock" and fixed in by_rows:  # stock as it runs: its chain, every step
+            if name == "stock" and fixed in by_rows:  # stock as it runs by default: its drafter's chain, every step
                 mine["rows"], mine["speedup_over_ar"] = int(fixed), by_rows[fixed]["S"]
-                # the best static chain length, had stock a flag for it (SGLang's DFlash verifies its drafter's
-                # whole block); its tau truncates the 16-block chain, an upper bound for a drafter run at that block
-                best = max(by_rows, key=lambda r: by_rows[r]["S"])
-                mine["best_static_chain_bound"] = {"rows": int(best), "speedup_over_ar": by_rows[best]["S"]}
+                tuned = stock_tuned(entry, steps, block_lattices or {16: lattice})
+                if tuned:
+                    row["stock_tuned"] = tuned
             elif name != "stock":
                 costs = _MeasuredSteps(t_ar, t_draft, {int(r): t for r, t in steps.items()}, int(B))
                 planner = BudgetPlanner(costs, tuple(int(r) for r in steps))
@@ -305,10 +317,38 @@ def batched_speedup(run: dict, lattice) -> dict:
                 mine["speedup_over_ar"] = 1.0 if rows == 1 else by_rows[str(rows)]["S"]
                 mine["plan"] = "AR" if rows == 1 else f"{rows - 1} nodes per request"
             row[name] = mine
-        if "speedup_over_ar" in row.get("stock", {}) and "speedup_over_ar" in row.get("specpilot", {}):
-            row["gain_over_stock"] = round(row["specpilot"]["speedup_over_ar"] / row["stock"]["speedup_over_ar"], 4)
+        mine = row.get("specpilot", {}).get("speedup_over_ar")
+        if mine and "speedup_over_ar" in row.get("stock", {}):
+            row["gain_over_stock"] = round(mine / row["stock"]["speedup_over_ar"], 4)
+        if mine and "speedup_over_ar" in row.get("stock_tuned", {}):
+            row["gain_over_stock_tuned"] = round(mine / row["stock_tuned"]["speedup_over_ar"], 4)
         table[B] = row
     return table
+
+
+def stock_tuned(entry: dict, steps: dict, block_lattices: dict) -> dict | None:
+    """Stock's best static block at one batch size: for each block k whose drafter pass was timed and whose lattices
+    were recorded at that block, c = (T_draft(k) + T_verify(k + 1 rows)) / T_AR and tau from the chain replay; the
+    block with the largest tau / c. It is still stock (SGLang's DFlash chain, snapshots, cuBLAS), only configured."""
+    drafts = entry.get("T_draft_by_block_ms", {})
+    by_block = {}
+    for r, t_verify in steps.items():
+        k = int(r) - 1
+        if str(k) not in drafts or k not in block_lattices:
+            continue
+        tau = replay_tau(block_lattices[k], "chain", k)
+        c = (drafts[str(k)] + t_verify) / entry["T_AR_ms"]
+        by_block[str(k)] = {"rows": int(r), "tau": tau, "c": round(c, 4), "S": round(tau / c, 4)}
+    if not by_block:
+        return None
+    best = max(by_block, key=lambda k: by_block[k]["S"])
+    return {
+        "label": "stock with its best static block for this batch size (--speculative-num-draft-tokens)",
+        "block": int(best),
+        "rows": by_block[best]["rows"],
+        "speedup_over_ar": by_block[best]["S"],
+        "by_block": by_block,
+    }
 
 
 class _MeasuredSteps:
@@ -447,10 +487,34 @@ def agreement(got: list[list[int]], want: list[list[int]]) -> dict:
 _LATTICE: dict = {}
 
 
-def pair_lattice(args, device):
+def pair_lattice(args, device, block: int | None = None):
     """Lattices recorded from the trained pair (teacher-forced at every position of each greedy output, 16
-    drafted positions), saved beside the result so ``specpilot-mem ceiling`` can read them."""
+    drafted positions), saved beside the result so ``specpilot-mem ceiling`` can read them. ``block``: the
+    lattices of the drafter run with that many masked positions (its pass over a smaller block, on the same
+    greedy outputs), ``block`` positions each."""
     cache = _LATTICE
+    if block is not None and block != 16:
+        if block not in cache:
+            from specpilot_mem.replay.lattice import LatticeRecorder
+
+            pair_lattice(args, device)
+            path = cache["path"].with_name(f"system-pair-lattices-block{block}.npz")
+            recorder = LatticeRecorder(
+                path,
+                kind="selector",
+                positions=block,
+                meta={"target": "trained pair (models/)", "drafter": f"trained pair (models/), block {block}"},
+            )
+            cache["engine"].record_lattices(
+                recorder,
+                cache["prompts"],
+                positions=block,
+                block=block,
+                labels=["greedy-reference"] * len(cache["prompts"]),
+                greedy=cache["greedy"],
+            )
+            cache[block] = recorder.close()
+        return cache[block], None
     if "lattice" not in cache:
         import json as _json
 
@@ -472,10 +536,10 @@ def pair_lattice(args, device):
             positions=16,
             meta={"target": "trained pair (models/)", "drafter": "trained pair (models/)"},
         )
-        engine.record_lattices(
+        cache["greedy"] = engine.record_lattices(
             recorder, prompts, positions=16, max_new_tokens=args.tau_tokens, labels=["greedy-reference"] * len(prompts)
         )
-        cache["lattice"], cache["path"] = recorder.close(), path
+        cache["lattice"], cache["path"], cache["engine"], cache["prompts"] = recorder.close(), path, engine, prompts
     return cache["lattice"], cache["path"]
 
 
@@ -494,9 +558,10 @@ def speedup(args, device, result) -> dict:
     out = {"label": LABEL, "lattices": str(path), "single": {}, "batched": {}}
     single_run = result.get("single", {})
     if "steps_ms" in single_run:
-        t_ar, t_draft = single_run["T_AR_ms"], single_run["T_draft_ms"]
+        t_ar = single_run["T_AR_ms"]
         for name, times in single_run["steps_ms"].items():
             tree = SINGLE_OPTIONS[name].tree != "chain"
+            t_draft = single_run.get("T_draft_tree_ms", single_run["T_draft_ms"]) if tree else single_run["T_draft_ms"]
             rows = {}
             for r, t_verify in times.items():
                 nodes = int(r) - 1
@@ -515,9 +580,12 @@ def speedup(args, device, result) -> dict:
         for entry in out["single"].values():
             if stock_best and entry["speedup_over_ar"]:
                 entry["gain_over_stock"] = round(entry["speedup_over_ar"] / stock_best, 4)
-    for shape_name, run in result.get("batched", {}).items():
-        if isinstance(run, dict) and "by_batch" in run:
-            out["batched"][shape_name] = batched_speedup(run, lattice)
+    runs = {name: run for name, run in result.get("batched", {}).items() if isinstance(run, dict) and "by_batch" in run}
+    if runs:  # stock's smaller blocks: the pair's drafter recorded at each of them
+        blocks = sorted({int(r) - 1 for r in BATCHED_ROWS["stock"]})
+        block_lattices = {k: lattice if k == 16 else pair_lattice(args, device, k)[0] for k in blocks}
+        for shape_name, run in runs.items():
+            out["batched"][shape_name] = batched_speedup(run, lattice, block_lattices)
     return out
 
 
@@ -627,11 +695,12 @@ def profile(args, device, dtype, timer, result) -> dict:
     caches.randomize(context)
     stock = SystemModel(weights, SINGLE_OPTIONS["stock"])
     t_ar = time_model(stock, caches, 1, 1, context, timer, ar=True)
-    t_draft = time_draft(stock, 1, timer)
+    drafts = {"chain": time_draft(stock, 1, timer, top_k=1), "tree": time_draft(stock, 1, timer)}
     lattice, lattice_path = pair_lattice(args, device)
     folder = args.profile_dir or (args.out.parent if args.out else Path("."))
     out = {"lattices": str(lattice_path)}
     for name, options in (("stock", SINGLE_OPTIONS["stock"].replace(positions=16)), ("all", SINGLE_OPTIONS["all"])):
+        t_draft = drafts["chain" if options.tree == "chain" else "tree"]
         model = stock.with_options(options)
         rows = options.rows
         t_verify = time_model(model, caches, 1, rows, context, timer)
@@ -779,11 +848,12 @@ def batched_headline(result: dict) -> str | None:
         rows = [r for r in table.values() if "speedup_over_ar" in r.get("stock", {}) and "specpilot" in r]
         if rows:
             stock = [r["stock"]["speedup_over_ar"] for r in rows]
+            tuned = [r["stock_tuned"]["speedup_over_ar"] for r in rows if "stock_tuned" in r]
             mine = [r["specpilot"]["speedup_over_ar"] for r in rows]
-            parts.append(
-                f"{shape} at {'/'.join(table)} requests: stock {min(stock):.2f}-{max(stock):.2f}x AR, "
-                f"SpecPilot {min(mine):.2f}-{max(mine):.2f}x AR"
-            )
+            text = f"{shape} at {'/'.join(table)} requests: stock (16-chain) {min(stock):.2f}-{max(stock):.2f}x AR, "
+            if tuned:
+                text += f"stock (best block per batch) {min(tuned):.2f}-{max(tuned):.2f}x AR, "
+            parts.append(text + f"SpecPilot {min(mine):.2f}-{max(mine):.2f}x AR")
     return "; ".join(parts) if parts else None
 
 

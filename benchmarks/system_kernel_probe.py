@@ -4,7 +4,7 @@
     PYTHONPATH=kernels:. TRITON_INTERPRET=1 python benchmarks/system_kernel_probe.py --device cpu --smoke
 
 For each row count (and the AR decode step) of the 27B-like stock step (synthetic weights made on the GPU, one
-request, ``--context`` tokens of cache): the graph-replay step time (CUDA events), then two profiled runs —
+request or ``--batch`` of them, ``--context`` tokens of cache): the graph-replay step time (CUDA events), then two profiled runs —
 eager steps, where every kernel launch is attributed to the engine part that issued it (the layer mixers, the
 MLPs, the attention context, the LM head, acceptance, commit, and "residual+norm" for what the pass itself
 launches), and CUDA-graph replays, where the kernels are the same but have no launch to attribute them by (the
@@ -228,6 +228,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="qwen3.8-27b-like")
     ap.add_argument("--rows", default="ar,1,17,33", help="comma-separated row counts; 'ar': the decode step")
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=1, help="requests in the step (chains of --rows rows each)")
     ap.add_argument("--linears", default="bf16")
     ap.add_argument("--lm-head", default="bf16")
     ap.add_argument("--eager-steps", type=int, default=2)
@@ -250,13 +251,14 @@ def main(argv=None) -> int:
         "shape": shape.name,
         "smoke": args.smoke,
         "context": args.context,
+        "batch": args.batch,
         "weight_floor_ms": round(shape.weight_floor_ms(READ_BW), 4),
         "options": {"linears": args.linears, "lm_head": args.lm_head},
         "by_rows": {},
     }
     t0 = time.perf_counter()
     weights = Weights.synthetic(shape, device, torch.bfloat16)
-    caches = Caches(shape, 1, args.context + max_rows + 8, device, torch.bfloat16)
+    caches = Caches(shape, args.batch, args.context + max_rows + 8, device, torch.bfloat16)
     caches.randomize(args.context)
     if cuda:
         torch.cuda.synchronize()
@@ -286,8 +288,8 @@ def probe_rows(label, args, shape, weights, caches, floor_ms) -> dict:
     rows = 1 if ar else int(label)
     t1 = time.perf_counter()
     model = SystemModel(weights, SystemOptions(linears=args.linears, lm_head=args.lm_head))
-    buf = StepBuffers.empty(1, rows, shape.conv_size, device)
-    buf.fill(pack_trees([(list(range(rows)), list(range(-1, rows - 1)))], rows, shape.conv_size))
+    buf = StepBuffers.empty(args.batch, rows, shape.conv_size, device)
+    buf.fill(pack_trees([(list(range(rows)), list(range(-1, rows - 1)))] * args.batch, rows, shape.conv_size))
     buf.forced.fill_(rows - 1)
 
     def step(model=model, buf=buf, ar=ar):

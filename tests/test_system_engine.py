@@ -134,6 +134,10 @@ def test_draft_pass_gives_top_k_per_position():
     buf = StepBuffers.empty(2, 5, shape.conv_size, "cpu")
     ids, scores = model.draft(buf, positions=4, top_k=3)
     assert ids.shape == scores.shape == (2, 4, 3)
+    # a chain's drafter takes each position's argmax alone: the first of the top-k
+    first, best = model.draft(buf, positions=4, top_k=1)
+    assert first.shape == (2, 4, 1) and torch.equal(first[..., 0], ids[..., 0])
+    torch.testing.assert_close(best[..., 0], scores[..., 0])
 
 
 def test_certified_head_in_graph_fallback_recovers_overflowing_rows():

@@ -59,6 +59,34 @@ def _pdl(x: torch.Tensor, *grid: int) -> dict:
     return {"PDL": True, "launch_pdl": True} if math.prod(grid) <= _PDL_DEVICES[x.device] else {}
 
 
+def _sms(x: torch.Tensor) -> int:
+    return torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+
+
+def _row_block(x: torch.Tensor, rows: int, n: int, smallest: int, largest: int) -> int:
+    """Columns a program of a rows x n elementwise kernel takes: the narrowest power of two from ``smallest`` to
+    ``largest`` whose grid has at most one program per SM, so that a verify step of up to ~33 rows still launches with
+    PDL (``_pdl``) where narrow blocks would give hundreds of programs of a few hundred elements each; ``smallest``
+    when none has (a batch's hundreds of rows: no PDL either way)."""
+    block, top = min(smallest, triton.next_power_of_2(n)), min(largest, triton.next_power_of_2(n))
+    while block <= top:
+        if rows * triton.cdiv(n, block) <= _sms(x):
+            return block
+        block *= 2
+    return min(smallest, triton.next_power_of_2(n))
+
+
+def _rows_per_program(x: torch.Tensor, rows: int, largest: int) -> int:
+    """Rows a program of a row-wise kernel takes: the fewest (a power of two up to ``largest``) that keep the grid
+    within one program per SM (PDL, as ``_row_block``), else one (a batch: no PDL either way)."""
+    per = 1
+    while per <= largest:
+        if triton.cdiv(rows, per) <= _sms(x):
+            return per
+        per *= 2
+    return 1
+
+
 @triton.jit
 def _pdl_start(PDL: tl.constexpr, TRIGGER: tl.constexpr = True):
     if PDL:  # before any load or store: the producer's writes are visible after the wait
@@ -171,14 +199,18 @@ def _tree_conv_silu_kernel(
 
 
 @triton.jit
-def _gated_rms_norm_kernel(x, w, gate, out, N, HEADS, sg, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _gated_rms_norm_kernel(
+    x, w, gate, out, M, N, HEADS, sg, eps, BLOCK: tl.constexpr, ROWS: tl.constexpr = 1, PDL: tl.constexpr = False
+):
     _pdl_start(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    keep = cols < N
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]  # ROWS rows of N a program
+    cols = tl.arange(0, BLOCK)[None, :]
+    keep = (row < M) & (cols < N)
     xv = tl.load(x + row * N + cols, mask=keep, other=0.0).to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=0) / N + eps)
-    normed = ((xv * inv).to(out.dtype.element_ty) * tl.load(w + cols, mask=keep, other=0.0)).to(out.dtype.element_ty)
+    inv = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=1) / N + eps)[:, None]
+    normed = ((xv * inv).to(out.dtype.element_ty) * tl.load(w + cols, mask=cols < N, other=0.0)).to(
+        out.dtype.element_ty
+    )
     # the gate is read in place: row = token * HEADS + head, tokens sg apart
     g = tl.load(gate + (row // HEADS) * sg + (row % HEADS) * N + cols, mask=keep, other=0.0).to(tl.float32)
     silu = (g / (1.0 + tl.exp(-g))).to(out.dtype.element_ty)
@@ -281,8 +313,8 @@ def tree_conv_silu(
         x = x.contiguous()
     conv_state, conv_idx, weight = (t.contiguous() for t in (conv_state, conv_idx, weight))
     out = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    # few rows: narrower blocks, so that a decode-sized step still spreads over the SMs
-    block = min(256 if B * T < 16 else 1024, triton.next_power_of_2(C))
+    # few rows: narrow blocks, so that a decode-sized step still spreads over the SMs; more rows: wider ones
+    block = _row_block(x, B * T, C, 256 if B * T < 16 else 1024, 4096)
     _tree_conv_silu_kernel[(B * T, triton.cdiv(C, block))](
         conv_state,
         x,
@@ -297,7 +329,7 @@ def tree_conv_silu(
         BLOCK=block,
         RAW=raw is not None,
         **_pdl(x, B * T, triton.cdiv(C, block)),
-        num_warps=4 if block >= 1024 else 2,
+        num_warps=8 if block >= 4096 else 4 if block >= 1024 else 2,
     )
     return out
 
@@ -322,17 +354,21 @@ def gated_rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, ep
     if g3.stride(2) != 1 or g3.stride(1) != N:
         g3 = g3.contiguous()
     out = torch.empty_like(x)
-    _gated_rms_norm_kernel[(x.numel() // N,)](
+    rows = x.numel() // N
+    per = _rows_per_program(x, rows, 32)
+    _gated_rms_norm_kernel[(triton.cdiv(rows, per),)](
         x,
         weight,
         g3,
         out,
+        rows,
         N,
         heads,
         g3.stride(0),
         eps,
         BLOCK=triton.next_power_of_2(N),
-        **_pdl(x, x.numel() // N),
+        ROWS=per,
+        **_pdl(x, triton.cdiv(rows, per)),
         num_warps=4,
     )
     return out
@@ -352,9 +388,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     N = gate_up.shape[-1] // 2
     rows = gate_up.numel() // (2 * N)
     out = torch.empty(*gate_up.shape[:-1], N, dtype=gate_up.dtype, device=gate_up.device)
-    block = min(1024, triton.next_power_of_2(N))
+    block = _row_block(gate_up, rows, N, 1024, 8192)
     _silu_mul_kernel[(rows, triton.cdiv(N, block))](
-        gate_up, out, N, BLOCK=block, **_pdl(gate_up, rows, triton.cdiv(N, block)), num_warps=4
+        gate_up, out, N, BLOCK=block, **_pdl(gate_up, rows, triton.cdiv(N, block)), num_warps=8 if block > 1024 else 4
     )
     return out
 
@@ -741,8 +777,7 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None,
     if has_cache and (k_cache.stride(3) != 1 or k_cache.stride(2) != D or v_cache.stride() != k_cache.stride()):
         raise ValueError("tree_attention reads caches laid out [B, HKV, L, D] with unit token stride D")
     L = k_cache.shape[2] if has_cache else 0
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
-    BM, warps, S, chunk = _attention_split(B, HKV, R, L + T, D, sms)
+    BM, warps, S, chunk = _attention_split(B, HKV, R, L + T, D, _sms(q))
     BD = triton.next_power_of_2(D)
     dev = q.device
     part_o = torch.empty(B * HKV, S, R, BD, dtype=torch.float32, device=dev)

@@ -571,7 +571,8 @@ class SystemModel:
     def draft(self, buf: StepBuffers, positions: int, top_k: int = 8):
         """The synthetic block drafter's pass (timing at the paper's shapes): BF16 dense layers over each request's
         block (anchor + masked positions, ``buf.tokens`` [B, S], bidirectional), then the target's LM head on the
-        drafted positions and their top-k. Returns (top-k ids, top-k logits), each [B, positions, top_k]."""
+        drafted positions and their top-k (``top_k=1``: each position's argmax, all a greedy chain needs, as
+        SGLang's DFlash takes it). Returns (top-k ids, top-k logits), each [B, positions, top_k]."""
         s, t = self.shape, self.w.t
         B, S = buf.shape
         x = F.embedding(buf.tokens.view(-1), t["embed"])
@@ -582,7 +583,8 @@ class SystemModel:
             x = x + self._mlp(p, rms_norm(x, t[p + "norm2"], s.norm_eps), "bf16")
         h = rms_norm(x, t["drafter.norm"], s.norm_eps).view(B, S, -1)[:, 1 : positions + 1].reshape(B * positions, -1)
         logits = self.w.head_linear()(h, "w12") if self.options.lm_head == "w12" else h @ self.w.head.t()
-        top = logits.view(B, positions, -1).topk(top_k, dim=-1)
+        logits = logits.view(B, positions, -1)
+        top = logits.max(dim=-1, keepdim=True) if top_k == 1 else logits.topk(top_k, dim=-1)
         return top.indices, top.values
 
     # -- the pass ---------------------------------------------------------------------------------------------
