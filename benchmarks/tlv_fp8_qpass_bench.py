@@ -104,14 +104,22 @@ def gemm_section(rows: list[int], replays: int) -> dict:
 
 def time_shape(name: str, n: int, k: int, rows: list[int], replays: int) -> dict:
     from specpilot_kernels.w12 import encode, to_mma_layout, w12_mma_gemm
-    from specpilot_kernels.w12.qpass_fp8 import select_fp8_qpass_config, w12_fp8_qpass_gemm
+    from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig, select_fp8_qpass_config, w12_fp8_qpass_gemm
 
     from specpilot_mem.bench.cuda_timing import graph_replay_us
 
     copies = max(2, math.ceil(2 * L2_BYTES / (n * k)))
     torch.manual_seed(0)
     mmas = [to_mma_layout(encode((torch.randn(n, k, device="cuda") * 0.02).bfloat16())) for _ in range(copies)]
-    entry = {"copies": copies, "config": vars(select_fp8_qpass_config(n, k, mmas[0].device)), "rows": []}
+    config = select_fp8_qpass_config(n, k, mmas[0].device)
+    entry = {"copies": copies, "config": vars(config), "rows": []}
+    # partitions beside the default, for tuning: twice / half the warps a tile's K, 8-warp blocks
+    wk2, wk_half = min(8, 2 * config.warps_k), max(1, config.warps_k // 2)
+    others = {
+        "warps_k2x": Fp8QpassConfig(wk2, max(1, 4 // wk2)),
+        "warps_k_half": Fp8QpassConfig(wk_half, max(1, 4 // wk_half)),
+        "blocks8": Fp8QpassConfig(config.warps_k, max(1, 8 // config.warps_k)),
+    }
     view_bytes, plane_bytes = mmas[0].view.numel(), mmas[0].view.numel() + mmas[0].nibbles.numel()
 
     def timed(fn):
@@ -126,6 +134,10 @@ def time_shape(name: str, n: int, k: int, rows: list[int], replays: int) -> dict
             "fp8_q_midpoint_us": timed(lambda i, x=x: w12_fp8_qpass_gemm(x, mmas[i], "midpoint")),
             "fp8_q_truncated_us": timed(lambda i, x=x: w12_fp8_qpass_gemm(x, mmas[i], "truncated")),
         }
+        for label, other in others.items():
+            row[f"fp8_q_midpoint_{label}_us"] = timed(
+                lambda i, x=x, other=other: w12_fp8_qpass_gemm(x, mmas[i], "midpoint", config=other)
+            )
         row["exact_TBps"] = plane_bytes / row["exact_us"] / 1e6
         row["fp8_q_TBps"] = view_bytes / row["fp8_q_midpoint_us"] / 1e6
         row["fp8_q_midpoint_over_exact"] = row["fp8_q_midpoint_us"] / row["exact_us"]

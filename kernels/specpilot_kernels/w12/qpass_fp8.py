@@ -39,6 +39,7 @@ MAX_ROWS_PER_LAUNCH = 64  # 8 token tiles of 8 (csrc/w12_qpass_fp8.cuh kQpassFp8
 MAX_WARPS_PER_BLOCK = 8  # kQpassFp8MaxWarps: up to 255 registers a thread
 WARPS_PER_SM = 16  # warps a multiprocessor the partition aims at: each keeps 3-4 KB of view bytes in flight
 MIN_PAIRS_PER_WARP = 8  # 64-column pairs: a K range long enough to hide its prologue and the reduction
+BLOCK_WARPS = 4  # warps a block the default partition aims at
 LOW_BITS = ("midpoint", "truncated")
 
 
@@ -59,10 +60,11 @@ class Fp8QpassConfig:
 
 def default_fp8_qpass_config(n: int, k: int, sms: int) -> Fp8QpassConfig:
     """Enough warps to stream the view (about ``WARPS_PER_SM`` a multiprocessor): a tile's K shared by up to 8
-    warps where tiles are few, each keeping at least ``MIN_PAIRS_PER_WARP`` pairs; 8 warps a block."""
+    warps where tiles are few, each keeping at least ``MIN_PAIRS_PER_WARP`` pairs. Small blocks (about
+    ``BLOCK_WARPS``): a grid of whole blocks then spreads evenly over the multiprocessors."""
     tiles, pairs = -(-n // 16), -(-k // 128) * 2
     warps_k = max(1, min(MAX_WARPS_PER_BLOCK, -(-WARPS_PER_SM * sms // tiles), pairs // MIN_PAIRS_PER_WARP))
-    return Fp8QpassConfig(warps_k=warps_k, tiles_per_block=max(1, MAX_WARPS_PER_BLOCK // warps_k))
+    return Fp8QpassConfig(warps_k=warps_k, tiles_per_block=max(1, BLOCK_WARPS // warps_k))
 
 
 def select_fp8_qpass_config(n: int, k: int, device: torch.device) -> Fp8QpassConfig:
