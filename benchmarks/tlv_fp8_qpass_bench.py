@@ -150,7 +150,7 @@ def time_shape(name: str, n: int, k: int, rows: list[int], replays: int) -> dict
 def system_section(rows_list: list[int], context: int, modes: tuple[str, ...]) -> dict:
     from system_bench import Timer
     from tlv_cycle_bench import EXACT
-    from tlv_qpass_probe import system_rows
+    from tlv_qpass_probe import stock_step, system_rows
 
     from specpilot_mem.engine.shapes import get_shape
     from specpilot_mem.engine.system import Caches, SystemModel, Weights
@@ -166,6 +166,7 @@ def system_section(rows_list: list[int], context: int, modes: tuple[str, ...]) -
     for rows in rows_list:
         for mode in modes:
             out[f"rows={rows},{mode}"] = system_rows(model, caches, rows, context, timer, mode)
+    out["stock"] = stock_step(weights, caches, context, timer)
     return out
 
 
