@@ -64,6 +64,12 @@ def main(argv=None) -> int:
     ap.add_argument("--positions", default="8,16")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", default=None, help="regex: run only the systems it matches (AR and stock always run)")
+    ap.add_argument(
+        "--activations",
+        default="fp8",
+        choices=("fp8", "bf16"),
+        help="the Q pass's activations: E4M3 per row (the FP8 tensor-core Q pass, emulated here) or as they are",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -91,13 +97,15 @@ def main(argv=None) -> int:
         systems[f"best-first-p{positions}"] = lambda dec=dec: dec.generate(
             prompts, mode="spec", max_new_tokens=args.new_tokens
         )
-        systems[f"tlv-p{positions}"] = lambda dec=dec: SystemTwoLevel(dec).generate(prompts, args.new_tokens)
-        systems[f"tlv-truncated-p{positions}"] = lambda dec=dec: SystemTwoLevel(dec, "truncated").generate(
+        systems[f"tlv-p{positions}"] = lambda dec=dec: SystemTwoLevel(dec, activations=args.activations).generate(
             prompts, args.new_tokens
         )
-        systems[f"tlv-{LOSSY}-p{positions}"] = lambda dec=dec: SystemTwoLevel(dec, accept_from_qpass=True).generate(
-            prompts, args.new_tokens
-        )
+        systems[f"tlv-truncated-p{positions}"] = lambda dec=dec: SystemTwoLevel(
+            dec, "truncated", activations=args.activations
+        ).generate(prompts, args.new_tokens)
+        systems[f"tlv-{LOSSY}-p{positions}"] = lambda dec=dec: SystemTwoLevel(
+            dec, accept_from_qpass=True, activations=args.activations
+        ).generate(prompts, args.new_tokens)
     if args.only:
         systems = {k: v for k, v in systems.items() if k in ("ar", "stock") or re.search(args.only, k)}
     result = {
@@ -109,6 +117,7 @@ def main(argv=None) -> int:
         "new_tokens": args.new_tokens,
         "nodes": args.nodes,
         "builder": "best-first",
+        "qpass_activations": args.activations,
         "engine": "system engine (SystemModel / SystemDecoder), one request in flight",
         "device": "cpu",
         "dtype": "float32",

@@ -86,8 +86,9 @@ def fp8_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xf = x.float()
     amax = xf.abs().amax(dim=-1)
     nonzero = amax > 0
-    inv = torch.where(nonzero, E4M3_MAX / amax, torch.ones_like(amax))
-    scale = torch.where(nonzero, amax / E4M3_MAX, torch.ones_like(amax))
+    top = torch.full_like(amax, E4M3_MAX)  # tensor / tensor: a true division on every device (a scalar divisor
+    inv = torch.where(nonzero, top / amax, torch.ones_like(amax))  # becomes a multiply by its reciprocal on CUDA)
+    scale = torch.where(nonzero, amax / top, torch.ones_like(amax))
     q = (xf * inv[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q, scale
 
