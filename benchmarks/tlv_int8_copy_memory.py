@@ -2,8 +2,9 @@
 one ``int8_copy`` and one W12 record (``W12MmaTensor``, what the exact pass keeps) hold for each of the shape's linear
 kinds, summed over the layers that have it, plus the LM head; against the 8-bit view, which costs nothing on top.
 
-Each kind's weight is a seeded N(0, 0.02) BF16 tensor of its real size, encoded and copied once (CPU): the bytes are
-the objects' own ``nbytes``, not a formula.
+Each kind's weight is a seeded N(0, 0.02) BF16 tensor; its first ``--sample-rows`` rows (all, for smaller kinds) are
+encoded and copied once on the CPU and the objects' own ``nbytes`` scaled to the kind's rows (both forms are per row
+apart from W12's escapes and headers, which the sample's rate stands for).
 
     PYTHONPATH=kernels:. python benchmarks/tlv_int8_copy_memory.py [--out FILE]
 """
@@ -31,6 +32,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="qwen3.8-27b-like")
+    ap.add_argument("--sample-rows", type=int, default=2048)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     started = time.perf_counter()
@@ -41,13 +43,14 @@ def main(argv=None) -> int:
     kinds, totals = {}, Counter()
     for name, (n, k) in dims.items():
         torch.manual_seed(0)
-        weight = (torch.randn(n, k) * 0.02).bfloat16()
+        rows = min(n, args.sample_rows)
+        weight = (torch.randn(rows, k) * 0.02).bfloat16()
         sizes = {
-            "bf16": weight.numel() * weight.element_size(),
-            "w12": to_mma_layout(encode(weight)).nbytes(),
-            "int8_copy": int8_copy(weight).nbytes(),
+            "bf16": n * k * weight.element_size(),
+            "w12": round(to_mma_layout(encode(weight)).nbytes() * n / rows),
+            "int8_copy": round(int8_copy(weight).nbytes() * n / rows),
         }
-        kinds[name] = {"N": n, "K": k, "count": counts[name], **sizes}
+        kinds[name] = {"N": n, "K": k, "count": counts[name], "sampled_rows": rows, **sizes}
         for key, value in sizes.items():
             totals[key] += counts[name] * value
         del weight

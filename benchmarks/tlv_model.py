@@ -68,6 +68,7 @@ def main(argv=None) -> int:
         default=None,
         help="with --system from tlv_fp8_qpass_bench.py: the Q mode whose passes to take (e.g. fp8_midpoint)",
     )
+    ap.add_argument("--tlv-system", default=None, help="the engine result's TLV system to take τ from (default tlv-pP)")
     ap.add_argument("--engine", type=Path, required=True)
     ap.add_argument("--tree-rows", type=int, default=33, help="rows of an N = 32 tree and its root")
     ap.add_argument(
@@ -118,7 +119,8 @@ def main(argv=None) -> int:
         "tlv_cycle_us": 2 * draft + q + exact,
     }
     systems = engine["systems"]
-    names = {"stock": "stock", "single": f"best-first-p{args.positions}", "tlv": f"tlv-p{args.positions}"}
+    tlv_name = args.tlv_system or f"tlv-p{args.positions}"
+    names = {"stock": "stock", "single": f"best-first-p{args.positions}", "tlv": tlv_name}
     requests = len(systems["stock"]["per_request"]["tokens"])
 
     def gains(picks):
@@ -147,6 +149,7 @@ def main(argv=None) -> int:
             "qpass": str(args.qpass or ""),
             "system": str(args.system or ""),
             "q_mode": args.q_mode,
+            "tlv_system": tlv_name,
             "engine": str(args.engine),
         },
         "assumptions": {
