@@ -68,6 +68,7 @@ def main(argv=None) -> int:
         default=None,
         help="with --system from tlv_fp8_qpass_bench.py: the Q mode whose passes to take (e.g. fp8_midpoint)",
     )
+    ap.add_argument("--stock", type=Path, default=None, help="a system result with stock's step, if --system has none")
     ap.add_argument("--tlv-system", default=None, help="the engine result's TLV system to take τ from (default tlv-pP)")
     ap.add_argument("--engine", type=Path, required=True)
     ap.add_argument("--tree-rows", type=int, default=33, help="rows of an N = 32 tree and its root")
@@ -86,7 +87,8 @@ def main(argv=None) -> int:
     if args.system:
         probe = json.loads(args.system.read_text())
         key = f"rows={args.tree_rows}" + (f",{args.q_mode}" if args.q_mode else "")
-        passes, stock = probe["system"].get(key), probe["system"].get("stock")
+        stock_probe = json.loads(args.stock.read_text()) if args.stock else probe
+        passes, stock = probe["system"].get(key), stock_probe["system"].get("stock")
         if passes is None or stock is None:
             raise SystemExit(
                 f"{args.system} has no system timing {key!r} and of stock (it has {sorted(probe['system'])}): rerun "
@@ -149,6 +151,7 @@ def main(argv=None) -> int:
             "qpass": str(args.qpass or ""),
             "system": str(args.system or ""),
             "q_mode": args.q_mode,
+            "stock": str(args.stock or args.system or ""),
             "tlv_system": tlv_name,
             "engine": str(args.engine),
         },
