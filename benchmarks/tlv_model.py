@@ -63,6 +63,13 @@ def main(argv=None) -> int:
         help="tlv_qpass_probe.py's system section instead: whole passes in the system engine (draft, Q pass, exact "
         "step, stock step), every kernel of a step included",
     )
+    ap.add_argument(
+        "--q-mode",
+        default=None,
+        help="with --system from tlv_fp8_qpass_bench.py: the Q mode whose passes to take (e.g. fp8_midpoint)",
+    )
+    ap.add_argument("--stock", type=Path, default=None, help="a system result with stock's step, if --system has none")
+    ap.add_argument("--tlv-system", default=None, help="the engine result's TLV system to take τ from (default tlv-pP)")
     ap.add_argument("--engine", type=Path, required=True)
     ap.add_argument("--tree-rows", type=int, default=33, help="rows of an N = 32 tree and its root")
     ap.add_argument(
@@ -79,11 +86,13 @@ def main(argv=None) -> int:
     engine = json.loads(args.engine.read_text())
     if args.system:
         probe = json.loads(args.system.read_text())
-        passes, stock = probe["system"].get(f"rows={args.tree_rows}"), probe["system"].get("stock")
+        key = f"rows={args.tree_rows}" + (f",{args.q_mode}" if args.q_mode else "")
+        stock_probe = json.loads(args.stock.read_text()) if args.stock else probe
+        passes, stock = probe["system"].get(key), stock_probe["system"].get("stock")
         if passes is None or stock is None:
             raise SystemExit(
-                f"{args.system} has no system timing at {args.tree_rows} rows and of stock: rerun tlv_qpass_probe.py "
-                "with its system section"
+                f"{args.system} has no system timing {key!r} and of stock (it has {sorted(probe['system'])}): rerun "
+                "tlv_qpass_probe.py or tlv_fp8_qpass_bench.py with its system section, or pick --q-mode"
             )
         ms = 1000.0
         draft, exact, q = ms * passes["draft_ms"], ms * passes["exact_step_ms"], ms * passes["qpass_ms"]
@@ -112,7 +121,8 @@ def main(argv=None) -> int:
         "tlv_cycle_us": 2 * draft + q + exact,
     }
     systems = engine["systems"]
-    names = {"stock": "stock", "single": f"best-first-p{args.positions}", "tlv": f"tlv-p{args.positions}"}
+    tlv_name = args.tlv_system or f"tlv-p{args.positions}"
+    names = {"stock": "stock", "single": f"best-first-p{args.positions}", "tlv": tlv_name}
     requests = len(systems["stock"]["per_request"]["tokens"])
 
     def gains(picks):
@@ -137,7 +147,14 @@ def main(argv=None) -> int:
         interval[key] = [values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1]]
     result = {
         **result_header("tlv_model"),
-        "inputs": {"qpass": str(args.qpass or ""), "system": str(args.system or ""), "engine": str(args.engine)},
+        "inputs": {
+            "qpass": str(args.qpass or ""),
+            "system": str(args.system or ""),
+            "q_mode": args.q_mode,
+            "stock": str(args.stock or args.system or ""),
+            "tlv_system": tlv_name,
+            "engine": str(args.engine),
+        },
         "assumptions": {
             "drafter": f"{args.drafter_layers} layers of the target's projections (cuBLAS BF16) at "
             f"{args.draft_rows} rows + the W12 LM head at {args.draft_rows} rows"

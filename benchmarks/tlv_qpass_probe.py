@@ -161,7 +161,6 @@ def system_section(smoke: bool, cuda: bool, context: int, rows_list: list[int]) 
     from system_bench import Timer, step_trees
     from tlv_cycle_bench import EXACT
 
-    from specpilot_mem.engine.options import SystemOptions
     from specpilot_mem.engine.shapes import get_shape
     from specpilot_mem.engine.system import Caches, StepBuffers, SystemModel, Weights, pack_trees
 
@@ -177,16 +176,7 @@ def system_section(smoke: bool, cuda: bool, context: int, rows_list: list[int]) 
     out = {}
     for rows in rows_list:
         out[f"rows={rows}"] = system_rows(model, caches, rows, context, timer, q_mode)
-    # stock's step for the model's "over stock": one draft, the BF16 chain of 16 positions and its anchor
-    from system_bench import time_draft, time_model
-
-    stock = SystemModel(weights, SystemOptions())
-    out["stock"] = {
-        "rows": stock.options.rows,
-        "draft_ms": time_draft(stock, 1, timer),
-        "step_ms": time_model(stock, caches, 1, stock.options.rows, context, timer),
-    }
-    stock.release_buffers()
+    out["stock"] = stock_step(weights, caches, context, timer)
     if cuda:  # one eager Q pass under the profiler: the kernels by device time
         rows = rows_list[-1]
         buf = StepBuffers.empty(1, rows, shape.conv_size, device)
@@ -217,6 +207,23 @@ def system_section(smoke: bool, cuda: bool, context: int, rows_list: list[int]) 
             "top": table[:30],
         }
     return out
+
+
+def stock_step(weights, caches, context: int, timer) -> dict:
+    """Stock's step for the model's "over stock": one draft, the BF16 chain of 16 positions and its anchor."""
+    from system_bench import time_draft, time_model
+
+    from specpilot_mem.engine.options import SystemOptions
+    from specpilot_mem.engine.system import SystemModel
+
+    stock = SystemModel(weights, SystemOptions())
+    entry = {
+        "rows": stock.options.rows,
+        "draft_ms": time_draft(stock, 1, timer),
+        "step_ms": time_model(stock, caches, 1, stock.options.rows, context, timer),
+    }
+    stock.release_buffers()
+    return entry
 
 
 def system_rows(model, caches, rows: int, context: int, timer, q_mode: str | None) -> dict:

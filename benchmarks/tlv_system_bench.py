@@ -55,6 +55,12 @@ def exact_options(positions: int, nodes: int) -> SystemOptions:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_arguments(ap, requests=12)
+    ap.add_argument(
+        "--activations",
+        default="fp8",
+        choices=("fp8", "bf16"),
+        help="the Q pass's activations: E4M3 per row (the FP8 tensor-core Q pass, emulated here) or as they are",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -79,13 +85,15 @@ def main(argv=None) -> int:
         systems[f"best-first-p{positions}"] = lambda dec=dec: dec.generate(
             prompts, mode="spec", max_new_tokens=args.new_tokens
         )
-        systems[f"tlv-p{positions}"] = lambda dec=dec: SystemTwoLevel(dec).generate(prompts, args.new_tokens)
-        systems[f"tlv-truncated-p{positions}"] = lambda dec=dec: SystemTwoLevel(dec, "truncated").generate(
+        systems[f"tlv-p{positions}"] = lambda dec=dec: SystemTwoLevel(dec, activations=args.activations).generate(
             prompts, args.new_tokens
         )
-        systems[f"tlv-{LOSSY}-p{positions}"] = lambda dec=dec: SystemTwoLevel(dec, accept_from_qpass=True).generate(
-            prompts, args.new_tokens
-        )
+        systems[f"tlv-truncated-p{positions}"] = lambda dec=dec: SystemTwoLevel(
+            dec, "truncated", activations=args.activations
+        ).generate(prompts, args.new_tokens)
+        systems[f"tlv-{LOSSY}-p{positions}"] = lambda dec=dec: SystemTwoLevel(
+            dec, accept_from_qpass=True, activations=args.activations
+        ).generate(prompts, args.new_tokens)
     systems = only_systems(systems, args.only)
     result = {
         **result_header("tlv_system_bench"),
@@ -96,6 +104,7 @@ def main(argv=None) -> int:
         "new_tokens": args.new_tokens,
         "nodes": args.nodes,
         "builder": "best-first",
+        "qpass_activations": args.activations,
         "engine": "system engine (SystemModel / SystemDecoder), one request in flight",
         "device": "cpu",
         "dtype": "float32",

@@ -58,7 +58,7 @@ PROBE = textwrap.dedent(r"""
     stock = resolved(dflash)
     view = resolving_view(stock)
     out["stock"] = {"tlv": view.specpilot_tlv, "low_bits": view.specpilot_tlv_low_bits,
-                    "window": view.speculative_num_draft_tokens}
+                    "qpass": view.specpilot_tlv_qpass, "window": view.speculative_num_draft_tokens}
     on = resolved(tree + ["--specpilot-tlv", "--quantization", "w12", "--attention-backend", "triton"])
     out["on"] = {"tlv": resolving_view(on).specpilot_tlv, "window": resolving_view(on).speculative_num_draft_tokens}
     bad = {
@@ -107,6 +107,31 @@ PROBE = textwrap.dedent(r"""
     with qpass_mode("midpoint"):
         out["w12"]["q_ignores_nibbles"] = bool(torch.equal(method.apply(layer, x), q))
     out["w12"]["exact_reads_nibbles"] = not bool(torch.equal(method.apply(layer, x), exact))
+
+    # the INT8 Q-pass copy variant (--specpilot-tlv-qpass int8): made at load, its memory on top of W12's
+    from sglang.srt.specpilot.kernels.w12.int8_copy import int8_copy, int8_weight_reference
+    int8_method, int8_layer = W12LinearMethod("p", qpass="int8"), torch.nn.Module()
+    int8_method.create_weights(int8_layer, 256, [384], 256, 384, torch.bfloat16, weight_loader=None)
+    int8_layer.weight.data.copy_(weight)
+    int8_method.process_weights_after_loading(int8_layer)
+    sizes = {n: b.numel() * b.element_size() for n, b in int8_layer.named_buffers()}
+    with qpass_mode("midpoint"):
+        q_int8 = int8_method.apply(int8_layer, x)
+    want = F.linear(x, int8_weight_reference(int8_copy(weight)).to(torch.bfloat16))
+    out["int8"] = {
+        "copy_bytes": sizes.get("tlv_int8_weight", 0) + sizes.get("tlv_int8_scale", 0),
+        "w12_bytes": sum(v for n, v in sizes.items() if n.startswith("w12_")),
+        "q_equal_copy": bool(torch.equal(q_int8, want)),
+        "exact_unchanged": bool(torch.equal(int8_method.apply(int8_layer, x), exact)),
+        "view_method_has_no_copy": not any(n.startswith("tlv_int8") for n, _ in layer.named_buffers()),
+    }
+
+    # which product the Q pass runs, per --specpilot-tlv-qpass and GPU
+    from sglang.srt.specpilot.tlv import qpass_product
+    places = {"cpu": (False, None), "sm80": (True, (8, 0)), "sm89": (True, (8, 9)), "sm90": (True, (9, 0))}
+    out["products"] = {f"{choice}@{place}": qpass_product(choice, cuda, cap, True)
+                       for choice in ("fp8", "bf16", "int8") for place, (cuda, cap) in places.items()}
+    out["products"]["fp8@sm90-planes"] = qpass_product("fp8", True, (9, 0), False)
 
     # RadixAttention: no KV store in the Q pass (the backend is recorded: no attention backend runs on the CPU)
     import sglang.srt.layers.radix_attention as radix
@@ -225,6 +250,7 @@ def probe(sglang_entries_export, tmp_path_factory):
 
 def test_flags_unset_resolve_as_stock(probe):
     assert probe["stock"]["tlv"] is False and probe["stock"]["low_bits"] == "midpoint"
+    assert probe["stock"]["qpass"] == "fp8"
     assert probe["decoder_flag_unset"]
 
 
@@ -253,6 +279,21 @@ def test_the_qpass_reads_the_layers_own_8_bit_view(probe):
     assert w12["buffers_unchanged"] and w12["bf16_released"]  # no second copy of the weights
     assert w12["q_ignores_nibbles"] and w12["exact_reads_nibbles"]
     assert w12["version"] == FORMAT_VERSION  # the entry vendors the library's current format
+
+
+def test_the_int8_copy_variant_costs_a_byte_a_weight_and_feeds_the_qpass(probe):
+    int8 = probe["int8"]
+    assert int8["copy_bytes"] == 384 * 256 + 4 * 384  # 8 bits a weight + an fp32 scale a row, beside W12's planes
+    assert int8["w12_bytes"] > 0 and int8["view_method_has_no_copy"]
+    assert int8["q_equal_copy"] and int8["exact_unchanged"]
+
+
+def test_the_qpass_runs_the_fp8_tensor_cores_where_it_can(probe):
+    products = probe["products"]
+    assert [products[f"fp8@{p}"] for p in ("cpu", "sm80", "sm89", "sm90")] == ["view-reference", "bf16", "fp8", "fp8"]
+    assert [products[f"bf16@{p}"] for p in ("cpu", "sm80", "sm90")] == ["view-reference", "bf16", "bf16"]
+    assert [products[f"int8@{p}"] for p in ("cpu", "sm90")] == ["int8-reference", "int8"]
+    assert products["fp8@sm90-planes"] == "bf16"  # a W12Tensor (no fragment layout) cannot feed the FP8 MMA
 
 
 def test_radix_attention_stores_no_kv_in_the_qpass_only(probe):

@@ -44,8 +44,9 @@ def noise_qpass(tlv: SystemTwoLevel, seed: int = 0):
     tlv.qpass = qpass
 
 
-def test_tlv_decodes_the_targets_greedy_tokens(decoder, greedy):
-    runs = SystemTwoLevel(decoder).generate(PROMPTS, max_new_tokens=20)
+@pytest.mark.parametrize("activations", ["fp8", "bf16"])
+def test_tlv_decodes_the_targets_greedy_tokens(decoder, greedy, activations):
+    runs = SystemTwoLevel(decoder, activations=activations).generate(PROMPTS, max_new_tokens=20)
     assert [r.output_ids for r in runs] == greedy
     for run in runs:
         # one exact pass a cycle; the first token comes from the prefill
@@ -113,6 +114,21 @@ def test_the_cpu_qpass_weights_are_the_views_values(decoder):
     assert not torch.equal(view.t["head"], decoder.weights.t["embed"])
 
 
+def test_the_cpu_fp8_qpass_quantizes_each_linears_input_per_row(decoder):
+    from specpilot_kernels.w12.qpass_fp8 import fp8_qpass_linear_reference
+
+    from specpilot_mem.engine.system import Linear
+    from specpilot_mem.engine.tlv_system import Fp8EmulatedLinear
+
+    fp8, bf16 = (qpass_view_weights(decoder.weights, "midpoint", a) for a in ("fp8", "bf16"))
+    name = next(n for n in decoder.weights.linears if n.endswith("gate_up.w"))
+    x = torch.randn(3, TARGET.d_model)
+    assert isinstance(fp8.linears[name], Fp8EmulatedLinear) and isinstance(fp8.head_linear(), Fp8EmulatedLinear)
+    assert type(bf16.linears[name]) is Linear
+    assert torch.equal(fp8.linears[name](x), fp8_qpass_linear_reference(x, bf16.linears[name].weight))
+    assert not torch.equal(fp8.linears[name](x), bf16.linears[name](x))  # E4M3 activations differ from fp32 ones
+
+
 @pytest.mark.parametrize(
     ("change", "fragment"),
     [
@@ -120,13 +136,14 @@ def test_the_cpu_qpass_weights_are_the_views_values(decoder):
         (dict(options=EXACT.replace(tree="chain")), "needs a tree and W12"),
         (dict(options=EXACT.replace(linears="bf16")), "needs a tree and W12"),
         (dict(low_bits="nibble"), "unknown Q-pass low bits"),
+        (dict(activations="int4"), "unknown Q-pass activations"),
     ],
 )
 def test_refused_setups_say_what_to_change(decoder, change, fragment):
-    low_bits = change.pop("low_bits", "midpoint")
+    low_bits, activations = change.pop("low_bits", "midpoint"), change.pop("activations", "fp8")
     target = decoder.with_options(change.get("options", EXACT), batch=change.get("batch", 1))
     with pytest.raises(OptionsError, match=fragment):
-        SystemTwoLevel(target, low_bits)
+        SystemTwoLevel(target, low_bits, activations=activations)
 
 
 def test_too_short_a_cache_is_refused_before_decoding(decoder):

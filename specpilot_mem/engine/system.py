@@ -79,17 +79,22 @@ class Linear:
                 self._w12 = w12
 
     def __call__(self, x, mode: str = "bf16"):
-        """y = x W^T. mode: "bf16" (cuBLAS), "w12" (the W12 mma kernel, exact weights), or "q8_truncated" /
+        """y = x W^T. mode: "bf16" (cuBLAS), "w12" (the W12 mma kernel, exact weights), "q8_truncated" /
         "q8_midpoint" (the same kernel over the 8-bit view, the dropped bits zero or at their midpoint: the TLV Q
-        pass's weights; GPU only)."""
+        pass's weights), or "fp8_truncated" / "fp8_midpoint" (those weights on the FP8 tensor cores, activations in
+        E4M3 per row: ``w12_fp8_qpass_gemm``, sm_89+); the Q modes GPU only."""
         if mode == "bf16":
             return F.linear(x, self.weight)
         self._convert()
         if self._mma is not None and x.dtype == torch.bfloat16:
             from specpilot_kernels.w12 import w12_mma_gemm
+            from specpilot_kernels.w12.qpass_fp8 import w12_fp8_qpass_gemm
 
             flat = x.reshape(-1, x.shape[-1]).contiguous()
-            y = w12_mma_gemm(flat, self._mma, low_bits="exact" if mode == "w12" else mode.removeprefix("q8_"))
+            if mode.startswith("fp8_"):
+                y = w12_fp8_qpass_gemm(flat, self._mma, mode.removeprefix("fp8_"))
+            else:
+                y = w12_mma_gemm(flat, self._mma, low_bits="exact" if mode == "w12" else mode.removeprefix("q8_"))
             return y.reshape(*x.shape[:-1], y.shape[-1])
         if mode != "w12":
             raise ValueError(f"linear mode {mode!r} needs the W12 mma kernel (a CUDA GPU and bf16 inputs)")

@@ -5,10 +5,12 @@ One cycle from the pending token p (the last output token, its target state not 
 
 1. the pair's drafter drafts a tree T1 of ``nodes`` nodes below p (``SystemDecoder.draft_trees``, best-first);
 2. the **Q pass**: ``SystemModel.forward(write_cache=False)`` with every target linear and the LM head read from the
-   8-bit view of its W12 record — on a GPU the same records the exact pass reads (``linear_mode="q8_midpoint"``,
-   the W12 kernel's Q mode, no copy); on a CPU (the fp32 correctness runs) the view's values beside the weights.
-   It writes no KV slot, GDN state, conv window or feature. The chain C is the path of T1 that follows the Q pass's
-   argmax, plus its bonus token;
+   8-bit view of its W12 record — on a GPU the same records the exact pass reads, no copy: with ``activations="fp8"``
+   (the default) on the FP8 tensor cores (``linear_mode="fp8_midpoint"``, ``w12_fp8_qpass_gemm``: activations in
+   E4M3 per token row), with ``"bf16"`` through the W12 kernel's BF16 Q mode (``"q8_midpoint"``); on a CPU (the fp32
+   correctness runs) the view's values beside the weights, the FP8 activations emulated
+   (``fp8_qpass_linear_reference``). It writes no KV slot, GDN state, conv window or feature. The chain C is the
+   path of T1 that follows the Q pass's argmax, plus its bonus token;
 3. the drafter drafts again from the end of C, from the committed features and the Q pass's features along C; its
    best-first subtree, truncated to ``nodes - |C|`` nodes, is attached below C;
 4. one exact ``SystemModel`` step (W12 weights, GDN path verify) verifies the combined tree, accepts its longest
@@ -39,23 +41,37 @@ from specpilot_mem.engine.tlv import TlvGeneration, matching_path
 from specpilot_mem.engine.trees import build_tree
 
 LOW_BITS = ("midpoint", "truncated")
+ACTIVATIONS = ("fp8", "bf16")  # the Q pass's activations: E4M3 per token row (FP8 tensor cores) or as they are
 
 
-def qpass_view_weights(weights: Weights, low_bits: str = "midpoint") -> Weights:
-    """The weights as the Q pass reads them off the GPU: every linear and the LM head replaced by the value of its
-    W12 8-bit view (``qpass_weight_reference``) in the weights' dtype, every other tensor shared. On a GPU the Q pass
-    reads the view in place instead (``linear_mode``), so this is the CPU's stand-in."""
+class Fp8EmulatedLinear(Linear):
+    """A Q-pass linear on the CPU as the FP8 Q pass computes it: E4M3 activations per row times the view's values
+    (``fp8_qpass_linear_reference``), whatever the mode asked."""
+
+    def __call__(self, x, mode: str = "bf16"):
+        from specpilot_kernels.w12.qpass_fp8 import fp8_qpass_linear_reference
+
+        return fp8_qpass_linear_reference(x, self.weight)
+
+
+def qpass_view_weights(weights: Weights, low_bits: str = "midpoint", activations: str = "fp8") -> Weights:
+    """The weights as the Q pass reads them off the GPU: every linear and the LM head (``head_linear``) replaced by
+    the value of its W12 8-bit view (``qpass_weight_reference``) in the weights' dtype, every other tensor shared;
+    with ``activations="fp8"`` each such linear quantizes its input to E4M3 per row first. On a GPU the Q pass reads
+    the view in place instead (``linear_mode``), so this is the CPU's stand-in."""
     from specpilot_kernels.w12 import encode
     from specpilot_kernels.w12.reference import qpass_weight_reference
 
     def view_of(weight: torch.Tensor) -> torch.Tensor:
         return qpass_weight_reference(encode(weight.to(torch.bfloat16).contiguous()), low_bits).to(weight.dtype)
 
+    kind = Fp8EmulatedLinear if activations == "fp8" else Linear
     view = copy.copy(weights)
     view.t = dict(weights.t)
     view.t["head"] = view_of(weights.head)  # the embedding stays exact: only the head is a linear
     view.shape = dataclasses.replace(weights.shape, tied_head=False)
-    view.linears = {name: Linear(view_of(lin.weight)) for name, lin in weights.linears.items() if name != "head.w"}
+    view.linears = {name: kind(view_of(lin.weight)) for name, lin in weights.linears.items() if name != "head.w"}
+    view.linears["head.w"] = kind(view.t["head"])
     view._certified = None
     return view
 
@@ -64,7 +80,13 @@ class SystemTwoLevel:
     """The TLV cycle over a one-request ``SystemDecoder`` whose options give the exact pass (W12 linears and head, a
     tree of ``nodes`` nodes); ``generate(prompts)`` as the decoder's, returning :class:`TlvGeneration`."""
 
-    def __init__(self, decoder: SystemDecoder, low_bits: str = "midpoint", accept_from_qpass: bool = False):
+    def __init__(
+        self,
+        decoder: SystemDecoder,
+        low_bits: str = "midpoint",
+        accept_from_qpass: bool = False,
+        activations: str = "fp8",
+    ):
         opts = decoder.options
         if decoder.batch != 1:
             raise OptionsError(
@@ -81,13 +103,29 @@ class SystemTwoLevel:
             )
         if low_bits not in LOW_BITS:
             raise OptionsError(f"unknown Q-pass low bits {low_bits!r}", where="low_bits", fix=f"use one of {LOW_BITS}")
+        if activations not in ACTIVATIONS:
+            raise OptionsError(
+                f"unknown Q-pass activations {activations!r}", where="activations", fix=f"use one of {ACTIVATIONS}"
+            )
         self.decoder, self.low_bits, self.accept_from_qpass = decoder, low_bits, accept_from_qpass
+        self.activations = activations
         self.model = decoder.model
         if decoder.device.type == "cuda" and decoder.dtype == torch.bfloat16:
-            self.qmodel, self.linear_mode = self.model, f"q8_{low_bits}"  # the exact pass's own records, read as Q
+            if activations == "fp8":
+                from specpilot_kernels.w12.qpass_fp8 import fp8_qpass_available
+
+                if not fp8_qpass_available(decoder.device):
+                    raise OptionsError(
+                        f"the FP8 Q pass needs FP8 tensor cores (sm_89+), {torch.cuda.get_device_name(decoder.device)}"
+                        " has none (or the kernel did not build)",
+                        where="SystemTwoLevel(activations)",
+                        fix="use activations='bf16' (the W12 kernel's BF16 Q mode)",
+                    )
+            # the exact pass's own records, read as Q
+            self.qmodel, self.linear_mode = self.model, f"{'fp8' if activations == 'fp8' else 'q8'}_{low_bits}"
         else:
             self.qmodel = SystemModel(
-                qpass_view_weights(decoder.weights, low_bits),
+                qpass_view_weights(decoder.weights, low_bits, activations),
                 opts.replace(linears="bf16", lm_head="bf16"),
                 feature_layers=self.model.feature_layers,
             )
@@ -109,10 +147,7 @@ class SystemTwoLevel:
         self._fill(tree, produced)
         caches = self.decoder.caches
         hidden, feats, _ = self.qmodel.forward(self.buf, caches, write_cache=False, linear_mode=self.linear_mode)
-        if self.linear_mode:
-            best = self.qmodel.w.head_linear()(hidden, self.linear_mode).argmax(-1)
-        else:
-            best = self.qmodel.head_argmax(hidden, "bf16")
+        best = self.qmodel.w.head_linear()(hidden, self.linear_mode or "bf16").argmax(-1)
         return best.tolist(), feats[0]
 
     @torch.no_grad()

@@ -27,6 +27,14 @@ __device__ __forceinline__ uint2 load_streaming8(const void* p) {
   return v;
 }
 
+// Starts bringing `bytes` (a multiple of 16) from a 16-byte aligned global address into L2, no registers held
+// (sm_90+; a no-op before): a warp's whole next range of weights in one instruction.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 // An L2 policy that puts what a copy brings in first in line for eviction (data read once). Made where it is used:
 // held across a loop it costs a register pair and a conversion per copy.
 __device__ __forceinline__ uint64_t evict_first_policy() {
@@ -55,6 +63,15 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// c += a (16x32, row) * b (32x8, column), fp32 accumulators: the m16n8k32 tensor-core MMA on FP8 E4M3 inputs
+// (sm_89+). Lane 4g + t's a[0], a[2] (row g) and a[1], a[3] (row g + 8) meet b0 (a[0], a[1]) and b1 (a[2], a[3]) of
+// the lanes with the same t, byte for byte.
+__device__ __forceinline__ void mma_e4m3_16832(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }

@@ -4,7 +4,8 @@ With ``--specpilot-tlv`` (and ``--quantization w12``, ``--specpilot-tree-nodes N
 
 1. draft a block from the pending token, build each request's best-first tree T1 (dflash-tree's ``TreeStep``);
 2. the **Q pass**: the target verifies T1 with every W12 layer reading the 8-bit view of its own record (no copy:
-   ``w12_qpass_gemm`` on the ``W12MmaTensor`` the exact GEMM reads) and RadixAttention storing no key or value; no
+   ``w12_fp8_qpass_gemm`` feeds the ``W12MmaTensor`` the exact GEMM reads to the FP8 tensor cores, or the Triton
+   ``w12_qpass_gemm`` reads it into BF16 MMAs; ``--specpilot-tlv-qpass``) and RadixAttention storing no key or value; no
    recurrent state is committed (the GDN verify scratch it fills is rewritten by the exact pass before the commit
    reads it). Its argmax accepted along T1 gives the chain C (the path and the Q bonus);
 3. the Q pass's hidden states along C go into the *draft* KV at C's window slots, and the drafter drafts a second
@@ -20,10 +21,12 @@ GPU machine here): its parts are tested on the CPU.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from sglang.srt.specpilot.dflash_tree import TreeDecoder, TreeStep, permute_window_slots, unwrap_head
 from sglang.srt.specpilot.kernels.draft_tree import DraftTree, best_first_tree, verify_layout
 from sglang.srt.specpilot.kernels.w12 import W12MmaTensor, W12Tensor, qpass_linear
+from sglang.srt.specpilot.kernels.w12.int8_copy import Int8Copy, int8_qpass_gemm, int8_weight_reference
 from sglang.srt.specpilot.kernels.w12.format import CONVERT_COMMAND, SUPPORTED_VERSIONS
 from sglang.srt.specpilot.tlv_state import qpass_low_bits, qpass_mode
 
@@ -31,19 +34,53 @@ from sglang.srt.specpilot.tlv_state import qpass_low_bits, qpass_mode
 QPASS_VIEW_VERSIONS = frozenset(SUPPORTED_VERSIONS)
 
 
-def qpass_apply(w12: W12Tensor | W12MmaTensor, x: torch.Tensor, bias: torch.Tensor | None, low_bits: str) -> torch.Tensor:
-    """A W12 layer's Q-pass product from its own record's 8-bit view: on CUDA the Triton Q-pass GEMM over the
-    fragment layout the exact kernels read; elsewhere the view's weights (``qpass_weight_reference``, decoded per
-    call, nothing kept)."""
-    if isinstance(w12, W12MmaTensor):
-        from sglang.srt.specpilot.kernels.w12.qpass import w12_qpass_gemm
+QPASS_PRODUCTS = ("fp8", "bf16", "int8")  # --specpilot-tlv-qpass
 
-        flat = x.reshape(-1, x.shape[-1])
-        y = w12_qpass_gemm(flat if flat.stride(-1) == 1 else flat.contiguous(), w12, low_bits)
-        y = y.reshape(*x.shape[:-1], w12.shape[0])
+
+def qpass_product(choice: str, on_cuda: bool, capability: tuple[int, int] | None, fragment_layout: bool) -> str:
+    """The product a W12 layer's Q pass runs for ``--specpilot-tlv-qpass`` ``choice``: "int8" (its INT8 copy, the
+    Triton INT8 GEMM), "fp8" (the 8-bit view on the FP8 tensor cores: CUDA sm_89+, the fragment layout), "bf16" (the
+    view through the Triton BF16-MMA Q GEMM, also where "fp8" cannot run), or off the GPU "int8-reference" /
+    "view-reference" (the copy's or the view's weights, decoded per call, nothing kept)."""
+    if choice not in QPASS_PRODUCTS:
+        raise ValueError(f"--specpilot-tlv-qpass {choice!r}: use one of {QPASS_PRODUCTS}")
+    if not on_cuda:
+        return "int8-reference" if choice == "int8" else "view-reference"
+    if choice == "fp8" and not (fragment_layout and capability is not None and capability >= (8, 9)):
+        return "bf16"
+    return choice
+
+
+def qpass_apply(w12: W12Tensor | W12MmaTensor, x: torch.Tensor, bias: torch.Tensor | None, low_bits: str,
+                choice: str = "fp8", int8: Int8Copy | None = None) -> torch.Tensor:
+    """A W12 layer's Q-pass product (``qpass_product``): from its own record's 8-bit view (no copy), or from its
+    INT8 copy (``int8``, made at load with --specpilot-tlv-qpass int8)."""
+    if choice == "int8" and int8 is None:
+        raise ValueError("--specpilot-tlv-qpass int8: this W12 layer has no INT8 copy (it is made at load time)")
+    capability = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
+    product = qpass_product(choice, x.is_cuda, capability, isinstance(w12, W12MmaTensor))
+    flat = x.reshape(-1, x.shape[-1])
+    flat = flat if flat.stride(-1) == 1 else flat.contiguous()
+    if product == "int8":
+        y = int8_qpass_gemm(flat, int8)
+    elif product == "int8-reference":
+        y = F.linear(flat, int8_weight_reference(int8).to(x.dtype))
+    elif product == "fp8":
+        from sglang.srt.specpilot.kernels.w12.qpass_fp8 import fp8_qpass_available, w12_fp8_qpass_gemm
+
+        y = (w12_fp8_qpass_gemm if fp8_qpass_available(x.device) else _triton_view_gemm)(flat, w12, low_bits)
+    elif product == "bf16" and isinstance(w12, W12MmaTensor):
+        y = _triton_view_gemm(flat, w12, low_bits)
     else:
-        y = qpass_linear(x, w12, low_bits)
+        y = qpass_linear(flat, w12, low_bits)
+    y = y.reshape(*x.shape[:-1], w12.shape[0])
     return y if bias is None else y + bias
+
+
+def _triton_view_gemm(flat: torch.Tensor, w12: W12MmaTensor, low_bits: str) -> torch.Tensor:
+    from sglang.srt.specpilot.kernels.w12.qpass import w12_qpass_gemm
+
+    return w12_qpass_gemm(flat, w12, low_bits)
 
 
 def check_readable_views(model: torch.nn.Module) -> int:
@@ -307,5 +344,5 @@ class TlvDecoder(TreeDecoder):
             routed_experts_output=target_out.routed_experts_output, indexer_topk_output=target_out.indexer_topk_output)
 
 
-__all__ = ["QPASS_VIEW_VERSIONS", "TlvDecoder", "check_readable_views", "child_lists", "combined_tree", "q_chain",
-           "qpass_apply", "qpass_low_bits", "qpass_mode"]
+__all__ = ["QPASS_PRODUCTS", "QPASS_VIEW_VERSIONS", "TlvDecoder", "check_readable_views", "child_lists",
+           "combined_tree", "q_chain", "qpass_apply", "qpass_low_bits", "qpass_mode", "qpass_product"]

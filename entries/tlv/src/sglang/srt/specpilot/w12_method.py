@@ -46,10 +46,16 @@ logger = logging.getLogger(__name__)
 class W12Config(QuantizationConfig):
     """Online W12 conversion of a BF16 checkpoint (no quantization config file is read)."""
 
-    def __init__(self, lm_head: Optional[bool] = None):
+    def __init__(self, lm_head: Optional[bool] = None, qpass: Optional[str] = None):
         super().__init__()
         # None: the running server's --specpilot-w12-lm-head (SGLang builds this config without arguments).
         self.lm_head = option_value("--specpilot-w12-lm-head") if lm_head is None else lm_head
+        # tlv's Q-pass product (--specpilot-tlv-qpass); "int8" makes each layer's INT8 copy at load, only with TLV on
+        if qpass is None:
+            qpass = option_value("--specpilot-tlv-qpass")
+            if qpass == "int8" and not option_value("--specpilot-tlv"):
+                qpass = "fp8"  # no Q pass runs: no copy is made
+        self.qpass = qpass
 
     def get_name(self) -> str:
         return "w12"
@@ -76,9 +82,9 @@ class W12Config(QuantizationConfig):
         from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
 
         if isinstance(layer, LinearBase):
-            return W12LinearMethod(prefix)
+            return W12LinearMethod(prefix, qpass=self.qpass)
         if isinstance(layer, ParallelLMHead):
-            return W12LinearMethod(prefix, lm_head=True) if self.lm_head else None
+            return W12LinearMethod(prefix, lm_head=True, qpass=self.qpass) if self.lm_head else None
         return None  # embeddings, MoE experts, norms: stock methods
 
     def get_scaled_act_names(self) -> List[str]:
@@ -88,9 +94,10 @@ class W12Config(QuantizationConfig):
 class W12LinearMethod(LinearMethodBase):
     """BF16 weights at load, W12 planes (as layer buffers) after ``process_weights_after_loading``."""
 
-    def __init__(self, prefix: str = "", lm_head: bool = False):
+    def __init__(self, prefix: str = "", lm_head: bool = False, qpass: str = "fp8"):
         self.prefix = prefix
         self.lm_head = lm_head
+        self.qpass = qpass  # tlv's Q-pass product: "fp8" / "bf16" read the 8-bit view, "int8" a copy made at load
         self._loading = UnquantizedLinearMethod()
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
@@ -122,6 +129,12 @@ class W12LinearMethod(LinearMethodBase):
         logger.debug("W12 %s: %.3f bits/weight, escape fraction %.2e", self.prefix, report["bits_per_weight"],
                      report["escape_fraction"])
         layer.w12_version = w12.version  # tlv: the Q pass reads the 8-bit view of versions that have one
+        if self.qpass == "int8":  # tlv's INT8 Q-pass copy, from the BF16 weight before it goes: 8 more bits a weight
+            from sglang.srt.specpilot.kernels.w12.int8_copy import int8_copy
+
+            copy = int8_copy(weight)
+            layer.register_buffer("tlv_int8_weight", copy.weight, persistent=False)
+            layer.register_buffer("tlv_int8_scale", copy.scale, persistent=False)
         stored = to_mma_layout(w12) if weight.is_cuda else w12
         del layer.weight  # the point of the format: the BF16 copy does not stay resident
         meta = {}
@@ -139,6 +152,15 @@ class W12LinearMethod(LinearMethodBase):
         planes = {f.name: getattr(layer, f"w12_{f.name}") for f in dataclasses.fields(layout) if f.name not in meta}
         return layout(**meta, **planes)
 
+    @staticmethod
+    def int8_copy(layer: torch.nn.Module):
+        """tlv's INT8 Q-pass copy of this layer (``Int8Copy``), None without one."""
+        if not hasattr(layer, "tlv_int8_weight"):
+            return None
+        from sglang.srt.specpilot.kernels.w12.int8_copy import Int8Copy
+
+        return Int8Copy(layer.tlv_int8_weight, layer.tlv_int8_scale)
+
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         if layer.w12_layout is None:  # kept as BF16
             return self._loading.apply(layer, x, bias)
@@ -147,7 +169,7 @@ class W12LinearMethod(LinearMethodBase):
         if low_bits is not None:  # tlv's Q pass: the 8-bit view of this very record, no second copy
             from sglang.srt.specpilot.tlv import qpass_apply
 
-            return qpass_apply(w12, x, bias, low_bits)
+            return qpass_apply(w12, x, bias, low_bits, self.qpass, self.int8_copy(layer))
         if isinstance(w12, W12Tensor) and x.dtype != torch.bfloat16:
             # Off the GPU an FP32 input (e.g. --enable-fp32-lm-head) meets the exact weight, widened.
             return F.linear(x, decode(w12).to(x.dtype), None if bias is None else bias.to(x.dtype))

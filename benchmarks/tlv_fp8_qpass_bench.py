@@ -1,0 +1,202 @@
+"""The FP8 Q pass (``w12_fp8_qpass_gemm``: the W12 8-bit view fed to the FP8 tensor cores in place) against the exact
+W12 GEMM and the BF16 Q mode, one request at the 27B-like shapes, then the system engine's Q pass and TLV cycle in
+each Q mode.
+
+GEMMs (qkv, gate_up, down, lm_head) at 1, 16, 32 and 33 rows (33: a 32-node tree and its root), under CUDA-graph
+replay over rotating copies larger than L2 (``cuda_timing.graph_replay_us``), the quantizer included in every FP8
+time. Correctness first, per shape: the kernel against its torch emulation (``fp8_qpass_reference``: the same E4M3
+activations and weights, fp32 sums), the quantizer's bytes against ``fp8_rows_reference`` bit for bit, one-hot rows
+(single weights, exact), and the same bits for a row at 1 and at 33 rows.
+
+System (27B-like, synthetic weights, 1,024-token context): per row count (1, 32, 33) the exact step, the Q pass in
+each mode (``q8_midpoint``: the BF16 Q mode; ``fp8_midpoint``, ``fp8_truncated``), its projections and head alone,
+and the cycle (two drafts, Q pass, exact step) against a single-pass step (``tlv_qpass_probe.system_rows``).
+
+    PYTHONPATH=kernels:. python benchmarks/tlv_fp8_qpass_bench.py --out FILE          # H200
+    PYTHONPATH=kernels:. python benchmarks/tlv_fp8_qpass_bench.py --device cpu        # dry run: the emulation only
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specpilot_mem.provenance import print_result, result_header  # noqa: E402
+
+SHAPES = {"qkv": (10240, 5120), "gate_up": (34816, 5120), "down": (5120, 17408), "lm_head": (248320, 5120)}
+L2_BYTES = 60 * 2**20
+Q_MODES = ("fp8_midpoint", "fp8_truncated")  # the BF16 Q mode (q8_midpoint) was timed beside them in call 1
+
+
+def log(*args) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+def check_shape(n: int, k: int, device: str) -> dict:
+    """Correctness of the kernel at one shape (CUDA) or of the emulation's pieces (CPU dry run)."""
+    from specpilot_kernels.w12 import encode, to_mma_layout
+    from specpilot_kernels.w12.qpass_fp8 import fp8_qpass_reference, fp8_rows_reference, w12_fp8_qpass_gemm
+
+    torch.manual_seed(1)
+    w12 = encode((torch.randn(n, k, device=device) * 0.02).bfloat16())
+    x = torch.randn(33, k, device=device).bfloat16()
+    out = {}
+    q, scale = fp8_rows_reference(x)
+    out["quantized_max"] = float(q.float().abs().max())
+    if device == "cpu":
+        out["emulation_rel_err_vs_bf16_q"] = rel_err(fp8_qpass_reference(x, w12), x.float() @ qpass_weight(w12).t())
+        return out
+    mma = to_mma_layout(w12)
+    from specpilot_kernels.cuda_extension import load_cuda_extension
+    from specpilot_kernels.w12.qpass_fp8 import CSRC, EXTENSION, SOURCES
+
+    ext = load_cuda_extension(EXTENSION, CSRC, SOURCES)
+    kp = mma.padded_shape[1]
+    image = torch.empty(40 * kp, dtype=torch.uint8, device=device)
+    got_scale = torch.empty(33, dtype=torch.float32, device=device)
+    ext.quantize_rows(x, image, got_scale, kp, False)
+    # the image back in row order: [j][p][4g + t][8h + i] -> token 8j + g, column 64p + 32h + 8t + i
+    rows = image.view(5, kp // 64, 8, 4, 2, 8).permute(0, 2, 1, 4, 3, 5).reshape(40, kp)[:33, :k]
+    out["quantizer_bytes_equal"] = torch.equal(rows, q.view(torch.uint8))
+    out["quantizer_scale_equal"] = torch.equal(got_scale, scale)
+    for low_bits in ("midpoint", "truncated"):
+        ref = fp8_qpass_reference(x, w12, low_bits)
+        got = w12_fp8_qpass_gemm(x, mma, low_bits).float()
+        out[f"{low_bits}_rel_err_vs_emulation"] = rel_err(got, ref)
+        out[f"{low_bits}_rel_err_vs_bf16_q"] = rel_err(got, x.float() @ qpass_weight(w12, low_bits).t())
+        one = w12_fp8_qpass_gemm(x[5:6].contiguous(), mma, low_bits)
+        out[f"{low_bits}_row_bits_same_at_1_and_33_rows"] = torch.equal(one, got.bfloat16()[5:6])
+    cols = torch.arange(0, k, max(1, k // 16), device=device)[:16]
+    onehot = torch.zeros(cols.numel(), k, device=device, dtype=torch.bfloat16)
+    onehot[torch.arange(cols.numel(), device=device), cols] = 1.0
+    expected = fp8_qpass_reference(onehot, w12, "midpoint").bfloat16()
+    out["one_hot_equal_values"] = torch.equal(w12_fp8_qpass_gemm(onehot, mma, "midpoint"), expected)
+    return out
+
+
+def qpass_weight(w12, low_bits: str = "midpoint") -> torch.Tensor:
+    from specpilot_kernels.w12.reference import qpass_weight_reference
+
+    return qpass_weight_reference(w12, low_bits).float()
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def gemm_section(rows: list[int], replays: int) -> dict:
+    out = {}
+    for name, (n, k) in SHAPES.items():
+        out[name] = {"N": n, "K": k, "check": check_shape(n, k, "cuda")}
+        log(name, out[name]["check"])
+        out[name].update(time_shape(name, n, k, rows, replays))
+        torch.cuda.empty_cache()
+    return out
+
+
+def time_shape(name: str, n: int, k: int, rows: list[int], replays: int) -> dict:
+    from specpilot_kernels.w12 import encode, to_mma_layout, w12_mma_gemm
+    from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig, select_fp8_qpass_config, w12_fp8_qpass_gemm
+
+    from specpilot_mem.bench.cuda_timing import graph_replay_us
+
+    copies = max(2, math.ceil(2 * L2_BYTES / (n * k)))
+    torch.manual_seed(0)
+    mmas = [to_mma_layout(encode((torch.randn(n, k, device="cuda") * 0.02).bfloat16())) for _ in range(copies)]
+    config = select_fp8_qpass_config(n, k, mmas[0].device)
+    entry = {"copies": copies, "config": vars(config), "rows": []}
+    # partitions beside the default, for tuning: twice / half the warps a tile's K, 8-warp blocks
+    wk2, wk_half = min(8, 2 * config.warps_k), max(1, config.warps_k // 2)
+    others = {
+        "warps_k2x": Fp8QpassConfig(wk2, max(1, 4 // wk2)),
+        "warps_k_half": Fp8QpassConfig(wk_half, max(1, 4 // wk_half)),
+        "blocks8": Fp8QpassConfig(config.warps_k, max(1, 8 // config.warps_k)),
+    }
+    view_bytes, plane_bytes = mmas[0].view.numel(), mmas[0].view.numel() + mmas[0].nibbles.numel()
+
+    def timed(fn):
+        return graph_replay_us(fn, copies=copies, replays=replays)
+
+    for m in rows:
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        row = {
+            "M": m,
+            "exact_us": timed(lambda i, x=x: w12_mma_gemm(x, mmas[i])),
+            "bf16_q_midpoint_us": timed(lambda i, x=x: w12_mma_gemm(x, mmas[i], low_bits="midpoint")),
+            "fp8_q_midpoint_us": timed(lambda i, x=x: w12_fp8_qpass_gemm(x, mmas[i], "midpoint")),
+            "fp8_q_truncated_us": timed(lambda i, x=x: w12_fp8_qpass_gemm(x, mmas[i], "truncated")),
+        }
+        for label, other in others.items():
+            row[f"fp8_q_midpoint_{label}_us"] = timed(
+                lambda i, x=x, other=other: w12_fp8_qpass_gemm(x, mmas[i], "midpoint", config=other)
+            )
+        row["exact_TBps"] = plane_bytes / row["exact_us"] / 1e6
+        row["fp8_q_TBps"] = view_bytes / row["fp8_q_midpoint_us"] / 1e6
+        row["fp8_q_midpoint_over_exact"] = row["fp8_q_midpoint_us"] / row["exact_us"]
+        row["fp8_q_truncated_over_exact"] = row["fp8_q_truncated_us"] / row["exact_us"]
+        entry["rows"].append(row)
+        log(name, {key: round(v, 3) if isinstance(v, float) else v for key, v in row.items()})
+    return entry
+
+
+def system_section(rows_list: list[int], context: int, modes: tuple[str, ...]) -> dict:
+    from system_bench import Timer
+    from tlv_cycle_bench import EXACT
+    from tlv_qpass_probe import stock_step, system_rows
+
+    from specpilot_mem.engine.shapes import get_shape
+    from specpilot_mem.engine.system import Caches, SystemModel, Weights
+
+    device = torch.device("cuda")
+    timer = Timer(device, 10, bursts=5)
+    shape = get_shape("qwen3.8-27b-like", False)
+    weights = Weights.synthetic(shape, device, torch.bfloat16)
+    caches = Caches(shape, 1, context + max(rows_list) + 8, device, torch.bfloat16)
+    caches.randomize(context)
+    model = SystemModel(weights, EXACT)
+    out = {}
+    for rows in rows_list:
+        for mode in modes:
+            out[f"rows={rows},{mode}"] = system_rows(model, caches, rows, context, timer, mode)
+    out["stock"] = stock_step(weights, caches, context, timer)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--rows", default="1,16,32,33")
+    ap.add_argument("--system-rows", default="1,33")
+    ap.add_argument("--modes", default=",".join(Q_MODES))
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--sections", default="gemm,system")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    started = time.perf_counter()
+    result = {**result_header("tlv_fp8_qpass"), "weights": "synthetic: seeded N(0, 0.02) BF16"}
+    if args.device == "cpu":  # the dry run: the emulation's pieces at a small shape
+        result["dry_run"], result["check"] = True, check_shape(320, 256, "cpu")
+    else:
+        result["dry_run"] = False
+        sections = args.sections.split(",")
+        if "gemm" in sections:
+            result["gemm"] = gemm_section([int(r) for r in args.rows.split(",")], args.replays)
+        if "system" in sections:
+            rows = [int(r) for r in args.system_rows.split(",")]
+            result["system"] = system_section(rows, args.context, tuple(args.modes.split(",")))
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    print_result(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

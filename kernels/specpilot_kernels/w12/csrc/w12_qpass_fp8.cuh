@@ -1,0 +1,31 @@
+// Host interface of the FP8 Q pass (w12_qpass_fp8.cu); plain pointers so the kernels build without torch.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+constexpr int kQpassFp8MaxRows = 64;      // token rows a launch: 8 token tiles of 8
+constexpr int kQpassFp8MaxWarps = 8;      // warps a block (255 registers a thread)
+constexpr float kQpassFp8Max = 448.0f;    // the largest finite E4M3 number: a row's largest |x| maps onto it
+
+struct QpassFp8Args {
+  const uint8_t* view;     // the exact pass's view plane, fragment layout: [tiles][k_padded/32][32 lanes][16 bytes]
+  const uint8_t* base;     // [tiles * 16] each row's window: the view byte times 2**(base - 120) is its weight
+  const uint8_t* x_image;  // [ceil(m/8)][k_padded/64][32 lanes][16 bytes] E4M3 activations (qpass_fp8_quantize)
+  const float* x_scale;    // [m] each token row's scale: x ~ E4M3 value x scale
+  __nv_bfloat16* y;        // [m][ldy], columns 0 .. n-1 written
+  int m, n, tiles, k_padded, ldy;
+  int warps_k;          // warps sharing a tile's K (contiguous ranges of 64 columns, summed in warp order)
+  int tiles_per_block;  // tiles a block, warps_k warps each
+  bool overlap_prior;   // sm_90+: prefetch weights while the kernel before (the quantizer) finishes
+  int l2_prefetch_pairs;  // set by the launch: pairs each warp asks L2 for up front (sm_90+)
+};
+
+// x bf16 [m][ldx] (k columns, 16-byte rows) -> x_image and x_scale: per token row scale = max|x| / 448 (1 for a zero
+// row), each x / scale rounded to nearest E4M3 (x times 448 / max|x|, saturated); columns k .. k_padded-1 zero.
+cudaError_t qpass_fp8_quantize(const __nv_bfloat16* x, int m, int k, int ldx, int k_padded, uint8_t* x_image,
+                               float* x_scale, bool overlap_prior, cudaStream_t stream);
+
+// y = x @ Wq^T from the view plane on the FP8 tensor cores; midpoint: + the dropped bits' midpoint (a second MMA on
+// the view bytes' sign and exponent). cudaErrorInvalidValue for m outside 1..64 or more than 8 warps a block.
+cudaError_t qpass_fp8_gemm(const QpassFp8Args& args, bool midpoint, cudaStream_t stream);

@@ -1,0 +1,63 @@
+// torch binding of the FP8 Q pass (built on the GPU machine by torch.utils.cpp_extension.load).
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include "w12_qpass_fp8.cuh"
+
+// x: bf16 [m <= 64, k] (16-byte rows); x_image: uint8 [ceil(m/8) * 8 * k_padded]; x_scale: fp32 [m].
+void qpass_fp8_quantize_rows(torch::Tensor x, torch::Tensor x_image, torch::Tensor x_scale, int64_t k_padded,
+                             bool overlap_prior) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.stride(1) == 1 &&
+                  x.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
+              "qpass_fp8_quantize_rows: x must be CUDA bf16 [M, K] with unit column stride and 16-byte rows");
+  const int64_t m = x.size(0), tiles8 = (m + 7) / 8;
+  TORCH_CHECK(x_image.is_cuda() && x_image.scalar_type() == torch::kUInt8 && x_image.numel() >= tiles8 * 8 * k_padded,
+              "qpass_fp8_quantize_rows: x_image must be CUDA uint8 of ", tiles8 * 8 * k_padded, " bytes");
+  TORCH_CHECK(x_scale.is_cuda() && x_scale.scalar_type() == torch::kFloat32 && x_scale.numel() >= m,
+              "qpass_fp8_quantize_rows: x_scale must be CUDA fp32 [M]");
+  const cudaError_t err = qpass_fp8_quantize(reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), (int)m,
+                                             (int)x.size(1), (int)x.stride(0), (int)k_padded,
+                                             x_image.data_ptr<uint8_t>(), x_scale.data_ptr<float>(), overlap_prior,
+                                             c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "qpass_fp8_quantize_rows: ", cudaGetErrorString(err),
+              " (M must be 1..64, K a multiple of 8, K padded a multiple of 128)");
+}
+
+// view: uint8 [tiles, k_padded/32, 32, 16] (the W12MmaTensor's view plane); base: uint8 [>= tiles * 16];
+// y: bf16 [m, >= n] with row stride ldy.
+void qpass_fp8_gemm_rows(torch::Tensor view, torch::Tensor base, torch::Tensor x_image, torch::Tensor x_scale,
+                         torch::Tensor y, int64_t n, int64_t warps_k, int64_t tiles_per_block, bool midpoint,
+                         bool overlap_prior) {
+  TORCH_CHECK(view.is_cuda() && view.scalar_type() == torch::kUInt8 && view.dim() == 4 && view.size(2) == 32 &&
+                  view.size(3) == 16 && view.is_contiguous() && reinterpret_cast<uintptr_t>(view.data_ptr()) % 16 == 0,
+              "qpass_fp8_gemm_rows: view must be a contiguous 16-byte aligned uint8 [tiles, Kp/32, 32, 16]");
+  TORCH_CHECK(base.is_cuda() && base.scalar_type() == torch::kUInt8 && base.numel() >= std::min<int64_t>(n, view.size(0) * 16),
+              "qpass_fp8_gemm_rows: base must be CUDA uint8 with a byte a row");
+  TORCH_CHECK(y.is_cuda() && y.scalar_type() == torch::kBFloat16 && y.dim() == 2 && y.stride(1) == 1 &&
+                  y.size(1) >= n && y.size(0) == x_scale.numel(),
+              "qpass_fp8_gemm_rows: y must be CUDA bf16 [M, >= N] with unit column stride, M = x_scale's length");
+  QpassFp8Args args{};
+  args.view = view.data_ptr<uint8_t>();
+  args.base = base.data_ptr<uint8_t>();
+  args.x_image = x_image.data_ptr<uint8_t>();
+  args.x_scale = x_scale.data_ptr<float>();
+  args.y = reinterpret_cast<__nv_bfloat16*>(y.data_ptr());
+  args.m = (int)y.size(0);
+  args.n = (int)n;
+  args.tiles = (int)view.size(0);
+  args.k_padded = (int)view.size(1) * 32;
+  args.ldy = (int)y.stride(0);
+  args.warps_k = (int)warps_k;
+  args.tiles_per_block = (int)tiles_per_block;
+  args.overlap_prior = overlap_prior;
+  TORCH_CHECK(x_image.is_cuda() && x_image.numel() >= (int64_t)((args.m + 7) / 8) * 8 * args.k_padded,
+              "qpass_fp8_gemm_rows: x_image too small for M rows of K padded columns");
+  const cudaError_t err = qpass_fp8_gemm(args, midpoint, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "qpass_fp8_gemm_rows: ", cudaGetErrorString(err),
+              " (M must be 1..64 and warps_k x tiles_per_block at most 8)");
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("quantize_rows", &qpass_fp8_quantize_rows, "E4M3 activations per token row in the B image (w12_qpass_fp8.cu)");
+  m.def("gemm_rows", &qpass_fp8_gemm_rows, "the FP8 Q pass GEMM over the W12 view plane (w12_qpass_fp8.cu)");
+}

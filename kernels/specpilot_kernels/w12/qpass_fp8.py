@@ -1,0 +1,180 @@
+"""The TLV Q pass on the FP8 tensor cores (CUDA, sm_89+): y = x @ Wq^T from the W12 8-bit view in place.
+
+The view plane of a :class:`W12MmaTensor` is E4M3 bytes already (every stored weight's view byte is a normal E4M3
+number, ``format.py``) laid out per lane as the BF16 kernels' fragments: per 16-row tile and 32-column block, lane
+``4g + t`` holds rows ``g`` and ``g + 8`` at columns ``8t .. 8t + 7``, the rows alternating every two bytes. That is
+the ``mma.m16n8k32`` E4M3 A fragment up to one byte permute a register (``csrc/w12_qpass_fp8.cu``), so the Q pass
+feeds the view to the FP8 tensor cores with no copy and no decode; the BF16 Q mode of the exact kernels spends three
+to five instructions a register decoding it and twice the MMAs. The price: the activations enter as E4M3 too,
+quantized per token row (``scale = max |x| / 448``, round to nearest) by a small kernel that writes them in the
+B fragments' order. The row window ``2**(base - 120)`` and the token's scale multiply the fp32 sums.
+
+"midpoint" (the dropped mantissa bits at 1000, the paper's choice) adds ``(v & sign|exponent) / 16`` per weight: a
+second MMA over the view bytes masked to sign and exponent, exact in the same arithmetic; "truncated" is the first
+MMA alone. The Q-pass weights are therefore exactly ``qpass_weight_reference``'s; only the activations differ from
+the BF16 Q pass. The Q pass only proposes (the exact pass alone accepts), so this can cost τ, never correctness.
+
+Determinism: the partition (warps a tile's K, tiles a block) comes from (N, K, GPU); a token row's quantization and
+sums do not depend on the other rows, so its bits are the same at every row count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..cuda_extension import cuda_extension_builds, load_cuda_extension
+from .format import W12Error, W12Tensor
+from .mma import W12MmaTensor
+from .reference import qpass_weight_reference
+
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = ("w12_qpass_fp8.cu", "w12_qpass_fp8_binding.cpp")
+EXTENSION = "specpilot_w12_qpass_fp8"
+E4M3_MAX = 448.0
+MAX_ROWS_PER_LAUNCH = 64  # 8 token tiles of 8 (csrc/w12_qpass_fp8.cuh kQpassFp8MaxRows)
+MAX_WARPS_PER_BLOCK = 8  # kQpassFp8MaxWarps: up to 255 registers a thread
+WARPS_PER_SM = 16  # warps a multiprocessor the partition aims at: each keeps 3-4 KB of view bytes in flight
+MIN_PAIRS_PER_WARP = 8  # 64-column pairs: a K range long enough to hide its prologue and the reduction
+BLOCK_WARPS = 4  # warps a block the default partition aims at
+LOW_BITS = ("midpoint", "truncated")
+
+
+@dataclass(frozen=True)
+class Fp8QpassConfig:
+    warps_k: int = 1  # warps sharing a tile's K, summed in warp order
+    tiles_per_block: int = 8  # 16-row tiles a block
+
+    def __post_init__(self):
+        if min(self.warps_k, self.tiles_per_block) < 1 or self.warps_k * self.tiles_per_block > MAX_WARPS_PER_BLOCK:
+            raise W12Error(
+                f"Fp8QpassConfig(warps_k={self.warps_k}, tiles_per_block={self.tiles_per_block}): a block has "
+                f"1-{MAX_WARPS_PER_BLOCK} warps",
+                where="Fp8QpassConfig",
+                fix=f"keep warps_k x tiles_per_block <= {MAX_WARPS_PER_BLOCK}",
+            )
+
+
+def default_fp8_qpass_config(n: int, k: int, sms: int) -> Fp8QpassConfig:
+    """Enough warps to stream the view (about ``WARPS_PER_SM`` a multiprocessor): a tile's K shared by up to 8
+    warps where tiles are few, each keeping at least ``MIN_PAIRS_PER_WARP`` pairs. Small blocks (about
+    ``BLOCK_WARPS``): a grid of whole blocks then spreads evenly over the multiprocessors."""
+    tiles, pairs = -(-n // 16), -(-k // 128) * 2
+    warps_k = max(1, min(MAX_WARPS_PER_BLOCK, -(-WARPS_PER_SM * sms // tiles), pairs // MIN_PAIRS_PER_WARP))
+    return Fp8QpassConfig(warps_k=warps_k, tiles_per_block=max(1, BLOCK_WARPS // warps_k))
+
+
+def select_fp8_qpass_config(n: int, k: int, device: torch.device) -> Fp8QpassConfig:
+    return default_fp8_qpass_config(n, k, torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def fp8_qpass_available(device: torch.device | str) -> bool:
+    """Whether the FP8 Q pass runs on ``device``: a CUDA GPU with FP8 tensor cores (sm_89+) on which it builds."""
+    device = torch.device(device)
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        return False
+    return cuda_extension_builds(EXTENSION, CSRC, SOURCES, "the FP8 Q pass", "the BF16 Q mode")
+
+
+def fp8_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The quantizer's numbers in torch: (float8_e4m3fn [M, K], fp32 scale [M]) with x ~ q * scale. Bit for bit the
+    kernel's for bf16 x: ``inv = 448 / max|x|`` and ``scale = max|x| / 448`` (1 and 1 for a zero row), ``q = x * inv``
+    rounded to nearest E4M3, saturated."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1)
+    nonzero = amax > 0
+    top = torch.full_like(amax, E4M3_MAX)  # tensor / tensor: a true division on every device (a scalar divisor
+    inv = torch.where(nonzero, top / amax, torch.ones_like(amax))  # becomes a multiply by its reciprocal on CUDA)
+    scale = torch.where(nonzero, amax / top, torch.ones_like(amax))
+    q = (xf * inv[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def fp8_qpass_linear_reference(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
+    """The FP8 Q pass's product with Q-pass weights ``qweight`` [N, K] (``qpass_weight_reference``'s values), in
+    x's dtype: E4M3 activations times the weights with fp32 sums, times each row's scale. The same numbers as the
+    kernel up to the order of the fp32 sums (an fp32 or bf16 x alike: the quantizer sees x as given)."""
+    q, scale = fp8_rows_reference(x)
+    y = F.linear(q.float(), qweight.float()) * scale[..., None]
+    return y.to(x.dtype)
+
+
+def fp8_qpass_reference(x: torch.Tensor, w12: W12Tensor, low_bits: str = "midpoint") -> torch.Tensor:
+    """fp32 [M, N]: ``w12_fp8_qpass_gemm``'s numbers before the bf16 rounding, from a W12Tensor on any device."""
+    q, scale = fp8_rows_reference(x)
+    return (q.float() @ qpass_weight_reference(w12, low_bits).float().t()) * scale[:, None]
+
+
+def w12_fp8_qpass_gemm(
+    x: torch.Tensor,
+    mma: W12MmaTensor,
+    low_bits: str = "midpoint",
+    *,
+    config: Fp8QpassConfig | None = None,
+    out: torch.Tensor | None = None,
+    overlap_prior: bool | None = None,
+) -> torch.Tensor:
+    """The Q pass's y = x @ Wq^T on the FP8 tensor cores, Wq the 8-bit view of ``mma`` read in place.
+
+    Args:
+        x: bf16 [M, K] on CUDA (sm_89+), unit column stride, any M (64 rows a launch).
+        mma: :func:`to_mma_layout` of the N x K weight: the exact pass's own records.
+        low_bits: "midpoint" (the dropped bits at 1000) or "truncated" (at 0000).
+        config: the partition (default from (N, K, GPU)), for tuning only.
+        out: optional bf16 [M, N] contiguous output.
+        overlap_prior: launch the quantizer so that it overlaps the kernel before (sm_90+ default); the GEMM always
+            overlaps the quantizer, prefetching its weights while the activations are made.
+
+    Returns y bf16 [M, N]. Example: ``y = w12_fp8_qpass_gemm(x, to_mma_layout(encode(w)))``, close to
+    ``fp8_qpass_reference(x, encode(w))``.
+    """
+    if low_bits not in LOW_BITS:
+        raise W12Error(
+            f"unknown Q-pass low_bits {low_bits!r}", where="w12_fp8_qpass_gemm(low_bits)", fix=f"use one of {LOW_BITS}"
+        )
+    if not isinstance(mma, W12MmaTensor):
+        raise W12Error(
+            f"w12_fp8_qpass_gemm reads a W12MmaTensor (the exact kernels' records), got {type(mma).__name__}",
+            where="w12_fp8_qpass_gemm(mma)",
+            fix="pass to_mma_layout(w12), the tensor the exact pass reads",
+        )
+    n, k = mma.shape
+    if not x.is_cuda or x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
+        raise W12Error(
+            f"w12_fp8_qpass_gemm needs CUDA bf16 x [M, {k}] with unit column stride, got {x.dtype} "
+            f"{tuple(x.shape)} on {x.device}",
+            where="w12_fp8_qpass_gemm(x)",
+            fix="pass a contiguous CUDA bf16 2-D input",
+        )
+    kp = mma.padded_shape[1]
+    if k % 8 or x.stride(0) % 8 or x.data_ptr() % 16:  # the quantizer reads 16-byte pieces of rows
+        x = F.pad(x, (0, kp - k))
+    m_total = x.shape[0]
+    y = out if out is not None else torch.empty(m_total, n, dtype=torch.bfloat16, device=x.device)
+    config = config or select_fp8_qpass_config(n, k, x.device)
+    ext = load_cuda_extension(EXTENSION, CSRC, SOURCES)
+    pdl = torch.cuda.get_device_capability(x.device) >= (9, 0)
+    overlap = pdl if overlap_prior is None else overlap_prior and pdl
+    for r0 in range(0, m_total, MAX_ROWS_PER_LAUNCH):
+        xm, ym = x[r0 : r0 + MAX_ROWS_PER_LAUNCH], y[r0 : r0 + MAX_ROWS_PER_LAUNCH]
+        rows = xm.shape[0]
+        image = torch.empty(-(-rows // 8) * 8 * kp, dtype=torch.uint8, device=x.device)
+        scale = torch.empty(rows, dtype=torch.float32, device=x.device)
+        ext.quantize_rows(xm, image, scale, kp, overlap)
+        ext.gemm_rows(mma.view, mma.base, image, scale, ym, n, config.warps_k, config.tiles_per_block,
+                      low_bits == "midpoint", pdl)  # fmt: skip
+    return y
+
+
+__all__ = [
+    "Fp8QpassConfig",
+    "default_fp8_qpass_config",
+    "fp8_qpass_available",
+    "fp8_qpass_linear_reference",
+    "fp8_qpass_reference",
+    "fp8_rows_reference",
+    "w12_fp8_qpass_gemm",
+]

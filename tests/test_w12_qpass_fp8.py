@@ -1,0 +1,206 @@
+"""The FP8 Q pass (``w12_fp8_qpass_gemm``): the W12 view plane is the m16n8k32 E4M3 A fragment after one byte
+permute a register, checked on the CPU by running the kernel's per-lane data flow through the PTX fragment layout;
+the midpoint's second MMA is exact; the quantizer's reference; the kernel builds for sm_90a without spills; on a GPU
+the kernel against its emulation."""
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from specpilot_kernels.cuda_extension import SHARED_HEADERS
+from specpilot_kernels.w12 import W12Error, encode, to_mma_layout
+from specpilot_kernels.w12.qpass_fp8 import (
+    CSRC,
+    Fp8QpassConfig,
+    default_fp8_qpass_config,
+    fp8_qpass_linear_reference,
+    fp8_qpass_reference,
+    fp8_rows_reference,
+    w12_fp8_qpass_gemm,
+)
+from specpilot_kernels.w12.reference import qpass_weight_reference
+
+CUDA_FP8 = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def weight_with_escapes(n=48, k=256, seed=0, device="cpu"):
+    torch.manual_seed(seed)
+    w = (torch.randn(n, k) * 0.02).bfloat16()
+    w[3, 5] = 0.0
+    w[10, 100] = 4.0  # above the row's window: the view's top code
+    w[11, 64] = 1e-9  # below: zero
+    w[20] = 0.0  # a row of zeros
+    return w.to(device)
+
+
+def permute_bytes(a: torch.Tensor, b: torch.Tensor, selector: int) -> torch.Tensor:
+    """prmt.b32 on int64 tensors holding 32-bit words: byte i of the result is byte (selector >> 4i) & 7 of {b, a}."""
+    both = a | (b << 32)
+    out = torch.zeros_like(a)
+    for i in range(4):
+        pick = (selector >> (4 * i)) & 7
+        out |= ((both >> (8 * pick)) & 0xFF) << (8 * i)
+    return out
+
+
+def words(data: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., 4w] -> int64 [..., w] little-endian 32-bit words."""
+    b = data.to(torch.int64).view(*data.shape[:-1], -1, 4)
+    return b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+
+
+def e4m3_values(word: torch.Tensor) -> torch.Tensor:
+    """int64 words [...] -> fp32 [..., 4]: their bytes read as E4M3 numbers."""
+    b = torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)
+    return b.view(torch.float8_e4m3fn).float()
+
+
+def image_of(q: torch.Tensor, kp: int) -> torch.Tensor:
+    """The quantizer's B image as the kernel's header states it: column c = 64p + 32h + 8t + i of token 8j + g at
+    image[j][p][4g + t][8h + i]."""
+    m, k = q.shape
+    tiles8 = -(-m // 8)
+    rows = torch.zeros(tiles8 * 8, kp, dtype=torch.uint8)
+    rows[:m, :k] = q.view(torch.uint8)
+    return rows.view(tiles8, 8, kp // 64, 2, 4, 8).permute(0, 2, 1, 4, 3, 5).reshape(tiles8, kp // 64, 32, 16)
+
+
+def lane_level_qpass(x: torch.Tensor, mma, low_bits: str) -> torch.Tensor:
+    """The kernel's data flow, lane by lane, through the PTX ISA's m16n8k32 E4M3 fragment layout (lane 4g + t: A
+    byte j of a[r] is row g + 8 (r % 2), k 4t + j + 16 (r // 2); B byte j of b[r] is k 4t + j + 16 r, column g;
+    D d[i] is row g + 8 (i // 2), column 2t + i % 2). Returns fp32 [M, N] before the bf16 rounding."""
+    q, scale = fp8_rows_reference(x)
+    m = x.shape[0]
+    n, _ = mma.shape
+    tiles, blocks = mma.view.shape[:2]
+    kp = blocks * 32
+    image = image_of(q, kp)  # [J, P, 32, 16]
+    lane = torch.arange(32)
+    g, t = lane // 4, lane % 4
+    a_row = torch.stack([g, g + 8, g, g + 8], dim=1)  # [32, 4] (register r)
+    a_k = torch.stack([4 * t, 4 * t, 4 * t + 16, 4 * t + 16], dim=1)
+    b_k = torch.stack([4 * t, 4 * t + 16], dim=1)
+    y = torch.zeros(tiles * 16, image.shape[0] * 8)
+    for blk in range(blocks):
+        v = words(mma.view[:, blk])  # [T, 32, 4]
+        a = torch.stack(
+            [
+                permute_bytes(v[..., 0], v[..., 1], 0x5410),
+                permute_bytes(v[..., 0], v[..., 1], 0x7632),
+                permute_bytes(v[..., 2], v[..., 3], 0x5410),
+                permute_bytes(v[..., 2], v[..., 3], 0x7632),
+            ],
+            dim=-1,
+        )  # [T, 32, 4 registers]
+        ops = [a] if low_bits == "truncated" else [a, a & 0xF8F8F8F8]
+        xb = words(image[:, blk // 2, :, 8 * (blk % 2) : 8 * (blk % 2) + 8])  # [J, 32, 2]
+        B = torch.zeros(image.shape[0], 32, 8)  # [J, k, column]
+        for r in range(2):
+            vals = e4m3_values(xb[..., r])  # [J, 32, 4]
+            for j in range(4):
+                B[:, b_k[:, r] + j, g] = vals[:, :, j]
+        for index, op in enumerate(ops):
+            A = torch.zeros(tiles, 16, 32)
+            for r in range(4):
+                vals = e4m3_values(op[..., r])  # [T, 32, 4]
+                for j in range(4):
+                    A[:, a_row[:, r], a_k[:, r] + j] = vals[:, :, j]
+            D = torch.einsum("trk,jkc->trjc", A, B).reshape(tiles * 16, -1)
+            y += D * (1.0 if index == 0 else 1.0 / 16)
+    window = torch.exp2(mma.base.float() - 120.0)
+    return (y[:n, :m] * window[:n, None]).t() * scale[:, None]
+
+
+@pytest.mark.parametrize("low_bits", ["midpoint", "truncated"])
+def test_the_view_is_the_e4m3_a_fragment_after_one_permute_a_register(low_bits):
+    w12 = encode(weight_with_escapes())
+    x = torch.randn(11, 256).bfloat16()
+    got = lane_level_qpass(x, to_mma_layout(w12), low_bits)
+    ref = fp8_qpass_reference(x, w12, low_bits)
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6 * float(ref.abs().max()))
+
+
+def test_the_midpoint_is_the_view_plus_its_sign_and_exponent_over_16():
+    codes = torch.tensor([c for c in range(256) if c & 0x7F and (c & 0x7F) >> 3 and (c & 0x7F) != 0x7F])
+    v = codes.to(torch.uint8).view(torch.float8_e4m3fn).float()
+    se = (codes & 0xF8).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    mid = v + se / 16
+    # BF16 bits of the midpoint weight at window base 120 (2**0): sign | (offset + 120) << 7 | mmm << 4 | 1000
+    bits = ((codes & 0x80) << 8) | (((codes & 0x7F) << 4) + (120 << 7)) | 0x8
+    assert torch.equal(mid, bits.to(torch.int16).view(torch.bfloat16).float())
+
+
+def test_rows_are_quantized_onto_e4m3_with_their_own_scale():
+    x = torch.tensor([[1.0, -2.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0], [1e-3, 3e4, -7.0, 2.0]]).bfloat16()
+    q, scale = fp8_rows_reference(x)
+    assert q.dtype == torch.float8_e4m3fn
+    assert torch.equal(scale, torch.tensor([2.0 / 448, 1.0, float(x[2].float().abs().max()) / 448]))
+    assert float(q[0, 1].float()) == -448.0 and float(q[2, 1].float()) == 448.0
+    assert torch.equal(q[1].float(), torch.zeros(4))
+    assert torch.allclose(q.float() * scale[:, None], x.float(), rtol=2**-4, atol=float(x[2].abs().max()) * 2**-9)
+
+
+def test_the_linear_reference_is_the_gemm_reference_in_the_weights_values():
+    w12 = encode(weight_with_escapes())
+    x = torch.randn(5, 256).bfloat16()
+    got = fp8_qpass_linear_reference(x.float(), qpass_weight_reference(w12, "midpoint").float())
+    assert torch.allclose(got, fp8_qpass_reference(x, w12, "midpoint"), rtol=1e-5, atol=1e-6)
+
+
+def test_the_partition_fills_the_gpu_and_keeps_blocks_small():
+    qkv, down, head = (default_fp8_qpass_config(n, k, 132) for n, k in ((10240, 5120), (5120, 17408), (248320, 5120)))
+    assert (qkv.warps_k, down.warps_k, head.warps_k) == (4, 7, 1)
+    assert all(c.warps_k * c.tiles_per_block <= 8 for c in (qkv, down, head))
+    with pytest.raises(W12Error, match="1-8 warps"):
+        Fp8QpassConfig(warps_k=4, tiles_per_block=4)
+
+
+def test_bad_inputs_are_refused_with_the_fix():
+    mma = to_mma_layout(encode(weight_with_escapes()))
+    with pytest.raises(W12Error, match="low_bits"):
+        w12_fp8_qpass_gemm(torch.randn(1, 256).bfloat16(), mma, "exact")
+    with pytest.raises(W12Error, match="CUDA bf16"):
+        w12_fp8_qpass_gemm(torch.randn(1, 256).bfloat16(), mma)
+    with pytest.raises(W12Error, match="W12MmaTensor"):
+        w12_fp8_qpass_gemm(torch.randn(1, 256).bfloat16(), encode(weight_with_escapes()))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_kernel_builds_for_sm_90a_without_spills_up_to_40_rows(tmp_path):
+    result = subprocess.run(
+        ["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v"]
+        + [f"-I{SHARED_HEADERS}", f"-I{CSRC}", "-c", str(CSRC / "w12_qpass_fp8.cu"), "-o", str(tmp_path / "q.o")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    stores = dict(re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", result.stderr, re.S))
+    assert len(stores) == 11, stores  # 5 row plans x 2 modes + the quantizer
+    assert all(count == "0" for name, count in stores.items() if "ILi8E" not in name), stores  # 41-64 rows may spill
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 tensor cores (sm_89+)")
+@pytest.mark.parametrize("low_bits", ["midpoint", "truncated"])
+@pytest.mark.parametrize("rows", [1, 8, 16, 33, 64, 70])
+def test_the_kernel_matches_its_emulation(low_bits, rows):
+    w12 = encode(weight_with_escapes(n=1000, k=1536, device="cuda"))
+    x = torch.randn(rows, 1536, device="cuda").bfloat16()
+    y = w12_fp8_qpass_gemm(x, to_mma_layout(w12), low_bits)
+    ref = fp8_qpass_reference(x, w12, low_bits)
+    slack = 2.0**-8 * ref.abs() + 1e-5 * ref.abs().max()
+    assert ((y.float() - ref).abs() <= slack).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 tensor cores (sm_89+)")
+def test_a_rows_bits_do_not_depend_on_the_row_count():
+    mma = to_mma_layout(encode(weight_with_escapes(n=1000, k=1536, device="cuda")))
+    x = torch.randn(40, 1536, device="cuda").bfloat16()
+    whole = w12_fp8_qpass_gemm(x, mma)
+    for r in (0, 17, 39):
+        assert torch.equal(w12_fp8_qpass_gemm(x[r : r + 1].contiguous(), mma), whole[r : r + 1])
