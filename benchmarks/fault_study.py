@@ -441,7 +441,17 @@ def rates(runs: list[dict]) -> dict:
                 target_size=excess >= TARGET_CHANGED or added >= TARGET_EVENTS_PER_1000 or shorter,
                 sealed_event_power=1.0 if shorter else sealed_event_power(seen, name),
             )
-            row["meets_target"] = (row["reject_rate"] >= 0.95) if row["target_size"] else counts["accept"] == 0
+            # below the target size an accept is allowed only where the power says the sample could have seen it
+            # (``verdict.py`` accepts only then; the check keeps results of older rules honest too)
+            row["meets_target"] = (
+                row["reject_rate"] >= 0.95
+                if row["target_size"]
+                else all(
+                    r["verdicts"][name].get("sufficient", False)
+                    for r in seen
+                    if r["verdicts"][name]["verdict"] == "accept"
+                )
+            )
         else:
             row["meets_target"] = counts["reject"] == 0
         table[name] = row
@@ -553,6 +563,10 @@ def figure(results_path: str, png: str) -> None:
     )
     for ax, (label, table, size) in zip(axes[:, 0], panels):
         names = [n for n in table if table[n]["kind"] == "control"] + [n for n in table if table[n]["kind"] == "fault"]
+        sizes = results["systems"]
+        # faults below the target size (< 0.3% of tokens changed and < 1 added event per 1,000) are marked: for them
+        # inconclusive (or an accept whose power could see them) meets the target
+        labels = [f"{n} (below target)" if sizes.get(n, {}).get("target_size") is False else n for n in names]
         for x, name in enumerate(names):
             row = table[name]
             reject, inconclusive = row["reject"] / row["runs"], row["inconclusive"] / row["runs"]
@@ -568,7 +582,7 @@ def figure(results_path: str, png: str) -> None:
                 fontsize=7,
             )
         ax.axhline(0.95, color="black", linestyle="dashed", linewidth=0.8)
-        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+        ax.set_xticks(range(len(names)), labels, rotation=45, ha="right", fontsize=7)
         ax.set_ylim(0, 1.15)
         ax.set_ylabel("share of checks")
         ax.set_title(

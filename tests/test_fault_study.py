@@ -136,3 +136,13 @@ def test_merge_joins_one_seeds_runs_from_two_leases(tmp_path):
     doc = fault_study.merge(paths)
     assert len(doc["runs"]) == 1 and set(doc["runs"][0]["verdicts"]) == {"fp8-head", "int4-all"}
     assert doc["systems"]["int4-all"]["reject"] == 1 and doc["merged_from"] == ["call 0", "call 1"]
+
+
+def test_a_small_fault_may_be_accepted_only_where_the_power_could_have_seen_it():
+    runs = []
+    for seed, sufficient in enumerate((True, False)):
+        run = _run(seed, {"int8-all": "accept"}, {"int8-all": (0.0002, 0.1, 0)})
+        run["verdicts"]["int8-all"]["sufficient"] = sufficient
+        runs.append(run)
+    assert fault_study.rates(runs[:1])["int8-all"]["meets_target"]  # the power statement says it could see
+    assert not fault_study.rates(runs)["int8-all"]["meets_target"]  # a bare accept
