@@ -336,8 +336,9 @@ def write_outputs(path: str, seeds: list[int], args, outputs: dict, seconds: dic
 
 
 def read_outputs(paths: list[str], args) -> tuple[dict, dict, dict]:
-    """Several ``--outputs-out`` files (workers that served different systems of one study) as one:
-    (outputs per system, serving seconds, labels). They must agree on the seeds and sizes."""
+    """Several ``--outputs-out`` files (workers that served different systems, or different seeds of one system) as
+    one: (outputs per system, serving seconds, labels); a request served twice keeps the first file's output. They
+    must agree on the sizes."""
     import gzip
 
     outputs, seconds, labels = {}, {}, {}
@@ -349,8 +350,9 @@ def read_outputs(paths: list[str], args) -> tuple[dict, dict, dict]:
             raise SystemExit(
                 f"{path} was served at {shape} (requests per seed, tokens), not the {args.requests_per_seed, args.max_new_tokens} asked"
             )
-        for name, outs in doc["outputs"].items():
-            outputs.setdefault(name, {rid: RequestOutput(rid, tuple(ids)) for rid, ids in outs.items()})
+        for name, outs in doc["outputs"].items():  # workers may share one system's seeds out: join by request
+            mine = outputs.setdefault(name, {})
+            mine.update((rid, RequestOutput(rid, tuple(ids))) for rid, ids in outs.items() if rid not in mine)
         for name, label in doc["options"].items():
             labels.setdefault(name, label)
         for name, value in doc["serve_seconds"].items():

@@ -10,7 +10,8 @@
 #   per seed (each seed one sealed-size check, δ calibrated on it) -> fault_study-sealed-h200-bf16.json;
 # - fp32: AR, stock, one or two faults of each kind and two controls on 3 seeds, served only: judged on the CPU in
 #   fp32 (fault_study-sealed-outputs-h200-fp32.json.gz).
-# SEALED_ONLY: comma-separated systems (a later lease for what this one did not reach: bf16 only; AR and stock are
+# SEALED_ONLY: comma-separated controls (a later lease for what this one did not reach: bf16 only, each system served by
+# two processes of half the seeds; AR and stock are
 # served again, fault_study.py --merge joins the results by seed). CPU dry run: SEALED_DEVICE=cpu (tiny sizes).
 set -uo pipefail
 DEVICE=${SEALED_DEVICE:-cuda}
@@ -27,9 +28,10 @@ if [ "$DEVICE" = cpu ]; then
 else
     SIZE=(--requests-per-seed 12 --max-new-tokens 2000 --threads 1) SEEDS=10 FP32_SEEDS=3 BATCH=120 AUDIT=20
     if [ -n "${SEALED_ONLY:-}" ]; then
+        # one process per system and half of the seeds (the trees' builders run per request on the host)
         IFS=, read -r -a names <<<"$SEALED_ONLY"
         BF16_LISTS=("ar" "stock")
-        for ((i = 0; i < ${#names[@]}; i += 2)); do BF16_LISTS+=("$(IFS=,; echo "${names[*]:i:2}")"); done
+        for name in "${names[@]}"; do BF16_LISTS+=("$name@0" "$name@5"); done
         FP32_LISTS=()
     else
         # two faults per process (a slow one, whose verify rarely agrees with the drafter, beside a fast one), a
@@ -46,9 +48,11 @@ fi
 LOG="$RESULTS/fault-study-sealed"
 rm -f "$RESULTS"/.sealed-*
 started=$SECONDS
-serve() { # dtype seeds index systems
+serve() { # dtype seeds index systems[@first-seed: that seed and the next seeds/2 only]
+    local systems=${4%@*} seeds=(--seeds "$2")
+    [ "$systems" != "$4" ] && seeds=(--first-seed "${4#*@}" --seeds $(($2 / 2)))
     timeout -s INT "$SERVE_LIMIT" python3 benchmarks/fault_study.py --engine system --serve-only --device "$DEVICE" \
-        --dtype "$1" --seeds "$2" "${SIZE[@]}" --batch "$BATCH" --budget-seconds "$BUDGET" --serve "$4" \
+        --dtype "$1" "${seeds[@]}" "${SIZE[@]}" --batch "$BATCH" --budget-seconds "$BUDGET" --serve "$systems" \
         --outputs-out "$RESULTS/.sealed-$1-w$3.json.gz" 2>"$LOG-serve-$1-w$3.log"
 }
 for ((w = 0; w < ${#BF16_LISTS[@]}; w++)); do serve bfloat16 "$SEEDS" "$w" "${BF16_LISTS[$w]}" & done
