@@ -802,6 +802,8 @@ def main() -> int:
                 write_outputs(args.outputs_out, seeds, args, outputs, seconds, labels)
             if "ar" not in outputs and not args.serve_only:
                 raise SystemExit(f"{args.from_outputs} hold no AR outputs: δ cannot be calibrated")
+            if args.only and not args.serve_only:  # judge these (several processes may share a seed's systems out)
+                outputs = {n: outs for n, outs in outputs.items() if n in args.only or n in ("ar", "stock")}
         else:
 
             def keep(outputs, seconds, labels):
