@@ -561,7 +561,7 @@ def figure(results_path: str, png: str) -> None:
         tokens = sum(c.get("tokens", 0) for c in checks) // max(len(checks), 1)
         panels.append((f"{group['group']} seeds pooled", group["systems"], f"{len(checks)} checks of ~{tokens} tokens"))
     fig, axes = plt.subplots(
-        len(panels), 1, figsize=(max(6.0, 0.5 * len(results["systems"]) + 2), 3.6 * len(panels)), squeeze=False
+        len(panels), 1, figsize=(max(11.0, 0.5 * len(results["systems"]) + 2), 3.6 * len(panels)), squeeze=False
     )
     for ax, (label, table, size) in zip(axes[:, 0], panels):
         names = [n for n in table if table[n]["kind"] == "control"] + [n for n in table if table[n]["kind"] == "fault"]
