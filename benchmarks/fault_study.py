@@ -235,11 +235,14 @@ def faulty_requests(requests: list[Request], share: float) -> set[str]:
     return chosen
 
 
-def system_outputs(seeds: list[int], pool: list[Request], args, engine: Engine) -> tuple[dict, dict, dict, dict]:
+def system_outputs(
+    seeds: list[int], pool: list[Request], args, engine: Engine, on_served=None
+) -> tuple[dict, dict, dict, dict]:
     """Every system through the composed system engine, all seeds' requests in flight at once (a request drawn by
-    two seeds is served once). A fault confined to a share of the requests is served on that share; the other
-    requests keep stock's outputs (what a system whose fault skips them emits). Systems are served in the order
-    AR, stock, then controls and faults alternating, and no new one starts after ``--budget-seconds``.
+    two seeds is served once). A fault confined to a share of the requests is served on that share only
+    (``with_unfaulted`` gives the others stock's outputs). Systems are served in the order AR, stock, then
+    controls and faults alternating (``--serve``: exactly those named, in that order), and no new one starts
+    after ``--budget-seconds``; ``on_served(outputs, seconds, labels)`` follows each system.
     Returns (outputs per system and request id, serving seconds and SystemOptions label per system, samples per
     seed)."""
     from specpilot_mem.engine.decode import SystemDecoder
@@ -258,6 +261,14 @@ def system_outputs(seeds: list[int], pool: list[Request], args, engine: Engine) 
     order = [("ar", dict(SYSTEM_STOCK)), ("stock", dict(SYSTEM_STOCK))]
     for pair in zip(controls + [None] * len(faults), faults + [None] * len(controls)):
         order.extend(item for item in pair if item is not None)
+    if args.serve:  # a worker of a stage that shares the systems out between processes
+        everything = {name: opts for name, opts in order}
+        everything.update((n, dict(SYSTEM_STOCK, **o)) for n, o in SYSTEM_CONTROLS.items())
+        everything.update((n, dict(SYSTEM_STOCK, **fault_options(n, seeds[0], args.max_new_tokens))) for n in FAULTS)
+        unknown = [name for name in args.serve if name not in everything]
+        if unknown:
+            raise SystemExit(f"--serve names unknown systems {unknown}")
+        order = [(name, everything[name]) for name in args.serve]
     rows = max(SystemOptions(**{k: v for k, v in o.items() if k != "fault_requests"}).rows for _, o in order)
     max_len = max(len(r.prompt_ids) for r in requests) + args.max_new_tokens + 2 * rows + 1
     base = SystemDecoder(engine, SystemOptions(**SYSTEM_STOCK), batch=min(args.batch, len(requests)), max_len=max_len)
@@ -280,13 +291,73 @@ def system_outputs(seeds: list[int], pool: list[Request], args, engine: Engine) 
             if serve
             else []
         )
-        got = {r.id: RequestOutput(r.id, tuple(g.output_ids)) for r, g in zip(serve, runs)}
-        if share < 1.0:
-            got = {rid: got.get(rid, outputs["stock"][rid]) for rid in union}
-        outputs[name], seconds[name] = got, time.perf_counter() - start
-        labels[name] = options.label() + (f",fault_requests={share}" if share < 1.0 else "")
+        outputs[name] = {r.id: RequestOutput(r.id, tuple(g.output_ids)) for r, g in zip(serve, runs)}
+        seconds[name] = time.perf_counter() - start
+        labels[name] = options.label() + (f",{FAULT_SHARE}={share}" if share < 1.0 else "")
         log(f"system engine: {name} ({labels[name]}) served {len(serve)} requests in {seconds[name]:.1f} s")
+        if on_served is not None:
+            on_served(outputs, seconds, labels)
     return outputs, seconds, labels, samples
+
+
+FAULT_SHARE = "fault_requests"
+
+
+def with_unfaulted(outputs: dict, labels: dict) -> dict:
+    """A fault confined to a share of the requests was served on that share: the other requests get stock's
+    outputs (what a system whose fault skips them emits). Any other system must cover every request."""
+    full = {}
+    for name, outs in outputs.items():
+        if f",{FAULT_SHARE}=" in labels.get(name, "") and "stock" in outputs:
+            full[name] = {rid: outs.get(rid, out) for rid, out in outputs["stock"].items()}
+        else:
+            full[name] = outs
+    return full
+
+
+def write_outputs(path: str, seeds: list[int], args, outputs: dict, seconds: dict, labels: dict) -> None:
+    """``--outputs-out``: every system served so far (gzip'd when the name ends in .gz), rewritten atomically."""
+    import gzip
+
+    doc = {
+        "seeds": seeds,
+        "requests_per_seed": args.requests_per_seed,
+        "max_new_tokens": args.max_new_tokens,
+        "dtype": args.dtype,
+        "options": labels,
+        "serve_seconds": seconds,
+        "outputs": {n: {r: list(o.output_ids) for r, o in outs.items()} for n, outs in outputs.items()},
+    }
+    target = Path(path)
+    scratch = target.with_name(target.name + ".tmp")
+    data = json.dumps(doc).encode()
+    scratch.write_bytes(gzip.compress(data, 6) if target.name.endswith(".gz") else data)
+    scratch.replace(target)
+
+
+def read_outputs(paths: list[str], args) -> tuple[dict, dict, dict]:
+    """Several ``--outputs-out`` files (workers that served different systems, or different seeds of one system) as
+    one: (outputs per system, serving seconds, labels); a request served twice keeps the first file's output. They
+    must agree on the sizes."""
+    import gzip
+
+    outputs, seconds, labels = {}, {}, {}
+    for path in paths:
+        raw = Path(path).read_bytes()
+        doc = json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw)
+        shape = (doc.get("requests_per_seed"), doc.get("max_new_tokens"))
+        if shape != (args.requests_per_seed, args.max_new_tokens):
+            raise SystemExit(
+                f"{path} was served at {shape} (requests per seed, tokens), not the {args.requests_per_seed, args.max_new_tokens} asked"
+            )
+        for name, outs in doc["outputs"].items():  # workers may share one system's seeds out: join by request
+            mine = outputs.setdefault(name, {})
+            mine.update((rid, RequestOutput(rid, tuple(ids))) for rid, ids in outs.items() if rid not in mine)
+        for name, label in doc["options"].items():
+            labels.setdefault(name, label)
+        for name, value in doc["serve_seconds"].items():
+            seconds.setdefault(name, value)
+    return outputs, seconds, labels
 
 
 def judge_seed(seed: int, sample: list[Request], outputs: dict, seconds: dict, engine: Engine, args) -> dict:
@@ -372,7 +443,17 @@ def rates(runs: list[dict]) -> dict:
                 target_size=excess >= TARGET_CHANGED or added >= TARGET_EVENTS_PER_1000 or shorter,
                 sealed_event_power=1.0 if shorter else sealed_event_power(seen, name),
             )
-            row["meets_target"] = (row["reject_rate"] >= 0.95) if row["target_size"] else counts["accept"] == 0
+            # below the target size an accept is allowed only where the power says the sample could have seen it
+            # (``verdict.py`` accepts only then; the check keeps results of older rules honest too)
+            row["meets_target"] = (
+                row["reject_rate"] >= 0.95
+                if row["target_size"]
+                else all(
+                    r["verdicts"][name].get("sufficient", False)
+                    for r in seen
+                    if r["verdicts"][name]["verdict"] == "accept"
+                )
+            )
         else:
             row["meets_target"] = counts["reject"] == 0
         table[name] = row
@@ -480,10 +561,14 @@ def figure(results_path: str, png: str) -> None:
         tokens = sum(c.get("tokens", 0) for c in checks) // max(len(checks), 1)
         panels.append((f"{group['group']} seeds pooled", group["systems"], f"{len(checks)} checks of ~{tokens} tokens"))
     fig, axes = plt.subplots(
-        len(panels), 1, figsize=(max(6.0, 0.5 * len(results["systems"]) + 2), 3.6 * len(panels)), squeeze=False
+        len(panels), 1, figsize=(max(11.0, 0.5 * len(results["systems"]) + 2), 3.6 * len(panels)), squeeze=False
     )
     for ax, (label, table, size) in zip(axes[:, 0], panels):
         names = [n for n in table if table[n]["kind"] == "control"] + [n for n in table if table[n]["kind"] == "fault"]
+        sizes = results["systems"]
+        # faults below the target size (< 0.3% of tokens changed and < 1 added event per 1,000) are marked: for them
+        # inconclusive (or an accept whose power could see them) meets the target
+        labels = [f"{n} (below target)" if sizes.get(n, {}).get("target_size") is False else n for n in names]
         for x, name in enumerate(names):
             row = table[name]
             reject, inconclusive = row["reject"] / row["runs"], row["inconclusive"] / row["runs"]
@@ -499,7 +584,7 @@ def figure(results_path: str, png: str) -> None:
                 fontsize=7,
             )
         ax.axhline(0.95, color="black", linestyle="dashed", linewidth=0.8)
-        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+        ax.set_xticks(range(len(names)), labels, rotation=45, ha="right", fontsize=7)
         ax.set_ylim(0, 1.15)
         ax.set_ylabel("share of checks")
         ax.set_title(
@@ -645,8 +730,14 @@ def main() -> int:
     )
     parser.add_argument(
         "--from-outputs",
+        nargs="+",
         metavar="JSON",
-        help="system engine: judge the outputs an --outputs-out file holds (same seeds and sizes) instead of serving",
+        help="system engine: judge the outputs these --outputs-out files hold (same seeds and sizes) instead of serving",
+    )
+    parser.add_argument(
+        "--serve",
+        type=lambda text: text.split(","),
+        help="system engine: serve exactly these systems (ar, stock, controls, faults; comma-separated) in this order",
     )
     parser.add_argument("--serve-only", action="store_true", help="system engine: serve, write --outputs-out, stop")
     parser.add_argument(
@@ -699,34 +790,28 @@ def main() -> int:
     runs = []
     if args.engine == "system":
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-        if args.from_outputs:  # judge what an earlier run served (e.g. on the GPU), here
-            served = json.loads(Path(args.from_outputs).read_text())
-            by_id = {r.id: r for r in pool}
-            outputs = {
-                name: {rid: RequestOutput(rid, tuple(ids)) for rid, ids in outs.items()}
-                for name, outs in served["outputs"].items()
-            }
+        if args.from_outputs:  # judge what earlier runs served (e.g. on the GPU, by several workers), here
+            outputs, seconds, labels = read_outputs(args.from_outputs, args)
             samples = {seed: seed_sample(seed, pool, args) for seed in seeds}
-            if any(r.id not in outputs["stock"] or r.id not in by_id for s_ in samples.values() for r in s_):
-                raise SystemExit(f"{args.from_outputs} was served for other seeds or request counts")
-            labels, seconds = served["options"], served["serve_seconds"]
+            by_id = {r.id for r in pool}
+            if "stock" not in outputs or any(
+                r.id not in outputs["stock"] or r.id not in by_id for s_ in samples.values() for r in s_
+            ):
+                raise SystemExit(f"{args.from_outputs} were served for other seeds or request counts")
+            if args.outputs_out:  # several workers' files as one
+                write_outputs(args.outputs_out, seeds, args, outputs, seconds, labels)
+            if "ar" not in outputs and not args.serve_only:
+                raise SystemExit(f"{args.from_outputs} hold no AR outputs: δ cannot be calibrated")
+            if args.only and not args.serve_only:  # judge these (several processes may share a seed's systems out)
+                outputs = {n: outs for n, outs in outputs.items() if n in args.only or n in ("ar", "stock")}
         else:
-            outputs, seconds, labels, samples = system_outputs(seeds, pool, args, engine)
-            if args.outputs_out:
-                Path(args.outputs_out).write_text(
-                    json.dumps(
-                        {
-                            "seeds": seeds,
-                            "requests_per_seed": args.requests_per_seed,
-                            "max_new_tokens": args.max_new_tokens,
-                            "options": labels,
-                            "serve_seconds": seconds,
-                            "outputs": {
-                                n: {r: list(o.output_ids) for r, o in outs.items()} for n, outs in outputs.items()
-                            },
-                        }
-                    )
-                )
+
+            def keep(outputs, seconds, labels):
+                if args.outputs_out:
+                    write_outputs(args.outputs_out, seeds, args, outputs, seconds, labels)
+
+            outputs, seconds, labels, samples = system_outputs(seeds, pool, args, engine, on_served=keep)
+        outputs = with_unfaulted(outputs, labels)
         args.system_labels, args.system_seconds = labels, seconds
         if args.serve_only:
             log("served; judging is left to --from-outputs runs")

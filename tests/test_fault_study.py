@@ -115,3 +115,45 @@ def test_merge_joins_one_seeds_runs_from_two_leases(tmp_path):
     doc = fault_study.merge(paths)
     assert len(doc["runs"]) == 1 and set(doc["runs"][0]["verdicts"]) == {"fp8-head", "int4-all"}
     assert doc["systems"]["int4-all"]["reject"] == 1 and doc["merged_from"] == ["call 0", "call 1"]
+
+
+def test_a_small_fault_may_be_accepted_only_where_the_power_could_have_seen_it():
+    runs = []
+    for seed, sufficient in enumerate((True, False)):
+        run = _run(seed, {"int8-all": "accept"}, {"int8-all": (0.0002, 0.1, 0)})
+        run["verdicts"]["int8-all"]["sufficient"] = sufficient
+        runs.append(run)
+    assert fault_study.rates(runs[:1])["int8-all"]["meets_target"]  # the power statement says it could see
+    assert not fault_study.rates(runs)["int8-all"]["meets_target"]  # a bare accept
+
+
+def test_outputs_of_several_workers_join_by_request_and_shared_faults_get_stocks_rest(tmp_path):
+    """Workers of the sealed stage write gzip'd outputs of different systems (or different seeds of one system);
+    --from-outputs joins them, and a fault served on a share of the requests gets stock's outputs elsewhere."""
+    from types import SimpleNamespace
+
+    from specpilot_mem.controller.system import RequestOutput
+
+    args = SimpleNamespace(requests_per_seed=2, max_new_tokens=3, dtype="float32")
+
+    def outs(ids, token):
+        return {rid: RequestOutput(rid, (token,) * 3) for rid in ids}
+
+    first, second = tmp_path / "w0.json.gz", tmp_path / "w1.json"
+    labels = {"stock": "positions=8", "tree": "tree=ddtree", "few": "positions=8,fault_requests=0.25"}
+    fault_study.write_outputs(
+        str(first), [0], args, {"stock": outs(["a", "b", "c"], 1), "tree": outs(["a"], 2)}, {"stock": 1.0}, labels
+    )
+    fault_study.write_outputs(
+        str(second), [1], args, {"tree": outs(["a", "b", "c"], 3), "few": outs(["b"], 4)}, {"tree": 2.0}, labels
+    )
+    assert first.read_bytes()[:2] == b"\x1f\x8b"  # gzip
+    outputs, seconds, read_labels = fault_study.read_outputs([str(first), str(second)], args)
+    assert [outputs["tree"][r].output_ids[0] for r in "abc"] == [2, 3, 3]  # the first file's output kept
+    full = fault_study.with_unfaulted(outputs, read_labels)
+    assert [full["few"][r].output_ids[0] for r in "abc"] == [1, 4, 1] and full["tree"] is outputs["tree"]
+    assert seconds == {"stock": 1.0, "tree": 2.0}
+    import pytest
+
+    with pytest.raises(SystemExit, match="served at"):
+        fault_study.read_outputs([str(first)], SimpleNamespace(requests_per_seed=12, max_new_tokens=3))

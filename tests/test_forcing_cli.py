@@ -137,3 +137,17 @@ def test_tf_long_outputs_needs_outputs_of_the_long_pass(files, capsys):
     assert main(_args(files, "--delta", "0.25", "--json", "--long-outputs")) == 2
     error = json.loads(capsys.readouterr().out)
     assert error["where"] == "stock outputs" and "stop short" in error["what"]
+
+
+def test_tf_prints_delta_its_basis_and_the_sample_that_would_suffice(files, capsys):
+    """On 8 requests a lossless system cannot be told from a lossy one: the table output says inconclusive
+    (exit 3), where δ came from, and what sample would suffice."""
+    lines = (files / "requests.jsonl").read_text().splitlines()
+    (files / "requests.jsonl").write_text("\n".join(lines[:8]) + "\n")
+    args = _args(files, "--ar", str(files / "ar.jsonl"))
+    del args[args.index(f"faulty={files / 'faulty.jsonl'}") - 1 : args.index(f"faulty={files / 'faulty.jsonl'}") + 1]
+    code = main(args)
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 3
+    assert "INCONCLUSIVE" in out and "δ = 0.125 nats (largest gap" in out
+    assert "would suffice" in out and "requests (" in out

@@ -185,3 +185,97 @@ def test_reported_stop_reasons_are_compared_with_stocks():
     assert verdict.length.stop_differs == 1 and not verdict.length.truncated
     assert any("stop reason stock never gives" in r for r in verdict.reasons)
     assert type(verdict).from_dict(verdict.to_dict()).length == verdict.length
+
+
+def test_the_round_runners_sealed_final_runs_the_long_output_pass_and_reports_its_power(capsys):
+    """By default the round's sealed final asks the controller for the long-output pass, and the round's state
+    keeps the verdict's power statement (``round status`` prints it)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from specpilot_mem.rounds.models import RoundConfig
+    from specpilot_mem.rounds.runner import RoundRunner
+
+    reqs, reference, scorer = make_case(requests=16, length=64, seed=49)
+    scored = _scored(scorer, reqs, outputs_from(reqs, [reference[r.prompt_ids] for r in reqs]))
+    verdict = TokenForcing(scorer, scored, delta=0.25).judge("final", scored)
+    jobs, saved = [], []
+
+    class State(SimpleNamespace):
+        def model_copy(self, update):
+            return State(**{**vars(self), **update})
+
+    result = {
+        "accepted": False,
+        "reasons": list(verdict.reasons),
+        "gain": {},
+        "verdict": verdict.to_dict(),
+        "requests": 16,
+    }
+    runner = SimpleNamespace(
+        state=State(
+            best="b" * 40,
+            start="a" * 40,
+            stock="s" * 40,
+            config=RoundConfig(system_repo=".", requests="r", devices=["cpu"]),
+        ),
+        _side=lambda role, commit: {"commit": commit},
+        _calibration=lambda: {"delta": 0.25},
+        _job=lambda kind, **fields: {"kind": kind, **fields},
+        _measured=lambda job: (jobs.append(job), ("key", result))[1],
+        dir=SimpleNamespace(save_state=saved.append),
+    )
+    RoundRunner._sealed(runner)
+    assert jobs[0]["long_outputs"] is True and jobs[0]["max_new_tokens"] is None
+    sealed = saved[-1].sealed
+    assert sealed["verdict"] == "inconclusive" and "would suffice" in sealed["power"]
+    assert sealed["tokens"] == 16 * 64 and sealed["requests"] == 16
+    from specpilot_mem.commands.round import _show
+
+    state = saved[-1]
+    state.__dict__.update(deployment="d", number=1, done=[], lineage="l", distilled=[])
+    _show(SimpleNamespace(json=False), SimpleNamespace(path=Path("round"), directions=lambda: []), state)
+    assert "would suffice" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_controllers_sealed_job_serves_and_scores_the_long_output_pass(monkeypatch):
+    """The controller's sealed job (what the runner's long_outputs asks for) runs the final on requests whose
+    max_new_tokens fill the scorer's context: the real paired run cannot run here, so it is recorded instead."""
+    from types import SimpleNamespace
+
+    from specpilot_mem.controller.requests import Request
+    from specpilot_mem.rounds import controller
+
+    unseen = [Request("u1", "code", "unseen", 128, prompt_ids=tuple(range(48)))]
+    served = {}
+
+    class Judge:
+        def __init__(self, home, job):
+            pass
+
+        def scorer(self):
+            return SimpleNamespace(max_len=2048)
+
+        def encoder(self, requests):
+            return None
+
+    monkeypatch.setattr(controller, "Judge", Judge)
+    monkeypatch.setattr(controller, "_requests", lambda job, split: unseen)
+    monkeypatch.setattr(controller, "_devices", lambda job: None)
+    monkeypatch.setattr(controller, "_spec", lambda home, job, role: role)
+    monkeypatch.setattr(controller, "_evidence", lambda run: {})
+    monkeypatch.setattr(
+        controller,
+        "pool_paired_run",
+        lambda d, a, b, requests, policy, encode: served.update(requests=requests) or SimpleNamespace(paired=None),
+    )
+    monkeypatch.setattr(
+        controller,
+        "judge_final",
+        lambda paired, requests, forcing, require_conclusive: SimpleNamespace(to_dict=lambda: {"paired": None}),
+    )
+    job = {"repeats": 2, "batch_sizes": [1], "delta": 0.25}
+    controller.sealed(None, {**job, "long_outputs": True})
+    assert [r.max_new_tokens for r in served["requests"]] == [2000]
+    controller.sealed(None, {**job, "long_outputs": False})
+    assert [r.max_new_tokens for r in served["requests"]] == [128]

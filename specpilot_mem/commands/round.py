@@ -237,6 +237,8 @@ def _show(args, round_dir, state) -> int:
                 f"sealed final: {'accepted' if p['sealed'].get('accepted') else 'not accepted'} "
                 f"{'; '.join(p['sealed'].get('reasons', []))}"
             )
+            if p["sealed"].get("power"):
+                console.print(f"sealed final's token forcing ({p['sealed']['verdict']}): {p['sealed']['power']}")
         if p["distilled"]:
             console.print("distilled into entries: " + ", ".join(p["distilled"]))
 

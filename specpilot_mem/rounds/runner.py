@@ -456,7 +456,14 @@ class RoundRunner:
         self.state = self.state.model_copy(
             update={
                 "sealed": {k: result[k] for k in ("accepted", "reasons", "gain")}
-                | {"verdict": result["verdict"]["verdict"], "measurement": key}
+                | {
+                    "verdict": result["verdict"]["verdict"],
+                    # what the sample could see, and what would suffice when it could not
+                    "power": result["verdict"].get("power_statement"),
+                    "requests": result.get("requests"),
+                    "tokens": sum(row["tokens"] for row in result["verdict"].get("per_request", ())),
+                    "measurement": key,
+                }
             }
         )
         self.dir.save_state(self.state)
