@@ -112,3 +112,27 @@ def test_token_forcing_accepts_each_mechanism_in_the_system_decoder(engine, requ
         name, score_outputs(scorer, forcing_requests, forcing_outputs(runs))
     )
     assert_not_rejected(verdict)
+
+
+class ARWins(StepCosts):
+    """The test plateau's costs with every speculative row dearer than a token: the planner takes AR steps and
+    looks now and then."""
+
+    def verify_ms(self, rows, requests):
+        return super().verify_ms(rows, requests) * (1 + 3 * (rows / max(requests, 1) - 1))
+
+
+@pytest.mark.parametrize("costs", [COSTS, ARWins("test", CURVE, CURVE, 0.0, measured=False)], ids=["pays", "ar-wins"])
+def test_the_planner_chooses_each_steps_bucket_in_the_system_decoder(engine, requests, ar, costs):
+    from specpilot_mem.batching.system_decoder import PolicyDecoder
+
+    decoder = PolicyDecoder(engine, CONFIGS["planned-budget"], costs, batch=3, max_len=256)
+    runs = decoder.generate([r.prompt_ids for r in requests], "spec", NEW_TOKENS)
+    for g, r in zip(runs, requests):
+        assert g.output_ids == ar[r.id].output_ids
+    rows = decoder.stats["rows"]
+    if costs is COSTS:
+        assert max(rows) > decoder.planner.buckets[0]  # past the first look it plans deeper buckets
+    else:
+        assert 1 in rows and max(rows) > 1 and rows[1] > sum(n for k, n in rows.items() if k > 1)
+    assert all(len(step) <= 3 for step in decoder.stats["shares"])
