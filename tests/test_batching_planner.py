@@ -138,3 +138,15 @@ def test_engine_costs_per_option_set():
         EngineStepCosts(base, engine_doc(False), "path")
     with pytest.raises(BatchingError, match="unknown engine variant"):
         EngineStepCosts(base, engine_doc(True), "w12")
+
+
+def test_a_stock_bucket_out_of_memory_takes_the_path_verify_time():
+    from specpilot_mem.batching.costs import EngineStepCosts, StepCosts
+
+    doc = engine_doc(True)
+    del doc["by_batch"]["32"]["T_step_ms"]["17"]  # stock's snapshot buffers did not fit there
+    stock = EngineStepCosts(StepCosts.roofline("4b"), doc, "stock")
+    assert stock.substituted == ["32/17"] and stock.to_dict()["substituted_from_path_verify"] == ["32/17"]
+    assert stock.verify_ms(32 * 17, 32) == pytest.approx(9.0 + 32 / 2)  # the path verify's (faster) time
+    assert stock.verify_ms(8 * 17, 8) == pytest.approx(20.0)  # measured buckets keep stock's own
+    assert EngineStepCosts(StepCosts.roofline("4b"), doc, "best").verify_ms(32 * 17, 32) == pytest.approx(25.0)
