@@ -88,7 +88,9 @@ def test_token_forcing_accepts_each_mechanism(engine, requests, ar, name):
     assert_not_rejected(verdict)
 
 
-@pytest.mark.parametrize("name", ["stock", "shared-budget", "drafter-block", "shared-budget+drafter-block"])
+@pytest.mark.parametrize(
+    "name", ["stock", "shared-budget", "drafter-block", "shared-budget+drafter-block", "planned-budget"]
+)
 def test_token_forcing_accepts_each_mechanism_in_the_system_decoder(engine, requests, ar, name):
     from specpilot_mem.batching.system_decoder import PolicyDecoder
 
@@ -98,7 +100,7 @@ def test_token_forcing_accepts_each_mechanism_in_the_system_decoder(engine, requ
     for g in runs:
         assert g.output_ids == ar[g.id].output_ids  # float32 on one CPU: the greedy decode itself
     shares = [step for step in decoder.stats["shares"] if len(step) > 1]
-    if CONFIGS[name].shared:
+    if CONFIGS[name].shared and not CONFIGS[name].plan:
         assert any(len(set(step)) > 1 for step in shares)
         assert all(sum(step) + len(step) <= CURVE.plateau_end(len(step)) for step in shares)
     if CONFIGS[name].blocks:
