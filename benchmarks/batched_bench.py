@@ -27,7 +27,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot_mem.batching.costs import EngineStepCosts, StepCosts  # noqa: E402
-from specpilot_mem.batching.simulate import CONFIGS, concat_lattices, simulate, speedups  # noqa: E402
+from specpilot_mem.batching.simulate import (  # noqa: E402
+    CONFIGS,
+    STOCK_BLOCK,
+    chain_prior,
+    concat_lattices,
+    simulate,
+    speedups,
+)
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 from specpilot_mem.replay.lattice import load_lattice  # noqa: E402
 
@@ -65,6 +72,7 @@ def run_shape(lattices, costs: dict, batches, args) -> dict:
                 segment=args.segment,
                 verify_buffer=args.verify_buffer,
                 stream=args.stream,
+                plan_prior=args.plan_prior,
             )
             for name, cfg in CONFIGS.items()
         }
@@ -241,8 +249,14 @@ def main(argv=None) -> int:
     ap.add_argument("--costs", type=Path, help="batched_costs.py's result (default: the roofline model)")
     ap.add_argument(
         "--engine-costs",
-        type=Path,
-        help="batched_engine_costs.py's result: time steps by the composed engine (its shape: 4b)",
+        default="",
+        help="batched_engine_costs.py's results per shape, SHAPE=FILE,... (a bare FILE is the 4b one): time steps by "
+        "the composed engine",
+    )
+    ap.add_argument(
+        "--prior-split",
+        default="dev",
+        help="the split whose greedy-chain acceptance is the planner's prior ('' : no prior, a first look instead)",
     )
     ap.add_argument("--shapes", default="4b,27b")
     ap.add_argument("--batches", default="1,8,16,24,32,64")
@@ -263,6 +277,7 @@ def main(argv=None) -> int:
     ap.add_argument("--figure", type=Path, help="PNG (default: beside --out)")
     ap.add_argument("--replot", type=Path, help="only redraw the figure of this result (to --figure)")
     args = ap.parse_args(argv)
+    args.plan_prior = None
     if args.replot:
         plot(json.loads(args.replot.read_text())["shapes"], args.figure or args.replot.with_suffix(".png"))
         return 0
@@ -286,11 +301,18 @@ def main(argv=None) -> int:
     sections = args.sections.split(",")
     if "sweep" in sections and args.sweep:
         doc["budget_sweep"] = budget_sweep(lattices, batches, [int(k) for k in args.sweep.split(",")], args)
+    engine_files = dict(
+        item.split("=", 1) if "=" in item else ("4b", item) for item in args.engine_costs.split(",") if item
+    )
+    if args.prior_split:
+        prior_lattice = load_blocks(args.lattices, [args.prior_split])[STOCK_BLOCK]
+        args.plan_prior = chain_prior(prior_lattice)
+        doc["plan_prior"] = {"split": args.prior_split, "acceptance": args.plan_prior.round(4).tolist()}
     for shape in args.shapes.split(","):
         costs = StepCosts.from_measurement(measurement, shape) if measurement else StepCosts.roofline(shape)
         by_engine = {"stock": costs}
-        if args.engine_costs:
-            engine_doc = {**json.loads(args.engine_costs.read_text()), "source": str(args.engine_costs)}
+        if shape in engine_files:
+            engine_doc = {**json.loads(Path(engine_files[shape]).read_text()), "source": engine_files[shape]}
             by_engine = {"stock": EngineStepCosts(costs, engine_doc, "stock")}
             if any("T_step_path_ms" in e for e in engine_doc["by_batch"].values()):
                 # SpecPilot's configurations: per bucket the faster GDN verify (path verify wins from 17 rows

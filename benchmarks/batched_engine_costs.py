@@ -1,6 +1,7 @@
 """Step times of the composed engine (``specpilot_mem.engine.system``) at the rows the batching policies use:
 T_AR(B), the drafter's pass at blocks 16/12/8 and the verify step (verify + accept + commit, one CUDA graph)
-with T rows per request, for B requests in flight, at the 4B-like shape (synthetic weights made on the GPU).
+with T rows per request, for B requests in flight, at the 4B-like or 27B-like shape (``--shape``; synthetic
+weights made on the GPU).
 Per option set (``--variants``): ``stock`` (SGLang's snapshot GDN verify: ``T_step_ms``) and ``path`` (SpecPilot's
 batched option set, GDN path verify: ``T_step_path_ms``), both best-first trees, cuBLAS BF16 linears and head.
 
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from specpilot_mem.provenance import print_result, result_header, write_result  # noqa: E402
 
-SHAPE = "qwen3.5-4b-like"
+SHAPES = ("qwen3.5-4b-like", "qwen3.8-27b-like")
 
 
 def isolated(args, doc: dict, argv: list[str]) -> int:
@@ -65,6 +66,7 @@ def isolated(args, doc: dict, argv: list[str]) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--shape", default=SHAPES[0], choices=SHAPES)
     ap.add_argument("--smoke", action="store_true", help="the engine's tiny smoke shape (CPU dry run)")
     ap.add_argument("--batches", default="1,8,16,24,32,64")
     ap.add_argument("--rows", default="2,3,5,9,17", help="verify rows per request (root included)")
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
     doc = {
         **result_header("batched_engine_costs"),
         "synthetic": True,
-        "shape_name": SHAPE,
+        "shape_name": args.shape,
         "context": args.context,
         "by_batch": {},
         "errors": {},
@@ -101,7 +103,7 @@ def main(argv=None) -> int:
         return 0
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shape = get_shape(SHAPE, args.smoke)
+    shape = get_shape(args.shape, args.smoke)
     batches = [int(b) for b in args.batches.split(",")]
     rows = [int(r) for r in args.rows.split(",")]
     blocks = [int(b) for b in args.blocks.split(",")]
@@ -137,8 +139,9 @@ def main(argv=None) -> int:
             for r in rows:
                 try:
                     entry[key][str(r)] = time_model(model, caches, b, r, args.context, timer)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # noqa: BLE001 - e.g. stock's snapshot buffers out of memory at the 27B-like shape
                     doc["errors"][f"step/{v}/{b}/{r}"] = f"{type(exc).__name__}: {exc}"[:300]
+                    model.release_buffers()
         entry["seconds"] = round(time.perf_counter() - started, 1)
         doc["by_batch"][str(b)] = entry
         print(f"B={b}: {entry}", file=sys.stderr, flush=True)

@@ -88,7 +88,9 @@ def test_token_forcing_accepts_each_mechanism(engine, requests, ar, name):
     assert_not_rejected(verdict)
 
 
-@pytest.mark.parametrize("name", ["stock", "shared-budget", "drafter-block", "shared-budget+drafter-block"])
+@pytest.mark.parametrize(
+    "name", ["stock", "shared-budget", "drafter-block", "shared-budget+drafter-block", "planned-budget"]
+)
 def test_token_forcing_accepts_each_mechanism_in_the_system_decoder(engine, requests, ar, name):
     from specpilot_mem.batching.system_decoder import PolicyDecoder
 
@@ -98,7 +100,7 @@ def test_token_forcing_accepts_each_mechanism_in_the_system_decoder(engine, requ
     for g in runs:
         assert g.output_ids == ar[g.id].output_ids  # float32 on one CPU: the greedy decode itself
     shares = [step for step in decoder.stats["shares"] if len(step) > 1]
-    if CONFIGS[name].shared:
+    if CONFIGS[name].shared and not CONFIGS[name].plan:
         assert any(len(set(step)) > 1 for step in shares)
         assert all(sum(step) + len(step) <= CURVE.plateau_end(len(step)) for step in shares)
     if CONFIGS[name].blocks:
@@ -112,3 +114,27 @@ def test_token_forcing_accepts_each_mechanism_in_the_system_decoder(engine, requ
         name, score_outputs(scorer, forcing_requests, forcing_outputs(runs))
     )
     assert_not_rejected(verdict)
+
+
+class ARWins(StepCosts):
+    """The test plateau's costs with every speculative row dearer than a token: the planner takes AR steps and
+    looks now and then."""
+
+    def verify_ms(self, rows, requests):
+        return super().verify_ms(rows, requests) * (1 + 3 * (rows / max(requests, 1) - 1))
+
+
+@pytest.mark.parametrize("costs", [COSTS, ARWins("test", CURVE, CURVE, 0.0, measured=False)], ids=["pays", "ar-wins"])
+def test_the_planner_chooses_each_steps_bucket_in_the_system_decoder(engine, requests, ar, costs):
+    from specpilot_mem.batching.system_decoder import PolicyDecoder
+
+    decoder = PolicyDecoder(engine, CONFIGS["planned-budget"], costs, batch=3, max_len=256)
+    runs = decoder.generate([r.prompt_ids for r in requests], "spec", NEW_TOKENS)
+    for g, r in zip(runs, requests):
+        assert g.output_ids == ar[r.id].output_ids
+    rows = decoder.stats["rows"]
+    if costs is COSTS:
+        assert max(rows) > decoder.planner.buckets[0]  # past the first look it plans deeper buckets
+    else:
+        assert 1 in rows and max(rows) > 1 and rows[1] > sum(n for k, n in rows.items() if k > 1)
+    assert all(len(step) <= 3 for step in decoder.stats["shares"])

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from specpilot_mem.batching.costs import BatchingError
-from specpilot_mem.batching.planner import BudgetPlanner
+from specpilot_mem.batching.planner import BudgetPlanner, acceptance_prior
 
 
 class Costs:
@@ -75,14 +75,36 @@ def test_expected_tokens_from_per_depth_acceptance():
     assert planner.expected()[planner.buckets.index(5)] == pytest.approx(1.5)
 
 
-def test_probes_back_off_where_speculation_cannot_pay():
-    planner = BudgetPlanner(Costs(growth=3.0), probe=2, max_probe=16)
-    planner.observe(np.array([1, 0, 1, 0]), np.array([1, 1, 1, 1]))
-    picks = [planner.rows_for(8) for _ in range(64)]
-    probes = [i for i, r in enumerate(picks) if r > 1]
-    assert probes and all(picks[i] == planner.buckets[0] for i in probes)
-    gaps = np.diff(probes)
-    assert list(gaps) == sorted(gaps) and gaps[-1] == 16  # doubling intervals up to max_probe
+def test_looks_are_spaced_by_their_estimated_loss():
+    far = BudgetPlanner(Costs(growth=3.0), probe=2, max_probe=16)  # every bucket far below AR: rare looks
+    far.observe(np.array([1, 0, 1, 0]), np.array([1, 1, 1, 1]))
+    picks = [far.rows_for(8) for _ in range(64)]
+    looks = [i for i, r in enumerate(picks) if r > 1]
+    best = max(far.table(8)[1:], key=lambda r: r["tokens_per_ms"])["rows"]
+    assert looks[0] == 1 and all(picks[i] == best for i in looks)  # the first after `probe` AR steps
+    assert set(np.diff(looks)) == {16}  # the loss over probe_cost is far past max_probe
+    near = BudgetPlanner(Costs(growth=0.48), probe=2, max_probe=64, probe_cost=0.01)
+    near.observe(np.array([1, 0, 1, 0]), np.array([1, 1, 1, 1]))
+    table = near.table(8)
+    loss = 1 - max(r["tokens_per_ms"] for r in table[1:]) / table[0]["tokens_per_ms"]
+    assert 0 < loss < 0.2
+    looks = [i for i, r in enumerate(near.rows_for(8) for _ in range(64)) if r > 1]
+    assert set(np.diff(looks)) == {int(np.clip(np.ceil(loss / 0.01), 2, 64))}
+
+
+def test_a_prior_needs_no_first_look():
+    rate = acceptance_prior(np.array([0, 0, 1, 2, 3, 0, 1, 5]), 4)
+    np.testing.assert_allclose(rate, [5 / 8, 3 / 5, 2 / 3, 1 / 2])
+    cold, warm = BudgetPlanner(Costs(growth=3.0)), BudgetPlanner(Costs(growth=3.0), prior=rate)
+    assert cold.rows_for(8) == cold.buckets[0]  # the cheapest look
+    assert warm.rows_for(8) == 1  # AR straight away: the prior says no bucket pays
+    reach, prev, expected = 16.0 * np.concatenate([[1.0], np.cumprod(rate)[:-1]]), 0.5, []
+    for r, n in zip(rate, reach):  # the prior as observations, with acceptance()'s one-request smoothing
+        prev = (n * r + warm.PRIOR * prev) / (n + warm.PRIOR)
+        expected.append(prev)
+    np.testing.assert_allclose(warm.acceptance()[:4], expected)
+    with pytest.raises(BatchingError, match="prior"):
+        BudgetPlanner(Costs(0.1), prior=np.array([1.5]))
 
 
 def test_bad_buckets_are_refused():
@@ -116,3 +138,15 @@ def test_engine_costs_per_option_set():
         EngineStepCosts(base, engine_doc(False), "path")
     with pytest.raises(BatchingError, match="unknown engine variant"):
         EngineStepCosts(base, engine_doc(True), "w12")
+
+
+def test_a_stock_bucket_out_of_memory_takes_the_path_verify_time():
+    from specpilot_mem.batching.costs import EngineStepCosts, StepCosts
+
+    doc = engine_doc(True)
+    del doc["by_batch"]["32"]["T_step_ms"]["17"]  # stock's snapshot buffers did not fit there
+    stock = EngineStepCosts(StepCosts.roofline("4b"), doc, "stock")
+    assert stock.substituted == ["32/17"] and stock.to_dict()["substituted_from_path_verify"] == ["32/17"]
+    assert stock.verify_ms(32 * 17, 32) == pytest.approx(9.0 + 32 / 2)  # the path verify's (faster) time
+    assert stock.verify_ms(8 * 17, 8) == pytest.approx(20.0)  # measured buckets keep stock's own
+    assert EngineStepCosts(StepCosts.roofline("4b"), doc, "best").verify_ms(32 * 17, 32) == pytest.approx(25.0)

@@ -292,6 +292,7 @@ class EngineStepCosts(StepCosts):
 
     def __init__(self, base: StepCosts, doc: dict, variant: str = "stock"):
         where = f"{doc.get('source', 'batched_engine_costs result')}"
+        self.substituted: list[str] = []  # "B/rows" buckets timed by another option set (see below)
         if variant == "best":  # per (B, rows) bucket the faster GDN verify of the two (each graph captures its own)
             doc = {
                 **doc,
@@ -299,7 +300,8 @@ class EngineStepCosts(StepCosts):
                     b: {
                         **e,
                         "T_step_best_ms": {
-                            r: min(t, e.get("T_step_path_ms", {}).get(r, t)) for r, t in e.get("T_step_ms", {}).items()
+                            r: min(e.get("T_step_ms", {}).get(r, t), t)
+                            for r, t in {**e.get("T_step_ms", {}), **e.get("T_step_path_ms", {})}.items()
                         },
                     }
                     for b, e in doc["by_batch"].items()
@@ -308,6 +310,22 @@ class EngineStepCosts(StepCosts):
             key = "T_step_best_ms"
         elif variant in self.VARIANTS:
             key = self.VARIANTS[variant]
+            if variant == "stock" and any("T_step_path_ms" in e for e in doc["by_batch"].values()):
+                # a bucket stock's snapshot buffers could not hold (out of memory, e.g. 27B-like 32 x 17 rows) takes
+                # the path verify's time: faster than stock's wherever both ran there, so it flatters stock
+                self.substituted = [
+                    f"{b}/{r}"
+                    for b, e in doc["by_batch"].items()
+                    for r in e.get("T_step_path_ms", {})
+                    if r not in e.get(key, {})
+                ]
+                doc = {
+                    **doc,
+                    "by_batch": {
+                        b: {**e, key: {**e.get("T_step_path_ms", {}), **e.get(key, {})}}
+                        for b, e in doc["by_batch"].items()
+                    },
+                }
         else:
             raise BatchingError(f"unknown engine variant {variant!r}", where=where, fix="use stock, path or best")
         super().__init__(
@@ -340,6 +358,9 @@ class EngineStepCosts(StepCosts):
             [[by[str(int(b))]["T_AR_ms"]] + [by[str(int(b))][key][str(t)] for t in rows] for b in self.batches]
         )
         self.draft = np.array([[by[str(int(b))]["T_draft_ms"][str(k)] for k in blocks] for b in self.batches])
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "variant": self.variant, "substituted_from_path_verify": self.substituted}
 
     @staticmethod
     def _interp(grid_b, grid_x, table, b: float, x: float) -> float:

@@ -22,10 +22,17 @@ were tried first: the trained pair's drafter is underconfident below the first p
 far too few rows.) A bucket that steps have verified takes the tokens per request they realised instead (fading back into
 the estimate as other buckets are verified):
 a shared budget gives its deep nodes to the confident requests, so the per-depth rates flatter the buckets
-not yet verified. The first step verifies the smallest bucket (the cheapest look). While AR wins, a speculative step now and
-then keeps the estimate current: after ``probe`` AR steps at first, at the best bucket while it is
-estimated near AR, or at the smallest with the interval doubling (up to ``max_probe``) while it is
-estimated below 0.8x AR, so where speculation cannot pay its probes cost next to nothing.
+not yet verified.
+
+Looking costs: a speculative step the planner takes to look where AR wins is a loss. So the estimate can start
+from a prior (``prior``: per-depth acceptance the pair showed elsewhere, e.g. on its dev split, as a few
+requests' worth of observations), and then no first look is needed; without one, the first step verifies the
+smallest bucket (the cheapest look). While AR wins, the next look comes after as many AR steps as keep its
+estimated loss (the best bucket's shortfall from AR, in AR steps) at most ``probe_cost`` of those steps'
+throughput, within ``probe`` .. ``max_probe`` steps: near the break-even the planner looks often, where
+speculation is far from paying it looks rarely. Per batch size the step costs of every bucket are computed
+once. The planner reads only what the engine brings to the host every step anyway (the accepted lengths and
+each share's depth, which the scheduler needs to commit and schedule), so it adds no device synchronisation.
 """
 
 from __future__ import annotations
@@ -42,8 +49,10 @@ class BudgetPlanner:
     buckets per request to choose from (root included, each >= 2: the engine's CUDA-graph buckets);
     blocks: the drafter blocks there are (each bucket drafts the smallest block that reaches its nodes per
     request, else the largest); margin: how much faster than AR a speculative plan must be estimated before
-    it is taken; probe, max_probe: the first and the longest interval (AR steps) between probes while AR wins;
-    decay: of the running estimates.
+    it is taken; probe, max_probe: the shortest and the longest interval (AR steps) between looks while AR
+    wins; probe_cost: the share of the AR steps' throughput a look may cost by estimate; decay: of the running
+    estimates; prior, prior_weight: per-depth acceptance to start from (``acceptance_prior``) and how many
+    requests' worth of observations it counts as.
     """
 
     FLAG = "--plan-rows"
@@ -58,6 +67,9 @@ class BudgetPlanner:
         probe: int = 8,
         max_probe: int = 256,
         decay: float = 0.8,
+        prior: np.ndarray | None = None,
+        prior_weight: float = 16.0,
+        probe_cost: float = 0.002,
     ):
         if not per_request or min(per_request) < 2:
             raise BatchingError(
@@ -68,17 +80,31 @@ class BudgetPlanner:
         self.costs, self.buckets = costs, tuple(sorted(set(int(r) for r in per_request)))
         self.blocks = tuple(sorted(set(int(b) for b in blocks)))
         self.margin, self.probe, self.max_probe, self.decay = margin, probe, max_probe, decay
+        self.probe_cost = probe_cost
         self._interval = probe
         depth = self.buckets[-1] - 1
         # per depth d: requests whose accepted path reached depth d - 1 with a node at depth d verified (den) and
         # those that accepted it (num), decaying averages over steps
         self._num = np.zeros(depth + 1)
         self._den = np.zeros(depth + 1)
+        if prior is not None:
+            prior = np.asarray(prior, dtype=np.float64)[:depth]
+            if prior.size == 0 or not np.all((prior >= 0) & (prior <= 1)):
+                raise BatchingError(
+                    "the planner's prior must give an acceptance rate in [0, 1] per depth from depth 1",
+                    where="prior",
+                    fix="pass acceptance_prior(...) of a lattice, or no prior",
+                )
+            # the prior as prior_weight requests' worth of observations: requests reaching each depth, in proportion
+            reach = prior_weight * np.concatenate([[1.0], np.cumprod(prior)[:-1]])
+            self._den[1 : prior.size + 1] = reach
+            self._num[1 : prior.size + 1] = reach * prior
         # per bucket: the tokens per request its steps realised (a decaying average; NaN: never verified). A shared
         # budget gives deep nodes to confident requests, so the per-depth rates flatter the buckets not verified
         self._realized = np.full(len(self.buckets), np.nan)
         self._age = np.zeros(len(self.buckets))  # observed steps since each bucket was last verified
         self._since = 0
+        self._steps: dict[int, tuple[float, np.ndarray]] = {}  # requests -> (AR step ms, each bucket's step ms)
 
     def draft_block(self, rows: int) -> int:
         """The drafter block a bucket of ``rows`` rows per request drafts."""
@@ -124,17 +150,26 @@ class BudgetPlanner:
         weight = np.where(np.isnan(self._realized), 0.0, self.decay**self._age)
         return weight * np.nan_to_num(self._realized) + (1 - weight) * model
 
+    def step_ms(self, requests: int) -> tuple[float, np.ndarray]:
+        """AR's step and each bucket's (draft + verify) step at ``requests`` requests, computed once per batch size."""
+        if requests not in self._steps:
+            steps = [
+                self.costs.draft_ms(requests * (self.draft_block(rows) + 1), requests)
+                + self.costs.verify_ms(requests * rows, requests)
+                for rows in self.buckets
+            ]
+            self._steps[requests] = (self.costs.ar_ms(requests), np.array(steps))
+        return self._steps[requests]
+
     def table(self, requests: int, tau: np.ndarray | None = None) -> list[dict]:
         """Per bucket: rows per request, estimated tokens per ms, and AR's (rows 1) first."""
         tau = self.expected() if tau is None else np.asarray(tau, dtype=np.float64)
-        ar = self.costs.ar_ms(requests)
+        ar, steps = self.step_ms(requests)
         out = [{"rows": 1, "tokens_per_ms": requests / ar, "step_ms": ar}]
         if tau is None:
             return out
-        for rows, t in zip(self.buckets, tau):
-            drafted = requests * (self.draft_block(rows) + 1)
-            step = self.costs.draft_ms(drafted, requests) + self.costs.verify_ms(requests * rows, requests)
-            out.append({"rows": rows, "tokens_per_ms": requests * float(t) / step, "step_ms": step})
+        for rows, t, step in zip(self.buckets, tau, steps):
+            out.append({"rows": rows, "tokens_per_ms": requests * float(t) / step, "step_ms": float(step)})
         return out
 
     def rows_for(self, requests: int, tau: np.ndarray | None = None) -> int:
@@ -147,14 +182,29 @@ class BudgetPlanner:
         table = self.table(requests, tau)
         best = max(table[1:], key=lambda r: r["tokens_per_ms"])
         if best["tokens_per_ms"] >= table[0]["tokens_per_ms"] * (1 + self.margin):
-            self._since, self._interval = 0, self.probe
+            self._since = 0
             return int(best["rows"])
         if tau is not None:
             return 1
         self._since += 1
         if self._since >= self._interval:
-            # back off only where speculation is far from paying; near the break-even, keep probing often
-            far = best["tokens_per_ms"] < 0.8 * table[0]["tokens_per_ms"]
-            self._since, self._interval = 0, min(2 * self._interval, self.max_probe) if far else self.probe
-            return int(best["rows"]) if not far else self.buckets[0]
+            # the look's estimated loss (in AR steps) spread over the AR steps until the next one stays <= probe_cost
+            loss = max(0.0, 1.0 - best["tokens_per_ms"] / table[0]["tokens_per_ms"])
+            self._since = 0
+            self._interval = int(np.clip(np.ceil(loss / self.probe_cost), self.probe, self.max_probe))
+            return int(best["rows"])
         return 1
+
+
+def acceptance_prior(accepted: np.ndarray, depth: int) -> np.ndarray:
+    """[depth] per-depth acceptance of a chain, for ``BudgetPlanner(prior=...)``: at depth d, the share of the
+    steps that accepted d - 1 drafted tokens that accepted the d-th too.
+
+    Args:
+        accepted: [S] accepted chain lengths of S steps (e.g. a dev split's lattice, greedy chain of the block).
+    """
+    accepted = np.asarray(accepted, dtype=np.int64)
+    d = np.arange(1, depth + 1)
+    reached = (accepted[None, :] >= d[:, None] - 1).sum(1)
+    took = (accepted[None, :] >= d[:, None]).sum(1)
+    return np.where(reached > 0, took / np.maximum(reached, 1), 0.0)

@@ -30,7 +30,7 @@ from specpilot_mem.batching.admission import PromptAdmission
 from specpilot_mem.batching.blocks import DrafterBlocks, share_depth
 from specpilot_mem.batching.budget import SharedBudget, equal_shares, shared_shares
 from specpilot_mem.batching.costs import BatchingError, StepCosts
-from specpilot_mem.batching.planner import BudgetPlanner
+from specpilot_mem.batching.planner import BudgetPlanner, acceptance_prior
 from specpilot_mem.replay.lattice import Lattice
 from specpilot_mem.replay.trees import best_first, chain
 from specpilot_mem.replay.trees.base import DraftTrees, StepBatch, pad_trees
@@ -199,8 +199,10 @@ def simulate(
     stream: int | None = None,
     budget_rows: int | None = None,
     plan_rows: tuple[int, ...] = (2, 3, 5, 9, 17),
+    plan_prior: np.ndarray | None = None,
 ) -> Outcome:
-    """Run ``config`` with ``batch`` requests in flight; see the module docstring."""
+    """Run ``config`` with ``batch`` requests in flight; see the module docstring. ``plan_prior``: the
+    planner's per-depth acceptance to start from (``chain_prior`` of another split), else it looks first."""
     check_block_lattices(lattices)
     if STOCK_BLOCK not in lattices:
         raise BatchingError(
@@ -212,7 +214,7 @@ def simulate(
     budget = SharedBudget(costs.target, verify_buffer, budget_rows)
     blocks = DrafterBlocks(STOCK_BLOCK, costs.drafter, sorted(lattices)) if config.blocks else None
     admission = PromptAdmission(costs.rows_curve(batch), verify_buffer, segment) if config.admission else None
-    planner = BudgetPlanner(costs, plan_rows, blocks=tuple(sorted(lattices))) if config.plan else None
+    planner = BudgetPlanner(costs, plan_rows, blocks=tuple(sorted(lattices)), prior=plan_prior) if config.plan else None
     slots = _Slots(batch, lengths, stream or max(lengths.size, 2 * batch), STOCK_BLOCK)
     out = Outcome(config.name, batch)
     while True:
@@ -275,6 +277,14 @@ def simulate(
         done[decoding] = slots.position[decoding] >= lengths[slots.request[decoding]]
         if done.any() and not slots.refill(done, prompt_rows):
             return out
+
+
+def chain_prior(lattice: Lattice, depth: int = STOCK_BLOCK) -> np.ndarray:
+    """[depth] per-depth acceptance of the greedy chain of ``lattice``'s block over all its steps: a pair's
+    acceptance measured on one split, the planner's prior on another (``BudgetPlanner(prior=...)``)."""
+    batch = StepBatch.from_lattice(lattice, np.arange(lattice.num_steps))
+    accepted = verify_against_greedy(chain.build(batch, lattice.positions), batch.greedy).accepted
+    return acceptance_prior(accepted, depth)
 
 
 def _step_estimate(costs: StepCosts, rows: int, requests: int, chosen: np.ndarray, speculate: bool) -> float:

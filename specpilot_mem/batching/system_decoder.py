@@ -3,11 +3,14 @@ draft-tree hook (``SystemDecoder.draft_trees``) takes each step's trees from the
 drafter block (a forward over that many masked positions, its tree's depth capped at it) and its share of
 the step's node budget — the same ``step_trees`` / ``block_signals`` the closed-loop replay runs.
 
-The decoder verifies all requests in one pass over a padded [B, T] layout (T = 1 + ``options.nodes``), so a
-share is capped at ``options.nodes`` nodes; the budget (``SharedBudget``, the plateau of the target's c(R))
-decides how the rows are split, not yet how many the pass computes. Prompts are prefilled in the decoder's
-own passes (no prompt rows in its verify step: admission is not wired here), and the budget planner's
-rows per step (``planner.BudgetPlanner``) would need a bucket per row count: not wired here either.
+The decoder verifies all requests in one pass over a padded [B, T] layout. Without the planner T is
+1 + ``options.nodes`` and the budget (``SharedBudget``, the plateau of the target's c(R)) decides how the rows
+are split, not how many the pass computes. With it (``Mechanisms.plan``) each step's bucket comes from the
+budget planner (``planner.BudgetPlanner``, through the decoder's ``step_rows`` hook): T rows per request
+(shares capped at T - 1 nodes, B x T rows shared), or an AR step (T = 1, no draft); the planner learns
+from the committed lengths the decoder reads back every step (``step_done``), so it adds no device sync.
+Prompts are prefilled in the decoder's own passes (no prompt rows in its verify step: admission is not
+wired here).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from specpilot_mem.batching.blocks import DrafterBlocks
 from specpilot_mem.batching.budget import SharedBudget
 from specpilot_mem.batching.costs import BatchingError, StepCosts
+from specpilot_mem.batching.planner import BudgetPlanner
 from specpilot_mem.batching.simulate import STOCK_BLOCK, Mechanisms, block_signals, step_trees
 from specpilot_mem.engine.decode import SystemDecoder
 from specpilot_mem.engine.engine import Engine
@@ -26,7 +30,9 @@ from specpilot_mem.replay.trees.base import DraftTrees, StepBatch
 
 
 class PolicyDecoder(SystemDecoder):
-    """``SystemDecoder`` drafting ``config``'s trees (``simulate.CONFIGS``), deciding from ``costs``."""
+    """``SystemDecoder`` drafting ``config``'s trees (``simulate.CONFIGS``), deciding from ``costs`` (with the
+    planner: the engine's own step costs, ``EngineStepCosts``); ``plan_prior``: the planner's prior
+    (``simulate.chain_prior``)."""
 
     def __init__(
         self,
@@ -37,18 +43,13 @@ class PolicyDecoder(SystemDecoder):
         options: SystemOptions | None = None,
         max_len: int = 1024,
         weights=None,
+        plan_prior: np.ndarray | None = None,
     ):
         if config.admission:
             raise BatchingError(
                 "prompt admission is not wired into the system decoder",
                 where="config",
                 fix="use a configuration without admission (the replay and lockstep decoder have it)",
-            )
-        if config.plan:
-            raise BatchingError(
-                "the budget planner is not wired into the system decoder (its step has one [B, T] bucket)",
-                where="config",
-                fix="use a configuration without plan (the closed-loop replay and system_bench run the planner)",
             )
         options = options or SystemOptions(
             tree="best-first" if config.tree == "best-first" else "chain", positions=STOCK_BLOCK, nodes=STOCK_BLOCK
@@ -60,7 +61,27 @@ class PolicyDecoder(SystemDecoder):
         self._recent = torch.full((batch,), float(STOCK_BLOCK))
         self._confidence = torch.zeros(batch, dtype=torch.int64)
         self._last: dict[int, tuple[int, DraftTrees, int]] = {}  # slot -> (cache length, trees, row) of its last draft
-        self.stats = {"blocks": {}, "shares": []}
+        self.planner = None
+        if config.plan:
+            buckets = tuple(r for r in (2, 3, 5, 9, 17) if r <= self.options.rows)
+            blocks = tuple(int(b) for b in self.blocks.choices) if self.blocks is not None else (STOCK_BLOCK,)
+            self.planner = BudgetPlanner(costs, buckets, blocks=blocks, prior=plan_prior)
+        self._rows = self.options.rows  # this step's rows per request (the planner's bucket)
+        self._depth: dict[int, int] = {}  # slot -> deepest node of its share in this step
+        self.stats = {"blocks": {}, "shares": [], "rows": {}}
+
+    def step_rows(self, live: list[int]) -> tuple[int, bool]:
+        """The planner's bucket for ``len(live)`` requests (1: an AR step), else the options' rows."""
+        self._rows = self.planner.rows_for(len(live)) if self.planner is not None else self.options.rows
+        self.stats["rows"][self._rows] = self.stats["rows"].get(self._rows, 0) + 1
+        return self._rows, self._rows == 1
+
+    def step_done(self, live: list[int], committed: list[int], ar: bool) -> None:
+        """The planner observes each speculative step: accepted nodes (committed - 1) and each share's depth."""
+        if self.planner is None or ar:
+            return
+        depth = np.array([self._depth.get(s, 0) for s in live])
+        self.planner.observe(np.asarray(committed) - 1, depth, self._rows)
 
     @torch.no_grad()
     def draft_trees(self, anchors: list[int], slots: list[int]) -> list[tuple[list[int], list[int]]]:
@@ -70,6 +91,8 @@ class PolicyDecoder(SystemDecoder):
         chosen = np.full(n, STOCK_BLOCK)
         if self.blocks is not None:
             chosen = self.blocks.choose(self._recent[slots], self._confidence[slots]).numpy()
+        if self.planner is not None:
+            chosen = np.minimum(chosen, self.planner.draft_block(self._rows))
         drafter, target = self.engine.drafter, self.engine.target
         W = drafter.cfg.context_window
         ctx = lengths[:, None] - W + torch.arange(W, device=self.device)
@@ -83,8 +106,8 @@ class PolicyDecoder(SystemDecoder):
             base = hidden @ target.lm_head_weight.t()
             cand, unary, pair = drafter.lattice_batch(hidden, base, anchor_t[idx], int(block))
             groups.append((mine, StepBatch.from_scores(cand, unary, pair)))
-        rows = self.budget.rows_for(n)
-        trees, _ = step_trees(groups, n, self.config, max(0, rows - n), cap=self.options.rows - 1)
+        rows = n * self._rows if self.planner is not None else self.budget.rows_for(n)
+        trees, _ = step_trees(groups, n, self.config, max(0, rows - n), cap=self._rows - 1)
         self.stats["shares"].append(trees.num_nodes.tolist())
         for block in chosen.tolist():
             self.stats["blocks"][block] = self.stats["blocks"].get(block, 0) + 1
@@ -92,6 +115,7 @@ class PolicyDecoder(SystemDecoder):
         for b, (slot, anchor) in enumerate(zip(slots, anchors)):
             k = int(trees.num_nodes[b])
             self._last[slot] = (int(lengths[b]), trees, b)
+            self._depth[slot] = int(trees.depths[b, :k].max(initial=0))
             out.append(([anchor] + trees.tokens[b, :k].tolist(), [-1] + (trees.parents[b, :k] + 1).tolist()))
         return out
 

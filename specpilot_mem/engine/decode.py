@@ -129,6 +129,15 @@ class SystemDecoder:
             tokens = out[:, T - 1]
         return [int(t) for t in tokens.tolist()]
 
+    def step_rows(self, live: list[int]) -> tuple[int, bool]:
+        """The next speculative step's verify rows per request (its [B, T] bucket) and whether it is an AR step
+        (T = 1, no draft): the options' rows here; a batching policy may choose per step."""
+        return self.options.rows, False
+
+    def step_done(self, live: list[int], committed: list[int], ar: bool) -> None:
+        """After each step: the tokens each live slot committed (accepted + bonus, read back to the host for the
+        outputs anyway). Nothing here; a batching policy learns from them."""
+
     @torch.no_grad()
     def draft_trees(self, anchors: list[int], slots: list[int]) -> list[tuple[list[int], list[int]]]:
         """Each request's verify rows: its pending token (the root) and the drafted chain or tree below it."""
@@ -171,7 +180,7 @@ class SystemDecoder:
                 where="max_len",
                 fix=f"use max_len >= {longest}",
             )
-        B, T = self.batch, (1 if mode == "ar" else self.options.rows)
+        B = self.batch
         limit = max_new_tokens if self.options.stop_after < 0 else min(max_new_tokens, self.options.stop_after)
         queue = list(range(len(prompts)))
         slot_req = [-1] * B
@@ -182,7 +191,6 @@ class SystemDecoder:
             [0] * len(prompts),
             [[] for _ in prompts],
         )
-        buf = self._buffer(B, T)
 
         def admit(slot: int) -> None:
             if not queue:
@@ -216,7 +224,9 @@ class SystemDecoder:
             if not live:
                 break
             anchors = {s: outputs[slot_req[s]][-1] for s in live}
-            if mode == "ar":
+            T, ar = (1, True) if mode == "ar" else self.step_rows(live)
+            buf = self._buffer(B, T)
+            if ar:
                 trees = {s: ([anchors[s]], [-1]) for s in live}
             else:
                 trees = dict(zip(live, self.draft_trees([anchors[s] for s in live], live)))
@@ -226,9 +236,10 @@ class SystemDecoder:
             buf.forced.fill_(-1)
             buf.out_len.copy_(torch.tensor([len(outputs[slot_req[s]]) if slot_req[s] >= 0 else 0 for s in range(B)]))
             out, lens = self.model.graphed(
-                ("decode", B, T, mode), lambda: self.model.step(buf, self.caches, ar=mode == "ar", flips=self.flips)
+                ("decode", B, T, ar), lambda buf=buf, ar=ar: self.model.step(buf, self.caches, ar=ar, flips=self.flips)
             )
             out, lens = out.cpu(), lens.cpu()
+            self.step_done(live, lens[live].tolist(), ar)
             for s in live:
                 r, n = slot_req[s], int(lens[s])
                 outputs[r].extend(out[s, :n].tolist())
