@@ -5,9 +5,10 @@ the step's node budget — the same ``step_trees`` / ``block_signals`` the close
 
 The decoder verifies all requests in one pass over a padded [B, T] layout (T = 1 + ``options.nodes``), so a
 share is capped at ``options.nodes`` nodes; the budget (``SharedBudget``, the plateau of the target's c(R))
-decides how the rows are split, not yet how many the pass computes. Prompts are prefilled in the decoder's
-own passes (no prompt rows in its verify step: admission is not wired here), and the budget planner's
-rows per step (``planner.BudgetPlanner``) would need a bucket per row count: not wired here either.
+decides how the rows are split, not yet how many the pass computes. With prompt admission a new request's
+prompt enters in the verify steps' forward, in the rows ``PromptAdmission`` plans on the step's c(R) past the
+B x T rows the step computes anyway (``SystemDecoder.generate(admission=...)``). The budget planner's rows per
+step (``planner.BudgetPlanner``) would need a bucket per row count: not wired here.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from specpilot_mem.batching.admission import PromptAdmission
 from specpilot_mem.batching.blocks import DrafterBlocks
 from specpilot_mem.batching.budget import SharedBudget
 from specpilot_mem.batching.costs import BatchingError, StepCosts
@@ -26,7 +28,8 @@ from specpilot_mem.replay.trees.base import DraftTrees, StepBatch
 
 
 class PolicyDecoder(SystemDecoder):
-    """``SystemDecoder`` drafting ``config``'s trees (``simulate.CONFIGS``), deciding from ``costs``."""
+    """``SystemDecoder`` drafting ``config``'s trees (``simulate.CONFIGS``), deciding from ``costs``; ``segment``: prompt
+    admission's segment rows (None: one chain of the spare rows), ``verify_buffer``: the most rows a step may take."""
 
     def __init__(
         self,
@@ -37,13 +40,9 @@ class PolicyDecoder(SystemDecoder):
         options: SystemOptions | None = None,
         max_len: int = 1024,
         weights=None,
+        segment: int | None = 64,
+        verify_buffer: int = 2048,
     ):
-        if config.admission:
-            raise BatchingError(
-                "prompt admission is not wired into the system decoder",
-                where="config",
-                fix="use a configuration without admission (the replay and lockstep decoder have it)",
-            )
         if config.plan:
             raise BatchingError(
                 "the budget planner is not wired into the system decoder (its step has one [B, T] bucket)",
@@ -57,6 +56,12 @@ class PolicyDecoder(SystemDecoder):
         self.config, self.costs = config, costs
         self.budget = SharedBudget(costs.target, verify_buffer=batch * self.options.rows)
         self.blocks = DrafterBlocks(STOCK_BLOCK, costs.drafter) if config.blocks else None
+        # the step computes every slot's rows: the plateau past them is what prompts may take
+        self.admission = (
+            PromptAdmission(costs.rows_curve(batch), verify_buffer, segment)
+            if config.admission
+            else None
+        )
         self._recent = torch.full((batch,), float(STOCK_BLOCK))
         self._confidence = torch.zeros(batch, dtype=torch.int64)
         self._last: dict[int, tuple[int, DraftTrees, int]] = {}  # slot -> (cache length, trees, row) of its last draft
@@ -95,11 +100,20 @@ class PolicyDecoder(SystemDecoder):
             out.append(([anchor] + trees.tokens[b, :k].tolist(), [-1] + (trees.parents[b, :k] + 1).tolist()))
         return out
 
-    def prefill(self, slot: int, prompt: list[int]) -> int:
+    def generate(self, prompts, mode: str = "spec", max_new_tokens: int = 64, batched_prefill: bool = False):
+        """``SystemDecoder.generate`` with the configuration's prompt admission."""
+        return super().generate(prompts, mode, max_new_tokens, batched_prefill, admission=self.admission)
+
+    def start_request(self, slot: int) -> None:
         """A new request takes ``slot``: its drafter-block signals start afresh."""
         self._last.pop(slot, None)
         self._recent[slot], self._confidence[slot] = float(STOCK_BLOCK), 0
-        return super().prefill(slot, prompt)
+        super().start_request(slot)
+
+    def prefill(self, slot: int, prompt: list[int], start: int = 0, chunks=None) -> int:
+        if start == 0:
+            self.start_request(slot)
+        return super().prefill(slot, prompt, start, chunks)
 
     def _observe(self, slots: list[int], lengths: list[int]) -> None:
         """The drafter-block signals of each slot's last step, from how far its cache grew since."""
