@@ -7,7 +7,8 @@
   (``SystemModel.step_with_segments``: the projections and MLP GEMMs over all rows, the segment's attention and
   GDN over its own cache slot, committed as a chunked prefill);
 * ``T_prefill_ms[S]``: stock's separate prefill pass of S prompt rows (``SystemDecoder.prefill``'s pass, the
-  prefill option set) — what every request in flight waits for when a prompt is not admitted.
+  prefill option set) — what every request in flight waits for when a prompt is not admitted;
+* ``T_draft_ms[B]``: the drafter's pass over B requests' 16-position blocks (the synthetic 5-layer drafter).
 
 Decode steps use SpecPilot's batched option set (GDN path verify): stock's snapshot verify does not fit 27B-like
 at 32+ requests (one fp32 state per row and GDN layer).
@@ -68,12 +69,19 @@ def measure_shape(name: str, args, timer, device, dtype) -> dict:
     from specpilot_mem.engine.options import SystemOptions
     from specpilot_mem.engine.shapes import get_shape
     from specpilot_mem.engine.system import Caches, SystemModel, Weights
-    from system_bench import time_model
+    from system_bench import time_draft, time_model
 
     shape = get_shape(SHAPES[name], args.smoke)
     batches = [int(b) for b in args.batches.split(",")]
     segments = [int(s) for s in args.segments.split(",")]
-    out = {"shape": shape.to_dict(), "T_step_ms": {}, "T_mixed_ms": {}, "T_prefill_ms": {}, "errors": {}}
+    out = {
+        "shape": shape.to_dict(),
+        "T_step_ms": {},
+        "T_mixed_ms": {},
+        "T_prefill_ms": {},
+        "T_draft_ms": {},
+        "errors": {},
+    }
     started = time.perf_counter()
     weights = Weights.synthetic(shape, device, dtype)
     # one slot more than the largest batch: the admitted prompt's
@@ -91,6 +99,10 @@ def measure_shape(name: str, args, timer, device, dtype) -> dict:
             out["T_step_ms"][str(b)] = time_model(decode, caches, b, CHAIN_ROWS, args.context, timer)
         except Exception as exc:  # noqa: BLE001
             out["errors"][f"step/{b}"] = f"{type(exc).__name__}: {exc}"[:300]
+        try:
+            out["T_draft_ms"][str(b)] = time_draft(prefill, b, timer, positions=CHAIN_ROWS - 1)
+        except Exception as exc:  # noqa: BLE001
+            out["errors"][f"draft/{b}"] = f"{type(exc).__name__}: {exc}"[:300]
         if not hasattr(decode, "step_with_segments"):
             out["errors"]["mixed"] = "this commit's engine has no step_with_segments"
             continue
