@@ -146,7 +146,7 @@ def test_bad_segments_are_refused_with_the_flag_and_the_limit(engine, prompts):
     with pytest.raises(BatchingError, match="--prompt-segment=0"):
         PromptAdmission(PLATEAU, 2048, 0)
     decoder = PolicyDecoder(engine, CONFIGS["prompt-admission"], costs, batch=3, max_len=256, segment=512)
-    with pytest.raises(OptionsError, match=r"--prompt-segment=512 rows do not fit .* at most 239 rows"):
+    with pytest.raises(OptionsError, match=r"--prompt-segment=512 rows do not fit .*at most 239 rows"):
         decoder.generate(prompts, "spec", NEW_TOKENS)
     small = PolicyDecoder(engine, CONFIGS["prompt-admission"], costs, batch=3, max_len=256, segment=16)
     with pytest.raises(OptionsError, match="AR steps advance every slot's GDN state"):

@@ -57,11 +57,7 @@ class PolicyDecoder(SystemDecoder):
         self.budget = SharedBudget(costs.target, verify_buffer=batch * self.options.rows)
         self.blocks = DrafterBlocks(STOCK_BLOCK, costs.drafter) if config.blocks else None
         # the step computes every slot's rows: the plateau past them is what prompts may take
-        self.admission = (
-            PromptAdmission(costs.rows_curve(batch), verify_buffer, segment)
-            if config.admission
-            else None
-        )
+        self.admission = PromptAdmission(costs.rows_curve(batch), verify_buffer, segment) if config.admission else None
         self._recent = torch.full((batch,), float(STOCK_BLOCK))
         self._confidence = torch.zeros(batch, dtype=torch.int64)
         self._last: dict[int, tuple[int, DraftTrees, int]] = {}  # slot -> (cache length, trees, row) of its last draft

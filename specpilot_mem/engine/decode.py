@@ -184,11 +184,13 @@ class SystemDecoder:
                 where="admission",
                 fix="decode with mode='spec', verify_weights=none and flip_rate=0, or without admission",
             )
-        if admission.segment is not None and admission.segment + self.options.rows > self.max_len:
+        limit = self.max_len - self.options.rows
+        if admission.segment is not None and admission.segment > limit:
             raise OptionsError(
-                f"{admission.FLAG}={admission.segment} rows do not fit the decoder's {self.max_len}-slot caches",
+                f"{admission.FLAG}={admission.segment} rows do not fit the decoder's {self.max_len}-slot caches"
+                f" (at most {limit} rows beside a step's {self.options.rows})",
                 where=admission.FLAG,
-                fix=f"use a segment of at most {self.max_len - self.options.rows} rows, or a larger max_len",
+                fix=f"use a segment of at most {limit} rows, or a larger max_len",
             )
 
     @torch.no_grad()
