@@ -16,8 +16,8 @@ Time per step comes from ``AdmissionCosts`` (``benchmarks/admission_costs.py``, 
 drafter's pass plus the verify step of B slots, with S admitted prompt rows in its forward where admission
 puts them (the measured mixed step), and stock's prefill passes of 64 rows. Admission reads the same
 measured step, c_B(S): ``PromptAdmission`` admits only the rows on the plateau that c_B starts on (compute
-idles), and only when that beats a separate prefill pass (``PromptAdmission.pays``); otherwise the prompt is
-prefilled as stock does.
+idles), and only the waiting prompts for which that beats prefill passes of their own
+(``PromptAdmission.admitted_prompts``); the others are prefilled as stock does.
 """
 
 from __future__ import annotations
@@ -208,29 +208,28 @@ def serve(
             now = max(now, arrive[queue])  # idle until the next arrival
             continue
         waiting = np.flatnonzero(entering > 0)
+        waiting = waiting[np.argsort(request[waiting], kind="stable")]  # arrival order
         decoding = np.flatnonzero((request >= 0) & (entering == 0))
         rows = np.zeros(slots, dtype=np.int64)
         if waiting.size:
-            if (
-                admission is not None
-                and decoding.size
-                and admission.pays(
+            take = 0
+            if admission is not None and decoding.size:
+                take = admission.admitted_prompts(
                     slots * CHAIN_ROWS,
-                    int(entering[waiting].sum()),
+                    torch.from_numpy(entering[waiting]),
                     int(decoding.size),
                     step_ms,
-                    sum(costs.prefill_ms(int(entering[s])) for s in waiting),
+                    torch.tensor([costs.prefill_ms(int(entering[s])) for s in waiting]),
                     tau,
+                    committed=int((entering[waiting] < prompt_rows).sum()),
                 )
-            ):
-                rows[waiting] = admission.plan(slots * CHAIN_ROWS, torch.from_numpy(entering[waiting]))[0].numpy()
-            if not rows.any():  # stock: each waiting prompt's prefill passes, every request in flight waiting
-                for slot in waiting:
-                    now += costs.prefill_ms(int(entering[slot]))
-                    out.prefill_passes += -(-int(entering[slot]) // PREFILL_ROWS)
-                    entering[slot] = 0
-                    first[request[slot]] = now  # the prefill's last row gives the first output token
-                decoding = np.flatnonzero((request >= 0) & (entering == 0))
+                rows[waiting[:take]] = admission.plan(slots * CHAIN_ROWS, torch.from_numpy(entering[waiting[:take]]))[0]
+            for slot in waiting[take:]:  # stock: the prompt's prefill passes, every request in flight waiting
+                now += costs.prefill_ms(int(entering[slot]))
+                out.prefill_passes += -(-int(entering[slot]) // PREFILL_ROWS)
+                entering[slot] = 0
+                first[request[slot]] = now  # the prefill's last row gives the first output token
+            decoding = np.flatnonzero((request >= 0) & (entering == 0))
         admitted = int(rows.sum())
         if decoding.size == 0 and admitted == 0:
             continue
