@@ -94,6 +94,12 @@ def main(argv=None) -> int:
     ap.add_argument("--costs", type=Path, required=True, help="admission_costs.py's result")
     ap.add_argument("--lattices", type=Path, nargs="+", required=True, help="block-16 lattice files of the pair")
     ap.add_argument("--shapes", default="4b,27b")
+    ap.add_argument(
+        "--draft-costs",
+        nargs="*",
+        default=[],
+        help="SHAPE=FILE: the drafter's pass from batched_engine_costs.py's result (by_batch T_draft_ms 16), where --costs has none",
+    )
     ap.add_argument("--batches", default="1,8,16,32,64")
     ap.add_argument("--prompt-rows", type=int, default=512)
     ap.add_argument("--segment", type=int, default=64)
@@ -127,7 +133,13 @@ def main(argv=None) -> int:
     for name in args.shapes.split(","):
         if name not in measured.get("shapes", {}):
             raise SystemExit(f"--shapes: {name!r} is not in {args.costs}")
-        costs = AdmissionCosts(measured["shapes"][name], f"{args.costs}:{name}")
+        drafts = dict(item.split("=", 1) for item in args.draft_costs)
+        draft = None
+        if name in drafts:
+            by = json.loads(Path(drafts[name]).read_text())["by_batch"]
+            draft = {b: e["T_draft_ms"]["16"] for b, e in by.items() if "16" in e.get("T_draft_ms", {})}
+            doc.setdefault("draft_costs", {})[name] = drafts[name]
+        costs = AdmissionCosts(measured["shapes"][name], f"{args.costs}:{name}", draft)
         shape = {"by_batch": {}}
         for b in (int(x) for x in args.batches.split(",")):
             shape["by_batch"][str(b)] = row = run_batch(gains, costs, b, args)

@@ -94,6 +94,7 @@ class PromptAdmission:
         tau: float = 1.0,
         row_value: float = 0.0,
         committed: int = 0,
+        dearer_ms: float | None = None,
     ) -> int:
         """How many of the waiting prompts (from the front, arrival order) to admit; the rest are better prefilled
         now. Prompt j is admitted while admitting it behind the ones before it loses fewer tokens than a prefill pass
@@ -110,6 +111,8 @@ class PromptAdmission:
             requests: requests decoding in the step.
             step_ms: the step's time.
             prefill_ms: [P] each prompt's prefill passes (or one figure for all of them).
+            dearer_ms: how much more a step carrying the admitted rows costs, where it is measured apart from the
+                plateau's curve (the engine's mixed step); default: the curve's.
         """
         spare = self.spare_rows(rows)
         if self.segment is not None:
@@ -123,7 +126,9 @@ class PromptAdmission:
         if self.segment is not None:  # a prompt's last segment takes a whole segment's rows
             waiting = (waiting + self.segment - 1) // self.segment * self.segment
         cum = waiting.cumsum(0)
-        dearer = self.curve.at(rows + min(spare, int(cum[-1]))) - self.curve.at(rows)
+        dearer = (
+            self.curve.at(rows + min(spare, int(cum[-1]))) - self.curve.at(rows) if dearer_ms is None else dearer_ms
+        )
         admitted = (-(-cum // spare)) + waiting / spare * requests * dearer / step_ms + waiting * row_value / tau
         pays = admitted < (requests + 1) * passes / step_ms
         pays[:committed] = True

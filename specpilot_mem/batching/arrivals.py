@@ -45,8 +45,18 @@ class AdmissionCosts:
     64 rows. Linear in B between measured batch sizes; the mixed step only at measured S (admission takes no
     more rows than the largest measured segment)."""
 
-    def __init__(self, shape: dict, source: str = ""):
+    def __init__(self, shape: dict, source: str = "", draft_ms: dict | None = None):
+        """``draft_ms``: the drafter's pass per batch size from another measurement, where the record has none."""
         self.source = source
+        if draft_ms is not None:
+            given = {int(b): float(ms) for b, ms in draft_ms.items()}
+            known = np.array(sorted(given), dtype=np.float64)
+            shape = {
+                **shape,
+                "T_draft_ms": {
+                    b: float(np.interp(int(b), known, [given[int(k)] for k in known])) for b in shape["T_step_ms"]
+                },
+            }
         try:
             self.batches = np.array(sorted(int(b) for b in shape["T_step_ms"]), dtype=np.float64)
             self.step = np.array([shape["T_step_ms"][str(int(b))] for b in self.batches])
@@ -190,6 +200,7 @@ def serve(
     first, last = np.full(requests, np.nan), np.full(requests, np.nan)
     now = 0.0
     step_ms = costs.step_ms(slots)
+    spare = admission.spare_rows(slots * CHAIN_ROWS) if admission is not None else 0
     tau = 1.0
     while True:
         free = np.flatnonzero(request < 0)
@@ -222,6 +233,7 @@ def serve(
                     torch.tensor([costs.prefill_ms(int(entering[s])) for s in waiting]),
                     tau,
                     committed=int((entering[waiting] < prompt_rows).sum()),
+                    dearer_ms=costs.step_ms(slots, min(int(entering[waiting].sum()), spare)) - step_ms,
                 )
                 rows[waiting[:take]] = admission.plan(slots * CHAIN_ROWS, torch.from_numpy(entering[waiting[:take]]))[0]
             for slot in waiting[take:]:  # stock: the prompt's prefill passes, every request in flight waiting
