@@ -56,6 +56,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--costs", type=Path, default=Path("benchmarks/results/batched-costs-h200-2026-12-02.json"))
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--judged", default=",".join(JUDGED), help="configurations judged against stock")
+    ap.add_argument("--segment", type=int, default=16, help="prompt admission's segment rows")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -65,7 +67,7 @@ def main(argv=None) -> int:
     pool = windows(data["dev"], args.prompt_len, args.stride) + windows(data["unseen"], args.prompt_len, args.stride)
     prompts = pool[:: max(1, len(pool) // args.requests)][: args.requests]
     requests = [Request(f"r{i}", "stdlib", "dev", args.new_tokens, prompt_ids=tuple(p)) for i, p in enumerate(prompts)]
-    max_len = args.prompt_len + args.new_tokens + 40
+    max_len = args.prompt_len + args.new_tokens + 40 + args.segment  # a last segment's padding
     scorer = EngineScorer(engine)
     doc = {
         **result_header("batched_forcing"),
@@ -96,10 +98,14 @@ def main(argv=None) -> int:
     calibration = calibrate_delta(ar_scored, stock_scored)
     doc["delta"] = calibration.delta
     forcing = TokenForcing(scorer, stock_scored, delta=calibration.delta)
-    for name in JUDGED:
-        outputs, doc["runs"][name] = decode(
-            PolicyDecoder(engine, CONFIGS[name], costs, args.batch, max_len=max_len, weights=base.weights), "spec"
+    for name in args.judged.split(","):
+        decoder = PolicyDecoder(
+            engine, CONFIGS[name], costs, args.batch, max_len=max_len, weights=base.weights, segment=args.segment
         )
+        outputs, doc["runs"][name] = decode(decoder, "spec")
+        if CONFIGS[name].admission:
+            chunks = list(decoder.admitted.values())
+            doc["runs"][name]["admitted_prompts"] = sum(any(w > 0 for _, w in c) for c in chunks)
         doc["runs"][name]["identical_to_ar"] = sum(outputs[r].output_ids == ar[r].output_ids for r in ar)
         verdict = forcing.judge(name, score_outputs(scorer, requests, outputs))
         doc["verdicts"][name] = {"verdict": verdict.verdict, "reasons": list(verdict.reasons)}

@@ -72,24 +72,65 @@ class PromptAdmission:
     def pays(
         self,
         rows: int,
-        waiting_rows: int,
+        waiting_rows,
         requests: int,
         step_ms: float,
-        prefill_ms: float,
+        prefill_ms,
         tau: float = 1.0,
         row_value: float = 0.0,
     ) -> bool:
-        """Whether admitting beats a prefill pass of its own, in tokens lost. Admission: the waiting
-        prompts' slots idle for the steps their rows take to enter (``waiting_rows`` over the plateau's
-        spare rows, segment-rounded), each losing ``tau`` tokens, and every admitted row displaces a tree
-        node worth ``row_value`` expected tokens (0 where nothing would use the row). A pass: every
-        request in flight and the new ones idle for ``prefill_ms`` (in steps of ``step_ms``)."""
+        """Whether admitting every waiting prompt beats prefill passes of their own (``admitted_prompts``)."""
+        waiting = torch.as_tensor(waiting_rows, dtype=torch.int64).reshape(-1)
+        count = self.admitted_prompts(rows, waiting, requests, step_ms, prefill_ms, tau, row_value)
+        return count == waiting.numel()
+
+    def admitted_prompts(
+        self,
+        rows: int,
+        waiting_rows,
+        requests: int,
+        step_ms: float,
+        prefill_ms,
+        tau: float = 1.0,
+        row_value: float = 0.0,
+        committed: int = 0,
+        dearer_ms: float | None = None,
+    ) -> int:
+        """How many of the waiting prompts (from the front, arrival order) to admit; the rest are better prefilled
+        now. Prompt j is admitted while admitting it behind the ones before it loses fewer tokens than a prefill pass
+        of its own: admitted, its slot idles until its last row is in (prompts enter in arrival order through the
+        plateau's spare rows, segment-rounded), its rows make that many steps cost what the curve says they cost
+        more (within the plateau's tolerance, every request in flight waits for it), and each displaces a tree node
+        worth ``row_value`` expected tokens (0 where nothing would use the row); prefilled, every request in flight
+        and it idle for its passes. Idle slot-steps lose ``tau`` tokens each. The first ``committed`` prompts (those
+        already entering) stay admitted: their idle steps so far are spent, and flushing them would waste them.
+
+        Args:
+            rows: the verify rows the step needs anyway.
+            waiting_rows: [P] rows each waiting prompt still has (or their total as one prompt).
+            requests: requests decoding in the step.
+            step_ms: the step's time.
+            prefill_ms: [P] each prompt's prefill passes (or one figure for all of them).
+            dearer_ms: how much more a step carrying the admitted rows costs, where it is measured apart from the
+                plateau's curve (the engine's mixed step); default: the curve's.
+        """
         spare = self.spare_rows(rows)
         if self.segment is not None:
             spare -= spare % self.segment
-        if spare <= 0:
-            return False
+        waiting = torch.as_tensor(waiting_rows, dtype=torch.int64).reshape(-1)
+        if spare <= 0 or waiting.numel() == 0:
+            return 0
         if self.always:
-            return True
-        steps = -(-waiting_rows // spare)
-        return steps * tau + waiting_rows * row_value < (requests + 1) * tau * prefill_ms / step_ms
+            return waiting.numel()
+        passes = torch.as_tensor(prefill_ms, dtype=torch.float64).reshape(-1).expand(waiting.numel())
+        if self.segment is not None:  # a prompt's last segment takes a whole segment's rows
+            waiting = (waiting + self.segment - 1) // self.segment * self.segment
+        cum = waiting.cumsum(0)
+        dearer = (
+            self.curve.at(rows + min(spare, int(cum[-1]))) - self.curve.at(rows) if dearer_ms is None else dearer_ms
+        )
+        admitted = (-(-cum // spare)) + waiting / spare * requests * dearer / step_ms + waiting * row_value / tau
+        pays = admitted < (requests + 1) * passes / step_ms
+        pays[:committed] = True
+        failing = torch.nonzero(~pays).flatten()
+        return int(failing[0]) if failing.numel() else waiting.numel()

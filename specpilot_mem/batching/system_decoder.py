@@ -9,8 +9,10 @@ are split, not how many the pass computes. With it (``Mechanisms.plan``) each st
 budget planner (``planner.BudgetPlanner``, through the decoder's ``step_rows`` hook): T rows per request
 (shares capped at T - 1 nodes, B x T rows shared), or an AR step (T = 1, no draft); the planner learns
 from the committed lengths the decoder reads back every step (``step_done``), so it adds no device sync.
-Prompts are prefilled in the decoder's own passes (no prompt rows in its verify step: admission is not
-wired here).
+With prompt admission a new request's prompt enters in the verify steps' forward, in the rows
+``PromptAdmission`` plans on the step's c(R) past the B x T rows the step computes anyway
+(``SystemDecoder.generate(admission=...)``); admission plans against the fixed [B, 1 + nodes] step, so it is
+not combined with the planner's buckets.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from specpilot_mem.batching.admission import PromptAdmission
 from specpilot_mem.batching.blocks import DrafterBlocks
 from specpilot_mem.batching.budget import SharedBudget
 from specpilot_mem.batching.costs import BatchingError, StepCosts
@@ -32,7 +35,8 @@ from specpilot_mem.replay.trees.base import DraftTrees, StepBatch
 class PolicyDecoder(SystemDecoder):
     """``SystemDecoder`` drafting ``config``'s trees (``simulate.CONFIGS``), deciding from ``costs`` (with the
     planner: the engine's own step costs, ``EngineStepCosts``); ``plan_prior``: the planner's prior
-    (``simulate.chain_prior``)."""
+    (``simulate.chain_prior``); ``segment``: prompt admission's segment rows (None: one chain of the spare rows),
+    ``verify_buffer``: the most rows a step may take."""
 
     def __init__(
         self,
@@ -44,12 +48,15 @@ class PolicyDecoder(SystemDecoder):
         max_len: int = 1024,
         weights=None,
         plan_prior: np.ndarray | None = None,
+        segment: int | None = 64,
+        verify_buffer: int = 2048,
     ):
-        if config.admission:
+        if config.plan and config.admission:
             raise BatchingError(
-                "prompt admission is not wired into the system decoder",
+                "prompt admission and the budget planner cannot be combined in the system decoder (admission plans"
+                " against the fixed [B, 1 + nodes] step, the planner changes its rows per step)",
                 where="config",
-                fix="use a configuration without admission (the replay and lockstep decoder have it)",
+                fix="use a configuration with plan or with admission, not both",
             )
         options = options or SystemOptions(
             tree="best-first" if config.tree == "best-first" else "chain", positions=STOCK_BLOCK, nodes=STOCK_BLOCK
@@ -58,6 +65,8 @@ class PolicyDecoder(SystemDecoder):
         self.config, self.costs = config, costs
         self.budget = SharedBudget(costs.target, verify_buffer=batch * self.options.rows)
         self.blocks = DrafterBlocks(STOCK_BLOCK, costs.drafter) if config.blocks else None
+        # the step computes every slot's rows: the plateau past them is what prompts may take
+        self.admission = PromptAdmission(costs.rows_curve(batch), verify_buffer, segment) if config.admission else None
         self._recent = torch.full((batch,), float(STOCK_BLOCK))
         self._confidence = torch.zeros(batch, dtype=torch.int64)
         self._last: dict[int, tuple[int, DraftTrees, int]] = {}  # slot -> (cache length, trees, row) of its last draft
@@ -119,11 +128,20 @@ class PolicyDecoder(SystemDecoder):
             out.append(([anchor] + trees.tokens[b, :k].tolist(), [-1] + (trees.parents[b, :k] + 1).tolist()))
         return out
 
-    def prefill(self, slot: int, prompt: list[int]) -> int:
+    def generate(self, prompts, mode: str = "spec", max_new_tokens: int = 64, batched_prefill: bool = False):
+        """``SystemDecoder.generate`` with the configuration's prompt admission."""
+        return super().generate(prompts, mode, max_new_tokens, batched_prefill, admission=self.admission)
+
+    def start_request(self, slot: int) -> None:
         """A new request takes ``slot``: its drafter-block signals start afresh."""
         self._last.pop(slot, None)
         self._recent[slot], self._confidence[slot] = float(STOCK_BLOCK), 0
-        return super().prefill(slot, prompt)
+        super().start_request(slot)
+
+    def prefill(self, slot: int, prompt: list[int], start: int = 0, chunks=None) -> int:
+        if start == 0:
+            self.start_request(slot)
+        return super().prefill(slot, prompt, start, chunks)
 
     def _observe(self, slots: list[int], lengths: list[int]) -> None:
         """The drafter-block signals of each slot's last step, from how far its cache grew since."""

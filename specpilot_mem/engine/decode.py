@@ -88,20 +88,33 @@ class SystemDecoder:
         self.flips[slot].copy_(torch.as_tensor(draws < self.options.flip_rate))
 
     @torch.no_grad()
-    def prefill(self, slot: int, prompt: list[int]) -> int:
-        """Commit ``prompt`` into ``slot`` (reset first); returns the target's first output token."""
-        self.caches.reset(slot)
-        view, conv = self.caches.view(slot), self.weights.shape.conv_size
+    def prefill(self, slot: int, prompt: list[int], start: int = 0, chunks: list[tuple[int, int]] | None = None) -> int:
+        """Commit ``prompt[start:]`` into ``slot`` (reset first when ``start`` is 0); returns the target's first output
+        token. ``chunks``: (rows, buffer width) of each pass (default ``PREFILL_CHUNK`` rows each, unpadded); prompt
+        admission's reference passes its segments' shapes."""
+        if start == 0:
+            self.caches.reset(slot)
+        view = self.caches.view(slot)
+        if chunks is None:
+            left = len(prompt) - start
+            chunks = [
+                (min(PREFILL_CHUNK, left - i), min(PREFILL_CHUNK, left - i)) for i in range(0, left, PREFILL_CHUNK)
+            ]
         token = None
-        for start in range(0, len(prompt), PREFILL_CHUNK):
-            piece = prompt[start : start + PREFILL_CHUNK]
-            buf = StepBuffers.empty(1, len(piece), conv, self.device)
-            buf.fill(pack_trees([(piece, list(range(-1, len(piece) - 1)))], len(piece), conv))
-            buf.forced.fill_(len(piece) - 1)
-            buf.out_len.fill_(start - (len(prompt) - 1))  # the prompt's last row predicts output 0
-            out, accepted = self.prefill_model.step(buf, view)
-            token = out[0, len(piece) - 1]
+        for rows, width in chunks:
+            out, accepted = self.prefill_model.step(self.prompt_segment(prompt, start, rows, width), view)
+            token, start = out[0, rows - 1], start + rows
         return int(token)
+
+    def prompt_segment(self, prompt: list[int], start: int, rows: int, width: int) -> StepBuffers:
+        """Buffers [1, width] of ``prompt[start : start + rows]`` as one chain forced to be accepted whole (padding
+        after it computed and never kept); its last row predicts output 0 when it ends the prompt."""
+        piece = prompt[start : start + rows]
+        buf = StepBuffers.empty(1, width, self.weights.shape.conv_size, self.device)
+        buf.fill(pack_trees([(piece, list(range(-1, len(piece) - 1)))], width, self.weights.shape.conv_size))
+        buf.forced.fill_(len(piece) - 1)
+        buf.out_len.fill_(start - (len(prompt) - 1))  # the prompt's last row predicts output 0
+        return buf
 
     @torch.no_grad()
     def prefill_batch(self, prompts: list[list[int]]) -> list[int]:
@@ -162,18 +175,60 @@ class SystemDecoder:
                 trees.append(([anchor] + tokens, [-1] + [p + 1 for p in parents]))
         return trees
 
+    def check_admission(self, mode: str, admission) -> None:
+        """Prompt admission's rows ride in verify steps and must be computed as the prefill pass computes them."""
+        opts = self.options
+        problem = (
+            "AR steps advance every slot's GDN state in place (a waiting prompt's too)"
+            if mode == "ar"
+            else "the prompt rows would run through the fault study's verify weights"
+            if opts.verify_weights != "none"
+            else "the flip fault's table is laid out per slot of the step"
+            if opts.flip_rate > 0
+            else None
+        )
+        if problem:
+            raise OptionsError(
+                f"prompt admission needs speculative steps on the prefill pass's weights: {problem}",
+                where="admission",
+                fix="decode with mode='spec', verify_weights=none and flip_rate=0, or without admission",
+            )
+        limit = self.max_len - self.options.rows
+        if admission.segment is not None and admission.segment > limit:
+            raise OptionsError(
+                f"{admission.FLAG}={admission.segment} rows do not fit the decoder's {self.max_len}-slot caches"
+                f" (at most {limit} rows beside a step's {self.options.rows})",
+                where=admission.FLAG,
+                fix=f"use a segment of at most {limit} rows, or a larger max_len",
+            )
+
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], mode: str = "spec", max_new_tokens: int = 64, batched_prefill: bool = False
+        self,
+        prompts: list[list[int]],
+        mode: str = "spec",
+        max_new_tokens: int = 64,
+        batched_prefill: bool = False,
+        admission=None,
     ) -> list[Generation]:
         """Greedy decoding of every prompt, ``batch`` in flight (closed loop: a finished request's slot takes
         the next prompt). ``mode``: "ar" (one row per request, SGLang's decode step) or "spec".
         ``batched_prefill``: the first batch's prompts, when they have one length, go in together
-        (``prefill_batch``); later admissions one by one."""
+        (``prefill_batch``); later admissions one by one. ``admission``: prompt admission
+        (``batching.admission.PromptAdmission``): a new request's prompt enters in the rows its ``plan`` gives per
+        verify step (segments in the step's forward, ``SystemModel.step_with_segments``) instead of prefill passes
+        that every request in flight waits for; when it plans no rows (no spare rows on the plateau, or nothing is
+        decoding) the waiting prompts are prefilled as stock does. ``self.admitted`` then lists, per request,
+        the (rows, buffer width) its prompt entered in: what a prefill pass reproduces bit for bit
+        (``prefill(chunks=...)``)."""
         if mode not in ("ar", "spec"):
             raise OptionsError(f"unknown mode {mode!r}", where="mode", fix="use 'ar' or 'spec'")
+        if admission is not None:
+            self.check_admission(mode, admission)
         # a request may overshoot max_new_tokens by one step, and a finished slot's rows are still written
         longest = max(len(p) for p in prompts) + max_new_tokens + 2 * self.options.rows + 1
+        if admission is not None and admission.segment is not None:
+            longest += admission.segment  # a last segment's padding is written past its prompt
         if longest > self.max_len:
             raise OptionsError(
                 f"prompt + output need {longest} cache slots, the decoder has {self.max_len}",
@@ -191,6 +246,8 @@ class SystemDecoder:
             [0] * len(prompts),
             [[] for _ in prompts],
         )
+        entering: dict[int, int] = {}  # slot -> prompt rows already in, while its prompt enters through verify steps
+        self.admitted = {str(r): [] for r in range(len(prompts))}
 
         def admit(slot: int) -> None:
             if not queue:
@@ -201,7 +258,11 @@ class SystemDecoder:
             started[r] = time.perf_counter()
             if self.flips is not None:
                 self._draw_flips(slot, prompts[r])
-            outputs[r].append(self.prefill(slot, prompts[r]))
+            if admission is None:
+                outputs[r].append(self.prefill(slot, prompts[r]))
+            else:
+                self.start_request(slot)
+                entering[slot] = 0
 
         first = queue[:B]
         if batched_prefill and first and len({len(prompts[r]) for r in first}) == 1:
@@ -217,10 +278,13 @@ class SystemDecoder:
                 admit(slot)
         while any(r >= 0 for r in slot_req):
             for slot, r in enumerate(slot_req):
-                if r >= 0 and len(outputs[r]) >= limit:
+                if r >= 0 and slot not in entering and len(outputs[r]) >= limit:
                     finished[r] = time.perf_counter()
                     admit(slot)
-            live = [s for s in range(B) if slot_req[s] >= 0]
+            # admission plans against the fixed [B, 1 + nodes] step (the planner's buckets are not combined with it)
+            rows = B * self.options.rows
+            segments = self._plan_segments(admission, entering, slot_req, prompts, outputs, rows) if entering else []
+            live = [s for s in range(B) if slot_req[s] >= 0 and s not in entering]
             if not live:
                 break
             anchors = {s: outputs[slot_req[s]][-1] for s in live}
@@ -232,12 +296,19 @@ class SystemDecoder:
                 trees = dict(zip(live, self.draft_trees([anchors[s] for s in live], live)))
             packed = pack_trees([trees.get(s, ([0], [-1])) for s in range(B)], T, self.weights.shape.conv_size)
             buf.fill(packed)
-            buf.active.copy_(torch.tensor([slot_req[s] >= 0 for s in range(B)]))
+            buf.active.copy_(torch.tensor([s in trees for s in range(B)]))
             buf.forced.fill_(-1)
-            buf.out_len.copy_(torch.tensor([len(outputs[slot_req[s]]) if slot_req[s] >= 0 else 0 for s in range(B)]))
-            out, lens = self.model.graphed(
-                ("decode", B, T, ar), lambda buf=buf, ar=ar: self.model.step(buf, self.caches, ar=ar, flips=self.flips)
-            )
+            buf.out_len.copy_(torch.tensor([len(outputs[slot_req[s]]) if s in trees else 0 for s in range(B)]))
+            if segments:
+                out, lens, seg_out = self.model.step_with_segments(
+                    buf, self.caches, [(seg, self.caches.view(slot)) for slot, seg, _ in segments]
+                )
+                self._commit_segments(segments, seg_out, entering, slot_req, prompts, outputs)
+            else:
+                out, lens = self.model.graphed(
+                    ("decode", B, T, ar),
+                    lambda buf=buf, ar=ar: self.model.step(buf, self.caches, ar=ar, flips=self.flips),
+                )
             out, lens = out.cpu(), lens.cpu()
             self.step_done(live, lens[live].tolist(), ar)
             for s in live:
@@ -261,3 +332,40 @@ class SystemDecoder:
                 )
             )
         return runs
+
+    def start_request(self, slot: int) -> None:
+        """A new request takes ``slot`` and its prompt enters through verify steps: its caches start empty."""
+        self.caches.reset(slot)
+
+    def _plan_segments(self, admission, entering, slot_req, prompts, outputs, rows: int):
+        """This step's prompt segments: [(slot, buffers [1, width], rows)], the rows ``admission`` plans for each
+        entering prompt beside the step's ``rows`` verify rows (a prompt's rows of one step are one chain, in whole
+        segments' width). With no rows planned (compute does not idle), or nothing decoding beside them, the
+        entering prompts are prefilled now, as stock does."""
+        slots = list(entering)
+        left = torch.tensor([len(prompts[slot_req[s]]) - entering[s] for s in slots])
+        decoding = any(r >= 0 and s not in entering for s, r in enumerate(slot_req))
+        planned = admission.plan(rows, left)[0].tolist() if decoding else [0] * len(slots)
+        if not any(planned):
+            for s in slots:
+                r, start = slot_req[s], entering.pop(s)
+                outputs[r].append(self.prefill(s, prompts[r], start=start))
+                self.admitted[str(r)].append((len(prompts[r]) - start, -1))  # -1: a prefill pass of its own
+            return []
+        segments = []
+        for s, n in zip(slots, planned):
+            if n:
+                r, unit = slot_req[s], admission.segment or n
+                width = -(-n // unit) * unit
+                segments.append((s, self.prompt_segment(prompts[r], entering[s], n, width), n))
+                self.admitted[str(r)].append((n, width))
+        return segments
+
+    def _commit_segments(self, segments, seg_out, entering, slot_req, prompts, outputs) -> None:
+        """Advance each segment's prompt; one that ends its prompt gives the request its first output token."""
+        for (s, _, n), tokens in zip(segments, seg_out):
+            entering[s] += n
+            r = slot_req[s]
+            if entering[s] == len(prompts[r]):
+                del entering[s]
+                outputs[r].append(int(tokens[0, n - 1]))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -324,6 +324,22 @@ def pack_trees(trees: list[tuple[list[int], list[int]]], T: int, conv_size: int)
     return {"tokens": tokens, "parents": parents, "depth": depth, "anc": anc, "conv_idx": conv_idx, "num_nodes": num}
 
 
+@dataclass
+class Segment:
+    """A prompt segment riding in a step's forward (prompt admission): ``buf`` [1, S] holds a chain of the next S
+    prompt tokens of one request, forced to be accepted whole (``forced`` S - 1, ``out_len`` as a prefill pass sets
+    it), over ``caches``, that request's own slot (``Caches.view``). Its rows share the step's projection and MLP
+    GEMMs; its attention and recurrence run over its slot as a chunked prefill's would (no fault options, the state
+    advanced in place), and the commit keeps all S rows. ``tag`` keeps its scratch buffers apart from the step's."""
+
+    buf: StepBuffers
+    caches: "Caches"
+    tag: int = 1
+    saved: dict = field(default_factory=dict)
+    ctx: dict | None = None
+    feats: torch.Tensor | None = None
+
+
 class Caches:
     """Per-request state for ``slots`` requests: attention KV [slots, kv heads, max_len, head dim] per attention
     layer, GDN states [slots, HV, V, K] (SGLang's pool layout, fp32) and conv windows per GDN layer, lengths.
@@ -407,15 +423,36 @@ class SystemModel:
 
     # -- layers -----------------------------------------------------------------------------------------------
 
-    def _gdn(self, i, h, buf: StepBuffers, caches: Caches, ar: bool, saved: dict, write_cache: bool, mode: str):
+    def _gdn(
+        self, i, h, buf: StepBuffers, caches: Caches, ar: bool, saved: dict, write_cache: bool, mode: str, segments=()
+    ):
+        """Layer i's GDN mixer over the step's rows and, after them in ``h``, each prompt segment's (``Segment``): the
+        projections are one GEMM over all rows; the conv and the recurrence run per part, over its own cache."""
+        p = f"layers.{i}."
+        proj = self.w.lin(p + "gdn_in.w")(h, mode)
+        parts = [self._gdn_mix(i, proj, buf, caches, "ar" if ar else self.options.gdn_verify, saved, write_cache)]
+        offset = buf.tokens.numel()
+        for seg in segments:
+            parts.append(
+                self._gdn_mix(i, proj[offset:], seg.buf, seg.caches, "snapshot", seg.saved, write_cache, seg.tag)
+            )
+            offset += seg.buf.tokens.numel()
+        o = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return self.w.lin(p + "gdn_out.w")(o, mode)
+
+    def _gdn_mix(
+        self, i, proj, buf: StepBuffers, caches: Caches, kind: str, saved: dict, write_cache: bool, tag: int = 0
+    ):
+        """The conv, the recurrence and the gated norm of one part's rows (the first B*T rows of ``proj``). kind:
+        "ar" advances the state in place (SGLang's decode), "snapshot" writes a state per row (stock verify; a prompt
+        segment's rows, as the decoder's prefill pass writes them, padding included), "path" SpecPilot's path verify."""
         s, t = self.shape, self.w.t
         p = f"layers.{i}."
         B, T = buf.shape
         H, HV, D, C = s.gdn_key_heads, s.gdn_value_heads, s.gdn_head_dim, s.gdn_conv_channels
-        proj = self.w.lin(p + "gdn_in.w")(h, mode).view(B, T, -1)
-        qkv, z, ab = proj.split([C, HV * D, 2 * HV], dim=-1)
+        qkv, z, ab = proj[: B * T].view(B, T, -1).split([C, HV * D, 2 * HV], dim=-1)
         # the conv reads qkv inside the projection and keeps a copy of it for the commit (a write pass only)
-        raw = self._raw_inputs(B, T)[self._gdn_index[i]] if write_cache else None
+        raw = self._raw_inputs(B, T, tag)[self._gdn_index[i]] if write_cache else None
         mixed = tree_conv_silu(caches.conv[i][:B], qkv, buf.conv_idx, t[p + "conv"], raw=raw)
         # views, as SGLang's backend passes them: its kernel reads q, k, v, a, b through their token strides
         q, k, v = mixed.split([H * D, H * D, HV * D], dim=-1)
@@ -423,31 +460,43 @@ class SystemModel:
         a, b = ab.split([HV, HV], dim=-1)
         A_log, dt_bias = t[p + "A_log"], t[p + "dt_bias"]
         pool, slots32 = caches.state[i], buf.slots32
-        if ar:  # SGLang's decode: one token per request, state advanced in place
+        if kind == "ar":  # SGLang's decode: one token per request, state advanced in place
             o = self._sglang(q, k, v, a, b, A_log, dt_bias, pool, slots32, None, None, update=write_cache)
-        elif self.options.gdn_verify == "snapshot":
-            inter = self._snapshots(i, B, T)
+        elif kind == "snapshot":
+            inter = self._snapshots(i, B, T, tag)
             o = self._sglang(q, k, v, a, b, A_log, dt_bias, pool, slots32, inter, buf.parents)
         else:  # the path kernels take contiguous rows
             q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
             o = self._path_verify(q, k, v, a, b, A_log, dt_bias, pool, slots32, saved["schedule"])
             saved[i] = (q, k, v, a, b)
-        o = gated_rms_norm(o.to(h.dtype), t[p + "out_norm"], z.view(B, T, HV, D), s.norm_eps)
-        return self.w.lin(p + "gdn_out.w")(o.reshape(B * T, HV * D), mode)
+        o = gated_rms_norm(o.to(proj.dtype), t[p + "out_norm"], z.view(B, T, HV, D), s.norm_eps)
+        return o.reshape(B * T, HV * D)
 
-    def _snapshots(self, i, B, T):
-        """Layer i's view of the per-bucket snapshot buffer (all GDN layers in one tensor: one commit launch)."""
-        if (B, T) not in self._inter:
+    @staticmethod
+    def _key(B, T, tag: int):
+        """A part's scratch key: the bucket, and for a prompt segment its ``tag`` (the parts of one pass never share)."""
+        return (B, T) if tag == 0 else (B, T, tag)
+
+    def _snapshot_buffer(self, B, T, tag: int = 0):
+        """Every GDN layer's state snapshots of a part's rows (one tensor: one commit launch)."""
+        key = self._key(B, T, tag)
+        if key not in self._inter:
             s = self.shape
             D = s.gdn_head_dim
-            self._inter[B, T] = torch.empty(s.gdn_layers, B, T, s.gdn_value_heads, D, D, device=self.device)
-        return self._inter[B, T][self._gdn_index[i]]
+            self._inter[key] = torch.empty(s.gdn_layers, B, T, s.gdn_value_heads, D, D, device=self.device)
+        return self._inter[key]
 
-    def _raw_inputs(self, B, T):
-        if (B, T) not in self._raw:
+    def _snapshots(self, i, B, T, tag: int = 0):
+        """Layer i's view of the part's snapshot buffer."""
+        return self._snapshot_buffer(B, T, tag)[self._gdn_index[i]]
+
+    def _raw_inputs(self, B, T, tag: int = 0):
+        """Every GDN layer's conv inputs of a part's rows."""
+        key = self._key(B, T, tag)
+        if key not in self._raw:
             s = self.shape
-            self._raw[B, T] = torch.empty(s.gdn_layers, B, T, s.gdn_conv_channels, device=self.device, dtype=self.dtype)
-        return self._raw[B, T]
+            self._raw[key] = torch.empty(s.gdn_layers, B, T, s.gdn_conv_channels, device=self.device, dtype=self.dtype)
+        return self._raw[key]
 
     def _sglang_indices(self, B, T, device):
         """cu_seqlens and snapshot indices of a bucket, made once (not two arange launches per layer and step)."""
@@ -499,9 +548,10 @@ class SystemModel:
             return gdn_tree_path_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, schedule[0], **extra)
         return R.path_verify_reference(q, k, v, a, b, A_log, dt_bias, pool, slots, schedule[1], schedule[2])
 
-    def _attn_context(self, buf: StepBuffers, caches: Caches | None, write_cache: bool) -> dict:
+    def _attn_context(self, buf: StepBuffers, caches: Caches | None, write_cache: bool, prompt: bool = False) -> dict:
         """What every attention layer of one pass shares, computed once per pass: RoPE's cos/sin at each row's
-        position, the cache slots the rows write, the cache lengths they see and their ancestor mask."""
+        position, the cache slots the rows write, the cache lengths they see and their ancestor mask. ``prompt``: a
+        prompt segment's rows, which no fault option touches (a prefill pass's)."""
         s = self.shape
         B, T = buf.shape
         dev = buf.tokens.device
@@ -513,14 +563,15 @@ class SystemModel:
             return {"cos": ang.cos(), "sin": ang.sin(), "lengths": None, "anc": full, "slots": None, "window": 0}
         L = caches.max_len
         lengths = caches.lengths[:B]
-        ang = (lengths[:, None] + buf.depth + self.options.rope_offset).float()[..., None] * inv
+        offset, window = (0, 0) if prompt else (self.options.rope_offset, self.options.attn_window)
+        ang = (lengths[:, None] + buf.depth + offset).float()[..., None] * inv
         # attn_window (the context fault): only the last attn_window committed tokens are seen (0: all)
         ctx = {
             "cos": ang.cos(),
             "sin": ang.sin(),
             "lengths": lengths,
             "anc": buf.anc,
-            "window": self.options.attn_window,
+            "window": window,
         }
         # clamped so that no write can leave the cache (callers keep lengths + T <= max_len; see SystemDecoder)
         ctx["slots"] = (lengths[:, None] + torch.arange(T, device=dev)).clamp(max=L - 1) if write_cache else None
@@ -536,15 +587,28 @@ class SystemModel:
         ctx: dict,
         prefix: str = "layers",
         mode: str | None = None,
+        segments=(),
     ):
-        s, t = self.shape, self.w.t
+        """Layer i's attention over the step's rows and, after them in ``h``, each prompt segment's: the projections
+        are one GEMM over all rows; RoPE, the cache write and the attention run per part, over its own cache."""
         p = f"{prefix}.{i}."
+        mode = mode or self.mode
+        proj = self.w.lin(p + "attn_qkv.w")(h, mode)
+        parts = [self._attn_mix(i, proj, buf, caches, ctx, p)]
+        offset = buf.tokens.numel()
+        for seg in segments:
+            parts.append(self._attn_mix(i, proj[offset:], seg.buf, seg.caches, seg.ctx, p))
+            offset += seg.buf.tokens.numel()
+        o = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return self.w.lin(p + "attn_out.w")(o, mode)
+
+    def _attn_mix(self, i, proj, buf: StepBuffers, caches: Caches | None, ctx: dict, p: str):
+        """q/k norms, RoPE, the cache write and the tree attention of one part's rows (the first B*T of ``proj``)."""
+        s, t = self.shape, self.w.t
         B, T = buf.shape
         hq, hkv, D = s.attn_heads, s.attn_kv_heads, s.attn_head_dim
-        mode = mode or self.mode
-        proj = self.w.lin(p + "attn_qkv.w")(h, mode).view(B, T, -1)
         sizes = [hq * D] * (2 if s.attn_output_gate else 1) + [hkv * D, hkv * D]
-        parts = proj.split(sizes, dim=-1)
+        parts = proj[: B * T].view(B, T, -1).split(sizes, dim=-1)
         q, k, v = parts[0].view(B, T, hq, D), parts[-2].view(B, T, hkv, D), parts[-1].view(B, T, hkv, D)
         norms = (t[p + "q_norm"], t[p + "k_norm"]) if s.qk_norm else (None, None)
         kc = vc = None
@@ -567,7 +631,7 @@ class SystemModel:
         )
         gate = parts[1] if s.attn_output_gate else None
         o = tree_attention(q, kc, vc, k, v, ctx["lengths"], ctx["anc"], gate, window=ctx["window"])
-        return self.w.lin(p + "attn_out.w")(o.reshape(B * T, hq * D), mode)
+        return o.reshape(B * T, hq * D)
 
     def _mlp(self, p, h, mode: str | None = None):
         mode = mode or self.mode
@@ -601,16 +665,21 @@ class SystemModel:
         ar: bool = False,
         write_cache: bool = True,
         linear_mode: str | None = None,
+        segments: tuple[Segment, ...] | list[Segment] = (),
     ):
-        """Final hidden [B*T, d], drafter features [B, T, F] (or None) and each GDN layer's saved inputs.
+        """Final hidden [B*T (+ the segments' rows), d], drafter features [B, T, F] (or None) and each GDN layer's
+        saved inputs.
 
         Hooks: ``linear_mode`` runs every target linear in another mode (``Linear.__call__``; "q8_midpoint": the W12
-        kernel over the 8-bit view, the TLV Q pass); ``write_cache=False`` leaves KV, GDN states and conv windows as they are (the rows see
-        the cache and each other, nothing is stored), so a Q pass can precede the exact pass of the same rows."""
+        kernel over the 8-bit view, the TLV Q pass); ``write_cache=False`` leaves KV, GDN states and conv windows as
+        they are (the rows see the cache and each other, nothing is stored), so a Q pass can precede the exact pass of
+        the same rows; ``segments``: prompt segments whose rows join every GEMM of the pass (``Segment``; their
+        features go to ``Segment.feats``)."""
         mode = linear_mode or self.mode
         s, t = self.shape, self.w.t
         B, T = buf.shape
-        x = F.embedding(buf.tokens.view(-1), t["embed"])
+        tokens = [buf.tokens.view(-1)] + [seg.buf.tokens.view(-1) for seg in segments]
+        x = F.embedding(tokens[0] if len(tokens) == 1 else torch.cat(tokens), t["embed"])
         saved: dict = {}
         if s.gdn_layers and not ar and self.options.gdn_verify == "path":
             from specpilot_kernels.gdn_tree import tree_schedule
@@ -621,22 +690,31 @@ class SystemModel:
                 buf.parents,
                 buf.num_nodes,
             )
-        feats = []
+        feats, seg_feats = [], [[] for _ in segments]
         ctx = self._attn_context(buf, caches, write_cache) if s.attn_layers else None
+        for seg in segments:
+            seg.ctx = self._attn_context(seg.buf, seg.caches, write_cache, prompt=True) if s.attn_layers else None
         h = rms_norm(x, t["layers.0.norm1"], s.norm_eps)
         for i, kind in enumerate(s.layer_types):
             p = f"layers.{i}."
             out = (
-                self._gdn(i, h, buf, caches, ar, saved, write_cache, mode)
+                self._gdn(i, h, buf, caches, ar, saved, write_cache, mode, segments)
                 if kind == "gdn"
-                else self._attn(i, h, buf, caches, write_cache, ctx, mode=mode)
+                else self._attn(i, h, buf, caches, write_cache, ctx, mode=mode, segments=segments)
             )
             x, h = add_rms_norm(x, out, t[p + "norm2"], s.norm_eps)
             # the residual add and the next norm (the next layer's, or the final one) in one launch
             following = f"layers.{i + 1}.norm1" if i + 1 < s.n_layers else "final_norm"
             x, h = add_rms_norm(x, self._mlp(p, h, mode), t[following], s.norm_eps)
             if i in self.feature_layers:
-                feats.append(x.view(B, T, -1))
+                feats.append(x[: B * T].view(B, T, -1))
+                offset = B * T
+                for seg, mine in zip(segments, seg_feats):
+                    S = seg.buf.tokens.numel()
+                    mine.append(x[offset : offset + S].view(1, S, -1))
+                    offset += S
+        for seg, mine in zip(segments, seg_feats):
+            seg.feats = torch.cat(mine, dim=-1) if mine else None
         return h, (torch.cat(feats, dim=-1) if feats else None), saved
 
     def head_argmax(
@@ -693,17 +771,27 @@ class SystemModel:
         )
 
     def commit(
-        self, buf: StepBuffers, caches: Caches, saved: dict, feats, accepted, accept_len, deepest, ar: bool = False
+        self,
+        buf: StepBuffers,
+        caches: Caches,
+        saved: dict,
+        feats,
+        accepted,
+        accept_len,
+        deepest,
+        ar: bool = False,
+        tag: int = 0,
     ):
         """Keep each request's accepted path: KV moved to consecutive slots, GDN states and conv windows advanced,
-        features written, lengths grown (by 0 for inactive requests)."""
+        features written, lengths grown (by 0 for inactive requests). ``tag`` > 0: a prompt segment's part (its
+        rows one chain: no KV move, its states from its own snapshots, as the decoder's prefill pass commits)."""
         B, T = buf.shape
         dev = accepted.device
         lengths = caches.lengths[:B]
         steps = torch.arange(T, device=dev)[None, :]
         src = torch.where(steps < accept_len[:, None], accepted, steps)
         bidx = torch.arange(B, device=dev)[:, None]
-        if self.options.tree != "chain" and not ar:
+        if self.options.tree != "chain" and not ar and not tag:
             for i in caches.k:
                 for cache in (caches.k[i][:B], caches.v[i][:B]):
                     top = caches.max_len - 1
@@ -715,9 +803,9 @@ class SystemModel:
             # every GDN layer at once: the accepted row's conv window (the last conv_size - 1 inputs along its root
             # path), and in stock the accepted position's state snapshot (SGLang's one index copy over its
             # layer-stacked pool); the decode kernel advanced AR's states already, path verify replays per layer
-            conv_commit(caches.conv_all[:, :B], self._raw_inputs(B, T), buf.conv_idx, deepest, keep)
-            if not ar and self.options.gdn_verify == "snapshot":
-                select_states(caches.state_all[:, :B], self._inter[B, T], deepest, keep)
+            conv_commit(caches.conv_all[:, :B], self._raw_inputs(B, T, tag), buf.conv_idx, deepest, keep)
+            if not ar and (tag or self.options.gdn_verify == "snapshot"):
+                select_states(caches.state_all[:, :B], self._snapshot_buffer(B, T, tag), deepest, keep)
             elif not ar:
                 for i in caches.state:
                     q, k, v, a, b = saved[i]
@@ -751,6 +839,30 @@ class SystemModel:
         accepted, accept_len, deepest, out = self.accept(buf, pred)
         self.commit(buf, caches, saved, feats, accepted, accept_len, deepest, ar=ar)
         return out, accept_len
+
+    def step_with_segments(
+        self, buf: StepBuffers, caches: Caches, segments: list[tuple[StepBuffers, Caches]], ar: bool = False
+    ):
+        """One step with prompt segments in its forward (prompt admission): ``step``'s verify, accept and commit of
+        ``buf``, and each (segment buffers [1, S], that request's one-slot caches) committed whole, as a chunked
+        prefill pass of those S rows would commit them. Returns (out_tokens [B, T], accept_len [B], and per segment
+        its out tokens [1, S]: the last one is the target's token after the segment, the first output token when the
+        segment ends its prompt)."""
+        B, T = buf.shape
+        parts = [Segment(seg_buf, seg_caches, tag=k + 1) for k, (seg_buf, seg_caches) in enumerate(segments)]
+        hidden, feats, saved = self.forward(buf, caches, ar=ar, segments=parts)
+        index = torch.cat([(b.out_len[:, None] + b.depth).view(-1) for b in [buf] + [seg.buf for seg in parts]])
+        pred = self.head_argmax(hidden, predicted_index=index)
+        accepted, accept_len, deepest, out = self.accept(buf, pred[: B * T].view(B, T))
+        self.commit(buf, caches, saved, feats, accepted, accept_len, deepest, ar=ar)
+        offset, seg_out = B * T, []
+        for seg in parts:
+            S = seg.buf.tokens.numel()
+            acc, length, deep, tokens = self.accept(seg.buf, pred[offset : offset + S].view(1, S))
+            self.commit(seg.buf, seg.caches, seg.saved, seg.feats, acc, length, deep, tag=seg.tag)
+            seg_out.append(tokens)
+            offset += S
+        return out, accept_len, seg_out
 
     # -- CUDA graphs ------------------------------------------------------------------------------------------
 
