@@ -18,7 +18,8 @@ import textwrap
 import pytest
 
 from specpilot_mem.sglang.cpu_import import import_environment, write_torchvision_standin
-from specpilot_mem.sglang.entry_src import sglang_entry_ids, src_files, vendored_sources
+from specpilot_mem.sglang.entry_src import sglang_entry_ids, src_files
+from specpilot_mem.store.kernels import vendored_sources
 from specpilot_mem.store.records import load_entries
 from specpilot_mem.store.resolver import apply_entries
 
