@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from specpilot_mem.errors import SpecPilotError
 from specpilot_mem.home import Home
 from specpilot_mem.models import EntryRecord
 
@@ -22,28 +21,6 @@ def sglang_entry_ids(home: Home) -> list[str]:
     from specpilot_mem.store.sources import has_sources
 
     return sorted(i for i in load_entries(home) if has_sources(home, i))
-
-
-def src_dir(home: Home, entry_id: str) -> Path:
-    from specpilot_mem.store.sources import SRC
-
-    return home.entry_dir(entry_id) / SRC
-
-
-def src_files(home: Home, entry_id: str) -> dict[str, Path]:
-    """Fork path -> whole file under ``entries/<id>/src/`` (caches left out; patches are not whole files)."""
-    root = src_dir(home, entry_id)
-    if not root.is_dir():
-        raise SpecPilotError(
-            f"entry {entry_id} has no whole source files",
-            where=str(root),
-            fix="put the files the entry adds or changes there, at their fork paths",
-        )
-    return {
-        p.relative_to(root).as_posix(): p
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
-    }
 
 
 def build_entry(

@@ -296,7 +296,7 @@ def write_entry_sources(home: Home, ids: list[str] | None = None, check: bool = 
             missing = [i for i in ids if i not in wanted]
             if missing:
                 raise RecordError(
-                    f"{', '.join(missing)} keep no sources",
+                    f"{', '.join(missing)} {'keeps' if len(missing) == 1 else 'keep'} no sources",
                     where=", ".join(f"entries/{i}/{SRC}" for i in missing),
                     fix="name entries that have a src/ or patches/ folder, or leave the ids out for all of them",
                 )
