@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_store_support import DRAFT, fork_file, set_slot, slotted, synthetic_home
+from test_store_support import DRAFT, fork_file, prefixed_source, set_slot, slotted, synthetic_home
 
 from specpilot_mem.errors import ConflictError, RecordError
 from specpilot_mem.main import main
-from specpilot_mem.store import load_entries
+from specpilot_mem.store import load_entries, record_entry
 from specpilot_mem.store.fork import open_fork
 from specpilot_mem.store.record import record_sources
 from specpilot_mem.store.resolver import Resolver, apply_entries
@@ -69,12 +69,18 @@ def test_a_dependent_keeps_only_its_own_change_to_a_file_its_requirement_changes
     assert b"shared slot 9: top" in _blob(home, load_entries(home)["top"].reproduces, SHARED)
 
 
-def test_rerecording_a_requirement_rebases_its_dependents_sources_without_hand_work(sources_home):
+@pytest.mark.parametrize("how", ["sources", "fork commit"])
+def test_rerecording_a_requirement_rebases_its_dependents_sources_without_hand_work(sources_home, how):
     home = sources_home
     before = load_entries(home)
     whole = home.entry_dir("base") / "src" / SHARED
-    whole.write_bytes(set_slot(whole.read_bytes(), "shared", 2, "base v2"))
-    record_sources(home, ["base"])
+    edited = set_slot(whole.read_bytes(), "shared", 2, "base v2")
+    if how == "sources":
+        whole.write_bytes(edited)
+        record_sources(home, ["base"])
+    else:  # record --from a commit: base's own sources are written from it too
+        record_entry(home, "base", prefixed_source(home, [], {SHARED: edited}))
+        assert whole.read_bytes() == edited
     after = load_entries(home)
     resolver = Resolver(open_fork(home))
     for dependent in ("middle", "top"):
