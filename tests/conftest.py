@@ -23,6 +23,45 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def tiny_pair(*, vocab_size=256, d_model=32, block_size=4, top_k=None, head_dim=16, **target_fields):
+    """A (TargetConfig, DrafterConfig) small enough for the CPU: by default a GDN + attention target whose two
+    layers feed the drafter, and a one-layer drafter of the target's width that drafts ``block_size`` positions
+    from twice as many context positions, keeping ``top_k`` (default ``block_size``) candidates each.
+
+    ``target_fields`` override the target's other fields (``layer_types``, ``feature_layers``, ``max_seq_len``...).
+    A plain function, not a fixture: test modules build their engines from it at import time.
+    """
+    from specpilot_mem.engine.config import DrafterConfig, TargetConfig
+
+    target = TargetConfig(
+        **{
+            "vocab_size": vocab_size,
+            "d_model": d_model,
+            "layer_types": ("gdn", "attn"),
+            "ffn_dim": 2 * d_model,
+            "gdn_heads": 2,
+            "gdn_head_dim": head_dim,
+            "attn_heads": 2,
+            "attn_kv_heads": 1,
+            "attn_head_dim": head_dim,
+            "feature_layers": (0, 1),
+            **target_fields,
+        }
+    )
+    drafter = DrafterConfig(
+        d_model=d_model,
+        n_layers=1,
+        heads=2,
+        head_dim=head_dim,
+        ffn_dim=2 * d_model,
+        block_size=block_size,
+        context_window=2 * block_size,
+        top_k=block_size if top_k is None else top_k,
+        selector_rank=8,
+    )
+    return target, drafter
+
+
 @pytest.fixture(scope="session")
 def stock_fork_home(tmp_path_factory):
     """A memory home (``specpilot_mem.home.Home``) whose sglang-fork was built by ``init`` from the pinned

@@ -7,31 +7,16 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import tiny_pair
 from specpilot_mem.controller.engine_system import EngineSystem
 from specpilot_mem.controller.paired import paired_run, stock_noise
 from specpilot_mem.controller.promotion import PromotionRule
 from specpilot_mem.controller.requests import Request
-from specpilot_mem.engine.config import DrafterConfig, TargetConfig
 from specpilot_mem.engine.engine import Engine
 from specpilot_mem.errors import RoundError
 from specpilot_mem.forcing.engine_adapter import utf8_bytes
 
-TINY = TargetConfig(
-    vocab_size=512,
-    d_model=64,
-    layer_types=("gdn", "attn"),
-    ffn_dim=128,
-    gdn_heads=2,
-    gdn_head_dim=16,
-    attn_heads=2,
-    attn_kv_heads=1,
-    attn_head_dim=16,
-    feature_layers=(0, 1),
-    max_seq_len=256,
-)
-TINY_DRAFTER = DrafterConfig(
-    d_model=64, n_layers=1, heads=2, head_dim=16, ffn_dim=128, block_size=8, context_window=16, top_k=8, selector_rank=8
-)
+TINY, TINY_DRAFTER = tiny_pair(vocab_size=512, d_model=64, block_size=8, max_seq_len=256)
 REQUESTS = [
     Request("code-1", "code", "dev", 12, prompt="def merge(intervals):"),
     Request("code-2", "code", "dev", 12, prompt="class RingBuffer:"),

@@ -6,33 +6,19 @@ import copy
 import pytest
 import torch
 
+from conftest import tiny_pair
 from specpilot_mem.engine import gdn
-from specpilot_mem.engine.config import DrafterConfig, TargetConfig
 from specpilot_mem.engine.engine import Engine
 from specpilot_mem.engine.model import Cache, HybridTarget, chain_rows, make_rows
 
-SMALL = TargetConfig(
+SMALL, SMALL_DRAFTER = tiny_pair(
     vocab_size=512,
     d_model=64,
-    ffn_dim=128,
-    gdn_heads=2,
-    gdn_head_dim=16,
-    attn_heads=2,
-    attn_kv_heads=1,
-    attn_head_dim=16,
+    block_size=8,
+    top_k=16,
+    layer_types=("gdn", "gdn", "attn", "gdn", "gdn", "attn"),
     feature_layers=(1, 3, 5),
     max_seq_len=512,
-)
-SMALL_DRAFTER = DrafterConfig(
-    d_model=64,
-    n_layers=1,
-    heads=2,
-    head_dim=16,
-    ffn_dim=128,
-    block_size=8,
-    context_window=16,
-    top_k=16,
-    selector_rank=8,
 )
 
 

@@ -8,27 +8,14 @@ import torch
 
 from specpilot_mem.controller.engine_system import EngineSystem
 from specpilot_mem.controller.requests import Request
-from specpilot_mem.engine.config import DrafterConfig, EngineOptions, TargetConfig
+from conftest import tiny_pair
+from specpilot_mem.engine.config import EngineOptions
 from specpilot_mem.engine.engine import Engine
 from specpilot_mem.engine.model import make_rows
 from specpilot_mem.engine.tlv import TlvOptions, TwoLevelEngine, matching_path, qpass_weights
 from specpilot_mem.errors import SpecPilotError
 
-TARGET = TargetConfig(
-    vocab_size=256,
-    d_model=32,
-    layer_types=("gdn", "attn"),
-    ffn_dim=64,
-    gdn_heads=2,
-    gdn_head_dim=16,
-    attn_heads=2,
-    attn_kv_heads=1,
-    attn_head_dim=16,
-    feature_layers=(0, 1),
-)
-DRAFTER = DrafterConfig(
-    d_model=32, n_layers=1, heads=2, head_dim=16, ffn_dim=64, block_size=4, context_window=8, top_k=4, selector_rank=8
-)
+TARGET, DRAFTER = tiny_pair()
 PROMPTS = [[5, 17, 33, 2, 90, 41], [200, 3, 3, 7]]
 
 

@@ -7,26 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from specpilot_mem.engine.config import DrafterConfig, EngineOptions, TargetConfig
+from conftest import tiny_pair
+from specpilot_mem.engine.config import EngineOptions
 from specpilot_mem.engine.engine import Engine
 from specpilot_mem.engine.model import HybridTarget
 from specpilot_mem.engine.train import train
 
-TINY_TARGET = TargetConfig(
-    vocab_size=256,
-    d_model=32,
-    layer_types=("gdn", "attn"),
-    ffn_dim=64,
-    gdn_heads=2,
-    gdn_head_dim=16,
-    attn_heads=2,
-    attn_kv_heads=1,
-    attn_head_dim=16,
-    feature_layers=(0, 1),
-)
-TINY_DRAFTER = DrafterConfig(
-    d_model=32, n_layers=1, heads=2, head_dim=16, ffn_dim=64, block_size=4, context_window=8, top_k=4, selector_rank=8
-)
+TINY_TARGET, TINY_DRAFTER = tiny_pair()
 # Top-2 log-prob gap below which two float32 evaluation orders may pick different tokens.
 NEAR_TIE_NATS = 1e-4
 

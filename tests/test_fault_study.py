@@ -87,32 +87,11 @@ def test_faults_on_a_share_of_requests_pick_the_pure_engines_requests():
     import torch
 
     from specpilot_mem.controller.requests import Request
-    from specpilot_mem.engine.config import DrafterConfig, EngineOptions, TargetConfig
+    from conftest import tiny_pair
+    from specpilot_mem.engine.config import EngineOptions
     from specpilot_mem.engine.engine import Engine, Request as EngineRequest
 
-    target = TargetConfig(
-        vocab_size=64,
-        d_model=32,
-        layer_types=("gdn", "attn"),
-        ffn_dim=64,
-        gdn_heads=2,
-        gdn_head_dim=16,
-        attn_heads=2,
-        attn_kv_heads=1,
-        attn_head_dim=16,
-        feature_layers=(0, 1),
-    )
-    drafter = DrafterConfig(
-        d_model=32,
-        n_layers=1,
-        heads=2,
-        head_dim=16,
-        ffn_dim=64,
-        block_size=4,
-        context_window=8,
-        top_k=4,
-        selector_rank=8,
-    )
+    target, drafter = tiny_pair(vocab_size=64)
     engine = Engine.random(0, target, drafter, options=EngineOptions(positions=4, flip_rate=0.1, fault_requests=0.25))
     prompts = [torch.randint(0, 64, (6,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(40)]
     requests = [Request(f"r{i}", "code", "dev", 8, prompt_ids=tuple(p)) for i, p in enumerate(prompts)]

@@ -9,28 +9,15 @@ import random
 import pytest
 import torch
 
-from specpilot_mem.engine.config import DrafterConfig, EngineOptions, TargetConfig
+from conftest import tiny_pair
+from specpilot_mem.engine.config import EngineOptions
 from specpilot_mem.engine.decode import SystemDecoder
 from specpilot_mem.engine.engine import Engine
 from specpilot_mem.engine.options import OptionsError, SystemOptions
 from specpilot_mem.engine.tlv_system import SystemTwoLevel, qpass_view_weights, tokens_per_pass
 from specpilot_mem.engine.weights import DEFAULT_MODEL_DIR, has_trained_pair
 
-TARGET = TargetConfig(
-    vocab_size=256,
-    d_model=64,  # W12 takes hidden sizes in multiples of 64
-    layer_types=("gdn", "attn"),
-    ffn_dim=128,
-    gdn_heads=2,
-    gdn_head_dim=16,
-    attn_heads=2,
-    attn_kv_heads=1,
-    attn_head_dim=16,
-    feature_layers=(0, 1),
-)
-DRAFTER = DrafterConfig(
-    d_model=64, n_layers=1, heads=2, head_dim=16, ffn_dim=128, block_size=4, context_window=8, top_k=4, selector_rank=8
-)
+TARGET, DRAFTER = tiny_pair(d_model=64)  # W12 takes hidden sizes in multiples of 64
 PROMPTS = [[5, 17, 33, 2, 90, 41], [200, 3, 3, 7]]
 EXACT = SystemOptions(linears="w12", lm_head="w12", gdn_verify="path", tree="best-first", nodes=8, positions=4)
 

@@ -3,25 +3,14 @@
 import torch
 
 from benchmarks import w12_qpass_agreement as qpass
+from conftest import tiny_pair
 
-from specpilot_mem.engine import TargetConfig
 from specpilot_mem.engine.model import HybridTarget
 
 
 def tiny_target():
     torch.manual_seed(0)
-    cfg = TargetConfig(
-        vocab_size=256,
-        d_model=64,
-        layer_types=("gdn", "attn"),
-        ffn_dim=128,
-        gdn_heads=2,
-        gdn_head_dim=32,
-        attn_heads=2,
-        attn_kv_heads=1,
-        attn_head_dim=32,
-        feature_layers=(0, 1),
-    )
+    cfg, _ = tiny_pair(d_model=64, head_dim=32)
     return HybridTarget(cfg).to(torch.bfloat16).eval()
 
 
