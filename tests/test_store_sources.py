@@ -5,7 +5,9 @@ older whole-copy layout, all or nothing, idempotently."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import shutil
 
 import pytest
 from test_store_support import DRAFT, fork_file, prefixed_source, set_slot, slotted, synthetic_home
@@ -14,12 +16,18 @@ from specpilot_mem.errors import ConflictError, RecordError
 from specpilot_mem.main import main
 from specpilot_mem.store import load_entries, record_entry
 from specpilot_mem.store.fork import open_fork
-from specpilot_mem.store.record import record_sources
+from specpilot_mem.store.record import BASE_CHANGED, record_sources
 from specpilot_mem.store.resolver import Resolver, apply_entries
 from specpilot_mem.store.sources import read_sources, render_sources, source_problems, write_entry_sources
 from specpilot_mem.store.verify import verify_memory
 
 SHARED = "sglang/shared.py"
+EVIDENCE = {
+    "kind": "microbenchmark",
+    "deployment": {"gpu": "H200", "arch": "sm_90"},
+    "command": "python bench.py",
+    "date": dt.date(2026, 1, 2),
+}
 
 
 def _put(home, entry_id, files):
@@ -48,7 +56,7 @@ def sources_home(tmp_path):
     record_sources(home, ["base"], requires=[], meta=DRAFT)
     whole = set_slot(fork_file(home, ["base"], SHARED), "shared", 5, "middle")
     _put(home, "middle", {f"src/{SHARED}": whole, "src/sglang/middle.py": b"M = 1\n"})
-    record_sources(home, ["middle"], requires=["base"], meta=DRAFT)
+    record_sources(home, ["middle"], requires=["base"], meta={**DRAFT, "evidence": [EVIDENCE]})
     _put(home, "top", {f"src/{SHARED}": set_slot(fork_file(home, ["middle"], SHARED), "shared", 9, "top")})
     record_sources(home, ["top"], requires=["middle"], meta=DRAFT)
     return home
@@ -87,6 +95,7 @@ def test_rerecording_a_requirement_rebases_its_dependents_sources_without_hand_w
         assert after[dependent].reproduces != before[dependent].reproduces
         assert source_problems(resolver, dependent, read_sources(home, dependent)) == []
         assert render_sources(resolver, dependent) == read_sources(home, dependent)
+    assert [e.revalidate for e in after["middle"].evidence] == [f"{BASE_CHANGED} (base was re-recorded)"]
     text = _blob(home, after["top"].reproduces, SHARED)
     assert b"base v2" in text and b"shared slot 5: middle" in text and b"shared slot 9: top" in text
     # rebuilding a dependent from its (re-rendered) sources gives its rebased tree: nothing to do by hand
@@ -119,6 +128,8 @@ def test_a_conflicting_dependent_changes_nothing_and_its_fix_works(sources_home)
     text = _blob(home, load_entries(home)["top"].reproduces, SHARED)
     assert b"base takes slot 5" in text and b"slot 6: middle" in text and b"slot 9: top" in text
     assert f"src/{SHARED}" not in read_sources(home, "middle")  # back to its patch
+    # middle was rebuilt over the new base in the same change: its evidence is marked as a rebased one's is
+    assert [e.revalidate for e in load_entries(home)["middle"].evidence] == [f"{BASE_CHANGED} (base was re-recorded)"]
     assert all(c.ok and c.sources == "current" for c in verify_memory(home))
 
 
@@ -140,8 +151,6 @@ def test_a_patch_that_no_longer_applies_names_the_file_and_the_fix(sources_home)
 
 
 def _project_copy(project_entries_home, tmp_path):
-    import shutil
-
     from conftest import _shared_fork_home
 
     from specpilot_mem.store import init_memory
@@ -166,6 +175,22 @@ def _whole_copies_of_required_files(home):
     return found
 
 
+def _whole_copy_layout(home):
+    """Put every entry's patches back as whole copies of its version of the file (the layout before sources held
+    each file once); returns {entry: [the paths]}."""
+    repo = open_fork(home).repo
+    changed = {}
+    for entry_id, record in load_entries(home).items():
+        for patch in sorted((home.entry_dir(entry_id) / "patches").rglob("*.patch")):
+            path = patch.relative_to(home.entry_dir(entry_id) / "patches").as_posix()[: -len(".patch")]
+            _put(home, entry_id, {f"src/{path}": repo.git("cat-file", "blob", f"{record.reproduces}:{path}").stdout})
+            patch.unlink()
+            changed.setdefault(entry_id, []).append(path)
+        if (home.entry_dir(entry_id) / "patches").is_dir():
+            shutil.rmtree(home.entry_dir(entry_id) / "patches")
+    return changed
+
+
 def test_migration_of_the_project_entries_is_exact_atomic_and_idempotent(project_entries_home, tmp_path, capsys):
     home = _project_copy(project_entries_home, tmp_path)
     root = str(home.root)
@@ -184,10 +209,14 @@ def test_migration_of_the_project_entries_is_exact_atomic_and_idempotent(project
     assert _state(home) == state
     edited.write_bytes(original)
 
-    assert main(["sources", "--check", "--json", "--home", root]) == (1 if _whole_copies_of_required_files(home) else 0)
-    capsys.readouterr()
+    # the older layout: every patch put back as the whole copy of the entry's version of the file
+    older = _whole_copy_layout(home)
+    assert older  # dflash-tree, shared-budget, drafter-block and tlv patch files their requirements change
+    assert main(["sources", "--check", "--json", "--home", root]) == 1
+    assert set(json.loads(capsys.readouterr().out)["changed"]) == set(older)
     assert main(["sources", "--json", "--home", root]) == 0
     first = json.loads(capsys.readouterr().out)
+    assert {e["id"]: e["converted"] for e in first["entries"] if e["converted"]} == older
     assert _whole_copies_of_required_files(home) == []
     assert main(["sources", "--check", "--json", "--home", root]) == 0  # idempotent
     assert json.loads(capsys.readouterr().out)["changed"] == []
@@ -196,11 +225,9 @@ def test_migration_of_the_project_entries_is_exact_atomic_and_idempotent(project
     assert {i: (home.entry_dir(i) / "delta.patch").read_bytes() for i in records} == deltas
     checks = verify_memory(home)
     assert all(c.ok and c.sources == "current" for c in checks), [(c.id, c.problem, c.sources) for c in checks]
-    converted = {e["id"]: e["converted"] for e in first["entries"] if e["converted"]}
     # rebuilding the converted entries from their new sources (one change) gives their recorded trees
-    if converted:
-        rebuilt = record_sources(home, sorted(converted))
-        assert {r.id: r.reproduces for r in rebuilt} == {i: records[i].reproduces for i in converted}
+    rebuilt = record_sources(home, sorted(older))
+    assert {r.id: r.reproduces for r in rebuilt} == {i: records[i].reproduces for i in older}
     result = apply_entries(home, sorted(records))
     assert not result.conflicts and all(o.reproduced for o in result.outcomes)
 

@@ -327,12 +327,15 @@ def _plan_record(
     today: dt.date,
     later: frozenset[str] = frozenset(),
     kernels: list[str] | None = None,
+    earlier: tuple[str, ...] = (),
 ) -> tuple[Resolver, set[str]]:
     """Record ``entry_id`` on ``resolver`` (nothing is written): its new record and delta, every dependent
     rebased onto it and re-checked on other releases. ``source_tree`` None: build it from the entry's sources
     (``store.sources``) over its requirements, vendoring ``kernels`` (default: the op folders it vendors).
     ``later``: entries this record rebuilds next from their sources (they, and what requires them, are left
-    for then). Returns the resolver holding the new state and the ids whose record or delta it may change."""
+    for then); ``earlier``: entries re-recorded before it in the same change (where one is among its
+    requirements, its evidence is marked ``BASE_CHANGED`` as a rebased dependent's is). Returns the resolver
+    holding the new state and the ids whose record or delta it may change."""
     fork, records = resolver.fork, resolver.records
     home = fork.home
     existing = records.get(entry_id)
@@ -398,6 +401,10 @@ def _plan_record(
         kernels=_kernel_pins(fork, source_tree, delta),
         recorded=today,
     )
+    moved = [r for r in earlier if r in resolver.closure(requires)]  # requirements re-recorded before it
+    if existing and moved and source_tree != existing.reproduces:
+        because = f"{BASE_CHANGED} ({', '.join(moved)} {'was' if len(moved) == 1 else 'were'} re-recorded)"
+        fields["evidence"] = [{**e, "revalidate": because} for e in fields.get("evidence", [])]
     if not existing and not draft:
         raise RecordError(
             f"{entry_id} is a new entry and has no title, summary or contract yet",
@@ -510,6 +517,7 @@ def record_sources(
                 today,
                 later=frozenset(order[n + 1 :]),
                 kernels=kernels,
+                earlier=tuple(order[:n]),
             )
             changed |= ids_changed
         _write(home, records, resolver, changed)
