@@ -185,6 +185,9 @@ CASES: list[tuple[list[str], str, str]] = [
     (["record", "alpha", "--src", "--requires", "beta"], DOMAIN, "--src keeps the record's requirements"),
     (["record", "alpha", "--src", "--meta", f"{F}/bad.yaml"], DOMAIN, "--src keeps the record's requirements"),
     (["record", "alpha", "--src"], DOMAIN, "src"),
+    (["record", "alpha", "beta", "--from", "stock"], DOMAIN, "--from records one entry"),
+    (["sources", "nope"], DOMAIN, "unknown entry 'nope'"),
+    (["sources", "alpha"], DOMAIN, "alpha keeps no sources"),
     (["record", "x", "--from", f"{F}/full"], DOMAIN, "is not a work tree of the fork"),
     (["record", "beta", "--from", "stock"], DOMAIN, "not built on its requirements"),
     # entry

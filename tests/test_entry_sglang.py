@@ -4,7 +4,7 @@ One export of stock and one of every SGLang entry applied together are imported 
 (SGLang's sources with the torchvision stand-in): the patched ``server_args`` must expose exactly the
 flags each record lists, parse a stock command line to the stock values, and the ``w12`` weight
 method must give the unquantized method's output bit for bit. Every pair of entries must apply onto
-stock, and each entry's ``src/`` files must be what its delta puts in the fork.
+stock, and each entry's sources must be what its delta puts in the fork, each file once.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import textwrap
 import pytest
 
 from specpilot_mem.sglang.cpu_import import import_environment, write_torchvision_standin
-from specpilot_mem.sglang.entry_src import sglang_entry_ids, src_files, vendored_sources
+from specpilot_mem.sglang.entry_src import sglang_entry_ids
+from specpilot_mem.store.kernels import vendored_sources
 from specpilot_mem.store.records import load_entries
 from specpilot_mem.store.resolver import apply_entries
 
@@ -210,18 +211,18 @@ def test_every_pair_of_entries_applies_onto_stock(project_entries_home):
         assert all(o.reproduced for o in result.outcomes), pair
 
 
-def test_src_files_are_what_the_entry_puts_in_the_fork(project_entries_home):
+def test_sources_are_what_the_entry_puts_in_the_fork_each_file_once(project_entries_home):
+    # whole files and patches rebuild every file of the delta outside the vendored kernels byte for byte, in the
+    # layout `specpilot-mem sources` writes: no entry holds a whole copy of a file a requirement changes
     from specpilot_mem.store.fork import open_fork
+    from specpilot_mem.store.resolver import Resolver
+    from specpilot_mem.store.sources import read_sources, render_sources, source_problems
 
-    repo = open_fork(project_entries_home).repo
+    resolver = Resolver(open_fork(project_entries_home))
     for entry_id in sglang_entry_ids(project_entries_home):
-        tree = apply_entries(project_entries_home, [entry_id]).tree
-        files = src_files(project_entries_home, entry_id)
-        oids = {path: repo.rev_parse(f"{tree}:{path}") for path in files}
-        assert None not in oids.values(), (entry_id, [p for p, o in oids.items() if o is None])
-        blobs = repo.read_blobs(oids.values())
-        for path, source in files.items():
-            assert blobs[oids[path]] == source.read_bytes(), f"{entry_id}: {path} differs from its recorded delta"
+        files = read_sources(project_entries_home, entry_id)
+        assert source_problems(resolver, entry_id, files) == [], entry_id
+        assert files == render_sources(resolver, entry_id), f"{entry_id}: run `specpilot-mem sources`"
 
 
 def test_record_src_would_re_vendor_exactly_the_recorded_kernels(project_entries_home, tmp_path):

@@ -13,7 +13,7 @@ from test_store_support import DRAFT, commit_files, fork_file, prefixed_source, 
 from specpilot_mem.store import record_entry
 from specpilot_mem.store.delta import apply_hunks, parse_delta
 from specpilot_mem.store.fork import open_fork
-from specpilot_mem.store.resolver import _UNCHANGED, APPLIED, PARTLY, PRESENT, Resolver, apply_entries
+from specpilot_mem.store.resolver import UNCHANGED, APPLIED, PARTLY, PRESENT, Resolver, apply_entries
 
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 SHARED = "sglang/shared.py"
@@ -129,11 +129,11 @@ def test_in_memory_apply_agrees_with_git_apply_3way(plain_resolver, seed):
         repo.git("update-index", "--add", "--cacheinfo", f"100644,{now_oid},f", env=env)
         git = repo.git("apply", "--3way", "--cached", "-", input=patch, env=env, check=False)
         git_oid = repo.out("ls-files", "-s", "f", env=env).split()[1] if git.returncode == 0 else None
-    entry, how, present = plain_resolver._apply_file(change, ("100644", now_oid))
+    entry, how, present = plain_resolver.apply_file(change, ("100644", now_oid))
     if git_oid is None:
         assert how == "conflict"
     elif git_oid == now_oid:
-        assert (how, entry) == ("present", _UNCHANGED)
+        assert (how, entry) == ("present", UNCHANGED)
     else:
         assert entry == ("100644", git_oid), (pre, post, now)
         assert how != "present" and bool(present) == (how == "partly present")

@@ -1,7 +1,9 @@
 """``specpilot-mem record ID --from REV_OR_WORKTREE``: turn a fork commit or work tree into an entry.
 
-``specpilot-mem record ID --src``: re-record an SGLang entry from ``entries/<id>/src/`` and the current
-kernel library (after a kernel change or an evidence edit), keeping its requirements and metadata."""
+``specpilot-mem record ID... --src``: re-record SGLang entries from their sources (``entries/<id>/src/`` whole
+files, ``patches/`` over their requirements) and the current kernel library (after a source or kernel change
+or an evidence edit), keeping their requirements and metadata; several ids are one change, in requirement
+order (how a dependent's conflict with its re-recorded requirement is resolved)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ def register(subparsers, common) -> None:
         "applied (e.g. `apply A B --worktree PATH`, then edit). Re-recording an existing "
         "entry rebases every entry that requires it and runs their checks on other SGLang releases again.",
     )
-    parser.add_argument("id", metavar="ID")
+    parser.add_argument("ids", nargs="+", metavar="ID", help="the entry (with --src: one or more)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--from",
@@ -29,7 +31,7 @@ def register(subparsers, common) -> None:
     source.add_argument(
         "--src",
         action="store_true",
-        help="rebuild from entries/ID/src/ over its requirements, re-vendoring its kernel folders "
+        help="rebuild from entries/ID/src/ and patches/ over its requirements, re-vendoring its kernel folders "
         "from kernels/specpilot_kernels/ (record YAML edits such as new evidence first)",
     )
     parser.add_argument("--requires", metavar="A,B", help="comma-separated entry ids (default: the existing record's)")
@@ -45,6 +47,7 @@ def run(args) -> int:
     from specpilot_mem.errors import SpecPilotError
     from specpilot_mem.sglang.entry_src import rebuild_entry
     from specpilot_mem.store import record_entry
+    from specpilot_mem.store.sources import has_sources
 
     home = find_home(args.home)
     from specpilot_mem.store import load_entries
@@ -58,14 +61,21 @@ def run(args) -> int:
                 where="record --src",
                 fix="edit entries/<id>/entry.yaml, then run record ID --src alone",
             )
-        record = rebuild_entry(home, args.id)
+        records = rebuild_entry(home, *args.ids)
     else:
+        if len(args.ids) > 1:
+            raise SpecPilotError(
+                "--from records one entry",
+                where="record " + " ".join(args.ids),
+                fix="record them one by one, or rebuild several from their sources with --src",
+            )
         requires = None if args.requires is None else [r.strip() for r in args.requires.split(",") if r.strip()]
-        record = record_entry(home, args.id, args.source, requires=requires, meta=args.meta)
+        records = [record_entry(home, args.ids[0], args.source, requires=requires, meta=args.meta)]
 
     # the entries that require it were rebased onto it (store.record): say which
     after = load_entries(home)
-    rebased = sorted(i for i, r in after.items() if i != record.id and before.get(i) not in (None, r.reproduces))
+    ids = {r.id for r in records}
+    rebased = sorted(i for i, r in after.items() if i not in ids and before.get(i) not in (None, r.reproduces))
     # release checks are run again on the new records; one whose release could not be imported is dropped
     dropped = sorted(
         {
@@ -77,34 +87,48 @@ def run(args) -> int:
     )
 
     def render(data) -> None:
+        for entry in data["entries"]:
+            console.print(
+                table(
+                    f"recorded {entry['id']}",
+                    ["field", "value"],
+                    [
+                        ("title", entry["title"]),
+                        ("requires", ", ".join(entry["requires"]) or "-"),
+                        ("reproduces", entry["reproduces"]),
+                        ("source", (entry["source"] or {}).get("commit") or ("sources" if args.src else "work tree")),
+                        ("kernels", len(entry["kernels"])),
+                        (
+                            "files",
+                            f"entries/{entry['id']}/entry.yaml, delta.patch"
+                            + (", src/, patches/" if entry["id"] in data["sources"] else ""),
+                        ),
+                        (
+                            "releases",
+                            ", ".join(f"{c['release']} {c['verdict']}" for c in entry["releases"]) or "-",
+                        ),
+                    ],
+                )
+            )
         console.print(
-            table(
-                f"recorded {data['id']}",
-                ["field", "value"],
-                [
-                    ("title", data["title"]),
-                    ("requires", ", ".join(data["requires"]) or "-"),
-                    ("reproduces", data["reproduces"]),
-                    ("source", (data["source"] or {}).get("commit") or "work tree"),
-                    ("kernels", len(data["kernels"])),
-                    ("files", f"entries/{data['id']}/entry.yaml, delta.patch"),
-                    (
-                        "rebased",
-                        ", ".join(data["rebased"]) + " (their evidence is marked: base changed, re-validate)"
-                        if data["rebased"]
-                        else "-",
-                    ),
-                    (
-                        "releases",
-                        ", ".join(f"{c['release']} {c['verdict']}" for c in data["releases"]) or "-",
-                    ),
-                ]
-                + [
-                    ("dropped", f"the checks on {v}: run `specpilot-mem revalidate --release {v}`")
-                    for v in data["dropped_releases"]
-                ],
+            "rebased: "
+            + (
+                ", ".join(data["rebased"])
+                + " (their evidence is marked: base changed, re-validate; sources re-rendered)"
+                if data["rebased"]
+                else "-"
             )
         )
+        for version in data["dropped_releases"]:
+            console.print(f"dropped: the checks on {version}: run `specpilot-mem revalidate --release {version}`")
 
-    emit(args, {**record.model_dump(mode="json"), "rebased": rebased, "dropped_releases": dropped}, render)
+    entries = [r.model_dump(mode="json") for r in records]
+    payload = {
+        **(entries[0] if len(entries) == 1 else {}),
+        "entries": entries,
+        "sources": sorted(i for i in ids | set(rebased) if has_sources(home, i)),
+        "rebased": rebased,
+        "dropped_releases": dropped,
+    }
+    emit(args, payload, render)
     return 0

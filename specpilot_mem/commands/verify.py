@@ -30,6 +30,7 @@ def run(args) -> int:
                 "tree": c.tree,
                 "problem": c.problem,
                 "branch": c.branch,
+                "sources": c.sources,
                 "kernels": [
                     {
                         "vendored": k.vendored,
@@ -61,11 +62,19 @@ def run(args) -> int:
                     ("behind: " + ", ".join(behind))
                     if behind
                     else (f"{len(e['kernels'])} current" if e["kernels"] else "-"),
+                    e["sources"] or "-",
                     e["problem"],
                 )
             )
-        console.print(table("verify", ["entry", "reproduces", "branch", "kernels", "problem"], rows))
+        console.print(table("verify", ["entry", "reproduces", "branch", "kernels", "sources", "problem"], rows))
         console.print("all entries reproduce" if data["ok"] else styled("some entries do not reproduce", "bold red"))
+        due = [e["id"] for e in data["entries"] if e["sources"] and e["sources"] != "current"]
+        if due:
+            console.print(
+                styled(f"sources not current: {', '.join(due)}", "yellow")
+                + " (record edited sources with `specpilot-mem record ID... --src`; "
+                "rewrite the layout with `specpilot-mem sources`)"
+            )
 
     emit(args, payload, render)
     return 0 if payload["ok"] else 1

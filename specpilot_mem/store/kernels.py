@@ -11,7 +11,6 @@ file's sha256 in the record's ``kernels``; ``kernel_status`` reports copies behi
 from __future__ import annotations
 
 import hashlib
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,15 +34,10 @@ def library_path(home: Home, vendored: str) -> Path:
     return home.kernels / vendored[len(VENDOR_DIR) + 1 :]
 
 
-def vendor_kernels(home: Home, worktree: str | Path, files: list[str], package_prefix: str = "") -> dict[str, str]:
-    """Copy library kernel files into a fork work tree; returns {vendored path: sha256}.
-
-    ``files`` are paths under ``kernels/specpilot_kernels/``: a file (``w12/gemm.py``) or an op folder
-    (``w12``: every source and tuned-config file in it, ``_VENDORED_SUFFIXES``); ``cuda_extension.py`` brings
-    the shared ``csrc/`` headers with it. Call it while building an entry's tip, then ``record`` the work tree;
-    the record pins the same hashes.
-    """
-    root = Path(worktree) / package_prefix
+def library_files(home: Home, files: list[str]) -> dict[str, bytes]:
+    """{vendored path: bytes} of the library files ``files`` name (paths under ``kernels/specpilot_kernels/``: a
+    file such as ``w12/gemm.py``, or an op folder such as ``w12``: every source and tuned-config file in it,
+    ``_VENDORED_SUFFIXES``); ``cuda_extension.py`` brings the shared ``csrc/`` headers with it."""
     chosen: list[Path] = []
     names = list(files) + [
         _COMPANIONS[name] for name in files if name in _COMPANIONS and (home.kernels / _COMPANIONS[name]).is_dir()
@@ -64,23 +58,37 @@ def vendor_kernels(home: Home, worktree: str | Path, files: list[str], package_p
                 where=str(home.kernels),
                 fix="name a path under kernels/specpilot_kernels/, e.g. w12 or w12/gemm.py",
             )
-    pins = {}
-    for marker in _PACKAGE_MARKERS:
+    return {f"{VENDOR_DIR}/{source.relative_to(home.kernels).as_posix()}": source.read_bytes() for source in chosen}
+
+
+def package_markers(vendored: list[str]) -> list[str]:
+    """The empty ``__init__.py`` files vendoring ``vendored`` creates where missing (so two entries adding
+    them agree): the package markers and one in each folder of a vendored file."""
+    folders = {path.rpartition("/")[0] for path in vendored}
+    return list(dict.fromkeys([*_PACKAGE_MARKERS, *(f"{folder}/__init__.py" for folder in sorted(folders))]))
+
+
+def vendor_kernels(home: Home, worktree: str | Path, files: list[str], package_prefix: str = "") -> dict[str, str]:
+    """Copy library kernel files (``library_files``) into a fork work tree; returns {vendored path: sha256}.
+
+    Call it while building an entry's tip, then ``record`` the work tree; the record pins the same hashes.
+    """
+    root = Path(worktree) / package_prefix
+    copies = library_files(home, files)
+    for marker in package_markers(list(copies)):
         target = root / marker
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(b"")
-    for source in chosen:
-        relative = source.relative_to(home.kernels).as_posix()
-        vendored = f"{VENDOR_DIR}/{relative}"
-        target = root / vendored
-        target.parent.mkdir(parents=True, exist_ok=True)
-        init = target.parent / "__init__.py"
-        if not init.exists():
-            init.write_bytes(b"")
-        shutil.copyfile(source, target)
-        pins[vendored] = hashlib.sha256(source.read_bytes()).hexdigest()
-    return pins
+    for vendored, content in copies.items():
+        (root / vendored).write_bytes(content)
+    return {vendored: hashlib.sha256(content).hexdigest() for vendored, content in copies.items()}
+
+
+def vendored_sources(record: EntryRecord) -> list[str]:
+    """What rebuilding ``record`` from its sources vendors: each op folder it vendors (whole, so files added
+    to the op since are taken too) and each top-level library file (e.g. ``cuda_extension.py``)."""
+    return sorted({path[len(VENDOR_DIR) + 1 :].split("/")[0] for path in record.kernels})
 
 
 @dataclass

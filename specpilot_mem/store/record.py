@@ -1,13 +1,16 @@
 """Recording and updating entries: what distillation after a round calls.
 
 ``record_entry`` turns a fork commit or a work tree built on an entry's requirements into an entry:
-the delta (base -> source), the record (``reproduces`` = the source's tree) and the branch. Re-recording
-an entry that others require rebases them (TopGit's ``tg update``): each dependent, in requirement order,
-is re-recorded 3-way onto its new base, its evidence kept and marked for re-validation; a conflict in any
-of them changes nothing. The checks on other SGLang releases that the entry and its dependents hold are run
-again on the new records (``port.recheck_releases``), so a re-record keeps them current. Other updates (a
-variant, evidence) re-verify every entry that requires it. All checks run first; then the files are replaced
-atomically and the refs move in one transaction.
+the delta (base -> source), the record (``reproduces`` = the source's tree) and the branch;
+``record_sources`` does the same from entries' sources (``store.sources``), for one entry or several at once.
+Re-recording an entry that others require rebases them (TopGit's ``tg update``): each dependent, in
+requirement order, is re-recorded 3-way onto its new base, its evidence kept and marked for re-validation,
+and its sources re-rendered (so its patches follow the new base and no copy goes stale); a conflict in any
+of them changes nothing and names each conflicting file with the fix (resolve it in the dependent's
+sources and record both together). The checks on other SGLang releases that the entry and its dependents hold
+are run again on the new records (``port.recheck_releases``), so a re-record keeps them current. Other updates
+(a variant, evidence) re-verify every entry that requires it. All checks run first; then the files are
+replaced atomically and the refs move in one transaction.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from specpilot_mem.models import ENTRY_ID, EntryRecord, Evidence, Variant
 from specpilot_mem.store.branches import sync_branches
 from specpilot_mem.store.delta import parse_delta
 from specpilot_mem.store.fork import Fork, open_fork
-from specpilot_mem.store.kernels import VENDOR_DIR
+from specpilot_mem.store.kernels import VENDOR_DIR, vendored_sources
 from specpilot_mem.store.port import recheck_releases
 from specpilot_mem.store.records import (
     delta_path,
@@ -48,6 +51,7 @@ from specpilot_mem.store.records import (
 )
 from specpilot_mem.store.requirements import closure
 from specpilot_mem.store.resolver import CONFLICT, Resolver, check_symlinks
+from specpilot_mem.store.sources import SRC, has_sources, read_sources, render_sources, sources_tree, write_sources
 
 # Fields the store fills in; a draft may not set them.
 _STORE_FIELDS = ("id", "requires", "reproduces", "kernels", "recorded", "releases")
@@ -205,28 +209,29 @@ def _drop_ports(fields: dict) -> None:
 
 
 def _rebase_dependents(
-    fork: Fork, resolver: Resolver, entry_id: str, today: dt.date
+    fork: Fork, resolver: Resolver, entry_id: str, today: dt.date, skip: set[str]
 ) -> tuple[Resolver, dict[str, tuple[EntryRecord, bytes]]]:
     """Re-record every entry that requires ``entry_id`` (whose record and delta ``resolver`` already holds)
     onto its new base, in requirement order: each dependent's delta goes 3-way onto stock + its re-recorded
     requirements, its ``reproduces`` becomes that tree, and its evidence is kept and marked
     ``BASE_CHANGED``. All or nothing: any conflict raises, naming every dependent that conflicts (with its
-    paths) or is blocked by one. Returns the resolver holding the new records and {id: (record, delta text)}."""
-    dependents = resolver.order(_dependents(resolver, entry_id))
+    paths) or is blocked by one. ``skip``: dependents the same record rebuilds next from their sources.
+    Returns the resolver holding the new records and {id: (record, delta text)}."""
+    dependents = resolver.order(d for d in _dependents(resolver, entry_id) if d not in skip)
     rebased: dict[str, tuple[EntryRecord, bytes]] = {}
-    problems: dict[str, str] = {}
+    problems: dict[str, tuple[str, list[str]]] = {}
     for dependent in dependents:
         record = resolver.records[dependent]
         blocked = sorted(r for r in resolver.closure(record.requires) if r in problems)
         if blocked:
-            problems[dependent] = f"blocked: it requires {', '.join(blocked)}"
+            problems[dependent] = (f"blocked: it requires {', '.join(blocked)}", [])
             continue
         walk = resolver.walk(fork.stock_tree, resolver.chain([dependent]))
         bad = next((o for o in walk.outcomes if o.status == CONFLICT), None)
         if bad is not None:  # the first conflict of its chain (what follows it only lacks that entry's files)
             against = ", ".join(bad.conflicts_with) or "its new base"
             where = "" if bad.id == dependent else f" (in its chain, {bad.id})"
-            problems[dependent] = f"conflicts with {against}{where} in {', '.join(bad.paths)}"
+            problems[dependent] = (f"conflicts with {against}{where} in {', '.join(bad.paths)}", bad.paths)
             continue
         tree = resolver.tree_id(fork.stock_tree, walk, write=True)
         if tree == record.reproduces:
@@ -258,12 +263,23 @@ def _rebase_dependents(
             )
         rebased[dependent] = (new, text)
     if problems:
+        conflicting = {d: paths for d, (_why, paths) in problems.items() if paths}
+        by_hand = "; ".join(
+            f"entries/{d}/{SRC}/{p}" for d, paths in conflicting.items() for p in paths if has_sources(fork.home, d)
+        )
+        resolve = (
+            f" or resolve them in the same record: write each dependent's full version of the file over the new "
+            f"{entry_id} at {by_hand} (it takes its patch's place), then run "
+            f"`specpilot-mem record {entry_id} {' '.join(conflicting)} --src` (what they block follows)"
+            if by_hand
+            else " or re-record the conflicting entries by hand on the new version (apply it with --worktree, edit, "
+            "record --from)"
+        )
         raise ConflictError(
             f"re-recording {entry_id} would need its dependents rebased, and "
-            f"{len(problems)} cannot be: " + "; ".join(f"{d} {why}" for d, why in problems.items()),
+            f"{len(problems)} cannot be: " + "; ".join(f"{d} {why}" for d, (why, _paths) in problems.items()),
             where=", ".join(f"entries/{d}" for d in problems),
-            fix=f"nothing was changed; change {entry_id} so it leaves those lines alone, or re-record the "
-            "conflicting entries by hand on the new version (apply it with --worktree, edit, record --from)",
+            fix=f"nothing was changed; change {entry_id} so it leaves those lines alone,{resolve}",
         )
     return resolver, rebased
 
@@ -272,9 +288,9 @@ def _dependents(resolver: Resolver, entry_id: str) -> list[str]:
     return sorted(i for i in resolver.records if i != entry_id and entry_id in resolver.closure([i]))
 
 
-def _check_dependents(resolver: Resolver, entry_id: str) -> list[str]:
-    """Rebuild every entry that requires ``entry_id``; all must still reproduce."""
-    dependents = _dependents(resolver, entry_id)
+def _check_dependents(resolver: Resolver, entry_id: str, skip: frozenset[str] = frozenset()) -> list[str]:
+    """Rebuild every entry that requires ``entry_id`` (but ``skip``); all must still reproduce."""
+    dependents = [d for d in _dependents(resolver, entry_id) if d not in skip]
     failed = []
     for dependent in dependents:
         try:
@@ -291,6 +307,147 @@ def _check_dependents(resolver: Resolver, entry_id: str) -> list[str]:
     return dependents
 
 
+def _check_id(entry_id: str) -> None:
+    if not re.match(ENTRY_ID, entry_id):
+        raise RecordError(
+            f"{entry_id!r} is not a valid entry id",
+            where="ID",
+            fix="use lower-case words joined by '-', e.g. certified-head",
+        )
+
+
+def _plan_record(
+    resolver: Resolver,
+    entry_id: str,
+    source_tree: str | None,
+    source_commit: str | None,
+    where: str,
+    requires: list[str] | None,
+    meta: str | Path | dict | None,
+    today: dt.date,
+    later: frozenset[str] = frozenset(),
+    kernels: list[str] | None = None,
+    earlier: tuple[str, ...] = (),
+) -> tuple[Resolver, set[str]]:
+    """Record ``entry_id`` on ``resolver`` (nothing is written): its new record and delta, every dependent
+    rebased onto it and re-checked on other releases. ``source_tree`` None: build it from the entry's sources
+    (``store.sources``) over its requirements, vendoring ``kernels`` (default: the op folders it vendors).
+    ``later``: entries this record rebuilds next from their sources (they, and what requires them, are left
+    for then); ``earlier``: entries re-recorded before it in the same change (where one is among its
+    requirements, its evidence is marked ``BASE_CHANGED`` as a rebased dependent's is). Returns the resolver
+    holding the new state and the ids whose record or delta it may change."""
+    fork, records = resolver.fork, resolver.records
+    home = fork.home
+    existing = records.get(entry_id)
+    draft, draft_text = _draft(meta)
+    if draft.get("id", entry_id) != entry_id:
+        raise RecordError(
+            f"the draft's id {draft['id']!r} is not {entry_id!r}",
+            where=str(meta),
+            fix=f"remove the id line from the draft, or record it as {draft['id']}",
+        )
+    requires = list(existing.requires if existing and requires is None else (requires or []))
+    for req in requires:
+        if req not in records:
+            raise RequirementError(
+                f"{entry_id} requires {req!r}, which the memory does not hold",
+                where="--requires",
+                fix="record it first, or correct the id",
+            )
+    for req in requires:
+        if entry_id in resolver.closure([req]):
+            raise RequirementError(
+                f"requirement cycle: {entry_id} -> {req} -> ... -> {entry_id}",
+                where="--requires",
+                fix=f"{req} already requires {entry_id}",
+            )
+    resolver.prepare(resolver.chain(requires))
+    for req in resolver.chain(requires):
+        outcome = resolver.reproduce(req)
+        if not outcome.reproduced:
+            raise ReproductionError(
+                f"requirement {req} does not reproduce its record",
+                where=f"entries/{req}",
+                fix="run `specpilot-mem verify` and fix it first",
+            )
+    if source_tree is None:
+        if not has_sources(home, entry_id):
+            raise RecordError(
+                f"entry {entry_id} has no sources",
+                where=str(home.entry_dir(entry_id) / SRC),
+                fix="put the files the entry adds or changes there, at their fork paths",
+            )
+        if kernels is None:
+            kernels = vendored_sources(existing) if existing else []
+        source_tree = sources_tree(resolver, entry_id, requires, read_sources(home, entry_id), kernels)
+    base_walk = resolver.walk(fork.stock_tree, resolver.chain(requires))
+    base_tree = resolver.tree_id(fork.stock_tree, base_walk, write=True)
+    _check_built_on_requirements(fork, resolver, base_walk, source_tree, where)
+    text = _diff(fork, base_tree, source_tree)
+    delta = parse_delta(text, entry_id, f"entries/{entry_id}/{delta_path(home, entry_id).name}")
+    check_symlinks(fork.repo, delta, where)
+
+    fields = existing.model_dump(exclude_defaults=True) if existing else {}
+    if existing and resolver.delta(entry_id).text != text:
+        _drop_ports(fields)
+    fields.update(draft)
+    # the source commit is this recording's (a work tree has none, so an older one must not linger)
+    source_fields = {k: v for k, v in fields.get("source", {}).items() if k != "commit"}
+    fields["source"] = {**source_fields, "commit": source_commit} if source_commit else source_fields
+    fields.update(
+        id=entry_id,
+        requires=requires,
+        reproduces=source_tree,
+        kernels=_kernel_pins(fork, source_tree, delta),
+        recorded=today,
+    )
+    moved = [r for r in earlier if r in resolver.closure(requires)]  # requirements re-recorded before it
+    if existing and moved and source_tree != existing.reproduces:
+        because = f"{BASE_CHANGED} ({', '.join(moved)} {'was' if len(moved) == 1 else 'were'} re-recorded)"
+        fields["evidence"] = [{**e, "revalidate": because} for e in fields.get("evidence", [])]
+    if not existing and not draft:
+        raise RecordError(
+            f"{entry_id} is a new entry and has no title, summary or contract yet",
+            where="--meta",
+            fix="pass --meta draft.yaml (see `specpilot-mem schema` for the fields)",
+        )
+    record = validate_data(fields, EntryRecord, str(meta or entry_path(home, entry_id)), draft_text)
+
+    # Prove it before writing anything: the new delta must rebuild the source, and dependents must rebase.
+    skip = {d for d in _dependents(resolver, entry_id) if resolver.closure([d]) & later}
+    for dependent in _dependents(resolver, entry_id):
+        resolver.ensure_ready(dependent)  # proven against their old base, before that base changes
+    trial = resolver.with_record(record, delta)
+    outcome = trial.reproduce(entry_id)
+    if not outcome.reproduced:
+        raise ReproductionError(
+            f"the recorded delta gives {outcome.tree}, not the source tree {source_tree}",
+            where=where,
+            fix="report this: the store could not reproduce its own diff",
+        )
+    trial, _rebased = _rebase_dependents(fork, trial, entry_id, today, skip)
+    dependents = _check_dependents(trial, entry_id, frozenset(skip))
+    # its checks on other releases, and its dependents' (whose chains changed), run again on the new records
+    checked = recheck_releases(trial, [entry_id, *dependents], today)
+    for changed in [entry_id, *dependents]:
+        if checked[changed] != trial.records[changed]:
+            trial = trial.with_record(checked[changed], trial.delta(changed))
+    return trial, {entry_id, *dependents}
+
+
+def _write(home: Home, records: dict[str, EntryRecord], trial: Resolver, ids: set[str]) -> None:
+    """Write what ``trial`` changed of ``ids``: deltas, records, the sources of entries that keep them, then
+    the branches (one ref transaction)."""
+    sources = {i: render_sources(trial, i) for i in sorted(ids) if has_sources(home, i)}
+    for entry_id in sorted(ids):
+        write_atomic(delta_path(home, entry_id), trial.delta(entry_id).text)
+        if trial.records[entry_id] != records.get(entry_id):
+            write_atomic(entry_path(home, entry_id), dump_record(trial.records[entry_id]))
+    for entry_id, files in sources.items():
+        write_sources(home, entry_id, files)
+    sync_branches(trial, only=ids)
+
+
 def record_entry(
     home: Home,
     entry_id: str,
@@ -303,105 +460,68 @@ def record_entry(
 
     ``requires`` defaults to the existing record's; ``meta`` (a draft YAML path or dict) gives title,
     summary, contract, options, variants, evidence ... and overrides the existing record's fields.
-    Returns the saved record; every entry that requires it is rebased onto it (``_rebase_dependents``).
+    Returns the saved record; every entry that requires it is rebased onto it (``_rebase_dependents``), and
+    the sources of every changed entry that keeps them are written again (``store.sources``).
     """
-    if not re.match(ENTRY_ID, entry_id):
+    _check_id(entry_id)
+    fork = open_fork(home)
+    with fork.lock():
+        records = load_entries(home)
+        source_tree, source_commit = snapshot_tree(fork, source)
+        today = today or dt.datetime.now(dt.timezone.utc).date()
+        trial, changed = _plan_record(
+            Resolver(fork, records), entry_id, source_tree, source_commit, str(source), requires, meta, today
+        )
+        _write(home, records, trial, changed)
+        return trial.records[entry_id]
+
+
+def record_sources(
+    home: Home,
+    ids: list[str],
+    requires: list[str] | None = None,
+    meta: str | Path | dict | None = None,
+    kernels: list[str] | None = None,
+    today: dt.date | None = None,
+) -> list[EntryRecord]:
+    """Re-record ``ids`` from their sources (``entries/<id>/src/`` and ``patches/``) and the kernel library, in
+    requirement order, as one change: each is built over the new versions of those before it, then every
+    entry that requires one is rebased; nothing is written unless all of it holds. ``requires``, ``meta`` and
+    ``kernels`` (library paths to vendor; default: the op folders the record vendors) are for a single id
+    (a new entry needs ``meta``). Returns the new records, in ``ids``' order."""
+    for entry_id in ids:
+        _check_id(entry_id)
+    if len(ids) > 1 and (requires is not None or meta is not None or kernels is not None):
         raise RecordError(
-            f"{entry_id!r} is not a valid entry id",
-            where="ID",
-            fix="use lower-case words joined by '-', e.g. certified-head",
+            "requirements, a draft and kernels are given for one entry at a time",
+            where="record --src",
+            fix="record the entries one by one, or without --requires/--meta",
         )
     fork = open_fork(home)
     with fork.lock():
         records = load_entries(home)
-        existing = records.get(entry_id)
-        draft, draft_text = _draft(meta)
-        if draft.get("id", entry_id) != entry_id:
-            raise RecordError(
-                f"the draft's id {draft['id']!r} is not {entry_id!r}",
-                where=str(meta),
-                fix=f"remove the id line from the draft, or record it as {draft['id']}",
-            )
-        requires = list(existing.requires if existing and requires is None else (requires or []))
-        for req in requires:
-            if req not in records:
-                raise RequirementError(
-                    f"{entry_id} requires {req!r}, which the memory does not hold",
-                    where="--requires",
-                    fix="record it first, or correct the id",
-                )
         resolver = Resolver(fork, records)
-        for req in requires:
-            if entry_id in resolver.closure([req]):
-                raise RequirementError(
-                    f"requirement cycle: {entry_id} -> {req} -> ... -> {entry_id}",
-                    where="--requires",
-                    fix=f"{req} already requires {entry_id}",
-                )
-        resolver.prepare(resolver.chain(requires))
-        for req in resolver.chain(requires):
-            outcome = resolver.reproduce(req)
-            if not outcome.reproduced:
-                raise ReproductionError(
-                    f"requirement {req} does not reproduce its record",
-                    where=f"entries/{req}",
-                    fix="run `specpilot-mem verify` and fix it first",
-                )
-        source_tree, source_commit = snapshot_tree(fork, source)
-        base_walk = resolver.walk(fork.stock_tree, resolver.chain(requires))
-        base_tree = resolver.tree_id(fork.stock_tree, base_walk, write=True)
-        _check_built_on_requirements(fork, resolver, base_walk, source_tree, source)
-        text = _diff(fork, base_tree, source_tree)
-        delta = parse_delta(text, entry_id, f"entries/{entry_id}/{delta_path(home, entry_id).name}")
-        check_symlinks(fork.repo, delta, source)
-
-        fields = existing.model_dump(exclude_defaults=True) if existing else {}
-        if existing and delta_path(home, entry_id).is_file() and delta_path(home, entry_id).read_bytes() != text:
-            _drop_ports(fields)
-        fields.update(draft)
-        # the source commit is this recording's (a work tree has none, so an older one must not linger)
-        source_fields = {k: v for k, v in fields.get("source", {}).items() if k != "commit"}
-        fields["source"] = {**source_fields, "commit": source_commit} if source_commit else source_fields
-        fields.update(
-            id=entry_id,
-            requires=requires,
-            reproduces=source_tree,
-            kernels=_kernel_pins(fork, source_tree, delta),
-            recorded=today or dt.datetime.now(dt.timezone.utc).date(),
-        )
-        if not existing and not draft:
-            raise RecordError(
-                f"{entry_id} is a new entry and has no title, summary or contract yet",
-                where="--meta",
-                fix="pass --meta draft.yaml (see `specpilot-mem schema` for the fields)",
+        known = [i for i in ids if i in records]
+        order = resolver.order(known) + [i for i in ids if i not in records]
+        today = today or dt.datetime.now(dt.timezone.utc).date()
+        changed: set[str] = set()
+        for n, entry_id in enumerate(order):
+            resolver, ids_changed = _plan_record(
+                resolver,
+                entry_id,
+                None,
+                None,
+                f"entries/{entry_id}/{SRC}",
+                requires,
+                meta,
+                today,
+                later=frozenset(order[n + 1 :]),
+                kernels=kernels,
+                earlier=tuple(order[:n]),
             )
-        record = validate_data(fields, EntryRecord, str(meta or entry_path(home, entry_id)), draft_text)
-
-        # Prove it before writing anything: the new delta must rebuild the source, and dependents must rebase.
-        for dependent in _dependents(resolver, entry_id):
-            resolver.ensure_ready(dependent)  # proven against their old base, before that base changes
-        trial = resolver.with_record(record, delta)
-        outcome = trial.reproduce(entry_id)
-        if not outcome.reproduced:
-            raise ReproductionError(
-                f"the recorded delta gives {outcome.tree}, not the source tree {source_tree}",
-                where=str(source),
-                fix="report this: the store could not reproduce its own diff",
-            )
-        trial, rebased = _rebase_dependents(fork, trial, entry_id, record.recorded)
-        dependents = _check_dependents(trial, entry_id)
-        # its checks on other releases, and its dependents' (whose chains changed), run again on the new records
-        checked = recheck_releases(trial, [entry_id, *dependents], record.recorded)
-        record = checked[entry_id]
-        write_atomic(delta_path(home, entry_id), text)
-        write_atomic(entry_path(home, entry_id), dump_record(record))
-        for dependent, (_new, new_text) in rebased.items():
-            write_atomic(delta_path(home, dependent), new_text)
-        for dependent in dependents:
-            if checked[dependent] != records[dependent]:
-                write_atomic(entry_path(home, dependent), dump_record(checked[dependent]))
-        sync_branches(trial, only={entry_id, *dependents})
-        return record
+            changed |= ids_changed
+        _write(home, records, resolver, changed)
+        return [resolver.records[i] for i in ids]
 
 
 def _update(home: Home, entry_id: str, change) -> EntryRecord:

@@ -218,14 +218,14 @@ class Resolver:
         for change in delta.changes:
             path = prefix + change.path
             now = current(path)
-            outcome, files[change.path], hunks = self._apply_file(change, now, change.path.startswith(_VENDORED))
+            outcome, files[change.path], hunks = self.apply_file(change, now, change.path.startswith(_VENDORED))
             if files[change.path] == ALREADY_THERE:
                 present.append(change.path)
             elif hunks:
                 present.append(f"{change.path}: hunk{'s' if len(hunks) > 1 else ''} {', '.join(map(str, hunks))}")
-            if outcome is _UNCHANGED:
+            if outcome is UNCHANGED:
                 continue
-            if outcome is _CONFLICT:
+            if outcome is CONFLICTED:
                 conflicts.append(change.path)
                 against.update(touched.get(path, []))
                 continue
@@ -253,35 +253,35 @@ class Resolver:
             overlay, touched = walk.overlay, walk.touched
         return Walk(overlay, touched, walk.outcomes + (outcome,))
 
-    def _apply_file(
+    def apply_file(
         self, change: FileChange, now: Entry | None, vendored: bool = False
     ) -> tuple[object, str, tuple[int, ...]]:
-        """(the file's new entry, or _UNCHANGED / _CONFLICT; how it went; the hunks already there).
+        """(the file's new entry, or UNCHANGED / CONFLICTED; how it went; the hunks already there).
         ``vendored``: the path is a vendored kernel copy, which replaces another copy instead of merging."""
         if change.mode_only:
             if now is None:
-                return _CONFLICT, FILE_CONFLICT, ()
+                return CONFLICTED, FILE_CONFLICT, ()
             if now[0] == change.new_mode:
-                return _UNCHANGED, ALREADY_THERE, ()
+                return UNCHANGED, ALREADY_THERE, ()
             if now[0] == change.old_mode:
                 return (change.new_mode, now[1]), AS_RECORDED, ()
-            return _CONFLICT, FILE_CONFLICT, ()
+            return CONFLICTED, FILE_CONFLICT, ()
         post = None if change.deleted else (change.new_mode, change.new_oid)
         pre = None if change.added else (change.old_mode, change.old_oid)
         if now == post:
-            return _UNCHANGED, ALREADY_THERE, ()
+            return UNCHANGED, ALREADY_THERE, ()
         if now == pre:
             return post, AS_RECORDED, ()
         if vendored and now is not None and post is not None:
             return post, REPLACED, ()
         if now is None or pre is None or post is None or change.binary:
-            return _CONFLICT, FILE_CONFLICT, ()
+            return CONFLICTED, FILE_CONFLICT, ()
         merged = self._merge(change, pre[1], now[1], post[1])
         if merged is None:
-            return _CONFLICT, FILE_CONFLICT, ()
+            return CONFLICTED, FILE_CONFLICT, ()
         oid, how, present = merged
         if oid == now[1]:  # the file already had every change of the entry
-            return _UNCHANGED, ALREADY_THERE, ()
+            return UNCHANGED, ALREADY_THERE, ()
         mode = post[0] if now[0] == pre[0] else now[0]
         return (mode, oid), (PARTLY_THERE if present else how), present
 
@@ -438,8 +438,8 @@ class _Marker:
         return self.name
 
 
-_UNCHANGED = _Marker("unchanged")
-_CONFLICT = _Marker("conflict")
+UNCHANGED = _Marker("unchanged")
+CONFLICTED = _Marker("conflict")
 
 
 def _onto(fork: Fork, onto: str) -> tuple[str, str]:

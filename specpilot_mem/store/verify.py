@@ -1,8 +1,8 @@
 """``verify``: rebuild every entry's chain from stock through the resolver and compare with its record.
 
 Stored branch tips are never trusted; the resolver's memo of prefix walks makes a memory of 140
-entries cheap. Each entry also gets its branch checked (does ``entry/<id>`` hold the tree?) and its
-vendored kernels compared with the library.
+entries cheap. Each entry also gets its branch checked (does ``entry/<id>`` hold the tree?), its
+vendored kernels compared with the library, and its sources (``store.sources``) compared with its delta.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from specpilot_mem.home import Home
 from specpilot_mem.store.fork import open_fork
 from specpilot_mem.store.kernels import KernelState, kernel_status
 from specpilot_mem.store.resolver import Resolver
+from specpilot_mem.store.sources import has_sources, sources_state
 
 
 @dataclass
@@ -25,6 +26,9 @@ class EntryCheck:
     problem: str | None = None
     branch: str = "missing"  # current | stale | missing
     kernels: list[KernelState] = field(default_factory=list)
+    # current | rewrite due (right files, older layout: `specpilot-mem sources`) | differ: ... (edited, not
+    # recorded) | None (the entry keeps no sources)
+    sources: str | None = None
 
     @property
     def kernels_behind(self) -> list[str]:
@@ -56,6 +60,8 @@ def verify_memory(home: Home, on_progress=None) -> list[EntryCheck]:
             if tree:
                 check.branch = "current" if tree == record.reproduces else "stale"
             check.kernels = kernel_status(home, record)
+            if check.ok and has_sources(home, entry_id):
+                check.sources = sources_state(resolver, entry_id)
             checks.append(check)
             if on_progress:
                 on_progress()
