@@ -44,7 +44,7 @@ def test_tree_conv_and_gated_norm_kernels_match_the_references_in_fp32():
     torch.testing.assert_close(out, F.tree_conv_silu_reference(state, x, idx, weight), rtol=1e-6, atol=1e-6)
     o, z, w = torch.randn(4, 64, generator=gen), torch.randn(4, 64, generator=gen), torch.rand(64, generator=gen)
     got = torch.empty_like(o)
-    F._gated_rms_norm_kernel[(4,)](o, w, z, got, 4, 64, 1, 64, 1e-6, BLOCK=64)
+    F._gated_rms_norm_kernel[(4,)](o, w, z, got, 64, 1, 64, 1e-6, BLOCK=64)
     torch.testing.assert_close(got, F.gated_rms_norm_reference(o, w, z, 1e-6), rtol=1e-6, atol=1e-6)
 
 
@@ -66,15 +66,11 @@ ptr = "*" + sys.argv[1]
 compile_for_sm90(F._rms_norm_kernel, {"x": ptr, "w": ptr, "out": ptr, "N": "i32", "eps": "fp32"}, {"BLOCK": 8192})
 compile_for_sm90(F._add_rms_norm_kernel, {"x": ptr, "delta": ptr, "w": ptr, "y": ptr, "out": ptr, "N": "i32",
                                           "eps": "fp32"}, {"BLOCK": 8192})
-for block in (1024, 8192):
-    compile_for_sm90(F._silu_mul_kernel, {"gu": ptr, "out": ptr, "N": "i32"}, {"BLOCK": block})
-for block in (1024, 4096):
-    compile_for_sm90(F._tree_conv_silu_kernel, {"state": ptr, "x": ptr, "idx": "*i64", "w": ptr, "out": ptr,
-                                                "raw": ptr, "T": "i32", "C": "i32", "sx": "i32"},
-                     {"CS": 4, "BLOCK": block, "RAW": True})
-for rows in (1, 16):
-    compile_for_sm90(F._gated_rms_norm_kernel, {"x": ptr, "w": ptr, "gate": ptr, "out": ptr, "M": "i32", "N": "i32",
-                                                "HEADS": "i32", "sg": "i32", "eps": "fp32"}, {"BLOCK": 128, "ROWS": rows})
+compile_for_sm90(F._silu_mul_kernel, {"gu": ptr, "out": ptr, "N": "i32"}, {"BLOCK": 1024})
+compile_for_sm90(F._tree_conv_silu_kernel, {"state": ptr, "x": ptr, "idx": "*i64", "w": ptr, "out": ptr, "raw": ptr,
+                                            "T": "i32", "C": "i32", "sx": "i32"}, {"CS": 4, "BLOCK": 1024, "RAW": True})
+compile_for_sm90(F._gated_rms_norm_kernel, {"x": ptr, "w": ptr, "gate": ptr, "out": ptr, "N": "i32", "HEADS": "i32",
+                                            "sg": "i32", "eps": "fp32"}, {"BLOCK": 128})
 compile_for_sm90(F._qk_norm_rope_kernel, {"q": ptr, "k": ptr, "v": ptr, "cos": "*fp32", "sin": "*fp32", "qw": ptr,
                                           "kw": ptr, "q_out": ptr, "k_out": ptr, "v_out": ptr, "kc": ptr, "vc": ptr,
                                           "slots": "*i64", "sq": "i32", "sk": "i32", "sv": "i32", "kc_b": "i64",
@@ -268,9 +264,8 @@ def test_tree_accept_kernel_matches_the_reference():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
 def test_verify_sized_steps_take_wide_blocks_and_match_the_references():
-    """At 17-33 rows the conv and silu*up widen their blocks and the gated norm takes several heads a program, so the
-    grid stays within one program per SM (PDL); they compute what the references do, and a batch's hundreds of rows
-    keep the narrow blocks."""
+    """At 17-33 rows the conv and silu*up widen their blocks so the grid stays within one program per SM (PDL);
+    the wide blocks compute what the references do, and a batch's hundreds of rows keep the narrow ones."""
     from specpilot_mem.engine.system import pack_trees
 
     x = torch.zeros(1)
@@ -284,15 +279,8 @@ def test_verify_sized_steps_take_wide_blocks_and_match_the_references():
     weight = torch.randn(C, CS, generator=gen)
     idx = torch.as_tensor(pack_trees([(list(range(T)), list(range(-1, T - 1)))], T, CS)["conv_idx"])
     gu = torch.randn(T, 2 * 17408, generator=gen)
-    HV, N = 47, 128  # 799 head rows: 7 a program (8-row tiles, the last one partly masked)
-    assert F._rows_per_program(x, T * HV, 32) == 8
-    proj = torch.randn(B, T, 2 * HV * N + 5, generator=gen)
-    o, z = proj[..., : HV * N].reshape(B, T, HV, N), proj[..., HV * N : 2 * HV * N].view(B, T, HV, N)
-    w = torch.rand(N, generator=gen)
     with _interpreted():
         conv = F.tree_conv_silu(state, xs, idx, weight)
         silu = F.silu_mul(gu)
-        normed = F.gated_rms_norm(o, w, z, 1e-6)
     torch.testing.assert_close(conv, F.tree_conv_silu_reference(state, xs, idx, weight), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(silu, F.silu_mul_reference(gu), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(normed, F.gated_rms_norm_reference(o, w, z, 1e-6), rtol=1e-6, atol=1e-6)

@@ -59,32 +59,18 @@ def _pdl(x: torch.Tensor, *grid: int) -> dict:
     return {"PDL": True, "launch_pdl": True} if math.prod(grid) <= _PDL_DEVICES[x.device] else {}
 
 
-def _sms(x: torch.Tensor) -> int:
-    return torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-
-
 def _row_block(x: torch.Tensor, rows: int, n: int, smallest: int, largest: int) -> int:
     """Columns a program of a rows x n elementwise kernel takes: the narrowest power of two from ``smallest`` to
     ``largest`` whose grid has at most one program per SM, so that a verify step of up to ~33 rows still launches with
     PDL (``_pdl``) where narrow blocks would give hundreds of programs of a few hundred elements each; ``smallest``
     when none has (a batch's hundreds of rows: no PDL either way)."""
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
     block, top = min(smallest, triton.next_power_of_2(n)), min(largest, triton.next_power_of_2(n))
     while block <= top:
-        if rows * triton.cdiv(n, block) <= _sms(x):
+        if rows * triton.cdiv(n, block) <= sms:
             return block
         block *= 2
     return min(smallest, triton.next_power_of_2(n))
-
-
-def _rows_per_program(x: torch.Tensor, rows: int, largest: int) -> int:
-    """Rows a program of a row-wise kernel takes: the fewest (a power of two up to ``largest``) that keep the grid
-    within one program per SM (PDL, as ``_row_block``), else one (a batch: no PDL either way)."""
-    per = 1
-    while per <= largest:
-        if triton.cdiv(rows, per) <= _sms(x):
-            return per
-        per *= 2
-    return 1
 
 
 @triton.jit
@@ -199,18 +185,14 @@ def _tree_conv_silu_kernel(
 
 
 @triton.jit
-def _gated_rms_norm_kernel(
-    x, w, gate, out, M, N, HEADS, sg, eps, BLOCK: tl.constexpr, ROWS: tl.constexpr = 1, PDL: tl.constexpr = False
-):
+def _gated_rms_norm_kernel(x, w, gate, out, N, HEADS, sg, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     _pdl_start(PDL)
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]  # ROWS rows of N a program
-    cols = tl.arange(0, BLOCK)[None, :]
-    keep = (row < M) & (cols < N)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    keep = cols < N
     xv = tl.load(x + row * N + cols, mask=keep, other=0.0).to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=1) / N + eps)[:, None]
-    normed = ((xv * inv).to(out.dtype.element_ty) * tl.load(w + cols, mask=cols < N, other=0.0)).to(
-        out.dtype.element_ty
-    )
+    inv = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=0) / N + eps)
+    normed = ((xv * inv).to(out.dtype.element_ty) * tl.load(w + cols, mask=keep, other=0.0)).to(out.dtype.element_ty)
     # the gate is read in place: row = token * HEADS + head, tokens sg apart
     g = tl.load(gate + (row // HEADS) * sg + (row % HEADS) * N + cols, mask=keep, other=0.0).to(tl.float32)
     silu = (g / (1.0 + tl.exp(-g))).to(out.dtype.element_ty)
@@ -354,21 +336,17 @@ def gated_rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, ep
     if g3.stride(2) != 1 or g3.stride(1) != N:
         g3 = g3.contiguous()
     out = torch.empty_like(x)
-    rows = x.numel() // N
-    per = _rows_per_program(x, rows, 32)
-    _gated_rms_norm_kernel[(triton.cdiv(rows, per),)](
+    _gated_rms_norm_kernel[(x.numel() // N,)](
         x,
         weight,
         g3,
         out,
-        rows,
         N,
         heads,
         g3.stride(0),
         eps,
         BLOCK=triton.next_power_of_2(N),
-        ROWS=per,
-        **_pdl(x, triton.cdiv(rows, per)),
+        **_pdl(x, x.numel() // N),
         num_warps=4,
     )
     return out
@@ -777,7 +755,8 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None,
     if has_cache and (k_cache.stride(3) != 1 or k_cache.stride(2) != D or v_cache.stride() != k_cache.stride()):
         raise ValueError("tree_attention reads caches laid out [B, HKV, L, D] with unit token stride D")
     L = k_cache.shape[2] if has_cache else 0
-    BM, warps, S, chunk = _attention_split(B, HKV, R, L + T, D, _sms(q))
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
+    BM, warps, S, chunk = _attention_split(B, HKV, R, L + T, D, sms)
     BD = triton.next_power_of_2(D)
     dev = q.device
     part_o = torch.empty(B * HKV, S, R, BD, dtype=torch.float32, device=dev)
