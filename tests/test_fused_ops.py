@@ -260,27 +260,3 @@ def test_tree_accept_kernel_matches_the_reference():
     for a, b in zip(got, want):
         assert torch.equal(a, b), (a, b)
     assert want[1].tolist()[3] == 0 and want[1].max() > 1  # the inactive request commits nothing; some accept
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
-def test_verify_sized_steps_take_wide_blocks_and_match_the_references():
-    """At 17-33 rows the conv and silu*up widen their blocks so the grid stays within one program per SM (PDL);
-    the wide blocks compute what the references do, and a batch's hundreds of rows keep the narrow ones."""
-    from specpilot_mem.engine.system import pack_trees
-
-    x = torch.zeros(1)
-    assert F._row_block(x, 1, 10240, 256, 4096) == 256
-    assert F._row_block(x, 33, 10240, 1024, 4096) == 4096 and 33 * (10240 // 4096 + 1) <= 132
-    assert F._row_block(x, 33, 17408, 1024, 8192) == 8192
-    assert F._row_block(x, 544, 17408, 1024, 8192) == 1024
-    gen = torch.Generator().manual_seed(4)
-    B, T, C, CS = 1, 17, 10240, 4
-    state, xs = torch.randn(B, CS - 1, C, generator=gen), torch.randn(B, T, C, generator=gen)
-    weight = torch.randn(C, CS, generator=gen)
-    idx = torch.as_tensor(pack_trees([(list(range(T)), list(range(-1, T - 1)))], T, CS)["conv_idx"])
-    gu = torch.randn(T, 2 * 17408, generator=gen)
-    with _interpreted():
-        conv = F.tree_conv_silu(state, xs, idx, weight)
-        silu = F.silu_mul(gu)
-    torch.testing.assert_close(conv, F.tree_conv_silu_reference(state, xs, idx, weight), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(silu, F.silu_mul_reference(gu), rtol=1e-6, atol=1e-6)

@@ -59,20 +59,6 @@ def _pdl(x: torch.Tensor, *grid: int) -> dict:
     return {"PDL": True, "launch_pdl": True} if math.prod(grid) <= _PDL_DEVICES[x.device] else {}
 
 
-def _row_block(x: torch.Tensor, rows: int, n: int, smallest: int, largest: int) -> int:
-    """Columns a program of a rows x n elementwise kernel takes: the narrowest power of two from ``smallest`` to
-    ``largest`` whose grid has at most one program per SM, so that a verify step of up to ~33 rows still launches with
-    PDL (``_pdl``) where narrow blocks would give hundreds of programs of a few hundred elements each; ``smallest``
-    when none has (a batch's hundreds of rows: no PDL either way)."""
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-    block, top = min(smallest, triton.next_power_of_2(n)), min(largest, triton.next_power_of_2(n))
-    while block <= top:
-        if rows * triton.cdiv(n, block) <= sms:
-            return block
-        block *= 2
-    return min(smallest, triton.next_power_of_2(n))
-
-
 @triton.jit
 def _pdl_start(PDL: tl.constexpr, TRIGGER: tl.constexpr = True):
     if PDL:  # before any load or store: the producer's writes are visible after the wait
@@ -295,8 +281,8 @@ def tree_conv_silu(
         x = x.contiguous()
     conv_state, conv_idx, weight = (t.contiguous() for t in (conv_state, conv_idx, weight))
     out = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    # few rows: narrow blocks, so that a decode-sized step still spreads over the SMs; more rows: wider ones
-    block = _row_block(x, B * T, C, 256 if B * T < 16 else 1024, 4096)
+    # few rows: narrower blocks, so that a decode-sized step still spreads over the SMs
+    block = min(256 if B * T < 16 else 1024, triton.next_power_of_2(C))
     _tree_conv_silu_kernel[(B * T, triton.cdiv(C, block))](
         conv_state,
         x,
@@ -311,7 +297,7 @@ def tree_conv_silu(
         BLOCK=block,
         RAW=raw is not None,
         **_pdl(x, B * T, triton.cdiv(C, block)),
-        num_warps=8 if block >= 4096 else 4 if block >= 1024 else 2,
+        num_warps=4 if block >= 1024 else 2,
     )
     return out
 
@@ -366,9 +352,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     N = gate_up.shape[-1] // 2
     rows = gate_up.numel() // (2 * N)
     out = torch.empty(*gate_up.shape[:-1], N, dtype=gate_up.dtype, device=gate_up.device)
-    block = _row_block(gate_up, rows, N, 1024, 8192)
+    block = min(1024, triton.next_power_of_2(N))
     _silu_mul_kernel[(rows, triton.cdiv(N, block))](
-        gate_up, out, N, BLOCK=block, **_pdl(gate_up, rows, triton.cdiv(N, block)), num_warps=8 if block > 1024 else 4
+        gate_up, out, N, BLOCK=block, **_pdl(gate_up, rows, triton.cdiv(N, block)), num_warps=4
     )
     return out
 
