@@ -27,14 +27,6 @@ __device__ __forceinline__ uint2 load_streaming8(const void* p) {
   return v;
 }
 
-// Starts bringing `bytes` (a multiple of 16) from a 16-byte aligned global address into L2, no registers held
-// (sm_90+; a no-op before): a warp's whole next range of weights in one instruction.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 // An L2 policy that puts what a copy brings in first in line for eviction (data read once). Made where it is used:
 // held across a loop it costs a register pair and a conversion per copy.
 __device__ __forceinline__ uint64_t evict_first_policy() {

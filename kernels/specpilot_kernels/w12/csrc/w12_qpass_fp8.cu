@@ -24,7 +24,6 @@
 namespace {
 
 constexpr int kQuantThreads = 256;
-constexpr size_t kL2PrefetchBytes = 24u << 20;  // about half the H100/H200's L2: prefetched lines stay until read
 
 // 8 floats -> 8 E4M3 bytes, round to nearest, saturated at +-448.
 __device__ __forceinline__ uint2 to_e4m3x8(const float (&v)[8]) {
@@ -89,127 +88,103 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(const __nv_bflo
 
 // Weight pairs (2 blocks of 32 columns) a warp keeps in flight: enough bytes at few rows, fewer registers at many.
 template <int TT>
-constexpr int kPrefetchPairs = TT <= 2 ? 4 : 2;
-static_assert(kPrefetchPairs<1> % 2 == 0 && kPrefetchPairs<8> % 2 == 0, "the activation slots alternate");
+constexpr int kPrefetchPairs = TT <= 2 ? 4 : 3;
 
-// y for one pair of 32-column blocks: the view's 4 words a block regrouped into A (one prmt a register), the MMA
-// on each token tile's B (the quantizer's 16 bytes: block 0 in .x/.y, block 1 in .z/.w).
-template <int TT, bool MID>
-__device__ __forceinline__ void multiply_pair(const uint4 (&v)[2], const uint4 (&xb)[TT], float (&acc)[TT][4],
-                                              float (&mid)[MID ? TT : 1][4]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    // two bytes of row g, two of row g + 8 a view word -> one row a register
-    const uint32_t a[4] = {ptx::permute_bytes(v[h].x, v[h].y, 0x5410), ptx::permute_bytes(v[h].x, v[h].y, 0x7632),
-                           ptx::permute_bytes(v[h].z, v[h].w, 0x5410), ptx::permute_bytes(v[h].z, v[h].w, 0x7632)};
-#pragma unroll
-    for (int j = 0; j < TT; ++j) {
-      const uint32_t b0 = h ? xb[j].z : xb[j].x, b1 = h ? xb[j].w : xb[j].y;
-      ptx::mma_e4m3_16832(acc[j], a, b0, b1);
-      if constexpr (MID) {
-        const uint32_t e[4] = {a[0] & 0xF8F8F8F8u, a[1] & 0xF8F8F8F8u, a[2] & 0xF8F8F8F8u, a[3] & 0xF8F8F8F8u};
-        ptx::mma_e4m3_16832(mid[j], e, b0, b1);
-      }
-    }
-  }
-}
-
-// TT token tiles of 8 rows; MID: the midpoint's second MMA. A block takes groups of tiles_per_block tiles in turn
-// (blockIdx.x, + gridDim.x, ...: a grid of resident blocks, so the last round is at most one group short).
+// TT token tiles of 8 rows; MID: the midpoint's second MMA.
 template <int TT, bool MID>
 __global__ void __launch_bounds__(32 * kQpassFp8MaxWarps) qpass_fp8_kernel(QpassFp8Args args) {
   constexpr int DEPTH = kPrefetchPairs<TT>;
   extern __shared__ float reduce[];  // [tiles_per_block][warps_k][TT * 4][32]: the K classes' sums
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int local = warp / args.warps_k, kclass = warp % args.warps_k;
+  const int tile = blockIdx.x * args.tiles_per_block + local;
   const int pairs = args.k_padded / 64, per = (pairs + args.warps_k - 1) / args.warps_k;
-  const int p0 = min(pairs, kclass * per), span = min(pairs, p0 + per) - p0;
-  const int groups = (args.tiles + args.tiles_per_block - 1) / args.tiles_per_block;
+  const int p0 = min(pairs, kclass * per), count = tile < args.tiles ? min(pairs, p0 + per) - p0 : 0;
+  const uint8_t* w = args.view + ((size_t)tile * (args.k_padded / 32) + 2 * p0) * 512 + lane * 16;
   const uint8_t* xi = args.x_image + ((size_t)p0 * 32 + lane) * 16;
   const size_t x_tile_stride = (size_t)pairs * 512;
-  const int g = lane / 4, t = lane % 4;
-  bool waited = false;
-  for (int group = blockIdx.x; group < groups; group += gridDim.x) {
-    const int tile = group * args.tiles_per_block + local;
-    const int count = tile < args.tiles ? span : 0;
-    const uint8_t* w = args.view + ((size_t)tile * (args.k_padded / 32) + 2 * p0) * 512;
-    if (lane == 0 && count) ptx::prefetch_l2_bulk(w, (uint32_t)min(count, args.l2_prefetch_pairs) * 1024);
-    w += lane * 16;
-    uint4 next[DEPTH][2];
+
+  uint4 next[DEPTH][2];
 #pragma unroll
-    for (int d = 0; d < DEPTH; ++d)
-      if (d < count) {
-        next[d][0] = ptx::load_streaming16(w + (2 * d) * 512);
-        next[d][1] = ptx::load_streaming16(w + (2 * d + 1) * 512);
-      }
-    if (!waited) {  // the x image is the quantizer's: the weights above were asked for while it finished
-      wait_for_prior_grid();
-      waited = true;
+  for (int d = 0; d < DEPTH; ++d)
+    if (d < count) {
+      next[d][0] = ptx::load_streaming16(w + (2 * d) * 512);
+      next[d][1] = ptx::load_streaming16(w + (2 * d + 1) * 512);
     }
-    float acc[TT][4] = {}, mid[MID ? TT : 1][4] = {};
-    uint4 xb[2][TT];  // activations of this pair and the next, loaded a pair ahead (DEPTH is even: fixed slots)
+  if (args.overlap_prior) wait_for_prior_grid();  // x_image is the quantizer's
+
+  float acc[TT][4] = {}, mid[MID ? TT : 1][4] = {};
+  for (int p = 0; p < count; p += DEPTH) {
 #pragma unroll
-    for (int j = 0; j < TT; ++j)
-      if (count) xb[0][j] = __ldg(reinterpret_cast<const uint4*>(xi + j * x_tile_stride));
-    for (int p = 0; p < count; p += DEPTH) {
+    for (int d = 0; d < DEPTH; ++d) {
+      if (p + d >= count) break;
+      const uint4 cur[2] = {next[d][0], next[d][1]};
+      if (p + DEPTH + d < count) {  // refill the slot before using what it held
+        next[d][0] = ptx::load_streaming16(w + (2 * (p + DEPTH + d)) * 512);
+        next[d][1] = ptx::load_streaming16(w + (2 * (p + DEPTH + d) + 1) * 512);
+      }
+      uint4 xb[TT];
 #pragma unroll
-      for (int d = 0; d < DEPTH; ++d) {
-        if (p + d < count) {
-          const uint4 cur[2] = {next[d][0], next[d][1]};
-          if (p + DEPTH + d < count) {  // refill the slot before using what it held
-            next[d][0] = ptx::load_streaming16(w + (2 * (p + DEPTH + d)) * 512);
-            next[d][1] = ptx::load_streaming16(w + (2 * (p + DEPTH + d) + 1) * 512);
+      for (int j = 0; j < TT; ++j) xb[j] = __ldg(reinterpret_cast<const uint4*>(xi + j * x_tile_stride + (p + d) * 512));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 v = cur[h];
+        // two bytes of row g, two of row g + 8 a view word -> one row a register
+        const uint32_t a[4] = {ptx::permute_bytes(v.x, v.y, 0x5410), ptx::permute_bytes(v.x, v.y, 0x7632),
+                               ptx::permute_bytes(v.z, v.w, 0x5410), ptx::permute_bytes(v.z, v.w, 0x7632)};
+#pragma unroll
+        for (int j = 0; j < TT; ++j) {
+          const uint32_t b0 = h ? xb[j].z : xb[j].x, b1 = h ? xb[j].w : xb[j].y;
+          ptx::mma_e4m3_16832(acc[j], a, b0, b1);
+          if constexpr (MID) {
+            const uint32_t e[4] = {a[0] & 0xF8F8F8F8u, a[1] & 0xF8F8F8F8u, a[2] & 0xF8F8F8F8u, a[3] & 0xF8F8F8F8u};
+            ptx::mma_e4m3_16832(mid[j], e, b0, b1);
           }
-#pragma unroll
-          for (int j = 0; j < TT; ++j)
-            if (p + d + 1 < count)
-              xb[(d + 1) % 2][j] = __ldg(reinterpret_cast<const uint4*>(xi + j * x_tile_stride + (p + d + 1) * 512));
-          multiply_pair<TT, MID>(cur, xb[d % 2], acc, mid);
         }
       }
-    }
-    if constexpr (MID) {
-#pragma unroll
-      for (int j = 0; j < TT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[j][r] += mid[j][r] * 0.0625f;
-    }
-    if (args.warps_k > 1) {  // K classes in warp order
-      float* mine = reduce + ((size_t)(local * args.warps_k + kclass) * TT * 4) * 32 + lane;
-#pragma unroll
-      for (int j = 0; j < TT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) mine[(j * 4 + r) * 32] = acc[j][r];
-      __syncthreads();
-      const float* first = reduce + ((size_t)local * args.warps_k * TT * 4) * 32 + lane;
-#pragma unroll
-      for (int j = 0; j < TT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          float sum = first[(j * 4 + r) * 32];
-          for (int c = 1; c < args.warps_k; ++c) sum += first[((c * TT + j) * 4 + r) * 32];
-          acc[j][r] = sum;
-        }
-      __syncthreads();  // the next group writes `reduce` again
-    }
-    if (kclass != 0 || tile >= args.tiles) continue;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = tile * 16 + g + 8 * half;
-      if (row >= args.n) continue;
-      const float window = __uint_as_float((uint32_t)(args.base[row] + 7) << 23);  // 2**(base - 120), exact
-#pragma unroll
-      for (int j = 0; j < TT; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int token = 8 * j + 2 * t + c;
-          if (token < args.m)
-            args.y[(size_t)token * args.ldy + row] =
-                __float2bfloat16_rn(acc[j][2 * half + c] * window * args.x_scale[token]);
-        }
     }
   }
   allow_next_grid();
+  if constexpr (MID) {
+#pragma unroll
+    for (int j = 0; j < TT; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[j][r] += mid[j][r] * 0.0625f;
+  }
+  if (args.warps_k > 1) {  // K classes in warp order
+    float* mine = reduce + ((size_t)(local * args.warps_k + kclass) * TT * 4) * 32 + lane;
+#pragma unroll
+    for (int j = 0; j < TT; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) mine[(j * 4 + r) * 32] = acc[j][r];
+    __syncthreads();
+    if (kclass != 0) return;
+    const float* first = reduce + ((size_t)local * args.warps_k * TT * 4) * 32 + lane;
+#pragma unroll
+    for (int j = 0; j < TT; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        float sum = first[(j * 4 + r) * 32];
+        for (int c = 1; c < args.warps_k; ++c) sum += first[((c * TT + j) * 4 + r) * 32];
+        acc[j][r] = sum;
+      }
+  }
+  if (tile >= args.tiles) return;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = tile * 16 + g + 8 * half;
+    if (row >= args.n) continue;
+    const float window = __uint_as_float((uint32_t)(args.base[row] + 7) << 23);  // 2**(base - 120), exact
+#pragma unroll
+    for (int j = 0; j < TT; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int token = 8 * j + 2 * t + c;
+        if (token < args.m)
+          args.y[(size_t)token * args.ldy + row] = __float2bfloat16_rn(acc[j][2 * half + c] * window * args.x_scale[token]);
+      }
+  }
 }
 
 // Launches with the PDL attribute where asked (sm_90+), as the W12 kernels do.
@@ -228,47 +203,17 @@ cudaError_t launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
-// Blocks of `kernel` resident on a multiprocessor, and the multiprocessors, asked once per (device, block shape).
-cudaError_t resident_blocks(const void* kernel, int threads, size_t smem, int* blocks, int* sms) {
-  struct Known {
-    const void* kernel;
-    int device, threads;
-    size_t smem;
-    int blocks, sms;
-  };
-  static thread_local Known known[64];
-  static thread_local int count = 0;
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  for (int i = 0; i < min(count, 64); ++i)
-    if (known[i].kernel == kernel && known[i].device == device && known[i].threads == threads && known[i].smem == smem) {
-      *blocks = known[i].blocks;
-      *sms = known[i].sms;
-      return cudaSuccess;
-    }
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, smem);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
-  if (err != cudaSuccess) return err;
-  known[count++ % 64] = {kernel, device, threads, smem, *blocks, *sms};
-  return cudaSuccess;
-}
-
 template <int TT, bool MID>
-cudaError_t launch_gemm(QpassFp8Args args, cudaStream_t stream) {
+cudaError_t launch_gemm(const QpassFp8Args& args, cudaStream_t stream) {
   const int warps = args.warps_k * args.tiles_per_block;
   const size_t smem = args.warps_k > 1 ? (size_t)warps * TT * 4 * 32 * sizeof(float) : 0;
   auto kernel = qpass_fp8_kernel<TT, MID>;
-  int blocks = 0, sms = 0;
-  cudaError_t err = resident_blocks((const void*)kernel, 32 * warps, smem, &blocks, &sms);
-  if (err != cudaSuccess) return err;
-  if (blocks < 1) return cudaErrorInvalidConfiguration;
-  const int groups = (args.tiles + args.tiles_per_block - 1) / args.tiles_per_block;
-  const int grid = min(groups, blocks * sms);
-  // L2 prefetch: each warp's first pairs, kL2PrefetchBytes in all, so what it brings is still there when read
-  const int pairs = args.k_padded / 64, per = (pairs + args.warps_k - 1) / args.warps_k;
-  args.l2_prefetch_pairs = min(per, (int)(kL2PrefetchBytes / 1024 / ((size_t)grid * warps)));
-  return launch(kernel, dim3(grid), dim3(32 * warps), smem, stream, args.overlap_prior, args);
+  if (smem > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid((args.tiles + args.tiles_per_block - 1) / args.tiles_per_block);
+  return launch(kernel, grid, dim3(32 * warps), smem, stream, args.overlap_prior, args);
 }
 
 // Built token tiles: 1-8, 9-16, 17-32, 33-40 (a 32-node tree and its root) and 41-64 rows.

@@ -18,7 +18,6 @@ struct QpassFp8Args {
   int warps_k;          // warps sharing a tile's K (contiguous ranges of 64 columns, summed in warp order)
   int tiles_per_block;  // tiles a block, warps_k warps each
   bool overlap_prior;   // sm_90+: prefetch weights while the kernel before (the quantizer) finishes
-  int l2_prefetch_pairs;  // set by the launch: pairs each warp asks L2 for up front (sm_90+)
 };
 
 // x bf16 [m][ldx] (k columns, 16-byte rows) -> x_image and x_scale: per token row scale = max|x| / 448 (1 for a zero
