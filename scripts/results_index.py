@@ -63,7 +63,7 @@ PREFIXES = (
 # A commit touching code here committed results with the code they measured (see History.derived).
 CODE_DIRS = ("specpilot_mem/", "benchmarks/", "scripts/")
 PROBE_KEY = re.compile(r"harness|script|source|generator|diff", re.I)
-RESULT_LINK = re.compile(r"benchmarks/(?:archive/)?results/([A-Za-z0-9_.\-]+\.(?:json|png))")
+RESULT_LINK = re.compile(r"benchmarks/(?:archive/)?results/([A-Za-z0-9_.\-]+\.(?:json\.gz|json|png))")
 
 
 class ResultsIndexError(SpecPilotError):
@@ -655,7 +655,7 @@ def stale_links(root: Path) -> tuple[list[str], list[str]]:
             continue
         text = (root / rel).read_text(errors="replace")
         lines = text.splitlines()
-        for match in re.finditer(r"benchmarks/(archive/)?results/([A-Za-z0-9_.\-]+\.(?:json|png))", text):
+        for match in re.finditer(r"benchmarks/(archive/)?results/([A-Za-z0-9_.\-]+\.(?:json\.gz|json|png))", text):
             in_archive, name = match.group(1), match.group(2)
             if ".." in name or name.startswith("."):  # a pattern in prose (v4a..v4d, ...json), not a file name
                 continue
