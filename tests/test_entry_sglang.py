@@ -87,9 +87,9 @@ PROBE = textwrap.dedent("""
         head = ParallelLMHead.__new__(ParallelLMHead)
         w12 = {"registered": get_quantization_config("w12") is W12Config,
                "cli": prepare_server_args(["--model-path", "m", "--quantization", "w12"]).quantization,
-               "linear": type(W12Config(lm_head=False).get_quant_method(LinearBase(8, 8), "p")).__name__,
-               "head_off": type(W12Config(lm_head=False).get_quant_method(head, "lm_head")).__name__,
-               "head_on": type(W12Config(lm_head=True).get_quant_method(head, "lm_head")).__name__}
+               "linear": type(W12Config(lm_head=False, qpass="fp8").get_quant_method(LinearBase(8, 8), "p")).__name__,
+               "head_off": type(W12Config(lm_head=False, qpass="fp8").get_quant_method(head, "lm_head")).__name__,
+               "head_on": type(W12Config(lm_head=True, qpass="fp8").get_quant_method(head, "lm_head")).__name__}
         torch.manual_seed(0)
         weight = (torch.randn(384, 256) * 0.05).to(torch.bfloat16)  # whole 128-row tiles: W12 pays
         weight[0, :7] = 0.0                      # zeros and denormals take the escape list
