@@ -63,7 +63,7 @@ PREFIXES = (
 # A commit touching code here committed results with the code they measured (see History.derived).
 CODE_DIRS = ("specpilot_mem/", "benchmarks/", "scripts/")
 PROBE_KEY = re.compile(r"harness|script|source|generator|diff", re.I)
-RESULT_LINK = re.compile(r"benchmarks/(?:archive/)?results/([A-Za-z0-9_.\-]+\.(?:json\.gz|json|png))")
+RESULT_LINK = re.compile(r"benchmarks/(archive/)?results/([A-Za-z0-9_.\-]+\.(?:json\.gz|json|png))")  # (archive/, name)
 
 
 class ResultsIndexError(SpecPilotError):
@@ -480,7 +480,7 @@ def readme_rows(root: Path) -> dict[str, list[str]]:
     rows: dict[str, list[str]] = {}
     for line in (root / README).read_text().splitlines():
         if line.startswith("|"):
-            for name in RESULT_LINK.findall(line):
+            for _, name in RESULT_LINK.findall(line):
                 rows.setdefault(name, []).append(line.strip("|").split("|")[0].strip())
     return rows
 
@@ -553,7 +553,7 @@ def readme_problems(root: Path, index: dict) -> list[str]:
                 )
         if section != "Performance" or set(line) <= set("|- ") or cells[0] == "what":
             continue
-        linked = RESULT_LINK.findall(line)
+        linked = [name for _, name in RESULT_LINK.findall(line)]
         if not linked:
             problems.append(f"README.md:{number}: a performance row without a link to its result file")
         for name in linked:
@@ -655,7 +655,7 @@ def stale_links(root: Path) -> tuple[list[str], list[str]]:
             continue
         text = (root / rel).read_text(errors="replace")
         lines = text.splitlines()
-        for match in re.finditer(r"benchmarks/(archive/)?results/([A-Za-z0-9_.\-]+\.(?:json\.gz|json|png))", text):
+        for match in RESULT_LINK.finditer(text):
             in_archive, name = match.group(1), match.group(2)
             if ".." in name or name.startswith("."):  # a pattern in prose (v4a..v4d, ...json), not a file name
                 continue

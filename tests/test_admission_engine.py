@@ -145,6 +145,8 @@ def test_bad_segments_are_refused_with_the_flag_and_the_limit(engine, prompts):
         PolicyDecoder(engine, CONFIGS["prompt-admission"], costs, batch=3, max_len=256, segment=4096)
     with pytest.raises(BatchingError, match="--prompt-segment=0"):
         PromptAdmission(PLATEAU, 2048, 0)
+    with pytest.raises(BatchingError, match="prompt admission and the budget planner cannot be combined"):
+        PolicyDecoder(engine, CONFIGS["all"], costs, batch=3, max_len=256)
     decoder = PolicyDecoder(engine, CONFIGS["prompt-admission"], costs, batch=3, max_len=256, segment=512)
     with pytest.raises(OptionsError, match=r"--prompt-segment=512 rows do not fit .*at most 239 rows"):
         decoder.generate(prompts, "spec", NEW_TOKENS)
