@@ -226,7 +226,11 @@ def test_verdict_round_trips_through_json(case):
     stock, _ = planted(reqs, reference, scorer, seed=16, tie_rate=0.007)
     system, _ = planted(reqs, reference, scorer, seed=17, tie_rate=0.03, events=20)
     verdict = judge_outputs(system, stock, scorer=scorer, requests=reqs, delta=0.25, name="faulty", synthetic=True)
-    assert verdict.verdict == "reject" and len(verdict.reasons) == 2
+    assert verdict.verdict == "reject" and [r.split(":")[0] for r in verdict.reasons] == [
+        "rate rule",
+        "event rule",
+        "tail rule",
+    ]
     text = json.dumps(verdict.to_dict())
     assert Verdict.from_dict(json.loads(text)) == verdict
 

@@ -1,6 +1,6 @@
 """Token forcing end to end: a system's scored outputs in, a verdict with all its numbers out.
 
-A verdict is ``reject`` when any rule rejects (rate, event, band, length), ``inconclusive`` when none
+A verdict is ``reject`` when any rule rejects (rate, event, band, tail, request, length), ``inconclusive`` when none
 does but the sample could not have seen a 0.5-point rate excess or a doubling of large-margin events
 (``rules.Power``), and ``accept`` only when none rejects and the sample was large enough to.
 """
@@ -21,12 +21,17 @@ from specpilot_mem.forcing.rules import (
     LengthResult,
     Power,
     RateResult,
+    RequestResult,
+    TailResult,
     band_rule,
     event_rule,
     length_rule,
     power,
     rate_rule,
+    request_rule,
+    shared_prefix,
     stop_reason,
+    tail_rule,
 )
 from specpilot_mem.controller.requests import Request
 from specpilot_mem.controller.system import RequestOutput
@@ -54,6 +59,8 @@ class Verdict:
     length: LengthResult | None = None
     power: Power | None = None
     per_request: tuple[dict, ...] = field(default_factory=tuple)
+    tail: TailResult | None = None
+    request: RequestResult | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -73,6 +80,8 @@ class Verdict:
             "power": self.power.to_dict() if self.power else None,
             "power_statement": self.power.statement() if self.power else None,
             "per_request": list(self.per_request),
+            "tail": self.tail.to_dict() if self.tail else None,
+            "request": self.request.to_dict() if self.request else None,
         }
 
     @classmethod
@@ -94,6 +103,8 @@ class Verdict:
             length=LengthResult.from_dict(length) if length else None,
             power=Power(**data["power"]) if data.get("power") else None,
             per_request=tuple(data.get("per_request", ())),
+            tail=TailResult(**{**data["tail"], "bands": tuple(data["tail"]["bands"])}) if data.get("tail") else None,
+            request=RequestResult(**data["request"]) if data.get("request") else None,
         )
 
 
@@ -171,6 +182,8 @@ class TokenForcing:
             alpha=self.alpha,
         )
         band = band_rule(system, self.stock, delta=self.delta)
+        tail, tails = tail_rule(system, self.stock, delta=self.delta)
+        request, request_ps = request_rule(tails, len(system))
         length = length_rule(system, self.stock, self.stop_ids)
         seen = power(system, self.stock, delta=self.delta, rate=rate, alpha=self.alpha)
         reasons = []
@@ -189,6 +202,18 @@ class TokenForcing:
                 f"band rule: {band.system_mismatches} mismatches with margin in ({band.low:g}, {band.high:g}] against "
                 f"stock's {band.stock_mismatches} (ratio {band.ratio:.3g} per token); p = {band.p_value:.2g} < "
                 f"{band.alpha:g} for a ratio above 2"
+            )
+        if tail.reject:
+            reasons.append(
+                f"tail rule: after the shared prefixes, {tail.system_mismatches} distinct mismatches against stock's "
+                f"{tail.stock_mismatches}; margins larger (Mann-Whitney z = {tail.rank_z:.2f}, p = {tail.rank_p:.2g}), "
+                f"gap bands p = {tail.band_p:.2g} (Bonferroni); level {tail.alpha:g} split between the two"
+            )
+        if request.reject:
+            reasons.append(
+                f"request rule: request {request.worst} has {request.worst_mismatches} distinct mismatches after its "
+                f"shared prefix against stock's {request.worst_stock_mismatches}; p = {request.worst_p:.2g} for a "
+                f"ratio above 2, {request.p_value:.2g} over {len(system)} requests < {request.alpha:g}"
             )
         if length.truncated or length.overlong:
             cut = [*length.truncated, *length.overlong]
@@ -224,10 +249,14 @@ class TokenForcing:
             band=band,
             length=length,
             power=seen,
-            per_request=self._per_request(system, events),
+            per_request=self._per_request(system, events, request_ps),
+            tail=tail,
+            request=request,
         )
 
-    def _per_request(self, system: Mapping[str, ScoredOutput], events) -> tuple[dict, ...]:
+    def _per_request(
+        self, system: Mapping[str, ScoredOutput], events, tail_ps: Mapping[str, float]
+    ) -> tuple[dict, ...]:
         """Each request's counts beside stock's, and how improbable its mismatches are at stock's pooled
         rate (binomial tail; ``flagged`` below 0.05 / requests): a fault confined to a few requests
         shows here even when the pooled rates hide it."""
@@ -256,6 +285,8 @@ class TokenForcing:
                     "stock_reported_stop": ref.stop_reason,
                     "p_value": p_value,
                     "flagged": p_value < 0.05 / len(system),
+                    "shared_prefix": shared_prefix(out.output_ids, ref.output_ids),
+                    "tail_p_value": tail_ps.get(rid),
                 }
             )
         return tuple(rows)
