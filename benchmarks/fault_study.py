@@ -151,6 +151,16 @@ def summary(verdict: Verdict) -> dict:
         "band_p": band.p_value,
         "band_reject": band.reject,
         "length_reject": verdict.length.reject,
+        "tail_requests": verdict.tail.requests,
+        "tail_mismatches": verdict.tail.system_mismatches,
+        "tail_stock": verdict.tail.stock_mismatches,
+        "rank_z": verdict.tail.rank_z,
+        "rank_p": verdict.tail.rank_p,
+        "gap_band_p": verdict.tail.band_p,
+        "tail_reject": verdict.tail.reject,
+        "request_p": verdict.request.p_value,
+        "request_worst": verdict.request.worst,
+        "request_reject": verdict.request.reject,
         "rate_detectable": seen.rate_detectable,
         "events_needed": seen.events_needed,
         "event_power": seen.event_power,
@@ -360,12 +370,27 @@ def read_outputs(paths: list[str], args) -> tuple[dict, dict, dict]:
     return outputs, seconds, labels
 
 
-def judge_seed(seed: int, sample: list[Request], outputs: dict, seconds: dict, engine: Engine, args) -> dict:
-    """Score one seed's outputs with the engine's batched scorer, calibrate δ on its AR and stock, and judge every
-    other system against stock with all the rules and the power."""
-    scorer = EngineScorer(engine)
+def judge_seed(
+    seed: int,
+    sample: list[Request],
+    outputs: dict,
+    seconds: dict,
+    engine: Engine,
+    args,
+    scored: dict | None = None,
+    scorer=None,
+    audit_only: bool = False,
+) -> dict | None:
+    """Score one seed's outputs with the engine's batched scorer (unless ``scored`` holds them already, with the
+    ``scorer`` that scored them), calibrate δ on its AR and stock, and judge every other system against stock with
+    all the rules and the power. ``audit_only``: just run the audit of every system's events (``SharedAudit``'s
+    recording pass) and return None."""
+    scorer = scorer or EngineScorer(engine)
     start = time.perf_counter()
-    scored = {name: score_outputs(scorer, sample, outs) for name, outs in outputs.items()}
+    if scored is None:
+        scored = {name: score_outputs(scorer, sample, outs) for name, outs in outputs.items()}
+    else:
+        scored = {name: {r.id: scored[name][r.id] for r in sample} for name in outputs}
     score_seconds = time.perf_counter() - start
     raw = {name: {rid: list(o.output_ids) for rid, o in outs.items()} for name, outs in outputs.items()}
     try:
@@ -381,6 +406,11 @@ def judge_seed(seed: int, sample: list[Request], outputs: dict, seconds: dict, e
             "outputs": raw,
         }
     forcing = TokenForcing(scorer, scored["stock"], calibration.delta, audit_sample=args.audit_sample, seed=seed)
+    if audit_only:
+        for name in outputs:
+            if name not in ("ar", "stock"):
+                forcing.audit(scored[name])
+        return None
     verdicts, effects = {}, {}
     for name in outputs:
         if name in ("ar", "stock"):
@@ -398,6 +428,7 @@ def judge_seed(seed: int, sample: list[Request], outputs: dict, seconds: dict, e
         "delta": calibration.delta,
         "delta_basis": calibration.basis,
         "departures": len(calibration.departures),
+        "scorer_departures": len(calibration.scorer_departures),
         "largest_gap": calibration.largest_gap,
         "stock_mismatch_rate": next(iter(verdicts.values())).rate.stock_rate if verdicts else None,
         "serve_seconds": seconds,
@@ -407,6 +438,124 @@ def judge_seed(seed: int, sample: list[Request], outputs: dict, seconds: dict, e
         "outputs": raw,
         "full_verdicts": {name: v.to_dict() for name, v in verdicts.items()} if seed == args.first_seed else {},
     }
+
+
+def score_all(scorer, samples: dict[int, list[Request]], outputs: dict) -> dict:
+    """Every system's outputs on the union of the seeds' samples, scored in one batched call (``score_batch``:
+    whole-sequence passes batched over requests): each distinct (request, output) once, however many systems and
+    seeds share it (controls that emit stock's tokens, faults confined to a few requests, requests drawn by two
+    seeds). Returns the scored outputs per system and request id."""
+    from dataclasses import replace
+
+    requests = {r.id: r for sample in samples.values() for r in sample}
+    distinct: dict[tuple, Request] = {}
+    keyed: dict[str, RequestOutput] = {}
+    for outs in outputs.values():
+        for rid, out in outs.items():
+            if rid in requests and (rid, out.output_ids) not in distinct:
+                key = f"{rid}#{len(distinct)}"
+                distinct[(rid, out.output_ids)] = replace(requests[rid], id=key)
+                keyed[key] = out
+    flat = score_outputs(scorer, list(distinct.values()), keyed)
+    return {
+        name: {
+            rid: replace(flat[distinct[(rid, out.output_ids)].id], id=rid)
+            for rid, out in outs.items()
+            if rid in requests
+        }
+        for name, outs in outputs.items()
+    }
+
+
+class SharedAudit:
+    """The audit's prefill-length re-scores of a whole study at once. Judging runs twice: first ``recording``,
+    when ``prefill_argmax`` only notes the (position, prefill length) queries each output's events ask (and answers
+    "not explained"), then ``answer`` runs each distinct output's queries, of every system and seed, as one shared
+    pass, and the second judging reads the answers. Everything else is the wrapped scorer's."""
+
+    def __init__(self, scorer):
+        self.scorer = scorer
+        self.asked: dict[tuple, set] = {}
+        self.answers: dict[tuple, dict] = {}
+        self.recording = True
+
+    def __getattr__(self, name):
+        return getattr(self.scorer, name)
+
+    def prefill_argmax(self, prompt_ids, output_ids, queries) -> list[int]:
+        key = (tuple(prompt_ids), tuple(output_ids))
+        if self.recording:
+            self.asked.setdefault(key, set()).update(queries)
+            return [-1] * len(queries)  # no token id: explains nothing
+        known = self.answers[key]
+        return [known[q] for q in queries]
+
+    def answer(self) -> None:
+        for (prompt, output), queries in self.asked.items():
+            ordered = sorted(queries)
+            found = self.scorer.prefill_argmax(list(prompt), list(output), ordered)
+            self.answers[(prompt, output)] = dict(zip(ordered, found))
+        self.recording = False
+
+
+def judge_all(seeds: list[int], samples: dict, outputs: dict, engine: Engine, args) -> list[dict]:
+    """Every seed judged (``judge_seed``) from one batched scoring of all seeds' outputs (``score_all``) and one
+    shared set of audit re-scores (``SharedAudit``)."""
+    audit = SharedAudit(EngineScorer(engine))
+    start = time.perf_counter()
+    scored = score_all(audit, {seed: samples[seed] for seed in seeds}, outputs)
+    tokens = sum(o.tokens for outs in scored.values() for o in outs.values())
+    log(f"scored {len(seeds)} seeds ({tokens} output tokens in all) in {time.perf_counter() - start:.1f} s")
+
+    def judged(audit_only: bool) -> list[dict]:
+        runs = []
+        for seed in seeds:
+            sample = samples[seed]
+            mine = {name: {r.id: outs[r.id] for r in sample} for name, outs in outputs.items()}
+            runs.append(judge_seed(seed, sample, mine, {}, engine, args, scored, audit, audit_only))
+        return runs
+
+    judged(audit_only=True)  # records the audit's re-scores
+    start = time.perf_counter()
+    audit.answer()
+    queries = sum(len(q) for q in audit.asked.values())
+    log(f"audit: {queries} prefill re-scores of {len(audit.asked)} outputs in {time.perf_counter() - start:.1f} s")
+    start = time.perf_counter()
+    runs = judged(audit_only=False)
+    log(f"judged {len(runs)} seeds in {time.perf_counter() - start:.1f} s")
+    if args.scores_out:
+        write_scores(args.scores_out, scored, samples, seeds)
+    return runs
+
+
+def write_scores(path: str, scored: dict, samples: dict, seeds: list[int]) -> None:
+    """``--scores-out``: what the tail and request rules read, per system and request of the seeds' samples, so
+    rules can be studied again without the scorer (npz): every position whose scorer top-2 gap is below 1 nat or
+    whose token is a mismatch, with its gap, margin and mismatch flag, and each output's length."""
+    import numpy as np
+
+    rids = sorted({r.id for seed in seeds for r in samples[seed]})
+    names, index, positions, gaps, margins, flags = [], [], [], [], [], []
+    for name, outs in scored.items():
+        for rid in rids:
+            out = outs[rid]
+            keep = np.nonzero((out.scores.top2_margin < 1.0) | out.mismatch)[0]
+            names.append(name)
+            index.append((rids.index(rid), out.tokens, len(keep)))
+            positions.append(keep.astype(np.int16))
+            gaps.append(out.scores.top2_margin[keep].astype(np.float32))
+            margins.append(out.margin[keep].astype(np.float32))
+            flags.append(out.mismatch[keep])
+    np.savez_compressed(
+        path,
+        requests=np.asarray(rids),
+        systems=np.asarray(names),
+        index=np.asarray(index, dtype=np.int32),
+        positions=np.concatenate(positions),
+        gaps=np.concatenate(gaps),
+        margins=np.concatenate(margins),
+        mismatch=np.concatenate(flags),
+    )
 
 
 def rates(runs: list[dict]) -> dict:
@@ -723,7 +872,9 @@ def main() -> int:
     )
     parser.add_argument("--batch", type=int, default=256, help="system engine: requests in flight at most")
     parser.add_argument(
-        "--judge-until", type=float, help="system engine: judge no further seed after this many seconds (from start)"
+        "--scores-out",
+        metavar="NPZ",
+        help="system engine: also write the scorer's numbers the tail and request rules read (see write_scores)",
     )
     parser.add_argument(
         "--outputs-out", metavar="JSON", help="system engine: write every system's outputs here once served"
@@ -830,13 +981,8 @@ def main() -> int:
                 for seed in seeds
             ]
             seeds = []
-        for seed in seeds:
-            if runs and args.judge_until is not None and time.perf_counter() - STARTED > args.judge_until:
-                log(f"judging stopped after {len(runs)} of {len(seeds)} seeds ({args.judge_until:.0f} s)")
-                break
-            sample = samples[seed]
-            mine = {name: {r.id: outs[r.id] for r in sample} for name, outs in outputs.items()}
-            runs.append(judge_seed(seed, sample, mine, {}, engine, args))
+        if seeds:
+            runs = judge_all(seeds, samples, outputs, engine, args)
             write_part(args, engine, runs, fault_seeds)
         seeds = []  # served and judged above
     else:

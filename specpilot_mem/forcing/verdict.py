@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Literal
 
 from specpilot_mem.forcing.audit import AUDIT_SAMPLE, audit, find_events
@@ -38,6 +39,8 @@ from specpilot_mem.controller.system import RequestOutput
 from specpilot_mem.forcing.scorer import ForcingError, ScoredOutput, Scorer, score_outputs
 
 UNEXPLAINED_EXAMPLES = 10
+# per-request tails repeat (most requests of most systems have a handful of mismatches at stock's rate)
+_upper_tail = lru_cache(maxsize=4096)(binomial_upper_tail)
 
 
 @dataclass(frozen=True)
@@ -151,17 +154,11 @@ class TokenForcing:
                 "end on a stop token",
             )
 
-    def judge(
-        self,
-        name: str,
-        system: Mapping[str, ScoredOutput],
-        *,
-        synthetic: bool = False,
-        on_event: Callable[[], None] | None = None,
-    ) -> Verdict:
-        rate = rate_rule(system, self.stock, limit=self.rate_limit)
+    def audit(self, system: Mapping[str, ScoredOutput], *, on_event: Callable[[], None] | None = None):
+        """The system's large-margin events and the audit of their seeded sample: what ``judge``'s event rule
+        counts (``audit.Audit``)."""
         events = find_events(system, self.delta)
-        audited = audit(
+        return events, audit(
             events,
             system,
             scorer=self.scorer,
@@ -171,6 +168,17 @@ class TokenForcing:
             seed=self.seed,
             on_event=on_event,
         )
+
+    def judge(
+        self,
+        name: str,
+        system: Mapping[str, ScoredOutput],
+        *,
+        synthetic: bool = False,
+        on_event: Callable[[], None] | None = None,
+    ) -> Verdict:
+        rate = rate_rule(system, self.stock, limit=self.rate_limit)
+        events, audited = self.audit(system, on_event=on_event)
         event = event_rule(
             delta=self.delta,
             system_events=len(events),
@@ -269,7 +277,7 @@ class TokenForcing:
         for rid in sorted(system):
             out, ref = system[rid], self.stock[rid]
             mismatches = int(out.mismatch.sum())
-            p_value = binomial_upper_tail(mismatches, out.tokens, pooled)
+            p_value = _upper_tail(mismatches, out.tokens, pooled)
             rows.append(
                 {
                     "id": rid,
