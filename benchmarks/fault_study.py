@@ -405,10 +405,17 @@ def judge_seed(
             "effects": {},
             "outputs": raw,
         }
-    forcing = TokenForcing(scorer, scored["stock"], calibration.delta, audit_sample=args.audit_sample, seed=seed)
+    forcing = TokenForcing(
+        scorer,
+        scored["stock"],
+        calibration.delta,
+        audit_sample=args.audit_sample,
+        seed=seed,
+        skip_settled_audit=args.skip_settled_audit,
+    )
     if audit_only:
         for name in outputs:
-            if name not in ("ar", "stock"):
+            if name not in ("ar", "stock") and forcing.needs_audit(scored[name]):
                 forcing.audit(scored[name])
         return None
     verdicts, effects = {}, {}
@@ -871,6 +878,11 @@ def main() -> int:
         "(SystemDecoder), every seed's requests in flight at once",
     )
     parser.add_argument("--batch", type=int, default=256, help="system engine: requests in flight at most")
+    parser.add_argument(
+        "--skip-settled-audit",
+        action="store_true",
+        help="audit no system that a rule needing no audit rejects already (same verdicts, fewer re-scores)",
+    )
     parser.add_argument(
         "--scores-out",
         metavar="NPZ",

@@ -131,6 +131,9 @@ class TokenForcing:
     rate_limit: float = RATE_LIMIT
     alpha: float = EVENT_ALPHA
     stop_ids: frozenset[int] = frozenset()
+    # a study's shortcut: no audit (its prefill re-scores are the costly part) once another rule rejects; the
+    # verdict is the same, the event rule's numbers say "not audited"
+    skip_settled_audit: bool = False
 
     def __post_init__(self) -> None:
         if self.delta <= 0:
@@ -153,6 +156,23 @@ class TokenForcing:
                 fix="judge against a complete stock run: every output must run to max_new_tokens or "
                 "end on a stop token",
             )
+
+    def _unaudited_rules(self, system: Mapping[str, ScoredOutput]) -> tuple:
+        """The rules that need no audit: rate, band, tail (with the tails), request (with its p-values), length."""
+        rate = rate_rule(system, self.stock, limit=self.rate_limit)
+        band = band_rule(system, self.stock, delta=self.delta)
+        tail, tails = tail_rule(system, self.stock, delta=self.delta)
+        request, request_ps = request_rule(tails, len(system))
+        length = length_rule(system, self.stock, self.stop_ids)
+        return rate, band, tail, tails, request, request_ps, length
+
+    def needs_audit(self, system: Mapping[str, ScoredOutput]) -> bool:
+        """Whether ``judge`` audits this system's events (always, unless ``skip_settled_audit`` and a rule that needs
+        no audit rejects it already)."""
+        if not self.skip_settled_audit:
+            return True
+        rate, band, tail, _, request, _, length = self._unaudited_rules(system)
+        return not _any_reject(rate, band, tail, request, length)
 
     def audit(self, system: Mapping[str, ScoredOutput], *, on_event: Callable[[], None] | None = None):
         """The system's large-margin events and the audit of their seeded sample: what ``judge``'s event rule
@@ -177,22 +197,21 @@ class TokenForcing:
         synthetic: bool = False,
         on_event: Callable[[], None] | None = None,
     ) -> Verdict:
-        rate = rate_rule(system, self.stock, limit=self.rate_limit)
-        events, audited = self.audit(system, on_event=on_event)
+        rate, band, tail, tails, request, request_ps, length = self._unaudited_rules(system)
+        if self.skip_settled_audit and _any_reject(rate, band, tail, request, length):
+            events, audited = find_events(system, self.delta), None
+        else:
+            events, audited = self.audit(system, on_event=on_event)
         event = event_rule(
             delta=self.delta,
             system_events=len(events),
             system_tokens=sum(o.tokens for o in system.values()),
-            audited=len(audited.sampled),
-            unexplained=audited.unexplained,
+            audited=len(audited.sampled) if audited else 0,
+            unexplained=audited.unexplained if audited else 0,
             stock_events=len(find_events(self.stock, self.delta)),
             stock_tokens=sum(o.tokens for o in self.stock.values()),
             alpha=self.alpha,
         )
-        band = band_rule(system, self.stock, delta=self.delta)
-        tail, tails = tail_rule(system, self.stock, delta=self.delta)
-        request, request_ps = request_rule(tails, len(system))
-        length = length_rule(system, self.stock, self.stop_ids)
         seen = power(system, self.stock, delta=self.delta, rate=rate, alpha=self.alpha)
         reasons = []
         if rate.reject:
@@ -205,6 +224,8 @@ class TokenForcing:
                 f"event rule: {event.unexplained} of {event.audited} audited large-margin events (margin > {event.threshold:g}) "
                 f"unexplained, against {event.stock_events} stock events; binomial p = {event.p_value:.2g} < {event.alpha:g}"
             )
+        if audited is None and events:
+            reasons.append(f"event rule: {len(events)} large-margin events not audited (another rule rejects)")
         if band.reject:
             reasons.append(
                 f"band rule: {band.system_mismatches} mismatches with margin in ({band.low:g}, {band.high:g}] against "
@@ -241,7 +262,8 @@ class TokenForcing:
             reasons.append("inconclusive: no rule rejects, but " + seen.statement())
         else:
             outcome = "accept"
-        examples = tuple(a.to_dict() for a in audited.sampled if a.explained_by is None)[:UNEXPLAINED_EXAMPLES]
+        sampled = audited.sampled if audited else ()
+        examples = tuple(a.to_dict() for a in sampled if a.explained_by is None)[:UNEXPLAINED_EXAMPLES]
         return Verdict(
             system=name,
             stock=self.stock_name,
@@ -251,7 +273,7 @@ class TokenForcing:
             delta=self.delta,
             rate=rate,
             events=event,
-            explained_by=audited.explained_by(),
+            explained_by=audited.explained_by() if audited else {},
             unexplained_examples=examples,
             synthetic=synthetic,
             band=band,
@@ -298,6 +320,10 @@ class TokenForcing:
                 }
             )
         return tuple(rows)
+
+
+def _any_reject(*results) -> bool:
+    return any(r.reject for r in results)
 
 
 def judge_outputs(
