@@ -536,31 +536,38 @@ def judge_all(seeds: list[int], samples: dict, outputs: dict, engine: Engine, ar
 
 
 def write_scores(path: str, scored: dict, samples: dict, seeds: list[int]) -> None:
-    """``--scores-out``: what the tail and request rules read, per system and request of the seeds' samples, so
-    rules can be studied again without the scorer (npz): every position whose scorer top-2 gap is below 1 nat or
-    whose token is a mismatch, with its gap, margin and mismatch flag, and each output's length."""
+    """``--scores-out``: what the tail and request rules read, so rules can be studied again without the scorer
+    (npz): per distinct (request, output) of the seeds' samples, every position whose scorer top-2 gap is below
+    half a nat or whose token is a mismatch, with its gap, margin, argmax and mismatch flag (elsewhere the argmax is
+    the emitted token); ``outputs`` maps each system and request to its row."""
     import numpy as np
 
     rids = sorted({r.id for seed in seeds for r in samples[seed]})
-    names, index, positions, gaps, margins, flags = [], [], [], [], [], []
+    rows: dict[tuple, int] = {}
+    owners, index, positions, gaps, margins, argmax, flags = [], [], [], [], [], [], []
     for name, outs in scored.items():
         for rid in rids:
             out = outs[rid]
-            keep = np.nonzero((out.scores.top2_margin < 1.0) | out.mismatch)[0]
-            names.append(name)
-            index.append((rids.index(rid), out.tokens, len(keep)))
-            positions.append(keep.astype(np.int16))
-            gaps.append(out.scores.top2_margin[keep].astype(np.float32))
-            margins.append(out.margin[keep].astype(np.float32))
-            flags.append(out.mismatch[keep])
+            key = (rid, out.output_ids)
+            if key not in rows:
+                rows[key] = len(rows)
+                keep = np.nonzero((out.scores.top2_margin < 0.5) | out.mismatch)[0]
+                index.append((rids.index(rid), out.tokens, len(keep)))
+                positions.append(keep.astype(np.int16))
+                gaps.append(out.scores.top2_margin[keep].astype(np.float32))
+                margins.append(out.margin[keep].astype(np.float32))
+                argmax.append(out.scores.argmax[keep].astype(np.int16))
+                flags.append(out.mismatch[keep])
+            owners.append((name, rid, rows[key]))
     np.savez_compressed(
         path,
         requests=np.asarray(rids),
-        systems=np.asarray(names),
+        outputs=np.asarray([f"{name}|{rid}|{row}" for name, rid, row in owners]),
         index=np.asarray(index, dtype=np.int32),
         positions=np.concatenate(positions),
         gaps=np.concatenate(gaps),
         margins=np.concatenate(margins),
+        argmax=np.concatenate(argmax),
         mismatch=np.concatenate(flags),
     )
 
