@@ -505,10 +505,10 @@ class SharedAudit:
         self.recording = False
 
 
-def judge_all(seeds: list[int], samples: dict, outputs: dict, engine: Engine, args) -> list[dict]:
+def judge_all(seeds: list[int], samples: dict, outputs: dict, engine: Engine, args, scorer=None) -> list[dict]:
     """Every seed judged (``judge_seed``) from one batched scoring of all seeds' outputs (``score_all``) and one
-    shared set of audit re-scores (``SharedAudit``)."""
-    audit = SharedAudit(EngineScorer(engine))
+    shared set of audit re-scores (``SharedAudit``), with ``scorer`` (default: the engine's)."""
+    audit = SharedAudit(scorer or EngineScorer(engine))
     start = time.perf_counter()
     scored = score_all(audit, {seed: samples[seed] for seed in seeds}, outputs)
     tokens = sum(o.tokens for outs in scored.values() for o in outs.values())
