@@ -538,7 +538,7 @@ def judge_all(seeds: list[int], samples: dict, outputs: dict, engine: Engine, ar
 def write_scores(path: str, scored: dict, samples: dict, seeds: list[int]) -> None:
     """``--scores-out``: what the tail and request rules read, so rules can be studied again without the scorer
     (npz): per distinct (request, output) of the seeds' samples, every position whose scorer top-2 gap is below
-    half a nat or whose token is a mismatch, with its gap, margin, argmax and mismatch flag (elsewhere the argmax is
+    1 nat or whose token is a mismatch, with its gap, margin, argmax and mismatch flag (elsewhere the argmax is
     the emitted token); ``outputs`` maps each system and request to its row."""
     import numpy as np
 
@@ -551,7 +551,7 @@ def write_scores(path: str, scored: dict, samples: dict, seeds: list[int]) -> No
             key = (rid, out.output_ids)
             if key not in rows:
                 rows[key] = len(rows)
-                keep = np.nonzero((out.scores.top2_margin < 0.5) | out.mismatch)[0]
+                keep = np.nonzero((out.scores.top2_margin < 1.0) | out.mismatch)[0]
                 index.append((rids.index(rid), out.tokens, len(keep)))
                 positions.append(keep.astype(np.int16))
                 gaps.append(out.scores.top2_margin[keep].astype(np.float32))

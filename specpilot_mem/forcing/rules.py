@@ -439,8 +439,8 @@ def length_rule(
 # otherwise weigh as dozens of independent flips.
 CONTEXT_TOKENS = 8
 TAIL_ALPHA = 0.01
-# Gap bands, in units of δ, of the scorer's top-2 gap at a position: (1/4, 1/2], (1/2, 1], (1, 2], (2, 8]
-GAP_BANDS = (0.25, 0.5, 1.0, 2.0, 8.0)
+# Gap bands, in units of δ, of the scorer's top-2 gap at a position: (1/4, 1/2], (1/2, 1], (1, 2], (2, 4]
+GAP_BANDS = (0.25, 0.5, 1.0, 2.0, 4.0)
 TAIL_RATIO = 2.0
 REQUEST_ALPHA = 0.01
 REQUEST_RATIO = 2.0
