@@ -462,6 +462,7 @@ class Tail:
 
     start: int
     tokens: int
+    distinct: int  # of those, distinct contexts
     margins: tuple[float, ...]
     band_positions: tuple[int, ...]
     band_mismatches: tuple[int, ...]
@@ -502,6 +503,7 @@ def request_tail(output: ScoredOutput, start: int, delta: float) -> Tail:
     return Tail(
         start,
         output.tokens - start,
+        len(kept),
         tuple(float(m) for m in margins),
         tuple(int(c) for c in positions),
         tuple(int(c) for c in mismatches),
@@ -619,7 +621,7 @@ def tail_rule(
 class RequestResult:
     """The request rule, for faults confined to a few requests: per departing request, its tail's distinct
     mismatches against ``ratio`` times stock's on the same request's tail (binomial given both counts, exposures the
-    tails' lengths); it rejects when the smallest p-value times the number of requests is below ``alpha``."""
+    tails' distinct contexts); it rejects when the smallest p-value times the number of requests is below ``alpha``."""
 
     requests: int
     worst: str | None
@@ -647,7 +649,7 @@ def request_rule(
     worst, worst_x, worst_y, worst_p = None, 0, 0, 1.0
     for rid, (mine, theirs) in sorted(tails.items()):
         x, y = len(mine.margins), len(theirs.margins)
-        share = ratio * mine.tokens / (ratio * mine.tokens + theirs.tokens) if mine.tokens else 0.0
+        share = ratio * mine.distinct / (ratio * mine.distinct + theirs.distinct) if mine.distinct else 0.0
         p = binomial_upper_tail(x, x + y, share) if x else 1.0
         p_values[rid] = p
         if p < worst_p:
