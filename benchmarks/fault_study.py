@@ -43,7 +43,7 @@ from specpilot_mem.controller.engine_system import EngineSystem  # noqa: E402
 from specpilot_mem.controller.requests import Request, load_requests  # noqa: E402
 from specpilot_mem.controller.system import RequestOutput  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
-from specpilot_mem.forcing.calibrate import calibrate_delta  # noqa: E402
+from specpilot_mem.forcing.calibrate import calibrate_delta, round_up_to_step  # noqa: E402
 from specpilot_mem.forcing.engine_adapter import EngineScorer  # noqa: E402
 from specpilot_mem.forcing.rules import EVENT_ALPHA, needed_events, poisson_at_least  # noqa: E402
 from specpilot_mem.forcing.scorer import ForcingError, score_outputs  # noqa: E402
@@ -175,18 +175,21 @@ def summary(verdict: Verdict) -> dict:
 def effect(system: dict, stock: dict, scored_sys, scored_stock, delta: float) -> dict:
     """How large the fault really was on this sample: tokens it changed against stock's outputs (after
     the first divergence everything differs, so this counts mismatches against the scorer beyond
-    stock's) and its large-margin events per 1,000 tokens."""
+    stock's) and its large-margin events per 1,000 tokens, and stock's, at ``delta`` (``size_delta``: the
+    first departures' alone, so a calibration that raises δ cannot shrink the faults held to the target)."""
     tokens = sum(o.tokens for o in scored_stock.values())
     excess = (
         sum(int(o.mismatch.sum()) for o in scored_sys.values())
         - sum(int(o.mismatch.sum()) for o in scored_stock.values())
     ) / tokens
     events = sum(int((o.margin > 2 * delta).sum()) for o in scored_sys.values())
+    stock_events = sum(int((o.margin > 2 * delta).sum()) for o in scored_stock.values())
     changed = sum(system[rid].output_ids != stock[rid].output_ids for rid in stock)
     shorter = sum(len(system[rid].output_ids) < len(stock[rid].output_ids) for rid in stock)
     return {
         "excess_mismatch": excess,
         "events_per_1000": 1000 * events / tokens,
+        "stock_events_per_1000": 1000 * stock_events / tokens,
         "changed_requests": changed,
         "shorter_requests": shorter,
     }
@@ -419,11 +422,12 @@ def judge_seed(
                 forcing.audit(scored[name])
         return None
     verdicts, effects = {}, {}
+    size_delta = round_up_to_step(max((d.gap for d in calibration.departures), default=0.0))
     for name in outputs:
         if name in ("ar", "stock"):
             continue
         verdicts[name] = forcing.judge(name, scored[name], synthetic=engine.synthetic)
-        effects[name] = effect(outputs[name], outputs["stock"], scored[name], scored["stock"], calibration.delta)
+        effects[name] = effect(outputs[name], outputs["stock"], scored[name], scored["stock"], size_delta)
         log(
             f"seed {seed}: {name} -> {verdicts[name].verdict} (mismatch {100 * verdicts[name].rate.system_rate:.2f}%, "
             f"events {verdicts[name].events.system_events}, band {verdicts[name].band.system_mismatches})"
@@ -436,6 +440,7 @@ def judge_seed(
         "delta_basis": calibration.basis,
         "departures": len(calibration.departures),
         "scorer_departures": len(calibration.scorer_departures),
+        "size_delta": size_delta,
         "largest_gap": calibration.largest_gap,
         "stock_mismatch_rate": next(iter(verdicts.values())).rate.stock_rate if verdicts else None,
         "serve_seconds": seconds,
@@ -593,18 +598,25 @@ def rates(runs: list[dict]) -> dict:
             excess = sum(r["effects"][name]["excess_mismatch"] for r in seen) / len(seen)
             events = sum(r["effects"][name]["events_per_1000"] for r in seen) / len(seen)
             # the events the fault adds: its large-margin events beyond stock's (stock has some in BF16)
-            added = sum(
-                r["effects"][name]["events_per_1000"]
-                - (1000 * r["verdicts"][name].get("stock_events", 0) / r["tokens"] if r.get("tokens") else 0.0)
-                for r in seen
-            ) / len(seen)
+            added = sum(added_events(r, name) for r in seen) / len(seen)
             shorter = any(r["effects"][name]["shorter_requests"] for r in seen)
+            # per seed: was the fault of the target size on that seed's sample (a fault confined to a quarter of the
+            # requests may miss a seed's requests, or barely touch them)?
+            sized = [
+                r
+                for r in seen
+                if r["effects"][name]["excess_mismatch"] >= TARGET_CHANGED
+                or added_events(r, name) >= TARGET_EVENTS_PER_1000
+                or r["effects"][name]["shorter_requests"]
+            ]
             row.update(
                 mean_excess_mismatch=excess,
                 mean_events_per_1000=events,
                 mean_added_events_per_1000=added,
                 target_size=excess >= TARGET_CHANGED or added >= TARGET_EVENTS_PER_1000 or shorter,
                 sealed_event_power=1.0 if shorter else sealed_event_power(seen, name),
+                target_size_seeds=len(sized),
+                target_size_seeds_rejected=sum(r["verdicts"][name]["verdict"] == "reject" for r in sized),
             )
             # below the target size an accept is allowed only where the power says the sample could have seen it
             # (``verdict.py`` accepts only then; the check keeps results of older rules honest too)
@@ -621,6 +633,15 @@ def rates(runs: list[dict]) -> dict:
             row["meets_target"] = counts["reject"] == 0
         table[name] = row
     return table
+
+
+def added_events(run: dict, name: str) -> float:
+    """The large-margin events per 1,000 tokens a fault adds to stock's on one run (stock has some in BF16)."""
+    found = run["effects"][name]
+    if "stock_events_per_1000" in found:
+        return found["events_per_1000"] - found["stock_events_per_1000"]
+    stock = run["verdicts"][name].get("stock_events", 0)  # older results: stock's events at the verdict's δ
+    return found["events_per_1000"] - (1000 * stock / run["tokens"] if run.get("tokens") else 0.0)
 
 
 def sealed_event_power(seen: list[dict], name: str) -> float | None:
