@@ -159,6 +159,7 @@ def summary(verdict: Verdict) -> dict:
         "gap_band_p": verdict.tail.band_p,
         "tail_reject": verdict.tail.reject,
         "request_p": verdict.request.p_value,
+        "request_tests": verdict.request.tests,
         "request_worst": verdict.request.worst,
         "request_reject": verdict.request.reject,
         "rate_detectable": seen.rate_detectable,

@@ -13,7 +13,14 @@ from test_forcing_rules import planted
 from test_forcing_support import PlantedScorer, make_case, other_token, outputs_from
 
 from specpilot_mem.forcing.calibrate import calibrate_delta
-from specpilot_mem.forcing.rules import CONTEXT_TOKENS, request_rule, request_tail, rank_test, tail_rule
+from specpilot_mem.forcing.rules import (
+    CONTEXT_TOKENS,
+    rank_test,
+    request_rule,
+    request_tail,
+    tail_rule,
+    tarone_tests,
+)
 from specpilot_mem.forcing.scorer import ForcingError, ScoredOutput, TokenScores, score_outputs
 from specpilot_mem.forcing.verdict import TokenForcing
 
@@ -102,7 +109,7 @@ def test_request_rule_rejects_a_fault_on_one_request_and_not_rounding_spread_ove
     same, _ = planted(reqs, reference, scorer, seed=58, tie_rate=0.005, gap=0.05)
     s_stock = _scored(scorer, reqs, stock)
     _, tails = tail_rule(_scored(scorer, reqs, same), s_stock, delta=0.25)
-    assert not request_rule(tails, len(reqs))[0].reject
+    assert not request_rule(tails)[0].reject
     hit = dict(stock)
     target = reqs[3]
     ids = list(stock[target.id].output_ids)
@@ -177,3 +184,10 @@ def test_the_study_judges_all_seeds_at_once_as_it_would_seed_by_seed():
     verdicts = [v for run in together for v in run["verdicts"].values()]
     assert any(v["verdict"] == "reject" for v in verdicts)
     assert any(v["explained_by"].get("prefill-length") for v in verdicts)  # the shared re-scores were used
+
+
+def test_tarone_counts_only_requests_that_could_reach_the_corrected_level():
+    # 12 departing requests: two with many mismatches could reach 0.01 / 2, ten with one or two never can
+    floors = [(2 / 3) ** 30, (2 / 3) ** 20] + [(2 / 3) ** t for t in (1, 1, 2, 2, 1, 1, 2, 1, 2, 1)]
+    assert tarone_tests(floors, 0.01) == 2
+    assert tarone_tests([1e-9] * 5, 0.01) == 5 and tarone_tests([], 0.01) == 1

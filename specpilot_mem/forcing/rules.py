@@ -462,7 +462,6 @@ class Tail:
 
     start: int
     tokens: int
-    distinct: int  # of those, distinct contexts
     margins: tuple[float, ...]
     band_positions: tuple[int, ...]
     band_mismatches: tuple[int, ...]
@@ -503,7 +502,6 @@ def request_tail(output: ScoredOutput, start: int, delta: float) -> Tail:
     return Tail(
         start,
         output.tokens - start,
-        len(kept),
         tuple(float(m) for m in margins),
         tuple(int(c) for c in positions),
         tuple(int(c) for c in mismatches),
@@ -620,15 +618,19 @@ def tail_rule(
 @dataclass(frozen=True)
 class RequestResult:
     """The request rule, for faults confined to a few requests: per departing request, its tail's distinct
-    mismatches against ``ratio`` times stock's on the same request's tail (binomial given both counts, exposures the
-    tails' distinct contexts); it rejects when the smallest p-value times the number of requests is below ``alpha``."""
+    mismatches against ``ratio`` times stock's on the same request's tail (binomial given both counts; both tails
+    start at the departure and run the same number of tokens); it rejects when the smallest p-value times
+    ``tests`` is below ``alpha``. ``tests`` is Tarone's count: a request whose tails hold t mismatches in all can
+    reach p = share^t at best, and one that could not reach the corrected level is no test (a request with a
+    mismatch or two cannot reject), so the smallest k whose requests able to reach alpha / k number at most k."""
 
-    requests: int
+    requests: int  # departing requests
+    tests: int
     worst: str | None
     worst_mismatches: int
     worst_stock_mismatches: int
     worst_p: float
-    p_value: float  # Bonferroni over the requests
+    p_value: float  # worst_p times tests
     alpha: float
     reject: bool
 
@@ -636,23 +638,33 @@ class RequestResult:
         return asdict(self)
 
 
+def tarone_tests(floors: list[float], alpha: float) -> int:
+    """Tarone's multiplicity for discrete tests whose smallest attainable p-values are ``floors``: the smallest k
+    such that at most k of them can reach alpha / k (at least 1)."""
+    for k in range(1, len(floors) + 1):
+        if sum(1 for f in floors if f <= alpha / k) <= k:
+            return k
+    return max(len(floors), 1)
+
+
 def request_rule(
     tails: Mapping[str, tuple[Tail, Tail]],
-    requests: int,
     *,
     alpha: float = REQUEST_ALPHA,
     ratio: float = REQUEST_RATIO,
 ) -> tuple[RequestResult, dict[str, float]]:
-    """The request rule over ``requests`` requests (those that do not depart cannot be flagged) and each departing
-    request's p-value."""
-    p_values = {}
+    """The request rule (``RequestResult``) and each departing request's p-value."""
+    p_values, floors = {}, []
     worst, worst_x, worst_y, worst_p = None, 0, 0, 1.0
     for rid, (mine, theirs) in sorted(tails.items()):
         x, y = len(mine.margins), len(theirs.margins)
-        share = ratio * mine.distinct / (ratio * mine.distinct + theirs.distinct) if mine.distinct else 0.0
+        share = ratio * mine.tokens / (ratio * mine.tokens + theirs.tokens) if mine.tokens else 0.0
         p = binomial_upper_tail(x, x + y, share) if x else 1.0
         p_values[rid] = p
+        floors.append(share ** (x + y) if x + y else 1.0)
         if p < worst_p:
             worst, worst_x, worst_y, worst_p = rid, x, y, p
-    p_value = min(1.0, worst_p * max(requests, 1))
-    return RequestResult(len(tails), worst, worst_x, worst_y, worst_p, p_value, alpha, p_value < alpha), p_values
+    tests = tarone_tests(floors, alpha)
+    p_value = min(1.0, worst_p * tests)
+    result = RequestResult(len(tails), tests, worst, worst_x, worst_y, worst_p, p_value, alpha, p_value < alpha)
+    return result, p_values

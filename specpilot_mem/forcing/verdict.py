@@ -162,7 +162,7 @@ class TokenForcing:
         rate = rate_rule(system, self.stock, limit=self.rate_limit)
         band = band_rule(system, self.stock, delta=self.delta)
         tail, tails = tail_rule(system, self.stock, delta=self.delta)
-        request, request_ps = request_rule(tails, len(system))
+        request, request_ps = request_rule(tails)
         length = length_rule(system, self.stock, self.stop_ids)
         return rate, band, tail, tails, request, request_ps, length
 
@@ -242,7 +242,7 @@ class TokenForcing:
             reasons.append(
                 f"request rule: request {request.worst} has {request.worst_mismatches} distinct mismatches after its "
                 f"shared prefix against stock's {request.worst_stock_mismatches}; p = {request.worst_p:.2g} for a "
-                f"ratio above 2, {request.p_value:.2g} over {len(system)} requests < {request.alpha:g}"
+                f"ratio above 2, {request.p_value:.2g} over {request.tests} requests that could reject (Tarone) < {request.alpha:g}"
             )
         if length.truncated or length.overlong:
             cut = [*length.truncated, *length.overlong]
