@@ -191,3 +191,30 @@ def test_tarone_counts_only_requests_that_could_reach_the_corrected_level():
     floors = [(2 / 3) ** 30, (2 / 3) ** 20] + [(2 / 3) ** t for t in (1, 1, 2, 2, 1, 1, 2, 1, 2, 1)]
     assert tarone_tests(floors, 0.01) == 2
     assert tarone_tests([1e-9] * 5, 0.01) == 5 and tarone_tests([], 0.01) == 1
+
+
+def test_skipping_the_audit_of_settled_systems_keeps_every_verdict():
+    """``skip_settled_audit`` audits no system that a rule needing no audit rejects already: the verdicts are the
+    same, the settled ones say their events were not audited, and the others are audited as before."""
+    reqs, reference, scorer = make_case(requests=40, length=150, seed=66)
+    stock, _ = planted(reqs, reference, scorer, seed=67, tie_rate=0.007, gap=0.05)
+    systems = {
+        "lossless": planted(reqs, reference, scorer, seed=68, tie_rate=0.007, gap=0.05)[0],
+        "lossy": planted(reqs, reference, scorer, seed=69, tie_rate=0.02, gap=0.4, events=30)[0],
+        "few-events": planted(reqs, reference, scorer, seed=70, tie_rate=0.007, gap=0.05, events=6)[0],
+    }
+    s_stock = _scored(scorer, reqs, stock)
+    full = TokenForcing(scorer, s_stock, delta=0.25)
+    quick = TokenForcing(scorer, s_stock, delta=0.25, skip_settled_audit=True)
+    audited = []
+    for name, outputs in systems.items():
+        scored = _scored(scorer, reqs, outputs)
+        a, b = full.judge(name, scored), quick.judge(name, scored)
+        assert a.verdict == b.verdict
+        audited.append(quick.needs_audit(scored))
+        if audited[-1]:
+            assert b.events == a.events and b.explained_by == a.explained_by
+        else:
+            assert b.verdict == "reject" and b.events.audited == 0 and a.events.audited > 0
+            assert any("not audited" in r for r in b.reasons)
+    assert audited == [True, False, True]
