@@ -206,8 +206,8 @@ class TokenForcing:
             delta=self.delta,
             system_events=len(events),
             system_tokens=sum(o.tokens for o in system.values()),
-            audited=len(audited.sampled) if audited else 0,
-            unexplained=audited.unexplained if audited else 0,
+            audited=len(audited.sampled) if audited is not None else 0,
+            unexplained=audited.unexplained if audited is not None else 0,
             stock_events=len(find_events(self.stock, self.delta)),
             stock_tokens=sum(o.tokens for o in self.stock.values()),
             alpha=self.alpha,
@@ -262,7 +262,7 @@ class TokenForcing:
             reasons.append("inconclusive: no rule rejects, but " + seen.statement())
         else:
             outcome = "accept"
-        sampled = audited.sampled if audited else ()
+        sampled = audited.sampled if audited is not None else ()
         examples = tuple(a.to_dict() for a in sampled if a.explained_by is None)[:UNEXPLAINED_EXAMPLES]
         return Verdict(
             system=name,
@@ -273,7 +273,7 @@ class TokenForcing:
             delta=self.delta,
             rate=rate,
             events=event,
-            explained_by=audited.explained_by() if audited else {},
+            explained_by=audited.explained_by() if audited is not None else {},
             unexplained_examples=examples,
             synthetic=synthetic,
             band=band,
