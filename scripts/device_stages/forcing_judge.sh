@@ -45,7 +45,13 @@ doc = json.load(open(sys.argv[1]))
 print(f"{len(doc['runs'])} seeds of {doc['settings']['requests_per_seed']} x {doc['settings']['max_new_tokens']} tokens; "
       "per seed reject/inconclusive/accept (mean excess mismatch, added events per 1,000; rules that rejected):")
 for name, row in doc["systems"].items():
-    size = f"{100 * row['mean_excess_mismatch']:.2f}%, {row['mean_added_events_per_1000']:.1f}" if row["kind"] == "fault" else ""
+    size = (
+        f"{100 * row['mean_excess_mismatch']:.2f}%, {row['mean_added_events_per_1000']:.1f}"
+        f"{'' if row['target_size'] else ' (below target)'}; target-size seeds rejected "
+        f"{row['target_size_seeds_rejected']}/{row['target_size_seeds']}"
+        if row["kind"] == "fault"
+        else ""
+    )
     by = {}
     for run in doc["runs"]:
         v = run["verdicts"].get(name, {})
