@@ -33,7 +33,7 @@ SMEM_PER_SM = 227 * 1024
 CANDIDATES = {
     64: ((4, 4, 2, 8), (4, 3, 2, 8), (2, 4, 3, 8), (2, 4, 2, 8)),
     128: ((2, 4, 2, 16), (2, 3, 2, 16), (1, 2, 2, 16)),
-    256: ((1, 2, 2, 32), (1, 2, 3, 32), (2, 3, 2, 16)),
+    256: ((1, 2, 2, 32), (1, 2, 3, 32), (2, 3, 2, 16), (2, 4, 2, 16)),
 }
 # partitions of the bits check (cluster of classes and splits, a workspace, one class, several tile groups, a tail),
 # each with decoded-weight settings in every row range
