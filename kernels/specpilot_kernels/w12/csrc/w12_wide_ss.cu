@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(128 * (TG + 1), ss_blocks_per_sm<MT, TG>())
       ptx::mbarrier_init(x_empty + 8 * i, 4);  // one arrival an MMA warp
     }
     for (int i = 0; i < stages; ++i) {
-      ptx::mbarrier_init(a_full + 8 * i, 128 * TG);  // every decoder thread, after its stores and proxy fence
+      ptx::mbarrier_init(a_full + 8 * i, 4 * TG);  // one arrival a decoder warp, after its lanes' stores and fences
       ptx::mbarrier_init(a_empty + 8 * i, 4);
     }
     ptx::fence_mbarrier_init();
@@ -239,8 +239,9 @@ __global__ void __launch_bounds__(128 * (TG + 1), ss_blocks_per_sm<MT, TG>())
             ptx::st_shared4(step + 1024 + 128, a[0][4 * s + 3]);
           }
         }
-        ptx::fence_proxy_async_shared();  // the stores before the MMAs' (async proxy) reads
-        ptx::mbarrier_arrive(a_full + 8 * stage);
+        ptx::fence_proxy_async_shared();  // every lane's stores before the MMAs' (async proxy) reads
+        __syncwarp();
+        if (lane == 0) ptx::mbarrier_arrive(a_full + 8 * stage);
         if (++stage == stages) {
           stage = 0;
           phase ^= 1;
