@@ -46,12 +46,19 @@ CHECK_CONFIGS = {
     "n1_k3_s1_small": MmaConfig(1, 3, 1, wide_rows=DECODED_SMALL),
     "tail": MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide_rows=DECODED),
 }
+# --two-mma: two MMA warpgroups a block above 128 rows (two tile groups of a 256-row slab), checked and timed in a
+# process of their own (a fault there must not cost the rest)
+TWO_MMA_CANDIDATES = {256: ((2, 2, 2, 32),)}
+TWO_MMA_CHECK_CONFIGS = {
+    "n1_k3_s2_two_mma": MmaConfig(1, 3, 2, wide_rows=(DECODED[0], DECODED[1], (2, 2, 2, 32, 1, 1))),
+    "n1_k8_s2_workspace_two_mma": MmaConfig(1, 8, 2, wide_rows=(DECODED[0], DECODED[1], (2, 3, 2, 24, 1, 1))),
+}
 CHECK_ROWS = (1040,)  # weights of 65 tiles: blocks past the last tile group, and a block with one tile
 
 
 def groups_built(slab_tiles: int, groups: int) -> int:
-    """Tile groups a block that run (csrc/w12_wide_ss.cu wide_ss_groups: at most 128 accumulators a thread)."""
-    return min(groups, 4 if slab_tiles <= 8 else 2 if slab_tiles <= 16 else 1)
+    """Tile groups a block that run (csrc/w12_wide_ss.cu wide_ss_groups)."""
+    return min(groups, 4 if slab_tiles <= 8 else 2)
 
 
 def decoded_fits(groups: int, slots: int, stages: int, largest: int, m: int) -> bool:
@@ -73,7 +80,7 @@ def bucket_of(m: int) -> int:
     return next(top for top in WIDE_BUCKETS if m <= top)
 
 
-def time_shape(name: str, deadline: float) -> dict:
+def time_shape(name: str, deadline: float, candidates: dict) -> dict:
     n, k = SHAPES[name]
     shape = Shape(name, n, k)
     mmas = shape.mma(0.0)
@@ -82,11 +89,11 @@ def time_shape(name: str, deadline: float) -> dict:
     x = torch.randn(max(TIMED_ROWS), k, device="cuda").bfloat16()
     alone = bits(w12_mma_gemm(x[:1], mmas[0], config=plain))
     out = {"N": n, "K": k, "library_config": asdict(library), "rows": [], "candidates": {}}
-    for m in TIMED_ROWS:
+    for m in (m for m in TIMED_ROWS if bucket_of(m) in candidates):
         row = {"M": m, "cublas_us": shape.cublas_us(m), "library_us": shape.w12_us(m, config=library)}
         row["library_speedup"] = row["cublas_us"] / row["library_us"]
         reference = bits(w12_mma_gemm(x[:m], mmas[0], config=plain))
-        for setting in CANDIDATES[bucket_of(m)]:
+        for setting in candidates[bucket_of(m)]:
             key = "g{}_s{}_d{}_t{}".format(*setting)
             if not decoded_fits(*setting, m) or time.monotonic() > deadline:
                 continue
@@ -135,12 +142,17 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--sections", default="build,bits,timing", help="build, bits, timing (in this order)")
     parser.add_argument("--budget", type=float, default=30.0, help="seconds the candidates' timing may take")
+    parser.add_argument(
+        "--two-mma", action="store_true", help="check and time the two-MMA-warpgroup settings (129-256 rows) alone"
+    )
     args = parser.parse_args()
+    candidates = TWO_MMA_CANDIDATES if args.two_mma else CANDIDATES
+    checked = TWO_MMA_CHECK_CONFIGS if args.two_mma else CHECK_CONFIGS
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 8))
     doc = {
         **result_header("w12_wide_check"),
         "method": "CUDA-graph replay over rotating copies >= 4 x 60 MB (benchmarks/w12_device_check.py)",
-        "candidates": {str(b): c for b, c in CANDIDATES.items()},
+        "candidates": {str(b): c for b, c in candidates.items()},
         "shapes": {},
     }
     sections = args.sections.split(",")
@@ -150,14 +162,14 @@ def main() -> None:
         record_section(
             doc,
             "bits",
-            lambda: {f"n{n}": check_bits(CHECK_CONFIGS, n) for n in CHECK_ROWS},
+            lambda: {f"n{n}": check_bits(checked, n) for n in CHECK_ROWS},
             args.out,
         )
     if "timing" in sections:
         deadline = time.monotonic() + args.budget
         with ClockLog():
             for name in args.shapes.split(","):
-                record_section(doc["shapes"], name, lambda nm=name: time_shape(nm, deadline), None)
+                record_section(doc["shapes"], name, lambda nm=name: time_shape(nm, deadline, candidates), None)
                 doc["summary"] = summarize(doc["shapes"])
                 write_result(doc, args.out)
     doc["summary"] = summarize(doc["shapes"])

@@ -20,26 +20,38 @@ constexpr int kDecodedStepBytes = 64 * 16 * 2;                     // one tile g
 constexpr int kDecodedChunkBytes = 8 * kDecodedStepBytes;          // ... of a 128-column chunk
 constexpr int kMaxDecodedSlots = 3;
 
-// Registers a thread: every thread starts with the launch bound's share (blocks a multiprocessor: 2 where one MMA
-// warpgroup's accumulators, MT x 4 a thread, leave room, else 1); the decoders give theirs down to
-// ss_decoder_registers (their escape patch needs about 96 without spills) and the MMA warpgroup takes what that frees
-// (its accumulators: TG x MT x 4 a thread).
+// MMA warpgroups a block (W): one, or two where one thread cannot hold the TG tile groups' accumulators (TG x MT x 4 >
+// 128 a thread); each takes TG / W tile groups.
+template <int MT, int TG>
+__host__ __device__ constexpr int ss_mma_groups() { return TG * MT * 4 > 128 ? 2 : 1; }
+template <int MT, int TG>
+__host__ __device__ constexpr int ss_threads() { return 128 * (TG + ss_mma_groups<MT, TG>()); }
+// Registers a thread: every thread starts with the launch bound's share (blocks a multiprocessor: 2 where one tile group
+// of at most 128 token rows leaves room, else 1); the decoders give theirs down to ss_decoder_registers (their escape
+// patch needs about 96 without spills) and the MMA warpgroups take what that frees.
 template <int MT, int TG>
 __host__ __device__ constexpr int ss_blocks_per_sm() { return TG == 1 && MT <= 16 ? 2 : 1; }
 template <int MT, int TG>
 __host__ __device__ constexpr int ss_launch_registers() {
-  return 65536 / (128 * (TG + 1) * ss_blocks_per_sm<MT, TG>()) / 8 * 8 > 248
+  return 65536 / (ss_threads<MT, TG>() * ss_blocks_per_sm<MT, TG>()) / 8 * 8 > 248
              ? 248
-             : 65536 / (128 * (TG + 1) * ss_blocks_per_sm<MT, TG>()) / 8 * 8;
+             : 65536 / (ss_threads<MT, TG>() * ss_blocks_per_sm<MT, TG>()) / 8 * 8;
 }
 template <int MT, int TG>
 __host__ __device__ constexpr int ss_decoder_registers() { return TG < 4 ? 96 : MT * 16 > 96 ? 80 : 88; }
 template <int MT, int TG>
 __host__ __device__ constexpr int ss_mma_registers() {
-  return ((TG + 1) * ss_launch_registers<MT, TG>() - TG * ss_decoder_registers<MT, TG>()) / 8 * 8 > 240
+  return ((TG + ss_mma_groups<MT, TG>()) * ss_launch_registers<MT, TG>() - TG * ss_decoder_registers<MT, TG>()) /
+                     ss_mma_groups<MT, TG>() / 8 * 8 >
+                 240
              ? 240
-             : ((TG + 1) * ss_launch_registers<MT, TG>() - TG * ss_decoder_registers<MT, TG>()) / 8 * 8;
+             : ((TG + ss_mma_groups<MT, TG>()) * ss_launch_registers<MT, TG>() - TG * ss_decoder_registers<MT, TG>()) /
+                   ss_mma_groups<MT, TG>() / 8 * 8;
 }
+// Token rows a warpgroup MMA instruction takes: the slab, or its halves where the slab's accumulators pass the launch
+// bound's registers (ptxas checks each instruction against the bound, not against the raised count).
+template <int MT, int TG>
+__host__ __device__ constexpr int ss_mma_n() { return MT * 4 + 32 > ss_launch_registers<MT, TG>() ? MT * 4 : MT * 8; }
 
 // Shared memory (bytes): `slots` activation slots, `stages` decoded slots of TG tile groups, escape scratch a decoder
 // warp, 4 mbarriers a slot; or the epilogue's partial sums, which reuse it, whichever is larger.
@@ -85,19 +97,19 @@ __device__ __forceinline__ void ss_epilogue_others(const W12MmaArgs& args, int c
   }
 }
 
-// The MMA warpgroup's epilogue: the cluster's partial sums in the partition's order (its first block), then the stores.
-template <int MT, int TG>
-__device__ __forceinline__ void ss_epilogue(float (&d)[TG][MT * 4], const W12MmaArgs& args, uint32_t x_s, int cluster,
+// An MMA warpgroup's epilogue (its TGW tile groups): the cluster's partial sums in the partition's order (its first block), then the stores.
+template <int MT, int TGW>
+__device__ __forceinline__ void ss_epilogue(float (&d)[TGW][MT * 4], const W12MmaArgs& args, uint32_t x_s, int cluster,
                                             int slab, int split, int first_tile) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tiles = args.n_padded / 16;
   ss_epilogue_wait(args);
-  const uint32_t mine = x_s + ((warp * TG * MT) * 32 + lane) * 16;  // MMA warps' sums: [warp][group][j][lane]
+  const uint32_t mine = x_s + ((warp * TGW * MT) * 32 + lane) * 16;  // MMA warps' sums: [warp][group][j][lane]
   if (cluster > 1) {  // every block's partial sums into its own shared memory (the loop's, now free)
     __syncthreads();
 #pragma unroll
-    for (int p = 0; p < TG; ++p)
+    for (int p = 0; p < TGW; ++p)
 #pragma unroll
       for (int j = 0; j < MT; ++j)
         ptx::st_shared16(mine + (p * MT + j) * 32 * 16, __float_as_uint(d[p][4 * j]), __float_as_uint(d[p][4 * j + 1]),
@@ -108,7 +120,7 @@ __device__ __forceinline__ void ss_epilogue(float (&d)[TG][MT * 4], const W12Mma
       const int cluster_splits = cluster / args.warps_k;
       for (int sp = 0; sp < cluster_splits; ++sp) {
 #pragma unroll
-        for (int p = 0; p < TG; ++p)
+        for (int p = 0; p < TGW; ++p)
 #pragma unroll
           for (int j = 0; j < MT; ++j) {
             const uint32_t at = mine + (p * MT + j) * 32 * 16;
@@ -132,8 +144,8 @@ __device__ __forceinline__ void ss_epilogue(float (&d)[TG][MT * 4], const W12Mma
   const int m0 = slab * MT * 8;
   const int out_split = cluster > 1 ? split / (cluster / args.warps_k) : split;
 #pragma unroll
-  for (int p = 0; p < TG; ++p) {
-    const int tile = first_tile + p * 4 + warp;
+  for (int p = 0; p < TGW; ++p) {
+    const int tile = first_tile + ((warp >> 2) * TGW + p) * 4 + (warp & 3);
     if (tile >= tiles) break;
 #pragma unroll
     for (int j = 0; j < MT; ++j)
@@ -155,13 +167,15 @@ __device__ __forceinline__ void ss_epilogue(float (&d)[TG][MT * 4], const W12Mma
 
 // args: the partition and the GEMM (W12MmaArgs); launch as w12_wide.cu's (slots: activation slots, stages: decoded
 // slots); x_image: [slabs][chunks][wide_chunk_bytes<MT>()]. Grid: (blocks of TG tile groups x slabs, K classes x
-// splits), cluster (1, cluster, 1); block: 128 x (TG + 1) threads, the MMA warpgroup first.
+// splits), cluster (1, cluster, 1); block: ss_threads threads, the MMA warpgroups first.
 template <int MT, int TG>
-__global__ void __launch_bounds__(128 * (TG + 1), ss_blocks_per_sm<MT, TG>())
+__global__ void __launch_bounds__(ss_threads<MT, TG>(), ss_blocks_per_sm<MT, TG>())
     w12_wide_ss_kernel(W12MmaArgs args, int slots, int stages, int slabs, int cluster, const uint4* x_image) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kChunkBytes = wide_chunk_bytes<MT>();
   constexpr int kAcc = MT * 4;
+  constexpr int W = ss_mma_groups<MT, TG>(), TGW = TG / W;  // MMA warpgroups, tile groups each
+  constexpr int kN = ss_mma_n<MT, TG>();                     // token rows an MMA instruction
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -184,22 +198,22 @@ __global__ void __launch_bounds__(128 * (TG + 1), ss_blocks_per_sm<MT, TG>())
   if (threadIdx.x == 0) {
     for (int i = 0; i < slots; ++i) {
       ptx::mbarrier_init(x_full + 8 * i, 1);
-      ptx::mbarrier_init(x_empty + 8 * i, 4);  // one arrival an MMA warp
+      ptx::mbarrier_init(x_empty + 8 * i, 4 * W);  // one arrival an MMA warp
     }
     for (int i = 0; i < stages; ++i) {
       ptx::mbarrier_init(a_full + 8 * i, 4 * TG);  // one arrival a decoder warp, after its lanes' stores and fences
-      ptx::mbarrier_init(a_empty + 8 * i, 4);
+      ptx::mbarrier_init(a_empty + 8 * i, 4 * W);
     }
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
 
-  if (warp >= 4) {  // a decoder warp: tile group (warp - 4) / 4, its tile (warp & 3)
+  if (warp >= 4 * W) {  // a decoder warp: tile group (warp - 4 W) / 4, its tile (warp & 3)
     registers_fewer<ss_decoder_registers<MT, TG>()>();
-    const int group = (warp - 4) >> 2, w = warp & 3;
+    const int group = (warp - 4 * W) >> 2, w = warp & 3;
     const int tile = min(first_tile + group * 4 + w, tiles - 1);  // past the last tile: repeat it (stored by nobody)
     if (count > 0) {
-      const uint32_t scratch = scratch_s + (warp - 4) * kEscapeScratchBytes;
+      const uint32_t scratch = scratch_s + (warp - 4 * W) * kEscapeScratchBytes;
       const OneTile one(args, tile, first, lane);
       EscapeStream esc;
       esc.begin(args, tile, first, last, args.warps_k, scratch, 0, lane);
@@ -249,11 +263,12 @@ __global__ void __launch_bounds__(128 * (TG + 1), ss_blocks_per_sm<MT, TG>())
       }
     }
     ss_epilogue_others(args, cluster);
-  } else {  // the MMA warpgroup
+  } else {  // an MMA warpgroup: tile groups own .. own + TGW - 1
     registers_more<ss_mma_registers<MT, TG>()>();
-    float d[TG][kAcc];
+    const int own = (warp >> 2) * TGW;
+    float d[TGW][kAcc];
 #pragma unroll
-    for (int p = 0; p < TG; ++p)
+    for (int p = 0; p < TGW; ++p)
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) d[p][i] = 0.f;
     if (count > 0) {
@@ -276,18 +291,23 @@ __global__ void __launch_bounds__(128 * (TG + 1), ss_blocks_per_sm<MT, TG>())
         ptx::wgmma_fence();
 #pragma unroll
         for (int st = 0; st < 8; ++st) {
-          const uint64_t b = descriptor(x_s + slot * kChunkBytes + st * wide_step_bytes<MT>(), MT * 128);
+          const uint32_t b = x_s + slot * kChunkBytes + st * wide_step_bytes<MT>();
 #pragma unroll
-          for (int p = 0; p < TG; ++p)
-            wgmma_ss<8 * MT>(d[p], descriptor(a_s + (stage * TG + p) * kDecodedChunkBytes + st * kDecodedStepBytes, 1024),
-                             b);
+          for (int p = 0; p < TGW; ++p) {
+            const uint64_t a =
+                descriptor(a_s + (stage * TG + own + p) * kDecodedChunkBytes + st * kDecodedStepBytes, 1024);
+#pragma unroll
+            for (int h = 0; h < 8 * MT / kN; ++h)  // token rows h kN .. (h + 1) kN - 1: 16 bytes x 8 rows a group
+              wgmma_ss<kN>(*reinterpret_cast<float(*)[kN / 2]>(&d[p][h * kN / 2]), a,
+                           descriptor(b + h * (kN / 8) * 128, MT * 128));
+          }
         }
         ptx::wgmma_commit();
 #pragma unroll
-        for (int p = 0; p < TG; ++p) fence_sums(d[p]);
+        for (int p = 0; p < TGW; ++p) fence_sums(d[p]);
         ptx::wgmma_wait<1>();  // chunk i - 1's MMAs are done: release its slots
 #pragma unroll
-        for (int p = 0; p < TG; ++p) fence_sums(d[p]);
+        for (int p = 0; p < TGW; ++p) fence_sums(d[p]);
         if (i > 0) {
           const int x_prev = (i - 1) % slots, a_prev = (i - 1) % stages;
           __syncwarp();
@@ -312,19 +332,21 @@ __global__ void __launch_bounds__(128 * (TG + 1), ss_blocks_per_sm<MT, TG>())
       }
       ptx::wgmma_wait<0>();
 #pragma unroll
-      for (int p = 0; p < TG; ++p) fence_sums(d[p]);
+      for (int p = 0; p < TGW; ++p) fence_sums(d[p]);
     }
-    ss_epilogue<MT, TG>(d, args, x_s, cluster, slab, split, first_tile);
+    ss_epilogue<MT, TGW>(d, args, x_s, cluster, slab, split, first_tile);
   }
 #else
   __trap();  // the host launches the wide kernel on sm_90a only
 #endif
 }
 
-// The instantiations (token tiles of 8 rows a slab, tile groups a block): every group count up to 128 accumulators a
-// thread, so a launch asking for more groups than its slab allows runs the most it does (no bit depends on it).
-#define W12_WIDE_SS_KERNELS(X) \
-  X(6, 4) X(6, 2) X(6, 1) X(8, 4) X(8, 2) X(8, 1) X(12, 2) X(12, 1) X(16, 2) X(16, 1) X(24, 1) X(32, 1)
+// The instantiations (token tiles of 8 rows a slab, tile groups a block): every group count the registers hold (4 up
+// to 64 token rows, 2 beyond: above 128 rows with two MMA warpgroups), so a launch asking for more groups than its slab
+// allows runs the most it does (no bit depends on it).
+#define W12_WIDE_SS_KERNELS(X)                                                                            \
+  X(6, 4) X(6, 2) X(6, 1) X(8, 4) X(8, 2) X(8, 1) X(12, 2) X(12, 1) X(16, 2) X(16, 1) X(24, 2) X(24, 1) X(32, 2) \
+  X(32, 1)
 
 template <int MT, int TG>
 cudaError_t launch_ss(const W12MmaArgs& args, const W12Wide& wide, cudaStream_t stream) {
@@ -341,7 +363,7 @@ cudaError_t launch_ss(const W12MmaArgs& args, const W12Wide& wide, cudaStream_t 
   if (cluster == args.warps_k * splits) launched.partial = nullptr;
   const int blocks_n = (tiles + 4 * TG - 1) / (4 * TG);
   const dim3 grid(blocks_n * slabs, args.warps_k * splits);
-  const dim3 block(128 * (TG + 1));
+  const dim3 block(ss_threads<MT, TG>());
   const size_t smem = ss_smem_bytes<MT, TG>(wide.slots, wide.stages);
   auto kernel = w12_wide_ss_kernel<MT, TG>;
   int resident = 0;
@@ -358,7 +380,7 @@ cudaError_t launch_ss(const W12MmaArgs& args, const W12Wide& wide, cudaStream_t 
 }  // namespace
 
 int wide_ss_groups(int token_tiles, int groups) {
-  const int most = token_tiles <= 8 ? 4 : token_tiles <= 16 ? 2 : 1;
+  const int most = token_tiles <= 8 ? 4 : 2;
   return groups < most ? groups : most;
 }
 
