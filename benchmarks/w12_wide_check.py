@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--sections", default="build,bits,timing", help="build, bits, timing (in this order)")
-    parser.add_argument("--budget", type=float, default=30.0, help="seconds the candidates' timing may take")
+    parser.add_argument("--budget", type=float, default=40.0, help="seconds the candidates' timing may take")
     parser.add_argument(
         "--two-mma", action="store_true", help="check and time the two-MMA-warpgroup settings (129-256 rows) alone"
     )
