@@ -335,7 +335,7 @@ def tree_conv_silu(
     conv_state, conv_idx, weight = (t.contiguous() for t in (conv_state, conv_idx, weight))
     out = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
     tile = row_tile("tree_conv_silu", B * T)
-    block = min(tile.block or C, triton.next_power_of_2(C))
+    block = min(tile.block or 1 << 30, triton.next_power_of_2(C))
     grid = (triton.cdiv(B * T, tile.rows), triton.cdiv(C, block))
     _tree_conv_silu_kernel[grid](
         conv_state,
@@ -414,7 +414,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows = gate_up.numel() // (2 * N)
     out = torch.empty(*gate_up.shape[:-1], N, dtype=gate_up.dtype, device=gate_up.device)
     tile = row_tile("silu_mul", rows)
-    block = min(tile.block or N, triton.next_power_of_2(N))
+    block = min(tile.block or 1 << 30, triton.next_power_of_2(N))
     grid = (triton.cdiv(rows, tile.rows), triton.cdiv(N, block))
     _silu_mul_kernel[grid](
         gate_up, out, rows, N, BR=tile.rows, BLOCK=block, **_pdl(gate_up, *grid), num_warps=tile.num_warps
