@@ -62,11 +62,43 @@ def one_setting(shape, B: int, T: int, context: int, copies: int, device, dtype,
     return out
 
 
+def kv_move_check(shape, B: int, T: int, context: int, device, dtype) -> dict:
+    """``commit_kv_rows`` against its reference on random tree paths (every attention layer, K and V): exact?"""
+    from benchmarks.system_bench import step_trees
+    from specpilot_mem.engine.system import pack_trees
+
+    gen = torch.Generator(device=device).manual_seed(7)
+    A, hkv, D = shape.attn_layers, shape.attn_kv_heads, shape.attn_head_dim
+    kv = torch.randn(A, 2, B, hkv, context + T + 8, D, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    trees, deepest = step_trees(B, T, True, 1000)
+    packed = pack_trees(trees, T, 4)
+    accepted = torch.zeros(B, T, dtype=torch.long)
+    accept_len = torch.zeros(B, dtype=torch.long)
+    for b, node in enumerate(deepest):  # the root path to the deepest node, root first
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = int(packed["parents"][b, node])
+        accepted[b, : len(path)] = torch.tensor(path[::-1])
+        accept_len[b] = len(path)
+    lengths = (context - torch.arange(B) % 5).to(device)
+    accepted, accept_len = accepted.to(device), accept_len.to(device)
+    want = kv.clone()
+    batched_ops.commit_kv_rows_reference(want, lengths, accepted, accept_len)
+    batched_ops.commit_kv_rows(kv, lengths, accepted, accept_len)
+    moved = int(
+        (accepted != torch.arange(T, device=device))
+        .logical_and(torch.arange(T, device=device) < accept_len[:, None])
+        .sum()
+    )
+    return {"exact": bool(torch.equal(kv, want)), "rows_moved": moved, "layers": A, "requests": B, "rows": T}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--shapes", default="qwen3.5-4b-like:1,8,32,64:1,5,17;llama-3.1-8b-like:8,32:1,17")
+    ap.add_argument("--shapes", default="qwen3.5-4b-like:1,8,32,64:1,17;llama-3.1-8b-like:32:1,17")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--copies", type=int, default=4)
     ap.add_argument("--replays", type=int, default=20)
@@ -95,6 +127,16 @@ def main(argv=None) -> int:
                 except Exception as exc:  # noqa: BLE001 - one failing setting keeps the others'
                     table[key] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
                 print(name, key, table[key], file=sys.stderr, flush=True)
+    kv_shape = get_shape("qwen3.5-4b-like", args.smoke)
+    try:
+        if cuda:
+            result["commit_kv_rows"] = kv_move_check(kv_shape, 32, 17, args.context, device, dtype)
+        else:
+            with fused_ops.interpreted_kernels():
+                result["commit_kv_rows"] = kv_move_check(kv_shape, 3, 5, args.context, device, dtype)
+    except Exception as exc:  # noqa: BLE001 - the timings still come
+        result["commit_kv_rows"] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+    print("commit_kv_rows", result["commit_kv_rows"], file=sys.stderr, flush=True)
     result["total_s"] = round(time.perf_counter() - t0, 1)
     result["headline"] = headline(result)
     print_result(result, args.out)
@@ -108,7 +150,9 @@ def headline(result: dict) -> str:
         err = max((e["batched"]["max_abs_err"] for e in table.values() if "batched" in e), default=None)
         if sp:
             parts.append(f"{name}: batched kernel {min(sp):.2f}-{max(sp):.2f}x fused_ops' (max abs err {err})")
-    return "; ".join(parts) or "no timings"
+    kv = result.get("commit_kv_rows", {})
+    parts.append(f"commit_kv_rows exact: {kv.get('exact')}")
+    return "; ".join(parts)
 
 
 if __name__ == "__main__":

@@ -256,6 +256,11 @@ def batched(args, device, dtype, timer) -> dict:
                 str(rows - 1): entry["T_draft_ms"] if rows - 1 == 16 else time_draft(stock, B, timer, rows - 1, 1)
                 for rows in BATCHED_ROWS["stock"]
             }
+            # SpecPilot's drafter over the block its trees reach (a best-first tree of N nodes is at most N deep)
+            entry["T_draft_tree_by_block_ms"] = {
+                str(rows - 1): entry["T_draft_tree_ms"] if rows - 1 == 16 else time_draft(stock, B, timer, rows - 1)
+                for rows in BATCHED_ROWS["specpilot"]
+            }
             for name, options in BATCHED_OPTIONS.items():
                 model = stock.with_options(options)
                 steps = {}
@@ -297,11 +302,22 @@ def batched_speedup(run: dict, lattice, block_lattices: dict | None = None) -> d
                 continue
             builder = "chain" if options.tree == "chain" else "best-first"
             t_draft = entry["T_draft_ms"] if builder == "chain" else entry.get("T_draft_tree_ms", entry["T_draft_ms"])
+            # SpecPilot's trees: the drafter's pass over the smallest block that reaches a bucket's nodes (the
+            # planner's drafter blocks), tau from the lattices the pair's drafter recorded at that block
+            drafts = {16: t_draft}
+            if builder != "chain" and entry.get("T_draft_tree_by_block_ms"):
+                drafts = {int(k): v for k, v in entry["T_draft_tree_by_block_ms"].items()}
+            lattices = {**(block_lattices or {}), 16: lattice}
+            costs = _MeasuredSteps(t_ar, drafts, {int(r): t for r, t in steps.items()}, int(B))
+            planner = BudgetPlanner(costs, tuple(int(r) for r in steps), blocks=tuple(drafts))
             by_rows = {}
             for r, t_verify in steps.items():
-                tau = replay_tau(lattice, builder, int(r) - 1)
-                c = (t_draft + t_verify) / t_ar
+                block = planner.draft_block(int(r)) if builder != "chain" else 16
+                tau = replay_tau(lattices.get(block, lattice), builder, int(r) - 1)
+                c = (drafts[block] + t_verify) / t_ar
                 by_rows[r] = {"tau": tau, "c": round(c, 4), "S": round(tau / c, 4)}
+                if builder != "chain":
+                    by_rows[r]["drafter_block"] = block
             mine = {"by_rows": by_rows}
             fixed = str(options.rows)
             if name == "stock" and fixed in by_rows:  # stock as it runs by default: its drafter's chain, every step
@@ -310,8 +326,6 @@ def batched_speedup(run: dict, lattice, block_lattices: dict | None = None) -> d
                 if tuned:
                     row["stock_tuned"] = tuned
             elif name != "stock":
-                costs = _MeasuredSteps(t_ar, t_draft, {int(r): t for r, t in steps.items()}, int(B))
-                planner = BudgetPlanner(costs, tuple(int(r) for r in steps))
                 tau = np.array([by_rows[str(r)]["tau"] for r in planner.buckets])
                 rows = planner.rows_for(int(B), tau)
                 mine["rows"] = rows
@@ -380,16 +394,17 @@ def stock_tuned(entry: dict, steps: dict, block_lattices: dict) -> dict | None:
 
 
 class _MeasuredSteps:
-    """One batch size's measured step times as the planner's step costs (``BudgetPlanner``'s interface)."""
+    """One batch size's measured step times as the planner's step costs (``BudgetPlanner``'s interface); drafts:
+    {drafter block: ms of its pass over the batch}."""
 
-    def __init__(self, t_ar: float, t_draft: float, verify: dict[int, float], requests: int):
-        self.t_ar, self.t_draft, self.verify, self.requests = t_ar, t_draft, verify, requests
+    def __init__(self, t_ar: float, drafts: dict[int, float], verify: dict[int, float], requests: int):
+        self.t_ar, self.drafts, self.verify, self.requests = t_ar, drafts, verify, requests
 
     def ar_ms(self, requests: int) -> float:
         return self.t_ar
 
     def draft_ms(self, rows: int, requests: int) -> float:
-        return self.t_draft
+        return self.drafts[rows // requests - 1]
 
     def verify_ms(self, rows: int, requests: int) -> float:
         return self.verify[rows // requests]
