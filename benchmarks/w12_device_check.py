@@ -136,8 +136,8 @@ def build() -> dict:
 
 def check_bits(configs: dict[str, MmaConfig] = CHECK_CONFIGS, n: int = 1024, rows: tuple[int, ...] = ROWS) -> dict:
     """Every config of ``configs`` at each of ``rows`` and every escape fraction on an [n, 1536] weight: y's bits equal
-    the per-warp kernel's (64 rows a launch), each row's bits do not depend on the row count, one-hot rows read the
-    weights exactly, and y is close to the fp32 reference. Q pass (midpoint) too, at a few row counts."""
+    the per-warp kernel's (64 rows a launch), each row's bits do not depend on the row count, one-hot rows read every
+    weight exactly at each of ``rows``, and y is close to the fp32 reference. Q pass (midpoint) too, at a few row counts."""
     out = {}
     k = 1536
     torch.manual_seed(1)
@@ -153,6 +153,8 @@ def check_bits(configs: dict[str, MmaConfig] = CHECK_CONFIGS, n: int = 1024, row
         onehot = torch.zeros(cols.numel(), k, device="cuda", dtype=torch.bfloat16)
         onehot[torch.arange(cols.numel()), cols] = 1
         expected = bits((w[:, cols].t().float() + 0.0).bfloat16())
+        eye = torch.eye(k, device="cuda", dtype=torch.bfloat16)
+        every = bits((w.t().float() + 0.0).bfloat16())  # [k, n]: row c is column c of w
         for name, config in configs.items():
             try:
                 plain = replace(config, **PLAIN)
@@ -169,6 +171,13 @@ def check_bits(configs: dict[str, MmaConfig] = CHECK_CONFIGS, n: int = 1024, row
                 for m in (1, 64, 256):
                     if not torch.equal(bits(w12_mma_gemm(onehot[:m], mma, config=config)), expected[:m]):
                         failures.append(f"one-hot rows {m}: weights not read exactly")
+                for m in rows:  # every weight, m columns a launch
+                    wrong = torch.zeros((), dtype=torch.bool, device="cuda")
+                    for c0 in range(0, k, m):
+                        y = bits(w12_mma_gemm(eye[c0 : c0 + m], mma, config=config))
+                        wrong |= (y != every[c0 : c0 + m]).any()
+                    if wrong.item():
+                        failures.append(f"one-hot rows {m}: some weight not read exactly")
                 for m in (9, 33, 128, 256):
                     q = w12_mma_gemm(x[:m], mma, config=config, low_bits="midpoint")
                     if not torch.equal(bits(q), bits(w12_mma_gemm(x[:m], mma, config=plain, low_bits="midpoint"))):
