@@ -137,7 +137,7 @@ def build() -> dict:
 def check_bits(configs: dict[str, MmaConfig] = CHECK_CONFIGS, n: int = 1024, rows: tuple[int, ...] = ROWS) -> dict:
     """Every config of ``configs`` at each of ``rows`` and every escape fraction on an [n, 1536] weight: y's bits equal
     the per-warp kernel's (64 rows a launch), each row's bits do not depend on the row count, one-hot rows read every
-    weight exactly at each of ``rows``, and y is close to the fp32 reference. Q pass (midpoint) too, at a few row counts."""
+    weight exactly at each of ``rows`` up to 64, and y is close to the fp32 reference. Q pass (midpoint) too, at a few row counts."""
     out = {}
     k = 1536
     torch.manual_seed(1)
@@ -171,7 +171,7 @@ def check_bits(configs: dict[str, MmaConfig] = CHECK_CONFIGS, n: int = 1024, row
                 for m in (1, 64, 256):
                     if not torch.equal(bits(w12_mma_gemm(onehot[:m], mma, config=config)), expected[:m]):
                         failures.append(f"one-hot rows {m}: weights not read exactly")
-                for m in rows:  # every weight, m columns a launch
+                for m in (m for m in rows if m <= 64):  # every weight, m columns a launch (wide: the 256 above)
                     wrong = torch.zeros((), dtype=torch.bool, device="cuda")
                     for c0 in range(0, k, m):
                         y = bits(w12_mma_gemm(eye[c0 : c0 + m], mma, config=config))
