@@ -137,7 +137,8 @@ def build() -> dict:
 def check_bits(configs: dict[str, MmaConfig] = CHECK_CONFIGS, n: int = 1024, rows: tuple[int, ...] = ROWS) -> dict:
     """Every config of ``configs`` at each of ``rows`` and every escape fraction on an [n, 1536] weight: y's bits equal
     the per-warp kernel's (64 rows a launch), each row's bits do not depend on the row count, one-hot rows read every
-    weight exactly at each of ``rows`` up to 64, and y is close to the fp32 reference. Q pass (midpoint) too, at a few row counts."""
+    weight exactly at each of ``rows`` up to 64, and y is close to the fp32 reference. Q pass (midpoint) too, at a few
+    row counts."""
     out = {}
     k = 1536
     torch.manual_seed(1)
