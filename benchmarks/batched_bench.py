@@ -43,6 +43,8 @@ LABEL = (
     "(not comparable in absolute terms to the paper's)"
 )
 PLOTTED = ("stock", "path-verify", "shared-budget", "planned-budget", "drafter-block", "prompt-admission", "all")
+# each mechanism alone (with its AR gate), and all of them: the issue's never-slower-than-AR applies to each
+MECHANISMS = ("shared-budget", "planned-budget", "drafter-block", "prompt-admission", "all")
 
 
 def load_blocks(folder: Path, splits: list[str]) -> dict:
@@ -77,7 +79,7 @@ def run_shape(lattices, costs: dict, batches, args) -> dict:
             for name, cfg in CONFIGS.items()
         }
         figures = speedups(outcomes)
-        shared, equal = outcomes["shared-budget"], outcomes["equal-trees"]
+        shared, equal = outcomes["shared-plateau"], outcomes["equal-trees"]
         out["batches"][str(b)] = {
             "configs": {name: {**o.to_dict(), **figures[name]} for name, o in outcomes.items()},
             "shared_vs_equal_tokens_per_step": shared.tau / equal.tau,
@@ -112,7 +114,7 @@ def budget_sweep(lattices, batches, per_request, args) -> dict:
             shared = simulate(
                 lattices,
                 costs,
-                CONFIGS["shared-budget"],
+                CONFIGS["shared-plateau"],
                 b,
                 budget_rows=rows,
                 stream=args.stream,
@@ -187,10 +189,13 @@ def targets(shapes: dict) -> dict:
     """The issue's numbers, checked on every shape and batch size measured."""
     mid = ("16", "24", "32")
     rows = [(s, b, r) for s, d in shapes.items() for b, r in d["batches"].items()]
+    if not any(b in mid for _, b, _ in rows):
+        mid = tuple(b for _, b, _ in rows)
     return {
         "all_never_slower_than_ar": all(r["configs"]["all"]["over_ar"] >= 1.0 for _, _, r in rows),
         "min_all_over_ar": min(r["configs"]["all"]["over_ar"] for _, _, r in rows),
         "min_planned_budget_over_ar": min(r["configs"]["planned-budget"]["over_ar"] for _, _, r in rows),
+        "min_mechanism_over_ar": {name: min(r["configs"][name]["over_ar"] for _, _, r in rows) for name in MECHANISMS},
         "min_stock_over_ar": min(r["configs"]["stock"]["over_ar"] for _, _, r in rows),
         "shared_vs_equal_at_16_32_min": min(r["shared_vs_equal_tokens_per_step"] for _, b, r in rows if b in mid),
         "shared_vs_equal_target": 1.06,

@@ -45,7 +45,9 @@ class Mechanisms:
     shared: best-first trees share the step's rows (else each request gets an equal share of them);
     blocks: a drafter block per request (else every request drafts ``STOCK_BLOCK``); admission: prompt
     rows in the verify step; plan: the verify rows per request (AR among them) chosen each step by the
-    batch-size-aware planner (``planner.BudgetPlanner``) from the step costs and the trees' expected tokens.
+    batch-size-aware planner (``planner.BudgetPlanner``) from the step costs and the trees' expected tokens;
+    gate: the configuration's own step or AR, whichever the planner (with that step as its one bucket) expects
+    faster, so a mechanism never runs speculation where it loses to AR.
     The configuration ``path-verify`` is stock's chain on SpecPilot's engine option set: what the option set
     alone gains, against which each batching mechanism's own gain reads."""
 
@@ -60,6 +62,7 @@ class Mechanisms:
     blocks: bool = False
     admission: bool = False
     plan: bool = False
+    gate: bool = False
 
 
 CONFIGS = {
@@ -69,10 +72,11 @@ CONFIGS = {
         Mechanisms("stock", engine="stock"),
         Mechanisms("path-verify"),
         Mechanisms("equal-trees", tree="best-first"),
-        Mechanisms("shared-budget", tree="best-first", shared=True),
-        Mechanisms("drafter-block", blocks=True),
-        Mechanisms("shared-budget+drafter-block", tree="best-first", shared=True, blocks=True),
-        Mechanisms("prompt-admission", admission=True),
+        Mechanisms("shared-plateau", tree="best-first", shared=True),
+        Mechanisms("shared-budget", tree="best-first", shared=True, gate=True),
+        Mechanisms("drafter-block", blocks=True, gate=True),
+        Mechanisms("shared-budget+drafter-block", tree="best-first", shared=True, blocks=True, gate=True),
+        Mechanisms("prompt-admission", admission=True, gate=True),
         Mechanisms("planned-budget", tree="best-first", shared=True, plan=True),
         Mechanisms("all", tree="best-first", shared=True, blocks=True, admission=True, plan=True),
     )
@@ -214,7 +218,13 @@ def simulate(
     budget = SharedBudget(costs.target, verify_buffer, budget_rows)
     blocks = DrafterBlocks(STOCK_BLOCK, costs.drafter, sorted(lattices)) if config.blocks else None
     admission = PromptAdmission(costs.rows_curve(batch), verify_buffer, segment) if config.admission else None
-    planner = BudgetPlanner(costs, plan_rows, blocks=tuple(sorted(lattices)), prior=plan_prior) if config.plan else None
+    if config.plan:
+        planner = BudgetPlanner(costs, plan_rows, blocks=tuple(sorted(lattices)), prior=plan_prior)
+    elif config.gate:  # one bucket: the configuration's own rows per request (the budget's, or a chain's)
+        own = max(2, round(budget.rows_for(batch) / batch)) if config.tree == "best-first" else 1 + STOCK_BLOCK
+        planner = BudgetPlanner(costs, (own,), blocks=(STOCK_BLOCK,), prior=plan_prior)
+    else:
+        planner = None
     slots = _Slots(batch, lengths, stream or max(lengths.size, 2 * batch), STOCK_BLOCK)
     out = Outcome(config.name, batch)
     while True:
@@ -229,8 +239,9 @@ def simulate(
         if speculate and planner is not None:
             per_request = planner.rows_for(n)
             speculate = per_request > 1
-            rows = n * per_request if speculate else n
-            chosen = np.minimum(chosen, planner.draft_block(per_request))
+            if config.plan or not speculate:
+                rows = n * per_request if speculate else n
+                chosen = np.minimum(chosen, planner.draft_block(per_request))
         fixed = n + (int(chosen.sum()) if speculate and config.tree == "chain" else 0)
         prompt_take = np.zeros(batch, dtype=np.int64)
         queued = np.flatnonzero(slots.waiting > 0)
