@@ -93,6 +93,8 @@ class Outcome:
     spec_steps: int = 0
     request_steps_spec: int = 0
     time_ms: float = 0.0
+    prefill_ms: float = 0.0  # of time_ms: stock's separate prefill passes
+    draft_ms: float = 0.0  # of time_ms: the drafter's passes of the speculative steps
     prefill_passes: int = 0
     admitted_rows: int = 0
     verify_rows: int = 0
@@ -112,7 +114,9 @@ class Outcome:
         out = asdict(self)
         out.update(
             tau=self.tau,
+            tau_spec=(self.tokens - (self.request_steps - self.request_steps_spec)) / max(self.request_steps_spec, 1),
             tokens_per_s=self.tokens_per_ms * 1e3,
+            decode_tokens_per_s=self.tokens / max(self.time_ms - self.prefill_ms, 1e-9) * 1e3,
             mean_verify_rows=self.verify_rows / max(self.spec_steps, 1),
             mean_drafter_rows=self.drafter_rows / max(self.spec_steps, 1),
         )
@@ -260,7 +264,9 @@ def simulate(
         ):
             prompt_take[queued] = admission.plan(fixed, torch.from_numpy(slots.waiting[queued]))[0].numpy()
         elif queued.size:  # stock scheduling: the waiting prompts' prefill pass, before the step
-            out.time_ms += costs.prefill_ms(int(slots.waiting[queued].sum()))
+            prefill = costs.prefill_ms(int(slots.waiting[queued].sum()))
+            out.time_ms += prefill
+            out.prefill_ms += prefill
             out.prefill_passes += 1
             slots.waiting[queued] = 0  # they decode from the next step on
         extra = int(prompt_take.sum())
@@ -345,8 +351,10 @@ def _speculative_step(
     verify_rows = n + int(trees.num_nodes.sum()) + extra
     out.drafter_rows += drafter_rows
     out.verify_rows += verify_rows
+    draft_ms = costs.draft_ms(drafter_rows, n)
+    out.draft_ms += draft_ms
     depth = share_depth(torch.from_numpy(trees.depths), torch.from_numpy(trees.num_nodes)).numpy()
-    return verdict.accepted + 1, costs.draft_ms(drafter_rows, n) + costs.verify_ms(verify_rows, n), depth
+    return verdict.accepted + 1, draft_ms + costs.verify_ms(verify_rows, n), depth
 
 
 def step_trees(
