@@ -56,6 +56,14 @@ def load_blocks(folder: Path, splits: list[str]) -> dict:
     return {b: concat_lattices(sorted(lats, key=lambda lat: lat.source)) for b, lats in blocks.items()}
 
 
+def stream_for(args, batch: int, lattices) -> int | None:
+    """Requests through the closed loop at ``batch`` in flight: ``--stream``, or with ``--stream-per-slot`` K at
+    least K per slot (the lattices' requests cycled), so large batches run several requests per slot too."""
+    if args.stream_per_slot:
+        return max(next(iter(lattices.values())).num_requests, args.stream_per_slot * batch)
+    return args.stream
+
+
 def run_shape(lattices, costs: dict, batches, args) -> dict:
     """``costs``: the step costs per engine option set ("stock", "path"); a configuration takes its own
     (``Mechanisms.engine``), or the stock one where only that exists."""
@@ -73,7 +81,7 @@ def run_shape(lattices, costs: dict, batches, args) -> dict:
                 prompt_rows=args.prompt_rows,
                 segment=args.segment,
                 verify_buffer=args.verify_buffer,
-                stream=args.stream,
+                stream=stream_for(args, b, lattices),
                 plan_prior=args.plan_prior,
             )
             for name, cfg in CONFIGS.items()
@@ -291,6 +299,9 @@ def main(argv=None) -> int:
     ap.add_argument("--verify-buffer", type=int, default=2048)
     ap.add_argument("--stream", type=int, help="requests through the closed loop (default: all, at least 2 x B)")
     ap.add_argument(
+        "--stream-per-slot", type=int, help="instead of --stream: at least this many requests per slot (cycled)"
+    )
+    ap.add_argument(
         "--sweep", default="1,2,4,8", help="nodes per request of the cost-free shared-vs-equal sweep ('' skips)"
     )
     ap.add_argument(
@@ -321,6 +332,7 @@ def main(argv=None) -> int:
             for b, lat in sorted(lattices.items())
         },
         "prompt_rows": args.prompt_rows,
+        "stream": {str(b): stream_for(args, b, lattices) for b in batches},
         "segment": args.segment,
         "shapes": {},
     }
