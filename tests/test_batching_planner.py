@@ -80,16 +80,22 @@ def test_a_verified_bucket_scales_the_chain_estimate_by_what_it_realised():
         planner.observe(np.array([0, 1, 2, 4, 0, 1, 2, 4]), np.full(8, 4))
     chain = planner.chain_expected()
     five = planner.buckets.index(5)
-    planner.observe(np.array([0, 1]), np.array([4, 4]), rows=5)  # 0.5 tokens past the root
-    ratio = 0.5 / (chain[five] - 1)
+    added, prior = chain[five] - 1, planner.RATIO_PRIOR
+    planner.observe(np.array([0, 1]), np.array([4, 4]), rows=5)  # 0.5 tokens past the root per request
+    start = planner.RATIO_DECAY * prior * added  # a ratio of 1 worth RATIO_PRIOR requests, decayed once
+    ratio = (start + 1) / (start + 2 * added)
+    assert planner.ratio(5) == pytest.approx(ratio) and ratio < 1
     after = planner.chain_expected()
     expected = planner.expected()
     np.testing.assert_allclose(expected[:five], after[:five])  # below the verified bucket: the chain's
     np.testing.assert_allclose(expected[five:], 1 + (after[five:] - 1) * ratio)  # it and above: its ratio
+    for _ in range(200):  # many requests' worth: the prior's pull fades
+        planner.observe(np.array([0, 1]), np.array([4, 4]), rows=5)
+    assert planner.ratio(5) < ratio
     planner.observe(np.array([2, 2]), np.array([4, 4]), rows=17)  # a larger bucket keeps its own ratio
     top = planner.buckets.index(17)
-    assert planner._ratio[five] == pytest.approx(ratio)
-    assert planner.expected()[top] == pytest.approx(1 + (planner.chain_expected()[top] - 1) * planner._ratio[top])
+    assert planner.ratio(17) != planner.ratio(5) and planner.ratio(3) is None
+    assert planner.expected()[top] == pytest.approx(1 + (planner.chain_expected()[top] - 1) * planner.ratio(17))
 
 
 def test_looks_are_spaced_by_their_estimated_loss():

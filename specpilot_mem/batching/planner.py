@@ -23,8 +23,9 @@ far too few rows.) The chain of k nodes is not the tree a bucket verifies: a sha
 siblings, so its trees are shallower than k and the chain estimate flatters the large buckets (at 64 requests
 a 9- or 17-row bucket realises about 0.75 of the chain's added tokens). So each verified bucket keeps the
 ratio of the tokens it added past the root to what the chain estimate said then (a decaying average), and its
-estimate is the chain's scaled by that ratio; a bucket not verified takes the ratio of the nearest verified
-bucket below it (the bias grows with the bucket), or none. The ratio carries the trees' shape, the per-depth
+estimate is the chain's scaled by that ratio (decaying sums over the requests the bucket verified, starting
+from a ratio of 1 worth a few requests, so one request's unlucky step does not write a bucket off); a bucket not
+verified takes the ratio of the nearest verified bucket below it (the bias grows with the bucket), or none. The ratio carries the trees' shape, the per-depth
 rates carry how well the drafter does lately, so a verified bucket needs no second look to stay right (an
 earlier form faded each bucket's realised tokens back into the chain estimate, and its re-looks at the large
 buckets cost 8% at 64 requests).
@@ -62,6 +63,10 @@ class BudgetPlanner:
 
     FLAG = "--plan-rows"
     PRIOR = 1.0  # requests' worth of prior weight per depth in the acceptance estimate
+    RATIO_PRIOR = 16.0  # requests' worth of a ratio of 1 in a bucket's realised ratio
+    # per step, of the realised ratio's sums: slower than the per-depth rates, which carry how the drafter does
+    # lately (the ratio carries the trees' shape; both moving at one pace counted a bad stretch twice)
+    RATIO_DECAY = 0.99
 
     def __init__(
         self,
@@ -104,8 +109,11 @@ class BudgetPlanner:
             reach = prior_weight * np.concatenate([[1.0], np.cumprod(prior)[:-1]])
             self._den[1 : prior.size + 1] = reach
             self._num[1 : prior.size + 1] = reach * prior
-        # per bucket: realised over estimated tokens past the root (a decaying average; NaN: never verified)
-        self._ratio = np.full(len(self.buckets), np.nan)
+        # per bucket: realised and estimated tokens past the root, decaying sums over requests (their ratio scales the
+        # chain estimate; a verified bucket starts from a ratio of 1 worth RATIO_PRIOR requests, so one request's
+        # unlucky step does not write a bucket off)
+        self._realised = np.zeros(len(self.buckets))
+        self._estimated = np.zeros(len(self.buckets))
         self._since = 0
         self._steps: dict[int, tuple[float, np.ndarray]] = {}  # requests -> (AR step ms, each bucket's step ms)
 
@@ -120,10 +128,11 @@ class BudgetPlanner:
         accepted, depth = np.asarray(accepted, dtype=np.int64), np.asarray(depth, dtype=np.int64)
         chain = self.chain_expected()
         if rows in self.buckets and chain is not None:
-            i = self.buckets.index(rows)
-            ratio = float(accepted.mean()) / max(chain[i] - 1.0, 1e-9)
-            seen = self._ratio[i]
-            self._ratio[i] = ratio if np.isnan(seen) else self.decay * seen + (1 - self.decay) * ratio
+            i, added = self.buckets.index(rows), max(chain[self.buckets.index(rows)] - 1.0, 1e-9)
+            if self._estimated[i] == 0:
+                self._realised[i] = self._estimated[i] = self.RATIO_PRIOR * added
+            self._realised[i] = self.RATIO_DECAY * self._realised[i] + float(accepted.sum())
+            self._estimated[i] = self.RATIO_DECAY * self._estimated[i] + accepted.size * added
         d = np.arange(1, self._num.size)[:, None]
         reached = (accepted[None, :] >= d - 1) & (depth[None, :] >= d)
         self._den[1:] = self.decay * self._den[1:] + reached.sum(1)
@@ -157,9 +166,16 @@ class BudgetPlanner:
         if chain is None:
             return None
         ratio, last = np.ones(len(self.buckets)), 1.0
-        for i, seen in enumerate(self._ratio):
-            last = ratio[i] = last if np.isnan(seen) else seen
+        for i in range(len(self.buckets)):
+            if self._estimated[i] > 0:
+                last = self._realised[i] / self._estimated[i]
+            ratio[i] = last
         return 1.0 + (chain - 1.0) * ratio
+
+    def ratio(self, rows: int) -> float | None:
+        """The realised ratio of the bucket of ``rows`` rows per request (None: never verified)."""
+        i = self.buckets.index(rows)
+        return None if self._estimated[i] == 0 else float(self._realised[i] / self._estimated[i])
 
     def step_ms(self, requests: int) -> tuple[float, np.ndarray]:
         """AR's step and each bucket's (draft + verify) step at ``requests`` requests, computed once per batch size."""
