@@ -114,7 +114,12 @@ class BudgetPlanner:
         # unlucky step does not write a bucket off)
         self._realised = np.zeros(len(self.buckets))
         self._estimated = np.zeros(len(self.buckets))
+        # per bucket: the tokens per request its steps realised lately (a decaying average; NaN: never verified)
+        # and the steps observed since it was last verified (its weight against the scaled estimate fades with them)
+        self._recent = np.full(len(self.buckets), np.nan)
+        self._age = np.zeros(len(self.buckets))
         self._since = 0
+        self._idle = 0  # AR steps since the last observed speculative step
         self._steps: dict[int, tuple[float, np.ndarray]] = {}  # requests -> (AR step ms, each bucket's step ms)
 
     def draft_block(self, rows: int) -> int:
@@ -127,6 +132,15 @@ class BudgetPlanner:
         come from, and the bucket's realised tokens per request."""
         accepted, depth = np.asarray(accepted, dtype=np.int64), np.asarray(depth, dtype=np.int64)
         chain = self.chain_expected()
+        # the estimates age with steps, AR steps included: after a long AR stretch a look counts for more
+        steps, self._idle = 1 + self._idle, 0
+        decay = self.decay**steps
+        self._age += steps
+        if rows in self.buckets:
+            i, tau = self.buckets.index(rows), 1.0 + float(accepted.mean())
+            seen = self._recent[i]
+            self._recent[i] = tau if np.isnan(seen) else decay * seen + (1 - decay) * tau
+            self._age[i] = 0
         if rows in self.buckets and chain is not None:
             i, added = self.buckets.index(rows), max(chain[self.buckets.index(rows)] - 1.0, 1e-9)
             if self._estimated[i] == 0:
@@ -135,8 +149,8 @@ class BudgetPlanner:
             self._estimated[i] = self.RATIO_DECAY * self._estimated[i] + accepted.size * added
         d = np.arange(1, self._num.size)[:, None]
         reached = (accepted[None, :] >= d - 1) & (depth[None, :] >= d)
-        self._den[1:] = self.decay * self._den[1:] + reached.sum(1)
-        self._num[1:] = self.decay * self._num[1:] + (reached & (accepted[None, :] >= d)).sum(1)
+        self._den[1:] = decay * self._den[1:] + reached.sum(1)
+        self._num[1:] = decay * self._num[1:] + (reached & (accepted[None, :] >= d)).sum(1)
 
     def acceptance(self) -> np.ndarray | None:
         """[depth] conditional acceptance of a node at each depth given its parent's (index 0: depth 1): the
@@ -159,9 +173,10 @@ class BudgetPlanner:
         return np.array([1.0 + reach[: rows - 1].sum() for rows in self.buckets])
 
     def expected(self) -> np.ndarray | None:
-        """Expected tokens per request at each bucket: the chain estimate's tokens past the root scaled by the
-        bucket's realised ratio (that of the nearest verified bucket below where it was not verified; none
-        below either: unscaled); None before any observation."""
+        """Expected tokens per request at each bucket: what its steps realised lately, fading (as other buckets are
+        verified) into the chain estimate's tokens past the root scaled by the bucket's realised ratio (that of the
+        nearest verified bucket below where it was not verified; none below either: unscaled); None before any
+        observation."""
         chain = self.chain_expected()
         if chain is None:
             return None
@@ -170,7 +185,9 @@ class BudgetPlanner:
             if self._estimated[i] > 0:
                 last = self._realised[i] / self._estimated[i]
             ratio[i] = last
-        return 1.0 + (chain - 1.0) * ratio
+        scaled = 1.0 + (chain - 1.0) * ratio
+        weight = np.where(np.isnan(self._recent), 0.0, self.decay**self._age)
+        return weight * np.nan_to_num(self._recent) + (1 - weight) * scaled
 
     def ratio(self, rows: int) -> float | None:
         """The realised ratio of the bucket of ``rows`` rows per request (None: never verified)."""
@@ -213,12 +230,17 @@ class BudgetPlanner:
             return int(best["rows"])
         if tau is not None:
             return 1
+        self._idle += 1
         self._since += 1
         if self._since >= self._interval:
             # the look's estimated loss (in AR steps) spread over the AR steps until the next one stays <= probe_cost
             loss = max(0.0, 1.0 - best["tokens_per_ms"] / table[0]["tokens_per_ms"])
             self._since = 0
-            self._interval = int(np.clip(np.ceil(loss / self.probe_cost), self.probe, self.max_probe))
+            # a batch's estimate averages its requests' text, so it goes stale more slowly the more requests it has:
+            # at most probe x B steps between looks (one request's text changes within a few dozen tokens)
+            longest = min(self.max_probe, self.probe * requests)
+            self._interval = int(np.clip(np.ceil(loss / self.probe_cost), self.probe, longest))
+            self._idle -= 1  # the look is a speculative step
             return int(best["rows"])
         return 1
 
