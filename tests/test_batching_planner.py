@@ -88,14 +88,19 @@ def test_a_verified_bucket_scales_the_chain_estimate_by_what_it_realised():
     after = planner.chain_expected()
     expected = planner.expected()
     np.testing.assert_allclose(expected[:five], after[:five])  # below the verified bucket: the chain's
-    np.testing.assert_allclose(expected[five:], 1 + (after[five:] - 1) * ratio)  # it and above: its ratio
+    assert expected[five] == pytest.approx(1.5)  # the bucket just verified: what it realised
+    np.testing.assert_allclose(expected[five + 1 :], 1 + (after[five + 1 :] - 1) * ratio)  # above: its ratio
     for _ in range(200):  # many requests' worth: the prior's pull fades
         planner.observe(np.array([0, 1]), np.array([4, 4]), rows=5)
     assert planner.ratio(5) < ratio
     planner.observe(np.array([2, 2]), np.array([4, 4]), rows=17)  # a larger bucket keeps its own ratio
     top = planner.buckets.index(17)
     assert planner.ratio(17) != planner.ratio(5) and planner.ratio(3) is None
-    assert planner.expected()[top] == pytest.approx(1 + (planner.chain_expected()[top] - 1) * planner.ratio(17))
+    assert planner.expected()[top] == pytest.approx(3.0)
+    for _ in range(100):  # other buckets verified: the 5-row bucket's realised figure fades into its scaled estimate
+        planner.observe(np.array([2, 2]), np.array([4, 4]), rows=17)
+    scaled = 1 + (planner.chain_expected()[five] - 1) * planner.ratio(5)
+    assert planner.expected()[five] == pytest.approx(scaled, rel=0.02)
 
 
 def test_looks_are_spaced_by_their_estimated_loss():
