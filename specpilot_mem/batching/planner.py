@@ -35,8 +35,8 @@ from a prior (``prior``: per-depth acceptance the pair showed elsewhere, e.g. on
 requests' worth of observations), and then no first look is needed; without one, the first step verifies the
 smallest bucket (the cheapest look). While AR wins, the next look comes after as many AR steps as keep its
 estimated loss (the best bucket's shortfall from AR, in AR steps) at most ``probe_cost`` of those steps'
-throughput, within ``probe`` .. ``max_probe`` steps: near the break-even the planner looks often, where
-speculation is far from paying it looks rarely. Per batch size the step costs of every bucket are computed
+throughput, within ``probe`` .. min(``max_probe``, ``probe`` x B) steps: near the break-even the planner looks
+often, where speculation is far from paying it looks rarely. Per batch size the step costs of every bucket are computed
 once. The planner reads only what the engine brings to the host every step anyway (the accepted lengths and
 each share's depth, which the scheduler needs to commit and schedule), so it adds no device synchronisation.
 """
