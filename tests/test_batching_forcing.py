@@ -138,3 +138,19 @@ def test_the_planner_chooses_each_steps_bucket_in_the_system_decoder(engine, req
     else:
         assert 1 in rows and max(rows) > 1 and rows[1] > sum(n for k, n in rows.items() if k > 1)
     assert all(len(step) <= 3 for step in decoder.stats["shares"])
+
+
+@pytest.mark.parametrize("name", ["shared-budget", "drafter-block"])
+def test_a_gated_mechanism_takes_ar_steps_where_speculation_loses(engine, requests, ar, name):
+    from specpilot_mem.batching.system_decoder import PolicyDecoder
+
+    costs = ARWins("test", CURVE, CURVE, 0.0, measured=False)
+    gated = PolicyDecoder(engine, CONFIGS[name], costs, batch=3, max_len=256)
+    runs = gated.generate([r.prompt_ids for r in requests], "spec", NEW_TOKENS)
+    for g, r in zip(runs, requests):
+        assert g.output_ids == ar[r.id].output_ids
+    rows = gated.stats["rows"]  # AR steps (1 row) outnumber its looks at its own [B, 1 + nodes] step
+    assert set(rows) <= {1, gated.options.rows} and rows.get(1, 0) > rows.get(gated.options.rows, 0)
+    ungated = PolicyDecoder(engine, replace(CONFIGS[name], gate=False), costs, batch=3, max_len=256)
+    ungated.generate([r.prompt_ids for r in requests], "spec", NEW_TOKENS)
+    assert set(ungated.stats["rows"]) == {ungated.options.rows}

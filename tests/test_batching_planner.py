@@ -58,7 +58,7 @@ def test_expected_tokens_from_per_depth_acceptance():
     planner = BudgetPlanner(Costs(growth=0.001))
     assert planner.expected() is None and planner.rows_for(8) == planner.buckets[0]  # first look: the cheapest
     # chains verified 4 deep: per depth half of those reaching it accept it
-    for _ in range(40):
+    for _ in range(400):  # the decaying sums' steady state
         planner.observe(np.array([0, 1, 2, 4, 0, 1, 2, 4]), np.full(8, 4))
     rate = planner.acceptance()
     steady = 1 / (1 - planner.decay)  # the decaying sums' weight of one step
@@ -70,9 +70,37 @@ def test_expected_tokens_from_per_depth_acceptance():
     np.testing.assert_allclose(rate[:4], [6 / 8, 4 / 6, 2 / 4, 2 / 2], atol=0.05)
     np.testing.assert_allclose(rate[4:], rate[3])  # unverified depths take the deepest verified one's rate
     reach = np.cumprod(rate)
-    np.testing.assert_allclose(planner.expected(), [1 + reach[: r - 1].sum() for r in planner.buckets])
-    planner.observe(np.array([0, 1]), np.array([4, 4]), rows=5)  # a verified bucket takes what it realised
-    assert planner.expected()[planner.buckets.index(5)] == pytest.approx(1.5)
+    chain = np.array([1 + reach[: r - 1].sum() for r in planner.buckets])
+    np.testing.assert_allclose(planner.expected(), chain)
+
+
+def test_a_verified_bucket_scales_the_chain_estimate_by_what_it_realised():
+    planner = BudgetPlanner(Costs(growth=0.001))
+    for _ in range(400):  # the decaying sums' steady state
+        planner.observe(np.array([0, 1, 2, 4, 0, 1, 2, 4]), np.full(8, 4))
+    chain = planner.chain_expected()
+    five = planner.buckets.index(5)
+    added, prior = chain[five] - 1, planner.RATIO_PRIOR
+    planner.observe(np.array([0, 1]), np.array([4, 4]), rows=5)  # 0.5 tokens past the root per request
+    start = planner.RATIO_DECAY * prior * added  # a ratio of 1 worth RATIO_PRIOR requests, decayed once
+    ratio = (start + 1) / (start + 2 * added)
+    assert planner.ratio(5) == pytest.approx(ratio) and ratio < 1
+    after = planner.chain_expected()
+    expected = planner.expected()
+    np.testing.assert_allclose(expected[:five], after[:five])  # below the verified bucket: the chain's
+    assert expected[five] == pytest.approx(1.5)  # the bucket just verified: what it realised
+    np.testing.assert_allclose(expected[five + 1 :], 1 + (after[five + 1 :] - 1) * ratio)  # above: its ratio
+    for _ in range(200):  # many requests' worth: the prior's pull fades
+        planner.observe(np.array([0, 1]), np.array([4, 4]), rows=5)
+    assert planner.ratio(5) < ratio
+    planner.observe(np.array([2, 2]), np.array([4, 4]), rows=17)  # a larger bucket keeps its own ratio
+    top = planner.buckets.index(17)
+    assert planner.ratio(17) != planner.ratio(5) and planner.ratio(3) is None
+    assert planner.expected()[top] == pytest.approx(3.0)
+    for _ in range(100):  # other buckets verified: the 5-row bucket's realised figure fades into its scaled estimate
+        planner.observe(np.array([2, 2]), np.array([4, 4]), rows=17)
+    scaled = 1 + (planner.chain_expected()[five] - 1) * planner.ratio(5)
+    assert planner.expected()[five] == pytest.approx(scaled, rel=0.02)
 
 
 def test_looks_are_spaced_by_their_estimated_loss():

@@ -42,13 +42,13 @@ def test_every_configuration_decodes_whole_requests(lattices, costs, batch):
         assert o.tokens > 0 and o.time_ms > 0 and o.request_steps > 0
         assert 1.0 <= o.tau <= 17.0
     if batch == 1:  # one request: the shared budget and the equal split are the same tree
-        assert outcomes["shared-budget"].tokens == outcomes["equal-trees"].tokens
+        assert outcomes["shared-plateau"].tokens == outcomes["equal-trees"].tokens
     figures = speedups(outcomes)
     assert figures["ar"]["over_ar"] == 1.0 and figures["stock"]["over_stock"] == 1.0
 
 
 def test_shared_budget_and_equal_trees_verify_the_same_rows(lattices, costs):
-    shared = simulate(lattices, costs, CONFIGS["shared-budget"], 4, stream=8)
+    shared = simulate(lattices, costs, CONFIGS["shared-plateau"], 4, stream=8)
     equal = simulate(lattices, costs, CONFIGS["equal-trees"], 4, stream=8)
     assert shared.verify_rows / shared.spec_steps == pytest.approx(equal.verify_rows / equal.spec_steps, rel=0.05)
 
@@ -60,10 +60,23 @@ def test_admission_is_off_where_compute_never_idles(lattices):
         "linear",
     )
     saturated = StepCosts("linear", linear, linear, 0.0, measured=False)
-    admitted = simulate(lattices, saturated, CONFIGS["prompt-admission"], 4, prompt_rows=64, stream=12)
+    ungated = replace(CONFIGS["prompt-admission"], gate=False)
+    admitted = simulate(lattices, saturated, ungated, 4, prompt_rows=64, stream=12)
     stock = simulate(lattices, saturated, CONFIGS["stock"], 4, prompt_rows=64, stream=12)
     assert admitted.admitted_rows == 0
     assert (admitted.tokens, admitted.time_ms) == (stock.tokens, stock.time_ms)
+
+
+def test_a_gated_mechanism_runs_ar_where_speculation_loses(lattices):
+    counts = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    linear = CostCurve(counts, tuple(float(r) for r in counts))
+    saturated = StepCosts("linear", linear, linear, 0.0, measured=False)  # every row costs: a 17-row chain never pays
+    ar = simulate(lattices, saturated, CONFIGS["ar"], 4, stream=12)
+    for name in ("shared-budget", "drafter-block", "prompt-admission"):
+        gated = simulate(lattices, saturated, CONFIGS[name], 4, stream=12)
+        ungated = simulate(lattices, saturated, replace(CONFIGS[name], gate=False), 4, stream=12)
+        assert ungated.spec_steps == ungated.steps and gated.spec_steps <= gated.steps // 4  # only its looks
+        assert gated.tokens_per_ms > ungated.tokens_per_ms and gated.tokens_per_ms > 0.75 * ar.tokens_per_ms
 
 
 def test_drafter_blocks_shrink_only_past_the_drafter_plateau(lattices, costs):

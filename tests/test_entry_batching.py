@@ -12,7 +12,12 @@ A fresh process imports the patched SGLang and checks, against the project's bat
   positions, custom mask, SGLang's ``RaggedVerifyLayout``, unpacking) equals brute-force constructions;
   acceptance on the cut trees equals the walking reference;
 - start-up: with the flags unset the tree decoder carries no budget; an attention backend without the ragged
-  verify, or a hybrid target, is refused.
+  verify, or a hybrid target, is refused;
+- prompt admission: its flags (refused without a shared budget, a segment past the verify buffers), the decision
+  equal to the project's ``PromptAdmission.admitted_prompts`` for one prompt, the budget's lowest nodes giving way
+  (``make_room``), the mixed verify of trees and a prompt chunk against brute force, and the scheduler's hand-off
+  on stand-ins of its objects (a middle chunk rides; a last chunk, a chunk over the segment, a new prompt prefill;
+  with the flag unset nothing is touched).
 """
 
 from __future__ import annotations
@@ -276,6 +281,114 @@ PROBE = textwrap.dedent(r"""
         ok &= cut.tokens[b, 1:1 + len(allowed)].tolist() == [int(step.tokens[b, i + 1]) for i in allowed]
     out["capped_shares_ok"] = ok
     out["capped_confidence"] = state.confidence[slots].tolist() == [int(cut.tree.depths[b].max()) for b in range(B)]
+
+    # prompt admission: the flags, the decision against the project's PromptAdmission, the mixed verify
+    admit, seg = "--specpilot-prompt-admission", "--specpilot-prompt-segment"
+    budget_argv = tree + [rows, "128", "--max-running-requests", "16"]
+    with_admission = resolved(budget_argv + [admit, seg, "64"])
+    out["admission"] = {"stock": resolving_view(stock).specpilot_prompt_admission,
+                        "on": resolving_view(with_admission).specpilot_prompt_admission,
+                        "segment": resolving_view(with_admission).specpilot_prompt_segment}
+    out["refused_admission"] = refused({
+        "admission_without_budget": tree + [admit],
+        "segment_over_buffers": budget_argv + [admit, seg, "128"],
+        "segment_zero": budget_argv + [admit, seg, "0"],
+        "segment_without_admission": budget_argv + [seg, "64"],
+        "costs_budget_without_request_cap": tree + ["--specpilot-shared-budget-costs", costs_file, admit],
+    })
+
+    from sglang.srt.specpilot.prompt_admission import (
+        MixedVerify, PromptAdmission as EntryAdmission, Segment, admits, hand_off, make_room)
+    from sglang.srt.specpilot.batching_checks.prompt_admission import AdmissionSettings
+    from specpilot_mem.batching.admission import PromptAdmission as ProjectAdmission
+
+    grid_equal, grid_admitted = True, 0
+    for requests in (1, 8, 16, 32):
+        spare = project.plateau_end(requests, 0.05) - requests
+        for rows in (1, 16, 64, 112, 200):
+            for tau in (1.3, 2.5):  # values off the rule's exact ties (float rounding decides those)
+                for value in (0.0, 0.07, 0.4):
+                    for step_ms, prefill_ms in ((10.0, 2.0), (10.0, 9.0), (10.0, 30.0)):
+                        # a chunk rides whole in one step: past the spare rows it is prefilled
+                        want = rows <= spare and ProjectAdmission(project, 4096, None).admitted_prompts(
+                            requests, [rows], requests, step_ms, prefill_ms, tau, value, dearer_ms=0.0) == 1
+                        got = admits(rows, spare, requests, tau, value, step_ms, prefill_ms)
+                        grid_equal &= got == want
+                        grid_admitted += int(got)
+    out["admits_equal_project"], out["admits_count"] = grid_equal, grid_admitted
+    plateau_budget = BudgetSettings(N, curve=curve)
+    policy = EntryAdmission(AdmissionSettings(64, 16 * 33), plateau_budget)
+    out["decide_before_any_step"] = policy.decide(64, 16)
+    policy.tau, policy.tail = torch.tensor(2.5), torch.tensor(0.03)
+    rows16 = plateau_budget.rows_for(16)
+    out["decide_equal"] = all(
+        policy.decide(r, 16) == admits(r, rows16 - 16, 16, 2.5, float(torch.tensor(0.03)),
+                                       project.at(rows16), project.at(r)) for r in (8, 64, 100, 112, 113))
+    out["decide_64"] = policy.decide(64, 16)
+
+    # make_room: the budget's lowest nodes give way, the shares stay best-first prefixes
+    cut = SharedBudget(BudgetSettings(N, rows=B + 40)).share(step, anchor, prefix, torch.arange(B))
+    roomy = make_room(cut, anchor, prefix, 10)
+    direct = project_shares(step.tree.scores, 30)
+    out["room"] = {"nodes": int(roomy.tree.num_nodes.sum()), "equal_fewer_nodes": bool(torch.equal(roomy.tree.num_nodes, direct))}
+
+    # the mixed verify: the chunk after the trees, against brute force
+    trees = RaggedTreeVerify.from_step(roomy, prefix)
+    window_slots = torch.arange(B * (N + 1)).view(B, N + 1) + 1000
+    pool_rows = torch.tensor([4, 9, 1, 6, 2, 8])
+    chunk = Segment(pool_index=5, start=7, tokens=torch.randint(0, V, (10,)), slots=torch.arange(10) + 50)
+    mixed = MixedVerify.build(trees, window_slots.reshape(-1)[trees.columns], pool_rows, prefix, chunk, 33)
+    rows_t = int(trees.verify_lens.sum())
+    chunk_mask = torch.cat([torch.cat([torch.ones(7, dtype=torch.bool), torch.arange(10) <= i]) for i in range(10)])
+    packed = torch.randn(rows_t + 10, 3)
+    head, tail = mixed.split(packed)
+    layout = mixed.layout(torch.device("cpu"))
+    fake = types.SimpleNamespace(req_pool_indices=pool_rows, seq_lens=prefix, seq_lens_cpu=prefix.clone(),
+                                 seq_lens_sum=int(prefix.sum()))
+    mixed.enter(fake)
+    entered = (fake.req_pool_indices.tolist(), fake.seq_lens.tolist(), fake.seq_lens_sum)
+    mixed.leave(fake)
+    out["mixed"] = {
+        "lens_ok": mixed.verify_lens.tolist() == trees.verify_lens.tolist() + [10],
+        "tokens_ok": bool(torch.equal(mixed.tokens, torch.cat([trees.tokens, chunk.tokens]))),
+        "positions_ok": mixed.positions[rows_t:].tolist() == list(range(7, 17))
+                        and bool(torch.equal(mixed.positions[:rows_t], trees.positions)),
+        "mask_ok": bool(torch.equal(mixed.custom_mask, torch.cat([trees.custom_mask, chunk_mask]))),
+        "slots_ok": mixed.slots.tolist() == window_slots.reshape(-1)[trees.columns].tolist() + list(range(50, 60)),
+        "batch_ok": mixed.req_pool_indices.tolist() == pool_rows.tolist() + [5]
+                    and mixed.seq_lens.tolist() == prefix.tolist() + [7],
+        "read_extent": mixed.read_extent,
+        "split_ok": bool(torch.equal(head, packed[:rows_t]) and torch.equal(tail, packed[rows_t:])),
+        "unpack_ok": bool(torch.equal(mixed.unpack(packed, fill=-1.0), trees.unpack(packed[:rows_t], fill=-1.0))),
+        "layout_ok": layout.qo_indptr_device.tolist() == [0] + np.cumsum(mixed.verify_lens.tolist()).tolist(),
+        "enter_ok": entered == (pool_rows.tolist() + [5], prefix.tolist() + [7], int(prefix.sum()) + 7),
+        "leave_ok": fake.req_pool_indices is pool_rows and fake.seq_lens is prefix,
+    }
+
+    # the scheduler's hand-off, on stand-ins of its objects
+    def scheduler(admission, prefix_len, extend_end, prompt_len, chunk_size=64):
+        req = types.SimpleNamespace(prefix_len=prefix_len, extend_end=extend_end, origin_input_ids=[0] * prompt_len,
+                                    kv=types.SimpleNamespace(req_pool_idx=3), inflight_middle_chunks=1)
+        pool = types.SimpleNamespace(req_to_token=torch.arange(8 * 600).view(8, 600))
+        worker = types.SimpleNamespace(_specpilot_tree=types.SimpleNamespace(admission=admission))
+        new = types.SimpleNamespace(reqs=[req], input_ids=torch.arange(prefix_len, extend_end) + 7)
+        running = types.SimpleNamespace(is_empty=lambda: False, batch_size=lambda: 16)
+        return types.SimpleNamespace(draft_worker=worker, chunked_req=req, req_to_token_pool=pool,
+                                     chunked_prefill_size=chunk_size), new, running, req
+
+    sched, new, running, req = scheduler(None, 64, 128, 512)
+    out["hand_off_unset"] = hand_off(sched, new, running) is new and not hasattr(running, "specpilot_segment")
+    sched, new, running, req = scheduler(policy, 64, 128, 512)
+    rode = hand_off(sched, new, running) is None
+    got = running.specpilot_segment
+    out["hand_off_middle"] = (rode and got.pool_index == 3 and got.start == 64 and got.rows == 64
+                              and got.slots.tolist() == list(range(3 * 600 + 64, 3 * 600 + 128))
+                              and got.tokens.tolist() == list(range(71, 135)) and req.inflight_middle_chunks == 0)
+    cases = {"last_chunk": scheduler(policy, 448, 512, 512), "over_segment": scheduler(policy, 0, 96, 512, 96),
+             "not_chunked": scheduler(policy, 0, 64, 512)}
+    cases["not_chunked"][0].chunked_req = None
+    out["hand_off_prefills"] = {k: hand_off(s_, n_, r_) is n_ and r_.specpilot_segment is None
+                                for k, (s_, n_, r_, _) in cases.items()}
     print(json.dumps(out))
 """)
 
@@ -394,3 +507,45 @@ def test_block_state_follows_each_slot(probe):
 
 def test_capped_shares(probe):
     assert probe["capped_shares_ok"] and probe["capped_confidence"]
+
+
+def test_admission_flags(probe):
+    assert probe["admission"] == {"stock": False, "on": True, "segment": 64}
+
+
+@pytest.mark.parametrize(
+    "case,flag,limit",
+    [
+        ("admission_without_budget", "--specpilot-prompt-admission", "--specpilot-shared-budget-rows"),
+        ("segment_over_buffers", "--specpilot-prompt-segment", "1..127 rows"),
+        ("segment_zero", "--specpilot-prompt-segment", "(128 rows"),
+        ("segment_without_admission", "--specpilot-prompt-segment", "--specpilot-prompt-admission"),
+        ("costs_budget_without_request_cap", "--specpilot-prompt-admission", "--max-running-requests"),
+    ],
+)
+def test_bad_admission_flags_are_refused_while_parsing(probe, case, flag, limit):
+    refused = probe["refused_admission"][case]
+    assert refused is not None, f"{case} was accepted"
+    assert refused["flag"] == flag and refused["message"].startswith(flag) and "Fix:" in refused["message"]
+    assert limit in refused["message"]
+
+
+def test_admission_decision_equals_the_project_policy(probe):
+    assert probe["admits_equal_project"] and 0 < probe["admits_count"]
+    assert probe["decide_before_any_step"] is False  # nothing has decoded yet: prefill as stock
+    assert probe["decide_equal"] and probe["decide_64"] is True
+
+
+def test_admitted_rows_displace_the_budgets_lowest_nodes(probe):
+    assert probe["room"] == {"nodes": 30, "equal_fewer_nodes": True}
+
+
+def test_mixed_verify_equals_brute_force(probe):
+    mixed = probe["mixed"]
+    assert mixed.pop("read_extent") == 33
+    assert all(mixed.values()), mixed
+
+
+def test_scheduler_hand_off(probe):
+    assert probe["hand_off_unset"] and probe["hand_off_middle"]
+    assert probe["hand_off_prefills"] == {"last_chunk": True, "over_segment": True, "not_chunked": True}

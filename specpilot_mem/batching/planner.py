@@ -19,18 +19,24 @@ one-request prior at depth d - 1's rate), and tau(k) = 1 + sum over d <= k of th
 chain's expected tokens (a lower bound for a tree of k nodes). Depths no step verified lately take about the
 shallower depths' rate, so the estimate is optimistic where it has not looked and corrects itself once it has. (The drafter's own path probabilities
 were tried first: the trained pair's drafter is underconfident below the first position, so they planned
-far too few rows.) A bucket that steps have verified takes the tokens per request they realised instead (fading back into
-the estimate as other buckets are verified):
-a shared budget gives its deep nodes to the confident requests, so the per-depth rates flatter the buckets
-not yet verified.
+far too few rows.) The chain of k nodes is not the tree a bucket verifies: a shared budget spends nodes on
+siblings, so its trees are shallower than k and the chain estimate flatters the large buckets (at 64 requests
+a 9- or 17-row bucket realises about 0.75 of the chain's added tokens). So each verified bucket keeps the
+ratio of the tokens it added past the root to what the chain estimate said then (a decaying average), and its
+estimate is the chain's scaled by that ratio (decaying sums over the requests the bucket verified, starting
+from a ratio of 1 worth a few requests, so one request's unlucky step does not write a bucket off); a bucket not
+verified takes the ratio of the nearest verified bucket below it (the bias grows with the bucket), or none. The ratio carries the trees' shape, the per-depth
+rates carry how well the drafter does lately, so a verified bucket needs no second look to stay right (an
+earlier form faded each bucket's realised tokens back into the chain estimate, and its re-looks at the large
+buckets cost 8% at 64 requests).
 
 Looking costs: a speculative step the planner takes to look where AR wins is a loss. So the estimate can start
 from a prior (``prior``: per-depth acceptance the pair showed elsewhere, e.g. on its dev split, as a few
 requests' worth of observations), and then no first look is needed; without one, the first step verifies the
 smallest bucket (the cheapest look). While AR wins, the next look comes after as many AR steps as keep its
 estimated loss (the best bucket's shortfall from AR, in AR steps) at most ``probe_cost`` of those steps'
-throughput, within ``probe`` .. ``max_probe`` steps: near the break-even the planner looks often, where
-speculation is far from paying it looks rarely. Per batch size the step costs of every bucket are computed
+throughput, within ``probe`` .. min(``max_probe``, ``probe`` x B) steps: near the break-even the planner looks
+often, where speculation is far from paying it looks rarely. Per batch size the step costs of every bucket are computed
 once. The planner reads only what the engine brings to the host every step anyway (the accepted lengths and
 each share's depth, which the scheduler needs to commit and schedule), so it adds no device synchronisation.
 """
@@ -57,6 +63,10 @@ class BudgetPlanner:
 
     FLAG = "--plan-rows"
     PRIOR = 1.0  # requests' worth of prior weight per depth in the acceptance estimate
+    RATIO_PRIOR = 16.0  # requests' worth of a ratio of 1 in a bucket's realised ratio
+    # per step, of the realised ratio's sums: slower than the per-depth rates, which carry how the drafter does
+    # lately (the ratio carries the trees' shape; both moving at one pace counted a bad stretch twice)
+    RATIO_DECAY = 0.99
 
     def __init__(
         self,
@@ -66,7 +76,7 @@ class BudgetPlanner:
         margin: float = 0.02,
         probe: int = 8,
         max_probe: int = 256,
-        decay: float = 0.8,
+        decay: float = 0.95,
         prior: np.ndarray | None = None,
         prior_weight: float = 16.0,
         probe_cost: float = 0.002,
@@ -99,11 +109,17 @@ class BudgetPlanner:
             reach = prior_weight * np.concatenate([[1.0], np.cumprod(prior)[:-1]])
             self._den[1 : prior.size + 1] = reach
             self._num[1 : prior.size + 1] = reach * prior
-        # per bucket: the tokens per request its steps realised (a decaying average; NaN: never verified). A shared
-        # budget gives deep nodes to confident requests, so the per-depth rates flatter the buckets not verified
-        self._realized = np.full(len(self.buckets), np.nan)
-        self._age = np.zeros(len(self.buckets))  # observed steps since each bucket was last verified
+        # per bucket: realised and estimated tokens past the root, decaying sums over requests (their ratio scales the
+        # chain estimate; a verified bucket starts from a ratio of 1 worth RATIO_PRIOR requests, so one request's
+        # unlucky step does not write a bucket off)
+        self._realised = np.zeros(len(self.buckets))
+        self._estimated = np.zeros(len(self.buckets))
+        # per bucket: the tokens per request its steps realised lately (a decaying average; NaN: never verified)
+        # and the steps observed since it was last verified (its weight against the scaled estimate fades with them)
+        self._recent = np.full(len(self.buckets), np.nan)
+        self._age = np.zeros(len(self.buckets))
         self._since = 0
+        self._idle = 0  # AR steps since the last observed speculative step
         self._steps: dict[int, tuple[float, np.ndarray]] = {}  # requests -> (AR step ms, each bucket's step ms)
 
     def draft_block(self, rows: int) -> int:
@@ -115,16 +131,26 @@ class BudgetPlanner:
         share verified; ``rows``: the bucket it verified. Updates the per-depth acceptance the expected tokens
         come from, and the bucket's realised tokens per request."""
         accepted, depth = np.asarray(accepted, dtype=np.int64), np.asarray(depth, dtype=np.int64)
-        self._age += 1
+        chain = self.chain_expected()
+        # the estimates age with steps, AR steps included: after a long AR stretch a look counts for more
+        steps, self._idle = 1 + self._idle, 0
+        decay = self.decay**steps
+        self._age += steps
         if rows in self.buckets:
             i, tau = self.buckets.index(rows), 1.0 + float(accepted.mean())
-            seen = self._realized[i]
-            self._realized[i] = tau if np.isnan(seen) else self.decay * seen + (1 - self.decay) * tau
+            seen = self._recent[i]
+            self._recent[i] = tau if np.isnan(seen) else decay * seen + (1 - decay) * tau
             self._age[i] = 0
+        if rows in self.buckets and chain is not None:
+            i, added = self.buckets.index(rows), max(chain[self.buckets.index(rows)] - 1.0, 1e-9)
+            if self._estimated[i] == 0:
+                self._realised[i] = self._estimated[i] = self.RATIO_PRIOR * added
+            self._realised[i] = self.RATIO_DECAY * self._realised[i] + float(accepted.sum())
+            self._estimated[i] = self.RATIO_DECAY * self._estimated[i] + accepted.size * added
         d = np.arange(1, self._num.size)[:, None]
         reached = (accepted[None, :] >= d - 1) & (depth[None, :] >= d)
-        self._den[1:] = self.decay * self._den[1:] + reached.sum(1)
-        self._num[1:] = self.decay * self._num[1:] + (reached & (accepted[None, :] >= d)).sum(1)
+        self._den[1:] = decay * self._den[1:] + reached.sum(1)
+        self._num[1:] = decay * self._num[1:] + (reached & (accepted[None, :] >= d)).sum(1)
 
     def acceptance(self) -> np.ndarray | None:
         """[depth] conditional acceptance of a node at each depth given its parent's (index 0: depth 1): the
@@ -137,18 +163,36 @@ class BudgetPlanner:
             prior = rate[d - 1] = (self._num[d] + self.PRIOR * prior) / (self._den[d] + self.PRIOR)
         return rate
 
-    def expected(self) -> np.ndarray | None:
-        """Expected tokens per request at each bucket: the realised average where steps verified it, else 1 + the
-        sum over depths of the product of the acceptances (a chain of the bucket's nodes); None before any
-        observation."""
+    def chain_expected(self) -> np.ndarray | None:
+        """Per bucket: 1 + the sum over depths of the product of the acceptances (a chain of the bucket's nodes);
+        None before any observation."""
         rate = self.acceptance()
         if rate is None:
             return None
         reach = np.cumprod(rate)
-        model = np.array([1.0 + reach[: rows - 1].sum() for rows in self.buckets])
-        # a bucket's realised figure fades into the model as other buckets are verified (it may be stale)
-        weight = np.where(np.isnan(self._realized), 0.0, self.decay**self._age)
-        return weight * np.nan_to_num(self._realized) + (1 - weight) * model
+        return np.array([1.0 + reach[: rows - 1].sum() for rows in self.buckets])
+
+    def expected(self) -> np.ndarray | None:
+        """Expected tokens per request at each bucket: what its steps realised lately, fading (as other buckets are
+        verified) into the chain estimate's tokens past the root scaled by the bucket's realised ratio (that of the
+        nearest verified bucket below where it was not verified; none below either: unscaled); None before any
+        observation."""
+        chain = self.chain_expected()
+        if chain is None:
+            return None
+        ratio, last = np.ones(len(self.buckets)), 1.0
+        for i in range(len(self.buckets)):
+            if self._estimated[i] > 0:
+                last = self._realised[i] / self._estimated[i]
+            ratio[i] = last
+        scaled = 1.0 + (chain - 1.0) * ratio
+        weight = np.where(np.isnan(self._recent), 0.0, self.decay**self._age)
+        return weight * np.nan_to_num(self._recent) + (1 - weight) * scaled
+
+    def ratio(self, rows: int) -> float | None:
+        """The realised ratio of the bucket of ``rows`` rows per request (None: never verified)."""
+        i = self.buckets.index(rows)
+        return None if self._estimated[i] == 0 else float(self._realised[i] / self._estimated[i])
 
     def step_ms(self, requests: int) -> tuple[float, np.ndarray]:
         """AR's step and each bucket's (draft + verify) step at ``requests`` requests, computed once per batch size."""
@@ -186,12 +230,17 @@ class BudgetPlanner:
             return int(best["rows"])
         if tau is not None:
             return 1
+        self._idle += 1
         self._since += 1
         if self._since >= self._interval:
             # the look's estimated loss (in AR steps) spread over the AR steps until the next one stays <= probe_cost
             loss = max(0.0, 1.0 - best["tokens_per_ms"] / table[0]["tokens_per_ms"])
             self._since = 0
-            self._interval = int(np.clip(np.ceil(loss / self.probe_cost), self.probe, self.max_probe))
+            # a batch's estimate averages its requests' text, so it goes stale more slowly the more requests it has:
+            # at most probe x B steps between looks (one request's text changes within a few dozen tokens)
+            longest = min(self.max_probe, self.probe * requests)
+            self._interval = int(np.clip(np.ceil(loss / self.probe_cost), self.probe, longest))
+            self._idle -= 1  # the look is a speculative step
             return int(best["rows"])
         return 1
 

@@ -45,7 +45,9 @@ class Mechanisms:
     shared: best-first trees share the step's rows (else each request gets an equal share of them);
     blocks: a drafter block per request (else every request drafts ``STOCK_BLOCK``); admission: prompt
     rows in the verify step; plan: the verify rows per request (AR among them) chosen each step by the
-    batch-size-aware planner (``planner.BudgetPlanner``) from the step costs and the trees' expected tokens.
+    batch-size-aware planner (``planner.BudgetPlanner``) from the step costs and the trees' expected tokens;
+    gate: the configuration's own step or AR, whichever the planner (with that step as its one bucket) expects
+    faster, so a mechanism never runs speculation where it loses to AR.
     The configuration ``path-verify`` is stock's chain on SpecPilot's engine option set: what the option set
     alone gains, against which each batching mechanism's own gain reads."""
 
@@ -60,6 +62,7 @@ class Mechanisms:
     blocks: bool = False
     admission: bool = False
     plan: bool = False
+    gate: bool = False
 
 
 CONFIGS = {
@@ -69,10 +72,11 @@ CONFIGS = {
         Mechanisms("stock", engine="stock"),
         Mechanisms("path-verify"),
         Mechanisms("equal-trees", tree="best-first"),
-        Mechanisms("shared-budget", tree="best-first", shared=True),
-        Mechanisms("drafter-block", blocks=True),
-        Mechanisms("shared-budget+drafter-block", tree="best-first", shared=True, blocks=True),
-        Mechanisms("prompt-admission", admission=True),
+        Mechanisms("shared-plateau", tree="best-first", shared=True),
+        Mechanisms("shared-budget", tree="best-first", shared=True, gate=True),
+        Mechanisms("drafter-block", blocks=True, gate=True),
+        Mechanisms("shared-budget+drafter-block", tree="best-first", shared=True, blocks=True, gate=True),
+        Mechanisms("prompt-admission", admission=True, gate=True),
         Mechanisms("planned-budget", tree="best-first", shared=True, plan=True),
         Mechanisms("all", tree="best-first", shared=True, blocks=True, admission=True, plan=True),
     )
@@ -89,6 +93,9 @@ class Outcome:
     spec_steps: int = 0
     request_steps_spec: int = 0
     time_ms: float = 0.0
+    prefill_ms: float = 0.0  # of time_ms: stock's separate prefill passes
+    draft_ms: float = 0.0  # of time_ms: the drafter's passes of the speculative steps (one ragged forward each)
+    draft_ms_forwards: float = 0.0  # the same passes as one forward per drafted block (``drafter_ms``; not in time_ms)
     prefill_passes: int = 0
     admitted_rows: int = 0
     verify_rows: int = 0
@@ -108,7 +115,9 @@ class Outcome:
         out = asdict(self)
         out.update(
             tau=self.tau,
+            tau_spec=(self.tokens - (self.request_steps - self.request_steps_spec)) / max(self.request_steps_spec, 1),
             tokens_per_s=self.tokens_per_ms * 1e3,
+            decode_tokens_per_s=self.tokens / max(self.time_ms - self.prefill_ms, 1e-9) * 1e3,
             mean_verify_rows=self.verify_rows / max(self.spec_steps, 1),
             mean_drafter_rows=self.drafter_rows / max(self.spec_steps, 1),
         )
@@ -214,7 +223,13 @@ def simulate(
     budget = SharedBudget(costs.target, verify_buffer, budget_rows)
     blocks = DrafterBlocks(STOCK_BLOCK, costs.drafter, sorted(lattices)) if config.blocks else None
     admission = PromptAdmission(costs.rows_curve(batch), verify_buffer, segment) if config.admission else None
-    planner = BudgetPlanner(costs, plan_rows, blocks=tuple(sorted(lattices)), prior=plan_prior) if config.plan else None
+    if config.plan:
+        planner = BudgetPlanner(costs, plan_rows, blocks=tuple(sorted(lattices)), prior=plan_prior)
+    elif config.gate:  # one bucket: the configuration's own rows per request (the budget's, or a chain's)
+        own = max(2, round(budget.rows_for(batch) / batch)) if config.tree == "best-first" else 1 + STOCK_BLOCK
+        planner = BudgetPlanner(costs, (own,), blocks=(STOCK_BLOCK,), prior=plan_prior)
+    else:
+        planner = None
     slots = _Slots(batch, lengths, stream or max(lengths.size, 2 * batch), STOCK_BLOCK)
     out = Outcome(config.name, batch)
     while True:
@@ -229,8 +244,9 @@ def simulate(
         if speculate and planner is not None:
             per_request = planner.rows_for(n)
             speculate = per_request > 1
-            rows = n * per_request if speculate else n
-            chosen = np.minimum(chosen, planner.draft_block(per_request))
+            if config.plan or not speculate:
+                rows = n * per_request if speculate else n
+                chosen = np.minimum(chosen, planner.draft_block(per_request))
         fixed = n + (int(chosen.sum()) if speculate and config.tree == "chain" else 0)
         prompt_take = np.zeros(batch, dtype=np.int64)
         queued = np.flatnonzero(slots.waiting > 0)
@@ -249,7 +265,9 @@ def simulate(
         ):
             prompt_take[queued] = admission.plan(fixed, torch.from_numpy(slots.waiting[queued]))[0].numpy()
         elif queued.size:  # stock scheduling: the waiting prompts' prefill pass, before the step
-            out.time_ms += costs.prefill_ms(int(slots.waiting[queued].sum()))
+            prefill = costs.prefill_ms(int(slots.waiting[queued].sum()))
+            out.time_ms += prefill
+            out.prefill_ms += prefill
             out.prefill_passes += 1
             slots.waiting[queued] = 0  # they decode from the next step on
         extra = int(prompt_take.sum())
@@ -285,6 +303,16 @@ def chain_prior(lattice: Lattice, depth: int = STOCK_BLOCK) -> np.ndarray:
     batch = StepBatch.from_lattice(lattice, np.arange(lattice.num_steps))
     accepted = verify_against_greedy(chain.build(batch, lattice.positions), batch.greedy).accepted
     return acceptance_prior(accepted, depth)
+
+
+def drafter_ms(costs: StepCosts, chosen: np.ndarray) -> float:
+    """The drafter's passes of a step whose requests draft the ``chosen`` blocks as one forward per block over its
+    requests (what the composed engine's decoder runs, each paying its own weight stream), where the replay's time
+    charges one ragged forward over all of them (the paper's form, which neither that decoder nor SGLang's uniform
+    DFlash draft has)."""
+    return sum(
+        costs.draft_ms(int((chosen == b).sum()) * (int(b) + 1), int((chosen == b).sum())) for b in np.unique(chosen)
+    )
 
 
 def _step_estimate(costs: StepCosts, rows: int, requests: int, chosen: np.ndarray, speculate: bool) -> float:
@@ -334,8 +362,11 @@ def _speculative_step(
     verify_rows = n + int(trees.num_nodes.sum()) + extra
     out.drafter_rows += drafter_rows
     out.verify_rows += verify_rows
+    draft_ms = costs.draft_ms(drafter_rows, n)  # one ragged forward over every request's block + anchor
+    out.draft_ms += draft_ms
+    out.draft_ms_forwards += drafter_ms(costs, chosen)
     depth = share_depth(torch.from_numpy(trees.depths), torch.from_numpy(trees.num_nodes)).numpy()
-    return verdict.accepted + 1, costs.draft_ms(drafter_rows, n) + costs.verify_ms(verify_rows, n), depth
+    return verdict.accepted + 1, draft_ms + costs.verify_ms(verify_rows, n), depth
 
 
 def step_trees(

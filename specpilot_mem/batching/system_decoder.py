@@ -12,7 +12,9 @@ from the committed lengths the decoder reads back every step (``step_done``), so
 With prompt admission a new request's prompt enters in the verify steps' forward, in the rows
 ``PromptAdmission`` plans on the step's c(R) past the B x T rows the step computes anyway
 (``SystemDecoder.generate(admission=...)``); admission plans against the fixed [B, 1 + nodes] step, so it is
-not combined with the planner's buckets.
+not combined with the planner's buckets. A gated configuration (``Mechanisms.gate``) asks the planner, with the
+step's own [B, 1 + nodes] rows as its one bucket, whether to run that step or an AR step; with admission the
+gate stays off (the mixed step with prompt segments is a speculative step only).
 """
 
 from __future__ import annotations
@@ -75,22 +77,31 @@ class PolicyDecoder(SystemDecoder):
             buckets = tuple(r for r in (2, 3, 5, 9, 17) if r <= self.options.rows)
             blocks = tuple(int(b) for b in self.blocks.choices) if self.blocks is not None else (STOCK_BLOCK,)
             self.planner = BudgetPlanner(costs, buckets, blocks=blocks, prior=plan_prior)
+        # the AR gate: the step's own rows per request as the planner's one bucket
+        self.gate = None
+        if config.gate and not config.plan and not config.admission:
+            self.gate = BudgetPlanner(costs, (self.options.rows,), blocks=(STOCK_BLOCK,), prior=plan_prior)
         self._rows = self.options.rows  # this step's rows per request (the planner's bucket)
         self._depth: dict[int, int] = {}  # slot -> deepest node of its share in this step
         self.stats = {"blocks": {}, "shares": [], "rows": {}}
 
     def step_rows(self, live: list[int]) -> tuple[int, bool]:
-        """The planner's bucket for ``len(live)`` requests (1: an AR step), else the options' rows."""
+        """The planner's bucket for ``len(live)`` requests (1: an AR step), else the options' rows (or, gated, an AR
+        step where the gate expects it faster)."""
         self._rows = self.planner.rows_for(len(live)) if self.planner is not None else self.options.rows
+        if self.gate is not None and self.gate.rows_for(len(live)) == 1:
+            self._rows = 1
         self.stats["rows"][self._rows] = self.stats["rows"].get(self._rows, 0) + 1
         return self._rows, self._rows == 1
 
     def step_done(self, live: list[int], committed: list[int], ar: bool) -> None:
-        """The planner observes each speculative step: accepted nodes (committed - 1) and each share's depth."""
-        if self.planner is None or ar:
+        """The planner (or the gate) observes each speculative step: accepted nodes (committed - 1) and each share's
+        depth."""
+        planner = self.planner if self.planner is not None else self.gate
+        if planner is None or ar:
             return
         depth = np.array([self._depth.get(s, 0) for s in live])
-        self.planner.observe(np.asarray(committed) - 1, depth, self._rows)
+        planner.observe(np.asarray(committed) - 1, depth, self._rows)
 
     @torch.no_grad()
     def draft_trees(self, anchors: list[int], slots: list[int]) -> list[tuple[list[int], list[int]]]:
