@@ -209,14 +209,46 @@ def single(args, device, dtype, timer) -> dict:
     out["stock_verify_1_row_frac_of_floor"] = round(out["weight_floor_ms"] / base["1"], 4) if "1" in base else None
     if "1" in base and "32" in base:
         out["stock_32_over_1"] = round(base["32"] / base["1"], 4)
-    for name in ("w12_linears_head", "all", "all_w12_head"):
+    for name in ("w12_linears_head", "gdn_path", "all", "all_w12_head"):
         if name not in out["steps_ms"]:
             continue
         mine = out["steps_ms"][name]
         out[f"{name}_speedup_vs_stock"] = {r: round(base[r] / mine[r], 4) for r in mine if r in base}
+    out["targets"] = single_targets(out)
     del weights, caches, stock
     release()
     return out
+
+
+def single_targets(out: dict) -> dict:
+    """Issue 28's single-request numbers against this run: stock at 1 row >= 80% of its weight floor, 32 rows <= 1.15x
+    the 1-row step, W12 linears + head >= 1.25x stock at every measured row count from 1 to 33."""
+    targets = {}
+    if out.get("stock_verify_1_row_frac_of_floor") is not None:
+        targets["stock_1_row_at_80pct_of_floor"] = out["stock_verify_1_row_frac_of_floor"] >= 0.8
+    if "stock_32_over_1" in out:
+        targets["stock_32_over_1_at_most_1.15"] = out["stock_32_over_1"] <= 1.15
+    w12 = {int(r): x for r, x in out.get("w12_linears_head_speedup_vs_stock", {}).items() if 1 <= int(r) <= 33}
+    if w12:
+        targets["w12_linears_head_at_least_1.25_at_1_to_33"] = min(w12.values()) >= 1.25
+        targets["w12_linears_head_min_1_to_33"] = min(w12.values())
+    return targets
+
+
+def single_headline(single: dict) -> str | None:
+    """Stock's 1-row step (share of the floor), its 32 / 1 ratio and W12 linears + head over stock at 1-33 rows."""
+    base = single.get("steps_ms", {}).get("stock", {}) if isinstance(single, dict) else {}
+    if "1" not in base:
+        return None
+    text = f"27B-like, 1 request: stock {base['1']:.2f} ms at 1 row ({single['stock_verify_1_row_frac_of_floor']:.0%} of floor)"
+    if "stock_32_over_1" in single:
+        text += f", 32 rows {single['stock_32_over_1']:.2f}x"
+    w12 = single.get("w12_linears_head_speedup_vs_stock", {})
+    if w12:
+        text += (
+            "; W12 linears + head " + " / ".join(f"{w12[r]:.2f}" for r in w12) + f"x stock at {' / '.join(w12)} rows"
+        )
+    return text
 
 
 def batched(args, device, dtype, timer) -> dict:
@@ -873,7 +905,7 @@ def main(argv=None) -> int:
         progress(f"{name}: {result[name + '_s']} s")
         if args.out:
             write_result(result, args.out)
-    headline = batched_headline(result)
+    headline = "; ".join(h for h in (single_headline(result.get("single")), batched_headline(result)) if h)
     if headline:
         result["headline"] = headline
         if args.out:
