@@ -94,6 +94,26 @@ def kv_move_check(shape, B: int, T: int, context: int, device, dtype) -> dict:
     return {"exact": bool(torch.equal(kv, want)), "rows_moved": moved, "layers": A, "requests": B, "rows": T}
 
 
+def topk_check(vocab: int, rows_list, device, dtype, replays: int) -> dict:
+    """``row_topk`` (the drafter's top-8 a position) against ``torch.topk`` on [rows, vocab] logits: the values
+    equal, each index holding its value, and µs per call of both."""
+    out = {}
+    gen = torch.Generator(device=device).manual_seed(9)
+    for M in rows_list:
+        x = torch.randn(M, vocab, generator=gen, device=device, dtype=torch.float32).to(dtype)
+        values, indices = batched_ops.row_topk(x, 8)
+        want = x.topk(8, dim=-1)
+        entry = {
+            "values_equal": bool(torch.equal(values, want.values)),
+            "indices_hold_values": bool(torch.equal(x.gather(1, indices), values)),
+        }
+        if device.type == "cuda":
+            entry["us"] = round(graph_replay_us(lambda c, x=x: batched_ops.row_topk(x, 8), replays=replays), 2)
+            entry["torch_us"] = round(graph_replay_us(lambda c, x=x: x.topk(8, dim=-1), replays=replays), 2)
+        out[str(M)] = entry
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -137,6 +157,16 @@ def main(argv=None) -> int:
     except Exception as exc:  # noqa: BLE001 - the timings still come
         result["commit_kv_rows"] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
     print("commit_kv_rows", result["commit_kv_rows"], file=sys.stderr, flush=True)
+    try:
+        rows_list = (16, 128, 512) if cuda else (3,)
+        if cuda:
+            result["row_topk"] = topk_check(kv_shape.vocab_size, rows_list, device, dtype, args.replays)
+        else:
+            with fused_ops.interpreted_kernels():
+                result["row_topk"] = topk_check(kv_shape.vocab_size, rows_list, device, dtype, args.replays)
+    except Exception as exc:  # noqa: BLE001
+        result["row_topk"] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+    print("row_topk", result["row_topk"], file=sys.stderr, flush=True)
     result["total_s"] = round(time.perf_counter() - t0, 1)
     result["headline"] = headline(result)
     print_result(result, args.out)
@@ -152,6 +182,11 @@ def headline(result: dict) -> str:
             parts.append(f"{name}: batched kernel {min(sp):.2f}-{max(sp):.2f}x fused_ops' (max abs err {err})")
     kv = result.get("commit_kv_rows", {})
     parts.append(f"commit_kv_rows exact: {kv.get('exact')}")
+    top = [e for e in result.get("row_topk", {}).values() if isinstance(e, dict)]
+    if top:
+        ok = all(e.get("values_equal") and e.get("indices_hold_values") for e in top)
+        sp = [e["torch_us"] / e["us"] for e in top if "us" in e]
+        parts.append(f"row_topk exact: {ok}" + (f", {min(sp):.2f}-{max(sp):.2f}x torch.topk" if sp else ""))
     return "; ".join(parts)
 
 

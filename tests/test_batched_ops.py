@@ -92,6 +92,18 @@ constants = {"PDL": True, "D": 256, "TP": 17}
 signature = {n: ("constexpr" if n in constants else kv_types[n]) for n in fn.arg_names}
 source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(n),): v for n, v in constants.items()})
 triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
+fn = BO._row_topk_partial_kernel
+constants = {"K": 8, "CH": 4096}
+signature = {n: ("constexpr" if n in constants else {"x": ptr, "vals": "*fp32", "idx": "*i32", "N": "i32",
+             "sx": "i64", "NCH": "i32"}[n]) for n in fn.arg_names}
+source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(n),): v for n, v in constants.items()})
+triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+fn = BO._row_topk_merge_kernel
+constants = {"K": 8, "P": 512}
+signature = {n: ("constexpr" if n in constants else {"vals": "*fp32", "idx": "*i32", "out_v": ptr, "out_i": "*i64",
+             "NC": "i32", "BIG": "i32"}[n]) for n in fn.arg_names}
+source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(n),): v for n, v in constants.items()})
+triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 print("compiled")
 """
 
@@ -134,3 +146,20 @@ def test_commit_kv_rows_refuses_a_cache_of_another_layout():
         BO.commit_kv_rows(
             kv, torch.zeros(1, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, dtype=torch.long)
         )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
+def test_row_topk_matches_torch_topk_and_breaks_ties_lowest_index_first():
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(4, 9000, generator=gen)  # three chunks, the last one partial
+    x[1, 200] = x[1, 100] = 50.0  # a tie at the top of row 1
+    x[2, 8999] = 60.0  # the largest entry in the partial chunk
+    with F.interpreted_kernels():
+        values, indices = BO.row_topk(x, 8)
+    want = x.topk(8, dim=-1)
+    assert torch.equal(values, want.values)
+    assert torch.equal(x.gather(1, indices), values)  # each index holds its value
+    assert indices[1, :2].tolist() == [100, 200] and indices[2, 0] == 8999
+    assert all(len(set(row.tolist())) == 8 for row in indices)
+    with pytest.raises(ValueError, match="1 <= k <= 16"):
+        BO.row_topk(x, 17)

@@ -79,3 +79,38 @@ def test_batched_speedup_reports_both_stocks_and_the_gains_over_each(tmp_path):
     mine = row["specpilot"]["speedup_over_ar"]
     assert row["gain_over_stock"] == round(mine / stock["speedup_over_ar"], 4)
     assert row["gain_over_stock_tuned"] == round(mine / tuned["speedup_over_ar"], 4)
+
+
+def test_static_stock_is_one_block_for_every_batch_size_and_trees_draft_the_block_they_reach(tmp_path):
+    """Block 2 is the best at 8 requests, block 4 at 32; one launch serves both, so the static stock takes the
+    block with the better worst case (4 here) at both. SpecPilot's 4-node bucket drafts block 4 (its own pass and
+    lattices), its 16-node bucket block 16."""
+    import system_bench as bench
+
+    sixteen = chain_lattice(tmp_path, 16, right=3)
+    blocks = {2: chain_lattice(tmp_path, 2, right=2), 4: chain_lattice(tmp_path, 4, right=3), 16: sixteen}
+
+    def entry(verify):
+        return {
+            "T_AR_ms": 1.0,
+            "T_draft_ms": 0.5,
+            "T_draft_tree_ms": 0.6,
+            "T_draft_by_block_ms": {"2": 0.2, "4": 0.25, "16": 0.5},
+            "T_draft_tree_by_block_ms": {"2": 0.3, "4": 0.35, "16": 0.6},
+            "T_verify_stock_ms": verify,
+            "T_verify_specpilot_ms": verify,
+        }
+
+    run = {"by_batch": {"8": entry({"3": 1.0, "5": 2.0, "17": 3.0}), "32": entry({"3": 3.0, "5": 2.0, "17": 6.0})}}
+    table = bench.batched_speedup(run, sixteen, blocks)
+    assert table["8"]["stock_tuned"]["block"] == 2 and table["32"]["stock_tuned"]["block"] == 4
+    for B, row in table.items():
+        static = row["stock_static"]
+        assert static["block"] == 4 and static["speedup_over_ar"] == row["stock_tuned"]["by_block"]["4"]["S"]
+        assert static["worst_over_batches"] == min(r["stock_tuned"]["by_block"]["4"]["S"] for r in table.values())
+        mine = row["specpilot"]
+        assert mine["by_rows"]["5"]["drafter_block"] == 4 and mine["by_rows"]["17"]["drafter_block"] == 16
+        assert mine["by_rows"]["5"]["c"] == round(0.35 + float(run["by_batch"][B]["T_verify_specpilot_ms"]["5"]), 4)
+        assert mine["by_rows"]["5"]["tau"] == bench.replay_tau(blocks[4], "best-first", 4)
+        if mine["rows"] > 1:
+            assert row["gain_over_stock_static"] == round(mine["speedup_over_ar"] / static["speedup_over_ar"], 4)

@@ -44,7 +44,7 @@ from specpilot_kernels.fused_ops import (
     tree_accept,
     tree_conv_silu,
 )
-from specpilot_kernels.batched_ops import commit_kv_rows, verify_attention
+from specpilot_kernels.batched_ops import commit_kv_rows, row_topk, verify_attention
 from specpilot_mem.engine.options import SystemOptions
 from specpilot_mem.engine.shapes import SystemShape
 
@@ -470,8 +470,9 @@ class SystemModel:
         elif kind == "snapshot":
             inter = self._snapshots(i, B, T, tag)
             o = self._sglang(q, k, v, a, b, A_log, dt_bias, pool, slots32, inter, buf.parents)
-        else:  # the path kernels take contiguous rows
-            q, k, v, a, b = (x.contiguous() for x in (q, k, v, a, b))
+        else:  # the path kernels take contiguous rows: q | k | v in one copy launch, a | b in another
+            q, k, v = (x.view(B, T, -1, D) for x in torch.split_with_sizes_copy(mixed, [H * D, H * D, HV * D], dim=-1))
+            a, b = torch.split_with_sizes_copy(ab, [HV, HV], dim=-1)
             o = self._path_verify(q, k, v, a, b, A_log, dt_bias, pool, slots32, saved["schedule"])
             saved[i] = (q, k, v, a, b)
         o = gated_rms_norm(o.to(proj.dtype), t[p + "out_norm"], z.view(B, T, HV, D), s.norm_eps)
@@ -657,9 +658,11 @@ class SystemModel:
             x = x + self._mlp(p, rms_norm(x, t[p + "norm2"], s.norm_eps), "bf16")
         h = rms_norm(x, t["drafter.norm"], s.norm_eps).view(B, S, -1)[:, 1 : positions + 1].reshape(B * positions, -1)
         logits = self.w.head_linear()(h, "w12") if self.options.lm_head == "w12" else h @ self.w.head.t()
-        logits = logits.view(B, positions, -1)
-        top = logits.max(dim=-1, keepdim=True) if top_k == 1 else logits.topk(top_k, dim=-1)
-        return top.indices, top.values
+        if top_k == 1:
+            top = logits.view(B, positions, -1).max(dim=-1, keepdim=True)
+            return top.indices, top.values
+        values, indices = row_topk(logits.contiguous(), top_k)
+        return indices.view(B, positions, top_k), values.view(B, positions, top_k)
 
     # -- the pass ---------------------------------------------------------------------------------------------
 
