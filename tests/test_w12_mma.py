@@ -719,6 +719,29 @@ def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
     assert 0.8 < doc["summary"]["projections_1_32_min_every_row_count"] < doc["summary"]["projections_1_32_min"]
 
 
+def test_wide_check_candidates_are_decoded_settings_that_fit():
+    # the H200 stage w12wide (benchmarks/w12_wide_check.py) on the CPU: each candidate replaces one row range's setting
+    # of the committed config with a decoded-weight one, keeps the partition (no bit may depend on the choice), and
+    # fits a multiprocessor's shared memory at every timed row count of its range
+    from benchmarks import w12_wide_check as check
+
+    tuned = json.loads(mma_module.TUNED_PATH.read_text())["NVIDIA H200"]
+    for key in ("10240,5120", "34816,5120", "248320,5120"):
+        base = MmaConfig(**tuned[key])
+        for candidates in (check.CANDIDATES, check.TWO_MMA_CANDIDATES):
+            for bucket, settings in candidates.items():
+                for setting in settings:
+                    config = check.with_setting(base, bucket, setting)
+                    assert (config.warps_n, config.warps_k, config.splits) == (base.warps_n, base.warps_k, base.splits)
+                    for m in (m for m in check.TIMED_ROWS if check.bucket_of(m) == bucket):
+                        assert config.wide_decoded(m) and config.wide_launch(m)[:4] == setting
+                        assert check.decoded_fits(*setting, m), (setting, m)
+                    others = [top for top in mma_module.WIDE_BUCKETS if top != bucket]
+                    assert all(config.wide_launch(top) == base.wide_launch(top) for top in others)
+    assert check.groups_built(8, 4) == 4 and check.groups_built(16, 4) == 2 and check.groups_built(32, 2) == 2
+    assert not check.decoded_fits(4, 6, 3, 8, 64) and not check.decoded_fits(2, 3, 2, 32, 256)
+
+
 def test_device_check_refuses_unknown_tune_buckets_and_check_configs(monkeypatch, capsys):
     # bad --tune-buckets / --check-configs stop the run before it touches a GPU, naming the entry and the valid ones
     from benchmarks import w12_device_check as check
