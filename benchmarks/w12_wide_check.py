@@ -13,14 +13,16 @@ each is checked bit for bit against the 64-rows-a-launch path on the timed shape
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import torch
 
-from benchmarks.w12_device_check import PLAIN, Shape, bits, build, check_bits
+from benchmarks.w12_device_check import PLAIN, Shape, bits, build, check_bits, write_configs
 from specpilot_kernels.w12.mma import WIDE_BUCKETS, MmaConfig, select_mma_config, w12_mma_gemm, wide_token_tiles
 from specpilot_mem.bench.cuda_timing import ClockLog, record_section
 from specpilot_mem.bench.runs import log
@@ -117,6 +119,37 @@ def time_shape(name: str, deadline: float, candidates: dict) -> dict:
     return out
 
 
+def pick_configs(shapes: dict, margin: float = 1.02) -> dict[str, dict]:
+    """Per timed shape (keyed "N,K" as in mma_configs.json), its committed config with each row range's best
+    decoded-weight candidate where that candidate's bits equal the library's and its time beats the library's at
+    every timed row of the range by ``margin`` in geometric mean (and is no slower at any of them)."""
+    picked = {}
+    for shape in shapes.values():
+        if "rows" not in shape:
+            continue
+        config = MmaConfig(**shape["library_config"])
+        changed = False
+        for bucket in WIDE_BUCKETS:
+            rows = [r for r in shape["rows"] if bucket_of(r["M"]) == bucket]
+            if not rows:
+                continue
+            keys = set.intersection(*(set(k for k, v in r.items() if isinstance(v, dict) and "us" in v) for r in rows))
+            best, best_gain = None, margin
+            for key in sorted(keys):
+                if not all(r[key]["bits_equal_library"] and r[key]["us"] <= r["library_us"] for r in rows):
+                    continue
+                gain = math.exp(sum(math.log(r["library_us"] / r[key]["us"]) for r in rows) / len(rows))
+                if gain > best_gain:
+                    best, best_gain = key, gain
+            if best:
+                setting = tuple(int(v[1:]) for v in best.split("_"))
+                config = with_setting(config, bucket, setting)
+                changed = True
+        if changed:
+            picked[f"{shape['N']},{shape['K']}"] = asdict(config)
+    return picked
+
+
 def summarize(shapes: dict) -> dict:
     def geomean(v):
         return math.exp(sum(map(math.log, v)) / len(v)) if v else None
@@ -145,7 +178,27 @@ def main() -> None:
     parser.add_argument(
         "--two-mma", action="store_true", help="check and time the two-MMA-warpgroup settings (129-256 rows) alone"
     )
+    parser.add_argument(
+        "--pick",
+        nargs="+",
+        type=Path,
+        default=None,
+        help="no GPU: from these result files, write the committed mma_configs.json with each shape's winning "
+        "decoded-weight settings (pick_configs) to --out",
+    )
     args = parser.parse_args()
+    if args.pick:
+        shapes = {}
+        for path in args.pick:  # later files add to (or replace) a shape's rows
+            for name, shape in json.loads(path.read_text()).get("shapes", {}).items():
+                if "rows" in shape and name in shapes:
+                    by_m = {r["M"]: r for r in shapes[name]["rows"]}
+                    for r in shape["rows"]:
+                        by_m[r["M"]] = {**by_m.get(r["M"], {}), **r}
+                    shape = {**shape, "rows": [by_m[m] for m in sorted(by_m)]}
+                shapes[name] = shape
+        write_configs(Path(args.out), pick_configs(shapes), "NVIDIA H200")
+        return
     candidates = TWO_MMA_CANDIDATES if args.two_mma else CANDIDATES
     checked = TWO_MMA_CHECK_CONFIGS if args.two_mma else CHECK_CONFIGS
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 8))

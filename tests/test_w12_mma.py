@@ -756,6 +756,64 @@ def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
     assert 0.8 < doc["summary"]["projections_1_32_min_every_row_count"] < doc["summary"]["projections_1_32_min"]
 
 
+def test_wide_check_candidates_are_decoded_settings_that_fit():
+    # the H200 stage w12wide (benchmarks/w12_wide_check.py) on the CPU: each candidate replaces one row range's setting
+    # of the committed config with a decoded-weight one, keeps the partition (no bit may depend on the choice), and
+    # fits a multiprocessor's shared memory at every timed row count of its range
+    from benchmarks import w12_wide_check as check
+
+    tuned = json.loads(mma_module.TUNED_PATH.read_text())["NVIDIA H200"]
+    for key in ("10240,5120", "34816,5120", "248320,5120"):
+        base = MmaConfig(**tuned[key])
+        for candidates in (check.CANDIDATES, check.TWO_MMA_CANDIDATES):
+            for bucket, settings in candidates.items():
+                for setting in settings:
+                    config = check.with_setting(base, bucket, setting)
+                    assert (config.warps_n, config.warps_k, config.splits) == (base.warps_n, base.warps_k, base.splits)
+                    for m in (m for m in check.TIMED_ROWS if check.bucket_of(m) == bucket):
+                        assert config.wide_decoded(m) and config.wide_launch(m)[:4] == setting
+                        assert check.decoded_fits(*setting, m), (setting, m)
+                    others = [top for top in mma_module.WIDE_BUCKETS if top != bucket]
+                    assert all(config.wide_launch(top) == base.wide_launch(top) for top in others)
+    assert check.groups_built(8, 4) == 4 and check.groups_built(16, 4) == 2 and check.groups_built(32, 2) == 2
+    assert not check.decoded_fits(4, 6, 3, 8, 64) and not check.decoded_fits(2, 3, 2, 32, 256)
+
+
+def test_wide_check_picks_only_candidates_that_beat_the_library_with_its_bits(tmp_path):
+    # w12_wide_check --pick: a row range takes the candidate with the best geometric-mean gain over the library when
+    # it is no slower at any timed row and its bits are the library's; otherwise the range keeps the library's setting
+    from benchmarks import w12_wide_check as check
+
+    tuned = json.loads(mma_module.TUNED_PATH.read_text())["NVIDIA H200"]
+    base = tuned["10240,5120"]
+
+    def row(m, library_us, **candidates):
+        return {"M": m, "cublas_us": 30.0, "library_us": library_us, **candidates}
+
+    fast = {"us": 20.0, "bits_equal_library": True}
+    shapes = {
+        "qkv": {
+            "N": 10240,
+            "K": 5120,
+            "library_config": base,
+            "rows": [
+                row(33, 40.0, g4_s4_d2_t8=fast, g2_s4_d2_t8={"us": 10.0, "bits_equal_library": False}),
+                row(64, 40.0, g4_s4_d2_t8=fast, g2_s4_d2_t8=fast),
+                row(96, 40.0, g2_s4_d2_t16=fast),
+                row(128, 19.0, g2_s4_d2_t16=fast),  # slower than the library at 128 rows: not taken
+                row(256, 40.0, g1_s2_d2_t32={"us": 39.5, "bits_equal_library": True}),  # under the 2% margin
+            ],
+        }
+    }
+    picked = check.pick_configs(shapes)
+    config = MmaConfig(**picked["10240,5120"])
+    assert config.wide_decoded(48) and config.wide_launch(48)[:4] == (4, 4, 2, 8)
+    assert not config.wide_decoded(96) and config.wide_launch(96) == MmaConfig(**base).wide_launch(96)
+    assert not config.wide_decoded(256)
+    shapes["qkv"]["rows"] = shapes["qkv"]["rows"][2:]
+    assert check.pick_configs(shapes) == {}
+
+
 def test_device_check_refuses_unknown_tune_buckets_and_check_configs(monkeypatch, capsys):
     # bad --tune-buckets / --check-configs stop the run before it touches a GPU, naming the entry and the valid ones
     from benchmarks import w12_device_check as check

@@ -19,6 +19,7 @@ namespace {
 constexpr int kDecodedStepBytes = 64 * 16 * 2;                     // one tile group's k16 step of A: 64 rows x 16 BF16
 constexpr int kDecodedChunkBytes = 8 * kDecodedStepBytes;          // ... of a 128-column chunk
 constexpr int kMaxDecodedSlots = 3;
+constexpr int kPrefetchChunks = 3;  // a decoder warp's chunks in L2 ahead of its register loads
 
 // MMA warpgroups a block (W): one, or two where one thread cannot hold the TG tile groups' accumulators (TG x MT x 4 >
 // 128 a thread); each takes TG / W tile groups.
@@ -223,12 +224,24 @@ __global__ void __launch_bounds__(ss_threads<MT, TG>(), ss_blocks_per_sm<MT, TG>
       uint4 v[kBlocksPerChunk];
       uint2 nb[kBlocksPerChunk];
       load_step_registers<kBlocksPerChunk, 0>(v, nb, view, nibs);
+      // chunk j's view and nibble runs (2 KB and 1 KB) into L2, kPrefetchChunks chunks ahead of the register loads:
+      // the proxy fence that hands a chunk to the MMAs waits for every load in flight, so the loads must hit L2
+      const uint4* view_run = one.view - lane;
+      const uint2* nibs_run = one.nibs - lane;
+      auto prefetch = [&](int j) {
+        if (lane == 0 && j < count) {
+          prefetch_to_l2(view_run + j * advance, kBlocksPerChunk * 32 * 16);
+          prefetch_to_l2(nibs_run + j * advance, kBlocksPerChunk * 32 * 8);
+        }
+      };
+      for (int j = 1; j <= kPrefetchChunks; ++j) prefetch(j);
       // this lane's words of A in a step: rows g (row group 2w) and g + 8 (2w + 1), k slots 2t, 2t + 1 (k half 0)
       // and 2t + 8, 2t + 9 (k half 1); k halves 1024 bytes apart, row groups 128
       const uint32_t mine = a_s + group * kDecodedChunkBytes + (2 * w) * 128 + g * 16 + 4 * t;
       int stage = 0;
       uint32_t phase = 0;
       for (int i = 0; i < count; ++i) {
+        prefetch(i + 1 + kPrefetchChunks);
         esc.advance();
         if (i + 1 < count) esc.fetch(args, i + 1, first, args.warps_k);
         view += advance;
@@ -239,7 +252,8 @@ __global__ void __launch_bounds__(ss_threads<MT, TG>(), ss_blocks_per_sm<MT, TG>
         for (int u = 0; u < kBlocksPerChunk; ++u) {
           uint32_t a[1][8];
           decode_block(a[0], v[u], nb[u], one.base_lo, one.base_hi);
-          if (i + 1 < count) {  // the next chunk's block u into the registers just decoded (read once, L2 only)
+          // the next chunk's block u into the registers just decoded (read once; the last block's after the fence)
+          if (u + 1 < kBlocksPerChunk && i + 1 < count) {
             v[u] = ptx::load_streaming16(view + u * 32);
             nb[u] = ptx::load_streaming8(nibs + u * 32);
           }
@@ -256,6 +270,10 @@ __global__ void __launch_bounds__(ss_threads<MT, TG>(), ss_blocks_per_sm<MT, TG>
         ptx::fence_proxy_async_shared();  // every lane's stores before the MMAs' (async proxy) reads
         __syncwarp();
         if (lane == 0) ptx::mbarrier_arrive(a_full + 8 * stage);
+        if (i + 1 < count) {
+          v[kBlocksPerChunk - 1] = ptx::load_streaming16(view + (kBlocksPerChunk - 1) * 32);
+          nb[kBlocksPerChunk - 1] = ptx::load_streaming8(nibs + (kBlocksPerChunk - 1) * 32);
+        }
         if (++stage == stages) {
           stage = 0;
           phase ^= 1;
