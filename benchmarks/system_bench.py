@@ -34,7 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specpilot_kernels.fused_ops import select_states, tree_attention  # noqa: E402
+from specpilot_kernels.batched_ops import verify_attention  # noqa: E402
+from specpilot_kernels.fused_ops import select_states  # noqa: E402
 from specpilot_mem.engine.options import SystemOptions, check_fits, memory_needed  # noqa: E402
 from specpilot_mem.engine.shapes import get_shape  # noqa: E402
 from specpilot_mem.engine.system import Caches, StepBuffers, SystemModel, Weights, pack_trees  # noqa: E402
@@ -287,6 +288,11 @@ def batched(args, device, dtype, timer) -> dict:
                 str(rows - 1): entry["T_draft_ms"] if rows - 1 == 16 else time_draft(stock, B, timer, rows - 1, 1)
                 for rows in BATCHED_ROWS["stock"]
             }
+            # SpecPilot's drafter over the block its trees reach (a best-first tree of N nodes is at most N deep)
+            entry["T_draft_tree_by_block_ms"] = {
+                str(rows - 1): entry["T_draft_tree_ms"] if rows - 1 == 16 else time_draft(stock, B, timer, rows - 1)
+                for rows in BATCHED_ROWS["specpilot"]
+            }
             for name, options in BATCHED_OPTIONS.items():
                 model = stock.with_options(options)
                 steps = {}
@@ -328,11 +334,22 @@ def batched_speedup(run: dict, lattice, block_lattices: dict | None = None) -> d
                 continue
             builder = "chain" if options.tree == "chain" else "best-first"
             t_draft = entry["T_draft_ms"] if builder == "chain" else entry.get("T_draft_tree_ms", entry["T_draft_ms"])
+            # SpecPilot's trees: the drafter's pass over the smallest block that reaches a bucket's nodes (the
+            # planner's drafter blocks), tau from the lattices the pair's drafter recorded at that block
+            drafts = {16: t_draft}
+            if builder != "chain" and entry.get("T_draft_tree_by_block_ms"):
+                drafts = {int(k): v for k, v in entry["T_draft_tree_by_block_ms"].items()}
+            lattices = {**(block_lattices or {}), 16: lattice}
+            costs = _MeasuredSteps(t_ar, drafts, {int(r): t for r, t in steps.items()}, int(B))
+            planner = BudgetPlanner(costs, tuple(int(r) for r in steps), blocks=tuple(drafts))
             by_rows = {}
             for r, t_verify in steps.items():
-                tau = replay_tau(lattice, builder, int(r) - 1)
-                c = (t_draft + t_verify) / t_ar
+                block = planner.draft_block(int(r)) if builder != "chain" else 16
+                tau = replay_tau(lattices.get(block, lattice), builder, int(r) - 1)
+                c = (drafts[block] + t_verify) / t_ar
                 by_rows[r] = {"tau": tau, "c": round(c, 4), "S": round(tau / c, 4)}
+                if builder != "chain":
+                    by_rows[r]["drafter_block"] = block
             mine = {"by_rows": by_rows}
             fixed = str(options.rows)
             if name == "stock" and fixed in by_rows:  # stock as it runs by default: its drafter's chain, every step
@@ -341,8 +358,6 @@ def batched_speedup(run: dict, lattice, block_lattices: dict | None = None) -> d
                 if tuned:
                     row["stock_tuned"] = tuned
             elif name != "stock":
-                costs = _MeasuredSteps(t_ar, t_draft, {int(r): t for r, t in steps.items()}, int(B))
-                planner = BudgetPlanner(costs, tuple(int(r) for r in steps))
                 tau = np.array([by_rows[str(r)]["tau"] for r in planner.buckets])
                 rows = planner.rows_for(int(B), tau)
                 mine["rows"] = rows
@@ -355,7 +370,34 @@ def batched_speedup(run: dict, lattice, block_lattices: dict | None = None) -> d
         if mine and "speedup_over_ar" in row.get("stock_tuned", {}):
             row["gain_over_stock_tuned"] = round(mine / row["stock_tuned"]["speedup_over_ar"], 4)
         table[B] = row
+    stock_static(table)
     return table
+
+
+def stock_static(table: dict) -> None:
+    """Stock as one SGLang launch serves every batch size: a single ``--speculative-dflash-block-size`` for the
+    whole range measured, the block whose worst speedup over AR across the batch sizes is the largest (what an
+    operator who must never fall below AR sets). Adds ``stock_static`` (and the gain over it) to each row."""
+    by_block: dict[str, dict[str, float]] = {}
+    for B, row in table.items():
+        for k, e in row.get("stock_tuned", {}).get("by_block", {}).items():
+            by_block.setdefault(k, {})[B] = e["S"]
+    complete = {k: v for k, v in by_block.items() if len(v) == len(table)}
+    if not complete:
+        return
+    best = max(complete, key=lambda k: min(complete[k].values()))
+    for B, row in table.items():
+        row["stock_static"] = {
+            "label": f"stock with one static block for {min(map(int, table))}-{max(map(int, table))} requests "
+            "(--speculative-dflash-block-size, chosen for the best worst case over them)",
+            "block": int(best),
+            "rows": int(best) + 1,
+            "speedup_over_ar": complete[best][B],
+            "worst_over_batches": min(complete[best].values()),
+        }
+        mine = row.get("specpilot", {}).get("speedup_over_ar")
+        if mine:
+            row["gain_over_stock_static"] = round(mine / complete[best][B], 4)
 
 
 def stock_tuned(entry: dict, steps: dict, block_lattices: dict) -> dict | None:
@@ -384,16 +426,17 @@ def stock_tuned(entry: dict, steps: dict, block_lattices: dict) -> dict | None:
 
 
 class _MeasuredSteps:
-    """One batch size's measured step times as the planner's step costs (``BudgetPlanner``'s interface)."""
+    """One batch size's measured step times as the planner's step costs (``BudgetPlanner``'s interface); drafts:
+    {drafter block: ms of its pass over the batch}."""
 
-    def __init__(self, t_ar: float, t_draft: float, verify: dict[int, float], requests: int):
-        self.t_ar, self.t_draft, self.verify, self.requests = t_ar, t_draft, verify, requests
+    def __init__(self, t_ar: float, drafts: dict[int, float], verify: dict[int, float], requests: int):
+        self.t_ar, self.drafts, self.verify, self.requests = t_ar, drafts, verify, requests
 
     def ar_ms(self, requests: int) -> float:
         return self.t_ar
 
     def draft_ms(self, rows: int, requests: int) -> float:
-        return self.t_draft
+        return self.drafts[rows // requests - 1]
 
     def verify_ms(self, rows: int, requests: int) -> float:
         return self.verify[rows // requests]
@@ -703,7 +746,7 @@ def kernel_classes(model: SystemModel, caches: Caches, B: int, rows: int, contex
 
         def attention():  # the step's tree attention (split over the keys + combine with the gate)
             for i in attn_ids:
-                tree_attention(q, caches.k[i][:B], caches.v[i][:B], k_rows, v_rows, lengths, anc, gate)
+                verify_attention(q, caches.k[i][:B], caches.v[i][:B], k_rows, v_rows, lengths, anc, gate)
 
         out["attention"] = {
             "time_ms": timer.ms(lambda: model.graphed("attn", attention)),
@@ -881,8 +924,12 @@ def batched_headline(result: dict) -> str | None:
         if rows:
             stock = [r["stock"]["speedup_over_ar"] for r in rows]
             tuned = [r["stock_tuned"]["speedup_over_ar"] for r in rows if "stock_tuned" in r]
+            static = [r["stock_static"]["speedup_over_ar"] for r in rows if "stock_static" in r]
             mine = [r["specpilot"]["speedup_over_ar"] for r in rows]
             text = f"{shape} at {'/'.join(table)} requests: stock (16-chain) {min(stock):.2f}-{max(stock):.2f}x AR, "
+            if static:
+                block = next(iter(table.values()))["stock_static"]["block"]
+                text += f"stock (one static block, {block}) {min(static):.2f}-{max(static):.2f}x AR, "
             if tuned:
                 text += f"stock (best block per batch) {min(tuned):.2f}-{max(tuned):.2f}x AR, "
             parts.append(text + f"SpecPilot {min(mine):.2f}-{max(mine):.2f}x AR")

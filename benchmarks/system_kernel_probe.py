@@ -233,6 +233,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1, help="requests in the step (chains of --rows rows each)")
     ap.add_argument("--linears", default="bf16")
     ap.add_argument("--lm-head", default="bf16")
+    ap.add_argument("--gdn-verify", default="snapshot", help="snapshot (stock) or path")
+    ap.add_argument("--tree", default="chain", help="chain (stock) or best-first (the commit moves KV rows)")
     ap.add_argument("--eager-steps", type=int, default=2)
     ap.add_argument("--graph-steps", type=int, default=5)
     ap.add_argument("--time-steps", type=int, default=20)
@@ -255,7 +257,7 @@ def main(argv=None) -> int:
         "context": args.context,
         "batch": args.batch,
         "weight_floor_ms": round(shape.weight_floor_ms(READ_BW), 4),
-        "options": {"linears": args.linears, "lm_head": args.lm_head},
+        "options": options(args).label(),
         "by_rows": {},
     }
     t0 = time.perf_counter()
@@ -321,6 +323,13 @@ def growth(by_rows: dict) -> dict:
     return out
 
 
+def options(args) -> SystemOptions:
+    """The step's option set (default stock); a best-first tree's node budget is the probe's widest row count."""
+    widest = max([int(r) for r in args.rows.split(",") if r != "ar"] + [2])
+    tree = {} if args.tree == "chain" else {"tree": args.tree, "nodes": widest - 1, "positions": min(16, widest - 1)}
+    return SystemOptions(linears=args.linears, lm_head=args.lm_head, gdn_verify=args.gdn_verify, **tree)
+
+
 def probe_rows(label, args, shape, weights, caches, floor_ms) -> dict:
     device = weights.device
     cuda = device.type == "cuda"
@@ -329,7 +338,7 @@ def probe_rows(label, args, shape, weights, caches, floor_ms) -> dict:
     ar = label == "ar"
     rows = 1 if ar else int(label)
     t1 = time.perf_counter()
-    model = SystemModel(weights, SystemOptions(linears=args.linears, lm_head=args.lm_head))
+    model = SystemModel(weights, options(args))
     buf = StepBuffers.empty(args.batch, rows, shape.conv_size, device)
     buf.fill(pack_trees([(list(range(rows)), list(range(-1, rows - 1)))] * args.batch, rows, shape.conv_size))
     buf.forced.fill_(rows - 1)
