@@ -689,6 +689,43 @@ def test_mma_rows_1_to_256_with_outliers_give_the_per_warp_bits(fraction, config
     assert torch.equal(w12_mma_gemm(onehot, mma, config=config).view(torch.int16), expected.view(torch.int16))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("fraction", [0.0, 1e-4, 1e-3, 1e-2])
+@pytest.mark.parametrize(
+    "config",
+    [
+        MmaConfig(1, 3, 1, staged_rows=16, shared_x_32=(5, 6)),
+        MmaConfig(1, 3, 2, staged_rows=16, shared_x_32=(5, 6)),
+        MmaConfig(1, 1, 1, staged_rows=16, shared_x_32=(4, 3)),
+        MmaConfig(4, 1, 1, (2, 2), staged_rows=16, wgmma=(5, 2, 2)),
+        MmaConfig(1, 1, 1, (2, 1), wgmma=(2, 2, 4)),
+        MmaConfig(2, 4, 3, (2, 1), (2, 2)),
+    ],
+    ids=str,
+)
+def test_narrow_kernels_read_outlier_weights_exactly_at_1_to_32_rows(fraction, config):
+    # the kernels the tuned configs run at 1-32 rows (staged weights, whose escape overlay is the buffer half just
+    # read; shared activations, whose overlay is the warp's slot of the reduction or, with one K class, its own
+    # region; staged warpgroups; half steps), escape fractions 0 to 1e-2 and a tile with more than 32 escapes a chunk:
+    # one-hot rows give every weight bit for bit, and x's rows the per-warp kernel's bits at every row count
+    torch.manual_seed(13)
+    w = with_outliers(weight(n=1024, k=1536, device="cuda"), fraction)
+    w[480:496, 256:900] = 0.0
+    mma = to_mma_layout(encode(w))
+    eye = torch.eye(1536, device="cuda", dtype=torch.bfloat16)
+    expected = (w.t().float() + 0.0).bfloat16().view(torch.int16)
+    for rows in (1, 8, 16, 24, 32):
+        for c0 in range(0, 1536, rows if rows in (16, 32) else 128):  # every column at 16 and 32 rows
+            cols = torch.arange(c0, min(c0 + rows, 1536), device="cuda")
+            y = w12_mma_gemm(eye[cols], mma, config=config).view(torch.int16)
+            assert torch.equal(y, expected[cols]), (rows, c0)
+    plain = replace(config, staged_rows=0, wgmma=(0, 0, 0), shared_x_32=(0, 0), wide=(0, 2, 2), wide_rows=())
+    x = torch.randn(32, 1536, device="cuda").bfloat16()
+    for rows in (1, 2, 4, 8, 9, 16, 17, 24, 32):
+        y = w12_mma_gemm(x[:rows], mma, config=config).view(torch.int16)
+        assert torch.equal(y, w12_mma_gemm(x[:rows], mma, config=plain).view(torch.int16)), rows
+
+
 def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
     # the H200 stage's --tune (benchmarks/w12_device_check.py) on the CPU: every row range of every tuned shape gets
     # candidates, each a valid config with the shape's partition (no bit may depend on the choice), wide blocks that fit

@@ -223,13 +223,17 @@ struct EscapeStream {
   // The chunk fetched last becomes the one patched.
   __device__ __forceinline__ void advance() { mine = next; }
   // Patches the chunk's escapes that fall in blocks first_block .. first_block + BLOCKS - 1 into their decoded
-  // fragments a[0 .. BLOCKS - 1]; `scratch`: the warp's kEscapeScratchBytes of shared memory.
+  // fragments a[0 .. BLOCKS - 1]. `overlay`: OVERLAY_GROUPS x kEscapeOverlayBytes of the warp's shared memory (the
+  // first bytes of its escape scratch for OVERLAY_GROUPS 1, or any region no other warp touches meanwhile, e.g. a staged
+  // weight buffer every lane has read: the caller's __syncwarp). The step's fragment groups with escapes go through the overlay OVERLAY_GROUPS at a
+  // time, so one store, one patch and one load round trip serve all of them: at 1e-2 escapes almost every group has
+  // one, and a round trip a group made the patch a serial chain of shared-memory latencies.
   // `i`: the chunk's place among the warp's chunks (those of ``begin``).
   // QPASS: the Q pass's decode (decode_block_q) instead, whose escapes keep their view reading except the zero code,
   // which becomes a signed zero (the entry's exact bits are not the Q pass's weight).
-  template <int BLOCKS, bool EARLY_SECOND = false, bool QPASS = false>
+  template <int BLOCKS, bool EARLY_SECOND = false, bool QPASS = false, int OVERLAY_GROUPS = 1>
   __device__ __forceinline__ void patch(uint32_t (&a)[BLOCKS][8], int first_block, const W12MmaArgs& args, int i,
-                                        int first, int stride, uint32_t scratch, int lane) {
+                                        int first, int stride, uint32_t overlay, int lane) {
     const uint32_t w = word(args, i, first, stride);
     const int count = w & 0xFFFu;
     if (count == 0) return;  // warp-uniform
@@ -239,39 +243,50 @@ struct EscapeStream {
     // Any further 32 (and the second without it) are loaded when reached.
     const uint32_t second =
         EARLY_SECOND && count > 32 && lane + 32 < count ? __ldg(args.esc_entry + start + (w >> 12) + 32 + lane) : 0u;
+    constexpr int kGroups = 2 * BLOCKS;  // fragment groups of the step: 2 x block + k16 step
     for (int done = 0; done < count; done += 32) {
       if (EARLY_SECOND && done == 32)
         entry = second;
       else if (done > 0)
         entry = lane + done < count ? __ldg(args.esc_entry + start + (w >> 12) + done + lane) : 0u;
       const bool have = lane + done < count;
-      const int group = (entry >> 24) & 7;
-      const uint32_t groups = __reduce_or_sync(kFullWarp, have ? 1u << group : 0u);
+      const int group = ((entry >> 24) & 7) - 2 * first_block;  // the entry's group in this step (outside: not ours)
+      const uint32_t groups = __reduce_or_sync(kFullWarp, have ? (1u << (group & 31)) & ((1u << kGroups) - 1) : 0u);
 #pragma unroll
-      for (int u = 0; u < BLOCKS; ++u)
+      for (int batch = 0; batch < kGroups; batch += OVERLAY_GROUPS) {
+        constexpr int kAll = (1 << OVERLAY_GROUPS) - 1;
+        if (groups & ((uint32_t)kAll << batch)) {  // warp-uniform
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          const int g = 2 * (first_block + u) + s;
-          if (groups & (1u << g)) {  // warp-uniform
-            ptx::st_shared16(scratch + lane * 16, a[u][4 * s], a[u][4 * s + 1], a[u][4 * s + 2], a[u][4 * s + 3]);
-            __syncwarp();
-            if (have && group == g) {
-              const uint32_t at = scratch + ((entry >> 16) & 0xFFu) * 2;
-              if (!QPASS) {
-                ptx::st_shared2(at, entry);
-              } else {
-                const uint32_t read = ld_shared2(at);  // the zero code decodes with no exponent offset or mantissa
-                if ((read & 0x07F0u) == 0) ptx::st_shared2(at, read & 0x8000u);
-              }
+          for (int o = 0; o < OVERLAY_GROUPS && batch + o < kGroups; ++o) {
+            const int u = (batch + o) >> 1, s = (batch + o) & 1;
+            if (groups & (1u << (batch + o)))
+              ptx::st_shared16(overlay + o * kEscapeOverlayBytes + lane * 16, a[u][4 * s], a[u][4 * s + 1],
+                               a[u][4 * s + 2], a[u][4 * s + 3]);
+          }
+          __syncwarp();
+          if (have && group >= batch && group < batch + OVERLAY_GROUPS) {
+            const uint32_t at = overlay + (group - batch) * kEscapeOverlayBytes + ((entry >> 16) & 0xFFu) * 2;
+            if (!QPASS) {
+              ptx::st_shared2(at, entry);
+            } else {
+              const uint32_t read = ld_shared2(at);  // the zero code decodes with no exponent offset or mantissa
+              if ((read & 0x07F0u) == 0) ptx::st_shared2(at, read & 0x8000u);
             }
-            __syncwarp();
-            const uint4 r = ptx::ld_shared16(scratch + lane * 16);
-            a[u][4 * s] = r.x;
-            a[u][4 * s + 1] = r.y;
-            a[u][4 * s + 2] = r.z;
-            a[u][4 * s + 3] = r.w;
+          }
+          __syncwarp();
+#pragma unroll
+          for (int o = 0; o < OVERLAY_GROUPS && batch + o < kGroups; ++o) {
+            const int u = (batch + o) >> 1, s = (batch + o) & 1;
+            if (groups & (1u << (batch + o))) {
+              const uint4 r = ptx::ld_shared16(overlay + o * kEscapeOverlayBytes + lane * 16);
+              a[u][4 * s] = r.x;
+              a[u][4 * s + 1] = r.y;
+              a[u][4 * s + 2] = r.z;
+              a[u][4 * s + 3] = r.w;
+            }
           }
         }
+      }
     }
   }
 };

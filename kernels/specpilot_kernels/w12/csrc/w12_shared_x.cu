@@ -93,8 +93,14 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
     const uint32_t base_lo = one.base_lo, base_hi = one.base_hi;
     const uint4* view_next = one.view;
     const uint2* nibs_next = one.nibs;
-    const uint32_t scratch = ptx::shared_address(ring_ptr) + escape_scratch_offset<MT>(args.warps_k, ring) +
-                             warp * kEscapeScratchBytes;
+    const uint32_t scratches = ptx::shared_address(ring_ptr) + escape_scratch_offset<MT>(args.warps_k, ring);
+    const uint32_t scratch = scratches + warp * kEscapeScratchBytes;
+    // The escape overlay (EscapeStream::patch, MT fragment groups at once): the warp's own slot of the epilogue's
+    // reduction (reduce_and_store writes it only after the main loop), or with one K class, which has no reduction, the
+    // warp's region after every warp's scratch.
+    const uint32_t overlay = args.warps_k > 1 ? ptx::shared_address(shared_words) + warp * MT * kEscapeOverlayBytes
+                                              : scratches + (blockDim.x / 32) * kEscapeScratchBytes +
+                                                    warp * MT * kEscapeOverlayBytes;
     EscapeStream esc;
     if (LOW_BITS == 0 && active) esc.begin(args, min(tile, tiles - 1), first, last, args.warps_k, scratch, 0, lane);
     uint4 v_next[kBlocks];
@@ -133,7 +139,7 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
 #pragma unroll
           for (int u = 0; u < kBlocks; ++u) decode_block(a[u], v[u], nb[u], base_lo, base_hi);
           if (LOW_BITS == 0)  // escape-heavy chunks: the ring kernel has the registers for their second round early
-            esc.template patch<kBlocks, true>(a, part * kBlocks, args, r, first, args.warps_k, scratch, lane);
+            esc.template patch<kBlocks, true, false, MT>(a, part * kBlocks, args, r, first, args.warps_k, overlay, lane);
 #pragma unroll
           for (int u = 0; u < kBlocks; ++u) {
             uint4 xb[MT];
@@ -179,9 +185,13 @@ cudaError_t launch_ring(const W12MmaArgs& args, const W12SharedActivations& shar
   dim3 grid((tiles + launched.warps_n - 1) / launched.warps_n,
             (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
   dim3 block(32 * (launched.warps_n * args.warps_k + 1));
+  // the epilogue's reduction (each warp's slot of it its escape overlay) and inbox, the ring, each warp's escape
+  // scratch, and with one K class (no reduction) each warp's overlay
   const size_t smem = (size_t)epilogue_words<MT, 1>(launched, block.x) * 16 +
                       escape_scratch_offset<MT>(args.warps_k, shared_x.ring) +
-                      (LOW_BITS == 0 ? (size_t)(block.x / 32) * kEscapeScratchBytes : 0);
+                      (LOW_BITS == 0 ? (size_t)(block.x / 32) * (kEscapeScratchBytes +
+                                                                 (args.warps_k > 1 ? 0 : MT * kEscapeOverlayBytes))
+                                     : 0);
   auto kernel = w12_shared_x_kernel<MT, LOW_BITS, STEP_BLOCKS, CLUSTER>;
   int resident = 0;
   const cudaError_t err = resident_blocks(reinterpret_cast<const void*>(kernel), block.x, smem, &resident);

@@ -10,6 +10,15 @@
 namespace w12 {
 namespace {
 
+// Fragment groups the escape patch takes at once: three staged (from the buffer half the step was read from; more made
+// ptxas's count for the 1-8-row kernel cross 96 registers, a block of three warps less a multiprocessor), two in
+// registers (more raised the count of 9-32 rows by 8-28 registers), one for the Q pass (whose patch touches only zero
+// codes, so rare ones).
+template <int LOW_BITS, bool STAGED>
+__host__ __device__ constexpr int warp_overlay_groups() {
+  return LOW_BITS != 0 ? 1 : STAGED ? 3 : 2;
+}
+
 template <int MT, int LOW_BITS, int STEP_BLOCKS, int TP, bool STAGED, bool CLUSTER>
 __global__ void w12_mma_kernel(W12MmaArgs args) {
   const int lane = threadIdx.x & 31;
@@ -52,9 +61,16 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     constexpr int kStageWords = TP * kBlocks * kStagedBlockWords;  // 16-byte words a step
     extern __shared__ uint4 shared_words[];
     // the warp's escape scratch, after every warp's staged weights
-    const uint32_t scratch = ptx::shared_address(shared_words + epilogue_words<MT, TP>(args, blockDim.x) +
-                                                 (STAGED ? (blockDim.x / 32) * 2 * kStageWords : 0)) +
-                             warp * kEscapeScratchBytes;
+    const uint32_t scratches = ptx::shared_address(shared_words + epilogue_words<MT, TP>(args, blockDim.x) +
+                                                   (STAGED ? (blockDim.x / 32) * 2 * kStageWords : 0));
+    const uint32_t scratch = scratches + warp * kEscapeScratchBytes;
+    // The escape overlay (EscapeStream::patch): staged, the buffer half the step was just read from (free until the
+    // next step's load refills it); else the warp's own region after every warp's scratch, or for one group the
+    // scratch's own.
+    constexpr int kOverlayGroups = warp_overlay_groups<LOW_BITS, STAGED>();
+    const uint32_t own_overlay = kOverlayGroups == 1 ? scratch
+                                                     : scratches + (blockDim.x / 32) * kEscapeScratchBytes +
+                                                           warp * (STAGED ? 0 : kOverlayGroups * kEscapeOverlayBytes);
     uint32_t base_lo[TP], base_hi[TP];
     const uint4* view_next[TP];
     const uint2* nibs_next[TP];
@@ -133,9 +149,11 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
       for (int part = 0; part < kStepsPerChunk; ++part) {
         uint4 v[TP][kBlocks];
         uint2 nb[TP][kBlocks];
+        uint32_t overlay = own_overlay;
         if constexpr (STAGED) {
           ptx::cp_async_wait<0>();
           __syncwarp();
+          overlay = stage_base + (uint32_t)((stage ^ 1) * kStageWords * 16);
 #pragma unroll
           for (int p = 0; p < TP; ++p) {
             const uint32_t words =
@@ -185,8 +203,8 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
             else
               decode_block_q<LOW_BITS>(a[u], v[p][u]);
           }
-          esc[p].template patch<kBlocks, false, LOW_BITS != 0>(a, part * kBlocks, args, ordinal, first, args.warps_k,
-                                                                scratch, lane);
+          esc[p].template patch<kBlocks, false, LOW_BITS != 0, kOverlayGroups>(a, part * kBlocks, args, ordinal, first,
+                                                                                args.warps_k, overlay, lane);
 #pragma unroll
           for (int u = 0; u < kBlocks; ++u) {
 #pragma unroll
@@ -229,11 +247,14 @@ cudaError_t launch_plan(const W12MmaArgs& args, cudaStream_t stream) {
   const int tiles_per_block = args.warps_n * TP;
   dim3 grid((tiles + tiles_per_block - 1) / tiles_per_block, (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
   dim3 block(32 * args.warps_n * args.warps_k);
-  // the epilogue's reduction and inbox, then (STAGED) each warp's double buffer, then (exact weights) each warp's
-  // escape scratch
+  // the epilogue's reduction and inbox, then (STAGED) each warp's double buffer, then each warp's escape scratch,
+  // then (not STAGED, more than one group) each warp's escape overlay
   const size_t smem = (size_t)epilogue_words<MT, TP>(args, block.x) * 16 +
                       (STAGED ? (size_t)(block.x / 32) * 2 * TP * STEP_BLOCKS * kStagedBlockWords * 16 : 0) +
-                      (size_t)(block.x / 32) * kEscapeScratchBytes;
+                      (size_t)(block.x / 32) * kEscapeScratchBytes +
+                      (STAGED || warp_overlay_groups<LOW_BITS, false>() == 1
+                           ? 0
+                           : (size_t)(block.x / 32) * warp_overlay_groups<LOW_BITS, false>() * kEscapeOverlayBytes);
   auto kernel = w12_mma_kernel<MT, LOW_BITS, STEP_BLOCKS, TP, STAGED, CLUSTER>;
   int resident = 0;
   const cudaError_t err = resident_blocks(reinterpret_cast<const void*>(kernel), block.x, smem, &resident);

@@ -156,6 +156,10 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
     const uint32_t desc_lo0 = ((slots & 0x3FFFF) >> 4) | ((MT * 128 >> 4) << 16);
     constexpr uint64_t kDescHi = (uint64_t)(128 >> 4) << 32;
     uint32_t slot = 0, phase = 0;
+    // The escape overlay (EscapeStream::patch): staged, the stage the chunk was just decoded from (free until the next
+    // chunk's copy refills it), all but two of the chunk's fragment groups at once; else the warp's scratch, one.
+    constexpr int kOverlayGroups = STAGED ? kWgmmaStageBytes / kEscapeOverlayBytes : 1;
+    uint32_t overlay = scratch;
     for (int i = 0; i < count; ++i) {
       uint32_t a[kBlocksPerChunk][8];
       if (LOW_BITS == 0) {  // this chunk's escapes were fetched with its weights; fetch the next chunk's
@@ -175,13 +179,17 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
           read_staged_block<kBlocksPerChunk, LOW_BITS>(warp_stages + stage, u, lane, v, nb);
           decode_block(a[u], v, nb, base_lo, base_hi);
         }
+        __syncwarp();  // every lane has read the stage (the overlay below)
+        overlay = warp_stages + stage;
         previous = stage;
         stage = stage == (kStages - 1) * kWgmmaStageBytes ? 0 : stage + kWgmmaStageBytes;
       } else {  // decoded, the chunk's weights leave their registers for the next chunk's loads
 #pragma unroll
         for (int u = 0; u < kBlocksPerChunk; ++u) decode_block(a[u], v_next[u], n_next[u], base_lo, base_hi);
       }
-      if (LOW_BITS == 0) esc.template patch<kBlocksPerChunk>(a, 0, args, i, first, args.warps_k, scratch, lane);
+      if (LOW_BITS == 0)
+        esc.template patch<kBlocksPerChunk, false, false, kOverlayGroups>(a, 0, args, i, first, args.warps_k, overlay,
+                                                                          lane);
       ptx::mbarrier_wait(full + 8 * slot, phase);  // the chunk's activations have landed
       const uint32_t desc_lo = desc_lo0 + slot * (kChunkBytes >> 4);
       ptx::wgmma_fence();
