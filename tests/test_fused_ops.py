@@ -275,7 +275,10 @@ def test_tree_accept_kernel_matches_the_reference():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
 def test_row_tiles_change_no_bit(monkeypatch):
-    """Every element-wise op gives the same bits whatever its row tile (FUSED_TILES), rows not a multiple of it."""
+    """The conv, gated norm and silu*up give the same bits whatever their row tile (FUSED_TILES), rows not a multiple
+    of it; the q/k norm + RoPE (whose per-head reduction follows its warps on a GPU) has one tile for every row count,
+    and matches its reference under any."""
+    assert len(F.FUSED_TILES["qk_norm_rope"]) == 1
     from specpilot_mem.engine.system import pack_trees
 
     gen = torch.Generator().manual_seed(6)
@@ -304,7 +307,7 @@ def test_row_tiles_change_no_bit(monkeypatch):
         monkeypatch.setattr(F, "FUSED_TILES", {op: ((1 << 30, tile),) for op in F.FUSED_TILES})
         outs.append(run())
     for got in outs[1:]:
-        assert all(torch.equal(a, b) for a, b in zip(got, outs[0]))
+        assert all(torch.equal(a, b) for a, b in zip(got[:3], outs[0][:3]))
     want = (
         F.tree_conv_silu_reference(state, x, idx, weight),
         F.gated_rms_norm_reference(o, w, z, 1e-6),

@@ -71,34 +71,45 @@ def _pdl_start(PDL: tl.constexpr, TRIGGER: tl.constexpr = True):
 # -- launch tiles by row count -----------------------------------------------------------------------------------
 #
 # One program per row wastes a 17-33-row verify step's launches on per-program set-up (index loads, the conv
-# taps, cos/sin); one program per many rows starves a 1-row step of SMs. So each element-wise op's tile is a row
-# range's entry: (most rows, tile), the first entry whose bound holds. No bit depends on the tile: every element's
-# arithmetic is the same whatever the tile (``benchmarks/engine_linear_probe.py --sections fused`` checks it on the
-# GPU bit for bit and times the choices).
+# taps); one program per many rows starves a 1-row step of SMs. So an element-wise op's tile is a row range's
+# entry: (most rows, tile), the first entry whose bound holds. No bit depends on the tile, so none depends on the row
+# count either (every element's arithmetic, and each row's reduction, is the same whatever the tile; the q/k norm +
+# RoPE keeps one tile at every row count because its per-head reduction's order follows its warps:
+# ``benchmarks/engine_linear_probe.py --sections fused`` checks it on the GPU bit for bit and times the choices).
 
 
 @dataclass(frozen=True)
 class RowTile:
-    """Rows a program and columns a program (``block``: 0 is the whole row) of an element-wise fused op."""
+    """Rows a program and columns a program (``block``: 0 is the whole row) of an element-wise fused op, its warps,
+    and whether it may launch with programmatic dependent launch (``pdl``; still only grids of at most one program
+    an SM): a tile that makes a 17-33-row grid that small must not, since its waiting programs would hold SMs that
+    the producer GEMM's large tiles need (on the H200 such a conv made the 32-33-row stock step ~1 ms slower)."""
 
     rows: int
     block: int = 0
     num_warps: int = 4
+    pdl: bool = True
 
     def __post_init__(self):
         if self.rows < 1 or self.rows & (self.rows - 1) or self.block < 0 or self.block & (self.block - 1):
             raise ValueError(f"RowTile{(self.rows, self.block)}: rows and block are powers of two (block 0: a row)")
 
 
+# From the H200 sweep (benchmarks/probes/engine-tiles-h200-2026-12-03/): one row a program where that was fastest
+# or unmeasured, two (conv) to sixteen (gated norm) where the sweep found them faster at 17-33 rows.
 FUSED_TILES: dict[str, tuple[tuple[int, RowTile], ...]] = {
-    # [B*T, C] windows: few rows need narrow column blocks to spread over the SMs; more rows share the taps' loads
-    "tree_conv_silu": ((8, RowTile(1, 256, 2)), (24, RowTile(2, 1024, 4)), (1 << 30, RowTile(4, 1024, 4))),
-    # [rows, 2N] -> [rows, N]
-    "silu_mul": ((8, RowTile(1, 1024, 4)), (24, RowTile(2, 1024, 4)), (1 << 30, RowTile(4, 1024, 4))),
-    # [tokens * heads, N]: rows are (token, head) pairs
-    "gated_rms_norm": ((64, RowTile(1, 0, 4)), (1 << 30, RowTile(4, 0, 4))),
-    # [B*T] tokens x (HQ + HKV) heads
-    "qk_norm_rope": ((8, RowTile(1, 0, 1)), (1 << 30, RowTile(2, 0, 2))),
+    # [B*T, C] windows: few rows want narrow column blocks to spread over the SMs; more share the taps' loads
+    "tree_conv_silu": ((8, RowTile(1, 256, 2)), (1 << 30, RowTile(2, 512, 4, pdl=False))),
+    # [rows, 2N] -> [rows, N]: one row a program was as fast as any tile that keeps the grid above one wave
+    "silu_mul": ((1 << 30, RowTile(1, 1024, 4)),),
+    # [tokens * heads, N]: rows are (token, head) pairs (48 a token at the 27B-like shape)
+    "gated_rms_norm": (
+        (64, RowTile(1, 0, 4)),
+        (1024, RowTile(8, 0, 4, pdl=False)),
+        (1 << 30, RowTile(16, 0, 8, pdl=False)),
+    ),
+    # [B*T] tokens x (HQ + HKV) heads; warps doubled for head dims above 128
+    "qk_norm_rope": ((1 << 30, RowTile(1, 0, 1)),),
 }
 
 
@@ -352,7 +363,7 @@ def tree_conv_silu(
         BR=tile.rows,
         BLOCK=block,
         RAW=raw is not None,
-        **_pdl(x, *grid),
+        **(_pdl(x, *grid) if tile.pdl else {}),
         num_warps=tile.num_warps,
     )
     return out
@@ -393,7 +404,7 @@ def gated_rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, ep
         eps,
         BR=tile.rows,
         BLOCK=triton.next_power_of_2(N),
-        **_pdl(x, *grid),
+        **(_pdl(x, *grid) if tile.pdl else {}),
         num_warps=tile.num_warps,
     )
     return out
@@ -417,7 +428,14 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block = min(tile.block or 1 << 30, triton.next_power_of_2(N))
     grid = (triton.cdiv(rows, tile.rows), triton.cdiv(N, block))
     _silu_mul_kernel[grid](
-        gate_up, out, rows, N, BR=tile.rows, BLOCK=block, **_pdl(gate_up, *grid), num_warps=tile.num_warps
+        gate_up,
+        out,
+        rows,
+        N,
+        BR=tile.rows,
+        BLOCK=block,
+        **(_pdl(gate_up, *grid) if tile.pdl else {}),
+        num_warps=tile.num_warps,
     )
     return out
 
@@ -594,7 +612,7 @@ def qk_norm_rope(q, k, v, cos, sin, q_weight, k_weight, eps, k_cache=None, v_cac
         BR=tile.rows,
         QK_NORM=norm,
         WRITE=write,
-        **_pdl(q, *grid),
+        **(_pdl(q, *grid) if tile.pdl else {}),
         num_warps=tile.num_warps * (1 if D <= 128 else 2),
     )
     return q_out, k_out, v_out
@@ -795,13 +813,14 @@ class AttentionTile:
 
 # (most folded query rows R = query heads per KV head x verify rows, largest head dim, tile): the first entry whose
 # bounds hold. A decode step's few rows want many splits of a short key range; 17-33 verify rows at GQA 6 (R
-# 102-198) want one 64-row block per key step and fewer splits (the partials grow with R).
+# 102-198) want 64-row blocks and 8 warps (the H200 sweep, benchmarks/probes/engine-tiles-h200-2026-12-03/: 16.8 µs
+# at 17 rows where 32-row blocks took 23.5, 26.3 at 33 where 32-key steps took 30.1).
 ATTENTION_TILES: tuple[tuple[int, int, AttentionTile], ...] = (
     (48, 128, AttentionTile(16, 64, 4, 3, 2, 2)),
     (128, 128, AttentionTile(32, 64, 4, 3, 2, 2)),
     (1 << 30, 128, AttentionTile(64, 64, 8, 3, 2, 2)),
     (48, 256, AttentionTile(16, 32, 4, 3, 2)),
-    (128, 256, AttentionTile(64, 32, 8, 1, 2)),
+    (128, 256, AttentionTile(64, 32, 8, 1, 2, 2)),
     (1 << 30, 256, AttentionTile(64, 64, 8, 2, 2)),
 )
 
