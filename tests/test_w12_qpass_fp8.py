@@ -19,6 +19,7 @@ from specpilot_kernels.w12.qpass_fp8 import (
     fp8_qpass_linear_reference,
     fp8_qpass_reference,
     fp8_rows_reference,
+    tiles_per_warp_fits,
     w12_fp8_qpass_gemm,
 )
 from specpilot_kernels.w12.reference import qpass_weight_reference
@@ -153,9 +154,33 @@ def test_the_linear_reference_is_the_gemm_reference_in_the_weights_values():
 def test_the_partition_fills_the_gpu_and_keeps_blocks_small():
     qkv, down, head = (default_fp8_qpass_config(n, k, 132) for n, k in ((10240, 5120), (5120, 17408), (248320, 5120)))
     assert (qkv.warps_k, down.warps_k, head.warps_k) == (4, 7, 1)
-    assert all(c.warps_k * c.tiles_per_block <= 8 for c in (qkv, down, head))
+    assert all(c.warps_k * c.groups_per_block <= 8 and c.tiles_per_warp == 1 for c in (qkv, down, head))
     with pytest.raises(W12Error, match="1-8 warps"):
-        Fp8QpassConfig(warps_k=4, tiles_per_block=4)
+        Fp8QpassConfig(warps_k=4, groups_per_block=4)
+    with pytest.raises(W12Error, match="built for"):
+        Fp8QpassConfig(tiles_per_warp=3)
+
+
+def test_a_tree_shares_each_activation_fragment_over_several_weight_tiles():
+    # 33 rows (a 32-node tree and its root): 5 token tiles; 4 weight tiles a warp truncated, 2 with the midpoint
+    trunc, mid = (default_fp8_qpass_config(34816, 5120, 132, 33, midpoint) for midpoint in (False, True))
+    assert (trunc.tiles_per_warp, mid.tiles_per_warp) == (4, 2)
+    # fewer tile groups: more warps share K so the GPU still has ~16 warps a multiprocessor
+    groups = -(-34816 // 64)
+    assert trunc.splits == 1 and trunc.warps_k * groups >= 16 * 132 > (trunc.warps_k - 1) * groups
+    assert all(tiles_per_warp_fits(m, default_fp8_qpass_config(10240, 5120, 132, m).tiles_per_warp, True)
+               for m in range(1, 65))  # fmt: skip
+    assert not tiles_per_warp_fits(33, 4, midpoint=True) and tiles_per_warp_fits(33, 4, midpoint=False)
+
+
+def test_few_tile_groups_split_their_k_over_blocks():
+    # down at 33 rows: 80 groups of 4 tiles; 8 warps a block cannot fill 132 SMs, so blocks share K too
+    down = default_fp8_qpass_config(5120, 17408, 132, 33, midpoint=False)
+    assert down.tiles_per_warp == 4 and down.splits > 1 and down.warps_k <= 8
+    assert 80 * down.warps_k * down.splits >= 16 * 132
+    assert 272 // (down.warps_k * down.splits) >= 4  # each K class keeps at least 4 pairs of 64 columns
+    with pytest.raises(W12Error, match="splits"):
+        Fp8QpassConfig(splits=0)
 
 
 def test_bad_inputs_are_refused_with_the_fix():
@@ -178,9 +203,15 @@ def test_kernel_builds_for_sm_90a_without_spills_up_to_40_rows(tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    stores = dict(re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", result.stderr, re.S))
-    assert len(stores) == 11, stores  # 5 row plans x 2 modes + the quantizer
-    assert all(count == "0" for name, count in stores.items() if "ILi8E" not in name), stores  # 41-64 rows may spill
+    found = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", result.stderr, re.S)
+    stores = dict(found)
+    assert len(stores) == 26, stores  # 14 truncated + 11 midpoint (token tiles x weight tiles) + the quantizer
+    plans = {tuple(map(int, m.groups()[:2])) + (m.group(3) == "1",): int(stores[name])
+             for name in stores if (m := re.search(r"kernelILi(\d+)ELi(\d+)ELb(\d)", name))}  # fmt: skip
+    # at most a few words spilled, and only at the register budget's edge (4 tiles a warp, or 20 accumulators)
+    edge = {plan for plan in plans if plan[1] == 4 or plan[0] * plan[1] * (2 if plan[2] else 1) == 20 or plan[0] == 8}
+    assert all(count == 0 for plan, count in plans.items() if plan not in edge), plans
+    assert all(count <= 64 for plan, count in plans.items() if plan[0] <= 5), plans
 
 
 @pytest.mark.gpu
@@ -204,3 +235,21 @@ def test_a_rows_bits_do_not_depend_on_the_row_count():
     whole = w12_fp8_qpass_gemm(x, mma)
     for r in (0, 17, 39):
         assert torch.equal(w12_fp8_qpass_gemm(x[r : r + 1].contiguous(), mma), whole[r : r + 1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 tensor cores (sm_89+)")
+@pytest.mark.parametrize("rows", [1, 16, 33])
+@pytest.mark.parametrize("config", [(1, 1, 1, 3), (2, 2, 2, 2), (4, 8, 1, 1), (4, 2, 1, 3)])
+def test_every_partition_matches_the_emulation_and_splits_keep_a_rows_bits(rows, config):
+    tiles_per_warp, warps_k, groups_per_block, splits = config
+    w12 = encode(weight_with_escapes(n=1000, k=1536, device="cuda"))  # 63 tiles: a short last group
+    mma = to_mma_layout(w12)
+    x = torch.randn(rows, 1536, device="cuda").bfloat16()
+    ref = fp8_qpass_reference(x, w12, "truncated")
+    chosen = Fp8QpassConfig(warps_k, groups_per_block, tiles_per_warp, splits)
+    for _ in range(2):  # the second launch finds the split counters reset
+        y = w12_fp8_qpass_gemm(x, mma, "truncated", config=chosen)
+        assert ((y.float() - ref).abs() <= 2.0**-8 * ref.abs() + 1e-5 * ref.abs().max()).all()
+    one = Fp8QpassConfig(warps_k, groups_per_block, 1, splits)
+    assert torch.equal(w12_fp8_qpass_gemm(x[-1:].contiguous(), mma, "truncated", config=one), y[-1:])

@@ -14,8 +14,10 @@ second MMA over the view bytes masked to sign and exponent, exact in the same ar
 MMA alone. The Q-pass weights are therefore exactly ``qpass_weight_reference``'s; only the activations differ from
 the BF16 Q pass. The Q pass only proposes (the exact pass alone accepts), so this can cost τ, never correctness.
 
-Determinism: the partition (warps a tile's K, tiles a block) comes from (N, K, GPU); a token row's quantization and
-sums do not depend on the other rows, so its bits are the same at every row count.
+Partition: a warp owns ``tiles_per_warp`` 16-row weight tiles (so each activation fragment it loads feeds that many
+MMAs) and a range of K shared by ``warps_k`` warps, summed in warp order; chosen from (N, K, rows, GPU). A token
+row's quantization and sums do not depend on the other rows' values, and a tile's sums depend on ``warps_k`` alone:
+a row's bits are the same at every row count whose partition has the same ``warps_k``.
 """
 
 from __future__ import annotations
@@ -37,38 +39,97 @@ EXTENSION = "specpilot_w12_qpass_fp8"
 E4M3_MAX = 448.0
 MAX_ROWS_PER_LAUNCH = 64  # 8 token tiles of 8 (csrc/w12_qpass_fp8.cuh kQpassFp8MaxRows)
 MAX_WARPS_PER_BLOCK = 8  # kQpassFp8MaxWarps: up to 255 registers a thread
-WARPS_PER_SM = 16  # warps a multiprocessor the partition aims at: each keeps 3-4 KB of view bytes in flight
-MIN_PAIRS_PER_WARP = 8  # 64-column pairs: a K range long enough to hide its prologue and the reduction
+MAX_ACCUMULATORS = 20  # kQpassFp8MaxAccumulators: token tiles x weight tiles x MMAs a block a warp may accumulate
+TILES_PER_WARP = (1, 2, 4)  # the built weight tiles a warp
+WARPS_PER_SM = 16  # warps a multiprocessor the partition aims at: each keeps about 4 KB of view bytes in flight
+MIN_PAIRS_PER_CLASS = 4  # 64-column pairs a K class at least: its partial sums stay a fraction of its weight bytes
 BLOCK_WARPS = 4  # warps a block the default partition aims at
+MAX_GROUPS = 1 << 16  # tile groups a launch (the split counters' length): 1M output rows at one tile a warp
 LOW_BITS = ("midpoint", "truncated")
+
+
+def built_token_tiles(m: int) -> int:
+    """The kernel's token tiles of 8 rows for m rows (1, 2, 4, 5 or 8: csrc dispatch)."""
+    tiles8 = -(-min(m, MAX_ROWS_PER_LAUNCH) // 8)
+    return tiles8 if tiles8 <= 2 else 4 if tiles8 <= 4 else 5 if tiles8 <= 5 else 8
+
+
+def tiles_per_warp_fits(m: int, tiles_per_warp: int, midpoint: bool) -> bool:
+    """Whether the kernel is built for ``tiles_per_warp`` at m rows (csrc qpass_fp8_tiles_per_warp_fits)."""
+    mmas = 2 if midpoint else 1
+    return tiles_per_warp in TILES_PER_WARP and tiles_per_warp * built_token_tiles(m) * mmas <= MAX_ACCUMULATORS
 
 
 @dataclass(frozen=True)
 class Fp8QpassConfig:
-    warps_k: int = 1  # warps sharing a tile's K, summed in warp order
-    tiles_per_block: int = 8  # 16-row tiles a block
+    warps_k: int = 1  # warps of a block sharing a tile group's K, summed in warp order
+    groups_per_block: int = 4  # tile groups a block
+    tiles_per_warp: int = 1  # 16-row weight tiles a warp: each activation fragment feeds that many MMAs
+    splits: int = 1  # blocks sharing a tile group's K (a workspace and the last block's sum in split order)
 
     def __post_init__(self):
-        if min(self.warps_k, self.tiles_per_block) < 1 or self.warps_k * self.tiles_per_block > MAX_WARPS_PER_BLOCK:
+        if self.splits < 1:
             raise W12Error(
-                f"Fp8QpassConfig(warps_k={self.warps_k}, tiles_per_block={self.tiles_per_block}): a block has "
+                f"Fp8QpassConfig(splits={self.splits}): at least one block a tile group",
+                where="Fp8QpassConfig",
+                fix="use splits >= 1",
+            )
+        if min(self.warps_k, self.groups_per_block) < 1 or self.warps_k * self.groups_per_block > MAX_WARPS_PER_BLOCK:
+            raise W12Error(
+                f"Fp8QpassConfig(warps_k={self.warps_k}, groups_per_block={self.groups_per_block}): a block has "
                 f"1-{MAX_WARPS_PER_BLOCK} warps",
                 where="Fp8QpassConfig",
-                fix=f"keep warps_k x tiles_per_block <= {MAX_WARPS_PER_BLOCK}",
+                fix=f"keep warps_k x groups_per_block <= {MAX_WARPS_PER_BLOCK}",
+            )
+        if self.tiles_per_warp not in TILES_PER_WARP:
+            raise W12Error(
+                f"Fp8QpassConfig(tiles_per_warp={self.tiles_per_warp}): the kernel is built for {TILES_PER_WARP}",
+                where="Fp8QpassConfig",
+                fix=f"use one of {TILES_PER_WARP}",
             )
 
 
-def default_fp8_qpass_config(n: int, k: int, sms: int) -> Fp8QpassConfig:
-    """Enough warps to stream the view (about ``WARPS_PER_SM`` a multiprocessor): a tile's K shared by up to 8
-    warps where tiles are few, each keeping at least ``MIN_PAIRS_PER_WARP`` pairs. Small blocks (about
-    ``BLOCK_WARPS``): a grid of whole blocks then spreads evenly over the multiprocessors."""
-    tiles, pairs = -(-n // 16), -(-k // 128) * 2
-    warps_k = max(1, min(MAX_WARPS_PER_BLOCK, -(-WARPS_PER_SM * sms // tiles), pairs // MIN_PAIRS_PER_WARP))
-    return Fp8QpassConfig(warps_k=warps_k, tiles_per_block=max(1, BLOCK_WARPS // warps_k))
+def default_tiles_per_warp(m: int, midpoint: bool) -> int:
+    """One weight tile a warp up to 8 rows (its activation reads are 1/16 of the weight bytes a row), then as many
+    as the accumulators allow up to 4: at 9+ rows each warp's activation fragments, read from L1/L2 for every tile,
+    would outweigh the weights it streams."""
+    if m <= 8:
+        return 1
+    return max(r for r in TILES_PER_WARP if tiles_per_warp_fits(m, r, midpoint))
 
 
-def select_fp8_qpass_config(n: int, k: int, device: torch.device) -> Fp8QpassConfig:
-    return default_fp8_qpass_config(n, k, torch.cuda.get_device_properties(device).multi_processor_count)
+def fp8_qpass_partition(n: int, k: int, sms: int, tiles_per_warp: int = 1) -> Fp8QpassConfig:
+    """Enough warps to stream the view (about ``WARPS_PER_SM`` a multiprocessor): where tile groups are fewer, their
+    K is shared by K classes of at least ``MIN_PAIRS_PER_CLASS`` pairs, up to 8 warps of a block and then more
+    blocks. Small blocks (about ``BLOCK_WARPS``): a grid of whole blocks then spreads evenly over the
+    multiprocessors."""
+    groups, pairs = -(-n // (16 * tiles_per_warp)), -(-k // 128) * 2
+    classes = max(1, min(-(-WARPS_PER_SM * sms // groups), pairs // MIN_PAIRS_PER_CLASS))
+    splits = -(-classes // MAX_WARPS_PER_BLOCK)
+    warps_k = -(-classes // splits)
+    return Fp8QpassConfig(warps_k, max(1, BLOCK_WARPS // warps_k), tiles_per_warp, splits)
+
+
+def default_fp8_qpass_config(n: int, k: int, sms: int, m: int = 1, midpoint: bool = True) -> Fp8QpassConfig:
+    """The partition for m rows: ``default_tiles_per_warp`` weight tiles a warp, ``fp8_qpass_partition``'s K."""
+    return fp8_qpass_partition(n, k, sms, default_tiles_per_warp(m, midpoint))
+
+
+def select_fp8_qpass_config(n: int, k: int, device: torch.device, m: int = 1, midpoint: bool = True) -> Fp8QpassConfig:
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return default_fp8_qpass_config(n, k, sms, m, midpoint)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def split_counters(device: torch.device) -> torch.Tensor:
+    """The device's split counters (int32 [MAX_GROUPS], zero): made once, outside any graph capture's first use
+    (the first call of a captured function runs eagerly), and left zero by every launch."""
+    device = torch.device(device)
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(MAX_GROUPS, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
 
 
 def fp8_qpass_available(device: torch.device | str) -> bool:
@@ -123,7 +184,8 @@ def w12_fp8_qpass_gemm(
         x: bf16 [M, K] on CUDA (sm_89+), unit column stride, any M (64 rows a launch).
         mma: :func:`to_mma_layout` of the N x K weight: the exact pass's own records.
         low_bits: "midpoint" (the dropped bits at 1000) or "truncated" (at 0000).
-        config: the partition (default from (N, K, GPU)), for tuning only.
+        config: the partition (default from (N, K, rows, GPU)), for tuning only; its ``tiles_per_warp`` must be
+            built for the launch's rows (``tiles_per_warp_fits``).
         out: optional bf16 [M, N] contiguous output.
         overlap_prior: launch the quantizer so that it overlaps the kernel before (sm_90+ default); the GEMM always
             overlaps the quantizer, prefetching its weights while the activations are made.
@@ -154,8 +216,23 @@ def w12_fp8_qpass_gemm(
         x = F.pad(x, (0, kp - k))
     m_total = x.shape[0]
     y = out if out is not None else torch.empty(m_total, n, dtype=torch.bfloat16, device=x.device)
-    config = config or select_fp8_qpass_config(n, k, x.device)
+    midpoint = low_bits == "midpoint"
+    config = config or select_fp8_qpass_config(n, k, x.device, min(m_total, MAX_ROWS_PER_LAUNCH), midpoint)
+    if not tiles_per_warp_fits(min(m_total, MAX_ROWS_PER_LAUNCH), config.tiles_per_warp, midpoint):
+        raise W12Error(
+            f"{config} is not built for {m_total} rows ({low_bits}): its accumulators pass {MAX_ACCUMULATORS}",
+            where="w12_fp8_qpass_gemm(config)",
+            fix="use fewer tiles_per_warp (tiles_per_warp_fits) or leave config to the default",
+        )
     ext = load_cuda_extension(EXTENSION, CSRC, SOURCES)
+    groups = -(-mma.view.shape[0] // config.tiles_per_warp)
+    if config.splits > 1 and groups > MAX_GROUPS:
+        raise W12Error(
+            f"{config} has {groups} tile groups, more than the {MAX_GROUPS} split counters",
+            where="w12_fp8_qpass_gemm(config)",
+            fix="use splits=1 (many groups fill the GPU without splitting K) or more tiles_per_warp",
+        )
+    counters = split_counters(x.device) if config.splits > 1 else None
     pdl = torch.cuda.get_device_capability(x.device) >= (9, 0)
     overlap = pdl if overlap_prior is None else overlap_prior and pdl
     for r0 in range(0, m_total, MAX_ROWS_PER_LAUNCH):
@@ -164,8 +241,11 @@ def w12_fp8_qpass_gemm(
         image = torch.empty(-(-rows // 8) * 8 * kp, dtype=torch.uint8, device=x.device)
         scale = torch.empty(rows, dtype=torch.float32, device=x.device)
         ext.quantize_rows(xm, image, scale, kp, overlap)
-        ext.gemm_rows(mma.view, mma.base, image, scale, ym, n, config.warps_k, config.tiles_per_block,
-                      low_bits == "midpoint", pdl)  # fmt: skip
+        sums = config.tiles_per_warp * built_token_tiles(rows) * 4 * 32  # fp32 partials a group and split
+        workspace = torch.empty(groups * config.splits * sums if counters is not None else 0, device=x.device)
+        ext.gemm_rows(mma.view, mma.base, image, scale, ym, n, config.warps_k, config.tiles_per_warp,
+                      config.groups_per_block, config.splits, workspace,
+                      counters if counters is not None else workspace, midpoint, pdl)  # fmt: skip
     return y
 
 
@@ -174,7 +254,9 @@ __all__ = [
     "default_fp8_qpass_config",
     "fp8_qpass_available",
     "fp8_qpass_linear_reference",
+    "fp8_qpass_partition",
     "fp8_qpass_reference",
     "fp8_rows_reference",
+    "tiles_per_warp_fits",
     "w12_fp8_qpass_gemm",
 ]
