@@ -16,11 +16,13 @@ and the cycle (two drafts, Q pass, exact step) against a single-pass step (``tlv
 
     PYTHONPATH=kernels:. python benchmarks/tlv_fp8_qpass_bench.py --out FILE          # H200
     PYTHONPATH=kernels:. python benchmarks/tlv_fp8_qpass_bench.py --device cpu        # dry run: the emulation only
+    PYTHONPATH=kernels:. python benchmarks/tlv_fp8_qpass_bench.py --write-configs FILE # its sweeps -> the tuned table
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -148,6 +150,32 @@ def label(config) -> str:
     return f"r{config.tiles_per_warp}_wk{config.warps_k}_g{config.groups_per_block}_s{config.splits}"
 
 
+def parse_label(text: str):
+    from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig
+
+    r, wk, g, splits = (int(part[1:] if part[0] != "w" else part[2:]) for part in text.split("_"))
+    return Fp8QpassConfig(warps_k=wk, groups_per_block=g, tiles_per_warp=r, splits=splits)
+
+
+def write_configs(result_path: Path, table_path: Path) -> dict:
+    """The fastest truncated partition of each swept (shape, row count) in a result of this bench (the default's
+    time included) into the tuned table, under the result's GPU; other GPUs' entries are kept."""
+    from specpilot_kernels.w12.qpass_fp8 import tuned_key
+
+    result = json.loads(result_path.read_text())
+    table = json.loads(table_path.read_text()) if table_path.exists() else {}
+    mine = table.setdefault(result["device"]["name"], {})
+    for shape in result["gemm"].values():
+        for row in shape["rows"]:
+            if "sweep_truncated_us" not in row:
+                continue
+            times = {**row["sweep_truncated_us"], row["fp8_q_truncated_config"]: row["fp8_q_truncated_us"]}
+            best = parse_label(min(times, key=times.get))
+            mine.setdefault(f"{shape['N']},{shape['K']}", {})[tuned_key(row["M"], False)] = vars(best)
+    table_path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    return table
+
+
 def time_shape(
     name: str, n: int, k: int, rows: list[int], replays: int, sweep_rows: list[int], sweep_until: float
 ) -> dict:
@@ -230,7 +258,13 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--sections", default="gemm,system")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--write-configs", type=Path, metavar="RESULT", help="tune: a result's sweeps -> the table")
     args = ap.parse_args(argv)
+    if args.write_configs:
+        from specpilot_kernels.w12.qpass_fp8 import TUNED_PATH
+
+        print(json.dumps(write_configs(args.write_configs, TUNED_PATH), indent=1))
+        return 0
     started = time.perf_counter()
     result = {**result_header("tlv_fp8_qpass"), "weights": "synthetic: seeded N(0, 0.02) BF16"}
     if args.device == "cpu":  # the dry run: the emulation's pieces at a small shape

@@ -22,7 +22,9 @@ a row's bits are the same at every row count whose partition has the same ``warp
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -115,9 +117,27 @@ def default_fp8_qpass_config(n: int, k: int, sms: int, m: int = 1, midpoint: boo
     return fp8_qpass_partition(n, k, sms, default_tiles_per_warp(m, midpoint))
 
 
+TUNED_PATH = Path(__file__).with_name("qpass_fp8_configs.json")
+
+
+@lru_cache(maxsize=None)
+def _tuned() -> dict:
+    return json.loads(TUNED_PATH.read_text()) if TUNED_PATH.exists() else {}
+
+
+def tuned_key(m: int, midpoint: bool) -> str:
+    """A tuned partition's key under its (N, K): the mode and the kernel's token tiles ("truncated_5": 33-40 rows)."""
+    return f"{'midpoint' if midpoint else 'truncated'}_{built_token_tiles(m)}"
+
+
 def select_fp8_qpass_config(n: int, k: int, device: torch.device, m: int = 1, midpoint: bool = True) -> Fp8QpassConfig:
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return default_fp8_qpass_config(n, k, sms, m, midpoint)
+    """The partition for (N, K) at m rows on this GPU: tuned (``qpass_fp8_configs.json``, keyed by the GPU's name,
+    then "N,K", then ``tuned_key``) or ``default_fp8_qpass_config``."""
+    props = torch.cuda.get_device_properties(device)
+    tuned = _tuned().get(props.name, {}).get(f"{n},{k}", {}).get(tuned_key(m, midpoint))
+    if tuned:
+        return Fp8QpassConfig(**tuned)
+    return default_fp8_qpass_config(n, k, props.multi_processor_count, m, midpoint)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -258,5 +278,6 @@ __all__ = [
     "fp8_qpass_reference",
     "fp8_rows_reference",
     "tiles_per_warp_fits",
+    "tuned_key",
     "w12_fp8_qpass_gemm",
 ]
