@@ -246,6 +246,18 @@ def system_section(rows_list: list[int], context: int, modes: tuple[str, ...]) -
     return out
 
 
+def headline(system: dict) -> str:
+    """Q pass / exact step per row count and mode (the <= 0.75 target), e.g. "Q pass / exact step, 1 row: 0.70x
+    midpoint, 0.69x truncated; 33 rows: ..."."""
+    by_rows: dict[int, list[str]] = {}
+    for key, entry in system.items():
+        if key.startswith("rows="):
+            mode = key.split(",", 1)[1].removeprefix("fp8_")
+            by_rows.setdefault(entry["rows"], []).append(f"{entry['q_over_exact']:.2f}x {mode}")
+    parts = [f"{rows} row{'s' if rows > 1 else ''}: {', '.join(v)}" for rows, v in sorted(by_rows.items())]
+    return "FP8 Q pass / exact step (target <= 0.75), " + "; ".join(parts)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -283,6 +295,8 @@ def main(argv=None) -> int:
             rows = [int(r) for r in args.system_rows.split(",")]
             result["system"] = system_section(rows, args.context, tuple(args.modes.split(",")))
     result["wall_s"] = round(time.perf_counter() - started, 1)
+    if result.get("system"):
+        result["headline"] = headline(result["system"])
     print_result(result, args.out)
     return 0
 
