@@ -16,7 +16,7 @@ and the cycle (two drafts, Q pass, exact step) against a single-pass step (``tlv
 
     PYTHONPATH=kernels:. python benchmarks/tlv_fp8_qpass_bench.py --out FILE          # H200
     PYTHONPATH=kernels:. python benchmarks/tlv_fp8_qpass_bench.py --device cpu        # dry run: the emulation only
-    PYTHONPATH=kernels:. python benchmarks/tlv_fp8_qpass_bench.py --write-configs FILE # its sweeps -> the tuned table
+    PYTHONPATH=kernels:. python benchmarks/tlv_fp8_qpass_bench.py --tuned-out FILE    # H200: + the tuned table
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def check_shape(n: int, k: int, device: str) -> dict:
         out[f"{low_bits}_rel_err_vs_emulation"] = rel_err(got, ref)
         out[f"{low_bits}_rel_err_vs_bf16_q"] = rel_err(got, x.float() @ qpass_weight(w12, low_bits).t())
         config = select_fp8_qpass_config(n, k, x.device, 33, low_bits == "midpoint")
-        for r in TILES_PER_WARP:  # every built tiles-a-warp, the default's K split
-            if tiles_per_warp_fits(33, r, low_bits == "midpoint"):
+        for r in TILES_PER_WARP:  # every built tiles-a-warp, the chosen K split and operands
+            if tiles_per_warp_fits(33, r, low_bits == "midpoint", config.operands):
                 other = replace(config, tiles_per_warp=r)
                 bits = w12_fp8_qpass_gemm(x, mma, low_bits, config=other)
                 out[f"{low_bits}_tiles_per_warp{r}_rel_err_vs_emulation"] = rel_err(bits, ref)
@@ -118,62 +118,83 @@ def gemm_section(rows: list[int], replays: int, sweep_rows: list[int], sweep_s: 
     out = {}
     shapes = engine_shapes()
     for name, (n, k) in shapes.items():
-        out[name] = {"N": n, "K": k, "check": check_shape(n, k, "cuda")}
-        log(name, out[name]["check"])
         sweep_until = time.perf_counter() + sweep_s / len(shapes)
-        out[name].update(time_shape(name, n, k, rows, replays, sweep_rows, sweep_until))
+        out[name] = {"N": n, "K": k, **time_shape(name, n, k, rows, replays, sweep_rows, sweep_until)}
+        torch.cuda.empty_cache()
+        out[name]["check"] = check_shape(n, k, "cuda")  # the partitions the timings chose (tuned where swept)
+        log(name, out[name]["check"])
         torch.cuda.empty_cache()
     return out
 
 
 def sweep_configs(n: int, k: int, m: int, midpoint: bool) -> list:
-    """Partitions beside the default: every built tiles-a-warp x (warps a K x 4- or 8-warp blocks, one block a K;
-    the K-split partition and twice its splits)."""
-    from specpilot_kernels.w12.qpass_fp8 import TILES_PER_WARP, Fp8QpassConfig, fp8_qpass_partition
-    from specpilot_kernels.w12.qpass_fp8 import tiles_per_warp_fits
+    """Partitions beside the default, for both operand kinds: 1-2 weight tiles a warp (f16) or 2-4 (E4M3: one never
+    won on the H200) x warps a K x 4- or 8-warp blocks, one block a K; and the K-split rule's partition."""
+    from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig, fp8_qpass_partition, tiles_per_warp_fits
 
     pairs = -(-k // 128) * 2
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     configs = []
-    for r in TILES_PER_WARP:
-        if not tiles_per_warp_fits(m, r, midpoint):
-            continue
-        split = fp8_qpass_partition(n, k, sms, r)
-        more = replace(split, splits=2 * split.splits) if pairs // (2 * split.splits * split.warps_k) >= 2 else split
-        for config in [Fp8QpassConfig(wk, max(1, b // wk), r) for wk in (1, 2, 4, 8) for b in (4, 8)] + [split, more]:
-            if config not in configs and pairs // (config.warps_k * config.splits) >= 2:
-                configs.append(config)
+    for operands, tiles in (("f16", (1, 2)), ("e4m3", (2, 4))):
+        for r in tiles:
+            if not tiles_per_warp_fits(m, r, midpoint, operands):
+                continue
+            split = replace(fp8_qpass_partition(n, k, sms, r), operands=operands)
+            for config in [Fp8QpassConfig(wk, max(1, b // wk), r, 1, operands) for wk in (1, 2, 4, 8) for b in (4, 8)]:
+                if config not in configs and pairs // config.warps_k >= 4:
+                    configs.append(config)
+            if split not in configs:
+                configs.append(split)
     return configs
 
 
 def label(config) -> str:
-    return f"r{config.tiles_per_warp}_wk{config.warps_k}_g{config.groups_per_block}_s{config.splits}"
+    return f"{config.operands}_r{config.tiles_per_warp}_wk{config.warps_k}_g{config.groups_per_block}_s{config.splits}"
 
 
 def parse_label(text: str):
     from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig
 
-    r, wk, g, splits = (int(part[1:] if part[0] != "w" else part[2:]) for part in text.split("_"))
-    return Fp8QpassConfig(warps_k=wk, groups_per_block=g, tiles_per_warp=r, splits=splits)
+    operands, *parts = text.split("_")
+    r, wk, g, splits = (int(part.lstrip("rwkgs")) for part in parts)
+    return Fp8QpassConfig(warps_k=wk, groups_per_block=g, tiles_per_warp=r, splits=splits, operands=operands)
 
 
-def write_configs(result_path: Path, table_path: Path) -> dict:
-    """The fastest truncated partition of each swept (shape, row count) in a result of this bench (the default's
-    time included) into the tuned table, under the result's GPU; other GPUs' entries are kept."""
-    from specpilot_kernels.w12.qpass_fp8 import tuned_key
+def tuned_table() -> dict:
+    """This GPU's part of the tuned table as the kernels read it (the in-memory copy: a sweep's choice applies at
+    once, to the timings and the system engine after it)."""
+    from specpilot_kernels.w12 import qpass_fp8
 
-    result = json.loads(result_path.read_text())
-    table = json.loads(table_path.read_text()) if table_path.exists() else {}
-    mine = table.setdefault(result["device"]["name"], {})
-    for shape in result["gemm"].values():
-        for row in shape["rows"]:
-            if "sweep_truncated_us" not in row:
-                continue
-            times = {**row["sweep_truncated_us"], row["fp8_q_truncated_config"]: row["fp8_q_truncated_us"]}
-            best = parse_label(min(times, key=times.get))
-            mine.setdefault(f"{shape['N']},{shape['K']}", {})[tuned_key(row["M"], False)] = vars(best)
-    table_path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    return table
+    return qpass_fp8._tuned().setdefault(torch.cuda.get_device_name(), {})
+
+
+def sweep_shape(n: int, k: int, m: int, mmas, w12, x, timed, until: float) -> dict:
+    """Every sweep partition at m rows in both modes: its µs and its error against the emulation; the fastest
+    correct one (relative error < 4e-3, the bf16 output rounding being ~1.7e-3) goes into the tuned table."""
+    from specpilot_kernels.w12.qpass_fp8 import fp8_qpass_reference, tuned_key, w12_fp8_qpass_gemm
+
+    out = {}
+    for index, low_bits in enumerate(("truncated", "midpoint")):
+        mode_until = time.perf_counter() + (until - time.perf_counter()) / (2 - index)
+        ref = fp8_qpass_reference(x, w12, low_bits)
+        times, errors = {}, {}
+        for c in sweep_configs(n, k, m, low_bits == "midpoint"):
+            if time.perf_counter() > mode_until:
+                break
+            try:
+                errors[label(c)] = rel_err(w12_fp8_qpass_gemm(x, mmas[0], low_bits, config=c), ref)
+                times[label(c)] = timed(lambda i, c=c, lb=low_bits: w12_fp8_qpass_gemm(x, mmas[i], lb, config=c))
+            except RuntimeError as err:  # a partition that does not launch: recorded, not fatal
+                errors[label(c)] = str(err)[:200]
+        correct = {key: us for key, us in times.items() if isinstance(errors[key], float) and errors[key] < 4e-3}
+        entry = {"us": times, "rel_err": errors}
+        if correct:
+            best = min(correct, key=correct.get)
+            entry["best"] = best
+            tuned_table().setdefault(f"{n},{k}", {})[tuned_key(m, low_bits == "midpoint")] = vars(parse_label(best))
+        out[low_bits] = entry
+        del ref
+    return out
 
 
 def time_shape(
@@ -186,7 +207,9 @@ def time_shape(
 
     copies = max(2, math.ceil(2 * L2_BYTES / (n * k)))
     torch.manual_seed(0)
-    mmas = [to_mma_layout(encode((torch.randn(n, k, device="cuda") * 0.02).bfloat16())) for _ in range(copies)]
+    w12 = encode((torch.randn(n, k, device="cuda") * 0.02).bfloat16())  # copy 0's: the sweep's reference
+    mmas = [to_mma_layout(w12)]
+    mmas += [to_mma_layout(encode((torch.randn(n, k, device="cuda") * 0.02).bfloat16())) for _ in range(copies - 1)]
     entry = {"copies": copies, "rows": []}
     view_bytes, plane_bytes = mmas[0].view.numel(), mmas[0].view.numel() + mmas[0].nibbles.numel()
 
@@ -196,29 +219,22 @@ def time_shape(
     for m in rows:
         x = torch.randn(m, k, device="cuda").bfloat16()
         row = {"M": m, "exact_us": timed(lambda i, x=x: w12_mma_gemm(x, mmas[i]))}
+        if m in sweep_rows and time.perf_counter() < sweep_until:  # first, so the timings below use its choice
+            left = sum(1 for r in rows[rows.index(m) :] if r in sweep_rows)  # an equal share of what is left
+            until = time.perf_counter() + (sweep_until - time.perf_counter()) / left
+            row["sweep"] = sweep_shape(n, k, m, mmas, w12, x, lambda fn: timed(fn, max(4, replays // 3)), until)
         for low_bits in ("midpoint", "truncated"):
             config = select_fp8_qpass_config(n, k, x.device, m, low_bits == "midpoint")
             row[f"fp8_q_{low_bits}_config"] = label(config)
+            row[f"fp8_q_{low_bits}_tuned"] = "best" in row.get("sweep", {}).get(low_bits, {})
             row[f"fp8_q_{low_bits}_us"] = timed(lambda i, x=x, lb=low_bits: w12_fp8_qpass_gemm(x, mmas[i], lb))
             row[f"fp8_q_{low_bits}_over_exact"] = row[f"fp8_q_{low_bits}_us"] / row["exact_us"]
         row["exact_TBps"] = plane_bytes / row["exact_us"] / 1e6
         row["fp8_q_truncated_TBps"] = view_bytes / row["fp8_q_truncated_us"] / 1e6
-        if m in sweep_rows and time.perf_counter() < sweep_until:
-            row["sweep_truncated_us"] = sweep = {}
-            for c in sweep_configs(n, k, m, False):
-                try:
-                    sweep[label(c)] = timed(
-                        lambda i, x=x, c=c: w12_fp8_qpass_gemm(x, mmas[i], "truncated", config=c), replays // 2
-                    )
-                except RuntimeError as err:  # a partition that does not launch: recorded, not fatal
-                    row.setdefault("sweep_errors", {})[label(c)] = str(err)[:200]
-            best = min(sweep, key=sweep.get)
-            row["sweep_truncated_best"] = best
-            row["sweep_truncated_best_over_exact"] = sweep[best] / row["exact_us"]
         entry["rows"].append(row)
         log(
             name,
-            {key: round(v, 3) if isinstance(v, float) else v for key, v in row.items() if key != "sweep_truncated_us"},
+            {key: round(v, 3) if isinstance(v, float) else v for key, v in row.items() if key != "sweep"},
         )
     return entry
 
@@ -266,17 +282,12 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default=",".join(Q_MODES))
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--sweep-rows", default="1,33")
-    ap.add_argument("--sweep-s", type=float, default=20.0, help="seconds of the GEMM section that sweep partitions")
+    ap.add_argument("--sweep-s", type=float, default=80.0, help="seconds of the GEMM section that sweep partitions")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--sections", default="gemm,system")
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--write-configs", type=Path, metavar="RESULT", help="tune: a result's sweeps -> the table")
+    ap.add_argument("--tuned-out", type=Path, help="write the tuned table (qpass_fp8_configs.json) after the sweeps")
     args = ap.parse_args(argv)
-    if args.write_configs:
-        from specpilot_kernels.w12.qpass_fp8 import TUNED_PATH
-
-        print(json.dumps(write_configs(args.write_configs, TUNED_PATH), indent=1))
-        return 0
     started = time.perf_counter()
     result = {**result_header("tlv_fp8_qpass"), "weights": "synthetic: seeded N(0, 0.02) BF16"}
     if args.device == "cpu":  # the dry run: the emulation's pieces at a small shape
@@ -291,6 +302,13 @@ def main(argv=None) -> int:
                 [int(r) for r in args.sweep_rows.split(",")],
                 args.sweep_s,
             )
+        if args.tuned_out:  # this GPU's sweeps over the table the run started from
+            from specpilot_kernels.w12 import qpass_fp8
+
+            table = json.loads(qpass_fp8.TUNED_PATH.read_text()) if qpass_fp8.TUNED_PATH.exists() else {}
+            table[torch.cuda.get_device_name()] = tuned_table()
+            args.tuned_out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+            result["tuned"] = tuned_table()
         if "system" in sections:
             rows = [int(r) for r in args.system_rows.split(",")]
             result["system"] = system_section(rows, args.context, tuple(args.modes.split(",")))

@@ -36,13 +36,14 @@ from .mma import W12MmaTensor
 from .reference import qpass_weight_reference
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("w12_qpass_fp8.cu", "w12_qpass_fp8_binding.cpp")
+SOURCES = ("w12_qpass_fp8.cu", "w12_qpass_fp8_f16.cu", "w12_qpass_fp8_binding.cpp")
 EXTENSION = "specpilot_w12_qpass_fp8"
 E4M3_MAX = 448.0
 MAX_ROWS_PER_LAUNCH = 64  # 8 token tiles of 8 (csrc/w12_qpass_fp8.cuh kQpassFp8MaxRows)
 MAX_WARPS_PER_BLOCK = 8  # kQpassFp8MaxWarps: up to 255 registers a thread
 MAX_ACCUMULATORS = 20  # kQpassFp8MaxAccumulators: token tiles x weight tiles x MMAs a block a warp may accumulate
-TILES_PER_WARP = (1, 2, 4)  # the built weight tiles a warp
+TILES_PER_WARP = (1, 2, 4)  # the built weight tiles a warp (4: E4M3 operands only)
+OPERANDS = ("e4m3", "f16")  # the MMAs' operands: E4M3 m16n8k32, or both planes' bytes as f16 on m16n8k16
 WARPS_PER_SM = 16  # warps a multiprocessor the partition aims at: each keeps about 4 KB of view bytes in flight
 MIN_PAIRS_PER_CLASS = 4  # 64-column pairs a K class at least: its partial sums stay a fraction of its weight bytes
 BLOCK_WARPS = 4  # warps a block the default partition aims at
@@ -56,10 +57,13 @@ def built_token_tiles(m: int) -> int:
     return tiles8 if tiles8 <= 2 else 4 if tiles8 <= 4 else 5 if tiles8 <= 5 else 8
 
 
-def tiles_per_warp_fits(m: int, tiles_per_warp: int, midpoint: bool) -> bool:
-    """Whether the kernel is built for ``tiles_per_warp`` at m rows (csrc qpass_fp8_tiles_per_warp_fits)."""
-    mmas = 2 if midpoint else 1
-    return tiles_per_warp in TILES_PER_WARP and tiles_per_warp * built_token_tiles(m) * mmas <= MAX_ACCUMULATORS
+def tiles_per_warp_fits(m: int, tiles_per_warp: int, midpoint: bool, operands: str = "e4m3") -> bool:
+    """Whether the kernel is built for ``tiles_per_warp`` at m rows (csrc qpass_fp8_tiles_per_warp_fits): the E4M3
+    midpoint's second MMA doubles the accumulators, the f16 midpoint (a bit of the operand) does not."""
+    f16 = operands == "f16"
+    mmas = 2 if midpoint and not f16 else 1
+    built = TILES_PER_WARP[:2] if f16 else TILES_PER_WARP
+    return tiles_per_warp in built and tiles_per_warp * built_token_tiles(m) * mmas <= MAX_ACCUMULATORS
 
 
 @dataclass(frozen=True)
@@ -68,8 +72,15 @@ class Fp8QpassConfig:
     groups_per_block: int = 4  # tile groups a block
     tiles_per_warp: int = 1  # 16-row weight tiles a warp: each activation fragment feeds that many MMAs
     splits: int = 1  # blocks sharing a tile group's K (a workspace and the last block's sum in split order)
+    operands: str = "e4m3"  # "e4m3" (m16n8k32) or "f16" (both planes' bytes converted in registers, m16n8k16)
 
     def __post_init__(self):
+        if self.operands not in OPERANDS:
+            raise W12Error(
+                f"Fp8QpassConfig(operands={self.operands!r}): the kernel is built for {OPERANDS}",
+                where="Fp8QpassConfig",
+                fix=f"use one of {OPERANDS}",
+            )
         if self.splits < 1:
             raise W12Error(
                 f"Fp8QpassConfig(splits={self.splits}): at least one block a tile group",
@@ -92,12 +103,10 @@ class Fp8QpassConfig:
 
 
 def default_tiles_per_warp(m: int, midpoint: bool) -> int:
-    """One weight tile a warp up to 8 rows (its activation reads are 1/16 of the weight bytes a row), then as many
-    as the accumulators allow up to 4: at 9+ rows each warp's activation fragments, read from L1/L2 for every tile,
-    would outweigh the weights it streams."""
-    if m <= 8:
-        return 1
-    return max(r for r in TILES_PER_WARP if tiles_per_warp_fits(m, r, midpoint))
+    """Two weight tiles a warp where the accumulators allow (one otherwise): each activation fragment then feeds two
+    MMAs, and a warp keeps 4 KB of view in flight in 2 x 2 registers' steps. Four fill the registers (spills at 33+
+    rows, and too few warps a multiprocessor); they pay only where a tuned table says so (the LM head at 33 rows)."""
+    return 2 if tiles_per_warp_fits(m, 2, midpoint) else 1
 
 
 def fp8_qpass_partition(n: int, k: int, sms: int, tiles_per_warp: int = 1) -> Fp8QpassConfig:
@@ -238,7 +247,7 @@ def w12_fp8_qpass_gemm(
     y = out if out is not None else torch.empty(m_total, n, dtype=torch.bfloat16, device=x.device)
     midpoint = low_bits == "midpoint"
     config = config or select_fp8_qpass_config(n, k, x.device, min(m_total, MAX_ROWS_PER_LAUNCH), midpoint)
-    if not tiles_per_warp_fits(min(m_total, MAX_ROWS_PER_LAUNCH), config.tiles_per_warp, midpoint):
+    if not tiles_per_warp_fits(min(m_total, MAX_ROWS_PER_LAUNCH), config.tiles_per_warp, midpoint, config.operands):
         raise W12Error(
             f"{config} is not built for {m_total} rows ({low_bits}): its accumulators pass {MAX_ACCUMULATORS}",
             where="w12_fp8_qpass_gemm(config)",
@@ -265,7 +274,8 @@ def w12_fp8_qpass_gemm(
         workspace = torch.empty(groups * config.splits * sums if counters is not None else 0, device=x.device)
         ext.gemm_rows(mma.view, mma.base, image, scale, ym, n, config.warps_k, config.tiles_per_warp,
                       config.groups_per_block, config.splits, workspace,
-                      counters if counters is not None else workspace, midpoint, pdl)  # fmt: skip
+                      counters if counters is not None else workspace, config.operands == "f16", midpoint,
+                      pdl)  # fmt: skip
     return y
 
 

@@ -11,11 +11,12 @@ constexpr float kQpassFp8Max = 448.0f;    // the largest finite E4M3 number: a r
 // 80 registers at most (qpass_fp8.py MAX_ACCUMULATORS)
 constexpr int kQpassFp8MaxAccumulators = 20;
 
-// Whether the kernel is built for tiles_per_warp weight tiles a warp at m token rows (1, 2 or 4 within the budget).
-inline bool qpass_fp8_tiles_per_warp_fits(int m, int tiles_per_warp, bool midpoint) {
+// Whether the kernel is built for tiles_per_warp weight tiles a warp at m token rows (1, 2 or, E4M3 operands, 4
+// within the budget; the E4M3 midpoint's second MMA doubles the accumulators, the f16 midpoint does not).
+inline bool qpass_fp8_tiles_per_warp_fits(int m, int tiles_per_warp, bool midpoint, bool f16_operands) {
   const int tiles8 = (m + 7) / 8, built = tiles8 <= 2 ? tiles8 : tiles8 <= 4 ? 4 : tiles8 <= 5 ? 5 : 8;
-  return (tiles_per_warp == 1 || tiles_per_warp == 2 || tiles_per_warp == 4) &&
-         tiles_per_warp * built * (midpoint ? 2 : 1) <= kQpassFp8MaxAccumulators;
+  return (tiles_per_warp == 1 || tiles_per_warp == 2 || (tiles_per_warp == 4 && !f16_operands)) &&
+         tiles_per_warp * built * (midpoint && !f16_operands ? 2 : 1) <= kQpassFp8MaxAccumulators;
 }
 
 struct QpassFp8Args {
@@ -31,6 +32,7 @@ struct QpassFp8Args {
   int splits;            // blocks sharing a tile group's K (gridDim.y): 1, or > 1 with the two buffers below
   float* workspace;      // [ceil(tiles / tiles_per_warp)][splits][tiles_per_warp * token tiles * 4][32] partials
   int* counters;         // [ceil(tiles / tiles_per_warp)] zero before a launch; each launch leaves them zero
+  bool f16_operands;     // both planes' E4M3 bytes converted to f16 in registers, m16n8k16 MMAs
   bool overlap_prior;   // sm_90+: prefetch weights while the kernel before (the quantizer) finishes
 };
 

@@ -29,7 +29,7 @@ void qpass_fp8_quantize_rows(torch::Tensor x, torch::Tensor x_image, torch::Tens
 void qpass_fp8_gemm_rows(torch::Tensor view, torch::Tensor base, torch::Tensor x_image, torch::Tensor x_scale,
                          torch::Tensor y, int64_t n, int64_t warps_k, int64_t tiles_per_warp,
                          int64_t groups_per_block, int64_t splits, torch::Tensor workspace,
-                         torch::Tensor counters, bool midpoint, bool overlap_prior) {
+                         torch::Tensor counters, bool f16_operands, bool midpoint, bool overlap_prior) {
   TORCH_CHECK(view.is_cuda() && view.scalar_type() == torch::kUInt8 && view.dim() == 4 && view.size(2) == 32 &&
                   view.size(3) == 16 && view.is_contiguous() && reinterpret_cast<uintptr_t>(view.data_ptr()) % 16 == 0,
               "qpass_fp8_gemm_rows: view must be a contiguous 16-byte aligned uint8 [tiles, Kp/32, 32, 16]");
@@ -53,6 +53,7 @@ void qpass_fp8_gemm_rows(torch::Tensor view, torch::Tensor base, torch::Tensor x
   args.tiles_per_warp = (int)tiles_per_warp;
   args.groups_per_block = (int)groups_per_block;
   args.splits = (int)splits;
+  args.f16_operands = f16_operands;
   if (splits > 1) {
     const int64_t groups = (args.tiles + tiles_per_warp - 1) / tiles_per_warp;
     const int64_t sums = tiles_per_warp * 4 * ((args.m + 7) / 8 <= 2 ? (args.m + 7) / 8 : (args.m + 7) / 8 <= 4 ? 4
