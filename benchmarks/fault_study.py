@@ -43,7 +43,7 @@ from specpilot_mem.controller.engine_system import EngineSystem  # noqa: E402
 from specpilot_mem.controller.requests import Request, load_requests  # noqa: E402
 from specpilot_mem.controller.system import RequestOutput  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
-from specpilot_mem.forcing.calibrate import calibrate_delta  # noqa: E402
+from specpilot_mem.forcing.calibrate import calibrate_delta, round_up_to_step  # noqa: E402
 from specpilot_mem.forcing.engine_adapter import EngineScorer  # noqa: E402
 from specpilot_mem.forcing.rules import EVENT_ALPHA, needed_events, poisson_at_least  # noqa: E402
 from specpilot_mem.forcing.scorer import ForcingError, score_outputs  # noqa: E402
@@ -151,6 +151,17 @@ def summary(verdict: Verdict) -> dict:
         "band_p": band.p_value,
         "band_reject": band.reject,
         "length_reject": verdict.length.reject,
+        "tail_requests": verdict.tail.requests,
+        "tail_mismatches": verdict.tail.system_mismatches,
+        "tail_stock": verdict.tail.stock_mismatches,
+        "rank_z": verdict.tail.rank_z,
+        "rank_p": verdict.tail.rank_p,
+        "gap_band_p": verdict.tail.band_p,
+        "tail_reject": verdict.tail.reject,
+        "request_p": verdict.request.p_value,
+        "request_tests": verdict.request.tests,
+        "request_worst": verdict.request.worst,
+        "request_reject": verdict.request.reject,
         "rate_detectable": seen.rate_detectable,
         "events_needed": seen.events_needed,
         "event_power": seen.event_power,
@@ -165,18 +176,21 @@ def summary(verdict: Verdict) -> dict:
 def effect(system: dict, stock: dict, scored_sys, scored_stock, delta: float) -> dict:
     """How large the fault really was on this sample: tokens it changed against stock's outputs (after
     the first divergence everything differs, so this counts mismatches against the scorer beyond
-    stock's) and its large-margin events per 1,000 tokens."""
+    stock's) and its large-margin events per 1,000 tokens, and stock's, at ``delta`` (``size_delta``: the
+    first departures' alone, so a calibration that raises δ cannot shrink the faults held to the target)."""
     tokens = sum(o.tokens for o in scored_stock.values())
     excess = (
         sum(int(o.mismatch.sum()) for o in scored_sys.values())
         - sum(int(o.mismatch.sum()) for o in scored_stock.values())
     ) / tokens
     events = sum(int((o.margin > 2 * delta).sum()) for o in scored_sys.values())
+    stock_events = sum(int((o.margin > 2 * delta).sum()) for o in scored_stock.values())
     changed = sum(system[rid].output_ids != stock[rid].output_ids for rid in stock)
     shorter = sum(len(system[rid].output_ids) < len(stock[rid].output_ids) for rid in stock)
     return {
         "excess_mismatch": excess,
         "events_per_1000": 1000 * events / tokens,
+        "stock_events_per_1000": 1000 * stock_events / tokens,
         "changed_requests": changed,
         "shorter_requests": shorter,
     }
@@ -360,12 +374,27 @@ def read_outputs(paths: list[str], args) -> tuple[dict, dict, dict]:
     return outputs, seconds, labels
 
 
-def judge_seed(seed: int, sample: list[Request], outputs: dict, seconds: dict, engine: Engine, args) -> dict:
-    """Score one seed's outputs with the engine's batched scorer, calibrate δ on its AR and stock, and judge every
-    other system against stock with all the rules and the power."""
-    scorer = EngineScorer(engine)
+def judge_seed(
+    seed: int,
+    sample: list[Request],
+    outputs: dict,
+    seconds: dict,
+    engine: Engine,
+    args,
+    scored: dict | None = None,
+    scorer=None,
+    audit_only: bool = False,
+) -> dict | None:
+    """Score one seed's outputs with the engine's batched scorer (unless ``scored`` holds them already, with the
+    ``scorer`` that scored them), calibrate δ on its AR and stock, and judge every other system against stock with
+    all the rules and the power. ``audit_only``: just run the audit of every system's events (``SharedAudit``'s
+    recording pass) and return None."""
+    scorer = scorer or EngineScorer(engine)
     start = time.perf_counter()
-    scored = {name: score_outputs(scorer, sample, outs) for name, outs in outputs.items()}
+    if scored is None:
+        scored = {name: score_outputs(scorer, sample, outs) for name, outs in outputs.items()}
+    else:
+        scored = {name: {r.id: scored[name][r.id] for r in sample} for name in outputs}
     score_seconds = time.perf_counter() - start
     raw = {name: {rid: list(o.output_ids) for rid, o in outs.items()} for name, outs in outputs.items()}
     try:
@@ -380,13 +409,26 @@ def judge_seed(seed: int, sample: list[Request], outputs: dict, seconds: dict, e
             "effects": {},
             "outputs": raw,
         }
-    forcing = TokenForcing(scorer, scored["stock"], calibration.delta, audit_sample=args.audit_sample, seed=seed)
+    forcing = TokenForcing(
+        scorer,
+        scored["stock"],
+        calibration.delta,
+        audit_sample=args.audit_sample,
+        seed=seed,
+        skip_settled_audit=args.skip_settled_audit,
+    )
+    if audit_only:
+        for name in outputs:
+            if name not in ("ar", "stock") and forcing.needs_audit(scored[name]):
+                forcing.audit(scored[name])
+        return None
     verdicts, effects = {}, {}
+    size_delta = round_up_to_step(max((d.gap for d in calibration.departures), default=0.0))
     for name in outputs:
         if name in ("ar", "stock"):
             continue
         verdicts[name] = forcing.judge(name, scored[name], synthetic=engine.synthetic)
-        effects[name] = effect(outputs[name], outputs["stock"], scored[name], scored["stock"], calibration.delta)
+        effects[name] = effect(outputs[name], outputs["stock"], scored[name], scored["stock"], size_delta)
         log(
             f"seed {seed}: {name} -> {verdicts[name].verdict} (mismatch {100 * verdicts[name].rate.system_rate:.2f}%, "
             f"events {verdicts[name].events.system_events}, band {verdicts[name].band.system_mismatches})"
@@ -398,6 +440,8 @@ def judge_seed(seed: int, sample: list[Request], outputs: dict, seconds: dict, e
         "delta": calibration.delta,
         "delta_basis": calibration.basis,
         "departures": len(calibration.departures),
+        "scorer_departures": len(calibration.scorer_departures),
+        "size_delta": size_delta,
         "largest_gap": calibration.largest_gap,
         "stock_mismatch_rate": next(iter(verdicts.values())).rate.stock_rate if verdicts else None,
         "serve_seconds": seconds,
@@ -407,6 +451,131 @@ def judge_seed(seed: int, sample: list[Request], outputs: dict, seconds: dict, e
         "outputs": raw,
         "full_verdicts": {name: v.to_dict() for name, v in verdicts.items()} if seed == args.first_seed else {},
     }
+
+
+def score_all(scorer, samples: dict[int, list[Request]], outputs: dict) -> dict:
+    """Every system's outputs on the union of the seeds' samples, scored in one batched call (``score_batch``:
+    whole-sequence passes batched over requests): each distinct (request, output) once, however many systems and
+    seeds share it (controls that emit stock's tokens, faults confined to a few requests, requests drawn by two
+    seeds). Returns the scored outputs per system and request id."""
+    from dataclasses import replace
+
+    requests = {r.id: r for sample in samples.values() for r in sample}
+    distinct: dict[tuple, Request] = {}
+    keyed: dict[str, RequestOutput] = {}
+    for outs in outputs.values():
+        for rid, out in outs.items():
+            if rid in requests and (rid, out.output_ids) not in distinct:
+                key = f"{rid}#{len(distinct)}"
+                distinct[(rid, out.output_ids)] = replace(requests[rid], id=key)
+                keyed[key] = out
+    flat = score_outputs(scorer, list(distinct.values()), keyed)
+    return {
+        name: {
+            rid: replace(flat[distinct[(rid, out.output_ids)].id], id=rid)
+            for rid, out in outs.items()
+            if rid in requests
+        }
+        for name, outs in outputs.items()
+    }
+
+
+class SharedAudit:
+    """The audit's prefill-length re-scores of a whole study at once. Judging runs twice: first ``recording``,
+    when ``prefill_argmax`` only notes the (position, prefill length) queries each output's events ask (and answers
+    "not explained"), then ``answer`` runs each distinct output's queries, of every system and seed, as one shared
+    pass, and the second judging reads the answers. Everything else is the wrapped scorer's."""
+
+    def __init__(self, scorer):
+        self.scorer = scorer
+        self.asked: dict[tuple, set] = {}
+        self.answers: dict[tuple, dict] = {}
+        self.recording = True
+
+    def __getattr__(self, name):
+        return getattr(self.scorer, name)
+
+    def prefill_argmax(self, prompt_ids, output_ids, queries) -> list[int]:
+        key = (tuple(prompt_ids), tuple(output_ids))
+        if self.recording:
+            self.asked.setdefault(key, set()).update(queries)
+            return [-1] * len(queries)  # no token id: explains nothing
+        known = self.answers[key]
+        return [known[q] for q in queries]
+
+    def answer(self) -> None:
+        for (prompt, output), queries in self.asked.items():
+            ordered = sorted(queries)
+            found = self.scorer.prefill_argmax(list(prompt), list(output), ordered)
+            self.answers[(prompt, output)] = dict(zip(ordered, found))
+        self.recording = False
+
+
+def judge_all(seeds: list[int], samples: dict, outputs: dict, engine: Engine, args, scorer=None) -> list[dict]:
+    """Every seed judged (``judge_seed``) from one batched scoring of all seeds' outputs (``score_all``) and one
+    shared set of audit re-scores (``SharedAudit``), with ``scorer`` (default: the engine's)."""
+    audit = SharedAudit(scorer or EngineScorer(engine))
+    start = time.perf_counter()
+    scored = score_all(audit, {seed: samples[seed] for seed in seeds}, outputs)
+    tokens = sum(o.tokens for outs in scored.values() for o in outs.values())
+    log(f"scored {len(seeds)} seeds ({tokens} output tokens in all) in {time.perf_counter() - start:.1f} s")
+
+    def judged(audit_only: bool) -> list[dict]:
+        runs = []
+        for seed in seeds:
+            sample = samples[seed]
+            mine = {name: {r.id: outs[r.id] for r in sample} for name, outs in outputs.items()}
+            runs.append(judge_seed(seed, sample, mine, {}, engine, args, scored, audit, audit_only))
+        return runs
+
+    judged(audit_only=True)  # records the audit's re-scores
+    start = time.perf_counter()
+    audit.answer()
+    queries = sum(len(q) for q in audit.asked.values())
+    log(f"audit: {queries} prefill re-scores of {len(audit.asked)} outputs in {time.perf_counter() - start:.1f} s")
+    start = time.perf_counter()
+    runs = judged(audit_only=False)
+    log(f"judged {len(runs)} seeds in {time.perf_counter() - start:.1f} s")
+    if args.scores_out:
+        write_scores(args.scores_out, scored, samples, seeds)
+    return runs
+
+
+def write_scores(path: str, scored: dict, samples: dict, seeds: list[int]) -> None:
+    """``--scores-out``: what the tail and request rules read, so rules can be studied again without the scorer
+    (npz): per distinct (request, output) of the seeds' samples, every position whose scorer top-2 gap is below
+    1 nat or whose token is a mismatch, with its gap, margin, argmax and mismatch flag (elsewhere the argmax is
+    the emitted token); ``outputs`` maps each system and request to its row."""
+    import numpy as np
+
+    rids = sorted({r.id for seed in seeds for r in samples[seed]})
+    rows: dict[tuple, int] = {}
+    owners, index, positions, gaps, margins, argmax, flags = [], [], [], [], [], [], []
+    for name, outs in scored.items():
+        for rid in rids:
+            out = outs[rid]
+            key = (rid, out.output_ids)
+            if key not in rows:
+                rows[key] = len(rows)
+                keep = np.nonzero((out.scores.top2_margin < 1.0) | out.mismatch)[0]
+                index.append((rids.index(rid), out.tokens, len(keep)))
+                positions.append(keep.astype(np.int16))
+                gaps.append(out.scores.top2_margin[keep].astype(np.float32))
+                margins.append(out.margin[keep].astype(np.float32))
+                argmax.append(out.scores.argmax[keep].astype(np.int16))
+                flags.append(out.mismatch[keep])
+            owners.append((name, rid, rows[key]))
+    np.savez_compressed(
+        path,
+        requests=np.asarray(rids),
+        outputs=np.asarray([f"{name}|{rid}|{row}" for name, rid, row in owners]),
+        index=np.asarray(index, dtype=np.int32),
+        positions=np.concatenate(positions),
+        gaps=np.concatenate(gaps),
+        margins=np.concatenate(margins),
+        argmax=np.concatenate(argmax),
+        mismatch=np.concatenate(flags),
+    )
 
 
 def rates(runs: list[dict]) -> dict:
@@ -430,18 +599,25 @@ def rates(runs: list[dict]) -> dict:
             excess = sum(r["effects"][name]["excess_mismatch"] for r in seen) / len(seen)
             events = sum(r["effects"][name]["events_per_1000"] for r in seen) / len(seen)
             # the events the fault adds: its large-margin events beyond stock's (stock has some in BF16)
-            added = sum(
-                r["effects"][name]["events_per_1000"]
-                - (1000 * r["verdicts"][name].get("stock_events", 0) / r["tokens"] if r.get("tokens") else 0.0)
-                for r in seen
-            ) / len(seen)
+            added = sum(added_events(r, name) for r in seen) / len(seen)
             shorter = any(r["effects"][name]["shorter_requests"] for r in seen)
+            # per seed: was the fault of the target size on that seed's sample (a fault confined to a quarter of the
+            # requests may miss a seed's requests, or barely touch them)?
+            sized = [
+                r
+                for r in seen
+                if r["effects"][name]["excess_mismatch"] >= TARGET_CHANGED
+                or added_events(r, name) >= TARGET_EVENTS_PER_1000
+                or r["effects"][name]["shorter_requests"]
+            ]
             row.update(
                 mean_excess_mismatch=excess,
                 mean_events_per_1000=events,
                 mean_added_events_per_1000=added,
                 target_size=excess >= TARGET_CHANGED or added >= TARGET_EVENTS_PER_1000 or shorter,
                 sealed_event_power=1.0 if shorter else sealed_event_power(seen, name),
+                target_size_seeds=len(sized),
+                target_size_seeds_rejected=sum(r["verdicts"][name]["verdict"] == "reject" for r in sized),
             )
             # below the target size an accept is allowed only where the power says the sample could have seen it
             # (``verdict.py`` accepts only then; the check keeps results of older rules honest too)
@@ -458,6 +634,15 @@ def rates(runs: list[dict]) -> dict:
             row["meets_target"] = counts["reject"] == 0
         table[name] = row
     return table
+
+
+def added_events(run: dict, name: str) -> float:
+    """The large-margin events per 1,000 tokens a fault adds to stock's on one run (stock has some in BF16)."""
+    found = run["effects"][name]
+    if "stock_events_per_1000" in found:
+        return found["events_per_1000"] - found["stock_events_per_1000"]
+    stock = run["verdicts"][name].get("stock_events", 0)  # older results: stock's events at the verdict's δ
+    return found["events_per_1000"] - (1000 * stock / run["tokens"] if run.get("tokens") else 0.0)
 
 
 def sealed_event_power(seen: list[dict], name: str) -> float | None:
@@ -723,7 +908,14 @@ def main() -> int:
     )
     parser.add_argument("--batch", type=int, default=256, help="system engine: requests in flight at most")
     parser.add_argument(
-        "--judge-until", type=float, help="system engine: judge no further seed after this many seconds (from start)"
+        "--skip-settled-audit",
+        action="store_true",
+        help="audit no system that a rule needing no audit rejects already (same verdicts, fewer re-scores)",
+    )
+    parser.add_argument(
+        "--scores-out",
+        metavar="NPZ",
+        help="system engine: also write the scorer's numbers the tail and request rules read (see write_scores)",
     )
     parser.add_argument(
         "--outputs-out", metavar="JSON", help="system engine: write every system's outputs here once served"
@@ -830,13 +1022,8 @@ def main() -> int:
                 for seed in seeds
             ]
             seeds = []
-        for seed in seeds:
-            if runs and args.judge_until is not None and time.perf_counter() - STARTED > args.judge_until:
-                log(f"judging stopped after {len(runs)} of {len(seeds)} seeds ({args.judge_until:.0f} s)")
-                break
-            sample = samples[seed]
-            mine = {name: {r.id: outs[r.id] for r in sample} for name, outs in outputs.items()}
-            runs.append(judge_seed(seed, sample, mine, {}, engine, args))
+        if seeds:
+            runs = judge_all(seeds, samples, outputs, engine, args)
             write_part(args, engine, runs, fault_seeds)
         seeds = []  # served and judged above
     else:

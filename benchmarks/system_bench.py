@@ -34,7 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specpilot_kernels.fused_ops import select_states, tree_attention  # noqa: E402
+from specpilot_kernels.batched_ops import verify_attention  # noqa: E402
+from specpilot_kernels.fused_ops import select_states  # noqa: E402
 from specpilot_mem.engine.options import SystemOptions, check_fits, memory_needed  # noqa: E402
 from specpilot_mem.engine.shapes import get_shape  # noqa: E402
 from specpilot_mem.engine.system import Caches, StepBuffers, SystemModel, Weights, pack_trees  # noqa: E402
@@ -208,14 +209,46 @@ def single(args, device, dtype, timer) -> dict:
     out["stock_verify_1_row_frac_of_floor"] = round(out["weight_floor_ms"] / base["1"], 4) if "1" in base else None
     if "1" in base and "32" in base:
         out["stock_32_over_1"] = round(base["32"] / base["1"], 4)
-    for name in ("w12_linears_head", "all", "all_w12_head"):
+    for name in ("w12_linears_head", "gdn_path", "all", "all_w12_head"):
         if name not in out["steps_ms"]:
             continue
         mine = out["steps_ms"][name]
         out[f"{name}_speedup_vs_stock"] = {r: round(base[r] / mine[r], 4) for r in mine if r in base}
+    out["targets"] = single_targets(out)
     del weights, caches, stock
     release()
     return out
+
+
+def single_targets(out: dict) -> dict:
+    """Issue 28's single-request numbers against this run: stock at 1 row >= 80% of its weight floor, 32 rows <= 1.15x
+    the 1-row step, W12 linears + head >= 1.25x stock at every measured row count from 1 to 33."""
+    targets = {}
+    if out.get("stock_verify_1_row_frac_of_floor") is not None:
+        targets["stock_1_row_at_80pct_of_floor"] = out["stock_verify_1_row_frac_of_floor"] >= 0.8
+    if "stock_32_over_1" in out:
+        targets["stock_32_over_1_at_most_1.15"] = out["stock_32_over_1"] <= 1.15
+    w12 = {int(r): x for r, x in out.get("w12_linears_head_speedup_vs_stock", {}).items() if 1 <= int(r) <= 33}
+    if w12:
+        targets["w12_linears_head_at_least_1.25_at_1_to_33"] = min(w12.values()) >= 1.25
+        targets["w12_linears_head_min_1_to_33"] = min(w12.values())
+    return targets
+
+
+def single_headline(single: dict) -> str | None:
+    """Stock's 1-row step (share of the floor), its 32 / 1 ratio and W12 linears + head over stock at 1-33 rows."""
+    base = single.get("steps_ms", {}).get("stock", {}) if isinstance(single, dict) else {}
+    if "1" not in base:
+        return None
+    text = f"27B-like, 1 request: stock {base['1']:.2f} ms at 1 row ({single['stock_verify_1_row_frac_of_floor']:.0%} of floor)"
+    if "stock_32_over_1" in single:
+        text += f", 32 rows {single['stock_32_over_1']:.2f}x"
+    w12 = single.get("w12_linears_head_speedup_vs_stock", {})
+    if w12:
+        text += (
+            "; W12 linears + head " + " / ".join(f"{w12[r]:.2f}" for r in w12) + f"x stock at {' / '.join(w12)} rows"
+        )
+    return text
 
 
 def batched(args, device, dtype, timer) -> dict:
@@ -254,6 +287,11 @@ def batched(args, device, dtype, timer) -> dict:
             entry["T_draft_by_block_ms"] = {
                 str(rows - 1): entry["T_draft_ms"] if rows - 1 == 16 else time_draft(stock, B, timer, rows - 1, 1)
                 for rows in BATCHED_ROWS["stock"]
+            }
+            # SpecPilot's drafter over the block its trees reach (a best-first tree of N nodes is at most N deep)
+            entry["T_draft_tree_by_block_ms"] = {
+                str(rows - 1): entry["T_draft_tree_ms"] if rows - 1 == 16 else time_draft(stock, B, timer, rows - 1)
+                for rows in BATCHED_ROWS["specpilot"]
             }
             for name, options in BATCHED_OPTIONS.items():
                 model = stock.with_options(options)
@@ -296,11 +334,22 @@ def batched_speedup(run: dict, lattice, block_lattices: dict | None = None) -> d
                 continue
             builder = "chain" if options.tree == "chain" else "best-first"
             t_draft = entry["T_draft_ms"] if builder == "chain" else entry.get("T_draft_tree_ms", entry["T_draft_ms"])
+            # SpecPilot's trees: the drafter's pass over the smallest block that reaches a bucket's nodes (the
+            # planner's drafter blocks), tau from the lattices the pair's drafter recorded at that block
+            drafts = {16: t_draft}
+            if builder != "chain" and entry.get("T_draft_tree_by_block_ms"):
+                drafts = {int(k): v for k, v in entry["T_draft_tree_by_block_ms"].items()}
+            lattices = {**(block_lattices or {}), 16: lattice}
+            costs = _MeasuredSteps(t_ar, drafts, {int(r): t for r, t in steps.items()}, int(B))
+            planner = BudgetPlanner(costs, tuple(int(r) for r in steps), blocks=tuple(drafts))
             by_rows = {}
             for r, t_verify in steps.items():
-                tau = replay_tau(lattice, builder, int(r) - 1)
-                c = (t_draft + t_verify) / t_ar
+                block = planner.draft_block(int(r)) if builder != "chain" else 16
+                tau = replay_tau(lattices.get(block, lattice), builder, int(r) - 1)
+                c = (drafts[block] + t_verify) / t_ar
                 by_rows[r] = {"tau": tau, "c": round(c, 4), "S": round(tau / c, 4)}
+                if builder != "chain":
+                    by_rows[r]["drafter_block"] = block
             mine = {"by_rows": by_rows}
             fixed = str(options.rows)
             if name == "stock" and fixed in by_rows:  # stock as it runs by default: its drafter's chain, every step
@@ -309,8 +358,6 @@ def batched_speedup(run: dict, lattice, block_lattices: dict | None = None) -> d
                 if tuned:
                     row["stock_tuned"] = tuned
             elif name != "stock":
-                costs = _MeasuredSteps(t_ar, t_draft, {int(r): t for r, t in steps.items()}, int(B))
-                planner = BudgetPlanner(costs, tuple(int(r) for r in steps))
                 tau = np.array([by_rows[str(r)]["tau"] for r in planner.buckets])
                 rows = planner.rows_for(int(B), tau)
                 mine["rows"] = rows
@@ -323,7 +370,34 @@ def batched_speedup(run: dict, lattice, block_lattices: dict | None = None) -> d
         if mine and "speedup_over_ar" in row.get("stock_tuned", {}):
             row["gain_over_stock_tuned"] = round(mine / row["stock_tuned"]["speedup_over_ar"], 4)
         table[B] = row
+    stock_static(table)
     return table
+
+
+def stock_static(table: dict) -> None:
+    """Stock as one SGLang launch serves every batch size: a single ``--speculative-dflash-block-size`` for the
+    whole range measured, the block whose worst speedup over AR across the batch sizes is the largest (what an
+    operator who must never fall below AR sets). Adds ``stock_static`` (and the gain over it) to each row."""
+    by_block: dict[str, dict[str, float]] = {}
+    for B, row in table.items():
+        for k, e in row.get("stock_tuned", {}).get("by_block", {}).items():
+            by_block.setdefault(k, {})[B] = e["S"]
+    complete = {k: v for k, v in by_block.items() if len(v) == len(table)}
+    if not complete:
+        return
+    best = max(complete, key=lambda k: min(complete[k].values()))
+    for B, row in table.items():
+        row["stock_static"] = {
+            "label": f"stock with one static block for {min(map(int, table))}-{max(map(int, table))} requests "
+            "(--speculative-dflash-block-size, chosen for the best worst case over them)",
+            "block": int(best),
+            "rows": int(best) + 1,
+            "speedup_over_ar": complete[best][B],
+            "worst_over_batches": min(complete[best].values()),
+        }
+        mine = row.get("specpilot", {}).get("speedup_over_ar")
+        if mine:
+            row["gain_over_stock_static"] = round(mine / complete[best][B], 4)
 
 
 def stock_tuned(entry: dict, steps: dict, block_lattices: dict) -> dict | None:
@@ -352,16 +426,17 @@ def stock_tuned(entry: dict, steps: dict, block_lattices: dict) -> dict | None:
 
 
 class _MeasuredSteps:
-    """One batch size's measured step times as the planner's step costs (``BudgetPlanner``'s interface)."""
+    """One batch size's measured step times as the planner's step costs (``BudgetPlanner``'s interface); drafts:
+    {drafter block: ms of its pass over the batch}."""
 
-    def __init__(self, t_ar: float, t_draft: float, verify: dict[int, float], requests: int):
-        self.t_ar, self.t_draft, self.verify, self.requests = t_ar, t_draft, verify, requests
+    def __init__(self, t_ar: float, drafts: dict[int, float], verify: dict[int, float], requests: int):
+        self.t_ar, self.drafts, self.verify, self.requests = t_ar, drafts, verify, requests
 
     def ar_ms(self, requests: int) -> float:
         return self.t_ar
 
     def draft_ms(self, rows: int, requests: int) -> float:
-        return self.t_draft
+        return self.drafts[rows // requests - 1]
 
     def verify_ms(self, rows: int, requests: int) -> float:
         return self.verify[rows // requests]
@@ -671,7 +746,7 @@ def kernel_classes(model: SystemModel, caches: Caches, B: int, rows: int, contex
 
         def attention():  # the step's tree attention (split over the keys + combine with the gate)
             for i in attn_ids:
-                tree_attention(q, caches.k[i][:B], caches.v[i][:B], k_rows, v_rows, lengths, anc, gate)
+                verify_attention(q, caches.k[i][:B], caches.v[i][:B], k_rows, v_rows, lengths, anc, gate)
 
         out["attention"] = {
             "time_ms": timer.ms(lambda: model.graphed("attn", attention)),
@@ -830,7 +905,7 @@ def main(argv=None) -> int:
         progress(f"{name}: {result[name + '_s']} s")
         if args.out:
             write_result(result, args.out)
-    headline = batched_headline(result)
+    headline = "; ".join(h for h in (single_headline(result.get("single")), batched_headline(result)) if h)
     if headline:
         result["headline"] = headline
         if args.out:
@@ -849,8 +924,12 @@ def batched_headline(result: dict) -> str | None:
         if rows:
             stock = [r["stock"]["speedup_over_ar"] for r in rows]
             tuned = [r["stock_tuned"]["speedup_over_ar"] for r in rows if "stock_tuned" in r]
+            static = [r["stock_static"]["speedup_over_ar"] for r in rows if "stock_static" in r]
             mine = [r["specpilot"]["speedup_over_ar"] for r in rows]
             text = f"{shape} at {'/'.join(table)} requests: stock (16-chain) {min(stock):.2f}-{max(stock):.2f}x AR, "
+            if static:
+                block = next(iter(table.values()))["stock_static"]["block"]
+                text += f"stock (one static block, {block}) {min(static):.2f}-{max(static):.2f}x AR, "
             if tuned:
                 text += f"stock (best block per batch) {min(tuned):.2f}-{max(tuned):.2f}x AR, "
             parts.append(text + f"SpecPilot {min(mine):.2f}-{max(mine):.2f}x AR")

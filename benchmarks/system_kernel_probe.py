@@ -187,6 +187,8 @@ def kernel_check(shape, device, context: int, rows: int = 17) -> dict:
     got = K.qk_norm_rope(q, k, v, cos, sin, qw, kw, 1e-6, *caches, slots)
     out["qk_norm_rope"] = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, want))
     out["qk_norm_rope_cache"] = max((a.float() - b.float()).abs().max().item() for a, b in zip(caches, ref_caches))
+    gu = rnd(B, T, 2 * shape.ffn_dim)
+    out["silu_mul"] = (K.silu_mul(gu).float() - K.silu_mul_reference(gu).float()).abs().max().item()
     anc = torch.ones(T, T, dtype=torch.bool, device=device).tril()[None]
     qr, kr, vr = want
     ref = K.tree_attention_reference(qr, *caches, kr, vr, lengths, anc, gate)
@@ -231,6 +233,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1, help="requests in the step (chains of --rows rows each)")
     ap.add_argument("--linears", default="bf16")
     ap.add_argument("--lm-head", default="bf16")
+    ap.add_argument("--gdn-verify", default="snapshot", help="snapshot (stock) or path")
+    ap.add_argument("--tree", default="chain", help="chain (stock) or best-first (the commit moves KV rows)")
     ap.add_argument("--eager-steps", type=int, default=2)
     ap.add_argument("--graph-steps", type=int, default=5)
     ap.add_argument("--time-steps", type=int, default=20)
@@ -253,7 +257,7 @@ def main(argv=None) -> int:
         "context": args.context,
         "batch": args.batch,
         "weight_floor_ms": round(shape.weight_floor_ms(READ_BW), 4),
-        "options": {"linears": args.linears, "lm_head": args.lm_head},
+        "options": options(args).label(),
         "by_rows": {},
     }
     t0 = time.perf_counter()
@@ -264,7 +268,8 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
     result["weights_s"] = round(time.perf_counter() - t0, 2)
     try:
-        result["kernel_check"] = kernel_check(shape, device, args.context)
+        # one row count per row range of the fused ops' tiles (fused_ops.FUSED_TILES, ATTENTION_TILES)
+        result["kernel_check"] = {str(r): kernel_check(shape, device, args.context, r) for r in (1, 8, 17, 33)}
     except Exception as exc:  # noqa: BLE001 - the timings still come
         result["kernel_check"] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
     print(f"kernel check: {result['kernel_check']}", file=sys.stderr, flush=True)
@@ -274,9 +279,55 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - one failing setting keeps the others'
             result["by_rows"][label] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
             print(f"rows {label}: {result['by_rows'][label]}", file=sys.stderr, flush=True)
+    result["growth"] = growth(result["by_rows"])
     result["total_s"] = round(time.perf_counter() - t0, 1)
     print_result(result, args.out)
     return 0
+
+
+# kernel classes by name: what stock takes as SGLang runs it (cuBLAS's GEMMs, SGLang's GDN kernel) and the rest
+KERNEL_CLASSES = (
+    ("gemm", ("nvjet", "cublas", "void cublasLt", "cutlass", "sm90_xmma", "void w12::")),
+    ("sglang_gdn", ("fused_sigmoid_gating", "fused_recurrent")),
+    ("engine_fused_ops", ("_",)),
+)
+
+
+def kernel_class(name: str) -> str:
+    return next((cls for cls, prefixes in KERNEL_CLASSES if name.startswith(prefixes)), "other")
+
+
+def growth(by_rows: dict) -> dict:
+    """Per kernel class, graph-replay µs a step at each row count and its growth over the fewest rows; and the
+    step at the most rows if only the GEMMs and SGLang's GDN kernel grew (what stock keeps whatever the engine's own
+    kernels do): that over the fewest rows' step is stock's irreducible ratio on this run."""
+    rows = sorted((int(r), e) for r, e in by_rows.items() if r != "ar" and "graph" in e)
+    if len(rows) < 2:
+        return {}
+    per = {}
+    for r, e in rows:
+        classes = defaultdict(float)
+        for k in e["graph"]["by_kernel"]:
+            classes[kernel_class(k["name"])] += k["us"]
+        per[str(r)] = {cls: round(us, 1) for cls, us in classes.items()}
+    first, (r_last, e_last) = rows[0], rows[-1]
+    lo, hi = per[str(first[0])], per[str(r_last)]
+    grew = {cls: round(hi.get(cls, 0.0) - lo.get(cls, 0.0), 1) for cls in set(lo) | set(hi)}
+    out = {"us_by_class": per, f"growth_us_{first[0]}_to_{r_last}": grew}
+    step_lo = first[1].get("graph_step_ms")
+    if step_lo:
+        kept = step_lo + (grew.get("gemm", 0.0) + grew.get("sglang_gdn", 0.0)) / 1e3
+        out[f"stock_kept_ratio_{r_last}_over_{first[0]}"] = round(kept / step_lo, 4)
+        if e_last.get("graph_step_ms"):
+            out[f"step_ratio_{r_last}_over_{first[0]}"] = round(e_last["graph_step_ms"] / step_lo, 4)
+    return out
+
+
+def options(args) -> SystemOptions:
+    """The step's option set (default stock); a best-first tree's node budget is the probe's widest row count."""
+    widest = max([int(r) for r in args.rows.split(",") if r != "ar"] + [2])
+    tree = {} if args.tree == "chain" else {"tree": args.tree, "nodes": widest - 1, "positions": min(16, widest - 1)}
+    return SystemOptions(linears=args.linears, lm_head=args.lm_head, gdn_verify=args.gdn_verify, **tree)
 
 
 def probe_rows(label, args, shape, weights, caches, floor_ms) -> dict:
@@ -287,7 +338,7 @@ def probe_rows(label, args, shape, weights, caches, floor_ms) -> dict:
     ar = label == "ar"
     rows = 1 if ar else int(label)
     t1 = time.perf_counter()
-    model = SystemModel(weights, SystemOptions(linears=args.linears, lm_head=args.lm_head))
+    model = SystemModel(weights, options(args))
     buf = StepBuffers.empty(args.batch, rows, shape.conv_size, device)
     buf.fill(pack_trees([(list(range(rows)), list(range(-1, rows - 1)))] * args.batch, rows, shape.conv_size))
     buf.forced.fill_(rows - 1)

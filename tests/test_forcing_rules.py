@@ -167,6 +167,7 @@ def test_audit_explains_prefill_sensitive_events(case):
     system, sites = planted(reqs, reference, scorer, seed=12, tie_rate=0.007, events=12)
     by_id = {r.id: r for r in reqs}
     for rid, position in sites:  # split at a prefill length, the scorer's argmax becomes the emitted token
+        scorer.tie(by_id[rid].prompt_ids, position, system[rid].output_ids[position], 0.8)  # above 2δ, a near-tie
         scorer.prefill_sensitive[(by_id[rid].prompt_ids, position)] = system[rid].output_ids[position]
     scorer.calls.clear()
     verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25).judge(
@@ -175,6 +176,22 @@ def test_audit_explains_prefill_sensitive_events(case):
     assert verdict.events.unexplained == 0 and not verdict.events.reject
     assert verdict.explained_by["prefill-length"] == 12
     assert any(call is not None for call in scorer.calls)  # the audit did re-score at a prefill length
+
+
+def test_audit_does_not_re_score_events_further_than_rounding_goes(case):
+    """An event more than DELTA_MAX (1 nat) below the argmax is no near-tie of the scorer: no prefill length
+    explains it, and it is not re-scored."""
+    reqs, reference, scorer = case
+    stock, _ = planted(reqs, reference, scorer, seed=11, tie_rate=0.007)
+    system, sites = planted(reqs, reference, scorer, seed=12, tie_rate=0.007, events=12)
+    by_id = {r.id: r for r in reqs}
+    for rid, position in sites:  # the planted events sit 8 nats below the argmax
+        scorer.prefill_sensitive[(by_id[rid].prompt_ids, position)] = system[rid].output_ids[position]
+    scored = _scored(scorer, reqs, system)
+    scorer.calls.clear()
+    verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25).judge("far", scored)
+    assert verdict.explained_by["prefill-length"] == 0 and verdict.events.unexplained == 12
+    assert all(call is None for call in scorer.calls)
 
 
 def test_audit_does_not_explain_an_event_whose_argmax_moves_to_a_third_token(case):
@@ -226,7 +243,11 @@ def test_verdict_round_trips_through_json(case):
     stock, _ = planted(reqs, reference, scorer, seed=16, tie_rate=0.007)
     system, _ = planted(reqs, reference, scorer, seed=17, tie_rate=0.03, events=20)
     verdict = judge_outputs(system, stock, scorer=scorer, requests=reqs, delta=0.25, name="faulty", synthetic=True)
-    assert verdict.verdict == "reject" and len(verdict.reasons) == 2
+    assert verdict.verdict == "reject" and [r.split(":")[0] for r in verdict.reasons] == [
+        "rate rule",
+        "event rule",
+        "tail rule",
+    ]
     text = json.dumps(verdict.to_dict())
     assert Verdict.from_dict(json.loads(text)) == verdict
 

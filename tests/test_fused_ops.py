@@ -7,8 +7,8 @@ import torch
 from specpilot_kernels import fused_ops as F
 
 
-def _launch_cpu(kernel, rows, *args, block, grid_cols=1):
-    kernel[(rows, grid_cols) if grid_cols > 1 else (rows,)](*args, BLOCK=block)
+def _launch_cpu(kernel, rows, *args, block):
+    kernel[(rows,)](*args, BLOCK=block)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
@@ -25,9 +25,10 @@ def test_kernels_match_the_references_in_fp32():
     assert torch.equal(y, want_y)
     torch.testing.assert_close(normed, want_h, rtol=1e-6, atol=1e-6)
     gu = torch.randn(5, 600, generator=gen)
-    got = torch.empty(5, 300)
-    _launch_cpu(F._silu_mul_kernel, 5, gu, got, 300, block=128, grid_cols=3)
-    torch.testing.assert_close(got, F.silu_mul_reference(gu), rtol=1e-6, atol=1e-6)
+    for rows_a_program in (1, 2, 4):  # row tiles: the last program's rows partly past the end
+        got = torch.empty(5, 300)
+        F._silu_mul_kernel[(-(-5 // rows_a_program), 3)](gu, got, 5, 300, BR=rows_a_program, BLOCK=128)
+        torch.testing.assert_close(got, F.silu_mul_reference(gu), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
@@ -39,13 +40,19 @@ def test_tree_conv_and_gated_norm_kernels_match_the_references_in_fp32():
     state, x = torch.randn(B, CS - 1, C, generator=gen), torch.randn(B, T, C, generator=gen)
     weight = torch.randn(C, CS, generator=gen)
     idx = torch.as_tensor(pack_trees([([1, 2, 3, 4, 5], [-1, 0, 0, 1, 3]), ([1, 2], [-1, 0])], T, CS)["conv_idx"])
-    out = torch.empty_like(x)
-    F._tree_conv_silu_kernel[(B * T, 1)](state, x, idx, weight, out, out, T, C, C, CS=CS, BLOCK=64, RAW=False)
-    torch.testing.assert_close(out, F.tree_conv_silu_reference(state, x, idx, weight), rtol=1e-6, atol=1e-6)
-    o, z, w = torch.randn(4, 64, generator=gen), torch.randn(4, 64, generator=gen), torch.rand(64, generator=gen)
-    got = torch.empty_like(o)
-    F._gated_rms_norm_kernel[(4,)](o, w, z, got, 64, 1, 64, 1e-6, BLOCK=64)
-    torch.testing.assert_close(got, F.gated_rms_norm_reference(o, w, z, 1e-6), rtol=1e-6, atol=1e-6)
+    want = F.tree_conv_silu_reference(state, x, idx, weight)
+    for br, block in ((1, 64), (4, 32), (8, 64)):  # row tiles across the requests' boundary, and past the end
+        out = torch.empty_like(x)
+        grid = (-(-B * T // br), -(-C // block))
+        F._tree_conv_silu_kernel[grid](
+            state, x, idx, weight, out, out, B * T, T, C, C, CS=CS, BR=br, BLOCK=block, RAW=False
+        )
+        torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
+    o, z, w = torch.randn(5, 64, generator=gen), torch.randn(5, 64, generator=gen), torch.rand(64, generator=gen)
+    for br in (1, 4):
+        got = torch.empty_like(o)
+        F._gated_rms_norm_kernel[(-(-5 // br),)](o, w, z, got, 5, 64, 1, 64, 1e-6, BR=br, BLOCK=64)
+        torch.testing.assert_close(got, F.gated_rms_norm_reference(o, w, z, 1e-6), rtol=1e-6, atol=1e-6)
 
 
 COMPILE_FOR_SM90 = """
@@ -66,20 +73,24 @@ ptr = "*" + sys.argv[1]
 compile_for_sm90(F._rms_norm_kernel, {"x": ptr, "w": ptr, "out": ptr, "N": "i32", "eps": "fp32"}, {"BLOCK": 8192})
 compile_for_sm90(F._add_rms_norm_kernel, {"x": ptr, "delta": ptr, "w": ptr, "y": ptr, "out": ptr, "N": "i32",
                                           "eps": "fp32"}, {"BLOCK": 8192})
-compile_for_sm90(F._silu_mul_kernel, {"gu": ptr, "out": ptr, "N": "i32"}, {"BLOCK": 1024})
-compile_for_sm90(F._tree_conv_silu_kernel, {"state": ptr, "x": ptr, "idx": "*i64", "w": ptr, "out": ptr, "raw": ptr,
-                                            "T": "i32", "C": "i32", "sx": "i32"}, {"CS": 4, "BLOCK": 1024, "RAW": True})
-compile_for_sm90(F._gated_rms_norm_kernel, {"x": ptr, "w": ptr, "gate": ptr, "out": ptr, "N": "i32", "HEADS": "i32",
-                                            "sg": "i32", "eps": "fp32"}, {"BLOCK": 128})
+for br in (1, 4):
+    compile_for_sm90(F._silu_mul_kernel, {"gu": ptr, "out": ptr, "ROWS": "i32", "N": "i32"}, {"BR": br, "BLOCK": 1024})
+for br in (1, 4):
+    compile_for_sm90(F._tree_conv_silu_kernel, {"state": ptr, "x": ptr, "idx": "*i64", "w": ptr, "out": ptr,
+                                                "raw": ptr, "BT": "i32", "T": "i32", "C": "i32", "sx": "i32"},
+                     {"CS": 4, "BR": br, "BLOCK": 1024, "RAW": True})
+    compile_for_sm90(F._gated_rms_norm_kernel, {"x": ptr, "w": ptr, "gate": ptr, "out": ptr, "ROWS": "i32", "N": "i32",
+                                                "HEADS": "i32", "sg": "i32", "eps": "fp32"}, {"BR": br, "BLOCK": 128})
 compile_for_sm90(F._qk_norm_rope_kernel, {"q": ptr, "k": ptr, "v": ptr, "cos": "*fp32", "sin": "*fp32", "qw": ptr,
                                           "kw": ptr, "q_out": ptr, "k_out": ptr, "v_out": ptr, "kc": ptr, "vc": ptr,
                                           "slots": "*i64", "sq": "i32", "sk": "i32", "sv": "i32", "kc_b": "i64",
-                                          "kc_h": "i32", "T": "i32", "HQ": "i32", "HKV": "i32", "eps": "fp32"},
-                 {"D": 256, "HALF": 128, "QK_NORM": True, "WRITE": True})
+                                          "kc_h": "i32", "BT": "i32", "T": "i32", "HQ": "i32", "HKV": "i32",
+                                          "eps": "fp32"},
+                 {"D": 256, "HALF": 128, "BR": 2, "QK_NORM": True, "WRITE": True})
 split_types = {"q": ptr, "kc": ptr, "vc": ptr, "kr": ptr, "vr": ptr, "lengths": "*i64", "anc": "*u8",
                "part_o": "*fp32", "part_m": "*fp32", "part_l": "*fp32", "T": "i32", "R": "i32", "HQ": "i32",
                "HKV": "i32", "REP": "i32", "kc_b": "i64", "kc_h": "i32", "S": "i32", "scale": "fp32", "WINDOW": "i32"}
-for bm, bn in ((16, 32), (64, 32)):
+for bm, bn in ((16, 32), (64, 32), (64, 64)):
     compile_for_sm90(F._tree_attention_split_kernel, split_types, {"CHUNK": 128, "D": 256, "BD": 256, "BM": bm, "BN": bn,
                      "HAS_CACHE": True, "IEEE": sys.argv[1] == "fp32"})
 compile_for_sm90(F._tree_attention_combine_kernel, {"part_o": "*fp32", "part_m": "*fp32", "part_l": "*fp32",
@@ -183,7 +194,7 @@ def test_qk_norm_rope_and_tree_attention_match_the_references(norm):
     long_k, long_v = (torch.randn(B, HKV, 300, D, generator=gen) for _ in range(2))
     long_len = torch.tensor([250, 37])
     ref = F.tree_attention_reference(qr, long_k, long_v, kr, vr, long_len, anc, gate)
-    assert F._attention_split(B, HKV, HQ // HKV * T, 300 + T, D, 132)[2] > 1
+    assert F._attention_split(B, HKV, HQ // HKV * T, 300 + T, D, 132)[1] > 1
     with _interpreted():
         out = F.tree_attention(qr, long_k, long_v, kr, vr, long_len, anc, gate)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
@@ -203,7 +214,7 @@ def test_tree_attention_window_holds_across_key_splits():
     k_cache, v_cache = (torch.randn(B, HKV, L, D, generator=gen) for _ in range(2))
     lengths, window = torch.tensor([250, 37]), 100
     anc = torch.as_tensor(pack_trees([([1, 2, 3, 4, 5], [-1, 0, 0, 1, 3]), ([1, 2], [-1, 0])], T, 4)["anc"])
-    assert F._attention_split(B, HKV, HQ // HKV * T, L + T, D, 132)[2] > 1
+    assert F._attention_split(B, HKV, HQ // HKV * T, L + T, D, 132)[1] > 1
     args = (q, k_cache, v_cache, k_rows, v_rows, lengths, anc, None)
     with _interpreted():
         windowed, full = F.tree_attention(*args, window), F.tree_attention(*args)
@@ -260,3 +271,61 @@ def test_tree_accept_kernel_matches_the_reference():
     for a, b in zip(got, want):
         assert torch.equal(a, b), (a, b)
     assert want[1].tolist()[3] == 0 and want[1].max() > 1  # the inactive request commits nothing; some accept
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU tensors through the Triton interpreter (conftest)")
+def test_row_tiles_change_no_bit(monkeypatch):
+    """Every element-wise op gives the same bits whatever its row tile (FUSED_TILES), rows not a multiple of it."""
+    from specpilot_mem.engine.system import pack_trees
+
+    gen = torch.Generator().manual_seed(6)
+    B, T, C, CS, HQ, HKV, D = 2, 5, 48, 4, 4, 2, 32
+    proj = torch.randn(B, T, C + 3 * 16 + 7, generator=gen)
+    x, z = proj[..., :C], proj[..., C : C + 3 * 16].view(B, T, 3, 16)
+    state, weight = torch.randn(B, CS - 1, C, generator=gen), torch.randn(C, CS, generator=gen)
+    idx = torch.as_tensor(pack_trees([([1, 2, 3, 4, 5], [-1, 0, 0, 1, 3]), ([1, 2], [-1, 0])], T, CS)["conv_idx"])
+    o, w = torch.randn(B, T, 3, 16, generator=gen), torch.rand(16, generator=gen)
+    gu = torch.randn(B, T, 2 * 40, generator=gen)
+    q, k, v = (torch.randn(B, T, h, D, generator=gen) for h in (HQ, HKV, HKV))
+    ang = torch.randn(B, T, D // 2, generator=gen)
+    cos, sin, qw, kw = ang.cos(), ang.sin(), torch.rand(D, generator=gen), torch.rand(D, generator=gen)
+
+    def run():
+        with _interpreted():
+            return (
+                F.tree_conv_silu(state, x, idx, weight),
+                F.gated_rms_norm(o, w, z, 1e-6),
+                F.silu_mul(gu),
+                *F.qk_norm_rope(q, k, v, cos, sin, qw, kw, 1e-6),
+            )
+
+    outs = []
+    for tile in (F.RowTile(1, 16, 1), F.RowTile(2, 32, 2), F.RowTile(4, 64, 4), F.RowTile(16, 16, 4)):
+        monkeypatch.setattr(F, "FUSED_TILES", {op: ((1 << 30, tile),) for op in F.FUSED_TILES})
+        outs.append(run())
+    for got in outs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(got, outs[0]))
+    want = (
+        F.tree_conv_silu_reference(state, x, idx, weight),
+        F.gated_rms_norm_reference(o, w, z, 1e-6),
+        F.silu_mul_reference(gu),
+        *F.qk_norm_rope_reference(q, k, v, cos, sin, qw, kw, 1e-6),
+    )
+    for a, b in zip(outs[0], want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_tile_tables_cover_every_row_count():
+    """Each op's row ranges end unbounded and grow; the attention's cover both head-dim classes."""
+    for op, table in F.FUSED_TILES.items():
+        tops = [top for top, _ in table]
+        assert tops == sorted(tops) and tops[-1] >= 1 << 20, op
+        assert F.row_tile(op, 1) == table[0][1] and F.row_tile(op, 10**6) == table[-1][1]
+    for D in (64, 128, 256):
+        for R in (1, 48, 49, 200, 10**5):
+            tile = F.attention_tile(R, D)
+            assert tile.block_n in (32, 64) and tile.num_stages >= 1
+    with pytest.raises(ValueError, match="head dims"):
+        F.attention_tile(8, 512)
+    with pytest.raises(ValueError, match="powers of two"):
+        F.RowTile(3, 1024)

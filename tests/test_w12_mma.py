@@ -629,6 +629,9 @@ def test_wide_launch_shapes_and_config():
     assert per_bucket.wide_launch(64) == (4, 4, 2, 8, 1) and per_bucket.wide_launch(200) == (2, 2, 2, 32, 1)
     assert MmaConfig(wide_rows=[[1, 2, 2, 8, 4]] * 3).wide_launch(40) == (1, 2, 2, 8, 4)
     assert per_bucket.uses_wide(48, (9, 0)) and not per_bucket.uses_wide(96, (9, 0))
+    decoded = MmaConfig(wide_rows=[[4, 4, 2, 8, 1, 1], [2, 4, 2, 16, 1, 0], [1, 2, 3, 32, 1, 1]])
+    assert decoded.wide_decoded(64) and not decoded.wide_decoded(96) and decoded.wide_decoded(256)
+    assert decoded.wide_launch(64) == (4, 4, 2, 8, 1) and not per_bucket.wide_decoded(64)
     for bad in ((5, 2, 2), (1, 1, 2), (1, 2, 7), (1, 2)):
         with pytest.raises(W12Error, match="wide"):
             MmaConfig(wide=bad)
@@ -637,6 +640,9 @@ def test_wide_launch_shapes_and_config():
         ((1, 2, 2, 10),) * 3,
         ((1, 7, 2, 16),) * 3,
         ((1, 2, 2, 16, 3),) * 3,
+        ((1, 2, 2, 16, 2, 1),) * 3,  # the decoded-weight kernel: no multicast
+        ((1, 2, 4, 16, 1, 1),) * 3,  # ... and at most 3 decoded slots
+        ((1, 2, 2, 16, 1, 2),) * 3,
     ):
         with pytest.raises(W12Error, match="wide_rows"):
             MmaConfig(wide_rows=bad)
@@ -658,6 +664,8 @@ def with_outliers(w, fraction):
         MmaConfig(1, 8, 2, wgmma=(1, 1, 1), wide=(2, 3, 2)),
         MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
         MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 4), (1, 2, 2, 32, 2))),
+        MmaConfig(1, 3, 2, wide_rows=((4, 4, 2, 8, 1, 1), (2, 4, 2, 16, 1, 1), (1, 2, 2, 32, 1, 1))),
+        MmaConfig(1, 8, 2, wide_rows=((2, 3, 3, 8, 1, 1), (1, 2, 2, 16, 1, 1), (2, 3, 2, 16, 1, 1))),
     ],
     ids=str,
 )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -65,6 +66,45 @@ def _pdl_start(PDL: tl.constexpr, TRIGGER: tl.constexpr = True):
         tl.extra.cuda.gdc_wait()
         if TRIGGER:  # let the next PDL kernel launch now (it waits for this one the same way)
             tl.extra.cuda.gdc_launch_dependents()
+
+
+# -- launch tiles by row count -----------------------------------------------------------------------------------
+#
+# One program per row wastes a 17-33-row verify step's launches on per-program set-up (index loads, the conv
+# taps, cos/sin); one program per many rows starves a 1-row step of SMs. So each element-wise op's tile is a row
+# range's entry: (most rows, tile), the first entry whose bound holds. No bit depends on the tile: every element's
+# arithmetic is the same whatever the tile (``benchmarks/engine_linear_probe.py --sections fused`` checks it on the
+# GPU bit for bit and times the choices).
+
+
+@dataclass(frozen=True)
+class RowTile:
+    """Rows a program and columns a program (``block``: 0 is the whole row) of an element-wise fused op."""
+
+    rows: int
+    block: int = 0
+    num_warps: int = 4
+
+    def __post_init__(self):
+        if self.rows < 1 or self.rows & (self.rows - 1) or self.block < 0 or self.block & (self.block - 1):
+            raise ValueError(f"RowTile{(self.rows, self.block)}: rows and block are powers of two (block 0: a row)")
+
+
+FUSED_TILES: dict[str, tuple[tuple[int, RowTile], ...]] = {
+    # [B*T, C] windows: few rows need narrow column blocks to spread over the SMs; more rows share the taps' loads
+    "tree_conv_silu": ((8, RowTile(1, 256, 2)), (24, RowTile(2, 1024, 4)), (1 << 30, RowTile(4, 1024, 4))),
+    # [rows, 2N] -> [rows, N]
+    "silu_mul": ((8, RowTile(1, 1024, 4)), (24, RowTile(2, 1024, 4)), (1 << 30, RowTile(4, 1024, 4))),
+    # [tokens * heads, N]: rows are (token, head) pairs
+    "gated_rms_norm": ((64, RowTile(1, 0, 4)), (1 << 30, RowTile(4, 0, 4))),
+    # [B*T] tokens x (HQ + HKV) heads
+    "qk_norm_rope": ((8, RowTile(1, 0, 1)), (1 << 30, RowTile(2, 0, 2))),
+}
+
+
+def row_tile(op: str, rows: int) -> RowTile:
+    """The tile ``op`` launches with for ``rows`` rows (``FUSED_TILES``)."""
+    return next(tile for top, tile in FUSED_TILES[op] if rows <= top)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -140,62 +180,75 @@ def _tree_conv_silu_kernel(
     w,
     out,
     raw,
+    BT,
     T,
     C,
     sx,
     CS: tl.constexpr,
+    BR: tl.constexpr,
     BLOCK: tl.constexpr,
     RAW: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     _pdl_start(PDL)
-    bt = tl.program_id(0).to(tl.int64)
+    bt = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)  # BR rows (request * T + row) a program
+    keep_r = bt < BT
     b = bt // T
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    keep = cols < C
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    keep = keep_r[:, None] & (cols < C)[None, :]
+    acc = tl.zeros([BR, BLOCK], dtype=tl.float32)
     for j in tl.static_range(CS):
-        src = tl.load(idx + bt * CS + j)
+        src = tl.load(idx + bt * CS + j, mask=keep_r, other=0)
         from_state = src < CS - 1
         row_state = tl.where(from_state, src, 0)
         row_x = tl.where(from_state, 0, src - (CS - 1))
-        vs = tl.load(state + (b * (CS - 1) + row_state) * C + cols, mask=keep & from_state, other=0.0)
-        vx = tl.load(x + (b * T + row_x) * sx + cols, mask=keep & (src >= CS - 1), other=0.0)
-        v = tl.where(from_state, vs, vx)
-        wj = tl.load(w + cols * CS + j, mask=keep, other=0.0).to(v.dtype)
-        acc += (v * wj).to(tl.float32)  # each product rounded to the input dtype first, as torch's mul does
+        vs = tl.load(
+            state + ((b * (CS - 1) + row_state) * C)[:, None] + cols[None, :],
+            mask=keep & from_state[:, None],
+            other=0.0,
+        )
+        vx = tl.load(x + ((b * T + row_x) * sx)[:, None] + cols[None, :], mask=keep & ~from_state[:, None], other=0.0)
+        v = tl.where(from_state[:, None], vs, vx)
+        wj = tl.load(w + cols * CS + j, mask=cols < C, other=0.0).to(v.dtype)  # one tap load for all BR rows
+        acc += (v * wj[None, :]).to(tl.float32)  # each product rounded to the input dtype first, as torch's mul does
     summed = acc.to(out.dtype.element_ty).to(tl.float32)
-    tl.store(out + bt * C + cols, (summed / (1.0 + tl.exp(-summed))).to(out.dtype.element_ty), mask=keep)
+    offs = (bt * C)[:, None] + cols[None, :]
+    tl.store(out + offs, (summed / (1.0 + tl.exp(-summed))).to(out.dtype.element_ty), mask=keep)
     if RAW:  # the rows' own conv inputs, for the commit of the conv window (read here anyway)
-        tl.store(raw + bt * C + cols, tl.load(x + bt * sx + cols, mask=keep, other=0.0), mask=keep)
+        tl.store(raw + offs, tl.load(x + (bt * sx)[:, None] + cols[None, :], mask=keep, other=0.0), mask=keep)
 
 
 @triton.jit
-def _gated_rms_norm_kernel(x, w, gate, out, N, HEADS, sg, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _gated_rms_norm_kernel(
+    x, w, gate, out, ROWS, N, HEADS, sg, eps, BR: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
     _pdl_start(PDL)
-    row = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)  # BR (token, head) rows a program
     cols = tl.arange(0, BLOCK)
-    keep = cols < N
-    xv = tl.load(x + row * N + cols, mask=keep, other=0.0).to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=0) / N + eps)
-    normed = ((xv * inv).to(out.dtype.element_ty) * tl.load(w + cols, mask=keep, other=0.0)).to(out.dtype.element_ty)
+    keep = (row < ROWS)[:, None] & (cols < N)[None, :]
+    xv = tl.load(x + (row * N)[:, None] + cols[None, :], mask=keep, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(xv * xv, axis=1) / N + eps)
+    wv = tl.load(w + cols, mask=cols < N, other=0.0)
+    normed = ((xv * inv[:, None]).to(out.dtype.element_ty) * wv[None, :]).to(out.dtype.element_ty)
     # the gate is read in place: row = token * HEADS + head, tokens sg apart
-    g = tl.load(gate + (row // HEADS) * sg + (row % HEADS) * N + cols, mask=keep, other=0.0).to(tl.float32)
+    g_off = ((row // HEADS) * sg + (row % HEADS) * N)[:, None] + cols[None, :]
+    g = tl.load(gate + g_off, mask=keep, other=0.0).to(tl.float32)
     silu = (g / (1.0 + tl.exp(-g))).to(out.dtype.element_ty)
-    tl.store(out + row * N + cols, (normed * silu).to(out.dtype.element_ty), mask=keep)
+    tl.store(out + (row * N)[:, None] + cols[None, :], (normed * silu).to(out.dtype.element_ty), mask=keep)
 
 
 @triton.jit
-def _silu_mul_kernel(gu, out, N, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _silu_mul_kernel(gu, out, ROWS, N, BR: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     _pdl_start(PDL)
-    row = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    keep = cols < N
-    g = tl.load(gu + row * 2 * N + cols, mask=keep, other=0.0)
-    u = tl.load(gu + row * 2 * N + N + cols, mask=keep, other=0.0)
+    keep = (row < ROWS)[:, None] & (cols < N)[None, :]
+    base = (row * 2 * N)[:, None] + cols[None, :]
+    g = tl.load(gu + base, mask=keep, other=0.0)
+    u = tl.load(gu + base + N, mask=keep, other=0.0)
     gf = g.to(tl.float32)
     silu = (gf / (1.0 + tl.exp(-gf))).to(gu.dtype.element_ty)
-    tl.store(out + row * N + cols, silu * u, mask=keep)
+    tl.store(out + (row * N)[:, None] + cols[None, :], silu * u, mask=keep)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -281,23 +334,26 @@ def tree_conv_silu(
         x = x.contiguous()
     conv_state, conv_idx, weight = (t.contiguous() for t in (conv_state, conv_idx, weight))
     out = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    # few rows: narrower blocks, so that a decode-sized step still spreads over the SMs
-    block = min(256 if B * T < 16 else 1024, triton.next_power_of_2(C))
-    _tree_conv_silu_kernel[(B * T, triton.cdiv(C, block))](
+    tile = row_tile("tree_conv_silu", B * T)
+    block = min(tile.block or 1 << 30, triton.next_power_of_2(C))
+    grid = (triton.cdiv(B * T, tile.rows), triton.cdiv(C, block))
+    _tree_conv_silu_kernel[grid](
         conv_state,
         x,
         conv_idx,
         weight,
         out,
         out if raw is None else raw,
+        B * T,
         T,
         C,
         x.stride(1),
         CS=CS,
+        BR=tile.rows,
         BLOCK=block,
         RAW=raw is not None,
-        **_pdl(x, B * T, triton.cdiv(C, block)),
-        num_warps=4 if block >= 1024 else 2,
+        **_pdl(x, *grid),
+        num_warps=tile.num_warps,
     )
     return out
 
@@ -322,18 +378,23 @@ def gated_rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, ep
     if g3.stride(2) != 1 or g3.stride(1) != N:
         g3 = g3.contiguous()
     out = torch.empty_like(x)
-    _gated_rms_norm_kernel[(x.numel() // N,)](
+    rows = x.numel() // N
+    tile = row_tile("gated_rms_norm", rows)
+    grid = (triton.cdiv(rows, tile.rows),)
+    _gated_rms_norm_kernel[grid](
         x,
         weight,
         g3,
         out,
+        rows,
         N,
         heads,
         g3.stride(0),
         eps,
+        BR=tile.rows,
         BLOCK=triton.next_power_of_2(N),
-        **_pdl(x, x.numel() // N),
-        num_warps=4,
+        **_pdl(x, *grid),
+        num_warps=tile.num_warps,
     )
     return out
 
@@ -352,9 +413,11 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     N = gate_up.shape[-1] // 2
     rows = gate_up.numel() // (2 * N)
     out = torch.empty(*gate_up.shape[:-1], N, dtype=gate_up.dtype, device=gate_up.device)
-    block = min(1024, triton.next_power_of_2(N))
-    _silu_mul_kernel[(rows, triton.cdiv(N, block))](
-        gate_up, out, N, BLOCK=block, **_pdl(gate_up, rows, triton.cdiv(N, block)), num_warps=4
+    tile = row_tile("silu_mul", rows)
+    block = min(tile.block or 1 << 30, triton.next_power_of_2(N))
+    grid = (triton.cdiv(rows, tile.rows), triton.cdiv(N, block))
+    _silu_mul_kernel[grid](
+        gate_up, out, rows, N, BR=tile.rows, BLOCK=block, **_pdl(gate_up, *grid), num_warps=tile.num_warps
     )
     return out
 
@@ -403,59 +466,67 @@ def _qk_norm_rope_kernel(
     sv,
     kc_b,
     kc_h,
+    BT,
     T,
     HQ,
     HKV,
     eps,
     D: tl.constexpr,
     HALF: tl.constexpr,
+    BR: tl.constexpr,
     QK_NORM: tl.constexpr,
     WRITE: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     _pdl_start(PDL)
-    bt = tl.program_id(0).to(tl.int64)
+    bt = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)  # BR tokens (request * T + row) a program
+    keep_r = bt < BT
     h = tl.program_id(1)
     is_q = h < HQ
     is_k = h >= HQ
     kh = tl.maximum(h - HQ, 0)
     j = tl.arange(0, HALF)
+    mq = keep_r[:, None] & is_q
+    mk = keep_r[:, None] & is_k
     x1 = tl.where(
         is_q,
-        tl.load(q + bt * sq + h * D + j, mask=is_q, other=0.0),
-        tl.load(k + bt * sk + kh * D + j, mask=is_k, other=0.0),
+        tl.load(q + (bt * sq)[:, None] + h * D + j[None, :], mask=mq, other=0.0),
+        tl.load(k + (bt * sk)[:, None] + kh * D + j[None, :], mask=mk, other=0.0),
     ).to(tl.float32)
     x2 = tl.where(
         is_q,
-        tl.load(q + bt * sq + h * D + HALF + j, mask=is_q, other=0.0),
-        tl.load(k + bt * sk + kh * D + HALF + j, mask=is_k, other=0.0),
+        tl.load(q + (bt * sq)[:, None] + h * D + HALF + j[None, :], mask=mq, other=0.0),
+        tl.load(k + (bt * sk)[:, None] + kh * D + HALF + j[None, :], mask=mk, other=0.0),
     ).to(tl.float32)
     dt = q_out.dtype.element_ty
     if QK_NORM:
-        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
+        inv = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)
         w1 = tl.where(is_q, tl.load(qw + j), tl.load(kw + j))
         w2 = tl.where(is_q, tl.load(qw + HALF + j), tl.load(kw + HALF + j))
-        x1 = ((x1 * inv).to(dt) * w1).to(dt).to(tl.float32)
-        x2 = ((x2 * inv).to(dt) * w2).to(dt).to(tl.float32)
-    c = tl.load(cos + bt * HALF + j)
-    s = tl.load(sin + bt * HALF + j)
+        x1 = ((x1 * inv[:, None]).to(dt) * w1[None, :]).to(dt).to(tl.float32)
+        x2 = ((x2 * inv[:, None]).to(dt) * w2[None, :]).to(dt).to(tl.float32)
+    cs = (bt * HALF)[:, None] + j[None, :]
+    c = tl.load(cos + cs, mask=keep_r[:, None], other=0.0)
+    s = tl.load(sin + cs, mask=keep_r[:, None], other=0.0)
     y1 = (x1 * c - x2 * s).to(dt)
     y2 = (x2 * c + x1 * s).to(dt)
-    tl.store(q_out + (bt * HQ + h) * D + j, y1, mask=is_q)
-    tl.store(q_out + (bt * HQ + h) * D + HALF + j, y2, mask=is_q)
+    qo = ((bt * HQ + h) * D)[:, None] + j[None, :]
+    tl.store(q_out + qo, y1, mask=mq)
+    tl.store(q_out + qo + HALF, y2, mask=mq)
     d = tl.arange(0, 2 * HALF)
-    keep_d = d < D
-    vv = tl.load(v + bt * sv + kh * D + d, mask=is_k & keep_d, other=0.0)
-    tl.store(k_out + (bt * HKV + kh) * D + j, y1, mask=is_k)
-    tl.store(k_out + (bt * HKV + kh) * D + HALF + j, y2, mask=is_k)
-    tl.store(v_out + (bt * HKV + kh) * D + d, vv, mask=is_k & keep_d)
+    md = mk & (d < D)[None, :]
+    vv = tl.load(v + (bt * sv)[:, None] + kh * D + d[None, :], mask=md, other=0.0)
+    ko = ((bt * HKV + kh) * D)[:, None]
+    tl.store(k_out + ko + j[None, :], y1, mask=mk)
+    tl.store(k_out + ko + HALF + j[None, :], y2, mask=mk)
+    tl.store(v_out + ko + d[None, :], vv, mask=md)
     if WRITE:
         b = bt // T
-        slot = tl.load(slots + bt)
-        base = b * kc_b + kh * kc_h + slot * D
-        tl.store(kc + base + j, y1.to(kc.dtype.element_ty), mask=is_k)
-        tl.store(kc + base + HALF + j, y2.to(kc.dtype.element_ty), mask=is_k)
-        tl.store(vc + base + d, vv.to(vc.dtype.element_ty), mask=is_k & keep_d)
+        slot = tl.load(slots + bt, mask=keep_r, other=0)
+        base = (b * kc_b + kh * kc_h + slot * D)[:, None]
+        tl.store(kc + base + j[None, :], y1.to(kc.dtype.element_ty), mask=mk)
+        tl.store(kc + base + HALF + j[None, :], y2.to(kc.dtype.element_ty), mask=mk)
+        tl.store(vc + base + d[None, :], vv.to(vc.dtype.element_ty), mask=md)
 
 
 def _rows_view(x: torch.Tensor) -> torch.Tensor:
@@ -492,7 +563,9 @@ def qk_norm_rope(q, k, v, cos, sin, q_weight, k_weight, eps, k_cache=None, v_cac
     if write and (k_cache.stride(3) != 1 or k_cache.stride(2) != D or v_cache.stride() != k_cache.stride()):
         raise ValueError("qk_norm_rope writes caches laid out [B, HKV, L, D] with unit token stride D")
     norm = q_weight is not None
-    _qk_norm_rope_kernel[(B * T, HQ + HKV)](
+    tile = row_tile("qk_norm_rope", B * T)
+    grid = (triton.cdiv(B * T, tile.rows), HQ + HKV)
+    _qk_norm_rope_kernel[grid](
         q,
         k,
         v,
@@ -511,16 +584,18 @@ def qk_norm_rope(q, k, v, cos, sin, q_weight, k_weight, eps, k_cache=None, v_cac
         v.stride(1),
         k_cache.stride(0) if write else 0,
         k_cache.stride(1) if write else 0,
+        B * T,
         T,
         HQ,
         HKV,
         eps,
         D=D,
         HALF=D // 2,
+        BR=tile.rows,
         QK_NORM=norm,
         WRITE=write,
-        **_pdl(q, B * T, HQ + HKV),
-        num_warps=1 if D <= 128 else 2,
+        **_pdl(q, *grid),
+        num_warps=tile.num_warps * (1 if D <= 128 else 2),
     )
     return q_out, k_out, v_out
 
@@ -703,19 +778,51 @@ def _tree_attention_combine_kernel(
     tl.store(out + ((b * T + t) * HQ + head) * D + d, o, mask=keep_d)
 
 
-def _attention_block_n(D: int) -> int:
-    return 64 if triton.next_power_of_2(D) <= 128 else 32
+@dataclass(frozen=True)
+class AttentionTile:
+    """The split kernel's tile: folded query rows a program (``block_m``), keys a step (``block_n``), warps, software
+    pipeline stages, and about how many programs a multiprocessor the key range is split over (``programs_per_sm``:
+    more spreads the keys over more SMs, fewer writes fewer FP32 partial outputs, splits x rows x D, for the
+    combine to read back) — and the combine's warps."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: float
+    combine_warps: int = 4
 
 
-def _attention_split(B: int, HKV: int, R: int, keys: int, D: int, sms: int) -> tuple[int, int, int, int]:
-    """(BM, num_warps, splits, keys per split): about two programs per SM over the key range, down to one key
-    block a program (a decode step's few query rows)."""
-    BM, warps = (16, 4) if R <= 48 else (32, 4) if R <= 128 else (64, 8)
-    blocks = triton.cdiv(R, BM)
-    bn = _attention_block_n(D)
-    splits = max(1, min(triton.cdiv(keys, bn), triton.cdiv(2 * sms, B * HKV * blocks)))
+# (most folded query rows R = query heads per KV head x verify rows, largest head dim, tile): the first entry whose
+# bounds hold. A decode step's few rows want many splits of a short key range; 17-33 verify rows at GQA 6 (R
+# 102-198) want one 64-row block per key step and fewer splits (the partials grow with R).
+ATTENTION_TILES: tuple[tuple[int, int, AttentionTile], ...] = (
+    (48, 128, AttentionTile(16, 64, 4, 3, 2, 2)),
+    (128, 128, AttentionTile(32, 64, 4, 3, 2, 2)),
+    (1 << 30, 128, AttentionTile(64, 64, 8, 3, 2, 2)),
+    (48, 256, AttentionTile(16, 32, 4, 3, 2)),
+    (128, 256, AttentionTile(64, 32, 8, 1, 2)),
+    (1 << 30, 256, AttentionTile(64, 64, 8, 2, 2)),
+)
+
+
+def attention_tile(R: int, D: int) -> AttentionTile:
+    """The split kernel's tile for ``R`` folded query rows of head dim ``D`` (``ATTENTION_TILES``)."""
+    for top, dims, tile in ATTENTION_TILES:
+        if R <= top and triton.next_power_of_2(D) <= dims:
+            return tile
+    raise ValueError(f"tree_attention takes head dims up to {ATTENTION_TILES[-1][1]}, got {D}")
+
+
+def _attention_split(B: int, HKV: int, R: int, keys: int, D: int, sms: int) -> tuple[AttentionTile, int, int]:
+    """(tile, splits, keys per split): about ``programs_per_sm`` programs a multiprocessor over the key range, down
+    to one key block a program (a decode step's few query rows)."""
+    tile = attention_tile(R, D)
+    blocks = triton.cdiv(R, tile.block_m)
+    bn = tile.block_n
+    splits = max(1, min(triton.cdiv(keys, bn), math.ceil(tile.programs_per_sm * sms / (B * HKV * blocks))))
     chunk = triton.cdiv(triton.cdiv(keys, splits), bn) * bn
-    return BM, warps, triton.cdiv(keys, chunk), chunk
+    return tile, triton.cdiv(keys, chunk), chunk
 
 
 def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None, window: int = 0):
@@ -742,7 +849,7 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None,
         raise ValueError("tree_attention reads caches laid out [B, HKV, L, D] with unit token stride D")
     L = k_cache.shape[2] if has_cache else 0
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
-    BM, warps, S, chunk = _attention_split(B, HKV, R, L + T, D, sms)
+    tile, S, chunk = _attention_split(B, HKV, R, L + T, D, sms)
     BD = triton.next_power_of_2(D)
     dev = q.device
     part_o = torch.empty(B * HKV, S, R, BD, dtype=torch.float32, device=dev)
@@ -751,7 +858,8 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None,
     q, k_rows, v_rows = q.contiguous(), k_rows.contiguous(), v_rows.contiguous()
     anc8 = anc.contiguous().view(torch.uint8)
     ieee = q.dtype == torch.float32
-    _tree_attention_split_kernel[(B * HKV, triton.cdiv(R, BM), S)](
+    grid = (B * HKV, triton.cdiv(R, tile.block_m), S)
+    _tree_attention_split_kernel[grid](
         q,
         k_cache if has_cache else q,
         v_cache if has_cache else q,
@@ -775,12 +883,13 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None,
         CHUNK=chunk,
         D=D,
         BD=BD,
-        BM=BM,
-        BN=_attention_block_n(D),
+        BM=tile.block_m,
+        BN=tile.block_n,
         HAS_CACHE=has_cache,
         IEEE=ieee,
-        **_pdl(q, B * HKV, triton.cdiv(R, BM), S),
-        num_warps=warps,
+        **_pdl(q, *grid),
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
     )
     out = torch.empty(B, T, HQ * D, dtype=q.dtype, device=dev)
     if gate is not None and (gate.stride(2) != 1 or gate.stride(0) != T * gate.stride(1)):
@@ -803,7 +912,7 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None,
         SP=triton.next_power_of_2(S),
         HAS_GATE=gate is not None,
         **_pdl(out, B * HKV, R),
-        num_warps=2 if BD <= 128 else 4,
+        num_warps=tile.combine_warps,
     )
     return out
 

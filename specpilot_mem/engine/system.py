@@ -10,7 +10,8 @@ path of every tree on the device, and commits it — no host synchronisation unt
   accepted snapshot (stock); or ``specpilot_kernels.gdn_tree`` path verify + commit (``gdn_verify="path"``).
   AR steps use SGLang's decode (state updated in place).
 - Attention: q/k norm + RoPE + the rows' cache write in one kernel, then tree attention over the dense cache
-  split over the keys (``fused_ops.tree_attention``: the tree mask from ``anc`` and the lengths, no mask tensor).
+  split over the keys (the tree mask from ``anc`` and the lengths, no mask tensor): ``fused_ops.tree_attention``
+  for one request, ``batched_ops.batched_tree_attention`` for a batch (``batched_ops.verify_attention``).
 - LM head: BF16 (stock), W12, or the certified head with fixed-size survivor buffers and the guarded exact
   fallback in the graph (``certified_argmax_in_graph``).
 
@@ -41,9 +42,9 @@ from specpilot_kernels.fused_ops import (
     select_states,
     silu_mul,
     tree_accept,
-    tree_attention,
     tree_conv_silu,
 )
+from specpilot_kernels.batched_ops import commit_kv_rows, verify_attention
 from specpilot_mem.engine.options import SystemOptions
 from specpilot_mem.engine.shapes import SystemShape
 
@@ -342,7 +343,8 @@ class Segment:
 
 class Caches:
     """Per-request state for ``slots`` requests: attention KV [slots, kv heads, max_len, head dim] per attention
-    layer, GDN states [slots, HV, V, K] (SGLang's pool layout, fp32) and conv windows per GDN layer, lengths.
+    layer (all layers' K and V one tensor, ``kv_all`` [A, 2, slots, HKV, max_len, D]: a tree's commit moves them in
+    one launch), GDN states [slots, HV, V, K] (SGLang's pool layout, fp32) and conv windows per GDN layer, lengths.
 
     The GDN states and conv windows of all layers are one tensor each (``state_all`` [G, slots, HV, V, K],
     ``conv_all`` [G, slots, CS-1, C], SGLang's layer-stacked mamba pool), so a step commits every layer in one
@@ -357,10 +359,12 @@ class Caches:
         G, D = s.gdn_layers, s.gdn_head_dim
         self.state_all = torch.zeros(G, slots, s.gdn_value_heads, D, D, device=device)
         self.conv_all = torch.zeros(G, slots, s.conv_size - 1, s.gdn_conv_channels, device=device, dtype=dtype)
-        for i, kind in enumerate(s.layer_types):
-            if kind == "attn":
-                self.k[i] = torch.zeros(slots, s.attn_kv_heads, max_len, s.attn_head_dim, device=device, dtype=dtype)
-                self.v[i] = torch.zeros_like(self.k[i])
+        attn_ids = [i for i, kind in enumerate(s.layer_types) if kind == "attn"]
+        self.kv_all = torch.zeros(
+            len(attn_ids), 2, slots, s.attn_kv_heads, max_len, s.attn_head_dim, device=device, dtype=dtype
+        )
+        self.k = {i: self.kv_all[a, 0] for a, i in enumerate(attn_ids)}
+        self.v = {i: self.kv_all[a, 1] for a, i in enumerate(attn_ids)}
         self._gdn_views()
         self.features = torch.zeros(slots, max_len, feature_dim, device=device, dtype=dtype) if feature_dim else None
 
@@ -370,6 +374,7 @@ class Caches:
         part.max_len = self.max_len
         rows = slice(first, first + count)
         part.lengths = self.lengths[rows]
+        part.kv_all = self.kv_all[:, :, rows]
         part.k, part.v = {i: t[rows] for i, t in self.k.items()}, {i: t[rows] for i, t in self.v.items()}
         part.gdn_ids = self.gdn_ids
         part.state_all, part.conv_all = self.state_all[:, rows], self.conv_all[:, rows]
@@ -630,7 +635,7 @@ class SystemModel:
             ctx["slots"],
         )
         gate = parts[1] if s.attn_output_gate else None
-        o = tree_attention(q, kc, vc, k, v, ctx["lengths"], ctx["anc"], gate, window=ctx["window"])
+        o = verify_attention(q, kc, vc, k, v, ctx["lengths"], ctx["anc"], gate, window=ctx["window"])
         return o.reshape(B * T, hq * D)
 
     def _mlp(self, p, h, mode: str | None = None):
@@ -788,16 +793,8 @@ class SystemModel:
         B, T = buf.shape
         dev = accepted.device
         lengths = caches.lengths[:B]
-        steps = torch.arange(T, device=dev)[None, :]
-        src = torch.where(steps < accept_len[:, None], accepted, steps)
-        bidx = torch.arange(B, device=dev)[:, None]
-        if self.options.tree != "chain" and not ar and not tag:
-            for i in caches.k:
-                for cache in (caches.k[i][:B], caches.v[i][:B]):
-                    top = caches.max_len - 1
-                    cache[bidx, :, (lengths[:, None] + steps).clamp(max=top)] = cache[
-                        bidx, :, (lengths[:, None] + src).clamp(max=top)
-                    ]
+        if self.options.tree != "chain" and not ar and not tag and caches.k:
+            commit_kv_rows(caches.kv_all[:, :, :B], lengths, accepted, accept_len)  # every attention layer, K and V
         if caches.state:
             keep = accept_len > 0
             # every GDN layer at once: the accepted row's conv window (the last conv_size - 1 inputs along its root
@@ -811,6 +808,9 @@ class SystemModel:
                     q, k, v, a, b = saved[i]
                     self._commit_path(i, q, k, v, a, b, caches.state[i][:B], buf.slots32, accepted, accept_len)
         if caches.features is not None and feats is not None:
+            steps = torch.arange(T, device=dev)[None, :]
+            src = torch.where(steps < accept_len[:, None], accepted, steps)
+            bidx = torch.arange(B, device=dev)[:, None]
             caches.features[:B][bidx, (lengths[:, None] + steps).clamp(max=caches.max_len - 1)] = feats.gather(
                 1, src[..., None].expand(B, T, feats.shape[-1])
             )

@@ -10,7 +10,8 @@ below its argmax, further than rounding explains. The audit explains an event, i
 - ``prefill-length``: re-scoring with the prefill ending at the event (and one token earlier) makes
   the emitted token the scorer's argmax, so the scorer itself is at a near-tie between the emitted
   token and its argmax that depends on kernel shape. An argmax that moves to some third token
-  explains nothing about the emitted one.
+  explains nothing about the emitted one, and an event whose margin exceeds ``DELTA_MAX`` (1 nat, the
+  calibration's bound on what rounding does) is no near-tie of the scorer: it is not re-scored.
 
 Like the paper, a seeded sample of events is audited (200 by default); the event rule then uses
 the sampled counts. The prefill-length re-scores of one output's events share one pass where the scorer
@@ -24,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from specpilot_mem.forcing.calibrate import DELTA_MAX
 from specpilot_mem.forcing.scorer import ScoredOutput, Scorer
 
 AUDIT_SAMPLE = 200
@@ -104,15 +106,20 @@ def _explained_by_stock(
 def _prefill_explained(scorer: Scorer, output: ScoredOutput, events: Sequence[Event]) -> list[bool]:
     """Whether re-scoring at either prefill length makes each event's emitted token the argmax. A scorer with
     ``prefill_argmax(prompt_ids, output_ids, [(position, prefill_len), ...])`` answers all of one output's
-    events from one shared pass (the same argmaxes ``score`` gives); else one ``score`` per event and length."""
-    queries = [(e.position, p) for e in events for p in _prefill_lengths(len(output.prompt_ids), e.position)]
+    events from one shared pass (the same argmaxes ``score`` gives); else one ``score`` per event and length. Events
+    whose margin exceeds ``DELTA_MAX`` are not near-ties: no re-chunking moves a log-prob by that much."""
+    near = [e for e in events if e.margin <= DELTA_MAX]
+    queries = [(e.position, p) for e in near for p in _prefill_lengths(len(output.prompt_ids), e.position)]
     batched = getattr(scorer, "prefill_argmax", None)
-    if batched is not None:
+    if batched is not None and queries:
         found = dict(zip(queries, batched(list(output.prompt_ids), list(output.output_ids), queries)))
     else:
         found = {}
     explained = []
     for e in events:
+        if e.margin > DELTA_MAX:
+            explained.append(False)
+            continue
         hit = False
         for p in _prefill_lengths(len(output.prompt_ids), e.position):
             argmax = found[(e.position, p)] if batched is not None else _argmax_at(scorer, output, e.position, p)

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass
 
 import math
 
+import numpy as np
+
 from specpilot_mem.controller.stats import binomial_upper_tail, clustered_ratio, clustered_ratio_difference, t_quantile
 from specpilot_mem.forcing.scorer import ForcingError, ScoredOutput
 
@@ -427,3 +429,242 @@ def length_rule(
         stop_inconsistent=tuple(inconsistent),
         stop_differs=stop_differs,
     )
+
+
+# The tail rule (a sharper third rule for lossy verifies whose flips sit under 2δ) and the request rule. Both look
+# only at each request's tail: its positions from the first one where the system's output departs from stock's
+# (the shared prefix has the same tokens, scores and mismatches on both sides, which would count twice). In the tail
+# a mismatch is counted once per distinct context (the CONTEXT_TOKENS tokens before it, the emitted token and the
+# scorer's argmax): 2,000-token greedy outputs settle into loops, where one near-tie repeats every cycle and would
+# otherwise weigh as dozens of independent flips.
+CONTEXT_TOKENS = 8
+TAIL_ALPHA = 0.01
+# Gap bands, in units of δ, of the scorer's top-2 gap at a position: (1/4, 1/2], (1/2, 1], (1, 2], (2, 4]
+GAP_BANDS = (0.25, 0.5, 1.0, 2.0, 4.0)
+TAIL_RATIO = 2.0
+REQUEST_ALPHA = 0.01
+REQUEST_RATIO = 2.0
+
+
+def shared_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Length of the common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    for position in range(n):
+        if a[position] != b[position]:
+            return position
+    return n
+
+
+@dataclass(frozen=True)
+class Tail:
+    """One side's tail of one request: from ``start`` on, the distinct mismatches' margins and, per gap band, the
+    distinct positions in it and the mismatches among them."""
+
+    start: int
+    tokens: int
+    margins: tuple[float, ...]
+    band_positions: tuple[int, ...]
+    band_mismatches: tuple[int, ...]
+
+
+def _context_keys(output: ScoredOutput) -> np.ndarray:
+    """(n,) uint64: per output position a hash of the CONTEXT_TOKENS tokens before it, the emitted token and the
+    scorer's argmax (positions with equal keys are one context repeated, e.g. by a loop)."""
+
+    seq = np.asarray(tuple(output.prompt_ids[-CONTEXT_TOKENS:]) + tuple(output.output_ids), dtype=np.uint64)
+    n, offset = output.tokens, len(seq) - output.tokens
+    keys = np.asarray(output.scores.argmax, dtype=np.uint64) + np.uint64(1)
+    multiplier = np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        for back in range(CONTEXT_TOKENS + 1):
+            start = offset - back
+            window = (
+                seq[start : start + n]
+                if start >= 0
+                else np.concatenate([np.zeros(-start, np.uint64), seq[: n + start]])
+            )
+            keys = keys * multiplier + window + np.uint64(1)
+    return keys
+
+
+def request_tail(output: ScoredOutput, start: int, delta: float) -> Tail:
+    """``output``'s positions from ``start`` on, each distinct context once (see CONTEXT_TOKENS)."""
+
+    _, first = np.unique(_context_keys(output)[start:], return_index=True)
+    kept = np.sort(first) + start
+    mismatch = output.mismatch[kept]
+    margins = output.margin[kept][mismatch]
+    edges = np.asarray([delta * b for b in GAP_BANDS])
+    band = np.searchsorted(edges, output.scores.top2_margin[kept], side="left") - 1  # (edges[k], edges[k+1]] -> k
+    inside = (band >= 0) & (band < len(edges) - 1)
+    positions = np.bincount(band[inside], minlength=len(edges) - 1)
+    mismatches = np.bincount(band[inside & mismatch], minlength=len(edges) - 1)
+    return Tail(
+        start,
+        output.tokens - start,
+        tuple(float(m) for m in margins),
+        tuple(int(c) for c in positions),
+        tuple(int(c) for c in mismatches),
+    )
+
+
+def rank_test(larger: list[float], smaller: list[float]) -> tuple[float, float, float]:
+    """One-sided Mann-Whitney test that ``larger`` is stochastically larger than ``smaller``: (U, z, p), the
+    normal approximation with the tie correction and a continuity correction (p = 1 when a side is empty)."""
+    from statistics import NormalDist
+
+    n1, n2 = len(larger), len(smaller)
+    if not n1 or not n2:
+        return 0.0, 0.0, 1.0
+    pooled = sorted([(v, 0) for v in larger] + [(v, 1) for v in smaller])
+    ranks, ties, i = [0.0] * len(pooled), 0.0, 0
+    while i < len(pooled):
+        j = i
+        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[k] = (i + j) / 2 + 1
+        ties += (j - i + 1) ** 3 - (j - i + 1)
+        i = j + 1
+    r1 = sum(r for r, (_, side) in zip(ranks, pooled) if side == 0)
+    u = r1 - n1 * (n1 + 1) / 2
+    n = n1 + n2
+    var = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1))) if n > 1 else 0.0
+    if var <= 0:
+        return u, 0.0, 1.0
+    z = (u - n1 * n2 / 2 - 0.5) / math.sqrt(var)
+    return u, z, 1.0 - NormalDist().cdf(z)
+
+
+@dataclass(frozen=True)
+class TailResult:
+    """The tail rule: after each request's shared prefix with stock, (a) the margins of the system's distinct
+    mismatches against stock's (one-sided Mann-Whitney: larger?) and (b) per band of the scorer's top-2 gap, the
+    system's distinct mismatches per distinct position against ``ratio`` times stock's (binomial given both
+    counts), Bonferroni over the bands; it rejects when either part's p-value is below half its level."""
+
+    requests: int  # requests whose output departs from stock's
+    system_tokens: int
+    stock_tokens: int
+    system_mismatches: int
+    stock_mismatches: int
+    rank_u: float
+    rank_z: float
+    rank_p: float
+    bands: tuple[dict, ...]
+    band_p: float
+    alpha: float
+    reject: bool
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "bands": list(self.bands)}
+
+
+def tail_rule(
+    system: Mapping[str, ScoredOutput],
+    stock: Mapping[str, ScoredOutput],
+    *,
+    delta: float,
+    alpha: float = TAIL_ALPHA,
+    ratio: float = TAIL_RATIO,
+) -> tuple[TailResult, dict[str, tuple[Tail, Tail]]]:
+    """The tail rule (``TailResult``) and each departing request's (system, stock) tails, for the request rule."""
+    tails = {}
+    for rid in sorted(system):
+        start = shared_prefix(system[rid].output_ids, stock[rid].output_ids)
+        if start < max(system[rid].tokens, stock[rid].tokens):
+            tails[rid] = (request_tail(system[rid], start, delta), request_tail(stock[rid], start, delta))
+    sys_margins = [m for s, _ in tails.values() for m in s.margins]
+    stock_margins = [m for _, s in tails.values() for m in s.margins]
+    u, z, rank_p = rank_test(sys_margins, stock_margins)
+    bands, band_ps = [], []
+    for k in range(len(GAP_BANDS) - 1):
+        x = sum(s.band_mismatches[k] for s, _ in tails.values())
+        n_sys = sum(s.band_positions[k] for s, _ in tails.values())
+        y = sum(s.band_mismatches[k] for _, s in tails.values())
+        n_stock = sum(s.band_positions[k] for _, s in tails.values())
+        share = ratio * n_sys / (ratio * n_sys + n_stock) if n_sys else 0.0
+        p = binomial_upper_tail(x, x + y, share) if x else 1.0
+        band_ps.append(p)
+        bands.append(
+            {
+                "low": delta * GAP_BANDS[k],
+                "high": delta * GAP_BANDS[k + 1],
+                "system_mismatches": x,
+                "system_positions": n_sys,
+                "stock_mismatches": y,
+                "stock_positions": n_stock,
+                "p_value": p,
+            }
+        )
+    band_p = min(1.0, len(band_ps) * min(band_ps)) if band_ps else 1.0
+    result = TailResult(
+        len(tails),
+        sum(s.tokens for s, _ in tails.values()),
+        sum(s.tokens for _, s in tails.values()),
+        len(sys_margins),
+        len(stock_margins),
+        u,
+        z,
+        rank_p,
+        tuple(bands),
+        band_p,
+        alpha,
+        reject=rank_p < alpha / 2 or band_p < alpha / 2,
+    )
+    return result, tails
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """The request rule, for faults confined to a few requests: per departing request, its tail's distinct
+    mismatches against ``ratio`` times stock's on the same request's tail (binomial given both counts; both tails
+    start at the departure and run the same number of tokens); it rejects when the smallest p-value times
+    ``tests`` is below ``alpha``. ``tests`` is Tarone's count: a request whose tails hold t mismatches in all can
+    reach p = share^t at best, and one that could not reach the corrected level is no test (a request with a
+    mismatch or two cannot reject), so the smallest k whose requests able to reach alpha / k number at most k."""
+
+    requests: int  # departing requests
+    tests: int
+    worst: str | None
+    worst_mismatches: int
+    worst_stock_mismatches: int
+    worst_p: float
+    p_value: float  # worst_p times tests
+    alpha: float
+    reject: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def tarone_tests(floors: list[float], alpha: float) -> int:
+    """Tarone's multiplicity for discrete tests whose smallest attainable p-values are ``floors``: the smallest k
+    such that at most k of them can reach alpha / k (at least 1)."""
+    for k in range(1, len(floors) + 1):
+        if sum(1 for f in floors if f <= alpha / k) <= k:
+            return k
+    return max(len(floors), 1)
+
+
+def request_rule(
+    tails: Mapping[str, tuple[Tail, Tail]],
+    *,
+    alpha: float = REQUEST_ALPHA,
+    ratio: float = REQUEST_RATIO,
+) -> tuple[RequestResult, dict[str, float]]:
+    """The request rule (``RequestResult``) and each departing request's p-value."""
+    p_values, floors = {}, []
+    worst, worst_x, worst_y, worst_p = None, 0, 0, 1.0
+    for rid, (mine, theirs) in sorted(tails.items()):
+        x, y = len(mine.margins), len(theirs.margins)
+        share = ratio * mine.tokens / (ratio * mine.tokens + theirs.tokens) if mine.tokens else 0.0
+        p = binomial_upper_tail(x, x + y, share) if x else 1.0
+        p_values[rid] = p
+        floors.append(share ** (x + y) if x + y else 1.0)
+        if p < worst_p:
+            worst, worst_x, worst_y, worst_p = rid, x, y, p
+    tests = tarone_tests(floors, alpha)
+    p_value = min(1.0, worst_p * tests)
+    result = RequestResult(len(tails), tests, worst, worst_x, worst_y, worst_p, p_value, alpha, p_value < alpha)
+    return result, p_values

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -109,12 +110,12 @@ class ScoredOutput:
     max_new_tokens: int | None = None  # the request's limit (the length rule's reference)
     stop_reason: str | None = None  # why the system says the output ended (``RequestOutput.stop_reason``)
 
-    @property
+    @cached_property
     def mismatch(self) -> np.ndarray:
         """(n,) bool: the emitted token is not the scorer's argmax."""
         return np.asarray(self.output_ids, dtype=np.int64) != self.scores.argmax
 
-    @property
+    @cached_property
     def margin(self) -> np.ndarray:
         """(n,) float64: log-prob gap from the emitted token to the argmax (0 where they agree)."""
         return np.where(self.mismatch, np.maximum(self.scores.argmax_logprob - self.scores.token_logprob, 0.0), 0.0)

@@ -1,6 +1,6 @@
 """Token forcing end to end: a system's scored outputs in, a verdict with all its numbers out.
 
-A verdict is ``reject`` when any rule rejects (rate, event, band, length), ``inconclusive`` when none
+A verdict is ``reject`` when any rule rejects (rate, event, band, tail, request, length), ``inconclusive`` when none
 does but the sample could not have seen a 0.5-point rate excess or a doubling of large-margin events
 (``rules.Power``), and ``accept`` only when none rejects and the sample was large enough to.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Literal
 
 from specpilot_mem.forcing.audit import AUDIT_SAMPLE, audit, find_events
@@ -21,18 +22,25 @@ from specpilot_mem.forcing.rules import (
     LengthResult,
     Power,
     RateResult,
+    RequestResult,
+    TailResult,
     band_rule,
     event_rule,
     length_rule,
     power,
     rate_rule,
+    request_rule,
+    shared_prefix,
     stop_reason,
+    tail_rule,
 )
 from specpilot_mem.controller.requests import Request
 from specpilot_mem.controller.system import RequestOutput
 from specpilot_mem.forcing.scorer import ForcingError, ScoredOutput, Scorer, score_outputs
 
 UNEXPLAINED_EXAMPLES = 10
+# per-request tails repeat (most requests of most systems have a handful of mismatches at stock's rate)
+_upper_tail = lru_cache(maxsize=4096)(binomial_upper_tail)
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,8 @@ class Verdict:
     length: LengthResult | None = None
     power: Power | None = None
     per_request: tuple[dict, ...] = field(default_factory=tuple)
+    tail: TailResult | None = None
+    request: RequestResult | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -73,6 +83,8 @@ class Verdict:
             "power": self.power.to_dict() if self.power else None,
             "power_statement": self.power.statement() if self.power else None,
             "per_request": list(self.per_request),
+            "tail": self.tail.to_dict() if self.tail else None,
+            "request": self.request.to_dict() if self.request else None,
         }
 
     @classmethod
@@ -94,6 +106,8 @@ class Verdict:
             length=LengthResult.from_dict(length) if length else None,
             power=Power(**data["power"]) if data.get("power") else None,
             per_request=tuple(data.get("per_request", ())),
+            tail=TailResult(**{**data["tail"], "bands": tuple(data["tail"]["bands"])}) if data.get("tail") else None,
+            request=RequestResult(**data["request"]) if data.get("request") else None,
         )
 
 
@@ -117,6 +131,9 @@ class TokenForcing:
     rate_limit: float = RATE_LIMIT
     alpha: float = EVENT_ALPHA
     stop_ids: frozenset[int] = frozenset()
+    # a study's shortcut: no audit (its prefill re-scores are the costly part) once another rule rejects; the
+    # verdict is the same, the event rule's numbers say "not audited"
+    skip_settled_audit: bool = False
 
     def __post_init__(self) -> None:
         if self.delta <= 0:
@@ -140,17 +157,28 @@ class TokenForcing:
                 "end on a stop token",
             )
 
-    def judge(
-        self,
-        name: str,
-        system: Mapping[str, ScoredOutput],
-        *,
-        synthetic: bool = False,
-        on_event: Callable[[], None] | None = None,
-    ) -> Verdict:
+    def _unaudited_rules(self, system: Mapping[str, ScoredOutput]) -> tuple:
+        """The rules that need no audit: rate, band, tail (with the tails), request (with its p-values), length."""
         rate = rate_rule(system, self.stock, limit=self.rate_limit)
+        band = band_rule(system, self.stock, delta=self.delta)
+        tail, tails = tail_rule(system, self.stock, delta=self.delta)
+        request, request_ps = request_rule(tails)
+        length = length_rule(system, self.stock, self.stop_ids)
+        return rate, band, tail, tails, request, request_ps, length
+
+    def needs_audit(self, system: Mapping[str, ScoredOutput]) -> bool:
+        """Whether ``judge`` audits this system's events (always, unless ``skip_settled_audit`` and a rule that needs
+        no audit rejects it already)."""
+        if not self.skip_settled_audit:
+            return True
+        rate, band, tail, _, request, _, length = self._unaudited_rules(system)
+        return not _any_reject(rate, band, tail, request, length)
+
+    def audit(self, system: Mapping[str, ScoredOutput], *, on_event: Callable[[], None] | None = None):
+        """The system's large-margin events and the audit of their seeded sample: what ``judge``'s event rule
+        counts (``audit.Audit``)."""
         events = find_events(system, self.delta)
-        audited = audit(
+        return events, audit(
             events,
             system,
             scorer=self.scorer,
@@ -160,18 +188,30 @@ class TokenForcing:
             seed=self.seed,
             on_event=on_event,
         )
+
+    def judge(
+        self,
+        name: str,
+        system: Mapping[str, ScoredOutput],
+        *,
+        synthetic: bool = False,
+        on_event: Callable[[], None] | None = None,
+    ) -> Verdict:
+        rate, band, tail, tails, request, request_ps, length = self._unaudited_rules(system)
+        if self.skip_settled_audit and _any_reject(rate, band, tail, request, length):
+            events, audited = find_events(system, self.delta), None
+        else:
+            events, audited = self.audit(system, on_event=on_event)
         event = event_rule(
             delta=self.delta,
             system_events=len(events),
             system_tokens=sum(o.tokens for o in system.values()),
-            audited=len(audited.sampled),
-            unexplained=audited.unexplained,
+            audited=len(audited.sampled) if audited else 0,
+            unexplained=audited.unexplained if audited else 0,
             stock_events=len(find_events(self.stock, self.delta)),
             stock_tokens=sum(o.tokens for o in self.stock.values()),
             alpha=self.alpha,
         )
-        band = band_rule(system, self.stock, delta=self.delta)
-        length = length_rule(system, self.stock, self.stop_ids)
         seen = power(system, self.stock, delta=self.delta, rate=rate, alpha=self.alpha)
         reasons = []
         if rate.reject:
@@ -184,11 +224,25 @@ class TokenForcing:
                 f"event rule: {event.unexplained} of {event.audited} audited large-margin events (margin > {event.threshold:g}) "
                 f"unexplained, against {event.stock_events} stock events; binomial p = {event.p_value:.2g} < {event.alpha:g}"
             )
+        if audited is None and events:
+            reasons.append(f"event rule: {len(events)} large-margin events not audited (another rule rejects)")
         if band.reject:
             reasons.append(
                 f"band rule: {band.system_mismatches} mismatches with margin in ({band.low:g}, {band.high:g}] against "
                 f"stock's {band.stock_mismatches} (ratio {band.ratio:.3g} per token); p = {band.p_value:.2g} < "
                 f"{band.alpha:g} for a ratio above 2"
+            )
+        if tail.reject:
+            reasons.append(
+                f"tail rule: after the shared prefixes, {tail.system_mismatches} distinct mismatches against stock's "
+                f"{tail.stock_mismatches}; margins larger (Mann-Whitney z = {tail.rank_z:.2f}, p = {tail.rank_p:.2g}), "
+                f"gap bands p = {tail.band_p:.2g} (Bonferroni); level {tail.alpha:g} split between the two"
+            )
+        if request.reject:
+            reasons.append(
+                f"request rule: request {request.worst} has {request.worst_mismatches} distinct mismatches after its "
+                f"shared prefix against stock's {request.worst_stock_mismatches}; p = {request.worst_p:.2g} for a "
+                f"ratio above 2, {request.p_value:.2g} over {request.tests} requests that could reject (Tarone) < {request.alpha:g}"
             )
         if length.truncated or length.overlong:
             cut = [*length.truncated, *length.overlong]
@@ -208,7 +262,8 @@ class TokenForcing:
             reasons.append("inconclusive: no rule rejects, but " + seen.statement())
         else:
             outcome = "accept"
-        examples = tuple(a.to_dict() for a in audited.sampled if a.explained_by is None)[:UNEXPLAINED_EXAMPLES]
+        sampled = audited.sampled if audited else ()
+        examples = tuple(a.to_dict() for a in sampled if a.explained_by is None)[:UNEXPLAINED_EXAMPLES]
         return Verdict(
             system=name,
             stock=self.stock_name,
@@ -218,16 +273,20 @@ class TokenForcing:
             delta=self.delta,
             rate=rate,
             events=event,
-            explained_by=audited.explained_by(),
+            explained_by=audited.explained_by() if audited else {},
             unexplained_examples=examples,
             synthetic=synthetic,
             band=band,
             length=length,
             power=seen,
-            per_request=self._per_request(system, events),
+            per_request=self._per_request(system, events, request_ps),
+            tail=tail,
+            request=request,
         )
 
-    def _per_request(self, system: Mapping[str, ScoredOutput], events) -> tuple[dict, ...]:
+    def _per_request(
+        self, system: Mapping[str, ScoredOutput], events, tail_ps: Mapping[str, float]
+    ) -> tuple[dict, ...]:
         """Each request's counts beside stock's, and how improbable its mismatches are at stock's pooled
         rate (binomial tail; ``flagged`` below 0.05 / requests): a fault confined to a few requests
         shows here even when the pooled rates hide it."""
@@ -240,7 +299,7 @@ class TokenForcing:
         for rid in sorted(system):
             out, ref = system[rid], self.stock[rid]
             mismatches = int(out.mismatch.sum())
-            p_value = binomial_upper_tail(mismatches, out.tokens, pooled)
+            p_value = _upper_tail(mismatches, out.tokens, pooled)
             rows.append(
                 {
                     "id": rid,
@@ -256,9 +315,15 @@ class TokenForcing:
                     "stock_reported_stop": ref.stop_reason,
                     "p_value": p_value,
                     "flagged": p_value < 0.05 / len(system),
+                    "shared_prefix": shared_prefix(out.output_ids, ref.output_ids),
+                    "tail_p_value": tail_ps.get(rid),
                 }
             )
         return tuple(rows)
+
+
+def _any_reject(*results) -> bool:
+    return any(r.reject for r in results)
 
 
 def judge_outputs(

@@ -36,6 +36,7 @@ SOURCES = (
     "w12_shared_x.cu",
     "w12_wgmma.cu",
     "w12_wide.cu",
+    "w12_wide_ss.cu",
 )
 LOW_BITS_CODES = {"exact": 0, "truncated": 1, "midpoint": 2}
 MAX_ROWS_PER_LAUNCH = 64  # eight token tiles of 8 (the per-warp and warpgroup kernels)
@@ -46,6 +47,7 @@ WIDE_BUCKETS = (64, 128, 256)  # the wide kernel's row ranges with a launch sett
 MAX_WIDE_SLOTS = 6  # activation slots a wide block (csrc/w12_common.cuh kMaxWideSlots)
 MAX_WIDE_STAGES = 6  # weight stages a wide warp (kMaxWideStages)
 MAX_WIDE_GROUPS = 4  # warpgroups a wide block (16 warps)
+MAX_DECODED_SLOTS = 3  # decoded-weight slots of the decoded-weight wide kernel (csrc/w12_wide_ss.cu kMaxDecodedSlots)
 MAX_WARPS_PER_BLOCK = 16  # of the per-warp kernels (the warpgroup kernel: MAX_WGMMA_WARPS_PER_BLOCK)
 
 
@@ -297,12 +299,13 @@ class MmaConfig:
         object.__setattr__(self, "wide_rows", tuple(tuple(w) for w in self.wide_rows))
         if self.wide_rows and (
             len(self.wide_rows) != len(WIDE_BUCKETS)
-            or not all(len(w) in (4, 5) and _wide_setting_ok(*w) for w in self.wide_rows)
+            or not all(len(w) in (4, 5, 6) and _wide_setting_ok(*w) for w in self.wide_rows)
         ):
             raise W12Error(
                 f"wide_rows={self.wide_rows}: one (warpgroups 0-{MAX_WIDE_GROUPS}, slots 2-{MAX_WIDE_SLOTS}, "
                 f"stages 2-{MAX_WIDE_STAGES}, largest slab in {WIDE_TOKEN_TILES} token tiles[, multicast 1, "
-                "2 or 4]) for each of 33-64, 65-128 and 129-256 rows",
+                f"2 or 4[, decoded 0 or 1: then multicast 1 and 2-{MAX_DECODED_SLOTS} stages]]) for each of 33-64, "
+                "65-128 and 129-256 rows",
                 where="MmaConfig.wide_rows",
                 fix="e.g. ((4, 4, 2, 8), (4, 3, 2, 16), (2, 2, 2, 32)), or () for `wide` everywhere",
             )
@@ -381,6 +384,14 @@ class MmaConfig:
             return (*setting, 1)[:5]
         return (*self.wide, 16, 1)
 
+    def wide_decoded(self, m: int) -> bool:
+        """Whether a wide launch of ``m`` rows runs the decoded-weight kernel (csrc/w12_wide_ss.cu: ``groups`` tile
+        groups a block decoded once into shared memory, ``stages`` decoded slots) instead of csrc/w12_wide.cu."""
+        if not self.wide_rows:
+            return False
+        setting = self.wide_rows[next(i for i, top in enumerate(WIDE_BUCKETS) if m <= top)]
+        return len(setting) == 6 and setting[5] == 1
+
     def uses_wide(self, m: int, capability: tuple[int, int]) -> bool:
         """Whether a launch of ``m`` rows runs the wide kernel (33-256 rows on sm_90a; no bit depends on it)."""
         return 32 < m <= MAX_WIDE_ROWS and capability[0] == 9 and self.wide_launch(m)[0] > 0
@@ -428,13 +439,17 @@ def select_mma_config(n: int, k: int, device: torch.device) -> MmaConfig:
     return MmaConfig(**tuned) if tuned else default_mma_config(n, k, props.multi_processor_count)
 
 
-def _wide_setting_ok(groups: int, slots: int, stages: int, slab_tiles: int, multicast: int = 1) -> bool:
+def _wide_setting_ok(
+    groups: int, slots: int, stages: int, slab_tiles: int, multicast: int = 1, decoded: int = 0
+) -> bool:
     return groups == 0 or (
         1 <= groups <= MAX_WIDE_GROUPS
         and 2 <= slots <= MAX_WIDE_SLOTS
         and 2 <= stages <= MAX_WIDE_STAGES
         and slab_tiles in WIDE_TOKEN_TILES
         and multicast in (1, 2, 4)
+        and decoded in (0, 1)
+        and (decoded == 0 or (multicast == 1 and stages <= MAX_DECODED_SLOTS))
     )
 
 
@@ -574,6 +589,7 @@ def _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launc
             stages,
             tiles8,
             multicast,
+            int(part.wide_decoded(m)),
         )
         if got < 0:
             return False
@@ -631,6 +647,7 @@ def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior,
             0,
             0,
             1,
+            0,
         )
         image_written = image_written or groups > 0
         if launched is not None:

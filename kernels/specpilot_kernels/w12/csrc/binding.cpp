@@ -11,7 +11,8 @@
 // esc_tile int32 [tiles + 1], esc_chunk int32 [tiles * chunks], esc_entry int32 [E]: the kernel layout's escapes
 // (mma.py). wide_groups > 0: the wide kernel (33-256 rows, sm_90a) with that many warpgroups a block, wide_slots
 // activation slots, wide_stages weight stages, wide_token_tiles token tiles of 8 rows a slab and wide_multicast
-// neighbouring tile groups sharing each activation copy (1, 2 or 4); x_image then holds slabs x chunks x
+// neighbouring tile groups sharing each activation copy (1, 2 or 4), wide_decoded 1 for the decoded-weight kernel
+// (w12_wide_ss.cu); x_image then holds slabs x chunks x
 // wide_token_tiles x 2 KB.
 int64_t w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, torch::Tensor base,
                   torch::Tensor esc_tile, torch::Tensor esc_chunk, torch::Tensor esc_entry, torch::Tensor y,
@@ -19,7 +20,7 @@ int64_t w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles,
                   int64_t warps_k, int64_t chunks_per_split, int64_t step_blocks, int64_t tiles_per_warp,
                   int64_t staged_weights, int64_t shared_x_tiles, int64_t shared_x_ring, int64_t warpgroups, torch::Tensor x_image,
                   int64_t x_image_written, int64_t overlap_prior, int64_t low_bits, int64_t wide_groups, int64_t wide_slots,
-                  int64_t wide_stages, int64_t wide_token_tiles, int64_t wide_multicast) {
+                  int64_t wide_stages, int64_t wide_token_tiles, int64_t wide_multicast, int64_t wide_decoded) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.stride(1) == 1 &&
                   x.size(0) <= (wide_groups ? 256 : 64),
               "w12_mma_gemm: x must be CUDA bf16 [M <= 64 (wide kernel: 256), K] with unit column stride");
@@ -73,6 +74,7 @@ int64_t w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles,
   wide.stages = (int)wide_stages;
   wide.token_tiles = (int)wide_token_tiles;
   wide.multicast = (int)wide_multicast;
+  wide.decoded = (int)wide_decoded;
   wide.x_image = wide_groups ? x_image.data_ptr() : nullptr;
   wide.x_image_written = x_image_written != 0;
   int launched_warpgroups = 0;

@@ -54,6 +54,9 @@ struct W12Wide {
   int multicast = 1;  // 1, 2 or 4 neighbouring tile groups sharing each activation copy (one slab only; no bit changes)
   void* x_image = nullptr;  // device memory for every slab's chunk images: slabs x k_padded / 128 x token_tiles x 2 KB
   bool x_image_written = false;  // the image already holds x (written for the GEMM's first row region)
+  // 1: the decoded-weight kernel (w12_wide_ss.cu): `groups` tile groups of 64 rows a block decoded once into shared
+  // memory for one MMA warpgroup, `slots` activation slots, `stages` decoded-weight slots (2-3); 0: w12_wide.cu
+  int decoded = 0;
 };
 
 // cudaErrorInvalidValue: m outside 1..64 (1..256 for the wide kernel), more than 16 warps per block, or a step plan not built for m's token tiles

@@ -16,18 +16,12 @@
 // ring of `slots` with one bulk copy, refilling a slot once every warp released it. Per 32-column block the warp
 // decodes and patches the two k16 A fragments into one of two register sets and issues their MMAs, so the tensor
 // cores run block b's MMAs while the warp decodes block b + 1 (a wait on all but the latest group frees a set).
-#include "w12_common.cuh"
+#include "w12_wide.cuh"
 #include "w12_wide_ptx.cuh"
 
 namespace w12 {
 namespace {
 
-// Bytes of one k16 step of a slab's B image: [k half q][token group][8 rows][16 bytes] (descriptor leading offset
-// MT * 128 between the k halves, stride offset 128 between token groups); a chunk is 8 steps (u, s) in order.
-template <int MT>
-__host__ __device__ constexpr int wide_step_bytes() { return MT * 256; }
-template <int MT>
-__host__ __device__ constexpr int wide_chunk_bytes() { return 8 * wide_step_bytes<MT>(); }
 constexpr int kWideStageBytes = kBlocksPerChunk * kStagedBlockWords * 16;  // a warp's chunk of weights, staged
 
 // What a launch fixes beyond W12MmaArgs (no bit depends on any of it).
@@ -369,10 +363,25 @@ cudaError_t launch_low_bits(const W12MmaArgs& args, const W12Wide& wide, cudaStr
 
 }  // namespace
 
+cudaError_t launch_wide_image(const W12MmaArgs& args, int token_tiles, int slabs, void* image, cudaStream_t stream) {
+  const int chunks = args.k_padded / 128;
+  const long long pieces = (long long)slabs * chunks * token_tiles * 8 * 16;
+  const dim3 grid((unsigned)((pieces + 255) / 256));
+#define W12_WIDE_IMAGE_IF(MT)                                                                                     \
+  if (token_tiles == MT)                                                                                          \
+    return launch_overlapping(w12_wide_permute_kernel<MT>, grid, dim3(256), 0, stream,                            \
+                              args.overlap_prior != kOverlapNone, 1, args.x, args.m, args.ldx, chunks, slabs,     \
+                              static_cast<uint32_t*>(image));
+  W12_WIDE_KERNELS(W12_WIDE_IMAGE_IF)
+#undef W12_WIDE_IMAGE_IF
+  return cudaErrorInvalidValue;
+}
+
 cudaError_t launch_wide(const W12MmaArgs& args, int low_bits, const W12Wide& wide, cudaStream_t stream) {
   if (!wide.x_image || wide.groups < 1 || 4 * wide.groups > kMaxWideWarpsPerBlock) return cudaErrorInvalidValue;
   // exact weights only: the Q pass runs on the per-warp kernel (w12_warp.cu, decode_block_q)
-  return low_bits == 0 ? launch_low_bits<0>(args, wide, stream) : cudaErrorNotSupported;
+  if (low_bits != 0) return cudaErrorNotSupported;
+  return wide.decoded ? launch_wide_ss(args, wide, stream) : launch_low_bits<0>(args, wide, stream);
 }
 
 }  // namespace w12

@@ -1,0 +1,193 @@
+"""The tail rule, the request rule and δ from AR's departures from the scorer, on planted cases whose answer is known;
+the fault study's batched judging of all seeds against judging seed by seed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from test_forcing_rules import planted
+from test_forcing_support import PlantedScorer, make_case, other_token, outputs_from
+
+from specpilot_mem.forcing.calibrate import calibrate_delta
+from specpilot_mem.forcing.rules import (
+    CONTEXT_TOKENS,
+    rank_test,
+    request_rule,
+    request_tail,
+    tail_rule,
+    tarone_tests,
+)
+from specpilot_mem.forcing.scorer import ForcingError, ScoredOutput, TokenScores, score_outputs
+from specpilot_mem.forcing.verdict import TokenForcing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import fault_study  # noqa: E402
+
+
+def _scored(scorer, reqs, outputs):
+    return score_outputs(scorer, reqs, outputs)
+
+
+def test_rank_test_matches_scipys_one_sided_mann_whitney():
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    a, b = list(rng.exponential(0.3, 40)), list(rng.exponential(0.1, 60)) + [0.1] * 5
+    u, _, p = rank_test(a, b)
+    ref = stats.mannwhitneyu(a, b, alternative="greater", method="asymptotic", use_continuity=True)
+    assert u == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue, rel=1e-6)
+    assert rank_test([], b)[2] == 1.0
+
+
+def test_tail_rule_rejects_flips_at_wider_near_ties_and_not_flips_at_stocks():
+    """A lossy verify whose flips sit at near-ties of 0.4 nats (under 2δ = 0.5: no events) at stock's rate is
+    rejected by the tail rule's margin ranks; a lossless one flipping at stock's gaps is not."""
+    reqs, reference, scorer = make_case(requests=40, length=200, seed=50)
+    stock, _ = planted(reqs, reference, scorer, seed=51, tie_rate=0.01, gap=0.05)
+    same, _ = planted(reqs, reference, scorer, seed=52, tie_rate=0.01, gap=0.05)
+    lossy, _ = planted(reqs, reference, scorer, seed=53, tie_rate=0.01, gap=0.4)
+    s_stock = _scored(scorer, reqs, stock)
+    wide, _ = tail_rule(_scored(scorer, reqs, lossy), s_stock, delta=0.25)
+    assert wide.reject and wide.rank_p < 1e-6 and wide.system_mismatches > 40
+    alike, _ = tail_rule(_scored(scorer, reqs, same), s_stock, delta=0.25)
+    assert not alike.reject and alike.rank_p > 0.01 and alike.band_p > 0.005
+    verdict = TokenForcing(scorer, s_stock, delta=0.25).judge("wide", _scored(scorer, reqs, lossy))
+    assert verdict.verdict == "reject" and any(r.startswith("tail rule") for r in verdict.reasons)
+    assert verdict.events.system_events == 0 and not verdict.rate.reject
+
+
+def test_the_tail_starts_where_the_outputs_part():
+    """Positions before a request's first departure from stock have the same tokens and scores on both sides and are
+    left out; a system that emits stock's tokens has no tail at all."""
+    reqs, reference, scorer = make_case(requests=10, length=100, seed=54)
+    stock, _ = planted(reqs, reference, scorer, seed=55, tie_rate=0.03, gap=0.05)
+    s_stock = _scored(scorer, reqs, stock)
+    result, tails = tail_rule(s_stock, s_stock, delta=0.25)
+    assert result.requests == 0 and not tails and result.rank_p == 1.0 and not result.reject
+    first = reqs[0]
+    changed = dict(stock)
+    ids = list(stock[first.id].output_ids)
+    ids[60] = other_token(ids[60], 7)
+    changed[first.id] = type(stock[first.id])(first.id, tuple(ids))
+    result, tails = tail_rule(_scored(scorer, reqs, changed), s_stock, delta=0.25)
+    assert list(tails) == [first.id] and tails[first.id][0].start == tails[first.id][1].start == 60
+    assert tails[first.id][0].tokens == 40
+
+
+def _looped(cycle: list[int], repeats: int, mismatch_at: int) -> ScoredOutput:
+    ids = cycle * repeats
+    argmax = np.asarray(ids, dtype=np.int64)
+    gaps = np.full(len(ids), 5.0)
+    flip = np.arange(mismatch_at, len(ids), len(cycle))
+    argmax[flip] = (argmax[flip] + 1) % 97
+    gaps[flip] = 0.1
+    logprob = np.zeros(len(ids))
+    logprob[flip] = -0.1
+    scores = TokenScores(logprob, argmax, np.zeros(len(ids)), gaps)
+    return ScoredOutput("r", (1, 2, 3), tuple(ids), scores, len(ids))
+
+
+def test_a_near_tie_a_loop_repeats_counts_once():
+    """A 2,000-token greedy output that loops repeats one near-tie every cycle: the tail counts it once per context
+    (the first cycle's follows the prompt, every later one the cycle itself: 2 of 100)."""
+    cycle = list(range(10, 30))
+    output = _looped(cycle, 100, mismatch_at=5)
+    assert int(output.mismatch.sum()) == 100
+    tail = request_tail(output, 0, delta=0.25)
+    assert len(tail.margins) == 2 and tail.margins[0] == pytest.approx(0.1)
+    assert sum(tail.band_positions) == 2  # the gap-0.1 position; the 5-nat ones lie above every band
+    assert len(cycle) > CONTEXT_TOKENS
+
+
+def test_request_rule_rejects_a_fault_on_one_request_and_not_rounding_spread_over_all():
+    reqs, reference, scorer = make_case(requests=40, length=300, seed=56)
+    stock, _ = planted(reqs, reference, scorer, seed=57, tie_rate=0.005, gap=0.05)
+    same, _ = planted(reqs, reference, scorer, seed=58, tie_rate=0.005, gap=0.05)
+    s_stock = _scored(scorer, reqs, stock)
+    _, tails = tail_rule(_scored(scorer, reqs, same), s_stock, delta=0.25)
+    assert not request_rule(tails)[0].reject
+    hit = dict(stock)
+    target = reqs[3]
+    ids = list(stock[target.id].output_ids)
+    for position in range(100, 300, 8):  # 25 flips at 0.2-nat near-ties on this request only
+        scorer.tie(target.prompt_ids, position, other_token(reference[target.prompt_ids][position], 9), 0.2)
+        ids[position] = other_token(reference[target.prompt_ids][position], 9)
+    hit[target.id] = type(stock[target.id])(target.id, tuple(ids))
+    verdict = TokenForcing(scorer, s_stock, delta=0.25).judge("one-request", _scored(scorer, reqs, hit))
+    assert verdict.request.reject and verdict.request.worst == target.id and verdict.verdict == "reject"
+    assert any(r.startswith("request rule") for r in verdict.reasons)
+    row = next(r for r in verdict.per_request if r["id"] == target.id)
+    assert row["tail_p_value"] == verdict.request.worst_p and row["shared_prefix"] <= 100
+
+
+def test_ar_departures_from_the_scorer_calibrate_delta_and_are_bounded():
+    """Where AR's token is not the scorer's argmax the gap is rounding between the decode and the scorer: δ covers
+    it (stock never departing from AR no longer leaves δ on its floor); one above 1 nat is refused."""
+    reqs, reference, scorer = make_case(requests=6, length=40, seed=59)
+    ar_sequences = []
+    for index, request in enumerate(reqs):
+        sequence = list(reference[request.prompt_ids])
+        if index < 3:
+            scorer.tie(request.prompt_ids, 11, other_token(sequence[11]), 0.07)
+            sequence[11] = other_token(sequence[11])
+        ar_sequences.append(sequence)
+    ar = _scored(scorer, reqs, outputs_from(reqs, ar_sequences))
+    calibration = calibrate_delta(ar, ar)
+    assert not calibration.departures and len(calibration.scorer_departures) == 3
+    assert calibration.largest_gap == pytest.approx(0.07, abs=1e-5) and calibration.delta == 0.125
+    assert "3 of AR from the scorer" in calibration.basis
+    wide = list(ar_sequences[4])
+    wide[2] = other_token(wide[2])  # 8 nats below the argmax
+    ar_sequences[4] = wide
+    far = _scored(scorer, reqs, outputs_from(reqs, ar_sequences))
+    with pytest.raises(ForcingError, match="not near-ties"):
+        calibrate_delta(far, far)
+
+
+class _BatchlessScorer(PlantedScorer):
+    """The planted scorer with the audit's shared prefill pass (one ``score`` per query, as the audit's fallback)."""
+
+    def prefill_argmax(self, prompt_ids, output_ids, queries):
+        return [int(self.score(prompt_ids, output_ids[: p + 1], prefill_len=s).argmax[p]) for p, s in queries]
+
+
+def test_the_study_judges_all_seeds_at_once_as_it_would_seed_by_seed():
+    """``judge_all`` (one scoring of every distinct output, one shared set of audit re-scores) gives every seed the
+    verdicts ``judge_seed`` gives it alone."""
+    reqs, reference, _ = make_case(requests=12, length=60, seed=60)
+    scorer = _BatchlessScorer(reference)
+    samples = {0: reqs[:6], 1: reqs[4:10], 2: reqs[6:]}  # requests shared between seeds
+    outputs = {
+        "ar": outputs_from(reqs, [reference[r.prompt_ids] for r in reqs]),
+        "stock": planted(reqs, reference, scorer, seed=61, tie_rate=0.01, gap=0.05)[0],
+        "path-verify": planted(reqs, reference, scorer, seed=62, tie_rate=0.01, gap=0.05)[0],
+        "flip-1%": planted(reqs, reference, scorer, seed=63, tie_rate=0.01, events=9)[0],
+        "fp8-all": planted(reqs, reference, scorer, seed=64, tie_rate=0.02, gap=0.3)[0],
+    }
+    outputs["int8-all"], sites = planted(reqs, reference, scorer, seed=65, events=4)
+    for rid, position in sites:  # near-ties (0.7 nats, over 2δ) that the re-scores at other prefill lengths explain
+        prompt = next(r.prompt_ids for r in reqs if r.id == rid)
+        scorer.tie(prompt, position, other_token(reference[prompt][position]), 0.7)
+        scorer.prefill_sensitive[(prompt, position)] = other_token(reference[prompt][position])
+    args = SimpleNamespace(audit_sample=5, skip_settled_audit=False, first_seed=0, scores_out=None)
+    engine = SimpleNamespace(synthetic=True)
+    together = fault_study.judge_all([0, 1, 2], samples, outputs, engine, args, scorer=scorer)
+    for run in together:
+        sample = samples[run["seed"]]
+        mine = {name: {r.id: outs[r.id] for r in sample} for name, outs in outputs.items()}
+        alone = fault_study.judge_seed(run["seed"], sample, mine, {}, engine, args, scorer=scorer)
+        assert run["verdicts"] == alone["verdicts"] and run["delta"] == alone["delta"]
+    verdicts = [v for run in together for v in run["verdicts"].values()]
+    assert any(v["verdict"] == "reject" for v in verdicts)
+    assert any(v["explained_by"].get("prefill-length") for v in verdicts)  # the shared re-scores were used
+
+
+def test_tarone_counts_only_requests_that_could_reach_the_corrected_level():
+    # 12 departing requests: two with many mismatches could reach 0.01 / 2, ten with one or two never can
+    floors = [(2 / 3) ** 30, (2 / 3) ** 20] + [(2 / 3) ** t for t in (1, 1, 2, 2, 1, 1, 2, 1, 2, 1)]
+    assert tarone_tests(floors, 0.01) == 2
+    assert tarone_tests([1e-9] * 5, 0.01) == 5 and tarone_tests([], 0.01) == 1
