@@ -282,7 +282,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default=",".join(Q_MODES))
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--sweep-rows", default="1,33")
-    ap.add_argument("--sweep-s", type=float, default=80.0, help="seconds of the GEMM section that sweep partitions")
+    ap.add_argument("--sweep-s", type=float, default=60.0, help="seconds of the GEMM section that sweep partitions")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--sections", default="gemm,system")
     ap.add_argument("--out", type=Path)

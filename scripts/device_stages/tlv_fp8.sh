@@ -1,4 +1,4 @@
-# ~150 s on one H200 (+ the FP8 Q pass's and W12's extension builds if no earlier stage built them): the FP8 Q pass
+# ~140 s on one H200 (+ the FP8 Q pass's and W12's extension builds if no earlier stage built them): the FP8 Q pass
 # (the W12 8-bit view on the tensor cores, E4M3 activations per token row) against the exact W12 GEMM at the 27B-like
 # engine's shapes, 1/16/32/33 rows. At 1 and 33 rows it first sweeps partitions and operand kinds (E4M3 m16n8k32,
 # f16 m16n8k16) in both modes, each checked against the emulation, and tunes the table (written to
