@@ -2,11 +2,13 @@
 W12 GEMM and the BF16 Q mode, one request at the 27B-like shapes, then the system engine's Q pass and TLV cycle in
 each Q mode.
 
-GEMMs (qkv, gate_up, down, lm_head) at 1, 16, 32 and 33 rows (33: a 32-node tree and its root), under CUDA-graph
-replay over rotating copies larger than L2 (``cuda_timing.graph_replay_us``), the quantizer included in every FP8
-time. Correctness first, per shape: the kernel against its torch emulation (``fp8_qpass_reference``: the same E4M3
-activations and weights, fp32 sums), the quantizer's bytes against ``fp8_rows_reference`` bit for bit, one-hot rows
-(single weights, exact), and the same bits for a row at 1 and at 33 rows.
+GEMMs (the 27B-like engine's linears and its LM head) at 1, 16, 32 and 33 rows (33: a 32-node tree and its root),
+under CUDA-graph replay over rotating copies larger than L2 (``cuda_timing.graph_replay_us``), the quantizer included
+in every FP8 time; beside the default partition a sweep of partitions (weight tiles a warp, warps a K, warps a block),
+truncated, for tuning. Correctness first, per shape: the kernel against its torch emulation (``fp8_qpass_reference``:
+the same E4M3 activations and weights, fp32 sums) for every built tiles-a-warp at 33 rows, the quantizer's bytes
+against ``fp8_rows_reference`` bit for bit, one-hot rows (single weights, exact), and the same bits for a row at 1
+and at 33 rows under one partition.
 
 System (27B-like, synthetic weights, 1,024-token context): per row count (1, 32, 33) the exact step, the Q pass in
 each mode (``q8_midpoint``: the BF16 Q mode; ``fp8_midpoint``, ``fp8_truncated``), its projections and head alone,
@@ -14,14 +16,17 @@ and the cycle (two drafts, Q pass, exact step) against a single-pass step (``tlv
 
     PYTHONPATH=kernels:. python benchmarks/tlv_fp8_qpass_bench.py --out FILE          # H200
     PYTHONPATH=kernels:. python benchmarks/tlv_fp8_qpass_bench.py --device cpu        # dry run: the emulation only
+    PYTHONPATH=kernels:. python benchmarks/tlv_fp8_qpass_bench.py --tuned-out FILE    # H200: + the tuned table
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -31,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
-SHAPES = {"qkv": (10240, 5120), "gate_up": (34816, 5120), "down": (5120, 17408), "lm_head": (248320, 5120)}
+SHAPE = "qwen3.8-27b-like"
 L2_BYTES = 60 * 2**20
 Q_MODES = ("fp8_midpoint", "fp8_truncated")  # the BF16 Q mode (q8_midpoint) was timed beside them in call 1
 
@@ -67,13 +72,21 @@ def check_shape(n: int, k: int, device: str) -> dict:
     rows = image.view(5, kp // 64, 8, 4, 2, 8).permute(0, 2, 1, 4, 3, 5).reshape(40, kp)[:33, :k]
     out["quantizer_bytes_equal"] = torch.equal(rows, q.view(torch.uint8))
     out["quantizer_scale_equal"] = torch.equal(got_scale, scale)
+    from specpilot_kernels.w12.qpass_fp8 import TILES_PER_WARP, select_fp8_qpass_config, tiles_per_warp_fits
+
     for low_bits in ("midpoint", "truncated"):
         ref = fp8_qpass_reference(x, w12, low_bits)
         got = w12_fp8_qpass_gemm(x, mma, low_bits).float()
         out[f"{low_bits}_rel_err_vs_emulation"] = rel_err(got, ref)
         out[f"{low_bits}_rel_err_vs_bf16_q"] = rel_err(got, x.float() @ qpass_weight(w12, low_bits).t())
-        one = w12_fp8_qpass_gemm(x[5:6].contiguous(), mma, low_bits)
-        out[f"{low_bits}_row_bits_same_at_1_and_33_rows"] = torch.equal(one, got.bfloat16()[5:6])
+        config = select_fp8_qpass_config(n, k, x.device, 33, low_bits == "midpoint")
+        for r in TILES_PER_WARP:  # every built tiles-a-warp, the chosen K split and operands
+            if tiles_per_warp_fits(33, r, low_bits == "midpoint", config.operands):
+                other = replace(config, tiles_per_warp=r)
+                bits = w12_fp8_qpass_gemm(x, mma, low_bits, config=other)
+                out[f"{low_bits}_tiles_per_warp{r}_rel_err_vs_emulation"] = rel_err(bits, ref)
+                one = w12_fp8_qpass_gemm(x[5:6].contiguous(), mma, low_bits, config=replace(other, tiles_per_warp=1))
+                out[f"{low_bits}_tiles_per_warp{r}_row_bits_same_at_1_row"] = torch.equal(one, bits[5:6])
     cols = torch.arange(0, k, max(1, k // 16), device=device)[:16]
     onehot = torch.zeros(cols.numel(), k, device=device, dtype=torch.bfloat16)
     onehot[torch.arange(cols.numel(), device=device), cols] = 1.0
@@ -92,58 +105,137 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def gemm_section(rows: list[int], replays: int) -> dict:
+def engine_shapes() -> dict[str, tuple[int, int]]:
+    from specpilot_mem.engine.shapes import get_shape
+
+    shape = get_shape(SHAPE, False)
+    return {**shape.linear_shapes(), "lm_head": (shape.vocab_size, shape.d_model)}
+
+
+def gemm_section(rows: list[int], replays: int, sweep_rows: list[int], sweep_s: float) -> dict:
+    """Per shape: checks, then the timings; partitions swept at ``sweep_rows`` for up to ``sweep_s`` seconds over
+    all shapes (an equal share each)."""
     out = {}
-    for name, (n, k) in SHAPES.items():
-        out[name] = {"N": n, "K": k, "check": check_shape(n, k, "cuda")}
+    shapes = engine_shapes()
+    for name, (n, k) in shapes.items():
+        sweep_until = time.perf_counter() + sweep_s / len(shapes)
+        out[name] = {"N": n, "K": k, **time_shape(name, n, k, rows, replays, sweep_rows, sweep_until)}
+        torch.cuda.empty_cache()
+        out[name]["check"] = check_shape(n, k, "cuda")  # the partitions the timings chose (tuned where swept)
         log(name, out[name]["check"])
-        out[name].update(time_shape(name, n, k, rows, replays))
         torch.cuda.empty_cache()
     return out
 
 
-def time_shape(name: str, n: int, k: int, rows: list[int], replays: int) -> dict:
+def sweep_configs(n: int, k: int, m: int, midpoint: bool) -> list:
+    """Partitions beside the default, for both operand kinds: 1-2 weight tiles a warp (f16) or 2-4 (E4M3: one never
+    won on the H200) x warps a K x 4- or 8-warp blocks, one block a K; and the K-split rule's partition."""
+    from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig, fp8_qpass_partition, tiles_per_warp_fits
+
+    pairs = -(-k // 128) * 2
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    configs = []
+    for operands, tiles in (("f16", (1, 2)), ("e4m3", (2, 4))):
+        for r in tiles:
+            if not tiles_per_warp_fits(m, r, midpoint, operands):
+                continue
+            split = replace(fp8_qpass_partition(n, k, sms, r), operands=operands)
+            for config in [Fp8QpassConfig(wk, max(1, b // wk), r, 1, operands) for wk in (1, 2, 4, 8) for b in (4, 8)]:
+                if config not in configs and pairs // config.warps_k >= 4:
+                    configs.append(config)
+            if split not in configs:
+                configs.append(split)
+    return configs
+
+
+def label(config) -> str:
+    return f"{config.operands}_r{config.tiles_per_warp}_wk{config.warps_k}_g{config.groups_per_block}_s{config.splits}"
+
+
+def parse_label(text: str):
+    from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig
+
+    operands, *parts = text.split("_")
+    r, wk, g, splits = (int(part.lstrip("rwkgs")) for part in parts)
+    return Fp8QpassConfig(warps_k=wk, groups_per_block=g, tiles_per_warp=r, splits=splits, operands=operands)
+
+
+def tuned_table() -> dict:
+    """This GPU's part of the tuned table as the kernels read it (the in-memory copy: a sweep's choice applies at
+    once, to the timings and the system engine after it)."""
+    from specpilot_kernels.w12 import qpass_fp8
+
+    return qpass_fp8._tuned().setdefault(torch.cuda.get_device_name(), {})
+
+
+def sweep_shape(n: int, k: int, m: int, mmas, w12, x, timed, until: float) -> dict:
+    """Every sweep partition at m rows in both modes: its µs and its error against the emulation; the fastest
+    correct one (relative error < 4e-3, the bf16 output rounding being ~1.7e-3) goes into the tuned table."""
+    from specpilot_kernels.w12.qpass_fp8 import fp8_qpass_reference, tuned_key, w12_fp8_qpass_gemm
+
+    out = {}
+    for index, low_bits in enumerate(("truncated", "midpoint")):
+        mode_until = time.perf_counter() + (until - time.perf_counter()) / (2 - index)
+        ref = fp8_qpass_reference(x, w12, low_bits)
+        times, errors = {}, {}
+        for c in sweep_configs(n, k, m, low_bits == "midpoint"):
+            if time.perf_counter() > mode_until:
+                break
+            try:
+                errors[label(c)] = rel_err(w12_fp8_qpass_gemm(x, mmas[0], low_bits, config=c), ref)
+                times[label(c)] = timed(lambda i, c=c, lb=low_bits: w12_fp8_qpass_gemm(x, mmas[i], lb, config=c))
+            except RuntimeError as err:  # a partition that does not launch: recorded, not fatal
+                errors[label(c)] = str(err)[:200]
+        correct = {key: us for key, us in times.items() if isinstance(errors[key], float) and errors[key] < 4e-3}
+        entry = {"us": times, "rel_err": errors}
+        if correct:
+            best = min(correct, key=correct.get)
+            entry["best"] = best
+            tuned_table().setdefault(f"{n},{k}", {})[tuned_key(m, low_bits == "midpoint")] = vars(parse_label(best))
+        out[low_bits] = entry
+        del ref
+    return out
+
+
+def time_shape(
+    name: str, n: int, k: int, rows: list[int], replays: int, sweep_rows: list[int], sweep_until: float
+) -> dict:
     from specpilot_kernels.w12 import encode, to_mma_layout, w12_mma_gemm
-    from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig, select_fp8_qpass_config, w12_fp8_qpass_gemm
+    from specpilot_kernels.w12.qpass_fp8 import select_fp8_qpass_config, w12_fp8_qpass_gemm
 
     from specpilot_mem.bench.cuda_timing import graph_replay_us
 
     copies = max(2, math.ceil(2 * L2_BYTES / (n * k)))
     torch.manual_seed(0)
-    mmas = [to_mma_layout(encode((torch.randn(n, k, device="cuda") * 0.02).bfloat16())) for _ in range(copies)]
-    config = select_fp8_qpass_config(n, k, mmas[0].device)
-    entry = {"copies": copies, "config": vars(config), "rows": []}
-    # partitions beside the default, for tuning: twice / half the warps a tile's K, 8-warp blocks
-    wk2, wk_half = min(8, 2 * config.warps_k), max(1, config.warps_k // 2)
-    others = {
-        "warps_k2x": Fp8QpassConfig(wk2, max(1, 4 // wk2)),
-        "warps_k_half": Fp8QpassConfig(wk_half, max(1, 4 // wk_half)),
-        "blocks8": Fp8QpassConfig(config.warps_k, max(1, 8 // config.warps_k)),
-    }
+    w12 = encode((torch.randn(n, k, device="cuda") * 0.02).bfloat16())  # copy 0's: the sweep's reference
+    mmas = [to_mma_layout(w12)]
+    mmas += [to_mma_layout(encode((torch.randn(n, k, device="cuda") * 0.02).bfloat16())) for _ in range(copies - 1)]
+    entry = {"copies": copies, "rows": []}
     view_bytes, plane_bytes = mmas[0].view.numel(), mmas[0].view.numel() + mmas[0].nibbles.numel()
 
-    def timed(fn):
+    def timed(fn, replays=replays):
         return graph_replay_us(fn, copies=copies, replays=replays)
 
     for m in rows:
         x = torch.randn(m, k, device="cuda").bfloat16()
-        row = {
-            "M": m,
-            "exact_us": timed(lambda i, x=x: w12_mma_gemm(x, mmas[i])),
-            "bf16_q_midpoint_us": timed(lambda i, x=x: w12_mma_gemm(x, mmas[i], low_bits="midpoint")),
-            "fp8_q_midpoint_us": timed(lambda i, x=x: w12_fp8_qpass_gemm(x, mmas[i], "midpoint")),
-            "fp8_q_truncated_us": timed(lambda i, x=x: w12_fp8_qpass_gemm(x, mmas[i], "truncated")),
-        }
-        for label, other in others.items():
-            row[f"fp8_q_midpoint_{label}_us"] = timed(
-                lambda i, x=x, other=other: w12_fp8_qpass_gemm(x, mmas[i], "midpoint", config=other)
-            )
+        row = {"M": m, "exact_us": timed(lambda i, x=x: w12_mma_gemm(x, mmas[i]))}
+        if m in sweep_rows and time.perf_counter() < sweep_until:  # first, so the timings below use its choice
+            left = sum(1 for r in rows[rows.index(m) :] if r in sweep_rows)  # an equal share of what is left
+            until = time.perf_counter() + (sweep_until - time.perf_counter()) / left
+            row["sweep"] = sweep_shape(n, k, m, mmas, w12, x, lambda fn: timed(fn, max(4, replays // 3)), until)
+        for low_bits in ("midpoint", "truncated"):
+            config = select_fp8_qpass_config(n, k, x.device, m, low_bits == "midpoint")
+            row[f"fp8_q_{low_bits}_config"] = label(config)
+            row[f"fp8_q_{low_bits}_tuned"] = "best" in row.get("sweep", {}).get(low_bits, {})
+            row[f"fp8_q_{low_bits}_us"] = timed(lambda i, x=x, lb=low_bits: w12_fp8_qpass_gemm(x, mmas[i], lb))
+            row[f"fp8_q_{low_bits}_over_exact"] = row[f"fp8_q_{low_bits}_us"] / row["exact_us"]
         row["exact_TBps"] = plane_bytes / row["exact_us"] / 1e6
-        row["fp8_q_TBps"] = view_bytes / row["fp8_q_midpoint_us"] / 1e6
-        row["fp8_q_midpoint_over_exact"] = row["fp8_q_midpoint_us"] / row["exact_us"]
-        row["fp8_q_truncated_over_exact"] = row["fp8_q_truncated_us"] / row["exact_us"]
+        row["fp8_q_truncated_TBps"] = view_bytes / row["fp8_q_truncated_us"] / 1e6
         entry["rows"].append(row)
-        log(name, {key: round(v, 3) if isinstance(v, float) else v for key, v in row.items()})
+        log(
+            name,
+            {key: round(v, 3) if isinstance(v, float) else v for key, v in row.items() if key != "sweep"},
+        )
     return entry
 
 
@@ -157,7 +249,7 @@ def system_section(rows_list: list[int], context: int, modes: tuple[str, ...]) -
 
     device = torch.device("cuda")
     timer = Timer(device, 10, bursts=5)
-    shape = get_shape("qwen3.8-27b-like", False)
+    shape = get_shape(SHAPE, False)
     weights = Weights.synthetic(shape, device, torch.bfloat16)
     caches = Caches(shape, 1, context + max(rows_list) + 8, device, torch.bfloat16)
     caches.randomize(context)
@@ -170,6 +262,18 @@ def system_section(rows_list: list[int], context: int, modes: tuple[str, ...]) -
     return out
 
 
+def headline(system: dict) -> str:
+    """Q pass / exact step per row count and mode (the <= 0.75 target), e.g. "Q pass / exact step, 1 row: 0.70x
+    midpoint, 0.69x truncated; 33 rows: ..."."""
+    by_rows: dict[int, list[str]] = {}
+    for key, entry in system.items():
+        if key.startswith("rows="):
+            mode = key.split(",", 1)[1].removeprefix("fp8_")
+            by_rows.setdefault(entry["rows"], []).append(f"{entry['q_over_exact']:.2f}x {mode}")
+    parts = [f"{rows} row{'s' if rows > 1 else ''}: {', '.join(v)}" for rows, v in sorted(by_rows.items())]
+    return "FP8 Q pass / exact step (target <= 0.75), " + "; ".join(parts)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -177,9 +281,12 @@ def main(argv=None) -> int:
     ap.add_argument("--system-rows", default="1,33")
     ap.add_argument("--modes", default=",".join(Q_MODES))
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--sweep-rows", default="1,33")
+    ap.add_argument("--sweep-s", type=float, default=60.0, help="seconds of the GEMM section that sweep partitions")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--sections", default="gemm,system")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--tuned-out", type=Path, help="write the tuned table (qpass_fp8_configs.json) after the sweeps")
     args = ap.parse_args(argv)
     started = time.perf_counter()
     result = {**result_header("tlv_fp8_qpass"), "weights": "synthetic: seeded N(0, 0.02) BF16"}
@@ -189,11 +296,25 @@ def main(argv=None) -> int:
         result["dry_run"] = False
         sections = args.sections.split(",")
         if "gemm" in sections:
-            result["gemm"] = gemm_section([int(r) for r in args.rows.split(",")], args.replays)
+            result["gemm"] = gemm_section(
+                [int(r) for r in args.rows.split(",")],
+                args.replays,
+                [int(r) for r in args.sweep_rows.split(",")],
+                args.sweep_s,
+            )
+        if args.tuned_out:  # this GPU's sweeps over the table the run started from
+            from specpilot_kernels.w12 import qpass_fp8
+
+            table = json.loads(qpass_fp8.TUNED_PATH.read_text()) if qpass_fp8.TUNED_PATH.exists() else {}
+            table[torch.cuda.get_device_name()] = tuned_table()
+            args.tuned_out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+            result["tuned"] = tuned_table()
         if "system" in sections:
             rows = [int(r) for r in args.system_rows.split(",")]
             result["system"] = system_section(rows, args.context, tuple(args.modes.split(",")))
     result["wall_s"] = round(time.perf_counter() - started, 1)
+    if result.get("system"):
+        result["headline"] = headline(result["system"])
     print_result(result, args.out)
     return 0
 

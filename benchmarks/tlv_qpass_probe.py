@@ -254,6 +254,8 @@ def system_rows(model, caches, rows: int, context: int, timer, q_mode: str | Non
         entry[f"{label}_head_ms"] = timer.ms(
             lambda mode=mode: model.graphed(("head", mode), lambda: weights.head_linear()(hidden, mode))
         )
+    if q_mode and q_mode.startswith("fp8_"):
+        entry["q_quantize_ms"] = timer.ms(lambda: model.graphed(("quantize", rows), quantizer(shape, inputs)))
     model.release_buffers()
     entry["exact_rest_ms"] = entry["exact_step_ms"] - entry["exact_gemm_ms"] - entry["exact_head_ms"]
     entry["q_rest_ms"] = entry["qpass_ms"] - entry["q_gemm_ms"] - entry["q_head_ms"]
@@ -263,6 +265,27 @@ def system_rows(model, caches, rows: int, context: int, timer, q_mode: str | Non
     entry["cycle_over_single"] = entry["cycle_ms"] / (entry["draft_ms"] + entry["exact_step_ms"])
     log("system", entry)
     return entry
+
+
+def quantizer(shape, inputs: dict):
+    """The FP8 Q pass's activation quantizer alone, once per linear of a forward (in the pass's order, launched as
+    the GEMMs launch it): its share of the Q pass's GEMM time."""
+    from specpilot_kernels.cuda_extension import load_cuda_extension
+    from specpilot_kernels.w12.qpass_fp8 import CSRC, EXTENSION, SOURCES
+
+    ext = load_cuda_extension(EXTENSION, CSRC, SOURCES)
+    rows = next(iter(inputs.values())).shape[0]
+    kp = max(-(-x.shape[1] // 128) * 128 for x in inputs.values())
+    image = torch.empty(-(-rows // 8) * 8 * kp, dtype=torch.uint8, device=next(iter(inputs.values())).device)
+    scale = torch.empty(rows, dtype=torch.float32, device=image.device)
+
+    def run():
+        for kind in shape.layer_types:
+            for name in shape.layer_linears(kind):
+                x = inputs[name]
+                ext.quantize_rows(x, image, scale, -(-x.shape[1] // 128) * 128, True)
+
+    return run
 
 
 def main(argv=None) -> int:

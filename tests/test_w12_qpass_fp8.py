@@ -17,8 +17,10 @@ from specpilot_kernels.w12.qpass_fp8 import (
     Fp8QpassConfig,
     default_fp8_qpass_config,
     fp8_qpass_linear_reference,
+    fp8_qpass_partition,
     fp8_qpass_reference,
     fp8_rows_reference,
+    tiles_per_warp_fits,
     w12_fp8_qpass_gemm,
 )
 from specpilot_kernels.w12.reference import qpass_weight_reference
@@ -114,6 +116,74 @@ def lane_level_qpass(x: torch.Tensor, mma, low_bits: str) -> torch.Tensor:
     return (y[:n, :m] * window[:n, None]).t() * scale[:, None]
 
 
+def f16_pairs(word: torch.Tensor) -> torch.Tensor:
+    """cvt.rn.f16x2.e4m3x2 of the low 16 bits of int64 words [...] -> int64 f16 bit patterns [..., 2] (low byte
+    first)."""
+    b = torch.stack([word & 0xFF, (word >> 8) & 0xFF], dim=-1).to(torch.uint8)
+    return b.view(torch.float8_e4m3fn).to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
+
+
+def f16_midpoint(h: torch.Tensor) -> torch.Tensor:
+    """The kernel's f16x2_midpoint on one half's bits: bit 6 set where bit 13 or 14 is (every nonzero E4M3 code)."""
+    return h | (((h >> 7) | (h >> 8)) & 0x40)
+
+
+def f16_values(bits: torch.Tensor) -> torch.Tensor:
+    return bits.to(torch.int16).view(torch.float16).float()
+
+
+def lane_level_f16_qpass(x: torch.Tensor, mma, low_bits: str) -> torch.Tensor:
+    """The f16-operand kernel's data flow, lane by lane, through the PTX ISA's m16n8k16 f16 fragment layout (lane
+    4g + t: a[r] holds row g + 8 (r % 2) at k 2t + 8 (r // 2) + {0, 1}; b[r] holds k 2t + 8 r + {0, 1} of column g;
+    D as for k32). A 32-column block is two k16 MMAs: MMA q takes view words 2q, 2q + 1 and the image's bytes
+    4q .. 4q + 3 of the lane's 8. Returns fp32 [M, N] before the bf16 rounding."""
+    q, scale = fp8_rows_reference(x)
+    m = x.shape[0]
+    n, _ = mma.shape
+    tiles, blocks = mma.view.shape[:2]
+    image = image_of(q, blocks * 32)  # [J, P, 32, 16]
+    lane = torch.arange(32)
+    g, t = lane // 4, lane % 4
+    y = torch.zeros(tiles * 16, image.shape[0] * 8)
+    for blk in range(blocks):
+        v = words(mma.view[:, blk])  # [T, 32, 4]
+        xb = words(image[:, blk // 2, :, 8 * (blk % 2) : 8 * (blk % 2) + 8])  # [J, 32, 2]
+        for mq in range(2):
+            A = torch.zeros(tiles, 16, 16)
+            for r in range(4):
+                word = v[..., 2 * mq + r // 2] >> (16 * (r % 2))  # a0: word lo, a1: word hi, a2/a3: the next word
+                bits = f16_pairs(word)  # [T, 32, 2]
+                if low_bits == "midpoint":
+                    bits = f16_midpoint(bits)
+                for e in range(2):
+                    A[:, g + 8 * (r % 2), 2 * t + 8 * (r // 2) + e] = f16_values(bits[..., e])
+            B = torch.zeros(image.shape[0], 16, 8)
+            for r in range(2):
+                bits = f16_pairs(xb[..., mq] >> (16 * r))  # [J, 32, 2]
+                for e in range(2):
+                    B[:, 2 * t + 8 * r + e, g] = f16_values(bits[..., e])
+            y += torch.einsum("trk,jkc->trjc", A, B).reshape(tiles * 16, -1)
+    window = torch.exp2(mma.base.float() - 120.0)
+    return (y[:n, :m] * window[:n, None]).t() * scale[:, None]
+
+
+@pytest.mark.parametrize("low_bits", ["midpoint", "truncated"])
+def test_the_f16_operands_are_the_view_and_the_image_converted_in_registers(low_bits):
+    w12 = encode(weight_with_escapes())
+    x = torch.randn(11, 256).bfloat16()
+    got = lane_level_f16_qpass(x, to_mma_layout(w12), low_bits)
+    ref = fp8_qpass_reference(x, w12, low_bits)
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6 * float(ref.abs().max()))
+
+
+def test_the_f16_midpoint_bit_is_the_view_plus_its_sign_and_exponent_over_16():
+    codes = torch.tensor([c for c in range(256) if (c & 0x7F) >> 3 and (c & 0x7F) != 0x7F] + [0x00, 0x80])
+    v = codes.to(torch.uint8).view(torch.float8_e4m3fn).float()
+    se = (codes & 0xF8).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    got = f16_values(f16_midpoint(f16_pairs(codes)[..., 0]))
+    assert torch.equal(got, v + se / 16)  # normal codes gain half a step of the view; the zero code stays zero
+
+
 @pytest.mark.parametrize("low_bits", ["midpoint", "truncated"])
 def test_the_view_is_the_e4m3_a_fragment_after_one_permute_a_register(low_bits):
     w12 = encode(weight_with_escapes())
@@ -152,10 +222,37 @@ def test_the_linear_reference_is_the_gemm_reference_in_the_weights_values():
 
 def test_the_partition_fills_the_gpu_and_keeps_blocks_small():
     qkv, down, head = (default_fp8_qpass_config(n, k, 132) for n, k in ((10240, 5120), (5120, 17408), (248320, 5120)))
-    assert (qkv.warps_k, down.warps_k, head.warps_k) == (4, 7, 1)
-    assert all(c.warps_k * c.tiles_per_block <= 8 for c in (qkv, down, head))
+    # two tiles a warp; K shared by enough warps (and, for down's 160 groups, two blocks) for ~16 warps an SM
+    assert [(c.tiles_per_warp, c.warps_k, c.splits) for c in (qkv, down, head)] == [(2, 7, 1), (2, 7, 2), (2, 1, 1)]
+    assert all(c.warps_k * c.groups_per_block <= 8 for c in (qkv, down, head))
     with pytest.raises(W12Error, match="1-8 warps"):
-        Fp8QpassConfig(warps_k=4, tiles_per_block=4)
+        Fp8QpassConfig(warps_k=4, groups_per_block=4)
+    with pytest.raises(W12Error, match="built for"):
+        Fp8QpassConfig(tiles_per_warp=3)
+    with pytest.raises(W12Error, match="built for"):
+        Fp8QpassConfig(operands="bf16")
+
+
+def test_a_tree_shares_each_activation_fragment_over_several_weight_tiles():
+    # 33 rows (a 32-node tree and its root): 5 token tiles, two weight tiles a warp in either mode
+    trunc, mid = (default_fp8_qpass_config(34816, 5120, 132, 33, midpoint) for midpoint in (False, True))
+    assert (trunc.tiles_per_warp, mid.tiles_per_warp) == (2, 2)
+    assert all(tiles_per_warp_fits(m, default_fp8_qpass_config(10240, 5120, 132, m).tiles_per_warp, True)
+               for m in range(1, 65))  # fmt: skip
+    # the E4M3 midpoint's second accumulators halve the budget; the f16 midpoint (an operand bit) does not
+    assert not tiles_per_warp_fits(33, 4, midpoint=True) and tiles_per_warp_fits(33, 4, midpoint=False)
+    assert tiles_per_warp_fits(64, 2, midpoint=True, operands="f16") and not tiles_per_warp_fits(64, 2, True)
+    assert not tiles_per_warp_fits(1, 4, midpoint=False, operands="f16")
+
+
+def test_few_tile_groups_split_their_k_over_blocks():
+    # down at 33 rows with 4 tiles a warp: 80 groups; 8 warps a block cannot fill 132 SMs, so blocks share K too
+    down = fp8_qpass_partition(5120, 17408, 132, 4)
+    assert down.tiles_per_warp == 4 and down.splits > 1 and down.warps_k <= 8
+    assert 80 * down.warps_k * down.splits >= 16 * 132
+    assert 272 // (down.warps_k * down.splits) >= 4  # each K class keeps at least 4 pairs of 64 columns
+    with pytest.raises(W12Error, match="splits"):
+        Fp8QpassConfig(splits=0)
 
 
 def test_bad_inputs_are_refused_with_the_fix():
@@ -178,9 +275,31 @@ def test_kernel_builds_for_sm_90a_without_spills_up_to_40_rows(tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    found = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", result.stderr, re.S)
+    stores = dict(found)
+    assert len(stores) == 26, stores  # 14 truncated + 11 midpoint (token tiles x weight tiles) + the quantizer
+    plans = {tuple(map(int, m.groups()[:2])) + (m.group(3) == "1",): int(stores[name])
+             for name in stores if (m := re.search(r"kernelILi(\d+)ELi(\d+)ELb(\d)ELb0", name))}  # fmt: skip
+    # at most a few words spilled, and only at the register budget's edge (4 tiles a warp, or 20 accumulators)
+    edge = {plan for plan in plans if plan[1] == 4 or plan[0] * plan[1] * (2 if plan[2] else 1) == 20 or plan[0] == 8}
+    assert all(count == 0 for plan, count in plans.items() if plan not in edge), plans
+    assert all(count <= 64 for plan, count in plans.items() if plan[0] <= 5), plans
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_f16_operand_kernels_build_for_sm_90a_within_a_word_of_spill(tmp_path):
+    result = subprocess.run(
+        ["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v"]
+        + [f"-I{SHARED_HEADERS}", f"-I{CSRC}", "-c", str(CSRC / "w12_qpass_fp8_f16.cu"), "-o", str(tmp_path / "f.o")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
     stores = dict(re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", result.stderr, re.S))
-    assert len(stores) == 11, stores  # 5 row plans x 2 modes + the quantizer
-    assert all(count == "0" for name, count in stores.items() if "ILi8E" not in name), stores  # 41-64 rows may spill
+    assert len(stores) == 20, stores  # 5 token tiles x 1-2 weight tiles x 2 modes (the midpoint adds no sums)
+    assert all("ELb1EEEv" in name for name in stores)  # every one the f16 kind
+    assert all(int(count) <= 4 for count in stores.values()), stores
 
 
 @pytest.mark.gpu
@@ -204,3 +323,27 @@ def test_a_rows_bits_do_not_depend_on_the_row_count():
     whole = w12_fp8_qpass_gemm(x, mma)
     for r in (0, 17, 39):
         assert torch.equal(w12_fp8_qpass_gemm(x[r : r + 1].contiguous(), mma), whole[r : r + 1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 tensor cores (sm_89+)")
+@pytest.mark.parametrize("rows", [1, 16, 33])
+@pytest.mark.parametrize("low_bits", ["midpoint", "truncated"])
+@pytest.mark.parametrize(
+    "config",
+    [(1, 1, 1, 3, "e4m3"), (2, 2, 2, 2, "e4m3"), (4, 8, 1, 1, "e4m3"), (1, 2, 2, 1, "f16"), (2, 4, 1, 2, "f16")],
+)
+def test_every_partition_matches_the_emulation_and_splits_keep_a_rows_bits(rows, config, low_bits):
+    tiles_per_warp, warps_k, groups_per_block, splits, operands = config
+    if not tiles_per_warp_fits(rows, tiles_per_warp, low_bits == "midpoint", operands):
+        pytest.skip("not built")
+    w12 = encode(weight_with_escapes(n=1000, k=1536, device="cuda"))  # 63 tiles: a short last group
+    mma = to_mma_layout(w12)
+    x = torch.randn(rows, 1536, device="cuda").bfloat16()
+    ref = fp8_qpass_reference(x, w12, low_bits)
+    chosen = Fp8QpassConfig(warps_k, groups_per_block, tiles_per_warp, splits, operands)
+    for _ in range(2):  # the second launch finds the split counters reset
+        y = w12_fp8_qpass_gemm(x, mma, low_bits, config=chosen)
+        assert ((y.float() - ref).abs() <= 2.0**-8 * ref.abs() + 1e-5 * ref.abs().max()).all()
+    one = Fp8QpassConfig(warps_k, groups_per_block, 1, splits, operands)
+    assert torch.equal(w12_fp8_qpass_gemm(x[-1:].contiguous(), mma, low_bits, config=one), y[-1:])

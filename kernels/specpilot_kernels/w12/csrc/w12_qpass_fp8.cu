@@ -12,17 +12,22 @@
 // view bytes masked to sign and exponent (one LOP a register; still normal E4M3 numbers, 0 for the zero code) adds
 // the exact midpoint in fp32. Truncated: the first MMA alone.
 //
-// Partition (fixed by N, K and the GPU, never by M): a warp owns one tile and a contiguous range of 64-column pairs;
-// warps_k warps share a tile and are summed in warp order through shared memory. No atomics, and each token's sums
-// do not depend on the other tokens: the same bits at every row count.
+// Partition: a warp owns R consecutive tiles (tiles_per_warp) and a contiguous range of 64-column pairs; warps_k warps
+// of a block share a tile group and are summed in warp order through shared memory; where groups are few (small N,
+// many tiles a warp) `splits` blocks share its K too, each writing its fp32 partial to a workspace, and the last
+// block to arrive (a counter a group, reset by that block) sums them in split order. Each token's sums do not
+// depend on the other tokens' values, and a tile's sums depend on (splits, warps_k) alone (its K ranges, summed in
+// order), never on R or the tiles a block: one (splits, warps_k) gives the same bits at every row count.
 #include <cuda_fp8.h>
 
 #include "pdl.cuh"
 #include "ptx.cuh"
 #include "w12_qpass_fp8.cuh"
+#include "w12_qpass_fp8_kernel.cuh"
 
 namespace {
 
+using qpass_fp8_detail::launch;
 constexpr int kQuantThreads = 256;
 
 // 8 floats -> 8 E4M3 bytes, round to nearest, saturated at +-448.
@@ -46,6 +51,30 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4& raw, float (&v)[8])
   }
 }
 
+// 16-byte pieces of its row a quantizer thread keeps in registers between the largest |x| and the bytes: rows of up
+// to 18,432 columns are read once (the quantizer sits on the GEMM's critical path: one L2 round trip less).
+constexpr int kQuantKeep = 9;
+
+__device__ __forceinline__ float amax8(const uint4& raw, float amax) {
+  float v[8];
+  bf16x8_to_float(raw, v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  return amax;
+}
+
+// Piece q (columns 8q .. 8q+7, zero past k) of token `row` as 8 E4M3 bytes at their place in the B image:
+// column c = 64 p + 32 h + 8 t + i of token 8 j + g -> image[j][p][4 g + t][8 h + i].
+__device__ __forceinline__ void store_piece(uint8_t* __restrict__ image, int row, int pairs, int q, uint4 raw,
+                                            float inv) {
+  float v[8];
+  bf16x8_to_float(raw, v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] *= inv;
+  const int j = row / 8, g = row % 8, p = q / 8, h = (q / 4) % 2, t = q % 4;
+  *reinterpret_cast<uint2*>(image + (((size_t)j * pairs + p) * 32 + 4 * g + t) * 16 + 8 * h) = to_e4m3x8(v);
+}
+
 // One block a token row: its largest |x|, then every 8 columns as 8 E4M3 bytes at their place in the B image.
 __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(const __nv_bfloat16* __restrict__ x, int k, int ldx,
                                                                   int k_padded, uint8_t* __restrict__ image,
@@ -54,14 +83,18 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(const __nv_bflo
   wait_for_prior_grid();
   const int row = blockIdx.x;
   const __nv_bfloat16* xr = x + (size_t)row * ldx;
-  const int groups = k / 8;
+  const int groups = k / 8, pieces = k_padded / 8, pairs = k_padded / 64;
+  uint4 kept[kQuantKeep];
   float amax = 0.0f;
-  for (int q = threadIdx.x; q < groups; q += kQuantThreads) {
-    float v[8];
-    bf16x8_to_float(*reinterpret_cast<const uint4*>(xr + 8 * q), v);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  for (int i = 0; i < kQuantKeep; ++i) {
+    const int q = threadIdx.x + i * kQuantThreads;
+    kept[i] = q < groups ? *reinterpret_cast<const uint4*>(xr + 8 * q) : make_uint4(0, 0, 0, 0);
   }
+#pragma unroll
+  for (int i = 0; i < kQuantKeep; ++i) amax = amax8(kept[i], amax);
+  for (int q = threadIdx.x + kQuantKeep * kQuantThreads; q < groups; q += kQuantThreads)
+    amax = amax8(*reinterpret_cast<const uint4*>(xr + 8 * q), amax);
   __shared__ float warp_max[kQuantThreads / 32];
 #pragma unroll
   for (int offset = 16; offset; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
@@ -72,159 +105,14 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(const __nv_bflo
   for (int w = 1; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
   const float inv = amax > 0.0f ? kQpassFp8Max / amax : 1.0f;
   if (threadIdx.x == 0) scale[row] = amax > 0.0f ? amax / kQpassFp8Max : 1.0f;
-  // column c = 64 p + 32 h + 8 t + i of token 8 j + g -> image[j][p][4 g + t][8 h + i]
-  const int pairs = k_padded / 64, j = row / 8, g = row % 8;
-  for (int q = threadIdx.x; q < k_padded / 8; q += kQuantThreads) {
-    float v[8] = {};
-    if (q < groups) {
-      bf16x8_to_float(*reinterpret_cast<const uint4*>(xr + 8 * q), v);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] *= inv;
-    }
-    const int p = q / 8, h = (q / 4) % 2, t = q % 4;
-    *reinterpret_cast<uint2*>(image + (((size_t)j * pairs + p) * 32 + 4 * g + t) * 16 + 8 * h) = to_e4m3x8(v);
+  for (int i = 0; i < kQuantKeep; ++i) {
+    const int q = threadIdx.x + i * kQuantThreads;
+    if (q < pieces) store_piece(image, row, pairs, q, kept[i], inv);
   }
-}
-
-// Weight pairs (2 blocks of 32 columns) a warp keeps in flight: enough bytes at few rows, fewer registers at many.
-template <int TT>
-constexpr int kPrefetchPairs = TT <= 2 ? 4 : 3;
-
-// TT token tiles of 8 rows; MID: the midpoint's second MMA.
-template <int TT, bool MID>
-__global__ void __launch_bounds__(32 * kQpassFp8MaxWarps) qpass_fp8_kernel(QpassFp8Args args) {
-  constexpr int DEPTH = kPrefetchPairs<TT>;
-  extern __shared__ float reduce[];  // [tiles_per_block][warps_k][TT * 4][32]: the K classes' sums
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int local = warp / args.warps_k, kclass = warp % args.warps_k;
-  const int tile = blockIdx.x * args.tiles_per_block + local;
-  const int pairs = args.k_padded / 64, per = (pairs + args.warps_k - 1) / args.warps_k;
-  const int p0 = min(pairs, kclass * per), count = tile < args.tiles ? min(pairs, p0 + per) - p0 : 0;
-  const uint8_t* w = args.view + ((size_t)tile * (args.k_padded / 32) + 2 * p0) * 512 + lane * 16;
-  const uint8_t* xi = args.x_image + ((size_t)p0 * 32 + lane) * 16;
-  const size_t x_tile_stride = (size_t)pairs * 512;
-
-  uint4 next[DEPTH][2];
-#pragma unroll
-  for (int d = 0; d < DEPTH; ++d)
-    if (d < count) {
-      next[d][0] = ptx::load_streaming16(w + (2 * d) * 512);
-      next[d][1] = ptx::load_streaming16(w + (2 * d + 1) * 512);
-    }
-  if (args.overlap_prior) wait_for_prior_grid();  // x_image is the quantizer's
-
-  float acc[TT][4] = {}, mid[MID ? TT : 1][4] = {};
-  for (int p = 0; p < count; p += DEPTH) {
-#pragma unroll
-    for (int d = 0; d < DEPTH; ++d) {
-      if (p + d >= count) break;
-      const uint4 cur[2] = {next[d][0], next[d][1]};
-      if (p + DEPTH + d < count) {  // refill the slot before using what it held
-        next[d][0] = ptx::load_streaming16(w + (2 * (p + DEPTH + d)) * 512);
-        next[d][1] = ptx::load_streaming16(w + (2 * (p + DEPTH + d) + 1) * 512);
-      }
-      uint4 xb[TT];
-#pragma unroll
-      for (int j = 0; j < TT; ++j) xb[j] = __ldg(reinterpret_cast<const uint4*>(xi + j * x_tile_stride + (p + d) * 512));
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 v = cur[h];
-        // two bytes of row g, two of row g + 8 a view word -> one row a register
-        const uint32_t a[4] = {ptx::permute_bytes(v.x, v.y, 0x5410), ptx::permute_bytes(v.x, v.y, 0x7632),
-                               ptx::permute_bytes(v.z, v.w, 0x5410), ptx::permute_bytes(v.z, v.w, 0x7632)};
-#pragma unroll
-        for (int j = 0; j < TT; ++j) {
-          const uint32_t b0 = h ? xb[j].z : xb[j].x, b1 = h ? xb[j].w : xb[j].y;
-          ptx::mma_e4m3_16832(acc[j], a, b0, b1);
-          if constexpr (MID) {
-            const uint32_t e[4] = {a[0] & 0xF8F8F8F8u, a[1] & 0xF8F8F8F8u, a[2] & 0xF8F8F8F8u, a[3] & 0xF8F8F8F8u};
-            ptx::mma_e4m3_16832(mid[j], e, b0, b1);
-          }
-        }
-      }
-    }
-  }
-  allow_next_grid();
-  if constexpr (MID) {
-#pragma unroll
-    for (int j = 0; j < TT; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[j][r] += mid[j][r] * 0.0625f;
-  }
-  if (args.warps_k > 1) {  // K classes in warp order
-    float* mine = reduce + ((size_t)(local * args.warps_k + kclass) * TT * 4) * 32 + lane;
-#pragma unroll
-    for (int j = 0; j < TT; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) mine[(j * 4 + r) * 32] = acc[j][r];
-    __syncthreads();
-    if (kclass != 0) return;
-    const float* first = reduce + ((size_t)local * args.warps_k * TT * 4) * 32 + lane;
-#pragma unroll
-    for (int j = 0; j < TT; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        float sum = first[(j * 4 + r) * 32];
-        for (int c = 1; c < args.warps_k; ++c) sum += first[((c * TT + j) * 4 + r) * 32];
-        acc[j][r] = sum;
-      }
-  }
-  if (tile >= args.tiles) return;
-  const int g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = tile * 16 + g + 8 * half;
-    if (row >= args.n) continue;
-    const float window = __uint_as_float((uint32_t)(args.base[row] + 7) << 23);  // 2**(base - 120), exact
-#pragma unroll
-    for (int j = 0; j < TT; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int token = 8 * j + 2 * t + c;
-        if (token < args.m)
-          args.y[(size_t)token * args.ldy + row] = __float2bfloat16_rn(acc[j][2 * half + c] * window * args.x_scale[token]);
-      }
-  }
-}
-
-// Launches with the PDL attribute where asked (sm_90+), as the W12 kernels do.
-template <typename Kernel, typename... Args>
-cudaError_t launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool overlap, Args... args) {
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = overlap ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, args...);
-}
-
-template <int TT, bool MID>
-cudaError_t launch_gemm(const QpassFp8Args& args, cudaStream_t stream) {
-  const int warps = args.warps_k * args.tiles_per_block;
-  const size_t smem = args.warps_k > 1 ? (size_t)warps * TT * 4 * 32 * sizeof(float) : 0;
-  auto kernel = qpass_fp8_kernel<TT, MID>;
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (err != cudaSuccess) return err;
-  }
-  const dim3 grid((args.tiles + args.tiles_per_block - 1) / args.tiles_per_block);
-  return launch(kernel, grid, dim3(32 * warps), smem, stream, args.overlap_prior, args);
-}
-
-// Built token tiles: 1-8, 9-16, 17-32, 33-40 (a 32-node tree and its root) and 41-64 rows.
-template <bool MID>
-cudaError_t dispatch(const QpassFp8Args& args, cudaStream_t stream) {
-  const int tiles8 = (args.m + 7) / 8;
-  if (tiles8 <= 1) return launch_gemm<1, MID>(args, stream);
-  if (tiles8 <= 2) return launch_gemm<2, MID>(args, stream);
-  if (tiles8 <= 4) return launch_gemm<4, MID>(args, stream);
-  if (tiles8 <= 5) return launch_gemm<5, MID>(args, stream);
-  return launch_gemm<8, MID>(args, stream);
+  for (int q = threadIdx.x + kQuantKeep * kQuantThreads; q < pieces; q += kQuantThreads)
+    store_piece(image, row, pairs, q,
+                q < groups ? *reinterpret_cast<const uint4*>(xr + 8 * q) : make_uint4(0, 0, 0, 0), inv);
 }
 
 }  // namespace
@@ -237,8 +125,12 @@ cudaError_t qpass_fp8_quantize(const __nv_bfloat16* x, int m, int k, int ldx, in
 }
 
 cudaError_t qpass_fp8_gemm(const QpassFp8Args& args, bool midpoint, cudaStream_t stream) {
-  if (args.m < 1 || args.m > kQpassFp8MaxRows || args.warps_k < 1 || args.tiles_per_block < 1 ||
-      args.warps_k * args.tiles_per_block > kQpassFp8MaxWarps || args.k_padded % 128)
+  if (args.m < 1 || args.m > kQpassFp8MaxRows || args.warps_k < 1 || args.groups_per_block < 1 ||
+      args.warps_k * args.groups_per_block > kQpassFp8MaxWarps || args.k_padded % 128 || args.splits < 1 ||
+      (args.splits > 1 && (args.workspace == nullptr || args.counters == nullptr)) ||
+      !qpass_fp8_tiles_per_warp_fits(args.m, args.tiles_per_warp, midpoint, args.f16_operands))
     return cudaErrorInvalidValue;
-  return midpoint ? dispatch<true>(args, stream) : dispatch<false>(args, stream);
+  if (args.f16_operands) return qpass_fp8_gemm_f16(args, midpoint, stream);
+  using qpass_fp8_detail::dispatch;
+  return midpoint ? dispatch<true, false>(args, stream) : dispatch<false, false>(args, stream);
 }

@@ -24,10 +24,12 @@ void qpass_fp8_quantize_rows(torch::Tensor x, torch::Tensor x_image, torch::Tens
 }
 
 // view: uint8 [tiles, k_padded/32, 32, 16] (the W12MmaTensor's view plane); base: uint8 [>= tiles * 16];
-// y: bf16 [m, >= n] with row stride ldy.
+// y: bf16 [m, >= n] with row stride ldy; with splits > 1 workspace: fp32 [groups * splits * sums * 32] and counters:
+// int32 [>= groups], zero (each launch leaves them zero).
 void qpass_fp8_gemm_rows(torch::Tensor view, torch::Tensor base, torch::Tensor x_image, torch::Tensor x_scale,
-                         torch::Tensor y, int64_t n, int64_t warps_k, int64_t tiles_per_block, bool midpoint,
-                         bool overlap_prior) {
+                         torch::Tensor y, int64_t n, int64_t warps_k, int64_t tiles_per_warp,
+                         int64_t groups_per_block, int64_t splits, torch::Tensor workspace,
+                         torch::Tensor counters, bool f16_operands, bool midpoint, bool overlap_prior) {
   TORCH_CHECK(view.is_cuda() && view.scalar_type() == torch::kUInt8 && view.dim() == 4 && view.size(2) == 32 &&
                   view.size(3) == 16 && view.is_contiguous() && reinterpret_cast<uintptr_t>(view.data_ptr()) % 16 == 0,
               "qpass_fp8_gemm_rows: view must be a contiguous 16-byte aligned uint8 [tiles, Kp/32, 32, 16]");
@@ -48,13 +50,28 @@ void qpass_fp8_gemm_rows(torch::Tensor view, torch::Tensor base, torch::Tensor x
   args.k_padded = (int)view.size(1) * 32;
   args.ldy = (int)y.stride(0);
   args.warps_k = (int)warps_k;
-  args.tiles_per_block = (int)tiles_per_block;
+  args.tiles_per_warp = (int)tiles_per_warp;
+  args.groups_per_block = (int)groups_per_block;
+  args.splits = (int)splits;
+  args.f16_operands = f16_operands;
+  if (splits > 1) {
+    const int64_t groups = (args.tiles + tiles_per_warp - 1) / tiles_per_warp;
+    const int64_t sums = tiles_per_warp * 4 * ((args.m + 7) / 8 <= 2 ? (args.m + 7) / 8 : (args.m + 7) / 8 <= 4 ? 4
+                                              : (args.m + 7) / 8 <= 5 ? 5 : 8);
+    TORCH_CHECK(workspace.is_cuda() && workspace.scalar_type() == torch::kFloat32 &&
+                    workspace.numel() >= groups * splits * sums * 32,
+                "qpass_fp8_gemm_rows: workspace must be CUDA fp32 of ", groups * splits * sums * 32, " floats");
+    TORCH_CHECK(counters.is_cuda() && counters.scalar_type() == torch::kInt32 && counters.numel() >= groups,
+                "qpass_fp8_gemm_rows: counters must be CUDA int32 of >= ", groups, " zeros");
+    args.workspace = workspace.data_ptr<float>();
+    args.counters = counters.data_ptr<int>();
+  }
   args.overlap_prior = overlap_prior;
   TORCH_CHECK(x_image.is_cuda() && x_image.numel() >= (int64_t)((args.m + 7) / 8) * 8 * args.k_padded,
               "qpass_fp8_gemm_rows: x_image too small for M rows of K padded columns");
   const cudaError_t err = qpass_fp8_gemm(args, midpoint, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "qpass_fp8_gemm_rows: ", cudaGetErrorString(err),
-              " (M must be 1..64 and warps_k x tiles_per_block at most 8)");
+              " (M must be 1..64, warps_k x groups_per_block at most 8, tiles_per_warp built for M, splits >= 1)");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
