@@ -30,7 +30,7 @@ from specpilot_kernels.fused_ops import (
     _kernels,
     _pdl,
     _pdl_start,
-    _tree_attention_combine_kernel,
+    combine_tree_attention,
     tree_attention,
     tree_attention_reference,
 )
@@ -230,29 +230,7 @@ def batched_tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, ga
         **_pdl(q, *grid),
         num_warps=plan["warps"],
     )
-    out = torch.empty(B, T, HQ * D, dtype=q.dtype, device=dev)
-    if gate is not None and (gate.stride(2) != 1 or gate.stride(0) != T * gate.stride(1)):
-        gate = gate.contiguous()
-    _tree_attention_combine_kernel[(B * HKV, R)](
-        part_o,
-        part_m,
-        part_l,
-        gate if gate is not None else out,
-        out,
-        T,
-        R,
-        HQ,
-        HKV,
-        REP,
-        S,
-        gate.stride(1) if gate is not None else 0,
-        D=D,
-        BD=BD,
-        SP=triton.next_power_of_2(S),
-        HAS_GATE=gate is not None,
-        **_pdl(out, B * HKV, R),
-        num_warps=2 if BD <= 128 else 4,
-    )
+    out = combine_tree_attention(part_o, part_m, part_l, gate, B, T, HQ, HKV, D, q.dtype, 2 if BD <= 128 else 4)
     return out
 
 

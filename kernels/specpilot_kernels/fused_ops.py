@@ -844,6 +844,36 @@ def _attention_split(B: int, HKV: int, R: int, keys: int, D: int, sms: int) -> t
     return tile, triton.cdiv(keys, chunk), chunk
 
 
+def combine_tree_attention(part_o, part_m, part_l, gate, B, T, HQ, HKV, D, dtype, num_warps):
+    """Sum the key splits' partial softmax states into the attention output [B, T, HQ * D] (with the optional
+    output gate [B, T, HQ * D]); shared by the single-request and the batched tree attention."""
+    S, R, BD = part_o.shape[1], part_o.shape[2], part_o.shape[3]
+    out = torch.empty(B, T, HQ * D, dtype=dtype, device=part_o.device)
+    if gate is not None and (gate.stride(2) != 1 or gate.stride(0) != T * gate.stride(1)):
+        gate = gate.contiguous()
+    _tree_attention_combine_kernel[(B * HKV, R)](
+        part_o,
+        part_m,
+        part_l,
+        gate if gate is not None else out,
+        out,
+        T,
+        R,
+        HQ,
+        HKV,
+        HQ // HKV,
+        S,
+        gate.stride(1) if gate is not None else 0,
+        D=D,
+        BD=BD,
+        SP=triton.next_power_of_2(S),
+        HAS_GATE=gate is not None,
+        **_pdl(out, B * HKV, R),
+        num_warps=num_warps,
+    )
+    return out
+
+
 def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None, window: int = 0):
     """Tree attention of verify rows over a dense per-request cache, no mask tensor: each row sees its request's
     first ``lengths`` cache keys (the last ``window`` of them when window > 0: the fault study's context fault)
@@ -910,29 +940,7 @@ def tree_attention(q, k_cache, v_cache, k_rows, v_rows, lengths, anc, gate=None,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )
-    out = torch.empty(B, T, HQ * D, dtype=q.dtype, device=dev)
-    if gate is not None and (gate.stride(2) != 1 or gate.stride(0) != T * gate.stride(1)):
-        gate = gate.contiguous()
-    _tree_attention_combine_kernel[(B * HKV, R)](
-        part_o,
-        part_m,
-        part_l,
-        gate if gate is not None else out,
-        out,
-        T,
-        R,
-        HQ,
-        HKV,
-        REP,
-        S,
-        gate.stride(1) if gate is not None else 0,
-        D=D,
-        BD=BD,
-        SP=triton.next_power_of_2(S),
-        HAS_GATE=gate is not None,
-        **_pdl(out, B * HKV, R),
-        num_warps=tile.combine_warps,
-    )
+    out = combine_tree_attention(part_o, part_m, part_l, gate, B, T, HQ, HKV, D, q.dtype, tile.combine_warps)
     return out
 
 
