@@ -336,7 +336,9 @@ def test_a_rows_bits_do_not_depend_on_the_row_count():
 def test_every_partition_matches_the_emulation_and_splits_keep_a_rows_bits(rows, config, low_bits):
     tiles_per_warp, warps_k, groups_per_block, splits, operands = config
     if not tiles_per_warp_fits(rows, tiles_per_warp, low_bits == "midpoint", operands):
-        pytest.skip("not built")
+        pytest.skip(
+            f"{tiles_per_warp} tiles a warp at {rows} rows ({low_bits}, {operands}) is not an instantiated partition"
+        )
     w12 = encode(weight_with_escapes(n=1000, k=1536, device="cuda"))  # 63 tiles: a short last group
     mma = to_mma_layout(w12)
     x = torch.randn(rows, 1536, device="cuda").bfloat16()
