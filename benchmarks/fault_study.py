@@ -45,7 +45,13 @@ from specpilot_mem.controller.system import RequestOutput  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
 from specpilot_mem.forcing.calibrate import calibrate_delta, round_up_to_step  # noqa: E402
 from specpilot_mem.forcing.engine_adapter import EngineScorer  # noqa: E402
-from specpilot_mem.forcing.rules import EVENT_ALPHA, needed_events, poisson_at_least  # noqa: E402
+from specpilot_mem.forcing.rules import (  # noqa: E402
+    CHANGE_FLOOR,
+    EVENT_ALPHA,
+    EVENT_FLOOR,
+    needed_events,
+    poisson_at_least,
+)
 from specpilot_mem.forcing.scorer import ForcingError, score_outputs  # noqa: E402
 from specpilot_mem.forcing.verdict import TokenForcing, Verdict  # noqa: E402
 from specpilot_mem.provenance import result_header  # noqa: E402
@@ -115,8 +121,8 @@ SYSTEM_FAULT_ORDER = (
     "bias-fault",
 )
 # The issue's targets: faults at least this large must be rejected in >= 95% of seeds.
-TARGET_CHANGED = 0.003
-TARGET_EVENTS_PER_1000 = 1.0
+TARGET_CHANGED = CHANGE_FLOOR
+TARGET_EVENTS_PER_1000 = 1000 * EVENT_FLOOR
 # The default sealed sample: the 12 requests of requests/specpilot-v1.jsonl's unseen split with the long-output pass,
 # each run to the trained pair's 2,048-token context less its prompt (tokenized with the pair's tokenizer; the GPU
 # machine has none, so the sum is kept here and checked in tests/test_fault_study.py).
@@ -876,27 +882,34 @@ def figure(results_path: str, png: str) -> None:
         sizes = results["systems"]
         # faults below the target size (< 0.3% of tokens changed and < 1 added event per 1,000) are marked: for them
         # inconclusive (or an accept whose power could see them) meets the target
-        labels = [f"{n} (below target)" if sizes.get(n, {}).get("target_size") is False else n for n in names]
+        labels = [f"{n} (below target)" if below_target(sizes.get(n, {})) else n for n in names]
         for x, name in enumerate(names):
             row = table[name]
             reject, inconclusive = row["reject"] / row["runs"], row["inconclusive"] / row["runs"]
             color = "#E8613C" if row["kind"] == "fault" else "#1F6FD6"
             ax.bar(x, reject, color=color, edgecolor="black", linewidth=0.5)
             ax.bar(x, inconclusive, bottom=reject, color="#E3B53B", edgecolor="black", linewidth=0.5)
+            sized = sizes.get(name, {}) if table is sizes else {}
+            note = (  # of the fault's instances of the target size, how many were rejected
+                f"\n{sized['target_instances_rejected']}/{sized['target_instances']}"
+                if "target_instances" in sized
+                else ""
+            )
             ax.annotate(
-                f"n={row['runs']}",
+                f"n={row['runs']}{note}",
                 (x, reject + inconclusive),
                 xytext=(0, 3),
                 textcoords="offset points",
                 ha="center",
-                fontsize=7,
+                fontsize=6,
             )
         ax.axhline(0.95, color="black", linestyle="dashed", linewidth=0.8)
         ax.set_xticks(range(len(names)), labels, rotation=45, ha="right", fontsize=7)
-        ax.set_ylim(0, 1.15)
+        ax.set_ylim(0, 1.25)
         ax.set_ylabel("share of checks")
         ax.set_title(
-            f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow), accepted (no bar)",
+            f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow), accepted (no bar); "
+            "k/m: of a fault's m seeds where it was of the target size, k rejected",
             fontsize=8,
         )
     fig.suptitle(
@@ -908,6 +921,14 @@ def figure(results_path: str, png: str) -> None:
     fig.savefig(png, dpi=150)
     plt.close(fig)
     print(png)
+
+
+def below_target(row: dict) -> bool:
+    """A fault below the target size on every seed (per instance where the results count instances, else by its
+    mean size)."""
+    if "target_instances" in row:
+        return row["target_instances"] == 0
+    return row.get("target_size") is False
 
 
 def write_requests(path: str, count: int, prompt_tokens: int) -> None:

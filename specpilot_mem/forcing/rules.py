@@ -52,8 +52,8 @@ Z_POWER = 0.8416212335729143  # the standard normal's 80% quantile
 # The event rate the event rule must be able to see (per token) when stock has almost no events:
 # one large-margin event per 1,000 tokens.
 EVENT_FLOOR = 1e-3
-# The share of tokens a fault whose flips sit under 2δ must change for the band rule to have to see it (issue 38's
-# target: 0.3% of the tokens).
+# Issue 38's target for a fault whose flips sit under 2δ: 0.3% of the tokens changed (the band rule's power is
+# reported against it).
 CHANGE_FLOOR = 3e-3
 
 
@@ -202,8 +202,9 @@ class Power:
     (δ/2, 2δ] it rejects on given stock's count there; ``band_power`` the chance of seeing them if the system flipped
     0.3% of its tokens more than stock in that band (``CHANGE_FLOOR``): issue 38's size for flips under 2δ,
     reported but not required (``sufficient``), since no sample reaches it once stock flips 0.3% there itself;
-    flips at margins up to δ/2, within rounding's own reach, only the rate rule's 0.5-point margin bounds. ``requests_needed`` and ``tokens_needed`` say what would suffice
-    (the same tokens per request). ``band_sufficient`` is None in verdicts written before the band power existed."""
+    flips at margins up to δ/2, within rounding's own reach, only the rate rule's 0.5-point margin bounds.
+    ``requests_needed`` and ``tokens_needed`` say what would suffice (the same tokens per request).
+    ``band_sufficient`` is None in verdicts written before the band power existed."""
 
     rate_se: float
     rate_detectable: float
