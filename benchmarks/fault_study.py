@@ -45,7 +45,13 @@ from specpilot_mem.controller.system import RequestOutput  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
 from specpilot_mem.forcing.calibrate import calibrate_delta, round_up_to_step  # noqa: E402
 from specpilot_mem.forcing.engine_adapter import EngineScorer  # noqa: E402
-from specpilot_mem.forcing.rules import EVENT_ALPHA, needed_events, poisson_at_least  # noqa: E402
+from specpilot_mem.forcing.rules import (  # noqa: E402
+    CHANGE_FLOOR,
+    EVENT_ALPHA,
+    EVENT_FLOOR,
+    needed_events,
+    poisson_at_least,
+)
 from specpilot_mem.forcing.scorer import ForcingError, score_outputs  # noqa: E402
 from specpilot_mem.forcing.verdict import TokenForcing, Verdict  # noqa: E402
 from specpilot_mem.provenance import result_header  # noqa: E402
@@ -115,8 +121,8 @@ SYSTEM_FAULT_ORDER = (
     "bias-fault",
 )
 # The issue's targets: faults at least this large must be rejected in >= 95% of seeds.
-TARGET_CHANGED = 0.003
-TARGET_EVENTS_PER_1000 = 1.0
+TARGET_CHANGED = CHANGE_FLOOR
+TARGET_EVENTS_PER_1000 = 1000 * EVENT_FLOOR
 # The default sealed sample: the 12 requests of requests/specpilot-v1.jsonl's unseen split with the long-output pass,
 # each run to the trained pair's 2,048-token context less its prompt (tokenized with the pair's tokenizer; the GPU
 # machine has none, so the sum is kept here and checked in tests/test_fault_study.py).
@@ -173,27 +179,51 @@ def summary(verdict: Verdict) -> dict:
     }
 
 
-def effect(system: dict, stock: dict, scored_sys, scored_stock, delta: float) -> dict:
+def effect(system: dict, stock: dict, scored_sys, scored_stock, delta: float, size_delta: float) -> dict:
     """How large the fault really was on this sample: tokens it changed against stock's outputs (after
     the first divergence everything differs, so this counts mismatches against the scorer beyond
-    stock's) and its large-margin events per 1,000 tokens, and stock's, at ``delta`` (``size_delta``: the
-    first departures' alone, so a calibration that raises δ cannot shrink the faults held to the target)."""
+    stock's) and its large-margin events per 1,000 tokens, and stock's, at the verdict's ``delta`` (the
+    ``..._at_delta`` keys: the events the rules call large-margin) and at ``size_delta`` (the first departures'
+    alone, the size earlier studies held to the target: on seeds where stock never departs from AR it sits on the
+    2^-10 floor, where nearly every mismatch counts as an event). ``target_size``: this instance of the fault is of
+    issue 38's size (>= 0.3% of the tokens changed, >= 1 added large-margin event per 1,000 tokens, or outputs
+    cut short); ``target_size_first_departure``: the same with the events at ``size_delta``."""
     tokens = sum(o.tokens for o in scored_stock.values())
     excess = (
         sum(int(o.mismatch.sum()) for o in scored_sys.values())
         - sum(int(o.mismatch.sum()) for o in scored_stock.values())
     ) / tokens
-    events = sum(int((o.margin > 2 * delta).sum()) for o in scored_sys.values())
-    stock_events = sum(int((o.margin > 2 * delta).sum()) for o in scored_stock.values())
+
+    def per_1000(scored, at: float) -> float:
+        return 1000 * sum(int((o.margin > 2 * at).sum()) for o in scored.values()) / tokens
+
     changed = sum(system[rid].output_ids != stock[rid].output_ids for rid in stock)
     shorter = sum(len(system[rid].output_ids) < len(stock[rid].output_ids) for rid in stock)
-    return {
+    found = {
         "excess_mismatch": excess,
-        "events_per_1000": 1000 * events / tokens,
-        "stock_events_per_1000": 1000 * stock_events / tokens,
+        "events_per_1000": per_1000(scored_sys, size_delta),
+        "stock_events_per_1000": per_1000(scored_stock, size_delta),
+        "events_per_1000_at_delta": per_1000(scored_sys, delta),
+        "stock_events_per_1000_at_delta": per_1000(scored_stock, delta),
         "changed_requests": changed,
         "shorter_requests": shorter,
     }
+    found["target_size"] = of_target_size(found)
+    found["target_size_first_departure"] = of_target_size(found, first_departure=True)
+    return found
+
+
+def of_target_size(found: dict, first_departure: bool = False) -> bool:
+    """Whether one instance of a fault (its ``effect`` on one seed's sample) is of issue 38's size: >= 0.3% of the
+    tokens changed, >= 1 large-margin event per 1,000 tokens beyond stock's (at the verdict's δ; at the first
+    departures' with ``first_departure``), or outputs cut short."""
+    if first_departure:
+        added = found["events_per_1000"] - found["stock_events_per_1000"]
+    else:
+        added = found["events_per_1000_at_delta"] - found["stock_events_per_1000_at_delta"]
+    return bool(
+        found["excess_mismatch"] >= TARGET_CHANGED or added >= TARGET_EVENTS_PER_1000 or found["shorter_requests"]
+    )
 
 
 def seed_sample(seed: int, pool: list[Request], args) -> list[Request]:
@@ -428,7 +458,9 @@ def judge_seed(
         if name in ("ar", "stock"):
             continue
         verdicts[name] = forcing.judge(name, scored[name], synthetic=engine.synthetic)
-        effects[name] = effect(outputs[name], outputs["stock"], scored[name], scored["stock"], size_delta)
+        effects[name] = effect(
+            outputs[name], outputs["stock"], scored[name], scored["stock"], calibration.delta, size_delta
+        )
         log(
             f"seed {seed}: {name} -> {verdicts[name].verdict} (mismatch {100 * verdicts[name].rate.system_rate:.2f}%, "
             f"events {verdicts[name].events.system_events}, band {verdicts[name].band.system_mismatches})"
@@ -578,9 +610,93 @@ def write_scores(path: str, scored: dict, samples: dict, seeds: list[int]) -> No
     )
 
 
+def read_scores(path: str, outputs: dict, pool: dict[str, Request], max_new_tokens: int) -> dict:
+    """``--scores-out``'s file back as scored outputs (per system and request id) of ``outputs`` (the outputs it was
+    written from). Where it kept nothing (top-2 gap of 1 nat or more, no mismatch) the argmax is the emitted token
+    and the gap is recorded as infinite: enough for every rule while 4δ stays below 1 nat (the tail rule's widest
+    gap band), which ``rejudge`` checks. Log-probabilities are relative to the argmax (0 there)."""
+    import numpy as np
+
+    from specpilot_mem.forcing.scorer import ScoredOutput, TokenScores
+
+    data = np.load(path)
+    rids, index = list(data["requests"]), data["index"]
+    starts = np.concatenate([[0], np.cumsum(index[:, 2])])
+    scores: dict[int, TokenScores] = {}
+    scored: dict[str, dict] = {}
+    for owner in data["outputs"]:
+        name, rid, row = str(owner).split("|")
+        row = int(row)
+        ids = outputs[name][rid].output_ids
+        if row not in scores:
+            request, tokens, kept = (int(v) for v in index[row])
+            if rids[request] != rid or tokens != len(ids):
+                raise SystemExit(f"{path} row {row} ({rids[request]}, {tokens} tokens) is not {name}'s output of {rid}")
+            at = slice(starts[row], starts[row] + kept)
+            positions = data["positions"][at].astype(np.int64)
+            argmax = np.asarray(ids, dtype=np.int64)
+            argmax[positions] = data["argmax"][at]
+            gaps = np.full(tokens, np.inf)
+            gaps[positions] = data["gaps"][at]
+            logprob = np.zeros(tokens)
+            logprob[positions] = -data["margins"][at].astype(np.float64)
+            scores[row] = TokenScores(logprob, argmax, np.zeros(tokens), gaps)
+        prompt = tuple(pool[rid].prompt_ids)
+        scored.setdefault(name, {})[rid] = ScoredOutput(rid, prompt, tuple(ids), scores[row], max_new_tokens)
+    return scored
+
+
+class StoredScores:
+    """The scorer of a study re-judged from ``--scores-out``: it has no model, so the audit's prefill-length
+    re-scores answer "not explained"; ``rejudge`` then checks every event rule's counts against the study that
+    audited on the scorer (``--audits-from``), so a re-judge that would lose an explanation stops instead."""
+
+    synthetic = False
+
+    def score(self, prompt_ids, output_ids, prefill_len=None):
+        raise SystemExit("a study re-judged from stored scores cannot score outputs")
+
+    def prefill_argmax(self, prompt_ids, output_ids, queries) -> list[int]:
+        return [-1] * len(queries)
+
+
+def rejudge(args) -> dict:
+    """``--from-scores``: the study judged again on the CPU from its stored outputs and scores, no model loaded (the
+    rules and the power as they are now); the event rule's audit counts must equal those of ``--audits-from``."""
+    outputs, seconds, labels = read_outputs(args.from_outputs, args)
+    outputs = with_unfaulted(outputs, labels)
+    pool = {r.id: r for r in load_requests(args.requests)}
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    samples = {seed: seed_sample(seed, list(pool.values()), args) for seed in seeds}
+    scored = read_scores(args.from_scores, outputs, pool, args.max_new_tokens)
+    reference = {run["seed"]: run for run in json.loads(Path(args.audits_from).read_text())["runs"]}
+    args.system_labels, args.system_seconds = labels, seconds
+    scorer, runs = StoredScores(), []  # it stands in for the engine too: judging reads only its ``synthetic``
+    for seed in seeds:
+        sample = samples[seed]
+        mine = {name: {r.id: outs[r.id] for r in sample} for name, outs in outputs.items()}
+        run = judge_seed(seed, sample, mine, {}, scorer, args, scored, scorer)
+        if run["delta"] >= 0.25:
+            raise SystemExit(f"seed {seed}: δ = {run['delta']}: the stored gaps (below 1 nat) do not cover 4δ")
+        for name, verdict in run["verdicts"].items():
+            theirs = reference[seed]["verdicts"].get(name)
+            keys = ("events", "audited", "unexplained", "stock_events")
+            if theirs is None or any(verdict[k] != theirs[k] for k in keys):
+                raise SystemExit(
+                    f"seed {seed}, {name}: event rule counts {[verdict[k] for k in keys]} differ from "
+                    f"{args.audits_from}'s {[theirs[k] for k in keys] if theirs else None} (an audit only the scorer "
+                    "can make): judge these outputs on the scorer's device"
+                )
+        runs.append(run)
+    return study_doc(args, scorer, runs, len(seeds))
+
+
 def rates(runs: list[dict]) -> dict:
-    """Per system: runs, rejected, inconclusive, accepted; for faults the mean real effect and whether it
-    is at least the issue's target size (then the target is a >= 95% rejection rate)."""
+    """Per system: runs, rejected, inconclusive, accepted; for faults the mean real effect, and per instance (one
+    fault on one seed's sample: a fault confined to a quarter of the requests may miss a seed's requests, a lossy
+    verify may barely act on one) whether it is of the issue's target size. The target: every instance of that size
+    rejected in >= 95% of the seeds; every instance below it rejected, inconclusive, or accepted only where the
+    power says the sample could have seen a fault of that size (``sufficient``), never a bare accept."""
     table: dict[str, dict] = {}
     for name in [*ALL_CONTROLS, *FAULTS]:
         seen = [r for r in runs if name in r["verdicts"]]
@@ -601,14 +717,13 @@ def rates(runs: list[dict]) -> dict:
             # the events the fault adds: its large-margin events beyond stock's (stock has some in BF16)
             added = sum(added_events(r, name) for r in seen) / len(seen)
             shorter = any(r["effects"][name]["shorter_requests"] for r in seen)
-            # per seed: was the fault of the target size on that seed's sample (a fault confined to a quarter of the
-            # requests may miss a seed's requests, or barely touch them)?
-            sized = [
-                r
-                for r in seen
-                if r["effects"][name]["excess_mismatch"] >= TARGET_CHANGED
-                or added_events(r, name) >= TARGET_EVENTS_PER_1000
-                or r["effects"][name]["shorter_requests"]
+            sized = [r for r in seen if instance_of_target_size(r, name)]
+            below = [r for r in seen if not instance_of_target_size(r, name)]
+            first = [r for r in seen if instance_of_target_size(r, name, first_departure=True)]
+            bare = [
+                r["seed"]
+                for r in below
+                if r["verdicts"][name]["verdict"] == "accept" and not r["verdicts"][name].get("sufficient", False)
             ]
             row.update(
                 mean_excess_mismatch=excess,
@@ -616,24 +731,38 @@ def rates(runs: list[dict]) -> dict:
                 mean_added_events_per_1000=added,
                 target_size=excess >= TARGET_CHANGED or added >= TARGET_EVENTS_PER_1000 or shorter,
                 sealed_event_power=1.0 if shorter else sealed_event_power(seen, name),
-                target_size_seeds=len(sized),
-                target_size_seeds_rejected=sum(r["verdicts"][name]["verdict"] == "reject" for r in sized),
+                target_instances=len(sized),
+                target_instances_rejected=sum(r["verdicts"][name]["verdict"] == "reject" for r in sized),
+                target_instances_missed=[r["seed"] for r in sized if r["verdicts"][name]["verdict"] != "reject"],
+                below_target={
+                    k: sum(r["verdicts"][name]["verdict"] == k for r in below)
+                    for k in ("reject", "inconclusive", "accept")
+                },
+                bare_accepts=bare,
+                first_departure_target_instances=len(first),
+                first_departure_target_instances_rejected=sum(
+                    r["verdicts"][name]["verdict"] == "reject" for r in first
+                ),
             )
-            # below the target size an accept is allowed only where the power says the sample could have seen it
-            # (``verdict.py`` accepts only then; the check keeps results of older rules honest too)
-            row["meets_target"] = (
-                row["reject_rate"] >= 0.95
-                if row["target_size"]
-                else all(
-                    r["verdicts"][name].get("sufficient", False)
-                    for r in seen
-                    if r["verdicts"][name]["verdict"] == "accept"
-                )
-            )
+            row["meets_target"] = row["target_instances_rejected"] >= 0.95 * len(sized) and not bare
         else:
             row["meets_target"] = counts["reject"] == 0
         table[name] = row
     return table
+
+
+def instance_of_target_size(run: dict, name: str, first_departure: bool = False) -> bool:
+    """``of_target_size`` of the fault's instance on this run; results written before the per-instance flags
+    count the events at the first departures' δ (the only ones they kept)."""
+    found = run["effects"][name]
+    key = "target_size_first_departure" if first_departure else "target_size"
+    if key in found:
+        return found[key]
+    return bool(
+        found["excess_mismatch"] >= TARGET_CHANGED
+        or added_events(run, name) >= TARGET_EVENTS_PER_1000
+        or found["shorter_requests"]
+    )
 
 
 def added_events(run: dict, name: str) -> float:
@@ -753,27 +882,34 @@ def figure(results_path: str, png: str) -> None:
         sizes = results["systems"]
         # faults below the target size (< 0.3% of tokens changed and < 1 added event per 1,000) are marked: for them
         # inconclusive (or an accept whose power could see them) meets the target
-        labels = [f"{n} (below target)" if sizes.get(n, {}).get("target_size") is False else n for n in names]
+        labels = [f"{n} (below target)" if below_target(sizes.get(n, {})) else n for n in names]
         for x, name in enumerate(names):
             row = table[name]
             reject, inconclusive = row["reject"] / row["runs"], row["inconclusive"] / row["runs"]
             color = "#E8613C" if row["kind"] == "fault" else "#1F6FD6"
             ax.bar(x, reject, color=color, edgecolor="black", linewidth=0.5)
             ax.bar(x, inconclusive, bottom=reject, color="#E3B53B", edgecolor="black", linewidth=0.5)
+            sized = sizes.get(name, {}) if table is sizes else {}
+            note = (  # of the fault's instances of the target size, how many were rejected
+                f"\n{sized['target_instances_rejected']}/{sized['target_instances']}"
+                if "target_instances" in sized
+                else ""
+            )
             ax.annotate(
-                f"n={row['runs']}",
+                f"n={row['runs']}{note}",
                 (x, reject + inconclusive),
                 xytext=(0, 3),
                 textcoords="offset points",
                 ha="center",
-                fontsize=7,
+                fontsize=6,
             )
         ax.axhline(0.95, color="black", linestyle="dashed", linewidth=0.8)
         ax.set_xticks(range(len(names)), labels, rotation=45, ha="right", fontsize=7)
-        ax.set_ylim(0, 1.15)
+        ax.set_ylim(0, 1.25)
         ax.set_ylabel("share of checks")
         ax.set_title(
-            f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow), accepted (no bar)",
+            f"{label} ({size}): faults rejected (red), controls rejected (blue), inconclusive (yellow), accepted (no bar); "
+            "k/m: of a fault's m seeds where it was of the target size, k rejected",
             fontsize=8,
         )
     fig.suptitle(
@@ -785,6 +921,14 @@ def figure(results_path: str, png: str) -> None:
     fig.savefig(png, dpi=150)
     plt.close(fig)
     print(png)
+
+
+def below_target(row: dict) -> bool:
+    """A fault below the target size on every seed (per instance where the results count instances, else by its
+    mean size)."""
+    if "target_instances" in row:
+        return row["target_instances"] == 0
+    return row.get("target_size") is False
 
 
 def write_requests(path: str, count: int, prompt_tokens: int) -> None:
@@ -931,6 +1075,18 @@ def main() -> int:
         type=lambda text: text.split(","),
         help="system engine: serve exactly these systems (ar, stock, controls, faults; comma-separated) in this order",
     )
+    parser.add_argument(
+        "--from-scores",
+        metavar="NPZ",
+        help="system engine: judge again on the CPU from this --scores-out file and the --from-outputs it was "
+        "written from, no model loaded",
+    )
+    parser.add_argument(
+        "--audits-from",
+        metavar="RESULTS_JSON",
+        help="with --from-scores: the study that audited these outputs on the scorer; its event rule counts are "
+        "checked",
+    )
     parser.add_argument("--serve-only", action="store_true", help="system engine: serve, write --outputs-out, stop")
     parser.add_argument(
         "--pool-only", action="store_true", help="system engine: only the pooled checks (of --only's systems)"
@@ -947,6 +1103,11 @@ def main() -> int:
         help="comma-separated controls and faults to run (default: all)",
     )
     args = parser.parse_args()
+    if args.from_scores:
+        if not (args.from_outputs and args.audits_from):
+            raise SystemExit("--from-scores needs --from-outputs (the outputs it was written from) and --audits-from")
+        finish(rejudge(args), args)
+        return 0
     if args.figure:
         figure(*args.figure)
         return 0
@@ -1088,14 +1249,21 @@ def study_doc(args, engine: Engine, runs: list[dict], fault_seeds: int) -> dict:
 
 
 def headline(doc: dict) -> str:
-    """The study's figure in one line (the results index shows it)."""
+    """The study's figure in one line (the results index shows it): controls rejected; instances of faults of the
+    target size rejected (at the verdict's δ, and at the first departures'); what the instances below it got."""
     table = doc["systems"]
     controls = [r for r in table.values() if r["kind"] == "control"]
-    target = [r for r in table.values() if r["kind"] == "fault" and r.get("target_size")]
+    faults = [r for r in table.values() if r["kind"] == "fault"]
+    below = {k: sum(r["below_target"][k] for r in faults) for k in ("reject", "inconclusive", "accept")}
+    bare = sum(len(r["bare_accepts"]) for r in faults)
     text = (
         f"controls rejected in {sum(r['reject'] for r in controls)} of {sum(r['runs'] for r in controls)} seed runs; "
-        f"faults of the target size rejected in {sum(r['reject'] for r in target)} of {sum(r['runs'] for r in target)}, "
-        f"accepted in {sum(r['accept'] for r in table.values() if r['kind'] == 'fault')}"
+        f"fault instances of the target size rejected in {sum(r['target_instances_rejected'] for r in faults)} of "
+        f"{sum(r['target_instances'] for r in faults)} (at the first departures' δ: "
+        f"{sum(r['first_departure_target_instances_rejected'] for r in faults)} of "
+        f"{sum(r['first_departure_target_instances'] for r in faults)}); below it {below['reject']} rejected, "
+        f"{below['inconclusive']} inconclusive, {below['accept'] - bare} accepted with the power to see the target "
+        f"size, {bare} bare accepts"
     )
     for group in doc.get("pooled", []):
         pooled = group["systems"]

@@ -49,8 +49,41 @@ def test_rates_hold_each_fault_to_its_target_by_its_real_size():
     assert table["int4-all"]["target_size"] and table["int4-all"]["meets_target"]
     assert not table["int8-all"]["target_size"] and table["int8-all"]["meets_target"]  # small: inconclusive is fine
     assert table["flip-0.1%"]["target_size"] and not table["flip-0.1%"]["meets_target"]  # 1.2 events / 1,000: 3 of 4
+    assert table["flip-0.1%"]["target_instances_missed"] == [0] and table["int8-all"]["target_instances"] == 0
     text = fault_study.headline({"systems": table})
-    assert "controls rejected in 0 of 4" in text and "rejected in 7 of 8" in text and "accepted in 1" in text
+    assert "controls rejected in 0 of 4" in text and "target size rejected in 7 of 8" in text
+    assert "below it 0 rejected, 4 inconclusive, 0 accepted" in text
+
+
+def test_the_target_holds_per_instance_of_a_fault_at_the_verdicts_delta():
+    """A fault confined to a quarter of the requests that missed a seed's requests is below the target there: its
+    accept, with the power to see the target size, is no miss; a seed where it was of the target size and was not
+    rejected is. The events an instance adds count at the verdict's δ (the first departures' are reported too)."""
+    sizes = [(0.01, 5.0, 5.0), (0.0, 0.0, 0.0), (0.001, 0.0, 1.5)]  # excess, added at δ, added at first departures
+    runs = []
+    for seed, ((excess, at_delta, first), verdict) in enumerate(zip(sizes, ("reject", "accept", "accept"))):
+        run = _run(seed, {"int4-all-quarter-of-requests": verdict}, {})
+        found = {
+            "excess_mismatch": excess,
+            "events_per_1000": first,
+            "stock_events_per_1000": 0.0,
+            "events_per_1000_at_delta": at_delta,
+            "stock_events_per_1000_at_delta": 0.0,
+            "changed_requests": 1,
+            "shorter_requests": 0,
+        }
+        found["target_size"] = fault_study.of_target_size(found)
+        found["target_size_first_departure"] = fault_study.of_target_size(found, first_departure=True)
+        run["effects"]["int4-all-quarter-of-requests"] = found
+        run["verdicts"]["int4-all-quarter-of-requests"]["sufficient"] = True
+        runs.append(run)
+    row = fault_study.rates(runs)["int4-all-quarter-of-requests"]
+    assert (row["target_instances"], row["target_instances_rejected"], row["meets_target"]) == (1, 1, True)
+    assert row["below_target"] == {"reject": 0, "inconclusive": 0, "accept": 2} and row["bare_accepts"] == []
+    assert (row["first_departure_target_instances"], row["first_departure_target_instances_rejected"]) == (2, 1)
+    runs[0]["verdicts"]["int4-all-quarter-of-requests"]["verdict"] = "inconclusive"  # the one of target size missed
+    row = fault_study.rates(runs)["int4-all-quarter-of-requests"]
+    assert row["target_instances_missed"] == [0] and not row["meets_target"]
 
 
 def test_sealed_sample_constant_is_the_unseen_split_with_long_outputs():

@@ -218,3 +218,72 @@ def test_skipping_the_audit_of_settled_systems_keeps_every_verdict():
             assert b.verdict == "reject" and b.events.audited == 0 and a.events.audited > 0
             assert any("not audited" in r for r in b.reasons)
     assert audited == [True, False, True]
+
+
+def test_the_study_judged_again_from_its_stored_scores_gives_its_verdicts(tmp_path):
+    """``--scores-out`` then ``read_scores``: every rule and the power judge the stored numbers as they judged the
+    scorer's; the audit's prefill-length re-scores are the scorer's alone (``StoredScores`` explains nothing), which
+    is why ``rejudge`` checks the event rule's counts against the study that audited on the scorer."""
+    reqs, reference, _ = make_case(requests=10, length=60, seed=71)
+    scorer = _BatchlessScorer(reference)
+    samples = {0: reqs[:6], 1: reqs[4:]}
+    outputs = {
+        "ar": outputs_from(reqs, [reference[r.prompt_ids] for r in reqs]),
+        "stock": planted(reqs, reference, scorer, seed=72, tie_rate=0.02, gap=0.05)[0],
+        "path-verify": planted(reqs, reference, scorer, seed=73, tie_rate=0.02, gap=0.05)[0],
+        "fp8-all": planted(reqs, reference, scorer, seed=74, tie_rate=0.03, gap=0.3)[0],
+        "flip-1%": planted(reqs, reference, scorer, seed=75, tie_rate=0.02, events=6)[0],
+    }
+    outputs["int8-all"], sites = planted(reqs, reference, scorer, seed=76, events=3)
+    for rid, position in sites:  # events the prefill-length re-scores explain
+        prompt = next(r.prompt_ids for r in reqs if r.id == rid)
+        scorer.tie(prompt, position, other_token(reference[prompt][position]), 0.7)
+        scorer.prefill_sensitive[(prompt, position)] = other_token(reference[prompt][position])
+    path = tmp_path / "scores.npz"
+    args = SimpleNamespace(audit_sample=5, skip_settled_audit=False, first_seed=0, scores_out=str(path))
+    engine = SimpleNamespace(synthetic=True)
+    judged = fault_study.judge_all([0, 1], samples, outputs, engine, args, scorer=scorer)
+    pool = {r.id: r for r in reqs}
+    stored = fault_study.read_scores(str(path), outputs, pool, 60)
+    again = [
+        fault_study.judge_seed(
+            seed,
+            samples[seed],
+            {name: {r.id: outs[r.id] for r in samples[seed]} for name, outs in outputs.items()},
+            {},
+            engine,
+            args,
+            stored,
+            fault_study.StoredScores(),
+        )
+        for seed in (0, 1)
+    ]
+    for first, second in zip(judged, again):
+        assert first["delta"] == second["delta"] and first["effects"] == second["effects"]
+        for name, verdict in first["verdicts"].items():
+            if name == "int8-all" and verdict["explained_by"].get("prefill-length"):
+                assert second["verdicts"][name]["unexplained"] > verdict["unexplained"]  # what rejudge refuses
+            else:
+                assert second["verdicts"][name] == verdict
+    assert any(v["explained_by"].get("prefill-length") for run in judged for v in run["verdicts"].values())
+
+
+def test_the_issues_fault_on_3_of_16_requests_is_not_accepted():
+    """Issue 38's case: 16 requests of 64 tokens, a near-tie fault on 3 of them (about 2.7% of all tokens, where the
+    rate rule's lower bound stayed below zero): rejected (the band rule sees its near-ties), the 3 requests flagged."""
+    reqs, reference, scorer = make_case(requests=16, length=64, seed=77)
+    stock, _ = planted(reqs, reference, scorer, seed=78, tie_rate=0.005, gap=0.05)
+    faulty = dict(stock)
+    for request in reqs[:3]:
+        ids = list(stock[request.id].output_ids)
+        for position in range(6, 64, 6):  # 10 flips per request at 0.2-nat near-ties: 30 of 1,024 tokens
+            token = other_token(reference[request.prompt_ids][position], 5)
+            scorer.tie(request.prompt_ids, position, token, 0.2)
+            ids[position] = token
+        faulty[request.id] = type(stock[request.id])(request.id, tuple(ids))
+    verdict = TokenForcing(scorer, _scored(scorer, reqs, stock), delta=0.25).judge(
+        "three", _scored(scorer, reqs, faulty)
+    )
+    assert not verdict.rate.reject and verdict.rate.difference_low < 0.005
+    assert verdict.verdict == "reject" and verdict.request.worst in {r.id for r in reqs[:3]}
+    assert {row["id"] for row in verdict.per_request if row["flagged"]} == {r.id for r in reqs[:3]}

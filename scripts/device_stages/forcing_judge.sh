@@ -47,8 +47,8 @@ print(f"{len(doc['runs'])} seeds of {doc['settings']['requests_per_seed']} x {do
 for name, row in doc["systems"].items():
     size = (
         f"{100 * row['mean_excess_mismatch']:.2f}%, {row['mean_added_events_per_1000']:.1f}"
-        f"{'' if row['target_size'] else ' (below target)'}; target-size seeds rejected "
-        f"{row['target_size_seeds_rejected']}/{row['target_size_seeds']}"
+        f"{'' if row['target_size'] else ' (below target)'}; target-size instances rejected "
+        f"{row['target_instances_rejected']}/{row['target_instances']}"
         if row["kind"] == "fault"
         else ""
     )

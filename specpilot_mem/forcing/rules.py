@@ -25,8 +25,9 @@ system and stock report stop reasons, a system's reason must be one stock gives 
 its output ("length" only at the limit, "stop" only on a stop token when the stop tokens are known).
 
 Power: from stock's numbers and the sample, the smallest rate difference the rate rule detects with
-80% power, and the events the event rule needs; ``verdict.py`` says ``inconclusive`` rather than
-``accept`` when either rule could not have seen what it is there to see.
+80% power, the events the event rule needs, and (reported) the band rule's power against flips at 0.3% of the
+tokens; ``verdict.py`` says ``inconclusive`` rather than ``accept`` when the rate or event rule could not have
+seen what it is there to see.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ Z_POWER = 0.8416212335729143  # the standard normal's 80% quantile
 # The event rate the event rule must be able to see (per token) when stock has almost no events:
 # one large-margin event per 1,000 tokens.
 EVENT_FLOOR = 1e-3
+# Issue 38's target for a fault whose flips sit under 2δ: 0.3% of the tokens changed (the band rule's power is
+# reported against it).
+CHANGE_FLOOR = 3e-3
 
 
 @dataclass(frozen=True)
@@ -194,8 +198,13 @@ class Power:
     that is at most twice the limit (it can tell the 0.5-point margin from no excess at all).
     Event rule: ``events_needed`` is the fewest unexplained events it rejects on given stock's count;
     ``event_power`` the chance of seeing them if the system's unexplained events ran at twice stock's
-    rate (at least one per 1,000 tokens). ``requests_needed`` and ``tokens_needed`` say what would
-    suffice (the same tokens per request)."""
+    rate (at least one per 1,000 tokens). Band rule: ``band_needed`` is the fewest mismatches with margin in
+    (δ/2, 2δ] it rejects on given stock's count there; ``band_power`` the chance of seeing them if the system flipped
+    0.3% of its tokens more than stock in that band (``CHANGE_FLOOR``): issue 38's size for flips under 2δ,
+    reported but not required (``sufficient``), since no sample reaches it once stock flips 0.3% there itself;
+    flips at margins up to δ/2, within rounding's own reach, only the rate rule's 0.5-point margin bounds.
+    ``requests_needed`` and ``tokens_needed`` say what would suffice (the same tokens per request).
+    ``band_sufficient`` is None in verdicts written before the band power existed."""
 
     rate_se: float
     rate_detectable: float
@@ -208,10 +217,22 @@ class Power:
     tokens: int
     requests_needed: int
     tokens_needed: int
+    band_needed: int | None = None
+    band_alternative: float | None = None
+    band_power: float | None = None
+    band_sufficient: bool | None = None
 
     @property
     def sufficient(self) -> bool:
+        # the band power is reported, not required: where stock's own flips crowd (δ/2, 2δ] it cannot reach 80% at
+        # any sample size (docs/token-forcing.md, "Verdicts")
         return self.rate_sufficient and self.event_sufficient
+
+    @property
+    def band_reachable(self) -> bool:
+        """Whether any sample lets the band rule see 0.3% of the tokens flipped: not once stock's own band rate is
+        so high that stock's plus 0.3% stays within ``BAND_RATIO`` times stock's."""
+        return self.band_alternative is None or _band_can_see(self.band_alternative - CHANGE_FLOOR)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -221,8 +242,19 @@ class Power:
         text = (
             f"rate rule detects an excess of {100 * self.rate_detectable:.2f} points with 80% power; event rule needs "
             f"{self.events_needed} unexplained events and sees a rate of {1000 * self.event_alternative:.2g} per "
-            f"1,000 tokens with {100 * self.event_power:.0f}% power ({self.requests} requests, {self.tokens} tokens)"
+            f"1,000 tokens with {100 * self.event_power:.0f}% power"
         )
+        if self.band_power is not None and self.band_reachable:
+            text += (
+                f"; band rule needs {self.band_needed} mismatches in (δ/2, 2δ] and sees {100 * CHANGE_FLOOR:g}% of "
+                f"the tokens flipped there with {100 * self.band_power:.0f}% power"
+            )
+        elif self.band_power is not None:
+            text += (
+                f"; band rule cannot see {100 * CHANGE_FLOOR:g}% of the tokens flipped in (δ/2, 2δ] at any sample size: "
+                f"stock flips {100 * (self.band_alternative - CHANGE_FLOOR):.2f}% there itself"
+            )
+        text += f" ({self.requests} requests, {self.tokens} tokens)"
         if not self.sufficient:
             text += (
                 f"; the sample cannot tell: about {self.requests_needed} requests ({self.tokens_needed} tokens) "
@@ -256,6 +288,23 @@ def _event_power(
     return needed, alternative, power
 
 
+def _band_can_see(stock_rate: float) -> bool:
+    """Whether a system flipping ``CHANGE_FLOOR`` of its tokens in the band beyond stock's ``stock_rate`` there
+    exceeds the band rule's null of ``BAND_RATIO`` times stock's rate."""
+    return stock_rate + CHANGE_FLOOR > BAND_RATIO * stock_rate
+
+
+def _band_power(
+    stock_band: int, stock_tokens: int, system_tokens: int, ratio: float, alpha: float
+) -> tuple[int | None, float, float]:
+    """(fewest band mismatches the band rule rejects on, the alternative's band rate per token, its power): the
+    alternative flips ``CHANGE_FLOOR`` of its tokens in the band beyond stock's rate there (Poisson counts)."""
+    share = ratio * system_tokens / (ratio * system_tokens + stock_tokens)
+    needed = needed_events(stock_band, share, alpha)
+    alternative = stock_band / stock_tokens + CHANGE_FLOOR
+    return needed, alternative, 0.0 if needed is None else poisson_at_least(needed, alternative * system_tokens)
+
+
 def power(
     system: Mapping[str, ScoredOutput],
     stock: Mapping[str, ScoredOutput],
@@ -265,7 +314,7 @@ def power(
     level: float = LEVEL,
     alpha: float = EVENT_ALPHA,
 ) -> Power:
-    """The power of the rate and event rules on this sample (``Power``)."""
+    """The power of the rate, event and band rules on this sample (``Power``)."""
     ids = sorted(stock)
     stock_m, stock_n = mismatch_counts(stock, ids)
     requests, tokens = len(ids), sum(stock_n)
@@ -275,7 +324,9 @@ def power(
     stock_events = sum(int((o.margin > 2 * delta).sum()) for o in stock.values())
     system_tokens = sum(o.tokens for o in system.values())
     needed, alternative, event_power = _event_power(stock_events, tokens, system_tokens, alpha)
-    rate_ok, event_ok = detectable <= 2 * rate.limit, event_power >= POWER
+    stock_band = band_counts(stock, delta / 2, 2 * delta)
+    band_needed, band_alternative, band_power = _band_power(stock_band, tokens, system_tokens, BAND_RATIO, BAND_ALPHA)
+    rate_ok, event_ok, band_ok = detectable <= 2 * rate.limit, event_power >= POWER, band_power >= POWER
     scale = 1.0
     if not rate_ok and math.isfinite(se):
         scale = max(scale, ((t + Z_POWER) * se / rate.limit) ** 2)
@@ -302,6 +353,10 @@ def power(
         tokens,
         requests_needed=max(requests, math.ceil(requests * scale)),
         tokens_needed=max(tokens, math.ceil(tokens * scale)),
+        band_needed=band_needed,
+        band_alternative=band_alternative,
+        band_power=band_power,
+        band_sufficient=band_ok,
     )
 
 
