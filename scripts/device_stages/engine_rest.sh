@@ -45,8 +45,12 @@ out = Path(sys.argv[1])
 tiles = out / "engine-tiles-1-8-h200.json"
 if tiles.exists():
     doc = json.loads(tiles.read_text())
-    for rows, e in (doc.get("attention") or {}).items():
-        print(f"attention {rows} rows:", e.get("error") or {k: e[k] for k in ("table", "best", "gain")})
+    att = doc.get("attention") or {}
+    if "error" in att:
+        print("attention sweep:", att["error"])
+    else:
+        for rows, e in att.items():
+            print(f"attention {rows} rows:", {k: e.get(k) for k in ("folded_rows", "table", "best", "gain")})
 probe = out / "system-kernel-probe-w12-8rows-h200.json"
 if probe.exists():
     doc = json.loads(probe.read_text())
