@@ -343,6 +343,16 @@ def test_row_argmax_is_torch_argmax_bit_for_bit(monkeypatch):
         F.row_argmax(x.t())
 
 
+@pytest.mark.parametrize("waves", ["two", "0", "-1", "nan"])
+def test_a_bad_pdl_wave_bound_is_a_clear_error(monkeypatch, waves):
+    """SPECPILOT_PDL_WAVES must be a positive number; the error names the variable before any device query."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("SPECPILOT_PDL_WAVES", waves)
+    with pytest.raises(ValueError, match="SPECPILOT_PDL_WAVES=.*positive number"):
+        F._pdl(SimpleNamespace(is_cuda=True, device="cuda:0"), 8)
+
+
 def test_tile_tables_cover_every_row_count():
     """Each op's row ranges end unbounded and grow; the attention's cover both head-dim classes."""
     for op, table in F.FUSED_TILES.items():

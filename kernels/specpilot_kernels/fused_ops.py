@@ -55,9 +55,6 @@ def _pdl(x: torch.Tensor, *grid: int) -> dict:
     whether 8-row grids of 1-2 waves gain from it; 1 unless set)."""
     if not x.is_cuda or os.environ.get("SPECPILOT_PDL", "1") == "0":
         return {}
-    if x.device not in _PDL_DEVICES:
-        props = torch.cuda.get_device_properties(x.device)
-        _PDL_DEVICES[x.device] = props.multi_processor_count if props.major >= 9 else 0
     waves = os.environ.get("SPECPILOT_PDL_WAVES", "1")
     try:
         waves = float(waves)
@@ -65,6 +62,9 @@ def _pdl(x: torch.Tensor, *grid: int) -> dict:
         waves = -1.0
     if not waves > 0:
         raise ValueError(f"SPECPILOT_PDL_WAVES={os.environ['SPECPILOT_PDL_WAVES']!r}: set it to a positive number")
+    if x.device not in _PDL_DEVICES:
+        props = torch.cuda.get_device_properties(x.device)
+        _PDL_DEVICES[x.device] = props.multi_processor_count if props.major >= 9 else 0
     return {"PDL": True, "launch_pdl": True} if math.prod(grid) <= waves * _PDL_DEVICES[x.device] else {}
 
 
