@@ -106,6 +106,10 @@ compile_for_sm90(F._tree_accept_kernel, {"tokens": "*i64", "parents": "*i64", "d
                                          "num_nodes": "*i32", "forced": "*i64", "active": "*u8", "pred": "*i64",
                                          "accepted": "*i64", "accept_len": "*i64", "deepest": "*i64", "out": "*i64",
                                          "T": "i32"}, {"TP": 64})
+compile_for_sm90(F._row_argmax_partial_kernel, {"x": ptr, "m_out": "*fp32", "nan_out": "*i32", "i_out": "*i32",
+                                                "N": "i32", "sx": "i32", "NCH": "i32"}, {"CH": 4096})
+compile_for_sm90(F._row_argmax_merge_kernel, {"m_in": "*fp32", "nan_in": "*i32", "i_in": "*i32", "out": "*i64",
+                                              "NCH": "i32", "BIG": "i32"}, {"P": 64})
 print("compiled")
 """
 
@@ -316,6 +320,27 @@ def test_row_tiles_change_no_bit(monkeypatch):
     )
     for a, b in zip(outs[0], want):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_row_argmax_is_torch_argmax_bit_for_bit(monkeypatch):
+    """The head's two-launch argmax against torch.argmax: ties (within a chunk and across chunks) go to the lowest
+    index, a NaN beats every number (the first NaN wins), all -inf rows give 0; rows span several chunks and a
+    partial last one."""
+    monkeypatch.setattr(F, "_ARGMAX_CHUNK", 64)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 64 * 3 + 17, generator=gen)
+    x[1, 5] = x[1, 70] = x[1, 200] = 9.0  # a tie across chunks
+    x[2, 80] = x[2, 81] = 9.0  # a tie inside a chunk
+    x[3, 150], x[3, 20] = float("nan"), float("inf")  # NaN above +inf
+    x[4, 100] = x[4, 199] = float("nan")
+    x[5] = float("-inf")
+    x[6, -1] = 9.0  # the partial last chunk
+    with F.interpreted_kernels():
+        got = F.row_argmax(x)
+    assert got.dtype == torch.long and torch.equal(got, x.argmax(-1))
+    assert got.tolist()[:6] == [x[0].argmax().item(), 5, 80, 150, 100, 0]
+    with pytest.raises(ValueError, match="unit stride"):
+        F.row_argmax(x.t())
 
 
 def test_tile_tables_cover_every_row_count():

@@ -51,13 +51,21 @@ def _pdl(x: torch.Tensor, *grid: int) -> dict:
     for the producer's writes, so the launch latency between a decode step's hundreds of small dependent kernels
     overlaps the work before them (SGLang launches its GDN kernel the same way). Larger grids launch normally:
     their programs would wait resident on the SMs the producer still needs (on the H200 that made 33-row steps
-    slower, while 1-row steps gained)."""
+    slower, while 1-row steps gained). ``SPECPILOT_PDL_WAVES=w`` moves that bound to w programs an SM (the probe of
+    whether 8-row grids of 1-2 waves gain from it; 1 unless set)."""
     if not x.is_cuda or os.environ.get("SPECPILOT_PDL", "1") == "0":
         return {}
     if x.device not in _PDL_DEVICES:
         props = torch.cuda.get_device_properties(x.device)
         _PDL_DEVICES[x.device] = props.multi_processor_count if props.major >= 9 else 0
-    return {"PDL": True, "launch_pdl": True} if math.prod(grid) <= _PDL_DEVICES[x.device] else {}
+    waves = os.environ.get("SPECPILOT_PDL_WAVES", "1")
+    try:
+        waves = float(waves)
+    except ValueError:
+        waves = -1.0
+    if not waves > 0:
+        raise ValueError(f"SPECPILOT_PDL_WAVES={os.environ['SPECPILOT_PDL_WAVES']!r}: set it to a positive number")
+    return {"PDL": True, "launch_pdl": True} if math.prod(grid) <= waves * _PDL_DEVICES[x.device] else {}
 
 
 @triton.jit
@@ -814,12 +822,14 @@ class AttentionTile:
 # (most folded query rows R = query heads per KV head x verify rows, largest head dim, tile): the first entry whose
 # bounds hold. A decode step's few rows want many splits of a short key range; 17-33 verify rows at GQA 6 (R
 # 102-198) want 64-row blocks and 8 warps (the H200 sweep, benchmarks/probes/engine-tiles-h200-2026-12-03/: 16.8 µs
-# at 17 rows where 32-row blocks took 23.5, 26.3 at 33 where 32-key steps took 30.1).
+# at 17 rows where 32-row blocks took 23.5, 26.3 at 33 where 32-key steps took 30.1). At head dim 256, 3-8 rows
+# (R 18-48) take the 64-row block too: 16-row blocks read every key once a block (three times at 8 rows) and made
+# 4 x 3 x 17 programs, past one wave and so launched without PDL; one 64-row block keeps 4 x 33 programs.
 ATTENTION_TILES: tuple[tuple[int, int, AttentionTile], ...] = (
     (48, 128, AttentionTile(16, 64, 4, 3, 2, 2)),
     (128, 128, AttentionTile(32, 64, 4, 3, 2, 2)),
     (1 << 30, 128, AttentionTile(64, 64, 8, 3, 2, 2)),
-    (48, 256, AttentionTile(16, 32, 4, 3, 2)),
+    (16, 256, AttentionTile(16, 32, 4, 3, 2)),
     (128, 256, AttentionTile(64, 32, 8, 1, 2, 2)),
     (1 << 30, 256, AttentionTile(64, 64, 8, 2, 2)),
 )
@@ -1085,6 +1095,75 @@ def conv_commit(
         **_pdl(conv, G * B, triton.cdiv(C, block)),
         num_warps=4,
     )
+
+
+# -- the LM head's greedy token ------------------------------------------------------------------------------------
+
+_ARGMAX_CHUNK = 4096  # vocabulary entries a first-stage program reduces
+
+
+@triton.jit
+def _argmax_key(v, offs, BIG):
+    """A chunk's (max, has NaN, index): torch.argmax's order (NaN above every number, then the lowest index)."""
+    nan = v != v
+    m = tl.max(tl.where(nan, float("-inf"), v), axis=0)
+    has_nan = tl.max(nan.to(tl.int32), axis=0)
+    win = tl.where(has_nan > 0, nan, v == m)
+    return m, has_nan, tl.min(tl.where(win, offs, BIG), axis=0)
+
+
+@triton.jit
+def _row_argmax_partial_kernel(x, m_out, nan_out, i_out, N, sx, NCH, CH: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    offs = c * CH + tl.arange(0, CH)
+    v = tl.load(x + r * sx + offs, mask=offs < N, other=float("-inf")).to(tl.float32)
+    m, has_nan, j = _argmax_key(v, offs, N + CH)
+    tl.store(m_out + r * NCH + c, m)
+    tl.store(nan_out + r * NCH + c, has_nan)
+    tl.store(i_out + r * NCH + c, j)
+
+
+@triton.jit
+def _row_argmax_merge_kernel(m_in, nan_in, i_in, out, NCH, BIG, P: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl_start(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    p = tl.arange(0, P)
+    ok = p < NCH
+    m = tl.load(m_in + r * NCH + p, mask=ok, other=float("-inf"))
+    has_nan = tl.load(nan_in + r * NCH + p, mask=ok, other=0)
+    j = tl.load(i_in + r * NCH + p, mask=ok, other=BIG)
+    top = tl.max(m, axis=0)
+    # a chunk's index is below every later chunk's: the first qualifying chunk's index is the row's
+    win = tl.where(tl.max(has_nan, axis=0) > 0, has_nan > 0, (m == top) & ok)
+    tl.store(out + r, tl.min(tl.where(win, j, BIG), axis=0).to(tl.int64))
+
+
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(-1)`` of [M, N] logits (unit stride along N) -> [M] int64, bit for bit (the largest entry's lowest
+    index; a NaN counts above every number, as in torch), in two launches: chunks of each row, then their winners.
+    torch's reduction took 8.8 µs for one 248,320-entry row and 19.6 for 32 on the H200 (its grid is one program
+    a row). On a CPU: ``torch.argmax``."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(
+            f"row_argmax takes [M, N] rows of unit stride, got shape {tuple(x.shape)} strides {x.stride()}"
+        )
+    if not _kernels(x):
+        return x.argmax(-1)
+    M, N = x.shape
+    nch = triton.cdiv(N, _ARGMAX_CHUNK)
+    m = torch.empty(M, nch, dtype=torch.float32, device=x.device)
+    has_nan = torch.empty(M, nch, dtype=torch.int32, device=x.device)
+    idx = torch.empty(M, nch, dtype=torch.int32, device=x.device)
+    _row_argmax_partial_kernel[(M, nch)](
+        x, m, has_nan, idx, N, x.stride(0), nch, CH=_ARGMAX_CHUNK, **_pdl(x, M, nch), num_warps=8
+    )
+    out = torch.empty(M, dtype=torch.long, device=x.device)
+    _row_argmax_merge_kernel[(M,)](
+        m, has_nan, idx, out, nch, N + _ARGMAX_CHUNK, P=max(16, triton.next_power_of_2(nch)), **_pdl(x, M), num_warps=1
+    )
+    return out
 
 
 # -- acceptance --------------------------------------------------------------------------------------------------

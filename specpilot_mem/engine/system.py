@@ -39,6 +39,7 @@ from specpilot_kernels.fused_ops import (
     gated_rms_norm,
     qk_norm_rope,
     rms_norm,
+    row_argmax,
     select_states,
     silu_mul,
     tree_accept,
@@ -418,6 +419,7 @@ class SystemModel:
         self._inter: dict = {}  # per (B, T): every GDN layer's state snapshots [G, B, T, HV, V, K] (stock verify)
         self._raw: dict = {}  # per (B, T): every GDN layer's conv inputs of the rows [G, B, T, C] (the conv commit)
         self._indices: dict = {}  # per (B, T): SGLang's kernel's cu_seqlens and snapshot indices
+        self._rope: dict = {}  # per (device, T): RoPE's inverse frequencies and the rows' offsets
         self._fallback = None
         self._graphs: dict = {}
         self._stream = None
@@ -558,11 +560,9 @@ class SystemModel:
         """What every attention layer of one pass shares, computed once per pass: RoPE's cos/sin at each row's
         position, the cache slots the rows write, the cache lengths they see and their ancestor mask. ``prompt``: a
         prompt segment's rows, which no fault option touches (a prefill pass's)."""
-        s = self.shape
         B, T = buf.shape
         dev = buf.tokens.device
-        D = s.attn_head_dim
-        inv = 1.0 / (s.rope_theta ** (torch.arange(0, D, 2, device=dev, dtype=torch.float32) / D))
+        inv, steps = self._rope_constants(dev, T)
         if caches is None:  # the drafter's block: bidirectional over its own rows
             ang = buf.depth.float()[..., None] * inv
             full = torch.ones(B, T, T, dtype=torch.bool, device=dev)
@@ -570,7 +570,8 @@ class SystemModel:
         L = caches.max_len
         lengths = caches.lengths[:B]
         offset, window = (0, 0) if prompt else (self.options.rope_offset, self.options.attn_window)
-        ang = (lengths[:, None] + buf.depth + offset).float()[..., None] * inv
+        pos = lengths[:, None] + buf.depth
+        ang = (pos + offset if offset else pos).float()[..., None] * inv
         # attn_window (the context fault): only the last attn_window committed tokens are seen (0: all)
         ctx = {
             "cos": ang.cos(),
@@ -580,8 +581,18 @@ class SystemModel:
             "window": window,
         }
         # clamped so that no write can leave the cache (callers keep lengths + T <= max_len; see SystemDecoder)
-        ctx["slots"] = (lengths[:, None] + torch.arange(T, device=dev)).clamp(max=L - 1) if write_cache else None
+        ctx["slots"] = (lengths[:, None] + steps).clamp(max=L - 1) if write_cache else None
         return ctx
+
+    def _rope_constants(self, device, T: int):
+        """RoPE's inverse frequencies and arange(T), made once per (device, T) and not by four launches a step
+        (the same values: the same torch ops, run once)."""
+        key = (device, T)
+        if key not in self._rope:
+            D = self.shape.attn_head_dim
+            inv = 1.0 / (self.shape.rope_theta ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D))
+            self._rope[key] = (inv, torch.arange(T, device=device))
+        return self._rope[key]
 
     def _attn(
         self,
@@ -740,7 +751,7 @@ class SystemModel:
             logits = hidden @ self.w.head.t() if mode == "bf16" else self.w.head_linear()(hidden, "w12")
             logits = self._fault(logits, predicted_index)
             if flips is None or predicted_index is None:
-                return logits.argmax(-1)
+                return row_argmax(logits.contiguous())
             top2 = logits.topk(2, dim=-1).indices
             slot = torch.arange(logits.shape[0], device=logits.device) // (logits.shape[0] // flips.shape[0])
             flip = flips[slot, predicted_index.clamp(0, flips.shape[1] - 1)]
