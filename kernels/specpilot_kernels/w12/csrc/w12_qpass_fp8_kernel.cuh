@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(32 * kQpassFp8MaxWarps) qpass_fp8_kernel(Qpass
 
   // FUSED: pieces 8P + t and 8P + 4 + t of token g (columns 64P + 8t, 64P + 32 + 8t) for pair P = p0 + step, zero past
   // k (the quantizer's zeros), held a step ahead of their MMAs so their L2 latency hides behind the step before
-  uint4 x_next[FUSED ? 2 : 1];
+  uint4 x_next[2];
   auto load_x = [&](int step) {
     const int piece = 8 * (p0 + step) + t, pieces = args.k / 8;
     const uint4* row = reinterpret_cast<const uint4*>(x_row);
