@@ -795,6 +795,10 @@ def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
                 if bucket != "17-32" and option.uses_wide(rows[-1], (9, 0)):
                     assert check.wide_fits(*option.wide_launch(rows[-1])[:4], rows[-1])
     assert not check.wide_fits(4, 6, 4, 32, 256) and check.wide_fits(1, 2, 2, 8, 64)
+    # class blocks are candidates at 17-32 and 33-64 rows where the partition's classes and splits fit a cluster
+    qkv = check.tune_candidates(MmaConfig(**tuned["10240,5120"]), "33-64")["off_plan(4, 1)_wgmma1_classes"]
+    assert qkv.class_blocks(64, (9, 0)) == 1 and qkv.class_blocks(32, (9, 0)) == 0
+    assert "wgmma2_classes" in check.tune_candidates(MmaConfig(**tuned["5120,17408"]), "17-32")
     # --write-configs: the committed file with the tuned shapes replaced, every config still loadable
     config = asdict(check.tune_candidates(MmaConfig(**tuned["10240,5120"]), "33-64")["wide(4, 4, 2, 8)"])
     out = tmp_path / "mma_configs.json"
