@@ -87,6 +87,12 @@ def check_shape(n: int, k: int, device: str) -> dict:
                 out[f"{low_bits}_tiles_per_warp{r}_rel_err_vs_emulation"] = rel_err(bits, ref)
                 one = w12_fp8_qpass_gemm(x[5:6].contiguous(), mma, low_bits, config=replace(other, tiles_per_warp=1))
                 out[f"{low_bits}_tiles_per_warp{r}_row_bits_same_at_1_row"] = torch.equal(one, bits[5:6])
+        # the fused quantizer (1-8 rows): the two-kernel path's bits, under the 1-row partition and the 8-row one
+        for rows in (1, 8):
+            chosen = select_fp8_qpass_config(n, k, x.device, rows, low_bits == "midpoint")
+            pair = [replace(chosen, fused=f) for f in (False, True)]
+            got = [w12_fp8_qpass_gemm(x[:rows].contiguous(), mma, low_bits, config=c) for c in pair]
+            out[f"{low_bits}_fused_bits_equal_at_{rows}_rows"] = torch.equal(got[0], got[1])
     cols = torch.arange(0, k, max(1, k // 16), device=device)[:16]
     onehot = torch.zeros(cols.numel(), k, device=device, dtype=torch.bfloat16)
     onehot[torch.arange(cols.numel(), device=device), cols] = 1.0
@@ -114,12 +120,16 @@ def engine_shapes() -> dict[str, tuple[int, int]]:
 
 def gemm_section(rows: list[int], replays: int, sweep_rows: list[int], sweep_s: float) -> dict:
     """Per shape: checks, then the timings; partitions swept at ``sweep_rows`` for up to ``sweep_s`` seconds over
-    all shapes (an equal share each)."""
+    all shapes (an equal share each, counted from its first sweep: the weights' encoding and the extensions' builds
+    are not the sweep's; in call 1 of 2026-12-03 they left the first shape one timed partition)."""
+    from specpilot_kernels.w12.qpass_fp8 import fp8_qpass_available
+
+    if not fp8_qpass_available("cuda"):  # builds (or loads) the extension before any clock runs
+        raise SystemExit("the FP8 Q pass does not build on this GPU (needs sm_89+)")
     out = {}
     shapes = engine_shapes()
     for name, (n, k) in shapes.items():
-        sweep_until = time.perf_counter() + sweep_s / len(shapes)
-        out[name] = {"N": n, "K": k, **time_shape(name, n, k, rows, replays, sweep_rows, sweep_until)}
+        out[name] = {"N": n, "K": k, **time_shape(name, n, k, rows, replays, sweep_rows, sweep_s / len(shapes))}
         torch.cuda.empty_cache()
         out[name]["check"] = check_shape(n, k, "cuda")  # the partitions the timings chose (tuned where swept)
         log(name, out[name]["check"])
@@ -129,18 +139,21 @@ def gemm_section(rows: list[int], replays: int, sweep_rows: list[int], sweep_s: 
 
 def sweep_configs(n: int, k: int, m: int, midpoint: bool) -> list:
     """Partitions beside the default, for both operand kinds: 1-2 weight tiles a warp (f16) or 2-4 (E4M3: one never
-    won on the H200) x warps a K x 4- or 8-warp blocks, one block a K; and the K-split rule's partition."""
+    won on the H200) x warps a K x 4- or 8-warp blocks, one block a K; and the K-split rule's partition. Likelier
+    winners first (a sweep may run out of time): at 1-8 rows E4M3 and many warps a K, past them f16 (the H200's
+    winners of call 1, 2026-12-03)."""
     from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig, fp8_qpass_partition, tiles_per_warp_fits
 
     pairs = -(-k // 128) * 2
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     configs = []
-    for operands, tiles in (("f16", (1, 2)), ("e4m3", (2, 4))):
+    kinds = (("f16", (1, 2)), ("e4m3", (2, 4)))
+    for operands, tiles in kinds[::-1] if m <= 8 else kinds:
         for r in tiles:
             if not tiles_per_warp_fits(m, r, midpoint, operands):
                 continue
             split = replace(fp8_qpass_partition(n, k, sms, r), operands=operands)
-            for config in [Fp8QpassConfig(wk, max(1, b // wk), r, 1, operands) for wk in (1, 2, 4, 8) for b in (4, 8)]:
+            for config in [Fp8QpassConfig(wk, max(1, b // wk), r, 1, operands) for wk in (8, 4, 2, 1) for b in (4, 8)]:
                 if config not in configs and pairs // config.warps_k >= 4:
                     configs.append(config)
             if split not in configs:
@@ -149,15 +162,22 @@ def sweep_configs(n: int, k: int, m: int, midpoint: bool) -> list:
 
 
 def label(config) -> str:
-    return f"{config.operands}_r{config.tiles_per_warp}_wk{config.warps_k}_g{config.groups_per_block}_s{config.splits}"
+    fused = "_fq" if config.fused else ""
+    return (
+        f"{config.operands}_r{config.tiles_per_warp}_wk{config.warps_k}_g{config.groups_per_block}_s{config.splits}"
+        + fused
+    )
 
 
 def parse_label(text: str):
     from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig
 
     operands, *parts = text.split("_")
-    r, wk, g, splits = (int(part.lstrip("rwkgs")) for part in parts)
-    return Fp8QpassConfig(warps_k=wk, groups_per_block=g, tiles_per_warp=r, splits=splits, operands=operands)
+    fused = parts[-1] == "fq"
+    r, wk, g, splits = (int(part.lstrip("rwkgs")) for part in parts[:4])
+    return Fp8QpassConfig(
+        warps_k=wk, groups_per_block=g, tiles_per_warp=r, splits=splits, operands=operands, fused=fused
+    )
 
 
 def tuned_table() -> dict:
@@ -168,24 +188,63 @@ def tuned_table() -> dict:
     return qpass_fp8._tuned().setdefault(torch.cuda.get_device_name(), {})
 
 
+FUSED_CANDIDATES = 4  # the fastest two-kernel partitions whose fused twins a sweep at 1-8 rows times
+
+
 def sweep_shape(n: int, k: int, m: int, mmas, w12, x, timed, until: float) -> dict:
-    """Every sweep partition at m rows in both modes: its µs and its error against the emulation; the fastest
-    correct one (relative error < 4e-3, the bf16 output rounding being ~1.7e-3) goes into the tuned table."""
-    from specpilot_kernels.w12.qpass_fp8 import fp8_qpass_reference, tuned_key, w12_fp8_qpass_gemm
+    """Every sweep partition at m rows in both modes, the table's current choice first: its µs and its error
+    against the emulation; at 1-8 rows then the fused twins (the GEMM quantizing x itself) of the fastest
+    ``FUSED_CANDIDATES``, each also checked bit for bit against its two-kernel twin. The fastest correct one
+    (relative error < 4e-3, the bf16 output rounding being ~1.7e-3; a fused one only with its twin's bits) goes
+    into the tuned table: the current choice is among the timed, so a sweep never leaves the table slower."""
+    from specpilot_kernels.w12.qpass_fp8 import (
+        fp8_qpass_reference,
+        fused_fits,
+        select_fp8_qpass_config,
+        tuned_key,
+        w12_fp8_qpass_gemm,
+    )
 
     out = {}
     for index, low_bits in enumerate(("truncated", "midpoint")):
         mode_until = time.perf_counter() + (until - time.perf_counter()) / (2 - index)
+        midpoint = low_bits == "midpoint"
         ref = fp8_qpass_reference(x, w12, low_bits)
-        times, errors = {}, {}
-        for c in sweep_configs(n, k, m, low_bits == "midpoint"):
-            if time.perf_counter() > mode_until:
-                break
+        times, errors, outputs = {}, {}, {}
+        current = select_fp8_qpass_config(n, k, x.device, m, midpoint)
+        fused = fused_fits(m)
+
+        def run(c, lb=low_bits, ref=ref, times=times, errors=errors, outputs=outputs, keep=fused):
             try:
-                errors[label(c)] = rel_err(w12_fp8_qpass_gemm(x, mmas[0], low_bits, config=c), ref)
-                times[label(c)] = timed(lambda i, c=c, lb=low_bits: w12_fp8_qpass_gemm(x, mmas[i], lb, config=c))
+                y = w12_fp8_qpass_gemm(x, mmas[0], lb, config=c)
+                errors[label(c)] = rel_err(y, ref)
+                if keep:  # kept for the fused twins' bit check
+                    outputs[label(c)] = y
+                times[label(c)] = timed(lambda i: w12_fp8_qpass_gemm(x, mmas[i], lb, config=c))
             except RuntimeError as err:  # a partition that does not launch: recorded, not fatal
                 errors[label(c)] = str(err)[:200]
+
+        plain_until = mode_until - (0.3 if fused else 0.0) * (mode_until - time.perf_counter())  # 30%: the twins
+        run(current)
+        for c in sweep_configs(n, k, m, midpoint):
+            if time.perf_counter() > plain_until:
+                break
+            if c != current:
+                run(c)
+        if fused:
+            plain = sorted((key for key in times if not key.endswith("_fq")), key=times.get)[:FUSED_CANDIDATES]
+            if current.fused:  # the table's fused choice is checked against its twin too
+                plain.insert(0, label(replace(current, fused=False)))
+                run(replace(current, fused=False))
+            for rank, key in enumerate(plain):
+                if time.perf_counter() > mode_until and rank > 0:  # the fastest one's twin always
+                    break
+                twin = replace(parse_label(key), fused=True)
+                run(twin)
+                if label(twin) in outputs and key in outputs:
+                    if not torch.equal(outputs[label(twin)], outputs[key]):
+                        errors[label(twin)] = f"fused bits differ from {key}"
+        outputs.clear()
         correct = {key: us for key, us in times.items() if isinstance(errors[key], float) and errors[key] < 4e-3}
         entry = {"us": times, "rel_err": errors}
         if correct:
@@ -197,9 +256,7 @@ def sweep_shape(n: int, k: int, m: int, mmas, w12, x, timed, until: float) -> di
     return out
 
 
-def time_shape(
-    name: str, n: int, k: int, rows: list[int], replays: int, sweep_rows: list[int], sweep_until: float
-) -> dict:
+def time_shape(name: str, n: int, k: int, rows: list[int], replays: int, sweep_rows: list[int], sweep_s: float) -> dict:
     from specpilot_kernels.w12 import encode, to_mma_layout, w12_mma_gemm
     from specpilot_kernels.w12.qpass_fp8 import select_fp8_qpass_config, w12_fp8_qpass_gemm
 
@@ -216,9 +273,12 @@ def time_shape(
     def timed(fn, replays=replays):
         return graph_replay_us(fn, copies=copies, replays=replays)
 
+    sweep_until = None  # the shape's sweep seconds run from its first sweep
     for m in rows:
         x = torch.randn(m, k, device="cuda").bfloat16()
         row = {"M": m, "exact_us": timed(lambda i, x=x: w12_mma_gemm(x, mmas[i]))}
+        if m in sweep_rows and sweep_until is None:
+            sweep_until = time.perf_counter() + sweep_s
         if m in sweep_rows and time.perf_counter() < sweep_until:  # first, so the timings below use its choice
             left = sum(1 for r in rows[rows.index(m) :] if r in sweep_rows)  # an equal share of what is left
             until = time.perf_counter() + (sweep_until - time.perf_counter()) / left
