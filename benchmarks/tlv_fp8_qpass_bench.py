@@ -87,12 +87,6 @@ def check_shape(n: int, k: int, device: str) -> dict:
                 out[f"{low_bits}_tiles_per_warp{r}_rel_err_vs_emulation"] = rel_err(bits, ref)
                 one = w12_fp8_qpass_gemm(x[5:6].contiguous(), mma, low_bits, config=replace(other, tiles_per_warp=1))
                 out[f"{low_bits}_tiles_per_warp{r}_row_bits_same_at_1_row"] = torch.equal(one, bits[5:6])
-        # the fused quantizer (1-8 rows): the two-kernel path's bits, under the 1-row partition and the 8-row one
-        for rows in (1, 8):
-            chosen = select_fp8_qpass_config(n, k, x.device, rows, low_bits == "midpoint")
-            pair = [replace(chosen, fused=f) for f in (False, True)]
-            got = [w12_fp8_qpass_gemm(x[:rows].contiguous(), mma, low_bits, config=c) for c in pair]
-            out[f"{low_bits}_fused_bits_equal_at_{rows}_rows"] = torch.equal(got[0], got[1])
     cols = torch.arange(0, k, max(1, k // 16), device=device)[:16]
     onehot = torch.zeros(cols.numel(), k, device=device, dtype=torch.bfloat16)
     onehot[torch.arange(cols.numel(), device=device), cols] = 1.0
@@ -162,10 +156,10 @@ def sweep_configs(n: int, k: int, m: int, midpoint: bool) -> list:
 
 
 def label(config) -> str:
-    fused = "_fq" if config.fused else ""
+    prefetch = f"_l{config.l2_prefetch_pairs}" if config.l2_prefetch_pairs else ""
     return (
         f"{config.operands}_r{config.tiles_per_warp}_wk{config.warps_k}_g{config.groups_per_block}_s{config.splits}"
-        + fused
+        + prefetch
     )
 
 
@@ -173,11 +167,14 @@ def parse_label(text: str):
     from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig
 
     operands, *parts = text.split("_")
-    fused = parts[-1] == "fq"
     r, wk, g, splits = (int(part.lstrip("rwkgs")) for part in parts[:4])
+    prefetch = int(parts[4].lstrip("l")) if len(parts) > 4 else 0
     return Fp8QpassConfig(
-        warps_k=wk, groups_per_block=g, tiles_per_warp=r, splits=splits, operands=operands, fused=fused
+        warps_k=wk, groups_per_block=g, tiles_per_warp=r, splits=splits, operands=operands, l2_prefetch_pairs=prefetch
     )
+
+
+L2_PREFETCH_PAIRS = (4, 16)  # the L2 look-ahead a 1-8-row sweep tries on its fastest partition (during the quantizer)
 
 
 def tuned_table() -> dict:
@@ -188,18 +185,13 @@ def tuned_table() -> dict:
     return qpass_fp8._tuned().setdefault(torch.cuda.get_device_name(), {})
 
 
-FUSED_CANDIDATES = 4  # the fastest two-kernel partitions whose fused twins a sweep at 1-8 rows times
-
-
 def sweep_shape(n: int, k: int, m: int, mmas, w12, x, timed, until: float) -> dict:
     """Every sweep partition at m rows in both modes, the table's current choice first: its µs and its error
-    against the emulation; at 1-8 rows then the fused twins (the GEMM quantizing x itself) of the fastest
-    ``FUSED_CANDIDATES``, each also checked bit for bit against its two-kernel twin. The fastest correct one
-    (relative error < 4e-3, the bf16 output rounding being ~1.7e-3; a fused one only with its twin's bits) goes
-    into the tuned table: the current choice is among the timed, so a sweep never leaves the table slower."""
+    against the emulation; the fastest correct one (relative error < 4e-3, the bf16 output rounding being ~1.7e-3)
+    goes into the tuned table. The current choice is always among those timed, so a sweep that runs out of time
+    cannot leave an entry slower than it found it."""
     from specpilot_kernels.w12.qpass_fp8 import (
         fp8_qpass_reference,
-        fused_fits,
         select_fp8_qpass_config,
         tuned_key,
         w12_fp8_qpass_gemm,
@@ -210,41 +202,25 @@ def sweep_shape(n: int, k: int, m: int, mmas, w12, x, timed, until: float) -> di
         mode_until = time.perf_counter() + (until - time.perf_counter()) / (2 - index)
         midpoint = low_bits == "midpoint"
         ref = fp8_qpass_reference(x, w12, low_bits)
-        times, errors, outputs = {}, {}, {}
         current = select_fp8_qpass_config(n, k, x.device, m, midpoint)
-        fused = fused_fits(m)
-
-        def run(c, lb=low_bits, ref=ref, times=times, errors=errors, outputs=outputs, keep=fused):
+        times, errors = {}, {}
+        for c in [current] + [c for c in sweep_configs(n, k, m, midpoint) if c != current]:
+            if time.perf_counter() > mode_until and c is not current:
+                break
             try:
-                y = w12_fp8_qpass_gemm(x, mmas[0], lb, config=c)
-                errors[label(c)] = rel_err(y, ref)
-                if keep:  # kept for the fused twins' bit check
-                    outputs[label(c)] = y
-                times[label(c)] = timed(lambda i: w12_fp8_qpass_gemm(x, mmas[i], lb, config=c))
+                errors[label(c)] = rel_err(w12_fp8_qpass_gemm(x, mmas[0], low_bits, config=c), ref)
+                times[label(c)] = timed(lambda i, c=c, lb=low_bits: w12_fp8_qpass_gemm(x, mmas[i], lb, config=c))
             except RuntimeError as err:  # a partition that does not launch: recorded, not fatal
                 errors[label(c)] = str(err)[:200]
-
-        plain_until = mode_until - (0.3 if fused else 0.0) * (mode_until - time.perf_counter())  # 30%: the twins
-        run(current)
-        for c in sweep_configs(n, k, m, midpoint):
-            if time.perf_counter() > plain_until:
-                break
-            if c != current:
-                run(c)
-        if fused:
-            plain = sorted((key for key in times if not key.endswith("_fq")), key=times.get)[:FUSED_CANDIDATES]
-            if current.fused:  # the table's fused choice is checked against its twin too
-                plain.insert(0, label(replace(current, fused=False)))
-                run(replace(current, fused=False))
-            for rank, key in enumerate(plain):
-                if time.perf_counter() > mode_until and rank > 0:  # the fastest one's twin always
-                    break
-                twin = replace(parse_label(key), fused=True)
-                run(twin)
-                if label(twin) in outputs and key in outputs:
-                    if not torch.equal(outputs[label(twin)], outputs[key]):
-                        errors[label(twin)] = f"fused bits differ from {key}"
-        outputs.clear()
+        if m <= 8 and times:  # the fastest one with an L2 look-ahead while the quantizer runs (the same bits)
+            fastest = parse_label(min(times, key=times.get))
+            for pairs in L2_PREFETCH_PAIRS:
+                c = replace(fastest, l2_prefetch_pairs=pairs)
+                try:
+                    errors[label(c)] = rel_err(w12_fp8_qpass_gemm(x, mmas[0], low_bits, config=c), ref)
+                    times[label(c)] = timed(lambda i, c=c, lb=low_bits: w12_fp8_qpass_gemm(x, mmas[i], lb, config=c))
+                except RuntimeError as err:
+                    errors[label(c)] = str(err)[:200]
         correct = {key: us for key, us in times.items() if isinstance(errors[key], float) and errors[key] < 4e-3}
         entry = {"us": times, "rel_err": errors}
         if correct:

@@ -203,23 +203,6 @@ def test_the_midpoint_is_the_view_plus_its_sign_and_exponent_over_16():
     assert torch.equal(mid, bits.to(torch.int16).view(torch.bfloat16).float())
 
 
-@pytest.mark.parametrize("rows, k", [(1, 256), (8, 320), (5, 200)])
-def test_the_fused_quantizer_reads_each_lanes_b_bytes_from_x_where_the_image_holds_them(rows, k):
-    # the fused GEMM's lane 4g + t takes pieces 8P + t and 8P + 4 + t of token g (8 columns each, zero past k) as its
-    # 16 B bytes of pair P: exactly the quantizer's image[0][P][4g + t] (csrc w12_qpass_fp8_kernel.cuh, FUSED)
-    kp = -(-k // 128) * 128
-    q, _ = fp8_rows_reference(torch.randn(rows, k).bfloat16())
-    image = image_of(q, kp)
-    padded = torch.zeros(8, kp, dtype=torch.uint8)
-    padded[:rows, :k] = q.view(torch.uint8)
-    for lane in range(32):
-        g, t = lane // 4, lane % 4
-        for pair in range(kp // 64):
-            pieces = [8 * pair + t, 8 * pair + 4 + t]
-            fused = torch.cat([padded[g, 8 * c : 8 * c + 8] for c in pieces])
-            assert torch.equal(fused, image[0, pair, lane]), (lane, pair)
-
-
 def test_rows_are_quantized_onto_e4m3_with_their_own_scale():
     x = torch.tensor([[1.0, -2.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0], [1e-3, 3e4, -7.0, 2.0]]).bfloat16()
     q, scale = fp8_rows_reference(x)
@@ -270,12 +253,8 @@ def test_few_tile_groups_split_their_k_over_blocks():
     assert 272 // (down.warps_k * down.splits) >= 4  # each K class keeps at least 4 pairs of 64 columns
     with pytest.raises(W12Error, match="splits"):
         Fp8QpassConfig(splits=0)
-
-
-def test_the_fused_quantizer_is_refused_past_one_token_tile():
-    mma = to_mma_layout(encode(weight_with_escapes()))
-    with pytest.raises(W12Error, match="1-8 rows"):
-        w12_fp8_qpass_gemm(torch.randn(9, 256).bfloat16(), mma, config=Fp8QpassConfig(fused=True))
+    with pytest.raises(W12Error, match="l2_prefetch_pairs"):
+        Fp8QpassConfig(l2_prefetch_pairs=-1)
 
 
 def test_bad_inputs_are_refused_with_the_fix():
@@ -300,11 +279,9 @@ def test_kernel_builds_for_sm_90a_without_spills_up_to_40_rows(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     found = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", result.stderr, re.S)
     stores = dict(found)
-    # 14 truncated + 11 midpoint (token tiles x weight tiles), their 3 + 3 fused twins at one token tile, the quantizer
-    assert len(stores) == 32, stores
-    plans = {tuple(map(int, m.groups()[:2])) + (m.group(3) == "1", m.group(4) == "1"): int(stores[name])
-             for name in stores if (m := re.search(r"kernelILi(\d+)ELi(\d+)ELb(\d)ELb0ELb(\d)", name))}  # fmt: skip
-    assert len(plans) == 31, plans
+    assert len(stores) == 26, stores  # 14 truncated + 11 midpoint (token tiles x weight tiles) + the quantizer
+    plans = {tuple(map(int, m.groups()[:2])) + (m.group(3) == "1",): int(stores[name])
+             for name in stores if (m := re.search(r"kernelILi(\d+)ELi(\d+)ELb(\d)ELb0", name))}  # fmt: skip
     # at most a few words spilled, and only at the register budget's edge (4 tiles a warp, or 20 accumulators)
     edge = {plan for plan in plans if plan[1] == 4 or plan[0] * plan[1] * (2 if plan[2] else 1) == 20 or plan[0] == 8}
     assert all(count == 0 for plan, count in plans.items() if plan not in edge), plans
@@ -322,9 +299,8 @@ def test_the_f16_operand_kernels_build_for_sm_90a_within_a_word_of_spill(tmp_pat
     )
     assert result.returncode == 0, result.stderr[-2000:]
     stores = dict(re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", result.stderr, re.S))
-    # 5 token tiles x 1-2 weight tiles x 2 modes (the midpoint adds no sums), + the fused twins at one token tile
-    assert len(stores) == 24, stores
-    assert all(re.search(r"ELb1ELb[01]EEEv", name) for name in stores)  # every one the f16 kind
+    assert len(stores) == 20, stores  # 5 token tiles x 1-2 weight tiles x 2 modes (the midpoint adds no sums)
+    assert all("ELb1EEEv" in name for name in stores)  # every one the f16 kind
     assert all(int(count) <= 4 for count in stores.values()), stores
 
 
@@ -379,20 +355,10 @@ def test_every_partition_matches_the_emulation_and_splits_keep_a_rows_bits(rows,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 tensor cores (sm_89+)")
-@pytest.mark.parametrize("rows", [1, 3, 8])
-@pytest.mark.parametrize("low_bits", ["midpoint", "truncated"])
-@pytest.mark.parametrize(
-    "config", [(1, 1, 1, 3, "e4m3"), (2, 4, 2, 1, "e4m3"), (4, 8, 1, 1, "e4m3"), (2, 2, 2, 2, "f16")]
-)
-def test_the_fused_quantizer_gives_the_two_kernel_bits(rows, low_bits, config):
-    tiles_per_warp, warps_k, groups_per_block, splits, operands = config
-    mma = to_mma_layout(encode(weight_with_escapes(n=1000, k=1400, device="cuda")))  # K short of its 128s
-    x = torch.randn(rows, 1400, device="cuda").bfloat16()
-    x[0, 7] = 0.0
-    if rows > 1:
-        x[1] = 0.0  # a zero row: scale 1
-    two = Fp8QpassConfig(warps_k, groups_per_block, tiles_per_warp, splits, operands)
-    fused = Fp8QpassConfig(warps_k, groups_per_block, tiles_per_warp, splits, operands, fused=True)
-    assert torch.equal(
-        w12_fp8_qpass_gemm(x, mma, low_bits, config=fused), w12_fp8_qpass_gemm(x, mma, low_bits, config=two)
-    )
+@pytest.mark.parametrize("pairs", [1, 4, 64])
+def test_the_l2_look_ahead_changes_no_bit(pairs):
+    mma = to_mma_layout(encode(weight_with_escapes(n=1000, k=1536, device="cuda")))
+    x = torch.randn(3, 1536, device="cuda").bfloat16()
+    for config in (Fp8QpassConfig(2, 2, 2, 1), Fp8QpassConfig(1, 1, 1, 3, "f16")):
+        ahead = Fp8QpassConfig(**{**vars(config), "l2_prefetch_pairs": pairs})
+        assert torch.equal(w12_fp8_qpass_gemm(x, mma, config=ahead), w12_fp8_qpass_gemm(x, mma, config=config))

@@ -7,10 +7,7 @@ the ``mma.m16n8k32`` E4M3 A fragment up to one byte permute a register (``csrc/w
 feeds the view to the FP8 tensor cores with no copy and no decode; the BF16 Q mode of the exact kernels spends three
 to five instructions a register decoding it and twice the MMAs. The price: the activations enter as E4M3 too,
 quantized per token row (``scale = max |x| / 448``, round to nearest) by a small kernel that writes them in the
-B fragments' order. The row window ``2**(base - 120)`` and the token's scale multiply the fp32 sums. At 1-8 rows
-a partition may be ``fused``: no quantizer launch; each GEMM block finds its rows' largest |x| and each lane quantizes
-its own B fragments from x with the quantizer's numbers (the same bits), so a linear is one launch and one wait on
-the kernel before it, not two.
+B fragments' order. The row window ``2**(base - 120)`` and the token's scale multiply the fp32 sums.
 
 "midpoint" (the dropped mantissa bits at 1000, the paper's choice) adds ``(v & sign|exponent) / 16`` per weight: a
 second MMA over the view bytes masked to sign and exponent, exact in the same arithmetic; "truncated" is the first
@@ -52,18 +49,12 @@ MIN_PAIRS_PER_CLASS = 4  # 64-column pairs a K class at least: its partial sums 
 BLOCK_WARPS = 4  # warps a block the default partition aims at
 MAX_GROUPS = 1 << 16  # tile groups a launch (the split counters' length): 1M output rows at one tile a warp
 LOW_BITS = ("midpoint", "truncated")
-FUSED_MAX_ROWS = 8  # the fused quantizer's rows (one token tile; csrc qpass_fp8_gemm)
 
 
 def built_token_tiles(m: int) -> int:
     """The kernel's token tiles of 8 rows for m rows (1, 2, 4, 5 or 8: csrc dispatch)."""
     tiles8 = -(-min(m, MAX_ROWS_PER_LAUNCH) // 8)
     return tiles8 if tiles8 <= 2 else 4 if tiles8 <= 4 else 5 if tiles8 <= 5 else 8
-
-
-def fused_fits(m: int) -> bool:
-    """Whether the fused quantizer is built for m rows (one token tile: ``FUSED_MAX_ROWS``)."""
-    return m <= FUSED_MAX_ROWS
 
 
 def tiles_per_warp_fits(m: int, tiles_per_warp: int, midpoint: bool, operands: str = "e4m3") -> bool:
@@ -82,7 +73,7 @@ class Fp8QpassConfig:
     tiles_per_warp: int = 1  # 16-row weight tiles a warp: each activation fragment feeds that many MMAs
     splits: int = 1  # blocks sharing a tile group's K (a workspace and the last block's sum in split order)
     operands: str = "e4m3"  # "e4m3" (m16n8k32) or "f16" (both planes' bytes converted in registers, m16n8k16)
-    fused: bool = False  # 1-8 rows: the GEMM quantizes x itself (no quantizer launch; the same bits)
+    l2_prefetch_pairs: int = 0  # pairs a warp also starts into L2 while the quantizer runs (sm_90+; no bit changes)
 
     def __post_init__(self):
         if self.operands not in OPERANDS:
@@ -90,6 +81,12 @@ class Fp8QpassConfig:
                 f"Fp8QpassConfig(operands={self.operands!r}): the kernel is built for {OPERANDS}",
                 where="Fp8QpassConfig",
                 fix=f"use one of {OPERANDS}",
+            )
+        if self.l2_prefetch_pairs < 0:
+            raise W12Error(
+                f"Fp8QpassConfig(l2_prefetch_pairs={self.l2_prefetch_pairs}): a count of pairs",
+                where="Fp8QpassConfig",
+                fix="use l2_prefetch_pairs >= 0 (0: none)",
             )
         if self.splits < 1:
             raise W12Error(
@@ -226,8 +223,8 @@ def w12_fp8_qpass_gemm(
         config: the partition (default from (N, K, rows, GPU)), for tuning only; its ``tiles_per_warp`` must be
             built for the launch's rows (``tiles_per_warp_fits``).
         out: optional bf16 [M, N] contiguous output.
-        overlap_prior: launch the quantizer (fused: the GEMM) so that it overlaps the kernel before (sm_90+
-            default); the GEMM always overlaps the quantizer, prefetching its weights while the activations are made.
+        overlap_prior: launch the quantizer so that it overlaps the kernel before (sm_90+ default); the GEMM always
+            overlaps the quantizer, prefetching its weights while the activations are made.
 
     Returns y bf16 [M, N]. Example: ``y = w12_fp8_qpass_gemm(x, to_mma_layout(encode(w)))``, close to
     ``fp8_qpass_reference(x, encode(w))``.
@@ -241,12 +238,6 @@ def w12_fp8_qpass_gemm(
             f"w12_fp8_qpass_gemm reads a W12MmaTensor (the exact kernels' records), got {type(mma).__name__}",
             where="w12_fp8_qpass_gemm(mma)",
             fix="pass to_mma_layout(w12), the tensor the exact pass reads",
-        )
-    if config is not None and config.fused and not fused_fits(x.shape[0]):  # a tuned fused one is keyed to 1-8
-        raise W12Error(
-            f"{config} quantizes in the GEMM, built for 1-{FUSED_MAX_ROWS} rows, got {x.shape[0]}",
-            where="w12_fp8_qpass_gemm(config)",
-            fix="use fused=False for more rows (or leave config to the tuned table)",
         )
     n, k = mma.shape
     if not x.is_cuda or x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
@@ -283,19 +274,15 @@ def w12_fp8_qpass_gemm(
     for r0 in range(0, m_total, MAX_ROWS_PER_LAUNCH):
         xm, ym = x[r0 : r0 + MAX_ROWS_PER_LAUNCH], y[r0 : r0 + MAX_ROWS_PER_LAUNCH]
         rows = xm.shape[0]
-        if config.fused:  # the GEMM reads x itself: no image, no scales, no quantizer launch
-            image = torch.empty(0, dtype=torch.uint8, device=x.device)
-            scale = torch.empty(0, dtype=torch.float32, device=x.device)
-        else:
-            image = torch.empty(-(-rows // 8) * 8 * kp, dtype=torch.uint8, device=x.device)
-            scale = torch.empty(rows, dtype=torch.float32, device=x.device)
-            ext.quantize_rows(xm, image, scale, kp, overlap)
+        image = torch.empty(-(-rows // 8) * 8 * kp, dtype=torch.uint8, device=x.device)
+        scale = torch.empty(rows, dtype=torch.float32, device=x.device)
+        ext.quantize_rows(xm, image, scale, kp, overlap)
         sums = config.tiles_per_warp * built_token_tiles(rows) * 4 * 32  # fp32 partials a group and split
         workspace = torch.empty(groups * config.splits * sums if counters is not None else 0, device=x.device)
         ext.gemm_rows(mma.view, mma.base, image, scale, ym, n, config.warps_k, config.tiles_per_warp,
                       config.groups_per_block, config.splits, workspace,
                       counters if counters is not None else workspace, config.operands == "f16", midpoint,
-                      overlap if config.fused else pdl, xm, config.fused)  # fmt: skip
+                      pdl, config.l2_prefetch_pairs)  # fmt: skip
     return y
 
 
@@ -307,7 +294,6 @@ __all__ = [
     "fp8_qpass_partition",
     "fp8_qpass_reference",
     "fp8_rows_reference",
-    "fused_fits",
     "tiles_per_warp_fits",
     "tuned_key",
     "w12_fp8_qpass_gemm",

@@ -27,21 +27,52 @@
 
 namespace {
 
-using qpass_fp8_detail::amax8;
 using qpass_fp8_detail::launch;
-using qpass_fp8_detail::quantize8;
 constexpr int kQuantThreads = 256;
+
+// 8 floats -> 8 E4M3 bytes, round to nearest, saturated at +-448.
+__device__ __forceinline__ uint2 to_e4m3x8(const float (&v)[8]) {
+  uint32_t word[2];
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[4 * w], v[4 * w + 1]), __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[4 * w + 2], v[4 * w + 3]), __NV_SATFINITE, __NV_E4M3);
+    word[w] = lo | (hi << 16);
+  }
+  return make_uint2(word[0], word[1]);
+}
+
+__device__ __forceinline__ void bf16x8_to_float(const uint4& raw, float (&v)[8]) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = __uint_as_float(w[i] << 16);
+    v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+  }
+}
 
 // 16-byte pieces of its row a quantizer thread keeps in registers between the largest |x| and the bytes: rows of up
 // to 18,432 columns are read once (the quantizer sits on the GEMM's critical path: one L2 round trip less).
 constexpr int kQuantKeep = 9;
 
+__device__ __forceinline__ float amax8(const uint4& raw, float amax) {
+  float v[8];
+  bf16x8_to_float(raw, v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  return amax;
+}
+
 // Piece q (columns 8q .. 8q+7, zero past k) of token `row` as 8 E4M3 bytes at their place in the B image:
 // column c = 64 p + 32 h + 8 t + i of token 8 j + g -> image[j][p][4 g + t][8 h + i].
 __device__ __forceinline__ void store_piece(uint8_t* __restrict__ image, int row, int pairs, int q, uint4 raw,
                                             float inv) {
+  float v[8];
+  bf16x8_to_float(raw, v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] *= inv;
   const int j = row / 8, g = row % 8, p = q / 8, h = (q / 4) % 2, t = q % 4;
-  *reinterpret_cast<uint2*>(image + (((size_t)j * pairs + p) * 32 + 4 * g + t) * 16 + 8 * h) = quantize8(raw, inv);
+  *reinterpret_cast<uint2*>(image + (((size_t)j * pairs + p) * 32 + 4 * g + t) * 16 + 8 * h) = to_e4m3x8(v);
 }
 
 // One block a token row: its largest |x|, then every 8 columns as 8 E4M3 bytes at their place in the B image.
@@ -97,8 +128,7 @@ cudaError_t qpass_fp8_gemm(const QpassFp8Args& args, bool midpoint, cudaStream_t
   if (args.m < 1 || args.m > kQpassFp8MaxRows || args.warps_k < 1 || args.groups_per_block < 1 ||
       args.warps_k * args.groups_per_block > kQpassFp8MaxWarps || args.k_padded % 128 || args.splits < 1 ||
       (args.splits > 1 && (args.workspace == nullptr || args.counters == nullptr)) ||
-      !qpass_fp8_tiles_per_warp_fits(args.m, args.tiles_per_warp, midpoint, args.f16_operands) ||
-      (args.fused && (args.m > 8 || args.x == nullptr || args.k % 8 || args.ldx % 8 || args.k > args.k_padded)))
+      !qpass_fp8_tiles_per_warp_fits(args.m, args.tiles_per_warp, midpoint, args.f16_operands))
     return cudaErrorInvalidValue;
   if (args.f16_operands) return qpass_fp8_gemm_f16(args, midpoint, stream);
   using qpass_fp8_detail::dispatch;

@@ -34,11 +34,7 @@ struct QpassFp8Args {
   int* counters;         // [ceil(tiles / tiles_per_warp)] zero before a launch; each launch leaves them zero
   bool f16_operands;     // both planes' E4M3 bytes converted to f16 in registers, m16n8k16 MMAs
   bool overlap_prior;   // sm_90+: prefetch weights while the kernel before (the quantizer) finishes
-  // fused (1-8 rows): the GEMM quantizes x itself (x_image, x_scale unused): bf16 [m][ldx], k columns (multiples of 8,
-  // 16-byte rows), zero from k to k_padded
-  bool fused;
-  const __nv_bfloat16* x;
-  int k, ldx;
+  int l2_prefetch_pairs;  // with overlap_prior: pairs a warp also starts into L2 meanwhile, past its registers' (0: none)
 };
 
 // x bf16 [m][ldx] (k columns, 16-byte rows) -> x_image and x_scale: per token row scale = max|x| / 448 (1 for a zero
@@ -47,6 +43,6 @@ cudaError_t qpass_fp8_quantize(const __nv_bfloat16* x, int m, int k, int ldx, in
                                float* x_scale, bool overlap_prior, cudaStream_t stream);
 
 // y = x @ Wq^T from the view plane on the FP8 tensor cores; midpoint: + the dropped bits' midpoint (a second MMA on
-// the view bytes' sign and exponent). cudaErrorInvalidValue for m outside 1..64 (1..8 fused), more than 8 warps a
-// block, tiles_per_warp not built for m (qpass_fp8_tiles_per_warp_fits), or a fused x that is not 16-byte rows.
+// the view bytes' sign and exponent). cudaErrorInvalidValue for m outside 1..64, more than 8 warps a
+// block, or tiles_per_warp not built for m (qpass_fp8_tiles_per_warp_fits).
 cudaError_t qpass_fp8_gemm(const QpassFp8Args& args, bool midpoint, cudaStream_t stream);

@@ -25,28 +25,20 @@ void qpass_fp8_quantize_rows(torch::Tensor x, torch::Tensor x_image, torch::Tens
 
 // view: uint8 [tiles, k_padded/32, 32, 16] (the W12MmaTensor's view plane); base: uint8 [>= tiles * 16];
 // y: bf16 [m, >= n] with row stride ldy; with splits > 1 workspace: fp32 [groups * splits * sums * 32] and counters:
-// int32 [>= groups], zero (each launch leaves them zero). fused (1-8 rows): x bf16 [m, <= k_padded] with 16-byte rows
-// is quantized by the GEMM itself, and x_image, x_scale are not read.
+// int32 [>= groups], zero (each launch leaves them zero).
 void qpass_fp8_gemm_rows(torch::Tensor view, torch::Tensor base, torch::Tensor x_image, torch::Tensor x_scale,
                          torch::Tensor y, int64_t n, int64_t warps_k, int64_t tiles_per_warp,
                          int64_t groups_per_block, int64_t splits, torch::Tensor workspace,
                          torch::Tensor counters, bool f16_operands, bool midpoint, bool overlap_prior,
-                         torch::Tensor x, bool fused) {
+                         int64_t l2_prefetch_pairs) {
   TORCH_CHECK(view.is_cuda() && view.scalar_type() == torch::kUInt8 && view.dim() == 4 && view.size(2) == 32 &&
                   view.size(3) == 16 && view.is_contiguous() && reinterpret_cast<uintptr_t>(view.data_ptr()) % 16 == 0,
               "qpass_fp8_gemm_rows: view must be a contiguous 16-byte aligned uint8 [tiles, Kp/32, 32, 16]");
   TORCH_CHECK(base.is_cuda() && base.scalar_type() == torch::kUInt8 && base.numel() >= std::min<int64_t>(n, view.size(0) * 16),
               "qpass_fp8_gemm_rows: base must be CUDA uint8 with a byte a row");
   TORCH_CHECK(y.is_cuda() && y.scalar_type() == torch::kBFloat16 && y.dim() == 2 && y.stride(1) == 1 &&
-                  y.size(1) >= n && y.size(0) == (fused ? x.size(0) : x_scale.numel()),
-              "qpass_fp8_gemm_rows: y must be CUDA bf16 [M, >= N] with unit column stride, M = x's rows (fused) or "
-              "x_scale's length");
-  if (fused)
-    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.stride(1) == 1 &&
-                    x.stride(0) % 8 == 0 && x.size(1) % 8 == 0 && x.size(1) <= view.size(1) * 32 &&
-                    reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
-                "qpass_fp8_gemm_rows: fused x must be CUDA bf16 [M, K <= K padded] with 16-byte rows, K a multiple "
-                "of 8");
+                  y.size(1) >= n && y.size(0) == x_scale.numel(),
+              "qpass_fp8_gemm_rows: y must be CUDA bf16 [M, >= N] with unit column stride, M = x_scale's length");
   QpassFp8Args args{};
   args.view = view.data_ptr<uint8_t>();
   args.base = base.data_ptr<uint8_t>();
@@ -76,19 +68,13 @@ void qpass_fp8_gemm_rows(torch::Tensor view, torch::Tensor base, torch::Tensor x
     args.counters = counters.data_ptr<int>();
   }
   args.overlap_prior = overlap_prior;
-  args.fused = fused;
-  if (fused) {
-    args.x = reinterpret_cast<const __nv_bfloat16*>(x.data_ptr());
-    args.k = (int)x.size(1);
-    args.ldx = (int)x.stride(0);
-  } else {
-    TORCH_CHECK(x_image.is_cuda() && x_image.numel() >= (int64_t)((args.m + 7) / 8) * 8 * args.k_padded,
-                "qpass_fp8_gemm_rows: x_image too small for M rows of K padded columns");
-  }
+  TORCH_CHECK(l2_prefetch_pairs >= 0, "qpass_fp8_gemm_rows: l2_prefetch_pairs must be >= 0");
+  args.l2_prefetch_pairs = (int)l2_prefetch_pairs;
+  TORCH_CHECK(x_image.is_cuda() && x_image.numel() >= (int64_t)((args.m + 7) / 8) * 8 * args.k_padded,
+              "qpass_fp8_gemm_rows: x_image too small for M rows of K padded columns");
   const cudaError_t err = qpass_fp8_gemm(args, midpoint, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "qpass_fp8_gemm_rows: ", cudaGetErrorString(err),
-              " (M must be 1..64 (1..8 fused), warps_k x groups_per_block at most 8, tiles_per_warp built for M, "
-              "splits >= 1)");
+              " (M must be 1..64, warps_k x groups_per_block at most 8, tiles_per_warp built for M, splits >= 1)");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

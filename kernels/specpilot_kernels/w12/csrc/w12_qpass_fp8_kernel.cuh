@@ -14,43 +14,8 @@ namespace qpass_fp8_detail {
 template <int TT, int R>
 constexpr int kPrefetchPairs = R >= 4 ? 1 : R == 2 ? 2 : TT <= 2 ? 4 : 3;
 
-// 8 floats -> 8 E4M3 bytes, round to nearest, saturated at +-448 (the quantizer's and the fused GEMM's rounding).
-__device__ __forceinline__ uint2 to_e4m3x8(const float (&v)[8]) {
-  uint32_t word[2];
-#pragma unroll
-  for (int w = 0; w < 2; ++w) {
-    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[4 * w], v[4 * w + 1]), __NV_SATFINITE, __NV_E4M3);
-    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[4 * w + 2], v[4 * w + 3]), __NV_SATFINITE, __NV_E4M3);
-    word[w] = lo | (hi << 16);
-  }
-  return make_uint2(word[0], word[1]);
-}
-
-__device__ __forceinline__ void bf16x8_to_float(const uint4& raw, float (&v)[8]) {
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    v[2 * i] = __uint_as_float(w[i] << 16);
-    v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-  }
-}
-
-__device__ __forceinline__ float amax8(const uint4& raw, float amax) {
-  float v[8];
-  bf16x8_to_float(raw, v);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
-  return amax;
-}
-
-// 8 bf16 activations times the row's 448 / max|x| as 8 E4M3 bytes: the quantizer's store_piece numbers.
-__device__ __forceinline__ uint2 quantize8(const uint4& raw, float inv) {
-  float v[8];
-  bf16x8_to_float(raw, v);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] *= inv;
-  return to_e4m3x8(v);
-}
+// Starts the 128-byte line at `p` on its way from DRAM into L2 (no register, no wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // E4M3 x2 (the low 16 bits of `pair`) -> f16 x2, low byte to the low half: exact (E4M3 is a subset of f16).
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
@@ -67,14 +32,10 @@ __device__ __forceinline__ uint32_t f16x2_midpoint(uint32_t h) { return h | (((h
 // weight byte fall by R); MID: the dropped bits at their midpoint. F16: f16 operands (both planes' E4M3 bytes
 // converted in registers, A once per tile, B once per token tile for all R tiles, the midpoint one LOP3 a register)
 // on m16n8k16 MMAs, where sm_90's m16n8k32 E4M3 mma.sync runs at a fraction of the f16 rate; else E4M3 m16n8k32
-// with the midpoint as a second MMA. FUSED (1-8 rows): no quantizer launch before the GEMM; each block finds its rows'
-// largest |x| itself (one read of x, after the weights' prefetch) and each lane quantizes its B fragments from x as it
-// goes, with the quantizer's very numbers (quantize8, the same inverse and scale), so the bits equal the two-kernel
-// path's. It takes the quantizer's launch and the GEMM's wait for it off the critical path of every linear.
-template <int TT, int R, bool MID, bool F16, bool FUSED>
+// with the midpoint as a second MMA.
+template <int TT, int R, bool MID, bool F16>
 __global__ void __launch_bounds__(32 * kQpassFp8MaxWarps) qpass_fp8_kernel(QpassFp8Args args) {
   static_assert(R * TT * (MID && !F16 ? 2 : 1) <= kQpassFp8MaxAccumulators, "accumulators past the register budget");
-  static_assert(!FUSED || TT == 1, "the fused quantizer is built for one token tile (1-8 rows)");
   constexpr int DEPTH = kPrefetchPairs<TT, R>;
   extern __shared__ float reduce[];  // [groups_per_block][warps_k][R * TT * 4][32]: the K classes' sums
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -103,47 +64,16 @@ __global__ void __launch_bounds__(32 * kQpassFp8MaxWarps) qpass_fp8_kernel(Qpass
         next[d][r][0] = ptx::load_streaming16(w + r * tile_stride + (2 * d) * 512);
         next[d][r][1] = ptx::load_streaming16(w + r * tile_stride + (2 * d + 1) * 512);
       }
-  if (FUSED || args.overlap_prior) wait_for_prior_grid();  // x (fused) or x_image (the quantizer's) is the prior's
-  // FUSED: lane 4g + t quantizes token g's columns for its B fragments (inv) and scales the sums of tokens 2t, 2t + 1
-  float inv = 1.0f, token_scale[2] = {1.0f, 1.0f};
-  const __nv_bfloat16* x_row = FUSED ? args.x + (size_t)min(g, args.m - 1) * args.ldx : nullptr;
-  if constexpr (FUSED) {
-    __shared__ float warp_max[kQpassFp8MaxWarps][8];
-    const int pieces = args.k / 8;  // x's 16-byte pieces a row
-    for (int row = 0; row < args.m; ++row) {  // row by row: one running max live beside the prefetched weights
-      const uint4* xr = reinterpret_cast<const uint4*>(args.x + (size_t)row * args.ldx);
-      float amax = 0.0f;
-#pragma unroll 2
-      for (int q = threadIdx.x; q < pieces; q += blockDim.x) amax = amax8(__ldg(xr + q), amax);
-#pragma unroll
-      for (int offset = 16; offset; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-      if (lane == 0) warp_max[warp][row] = amax;
-    }
-    __syncthreads();
-    // tokens g, 2t, 2t + 1 (a max is exact in any order: the quantizer's numbers); rows past m stay 0, unused
-    const int token[3] = {g, 2 * t, 2 * t + 1};
-    float row_max[3] = {0.0f, 0.0f, 0.0f};
-    for (int other = 0; other < (int)blockDim.x / 32; ++other)
-#pragma unroll
-      for (int i = 0; i < 3; ++i)
-        if (token[i] < args.m) row_max[i] = fmaxf(row_max[i], warp_max[other][token[i]]);
-    inv = row_max[0] > 0.0f ? kQpassFp8Max / row_max[0] : 1.0f;
-#pragma unroll
-    for (int c = 0; c < 2; ++c) token_scale[c] = row_max[1 + c] > 0.0f ? row_max[1 + c] / kQpassFp8Max : 1.0f;
+  // While the quantizer's grid runs (overlap_prior), the warp's next l2_prefetch_pairs pairs after those in its
+  // registers start their way into L2 too: more of the stream in flight during the wait, the same bytes read later
+  // (no bit changes). Lane l takes line l % 4 of block l / 4 of each 8 blocks.
+  if (args.overlap_prior && args.l2_prefetch_pairs > 0 && live_tiles) {
+    const uint8_t* blocks = args.view + (size_t)tile0 * tile_stride + (size_t)(2 * p0) * 512 + (lane % 4) * 128;
+    const int end = 2 * min(count, DEPTH + args.l2_prefetch_pairs);
+    for (int r = 0; r < live_tiles; ++r)
+      for (int b = 2 * DEPTH + lane / 4; b < end; b += 8) prefetch_l2(blocks + r * tile_stride + (size_t)b * 512);
   }
-
-  // FUSED: pieces 8P + t and 8P + 4 + t of token g (columns 64P + 8t, 64P + 32 + 8t) for pair P = p0 + step, zero past
-  // k (the quantizer's zeros), held a step ahead of their MMAs so their L2 latency hides behind the step before
-  uint4 x_next[2];
-  auto load_x = [&](int step) {
-    const int piece = 8 * (p0 + step) + t, pieces = args.k / 8;
-    const uint4* row = reinterpret_cast<const uint4*>(x_row);
-    x_next[0] = live_token_tiles && piece < pieces ? __ldg(row + piece) : make_uint4(0, 0, 0, 0);
-    x_next[1] = live_token_tiles && piece + 4 < pieces ? __ldg(row + piece + 4) : make_uint4(0, 0, 0, 0);
-  };
-  if constexpr (FUSED) {
-    if (count > 0) load_x(0);
-  }
+  if (args.overlap_prior) wait_for_prior_grid();  // x_image is the quantizer's
 
   constexpr bool MID_MMA = MID && !F16;  // the E4M3 midpoint's second accumulators
   float acc[R][TT][4] = {}, mid[MID_MMA ? R : 1][MID_MMA ? TT : 1][4] = {};
@@ -162,16 +92,10 @@ __global__ void __launch_bounds__(32 * kQpassFp8MaxWarps) qpass_fp8_kernel(Qpass
         }
       }
       uint4 xb[TT];
-      if constexpr (FUSED) {  // this step's x, loaded a step ahead; then the next step's
-        const uint2 b_lo = quantize8(x_next[0], inv), b_hi = quantize8(x_next[1], inv);
-        xb[0] = make_uint4(b_lo.x, b_lo.y, b_hi.x, b_hi.y);
-        if (p + d + 1 < count) load_x(p + d + 1);
-      } else {
 #pragma unroll
-        for (int j = 0; j < TT; ++j)
-          xb[j] = j < live_token_tiles ? __ldg(reinterpret_cast<const uint4*>(xi + j * x_tile_stride + (p + d) * 512))
-                                       : make_uint4(0, 0, 0, 0);
-      }
+      for (int j = 0; j < TT; ++j)
+        xb[j] = j < live_token_tiles ? __ldg(reinterpret_cast<const uint4*>(xi + j * x_tile_stride + (p + d) * 512))
+                                     : make_uint4(0, 0, 0, 0);
       if constexpr (F16) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -305,7 +229,7 @@ __global__ void __launch_bounds__(32 * kQpassFp8MaxWarps) qpass_fp8_kernel(Qpass
           const int token = 8 * j + 2 * t + c;
           if (token < args.m)
             args.y[(size_t)token * args.ldy + row] =
-                __float2bfloat16_rn(acc[r][j][2 * half + c] * window * (FUSED ? token_scale[c] : args.x_scale[token]));
+                __float2bfloat16_rn(acc[r][j][2 * half + c] * window * args.x_scale[token]);
         }
     }
   }
@@ -327,11 +251,11 @@ cudaError_t launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
-template <int TT, int R, bool MID, bool F16, bool FUSED>
+template <int TT, int R, bool MID, bool F16>
 cudaError_t launch_gemm(const QpassFp8Args& args, cudaStream_t stream) {
   const int warps = args.warps_k * args.groups_per_block;
   const size_t smem = args.warps_k > 1 ? (size_t)warps * R * TT * 4 * 32 * sizeof(float) : 0;
-  auto kernel = qpass_fp8_kernel<TT, R, MID, F16, FUSED>;
+  auto kernel = qpass_fp8_kernel<TT, R, MID, F16>;
   if (smem > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
@@ -342,29 +266,26 @@ cudaError_t launch_gemm(const QpassFp8Args& args, cudaStream_t stream) {
 }
 
 // The built tiles a warp: 1, 2 and (E4M3 operands) 4 where the accumulators fit (qpass_fp8_tiles_per_warp_fits).
-template <int TT, bool MID, bool F16, bool FUSED = false>
+template <int TT, bool MID, bool F16>
 cudaError_t launch_tiles(const QpassFp8Args& args, cudaStream_t stream) {
   constexpr int mmas = MID && !F16 ? 2 : 1;
   switch (args.tiles_per_warp) {
     case 1:
-      return launch_gemm<TT, 1, MID, F16, FUSED>(args, stream);
+      return launch_gemm<TT, 1, MID, F16>(args, stream);
     case 2:
-      if constexpr (2 * TT * mmas <= kQpassFp8MaxAccumulators)
-        return launch_gemm<TT, 2, MID, F16, FUSED>(args, stream);
+      if constexpr (2 * TT * mmas <= kQpassFp8MaxAccumulators) return launch_gemm<TT, 2, MID, F16>(args, stream);
       break;
     case 4:
-      if constexpr (!F16 && 4 * TT * mmas <= kQpassFp8MaxAccumulators)
-        return launch_gemm<TT, 4, MID, F16, FUSED>(args, stream);
+      if constexpr (!F16 && 4 * TT * mmas <= kQpassFp8MaxAccumulators) return launch_gemm<TT, 4, MID, F16>(args, stream);
       break;
   }
   return cudaErrorInvalidValue;
 }
 
-// Built token tiles: 1-8, 9-16, 17-32, 33-40 (a 32-node tree and its root) and 41-64 rows; fused: 1-8.
+// Built token tiles: 1-8, 9-16, 17-32, 33-40 (a 32-node tree and its root) and 41-64 rows.
 template <bool MID, bool F16>
 cudaError_t dispatch(const QpassFp8Args& args, cudaStream_t stream) {
   const int tiles8 = (args.m + 7) / 8;
-  if (args.fused) return tiles8 <= 1 ? launch_tiles<1, MID, F16, true>(args, stream) : cudaErrorInvalidValue;
   if (tiles8 <= 1) return launch_tiles<1, MID, F16>(args, stream);
   if (tiles8 <= 2) return launch_tiles<2, MID, F16>(args, stream);
   if (tiles8 <= 4) return launch_tiles<4, MID, F16>(args, stream);
