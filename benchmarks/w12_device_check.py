@@ -32,7 +32,6 @@ import torch
 from specpilot_kernels.w12 import encode  # noqa: E402
 from specpilot_kernels.w12.mma import (  # noqa: E402
     CSRC,
-    MAX_CLASS_CLUSTER,
     SOURCES,
     STEP_PLANS,
     TUNED_PATH,
@@ -343,13 +342,7 @@ def tune_candidates(base: MmaConfig, bucket: str, multicast_too: bool = False) -
                 )
         for groups in (1, 2, 4):
             if 4 * groups * base.warps_k <= 32:
-                out[f"wgmma{groups}"] = replace(
-                    base, wgmma=(base.wgmma[0], groups, base.wgmma[2]), wgmma_classes=(0, base.wgmma_classes[1])
-                )
-                if base.warps_k * base.splits <= MAX_CLASS_CLUSTER:  # class blocks (csrc/w12_wgmma.cu)
-                    out[f"wgmma{groups}_classes"] = replace(
-                        out[f"wgmma{groups}"], plan_32=(4, 1), wgmma_classes=(1, base.wgmma_classes[1])
-                    )
+                out[f"wgmma{groups}"] = replace(base, wgmma=(base.wgmma[0], groups, base.wgmma[2]))
         return out
     index = list(TUNE_BUCKETS).index(bucket) - 1
     rows = base.wide_rows or tuple((*base.wide, 16) for _ in WIDE_BUCKETS)
@@ -383,16 +376,8 @@ def tune_candidates(base: MmaConfig, bucket: str, multicast_too: bool = False) -
                 setting = list(rows)
                 setting[0] = (0, 2, 2, 8)
                 out[f"off_plan{plan}_wgmma{groups}"] = replace(
-                    base,
-                    plan_64=plan,
-                    wide_rows=tuple(setting),
-                    wgmma=(*base.wgmma[:2], groups),
-                    wgmma_classes=(base.wgmma_classes[0], 0),
+                    base, plan_64=plan, wide_rows=tuple(setting), wgmma=(*base.wgmma[:2], groups)
                 )
-                if groups and plan[1] == 1 and base.warps_k * base.splits <= MAX_CLASS_CLUSTER:  # class blocks
-                    out[f"off_plan{plan}_wgmma{groups}_classes"] = replace(
-                        out[f"off_plan{plan}_wgmma{groups}"], wgmma_classes=(base.wgmma_classes[0], 1)
-                    )
     return out
 
 
