@@ -831,3 +831,18 @@ def test_device_check_refuses_unknown_tune_buckets_and_check_configs(monkeypatch
     with pytest.raises(SystemExit):
         check.main()
     assert "need --multicast" in capsys.readouterr().err
+
+
+def test_device_check_shapes_are_names_or_n_by_k(monkeypatch, capsys):
+    # --shapes takes the 27B-class names or NxK (the engine's shapes outside SHAPES), and refuses anything else
+    from benchmarks import w12_device_check as check
+
+    assert check.shape_dims("qkv") == (10240, 5120) and check.shape_dims("14336x5120") == (14336, 5120)
+    assert check.shape_dims("14336x") is None and check.shape_dims("0x5120") is None
+    monkeypatch.setattr("sys.argv", ["w12_device_check.py", "--out", "unused.json", "--shapes", "qkv,big"])
+    with pytest.raises(SystemExit):
+        check.main()
+    assert "big" in capsys.readouterr().err
+    # at 33-64 rows 64 rows a launch comes before the wide settings (a tune budget may stop the sweep)
+    tuned = json.loads(mma_module.TUNED_PATH.read_text())["NVIDIA H200"]
+    assert list(check.tune_candidates(MmaConfig(**tuned["14336,5120"]), "33-64"))[1].startswith("off_plan")
