@@ -32,7 +32,6 @@ import torch
 from specpilot_kernels.w12 import encode  # noqa: E402
 from specpilot_kernels.w12.mma import (  # noqa: E402
     CSRC,
-    MAX_CLASS_CLUSTER,
     SOURCES,
     STEP_PLANS,
     TUNED_PATH,
@@ -343,18 +342,24 @@ def tune_candidates(base: MmaConfig, bucket: str, multicast_too: bool = False) -
                 )
         for groups in (1, 2, 4):
             if 4 * groups * base.warps_k <= 32:
-                out[f"wgmma{groups}"] = replace(
-                    base, wgmma=(base.wgmma[0], groups, base.wgmma[2]), wgmma_classes=(0, base.wgmma_classes[1])
-                )
-                if base.warps_k * base.splits <= MAX_CLASS_CLUSTER:  # class blocks (csrc/w12_wgmma.cu)
-                    out[f"wgmma{groups}_classes"] = replace(
-                        out[f"wgmma{groups}"], plan_32=(4, 1), wgmma_classes=(1, base.wgmma_classes[1])
-                    )
+                out[f"wgmma{groups}"] = replace(base, wgmma=(base.wgmma[0], groups, base.wgmma[2]))
         return out
     index = list(TUNE_BUCKETS).index(bucket) - 1
     rows = base.wide_rows or tuple((*base.wide, 16) for _ in WIDE_BUCKETS)
     top = WIDE_BUCKETS[index]
     slabs = (16, 32) if bucket == "129-256" else (8,) if bucket == "33-64" else (16,)
+    # 33-64 rows: 64 rows a launch of the per-warp / warpgroup kernels first (it beat every wide setting on all five
+    # 27B-class shapes in the 2026-12-02 tune), so a budget that stops the sweep has timed them
+    if bucket == "33-64":
+        for plan in STEP_PLANS[64]:
+            for groups in (0, 1, 2, 4):
+                if 4 * groups * base.warps_k > 32:
+                    continue
+                setting = list(rows)
+                setting[0] = (0, 2, 2, 8)
+                out[f"off_plan{plan}_wgmma{groups}"] = replace(
+                    base, plan_64=plan, wide_rows=tuple(setting), wgmma=(*base.wgmma[:2], groups)
+                )
     for groups in WIDE_TUNE["groups"]:
         for slots in WIDE_TUNE["slots"]:
             for stages in WIDE_TUNE["stages"]:
@@ -375,24 +380,6 @@ def tune_candidates(base: MmaConfig, bucket: str, multicast_too: bool = False) -
                     setting = list(rows)
                     setting[index] = (groups, slots, stages, slab, multicast)
                     out[f"wide{(groups, slots, stages, slab, multicast)}"] = replace(base, wide_rows=tuple(setting))
-    if bucket == "33-64":
-        for plan in STEP_PLANS[64]:
-            for groups in (0, 1, 2, 4):
-                if 4 * groups * base.warps_k > 32:
-                    continue
-                setting = list(rows)
-                setting[0] = (0, 2, 2, 8)
-                out[f"off_plan{plan}_wgmma{groups}"] = replace(
-                    base,
-                    plan_64=plan,
-                    wide_rows=tuple(setting),
-                    wgmma=(*base.wgmma[:2], groups),
-                    wgmma_classes=(base.wgmma_classes[0], 0),
-                )
-                if groups and plan[1] == 1 and base.warps_k * base.splits <= MAX_CLASS_CLUSTER:  # class blocks
-                    out[f"off_plan{plan}_wgmma{groups}_classes"] = replace(
-                        out[f"off_plan{plan}_wgmma{groups}"], wgmma_classes=(base.wgmma_classes[0], 1)
-                    )
     return out
 
 
@@ -518,7 +505,9 @@ def headline(doc: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument(
+        "--shapes", default=",".join(SHAPES), help=f"of {list(SHAPES)} or NxK (e.g. 14336x5120), comma-separated"
+    )
     parser.add_argument(
         "--sections",
         default="build,bits,timing",
@@ -573,6 +562,9 @@ def main() -> None:
             f"unknown --tune-buckets / --check-configs entries {unknown}: use names of {list(TUNE_BUCKETS)} / "
             f"{list(offered)} (multicast configs need --multicast)"
         )
+    bad_shapes = [name for name in args.shapes.split(",") if shape_dims(name) is None]
+    if bad_shapes:
+        parser.error(f"unknown --shapes entries {bad_shapes}: use names of {list(SHAPES)} or NxK, e.g. 14336x5120")
     checked = {name: offered[name] for name in checked}
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 8))  # ninja builds the kernel files in parallel
     doc = {
@@ -599,7 +591,7 @@ def main() -> None:
     names = args.shapes.split(",") if "timing" in sections else ()
     with ClockLog():
         for index, name in enumerate(names):
-            shape = Shape(name, *SHAPES[name])
+            shape = Shape(name, *shape_dims(name))
             config = None
             if args.tune:  # each shape gets its share of what is left of the budget
                 share = time.monotonic() + (deadline - time.monotonic()) / (len(names) - index)
@@ -628,6 +620,14 @@ def main() -> None:
     doc["headline"] = headline(doc)
     write_result(doc, args.out)
     log(doc["summary"])
+
+
+def shape_dims(name: str) -> tuple[int, int] | None:
+    """(N, K) of a --shapes entry: a name of SHAPES or NxK (e.g. 14336x5120, the engine's qkv); None if neither."""
+    if name in SHAPES:
+        return SHAPES[name]
+    n, _, k = name.partition("x")
+    return (int(n), int(k)) if n.isdigit() and k.isdigit() and int(n) > 0 and int(k) > 0 else None
 
 
 def write_configs(path: Path, tuned: dict, gpu: str) -> None:

@@ -9,7 +9,7 @@ so `instructions_per_chunk` divides by the iteration's MMAs. The `kernel` key is
 <token tiles, low bits, blocks a step, tiles a warp, weights staged in shared memory, K splits in a cluster>; the
 shared-activation kernel's, `shared_x <token tiles, low bits, blocks a step, K splits in a cluster>`; the warpgroup
 kernel's (sm_90a; 8 wgmma a chunk, each for 4 tiles), `wgmma <token tiles, low bits, K splits in a cluster,
-weights staged in shared memory, class blocks>`.
+weights staged in shared memory>`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ KERNEL_FILES = ("w12_warp.cu", "w12_shared_x.cu", "w12_wgmma.cu")  # the kernel 
 KERNEL = re.compile(r"w12_mma_kernelILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])E")
 # the shared-activation kernel (17-32 rows, one tile a warp): <token tiles, low bits, blocks a step, K splits in a cluster>
 SHARED_X_KERNEL = re.compile(r"w12_shared_x_kernelILi(\d+)ELi(\d+)ELi(\d+)ELb([01])E")
-WGMMA_KERNEL = re.compile(r"w12_wgmma_kernelILi(\d+)ELi(\d+)ELb([01])ELb([01])ELb([01])E")
+WGMMA_KERNEL = re.compile(r"w12_wgmma_kernelILi(\d+)ELi(\d+)ELb([01])ELb([01])E")
 MMA_OPCODES = ("HMMA", "HGMMA")  # mma.sync, wgmma
 ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 BRANCH = re.compile(r"BRA (0x[0-9a-f]+)")

@@ -297,59 +297,6 @@ def test_mma_reports_the_warpgroups_each_launch_ran():
         assert launched == expected, (config, rows)
 
 
-# class blocks: clusters of 2-8 blocks (K classes x splits), 1-4 warpgroups a block, 63 tiles (warpgroups past the last),
-# and K splits beyond a cluster's 4 (through the workspace), where blocks of every K class run instead
-CLASS_BLOCK_CONFIGS = [
-    (MmaConfig(1, 3, 1, wgmma=(0, 1, 1), wgmma_classes=(1, 1), wide=(0, 2, 2)), 1),
-    (MmaConfig(1, 3, 2, wgmma=(0, 2, 2), wgmma_classes=(1, 1), wide=(0, 2, 2)), 1),
-    (MmaConfig(2, 2, 2, wgmma=(0, 1, 4), wgmma_classes=(1, 1), wide=(0, 2, 2)), 1),
-    (MmaConfig(1, 8, 1, wgmma=(0, 1, 1), wgmma_classes=(0, 1), wide=(0, 2, 2)), 1),
-    (MmaConfig(1, 2, 4, wgmma=(0, 2, 2), wgmma_classes=(1, 0), wide=(0, 2, 2)), 1),
-    (MmaConfig(1, 1, 6, wgmma=(0, 1, 1), wgmma_classes=(1, 1), wide=(0, 2, 2)), 0),
-]
-
-
-@pytest.mark.gpu
-@needs_wgmma
-@pytest.mark.parametrize("config,runs", CLASS_BLOCK_CONFIGS, ids=str)
-def test_mma_class_blocks_give_the_same_bits(config, runs):
-    # each K class and split of a tile group its own block of one cluster, summed by the cluster's first block in the
-    # partition's order: the per-warp kernel's bits, with escapes (more than a window's worth in some chunks)
-    w = weight(n=1000, k=1536, device="cuda")
-    w[480:496, 256:900] = 0.0
-    mma = to_mma_layout(encode(w))
-    plain = replace(config, wgmma=(0, 0, 0), wgmma_classes=(0, 0), wide=(0, 2, 2))
-    x = torch.randn(64, 1536, device="cuda").bfloat16()
-    for rows in (9, 16, 17, 24, 32, 33, 48, 64):
-        ran = []
-        assert torch.equal(
-            w12_mma_gemm(x[:rows], mma, config=config, launched_class_blocks=ran).view(torch.int16),
-            w12_mma_gemm(x[:rows], mma, config=plain).view(torch.int16),
-        ), rows
-        assert ran == [config.class_blocks(rows, (9, 0)) * runs], rows
-
-
-def test_class_blocks_outside_what_the_kernel_is_built_for_are_refused():
-    for bad in (
-        dict(wgmma_classes=(1,)),
-        dict(wgmma_classes=(2, 0)),
-        dict(wgmma=(0, 0, 1), wgmma_classes=(1, 0), wide=(0, 2, 2)),  # no warpgroup MMAs at 17-32 rows
-        dict(warps_k=3, splits=3, wgmma=(0, 1, 1), wgmma_classes=(0, 1), wide=(0, 2, 2)),  # 9 blocks a cluster
-        dict(
-            plan_64=(2, 2), wgmma=(0, 1, 1), wgmma_classes=(0, 1), wide=(0, 2, 2)
-        ),  # two tiles a warp: splits through the workspace
-    ):
-        with pytest.raises(W12Error, match="wgmma_classes"):
-            MmaConfig(**{"warps_n": 1, "warps_k": 2, **bad})
-    config = MmaConfig(1, 2, 4, wgmma=[1, 2, 1], wgmma_classes=[0, 1])
-    assert config.wgmma_classes == (0, 1)
-    assert [config.class_blocks(m, (9, 0)) for m in (9, 16, 17, 32, 33, 64)] == [0, 0, 0, 0, 1, 1]
-    assert config.class_blocks(64, (12, 0)) == 0  # sm_120: no warpgroup MMAs
-    # a tail keeps its own partition, with blocks of every K class
-    tailed = replace(config, tail_rows=256, tail=(1, 8, 2))
-    assert tailed.regions(1024)[1][2].wgmma_classes == (0, 0)
-
-
 def test_warpgroup_mmas_outside_what_the_kernel_is_built_for_are_refused():
     for bad in (dict(wgmma=(1, 1)), dict(wgmma=(0, -1, 0)), dict(warps_k=3, wgmma=(0, 0, 3))):
         with pytest.raises(W12Error, match="wgmma"):
@@ -795,10 +742,6 @@ def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
                 if bucket != "17-32" and option.uses_wide(rows[-1], (9, 0)):
                     assert check.wide_fits(*option.wide_launch(rows[-1])[:4], rows[-1])
     assert not check.wide_fits(4, 6, 4, 32, 256) and check.wide_fits(1, 2, 2, 8, 64)
-    # class blocks are candidates at 17-32 and 33-64 rows where the partition's classes and splits fit a cluster
-    qkv = check.tune_candidates(MmaConfig(**tuned["10240,5120"]), "33-64")["off_plan(4, 1)_wgmma1_classes"]
-    assert qkv.class_blocks(64, (9, 0)) == 1 and qkv.class_blocks(32, (9, 0)) == 0
-    assert "wgmma2_classes" in check.tune_candidates(MmaConfig(**tuned["5120,17408"]), "17-32")
     # --write-configs: the committed file with the tuned shapes replaced, every config still loadable
     config = asdict(check.tune_candidates(MmaConfig(**tuned["10240,5120"]), "33-64")["wide(4, 4, 2, 8)"])
     out = tmp_path / "mma_configs.json"
@@ -888,3 +831,18 @@ def test_device_check_refuses_unknown_tune_buckets_and_check_configs(monkeypatch
     with pytest.raises(SystemExit):
         check.main()
     assert "need --multicast" in capsys.readouterr().err
+
+
+def test_device_check_shapes_are_names_or_n_by_k(monkeypatch, capsys):
+    # --shapes takes the 27B-class names or NxK (the engine's shapes outside SHAPES), and refuses anything else
+    from benchmarks import w12_device_check as check
+
+    assert check.shape_dims("qkv") == (10240, 5120) and check.shape_dims("14336x5120") == (14336, 5120)
+    assert check.shape_dims("14336x") is None and check.shape_dims("0x5120") is None
+    monkeypatch.setattr("sys.argv", ["w12_device_check.py", "--out", "unused.json", "--shapes", "qkv,big"])
+    with pytest.raises(SystemExit):
+        check.main()
+    assert "big" in capsys.readouterr().err
+    # at 33-64 rows 64 rows a launch comes before the wide settings (a tune budget may stop the sweep)
+    tuned = json.loads(mma_module.TUNED_PATH.read_text())["NVIDIA H200"]
+    assert list(check.tune_candidates(MmaConfig(**tuned["14336,5120"]), "33-64"))[1].startswith("off_plan")

@@ -52,8 +52,8 @@ def test_every_kernel_instantiation_is_counted(tmp_path, capsys):
     assert len([k for k in kernels if "<" == k[0]]) == 16 + 2 * 12
     assert len([k for k in kernels if k.startswith("shared_x")]) == 4
     # the warpgroup kernel (exact only): 3 token-tile counts (9-64 rows) x cluster or not x weights in registers
-    # or staged through shared memory, and class blocks (17-64 rows: 2 token-tile counts) x registers or staged
-    assert len([k for k in kernels if k.startswith("wgmma")]) == 12 + 4
+    # or staged through shared memory
+    assert len([k for k in kernels if k.startswith("wgmma")]) == 12
     # the Q pass: one permute a register as the exact decode, no nibble loads (4 view loads a chunk, not 4 + 4)
     q_row = kernels["<1, 2, 4, 1, 0, 0>"]
     assert q_row["by_opcode"]["PRMT"] == 32 and q_row["by_opcode"]["HMMA"] == 8
@@ -76,7 +76,7 @@ def test_every_kernel_instantiation_is_counted(tmp_path, capsys):
     # warpgroup MMAs at 32 rows: 8 wgmma a chunk for 4 tiles; a chunk's activations arrive by one bulk copy (the
     # class's copier) into shared memory, so no thread loads or holds them (its only shared stores are the escape
     # overlay's): the only global loads left are the next chunk's weights (4 view and 4 nibble pieces) and escapes'
-    warpgroup = kernels["wgmma <4, 0, 0, 0, 0>"]
+    warpgroup = kernels["wgmma <4, 0, 0, 0>"]
     assert warpgroup["chunks_per_iteration"] == 1.0 and warpgroup["by_opcode"]["HGMMA"] == 8
     assert (
         warpgroup["by_opcode"]["UBLKCP"] == 1 and warpgroup["by_opcode"]["STS"] == own["by_opcode"]["STS"] + 4
@@ -85,7 +85,7 @@ def test_every_kernel_instantiation_is_counted(tmp_path, capsys):
     assert warpgroup["registers"] < own["registers"]
     # with staged weights a warp copies each chunk into its ring (4 view and 2 nibble-run pieces a lane, LDGSTS) and
     # reads it back (LDS): the escapes' loads are the only global loads left, and registers are free
-    staged_wg = kernels["wgmma <4, 0, 0, 1, 0>"]
+    staged_wg = kernels["wgmma <4, 0, 0, 1>"]
     assert staged_wg["by_opcode"]["HGMMA"] == 8 and staged_wg["by_opcode"]["LDGSTS"] == 6
     assert staged_wg["by_opcode"]["LDG"] == warpgroup["by_opcode"]["LDG"] - 8 and staged_wg["by_opcode"]["LDS"] >= 8
     assert staged_wg["registers"] < warpgroup["registers"]

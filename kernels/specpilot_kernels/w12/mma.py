@@ -220,12 +220,6 @@ MAX_SHARED_X_RING = 8
 # (9-16, 17-32, 33-64) a number of warpgroups of 4 tiles a K class a block (0: per-warp mma.sync). 4-tile warpgroups
 # make few blocks, which one-wave grids feel most, so it is per shape and row range.
 MAX_WGMMA_WARPS_PER_BLOCK = 32
-# 17-32 and 33-64 rows with warpgroup MMAs: ``wgmma_classes`` = (at 17-32, at 33-64) 1 for class blocks (a block of one K
-# class and split; a tile group's K classes and splits one cluster of up to MAX_CLASS_CLUSTER blocks, reduced by its first
-# block in the partition's order, csrc/w12_wgmma.cu), 0 for blocks of every K class. A block of every K class is one
-# a multiprocessor at 33-64 rows (three classes of ~127 registers), so one-wave grids ran in 1.2 rounds; class blocks
-# fit four a multiprocessor. No bit depends on it.
-MAX_CLASS_CLUSTER = 8
 # sm_90a, 33-256 rows: the wide kernel, ``wide`` = (warpgroups a block, activation slots, weight stages a warp) at
 # every row count, or ``wide_rows`` = one (warpgroups, slots, stages, largest slab in token tiles of 8 rows[, multicast])
 # per WIDE_BUCKETS range; the launch picks the smallest built slab that holds the rows (one slab where the largest
@@ -256,8 +250,6 @@ class MmaConfig:
     shared_x_32: tuple[int, int] = (0, 0)  # 17-32 rows: (tiles a block, ring slots) of shared activations; 0: off
     # 9-16, 17-32 and 33-64 rows: warpgroups a K class a block of warpgroup MMAs (0: per-warp mma.sync)
     wgmma: tuple[int, int, int] = (0, 0, 0)
-    # 17-32 and 33-64 rows: 1 to run those warpgroup MMAs as class blocks (MAX_CLASS_CLUSTER), 0 blocks of every K class
-    wgmma_classes: tuple[int, int] = (0, 0)
     # the last ``tail_rows`` rows of W as a second row region partitioned by ``tail`` = (warps_n, warps_k, splits),
     # everything else as above (row regions, above); 0: one region
     tail_rows: int = 0
@@ -293,22 +285,6 @@ class MmaConfig:
                 " warps",
                 where="MmaConfig.wgmma",
                 fix="use e.g. (0, 0, 1) or fewer warpgroups",
-            )
-        object.__setattr__(self, "wgmma_classes", tuple(self.wgmma_classes))
-        if (
-            len(self.wgmma_classes) != 2
-            or any(c not in (0, 1) for c in self.wgmma_classes)
-            or any(c and not self.wgmma[1 + i] for i, c in enumerate(self.wgmma_classes))
-            or (any(self.wgmma_classes) and self.warps_k * self.splits > MAX_CLASS_CLUSTER)
-            or any(c and plan[1] != 1 for c, plan in zip(self.wgmma_classes, (self.plan_32, self.plan_64)))
-        ):
-            raise W12Error(
-                f"wgmma_classes={self.wgmma_classes} with wgmma={self.wgmma}, warps_k={self.warps_k}, "
-                f"splits={self.splits}, plans {self.plan_32}, {self.plan_64}: class blocks at 17-32 and 33-64 rows, each "
-                f"0 or 1, 1 only where that range runs warpgroup MMAs, with warps_k x splits <= {MAX_CLASS_CLUSTER} "
-                "blocks a cluster and that range's step plan one tile a warp (its K splits then meet in the cluster)",
-                where="MmaConfig.wgmma_classes",
-                fix="use (0, 0), or turn on warpgroup MMAs there with plan (4, 1), or a partition of at most 8 blocks",
             )
         object.__setattr__(self, "tail", tuple(self.tail))
         object.__setattr__(self, "wide", tuple(self.wide))
@@ -380,19 +356,7 @@ class MmaConfig:
         one = replace(self, tail_rows=0, tail=(0, 0, 0))
         return (
             (0, split, one),
-            (
-                split,
-                n,
-                replace(
-                    one,
-                    warps_n=warps_n,
-                    warps_k=warps_k,
-                    splits=splits,
-                    shared_x_32=(0, 0),
-                    wgmma=wgmma,
-                    wgmma_classes=(0, 0),
-                ),
-            ),
+            (split, n, replace(one, warps_n=warps_n, warps_k=warps_k, splits=splits, shared_x_32=(0, 0), wgmma=wgmma)),
         )
 
     def chunks_per_split(self, kp: int) -> int:
@@ -438,11 +402,6 @@ class MmaConfig:
         if m <= 8 or capability[0] != 9:
             return 0
         return self.wgmma[0 if m <= 16 else 1 if m <= 32 else 2]
-
-    def class_blocks(self, m: int, capability: tuple[int, int]) -> int:
-        """1 where a launch of ``m`` rows runs its warpgroup MMAs as class blocks (:data:`MAX_CLASS_CLUSTER`), else 0
-        (no bit depends on it)."""
-        return self.wgmma_classes[0 if m <= 32 else 1] if m > 16 and self.warpgroups(m, capability) else 0
 
 
 def default_mma_config(n: int, k: int, sms: int) -> MmaConfig:
@@ -511,7 +470,6 @@ def w12_mma_gemm(
     out: torch.Tensor | None = None,
     overlap_prior: bool | None = None,
     launched: list[int] | None = None,
-    launched_class_blocks: list[int] | None = None,
 ) -> torch.Tensor:
     """y = x @ W^T through the W12 CUDA kernels, for any number of rows.
 
@@ -531,9 +489,7 @@ def w12_mma_gemm(
     wait: pass ``overlap_prior=False`` if the kernel just before wrote them (weights converted at load time, as
     everywhere in this project, are long done). A partition with a tail (row regions, above) launches twice a chunk of
     rows, the tail right behind the first region. ``launched``, when given, receives the warpgroups a block each
-    launch ran (0: per-warp mma.sync; a warpgroup block that fits no multiprocessor runs with fewer, or per-warp), and
-    ``launched_class_blocks`` 1 for each launch whose warpgroup MMAs ran as class blocks (``MmaConfig.wgmma_classes``),
-    else 0.
+    launch ran (0: per-warp mma.sync; a warpgroup block that fits no multiprocessor runs with fewer, or per-warp).
     """
     n, k = mma.shape
     if not x.is_cuda or x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != k or x.stride(1) != 1:
@@ -562,10 +518,7 @@ def w12_mma_gemm(
         wide = code == 0 and m_total - r0 > 32 and config.uses_wide(min(m_total - r0, MAX_WIDE_ROWS), capability)
         rows = min(m_total - r0, MAX_WIDE_ROWS if wide else MAX_ROWS_PER_LAUNCH)
         xm, ym = x[r0 : r0 + rows], y[r0 : r0 + rows]
-        if not (
-            wide
-            and _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launched, launched_class_blocks)
-        ):
+        if not (wide and _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launched)):
             for c0 in range(0, rows, MAX_ROWS_PER_LAUNCH):  # 64 rows a launch: the same bits
                 _launch_rows(
                     ext,
@@ -579,7 +532,6 @@ def w12_mma_gemm(
                     overlap_prior,
                     code,
                     launched,
-                    launched_class_blocks,
                 )
         r0 += rows
     return y
@@ -594,7 +546,7 @@ def _overlap(overlap_prior: bool, regions: int, index: int, writes_image: bool) 
     return 1 if regions == 1 else 2 if index == 0 else 1 if writes_image else 3
 
 
-def _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launched, launched_class_blocks) -> bool:
+def _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launched) -> bool:
     """One launch a region of the wide kernel for up to 256 rows; False (nothing left to trust) where its block fits
     no multiprocessor, so the caller runs the rows 64 at a time."""
     m = xm.shape[0]
@@ -638,21 +590,16 @@ def _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launc
             tiles8,
             multicast,
             int(part.wide_decoded(m)),
-            0,
-        )[0]
+        )
         if got < 0:
             return False
         ran.append(got)
     if launched is not None:
         launched.extend(ran)
-    if launched_class_blocks is not None:
-        launched_class_blocks.extend([0] * len(ran))
     return True
 
 
-def _launch_rows(
-    ext, xm, ym, regions, splits, kp, n, capability, overlap_prior, code, launched, launched_class_blocks
-) -> None:
+def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior, code, launched) -> None:
     """Up to 64 rows through the per-warp, shared-activation or warpgroup kernels, each region once."""
     m = xm.shape[0]
     workspace = torch.empty(sum(s for s in splits if s > 1) * m * n, dtype=torch.float32, device=xm.device)
@@ -670,9 +617,8 @@ def _launch_rows(
         partial = workspace[offset : offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
         offset += partial.numel()
         warpgroups = part.warpgroups(m, capability) if code == 0 else 0  # in place of staged weights or a ring
-        class_blocks = part.class_blocks(m, capability) if warpgroups else 0
         overlap = _overlap(overlap_prior, len(regions), index, bool(warpgroups) and not image_written)
-        groups, ran_class_blocks = ext.w12_mma_gemm(
+        groups = ext.w12_mma_gemm(
             xm,
             weights.view,
             weights.nibbles,
@@ -702,10 +648,7 @@ def _launch_rows(
             0,
             1,
             0,
-            class_blocks,
         )
         image_written = image_written or groups > 0
         if launched is not None:
             launched.append(groups)
-        if launched_class_blocks is not None:
-            launched_class_blocks.append(ran_class_blocks)

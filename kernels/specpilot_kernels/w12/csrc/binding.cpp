@@ -13,16 +13,14 @@
 // activation slots, wide_stages weight stages, wide_token_tiles token tiles of 8 rows a slab and wide_multicast
 // neighbouring tile groups sharing each activation copy (1, 2 or 4), wide_decoded 1 for the decoded-weight kernel
 // (w12_wide_ss.cu); x_image then holds slabs x chunks x
-// wide_token_tiles x 2 KB. wgmma_class_blocks 1: warpgroup MMAs at 17-64 rows as class blocks (w12_wgmma.cu).
-// Returns (warpgroups a block that ran, 0: per-warp, -1: the wide kernel fits no multiprocessor; 1 if class blocks ran).
-std::tuple<int64_t, int64_t> w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, torch::Tensor base,
+// wide_token_tiles x 2 KB.
+int64_t w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles, torch::Tensor base,
                   torch::Tensor esc_tile, torch::Tensor esc_chunk, torch::Tensor esc_entry, torch::Tensor y,
                   torch::Tensor workspace, int64_t n, int64_t n_padded, int64_t k_padded, int64_t warps_n,
                   int64_t warps_k, int64_t chunks_per_split, int64_t step_blocks, int64_t tiles_per_warp,
                   int64_t staged_weights, int64_t shared_x_tiles, int64_t shared_x_ring, int64_t warpgroups, torch::Tensor x_image,
                   int64_t x_image_written, int64_t overlap_prior, int64_t low_bits, int64_t wide_groups, int64_t wide_slots,
-                  int64_t wide_stages, int64_t wide_token_tiles, int64_t wide_multicast, int64_t wide_decoded,
-                  int64_t wgmma_class_blocks) {
+                  int64_t wide_stages, int64_t wide_token_tiles, int64_t wide_multicast, int64_t wide_decoded) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.stride(1) == 1 &&
                   x.size(0) <= (wide_groups ? 256 : 64),
               "w12_mma_gemm: x must be CUDA bf16 [M <= 64 (wide kernel: 256), K] with unit column stride");
@@ -70,7 +68,6 @@ std::tuple<int64_t, int64_t> w12_mma_gemm(torch::Tensor x, torch::Tensor view, t
   W12SharedActivations shared_x{(int)shared_x_tiles, (int)shared_x_ring, (int)warpgroups};
   shared_x.x_image = warpgroups ? x_image.data_ptr() : nullptr;
   shared_x.x_image_written = x_image_written != 0;
-  shared_x.class_blocks = (int)wgmma_class_blocks;
   W12Wide wide;
   wide.groups = (int)wide_groups;
   wide.slots = (int)wide_slots;
@@ -80,19 +77,18 @@ std::tuple<int64_t, int64_t> w12_mma_gemm(torch::Tensor x, torch::Tensor view, t
   wide.decoded = (int)wide_decoded;
   wide.x_image = wide_groups ? x_image.data_ptr() : nullptr;
   wide.x_image_written = x_image_written != 0;
-  int launched_warpgroups = 0, launched_class_blocks = 0;
-  const cudaError_t err = w12_mma_launch(args, low_bits, at::cuda::getCurrentCUDAStream(), shared_x,
-                                         &launched_warpgroups, wide, &launched_class_blocks);
+  int launched_warpgroups = 0;
+  const cudaError_t err =
+      w12_mma_launch(args, low_bits, at::cuda::getCurrentCUDAStream(), shared_x, &launched_warpgroups, wide);
   if (err == cudaErrorNotSupported && wide_groups) {  // no wide block fits: the caller runs 64 rows at a time
     cudaGetLastError();
-    return {-1, 0};
+    return -1;
   }
   if (err != cudaSuccess) cudaGetLastError();  // a refused launch must not fail the next CUDA call as well
   TORCH_CHECK(err == cudaSuccess, "w12_mma_gemm launch failed: ", cudaGetErrorString(err));
-  return {launched_warpgroups, launched_class_blocks};
+  return launched_warpgroups;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("w12_mma_gemm", &w12_mma_gemm, "W12 GEMM; returns (the warpgroups a block that ran (0: per-warp; -1: the wide kernel fits no multiprocessor), "
-        "1 if they ran as class blocks)");
+  m.def("w12_mma_gemm", &w12_mma_gemm, "W12 GEMM; returns the warpgroups a block that ran (0: per-warp; -1: the wide kernel fits no multiprocessor)");
 }

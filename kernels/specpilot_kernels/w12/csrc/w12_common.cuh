@@ -321,11 +321,14 @@ struct OneTile {
 // within a thread-block cluster, sm_90+; else each split writes its partial sums to args.partial for
 // split_reduce_kernel), and the tile's first warp writes the bf16 outputs where `stores`. No atomics: the same order
 // at every row count.
-// After the main loop, before any output is written: the next kernel in the stream may start its prologue once every
-// block is past its main loop; the outputs are written only once the kernel before this one is done (a warp without
-// chunks did not wait above). A first row region lets the next kernel (the second region, which reads x without
-// waiting) start only after waiting.
-__device__ __forceinline__ void wait_before_storing(const W12MmaArgs& args) {
+template <int TP, int MT, bool CLUSTER>
+__device__ __forceinline__ void reduce_and_store(float (&acc)[TP][MT][4], const W12MmaArgs& args, int warp, int warp_n,
+                                                 int warp_k, int lane, int first_tile, bool stores) {
+  const int g = lane >> 2, t = lane & 3;
+  const int tiles = args.n_padded / 16;
+  // The next kernel in the stream may start its prologue once every block is past its main loop; the outputs are
+  // written only once the kernel before this one is done (a warp without chunks did not wait above). A first row
+  // region lets the next kernel (the second region, which reads x without waiting) start only after waiting.
   if (args.overlap_prior == kOverlapFirstRegion) {
     wait_for_prior_grid();
     allow_next_grid();
@@ -333,39 +336,6 @@ __device__ __forceinline__ void wait_before_storing(const W12MmaArgs& args) {
     allow_next_grid();
     wait_for_prior_grid();
   }
-}
-
-// The tiles' final sums from first_tile on: bf16 into y, or (K split through the workspace) fp32 into the split's part.
-template <int TP, int MT>
-__device__ __forceinline__ void store_sums(const float (&acc)[TP][MT][4], const W12MmaArgs& args, int lane,
-                                           int first_tile) {
-  const int g = lane >> 2, t = lane & 3;
-  const int tiles = args.n_padded / 16;
-#pragma unroll
-  for (int p = 0; p < TP; ++p) {
-    const int tile = first_tile + p;
-    if (tile >= tiles) return;
-#pragma unroll
-    for (int j = 0; j < MT; ++j) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int n = tile * 16 + g + 8 * (q >> 1);
-        const int m = j * 8 + 2 * t + (q & 1);
-        if (n < args.n && m < args.m) {
-          if (args.partial)
-            args.partial[((size_t)blockIdx.y * args.m + m) * args.n + n] = acc[p][j][q];
-          else
-            args.y[(size_t)m * args.n + n] = __float2bfloat16_rn(acc[p][j][q]);
-        }
-      }
-    }
-  }
-}
-
-template <int TP, int MT, bool CLUSTER>
-__device__ __forceinline__ void reduce_and_store(float (&acc)[TP][MT][4], const W12MmaArgs& args, int warp, int warp_n,
-                                                 int warp_k, int lane, int first_tile, bool stores) {
-  wait_before_storing(args);
   extern __shared__ float red[];
   constexpr int kAcc = TP * MT * 4;
   const bool tile_sums = warp_k == 0;  // the warps that end with their tiles' sums
@@ -413,7 +383,25 @@ __device__ __forceinline__ void reduce_and_store(float (&acc)[TP][MT][4], const 
 #endif
   }
   if (!tile_sums || !stores) return;
-  store_sums(acc, args, lane, first_tile);
+#pragma unroll
+  for (int p = 0; p < TP; ++p) {
+    const int tile = first_tile + p;
+    if (tile >= tiles) return;
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int n = tile * 16 + g + 8 * (q >> 1);
+        const int m = j * 8 + 2 * t + (q & 1);
+        if (n < args.n && m < args.m) {
+          if (args.partial)
+            args.partial[((size_t)blockIdx.y * args.m + m) * args.n + n] = acc[p][j][q];
+          else
+            args.y[(size_t)m * args.n + n] = __float2bfloat16_rn(acc[p][j][q]);
+        }
+      }
+    }
+  }
 }
 
 // Bytes of a ring slot's token row in the shared-activation kernel: rows g and g + 1 start 64 bytes apart modulo 128, so

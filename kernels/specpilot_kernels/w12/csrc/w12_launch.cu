@@ -85,7 +85,7 @@ cudaError_t launch_split_sums(const W12MmaArgs& args, int splits, cudaStream_t s
 using namespace w12;
 
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream, W12SharedActivations shared_x,
-                           int* launched_warpgroups, W12Wide wide, int* launched_class_blocks) {
+                           int* launched_warpgroups, W12Wide wide) {
   const bool is_wide = wide.groups > 0;
   if (args.m < 1 || args.m > (is_wide ? kMaxWideRows : kMaxRows) || args.warps_n * args.warps_k < 1 ||
       args.warps_n * args.warps_k > kMaxWarpsPerBlock)
@@ -93,8 +93,6 @@ cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t st
   if (shared_x.ring != 0 &&
       (args.m <= 16 || args.m > 32 || args.tiles_per_warp != 1 || args.staged_weights || shared_x.ring < 2 ||
        shared_x.ring > kMaxSharedXRing || shared_x.tiles < 1 || shared_x.tiles * args.warps_k > kMaxWarpsPerBlock))
-    return cudaErrorInvalidValue;
-  if (shared_x.class_blocks != 0 && (shared_x.class_blocks != 1 || shared_x.warpgroups == 0 || args.m <= 16))
     return cudaErrorInvalidValue;
   if (shared_x.warpgroups != 0 && (args.m <= 8 || shared_x.ring != 0 || args.staged_weights || shared_x.warpgroups < 0 ||
                                    4 * shared_x.warpgroups * args.warps_k > kMaxWgmmaWarpsPerBlock || !shared_x.x_image))
@@ -107,7 +105,6 @@ cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t st
   if (major == 0 && (status = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess)
     return status;
   if (launched_warpgroups) *launched_warpgroups = 0;
-  if (launched_class_blocks) *launched_class_blocks = 0;
   if (is_wide) {  // 33-256 rows, sm_90a: reduces its K classes and splits itself (checked by launch_wide)
     if (major != 9) return cudaErrorNotSupported;
     const cudaError_t err = launch_wide(args, low_bits, wide, stream);
@@ -131,7 +128,6 @@ cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t st
     err = shared_x.ring > 0 ? launch_shared_x(launched, low_bits, shared_x, stream) : launch_warp(launched, low_bits, stream);
   }
   if (launched_warpgroups) *launched_warpgroups = err == cudaSuccess ? shared_x.warpgroups : 0;
-  if (launched_class_blocks) *launched_class_blocks = err == cudaSuccess && shared_x.warpgroups ? shared_x.class_blocks : 0;
   if (err != cudaSuccess || !launched.partial) return err;
   return launch_split_sums(launched, splits, stream);
 }

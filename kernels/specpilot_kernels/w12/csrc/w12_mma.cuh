@@ -42,9 +42,6 @@ struct W12SharedActivations {
   void* x_image = nullptr;  // warpgroup MMAs: device memory for every chunk's B image, k_padded / 128 x MT x 2 KB
                             // (MT = 2, 4 or 8 token tiles for up to 16, 32 or 64 rows), 16-byte aligned
   bool x_image_written = false;  // the image already holds x (written for the GEMM's first row region)
-  // 17-64 rows, warpgroup MMAs: 1 asks for class blocks (w12_wgmma.cu: a block of one K class and split, a tile group's
-  // classes and splits one cluster of up to 8 blocks), 0 blocks of every K class; the same bits
-  int class_blocks = 0;
 };
 
 // 33-256 rows, sm_90a: the wide kernel (w12_wide.cu), `groups` warpgroups of 4 tiles a block, all of one K class and
@@ -65,13 +62,11 @@ struct W12Wide {
 // cudaErrorInvalidValue: m outside 1..64 (1..256 for the wide kernel), more than 16 warps per block, or a step plan not built for m's token tiles
 // (staged weights: whole steps of one tile a warp, up to 16 rows; shared activations: one tile a warp, 17-32 rows,
 // 2-8 slots, at most 16 warps besides the producer; warpgroup MMAs: 9-64 rows, neither staged weights nor a ring, at
-// most 32 warps a block, an x_image; class blocks: 0 or 1, with warpgroup MMAs, 17-64 rows). Warpgroup MMAs whose block fits no multiprocessor run with fewer warpgroups a
+// most 32 warps a block, an x_image). Warpgroup MMAs whose block fits no multiprocessor run with fewer warpgroups a
 // block, or as the per-warp kernel (the same bits): `launched_warpgroups` (when given) receives the warpgroups a K
 // class a block that ran, 0 for the per-warp kernels. cudaErrorLaunchOutOfResources: a shared-activation block that
 // fits no multiprocessor.
 // The wide kernel: cudaErrorNotSupported off sm_90a or where no block of it fits a multiprocessor (the caller runs 64
 // rows at a time instead: the same bits).
-// `launched_class_blocks` (when given) receives 1 where the warpgroup kernel ran as class blocks, else 0.
 cudaError_t w12_mma_launch(const W12MmaArgs& args, int low_bits, cudaStream_t stream,
-                           W12SharedActivations shared_x = {}, int* launched_warpgroups = nullptr, W12Wide wide = {},
-                           int* launched_class_blocks = nullptr);
+                           W12SharedActivations shared_x = {}, int* launched_warpgroups = nullptr, W12Wide wide = {});

@@ -42,66 +42,6 @@ template <int MT>
 __host__ __device__ constexpr int wgmma_weight_stages() { return MT == 2 ? 3 : 2; }
 constexpr int kWgmmaStageBytes = kBlocksPerChunk * kStagedBlockWords * 16;
 
-// Class blocks (CLASSES): a block is `warps_n / 4` warpgroups of ONE K class of one split, and the K classes and splits
-// of a tile group are the blocks of one thread-block cluster along y (rank = split x K classes + class), as in the
-// wide kernel. Why: a block of every K class is 4 x warpgroups x warps_k warps of ~127 registers at 33-64 rows, one a
-// multiprocessor, so the one-wave projections (5120 x 6144-17408 and 10240 x 5120 in (1, 3, 1-2) partitions: 160
-// blocks of 12 warps) ran 1.21 rounds of blocks, the last 28 blocks alone (33-64 rows ~1.6-1.75x the 17-32-row time).
-// One class a block is 480 blocks of 4 warps there, 4 a multiprocessor: one round. The class's activation slots are
-// its block's own, and after the main loop they hold the block's partial sums for the cluster's first block.
-template <int MT>
-__host__ __device__ constexpr int wgmma_class_sums_bytes(int warps) { return warps * 32 * MT * 16; }
-template <int MT>
-__host__ __device__ constexpr int wgmma_class_region_bytes(int warps) {
-  return wgmma_slots<MT>() * wgmma_chunk_bytes<MT>() > wgmma_class_sums_bytes<MT>(warps)
-             ? wgmma_slots<MT>() * wgmma_chunk_bytes<MT>()
-             : wgmma_class_sums_bytes<MT>(warps);
-}
-
-// Class blocks' epilogue: every block's sums into its own shared memory at `sums` (the activation slots, free once
-// every warp of the block is past its main loop), then the cluster's first block adds them as reduce_and_store does:
-// within each split the classes in class order, then the splits in split order. So the bits are every other kernel's.
-template <int MT>
-__device__ __forceinline__ void reduce_class_blocks_and_store(float (&acc)[1][MT][4], const W12MmaArgs& args,
-                                                              uint32_t sums, int warp_n, int lane, int tile) {
-  wait_before_storing(args);
-  const int blocks = gridDim.y;  // K classes x splits: one cluster
-  if (blocks > 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    __syncthreads();  // every warp of the block is past its MMAs and bulk copies: the slots are free
-    const uint32_t mine = sums + (warp_n * 32 + lane) * MT * 16;
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-      ptx::st_shared16(mine + j * 16, __float_as_uint(acc[0][j][0]), __float_as_uint(acc[0][j][1]),
-                       __float_as_uint(acc[0][j][2]), __float_as_uint(acc[0][j][3]));
-    ptx::cluster_sync();
-    if (blockIdx.y == 0) {
-      for (int sp = 0; sp < blocks / args.warps_k; ++sp) {
-#pragma unroll
-        for (int j = 0; j < MT; ++j) {
-          float4 sum = sp == 0 ? make_float4(acc[0][j][0], acc[0][j][1], acc[0][j][2], acc[0][j][3])
-                               : ptx::ld_cluster16(ptx::map_to_block(mine, sp * args.warps_k) + j * 16);
-          for (int c = 1; c < args.warps_k; ++c) {
-            const float4 o = ptx::ld_cluster16(ptx::map_to_block(mine, sp * args.warps_k + c) + j * 16);
-            sum.x += o.x, sum.y += o.y, sum.z += o.z, sum.w += o.w;
-          }
-          if (sp == 0) {
-            acc[0][j][0] = sum.x, acc[0][j][1] = sum.y, acc[0][j][2] = sum.z, acc[0][j][3] = sum.w;
-          } else {
-            acc[0][j][0] += sum.x, acc[0][j][1] += sum.y, acc[0][j][2] += sum.z, acc[0][j][3] += sum.w;
-          }
-        }
-      }
-    }
-    ptx::cluster_sync();  // no block leaves while the first one may still read its shared memory
-    if (blockIdx.y != 0) return;
-#else
-    __trap();  // the host launches class blocks on sm_90a only
-#endif
-  }
-  store_sums(acc, args, lane, tile);
-}
-
 // x [m, ldx] -> each 128-column chunk's B image (wgmma_chunk_bytes<MT>() apiece, rows past m zero). Thread p copies
 // piece p of the chunk's MT * 8 rows x 16 pieces (8 columns 32u + 8t .. + 7 of token row n): its four words go to
 // steps (u, 0) and (u, 1), k halves 0 and 1, k-slots 2t and 2t + 1.
@@ -122,46 +62,39 @@ __global__ void w12_permute_x_kernel(const __nv_bfloat16* x, int m, int ldx, int
   at[(kStep + kHalf) / 4] = v.w;
 }
 
-// CLASSES: class blocks (above; CLUSTER false: they reduce their splits with their classes).
-template <int MT, int LOW_BITS, bool CLUSTER, bool STAGED, bool CLASSES>
+template <int MT, int LOW_BITS, bool CLUSTER, bool STAGED>
 __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warp_n = warp % args.warps_n;  // warps_n = 4 x warpgroups a K class
-  // the warp's K class and split; its class's slots and mbarriers are the block's `local_k`-th (class blocks: the only)
-  const int warp_k = CLASSES ? (int)blockIdx.y % args.warps_k : warp / args.warps_n;
-  const int split = CLASSES ? (int)blockIdx.y / args.warps_k : (int)blockIdx.y;
-  const int local_k = CLASSES ? 0 : warp_k;
-  const int block_classes = CLASSES ? 1 : args.warps_k;
+  const int warp_k = warp / args.warps_n;
   const int tile = blockIdx.x * args.warps_n + warp_n;
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
-  const int first = split * args.chunks_per_split + warp_k;
-  const int last = min((split + 1) * args.chunks_per_split, chunks);
+  const int first = blockIdx.y * args.chunks_per_split + warp_k;
+  const int last = min((int)(blockIdx.y + 1) * args.chunks_per_split, chunks);
   constexpr int kChunkBytes = wgmma_chunk_bytes<MT>();
   constexpr int kWgmmaSlots = wgmma_slots<MT>();
   extern __shared__ uint4 shared_words[];
   constexpr int kStages = STAGED ? wgmma_weight_stages<MT>() : 0;
-  uint8_t* class_slots = reinterpret_cast<uint8_t*>(shared_words + (CLASSES ? 0 : epilogue_words<MT, 1>(args, blockDim.x)));
-  // [block classes][slots] chunk images (class blocks: at least the block's sums), [warps][stages] weight chunks, then
-  // [block classes][slots] full and [block classes][slots] empty mbarriers
-  uint8_t* weight_stages =
-      class_slots + (CLASSES ? (size_t)wgmma_class_region_bytes<MT>(blockDim.x / 32)
-                             : (size_t)args.warps_k * kWgmmaSlots * kChunkBytes);
+  uint8_t* class_slots = reinterpret_cast<uint8_t*>(shared_words + epilogue_words<MT, 1>(args, blockDim.x));
+  // [warps_k][slots] chunk images, [warps][stages] weight chunks, then [warps_k][slots] full and [warps_k][slots]
+  // empty mbarriers
+  uint8_t* weight_stages = class_slots + (size_t)args.warps_k * kWgmmaSlots * kChunkBytes;
   uint64_t* bars = reinterpret_cast<uint64_t*>(weight_stages + (size_t)(blockDim.x / 32) * kStages * kWgmmaStageBytes);
   // the warp's escape scratch, after the mbarriers (2 x warps_k x slots of 8 bytes: a multiple of 16)
-  const uint32_t scratch = ptx::shared_address(bars + 2 * block_classes * kWgmmaSlots) + warp * kEscapeScratchBytes;
-  const uint32_t slots = ptx::shared_address(class_slots) + local_k * kWgmmaSlots * kChunkBytes;
+  const uint32_t scratch = ptx::shared_address(bars + 2 * args.warps_k * kWgmmaSlots) + warp * kEscapeScratchBytes;
+  const uint32_t slots = ptx::shared_address(class_slots) + warp_k * kWgmmaSlots * kChunkBytes;
   const uint32_t warp_stages =  // the warp's first stage (stage_step's layout of a chunk)
       ptx::shared_address(weight_stages) + warp * kStages * kWgmmaStageBytes;
-  const uint32_t full = ptx::shared_address(bars) + local_k * kWgmmaSlots * 8;
-  const uint32_t empty = ptx::shared_address(bars) + (block_classes + local_k) * kWgmmaSlots * 8;
+  const uint32_t full = ptx::shared_address(bars) + warp_k * kWgmmaSlots * 8;
+  const uint32_t empty = full + args.warps_k * kWgmmaSlots * 8;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < block_classes * kWgmmaSlots; ++i) {
+    for (int i = 0; i < args.warps_k * kWgmmaSlots; ++i) {
       const uint32_t f = ptx::shared_address(bars + i);
       ptx::mbarrier_init(f, 1);
-      ptx::mbarrier_init(f + block_classes * kWgmmaSlots * 8, args.warps_n);  // one arrival a warp of the class
+      ptx::mbarrier_init(f + args.warps_k * kWgmmaSlots * 8, args.warps_n);  // one arrival a warp of the class
     }
     ptx::fence_mbarrier_init();
   }
@@ -207,7 +140,7 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
 
     // The class's copier: its first thread puts chunk i + slots - 1 into the slot of chunk i - 1 once every warp of
     // the class has released it.
-    const bool copier = threadIdx.x == local_k * args.warps_n * 32;
+    const bool copier = threadIdx.x == warp_k * args.warps_n * 32;
     auto copy_chunk = [&](int i) {
       const uint32_t slot = i % kWgmmaSlots;
       ptx::mbarrier_arrive_expecting(full + 8 * slot, kChunkBytes);
@@ -289,23 +222,10 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
   for (int j = 0; j < MT; ++j)
 #pragma unroll
     for (int q = 0; q < 4; ++q) acc[0][j][q] = d[4 * j + q];
-  if constexpr (CLASSES)
-    reduce_class_blocks_and_store<MT>(acc, args, ptx::shared_address(class_slots), warp_n, lane, tile);
-  else
-    reduce_and_store<1, MT, CLUSTER>(acc, args, warp, warp_n, warp_k, lane, tile, true);
+  reduce_and_store<1, MT, CLUSTER>(acc, args, warp, warp_n, warp_k, lane, tile, true);
 #else
   __trap();  // the host launches warpgroup MMAs on sm_90a only
 #endif
-}
-
-// Every chunk's B image of x, for the GEMM's first region (the permute kernel, overlapping the kernel before).
-template <int MT>
-cudaError_t write_image(const W12MmaArgs& args, void* x_image, cudaStream_t stream) {
-  const int chunks = args.k_padded / 128;
-  const int pieces = chunks * MT * 8 * 16;
-  return launch_overlapping(w12_permute_x_kernel<MT>, dim3((pieces + 255) / 256), dim3(256), 0, stream,
-                            args.overlap_prior != kOverlapNone, 1, args.x, args.m, args.ldx, chunks,
-                            static_cast<uint32_t*>(x_image));
 }
 
 // The warpgroup kernel's launch: `groups` warpgroups of 4 tiles for each of the partition's K classes a block; each
@@ -334,8 +254,8 @@ cudaError_t launch_groups(const W12MmaArgs& args, int groups, void* x_image, boo
                                 (size_t)args.warps_k * wgmma_slots<MT>() * (wgmma_chunk_bytes<MT>() + 16) +
                                 (LOW_BITS == 0 ? (size_t)(block.x / 32) * kEscapeScratchBytes : 0);
   const size_t smem_staged = smem_registers + (size_t)(block.x / 32) * wgmma_weight_stages<MT>() * kWgmmaStageBytes;
-  auto registers = w12_wgmma_kernel<MT, LOW_BITS, CLUSTER, false, false>;
-  auto staged = w12_wgmma_kernel<MT, LOW_BITS, CLUSTER, true, false>;
+  auto registers = w12_wgmma_kernel<MT, LOW_BITS, CLUSTER, false>;
+  auto staged = w12_wgmma_kernel<MT, LOW_BITS, CLUSTER, true>;
   int resident = 0, resident_staged = 0;
   cudaError_t err = resident_blocks(reinterpret_cast<const void*>(registers), block.x, smem_registers, &resident);
   if (err == cudaSuccess)
@@ -350,67 +270,24 @@ cudaError_t launch_groups(const W12MmaArgs& args, int groups, void* x_image, boo
       return launch_groups<MT, LOW_BITS, CLUSTER>(args, groups / 2, x_image, x_image_written, stream, launched_groups);
     return cudaErrorNotSupported;  // the caller runs the per-warp kernel instead (the same bits)
   }
-  if (!x_image_written && (err = write_image<MT>(args, x_image, stream)) != cudaSuccess) return err;
+  if (!x_image_written) {
+    const int pieces = chunks * MT * 8 * 16;
+    err = launch_overlapping(w12_permute_x_kernel<MT>, dim3((pieces + 255) / 256), dim3(256), 0, stream,
+                             args.overlap_prior != kOverlapNone, 1, args.x, args.m, args.ldx, chunks,
+                             static_cast<uint32_t*>(x_image));
+    if (err != cudaSuccess) return err;
+  }
   *launched_groups = groups;
   return launch_overlapping(stage_weights ? staged : registers, grid, block, stage_weights ? smem_staged : smem_registers,
                             stream, args.overlap_prior, args.cluster_splits, launched, static_cast<const uint4*>(x_image));
-}
-
-// Class blocks (above): `groups` warpgroups of one K class and split a block, a tile group's K classes and splits one
-// cluster along y. cudaErrorNotSupported where they do not apply (K splits through the workspace, more than 8 blocks a
-// cluster) or no block fits a multiprocessor: the caller launches blocks of every K class instead (the same bits).
-template <int MT, int LOW_BITS>
-cudaError_t launch_class_groups(const W12MmaArgs& args, int groups, void* x_image, bool x_image_written,
-                                cudaStream_t stream, int* launched_groups) {
-  const int blocks = args.warps_k * args.cluster_splits;  // a tile group's classes x splits
-  if (args.partial || blocks > 8) return cudaErrorNotSupported;
-  W12MmaArgs launched = args;
-  launched.warps_n = 4 * groups;
-  const int tiles = args.n_padded / 16;
-  dim3 grid((tiles + launched.warps_n - 1) / launched.warps_n, blocks);
-  dim3 block(32 * launched.warps_n);
-  // the class's slots (or the block's sums, if larger), its mbarriers, (exact weights) each warp's escape scratch; the
-  // staged kernel adds each warp's weight ring
-  const size_t smem_registers = (size_t)wgmma_class_region_bytes<MT>(block.x / 32) + wgmma_slots<MT>() * 16 +
-                                (LOW_BITS == 0 ? (size_t)(block.x / 32) * kEscapeScratchBytes : 0);
-  const size_t smem_staged = smem_registers + (size_t)(block.x / 32) * wgmma_weight_stages<MT>() * kWgmmaStageBytes;
-  auto registers = w12_wgmma_kernel<MT, LOW_BITS, false, false, true>;
-  auto staged = w12_wgmma_kernel<MT, LOW_BITS, false, true, true>;
-  int resident = 0, resident_staged = 0;
-  cudaError_t err = resident_blocks(reinterpret_cast<const void*>(registers), block.x, smem_registers, &resident);
-  if (err == cudaSuccess)
-    err = resident_blocks(reinterpret_cast<const void*>(staged), block.x, smem_staged, &resident_staged);
-  if (err != cudaSuccess) return err;
-  const bool stage_weights = resident_staged > 0 && resident_staged >= resident;  // as launch_groups decides
-  if (max(resident, resident_staged) == 0) {
-    if (groups > 1)
-      return launch_class_groups<MT, LOW_BITS>(args, groups / 2, x_image, x_image_written, stream, launched_groups);
-    return cudaErrorNotSupported;
-  }
-  if (!x_image_written && (err = write_image<MT>(args, x_image, stream)) != cudaSuccess) return err;
-  *launched_groups = groups;
-  return launch_overlapping(stage_weights ? staged : registers, grid, block, stage_weights ? smem_staged : smem_registers,
-                            stream, args.overlap_prior, blocks, launched, static_cast<const uint4*>(x_image));
 }
 
 template <int LOW_BITS>
 cudaError_t launch_low_bits(const W12MmaArgs& args, W12SharedActivations& shared_x, cudaStream_t stream) {
   const int tiles8 = token_tiles(args.m);
   int* groups = &shared_x.warpgroups;
-  // class blocks at 17-64 rows (4 and 8 token tiles) where asked and applicable, else blocks of every K class (the
-  // same bits); shared_x.class_blocks then says which ran
-#define W12_WGMMA_CALL_IF(MT)                                                                                       \
-  if (tiles8 == MT) {                                                                                               \
-    if constexpr (MT >= 4) {                                                                                        \
-      if (shared_x.class_blocks) {                                                                                  \
-        const cudaError_t err = launch_class_groups<MT, LOW_BITS>(args, *groups, shared_x.x_image,                  \
-                                                                  shared_x.x_image_written, stream, groups);        \
-        if (err != cudaErrorNotSupported) return err;                                                               \
-      }                                                                                                             \
-    }                                                                                                               \
-    shared_x.class_blocks = 0;                                                                                      \
-    return launch_groups<MT, LOW_BITS>(args, *groups, shared_x.x_image, shared_x.x_image_written, stream, groups);   \
-  }
+#define W12_WGMMA_CALL_IF(MT) \
+  if (tiles8 == MT) return launch_groups<MT, LOW_BITS>(args, *groups, shared_x.x_image, shared_x.x_image_written, stream, groups);
   W12_WGMMA_KERNELS(W12_WGMMA_CALL_IF)
 #undef W12_WGMMA_CALL_IF
   return cudaErrorNotSupported;  // up to 8 rows: the per-warp kernel
