@@ -189,6 +189,36 @@ def test_seeded_tiny_run_writes_a_pair_the_engine_loads(tmp_path):
     retrained = Engine.load(out, options=EngineOptions(positions=TINY_DRAFTER.block_size))
     assert all(torch.equal(before[name], t) for name, t in retrained.target.state_dict().items())
 
+    # A third run trains the drafter on with every per-request block (one drawn per step), evaluated per block.
+    drafter_before = {name: t.clone() for name, t in retrained.drafter.state_dict().items()}
+    blocks = [TINY_DRAFTER.block_size, TINY_DRAFTER.block_size - 2]
+    common = ["--seq-len", "32", "--batch", "4", "--prompt-len", "8", "--rollout-tokens", "8", "--rollout-batch", "4"]
+    train.main(
+        ["--tokens", str(tokens), "--out", str(out), "--init-from", str(out), "--target-steps", "0", *common]
+        + ["--rollout-rounds", "1", "--drafter-steps", "6", "--anchors", "2", "--eval-tokens", "256"]
+        + ["--drafter-blocks", ",".join(map(str, blocks)), "--drafter-config", TINY_DRAFTER.to_json()]
+    )
+    done = json.loads((out / "training-log.json").read_text())[-1]
+    assert done["drafter_steps"] == 3 + 6
+    small = done[f"unseen_drafter_block{blocks[1]}"]
+    assert len(small["slot_accuracy"]) == blocks[1] and np.isfinite(small["chain8_tau_proxy"])
+    blocked = Engine.load(out, options=EngineOptions(positions=TINY_DRAFTER.block_size))
+    assert all(torch.equal(before[name], t) for name, t in blocked.target.state_dict().items())
+    assert not all(torch.equal(drafter_before[name], t) for name, t in blocked.drafter.state_dict().items())
+
+
+def test_a_training_block_the_drafter_cannot_draft_is_refused(tmp_path, capsys):
+    tokens = tmp_path / "corpus.npz"
+    np.savez(tokens, **{s: np.arange(1, 200, dtype=np.uint16) for s in ("train", "dev", "unseen")})
+    out = tmp_path / "pair"
+    with pytest.raises(SystemExit):
+        train.main(
+            ["--tokens", str(tokens), "--out", str(out), "--rollout-tokens", "8", "--drafter-blocks", "4,9"]
+            + ["--drafter-config", TINY_DRAFTER.to_json(), "--target-config", TINY_TARGET.to_json()]
+        )
+    assert "--drafter-blocks: block 9 cannot be drafted: the drafter drafts 1..4" in capsys.readouterr().err
+    assert not out.exists()
+
 
 def test_rollouts_must_be_longer_than_a_drafter_block(tmp_path):
     with pytest.raises(SystemExit):

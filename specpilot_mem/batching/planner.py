@@ -67,6 +67,9 @@ class BudgetPlanner:
     # per step, of the realised ratio's sums: slower than the per-depth rates, which carry how the drafter does
     # lately (the ratio carries the trees' shape; both moving at one pace counted a bad stretch twice)
     RATIO_DECAY = 0.99
+    # requests' worth of memory of a bucket's realised tokens (and of the estimate it starts from): a batch's acceptance
+    # moves in stretches, so at 32 requests a few steps are what the next one resembles, at one request a few dozen
+    RECENT_REQUESTS = 128.0
 
     def __init__(
         self,
@@ -114,9 +117,11 @@ class BudgetPlanner:
         # unlucky step does not write a bucket off)
         self._realised = np.zeros(len(self.buckets))
         self._estimated = np.zeros(len(self.buckets))
-        # per bucket: the tokens per request its steps realised lately (a decaying average; NaN: never verified)
-        # and the steps observed since it was last verified (its weight against the scaled estimate fades with them)
-        self._recent = np.full(len(self.buckets), np.nan)
+        # per bucket: the tokens per request its steps realised lately, as decaying sums over requests (tokens,
+        # requests; 0 requests: never verified), and the steps observed since it was last verified (its weight against
+        # the scaled estimate fades with them)
+        self._recent_tokens = np.zeros(len(self.buckets))
+        self._recent_requests = np.zeros(len(self.buckets))
         self._age = np.zeros(len(self.buckets))
         self._since = 0
         self._idle = 0  # AR steps since the last observed speculative step
@@ -131,15 +136,25 @@ class BudgetPlanner:
         share verified; ``rows``: the bucket it verified. Updates the per-depth acceptance the expected tokens
         come from, and the bucket's realised tokens per request."""
         accepted, depth = np.asarray(accepted, dtype=np.int64), np.asarray(depth, dtype=np.int64)
-        chain = self.chain_expected()
+        chain, before = self.chain_expected(), self.expected()
         # the estimates age with steps, AR steps included: after a long AR stretch a look counts for more
         steps, self._idle = 1 + self._idle, 0
         decay = self.decay**steps
         self._age += steps
         if rows in self.buckets:
-            i, tau = self.buckets.index(rows), 1.0 + float(accepted.mean())
-            seen = self._recent[i]
-            self._recent[i] = tau if np.isnan(seen) else decay * seen + (1 - decay) * tau
+            # a first look starts from the estimate it tests, worth RECENT_REQUESTS requests: one step of a batch is
+            # one stretch of its text, and taking it outright (an earlier form) kept the AR gates speculating for a
+            # dozen losing steps after one lucky look; then about RECENT_REQUESTS requests of memory, so a batch's
+            # estimate follows its stretches within a few steps
+            i, n = self.buckets.index(rows), accepted.size
+            if self._recent_requests[i] == 0 and before is not None:
+                self._recent_tokens[i], self._recent_requests[i] = (
+                    before[i] * self.RECENT_REQUESTS,
+                    self.RECENT_REQUESTS,
+                )
+            fade = decay * np.exp(-n / self.RECENT_REQUESTS)
+            self._recent_tokens[i] = fade * self._recent_tokens[i] + float(n + accepted.sum())
+            self._recent_requests[i] = fade * self._recent_requests[i] + n
             self._age[i] = 0
         if rows in self.buckets and chain is not None:
             i, added = self.buckets.index(rows), max(chain[self.buckets.index(rows)] - 1.0, 1e-9)
@@ -186,8 +201,10 @@ class BudgetPlanner:
                 last = self._realised[i] / self._estimated[i]
             ratio[i] = last
         scaled = 1.0 + (chain - 1.0) * ratio
-        weight = np.where(np.isnan(self._recent), 0.0, self.decay**self._age)
-        return weight * np.nan_to_num(self._recent) + (1 - weight) * scaled
+        seen = self._recent_requests > 0
+        recent = np.where(seen, self._recent_tokens / np.where(seen, self._recent_requests, 1.0), 0.0)
+        weight = np.where(seen, self.decay**self._age, 0.0)
+        return weight * recent + (1 - weight) * scaled
 
     def ratio(self, rows: int) -> float | None:
         """The realised ratio of the bucket of ``rows`` rows per request (None: never verified)."""
@@ -233,8 +250,10 @@ class BudgetPlanner:
         self._idle += 1
         self._since += 1
         if self._since >= self._interval:
-            # the look's estimated loss (in AR steps) spread over the AR steps until the next one stays <= probe_cost
-            loss = max(0.0, 1.0 - best["tokens_per_ms"] / table[0]["tokens_per_ms"])
+            # the look's estimated loss (in AR steps: its shortfall in tokens per ms over the look's own time, which
+            # at large batches is several AR steps) spread over the AR steps until the next one stays <= probe_cost
+            shortfall = max(0.0, 1.0 - best["tokens_per_ms"] / table[0]["tokens_per_ms"])
+            loss = shortfall * best["step_ms"] / table[0]["step_ms"]
             self._since = 0
             # a batch's estimate averages its requests' text, so it goes stale more slowly the more requests it has:
             # at most probe x B steps between looks (one request's text changes within a few dozen tokens)

@@ -298,11 +298,24 @@ def simulate(
 
 
 def chain_prior(lattice: Lattice, depth: int = STOCK_BLOCK) -> np.ndarray:
-    """[depth] per-depth acceptance of the greedy chain of ``lattice``'s block over all its steps: a pair's
-    acceptance measured on one split, the planner's prior on another (``BudgetPlanner(prior=...)``)."""
-    batch = StepBatch.from_lattice(lattice, np.arange(lattice.num_steps))
-    accepted = verify_against_greedy(chain.build(batch, lattice.positions), batch.greedy).accepted
-    return acceptance_prior(accepted, depth)
+    """[depth] per-depth acceptance of the greedy chain of ``lattice``'s block at the positions a decoder visits
+    (each request from its first token, each step where the last one's accepted tokens and bonus end): a pair's
+    acceptance measured on one split, the planner's prior on another (``BudgetPlanner(prior=...)``).
+
+    Not over every recorded position: a decoder steps over a long accepted stretch in one step but stops at
+    every position of a hard one, so the positions' mean overstates what it sees (the trained pair's dev split:
+    a 16-chain tau of 5.24 over all positions, 2.99 as decoded), and a prior that high kept the AR gates
+    speculating where the steps lost to AR."""
+    lookup, lengths = lattice.step_lookup(), np.diff(lattice.greedy_offsets)
+    position = np.zeros(lattice.num_requests, dtype=np.int64)
+    live, accepted = np.flatnonzero(lengths > 0), []
+    while live.size:
+        batch = StepBatch.from_lattice(lattice, lookup[lattice.greedy_offsets[live] + position[live]])
+        took = verify_against_greedy(chain.build(batch, lattice.positions), batch.greedy).accepted
+        accepted.append(took)
+        position[live] += took + 1
+        live = live[position[live] < lengths[live]]
+    return acceptance_prior(np.concatenate(accepted), depth)
 
 
 def drafter_ms(costs: StepCosts, chosen: np.ndarray) -> float:

@@ -188,12 +188,15 @@ def corpus_batch(
     )
 
 
-def drafter_loss(target: HybridTarget, drafter: BlockDrafter, batch, slot_decay: float = 0.9):
+def drafter_loss(target: HybridTarget, drafter: BlockDrafter, batch, slot_decay: float = 0.9, block: int | None = None):
     """Block CE on the base logits plus CE of the selector-conditioned logits given the previous label.
-    Slots without a label (``labelled`` false) take no part. Returns (loss, per-slot top-1 accuracy
+    Slots without a label (``labelled`` false) take no part. ``block``: masked positions in the forward (default
+    the trained block), its labels the batch's first ``block``. Returns (loss, per-slot top-1 accuracy
     of the base logits over the labelled blocks [block])."""
     features, valid, anchors, anchor_pos, labels, labelled = batch
-    hidden = drafter(target.embed, features, valid, anchors, anchor_pos)  # [N, S, d]
+    if block is not None:
+        labels, labelled = labels[:, :block], labelled[:, :block]
+    hidden = drafter(target.embed, features, valid, anchors, anchor_pos, block=block)  # [N, S, d]
     base = (hidden @ target.lm_head_weight.t()).float()
     prev = torch.cat([anchors[:, None], labels[:, :-1]], dim=1)
     conditioned = base + drafter.pair_logits_full(hidden, prev)
@@ -224,16 +227,17 @@ def evaluate_target(model: HybridTarget, stream: torch.Tensor, seq_len: int, max
 
 
 @torch.no_grad()
-def evaluate_drafter(target, drafter, pool: Rollouts, batches: int, generator) -> dict:
+def evaluate_drafter(target, drafter, pool: Rollouts, batches: int, generator, block: int | None = None) -> dict:
     """Per-slot top-1 accuracy of the base logits against the target's greedy continuation, and the
-    chain-8 tau they give (accepted prefix + the target's own token) on held-out rollouts."""
+    chain-8 tau they give (accepted prefix + the target's own token) on held-out rollouts; ``block``: the
+    forward's masked positions (default the trained block)."""
     accs, chains = [], []
     for _ in range(batches):
         with torch.autocast(pool.tokens.device.type, dtype=torch.bfloat16, enabled=pool.tokens.is_cuda):
             features, valid, anchors, anchor_pos, labels, _ = drafter_batch(pool, drafter.cfg, 8, 32, generator)
-            hidden = drafter(target.embed, features, valid, anchors, anchor_pos)
+            hidden = drafter(target.embed, features, valid, anchors, anchor_pos, block=block)
             base = (hidden @ target.lm_head_weight.t()).float()
-        hit = base.argmax(-1) == labels
+        hit = base.argmax(-1) == labels[:, : base.shape[1]]
         accs.append(hit.float().mean(0))
         chains.append(1 + hit[:, :8].int().cumprod(1).sum(1).float().mean())
     return {"slot_accuracy": torch.stack(accs).mean(0).tolist(), "chain8_tau_proxy": float(torch.stack(chains).mean())}
@@ -314,6 +318,12 @@ def main(argv=None) -> int:
     ap.add_argument("--drafter-seconds", type=float, default=140)
     ap.add_argument("--drafter-lr", type=float, default=2e-3)
     ap.add_argument("--anchors", type=int, default=16, help="drafter blocks per rollout")
+    ap.add_argument(
+        "--drafter-blocks",
+        default="",
+        help="masked positions per forward to train on, one drawn per step (e.g. 16,12,8: a per-request drafter "
+        "block drafts them; default the trained block only)",
+    )
     ap.add_argument("--eval-tokens", type=int, default=400_000)
     ap.add_argument("--target-config", default="{}", help="JSON overrides of TargetConfig fields")
     ap.add_argument("--drafter-config", default="{}", help="JSON overrides of DrafterConfig fields")
@@ -331,6 +341,10 @@ def main(argv=None) -> int:
         ap.error(
             f"--rollout-tokens {args.rollout_tokens} must exceed the drafter's block ({drafter_cfg.block_size}) to label a block"
         )
+    try:
+        train_blocks = [int(b) for b in args.drafter_blocks.split(",") if b]
+    except ValueError:
+        ap.error(f"--drafter-blocks {args.drafter_blocks!r}: give block sizes as integers, e.g. 16,12,8")
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.threads:
@@ -354,6 +368,9 @@ def main(argv=None) -> int:
     else:
         target = HybridTarget(target_cfg).to(device)
         drafter = BlockDrafter(drafter_cfg, target_cfg).to(device)
+    bad = [b for b in train_blocks if not 1 <= b <= drafter_cfg.block_size]
+    if bad:
+        ap.error(f"--drafter-blocks: block {bad[0]} cannot be drafted: the drafter drafts 1..{drafter_cfg.block_size}")
     log: list[dict] = earlier + [
         {
             "event": "start",
@@ -411,10 +428,12 @@ def main(argv=None) -> int:
             batch_starts(streams["train"].numel(), args.seq_len, args.batch, gen).to(device),
             args.seq_len,
         )
+        # one block per step (its forward's shape), drawn from --drafter-blocks; its loss reads that many slots
+        block = train_blocks[int(torch.randint(len(train_blocks), (1,), generator=gen))] if train_blocks else None
         with autocast():
             corpus = corpus_batch(target, drafter_cfg, tokens, args.anchors, gen)
             rolled = drafter_batch(pool, drafter_cfg, args.rollout_rows, args.anchors, gen)
-            return drafter_loss(target, drafter, tuple(torch.cat(pair) for pair in zip(corpus, rolled)))
+            return drafter_loss(target, drafter, tuple(torch.cat(pair) for pair in zip(corpus, rolled)), block=block)
 
     drafter.train()
     drafter_steps = run_phase(
@@ -454,6 +473,8 @@ def main(argv=None) -> int:
     eval_gen = torch.Generator().manual_seed(args.seed + 1)
     held_out = greedy_rollouts(target, streams["unseen"], 64, args.prompt_len, args.rollout_tokens, eval_gen)
     evals["unseen_drafter"] = evaluate_drafter(target, drafter, held_out, 8, eval_gen)
+    for block in sorted(set(train_blocks) - {drafter_cfg.block_size}, reverse=True):
+        evals[f"unseen_drafter_block{block}"] = evaluate_drafter(target, drafter, held_out, 8, eval_gen, block)
     summary = {
         "event": "done",
         "train_seconds": round(train_seconds, 1),
