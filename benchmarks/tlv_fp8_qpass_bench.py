@@ -156,25 +156,15 @@ def sweep_configs(n: int, k: int, m: int, midpoint: bool) -> list:
 
 
 def label(config) -> str:
-    prefetch = f"_l{config.l2_prefetch_pairs}" if config.l2_prefetch_pairs else ""
-    return (
-        f"{config.operands}_r{config.tiles_per_warp}_wk{config.warps_k}_g{config.groups_per_block}_s{config.splits}"
-        + prefetch
-    )
+    return f"{config.operands}_r{config.tiles_per_warp}_wk{config.warps_k}_g{config.groups_per_block}_s{config.splits}"
 
 
 def parse_label(text: str):
     from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig
 
     operands, *parts = text.split("_")
-    r, wk, g, splits = (int(part.lstrip("rwkgs")) for part in parts[:4])
-    prefetch = int(parts[4].lstrip("l")) if len(parts) > 4 else 0
-    return Fp8QpassConfig(
-        warps_k=wk, groups_per_block=g, tiles_per_warp=r, splits=splits, operands=operands, l2_prefetch_pairs=prefetch
-    )
-
-
-L2_PREFETCH_PAIRS = (4, 16)  # the L2 look-ahead a 1-8-row sweep tries on its fastest partition (during the quantizer)
+    r, wk, g, splits = (int(part.lstrip("rwkgs")) for part in parts)
+    return Fp8QpassConfig(warps_k=wk, groups_per_block=g, tiles_per_warp=r, splits=splits, operands=operands)
 
 
 def tuned_table() -> dict:
@@ -212,15 +202,6 @@ def sweep_shape(n: int, k: int, m: int, mmas, w12, x, timed, until: float) -> di
                 times[label(c)] = timed(lambda i, c=c, lb=low_bits: w12_fp8_qpass_gemm(x, mmas[i], lb, config=c))
             except RuntimeError as err:  # a partition that does not launch: recorded, not fatal
                 errors[label(c)] = str(err)[:200]
-        if m <= 8 and times:  # the fastest one with an L2 look-ahead while the quantizer runs (the same bits)
-            fastest = parse_label(min(times, key=times.get))
-            for pairs in L2_PREFETCH_PAIRS:
-                c = replace(fastest, l2_prefetch_pairs=pairs)
-                try:
-                    errors[label(c)] = rel_err(w12_fp8_qpass_gemm(x, mmas[0], low_bits, config=c), ref)
-                    times[label(c)] = timed(lambda i, c=c, lb=low_bits: w12_fp8_qpass_gemm(x, mmas[i], lb, config=c))
-                except RuntimeError as err:
-                    errors[label(c)] = str(err)[:200]
         correct = {key: us for key, us in times.items() if isinstance(errors[key], float) and errors[key] < 4e-3}
         entry = {"us": times, "rel_err": errors}
         if correct:

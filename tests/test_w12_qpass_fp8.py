@@ -253,8 +253,6 @@ def test_few_tile_groups_split_their_k_over_blocks():
     assert 272 // (down.warps_k * down.splits) >= 4  # each K class keeps at least 4 pairs of 64 columns
     with pytest.raises(W12Error, match="splits"):
         Fp8QpassConfig(splits=0)
-    with pytest.raises(W12Error, match="l2_prefetch_pairs"):
-        Fp8QpassConfig(l2_prefetch_pairs=-1)
 
 
 def test_bad_inputs_are_refused_with_the_fix():
@@ -351,14 +349,3 @@ def test_every_partition_matches_the_emulation_and_splits_keep_a_rows_bits(rows,
         assert ((y.float() - ref).abs() <= 2.0**-8 * ref.abs() + 1e-5 * ref.abs().max()).all()
     one = Fp8QpassConfig(warps_k, groups_per_block, 1, splits, operands)
     assert torch.equal(w12_fp8_qpass_gemm(x[-1:].contiguous(), mma, low_bits, config=one), y[-1:])
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 tensor cores (sm_89+)")
-@pytest.mark.parametrize("pairs", [1, 4, 64])
-def test_the_l2_look_ahead_changes_no_bit(pairs):
-    mma = to_mma_layout(encode(weight_with_escapes(n=1000, k=1536, device="cuda")))
-    x = torch.randn(3, 1536, device="cuda").bfloat16()
-    for config in (Fp8QpassConfig(2, 2, 2, 1), Fp8QpassConfig(1, 1, 1, 3, "f16")):
-        ahead = Fp8QpassConfig(**{**vars(config), "l2_prefetch_pairs": pairs})
-        assert torch.equal(w12_fp8_qpass_gemm(x, mma, config=ahead), w12_fp8_qpass_gemm(x, mma, config=config))

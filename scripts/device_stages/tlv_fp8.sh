@@ -1,9 +1,8 @@
 # ~90 s on one H200 (+ the W12 and FP8 Q pass extensions' builds if no earlier stage built them): the FP8 Q pass (the
 # W12 8-bit view on the tensor cores, E4M3 activations per token row) against the exact W12 GEMM at the 27B-like
 # engine's shapes, 1 and 33 rows (TLV_FP8_ARGS="--rows 1,16,32,33" for more). At 1 and 33 rows it first sweeps
-# partitions and operand kinds (E4M3 m16n8k32, f16 m16n8k16) in both modes, the table's current choice first, at 1
-# row then the fastest with an L2 look-ahead during the quantizer (a label ending _l4 / _l16), each checked against
-# the emulation, and tunes the table (written to $RESULTS/qpass_fp8_configs.json); then the timings
+# partitions and operand kinds (E4M3 m16n8k32, f16 m16n8k16) in both modes, the table's current choice first, each
+# checked against the emulation, and tunes the table (written to $RESULTS/qpass_fp8_configs.json); then the timings
 # and the contract checks of the chosen partitions, and the system engine's Q pass and TLV cycle in each mode at 1
 # and 33 rows.
 set -euo pipefail

@@ -73,7 +73,6 @@ class Fp8QpassConfig:
     tiles_per_warp: int = 1  # 16-row weight tiles a warp: each activation fragment feeds that many MMAs
     splits: int = 1  # blocks sharing a tile group's K (a workspace and the last block's sum in split order)
     operands: str = "e4m3"  # "e4m3" (m16n8k32) or "f16" (both planes' bytes converted in registers, m16n8k16)
-    l2_prefetch_pairs: int = 0  # pairs a warp also starts into L2 while the quantizer runs (sm_90+; no bit changes)
 
     def __post_init__(self):
         if self.operands not in OPERANDS:
@@ -81,12 +80,6 @@ class Fp8QpassConfig:
                 f"Fp8QpassConfig(operands={self.operands!r}): the kernel is built for {OPERANDS}",
                 where="Fp8QpassConfig",
                 fix=f"use one of {OPERANDS}",
-            )
-        if self.l2_prefetch_pairs < 0:
-            raise W12Error(
-                f"Fp8QpassConfig(l2_prefetch_pairs={self.l2_prefetch_pairs}): a count of pairs",
-                where="Fp8QpassConfig",
-                fix="use l2_prefetch_pairs >= 0 (0: none)",
             )
         if self.splits < 1:
             raise W12Error(
@@ -282,7 +275,7 @@ def w12_fp8_qpass_gemm(
         ext.gemm_rows(mma.view, mma.base, image, scale, ym, n, config.warps_k, config.tiles_per_warp,
                       config.groups_per_block, config.splits, workspace,
                       counters if counters is not None else workspace, config.operands == "f16", midpoint,
-                      pdl, config.l2_prefetch_pairs)  # fmt: skip
+                      pdl)  # fmt: skip
     return y
 
 

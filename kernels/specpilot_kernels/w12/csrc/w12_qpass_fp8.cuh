@@ -34,7 +34,6 @@ struct QpassFp8Args {
   int* counters;         // [ceil(tiles / tiles_per_warp)] zero before a launch; each launch leaves them zero
   bool f16_operands;     // both planes' E4M3 bytes converted to f16 in registers, m16n8k16 MMAs
   bool overlap_prior;   // sm_90+: prefetch weights while the kernel before (the quantizer) finishes
-  int l2_prefetch_pairs;  // with overlap_prior: pairs a warp also starts into L2 meanwhile, past its registers' (0: none)
 };
 
 // x bf16 [m][ldx] (k columns, 16-byte rows) -> x_image and x_scale: per token row scale = max|x| / 448 (1 for a zero

@@ -29,8 +29,7 @@ void qpass_fp8_quantize_rows(torch::Tensor x, torch::Tensor x_image, torch::Tens
 void qpass_fp8_gemm_rows(torch::Tensor view, torch::Tensor base, torch::Tensor x_image, torch::Tensor x_scale,
                          torch::Tensor y, int64_t n, int64_t warps_k, int64_t tiles_per_warp,
                          int64_t groups_per_block, int64_t splits, torch::Tensor workspace,
-                         torch::Tensor counters, bool f16_operands, bool midpoint, bool overlap_prior,
-                         int64_t l2_prefetch_pairs) {
+                         torch::Tensor counters, bool f16_operands, bool midpoint, bool overlap_prior) {
   TORCH_CHECK(view.is_cuda() && view.scalar_type() == torch::kUInt8 && view.dim() == 4 && view.size(2) == 32 &&
                   view.size(3) == 16 && view.is_contiguous() && reinterpret_cast<uintptr_t>(view.data_ptr()) % 16 == 0,
               "qpass_fp8_gemm_rows: view must be a contiguous 16-byte aligned uint8 [tiles, Kp/32, 32, 16]");
@@ -68,8 +67,6 @@ void qpass_fp8_gemm_rows(torch::Tensor view, torch::Tensor base, torch::Tensor x
     args.counters = counters.data_ptr<int>();
   }
   args.overlap_prior = overlap_prior;
-  TORCH_CHECK(l2_prefetch_pairs >= 0, "qpass_fp8_gemm_rows: l2_prefetch_pairs must be >= 0");
-  args.l2_prefetch_pairs = (int)l2_prefetch_pairs;
   TORCH_CHECK(x_image.is_cuda() && x_image.numel() >= (int64_t)((args.m + 7) / 8) * 8 * args.k_padded,
               "qpass_fp8_gemm_rows: x_image too small for M rows of K padded columns");
   const cudaError_t err = qpass_fp8_gemm(args, midpoint, c10::cuda::getCurrentCUDAStream());

@@ -14,9 +14,6 @@ namespace qpass_fp8_detail {
 template <int TT, int R>
 constexpr int kPrefetchPairs = R >= 4 ? 1 : R == 2 ? 2 : TT <= 2 ? 4 : 3;
 
-// Starts the 128-byte line at `p` on its way from DRAM into L2 (no register, no wait).
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
 // E4M3 x2 (the low 16 bits of `pair`) -> f16 x2, low byte to the low half: exact (E4M3 is a subset of f16).
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
   uint32_t out;
@@ -64,15 +61,6 @@ __global__ void __launch_bounds__(32 * kQpassFp8MaxWarps) qpass_fp8_kernel(Qpass
         next[d][r][0] = ptx::load_streaming16(w + r * tile_stride + (2 * d) * 512);
         next[d][r][1] = ptx::load_streaming16(w + r * tile_stride + (2 * d + 1) * 512);
       }
-  // While the quantizer's grid runs (overlap_prior), the warp's next l2_prefetch_pairs pairs after those in its
-  // registers start their way into L2 too: more of the stream in flight during the wait, the same bytes read later
-  // (no bit changes). Lane l takes line l % 4 of block l / 4 of each 8 blocks.
-  if (args.overlap_prior && args.l2_prefetch_pairs > 0 && live_tiles) {
-    const uint8_t* blocks = args.view + (size_t)tile0 * tile_stride + (size_t)(2 * p0) * 512 + (lane % 4) * 128;
-    const int end = 2 * min(count, DEPTH + args.l2_prefetch_pairs);
-    for (int r = 0; r < live_tiles; ++r)
-      for (int b = 2 * DEPTH + lane / 4; b < end; b += 8) prefetch_l2(blocks + r * tile_stride + (size_t)b * 512);
-  }
   if (args.overlap_prior) wait_for_prior_grid();  // x_image is the quantizer's
 
   constexpr bool MID_MMA = MID && !F16;  // the E4M3 midpoint's second accumulators
