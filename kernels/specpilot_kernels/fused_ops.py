@@ -14,6 +14,7 @@ on CPU tensors under ``TRITON_INTERPRET=1`` instead (the tests' fp32 check of th
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -45,23 +46,29 @@ def _kernels(x: torch.Tensor) -> bool:
 _PDL_DEVICES: dict = {}
 
 
-def _pdl(x: torch.Tensor, *grid: int) -> dict:
+@functools.lru_cache(maxsize=8)
+def _pdl_waves(value: str) -> float:
+    """``SPECPILOT_PDL_WAVES`` parsed once per value, not at each of a step's hundreds of launches."""
+    try:
+        waves = float(value)
+    except ValueError:
+        waves = -1.0
+    if not waves > 0:
+        raise ValueError(f"SPECPILOT_PDL_WAVES={value!r}: set it to a positive number")
+    return waves
+
+
+def _pdl(x: torch.Tensor, *grid: int, allowed: bool = True) -> dict:
     """Launch options for programmatic dependent launch (Hopper and newer; ``SPECPILOT_PDL=0`` switches it off):
     a kernel of at most one program per SM is launched while its producer still runs and waits in ``_pdl_start``
     for the producer's writes, so the launch latency between a decode step's hundreds of small dependent kernels
     overlaps the work before them (SGLang launches its GDN kernel the same way). Larger grids launch normally:
     their programs would wait resident on the SMs the producer still needs (on the H200 that made 33-row steps
     slower, while 1-row steps gained). ``SPECPILOT_PDL_WAVES=w`` moves that bound to w programs an SM (the probe of
-    whether 8-row grids of 1-2 waves gain from it; 1 unless set)."""
-    if not x.is_cuda or os.environ.get("SPECPILOT_PDL", "1") == "0":
+    whether 8-row grids of 1-2 waves gain from it; 1 unless set). ``allowed=False``: a tile that must not (``RowTile.pdl``)."""
+    if not allowed or not x.is_cuda or os.environ.get("SPECPILOT_PDL", "1") == "0":
         return {}
-    waves = os.environ.get("SPECPILOT_PDL_WAVES", "1")
-    try:
-        waves = float(waves)
-    except ValueError:
-        waves = -1.0
-    if not waves > 0:
-        raise ValueError(f"SPECPILOT_PDL_WAVES={os.environ['SPECPILOT_PDL_WAVES']!r}: set it to a positive number")
+    waves = _pdl_waves(os.environ.get("SPECPILOT_PDL_WAVES", "1"))
     if x.device not in _PDL_DEVICES:
         props = torch.cuda.get_device_properties(x.device)
         _PDL_DEVICES[x.device] = props.multi_processor_count if props.major >= 9 else 0
@@ -371,7 +378,7 @@ def tree_conv_silu(
         BR=tile.rows,
         BLOCK=block,
         RAW=raw is not None,
-        **(_pdl(x, *grid) if tile.pdl else {}),
+        **_pdl(x, *grid, allowed=tile.pdl),
         num_warps=tile.num_warps,
     )
     return out
@@ -412,7 +419,7 @@ def gated_rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, ep
         eps,
         BR=tile.rows,
         BLOCK=triton.next_power_of_2(N),
-        **(_pdl(x, *grid) if tile.pdl else {}),
+        **_pdl(x, *grid, allowed=tile.pdl),
         num_warps=tile.num_warps,
     )
     return out
@@ -442,7 +449,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         N,
         BR=tile.rows,
         BLOCK=block,
-        **(_pdl(gate_up, *grid) if tile.pdl else {}),
+        **_pdl(gate_up, *grid, allowed=tile.pdl),
         num_warps=tile.num_warps,
     )
     return out
@@ -620,7 +627,7 @@ def qk_norm_rope(q, k, v, cos, sin, q_weight, k_weight, eps, k_cache=None, v_cac
         BR=tile.rows,
         QK_NORM=norm,
         WRITE=write,
-        **(_pdl(q, *grid) if tile.pdl else {}),
+        **_pdl(q, *grid, allowed=tile.pdl),
         num_warps=tile.num_warps * (1 if D <= 128 else 2),
     )
     return q_out, k_out, v_out

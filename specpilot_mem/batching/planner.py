@@ -156,12 +156,12 @@ class BudgetPlanner:
             self._recent_tokens[i] = fade * self._recent_tokens[i] + float(n + accepted.sum())
             self._recent_requests[i] = fade * self._recent_requests[i] + n
             self._age[i] = 0
-        if rows in self.buckets and chain is not None:
-            i, added = self.buckets.index(rows), max(chain[self.buckets.index(rows)] - 1.0, 1e-9)
-            if self._estimated[i] == 0:
-                self._realised[i] = self._estimated[i] = self.RATIO_PRIOR * added
-            self._realised[i] = self.RATIO_DECAY * self._realised[i] + float(accepted.sum())
-            self._estimated[i] = self.RATIO_DECAY * self._estimated[i] + accepted.size * added
+            if chain is not None:
+                added = max(chain[i] - 1.0, 1e-9)
+                if self._estimated[i] == 0:
+                    self._realised[i] = self._estimated[i] = self.RATIO_PRIOR * added
+                self._realised[i] = self.RATIO_DECAY * self._realised[i] + float(accepted.sum())
+                self._estimated[i] = self.RATIO_DECAY * self._estimated[i] + n * added
         d = np.arange(1, self._num.size)[:, None]
         reached = (accepted[None, :] >= d - 1) & (depth[None, :] >= d)
         self._den[1:] = decay * self._den[1:] + reached.sum(1)
