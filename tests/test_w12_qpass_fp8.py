@@ -167,15 +167,6 @@ def lane_level_f16_qpass(x: torch.Tensor, mma, low_bits: str) -> torch.Tensor:
     return (y[:n, :m] * window[:n, None]).t() * scale[:, None]
 
 
-@pytest.mark.parametrize("low_bits", ["midpoint", "truncated"])
-def test_the_f16_operands_are_the_view_and_the_image_converted_in_registers(low_bits):
-    w12 = encode(weight_with_escapes())
-    x = torch.randn(11, 256).bfloat16()
-    got = lane_level_f16_qpass(x, to_mma_layout(w12), low_bits)
-    ref = fp8_qpass_reference(x, w12, low_bits)
-    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6 * float(ref.abs().max()))
-
-
 def test_the_f16_midpoint_bit_is_the_view_plus_its_sign_and_exponent_over_16():
     codes = torch.tensor([c for c in range(256) if (c & 0x7F) >> 3 and (c & 0x7F) != 0x7F] + [0x00, 0x80])
     v = codes.to(torch.uint8).view(torch.float8_e4m3fn).float()
@@ -185,10 +176,17 @@ def test_the_f16_midpoint_bit_is_the_view_plus_its_sign_and_exponent_over_16():
 
 
 @pytest.mark.parametrize("low_bits", ["midpoint", "truncated"])
-def test_the_view_is_the_e4m3_a_fragment_after_one_permute_a_register(low_bits):
+@pytest.mark.parametrize(
+    "lane_level",
+    [
+        pytest.param(lane_level_qpass, id="e4m3: the view is the A fragment after one permute a register"),
+        pytest.param(lane_level_f16_qpass, id="f16: the view and the image converted in registers"),
+    ],
+)
+def test_the_lane_level_operands_give_the_reference(lane_level, low_bits):
     w12 = encode(weight_with_escapes())
     x = torch.randn(11, 256).bfloat16()
-    got = lane_level_qpass(x, to_mma_layout(w12), low_bits)
+    got = lane_level(x, to_mma_layout(w12), low_bits)
     ref = fp8_qpass_reference(x, w12, low_bits)
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6 * float(ref.abs().max()))
 
