@@ -1,4 +1,4 @@
-# ~100 s on one H200 (W12 build unless already built; two ncu runs of one kernel launch each, ~30 s apiece): what sets
+# ~130 s on one H200 (W12 build unless already built; two ncu runs of one kernel launch each, ~30 s apiece): what sets
 # the one-wave projections' 33-row time (attn_out 5120 x 6144: 34 us at 33 rows on the warpgroup kernel, 19 at 32 on
 # the per-warp one; class blocks, one round instead of 1.21, were slower). Per launch: duration, waves and occupancy
 # limits (LaunchStats, Occupancy), issue and stall reasons (SchedulerStats, WarpStateStats: long scoreboard on the
@@ -7,7 +7,7 @@ set -euo pipefail
 export MAX_JOBS=$(nproc)
 P=benchmarks/probes/w12-ncu-33-rows-2026-12-03
 python $P/driver.py 33  # builds the extension outside ncu
-for case in "33 w12_wgmma_kernel" "32 w12_shared_x_kernel"; do
+for case in "33 w12_wgmma_kernel" "32 w12_shared_x_kernel" "8 w12_(mma|shared_x)_kernel"; do
   set -- $case
   timeout 60 ncu --kernel-name "regex:$2" --launch-skip 1 --launch-count 1 --section LaunchStats --section Occupancy \
     --section SchedulerStats --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
