@@ -9,9 +9,8 @@
 # Needs .sglang_gdn (see system.sh). CPU dry run:
 #   BATCHED_DRY=1 RESULTS=/tmp/r PYTHONPATH=kernels:. TRITON_INTERPRET=1 bash scripts/device_stages/batched_attn.sh
 set -uo pipefail
-export MAX_JOBS=$(nproc)
-test -f .sglang_gdn/sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py || {
-    echo "missing .sglang_gdn: run python -m specpilot_mem.engine.sglang_kernels prepare .sglang_gdn first" >&2; exit 2; }
+source scripts/device_stages/_common.sh
+need_sglang_gdn
 mkdir -p "$RESULTS"
 rc=0
 if [ "${BATCHED_DRY:-0}" = 1 ]; then

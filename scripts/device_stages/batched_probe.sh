@@ -3,9 +3,8 @@
 # verify (benchmarks/probes/batched-probe-h200-2026-12-02/). Needs .sglang_gdn (see system.sh).
 # CPU dry run: RESULTS=/tmp/r PYTHONPATH=kernels:. TRITON_INTERPRET=1 PROBE_ARGS="--device cpu --smoke --batches 2" bash scripts/device_stages/batched_probe.sh
 set -euo pipefail
-export MAX_JOBS=$(nproc)
-test -f .sglang_gdn/sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py || {
-    echo "missing .sglang_gdn: run python -m specpilot_mem.engine.sglang_kernels prepare .sglang_gdn first" >&2; exit 2; }
+source scripts/device_stages/_common.sh
+need_sglang_gdn
 mkdir -p "$RESULTS"
 python3 benchmarks/probes/batched-probe-h200-2026-12-02/batched_verify_probe.py ${PROBE_ARGS:-} \
     --out "$RESULTS/batched-probe-h200.json" >/dev/null

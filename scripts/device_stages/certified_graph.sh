@@ -5,7 +5,7 @@
 # CPU dry run: CERTIFIED_GRAPH_ARGS="--vocab 1000 --hidden 256 --rows 1 40" TRITON_INTERPRET=1 RESULTS=/tmp/r \
 #     PYTHONPATH=kernels:. bash scripts/device_stages/certified_graph.sh
 set -euo pipefail
-export MAX_JOBS=$(nproc)
+source scripts/device_stages/_common.sh
 pkg=$(mktemp -d)
 mkdir -p "$pkg/sglang/srt/specpilot/kernels"
 cp entries/options/src/sglang/srt/specpilot/__init__.py entries/certified-head/src/sglang/srt/specpilot/certified_head.py \

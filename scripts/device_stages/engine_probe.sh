@@ -6,8 +6,8 @@
 #     bash scripts/device_stages/engine_probe.sh
 # Needs .sglang_gdn (python -m specpilot_mem.engine.sglang_kernels prepare .sglang_gdn; untracked, it travels).
 set -euo pipefail
-test -f .sglang_gdn/sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py || {
-    echo "missing .sglang_gdn: run python -m specpilot_mem.engine.sglang_kernels prepare .sglang_gdn first" >&2; exit 2; }
+source scripts/device_stages/_common.sh
+need_sglang_gdn
 mkdir -p "$RESULTS"
 python3 benchmarks/system_kernel_probe.py --out "$RESULTS/system-kernel-probe-h200.json" ${ENGINE_PROBE_ARGS:-} >/dev/null
 python3 - "$RESULTS/system-kernel-probe-h200.json" <<'PY'

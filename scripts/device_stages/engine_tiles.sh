@@ -8,9 +8,8 @@
 # CPU dry run: ENGINE_TILES_DRY=1 RESULTS=/tmp/r PYTHONPATH=kernels:. TRITON_INTERPRET=1 bash scripts/device_stages/engine_tiles.sh
 # Needs .sglang_gdn (python -m specpilot_mem.engine.sglang_kernels prepare .sglang_gdn; untracked, it travels).
 set -uo pipefail
-export MAX_JOBS=$(nproc)
-test -f .sglang_gdn/sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py || {
-    echo "missing .sglang_gdn: run python -m specpilot_mem.engine.sglang_kernels prepare .sglang_gdn first" >&2; exit 2; }
+source scripts/device_stages/_common.sh
+need_sglang_gdn
 mkdir -p "$RESULTS"
 if [ "${ENGINE_TILES_DRY:-0}" = 1 ]; then
     dev="--device cpu --smoke"; rows="1,5"

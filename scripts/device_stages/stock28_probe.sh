@@ -9,9 +9,8 @@
 #     the batched stock step's time goes after the launch cuts (~30 s).
 # CPU dry run: STOCK28_DRY=1 RESULTS=/tmp/r PYTHONPATH=kernels:. TRITON_INTERPRET=1 bash scripts/device_stages/stock28_probe.sh
 set -uo pipefail
-export MAX_JOBS=$(nproc)
-test -f .sglang_gdn/sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py || {
-    echo "missing .sglang_gdn: run python -m specpilot_mem.engine.sglang_kernels prepare .sglang_gdn first" >&2; exit 2; }
+source scripts/device_stages/_common.sh
+need_sglang_gdn
 mkdir -p "$RESULTS"
 if [ "${STOCK28_DRY:-0}" = 1 ]; then
     dev="--device cpu --smoke"; rows="1,5"; batch="--batch 2 --rows ar,3"

@@ -5,9 +5,8 @@
 # benchmarks/system_forcing.py (judged on the CPU). Needs .sglang_gdn (SGLang's GDN kernel, vendored by
 # `python -m specpilot_mem.engine.sglang_kernels prepare .sglang_gdn`; untracked, not ignored: it travels).
 set -euo pipefail
-export MAX_JOBS=$(nproc)
-test -f .sglang_gdn/sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py || {
-    echo "missing .sglang_gdn: run python -m specpilot_mem.engine.sglang_kernels prepare .sglang_gdn first" >&2; exit 2; }
+source scripts/device_stages/_common.sh
+need_sglang_gdn
 # the smoke shapes first (seconds): every kernel builds and every code path runs before the large shapes
 python benchmarks/system_bench.py --smoke --sections single,batched --out "$RESULTS/system-smoke-h200.json" >/dev/null
 python benchmarks/system_bench.py --sections ${SYSTEM_SECTIONS:-check,forcing,single,batched,profile,speedup} \

@@ -4,7 +4,7 @@
 # Then the modelled single-request gain of TLV from those pass times and the trained pair's committed tau, and the
 # whole Q pass / exact step / draft in the system engine at the 27B-like shape (the cycle time).
 set -euo pipefail
-export MAX_JOBS=$(nproc)
+source scripts/device_stages/_common.sh
 DEVICE=${TLV_DEVICE:-cuda}
 python benchmarks/tlv_qpass_bench.py --device "$DEVICE" --out "$RESULTS/tlv-qpass-h200.json" ${TLV_ARGS:-} \
     | python -c "import json, sys; d = json.load(sys.stdin); print(json.dumps(d.get('summary', d.get('correctness')), indent=1))"

@@ -6,7 +6,7 @@
 # and the contract checks of the chosen partitions, and the system engine's Q pass and TLV cycle in each mode at 1
 # and 33 rows.
 set -euo pipefail
-export MAX_JOBS=$(nproc)
+source scripts/device_stages/_common.sh
 python benchmarks/tlv_fp8_qpass_bench.py --out "$RESULTS/tlv-fp8-qpass-h200.json" \
     --tuned-out "$RESULTS/qpass_fp8_configs.json" ${TLV_FP8_ARGS:---rows 1,33 --sweep-s 50} \
     | python -c "

@@ -4,7 +4,7 @@
 # and with the default one, the Triton Q pass; then the system engine's Q pass and exact step split into projections,
 # LM head and the rest, and a kernel table of one eager Q pass.
 set -euo pipefail
-export MAX_JOBS=$(nproc)
+source scripts/device_stages/_common.sh
 python benchmarks/tlv_qpass_probe.py --out "$RESULTS/tlv-qpass-probe-h200.json" ${TLV_PROBE_ARGS:-} \
     | python -c "
 import json, sys

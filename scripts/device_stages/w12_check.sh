@@ -2,6 +2,6 @@
 # timing of the five 27B-class shapes at 1-256 rows against cuBLAS, with escapes and settled 0.5 s, ~85 s): the device
 # check with the committed configs, no tune and no breakdown probe (the `w12` stage with those left out).
 set -euo pipefail
-export MAX_JOBS=$(nproc)
+source scripts/device_stages/_common.sh
 python benchmarks/w12_device_check.py --out "$RESULTS/w12-device-check-h200.json" --settle 0.5 \
     --sections build,bits,timing ${W12_ARGS:-}

@@ -5,7 +5,7 @@
 # call 3 against 47 for 10240 x 5120 on the 64-row warpgroup path) and its GDN input 16480 x 5120. Bit-neutral choices
 # only; the winners land in $RESULTS/mma_configs.json to commit.
 set -euo pipefail
-export MAX_JOBS=$(nproc)
+source scripts/device_stages/_common.sh
 timeout 145 python benchmarks/w12_device_check.py --out "$RESULTS/w12-engine-33-64-h200.json" --settle 0 \
     --sections build,timing --tune --tune-buckets 33-64 --tune-budget 50 --shapes 14336x5120,16480x5120 \
     --rows 32,33,48,64 --escape-rows 33 --write-configs "$RESULTS/mma_configs.json"

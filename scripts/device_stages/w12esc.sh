@@ -3,7 +3,7 @@
 # fractions against cuBLAS ~25 s): issue 29's escape targets at 1-32 rows (1e-3 within 10% of the escape-free time,
 # 1e-2 still >= 1.0x cuBLAS) and the escape-free 1-32-row figures beside them.
 set -euo pipefail
-export MAX_JOBS=$(nproc)
+source scripts/device_stages/_common.sh
 ROWS=1,2,4,8,16,24,32
 timeout 110 python benchmarks/w12_device_check.py --out "$RESULTS/w12-esc-device-check-h200.json" --settle 0 \
     --sections build,bits,timing --rows "$ROWS" --escape-rows "$ROWS" \

@@ -4,7 +4,7 @@
 # limits (LaunchStats, Occupancy), issue and stall reasons (SchedulerStats, WarpStateStats: long scoreboard on the
 # weight loads, wgmma waits, mbarrier waits on the activation ring), DRAM/L2 throughput (SpeedOfLight, Memory).
 set -euo pipefail
-export MAX_JOBS=$(nproc)
+source scripts/device_stages/_common.sh
 P=benchmarks/probes/w12-ncu-33-rows-2026-12-03
 python $P/driver.py 33  # builds the extension outside ncu
 for case in "33 w12_wgmma_kernel" "32 w12_shared_x_kernel" "8 w12_(mma|shared_x)_kernel"; do

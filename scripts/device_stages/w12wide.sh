@@ -4,7 +4,7 @@
 # their own (a fault there costs nothing else), then the committed configs with each winning setting (--pick) written
 # into this tree and the full device check (bits, 1-256 rows against cuBLAS, escapes, settled) run with them.
 set -euo pipefail
-export MAX_JOBS=$(nproc)
+source scripts/device_stages/_common.sh
 python benchmarks/w12_wide_check.py --out "$RESULTS/w12-wide-ss-h200.json" ${W12WIDE_ARGS:-}
 python benchmarks/w12_wide_check.py --out "$RESULTS/w12-wide-ss-two-mma-h200.json" --sections bits,timing --two-mma \
     --budget 20 || echo "two-MMA-warpgroup run failed (see its JSON)"
