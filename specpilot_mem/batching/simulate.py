@@ -179,6 +179,7 @@ class _Slots:
         self.request = np.arange(batch) % lengths.size
         self.position = (np.arange(batch) * lengths[self.request]) // batch  # staggered start
         self.waiting = np.zeros(batch, dtype=np.int64)
+        self.arrival = np.arange(batch)  # the stream index of each slot's request
         self.recent = torch.full((batch,), float(largest_block))
         self.confidence = torch.zeros(batch, dtype=torch.int64)
         self.largest = largest_block
@@ -191,6 +192,7 @@ class _Slots:
             self.request[slot] = self.next % self.lengths.size
             self.position[slot] = 0
             self.waiting[slot] = prompt_rows
+            self.arrival[slot] = self.next
             self.recent[slot] = float(self.largest)
             self.confidence[slot] = 0
             self.next += 1
@@ -250,26 +252,40 @@ def simulate(
         fixed = n + (int(chosen.sum()) if speculate and config.tree == "chain" else 0)
         prompt_take = np.zeros(batch, dtype=np.int64)
         queued = np.flatnonzero(slots.waiting > 0)
-        if (
-            queued.size
-            and admission is not None
-            and admission.pays(
+        queued = queued[np.argsort(slots.arrival[queued], kind="stable")]  # arrival order
+        admit = 0
+        if queued.size and admission is not None:
+            waiting = torch.from_numpy(slots.waiting[queued])
+            entering = int((slots.waiting[queued] < prompt_rows).sum())  # already partly in: they stay admitted
+            # the verify rows of the step without prompts (a shared budget's nodes give way to prompt rows) and with all
+            base = rows if speculate and config.tree == "best-first" else fixed
+            full = max(base, fixed + int(admission.plan(fixed, waiting)[1]))
+            admit = admission.admitted_prompts(
                 fixed,
-                int(slots.waiting[queued].sum()),
+                waiting,
                 n,
-                _step_estimate(costs, rows if speculate else n, n, chosen, speculate),
-                costs.prefill_ms(prompt_rows),
+                _step_estimate(costs, base, n, chosen, speculate),
+                torch.tensor([costs.prefill_ms(int(w)) for w in slots.waiting[queued]]),
                 out.tau if out.request_steps else 1.0,
                 out.tail_value if config.tree == "best-first" else 0.0,
+                committed=entering,
+                # what the rows cost in the step that times them (the engine's step grows between its measured counts,
+                # where the plateau's stepwise curve reads them free)
+                dearer_ms=costs.verify_ms(full, n) - costs.verify_ms(base, n),
             )
-        ):
-            prompt_take[queued] = admission.plan(fixed, torch.from_numpy(slots.waiting[queued]))[0].numpy()
-        elif queued.size:  # stock scheduling: the waiting prompts' prefill pass, before the step
-            prefill = costs.prefill_ms(int(slots.waiting[queued].sum()))
+            # a look (the planner expects AR to win) is followed by AR steps, which at large batches have no spare
+            # rows: a prompt first admitted in it would idle through them and then be prefilled anyway
+            if speculate and planner is not None and planner.looking:
+                admit = min(admit, entering)
+            if admit:
+                prompt_take[queued[:admit]] = admission.plan(fixed, waiting[:admit])[0].numpy()
+        rest = queued[admit:]
+        if rest.size:  # stock scheduling: the other waiting prompts' prefill pass, before the step
+            prefill = costs.prefill_ms(int(slots.waiting[rest].sum()))
             out.time_ms += prefill
             out.prefill_ms += prefill
             out.prefill_passes += 1
-            slots.waiting[queued] = 0  # they decode from the next step on
+            slots.waiting[rest] = 0  # they decode from the next step on
         extra = int(prompt_take.sum())
         gained = np.zeros(n, dtype=np.int64)
         if speculate:
