@@ -71,6 +71,8 @@ CONFIGS = {
         Mechanisms("ar", engine="stock", speculate=False),
         Mechanisms("stock", engine="stock"),
         Mechanisms("path-verify"),
+        # stock's chain behind the AR gate: what the gated drafter-block and prompt-admission each add to
+        Mechanisms("gated-chain", gate=True),
         Mechanisms("equal-trees", tree="best-first"),
         Mechanisms("shared-plateau", tree="best-first", shared=True),
         Mechanisms("shared-budget", tree="best-first", shared=True, gate=True),
