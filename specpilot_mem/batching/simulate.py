@@ -226,7 +226,11 @@ def simulate(
     lookups = {b: lat.step_lookup() for b, lat in lattices.items()}
     budget = SharedBudget(costs.target, verify_buffer, budget_rows)
     blocks = DrafterBlocks(STOCK_BLOCK, costs.drafter, sorted(lattices)) if config.blocks else None
-    admission = PromptAdmission(costs.rows_curve(batch), verify_buffer, segment) if config.admission else None
+    # per number of decoding requests: the step's curve at that many (its measured counts are that many x the rows per
+    # request; a step of fewer requests read on the full batch's curve falls between its counts, where rows read free)
+    admissions: dict[int, PromptAdmission] = {}
+    if config.admission:  # refuses a segment the verify buffers cannot hold before any step
+        admissions[batch] = PromptAdmission(costs.rows_curve(batch), verify_buffer, segment)
     if config.plan:
         planner = BudgetPlanner(costs, plan_rows, blocks=tuple(sorted(lattices)), prior=plan_prior)
     elif config.gate:  # one bucket: the configuration's own rows per request (the budget's, or a chain's)
@@ -256,7 +260,10 @@ def simulate(
         queued = np.flatnonzero(slots.waiting > 0)
         queued = queued[np.argsort(slots.arrival[queued], kind="stable")]  # arrival order
         admit = 0
-        if queued.size and admission is not None:
+        if queued.size and config.admission:
+            if n not in admissions:
+                admissions[n] = PromptAdmission(costs.rows_curve(max(n, 1)), verify_buffer, segment)
+            admission = admissions[n]
             waiting = torch.from_numpy(slots.waiting[queued])
             entering = int((slots.waiting[queued] < prompt_rows).sum())  # already partly in: they stay admitted
             # the verify rows of the step without prompts (a shared budget's nodes give way to prompt rows) and with all
