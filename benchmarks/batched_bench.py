@@ -130,7 +130,7 @@ def blocks_analysis(shared, blocks) -> dict:
             "mean_block": sum(b * n for b, n in o.blocks.items()) / max(sum(o.blocks.values()), 1),
             "draft_ms_per_step_forwards": o.draft_ms_forwards / steps,
             # throughput with one drafter forward per block (the composed engine's decoder) instead of one ragged
-            "tokens_per_s_forwards": o.tokens / (o.time_ms - o.draft_ms + o.draft_ms_forwards) * 1e3,
+            "tokens_per_s_forwards": o.tokens / (o.charged_ms - o.draft_ms + o.draft_ms_forwards) * 1e3,
         }
     out["tau_ratio"] = out["blocks"]["tau_spec"] / out["shared"]["tau_spec"]
     saved = out["shared"]["draft_ms_per_step"] - out["blocks"]["draft_ms_per_step"]
