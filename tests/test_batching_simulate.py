@@ -121,3 +121,16 @@ def test_admission_enters_prompts_but_never_first_in_a_look(lattices, monkeypatc
     # prompts enter in the AR steps' spare rows; those arriving in a look are prefilled, none enters beside it
     assert len(in_looks) > out.steps // 3 and out.admitted_rows > 0 and out.prefill_passes > 0
     assert set(in_looks) == {0}
+
+
+def test_prefill_is_charged_in_proportion_to_the_tokens_decoded(lattices, costs):
+    # two slots, no refills: they start staggered at 0 and half-way, and the run ends when the second one finishes
+    out = simulate(lattices, costs, CONFIGS["ar"], 2, prompt_rows=64, stream=2)
+    length = int(np.diff(lattices[16].greedy_offsets)[0])
+    assert out.prefill_ms == 0 and out.tokens == length  # half of each request: no pass paid, one request's tokens
+    assert out.prefill_share_ms == pytest.approx(costs.prefill_ms(64))  # so one pass of its own is charged
+    assert out.tokens_per_ms == pytest.approx(out.tokens / (out.time_ms + costs.prefill_ms(64)))
+    # refilled requests decoded whole (equal lengths here) are charged the passes paid for them, whole
+    refilled = simulate(lattices, costs, CONFIGS["ar"], 2, prompt_rows=64, stream=6)
+    assert refilled.prefill_passes > 0 and refilled.tokens == 5 * length
+    assert refilled.prefill_share_ms == pytest.approx(refilled.prefill_ms + costs.prefill_ms(64))
