@@ -96,13 +96,19 @@ def run_shape(lattices, costs: dict, batches, args) -> dict:
             "blocks_analysis": blocks_analysis(outcomes["shared-budget"], outcomes["shared-budget+drafter-block"]),
             "blocks_gain_over_stock": figures["drafter-block"]["over_stock"],
             "admission_gain_over_stock": figures["prompt-admission"]["over_stock"],
+            # each gated mechanism on stock's chain against that chain behind the same gate: its own gain
+            "blocks_gain_over_gated_chain": figures["drafter-block"]["tokens_per_s"]
+            / figures["gated-chain"]["tokens_per_s"],
+            "admission_gain_over_gated_chain": figures["prompt-admission"]["tokens_per_s"]
+            / figures["gated-chain"]["tokens_per_s"],
+            "admitted_rows": outcomes["prompt-admission"].admitted_rows,
             "seconds": round(time.perf_counter() - started, 1),
         }
         row = out["batches"][str(b)]
         print(
             f"{costs['stock'].shape} B={b}: all {figures['all']['over_ar']:.2f}x AR, {figures['all']['over_stock']:.2f}x stock; "
             f"shared/equal {row['shared_vs_equal_tokens_per_step']:.3f}; blocks {row['blocks_gain_over_shared']:.3f}; "
-            f"admission {row['admission_gain_over_stock']:.3f} ({row['seconds']} s)",
+            f"admission {row['admission_gain_over_gated_chain']:.3f} ({row['admitted_rows']} rows) ({row['seconds']} s)",
             file=sys.stderr,
             flush=True,
         )
@@ -124,7 +130,7 @@ def blocks_analysis(shared, blocks) -> dict:
             "mean_block": sum(b * n for b, n in o.blocks.items()) / max(sum(o.blocks.values()), 1),
             "draft_ms_per_step_forwards": o.draft_ms_forwards / steps,
             # throughput with one drafter forward per block (the composed engine's decoder) instead of one ragged
-            "tokens_per_s_forwards": o.tokens / (o.time_ms - o.draft_ms + o.draft_ms_forwards) * 1e3,
+            "tokens_per_s_forwards": o.tokens / (o.charged_ms - o.draft_ms + o.draft_ms_forwards) * 1e3,
         }
     out["tau_ratio"] = out["blocks"]["tau_spec"] / out["shared"]["tau_spec"]
     saved = out["shared"]["draft_ms_per_step"] - out["blocks"]["draft_ms_per_step"]
@@ -234,8 +240,9 @@ def targets(shapes: dict) -> dict:
         "shared_vs_equal_target": 1.06,
         "blocks_gain_at_16_32_min": min(r["blocks_gain_over_shared"] for _, b, r in rows if b in mid),
         "blocks_target": 1.03,
-        "admission_never_negative": all(r["admission_gain_over_stock"] >= 1.0 - 1e-9 for _, _, r in rows),
-        "admission_max_gain": max(r["admission_gain_over_stock"] for _, _, r in rows),
+        # admission's own effect: against the gated chain it rides on (its gain over stock includes the gate's)
+        "admission_never_negative": all(r["admission_gain_over_gated_chain"] >= 1.0 - 1e-9 for _, _, r in rows),
+        "admission_max_gain": max(r["admission_gain_over_gated_chain"] for _, _, r in rows),
     }
 
 
@@ -370,7 +377,7 @@ def main(argv=None) -> int:
         doc["headline"] = (
             f"all mechanisms >= {t['min_all_over_ar']:.2f}x AR at 1-64 requests; shared budget "
             f"{t['shared_vs_equal_at_16_32_min']:.3f}x tokens/step vs equal trees at 16-32; blocks "
-            f"{t['blocks_gain_at_16_32_min']:.3f}x; admission up to {t['admission_max_gain']:.3f}x stock"
+            f"{t['blocks_gain_at_16_32_min']:.3f}x; admission up to {t['admission_max_gain']:.3f}x the gated chain"
         )
     elif "blocks-bound" in sections:
         gains = [r["gain"] for d in doc["blocks_truncated"].values() for b, r in d.items() if b in ("16", "24", "32")]

@@ -27,6 +27,7 @@ from specpilot_mem.batching.system_decoder import PolicyDecoder  # noqa: E402
 from specpilot_mem.controller.requests import Request  # noqa: E402
 from specpilot_mem.controller.system import RequestOutput  # noqa: E402
 from specpilot_mem.engine.decode import SystemDecoder  # noqa: E402
+from specpilot_mem.engine import weights  # noqa: E402
 from specpilot_mem.engine.engine import Engine  # noqa: E402
 from specpilot_mem.forcing.calibrate import calibrate_delta  # noqa: E402
 from specpilot_mem.forcing.engine_adapter import EngineScorer  # noqa: E402
@@ -58,10 +59,17 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--judged", default=",".join(JUDGED), help="configurations judged against stock")
     ap.add_argument("--segment", type=int, default=16, help="prompt admission's segment rows")
+    ap.add_argument(
+        "--drafter", type=Path, help="drafter file beside the pair's target (the batching evidence's: drafter-blocks)"
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     engine = Engine.load_default()
+    if args.drafter is not None:
+        if not args.drafter.is_file():
+            raise SystemExit(f"--drafter {args.drafter}: no such file (the pair's drafters are under models/)")
+        engine = Engine(engine.target, weights.load_drafter(args.drafter, engine.target.cfg))
     costs = StepCosts.from_measurement({**json.loads(args.costs.read_text()), "source": str(args.costs)}, "4b")
     data = np.load(args.tokens)
     pool = windows(data["dev"], args.prompt_len, args.stride) + windows(data["unseen"], args.prompt_len, args.stride)
@@ -76,6 +84,7 @@ def main(argv=None) -> int:
         "new_tokens": args.new_tokens,
         "batch": args.batch,
         "costs": costs.source,
+        "drafter": str(args.drafter or "models/drafter.safetensors"),
         "runs": {},
         "verdicts": {},
     }

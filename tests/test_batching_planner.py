@@ -188,3 +188,33 @@ def test_a_stock_bucket_out_of_memory_takes_the_path_verify_time():
     assert stock.verify_ms(32 * 17, 32) == pytest.approx(9.0 + 32 / 2)  # the path verify's (faster) time
     assert stock.verify_ms(8 * 17, 8) == pytest.approx(20.0)  # measured buckets keep stock's own
     assert EngineStepCosts(StepCosts.roofline("4b"), doc, "best").verify_ms(32 * 17, 32) == pytest.approx(25.0)
+
+
+def test_the_engine_step_curve_has_spare_rows_only_where_measured_counts_are_flat():
+    from specpilot_mem.batching.admission import PromptAdmission
+    from specpilot_mem.batching.costs import EngineStepCosts, StepCosts
+
+    doc = engine_doc(True)
+    doc["by_batch"]["8"]["T_step_path_ms"] = {"2": 6.0, "17": 6.2}  # 17 rows per request cost 3% more than 2
+    costs = EngineStepCosts(StepCosts.roofline("4b"), doc, "path")
+    curve = costs.rows_curve(8)
+    assert curve.rows == (8, 16, 136) and curve.ms == pytest.approx((costs.ar_ms(8), 6.0, 6.2))
+    admission = PromptAdmission(curve, 2048, segment=None)
+    assert admission.spare_rows(16) == 120  # 2 -> 17 rows per request is one plateau
+    assert admission.spare_rows(8) == 0  # the roots' AR step: 2 rows per request cost 6.0 / 5.5 of it
+    # below a measured count a pass costs that count's time (its CUDA-graph bucket), never an interpolated sample's
+    doc["by_batch"]["32"]["T_step_path_ms"] = {"2": 10.0, "17": 40.0}
+    wide = PromptAdmission(EngineStepCosts(StepCosts.roofline("4b"), doc, "path").rows_curve(32), 2048)
+    assert wide.spare_rows(32 * 9) == 32 * 17 - 32 * 9  # the measured count it is below costs that count's time
+    assert costs.rows_curve(32).plateau_end(32 * 17 + 1) == 32 * 17 + 1  # past the last count: none spare
+
+
+def test_a_look_says_so():
+    planner = BudgetPlanner(Costs(growth=3.0), probe=2, max_probe=16)
+    assert planner.rows_for(8) > 1 and planner.looking  # the first look (no estimate yet)
+    planner.observe(np.array([1, 0, 1, 0]), np.array([1, 1, 1, 1]))
+    flags = [(planner.rows_for(8), planner.looking) for _ in range(20)]
+    assert all(looking == (rows > 1) for rows, looking in flags) and any(looking for _, looking in flags)
+    cheap = BudgetPlanner(Costs(growth=0.001))
+    cheap.observe(np.array([3, 3]), np.array([4, 4]))
+    assert cheap.rows_for(8) > 1 and not cheap.looking  # speculating because it is estimated faster

@@ -93,3 +93,44 @@ def test_block_lattices_must_share_requests(lattices):
     with pytest.raises(BatchingError, match="drafts 16 positions"):
         check_block_lattices({8: lattices[16]})
     assert np.array_equal(lattices[8].greedy_tokens, lattices[16].greedy_tokens)
+
+
+def test_admission_enters_prompts_but_never_first_in_a_look(lattices, monkeypatch):
+    import specpilot_mem.batching.simulate as sim
+    from specpilot_mem.batching.planner import BudgetPlanner
+
+    counts = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+    flat = CostCurve(counts, tuple(1.0 for _ in counts))  # spare rows in every step, AR and speculative
+    step = sim._speculative_step
+
+    def looks(self, requests, tau=None):  # the planner's decisions made for it: two looks in three steps, else AR
+        self.calls = getattr(self, "calls", 0) + 1
+        self.looking = bool(self.calls % 3)
+        return self.buckets[-1] if self.looking else 1
+
+    in_looks = []
+
+    def spec_step(*args):  # every speculative step here is a look; its admitted prompt rows (``extra``)
+        in_looks.append(args[8])
+        return step(*args)
+
+    monkeypatch.setattr(BudgetPlanner, "rows_for", looks)
+    monkeypatch.setattr(sim, "_speculative_step", spec_step)
+    costs = StepCosts("flat", flat, flat, 0.0, measured=False)  # a look costs 2 AR steps: a prompt would ride in it
+    out = simulate(lattices, costs, CONFIGS["prompt-admission"], 4, stream=12)
+    # prompts enter in the AR steps' spare rows; those arriving in a look are prefilled, none enters beside it
+    assert len(in_looks) > out.steps // 3 and out.admitted_rows > 0 and out.prefill_passes > 0
+    assert set(in_looks) == {0}
+
+
+def test_prefill_is_charged_in_proportion_to_the_tokens_decoded(lattices, costs):
+    # two slots, no refills: they start staggered at 0 and half-way, and the run ends when the second one finishes
+    out = simulate(lattices, costs, CONFIGS["ar"], 2, prompt_rows=64, stream=2)
+    length = int(np.diff(lattices[16].greedy_offsets)[0])
+    assert out.prefill_ms == 0 and out.tokens == length  # half of each request: no pass paid, one request's tokens
+    assert out.prefill_share_ms == pytest.approx(costs.prefill_ms(64))  # so one pass of its own is charged
+    assert out.tokens_per_ms == pytest.approx(out.tokens / (out.time_ms + costs.prefill_ms(64)))
+    # refilled requests decoded whole (equal lengths here) are charged the passes paid for them, whole
+    refilled = simulate(lattices, costs, CONFIGS["ar"], 2, prompt_rows=64, stream=6)
+    assert refilled.prefill_passes > 0 and refilled.tokens == 5 * length
+    assert refilled.prefill_share_ms == pytest.approx(refilled.prefill_ms + costs.prefill_ms(64))

@@ -394,12 +394,14 @@ class EngineStepCosts(StepCosts):
         return math.ceil(prompt_rows / 64) * self.verify_ms(64, 1)
 
     def rows_curve(self, requests: int) -> CostCurve:
-        """The engine's measured step over R rows at ``requests`` requests: every row past the roots costs what
-        the engine pays for it (KV, GDN, attention as well as the GEMMs), so admission sees no free rows where
-        the engine has none."""
+        """The engine's measured step over R rows at ``requests`` requests, at the row counts it was measured at (the
+        roots, then each measured row count per request): every row past the roots costs what the engine pays for it
+        (KV, GDN, attention as well as the GEMMs), so admission sees no free rows where the engine has none. Only
+        measured counts: between them the step is interpolated, and a curve sampled there too would read the rows
+        up to its next sample as free (a CostCurve costs a pass what the next count costs), so spare rows would come
+        and go as the rows a step needs crossed a sample."""
         requests = max(requests, 1)
-        grid = tuple(r for r in ROW_GRID if r >= requests)
-        rows = (requests, *[r for r in grid if r > requests])
+        rows = tuple(int(requests * r) for r in self.rows)
         return CostCurve(rows, tuple(self.verify_ms(r, requests) for r in rows), f"{self.source} at B={requests}")
 
 

@@ -125,6 +125,8 @@ class BudgetPlanner:
         self._age = np.zeros(len(self.buckets))
         self._since = 0
         self._idle = 0  # AR steps since the last observed speculative step
+        # whether the last speculative plan was a look (AR estimated faster): AR steps are expected to follow it
+        self.looking = False
         self._steps: dict[int, tuple[float, np.ndarray]] = {}  # requests -> (AR step ms, each bucket's step ms)
 
     def draft_block(self, rows: int) -> int:
@@ -238,7 +240,9 @@ class BudgetPlanner:
         each bucket (default: the running calibrated estimate). Before any estimate: the smallest bucket."""
         if requests < 1:
             raise BatchingError(f"{requests} requests in flight", where="BudgetPlanner", fix="plan for >= 1")
+        self.looking = False
         if tau is None and self.acceptance() is None:
+            self.looking = True  # the first look
             return self.buckets[0]
         table = self.table(requests, tau)
         best = max(table[1:], key=lambda r: r["tokens_per_ms"])
@@ -260,6 +264,7 @@ class BudgetPlanner:
             longest = min(self.max_probe, self.probe * requests)
             self._interval = int(np.clip(np.ceil(loss / self.probe_cost), self.probe, longest))
             self._idle -= 1  # the look is a speculative step
+            self.looking = True
             return int(best["rows"])
         return 1
 
