@@ -74,9 +74,10 @@ CHECK_CONFIGS = {
     "tail": MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide=(1, 2, 3)),
     "n1_k3_s2_one_slab": MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
     "n1_k8_s2_deep": MmaConfig(1, 8, 2, wide_rows=((2, 6, 6, 8), (1, 6, 6, 16), (1, 2, 6, 24))),
-    # the class-split kernel: 6 and 16 (class, split) blocks a tile group (classes without chunks), a row tail
+    # the class-split kernel: 6 and 16 (class, split) blocks a tile group (classes without chunks), slabs of 48-128
+    # rows, a row tail
     "n1_k3_s2_split": MmaConfig(1, 3, 2, wide_rows=((4, 3, 3, 8, 1, 2), (2, 3, 2, 8, 1, 2), (1, 3, 3, 8, 1, 2))),
-    "n1_k8_s2_split": MmaConfig(1, 8, 2, wide_rows=((1, 3, 2, 8, 1, 2), (4, 3, 2, 8, 1, 2), (2, 3, 3, 8, 1, 2))),
+    "n1_k8_s2_split": MmaConfig(1, 8, 2, wide_rows=((1, 3, 2, 8, 1, 2), (2, 3, 2, 16, 1, 2), (1, 3, 3, 16, 1, 2))),
     "tail_split": MmaConfig(
         1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide_rows=((2, 3, 3, 8, 1, 2),) * 3
     ),
@@ -377,11 +378,14 @@ def _candidates(base: MmaConfig, bucket: str, multicast_too: bool) -> dict[str, 
                 out[f"off_plan{plan}_wgmma{groups}"] = replace(
                     base, plan_64=plan, wide_rows=tuple(setting), wgmma=(*base.wgmma[:2], groups)
                 )
-    for groups in WIDE_TUNE["groups"]:
-        for stages in CLASS_SPLIT_STAGES[::-1]:
-            setting = list(rows)
-            setting[index] = (groups, 3, stages, 8, 1, CLASS_SPLIT_KERNEL)
-            out[f"split{(groups, stages)}"] = replace(base, wide_rows=tuple(setting))
+    for slab in (8,) if bucket == "33-64" else (8, 16):  # 64-row slabs, or one weight decode for 128 rows
+        for groups in WIDE_TUNE["groups"] if slab == 8 else (2, 1):
+            for stages in CLASS_SPLIT_STAGES[::-1]:
+                setting = list(rows)
+                setting[index] = (groups, 3, stages, slab, 1, CLASS_SPLIT_KERNEL)
+                out[f"split{(groups, stages)}" + ("" if slab == 8 else f"_slab{slab}")] = replace(
+                    base, wide_rows=tuple(setting)
+                )
     for groups in WIDE_TUNE["groups"]:
         for slots in WIDE_TUNE["slots"]:
             for stages in WIDE_TUNE["stages"]:

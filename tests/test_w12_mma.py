@@ -646,7 +646,7 @@ def test_wide_launch_shapes_and_config():
         ((1, 2, 2, 16, 3),) * 3,
         ((1, 2, 2, 16, 2, 1),) * 3,  # the decoded-weight kernel: no multicast
         ((1, 2, 4, 16, 1, 1),) * 3,  # ... and at most 3 decoded slots
-        ((1, 2, 2, 16, 1, 2),) * 3,  # the class-split kernel: slabs of 6 or 8 token tiles
+        ((1, 2, 2, 24, 1, 2),) * 3,  # the class-split kernel: slabs of 6, 8, 12 or 16 token tiles
         ((1, 3, 4, 8, 1, 2),) * 3,  # ... a weight ring of 2 or 3
         ((1, 3, 2, 8, 2, 2),) * 3,  # ... no multicast
         ((1, 3, 2, 8, 1, 3),) * 3,
@@ -673,9 +673,10 @@ def with_outliers(w, fraction):
         MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 4), (1, 2, 2, 32, 2))),
         MmaConfig(1, 3, 2, wide_rows=((4, 4, 2, 8, 1, 1), (2, 4, 2, 16, 1, 1), (1, 2, 2, 32, 1, 1))),
         MmaConfig(1, 8, 2, wide_rows=((2, 3, 3, 8, 1, 1), (1, 2, 2, 16, 1, 1), (2, 3, 2, 16, 1, 1))),
-        # the class-split kernel: 6 and 16 (class, split) blocks a tile group, classes without chunks, a row tail
+        # the class-split kernel: 6 and 16 (class, split) blocks a tile group, classes without chunks, slabs of 48-128
+        # rows, a row tail
         MmaConfig(1, 3, 2, wide_rows=((4, 3, 3, 8, 1, 2), (2, 3, 2, 8, 1, 2), (1, 3, 3, 8, 1, 2))),
-        MmaConfig(1, 8, 2, wide_rows=((1, 3, 2, 8, 1, 2), (4, 3, 2, 8, 1, 2), (2, 3, 3, 8, 1, 2))),
+        MmaConfig(1, 8, 2, wide_rows=((1, 3, 2, 8, 1, 2), (2, 3, 2, 16, 1, 2), (1, 3, 3, 16, 1, 2))),
         MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide_rows=((2, 3, 3, 8, 1, 2),) * 3),
     ],
     ids=str,

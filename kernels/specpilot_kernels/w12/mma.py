@@ -50,7 +50,8 @@ MAX_WIDE_GROUPS = 4  # warpgroups a wide block (16 warps)
 MAX_DECODED_SLOTS = 3  # decoded-weight slots of the decoded-weight wide kernel (csrc/w12_wide_ss.cu kMaxDecodedSlots)
 # the wide launch's kernels (a wide_rows setting's sixth entry; csrc/w12_mma.cuh W12Wide::decoded)
 WIDE_KERNEL, DECODED_KERNEL, CLASS_SPLIT_KERNEL = 0, 1, 2
-CLASS_SPLIT_TOKEN_TILES = (6, 8)  # slabs the class-split kernel is built for (csrc/w12_wgmma.cu W12_SPLIT_KERNELS)
+# slabs the class-split kernel is built for (csrc/w12_wgmma.cu W12_SPLIT_KERNELS)
+CLASS_SPLIT_TOKEN_TILES = (6, 8, 12, 16)
 CLASS_SPLIT_STAGES = (2, 3)  # its weight ring a warp
 MAX_WARPS_PER_BLOCK = 16  # of the per-warp kernels (the warpgroup kernel: MAX_WGMMA_WARPS_PER_BLOCK)
 
@@ -231,7 +232,7 @@ MAX_WGMMA_WARPS_PER_BLOCK = 32
 # form a cluster along x and share each activation copy. 0 warpgroups: 64 rows a launch of the kernels above.
 # A sixth entry picks the kernel: WIDE_KERNEL (csrc/w12_wide.cu), DECODED_KERNEL (csrc/w12_wide_ss.cu) or
 # CLASS_SPLIT_KERNEL (csrc/w12_wgmma.cu: the warpgroup kernel's loop in blocks of ``warpgroups`` warpgroups of one K class
-# of one split, slabs of up to 8 token tiles, ``stages`` 2 or 3 its weight ring, its own activation slots; no
+# of one split, slabs of up to 16 token tiles, ``stages`` 2 or 3 its weight ring, its own activation slots; no
 # cluster: every block is resident at once where the 64-row warpgroup kernel, which holds a tile group's K classes in
 # one block, runs 1.2-2 rounds of one block a multiprocessor; the sums go through a workspace, added in the partition's
 # order by a second kernel).

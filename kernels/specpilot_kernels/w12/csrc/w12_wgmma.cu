@@ -31,9 +31,10 @@ __host__ __device__ constexpr int wgmma_step_bytes() { return MT * 256; }
 template <int MT>
 __host__ __device__ constexpr int wgmma_chunk_bytes() { return 8 * wgmma_step_bytes<MT>(); }
 // Activation slots a K class: chunk i + slots - 1 is copied while chunks i .. i + slots - 2 are read. Four, but three
-// at 64 rows, where four of 16 KB a class would leave three K classes no room.
+// from 64 rows on, where four of 16 KB a class would leave three K classes no room (and the class-split kernel's
+// 96-128-row slabs, 24-32 KB a chunk, room for the weight ring).
 template <int MT>
-__host__ __device__ constexpr int wgmma_slots() { return MT == 8 ? 3 : 4; }
+__host__ __device__ constexpr int wgmma_slots() { return MT >= 8 ? 3 : 4; }
 // Each warp's own ring of weight chunks (view words, then the nibble run, as the staged per-warp kernel lays a step
 // out), filled by cp.async: chunk i + stages - 1 is in flight while chunk i is decoded. Three a warp at 9-16 rows, where
 // few token rows leave each chunk's decode little MMA time to hide a load behind; two at 17-32, where fewer requests
@@ -267,8 +268,12 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
 // the grid is resident at once where the kernel above, holding all K classes of a tile group in one block, runs 1.2-2
 // rounds of one block a multiprocessor (27B-class shapes at 33-64 rows); no cluster. sums: [slabs][splits x warps_k]
 // [n_padded / 16][MT x 4][32] fp32, summed by w12_split_sums_kernel. x_image: w12_wide_permute_kernel's slabs.
+// Up to 64 rows a slab, 4 warpgroups a block at most (128 registers a thread); 96 and 128, 2 (their 48-64 accumulators).
+template <int MT>
+__host__ __device__ constexpr int split_max_groups() { return MT <= 8 ? 4 : 2; }
+
 template <int MT, int LOW_BITS, int STAGES>
-__global__ void __launch_bounds__(512) w12_wgmma_split_kernel(W12MmaArgs args, const uint4* x_image, int slabs,
+__global__ void __launch_bounds__(128 * split_max_groups<MT>()) w12_wgmma_split_kernel(W12MmaArgs args, const uint4* x_image, int slabs,
                                                               float* sums) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   wgmma_body<MT, LOW_BITS, false, STAGES, true>(args, x_image, slabs, sums);
@@ -367,6 +372,7 @@ cudaError_t launch_split(const W12MmaArgs& args, const W12Wide& wide, int groups
   const int splits = (chunks + args.chunks_per_split - 1) / args.chunks_per_split;
   const int slabs = (args.m + MT * 8 - 1) / (MT * 8);
   if (!args.partial) return cudaErrorInvalidValue;  // the sums' workspace (w12_mma_launch's contract)
+  if (groups > split_max_groups<MT>()) return launch_split<MT>(args, wide, split_max_groups<MT>(), stream);
   W12MmaArgs launched = args;
   launched.warps_n = 4 * groups;
   launched.cluster_splits = 1;
@@ -397,8 +403,8 @@ cudaError_t launch_split(const W12MmaArgs& args, const W12Wide& wide, int groups
                             args.m, args.n, tiles, args.warps_k, splits, slabs);
 }
 
-// The class-split kernel's instantiations: slabs of 6 and 8 token tiles (wgmma N = 48, 64).
-#define W12_SPLIT_KERNELS(X) X(6) X(8)
+// The class-split kernel's instantiations: slabs of 6, 8, 12 and 16 token tiles (wgmma N = 48, 64, 96, 128).
+#define W12_SPLIT_KERNELS(X) X(6) X(8) X(12) X(16)
 
 template <int LOW_BITS>
 cudaError_t launch_low_bits(const W12MmaArgs& args, W12SharedActivations& shared_x, cudaStream_t stream) {
