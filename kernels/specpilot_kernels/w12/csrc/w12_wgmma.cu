@@ -273,8 +273,8 @@ template <int MT>
 __host__ __device__ constexpr int split_max_groups() { return MT <= 8 ? 4 : 2; }
 
 template <int MT, int LOW_BITS, int STAGES>
-__global__ void __launch_bounds__(128 * split_max_groups<MT>()) w12_wgmma_split_kernel(W12MmaArgs args, const uint4* x_image, int slabs,
-                                                              float* sums) {
+__global__ void __launch_bounds__(128 * split_max_groups<MT>())
+    w12_wgmma_split_kernel(W12MmaArgs args, const uint4* x_image, int slabs, float* sums) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   wgmma_body<MT, LOW_BITS, false, STAGES, true>(args, x_image, slabs, sums);
 #else
@@ -418,12 +418,6 @@ cudaError_t launch_low_bits(const W12MmaArgs& args, W12SharedActivations& shared
 }
 
 }  // namespace
-
-size_t split_sums_floats(const W12MmaArgs& args, int token_tiles) {
-  const int splits = (args.k_padded / 128 + args.chunks_per_split - 1) / args.chunks_per_split;
-  const int slabs = (args.m + token_tiles * 8 - 1) / (token_tiles * 8);
-  return (size_t)slabs * splits * args.warps_k * (args.n_padded / 16) * token_tiles * 128;
-}
 
 cudaError_t launch_wgmma_split(const W12MmaArgs& args, const W12Wide& wide, cudaStream_t stream) {
 #define W12_SPLIT_CALL_IF(MT) \
