@@ -78,6 +78,7 @@ CHECK_CONFIGS = {
     # rows, a row tail
     "n1_k3_s2_split": MmaConfig(1, 3, 2, wide_rows=((4, 3, 3, 8, 1, 2), (2, 3, 2, 8, 1, 2), (1, 3, 3, 8, 1, 2))),
     "n1_k8_s2_split": MmaConfig(1, 8, 2, wide_rows=((1, 3, 2, 8, 1, 2), (2, 3, 2, 16, 1, 2), (1, 3, 3, 16, 1, 2))),
+    "n1_k1_s1_split": MmaConfig(1, 1, 1, wide_rows=((4, 3, 3, 8, 1, 2), (2, 3, 2, 16, 1, 2), (4, 3, 2, 8, 1, 2))),
     "tail_split": MmaConfig(
         1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide_rows=((2, 3, 3, 8, 1, 2),) * 3
     ),

@@ -678,6 +678,7 @@ def with_outliers(w, fraction):
         MmaConfig(1, 3, 2, wide_rows=((4, 3, 3, 8, 1, 2), (2, 3, 2, 8, 1, 2), (1, 3, 3, 8, 1, 2))),
         MmaConfig(1, 8, 2, wide_rows=((1, 3, 2, 8, 1, 2), (2, 3, 2, 16, 1, 2), (1, 3, 3, 16, 1, 2))),
         MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide_rows=((2, 3, 3, 8, 1, 2),) * 3),
+        MmaConfig(1, 1, 1, wide_rows=((4, 3, 3, 8, 1, 2), (2, 3, 2, 16, 1, 2), (4, 3, 2, 8, 1, 2))),  # sums are y
     ],
     ids=str,
 )

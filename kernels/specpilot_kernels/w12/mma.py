@@ -575,8 +575,9 @@ def _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launc
     image = torch.empty(slabs * (kp // STEP_K) * tiles8 * 8 * STEP_K, dtype=torch.bfloat16, device=xm.device)
 
     def partial_floats(part, weights, part_splits) -> int:  # K splits' sums, or every class and split's (class-split)
-        if part.wide_kernel(m) == CLASS_SPLIT_KERNEL:
-            return slabs * part_splits * part.warps_k * weights.padded_shape[0] // 16 * tiles8 * 128
+        if part.wide_kernel(m) == CLASS_SPLIT_KERNEL:  # one class and no split: its sums are y
+            items = part_splits * part.warps_k
+            return slabs * items * weights.padded_shape[0] // 16 * tiles8 * 128 if items > 1 else 0
         return part_splits * m * n if part_splits > 1 else 0
 
     sizes = [partial_floats(part, weights, s) for (_, _, part, weights), s in zip(regions, splits)]

@@ -239,6 +239,15 @@ __device__ __forceinline__ void wgmma_body(const W12MmaArgs& args, const uint4* 
       wait_for_prior_grid();
     }
     if (tile >= tiles) return;
+    if (!sums) {  // one K class, no split: the sums are y
+#pragma unroll
+      for (int i = 0; i < MT * 4; ++i) {
+        const int n = tile * 16 + (lane >> 2) + 8 * ((i & 3) >> 1);
+        const int m = slab * MT * 8 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+        if (n < args.n && m < args.m) args.y[(size_t)m * args.n + n] = __float2bfloat16_rn(d[i]);
+      }
+      return;
+    }
     // [slab][split x warps_k + class][tile][accumulator][lane]: 128 contiguous bytes a warp store
     float* mine = sums + (((size_t)slab * gridDim.y + blockIdx.y) * tiles + tile) * (MT * 4 * 32) + lane;
 #pragma unroll
@@ -267,7 +276,8 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
 // kernel's main loop in blocks of `warps_n / 4` warpgroups of ONE K class of ONE split and one slab, so every block of
 // the grid is resident at once where the kernel above, holding all K classes of a tile group in one block, runs 1.2-2
 // rounds of one block a multiprocessor (27B-class shapes at 33-64 rows); no cluster. sums: [slabs][splits x warps_k]
-// [n_padded / 16][MT x 4][32] fp32, summed by w12_split_sums_kernel. x_image: w12_wide_permute_kernel's slabs.
+// [n_padded / 16][MT x 4][32] fp32, summed by w12_split_sums_kernel, or nullptr for a partition of one K class and one
+// split, whose sums are y. x_image: w12_wide_permute_kernel's slabs.
 // Up to 64 rows a slab, 4 warpgroups a block at most (128 registers a thread); 96 and 128, 2 (their 48-64 accumulators).
 template <int MT>
 __host__ __device__ constexpr int split_max_groups() { return MT <= 8 ? 4 : 2; }
@@ -371,7 +381,8 @@ cudaError_t launch_split(const W12MmaArgs& args, const W12Wide& wide, int groups
   const int chunks = args.k_padded / 128;
   const int splits = (chunks + args.chunks_per_split - 1) / args.chunks_per_split;
   const int slabs = (args.m + MT * 8 - 1) / (MT * 8);
-  if (!args.partial) return cudaErrorInvalidValue;  // the sums' workspace (w12_mma_launch's contract)
+  const bool direct = args.warps_k * splits == 1;  // one K class, no split: no sums to add
+  if (!direct && !args.partial) return cudaErrorInvalidValue;  // the sums' workspace (w12_mma_launch's contract)
   if (groups > split_max_groups<MT>()) return launch_split<MT>(args, wide, split_max_groups<MT>(), stream);
   W12MmaArgs launched = args;
   launched.warps_n = 4 * groups;
@@ -395,8 +406,8 @@ cudaError_t launch_split(const W12MmaArgs& args, const W12Wide& wide, int groups
   if (!wide.x_image_written && (err = launch_wide_image(args, MT, slabs, wide.x_image, stream)) != cudaSuccess) return err;
   err = launch_overlapping(stage_weights ? staged : registers, grid, block, stage_weights ? smem_staged : smem_registers,
                            stream, args.overlap_prior, 1, launched, static_cast<const uint4*>(wide.x_image), slabs,
-                           args.partial);
-  if (err != cudaSuccess) return err;
+                           direct ? nullptr : args.partial);
+  if (err != cudaSuccess || direct) return err;
   const long long outputs = (long long)slabs * tiles * MT * 128;
   return launch_overlapping(w12_split_sums_kernel<MT>, dim3((unsigned)((outputs + 255) / 256)), dim3(256), 0, stream,
                             args.overlap_prior != kOverlapNone, 1, static_cast<const float*>(args.partial), args.y,
