@@ -9,7 +9,7 @@ set -euo pipefail
 export MAX_JOBS=$(nproc)
 SHAPES=${W12SPLIT_SHAPES:-5120x6144,down,o_proj,qkv,16480x5120,14336x5120,gate_up}
 ARGS=(--out "$RESULTS/w12-split-h200.json" --settle 0 --sections build,bits,timing
-  --check-configs n1_k3_s2_split,n1_k8_s2_split,tail_split --rows 32,33,48,64,96,128,192,256 --escape-rows 33
+  --check-configs n1_k3_s2_split,n1_k8_s2_split,n1_k1_s1_split,tail_split --rows 32,33,48,64,96,128,192,256 --escape-rows 33
   --tune --tune-only split --tune-buckets 33-64,65-128,129-256 --tune-budget "${W12SPLIT_TUNE_S:-45}"
   --shapes "$SHAPES" --write-configs "$RESULTS/mma_configs.json")
 if [ -n "${W12SPLIT_DRY:-}" ]; then
