@@ -121,8 +121,6 @@ __device__ __forceinline__ void wgmma_body(const W12MmaArgs& args, const uint4* 
     const uint32_t base_lo = one.base_lo, base_hi = one.base_hi;
     const uint4* view_next = one.view;
     const uint2* nibs_next = one.nibs;
-    EscapeStream esc;
-    if (LOW_BITS == 0) esc.begin(args, min(tile, tiles - 1), first, last, args.warps_k, scratch, 0, lane);
     const size_t advance = (size_t)args.warps_k * kBlocksPerChunk * 32;
     const int count = (last - first + args.warps_k - 1) / args.warps_k;
     // Weights in registers (!STAGED): the next chunk's, loaded while this one's MMAs run.
@@ -146,6 +144,10 @@ __device__ __forceinline__ void wgmma_body(const W12MmaArgs& args, const uint4* 
       view_next += advance;
       nibs_next += advance;
     }
+    // the escape table after the first weights are in flight: its loads' latency (the table is stored to shared memory
+    // before the warp goes on) then hides behind theirs
+    EscapeStream esc;
+    if (LOW_BITS == 0) esc.begin(args, min(tile, tiles - 1), first, last, args.warps_k, scratch, 0, lane);
     // stage offsets of chunk i (read this iteration) and of chunk i - 1 (refilled with chunk i + stages - 1)
     uint32_t stage = 0, previous = STAGED ? (kStages - 1) * kWgmmaStageBytes : 0;
 
