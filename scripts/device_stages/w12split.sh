@@ -3,7 +3,7 @@
 # at 33 rows, ~12 s): the class-split kernel (csrc/w12_wgmma.cu, W12Wide kind 2) on the engine's and the issue's shapes
 # whose 33-64-row launch runs 1.2-2 rounds of one block a multiprocessor (attn_out/gdn_out 5120x6144, down, o_proj, qkv,
 # the GDN input 16480x5120), the engine qkv 14336x5120 and (last, whatever time is left) gate_up. Bit-neutral choices only (each candidate's bits checked
-# against the per-warp kernel); the winners land in $RESULTS/mma_configs.json to commit.
+# against the per-warp kernel); the winners land in $RESULTS/w12-split-mma_configs.json to commit.
 # W12SPLIT_DRY=1: on the CPU, the same arguments parsed and every shape's candidates made (no GPU run).
 set -euo pipefail
 export MAX_JOBS=$(nproc)
@@ -11,7 +11,7 @@ SHAPES=${W12SPLIT_SHAPES:-5120x6144,down,o_proj,qkv,16480x5120,14336x5120,gate_u
 ARGS=(--out "$RESULTS/w12-split-h200.json" --settle 0 --sections build,bits,timing
   --check-configs n1_k3_s2_split,n1_k8_s2_split,n1_k1_s1_split,tail_split --rows 32,33,48,64,96,128,192,256 --escape-rows 33
   --tune --tune-only split --tune-buckets 33-64,65-128,129-256 --tune-budget "${W12SPLIT_TUNE_S:-45}"
-  --shapes "$SHAPES" --write-configs "$RESULTS/mma_configs.json")
+  --shapes "$SHAPES" --write-configs "$RESULTS/w12-split-mma_configs.json")
 if [ -n "${W12SPLIT_DRY:-}" ]; then
   python - "${ARGS[@]}" <<'PY'
 import sys

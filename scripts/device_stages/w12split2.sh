@@ -4,14 +4,14 @@
 # and warpgroup kernels (whose prologue now starts the weight loads before the escape table's) (~25 s after the build); (2) the other seven engine/issue shapes timed at 32-256 rows on the committed tables with
 # escapes at 33 rows (~35 s); (3) the 27B-like engine step, stock vs W12 linears + head, at 32-64 rows (~30 s;
 # needs .sglang_gdn, skipped without it). Each part has its own time limit; the tuned table lands in
-# $RESULTS/mma_configs.json to commit.
+# $RESULTS/w12-split-mma_configs.json to commit.
 # W12SPLIT_DRY=1: on the CPU, the arguments parsed and the LM head's candidates made (no GPU run).
 set -uo pipefail
 export MAX_JOBS=$(nproc)
 LM=(--out "$RESULTS/w12-split-lm-head-h200.json" --settle 0 --sections build,bits,timing
   --check-configs n1_k1_s1_split,n1_k3_s2_split,n1_k3_s1_wgmma,n4_k1_s1_staged_wgmma --rows 9,16,17,32,33,48,64,96,128,192,256
   --escape-rows 33 --tune --tune-only split --tune-buckets 65-128,129-256 --tune-budget 15 --shapes lm_head
-  --write-configs "$RESULTS/mma_configs.json")
+  --write-configs "$RESULTS/w12-split-mma_configs.json")
 REST=(--out "$RESULTS/w12-split-shapes-h200.json" --settle 0 --sections timing --rows 32,33,48,64,96,128,192,256
   --escape-rows 33 --shapes 5120x6144,down,o_proj,qkv,16480x5120,14336x5120,gate_up)
 if [ -n "${W12SPLIT_DRY:-}" ]; then
@@ -34,7 +34,7 @@ PY
 fi
 rc=0
 timeout 80 python benchmarks/w12_device_check.py "${LM[@]}" > "$RESULTS/w12split2-lm.log" 2>&1 || { rc=1; echo "lm_head part rc $?"; }
-[ -s "$RESULTS/mma_configs.json" ] && cp "$RESULTS/mma_configs.json" kernels/specpilot_kernels/w12/mma_configs.json
+[ -s "$RESULTS/w12-split-mma_configs.json" ] && cp "$RESULTS/w12-split-mma_configs.json" kernels/specpilot_kernels/w12/mma_configs.json
 timeout 40 python benchmarks/w12_device_check.py "${REST[@]}" > "$RESULTS/w12split2-shapes.log" 2>&1 || { rc=1; echo "shapes part rc $?"; }
 if [ -f .sglang_gdn/sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py ]; then
   timeout 30 python3 benchmarks/system_bench.py --sections single --rows 32,33,48,64 \
