@@ -1,9 +1,11 @@
 # <= 150 s on one H200 (W12 build ~60 s unless built): the committed class-split tables measured, call 2 of the
 # evening. (1) the LM head 248320x5120: class-split candidates at 65-128 and 129-256 rows (each bit-checked against
 # the per-warp kernel), then its timing at 9-256 rows against cuBLAS, with the build and the bits of the class-split
-# and warpgroup kernels (whose prologue now starts the weight loads before the escape table's) (~25 s after the build); (2) the other seven engine/issue shapes timed at 32-256 rows on the committed tables with
-# escapes at 33 rows (~35 s); (3) the 27B-like engine step, stock vs W12 linears + head, at 32-64 rows (~30 s;
-# needs .sglang_gdn, skipped without it). Each part has its own time limit; the tuned table lands in
+# and warpgroup kernels (whose prologue now starts the weight loads before the escape table's) (~25 s after the
+# build); (2) the three shapes still under cuBLAS at 33-64 rows (attn_out 5120x6144, qkv, the GDN input 16480x5120)
+# re-timed at 32-256 rows with escapes at 33 rows (~20 s), and torch.profiler's split of a launch into its three
+# kernels on five shape/row cases (~10 s); (3) the 27B-like engine step, stock vs W12 linears + head, at 32-64 rows
+# (~30 s; needs .sglang_gdn, skipped without it). Each part has its own time limit; the tuned table lands in
 # $RESULTS/w12-split-mma_configs.json to commit.
 # W12SPLIT_DRY=1: on the CPU, the arguments parsed and the LM head's candidates made (no GPU run).
 set -uo pipefail
@@ -13,7 +15,7 @@ LM=(--out "$RESULTS/w12-split-lm-head-h200.json" --settle 0 --sections build,bit
   --escape-rows 33 --tune --tune-only split --tune-buckets 65-128,129-256 --tune-budget 15 --shapes lm_head
   --write-configs "$RESULTS/w12-split-mma_configs.json")
 REST=(--out "$RESULTS/w12-split-shapes-h200.json" --settle 0 --sections timing --rows 32,33,48,64,96,128,192,256
-  --escape-rows 33 --shapes 5120x6144,down,o_proj,qkv,16480x5120,14336x5120,gate_up)
+  --escape-rows 33 --shapes 5120x6144,qkv,16480x5120)
 if [ -n "${W12SPLIT_DRY:-}" ]; then
   python - "${LM[@]}" <<'PY'
 import sys
@@ -35,7 +37,10 @@ fi
 rc=0
 timeout 80 python benchmarks/w12_device_check.py "${LM[@]}" > "$RESULTS/w12split2-lm.log" 2>&1 || { rc=1; echo "lm_head part rc $?"; }
 [ -s "$RESULTS/w12-split-mma_configs.json" ] && cp "$RESULTS/w12-split-mma_configs.json" kernels/specpilot_kernels/w12/mma_configs.json
-timeout 40 python benchmarks/w12_device_check.py "${REST[@]}" > "$RESULTS/w12split2-shapes.log" 2>&1 || { rc=1; echo "shapes part rc $?"; }
+timeout 25 python benchmarks/w12_device_check.py "${REST[@]}" > "$RESULTS/w12split2-shapes.log" 2>&1 || { rc=1; echo "shapes part rc $?"; }
+timeout 15 python benchmarks/probes/w12-split-kernels-2026-12-03/profile.py "$RESULTS/w12-split-kernel-times-h200.json" \
+  > "$RESULTS/w12split2-profile.log" 2>&1 || { rc=1; echo "profile part rc $?"; }
+tail -5 "$RESULTS/w12split2-profile.log"
 if [ -f .sglang_gdn/sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py ]; then
   timeout 30 python3 benchmarks/system_bench.py --sections single --rows 32,33,48,64 \
     --single-options stock,w12_linears_head --out "$RESULTS/system-single-split-h200.json" \
