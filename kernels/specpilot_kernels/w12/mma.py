@@ -13,7 +13,8 @@ Inside each 32-column block the MMA's k order is permuted so that lane t's activ
 decoded fragments as its register operand; a small kernel first writes the activations in the same permuted k order,
 and each K class brings a chunk of them into shared memory with one bulk copy), and 33-256 rows through the wide
 kernel (csrc/w12_wide.cu: up to 256 token rows a wgmma, every weight read once a launch, the K classes and splits of a
-tile group reduced in one cluster): the same bits at every row count.
+tile group reduced in one cluster) or the class-split kernel (csrc/w12_wgmma.cu: blocks of one K class and split, their
+sums added in the partition's order by a second kernel): the same bits at every row count.
 """
 
 from __future__ import annotations
