@@ -36,6 +36,8 @@ from specpilot_kernels.w12.mma import (  # noqa: E402
     STEP_PLANS,
     TUNED_PATH,
     WIDE_BUCKETS,
+    CLASS_SPLIT_KERNEL,
+    CLASS_SPLIT_STAGES,
     MmaConfig,
     W12MmaTensor,
     select_mma_config,
@@ -72,6 +74,14 @@ CHECK_CONFIGS = {
     "tail": MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide=(1, 2, 3)),
     "n1_k3_s2_one_slab": MmaConfig(1, 3, 2, wide_rows=((4, 6, 2, 8), (2, 4, 4, 16), (2, 2, 2, 32))),
     "n1_k8_s2_deep": MmaConfig(1, 8, 2, wide_rows=((2, 6, 6, 8), (1, 6, 6, 16), (1, 2, 6, 24))),
+    # the class-split kernel: 6 and 16 (class, split) blocks a tile group (classes without chunks), slabs of 48-128
+    # rows, a row tail
+    "n1_k3_s2_split": MmaConfig(1, 3, 2, wide_rows=((4, 3, 3, 8, 1, 2), (2, 3, 2, 8, 1, 2), (1, 3, 3, 8, 1, 2))),
+    "n1_k8_s2_split": MmaConfig(1, 8, 2, wide_rows=((1, 3, 2, 8, 1, 2), (2, 3, 2, 16, 1, 2), (1, 3, 3, 16, 1, 2))),
+    "n1_k1_s1_split": MmaConfig(1, 1, 1, wide_rows=((4, 3, 3, 8, 1, 2), (2, 3, 2, 16, 1, 2), (4, 3, 2, 8, 1, 2))),
+    "tail_split": MmaConfig(
+        1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide_rows=((2, 3, 3, 8, 1, 2),) * 3
+    ),
     # the narrow kernels the tuned 27B-class configs run at 1-32 rows: staged weights, shared activations (with K
     # splits in a cluster), warpgroups
     "n1_k3_s1_staged_shared_x": MmaConfig(1, 3, 1, staged_rows=16, shared_x_32=(5, 6)),
@@ -326,10 +336,19 @@ def wide_fits(groups: int, slots: int, stages: int, slab_tiles: int, m: int) -> 
     return max(loop, warps * 32 * tiles * 16) <= SMEM_PER_SM
 
 
-def tune_candidates(base: MmaConfig, bucket: str, multicast_too: bool = False) -> dict[str, MmaConfig]:
+def tune_candidates(
+    base: MmaConfig, bucket: str, multicast_too: bool = False, only: tuple[str, ...] = ()
+) -> dict[str, MmaConfig]:
     """Bit-neutral variants of ``base`` for one row range: step plans, shared activations and warpgroups at 17-32 rows;
     the wide kernel's warpgroups, slots, stages (and at 129-256 one slab or two; with ``multicast_too`` activation
-    multicast to 2 or 4 tile groups) above, or 64 rows a launch of the per-warp / warpgroup kernels at 33-64."""
+    multicast to 2 or 4 tile groups) above, the class-split kernel's warpgroups and weight ring (slabs of 8 token
+    tiles), or 64 rows a launch of the per-warp / warpgroup kernels at 33-64. ``only``: just the candidates whose
+    names start with one of these (and the current config)."""
+    out = _candidates(base, bucket, multicast_too)
+    return {name: c for name, c in out.items() if not only or name == "current" or name.startswith(only)}
+
+
+def _candidates(base: MmaConfig, bucket: str, multicast_too: bool) -> dict[str, MmaConfig]:
     out = {"current": base}
     if bucket == "17-32":
         rings = {(0, 0), tuple(base.shared_x_32), (4, 4), (5, 6), (8, 4), (2, 8)}
@@ -360,6 +379,14 @@ def tune_candidates(base: MmaConfig, bucket: str, multicast_too: bool = False) -
                 out[f"off_plan{plan}_wgmma{groups}"] = replace(
                     base, plan_64=plan, wide_rows=tuple(setting), wgmma=(*base.wgmma[:2], groups)
                 )
+    for slab in (8,) if bucket == "33-64" else (8, 16):  # 64-row slabs, or one weight decode for 128 rows
+        for groups in WIDE_TUNE["groups"] if slab == 8 else (2, 1):
+            for stages in CLASS_SPLIT_STAGES[::-1]:
+                setting = list(rows)
+                setting[index] = (groups, 3, stages, slab, 1, CLASS_SPLIT_KERNEL)
+                out[f"split{(groups, stages)}" + ("" if slab == 8 else f"_slab{slab}")] = replace(
+                    base, wide_rows=tuple(setting)
+                )
     for groups in WIDE_TUNE["groups"]:
         for slots in WIDE_TUNE["slots"]:
             for stages in WIDE_TUNE["stages"]:
@@ -384,7 +411,11 @@ def tune_candidates(base: MmaConfig, bucket: str, multicast_too: bool = False) -
 
 
 def tune_shape(
-    shape: Shape, deadline: float, multicast: bool = False, buckets: tuple[str, ...] = tuple(TUNE_BUCKETS)
+    shape: Shape,
+    deadline: float,
+    multicast: bool = False,
+    buckets: tuple[str, ...] = tuple(TUNE_BUCKETS),
+    only: tuple[str, ...] = (),
 ) -> dict:
     """Every row range's candidates (tune_candidates) timed at its TUNE_BUCKETS rows; a candidate whose bits differ
     from the per-warp kernel's, or whose launch ran fewer warpgroups than asked, is recorded and not chosen. Returns the
@@ -401,7 +432,7 @@ def tune_shape(
     for index, (bucket, rows) in enumerate(tuned.items()):
         times, best = {}, None
         share = time.monotonic() + (deadline - time.monotonic()) / (len(tuned) - index)
-        for name, option in tune_candidates(chosen, bucket, multicast).items():
+        for name, option in tune_candidates(chosen, bucket, multicast, only).items():
             if time.monotonic() > share:
                 times["stopped"] = "tune budget spent"
                 break
@@ -524,6 +555,12 @@ def main() -> None:
         "--tune-buckets", default=",".join(TUNE_BUCKETS), help=f"the row ranges --tune tunes, of {list(TUNE_BUCKETS)}"
     )
     parser.add_argument(
+        "--tune-only",
+        default="",
+        help="comma-separated name prefixes: --tune times only those candidates (e.g. 'split' for the class-split "
+        "kernel's) besides the current config",
+    )
+    parser.add_argument(
         "--check-configs",
         default=None,
         help=f"the bits section's configs (default: all of {list(CHECK_CONFIGS)}, with --multicast also the "
@@ -554,6 +591,7 @@ def main() -> None:
             f"{args.escape_rows!r})"
         )
     buckets = tuple(args.tune_buckets.split(","))
+    only = tuple(p for p in args.tune_only.split(",") if p)
     offered = {**CHECK_CONFIGS, **(MULTICAST_CONFIGS if args.multicast else {})}
     checked = offered if args.check_configs is None else dict.fromkeys(args.check_configs.split(","))
     unknown = [b for b in buckets if b not in TUNE_BUCKETS] + [c for c in checked if c not in offered]
@@ -598,7 +636,7 @@ def main() -> None:
                 record_section(
                     doc.setdefault("tune", {}),
                     name,
-                    lambda s=shape, d=share: tune_shape(s, d, args.multicast, buckets),
+                    lambda s=shape, d=share: tune_shape(s, d, args.multicast, buckets, only),
                     None,
                 )
                 if "config" in doc["tune"][name]:
@@ -612,10 +650,10 @@ def main() -> None:
             )
             doc["summary"] = summarize(doc)
             write_result(doc, args.out)
+            if args.write_configs and tuned:  # after every shape: a stage stopped by its time limit keeps its tune
+                write_configs(args.write_configs, tuned, torch.cuda.get_device_properties(0).name)
             del shape
             torch.cuda.empty_cache()
-    if args.write_configs and tuned:
-        write_configs(args.write_configs, tuned, torch.cuda.get_device_properties(0).name)
     doc["summary"] = summarize(doc)
     doc["headline"] = headline(doc)
     write_result(doc, args.out)

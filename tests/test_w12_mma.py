@@ -632,6 +632,10 @@ def test_wide_launch_shapes_and_config():
     decoded = MmaConfig(wide_rows=[[4, 4, 2, 8, 1, 1], [2, 4, 2, 16, 1, 0], [1, 2, 3, 32, 1, 1]])
     assert decoded.wide_decoded(64) and not decoded.wide_decoded(96) and decoded.wide_decoded(256)
     assert decoded.wide_launch(64) == (4, 4, 2, 8, 1) and not per_bucket.wide_decoded(64)
+    split = MmaConfig(wide_rows=[[4, 3, 3, 8, 1, 2], [2, 3, 2, 8, 1, 2], [1, 2, 3, 32, 1, 0]])
+    assert split.wide_kernel(48) == mma_module.CLASS_SPLIT_KERNEL == split.wide_kernel(128)
+    assert split.wide_kernel(200) == mma_module.WIDE_KERNEL and not split.wide_decoded(64)
+    assert decoded.wide_kernel(64) == mma_module.DECODED_KERNEL and per_bucket.wide_kernel(64) == mma_module.WIDE_KERNEL
     for bad in ((5, 2, 2), (1, 1, 2), (1, 2, 7), (1, 2)):
         with pytest.raises(W12Error, match="wide"):
             MmaConfig(wide=bad)
@@ -642,7 +646,10 @@ def test_wide_launch_shapes_and_config():
         ((1, 2, 2, 16, 3),) * 3,
         ((1, 2, 2, 16, 2, 1),) * 3,  # the decoded-weight kernel: no multicast
         ((1, 2, 4, 16, 1, 1),) * 3,  # ... and at most 3 decoded slots
-        ((1, 2, 2, 16, 1, 2),) * 3,
+        ((1, 2, 2, 24, 1, 2),) * 3,  # the class-split kernel: slabs of 6, 8, 12 or 16 token tiles
+        ((1, 3, 4, 8, 1, 2),) * 3,  # ... a weight ring of 2 or 3
+        ((1, 3, 2, 8, 2, 2),) * 3,  # ... no multicast
+        ((1, 3, 2, 8, 1, 3),) * 3,
     ):
         with pytest.raises(W12Error, match="wide_rows"):
             MmaConfig(wide_rows=bad)
@@ -666,6 +673,12 @@ def with_outliers(w, fraction):
         MmaConfig(1, 3, 2, wide_rows=((1, 3, 2, 8, 2), (2, 3, 2, 16, 4), (1, 2, 2, 32, 2))),
         MmaConfig(1, 3, 2, wide_rows=((4, 4, 2, 8, 1, 1), (2, 4, 2, 16, 1, 1), (1, 2, 2, 32, 1, 1))),
         MmaConfig(1, 8, 2, wide_rows=((2, 3, 3, 8, 1, 1), (1, 2, 2, 16, 1, 1), (2, 3, 2, 16, 1, 1))),
+        # the class-split kernel: 6 and 16 (class, split) blocks a tile group, classes without chunks, slabs of 48-128
+        # rows, a row tail
+        MmaConfig(1, 3, 2, wide_rows=((4, 3, 3, 8, 1, 2), (2, 3, 2, 8, 1, 2), (1, 3, 3, 8, 1, 2))),
+        MmaConfig(1, 8, 2, wide_rows=((1, 3, 2, 8, 1, 2), (2, 3, 2, 16, 1, 2), (1, 3, 3, 16, 1, 2))),
+        MmaConfig(1, 2, 1, wgmma=(1, 2, 2), tail_rows=256, tail=(1, 8, 2), wide_rows=((2, 3, 3, 8, 1, 2),) * 3),
+        MmaConfig(1, 1, 1, wide_rows=((4, 3, 3, 8, 1, 2), (2, 3, 2, 16, 1, 2), (4, 3, 2, 8, 1, 2))),  # sums are y
     ],
     ids=str,
 )

@@ -13,7 +13,8 @@ Inside each 32-column block the MMA's k order is permuted so that lane t's activ
 decoded fragments as its register operand; a small kernel first writes the activations in the same permuted k order,
 and each K class brings a chunk of them into shared memory with one bulk copy), and 33-256 rows through the wide
 kernel (csrc/w12_wide.cu: up to 256 token rows a wgmma, every weight read once a launch, the K classes and splits of a
-tile group reduced in one cluster): the same bits at every row count.
+tile group reduced in one cluster) or the class-split kernel (csrc/w12_wgmma.cu: blocks of one K class and split, their
+sums added in the partition's order by a second kernel): the same bits at every row count.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ MAX_WIDE_SLOTS = 6  # activation slots a wide block (csrc/w12_common.cuh kMaxWid
 MAX_WIDE_STAGES = 6  # weight stages a wide warp (kMaxWideStages)
 MAX_WIDE_GROUPS = 4  # warpgroups a wide block (16 warps)
 MAX_DECODED_SLOTS = 3  # decoded-weight slots of the decoded-weight wide kernel (csrc/w12_wide_ss.cu kMaxDecodedSlots)
+# the wide launch's kernels (a wide_rows setting's sixth entry; csrc/w12_mma.cuh W12Wide::decoded)
+WIDE_KERNEL, DECODED_KERNEL, CLASS_SPLIT_KERNEL = 0, 1, 2
+# slabs the class-split kernel is built for (csrc/w12_wgmma.cu W12_SPLIT_KERNELS)
+CLASS_SPLIT_TOKEN_TILES = (6, 8, 12, 16)
+CLASS_SPLIT_STAGES = (2, 3)  # its weight ring a warp
 MAX_WARPS_PER_BLOCK = 16  # of the per-warp kernels (the warpgroup kernel: MAX_WGMMA_WARPS_PER_BLOCK)
 
 
@@ -225,6 +231,12 @@ MAX_WGMMA_WARPS_PER_BLOCK = 32
 # per WIDE_BUCKETS range; the launch picks the smallest built slab that holds the rows (one slab where the largest
 # allows, so each weight is decoded once). Multicast (1, 2 or 4, one slab only): that many neighbouring tile groups
 # form a cluster along x and share each activation copy. 0 warpgroups: 64 rows a launch of the kernels above.
+# A sixth entry picks the kernel: WIDE_KERNEL (csrc/w12_wide.cu), DECODED_KERNEL (csrc/w12_wide_ss.cu) or
+# CLASS_SPLIT_KERNEL (csrc/w12_wgmma.cu: the warpgroup kernel's loop in blocks of ``warpgroups`` warpgroups of one K class
+# of one split, slabs of up to 16 token tiles, ``stages`` 2 or 3 its weight ring, its own activation slots; no
+# cluster: every block is resident at once where the 64-row warpgroup kernel, which holds a tile group's K classes in
+# one block, runs 1.2-2 rounds of one block a multiprocessor; the sums go through a workspace, added in the partition's
+# order by a second kernel).
 # Row regions: a grid whose blocks run in rounds (all resident at once, all as long) and end a little way into a last
 # round leaves most multiprocessors idle there: gate_up at 16 rows is 2.06 rounds of 16 warps a multiprocessor, so its
 # last 64 tiles ran alone for ~13 of 80 us. A shape's partition may therefore give its last rows (``tail_rows``) a
@@ -304,7 +316,9 @@ class MmaConfig:
             raise W12Error(
                 f"wide_rows={self.wide_rows}: one (warpgroups 0-{MAX_WIDE_GROUPS}, slots 2-{MAX_WIDE_SLOTS}, "
                 f"stages 2-{MAX_WIDE_STAGES}, largest slab in {WIDE_TOKEN_TILES} token tiles[, multicast 1, "
-                f"2 or 4[, decoded 0 or 1: then multicast 1 and 2-{MAX_DECODED_SLOTS} stages]]) for each of 33-64, "
+                f"2 or 4[, kernel {WIDE_KERNEL}, {DECODED_KERNEL} (multicast 1, 2-{MAX_DECODED_SLOTS} stages) or "
+                f"{CLASS_SPLIT_KERNEL} (multicast 1, stages {CLASS_SPLIT_STAGES}, slab {CLASS_SPLIT_TOKEN_TILES})]]) "
+                "for each of 33-64, "
                 "65-128 and 129-256 rows",
                 where="MmaConfig.wide_rows",
                 fix="e.g. ((4, 4, 2, 8), (4, 3, 2, 16), (2, 2, 2, 32)), or () for `wide` everywhere",
@@ -384,13 +398,17 @@ class MmaConfig:
             return (*setting, 1)[:5]
         return (*self.wide, 16, 1)
 
-    def wide_decoded(self, m: int) -> bool:
-        """Whether a wide launch of ``m`` rows runs the decoded-weight kernel (csrc/w12_wide_ss.cu: ``groups`` tile
-        groups a block decoded once into shared memory, ``stages`` decoded slots) instead of csrc/w12_wide.cu."""
+    def wide_kernel(self, m: int) -> int:
+        """Which kernel a wide launch of ``m`` rows runs: WIDE_KERNEL, DECODED_KERNEL (csrc/w12_wide_ss.cu: ``groups``
+        tile groups a block decoded once into shared memory, ``stages`` decoded slots) or CLASS_SPLIT_KERNEL."""
         if not self.wide_rows:
-            return False
+            return WIDE_KERNEL
         setting = self.wide_rows[next(i for i, top in enumerate(WIDE_BUCKETS) if m <= top)]
-        return len(setting) == 6 and setting[5] == 1
+        return setting[5] if len(setting) == 6 else WIDE_KERNEL
+
+    def wide_decoded(self, m: int) -> bool:
+        """Whether a wide launch of ``m`` rows runs the decoded-weight kernel (csrc/w12_wide_ss.cu)."""
+        return self.wide_kernel(m) == DECODED_KERNEL
 
     def uses_wide(self, m: int, capability: tuple[int, int]) -> bool:
         """Whether a launch of ``m`` rows runs the wide kernel (33-256 rows on sm_90a; no bit depends on it)."""
@@ -448,8 +466,12 @@ def _wide_setting_ok(
         and 2 <= stages <= MAX_WIDE_STAGES
         and slab_tiles in WIDE_TOKEN_TILES
         and multicast in (1, 2, 4)
-        and decoded in (0, 1)
-        and (decoded == 0 or (multicast == 1 and stages <= MAX_DECODED_SLOTS))
+        and decoded in (WIDE_KERNEL, DECODED_KERNEL, CLASS_SPLIT_KERNEL)
+        and (decoded != DECODED_KERNEL or (multicast == 1 and stages <= MAX_DECODED_SLOTS))
+        and (
+            decoded != CLASS_SPLIT_KERNEL
+            or (multicast == 1 and stages in CLASS_SPLIT_STAGES and slab_tiles in CLASS_SPLIT_TOKEN_TILES)
+        )
     )
 
 
@@ -552,11 +574,19 @@ def _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launc
     m = xm.shape[0]
     tiles8, slabs = wide_token_tiles(m, regions[0][2].wide_launch(m)[3])
     image = torch.empty(slabs * (kp // STEP_K) * tiles8 * 8 * STEP_K, dtype=torch.bfloat16, device=xm.device)
-    workspace = torch.empty(sum(s for s in splits if s > 1) * m * n, dtype=torch.float32, device=xm.device)
+
+    def partial_floats(part, weights, part_splits) -> int:  # K splits' sums, or every class and split's (class-split)
+        if part.wide_kernel(m) == CLASS_SPLIT_KERNEL:  # one class and no split: its sums are y
+            items = part_splits * part.warps_k
+            return slabs * items * weights.padded_shape[0] // 16 * tiles8 * 128 if items > 1 else 0
+        return part_splits * m * n if part_splits > 1 else 0
+
+    sizes = [partial_floats(part, weights, s) for (_, _, part, weights), s in zip(regions, splits)]
+    workspace = torch.empty(sum(sizes), dtype=torch.float32, device=xm.device)
     ran, offset = [], 0
-    for index, ((first, end, part, weights), part_splits) in enumerate(zip(regions, splits)):
-        partial = workspace[offset : offset + part_splits * m * n] if part_splits > 1 else workspace[:0]
-        offset += partial.numel()
+    for index, ((first, end, part, weights), size) in enumerate(zip(regions, sizes)):
+        partial = workspace[offset : offset + size]
+        offset += size
         groups, slots, stages, _, multicast = part.wide_launch(m)
         got = ext.w12_mma_gemm(
             xm,
@@ -589,7 +619,7 @@ def _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launc
             stages,
             tiles8,
             multicast,
-            int(part.wide_decoded(m)),
+            part.wide_kernel(m),
         )
         if got < 0:
             return False

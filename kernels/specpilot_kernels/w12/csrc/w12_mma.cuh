@@ -55,9 +55,12 @@ struct W12Wide {
   void* x_image = nullptr;  // device memory for every slab's chunk images: slabs x k_padded / 128 x token_tiles x 2 KB
   bool x_image_written = false;  // the image already holds x (written for the GEMM's first row region)
   // 1: the decoded-weight kernel (w12_wide_ss.cu): `groups` tile groups of 64 rows a block decoded once into shared
-  // memory for one MMA warpgroup, `slots` activation slots, `stages` decoded-weight slots (2-3); 0: w12_wide.cu
+  // memory for one MMA warpgroup, `slots` activation slots, `stages` decoded-weight slots (2-3); 0: w12_wide.cu;
+  // kWideClassSplit: the class-split kernel (w12_wgmma.cu: `groups` warpgroups of one K class of one split a block,
+  // slabs of 6 or 8 token tiles, the warpgroup kernel's own slots and stages; its sums need args.partial)
   int decoded = 0;
 };
+constexpr int kWideClassSplit = 2;
 
 // cudaErrorInvalidValue: m outside 1..64 (1..256 for the wide kernel), more than 16 warps per block, or a step plan not built for m's token tiles
 // (staged weights: whole steps of one tile a warp, up to 16 rows; shared activations: one tile a warp, 17-32 rows,

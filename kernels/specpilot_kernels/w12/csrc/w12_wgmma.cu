@@ -1,4 +1,5 @@
-#include "w12_common.cuh"
+#include "w12_wide.cuh"
+#include "w12_wide_ptx.cuh"
 
 namespace w12 {
 namespace {
@@ -30,9 +31,10 @@ __host__ __device__ constexpr int wgmma_step_bytes() { return MT * 256; }
 template <int MT>
 __host__ __device__ constexpr int wgmma_chunk_bytes() { return 8 * wgmma_step_bytes<MT>(); }
 // Activation slots a K class: chunk i + slots - 1 is copied while chunks i .. i + slots - 2 are read. Four, but three
-// at 64 rows, where four of 16 KB a class would leave three K classes no room.
+// from 64 rows on, where four of 16 KB a class would leave three K classes no room (and the class-split kernel's
+// 96-128-row slabs, 24-32 KB a chunk, room for the weight ring).
 template <int MT>
-__host__ __device__ constexpr int wgmma_slots() { return MT == 8 ? 3 : 4; }
+__host__ __device__ constexpr int wgmma_slots() { return MT >= 8 ? 3 : 4; }
 // Each warp's own ring of weight chunks (view words, then the nibble run, as the staged per-warp kernel lays a step
 // out), filled by cp.async: chunk i + stages - 1 is in flight while chunk i is decoded. Three a warp at 9-16 rows, where
 // few token rows leave each chunk's decode little MMA time to hide a load behind; two at 17-32, where fewer requests
@@ -62,39 +64,48 @@ __global__ void w12_permute_x_kernel(const __nv_bfloat16* x, int m, int ldx, int
   at[(kStep + kHalf) / 4] = v.w;
 }
 
-template <int MT, int LOW_BITS, bool CLUSTER, bool STAGED>
-__global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The main loop and epilogue of both warpgroup kernels below. SPLIT (the class-split kernel): the block is one K class
+// of one split (blockIdx.y = split x warps_k + class) and one slab of MT x 8 token rows (blockIdx.x % slabs), and each
+// warp stores its tile's sums to `sums` for w12_split_sums_kernel instead of reducing them here.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma, bulk copies and mbarriers
+// STAGES: the warp's weight ring (0: weights in registers).
+template <int MT, int LOW_BITS, bool CLUSTER, int STAGES, bool SPLIT>
+__device__ __forceinline__ void wgmma_body(const W12MmaArgs& args, const uint4* x_image, int slabs, float* sums) {
+  constexpr bool STAGED = STAGES > 0;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warp_n = warp % args.warps_n;  // warps_n = 4 x warpgroups a K class
-  const int warp_k = warp / args.warps_n;
-  const int tile = blockIdx.x * args.warps_n + warp_n;
+  const int classes = SPLIT ? 1 : args.warps_k;  // K classes a block
+  const int warp_k = SPLIT ? 0 : warp / args.warps_n;
+  const int slab = SPLIT ? blockIdx.x % slabs : 0;
+  const int tile = (SPLIT ? blockIdx.x / slabs : blockIdx.x) * args.warps_n + warp_n;
   const int tiles = args.n_padded / 16;
   const int chunks = args.k_padded / 128;
-  const int first = blockIdx.y * args.chunks_per_split + warp_k;
-  const int last = min((int)(blockIdx.y + 1) * args.chunks_per_split, chunks);
+  const int split = SPLIT ? blockIdx.y / args.warps_k : blockIdx.y;
+  const int first = split * args.chunks_per_split + (SPLIT ? blockIdx.y % args.warps_k : warp_k);
+  const int last = min((split + 1) * args.chunks_per_split, chunks);
   constexpr int kChunkBytes = wgmma_chunk_bytes<MT>();
   constexpr int kWgmmaSlots = wgmma_slots<MT>();
   extern __shared__ uint4 shared_words[];
-  constexpr int kStages = STAGED ? wgmma_weight_stages<MT>() : 0;
-  uint8_t* class_slots = reinterpret_cast<uint8_t*>(shared_words + epilogue_words<MT, 1>(args, blockDim.x));
-  // [warps_k][slots] chunk images, [warps][stages] weight chunks, then [warps_k][slots] full and [warps_k][slots]
+  constexpr int kStages = STAGES;
+  uint8_t* class_slots = reinterpret_cast<uint8_t*>(shared_words + (SPLIT ? 0 : epilogue_words<MT, 1>(args, blockDim.x)));
+  // [classes][slots] chunk images, [warps][stages] weight chunks, then [classes][slots] full and [classes][slots]
   // empty mbarriers
-  uint8_t* weight_stages = class_slots + (size_t)args.warps_k * kWgmmaSlots * kChunkBytes;
+  uint8_t* weight_stages = class_slots + (size_t)classes * kWgmmaSlots * kChunkBytes;
   uint64_t* bars = reinterpret_cast<uint64_t*>(weight_stages + (size_t)(blockDim.x / 32) * kStages * kWgmmaStageBytes);
-  // the warp's escape scratch, after the mbarriers (2 x warps_k x slots of 8 bytes: a multiple of 16)
-  const uint32_t scratch = ptx::shared_address(bars + 2 * args.warps_k * kWgmmaSlots) + warp * kEscapeScratchBytes;
+  // the warp's escape scratch, after the mbarriers (2 x classes x slots of 8 bytes: a multiple of 16)
+  const uint32_t scratch = ptx::shared_address(bars + 2 * classes * kWgmmaSlots) + warp * kEscapeScratchBytes;
   const uint32_t slots = ptx::shared_address(class_slots) + warp_k * kWgmmaSlots * kChunkBytes;
   const uint32_t warp_stages =  // the warp's first stage (stage_step's layout of a chunk)
       ptx::shared_address(weight_stages) + warp * kStages * kWgmmaStageBytes;
   const uint32_t full = ptx::shared_address(bars) + warp_k * kWgmmaSlots * 8;
-  const uint32_t empty = full + args.warps_k * kWgmmaSlots * 8;
+  const uint32_t empty = full + classes * kWgmmaSlots * 8;
+  if (SPLIT) x_image += (size_t)slab * chunks * (kChunkBytes / 16);  // the slab's chunk images
   if (threadIdx.x == 0) {
-    for (int i = 0; i < args.warps_k * kWgmmaSlots; ++i) {
+    for (int i = 0; i < classes * kWgmmaSlots; ++i) {
       const uint32_t f = ptx::shared_address(bars + i);
       ptx::mbarrier_init(f, 1);
-      ptx::mbarrier_init(f + args.warps_k * kWgmmaSlots * 8, args.warps_n);  // one arrival a warp of the class
+      ptx::mbarrier_init(f + classes * kWgmmaSlots * 8, args.warps_n);  // one arrival a warp of the class
     }
     ptx::fence_mbarrier_init();
   }
@@ -110,8 +121,6 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
     const uint32_t base_lo = one.base_lo, base_hi = one.base_hi;
     const uint4* view_next = one.view;
     const uint2* nibs_next = one.nibs;
-    EscapeStream esc;
-    if (LOW_BITS == 0) esc.begin(args, min(tile, tiles - 1), first, last, args.warps_k, scratch, 0, lane);
     const size_t advance = (size_t)args.warps_k * kBlocksPerChunk * 32;
     const int count = (last - first + args.warps_k - 1) / args.warps_k;
     // Weights in registers (!STAGED): the next chunk's, loaded while this one's MMAs run.
@@ -135,6 +144,10 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
       view_next += advance;
       nibs_next += advance;
     }
+    // the escape table after the first weights are in flight: its loads' latency (the table is stored to shared memory
+    // before the warp goes on) then hides behind theirs
+    EscapeStream esc;
+    if (LOW_BITS == 0) esc.begin(args, min(tile, tiles - 1), first, last, args.warps_k, scratch, 0, lane);
     // stage offsets of chunk i (read this iteration) and of chunk i - 1 (refilled with chunk i + stages - 1)
     uint32_t stage = 0, previous = STAGED ? (kStages - 1) * kWgmmaStageBytes : 0;
 
@@ -197,7 +210,7 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
       for (int u = 0; u < kBlocksPerChunk; ++u)
 #pragma unroll
         for (int s = 0; s < 2; ++s)
-          ptx::wgmma_bf16<8 * MT>(d, &a[u][4 * s], kDescHi | (desc_lo + (2 * u + s) * (wgmma_step_bytes<MT>() >> 4)));
+          wide_wgmma<8 * MT>(d, &a[u][4 * s], kDescHi | (desc_lo + (2 * u + s) * (wgmma_step_bytes<MT>() >> 4)));
       ptx::wgmma_commit();
       if (!STAGED && i + 1 < count) {
         load_step_registers<kBlocksPerChunk, LOW_BITS>(v_next, n_next, view_next, nibs_next);
@@ -217,15 +230,93 @@ __global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
       }
     }
   }
-  float acc[1][MT][4];
+  if constexpr (SPLIT) {
+    // the sums are stored only once the kernel before is done (it may still read the memory they go to); a first row
+    // region lets the next kernel start only after waiting (reduce_and_store)
+    if (args.overlap_prior == kOverlapFirstRegion) {
+      wait_for_prior_grid();
+      allow_next_grid();
+    } else {
+      allow_next_grid();
+      wait_for_prior_grid();
+    }
+    if (tile >= tiles) return;
+    if (!sums) {  // one K class, no split: the sums are y
 #pragma unroll
-  for (int j = 0; j < MT; ++j)
+      for (int i = 0; i < MT * 4; ++i) {
+        const int n = tile * 16 + (lane >> 2) + 8 * ((i & 3) >> 1);
+        const int m = slab * MT * 8 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+        if (n < args.n && m < args.m) args.y[(size_t)m * args.n + n] = __float2bfloat16_rn(d[i]);
+      }
+      return;
+    }
+    // [slab][split x warps_k + class][tile][accumulator][lane]: 128 contiguous bytes a warp store
+    float* mine = sums + (((size_t)slab * gridDim.y + blockIdx.y) * tiles + tile) * (MT * 4 * 32) + lane;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) acc[0][j][q] = d[4 * j + q];
-  reduce_and_store<1, MT, CLUSTER>(acc, args, warp, warp_n, warp_k, lane, tile, true);
+    for (int i = 0; i < MT * 4; ++i) mine[i * 32] = d[i];
+  } else {
+    float acc[1][MT][4];
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[0][j][q] = d[4 * j + q];
+    reduce_and_store<1, MT, CLUSTER>(acc, args, warp, warp_n, warp_k, lane, tile, true);
+  }
+}
+#endif
+
+template <int MT, int LOW_BITS, bool CLUSTER, bool STAGED>
+__global__ void w12_wgmma_kernel(W12MmaArgs args, const uint4* x_image) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  wgmma_body<MT, LOW_BITS, CLUSTER, STAGED ? wgmma_weight_stages<MT>() : 0, false>(args, x_image, 1, nullptr);
 #else
   __trap();  // the host launches warpgroup MMAs on sm_90a only
 #endif
+}
+
+// The class-split kernel (33-256 rows through the wide launch, W12Wide::decoded == kWideClassSplit): the warpgroup
+// kernel's main loop in blocks of `warps_n / 4` warpgroups of ONE K class of ONE split and one slab, so every block of
+// the grid is resident at once where the kernel above, holding all K classes of a tile group in one block, runs 1.2-2
+// rounds of one block a multiprocessor (27B-class shapes at 33-64 rows); no cluster. sums: [slabs][splits x warps_k]
+// [n_padded / 16][MT x 4][32] fp32, summed by w12_split_sums_kernel, or nullptr for a partition of one K class and one
+// split, whose sums are y. x_image: w12_wide_permute_kernel's slabs.
+// Up to 64 rows a slab, 4 warpgroups a block at most (128 registers a thread); 96 and 128, 2 (their 48-64 accumulators).
+template <int MT>
+__host__ __device__ constexpr int split_max_groups() { return MT <= 8 ? 4 : 2; }
+
+template <int MT, int LOW_BITS, int STAGES>
+__global__ void __launch_bounds__(128 * split_max_groups<MT>())
+    w12_wgmma_split_kernel(W12MmaArgs args, const uint4* x_image, int slabs, float* sums) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  wgmma_body<MT, LOW_BITS, false, STAGES, true>(args, x_image, slabs, sums);
+#else
+  __trap();  // the host launches warpgroup MMAs on sm_90a only
+#endif
+}
+
+// y = the class-split kernel's sums in the partition's order: each split's K classes in class order, then the splits in
+// split order (the order of reduce_and_store and split_reduce_kernel), rounded once. One thread an output.
+template <int MT>
+__global__ void w12_split_sums_kernel(const float* sums, __nv_bfloat16* y, int m, int n, int tiles, int classes,
+                                      int splits, int slabs) {
+  allow_next_grid();  // the next kernel's prologue reads only its weights
+  wait_for_prior_grid();
+  const int per_item = tiles * MT * 4 * 32;  // one class and split of one slab
+  const long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= (long long)slabs * per_item) return;
+  const int slab = (int)(e / per_item), r = (int)(e % per_item);
+  const int tile = r / (MT * 128), i = (r / 32) % (MT * 4), lane = r % 32;
+  const int col = tile * 16 + (lane >> 2) + 8 * ((i & 3) >> 1);
+  const int row = slab * MT * 8 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+  if (col >= n || row >= m) return;
+  const float* at = sums + (size_t)slab * classes * splits * per_item + r;
+  float acc = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    float sum = at[(size_t)s * classes * per_item];
+    for (int c = 1; c < classes; ++c) sum += at[(size_t)(s * classes + c) * per_item];
+    acc = s == 0 ? sum : acc + sum;
+  }
+  y[(size_t)row * n + col] = __float2bfloat16_rn(acc);
 }
 
 // The warpgroup kernel's launch: `groups` warpgroups of 4 tiles for each of the partition's K classes a block; each
@@ -282,6 +373,52 @@ cudaError_t launch_groups(const W12MmaArgs& args, int groups, void* x_image, boo
                             stream, args.overlap_prior, args.cluster_splits, launched, static_cast<const uint4*>(x_image));
 }
 
+// The class-split kernel's launch (exact weights): grid (tile groups x slabs, splits x warps_k), `groups` warpgroups a
+// block, or fewer where that many fit no multiprocessor; the image (unless written) before it and the sums after.
+// Weights staged through a ring of `wide.stages` (2 or 3) chunks a warp where that keeps as many blocks resident as
+// registers do, else in registers.
+template <int MT>
+cudaError_t launch_split(const W12MmaArgs& args, const W12Wide& wide, int groups, cudaStream_t stream) {
+  const int tiles = args.n_padded / 16;
+  const int chunks = args.k_padded / 128;
+  const int splits = (chunks + args.chunks_per_split - 1) / args.chunks_per_split;
+  const int slabs = (args.m + MT * 8 - 1) / (MT * 8);
+  const bool direct = args.warps_k * splits == 1;  // one K class, no split: no sums to add
+  if (!direct && !args.partial) return cudaErrorInvalidValue;  // the sums' workspace (w12_mma_launch's contract)
+  if (groups > split_max_groups<MT>()) return launch_split<MT>(args, wide, split_max_groups<MT>(), stream);
+  W12MmaArgs launched = args;
+  launched.warps_n = 4 * groups;
+  launched.cluster_splits = 1;
+  const dim3 grid((tiles + launched.warps_n - 1) / launched.warps_n * slabs, args.warps_k * splits);
+  const dim3 block(128 * groups);
+  const size_t smem_registers =
+      (size_t)wgmma_slots<MT>() * (wgmma_chunk_bytes<MT>() + 16) + (size_t)(block.x / 32) * kEscapeScratchBytes;
+  if (wide.stages != 2 && wide.stages != 3) return cudaErrorInvalidValue;
+  const size_t smem_staged = smem_registers + (size_t)(block.x / 32) * wide.stages * kWgmmaStageBytes;
+  auto registers = w12_wgmma_split_kernel<MT, 0, 0>;
+  auto staged = wide.stages == 3 ? w12_wgmma_split_kernel<MT, 0, 3> : w12_wgmma_split_kernel<MT, 0, 2>;
+  int resident = 0, resident_staged = 0;
+  cudaError_t err = resident_blocks(reinterpret_cast<const void*>(registers), block.x, smem_registers, &resident);
+  if (err == cudaSuccess)
+    err = resident_blocks(reinterpret_cast<const void*>(staged), block.x, smem_staged, &resident_staged);
+  if (err != cudaSuccess) return err;
+  const bool stage_weights = resident_staged > 0 && resident_staged >= resident;  // as launch_groups decides
+  if (max(resident, resident_staged) == 0)
+    return groups > 1 ? launch_split<MT>(args, wide, groups / 2, stream) : cudaErrorNotSupported;
+  if (!wide.x_image_written && (err = launch_wide_image(args, MT, slabs, wide.x_image, stream)) != cudaSuccess) return err;
+  err = launch_overlapping(stage_weights ? staged : registers, grid, block, stage_weights ? smem_staged : smem_registers,
+                           stream, args.overlap_prior, 1, launched, static_cast<const uint4*>(wide.x_image), slabs,
+                           direct ? nullptr : args.partial);
+  if (err != cudaSuccess || direct) return err;
+  const long long outputs = (long long)slabs * tiles * MT * 128;
+  return launch_overlapping(w12_split_sums_kernel<MT>, dim3((unsigned)((outputs + 255) / 256)), dim3(256), 0, stream,
+                            args.overlap_prior != kOverlapNone, 1, static_cast<const float*>(args.partial), args.y,
+                            args.m, args.n, tiles, args.warps_k, splits, slabs);
+}
+
+// The class-split kernel's instantiations: slabs of 6, 8, 12 and 16 token tiles (wgmma N = 48, 64, 96, 128).
+#define W12_SPLIT_KERNELS(X) X(6) X(8) X(12) X(16)
+
 template <int LOW_BITS>
 cudaError_t launch_low_bits(const W12MmaArgs& args, W12SharedActivations& shared_x, cudaStream_t stream) {
   const int tiles8 = token_tiles(args.m);
@@ -294,6 +431,14 @@ cudaError_t launch_low_bits(const W12MmaArgs& args, W12SharedActivations& shared
 }
 
 }  // namespace
+
+cudaError_t launch_wgmma_split(const W12MmaArgs& args, const W12Wide& wide, cudaStream_t stream) {
+#define W12_SPLIT_CALL_IF(MT) \
+  if (wide.token_tiles == MT) return launch_split<MT>(args, wide, wide.groups, stream);
+  W12_SPLIT_KERNELS(W12_SPLIT_CALL_IF)
+#undef W12_SPLIT_CALL_IF
+  return cudaErrorInvalidValue;
+}
 
 cudaError_t launch_wgmma(const W12MmaArgs& args, int low_bits, W12SharedActivations& shared_x, cudaStream_t stream) {
   // exact weights only: the Q pass runs on the per-warp kernel (w12_warp.cu, decode_block_q)

@@ -381,6 +381,7 @@ cudaError_t launch_wide(const W12MmaArgs& args, int low_bits, const W12Wide& wid
   if (!wide.x_image || wide.groups < 1 || 4 * wide.groups > kMaxWideWarpsPerBlock) return cudaErrorInvalidValue;
   // exact weights only: the Q pass runs on the per-warp kernel (w12_warp.cu, decode_block_q)
   if (low_bits != 0) return cudaErrorNotSupported;
+  if (wide.decoded == kWideClassSplit) return launch_wgmma_split(args, wide, stream);
   return wide.decoded ? launch_wide_ss(args, wide, stream) : launch_low_bits<0>(args, wide, stream);
 }
 

@@ -21,4 +21,10 @@ cudaError_t launch_wide_image(const W12MmaArgs& args, int token_tiles, int slabs
 int wide_ss_groups(int token_tiles, int groups);
 cudaError_t launch_wide_ss(const W12MmaArgs& args, const W12Wide& wide, cudaStream_t stream);
 
+// The class-split kernel (w12_wgmma.cu; W12Wide::decoded == kWideClassSplit, slabs of 6, 8, 12 or 16 token tiles):
+// blocks of `wide.groups` warpgroups of one K class of one split, their sums in args.partial (slabs x splits x warps_k x
+// n_padded / 16 x token_tiles x 128 floats; none for one K class and one split), summed in the partition's order by
+// a second kernel.
+cudaError_t launch_wgmma_split(const W12MmaArgs& args, const W12Wide& wide, cudaStream_t stream);
+
 }  // namespace w12
