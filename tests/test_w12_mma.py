@@ -194,6 +194,11 @@ SHARED_X_CONFIGS = [
     MmaConfig(4, 1, 1, shared_x_32=(8, 3)),
     MmaConfig(1, 4, 5, shared_x_32=(2, 2)),
     MmaConfig(1, 2, 6, shared_x_32=(2, 2)),
+    # weights staged in shared memory beside the ring: 2 whole steps, 3 half steps (fewer steps a warp than stages
+    # in the K split of 6)
+    MmaConfig(1, 3, 1, shared_x_32=(5, 3), shared_x_stages=2),
+    MmaConfig(1, 3, 2, (2, 1), shared_x_32=(5, 2), shared_x_stages=3),
+    MmaConfig(1, 2, 6, (2, 1), shared_x_32=(2, 2), shared_x_stages=3),
 ]
 
 
@@ -210,7 +215,7 @@ def test_mma_shared_activations_give_the_same_bits(config):
     plain = replace(config, shared_x_32=(0, 0))
     x = torch.randn(32, 1536, device="cuda").bfloat16()
     for low_bits in ("exact", "truncated", "midpoint"):
-        for rows in (17, 24, 31, 32, 32):
+        for rows in (17, 24, 25, 31, 32, 32):  # 17-24 rows run 3 token tiles, 25-32 four
             assert torch.equal(
                 w12_mma_gemm(x[:rows], mma, config=config, low_bits=low_bits).view(torch.int16),
                 w12_mma_gemm(x[:rows], mma, config=plain, low_bits=low_bits).view(torch.int16),
@@ -226,6 +231,18 @@ def test_shared_activations_outside_what_the_kernel_is_built_for_are_refused():
     ):
         with pytest.raises(W12Error, match="shared_x_32"):
             MmaConfig(**{"warps_n": 1, "warps_k": 3, **bad})
+    for bad in (
+        dict(shared_x_32=(5, 3), shared_x_stages=1),
+        dict(shared_x_32=(5, 3), shared_x_stages=4),
+        dict(shared_x_32=(5, 3), shared_x_stages=3),  # 3 stages are half steps
+        dict(plan_32=(2, 1), shared_x_32=(5, 3), shared_x_stages=2),  # 2 stages are whole steps
+    ):
+        with pytest.raises(W12Error, match="shared_x_stages"):
+            MmaConfig(**{"warps_n": 1, "warps_k": 3, **bad})
+    staged = MmaConfig(1, 3, 1, shared_x_32=(5, 3), shared_x_stages=2)
+    assert [staged.shared_x_weight_stages(m) for m in (16, 17, 32, 33)] == [0, 2, 2, 0]
+    # without a ring (a tail region's partition) the staging is unused, not an error
+    assert replace(staged, shared_x_32=(0, 0)).shared_x_weight_stages(32) == 0
     assert MmaConfig(1, 3, 1, shared_x_32=[5, 4]).shares_activations(17) == (5, 4)
     assert MmaConfig(1, 3, 1, shared_x_32=(5, 4)).shares_activations(16) == (0, 0)
     assert MmaConfig(1, 3, 1, shared_x_32=(5, 4)).shares_activations(33) == (0, 0)
@@ -697,6 +714,8 @@ def test_mma_rows_1_to_256_with_outliers_give_the_per_warp_bits(fraction, config
         MmaConfig(1, 3, 1, staged_rows=16, shared_x_32=(5, 6)),
         MmaConfig(1, 3, 2, staged_rows=16, shared_x_32=(5, 6)),
         MmaConfig(1, 1, 1, staged_rows=16, shared_x_32=(4, 3)),
+        MmaConfig(1, 3, 2, staged_rows=16, shared_x_32=(5, 3), shared_x_stages=2),
+        MmaConfig(1, 1, 1, (2, 1), staged_rows=16, shared_x_32=(4, 3), shared_x_stages=3),
         MmaConfig(4, 1, 1, (2, 2), staged_rows=16, wgmma=(5, 2, 2)),
         MmaConfig(1, 1, 1, (2, 1), wgmma=(2, 2, 4)),
         MmaConfig(2, 4, 3, (2, 1), (2, 2)),
