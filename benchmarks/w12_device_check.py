@@ -80,6 +80,7 @@ CHECK_CONFIGS = {
     # ... with the ring's weights staged in shared memory too (whole steps, half steps; no K split, a cluster's)
     "n1_k3_s1_shared_x_stages2": MmaConfig(1, 3, 1, staged_rows=16, shared_x_32=(5, 3), shared_x_stages=2),
     "n1_k3_s2_shared_x_stages3": MmaConfig(1, 3, 2, (2, 1), staged_rows=16, shared_x_32=(5, 2), shared_x_stages=3),
+    "n1_k2_s1_shared_x_stages4": MmaConfig(1, 2, 1, (2, 1), staged_rows=16, shared_x_32=(7, 3), shared_x_stages=4),
     "n4_k1_s1_staged_wgmma": MmaConfig(4, 1, 1, plan_32=(2, 2), staged_rows=16, wgmma=(5, 2, 2)),
     "n1_k1_s1_wgmma_half": MmaConfig(1, 1, 1, plan_32=(2, 1), wgmma=(2, 2, 4)),
 }

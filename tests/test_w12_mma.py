@@ -198,7 +198,7 @@ SHARED_X_CONFIGS = [
     # in the K split of 6)
     MmaConfig(1, 3, 1, shared_x_32=(5, 3), shared_x_stages=2),
     MmaConfig(1, 3, 2, (2, 1), shared_x_32=(5, 2), shared_x_stages=3),
-    MmaConfig(1, 2, 6, (2, 1), shared_x_32=(2, 2), shared_x_stages=3),
+    MmaConfig(1, 2, 6, (2, 1), shared_x_32=(2, 2), shared_x_stages=4),
 ]
 
 
@@ -233,8 +233,8 @@ def test_shared_activations_outside_what_the_kernel_is_built_for_are_refused():
             MmaConfig(**{"warps_n": 1, "warps_k": 3, **bad})
     for bad in (
         dict(shared_x_32=(5, 3), shared_x_stages=1),
-        dict(shared_x_32=(5, 3), shared_x_stages=4),
-        dict(shared_x_32=(5, 3), shared_x_stages=3),  # 3 stages are half steps
+        dict(shared_x_32=(5, 3), shared_x_stages=5),
+        dict(shared_x_32=(5, 3), shared_x_stages=3),  # 3-4 stages are half steps
         dict(plan_32=(2, 1), shared_x_32=(5, 3), shared_x_stages=2),  # 2 stages are whole steps
     ):
         with pytest.raises(W12Error, match="shared_x_stages"):

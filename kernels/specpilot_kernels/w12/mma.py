@@ -217,9 +217,10 @@ MAX_STAGED_ROWS = 16
 # ``shared_x_32`` = (tiles a block, ring slots).
 MAX_SHARED_X_RING = 8
 # ... whose consumer warps hold their next step of weights in registers (one in flight) or, ``shared_x_stages``, copy
-# their next 2 (whole steps, plan (4, 1)) or 3 (half steps, plan (2, 1)) steps into shared memory (cp.async): the ring's
-# block holds one multiprocessor's warps at 128 registers each, which leaves no room for a second step in registers.
-SHARED_X_STAGES = {2: (4, 1), 3: (2, 1)}
+# their next 2 (whole steps, plan (4, 1)) or 3-4 (half steps, plan (2, 1)) steps into shared memory (cp.async): the
+# ring's block holds one multiprocessor's warps at 128 registers each, which leaves no room for a second step in
+# registers.
+SHARED_X_STAGES = {2: (4, 1), 3: (2, 1), 4: (2, 1)}
 # sm_90a, 9-64 rows: warpgroup MMAs (wgmma: weights from registers, activations from shared memory), per row range
 # (9-16, 17-32, 33-64) a number of warpgroups of 4 tiles a K class a block (0: per-warp mma.sync). 4-tile warpgroups
 # make few blocks, which one-wave grids feel most, so it is per shape and row range.
@@ -348,9 +349,9 @@ class MmaConfig:
         ):
             raise W12Error(
                 f"shared_x_stages={self.shared_x_stages} with shared_x_32={self.shared_x_32}, plan_32={self.plan_32}: "
-                "the shared-activation kernel stages 2 whole steps (plan_32 (4, 1)) or 3 half steps (plan_32 (2, 1))",
+                "the shared-activation kernel stages 2 whole steps (plan_32 (4, 1)) or 3-4 half steps (plan_32 (2, 1))",
                 where="MmaConfig.shared_x_stages",
-                fix="use 0 (weights in registers), 2 with plan_32 (4, 1) or 3 with plan_32 (2, 1)",
+                fix="use 0 (weights in registers), 2 with plan_32 (4, 1) or 3-4 with plan_32 (2, 1)",
             )
 
     @lru_cache(maxsize=256)  # noqa: B019 - configs are few, frozen and hashable; a GEMM with a tail asks every call

@@ -45,7 +45,6 @@ constexpr int kMaxWgmmaWarpsPerBlock = 32;  // the warpgroup kernel: 4 x warpgro
 constexpr int kMaxClusterSplits = 4;  // K splits reduced in a cluster by the per-warp kernels (more: a workspace)
 constexpr int kStagedBlockWords = 48;  // 16-byte words a staged 32-column block: 32 view, 16 nibble
 constexpr int kMaxSharedXRing = 8;     // ring slots of the shared-activation kernel
-constexpr int kMaxSharedXStages = 3;   // weight steps a warp of the shared-activation kernel stages in shared memory
 constexpr uint32_t kFullWarp = 0xFFFFFFFFu;
 
 // Token tiles of 8 rows the per-warp and warpgroup kernels run m rows with: 1, 2, 4 or 8.

@@ -6,7 +6,7 @@
 // activations with 16-byte shared loads (rows g and g + 1 of a quarter-warp on disjoint banks) instead of 8-line
 // global loads, one copy a block instead of one a warp. The producer waits for nothing else, so the warps drift apart
 // by up to ring - 1 rounds with no block barrier. Every warp sums its chunks as w12_mma_kernel's does, so no bit changes.
-// A consumer holds its next step of weights in registers (one step in flight), or (STAGES 2-3) copies its next STAGES
+// A consumer holds its next step of weights in registers (one step in flight), or (STAGES 2-4) copies its next STAGES
 // steps into its own shared-memory ring by cp.async: the block holds one multiprocessor's 16 warps at 128 registers,
 // so registers cannot hold a second step, and the activations come from the ring, so the shared memory the weights take
 // costs no L1 hits (the reason the per-warp kernel stages only up to 16 rows).
@@ -247,7 +247,7 @@ cudaError_t launch_ring(const W12MmaArgs& args, const W12SharedActivations& shar
 }
 
 // The shared-activation kernel's instantiations: 17-24 rows (3 token tiles) and 25-32 (4), whole or half steps, one
-// tile a warp, weights in registers (0) or 2-3 steps staged in shared memory.
+// tile a warp, weights in registers (0) or 2 whole / 3-4 half steps staged in shared memory.
 #define W12_SHARED_X_KERNELS(X) \
   X(3, 4, 0)                    \
   X(3, 2, 0)                    \
@@ -256,7 +256,9 @@ cudaError_t launch_ring(const W12MmaArgs& args, const W12SharedActivations& shar
   X(3, 4, 2)                    \
   X(4, 4, 2)                    \
   X(3, 2, 3)                    \
-  X(4, 2, 3)
+  X(4, 2, 3)                    \
+  X(3, 2, 4)                    \
+  X(4, 2, 4)
 
 template <int LOW_BITS>
 cudaError_t launch_low_bits(const W12MmaArgs& args, const W12SharedActivations& shared_x, cudaStream_t stream) {
@@ -267,7 +269,7 @@ cudaError_t launch_low_bits(const W12MmaArgs& args, const W12SharedActivations& 
     return launch_ring<MT, LOW_BITS, STEP_BLOCKS, STAGES>(args, shared_x, stream);
   W12_SHARED_X_KERNELS(W12_SHARED_X_CALL_IF)
 #undef W12_SHARED_X_CALL_IF
-  return cudaErrorInvalidValue;  // a plan or staging not built (weight_stages 0, 2 with whole steps, 3 with half)
+  return cudaErrorInvalidValue;  // a plan or staging not built (weight_stages 0, 2 with whole steps, 3-4 with half)
 }
 
 }  // namespace
