@@ -33,7 +33,6 @@ from specpilot_kernels.w12 import encode  # noqa: E402
 from specpilot_kernels.w12.mma import (  # noqa: E402
     CSRC,
     SOURCES,
-    SHARED_X_STAGES,
     STAGED_SLOTS,
     STEP_PLANS,
     TUNED_PATH,
@@ -66,7 +65,7 @@ WIDE_TUNE = dict(groups=(4, 2, 1), slots=(4, 6, 3, 2), stages=(2, 3, 4))  # like
 TUNE_REPLAYS = 5
 SMEM_PER_SM = 227 * 1024  # the H200's shared memory a block may have
 # kernels compared for bits: the per-warp kernel 64 rows at a time is the reference every other must equal
-PLAIN = dict(staged_rows=0, wgmma=(0, 0, 0), shared_x_32=(0, 0), shared_x_stages=0, wide=(0, 2, 2), wide_rows=())
+PLAIN = dict(staged_rows=0, wgmma=(0, 0, 0), shared_x_32=(0, 0), wide=(0, 2, 2), wide_rows=())
 CHECK_CONFIGS = {
     "n4_k1_s1": MmaConfig(4, 1, 1),
     "n1_k3_s1_wgmma": MmaConfig(1, 3, 1, wgmma=(1, 1, 1)),
@@ -81,10 +80,6 @@ CHECK_CONFIGS = {
     # splits in a cluster), warpgroups
     "n1_k3_s1_staged_shared_x": MmaConfig(1, 3, 1, staged_rows=16, shared_x_32=(5, 6)),
     "n1_k3_s2_staged_shared_x": MmaConfig(1, 3, 2, staged_rows=16, shared_x_32=(5, 6)),
-    # ... with the ring's weights staged in shared memory too (whole steps, half steps; no K split, a cluster's)
-    "n1_k3_s1_shared_x_stages2": MmaConfig(1, 3, 1, staged_rows=16, shared_x_32=(5, 3), shared_x_stages=2),
-    "n1_k3_s2_shared_x_stages3": MmaConfig(1, 3, 2, (2, 1), staged_rows=16, shared_x_32=(5, 2), shared_x_stages=3),
-    "n1_k2_s1_shared_x_stages4": MmaConfig(1, 2, 1, (2, 1), staged_rows=16, shared_x_32=(7, 3), shared_x_stages=4),
     # ... the per-warp kernel's weights staged in a ring of three steps at 1-16 rows
     "n1_k3_s2_staged3": MmaConfig(1, 3, 2, staged_rows=16, staged_slots=3, shared_x_32=(5, 6)),
     "n4_k1_s1_staged_wgmma": MmaConfig(4, 1, 1, plan_32=(2, 2), staged_rows=16, wgmma=(5, 2, 2)),
@@ -357,20 +352,7 @@ def tune_candidates(base: MmaConfig, bucket: str, multicast_too: bool = False) -
                 if ring[1] and (plan[1] != 1 or ring[0] * base.warps_k > 16):
                     continue
                 out[f"plan{plan}_ring{ring}"] = replace(
-                    base, plan_32=plan, shared_x_32=ring, shared_x_stages=0, wgmma=(*base.wgmma[:1], 0, base.wgmma[2])
-                )
-        # weights staged in shared memory beside the ring: fewer ring slots leave the room for them
-        tiles = base.shared_x_32[0] or widest
-        for stages, plan in SHARED_X_STAGES.items():
-            for slots in (2, 3, 4):
-                if tiles * base.warps_k > 16:
-                    continue
-                out[f"plan{plan}_ring{(tiles, slots)}_stages{stages}"] = replace(
-                    base,
-                    plan_32=plan,
-                    shared_x_32=(tiles, slots),
-                    shared_x_stages=stages,
-                    wgmma=(*base.wgmma[:1], 0, base.wgmma[2]),
+                    base, plan_32=plan, shared_x_32=ring, wgmma=(*base.wgmma[:1], 0, base.wgmma[2])
                 )
         for groups in (1, 2, 4):
             if 4 * groups * base.warps_k <= 32:

@@ -196,11 +196,6 @@ SHARED_X_CONFIGS = [
     MmaConfig(4, 1, 1, shared_x_32=(8, 3)),
     MmaConfig(1, 4, 5, shared_x_32=(2, 2)),
     MmaConfig(1, 2, 6, shared_x_32=(2, 2)),
-    # weights staged in shared memory beside the ring: 2 whole steps, 3 half steps (fewer steps a warp than stages
-    # in the K split of 6)
-    MmaConfig(1, 3, 1, shared_x_32=(5, 3), shared_x_stages=2),
-    MmaConfig(1, 3, 2, (2, 1), shared_x_32=(5, 2), shared_x_stages=3),
-    MmaConfig(1, 2, 6, (2, 1), shared_x_32=(2, 2), shared_x_stages=4),
 ]
 
 
@@ -233,20 +228,8 @@ def test_shared_activations_outside_what_the_kernel_is_built_for_are_refused():
     ):
         with pytest.raises(W12Error, match="shared_x_32"):
             MmaConfig(**{"warps_n": 1, "warps_k": 3, **bad})
-    for bad in (
-        dict(shared_x_32=(5, 3), shared_x_stages=1),
-        dict(shared_x_32=(5, 3), shared_x_stages=5),
-        dict(shared_x_32=(5, 3), shared_x_stages=3),  # 3-4 stages are half steps
-        dict(plan_32=(2, 1), shared_x_32=(5, 3), shared_x_stages=2),  # 2 stages are whole steps
-    ):
-        with pytest.raises(W12Error, match="shared_x_stages"):
-            MmaConfig(**{"warps_n": 1, "warps_k": 3, **bad})
     with pytest.raises(W12Error, match="staged_slots"):
         MmaConfig(1, 3, 1, staged_rows=16, staged_slots=4)
-    staged = MmaConfig(1, 3, 1, shared_x_32=(5, 3), shared_x_stages=2)
-    assert [staged.shared_x_weight_stages(m) for m in (16, 17, 32, 33)] == [0, 2, 2, 0]
-    # without a ring (a tail region's partition) the staging is unused, not an error
-    assert replace(staged, shared_x_32=(0, 0)).shared_x_weight_stages(32) == 0
     assert MmaConfig(1, 3, 1, shared_x_32=[5, 4]).shares_activations(17) == (5, 4)
     assert MmaConfig(1, 3, 1, shared_x_32=(5, 4)).shares_activations(16) == (0, 0)
     assert MmaConfig(1, 3, 1, shared_x_32=(5, 4)).shares_activations(33) == (0, 0)
@@ -718,9 +701,7 @@ def test_mma_rows_1_to_256_with_outliers_give_the_per_warp_bits(fraction, config
         MmaConfig(1, 3, 1, staged_rows=16, shared_x_32=(5, 6)),
         MmaConfig(1, 3, 2, staged_rows=16, shared_x_32=(5, 6)),
         MmaConfig(1, 1, 1, staged_rows=16, shared_x_32=(4, 3)),
-        MmaConfig(1, 3, 2, staged_rows=16, shared_x_32=(5, 3), shared_x_stages=2),
         MmaConfig(1, 3, 2, staged_rows=16, staged_slots=3, shared_x_32=(5, 6)),
-        MmaConfig(1, 1, 1, (2, 1), staged_rows=16, shared_x_32=(4, 3), shared_x_stages=3),
         MmaConfig(4, 1, 1, (2, 2), staged_rows=16, wgmma=(5, 2, 2)),
         MmaConfig(1, 1, 1, (2, 1), wgmma=(2, 2, 4)),
         MmaConfig(2, 4, 3, (2, 1), (2, 2)),

@@ -13,7 +13,7 @@ SHAPES=${SHAPES:-5120x6144,down,qkv,14336x5120,o_proj,16480x5120}
 rc=0
 timeout 148 python benchmarks/w12_device_check.py --out "$RESULTS/w12-small-rows-h200.json" --settle 0 \
     --sections build,bits,timing --rows 1,8,17,24,25,32 --escape-rows 24,32 \
-    --check-configs n1_k3_s1_shared_x_stages2,n1_k3_s2_shared_x_stages3,n1_k2_s1_shared_x_stages4,n1_k3_s2_staged3,n1_k3_s2_staged_shared_x \
+    --check-configs n1_k3_s2_staged3,n1_k3_s2_staged_shared_x \
     --tune --tune-buckets 1-16,17-32 --tune-budget "${TUNE_BUDGET:-75}" --shapes "$SHAPES" \
     --write-configs "$RESULTS/mma_configs.json" > "$RESULTS/w12small.log" 2>&1 || rc=$?
 tail -n 5 "$RESULTS/w12small.log"

@@ -210,7 +210,8 @@ STEP_PLANS = {32: ((4, 1), (2, 1), (2, 2)), 64: ((4, 1), (2, 2))}
 # Up to 16 rows a launch may instead stage each warp's next step of weights in a shared-memory double buffer
 # (cp.async) rather than registers: the same bytes in flight in fewer registers, so more resident warps, at the price
 # of the L1 left for the activations; each shape's tuned config says up to how many rows it stages (``staged_rows``),
-# and in a ring of how many steps (``staged_slots``: 2, a double buffer, one step on its way while one is decoded; 3, two).
+# and in a ring of how many steps (``staged_slots``: 2, a double buffer, one step on its way while one is decoded; 3,
+# two).
 MAX_STAGED_ROWS = 16
 STAGED_SLOTS = (2, 3)
 # At 17-32 rows, one tile a warp, sm_90+: the warps of a block may read their activations from a shared-memory ring
@@ -218,11 +219,6 @@ STAGED_SLOTS = (2, 3)
 # L1. That pays on grids of one wave of blocks and costs on multi-wave ones, so it is per shape:
 # ``shared_x_32`` = (tiles a block, ring slots).
 MAX_SHARED_X_RING = 8
-# ... whose consumer warps hold their next step of weights in registers (one in flight) or, ``shared_x_stages``, copy
-# their next 2 (whole steps, plan (4, 1)) or 3-4 (half steps, plan (2, 1)) steps into shared memory (cp.async): the
-# ring's block holds one multiprocessor's warps at 128 registers each, which leaves no room for a second step in
-# registers.
-SHARED_X_STAGES = {2: (4, 1), 3: (2, 1), 4: (2, 1)}
 # sm_90a, 9-64 rows: warpgroup MMAs (wgmma: weights from registers, activations from shared memory), per row range
 # (9-16, 17-32, 33-64) a number of warpgroups of 4 tiles a K class a block (0: per-warp mma.sync). 4-tile warpgroups
 # make few blocks, which one-wave grids feel most, so it is per shape and row range.
@@ -256,7 +252,6 @@ class MmaConfig:
     staged_rows: int = 0  # launches of up to this many rows stage the weights through shared memory
     staged_slots: int = 2  # ... in a ring of this many steps (STAGED_SLOTS)
     shared_x_32: tuple[int, int] = (0, 0)  # 17-32 rows: (tiles a block, ring slots) of shared activations; 0: off
-    shared_x_stages: int = 0  # ... and the weight steps a warp stages in shared memory (SHARED_X_STAGES); 0: registers
     # 9-16, 17-32 and 33-64 rows: warpgroups a K class a block of warpgroup MMAs (0: per-warp mma.sync)
     wgmma: tuple[int, int, int] = (0, 0, 0)
     # the last ``tail_rows`` rows of W as a second row region partitioned by ``tail`` = (warps_n, warps_k, splits),
@@ -351,17 +346,6 @@ class MmaConfig:
                 where="MmaConfig.shared_x_32",
                 fix="use (0, 0) (off) or fewer tiles a block, or plan_32 (4, 1)",
             )
-        # staged weights belong to the shared-activation kernel: without a ring (e.g. a tail region) they are unused
-        if self.shared_x_stages and (
-            self.shared_x_stages not in SHARED_X_STAGES
-            or (ring and self.plan_32 != SHARED_X_STAGES[self.shared_x_stages])
-        ):
-            raise W12Error(
-                f"shared_x_stages={self.shared_x_stages} with shared_x_32={self.shared_x_32}, plan_32={self.plan_32}: "
-                "the shared-activation kernel stages 2 whole steps (plan_32 (4, 1)) or 3-4 half steps (plan_32 (2, 1))",
-                where="MmaConfig.shared_x_stages",
-                fix="use 0 (weights in registers), 2 with plan_32 (4, 1) or 3-4 with plan_32 (2, 1)",
-            )
 
     @lru_cache(maxsize=256)  # noqa: B019 - configs are few, frozen and hashable; a GEMM with a tail asks every call
     def regions(self, n: int) -> tuple[tuple[int, int, MmaConfig], ...]:
@@ -401,11 +385,6 @@ class MmaConfig:
         """(tiles a block, ring slots) of a launch of ``m`` rows, (0, 0) without shared activations (no bit depends
         on it)."""
         return self.shared_x_32 if 16 < m <= 32 and self.shared_x_32[1] else (0, 0)
-
-    def shared_x_weight_stages(self, m: int) -> int:
-        """Weight steps a warp of a shared-activation launch of ``m`` rows stages in shared memory, 0 in registers or
-        without shared activations (no bit depends on it)."""
-        return self.shared_x_stages if self.shares_activations(m)[1] else 0
 
     def wide_launch(self, m: int) -> tuple[int, int, int, int, int]:
         """(warpgroups a block, activation slots, weight stages, largest slab in token tiles, multicast) of a wide
@@ -611,7 +590,6 @@ def _launch_wide(ext, xm, ym, regions, splits, kp, n, overlap_prior, code, launc
             0,
             0,
             0,
-            0,
             image,
             int(index > 0),
             _overlap(overlap_prior, len(regions), index, False),
@@ -670,7 +648,6 @@ def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior,
             # staged weights: the ring's slots (the Q pass keeps two register steps in flight instead)
             part.staged_slots if part.stages_weights(m) and not warpgroups and code == 0 else 0,
             *((0, 0) if warpgroups or code else part.shares_activations(m)),
-            0 if warpgroups or code else part.shared_x_weight_stages(m),
             warpgroups,
             x_image,
             int(image_written),

@@ -8,7 +8,6 @@
 // rows from 16 x its first tile, n_padded of them) that region's columns of y; workspace: fp32 [splits, M, n] when K
 // is split, else empty. overlap_prior: a W12Overlap (w12_mma.cuh). x_image_written: the warpgroup kernel's
 // activation image already holds x (the second row region of one GEMM).
-// shared_x_stages: the shared-activation kernel's weight steps in flight a warp through shared memory (0: registers).
 // esc_tile int32 [tiles + 1], esc_chunk int32 [tiles * chunks], esc_entry int32 [E]: the kernel layout's escapes
 // (mma.py). wide_groups > 0: the wide kernel (33-256 rows, sm_90a) with that many warpgroups a block, wide_slots
 // activation slots, wide_stages weight stages, wide_token_tiles token tiles of 8 rows a slab and wide_multicast
@@ -19,8 +18,7 @@ int64_t w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles,
                   torch::Tensor esc_tile, torch::Tensor esc_chunk, torch::Tensor esc_entry, torch::Tensor y,
                   torch::Tensor workspace, int64_t n, int64_t n_padded, int64_t k_padded, int64_t warps_n,
                   int64_t warps_k, int64_t chunks_per_split, int64_t step_blocks, int64_t tiles_per_warp,
-                  int64_t staged_weights, int64_t shared_x_tiles, int64_t shared_x_ring, int64_t shared_x_stages,
-                  int64_t warpgroups, torch::Tensor x_image,
+                  int64_t staged_weights, int64_t shared_x_tiles, int64_t shared_x_ring, int64_t warpgroups, torch::Tensor x_image,
                   int64_t x_image_written, int64_t overlap_prior, int64_t low_bits, int64_t wide_groups, int64_t wide_slots,
                   int64_t wide_stages, int64_t wide_token_tiles, int64_t wide_multicast, int64_t wide_decoded) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16 && x.stride(1) == 1 &&
@@ -70,7 +68,6 @@ int64_t w12_mma_gemm(torch::Tensor x, torch::Tensor view, torch::Tensor nibbles,
   W12SharedActivations shared_x{(int)shared_x_tiles, (int)shared_x_ring, (int)warpgroups};
   shared_x.x_image = warpgroups ? x_image.data_ptr() : nullptr;
   shared_x.x_image_written = x_image_written != 0;
-  shared_x.weight_stages = (int)shared_x_stages;
   W12Wide wide;
   wide.groups = (int)wide_groups;
   wide.slots = (int)wide_slots;

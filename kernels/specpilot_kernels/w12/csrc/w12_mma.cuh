@@ -44,9 +44,6 @@ struct W12SharedActivations {
   void* x_image = nullptr;  // warpgroup MMAs: device memory for every chunk's B image, k_padded / 128 x MT x 2 KB
                             // (MT = 2, 4 or 8 token tiles for up to 16, 32 or 64 rows), 16-byte aligned
   bool x_image_written = false;  // the image already holds x (written for the GEMM's first row region)
-  // the ring's consumers: weight steps a warp keeps in flight through shared memory (cp.async; 2 whole steps or 3-4
-  // half steps, against the registers' one), or 0: in registers (w12_shared_x.cu)
-  int weight_stages = 0;
 };
 
 // 33-256 rows, sm_90a: the wide kernel (w12_wide.cu), `groups` warpgroups of 4 tiles a block, all of one K class and

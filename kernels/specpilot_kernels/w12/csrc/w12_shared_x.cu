@@ -6,10 +6,6 @@
 // activations with 16-byte shared loads (rows g and g + 1 of a quarter-warp on disjoint banks) instead of 8-line
 // global loads, one copy a block instead of one a warp. The producer waits for nothing else, so the warps drift apart
 // by up to ring - 1 rounds with no block barrier. Every warp sums its chunks as w12_mma_kernel's does, so no bit changes.
-// A consumer holds its next step of weights in registers (one step in flight), or (STAGES 2-4) copies its next STAGES
-// steps into its own shared-memory ring by cp.async: the block holds one multiprocessor's 16 warps at 128 registers,
-// so registers cannot hold a second step, and the activations come from the ring, so the shared memory the weights take
-// costs no L1 hits (the reason the per-warp kernel stages only up to 16 rows).
 #include "w12_common.cuh"
 
 namespace w12 {
@@ -22,15 +18,7 @@ __host__ __device__ __forceinline__ uint32_t escape_scratch_offset(int warps_k, 
   return ((uint32_t)ring * (MT * 8 * shared_x_pitch(warps_k) + 12) + 15) & ~15u;
 }
 
-// Bytes from the ring's start to the consumers' staged weights (STAGES > 0): after every warp's escape scratch and,
-// with one K class, every warp's escape overlay.
-template <int MT>
-__host__ __device__ __forceinline__ uint32_t staged_weights_offset(int warps_k, int ring, int warps) {
-  return escape_scratch_offset<MT>(warps_k, ring) +
-         (uint32_t)warps * (kEscapeScratchBytes + (warps_k > 1 ? 0 : MT * kEscapeOverlayBytes));
-}
-
-template <int MT, int LOW_BITS, int STEP_BLOCKS, bool CLUSTER, int STAGES>
+template <int MT, int LOW_BITS, int STEP_BLOCKS, bool CLUSTER>
 __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const int lane = threadIdx.x & 31;
@@ -115,39 +103,17 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
                                                     warp * MT * kEscapeOverlayBytes;
     EscapeStream esc;
     if (LOW_BITS == 0 && active) esc.begin(args, min(tile, tiles - 1), first, last, args.warps_k, scratch, 0, lane);
-    // STAGES 0: the next step in registers. Else step s of the warp sits in slot s % STAGES of its ring (stage_step's
-    // layout); a slot is refilled with step s + STAGES as soon as every lane has read step s into registers, so
-    // STAGES steps are in flight while one is decoded. Every load is one commit group (empty past the warp's last
-    // step), so waiting for all but the STAGES - 1 newest groups means step s has landed.
-    constexpr int kStageBytes = kBlocks * kStagedBlockWords * 16;  // a step of one tile
-    const uint32_t stages = ring_s + staged_weights_offset<MT>(args.warps_k, ring, blockDim.x / 32) +
-                            (uint32_t)(warp * (STAGES > 0 ? STAGES : 1) * kStageBytes);
-    const int steps = active && first < last ? (last - first + args.warps_k - 1) / args.warps_k * kStepsPerChunk : 0;
-    int issued = 0;  // steps loaded so far
-    uint4 v_next[STAGES > 0 ? 1 : kBlocks];
-    uint2 n_next[STAGES > 0 ? 1 : kBlocks];
+    uint4 v_next[kBlocks];
+    uint2 n_next[kBlocks];
     int load_part = 0;
     auto load_step = [&]() {
-      if constexpr (STAGES > 0) {
-        if (issued < steps)
-          stage_step<kBlocks, LOW_BITS>(stages + (uint32_t)((issued % STAGES) * kStageBytes), view_next, nibs_next,
-                                        lane);
-        ptx::cp_async_commit();
-      } else {
-        load_step_registers<kBlocks, LOW_BITS>(v_next, n_next, view_next, nibs_next);
-      }
-      ++issued;
+      load_step_registers<kBlocks, LOW_BITS>(v_next, n_next, view_next, nibs_next);
       const size_t advance = step_advance<kBlocks>(load_part, args.warps_k);
       view_next += advance;
       nibs_next += advance;
       load_part = (load_part + 1) & (kStepsPerChunk - 1);
     };
-    if constexpr (STAGES > 0) {
-#pragma unroll
-      for (int s = 0; s < STAGES; ++s) load_step();
-    } else if (steps > 0) {
-      load_step();
-    }
+    if (active && first < last) load_step();
     uint32_t phase = 0;
     for (int r = 0, slot = 0; r < rounds; ++r) {
       ptx::mbarrier_wait(full_s + 8 * slot, phase);
@@ -163,24 +129,12 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
         for (int part = 0; part < kStepsPerChunk; ++part) {
           uint4 v[kBlocks];
           uint2 nb[kBlocks];
-          if constexpr (STAGES > 0) {
-            const int step = issued - STAGES;  // the step this is
-            ptx::cp_async_wait<STAGES - 1>();
-            __syncwarp();  // other lanes' nibble words have landed too
 #pragma unroll
-            for (int u = 0; u < kBlocks; ++u)
-              read_staged_block<kBlocks, LOW_BITS>(stages + (uint32_t)((step % STAGES) * kStageBytes), u, lane, v[u],
-                                                   nb[u]);
-            __syncwarp();  // every lane has read the slot the next load refills
-            load_step();
-          } else {
-#pragma unroll
-            for (int u = 0; u < kBlocks; ++u) {
-              v[u] = v_next[u];
-              nb[u] = n_next[u];
-            }
-            if (part + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
+          for (int u = 0; u < kBlocks; ++u) {
+            v[u] = v_next[u];
+            nb[u] = n_next[u];
           }
+          if (part + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
           uint32_t a[kBlocks][8];
 #pragma unroll
           for (int u = 0; u < kBlocks; ++u) decode_block(a[u], v[u], nb[u], base_lo, base_hi);
@@ -219,10 +173,10 @@ __global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
 
 // The shared-activation kernel's launch: tiles_per_block tiles of the partition's warps_k warps and the producer a
 // block; the ring after the epilogue's shared memory.
-template <int MT, int LOW_BITS, int STEP_BLOCKS, int STAGES, bool CLUSTER = false>
+template <int MT, int LOW_BITS, int STEP_BLOCKS, bool CLUSTER = false>
 cudaError_t launch_ring(const W12MmaArgs& args, const W12SharedActivations& shared_x, cudaStream_t stream) {
   if constexpr (!CLUSTER) {
-    if (args.cluster_splits > 1) return launch_ring<MT, LOW_BITS, STEP_BLOCKS, STAGES, true>(args, shared_x, stream);
+    if (args.cluster_splits > 1) return launch_ring<MT, LOW_BITS, STEP_BLOCKS, true>(args, shared_x, stream);
   }
   W12MmaArgs launched = args;
   launched.warps_n = shared_x.tiles;  // which tiles share a block changes no bit
@@ -232,12 +186,13 @@ cudaError_t launch_ring(const W12MmaArgs& args, const W12SharedActivations& shar
             (chunks + args.chunks_per_split - 1) / args.chunks_per_split);
   dim3 block(32 * (launched.warps_n * args.warps_k + 1));
   // the epilogue's reduction (each warp's slot of it its escape overlay) and inbox, the ring, each warp's escape
-  // scratch, with one K class (no reduction) each warp's overlay, then each consumer's staged weights
-  static_assert(LOW_BITS == 0, "the Q pass runs on the per-warp kernel");
+  // scratch, and with one K class (no reduction) each warp's overlay
   const size_t smem = (size_t)epilogue_words<MT, 1>(launched, block.x) * 16 +
-                      staged_weights_offset<MT>(args.warps_k, shared_x.ring, block.x / 32) +
-                      (size_t)(block.x / 32 - 1) * STAGES * STEP_BLOCKS * kStagedBlockWords * 16;
-  auto kernel = w12_shared_x_kernel<MT, LOW_BITS, STEP_BLOCKS, CLUSTER, STAGES>;
+                      escape_scratch_offset<MT>(args.warps_k, shared_x.ring) +
+                      (LOW_BITS == 0 ? (size_t)(block.x / 32) * (kEscapeScratchBytes +
+                                                                 (args.warps_k > 1 ? 0 : MT * kEscapeOverlayBytes))
+                                     : 0);
+  auto kernel = w12_shared_x_kernel<MT, LOW_BITS, STEP_BLOCKS, CLUSTER>;
   int resident = 0;
   const cudaError_t err = resident_blocks(reinterpret_cast<const void*>(kernel), block.x, smem, &resident);
   if (err != cudaSuccess) return err;
@@ -246,30 +201,19 @@ cudaError_t launch_ring(const W12MmaArgs& args, const W12SharedActivations& shar
                             shared_x.ring);
 }
 
-// The shared-activation kernel's instantiations: 17-24 rows (3 token tiles) and 25-32 (4), whole or half steps, one
-// tile a warp, weights in registers (0) or 2 whole / 3-4 half steps staged in shared memory.
-#define W12_SHARED_X_KERNELS(X) \
-  X(3, 4, 0)                    \
-  X(3, 2, 0)                    \
-  X(4, 4, 0)                    \
-  X(4, 2, 0)                    \
-  X(3, 4, 2)                    \
-  X(4, 4, 2)                    \
-  X(3, 2, 3)                    \
-  X(4, 2, 3)                    \
-  X(3, 2, 4)                    \
-  X(4, 2, 4)
+// The shared-activation kernel's instantiations: 17-24 rows (3 token tiles: narrow_token_tiles) and 25-32 (4), whole or
+// half steps, one tile a warp.
+#define W12_SHARED_X_KERNELS(X) X(3, 4) X(3, 2) X(4, 4) X(4, 2)
 
 template <int LOW_BITS>
 cudaError_t launch_low_bits(const W12MmaArgs& args, const W12SharedActivations& shared_x, cudaStream_t stream) {
   const int tiles8 = narrow_token_tiles(args.m);
-#define W12_SHARED_X_CALL_IF(MT, STEP_BLOCKS, STAGES)                                                   \
-  if (tiles8 == MT && args.step_blocks == STEP_BLOCKS && args.tiles_per_warp == 1 &&                    \
-      shared_x.weight_stages == STAGES)                                                                 \
-    return launch_ring<MT, LOW_BITS, STEP_BLOCKS, STAGES>(args, shared_x, stream);
+#define W12_SHARED_X_CALL_IF(MT, STEP_BLOCKS) \
+  if (tiles8 == MT && args.step_blocks == STEP_BLOCKS && args.tiles_per_warp == 1) \
+    return launch_ring<MT, LOW_BITS, STEP_BLOCKS>(args, shared_x, stream);
   W12_SHARED_X_KERNELS(W12_SHARED_X_CALL_IF)
 #undef W12_SHARED_X_CALL_IF
-  return cudaErrorInvalidValue;  // a plan or staging not built (weight_stages 0, 2 with whole steps, 3-4 with half)
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
