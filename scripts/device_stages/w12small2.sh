@@ -1,8 +1,9 @@
 # <= 150 s on one H200, in order, each part gated on the time left (SECONDS):
 # 1. ~60 s (two W12 builds, the second from a copy of csrc/): benchmarks/probes/w12-ring-escape-free-steps-2026-12-03:
-#    the ring kernel with branch-free escape-free steps (this tree) against the file before it, bits equal, at 17-32
-#    rows on the N = 5120 shapes. If the new file is not faster (median ratio over the escape-free rows >= 1), the old
-#    file replaces it in this copy of the tree for everything after (printed: "ring kernel: before").
+#    the ring kernel and the staged per-warp kernel with branch-free escape-free steps (this tree) against the files
+#    before, bits equal, at 1-32 rows on the N = 5120 shapes. A file that is not faster (median ratio over its rows,
+#    17-32 for the ring kernel, 1-8 for the per-warp one, >= 1) is replaced by its old version in this copy of the tree
+#    for everything after (printed: "... -> before").
 # 2. ~25 s: bits of the per-warp ring of 3 steps and the ring kernels at every escape fraction, a 1-16-row tune of the
 #    staging (2 or 3 slots) on the engine's staged shapes; the winners written to $RESULTS/mma_configs.json and into
 #    this copy of the tree, so part 3 runs them.
@@ -26,13 +27,15 @@ tail -n 20 "$RESULTS/w12ring.log"
 python - "$RESULTS/w12-ring-escape-free-steps-h200.json" "$P" <<'PY' || rc=1
 import json, shutil, statistics, sys
 doc = json.load(open(sys.argv[1]))
-ratios = [r["ratio"] for s in doc["shapes"].values() for r in s["rows"].values()]
 same = all(s["bits_equal"] for s in doc["shapes"].values())
-keep = bool(ratios) and same and statistics.median(ratios) < 1.0
-print("bits equal:", same, "median ratio:", statistics.median(ratios) if ratios else None)
-if not keep:
-    shutil.copy(f"{sys.argv[2]}/w12_shared_x_before.cu", "kernels/specpilot_kernels/w12/csrc/w12_shared_x.cu")
-print("ring kernel:", "escape-free steps" if keep else "before")
+print("bits equal:", same)
+# the ring kernel by its 17-32-row launches, the per-warp kernel by its 1-8-row staged ones
+for name, low, high in (("w12_shared_x", 17, 32), ("w12_warp", 1, 8)):
+    ratios = [r["ratio"] for s in doc["shapes"].values() for m, r in s["rows"].items() if low <= int(m) <= high]
+    keep = bool(ratios) and same and statistics.median(ratios) < 1.0
+    if not keep:
+        shutil.copy(f"{sys.argv[2]}/{name}_before.cu", f"kernels/specpilot_kernels/w12/csrc/{name}.cu")
+    print(name, "median ratio", statistics.median(ratios) if ratios else None, "->", "escape-free steps" if keep else "before")
 PY
 left=$((145 - SECONDS))
 if [ "$left" -gt 70 ]; then

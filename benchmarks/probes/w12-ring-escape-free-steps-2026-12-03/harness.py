@@ -1,8 +1,9 @@
-"""A/B on the H200, one process: the ring kernel (csrc/w12_shared_x.cu) with a chunk's escape-free steps as their own
-branch-free code (the working tree) against the file before that change (w12_shared_x_before.cu beside this harness,
-commit 40bcd21, built as a second extension from a copy of csrc/), on each shape's committed config at 17-32 rows,
-escape-free and at 1e-2 escapes. Bits of the two must be equal. Method of benchmarks/w12_device_check.py (CUDA-graph
-replay over rotating copies > L2, median of 12), the two extensions timed alternately.
+"""A/B on the H200, one process: the ring kernel (csrc/w12_shared_x.cu, 17-32 rows) and the per-warp kernel's staged
+launches (csrc/w12_warp.cu, 1-16 rows) with a chunk's escape-free steps as their own branch-free code (the working
+tree) against the files before that change (w12_shared_x_before.cu, commit 40bcd21, and w12_warp_before.cu, commit
+b4e519c, beside this harness, built as a second extension from a copy of csrc/), on each shape's committed config at
+1-32 rows, escape-free and at 1e-2 escapes. Bits of the two must be equal. Method of benchmarks/w12_device_check.py
+(CUDA-graph replay over rotating copies > L2, median of 12), the two extensions timed alternately.
 
     PYTHONPATH=kernels:. python benchmarks/probes/w12-ring-escape-free-steps-2026-12-03/harness.py OUT.json
 """
@@ -23,14 +24,15 @@ from specpilot_mem.provenance import result_header, write_result
 
 HERE = Path(__file__).parent
 SHAPES = sys.argv[2].split(",") if len(sys.argv) > 2 else ["5120x6144", "down", "qkv", "o_proj"]
-ROWS = (17, 24, 25, 32)
-ESCAPE_ROWS = (24, 32)
+ROWS = (1, 8, 17, 24, 25, 32)  # 1-8: the staged per-warp kernel, 17-32: the ring kernel
+ESCAPE_ROWS = (8, 24, 32)
 
 start = time.perf_counter()
 new = load_cuda_extension("specpilot_w12_mma", M.CSRC, M.SOURCES)
 before_dir = Path(tempfile.mkdtemp()) / "csrc_before"
 shutil.copytree(M.CSRC, before_dir)
 shutil.copy(HERE / "w12_shared_x_before.cu", before_dir / "w12_shared_x.cu")
+shutil.copy(HERE / "w12_warp_before.cu", before_dir / "w12_warp.cu")
 before = load_cuda_extension("w12_ring_before", before_dir, M.SOURCES)
 exts = {"escape_free_steps": new, "before": before}
 doc = {**result_header("w12_ring_escape_free_steps"), "build_s": time.perf_counter() - start, "shapes": {}}

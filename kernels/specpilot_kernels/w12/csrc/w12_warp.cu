@@ -5,6 +5,8 @@
 // instead (cp.async, L2 only): the same bytes in flight without the registers that hold them, so more warps fit a
 // multiprocessor. The Q pass (LOW_BITS 1, 2) runs here alone: it loads the view plane only, decodes three instructions a
 // register (decode_block_q), patches the zero codes from the escape list and scales each row's sums by its window.
+#include <type_traits>
+
 #include "w12_common.cuh"
 
 namespace w12 {
@@ -152,79 +154,95 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
         esc[p].advance();
         if (chunk + args.warps_k < last) esc[p].fetch(args, ordinal + 1, first, args.warps_k);
       }
+      auto chunk_steps = [&](auto patching) {
 #pragma unroll
-      for (int part = 0; part < kStepsPerChunk; ++part) {
-        uint4 v[TP][kBlocks];
-        uint2 nb[TP][kBlocks];
-        uint32_t overlay = own_overlay;
-        if constexpr (STAGED) {
-          ptx::cp_async_wait<SLOTS - 2>();
-          __syncwarp();
-          overlay = stage_base + (uint32_t)(read * kStageWords * 16);
+        for (int part = 0; part < kStepsPerChunk; ++part) {
+          uint4 v[TP][kBlocks];
+          uint2 nb[TP][kBlocks];
+          uint32_t overlay = own_overlay;
+          if constexpr (STAGED) {
+            ptx::cp_async_wait<SLOTS - 2>();
+            __syncwarp();
+            overlay = stage_base + (uint32_t)(read * kStageWords * 16);
 #pragma unroll
-          for (int p = 0; p < TP; ++p) {
-            const uint32_t words = stage_base + (uint32_t)((read * kStageWords + p * kBlocks * kStagedBlockWords) * 16);
+            for (int p = 0; p < TP; ++p) {
+              const uint32_t words = stage_base + (uint32_t)((read * kStageWords + p * kBlocks * kStagedBlockWords) * 16);
 #pragma unroll
-            for (int u = 0; u < kBlocks; ++u) read_staged_block<kBlocks, LOW_BITS>(words, u, lane, v[p][u], nb[p][u]);
-          }
-          read = read + 1 == SLOTS ? 0 : read + 1;
-          __syncwarp();  // every lane has read the slot the next load refills
-        } else {
-#pragma unroll
-          for (int p = 0; p < TP; ++p)
-#pragma unroll
-            for (int u = 0; u < kBlocks; ++u) {
-              v[p][u] = v_next[0][p][u];
-              nb[p][u] = n_next[0][p][u];
-              if constexpr (kAhead == 2) v_next[0][p][u] = v_next[1][p][u];
+              for (int u = 0; u < kBlocks; ++u) read_staged_block<kBlocks, LOW_BITS>(words, u, lane, v[p][u], nb[p][u]);
             }
-        }
-        if constexpr (STAGED) {
-          load_step();  // empty past the last step: the commit groups stay one a step
-        } else if constexpr (kAhead == 1) {
-          if (part + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
-        } else if (loaded < total_steps) {
-          load_step();
-        }
-        // activations of this step: one 16-byte load per token row and 32-column block. Lanes past the last
-        // row read it again: their MMA columns are outputs that are never stored (no predicates, no zeroing).
-        uint4 xv[kBlocks][MT];
+            read = read + 1 == SLOTS ? 0 : read + 1;
+            __syncwarp();  // every lane has read the slot the next load refills
+          } else {
 #pragma unroll
-        for (int u = 0; u < kBlocks; ++u)
+            for (int p = 0; p < TP; ++p)
 #pragma unroll
-          for (int j = 0; j < MT; ++j)
-            xv[u][j] = __ldg(reinterpret_cast<const uint4*>(
-                x_rows[j] + (kRunningX ? u * 32 : (chunk * kBlocksPerChunk + part * kBlocks + u) * 32 + 8 * t)));
-        if (kRunningX) {  // to the chunk's other half, or to the warp's next chunk
-          const int x_advance = part == kStepsPerChunk - 1 ? args.warps_k * 128 - (kStepsPerChunk - 1) * kBlocks * 32
-                                                           : kBlocks * 32;
+              for (int u = 0; u < kBlocks; ++u) {
+                v[p][u] = v_next[0][p][u];
+                nb[p][u] = n_next[0][p][u];
+                if constexpr (kAhead == 2) v_next[0][p][u] = v_next[1][p][u];
+              }
+          }
+          if constexpr (STAGED) {
+            load_step();  // empty past the last step: the commit groups stay one a step
+          } else if constexpr (kAhead == 1) {
+            if (part + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
+          } else if (loaded < total_steps) {
+            load_step();
+          }
+          // activations of this step: one 16-byte load per token row and 32-column block. Lanes past the last
+          // row read it again: their MMA columns are outputs that are never stored (no predicates, no zeroing).
+          uint4 xv[kBlocks][MT];
 #pragma unroll
-          for (int j = 0; j < MT; ++j) x_rows[j] += x_advance;
-        }
+          for (int u = 0; u < kBlocks; ++u)
+#pragma unroll
+            for (int j = 0; j < MT; ++j)
+              xv[u][j] = __ldg(reinterpret_cast<const uint4*>(
+                  x_rows[j] + (kRunningX ? u * 32 : (chunk * kBlocksPerChunk + part * kBlocks + u) * 32 + 8 * t)));
+          if (kRunningX) {  // to the chunk's other half, or to the warp's next chunk
+            const int x_advance = part == kStepsPerChunk - 1 ? args.warps_k * 128 - (kStepsPerChunk - 1) * kBlocks * 32
+                                                             : kBlocks * 32;
+#pragma unroll
+            for (int j = 0; j < MT; ++j) x_rows[j] += x_advance;
+          }
 
 #pragma unroll
-        for (int p = 0; p < TP; ++p) {
-          uint32_t a[kBlocks][8];
+          for (int p = 0; p < TP; ++p) {
+            uint32_t a[kBlocks][8];
 #pragma unroll
-          for (int u = 0; u < kBlocks; ++u) {
-            if constexpr (LOW_BITS == 0)
-              decode_block(a[u], v[p][u], nb[p][u], base_lo[p], base_hi[p]);
-            else
-              decode_block_q<LOW_BITS>(a[u], v[p][u]);
-          }
-          esc[p].template patch<kBlocks, false, LOW_BITS != 0, kOverlayGroups>(a, part * kBlocks, args, ordinal, first,
-                                                                                args.warps_k, overlay, lane);
+            for (int u = 0; u < kBlocks; ++u) {
+              if constexpr (LOW_BITS == 0)
+                decode_block(a[u], v[p][u], nb[p][u], base_lo[p], base_hi[p]);
+              else
+                decode_block_q<LOW_BITS>(a[u], v[p][u]);
+            }
+            if constexpr (decltype(patching)::value)
+              esc[p].template patch<kBlocks, false, LOW_BITS != 0, kOverlayGroups>(a, part * kBlocks, args, ordinal,
+                                                                                    first, args.warps_k, overlay, lane);
 #pragma unroll
-          for (int u = 0; u < kBlocks; ++u) {
+            for (int u = 0; u < kBlocks; ++u) {
 #pragma unroll
-            for (int s = 0; s < 2; ++s) {
-              const uint32_t frag[4] = {a[u][4 * s], a[u][4 * s + 1], a[u][4 * s + 2], a[u][4 * s + 3]};
+              for (int s = 0; s < 2; ++s) {
+                const uint32_t frag[4] = {a[u][4 * s], a[u][4 * s + 1], a[u][4 * s + 2], a[u][4 * s + 3]};
 #pragma unroll
-              for (int j = 0; j < MT; ++j)
-                ptx::mma_bf16_16816(acc[p][j], frag, s ? xv[u][j].z : xv[u][j].x, s ? xv[u][j].w : xv[u][j].y);
+                for (int j = 0; j < MT; ++j)
+                  ptx::mma_bf16_16816(acc[p][j], frag, s ? xv[u][j].z : xv[u][j].x, s ? xv[u][j].w : xv[u][j].y);
+              }
             }
           }
         }
+      };
+      // Staged launches (1-16 rows): a chunk without escapes in the warp's tiles runs its steps as branch-free code, as
+      // the ring kernel does (w12_shared_x.cu); the register kernels keep one body (two raised their registers by 4-24).
+      if constexpr (STAGED) {
+        bool patching = false;
+#pragma unroll
+        for (int p = 0; p < TP; ++p) patching |= (esc[p].word(args, ordinal, first, args.warps_k) & 0xFFFu) != 0;
+        if (patching)
+          chunk_steps(std::true_type{});
+        else
+          chunk_steps(std::false_type{});
+      } else {
+        chunk_steps(std::true_type{});
       }
     }
     if constexpr (LOW_BITS != 0) {  // the Q pass's sums times their rows' windows (decode_block_q), before any reduction
