@@ -33,7 +33,6 @@ from specpilot_kernels.w12 import encode  # noqa: E402
 from specpilot_kernels.w12.mma import (  # noqa: E402
     CSRC,
     SOURCES,
-    STAGED_SLOTS,
     STEP_PLANS,
     TUNED_PATH,
     WIDE_BUCKETS,
@@ -58,14 +57,11 @@ L2_BYTES = 60 * 2**20
 REPLAYS = 12
 # --tune: per shape, each bit-neutral choice of a row range timed at these rows (the winner by geometric mean)
 TUNE_BUCKETS = {"17-32": (17, 24, 32), "33-64": (33, 48, 64), "65-128": (96, 128), "129-256": (192, 256)}
-# ... and on request only (--tune-buckets 1-16): up to how many rows the per-warp kernel stages its weights, and in a ring
-# of how many steps
-NARROW_BUCKETS = {"1-16": (1, 8, 16)}
 WIDE_TUNE = dict(groups=(4, 2, 1), slots=(4, 6, 3, 2), stages=(2, 3, 4))  # likeliest first: a budget may stop it
 TUNE_REPLAYS = 5
 SMEM_PER_SM = 227 * 1024  # the H200's shared memory a block may have
 # kernels compared for bits: the per-warp kernel 64 rows at a time is the reference every other must equal
-PLAIN = dict(staged_rows=0, wgmma=(0, 0, 0), shared_x_32=(0, 0), wide=(0, 2, 2), wide_rows=())
+PLAIN = dict(wgmma=(0, 0, 0), shared_x_32=(0, 0), wide=(0, 2, 2), wide_rows=())
 CHECK_CONFIGS = {
     "n4_k1_s1": MmaConfig(4, 1, 1),
     "n1_k3_s1_wgmma": MmaConfig(1, 3, 1, wgmma=(1, 1, 1)),
@@ -80,8 +76,6 @@ CHECK_CONFIGS = {
     # splits in a cluster), warpgroups
     "n1_k3_s1_staged_shared_x": MmaConfig(1, 3, 1, staged_rows=16, shared_x_32=(5, 6)),
     "n1_k3_s2_staged_shared_x": MmaConfig(1, 3, 2, staged_rows=16, shared_x_32=(5, 6)),
-    # ... the per-warp kernel's weights staged in a ring of three steps at 1-16 rows
-    "n1_k3_s2_staged3": MmaConfig(1, 3, 2, staged_rows=16, staged_slots=3, shared_x_32=(5, 6)),
     "n4_k1_s1_staged_wgmma": MmaConfig(4, 1, 1, plan_32=(2, 2), staged_rows=16, wgmma=(5, 2, 2)),
     "n1_k1_s1_wgmma_half": MmaConfig(1, 1, 1, plan_32=(2, 1), wgmma=(2, 2, 4)),
 }
@@ -337,16 +331,8 @@ def tune_candidates(base: MmaConfig, bucket: str, multicast_too: bool = False) -
     the wide kernel's warpgroups, slots, stages (and at 129-256 one slab or two; with ``multicast_too`` activation
     multicast to 2 or 4 tile groups) above, or 64 rows a launch of the per-warp / warpgroup kernels at 33-64."""
     out = {"current": base}
-    if bucket == "1-16":
-        out["staged_rows0"] = replace(base, staged_rows=0, staged_slots=2)
-        for rows in (1, 8, 16):
-            for slots in STAGED_SLOTS:
-                out[f"staged_rows{rows}_slots{slots}"] = replace(base, staged_rows=rows, staged_slots=slots)
-        return out
     if bucket == "17-32":
-        # most tiles a block of one multiprocessor's 16 warps (the producer one of them) at 128 registers
-        widest = 15 // base.warps_k
-        rings = {(0, 0), tuple(base.shared_x_32), (4, 4), (5, 6), (8, 4), (2, 8), (widest, 4), (widest, 6)}
+        rings = {(0, 0), tuple(base.shared_x_32), (4, 4), (5, 6), (8, 4), (2, 8)}
         for plan in STEP_PLANS[32]:
             for ring in sorted(rings):
                 if ring[1] and (plan[1] != 1 or ring[0] * base.warps_k > 16):
@@ -409,7 +395,7 @@ def tune_shape(
     mmas = shape.mma(0.0)
     x = torch.randn(256, shape.k, device="cuda").bfloat16()
     plain = replace(base, **PLAIN)
-    tuned = {bucket: {**NARROW_BUCKETS, **TUNE_BUCKETS}[bucket] for bucket in buckets}
+    tuned = {bucket: TUNE_BUCKETS[bucket] for bucket in buckets}
     reference = {m: bits(w12_mma_gemm(x[:m], mmas[0], config=plain)) for b in tuned.values() for m in b}
     chosen, report = base, {}
     for index, (bucket, rows) in enumerate(tuned.items()):
@@ -535,9 +521,7 @@ def main() -> None:
     )
     parser.add_argument("--tune-budget", type=float, default=150.0, help="seconds --tune may take over all shapes")
     parser.add_argument(
-        "--tune-buckets",
-        default=",".join(TUNE_BUCKETS),
-        help=f"the row ranges --tune tunes, of {list(NARROW_BUCKETS) + list(TUNE_BUCKETS)}",
+        "--tune-buckets", default=",".join(TUNE_BUCKETS), help=f"the row ranges --tune tunes, of {list(TUNE_BUCKETS)}"
     )
     parser.add_argument(
         "--check-configs",
@@ -572,9 +556,7 @@ def main() -> None:
     buckets = tuple(args.tune_buckets.split(","))
     offered = {**CHECK_CONFIGS, **(MULTICAST_CONFIGS if args.multicast else {})}
     checked = offered if args.check_configs is None else dict.fromkeys(args.check_configs.split(","))
-    unknown = [b for b in buckets if b not in {**NARROW_BUCKETS, **TUNE_BUCKETS}] + [
-        c for c in checked if c not in offered
-    ]
+    unknown = [b for b in buckets if b not in TUNE_BUCKETS] + [c for c in checked if c not in offered]
     if unknown:
         parser.error(
             f"unknown --tune-buckets / --check-configs entries {unknown}: use names of {list(TUNE_BUCKETS)} / "

@@ -5,10 +5,9 @@ quote. Needs nvcc and cuobjdump (CUDA 12.8+), no GPU.
     python benchmarks/w12_sass.py [--arch sm_90a] [--out FILE.json]
 
 The compiler may unroll a loop iteration over several chunks: a chunk is 8 MMAs per token tile and tile a warp,
-so `instructions_per_chunk` divides by the iteration's MMAs. The `kernel` key is the template's <token tiles, low
-bits, blocks a step, tiles a warp, slots of the shared-memory ring the weights are staged in (0: in registers), K splits
-in a cluster>; the shared-activation kernel's, `shared_x <token tiles, low bits, blocks a step, K splits in a
-cluster>`; the warpgroup
+so `instructions_per_chunk` divides by the iteration's MMAs. The `kernel` key is the template's
+<token tiles, low bits, blocks a step, tiles a warp, weights staged in shared memory, K splits in a cluster>; the
+shared-activation kernel's, `shared_x <token tiles, low bits, blocks a step, K splits in a cluster>`; the warpgroup
 kernel's (sm_90a; 8 wgmma a chunk, each for 4 tiles), `wgmma <token tiles, low bits, K splits in a cluster,
 weights staged in shared memory>`.
 """
@@ -31,7 +30,7 @@ from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 CSRC = Path(__file__).resolve().parents[1] / "kernels" / "specpilot_kernels" / "w12" / "csrc"
 SHARED_HEADERS = CSRC.parents[1] / "csrc"  # the library's shared headers (pdl.cuh, ptx.cuh)
 KERNEL_FILES = ("w12_warp.cu", "w12_shared_x.cu", "w12_wgmma.cu")  # the kernel families the counts cover
-KERNEL = re.compile(r"w12_mma_kernelILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELi(\d+)ELb([01])E")
+KERNEL = re.compile(r"w12_mma_kernelILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])E")
 # the shared-activation kernel (17-32 rows, one tile a warp): <token tiles, low bits, blocks a step, K splits in a cluster>
 SHARED_X_KERNEL = re.compile(r"w12_shared_x_kernelILi(\d+)ELi(\d+)ELi(\d+)ELb([01])E")
 WGMMA_KERNEL = re.compile(r"w12_wgmma_kernelILi(\d+)ELi(\d+)ELb([01])ELb([01])E")
@@ -40,36 +39,10 @@ ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 BRANCH = re.compile(r"BRA (0x[0-9a-f]+)")
 
 
-def escape_free_body(lines: list, start: int, back: int) -> list[int] | None:
-    """Indices of one pass through the loop's escape-free body where a chunk's steps exist twice (with the escape
-    patch and without: the ring kernel and the staged per-warp launches): a conditional branch into the second body,
-    the first ending in a branch over the second; the body without the patch's warp reduction (REDUX) is the one
-    counted. None where the loop has one body."""
-    index = {address: i for i, (address, _, _) in enumerate(lines)}
-    for i in range(start, back):
-        branch = BRANCH.search(lines[i][2])
-        if not branch or not ADDRESS.search(lines[i][2]).group(2):
-            continue
-        second = index.get(int(branch.group(1), 16), -1)
-        over = BRANCH.search(lines[second - 1][2]) if i + 1 < second <= back else None
-        if not over or ADDRESS.search(lines[second - 1][2]).group(2):
-            continue
-        join = index.get(int(over.group(1), 16), -1)
-        if not second < join <= back + 1:
-            continue
-        bodies = (range(i + 1, second), range(second, join))
-        if not all(any(lines[k][1].startswith(MMA_OPCODES) for k in body) for body in bodies):
-            continue
-        free = next(body for body in bodies if not any(lines[k][1].startswith("REDUX") for k in body))
-        return [*range(start, i + 1), *free, *range(join, back + 1)]
-    return None
-
-
 def loop_instructions(sass: str) -> list[str]:
     """Opcodes of one pass through a kernel's main loop: from the target of the first backward branch after the
     last MMA that jumps back over it to that branch (forward branches in between, such as a shared-activation
-    round's release, are part of the pass), through the escape-free body where a chunk's steps exist with and without
-    the escape patch (escape_free_body), else skipping each escape check's taken branch (VOTE.ANY, then the branch
+    round's release, are part of the pass), skipping each escape check's taken branch (VOTE.ANY, then the branch
     over the patch loop, which runs only when a step holds an escape)."""
     lines = [(int(m.group(1), 16), m.group(3), line) for line in sass.splitlines() if (m := ADDRESS.search(line))]
     last_mma = max(i for i, (_, op, _) in enumerate(lines) if op.startswith(MMA_OPCODES))
@@ -80,9 +53,6 @@ def loop_instructions(sass: str) -> list[str]:
     )
     start_address = int(BRANCH.search(lines[back][2]).group(1), 16)
     start = next(i for i, (address, _, _) in enumerate(lines) if address == start_address)
-    body = escape_free_body(lines, start, back)
-    if body is not None:
-        return [lines[k][1] for k in body]
     ops, i = [], start
     while i <= back:
         ops.append(lines[i][1])
@@ -164,11 +134,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         ops = loop_instructions(function)
         if match:
-            token_tiles, low_bits, blocks, tiles_per_warp, staged, slots, cluster = match.groups()
-            mmas_per_chunk = 8 * int(token_tiles) * int(tiles_per_warp)
-            key = "<{}>".format(
-                ", ".join((token_tiles, low_bits, blocks, tiles_per_warp, slots if staged == "1" else "0", cluster))
-            )
+            token_tiles, _, _, tiles_per_warp, _, _ = map(int, match.groups())
+            mmas_per_chunk = 8 * token_tiles * tiles_per_warp
+            key = "<{}>".format(", ".join(match.groups()))
         elif shared:
             mmas_per_chunk = 8 * int(shared.group(1))
             key = "shared_x <{}>".format(", ".join(shared.groups()))

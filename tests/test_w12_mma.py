@@ -171,15 +171,13 @@ def test_mma_step_plans_give_the_same_bits(config):
 @pytest.mark.parametrize(
     "config", CONFIGS + [MmaConfig(3, 3, 2)], ids=lambda c: f"n{c.warps_n}_k{c.warps_k}_s{c.splits}"
 )
-@pytest.mark.parametrize("slots", (2, 3))
-def test_mma_staged_weights_give_the_same_bits(config, slots):
-    # weights staged through shared memory (up to 16 rows; a double buffer or a ring of three steps, where some warps
-    # have fewer steps than the ring) against registers: the same order of sums, so the same bits, escapes (more than
-    # a window's worth in some chunks) and the Q pass's low bits included
+def test_mma_staged_weights_give_the_same_bits(config):
+    # weights staged through shared memory (up to 16 rows) against registers: the same order of sums, so the same
+    # bits, escapes (more than a window's worth in some chunks) and the Q pass's low bits included
     w = weight(n=1000, k=1536, device="cuda")
     w[480:496, 256:900] = 0.0
     mma = to_mma_layout(encode(w))
-    staged = MmaConfig(config.warps_n, config.warps_k, config.splits, staged_rows=16, staged_slots=slots)
+    staged = MmaConfig(config.warps_n, config.warps_k, config.splits, staged_rows=16)
     x = torch.randn(16, 1536, device="cuda").bfloat16()
     for low_bits in ("exact", "truncated", "midpoint"):
         for rows in (1, 3, 8, 9, 16):
@@ -228,8 +226,6 @@ def test_shared_activations_outside_what_the_kernel_is_built_for_are_refused():
     ):
         with pytest.raises(W12Error, match="shared_x_32"):
             MmaConfig(**{"warps_n": 1, "warps_k": 3, **bad})
-    with pytest.raises(W12Error, match="staged_slots"):
-        MmaConfig(1, 3, 1, staged_rows=16, staged_slots=4)
     assert MmaConfig(1, 3, 1, shared_x_32=[5, 4]).shares_activations(17) == (5, 4)
     assert MmaConfig(1, 3, 1, shared_x_32=(5, 4)).shares_activations(16) == (0, 0)
     assert MmaConfig(1, 3, 1, shared_x_32=(5, 4)).shares_activations(33) == (0, 0)
@@ -701,7 +697,6 @@ def test_mma_rows_1_to_256_with_outliers_give_the_per_warp_bits(fraction, config
         MmaConfig(1, 3, 1, staged_rows=16, shared_x_32=(5, 6)),
         MmaConfig(1, 3, 2, staged_rows=16, shared_x_32=(5, 6)),
         MmaConfig(1, 1, 1, staged_rows=16, shared_x_32=(4, 3)),
-        MmaConfig(1, 3, 2, staged_rows=16, staged_slots=3, shared_x_32=(5, 6)),
         MmaConfig(4, 1, 1, (2, 2), staged_rows=16, wgmma=(5, 2, 2)),
         MmaConfig(1, 1, 1, (2, 1), wgmma=(2, 2, 4)),
         MmaConfig(2, 4, 3, (2, 1), (2, 2)),
@@ -739,7 +734,7 @@ def test_device_check_tune_candidates_are_valid_and_fit(tmp_path):
     tuned = json.loads(mma_module.TUNED_PATH.read_text())["NVIDIA H200"]
     for key in ("10240,5120", "34816,5120", "248320,5120"):
         base = MmaConfig(**tuned[key])
-        for bucket, rows in {**check.NARROW_BUCKETS, **check.TUNE_BUCKETS}.items():
+        for bucket, rows in check.TUNE_BUCKETS.items():
             options = check.tune_candidates(base, bucket, multicast_too=True)
             assert len(options) >= 8, (key, bucket)
             for option in options.values():

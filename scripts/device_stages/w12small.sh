@@ -1,11 +1,10 @@
-# <= 150 s on one H200 (the W12 build ~60-90 s unless an earlier stage built this tree; bits of the staged-weight
-# configs (ring kernel with 3 and 4 token tiles, per-warp ring of 3 steps) at every escape fraction ~25 s; per shape a
-# 1-16-row (staging) and 17-32-row tune ~6-12 s, then its timing at 1-32 rows against cuBLAS with escapes at 24 and 32
-# rows ~6 s): the 1-32-row kernels (w12_shared_x.cu, w12_warp.cu) on the engine's N = 5120 shapes (attn_out / gdn_out
-# 5120 x 6144, down 5120 x 17408),
-# its qkv 14336 x 5120, the bench's qkv and o_proj, and last (if time is left) its GDN input 16480 x 5120. The tune
-# budget runs from the start of the first shape and covers the timings between tunes. Bit-neutral choices only (each
-# candidate's bits checked against the per-warp kernel); the winners land in $RESULTS/mma_configs.json to commit.
+# <= 150 s on one H200 (the W12 build ~30-90 s unless an earlier stage built this tree; bits of the ring kernel's
+# configs with 3 and 4 token tiles at every escape fraction ~10 s; per shape a 17-32-row tune ~5-10 s, then its timing
+# at 1-32 rows against cuBLAS with escapes at 24 and 32 rows ~6 s): the 17-32-row kernels (w12_shared_x.cu,
+# w12_warp.cu) on the engine's N = 5120 shapes (attn_out / gdn_out 5120 x 6144, down 5120 x 17408), its qkv 14336 x
+# 5120, the bench's qkv and o_proj, and last (if time is left) its GDN input 16480 x 5120. The tune budget runs from
+# the start of the first shape and covers the timings between tunes. Bit-neutral choices only (each candidate's bits
+# checked against the per-warp kernel); the winners land in $RESULTS/mma_configs.json to commit.
 # SHAPES / TUNE_BUDGET override the defaults.
 set -uo pipefail
 export MAX_JOBS=$(nproc)
@@ -13,8 +12,8 @@ SHAPES=${SHAPES:-5120x6144,down,qkv,14336x5120,o_proj,16480x5120}
 rc=0
 timeout 148 python benchmarks/w12_device_check.py --out "$RESULTS/w12-small-rows-h200.json" --settle 0 \
     --sections build,bits,timing --rows 1,8,17,24,25,32 --escape-rows 24,32 \
-    --check-configs n1_k3_s2_staged3,n1_k3_s2_staged_shared_x \
-    --tune --tune-buckets 1-16,17-32 --tune-budget "${TUNE_BUDGET:-75}" --shapes "$SHAPES" \
+    --check-configs n1_k3_s1_staged_shared_x,n1_k3_s2_staged_shared_x \
+    --tune --tune-buckets 17-32 --tune-budget "${TUNE_BUDGET:-75}" --shapes "$SHAPES" \
     --write-configs "$RESULTS/mma_configs.json" > "$RESULTS/w12small.log" 2>&1 || rc=$?
 tail -n 5 "$RESULTS/w12small.log"
 python - "$RESULTS/w12-small-rows-h200.json" <<'PY' || rc=1

@@ -6,6 +6,10 @@ b4e519c, beside this harness, built as a second extension from a copy of csrc/),
 (CUDA-graph replay over rotating copies > L2, median of 12), the two extensions timed alternately.
 
     PYTHONPATH=kernels:. python benchmarks/probes/w12-ring-escape-free-steps-2026-12-03/harness.py OUT.json
+
+Ran in call 2 of 2026-12-03 (the lead's tree 4f0252b, this branch's 72c96c3, whose working tree held the branch-free
+variant; reverted after it, so run it at that commit): the variant 1-3% slower on every shape and row count, result
+benchmarks/archive/results/w12-ring-escape-free-steps-call2-h200-2026-12-03.json.
 """
 
 import shutil

@@ -209,11 +209,8 @@ def planes_from_mma_layout(mma: W12MmaTensor) -> tuple[torch.Tensor, torch.Tenso
 STEP_PLANS = {32: ((4, 1), (2, 1), (2, 2)), 64: ((4, 1), (2, 2))}
 # Up to 16 rows a launch may instead stage each warp's next step of weights in a shared-memory double buffer
 # (cp.async) rather than registers: the same bytes in flight in fewer registers, so more resident warps, at the price
-# of the L1 left for the activations; each shape's tuned config says up to how many rows it stages (``staged_rows``),
-# and in a ring of how many steps (``staged_slots``: 2, a double buffer, one step on its way while one is decoded; 3,
-# two).
+# of the L1 left for the activations; each shape's tuned config says up to how many rows it stages (``staged_rows``).
 MAX_STAGED_ROWS = 16
-STAGED_SLOTS = (2, 3)
 # At 17-32 rows, one tile a warp, sm_90+: the warps of a block may read their activations from a shared-memory ring
 # filled once per block by a producer warp (bulk copies) instead of each warp loading 8 lines per token tile from
 # L1. That pays on grids of one wave of blocks and costs on multi-wave ones, so it is per shape:
@@ -250,7 +247,6 @@ class MmaConfig:
     plan_32: tuple[int, int] = (4, 1)
     plan_64: tuple[int, int] = (4, 1)
     staged_rows: int = 0  # launches of up to this many rows stage the weights through shared memory
-    staged_slots: int = 2  # ... in a ring of this many steps (STAGED_SLOTS)
     shared_x_32: tuple[int, int] = (0, 0)  # 17-32 rows: (tiles a block, ring slots) of shared activations; 0: off
     # 9-16, 17-32 and 33-64 rows: warpgroups a K class a block of warpgroup MMAs (0: per-warp mma.sync)
     wgmma: tuple[int, int, int] = (0, 0, 0)
@@ -270,12 +266,6 @@ class MmaConfig:
                 f"staged_rows={self.staged_rows}: the staged kernel is built for up to {MAX_STAGED_ROWS} rows",
                 where="MmaConfig.staged_rows",
                 fix=f"use 0 (never) to {MAX_STAGED_ROWS}",
-            )
-        if self.staged_slots not in STAGED_SLOTS:
-            raise W12Error(
-                f"staged_slots={self.staged_slots}: the staged kernel is built with rings of {STAGED_SLOTS} steps",
-                where="MmaConfig.staged_slots",
-                fix="use 2 (a double buffer) or 3",
             )
         for rows, built in STEP_PLANS.items():
             plan = tuple(getattr(self, f"plan_{rows}"))
@@ -645,8 +635,7 @@ def _launch_rows(ext, xm, ym, regions, splits, kp, n, capability, overlap_prior,
             part.warps_k,
             part.chunks_per_split(kp),
             *part.step_plan(m),
-            # staged weights: the ring's slots (the Q pass keeps two register steps in flight instead)
-            part.staged_slots if part.stages_weights(m) and not warpgroups and code == 0 else 0,
+            int(part.stages_weights(m) and not warpgroups and code == 0),  # Q: two register steps in flight
             *((0, 0) if warpgroups or code else part.shares_activations(m)),
             warpgroups,
             x_image,

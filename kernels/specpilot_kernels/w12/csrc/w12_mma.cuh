@@ -20,9 +20,7 @@ struct W12MmaArgs {
   // The step plan (changes no bit): 32-column blocks a warp decodes per step (4 or 2: a chunk or a half) and
   // 16-row tiles a warp (1 or 2: one activation load serves both)
   int step_blocks, tiles_per_warp;
-  // weights staged through a shared-memory ring of steps (whole steps, up to 16 rows): 1 or 2 a double buffer, 3 three
-  // slots (two steps in flight); 0: registers
-  int staged_weights;
+  int staged_weights;  // 1: weights staged through a shared-memory double buffer (whole steps, up to 16 rows)
   int overlap_prior;  // sm_90+: a W12Overlap, how the launch overlaps the previous kernel in the stream
   int cluster_splits;  // set by w12_mma_launch: K splits reduced within a thread-block cluster (sm_90+), else 1
 };

@@ -6,8 +6,6 @@
 // activations with 16-byte shared loads (rows g and g + 1 of a quarter-warp on disjoint banks) instead of 8-line
 // global loads, one copy a block instead of one a warp. The producer waits for nothing else, so the warps drift apart
 // by up to ring - 1 rounds with no block barrier. Every warp sums its chunks as w12_mma_kernel's does, so no bit changes.
-#include <type_traits>
-
 #include "w12_common.cuh"
 
 namespace w12 {
@@ -20,10 +18,8 @@ __host__ __device__ __forceinline__ uint32_t escape_scratch_offset(int warps_k, 
   return ((uint32_t)ring * (MT * 8 * shared_x_pitch(warps_k) + 12) + 15) & ~15u;
 }
 
-// At most 128 registers, so that a block of 16 warps (15 consumers and the producer, the grids of one round) fits a
-// multiprocessor: the escape-free steps' code below took the whole-step cluster kernel to 130 without the bound.
 template <int MT, int LOW_BITS, int STEP_BLOCKS, bool CLUSTER>
-__global__ void __launch_bounds__(512) w12_shared_x_kernel(W12MmaArgs args, int ring) {
+__global__ void w12_shared_x_kernel(W12MmaArgs args, int ring) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -129,44 +125,35 @@ __global__ void __launch_bounds__(512) w12_shared_x_kernel(W12MmaArgs args, int 
         }
         // lane (g, t)'s 16 bytes of token row g of this warp's chunk; token tile j is 8 rows further
         const uint32_t xs = ring_s + slot * slot_bytes + g * pitch + warp_k * 256 + 16 * t;
-        auto chunk_steps = [&](auto patching) {
 #pragma unroll
-          for (int part = 0; part < kStepsPerChunk; ++part) {
-            uint4 v[kBlocks];
-            uint2 nb[kBlocks];
+        for (int part = 0; part < kStepsPerChunk; ++part) {
+          uint4 v[kBlocks];
+          uint2 nb[kBlocks];
 #pragma unroll
-            for (int u = 0; u < kBlocks; ++u) {
-              v[u] = v_next[u];
-              nb[u] = n_next[u];
-            }
-            if (part + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
-            uint32_t a[kBlocks][8];
+          for (int u = 0; u < kBlocks; ++u) {
+            v[u] = v_next[u];
+            nb[u] = n_next[u];
+          }
+          if (part + 1 < kStepsPerChunk || chunk + args.warps_k < last) load_step();
+          uint32_t a[kBlocks][8];
 #pragma unroll
-            for (int u = 0; u < kBlocks; ++u) decode_block(a[u], v[u], nb[u], base_lo, base_hi);
-            if constexpr (decltype(patching)::value)  // escape-heavy chunks: the ring kernel has the registers for
-              esc.template patch<kBlocks, true, false, MT>(a, part * kBlocks, args, r, first, args.warps_k, overlay,
-                                                           lane);  // their second round early
+          for (int u = 0; u < kBlocks; ++u) decode_block(a[u], v[u], nb[u], base_lo, base_hi);
+          if (LOW_BITS == 0)  // escape-heavy chunks: the ring kernel has the registers for their second round early
+            esc.template patch<kBlocks, true, false, MT>(a, part * kBlocks, args, r, first, args.warps_k, overlay, lane);
 #pragma unroll
-            for (int u = 0; u < kBlocks; ++u) {
-              uint4 xb[MT];
+          for (int u = 0; u < kBlocks; ++u) {
+            uint4 xb[MT];
 #pragma unroll
-              for (int j = 0; j < MT; ++j) xb[j] = ptx::ld_shared16(xs + j * 8 * pitch + (part * kBlocks + u) * 64);
+            for (int j = 0; j < MT; ++j)
+              xb[j] = ptx::ld_shared16(xs + j * 8 * pitch + (part * kBlocks + u) * 64);
 #pragma unroll
-              for (int s = 0; s < 2; ++s) {
-                const uint32_t frag[4] = {a[u][4 * s], a[u][4 * s + 1], a[u][4 * s + 2], a[u][4 * s + 3]};
+            for (int s = 0; s < 2; ++s) {
+              const uint32_t frag[4] = {a[u][4 * s], a[u][4 * s + 1], a[u][4 * s + 2], a[u][4 * s + 3]};
 #pragma unroll
-                for (int j = 0; j < MT; ++j)
-                  ptx::mma_bf16_16816(acc[0][j], frag, s ? xb[j].z : xb[j].x, s ? xb[j].w : xb[j].y);
-              }
+              for (int j = 0; j < MT; ++j) ptx::mma_bf16_16816(acc[0][j], frag, s ? xb[j].z : xb[j].x, s ? xb[j].w : xb[j].y);
             }
           }
-        };
-        // A chunk without escapes (three in four at the format's usual 1.5e-4) runs its steps with no branch between
-        // the decode and the MMAs, so the compiler may overlap one block's MMAs with the next one's decode.
-        if (LOW_BITS == 0 && (esc.word(args, r, first, args.warps_k) & 0xFFFu) != 0)
-          chunk_steps(std::true_type{});
-        else
-          chunk_steps(std::false_type{});
+        }
       }
       // Released: this warp's reads of the slot are done (their values fed the MMAs above). No fence: one would also
       // wait for the weight loads in flight.
