@@ -46,11 +46,12 @@ def test_every_kernel_instantiation_is_counted(tmp_path, capsys):
     out = tmp_path / "sass.json"
     assert w12_sass.main(["--out", str(out)]) == 0
     kernels = {k["kernel"]: k for k in json.loads(out.read_text())["kernels"]}
-    # 9 (token tiles, plan) pairs (2 of them staged weights), 7 of one tile a warp also reducing K splits in a
-    # cluster: 16 kernels exact and 12 (never staged) for each of the Q pass's 2 low-bit modes; the shared-activation
-    # kernel (exact only): 2 step sizes x cluster or not
-    assert len([k for k in kernels if "<" == k[0]]) == 16 + 2 * 12
-    assert len([k for k in kernels if k.startswith("shared_x")]) == 4
+    # 12 (token tiles, plan) pairs (2 of them staged weights; 3 token tiles for 17-24 rows in every 17-32-row plan), 9
+    # of one tile a warp also reducing K splits in a cluster: 21 kernels exact and 17 (never staged) for each of the Q
+    # pass's 2 low-bit modes; the shared-activation kernel (exact only): 3 or 4 token tiles x 2 step sizes x cluster
+    # or not
+    assert len([k for k in kernels if "<" == k[0]]) == 21 + 2 * 17
+    assert len([k for k in kernels if k.startswith("shared_x")]) == 8
     # the warpgroup kernel (exact only): 3 token-tile counts (9-64 rows) x cluster or not x weights in registers
     # or staged through shared memory
     assert len([k for k in kernels if k.startswith("wgmma")]) == 12

@@ -201,12 +201,13 @@ cudaError_t launch_ring(const W12MmaArgs& args, const W12SharedActivations& shar
                             shared_x.ring);
 }
 
-// The shared-activation kernel's instantiations: 17-32 rows (4 token tiles), whole or half steps, one tile a warp.
-#define W12_SHARED_X_KERNELS(X) X(4, 4) X(4, 2)
+// The shared-activation kernel's instantiations: 17-24 rows (3 token tiles: narrow_token_tiles) and 25-32 (4), whole or
+// half steps, one tile a warp.
+#define W12_SHARED_X_KERNELS(X) X(3, 4) X(3, 2) X(4, 4) X(4, 2)
 
 template <int LOW_BITS>
 cudaError_t launch_low_bits(const W12MmaArgs& args, const W12SharedActivations& shared_x, cudaStream_t stream) {
-  const int tiles8 = token_tiles(args.m);
+  const int tiles8 = narrow_token_tiles(args.m);
 #define W12_SHARED_X_CALL_IF(MT, STEP_BLOCKS) \
   if (tiles8 == MT && args.step_blocks == STEP_BLOCKS && args.tiles_per_warp == 1) \
     return launch_ring<MT, LOW_BITS, STEP_BLOCKS>(args, shared_x, stream);

@@ -52,7 +52,7 @@ __global__ void w12_mma_kernel(W12MmaArgs args) {
     // load and activations of the current one, where registers allow: up to two token tiles in whole steps, four
     // in half steps; whole steps of four tiles and eight tiles would need more registers than the instructions they
     // save are worth, and recompute the activation addresses.
-    constexpr bool kRunningX = MT <= 2 ? kStepsPerChunk == 1 : MT == 4 && kStepsPerChunk == 2;
+    constexpr bool kRunningX = MT <= 2 ? kStepsPerChunk == 1 : MT <= 4 && kStepsPerChunk == 2;
     const __nv_bfloat16* x_rows[MT];
 #pragma unroll
     for (int j = 0; j < MT; ++j)
@@ -268,24 +268,28 @@ cudaError_t launch_plan(const W12MmaArgs& args, cudaStream_t stream) {
 }
 
 
-// The per-warp kernel's instantiations, one line each (the CALL_IF list of Marlin): token tiles of 8 rows, 32-column
-// blocks a step (4: a chunk, 2: half of one), 16-row tiles a warp, weights staged through shared memory. Staged launches
-// run whole steps of one tile up to 16 rows; half steps pay off from 17 rows on, where registers limit the warps, and
-// two tiles a warp (one activation load for both) on grids with warps to spare.
+// The per-warp kernel's instantiations, one line each (the CALL_IF list of Marlin): token tiles of 8 rows (3 for 17-24
+// rows, 4 for 25-32: narrow_token_tiles), 32-column blocks a step (4: a chunk, 2: half of one), 16-row tiles a warp,
+// weights staged through shared memory. Staged launches run whole steps of one tile up to 16 rows; half steps pay off
+// from 17 rows on, where registers limit the warps, and two tiles a warp (one activation load for both) on grids with
+// warps to spare. Every 17-32-row plan (STEP_PLANS in mma.py) exists for 3 and 4 token tiles.
 #define W12_WARP_KERNELS(X) \
   X(1, 4, 1, true)          \
   X(2, 4, 1, true)          \
   X(1, 4, 1, false)         \
   X(2, 4, 1, false)         \
+  X(3, 4, 1, false)         \
   X(4, 4, 1, false)         \
   X(8, 4, 1, false)         \
+  X(3, 2, 1, false)         \
   X(4, 2, 1, false)         \
+  X(3, 2, 2, false)         \
   X(4, 2, 2, false)         \
   X(8, 2, 2, false)
 
 template <int LOW_BITS>
 cudaError_t launch_low_bits(const W12MmaArgs& args, cudaStream_t stream) {
-  const int tiles8 = token_tiles(args.m);
+  const int tiles8 = narrow_token_tiles(args.m);
   const bool staged = args.staged_weights != 0;
   // the Q pass is never staged (two register steps in flight instead): no staged Q kernels are built
 #define W12_WARP_CALL_IF(MT, STEP_BLOCKS, TP, STAGED)                                                          \
