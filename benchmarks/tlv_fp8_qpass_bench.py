@@ -39,6 +39,7 @@ from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 SHAPE = "qwen3.8-27b-like"
 L2_BYTES = 60 * 2**20
 Q_MODES = ("fp8_midpoint", "fp8_truncated")  # the BF16 Q mode (q8_midpoint) was timed beside them in call 1
+KINDS = ["e4m3", "f16", "wgmma"]  # the operand kinds the sweep times (--kinds)
 
 
 def log(*args) -> None:
@@ -72,6 +73,14 @@ def check_shape(n: int, k: int, device: str) -> dict:
     rows = image.view(5, kp // 64, 8, 4, 2, 8).permute(0, 2, 1, 4, 3, 5).reshape(40, kp)[:33, :k]
     out["quantizer_bytes_equal"] = torch.equal(rows, q.view(torch.uint8))
     out["quantizer_scale_equal"] = torch.equal(got_scale, scale)
+    hopper = torch.cuda.get_device_capability() == (9, 0) and "wgmma" in KINDS
+    if hopper:  # the warpgroup image: [b][q'][j][g][4t + i] -> token 8j + g, column 32b + 8t + 4q' + i
+        wimage = torch.full((40 * kp,), 0xFF, dtype=torch.uint8, device=device)  # padding rows must come out zero
+        ext.quantize_rows_wgmma(x, wimage, got_scale, kp, 5, False)
+        wrows = wimage.view(kp // 32, 2, 5, 8, 4, 4).permute(2, 3, 0, 4, 1, 5).reshape(40, kp)
+        out["quantizer_wgmma_bytes_equal"] = torch.equal(wrows[:33, :k], q.view(torch.uint8))
+        out["quantizer_wgmma_padding_zero_equal"] = bool((wrows[33:] == 0).all()) and bool((wrows[:33, k:] == 0).all())
+        out["quantizer_wgmma_scale_equal"] = torch.equal(got_scale, scale)
     from specpilot_kernels.w12.qpass_fp8 import TILES_PER_WARP, select_fp8_qpass_config, tiles_per_warp_fits
 
     for low_bits in ("midpoint", "truncated"):
@@ -87,11 +96,50 @@ def check_shape(n: int, k: int, device: str) -> dict:
                 out[f"{low_bits}_tiles_per_warp{r}_rel_err_vs_emulation"] = rel_err(bits, ref)
                 one = w12_fp8_qpass_gemm(x[5:6].contiguous(), mma, low_bits, config=replace(other, tiles_per_warp=1))
                 out[f"{low_bits}_tiles_per_warp{r}_row_bits_same_at_1_row"] = torch.equal(one, bits[5:6])
+        if hopper:  # the warpgroup kind at 33 and 1 rows, unsplit and split (the split counters reset by each launch)
+            for c in wgmma_configs(n, k, torch.cuda.get_device_properties(0).multi_processor_count)[:3]:
+                for _ in range(2):
+                    bits = w12_fp8_qpass_gemm(x, mma, low_bits, config=c)
+                out[f"{low_bits}_{label(c)}_rel_err_vs_emulation"] = rel_err(bits, ref)
+                one = w12_fp8_qpass_gemm(x[5:6].contiguous(), mma, low_bits, config=c)
+                out[f"{low_bits}_{label(c)}_rel_err_vs_emulation_1_row"] = rel_err(one, ref[5:6])
+                out[f"{low_bits}_{label(c)}_row_bits_same_at_1_row"] = torch.equal(one, bits[5:6])
     cols = torch.arange(0, k, max(1, k // 16), device=device)[:16]
     onehot = torch.zeros(cols.numel(), k, device=device, dtype=torch.bfloat16)
     onehot[torch.arange(cols.numel(), device=device), cols] = 1.0
     expected = fp8_qpass_reference(onehot, w12, "midpoint").bfloat16()
     out["one_hot_equal_values"] = torch.equal(w12_fp8_qpass_gemm(onehot, mma, "midpoint"), expected)
+    return out
+
+
+def wgmma_check() -> dict:
+    """The warpgroup kind against its emulation before any sweep launches it (a broken ring would hang the stage):
+    a short last tile group (1000 rows) and the 27B-like gdn_out, 1-64 rows, both modes, unsplit and split, each
+    element within the GPU tests' slack (2**-8 relative + 1e-5 of the largest)."""
+    from specpilot_kernels.w12 import encode, to_mma_layout
+    from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig, fp8_qpass_reference, w12_fp8_qpass_gemm
+
+    out, ok = {}, True
+    for n, k in ((1000, 1536), (5120, 6144)):
+        torch.manual_seed(2)
+        w12 = encode((torch.randn(n, k, device="cuda") * 0.02).bfloat16())
+        mma = to_mma_layout(w12)
+        for m in (1, 16, 33, 64):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            for low_bits in ("midpoint", "truncated"):
+                ref = fp8_qpass_reference(x, w12, low_bits)
+                slack = 2.0**-8 * ref.abs() + 1e-5 * ref.abs().max()
+                for groups, splits in ((1, 1), (2, 3)):
+                    for _ in range(2):  # the second launch finds the split counters reset
+                        y = w12_fp8_qpass_gemm(x, mma, low_bits, config=Fp8QpassConfig(1, groups, 1, splits, "wgmma"))
+                    torch.cuda.synchronize()
+                    within = bool(((y.float() - ref).abs() <= slack).all())
+                    ok &= within
+                    out[f"{n}x{k},M={m},{low_bits},g{groups}_s{splits}"] = {
+                        "rel_err": rel_err(y, ref),
+                        "within": within,
+                    }
+    out["all_within"] = ok
     return out
 
 
@@ -131,20 +179,38 @@ def gemm_section(rows: list[int], replays: int, sweep_rows: list[int], sweep_s: 
     return out
 
 
+def wgmma_configs(n: int, k: int, sms: int) -> list:
+    """The warpgroup kind's partitions (sm_90): 1-2 warpgroups a block x K splits of at least 4 chunks of 128
+    columns, nearest first to 4 blocks of 4 warps a multiprocessor (its ring's shared memory admits about that many
+    at 33 rows)."""
+    from specpilot_kernels.w12.qpass_fp8 import MAX_WARPGROUPS, Fp8QpassConfig
+
+    tiles, chunks = -(-n // 16), -(-k // 128)
+    configs = [
+        Fp8QpassConfig(1, groups, 1, splits, "wgmma")
+        for groups in range(1, MAX_WARPGROUPS + 1)
+        for splits in (1, 2, 3, 4, 6, 8, 12)
+        if chunks // splits >= 4
+    ]
+    blocks = {c: -(-tiles // (4 * c.groups_per_block)) * c.splits * c.groups_per_block for c in configs}
+    return sorted(configs, key=lambda c: abs(math.log(blocks[c] / (4 * sms))))
+
+
 def sweep_configs(n: int, k: int, m: int, midpoint: bool) -> list:
-    """Partitions beside the default, for both operand kinds: 1-2 weight tiles a warp (f16) or 2-4 (E4M3: one never
-    won on the H200) x warps a K x 4- or 8-warp blocks, one block a K; and the K-split rule's partition. Likelier
-    winners first (a sweep may run out of time): at 1-8 rows E4M3 and many warps a K, past them f16 (the H200's
-    winners of call 1, 2026-12-03)."""
+    """Partitions beside the default: on sm_90 the warpgroup kind's first (``wgmma_configs``), then for both
+    per-warp operand kinds 1-2 weight tiles a warp (f16) or 2-4 (E4M3: one never won on the H200) x warps a K x 4- or
+    8-warp blocks, one block a K; and the K-split rule's partition. Likelier winners first (a sweep may run out of
+    time): at 1-8 rows E4M3 and many warps a K, past them f16 (the H200's winners of call 1, 2026-12-03)."""
     from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig, fp8_qpass_partition, tiles_per_warp_fits
 
     pairs = -(-k // 128) * 2
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
-    configs = []
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    configs = wgmma_configs(n, k, sms) if hopper and "wgmma" in KINDS else []
     kinds = (("f16", (1, 2)), ("e4m3", (2, 4)))
     for operands, tiles in kinds[::-1] if m <= 8 else kinds:
         for r in tiles:
-            if not tiles_per_warp_fits(m, r, midpoint, operands):
+            if operands not in KINDS or not tiles_per_warp_fits(m, r, midpoint, operands):
                 continue
             split = replace(fp8_qpass_partition(n, k, sms, r), operands=operands)
             for config in [Fp8QpassConfig(wk, max(1, b // wk), r, 1, operands) for wk in (8, 4, 2, 1) for b in (4, 8)]:
@@ -301,7 +367,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-rows", default="1,33")
     ap.add_argument("--sweep-s", type=float, default=60.0, help="seconds of the GEMM section that sweep partitions")
     ap.add_argument("--context", type=int, default=1024)
-    ap.add_argument("--sections", default="gemm,system")
+    ap.add_argument("--sections", default="gemm,system", help="gemm, system, wgmma_check (exits 1 if it fails)")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="operand kinds the sweep times")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--tuned-out", type=Path, help="write the tuned table (qpass_fp8_configs.json) after the sweeps")
     args = ap.parse_args(argv)
@@ -312,6 +379,9 @@ def main(argv=None) -> int:
     else:
         result["dry_run"] = False
         sections = args.sections.split(",")
+        KINDS[:] = args.kinds.split(",")
+        if "wgmma_check" in sections:
+            result["wgmma_check"] = wgmma_check()
         if "gemm" in sections:
             result["gemm"] = gemm_section(
                 [int(r) for r in args.rows.split(",")],
@@ -333,7 +403,7 @@ def main(argv=None) -> int:
     if result.get("system"):
         result["headline"] = headline(result["system"])
     print_result(result, args.out)
-    return 0
+    return 0 if result.get("wgmma_check", {}).get("all_within", True) else 1
 
 
 if __name__ == "__main__":
