@@ -132,8 +132,9 @@ def wgmma_check() -> dict:
                 for groups, splits in ((1, 1), (2, 3)):
                     for _ in range(2):  # the second launch finds the split counters reset
                         y = w12_fp8_qpass_gemm(x, mma, low_bits, config=Fp8QpassConfig(1, groups, 1, splits, "wgmma"))
-                    torch.cuda.synchronize()
+                    torch.cuda.synchronize()  # a hang shows as the last case logged
                     within = bool(((y.float() - ref).abs() <= slack).all())
+                    log("wgmma check", n, k, m, low_bits, groups, splits, within, rel_err(y, ref))
                     ok &= within
                     out[f"{n}x{k},M={m},{low_bits},g{groups}_s{splits}"] = {
                         "rel_err": rel_err(y, ref),

@@ -6,7 +6,8 @@ set -euo pipefail
 export MAX_JOBS=$(nproc)
 kinds=e4m3,f16,wgmma
 if ! timeout 120 python benchmarks/tlv_fp8_qpass_bench.py --sections wgmma_check \
-    --out "$RESULTS/tlv-fp8-wgmma-check-h200.json" > /dev/null; then
+    --out "$RESULTS/tlv-fp8-wgmma-check-h200.json" > /dev/null 2> "$RESULTS/tlv-fp8-wgmma-check.log"; then
+  tail -3 "$RESULTS/tlv-fp8-wgmma-check.log"
   echo "wgmma check failed or timed out: sweeping e4m3,f16 only"
   kinds=e4m3,f16
 fi
