@@ -76,11 +76,17 @@ __device__ __forceinline__ void wgmma_e4m3<64>(float (&d)[32], const uint32_t (&
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
 
-// Keeps the compiler from moving reads of d before the wgmma_wait that completes it.
+// Pins registers at this point of the program: the wgmma's operands written before wgmma_fence, its sums read after
+// the wgmma_wait that completes them (the compiler sees neither dependency).
 template <int R>
 __device__ __forceinline__ void fence_registers(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void fence_registers(uint32_t (&a)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 #endif
 
@@ -150,8 +156,10 @@ __global__ void __launch_bounds__(128 * kQpassWgmmaMaxGroups) qpass_fp8_wgmma_ke
       a[u][1] = ptx::permute_bytes(v.x, v.y, 0x7632);
       a[u][2] = ptx::permute_bytes(v.z, v.w, 0x5410);
       a[u][3] = ptx::permute_bytes(v.z, v.w, 0x7632);
+      if constexpr (MID) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) e[u][r] = a[u][r] & 0xF8F8F8F8u;
+        for (int r = 0; r < 4; ++r) e[u][r] = a[u][r] & 0xF8F8F8F8u;  // sign and exponent, still E4M3 (or 0)
+      }
     }
     float d[SUMS], dm[MID ? SUMS : 1];
 #pragma unroll
@@ -160,6 +168,13 @@ __global__ void __launch_bounds__(128 * kQpassWgmmaMaxGroups) qpass_fp8_wgmma_ke
 #pragma unroll
       for (int c = 0; c < SUMS; ++c) dm[c] = 0.0f;
     }
+#pragma unroll
+    for (int u = 0; u < kBlocksPerChunk; ++u) {
+      fence_registers(a[u]);
+      if constexpr (MID) fence_registers(e[u]);
+    }
+    fence_registers(d);
+    if constexpr (MID) fence_registers(dm);
     ptx::wgmma_fence();
 #pragma unroll
     for (int u = 0; u < kBlocksPerChunk; ++u) {
