@@ -43,9 +43,10 @@ MAX_ROWS_PER_LAUNCH = 64  # 8 token tiles of 8 (csrc/w12_qpass_fp8.cuh kQpassFp8
 MAX_WARPS_PER_BLOCK = 8  # kQpassFp8MaxWarps: up to 255 registers a thread
 MAX_ACCUMULATORS = 20  # kQpassFp8MaxAccumulators: token tiles x weight tiles x MMAs a block a warp may accumulate
 TILES_PER_WARP = (1, 2, 4)  # the built weight tiles a warp (4: E4M3 operands only)
-# the MMAs' operands: E4M3 m16n8k32, both planes' bytes as f16 on m16n8k16, or E4M3 warpgroup MMAs (sm_90a: a warp
-# one tile, a warpgroup four, the activations in shared memory; csrc/w12_qpass_fp8_wgmma.cu)
-OPERANDS = ("e4m3", "f16", "wgmma")
+# the MMAs' operands: E4M3 m16n8k32, both planes' bytes as f16 on m16n8k16, or warpgroup MMAs (sm_90a: a warp one
+# tile, a warpgroup four, the activations in shared memory; csrc/w12_qpass_fp8_wgmma.cu) on E4M3 or f16 operands
+OPERANDS = ("e4m3", "f16", "wgmma", "wgmma_f16")
+WGMMA_KINDS = ("wgmma", "wgmma_f16")
 OPERAND_CODES = {kind: code for code, kind in enumerate(OPERANDS)}  # csrc binding's `operands`
 MAX_WARPGROUPS = 2  # kQpassWgmmaMaxGroups: warpgroups a block of the wgmma kind
 WARPS_PER_SM = 16  # warps a multiprocessor the partition aims at: each keeps about 4 KB of view bytes in flight
@@ -65,7 +66,7 @@ def tiles_per_warp_fits(m: int, tiles_per_warp: int, midpoint: bool, operands: s
     """Whether the kernel is built for ``tiles_per_warp`` at m rows (csrc qpass_fp8_tiles_per_warp_fits): the E4M3
     midpoint's second MMA doubles the accumulators, the f16 midpoint (a bit of the operand) does not; the wgmma kind
     is one tile a warp at every row count."""
-    if operands == "wgmma":
+    if operands in WGMMA_KINDS:
         return tiles_per_warp == 1
     f16 = operands == "f16"
     mmas = 2 if midpoint and not f16 else 1
@@ -79,7 +80,7 @@ class Fp8QpassConfig:
     groups_per_block: int = 4  # tile groups a block
     tiles_per_warp: int = 1  # 16-row weight tiles a warp: each activation fragment feeds that many MMAs
     splits: int = 1  # blocks sharing a tile group's K (a workspace and the last block's sum in split order)
-    operands: str = "e4m3"  # "e4m3" (m16n8k32), "f16" (both planes' bytes as f16, m16n8k16), "wgmma" (sm_90a)
+    operands: str = "e4m3"  # "e4m3" (m16n8k32), "f16" (both planes' bytes as f16, m16n8k16), WGMMA_KINDS (sm_90a)
 
     def __post_init__(self):
         if self.operands not in OPERANDS:
@@ -101,12 +102,12 @@ class Fp8QpassConfig:
                 where="Fp8QpassConfig",
                 fix=f"keep warps_k x groups_per_block <= {MAX_WARPS_PER_BLOCK}",
             )
-        if self.operands == "wgmma" and (
+        if self.operands in WGMMA_KINDS and (
             self.warps_k != 1 or self.tiles_per_warp != 1 or self.groups_per_block > MAX_WARPGROUPS
         ):
             raise W12Error(
                 f"Fp8QpassConfig(warps_k={self.warps_k}, tiles_per_warp={self.tiles_per_warp}, groups_per_block="
-                f"{self.groups_per_block}, operands='wgmma'): a warpgroup is 4 tiles of one K range",
+                f"{self.groups_per_block}, operands={self.operands!r}): a warpgroup is 4 tiles of one K range",
                 where="Fp8QpassConfig",
                 fix=f"use warps_k=1, tiles_per_warp=1, groups_per_block (warpgroups a block) 1-{MAX_WARPGROUPS}",
             )
@@ -269,7 +270,7 @@ def w12_fp8_qpass_gemm(
             where="w12_fp8_qpass_gemm(config)",
             fix="use fewer tiles_per_warp (tiles_per_warp_fits) or leave config to the default",
         )
-    wgmma = config.operands == "wgmma"
+    wgmma = config.operands in WGMMA_KINDS
     if wgmma and torch.cuda.get_device_capability(x.device) != (9, 0):
         raise W12Error(
             f"{config}: warpgroup MMAs run on sm_90 (Hopper) only, not on {torch.cuda.get_device_name(x.device)}",
@@ -291,10 +292,11 @@ def w12_fp8_qpass_gemm(
         xm, ym = x[r0 : r0 + MAX_ROWS_PER_LAUNCH], y[r0 : r0 + MAX_ROWS_PER_LAUNCH]
         rows = xm.shape[0]
         token_tiles = built_token_tiles(rows) if wgmma else -(-rows // 8)
-        image = torch.empty(token_tiles * 8 * kp, dtype=torch.uint8, device=x.device)
+        f16_image = config.operands == "wgmma_f16"  # the warpgroup f16 kind's image: 2 bytes a number
+        image = torch.empty(token_tiles * 8 * kp * (2 if f16_image else 1), dtype=torch.uint8, device=x.device)
         scale = torch.empty(rows, dtype=torch.float32, device=x.device)
         if wgmma:  # the warpgroup kernel's B image: its token tiles, rows past M zero
-            ext.quantize_rows_wgmma(xm, image, scale, kp, token_tiles, overlap)
+            ext.quantize_rows_wgmma(xm, image, scale, kp, token_tiles, f16_image, overlap)
         else:
             ext.quantize_rows(xm, image, scale, kp, overlap)
         sums = config.tiles_per_warp * built_token_tiles(rows) * 4 * 32  # fp32 partials a group and split
