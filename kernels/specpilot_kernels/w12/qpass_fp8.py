@@ -43,12 +43,11 @@ MAX_ROWS_PER_LAUNCH = 64  # 8 token tiles of 8 (csrc/w12_qpass_fp8.cuh kQpassFp8
 MAX_WARPS_PER_BLOCK = 8  # kQpassFp8MaxWarps: up to 255 registers a thread
 MAX_ACCUMULATORS = 20  # kQpassFp8MaxAccumulators: token tiles x weight tiles x MMAs a block a warp may accumulate
 TILES_PER_WARP = (1, 2, 4)  # the built weight tiles a warp (4: E4M3 operands only)
-# the MMAs' operands: E4M3 m16n8k32, both planes' bytes as f16 on m16n8k16, or warpgroup MMAs (sm_90a: a warp one
-# tile, a warpgroup four, the activations in shared memory; csrc/w12_qpass_fp8_wgmma.cu) on E4M3 or f16 operands
-OPERANDS = ("e4m3", "f16", "wgmma", "wgmma_f16")
-WGMMA_KINDS = ("wgmma", "wgmma_f16")
+# the MMAs' operands: E4M3 m16n8k32, both planes' bytes as f16 on m16n8k16, or f16 warpgroup MMAs (sm_90a: a warp
+# one tile, a warpgroup four, the activations' f16 image in shared memory; csrc/w12_qpass_fp8_wgmma.cu)
+OPERANDS = ("e4m3", "f16", "wgmma_f16")
 OPERAND_CODES = {kind: code for code, kind in enumerate(OPERANDS)}  # csrc binding's `operands`
-MAX_WARPGROUPS = 2  # kQpassWgmmaMaxGroups: warpgroups a block of the wgmma kind
+MAX_WARPGROUPS = 2  # kQpassWgmmaMaxGroups: warpgroups a block of the wgmma_f16 kind
 WARPS_PER_SM = 16  # warps a multiprocessor the partition aims at: each keeps about 4 KB of view bytes in flight
 MIN_PAIRS_PER_CLASS = 4  # 64-column pairs a K class at least: its partial sums stay a fraction of its weight bytes
 BLOCK_WARPS = 4  # warps a block the default partition aims at
@@ -64,9 +63,9 @@ def built_token_tiles(m: int) -> int:
 
 def tiles_per_warp_fits(m: int, tiles_per_warp: int, midpoint: bool, operands: str = "e4m3") -> bool:
     """Whether the kernel is built for ``tiles_per_warp`` at m rows (csrc qpass_fp8_tiles_per_warp_fits): the E4M3
-    midpoint's second MMA doubles the accumulators, the f16 midpoint (a bit of the operand) does not; the wgmma kind
-    is one tile a warp at every row count."""
-    if operands in WGMMA_KINDS:
+    midpoint's second MMA doubles the accumulators, the f16 midpoint (a bit of the operand) does not; the wgmma_f16
+    kind is one tile a warp at every row count."""
+    if operands == "wgmma_f16":
         return tiles_per_warp == 1
     f16 = operands == "f16"
     mmas = 2 if midpoint and not f16 else 1
@@ -80,7 +79,7 @@ class Fp8QpassConfig:
     groups_per_block: int = 4  # tile groups a block
     tiles_per_warp: int = 1  # 16-row weight tiles a warp: each activation fragment feeds that many MMAs
     splits: int = 1  # blocks sharing a tile group's K (a workspace and the last block's sum in split order)
-    operands: str = "e4m3"  # "e4m3" (m16n8k32), "f16" (both planes' bytes as f16, m16n8k16), WGMMA_KINDS (sm_90a)
+    operands: str = "e4m3"  # "e4m3" (m16n8k32), "f16" (both planes' bytes as f16, m16n8k16), "wgmma_f16" (sm_90a)
 
     def __post_init__(self):
         if self.operands not in OPERANDS:
@@ -102,7 +101,7 @@ class Fp8QpassConfig:
                 where="Fp8QpassConfig",
                 fix=f"keep warps_k x groups_per_block <= {MAX_WARPS_PER_BLOCK}",
             )
-        if self.operands in WGMMA_KINDS and (
+        if self.operands == "wgmma_f16" and (
             self.warps_k != 1 or self.tiles_per_warp != 1 or self.groups_per_block > MAX_WARPGROUPS
         ):
             raise W12Error(
@@ -270,7 +269,7 @@ def w12_fp8_qpass_gemm(
             where="w12_fp8_qpass_gemm(config)",
             fix="use fewer tiles_per_warp (tiles_per_warp_fits) or leave config to the default",
         )
-    wgmma = config.operands in WGMMA_KINDS
+    wgmma = config.operands == "wgmma_f16"
     if wgmma and torch.cuda.get_device_capability(x.device) != (9, 0):
         raise W12Error(
             f"{config}: warpgroup MMAs run on sm_90 (Hopper) only, not on {torch.cuda.get_device_name(x.device)}",
@@ -292,11 +291,10 @@ def w12_fp8_qpass_gemm(
         xm, ym = x[r0 : r0 + MAX_ROWS_PER_LAUNCH], y[r0 : r0 + MAX_ROWS_PER_LAUNCH]
         rows = xm.shape[0]
         token_tiles = built_token_tiles(rows) if wgmma else -(-rows // 8)
-        f16_image = config.operands == "wgmma_f16"  # the warpgroup f16 kind's image: 2 bytes a number
-        image = torch.empty(token_tiles * 8 * kp * (2 if f16_image else 1), dtype=torch.uint8, device=x.device)
+        image = torch.empty(token_tiles * 8 * kp * (2 if wgmma else 1), dtype=torch.uint8, device=x.device)
         scale = torch.empty(rows, dtype=torch.float32, device=x.device)
-        if wgmma:  # the warpgroup kernel's B image: its token tiles, rows past M zero
-            ext.quantize_rows_wgmma(xm, image, scale, kp, token_tiles, f16_image, overlap)
+        if wgmma:  # the warpgroup kernel's f16 B image: its token tiles, rows past M zero
+            ext.quantize_rows_wgmma(xm, image, scale, kp, token_tiles, overlap)
         else:
             ext.quantize_rows(xm, image, scale, kp, overlap)
         sums = config.tiles_per_warp * built_token_tiles(rows) * 4 * 32  # fp32 partials a group and split

@@ -65,17 +65,17 @@ __device__ __forceinline__ float amax8(const uint4& raw, float amax) {
 
 // Piece q (columns 8q .. 8q+7, zero past k) of token `row` as 8 E4M3 bytes at their place in the B image. The
 // per-warp kernel's (wgmma_tiles 0): column c = 64 p + 32 h + 8 t + i of token 8 j + g -> image[j][p][4 g + t][8 h + i].
-// The warpgroup kernel's for T = wgmma_tiles token tiles, E4M3: c = 32 b + 8 t + 4 q' + i -> image[b][q'][j][g][4 t + i];
-// f16 (the same numbers, exactly): c = 32 b + 8 t + 4 s + 2 h + e -> f16 image[b][s][h][j][g][2 t + e] (k16 step s).
+// The warpgroup kernel's for T = wgmma_tiles token tiles, in f16 (the same numbers, exactly): c = 32 b + 8 t + 4 s +
+// 2 h + e -> f16 image[b][s][h][j][g][2 t + e] (k16 step s, k half h).
 __device__ __forceinline__ void store_piece(uint8_t* __restrict__ image, int row, int pairs, int q, uint4 raw,
-                                            float inv, int wgmma_tiles, bool f16) {
+                                            float inv, int wgmma_tiles) {
   float v[8];
   bf16x8_to_float(raw, v);
 #pragma unroll
   for (int i = 0; i < 8; ++i) v[i] *= inv;
   const int j = row / 8, g = row % 8, t = q % 4;
   const uint2 bytes = to_e4m3x8(v);
-  if (wgmma_tiles && f16) {
+  if (wgmma_tiles) {
     uint8_t* at = image + (size_t)(q / 4) * wgmma_tiles * 512 + j * 128 + g * 16 + 4 * t;
 #pragma unroll
     for (int step = 0; step < 2; ++step)
@@ -83,10 +83,6 @@ __device__ __forceinline__ void store_piece(uint8_t* __restrict__ image, int row
       for (int h = 0; h < 2; ++h)
         *reinterpret_cast<uint32_t*>(at + (2 * step + h) * wgmma_tiles * 128) =
             qpass_fp8_detail::e4m3x2_to_f16x2((step ? bytes.y : bytes.x) >> (16 * h));
-  } else if (wgmma_tiles) {
-    uint8_t* at = image + (size_t)(q / 4) * wgmma_tiles * 256 + j * 128 + g * 16 + 4 * t;
-    *reinterpret_cast<uint32_t*>(at) = bytes.x;
-    *reinterpret_cast<uint32_t*>(at + wgmma_tiles * 128) = bytes.y;
   } else {
     const int p = q / 8, h = (q / 4) % 2;
     *reinterpret_cast<uint2*>(image + (((size_t)j * pairs + p) * 32 + 4 * g + t) * 16 + 8 * h) = bytes;
@@ -96,7 +92,7 @@ __device__ __forceinline__ void store_piece(uint8_t* __restrict__ image, int row
 // One block a token row: its largest |x|, then every 8 columns as 8 E4M3 bytes at their place in the B image; rows
 // m .. gridDim.x - 1 (the warpgroup image's padding) zero.
 __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(const __nv_bfloat16* __restrict__ x, int m, int k,
-                                                                  int ldx, int k_padded, int wgmma_tiles, bool f16,
+                                                                  int ldx, int k_padded, int wgmma_tiles,
                                                                   uint8_t* __restrict__ image,
                                                                   float* __restrict__ scale) {
   allow_next_grid();  // the GEMM's prologue reads only its weights
@@ -128,12 +124,11 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(const __nv_bflo
 #pragma unroll
   for (int i = 0; i < kQuantKeep; ++i) {
     const int q = threadIdx.x + i * kQuantThreads;
-    if (q < pieces) store_piece(image, row, pairs, q, kept[i], inv, wgmma_tiles, f16);
+    if (q < pieces) store_piece(image, row, pairs, q, kept[i], inv, wgmma_tiles);
   }
   for (int q = threadIdx.x + kQuantKeep * kQuantThreads; q < pieces; q += kQuantThreads)
     store_piece(image, row, pairs, q,
-                q < groups ? *reinterpret_cast<const uint4*>(xr + 8 * q) : make_uint4(0, 0, 0, 0), inv, wgmma_tiles,
-                f16);
+                q < groups ? *reinterpret_cast<const uint4*>(xr + 8 * q) : make_uint4(0, 0, 0, 0), inv, wgmma_tiles);
 }
 
 }  // namespace
@@ -142,17 +137,16 @@ cudaError_t qpass_fp8_quantize(const __nv_bfloat16* x, int m, int k, int ldx, in
                                float* x_scale, bool overlap_prior, cudaStream_t stream) {
   if (m < 1 || m > kQpassFp8MaxRows || k % 8 || ldx % 8 || k_padded % 128 || k > k_padded) return cudaErrorInvalidValue;
   return launch(quantize_kernel, dim3(m), dim3(kQuantThreads), 0, stream, overlap_prior, x, m, k, ldx, k_padded, 0,
-                false, x_image, x_scale);
+                x_image, x_scale);
 }
 
 cudaError_t qpass_fp8_quantize_wgmma(const __nv_bfloat16* x, int m, int k, int ldx, int k_padded, int token_tiles,
-                                     bool f16, uint8_t* x_image, float* x_scale, bool overlap_prior,
-                                     cudaStream_t stream) {
+                                     uint8_t* x_image, float* x_scale, bool overlap_prior, cudaStream_t stream) {
   if (m < 1 || m > kQpassFp8MaxRows || m > 8 * token_tiles || token_tiles > kQpassFp8MaxRows / 8 || k % 8 ||
       ldx % 8 || k_padded % 128 || k > k_padded)
     return cudaErrorInvalidValue;
   return launch(quantize_kernel, dim3(8 * token_tiles), dim3(kQuantThreads), 0, stream, overlap_prior, x, m, k, ldx,
-                k_padded, token_tiles, f16, x_image, x_scale);
+                k_padded, token_tiles, x_image, x_scale);
 }
 
 cudaError_t qpass_fp8_gemm(const QpassFp8Args& args, bool midpoint, cudaStream_t stream) {

@@ -28,14 +28,13 @@ void qpass_fp8_quantize_rows(torch::Tensor x, torch::Tensor x_image, torch::Tens
               " (M must be 1..64, K a multiple of 8, K padded a multiple of 128)");
 }
 
-// The warpgroup kernel's image: x_image uint8 [token_tiles * 8 * k_padded] (f16: twice that; rows past m zero).
+// The warpgroup kernel's f16 image: x_image uint8 [token_tiles * 8 * k_padded * 2] (rows past m zero).
 void qpass_fp8_quantize_rows_wgmma(torch::Tensor x, torch::Tensor x_image, torch::Tensor x_scale, int64_t k_padded,
-                                   int64_t token_tiles, bool f16, bool overlap_prior) {
-  check_quantize_operands(x, x_image, x_scale, token_tiles * 8 * k_padded * (f16 ? 2 : 1),
-                          "qpass_fp8_quantize_rows_wgmma");
+                                   int64_t token_tiles, bool overlap_prior) {
+  check_quantize_operands(x, x_image, x_scale, token_tiles * 8 * k_padded * 2, "qpass_fp8_quantize_rows_wgmma");
   const cudaError_t err = qpass_fp8_quantize_wgmma(
       reinterpret_cast<const __nv_bfloat16*>(x.data_ptr()), (int)x.size(0), (int)x.size(1), (int)x.stride(0),
-      (int)k_padded, (int)token_tiles, f16, x_image.data_ptr<uint8_t>(), x_scale.data_ptr<float>(), overlap_prior,
+      (int)k_padded, (int)token_tiles, x_image.data_ptr<uint8_t>(), x_scale.data_ptr<float>(), overlap_prior,
       c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "qpass_fp8_quantize_rows_wgmma: ", cudaGetErrorString(err),
               " (M must be 1..64 within token_tiles x 8, K a multiple of 8, K padded a multiple of 128)");
@@ -48,8 +47,7 @@ void qpass_fp8_gemm_rows(torch::Tensor view, torch::Tensor base, torch::Tensor x
                          torch::Tensor y, int64_t n, int64_t warps_k, int64_t tiles_per_warp,
                          int64_t groups_per_block, int64_t splits, torch::Tensor workspace,
                          torch::Tensor counters, int64_t operands, bool midpoint, bool overlap_prior) {
-  TORCH_CHECK(operands >= 0 && operands <= 3,
-              "qpass_fp8_gemm_rows: operands is 0 (E4M3), 1 (f16), 2 (wgmma, E4M3) or 3 (wgmma, f16)");
+  TORCH_CHECK(operands >= 0 && operands <= 2, "qpass_fp8_gemm_rows: operands is 0 (E4M3), 1 (f16) or 2 (wgmma, f16)");
   TORCH_CHECK(view.is_cuda() && view.scalar_type() == torch::kUInt8 && view.dim() == 4 && view.size(2) == 32 &&
                   view.size(3) == 16 && view.is_contiguous() && reinterpret_cast<uintptr_t>(view.data_ptr()) % 16 == 0,
               "qpass_fp8_gemm_rows: view must be a contiguous 16-byte aligned uint8 [tiles, Kp/32, 32, 16]");
@@ -89,10 +87,10 @@ void qpass_fp8_gemm_rows(torch::Tensor view, torch::Tensor base, torch::Tensor x
   }
   args.overlap_prior = overlap_prior;
   TORCH_CHECK(x_image.is_cuda() &&
-                  x_image.numel() >= (operands >= 2 ? built_tiles * (operands - 1) : tiles8) * 8 * args.k_padded,
+                  x_image.numel() >= (operands == 2 ? built_tiles * 2 : tiles8) * 8 * args.k_padded,
               "qpass_fp8_gemm_rows: x_image too small for M rows of K padded columns (wgmma: the built token tiles)");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const cudaError_t err = operands >= 2 ? qpass_fp8_gemm_wgmma(args, midpoint, operands == 3, stream)
+  const cudaError_t err = operands == 2 ? qpass_fp8_gemm_wgmma(args, midpoint, stream)
                                         : qpass_fp8_gemm(args, midpoint, stream);
   TORCH_CHECK(err == cudaSuccess, "qpass_fp8_gemm_rows: ", cudaGetErrorString(err),
               " (M must be 1..64, warps_k x groups_per_block at most 8, tiles_per_warp built for M, splits >= 1; "

@@ -1,27 +1,23 @@
 // The FP8 Q pass on warpgroup MMAs (sm_90a): y = x @ Wq^T with Wq the exact pass's 8-bit view, read in place.
 //
-// sm_90 runs the E4M3 mma.sync of w12_qpass_fp8.cu at a fraction of its FP8 tensor-core rate, so at tree rows that
-// kernel is bound by issuing MMAs (and by its conversions with f16 operands), not by the view's bytes. Here a warpgroup
-// of 4 warps owns 4 consecutive 16-row tiles (a warp one tile) and issues wgmma.m64nNk32 (N = 8 x token tiles): the
-// same A fragment after the same byte permute as the m16n8k32 kernel (a warp's m16n8k32 A fragment is its slice of
-// wgmma's register A), the activations the B operand in shared memory, so no activation registers, no per-warp
-// activation loads and one instruction where the per-warp kernel issues N / 8 MMAs a tile.
+// At tree rows the per-warp kernels of w12_qpass_fp8.cu are bound by issuing instructions, not by the view's bytes:
+// sm_90 runs E4M3 mma.sync at a fraction of its FP8 tensor-core rate (the midpoint a second MMA), and the f16 kind
+// converts each activation fragment once per weight tile. Here a warpgroup of 4 warps owns 4 consecutive 16-row tiles
+// (a warp one tile) and issues wgmma.m64nNk16 (N = 8 x token tiles) with f16 operands: A is the per-warp f16 kind's
+// m16n8k16 fragment (the view's bytes converted exactly in registers, the midpoint one bit of each half), a warp's
+// slice of wgmma's register A; B is the activations' f16 image in shared memory (every E4M3 number is an f16), so no
+// activation registers, no per-warp activation loads or conversions, and one instruction where the per-warp kernel
+// issues N / 8 MMAs a tile. fp32 sums, as the per-warp kernels keep them. (E4M3 operands on m64nNk32 were tried: on
+// the H200 their sums missed the emulation by up to 13 times the contract's slack, 2**-8 relative + 1e-5 of the
+// largest, the FP8 tensor cores summing with fewer bits than fp32 even over 128 products a wgmma group.)
 //
 // Both operands come in by the copy engine: a block's first thread puts each 128-column chunk's B image (written by
 // the quantizer in exactly the order wgmma reads it, qpass_fp8_quantize_wgmma) and each tile's 2 KB of view for that
 // chunk (contiguous in the view) into a ring of kQpassWgmmaStages slots, stages - 1 chunks ahead (full and empty
 // mbarriers, as the exact warpgroup kernel), so the weights' reads stay in flight without registers; each warp then
-// reads its tile's fragments from the slot (16 bytes a lane a block, conflict-free).
-//
-// Operands. E4M3 (m64nNk32): the midpoint a second wgmma over the view bytes masked to sign and exponent into its own
-// accumulators, times 1/16 at the end (the per-warp E4M3 kernel's arithmetic), each chunk's wgmmas from zero and
-// added to fp32 registers after it. On the H200 that kind misses the emulation by more than the contract's slack
-// (2**-8 relative + 1e-5 of the largest, call 1 of 2026-12-03 evening; rel. error at the bf16 rounding's 1.7e-3): the
-// FP8 tensor cores sum their products with fewer bits than fp32. f16 (m64nNk16): the view's bytes converted in
-// registers as the per-warp f16 kind does (exact; the midpoint one LOP3 a register, no second wgmma), the
-// quantizer's image in f16 (twice the bytes), fp32 sums as the BF16/f16 MMAs keep them. Splits of K over blocks:
-// each warp's tile partial into the workspace, the last warp of a tile to arrive sums them in split order (a counter
-// a tile, left zero), as the per-warp kernel does. A tile's sums depend on its splits alone.
+// reads its tile's fragments from the slot (16 bytes a lane a block, conflict-free). Splits of K over blocks: each
+// warp's tile partial into the workspace, the last warp of a tile to arrive sums them in split order (a counter a
+// tile, left zero), as the per-warp kernel does. A tile's sums depend on its splits alone.
 #include <cuda_fp8.h>
 
 #include "pdl.cuh"
@@ -34,54 +30,14 @@ namespace {
 constexpr int kBlocksPerChunk = 4;  // 32-column blocks a chunk: 128 columns (k_padded % 128 == 0)
 constexpr int kTileChunkBytes = kBlocksPerChunk * 512;  // one tile's view bytes a chunk, contiguous in the view
 
-// B image bytes of one wgmma's K for T token tiles (a 32-column block of E4M3, half a block of f16): [k half][token
-// tile j][8 rows][16 bytes], so the descriptor's leading offset (between the k halves) is T x 128 and its stride
-// offset (between token tiles) 128.
+// B image bytes of one wgmma's K (16 columns of f16) for T token tiles: [k half][token tile j][8 rows][16 bytes], so
+// the descriptor's leading offset (between the k halves) is T x 128 and its stride offset (between token tiles) 128.
 template <int T>
 constexpr int kStepImageBytes = T * 256;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// d (64 x N fp32, N / 2 a thread) += a (64 x 32 E4M3 from registers: each warp's m16n8k32 A fragment of its 16 rows)
-// * b (32 x N E4M3 in shared memory, K-major, described by desc): the FP8 warpgroup MMA.
-template <int N>
-__device__ __forceinline__ void wgmma_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc);
-template <>
-__device__ __forceinline__ void wgmma_e4m3<8>(float (&d)[4], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, 1, 1, 1;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-template <>
-__device__ __forceinline__ void wgmma_e4m3<16>(float (&d)[8], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, 1, 1, 1;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-template <>
-__device__ __forceinline__ void wgmma_e4m3<32>(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, 1, 1, 1;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-template <>
-__device__ __forceinline__ void wgmma_e4m3<40>(float (&d)[20], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n40k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19}, {%20,%21,%22,%23}, %24, 1, 1, 1;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-template <>
-__device__ __forceinline__ void wgmma_e4m3<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-
-// The same with f16 operands (m64nNk16, A: each warp's m16n8k16 fragment).
+// d (64 x N fp32, N / 2 a thread) += a (64 x 16 f16 from registers: each warp's m16n8k16 A fragment of its 16 rows)
+// * b (16 x N f16 in shared memory, K-major, described by desc): the f16 warpgroup MMA.
 template <int N>
 __device__ __forceinline__ void wgmma_f16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc);
 template <>
@@ -133,13 +89,13 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[R]) {
 }
 #endif
 
-// T token tiles of 8 rows (wgmma N = 8T); MID: the dropped bits at their midpoint; F16: f16 operands. A block is
-// blockDim.x / 128 warpgroups of 4 tiles sharing each chunk's B image; gridDim.y splits K.
-template <int T, bool MID, bool F16>
+// T token tiles of 8 rows (wgmma N = 8T); MID: the dropped bits at their midpoint. A block is blockDim.x / 128
+// warpgroups of 4 tiles sharing each chunk's B image; gridDim.y splits K.
+template <int T, bool MID>
 __global__ void __launch_bounds__(128 * kQpassWgmmaMaxGroups) qpass_fp8_wgmma_kernel(QpassFp8Args args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int SUMS = 4 * T;  // a thread's fp32 sums (wgmma N / 2)
-  constexpr int kImageBytes = kBlocksPerChunk * kStepImageBytes<T> * (F16 ? 2 : 1);
+  constexpr int kImageBytes = kBlocksPerChunk * 2 * kStepImageBytes<T>;  // two k16 steps a 32-column block
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int tile = blockIdx.x * warps + warp;
   const int chunks = args.k_padded / 128, per = (chunks + args.splits - 1) / args.splits;
@@ -185,84 +141,37 @@ __global__ void __launch_bounds__(128 * kQpassWgmmaMaxGroups) qpass_fp8_wgmma_ke
   // descriptor of a wgmma's B in a slot: address >> 4 (14 bits), leading offset T x 128 (between the k halves),
   // stride offset 128 (between token tiles)
   constexpr uint64_t kDescOffsets = ((uint64_t)(T * 128 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
-  constexpr bool MID_MMA = MID && !F16;  // the E4M3 midpoint's second wgmma (f16: an operand bit)
-  // E4M3: each chunk's sums from zero, added in fp32 (the FP8 accumulator keeps fewer bits over long K); f16: the
-  // wgmmas accumulate in acc itself
-  float acc[SUMS] = {}, mid[MID_MMA ? SUMS : 1] = {};
+  constexpr int kSteps = 2 * kBlocksPerChunk;  // k16 wgmmas a chunk
+  float acc[SUMS] = {};
   uint32_t phase = 0;
   for (int i = 0; i < count; ++i) {
     const int s = i % kQpassWgmmaStages;
     const uint32_t slot = slots + s * slot_bytes;
     ptx::mbarrier_wait(full + 8 * s, phase);
-    constexpr int kSteps = kBlocksPerChunk * (F16 ? 2 : 1);  // wgmmas a chunk (and a mode)
-    uint32_t a[kSteps][4], e[MID_MMA ? kSteps : 1][4];
+    uint32_t a[kSteps][4];
 #pragma unroll
     for (int u = 0; u < kBlocksPerChunk; ++u) {
       const uint4 v = ptx::ld_shared16(slot + kImageBytes + warp * kTileChunkBytes + u * 512 + lane * 16);
-      if constexpr (F16) {
-        // view word: two bytes of row g, two of row g + 8; k16 step 0 takes words x, y, step 1 words z, w
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      // view word: two bytes of row g, two of row g + 8; k16 step 0 takes words x, y, step 1 words z, w
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int q = 0; q < 2; ++q)
+      for (int q = 0; q < 2; ++q)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const uint32_t h = qpass_fp8_detail::e4m3x2_to_f16x2(w[2 * q + r / 2] >> (16 * (r % 2)));
-            a[2 * u + q][r] = MID ? qpass_fp8_detail::f16x2_midpoint(h) : h;
-          }
-      } else {
-        // two bytes of row g, two of row g + 8 a view word -> one row a register (w12_qpass_fp8.cu)
-        a[u][0] = ptx::permute_bytes(v.x, v.y, 0x5410);
-        a[u][1] = ptx::permute_bytes(v.x, v.y, 0x7632);
-        a[u][2] = ptx::permute_bytes(v.z, v.w, 0x5410);
-        a[u][3] = ptx::permute_bytes(v.z, v.w, 0x7632);
-        if constexpr (MID_MMA) {
-#pragma unroll
-          for (int r = 0; r < 4; ++r) e[u][r] = a[u][r] & 0xF8F8F8F8u;  // sign and exponent, still E4M3 (or 0)
+        for (int r = 0; r < 4; ++r) {
+          const uint32_t h = qpass_fp8_detail::e4m3x2_to_f16x2(w[2 * q + r / 2] >> (16 * (r % 2)));
+          a[2 * u + q][r] = MID ? qpass_fp8_detail::f16x2_midpoint(h) : h;
         }
-      }
-    }
-    float d[F16 ? 1 : SUMS], dm[MID_MMA ? SUMS : 1];
-    if constexpr (!F16) {
-#pragma unroll
-      for (int c = 0; c < SUMS; ++c) d[c] = 0.0f;
-    }
-    if constexpr (MID_MMA) {
-#pragma unroll
-      for (int c = 0; c < SUMS; ++c) dm[c] = 0.0f;
     }
 #pragma unroll
-    for (int u = 0; u < kSteps; ++u) {
-      fence_registers(a[u]);
-      if constexpr (MID_MMA) fence_registers(e[u]);
-    }
-    if constexpr (F16) fence_registers(acc);
-    else fence_registers(d);
-    if constexpr (MID_MMA) fence_registers(dm);
+    for (int u = 0; u < kSteps; ++u) fence_registers(a[u]);
+    fence_registers(acc);
     ptx::wgmma_fence();
 #pragma unroll
-    for (int u = 0; u < kSteps; ++u) {
-      const uint64_t desc = kDescOffsets | (((slot + u * kStepImageBytes<T>) & 0x3FFFF) >> 4);
-      if constexpr (F16) {
-        wgmma_f16<8 * T>(acc, a[u], desc);
-      } else {
-        wgmma_e4m3<8 * T>(d, a[u], desc);
-        if constexpr (MID_MMA) wgmma_e4m3<8 * T>(dm, e[u], desc);
-      }
-    }
+    for (int u = 0; u < kSteps; ++u)
+      wgmma_f16<8 * T>(acc, a[u], kDescOffsets | (((slot + u * kStepImageBytes<T>) & 0x3FFFF) >> 4));
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();  // the slot and the A registers are free again
-    if constexpr (F16) {
-      fence_registers(acc);
-    } else {
-      fence_registers(d);
-#pragma unroll
-      for (int c = 0; c < SUMS; ++c) acc[c] += d[c];
-    }
-    if constexpr (MID_MMA) {
-      fence_registers(dm);
-#pragma unroll
-      for (int c = 0; c < SUMS; ++c) mid[c] += dm[c];
-    }
+    fence_registers(acc);
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(empty + 8 * s);
     // the copier refills the slot chunk i - 1 left once every warp has released it (one iteration behind: no wait
@@ -275,10 +184,6 @@ __global__ void __launch_bounds__(128 * kQpassWgmmaMaxGroups) qpass_fp8_wgmma_ke
     if (s == kQpassWgmmaStages - 1) phase ^= 1;
   }
   allow_next_grid();
-  if constexpr (MID_MMA) {
-#pragma unroll
-    for (int c = 0; c < SUMS; ++c) acc[c] += mid[c] * 0.0625f;
-  }
   if (tile >= args.tiles) return;
   if (args.splits > 1) {  // the K splits of the warp's tile: the last to arrive sums them in split order
     float* part = args.workspace + (size_t)tile * args.splits * SUMS * 32 + lane;
@@ -320,12 +225,12 @@ __global__ void __launch_bounds__(128 * kQpassWgmmaMaxGroups) qpass_fp8_wgmma_ke
 #endif
 }
 
-template <int T, bool MID, bool F16>
+template <int T, bool MID>
 cudaError_t launch_wgmma(const QpassFp8Args& args, cudaStream_t stream) {
   const int warps = 4 * args.groups_per_block;
-  const size_t image_bytes = (size_t)kBlocksPerChunk * kStepImageBytes<T> * (F16 ? 2 : 1);
+  const size_t image_bytes = (size_t)kBlocksPerChunk * 2 * kStepImageBytes<T>;
   const size_t smem = (size_t)kQpassWgmmaStages * (image_bytes + warps * kTileChunkBytes) + 16 * kQpassWgmmaStages;
-  auto kernel = qpass_fp8_wgmma_kernel<T, MID, F16>;
+  auto kernel = qpass_fp8_wgmma_kernel<T, MID>;
   if (smem > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
@@ -334,23 +239,21 @@ cudaError_t launch_wgmma(const QpassFp8Args& args, cudaStream_t stream) {
   return qpass_fp8_detail::launch(kernel, grid, dim3(32 * warps), smem, stream, args.overlap_prior, args);
 }
 
-// The instantiated warpgroup kernels: the per-warp kernel's token tiles (wgmma N = 8 .. 64) x both modes x both
-// operand kinds.
+// The instantiated warpgroup kernels: the per-warp kernel's token tiles (wgmma N = 8 .. 64) x both modes.
 #define QPASS_WGMMA_KERNELS(X)                                                                                   \
   X(1, false) X(1, true) X(2, false) X(2, true) X(4, false) X(4, true) X(5, false) X(5, true) X(8, false) X(8, true)
 
 }  // namespace
 
-cudaError_t qpass_fp8_gemm_wgmma(const QpassFp8Args& args, bool midpoint, bool f16, cudaStream_t stream) {
+cudaError_t qpass_fp8_gemm_wgmma(const QpassFp8Args& args, bool midpoint, cudaStream_t stream) {
   const int tiles8 = (args.m + 7) / 8;
   const int built = tiles8 <= 2 ? tiles8 : tiles8 <= 4 ? 4 : tiles8 <= 5 ? 5 : 8;
   if (args.m < 1 || args.m > kQpassFp8MaxRows || args.warps_k != 1 || args.tiles_per_warp != 1 ||
       args.groups_per_block < 1 || args.groups_per_block > kQpassWgmmaMaxGroups || args.k_padded % 128 ||
       args.splits < 1 || (args.splits > 1 && (args.workspace == nullptr || args.counters == nullptr)))
     return cudaErrorInvalidValue;
-#define QPASS_WGMMA_CALL_IF(T, MID)                                                               \
-  if (built == T && midpoint == MID)                                                              \
-    return f16 ? launch_wgmma<T, MID, true>(args, stream) : launch_wgmma<T, MID, false>(args, stream);
+#define QPASS_WGMMA_CALL_IF(T, MID) \
+  if (built == T && midpoint == MID) return launch_wgmma<T, MID>(args, stream);
   QPASS_WGMMA_KERNELS(QPASS_WGMMA_CALL_IF)
 #undef QPASS_WGMMA_CALL_IF
   return cudaErrorInvalidValue;
