@@ -39,6 +39,8 @@ from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 SHAPE = "qwen3.8-27b-like"
 L2_BYTES = 60 * 2**20
 Q_MODES = ("fp8_midpoint", "fp8_truncated")  # the BF16 Q mode (q8_midpoint) was timed beside them in call 1
+WGMMA_KINDS = ("wgmma_f16",)  # the warpgroup kinds (csrc/w12_qpass_fp8_wgmma.cu, sm_90a)
+KINDS = ["e4m3", "f16", "wgmma_f16"]  # the operand kinds the sweep times (--kinds)
 
 
 def log(*args) -> None:
@@ -72,6 +74,17 @@ def check_shape(n: int, k: int, device: str) -> dict:
     rows = image.view(5, kp // 64, 8, 4, 2, 8).permute(0, 2, 1, 4, 3, 5).reshape(40, kp)[:33, :k]
     out["quantizer_bytes_equal"] = torch.equal(rows, q.view(torch.uint8))
     out["quantizer_scale_equal"] = torch.equal(got_scale, scale)
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    wgmma_kinds = [kind for kind in WGMMA_KINDS if kind in KINDS] if hopper else []
+    if hopper:  # the warpgroup f16 image back in row order (padding rows must come out zero):
+        # [b][s][h][j][g][2t + e] -> token 8j + g, column 32b + 8t + 4s + 2h + e
+        fimage = torch.full((80 * kp,), 0xFF, dtype=torch.uint8, device=device)
+        ext.quantize_rows_wgmma(x, fimage, got_scale, kp, 5, False)
+        frows = fimage.view(torch.float16).view(kp // 32, 2, 2, 5, 8, 4, 2).permute(3, 4, 0, 5, 1, 2, 6).reshape(40, kp)
+        as_e4m3 = frows.to(torch.float8_e4m3fn).view(torch.uint8)  # exact: the f16 numbers are E4M3 numbers
+        out["quantizer_wgmma_f16_bytes_equal"] = torch.equal(as_e4m3[:33, :k], q.view(torch.uint8))
+        out["quantizer_wgmma_f16_padding_zero_equal"] = bool((frows[33:] == 0).all() and (frows[:33, k:] == 0).all())
+        out["quantizer_wgmma_scale_equal"] = torch.equal(got_scale, scale)
     from specpilot_kernels.w12.qpass_fp8 import TILES_PER_WARP, select_fp8_qpass_config, tiles_per_warp_fits
 
     for low_bits in ("midpoint", "truncated"):
@@ -87,11 +100,90 @@ def check_shape(n: int, k: int, device: str) -> dict:
                 out[f"{low_bits}_tiles_per_warp{r}_rel_err_vs_emulation"] = rel_err(bits, ref)
                 one = w12_fp8_qpass_gemm(x[5:6].contiguous(), mma, low_bits, config=replace(other, tiles_per_warp=1))
                 out[f"{low_bits}_tiles_per_warp{r}_row_bits_same_at_1_row"] = torch.equal(one, bits[5:6])
+        for kind in wgmma_kinds:  # the warpgroup kinds at 33 and 1 rows, split or not (counters reset by each launch)
+            for c in wgmma_configs(n, k, torch.cuda.get_device_properties(0).multi_processor_count, kind)[:3]:
+                for _ in range(2):
+                    bits = w12_fp8_qpass_gemm(x, mma, low_bits, config=c)
+                out[f"{low_bits}_{label(c)}_rel_err_vs_emulation"] = rel_err(bits, ref)
+                one = w12_fp8_qpass_gemm(x[5:6].contiguous(), mma, low_bits, config=c)
+                out[f"{low_bits}_{label(c)}_rel_err_vs_emulation_1_row"] = rel_err(one, ref[5:6])
+                out[f"{low_bits}_{label(c)}_row_bits_same_at_1_row"] = torch.equal(one, bits[5:6])
     cols = torch.arange(0, k, max(1, k // 16), device=device)[:16]
     onehot = torch.zeros(cols.numel(), k, device=device, dtype=torch.bfloat16)
     onehot[torch.arange(cols.numel(), device=device), cols] = 1.0
     expected = fp8_qpass_reference(onehot, w12, "midpoint").bfloat16()
     out["one_hot_equal_values"] = torch.equal(w12_fp8_qpass_gemm(onehot, mma, "midpoint"), expected)
+    return out
+
+
+def wgmma_check(kinds: list[str]) -> dict:
+    """The warpgroup kinds against the emulation before any sweep launches them (a broken ring would hang the stage):
+    a short last tile group (1000 rows) and the 27B-like gdn_out, 1-64 rows, both modes, unsplit and split, each
+    element within the GPU tests' slack (2**-8 relative + 1e-5 of the largest); the worst element's error over its
+    slack and the elements past it. Then gdn_out and gate_up at 1 and 33 rows timed in each kind beside the per-warp
+    kernel's table choice. ``passed``: the kinds within it everywhere."""
+    from specpilot_kernels.w12 import encode, to_mma_layout
+    from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig, fp8_qpass_reference, w12_fp8_qpass_gemm
+
+    out, passed = {}, {}
+    for n, k in ((1000, 1536), (5120, 6144)):
+        torch.manual_seed(2)
+        w12 = encode((torch.randn(n, k, device="cuda") * 0.02).bfloat16())
+        mma = to_mma_layout(w12)
+        for m in (1, 16, 33, 64):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            for low_bits in ("midpoint", "truncated"):
+                ref = fp8_qpass_reference(x, w12, low_bits)
+                slack = 2.0**-8 * ref.abs() + 1e-5 * ref.abs().max()
+                for kind in ["per_warp", *kinds]:  # per_warp: the default partition, the check's own baseline
+                    for groups, splits in ((1, 1), (2, 3)) if kind != "per_warp" else ((0, 0),):
+                        config = Fp8QpassConfig(1, groups, 1, splits, kind) if groups else None
+                        for _ in range(2):  # the second launch finds the split counters reset
+                            y = w12_fp8_qpass_gemm(x, mma, low_bits, config=config)
+                        torch.cuda.synchronize()  # a hang shows as the last case logged
+                        over = (y.float() - ref).abs() / slack
+                        entry = {"rel_err": rel_err(y, ref), "worst_over_slack": float(over.max()),
+                                 "past_slack": int((over > 1).sum()), "of": over.numel()}  # fmt: skip
+                        name = label(config) if config else kind
+                        passed[kind] = passed.get(kind, True) and entry["past_slack"] == 0
+                        out[f"{n}x{k},M={m},{low_bits},{name}"] = entry
+                        log("wgmma check", n, k, m, low_bits, name, entry)
+    shapes = engine_shapes()
+    for name in ("gdn_out", "gate_up"):
+        out.update(time_wgmma_kinds(name, *shapes[name], kinds))
+        torch.cuda.empty_cache()
+    out["per_warp_within"] = passed["per_warp"]
+    out["passed"] = [kind for kind in kinds if passed[kind]]
+    return out
+
+
+def time_wgmma_kinds(name: str, n: int, k: int, kinds: list[str]) -> dict:
+    """The shape at 1 and 33 rows in each mode: the per-warp kernel's table choice and each warpgroup kind's first two
+    partitions (``wgmma_configs``), in µs."""
+    from specpilot_kernels.w12 import encode, to_mma_layout
+    from specpilot_kernels.w12.qpass_fp8 import w12_fp8_qpass_gemm
+
+    from specpilot_mem.bench.cuda_timing import graph_replay_us
+
+    copies = max(2, math.ceil(2 * L2_BYTES / (n * k)))
+    mmas = [to_mma_layout(encode((torch.randn(n, k, device="cuda") * 0.02).bfloat16())) for _ in range(copies)]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = {}
+    for m in (1, 33):
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        for low_bits in ("midpoint", "truncated"):
+            configs = {"per_warp_table": None}
+            configs.update({label(c): c for kind in kinds for c in wgmma_configs(n, k, sms, kind)[:2]})
+            row = {
+                key: graph_replay_us(
+                    lambda i, c=c, lb=low_bits, x=x: w12_fp8_qpass_gemm(x, mmas[i], lb, config=c),
+                    copies=copies,
+                    replays=10,
+                )
+                for key, c in configs.items()
+            }
+            out[f"time {name} M={m} {low_bits}"] = row
+            log("wgmma time", name, m, low_bits, row)
     return out
 
 
@@ -131,20 +223,38 @@ def gemm_section(rows: list[int], replays: int, sweep_rows: list[int], sweep_s: 
     return out
 
 
+def wgmma_configs(n: int, k: int, sms: int, kind: str) -> list:
+    """The warpgroup kind's partitions (sm_90): 1-2 warpgroups a block x K splits of at least 4 chunks of 128
+    columns, nearest first to 4 blocks of 4 warps a multiprocessor (its ring's shared memory admits about that many
+    at 33 rows)."""
+    from specpilot_kernels.w12.qpass_fp8 import MAX_WARPGROUPS, Fp8QpassConfig
+
+    tiles, chunks = -(-n // 16), -(-k // 128)
+    configs = [
+        Fp8QpassConfig(1, groups, 1, splits, kind)
+        for groups in range(1, MAX_WARPGROUPS + 1)
+        for splits in (1, 2, 3, 4, 6, 8, 12)
+        if chunks // splits >= 4
+    ]
+    blocks = {c: -(-tiles // (4 * c.groups_per_block)) * c.splits * c.groups_per_block for c in configs}
+    return sorted(configs, key=lambda c: abs(math.log(blocks[c] / (4 * sms))))
+
+
 def sweep_configs(n: int, k: int, m: int, midpoint: bool) -> list:
-    """Partitions beside the default, for both operand kinds: 1-2 weight tiles a warp (f16) or 2-4 (E4M3: one never
-    won on the H200) x warps a K x 4- or 8-warp blocks, one block a K; and the K-split rule's partition. Likelier
-    winners first (a sweep may run out of time): at 1-8 rows E4M3 and many warps a K, past them f16 (the H200's
-    winners of call 1, 2026-12-03)."""
+    """Partitions beside the default: on sm_90 the warpgroup kind's first (``wgmma_configs``), then for both
+    per-warp operand kinds 1-2 weight tiles a warp (f16) or 2-4 (E4M3: one never won on the H200) x warps a K x 4- or
+    8-warp blocks, one block a K; and the K-split rule's partition. Likelier winners first (a sweep may run out of
+    time): at 1-8 rows E4M3 and many warps a K, past them f16 (the H200's winners of call 1, 2026-12-03)."""
     from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig, fp8_qpass_partition, tiles_per_warp_fits
 
     pairs = -(-k // 128) * 2
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
-    configs = []
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    configs = [c for kind in WGMMA_KINDS if hopper and kind in KINDS for c in wgmma_configs(n, k, sms, kind)]
     kinds = (("f16", (1, 2)), ("e4m3", (2, 4)))
     for operands, tiles in kinds[::-1] if m <= 8 else kinds:
         for r in tiles:
-            if not tiles_per_warp_fits(m, r, midpoint, operands):
+            if operands not in KINDS or not tiles_per_warp_fits(m, r, midpoint, operands):
                 continue
             split = replace(fp8_qpass_partition(n, k, sms, r), operands=operands)
             for config in [Fp8QpassConfig(wk, max(1, b // wk), r, 1, operands) for wk in (8, 4, 2, 1) for b in (4, 8)]:
@@ -162,8 +272,9 @@ def label(config) -> str:
 def parse_label(text: str):
     from specpilot_kernels.w12.qpass_fp8 import Fp8QpassConfig
 
-    operands, *parts = text.split("_")
-    r, wk, g, splits = (int(part.lstrip("rwkgs")) for part in parts)
+    words = text.split("_")
+    operands = "_".join(words[:-4])  # the kind may hold "_" (wgmma_f16)
+    r, wk, g, splits = (int(part.lstrip("rwkgs")) for part in words[-4:])
     return Fp8QpassConfig(warps_k=wk, groups_per_block=g, tiles_per_warp=r, splits=splits, operands=operands)
 
 
@@ -199,7 +310,7 @@ def sweep_shape(n: int, k: int, m: int, mmas, w12, x, timed, until: float) -> di
                 break
             try:
                 errors[label(c)] = rel_err(w12_fp8_qpass_gemm(x, mmas[0], low_bits, config=c), ref)
-                times[label(c)] = timed(lambda i, c=c, lb=low_bits: w12_fp8_qpass_gemm(x, mmas[i], lb, config=c))
+                times[label(c)] = timed(lambda i, c=c, lb=low_bits, x=x: w12_fp8_qpass_gemm(x, mmas[i], lb, config=c))
             except RuntimeError as err:  # a partition that does not launch: recorded, not fatal
                 errors[label(c)] = str(err)[:200]
         correct = {key: us for key, us in times.items() if isinstance(errors[key], float) and errors[key] < 4e-3}
@@ -301,7 +412,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-rows", default="1,33")
     ap.add_argument("--sweep-s", type=float, default=60.0, help="seconds of the GEMM section that sweep partitions")
     ap.add_argument("--context", type=int, default=1024)
-    ap.add_argument("--sections", default="gemm,system")
+    ap.add_argument("--sections", default="gemm,system", help="gemm, system, wgmma_check (its passing kinds: --passed)")
+    ap.add_argument(
+        "--passed", type=Path, help="wgmma_check: write the warpgroup kinds it passed here, comma-separated"
+    )
+    ap.add_argument("--kinds", default=",".join(KINDS), help="operand kinds the sweep times")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--tuned-out", type=Path, help="write the tuned table (qpass_fp8_configs.json) after the sweeps")
     args = ap.parse_args(argv)
@@ -312,6 +427,11 @@ def main(argv=None) -> int:
     else:
         result["dry_run"] = False
         sections = args.sections.split(",")
+        KINDS[:] = args.kinds.split(",")
+        if "wgmma_check" in sections:
+            result["wgmma_check"] = wgmma_check([kind for kind in WGMMA_KINDS if kind in KINDS])
+            if args.passed:
+                args.passed.write_text(",".join(result["wgmma_check"]["passed"]))
         if "gemm" in sections:
             result["gemm"] = gemm_section(
                 [int(r) for r in args.rows.split(",")],

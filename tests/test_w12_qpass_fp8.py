@@ -167,6 +167,53 @@ def lane_level_f16_qpass(x: torch.Tensor, mma, low_bits: str) -> torch.Tensor:
     return (y[:n, :m] * window[:n, None]).t() * scale[:, None]
 
 
+def wgmma_f16_image_of(q: torch.Tensor, kp: int, token_tiles: int) -> torch.Tensor:
+    """The quantizer's f16 warpgroup image: column c = 32b + 8t + 4s + 2h + e of token 8j + g as f16 at
+    [b][s][h][j][g][2t + e] (k16 step s, k half h; rows past M zero). Flat uint8, two bytes a number."""
+    m, k = q.shape
+    rows = torch.zeros(token_tiles * 8, kp, dtype=torch.float16)
+    rows[:m, :k] = q.to(torch.float16)  # every E4M3 number is an f16
+    # [j, g, b, t, s, h, e] -> [b, s, h, j, g, t, e]
+    image = rows.view(token_tiles, 8, kp // 32, 4, 2, 2, 2).permute(2, 4, 5, 0, 1, 3, 6).reshape(-1)
+    return image.view(torch.uint8)
+
+
+def lane_level_wgmma_f16_qpass(x: torch.Tensor, mma, low_bits: str) -> torch.Tensor:
+    """The f16 warpgroup kernel's data flow: warp w holds tile 4G + w's m16n8k16 A fragments (the per-warp f16 kind's
+    conversion, the midpoint bit); wgmma k16 step u = 2b + s reads B (16 x N f16, K-major, no swizzle) through its
+    descriptor at offset u x T x 256: element (k-slot s', column n) at (s' // 8) x LBO + (n // 8) x SBO + (n % 8) x 16
+    + 2 (s' % 8), LBO = T x 128, SBO = 128. Returns fp32 [M, N] before the bf16 rounding."""
+    from specpilot_kernels.w12.qpass_fp8 import built_token_tiles
+
+    q, scale = fp8_rows_reference(x)
+    m = x.shape[0]
+    n, _ = mma.shape
+    tiles, blocks = mma.view.shape[:2]
+    tt = built_token_tiles(m)
+    image = wgmma_f16_image_of(q, blocks * 32, tt)
+    lane = torch.arange(32)
+    g, t = lane // 4, lane % 4
+    k_idx, n_idx = torch.arange(16)[:, None], torch.arange(8 * tt)[None, :]
+    offsets = (k_idx // 8) * (tt * 128) + (n_idx // 8) * 128 + (n_idx % 8) * 16 + 2 * (k_idx % 8)  # [16, N]
+    y = torch.zeros(tiles * 16, 8 * tt)
+    for blk in range(blocks):
+        v = words(mma.view[:, blk])  # [T, 32, 4]
+        for step in range(2):
+            at = (2 * blk + step) * tt * 256 + offsets
+            B = (image[at].to(torch.int32) | (image[at + 1].to(torch.int32) << 8)).to(torch.int16)
+            B = B.view(torch.float16).float()  # [k-slot, column]
+            A = torch.zeros(tiles, 16, 16)
+            for r in range(4):
+                bits = f16_pairs(v[..., 2 * step + r // 2] >> (16 * (r % 2)))
+                if low_bits == "midpoint":
+                    bits = f16_midpoint(bits)
+                for e in range(2):
+                    A[:, g + 8 * (r % 2), 2 * t + 8 * (r // 2) + e] = f16_values(bits[..., e])
+            y += (A @ B).reshape(tiles * 16, -1)
+    window = torch.exp2(mma.base.float() - 120.0)
+    return (y[:n, :m] * window[:n, None]).t() * scale[:, None]
+
+
 def test_the_f16_midpoint_bit_is_the_view_plus_its_sign_and_exponent_over_16():
     codes = torch.tensor([c for c in range(256) if (c & 0x7F) >> 3 and (c & 0x7F) != 0x7F] + [0x00, 0x80])
     v = codes.to(torch.uint8).view(torch.float8_e4m3fn).float()
@@ -181,11 +228,13 @@ def test_the_f16_midpoint_bit_is_the_view_plus_its_sign_and_exponent_over_16():
     [
         pytest.param(lane_level_qpass, id="e4m3: the view is the A fragment after one permute a register"),
         pytest.param(lane_level_f16_qpass, id="f16: the view and the image converted in registers"),
+        pytest.param(lane_level_wgmma_f16_qpass, id="wgmma_f16: the view converted, the f16 image by descriptor"),
     ],
 )
-def test_the_lane_level_operands_give_the_reference(lane_level, low_bits):
+@pytest.mark.parametrize("rows", [1, 11, 33])
+def test_the_lane_level_operands_give_the_reference(lane_level, low_bits, rows):
     w12 = encode(weight_with_escapes())
-    x = torch.randn(11, 256).bfloat16()
+    x = torch.randn(rows, 256).bfloat16()
     got = lane_level(x, to_mma_layout(w12), low_bits)
     ref = fp8_qpass_reference(x, w12, low_bits)
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6 * float(ref.abs().max()))
@@ -300,6 +349,22 @@ def test_the_f16_operand_kernels_build_for_sm_90a_within_a_word_of_spill(tmp_pat
     assert all(int(count) <= 4 for count in stores.values()), stores
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_warpgroup_kernels_build_for_sm_90a_without_spills(tmp_path):
+    result = subprocess.run(
+        ["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v"]
+        + [f"-I{SHARED_HEADERS}", f"-I{CSRC}", "-c", str(CSRC / "w12_qpass_fp8_wgmma.cu"), "-o", str(tmp_path / "w.o")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "serialized" not in result.stderr  # ptxas's warning where it cannot keep the wgmmas asynchronous
+    stores = dict(re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", result.stderr, re.S))
+    assert len(stores) == 10, stores  # 5 token tiles x 2 modes
+    assert all(int(count) == 0 for count in stores.values()), stores
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 tensor cores (sm_89+)")
 @pytest.mark.parametrize("low_bits", ["midpoint", "truncated"])
@@ -329,10 +394,13 @@ def test_a_rows_bits_do_not_depend_on_the_row_count():
 @pytest.mark.parametrize("low_bits", ["midpoint", "truncated"])
 @pytest.mark.parametrize(
     "config",
-    [(1, 1, 1, 3, "e4m3"), (2, 2, 2, 2, "e4m3"), (4, 8, 1, 1, "e4m3"), (1, 2, 2, 1, "f16"), (2, 4, 1, 2, "f16")],
+    [(1, 1, 1, 3, "e4m3"), (2, 2, 2, 2, "e4m3"), (4, 8, 1, 1, "e4m3"), (1, 2, 2, 1, "f16"), (2, 4, 1, 2, "f16")]
+    + [(1, 1, 1, 1, "wgmma_f16"), (1, 1, 2, 3, "wgmma_f16")],
 )
 def test_every_partition_matches_the_emulation_and_splits_keep_a_rows_bits(rows, config, low_bits):
     tiles_per_warp, warps_k, groups_per_block, splits, operands = config
+    if operands.startswith("wgmma") and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("warpgroup MMAs need sm_90")
     if not tiles_per_warp_fits(rows, tiles_per_warp, low_bits == "midpoint", operands):
         pytest.skip(
             f"{tiles_per_warp} tiles a warp at {rows} rows ({low_bits}, {operands}) is not an instantiated partition"

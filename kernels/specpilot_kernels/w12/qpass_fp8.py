@@ -36,14 +36,18 @@ from .mma import W12MmaTensor
 from .reference import qpass_weight_reference
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = ("w12_qpass_fp8.cu", "w12_qpass_fp8_f16.cu", "w12_qpass_fp8_binding.cpp")
+SOURCES = ("w12_qpass_fp8.cu", "w12_qpass_fp8_f16.cu", "w12_qpass_fp8_wgmma.cu", "w12_qpass_fp8_binding.cpp")
 EXTENSION = "specpilot_w12_qpass_fp8"
 E4M3_MAX = 448.0
 MAX_ROWS_PER_LAUNCH = 64  # 8 token tiles of 8 (csrc/w12_qpass_fp8.cuh kQpassFp8MaxRows)
 MAX_WARPS_PER_BLOCK = 8  # kQpassFp8MaxWarps: up to 255 registers a thread
 MAX_ACCUMULATORS = 20  # kQpassFp8MaxAccumulators: token tiles x weight tiles x MMAs a block a warp may accumulate
 TILES_PER_WARP = (1, 2, 4)  # the built weight tiles a warp (4: E4M3 operands only)
-OPERANDS = ("e4m3", "f16")  # the MMAs' operands: E4M3 m16n8k32, or both planes' bytes as f16 on m16n8k16
+# the MMAs' operands: E4M3 m16n8k32, both planes' bytes as f16 on m16n8k16, or f16 warpgroup MMAs (sm_90a: a warp
+# one tile, a warpgroup four, the activations' f16 image in shared memory; csrc/w12_qpass_fp8_wgmma.cu)
+OPERANDS = ("e4m3", "f16", "wgmma_f16")
+OPERAND_CODES = {kind: code for code, kind in enumerate(OPERANDS)}  # csrc binding's `operands`
+MAX_WARPGROUPS = 2  # kQpassWgmmaMaxGroups: warpgroups a block of the wgmma_f16 kind
 WARPS_PER_SM = 16  # warps a multiprocessor the partition aims at: each keeps about 4 KB of view bytes in flight
 MIN_PAIRS_PER_CLASS = 4  # 64-column pairs a K class at least: its partial sums stay a fraction of its weight bytes
 BLOCK_WARPS = 4  # warps a block the default partition aims at
@@ -59,7 +63,10 @@ def built_token_tiles(m: int) -> int:
 
 def tiles_per_warp_fits(m: int, tiles_per_warp: int, midpoint: bool, operands: str = "e4m3") -> bool:
     """Whether the kernel is built for ``tiles_per_warp`` at m rows (csrc qpass_fp8_tiles_per_warp_fits): the E4M3
-    midpoint's second MMA doubles the accumulators, the f16 midpoint (a bit of the operand) does not."""
+    midpoint's second MMA doubles the accumulators, the f16 midpoint (a bit of the operand) does not; the wgmma_f16
+    kind is one tile a warp at every row count."""
+    if operands == "wgmma_f16":
+        return tiles_per_warp == 1
     f16 = operands == "f16"
     mmas = 2 if midpoint and not f16 else 1
     built = TILES_PER_WARP[:2] if f16 else TILES_PER_WARP
@@ -72,7 +79,7 @@ class Fp8QpassConfig:
     groups_per_block: int = 4  # tile groups a block
     tiles_per_warp: int = 1  # 16-row weight tiles a warp: each activation fragment feeds that many MMAs
     splits: int = 1  # blocks sharing a tile group's K (a workspace and the last block's sum in split order)
-    operands: str = "e4m3"  # "e4m3" (m16n8k32) or "f16" (both planes' bytes converted in registers, m16n8k16)
+    operands: str = "e4m3"  # "e4m3" (m16n8k32), "f16" (both planes' bytes as f16, m16n8k16), "wgmma_f16" (sm_90a)
 
     def __post_init__(self):
         if self.operands not in OPERANDS:
@@ -93,6 +100,15 @@ class Fp8QpassConfig:
                 f"1-{MAX_WARPS_PER_BLOCK} warps",
                 where="Fp8QpassConfig",
                 fix=f"keep warps_k x groups_per_block <= {MAX_WARPS_PER_BLOCK}",
+            )
+        if self.operands == "wgmma_f16" and (
+            self.warps_k != 1 or self.tiles_per_warp != 1 or self.groups_per_block > MAX_WARPGROUPS
+        ):
+            raise W12Error(
+                f"Fp8QpassConfig(warps_k={self.warps_k}, tiles_per_warp={self.tiles_per_warp}, groups_per_block="
+                f"{self.groups_per_block}, operands={self.operands!r}): a warpgroup is 4 tiles of one K range",
+                where="Fp8QpassConfig",
+                fix=f"use warps_k=1, tiles_per_warp=1, groups_per_block (warpgroups a block) 1-{MAX_WARPGROUPS}",
             )
         if self.tiles_per_warp not in TILES_PER_WARP:
             raise W12Error(
@@ -253,6 +269,13 @@ def w12_fp8_qpass_gemm(
             where="w12_fp8_qpass_gemm(config)",
             fix="use fewer tiles_per_warp (tiles_per_warp_fits) or leave config to the default",
         )
+    wgmma = config.operands == "wgmma_f16"
+    if wgmma and torch.cuda.get_device_capability(x.device) != (9, 0):
+        raise W12Error(
+            f"{config}: warpgroup MMAs run on sm_90 (Hopper) only, not on {torch.cuda.get_device_name(x.device)}",
+            where="w12_fp8_qpass_gemm(config)",
+            fix="use operands='e4m3' or 'f16' (or leave config to the default)",
+        )
     ext = load_cuda_extension(EXTENSION, CSRC, SOURCES)
     groups = -(-mma.view.shape[0] // config.tiles_per_warp)
     if config.splits > 1 and groups > MAX_GROUPS:
@@ -267,14 +290,18 @@ def w12_fp8_qpass_gemm(
     for r0 in range(0, m_total, MAX_ROWS_PER_LAUNCH):
         xm, ym = x[r0 : r0 + MAX_ROWS_PER_LAUNCH], y[r0 : r0 + MAX_ROWS_PER_LAUNCH]
         rows = xm.shape[0]
-        image = torch.empty(-(-rows // 8) * 8 * kp, dtype=torch.uint8, device=x.device)
+        token_tiles = built_token_tiles(rows) if wgmma else -(-rows // 8)
+        image = torch.empty(token_tiles * 8 * kp * (2 if wgmma else 1), dtype=torch.uint8, device=x.device)
         scale = torch.empty(rows, dtype=torch.float32, device=x.device)
-        ext.quantize_rows(xm, image, scale, kp, overlap)
+        if wgmma:  # the warpgroup kernel's f16 B image: its token tiles, rows past M zero
+            ext.quantize_rows_wgmma(xm, image, scale, kp, token_tiles, overlap)
+        else:
+            ext.quantize_rows(xm, image, scale, kp, overlap)
         sums = config.tiles_per_warp * built_token_tiles(rows) * 4 * 32  # fp32 partials a group and split
         workspace = torch.empty(groups * config.splits * sums if counters is not None else 0, device=x.device)
         ext.gemm_rows(mma.view, mma.base, image, scale, ym, n, config.warps_k, config.tiles_per_warp,
                       config.groups_per_block, config.splits, workspace,
-                      counters if counters is not None else workspace, config.operands == "f16", midpoint,
+                      counters if counters is not None else workspace, OPERAND_CODES[config.operands], midpoint,
                       pdl)  # fmt: skip
     return y
 

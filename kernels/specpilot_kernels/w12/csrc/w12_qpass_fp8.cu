@@ -63,27 +63,43 @@ __device__ __forceinline__ float amax8(const uint4& raw, float amax) {
   return amax;
 }
 
-// Piece q (columns 8q .. 8q+7, zero past k) of token `row` as 8 E4M3 bytes at their place in the B image:
-// column c = 64 p + 32 h + 8 t + i of token 8 j + g -> image[j][p][4 g + t][8 h + i].
+// Piece q (columns 8q .. 8q+7, zero past k) of token `row` as 8 E4M3 bytes at their place in the B image. The
+// per-warp kernel's (wgmma_tiles 0): column c = 64 p + 32 h + 8 t + i of token 8 j + g -> image[j][p][4 g + t][8 h + i].
+// The warpgroup kernel's for T = wgmma_tiles token tiles, in f16 (the same numbers, exactly): c = 32 b + 8 t + 4 s +
+// 2 h + e -> f16 image[b][s][h][j][g][2 t + e] (k16 step s, k half h).
 __device__ __forceinline__ void store_piece(uint8_t* __restrict__ image, int row, int pairs, int q, uint4 raw,
-                                            float inv) {
+                                            float inv, int wgmma_tiles) {
   float v[8];
   bf16x8_to_float(raw, v);
 #pragma unroll
   for (int i = 0; i < 8; ++i) v[i] *= inv;
-  const int j = row / 8, g = row % 8, p = q / 8, h = (q / 4) % 2, t = q % 4;
-  *reinterpret_cast<uint2*>(image + (((size_t)j * pairs + p) * 32 + 4 * g + t) * 16 + 8 * h) = to_e4m3x8(v);
+  const int j = row / 8, g = row % 8, t = q % 4;
+  const uint2 bytes = to_e4m3x8(v);
+  if (wgmma_tiles) {
+    uint8_t* at = image + (size_t)(q / 4) * wgmma_tiles * 512 + j * 128 + g * 16 + 4 * t;
+#pragma unroll
+    for (int step = 0; step < 2; ++step)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<uint32_t*>(at + (2 * step + h) * wgmma_tiles * 128) =
+            qpass_fp8_detail::e4m3x2_to_f16x2((step ? bytes.y : bytes.x) >> (16 * h));
+  } else {
+    const int p = q / 8, h = (q / 4) % 2;
+    *reinterpret_cast<uint2*>(image + (((size_t)j * pairs + p) * 32 + 4 * g + t) * 16 + 8 * h) = bytes;
+  }
 }
 
-// One block a token row: its largest |x|, then every 8 columns as 8 E4M3 bytes at their place in the B image.
-__global__ void __launch_bounds__(kQuantThreads) quantize_kernel(const __nv_bfloat16* __restrict__ x, int k, int ldx,
-                                                                  int k_padded, uint8_t* __restrict__ image,
+// One block a token row: its largest |x|, then every 8 columns as 8 E4M3 bytes at their place in the B image; rows
+// m .. gridDim.x - 1 (the warpgroup image's padding) zero.
+__global__ void __launch_bounds__(kQuantThreads) quantize_kernel(const __nv_bfloat16* __restrict__ x, int m, int k,
+                                                                  int ldx, int k_padded, int wgmma_tiles,
+                                                                  uint8_t* __restrict__ image,
                                                                   float* __restrict__ scale) {
   allow_next_grid();  // the GEMM's prologue reads only its weights
   wait_for_prior_grid();
   const int row = blockIdx.x;
   const __nv_bfloat16* xr = x + (size_t)row * ldx;
-  const int groups = k / 8, pieces = k_padded / 8, pairs = k_padded / 64;
+  const int groups = row < m ? k / 8 : 0, pieces = k_padded / 8, pairs = k_padded / 64;
   uint4 kept[kQuantKeep];
   float amax = 0.0f;
 #pragma unroll
@@ -104,15 +120,15 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(const __nv_bflo
 #pragma unroll
   for (int w = 1; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
   const float inv = amax > 0.0f ? kQpassFp8Max / amax : 1.0f;
-  if (threadIdx.x == 0) scale[row] = amax > 0.0f ? amax / kQpassFp8Max : 1.0f;
+  if (threadIdx.x == 0 && row < m) scale[row] = amax > 0.0f ? amax / kQpassFp8Max : 1.0f;
 #pragma unroll
   for (int i = 0; i < kQuantKeep; ++i) {
     const int q = threadIdx.x + i * kQuantThreads;
-    if (q < pieces) store_piece(image, row, pairs, q, kept[i], inv);
+    if (q < pieces) store_piece(image, row, pairs, q, kept[i], inv, wgmma_tiles);
   }
   for (int q = threadIdx.x + kQuantKeep * kQuantThreads; q < pieces; q += kQuantThreads)
     store_piece(image, row, pairs, q,
-                q < groups ? *reinterpret_cast<const uint4*>(xr + 8 * q) : make_uint4(0, 0, 0, 0), inv);
+                q < groups ? *reinterpret_cast<const uint4*>(xr + 8 * q) : make_uint4(0, 0, 0, 0), inv, wgmma_tiles);
 }
 
 }  // namespace
@@ -120,8 +136,17 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_kernel(const __nv_bflo
 cudaError_t qpass_fp8_quantize(const __nv_bfloat16* x, int m, int k, int ldx, int k_padded, uint8_t* x_image,
                                float* x_scale, bool overlap_prior, cudaStream_t stream) {
   if (m < 1 || m > kQpassFp8MaxRows || k % 8 || ldx % 8 || k_padded % 128 || k > k_padded) return cudaErrorInvalidValue;
-  return launch(quantize_kernel, dim3(m), dim3(kQuantThreads), 0, stream, overlap_prior, x, k, ldx, k_padded, x_image,
-                x_scale);
+  return launch(quantize_kernel, dim3(m), dim3(kQuantThreads), 0, stream, overlap_prior, x, m, k, ldx, k_padded, 0,
+                x_image, x_scale);
+}
+
+cudaError_t qpass_fp8_quantize_wgmma(const __nv_bfloat16* x, int m, int k, int ldx, int k_padded, int token_tiles,
+                                     uint8_t* x_image, float* x_scale, bool overlap_prior, cudaStream_t stream) {
+  if (m < 1 || m > kQpassFp8MaxRows || m > 8 * token_tiles || token_tiles > kQpassFp8MaxRows / 8 || k % 8 ||
+      ldx % 8 || k_padded % 128 || k > k_padded)
+    return cudaErrorInvalidValue;
+  return launch(quantize_kernel, dim3(8 * token_tiles), dim3(kQuantThreads), 0, stream, overlap_prior, x, m, k, ldx,
+                k_padded, token_tiles, x_image, x_scale);
 }
 
 cudaError_t qpass_fp8_gemm(const QpassFp8Args& args, bool midpoint, cudaStream_t stream) {

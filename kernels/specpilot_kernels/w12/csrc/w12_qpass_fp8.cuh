@@ -10,6 +10,10 @@ constexpr float kQpassFp8Max = 448.0f;    // the largest finite E4M3 number: a r
 // Token tiles x weight tiles a warp x MMAs a block (2 with the midpoint) a warp may accumulate: 4 fp32 sums each,
 // 80 registers at most (qpass_fp8.py MAX_ACCUMULATORS)
 constexpr int kQpassFp8MaxAccumulators = 20;
+// The warpgroup kernel (w12_qpass_fp8_wgmma.cu): warpgroups of 4 tiles a block sharing each chunk's activations, and
+// its ring of chunks (stages - 1 in flight while one is read).
+constexpr int kQpassWgmmaMaxGroups = 2;
+constexpr int kQpassWgmmaStages = 4;
 
 // Whether the kernel is built for tiles_per_warp weight tiles a warp at m token rows (1, 2 or, E4M3 operands, 4
 // within the budget; the E4M3 midpoint's second MMA doubles the accumulators, the f16 midpoint does not).
@@ -40,8 +44,20 @@ struct QpassFp8Args {
 // row), each x / scale rounded to nearest E4M3 (x times 448 / max|x|, saturated); columns k .. k_padded-1 zero.
 cudaError_t qpass_fp8_quantize(const __nv_bfloat16* x, int m, int k, int ldx, int k_padded, uint8_t* x_image,
                                float* x_scale, bool overlap_prior, cudaStream_t stream);
+// The same numbers in the warpgroup kernel's B image, in f16 (every E4M3 number is one), for token_tiles tiles of 8
+// rows (rows past m zero) in the K order of the view's f16 A fragments: column c = 32b + 8t + 4s + 2h + e of token
+// 8j + g at [b][s][h][j][g][2t + e] (32-column block b, k16 step s, k half h); [token_tiles * 8 * k_padded] f16.
+cudaError_t qpass_fp8_quantize_wgmma(const __nv_bfloat16* x, int m, int k, int ldx, int k_padded, int token_tiles,
+                                     uint8_t* x_image, float* x_scale, bool overlap_prior, cudaStream_t stream);
 
 // y = x @ Wq^T from the view plane on the FP8 tensor cores; midpoint: + the dropped bits' midpoint (a second MMA on
 // the view bytes' sign and exponent). cudaErrorInvalidValue for m outside 1..64, more than 8 warps a
 // block, or tiles_per_warp not built for m (qpass_fp8_tiles_per_warp_fits).
 cudaError_t qpass_fp8_gemm(const QpassFp8Args& args, bool midpoint, cudaStream_t stream);
+
+// The same product on warpgroup MMAs (sm_90a, w12_qpass_fp8_wgmma.cu: both operands as f16 on m64nNk16, the midpoint
+// an operand bit) from qpass_fp8_quantize_wgmma's image:
+// groups_per_block warpgroups (1..kQpassWgmmaMaxGroups) of 4 tiles a block, warps_k and tiles_per_warp 1, splits
+// blocks a tile's K (the workspace [tiles][splits][4 x token tiles][32], a counter a tile).
+// cudaErrorInvalidValue for other partitions or m outside 1..64.
+cudaError_t qpass_fp8_gemm_wgmma(const QpassFp8Args& args, bool midpoint, cudaStream_t stream);
