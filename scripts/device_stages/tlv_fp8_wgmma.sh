@@ -5,7 +5,7 @@
 # sweep shortened to fit: the engine's Q pass vs the exact step at 1 and 33 rows in each mode, the tuned table in
 # $RESULTS/qpass_fp8_configs.json.
 set -euo pipefail
-export MAX_JOBS=$(nproc)
+source scripts/device_stages/_common.sh
 passed=""
 if timeout 150 python benchmarks/tlv_fp8_qpass_bench.py --sections wgmma_check --kinds e4m3,f16,wgmma_f16 \
     --passed "$RESULTS/wgmma-passed.txt" --out "$RESULTS/tlv-fp8-wgmma-check-h200.json" \

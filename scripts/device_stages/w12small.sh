@@ -7,7 +7,7 @@
 # checked against the per-warp kernel); the winners land in $RESULTS/mma_configs.json to commit.
 # SHAPES / TUNE_BUDGET override the defaults.
 set -uo pipefail
-export MAX_JOBS=$(nproc)
+source scripts/device_stages/_common.sh
 SHAPES=${SHAPES:-5120x6144,down,qkv,14336x5120,o_proj,16480x5120}
 rc=0
 timeout 148 python benchmarks/w12_device_check.py --out "$RESULTS/w12-small-rows-h200.json" --settle 0 \

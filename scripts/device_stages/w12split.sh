@@ -6,7 +6,7 @@
 # against the per-warp kernel); the winners land in $RESULTS/w12-split-mma_configs.json to commit.
 # W12SPLIT_DRY=1: on the CPU, the same arguments parsed and every shape's candidates made (no GPU run).
 set -euo pipefail
-export MAX_JOBS=$(nproc)
+source scripts/device_stages/_common.sh
 SHAPES=${W12SPLIT_SHAPES:-5120x6144,down,o_proj,qkv,16480x5120,14336x5120,gate_up}
 ARGS=(--out "$RESULTS/w12-split-h200.json" --settle 0 --sections build,bits,timing
   --check-configs n1_k3_s2_split,n1_k8_s2_split,n1_k1_s1_split,tail_split --rows 32,33,48,64,96,128,192,256 --escape-rows 33

@@ -9,7 +9,7 @@
 # $RESULTS/w12-split-mma_configs.json to commit.
 # W12SPLIT_DRY=1: on the CPU, the arguments parsed and the LM head's candidates made (no GPU run).
 set -uo pipefail
-export MAX_JOBS=$(nproc)
+source scripts/device_stages/_common.sh
 LM=(--out "$RESULTS/w12-split-lm-head-h200.json" --settle 0 --sections build,bits,timing
   --check-configs n1_k1_s1_split,n1_k3_s2_split,n1_k3_s1_wgmma,n4_k1_s1_staged_wgmma --rows 9,16,17,32,33,48,64,96,128,192,256
   --escape-rows 33 --tune --tune-only split --tune-buckets 65-128,129-256 --tune-budget 15 --shapes lm_head
