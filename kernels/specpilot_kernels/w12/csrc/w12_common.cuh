@@ -319,6 +319,19 @@ struct OneTile {
   }
 };
 
+// Before an epilogue: the next kernel may start its prologue; outputs are written only once the kernel before is
+// done. A first row region lets the next kernel (the second region, which reads x without waiting) start only after
+// waiting.
+__device__ __forceinline__ void epilogue_grid_order(const W12MmaArgs& args) {
+  if (args.overlap_prior == kOverlapFirstRegion) {
+    wait_for_prior_grid();
+    allow_next_grid();
+  } else {
+    allow_next_grid();
+    wait_for_prior_grid();
+  }
+}
+
 // After the main loop: lets the next kernel in the stream start and waits for the one before (the outputs may be its
 // inputs); the warps of one tile reduce in warp_k order through shared memory, K splits in split order (CLUSTER:
 // within a thread-block cluster, sm_90+; else each split writes its partial sums to args.partial for
@@ -332,13 +345,7 @@ __device__ __forceinline__ void reduce_and_store(float (&acc)[TP][MT][4], const 
   // The next kernel in the stream may start its prologue once every block is past its main loop; the outputs are
   // written only once the kernel before this one is done (a warp without chunks did not wait above). A first row
   // region lets the next kernel (the second region, which reads x without waiting) start only after waiting.
-  if (args.overlap_prior == kOverlapFirstRegion) {
-    wait_for_prior_grid();
-    allow_next_grid();
-  } else {
-    allow_next_grid();
-    wait_for_prior_grid();
-  }
+  epilogue_grid_order(args);
   extern __shared__ float red[];
   constexpr int kAcc = TP * MT * 4;
   const bool tile_sums = warp_k == 0;  // the warps that end with their tiles' sums

@@ -233,13 +233,7 @@ __device__ __forceinline__ void wgmma_body(const W12MmaArgs& args, const uint4* 
   if constexpr (SPLIT) {
     // the sums are stored only once the kernel before is done (it may still read the memory they go to); a first row
     // region lets the next kernel start only after waiting (reduce_and_store)
-    if (args.overlap_prior == kOverlapFirstRegion) {
-      wait_for_prior_grid();
-      allow_next_grid();
-    } else {
-      allow_next_grid();
-      wait_for_prior_grid();
-    }
+    epilogue_grid_order(args);
     if (tile >= tiles) return;
     if (!sums) {  // one K class, no split: the sums are y
 #pragma unroll

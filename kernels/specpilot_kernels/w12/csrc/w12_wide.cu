@@ -243,13 +243,7 @@ __global__ void w12_wide_kernel(W12MmaArgs args, WideLaunch launch, const uint4*
   }
 
   // Epilogue. The next kernel may start its prologue; outputs are written only once the kernel before is done.
-  if (args.overlap_prior == kOverlapFirstRegion) {
-    wait_for_prior_grid();
-    allow_next_grid();
-  } else {
-    allow_next_grid();
-    wait_for_prior_grid();
-  }
+  epilogue_grid_order(args);
   if (cx > 1) ptx::cluster_sync();  // every sharer is past its loop: no copy or arrival still targets its shared memory
   if (launch.cluster > 1) {  // every block's partial sums into its own shared memory (the loop's, now free)
     __syncthreads();

@@ -77,20 +77,10 @@ __device__ __forceinline__ void fence_sums(float (&d)[N]) {
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the kernel's parts (cluster instructions: device code of sm_90a only)
-// Before the epilogue: the next kernel may start its prologue; outputs are written only once the kernel before is done.
-__device__ __forceinline__ void ss_epilogue_wait(const W12MmaArgs& args) {
-  if (args.overlap_prior == kOverlapFirstRegion) {
-    wait_for_prior_grid();
-    allow_next_grid();
-  } else {
-    allow_next_grid();
-    wait_for_prior_grid();
-  }
-}
 
 // The decoder warps' part of the epilogue: the block and cluster barriers the MMA warpgroup's sums pass.
 __device__ __forceinline__ void ss_epilogue_others(const W12MmaArgs& args, int cluster) {
-  ss_epilogue_wait(args);
+  epilogue_grid_order(args);
   if (cluster > 1) {
     __syncthreads();
     ptx::cluster_sync();
@@ -105,7 +95,7 @@ __device__ __forceinline__ void ss_epilogue(float (&d)[TGW][MT * 4], const W12Mm
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tiles = args.n_padded / 16;
-  ss_epilogue_wait(args);
+  epilogue_grid_order(args);
   const uint32_t mine = x_s + ((warp * TGW * MT) * 32 + lane) * 16;  // MMA warps' sums: [warp][group][j][lane]
   if (cluster > 1) {  // every block's partial sums into its own shared memory (the loop's, now free)
     __syncthreads();
