@@ -2,13 +2,13 @@
 per drafter block (16, 12 and 8 masked positions in the drafter's forward), on the same greedy outputs.
 
     PYTHONPATH=kernels:. python3 benchmarks/batched_lattices.py --tokens .g1data/corpus.npz --out /tmp/batched-lattices \
-        --drafter models/drafter-blocks.safetensors
+        --drafter models/batching/drafter-blocks.safetensors
 
 Writes ``pair-<split>-block<b>.npz`` per split and block (``--requests`` per split, file-start prompts of
 ``--prompt-len`` tokens, ``--new-tokens`` greedy tokens each) and prints one JSON document. A per-request
 drafter block replays exactly from these: a step that drafts b positions reads the block-b file at the
 request's position. ``--drafter``: the batching evidence's drafter, trained on every block
-(``models/drafter-blocks.safetensors``); the default is the pair's own. 128 new tokens: past them the small
+(``models/batching/drafter-blocks.safetensors``); the default is the pair's own. 128 new tokens: past them the small
 target's greedy text is mostly loops (of 512-token outputs, 96-100% of the positions 256-512 end an 8-gram seen
 earlier in the request, 65% of the first 128), which a drafter copies easily, so longer outputs would flatter every
 speculative arm rather than make the stream more like served text.

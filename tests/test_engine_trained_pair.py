@@ -23,6 +23,13 @@ def test_weights_fit_the_size_budget():
     assert total <= 20 * 1024 * 1024
 
 
+def test_batching_drafter_is_a_drafter_of_the_pair_size():
+    # the batching evidence's drafter (models/batching/) sits beside the pair, never in its folder: one drafter's size
+    batching = weights.DEFAULT_MODEL_DIR / "batching" / "drafter-blocks.safetensors"
+    pair_drafter = weights.DEFAULT_MODEL_DIR / "drafter.safetensors"
+    assert batching.stat().st_size == pair_drafter.stat().st_size
+
+
 @torch.no_grad()
 def test_cpu_greedy_tokens_match_recorded_reference():
     ref = json.loads(REFERENCE.read_text())
