@@ -312,18 +312,23 @@ def test_bad_inputs_are_refused_with_the_fix():
         w12_fp8_qpass_gemm(torch.randn(1, 256).bfloat16(), encode(weight_with_escapes()))
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_kernel_builds_for_sm_90a_without_spills_up_to_40_rows(tmp_path):
+def ptxas_spills(source: str, tmp_path) -> tuple[str, dict[str, str]]:
+    """Build one Q-pass source for sm_90a with ptxas's report: its stderr and each entry function's spill-store bytes."""
     result = subprocess.run(
         ["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v"]
-        + [f"-I{SHARED_HEADERS}", f"-I{CSRC}", "-c", str(CSRC / "w12_qpass_fp8.cu"), "-o", str(tmp_path / "q.o")],
+        + [f"-I{SHARED_HEADERS}", f"-I{CSRC}", "-c", str(CSRC / source), "-o", str(tmp_path / "kernel.o")],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    found = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", result.stderr, re.S)
-    stores = dict(found)
+    stores = dict(re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", result.stderr, re.S))
+    return result.stderr, stores
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_kernel_builds_for_sm_90a_without_spills_up_to_40_rows(tmp_path):
+    _, stores = ptxas_spills("w12_qpass_fp8.cu", tmp_path)
     assert len(stores) == 26, stores  # 14 truncated + 11 midpoint (token tiles x weight tiles) + the quantizer
     plans = {tuple(map(int, m.groups()[:2])) + (m.group(3) == "1",): int(stores[name])
              for name in stores if (m := re.search(r"kernelILi(\d+)ELi(\d+)ELb(\d)ELb0", name))}  # fmt: skip
@@ -335,15 +340,7 @@ def test_kernel_builds_for_sm_90a_without_spills_up_to_40_rows(tmp_path):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_the_f16_operand_kernels_build_for_sm_90a_within_a_word_of_spill(tmp_path):
-    result = subprocess.run(
-        ["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v"]
-        + [f"-I{SHARED_HEADERS}", f"-I{CSRC}", "-c", str(CSRC / "w12_qpass_fp8_f16.cu"), "-o", str(tmp_path / "f.o")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    stores = dict(re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", result.stderr, re.S))
+    _, stores = ptxas_spills("w12_qpass_fp8_f16.cu", tmp_path)
     assert len(stores) == 20, stores  # 5 token tiles x 1-2 weight tiles x 2 modes (the midpoint adds no sums)
     assert all("ELb1EEEv" in name for name in stores)  # every one the f16 kind
     assert all(int(count) <= 4 for count in stores.values()), stores
@@ -351,16 +348,8 @@ def test_the_f16_operand_kernels_build_for_sm_90a_within_a_word_of_spill(tmp_pat
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_the_warpgroup_kernels_build_for_sm_90a_without_spills(tmp_path):
-    result = subprocess.run(
-        ["nvcc", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v"]
-        + [f"-I{SHARED_HEADERS}", f"-I{CSRC}", "-c", str(CSRC / "w12_qpass_fp8_wgmma.cu"), "-o", str(tmp_path / "w.o")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "serialized" not in result.stderr  # ptxas's warning where it cannot keep the wgmmas asynchronous
-    stores = dict(re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores", result.stderr, re.S))
+    report, stores = ptxas_spills("w12_qpass_fp8_wgmma.cu", tmp_path)
+    assert "serialized" not in report  # ptxas's warning where it cannot keep the wgmmas asynchronous
     assert len(stores) == 10, stores  # 5 token tiles x 2 modes
     assert all(int(count) == 0 for count in stores.values()), stores
 
