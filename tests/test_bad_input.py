@@ -123,6 +123,20 @@ def snapshot(home) -> tuple[dict, dict]:
 
 
 F = "{files}"
+
+
+def _tf(
+    *tail: str, requests="r", stock="x", system: str | tuple[str, ...] = "a=x", delta: str | None = "1"
+) -> list[str]:
+    """A `tf` command line that is well formed but for what a case passes."""
+    argv = ["tf", "--requests", requests, "--stock", stock]
+    for name in (system,) if isinstance(system, str) else system:
+        argv += ["--system", name]
+    if delta is not None:
+        argv += ["--delta", delta]
+    return [*argv, "--scorer", "m:f", *tail]
+
+
 CASES: list[tuple[list[str], str, str]] = [
     # apply
     (["apply"], DOMAIN, "no entries to apply"),
@@ -411,162 +425,28 @@ CASES: list[tuple[list[str], str, str]] = [
     (["ceiling", f"{F}/profile-gpu.json"], USAGE, "the following arguments are required: --lattices"),
     # tf
     (
-        [
-            "tf",
-            "--requests",
-            f"{F}/afile",
-            "--stock",
-            f"{F}/afile",
-            "--system",
-            "s=x",
-            "--delta",
-            "-1",
-            "--scorer",
-            "m:f",
-        ],
+        _tf(requests=f"{F}/afile", stock=f"{F}/afile", system="s=x", delta="-1"),
         DOMAIN,
         "--delta must be a positive number",
     ),
     (
-        [
-            "tf",
-            "--requests",
-            f"{F}/afile",
-            "--stock",
-            f"{F}/afile",
-            "--system",
-            "s=x",
-            "--delta",
-            "nan",
-            "--scorer",
-            "m:f",
-        ],
+        _tf(requests=f"{F}/afile", stock=f"{F}/afile", system="s=x", delta="nan"),
         DOMAIN,
         "--delta must be a positive number",
     ),
     (
-        [
-            "tf",
-            "--requests",
-            f"{F}/afile",
-            "--stock",
-            f"{F}/afile",
-            "--system",
-            "s=x",
-            "--delta",
-            "0",
-            "--scorer",
-            "m:f",
-        ],
+        _tf(requests=f"{F}/afile", stock=f"{F}/afile", system="s=x", delta="0"),
         DOMAIN,
         "--delta must be a positive number",
     ),
-    (
-        [
-            "tf",
-            "--requests",
-            f"{F}/missing.jsonl",
-            "--stock",
-            "x",
-            "--system",
-            "s=x",
-            "--delta",
-            "1",
-            "--scorer",
-            "m:f",
-        ],
-        DOMAIN,
-        "missing.jsonl",
-    ),
-    (
-        [
-            "tf",
-            "--requests",
-            f"{F}/requests-bad.jsonl",
-            "--stock",
-            "x",
-            "--system",
-            "s=x",
-            "--delta",
-            "1",
-            "--scorer",
-            "m:f",
-        ],
-        DOMAIN,
-        "requests-bad.jsonl",
-    ),
-    (
-        ["tf", "--requests", "r", "--stock", "x", "--system", "noequals", "--delta", "1", "--scorer", "m:f"],
-        DOMAIN,
-        "noequals",
-    ),
-    (
-        [
-            "tf",
-            "--requests",
-            "r",
-            "--stock",
-            "x",
-            "--system",
-            "a=x",
-            "--system",
-            "a=y",
-            "--delta",
-            "1",
-            "--scorer",
-            "m:f",
-        ],
-        DOMAIN,
-        "twice",
-    ),
-    (
-        [
-            "tf",
-            "--requests",
-            "r",
-            "--stock",
-            "x",
-            "--system",
-            "a=x",
-            "--delta",
-            "1",
-            "--scorer",
-            "m:f",
-            "--audit-sample",
-            "0",
-        ],
-        DOMAIN,
-        "--audit-sample must be positive",
-    ),
-    (
-        [
-            "tf",
-            "--requests",
-            "r",
-            "--stock",
-            "x",
-            "--system",
-            "a=x",
-            "--delta",
-            "1",
-            "--scorer",
-            "m:f",
-            "--split",
-            "bogus",
-        ],
-        USAGE,
-        "invalid choice: 'bogus'",
-    ),
-    (
-        ["tf", "--requests", "r", "--stock", "x", "--system", "a=x", "--scorer", "m:f"],
-        USAGE,
-        "one of the arguments --ar --delta is required",
-    ),
-    (
-        ["tf", "--requests", "r", "--stock", "x", "--system", "a=x", "--delta", "abc", "--scorer", "m:f"],
-        USAGE,
-        "invalid float value: 'abc'",
-    ),
+    (_tf(requests=f"{F}/missing.jsonl", system="s=x"), DOMAIN, "missing.jsonl"),
+    (_tf(requests=f"{F}/requests-bad.jsonl", system="s=x"), DOMAIN, "requests-bad.jsonl"),
+    (_tf(system="noequals"), DOMAIN, "noequals"),
+    (_tf(system=("a=x", "a=y")), DOMAIN, "twice"),
+    (_tf("--audit-sample", "0"), DOMAIN, "--audit-sample must be positive"),
+    (_tf("--split", "bogus"), USAGE, "invalid choice: 'bogus'"),
+    (_tf(delta=None), USAGE, "one of the arguments --ar --delta is required"),
+    (_tf(delta="abc"), USAGE, "invalid float value: 'abc'"),
     # schema, init, port, revalidate, serve, browse, verify, the top level
     (["schema", "bogus"], USAGE, "invalid choice: 'bogus'"),
     (["init", "--wheel", f"{F}/garbage.whl"], DOMAIN, "is not a zip archive"),
