@@ -1,7 +1,8 @@
 """A/B on the H200, one process: the ring kernel (csrc/w12_shared_x.cu, 17-32 rows) and the per-warp kernel's staged
 launches (csrc/w12_warp.cu, 1-16 rows) with a chunk's escape-free steps as their own branch-free code (the working
-tree) against the files before that change (w12_shared_x_before.cu, commit 40bcd21, and w12_warp_before.cu, commit
-b4e519c, beside this harness, built as a second extension from a copy of csrc/), on each shape's committed config at
+tree) against the files before that change (w12_shared_x_before.cu, csrc/w12_shared_x.cu at commit 40bcd21, and
+w12_warp_before.cu, csrc/w12_warp.cu at b4e519c, beside this harness at 72c96c3: `git show 40bcd21:kernels/specpilot_kernels/w12/csrc/w12_shared_x.cu`
+recreates one; built as a second extension from a copy of csrc/), on each shape's committed config at
 1-32 rows, escape-free and at 1e-2 escapes. Bits of the two must be equal. Method of benchmarks/w12_device_check.py
 (CUDA-graph replay over rotating copies > L2, median of 12), the two extensions timed alternately.
 
