@@ -15,8 +15,8 @@ Variants, each its own SystemModel with one CUDA graph per row count (captured o
 
 Timing: per row count, ``--rounds`` rounds; a round replays every variant ``--iters`` times between CUDA events,
 the variants' order rotated each round. Per variant the median over rounds and the first and last rounds; per
-round the paired differences to stock. nvidia-smi samples the SM clock, power and temperature under load every
-250 ms, matched to each round (the thermal suspect). Kernels: torch.profiler over graph replays of stock, path
+round the paired differences to stock. nvidia-smi samples the SM clock, power and temperature under load about
+every 250 ms, matched to each round (the thermal suspect). Kernels: torch.profiler over graph replays of stock, path
 and path_before at ``--profile-rows``: launches and GPU µs a step per kernel name.
 """
 
@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -90,36 +89,37 @@ def pdl_setting(off: bool):
 
 
 class ClockSampler:
-    """nvidia-smi's SM clock, power draw and temperature every 250 ms into a file, read back per time window."""
+    """nvidia-smi's SM clock, power draw and temperature about every 250 ms from a thread, stamped with time.time()
+    (one query a sample: nothing sits in a pipe's buffer when the probe stops it)."""
 
     FIELDS = ("clocks.sm", "power.draw", "temperature.gpu")
 
     def __init__(self, enabled: bool):
-        self.proc, self.path = None, None
-        smi = shutil.which("nvidia-smi")
-        if enabled and smi:
-            self.file = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
-            self.path = self.file.name
-            query = [smi, "-i", "0", f"--query-gpu=timestamp,{','.join(self.FIELDS)}", "--format=csv,noheader,nounits"]
-            self.proc = subprocess.Popen([*query, "-lms", "250"], stdout=self.file, stderr=subprocess.DEVNULL)
+        self.samples: list[tuple[float, dict]] = []
+        self.smi = shutil.which("nvidia-smi") if enabled else None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True) if self.smi else None
+        if self.thread:
+            self.thread.start()
+
+    def _run(self):
+        query = [self.smi, "-i", "0", f"--query-gpu={','.join(self.FIELDS)}", "--format=csv,noheader,nounits"]
+        while not self.done.is_set():
+            t = time.time()
+            try:
+                done = subprocess.run(query, capture_output=True, text=True, timeout=5)
+                values = [float(v) for v in done.stdout.strip().split(",")]
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                values = []
+            if len(values) == len(self.FIELDS):
+                self.samples.append((t, dict(zip(self.FIELDS, values))))
+            self.done.wait(0.25)
 
     def stop(self) -> list[tuple[float, dict]]:
-        if self.proc is None:
-            return []
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-        samples = []
-        for line in Path(self.path).read_text().splitlines():
-            parts = [p.strip() for p in line.split(",")]
-            if len(parts) != 1 + len(self.FIELDS):
-                continue
-            try:
-                t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-                samples.append((t, {f: float(v) for f, v in zip(self.FIELDS, parts[1:])}))
-            except ValueError:
-                continue
-        os.unlink(self.path)
-        return samples
+        if self.thread:
+            self.done.set()
+            self.thread.join(timeout=10)
+        return self.samples
 
 
 def window_stats(samples, start: float, end: float) -> dict | None:
