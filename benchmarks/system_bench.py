@@ -715,6 +715,7 @@ def kernel_classes(model: SystemModel, caches: Caches, B: int, rows: int, contex
                 from specpilot_kernels.gdn_tree import tree_schedule
 
                 schedule = (tree_schedule(buf.parents, buf.num_nodes), buf.parents, buf.num_nodes)
+                path, length = model._commit_indices(accepted, accept_len)  # once a step, as the step's commit
             for i in gdn_ids:
                 A_log, dt_bias, pool = t[f"layers.{i}.A_log"], t[f"layers.{i}.dt_bias"], caches.state[i][:B]
                 if opts.gdn_verify == "snapshot":
@@ -722,7 +723,7 @@ def kernel_classes(model: SystemModel, caches: Caches, B: int, rows: int, contex
                     model._sglang(q, k, v, a, b, A_log, dt_bias, pool, buf.slots32, inter, buf.parents)
                 else:
                     model._path_verify(q, k, v, a, b, A_log, dt_bias, pool, buf.slots32, schedule)
-                    model._commit_path(i, q, k, v, a, b, pool, buf.slots32, accepted, accept_len)
+                    model._commit_path(i, q, k, v, a, b, pool, buf.slots32, path, length)
             if opts.gdn_verify == "snapshot":  # the step's commit: every layer's accepted snapshot in one launch
                 select_states(caches.state_all[:, :B], model._inter[B, rows], deepest_t, accept_len > 0)
 

@@ -105,6 +105,48 @@ def test_gdn_path_verify_and_commit_give_stocks_step():
             torch.testing.assert_close(c_s.k[i][b, :, :n], c_p.k[i][b, :, :n], rtol=1e-4, atol=1e-5)
 
 
+def test_path_inputs_copy_only_strided_views():
+    """The path kernels get contiguous q, k, v, a, b: one request's one-row views are contiguous already and go as
+    they are (no copy launch); several rows' strided views are copied, values unchanged."""
+    s = get_shape("qwen3.8-27b-like", smoke=True)
+    H, HV, D = s.gdn_key_heads, s.gdn_value_heads, s.gdn_head_dim
+    for T, copied in ((1, False), (3, True)):
+        mixed = torch.randn(1, T, 2 * H * D + HV * D)
+        ab = torch.randn(1, T, 3 * HV)[..., HV:]  # inside a wider projection row, as the engine's a | b are
+        q, k, v = mixed.split([H * D, H * D, HV * D], dim=-1)
+        views = (q.view(1, T, H, D), k.view(1, T, H, D), v.view(1, T, HV, D), *ab.split([HV, HV], dim=-1))
+        inputs = SystemModel._path_inputs(*views)
+        assert all(x.is_contiguous() and torch.equal(x, y) for x, y in zip(inputs, views))
+        assert [x.data_ptr() != y.data_ptr() for x, y in zip(inputs, views)] == [copied] * 5
+
+
+def test_path_commit_indices_are_int32_once_a_step():
+    accepted, accept_len = torch.tensor([[0, 2, 3], [0, 1, 0]]), torch.tensor([3, 2])
+    path, length = SystemModel._commit_indices(accepted, accept_len)
+    assert path.dtype == length.dtype == torch.int32 and path.is_contiguous()
+    assert path.tolist() == accepted.tolist() and length.tolist() == accept_len.tolist()
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_gdn_path_on_one_request_chain_gives_stocks_step(rows):
+    """The benchmark's single-request chains (1 row: the views uncopied) through path verify + commit vs stock."""
+    shape = get_shape("qwen3.8-27b-like", smoke=True)
+    weights = Weights.synthetic(shape, "cpu", torch.float32, seed=3)
+    runs = []
+    for options in (SystemOptions(), SystemOptions(gdn_verify="path")):
+        caches = Caches(shape, 1, 32, "cpu", torch.float32)
+        caches.randomize(7, seed=1)
+        buf = StepBuffers.empty(1, rows, shape.conv_size, "cpu")
+        buf.fill(pack_trees([(list(range(5, 5 + rows)), list(range(-1, rows - 1)))], rows, shape.conv_size))
+        buf.forced.fill_(rows - 1)
+        out, accept_len = SystemModel(weights, options).step(buf, caches)
+        runs.append((out, accept_len, caches))
+    (out_s, len_s, c_s), (out_p, len_p, c_p) = runs
+    assert len_s.tolist() == len_p.tolist() == [rows] and torch.equal(out_s, out_p)
+    torch.testing.assert_close(c_p.state_all, c_s.state_all, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(c_p.conv_all, c_s.conv_all, rtol=1e-4, atol=1e-5)
+
+
 def test_w12_linears_are_exact_on_the_cpu():
     out_s, _, c_s = _smoke_step(SystemOptions())
     out_w, _, c_w = _smoke_step(SystemOptions(linears="w12", lm_head="w12"))

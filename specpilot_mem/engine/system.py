@@ -472,13 +472,25 @@ class SystemModel:
         elif kind == "snapshot":
             inter = self._snapshots(i, B, T, tag)
             o = self._sglang(q, k, v, a, b, A_log, dt_bias, pool, slots32, inter, buf.parents)
-        else:  # the path kernels take contiguous rows: q | k | v in one copy launch, a | b in another
-            q, k, v = (x.view(B, T, -1, D) for x in torch.split_with_sizes_copy(mixed, [H * D, H * D, HV * D], dim=-1))
-            a, b = torch.split_with_sizes_copy(ab, [HV, HV], dim=-1)
+        else:
+            q, k, v, a, b = self._path_inputs(q, k, v, a, b)
             o = self._path_verify(q, k, v, a, b, A_log, dt_bias, pool, slots32, saved["schedule"])
             saved[i] = (q, k, v, a, b)
         o = gated_rms_norm(o.to(proj.dtype), t[p + "out_norm"], z.view(B, T, HV, D), s.norm_eps)
         return o.reshape(B * T, HV * D)
+
+    @staticmethod
+    def _path_inputs(q, k, v, a, b):
+        """The path kernels' contiguous inputs from the strided views: one copy launch each, none where the view is
+        contiguous already (one request's one-row step). ``torch.split_with_sizes_copy`` is no cheaper: without
+        ``out=`` it clones each split (one launch apiece), and at one row it copies what needs no copy."""
+        return tuple(x.contiguous() for x in (q, k, v, a, b))
+
+    @staticmethod
+    def _commit_indices(accepted, accept_len):
+        """The accepted path as the path commit's int32 (cast once a step: ``gdn_tree_commit`` casts whatever it
+        gets: two launches in every GDN layer's call when handed tree_accept's int64)."""
+        return accepted.to(torch.int32).contiguous(), accept_len.to(torch.int32).contiguous()
 
     @staticmethod
     def _key(B, T, tag: int):
@@ -818,9 +830,10 @@ class SystemModel:
             if not ar and (tag or self.options.gdn_verify == "snapshot"):
                 select_states(caches.state_all[:, :B], self._snapshot_buffer(B, T, tag), deepest, keep)
             elif not ar:
+                path, length = self._commit_indices(accepted, accept_len)
                 for i in caches.state:
                     q, k, v, a, b = saved[i]
-                    self._commit_path(i, q, k, v, a, b, caches.state[i][:B], buf.slots32, accepted, accept_len)
+                    self._commit_path(i, q, k, v, a, b, caches.state[i][:B], buf.slots32, path, length)
         if caches.features is not None and feats is not None:
             steps = torch.arange(T, device=dev)[None, :]
             src = torch.where(steps < accept_len[:, None], accepted, steps)
