@@ -42,10 +42,8 @@ from specpilot_mem.engine.options import SystemOptions  # noqa: E402
 from specpilot_mem.engine.shapes import get_shape  # noqa: E402
 from specpilot_mem.engine.system import Caches, StepBuffers, SystemModel, Weights, pack_trees  # noqa: E402
 from specpilot_mem.provenance import print_result, result_header, write_result  # noqa: E402
-from system_kernel_probe import kineto_tables  # noqa: E402
+from system_kernel_probe import LABEL, READ_BW, kineto_tables  # noqa: E402
 
-LABEL = "timing: synthetic weights at the paper's shapes"
-READ_BW = 4.35e12
 PDL_OFF = {"stock_nopdl", "path_nopdl"}
 PROFILED = ("stock", "path", "path_before")
 

@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specpilot_mem.engine.options import SystemOptions  # noqa: E402
 from specpilot_mem.engine.shapes import get_shape  # noqa: E402
 from specpilot_mem.engine.system import Caches, StepBuffers, SystemModel, Weights, pack_trees  # noqa: E402
+from benchmarks.system_bench import READ_BW  # noqa: E402
 from specpilot_mem.provenance import print_result, result_header  # noqa: E402
 
 LABEL = "timing: synthetic weights at the paper's shapes"
-READ_BW = 4.35e12
 # SystemModel methods whose launches form one part each (innermost wins); the rest of forward is "residual+norm"
 PARTS = {
     "forward": "residual+norm",
